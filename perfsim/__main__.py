@@ -1,0 +1,5 @@
+import sys
+
+from perfsim.cli import main
+
+sys.exit(main())

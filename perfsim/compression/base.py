@@ -1,0 +1,206 @@
+"""The one compressor interface that the simulator and the runtime share.
+
+A :class:`Compressor` turns a tensor into a :class:`Payload` (packed bytes plus
+scales / metadata) and back. It knows, *without running*, how many bytes its
+payload puts on the wire (:meth:`Compressor.wire_bytes`) and, for data-parallel
+gradient exchange, which collectives it needs (:meth:`Compressor.dp_plan`). The
+simulator asks these two methods; the runtime executes :meth:`compress`,
+:meth:`decompress` and :meth:`allreduce_mean`, which perform exactly the plan.
+
+Compared with GRACE (compressor / memory / communicator), the error-feedback
+"memory" lives inside the compressor as explicit, checkpointable state
+(:meth:`state_dict` / :meth:`load_state_dict`), and the wire size and the
+communication plan are first-class so that a simulator can ask for them.
+
+Randomness (stochastic rounding, random-k indices) is derived from
+``(seed, step)`` counters held in the state, so sender and receiver and every
+data-parallel worker can agree on it, and a restored run draws the same bits.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import torch
+
+from perfsim.errors import ConfigError
+
+# -- collective kinds a dp_plan may contain ---------------------------------
+P2P = "p2p"
+ALLREDUCE = "allreduce"  # ring allreduce; reduce op in CommStep.reduce
+ALLGATHER = "allgather"  # every rank contributes nbytes, receives (N-1)*nbytes
+ALLTOALL = "alltoall"  # every rank sends nbytes/N to each peer
+BROADCAST = "broadcast"
+COLLECTIVE_KINDS = (P2P, ALLREDUCE, ALLGATHER, ALLTOALL, BROADCAST)
+
+
+@dataclass(frozen=True)
+class CommStep:
+    """One collective of a data-parallel exchange, as the simulator models it.
+
+    ``nbytes`` is the size of each rank's *input* buffer to the collective (for an
+    allgather: one rank's contribution; for an alltoall: one rank's whole send
+    buffer). ``reduce`` is ``sum``, ``max`` or ``min`` for an allreduce.
+    """
+
+    kind: str
+    nbytes: int
+    reduce: str = "sum"
+    label: str = ""
+
+    def __post_init__(self):
+        if self.kind not in COLLECTIVE_KINDS:
+            raise ValueError(f"CommStep.kind={self.kind!r}: not one of {COLLECTIVE_KINDS}")
+        if self.nbytes < 0:
+            raise ValueError(f"CommStep.nbytes={self.nbytes}: must be >= 0")
+
+
+@dataclass
+class Payload:
+    """What one compressor call puts on the wire.
+
+    ``tensors`` are the bytes that travel (packed codes, scales, indices...);
+    their total size is :attr:`nbytes` and equals ``Compressor.wire_bytes`` for
+    the same shape. ``shape`` / ``dtype`` describe the original tensor; both
+    ends know them from the configuration, so they are not counted as wire bytes.
+    ``meta`` holds small host-side values that never travel separately (e.g. a
+    step counter both sides share).
+    """
+
+    tensors: dict[str, torch.Tensor]
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def numel_of(shape: Sequence[int]) -> int:
+    """Number of elements of a shape (validated)."""
+    shape = tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ConfigError(f"shape {shape}: negative dimension")
+    return math.prod(shape)
+
+
+def check_input(x: torch.Tensor, name: str = "tensor") -> None:
+    """Reject what no compressor can encode: non-float dtypes and NaN/Inf values.
+
+    Empty tensors are fine (they compress to an empty payload).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
+    if x.numel() and not bool(torch.isfinite(x).all()):
+        raise ConfigError(f"{name}: contains NaN or Inf; refusing to compress")
+
+
+def sum_dtype_for(levels: int, world_size: int) -> torch.dtype:
+    """Smallest signed integer dtype that holds the sum of ``world_size`` codes in
+    ``[-levels, levels]`` without overflow (the multi-scale paper, App. A, sums
+    int8 codes; with many workers that overflows silently -- we widen instead)."""
+    bound = int(levels) * int(world_size)
+    for dtype, limit in ((torch.int8, 127), (torch.int16, 32767), (torch.int32, 2**31 - 1)):
+        if bound <= limit:
+            return dtype
+    return torch.int64
+
+
+class Compressor(ABC):
+    """Base class of every compressor. Subclasses set the class attributes and
+    implement ``wire_bytes``, ``compress`` and ``decompress``.
+
+    Class attributes:
+      name: registry name (``directq``).
+      spec_syntax: how to write it on the command line (``directq:BITS``).
+      allreduce_compatible: payloads of several workers can be summed in the
+        compressed domain (integer codes on a shared scale). Otherwise the
+        data-parallel exchange needs an allgather (or, for 1-bit, the 3-phase
+        compressed allreduce).
+      stateful: keeps state across calls (error feedback, message buffers).
+    """
+
+    name: ClassVar[str] = ""
+    spec_syntax: ClassVar[str] = ""
+    allreduce_compatible: ClassVar[bool] = False
+    stateful: ClassVar[bool] = False
+
+    #: the canonical spec this instance was built from (``directq:4``)
+    spec: str = ""
+
+    # ------------------------------------------------------------- sizes
+    @abstractmethod
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        """Exact bytes one :meth:`compress` of a tensor of ``shape`` puts on the
+        wire. ``warmup=True`` asks for the algorithm's uncompressed phase (AQ-SGD's
+        first visit of a sample, 1-bit Adam's warm-up); for most compressors it
+        is the same number."""
+
+    def ratio(self, shape: Sequence[int]) -> float:
+        """Wire bytes relative to sending the tensor as fp32."""
+        n = numel_of(shape)
+        return self.wire_bytes(shape) / (4 * n) if n else 1.0
+
+    # ------------------------------------------------------------- data path
+    @abstractmethod
+    def compress(self, x: torch.Tensor, *, key: torch.Tensor | None = None) -> Payload:
+        """Encode ``x``. ``key`` carries per-row sample ids for compressors that
+        keep per-sample state (AQ-SGD); others ignore it."""
+
+    @abstractmethod
+    def decompress(self, payload: Payload, *, key: torch.Tensor | None = None) -> torch.Tensor:
+        """Decode a payload back to a tensor of ``payload.shape``."""
+
+    # ------------------------------------------------------------- data parallel
+    def dp_plan(self, shape: Sequence[int], world_size: int) -> list[CommStep]:
+        """The collectives that :meth:`allreduce_mean` performs for one gradient
+        tensor of ``shape`` over ``world_size`` workers.
+
+        Default: allreduce-compatible compressors allreduce their payload; the
+        others allgather it (volume received grows with ``world_size - 1``).
+        Compressors with side collectives (shared max-norm, scale sharing) or a
+        3-phase exchange override this.
+        """
+        kind = ALLREDUCE if self.allreduce_compatible else ALLGATHER
+        return [CommStep(kind, self.wire_bytes(shape), label=self.name)]
+
+    def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
+        """Average ``x`` over the data-parallel ``group`` through this compressor,
+        performing exactly :meth:`dp_plan`'s collectives with torch.distributed.
+
+        Default (allgather): every worker compresses, payload tensors are
+        allgathered, each is decompressed and the results are averaged.
+        """
+        import torch.distributed as dist
+
+        world = dist.get_world_size(group)
+        payload = self.compress(x)
+        gathered: list[dict[str, torch.Tensor]] = [dict() for _ in range(world)]
+        for key, t in payload.tensors.items():
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            for rank, part in enumerate(parts):
+                gathered[rank][key] = part
+        total = torch.zeros(payload.shape, dtype=x.dtype, device=x.device)
+        for tensors in gathered:
+            total += self.decompress(Payload(tensors, payload.shape, payload.dtype, dict(payload.meta)))
+        return total / world
+
+    # ------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume bit-identically (buffers, error feedback,
+        random counters). Stateless compressors return ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state:
+            raise ConfigError(f"{self.spec or self.name}: unexpected state keys {sorted(state)}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.spec or self.name!r})"

@@ -1,0 +1,73 @@
+"""Casts: ``fp32`` (no compression), ``fp16``, ``bf16``.
+
+The simplest compressors and the reference for the interface. Casts are
+allreduce-compatible (a sum of fp16 values is an fp16 allreduce), at the usual
+cost of rounding in the sum.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.registry import register
+from perfsim.errors import ConfigError
+
+
+class _Cast(Compressor):
+    allreduce_compatible = True
+    wire_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def from_args(cls, args: list[str], **_):
+        if args:
+            raise ConfigError(f"{cls.name} takes no arguments, got {':'.join(args)!r}")
+        comp = cls()
+        comp.spec = cls.name
+        return comp
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        return numel_of(shape) * torch.empty((), dtype=self.wire_dtype).element_size()
+
+    def compress(self, x: torch.Tensor, *, key=None) -> Payload:
+        check_input(x)
+        return Payload({"values": x.detach().to(self.wire_dtype).contiguous()}, tuple(x.shape), x.dtype)
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        return payload.tensors["values"].to(payload.dtype)
+
+    def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
+        import torch.distributed as dist
+
+        buf = x.detach().to(self.wire_dtype).contiguous()
+        dist.all_reduce(buf, group=group)
+        return buf.to(x.dtype) / dist.get_world_size(group)
+
+
+@register
+class FP32(_Cast):
+    """No compression: send fp32."""
+
+    name = "fp32"
+    spec_syntax = "fp32"
+    wire_dtype = torch.float32
+
+
+@register
+class FP16(_Cast):
+    """IEEE half precision cast."""
+
+    name = "fp16"
+    spec_syntax = "fp16"
+    wire_dtype = torch.float16
+
+
+@register
+class BF16(_Cast):
+    """bfloat16 cast (fp32 range, 8-bit mantissa)."""
+
+    name = "bf16"
+    spec_syntax = "bf16"
+    wire_dtype = torch.bfloat16

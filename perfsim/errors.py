@@ -1,0 +1,10 @@
+"""Errors that are the user's to fix.
+
+A :class:`ConfigError` is raised for bad input (a flag, a file, a tensor). The
+CLI turns it into one line on stderr and exit code 2, with no traceback. It is
+a ``ValueError`` so library users can catch it the ordinary way.
+"""
+
+
+class ConfigError(ValueError):
+    """Bad user input. The message names the culprit (flag, field, file or value)."""
