@@ -1,0 +1,83 @@
+"""Profile format: round trip, validation, lookups, fits."""
+
+import json
+
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.profile import Profile, fit_alpha_beta, load_profile
+
+
+def test_default_profile_has_paper_compute():
+    p = Profile.default()
+    # AQ-SGD Table 3: 45 ms fwd / 135 ms bwd per 6-block stage
+    assert p.stage_compute("gpt2-xl", 0, 1, "fwd") == pytest.approx(0.045)
+    assert p.stage_compute("gpt2-xl", 7, 1, "bwd") == pytest.approx(0.135)
+    six = sum(p.compute_time("gpt2-xl", f"block{i}", 1, "fwd") for i in range(6))
+    assert six == pytest.approx(0.045)
+    # linear micro-batch scaling when only mb=1 was measured
+    assert p.compute_time("gpt2-xl", "block0", 4, "bwd") == pytest.approx(4 * 0.135 / 6)
+    assert p.compute_time("gpt2-xl", "nope", 1) is None
+
+
+def test_round_trip_and_dataframe(tmp_path):
+    p = Profile(metadata={"machine": "test"})
+    p.add(op="allreduce", name="gloo", size_bytes=1000, world_size=2, time_s=0.0011)
+    p.add(op="allreduce", name="gloo", size_bytes=3000, world_size=2, time_s=0.0031)
+    path = tmp_path / "p.json"
+    p.save(path)
+    q = Profile.load(path)
+    assert q.records == p.records and q.metadata == {"machine": "test"}
+    fit = q.collective_fit("allreduce")
+    assert fit.alpha_s == pytest.approx(1e-4) and fit.beta_s_per_byte == pytest.approx(1e-6)
+    df = q.dataframe()
+    assert list(df["size_bytes"]) == [1000, 3000]
+
+
+def test_codec_fits_most_specific_first():
+    p = Profile()
+    p.add(op="fit_encode", name="*", alpha_s=1.0, beta_s_per_byte=0.0)
+    p.add(op="fit_encode", name="directq", alpha_s=2.0, beta_s_per_byte=0.0)
+    p.add(op="fit_encode", name="directq:4", alpha_s=3.0, beta_s_per_byte=0.0)
+    assert p.encode_time("directq:4", 10) == 3.0
+    assert p.encode_time("directq:8", 10) == 2.0
+    assert p.encode_time("qsgd:4", 10) == 1.0
+    assert p.encode_time("fp32", 10) == 0.0
+    assert p.decode_time("qsgd:4", 10) == 0.0  # nothing known -> free
+
+
+def test_fit_alpha_beta_exact():
+    fit = fit_alpha_beta([0, 100, 200], [5.0, 6.0, 7.0])
+    assert fit.alpha_s == pytest.approx(5.0) and fit.beta_s_per_byte == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("doc,msg", [
+    ({"format": "other", "version": 1, "records": []}, "format"),
+    ({"format": "perfsim-profile", "version": 2, "records": []}, "version=2"),
+    ({"format": "perfsim-profile", "version": 1}, "records"),
+    ({"format": "perfsim-profile", "version": 1, "records": [{"op": "layer_fwd", "name": "x"}]}, "model"),
+    ({"format": "perfsim-profile", "version": 1, "records": [{"op": "warp", "name": "x"}]}, "warp"),
+    ({"format": "perfsim-profile", "version": 1,
+      "records": [{"op": "encode", "name": "x", "size_bytes": 1, "time_s": -1}]}, "time_s"),
+    ({"format": "perfsim-profile", "version": 1,
+      "records": [{"op": "encode", "name": "x", "size_bytes": 1, "time_s": 1, "colour": 3}]}, "colour"),
+])
+def test_bad_profiles_rejected(tmp_path, doc, msg):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match=msg):
+        Profile.load(path)
+
+
+def test_malformed_json(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="malformed"):
+        load_profile(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_load_by_name():
+    assert load_profile("default-v100-aqsgd").metadata["stages_measured"] == 8
+    assert load_profile(None).path.endswith("default-v100-aqsgd.json")
