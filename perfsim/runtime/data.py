@@ -1,0 +1,156 @@
+"""Real training data that ships with installed software -- nothing is downloaded.
+
+* Text (GPT presets): the English help texts of Python's own documentation,
+  ``pydoc_data.topics.topics`` (stdlib, ~0.7 MB), concatenated in sorted-key
+  order and read as bytes (byte-level vocabulary of 256). Sample ``i`` is the
+  window ``bytes[i*T : i*T + T + 1]`` (input = first ``T``, target = shifted by one).
+* Digits (``digits-mlp``): scikit-learn's bundled 8x8 handwritten digits
+  (``sklearn.datasets.load_digits``, 1797 samples, 64 features scaled to [0, 1]).
+
+Every sample has a fixed integer id (its index). The ids travel with the
+micro-batch through the pipeline: AQ-SGD keys its per-sample message buffers
+by them (aq-sgd-paper.txt, Alg. 1).
+
+Order: epoch ``e`` visits the samples in ``randperm(n)`` drawn from a generator
+seeded by ``(seed, e)``; step ``k`` of the run takes the next ``global_batch``
+ids of that order (the incomplete tail of an epoch is dropped). The order is a
+pure function of ``(seed, step)``, so resuming at a step reproduces it exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.models.specs import GPTSpec, MLPSpec
+
+
+@lru_cache(maxsize=1)
+def text_bytes() -> torch.Tensor:
+    """The stdlib pydoc topics as one uint8 tensor."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(topics[k] for k in sorted(topics))
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).clone()
+
+
+@lru_cache(maxsize=1)
+def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits: (features float32 [1797, 64] in [0,1], labels int64)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
+    y = torch.tensor(d.target, dtype=torch.int64)
+    return x, y
+
+
+class Dataset:
+    """Indexed samples: ``get(ids) -> (inputs, targets)``."""
+
+    name: str = ""
+
+    def __len__(self) -> int:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def get(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # pragma: no cover
+        raise NotImplementedError
+
+
+class TextDataset(Dataset):
+    """Byte-level next-token windows of length ``seq_len`` over the pydoc text."""
+
+    name = "pydoc-topics"
+
+    def __init__(self, seq_len: int, limit: int | None = None):
+        self.data = text_bytes().to(torch.int64)
+        self.seq_len = seq_len
+        n = (len(self.data) - 1) // seq_len
+        self.n = min(n, limit) if limit else n
+        if self.n < 1:
+            raise ConfigError(f"seq_len={seq_len}: longer than the text corpus")
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        offs = ids.to(torch.int64)[:, None] * self.seq_len + torch.arange(self.seq_len + 1)[None]
+        window = self.data[offs]
+        return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+class DigitsDataset(Dataset):
+    name = "sklearn-digits"
+
+    def __init__(self, limit: int | None = None):
+        self.x, self.y = digits_arrays()
+        self.n = min(len(self.y), limit) if limit else len(self.y)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def get(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = ids.to(torch.int64)
+        return self.x[ids], self.y[ids]
+
+
+def dataset_for(spec, limit: int | None = None) -> Dataset:
+    """The real dataset of a model preset (``limit`` keeps the first N samples,
+    e.g. to make AQ-SGD's uncompressed first epoch short in a benchmark)."""
+    if limit is not None and limit < 1:
+        raise ConfigError(f"dataset limit={limit}: must be >= 1")
+    if isinstance(spec, GPTSpec):
+        if spec.vocab_size != 256:
+            raise ConfigError(f"model {spec.name!r}: the runtime's text data is byte-level "
+                              f"(vocab 256), the preset has vocab {spec.vocab_size}")
+        return TextDataset(spec.seq_len, limit)
+    if isinstance(spec, MLPSpec):
+        if spec.sizes[0] != 64 or spec.sizes[-1] != 10:
+            raise ConfigError(f"model {spec.name!r}: digits need 64 inputs and 10 classes")
+        return DigitsDataset(limit)
+    raise ConfigError(f"model {getattr(spec, 'name', spec)!r}: no runtime dataset")
+
+
+@dataclass(frozen=True)
+class Order:
+    """Deterministic, resumable sample order.
+
+    num_samples: dataset size. global_batch: ids per step (all replicas).
+    seed: shuffling seed.
+    """
+
+    num_samples: int
+    global_batch: int
+    seed: int
+
+    def __post_init__(self):
+        if self.global_batch < 1:
+            raise ConfigError(f"global batch={self.global_batch}: must be >= 1")
+        if self.global_batch > self.num_samples:
+            raise ConfigError(f"global batch={self.global_batch} (macro_batch x dp) exceeds the "
+                              f"dataset's {self.num_samples} samples")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.num_samples // self.global_batch
+
+    def epoch_of(self, step: int) -> int:
+        return step // self.steps_per_epoch
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(int(self.seed) * 7919 + 104729 * int(epoch) + 1)
+        return torch.randperm(self.num_samples, generator=gen)
+
+    def batch(self, step: int) -> torch.Tensor:
+        """Sample ids of ``step`` (global batch, int64)."""
+        epoch, k = divmod(int(step), self.steps_per_epoch)
+        return self._perm(epoch)[k * self.global_batch:(k + 1) * self.global_batch].clone()
+
+    def replica_batch(self, step: int, replica: int, dp: int) -> torch.Tensor:
+        """The slice of ``step``'s batch that data-parallel replica ``replica`` trains on."""
+        ids = self.batch(step)
+        per = self.global_batch // dp
+        return ids[replica * per:(replica + 1) * per]
