@@ -1,0 +1,516 @@
+"""Parameter sweeps: a grid of ``perfsim predict`` configurations, run in
+parallel, written as one tidy table (one row per configuration).
+
+A sweep is a :class:`SweepSpec`: for each ``predict`` parameter, the list of
+values to try (the same comma lists as the ``perfsim predict`` flags, or a sweep
+file in TOML). :func:`expand` takes the cartesian product; :func:`run_sweep`
+runs every configuration through :func:`perfsim.api.predict` on a backend
+(``local``: a process pool over the machine's cores; ``ray`` or ``dask``: an
+existing cluster, optional extra ``perfsim[cluster]``) and writes
+
+* ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
+  (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after, then
+  ``config_id``), rows in grid order;
+* ``OUT`` with suffix ``.stages.csv`` / ``.stages.parquet``: the per-stage
+  tables (:data:`perfsim.result.STAGE_COLUMNS`) keyed by ``config_id``, which the
+  breakdown plot reads;
+* ``OUT`` with suffix ``.errors.csv`` when ``skip_invalid`` set and some
+  configurations were rejected (a grid may hold combinations that do not fit).
+
+Resuming: each finished configuration is appended at once, as one JSON line
+written by a single ``os.write`` on an ``O_APPEND`` descriptor, to the part file
+``OUT.part.jsonl``. A re-run reads the part file (and the rows of an existing
+``OUT``), drops a torn last line, and skips every configuration whose
+``config_id`` (a hash of its normalised parameters) is already there. The final
+files are written atomically and the part file is removed only after that.
+
+Sweep file (TOML), every key optional, a scalar or a list per key; dashes or
+underscores::
+
+    model = "gpt2-xl"
+    bandwidth = ["10Gbps", "1Gbps", "100Mbps", "10Mbps"]
+    compress = ["fp32", "directq:fw4bw8", "aqsgd:fw3bw6"]
+    schedule = "gpipe"
+    pp = 8
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from perfsim.errors import ConfigError
+from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
+from perfsim.units import parse_bandwidth, parse_time, split_list
+
+#: the parameters of :func:`perfsim.api.predict`, in the order a grid varies them
+#: (last key varies fastest); every one may hold one value or a list
+PARAMS = ("model", "workload", "profile", "topology", "schedule", "pp", "dp", "micro_batch",
+          "macro_batch", "epochs", "latency", "grad_compress", "compress", "bandwidth")
+#: the axes the issue names; the others may vary too
+SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
+              "micro_batch")
+_INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs")
+_STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
+               "grad_compress")
+BACKENDS = ("local", "ray", "dask")
+TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+
+
+# ---------------------------------------------------------------- the grid
+
+def normalize_value(key: str, value: Any) -> Any:
+    """One parameter value in canonical form: bandwidth in bit/s (float), latency
+    in seconds (float), integers for counts, stripped strings otherwise, so that
+    ``"1Gbps"`` and ``"1000Mbps"`` are the same configuration."""
+    if key == "bandwidth":
+        return parse_bandwidth(value)
+    if key == "latency":
+        return parse_time(value, "latency")
+    if key in _INT_PARAMS:
+        try:
+            number = float(value) if not isinstance(value, int) else value
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key} {value!r}: not an integer") from None
+        if isinstance(value, bool) or number != int(number) or int(number) < 1:
+            raise ConfigError(f"{key} {value!r}: must be a positive integer")
+        return int(number)
+    if key in _STR_PARAMS:
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{key} {value!r}: must be a non-empty string")
+        text = value.strip()
+        return text.lower() if key == "schedule" else text
+    raise ConfigError(f"sweep parameter {key!r}: unknown (known: {', '.join(PARAMS)})")
+
+
+def _values(key: str, raw: Any) -> list:
+    """A scalar, a comma-list string or a list -> de-duplicated normalised values."""
+    items = raw if isinstance(raw, (list, tuple)) else [raw]
+    flat: list = []
+    for item in items:
+        flat.extend(split_list(item) if isinstance(item, str) else [item])
+    if not flat:
+        raise ConfigError(f"sweep parameter {key!r}: empty list of values")
+    out: list = []
+    for item in flat:
+        v = normalize_value(key, item)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The grid: for each predict parameter given, the values to try.
+
+    values: ``{param: [value, ...]}``; keys from :data:`PARAMS` (dashes allowed),
+      values scalars, comma lists or lists, normalised on construction.
+    Parameters not given are left to ``predict``'s defaults.
+    """
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        norm: dict[str, list] = {}
+        for key, raw in dict(self.values).items():
+            k = str(key).replace("-", "_")
+            if k not in PARAMS:
+                raise ConfigError(f"sweep parameter {key!r}: unknown (known: {', '.join(PARAMS)})")
+            norm[k] = _values(k, raw)
+        object.__setattr__(self, "values", {k: norm[k] for k in PARAMS if k in norm})
+
+    @property
+    def axes(self) -> list[str]:
+        """Parameters with more than one value."""
+        return [k for k, v in self.values.items() if len(v) > 1]
+
+    def __len__(self) -> int:
+        return math.prod(len(v) for v in self.values.values())
+
+    def merged(self, overrides: Mapping[str, Any]) -> "SweepSpec":
+        """A copy where each key of ``overrides`` (e.g. from CLI flags) replaces the file's."""
+        base = dict(self.values)
+        base.update({k.replace("-", "_"): v for k, v in overrides.items() if v is not None})
+        return SweepSpec(base)
+
+
+def expand(spec: SweepSpec) -> list[dict[str, Any]]:
+    """The cartesian product of ``spec``, in :data:`PARAMS` order (last varies fastest)."""
+    keys = list(spec.values)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(spec.values[k] for k in keys))]
+
+
+def config_id(params: Mapping[str, Any]) -> str:
+    """A stable 16-hex-digit id of one configuration (hash of its canonical JSON)."""
+    canon = json.dumps({k: params[k] for k in sorted(params)}, sort_keys=True, default=str)
+    return hashlib.sha1(canon.encode()).hexdigest()[:16]
+
+
+def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
+    """Read a TOML sweep file (see the module docstring)."""
+    import tomllib
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"sweep file {str(path)!r}: not found") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"sweep file {str(path)!r}: not valid TOML ({exc})") from None
+    if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
+        data = data["sweep"]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            raise ConfigError(f"sweep file {str(path)!r}: [{key}] tables are not supported; "
+                              "write keys at the top level")
+    try:
+        return SweepSpec(data)
+    except ConfigError as exc:
+        raise ConfigError(f"sweep file {str(path)!r}: {exc}") from None
+
+
+# ---------------------------------------------------------------- running one batch
+
+def _json_default(obj):
+    item = getattr(obj, "item", None)  # numpy scalars
+    if callable(item):
+        return item()
+    return str(obj)
+
+
+def _resolve_predict(predict: Callable | None) -> Callable:
+    if predict is not None:
+        return predict
+    try:
+        from perfsim.api import predict as api_predict
+    except ModuleNotFoundError as exc:  # the simulator is not installed / not there yet
+        raise ConfigError(f"perfsim.api is not available ({exc})") from None
+    return api_predict
+
+
+def run_batch(batch: list[tuple[str, dict]], predict: Callable | None = None,
+              skip_invalid: bool = False) -> list[dict]:
+    """Run ``[(config_id, params), ...]`` through ``predict``; one record per config:
+    ``{"config_id", "params", "summary", "stages"}`` or, for a configuration that
+    ``predict`` rejects with :class:`ConfigError` when ``skip_invalid`` is set,
+    ``{"config_id", "params", "error"}``. Runs in a worker process."""
+    fn = _resolve_predict(predict)
+    out = []
+    for cid, params in batch:
+        try:
+            result = fn(**params)
+        except ConfigError as exc:
+            if not skip_invalid:
+                raise ConfigError(f"configuration {_describe(params)}: {exc}") from None
+            out.append({"config_id": cid, "params": params, "error": str(exc)})
+            continue
+        out.append({"config_id": cid, "params": params, "summary": result.row(),
+                    "stages": list(result.stages)})
+    return out
+
+
+def _describe(params: Mapping[str, Any]) -> str:
+    parts = []
+    for k, v in params.items():
+        if k == "bandwidth":
+            from perfsim.units import format_bandwidth
+            v = format_bandwidth(v)
+        parts.append(f"{k}={v}")
+    return " ".join(parts)
+
+
+# ---------------------------------------------------------------- backends
+
+def _batches(todo: list[tuple[str, dict]], workers: int) -> list[list[tuple[str, dict]]]:
+    """Split into batches: small enough to balance load and to flush often
+    (about 8 per worker), large enough to amortise inter-process overhead."""
+    size = max(1, min(256, len(todo) // max(1, workers * 8)))
+    return [todo[i:i + size] for i in range(0, len(todo), size)]
+
+
+def _iter_local(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
+    if jobs <= 1 or len(batches) <= 1:  # in this process, logged config by config
+        for b in batches:
+            for item in b:
+                yield run_batch([item], predict, skip_invalid)
+        return
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        pending = {pool.submit(run_batch, b, predict, skip_invalid) for b in batches}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                yield fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _iter_ray(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise ConfigError("--backend ray: ray is not installed "
+                          "(pip install 'perfsim[cluster]')") from None
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True,
+                 log_to_driver=False)
+    remote = ray.remote(run_batch)
+    pending = [remote.remote(b, predict, skip_invalid) for b in batches]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        for ref in done:
+            yield ray.get(ref)
+
+
+def _iter_dask(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
+    try:
+        from dask.distributed import Client, as_completed
+    except ModuleNotFoundError:
+        raise ConfigError("--backend dask: dask.distributed is not installed "
+                          "(pip install 'dask[distributed]')") from None
+    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
+    client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1)
+    try:
+        futures = [client.submit(run_batch, b, predict, skip_invalid, pure=False) for b in batches]
+        for fut in as_completed(futures):
+            yield fut.result()
+    finally:
+        client.close()
+
+
+_BACKENDS = {"local": _iter_local, "ray": _iter_ray, "dask": _iter_dask}
+
+
+# ---------------------------------------------------------------- part file (resume)
+
+def part_path(out: str | os.PathLike) -> Path:
+    out = Path(out)
+    return out.with_name(out.name + ".part.jsonl")
+
+
+def sibling_path(out: str | os.PathLike, what: str) -> Path:
+    """``runs/sweep.csv`` -> ``runs/sweep.<what>.csv`` (same suffix as the table)."""
+    out = Path(out)
+    return out.with_name(f"{out.stem}.{what}{out.suffix}")
+
+
+def _read_part(path: Path) -> list[dict]:
+    """Records of a part file; a torn last line (crash mid-write) is dropped."""
+    if not path.exists():
+        return []
+    records = []
+    lines = path.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+            rec["config_id"]
+        except (json.JSONDecodeError, KeyError, TypeError):
+            if i == len(lines) - 1:
+                break  # torn tail: that configuration simply runs again
+            raise ConfigError(f"part file {str(path)!r}: line {i + 1} is corrupt; "
+                              "delete the file or run with --fresh") from None
+        records.append(rec)
+    return records
+
+
+def _records_from_table(out: Path) -> list[dict]:
+    """Records of an existing final table (so a finished sweep extended with new
+    values only runs the new ones)."""
+    if not out.exists():
+        return []
+    summary = read_table(out)
+    if "config_id" not in summary.columns:
+        return []
+    stages_file = sibling_path(out, "stages")
+    stages = read_table(stages_file, allow_empty=True) if stages_file.exists() else None
+    by_id: dict[str, list] = {}
+    if stages is not None and "config_id" in stages.columns:
+        for cid, group in stages.groupby("config_id", sort=False):
+            by_id[cid] = group.drop(columns="config_id").to_dict("records")
+    recs = []
+    for row in summary.to_dict("records"):
+        cid = row.pop("config_id")
+        recs.append({"config_id": cid, "summary": row, "stages": by_id.get(cid, [])})
+    return recs
+
+
+class _PartWriter:
+    """Append-only JSON-lines log; one ``os.write`` per batch, fsync at most once a second."""
+
+    def __init__(self, path: Path, records: list[dict]):
+        self.path = path
+        # rewrite cleanly first, so a torn tail never glues onto the next record
+        atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n"
+                                        for r in records))
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self.last_sync = time.monotonic()
+
+    def append(self, records: Iterable[dict]) -> None:
+        data = "".join(json.dumps(r, default=_json_default) + "\n" for r in records).encode()
+        os.write(self.fd, data)
+        if time.monotonic() - self.last_sync > 1.0:
+            os.fsync(self.fd)
+            self.last_sync = time.monotonic()
+
+    def close(self) -> None:
+        os.fsync(self.fd)
+        os.close(self.fd)
+
+
+# ---------------------------------------------------------------- tables
+
+def read_table(path: str | os.PathLike, allow_empty: bool = False):
+    """Read a CSV or Parquet table into a DataFrame (ConfigError if missing or empty)."""
+    import pandas as pd
+
+    path = Path(path)
+    if path.suffix.lower() not in TABLE_SUFFIXES:
+        raise ConfigError(f"table {str(path)!r}: unknown format (use .csv or .parquet)")
+    if not path.exists():
+        raise ConfigError(f"table {str(path)!r}: not found")
+    try:
+        if path.suffix.lower() == ".csv":
+            df = pd.read_csv(path)
+        else:
+            df = pd.read_parquet(path)
+    except pd.errors.EmptyDataError:
+        df = pd.DataFrame()
+    except Exception as exc:  # pyarrow / parser errors: the file is the culprit
+        raise ConfigError(f"table {str(path)!r}: unreadable ({exc})") from None
+    if df.empty and not allow_empty:
+        raise ConfigError(f"table {str(path)!r}: empty")
+    return df
+
+
+def write_table(df, path: str | os.PathLike) -> None:
+    """Write ``df`` atomically as CSV or Parquet, chosen by the suffix."""
+    import io
+
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        atomic_write_text(path, df.to_csv(index=False))
+    elif suffix in (".parquet", ".pq"):
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        atomic_write_bytes(path, buf.getvalue())
+    else:
+        raise ConfigError(f"output {str(path)!r}: unknown format (use .csv or .parquet)")
+
+
+@dataclass
+class SweepTable:
+    """What a sweep produced: ``summary`` (one row per configuration, predict
+    schema + ``config_id``), ``stages`` (per-stage rows keyed by ``config_id``),
+    ``errors`` (configurations rejected when ``skip_invalid``)."""
+
+    summary: Any
+    stages: Any
+    errors: Any
+
+
+def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> SweepTable:
+    import pandas as pd
+
+    rows, stage_rows, errors = [], [], []
+    for cid, params in configs:
+        rec = records.get(cid)
+        if rec is None:
+            continue
+        if "error" in rec:
+            errors.append({"config_id": cid, **params, "error": rec["error"]})
+            continue
+        rows.append({**rec["summary"], "config_id": cid})
+        stage_rows.extend({"config_id": cid, **s} for s in rec.get("stages") or [])
+    summary = pd.DataFrame(rows)
+    extra = [c for c in summary.columns if c not in SUMMARY_COLUMNS and c != "config_id"]
+    summary = summary.reindex(columns=[*SUMMARY_COLUMNS, *extra, "config_id"])
+    stages = pd.DataFrame(stage_rows)
+    if not stages.empty:
+        extra = [c for c in stages.columns if c not in STAGE_COLUMNS and c != "config_id"]
+        stages = stages.reindex(columns=["config_id", *STAGE_COLUMNS, *extra])
+    return SweepTable(summary, stages, pd.DataFrame(errors))
+
+
+def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None = None, *,
+              jobs: int | None = None, backend: str = "local", predict: Callable | None = None,
+              skip_invalid: bool = False, resume: bool = True, progress: bool | None = None,
+              ) -> SweepTable:
+    """Run every configuration of ``spec`` and return the tables.
+
+    out: table path (``.csv`` / ``.parquet``); with it, results are logged to the
+      part file as they finish and the final files written atomically, and a
+      re-run resumes (``resume=False`` starts over). Without it, nothing is written.
+    jobs: worker processes for the local backend (default: all cores).
+    backend: ``local`` | ``ray`` | ``dask`` (cluster engines, optional extra).
+    predict: the function to call (default :func:`perfsim.api.predict`); must be
+      picklable (a module-level function) for parallel backends.
+    skip_invalid: record configurations that predict rejects (ConfigError) instead
+      of stopping the sweep.
+    progress: show a progress bar (default: when stderr is a terminal).
+    """
+    if not isinstance(spec, SweepSpec):
+        spec = SweepSpec(spec)
+    if backend not in _BACKENDS:
+        raise ConfigError(f"backend {backend!r}: unknown (choose from {', '.join(BACKENDS)})")
+    jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
+    if jobs < 1:
+        raise ConfigError(f"jobs={jobs}: must be >= 1")
+    if out is not None and Path(out).suffix.lower() not in TABLE_SUFFIXES:
+        raise ConfigError(f"output {str(out)!r}: unknown format (use .csv or .parquet)")
+
+    configs = [(config_id(p), p) for p in expand(spec)]
+    wanted = {cid for cid, _ in configs}
+    records: dict[str, dict] = {}
+    part = part_path(out) if out is not None else None
+    if out is not None and resume:
+        for rec in _records_from_table(Path(out)) + _read_part(part):
+            if rec["config_id"] in wanted:
+                records[rec["config_id"]] = rec
+    todo = [(cid, p) for cid, p in configs if cid not in records]
+
+    writer = _PartWriter(part, list(records.values())) if part is not None else None
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(configs), initial=len(configs) - len(todo), unit="config",
+               desc="sweep", disable=(not sys.stderr.isatty()) if progress is None else not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    try:
+        if todo:
+            iterator = _BACKENDS[backend](_batches(todo, jobs), predict, skip_invalid, jobs)
+            for batch_records in iterator:
+                for rec in batch_records:
+                    records[rec["config_id"]] = rec
+                if writer is not None:
+                    writer.append(batch_records)
+                bar.update(len(batch_records))
+    finally:
+        bar.close()
+        if writer is not None:
+            writer.close()
+
+    table = _assemble(configs, records)
+    if out is not None:
+        out = Path(out)
+        write_table(table.summary, out)
+        stages_file, errors_file = sibling_path(out, "stages"), sibling_path(out, "errors")
+        if not table.stages.empty:
+            write_table(table.stages, stages_file)
+        elif stages_file.exists():
+            stages_file.unlink()
+        if not table.errors.empty:
+            atomic_write_text(errors_file.with_suffix(".csv"), table.errors.to_csv(index=False))
+        part.unlink(missing_ok=True)
+    return table
