@@ -1,0 +1,130 @@
+"""ECQ-SGD: error-compensated quantized SGD (ecq-sgd-paper.txt, Sec. 4, eq. 5-9).
+
+``ecq:BITS[:alpha=A][:beta=B][:bucket=D]`` (defaults from the paper's CIFAR-10
+setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, bucket 4096, L2 norm).
+
+Each worker keeps the accumulated quantization error ``h`` (eq. 5 / 6)::
+
+    g~_t = Q(g_t + alpha * h_t)                     (eq. 7)
+    h_{t+1} = beta * h_t + (g_t - g~_t)             (eq. 6),  h_0 = 0
+    i.e. h_t = sum_{t'<t} beta^(t-1-t') (g_t' - g~_t')   (eq. 5)
+
+with ``Q`` the QSGD quantizer on the L2 norm of each bucket, ``s`` levels
+(eq. 8-9; ``s = 2**(BITS-1) - 1`` so the ``r = ceil(log2(2s+1))`` bit codes of
+Sec. 4 fill ``BITS`` bits). The payload is the same as ``qsgd``'s: one fp32
+norm per bucket plus densely packed codes.
+
+Not allreduce-compatible: Alg. 1 *broadcasts* each worker's quantized gradient
+and every worker averages what it receives; the norms (hence the grids) differ
+per worker and per step, so codes cannot be added -- the exchange is an
+allgather (the default :meth:`Compressor.allreduce_mean`).
+
+State: ``h`` is kept per gradient tensor, keyed by ``name`` (pass
+``name=`` to :meth:`compress` / :meth:`allreduce_mean` when one instance serves
+several tensors; the default name is ``""``). ``state_dict`` holds every ``h``
+and the random step counter; a restored compressor continues bit-identically.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from perfsim.compression.base import Payload, check_input, numel_of
+from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, levels_for_bits,
+                                      parse_level_bits, parse_options)
+from perfsim.compression.registry import register
+from perfsim.errors import ConfigError
+
+
+@register
+class ECQ(_SeededCompressor):
+    """ECQ-SGD quantizer with accumulated, decayed error feedback (eq. 5-9)."""
+
+    name = "ecq"
+    spec_syntax = "ecq:BITS[:alpha=A][:beta=B][:bucket=D]"
+    example_spec = "ecq:4"
+    allreduce_compatible = False
+    stateful = True
+
+    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int = 4096, seed: int = 0):
+        if alpha < 0:
+            raise ConfigError(f"alpha={alpha}: must be >= 0 (eq. 7)")
+        if not 0.0 <= beta <= 1.0:
+            raise ConfigError(f"beta={beta}: must be in [0, 1] (eq. 5)")
+        if bucket < 0:
+            raise ConfigError(f"bucket={bucket}: must be >= 0 (0 = whole tensor)")
+        self.bits, self.alpha, self.beta, self.bucket = int(bits), float(alpha), float(beta), int(bucket)
+        self.s = levels_for_bits(self.bits)
+        self.q = BucketQuantizer(self.s, self.bits, self.bucket)
+        self.seed, self._step, self._salt = int(seed), 0, 0
+        self.h: dict[str, torch.Tensor] = {}
+        opts = []
+        if self.alpha != 0.01:
+            opts.append(f"alpha={self.alpha:g}")
+        if self.beta != 1.0:
+            opts.append(f"beta={self.beta:g}")
+        if self.bucket != 4096:
+            opts.append(f"bucket={self.bucket}")
+        self.spec = ":".join([f"ecq:{self.bits}", *opts])
+
+    @classmethod
+    def from_args(cls, args: list[str], seed: int = 0, **_):
+        pos, opts = parse_options(args, {"alpha": float, "beta": float, "bucket": int})
+        if len(pos) != 1:
+            raise ConfigError("expected ecq:BITS[:alpha=A][:beta=B][:bucket=D], e.g. ecq:4")
+        return cls(parse_level_bits(pos[0]), seed=seed, **opts)
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        return self.q.wire_bytes(numel_of(shape))
+
+    def error(self, name: str = "") -> torch.Tensor | None:
+        """The accumulated error ``h`` of tensor ``name`` (None before its first step)."""
+        return self.h.get(name)
+
+    def compress(self, x: torch.Tensor, *, key=None, name: str = "") -> Payload:
+        """Quantize ``x + alpha h`` (eq. 7) and update ``h`` (eq. 6)."""
+        check_input(x)
+        g = x.detach().reshape(-1).to(torch.float32)
+        h = self.h.get(name)
+        if h is None:
+            h = torch.zeros_like(g)
+        elif h.numel() != g.numel():
+            raise ConfigError(f"{self.spec}: error buffer {name!r} has {h.numel()} elements, got a tensor of "
+                              f"{g.numel()}; pass a distinct name= per gradient tensor")
+        norms, lv = self.q.quantize(g + self.alpha * h, self._next_generator())
+        g_tilde = self.q.dequantize(norms, lv)
+        self.h[name] = self.beta * h + (g - g_tilde)
+        return Payload(self.q.pack(norms, lv), tuple(x.shape), x.dtype, {"name": name})
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        norms, lv = self.q.unpack(payload.tensors, numel_of(payload.shape))
+        return self.q.dequantize(norms, lv).reshape(payload.shape).to(payload.dtype)
+
+    def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
+        """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""
+        import torch.distributed as dist
+
+        self._set_rank_salt(group)
+        world = dist.get_world_size(group)
+        payload = self.compress(x, name=name)
+        total = torch.zeros(payload.shape, dtype=torch.float32)
+        for key, t in payload.tensors.items():
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            payload.tensors[key] = parts  # type: ignore[assignment]
+        for rank in range(world):
+            tensors = {k: v[rank] for k, v in payload.tensors.items()}
+            total += self.decompress(Payload(tensors, payload.shape, torch.float32))
+        return (total / world).to(x.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self._step, "h": {k: v.clone() for k, v in self.h.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        extra = set(state) - {"step", "h"}
+        if extra:
+            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(extra)}")
+        self._step = int(state.get("step", 0))
+        self.h = {str(k): torch.as_tensor(v, dtype=torch.float32).clone() for k, v in state.get("h", {}).items()}

@@ -1,0 +1,300 @@
+"""Allreduce-compatible quantizers on a shared max norm (multiscale-quantizers-paper.txt).
+
+``qsgd-maxnorm:BITS`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1: the workers agree on
+``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per tensor), then each
+quantizes its gradient on that *shared* scale, ``zeta_i = sign(v_i) * xi_i`` with
+``xi_i`` the stochastic rounding of ``s |v_i| / W`` (eq. 7-8). The integer codes
+of all workers live on one grid, so their sum is the code of the sum: one
+sum-allreduce and one decode ``W * sum(zeta) / (s M)`` (eq. 9).
+
+``qsgd-maxnorm-multiscale:BITS[:SCALES][:bucket=B]`` -- QSGDMaxNormMultiScale,
+Sec. 3.2 / Alg. 2. ``SCALES`` is a comma list of the *other* scales' bit widths
+(default ``BITS+4``, the two-scale pairs (2,6), (4,8), (6,10), (8,12) of the
+paper's experiments), ``s_j = 2**(b_j - 1) - 1``. A coordinate (or a bucket of
+``B`` coordinates, default 1 = per coordinate as in the paper) uses the largest
+scale ``s`` with ``s * |v_i| <= W * min_j s_j`` (eq. 11), so its code still fits
+in ``BITS`` bits but is finer where the gradient is small. *Scale sharing*: the
+workers take the minimum scale index over workers (a min-allreduce), after
+which every code of a coordinate is on the same grid and sums exactly; the
+decode is ``W * sum(zeta_i) / (s*_i M)`` (eq. 13).
+
+Lemma 1 / Lemma 2 (App. C / E): unbiased, and
+``E||Q(v) - v||^2 <= (1 + min(n/s^2, sqrt(n)/s)) W^2`` with ``s = min_j s_j``.
+
+Wire formats
+------------
+* ``compress`` (one worker's payload, what ``wire_bytes`` counts): ``norm``
+  (fp32, 4 bytes), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
+  bits per bucket, packed), and ``codes``: levels offset to ``[0, 2s]`` in
+  ``BITS`` bits, densely packed (:func:`perfsim.kernels.packing.pack_bits_ref`).
+* ``allreduce_mean`` / ``dp_plan`` (the data-parallel exchange): a packed code
+  cannot be added in place, so **under allreduce the wire carries the
+  accumulation-width integers**, as the paper's own implementation does with
+  int8 tensors (App. A "Limitations of the framework"). The width comes from
+  :func:`perfsim.compression.base.sum_dtype_for` ``(s_min, M)`` so the sum never
+  overflows; neither gloo nor NCCL reduces int16, so an int16 width is carried
+  as float16 when ``s*M <= 2048`` (every partial sum is an integer that fp16
+  represents exactly) and as int32 otherwise (:func:`collective_sum_dtype`).
+  The scale indices travel as a thermometer code (``N - 1`` bits per bucket,
+  bit ``j`` = "index > j"), packed, reduced with a bitwise AND -- which is the
+  minimum of the indices (Alg. 2 line 7) in ``N - 1`` bits instead of a byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from perfsim.compression.base import (ALLREDUCE, CommStep, Payload, check_input, numel_of,
+                                      sum_dtype_for)
+from perfsim.compression.qsgd import (_SeededCompressor, levels_for_bits, parse_level_bits,
+                                      parse_options, stochastic_levels)
+from perfsim.compression.registry import register
+from perfsim.errors import ConfigError
+from perfsim.kernels.packing import SUPPORTED_BITS, pack_bits_ref, packed_nbytes, unpack_bits_ref
+
+#: integers that float16 represents exactly (every |k| <= 2**11)
+_FP16_EXACT = 2048
+
+
+def collective_sum_dtype(levels: int, world_size: int) -> torch.dtype:
+    """Dtype of the sum-allreduce of codes in ``[-levels, levels]`` over ``world_size``.
+
+    Starts from :func:`sum_dtype_for` (never overflows); int16, which no
+    collective backend reduces, becomes float16 (exact for sums up to 2048) or int32.
+    """
+    dt = sum_dtype_for(levels, world_size)
+    if dt == torch.int16:
+        return torch.float16 if levels * world_size <= _FP16_EXACT else torch.int32
+    return dt
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _index_bits(n_scales: int) -> int:
+    need = max(1, (n_scales - 1).bit_length())
+    return next(b for b in SUPPORTED_BITS if b >= need)
+
+
+class MaxNormQuantizer(_SeededCompressor):
+    """Shared implementation of QSGDMaxNorm (one scale) and its multi-scale variant."""
+
+    allreduce_compatible = True
+    stateful = True  # the random step counter
+
+    def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0):
+        self.bits = int(bits)
+        sb = sorted({int(bits), *map(int, scale_bits)})
+        self.scale_bits = tuple(sb)
+        self.scales = torch.tensor([levels_for_bits(b) for b in sb], dtype=torch.float32)
+        self.s = levels_for_bits(self.bits)  # s_min: bounds every code
+        if bucket < 1:
+            raise ConfigError(f"bucket={bucket}: must be >= 1")
+        self.bucket = int(bucket)
+        self.seed, self._step, self._salt = int(seed), 0, 0
+
+    # ------------------------------------------------------------ geometry
+    @property
+    def multiscale(self) -> bool:
+        return len(self.scale_bits) > 1
+
+    def nbuckets(self, n: int) -> int:
+        return -(-n // self.bucket) if self.multiscale else 0
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        n = numel_of(shape)
+        if n == 0:
+            return 0
+        total = 4 + packed_nbytes(n, self.bits)
+        if self.multiscale:
+            total += packed_nbytes(self.nbuckets(n), _index_bits(len(self.scale_bits)))
+        return total
+
+    def dp_plan(self, shape: Sequence[int], world_size: int) -> list[CommStep]:
+        """max-allreduce of the norm, [min-allreduce of scale indices], sum-allreduce of codes."""
+        n = numel_of(shape)
+        if n == 0:
+            return []
+        plan = [CommStep(ALLREDUCE, 4, "max", f"{self.spec} norm")]
+        if self.multiscale:
+            nbytes = packed_nbytes(self.nbuckets(n) * (len(self.scale_bits) - 1), 1)
+            plan.append(CommStep(ALLREDUCE, nbytes, "min", f"{self.spec} scale-index min (thermometer bits, AND)"))
+        acc = collective_sum_dtype(self.s, world_size)
+        plan.append(CommStep(ALLREDUCE, n * _itemsize(acc), "sum", f"{self.spec} codes ({str(acc).replace('torch.', '')})"))
+        return plan
+
+    # ------------------------------------------------------------ math
+    def local_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """``||x||_2`` as a 1-element fp32 tensor (the max-allreduce input)."""
+        return torch.linalg.vector_norm(x.detach().reshape(-1).to(torch.float32)).reshape(1)
+
+    def _bucket_view(self, flat: torch.Tensor) -> torch.Tensor:
+        nb = self.nbuckets(flat.numel())
+        return torch.nn.functional.pad(flat, (0, nb * self.bucket - flat.numel())).view(nb, self.bucket)
+
+    def local_scale_index(self, flat: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        """Per bucket, the index of the largest scale with ``s * max|v| <= W * s_min`` (eq. 11).
+
+        uint8, in ``[0, N)``; 0 (the smallest scale) always qualifies since ``|v| <= W``."""
+        amax = self._bucket_view(flat.abs()).amax(dim=1)
+        w = float(norm)
+        ok = self.scales[None, :] * amax[:, None] <= w * self.s
+        return (ok.sum(dim=1) - 1).clamp_(min=0).to(torch.uint8)
+
+    def levels_per_element(self, index: torch.Tensor | None, n: int) -> torch.Tensor | float:
+        if not self.multiscale:
+            return float(self.s)
+        return self.scales[index.long()].repeat_interleave(self.bucket)[:n]
+
+    def encode_levels(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
+                      gen: torch.Generator) -> torch.Tensor:
+        """Signed int32 codes ``zeta`` on the shared norm (and shared scale index)."""
+        w = float(norm)
+        if w == 0.0:
+            return torch.zeros(flat.numel(), dtype=torch.int32)
+        ratio = (flat.abs() / w).clamp_(max=1.0)
+        lv = stochastic_levels(ratio, self.levels_per_element(index, flat.numel()), gen)
+        lv = torch.minimum(lv, torch.tensor(self.s, dtype=torch.int32))  # float-rounding guard
+        return torch.where(flat < 0, -lv, lv)
+
+    def decode_levels(self, lv: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """``W * zeta / s*`` (eq. 9 / 13): works for one worker's codes or for their sum."""
+        return lv.to(torch.float32) * (float(norm) / self.levels_per_element(index, lv.numel()))
+
+    # ------------------------------------------------------------ payload
+    def compress(self, x: torch.Tensor, *, key=None, norm: torch.Tensor | float | None = None,
+                 scale_index: torch.Tensor | None = None) -> Payload:
+        """Encode one worker's ``x``. ``norm`` is the shared max norm ``W`` (default:
+        this worker's own norm); ``scale_index`` the shared per-bucket scale indices
+        (default: this worker's own). Both must be >= / <= the local values, or the
+        codes would not fit: that is a ConfigError."""
+        check_input(x)
+        flat = x.detach().reshape(-1).to(torch.float32)
+        n = flat.numel()
+        local = self.local_norm(flat)
+        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1)
+        if not bool(torch.isfinite(w).all()) or float(w) < float(local) * (1 - 1e-6):
+            raise ConfigError(f"{self.spec}: shared norm {float(w)} is below this tensor's norm {float(local)}")
+        index = None
+        tensors = {"norm": w.clone()}
+        if self.multiscale:
+            own = self.local_scale_index(flat, w)
+            index = own if scale_index is None else scale_index.to(torch.uint8).reshape(-1)
+            if index.numel() != own.numel() or bool((index > own).any()):
+                raise ConfigError(f"{self.spec}: shared scale index must have {own.numel()} entries, "
+                                  f"each <= this worker's own (scale sharing takes the minimum)")
+            tensors["scale_index"] = pack_bits_ref(index, _index_bits(len(self.scale_bits)))
+        lv = self.encode_levels(flat, w, index, self._next_generator())
+        tensors["codes"] = pack_bits_ref((lv + self.s).to(torch.uint8), self.bits)
+        return Payload(tensors, tuple(x.shape), x.dtype)
+
+    def payload_levels(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(signed int32 codes, shared norm, scale index or None) of a payload."""
+        n = numel_of(payload.shape)
+        t = payload.tensors
+        lv = unpack_bits_ref(t["codes"], self.bits, n).to(torch.int32) - self.s
+        index = None
+        if self.multiscale:
+            index = unpack_bits_ref(t["scale_index"], _index_bits(len(self.scale_bits)), self.nbuckets(n))
+        return lv, t["norm"], index
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        if numel_of(payload.shape) == 0:
+            return torch.zeros(payload.shape, dtype=payload.dtype)
+        lv, w, index = self.payload_levels(payload)
+        return self.decode_levels(lv, w, index).reshape(payload.shape).to(payload.dtype)
+
+    # ------------------------------------------------------------ data parallel
+    def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
+        j = torch.arange(len(self.scale_bits) - 1, dtype=torch.int32)
+        bits = (index.to(torch.int32)[:, None] > j[None, :]).to(torch.uint8).reshape(-1)
+        return pack_bits_ref(bits, 1)
+
+    def _from_thermometer(self, packed: torch.Tensor, nb: int) -> torch.Tensor:
+        k = len(self.scale_bits) - 1
+        bits = unpack_bits_ref(packed, 1, nb * k).view(nb, k)
+        return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
+
+    def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
+        """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""
+        import torch.distributed as dist
+
+        check_input(x)
+        world = dist.get_world_size(group)
+        self._set_rank_salt(group)
+        flat = x.detach().reshape(-1).to(torch.float32)
+        if flat.numel() == 0:
+            return x.detach().clone()
+        w = self.local_norm(flat)
+        dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)  # MaxAllReduce norm
+        index = None
+        if self.multiscale:
+            therm = self._thermometer(self.local_scale_index(flat, w))
+            dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)  # scale sharing (min)
+            index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
+        lv = self.encode_levels(flat, w, index, self._next_generator())
+        buf = lv.to(collective_sum_dtype(self.s, world))
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
+        out = self.decode_levels(buf.to(torch.int64), w, index) / world
+        return out.reshape(x.shape).to(x.dtype)
+
+
+@register
+class QSGDMaxNorm(MaxNormQuantizer):
+    """QSGDMaxNorm (multiscale-quantizers-paper.txt Sec. 3.1, Alg. 1)."""
+
+    name = "qsgd-maxnorm"
+    spec_syntax = "qsgd-maxnorm:BITS"
+    example_spec = "qsgd-maxnorm:4"
+
+    @classmethod
+    def from_args(cls, args: list[str], seed: int = 0, **_):
+        if len(args) != 1:
+            raise ConfigError("expected qsgd-maxnorm:BITS, e.g. qsgd-maxnorm:4")
+        bits = parse_level_bits(args[0])
+        comp = cls(bits, seed=seed)
+        comp.spec = f"{cls.name}:{bits}"
+        return comp
+
+
+def parse_scale_bits(text: str, bits: int) -> tuple[int, ...]:
+    """``'8'`` or ``'6,8'`` -> scale bit widths, each > ``bits`` and <= 24."""
+    out = []
+    for part in text.replace("+", ",").split(","):
+        try:
+            b = int(part)
+        except ValueError:
+            raise ConfigError(f"scales {text!r}: expected bit widths like 8 or 6,8") from None
+        if not bits < b <= 24:
+            raise ConfigError(f"scale bits {b}: must be in ({bits}, 24]")
+        out.append(b)
+    if len(set(out)) != len(out):
+        raise ConfigError(f"scales {text!r}: repeated scale")
+    if len(out) > 7:
+        raise ConfigError(f"scales {text!r}: at most 8 scales in all")
+    return tuple(out)
+
+
+@register
+class QSGDMaxNormMultiScale(MaxNormQuantizer):
+    """QSGDMaxNormMultiScale with scale sharing (multiscale-quantizers-paper.txt Sec. 3.2, Alg. 2)."""
+
+    name = "qsgd-maxnorm-multiscale"
+    spec_syntax = "qsgd-maxnorm-multiscale:BITS[:SCALE_BITS,...][:bucket=B]"
+    example_spec = "qsgd-maxnorm-multiscale:4:8"
+
+    @classmethod
+    def from_args(cls, args: list[str], seed: int = 0, **_):
+        pos, opts = parse_options(args, {"bucket": int})
+        if not 1 <= len(pos) <= 2:
+            raise ConfigError("expected qsgd-maxnorm-multiscale:BITS[:SCALE_BITS], e.g. qsgd-maxnorm-multiscale:4:8")
+        bits = parse_level_bits(pos[0])
+        scales = parse_scale_bits(pos[1], bits) if len(pos) == 2 else (bits + 4,)
+        comp = cls(bits, scales, bucket=opts.get("bucket", 1), seed=seed)
+        comp.spec = f"{cls.name}:{bits}:{','.join(map(str, scales))}"
+        if comp.bucket != 1:
+            comp.spec += f":bucket={comp.bucket}"
+        return comp

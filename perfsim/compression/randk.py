@@ -1,0 +1,164 @@
+"""Global random-k sparsification + max-norm quantization (multiscale-quantizers-paper.txt).
+
+``randk-maxnorm:FRACTION:BITS[:scaled]`` -- GlobalRandKMaxNorm, Sec. 3.3: every
+worker picks the *same* ``K = ceil(FRACTION * n)`` coordinates uniformly at
+random (without replacement) and applies QSGDMaxNorm (Sec. 3.1) to them.
+``randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS,...][:scaled]`` --
+GlobalRandKMaxNormMultiScale, Sec. 3.4, the same with QSGDMaxNormMultiScale.
+
+The indices never travel: they come from a generator seeded with
+``(seed, step)`` -- ``seed`` identical on all workers, ``step`` a counter held
+in the state and advanced once per call on every worker -- so all workers agree
+and a restored run picks the same coordinates. Only the ``K`` codes on the
+shared max norm of the selected values (plus the norm, and for the multi-scale
+variant the scale indices) are sent, and they sum under allreduce exactly as in
+``qsgd-maxnorm`` (see :mod:`perfsim.compression.maxnorm` for the accumulation width).
+
+Scaling: the paper sends the selected values as they are, so the decoded
+gradient has expectation ``(K/n) g`` (zero elsewhere). With ``:scaled`` the
+selected values are multiplied by ``n/K`` before quantization, which makes the
+estimator unbiased (``E = g``) at the price of ``n/K`` times the variance.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.maxnorm import MaxNormQuantizer, parse_scale_bits
+from perfsim.compression.qsgd import generator, parse_level_bits
+from perfsim.compression.registry import register
+from perfsim.errors import ConfigError
+
+_INDEX_SALT = 0x52414E444B  # "RANDK": keeps index draws apart from rounding draws
+
+
+def parse_fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except (TypeError, ValueError):
+        raise ConfigError(f"fraction {text!r}: not a number") from None
+    if not (0.0 < f <= 1.0) or not math.isfinite(f):
+        raise ConfigError(f"fraction={text}: must be in (0, 1]")
+    return f
+
+
+class _GlobalRandK(Compressor):
+    allreduce_compatible = True
+    stateful = True
+
+    def __init__(self, fraction: float, inner: MaxNormQuantizer, scaled: bool = False, seed: int = 0):
+        self.fraction, self.inner, self.scaled, self.seed = float(fraction), inner, bool(scaled), int(seed)
+        self._step = 0
+
+    def k_of(self, n: int) -> int:
+        """Number of selected coordinates: ``ceil(fraction * n)`` (0 for an empty tensor)."""
+        return min(n, math.ceil(self.fraction * n - 1e-9)) if n else 0
+
+    def indices(self, n: int, step: int | None = None) -> torch.Tensor:
+        """The shared coordinates of call ``step`` (default: the next call)."""
+        step = self._step if step is None else step
+        g = generator(self.seed, _INDEX_SALT, step)
+        return torch.randperm(n, generator=g)[: self.k_of(n)]
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        return self.inner.wire_bytes((self.k_of(numel_of(shape)),))
+
+    def dp_plan(self, shape, world_size):
+        return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size)
+
+    def _select(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        flat = x.detach().reshape(-1).to(torch.float32)
+        idx = self.indices(flat.numel())
+        self._step += 1
+        sub = flat[idx]
+        if self.scaled and idx.numel():
+            sub = sub * (flat.numel() / idx.numel())
+        return idx, sub
+
+    def compress(self, x: torch.Tensor, *, key=None, norm=None, scale_index=None) -> Payload:
+        """Encode the selected coordinates; ``norm`` / ``scale_index`` are the shared
+        values of the selected sub-vector (see :meth:`MaxNormQuantizer.compress`)."""
+        check_input(x)
+        step = self._step
+        _, sub = self._select(x)
+        inner = self.inner.compress(sub, norm=norm, scale_index=scale_index)
+        return Payload(inner.tensors, tuple(x.shape), x.dtype, {"step": step, "k": sub.numel()})
+
+    def _scatter(self, values: torch.Tensor, shape, step: int, dtype) -> torch.Tensor:
+        n = numel_of(shape)
+        out = torch.zeros(n, dtype=torch.float32)
+        out[self.indices(n, step)] = values
+        return out.reshape(shape).to(dtype)
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        """Decode; the indices are re-derived from ``payload.meta['step']`` (shared, not sent)."""
+        k = payload.meta["k"]
+        sub = self.inner.decompress(Payload(payload.tensors, (k,), torch.float32))
+        return self._scatter(sub, payload.shape, payload.meta["step"], payload.dtype)
+
+    def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
+        check_input(x)
+        step = self._step
+        _, sub = self._select(x)
+        mean_sub = self.inner.allreduce_mean(sub, group)
+        return self._scatter(mean_sub, x.shape, step, x.dtype)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self._step, "inner": self.inner.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        extra = set(state) - {"step", "inner"}
+        if extra:
+            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(extra)}")
+        self._step = int(state.get("step", 0))
+        self.inner.load_state_dict(state.get("inner", {}))
+
+
+def _split_scaled(args: list[str]) -> tuple[list[str], bool]:
+    rest = [a for a in args if a.lower() != "scaled"]
+    return rest, len(rest) != len(args)
+
+
+@register
+class RandKMaxNorm(_GlobalRandK):
+    """GlobalRandKMaxNorm (multiscale-quantizers-paper.txt Sec. 3.3)."""
+
+    name = "randk-maxnorm"
+    spec_syntax = "randk-maxnorm:FRACTION:BITS[:scaled]"
+    example_spec = "randk-maxnorm:0.01:4"
+
+    @classmethod
+    def from_args(cls, args: list[str], seed: int = 0, **_):
+        args, scaled = _split_scaled(args)
+        if len(args) != 2:
+            raise ConfigError("expected randk-maxnorm:FRACTION:BITS, e.g. randk-maxnorm:0.01:4")
+        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
+        comp = cls(frac, MaxNormQuantizer(bits, seed=seed), scaled=scaled, seed=seed)
+        comp.inner.spec = comp.spec = f"{cls.name}:{args[0]}:{bits}" + (":scaled" if scaled else "")
+        return comp
+
+
+@register
+class RandKMaxNormMultiScale(_GlobalRandK):
+    """GlobalRandKMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.4)."""
+
+    name = "randk-maxnorm-multiscale"
+    spec_syntax = "randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS,...][:scaled]"
+    example_spec = "randk-maxnorm-multiscale:0.01:4:8"
+
+    @classmethod
+    def from_args(cls, args: list[str], seed: int = 0, **_):
+        args, scaled = _split_scaled(args)
+        if not 2 <= len(args) <= 3:
+            raise ConfigError("expected randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS], "
+                              "e.g. randk-maxnorm-multiscale:0.01:4:8")
+        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
+        scales = parse_scale_bits(args[2], bits) if len(args) == 3 else (bits + 4,)
+        comp = cls(frac, MaxNormQuantizer(bits, scales, seed=seed), scaled=scaled, seed=seed)
+        comp.spec = f"{cls.name}:{args[0]}:{bits}:{','.join(map(str, scales))}" + (":scaled" if scaled else "")
+        comp.inner.spec = comp.spec
+        return comp
