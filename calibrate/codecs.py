@@ -1,0 +1,167 @@
+"""Encode and decode time of every registered compressor.
+
+For each compressor spec (every registered compressor at every bit width it
+accepts, or the specs the user names) and each tensor size, we time
+``compress`` (``encode``) on the sender and ``decompress`` (``decode``) on a
+separate receiver instance (stateful compressors such as AQ-SGD keep a buffer
+on each side), with the tensor on the measuring device: on a GPU the
+compression library dispatches to its Triton kernels, on the CPU to the
+plain-torch references -- the same code paths the runtime uses.
+
+Raw points are recorded (op ``encode`` / ``decode``, ``name`` = spec,
+``size_bytes`` = the fp32 input bytes, ``wire_bytes`` = the payload) and
+fitted per spec as a fixed plus a per-byte cost (:mod:`perfsim.calibrate.fit`):
+``fit_encode`` / ``fit_decode`` records. The simulator reads the fit for
+sizes between the measured ones and the raw points when it wants them.
+
+Tensors are shaped ``(rows, n / rows)`` with ``rows`` samples (8 by default),
+like an activation micro-batch; per-sample compressors (AQ-SGD) get the row
+ids as their key and are timed in steady state (after the first, uncompressed
+visit of each sample has filled their buffers).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from perfsim.calibrate.fit import fit_records
+from perfsim.calibrate.timing import time_op
+from perfsim.errors import ConfigError
+
+#: bit widths tried for compressors whose spec is ``name:BITS``
+BIT_WIDTHS = (1, 2, 3, 4, 6, 8)
+#: sizes (fp32 bytes) of the full and the quick sweeps
+FULL_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KB .. 64 MB
+QUICK_SIZES = (4096, 65536, 1048576)
+
+
+def _candidates(name: str, syntax: str) -> list[str]:
+    """Specs to try for a class from its ``spec_syntax``: the first form, optional
+    ``[...]`` parts dropped, ``BITS`` -> each width, ``FRACTION`` -> 0.1."""
+    form = re.sub(r"\[[^\]]*\]", "", (syntax or name).split("|")[0].strip())
+    parts = form.split(":")[1:]
+    if not parts:
+        return [name]
+    fills = {"FRACTION": ["0.1"], "RATIO": ["0.1"]}
+    out = [[name]]
+    for part in parts:
+        if part == "BITS":
+            choices = [str(b) for b in BIT_WIDTHS]
+        elif part in fills:
+            choices = fills[part]
+        elif part.isupper():
+            return []  # an argument we cannot guess (rank, levels...): list it explicitly
+        else:
+            choices = [part]
+        out = [o + [c] for o in out for c in choices]
+    return [":".join(o) for o in out]
+
+
+def discover_specs() -> list[str]:
+    """Every registered compressor at every bit width it accepts.
+
+    A class may list its own calibration specs in a ``calibration_specs``
+    attribute (tuple of spec strings); otherwise candidates come from its
+    ``spec_syntax`` (``BITS`` at the usual widths, ``FRACTION`` = 0.1), keeping
+    those that build.
+    """
+    from perfsim.compression.registry import compressor_classes, make_compressor
+
+    specs: list[str] = []
+    for name, cls in sorted(compressor_classes().items()):
+        listed = getattr(cls, "calibration_specs", None)
+        candidates = list(listed) if listed else _candidates(name, getattr(cls, "spec_syntax", ""))
+        for spec in candidates:
+            try:
+                make_compressor(spec)
+            except (ConfigError, TypeError, ValueError):
+                continue
+            specs.append(spec)
+    return specs
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """What to time: ``specs`` (None: all), ``sizes`` in fp32 bytes, device, repeats."""
+
+    specs: tuple[str, ...] | None = None
+    sizes: tuple[int, ...] = FULL_SIZES
+    device: str = "cpu"
+    rows: int = 8
+    warmup: int = 2
+    repeats: int = 7
+    max_seconds: float | None = 2.0
+
+    def __post_init__(self):
+        if not self.sizes or any(int(s) < 4 * self.rows for s in self.sizes):
+            raise ConfigError(f"sizes={self.sizes}: need sizes >= {4 * self.rows} bytes")
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r}: use cpu or cuda")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda': no CUDA device available")
+        if self.rows < 1 or self.repeats < 1:
+            raise ConfigError(f"rows={self.rows}, repeats={self.repeats}: must be >= 1")
+
+    def resolved_specs(self) -> list[str]:
+        from perfsim.compression.registry import make_compressor
+
+        if self.specs is None:
+            return discover_specs()
+        for s in self.specs:
+            make_compressor(s)  # raises ConfigError naming a bad spec
+        return list(self.specs)
+
+
+def _shape(size_bytes: int, rows: int) -> tuple[int, int]:
+    n = max(rows, int(size_bytes) // 4)
+    return rows, max(1, n // rows)
+
+
+def measure_codecs(cfg: CodecConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Raw ``encode``/``decode`` points plus their ``fit_encode``/``fit_decode`` records."""
+    from perfsim.compression.registry import make_compressor
+
+    records: list[dict] = []
+    skipped: list[str] = []
+    gen = torch.Generator(device=cfg.device).manual_seed(0)
+    for spec in cfg.resolved_specs():
+        for size in cfg.sizes:
+            shape = _shape(size, cfg.rows)
+            x = torch.randn(shape, device=cfg.device, generator=gen)
+            key = torch.arange(shape[0], device=cfg.device)
+            sender, receiver = make_compressor(spec, seed=0), make_compressor(spec, seed=0)
+            use_key = bool(getattr(sender, "stateful", False))
+            kw = {"key": key} if use_key else {}
+            try:
+                # steady state: the first visit of each sample fills per-sample buffers
+                receiver.decompress(sender.compress(x, **kw), **kw)
+                x2 = x + 0.01 * torch.randn(shape, device=cfg.device, generator=gen)
+                payload = sender.compress(x2, **kw)
+            except (ConfigError, TypeError, ValueError, RuntimeError, NotImplementedError) as exc:
+                skipped.append(f"{spec}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+                break
+            base = {"name": spec, "size_bytes": shape[0] * shape[1] * 4, "wire_bytes": payload.nbytes,
+                    "world_size": 1, "dtype": "float32", "device": cfg.device,
+                    "micro_batch": shape[0], "model": None}
+            if progress:
+                progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB encode")
+            t = time_op(lambda: sender.compress(x2, **kw), warmup=cfg.warmup, repeats=cfg.repeats,
+                        device=cfg.device, max_seconds=cfg.max_seconds)
+            records.append({"op": "encode", **base, **t.record()})
+            if progress:
+                progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB decode")
+            t = time_op(lambda: receiver.decompress(payload, **kw), warmup=cfg.warmup,
+                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds)
+            records.append({"op": "decode", **base, **t.record()})
+    records += fit_records(records, "encode", ("name",))
+    records += fit_records(records, "decode", ("name",))
+    records += [{"op": "codec", "skipped": why} for why in skipped]
+    return records
+
+
+def count_points(cfg: CodecConfig) -> int:
+    return len(cfg.resolved_specs()) * len(cfg.sizes) * 2

@@ -1,0 +1,334 @@
+"""Point-to-point and collective time over the real torch.distributed backend.
+
+``world_size`` ranks (2 by default) are started with torch.multiprocessing on
+this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
+
+* ``p2p``: ping-pong, rank 0 sends ``size`` bytes to rank 1 which sends them
+  back; one-way time = round trip / 2 (the classic ping-pong of NetPIPE and the
+  OSU latency benchmark);
+* ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
+  where the backend lacks it): every rank enters after a barrier, the time of a
+  repeat is the slowest rank's (a collective is done when the last rank is).
+
+``size_bytes`` is each rank's input buffer (fp32), as in
+:class:`perfsim.compression.base.CommStep`. Sizes run from 1 KB to 256 MB by
+factors of 4 (``--quick``: to 1 MB). Each size is repeated until ``repeats``
+samples or ``max_seconds`` are reached (at least 3), after ``warmup`` calls.
+
+Emulated links: with ``emulate_bandwidth`` the ranks run in network namespaces
+joined by ``tc``-shaped veth links (:mod:`perfsim.netem`, the same emulation
+``perfsim run --emulate-bandwidth`` uses), so the fits measure what the
+simulator's nominal bandwidth turns into on the wire: TCP/IP framing, the
+shaper's burst behaviour, gloo's per-message cost. The ratio of the fitted
+bandwidth to the nominal one is the *protocol efficiency* at that speed.
+
+Every (op, size) gives a record and each op an alpha-beta fit (``fit_<op>``;
+:mod:`perfsim.calibrate.fit`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+from perfsim.calibrate.fit import fit_records
+from perfsim.calibrate.profile_io import comm_name
+from perfsim.errors import ConfigError
+
+OPS = ("p2p", "allreduce", "allgather", "alltoall")
+FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
+QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
+
+
+@dataclass(frozen=True)
+class CommConfig:
+    """What to measure.
+
+    ops: subset of ``p2p, allreduce, allgather, alltoall``.
+    sizes: per-rank buffer sizes in bytes (multiples of 4).
+    world_size: ranks (>= 2).
+    backend: ``gloo`` or ``nccl`` (None: nccl with >= world_size GPUs, else gloo).
+    emulate_bandwidth: bits/s of an emulated link between the ranks (None: loopback).
+    emulate_latency: one-way delay in seconds added by the emulated link.
+    max_call_s: sizes whose one call would take longer than this at the emulated
+      bandwidth are skipped (keeps a 100 Mbps sweep from running for minutes).
+    threads: torch threads per rank.
+    """
+
+    ops: tuple[str, ...] = OPS
+    sizes: tuple[int, ...] = FULL_SIZES
+    world_size: int = 2
+    backend: str | None = None
+    warmup: int = 2
+    repeats: int = 7
+    max_seconds: float = 3.0
+    emulate_bandwidth: float | None = None
+    emulate_latency: float = 0.0
+    max_call_s: float = 4.0
+    threads: int = 1
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        bad = [o for o in self.ops if o not in OPS]
+        if bad or not self.ops:
+            raise ConfigError(f"comm ops {bad or self.ops}: choose from {', '.join(OPS)}")
+        if not self.sizes or any(int(s) < 4 or int(s) % 4 for s in self.sizes):
+            raise ConfigError(f"comm sizes {self.sizes}: need multiples of 4 bytes, >= 4")
+        if self.world_size < 2:
+            raise ConfigError(f"world_size={self.world_size}: comm calibration needs >= 2 ranks")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise ConfigError(f"backend={self.backend!r}: use gloo or nccl")
+        if self.emulate_bandwidth is not None and not self.emulate_bandwidth > 0:
+            raise ConfigError(f"emulate_bandwidth={self.emulate_bandwidth}: must be > 0 bits/s")
+        if self.emulate_latency < 0:
+            raise ConfigError(f"emulate_latency={self.emulate_latency}: must be >= 0")
+        if self.repeats < 1 or self.warmup < 0 or self.threads < 1:
+            raise ConfigError("comm repeats >= 1, warmup >= 0, threads >= 1 required")
+
+    def resolved_backend(self) -> str:
+        if self.backend:
+            return self.backend
+        import torch
+
+        return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= self.world_size else "gloo"
+
+    def sizes_to_run(self) -> list[int]:
+        """Sizes, minus those too slow for the emulated link (``max_call_s``)."""
+        sizes = sorted(int(s) for s in self.sizes)
+        if self.emulate_bandwidth is None:
+            return sizes
+        keep = [s for s in sizes if 8 * s / self.emulate_bandwidth <= self.max_call_s]
+        return keep or sizes[:1]
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device) -> int:
+    """Rank 0 decides how many repeats fit into ``max_seconds``; all ranks agree."""
+    import torch
+
+    n = cfg.repeats if first_call_s <= 0 else int(cfg.max_seconds / first_call_s)
+    t = torch.tensor([max(3, min(cfg.repeats, n))], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return int(t.item())
+
+
+def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
+    """Body of one rank: time every op and size; returns this rank's raw samples."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
+    world = cfg.world_size
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    out = []
+    for op in cfg.ops:
+        for size in cfg.sizes_to_run():
+            n = size // 4
+            if op == "p2p":
+                buf = torch.ones(n, device=device)
+
+                def call():
+                    if rank == 0:
+                        dist.send(buf, 1)
+                        dist.recv(buf, 1)
+                    elif rank == 1:
+                        dist.recv(buf, 0)
+                        dist.send(buf, 0)
+                    sync()
+                scale = 0.5  # one way
+            elif op == "allreduce":
+                buf = torch.ones(n, device=device)
+
+                def call():
+                    dist.all_reduce(buf)
+                    sync()
+                scale = 1.0
+            elif op == "allgather":
+                buf = torch.ones(n, device=device)
+                parts = [torch.empty_like(buf) for _ in range(world)]
+
+                def call():
+                    dist.all_gather(parts, buf)
+                    sync()
+                scale = 1.0
+            else:  # alltoall: each rank's whole send buffer is `size`
+                m = max(world, n - n % world)
+                src, dst = torch.ones(m, device=device), torch.empty(m, device=device)
+
+                def call():
+                    dist.all_to_all_single(dst, src)
+                    sync()
+                scale = 1.0
+            try:
+                dist.barrier()
+                t0 = time.perf_counter()
+                call()
+                first = time.perf_counter() - t0
+            except RuntimeError as exc:  # backend lacks the op (e.g. alltoall)
+                out.append({"op": op, "skipped": f"{type(exc).__name__}: {str(exc).splitlines()[0]}"})
+                break
+            for _ in range(max(0, cfg.warmup - 1)):
+                call()
+            reps = _n_repeats(dist, first, cfg, device)
+            samples = []
+            for _ in range(reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                call()
+                samples.append((time.perf_counter() - t0) * scale)
+            out.append({"op": op, "size_bytes": size if op != "alltoall" else m * 4,
+                        "samples": samples})
+    return out
+
+
+def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, port: int, queue,
+            netns: str | None) -> None:  # pragma: no cover - runs in a subprocess
+    try:
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        if netns:
+            from perfsim.calibrate.netlink import enter_namespace
+
+            enter_namespace(netns)
+        torch.set_num_threads(cfg.threads)
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
+                                world_size=cfg.world_size,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        try:
+            queue.put((rank, _run_ops(rank, cfg, backend), None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # noqa: BLE001 - report to the parent, never hang it
+        queue.put((rank, None, traceback.format_exc()))
+
+
+def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -> list[dict]:
+    from perfsim.calibrate.timing import summarize
+
+    records = []
+    rank0 = per_rank[0]
+    for i, item in enumerate(rank0):
+        if "skipped" in item:
+            records.append({"op": item["op"], "skipped": item["skipped"]})
+            continue
+        # a repeat of a collective takes as long as its slowest rank
+        ranks = [per_rank[r][i]["samples"] for r in sorted(per_rank)
+                 if item["op"] != "p2p" or r == 0]
+        samples = [max(vals) for vals in zip(*ranks)]
+        t = summarize(samples)
+        rec = {"op": item["op"], "name": comm_name(backend, cfg.emulate_bandwidth),
+               "size_bytes": item["size_bytes"], "world_size": cfg.world_size if item["op"] != "p2p" else 2, "dtype": "float32",
+               **t.record()}
+        if cfg.emulate_bandwidth is not None:
+            rec["emulated_bandwidth_bps"] = cfg.emulate_bandwidth
+            rec["emulated_latency_s"] = cfg.emulate_latency
+        records.append(rec)
+    return records
+
+
+def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Run the ranks, collect raw records and ``fit_<op>`` records.
+
+    Returns records; skipped ops come back as ``{"op": ..., "skipped": why}``
+    entries (the caller reports and drops them).
+    """
+    import torch.multiprocessing as mp
+
+    backend = cfg.resolved_backend()
+    if backend == "nccl":
+        import torch
+
+        if torch.cuda.device_count() < cfg.world_size:
+            raise ConfigError(f"backend nccl: {cfg.world_size} ranks need {cfg.world_size} GPUs, "
+                              f"found {torch.cuda.device_count()}")
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    namespaces = None
+    addr = "127.0.0.1"
+    if cfg.emulate_bandwidth is not None:
+        from perfsim.calibrate.netlink import emulated_ranks
+
+        namespaces = emulated_ranks(cfg.world_size, cfg.emulate_bandwidth, cfg.emulate_latency)
+    try:
+        nsnames = [None] * cfg.world_size
+        if namespaces is not None:
+            nsnames, addrs = namespaces.__enter__()
+            addr = addrs[0]
+        port = _free_port("127.0.0.1")
+        what = f"{backend} x{cfg.world_size}" + (
+            f" @ {cfg.emulate_bandwidth / 1e6:g} Mbps" if cfg.emulate_bandwidth else " loopback")
+        if progress:
+            progress(f"comm {', '.join(cfg.ops)} {what}")
+        procs = [ctx.Process(target=_worker, args=(r, cfg, backend, addr, port, queue, nsnames[r]),
+                             daemon=True) for r in range(cfg.world_size)]
+        for p in procs:
+            p.start()
+        per_rank: dict[int, list[dict]] = {}
+        errors = []
+        deadline = time.monotonic() + cfg.timeout_s
+        try:
+            while len(per_rank) + len(errors) < cfg.world_size:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"comm calibration ({what}): timed out after {cfg.timeout_s:.0f} s")
+                if queue.empty():
+                    if any(not p.is_alive() and p.exitcode not in (0, None) for p in procs):
+                        time.sleep(0.5)
+                        if queue.empty():
+                            codes = [p.exitcode for p in procs]
+                            raise ConfigError(f"comm calibration ({what}): a rank died (exit codes {codes})")
+                    time.sleep(0.05)
+                    continue
+                rank, result, err = queue.get()
+                if err:
+                    errors.append((rank, err))
+                else:
+                    per_rank[rank] = result
+        finally:
+            for p in procs:
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.terminate()
+                    p.join(timeout=5)
+        if errors:
+            rank, err = errors[0]
+            last = err.strip().splitlines()[-1]
+            raise ConfigError(f"comm calibration ({what}): rank {rank} failed: {last}")
+    finally:
+        if namespaces is not None:
+            namespaces.__exit__(None, None, None)
+    records = _summarize(per_rank, cfg, backend)
+    raw = [r for r in records if "skipped" not in r]
+    for op in cfg.ops:
+        records += fit_records(raw, op, ("name",))
+    return records
+
+
+def efficiency(fit_bandwidth_Bps: float | None, nominal_bps: float) -> float | None:
+    """Protocol efficiency: fitted bytes/s x 8 over the nominal bits/s."""
+    if not fit_bandwidth_Bps or not nominal_bps or not math.isfinite(fit_bandwidth_Bps):
+        return None
+    return 8.0 * fit_bandwidth_Bps / nominal_bps
+
+
+def default_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // 2)

@@ -1,0 +1,289 @@
+"""Per-layer forward and backward compute time of a model.
+
+For each layer of a model preset (:mod:`perfsim.models.specs`), at each chosen
+micro-batch size and dtype, we time
+
+* ``layer_fwd``: the forward call with autograd recording (as in training);
+* ``layer_bwd``: ``torch.autograd.backward`` from that layer's output (with a
+  random output gradient) to its input and parameters -- exactly what a
+  pipeline stage does for a micro-batch. The last layer's forward includes the
+  loss and its backward starts from the loss;
+* ``optimizer``: one optimizer step over that layer's parameters (AdamW by
+  default, the runtime's choice), so the simulator can charge the step per stage.
+
+Each record is one (op, layer, micro-batch, dtype) with the median and IQR of
+``repeats`` timings after ``warmup`` calls (:mod:`perfsim.calibrate.timing`):
+CUDA events on a GPU, wall clock on the CPU.
+
+CPU threads: ranks of a CPU run share the machine's cores, so a rank's compute
+depends on how many threads it gets. ``threads`` (recorded in every row) sets
+``torch.set_num_threads`` during the measurement; by default the profile is
+measured with the threads one rank of a ``ranks``-rank run gets
+(``cores // ranks``, at least 1). ``concurrent=True`` runs the measurement in
+``ranks`` processes at once, so the times include the memory-bandwidth and
+cache contention that co-located ranks really see (CPU contention between ranks
+is the first mechanism issue 5 asks to model).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from perfsim.calibrate.layers import activation_bytes, build_layers, layer_input, loss_of
+from perfsim.calibrate.timing import time_op
+from perfsim.errors import ConfigError
+from perfsim.models.specs import get_model_spec
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[str(name).lower()]
+    except KeyError:
+        raise ConfigError(f"dtype {name!r}: unknown (choose from {', '.join(_DTYPES)})") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class ComputeConfig:
+    """What to time.
+
+    model: preset name (``digits-mlp``, ``gpt2-tiny``...).
+    micro_batches: micro-batch sizes (samples) to time at.
+    dtypes: compute dtypes (``float32``; ``bfloat16``/``float16`` on GPU).
+    device: ``cpu`` or ``cuda``.
+    warmup, repeats: untimed calls, then timed calls per record.
+    threads: torch intra-op threads during timing (None: cores // ranks).
+    ranks: ranks sharing this machine in the runs the profile is for.
+    optimizer: ``adamw``, ``adam`` or ``sgd`` (None: skip optimizer timing).
+    max_seconds: per-record cap on timed wall time (keeps >= 3 samples).
+    stages: pipeline degrees whose whole stages are also timed (``stage_fwd`` /
+      ``stage_bwd`` records, ``name`` = ``stage<k>``, ``world_size`` = degree),
+      partitioned by :func:`perfsim.partition.partition_model` as both the
+      simulator and the runtime partition; a stage's time includes the
+      per-layer call overheads that summing layer records misses.
+    """
+
+    model: str
+    micro_batches: tuple[int, ...] = (1,)
+    dtypes: tuple[str, ...] = ("float32",)
+    device: str = "cpu"
+    warmup: int = 3
+    repeats: int = 15
+    threads: int | None = None
+    ranks: int = 1
+    optimizer: str | None = "adamw"
+    max_seconds: float | None = 5.0
+    stages: tuple[int, ...] = ()
+    spec: object = field(default=None, compare=False)
+
+    def __post_init__(self):
+        spec = get_model_spec(self.model) if self.spec is None else self.spec
+        object.__setattr__(self, "spec", spec)
+        if not self.micro_batches or any(int(b) < 1 for b in self.micro_batches):
+            raise ConfigError(f"micro_batches={self.micro_batches}: need sizes >= 1")
+        for d in self.dtypes:
+            parse_dtype(d)
+        if self.device not in ("cpu", "cuda"):
+            raise ConfigError(f"device={self.device!r}: use cpu or cuda")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda': no CUDA device available")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads={self.threads}: must be >= 1")
+        if self.ranks < 1:
+            raise ConfigError(f"ranks={self.ranks}: must be >= 1")
+        n = len(spec.layers())
+        if any(int(p) < 1 or int(p) > n for p in self.stages):
+            raise ConfigError(f"stages={self.stages}: pipeline degrees must be in 1..{n} for {spec.name}")
+        if self.optimizer not in (None, "adamw", "adam", "sgd"):
+            raise ConfigError(f"optimizer={self.optimizer!r}: use adamw, adam or sgd")
+
+    @property
+    def effective_threads(self) -> int:
+        if self.threads is not None:
+            return self.threads
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, (cores or 1) // self.ranks)
+
+
+def _make_optimizer(name: str, params):
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4)
+    return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+
+
+def count_records(cfg: ComputeConfig) -> int:
+    """How many measurements :func:`measure_compute` makes (for a progress bar)."""
+    per = 2 + (1 if cfg.optimizer else 0)
+    n = len(cfg.spec.layers()) * per + 2 * sum(int(p) for p in cfg.stages)
+    return n * len(cfg.micro_batches) * len(cfg.dtypes)
+
+
+def measure_compute(cfg: ComputeConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Time every layer's forward, backward and optimizer step; profile records."""
+    spec = cfg.spec
+    threads = cfg.effective_threads
+    old_threads = torch.get_num_threads()
+    if cfg.device == "cpu":
+        torch.set_num_threads(threads)
+    records: list[dict] = []
+    try:
+        for dname in cfg.dtypes:
+            dtype = parse_dtype(dname)
+            mods, source = build_layers(spec, dtype=dtype, device=cfg.device)
+            layers = spec.layers()
+            last = len(layers) - 1
+            for mb in cfg.micro_batches:
+                mb = int(mb)
+                gen = torch.Generator(device=cfg.device).manual_seed(mb)
+                for i, (lay, mod) in enumerate(zip(layers, mods)):
+                    x = layer_input(spec, i, mb, dtype=dtype, device=cfg.device, generator=gen)
+                    out_bytes = activation_bytes(lay.out_shape, mb, dtype)
+
+                    def fwd(mod=mod, x=x, i=i):
+                        out = mod(x)
+                        return loss_of(spec, out, mb) if i == last else out
+
+                    def setup_bwd(fwd=fwd, i=i):
+                        out = fwd()
+                        grad = None if i == last else torch.randn_like(out)
+                        return out, grad
+
+                    def bwd(arg):
+                        out, grad = arg
+                        torch.autograd.backward(out, grad)
+
+                    base = {"model": spec.name, "name": lay.name, "micro_batch": mb,
+                            "size_bytes": out_bytes, "world_size": 1, "dtype": dtype_name(dtype),
+                            "device": cfg.device, "threads": threads, "params": lay.params,
+                            "layer_index": i, "source": source}
+                    if progress:
+                        progress(f"compute {spec.name} {lay.name} mb={mb} fwd")
+                    t = time_op(fwd, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device,
+                                max_seconds=cfg.max_seconds)
+                    records.append({"op": "layer_fwd", **base, **t.record()})
+                    if progress:
+                        progress(f"compute {spec.name} {lay.name} mb={mb} bwd")
+                    t = time_op(bwd, setup=setup_bwd, warmup=cfg.warmup, repeats=cfg.repeats,
+                                device=cfg.device, max_seconds=cfg.max_seconds)
+                    records.append({"op": "layer_bwd", **base, **t.record()})
+                    if cfg.optimizer and mb == int(cfg.micro_batches[0]):
+                        if progress:
+                            progress(f"compute {spec.name} {lay.name} optimizer")
+                        params = [p for p in mod.parameters() if p.requires_grad]
+                        for p in params:
+                            p.grad = torch.randn_like(p)
+                        opt = _make_optimizer(cfg.optimizer, params)
+                        t = time_op(opt.step, warmup=cfg.warmup, repeats=cfg.repeats,
+                                    device=cfg.device, max_seconds=cfg.max_seconds)
+                        rec = {**base, "op": "optimizer", "optimizer": cfg.optimizer,
+                               "size_bytes": lay.params * torch.empty((), dtype=dtype).element_size()}
+                        records.append({**rec, **t.record()})
+                        for p in params:
+                            p.grad = None
+                    for p in mod.parameters():
+                        p.grad = None
+                for pp in cfg.stages:
+                    records += _measure_stages(cfg, mods, int(pp), mb, dtype, threads, source, progress)
+    finally:
+        torch.set_num_threads(old_threads)
+    return records
+
+
+def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: int, source: str,
+                    progress) -> list[dict]:
+    """Whole-stage forward/backward times of a ``pp``-stage partition."""
+    from torch import nn
+
+    from perfsim.partition import partition_model
+
+    spec = cfg.spec
+    layers = spec.layers()
+    last = len(layers) - 1
+    out = []
+    gen = torch.Generator(device=cfg.device).manual_seed(1000 + mb)
+    for k, (a, b) in enumerate(partition_model(spec, pp)):
+        stage = nn.Sequential(*mods[a:b])
+        x = layer_input(spec, a, mb, dtype=dtype, device=cfg.device, generator=gen)
+
+        def fwd(stage=stage, x=x, b=b):
+            y = stage(x)
+            return loss_of(spec, y, mb) if b - 1 == last else y
+
+        def setup_bwd(fwd=fwd, b=b):
+            y = fwd()
+            return y, (None if b - 1 == last else torch.randn_like(y))
+
+        def bwd(arg):
+            torch.autograd.backward(arg[0], arg[1])
+
+        base = {"model": spec.name, "name": f"stage{k}", "micro_batch": mb, "world_size": pp,
+                "size_bytes": activation_bytes(layers[b - 1].out_shape, mb, dtype),
+                "dtype": dtype_name(dtype), "device": cfg.device, "threads": threads,
+                "params": sum(lay.params for lay in layers[a:b]), "layers": f"{a}-{b - 1}",
+                "source": source}
+        if progress:
+            progress(f"compute {spec.name} pp={pp} stage{k} mb={mb} fwd")
+        t = time_op(fwd, warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device,
+                    max_seconds=cfg.max_seconds)
+        out.append({"op": "stage_fwd", **base, **t.record()})
+        if progress:
+            progress(f"compute {spec.name} pp={pp} stage{k} mb={mb} bwd")
+        t = time_op(bwd, setup=setup_bwd, warmup=cfg.warmup, repeats=cfg.repeats,
+                    device=cfg.device, max_seconds=cfg.max_seconds)
+        out.append({"op": "stage_bwd", **base, **t.record()})
+        for p in stage.parameters():
+            p.grad = None
+    return out
+
+
+def _worker(cfg: ComputeConfig, queue, barrier) -> None:  # pragma: no cover - subprocess
+    barrier.wait()
+    queue.put(measure_compute(cfg))
+
+
+def measure_compute_concurrent(cfg: ComputeConfig, progress: Callable[[str], None] | None = None
+                               ) -> list[dict]:
+    """Run :func:`measure_compute` in ``cfg.ranks`` processes at once and keep rank
+    0's records (``concurrent_ranks`` column = ``cfg.ranks``): per-rank compute
+    under the contention that co-located ranks see."""
+    import multiprocessing as mp
+
+    if cfg.ranks == 1:
+        recs = measure_compute(cfg, progress)
+        return [{**r, "concurrent_ranks": 1} for r in recs]
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(cfg.ranks)
+    procs = [ctx.Process(target=_worker, args=(cfg, queue, barrier), daemon=True)
+             for _ in range(cfg.ranks)]
+    if progress:
+        progress(f"compute {cfg.spec.name} in {cfg.ranks} concurrent processes")
+    for p in procs:
+        p.start()
+    try:
+        results = [queue.get(timeout=600) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    # every process measured the same ops at the same time: average their medians
+    # (and spreads); the processes are symmetric, so no one of them is "the" rank.
+    merged = []
+    for rows in zip(*results):
+        n = len(rows)
+        merged.append({**rows[0], "time_s": sum(r["time_s"] for r in rows) / n,
+                       "spread_s": sum(r["spread_s"] for r in rows) / n,
+                       "concurrent_ranks": cfg.ranks})
+    return merged

@@ -1,0 +1,89 @@
+"""Turn calibration measurements into a :class:`perfsim.profile.Profile`.
+
+The measurement modules return plain dict records with a few more columns than
+the profile format's record schema (``threads``, ``wire_bytes``,
+``emulated_bandwidth_bps``...). The profile keeps its strict column list
+(unknown keys are refused so a misspelt field never goes unnoticed), so the
+extra facts travel in the free-text ``source`` column as ``key=value`` pairs
+(:func:`parse_source` reads them back) and the few a simulator needs -- the
+links measured under emulation -- are summarised in ``metadata["network"]``.
+
+Naming of communication records: ``name`` is the backend (``gloo``, ``nccl``)
+for the loopback / native measurements and ``<backend>@<rate>`` (``gloo@100Mbps``)
+for measurements over an emulated link of that nominal rate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from perfsim.units import format_bandwidth
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return str(v)
+
+
+def comm_name(backend: str, emulated_bps: float | None) -> str:
+    """``gloo`` or ``gloo@100Mbps``."""
+    return backend if emulated_bps is None else f"{backend}@{format_bandwidth(emulated_bps)}"
+
+
+def to_profile_record(rec: dict, columns: tuple[str, ...]) -> dict:
+    """Keep the profile's columns; fold the rest into ``source`` (``k=v; ...``)."""
+    out = {k: v for k, v in rec.items() if k in columns and v is not None}
+    extra = {k: v for k, v in rec.items() if k not in columns and v is not None}
+    parts = [str(rec["source"])] if rec.get("source") else []
+    parts += [f"{k}={_fmt(v)}" for k, v in extra.items()]
+    if parts:
+        out["source"] = "; ".join(["calibrate"] + parts) if "calibrate" not in parts[0] else "; ".join(parts)
+    else:
+        out["source"] = "calibrate"
+    return out
+
+
+def parse_source(text: str | None) -> dict[str, str]:
+    """``"calibrate; threads=1; device=cpu"`` -> ``{"threads": "1", "device": "cpu"}``."""
+    out = {}
+    for part in (text or "").split(";"):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
+
+
+def network_summary(records: list[dict]) -> list[dict]:
+    """One entry per (backend, emulated rate) p2p fit: fixed cost, fitted bandwidth
+    and protocol efficiency (fitted / nominal), for ``metadata["network"]``."""
+    out = []
+    for r in records:
+        if r.get("op") != "fit_p2p":
+            continue
+        nominal = r.get("emulated_bandwidth_bps")
+        beta = r.get("beta_s_per_byte") or 0.0
+        fitted_bps = 8.0 / beta if beta > 0 else None
+        out.append({
+            "name": r.get("name"),
+            "nominal_bps": nominal,
+            "emulated_latency_s": r.get("emulated_latency_s"),
+            "alpha_s": r.get("alpha_s"),
+            "beta_s_per_byte": beta,
+            "fitted_bps": fitted_bps,
+            "efficiency": (fitted_bps / nominal) if (fitted_bps and nominal) else None,
+        })
+    return out
+
+
+def build_profile(records: list[dict], metadata: dict):
+    """A validated Profile from measurement records and metadata."""
+    from perfsim.profile import RECORD_COLUMNS, Profile
+
+    clean = [to_profile_record(r, tuple(RECORD_COLUMNS)) for r in records if "skipped" not in r]
+    meta = dict(metadata)
+    net = network_summary(records)
+    if net:
+        meta["network"] = net
+    return Profile.from_dict({"format": "perfsim-profile", "version": 1, "metadata": meta,
+                              "records": clean}, where="calibrated profile")

@@ -1,0 +1,98 @@
+"""Timing one operation robustly: warm-up, repeats, median and spread.
+
+On a GPU the time of each repeat comes from a pair of CUDA events recorded
+around the operation on the current stream (kernel time, not launch time);
+on the CPU from ``time.perf_counter`` around the call. The median is robust to
+the occasional preemption of a shared machine; the spread is the inter-quartile
+range, so a reader sees how noisy the machine was.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from perfsim.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Summary of repeated measurements of one operation (seconds)."""
+
+    median_s: float
+    spread_s: float  # inter-quartile range
+    repeats: int
+    samples: tuple[float, ...] = ()
+
+    def record(self) -> dict:
+        """The profile columns this timing fills."""
+        return {"time_s": self.median_s, "spread_s": self.spread_s, "repeats": self.repeats}
+
+
+def summarize(samples: list[float]) -> Timing:
+    """Median and IQR of raw samples."""
+    if not samples:
+        raise ValueError("summarize: no samples")
+    xs = sorted(samples)
+    if len(xs) >= 4:
+        q = statistics.quantiles(xs, n=4, method="inclusive")
+        iqr = q[2] - q[0]
+    else:
+        iqr = xs[-1] - xs[0]
+    return Timing(statistics.median(xs), iqr, len(xs), tuple(samples))
+
+
+def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
+            setup: Callable[[], object] | None = None, device: str = "cpu",
+            max_seconds: float | None = None) -> Timing:
+    """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones.
+
+    ``setup()`` runs untimed before every call (e.g. a forward pass before a
+    timed backward); its return value is passed to ``fn`` when ``fn`` takes
+    one argument (``fn(setup())``). On ``device="cuda"`` CUDA events time the
+    call. ``max_seconds`` stops repeating early (keeping at least 3 samples)
+    once the timed calls have used that much wall time -- big tensors on a slow
+    machine would otherwise take minutes.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ConfigError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1, warmup >= 0")
+    use_cuda = device.startswith("cuda")
+    if use_cuda:
+        import torch
+
+        sync = torch.cuda.synchronize
+    else:
+        def sync():
+            return None
+
+    def call():
+        if setup is None:
+            return fn()
+        return fn(setup())
+
+    for _ in range(warmup):
+        call()
+    sync()
+    samples: list[float] = []
+    begin = time.perf_counter()
+    for _ in range(repeats):
+        arg = setup() if setup is not None else None
+        if use_cuda:
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            sync()
+            start.record()
+            fn(arg) if setup is not None else fn()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn(arg) if setup is not None else fn()
+            samples.append(time.perf_counter() - t0)
+        if max_seconds is not None and len(samples) >= 3 and time.perf_counter() - begin > max_seconds:
+            break
+    return summarize(samples)

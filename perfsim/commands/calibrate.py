@@ -1,0 +1,198 @@
+"""`perfsim calibrate`: measure this machine and write a profile for `perfsim predict`.
+
+Measures (see perfsim/calibrate/*.py for the methods):
+  compute  per-layer (and per-stage) forward/backward time and optimizer step of
+           each --model at each --micro-batch and --dtype;
+  codecs   encode/decode time of every compressor and bit width over tensor sizes;
+  comm     p2p, allreduce, allgather, alltoall over the real backend (gloo/NCCL),
+           on loopback and under each --emulate-bandwidth (netns + tc).
+Writes the profile atomically (perfsim.profile format, version 1).
+"""
+
+from __future__ import annotations
+
+HELP = "measure compute, encode/decode and communication costs of this machine into a profile"
+
+DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default=DEFAULT_MODELS,
+                   help=f"comma list of model presets to time (default {DEFAULT_MODELS})")
+    p.add_argument("--micro-batch", default="1,4", help="comma list of micro-batch sizes (default 1,4)")
+    p.add_argument("--dtype", default="float32", help="comma list of compute dtypes (default float32)")
+    p.add_argument("--stages", default="1,2",
+                   help="pipeline degrees whose whole stages are timed too (default 1,2; '' for none)")
+    p.add_argument("--codecs", default="all",
+                   help="comma list of compressor specs to time, 'all' (default) or 'none'")
+    p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall",
+                   help="comma list of communication ops to time, or 'none'")
+    p.add_argument("--emulate-bandwidth", default="",
+                   help="also measure comm over emulated links of these rates (comma list, e.g. 1Gbps,100Mbps; "
+                        "needs root for network namespaces)")
+    p.add_argument("--emulate-latency", default="0ms", help="one-way delay of the emulated links (default 0ms)")
+    p.add_argument("--ranks", type=int, default=2,
+                   help="ranks that will share this machine in the runs the profile is for: compute is timed "
+                        "with cores/ranks threads and comm with this many ranks (default 2)")
+    p.add_argument("--concurrent", action="store_true",
+                   help="time compute in --ranks processes at once (contention between co-located ranks)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 15, quick 5)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute)")
+    p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    from perfsim.errors import ConfigError
+    from perfsim.units import split_list
+
+    out = []
+    for part in split_list(text):
+        try:
+            v = int(part)
+        except ValueError:
+            raise ConfigError(f"{flag} {part!r}: not an integer") from None
+        if v < 1:
+            raise ConfigError(f"{flag} {v}: must be >= 1")
+        out.append(v)
+    return tuple(out)
+
+
+class _Progress:
+    """A tqdm bar whose description says what is being measured."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="pt", dynamic_ncols=True, leave=True)
+
+    def __call__(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(what[:60])
+            self.bar.update(1)
+
+    def note(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            import sys
+
+            print(text, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def meta_cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run(args) -> int:
+    import sys
+    import time
+
+    import torch
+
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate import comm as cm
+    from perfsim.calibrate.compute import (ComputeConfig, count_records, measure_compute,
+                                          measure_compute_concurrent)
+    from perfsim.calibrate.machine import machine_metadata
+    from perfsim.calibrate.profile_io import build_profile
+    from perfsim.errors import ConfigError
+    from perfsim.models.specs import get_model_spec
+    from perfsim.units import parse_bandwidth, parse_time, split_list
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device available")
+    if args.ranks < 1:
+        raise ConfigError(f"--ranks {args.ranks}: must be >= 1")
+    quick = args.quick
+    repeats = args.repeats if args.repeats is not None else (5 if quick else 15)
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: must be >= 1")
+    models = [m for m in split_list(args.model) if m.lower() != "none"]
+    specs = [get_model_spec(m) for m in models]
+    micro = _ints(args.micro_batch, "--micro-batch")
+    if not micro:
+        raise ConfigError("--micro-batch: empty")
+    dtypes = tuple(split_list(args.dtype)) or ("float32",)
+    stages = _ints(args.stages, "--stages") if args.stages.strip() else ()
+    bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in split_list(args.emulate_bandwidth)]
+    latency = parse_time(args.emulate_latency, "--emulate-latency")
+    comm_ops = tuple(o for o in split_list(args.comm) if o.lower() != "none")
+
+    compute_cfgs = []
+    for spec in specs:
+        n = len(spec.layers())
+        compute_cfgs.append(ComputeConfig(
+            model=spec.name, micro_batches=micro, dtypes=dtypes, device=device,
+            warmup=2 if quick else 3, repeats=repeats, ranks=args.ranks,
+            max_seconds=1.0 if quick else 5.0, stages=tuple(p for p in stages if p <= n)))
+    codec_cfg = None
+    if args.codecs.strip().lower() != "none":
+        names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))
+        codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
+                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 2.0)
+    comm_cfgs = []
+    if comm_ops and args.ranks >= 2:
+        threads = max(1, meta_cores() // args.ranks)
+        common = dict(ops=comm_ops, world_size=args.ranks, repeats=repeats, warmup=2,
+                      max_seconds=1.0 if quick else 3.0, threads=threads)
+        sizes = cm.QUICK_SIZES if quick else cm.FULL_SIZES
+        comm_cfgs.append(cm.CommConfig(sizes=sizes, **common))
+        for bw in bandwidths:
+            comm_cfgs.append(cm.CommConfig(sizes=sizes, emulate_bandwidth=bw, emulate_latency=latency,
+                                           max_call_s=1.0 if quick else 4.0, **common))
+    elif bandwidths:
+        raise ConfigError("--emulate-bandwidth needs --comm ops and --ranks >= 2")
+
+    total = sum(count_records(c) for c in compute_cfgs)
+    total += cc.count_points(codec_cfg) if codec_cfg else 0
+    total += len(comm_cfgs)
+    meta = machine_metadata(device)
+    started = time.perf_counter()
+    bar = _Progress(total, enabled=not args.no_progress)
+    records: list[dict] = []
+    try:
+        for cfg in compute_cfgs:
+            if args.concurrent and args.ranks > 1:
+                recs = measure_compute_concurrent(cfg, bar)
+                bar.bar and bar.bar.update(max(0, count_records(cfg) - 1))
+            else:
+                recs = measure_compute(cfg, bar)
+            records += recs
+        if codec_cfg:
+            records += cc.measure_codecs(codec_cfg, bar)
+        for cfg in comm_cfgs:
+            records += cm.measure_comm(cfg, bar)
+        for r in records:
+            if "skipped" in r:
+                bar.note(f"calibrate: {r['op']} skipped ({r['skipped']})")
+    finally:
+        bar.close()
+    meta.update({
+        "calibration": {
+            "quick": quick, "repeats": repeats, "ranks": args.ranks,
+            "compute_threads": compute_cfgs[0].effective_threads if compute_cfgs else None,
+            "concurrent_compute": bool(args.concurrent and args.ranks > 1),
+            "models": models, "micro_batches": list(micro), "dtypes": list(dtypes),
+            "stages": list(stages), "emulated_bandwidths_bps": bandwidths,
+            "emulated_latency_s": latency, "wall_s": round(time.perf_counter() - started, 2),
+            "command": "perfsim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "perfsim calibrate",
+        }})
+    profile = build_profile(records, meta)
+    profile.save(args.output)
+    n_fit = sum(1 for r in profile.records if r["op"].startswith("fit_"))
+    print(f"wrote {args.output}: {len(profile.records)} records ({n_fit} fits) "
+          f"in {time.perf_counter() - started:.1f} s on {meta['device_name']} ({meta['cores']} cores)")
+    return 0

@@ -1,0 +1,160 @@
+"""perfsim calibrate: measurement modules, fits, profile round-trip, CLI."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from perfsim.calibrate.codecs import CodecConfig, _candidates, measure_codecs
+from perfsim.calibrate.compute import ComputeConfig, measure_compute
+from perfsim.calibrate.fit import fit_alpha_beta, fit_records
+from perfsim.calibrate.profile_io import build_profile, parse_source, to_profile_record
+from perfsim.calibrate.timing import summarize, time_op
+from perfsim.errors import ConfigError
+from perfsim.profile import Profile
+
+
+def test_fit_recovers_alpha_beta():
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7]
+    times = [5e-5 + s * 1e-9 for s in sizes]
+    f = fit_alpha_beta(sizes, times)
+    assert f.alpha_s == pytest.approx(5e-5, rel=1e-6)
+    assert f.beta_s_per_byte == pytest.approx(1e-9, rel=1e-6)
+    assert f.max_rel_error < 1e-6
+
+
+def test_fit_is_non_negative_and_relative():
+    # decreasing times would give a negative beta: clipped to a pure latency
+    f = fit_alpha_beta([1e3, 1e6], [2e-3, 1e-3])
+    assert f.alpha_s > 0 and f.beta_s_per_byte == 0
+    # a pure bandwidth line through the origin
+    g = fit_alpha_beta([1e3, 1e4, 1e5], [1e-6, 1e-5, 1e-4])
+    assert g.alpha_s == pytest.approx(0, abs=1e-12) and g.beta_s_per_byte == pytest.approx(1e-9)
+
+
+def test_fit_records_groups_by_name():
+    recs = [{"op": "encode", "name": n, "size_bytes": s, "time_s": a + s * b}
+            for n, a, b in (("x", 1e-5, 1e-9), ("y", 2e-5, 3e-9)) for s in (1e3, 1e5, 1e7)]
+    fits = {f["name"]: f for f in fit_records(recs, "encode")}
+    assert fits["x"]["alpha_s"] == pytest.approx(1e-5) and fits["y"]["beta_s_per_byte"] == pytest.approx(3e-9)
+
+
+def test_timing_median_and_iqr():
+    t = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert t.median_s == 3.0 and t.repeats == 5 and 0 < t.spread_s < 97
+    calls = []
+    time_op(lambda: calls.append(1), warmup=2, repeats=3)
+    assert len(calls) == 5
+    with pytest.raises(ConfigError):
+        time_op(lambda: None, repeats=0)
+
+
+def test_compute_records_every_layer():
+    cfg = ComputeConfig("digits-mlp", micro_batches=(2,), warmup=1, repeats=3, stages=(2,))
+    recs = measure_compute(cfg)
+    layers = [lay.name for lay in cfg.spec.layers()]
+    for op in ("layer_fwd", "layer_bwd", "optimizer"):
+        assert sorted(r["name"] for r in recs if r["op"] == op) == sorted(layers)
+    assert {r["name"] for r in recs if r["op"] == "stage_fwd"} == {"stage0", "stage1"}
+    assert all(r["time_s"] > 0 and r["repeats"] >= 3 for r in recs)
+    assert all(r["threads"] >= 1 for r in recs)
+
+
+def test_compute_config_rejects_bad_input():
+    with pytest.raises(ConfigError, match="micro_batches"):
+        ComputeConfig("digits-mlp", micro_batches=(0,))
+    with pytest.raises(ConfigError, match="unknown"):
+        ComputeConfig("no-such-model")
+    with pytest.raises(ConfigError, match="stages"):
+        ComputeConfig("digits-mlp", stages=(9,))
+
+
+def test_codec_candidates_from_syntax():
+    assert _candidates("qsgd-maxnorm", "qsgd-maxnorm:BITS")[:2] == ["qsgd-maxnorm:1", "qsgd-maxnorm:2"]
+    assert _candidates("randk-maxnorm", "randk-maxnorm:FRACTION:BITS[:scaled]")[0] == "randk-maxnorm:0.1:1"
+    assert _candidates("fp32", "fp32") == ["fp32"]
+    assert _candidates("powersgd", "powersgd:RANK[:start=ITER]") == []
+
+
+def test_codecs_points_and_fits():
+    recs = measure_codecs(CodecConfig(specs=("fp32", "qsgd-maxnorm:4"), sizes=(4096, 65536),
+                                      warmup=1, repeats=3))
+    raw = [r for r in recs if r["op"] == "encode" and r["name"] == "qsgd-maxnorm:4"]
+    assert [r["size_bytes"] for r in raw] == [4096, 65536]
+    assert all(r["wire_bytes"] < r["size_bytes"] / 4 for r in raw)  # 4 bits < 1/8 of fp32 + scales
+    fits = {(r["op"], r["name"]) for r in recs if r["op"].startswith("fit_")}
+    assert fits == {(f"fit_{o}", n) for o in ("encode", "decode") for n in ("fp32", "qsgd-maxnorm:4")}
+    with pytest.raises(ConfigError, match="nosuch"):
+        CodecConfig(specs=("nosuch:4",)).resolved_specs()
+
+
+def test_comm_loopback_two_ranks():
+    from perfsim.calibrate.comm import CommConfig, measure_comm
+
+    recs = measure_comm(CommConfig(ops=("p2p", "allreduce"), sizes=(1024, 262144), warmup=1,
+                                   repeats=3, max_seconds=0.5, timeout_s=120))
+    raw = [r for r in recs if r["op"] in ("p2p", "allreduce")]
+    assert {(r["op"], r["size_bytes"]) for r in raw} == {(o, s) for o in ("p2p", "allreduce")
+                                                         for s in (1024, 262144)}
+    assert all(r["name"] == "gloo" and r["time_s"] > 0 for r in raw)
+    assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_p2p", "fit_allreduce"}
+
+
+def test_profile_record_folding_round_trip(tmp_path):
+    rec = {"op": "encode", "name": "fp32", "size_bytes": 4096, "time_s": 1e-5, "spread_s": 1e-6,
+           "repeats": 3, "wire_bytes": 4096, "device": "cpu"}
+    out = to_profile_record(rec, ("op", "name", "size_bytes", "time_s", "spread_s", "repeats", "source"))
+    assert "wire_bytes" not in out and parse_source(out["source"]) == {"wire_bytes": "4096", "device": "cpu"}
+    prof = build_profile([rec, {"op": "p2p", "skipped": "no"}], {"device": "cpu"})
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = Profile.load(path)
+    assert back.records == prof.records and back.metadata["device"] == "cpu"
+    assert back.encode_time("fp32", 4096) == 0.0  # fp32 costs nothing by the reader's rule
+
+
+def test_profile_wrong_version_is_refused(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"format": "perfsim-profile", "version": 99, "metadata": {}, "records": []}))
+    with pytest.raises(ConfigError, match="version"):
+        Profile.load(path)
+    path.write_text(json.dumps({"format": "something-else", "version": 1, "records": []}))
+    with pytest.raises(ConfigError, match="format"):
+        Profile.load(path)
+
+
+def _cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "perfsim", "calibrate", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_cli_quick_writes_a_profile(tmp_path):
+    out = tmp_path / "prof.json"
+    r = _cli("--quick", "--model", "digits-mlp", "--micro-batch", "2", "--stages", "2",
+             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--no-progress", "--output", str(out))
+    assert r.returncode == 0, r.stderr
+    prof = Profile.load(out)
+    ops = {rec["op"] for rec in prof.records}
+    assert {"layer_fwd", "layer_bwd", "stage_fwd", "encode", "decode", "fit_encode", "p2p",
+            "fit_p2p"} <= ops
+    meta = prof.metadata
+    for key in ("device_name", "cores", "torch", "date", "perfsim", "git_commit", "calibration"):
+        assert key in meta
+    assert prof.compute_time("digits-mlp", "fc0", 2, "fwd") > 0
+    assert prof.collective_fit("p2p", "gloo").alpha_s >= 0
+    assert prof.encode_time("qsgd-maxnorm:4", 65536) > 0
+
+
+@pytest.mark.parametrize("args,culprit", [
+    (["--micro-batch", "0"], "--micro-batch"),
+    (["--model", "nosuch"], "nosuch"),
+    (["--codecs", "nosuch:4"], "nosuch"),
+    (["--emulate-bandwidth", "100furlongs"], "--emulate-bandwidth"),
+])
+def test_cli_bad_input_one_line(tmp_path, args, culprit):
+    r = _cli("--quick", "--no-progress", "--comm", "none", "--output", str(tmp_path / "x.json"), *args)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0]
+    assert not (tmp_path / "x.json").exists()
