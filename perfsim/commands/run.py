@@ -1,0 +1,96 @@
+"""``perfsim run``: train for real with torch.distributed and measure it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+HELP = "train for real (torch.distributed pipeline x data parallel) and measure what predict predicts"
+
+
+def _pos_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="digits-mlp",
+                   help="preset: digits-mlp, gpt2-tiny, gpt2-small-byte (default digits-mlp)")
+    p.add_argument("--pp", type=_pos_int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--dp", type=_pos_int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
+    p.add_argument("--compress", default="fp32",
+                   help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
+    p.add_argument("--grad-compress", default="none",
+                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ...")
+    p.add_argument("--micro-batch", type=_pos_int, default=8, help="samples per micro-batch (default 8)")
+    p.add_argument("--macro-batch", type=_pos_int, default=32,
+                   help="samples per replica per step (default 32)")
+    p.add_argument("--steps", type=_pos_int, default=None, help="optimizer steps in total (default 20)")
+    p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
+    p.add_argument("--dataset-limit", type=_pos_int, default=None,
+                   help="use only the first N samples (shorter epochs)")
+    p.add_argument("--out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
+    p.add_argument("--resume", default=None, help="continue from the checkpoint in this folder")
+    p.add_argument("--checkpoint-every", type=int, default=0,
+                   help="steps between checkpoints (default: only at the end)")
+    p.add_argument("--emulate-bandwidth", default=None,
+                   help="shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)")
+    p.add_argument("--emulate-latency", default=None, help="one-way latency added to each link, e.g. 20ms")
+    p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from perfsim.runtime.api import run as api_run, under_torchrun
+    from perfsim.runtime.launch import RankFailure
+
+    params = dict(model=args.model, pp=args.pp, dp=args.dp, schedule=args.schedule,
+                  compress=args.compress, grad_compress=args.grad_compress,
+                  micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
+                  epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
+                  dataset_limit=args.dataset_limit,
+                  out=args.out or (args.resume if args.resume else "perfsim-run"),
+                  resume=args.resume, checkpoint_every=args.checkpoint_every,
+                  emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
+                  timeout=args.timeout, device=args.device)
+    bar = None
+    progress = None
+    if not args.no_progress and not under_torchrun() and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=None, unit="step", desc="perfsim run", file=sys.stderr)
+
+        def progress(info):
+            bar.total = info["steps"]
+            bar.n = info["step"]
+            if info.get("loss") is not None:
+                bar.set_postfix(loss=f"{info['loss']:.4f}", refresh=False)
+            bar.refresh()
+    try:
+        result = api_run(progress=progress, **params)
+    except RankFailure as exc:
+        print(f"perfsim run: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if bar is not None:
+            bar.close()
+    if result is None:  # a non-zero rank under torchrun
+        return 0
+    s = result.summary
+    loss = s.get("final_loss")
+    loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']} {s['schedule']} compress={s['compress']} "
+          f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
+          f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
+          f"{loss_txt} -> {params['out']}")
+    return 0

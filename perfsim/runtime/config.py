@@ -1,0 +1,143 @@
+"""The configuration of one ``perfsim run`` job (what every rank receives).
+
+Flag names and values are those of ``perfsim run`` / ``perfsim predict``
+(helper brief, "Runtime API"): one value each, strings such as ``"100Mbps"``
+parsed once here into SI units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from perfsim.errors import ConfigError
+
+OPTIMIZERS = ("adamw", "sgd")
+DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One real training job.
+
+    model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
+    pp, dp: pipeline stages and data-parallel replicas (world size ``pp*dp``;
+      rank ``r`` is stage ``r % pp`` of replica ``r // pp``).
+    schedule: ``gpipe`` or ``1f1b`` (tables of :mod:`perfsim.schedules`).
+    compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
+    grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
+    micro_batch, macro_batch: samples per micro-batch / per replica per step.
+    steps: optimizer steps in total (a resumed run continues up to it);
+      ``epochs`` sets it instead when steps is None.
+    seed, lr, optimizer: training.
+    dataset_limit: keep the first N samples (shorter epochs; AQ-SGD's
+      uncompressed first epoch ends sooner).
+    out: output folder. resume: checkpoint folder to continue from.
+    checkpoint_every: steps between checkpoints (0: only at the end).
+    bandwidth_bps, latency_s: emulated per-NIC bandwidth and one-way latency
+      (None: the plain loopback / real network).
+    timeout_s: collective / p2p timeout; a rank blocked longer fails.
+    device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
+    fail_rank, fail_step: fault injection for tests -- that rank SIGKILLs itself
+      when it reaches that step.
+    """
+
+    model: str = "digits-mlp"
+    pp: int = 2
+    dp: int = 1
+    schedule: str = "1f1b"
+    compress: str = "fp32"
+    grad_compress: str = "none"
+    micro_batch: int = 8
+    macro_batch: int = 32
+    steps: int | None = None
+    epochs: float | None = None
+    seed: int = 0
+    lr: float = 1e-3
+    optimizer: str = "adamw"
+    dataset_limit: int | None = None
+    out: str = "perfsim-run"
+    resume: str | None = None
+    checkpoint_every: int = 0
+    bandwidth_bps: float | None = None
+    latency_s: float = 0.0
+    timeout_s: float = 60.0
+    device: str = "cpu"
+    fail_rank: int | None = None
+    fail_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        from perfsim.models.specs import get_model_spec
+        from perfsim.schedules import get_schedule
+
+        get_model_spec(self.model)
+        get_schedule(self.schedule)
+        for name in ("pp", "dp", "micro_batch", "macro_batch"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+        if self.macro_batch % self.micro_batch:
+            raise ConfigError(f"macro_batch={self.macro_batch}: not a multiple of "
+                              f"micro_batch={self.micro_batch}")
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ConfigError(f"epochs={self.epochs!r}: must be > 0")
+        if not self.lr > 0:
+            raise ConfigError(f"lr={self.lr!r}: must be > 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer={self.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device={self.device!r}: choose from {', '.join(DEVICES)}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
+        if self.bandwidth_bps is not None and not self.bandwidth_bps > 0:
+            raise ConfigError(f"emulate_bandwidth={self.bandwidth_bps}: must be > 0")
+        if self.latency_s < 0:
+            raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
+        if self.dataset_limit is not None and self.dataset_limit < 1:
+            raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
+        # the compressor specs must parse (ConfigError names them)
+        from perfsim.compression import make_pipeline_pair
+
+        make_pipeline_pair(self.compress)
+        from perfsim.runtime.grad_sync import parse_grad_spec
+
+        parse_grad_spec(self.grad_compress)
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.macro_batch // self.micro_batch
+
+    def spec(self):
+        from perfsim.models.specs import get_model_spec
+
+        return get_model_spec(self.model)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ConfigError(f"run config: unknown keys {unknown}")
+        return cls(**d)
+
+    def replace(self, **kw) -> "RunConfig":
+        return dataclasses.replace(self, **kw)
+
+    #: fields that must match between a checkpoint and the run resuming it
+    RESUME_KEYS = ("model", "pp", "dp", "schedule", "compress", "grad_compress", "micro_batch",
+                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit")

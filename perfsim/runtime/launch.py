@@ -1,0 +1,158 @@
+"""Start the ranks of a job on this machine, watch them, stop them all on failure.
+
+On one machine ``perfsim run`` starts ``pp * dp`` worker processes
+(``python -m perfsim.runtime.worker CONFIG``) with the standard
+torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``), optionally each inside its own network namespace
+(:mod:`perfsim.netem`). Across machines the same worker code runs under
+``torchrun``, which provides that environment; nothing here is needed then.
+
+Failure handling: the parent polls its children. When one exits abnormally
+(non-zero status or a signal), the others get ``grace_s`` seconds to notice
+(gloo raises as soon as a peer's socket closes; the process-group timeout bounds
+the rest), then the parent terminates them (SIGTERM, then SIGKILL) by pid, and
+raises :class:`RankFailure` with one line naming the rank that failed first.
+Checkpoints are committed by rank 0 only after every rank saved
+(:mod:`perfsim.runtime.checkpoint`), so the last one stays intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from perfsim.errors import ConfigError
+from perfsim.result import atomic_write_text
+
+
+class RankFailure(RuntimeError):
+    """A rank died or failed; the message names it."""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _describe(rank: int, pp: int, code: int, err_file: Path) -> str:
+    where = f"rank {rank} (stage {rank % pp}, replica {rank // pp})"
+    if code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = f"signal {-code}"
+        return f"{where} died: killed by {sig}"
+    detail = ""
+    if err_file.exists():
+        detail = ": " + err_file.read_text().splitlines()[0]
+    return f"{where} failed with exit code {code}{detail}"
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s: float = 5.0,
+                 python: str = sys.executable) -> None:
+    """Run ``cfg`` with one process per rank on this machine; returns when all
+    ranks finished successfully, raises :class:`RankFailure` otherwise."""
+    out = Path(cfg.out)
+    ranks_dir = out / ".ranks"
+    ranks_dir.mkdir(parents=True, exist_ok=True)
+    for f in ranks_dir.glob("rank*.error"):
+        f.unlink()
+    progress_file = ranks_dir / "progress.json"
+    if progress_file.exists():
+        progress_file.unlink()
+    cfg_path = ranks_dir / "config.json"
+    atomic_write_text(cfg_path, cfg.to_json())
+    world = cfg.world_size
+
+    if cfg.bandwidth_bps is not None:
+        from perfsim.netem import EmulatedNetwork
+
+        net_ctx = EmulatedNetwork(world, cfg.bandwidth_bps, cfg.latency_s)
+    else:
+        net_ctx = contextlib.nullcontext(None)
+    with net_ctx as net:
+        base_env = dict(os.environ)
+        base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+        base_env["PYTHONUNBUFFERED"] = "1"
+        master_addr = net.address(0) if net else "127.0.0.1"
+        master_port = 29500 if net else free_port()
+        procs: list[subprocess.Popen] = []
+        logs = []
+        try:
+            for r in range(world):
+                env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                           LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
+                           MASTER_PORT=str(master_port))
+                cmd = [python, "-m", "perfsim.runtime.worker", str(cfg_path)]
+                if net:
+                    env["GLOO_SOCKET_IFNAME"] = net.ifname
+                    cmd = net.wrap(r, cmd)
+                log = open(ranks_dir / f"rank{r}.log", "wb")
+                logs.append(log)
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True))
+            _watch(procs, cfg, ranks_dir, progress, grace_s)
+        except BaseException:
+            _stop(procs, 0.0)
+            raise
+        finally:
+            for log in logs:
+                log.close()
+
+
+def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
+    progress_file = ranks_dir / "progress.json"
+    last_seen = None
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            # prefer the rank killed by a signal, then the earliest error report
+            def when(rc):
+                r, c = rc
+                f = ranks_dir / f"rank{r}.error"
+                return (0 if c < 0 else 1, f.stat().st_mtime if f.exists() else float("inf"), r)
+
+            first_rank, first_code = min(failed, key=when)
+            _stop(procs, grace_s)
+            err = ranks_dir / f"rank{first_rank}.error"
+            if first_code == 2 and err.exists() and err.read_text().startswith("ConfigError: "):
+                raise ConfigError(err.read_text().splitlines()[0][len("ConfigError: "):])
+            msg = _describe(first_rank, cfg.pp, first_code, ranks_dir / f"rank{first_rank}.error")
+            raise RankFailure(f"{msg}; all {len(procs)} ranks stopped (logs: {ranks_dir})")
+        if progress and progress_file.exists():
+            try:
+                info = json.loads(progress_file.read_text())
+            except (OSError, json.JSONDecodeError):
+                info = None
+            if info and info != last_seen:
+                last_seen = info
+                progress(info)
+        if all(c == 0 for c in codes):
+            return
+        time.sleep(0.1)

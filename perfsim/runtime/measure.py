@@ -1,0 +1,213 @@
+"""Turn the ranks' timings into a measured :class:`perfsim.result.Result`.
+
+Same schema as ``perfsim predict`` (ARCHITECTURE.md rule 2), ``source="measured"``.
+
+Definitions (all per optimizer step, averaged over the *measured* steps):
+
+* measured steps: every step of this session except the first (warm-up of
+  allocators and sockets); when the pipeline compressor has an uncompressed
+  warm-up phase (AQ-SGD's first epoch, aq-sgd-paper.txt Alg. 1) and the run
+  went past epoch 0, only steps of later epochs count, so throughput is that of
+  the compressed phase. ``summary["measured_steps"]`` says how many.
+* ``iteration_s``: median over measured steps of the interval between the end
+  of the previous step and the end of this one, the end being the last rank's
+  end (after gradient sync and optimizer step).
+* stage ``compute_s``: forward + backward compute; ``comm_s``: transfer time of
+  the messages this stage *received* (``done - max(sent, posted)``, see
+  :mod:`perfsim.runtime.pipeline`); ``encode_s``: encode + decode;
+  ``dp_sync_s``: gradient averaging; ``idle_s``: the rest of the iteration
+  (``iteration - compute - comm - encode - dp_sync - optimizer``, >= 0).
+* summary ``compute_s`` / ``comm_s`` / ``encode_s`` / ``idle_s`` /
+  ``dp_sync_s`` / ``optimizer_s``: mean over stage rows;
+  ``bubble_fraction``: mean of ``idle_s / iteration_s``;
+  ``pipeline_bytes`` / ``dp_bytes``: bytes all ranks put on the wire per step
+  (payload bodies; headers are in ``overhead_bytes``).
+* links: ``bytes`` from the sender's count, ``busy_s`` from the receiver's
+  transfer times, per step.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result,
+                            atomic_write_text)
+
+
+def _has_warmup(cfg) -> bool:
+    from perfsim.compression import make_pipeline_pair
+
+    fw, _ = make_pipeline_pair(cfg.compress)
+    shape = (cfg.micro_batch, 8)
+    return fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape)
+
+
+def measured_steps(cfg, gathered: list[dict]) -> list[int]:
+    steps = sorted({r["step"] for g in gathered for r in g["records"]})
+    if not steps:
+        return []
+    chosen = steps[1:] or steps
+    if _has_warmup(cfg):
+        epochs = {r["step"]: r["epoch"] for g in gathered for r in g["records"]}
+        later = [s for s in chosen if epochs[s] >= 1]
+        if later:
+            chosen = later
+    return chosen
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
+    spec = cfg.spec()
+    gathered = sorted(gathered, key=lambda g: g["rank"])
+    steps = measured_steps(cfg, gathered)
+    chosen = set(steps)
+    ends: dict[int, float] = {}
+    starts: dict[int, float] = {}
+    for g in gathered:
+        for r in g["records"]:
+            ends[r["step"]] = max(ends.get(r["step"], r["end"]), r["end"])
+            starts[r["step"]] = min(starts.get(r["step"], r["start"]), r["start"])
+    iters = [ends[s] - ends[s - 1] if s - 1 in ends else ends[s] - starts[s] for s in steps]
+    iteration_s = statistics.median(iters) if iters else float("nan")
+
+    stages, micro_rows, links = [], {}, {}
+    total_bytes = dp_bytes = overhead = 0.0
+    n = max(1, len(steps))
+    for g in gathered:
+        recs = [r for r in g["records"] if r["step"] in chosen]
+        rank, stage = g["rank"], g["stage"]
+        prev_rank = rank - 1 if stage > 0 else None
+        next_rank = rank + 1 if stage < cfg.pp - 1 else None
+        comp = _mean(sum(m["fwd_compute_s"] + m["bwd_compute_s"] for m in r["micro"]) for r in recs)
+        comm = _mean(sum(m["fwd_comm_s"] + m["bwd_comm_s"] for m in r["micro"]) for r in recs)
+        enc = _mean(sum(m["encode_s"] for m in r["micro"]) for r in recs)
+        dps = _mean(r["dp_sync_s"] for r in recs)
+        opt = _mean(r["optimizer_s"] for r in recs)
+        sent = _mean(sum(m["bytes_sent"] for m in r["micro"]) for r in recs)
+        total_bytes += sent
+        overhead += _mean(sum(m["overhead_bytes"] for m in r["micro"]) for r in recs)
+        dp_bytes += _mean(r["dp_bytes"] for r in recs)
+        idle = max(0.0, iteration_s - comp - comm - enc - dps - opt)
+        stages.append({"replica": g["replica"], "stage": stage, "compute_s": comp, "comm_s": comm,
+                       "encode_s": enc, "idle_s": idle, "dp_sync_s": dps, "bytes_sent": sent,
+                       "peak_inflight": g["peak_inflight"], "optimizer_s": opt,
+                       "params": g["params"], "layers": f"{g['layers'][0]}-{g['layers'][1]}"})
+        for r in recs:
+            for mb, m in enumerate(r["micro"]):
+                row = micro_rows.setdefault((stage, mb), {k: [] for k in MICROBATCH_COLUMNS[2:]})
+                row["fwd_compute_s"].append(m["fwd_compute_s"])
+                row["fwd_comm_s"].append(m["fwd_comm_s"])
+                row["bwd_compute_s"].append(m["bwd_compute_s"])
+                row["bwd_comm_s"].append(m["bwd_comm_s"])
+                row["encode_s"].append(m["encode_s"])
+            for dst, (nbytes, _) in r["links"].items():
+                links.setdefault((rank, int(dst)), [0.0, 0.0])[0] += nbytes / n
+            if prev_rank is not None:
+                links.setdefault((prev_rank, rank), [0.0, 0.0])[1] += sum(m["fwd_comm_s"] for m in r["micro"]) / n
+            if next_rank is not None:
+                links.setdefault((next_rank, rank), [0.0, 0.0])[1] += sum(m["bwd_comm_s"] for m in r["micro"]) / n
+    microbatches = [{"stage": s, "microbatch": mb, **{k: _mean(v) for k, v in row.items()}}
+                    for (s, mb), row in sorted(micro_rows.items())]
+    link_rows = [{"src": s, "dst": d, "bytes": b, "busy_s": t} for (s, d), (b, t) in sorted(links.items())]
+
+    # loss: mean over replicas of the last stage's step loss
+    per_step: dict[int, list[float]] = {}
+    for g in gathered:
+        for step, loss in g["loss_history"].items():
+            per_step.setdefault(int(step), []).append(loss)
+    losses = {s: _mean(v) for s, v in sorted(per_step.items())}
+    last = list(losses.values())
+    spe = gathered[0]["steps_per_epoch"]
+    summary: dict[str, Any] = {
+        "model": cfg.model, "bandwidth_bps": cfg.bandwidth_bps, "latency_s": cfg.latency_s,
+        "compress": cfg.compress, "grad_compress": cfg.grad_compress, "schedule": cfg.schedule,
+        "pp": cfg.pp, "dp": cfg.dp, "micro_batch": cfg.micro_batch, "macro_batch": cfg.macro_batch,
+        "throughput_samples_per_s": cfg.macro_batch * cfg.dp / iteration_s if iteration_s > 0 else None,
+        "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s
+                                    if iteration_s > 0 else None),
+        "iteration_s": iteration_s,
+        "bubble_fraction": _mean(r["idle_s"] / iteration_s for r in stages) if iteration_s > 0 else None,
+        "compute_s": _mean(r["compute_s"] for r in stages), "comm_s": _mean(r["comm_s"] for r in stages),
+        "encode_s": _mean(r["encode_s"] for r in stages), "idle_s": _mean(r["idle_s"] for r in stages),
+        "dp_sync_s": _mean(r["dp_sync_s"] for r in stages),
+        "optimizer_s": _mean(r["optimizer_s"] for r in stages),
+        "pipeline_bytes": total_bytes, "dp_bytes": dp_bytes,
+        "peak_inflight": max(g["peak_inflight"] for g in gathered),
+        "epoch_s": iteration_s * spe, "source": "measured",
+        "final_loss": last[-1] if last else None,
+        "loss_last10": _mean(last[-10:]) if last else None,
+        "steps": gathered[0]["steps"], "start_step": gathered[0]["start_step"],
+        "measured_steps": len(steps), "steps_per_epoch": spe, "dataset": dataset_name,
+        "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
+        "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
+    }
+    result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
+    result.losses = losses  # type: ignore[attr-defined]
+    return result
+
+
+def trace_events(gathered: list[dict]) -> list[dict]:
+    """Chrome trace: one process per replica, one thread per stage, times in us."""
+    t_min = min((r["start"] for g in gathered for r in g["records"]), default=0.0)
+    events: list[dict] = []
+    for g in gathered:
+        pid, tid = g["replica"], g["stage"]
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"name": f"replica {pid}"}})
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"name": f"stage {tid} (rank {g['rank']})"}})
+        for r in g["records"]:
+            for name, cat, t0, t1, args in r["events"]:
+                events.append({"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
+                               "ts": (t0 - t_min) * 1e6, "dur": max(0.0, t1 - t0) * 1e6,
+                               "args": {"step": r["step"], **args}})
+    return events
+
+
+def _csv(rows: list[dict], columns: list[str]) -> str:
+    extra = [k for row in rows for k in row if k not in columns]
+    cols = columns + list(dict.fromkeys(extra))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({k: row.get(k) for k in cols})
+    return buf.getvalue()
+
+
+def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None = None) -> None:
+    """result.json, summary.csv, stages.csv, microbatches.csv, links.csv, losses.csv, trace.json."""
+    from perfsim.result import SUMMARY_COLUMNS
+
+    out = Path(out)
+    losses = getattr(result, "losses", {})
+    data = result.to_json_dict()
+    data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
+    atomic_write_text(out / "result.json", json.dumps(data, indent=1, default=float))
+    atomic_write_text(out / "summary.csv", _csv([result.row()], SUMMARY_COLUMNS))
+    atomic_write_text(out / "stages.csv", _csv(result.stages, STAGE_COLUMNS))
+    atomic_write_text(out / "microbatches.csv", _csv(result.microbatches, MICROBATCH_COLUMNS))
+    atomic_write_text(out / "links.csv", _csv(result.links, LINK_COLUMNS))
+    atomic_write_text(out / "losses.csv", _csv(data["losses"], ["step", "loss"]))
+    result.write_trace(out / "trace.json")
+
+
+def load_result(out: str | Path) -> Result:
+    """Read back what :func:`write_outputs` wrote."""
+    out = Path(out)
+    data = json.loads((out / "result.json").read_text())
+    trace = []
+    if (out / "trace.json").exists():
+        trace = json.loads((out / "trace.json").read_text()).get("traceEvents", [])
+    result = Result(data["summary"], data["stages"], data["microbatches"], data["links"], trace)
+    result.losses = {int(d["step"]): d["loss"] for d in data.get("losses", [])}  # type: ignore[attr-defined]
+    return result

@@ -1,0 +1,298 @@
+"""Execute the schedule tables of :mod:`perfsim.schedules` on one stage rank.
+
+Each rank runs ``table[stage]`` (GPipe or 1F1B) action by action. A forward on
+stage ``s > 0`` first receives micro-batch ``mb``'s activation from ``s-1``; a
+forward on ``s < p-1`` then compresses its output with the forward compressor
+and sends it to ``s+1``. A backward mirrors this with activation gradients and
+the backward compressor (aq-sgd-paper.txt Sec. 3: AQ-SGD compresses forward
+activations by their change against a per-sample message buffer, backward
+gradients are directly quantized).
+
+Wire protocol of one message (torch.distributed p2p, gloo on CPU / NCCL on GPU):
+
+1. ``sizes``: int64[2] = (header bytes, body bytes), tag 0;
+2. one uint8 buffer, tag 1 = pickled header ++ body, where the *body* is the
+   payload tensors' raw bytes (``Payload.tensors``: packed codes + scales,
+   exactly ``Payload.nbytes`` = ``Compressor.wire_bytes``), and the header
+   carries the tensors' names/dtypes/shapes, the payload meta, the micro-batch's
+   **sample ids** (AQ-SGD keys travel with the data) and the sender's
+   ``perf_counter`` at send time.
+
+Sends are non-blocking (``isend``; awaited at the end of the step, so 1F1B's
+crossing sends cannot deadlock); receives block. On one machine (also across
+network namespaces) ``perf_counter`` is the shared CLOCK_MONOTONIC, so the
+receiver splits its blocked time into *waiting* for the sender (idle) and
+*transfer* (``done - max(sent, posted)``, the comm time).
+
+Stage-to-stage compressors are separate objects on each side of a boundary:
+the sender's ``fw_send`` and the receiver's ``fw_recv`` (and ``bw_send`` /
+``bw_recv``). For AQ-SGD both keep the per-sample message buffers, which stay
+identical because both apply the same decoded deltas (checked by the tests).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from perfsim.compression.base import Payload
+from perfsim.schedules import BACKWARD, FORWARD, Action
+
+TAG_SIZES, TAG_BODY = 0, 1
+_DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                               torch.float16, torch.bfloat16, torch.float32, torch.float64,
+                               torch.bool)}
+
+
+# ---------------------------------------------------------------- messaging
+@dataclass
+class RecvInfo:
+    """Timing of one received message (seconds, perf_counter clock)."""
+
+    posted: float
+    sent: float
+    done: float
+    body_bytes: int
+    header_bytes: int
+
+    @property
+    def transfer_s(self) -> float:
+        start = max(self.sent, self.posted)
+        return max(0.0, min(self.done - start, self.done - self.posted))
+
+    @property
+    def wait_s(self) -> float:
+        return max(0.0, self.done - self.posted - self.transfer_s)
+
+
+class Messenger:
+    """Sends and receives payloads between ranks; keeps pending isends alive."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.pending: list[tuple[Any, list[torch.Tensor]]] = []
+
+    def send(self, payload: Payload, ids: torch.Tensor, dst: int) -> tuple[int, int]:
+        """Start sending ``payload`` + ``ids`` to global rank ``dst``.
+        Returns (body bytes, header+sizes bytes)."""
+        names = list(payload.tensors)
+        flat = [payload.tensors[n].detach().contiguous().reshape(-1) for n in names]
+        header = {
+            "names": names,
+            "dtypes": [str(t.dtype) for t in flat],
+            "shapes": [tuple(payload.tensors[n].shape) for n in names],
+            "numels": [t.numel() for t in flat],
+            "shape": tuple(payload.shape), "dtype": str(payload.dtype),
+            "meta": payload.meta, "ids": ids.tolist(), "sent": time.perf_counter(),
+        }
+        hbytes = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+        parts = [torch.frombuffer(bytearray(hbytes), dtype=torch.uint8).to(self.device)]
+        parts += [t.view(torch.uint8) for t in flat if t.numel()]
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+        body = buf.numel() - len(hbytes)
+        sizes = torch.tensor([len(hbytes), body], dtype=torch.int64, device=self.device)
+        w1 = dist.isend(sizes, dst, tag=TAG_SIZES)
+        w2 = dist.isend(buf, dst, tag=TAG_BODY)
+        self.pending.append((w1, [sizes]))
+        self.pending.append((w2, [buf]))
+        return body, len(hbytes) + 16
+
+    def recv(self, src: int) -> tuple[Payload, torch.Tensor, RecvInfo]:
+        posted = time.perf_counter()
+        sizes = torch.empty(2, dtype=torch.int64, device=self.device)
+        dist.recv(sizes, src, tag=TAG_SIZES)
+        hlen, blen = (int(v) for v in sizes.tolist())
+        buf = torch.empty(hlen + blen, dtype=torch.uint8, device=self.device)
+        dist.recv(buf, src, tag=TAG_BODY)
+        done = time.perf_counter()
+        header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())
+        tensors, off = {}, hlen
+        for name, dt, shape, n in zip(header["names"], header["dtypes"], header["shapes"],
+                                      header["numels"]):
+            dtype = _DTYPES[dt]
+            nbytes = n * torch.empty((), dtype=dtype).element_size()
+            tensors[name] = buf[off:off + nbytes].clone().view(dtype).reshape(shape)
+            off += nbytes
+        payload = Payload(tensors, tuple(header["shape"]), _DTYPES[header["dtype"]], header["meta"])
+        ids = torch.tensor(header["ids"], dtype=torch.int64)
+        return payload, ids, RecvInfo(posted, header["sent"], done, blen, hlen + 16)
+
+    def wait_all(self) -> float:
+        """Wait for every pending send; returns the seconds spent waiting."""
+        t0 = time.perf_counter()
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+        return time.perf_counter() - t0
+
+
+# ---------------------------------------------------------------- one stage
+@dataclass
+class MicroRecord:
+    """Per micro-batch timings of one stage in one step (seconds / bytes)."""
+
+    fwd_compute_s: float = 0.0
+    bwd_compute_s: float = 0.0
+    fwd_comm_s: float = 0.0  # transfer of the incoming activation
+    fwd_wait_s: float = 0.0  # blocked before the activation started arriving
+    bwd_comm_s: float = 0.0
+    bwd_wait_s: float = 0.0
+    encode_s: float = 0.0  # encode + decode on this stage
+    bytes_sent: int = 0  # wire bytes (payload bodies)
+    overhead_bytes: int = 0  # headers (sizes, dtypes, sample ids, timestamp)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    epoch: int
+    start: float
+    end: float
+    loss: float | None
+    micro: list[MicroRecord]
+    send_wait_s: float = 0.0
+    dp_sync_s: float = 0.0
+    dp_bytes: int = 0
+    optimizer_s: float = 0.0
+    links: dict[int, list[float]] = field(default_factory=dict)  # dst -> [bytes, busy_s]
+    events: list[tuple] = field(default_factory=list)  # (name, cat, t0, t1, args)
+
+
+class StageRunner:
+    """Runs one stage's schedule actions for a step.
+
+    module: the :class:`perfsim.runtime.models.Stage`; actions: ``table[stage]``;
+    prev_rank / next_rank: global ranks of the neighbouring stages (None at the ends);
+    compressors: dict with ``fw_send``, ``fw_recv``, ``bw_send``, ``bw_recv``.
+    dataset: to load inputs (first stage) and targets (last stage) by sample id.
+    """
+
+    def __init__(self, module, actions: list[Action], prev_rank, next_rank, compressors,
+                 dataset, micro_batch: int, device: torch.device, trace: bool = True):
+        self.module = module
+        self.actions = actions
+        self.prev_rank, self.next_rank = prev_rank, next_rank
+        self.comp = compressors
+        self.dataset = dataset
+        self.micro_batch = micro_batch
+        self.device = device
+        self.msg = Messenger(device)
+        self.trace = trace
+        self.num_microbatches = 1 + max(a.microbatch for a in actions)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _now(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    def _event(self, rec: StepRecord, name, cat, t0, t1, **args):
+        if self.trace:
+            rec.events.append((name, cat, t0, t1, args))
+
+    def run_step(self, step: int, epoch: int, ids: torch.Tensor) -> StepRecord:
+        """Run every action of this stage for one step (no optimizer)."""
+        m = self.num_microbatches
+        mb_ids = list(ids.split(self.micro_batch))
+        if len(mb_ids) != m:
+            raise RuntimeError(f"step {step}: {len(ids)} ids do not make {m} micro-batches")
+        rec = StepRecord(step, epoch, self._now(), 0.0, None, [MicroRecord() for _ in range(m)])
+        live: dict[int, tuple] = {}
+        losses: list[float] = []
+        for action in self.actions:
+            if action.kind == FORWARD:
+                live[action.microbatch] = self._forward(action.microbatch, mb_ids, rec, losses)
+            else:
+                self._backward(action.microbatch, live.pop(action.microbatch), rec)
+        rec.send_wait_s = self.msg.wait_all()
+        rec.end = self._now()
+        if self.module.is_last:
+            rec.loss = sum(losses) / len(losses)
+        return rec
+
+    # -- forward
+    def _forward(self, mb: int, mb_ids, rec: StepRecord, losses) -> tuple:
+        r = rec.micro[mb]
+        ids = mb_ids[mb]
+        if self.prev_rank is None:
+            x, _ = self.dataset.get(ids)
+            x = x.to(self.device)
+        else:
+            payload, got_ids, info = self.msg.recv(self.prev_rank)
+            if not torch.equal(got_ids, ids):
+                raise RuntimeError(f"micro-batch {mb}: received sample ids differ from the schedule's")
+            r.fwd_comm_s += info.transfer_s
+            r.fwd_wait_s += info.wait_s
+            self._event(rec, f"recv act {mb}", "comm", info.done - info.transfer_s, info.done,
+                        bytes=info.body_bytes)
+            t0 = self._now()
+            x = self.comp["fw_recv"].decompress(payload, key=ids).to(self.device)
+            t1 = self._now()
+            r.encode_s += t1 - t0
+            self._event(rec, f"decode act {mb}", "encode", t0, t1)
+            x.requires_grad_(True)
+        t0 = self._now()
+        out = self.module(x)
+        loss = None
+        if self.module.is_last:
+            _, target = self.dataset.get(ids)
+            loss = self.module.loss(out, target.to(self.device))
+            losses.append(float(loss.detach()))
+        t1 = self._now()
+        r.fwd_compute_s += t1 - t0
+        self._event(rec, f"F{mb}", "compute", t0, t1)
+        if self.next_rank is not None:
+            t0 = self._now()
+            payload = self.comp["fw_send"].compress(out.detach(), key=ids)
+            t1 = self._now()
+            r.encode_s += t1 - t0
+            self._event(rec, f"encode act {mb}", "encode", t0, t1)
+            body, over = self.msg.send(payload, ids, self.next_rank)
+            r.bytes_sent += body
+            r.overhead_bytes += over
+            rec.links.setdefault(self.next_rank, [0, 0.0])[0] += body
+        return x, out, loss, ids
+
+    # -- backward
+    def _backward(self, mb: int, saved: tuple, rec: StepRecord) -> None:
+        r = rec.micro[mb]
+        x, out, loss, ids = saved
+        if self.next_rank is None:
+            t0 = self._now()
+            (loss / self.num_microbatches).backward()
+        else:
+            payload, got_ids, info = self.msg.recv(self.next_rank)
+            if not torch.equal(got_ids, ids):
+                raise RuntimeError(f"micro-batch {mb}: gradient arrived for other sample ids")
+            r.bwd_comm_s += info.transfer_s
+            r.bwd_wait_s += info.wait_s
+            self._event(rec, f"recv grad {mb}", "comm", info.done - info.transfer_s, info.done,
+                        bytes=info.body_bytes)
+            t0 = self._now()
+            grad = self.comp["bw_recv"].decompress(payload, key=ids).to(self.device)
+            t1 = self._now()
+            r.encode_s += t1 - t0
+            self._event(rec, f"decode grad {mb}", "encode", t0, t1)
+            t0 = self._now()
+            out.backward(grad)
+        t1 = self._now()
+        r.bwd_compute_s += t1 - t0
+        self._event(rec, f"B{mb}", "compute", t0, t1)
+        if self.prev_rank is not None:
+            t0 = self._now()
+            payload = self.comp["bw_send"].compress(x.grad.detach(), key=ids)
+            t1 = self._now()
+            r.encode_s += t1 - t0
+            self._event(rec, f"encode grad {mb}", "encode", t0, t1)
+            body, over = self.msg.send(payload, ids, self.prev_rank)
+            r.bytes_sent += body
+            r.overhead_bytes += over
+            rec.links.setdefault(self.prev_rank, [0, 0.0])[0] += body
+

@@ -1,0 +1,228 @@
+"""One rank of a ``perfsim run`` job: ``python -m perfsim.runtime.worker CONFIG.json``.
+
+Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ``MASTER_PORT``; set by :mod:`perfsim.runtime.launch` or by
+``torchrun``), builds its stage, trains, checkpoints, and sends its records to
+rank 0, which writes the measured :class:`perfsim.result.Result`.
+
+Rank layout: rank ``r`` is stage ``r % pp`` of data-parallel replica ``r // pp``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from perfsim.errors import ConfigError
+from perfsim.result import atomic_write_text
+from perfsim.runtime import checkpoint
+from perfsim.runtime.config import RunConfig
+
+COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
+
+
+def boundary_seed(seed: int, boundary: int, direction: int) -> int:
+    """Seed shared by both sides of pipeline boundary ``boundary`` (after stage
+    ``boundary``) for direction 0 = forward, 1 = backward."""
+    return (int(seed) * 1_000_003 + 2 * boundary + direction) % 2**31
+
+
+def make_stage_compressors(cfg: RunConfig, stage: int) -> dict:
+    """The four compressors of a stage: sending/receiving, forward/backward."""
+    from perfsim.compression import make_pipeline_pair
+
+    out = {}
+    if stage < cfg.pp - 1:  # boundary `stage` with the next stage
+        out["fw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 0))[0]
+        out["bw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 1))[1]
+    if stage > 0:  # boundary `stage-1` with the previous stage
+        out["fw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 0))[0]
+        out["bw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 1))[1]
+    return out
+
+
+def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
+    if cfg.steps is not None:
+        return cfg.steps
+    if cfg.epochs is not None:
+        return max(1, math.ceil(cfg.epochs * steps_per_epoch))
+    return 20
+
+
+def make_optimizer(cfg: RunConfig, module, dp_group):
+    from perfsim.runtime.grad_sync import parse_grad_spec
+
+    gspec = parse_grad_spec(cfg.grad_compress)
+    if gspec.kind == "optimizer":
+        from perfsim.runtime import onebit_optim
+
+        return onebit_optim.make_optimizer(cfg.grad_compress, module.parameters(), lr=cfg.lr,
+                                           process_group=dp_group)
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0)
+
+
+def _record_to_dict(rec) -> dict:
+    d = dict(rec.__dict__)
+    d["micro"] = [m.__dict__ for m in rec.micro]
+    return d
+
+
+def train(cfg: RunConfig, rank: int, world: int) -> None:
+    """Body of one rank (process group already initialised)."""
+    from perfsim.models.specs import get_model_spec
+    from perfsim.runtime.data import Order, dataset_for
+    from perfsim.runtime.grad_sync import GradSync, sync_gradients
+    from perfsim.runtime.models import build_stage
+    from perfsim.runtime.pipeline import StageRunner
+    from perfsim.schedules import get_schedule, max_in_flight
+
+    pp, dp = cfg.pp, cfg.dp
+    stage, replica = rank % pp, rank // pp
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
+        if cfg.device == "cuda" else torch.device("cpu")
+    # every rank creates every data-parallel group, in the same order
+    dp_groups = [dist.new_group([s + r * pp for r in range(dp)]) for s in range(pp)] if dp > 1 else [None] * pp
+    dp_group = dp_groups[stage]
+
+    spec = get_model_spec(cfg.model)
+    torch.manual_seed(cfg.seed)
+    module = build_stage(spec, pp, stage, cfg.seed).to(device)
+    optimizer = make_optimizer(cfg, module, dp_group)
+    comps = make_stage_compressors(cfg, stage)
+    grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
+    dataset = dataset_for(spec, cfg.dataset_limit)
+    order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
+    steps = total_steps(cfg, order.steps_per_epoch)
+    table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
+    prev_rank = rank - 1 if stage > 0 else None
+    next_rank = rank + 1 if stage < pp - 1 else None
+    runner = StageRunner(module, table[stage], prev_rank, next_rank, comps, dataset,
+                         cfg.micro_batch, device)
+
+    out = Path(cfg.out)
+    ckpt_root = out / "ckpt"
+    start, loss_history = 0, {}
+    cfg_dict = json.loads(cfg.to_json())
+    if cfg.resume:
+        root, meta = checkpoint.find(cfg.resume)
+        checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS)
+        state = checkpoint.load_rank(root, meta["step"], rank)
+        module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        for slot, st in state["compressors"].items():
+            comps[slot].load_state_dict(st)
+        grad_state.load_state_dict(state["grad_sync"])
+        torch.set_rng_state(state["rng"])
+        start = int(state["step"])
+        loss_history = dict(state["loss_history"])
+        if start >= steps:
+            raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
+
+    def save(step_done: int) -> None:
+        checkpoint.save_rank(ckpt_root, step_done, rank, {
+            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+            "compressors": {k: c.state_dict() for k, c in comps.items()},
+            "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
+            "step": step_done, "loss_history": loss_history,
+        })
+        dist.barrier()
+        if rank == 0:
+            checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
+        dist.barrier()
+
+    reporter = rank == pp - 1  # last stage of replica 0 reports progress
+    records = []
+    last_report = 0.0
+    keep_events = 24  # trace only the last steps (the file stays small)
+    for step in range(start, steps):
+        if cfg.fail_rank == rank and cfg.fail_step == step:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
+        ids = order.replica_batch(step, replica, dp)
+        rec = runner.run_step(step, order.epoch_of(step), ids)
+        t0 = time.perf_counter()
+        stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
+        t1 = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
+        rec.events.append(("dp_sync", "dp", t0, t1, {}))
+        rec.events.append(("optimizer", "optimizer", t1, t2, {}))
+        if len(records) >= keep_events:
+            records[-keep_events].events = []
+        records.append(rec)
+        if rec.loss is not None:
+            loss_history[step] = rec.loss
+        if reporter and (time.perf_counter() - last_report > 0.3 or step == steps - 1):
+            last_report = time.perf_counter()
+            atomic_write_text(out / ".ranks" / "progress.json",
+                              json.dumps({"step": step + 1, "steps": steps, "loss": rec.loss}))
+        done = step + 1
+        if done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+            save(done)
+
+    payload = {"rank": rank, "stage": stage, "replica": replica,
+               "records": [_record_to_dict(r) for r in records], "loss_history": loss_history,
+               "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
+               "start_step": start, "steps": steps,
+               "params": sum(p.numel() for p in module.parameters()),
+               "layers": [module.start, module.end]}
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(payload, gathered, dst=0)
+    if rank == 0:
+        from perfsim.runtime.measure import build_result, write_outputs
+
+        result = build_result(cfg, gathered, dataset_name=dataset.name)
+        write_outputs(result, out, gathered)
+    dist.barrier()
+
+
+def init_and_train(cfg: RunConfig) -> None:
+    """Entry used by a worker process and by ``perfsim run`` under torchrun."""
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cfg.world_size:
+        raise ConfigError(f"WORLD_SIZE={world} but --pp {cfg.pp} x --dp {cfg.dp} = {cfg.world_size}")
+    threads = int(os.environ.get("PERFSIM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world)
+    torch.set_num_threads(threads)
+    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=cfg.timeout_s))
+    try:
+        train(cfg, rank, world)
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
+    rank = int(os.environ.get("RANK", "0"))
+    err_path = Path(cfg.out) / ".ranks" / f"rank{rank}.error"
+    try:
+        init_and_train(cfg)
+    except BaseException as exc:  # report one line for the launcher, then fail
+        line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            atomic_write_text(err_path, line + "\n\n" + traceback.format_exc())
+        except OSError:
+            pass
+        traceback.print_exc()
+        return 2 if isinstance(exc, ConfigError) else 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
