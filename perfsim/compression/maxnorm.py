@@ -173,7 +173,8 @@ class MaxNormQuantizer(_SeededCompressor):
         codes would not fit: that is a ConfigError."""
         check_input(x)
         flat = x.detach().reshape(-1).to(torch.float32)
-        n = flat.numel()
+        if flat.numel() == 0:
+            return Payload({}, tuple(x.shape), x.dtype)  # empty tensor: nothing on the wire
         local = self.local_norm(flat)
         w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1)
         if not bool(torch.isfinite(w).all()) or float(w) < float(local) * (1 - 1e-6):

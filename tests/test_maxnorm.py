@@ -1,0 +1,241 @@
+"""QSGDMaxNorm and QSGDMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.1-3.2):
+exact wire size, allreduce compatibility in the integer domain, overflow-safe sums,
+Lemma 1 / 2, scale sharing, and one real multi-process gloo allreduce."""
+
+import math
+
+import pytest
+import torch
+
+from perfsim.compression import make_compressor
+from perfsim.compression.base import sum_dtype_for
+from perfsim.compression.maxnorm import collective_sum_dtype
+from perfsim.errors import ConfigError
+
+SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4",
+         "qsgd-maxnorm-multiscale:2:6,8", "qsgd-maxnorm-multiscale:3:8:bucket=5"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1001,), (0,)])
+def test_wire_bytes_is_payload_size(spec, shape):
+    c = make_compressor(spec)
+    p = c.compress(torch.randn(shape))
+    assert p.nbytes == c.wire_bytes(shape)
+    assert c.decompress(p).shape == shape
+
+
+def test_wire_bytes_formula():
+    assert make_compressor("qsgd-maxnorm:4").wire_bytes((101,)) == 4 + math.ceil(101 * 4 / 8)
+    # 2 scales -> 1 index bit per coordinate; 3 scales -> 2 bits
+    assert make_compressor("qsgd-maxnorm-multiscale:4:8").wire_bytes((101,)) == 4 + 51 + 13
+    assert make_compressor("qsgd-maxnorm-multiscale:4:6,8").wire_bytes((101,)) == 4 + 51 + 26
+    assert make_compressor("qsgd-maxnorm-multiscale:4:8:bucket=10").wire_bytes((101,)) == 4 + 51 + 2
+
+
+@pytest.mark.parametrize("bad", ["qsgd-maxnorm", "qsgd-maxnorm:5", "qsgd-maxnorm:4:4", "qsgd-maxnorm:x",
+                                 "qsgd-maxnorm-multiscale:4:4", "qsgd-maxnorm-multiscale:4:3",
+                                 "qsgd-maxnorm-multiscale:4:8,8", "qsgd-maxnorm-multiscale:4:30",
+                                 "qsgd-maxnorm-multiscale:4:8:bucket=0", "qsgd-maxnorm-multiscale:4:x"])
+def test_bad_spec(bad):
+    with pytest.raises(ConfigError):
+        make_compressor(bad)
+
+
+def test_sum_dtype_widens():
+    assert sum_dtype_for(127, 1) == torch.int8
+    assert sum_dtype_for(7, 18) == torch.int8 and sum_dtype_for(7, 19) == torch.int16
+    assert sum_dtype_for(127, 200) == torch.int16 and sum_dtype_for(127, 300) == torch.int32
+    assert sum_dtype_for(2 ** 23, 2 ** 10) == torch.int64
+    # the collective width: int16 is not reducible by gloo/NCCL -> fp16 (exact to 2048) or int32
+    assert collective_sum_dtype(7, 18) == torch.int8
+    assert collective_sum_dtype(127, 16) == torch.float16  # 2032 <= 2048
+    assert collective_sum_dtype(127, 17) == torch.int32
+    assert collective_sum_dtype(127, 200) == torch.int32
+    plan = make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 200)
+    assert [(s.kind, s.reduce) for s in plan] == [("allreduce", "max"), ("allreduce", "sum")]
+    assert plan[0].nbytes == 4 and plan[1].nbytes == 4000
+    assert make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 1)[1].nbytes == 1000
+
+
+def _simulate_allreduce(spec, xs, seed=0):
+    """Alg. 1/2 in-process: shared max norm, min scale index, integer sum of payload codes."""
+    comps = [make_compressor(spec, seed=seed) for _ in xs]
+    for m, c in enumerate(comps):
+        c._salt = m + 1  # the salt allreduce_mean uses on rank m
+    w = torch.stack([c.local_norm(x) for c, x in zip(comps, xs)]).max()
+    index = None
+    if comps[0].multiscale:
+        flat = [x.reshape(-1) for x in xs]
+        index = torch.stack([c.local_scale_index(f, w) for c, f in zip(comps, flat)]).min(0).values
+    payloads = [c.compress(x, norm=w, scale_index=index) for c, x in zip(comps, xs)]
+    return comps[0], payloads, w, index
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_sum_of_payloads_decodes_to_sum_of_decodes(spec):
+    torch.manual_seed(1)
+    xs = [torch.randn(9, 31) * (m + 1) for m in range(4)]
+    c, payloads, w, index = _simulate_allreduce(spec, xs)
+    levels = [c.payload_levels(p)[0] for p in payloads]
+    acc = collective_sum_dtype(c.s, len(xs))
+    total = torch.zeros(levels[0].shape, dtype=acc)
+    for lv in levels:
+        total += lv.to(acc)
+    exact = torch.stack(levels).to(torch.int64).sum(0)
+    assert torch.equal(total.to(torch.int64), exact)  # no overflow, exact in the integer domain
+    decoded_sum = c.decode_levels(total.to(torch.int64), w, index).reshape(xs[0].shape)
+    sum_of_decodes = torch.stack([c.decompress(p) for p in payloads]).sum(0)
+    torch.testing.assert_close(decoded_sum, sum_of_decodes, rtol=1e-6, atol=1e-6)
+    # and it is an unbiased estimate of the true sum, within one grid step per worker
+    step = w / c.s
+    assert ((decoded_sum - torch.stack(xs).sum(0)).abs() <= len(xs) * step + 1e-5).all()
+
+
+def test_200_worker_sum_would_overflow_int8():
+    """8-bit codes of 200 workers: int8 wraps, the width from sum_dtype_for does not."""
+    torch.manual_seed(2)
+    M = 200
+    base = torch.rand(64) + 1.0  # all positive, similar magnitudes -> large codes
+    xs = [base * (1 + 0.01 * torch.randn(64)).abs() for _ in range(M)]
+    c, payloads, w, _ = _simulate_allreduce("qsgd-maxnorm:8", xs)
+    levels = torch.stack([c.payload_levels(p)[0] for p in payloads])
+    exact = levels.to(torch.int64).sum(0)
+    assert int(exact.abs().max()) > 127  # int8 would overflow ...
+    wrapped = levels.to(torch.int8).sum(0, dtype=torch.int8)
+    assert not torch.equal(wrapped.to(torch.int64), exact)  # ... silently
+    acc = collective_sum_dtype(c.s, M)
+    assert acc == sum_dtype_for(c.s, M) or acc == torch.int32
+    total = levels.to(acc).sum(0, dtype=acc)
+    assert torch.equal(total.to(torch.int64), exact)
+    mean = c.decode_levels(exact, w, None) / M
+    assert ((mean - torch.stack(xs).mean(0)).abs() <= w / c.s).all()
+
+
+@pytest.mark.parametrize("spec", ["qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:2:6"])
+def test_unbiased_on_shared_norm(spec):
+    torch.manual_seed(3)
+    x = torch.randn(40)
+    w = 1.7 * x.norm()  # another worker had a larger gradient
+    c = make_compressor(spec, seed=11)
+    index = c.local_scale_index(x, w) if c.multiscale else None
+    n = 3000
+    d = torch.stack([c.decompress(c.compress(x, norm=w, scale_index=index)) for _ in range(n)])
+    s_el = c.levels_per_element(index, 40)
+    p = (x.abs() / w * s_el) % 1.0
+    se = (w / s_el) * (p * (1 - p) / n).sqrt() + 1e-7
+    assert ((d.mean(0) - x).abs() <= 5 * se).all()
+
+
+def test_lemma_1_and_2_variance_bounds():
+    """E||Q(v) - v||^2 <= (1 + min(n/s^2, sqrt(n)/s)) ||w||^2, s = min scale (Lemma 1, 2);
+    the multi-scale quantizer's error is below the single-scale one (Sec. 3.2)."""
+    torch.manual_seed(4)
+    n = 256
+    x = torch.randn(n)
+    w = 1.3 * x.norm()
+    errs = {}
+    for spec in ("qsgd-maxnorm:3", "qsgd-maxnorm-multiscale:3:7", "qsgd-maxnorm-multiscale:3:5,7,9"):
+        c = make_compressor(spec, seed=2)
+        index = c.local_scale_index(x, w) if c.multiscale else None
+        d = torch.stack([c.decompress(c.compress(x, norm=w, scale_index=index)) for _ in range(300)])
+        errs[spec] = float(((d - x) ** 2).sum(1).mean())
+        s = c.s
+        assert errs[spec] <= (1 + min(n / s ** 2, math.sqrt(n) / s)) * float(w) ** 2
+        # exact expectation: sum_i (w/s_i)^2 p_i (1 - p_i)
+        s_el = c.levels_per_element(index, n)
+        p = (x.abs() / w * s_el) % 1.0
+        assert errs[spec] == pytest.approx(float(((w / s_el) ** 2 * p * (1 - p)).sum()), rel=0.1)
+    assert errs["qsgd-maxnorm-multiscale:3:7"] < 0.9 * errs["qsgd-maxnorm:3"]
+    assert errs["qsgd-maxnorm-multiscale:3:5,7,9"] <= errs["qsgd-maxnorm-multiscale:3:7"] * 1.05
+
+
+def test_scale_choice_eq_11():
+    c = make_compressor("qsgd-maxnorm-multiscale:4:8")  # s = 7, 127
+    x = torch.tensor([1.0, 0.05, 0.0, 7 / 127 + 1e-3, 7 / 127 - 1e-3])
+    idx = c.local_scale_index(x, torch.tensor(1.0))
+    assert idx.tolist() == [0, 1, 1, 0, 1]
+
+
+def test_shared_values_checked_and_bad_input():
+    c = make_compressor("qsgd-maxnorm-multiscale:4:8")
+    x = torch.randn(20)
+    with pytest.raises(ConfigError, match="norm"):
+        c.compress(x, norm=0.5 * x.norm())
+    top = torch.ones(20, dtype=torch.uint8)
+    own = c.local_scale_index(x, x.norm())
+    if bool((own < 1).any()):
+        with pytest.raises(ConfigError, match="scale index"):
+            c.compress(x, scale_index=top)
+    for bad in (torch.tensor([float("nan")]), torch.tensor([1.0, -float("inf")]), torch.ones(3, dtype=torch.int32)):
+        with pytest.raises(ConfigError):
+            c.compress(bad)
+    z = torch.zeros(5, 3)
+    for spec in SPECS:
+        cc = make_compressor(spec)
+        assert torch.equal(cc.decompress(cc.compress(z)), z)
+
+
+def test_state_roundtrip():
+    x = torch.randn(50)
+    a = make_compressor("qsgd-maxnorm-multiscale:2:6", seed=9)
+    a.compress(x)
+    st = a.state_dict()
+    p1 = a.compress(x)
+    b = make_compressor("qsgd-maxnorm-multiscale:2:6", seed=9)
+    b.load_state_dict(st)
+    p2 = b.compress(x)
+    assert all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
+
+
+# ------------------------------------------------------------------ real gloo
+DIST_SPECS = ["qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4:8", "qsgd-maxnorm-multiscale:2:6,8",
+              "randk-maxnorm:0.3:8", "randk-maxnorm-multiscale:0.5:4:8", "qsgd:6", "ecq:6"]
+
+
+def _dist_worker(rank, world, init_file, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(100 + rank)
+        x = torch.randn(37, 11) * (rank + 1)
+        res = {spec: make_compressor(spec, seed=7).allreduce_mean(x.clone()) for spec in DIST_SPECS}
+        torch.save({"x": x, "res": res}, f"{out_dir}/{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gloo_allreduce_mean(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 3
+    mp.spawn(_dist_worker, args=(world, str(tmp_path / "rdv"), str(tmp_path)), nprocs=world, join=True)
+    outs = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
+    xs = [o["x"] for o in outs]
+    mean = torch.stack(xs).mean(0)
+    for spec in DIST_SPECS:
+        got = [o["res"][spec] for o in outs]
+        for g in got[1:]:
+            assert torch.equal(g, got[0]), spec  # every rank holds the same average
+        c = make_compressor(spec, seed=7)
+        if spec.startswith("randk"):
+            idx = c.indices(mean.numel(), 0)
+            sel = torch.zeros(mean.numel(), dtype=torch.bool)
+            sel[idx] = True
+            flat = got[0].reshape(-1)
+            assert (flat[~sel] == 0).all(), spec
+            w = max(float(x.reshape(-1)[idx].norm()) for x in xs)
+            assert ((flat[sel] - mean.reshape(-1)[sel]).abs() <= w / c.inner.s + 1e-5).all(), spec
+            continue
+        if spec.startswith(("qsgd:", "ecq:")):
+            bound = max(float(x.norm()) for x in xs) / c.s  # per-worker L2 scale, one grid step
+        else:
+            bound = max(float(x.norm()) for x in xs) / c.s
+        assert ((got[0] - mean).abs() <= bound + 1e-5).all(), spec
+        if spec.startswith("qsgd-maxnorm"):
+            # identical to the in-process simulation of Alg. 1/2 with the same seeds
+            cc, payloads, w, index = _simulate_allreduce(spec, xs, seed=7)
+            total = torch.stack([cc.payload_levels(p)[0] for p in payloads]).to(torch.int64).sum(0)
+            sim = (cc.decode_levels(total, w, index) / world).reshape(mean.shape)
+            torch.testing.assert_close(got[0], sim, rtol=1e-6, atol=1e-6)

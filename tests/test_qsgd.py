@@ -1,0 +1,118 @@
+"""QSGD (Alistarh et al. 2017): spec parsing, exact wire size, unbiasedness,
+the variance of Lemma 3.1, bad input, checkpointed randomness."""
+
+import math
+
+import pytest
+import torch
+
+from perfsim.compression import make_compressor
+from perfsim.compression.qsgd import QSGD, mix_seed
+from perfsim.errors import ConfigError
+
+
+@pytest.mark.parametrize("spec,s,bits", [("qsgd:4", 7, 4), ("qsgd:2", 1, 2), ("qsgd:8", 127, 8),
+                                         ("qsgd:s=5", 5, 4), ("qsgd:s=1", 1, 2), ("qsgd:s=3", 3, 3),
+                                         ("qsgd:3:bucket=0", 3, 3)])
+def test_spec(spec, s, bits):
+    c = make_compressor(spec)
+    assert isinstance(c, QSGD) and (c.s, c.bits) == (s, bits)
+    assert make_compressor(c.spec).spec == c.spec
+
+
+@pytest.mark.parametrize("bad", ["qsgd", "qsgd:5", "qsgd:1", "qsgd:0", "qsgd:x", "qsgd:s=0", "qsgd:s=200",
+                                 "qsgd:4:s=3", "qsgd:4:foo=1", "qsgd:4:bucket=-1", "qsgd:s=abc"])
+def test_bad_spec(bad):
+    with pytest.raises(ConfigError):
+        make_compressor(bad)
+
+
+@pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1000,), (513,), (2, 1, 1025), (0,), (4, 0)])
+@pytest.mark.parametrize("spec", ["qsgd:2", "qsgd:3", "qsgd:4:bucket=100", "qsgd:6:bucket=0", "qsgd:8"])
+def test_wire_bytes_is_payload_size(spec, shape):
+    c = make_compressor(spec)
+    x = torch.randn(shape)
+    p = c.compress(x)
+    assert p.nbytes == c.wire_bytes(shape)
+    y = c.decompress(p)
+    assert y.shape == x.shape and y.dtype == x.dtype
+
+
+def test_wire_bytes_formula():
+    c = make_compressor("qsgd:3:bucket=10")
+    # 4 buckets of fp32 norms + ceil(35*3/8) bytes of codes
+    assert c.wire_bytes((35,)) == 4 * 4 + math.ceil(35 * 3 / 8)
+
+
+def _draws(c, x, n):
+    return torch.stack([c.decompress(c.compress(x)) for _ in range(n)])
+
+
+def test_unbiased_and_exact_variance():
+    """E[Q(v)] = v; E||Q(v) - v||^2 = sum_i ||v||^2 p_i (1 - p_i) / s^2 <= min(d/s^2, sqrt(d)/s) ||v||^2."""
+    torch.manual_seed(0)
+    c = make_compressor("qsgd:2:bucket=0", seed=3)  # s = 1: the noisiest quantizer
+    x = torch.randn(48)
+    n = 3000
+    d = _draws(c, x, n)
+    norm = x.norm()
+    p = (x.abs() / norm * c.s) % 1.0
+    var_i = norm ** 2 * p * (1 - p) / c.s ** 2
+    # unbiased: each coordinate's mean within 5 standard errors
+    se = (var_i / n).sqrt() + 1e-7
+    assert ((d.mean(0) - x).abs() <= 5 * se).all()
+    # exact expected squared error, and QSGD Lemma 3.1's bound
+    err = ((d - x) ** 2).sum(1).mean()
+    assert err == pytest.approx(var_i.sum(), rel=0.1)
+    assert err <= min(48 / c.s ** 2, math.sqrt(48) / c.s) * norm ** 2
+
+
+def test_bucketed_variance_bound():
+    c = make_compressor("qsgd:3:bucket=16", seed=1)
+    x = torch.randn(160)
+    err = ((_draws(c, x, 400) - x) ** 2).sum(1).mean()
+    assert err <= min(16 / c.s ** 2, 4 / c.s) * x.norm() ** 2
+
+
+def test_codes_stay_in_range_and_exact_levels():
+    c = make_compressor("qsgd:4:bucket=0")
+    x = torch.zeros(10)
+    x[3] = -2.0
+    y = c.decompress(c.compress(x))  # one non-zero: |v|/||v|| = 1 -> exactly level s
+    assert torch.equal(y, x)
+
+
+def test_bad_input():
+    c = make_compressor("qsgd:4")
+    for bad in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf")]), torch.arange(4)):
+        with pytest.raises(ConfigError):
+            c.compress(bad)
+    z = torch.zeros(3, 7)
+    assert torch.equal(c.decompress(c.compress(z)), z)  # documented: all-zero -> exact zeros
+    e = torch.empty(0)
+    p = c.compress(e)
+    assert p.nbytes == 0 and c.decompress(p).numel() == 0
+
+
+def test_state_roundtrip_and_seeds():
+    x = torch.randn(300)
+    a = make_compressor("qsgd:3", seed=5)
+    a.compress(x)
+    state = a.state_dict()
+    nxt = a.compress(x)
+    b = make_compressor("qsgd:3", seed=5)
+    b.load_state_dict(state)
+    again = b.compress(x)
+    assert all(torch.equal(nxt.tensors[k], again.tensors[k]) for k in nxt.tensors)
+    other = make_compressor("qsgd:3", seed=6)
+    other.load_state_dict(state)
+    assert not torch.equal(other.compress(x).tensors["codes"], nxt.tensors["codes"])
+    with pytest.raises(ConfigError):
+        b.load_state_dict({"bogus": 1})
+    assert mix_seed(1, 2, 3) != mix_seed(1, 2, 4) and mix_seed(1, 2) < 2 ** 63
+
+
+def test_not_allreduce_compatible_plan():
+    c = make_compressor("qsgd:4")
+    plan = c.dp_plan((1000,), 8)
+    assert [s.kind for s in plan] == ["allgather"] and plan[0].nbytes == c.wire_bytes((1000,))
