@@ -1,0 +1,677 @@
+"""Figures from sweep tables (the predict summary schema, :data:`perfsim.result.SUMMARY_COLUMNS`).
+
+Five kinds, each a function ``DataFrame -> matplotlib Figure``:
+
+* ``throughput``  throughput vs link bandwidth (log axis), one line per method;
+* ``speedup``     the same divided by the FP32 (uncompressed) throughput at the
+                  same bandwidth;
+* ``breakdown``   per-stage compute / communication / encode-decode / DP-sync /
+                  idle time per iteration, stacked, one panel per configuration
+                  (reads the sweep's per-stage table, keyed by ``config_id``);
+* ``bubble``      pipeline bubble fraction vs micro-batches per iteration for
+                  GPipe and 1F1B, with the closed form (p-1)/(m+p-1) of GPipe
+                  (Huang et al. 2019, seed: AQ-SGD paper Sec. 2), and the peak
+                  number of in-flight micro-batches (the memory side of 1F1B);
+* ``validation``  predicted vs measured scatter (``perfsim validate`` tables),
+                  with the y = x line, +-10 % band and the mean absolute
+                  percentage error.
+
+A method (a compression setting) has ONE colour in every figure: the colour of
+its compressor family in :data:`METHOD_COLORS`; variants of a family (bit
+widths) differ by line style and marker. Other varying configuration columns
+become panels; ``filters`` (``"bandwidth=100Mbps"``, ``"compress=fp32,aqsgd:fw3bw6"``)
+select rows first. Figures are built on :class:`matplotlib.figure.Figure`
+(no pyplot global state) and saved atomically by :func:`save_figure`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from perfsim.errors import ConfigError
+from perfsim.result import atomic_write_bytes
+from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
+
+KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
+
+#: one colour per compressor family, shared by every figure
+METHOD_COLORS = {
+    "fp32": "#404040", "none": "#404040",
+    "fp16": "#8c564b", "bf16": "#c49c94",
+    "directq": "#ff7f0e",
+    "aqsgd": "#1f77b4",
+    "qsgd": "#2ca02c", "qsgd-maxnorm": "#2ca02c",
+    "maxnorm": "#17becf",
+    "ecq": "#d62728", "ecq-sgd": "#d62728",
+    "onebit": "#9467bd", "onebit-adam": "#9467bd", "onebit-lamb": "#9467bd",
+    "powersgd": "#e377c2",
+    "topk": "#bcbd22", "randk": "#7f7f7f",
+}
+_FALLBACK_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#dbdb8d")
+#: display names of compressor families
+METHOD_NAMES = {
+    "fp32": "FP32", "none": "none", "fp16": "FP16", "bf16": "BF16", "directq": "DirectQ",
+    "aqsgd": "AQ-SGD", "qsgd": "QSGD", "qsgd-maxnorm": "QSGD-MaxNorm", "maxnorm": "MaxNorm",
+    "ecq": "ECQ-SGD", "onebit": "1-bit", "onebit-adam": "1-bit Adam",
+    "onebit-lamb": "1-bit LAMB", "powersgd": "PowerSGD", "topk": "Top-k", "randk": "Rand-k",
+}
+SCHEDULE_COLORS = {"gpipe": "#1b9e77", "1f1b": "#d95f02"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+#: time categories of the breakdown, bottom to top
+BREAKDOWN = (("compute_s", "compute", "#4c72b0"), ("comm_s", "communication", "#dd8452"),
+             ("encode_s", "encode/decode", "#8172b3"), ("dp_sync_s", "DP gradient sync", "#55a868"),
+             ("idle_s", "idle (bubble)", "#cfcfcf"))
+_LINESTYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v", "P")
+#: configuration columns that may become panels, in order
+_PANEL_COLUMNS = ("model", "schedule", "pp", "dp", "micro_batch", "macro_batch", "latency_s",
+                  "grad_compress", "compress", "bandwidth_bps")
+_ALIASES = {"bandwidth": "bandwidth_bps", "latency": "latency_s"}
+MAX_PANELS = 12
+
+
+# ---------------------------------------------------------------- labels and styles
+
+def family(spec: Any) -> str:
+    """``"aqsgd:fw3bw6"`` -> ``"aqsgd"``; missing -> ``"none"``."""
+    if spec is None or (isinstance(spec, float) and math.isnan(spec)):
+        return "none"
+    return str(spec).split(":")[0].strip().lower() or "none"
+
+
+def method_color(spec: Any) -> str:
+    """The colour of a method in every figure (by compressor family)."""
+    fam = family(spec)
+    if fam in METHOD_COLORS:
+        return METHOD_COLORS[fam]
+    return _FALLBACK_COLORS[sum(map(ord, fam)) % len(_FALLBACK_COLORS)]
+
+
+def method_name(spec: Any) -> str:
+    """Readable name: ``"aqsgd:fw3bw6"`` -> ``"AQ-SGD fw3 bw6"``, ``"qsgd-maxnorm:4"`` ->
+    ``"QSGD-MaxNorm 4-bit"``."""
+    fam = family(spec)
+    args = str(spec).split(":")[1:] if fam != "none" else []
+    words = [METHOD_NAMES.get(fam, fam)]
+    for a in args:
+        m = re.fullmatch(r"fw(\d+)bw(\d+)", a, re.IGNORECASE)
+        if m:
+            words.append(f"fw{m.group(1)} bw{m.group(2)}")
+        elif a.isdigit():
+            words.append(f"{a}-bit" if fam not in ("powersgd", "topk", "randk") else f"r={a}")
+        else:
+            words.append(a)
+    return " ".join(words)
+
+
+def bandwidth_label(bps: float) -> str:
+    """``1e8`` -> ``"100 Mbps"``."""
+    return re.sub(r"([\d.]+)", r"\1 ", format_bandwidth(float(bps)), count=1)
+
+
+def _value_label(col: str, value: Any) -> str:
+    if col == "bandwidth_bps":
+        return bandwidth_label(value)
+    if col == "latency_s":
+        return f"latency {float(value) * 1e3:g} ms"
+    if col in ("compress", "grad_compress"):
+        return ("grad: " if col == "grad_compress" else "") + method_name(value)
+    if col == "schedule":
+        return SCHEDULE_NAMES.get(str(value), str(value))
+    return f"{col.replace('_', '-')}={value}"
+
+
+def _is_none(value: Any) -> bool:
+    return family(value) in ("none",) or str(value).lower() in ("none", "fp32", "nan")
+
+
+def add_method_column(df):
+    """Add ``method`` (the varying compression setting), ``method_family`` and
+    ``method_label`` columns. When only the pipeline compression varies the method
+    is ``compress``; when only the DP gradient compression varies it is
+    ``grad_compress``; when both vary, both."""
+    df = df.copy()
+    comp = df["compress"].fillna("fp32").astype(str) if "compress" in df else None
+    grad = df["grad_compress"].fillna("none").astype(str) if "grad_compress" in df else None
+    comp_varies = comp is not None and comp.nunique() > 1
+    grad_varies = grad is not None and grad.nunique() > 1
+    if grad_varies and not comp_varies:
+        df["method"] = grad
+        df["method_family"] = grad.map(family)
+        df["method_label"] = grad.map(lambda g: "grad " + method_name(g))
+    elif grad_varies:
+        df["method"] = comp + " | " + grad
+        df["method_family"] = comp.map(family)
+        df["method_label"] = [f"{method_name(c)}, grad {method_name(g)}" for c, g in zip(comp, grad)]
+    else:
+        df["method"] = comp if comp is not None else "fp32"
+        df["method_family"] = df["method"].map(family)
+        df["method_label"] = df["method"].map(method_name)
+    return df
+
+
+def method_styles(methods: Iterable[str]) -> dict[str, dict]:
+    """``{method: {color, linestyle, marker}}``: colour by family; variants within
+    a family get distinct line styles and markers (in sorted order)."""
+    out, seen = {}, {}
+    for m in sorted(set(methods), key=_method_sort_key):
+        fam = family(m.split(" | ")[0])
+        k = seen.get(fam, 0)
+        seen[fam] = k + 1
+        out[m] = {"color": method_color(fam), "linestyle": _LINESTYLES[k % len(_LINESTYLES)],
+                  "marker": _MARKERS[k % len(_MARKERS)]}
+    return out
+
+
+def _method_sort_key(m: str):
+    order = list(METHOD_COLORS)
+    fam = family(m.split(" | ")[0])
+    return (order.index(fam) if fam in order else len(order), m)
+
+
+# ---------------------------------------------------------------- table helpers
+
+def _column(df, name: str) -> str:
+    col = _ALIASES.get(name, name).replace("-", "_")
+    if col not in df.columns:
+        raise ConfigError(f"column {name!r}: unknown (columns: {', '.join(map(str, df.columns))})")
+    return col
+
+
+def apply_filters(df, filters: Sequence[str] = ()):
+    """Keep rows matching every ``column=value[,value...]`` filter. ``bandwidth`` and
+    ``latency`` take units (``bandwidth=100Mbps``)."""
+    import numpy as np
+
+    for f in filters or ():
+        if "=" not in f:
+            raise ConfigError(f"filter {f!r}: expected COLUMN=VALUE[,VALUE...]")
+        name, _, raw = f.partition("=")
+        col = _column(df, name.strip())
+        values = [v.strip() for v in raw.split(",") if v.strip()]
+        if not values:
+            raise ConfigError(f"filter {f!r}: no value")
+        if col == "bandwidth_bps":
+            mask = np.isclose(df[col].to_numpy(float)[:, None],
+                              [parse_bandwidth(v) for v in values], rtol=1e-9).any(axis=1)
+        elif col == "latency_s":
+            mask = np.isclose(df[col].to_numpy(float)[:, None],
+                              [parse_time(v, "latency") for v in values], rtol=1e-9,
+                              atol=1e-12).any(axis=1)
+        elif df[col].dtype.kind in "if":
+            try:
+                nums = [float(v) for v in values]
+            except ValueError:
+                raise ConfigError(f"filter {f!r}: {col} is numeric") from None
+            mask = df[col].isin(nums).to_numpy()
+        else:
+            mask = df[col].astype(str).str.lower().isin([v.lower() for v in values]).to_numpy()
+        df = df[mask]
+        if df.empty:
+            raise ConfigError(f"filter {f!r}: no rows left")
+    return df
+
+
+def _require(df, cols: Iterable[str], kind: str) -> None:
+    if df is None or len(df) == 0:
+        raise ConfigError(f"{kind}: the table is empty")
+    missing = [c for c in cols if c not in df.columns]
+    if missing:
+        raise ConfigError(f"{kind}: the table lacks column(s) {', '.join(missing)}")
+    if df[list(cols)].isna().all().any():
+        empty = [c for c in cols if df[c].isna().all()]
+        raise ConfigError(f"{kind}: column(s) {', '.join(empty)} hold no values")
+
+
+def _panels(df, used: Sequence[str]):
+    """Group rows into panels by the configuration columns that vary (other than ``used``)."""
+    cols = [c for c in _PANEL_COLUMNS if c in df.columns and c not in used
+            and df[c].astype(str).nunique() > 1]
+    if not cols:
+        return [("", df)]
+    groups = list(df.groupby(cols, sort=True, dropna=False))
+    if len(groups) > MAX_PANELS:
+        raise ConfigError(f"{len(groups)} panels (varying {', '.join(cols)}); select at most "
+                          f"{MAX_PANELS} with --filter, e.g. --filter {cols[0]}=...")
+    out = []
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        out.append((" · ".join(_value_label(c, v) for c, v in zip(cols, key)), g))
+    return out
+
+
+def _figure(n: int, width: float = 5.2, height: float = 3.8, ncols: int | None = None):
+    from matplotlib.figure import Figure
+
+    ncols = ncols or min(n, 3)
+    nrows = math.ceil(n / ncols)
+    fig = Figure(figsize=(width * ncols, height * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, list(axes[:n])
+
+
+def _bandwidth_axis(ax, values) -> None:
+    """Log bandwidth axis labelled in readable units ("100 Mbps"); the sweep's own
+    bandwidths are the ticks when there are few, slanted when two are close."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    ax.set_xscale("log")
+    vals = sorted(set(float(v) for v in values))
+    if len(vals) <= 8:
+        ax.xaxis.set_major_locator(FixedLocator(vals))
+        ax.xaxis.set_minor_locator(NullLocator())
+        span = math.log10(vals[-1] / vals[0]) if len(vals) > 1 else 1.0
+        gaps = [math.log10(b / a) for a, b in zip(vals, vals[1:])]
+        if gaps and min(gaps) < span / 6:
+            ax.tick_params(axis="x", labelrotation=35)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bandwidth_label(x)))
+    ax.set_xlabel("link bandwidth")
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def _log_y(ax, axis: str = "y") -> None:
+    """Log axis with plain numbers (1, 2, 5, 10, ...) instead of powers of ten."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    a = getattr(ax, f"{axis}axis")
+    a.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    a.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    a.set_minor_formatter(NullFormatter())
+
+
+_METRIC_LABELS = {"throughput_samples_per_s": "throughput (samples/s)",
+                  "throughput_tokens_per_s": "throughput (tokens/s)",
+                  "iteration_s": "iteration time (s)", "epoch_s": "epoch time (s)"}
+
+
+# ---------------------------------------------------------------- the five figures
+
+def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | None = None,
+                    speedup_over: str | None = None):
+    """Throughput (or ``metric``) vs bandwidth, one line per method, log bandwidth axis.
+    With ``speedup_over`` (a method, e.g. ``"fp32"``), each line is divided by that
+    method's value at the same bandwidth and panel."""
+    kind = "speedup" if speedup_over else "throughput"
+    _require(df, ["bandwidth_bps", metric], kind)
+    df = add_method_column(df)
+    panels = _panels(df, ["bandwidth_bps", "compress", "grad_compress"])
+    styles = method_styles(df["method"])
+    fig, axes = _figure(len(panels))
+    for ax, (ptitle, g) in zip(axes, panels):
+        data = g.groupby(["method", "bandwidth_bps"], sort=True)[metric].mean()
+        if speedup_over:
+            try:
+                base = data.xs(speedup_over, level="method")
+            except KeyError:
+                raise ConfigError(f"speedup: baseline {speedup_over!r} is not in the table "
+                                  f"(methods: {', '.join(sorted(df['method'].unique()))})") from None
+            data = data.div(base, level="bandwidth_bps")
+            ax.axhline(1.0, color=method_color(speedup_over), linewidth=0.8, alpha=0.5)
+        labels = dict(zip(g["method"], g["method_label"]))
+        for method in sorted(data.index.get_level_values(0).unique(), key=_method_sort_key):
+            series = data.xs(method, level="method").dropna()
+            ax.plot(series.index, series.to_numpy(), label=labels[method], markersize=5,
+                    **styles[method])
+        _bandwidth_axis(ax, g["bandwidth_bps"])
+        ax.set_ylabel(f"speed-up over {method_name(speedup_over)} (x)" if speedup_over
+                      else _METRIC_LABELS.get(metric, metric))
+        if speedup_over:
+            ax.set_ylim(bottom=0)
+        else:
+            lo, hi = data.min(), data.max()
+            if lo > 0 and hi / lo > 30:
+                _log_y(ax)
+            else:
+                ax.set_ylim(bottom=0, top=hi * 1.08)
+        if ptitle:
+            ax.set_title(ptitle, fontsize=10)
+    axes[0].legend(fontsize=8, title="method", title_fontsize=8)
+    fig.suptitle(title or _auto_title(df, kind, width=int(fig.get_figwidth() * 11)),
+                 fontsize=11)
+    return fig
+
+
+def plot_speedup(df, baseline: str | None = None, metric: str = "throughput_samples_per_s",
+                 title: str | None = None):
+    """Speed-up over the uncompressed baseline (``fp32``, or ``none`` when the DP
+    gradient compression is what varies) at each bandwidth."""
+    _require(df, ["bandwidth_bps", metric], "speedup")
+    methods = set(add_method_column(df)["method"])
+    if baseline is None:
+        baseline = next((b for b in ("fp32", "none", "fp32 | none") if b in methods), None)
+        if baseline is None:
+            raise ConfigError("speedup: no fp32 / none baseline in the table; name one with "
+                              f"--baseline (methods: {', '.join(sorted(methods))})")
+    return plot_throughput(df, metric=metric, title=title, speedup_over=baseline)
+
+
+def plot_breakdown(df, stages, title: str | None = None):
+    """Stacked per-stage time per iteration (compute / comm / encode / DP sync / idle),
+    one panel per configuration (replicas of a stage averaged). When exactly two
+    configuration columns vary (e.g. method and bandwidth) the panels form a grid,
+    rows by the first, columns by the second, sharing the time axis down a column."""
+    _require(df, ["config_id"], "breakdown")
+    if stages is None or len(stages) == 0:
+        raise ConfigError("breakdown: no per-stage table (the sweep's .stages file) found")
+    _require(stages, ["config_id", "stage"], "breakdown")
+    cats = [c for c in BREAKDOWN if c[0] in stages.columns and stages[c[0]].fillna(0).gt(0).any()]
+    if not cats:
+        raise ConfigError("breakdown: the per-stage table has no time columns")
+    df = add_method_column(df)
+    have = set(stages["config_id"])
+    df = df[df["config_id"].isin(have)]
+    if df.empty:
+        raise ConfigError("breakdown: no per-stage rows for the selected configurations")
+    if len(df) > MAX_PANELS:
+        raise ConfigError(f"breakdown: {len(df)} configurations; select at most {MAX_PANELS} "
+                          "with --filter (e.g. --filter bandwidth=100Mbps)")
+    varying = [c for c in _PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
+    from matplotlib.figure import Figure
+
+    if len(varying) == 2:
+        df = df.sort_values(varying, key=lambda col: col.map(_sort_value))
+        rows = list(dict.fromkeys(df[varying[0]]))
+        cols_ = list(dict.fromkeys(df[varying[1]]))
+        if varying[1] == "bandwidth_bps":
+            cols_ = sorted(cols_, reverse=True)
+        fig = Figure(figsize=(3.9 * len(cols_), 2.9 * len(rows) + 0.9), layout="constrained")
+        grid = fig.subplots(len(rows), len(cols_), squeeze=False, sharey="col")
+        cells = [(grid[rows.index(r[varying[0]])][cols_.index(r[varying[1]])], r)
+                 for _, r in df.iterrows()]
+        for ax in grid.ravel():
+            ax.set_visible(False)
+    else:
+        n = len(df)
+        ncols = min(n, 4)
+        fig = Figure(figsize=(3.9 * ncols, 2.9 * math.ceil(n / ncols) + 0.9), layout="constrained")
+        axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).ravel()
+        for ax in axes:
+            ax.set_visible(False)
+        cells = list(zip(axes, (r for _, r in df.iterrows())))
+    cols = [c[0] for c in cats]
+    for ax, row in cells:
+        ax.set_visible(True)
+        per_stage = stages[stages["config_id"] == row["config_id"]].groupby("stage")[cols].mean()
+        per_stage = per_stage.fillna(0)
+        bottom = 0
+        for col, label, color in cats:
+            ax.bar(per_stage.index, per_stage[col], bottom=bottom, color=color, label=label,
+                   width=0.75, edgecolor="white", linewidth=0.4)
+            bottom = bottom + per_stage[col]
+        parts = [_value_label(c, row[c]) for c in varying] or [row["method_label"]]
+        it = row.get("iteration_s")
+        head = " · ".join(parts)
+        if it is not None and it == it:
+            head += f"\niteration {_seconds(it)}"
+        ax.set_title(head, fontsize=9)
+        ax.set_xlabel("pipeline stage", fontsize=9)
+        ax.set_xticks(list(per_stage.index))
+        ax.set_ylabel("time per iteration (s)", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+    handles, labels = cells[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(cats), fontsize=9)
+    fig.suptitle(title or _auto_title(df, "breakdown", width=int(fig.get_figwidth() * 11)),
+                 fontsize=11)
+    return fig
+
+
+def _sort_value(v):
+    """Sort key of a configuration value: methods in palette order, numbers as numbers."""
+    if isinstance(v, str):
+        return _method_sort_key(v)
+    return (0, v)
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+
+
+def plot_bubble(df, title: str | None = None):
+    """Bubble fraction vs micro-batches per iteration (m = macro_batch / micro_batch),
+    GPipe vs 1F1B, with GPipe's closed form (p - 1) / (m + p - 1); and, when the
+    table has it, the peak number of in-flight micro-batches per stage (memory)."""
+    _require(df, ["schedule", "pp", "macro_batch", "micro_batch", "bubble_fraction"], "bubble")
+    import numpy as np
+
+    df = df.copy()
+    df["m"] = df["macro_batch"] / df["micro_batch"]
+    has_mem = "peak_inflight" in df.columns and df["peak_inflight"].notna().any()
+    panels = _panels(df, ["schedule", "micro_batch", "macro_batch"])
+    ncols = 2 if has_mem else 1
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5.2 * ncols, 3.8 * len(panels) + 0.6), layout="constrained")
+    grid = fig.subplots(len(panels), ncols, squeeze=False)
+    for (ptitle, g), axrow in zip(panels, grid):
+        ax = axrow[0]
+        ms = np.array(sorted(g["m"].unique()))
+        for i, (sched, s) in enumerate(sorted(g.groupby("schedule"), key=lambda kv: kv[0] != "gpipe")):
+            s = s.groupby("m")[["bubble_fraction"] + (["peak_inflight"] if has_mem else [])].mean()
+            style = dict(color=SCHEDULE_COLORS.get(sched, "#555555"), marker="os^"[i % 3],
+                         linestyle=("-", "--", ":")[i % 3], markersize=7 - 2 * i,
+                         label=SCHEDULE_NAMES.get(sched, sched))
+            ax.plot(s.index, s["bubble_fraction"], **style)
+            if has_mem:
+                axrow[1].plot(s.index, s["peak_inflight"], **style)
+        for p in sorted(g["pp"].unique()):
+            ax.plot(ms, (p - 1) / (ms + p - 1), color="black", linewidth=0.8, linestyle=(0, (2, 2)),
+                    label=f"ideal (p-1)/(m+p-1), p={p}" if g["pp"].nunique() > 1
+                    else "ideal (p-1)/(m+p-1)")
+        for a in axrow:
+            a.set_xscale("log", base=2)
+            a.set_xticks(ms, [f"{m:g}" for m in ms])
+            a.set_xticks([], minor=True)
+            a.set_xlabel("micro-batches per iteration (m)")
+            a.grid(True, alpha=0.3)
+            if ptitle:
+                a.set_title(ptitle, fontsize=10)
+        ax.set_ylabel("pipeline bubble fraction")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=8)
+        if has_mem:
+            axrow[1].set_ylabel("peak in-flight micro-batches per stage")
+            axrow[1].set_ylim(bottom=0)
+    fig.suptitle(title or _auto_title(df, "bubble", width=int(fig.get_figwidth() * 11)),
+                 fontsize=11)
+    return fig
+
+
+def validation_pairs(df, metric: str = "throughput_samples_per_s"):
+    """Predicted/measured pairs from a validate table in any of three layouts:
+    wide ``predicted_<metric>``/``measured_<metric>``, wide ``<metric>_predicted``/
+    ``<metric>_measured``, or long (a ``source`` column, predicted and measured rows
+    of the same configuration). Returns a DataFrame with ``predicted``, ``measured``
+    and the configuration columns."""
+    import pandas as pd
+
+    if df is None or len(df) == 0:
+        raise ConfigError("validation: the table is empty")
+    for p, m in ((f"predicted_{metric}", f"measured_{metric}"),
+                 (f"{metric}_predicted", f"{metric}_measured")):
+        if p in df.columns and m in df.columns:
+            out = df.rename(columns={p: "predicted", m: "measured"})
+            break
+    else:
+        if "source" not in df.columns or metric not in df.columns:
+            raise ConfigError(f"validation: no predicted/measured {metric} columns and no "
+                              "'source' column in the table")
+        keys = [c for c in _PANEL_COLUMNS if c in df.columns]
+        pred = df[df["source"] == "predicted"].groupby(keys, dropna=False)[metric].mean()
+        meas = df[df["source"] == "measured"].groupby(keys, dropna=False)[metric].mean()
+        out = pd.concat({"predicted": pred, "measured": meas}, axis=1).dropna().reset_index()
+    out = out.dropna(subset=["predicted", "measured"])
+    if out.empty:
+        raise ConfigError("validation: no configuration has both a predicted and a measured value")
+    return out
+
+
+def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | None = None):
+    """Predicted vs measured: a scatter with the y = x line and a +-10 % band (colour
+    per method, marker per bandwidth) and, when the table has bandwidths, the signed
+    error of each configuration vs bandwidth. The title gives the MAPE and worst row."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    pairs = add_method_column(validation_pairs(df, metric))
+    pairs["error"] = 100 * (pairs["predicted"] - pairs["measured"]) / pairs["measured"]
+    has_bw = "bandwidth_bps" in pairs.columns and pairs["bandwidth_bps"].notna().all()
+    fig, axes = _figure(2 if has_bw else 1, width=5.4, height=5.0)
+    ax = axes[0]
+    styles = method_styles(pairs["method"])
+    bws = sorted(pairs["bandwidth_bps"].unique()) if has_bw else [None]
+    groups = sorted(pairs.groupby("method"), key=lambda kv: _method_sort_key(kv[0]))
+    for method, g in groups:
+        for j, bw in enumerate(bws):
+            h = g if bw is None else g[g["bandwidth_bps"] == bw]
+            if not h.empty:
+                ax.scatter(h["measured"], h["predicted"], color=styles[method]["color"],
+                           marker=_MARKERS[j % len(_MARKERS)], s=46, edgecolor="white",
+                           linewidth=0.5, zorder=3)
+    lo = min(pairs["measured"].min(), pairs["predicted"].min()) * 0.85
+    hi = max(pairs["measured"].max(), pairs["predicted"].max()) * 1.15
+    if lo > 0 and hi / lo > 10:
+        _log_y(ax, "x")
+        _log_y(ax, "y")
+        xs = np.geomspace(lo, hi, 50)
+    else:
+        lo = 0
+        xs = np.linspace(0, hi, 50)
+    ax.plot(xs, xs, color="black", linewidth=0.9, label="predicted = measured")
+    ax.fill_between(xs, xs * 0.9, xs * 1.1, color="black", alpha=0.08, label="±10 %")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal", adjustable="box")
+    unit = _METRIC_LABELS.get(metric, metric)
+    ax.set_xlabel(f"measured {unit}")
+    ax.set_ylabel(f"predicted {unit}")
+    ax.grid(True, alpha=0.3)
+    labels = dict(zip(pairs["method"], pairs["method_label"]))
+    handles = [Patch(color=styles[m]["color"], label=labels[m]) for m, _ in groups]
+    if has_bw:
+        handles += [Line2D([], [], color="#606060", marker=_MARKERS[j % len(_MARKERS)],
+                           linestyle="", label=bandwidth_label(bw)) for j, bw in enumerate(bws)]
+    handles += ax.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    if has_bw:
+        ax2 = axes[1]
+        for method, g in groups:
+            e = g.groupby("bandwidth_bps")["error"].mean()
+            ax2.plot(e.index, e.to_numpy(), label=labels[method], markersize=6, **styles[method])
+        for y, alpha in ((5, 0.5), (10, 0.9)):
+            for sign in (1, -1):
+                ax2.axhline(sign * y, color="black", linewidth=0.7, alpha=alpha, linestyle=":")
+        ax2.axhline(0, color="black", linewidth=0.9)
+        _bandwidth_axis(ax2, pairs["bandwidth_bps"])
+        bound = max(12.0, float(pairs["error"].abs().max()) * 1.15)
+        ax2.set_ylim(-bound, bound)
+        ax2.set_ylabel("prediction error (%)")
+        ax2.set_title("(predicted - measured) / measured; dotted: ±5 %, ±10 %", fontsize=10)
+        ax2.legend(fontsize=8, title="method", title_fontsize=8)
+    mape = pairs["error"].abs().mean()
+    worst = pairs["error"].abs().max()
+    fig.suptitle(title or f"Predicted vs measured {unit} ({len(pairs)} configurations): "
+                 f"MAPE {mape:.1f} %, worst {worst:.1f} %", fontsize=11)
+    return fig
+
+
+def _auto_title(df, kind: str, width: int = 70) -> str:
+    what = {"throughput": "Throughput vs bandwidth", "speedup": "Speed-up over uncompressed",
+            "breakdown": "Time per iteration by stage", "bubble": "Pipeline bubble: GPipe vs 1F1B"}[kind]
+    fixed = []
+    for col in ("model", "pp", "dp", "schedule", "micro_batch", "macro_batch"):
+        if col in df.columns and df[col].astype(str).nunique() == 1 and df[col].notna().all():
+            v = df[col].iloc[0]
+            fixed.append(str(v) if col == "model" else _value_label(col, v))
+    for col, label in (("grad_compress", "grad"), ("compress", "pipeline")):
+        if (kind != "breakdown" and col in df.columns and df[col].astype(str).nunique() == 1
+                and not _is_none(df[col].iloc[0])):
+            fixed.append(f"{label}: {method_name(df[col].iloc[0])}")
+    if not fixed:
+        return what
+    tail = ", ".join(fixed)
+    return f"{what}\n{tail}" if len(what) + len(tail) > width else f"{what} ({tail})"
+
+
+# ---------------------------------------------------------------- entry points
+
+def make_figure(kind: str, df, stages=None, *, metric: str = "throughput_samples_per_s",
+                baseline: str | None = None, title: str | None = None, filters=()):
+    """Build the figure ``kind`` (one of :data:`KINDS`) from a summary table."""
+    if kind not in KINDS:
+        raise ConfigError(f"plot kind {kind!r}: unknown (choose from {', '.join(KINDS)})")
+    if df is None or len(df) == 0:
+        raise ConfigError(f"{kind}: the table is empty")
+    if metric not in df.columns and kind in ("throughput", "speedup"):
+        _column(df, metric)
+    df = apply_filters(df, filters)
+    if kind == "throughput":
+        return plot_throughput(df, metric=metric, title=title)
+    if kind == "speedup":
+        return plot_speedup(df, baseline=baseline, metric=metric, title=title)
+    if kind == "breakdown":
+        return plot_breakdown(df, stages, title=title)
+    if kind == "bubble":
+        return plot_bubble(df, title=title)
+    return plot_validation(df, metric=metric, title=title)
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
+    """Save as PNG, SVG or PDF (by suffix), atomically."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise ConfigError(f"figure {str(path)!r}: unknown format (use .png, .svg or .pdf)")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, dpi=dpi)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
+def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None):
+    """Read a plot input: a sweep/validate table (``.csv`` / ``.parquet``; its per-stage
+    sibling ``<stem>.stages.<ext>`` is picked up when present) or a Result JSON
+    written by ``perfsim predict --format json`` / ``perfsim run`` (``{"summary", "stages"}``,
+    or a list of them). Returns ``(summary, stages or None)``."""
+    import json
+
+    import pandas as pd
+
+    from perfsim.analysis.sweep import config_id, read_table, sibling_path
+
+    path = Path(path)
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"table {str(path)!r}: not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"table {str(path)!r}: not valid JSON ({exc})") from None
+        results = data if isinstance(data, list) else [data]
+        if not results or not all(isinstance(r, dict) and isinstance(r.get("summary"), dict)
+                                  for r in results):
+            raise ConfigError(f"table {str(path)!r}: expected a Result JSON "
+                              "({\"summary\": ..., \"stages\": ...}) or a list of them")
+        rows, stage_rows = [], []
+        for r in results:
+            cid = r["summary"].get("config_id") or config_id(r["summary"])
+            rows.append({**r["summary"], "config_id": cid})
+            stage_rows += [{"config_id": cid, **s} for s in r.get("stages") or []]
+        summary, stage_df = pd.DataFrame(rows), pd.DataFrame(stage_rows)
+    else:
+        summary = read_table(path)
+        candidate = Path(stages) if stages else sibling_path(path, "stages")
+        if stages and not candidate.exists():
+            raise ConfigError(f"stages table {str(candidate)!r}: not found")
+        stage_df = read_table(candidate, allow_empty=True) if candidate.exists() else None
+    return summary, (stage_df if stage_df is not None and len(stage_df) else None)

@@ -1,0 +1,54 @@
+"""``perfsim plot``: figures from a sweep / validate table.
+
+    perfsim plot runs/speedup.csv --kind speedup --out speedup.svg
+    perfsim plot runs/speedup.csv --kind breakdown --filter bandwidth=100Mbps
+    perfsim plot traces/validation/cpu.csv --kind validation
+"""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "draw throughput / speed-up / breakdown / bubble / validation figures from a table (PNG, SVG)"
+KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("table", metavar="TABLE",
+                   help="a `perfsim sweep` table (.csv/.parquet), a `perfsim validate` CSV, "
+                        "or a Result JSON from predict/run")
+    # no argparse `choices`: an unknown kind is a ConfigError naming it (one line, exit 2)
+    p.add_argument("--kind", "-k", default="throughput", metavar="KIND",
+                   help=f"figure: {' | '.join(KINDS)} (default: throughput)")
+    p.add_argument("--out", "-o", metavar="FILE",
+                   help="output .png, .svg or .pdf (default: TABLE's stem + .KIND.png)")
+    p.add_argument("--filter", "-f", action="append", default=[], metavar="COL=VALUE[,VALUE]",
+                   help="keep matching rows first; repeatable (e.g. bandwidth=100Mbps, pp=8)")
+    p.add_argument("--stages", metavar="FILE",
+                   help="per-stage table for --kind breakdown (default: TABLE's stem + .stages)")
+    p.add_argument("--metric", default="throughput_samples_per_s",
+                   help="column to plot for throughput/speedup/validation "
+                        "(default: throughput_samples_per_s)")
+    p.add_argument("--baseline", metavar="METHOD",
+                   help="speed-up baseline method (default: fp32, or none for grad compression)")
+    p.add_argument("--title", help="figure title (default: generated)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from perfsim.analysis.plots import load_tables, make_figure, save_figure
+    from perfsim.errors import ConfigError
+
+    if args.kind not in KINDS:
+        raise ConfigError(f"--kind {args.kind!r}: unknown (choose from {', '.join(KINDS)})")
+    table = Path(args.table)
+    out = Path(args.out) if args.out else table.with_name(f"{table.stem}.{args.kind}.png")
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise ConfigError(f"--out {str(out)!r}: unknown format (use .png, .svg or .pdf)")
+    summary, stages = load_tables(table, args.stages)
+    fig = make_figure(args.kind, summary, stages, metric=args.metric, baseline=args.baseline,
+                      title=args.title, filters=args.filter)
+    save_figure(fig, out)
+    print(f"wrote {out}")
+    return 0
