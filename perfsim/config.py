@@ -1,0 +1,151 @@
+"""Configuration of one simulation: workload, strategy, system (ASTRA-sim split).
+
+Each is a frozen dataclass; ``__post_init__`` validates and raises
+:class:`ConfigError` naming the field. :func:`from_dict` builds one from a
+mapping and rejects unknown keys. Units are SI (bits/s, seconds, bytes);
+strings such as ``"100Mbps"`` are converted by :mod:`perfsim.units` at the edge
+(see :mod:`perfsim.api`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from perfsim.errors import ConfigError
+from perfsim.models.specs import LayerSpec
+
+
+def _pos_int(obj, name: str, minimum: int = 1) -> None:
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
+
+
+def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+    v = getattr(obj, name)
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+            or v < 0 or (v == 0 and not allow_zero):
+        raise ConfigError(f"{name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained, with its costs resolved for one micro-batch size."""
+
+    #: model name (preset or workload-file name)
+    model: str
+    #: the layers, in order (parameters, boundary activation shape per sample)
+    layers: tuple[LayerSpec, ...]
+    #: forward seconds of each layer for ONE micro-batch
+    fwd_s: tuple[float, ...]
+    #: backward seconds of each layer for ONE micro-batch
+    bwd_s: tuple[float, ...]
+    #: tokens in one sample (sequence length; 1 for images)
+    tokens_per_sample: int = 1
+
+    def __post_init__(self):
+        if not self.layers:
+            raise ConfigError("layers: empty model")
+        if len(self.fwd_s) != len(self.layers) or len(self.bwd_s) != len(self.layers):
+            raise ConfigError("fwd_s/bwd_s: need one time per layer")
+        for name in ("fwd_s", "bwd_s"):
+            for t in getattr(self, name):
+                if not math.isfinite(t) or t < 0:
+                    raise ConfigError(f"{name}: time {t!r} must be finite and >= 0")
+        _pos_int(self, "tokens_per_sample")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How the training is parallelised and compressed."""
+
+    #: pipeline-parallel degree (stages)
+    pp: int = 8
+    #: data-parallel degree (pipeline replicas)
+    dp: int = 1
+    #: samples per micro-batch
+    micro_batch: int = 1
+    #: samples per macro-batch (one optimizer step of one replica)
+    macro_batch: int = 32
+    #: pipeline schedule name (``gpipe`` or ``1f1b``, perfsim.schedules)
+    schedule: str = "gpipe"
+    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``)
+    compress: str = "fp32"
+    #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
+    grad_compress: str = "none"
+    #: layer counts per stage, or None for the compute-balanced partition
+    partition: tuple[int, ...] | None = None
+    #: gradient bucket size in bytes of fp32 gradients (PyTorch DDP default 25 MiB)
+    bucket_bytes: int = 25 * 2**20
+    #: start a bucket's gradient sync as soon as the last backward produced it
+    overlap_grad_sync: bool = True
+    #: optimizer whose step time the profile gives (``adam``)
+    optimizer: str = "adam"
+    #: number of epochs for the end-to-end time
+    epochs: int = 1
+    #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
+    #: 2.4M GPT-2 tokens / 1024)
+    dataset_samples: int = 2359
+
+    def __post_init__(self):
+        for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes"):
+            _pos_int(self, name)
+        if self.macro_batch % self.micro_batch:
+            raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
+        from perfsim.schedules import SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
+        for name in ("compress", "grad_compress", "optimizer"):
+            v = getattr(self, name)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"{name}={v!r}: must be a non-empty string")
+        if self.partition is not None:
+            if len(self.partition) != self.pp or any(not isinstance(c, int) or c < 1 for c in self.partition):
+                raise ConfigError(f"partition={self.partition!r}: needs pp={self.pp} layer counts >= 1")
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.macro_batch // self.micro_batch
+
+
+@dataclass(frozen=True)
+class System:
+    """The devices and the network between them."""
+
+    #: inter-node NIC / link rate in bits per second (ignored where a topology gives one)
+    bandwidth_bps: float = 10e9
+    #: one-way latency of an inter-node link in seconds
+    latency_s: float = 0.0
+    #: devices (GPUs) per node; devices of one node talk over the intra-node fabric
+    gpus_per_node: int = 1
+    #: intra-node link rate in bits/s (NVLink-class default, 300 GB/s)
+    intra_node_bandwidth_bps: float = 2.4e12
+    #: intra-node latency in seconds
+    intra_node_latency_s: float = 5e-6
+    #: per-pair heterogeneous topology (perfsim.network.Topology) or None
+    topology: Any = None
+    #: share NICs fairly between concurrent flows (max-min); False = each flow
+    #: gets the full link (a lower bound on communication time)
+    nic_sharing: bool = True
+
+    def __post_init__(self):
+        _pos_float(self, "bandwidth_bps")
+        _pos_float(self, "latency_s", allow_zero=True)
+        _pos_int(self, "gpus_per_node")
+        _pos_float(self, "intra_node_bandwidth_bps")
+        _pos_float(self, "intra_node_latency_s", allow_zero=True)
+
+
+def from_dict(cls, data: Mapping[str, Any], where: str = ""):
+    """Build ``cls`` (Workload/Strategy/System) from a mapping, rejecting unknown keys."""
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ConfigError(f"{where or cls.__name__}: unknown key(s) {sorted(unknown)} "
+                          f"(known: {', '.join(sorted(names))})")
+    return cls(**data)

@@ -1,0 +1,156 @@
+"""From (workload, strategy, system, profile) to what each stage does and sends.
+
+Everything the event loop needs is resolved here, once: per-stage compute,
+the EXACT wire bytes of each boundary payload (asked from the compressor
+objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits), the
+gradient buckets with their data-parallel collectives (the grad compressor's
+``dp_plan``), and the optimizer step time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfsim.compression import make_compressor, make_pipeline_pair
+from perfsim.compression.base import CommStep, numel_of
+from perfsim.errors import ConfigError
+from perfsim.workload import partition
+
+#: fallback optimizer cost when the profile has none: Adam moves 28 bytes per
+#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth
+FALLBACK_MEMORY_BPS = 900e9
+
+
+@dataclass
+class Bucket:
+    """One gradient bucket of a stage (layers in reverse order, as DDP fills them)."""
+
+    numel: int
+    ready_fraction: float  # share of the last backward done when it is ready
+    steps: list[CommStep]
+    encode_s: float
+    decode_s: float
+
+
+@dataclass
+class StagePlan:
+    """What one pipeline stage computes and sends, per micro-batch."""
+
+    index: int
+    first_layer: int
+    last_layer: int  # exclusive
+    fwd_s: float
+    bwd_s: float
+    params: int
+    out_shape: tuple[int, ...]  # boundary activation of one micro-batch
+    fw_bytes: int = 0  # activation sent to the next stage
+    fw_bytes_warmup: int = 0
+    bw_bytes: int = 0  # activation gradient sent to the previous stage
+    fw_encode_s: float = 0.0  # on this stage, before sending forward
+    fw_decode_s: float = 0.0  # on the NEXT stage, before its forward
+    bw_encode_s: float = 0.0
+    bw_decode_s: float = 0.0  # on the PREVIOUS stage
+    buckets: list[Bucket] = field(default_factory=list)
+    optimizer_s: float = 0.0
+    layer_bwd: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    stages: list[StagePlan]
+    pp: int
+    dp: int
+    num_microbatches: int
+    micro_batch: int
+    compress: str
+    grad_compress: str
+    fw_spec: str
+    bw_spec: str
+    has_warmup: bool
+    overlap: bool = True
+
+
+def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
+    """The collectives of one bucket. Compressors that work per matrix (PowerSGD's
+    ``matrix_plan``) see each layer's gradient as a (hidden, rest) matrix -- the
+    last boundary dimension as rows, an approximation of the layer's weight
+    matrices -- and their per-layer steps are merged per position, as torch's
+    PowerSGD hook batches all P's (then Q's) of a bucket into one allreduce.
+    Others see the flattened bucket, as DDP hands it to a comm hook."""
+    if not hasattr(comp, "matrix_plan"):
+        return list(comp.dp_plan((sum(layer.params for layer in layers),), dp))
+    merged: list[CommStep] = []
+    for layer in layers:
+        rows = layer.out_shape[-1]
+        shape = (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)
+        for i, st in enumerate(comp.dp_plan(shape, dp)):
+            if i < len(merged) and merged[i].kind == st.kind and merged[i].reduce == st.reduce:
+                merged[i] = CommStep(st.kind, merged[i].nbytes + st.nbytes, st.reduce, st.label)
+            else:
+                merged.append(st)
+    return merged
+
+
+def build_plan(workload, strategy, profile) -> Plan:
+    """Resolve every per-stage cost (see module docstring)."""
+    pp, dp, mb = strategy.pp, strategy.dp, strategy.micro_batch
+    costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
+    bounds = partition(costs, pp, strategy.partition)
+    fw_comp, bw_comp = make_pipeline_pair(strategy.compress)
+    grad_spec = strategy.grad_compress
+    grad_comp = make_compressor("fp32" if grad_spec.lower() == "none" else grad_spec) if dp > 1 else None
+    stages: list[StagePlan] = []
+    has_warmup = False
+    for s, (a, b) in enumerate(bounds):
+        layers = workload.layers[a:b]
+        out_shape = (mb, *layers[-1].out_shape)
+        st = StagePlan(s, a, b, sum(workload.fwd_s[a:b]), sum(workload.bwd_s[a:b]),
+                       sum(layer.params for layer in layers), out_shape,
+                       layer_bwd=list(workload.bwd_s[a:b]))
+        if s < pp - 1:
+            nbytes_fp32 = 4 * numel_of(out_shape)
+            st.fw_bytes = int(fw_comp.wire_bytes(out_shape))
+            st.fw_bytes_warmup = int(fw_comp.wire_bytes(out_shape, warmup=True))
+            st.bw_bytes = int(bw_comp.wire_bytes(out_shape))
+            has_warmup |= st.fw_bytes_warmup != st.fw_bytes
+            fw_spec, bw_spec = fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name
+            st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32)
+            st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32)
+            st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32)
+            st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32)
+        if grad_comp is not None:
+            st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile)
+        opt = profile.optimizer_time(4 * st.params) if profile is not None else None
+        st.optimizer_s = opt if opt is not None else 28 * st.params / FALLBACK_MEMORY_BPS
+        stages.append(st)
+    return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
+                fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
+                strategy.overlap_grad_sync)
+
+
+def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]:
+    """Fill buckets from the last layer backwards (backward produces gradients in
+    that order; PyTorch DDP's ``bucket_cap_mb``, Li et al. VLDB 2020, Sec. 3.2.3)."""
+    total_bwd = sum(layer_bwd) or 1.0
+    order = list(range(len(layers)))[::-1]
+    buckets, current, done_bwd = [], [], 0.0
+    spec = comp.spec or comp.name
+    for i in order:
+        current.append(layers[i])
+        done_bwd += layer_bwd[i]
+        size = 4 * sum(layer.params for layer in current)
+        if size >= bucket_bytes or i == order[-1]:
+            numel = size // 4
+            if numel:
+                try:
+                    steps = _grad_steps(comp, current, dp)
+                except ConfigError:
+                    raise
+                except Exception as exc:  # a compressor that cannot plan this shape
+                    raise ConfigError(f"grad_compress {spec!r}: cannot plan a bucket of {numel} "
+                                      f"elements ({exc})") from None
+                buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
+                                      profile.encode_time(spec, 4 * numel),
+                                      profile.decode_time(spec, 4 * numel)))
+            current = []
+    return buckets

@@ -1,0 +1,98 @@
+"""Turn a simulated iteration into a :class:`perfsim.result.Result`.
+
+Definitions (per iteration of one macro-batch per replica):
+
+* ``iteration_s``: from the first forward to the last optimizer step ends;
+* throughput: ``macro_batch * dp / iteration_s`` samples/s (x tokens/sample);
+* ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with ``busy`` the
+  compute + encode/decode time of stage ``s`` and ``T_pipe`` the time until the
+  last backward ends (GPipe paper, Huang et al. 2019, Sec. 2.3: with free
+  communication this is ``(p-1)/(m+p-1)``);
+* per-stage ``idle_s``: ``iteration_s`` minus compute, encode/decode and the
+  optimizer step (waiting for data, for the gradient sync, or the bubble);
+* per-stage ``comm_s``: summed time from queueing to delivery of the messages
+  the stage sent (it overlaps compute);
+* summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
+  ``optimizer_s``: means over the stages;
+* ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
+  iterations); ``total_s``: ``epochs`` epochs end to end, the first one with the
+  compressor's warm-up wire size (AQ-SGD sends full activations on a sample's
+  first visit, aq-sgd-paper Sec. 3 / Alg. 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+from perfsim.result import Result
+from perfsim.schedules import get_schedule, max_in_flight
+
+
+def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None) -> Result:
+    """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
+    p, dp = plan.pp, plan.dp
+    table = get_schedule(strategy.schedule)(p, plan.num_microbatches)
+    inflight = [max_in_flight(row) for row in table]
+    T = out.iteration_s
+    scale = dp / len(out.replicas)  # symmetric: one simulated replica stands for all
+    stages = []
+    for (r, s), d in sorted(out.devices.items()):
+        sp = plan.stages[s]
+        stages.append({
+            "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
+            "encode_s": d.codec_s, "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s),
+            "dp_sync_s": d.dp_sync_s, "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
+            "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s,
+            "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
+            "fwd_s_per_mb": sp.fwd_s, "bwd_s_per_mb": sp.bwd_s,
+            "fw_bytes_per_mb": sp.fw_bytes, "bw_bytes_per_mb": sp.bw_bytes,
+        })
+    n = len(stages)
+    busy = sum(d.compute_s + d.codec_s for d in out.devices.values())
+    bubble = 1.0 - busy / (n * out.pipeline_s) if out.pipeline_s > 0 else 0.0
+    micro = [dict(stage=s, microbatch=mb, fwd_compute_s=c.get("fwd_compute_s", 0.0),
+                  fwd_comm_s=c.get("fwd_comm_s", 0.0), bwd_compute_s=c.get("bwd_compute_s", 0.0),
+                  bwd_comm_s=c.get("bwd_comm_s", 0.0), encode_s=c.get("encode_s", 0.0))
+             for (r, s, mb), c in sorted(out.micro.items()) if r == out.replicas[0]]
+    links = [dict(src=src, dst=dst, bytes=b, busy_s=busy_s, kind=kind)
+             for (src, dst, kind), (b, busy_s) in sorted(out.links.items())]
+    samples = strategy.macro_batch * dp
+    iters = math.ceil(strategy.dataset_samples / samples)
+    warm_T = warm.iteration_s if warm is not None else T
+    epoch_s = iters * T
+    total_s = iters * warm_T + (strategy.epochs - 1) * epoch_s
+    mean = lambda key: sum(st[key] for st in stages) / n  # noqa: E731
+    topo = system.topology
+    summary = {
+        "model": workload.model, "bandwidth_bps": system.bandwidth_bps, "latency_s": system.latency_s,
+        "compress": strategy.compress, "grad_compress": strategy.grad_compress,
+        "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
+        "macro_batch": strategy.macro_batch,
+        "throughput_samples_per_s": samples / T, "throughput_tokens_per_s": samples * workload.tokens_per_sample / T,
+        "iteration_s": T, "bubble_fraction": bubble,
+        "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "encode_s": mean("encode_s"),
+        "idle_s": mean("idle_s"), "dp_sync_s": mean("dp_sync_s"), "optimizer_s": mean("optimizer_s"),
+        "pipeline_bytes": sum(st["fw_bytes_per_mb"] + st["bw_bytes_per_mb"] for st in stages)
+        * plan.num_microbatches * scale,
+        "dp_bytes": sum(out.dp_bytes_per_rank.values()) * dp,
+        "peak_inflight": max(inflight), "epoch_s": epoch_s, "source": "predicted",
+        "total_s": total_s, "epochs": strategy.epochs, "iterations_per_epoch": iters,
+        "warmup_iteration_s": warm_T, "pipeline_s": out.pipeline_s,
+        "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
+        "events": out.events + (warm.events if warm is not None else 0),
+    }
+    if extra:
+        summary.update(extra)
+    trace = []
+    if out.trace:
+        for r in out.replicas:
+            trace.append({"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"replica {r}"}})
+            for s in range(p):
+                trace.append({"name": "thread_name", "ph": "M", "pid": r, "tid": s,
+                              "args": {"name": f"stage {s} compute"}})
+                trace.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 1000 + s,
+                              "args": {"name": f"stage {s} send"}})
+                trace.append({"name": "thread_name", "ph": "M", "pid": r, "tid": 2000 + s,
+                              "args": {"name": f"stage {s} grad sync"}})
+        trace.extend(out.trace)
+    return Result(summary, stages, micro, links, trace)

@@ -1,0 +1,285 @@
+"""The SimPy event loop: devices replay schedule tables over a shared network.
+
+Each simulated device (replica ``r``, stage ``s``; device id ``r * pp + s``)
+is one SimPy process that walks ``schedule[s]`` (from :mod:`perfsim.schedules`,
+never re-derived). Communication is implied by the table:
+
+* forward on ``s > 0`` waits for micro-batch ``mb``'s activation from
+  ``s - 1`` and decodes it; forward on ``s < p - 1`` encodes and sends to
+  ``s + 1`` without waiting for delivery (asynchronous send, as isend);
+* backward mirrors this with activation gradients flowing ``s+1 -> s``.
+
+Messages on one connection (an ordered device pair) are delivered in order,
+one at a time (a TCP/NCCL connection is a byte stream); different connections
+share NICs max-min fairly (:mod:`perfsim.engine.flows`). A message arrives
+``latency`` after its last byte left.
+
+Data parallelism: during the stage's last backward (when its gradients are
+complete), buckets become ready layer by layer from the back; each bucket's
+collectives (the grad compressor's ``dp_plan``) run in order on one
+communication stream, overlapping the rest of the backward. The optimizer
+step follows the last bucket. With symmetric replicas (uniform network) only
+replica 0 is simulated; its collectives take the closed-form volume of the
+full ring (so every replica's NIC carries the same load). With a heterogeneous
+topology every replica is simulated and a collective waits for all members.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import simpy
+
+from perfsim.engine.flows import FlowScheduler
+from perfsim.engine.plan import Plan
+from perfsim.network import Network, collective_cost
+from perfsim.schedules import FORWARD, get_schedule
+
+
+@dataclass
+class DeviceStats:
+    compute_s: float = 0.0
+    codec_s: float = 0.0
+    optimizer_s: float = 0.0
+    dp_sync_s: float = 0.0
+    dp_sync_start: float | None = None
+    bytes_sent: float = 0.0
+    comm_s: float = 0.0
+    last_backward_end: float = 0.0
+    end: float = 0.0
+
+
+@dataclass
+class SimOutput:
+    iteration_s: float
+    pipeline_s: float
+    devices: dict[tuple[int, int], DeviceStats]
+    micro: dict[tuple[int, int, int], dict[str, float]]  # (replica, stage, mb) -> columns
+    links: dict[tuple[int, int, str], list[float]]  # (src, dst, kind) -> [bytes, busy_s]
+    replicas: list[int]
+    dp_bytes_per_rank: dict[int, float]
+    events: int
+    trace: list[dict] = field(default_factory=list)
+
+
+class _Connection:
+    """In-order delivery of messages between two devices."""
+
+    __slots__ = ("queue", "busy")
+
+    def __init__(self):
+        self.queue: deque = deque()
+        self.busy = False
+
+
+class Simulation:
+    def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
+                 symmetric: bool = True, trace: bool = False):
+        self.plan, self.net = plan, network
+        self.table = get_schedule(schedule)(plan.pp, plan.num_microbatches)
+        self.warmup = warmup
+        self.replicas = [0] if symmetric or plan.dp == 1 else list(range(plan.dp))
+        self.symmetric = len(self.replicas) < plan.dp
+        self.want_trace = trace
+        self.env = simpy.Environment()
+        self.flows = FlowScheduler(self.env, network.capacity)
+        self.inbox: dict[tuple, simpy.Event] = {}
+        self.conns: dict[tuple[int, int], _Connection] = defaultdict(_Connection)
+        self.stats = {(r, s): DeviceStats() for r in self.replicas for s in range(plan.pp)}
+        self.micro: dict[tuple[int, int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.links: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.bucket_ready = {(r, s, k): self.env.event() for r in self.replicas
+                             for s in range(plan.pp) for k in range(len(plan.stages[s].buckets))}
+        self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(plan.pp)}
+        self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
+        self.trace: list[dict] = []
+
+    # ------------------------------------------------------------ helpers
+    def dev(self, r: int, s: int) -> int:
+        return r * self.plan.pp + s
+
+    def _box(self, key) -> simpy.Event:
+        ev = self.inbox.get(key)
+        if ev is None:
+            ev = self.inbox[key] = self.env.event()
+        return ev
+
+    def _span(self, name, cat, pid, tid, start, end, args=None):
+        if self.want_trace and end > start:
+            ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
+                  "ts": start * 1e6, "dur": (end - start) * 1e6}
+            if args:
+                ev["args"] = args
+            self.trace.append(ev)
+
+    # ------------------------------------------------------------ p2p
+    def send(self, r: int, src_stage: int, dst_stage: int, key, nbytes: int, mb: int, kind: str):
+        """Queue a message on the (src, dst) connection; deliver into inbox[key]."""
+        src, dst = self.dev(r, src_stage), self.dev(r, dst_stage)
+        conn = self.conns[(src, dst)]
+        conn.queue.append((key, nbytes, mb, kind, r, src_stage))
+        if not conn.busy:
+            self._next(src, dst, conn)
+
+    def _next(self, src: int, dst: int, conn: _Connection):
+        if not conn.queue:
+            conn.busy = False
+            return
+        conn.busy = True
+        key, nbytes, mb, kind, r, s = conn.queue.popleft()
+        path = self.net.path(src, dst)
+        env = self.env
+        queued = env.now
+
+        def finished(start, end):
+            link = self.links[(src, dst, "p2p")]
+            link[0] += nbytes
+            link[1] += end - start
+            st = self.stats[(r, s)]
+            st.bytes_sent += nbytes
+            deliver = env.timeout(path.latency_s)
+            deliver.callbacks.append(lambda _e: self._delivered(key, queued, mb, kind, r, s, src, dst))
+            self._next(src, dst, conn)  # the connection is free once the last byte left
+
+        self.flows.transfer(nbytes, path.resources, path.bandwidth_bps, stats=finished)
+
+    def _delivered(self, key, queued, mb, kind, r, s, src, dst):
+        now = self.env.now
+        dur = now - queued
+        self.stats[(r, s)].comm_s += dur
+        self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
+        self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
+                   1000 + s, queued, now, {"src": src, "dst": dst})
+        self._box(key).succeed()
+
+    # ------------------------------------------------------------ devices
+    def device(self, r: int, s: int):
+        env, plan = self.env, self.plan
+        st, sp = self.stats[(r, s)], plan.stages[s]
+        p, last_b = plan.pp, None
+        for a in self.table[s]:
+            if a.kind != FORWARD:
+                last_b = a
+        prev = plan.stages[s - 1] if s > 0 else None
+        for a in self.table[s]:
+            mb, cell = a.microbatch, self.micro[(r, s, a.microbatch)]
+            if a.kind == FORWARD:
+                if s > 0:
+                    yield self._box((r, s, "F", mb))
+                    yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
+                t0 = env.now
+                yield env.timeout(sp.fwd_s)
+                st.compute_s += sp.fwd_s
+                cell["fwd_compute_s"] += sp.fwd_s
+                self._span(f"F{mb}", "compute", r, s, t0, env.now)
+                if s < p - 1:
+                    yield from self._codec(st, cell, r, s, sp.fw_encode_s, f"encode act mb{mb}")
+                    nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
+                    self.send(r, s, s + 1, (r, s + 1, "F", mb), nbytes, mb, FORWARD)
+            else:
+                if s < p - 1:
+                    yield self._box((r, s, "B", mb))
+                    yield from self._codec(st, cell, r, s, sp.bw_decode_s, f"decode grad mb{mb}")
+                t0 = env.now
+                if a is last_b and sp.buckets:
+                    yield from self._last_backward(r, s, sp)
+                else:
+                    yield env.timeout(sp.bwd_s)
+                st.compute_s += sp.bwd_s
+                cell["bwd_compute_s"] += sp.bwd_s
+                self._span(f"B{mb}", "compute", r, s, t0, env.now)
+                if s > 0:
+                    yield from self._codec(st, cell, r, s, sp.bw_encode_s, f"encode grad mb{mb}")
+                    self.send(r, s, s - 1, (r, s - 1, "B", mb), sp.bw_bytes, mb, "B")
+        st.last_backward_end = env.now
+        if sp.buckets:
+            yield self.sync_done[(r, s)]
+        t0 = env.now
+        yield env.timeout(sp.optimizer_s)
+        st.optimizer_s += sp.optimizer_s
+        self._span("optimizer", "compute", r, s, t0, env.now)
+        st.end = env.now
+
+    def _codec(self, st, cell, r, s, seconds, name):
+        if seconds > 0:
+            t0 = self.env.now
+            yield self.env.timeout(seconds)
+            st.codec_s += seconds
+            cell["encode_s"] += seconds
+            self._span(name, "codec", r, s, t0, self.env.now)
+
+    def _last_backward(self, r, s, sp):
+        """The last backward of a stage, cut where each gradient bucket is complete."""
+        done = 0.0
+        for k, bucket in enumerate(sp.buckets):
+            target = bucket.ready_fraction * sp.bwd_s if self.plan.overlap else sp.bwd_s
+            if target > done:
+                yield self.env.timeout(target - done)
+                done = target
+            self.bucket_ready[(r, s, k)].succeed()
+        if sp.bwd_s > done:
+            yield self.env.timeout(sp.bwd_s - done)
+
+    # ------------------------------------------------------------ data parallel
+    def stage_sync(self, s: int):
+        """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
+        collectives in ``dp_plan`` order, one communication stream."""
+        env, plan = self.env, self.plan
+        sp = plan.stages[s]
+        members = [self.dev(r, s) for r in self.replicas]
+        if self.symmetric:  # replica 0 stands for all: its ring neighbour is replica 1
+            ring = [self.net.path(self.dev(0, s), self.dev(1, s))]
+        else:
+            ring = self.net.ring_paths(members)
+        resources = tuple({res for pth in ring for res in pth.resources})
+        cap = min(pth.bandwidth_bps for pth in ring)
+        lat = max(pth.latency_s for pth in ring)
+        for k, bucket in enumerate(sp.buckets):
+            yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
+            t0 = env.now
+            for r in self.replicas:
+                st = self.stats[(r, s)]
+                if st.dp_sync_start is None:
+                    st.dp_sync_start = t0
+            if bucket.encode_s > 0:
+                yield env.timeout(bucket.encode_s)
+            for step in bucket.steps:
+                volume, nsteps = collective_cost(step.kind, step.nbytes, plan.dp)
+                self.dp_bytes_per_rank[s] += volume
+                start = env.now
+                yield self.flows.transfer(volume, resources, cap)
+                if nsteps and lat > 0:
+                    yield env.timeout(nsteps * lat)
+                for i, pth in enumerate(ring):
+                    src = members[i] if not self.symmetric else self.dev(0, s)
+                    dst = members[(i + 1) % len(members)] if not self.symmetric else self.dev(1, s)
+                    link = self.links[(src, dst, step.kind)]
+                    link[0] += volume
+                    link[1] += env.now - start
+                self._span(f"{step.kind} b{k} {step.label}", "dp", self.replicas[0],
+                           2000 + s, start, env.now, {"bytes": step.nbytes})
+            n_decode = plan.dp if any(st_.kind == "allgather" for st_ in bucket.steps) else 1
+            if bucket.decode_s > 0:
+                yield env.timeout(bucket.decode_s * n_decode)
+            for r in self.replicas:
+                self.stats[(r, s)].dp_sync_s += env.now - t0
+        for r in self.replicas:
+            self.sync_done[(r, s)].succeed()
+
+    # ------------------------------------------------------------ run
+    def run(self) -> SimOutput:
+        plan = self.plan
+        procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
+        for s in range(plan.pp):
+            if plan.stages[s].buckets:
+                self.env.process(self.stage_sync(s))
+        self.env.run(simpy.AllOf(self.env, procs))
+        events = next(self.env._eid)
+        devs = self.stats
+        return SimOutput(
+            iteration_s=max(d.end for d in devs.values()),
+            pipeline_s=max(d.last_backward_end for d in devs.values()),
+            devices=devs, micro={k: dict(v) for k, v in self.micro.items()}, links=dict(self.links),
+            replicas=self.replicas, dp_bytes_per_rank=dict(self.dp_bytes_per_rank), events=events,
+            trace=self.trace)

@@ -1,0 +1,300 @@
+"""What is trained: a model as a sequence of layers with costs, and its partition.
+
+A workload comes from
+
+* a preset: the GPT-2 family of :mod:`perfsim.models.specs` (shared with the
+  runtime), plus size-only presets of the seeds' other models
+  (``deberta-v2-xxlarge``, ``bert-large``, ``resnet50``, ``vgg16``);
+* or a workload file (TOML or JSON)::
+
+      name = "my-model"
+      tokens_per_sample = 512          # optional, default 1
+      [[layers]]
+      name = "block"                   # repeated layers get an index suffix
+      count = 24                       # optional, default 1
+      params = 12596224
+      out_shape = [512, 1024]          # boundary activation, one sample
+      flops = 1.3e10                   # optional: forward FLOPs, one sample
+      fwd_s = 0.004                    # optional: forward seconds, one sample
+      bwd_s = 0.008                    # optional (default 2 x fwd_s)
+
+Per-layer compute time per micro-batch, in order of preference: a profile
+record for the model and layer (:meth:`perfsim.profile.Profile.compute_time`),
+the file's ``fwd_s``/``bwd_s`` times the micro-batch, or forward FLOPs divided
+by the profile's effective FLOP rate (backward = 2 x forward, Kaplan et al.
+2020, Sec. 2.1).
+
+The partition is contiguous. By default it minimises the slowest stage's
+fwd+bwd time (the linear-partition problem; binary search on the bound with a
+greedy fill, exact for contiguous partitions), so the paper's 48-block GPT2-1.5B
+on 8 stages gets 6 blocks per stage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from perfsim.errors import ConfigError
+from perfsim.models.specs import MODEL_SPECS, LayerSpec, get_model_spec
+
+# --------------------------------------------------------------------- presets
+
+
+def _transformer_encoder(name: str, n_layer: int, d: int, seq: int, vocab: int,
+                         extra_embed: int = 0) -> list[LayerSpec]:
+    """BERT/DeBERTa-style encoder: embedding, ``n_layer`` blocks (12d^2 + 13d params,
+    FFN width 4d, as GPT-2), a pooler + 2-way classifier head."""
+    block_flops = seq * (2 * 12 * d * d + 4 * seq * d)
+    layers = [LayerSpec("embed", vocab * d + extra_embed + 2 * d, (seq, d), 0.0)]
+    layers += [LayerSpec(f"block{i}", 12 * d * d + 13 * d, (seq, d), float(block_flops))
+               for i in range(n_layer)]
+    layers.append(LayerSpec("head", d * d + d + 2 * d + 2, (2,), float(2 * (d * d + 2 * d))))
+    return layers
+
+
+def _resnet50() -> list[LayerSpec]:
+    """ResNet-50 (He et al. 2016, Table 1) at 224x224: stem, 16 bottlenecks, fc.
+    Conv FLOPs = 2 x weights x output pixels; BatchNorm adds 2 params per channel."""
+    layers = [LayerSpec("stem", 3 * 64 * 49 + 2 * 64, (64, 56, 56), 2.0 * 3 * 64 * 49 * 112 * 112)]
+    c_in, hw = 64, 56
+    for stage, (mid, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+        for b in range(blocks):
+            if b == 0 and stage > 0:
+                hw //= 2
+            out = 4 * mid
+            w = c_in * mid + 9 * mid * mid + mid * out
+            params = w + 2 * (mid + mid + out)
+            if b == 0:
+                params += c_in * out + 2 * out
+                w += c_in * out
+            layers.append(LayerSpec(f"layer{stage + 1}.{b}", params, (out, hw, hw), 2.0 * w * hw * hw))
+            c_in = out
+    layers.append(LayerSpec("fc", 2048 * 1000 + 1000, (1000,), 2.0 * 2048 * 1000))
+    return layers
+
+
+def _vgg16() -> list[LayerSpec]:
+    """VGG-16 (Simonyan & Zisserman 2015, config D) at 224x224; pooling folded into
+    the conv before it."""
+    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    layers, c_in, hw, i = [], 3, 224, 0
+    for k, c in enumerate(cfg):
+        if c == "M":
+            continue
+        pooled = k + 1 < len(cfg) and cfg[k + 1] == "M"
+        out_hw = hw // 2 if pooled else hw
+        layers.append(LayerSpec(f"conv{i}", 9 * c_in * c + c, (c, out_hw, out_hw), 2.0 * 9 * c_in * c * hw * hw))
+        c_in, hw, i = c, out_hw, i + 1
+    for j, (a, b) in enumerate(((512 * 7 * 7, 4096), (4096, 4096), (4096, 1000))):
+        layers.append(LayerSpec(f"fc{j}", a * b + b, (b,), 2.0 * a * b))
+    return layers
+
+
+#: size-only presets (the simulator's; the runtime only knows MODEL_SPECS)
+SIZE_PRESETS: dict[str, tuple[Any, int]] = {
+    # DeBERTa-v2-xxlarge (He et al. 2021): 48 layers, d=1536, vocab 128100,
+    # relative-position table 512 x d; sequence 256 (a typical fine-tuning length).
+    "deberta-v2-xxlarge": (lambda: _transformer_encoder("deberta-v2-xxlarge", 48, 1536, 256, 128100,
+                                                        extra_embed=512 * 1536), 256),
+    # BERT-Large (Devlin et al. 2019): 24 layers, d=1024, vocab 30522, 512 positions.
+    "bert-large": (lambda: _transformer_encoder("bert-large", 24, 1024, 512, 30522,
+                                                extra_embed=512 * 1024 + 2 * 1024), 512),
+    "resnet50": (_resnet50, 1),
+    "vgg16": (_vgg16, 1),
+}
+
+
+def preset_names() -> list[str]:
+    return list(MODEL_SPECS) + list(SIZE_PRESETS)
+
+
+# --------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Model:
+    """Layers of a model and, optionally, per-sample times from a workload file."""
+
+    name: str
+    layers: tuple[LayerSpec, ...]
+    tokens_per_sample: int = 1
+    fwd_s: tuple[float | None, ...] | None = None  # per sample, from a workload file
+    bwd_s: tuple[float | None, ...] | None = None
+
+    @property
+    def params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+
+def get_model(name: str) -> Model:
+    """A preset model by name (GPT-2 family from specs, or a size-only preset)."""
+    key = str(name).lower()
+    if key in MODEL_SPECS:
+        spec = get_model_spec(key)
+        return Model(spec.name, tuple(spec.layers()), spec.tokens_per_sample)
+    if key in SIZE_PRESETS:
+        build, tokens = SIZE_PRESETS[key]
+        return Model(key, tuple(build()), tokens)
+    raise ConfigError(f"model {name!r}: unknown preset (known: {', '.join(preset_names())})")
+
+
+_LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"}
+
+
+def load_workload_file(path: str | Path) -> Model:
+    """Read a TOML or JSON workload file (format in the module docstring)."""
+    p = Path(path)
+    where = f"workload {str(p)!r}"
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(raw) if p.suffix.lower() == ".json" else tomllib.loads(raw.decode())
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{where}: malformed ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: top level must be a table/object")
+    unknown = set(data) - {"name", "tokens_per_sample", "layers"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
+    entries = data.get("layers")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}: needs a non-empty 'layers' list")
+    layers, fwd, bwd = [], [], []
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            raise ConfigError(f"{where}: layers[{i}] is not a table")
+        bad = set(e) - _LAYER_KEYS
+        if bad:
+            raise ConfigError(f"{where}: layers[{i}] unknown key(s) {sorted(bad)}")
+        for k in ("params", "out_shape"):
+            if k not in e:
+                raise ConfigError(f"{where}: layers[{i}] lacks {k!r}")
+        count = e.get("count", 1)
+        shape = e["out_shape"]
+        if not isinstance(count, int) or count < 1:
+            raise ConfigError(f"{where}: layers[{i}].count={count!r} must be an integer >= 1")
+        if (not isinstance(shape, list) or not shape
+                or any(not isinstance(d, int) or d < 1 for d in shape)):
+            raise ConfigError(f"{where}: layers[{i}].out_shape={shape!r} must be a list of positive integers")
+        for k in ("params", "flops", "fwd_s", "bwd_s"):
+            v = e.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{where}: layers[{i}].{k}={v!r} must be a number >= 0")
+        base = str(e.get("name", f"layer{i}"))
+        for j in range(count):
+            layers.append(LayerSpec(base if count == 1 else f"{base}{j}", int(e["params"]),
+                                    tuple(shape), float(e.get("flops", 0.0))))
+            f = e.get("fwd_s")
+            fwd.append(None if f is None else float(f))
+            b = e.get("bwd_s")
+            bwd.append(None if b is None and f is None else float(b if b is not None else 2 * f))
+    tokens = data.get("tokens_per_sample", 1)
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ConfigError(f"{where}: tokens_per_sample={tokens!r} must be an integer >= 1")
+    name = str(data.get("name", p.stem))
+    has_times = any(t is not None for t in fwd)
+    return Model(name, tuple(layers), tokens, tuple(fwd) if has_times else None,
+                 tuple(bwd) if has_times else None)
+
+
+def layer_times(model: Model, profile, micro_batch: int) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of every layer for one micro-batch."""
+    rate = profile.effective_flops() if profile is not None else None
+    fwd, bwd = [], []
+    for i, layer in enumerate(model.layers):
+        f = profile.compute_time(model.name, layer.name, micro_batch, "fwd") if profile else None
+        b = profile.compute_time(model.name, layer.name, micro_batch, "bwd") if profile else None
+        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None:
+            f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
+        if f is None:
+            if not rate:
+                raise ConfigError(f"model {model.name!r}: no compute time for layer {layer.name!r} "
+                                  "(profile has neither a record nor an effective FLOP rate)")
+            f = layer.flops_fwd * micro_batch / rate
+        if b is None:
+            b = 2.0 * f
+        fwd.append(float(f))
+        bwd.append(float(b))
+    return fwd, bwd
+
+
+# --------------------------------------------------------------------- partition
+
+
+def parse_partition(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """``"7,6,6"`` or a list -> layer counts per stage."""
+    if text is None or text == "" or text == "balanced":
+        return None
+    items = str(text).split(",") if isinstance(text, str) else list(text)
+    try:
+        counts = tuple(int(str(x).strip()) for x in items)
+    except ValueError:
+        raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
+    return counts
+
+
+def partition(costs: Sequence[float], num_stages: int,
+              explicit: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` layer ranges, one per stage.
+
+    ``explicit`` gives layer counts per stage (must have ``num_stages`` entries
+    >= 1 summing to the layer count). Otherwise the slowest stage's cost is
+    minimised (ties: earlier stages take more)."""
+    n = len(costs)
+    if num_stages > n:
+        raise ConfigError(f"pp={num_stages}: the model has only {n} layers, cannot fill {num_stages} stages")
+    if explicit is not None:
+        if len(explicit) != num_stages or any(c < 1 for c in explicit) or sum(explicit) != n:
+            raise ConfigError(f"partition {','.join(map(str, explicit))}: does not fit {num_stages} stages "
+                              f"of >= 1 layer covering {n} layers")
+        bounds, start = [], 0
+        for c in explicit:
+            bounds.append((start, start + c))
+            start += c
+        return bounds
+
+    def fill(limit: float) -> list[tuple[int, int]] | None:
+        bounds, start = [], 0
+        for s in range(num_stages):
+            left = num_stages - s - 1
+            end, acc = start, 0.0
+            while end < n - left and (end == start or acc + costs[end] <= limit * (1 + 1e-12)):
+                acc += costs[end]
+                end += 1
+            if acc > limit * (1 + 1e-12):
+                return None
+            bounds.append((start, end))
+            start = end
+        return bounds if start == n else None
+
+    # candidate bounds: every contiguous sum is a possible optimum; binary search over them
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    lo_val = max(costs) if costs else 0.0
+    cands = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)
+                    if prefix[j] - prefix[i] >= lo_val} | {lo_val}) if n <= 400 else None
+    if cands is not None:
+        lo, hi = 0, len(cands) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fill(cands[mid]) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = fill(cands[lo])
+    else:  # very deep models: bisection on the value
+        lo, hi = lo_val, prefix[-1]
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+        best = fill(hi)
+    assert best is not None  # fill(total) always succeeds
+    return best
