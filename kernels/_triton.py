@@ -1,0 +1,44 @@
+"""Optional Triton import and the launch helpers shared by the kernels.
+
+Triton is imported lazily-once here; without it (or without a CUDA device and
+without ``TRITON_INTERPRET=1``) every public entry falls back to its plain-torch
+reference. ``TRITON_INTERPRET`` is read when a kernel is *decorated*, so it must
+be set before :mod:`perfsim.kernels` is imported (the tests run the interpreter
+in a subprocess for that reason).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:  # pragma: no cover - depends on the environment
+    import triton
+    import triton.language as tl
+
+    HAS_TRITON = True
+except Exception:  # ImportError, or a broken install
+    triton = None
+    tl = None
+    HAS_TRITON = False
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """The public entries pick the Triton kernel only for CUDA tensors."""
+    return HAS_TRITON and t.is_cuda
+
+
+def launch_opts() -> dict:
+    """Compile options: no fp contraction, so ``a*b + c`` rounds twice exactly as
+    the torch reference does (fma would differ in the last bit)."""
+    return {} if INTERPRET else {"enable_fp_fusion": False}
+
+
+def require_triton() -> None:
+    from perfsim.errors import ConfigError
+
+    if not HAS_TRITON:
+        raise ConfigError("triton is not installed; the Triton kernels are unavailable")

@@ -1,0 +1,200 @@
+"""Bit packing, three faces: the reference (``packing.pack_bits_ref``), a fast
+torch path for CPU, and a Triton kernel for CUDA. All produce the byte-exact
+format documented in :mod:`perfsim.kernels.packing`.
+
+The fast torch path works on byte columns: codes are viewed as groups of ``G``
+codes (``G`` codes of ``b`` bits end on a byte boundary, filling ``GB`` bytes),
+and each output byte column is the OR of the (shifted) code columns that
+overlap it -- a fixed table of uint8 shifts per bit width, no int32 words, no
+per-value loop.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels.packing import (check_bits, group_size, pack_bits_ref, packed_nbytes,
+                                     unpack_bits_ref)
+
+
+@lru_cache(maxsize=None)
+def _terms(bits: int) -> tuple[tuple[int, int, int], ...]:
+    """(code j, byte k, shift) for every code/byte overlap; shift > 0 is a left
+    shift of the code into the byte, < 0 a right shift."""
+    g, _ = group_size(bits)
+    out = []
+    for j in range(g):
+        start = j * bits
+        for k in range(start // 8, (start + bits - 1) // 8 + 1):
+            out.append((j, k, start - 8 * k))
+    return tuple(out)
+
+
+def _check_codes(codes: torch.Tensor) -> torch.Tensor:
+    if codes.dtype != torch.uint8:
+        raise ConfigError(f"codes: dtype {codes.dtype}, expected torch.uint8")
+    return codes.reshape(-1)
+
+
+#: for b in (1, 2, 4) a group of G = 8/b codes fills one byte; read the G code
+#: bytes as one little-endian word v (code j at bit 8j), then the packed byte is
+#: the low byte of OR_j (v >> j*(8-b)): every other code lands outside bits 0..7.
+_WORD_DTYPE = {1: torch.int64, 2: torch.int32, 4: torch.int16}
+_UNPACK_MASK = {1: 0x0101010101010101, 2: 0x03030303, 4: 0x0F0F}
+
+
+def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Fast torch packing (same bytes as :func:`pack_bits_ref`)."""
+    check_bits(bits)
+    codes = _check_codes(codes)
+    n = codes.numel()
+    if bits == 8:
+        return codes.clone()
+    g, gb = group_size(bits)
+    pad = (-n) % g
+    if pad:
+        codes = torch.nn.functional.pad(codes, (0, pad))
+    if bits in _WORD_DTYPE and codes.is_contiguous():
+        v = codes.view(_WORD_DTYPE[bits])
+        acc = v.clone()
+        t = torch.empty_like(v)
+        for j in range(1, g):
+            acc |= torch.bitwise_right_shift(v, j * (8 - bits), out=t)
+        return acc.to(torch.uint8)[: packed_nbytes(n, bits)]
+    c = codes.view(-1, g)
+    out = torch.zeros((c.shape[0], gb), dtype=torch.uint8, device=codes.device)
+    for j, k, sh in _terms(bits):
+        col = c[:, j]
+        if sh > 0:
+            col = col << sh  # uint8: high bits fall off, as the format wants
+        elif sh < 0:
+            col = col >> (-sh)
+        out[:, k] |= col
+    return out.view(-1)[: packed_nbytes(n, bits)]
+
+
+def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Fast torch unpacking (same codes as :func:`unpack_bits_ref`)."""
+    check_bits(bits)
+    if packed.dtype != torch.uint8:
+        raise ConfigError(f"packed: dtype {packed.dtype}, expected torch.uint8")
+    packed = packed.reshape(-1)
+    if packed.numel() != packed_nbytes(n, bits):
+        raise ConfigError(f"packed: {packed.numel()} bytes, expected {packed_nbytes(n, bits)} "
+                          f"for {n} codes of {bits} bits")
+    if bits == 8:
+        return packed.clone()
+    g, gb = group_size(bits)
+    groups = -(-n // g)
+    pad = groups * gb - packed.numel()
+    if pad:
+        packed = torch.nn.functional.pad(packed, (0, pad))
+    if bits in _WORD_DTYPE:
+        v = packed.to(_WORD_DTYPE[bits])
+        acc = v.clone()
+        t = torch.empty_like(v)
+        for j in range(1, g):
+            acc |= torch.bitwise_left_shift(v, j * (8 - bits), out=t)
+        acc &= _UNPACK_MASK[bits]
+        return acc.view(torch.uint8)[:n]
+    p = packed.view(-1, gb)
+    out = torch.empty((groups, g), dtype=torch.uint8, device=packed.device)
+    mask = (1 << bits) - 1
+    first = set()
+    for j, k, sh in _terms(bits):
+        col = p[:, k]
+        if sh > 0:
+            col = col >> sh
+        elif sh < 0:
+            col = col << (-sh)
+        if j in first:
+            out[:, j] |= col
+        else:
+            out[:, j] = col
+            first.add(j)
+    if bits != 8:
+        out &= mask
+    return out.view(-1)[:n]
+
+
+# ---------------------------------------------------------------- Triton
+if HAS_TRITON:
+
+    @triton.jit
+    def _pack_kernel(codes_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
+                     GB: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        grp = pid * BLOCK + tl.arange(0, BLOCK)
+        j = tl.arange(0, G)
+        idx = grp[:, None] * G + j[None, :]
+        c = tl.load(codes_ptr + idx, mask=idx < n, other=0).to(tl.int32)
+        word = tl.sum(c << (j[None, :] * BITS), axis=1)
+        for k in tl.static_range(GB):
+            o = grp * GB + k
+            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=o < nbytes)
+
+    @triton.jit
+    def _unpack_kernel(packed_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
+                       GB: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        grp = pid * BLOCK + tl.arange(0, BLOCK)
+        word = tl.zeros([BLOCK], dtype=tl.int32)
+        for k in tl.static_range(GB):
+            o = grp * GB + k
+            b = tl.load(packed_ptr + o, mask=o < nbytes, other=0).to(tl.int32)
+            word = word | (b << (8 * k))
+        j = tl.arange(0, G)
+        idx = grp[:, None] * G + j[None, :]
+        c = (word[:, None] >> (j[None, :] * BITS)) & ((1 << BITS) - 1)
+        tl.store(out_ptr + idx, c.to(tl.uint8), mask=idx < n)
+
+
+def _pack_bits_triton(codes: torch.Tensor, bits: int, block: int = 1024) -> torch.Tensor:
+    check_bits(bits)
+    codes = _check_codes(codes).contiguous()
+    n = codes.numel()
+    nbytes = packed_nbytes(n, bits)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=codes.device)
+    if n == 0:
+        return out
+    g, gb = group_size(bits)
+    grid = (triton.cdiv(-(-n // g), block),)
+    _pack_kernel[grid](codes, out, n, nbytes, BITS=bits, G=g, GB=gb, BLOCK=block, **launch_opts())
+    return out
+
+
+def _unpack_bits_triton(packed: torch.Tensor, bits: int, n: int, block: int = 1024) -> torch.Tensor:
+    check_bits(bits)
+    packed = packed.reshape(-1).contiguous()
+    if packed.dtype != torch.uint8 or packed.numel() != packed_nbytes(n, bits):
+        return unpack_bits_torch(packed, bits, n)  # raises the ConfigError
+    out = torch.empty(n, dtype=torch.uint8, device=packed.device)
+    if n == 0:
+        return out
+    g, gb = group_size(bits)
+    grid = (triton.cdiv(-(-n // g), block),)
+    _unpack_kernel[grid](packed, out, n, packed.numel(), BITS=bits, G=g, GB=gb, BLOCK=block,
+                         **launch_opts())
+    return out
+
+
+def pack_bits(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pack uint8 codes: Triton for CUDA tensors, the fast torch path otherwise."""
+    if use_triton(codes):
+        return _pack_bits_triton(codes, bits)
+    return pack_bits_torch(codes, bits)
+
+
+def unpack_bits(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Unpack ``n`` uint8 codes: Triton for CUDA tensors, the fast torch path otherwise."""
+    if use_triton(packed):
+        return _unpack_bits_triton(packed, bits, n)
+    return unpack_bits_torch(packed, bits, n)
+
+
+__all__ = ["pack_bits", "unpack_bits", "pack_bits_torch", "unpack_bits_torch", "pack_bits_ref",
+           "unpack_bits_ref", "_pack_bits_triton", "_unpack_bits_triton"]

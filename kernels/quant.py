@@ -1,0 +1,265 @@
+"""Bucketed uniform quantization + bit packing, and the inverse (three faces each).
+
+Scheme (AQ-SGD paper, Sec. 4.1 "we use a simple, uniform quantization scheme,
+which first normalizes a given vector into [-1, 1] and quantize each number
+into a b-bit integer by uniformly partitioning the range"): a flat tensor is
+cut into buckets of ``bucket`` consecutive elements (the last may be shorter);
+bucket ``k`` has scale ``s_k = max |x|`` over the bucket. With ``L = 2**b - 1``
+the ``2**b`` levels are ``-s + c * (2 s / L)`` for codes ``c = 0..L`` (both
+ends of ``[-s, s]`` exact). Encoding, in float32 with exactly these roundings:
+
+    a_k = (L/2) / s_k            (0 when s_k == 0)
+    y   = fl(fl(x * a_k) + kc)   kc = L/2 + 1/2 (deterministic: round to nearest)
+                                 kc = fl32(L/2 + 1/2 + 2**-17) (stochastic)
+    y   = fl(y + s16 * 2**-16)   stochastic only; s16 from :mod:`rng`
+    c   = floor(clamp(y, 0, L))
+
+so stochastic rounding adds ``u = (s16 + 32768.5) / 65536`` in (0, 1) before
+the floor, which is unbiased up to ``2**-17`` of a step: ``E[c] = x*a + L/2``.
+Decoding: ``x_hat = fl(fl(c * d_k) - s_k)`` with ``d_k = fl(s_k * fl32(2/L))``.
+An all-zero bucket has ``s = 0`` and decodes to exact zeros.
+
+Payload: ``packed`` (``ceil(n b / 8)`` bytes, format of :mod:`packing`) and
+``scales`` (one float32 per bucket). The Triton kernels evaluate the same
+float32 expression with fp contraction disabled, so they are byte-identical to
+the reference for the same ``(key)``; the per-bucket scales are computed by
+the same torch code on every path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.kernels._workspace import workspace
+from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
+from perfsim.kernels.packing import group_size, packed_nbytes
+from perfsim.kernels.rng import hash_int16_ref
+
+QUANT_BITS = (2, 3, 4, 6, 8)
+_INV16 = 2.0 ** -16
+
+
+def check_quant_bits(bits: int) -> int:
+    if bits not in QUANT_BITS:
+        raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
+    return bits
+
+
+def levels(bits: int) -> int:
+    """``L = 2**bits - 1``: the largest code."""
+    return (1 << bits) - 1
+
+
+def round_const(bits: int, stochastic: bool) -> float:
+    """The float32 constant ``kc`` added before the floor (see module doc)."""
+    L = levels(bits)
+    if stochastic:
+        return float(np.float32(L / 2 + 0.5 + 2.0 ** -17))
+    return float(L / 2 + 0.5)
+
+
+def num_buckets(n: int, bucket: int) -> int:
+    return -(-n // bucket) if n else 0
+
+
+def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
+    """Max-abs of each bucket of a flat float32 tensor (float32, one per bucket)."""
+    n = xf.numel()
+    nfull = n // bucket
+    full = nfull * bucket
+    s = torch.empty(num_buckets(n, bucket), dtype=torch.float32, device=xf.device)
+    if nfull:
+        ab = torch.abs(xf[:full], out=workspace("abs", full, xf.dtype, xf.device))
+        torch.amax(ab.view(nfull, bucket), dim=1, out=s[:nfull])
+    if full < n:
+        s[nfull] = xf[full:].abs().amax()
+    return s
+
+
+def encode_coeffs(s: torch.Tensor, bits: int) -> torch.Tensor:
+    """``a = (L/2) / s`` per bucket, 0 for all-zero buckets."""
+    half = levels(bits) / 2
+    return torch.where(s > 0, half / s.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(s))
+
+
+def decode_step(s: torch.Tensor, bits: int) -> torch.Tensor:
+    """``d = fl(s * fl32(2/L))``: the value of one code step per bucket."""
+    return s * float(np.float32(2.0 / levels(bits)))
+
+
+def _per_bucket(dst: torch.Tensor, src: torch.Tensor, coef: torch.Tensor, bucket: int, op) -> None:
+    """``dst[i] = op(src[i], coef[i // bucket])`` for flat tensors, without
+    materialising the per-element coefficient (full buckets as a 2-D view)."""
+    n = src.numel()
+    nfull = n // bucket
+    full = nfull * bucket
+    if nfull:
+        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=dst[:full].view(nfull, bucket))
+    if full < n:
+        op(src[full:], coef[nfull], out=dst[full:])
+
+
+# ---------------------------------------------------------------- reference
+def quantize_codes_ref(xf: torch.Tensor, bits: int, bucket: int, a: torch.Tensor,
+                       key: int | None) -> torch.Tensor:
+    """uint8 codes of a flat float32 tensor (``key=None``: deterministic)."""
+    n = xf.numel()
+    y = workspace("y", n, torch.float32, xf.device)
+    _per_bucket(y, xf, a, bucket, torch.mul)
+    y.add_(round_const(bits, key is not None))
+    if key is not None:
+        y.add_(hash_int16_ref(n, key, xf.device, scratch=True), alpha=_INV16)  # exact product
+    y.clamp_(0, levels(bits))
+    ci = workspace("ci", n, torch.int32, xf.device).copy_(y)  # float->int32->uint8 is
+    return ci.to(torch.uint8)                                 # 2x faster than float->uint8
+
+
+def dequantize_codes_ref(codes: torch.Tensor, s: torch.Tensor, bits: int, bucket: int,
+                         out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 values of flat uint8 codes: ``fl(fl(c * d) - s)`` per bucket."""
+    n = codes.numel()
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=codes.device)
+    _per_bucket(out, codes, decode_step(s, bits), bucket, torch.mul)
+    _per_bucket(out, out, s, bucket, torch.sub)
+    return out
+
+
+def _prepare(x: torch.Tensor, bits: int, bucket: int):
+    check_quant_bits(bits)
+    if bucket < 1:
+        raise ConfigError(f"bucket={bucket}: must be >= 1")
+    xf = x.detach().reshape(-1)
+    if xf.dtype != torch.float32:
+        xf = xf.float()
+    return xf.contiguous()
+
+
+def quantize_pack_ref(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None):
+    """Reference: ``(packed uint8, scales float32)`` of ``x`` (any shape, flattened)."""
+    xf = _prepare(x, bits, bucket)
+    s = bucket_absmax(xf, bucket)
+    codes = quantize_codes_ref(xf, bits, bucket, encode_coeffs(s, bits), key)
+    return pack_bits_torch(codes, bits), s
+
+
+def unpack_dequantize_ref(packed: torch.Tensor, scales: torch.Tensor, bits: int, n: int, *,
+                          bucket: int) -> torch.Tensor:
+    """Reference inverse: flat float32 tensor of ``n`` values."""
+    check_quant_bits(bits)
+    _check_payload(packed, scales, bits, n, bucket)
+    return dequantize_codes_ref(unpack_bits_torch(packed, bits, n), scales, bits, bucket)
+
+
+def _check_payload(packed, scales, bits, n, bucket):
+    if packed.numel() != packed_nbytes(n, bits):
+        raise ConfigError(f"packed: {packed.numel()} bytes, expected {packed_nbytes(n, bits)}")
+    if scales.numel() != num_buckets(n, bucket):
+        raise ConfigError(f"scales: {scales.numel()} values, expected {num_buckets(n, bucket)}")
+
+
+# ---------------------------------------------------------------- Triton
+if HAS_TRITON:
+    from perfsim.kernels.rng import hash_int16_tl
+
+    @triton.jit
+    def _quant_pack_kernel(x_ptr, a_ptr, out_ptr, n, nbytes, bucket, key, kc, LF,
+                           BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
+                           STOCH: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        grp = pid * BLOCK + tl.arange(0, BLOCK)
+        j = tl.arange(0, G)
+        idx = grp[:, None] * G + j[None, :]
+        m = idx < n
+        x = tl.load(x_ptr + idx, mask=m, other=0.0)
+        a = tl.load(a_ptr + idx // bucket, mask=m, other=0.0)
+        y = x * a
+        y = y + kc
+        if STOCH:
+            y = y + hash_int16_tl(idx, key).to(tl.float32) * 0.0000152587890625
+        y = tl.minimum(tl.maximum(y, 0.0), LF)
+        c = tl.where(m, y.to(tl.int32), 0)
+        word = tl.sum(c << (j[None, :] * BITS), axis=1)
+        for k in tl.static_range(GB):
+            o = grp * GB + k
+            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=o < nbytes)
+
+    @triton.jit
+    def _unpack_dequant_kernel(p_ptr, s_ptr, d_ptr, out_ptr, n, nbytes, bucket,
+                               BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
+                               BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        grp = pid * BLOCK + tl.arange(0, BLOCK)
+        word = tl.zeros([BLOCK], dtype=tl.int32)
+        for k in tl.static_range(GB):
+            o = grp * GB + k
+            b = tl.load(p_ptr + o, mask=o < nbytes, other=0).to(tl.int32)
+            word = word | (b << (8 * k))
+        j = tl.arange(0, G)
+        idx = grp[:, None] * G + j[None, :]
+        m = idx < n
+        c = (word[:, None] >> (j[None, :] * BITS)) & ((1 << BITS) - 1)
+        d = tl.load(d_ptr + idx // bucket, mask=m, other=0.0)
+        s = tl.load(s_ptr + idx // bucket, mask=m, other=0.0)
+        v = c.to(tl.float32) * d
+        v = v - s
+        tl.store(out_ptr + idx, v, mask=m)
+
+
+def _grid(n: int, bits: int, block: int):
+    g, gb = group_size(bits)
+    return (max(1, triton.cdiv(-(-n // g), block)),), g, gb
+
+
+def _quantize_pack_triton(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None,
+                          block: int = 512):
+    """Triton: same bytes as :func:`quantize_pack_ref` (CUDA, or CPU under
+    ``TRITON_INTERPRET=1``)."""
+    xf = _prepare(x, bits, bucket)
+    n = xf.numel()
+    s = bucket_absmax(xf, bucket)
+    a = encode_coeffs(s, bits)
+    nbytes = packed_nbytes(n, bits)
+    out = torch.empty(nbytes, dtype=torch.uint8, device=xf.device)
+    if n == 0:
+        return out, s
+    grid, g, gb = _grid(n, bits, block)
+    _quant_pack_kernel[grid](xf, a, out, n, nbytes, bucket, 0 if key is None else int(key),
+                             round_const(bits, key is not None), float(levels(bits)),
+                             BITS=bits, G=g, GB=gb, STOCH=key is not None, BLOCK=block,
+                             **launch_opts())
+    return out, s
+
+
+def _unpack_dequantize_triton(packed: torch.Tensor, scales: torch.Tensor, bits: int, n: int, *,
+                              bucket: int, block: int = 512) -> torch.Tensor:
+    check_quant_bits(bits)
+    _check_payload(packed, scales, bits, n, bucket)
+    out = torch.empty(n, dtype=torch.float32, device=packed.device)
+    if n == 0:
+        return out
+    s = scales.float().contiguous()
+    grid, g, gb = _grid(n, bits, block)
+    _unpack_dequant_kernel[grid](packed.contiguous(), s, decode_step(s, bits), out, n,
+                                 packed.numel(), bucket, BITS=bits, G=g, GB=gb, BLOCK=block,
+                                 **launch_opts())
+    return out
+
+
+# ---------------------------------------------------------------- public
+def quantize_pack(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None):
+    """``(packed, scales)`` of ``x``; Triton for CUDA tensors, the reference otherwise."""
+    if use_triton(x):
+        return _quantize_pack_triton(x, bits, bucket=bucket, key=key)
+    return quantize_pack_ref(x, bits, bucket=bucket, key=key)
+
+
+def unpack_dequantize(packed: torch.Tensor, scales: torch.Tensor, bits: int, n: int, *,
+                      bucket: int) -> torch.Tensor:
+    """Flat float32 values of a payload; Triton for CUDA tensors, the reference otherwise."""
+    if use_triton(packed):
+        return _unpack_dequantize_triton(packed, scales, bits, n, bucket=bucket)
+    return unpack_dequantize_ref(packed, scales, bits, n, bucket=bucket)
