@@ -111,6 +111,9 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
                 cmd = [python, "-m", "perfsim.runtime.worker", str(cfg_path)]
                 if net:
                     env["GLOO_SOCKET_IFNAME"] = net.ifname
+                    if net.app_latency_s:
+                        env["PERFSIM_APP_LATENCY_S"] = repr(net.app_latency_s)
+                        env["PERFSIM_APP_BANDWIDTH_BPS"] = repr(net.bandwidth_bps)
                     cmd = net.wrap(r, cmd)
                 log = open(ranks_dir / f"rank{r}.log", "wb")
                 logs.append(log)

@@ -32,6 +32,7 @@ identical because both apply the same decoded deltas (checked by the tests).
 
 from __future__ import annotations
 
+import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,25 @@ class Messenger:
     def __init__(self, device: torch.device):
         self.device = device
         self.pending: list[tuple[Any, list[torch.Tensor]]] = []
+        # one-way latency added here when the kernel cannot (see perfsim.netem)
+        self.app_latency_s = float(os.environ.get("PERFSIM_APP_LATENCY_S", "0") or 0)
+        self.app_bandwidth_bps = float(os.environ.get("PERFSIM_APP_BANDWIDTH_BPS", "0") or 0)
+
+    def _add_latency(self, posted: float, sent: float, done: float, nbytes: int) -> float:
+        """Deliver a message ``app_latency_s`` after its last byte arrived.
+
+        Arrival is when ``recv`` returned if the receiver was already waiting
+        before the data could have arrived (``sent + nbytes*8/bandwidth``);
+        otherwise the message was buffered and that earliest possible arrival is
+        used (messages in flight overlap their latency, as on a real link).
+        """
+        earliest = sent + nbytes * 8 / self.app_bandwidth_bps if self.app_bandwidth_bps else sent
+        arrival = done if posted <= earliest else max(earliest, min(done, posted))
+        target = arrival + self.app_latency_s
+        now = time.perf_counter()
+        if target > now:
+            time.sleep(target - now)
+        return max(time.perf_counter(), done)
 
     def send(self, payload: Payload, ids: torch.Tensor, dst: int) -> tuple[int, int]:
         """Start sending ``payload`` + ``ids`` to global rank ``dst``.
@@ -111,6 +131,8 @@ class Messenger:
         dist.recv(buf, src, tag=TAG_BODY)
         done = time.perf_counter()
         header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())
+        if self.app_latency_s:
+            done = self._add_latency(posted, header["sent"], done, hlen + blen + 16)
         tensors, off = {}, hlen
         for name, dt, shape, n in zip(header["names"], header["dtypes"], header["shapes"],
                                       header["numels"]):
