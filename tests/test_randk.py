@@ -1,0 +1,108 @@
+"""GlobalRandK-MaxNorm (+ multi-scale), multiscale-quantizers-paper.txt Sec. 3.3-3.4."""
+
+import math
+
+import pytest
+import torch
+
+from perfsim.compression import make_compressor
+from perfsim.compression.maxnorm import collective_sum_dtype
+from perfsim.errors import ConfigError
+
+SPECS = ["randk-maxnorm:0.1:4", "randk-maxnorm:1:2", "randk-maxnorm-multiscale:0.25:4",
+         "randk-maxnorm-multiscale:0.05:2:6,8:scaled"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1001,), (0,)])
+def test_wire_bytes_is_payload_size(spec, shape):
+    c = make_compressor(spec)
+    x = torch.randn(shape)
+    p = c.compress(x)
+    assert p.nbytes == c.wire_bytes(shape)
+    y = c.decompress(p)
+    assert y.shape == x.shape
+
+
+def test_k_and_sizes():
+    c = make_compressor("randk-maxnorm:0.1:4")
+    assert c.k_of(1001) == 101 and c.k_of(10) == 1 and c.k_of(1) == 1 and c.k_of(0) == 0
+    assert c.wire_bytes((1001,)) == 4 + math.ceil(101 * 4 / 8)  # indices never travel
+    plan = c.dp_plan((1001,), 8)
+    assert [(s.kind, s.reduce, s.nbytes) for s in plan] == [("allreduce", "max", 4), ("allreduce", "sum", 101)]
+    m = make_compressor("randk-maxnorm-multiscale:0.1:4:8")
+    assert [s.reduce for s in m.dp_plan((1001,), 8)] == ["max", "min", "sum"]
+
+
+@pytest.mark.parametrize("bad", ["randk-maxnorm", "randk-maxnorm:0.1", "randk-maxnorm:0:4", "randk-maxnorm:1.5:4",
+                                 "randk-maxnorm:nan:4", "randk-maxnorm:abc:4", "randk-maxnorm:0.1:5",
+                                 "randk-maxnorm-multiscale:0.1:4:2", "randk-maxnorm-multiscale:0.1"])
+def test_bad_spec(bad):
+    with pytest.raises(ConfigError):
+        make_compressor(bad)
+
+
+def test_workers_agree_on_indices_and_decode_off_indices_is_zero():
+    a, b = make_compressor("randk-maxnorm:0.2:8", seed=4), make_compressor("randk-maxnorm:0.2:8", seed=4)
+    b._salt = 99  # a different rank: different rounding noise, same coordinates
+    x = torch.randn(50)
+    pa, pb = a.compress(x), b.compress(x + 1)
+    ia = a.indices(50, pa.meta["step"])
+    assert torch.equal(ia, b.indices(50, pb.meta["step"]))
+    assert ia.unique().numel() == ia.numel() == 10
+    assert not torch.equal(ia, a.indices(50, 1))  # a new draw per step
+    y = a.decompress(pa)
+    mask = torch.zeros(50, dtype=torch.bool)
+    mask[ia] = True
+    assert (y[~mask] == 0).all()
+    assert ((y[mask] - x[mask]).abs() <= x[mask].norm() / a.inner.s + 1e-6).all()
+
+
+def test_sum_in_compressed_domain():
+    """Same indices + shared max norm -> the integer codes of all workers add up."""
+    torch.manual_seed(0)
+    M = 5
+    xs = [torch.randn(200) for _ in range(M)]
+    comps = [make_compressor("randk-maxnorm-multiscale:0.3:4:8", seed=1) for _ in range(M)]
+    idx = comps[0].indices(200, 0)
+    subs = [x[idx] for x in xs]
+    inner = comps[0].inner
+    w = torch.stack([inner.local_norm(s) for s in subs]).max()
+    index = torch.stack([inner.local_scale_index(s, w) for s in subs]).min(0).values
+    payloads = [c.compress(x, norm=w, scale_index=index) for c, x in zip(comps, xs)]
+    acc = collective_sum_dtype(inner.s, M)
+    total = torch.stack([inner.payload_levels(p.__class__(p.tensors, (p.meta["k"],)))[0] for p in payloads]
+                        ).to(acc).sum(0, dtype=acc)
+    decoded = comps[0]._scatter(inner.decode_levels(total.to(torch.int64), w, index), (200,), 0, torch.float32)
+    torch.testing.assert_close(decoded, torch.stack([comps[0].decompress(p) for p in payloads]).sum(0),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_expectation_scaled_and_unscaled():
+    torch.manual_seed(1)
+    x = torch.randn(20)
+    n = 3000
+    for spec, factor in (("randk-maxnorm:0.25:8", 0.25), ("randk-maxnorm:0.25:8:scaled", 1.0)):
+        c = make_compressor(spec, seed=2)
+        d = torch.stack([c.decompress(c.compress(x)) for _ in range(n)])
+        se = d.std(0) / math.sqrt(n) + 1e-4  # 5 empirical standard errors
+        assert ((d.mean(0) - factor * x).abs() <= 5 * se).all(), spec
+
+
+def test_bad_input_and_state():
+    c = make_compressor("randk-maxnorm:0.5:4", seed=3)
+    with pytest.raises(ConfigError):
+        c.compress(torch.tensor([1.0, float("nan")]))
+    z = torch.zeros(4, 4)
+    assert torch.equal(c.decompress(c.compress(z)), z)
+    x = torch.randn(64)
+    c.compress(x)
+    st = c.state_dict()
+    p1 = c.compress(x)
+    d = make_compressor("randk-maxnorm:0.5:4", seed=3)
+    d.load_state_dict(st)
+    p2 = d.compress(x)
+    assert p1.meta == p2.meta and all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
+    assert torch.equal(c.decompress(p1), d.decompress(p2))
+    with pytest.raises(ConfigError):
+        d.load_state_dict({"nope": 0})
