@@ -130,7 +130,6 @@ class Simulation:
         key, nbytes, mb, kind, r, s = conn.queue.popleft()
         path = self.net.path(src, dst)
         env = self.env
-        queued = env.now
 
         def finished(start, end):
             link = self.links[(src, dst, "p2p")]
@@ -139,18 +138,18 @@ class Simulation:
             st = self.stats[(r, s)]
             st.bytes_sent += nbytes
             deliver = env.timeout(path.latency_s)
-            deliver.callbacks.append(lambda _e: self._delivered(key, queued, mb, kind, r, s, src, dst))
+            deliver.callbacks.append(lambda _e: self._delivered(key, start, mb, kind, r, s, src, dst))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
         self.flows.transfer(nbytes, path.resources, path.bandwidth_bps, stats=finished)
 
-    def _delivered(self, key, queued, mb, kind, r, s, src, dst):
+    def _delivered(self, key, started, mb, kind, r, s, src, dst):
         now = self.env.now
-        dur = now - queued
+        dur = now - started
         self.stats[(r, s)].comm_s += dur
         self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
         self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
-                   1000 + s, queued, now, {"src": src, "dst": dst})
+                   1000 + s, started, now, {"src": src, "dst": dst})
         self._box(key).succeed()
 
     # ------------------------------------------------------------ devices
@@ -189,9 +188,9 @@ class Simulation:
                 st.compute_s += sp.bwd_s
                 cell["bwd_compute_s"] += sp.bwd_s
                 self._span(f"B{mb}", "compute", r, s, t0, env.now)
-                if s > 0:
-                    yield from self._codec(st, cell, r, s, sp.bw_encode_s, f"encode grad mb{mb}")
-                    self.send(r, s, s - 1, (r, s - 1, "B", mb), sp.bw_bytes, mb, "B")
+                if s > 0:  # the gradient of the boundary (s-1, s) is described by stage s-1's plan
+                    yield from self._codec(st, cell, r, s, prev.bw_encode_s, f"encode grad mb{mb}")
+                    self.send(r, s, s - 1, (r, s - 1, "B", mb), prev.bw_bytes, mb, "B")
         st.last_backward_end = env.now
         if sp.buckets:
             yield self.sync_done[(r, s)]

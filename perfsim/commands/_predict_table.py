@@ -1,0 +1,95 @@
+"""Terminal rendering of ``perfsim predict`` results (rich tables)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from perfsim.units import format_bandwidth, format_bytes, format_time
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
+    """Print to ``file`` (a rich console) or, with ``file=None``, return plain text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    import os
+
+    if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
+        width = 140
+    console = Console(file=file, width=width, no_color=not color, record=file is None,
+                      force_terminal=False if file is None else None)
+    many = len(results) > 1
+    cfg_cols = [("model", "model", str), ("bandwidth", "bandwidth_bps", format_bandwidth),
+                ("latency", "latency_s", lambda x: format_time(x) if x else "0"),
+                ("compress", "compress", str), ("grad", "grad_compress", str), ("sched", "schedule", str),
+                ("pp", "pp", str), ("dp", "dp", str), ("mb", "micro_batch", str), ("MB", "macro_batch", str)]
+    fig_cols = [("samples/s", lambda s: f"{s['throughput_samples_per_s']:.3g}"),
+                ("tokens/s", lambda s: f"{s['throughput_tokens_per_s']:.4g}"),
+                ("iteration", lambda s: format_time(s["iteration_s"])),
+                ("bubble", lambda s: f"{s['bubble_fraction']:.1%}"),
+                ("epoch", lambda s: format_time(s["epoch_s"])),
+                ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
+                ("dp bytes", lambda s: format_bytes(s["dp_bytes"]))]
+    if many:  # one row per configuration; only the columns that vary
+        varying = [c for c in cfg_cols if len({str(r.summary[c[1]]) for r in results}) > 1] or cfg_cols[:1]
+        t = Table(title=f"perfsim predict ({len(results)} configurations)", title_justify="left")
+        for name, _, _ in varying:
+            t.add_column(name)
+        for name, _ in fig_cols:
+            t.add_column(name, justify="right")
+        for r in results:
+            s = r.summary
+            t.add_row(*[fmt(s[key]) for _, key, fmt in varying], *[f(s) for _, f in fig_cols])
+        console.print(t)
+    else:
+        s = results[0].summary
+        t = Table(title="perfsim predict", title_justify="left", show_header=False)
+        t.add_column("configuration")
+        t.add_column("value")
+        t.add_column("figure")
+        t.add_column("value", justify="right")
+        cfg = [(n, "topology " + s["topology"] if key == "bandwidth_bps" and s.get("topology") else fmt(s[key]))
+               for n, key, fmt in cfg_cols]
+        figs = [(n, f(s)) for n, f in fig_cols]
+        for (a, b), (c, d) in zip(cfg, figs + [("", "")] * (len(cfg) - len(figs))):
+            t.add_row(a, b, c, d)
+        console.print(t)
+    if not many:
+        r = results[0]
+        s = r.summary
+        st = Table(title="per stage (seconds per iteration)", title_justify="left")
+        for col in ("replica", "stage", "layers", "compute", "comm (overlapped)", "encode/decode", "dp sync",
+                    "optimizer", "idle", "sent", "peak in-flight"):
+            st.add_column(col, justify="right")
+        for row in r.stages:
+            st.add_row(str(row["replica"]), str(row["stage"]), row["layers"], f"{row['compute_s']:.3f}",
+                       f"{row['comm_s']:.3f}", f"{row['encode_s']:.4f}", f"{row['dp_sync_s']:.3f}",
+                       f"{row['optimizer_s']:.4f}", f"{row['idle_s']:.3f}", format_bytes(row["bytes_sent"]),
+                       str(row["peak_inflight"]))
+        console.print(st)
+        mt = Table(title="per micro-batch (ms, mean over micro-batches; full table with --format csv/json)",
+                   title_justify="left")
+        for col in ("stage", "fwd comp", "fwd comm", "bwd comp", "bwd comm", "encode/decode"):
+            mt.add_column(col, justify="right")
+        acc = defaultdict(lambda: defaultdict(float))
+        count = defaultdict(int)
+        for row in r.microbatches:
+            count[row["stage"]] += 1
+            for k in ("fwd_compute_s", "fwd_comm_s", "bwd_compute_s", "bwd_comm_s", "encode_s"):
+                acc[row["stage"]][k] += row[k]
+        for stage in sorted(acc):
+            a, n = acc[stage], count[stage]
+            mt.add_row(str(stage), _ms(a["fwd_compute_s"] / n), _ms(a["fwd_comm_s"] / n),
+                       _ms(a["bwd_compute_s"] / n), _ms(a["bwd_comm_s"] / n), _ms(a["encode_s"] / n))
+        console.print(mt)
+        console.print(f"iteration {format_time(s['iteration_s'])}: {s['throughput_samples_per_s']:.3f} samples/s, "
+                      f"{s['throughput_tokens_per_s']:.0f} tokens/s, bubble {s['bubble_fraction']:.1%}; "
+                      f"{s['epochs']} epoch(s) of {s['iterations_per_epoch']} iterations: "
+                      f"{format_time(s['total_s'])} ({s['events']} events simulated, source={s['source']})")
+    if file is None:
+        return console.export_text()
+    return None

@@ -1,0 +1,134 @@
+"""``perfsim predict``: simulate pipeline x data-parallel training with compression.
+
+With no argument it runs the embedded default (GPT2-1.5B on 8 stages, the
+AQ-SGD paper's V100 profile, 10 Gbps). Comma lists simulate every combination.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+
+from perfsim.errors import ConfigError
+
+HELP = "simulate training throughput over a network with communication compression"
+
+#: flag -> api parameter; these accept comma lists (every combination is run)
+LIST_FLAGS = ("model", "bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
+              "micro_batch", "macro_batch")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--model", default="gpt2-xl", help="model preset(s), e.g. gpt2-xl,bert-large (default gpt2-xl)")
+    g.add_argument("--workload", help="workload file (TOML/JSON) instead of a preset")
+    g.add_argument("--profile", help="calibration profile (default: traces/default-v100-aqsgd.json)")
+    g = p.add_argument_group("strategy")
+    g.add_argument("--compress", default="fp32", help="pipeline compression, e.g. fp32,directq:fw4bw8,aqsgd:fw3bw6")
+    g.add_argument("--grad-compress", default="none", help="data-parallel gradient compression, e.g. none,qsgd-maxnorm:4")
+    g.add_argument("--schedule", default="gpipe", help="gpipe or 1f1b (comma list allowed)")
+    g.add_argument("--pp", default="8", help="pipeline stages (default 8)")
+    g.add_argument("--dp", default="1", help="data-parallel replicas (default 1)")
+    g.add_argument("--micro-batch", default="1", help="samples per micro-batch (default 1)")
+    g.add_argument("--macro-batch", default="32", help="samples per macro-batch per replica (default 32)")
+    g.add_argument("--partition", help="layer counts per stage, e.g. 7,6,6,6,6,6,6,7 (default: balanced)")
+    g.add_argument("--bucket-size", default="25MiB", help="gradient bucket size (default 25MiB)")
+    g.add_argument("--no-overlap", action="store_true", help="sync gradients only after the backward pass")
+    g.add_argument("--epochs", default="1", help="epochs for the end-to-end time (default 1)")
+    g.add_argument("--dataset-samples", default="2359", help="samples per epoch (default 2359)")
+    g = p.add_argument_group("system")
+    g.add_argument("--bandwidth", default="10Gbps", help="link rate(s), e.g. 10Gbps,1Gbps,100Mbps (default 10Gbps)")
+    g.add_argument("--latency", default="0s", help="one-way latency(ies), e.g. 5ms (default 0)")
+    g.add_argument("--topology", help="heterogeneous topology file (JSON/TOML/CSV, see perfsim.network)")
+    g.add_argument("--gpus-per-node", default="1", help="devices per node (default 1)")
+    g.add_argument("--intra-node-bandwidth", default="300GB/s", help="intra-node rate (default 300GB/s)")
+    g.add_argument("--no-nic-sharing", action="store_true", help="give every flow the full link (lower bound)")
+    g = p.add_argument_group("output")
+    g.add_argument("--format", choices=("table", "csv", "json"), help="output format (default table, or from --output's suffix)")
+    g.add_argument("--output", "-o", help="write to FILE (atomically) instead of stdout")
+    g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json)")
+
+
+def _grid(args) -> list[dict]:
+    from perfsim.units import split_list
+
+    lists = {}
+    for name in LIST_FLAGS:
+        raw = getattr(args, name)
+        values = split_list(raw)
+        if not values:
+            raise ConfigError(f"--{name.replace('_', '-')} {raw!r}: empty")
+        lists[name] = values
+    common = dict(workload=args.workload, profile=args.profile, topology=args.topology,
+                  partition=args.partition, bucket_size=args.bucket_size, overlap=not args.no_overlap,
+                  epochs=args.epochs, dataset_samples=args.dataset_samples, gpus_per_node=args.gpus_per_node,
+                  intra_node_bandwidth=args.intra_node_bandwidth, nic_sharing=not args.no_nic_sharing)
+    names = list(lists)
+    return [{**common, **dict(zip(names, combo))} for combo in itertools.product(*(lists[n] for n in names))]
+
+
+def _trace_path(base: str, i: int, n: int) -> str:
+    if n == 1:
+        return base
+    stem, dot, ext = base.rpartition(".")
+    return f"{stem}-{i}.{ext}" if dot else f"{base}-{i}"
+
+
+def _csv(results) -> str:
+    import csv
+    import io
+
+    rows = [r.row() for r in results]
+    cols = list(rows[0])
+    for row in rows[1:]:
+        cols += [k for k in row if k not in cols]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _json(results) -> str:
+    return json.dumps([r.to_json_dict() for r in results], indent=1, default=str) + "\n"
+
+
+def run(args) -> int:
+    from perfsim.api import predict
+    from perfsim.result import atomic_write_text
+
+    grid = _grid(args)
+    fmt = args.format
+    if fmt is None:
+        fmt = "table"
+        if args.output:
+            fmt = "json" if args.output.lower().endswith(".json") else "csv" if args.output.lower().endswith(".csv") else "table"
+    results = []
+    for i, params in enumerate(grid):
+        res = predict(**params, trace=bool(args.trace))
+        if args.trace:
+            res.write_trace(_trace_path(args.trace, i, len(grid)))
+            res.trace_events = []
+        results.append(res)
+    if fmt == "csv":
+        text = _csv(results)
+    elif fmt == "json":
+        text = _json(results)
+    else:
+        from perfsim.commands._predict_table import render
+
+        text = None
+        if args.output:
+            atomic_write_text(args.output, render(results, width=160, color=False))
+        else:
+            render(results, file=sys.stdout)
+    if text is not None:
+        if args.output:
+            atomic_write_text(args.output, text)
+        else:
+            sys.stdout.write(text)
+    if args.output:
+        print(f"wrote {args.output} ({len(results)} configuration{'s' * (len(results) != 1)})", file=sys.stderr)
+    return 0
