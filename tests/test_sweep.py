@@ -77,6 +77,17 @@ def test_spec_normalises_and_expands():
     assert config_id({"a": 1, "b": 2}) == config_id({"b": 2, "a": 1})
 
 
+def test_spec_other_predict_params():
+    spec = SweepSpec({"partition": ["7,6,6,6,6,6,6,7", "6,6,6,6,6,6,6,8"], "overlap": "true,false",
+                      "bucket-size": "25MiB", "intra_node_bandwidth": "300GB/s"})
+    assert spec.values["partition"] == ["7,6,6,6,6,6,6,7", "6,6,6,6,6,6,6,8"]
+    assert spec.values["overlap"] == [True, False]
+    assert spec.values["bucket_size"] == [25 * 2**20]
+    assert spec.values["intra_node_bandwidth"] == [2.4e12]
+    with pytest.raises(ConfigError, match="overlap"):
+        SweepSpec({"overlap": "maybe"})
+
+
 @pytest.mark.parametrize("values,match", [
     ({"bandwidth": "100furlongs"}, "bandwidth"),
     ({"pp": "two"}, "pp"),
@@ -227,12 +238,18 @@ def test_cli_real_simulator(tmp_path):
     """End to end through perfsim.api.predict (skipped until the simulator exists)."""
     pytest.importorskip("perfsim.api")
     out = tmp_path / "s.csv"
-    proc = _cli("--bandwidth", "1Gbps,100Mbps", "--compress", "fp32,aqsgd:fw3bw6",
+    proc = _cli("--bandwidth", "1Gbps,100Mbps", "--compress", "fp32,fp16",
                 "--model", "gpt2-tiny", "--pp", "2", "--macro-batch", "4", "--jobs", "2",
                 "--out", str(out), "--no-progress", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     df = pd.read_csv(out)
     assert len(df) == 4 and (df["throughput_samples_per_s"] > 0).all()
-    # at 100 Mbps compression must help, at least a little
+    # at 100 Mbps halving the activation bytes must help
     slow = df[df.bandwidth_bps == 1e8].set_index("compress")["throughput_samples_per_s"]
-    assert slow["aqsgd:fw3bw6"] > slow["fp32"]
+    assert slow["fp16"] > slow["fp32"]
+    # the rows are exactly what predict returns for each configuration
+    from perfsim.api import predict
+    ref = predict(bandwidth="100Mbps", compress="fp16", model="gpt2-tiny", pp=2, macro_batch=4)
+    assert slow["fp16"] == pytest.approx(ref.summary["throughput_samples_per_s"])
+    stages = pd.read_csv(sibling_path(out, "stages"))
+    assert len(stages) == 4 * 2 and set(stages.config_id) == set(df.config_id)

@@ -29,149 +29,22 @@ from __future__ import annotations
 import io
 import math
 import os
-import re
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
+from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of plots
+    BREAKDOWN, LINESTYLES, MARKERS, METHOD_COLORS, METHOD_NAMES, METRIC_LABELS, PANEL_COLUMNS,
+    SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family,
+    is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
+)
 from perfsim.errors import ConfigError
 from perfsim.result import atomic_write_bytes
-from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
+from perfsim.units import parse_bandwidth, parse_time
 
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
-#: one colour per compressor family, shared by every figure
-METHOD_COLORS = {
-    "fp32": "#404040", "none": "#404040",
-    "fp16": "#8c564b", "bf16": "#c49c94",
-    "directq": "#ff7f0e",
-    "aqsgd": "#1f77b4",
-    "qsgd": "#2ca02c", "qsgd-maxnorm": "#2ca02c",
-    "maxnorm": "#17becf",
-    "ecq": "#d62728", "ecq-sgd": "#d62728",
-    "onebit": "#9467bd", "onebit-adam": "#9467bd", "onebit-lamb": "#9467bd",
-    "powersgd": "#e377c2",
-    "topk": "#bcbd22", "randk": "#7f7f7f",
-}
-_FALLBACK_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#dbdb8d")
-#: display names of compressor families
-METHOD_NAMES = {
-    "fp32": "FP32", "none": "none", "fp16": "FP16", "bf16": "BF16", "directq": "DirectQ",
-    "aqsgd": "AQ-SGD", "qsgd": "QSGD", "qsgd-maxnorm": "QSGD-MaxNorm", "maxnorm": "MaxNorm",
-    "ecq": "ECQ-SGD", "onebit": "1-bit", "onebit-adam": "1-bit Adam",
-    "onebit-lamb": "1-bit LAMB", "powersgd": "PowerSGD", "topk": "Top-k", "randk": "Rand-k",
-}
-SCHEDULE_COLORS = {"gpipe": "#1b9e77", "1f1b": "#d95f02"}
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
-#: time categories of the breakdown, bottom to top
-BREAKDOWN = (("compute_s", "compute", "#4c72b0"), ("comm_s", "communication", "#dd8452"),
-             ("encode_s", "encode/decode", "#8172b3"), ("dp_sync_s", "DP gradient sync", "#55a868"),
-             ("idle_s", "idle (bubble)", "#cfcfcf"))
-_LINESTYLES = ("-", "--", ":", "-.")
-_MARKERS = ("o", "s", "^", "D", "v", "P")
-#: configuration columns that may become panels, in order
-_PANEL_COLUMNS = ("model", "schedule", "pp", "dp", "micro_batch", "macro_batch", "latency_s",
-                  "grad_compress", "compress", "bandwidth_bps")
 _ALIASES = {"bandwidth": "bandwidth_bps", "latency": "latency_s"}
 MAX_PANELS = 12
-
-
-# ---------------------------------------------------------------- labels and styles
-
-def family(spec: Any) -> str:
-    """``"aqsgd:fw3bw6"`` -> ``"aqsgd"``; missing -> ``"none"``."""
-    if spec is None or (isinstance(spec, float) and math.isnan(spec)):
-        return "none"
-    return str(spec).split(":")[0].strip().lower() or "none"
-
-
-def method_color(spec: Any) -> str:
-    """The colour of a method in every figure (by compressor family)."""
-    fam = family(spec)
-    if fam in METHOD_COLORS:
-        return METHOD_COLORS[fam]
-    return _FALLBACK_COLORS[sum(map(ord, fam)) % len(_FALLBACK_COLORS)]
-
-
-def method_name(spec: Any) -> str:
-    """Readable name: ``"aqsgd:fw3bw6"`` -> ``"AQ-SGD fw3 bw6"``, ``"qsgd-maxnorm:4"`` ->
-    ``"QSGD-MaxNorm 4-bit"``."""
-    fam = family(spec)
-    args = str(spec).split(":")[1:] if fam != "none" else []
-    words = [METHOD_NAMES.get(fam, fam)]
-    for a in args:
-        m = re.fullmatch(r"fw(\d+)bw(\d+)", a, re.IGNORECASE)
-        if m:
-            words.append(f"fw{m.group(1)} bw{m.group(2)}")
-        elif a.isdigit():
-            words.append(f"{a}-bit" if fam not in ("powersgd", "topk", "randk") else f"r={a}")
-        else:
-            words.append(a)
-    return " ".join(words)
-
-
-def bandwidth_label(bps: float) -> str:
-    """``1e8`` -> ``"100 Mbps"``."""
-    return re.sub(r"([\d.]+)", r"\1 ", format_bandwidth(float(bps)), count=1)
-
-
-def _value_label(col: str, value: Any) -> str:
-    if col == "bandwidth_bps":
-        return bandwidth_label(value)
-    if col == "latency_s":
-        return f"latency {float(value) * 1e3:g} ms"
-    if col in ("compress", "grad_compress"):
-        return ("grad: " if col == "grad_compress" else "") + method_name(value)
-    if col == "schedule":
-        return SCHEDULE_NAMES.get(str(value), str(value))
-    return f"{col.replace('_', '-')}={value}"
-
-
-def _is_none(value: Any) -> bool:
-    return family(value) in ("none",) or str(value).lower() in ("none", "fp32", "nan")
-
-
-def add_method_column(df):
-    """Add ``method`` (the varying compression setting), ``method_family`` and
-    ``method_label`` columns. When only the pipeline compression varies the method
-    is ``compress``; when only the DP gradient compression varies it is
-    ``grad_compress``; when both vary, both."""
-    df = df.copy()
-    comp = df["compress"].fillna("fp32").astype(str) if "compress" in df else None
-    grad = df["grad_compress"].fillna("none").astype(str) if "grad_compress" in df else None
-    comp_varies = comp is not None and comp.nunique() > 1
-    grad_varies = grad is not None and grad.nunique() > 1
-    if grad_varies and not comp_varies:
-        df["method"] = grad
-        df["method_family"] = grad.map(family)
-        df["method_label"] = grad.map(lambda g: "grad " + method_name(g))
-    elif grad_varies:
-        df["method"] = comp + " | " + grad
-        df["method_family"] = comp.map(family)
-        df["method_label"] = [f"{method_name(c)}, grad {method_name(g)}" for c, g in zip(comp, grad)]
-    else:
-        df["method"] = comp if comp is not None else "fp32"
-        df["method_family"] = df["method"].map(family)
-        df["method_label"] = df["method"].map(method_name)
-    return df
-
-
-def method_styles(methods: Iterable[str]) -> dict[str, dict]:
-    """``{method: {color, linestyle, marker}}``: colour by family; variants within
-    a family get distinct line styles and markers (in sorted order)."""
-    out, seen = {}, {}
-    for m in sorted(set(methods), key=_method_sort_key):
-        fam = family(m.split(" | ")[0])
-        k = seen.get(fam, 0)
-        seen[fam] = k + 1
-        out[m] = {"color": method_color(fam), "linestyle": _LINESTYLES[k % len(_LINESTYLES)],
-                  "marker": _MARKERS[k % len(_MARKERS)]}
-    return out
-
-
-def _method_sort_key(m: str):
-    order = list(METHOD_COLORS)
-    fam = family(m.split(" | ")[0])
-    return (order.index(fam) if fam in order else len(order), m)
 
 
 # ---------------------------------------------------------------- table helpers
@@ -230,7 +103,7 @@ def _require(df, cols: Iterable[str], kind: str) -> None:
 
 def _panels(df, used: Sequence[str]):
     """Group rows into panels by the configuration columns that vary (other than ``used``)."""
-    cols = [c for c in _PANEL_COLUMNS if c in df.columns and c not in used
+    cols = [c for c in PANEL_COLUMNS if c in df.columns and c not in used
             and df[c].astype(str).nunique() > 1]
     if not cols:
         return [("", df)]
@@ -241,7 +114,7 @@ def _panels(df, used: Sequence[str]):
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        out.append((" · ".join(_value_label(c, v) for c, v in zip(cols, key)), g))
+        out.append((" · ".join(value_label(c, v) for c, v in zip(cols, key)), g))
     return out
 
 
@@ -255,43 +128,6 @@ def _figure(n: int, width: float = 5.2, height: float = 3.8, ncols: int | None =
     for ax in axes[n:]:
         ax.set_visible(False)
     return fig, list(axes[:n])
-
-
-def _bandwidth_axis(ax, values) -> None:
-    """Log bandwidth axis labelled in readable units ("100 Mbps"); the sweep's own
-    bandwidths are the ticks when there are few, slanted when two are close."""
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    ax.set_xscale("log")
-    vals = sorted(set(float(v) for v in values))
-    if len(vals) <= 8:
-        ax.xaxis.set_major_locator(FixedLocator(vals))
-        ax.xaxis.set_minor_locator(NullLocator())
-        span = math.log10(vals[-1] / vals[0]) if len(vals) > 1 else 1.0
-        gaps = [math.log10(b / a) for a, b in zip(vals, vals[1:])]
-        if gaps and min(gaps) < span / 6:
-            ax.tick_params(axis="x", labelrotation=35)
-            for label in ax.get_xticklabels():
-                label.set_horizontalalignment("right")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: bandwidth_label(x)))
-    ax.set_xlabel("link bandwidth")
-    ax.grid(True, which="major", alpha=0.3)
-
-
-def _log_y(ax, axis: str = "y") -> None:
-    """Log axis with plain numbers (1, 2, 5, 10, ...) instead of powers of ten."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    getattr(ax, f"set_{axis}scale")("log")
-    a = getattr(ax, f"{axis}axis")
-    a.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    a.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    a.set_minor_formatter(NullFormatter())
-
-
-_METRIC_LABELS = {"throughput_samples_per_s": "throughput (samples/s)",
-                  "throughput_tokens_per_s": "throughput (tokens/s)",
-                  "iteration_s": "iteration time (s)", "epoch_s": "epoch time (s)"}
 
 
 # ---------------------------------------------------------------- the five figures
@@ -318,19 +154,19 @@ def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | N
             data = data.div(base, level="bandwidth_bps")
             ax.axhline(1.0, color=method_color(speedup_over), linewidth=0.8, alpha=0.5)
         labels = dict(zip(g["method"], g["method_label"]))
-        for method in sorted(data.index.get_level_values(0).unique(), key=_method_sort_key):
+        for method in sorted(data.index.get_level_values(0).unique(), key=method_sort_key):
             series = data.xs(method, level="method").dropna()
             ax.plot(series.index, series.to_numpy(), label=labels[method], markersize=5,
                     **styles[method])
-        _bandwidth_axis(ax, g["bandwidth_bps"])
+        bandwidth_axis(ax, g["bandwidth_bps"])
         ax.set_ylabel(f"speed-up over {method_name(speedup_over)} (x)" if speedup_over
-                      else _METRIC_LABELS.get(metric, metric))
+                      else METRIC_LABELS.get(metric, metric))
         if speedup_over:
             ax.set_ylim(bottom=0)
         else:
             lo, hi = data.min(), data.max()
             if lo > 0 and hi / lo > 30:
-                _log_y(ax)
+                log_axis(ax)
             else:
                 ax.set_ylim(bottom=0, top=hi * 1.08)
         if ptitle:
@@ -375,7 +211,7 @@ def plot_breakdown(df, stages, title: str | None = None):
     if len(df) > MAX_PANELS:
         raise ConfigError(f"breakdown: {len(df)} configurations; select at most {MAX_PANELS} "
                           "with --filter (e.g. --filter bandwidth=100Mbps)")
-    varying = [c for c in _PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
+    varying = [c for c in PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
     from matplotlib.figure import Figure
 
     if len(varying) == 2:
@@ -408,7 +244,7 @@ def plot_breakdown(df, stages, title: str | None = None):
             ax.bar(per_stage.index, per_stage[col], bottom=bottom, color=color, label=label,
                    width=0.75, edgecolor="white", linewidth=0.4)
             bottom = bottom + per_stage[col]
-        parts = [_value_label(c, row[c]) for c in varying] or [row["method_label"]]
+        parts = [value_label(c, row[c]) for c in varying] or [row["method_label"]]
         it = row.get("iteration_s")
         head = " · ".join(parts)
         if it is not None and it == it:
@@ -428,7 +264,7 @@ def plot_breakdown(df, stages, title: str | None = None):
 def _sort_value(v):
     """Sort key of a configuration value: methods in palette order, numbers as numbers."""
     if isinstance(v, str):
-        return _method_sort_key(v)
+        return method_sort_key(v)
     return (0, v)
 
 
@@ -505,7 +341,7 @@ def validation_pairs(df, metric: str = "throughput_samples_per_s"):
         if "source" not in df.columns or metric not in df.columns:
             raise ConfigError(f"validation: no predicted/measured {metric} columns and no "
                               "'source' column in the table")
-        keys = [c for c in _PANEL_COLUMNS if c in df.columns]
+        keys = [c for c in PANEL_COLUMNS if c in df.columns]
         pred = df[df["source"] == "predicted"].groupby(keys, dropna=False)[metric].mean()
         meas = df[df["source"] == "measured"].groupby(keys, dropna=False)[metric].mean()
         out = pd.concat({"predicted": pred, "measured": meas}, axis=1).dropna().reset_index()
@@ -530,19 +366,19 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
     ax = axes[0]
     styles = method_styles(pairs["method"])
     bws = sorted(pairs["bandwidth_bps"].unique()) if has_bw else [None]
-    groups = sorted(pairs.groupby("method"), key=lambda kv: _method_sort_key(kv[0]))
+    groups = sorted(pairs.groupby("method"), key=lambda kv: method_sort_key(kv[0]))
     for method, g in groups:
         for j, bw in enumerate(bws):
             h = g if bw is None else g[g["bandwidth_bps"] == bw]
             if not h.empty:
                 ax.scatter(h["measured"], h["predicted"], color=styles[method]["color"],
-                           marker=_MARKERS[j % len(_MARKERS)], s=46, edgecolor="white",
+                           marker=MARKERS[j % len(MARKERS)], s=46, edgecolor="white",
                            linewidth=0.5, zorder=3)
     lo = min(pairs["measured"].min(), pairs["predicted"].min()) * 0.85
     hi = max(pairs["measured"].max(), pairs["predicted"].max()) * 1.15
     if lo > 0 and hi / lo > 10:
-        _log_y(ax, "x")
-        _log_y(ax, "y")
+        log_axis(ax, "x")
+        log_axis(ax, "y")
         xs = np.geomspace(lo, hi, 50)
     else:
         lo = 0
@@ -552,14 +388,14 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
     ax.set_xlim(lo, hi)
     ax.set_ylim(lo, hi)
     ax.set_aspect("equal", adjustable="box")
-    unit = _METRIC_LABELS.get(metric, metric)
+    unit = METRIC_LABELS.get(metric, metric)
     ax.set_xlabel(f"measured {unit}")
     ax.set_ylabel(f"predicted {unit}")
     ax.grid(True, alpha=0.3)
     labels = dict(zip(pairs["method"], pairs["method_label"]))
     handles = [Patch(color=styles[m]["color"], label=labels[m]) for m, _ in groups]
     if has_bw:
-        handles += [Line2D([], [], color="#606060", marker=_MARKERS[j % len(_MARKERS)],
+        handles += [Line2D([], [], color="#606060", marker=MARKERS[j % len(MARKERS)],
                            linestyle="", label=bandwidth_label(bw)) for j, bw in enumerate(bws)]
     handles += ax.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=8, loc="upper left")
@@ -572,7 +408,7 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
             for sign in (1, -1):
                 ax2.axhline(sign * y, color="black", linewidth=0.7, alpha=alpha, linestyle=":")
         ax2.axhline(0, color="black", linewidth=0.9)
-        _bandwidth_axis(ax2, pairs["bandwidth_bps"])
+        bandwidth_axis(ax2, pairs["bandwidth_bps"])
         bound = max(12.0, float(pairs["error"].abs().max()) * 1.15)
         ax2.set_ylim(-bound, bound)
         ax2.set_ylabel("prediction error (%)")
@@ -592,10 +428,10 @@ def _auto_title(df, kind: str, width: int = 70) -> str:
     for col in ("model", "pp", "dp", "schedule", "micro_batch", "macro_batch"):
         if col in df.columns and df[col].astype(str).nunique() == 1 and df[col].notna().all():
             v = df[col].iloc[0]
-            fixed.append(str(v) if col == "model" else _value_label(col, v))
+            fixed.append(str(v) if col == "model" else value_label(col, v))
     for col, label in (("grad_compress", "grad"), ("compress", "pipeline")):
         if (kind != "breakdown" and col in df.columns and df[col].astype(str).nunique() == 1
-                and not _is_none(df[col].iloc[0])):
+                and not is_none(df[col].iloc[0])):
             fixed.append(f"{label}: {method_name(df[col].iloc[0])}")
     if not fixed:
         return what

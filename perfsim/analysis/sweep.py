@@ -49,18 +49,22 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
-from perfsim.units import parse_bandwidth, parse_time, split_list
+from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: the parameters of :func:`perfsim.api.predict`, in the order a grid varies them
 #: (last key varies fastest); every one may hold one value or a list
-PARAMS = ("model", "workload", "profile", "topology", "schedule", "pp", "dp", "micro_batch",
-          "macro_batch", "epochs", "latency", "grad_compress", "compress", "bandwidth")
+PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_node_bandwidth",
+          "nic_sharing", "dataset_samples", "schedule", "pp", "dp", "partition", "bucket_size",
+          "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
+          "compress", "bandwidth")
 #: the axes the issue names; the others may vary too
 SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
               "micro_batch")
-_INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs")
+_INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
+               "dataset_samples")
 _STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
-               "grad_compress")
+               "grad_compress", "partition")
+_BOOL_PARAMS = ("overlap", "nic_sharing")
 BACKENDS = ("local", "ray", "dask")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
@@ -71,8 +75,19 @@ def normalize_value(key: str, value: Any) -> Any:
     """One parameter value in canonical form: bandwidth in bit/s (float), latency
     in seconds (float), integers for counts, stripped strings otherwise, so that
     ``"1Gbps"`` and ``"1000Mbps"`` are the same configuration."""
-    if key == "bandwidth":
-        return parse_bandwidth(value)
+    if key in ("bandwidth", "intra_node_bandwidth"):
+        return parse_bandwidth(value, key)
+    if key == "bucket_size":
+        return parse_size(value, key)
+    if key in _BOOL_PARAMS:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key} {value!r}: expected true or false")
     if key == "latency":
         return parse_time(value, "latency")
     if key in _INT_PARAMS:
@@ -96,7 +111,9 @@ def _values(key: str, raw: Any) -> list:
     items = raw if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
     for item in items:
-        flat.extend(split_list(item) if isinstance(item, str) else [item])
+        # a partition ("7,6,6,...") is one value: alternatives only as a list
+        splittable = isinstance(item, str) and key != "partition"
+        flat.extend(split_list(item) if splittable else [item])
     if not flat:
         raise ConfigError(f"sweep parameter {key!r}: empty list of values")
     out: list = []
