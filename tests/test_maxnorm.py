@@ -239,3 +239,16 @@ def test_gloo_allreduce_mean(tmp_path):
             total = torch.stack([cc.payload_levels(p)[0] for p in payloads]).to(torch.int64).sum(0)
             sim = (cc.decode_levels(total, w, index) / world).reshape(mean.shape)
             torch.testing.assert_close(got[0], sim, rtol=1e-6, atol=1e-6)
+
+
+def test_payload_bytes_are_the_reference_packing():
+    """The codes use the documented dense format (kernels/packing.py reference), byte for byte."""
+    from perfsim.kernels.packing import pack_bits_ref
+
+    c = make_compressor("qsgd-maxnorm-multiscale:3:8", seed=1)
+    x = torch.randn(101)
+    p = c.compress(x)
+    lv, w, index = c.payload_levels(p)
+    assert torch.equal(p.tensors["codes"], pack_bits_ref((lv + c.s).to(torch.uint8), 3))
+    assert torch.equal(p.tensors["scale_index"], pack_bits_ref(index, 1))
+    assert float(w) == pytest.approx(float(x.norm()))

@@ -26,7 +26,7 @@ Wire formats
 * ``compress`` (one worker's payload, what ``wire_bytes`` counts): ``norm``
   (fp32, 4 bytes), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
   bits per bucket, packed), and ``codes``: levels offset to ``[0, 2s]`` in
-  ``BITS`` bits, densely packed (:func:`perfsim.kernels.packing.pack_bits_ref`).
+  ``BITS`` bits, densely packed (:func:`perfsim.kernels.pack_bits` (byte-exact with the reference :func:`perfsim.kernels.packing.pack_bits_ref`)).
 * ``allreduce_mean`` / ``dp_plan`` (the data-parallel exchange): a packed code
   cannot be added in place, so **under allreduce the wire carries the
   accumulation-width integers**, as the paper's own implementation does with
@@ -52,7 +52,8 @@ from perfsim.compression.qsgd import (_SeededCompressor, levels_for_bits, parse_
                                       parse_options, stochastic_levels)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
-from perfsim.kernels.packing import SUPPORTED_BITS, pack_bits_ref, packed_nbytes, unpack_bits_ref
+from perfsim.kernels import pack_bits, unpack_bits
+from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
 
 #: integers that float16 represents exactly (every |k| <= 2**11)
 _FP16_EXACT = 2048
@@ -139,7 +140,7 @@ class MaxNormQuantizer(_SeededCompressor):
         """Per bucket, the index of the largest scale with ``s * max|v| <= W * s_min`` (eq. 11).
 
         uint8, in ``[0, N)``; 0 (the smallest scale) always qualifies since ``|v| <= W``."""
-        amax = self._bucket_view(flat.abs()).amax(dim=1)
+        amax = flat.abs() if self.bucket == 1 else self._bucket_view(flat.abs()).amax(dim=1)
         w = float(norm)
         ok = self.scales[None, :] * amax[:, None] <= w * self.s
         return (ok.sum(dim=1) - 1).clamp_(min=0).to(torch.uint8)
@@ -147,7 +148,8 @@ class MaxNormQuantizer(_SeededCompressor):
     def levels_per_element(self, index: torch.Tensor | None, n: int) -> torch.Tensor | float:
         if not self.multiscale:
             return float(self.s)
-        return self.scales[index.long()].repeat_interleave(self.bucket)[:n]
+        per_bucket = self.scales[index.long()]
+        return per_bucket if self.bucket == 1 else per_bucket.repeat_interleave(self.bucket)[:n]
 
     def encode_levels(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
                       gen: torch.Generator) -> torch.Tensor:
@@ -187,19 +189,19 @@ class MaxNormQuantizer(_SeededCompressor):
             if index.numel() != own.numel() or bool((index > own).any()):
                 raise ConfigError(f"{self.spec}: shared scale index must have {own.numel()} entries, "
                                   f"each <= this worker's own (scale sharing takes the minimum)")
-            tensors["scale_index"] = pack_bits_ref(index, _index_bits(len(self.scale_bits)))
+            tensors["scale_index"] = pack_bits(index, _index_bits(len(self.scale_bits)))
         lv = self.encode_levels(flat, w, index, self._next_generator())
-        tensors["codes"] = pack_bits_ref((lv + self.s).to(torch.uint8), self.bits)
+        tensors["codes"] = pack_bits((lv + self.s).to(torch.uint8), self.bits)
         return Payload(tensors, tuple(x.shape), x.dtype)
 
     def payload_levels(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(signed int32 codes, shared norm, scale index or None) of a payload."""
         n = numel_of(payload.shape)
         t = payload.tensors
-        lv = unpack_bits_ref(t["codes"], self.bits, n).to(torch.int32) - self.s
+        lv = unpack_bits(t["codes"], self.bits, n).to(torch.int32) - self.s
         index = None
         if self.multiscale:
-            index = unpack_bits_ref(t["scale_index"], _index_bits(len(self.scale_bits)), self.nbuckets(n))
+            index = unpack_bits(t["scale_index"], _index_bits(len(self.scale_bits)), self.nbuckets(n))
         return lv, t["norm"], index
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
@@ -212,11 +214,11 @@ class MaxNormQuantizer(_SeededCompressor):
     def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
         j = torch.arange(len(self.scale_bits) - 1, dtype=torch.int32)
         bits = (index.to(torch.int32)[:, None] > j[None, :]).to(torch.uint8).reshape(-1)
-        return pack_bits_ref(bits, 1)
+        return pack_bits(bits, 1)
 
     def _from_thermometer(self, packed: torch.Tensor, nb: int) -> torch.Tensor:
         k = len(self.scale_bits) - 1
-        bits = unpack_bits_ref(packed, 1, nb * k).view(nb, k)
+        bits = unpack_bits(packed, 1, nb * k).view(nb, k)
         return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:

@@ -13,7 +13,7 @@ so ``E[Q_s(v)] = v`` (unbiased) and ``E||Q_s(v) - v||^2 <= min(d/s^2, sqrt(d)/s)
 (QSGD Lemma 3.1). Each coordinate is a signed integer level in ``[-s, s]``; we
 send it offset to ``[0, 2s]`` in ``bits`` bits, ``2s + 1 <= 2**bits`` (the
 ECQ paper's ``r = ceil(log2(2s+1))``), densely packed with
-:func:`perfsim.kernels.packing.pack_bits_ref`, plus one fp32 norm per bucket.
+:func:`perfsim.kernels.pack_bits` (byte-exact with the reference :func:`perfsim.kernels.packing.pack_bits_ref`), plus one fp32 norm per bucket.
 ``qsgd:BITS`` uses the largest ``s`` that fits: ``s = 2**(BITS-1) - 1``.
 
 Not allreduce-compatible: every worker (and bucket) has its own norm, so codes
@@ -40,7 +40,8 @@ import torch
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
-from perfsim.kernels.packing import pack_bits_ref, packed_nbytes, unpack_bits_ref
+from perfsim.kernels import pack_bits, unpack_bits
+from perfsim.kernels.packing import packed_nbytes
 
 #: bit widths the packer supports that can hold a signed level (1 bit cannot: 2s+1 >= 3)
 LEVEL_BITS = (2, 3, 4, 6, 8)
@@ -172,10 +173,10 @@ class BucketQuantizer:
 
     def pack(self, norms: torch.Tensor, lv: torch.Tensor) -> dict[str, torch.Tensor]:
         codes = (lv + self.s).to(torch.uint8)
-        return {"norms": norms.to(torch.float32).contiguous(), "codes": pack_bits_ref(codes, self.bits)}
+        return {"norms": norms.to(torch.float32).contiguous(), "codes": pack_bits(codes, self.bits)}
 
     def unpack(self, tensors: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lv = unpack_bits_ref(tensors["codes"], self.bits, n).to(torch.int32) - self.s
+        lv = unpack_bits(tensors["codes"], self.bits, n).to(torch.int32) - self.s
         return tensors["norms"], lv
 
 
