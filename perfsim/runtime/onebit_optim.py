@@ -1,0 +1,379 @@
+"""1-bit Adam and 1-bit LAMB: optimizers that exchange compressed momentum.
+
+Both are two-stage algorithms (one-bit-lamb-paper.txt, Sec. 2 summarising Tang
+et al. 2021 for 1-bit Adam; Sec. 4 and Algorithm 1 for 1-bit LAMB):
+
+1. **Warm-up** (``warmup`` steps): gradients are averaged with an uncompressed
+   fp32 allreduce (one fused buffer) and the ordinary optimizer runs -- AdamW
+   for 1-bit Adam (bias-corrected, decoupled weight decay: bit-identical to
+   ``torch.optim.AdamW`` on the averaged gradient), LAMB for 1-bit LAMB.
+2. **Compression stage**: the variance is frozen and used as a fixed
+   preconditioner. Each worker updates its momentum with its *local* gradient,
+   ``m_local = b1 * m + (1 - b1) * g_local``; the momenta of all layers are
+   fused into one flat buffer (Sec. 4.2) and averaged by the ``onebit``
+   compressor's 3-phase compressed allreduce (gather chunks, average, scatter;
+   Sec. 5) with worker and server error feedback kept inside the compressor.
+   The result is the new global momentum, identical on every worker, so the
+   parameters stay identical.
+
+1-bit LAMB additionally (Algorithm 1, Sec. 4.1 and 4.3):
+  * keeps a moving average ``c_avg`` (decay ``b3``) of each layer's LAMB
+    scaling coefficient ``c = clip(||x|| / ||u||, c_min, c_max)`` during warm-up
+    (clip applied to the whole ratio, footnote 4) and freezes it at the end;
+  * keeps a *fresh* variance updated from the reconstructed global gradient
+    ``g = (m_t - b1 m_{t-1}) / (1 - b1)`` (lines 15-16);
+  * scales the learning rate of layer l by ``r = max((sqrt(v_frozen)+eps) /
+    (sqrt(v_fresh)+eps))`` clipped to ``[r_min, r_max]`` and to within
+    ``r_threshold`` of the previous ratio (lines 17-20; defaults 0.5, 4.0, 0.1
+    from Fig. 3), so ``c_t = c_avg * r``;
+  * multiplies each layer's momentum by a fixed scale coefficient before the
+    compressed allreduce and divides after (Sec. 4.3: ``united_scale /
+    (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
+    reach the 1-bit compressor at similar magnitudes.
+
+Choices where the paper leaves details open (documented, not tuned): the
+warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
+using them (``v / (1 - b2^T_w)``, ``m / (1 - b2^t)``), so the stage switch is
+smooth; ``c_avg`` is bias-corrected like Adam's moments, so short warm-ups do
+not shrink it.
+
+Integration: with these optimizers DDP must not average gradients. Use
+``perfsim.runtime.grad_sync.attach(ddp_model, "onebit-adam")`` (registers a
+no-op hook) or no DDP at all; pipeline stages skip ``sync_gradients``.
+``state_dict()`` holds moments, frozen variance, LAMB coefficients and the
+compressor's error buffers (DeepSpeed's 1-bit optimizers drop those on reload;
+ours resume bit-identically).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.runtime.grad_sync import parse_grad_spec
+
+STATE_KEY = "onebit"
+
+
+def _world(group) -> int:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return 1
+    return dist.get_world_size(group)
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+class _OneBitBase(torch.optim.Optimizer):
+    """Shared machinery: warm-up gradient allreduce, fused momentum exchange,
+    global state, checkpointing and byte/time counters."""
+
+    algorithm = ""
+
+    def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float,
+                 weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
+                 seed: int = 0):
+        _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
+        _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
+               f"{self.algorithm}: betas={betas} must lie in [0, 1)")
+        _check(eps > 0, f"{self.algorithm}: eps={eps} must be > 0")
+        _check(weight_decay >= 0, f"{self.algorithm}: weight_decay={weight_decay} must be >= 0")
+        _check(isinstance(warmup, int) and warmup >= 1,
+               f"{self.algorithm}: warmup={warmup} must be an integer >= 1 (the frozen variance "
+               "comes from the warm-up)")
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        from perfsim.compression import make_compressor
+
+        self.group = group
+        self.warmup = warmup
+        self.compressor = make_compressor(compressor, seed=seed)
+        self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0}
+        self.reset_stats()
+
+    # ------------------------------------------------------------ helpers
+    def _params(self) -> list[tuple[torch.Tensor, dict]]:
+        return [(p, g) for g in self.param_groups for p in g["params"] if p.requires_grad]
+
+    @staticmethod
+    def _grad(p: torch.Tensor) -> torch.Tensor:
+        return p.grad if p.grad is not None else torch.zeros_like(p)
+
+    def _allreduce_grads(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Warm-up: uncompressed mean of the gradients, one fused fp32 allreduce."""
+        world = _world(self.group)
+        if world == 1:
+            return grads
+        import torch.distributed as dist
+
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        t0 = time.perf_counter()
+        dist.all_reduce(flat, group=self.group)
+        self.stats["time_s"] += time.perf_counter() - t0
+        self.stats["bytes"] += flat.numel() * flat.element_size()
+        flat /= world
+        return [c.view_as(g) for c, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
+
+    def _exchange(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Compression stage: average ``tensors`` (fused) through the compressor."""
+        world = _world(self.group)
+        flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        if world > 1:
+            t0 = time.perf_counter()
+            flat = self.compressor.allreduce_mean(flat, self.group)
+            self.stats["time_s"] += time.perf_counter() - t0
+            self.stats["bytes"] += sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world))
+        return [c.view_as(t) for c, t in zip(torch.split(flat, [t.numel() for t in tensors]), tensors)]
+
+    @property
+    def compressing(self) -> bool:
+        """True once the warm-up is over (the next step exchanges compressed momentum)."""
+        return self.global_state["step"] >= self.warmup
+
+    # ------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        items = self._params()
+        self.global_state["step"] += 1
+        t = self.global_state["step"]
+        grads = [self._grad(p) for p, _ in items]
+        for p, _ in items:
+            st = self.state[p]
+            if not st:
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                self._init_extra(st, p)
+        if t <= self.warmup:
+            self._warmup_step(t, items, self._allreduce_grads(grads))
+            if t == self.warmup:
+                self.global_state["freeze_step"] = t
+                self._freeze(items)
+        else:
+            self._compressed_step(t, items, grads)
+        return loss
+
+    def _init_extra(self, st: dict, p: torch.Tensor) -> None:
+        pass
+
+    # ------------------------------------------------------------ measurement
+    def reset_stats(self) -> None:
+        self.stats = {"bytes": 0, "time_s": 0.0}
+
+    def pop_stats(self) -> dict[str, float]:
+        """Bytes each rank fed to collectives and their wall time since the last call."""
+        out = dict(self.stats)
+        self.reset_stats()
+        return out
+
+    # ------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        sd = super().state_dict()
+        sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup,
+                         "step": int(self.global_state["step"]),
+                         "freeze_step": int(self.global_state["freeze_step"]),
+                         "compressor_spec": self.compressor.spec,
+                         "compressor": self.compressor.state_dict()}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        ours = state_dict.pop(STATE_KEY, None)
+        if ours is None:
+            raise ConfigError(f"{self.algorithm}: checkpoint has no {STATE_KEY!r} state "
+                              "(saved by another optimizer?)")
+        if ours.get("algorithm") != self.algorithm:
+            raise ConfigError(f"{self.algorithm}: checkpoint is for {ours.get('algorithm')!r}")
+        if ours.get("compressor_spec") != self.compressor.spec:
+            raise ConfigError(f"{self.algorithm}: checkpoint used compressor "
+                              f"{ours.get('compressor_spec')!r}, this run {self.compressor.spec!r}")
+        super().load_state_dict(state_dict)
+        self.warmup = int(ours["warmup"])
+        self.global_state = {"step": int(ours["step"]), "freeze_step": int(ours["freeze_step"])}
+        self.compressor.load_state_dict(ours["compressor"])
+
+
+class OneBitAdam(_OneBitBase):
+    """1-bit Adam (Tang et al. 2021, as summarised in one-bit-lamb-paper.txt Sec. 2).
+
+    ``OneBitAdam(params, lr=1e-3, warmup=100, group=dp_group)``; ``group`` is the
+    data-parallel process group (None: the default group). ``compressor`` names
+    the momentum compressor (``onebit``; ``fp32`` gives the same algorithm
+    with exact averaging, useful as a control).
+    """
+
+    algorithm = "onebit-adam"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, warmup: int = 100, group=None,
+                 compressor: str = "onebit", seed: int = 0):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         warmup=warmup, group=group, compressor=compressor, seed=seed)
+
+    def _warmup_step(self, t, items, grads):
+        for (p, g), grad in zip(items, grads):
+            b1, b2 = g["betas"]
+            st = self.state[p]
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+            p.mul_(1 - g["lr"] * g["weight_decay"])
+            p.addcdiv_(m, denom, value=-g["lr"] / (1 - b1 ** t))
+
+    def _freeze(self, items):
+        pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
+
+    def _compressed_step(self, t, items, grads):
+        locals_ = []
+        for (p, g), grad in zip(items, grads):
+            b1 = g["betas"][0]
+            locals_.append(self.state[p]["exp_avg"] * b1 + grad * (1 - b1))
+        averaged = self._exchange(locals_)
+        tf = self.global_state["freeze_step"]
+        for (p, g), m_new in zip(items, averaged):
+            b1, b2 = g["betas"]
+            st = self.state[p]
+            st["exp_avg"].copy_(m_new)
+            denom = (st["exp_avg_sq"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            p.mul_(1 - g["lr"] * g["weight_decay"])
+            p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
+
+
+class OneBitLamb(_OneBitBase):
+    """1-bit LAMB (one-bit-lamb-paper.txt, Algorithm 1, Sec. 4.1-4.3).
+
+    Each parameter tensor is a "layer" with its own scaling coefficient.
+    ``coeff_bounds`` = (c_min, c_max) of LAMB's clip (Fig. 1 uses 0.01, 0.3);
+    ``ratio_bounds`` = (r_min, r_max) and ``ratio_threshold`` clip the 1-bit
+    LAMB scaling ratio (Fig. 3: 0.5, 4.0, 0.1); ``coeff_beta`` is b3.
+    """
+
+    algorithm = "onebit-lamb"
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, warmup: int = 100, group=None,
+                 compressor: str = "onebit", seed: int = 0, coeff_beta: float = 0.9,
+                 coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0), ratio_threshold: float = 0.1):
+        _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
+        _check(0 < coeff_bounds[0] <= coeff_bounds[1], f"onebit-lamb: coeff_bounds={coeff_bounds}")
+        _check(0 < ratio_bounds[0] <= ratio_bounds[1], f"onebit-lamb: ratio_bounds={ratio_bounds}")
+        _check(0 <= ratio_threshold < 1, f"onebit-lamb: ratio_threshold={ratio_threshold}")
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         warmup=warmup, group=group, compressor=compressor, seed=seed)
+        self.coeff_beta = coeff_beta
+        self.coeff_bounds = tuple(coeff_bounds)
+        self.ratio_bounds = tuple(ratio_bounds)
+        self.ratio_threshold = ratio_threshold
+
+    def _init_extra(self, st, p):
+        st["coeff_avg"] = torch.zeros((), dtype=torch.float32)     # c_avg (Alg. 1 line 2)
+        st["coeff_frozen"] = torch.zeros((), dtype=torch.float32)  # bias-corrected c_avg at T_w
+        st["last_ratio"] = torch.ones((), dtype=torch.float32)     # r_{t-1} (line 19)
+        st["momentum_scale"] = torch.ones((), dtype=torch.float32)  # Sec. 4.3 coefficient
+
+    def _warmup_step(self, t, items, grads):
+        c_min, c_max = self.coeff_bounds
+        for (p, g), grad in zip(items, grads):
+            b1, b2 = g["betas"]
+            st = self.state[p]
+            m, v = st["exp_avg"], st["exp_avg_sq"]
+            m.mul_(b1).add_(grad, alpha=1 - b1)
+            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+            update = (m / (1 - b1 ** t)).div_(denom)
+            if g["weight_decay"]:
+                update.add_(p, alpha=g["weight_decay"])
+            w_norm, u_norm = float(p.norm()), float(update.norm())
+            ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+            coeff = min(max(ratio, c_min), c_max)
+            st["coeff_avg"].mul_(self.coeff_beta).add_(coeff * (1 - self.coeff_beta))
+            p.add_(update, alpha=-g["lr"] * coeff)
+
+    def _freeze(self, items):
+        t = self.global_state["freeze_step"]
+        scales = []
+        for p, _ in items:
+            st = self.state[p]
+            st["exp_avg_sq_frozen"] = st["exp_avg_sq"].clone()
+            st["coeff_frozen"].copy_(st["coeff_avg"] / (1 - self.coeff_beta ** t))
+            st["last_ratio"].fill_(1.0)
+            scales.append(float(st["exp_avg"].norm()) / math.sqrt(max(p.numel(), 1)))
+        positive = [s for s in scales if s > 0]
+        united = sum(positive) / len(positive) if positive else 1.0
+        for (p, _), s in zip(items, scales):
+            self.state[p]["momentum_scale"].fill_(united / s if s > 0 else 1.0)
+
+    def _compressed_step(self, t, items, grads):
+        r_min, r_max = self.ratio_bounds
+        thr = self.ratio_threshold
+        locals_ = []
+        for (p, g), grad in zip(items, grads):
+            b1 = g["betas"][0]
+            st = self.state[p]
+            locals_.append((st["exp_avg"] * b1 + grad * (1 - b1)) * st["momentum_scale"])
+        averaged = self._exchange(locals_)
+        tf = self.global_state["freeze_step"]
+        for (p, g), scaled in zip(items, averaged):
+            b1, b2 = g["betas"]
+            st = self.state[p]
+            m_new = scaled / st["momentum_scale"]
+            g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
+            st["exp_avg_sq"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)  # line 16 (fresh)
+            st["exp_avg"].copy_(m_new)
+            denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+            ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
+            ratio = min(max(ratio, r_min), r_max)                        # line 18
+            last = float(st["last_ratio"])
+            ratio = min(max(ratio, last * (1 - thr)), last * (1 + thr))   # line 19
+            st["last_ratio"].fill_(ratio)
+            coeff = float(st["coeff_frozen"]) * ratio                     # line 20
+            update = (st["exp_avg"] / (1 - b1 ** t)).div_(denom)
+            if g["weight_decay"]:
+                update.add_(p, alpha=g["weight_decay"])
+            p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
+
+
+def default_warmup(total_steps: int | None) -> int:
+    """Warm-up length when the spec gives none: 15 % of the run (1-bit Adam
+    freezes the variance after ~15 % of training, Tang et al. 2021 via
+    one-bit-lamb-paper.txt Sec. 3.3), at least 1; 100 steps without a run length."""
+    if total_steps is None:
+        return 100
+    return max(1, round(0.15 * int(total_steps)))
+
+
+def make_optimizer(spec: str, params, lr: float, group=None, *, weight_decay: float = 0.0,
+                   betas=(0.9, 0.999), eps: float = 1e-8, seed: int = 0,
+                   total_steps: int | None = None, compressor: str = "onebit") -> torch.optim.Optimizer:
+    """The optimizer a ``--grad-compress`` spec implies.
+
+    ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmup=N]`` give the 1-bit
+    optimizers on ``group`` (they exchange momentum; the caller must not
+    average gradients -- :func:`perfsim.runtime.grad_sync.sync_gradients` and the
+    hook of ``attach`` already skip it for these specs). Every other spec gives
+    ``torch.optim.AdamW`` (Adam when ``weight_decay=0``); the gradients are then
+    averaged by the grad-sync hook.
+    """
+    gs = parse_grad_spec(spec)
+    if not lr > 0:
+        raise ConfigError(f"lr={lr}: must be > 0")
+    if gs.kind != "optimizer":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    warmup = gs.warmup if gs.warmup is not None else default_warmup(total_steps)
+    if warmup < 1:
+        raise ConfigError(f"grad compression {spec!r}: warmup must be >= 1")
+    cls = OneBitAdam if gs.optimizer == "onebit-adam" else OneBitLamb
+    return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
+               group=group, compressor=compressor, seed=seed)
