@@ -121,16 +121,21 @@ def test_breakdown_figure():
     visible = [a for a in fig.axes if a.get_visible()]
     assert len(visible) == 6
     ax = next(a for a in visible if a.get_title().startswith("FP32 · 10 Mbps"))
-    # the stacked bars of each stage add up to the iteration time
-    tops = {}
+    # the wide stacked bars of each stage add up to the iteration time; the narrow
+    # bar beside them is the stage's communication time
+    tops, comm = {}, {}
     for patch in ax.patches:
         x = round(patch.get_x() + patch.get_width() / 2)
-        tops[x] = max(tops.get(x, 0), patch.get_y() + patch.get_height())
-    it = df[(df.compress == "fp32") & (df.bandwidth_bps == 1e7)].iteration_s.item()
+        target = tops if patch.get_width() > 0.5 else comm
+        target[x] = max(target.get(x, 0), patch.get_y() + patch.get_height())
+    row = df[(df.compress == "fp32") & (df.bandwidth_bps == 1e7)]
     assert sorted(tops) == [0, 1, 2, 3]
-    np.testing.assert_allclose(list(tops.values()), it)
+    np.testing.assert_allclose(list(tops.values()), row.iteration_s.item())
+    np.testing.assert_allclose(list(comm.values()),
+                               st[st.config_id == row.config_id.item()].comm_s)
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["compute", "communication", "encode/decode", "idle (bubble)"]
+    assert labels == ["compute", "encode/decode", "waiting (exposed comm., bubble)",
+                      "communication (may overlap)"]
     with pytest.raises(ConfigError, match="per-stage"):
         plots.make_figure("breakdown", df, None, filters=["bandwidth=100Mbps"])
 

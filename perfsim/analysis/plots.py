@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of plots
-    BREAKDOWN, LINESTYLES, MARKERS, METHOD_COLORS, METHOD_NAMES, METRIC_LABELS, PANEL_COLUMNS,
+    BREAKDOWN, NETWORK, LINESTYLES, MARKERS, METHOD_COLORS, METHOD_NAMES, METRIC_LABELS, PANEL_COLUMNS,
     SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family,
     is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
@@ -192,17 +192,20 @@ def plot_speedup(df, baseline: str | None = None, metric: str = "throughput_samp
 
 
 def plot_breakdown(df, stages, title: str | None = None):
-    """Stacked per-stage time per iteration (compute / comm / encode / DP sync / idle),
-    one panel per configuration (replicas of a stage averaged). When exactly two
-    configuration columns vary (e.g. method and bandwidth) the panels form a grid,
-    rows by the first, columns by the second, sharing the time axis down a column."""
+    """Per-stage time per iteration, one panel per configuration (replicas averaged).
+
+    The wide stacked bar partitions the iteration: compute, encode/decode and the
+    optimizer step, then the rest of ``iteration_s`` as *waiting* (exposed
+    communication, pipeline bubble, gradient sync). Beside it a narrow bar shows
+    the stage's communication and DP-sync time, which a simulator overlaps with
+    compute (perfsim/engine/report.py) and a measurement may not, so it is drawn
+    apart rather than stacked. When exactly two configuration columns vary (e.g.
+    method and bandwidth) the panels form a grid sharing the time axis per column.
+    """
     _require(df, ["config_id"], "breakdown")
     if stages is None or len(stages) == 0:
         raise ConfigError("breakdown: no per-stage table (the sweep's .stages file) found")
-    _require(stages, ["config_id", "stage"], "breakdown")
-    cats = [c for c in BREAKDOWN if c[0] in stages.columns and stages[c[0]].fillna(0).gt(0).any()]
-    if not cats:
-        raise ConfigError("breakdown: the per-stage table has no time columns")
+    _require(stages, ["config_id", "stage", "compute_s"], "breakdown")
     df = add_method_column(df)
     have = set(stages["config_id"])
     df = df[df["config_id"].isin(have)]
@@ -211,6 +214,17 @@ def plot_breakdown(df, stages, title: str | None = None):
     if len(df) > MAX_PANELS:
         raise ConfigError(f"breakdown: {len(df)} configurations; select at most {MAX_PANELS} "
                           "with --filter (e.g. --filter bandwidth=100Mbps)")
+    stages = stages.copy()
+    for col in ("compute_s", "encode_s", "optimizer_s", "comm_s", "dp_sync_s", "idle_s"):
+        stages[col] = stages[col].fillna(0.0) if col in stages else 0.0
+    iteration = df.set_index("config_id")["iteration_s"] if "iteration_s" in df else None
+    busy = stages["compute_s"] + stages["encode_s"] + stages["optimizer_s"]
+    if iteration is not None and iteration.notna().all():
+        stages["wait_s"] = (stages["config_id"].map(iteration) - busy).clip(lower=0.0)
+    else:  # no iteration time: the table's own idle time is the rest
+        stages["wait_s"] = stages["idle_s"]
+    cats = [c for c in BREAKDOWN if stages[c[0]].gt(0).any()]
+    net = [c for c in NETWORK if stages[c[0]].gt(0).any()]
     varying = [c for c in PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
     from matplotlib.figure import Figure
 
@@ -234,15 +248,20 @@ def plot_breakdown(df, stages, title: str | None = None):
         for ax in axes:
             ax.set_visible(False)
         cells = list(zip(axes, (r for _, r in df.iterrows())))
-    cols = [c[0] for c in cats]
+    cols = [c[0] for c in cats + net]
     for ax, row in cells:
         ax.set_visible(True)
         per_stage = stages[stages["config_id"] == row["config_id"]].groupby("stage")[cols].mean()
-        per_stage = per_stage.fillna(0)
+        x = per_stage.index.to_numpy()
         bottom = 0
         for col, label, color in cats:
-            ax.bar(per_stage.index, per_stage[col], bottom=bottom, color=color, label=label,
-                   width=0.75, edgecolor="white", linewidth=0.4)
+            ax.bar(x - 0.14, per_stage[col], bottom=bottom, color=color, label=label,
+                   width=0.56, edgecolor="white", linewidth=0.4)
+            bottom = bottom + per_stage[col]
+        bottom = 0
+        for col, label, color in net:
+            ax.bar(x + 0.3, per_stage[col], bottom=bottom, color=color, label=label, width=0.2,
+                   edgecolor=color, linewidth=0.4, hatch="////", alpha=0.85)
             bottom = bottom + per_stage[col]
         parts = [value_label(c, row[c]) for c in varying] or [row["method_label"]]
         it = row.get("iteration_s")
@@ -251,11 +270,11 @@ def plot_breakdown(df, stages, title: str | None = None):
             head += f"\niteration {_seconds(it)}"
         ax.set_title(head, fontsize=9)
         ax.set_xlabel("pipeline stage", fontsize=9)
-        ax.set_xticks(list(per_stage.index))
+        ax.set_xticks(list(x))
         ax.set_ylabel("time per iteration (s)", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     handles, labels = cells[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=len(cats), fontsize=9)
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=9)
     fig.suptitle(title or _auto_title(df, "breakdown", width=int(fig.get_figwidth() * 11)),
                  fontsize=11)
     return fig

@@ -37,9 +37,14 @@ METHOD_NAMES = {
 SCHEDULE_COLORS = {"gpipe": "#1b9e77", "1f1b": "#d95f02"}
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 #: time categories of the breakdown, bottom to top
-BREAKDOWN = (("compute_s", "compute", "#4c72b0"), ("comm_s", "communication", "#dd8452"),
-             ("encode_s", "encode/decode", "#8172b3"), ("dp_sync_s", "DP gradient sync", "#55a868"),
-             ("idle_s", "idle (bubble)", "#cfcfcf"))
+#: time categories of the breakdown: the stacked bar partitions the iteration
+#: (busy categories, then the rest = waiting); the narrow bar beside it shows
+#: network activity, which may overlap the busy time
+BREAKDOWN = (("compute_s", "compute", "#4c72b0"), ("encode_s", "encode/decode", "#8172b3"),
+             ("optimizer_s", "optimizer step", "#64b5cd"),
+             ("wait_s", "waiting (exposed comm., bubble)", "#cfcfcf"))
+NETWORK = (("comm_s", "communication (may overlap)", "#dd8452"),
+           ("dp_sync_s", "DP gradient sync (may overlap)", "#55a868"))
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
 #: configuration columns that may become panels, in order
