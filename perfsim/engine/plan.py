@@ -98,7 +98,8 @@ def build_plan(workload, strategy, profile) -> Plan:
     bounds = partition(costs, pp, strategy.partition)
     fw_comp, bw_comp = make_pipeline_pair(strategy.compress)
     grad_spec = strategy.grad_compress
-    grad_comp = make_compressor("fp32" if grad_spec.lower() == "none" else grad_spec) if dp > 1 else None
+    # built even when dp == 1 so that a misspelt spec is reported, not ignored
+    grad_comp = make_compressor("fp32" if grad_spec.lower() == "none" else grad_spec)
     stages: list[StagePlan] = []
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
@@ -118,7 +119,7 @@ def build_plan(workload, strategy, profile) -> Plan:
             st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32)
             st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32)
             st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32)
-        if grad_comp is not None:
+        if dp > 1:
             st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile)
         opt = profile.optimizer_time(4 * st.params) if profile is not None else None
         st.optimizer_s = opt if opt is not None else 28 * st.params / FALLBACK_MEMORY_BPS

@@ -1,0 +1,151 @@
+"""Engine correctness: closed forms, replayed schedules, exact bytes, determinism."""
+
+import pytest
+
+from perfsim.api import predict
+from perfsim.compression import make_compressor, make_pipeline_pair
+from perfsim.config import Strategy, System, Workload
+from perfsim.engine import simulate
+from perfsim.models.specs import LayerSpec
+from perfsim.network import Topology
+from perfsim.profile import Profile
+from perfsim.schedules import get_schedule, max_in_flight
+
+EMPTY = Profile()  # no optimizer / codec costs
+
+
+def toy(p=4, tf=0.01, tb=0.02, params=0, shape=(8,)):
+    layers = tuple(LayerSpec(f"l{i}", params, shape, 0.0) for i in range(p))
+    return Workload("toy", layers, (tf,) * p, (tb,) * p, 1)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(4, 8), (3, 5), (1, 4)])
+def test_free_communication_closed_form(schedule, p, m):
+    """(m + p - 1)(t_f + t_b) with free communication (GPipe paper Sec. 2.3)."""
+    tf, tb = 0.01, 0.02
+    res = simulate(toy(p, tf, tb), Strategy(pp=p, micro_batch=1, macro_batch=m, schedule=schedule),
+                   System(bandwidth_bps=1e18), EMPTY, trace=True)
+    assert res.summary["iteration_s"] == pytest.approx((m + p - 1) * (tf + tb), rel=1e-9)
+    assert res.summary["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), rel=1e-6)
+    # the whole story: every stage ran exactly its schedule row, in order
+    table = get_schedule(schedule)(p, m)
+    for s in range(p):
+        spans = sorted((e for e in res.trace_events if e.get("cat") == "compute" and e["tid"] == s
+                        and e["name"] != "optimizer"), key=lambda e: e["ts"])
+        assert [f"{s}{e['name']}" for e in spans] == [str(a) for a in table[s]]
+
+
+def test_communication_bound_runs_at_slowest_link():
+    """Tiny compute, 4 nodes, the link 1<->2 at 10 Mbps, others 1 Gbps: every
+    micro-batch crosses the slow link once each way, so an iteration takes
+    ~ 2 m S / B_slow."""
+    slow, fast = 10e6, 1e9
+    bw = [[0 if i == j else fast for j in range(4)] for i in range(4)]
+    bw[1][2] = bw[2][1] = slow
+    topo = Topology(tuple(map(tuple, bw)), tuple(tuple(0.0 for _ in range(4)) for _ in range(4)))
+    m, shape = 64, (1000,)
+    res = simulate(toy(4, 1e-6, 1e-6, shape=shape), Strategy(pp=4, macro_batch=m),
+                   System(topology=topo), EMPTY)
+    per_msg = 4 * 1000 * 8 / slow
+    assert res.summary["iteration_s"] == pytest.approx(2 * m * per_msg, rel=0.02)
+    links = {(r["src"], r["dst"]): r for r in res.links}
+    assert links[(1, 2)]["busy_s"] == pytest.approx(m * per_msg, rel=1e-6)
+
+
+@pytest.mark.parametrize("n", [2, 4, 7])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_ring_allreduce_closed_form(n, symmetric):
+    """One fp32 bucket: 2(N-1)/N * S/B + 2(N-1) * latency."""
+    params, bw, lat = 250_000, 1e9, 1e-3
+    wl = toy(1, 0.0, 1e-9, params=params)
+    res = simulate(wl, Strategy(pp=1, dp=n, macro_batch=1), System(bandwidth_bps=bw, latency_s=lat),
+                   EMPTY, symmetric=symmetric)
+    S = 4 * params
+    expect = 2 * (n - 1) / n * S * 8 / bw + 2 * (n - 1) * lat
+    assert res.stages[0]["dp_sync_s"] == pytest.approx(expect, rel=1e-9)
+    assert res.summary["dp_bytes"] == pytest.approx(2 * (n - 1) / n * S * n)
+    assert res.summary["replicas_simulated"] == (1 if symmetric else n)
+
+
+@pytest.mark.parametrize("spec", ["fp32", "fp16", "directq:fw4bw8", "aqsgd:fw3bw6"])
+def test_pipeline_bytes_are_the_compressors(spec):
+    fw, bw = make_pipeline_pair(spec)
+    res = predict(compress=spec, pp=4, macro_batch=4, model="gpt2")
+    shape = (1, 1024, 768)
+    links = {(r["src"], r["dst"]): r["bytes"] for r in res.links}
+    assert links[(0, 1)] == 4 * fw.wire_bytes(shape)
+    assert links[(1, 0)] == 4 * bw.wire_bytes(shape)
+    assert res.summary["pipeline_bytes"] == 3 * 4 * (fw.wire_bytes(shape) + bw.wire_bytes(shape))
+
+
+def test_allgather_compressor_scales_with_workers():
+    """A non-allreduce-compatible compressor allgathers: bytes per rank ~ (N-1) x payload,
+    while an allreduce-compatible one stays ~ 2 x payload."""
+    per_rank = {}
+    for spec in ("qsgd:4", "qsgd-maxnorm:4"):
+        comp = make_compressor(spec)
+        assert comp.allreduce_compatible == (spec == "qsgd-maxnorm:4")
+        for n in (2, 4, 8):
+            r = predict(model="gpt2", pp=2, dp=n, macro_batch=2, grad_compress=spec, bandwidth="1Gbps")
+            per_rank[spec, n] = r.summary["dp_bytes"] / n
+    assert per_rank["qsgd:4", 8] / per_rank["qsgd:4", 2] == pytest.approx(7, rel=0.01)
+    assert per_rank["qsgd-maxnorm:4", 8] / per_rank["qsgd-maxnorm:4", 2] < 2
+
+
+def test_deterministic():
+    a = predict(bandwidth="300Mbps", compress="aqsgd:fw3bw6", dp=2, grad_compress="qsgd-maxnorm:4")
+    b = predict(bandwidth="300Mbps", compress="aqsgd:fw3bw6", dp=2, grad_compress="qsgd-maxnorm:4")
+    assert a.to_json_dict() == b.to_json_dict()
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_peak_inflight(schedule):
+    p, m = 8, 32
+    res = predict(schedule=schedule, macro_batch=m)
+    expect = [min(p - s, m) if schedule == "1f1b" else m for s in range(p)]
+    assert [row["peak_inflight"] for row in res.stages] == expect
+    assert expect == [max_in_flight(row) for row in get_schedule(schedule)(p, m)]
+
+
+def test_heterogeneous_replicas_simulated_separately():
+    """dp=2 x pp=2 on 4 nodes; replica 1's pipeline link is slow: every replica is
+    simulated and the slow one sets the iteration time (sync waits for it)."""
+    bw = [[0 if i == j else 1e9 for j in range(4)] for i in range(4)]
+    bw[2][3] = bw[3][2] = 1e7
+    topo = Topology(tuple(map(tuple, bw)), tuple(tuple(0.0 for _ in range(4)) for _ in range(4)))
+    wl = toy(2, 1e-3, 2e-3, params=1000, shape=(10_000,))
+    het = simulate(wl, Strategy(pp=2, dp=2, macro_batch=4), System(topology=topo), EMPTY)
+    assert het.summary["replicas_simulated"] == 2
+    fast = simulate(wl, Strategy(pp=2, dp=2, macro_batch=4), System(bandwidth_bps=1e9), EMPTY)
+    assert fast.summary["replicas_simulated"] == 1
+    assert het.summary["iteration_s"] > 5 * fast.summary["iteration_s"]
+
+
+def test_headline_shape():
+    """Compression should help a lot at 100 Mbps and little at 10 Gbps (mechanism,
+    not a tuned number)."""
+    def tput(bw, c):
+        return predict(bandwidth=bw, compress=c).summary["throughput_samples_per_s"]
+    slow = tput("100Mbps", "aqsgd:fw3bw6") / tput("100Mbps", "fp32")
+    fast = tput("10Gbps", "aqsgd:fw3bw6") / tput("10Gbps", "fp32")
+    assert slow > 3 and 0.95 < fast < 1.1
+
+
+def test_aqsgd_first_epoch_is_uncompressed():
+    r = predict(bandwidth="100Mbps", compress="aqsgd:fw3bw6", epochs=3)
+    s = r.summary
+    assert s["warmup_iteration_s"] > 2 * s["iteration_s"]
+    assert s["total_s"] == pytest.approx(s["iterations_per_epoch"] * (s["warmup_iteration_s"] + 2 * s["iteration_s"]))
+
+
+def test_overlap_hides_gradient_sync():
+    kw = dict(model="gpt2", pp=2, dp=4, macro_batch=4, bandwidth="1Gbps")
+    on, off = predict(**kw), predict(**kw, overlap=False)
+    assert on.summary["iteration_s"] < off.summary["iteration_s"]
+
+
+def test_nic_sharing_slows_concurrent_flows():
+    kw = dict(schedule="1f1b", bandwidth="200Mbps", macro_batch=16)
+    shared, free = predict(**kw), predict(**kw, nic_sharing=False)
+    assert shared.summary["iteration_s"] >= free.summary["iteration_s"]

@@ -1,0 +1,108 @@
+"""Network: collective closed forms, topology files, fair sharing of NICs."""
+
+import json
+
+import pytest
+import simpy
+
+from perfsim.config import System
+from perfsim.engine.flows import FlowScheduler
+from perfsim.errors import ConfigError
+from perfsim.network import Network, collective_cost, collective_time, load_topology
+
+
+def test_collective_closed_forms():
+    S, B, lat = 1e6, 1e9, 1e-3
+    for n in (2, 5, 16):
+        assert collective_time("allreduce", S, n, B, lat) == pytest.approx(
+            2 * (n - 1) / n * S * 8 / B + 2 * (n - 1) * lat)
+        assert collective_cost("allgather", S, n) == ((n - 1) * S, n - 1)
+        assert collective_cost("alltoall", S, n)[0] == pytest.approx((n - 1) / n * S)
+    assert collective_cost("allreduce", S, 1) == (0.0, 0)
+    assert collective_cost("p2p", S, 2) == (S, 1)
+
+
+def test_intra_node_faster():
+    net = Network(System(bandwidth_bps=1e9, latency_s=1e-3, gpus_per_node=2), 4)
+    assert net.path(0, 1).bandwidth_bps > net.path(1, 2).bandwidth_bps
+    assert net.path(0, 1).resources == () and net.path(1, 2).resources == (("tx", 0), ("rx", 1))
+    assert net.p2p_time(1, 2, 1e6) == pytest.approx(1e-3 + 8e-3)
+
+
+def test_ring_collective_uses_slowest_link(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"nodes": 3, "bandwidth": "1Gbps", "latency": "1ms",
+                             "links": [{"src": 1, "dst": 2, "bandwidth": "100Mbps", "latency": "20ms",
+                                        "symmetric": False}]}))
+    topo = load_topology(f)
+    net = Network(System(topology=topo), 3)
+    S = 1e6
+    assert net.collective_time("allreduce", S, [0, 1, 2]) == pytest.approx(
+        2 * 2 / 3 * S * 8 / 1e8 + 4 * 0.02)
+    assert net.path(2, 1).bandwidth_bps == 1e9
+
+
+def test_topology_formats_agree(tmp_path):
+    (tmp_path / "t.csv").write_text("src,dst,bandwidth,latency\n0,1,100Mbps,10ms\n0,2,1Gbps,1ms\n1,2,1Gbps,1ms\n")
+    (tmp_path / "t.toml").write_text('bandwidth_matrix = [[0, "100Mbps", "1Gbps"], ["100Mbps", 0, "1Gbps"], '
+                                     '["1Gbps", "1Gbps", 0]]\nlatency_matrix = [[0, "10ms", "1ms"], '
+                                     '["10ms", 0, "1ms"], ["1ms", "1ms", 0]]\n')
+    a, b = load_topology(tmp_path / "t.csv"), load_topology(tmp_path / "t.toml")
+    assert a.bandwidth == b.bandwidth
+    assert [x for row in a.latency for x in row] == pytest.approx([x for row in b.latency for x in row])
+    assert not a.is_uniform()
+
+
+@pytest.mark.parametrize("name,text,msg", [
+    ("a.json", "{", "malformed"),
+    ("a.json", '{"nodes": 2}', "bandwidth"),
+    ("a.json", '{"nodes": 2, "bandwidth": "-1Gbps"}', "positive"),
+    ("a.json", '{"nodes": 2, "bandwidth": "1Gbps", "colour": 1}', "colour"),
+    ("a.json", '{"bandwidth_matrix": [[0, 1], [1]]}', "row 1"),
+    ("a.csv", "src,dst,bandwidth,latency\n0,1,1Gbps,0\n0,2,1Gbps,0\n", "pair 1,2"),
+    ("a.csv", "a,b\n1,2\n", "header"),
+])
+def test_bad_topologies(tmp_path, name, text, msg):
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_topology(f)
+
+
+def test_topology_too_small(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text('{"nodes": 2, "bandwidth": "1Gbps"}')
+    with pytest.raises(ConfigError, match="needs 4"):
+        Network(System(topology=load_topology(f)), 4)
+
+
+def _run_flows(specs, capacity):
+    env = simpy.Environment()
+    fs = FlowScheduler(env, capacity)
+    ends = {}
+
+    def start(name, at, nbytes, res, cap):
+        yield env.timeout(at)
+        yield fs.transfer(nbytes, res, cap)
+        ends[name] = env.now
+
+    for name, at, nbytes, res, cap in specs:
+        env.process(start(name, at, nbytes, res, cap))
+    env.run()
+    return ends
+
+
+def test_fair_sharing_of_a_nic():
+    # two 1 MB flows out of one 8 Mbit/s NIC: together they take 2 s
+    ends = _run_flows([("a", 0, 1e6, [("tx", 0)], 1e12), ("b", 0, 1e6, [("tx", 0)], 1e12)], lambda r: 8e6)
+    assert ends == pytest.approx({"a": 2.0, "b": 2.0})
+    # staggered: b arrives at 0.5 s when a has 0.5 MB left; shares, a ends at 1.5, b at 2
+    ends = _run_flows([("a", 0, 1e6, [("tx", 0)], 1e12), ("b", 0.5, 1e6, [("tx", 0)], 1e12)], lambda r: 8e6)
+    assert ends == pytest.approx({"a": 1.5, "b": 2.0})
+
+
+def test_max_min_with_caps():
+    # a is capped at 2 Mbit/s; b gets the rest (6 Mbit/s) of the shared 8 Mbit/s NIC
+    ends = _run_flows([("a", 0, 1e6, [("tx", 0)], 2e6), ("b", 0, 1.5e6, [("tx", 0)], 1e12)], lambda r: 8e6)
+    assert ends["a"] == pytest.approx(4.0)
+    assert ends["b"] == pytest.approx(2.0)

@@ -1,0 +1,80 @@
+"""`perfsim predict` command line: default run, grids, formats, errors."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from perfsim.cli import main
+
+
+def run(capsys, *argv):
+    code = main(["predict", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_run(capsys):
+    code, out, err = run(capsys)
+    assert code == 0, err
+    for word in ("gpt2-xl", "10Gbps", "gpipe", "samples/s", "per stage", "per micro-batch", "45.0", "135.0"):
+        assert word in out
+
+
+def test_csv_grid_has_every_combination(capsys):
+    code, out, _ = run(capsys, "--bandwidth", "10Gbps,100Mbps", "--compress", "fp32,directq:fw4bw8",
+                       "--format", "csv", "--macro-batch", "8")
+    assert code == 0
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert len(rows) == 4
+    for col in ("bandwidth_bps", "latency_s", "compress", "grad_compress", "schedule", "pp", "dp",
+                "micro_batch", "macro_batch", "throughput_samples_per_s", "iteration_s", "bubble_fraction"):
+        assert col in rows[0]
+    assert {(r["bandwidth_bps"], r["compress"]) for r in rows} == {
+        ("10000000000.0", "fp32"), ("10000000000.0", "directq:fw4bw8"),
+        ("100000000.0", "fp32"), ("100000000.0", "directq:fw4bw8")}
+    assert all(r["source"] == "predicted" for r in rows)
+
+
+def test_json_output_file_and_trace(capsys, tmp_path):
+    out_file, trace = tmp_path / "r.json", tmp_path / "t.json"
+    code, out, err = run(capsys, "--macro-batch", "4", "--output", str(out_file), "--trace", str(trace))
+    assert code == 0 and out == "" and "wrote" in err
+    data = json.loads(out_file.read_text())
+    assert data[0]["summary"]["macro_batch"] == 4 and len(data[0]["stages"]) == 8
+    assert len(data[0]["microbatches"]) == 8 * 4
+    events = json.loads(trace.read_text())["traceEvents"]
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["cat"] for e in spans} >= {"compute", "comm"}
+    assert all(e["dur"] > 0 and e["ts"] >= 0 for e in spans)
+    assert not list(tmp_path.glob(".*"))  # no temp files left behind
+
+
+@pytest.mark.parametrize("argv,culprit", [
+    (["--bandwidth", "100furlongs"], "100furlongs"),
+    (["--bandwidth=-5Mbps"], "-5Mbps"),
+    (["--bandwidth", "0"], "bandwidth"),
+    (["--partition", "1,2,3"], "partition"),
+    (["--partition", "1,1,1,1,1,1,1,1"], "partition"),
+    (["--macro-batch", "33", "--micro-batch", "2"], "macro_batch"),
+    (["--compress", "zip:4"], "zip"),
+    (["--grad-compress", "nope", "--dp", "2"], "nope"),
+    (["--grad-compress", "nope"], "nope"),
+    (["--model", "gpt5"], "gpt5"),
+    (["--schedule", "zigzag"], "zigzag"),
+    (["--pp", "two"], "pp"),
+    (["--profile", "/nonexistent/p.json"], "profile"),
+])
+def test_bad_input_one_line_exit_2(capsys, argv, culprit):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.count("\n") == 1 and culprit in err and "Traceback" not in err
+
+
+def test_malformed_files(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    for flag in ("--topology", "--profile", "--workload"):
+        code, _, err = run(capsys, flag, str(bad))
+        assert code == 2 and "malformed" in err and err.count("\n") == 1

@@ -1,0 +1,88 @@
+"""Workload presets, workload files, partitions."""
+
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.profile import Profile
+from perfsim.workload import get_model, layer_times, load_workload_file, partition
+
+
+@pytest.mark.parametrize("name,params,tol", [
+    ("gpt2-xl", 1.558e9, 0.01),         # 1.5B (GPT-2 paper; nanoGPT count, tied head)
+    ("bert-large", 335e6, 0.02),        # Devlin et al. 2019
+    ("deberta-v2-xxlarge", 1.5e9, 0.06),
+    ("resnet50", 25.56e6, 0.01),        # He et al. 2016 / torchvision
+    ("vgg16", 138.36e6, 0.001),         # torchvision vgg16
+])
+def test_preset_sizes(name, params, tol):
+    assert get_model(name).params == pytest.approx(params, rel=tol)
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="gpt5"):
+        get_model("gpt5")
+
+
+def test_default_partition_is_six_blocks_per_stage():
+    m = get_model("gpt2-xl")
+    fwd, bwd = layer_times(m, Profile.default(), 1)
+    bounds = partition([f + b for f, b in zip(fwd, bwd)], 8)
+    blocks = [sum(1 for i in range(a, b) if m.layers[i].name.startswith("block")) for a, b in bounds]
+    assert blocks == [6] * 8
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(m.layers)
+
+
+def test_partition_minimises_slowest_stage():
+    costs = [5, 1, 1, 1, 1, 1, 5]
+    bounds = partition(costs, 3)
+    worst = max(sum(costs[a:b]) for a, b in bounds)
+    assert worst == 5 and bounds == [(0, 1), (1, 6), (6, 7)]
+    assert [b - a for a, b in partition([1.0] * 6, 3)] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("explicit", [(1, 2), (0, 3, 4), (2, 2, 2)])
+def test_explicit_partition_must_fit(explicit):
+    with pytest.raises(ConfigError, match="partition"):
+        partition([1.0] * 7, 3, explicit)
+    assert partition([1.0] * 7, 3, (3, 2, 2)) == [(0, 3), (3, 5), (5, 7)]
+
+
+def test_too_many_stages():
+    with pytest.raises(ConfigError, match="pp=9"):
+        partition([1.0] * 8, 9)
+
+
+def test_flops_fallback_uses_profile_rate():
+    m = get_model("bert-large")
+    prof = Profile.default()
+    fwd, bwd = layer_times(m, prof, 2)
+    assert fwd[1] == pytest.approx(2 * m.layers[1].flops_fwd / prof.effective_flops())
+    assert bwd[1] == pytest.approx(2 * fwd[1])
+    with pytest.raises(ConfigError, match="no compute time"):
+        layer_times(m, Profile(), 1)
+
+
+def test_workload_file_toml(tmp_path):
+    f = tmp_path / "w.toml"
+    f.write_text('name = "mine"\ntokens_per_sample = 16\n'
+                 '[[layers]]\nname = "blk"\ncount = 3\nparams = 100\nout_shape = [16, 4]\nfwd_s = 0.001\n'
+                 '[[layers]]\nname = "head"\nparams = 10\nout_shape = [2]\nfwd_s = 0.002\nbwd_s = 0.001\n')
+    m = load_workload_file(f)
+    assert [layer.name for layer in m.layers] == ["blk0", "blk1", "blk2", "head"]
+    fwd, bwd = layer_times(m, Profile(), 4)
+    assert fwd == pytest.approx([0.004] * 3 + [0.008]) and bwd == pytest.approx([0.008] * 3 + [0.004])
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("layers = []", "non-empty"),
+    ('[[layers]]\nparams = 1\n', "out_shape"),
+    ('[[layers]]\nparams = -1\nout_shape = [1]\n', "params"),
+    ('[[layers]]\nparams = 1\nout_shape = [1]\ncolour = 2\n', "colour"),
+    ('nme = "x"\n[[layers]]\nparams = 1\nout_shape = [1]\n', "nme"),
+    ("[[layers", "malformed"),
+])
+def test_bad_workload_files(tmp_path, text, msg):
+    f = tmp_path / "w.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_workload_file(f)
