@@ -1,0 +1,250 @@
+"""``aqsgd`` -- AQ-SGD activation compression (aq-sgd-paper.txt Alg. 1, App. D Alg. 2).
+
+Instead of quantizing an activation ``a(xi)`` directly, AQ-SGD quantizes its
+*change* since the sample ``xi`` was last seen. Both ends of a pipeline
+boundary keep a buffer ``m(xi)`` per training sample:
+
+* first visit of ``xi`` (Alg. 1 lines 4-5): send ``a`` in full precision
+  (float32), both ends set ``m(xi) = a``;
+* later visits (lines 7-9): send ``Q(a - m(xi))``, both ends set
+  ``m(xi) <- m(xi) + Q(a - m(xi))`` and the receiver uses ``m(xi)`` as its input.
+
+``Q`` is DirectQ's quantizer (bucket = one row of the last dimension, stochastic
+rounding; :mod:`perfsim.kernels.quant`), and the sender's delta / quantize /
+pack / buffer update is the fused kernel :mod:`perfsim.kernels.aqsgd_step`.
+Sender and receiver compute the buffer update from the same codes and scales
+with the same float32 expression, so they stay bit-identical.
+
+Spec: ``aqsgd:BITS[:m8|m4|m2][:disk=PATH]``
+
+* ``BITS`` in 2, 3, 4, 6, 8 (forward activations; the pipeline spec
+  ``aqsgd:fw3bw6`` pairs it with ``directq:6`` for the backward gradients).
+* ``mZ``: keep ``m`` itself quantized with ``Z`` bits (App. H.5, "Number of
+  Bits for Previous Messages"); default float32.
+* ``disk=PATH``: memory-map the buffers under directory ``PATH`` instead of RAM.
+
+``compress(x, key=ids)``: ``ids`` is a 1-D integer tensor with one sample id
+per row of dim 0 of ``x`` (ids unique within a batch). A batch may mix new and
+seen samples. Payload tensors: ``full`` (float32 rows of the new samples, in
+batch order), ``codes`` and ``scales`` (the quantized deltas of the seen
+samples, in batch order). ``wire_bytes(shape)`` is the steady state (every
+sample seen), ``wire_bytes(shape, warmup=True)`` the first epoch (float32), and
+:meth:`AQSGD.payload_bytes` any mix. State (``state_dict``): the seen ids and
+their slots, the buffers (RAM) or their files (disk), the step counter.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from perfsim.compression.aqsgd_store import MessageStore
+from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.directq import check_payload_tensors
+from perfsim.compression.registry import parse_bits, register
+from perfsim.errors import ConfigError
+from perfsim.kernels.aqsgd_step import aqsgd_receive, aqsgd_step
+from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.quant import QUANT_BITS
+from perfsim.kernels.rng import call_key
+
+MBITS = (2, 4, 8)
+#: hash streams: the message, new-sample buffer writes, seen-sample buffer writes
+_STREAM_MSG, _STREAM_NEW, _STREAM_SEEN = 0, 1, 2
+
+
+@register
+class AQSGD(Compressor):
+    """AQ-SGD: quantize the change of each sample's activation since its last visit."""
+
+    name = "aqsgd"
+    spec_syntax = "aqsgd:BITS[:m8|m4|m2][:disk=PATH]"
+    allreduce_compatible = False
+    stateful = True
+
+    def __init__(self, bits: int, *, mbits: int | None = None, disk: str | None = None,
+                 seed: int = 0, tag: str = ""):
+        if bits not in QUANT_BITS:
+            raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
+        if mbits is not None and mbits not in MBITS:
+            raise ConfigError(f"m{mbits}: unsupported buffer precision (choose m8, m4 or m2)")
+        self.bits, self.mbits, self.disk = int(bits), mbits, disk
+        self.seed, self.tag = int(seed), tag
+        self.step = 0
+        self.slots: dict[int, int] = {}
+        self.sample_shape: tuple[int, ...] | None = None
+        self.store: MessageStore | None = None
+        parts = [self.name, str(bits)] + ([f"m{mbits}"] if mbits else []) + ([f"disk={disk}"] if disk else [])
+        self.spec = ":".join(parts)
+
+    @classmethod
+    def from_args(cls, args: list[str], *, seed: int = 0, tag: str = "", **_):
+        if not args:
+            raise ConfigError("aqsgd needs a bit width, e.g. aqsgd:3")
+        bits = parse_bits(args[0], QUANT_BITS)
+        mbits = disk = None
+        for a in args[1:]:
+            low = a.lower()
+            if low.startswith("disk="):
+                disk = a.split("=", 1)[1]
+                if not disk:
+                    raise ConfigError(f"aqsgd option {a!r}: empty path")
+            elif low.startswith("m") and low[1:].isdigit():
+                mbits = parse_bits(low[1:], MBITS, what="aqsgd buffer bits")
+            else:
+                raise ConfigError(f"aqsgd option {a!r}: expected m8, m4, m2 or disk=PATH")
+        return cls(bits, mbits=mbits, disk=disk, seed=seed, tag=tag)
+
+    # ------------------------------------------------------------- sizes
+    @staticmethod
+    def _split(shape: Sequence[int]) -> tuple[int, int, int]:
+        """(batch rows, elements per sample, row length of a bucket)."""
+        shape = tuple(int(d) for d in shape)
+        if not shape:
+            raise ConfigError("aqsgd: a tensor needs a batch dimension (one sample per row of dim 0)")
+        numel_of(shape)
+        per = math.prod(shape[1:])
+        row = shape[-1] if len(shape) >= 2 and shape[-1] > 0 else 1
+        return shape[0], per, row
+
+    def payload_bytes(self, shape: Sequence[int], new_rows: int) -> int:
+        """Exact bytes of a batch with ``new_rows`` first-visit samples."""
+        b, per, row = self._split(shape)
+        if not 0 <= new_rows <= b:
+            raise ConfigError(f"aqsgd: new_rows={new_rows} outside [0, {b}]")
+        seen = (b - new_rows) * per
+        return 4 * new_rows * per + packed_nbytes(seen, self.bits) + 4 * (seen // row)
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        b, _, _ = self._split(shape)
+        return self.payload_bytes(shape, b if warmup else 0)
+
+    # ------------------------------------------------------------- helpers
+    def _ids(self, x: torch.Tensor, key) -> list[int]:
+        if key is None:
+            raise ConfigError("aqsgd: compress/decompress need key= (1-D tensor of sample ids, one per row)")
+        key = torch.as_tensor(key)
+        if key.dim() != 1 or key.is_floating_point() or key.is_complex():
+            raise ConfigError(f"aqsgd: key must be a 1-D integer tensor of sample ids, got {key.dtype} "
+                              f"{tuple(key.shape)}")
+        ids = [int(i) for i in key.tolist()]
+        if len(ids) != x.shape[0]:
+            raise ConfigError(f"aqsgd: {len(ids)} sample ids for a batch of {x.shape[0]} rows")
+        if len(set(ids)) != len(ids):
+            raise ConfigError("aqsgd: duplicate sample ids in one batch")
+        return ids
+
+    def _ensure_store(self, shape: tuple[int, ...], device) -> None:
+        sample = tuple(shape[1:])
+        if self.store is None:
+            _, per, row = self._split(shape)
+            self.sample_shape = sample
+            self.store = MessageStore(per, row, mbits=self.mbits, disk=self.disk, device=device,
+                                      tag=self.tag)
+        elif sample != self.sample_shape:
+            raise ConfigError(f"aqsgd: sample shape {sample} differs from the buffer's {self.sample_shape}")
+
+    def _partition(self, ids: list[int]):
+        seen = [r for r, i in enumerate(ids) if i in self.slots]
+        new = [r for r, i in enumerate(ids) if i not in self.slots]
+        return seen, new
+
+    def _keys(self):
+        st = self.step
+        self.step += 1
+        mk = lambda s: call_key(self.seed, st, s)  # noqa: E731
+        return mk(_STREAM_MSG), mk(_STREAM_NEW), mk(_STREAM_SEEN)
+
+    def _store_new(self, ids, new, values: torch.Tensor, key) -> None:
+        slots = self.store.allocate(len(new))
+        for r, s in zip(new, slots):
+            self.slots[ids[r]] = s
+        self.store.put(slots, values, key)
+
+    # ------------------------------------------------------------- data path
+    def compress(self, x: torch.Tensor, *, key=None) -> Payload:
+        check_input(x)
+        if x.dim() == 0:
+            raise ConfigError("aqsgd: a tensor needs a batch dimension")
+        ids = self._ids(x, key)
+        shape = tuple(x.shape)
+        self._ensure_store(shape, x.device)
+        per = self.store.numel
+        seen, new = self._partition(ids)
+        kmsg, knew, kseen = self._keys()
+        xf = x.detach().reshape(len(ids), per)
+        xf = xf if xf.dtype == torch.float32 else xf.float()
+        full = xf[new].contiguous() if new else xf.new_zeros((0, per))
+        if seen:
+            sslots = [self.slots[ids[r]] for r in seen]
+            m = self.store.get(sslots, x.device)
+            codes, scales = aqsgd_step(xf[seen], m, self.bits, bucket=self.store.row, key=kmsg)
+            self.store.put(sslots, m, kseen)
+        else:
+            codes = torch.zeros(0, dtype=torch.uint8, device=x.device)
+            scales = torch.zeros(0, dtype=torch.float32, device=x.device)
+        if new:
+            self._store_new(ids, new, full, knew)
+        full = full.view(len(new), *shape[1:])
+        return Payload({"full": full, "codes": codes, "scales": scales}, shape, x.dtype,
+                       {"new_rows": len(new), "step": self.step - 1})
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        check_payload_tensors(payload, ("full", "codes", "scales"), self.spec)
+        shape = tuple(payload.shape)
+        full = payload.tensors["full"]
+        dummy = torch.empty(shape[:1] if shape else (0,), device=full.device)
+        ids = self._ids(dummy, key)
+        self._ensure_store(shape, full.device)
+        per = self.store.numel
+        seen, new = self._partition(ids)
+        if full.shape[:1] != (len(new),) or payload.meta.get("new_rows", len(new)) != len(new):
+            raise ConfigError(f"aqsgd: payload carries {full.shape[0] if full.dim() else '?'} new samples, "
+                              f"this receiver has {len(new)} unseen ids: sender and receiver are out "
+                              f"of step")
+        _, knew, kseen = self._keys()
+        out = torch.empty((len(ids), per), dtype=torch.float32, device=full.device)
+        if seen:
+            sslots = [self.slots[ids[r]] for r in seen]
+            m = self.store.get(sslots, full.device)
+            aqsgd_receive(payload.tensors["codes"], payload.tensors["scales"], m, self.bits,
+                          bucket=self.store.row)
+            self.store.put(sslots, m, kseen)
+            out[seen] = m
+        if new:
+            fv = full.reshape(len(new), per).float()
+            self._store_new(ids, new, fv, knew)
+            out[new] = fv
+        return out.view(shape).to(payload.dtype)
+
+    # ------------------------------------------------------------- state
+    def buffer_bytes_per_sample(self) -> int:
+        """Bytes of ``m`` per stored sample (0 before the first batch)."""
+        return self.store.nbytes() if self.store else 0
+
+    def state_dict(self):
+        return {"step": self.step, "seed": self.seed, "slots": dict(self.slots),
+                "sample_shape": self.sample_shape,
+                "store": self.store.state_dict() if self.store else None}
+
+    def load_state_dict(self, state) -> None:
+        unknown = set(state) - {"step", "seed", "slots", "sample_shape", "store"}
+        if unknown:
+            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(unknown)}")
+        self.step = int(state.get("step", 0))
+        self.seed = int(state.get("seed", self.seed))
+        self.slots = {int(k): int(v) for k, v in (state.get("slots") or {}).items()}
+        sample = state.get("sample_shape")
+        self.sample_shape = tuple(sample) if sample is not None else None
+        st = state.get("store")
+        if st is None:
+            self.store = None
+            return
+        shape = (1, *self.sample_shape)
+        _, per, row = self._split(shape)
+        self.store = MessageStore(per, row, mbits=self.mbits, disk=self.disk, tag=self.tag,
+                                  device=st["arrays"][next(iter(st["arrays"]))].device
+                                  if "arrays" in st else "cpu")
+        self.store.load_state_dict(st)

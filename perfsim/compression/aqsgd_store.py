@@ -1,0 +1,196 @@
+"""AQ-SGD's per-sample message buffers ``m(xi)``: in RAM or memory-mapped on disk,
+full precision or low precision (``m8``/``m4``/``m2``, aq-sgd-paper.txt H.5).
+
+Samples are keyed by their integer id; a slot is allocated on a sample's first
+visit (slots in visiting order, capacity doubling). Layout per slot:
+
+* float32 store: ``E`` float32 values (``E`` = elements per sample);
+* ``mZ`` store: the sample's ``E`` values quantized with ``Z`` bits
+  (:mod:`perfsim.kernels.quant`: one float32 max-abs scale per row of
+  ``row`` elements, stochastic rounding keyed by the caller), codes packed
+  densely per slot (padded to the packing group so slots stay byte-aligned).
+
+RAM stores are torch tensors on the device of the first batch; disk stores are
+``numpy.memmap`` files (``values.bin`` or ``codes.bin`` + ``scales.bin``) in a
+directory of their own, for datasets whose buffers exceed memory (the paper's
+GPT2-XL example needs ~1 TB; its authors keep fp16 caches in memmap files).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
+from perfsim.kernels.packing import group_size, packed_nbytes
+from perfsim.kernels.quant import (bucket_absmax, dequantize_codes_ref, encode_coeffs,
+                                   quantize_codes_ref)
+
+_SERIAL = itertools.count()
+
+
+class MessageStore:
+    """Slots of per-sample messages. ``get`` returns float32 ``(k, E)`` rows (a
+    fresh tensor), ``put`` stores them (quantizing for low-precision stores)."""
+
+    def __init__(self, numel: int, row: int, *, mbits: int | None = None,
+                 disk: str | None = None, device="cpu", capacity: int = 16, tag: str = ""):
+        if numel % row:
+            raise ConfigError(f"message store: row {row} does not divide {numel} elements")
+        self.numel, self.row, self.mbits = int(numel), int(row), mbits
+        self.device = torch.device(device) if disk is None else torch.device("cpu")
+        self.disk = disk
+        self.count = 0
+        self.capacity = 0
+        if mbits is not None:
+            g, gb = group_size(mbits)
+            self.padded = -(-self.numel // g) * g
+            self.slot_bytes = packed_nbytes(self.padded, mbits)
+        self._files: dict[str, str] = {}
+        if disk is not None:
+            root = Path(disk)
+            root.mkdir(parents=True, exist_ok=True)
+            sub = root / f"aqsgd-{tag or 'buf'}-{os.getpid()}-{next(_SERIAL)}"
+            sub.mkdir(parents=True, exist_ok=True)
+            self.dir = sub
+        self._arrays: dict[str, object] = {}
+        self._grow(max(1, capacity))
+
+    # ---------------------------------------------------------------- layout
+    def _layout(self) -> dict[str, tuple[tuple[int, ...], object]]:
+        """name -> (per-slot shape, dtype)."""
+        if self.mbits is None:
+            return {"values": ((self.numel,), np.float32)}
+        return {"codes": ((self.slot_bytes,), np.uint8),
+                "scales": ((self.numel // self.row,), np.float32)}
+
+    def _grow(self, need: int) -> None:
+        if need <= self.capacity:
+            return
+        cap = max(need, 2 * self.capacity)
+        for name, (shape, dtype) in self._layout().items():
+            if self.disk is None:
+                new = torch.zeros((cap, *shape), dtype=torch.from_numpy(np.zeros(0, dtype)).dtype,
+                                  device=self.device)
+                old = self._arrays.get(name)
+                if old is not None:
+                    new[: self.capacity] = old[: self.capacity]
+                self._arrays[name] = new
+            else:
+                path = self._files.get(name) or str(self.dir / f"{name}.bin")
+                self._files[name] = path
+                old = self._arrays.get(name)
+                if old is not None:
+                    old.flush()
+                    del old
+                nbytes = cap * int(np.prod(shape)) * np.dtype(dtype).itemsize
+                with open(path, "ab") as fh:
+                    fh.truncate(nbytes)
+                self._arrays[name] = np.memmap(path, dtype=dtype, mode="r+", shape=(cap, *shape))
+        self.capacity = cap
+
+    def allocate(self, k: int) -> list[int]:
+        """Slots for ``k`` new samples."""
+        self._grow(self.count + k)
+        slots = list(range(self.count, self.count + k))
+        self.count += k
+        return slots
+
+    # ---------------------------------------------------------------- access
+    def _read(self, name: str, slots: list[int]) -> torch.Tensor:
+        arr = self._arrays[name]
+        if self.disk is None:
+            return arr[torch.as_tensor(slots, dtype=torch.long, device=self.device)]
+        return torch.from_numpy(np.ascontiguousarray(arr[np.asarray(slots, dtype=np.int64)]))
+
+    def _write(self, name: str, slots: list[int], values: torch.Tensor) -> None:
+        arr = self._arrays[name]
+        if self.disk is None:
+            arr[torch.as_tensor(slots, dtype=torch.long, device=self.device)] = values.to(arr.device)
+        else:
+            arr[np.asarray(slots, dtype=np.int64)] = values.detach().cpu().numpy()
+
+    def get(self, slots: list[int], device) -> torch.Tensor:
+        """float32 ``(k, E)`` messages of ``slots`` (fresh, contiguous)."""
+        k = len(slots)
+        if self.mbits is None:
+            return self._read("values", slots).to(device=device, dtype=torch.float32).contiguous()
+        codes = self._read("codes", slots).to(device)
+        scales = self._read("scales", slots).to(device).reshape(-1)
+        c = unpack_bits_torch(codes.reshape(-1), self.mbits, k * self.padded)
+        c = c.view(k, self.padded)[:, : self.numel].reshape(-1)
+        return dequantize_codes_ref(c, scales, self.mbits, self.row).view(k, self.numel)
+
+    def put(self, slots: list[int], values: torch.Tensor, key: int | None) -> None:
+        """Store float32 ``(k, E)`` rows; low-precision stores round them with
+        the stochastic key ``key`` (``None``: round to nearest)."""
+        k = len(slots)
+        if k == 0:
+            return
+        if self.mbits is None:
+            self._write("values", slots, values.reshape(k, self.numel))
+            return
+        vf = values.reshape(-1).float().contiguous()
+        s = bucket_absmax(vf, self.row)
+        codes = quantize_codes_ref(vf, self.mbits, self.row, encode_coeffs(s, self.mbits), key)
+        if self.padded != self.numel:
+            codes = torch.nn.functional.pad(codes.view(k, self.numel), (0, self.padded - self.numel))
+        packed = pack_bits_torch(codes.reshape(-1), self.mbits).view(k, self.slot_bytes)
+        self._write("codes", slots, packed)
+        self._write("scales", slots, s.view(k, -1))
+
+    def nbytes(self) -> int:
+        """Bytes held per stored sample (the buffer cost the paper discusses)."""
+        if self.mbits is None:
+            return 4 * self.numel
+        return self.slot_bytes + 4 * (self.numel // self.row)
+
+    # ---------------------------------------------------------------- state
+    def flush(self) -> None:
+        if self.disk is not None:
+            for arr in self._arrays.values():
+                arr.flush()
+
+    def state_dict(self) -> dict:
+        """RAM: copies of the used slots. Disk: the file paths (the files are the
+        checkpoint of the buffers; copy them with the checkpoint)."""
+        st = {"count": self.count, "numel": self.numel, "row": self.row, "mbits": self.mbits}
+        if self.disk is None:
+            st["arrays"] = {k: v[: self.count].detach().cpu().clone() for k, v in self._arrays.items()}
+        else:
+            self.flush()
+            st["files"] = dict(self._files)
+            st["capacity"] = self.capacity
+        return st
+
+    def load_state_dict(self, st: dict) -> None:
+        for k in ("numel", "row", "mbits"):
+            if st.get(k) != getattr(self, k):
+                raise ConfigError(f"message store: checkpoint has {k}={st.get(k)}, "
+                                  f"this buffer {getattr(self, k)}")
+        count = int(st["count"])
+        if self.disk is None:
+            if "arrays" not in st:
+                raise ConfigError("message store: checkpoint is disk-backed, this buffer is in RAM")
+            self.count = 0
+            self._grow(count)
+            for k, v in st["arrays"].items():
+                self._arrays[k][:count] = v.to(self.device)
+        else:
+            files = st.get("files")
+            if not files:
+                raise ConfigError("message store: checkpoint is in RAM, this buffer is disk-backed")
+            for path in files.values():
+                if not os.path.exists(path):
+                    raise ConfigError(f"message store: buffer file {path} is missing")
+            self._arrays, self._files, self.capacity = {}, dict(files), 0
+            cap = int(st["capacity"])
+            for name, (shape, dtype) in self._layout().items():
+                self._arrays[name] = np.memmap(files[name], dtype=dtype, mode="r+", shape=(cap, *shape))
+            self.capacity = cap
+        self.count = count

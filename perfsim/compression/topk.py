@@ -1,0 +1,141 @@
+"""``topk`` -- top-k sparsification followed by quantization of the kept values.
+
+For backward activation gradients in split learning (aq-sgd-paper.txt H.6:
+"fw2 bw8[0.2] means that ... for backward pass, we keep only the top 20%
+gradients and then perform 8-bit quantization"). Per row of the last dimension
+(``C`` elements) keep the ``k = ceil(FRACTION * C)`` entries of largest
+magnitude, send their column indices and their values quantized with DirectQ's
+quantizer (one max-abs scale per row, stochastic rounding by default;
+:mod:`perfsim.kernels.quant`). The receiver scatters them into zeros.
+
+Spec: ``topk:FRACTION:BITS[:det]`` with ``0 < FRACTION <= 1`` and ``BITS`` in
+2, 3, 4, 6, 8.
+
+Payload: ``indices`` (``rows * k`` column indices, uint8 when ``C <= 256``,
+int16 when ``C <= 32768``, else int32), ``codes`` (``ceil(rows*k*BITS/8)``
+bytes) and ``scales`` (``rows`` float32). ``wire_bytes`` is their exact sum;
+an empty tensor gives an empty payload.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.directq import check_payload_tensors, row_bucket
+from perfsim.compression.registry import parse_bits, register
+from perfsim.errors import ConfigError
+from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.quant import QUANT_BITS, quantize_pack, unpack_dequantize
+from perfsim.kernels.rng import call_key
+
+
+def index_dtype(cols: int) -> torch.dtype:
+    """Smallest dtype holding a column index in ``[0, cols)``."""
+    if cols <= 256:
+        return torch.uint8
+    if cols <= 32768:
+        return torch.int16
+    return torch.int32
+
+
+@register
+class TopK(Compressor):
+    """Per-row top-k by magnitude, kept values quantized to ``BITS`` bits."""
+
+    name = "topk"
+    spec_syntax = "topk:FRACTION:BITS[:det]"
+    allreduce_compatible = False
+
+    def __init__(self, fraction: float, bits: int, *, stochastic: bool = True, seed: int = 0):
+        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1 and math.isfinite(fraction)):
+            raise ConfigError(f"fraction={fraction}: must be in (0, 1]")
+        if bits not in QUANT_BITS:
+            raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
+        self.fraction, self.bits, self.stochastic = float(fraction), int(bits), bool(stochastic)
+        self.seed, self.step = int(seed), 0
+        self.spec = f"topk:{fraction:g}:{bits}" + ("" if stochastic else ":det")
+
+    @classmethod
+    def from_args(cls, args: list[str], *, seed: int = 0, **_):
+        if len(args) < 2:
+            raise ConfigError("topk needs FRACTION:BITS, e.g. topk:0.2:8")
+        try:
+            fraction = float(args[0])
+        except ValueError:
+            raise ConfigError(f"topk fraction {args[0]!r}: not a number") from None
+        bits = parse_bits(args[1], QUANT_BITS)
+        stochastic = True
+        for a in args[2:]:
+            if a.lower() != "det":
+                raise ConfigError(f"topk option {a!r}: expected det")
+            stochastic = False
+        return cls(fraction, bits, stochastic=stochastic, seed=seed)
+
+    # ------------------------------------------------------------- sizes
+    def layout(self, shape: Sequence[int]) -> tuple[int, int, int]:
+        """(rows, columns, kept per row)."""
+        n = numel_of(shape)
+        cols = row_bucket(shape)
+        rows = n // cols if n else 0
+        k = min(cols, max(1, math.ceil(self.fraction * cols - 1e-9)))
+        return rows, cols, k
+
+    def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
+        rows, cols, k = self.layout(shape)
+        kept = rows * k
+        isz = torch.empty((), dtype=index_dtype(cols)).element_size()
+        return kept * isz + packed_nbytes(kept, self.bits) + 4 * rows
+
+    # ------------------------------------------------------------- data path
+    def compress(self, x: torch.Tensor, *, key=None) -> Payload:
+        check_input(x)
+        shape = tuple(x.shape)
+        rows, cols, k = self.layout(shape)
+        xf = x.detach().reshape(rows, cols).float()
+        if rows:
+            idx = torch.topk(xf.abs(), k, dim=1, sorted=False).indices
+            idx, _ = idx.sort(dim=1)  # ascending columns: deterministic order on the wire
+            vals = torch.gather(xf, 1, idx)
+        else:
+            idx = torch.zeros((0, k), dtype=torch.long, device=x.device)
+            vals = torch.zeros((0, k), device=x.device)
+        rkey = call_key(self.seed, self.step) if self.stochastic else None
+        self.step += 1
+        codes, scales = quantize_pack(vals, self.bits, bucket=k, key=rkey)
+        dt = index_dtype(cols)
+        wire_idx = idx.to(torch.int32)
+        if dt == torch.int16:
+            wire_idx = wire_idx.to(torch.int16)  # cols <= 32768: fits
+        else:
+            wire_idx = wire_idx.to(dt)
+        return Payload({"indices": wire_idx.reshape(-1).contiguous(), "codes": codes, "scales": scales},
+                       shape, x.dtype, {"step": self.step - 1})
+
+    def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
+        check_payload_tensors(payload, ("indices", "codes", "scales"), self.spec)
+        shape = tuple(payload.shape)
+        rows, cols, k = self.layout(shape)
+        idx = payload.tensors["indices"]
+        if idx.numel() != rows * k:
+            raise ConfigError(f"{self.spec}: payload has {idx.numel()} indices, expected {rows * k}")
+        vals = unpack_dequantize(payload.tensors["codes"], payload.tensors["scales"], self.bits,
+                                 rows * k, bucket=k)
+        out = torch.zeros((rows, cols), dtype=torch.float32, device=idx.device)
+        if rows:
+            out.scatter_(1, idx.to(torch.long).view(rows, k), vals.view(rows, k))
+        return out.view(shape).to(payload.dtype)
+
+    # ------------------------------------------------------------- state
+    def state_dict(self):
+        return {"step": self.step, "seed": self.seed}
+
+    def load_state_dict(self, state) -> None:
+        unknown = set(state) - {"step", "seed"}
+        if unknown:
+            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(unknown)}")
+        self.step = int(state.get("step", 0))
+        self.seed = int(state.get("seed", self.seed))
