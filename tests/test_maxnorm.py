@@ -252,3 +252,19 @@ def test_payload_bytes_are_the_reference_packing():
     assert torch.equal(p.tensors["codes"], pack_bits_ref((lv + c.s).to(torch.uint8), 3))
     assert torch.equal(p.tensors["scale_index"], pack_bits_ref(index, 1))
     assert float(w) == pytest.approx(float(x.norm()))
+
+
+def test_nccl_plan_uses_uint8_min():
+    c = make_compressor("qsgd-maxnorm-multiscale:4:8")
+    gloo = c.dp_plan((1000,), 4)
+    nccl = c.dp_plan((1000,), 4, backend="nccl")
+    assert gloo[1].nbytes == 125 and nccl[1].nbytes == 1000
+    assert [s.nbytes for s in gloo[::2]] == [s.nbytes for s in nccl[::2]]
+
+
+def test_thermometer_and_is_min():
+    c = make_compressor("qsgd-maxnorm-multiscale:2:4,6,8")  # 4 scales -> 3 thermometer bits
+    idx = [torch.randint(0, 4, (37,), dtype=torch.uint8) for _ in range(3)]
+    packed = [c._thermometer(i) for i in idx]
+    anded = packed[0] & packed[1] & packed[2]
+    assert torch.equal(c._from_thermometer(anded, 37), torch.stack(idx).min(0).values)

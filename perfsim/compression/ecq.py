@@ -109,7 +109,7 @@ class ECQ(_SeededCompressor):
         self._set_rank_salt(group)
         world = dist.get_world_size(group)
         payload = self.compress(x, name=name)
-        total = torch.zeros(payload.shape, dtype=torch.float32)
+        total = torch.zeros(payload.shape, dtype=torch.float32, device=x.device)
         for key, t in payload.tensors.items():
             parts = [torch.empty_like(t) for _ in range(world)]
             dist.all_gather(parts, t.contiguous(), group=group)

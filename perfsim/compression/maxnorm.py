@@ -38,6 +38,11 @@ Wire formats
   The scale indices travel as a thermometer code (``N - 1`` bits per bucket,
   bit ``j`` = "index > j"), packed, reduced with a bitwise AND -- which is the
   minimum of the indices (Alg. 2 line 7) in ``N - 1`` bits instead of a byte.
+  NCCL has no bitwise reduction: there (``dp_plan(..., backend="nccl")``) the
+  indices go as one uint8 per bucket with a MIN reduction, as in the paper's code.
+
+All tensors may live on any device; the random bits are drawn on the CPU (the
+same bits wherever a worker runs) and moved.
 """
 
 from __future__ import annotations
@@ -114,15 +119,21 @@ class MaxNormQuantizer(_SeededCompressor):
             total += packed_nbytes(self.nbuckets(n), _index_bits(len(self.scale_bits)))
         return total
 
-    def dp_plan(self, shape: Sequence[int], world_size: int) -> list[CommStep]:
-        """max-allreduce of the norm, [min-allreduce of scale indices], sum-allreduce of codes."""
+    def dp_plan(self, shape: Sequence[int], world_size: int, *, backend: str = "gloo") -> list[CommStep]:
+        """max-allreduce of the norm, [min-allreduce of scale indices], sum-allreduce of codes.
+
+        ``backend="nccl"``: NCCL has no bitwise reduction, so the scale indices
+        travel as one uint8 per bucket with a MIN reduction (as in the paper's code)."""
         n = numel_of(shape)
         if n == 0:
             return []
         plan = [CommStep(ALLREDUCE, 4, "max", f"{self.spec} norm")]
         if self.multiscale:
-            nbytes = packed_nbytes(self.nbuckets(n) * (len(self.scale_bits) - 1), 1)
-            plan.append(CommStep(ALLREDUCE, nbytes, "min", f"{self.spec} scale-index min (thermometer bits, AND)"))
+            if backend == "nccl":
+                plan.append(CommStep(ALLREDUCE, self.nbuckets(n), "min", f"{self.spec} scale-index min (uint8)"))
+            else:
+                nbytes = packed_nbytes(self.nbuckets(n) * (len(self.scale_bits) - 1), 1)
+                plan.append(CommStep(ALLREDUCE, nbytes, "min", f"{self.spec} scale-index min (thermometer bits, AND)"))
         acc = collective_sum_dtype(self.s, world_size)
         plan.append(CommStep(ALLREDUCE, n * _itemsize(acc), "sum", f"{self.spec} codes ({str(acc).replace('torch.', '')})"))
         return plan
@@ -142,13 +153,13 @@ class MaxNormQuantizer(_SeededCompressor):
         uint8, in ``[0, N)``; 0 (the smallest scale) always qualifies since ``|v| <= W``."""
         amax = flat.abs() if self.bucket == 1 else self._bucket_view(flat.abs()).amax(dim=1)
         w = float(norm)
-        ok = self.scales[None, :] * amax[:, None] <= w * self.s
+        ok = self.scales.to(amax.device)[None, :] * amax[:, None] <= w * self.s
         return (ok.sum(dim=1) - 1).clamp_(min=0).to(torch.uint8)
 
     def levels_per_element(self, index: torch.Tensor | None, n: int) -> torch.Tensor | float:
         if not self.multiscale:
             return float(self.s)
-        per_bucket = self.scales[index.long()]
+        per_bucket = self.scales.to(index.device)[index.long()]
         return per_bucket if self.bucket == 1 else per_bucket.repeat_interleave(self.bucket)[:n]
 
     def encode_levels(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
@@ -156,10 +167,10 @@ class MaxNormQuantizer(_SeededCompressor):
         """Signed int32 codes ``zeta`` on the shared norm (and shared scale index)."""
         w = float(norm)
         if w == 0.0:
-            return torch.zeros(flat.numel(), dtype=torch.int32)
+            return torch.zeros(flat.numel(), dtype=torch.int32, device=flat.device)
         ratio = (flat.abs() / w).clamp_(max=1.0)
         lv = stochastic_levels(ratio, self.levels_per_element(index, flat.numel()), gen)
-        lv = torch.minimum(lv, torch.tensor(self.s, dtype=torch.int32))  # float-rounding guard
+        lv = lv.clamp_(max=self.s)  # float-rounding guard
         return torch.where(flat < 0, -lv, lv)
 
     def decode_levels(self, lv: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
@@ -206,13 +217,13 @@ class MaxNormQuantizer(_SeededCompressor):
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
         if numel_of(payload.shape) == 0:
-            return torch.zeros(payload.shape, dtype=payload.dtype)
+            return torch.zeros(payload.shape, dtype=payload.dtype)  # empty
         lv, w, index = self.payload_levels(payload)
         return self.decode_levels(lv, w, index).reshape(payload.shape).to(payload.dtype)
 
     # ------------------------------------------------------------ data parallel
     def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
-        j = torch.arange(len(self.scale_bits) - 1, dtype=torch.int32)
+        j = torch.arange(len(self.scale_bits) - 1, dtype=torch.int32, device=index.device)
         bits = (index.to(torch.int32)[:, None] > j[None, :]).to(torch.uint8).reshape(-1)
         return pack_bits(bits, 1)
 
@@ -234,10 +245,15 @@ class MaxNormQuantizer(_SeededCompressor):
         w = self.local_norm(flat)
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)  # MaxAllReduce norm
         index = None
-        if self.multiscale:
-            therm = self._thermometer(self.local_scale_index(flat, w))
-            dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)  # scale sharing (min)
-            index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
+        if self.multiscale:  # scale sharing: the minimum index over workers (Alg. 2 line 7)
+            own = self.local_scale_index(flat, w)
+            if dist.get_backend(group) == "nccl":  # no bitwise reductions in NCCL
+                index = own.clone()
+                dist.all_reduce(index, op=dist.ReduceOp.MIN, group=group)
+            else:
+                therm = self._thermometer(own)
+                dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)
+                index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
         lv = self.encode_levels(flat, w, index, self._next_generator())
         buf = lv.to(collective_sum_dtype(self.s, world))
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)

@@ -80,9 +80,11 @@ def stochastic_levels(ratio: torch.Tensor, levels: torch.Tensor | float, gen: to
     """
     x = ratio * levels
     low = torch.floor(x)
-    u = torch.rand(x.shape, generator=gen, dtype=x.dtype)
+    # CPU generator on every device: the same bits on CPU and GPU, so results do not
+    # depend on where a worker runs (costs a host-to-device copy on GPUs).
+    u = torch.rand(x.shape, generator=gen, dtype=x.dtype).to(x.device)
     out = low + (u < (x - low)).to(x.dtype)
-    out = torch.minimum(out, torch.as_tensor(levels, dtype=x.dtype))
+    out = torch.minimum(out, torch.as_tensor(levels, dtype=x.dtype, device=x.device))
     return out.to(torch.int32)
 
 

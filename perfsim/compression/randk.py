@@ -62,17 +62,17 @@ class _GlobalRandK(Compressor):
         """The shared coordinates of call ``step`` (default: the next call)."""
         step = self._step if step is None else step
         g = generator(self.seed, _INDEX_SALT, step)
-        return torch.randperm(n, generator=g)[: self.k_of(n)]
+        return torch.randperm(n, generator=g)[: self.k_of(n)]  # CPU: identical on every device
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.inner.wire_bytes((self.k_of(numel_of(shape)),))
 
-    def dp_plan(self, shape, world_size):
-        return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size)
+    def dp_plan(self, shape, world_size, *, backend: str = "gloo"):
+        return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size, backend=backend)
 
     def _select(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         flat = x.detach().reshape(-1).to(torch.float32)
-        idx = self.indices(flat.numel())
+        idx = self.indices(flat.numel()).to(flat.device)
         self._step += 1
         sub = flat[idx]
         if self.scaled and idx.numel():
@@ -90,8 +90,8 @@ class _GlobalRandK(Compressor):
 
     def _scatter(self, values: torch.Tensor, shape, step: int, dtype) -> torch.Tensor:
         n = numel_of(shape)
-        out = torch.zeros(n, dtype=torch.float32)
-        out[self.indices(n, step)] = values
+        out = torch.zeros(n, dtype=torch.float32, device=values.device)
+        out[self.indices(n, step).to(values.device)] = values
         return out.reshape(shape).to(dtype)
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
