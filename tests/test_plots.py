@@ -109,7 +109,8 @@ def test_speedup_figure_and_panels():
     g, _ = synthetic(grad=("none", "qsgd-maxnorm:4"))
     g = g[g.compress == "aqsgd:fw3bw6"]
     fig = plots.make_figure("speedup", g)
-    assert set(lines_by_label(fig.axes[0])) == {"grad none", "grad QSGD-MaxNorm 4-bit"}
+    assert set(lines_by_label(fig.axes[0])) == {"FP32 gradients", "QSGD-MaxNorm 4-bit gradients"}
+    assert fig.axes[0].get_ylabel() == "speed-up over FP32 gradients (x)"
 
 
 def test_breakdown_figure():

@@ -34,7 +34,7 @@ from typing import Iterable, Sequence
 
 from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of plots
     BREAKDOWN, NETWORK, LINESTYLES, MARKERS, METHOD_COLORS, METHOD_NAMES, METRIC_LABELS, PANEL_COLUMNS,
-    SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family,
+    SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family, grad_name,
     is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
 from perfsim.errors import ConfigError
@@ -142,6 +142,9 @@ def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | N
     df = add_method_column(df)
     panels = _panels(df, ["bandwidth_bps", "compress", "grad_compress"])
     styles = method_styles(df["method"])
+    if speedup_over:
+        base_rows = df[df["method"] == speedup_over]
+        base_label = base_rows["method_label"].iloc[0] if len(base_rows) else speedup_over
     fig, axes = _figure(len(panels))
     for ax, (ptitle, g) in zip(axes, panels):
         data = g.groupby(["method", "bandwidth_bps"], sort=True)[metric].mean()
@@ -159,7 +162,7 @@ def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | N
             ax.plot(series.index, series.to_numpy(), label=labels[method], markersize=5,
                     **styles[method])
         bandwidth_axis(ax, g["bandwidth_bps"])
-        ax.set_ylabel(f"speed-up over {method_name(speedup_over)} (x)" if speedup_over
+        ax.set_ylabel(f"speed-up over {base_label} (x)" if speedup_over
                       else METRIC_LABELS.get(metric, metric))
         if speedup_over:
             ax.set_ylim(bottom=0)
@@ -451,11 +454,16 @@ def _auto_title(df, kind: str, width: int = 70) -> str:
     for col, label in (("grad_compress", "grad"), ("compress", "pipeline")):
         if (kind != "breakdown" and col in df.columns and df[col].astype(str).nunique() == 1
                 and not is_none(df[col].iloc[0])):
-            fixed.append(f"{label}: {method_name(df[col].iloc[0])}")
+            v = df[col].iloc[0]
+            fixed.append(grad_name(v) if col == "grad_compress" else f"pipeline: {method_name(v)}")
     if not fixed:
         return what
     tail = ", ".join(fixed)
-    return f"{what}\n{tail}" if len(what) + len(tail) > width else f"{what} ({tail})"
+    if len(what) + len(tail) + 3 <= width:
+        return f"{what} ({tail})"
+    import textwrap
+
+    return what + "\n" + textwrap.fill(tail, width=max(width, 30), break_on_hyphens=False)
 
 
 # ---------------------------------------------------------------- entry points

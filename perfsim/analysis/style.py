@@ -86,6 +86,13 @@ def method_name(spec: Any) -> str:
     return " ".join(words)
 
 
+def grad_name(spec: Any) -> str:
+    """Name of a data-parallel gradient compression: ``"none"`` -> ``"FP32 gradients"``."""
+    if family(spec) in ("none", "fp32"):
+        return "FP32 gradients"
+    return f"{method_name(spec)} gradients"
+
+
 def bandwidth_label(bps: float) -> str:
     """``1e8`` -> ``"100 Mbps"``."""
     return re.sub(r"([\d.]+)", r"\1 ", format_bandwidth(float(bps)), count=1)
@@ -97,7 +104,7 @@ def value_label(col: str, value: Any) -> str:
     if col == "latency_s":
         return f"latency {float(value) * 1e3:g} ms"
     if col in ("compress", "grad_compress"):
-        return ("grad: " if col == "grad_compress" else "") + method_name(value)
+        return grad_name(value) if col == "grad_compress" else method_name(value)
     if col == "schedule":
         return SCHEDULE_NAMES.get(str(value), str(value))
     return f"{col.replace('_', '-')}={value}"
@@ -120,11 +127,11 @@ def add_method_column(df):
     if grad_varies and not comp_varies:
         df["method"] = grad
         df["method_family"] = grad.map(family)
-        df["method_label"] = grad.map(lambda g: "grad " + method_name(g))
+        df["method_label"] = grad.map(grad_name)
     elif grad_varies:
         df["method"] = comp + " | " + grad
         df["method_family"] = comp.map(family)
-        df["method_label"] = [f"{method_name(c)}, grad {method_name(g)}" for c, g in zip(comp, grad)]
+        df["method_label"] = [f"{method_name(c)}, {grad_name(g)}" for c, g in zip(comp, grad)]
     else:
         df["method"] = comp if comp is not None else "fp32"
         df["method_family"] = df["method"].map(family)
