@@ -1,0 +1,289 @@
+"""Validation: the same configuration measured (execute mode) and predicted (simulator).
+
+For every (bandwidth, pipeline compression, gradient compression) of a grid we
+run ``perfsim.runtime.api.run`` -- real torch.distributed training, over a
+``tc``-shaped link when a bandwidth is given -- and ``perfsim.api.predict``
+with a profile calibrated on this machine, and compare throughput and
+iteration time: per-row signed error ``(predicted - measured) / measured`` and
+the mean absolute percentage error (MAPE) over rows.
+
+What the simulator is told about the link (``link_model``):
+
+* ``nominal``: the emulated rate and latency as given;
+* ``profile`` (default): what ``perfsim calibrate --emulate-bandwidth`` measured
+  over that same emulated link, with the real backend -- the asymptotic rate
+  (slope of the large-message fit, i.e. TCP/IP framing and the shaper's real
+  rate) and the fixed one-way cost of a message (the smallest message's time
+  minus its bytes at that rate: gloo's per-message work, syscalls, veth and
+  bridge traversal). Point-to-point fits serve pipelines, allreduce fits
+  data-parallel-only runs (with 2 ranks a ring allreduce of S bytes is one
+  exchange of S bytes: T = S/B + 2 latency, so the per-exchange latency is half
+  the fitted fixed cost). Nothing is fitted to the validation runs themselves:
+  the link numbers come from separate micro-benchmarks recorded in the profile.
+
+Rows fall back to ``nominal`` when the profile has no measurement at that rate
+(``link_source`` column says which was used).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from perfsim.errors import ConfigError
+from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
+
+#: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
+METRICS = ("throughput_samples_per_s", "iteration_s")
+#: breakdown columns copied from both sides for diagnosis
+BREAKDOWN = ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s", "optimizer_s",
+             "pipeline_bytes", "dp_bytes", "bubble_fraction")
+LINK_MODELS = ("profile", "nominal")
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    """A validation grid.
+
+    base: parameters shared by every row (model, pp, dp, schedule, micro_batch,
+      macro_batch): the names of ``perfsim run`` / ``perfsim predict`` flags.
+    bandwidths: emulated link rates in bits/s; None = no emulation (loopback).
+    compresses, grad_compresses: pipeline / data-parallel compression specs.
+    latency_s: emulated one-way latency.
+    steps: optimizer steps per measured run (the first, and AQ-SGD's uncompressed
+      first epoch, are not measured -- see perfsim.runtime.measure).
+    dataset_limit: samples per epoch of the measured runs (short epochs so that
+      AQ-SGD reaches its compressed phase); the prediction uses the same.
+    profile: calibrated profile path; link_model: ``profile`` or ``nominal``.
+    out: folder for the per-run outputs and the comparison table.
+    """
+
+    base: dict[str, Any]
+    bandwidths: tuple[float | None, ...] = (None,)
+    compresses: tuple[str, ...] = ("fp32",)
+    grad_compresses: tuple[str, ...] = ("none",)
+    latency_s: float = 0.0
+    steps: int = 20
+    dataset_limit: int | None = None
+    profile: str | None = None
+    link_model: str = "profile"
+    out: str = "traces/validation/run"
+    seed: int = 0
+    extra_run: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.link_model not in LINK_MODELS:
+            raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
+        if self.steps < 3:
+            raise ConfigError(f"steps={self.steps}: need >= 3 (the first step is not measured)")
+        if not self.compresses or not self.grad_compresses or not self.bandwidths:
+            raise ConfigError("validation grid: empty list of bandwidths or compressors")
+        for b in self.bandwidths:
+            if b is not None and not b > 0:
+                raise ConfigError(f"bandwidth {b}: must be > 0")
+        if self.latency_s < 0:
+            raise ConfigError(f"latency {self.latency_s}: must be >= 0")
+        if self.profile is None:
+            raise ConfigError("validation needs --profile (a profile calibrated on this machine)")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every (bandwidth, compress, grad_compress) combination, in order."""
+        return [{"bandwidth": b, "compress": c, "grad_compress": g}
+                for b in self.bandwidths for c in self.compresses for g in self.grad_compresses]
+
+
+def parse_bandwidths(text: str) -> tuple[float | None, ...]:
+    """``"1Gbps,100Mbps"`` -> (1e9, 1e8); ``none`` / ``loopback`` -> None."""
+    out: list[float | None] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        out.append(None if part.lower() in ("none", "loopback", "off") else
+                   parse_bandwidth(part, "--emulate-bandwidth"))
+    return tuple(out) or (None,)
+
+
+# ----------------------------------------------------------------------------- link parameters
+@dataclass(frozen=True)
+class Link:
+    """Bandwidth (bits/s) and one-way latency (s) handed to the simulator."""
+
+    bandwidth_bps: float
+    latency_s: float
+    source: str
+
+
+def _fits(profile, op: str, name: str) -> list[dict]:
+    return [r for r in profile.records if r["op"] == op and r.get("name") == name]
+
+
+def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, dp_only: bool,
+                      link_model: str = "profile") -> Link:
+    """The link the simulator should model for one validation row (module docstring)."""
+    from perfsim.calibrate.profile_io import comm_name
+
+    backend = profile.metadata.get("backend", "gloo")
+    if link_model == "nominal" and nominal_bps is not None:
+        return Link(nominal_bps, latency_s, "nominal")
+    op = "allreduce" if dp_only else "p2p"
+    name = comm_name(backend, nominal_bps)
+    raw = sorted(_fits(profile, op, name), key=lambda r: r["size_bytes"])
+    if len(raw) < 2:
+        if nominal_bps is None:
+            raise ConfigError(f"profile {profile.path!r}: no {op} records for {name!r}; "
+                              "calibrate with comm ops to validate without emulation")
+        return Link(nominal_bps, latency_s, "nominal (profile has no " + name + ")")
+    big = raw[-max(2, len(raw) // 2):]
+    # asymptotic rate: least-squares slope through the larger half of the sizes
+    xs, ys = [r["size_bytes"] for r in big], [r["time_s"] for r in big]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    if beta <= 0:
+        beta = ys[-1] / xs[-1]
+    small = raw[0]
+    fixed = max(0.0, small["time_s"] - small["size_bytes"] * beta)
+    bw = 8.0 / beta
+    lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
+    return Link(bw, lat + latency_s, f"profile {op} {name}")
+
+
+# ----------------------------------------------------------------------------- running
+def _summary_figures(result, prefix: str) -> dict[str, Any]:
+    s = result.summary
+    out = {f"{prefix}_{m}": s.get(m) for m in METRICS}
+    out.update({f"{prefix}_{b}": s.get(b) for b in BREAKDOWN})
+    return out
+
+
+def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
+            runner: Callable[..., Any] | None = None, predictor: Callable[..., Any] | None = None
+            ) -> dict[str, Any]:
+    """Measure and predict one row; returns the comparison row."""
+    if runner is None:
+        from perfsim.runtime.api import run as runner
+    if predictor is None:
+        from perfsim.api import predict as predictor
+
+    bw = row["bandwidth"]
+    base = dict(plan.base)
+    dp_only = int(base.get("pp", 1)) == 1
+    tag = f"{index:02d}-{format_bandwidth(bw) if bw else 'loopback'}-{row['compress']}-{row['grad_compress']}"
+    run_dir = Path(plan.out) / "runs" / tag.replace(":", "_")
+    run_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
+                      steps=plan.steps, seed=plan.seed, out=str(run_dir), **plan.extra_run)
+    if plan.dataset_limit:
+        run_params["dataset_limit"] = plan.dataset_limit
+    if bw is not None:
+        run_params["emulate_bandwidth"] = bw
+        if plan.latency_s:
+            run_params["emulate_latency"] = plan.latency_s
+    t0 = time.perf_counter()
+    measured = runner(**run_params)
+    wall = time.perf_counter() - t0
+    link = link_from_profile(profile, bw, plan.latency_s, dp_only=dp_only, link_model=plan.link_model)
+    pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
+                       profile=profile, bandwidth=link.bandwidth_bps, latency=link.latency_s)
+    if plan.dataset_limit:
+        pred_params["dataset_samples"] = plan.dataset_limit
+    predicted = predictor(**pred_params)
+    out = {"model": base.get("model"), "bandwidth_bps": bw, "latency_s": plan.latency_s,
+           "compress": row["compress"], "grad_compress": row["grad_compress"],
+           "schedule": base.get("schedule"), "pp": base.get("pp"), "dp": base.get("dp"),
+           "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
+           "predict_bandwidth_bps": link.bandwidth_bps, "predict_latency_s": link.latency_s,
+           "link_source": link.source, "measured_steps": measured.summary.get("measured_steps"),
+           "run_wall_s": round(wall, 2), "run_dir": str(run_dir)}
+    out.update(_summary_figures(predicted, "predicted"))
+    out.update(_summary_figures(measured, "measured"))
+    for m in METRICS:
+        p, q = out[f"predicted_{m}"], out[f"measured_{m}"]
+        out[f"error_{m}_pct"] = 100.0 * (p - q) / q if p is not None and q else math.nan
+    return out
+
+
+def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,
+                   runner=None, predictor=None):
+    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller)."""
+    import pandas as pd
+
+    from perfsim.profile import load_profile
+
+    profile = load_profile(plan.profile)
+    rows = []
+    for i, row in enumerate(plan.rows()):
+        if progress:
+            bw = format_bandwidth(row["bandwidth"]) if row["bandwidth"] else "loopback"
+            progress(f"{bw} {row['compress']} grad={row['grad_compress']}")
+        rows.append(run_row(plan, row, profile, i, runner, predictor))
+    return pd.DataFrame(rows)
+
+
+def summarize(df, metric: str = "throughput_samples_per_s") -> dict[str, float]:
+    """MAPE, worst absolute error and rows over 10 % for ``metric``."""
+    err = df[f"error_{metric}_pct"].abs()
+    return {"rows": int(len(df)), "mape_pct": float(err.mean()), "worst_pct": float(err.max()),
+            "rows_over_10pct": int((err > 10).sum())}
+
+
+def format_table(df) -> str:
+    """A terminal table: per row predicted vs measured throughput and iteration time."""
+    head = (f"{'bandwidth':>10} {'compress':<16} {'grad':<16} {'pred sps':>9} {'meas sps':>9} "
+            f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
+    lines = [head, "-" * len(head)]
+    for _, r in df.iterrows():
+        bw = format_bandwidth(r["bandwidth_bps"]) if r["bandwidth_bps"] == r["bandwidth_bps"] and \
+            r["bandwidth_bps"] is not None else "loopback"
+        lines.append(
+            f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} "
+            f"{r['predicted_throughput_samples_per_s']:9.1f} {r['measured_throughput_samples_per_s']:9.1f} "
+            f"{r['error_throughput_samples_per_s_pct']:+7.1f} {1e3 * r['predicted_iteration_s']:10.2f} "
+            f"{1e3 * r['measured_iteration_s']:10.2f} {r['error_iteration_s_pct']:+7.1f}")
+    s = summarize(df)
+    t = summarize(df, "iteration_s")
+    lines.append(f"throughput MAPE {s['mape_pct']:.1f} % (worst {s['worst_pct']:.1f} %, "
+                 f"{s['rows_over_10pct']} of {s['rows']} rows > 10 %); iteration-time MAPE "
+                 f"{t['mape_pct']:.1f} %")
+    return "\n".join(lines)
+
+
+def plot(df, path, title: str | None = None) -> Path:
+    """Predicted-vs-measured figure (PNG) via perfsim.analysis.plots when present."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    path = Path(path)
+    try:
+        from perfsim.analysis.plots import plot_validation, save_figure
+    except ImportError:  # pragma: no cover - plots module absent
+        plot_validation = save_figure = None
+    if plot_validation is not None:
+        fig = plot_validation(df, title=title)
+        return save_figure(fig, path)
+    import matplotlib.pyplot as plt  # pragma: no cover
+
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(df["measured_throughput_samples_per_s"], df["predicted_throughput_samples_per_s"])
+    hi = 1.1 * max(df["measured_throughput_samples_per_s"].max(), df["predicted_throughput_samples_per_s"].max())
+    ax.plot([0, hi], [0, hi], "k-")
+    ax.set_xlabel("measured samples/s")
+    ax.set_ylabel("predicted samples/s")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=150)
+    return path
+
+
+def write_csv(df, path) -> Path:
+    from perfsim.result import atomic_write_text
+
+    path = Path(path)
+    atomic_write_text(path, df.to_csv(index=False))
+    return path
+
+
+def parse_latency(text: str | None) -> float:
+    return 0.0 if not text else parse_time(text, "--emulate-latency")

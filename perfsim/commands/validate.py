@@ -1,0 +1,123 @@
+"""`perfsim validate`: the same configurations measured for real and predicted, compared.
+
+    perfsim validate --model digits-mlp --pp 2 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \\
+        --emulate-bandwidth 1Gbps,300Mbps,100Mbps --profile traces/cpu-2core.json
+    perfsim validate --model digits-mlp --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 ...
+
+Prints per bandwidth and compressor the predicted and measured throughput and
+iteration time with the error of each row and the MAPE; writes
+OUT/validation.csv and OUT/validation.png (predicted vs measured).
+"""
+
+from __future__ import annotations
+
+HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--model", default="digits-mlp", help="model preset (default digits-mlp)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages (default 2)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
+    p.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch (default 8)")
+    p.add_argument("--macro-batch", type=int, default=32, help="samples per replica per step (default 32)")
+    p.add_argument("--compress", default="fp32", help="comma list of pipeline compression specs")
+    p.add_argument("--grad-compress", default="none", help="comma list of data-parallel compression specs")
+    p.add_argument("--emulate-bandwidth", default="none",
+                   help="comma list of emulated link rates (needs root); 'none' = loopback, no emulation")
+    p.add_argument("--emulate-latency", default="0ms", help="one-way latency of the emulated links")
+    p.add_argument("--profile", required=False, default=None,
+                   help="profile calibrated on this machine (perfsim calibrate)")
+    p.add_argument("--link-model", default="profile", choices=("profile", "nominal"),
+                   help="what the simulator is told about the link: the rate and per-message cost the "
+                        "profile measured over that emulated link (default), or the nominal rate")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per measured run (default 20)")
+    p.add_argument("--dataset-limit", type=int, default=None,
+                   help="samples per epoch of the measured runs (default 4 steps' worth, so AQ-SGD's "
+                        "uncompressed first epoch ends early)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", "-o", default=None,
+                   help="output folder (default traces/validation/<model>-pp<P>-dp<D>)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    import json
+
+    from perfsim.analysis import validate as v
+    from perfsim.errors import ConfigError
+    from perfsim.models.specs import get_model_spec
+    from perfsim.result import atomic_write_text
+    from perfsim.units import split_list
+
+    get_model_spec(args.model)
+    for name in ("pp", "dp", "micro_batch", "macro_batch", "steps"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    if args.macro_batch % args.micro_batch:
+        raise ConfigError(f"--macro-batch {args.macro_batch}: not a multiple of --micro-batch {args.micro_batch}")
+    if args.profile is None:
+        raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
+    from perfsim.profile import load_profile
+
+    load_profile(args.profile)  # a bad file fails before any run starts
+    base = {"model": args.model, "pp": args.pp, "dp": args.dp, "schedule": args.schedule,
+            "micro_batch": args.micro_batch, "macro_batch": args.macro_batch}
+    limit = args.dataset_limit or 4 * args.macro_batch * args.dp
+    out = args.out or f"traces/validation/{args.model}-pp{args.pp}-dp{args.dp}"
+    plan = v.ValidationPlan(
+        base=base, bandwidths=v.parse_bandwidths(args.emulate_bandwidth),
+        compresses=tuple(split_list(args.compress)), grad_compresses=tuple(split_list(args.grad_compress)),
+        latency_s=v.parse_latency(args.emulate_latency), steps=args.steps, dataset_limit=limit,
+        profile=args.profile, link_model=args.link_model, out=out, seed=args.seed)
+    # check every spec before the first (slow) run
+    from perfsim.compression import make_pipeline_pair
+    from perfsim.runtime.grad_sync import parse_grad_spec
+
+    for c in plan.compresses:
+        make_pipeline_pair(c)
+    for g in plan.grad_compresses:
+        parse_grad_spec(g)
+
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(plan.rows()), unit="run", dynamic_ncols=True)
+
+    def progress(what: str) -> None:
+        if bar is not None:
+            bar.set_description_str(what[:60])
+
+    import pandas as pd
+
+    rows = []
+    profile = load_profile(args.profile)
+    try:
+        for i, row in enumerate(plan.rows()):
+            progress(f"{row['bandwidth'] or 'loopback'} {row['compress']} {row['grad_compress']}")
+            rows.append(v.run_row(plan, row, profile, i))
+            df = pd.DataFrame(rows)
+            v.write_csv(df, f"{out}/validation.csv")  # partial results survive an interruption
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    df = pd.DataFrame(rows)
+    csv = v.write_csv(df, f"{out}/validation.csv")
+    print(v.format_table(df))
+    summary = {**v.summarize(df), "iteration": v.summarize(df, "iteration_s"),
+               "profile": args.profile, "link_model": args.link_model, "base": base,
+               "steps": args.steps, "dataset_limit": limit,
+               "load_average": __import__("os").getloadavg()}
+    atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
+    print(f"wrote {csv}", end="")
+    if not args.no_plot:
+        png = v.plot(df, f"{out}/validation.png",
+                     title=f"{args.model} pp={args.pp} dp={args.dp}: predicted vs measured "
+                           f"(MAPE {summary['mape_pct']:.1f} %)")
+        print(f" and {png}", end="")
+    print()
+    return 0

@@ -1,0 +1,138 @@
+"""perfsim validate: link parameters from a profile, row errors, MAPE, CSV/plot, CLI."""
+
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from perfsim.analysis import validate as v
+from perfsim.errors import ConfigError
+from perfsim.profile import Profile
+from perfsim.result import Result
+
+
+def _profile(records, backend="gloo"):
+    return Profile.from_dict({"format": "perfsim-profile", "version": 1,
+                              "metadata": {"backend": backend}, "records": records})
+
+
+def _p2p(name, alpha, bw_bps, sizes=(1024, 16384, 262144, 1048576), op="p2p"):
+    return [{"op": op, "name": name, "size_bytes": s, "time_s": alpha + 8 * s / bw_bps, "world_size": 2}
+            for s in sizes]
+
+
+def test_link_from_profile_recovers_rate_and_fixed_cost():
+    prof = _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7) + _p2p("gloo", 3e-5, 2e10))
+    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=False)
+    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)
+    assert link.latency_s == pytest.approx(2e-4, rel=1e-3)
+    assert "gloo@100Mbps" in link.source
+    # loopback rows use the plain backend records
+    loop = v.link_from_profile(prof, None, 0.0, dp_only=False)
+    assert loop.bandwidth_bps == pytest.approx(2e10, rel=1e-6)
+    # a rate the profile did not measure falls back to the nominal one (and says so)
+    other = v.link_from_profile(prof, 3e8, 0.005, dp_only=False)
+    assert other.bandwidth_bps == 3e8 and other.latency_s == 0.005 and other.source.startswith("nominal")
+    # nominal link model ignores the profile
+    assert v.link_from_profile(prof, 1e8, 0.0, dp_only=False, link_model="nominal").bandwidth_bps == 1e8
+
+
+def test_link_for_dp_uses_allreduce_half_fixed_cost():
+    prof = _profile(_p2p("gloo@100Mbps", 4e-4, 9e7, op="allreduce"))
+    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=True)
+    assert link.bandwidth_bps == pytest.approx(9e7, rel=1e-6)
+    assert link.latency_s == pytest.approx(2e-4, rel=1e-3)
+
+
+def test_link_without_records_and_without_rate_is_an_error():
+    with pytest.raises(ConfigError, match="no p2p records"):
+        v.link_from_profile(_profile([]), None, 0.0, dp_only=False)
+
+
+def test_plan_validation():
+    with pytest.raises(ConfigError, match="profile"):
+        v.ValidationPlan(base={}, profile=None)
+    with pytest.raises(ConfigError, match="link_model"):
+        v.ValidationPlan(base={}, profile="x", link_model="magic")
+    with pytest.raises(ConfigError, match="steps"):
+        v.ValidationPlan(base={}, profile="x", steps=1)
+    plan = v.ValidationPlan(base={}, profile="x", bandwidths=(1e9, 1e8), compresses=("fp32", "directq:fw4bw8"))
+    assert len(plan.rows()) == 4 and plan.rows()[1] == {"bandwidth": 1e9, "compress": "directq:fw4bw8",
+                                                       "grad_compress": "none"}
+    assert v.parse_bandwidths("1Gbps, none,100Mbps") == (1e9, None, 1e8)
+
+
+def _result(it, source):
+    return Result({"throughput_samples_per_s": 32 / it, "iteration_s": it, "compute_s": 0.001,
+                   "measured_steps": 5, "source": source})
+
+
+def test_rows_errors_table_csv_and_plot(tmp_path):
+    prof = _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7))
+    calls = {}
+
+    def runner(**kw):
+        calls["run"] = kw
+        return _result(0.010 if kw["compress"] == "fp32" else 0.004, "measured")
+
+    def predictor(**kw):
+        calls["predict"] = kw
+        return _result(0.011 if kw["compress"] == "fp32" else 0.004, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), compresses=("fp32", "directq:fw4bw8"), profile="x",
+                            steps=5, dataset_limit=128, out=str(tmp_path))
+    rows = [v.run_row(plan, r, prof, i, runner, predictor) for i, r in enumerate(plan.rows())]
+    df = pd.DataFrame(rows)
+    assert calls["run"]["emulate_bandwidth"] == 1e8 and calls["run"]["dataset_limit"] == 128
+    assert calls["predict"]["bandwidth"] == pytest.approx(9.5e7)  # from the profile, not nominal
+    assert df["error_iteration_s_pct"].tolist() == pytest.approx([10.0, 0.0])
+    assert df["error_throughput_samples_per_s_pct"].iloc[0] == pytest.approx(100 * (1 / 1.1 - 1))
+    s = v.summarize(df)
+    assert s["rows"] == 2 and s["rows_over_10pct"] == 0 and s["mape_pct"] == pytest.approx(100 * (1 - 1 / 1.1) / 2)
+    text = v.format_table(df)
+    assert "100Mbps" in text and "MAPE" in text
+    csv = v.write_csv(df, tmp_path / "validation.csv")
+    assert pd.read_csv(csv).shape[0] == 2
+    png = v.plot(df, tmp_path / "validation.png")
+    assert png.exists() and png.stat().st_size > 1000
+
+
+@pytest.fixture(scope="module")
+def small_profile(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prof") / "p.json"
+    r = subprocess.run([sys.executable, "-m", "perfsim", "calibrate", "--quick", "--model", "digits-mlp",
+                        "--micro-batch", "8", "--stages", "", "--codecs", "fp32", "--comm", "p2p",
+                        "--no-progress", "--output", str(out)], capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_cli_end_to_end_loopback(small_profile, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--model", "digits-mlp", "--pp", "2",
+                        "--compress", "fp32", "--steps", "3", "--profile", str(small_profile),
+                        "--out", str(tmp_path), "--no-progress", "--no-plot"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "MAPE" in r.stdout
+    df = pd.read_csv(tmp_path / "validation.csv")
+    assert len(df) == 1 and df["measured_throughput_samples_per_s"].iloc[0] > 0
+    assert df["predicted_throughput_samples_per_s"].iloc[0] > 0
+    assert df["link_source"].iloc[0] == "profile p2p gloo"
+
+
+@pytest.mark.parametrize("args,culprit", [
+    ([], "--profile"),
+    (["--profile", "nosuch.json"], "nosuch.json"),
+    (["--profile", "PROFILE", "--compress", "nosuch:fw4bw8"], "nosuch"),
+    (["--profile", "PROFILE", "--macro-batch", "30"], "--macro-batch"),
+])
+def test_cli_bad_input(small_profile, tmp_path, args, culprit):
+    args = [str(small_profile) if a == "PROFILE" else a for a in args]
+    r = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--no-progress", "--out", str(tmp_path),
+                        *args], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and culprit in lines[0]
