@@ -59,15 +59,16 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     return 20
 
 
-def make_optimizer(cfg: RunConfig, module, dp_group):
+def make_optimizer(cfg: RunConfig, module, dp_group, stage: int, steps: int):
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     gspec = parse_grad_spec(cfg.grad_compress)
-    if gspec.kind == "optimizer":
+    if gspec.kind == "optimizer":  # 1-bit Adam / LAMB exchange compressed momentum themselves
         from perfsim.runtime import onebit_optim
 
         return onebit_optim.make_optimizer(cfg.grad_compress, module.parameters(), lr=cfg.lr,
-                                           process_group=dp_group)
+                                           group=dp_group, seed=cfg.seed * 31 + stage,
+                                           total_steps=steps)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
     return torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -93,18 +94,18 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
     # every rank creates every data-parallel group, in the same order
-    dp_groups = [dist.new_group([s + r * pp for r in range(dp)]) for s in range(pp)] if dp > 1 else [None] * pp
+    dp_groups = [dist.new_group([s + r * pp for r in range(dp)]) for s in range(pp)]
     dp_group = dp_groups[stage]
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
     module = build_stage(spec, pp, stage, cfg.seed).to(device)
-    optimizer = make_optimizer(cfg, module, dp_group)
-    comps = make_stage_compressors(cfg, stage)
-    grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
+    optimizer = make_optimizer(cfg, module, dp_group, stage, steps)
+    comps = make_stage_compressors(cfg, stage)
+    grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
     prev_rank = rank - 1 if stage > 0 else None
     next_rank = rank + 1 if stage < pp - 1 else None
@@ -158,6 +159,11 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
+        if hasattr(optimizer, "pop_stats"):  # 1-bit optimizers: their exchange is the dp sync
+            ostats = optimizer.pop_stats()
+            rec.dp_bytes += int(ostats.get("bytes", 0))
+            rec.dp_sync_s += ostats.get("time_s", 0.0)
+            rec.optimizer_s -= min(rec.optimizer_s, ostats.get("time_s", 0.0))
         rec.events.append(("dp_sync", "dp", t0, t1, {}))
         rec.events.append(("optimizer", "optimizer", t1, t2, {}))
         if len(records) >= keep_events:

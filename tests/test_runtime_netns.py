@@ -1,0 +1,37 @@
+"""Emulated slow links (network namespaces + tc). Needs root, iproute2 and tc."""
+
+import pytest
+
+from perfsim import netem
+from perfsim.errors import ConfigError
+from perfsim.runtime.api import run
+
+needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root + ip netns + tc")
+
+
+def _ours():
+    return [n for n in netem.list_namespaces() if n.startswith(netem.PREFIX)]
+
+
+def test_clear_error_without_privileges(monkeypatch):
+    monkeypatch.setattr(netem.os, "geteuid", lambda: 1000)
+    with pytest.raises(ConfigError, match="needs root"):
+        with netem.EmulatedNetwork(2, 1e8):
+            pass
+
+
+@pytest.mark.netns
+@needs_netns
+def test_links_are_shaped_and_always_removed(tmp_path):
+    before = _ours()
+    r = run(model="digits-mlp", pp=2, steps=4, micro_batch=8, macro_batch=32,
+            emulate_bandwidth="20Mbps", emulate_latency="2ms", out=tmp_path / "n", timeout="30s")
+    assert r.summary["bandwidth_bps"] == 20e6 and r.summary["emulated"]
+    # each micro-batch message is 8 x 256 fp32 = 8 KiB: at 20 Mbit/s at least 3.3 ms on the wire
+    assert r.summary["comm_s"] >= 4 * 8192 * 8 / 20e6
+    assert _ours() == before
+    # and on failure too: a rank killed inside the namespaces
+    with pytest.raises(Exception, match="rank 0"):
+        run(model="digits-mlp", pp=2, steps=20, micro_batch=8, macro_batch=32, fail_rank=0, fail_step=2,
+            emulate_bandwidth="50Mbps", out=tmp_path / "f", timeout="30s")
+    assert _ours() == before

@@ -1,0 +1,75 @@
+"""Execute mode, pieces that need no process group: partition, stage modules,
+data order, wire protocol header, measurement."""
+
+import torch
+
+from perfsim.models.specs import get_model_spec
+from perfsim.partition import partition, partition_model, partition_weights
+from perfsim.runtime.data import Order, dataset_for
+from perfsim.runtime.models import build_stage, build_stages
+
+
+def test_partition_is_contiguous_nonempty_and_balanced():
+    assert partition_weights([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert partition_weights([10, 1, 1, 1, 1, 10], 3) == [(0, 1), (1, 5), (5, 6)]
+    for name in ("gpt2-tiny", "gpt2-small-byte", "digits-mlp", "gpt2"):
+        spec = get_model_spec(name)
+        n = len(spec.layers())
+        for p in range(1, min(n, 6) + 1):
+            ranges = partition_model(spec, p)
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a < b for a, b in ranges)
+            assert all(ranges[i][1] == ranges[i + 1][0] for i in range(p - 1))
+    # gpt2-tiny over 4 stages: embedding with the first block, the head with the last
+    assert partition_model(get_model_spec("gpt2-tiny"), 4) == [(0, 2), (2, 3), (3, 4), (4, 6)]
+    assert partition(get_model_spec("digits-mlp").layers(), 2, by="layers") == [(0, 2), (2, 4)]
+
+
+def test_partition_rejects_more_stages_than_layers():
+    import pytest
+
+    from perfsim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="pp=9"):
+        partition_model(get_model_spec("digits-mlp"), 9)
+
+
+def test_stages_compose_to_the_same_model_whatever_the_split():
+    spec = get_model_spec("gpt2-tiny")
+    x, _ = dataset_for(spec).get(torch.arange(3))
+    outs = []
+    for p in (1, 2, 4):
+        h = x
+        for stage in build_stages(spec, p, seed=5):
+            h = stage(h)
+        outs.append(h)
+    assert outs[0].shape == (3, spec.seq_len, spec.vocab_size)
+    torch.testing.assert_close(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[2])
+    last = build_stage(spec, 4, 3, seed=5)
+    assert last.is_last and not last.is_first
+
+
+def test_mlp_stage_params_match_spec():
+    spec = get_model_spec("digits-mlp")
+    stages = build_stages(spec, 2, seed=0)
+    assert sum(p.numel() for s in stages for p in s.parameters()) == sum(l.params for l in spec.layers())
+
+
+def test_data_is_real_and_order_resumable():
+    text = dataset_for(get_model_spec("gpt2-tiny"))
+    assert len(text) > 5000
+    x, y = text.get(torch.tensor([7]))
+    assert torch.equal(x[0, 1:], y[0, :-1])  # next-byte targets
+    assert bytes(x[0].tolist()).isascii()
+    digits = dataset_for(get_model_spec("digits-mlp"))
+    assert len(digits) == 1797
+    order = Order(len(digits), 32, seed=3)
+    assert order.steps_per_epoch == 56
+    a = order.batch(60)
+    assert torch.equal(a, Order(len(digits), 32, seed=3).batch(60))
+    assert not torch.equal(a, order.batch(61))
+    epoch0 = torch.cat([order.batch(s) for s in range(56)])
+    assert len(set(epoch0.tolist())) == 56 * 32  # no repeats within an epoch
+    r0, r1 = order.replica_batch(5, 0, 2), order.replica_batch(5, 1, 2)
+    assert torch.equal(torch.cat([r0, r1]), order.batch(5))

@@ -1,0 +1,122 @@
+"""Execute mode end to end: real ranks, real gloo p2p, on digits-mlp (seconds each)."""
+
+import csv
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from perfsim.compression.registry import compressor_classes
+from perfsim.result import SUMMARY_COLUMNS, STAGE_COLUMNS
+from perfsim.runtime import checkpoint
+from perfsim.runtime.api import run
+from perfsim.runtime.launch import RankFailure
+
+HAS_AQSGD = "aqsgd" in compressor_classes()
+FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
+
+
+def test_cli_writes_predict_schema(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                           "--steps", "5", "--out", str(out), "--no-progress"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads((out / "result.json").read_text())
+    assert list(data["summary"])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
+    s = data["summary"]
+    assert s["source"] == "measured" and s["pp"] == 2 and s["model"] == "digits-mlp"
+    assert s["throughput_samples_per_s"] > 0 and s["iteration_s"] > 0
+    # fp32 activations of 8 samples x 256 floats, 4 micro-batches, both directions
+    assert s["pipeline_bytes"] == 2 * 4 * 8 * 256 * 4
+    with open(out / "summary.csv") as f:
+        header = next(csv.reader(f))
+    assert header[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
+    with open(out / "stages.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["stage"] for r in rows] == ["0", "1"] and list(rows[0])[:len(STAGE_COLUMNS)] == STAGE_COLUMNS
+    assert len(data["losses"]) == 5
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    names = {e["name"] for e in trace if e.get("ph") == "X"}
+    assert {"F0", "B3", "recv act 0", "recv grad 3", "optimizer"} <= names
+
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["--pp", "0"], "--pp"),
+    (["--compress", "bogus:3"], "bogus"),
+    (["--micro-batch", "5", "--macro-batch", "32"], "micro_batch"),
+    (["--pp", "9"], "pp=9"),
+])
+def test_bad_arguments_one_line_exit_2(argv, culprit, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--out", str(tmp_path / "x"), *argv],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and culprit in proc.stderr
+
+
+def test_pipeline_equals_single_stage_and_schedules_agree(tmp_path):
+    """pp=2 with fp32 trains the same model as pp=1; GPipe and 1F1B give the same losses."""
+    one = run(pp=1, steps=4, out=tmp_path / "a", **FAST).losses
+    f1b = run(pp=2, steps=4, schedule="1f1b", out=tmp_path / "b", **FAST).losses
+    gp = run(pp=2, steps=4, schedule="gpipe", out=tmp_path / "c", **FAST).losses
+    assert f1b == gp
+    assert list(one) == list(f1b) == [0, 1, 2, 3]
+    for s in one:
+        assert abs(one[s] - f1b[s]) < 1e-5
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    """Stop after 3 steps, resume to 6: the same losses as 6 steps in one go
+    (model, optimizer, compressor state and data order restored)."""
+    comp = "aqsgd:fw4bw8" if HAS_AQSGD else "directq:fw4bw8"
+    kw = dict(FAST, pp=2, compress=comp, dataset_limit=32)  # 2 steps per epoch: AQ-SGD compresses by step 2
+    full = run(steps=6, out=tmp_path / "full", **kw).losses
+    run(steps=3, out=tmp_path / "part", **kw)
+    result = run(steps=6, resume=tmp_path / "part", out=tmp_path / "part2", **kw)
+    assert result.summary["start_step"] == 3
+    resumed = result.losses  # history from the checkpoint + the resumed steps
+    assert list(resumed) == list(full) == [0, 1, 2, 3, 4, 5]
+    for s in resumed:
+        assert resumed[s] == full[s], (s, resumed[s], full[s])
+
+
+def test_killed_rank_stops_everyone_with_a_message(tmp_path):
+    out = tmp_path / "k"
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure, match=r"rank 1 \(stage 1, replica 0\) died: killed by SIGKILL"):
+        run(pp=2, steps=50, checkpoint_every=2, fail_rank=1, fail_step=3, out=out, **FAST)
+    assert time.monotonic() - t0 < 60
+    root, meta = checkpoint.find(out)
+    assert meta["step"] == 2
+    for r in range(2):
+        assert checkpoint.load_rank(root, 2, r)["step"] == 2
+
+
+@pytest.mark.skipif(not HAS_AQSGD, reason="aqsgd compressor not available")
+def test_aqsgd_sender_and_receiver_buffers_identical(tmp_path):
+    """After a real 3-stage run past the first epoch, each boundary's sender and
+    receiver hold identical per-sample message buffers."""
+    out = tmp_path / "aq"
+    r = run(pp=3, steps=6, compress="aqsgd:fw3bw6", dataset_limit=32, out=out, **FAST)
+    assert r.summary["measured_steps"] >= 1
+    root, meta = checkpoint.find(out)
+    states = [checkpoint.load_rank(root, meta["step"], k)["compressors"] for k in range(3)]
+    for s in range(2):
+        sent, got = states[s]["fw_send"], states[s + 1]["fw_recv"]
+        assert _equal_states(sent, got, "state") > 0, "no buffer tensors in the AQ-SGD state"
+        assert len(sent["slots"]) == 32  # every sample of the (limited) dataset has a buffer
+
+
+def _equal_states(a, b, where) -> int:
+    """Recursively compare two state dicts; returns the number of tensors compared."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+        return 1
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), where
+        return sum(_equal_states(a[k], b[k], f"{where}.{k}") for k in a)
+    assert a == b, where
+    return 0
