@@ -1,0 +1,234 @@
+"""Kernels: packing format, counter hash, quantizer numerics, Triton twins.
+
+The Triton kernels run under ``TRITON_INTERPRET=1`` in a subprocess (the
+variable is read when a kernel is decorated, i.e. at import) and must produce
+the same bytes as the torch references -- stochastic paths included, since
+both evaluate the same counter hash.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from perfsim.errors import ConfigError
+from perfsim.kernels import (aqsgd_receive, aqsgd_step_ref, ef_sign_compress_ref, pack_bits_ref,
+                             quantize_pack_ref, sign_pack_ref, sign_unpack_ref,
+                             unpack_bits_ref, unpack_dequantize_ref)
+from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
+from perfsim.kernels.quant import levels
+from perfsim.kernels.rng import call_key, fmix32, hash_int16_ref, uniform_ref
+
+HAS_TRITON = True
+try:
+    import triton  # noqa: F401
+except Exception:  # pragma: no cover
+    HAS_TRITON = False
+
+
+# ---------------------------------------------------------------- packing
+@settings(max_examples=60, deadline=None)
+@given(bits=st.sampled_from([1, 2, 3, 4, 6, 8]), n=st.integers(0, 300), seed=st.integers(0, 2**31))
+def test_fast_packing_is_byte_exact(bits, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 1 << bits, (n,), dtype=torch.uint8, generator=g)
+    ref = pack_bits_ref(codes, bits)
+    assert torch.equal(pack_bits_torch(codes, bits), ref)
+    assert ref.numel() == (n * bits + 7) // 8
+    assert torch.equal(unpack_bits_torch(ref, bits, n), codes)
+    assert torch.equal(unpack_bits_ref(ref, bits, n), codes)
+
+
+def test_packing_layout_documented_examples():
+    # 4 bits: lowest code in the low nibble
+    assert pack_bits_torch(torch.tensor([1, 2], dtype=torch.uint8), 4).tolist() == [0x21]
+    # 3 bits: eight codes fill three bytes, code i at stream bits [3i, 3i+3)
+    codes = torch.tensor([7, 0, 0, 0, 0, 0, 0, 7], dtype=torch.uint8)
+    assert pack_bits_torch(codes, 3).tolist() == [0x07, 0x00, 0xE0]
+    # 6 bits: four codes in three bytes
+    assert pack_bits_torch(torch.tensor([63, 1, 0, 0], dtype=torch.uint8), 6).tolist() == [0x7F, 0x00, 0x00]
+
+
+def test_packing_rejects_bad_input():
+    with pytest.raises(ConfigError):
+        pack_bits_torch(torch.zeros(3, dtype=torch.int32), 4)
+    with pytest.raises(ConfigError):
+        pack_bits_torch(torch.zeros(3, dtype=torch.uint8), 5)
+    with pytest.raises(ConfigError):
+        unpack_bits_torch(torch.zeros(3, dtype=torch.uint8), 4, 9)
+
+
+# ---------------------------------------------------------------- counter hash
+def _hash_python(i: int, key: int) -> int:
+    h = fmix32(((i >> 1) * 0x9E3779B1 + key) & 0xFFFFFFFF)
+    half = (h >> 16) if i & 1 else (h & 0xFFFF)
+    return half - 65536 if half >= 32768 else half
+
+
+def test_hash_int32_emulation_equals_uint32_definition():
+    for key in (0, call_key(0, 0), call_key(7, 123, 2), -1):
+        got = hash_int16_ref(41, key).tolist()
+        assert got == [_hash_python(i, key) for i in range(41)]
+
+
+def test_hash_uniform_statistics():
+    u = uniform_ref(200_000, call_key(1, 2))
+    assert 0 < float(u.min()) and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.005
+    assert abs(float(u.var()) - 1 / 12) < 0.002
+    counts = torch.histc(u, bins=16, min=0, max=1)
+    expected = u.numel() / 16
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 45  # 15 dof: p ~ 1e-4
+    # neighbours (even/odd halves of one hash) are uncorrelated
+    assert abs(float(torch.corrcoef(torch.stack([u[0::2], u[1::2]]))[0, 1])) < 0.01
+    # different steps give different streams
+    assert not torch.equal(hash_int16_ref(64, call_key(1, 2)), hash_int16_ref(64, call_key(1, 3)))
+
+
+# ---------------------------------------------------------------- quantizer numerics
+@pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
+def test_deterministic_quantizer_is_nearest_level(bits):
+    x = torch.randn(37, 11)
+    packed, s = quantize_pack_ref(x, bits, bucket=11)
+    v = unpack_dequantize_ref(packed, s, bits, x.numel(), bucket=11).view_as(x)
+    step = (2 * s / levels(bits)).view(-1, 1)
+    assert torch.all((v - x).abs() <= step / 2 * (1 + 1e-5) + 1e-7)
+    assert torch.allclose(s, x.abs().amax(1))
+    # the max-abs element of each bucket lands on an end level (+-s, up to rounding)
+    assert torch.allclose(v.amax(1).maximum(-v.amin(1)), s, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_stochastic_quantizer_is_unbiased(bits):
+    torch.manual_seed(0)
+    x = torch.randn(8, 25)
+    draws = 800
+    acc = torch.zeros(x.numel(), dtype=torch.float64)
+    for t in range(draws):
+        p, s = quantize_pack_ref(x, bits, bucket=25, key=call_key(3, t))
+        v = unpack_dequantize_ref(p, s, bits, x.numel(), bucket=25)
+        step = (2 * s / levels(bits)).repeat_interleave(25)
+        assert torch.all((v - x.reshape(-1)).abs() < step * (1 + 1e-5))
+        acc += v.double()
+    mean = acc / draws
+    step = (2 * s / levels(bits)).repeat_interleave(25).double()
+    # per-element std of the mean <= step / (2 sqrt(draws)); allow 5 sigma
+    assert torch.all((mean - x.reshape(-1).double()).abs() <= 5 * step / (2 * draws ** 0.5) + 1e-6)
+
+
+def test_quantizer_edge_cases():
+    p, s = quantize_pack_ref(torch.zeros(3, 5), 4, bucket=5, key=call_key(0, 0))
+    assert torch.equal(unpack_dequantize_ref(p, s, 4, 15, bucket=5), torch.zeros(15))
+    p, s = quantize_pack_ref(torch.zeros(0), 4, bucket=5)
+    assert p.numel() == 0 and s.numel() == 0
+    assert unpack_dequantize_ref(p, s, 4, 0, bucket=5).numel() == 0
+    # a partial last bucket has its own scale
+    x = torch.tensor([1.0, -2.0, 4.0, 0.5, 0.25])
+    _, s = quantize_pack_ref(x, 8, bucket=2)
+    assert s.tolist() == [2.0, 4.0, 0.25]
+    with pytest.raises(ConfigError):
+        quantize_pack_ref(x, 5, bucket=2)
+    with pytest.raises(ConfigError):
+        quantize_pack_ref(x, 4, bucket=0)
+
+
+def test_aqsgd_step_matches_unfused_and_receiver():
+    a, m = torch.randn(6, 9), torch.randn(6, 9)
+    ms, mr = m.clone(), m.clone()
+    packed, s = aqsgd_step_ref(a, ms, 3, bucket=9, key=call_key(1, 1))
+    p2, s2 = quantize_pack_ref(a - m, 3, bucket=9, key=call_key(1, 1))
+    assert torch.equal(packed, p2) and torch.equal(s, s2)
+    aqsgd_receive(packed, s, mr, 3, bucket=9)
+    assert torch.equal(ms, mr)
+    assert torch.equal(ms, m + unpack_dequantize_ref(packed, s, 3, 54, bucket=9).view(6, 9))
+
+
+def test_sign_pack_and_error_feedback():
+    x = torch.tensor([0.5, -1.0, 0.0, 2.0, -0.1, 0.3, 0.7, -0.2, 1.0])
+    bits = unpack_bits_ref(sign_pack_ref(x), 1, 9)
+    assert bits.tolist() == [1, 0, 1, 1, 0, 1, 1, 0, 1]  # zero counts as +
+    err = torch.zeros(9)
+    packed, scale = ef_sign_compress_ref(x, err)
+    assert torch.isclose(scale, x.norm() / 3)
+    dec = sign_unpack_ref(packed, 9, scale)
+    assert torch.equal(err, x - dec)
+    with pytest.raises(ConfigError):
+        ef_sign_compress_ref(x, torch.zeros(8))
+
+
+# ---------------------------------------------------------------- Triton (interpreter)
+_INTERP_SCRIPT = textwrap.dedent(r"""
+    import torch
+    from perfsim.kernels.rng import call_key
+    from perfsim.kernels.quant import (quantize_pack_ref, unpack_dequantize_ref,
+                                       _quantize_pack_triton, _unpack_dequantize_triton)
+    from perfsim.kernels.bitpack import pack_bits_ref, _pack_bits_triton, _unpack_bits_triton
+    from perfsim.kernels.aqsgd_step import aqsgd_step_ref, _aqsgd_step_triton
+    from perfsim.kernels.signpack import (sign_pack_ref, ef_sign_compress_ref, sign_unpack_ref,
+                                          _sign_pack_triton, _ef_sign_compress_triton,
+                                          _sign_unpack_triton)
+    torch.manual_seed(0)
+    checked = 0
+    for bits in (1, 2, 3, 4, 6, 8):
+        for n in (0, 1, 13, 64, 77):
+            c = torch.randint(0, 1 << bits, (n,), dtype=torch.uint8)
+            p = pack_bits_ref(c, bits)
+            assert torch.equal(_pack_bits_triton(c, bits, block=8), p), ("pack", bits, n)
+            assert torch.equal(_unpack_bits_triton(p, bits, n, block=8), c), ("unpack", bits, n)
+            checked += 2
+    for bits in (2, 3, 4, 6, 8):
+        for n, bucket in ((1, 1), (37, 10), (96, 32), (50, 50)):
+            x = torch.randn(n) * 3
+            x[:2] = 0.0
+            for key in (None, call_key(5, 9)):
+                p1, s1 = quantize_pack_ref(x, bits, bucket=bucket, key=key)
+                p2, s2 = _quantize_pack_triton(x, bits, bucket=bucket, key=key, block=8)
+                assert torch.equal(p1, p2) and torch.equal(s1, s2), ("quant", bits, n, key)
+                v1 = unpack_dequantize_ref(p1, s1, bits, n, bucket=bucket)
+                v2 = _unpack_dequantize_triton(p1, s1, bits, n, bucket=bucket, block=8)
+                assert torch.equal(v1, v2), ("dequant", bits, n)
+                a, m = torch.randn(n), torch.randn(n)
+                m1, m2 = m.clone(), m.clone()
+                q1 = aqsgd_step_ref(a, m1, bits, bucket=bucket, key=key)
+                q2 = _aqsgd_step_triton(a, m2, bits, bucket=bucket, key=key, block=8)
+                assert torch.equal(q1[0], q2[0]) and torch.equal(m1, m2), ("aqsgd", bits, n, key)
+                checked += 3
+    for n in (0, 1, 9, 64, 100):
+        x = torch.randn(n)
+        assert torch.equal(sign_pack_ref(x), _sign_pack_triton(x, block=4))
+        e1 = torch.randn(n); e2 = e1.clone()
+        p1, s1 = ef_sign_compress_ref(x, e1)
+        p2, s2 = _ef_sign_compress_triton(x, e2, block=4)
+        assert torch.equal(p1, p2) and torch.equal(e1, e2), ("ef_sign", n)
+        assert torch.equal(sign_unpack_ref(p1, n, s1), _sign_unpack_triton(p1, n, s1, block=4))
+        checked += 3
+    print("CHECKED", checked)
+""")
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_triton_kernels_match_references_under_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-c", _INTERP_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CHECKED" in proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA and triton")
+def test_triton_kernels_match_references_on_gpu():  # pragma: no cover - needs a GPU
+    from perfsim.kernels.quant import _quantize_pack_triton
+
+    x = torch.randn(1024, 1600, device="cuda")
+    for bits in (2, 3, 4, 6, 8):
+        for key in (None, call_key(1, 1)):
+            p1, s1 = quantize_pack_ref(x, bits, bucket=1600, key=key)
+            p2, s2 = _quantize_pack_triton(x, bits, bucket=1600, key=key)
+            assert torch.equal(p1, p2) and torch.equal(s1, s2)
