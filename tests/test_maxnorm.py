@@ -268,3 +268,30 @@ def test_thermometer_and_is_min():
     packed = [c._thermometer(i) for i in idx]
     anded = packed[0] & packed[1] & packed[2]
     assert torch.equal(c._from_thermometer(anded, 37), torch.stack(idx).min(0).values)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3),
+       spec=st.sampled_from(SPECS + ["randk-maxnorm:0.3:3", "randk-maxnorm-multiscale:0.7:2:4,8", "qsgd:3",
+                                     "ecq:2:bucket=7"]),
+       workers=st.integers(1, 6), scale=st.floats(1e-6, 1e3))
+def test_property_wire_size_and_compressed_sum(shape, spec, workers, scale):
+    g = torch.Generator().manual_seed(len(shape) * 1000 + workers)
+    xs = [torch.randn(shape, generator=g) * scale for _ in range(workers)]
+    c = make_compressor(spec)
+    p = c.compress(xs[0])
+    assert p.nbytes == c.wire_bytes(tuple(shape))
+    if not spec.startswith("qsgd-maxnorm"):
+        return
+    cc, payloads, w, index = _simulate_allreduce(spec, xs)
+    levels = torch.stack([cc.payload_levels(q)[0] for q in payloads])
+    assert int(levels.abs().max()) <= cc.s
+    acc = collective_sum_dtype(cc.s, workers)
+    total = levels.to(acc).sum(0, dtype=acc)
+    assert torch.equal(total.to(torch.int64), levels.to(torch.int64).sum(0))
+    dec = cc.decode_levels(total.to(torch.int64), w, index)
+    ref = torch.stack([cc.decompress(q).reshape(-1) for q in payloads]).sum(0)
+    torch.testing.assert_close(dec, ref, rtol=1e-5, atol=1e-6 * float(w))

@@ -50,9 +50,10 @@ def _candidate_specs(cls) -> list[str]:
     if example:
         out.append(example)
     out.append(cls.name)
-    syntax = (getattr(cls, "spec_syntax", "") or "").split("|")[0].strip()
+    syntax = re.sub(r"\[[^\]]*\]", "", getattr(cls, "spec_syntax", "") or "")  # drop optional parts
+    syntax = syntax.split("|")[0].strip()  # first of several alternatives
     if syntax:
-        filled = re.sub(r"\[[^\]]*\]", "", syntax)  # drop optional parts
+        filled = syntax
         for key, val in _PLACEHOLDERS.items():
             filled = re.sub(rf"\b{key}\b", val, filled)
         out.append(filled)
@@ -77,6 +78,7 @@ def build_example(cls):
 def rows(shape: tuple[int, ...]) -> list[dict]:
     """One dict per registered compressor, columns :data:`COLUMNS`."""
     from perfsim.compression import compressor_classes
+    from perfsim.errors import ConfigError
 
     out = []
     fp32 = 4
@@ -88,7 +90,12 @@ def rows(shape: tuple[int, ...]) -> list[dict]:
             out.append({"name": name, "spec": cls.spec_syntax, "allreduce_compatible": cls.allreduce_compatible,
                         "wire_bytes": None, "ratio": None})
             continue
-        wb = int(comp.wire_bytes(shape))
+        try:
+            wb = int(comp.wire_bytes(shape))
+        except ConfigError:  # this compressor cannot take that shape: say n/a, keep the others
+            out.append({"name": name, "spec": comp.spec or name,
+                        "allreduce_compatible": bool(comp.allreduce_compatible), "wire_bytes": None, "ratio": None})
+            continue
         out.append({"name": name, "spec": comp.spec or name,
                     "allreduce_compatible": bool(comp.allreduce_compatible),
                     "wire_bytes": wb, "ratio": wb / fp32})
