@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfsim.compression import make_compressor
 from perfsim.compression.base import sum_dtype_for
@@ -268,9 +270,6 @@ def test_thermometer_and_is_min():
     packed = [c._thermometer(i) for i in idx]
     anded = packed[0] & packed[1] & packed[2]
     assert torch.equal(c._from_thermometer(anded, 37), torch.stack(idx).min(0).values)
-
-
-from hypothesis import given, settings, strategies as st  # noqa: E402
 
 
 @settings(max_examples=15, deadline=None)

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
+    p.add_argument("--partition", default=None,
+                   help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
     p.add_argument("--dataset-limit", type=_pos_int, default=None,
                    help="use only the first N samples (shorter epochs)")
     p.add_argument("--out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
                   compress=args.compress, grad_compress=args.grad_compress,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
-                  dataset_limit=args.dataset_limit,
+                  dataset_limit=args.dataset_limit, partition=args.partition,
                   out=args.out or (args.resume if args.resume else "perfsim-run"),
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,

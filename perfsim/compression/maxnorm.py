@@ -47,7 +47,7 @@ same bits wherever a worker runs) and moved.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 

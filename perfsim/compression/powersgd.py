@@ -27,7 +27,6 @@ tensor through the very same hook function (a one-tensor gradient bucket).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import torch

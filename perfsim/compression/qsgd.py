@@ -183,7 +183,12 @@ class BucketQuantizer:
 
 
 class _SeededCompressor(Compressor):
-    """Holds ``seed``, the per-call ``step`` counter and the rank ``salt``."""
+    """Holds ``seed``, the per-call ``step`` counter and the rank ``salt``.
+
+    :meth:`allreduce_mean` sets the salt from the data-parallel rank, so workers
+    built with the same seed still draw independent rounding noise. Code that
+    calls :meth:`compress` on several workers itself should give each worker a
+    distinct ``seed`` (or set ``_salt``), or their rounding errors correlate."""
 
     seed: int = 0
     _step: int = 0

@@ -40,6 +40,8 @@ class RunConfig:
       (None: the plain loopback / real network).
     timeout_s: collective / p2p timeout; a rank blocked longer fails.
     device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
+    partition: layer counts per stage (``"2,1,1,2"``, the syntax of ``perfsim
+      predict --partition``); None: :func:`perfsim.partition.partition_model`.
     fail_rank, fail_step: fault injection for tests -- that rank SIGKILLs itself
       when it reaches that step.
     """
@@ -65,6 +67,7 @@ class RunConfig:
     latency_s: float = 0.0
     timeout_s: float = 60.0
     device: str = "cpu"
+    partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -102,6 +105,7 @@ class RunConfig:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
+        self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
         from perfsim.compression import make_pipeline_pair
 
@@ -124,6 +128,27 @@ class RunConfig:
 
         return get_model_spec(self.model)
 
+    def stage_ranges(self) -> list[tuple[int, int]]:
+        """``[start, end)`` layer range of every stage."""
+        from perfsim.partition import partition_model
+
+        spec = self.spec()
+        if self.partition is None or str(self.partition).strip() in ("", "balanced"):
+            return partition_model(spec, self.pp)
+        try:
+            counts = [int(x) for x in str(self.partition).split(",")]
+        except ValueError:
+            raise ConfigError(f"partition {self.partition!r}: expected comma-separated layer counts") from None
+        n = len(spec.layers())
+        if len(counts) != self.pp or any(c < 1 for c in counts) or sum(counts) != n:
+            raise ConfigError(f"partition {self.partition!r}: needs {self.pp} counts >= 1 summing to "
+                              f"the {n} layers of {self.model}")
+        bounds, start = [], 0
+        for c in counts:
+            bounds.append((start, start + c))
+            start += c
+        return bounds
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -140,4 +165,4 @@ class RunConfig:
 
     #: fields that must match between a checkpoint and the run resuming it
     RESUME_KEYS = ("model", "pp", "dp", "schedule", "compress", "grad_compress", "micro_batch",
-                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit")
+                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

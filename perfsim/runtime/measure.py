@@ -12,16 +12,23 @@ Definitions (all per optimizer step, averaged over the *measured* steps):
 * ``iteration_s``: median over measured steps of the interval between the end
   of the previous step and the end of this one, the end being the last rank's
   end (after gradient sync and optimizer step).
-* stage ``compute_s``: forward + backward compute; ``comm_s``: transfer time of
-  the messages this stage *received* (``done - max(sent, posted)``, see
-  :mod:`perfsim.runtime.pipeline`); ``encode_s``: encode + decode;
-  ``dp_sync_s``: gradient averaging; ``idle_s``: the rest of the iteration
-  (``iteration - compute - comm - encode - dp_sync - optimizer``, >= 0).
+The definitions are the simulator's (``perfsim/engine/report.py``), so rows compare:
+
+* stage ``compute_s``: forward + backward compute; ``encode_s``: encode +
+  decode; ``comm_s``: transfer time of the messages this stage *sent*, as its
+  receivers measured it (``done - max(sent, posted)``, see
+  :mod:`perfsim.runtime.pipeline`; it overlaps compute); ``dp_sync_s``:
+  gradient averaging; ``idle_s``: ``iteration - compute - encode - optimizer``
+  (waiting for data, for the gradient sync, or the bubble). Extra columns:
+  ``recv_comm_s`` / ``recv_wait_s`` (transfer / waiting of what it received).
 * summary ``compute_s`` / ``comm_s`` / ``encode_s`` / ``idle_s`` /
   ``dp_sync_s`` / ``optimizer_s``: mean over stage rows;
-  ``bubble_fraction``: mean of ``idle_s / iteration_s``;
+  ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with busy = compute
+  + encode and ``T_pipe`` from the step's start to its last backward;
   ``pipeline_bytes`` / ``dp_bytes``: bytes all ranks put on the wire per step
   (payload bodies; headers are in ``overhead_bytes``).
+* microbatches: ``fwd_comm_s`` / ``bwd_comm_s`` of (stage, mb) are the transfers
+  of the activation / gradient that stage sent (as the simulator).
 * links: ``bytes`` from the sender's count, ``busy_s`` from the receiver's
   transfer times, per step.
 """
@@ -68,56 +75,81 @@ def _mean(xs) -> float:
 def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     spec = cfg.spec()
     gathered = sorted(gathered, key=lambda g: g["rank"])
+    by_rank = {g["rank"]: g for g in gathered}
     steps = measured_steps(cfg, gathered)
     chosen = set(steps)
+    n = max(1, len(steps))
+    recs = {(g["rank"], r["step"]): r for g in gathered for r in g["records"]}
     ends: dict[int, float] = {}
     starts: dict[int, float] = {}
-    for g in gathered:
-        for r in g["records"]:
-            ends[r["step"]] = max(ends.get(r["step"], r["end"]), r["end"])
-            starts[r["step"]] = min(starts.get(r["step"], r["start"]), r["start"])
+    for (_, step), r in recs.items():
+        ends[step] = max(ends.get(step, r["end"]), r["end"])
+        starts[step] = min(starts.get(step, r["start"]), r["start"])
     iters = [ends[s] - ends[s - 1] if s - 1 in ends else ends[s] - starts[s] for s in steps]
     iteration_s = statistics.median(iters) if iters else float("nan")
 
+    def sent_transfer(rank: int, step: int, mb: int, kind: str) -> float:
+        """Transfer time of what ``rank`` sent, measured by its receiver."""
+        g = by_rank[rank]
+        dst = rank + 1 if kind == "fwd" else rank - 1
+        r = recs.get((dst, step))
+        if r is None or not (0 <= g["stage"] + (1 if kind == "fwd" else -1) < cfg.pp):
+            return 0.0
+        return r["micro"][mb][f"{kind}_comm_s"]
+
     stages, micro_rows, links = [], {}, {}
     total_bytes = dp_bytes = overhead = 0.0
-    n = max(1, len(steps))
     for g in gathered:
-        recs = [r for r in g["records"] if r["step"] in chosen]
         rank, stage = g["rank"], g["stage"]
-        prev_rank = rank - 1 if stage > 0 else None
-        next_rank = rank + 1 if stage < cfg.pp - 1 else None
-        comp = _mean(sum(m["fwd_compute_s"] + m["bwd_compute_s"] for m in r["micro"]) for r in recs)
-        comm = _mean(sum(m["fwd_comm_s"] + m["bwd_comm_s"] for m in r["micro"]) for r in recs)
-        enc = _mean(sum(m["encode_s"] for m in r["micro"]) for r in recs)
-        dps = _mean(r["dp_sync_s"] for r in recs)
-        opt = _mean(r["optimizer_s"] for r in recs)
-        sent = _mean(sum(m["bytes_sent"] for m in r["micro"]) for r in recs)
+        mine = [recs[(rank, s)] for s in steps if (rank, s) in recs]
+        m = len(mine[0]["micro"]) if mine else 0
+        comp = _mean(sum(x["fwd_compute_s"] + x["bwd_compute_s"] for x in r["micro"]) for r in mine)
+        enc = _mean(sum(x["encode_s"] for x in r["micro"]) for r in mine)
+        comm = _mean(sum(sent_transfer(rank, r["step"], mb, k) for mb in range(m) for k in ("fwd", "bwd"))
+                     for r in mine)
+        recv_comm = _mean(sum(x["fwd_comm_s"] + x["bwd_comm_s"] for x in r["micro"]) for r in mine)
+        recv_wait = _mean(sum(x["fwd_wait_s"] + x["bwd_wait_s"] for x in r["micro"]) for r in mine)
+        dps = _mean(r["dp_sync_s"] for r in mine)
+        opt = _mean(r["optimizer_s"] for r in mine)
+        sent = _mean(sum(x["bytes_sent"] for x in r["micro"]) for r in mine)
         total_bytes += sent
-        overhead += _mean(sum(m["overhead_bytes"] for m in r["micro"]) for r in recs)
-        dp_bytes += _mean(r["dp_bytes"] for r in recs)
-        idle = max(0.0, iteration_s - comp - comm - enc - dps - opt)
+        overhead += _mean(sum(x["overhead_bytes"] for x in r["micro"]) for r in mine)
+        dp_bytes += _mean(r["dp_bytes"] for r in mine)
         stages.append({"replica": g["replica"], "stage": stage, "compute_s": comp, "comm_s": comm,
-                       "encode_s": enc, "idle_s": idle, "dp_sync_s": dps, "bytes_sent": sent,
-                       "peak_inflight": g["peak_inflight"], "optimizer_s": opt,
+                       "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt),
+                       "dp_sync_s": dps, "bytes_sent": sent, "peak_inflight": g["peak_inflight"],
+                       "optimizer_s": opt, "recv_comm_s": recv_comm, "recv_wait_s": recv_wait,
                        "params": g["params"], "layers": f"{g['layers'][0]}-{g['layers'][1]}"})
-        for r in recs:
-            for mb, m in enumerate(r["micro"]):
+        for r in mine:
+            for mb, x in enumerate(r["micro"]):
                 row = micro_rows.setdefault((stage, mb), {k: [] for k in MICROBATCH_COLUMNS[2:]})
-                row["fwd_compute_s"].append(m["fwd_compute_s"])
-                row["fwd_comm_s"].append(m["fwd_comm_s"])
-                row["bwd_compute_s"].append(m["bwd_compute_s"])
-                row["bwd_comm_s"].append(m["bwd_comm_s"])
-                row["encode_s"].append(m["encode_s"])
+                row["fwd_compute_s"].append(x["fwd_compute_s"])
+                row["fwd_comm_s"].append(sent_transfer(rank, r["step"], mb, "fwd"))
+                row["bwd_compute_s"].append(x["bwd_compute_s"])
+                row["bwd_comm_s"].append(sent_transfer(rank, r["step"], mb, "bwd"))
+                row["encode_s"].append(x["encode_s"])
             for dst, (nbytes, _) in r["links"].items():
-                links.setdefault((rank, int(dst)), [0.0, 0.0])[0] += nbytes / n
-            if prev_rank is not None:
-                links.setdefault((prev_rank, rank), [0.0, 0.0])[1] += sum(m["fwd_comm_s"] for m in r["micro"]) / n
-            if next_rank is not None:
-                links.setdefault((next_rank, rank), [0.0, 0.0])[1] += sum(m["bwd_comm_s"] for m in r["micro"]) / n
+                link = links.setdefault((rank, int(dst)), [0.0, 0.0])
+                link[0] += nbytes / n
+                link[1] += sum(sent_transfer(rank, r["step"], mb, "fwd" if int(dst) > rank else "bwd")
+                               for mb in range(m)) / n
     microbatches = [{"stage": s, "microbatch": mb, **{k: _mean(v) for k, v in row.items()}}
                     for (s, mb), row in sorted(micro_rows.items())]
     link_rows = [{"src": s, "dst": d, "bytes": b, "busy_s": t} for (s, d), (b, t) in sorted(links.items())]
+
+    # bubble (as the simulator, engine/report.py): 1 - sum_s busy_s / (p * T_pipe) per replica,
+    # busy = compute + encode/decode, T_pipe = step start until the last backward ends
+    bubbles = []
+    for replica in range(cfg.dp):
+        for step in steps:
+            rr = [recs[(replica * cfg.pp + s, step)] for s in range(cfg.pp)
+                  if (replica * cfg.pp + s, step) in recs]
+            if len(rr) != cfg.pp:
+                continue
+            t_pipe = max(r["pipe_end"] for r in rr) - min(r["start"] for r in rr)
+            busy = sum(x["fwd_compute_s"] + x["bwd_compute_s"] + x["encode_s"] for r in rr for x in r["micro"])
+            if t_pipe > 0:
+                bubbles.append(1.0 - busy / (cfg.pp * t_pipe))
 
     # loss: mean over replicas of the last stage's step loss
     per_step: dict[int, list[float]] = {}
@@ -135,7 +167,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s
                                     if iteration_s > 0 else None),
         "iteration_s": iteration_s,
-        "bubble_fraction": _mean(r["idle_s"] / iteration_s for r in stages) if iteration_s > 0 else None,
+        "bubble_fraction": _mean(bubbles) if bubbles else None,
         "compute_s": _mean(r["compute_s"] for r in stages), "comm_s": _mean(r["comm_s"] for r in stages),
         "encode_s": _mean(r["encode_s"] for r in stages), "idle_s": _mean(r["idle_s"] for r in stages),
         "dp_sync_s": _mean(r["dp_sync_s"] for r in stages),
@@ -147,6 +179,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "loss_last10": _mean(last[-10:]) if last else None,
         "steps": gathered[0]["steps"], "start_step": gathered[0]["start_step"],
         "measured_steps": len(steps), "steps_per_epoch": spe, "dataset": dataset_name,
+        "partition": ",".join(str(g["layers"][1] - g["layers"][0]) for g in gathered if g["replica"] == 0),
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
     }

@@ -178,6 +178,7 @@ class StepRecord:
     loss: float | None
     micro: list[MicroRecord]
     send_wait_s: float = 0.0
+    pipe_end: float = 0.0  # when this stage's last action finished
     dp_sync_s: float = 0.0
     dp_bytes: int = 0
     optimizer_s: float = 0.0
@@ -233,6 +234,7 @@ class StageRunner:
                 live[action.microbatch] = self._forward(action.microbatch, mb_ids, rec, losses)
             else:
                 self._backward(action.microbatch, live.pop(action.microbatch), rec)
+        rec.pipe_end = self._now()
         rec.send_wait_s = self.msg.wait_all()
         rec.end = self._now()
         if self.module.is_last:

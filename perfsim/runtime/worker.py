@@ -85,7 +85,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     from perfsim.models.specs import get_model_spec
     from perfsim.runtime.data import Order, dataset_for
     from perfsim.runtime.grad_sync import GradSync, sync_gradients
-    from perfsim.runtime.models import build_stage
+    from perfsim.runtime.models import Stage
     from perfsim.runtime.pipeline import StageRunner
     from perfsim.schedules import get_schedule, max_in_flight
 
@@ -99,7 +99,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
-    module = build_stage(spec, pp, stage, cfg.seed).to(device)
+    start_layer, end_layer = cfg.stage_ranges()[stage]
+    module = Stage(spec, start_layer, end_layer, cfg.seed).to(device)
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
