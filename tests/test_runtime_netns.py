@@ -35,3 +35,33 @@ def test_links_are_shaped_and_always_removed(tmp_path):
         run(model="digits-mlp", pp=2, steps=20, micro_batch=8, macro_batch=32, fail_rank=0, fail_step=2,
             emulate_bandwidth="50Mbps", out=tmp_path / "f", timeout="30s")
     assert _ours() == before
+
+
+@pytest.mark.netns
+@needs_netns
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupt_removes_namespaces(tmp_path, sig):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "i"
+    proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                             "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mine = f"{netem.PREFIX}{proc.pid}-"
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / ".ranks" / "progress.json").exists():  # training is under way
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert any(n.startswith(mine) for n in netem.list_namespaces())
+        proc.send_signal(getattr(signal, sig))
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert not [n for n in netem.list_namespaces() if n.startswith(mine)]
