@@ -106,3 +106,24 @@ def test_bad_input_and_state():
     assert torch.equal(c.decompress(p1), d.decompress(p2))
     with pytest.raises(ConfigError):
         d.load_state_dict({"nope": 0})
+
+
+def test_small_k_indices_are_uniform_and_distinct():
+    c = make_compressor("randk-maxnorm:0.05:4", seed=8)  # k = 3 of 60: the draw-until-distinct path
+    counts = torch.zeros(60)
+    for step in range(2000):
+        idx = c.indices(60, step)
+        assert idx.numel() == 3 and idx.unique().numel() == 3
+        counts[idx] += 1
+    expected = 2000 * 3 / 60
+    # chi-square with 59 degrees of freedom: mean 59, sd ~11; 120 is far in the tail
+    assert float(((counts - expected) ** 2 / expected).sum()) < 120
+    # decode after other calls still re-derives the right indices (cache keyed by step)
+    c._step = 0
+    x0 = torch.randn(60)
+    p0 = c.compress(x0)
+    c.compress(torch.randn(60))  # replaces the cached indices
+    idx0 = c.indices(60, 0)
+    y0 = c.decompress(p0)
+    assert set(y0.nonzero().reshape(-1).tolist()) <= set(idx0.tolist())
+    assert ((y0[idx0] - x0[idx0]).abs() <= x0[idx0].norm() / c.inner.s + 1e-6).all()

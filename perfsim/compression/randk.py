@@ -53,16 +53,37 @@ class _GlobalRandK(Compressor):
     def __init__(self, fraction: float, inner: MaxNormQuantizer, scaled: bool = False, seed: int = 0):
         self.fraction, self.inner, self.scaled, self.seed = float(fraction), inner, bool(scaled), int(seed)
         self._step = 0
+        self._cache: tuple | None = None
 
     def k_of(self, n: int) -> int:
         """Number of selected coordinates: ``ceil(fraction * n)`` (0 for an empty tensor)."""
         return min(n, math.ceil(self.fraction * n - 1e-9)) if n else 0
 
     def indices(self, n: int, step: int | None = None) -> torch.Tensor:
-        """The shared coordinates of call ``step`` (default: the next call)."""
+        """The shared coordinates of call ``step`` (default: the next call): ``K``
+        distinct indices, every K-subset equally likely.
+
+        Drawn on the CPU from ``(seed, step)`` only, so identical on every worker
+        and device. For small ``K`` we draw with replacement until ``K`` distinct
+        values are seen and keep a random ``K`` of them (the procedure is invariant
+        under relabelling the coordinates, hence uniform over K-subsets) -- O(K)
+        instead of a full ``randperm(n)``. The last result is cached for decode."""
         step = self._step if step is None else step
+        k = self.k_of(n)
+        cached = self._cache
+        if cached is not None and cached[0] == (n, step):
+            return cached[1]
         g = generator(self.seed, _INDEX_SALT, step)
-        return torch.randperm(n, generator=g)[: self.k_of(n)]  # CPU: identical on every device
+        if 4 * k >= n:
+            idx = torch.randperm(n, generator=g)[:k]
+        else:
+            seen = torch.empty(0, dtype=torch.int64)
+            while seen.numel() < k:
+                draw = torch.randint(n, (k + k // 4 + 16,), generator=g)
+                seen = torch.unique(torch.cat([seen, draw]))
+            idx = seen[torch.randperm(seen.numel(), generator=g)[:k]]
+        self._cache = ((n, step), idx)
+        return idx
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.inner.wire_bytes((self.k_of(numel_of(shape)),))
