@@ -174,7 +174,12 @@ def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | N
                 ax.set_ylim(bottom=0, top=hi * 1.08)
         if ptitle:
             ax.set_title(ptitle, fontsize=10)
-    axes[0].legend(fontsize=8, title="method", title_fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    if len(labels) > 4 or max(map(len, labels)) > 24:  # long names: below the panels
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(2, len(labels)),
+                   fontsize=8)
+    else:
+        axes[0].legend(fontsize=8, title="method", title_fontsize=8)
     fig.suptitle(title or _auto_title(df, kind, width=int(fig.get_figwidth() * 11)),
                  fontsize=11)
     return fig

@@ -499,11 +499,13 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     todo = [(cid, p) for cid, p in configs if cid not in records]
 
     writer = _PartWriter(part, list(records.values())) if part is not None else None
-    from tqdm.auto import tqdm
-
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    if show:
+        from tqdm.auto import tqdm  # a widget in notebooks, text on terminals
+    else:
+        from tqdm import tqdm
     bar = tqdm(total=len(configs), initial=len(configs) - len(todo), unit="config",
-               desc="sweep", disable=(not sys.stderr.isatty()) if progress is None else not progress,
-               file=sys.stderr, dynamic_ncols=True)
+               desc="sweep", disable=not show, file=sys.stderr, dynamic_ncols=True)
     try:
         if todo:
             iterator = _BACKENDS[backend](_batches(todo, jobs), predict, skip_invalid, jobs)
