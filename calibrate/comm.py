@@ -6,6 +6,10 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
 * ``p2p``: ping-pong, rank 0 sends ``size`` bytes to rank 1 which sends them
   back; one-way time = round trip / 2 (the classic ping-pong of NetPIPE and the
   OSU latency benchmark);
+* ``messenger``: the same ping-pong through execute mode's own message path
+  (:class:`perfsim.runtime.pipeline.Messenger`: a size message, then pickled
+  header + payload bytes, sent with ``isend``), recorded as ``p2p`` records
+  named ``messenger`` -- the per-message cost a pipeline stage really pays;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
   where the backend lacks it): every rank enters after a barrier, the time of a
   repeat is the slowest rank's (a collective is done when the last rank is).
@@ -40,9 +44,12 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger")
+#: ops measured unless asked otherwise
+DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger")
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
+QUICK_EMULATED_SIZES = (1024, 4096, 65536, 1048576, 4194304, 16777216)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class CommConfig:
     threads: torch threads per rank.
     """
 
-    ops: tuple[str, ...] = OPS
+    ops: tuple[str, ...] = DEFAULT_OPS
     sizes: tuple[int, ...] = FULL_SIZES
     world_size: int = 2
     backend: str | None = None
@@ -138,7 +145,27 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
     for op in cfg.ops:
         for size in cfg.sizes_to_run():
             n = size // 4
-            if op == "p2p":
+            if op == "messenger":
+                from perfsim.compression.base import Payload
+                from perfsim.runtime.pipeline import Messenger
+
+                msg = Messenger(device)
+                rows = 8 if n % 8 == 0 else 1
+                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
+                                  (rows, n // rows))
+                ids = torch.arange(rows)
+
+                def call():
+                    if rank == 0:
+                        msg.send(payload, ids, 1)
+                        msg.recv(1)
+                    elif rank == 1:
+                        msg.recv(0)
+                        msg.send(payload, ids, 0)
+                    msg.wait_all()
+                    sync()
+                scale = 0.5
+            elif op == "p2p":
                 buf = torch.ones(n, device=device)
 
                 def call():
@@ -231,12 +258,13 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
             records.append({"op": item["op"], "skipped": item["skipped"]})
             continue
         # a repeat of a collective takes as long as its slowest rank
-        ranks = [per_rank[r][i]["samples"] for r in sorted(per_rank)
-                 if item["op"] != "p2p" or r == 0]
+        p2p = item["op"] in ("p2p", "messenger")
+        ranks = [per_rank[r][i]["samples"] for r in sorted(per_rank) if not p2p or r == 0]
         samples = [max(vals) for vals in zip(*ranks)]
         t = summarize(samples)
-        rec = {"op": item["op"], "name": comm_name(backend, cfg.emulate_bandwidth),
-               "size_bytes": item["size_bytes"], "world_size": cfg.world_size if item["op"] != "p2p" else 2, "dtype": "float32",
+        name = comm_name("messenger" if item["op"] == "messenger" else backend, cfg.emulate_bandwidth)
+        rec = {"op": "p2p" if p2p else item["op"], "name": name,
+               "size_bytes": item["size_bytes"], "world_size": 2 if p2p else cfg.world_size, "dtype": "float32",
                **t.record()}
         if cfg.emulate_bandwidth is not None:
             rec["emulated_bandwidth_bps"] = cfg.emulate_bandwidth
@@ -317,7 +345,7 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    for op in cfg.ops:
+    for op in sorted({"p2p" if o == "messenger" else o for o in cfg.ops}):
         records += fit_records(raw, op, ("name",))
     return records
 

@@ -91,3 +91,44 @@ def fit_records(records: list[dict], op: str, group_keys=("name",), extra: dict 
         rec.update(extra or {})
         out.append(rec)
     return out
+
+
+@dataclass(frozen=True)
+class ShapedLink:
+    """A message over a token-bucket-shaped link (Linux ``tbf``, as perfsim.netem
+    installs): ``time(s) = alpha + max(0, s - burst) / rate`` -- the first ``burst``
+    bytes leave at the unshaped speed when the bucket is full, the rest at the
+    bucket's fill rate (tbf semantics, tc-tbf(8)). ``rate_Bps`` is the payload rate
+    actually achieved (the shaper counts frame bytes, so TCP/IP framing lowers it:
+    1448 of 1514 bytes per frame, ~0.956 of nominal).
+    """
+
+    alpha_s: float
+    rate_Bps: float
+    burst_bytes: float
+    points: int
+
+
+def fit_shaped_link(sizes, times, shaped_factor: float = 3.0) -> ShapedLink | None:
+    """Estimate (alpha, rate, burst) from ping-pong points over a shaped link.
+
+    alpha: the smallest message's time (a few bytes: pure fixed cost). Shaped points
+    are those taking more than ``shaped_factor`` x alpha; the rate is the
+    least-squares slope through them (>= 2 needed, else None), the burst the mean
+    of ``s - (t - alpha) * rate`` over them, clipped at 0.
+    """
+    pts = sorted((float(s), float(t)) for s, t in zip(sizes, times) if t > 0 and s > 0)
+    if len(pts) < 3:
+        return None
+    alpha = pts[0][1]
+    shaped = [(s, t) for s, t in pts if t > shaped_factor * alpha]
+    if len(shaped) < 2:
+        return None
+    xs = np.array([s for s, _ in shaped])
+    ys = np.array([t for _, t in shaped])
+    slope = float(np.polyfit(xs, ys, 1)[0]) if np.ptp(xs) > 0 else 0.0
+    if slope <= 0:
+        return None
+    rate = 1.0 / slope
+    burst = float(np.mean(xs - (ys - alpha) * rate))
+    return ShapedLink(alpha, rate, max(0.0, burst), len(shaped))

@@ -55,24 +55,29 @@ def parse_source(text: str | None) -> dict[str, str]:
 
 
 def network_summary(records: list[dict]) -> list[dict]:
-    """One entry per (backend, emulated rate) p2p fit: fixed cost, fitted bandwidth
-    and protocol efficiency (fitted / nominal), for ``metadata["network"]``."""
-    out = []
+    """One entry per measured link (``p2p`` of a backend or of ``messenger``, and
+    ``allreduce``, loopback or ``@<rate>``): fixed cost, achieved payload rate,
+    protocol efficiency (achieved / nominal) and the shaper's burst
+    (:func:`perfsim.calibrate.fit.fit_shaped_link`), for ``metadata["network"]``."""
+    from perfsim.calibrate.fit import fit_shaped_link
+
+    groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        if r.get("op") != "fit_p2p":
-            continue
-        nominal = r.get("emulated_bandwidth_bps")
-        beta = r.get("beta_s_per_byte") or 0.0
-        fitted_bps = 8.0 / beta if beta > 0 else None
-        out.append({
-            "name": r.get("name"),
-            "nominal_bps": nominal,
-            "emulated_latency_s": r.get("emulated_latency_s"),
-            "alpha_s": r.get("alpha_s"),
-            "beta_s_per_byte": beta,
-            "fitted_bps": fitted_bps,
-            "efficiency": (fitted_bps / nominal) if (fitted_bps and nominal) else None,
-        })
+        if r.get("op") in ("p2p", "allreduce") and "time_s" in r and "size_bytes" in r:
+            groups.setdefault((r["op"], r["name"]), []).append(r)
+    out = []
+    for (op, name), rows in groups.items():
+        nominal = rows[0].get("emulated_bandwidth_bps")
+        entry = {"op": op, "name": name, "nominal_bps": nominal,
+                 "emulated_latency_s": rows[0].get("emulated_latency_s"),
+                 "alpha_s": min(rows, key=lambda r: r["size_bytes"])["time_s"],
+                 "rate_bps": None, "efficiency": None, "burst_bytes": None}
+        link = fit_shaped_link([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+        if link is not None:
+            entry.update(alpha_s=link.alpha_s, rate_bps=8 * link.rate_Bps, burst_bytes=link.burst_bytes)
+            if nominal:
+                entry["efficiency"] = 8 * link.rate_Bps / nominal
+        out.append(entry)
     return out
 
 

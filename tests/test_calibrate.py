@@ -158,3 +158,17 @@ def test_cli_bad_input_one_line(tmp_path, args, culprit):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0]
     assert not (tmp_path / "x.json").exists()
+
+
+def test_fit_shaped_link_recovers_token_bucket():
+    from perfsim.calibrate.fit import fit_shaped_link
+
+    rate, burst, alpha = 12.0e6, 50_000, 1e-4  # ~96 Mbps payload, tbf burst 50 KB
+    sizes = [1024, 4096, 65536, 262144, 1048576, 4194304]
+    times = [alpha + max(0, s - burst) / rate for s in sizes]
+    link = fit_shaped_link(sizes, times)
+    assert link.rate_Bps == pytest.approx(rate, rel=1e-6)
+    assert link.burst_bytes == pytest.approx(burst, rel=1e-3)
+    assert link.alpha_s == pytest.approx(alpha)
+    # never bandwidth-bound -> no estimate
+    assert fit_shaped_link([1024, 4096, 16384], [1e-4, 1e-4, 1.1e-4]) is None

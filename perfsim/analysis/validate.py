@@ -123,33 +123,42 @@ def _fits(profile, op: str, name: str) -> list[dict]:
 
 def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, dp_only: bool,
                       link_model: str = "profile") -> Link:
-    """The link the simulator should model for one validation row (module docstring)."""
+    """The link the simulator should model for one validation row (module docstring).
+
+    Pipeline rows use execute mode's own message path (``messenger`` records) when
+    the profile has it, else the raw backend p2p; data-parallel-only rows the
+    allreduce. Rate: slope through the clearly bandwidth-bound sizes
+    (:func:`perfsim.calibrate.fit.fit_shaped_link`; the shaper's burst does not
+    bias it); fixed cost: the smallest message's time.
+    """
+    from perfsim.calibrate.fit import fit_shaped_link
     from perfsim.calibrate.profile_io import comm_name
 
     backend = profile.metadata.get("backend", "gloo")
     if link_model == "nominal" and nominal_bps is not None:
         return Link(nominal_bps, latency_s, "nominal")
     op = "allreduce" if dp_only else "p2p"
-    name = comm_name(backend, nominal_bps)
-    raw = sorted(_fits(profile, op, name), key=lambda r: r["size_bytes"])
-    if len(raw) < 2:
-        if nominal_bps is None:
-            raise ConfigError(f"profile {profile.path!r}: no {op} records for {name!r}; "
-                              "calibrate with comm ops to validate without emulation")
-        return Link(nominal_bps, latency_s, "nominal (profile has no " + name + ")")
-    big = raw[-max(2, len(raw) // 2):]
-    # asymptotic rate: least-squares slope through the larger half of the sizes
-    xs, ys = [r["size_bytes"] for r in big], [r["time_s"] for r in big]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    beta = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
-    if beta <= 0:
-        beta = ys[-1] / xs[-1]
-    small = raw[0]
-    fixed = max(0.0, small["time_s"] - small["size_bytes"] * beta)
-    bw = 8.0 / beta
-    lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
-    return Link(bw, lat + latency_s, f"profile {op} {name}")
+    names = [comm_name(backend, nominal_bps)] if dp_only else \
+        [comm_name("messenger", nominal_bps), comm_name(backend, nominal_bps)]
+    for name in names:
+        raw = sorted(_fits(profile, op, name), key=lambda r: r["size_bytes"])
+        if len(raw) < 3:
+            continue
+        sizes, times = [r["size_bytes"] for r in raw], [r["time_s"] for r in raw]
+        link = fit_shaped_link(sizes, times)
+        if link is None:  # never bandwidth-bound (fast loopback): slope of the two largest
+            (s0, t0), (s1, t1) = (sizes[-2], times[-2]), (sizes[-1], times[-1])
+            beta = (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else t1 / s1
+            rate_Bps, alpha = 1.0 / beta, times[0]
+        else:
+            rate_Bps, alpha = link.rate_Bps, link.alpha_s
+        fixed = max(0.0, alpha - sizes[0] / rate_Bps)
+        lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
+        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}")
+    if nominal_bps is None:
+        raise ConfigError(f"profile {profile.path!r}: no {op} records for {names[-1]!r}; "
+                          "calibrate with comm ops to validate without emulation")
+    return Link(nominal_bps, latency_s, f"nominal (profile has no {op} {names[-1]})")
 
 
 # ----------------------------------------------------------------------------- running
