@@ -8,9 +8,11 @@ Sec. 6.5.2), which is how long-lived TCP flows sharing a bottleneck behave to
 first order. A ring collective is one flow that uses every ring link's
 resources and moves at its slowest link's rate (the ring advances in lock step).
 
-Only two SimPy events per flow change are scheduled (a timeout to the next
-completion, superseded ones are ignored by a version counter), so cost is
-O(flows x concurrent flows), not O(bytes).
+Rates are recomputed only inside the *component* of flows that share a
+resource (transitively) with the flow that started or ended, and each flow
+keeps its own completion timer (re-armed only when its rate changes; stale
+timers are ignored by a version counter). Independent pipeline replicas on a
+heterogeneous network therefore never pay for each other's flows.
 """
 
 from __future__ import annotations
@@ -18,11 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 
-_EPS = 1e-9  # bytes: a flow with less left is done
-
 
 class _Flow:
-    __slots__ = ("volume", "left", "resources", "cap", "rate", "event", "start", "stats")
+    __slots__ = ("volume", "left", "resources", "cap", "rate", "last", "version", "event", "start",
+                 "stats", "active")
 
     def __init__(self, volume, resources, cap, event, start, stats):
         self.volume = volume
@@ -30,9 +31,12 @@ class _Flow:
         self.resources = resources
         self.cap = cap  # bytes/s
         self.rate = 0.0
+        self.last = start
+        self.version = 0
         self.event = event
         self.start = start
         self.stats = stats
+        self.active = True
 
 
 class FlowScheduler:
@@ -45,9 +49,7 @@ class FlowScheduler:
         self.env = env
         self._capacity = capacity
         self._cap_cache: dict[Any, float] = {}
-        self.active: list[_Flow] = []
-        self._last = 0.0
-        self._version = 0
+        self.users: dict[Any, dict[_Flow, None]] = {}  # resource -> flows (ordered set)
         self.flows_done = 0
 
     def _cap(self, res) -> float:
@@ -66,84 +68,93 @@ class FlowScheduler:
             if stats:
                 stats(self.env.now, self.env.now)
             return ev
-        self._advance()
-        self.active.append(_Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats))
-        self._reallocate()
+        f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
+        for r in f.resources:
+            self.users.setdefault(r, {})[f] = None
+        self._rebalance(self._component([f]))
         return ev
 
     # -------------------------------------------------------------- internals
-    def _advance(self) -> None:
-        now = self.env.now
-        dt = now - self._last
-        if dt > 0:
-            for f in self.active:
-                f.left -= f.rate * dt
-        self._last = now
+    def _component(self, seeds: Iterable[_Flow]) -> list[_Flow]:
+        seen: dict[_Flow, None] = {}
+        stack = [f for f in seeds if f.active]
+        while stack:
+            f = stack.pop()
+            if f in seen:
+                continue
+            seen[f] = None
+            for r in f.resources:
+                for g in self.users[r]:
+                    if g not in seen:
+                        stack.append(g)
+        return list(seen)
 
-    def _reallocate(self) -> None:
-        flows = self.active
-        if len(flows) == 1:  # fast path: a lone flow gets min(cap, resources)
+    def _rebalance(self, flows: list[_Flow]) -> None:
+        if not flows:
+            return
+        if len(flows) == 1:
             f = flows[0]
-            f.rate = min([f.cap] + [self._cap(r) for r in f.resources])
+            rates = [min([f.cap] + [self._cap(r) for r in f.resources])]
         else:
-            self._progressive_filling(flows)
-        self._version += 1
-        version = self._version
-        horizon = min((f.left / f.rate if f.rate > 0 else math.inf) for f in flows) if flows else math.inf
-        if math.isfinite(horizon):
-            t = self.env.timeout(max(horizon, 0.0))
-            t.callbacks.append(lambda _ev, v=version: self._on_timer(v))
+            rates = self._max_min(flows)
+        now = self.env.now
+        for f, rate in zip(flows, rates):
+            if rate == f.rate and f.version:
+                continue
+            f.left -= f.rate * (now - f.last)
+            f.last = now
+            f.rate = rate
+            f.version += 1
+            if rate > 0:
+                timer = self.env.timeout(max(f.left, 0.0) / rate)
+                timer.callbacks.append(lambda _ev, f=f, v=f.version: self._on_timer(f, v))
 
-    def _progressive_filling(self, flows: list[_Flow]) -> None:
-        remaining = {}
-        users: dict[Any, list[_Flow]] = {}
+    def _max_min(self, flows: list[_Flow]) -> list[float]:
+        """Progressive filling (Bertsekas & Gallager Sec. 6.5.2) inside one component."""
+        remaining: dict[Any, float] = {}
+        count: dict[Any, int] = {}
         for f in flows:
-            f.rate = -1.0
             for r in f.resources:
                 if r not in remaining:
                     remaining[r] = self._cap(r)
-                    users[r] = []
-                users[r].append(f)
-        unfrozen = set(range(len(flows)))
-        index = {id(f): i for i, f in enumerate(flows)}
-        while unfrozen:
-            # the tightest constraint: a resource's equal share or a flow's own cap
-            share, limiting = math.inf, None
-            for r, us in users.items():
-                n = sum(1 for f in us if f.rate < 0)
-                if n:
-                    s = remaining[r] / n
-                    if s < share:
-                        share, limiting = s, ("res", r)
-            for i in unfrozen:
-                if flows[i].cap < share:
-                    share, limiting = flows[i].cap, ("flow", i)
-            if limiting is None or not math.isfinite(share):
-                for i in unfrozen:
-                    flows[i].rate = flows[i].cap
+                    count[r] = 0
+                count[r] += 1
+        rate = [-1.0] * len(flows)
+        left = list(range(len(flows)))
+        while left:
+            level = min((remaining[r] / n for r, n in count.items() if n), default=math.inf)
+            level = min([level] + [flows[i].cap for i in left])
+            if not math.isfinite(level):
+                for i in left:
+                    rate[i] = flows[i].cap
                 break
-            if limiting[0] == "flow":
-                frozen = [flows[limiting[1]]]
-            else:
-                frozen = [f for f in users[limiting[1]] if f.rate < 0]
-            for f in frozen:
-                f.rate = max(share, 0.0)
-                unfrozen.discard(index[id(f)])
-                for r in f.resources:
-                    remaining[r] -= f.rate
+            tight = {r for r, n in count.items() if n and remaining[r] / n <= level * (1 + 1e-12)}
+            keep = []
+            for i in left:
+                f = flows[i]
+                if f.cap <= level * (1 + 1e-12) or any(r in tight for r in f.resources):
+                    rate[i] = max(level, 0.0)
+                    for r in f.resources:
+                        remaining[r] -= rate[i]
+                        count[r] -= 1
+                else:
+                    keep.append(i)
+            left = keep
+        return rate
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
-            return  # superseded by a later start/end
-        self._advance()
-        done = [f for f in self.active if f.left <= _EPS * max(1.0, f.volume)]
-        if not done:  # numerical slack: finish the nearest one
-            done = [min(self.active, key=lambda f: f.left / f.rate if f.rate > 0 else math.inf)]
-        self.active = [f for f in self.active if f not in done]
-        now = self.env.now
-        for f in done:
-            self.flows_done += 1
-            if f.stats:
-                f.stats(f.start, now)
-            f.event.succeed()
-        self._reallocate()
+    def _on_timer(self, f: _Flow, version: int) -> None:
+        if version != f.version or not f.active:
+            return  # re-armed after a rate change
+        f.active = False
+        f.left = 0.0
+        neighbours: dict[_Flow, None] = {}
+        for r in f.resources:
+            users = self.users[r]
+            del users[f]
+            for g in users:
+                neighbours[g] = None
+        self.flows_done += 1
+        if f.stats:
+            f.stats(f.start, self.env.now)
+        f.event.succeed()
+        self._rebalance(self._component(neighbours))
