@@ -54,7 +54,7 @@ import torch
 from perfsim.compression.base import (ALLREDUCE, CommStep, Payload, check_input, numel_of,
                                       sum_dtype_for)
 from perfsim.compression.qsgd import (_SeededCompressor, levels_for_bits, parse_level_bits,
-                                      parse_options, stochastic_levels)
+                                      parse_options, stochastic_round_)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
@@ -152,9 +152,11 @@ class MaxNormQuantizer(_SeededCompressor):
 
         uint8, in ``[0, N)``; 0 (the smallest scale) always qualifies since ``|v| <= W``."""
         amax = flat.abs() if self.bucket == 1 else self._bucket_view(flat.abs()).amax(dim=1)
-        w = float(norm)
-        ok = self.scales.to(amax.device)[None, :] * amax[:, None] <= w * self.s
-        return (ok.sum(dim=1) - 1).clamp_(min=0).to(torch.uint8)
+        limit = float(norm) * self.s
+        index = torch.zeros(amax.shape, dtype=torch.uint8, device=amax.device)
+        for s_j in self.scales[1:].tolist():  # ascending: the conditions are nested
+            index += (amax * s_j <= limit).to(torch.uint8)
+        return index
 
     def levels_per_element(self, index: torch.Tensor | None, n: int) -> torch.Tensor | float:
         if not self.multiscale:
@@ -164,14 +166,15 @@ class MaxNormQuantizer(_SeededCompressor):
 
     def encode_levels(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
                       gen: torch.Generator) -> torch.Tensor:
-        """Signed int32 codes ``zeta`` on the shared norm (and shared scale index)."""
+        """Signed codes ``zeta`` (integral fp32, ``|zeta| <= s_min``) on the shared norm
+        (and shared scale index): stochastic rounding of ``s*_i |v_i| / W`` (eq. 8, 12)."""
         w = float(norm)
         if w == 0.0:
-            return torch.zeros(flat.numel(), dtype=torch.int32, device=flat.device)
-        ratio = (flat.abs() / w).clamp_(max=1.0)
-        lv = stochastic_levels(ratio, self.levels_per_element(index, flat.numel()), gen)
-        lv = lv.clamp_(max=self.s)  # float-rounding guard
-        return torch.where(flat < 0, -lv, lv)
+            return torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
+        levels = self.levels_per_element(index, flat.numel())
+        a = flat.abs().mul_(levels / w) if isinstance(levels, float) else flat.abs().mul_(levels).div_(w)
+        # eq. 11 keeps s*|v|/W <= s_min; the clamp only guards float rounding
+        return stochastic_round_(a, gen, float(self.s)).copysign_(flat)
 
     def decode_levels(self, lv: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """``W * zeta / s*`` (eq. 9 / 13): works for one worker's codes or for their sum."""

@@ -26,7 +26,7 @@ Randomness: stochastic rounding draws from a ``torch.Generator`` seeded with
 :meth:`allreduce_mean` (independent noise per worker), ``step`` a counter held
 in the state, so a restored run draws the same bits.
 
-The helpers of this module (:func:`stochastic_levels`, :func:`mix_seed`,
+The helpers of this module (:func:`stochastic_round_`, :func:`mix_seed`,
 :func:`parse_options`) are shared by the max-norm, random-k and ECQ compressors.
 """
 
@@ -70,22 +70,18 @@ def generator(*parts: int) -> torch.Generator:
     return g
 
 
-def stochastic_levels(ratio: torch.Tensor, levels: torch.Tensor | float, gen: torch.Generator) -> torch.Tensor:
-    """Unbiased stochastic rounding of ``ratio * levels`` to an integer (int32).
+def stochastic_round_(x: torch.Tensor, gen: torch.Generator, upper: float) -> torch.Tensor:
+    """In place, unbiased stochastic rounding of ``x >= 0``: ``x <- floor(x + u)``, ``u ~ U[0, 1)``.
 
-    ``ratio = |v| / norm`` in ``[0, 1]``. Returns ``l`` or ``l + 1`` with
-    ``P(l + 1) = ratio*levels - l`` (QSGD Sec. 3.1; multiscale paper eq. 8), so
-    the expectation is exactly ``ratio * levels``. The result is clamped to
-    ``[0, levels]`` (a no-op except for float rounding at ``ratio == 1``).
+    With ``l = floor(x)`` this is ``l + 1`` with probability ``x - l`` and ``l``
+    otherwise (QSGD Sec. 3.1; multiscale paper eq. 8; ECQ eq. 9), so ``E = x``.
+    The result (float, integral values) is clamped to ``upper`` -- a no-op except
+    for float rounding at the top level. Returns ``x``.
     """
-    x = ratio * levels
-    low = torch.floor(x)
     # CPU generator on every device: the same bits on CPU and GPU, so results do not
     # depend on where a worker runs (costs a host-to-device copy on GPUs).
     u = torch.rand(x.shape, generator=gen, dtype=x.dtype).to(x.device)
-    out = low + (u < (x - low)).to(x.dtype)
-    out = torch.minimum(out, torch.as_tensor(levels, dtype=x.dtype, device=x.device))
-    return out.to(torch.int32)
+    return x.add_(u).floor_().clamp_(max=upper)
 
 
 def levels_for_bits(bits: int) -> int:
@@ -158,15 +154,13 @@ class BucketQuantizer:
         return torch.nn.functional.pad(flat, (0, nb * d - n)).view(nb, d)
 
     def quantize(self, flat: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norms fp32 [nb], signed int32 levels [n]) of a flat fp32 vector."""
+        """(norms fp32 [nb], signed levels [n] as integral fp32) of a flat fp32 vector."""
         n = flat.numel()
         v = self._view(flat)
         norms = torch.linalg.vector_norm(v, dim=1)
         safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        ratio = (v.abs() / safe[:, None]).clamp_(max=1.0)
-        lv = stochastic_levels(ratio, float(self.s), gen)
-        lv = torch.where(v < 0, -lv, lv).reshape(-1)[:n]
-        return norms, lv
+        lv = stochastic_round_(v.abs().mul_((self.s / safe)[:, None]), gen, float(self.s))
+        return norms, lv.copysign_(v).reshape(-1)[:n]
 
     def dequantize(self, norms: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
         n = lv.numel()
@@ -174,7 +168,7 @@ class BucketQuantizer:
         return (v * (norms[:, None] / self.s)).reshape(-1)[:n]
 
     def pack(self, norms: torch.Tensor, lv: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes = (lv + self.s).to(torch.uint8)
+        codes = (lv + self.s).to(torch.uint8)  # offset to [0, 2s]
         return {"norms": norms.to(torch.float32).contiguous(), "codes": pack_bits(codes, self.bits)}
 
     def unpack(self, tensors: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
