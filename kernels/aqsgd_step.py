@@ -23,7 +23,8 @@ from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_tri
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
 from perfsim.kernels.packing import group_size, packed_nbytes
-from perfsim.kernels.quant import (_check_payload, bucket_absmax, check_quant_bits,
+from perfsim.kernels.quant import (_check_payload, bucket_absmax, check_finite_scales,
+                                   check_quant_bits,
                                    decode_step, dequantize_codes_ref, encode_coeffs, levels,
                                    quantize_codes_ref, round_const)
 
@@ -48,6 +49,7 @@ def aqsgd_step_ref(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: int,
     n = af.numel()
     delta = torch.sub(af, mf, out=workspace("aq_delta", n, torch.float32, af.device))
     s = bucket_absmax(delta, bucket)
+    check_finite_scales(s, "activation")
     codes = quantize_codes_ref(delta, bits, bucket, encode_coeffs(s, bits), key)
     packed = pack_bits_torch(codes, bits)
     dq = dequantize_codes_ref(codes, s, bits, bucket, out=delta)  # delta no longer needed
@@ -61,7 +63,7 @@ def aqsgd_receive_ref(packed: torch.Tensor, scales: torch.Tensor, m: torch.Tenso
     check_quant_bits(bits)
     n = m.numel()
     _check_payload(packed, scales, bits, n, bucket)
-    codes = unpack_bits_torch(packed, bits, n)
+    codes = unpack_bits_torch(packed, bits, n, scratch=True)
     dq = dequantize_codes_ref(codes, scales, bits, bucket,
                               out=workspace("aq_delta", n, torch.float32, m.device))
     m.view(-1).add_(dq)
@@ -105,6 +107,7 @@ def _aqsgd_step_triton(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: i
     af = _check(a, m, bits, bucket)
     n = af.numel()
     s = bucket_absmax(af - m.view(-1), bucket)
+    check_finite_scales(s, "activation")
     nbytes = packed_nbytes(n, bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=af.device)
     if n == 0:

@@ -16,6 +16,7 @@ from functools import lru_cache
 import torch
 
 from perfsim.errors import ConfigError
+from perfsim.kernels._workspace import workspace
 from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
 from perfsim.kernels.packing import (check_bits, group_size, pack_bits_ref, packed_nbytes,
                                      unpack_bits_ref)
@@ -60,8 +61,8 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
         codes = torch.nn.functional.pad(codes, (0, pad))
     if bits in _WORD_DTYPE and codes.is_contiguous():
         v = codes.view(_WORD_DTYPE[bits])
-        acc = v.clone()
-        t = torch.empty_like(v)
+        acc = workspace("pack_acc", v.numel(), v.dtype, v.device).copy_(v)
+        t = workspace("pack_t", v.numel(), v.dtype, v.device)
         for j in range(1, g):
             acc |= torch.bitwise_right_shift(v, j * (8 - bits), out=t)
         return acc.to(torch.uint8)[: packed_nbytes(n, bits)]
@@ -77,8 +78,9 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
     return out.view(-1)[: packed_nbytes(n, bits)]
 
 
-def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
-    """Fast torch unpacking (same codes as :func:`unpack_bits_ref`)."""
+def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool = False) -> torch.Tensor:
+    """Fast torch unpacking (same codes as :func:`unpack_bits_ref`). ``scratch=True``
+    returns a view of a reused buffer (valid until the next call)."""
     check_bits(bits)
     if packed.dtype != torch.uint8:
         raise ConfigError(f"packed: dtype {packed.dtype}, expected torch.uint8")
@@ -94,9 +96,12 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     if pad:
         packed = torch.nn.functional.pad(packed, (0, pad))
     if bits in _WORD_DTYPE:
-        v = packed.to(_WORD_DTYPE[bits])
-        acc = v.clone()
-        t = torch.empty_like(v)
+        dt = _WORD_DTYPE[bits]
+        m = packed.numel()
+        v = workspace("unpack_v", m, dt, packed.device).copy_(packed)
+        acc = workspace("unpack_acc", m, dt, packed.device) if scratch else torch.empty(m, dtype=dt, device=packed.device)
+        acc.copy_(v)
+        t = workspace("unpack_t", m, dt, packed.device)
         for j in range(1, g):
             acc |= torch.bitwise_left_shift(v, j * (8 - bits), out=t)
         acc &= _UNPACK_MASK[bits]

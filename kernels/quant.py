@@ -79,6 +79,14 @@ def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
     return s
 
 
+def check_finite_scales(s: torch.Tensor, what: str = "tensor") -> None:
+    """NaN/Inf anywhere in a bucket makes its max-abs NaN/Inf (``amax``
+    propagates NaN), so checking the few scales replaces a full ``isfinite``
+    pass over the data (which costs more than the whole quantizer on a CPU)."""
+    if s.numel() and not bool(torch.isfinite(s).all()):
+        raise ConfigError(f"{what}: contains NaN or Inf; refusing to compress")
+
+
 def encode_coeffs(s: torch.Tensor, bits: int) -> torch.Tensor:
     """``a = (L/2) / s`` per bucket, 0 for all-zero buckets."""
     half = levels(bits) / 2
@@ -123,7 +131,8 @@ def dequantize_codes_ref(codes: torch.Tensor, s: torch.Tensor, bits: int, bucket
     n = codes.numel()
     if out is None:
         out = torch.empty(n, dtype=torch.float32, device=codes.device)
-    _per_bucket(out, codes, decode_step(s, bits), bucket, torch.mul)
+    out.copy_(codes)  # exact; a mixed uint8*float op would allocate a float temporary
+    _per_bucket(out, out, decode_step(s, bits), bucket, torch.mul)
     _per_bucket(out, out, s, bucket, torch.sub)
     return out
 
@@ -142,6 +151,7 @@ def quantize_pack_ref(x: torch.Tensor, bits: int, *, bucket: int, key: int | Non
     """Reference: ``(packed uint8, scales float32)`` of ``x`` (any shape, flattened)."""
     xf = _prepare(x, bits, bucket)
     s = bucket_absmax(xf, bucket)
+    check_finite_scales(s)
     codes = quantize_codes_ref(xf, bits, bucket, encode_coeffs(s, bits), key)
     return pack_bits_torch(codes, bits), s
 
@@ -151,7 +161,7 @@ def unpack_dequantize_ref(packed: torch.Tensor, scales: torch.Tensor, bits: int,
     """Reference inverse: flat float32 tensor of ``n`` values."""
     check_quant_bits(bits)
     _check_payload(packed, scales, bits, n, bucket)
-    return dequantize_codes_ref(unpack_bits_torch(packed, bits, n), scales, bits, bucket)
+    return dequantize_codes_ref(unpack_bits_torch(packed, bits, n, scratch=True), scales, bits, bucket)
 
 
 def _check_payload(packed, scales, bits, n, bucket):
@@ -221,6 +231,7 @@ def _quantize_pack_triton(x: torch.Tensor, bits: int, *, bucket: int, key: int |
     xf = _prepare(x, bits, bucket)
     n = xf.numel()
     s = bucket_absmax(xf, bucket)
+    check_finite_scales(s)
     a = encode_coeffs(s, bits)
     nbytes = packed_nbytes(n, bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=xf.device)

@@ -39,16 +39,23 @@ def sign_unpack_ref(packed: torch.Tensor, n: int, scale: float | torch.Tensor) -
     """``n`` float32 values ``+-scale`` from packed sign bits."""
     bits = unpack_bits_torch(packed, 1, n)
     scale = torch.as_tensor(scale, dtype=torch.float32, device=packed.device)
-    out = torch.mul(bits, 2 * scale)  # 0 or 2*scale: exact
-    return out.sub_(scale)            # exactly -scale or +scale
+    out = torch.empty(n, dtype=torch.float32, device=packed.device).copy_(bits)
+    return out.mul_(2 * scale).sub_(scale)  # 0 or 2*scale (exact), then exactly -+scale
 
 
 def ef_scale(c: torch.Tensor) -> torch.Tensor:
-    """``||c||_2 / sqrt(n)`` (float32, 0-dim); 0 for an empty tensor."""
+    """``||c||_2 / sqrt(n)`` (float32, 0-dim); 0 for an empty tensor. Raises
+    ConfigError when it is not finite (NaN/Inf in the data -- the norm replaces
+    a full ``isfinite`` pass -- or values too large for a float32 norm)."""
     n = c.numel()
     if n == 0:
         return torch.zeros((), dtype=torch.float32, device=c.device)
-    return torch.linalg.vector_norm(c) / math.sqrt(n)
+    scale = torch.linalg.vector_norm(c) / math.sqrt(n)
+    if not bool(torch.isfinite(scale)):
+        bad = not bool(torch.isfinite(c).all())
+        raise ConfigError("tensor: contains NaN or Inf; refusing to compress" if bad else
+                          "tensor: values too large for a float32 norm; refusing to compress")
+    return scale
 
 
 def ef_sign_compress_ref(x: torch.Tensor, err: torch.Tensor):
@@ -60,8 +67,8 @@ def ef_sign_compress_ref(x: torch.Tensor, err: torch.Tensor):
     scale = ef_scale(c)
     bits = (c >= 0).view(torch.uint8)
     packed = pack_bits_torch(bits, 1)
-    dec = torch.mul(bits, 2 * scale, out=workspace("ef_d", xf.numel(), torch.float32, xf.device))
-    dec.sub_(scale)
+    dec = workspace("ef_d", xf.numel(), torch.float32, xf.device).copy_(bits)
+    dec.mul_(2 * scale).sub_(scale)
     torch.sub(c, dec, out=err)
     return packed, scale
 

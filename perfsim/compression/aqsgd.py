@@ -41,13 +41,13 @@ from typing import Sequence
 import torch
 
 from perfsim.compression.aqsgd_store import MessageStore
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
-from perfsim.compression.directq import check_payload_tensors
+from perfsim.compression.base import Compressor, Payload, numel_of
+from perfsim.compression.directq import check_float, check_payload_tensors
 from perfsim.compression.registry import parse_bits, register
 from perfsim.errors import ConfigError
 from perfsim.kernels.aqsgd_step import aqsgd_receive, aqsgd_step
 from perfsim.kernels.packing import packed_nbytes
-from perfsim.kernels.quant import QUANT_BITS
+from perfsim.kernels.quant import QUANT_BITS, check_finite_scales
 from perfsim.kernels.rng import call_key
 
 MBITS = (2, 4, 8)
@@ -61,6 +61,7 @@ class AQSGD(Compressor):
 
     name = "aqsgd"
     spec_syntax = "aqsgd:BITS[:m8|m4|m2][:disk=PATH]"
+    example_spec = "aqsgd:3"
     allreduce_compatible = False
     stateful = True
 
@@ -152,8 +153,8 @@ class AQSGD(Compressor):
         return seen, new
 
     def _keys(self):
+        """Hash keys of this step (the caller advances ``step`` on success)."""
         st = self.step
-        self.step += 1
         mk = lambda s: call_key(self.seed, st, s)  # noqa: E731
         return mk(_STREAM_MSG), mk(_STREAM_NEW), mk(_STREAM_SEEN)
 
@@ -165,7 +166,7 @@ class AQSGD(Compressor):
 
     # ------------------------------------------------------------- data path
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
-        check_input(x)
+        check_float(x)  # NaN/Inf: new rows below, seen rows on the delta scales
         if x.dim() == 0:
             raise ConfigError("aqsgd: a tensor needs a batch dimension")
         ids = self._ids(x, key)
@@ -177,6 +178,8 @@ class AQSGD(Compressor):
         xf = x.detach().reshape(len(ids), per)
         xf = xf if xf.dtype == torch.float32 else xf.float()
         full = xf[new].contiguous() if new else xf.new_zeros((0, per))
+        if full.numel():
+            check_finite_scales(full.abs().amax().reshape(1))
         if seen:
             sslots = [self.slots[ids[r]] for r in seen]
             m = self.store.get(sslots, x.device)
@@ -188,6 +191,7 @@ class AQSGD(Compressor):
         if new:
             self._store_new(ids, new, full, knew)
         full = full.view(len(new), *shape[1:])
+        self.step += 1
         return Payload({"full": full, "codes": codes, "scales": scales}, shape, x.dtype,
                        {"new_rows": len(new), "step": self.step - 1})
 
@@ -217,6 +221,7 @@ class AQSGD(Compressor):
             fv = full.reshape(len(new), per).float()
             self._store_new(ids, new, fv, knew)
             out[new] = fv
+        self.step += 1
         return out.view(shape).to(payload.dtype)
 
     # ------------------------------------------------------------- state

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, numel_of
 from perfsim.compression.registry import parse_bits, register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
@@ -54,6 +54,17 @@ def row_bucket(shape: Sequence[int]) -> int:
     return int(shape[-1]) if len(shape) and int(shape[-1]) > 0 else 1
 
 
+def check_float(x, name: str = "tensor") -> None:
+    """The cheap half of :func:`check_input` (type and dtype). The NaN/Inf half
+    is done by the kernels on the bucket scales (``amax`` propagates NaN/Inf),
+    which is free, where a full ``isfinite(x).all()`` pass costs more than the
+    whole 4-bit quantizer on one CPU core (measured: ~2-10 ms for 6.5 MB)."""
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
+
+
 def check_payload_tensors(payload: Payload, names: Sequence[str], who: str) -> None:
     missing = [k for k in names if k not in payload.tensors]
     if missing:
@@ -66,6 +77,7 @@ class DirectQ(Compressor):
 
     name = "directq"
     spec_syntax = "directq:BITS[:det][:bucket=N]"
+    example_spec = "directq:4"
     allreduce_compatible = False  # per-worker scales: sums need a shared scale
 
     def __init__(self, bits: int, *, stochastic: bool = True, bucket: int | None = None,
@@ -109,17 +121,16 @@ class DirectQ(Compressor):
         return packed_nbytes(n, self.bits) + 4 * num_buckets(n, self.bucket_for(shape))
 
     # ------------------------------------------------------------- data path
-    def next_key(self) -> int | None:
-        """The hash key of the next rounding call (advances the step counter)."""
-        key = call_key(self.seed, self.step) if self.stochastic else None
-        self.step += 1
-        return key
+    def current_key(self) -> int | None:
+        """The hash key of the next rounding call (from ``seed`` and ``step``)."""
+        return call_key(self.seed, self.step) if self.stochastic else None
 
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
-        check_input(x)
+        check_float(x)  # NaN/Inf: checked on the scales inside quantize_pack
         shape = tuple(x.shape)
         packed, scales = quantize_pack(x, self.bits, bucket=self.bucket_for(shape),
-                                       key=self.next_key())
+                                       key=self.current_key())
+        self.step += 1
         return Payload({"codes": packed, "scales": scales}, shape, x.dtype, {"step": self.step - 1})
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:

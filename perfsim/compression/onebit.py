@@ -39,9 +39,8 @@ from typing import Sequence
 
 import torch
 
-from perfsim.compression.base import (ALLGATHER, ALLTOALL, CommStep, Compressor, Payload,
-                                      check_input, numel_of)
-from perfsim.compression.directq import check_payload_tensors
+from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, numel_of
+from perfsim.compression.directq import check_float, check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
@@ -69,8 +68,8 @@ def decode_chunks(rows: torch.Tensor, chunk: int) -> torch.Tensor:
     cb = chunk // 8
     scales = _bytes_scale(rows[:, cb:]).reshape(k, 1)
     bits = unpack_bits(rows[:, :cb].reshape(-1), 1, k * chunk).view(k, chunk)
-    out = torch.mul(bits, 2 * scales)  # 0 or 2*scale: exact
-    return out.sub_(scales)
+    out = torch.empty((k, chunk), dtype=torch.float32, device=rows.device).copy_(bits)
+    return out.mul_(2 * scales).sub_(scales)  # 0 or 2*scale (exact), then exactly -+scale
 
 
 @register
@@ -79,6 +78,7 @@ class OneBit(Compressor):
 
     name = "onebit"
     spec_syntax = "onebit"
+    example_spec = "onebit"
     allreduce_compatible = False  # needs the 3-phase compressed allreduce
     stateful = True
 
@@ -127,7 +127,7 @@ class OneBit(Compressor):
 
     # ------------------------------------------------------------- data path
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
-        check_input(x)
+        check_float(x)  # NaN/Inf: the scale (a norm) is checked inside ef_sign_compress
         shape = tuple(x.shape)
         n = x.numel()
         if n == 0:
@@ -176,7 +176,7 @@ class OneBit(Compressor):
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         import torch.distributed as dist
 
-        check_input(x)
+        check_float(x)
         world = dist.get_world_size(group)
         n = x.numel()
         if n == 0:
@@ -201,7 +201,7 @@ class OneBit(Compressor):
         sends = []
         chunk = 0
         for comp, x in zip(compressors, xs):
-            check_input(x)
+            check_float(x)
             s, chunk = comp._phase1(x, world)
             sends.append(s)
         mines = [comp._phase2(torch.stack([sends[k][r] for k in range(world)]), n, world, chunk)

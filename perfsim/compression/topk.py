@@ -48,6 +48,7 @@ class TopK(Compressor):
 
     name = "topk"
     spec_syntax = "topk:FRACTION:BITS[:det]"
+    example_spec = "topk:0.2:8"
     allreduce_compatible = False
 
     def __init__(self, fraction: float, bits: int, *, stochastic: bool = True, seed: int = 0):
