@@ -202,8 +202,23 @@ def _dist_worker(rank, world, init_file, out_dir):
     try:
         torch.manual_seed(100 + rank)
         x = torch.randn(37, 11) * (rank + 1)
-        res = {spec: make_compressor(spec, seed=7).allreduce_mean(x.clone()) for spec in DIST_SPECS}
-        torch.save({"x": x, "res": res}, f"{out_dir}/{rank}.pt")
+        calls, real = {}, dist.all_reduce
+        ops = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.MAX: "max", dist.ReduceOp.MIN: "min",
+               dist.ReduceOp.BAND: "min"}  # AND of thermometer bits = min of indices
+
+        def recording(t, op=dist.ReduceOp.SUM, **kw):
+            log.append(("allreduce", t.numel() * t.element_size(), ops[op]))
+            return real(t, op=op, **kw)
+
+        res = {}
+        dist.all_reduce = recording
+        try:
+            for spec in DIST_SPECS:
+                log = calls[spec] = []
+                res[spec] = make_compressor(spec, seed=7).allreduce_mean(x.clone())
+        finally:
+            dist.all_reduce = real
+        torch.save({"x": x, "res": res, "calls": calls}, f"{out_dir}/{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -217,10 +232,13 @@ def test_gloo_allreduce_mean(tmp_path):
     xs = [o["x"] for o in outs]
     mean = torch.stack(xs).mean(0)
     for spec in DIST_SPECS:
+        c = make_compressor(spec, seed=7)
+        if c.allreduce_compatible:  # allreduce_mean performs exactly dp_plan's collectives
+            plan = [(s.kind, s.nbytes, s.reduce) for s in c.dp_plan(mean.shape, world)]
+            assert outs[0]["calls"][spec] == plan, spec
         got = [o["res"][spec] for o in outs]
         for g in got[1:]:
             assert torch.equal(g, got[0]), spec  # every rank holds the same average
-        c = make_compressor(spec, seed=7)
         if spec.startswith("randk"):
             idx = c.indices(mean.numel(), 0)
             sel = torch.zeros(mean.numel(), dtype=torch.bool)
