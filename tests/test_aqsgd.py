@@ -180,3 +180,35 @@ def test_pipeline_pair():
     fw, bw = make_pipeline_pair("aqsgd:fw3bw6:m8")
     assert (fw.spec, bw.spec) == ("aqsgd:3:m8", "directq:6")
     assert fw.ratio((8, 1024, 1600)) < 0.1
+
+
+def test_in_place_fast_path_equals_copy_path(tmp_path):
+    """Consecutive slots are updated in place (RAM); the disk store always copies.
+    Both must give the same payloads and outputs."""
+    ram_s, ram_r = _pair("aqsgd:3", seed=4)
+    disk_s, disk_r = _pair(f"aqsgd:3:disk={tmp_path}", seed=4)
+    gen = torch.Generator().manual_seed(8)
+    ids = torch.arange(10, 16)
+    base = torch.randn(6, 2, 9, generator=gen)
+    for t in range(5):
+        x = base + 0.3 * torch.randn(6, 2, 9, generator=gen)
+        p1, p2 = ram_s.compress(x, key=ids), disk_s.compress(x, key=ids)
+        for k in p1.tensors:
+            assert torch.equal(p1.tensors[k], p2.tensors[k])
+        assert torch.equal(ram_r.decompress(p1, key=ids), disk_r.decompress(p2, key=ids))
+    assert ram_s.store.view(list(ram_s.slots.values()), "cpu") is not None
+    assert _buffers_equal(ram_s, ram_r) and _buffers_equal(disk_s, disk_r)
+
+
+def test_nan_in_seen_rows_leaves_state_untouched():
+    s = make_compressor("aqsgd:4")
+    x, ids = torch.randn(2, 6), torch.tensor([0, 1])
+    s.compress(x, key=ids)
+    before = s.state_dict()
+    bad = x.clone()
+    bad[1, 3] = float("inf")
+    with pytest.raises(ConfigError, match="NaN or Inf"):
+        s.compress(bad, key=ids)
+    after = s.state_dict()
+    assert after["step"] == before["step"]
+    assert torch.equal(after["store"]["arrays"]["values"], before["store"]["arrays"]["values"])

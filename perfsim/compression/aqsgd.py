@@ -182,9 +182,13 @@ class AQSGD(Compressor):
             check_finite_scales(full.abs().amax().reshape(1))
         if seen:
             sslots = [self.slots[ids[r]] for r in seen]
-            m = self.store.get(sslots, x.device)
-            codes, scales = aqsgd_step(xf[seen], m, self.bits, bucket=self.store.row, key=kmsg)
-            self.store.put(sslots, m, kseen)
+            m = self.store.view(sslots, x.device)  # in-place update when possible
+            inplace = m is not None
+            m = m if inplace else self.store.get(sslots, x.device)
+            a = xf if len(seen) == len(ids) else xf[seen]
+            codes, scales = aqsgd_step(a, m, self.bits, bucket=self.store.row, key=kmsg)
+            if not inplace:
+                self.store.put(sslots, m, kseen)
         else:
             codes = torch.zeros(0, dtype=torch.uint8, device=x.device)
             scales = torch.zeros(0, dtype=torch.float32, device=x.device)
@@ -212,11 +216,17 @@ class AQSGD(Compressor):
         out = torch.empty((len(ids), per), dtype=torch.float32, device=full.device)
         if seen:
             sslots = [self.slots[ids[r]] for r in seen]
-            m = self.store.get(sslots, full.device)
+            m = self.store.view(sslots, full.device)
+            inplace = m is not None
+            m = m if inplace else self.store.get(sslots, full.device)
             aqsgd_receive(payload.tensors["codes"], payload.tensors["scales"], m, self.bits,
                           bucket=self.store.row)
-            self.store.put(sslots, m, kseen)
-            out[seen] = m
+            if not inplace:
+                self.store.put(sslots, m, kseen)
+            if len(seen) == len(ids):
+                out.copy_(m)
+            else:
+                out[seen] = m
         if new:
             fv = full.reshape(len(new), per).float()
             self._store_new(ids, new, fv, knew)

@@ -115,6 +115,21 @@ class MessageStore:
         else:
             arr[np.asarray(slots, dtype=np.int64)] = values.detach().cpu().numpy()
 
+    def view(self, slots: list[int], device) -> torch.Tensor | None:
+        """The float32 rows of ``slots`` *in place* (a view that the caller may
+        update instead of ``get`` + ``put``) when that is possible: a RAM float32
+        store on ``device`` and consecutive slots (a batch of samples first seen
+        together -- the usual case). Otherwise ``None``."""
+        if self.mbits is not None or self.disk is not None or not slots:
+            return None
+        arr = self._arrays["values"]
+        if arr.device != torch.device(device):
+            return None
+        first = slots[0]
+        if slots != list(range(first, first + len(slots))):
+            return None
+        return arr[first:first + len(slots)]
+
     def get(self, slots: list[int], device) -> torch.Tensor:
         """float32 ``(k, E)`` messages of ``slots`` (fresh, contiguous)."""
         k = len(slots)
