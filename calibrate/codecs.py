@@ -95,8 +95,11 @@ class CodecConfig:
     warmup: int = 2
     repeats: int = 7
     max_seconds: float | None = 2.0
+    threads: int | None = None  # torch threads while timing (None: leave as is)
 
     def __post_init__(self):
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads={self.threads}: must be >= 1")
         if not self.sizes or any(int(s) < 4 * self.rows for s in self.sizes):
             raise ConfigError(f"sizes={self.sizes}: need sizes >= {4 * self.rows} bytes")
         if self.device not in ("cpu", "cuda"):
@@ -122,7 +125,26 @@ def _shape(size_bytes: int, rows: int) -> tuple[int, int]:
 
 
 def measure_codecs(cfg: CodecConfig, progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Raw ``encode``/``decode`` points plus their ``fit_encode``/``fit_decode`` records."""
+    """Raw ``encode``/``decode`` points plus their ``fit_encode``/``fit_decode`` records.
+
+    ``cfg.threads`` (the command sets the threads one rank gets) applies while
+    timing: with more intra-op threads than the cores a rank really has, a
+    loaded machine makes every parallel region wait for a descheduled thread.
+    """
+    old_threads = torch.get_num_threads()
+    if cfg.threads is not None and cfg.device == "cpu":
+        torch.set_num_threads(cfg.threads)
+    try:
+        records, skipped = _measure(cfg, progress)
+    finally:
+        torch.set_num_threads(old_threads)
+    records += fit_records(records, "encode", ("name",))
+    records += fit_records(records, "decode", ("name",))
+    records += [{"op": "codec", "skipped": why} for why in skipped]
+    return records
+
+
+def _measure(cfg: CodecConfig, progress) -> tuple[list[dict], list[str]]:
     from perfsim.compression.registry import make_compressor
 
     records: list[dict] = []
@@ -146,6 +168,7 @@ def measure_codecs(cfg: CodecConfig, progress: Callable[[str], None] | None = No
                 break
             base = {"name": spec, "size_bytes": shape[0] * shape[1] * 4, "wire_bytes": payload.nbytes,
                     "world_size": 1, "dtype": "float32", "device": cfg.device,
+                    "threads": torch.get_num_threads(),
                     "micro_batch": shape[0], "model": None}
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB encode")
@@ -157,10 +180,7 @@ def measure_codecs(cfg: CodecConfig, progress: Callable[[str], None] | None = No
             t = time_op(lambda: receiver.decompress(payload, **kw), warmup=cfg.warmup,
                         repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds)
             records.append({"op": "decode", **base, **t.record()})
-    records += fit_records(records, "encode", ("name",))
-    records += fit_records(records, "decode", ("name",))
-    records += [{"op": "codec", "skipped": why} for why in skipped]
-    return records
+    return records, skipped
 
 
 def count_points(cfg: CodecConfig) -> int:

@@ -143,7 +143,8 @@ def run(args) -> int:
     if args.codecs.strip().lower() != "none":
         names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))
         codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
-                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 2.0)
+                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 2.0,
+                                   threads=max(1, meta_cores() // args.ranks))
     comm_cfgs = []
     if comm_ops and args.ranks >= 2:
         threads = max(1, meta_cores() // args.ranks)
