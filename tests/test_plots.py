@@ -97,6 +97,8 @@ def test_speedup_figure_and_panels():
     df, _ = synthetic(pp=(2, 4))
     fig = plots.make_figure("speedup", df)
     assert len(fig.axes) == 2 and [a.get_title() for a in fig.axes] == ["pp=2", "pp=4"]
+    sched, _ = synthetic(schedules=("1f1b", "gpipe"))
+    assert [a.get_title() for a in plots.make_figure("throughput", sched).axes] == ["GPipe", "1F1B"]
     lines = lines_by_label(fig.axes[1])
     np.testing.assert_allclose(lines["FP32"].get_ydata(), 1.0)
     d = df[df.pp == 4].set_index(["compress", "bandwidth_bps"])["throughput_samples_per_s"]
@@ -180,6 +182,10 @@ def test_validation_figure_layouts():
         assert "measured" in scatter.get_xlabel() and "samples/s" in scatter.get_xlabel()
         lines = lines_by_label(errors)
         assert lines["AQ-SGD fw3 bw6"].get_color() == plots.METHOD_COLORS["aqsgd"]
+    # loopback runs (no emulated bandwidth): one scatter, no error-vs-bandwidth panel
+    loop = tables[0].assign(bandwidth_bps=np.nan).iloc[::4]
+    fig = plots.make_figure("validation", loop)
+    assert len(fig.axes) == 1 and "MAPE" in fig.get_suptitle()
     with pytest.raises(ConfigError, match="predicted/measured"):
         plots.make_figure("validation", df.drop(columns="source"))
     with pytest.raises(ConfigError, match="both"):

@@ -209,6 +209,17 @@ def test_backend_errors(tmp_path):
                 run_sweep({"bandwidth": "1Gbps"}, None, backend=name, predict=fake_predict)
 
 
+def test_dask_backend_same_table(tmp_path):
+    """A cluster engine gives the same table as the local pool (runs where dask is installed)."""
+    pytest.importorskip("dask.distributed")
+    out = tmp_path / "d.csv"
+    grid = {"bandwidth": "1Gbps,100Mbps", "compress": "fp32,aqsgd:fw3bw6"}
+    dask_table = run_sweep(grid, out, backend="dask", jobs=2, predict=fake_predict, progress=False)
+    local = run_sweep(grid, tmp_path / "l.csv", jobs=1, predict=fake_predict, progress=False)
+    pd.testing.assert_frame_equal(dask_table.summary, local.summary)
+    assert out.read_text() == (tmp_path / "l.csv").read_text()
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "perfsim", "sweep", *args],
                           capture_output=True, text=True, cwd=cwd)

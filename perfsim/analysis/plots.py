@@ -114,8 +114,18 @@ def _panels(df, used: Sequence[str]):
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
-        out.append((" · ".join(value_label(c, v) for c, v in zip(cols, key)), g))
-    return out
+        order = tuple(_order(c, v) for c, v in zip(cols, key))
+        out.append((order, " · ".join(value_label(c, v) for c, v in zip(cols, key)), g))
+    return [(title, g) for _, title, g in sorted(out, key=lambda t: t[0])]
+
+
+def _order(col: str, value):
+    """Panel order: GPipe before 1F1B, methods in palette order, numbers ascending."""
+    if col == "schedule":
+        return (list(SCHEDULE_NAMES).index(value) if value in SCHEDULE_NAMES else 9, str(value))
+    if col in ("compress", "grad_compress"):
+        return method_sort_key(str(value))
+    return (0, str(value)) if isinstance(value, str) else (0, float(value))
 
 
 def _figure(n: int, width: float = 5.2, height: float = 3.8, ncols: int | None = None):
@@ -408,8 +418,8 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
         log_axis(ax, "y")
         xs = np.geomspace(lo, hi, 50)
     else:
-        lo = 0
-        xs = np.linspace(0, hi, 50)
+        lo = 0 if lo < 0.3 * hi else lo  # zoom in on clustered points
+        xs = np.linspace(lo, hi, 50)
     ax.plot(xs, xs, color="black", linewidth=0.9, label="predicted = measured")
     ax.fill_between(xs, xs * 0.9, xs * 1.1, color="black", alpha=0.08, label="±10 %")
     ax.set_xlim(lo, hi)
@@ -443,7 +453,8 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
         ax2.legend(fontsize=8, title="method", title_fontsize=8)
     mape = pairs["error"].abs().mean()
     worst = pairs["error"].abs().max()
-    fig.suptitle(title or f"Predicted vs measured {unit} ({len(pairs)} configurations): "
+    sep = ": " if has_bw else "\n"
+    fig.suptitle(title or f"Predicted vs measured {unit}{sep}{len(pairs)} configurations, "
                  f"MAPE {mape:.1f} %, worst {worst:.1f} %", fontsize=11)
     return fig
 

@@ -294,7 +294,7 @@ def _iter_dask(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
         from dask.distributed import Client, as_completed
     except ModuleNotFoundError:
         raise ConfigError("--backend dask: dask.distributed is not installed "
-                          "(pip install 'dask[distributed]')") from None
+                          "(pip install 'perfsim[cluster]')") from None
     address = os.environ.get("DASK_SCHEDULER_ADDRESS")
     client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1)
     try:
