@@ -46,6 +46,7 @@ def _check_codes(codes: torch.Tensor) -> torch.Tensor:
 #: the low byte of OR_j (v >> j*(8-b)): every other code lands outside bits 0..7.
 _WORD_DTYPE = {1: torch.int64, 2: torch.int32, 4: torch.int16}
 _UNPACK_MASK = {1: 0x0101010101010101, 2: 0x03030303, 4: 0x0F0F}
+_MASKED_WORD = {3: torch.int64, 6: torch.int32}
 
 
 def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -66,6 +67,19 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
         for j in range(1, g):
             acc |= torch.bitwise_right_shift(v, j * (8 - bits), out=t)
         return acc.to(torch.uint8)[: packed_nbytes(n, bits)]
+    if bits in _MASKED_WORD and codes.is_contiguous():
+        # b = 3 (6): the G = 8 (4) code bytes as one int64 (int32) word; code j
+        # moves from bit 8j to bit bj, masked because other codes would collide;
+        # the low GB = 3 bytes of each word are the packed group.
+        dt = _MASKED_WORD[bits]
+        v = codes.view(dt)
+        acc = workspace("pack_acc", v.numel(), dt, v.device).copy_(v).bitwise_and_((1 << bits) - 1)
+        t = workspace("pack_t", v.numel(), dt, v.device)
+        for j in range(1, g):
+            torch.bitwise_right_shift(v, j * (8 - bits), out=t)
+            acc |= t.bitwise_and_(((1 << bits) - 1) << (j * bits))
+        wb = torch.empty((), dtype=dt).element_size()
+        return acc.view(torch.uint8).view(-1, wb)[:, :gb].reshape(-1)[: packed_nbytes(n, bits)]
     c = codes.view(-1, g)
     out = torch.zeros((c.shape[0], gb), dtype=torch.uint8, device=codes.device)
     for j, k, sh in _terms(bits):
@@ -105,6 +119,21 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool 
         for j in range(1, g):
             acc |= torch.bitwise_left_shift(v, j * (8 - bits), out=t)
         acc &= _UNPACK_MASK[bits]
+        return acc.view(torch.uint8)[:n]
+    if bits in _MASKED_WORD:
+        dt = _MASKED_WORD[bits]
+        wb = torch.empty((), dtype=dt).element_size()
+        w = workspace("unpack_w", groups * wb, torch.uint8, packed.device).view(groups, wb)
+        w[:, gb:] = 0
+        w[:, :gb] = packed.view(groups, gb)
+        v = w.view(dt).view(-1)
+        acc = workspace("unpack_acc", groups, dt, packed.device) if scratch else \
+            torch.empty(groups, dtype=dt, device=packed.device)
+        t = workspace("unpack_t", groups, dt, packed.device)
+        acc.copy_(v).bitwise_and_((1 << bits) - 1)
+        for j in range(1, g):
+            torch.bitwise_left_shift(v, j * (8 - bits), out=t)
+            acc |= t.bitwise_and_(((1 << bits) - 1) << (8 * j))
         return acc.view(torch.uint8)[:n]
     p = packed.view(-1, gb)
     out = torch.empty((groups, g), dtype=torch.uint8, device=packed.device)
