@@ -27,8 +27,10 @@ def test_links_are_shaped_and_always_removed(tmp_path):
     r = run(model="digits-mlp", pp=2, steps=4, micro_batch=8, macro_batch=32,
             emulate_bandwidth="20Mbps", emulate_latency="2ms", out=tmp_path / "n", timeout="30s")
     assert r.summary["bandwidth_bps"] == 20e6 and r.summary["emulated"]
-    # each micro-batch message is 8 x 256 fp32 = 8 KiB: at 20 Mbit/s at least 3.3 ms on the wire
-    assert r.summary["comm_s"] >= 4 * 8192 * 8 / 20e6
+    # stage 0 sends 4 micro-batch messages of 8 x 256 fp32 = 8 KiB per step through its
+    # 20 Mbit/s uplink: a step cannot be shorter than their serialisation (13 ms)
+    assert r.summary["iteration_s"] >= 4 * 8192 * 8 / 20e6
+    assert r.summary["comm_s"] > 0
     assert _ours() == before
     # and on failure too: a rank killed inside the namespaces
     with pytest.raises(Exception, match="rank 0"):
