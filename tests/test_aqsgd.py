@@ -135,8 +135,10 @@ def test_disk_state_reopens_files(tmp_path):
     s.compress(x, key=ids), ram.compress(x, key=ids)
     state = s.state_dict()  # flushes; the files are the buffer checkpoint
     del s
+    dirs = sorted(tmp_path.iterdir())
     s2 = make_compressor(f"aqsgd:4:disk={tmp_path}", seed=1)
     s2.load_state_dict(state)
+    assert sorted(tmp_path.iterdir()) == dirs  # reopened, nothing new created
     assert torch.equal(s2.compress(x + 1, key=ids).tensors["codes"], ram.compress(x + 1, key=ids).tensors["codes"])
     with pytest.raises(ConfigError):
         make_compressor("aqsgd:4").load_state_dict(state)  # RAM buffer vs disk checkpoint

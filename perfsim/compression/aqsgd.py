@@ -259,7 +259,4 @@ class AQSGD(Compressor):
             return
         shape = (1, *self.sample_shape)
         _, per, row = self._split(shape)
-        self.store = MessageStore(per, row, mbits=self.mbits, disk=self.disk, tag=self.tag,
-                                  device=st["arrays"][next(iter(st["arrays"]))].device
-                                  if "arrays" in st else "cpu")
-        self.store.load_state_dict(st)
+        self.store = MessageStore(per, row, mbits=self.mbits, disk=self.disk, tag=self.tag, restore=st)

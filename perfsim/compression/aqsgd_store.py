@@ -39,7 +39,8 @@ class MessageStore:
     fresh tensor), ``put`` stores them (quantizing for low-precision stores)."""
 
     def __init__(self, numel: int, row: int, *, mbits: int | None = None,
-                 disk: str | None = None, device="cpu", capacity: int = 16, tag: str = ""):
+                 disk: str | None = None, device="cpu", capacity: int = 16, tag: str = "",
+                 restore: dict | None = None):
         if numel % row:
             raise ConfigError(f"message store: row {row} does not divide {numel} elements")
         self.numel, self.row, self.mbits = int(numel), int(row), mbits
@@ -52,13 +53,19 @@ class MessageStore:
             self.padded = -(-self.numel // g) * g
             self.slot_bytes = packed_nbytes(self.padded, mbits)
         self._files: dict[str, str] = {}
+        self._arrays: dict[str, object] = {}
+        self.dir = None
+        if restore is not None:  # a checkpoint: reopen its buffers, create nothing
+            self.load_state_dict(restore)
+            return
         if disk is not None:
+            # one directory per store, so the two ends of a boundary (or several
+            # boundaries on one machine) never share files
             root = Path(disk)
             root.mkdir(parents=True, exist_ok=True)
             sub = root / f"aqsgd-{tag or 'buf'}-{os.getpid()}-{next(_SERIAL)}"
             sub.mkdir(parents=True, exist_ok=True)
             self.dir = sub
-        self._arrays: dict[str, object] = {}
         self._grow(max(1, capacity))
 
     # ---------------------------------------------------------------- layout
@@ -193,7 +200,7 @@ class MessageStore:
             if "arrays" not in st:
                 raise ConfigError("message store: checkpoint is disk-backed, this buffer is in RAM")
             self.count = 0
-            self._grow(count)
+            self._grow(max(1, count))
             for k, v in st["arrays"].items():
                 self._arrays[k][:count] = v.to(self.device)
         else:
@@ -204,6 +211,7 @@ class MessageStore:
                 if not os.path.exists(path):
                     raise ConfigError(f"message store: buffer file {path} is missing")
             self._arrays, self._files, self.capacity = {}, dict(files), 0
+            self.dir = Path(next(iter(files.values()))).parent
             cap = int(st["capacity"])
             for name, (shape, dtype) in self._layout().items():
                 self._arrays[name] = np.memmap(files[name], dtype=dtype, mode="r+", shape=(cap, *shape))
