@@ -264,3 +264,8 @@ def test_cli_real_simulator(tmp_path):
     assert slow["fp16"] == pytest.approx(ref.summary["throughput_samples_per_s"])
     stages = pd.read_csv(sibling_path(out, "stages"))
     assert len(stages) == 4 * 2 and set(stages.config_id) == set(df.config_id)
+    # a configuration the simulator rejects: one line naming it, exit 2
+    proc = _cli("--model", "gpt2-tiny", "--pp", "2", "--partition", "3,9", "--no-overlap",
+                "--out", str(tmp_path / "bad.csv"), "--no-progress", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "partition" in lines[0], proc.stderr
