@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.errors import ConfigError
@@ -214,3 +216,24 @@ def test_nan_in_seen_rows_leaves_state_untouched():
     after = s.state_dict()
     assert after["step"] == before["step"]
     assert torch.equal(after["store"]["arrays"]["values"], before["store"]["arrays"]["values"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(sample=st.lists(st.integers(0, 7), min_size=0, max_size=3).map(tuple),
+       batch=st.integers(0, 5), seen=st.integers(0, 5), bits=st.sampled_from([2, 3, 4, 6, 8]),
+       m=st.sampled_from(["", ":m8", ":m2"]))
+def test_wire_bytes_equal_payload_for_odd_shapes(sample, batch, seen, bits, m):
+    s, r = _pair(f"aqsgd:{bits}{m}")
+    seen = min(seen, batch)
+    ids = torch.arange(batch)
+    if seen:
+        x0 = torch.randn(seen, *sample)
+        r.decompress(s.compress(x0, key=ids[:seen]), key=ids[:seen])
+    x = torch.randn(batch, *sample)
+    p = s.compress(x, key=ids)
+    assert p.nbytes == s.payload_bytes(x.shape, batch - seen)
+    if seen == batch:
+        assert p.nbytes == s.wire_bytes(x.shape)
+    if seen == 0:
+        assert p.nbytes == s.wire_bytes(x.shape, warmup=True)
+    assert r.decompress(p, key=ids).shape == x.shape
