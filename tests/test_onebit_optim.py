@@ -15,7 +15,8 @@ from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb, default_warmup,
 
 WORLD = 2
 STEPS, WARMUP, RESUME_AT, TAIL = 50, 10, 30, 5
-LR = {"onebit-adam": 0.01, "onebit-lamb": 0.05}
+LR = {"onebit-adam": 0.01, "onebit-lamb": 0.05, "onebit-lamb:exchange=preconditioned": 0.05}
+NAMES = list(LR)
 
 
 def _mlp(hidden: int = 64) -> torch.nn.Module:
@@ -53,8 +54,11 @@ def test_make_optimizer_specs():
     assert isinstance(opt, OneBitAdam) and opt.warmup == 5
     opt = make_optimizer("onebit-lamb", params, 1e-3, total_steps=40)
     assert isinstance(opt, OneBitLamb) and opt.warmup == default_warmup(40) == 6
+    assert opt.exchange == "momentum"
+    assert make_optimizer("onebit-adam:exchange=preconditioned", params, 1e-3).exchange == "preconditioned"
     for bad, culprit in [("onebit-adam:warmup=0", "warmup"), ("onebit-lamb:warmup=x", "warmup"),
-                         ("onebit-adam:lr=1", "lr"), ("nosuch", "nosuch")]:
+                         ("onebit-adam:lr=1", "lr"),
+                         ("onebit-lamb:exchange=signs", "exchange"), ("nosuch", "nosuch")]:
         with pytest.raises(ConfigError, match=culprit):
             make_optimizer(bad, params, 1e-3)
     with pytest.raises(ConfigError, match="lr"):
@@ -155,7 +159,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     x, y = _digits()
     out = {}
-    for name in ("onebit-adam", "onebit-lamb"):
+    for name in NAMES:
         spec = f"{name}:warmup={WARMUP}"
         model = _mlp()
         ddp = DDP(model)
@@ -198,7 +202,7 @@ def trained(tmp_path_factory):
     return comp, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-@pytest.mark.parametrize("name", ["onebit-adam", "onebit-lamb"])
+@pytest.mark.parametrize("name", NAMES)
 def test_training_after_warmup_still_learns(trained, name):
     comp, ranks = trained
     res = ranks[0][name]
@@ -211,13 +215,13 @@ def test_training_after_warmup_still_learns(trained, name):
     assert res["full_loss"] < 0.3
 
 
-@pytest.mark.parametrize("name", ["onebit-adam", "onebit-lamb"])
+@pytest.mark.parametrize("name", NAMES)
 def test_ranks_stay_identical(trained, name):
     _, ranks = trained
     assert torch.equal(ranks[0][name]["params"], ranks[1][name]["params"])
 
 
-@pytest.mark.parametrize("name", ["onebit-adam", "onebit-lamb"])
+@pytest.mark.parametrize("name", NAMES)
 def test_resume_continues_identically(trained, name):
     """Model + optimizer state (moments, frozen variance, LAMB coefficients and
     the compressor's error buffers) restored from a checkpoint: same losses."""

@@ -67,6 +67,9 @@ class GradSpec:
       (torch requires >= 2 with error feedback).
     optimizer: ``onebit-adam`` / ``onebit-lamb`` for ``kind == "optimizer"``.
     warmup: 1-bit optimizer warm-up steps (None: the optimizer's default).
+    exchange: what the 1-bit optimizer compresses: ``preconditioned`` (momentum
+      divided by the frozen Adam denominator) or ``momentum`` (the papers' exact
+      choice); None: the optimizer's default. See :mod:`perfsim.runtime.onebit_optim`.
     """
 
     kind: str
@@ -76,6 +79,7 @@ class GradSpec:
     start_iter: int = 2
     optimizer: str = ""
     warmup: int | None = None
+    exchange: str | None = None
 
     def __post_init__(self):
         if self.kind not in ("compressor", "powersgd", "optimizer"):
@@ -116,11 +120,17 @@ def parse_grad_spec(spec: str) -> GradSpec:
     text = spec.strip().lower()
     name, *args = text.split(":")
     if name in ONEBIT_OPTIMIZERS:
-        warmup = None
+        warmup, exchange = None, None
         for arg in args:
-            _, value = _kv(arg, spec, ("warmup",))
-            warmup = _int(value, spec, "warmup")
-        return GradSpec("optimizer", text, optimizer=name, warmup=warmup)
+            key, value = _kv(arg, spec, ("warmup", "exchange"))
+            if key == "warmup":
+                warmup = _int(value, spec, "warmup")
+            elif value in ("preconditioned", "momentum"):
+                exchange = value
+            else:
+                raise ConfigError(f"grad compression {spec!r}: exchange={value!r} "
+                                  "(choose preconditioned or momentum)")
+        return GradSpec("optimizer", text, optimizer=name, warmup=warmup, exchange=exchange)
     if name == "powersgd":
         if not args:
             raise ConfigError(f"grad compression {spec!r}: powersgd needs a rank, e.g. powersgd:2")

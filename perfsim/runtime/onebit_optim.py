@@ -31,6 +31,25 @@ et al. 2021 for 1-bit Adam; Sec. 4 and Algorithm 1 for 1-bit LAMB):
     (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
     reach the 1-bit compressor at similar magnitudes.
 
+What is exchanged (``exchange=``): ``momentum`` (default, the papers' choice:
+the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum for 1-bit
+LAMB) or ``preconditioned``: the momentum divided by the frozen denominator
+``sqrt(v_frozen) + eps``. That is the per-coordinate form of Sec. 4.3's
+argument -- a scaling fixed during the compression stage does not disturb
+error compensation, and averaging commutes with it -- and puts the 1-bit
+scale in update units. Coordinates whose frozen variance is exactly zero
+(never a gradient during warm-up: padding / unused embeddings, always-zero
+inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
+for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
+magnitude divided by ``eps`` is a step of ``scale / eps``.
+
+Known limitation (measured, not a bug of the compression): with a very short
+warm-up on inputs with rare features (``digits-mlp`` on raw [0, 1] pixels,
+12 warm-up steps) the frozen variance of rare coordinates is tiny and the
+compression stage diverges *even with exact fp32 averaging*
+(``compressor="fp32"``); the papers warm up for 15-20 % of thousands of steps.
+``gpt2-tiny`` with 20 warm-up steps trains like AdamW.
+
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
 using them (``v / (1 - b2^T_w)``, ``m / (1 - b2^t)``), so the stage switch is
@@ -57,6 +76,7 @@ from perfsim.errors import ConfigError
 from perfsim.runtime.grad_sync import parse_grad_spec
 
 STATE_KEY = "onebit"
+EXCHANGES = ("preconditioned", "momentum")
 
 
 def _world(group) -> int:
@@ -72,6 +92,18 @@ def _check(cond: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+def _mask_dead(momentum: torch.Tensor, frozen_var: torch.Tensor) -> torch.Tensor:
+    """Zero the momentum of coordinates whose frozen variance is exactly 0.
+
+    A sign + scale compressor gives *every* coordinate magnitude ``scale``,
+    also those that never had a gradient (e.g. weights of always-zero inputs,
+    padding embeddings); divided by ``sqrt(0) + eps`` that is a step of
+    ``scale / eps``. DeepSpeed asks the user for an ``exp_avg_mask`` for this;
+    here the mask is derived from the frozen variance, which is identical on
+    every worker (it comes from the averaged warm-up gradients)."""
+    return momentum.masked_fill_(frozen_var == 0, 0.0)
+
+
 class _OneBitBase(torch.optim.Optimizer):
     """Shared machinery: warm-up gradient allreduce, fused momentum exchange,
     global state, checkpointing and byte/time counters."""
@@ -80,7 +112,7 @@ class _OneBitBase(torch.optim.Optimizer):
 
     def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
-                 seed: int = 0):
+                 seed: int = 0, exchange: str = "momentum"):
         _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
@@ -89,7 +121,10 @@ class _OneBitBase(torch.optim.Optimizer):
         _check(isinstance(warmup, int) and warmup >= 1,
                f"{self.algorithm}: warmup={warmup} must be an integer >= 1 (the frozen variance "
                "comes from the warm-up)")
+        _check(exchange in EXCHANGES, f"{self.algorithm}: exchange={exchange!r} (choose from "
+               f"{', '.join(EXCHANGES)})")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.exchange = exchange
         from perfsim.compression import make_compressor
 
         self.group = group
@@ -179,7 +214,7 @@ class _OneBitBase(torch.optim.Optimizer):
     # ------------------------------------------------------------ checkpointing
     def state_dict(self) -> dict[str, Any]:
         sd = super().state_dict()
-        sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup,
+        sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup, "exchange": self.exchange,
                          "step": int(self.global_state["step"]),
                          "freeze_step": int(self.global_state["freeze_step"]),
                          "compressor_spec": self.compressor.spec,
@@ -194,6 +229,9 @@ class _OneBitBase(torch.optim.Optimizer):
                               "(saved by another optimizer?)")
         if ours.get("algorithm") != self.algorithm:
             raise ConfigError(f"{self.algorithm}: checkpoint is for {ours.get('algorithm')!r}")
+        if ours.get("exchange") != self.exchange:
+            raise ConfigError(f"{self.algorithm}: checkpoint used exchange={ours.get('exchange')!r}, "
+                              f"this run {self.exchange!r}")
         if ours.get("compressor_spec") != self.compressor.spec:
             raise ConfigError(f"{self.algorithm}: checkpoint used compressor "
                               f"{ours.get('compressor_spec')!r}, this run {self.compressor.spec!r}")
@@ -216,9 +254,10 @@ class OneBitAdam(_OneBitBase):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = 100, group=None,
-                 compressor: str = "onebit", seed: int = 0):
+                 compressor: str = "onebit", seed: int = 0, exchange: str = "momentum"):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         warmup=warmup, group=group, compressor=compressor, seed=seed)
+                         warmup=warmup, group=group, compressor=compressor, seed=seed,
+                         exchange=exchange)
 
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
@@ -235,17 +274,21 @@ class OneBitAdam(_OneBitBase):
         pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
 
     def _compressed_step(self, t, items, grads):
-        locals_ = []
-        for (p, g), grad in zip(items, grads):
-            b1 = g["betas"][0]
-            locals_.append(self.state[p]["exp_avg"] * b1 + grad * (1 - b1))
-        averaged = self._exchange(locals_)
         tf = self.global_state["freeze_step"]
-        for (p, g), m_new in zip(items, averaged):
+        pre = self.exchange == "preconditioned"
+        locals_, denoms = [], []
+        for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
+            denom = (self.state[p]["exp_avg_sq"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            m_local = self.state[p]["exp_avg"] * b1 + grad * (1 - b1)
+            m_local = _mask_dead(m_local, self.state[p]["exp_avg_sq"])
+            locals_.append(m_local / denom if pre else m_local)
+            denoms.append(denom)
+        averaged = self._exchange(locals_)
+        for (p, g), avg, denom in zip(items, averaged, denoms):
+            b1 = g["betas"][0]
             st = self.state[p]
-            st["exp_avg"].copy_(m_new)
-            denom = (st["exp_avg_sq"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            st["exp_avg"].copy_(_mask_dead(avg * denom if pre else avg, st["exp_avg_sq"]))
             p.mul_(1 - g["lr"] * g["weight_decay"])
             p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
 
@@ -263,14 +306,16 @@ class OneBitLamb(_OneBitBase):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = 100, group=None,
-                 compressor: str = "onebit", seed: int = 0, coeff_beta: float = 0.9,
-                 coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0), ratio_threshold: float = 0.1):
+                 compressor: str = "onebit", seed: int = 0, exchange: str = "momentum",
+                 coeff_beta: float = 0.9, coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0),
+                 ratio_threshold: float = 0.1):
         _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
         _check(0 < coeff_bounds[0] <= coeff_bounds[1], f"onebit-lamb: coeff_bounds={coeff_bounds}")
         _check(0 < ratio_bounds[0] <= ratio_bounds[1], f"onebit-lamb: ratio_bounds={ratio_bounds}")
         _check(0 <= ratio_threshold < 1, f"onebit-lamb: ratio_threshold={ratio_threshold}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         warmup=warmup, group=group, compressor=compressor, seed=seed)
+                         warmup=warmup, group=group, compressor=compressor, seed=seed,
+                         exchange=exchange)
         self.coeff_beta = coeff_beta
         self.coeff_bounds = tuple(coeff_bounds)
         self.ratio_bounds = tuple(ratio_bounds)
@@ -317,21 +362,26 @@ class OneBitLamb(_OneBitBase):
     def _compressed_step(self, t, items, grads):
         r_min, r_max = self.ratio_bounds
         thr = self.ratio_threshold
-        locals_ = []
-        for (p, g), grad in zip(items, grads):
-            b1 = g["betas"][0]
-            st = self.state[p]
-            locals_.append((st["exp_avg"] * b1 + grad * (1 - b1)) * st["momentum_scale"])
-        averaged = self._exchange(locals_)
         tf = self.global_state["freeze_step"]
-        for (p, g), scaled in zip(items, averaged):
+        pre = self.exchange == "preconditioned"
+        locals_, denoms = [], []
+        for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
             st = self.state[p]
-            m_new = scaled / st["momentum_scale"]
+            denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            m_local = st["exp_avg"] * b1 + grad * (1 - b1)
+            m_local = _mask_dead(m_local, st["exp_avg_sq_frozen"])
+            locals_.append(m_local / denom if pre else m_local * st["momentum_scale"])
+            denoms.append(denom)
+        averaged = self._exchange(locals_)
+        for (p, g), scaled, denom in zip(items, averaged, denoms):
+            b1, b2 = g["betas"]
+            st = self.state[p]
+            m_new = scaled * denom if pre else scaled / st["momentum_scale"]
+            m_new = _mask_dead(m_new, st["exp_avg_sq_frozen"])
             g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
             st["exp_avg_sq"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)  # line 16 (fresh)
             st["exp_avg"].copy_(m_new)
-            denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
             fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
             ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
             ratio = min(max(ratio, r_min), r_max)                        # line 18
@@ -376,4 +426,5 @@ def make_optimizer(spec: str, params, lr: float, group=None, *, weight_decay: fl
         raise ConfigError(f"grad compression {spec!r}: warmup must be >= 1")
     cls = OneBitAdam if gs.optimizer == "onebit-adam" else OneBitLamb
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
-               group=group, compressor=compressor, seed=seed)
+               group=group, compressor=compressor, seed=seed,
+               exchange=gs.exchange or "momentum")
