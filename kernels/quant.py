@@ -15,7 +15,9 @@ ends of ``[-s, s]`` exact). Encoding, in float32 with exactly these roundings:
     c   = floor(clamp(y, 0, L))
 
 so stochastic rounding adds ``u = (s16 + 32768.5) / 65536`` in (0, 1) before
-the floor, which is unbiased up to ``2**-17`` of a step: ``E[c] = x*a + L/2``.
+the floor, so ``E[c] = x*a + L/2`` up to the 16-bit resolution of ``u`` and the float32
+rounding of ``y`` (together below ``2**-15`` of a step; for b = 8, ``kc`` itself
+rounds to 128).
 Decoding: ``x_hat = fl(fl(c * d_k) - s_k)`` with ``d_k = fl(s_k * fl32(2/L))``.
 An all-zero bucket has ``s = 0`` and decodes to exact zeros.
 

@@ -20,7 +20,7 @@ Definition (the reference and the Triton kernels implement exactly this):
 * Element ``i`` takes the low 16 bits of ``h`` when ``i`` is even, the high 16
   bits when odd, read as a *signed* 16-bit integer ``s`` in ``[-32768, 32767]``.
   Its uniform is ``u = (s + 32768.5) / 65536`` in ``(0, 1)``; 16 bits bound the
-  rounding bias by ``2**-17`` of one quantization step.
+  rounding bias by ``2**-17`` of one quantization step (before float32 rounding).
 
 One 32-bit hash feeds two elements, which halves the integer work. In torch the
 hash runs on int32 tensors: multiplication wraps mod 2**32 and a logical right

@@ -5,7 +5,7 @@ DirectQ is the baseline of the AQ-SGD paper (aq-sgd-paper.txt Sec. 4.1,
 gradients are directly quantized"): a tensor is normalised into [-1, 1] by the
 max-abs of each bucket and every value is rounded to one of ``2**b`` uniform
 levels (``b`` in 2, 3, 4, 6, 8). The exact float32 recipe, the stochastic
-rounding (unbiased up to ``2**-17`` of a step) and the counter-hash random bits
+rounding (unbiased up to ~``2**-15`` of a step) and the counter-hash random bits
 live in :mod:`perfsim.kernels.quant` and :mod:`perfsim.kernels.rng`.
 
 Spec: ``directq:BITS[:det][:bucket=N]``
