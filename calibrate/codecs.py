@@ -35,7 +35,7 @@ from perfsim.errors import ConfigError
 #: bit widths tried for compressors whose spec is ``name:BITS``
 BIT_WIDTHS = (1, 2, 3, 4, 6, 8)
 #: sizes (fp32 bytes) of the full and the quick sweeps
-FULL_SIZES = tuple(4096 * 4**k for k in range(8))  # 4 KB .. 64 MB
+FULL_SIZES = tuple(4096 * 4**k for k in range(7))  # 4 KB .. 16 MB
 QUICK_SIZES = (4096, 65536, 1048576)
 
 

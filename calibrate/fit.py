@@ -112,7 +112,7 @@ class ShapedLink:
 def fit_shaped_link(sizes, times, shaped_factor: float = 3.0) -> ShapedLink | None:
     """Estimate (alpha, rate, burst) from ping-pong points over a shaped link.
 
-    alpha: the smallest message's time (a few bytes: pure fixed cost). Shaped points
+    alpha: the median time of the three smallest messages (fixed cost). Shaped points
     are those taking more than ``shaped_factor`` x alpha; the rate is the
     least-squares slope through them (>= 2 needed, else None), the burst the mean
     of ``s - (t - alpha) * rate`` over them, clipped at 0.
@@ -120,7 +120,8 @@ def fit_shaped_link(sizes, times, shaped_factor: float = 3.0) -> ShapedLink | No
     pts = sorted((float(s), float(t)) for s, t in zip(sizes, times) if t > 0 and s > 0)
     if len(pts) < 3:
         return None
-    alpha = pts[0][1]
+    # fixed cost: median of the three smallest messages (robust to one delayed point)
+    alpha = float(np.median([t for _, t in pts[:3]]))
     shaped = [(s, t) for s, t in pts if t > shaped_factor * alpha]
     if len(shaped) < 2:
         return None

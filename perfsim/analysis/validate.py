@@ -149,10 +149,10 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
         if link is None:  # never bandwidth-bound (fast loopback): slope of the two largest
             (s0, t0), (s1, t1) = (sizes[-2], times[-2]), (sizes[-1], times[-1])
             beta = (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else t1 / s1
-            rate_Bps, alpha = 1.0 / beta, times[0]
+            rate_Bps, alpha = 1.0 / beta, sorted(times[:3])[len(times[:3]) // 2]
         else:
             rate_Bps, alpha = link.rate_Bps, link.alpha_s
-        fixed = max(0.0, alpha - sizes[0] / rate_Bps)
+        fixed = max(0.0, alpha - sizes[1] / rate_Bps)
         lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
         return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}")
     if nominal_bps is None:

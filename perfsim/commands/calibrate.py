@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
                    help="also measure comm over emulated links of these rates (comma list, e.g. 1Gbps,100Mbps; "
                         "needs root for network namespaces)")
     p.add_argument("--emulate-latency", default="0ms", help="one-way delay of the emulated links (default 0ms)")
+    p.add_argument("--emulate-ops", default="p2p,messenger,allreduce",
+                   help="comm ops measured over the emulated links (default p2p,messenger,allreduce)")
     p.add_argument("--ranks", type=int, default=2,
                    help="ranks that will share this machine in the runs the profile is for: compute is timed "
                         "with cores/ranks threads and comm with this many ranks (default 2)")
@@ -143,7 +145,7 @@ def run(args) -> int:
     if args.codecs.strip().lower() != "none":
         names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))
         codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
-                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 2.0,
+                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
                                    threads=max(1, meta_cores() // args.ranks))
     comm_cfgs = []
     if comm_ops and args.ranks >= 2:
@@ -155,9 +157,11 @@ def run(args) -> int:
         # over a shaped link the rate shows only beyond the shaper's burst (up to 500 KB
         # at 1 Gbps): emulated sweeps always reach the MB range, capped by max_call_s
         emu_sizes = cm.QUICK_EMULATED_SIZES if quick else cm.FULL_SIZES
+        emu_ops = tuple(o for o in split_list(args.emulate_ops) if o.lower() != "none")
         for bw in bandwidths:
             comm_cfgs.append(cm.CommConfig(sizes=emu_sizes, emulate_bandwidth=bw, emulate_latency=latency,
-                                           max_call_s=0.4 if quick else 2.0, **common))
+                                           max_call_s=0.4 if quick else 1.0,
+                                           **{**common, "ops": emu_ops, "warmup": 1}))
     elif bandwidths:
         raise ConfigError("--emulate-bandwidth needs --comm ops and --ranks >= 2")
 

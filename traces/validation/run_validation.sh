@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Reproduce traces/cpu-2core.json and the validation tables in traces/validation/
+# (issue 5). Needs root (network namespaces + tc). About 15-20 minutes on an idle
+# 2-core machine; run it when nothing else loads the machine, and say so when not.
+#
+#   bash traces/validation/run_validation.sh            # calibrate + validate
+#   SKIP_CALIBRATE=1 bash traces/validation/run_validation.sh
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PROFILE=${PROFILE:-traces/cpu-2core.json}
+RATES=${RATES:-1Gbps,300Mbps,100Mbps}
+STEPS=${STEPS:-20}
+MODELS=${MODELS:-digits-mlp gpt2-tiny}
+
+if [ -z "${SKIP_CALIBRATE:-}" ]; then
+  # compute: per-layer and per-stage times at the runs' micro-batch, measured in 2
+  # concurrent 1-thread processes (two ranks share the 2 cores); codecs at 1 thread;
+  # comm over loopback and over each emulated rate (token-bucket fit: rate, burst).
+  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --concurrent \
+      --comm p2p,allreduce,allgather,alltoall,messenger --emulate-bandwidth "$RATES" \
+      --output "$PROFILE"
+fi
+
+for MODEL in $MODELS; do
+  perfsim validate --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" \
+      --out "traces/validation/$MODEL-pp2"
+  perfsim validate --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" \
+      --out "traces/validation/$MODEL-dp2"
+done
