@@ -92,13 +92,15 @@ def test_codecs_points_and_fits():
 def test_comm_loopback_two_ranks():
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
-    recs = measure_comm(CommConfig(ops=("p2p", "allreduce"), sizes=(1024, 262144), warmup=1,
+    recs = measure_comm(CommConfig(ops=("p2p", "allreduce", "messenger"), sizes=(1024, 262144), warmup=1,
                                    repeats=3, max_seconds=0.5, timeout_s=120))
     raw = [r for r in recs if r["op"] in ("p2p", "allreduce")]
-    assert {(r["op"], r["size_bytes"]) for r in raw} == {(o, s) for o in ("p2p", "allreduce")
-                                                         for s in (1024, 262144)}
-    assert all(r["name"] == "gloo" and r["time_s"] > 0 for r in raw)
-    assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_p2p", "fit_allreduce"}
+    assert {(r["op"], r["name"], r["size_bytes"]) for r in raw} == {
+        (o, n, s) for o, n in (("p2p", "gloo"), ("allreduce", "gloo"), ("p2p", "messenger"))
+        for s in (1024, 262144)}
+    assert all(r["time_s"] > 0 for r in raw)
+    assert {(r["op"], r["name"]) for r in recs if r["op"].startswith("fit_")} == {
+        ("fit_p2p", "gloo"), ("fit_p2p", "messenger"), ("fit_allreduce", "gloo")}
 
 
 def test_profile_record_folding_round_trip(tmp_path):
@@ -172,3 +174,19 @@ def test_fit_shaped_link_recovers_token_bucket():
     assert link.alpha_s == pytest.approx(alpha)
     # never bandwidth-bound -> no estimate
     assert fit_shaped_link([1024, 4096, 16384], [1e-4, 1e-4, 1.1e-4]) is None
+
+
+@pytest.mark.netns
+def test_comm_over_emulated_link():
+    from perfsim.calibrate.comm import CommConfig, measure_comm
+    from perfsim.netem import netns_available
+
+    if not netns_available():
+        pytest.skip("network namespaces / tc unusable here")
+    recs = measure_comm(CommConfig(ops=("p2p",), sizes=(1024, 1048576), warmup=1, repeats=3,
+                                   max_seconds=0.5, emulate_bandwidth=1e8, timeout_s=120))
+    raw = {r["size_bytes"]: r for r in recs if r["op"] == "p2p"}
+    assert raw[1024]["name"] == "gloo@100Mbps"
+    # 1 MiB over a 100 Mbps tbf: at least (1 MiB - 50 KB burst) at the nominal rate
+    assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8
+    assert raw[1048576]["time_s"] < 3 * 1048576 * 8 / 1e8
