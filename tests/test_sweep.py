@@ -245,6 +245,38 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, args, culprit):
     assert len(lines) == 1 and culprit in lines[0], proc.stderr
 
 
+def test_cli_interrupted_by_sigint_resumes(tmp_path):
+    """Ctrl-C in the middle of a real sweep, then the same command again."""
+    pytest.importorskip("perfsim.api")
+    import signal
+    import time
+
+    out = tmp_path / "s.csv"
+    args = [sys.executable, "-m", "perfsim", "sweep", "--model", "gpt2-tiny", "--pp", "2",
+            "--macro-batch", "4", "--bandwidth", ",".join(f"{b}Mbps" for b in range(10, 410, 10)),
+            "--compress", "fp32,fp16", "--jobs", "1", "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    part = part_path(out)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if part.exists() and len(part.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    if proc.poll() is not None:
+        pytest.skip("the sweep finished before it could be interrupted")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted" in err
+    assert not out.exists()
+    done = len(part.read_text().splitlines())
+    assert 3 <= done <= 80  # (80: stopped while writing the final table)
+    again = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming: {done} of 80 configurations already done" in again.stderr
+    df = pd.read_csv(out)
+    assert len(df) == 80 and df.config_id.is_unique and not part.exists()
+
+
 def test_cli_real_simulator(tmp_path):
     """End to end through perfsim.api.predict (skipped until the simulator exists)."""
     pytest.importorskip("perfsim.api")

@@ -464,7 +464,7 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
 def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None = None, *,
               jobs: int | None = None, backend: str = "local", predict: Callable | None = None,
               skip_invalid: bool = False, resume: bool = True, progress: bool | None = None,
-              ) -> SweepTable:
+              report: Callable[[str], None] | None = None) -> SweepTable:
     """Run every configuration of ``spec`` and return the tables.
 
     out: table path (``.csv`` / ``.parquet``); with it, results are logged to the
@@ -477,6 +477,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     skip_invalid: record configurations that predict rejects (ConfigError) instead
       of stopping the sweep.
     progress: show a progress bar (default: when stderr is a terminal).
+    report: called with a one-line note when earlier results are reused.
     """
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec(spec)
@@ -497,6 +498,8 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
             if rec["config_id"] in wanted:
                 records[rec["config_id"]] = rec
     todo = [(cid, p) for cid, p in configs if cid not in records]
+    if records and report is not None:
+        report(f"resuming: {len(records)} of {len(configs)} configurations already done")
 
     writer = _PartWriter(part, list(records.values())) if part is not None else None
     show = sys.stderr.isatty() if progress is None else bool(progress)

@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
     spec = spec.merged(flags)
     table = run_sweep(spec, args.out, jobs=args.jobs, backend=args.backend,
                       skip_invalid=args.skip_invalid, resume=not args.fresh,
-                      progress=False if args.no_progress else None)
+                      progress=False if args.no_progress else None,
+                      report=lambda line: print(line, file=sys.stderr))
     n = len(table.summary)
     msg = f"wrote {n} configuration{'s' if n != 1 else ''} to {args.out}"
     if not table.stages.empty:
