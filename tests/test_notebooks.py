@@ -51,12 +51,43 @@ def test_speedup_curves_runs():
     assert "10 Mbps: AQ-SGD" in text
 
 
-def test_validation_runs():
+def test_validation_runs_on_shipped_results():
     nb = _execute("validation.ipynb")
     text = "".join(o.get("text", "") for o in _outputs(nb, "stream"))
     assert "validation table(s)" in text
-    shipped = list((NOTEBOOKS.parent / "traces" / "validation").glob("**/*.csv"))
+    shipped = list((NOTEBOOKS.parent / "traces" / "validation").glob("**/validation.csv"))
     if not shipped:
         assert "No `perfsim validate` results" in text
     else:
         assert any("image/png" in o.get("data", {}) for o in _outputs(nb))
+
+
+def test_validation_notebook_with_tables(tmp_path, monkeypatch):
+    """The with-data path, on tables in the layout `perfsim validate` writes."""
+    import numpy as np
+    import pandas as pd
+
+    rows = []
+    for i, (comp, bw) in enumerate((c, b) for c in ("fp32", "directq:fw4bw8", "aqsgd:fw3bw6")
+                                   for b in (1e9, 3e8, 1e8)):
+        pred = 100.0 / (1 + 3e8 / bw) * (1 + 0.3 * (comp != "fp32"))
+        meas = pred * (1 + 0.03 * np.sin(i))
+        rows.append({"model": "digits-mlp", "bandwidth_bps": bw, "latency_s": 0.0,
+                     "compress": comp, "grad_compress": "none", "schedule": "1f1b", "pp": 2,
+                     "dp": 1, "micro_batch": 8, "macro_batch": 32,
+                     "predicted_throughput_samples_per_s": pred,
+                     "measured_throughput_samples_per_s": meas,
+                     "predicted_iteration_s": 32 / pred, "measured_iteration_s": 32 / meas,
+                     "predicted_comm_s": 0.01, "measured_comm_s": 0.012})
+    table = tmp_path / "digits-mlp-pp2" / "validation.csv"
+    table.parent.mkdir()
+    pd.DataFrame(rows).to_csv(table, index=False)
+    (tmp_path / "digits-mlp-pp2" / "runs").mkdir()
+    (tmp_path / "digits-mlp-pp2" / "runs" / "summary.csv").write_text("not,a,validation\n")
+    monkeypatch.setenv("PERFSIM_VALIDATION_DIR", str(tmp_path))
+    nb = _execute("validation.ipynb")
+    text = "".join(o.get("text", "") for o in _outputs(nb, "stream"))
+    assert "1 validation table(s)" in text and "No `perfsim validate`" not in text
+    html = "".join(o.get("data", {}).get("text/html", "") for o in _outputs(nb))
+    assert "MAPE" in html and "predicted_comm (ms)" in html
+    assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) == 1
