@@ -192,6 +192,13 @@ def test_invalid_configurations(tmp_path):
     assert len(table.summary) == 2 and len(table.errors) == 2
     errors = pd.read_csv(sibling_path(out, "errors"))
     assert set(errors["pp"]) == {3} and errors["error"].str.contains("3 stages").all()
+    # a sweep where nothing fits still writes a (header-only) table, and re-runs
+    out = tmp_path / "c.csv"
+    for _ in range(2):
+        table = run_sweep({"pp": 3}, out, jobs=1, predict=fake_predict, progress=False,
+                          skip_invalid=True)
+        assert table.summary.empty and len(table.errors) == 1
+        assert list(pd.read_csv(out).columns)[:3] == SUMMARY_COLUMNS[:3]
 
 
 def test_backend_errors(tmp_path):

@@ -254,14 +254,18 @@ def _batches(todo: list[tuple[str, dict]], workers: int) -> list[list[tuple[str,
 
 
 def _iter_local(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
-    if jobs <= 1 or len(batches) <= 1:  # in this process, logged config by config
+    if jobs <= 1 or sum(map(len, batches)) < 4 * jobs:  # small: here, config by config
         for b in batches:
             for item in b:
                 yield run_batch([item], predict, skip_invalid)
         return
+    import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    pool = ProcessPoolExecutor(max_workers=jobs)
+    # forkserver, not fork: a parent that has used torch (OpenMP threads) may not fork safely
+    methods = multiprocessing.get_all_start_methods()
+    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
     try:
         pending = {pool.submit(run_batch, b, predict, skip_invalid) for b in batches}
         while pending:
@@ -347,7 +351,7 @@ def _records_from_table(out: Path) -> list[dict]:
     values only runs the new ones)."""
     if not out.exists():
         return []
-    summary = read_table(out)
+    summary = read_table(out, allow_empty=True)
     if "config_id" not in summary.columns:
         return []
     stages_file = sibling_path(out, "stages")
