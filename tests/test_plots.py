@@ -231,6 +231,23 @@ def test_cli(tmp_path):
     assert (tmp_path / "b.svg").read_text().lstrip().startswith("<?xml")
     proc = _cli(str(table), "--kind", "speedup", cwd=tmp_path)
     assert proc.returncode == 0 and (tmp_path / "sweep.speedup.png").exists(), proc.stderr
+    # a Result JSON list, as `perfsim predict --format json` / `perfsim run` write it
+    import json
+
+    results = []
+    for _, row in df[df.bandwidth_bps == 1e8].iterrows():
+        stages = st[st.config_id == row.config_id].drop(columns="config_id")
+        summary = row.drop(labels="config_id").to_dict()
+        results.append({"summary": {k: (None if v != v else v) for k, v in summary.items()},
+                        "stages": stages.to_dict("records"), "microbatches": [], "links": []})
+    (tmp_path / "r.json").write_text(json.dumps(results))
+    summary, stages = plots.load_tables(tmp_path / "r.json")
+    assert len(summary) == 3 and summary.config_id.is_unique and len(stages) == 3 * 4
+    proc = _cli("r.json", "--kind", "breakdown", cwd=tmp_path)
+    assert proc.returncode == 0 and (tmp_path / "r.breakdown.png").exists(), proc.stderr
+    (tmp_path / "bad.json").write_text('{"rows": []}')
+    proc = _cli("bad.json", cwd=tmp_path)
+    assert proc.returncode == 2 and "Result JSON" in proc.stderr
     empty = tmp_path / "empty.csv"
     empty.write_text(",".join(SUMMARY_COLUMNS) + "\n")
     for args, culprit in [((str(table), "--kind", "pie"), "pie"),

@@ -252,7 +252,8 @@ def plot_breakdown(df, stages, title: str | None = None):
         cols_ = list(dict.fromkeys(df[varying[1]]))
         if varying[1] == "bandwidth_bps":
             cols_ = sorted(cols_, reverse=True)
-        fig = Figure(figsize=(3.9 * len(cols_), 2.9 * len(rows) + 0.9), layout="constrained")
+        fig = Figure(figsize=(max(7.0, 3.9 * len(cols_)), 2.9 * len(rows) + 1.1),
+                     layout="constrained")
         grid = fig.subplots(len(rows), len(cols_), squeeze=False, sharey="col")
         cells = [(grid[rows.index(r[varying[0]])][cols_.index(r[varying[1]])], r)
                  for _, r in df.iterrows()]
@@ -261,7 +262,8 @@ def plot_breakdown(df, stages, title: str | None = None):
     else:
         n = len(df)
         ncols = min(n, 4)
-        fig = Figure(figsize=(3.9 * ncols, 2.9 * math.ceil(n / ncols) + 0.9), layout="constrained")
+        fig = Figure(figsize=(max(7.0, 3.9 * ncols), 2.9 * math.ceil(n / ncols) + 1.1),
+                     layout="constrained")
         axes = fig.subplots(math.ceil(n / ncols), ncols, squeeze=False).ravel()
         for ax in axes:
             ax.set_visible(False)
@@ -292,7 +294,9 @@ def plot_breakdown(df, stages, title: str | None = None):
         ax.set_ylabel("time per iteration (s)", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
     handles, labels = cells[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), 3), fontsize=9)
+    per_row = 3 if fig.get_figwidth() >= 11 else 2
+    fig.legend(handles, labels, loc="outside lower center", ncols=min(len(labels), per_row),
+               fontsize=9)
     fig.suptitle(title or _auto_title(df, "breakdown", width=int(fig.get_figwidth() * 11)),
                  fontsize=11)
     return fig
