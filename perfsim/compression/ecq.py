@@ -31,9 +31,10 @@ from typing import Any, Sequence
 
 import torch
 
-from perfsim.compression.base import Payload, check_input, numel_of
-from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, levels_for_bits,
-                                      parse_level_bits, parse_options)
+from perfsim.compression.base import Payload, numel_of
+from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, flat_f32,
+                                      levels_for_bits, parse_level_bits, parse_options)
+from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
@@ -80,27 +81,42 @@ class ECQ(_SeededCompressor):
         return self.q.wire_bytes(numel_of(shape))
 
     def error(self, name: str = "") -> torch.Tensor | None:
-        """The accumulated error ``h`` of tensor ``name`` (None before its first step)."""
-        return self.h.get(name)
+        """A copy of the accumulated error ``h`` of tensor ``name`` (None before its first step)."""
+        h = self.h.get(name)
+        return None if h is None else h.clone()
 
     def compress(self, x: torch.Tensor, *, key=None, name: str = "") -> Payload:
-        """Quantize ``x + alpha h`` (eq. 7) and update ``h`` (eq. 6)."""
-        check_input(x)
-        g = x.detach().reshape(-1).to(torch.float32)
+        """Quantize ``x + alpha h`` (eq. 7) and update ``h`` in place (eq. 6).
+
+        Passes: ``g + alpha h`` (scratch), the quantizer's (norms, scaling,
+        rounding, packing), the decode of ``g~`` into scratch, ``g - g~`` and the
+        update of ``h``; no temporaries of the tensor's size are allocated."""
+        check_float(x)
+        g = flat_f32(x)
+        n = g.numel()
         h = self.h.get(name)
-        if h is None:
-            h = torch.zeros_like(g)
-        elif h.numel() != g.numel():
+        if h is not None and h.numel() != n:
             raise ConfigError(f"{self.spec}: error buffer {name!r} has {h.numel()} elements, got a tensor of "
-                              f"{g.numel()}; pass a distinct name= per gradient tensor")
-        norms, lv = self.q.quantize(g + self.alpha * h, self._next_generator())
-        g_tilde = self.q.dequantize(norms, lv)
-        self.h[name] = self.beta * h + (g - g_tilde)
-        return Payload(self.q.pack(norms, lv), tuple(x.shape), x.dtype, {"name": name})
+                              f"{n}; pass a distinct name= per gradient tensor")
+        t = g
+        if h is not None and self.alpha != 0.0:
+            t = torch.add(g, h, alpha=self.alpha, out=workspace("ecq_t", n, torch.float32, g.device))
+        norms, codes = self.q.encode(t, self._next_key(), self.spec)
+        tensors = self.q.pack(norms, codes)
+        diff = self.q.decode(codes, norms, workspace("ecq_diff", n, torch.float32, g.device))  # g~
+        torch.sub(g, diff, out=diff)  # g - g~
+        if h is None:
+            self.h[name] = diff.clone()  # h_1 = beta * 0 + (g - g~)
+        else:
+            if self.beta != 1.0:
+                h.mul_(self.beta)
+            h.add_(diff)
+        return Payload(tensors, tuple(x.shape), x.dtype, {"name": name})
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
-        norms, lv = self.q.unpack(payload.tensors, numel_of(payload.shape))
-        return self.q.dequantize(norms, lv).reshape(payload.shape).to(payload.dtype)
+        n = numel_of(payload.shape)
+        device = payload.tensors["codes"].device if "codes" in payload.tensors else None
+        return self.q.decompress(payload.tensors, n, device).reshape(payload.shape).to(payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
         """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""

@@ -41,20 +41,27 @@ Wire formats
   NCCL has no bitwise reduction: there (``dp_plan(..., backend="nccl")``) the
   indices go as one uint8 per bucket with a MIN reduction, as in the paper's code.
 
-All tensors may live on any device; the random bits are drawn on the CPU (the
-same bits wherever a worker runs) and moved.
+Hot path (one worker's encode): the norm (one pass), for the multi-scale
+variant ``|v|`` and one compare per extra scale against exact float32
+thresholds (eq. 11), the per-element coefficient ``s*_i / W`` by table lookup,
+then the counter-hash stochastic rounding of :mod:`perfsim.compression.qsgd`
+(random bits from ``(seed, step, rank salt)``, identical on every device) and
+the packing. All tensors may live on any device.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from perfsim.compression.base import (ALLREDUCE, CommStep, Payload, check_input, numel_of,
-                                      sum_dtype_for)
-from perfsim.compression.qsgd import (_SeededCompressor, levels_for_bits, parse_level_bits,
-                                      parse_options, stochastic_round_)
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_input, numel_of, sum_dtype_for
+from perfsim.compression.qsgd import (_SeededCompressor, bucket_norms, bucketwise, check_finite_norms,
+                                      check_float, coefficients, flat_f32, levels_for_bits,
+                                      levels_from_codes, parse_level_bits, parse_options, scale_into,
+                                      stochastic_codes_, unpack_codes)
+from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
@@ -141,44 +148,116 @@ class MaxNormQuantizer(_SeededCompressor):
     # ------------------------------------------------------------ math
     def local_norm(self, x: torch.Tensor) -> torch.Tensor:
         """``||x||_2`` as a 1-element fp32 tensor (the max-allreduce input)."""
-        return torch.linalg.vector_norm(x.detach().reshape(-1).to(torch.float32)).reshape(1)
+        return torch.linalg.vector_norm(flat_f32(x)).reshape(1)
 
-    def _bucket_view(self, flat: torch.Tensor) -> torch.Tensor:
-        nb = self.nbuckets(flat.numel())
-        return torch.nn.functional.pad(flat, (0, nb * self.bucket - flat.numel())).view(nb, self.bucket)
+    def _bucket_amax(self, flat: torch.Tensor) -> torch.Tensor:
+        """``max |v|`` per bucket; for ``bucket=1`` ``|v|`` in a scratch buffer."""
+        n = flat.numel()
+        if self.bucket == 1:
+            return torch.abs(flat, out=workspace("ms_abs", n, torch.float32, flat.device))
+        nfull = n // self.bucket
+        full = nfull * self.bucket
+        out = torch.empty(self.nbuckets(n), dtype=torch.float32, device=flat.device)
+        if nfull:
+            torch.amax(flat[:full].view(nfull, self.bucket).abs(), dim=1, out=out[:nfull])
+        if full < n:
+            out[nfull] = flat[full:].abs().amax()
+        return out
+
+    def thresholds(self, norm) -> list[float]:
+        """Per extra scale ``s_j`` (j >= 1), the largest float32 ``t_j`` with
+        ``fl32(t_j * s_j) <= fl32(W * s_min)``: eq. 11's test ``s_j |v| <= W s_min``
+        evaluated in float32 is exactly ``|v| <= t_j`` (the product is monotone in
+        ``|v|``), one compare per element instead of a multiply and a compare."""
+        limit = np.float32(np.float32(float(norm)) * np.float32(self.s))
+        out = []
+        with np.errstate(over="ignore"):
+            for s_j in self.scales[1:].tolist():
+                if not np.isfinite(limit):
+                    out.append(float("inf"))
+                    continue
+                sj = np.float32(s_j)
+                c = np.float32(limit / sj)
+                while c > 0 and np.float32(c * sj) > limit:
+                    c = np.nextafter(c, np.float32(0))
+                while True:
+                    nxt = np.nextafter(c, np.float32(np.inf))
+                    if not np.float32(nxt * sj) <= limit:
+                        break
+                    c = nxt
+                out.append(float(c))
+        return out
 
     def local_scale_index(self, flat: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
         """Per bucket, the index of the largest scale with ``s * max|v| <= W * s_min`` (eq. 11).
 
-        uint8, in ``[0, N)``; 0 (the smallest scale) always qualifies since ``|v| <= W``."""
-        amax = flat.abs() if self.bucket == 1 else self._bucket_view(flat.abs()).amax(dim=1)
-        limit = float(norm) * self.s
-        index = torch.zeros(amax.shape, dtype=torch.uint8, device=amax.device)
-        for s_j in self.scales[1:].tolist():  # ascending: the conditions are nested
-            index += (amax * s_j <= limit).to(torch.uint8)
+        uint8 (fresh), in ``[0, N)``; 0 (the smallest scale) always qualifies
+        since ``|v| <= W``. The conditions are nested (ascending scales), so the
+        index is the number of scales ``j >= 1`` that pass."""
+        amax = self._bucket_amax(flat_f32(flat))
+        ts = self.thresholds(norm)
+        index = torch.le(amax, ts[0]).view(torch.uint8)
+        for t in ts[1:]:
+            index.add_(torch.le(amax, t))
         return index
 
     def levels_per_element(self, index: torch.Tensor | None, n: int) -> torch.Tensor | float:
+        """``s*_i`` of every element (float32 tensor), or ``s`` for one scale (tests, analysis)."""
         if not self.multiscale:
             return float(self.s)
         per_bucket = self.scales.to(index.device)[index.long()]
         return per_bucket if self.bucket == 1 else per_bucket.repeat_interleave(self.bucket)[:n]
 
-    def encode_levels(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
-                      gen: torch.Generator) -> torch.Tensor:
-        """Signed codes ``zeta`` (integral fp32, ``|zeta| <= s_min``) on the shared norm
-        (and shared scale index): stochastic rounding of ``s*_i |v_i| / W`` (eq. 8, 12)."""
-        w = float(norm)
-        if w == 0.0:
-            return torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-        levels = self.levels_per_element(index, flat.numel())
-        a = flat.abs().mul_(levels / w) if isinstance(levels, float) else flat.abs().mul_(levels).div_(w)
-        # eq. 11 keeps s*|v|/W <= s_min; the clamp only guards float rounding
-        return stochastic_round_(a, gen, float(self.s)).copysign_(flat)
+    def _lookup(self, table: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[i] = table[index[i]]`` for a small float32 table and uint8 indices.
+
+        Two scales (index 0/1): on the float bit patterns, ``b0 + index * (b1 - b0)``
+        in int32 -- exact, and ~3x faster than a gather or ``torch.where`` on a CPU."""
+        if table.numel() == 2:
+            b0, b1 = table.view(torch.int32).tolist()
+            oi = out.view(torch.int32).copy_(index)
+            if b1 != b0:
+                oi.mul_(b1 - b0)
+            if b0:
+                oi.add_(b0)
+            return out
+        idx = workspace("ms_idx", index.numel(), torch.int32, index.device).copy_(index)
+        return torch.index_select(table, 0, idx, out=out)
+
+    def encode_codes(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
+                     key: int) -> torch.Tensor:
+        """Offset codes ``zeta + s_min`` (uint8 in ``[0, 2 s_min]``, fresh) on the shared
+        norm (and shared scale index): stochastic rounding of ``s*_i v_i / W`` (eq. 8, 12);
+        eq. 11 keeps ``|s*_i v_i / W| <= s_min``."""
+        n = flat.numel()
+        w = torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
+        y = workspace("sr_y", n, torch.float32, flat.device)
+        if not self.multiscale:
+            scale_into(y, flat, coefficients(float(self.s), w), max(n, 1))
+        else:
+            table = coefficients(self.scales.to(flat.device).double(), w)  # s_j / W
+            if self.bucket > 1:
+                scale_into(y, flat, table[index.long()], self.bucket)
+            elif float(table.max()) <= float(np.finfo(np.float32).max):
+                coef = self._lookup(table.to(torch.float32), index, workspace("ms_coef", n, torch.float32, flat.device))
+                torch.mul(flat, coef, out=y)
+            else:  # W below ~1e-30: float64 product (never in practice)
+                y.copy_(flat.double() * table[index.long()])
+        return stochastic_codes_(y, self.s, key)
+
+    def _scale_levels_(self, out: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+        """``out <- out * W / s*_i`` in place (float32 levels -> values, eq. 9 / 13)."""
+        if not self.multiscale:
+            return out.mul_(float(norm) / self.s)
+        d = float(norm) / self.scales.to(out.device)  # float32 table W / s_j
+        if self.bucket > 1:
+            return bucketwise(torch.mul, out, d[index.long()], self.bucket, out)
+        return out.mul_(self._lookup(d, index, workspace("ms_coef", out.numel(), torch.float32, out.device)))
 
     def decode_levels(self, lv: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """``W * zeta / s*`` (eq. 9 / 13): works for one worker's codes or for their sum."""
-        return lv.to(torch.float32) * (float(norm) / self.levels_per_element(index, lv.numel()))
+        out = torch.empty(lv.shape, dtype=torch.float32, device=lv.device).copy_(lv)
+        return self._scale_levels_(out, norm, index)
 
     # ------------------------------------------------------------ payload
     def compress(self, x: torch.Tensor, *, key=None, norm: torch.Tensor | float | None = None,
@@ -187,26 +266,32 @@ class MaxNormQuantizer(_SeededCompressor):
         this worker's own norm); ``scale_index`` the shared per-bucket scale indices
         (default: this worker's own). Both must be >= / <= the local values, or the
         codes would not fit: that is a ConfigError."""
-        check_input(x)
-        flat = x.detach().reshape(-1).to(torch.float32)
+        check_float(x)
+        flat = flat_f32(x)
         if flat.numel() == 0:
             return Payload({}, tuple(x.shape), x.dtype)  # empty tensor: nothing on the wire
         local = self.local_norm(flat)
-        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1)
+        check_finite_norms(local, flat, self.spec)  # NaN/Inf anywhere -> the norm is NaN/Inf
+        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
         if not bool(torch.isfinite(w).all()) or float(w) < float(local) * (1 - 1e-6):
             raise ConfigError(f"{self.spec}: shared norm {float(w)} is below this tensor's norm {float(local)}")
         index = None
         tensors = {"norm": w.clone()}
         if self.multiscale:
             own = self.local_scale_index(flat, w)
-            index = own if scale_index is None else scale_index.to(torch.uint8).reshape(-1)
+            index = own if scale_index is None else scale_index.to(torch.uint8).reshape(-1).to(flat.device)
             if index.numel() != own.numel() or bool((index > own).any()):
                 raise ConfigError(f"{self.spec}: shared scale index must have {own.numel()} entries, "
                                   f"each <= this worker's own (scale sharing takes the minimum)")
             tensors["scale_index"] = pack_bits(index, _index_bits(len(self.scale_bits)))
-        lv = self.encode_levels(flat, w, index, self._next_generator())
-        tensors["codes"] = pack_bits((lv + self.s).to(torch.uint8), self.bits)
+        codes = self.encode_codes(flat, w, index, self._next_key())
+        tensors["codes"] = pack_bits(codes, self.bits)
         return Payload(tensors, tuple(x.shape), x.dtype)
+
+    def _payload_index(self, payload: Payload, n: int) -> torch.Tensor | None:
+        if not self.multiscale:
+            return None
+        return unpack_codes(payload.tensors["scale_index"], _index_bits(len(self.scale_bits)), self.nbuckets(n))
 
     def payload_levels(self, payload: Payload) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """(signed int32 codes, shared norm, scale index or None) of a payload."""
@@ -219,48 +304,64 @@ class MaxNormQuantizer(_SeededCompressor):
         return lv, t["norm"], index
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
-        if numel_of(payload.shape) == 0:
+        """``W (c - s_min) / s*``: unpack into a fresh float32 tensor, subtract, scale."""
+        n = numel_of(payload.shape)
+        if n == 0:
             return torch.zeros(payload.shape, dtype=payload.dtype)  # empty
-        lv, w, index = self.payload_levels(payload)
-        return self.decode_levels(lv, w, index).reshape(payload.shape).to(payload.dtype)
+        t = payload.tensors
+        out = torch.empty(n, dtype=torch.float32, device=t["codes"].device)
+        levels_from_codes(unpack_codes(t["codes"], self.bits, n), self.s, out)  # consumes the scratch codes
+        self._scale_levels_(out, t["norm"], self._payload_index(payload, n))
+        return out.reshape(payload.shape).to(payload.dtype)
 
     # ------------------------------------------------------------ data parallel
     def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
+        if len(self.scale_bits) == 2:  # one bit per bucket: the index itself
+            return pack_bits(index.to(torch.uint8), 1)
         j = torch.arange(len(self.scale_bits) - 1, dtype=torch.int32, device=index.device)
         bits = (index.to(torch.int32)[:, None] > j[None, :]).to(torch.uint8).reshape(-1)
         return pack_bits(bits, 1)
 
     def _from_thermometer(self, packed: torch.Tensor, nb: int) -> torch.Tensor:
         k = len(self.scale_bits) - 1
+        if k == 1:
+            return unpack_bits(packed, 1, nb)
         bits = unpack_bits(packed, 1, nb * k).view(nb, k)
         return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
+
+    def _signed_levels(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Codes ``c`` (fresh uint8) -> ``c - s`` in the collective's dtype."""
+        if dtype == torch.int8:  # uint8 arithmetic wraps; |c - s| <= 127 reads back as int8
+            return codes.sub_(self.s).view(torch.int8)
+        return codes.to(dtype).sub_(self.s)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""
         import torch.distributed as dist
 
-        check_input(x)
+        check_float(x)
         world = dist.get_world_size(group)
         self._set_rank_salt(group)
-        flat = x.detach().reshape(-1).to(torch.float32)
+        flat = flat_f32(x)
         if flat.numel() == 0:
             return x.detach().clone()
         w = self.local_norm(flat)
+        check_finite_norms(w, flat, self.spec)
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)  # MaxAllReduce norm
         index = None
         if self.multiscale:  # scale sharing: the minimum index over workers (Alg. 2 line 7)
             own = self.local_scale_index(flat, w)
             if dist.get_backend(group) == "nccl":  # no bitwise reductions in NCCL
-                index = own.clone()
+                index = own
                 dist.all_reduce(index, op=dist.ReduceOp.MIN, group=group)
             else:
                 therm = self._thermometer(own)
                 dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)
                 index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
-        lv = self.encode_levels(flat, w, index, self._next_generator())
-        buf = lv.to(collective_sum_dtype(self.s, world))
+        codes = self.encode_codes(flat, w, index, self._next_key())
+        buf = self._signed_levels(codes, collective_sum_dtype(self.s, world))
         dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        out = self.decode_levels(buf.to(torch.int64), w, index) / world
+        out = self.decode_levels(buf, w, index).div_(world)
         return out.reshape(x.shape).to(x.dtype)
 
 

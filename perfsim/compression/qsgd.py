@@ -21,13 +21,25 @@ of different workers cannot be added; the data-parallel exchange is an
 allgather of the payloads followed by ``M`` decodes (the default
 :meth:`Compressor.allreduce_mean`).
 
-Randomness: stochastic rounding draws from a ``torch.Generator`` seeded with
-``mix(seed, salt, step)`` -- ``salt`` is the data-parallel rank in
-:meth:`allreduce_mean` (independent noise per worker), ``step`` a counter held
-in the state, so a restored run draws the same bits.
+Randomness and the exact float32 recipe (the counter-hash scheme of
+:mod:`perfsim.kernels.rng` / :mod:`perfsim.kernels.quant`, no ``torch.rand``):
+with ``y = s * v_i / ||v||`` (``|y| <= s``) the sent code is
 
-The helpers of this module (:func:`stochastic_round_`, :func:`mix_seed`,
-:func:`parse_options`) are shared by the max-norm, random-k and ECQ compressors.
+    c = floor(clamp(fl(fl(y + kc) + r_i * 2**-16), 0, 2s)),   kc = fl32(s + 1/2 + 2**-17)
+
+with ``r_i`` the signed 16-bit hash of element ``i`` under
+``key = call_key(seed, step, salt)``, so ``u = (r_i + 32768.5) / 65536`` is
+uniform in (0, 1) and ``c - s = floor(y + u)``: ``l + 1`` with probability
+``y - l`` (``l = floor(y)``), unbiased up to the 16-bit resolution of ``u`` and the
+float32 rounding of ``fl(y + kc)`` (below ``2**-15`` of a step). Rounding the
+signed value this way has the same distribution per coordinate as rounding
+``|v_i|`` and restoring the sign (QSGD's ``sign(v_i) xi_i``), and needs neither.
+``salt`` is the data-parallel rank in :meth:`allreduce_mean` (independent noise
+per worker), ``step`` a counter held in the state, so a restored run draws the
+same bits; the bits are a pure function of ``(seed, step, salt, i)`` on every device.
+
+The helpers of this module (:func:`stochastic_codes_`, :func:`bucket_norms`,
+:func:`parse_options`, ...) are shared by the max-norm, random-k and ECQ compressors.
 """
 
 from __future__ import annotations
@@ -35,23 +47,29 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
+from perfsim.kernels._workspace import workspace
+from perfsim.kernels.bitpack import unpack_bits_torch
 from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.rng import call_key, hash_int16_ref
 
 #: bit widths the packer supports that can hold a signed level (1 bit cannot: 2s+1 >= 3)
 LEVEL_BITS = (2, 3, 4, 6, 8)
 _MASK64 = (1 << 64) - 1
+_INV16 = 2.0 ** -16
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def mix_seed(*parts: int) -> int:
     """Deterministic 63-bit seed from integers (splitmix64 finaliser per part).
 
-    Used for counter-based randomness: ``mix_seed(seed, salt, step)``."""
+    Seeds the CPU generator of random-k's shared index draws: ``mix_seed(seed, salt, step)``."""
     h = 0x9E3779B97F4A7C15
     for p in parts:
         h = (h ^ (int(p) & _MASK64)) & _MASK64
@@ -70,18 +88,107 @@ def generator(*parts: int) -> torch.Generator:
     return g
 
 
-def stochastic_round_(x: torch.Tensor, gen: torch.Generator, upper: float) -> torch.Tensor:
-    """In place, unbiased stochastic rounding of ``x >= 0``: ``x <- floor(x + u)``, ``u ~ U[0, 1)``.
+# ------------------------------------------------------------ the hot path
+def check_float(x: torch.Tensor, name: str = "tensor") -> None:
+    """The cheap part of :func:`check_input` (type and dtype). NaN/Inf are caught
+    on the norms instead (:func:`check_finite_norms`): a NaN or Inf anywhere
+    makes the L2 norm of its bucket NaN/Inf, which saves a pass over the data."""
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
 
-    With ``l = floor(x)`` this is ``l + 1`` with probability ``x - l`` and ``l``
-    otherwise (QSGD Sec. 3.1; multiscale paper eq. 8; ECQ eq. 9), so ``E = x``.
-    The result (float, integral values) is clamped to ``upper`` -- a no-op except
-    for float rounding at the top level. Returns ``x``.
-    """
-    # CPU generator on every device: the same bits on CPU and GPU, so results do not
-    # depend on where a worker runs (costs a host-to-device copy on GPUs).
-    u = torch.rand(x.shape, generator=gen, dtype=x.dtype).to(x.device)
-    return x.add_(u).floor_().clamp_(max=upper)
+
+def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
+    """Raise a ConfigError if a norm is NaN/Inf: NaN/Inf input (named by
+    :func:`check_input`), or finite values whose squares overflow float32."""
+    if norms.numel() and not bool(torch.isfinite(norms).all()):
+        check_input(x)
+        raise ConfigError(f"{who}: values too large (the L2 norm overflows float32); refusing to compress")
+
+
+def flat_f32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as a flat contiguous float32 tensor (no copy for contiguous fp32)."""
+    return x.detach().reshape(-1).to(torch.float32).contiguous()
+
+
+def bucketwise(op, src: torch.Tensor, coef: torch.Tensor, bucket: int, out: torch.Tensor) -> torch.Tensor:
+    """``out[i] = op(src[i], coef[i // bucket])`` for flat tensors, without a
+    per-element coefficient (full buckets as a 2-D view, then the short tail)."""
+    n = src.numel()
+    nfull = n // bucket
+    full = nfull * bucket
+    if nfull:
+        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=out[:full].view(nfull, bucket))
+    if full < n:
+        op(src[full:], coef[nfull], out=out[full:])
+    return out
+
+
+def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
+    """L2 norm of every bucket of ``bucket`` consecutive values (the last may be
+    shorter), a fresh float32 tensor; no padded copy of the input."""
+    n = flat.numel()
+    nfull = n // bucket
+    full = nfull * bucket
+    out = torch.empty(-(-n // bucket), dtype=torch.float32, device=flat.device)
+    if nfull:
+        torch.linalg.vector_norm(flat[:full].view(nfull, bucket), dim=1, out=out[:nfull])
+    if full < n:
+        out[nfull] = torch.linalg.vector_norm(flat[full:])
+    return out
+
+
+def round_const(s: int) -> float:
+    """``kc = fl32(s + 1/2 + 2**-17)``: the code offset ``s`` plus the mean of the
+    uniform (exact in float32 for every ``s <= 127``)."""
+    return float(np.float32(s + 0.5 + 2.0 ** -17))
+
+
+def stochastic_codes_(y: torch.Tensor, s: int, key: int) -> torch.Tensor:
+    """Unbiased stochastic rounding of ``y`` (flat float32 scratch holding
+    ``s v / scale``, ``|y| <= s`` up to rounding; consumed in place) to offset
+    codes ``c = s + floor(y + u)`` in ``[0, 2s]``, uint8 (fresh).
+
+    ``E[c - s] = y`` (QSGD Sec. 3.1; multiscale paper eq. 8; ECQ eq. 9): the
+    recipe of the module docstring, in four float passes + two conversions;
+    ``u`` from the counter hash (:func:`perfsim.kernels.rng.hash_int16_ref`).
+    The clamp only guards float rounding at the ends of the grid."""
+    n = y.numel()
+    y.add_(round_const(s))
+    y.add_(hash_int16_ref(n, key, y.device, scratch=True), alpha=_INV16)  # s16 * 2**-16: exact
+    y.clamp_(0, 2 * s)
+    ci = workspace("sr_codes_i32", n, torch.int32, y.device).copy_(y)  # y >= 0: truncation = floor
+    return ci.to(torch.uint8)  # float -> int32 -> uint8 beats float -> uint8 on CPU
+
+
+def coefficients(levels, norms: torch.Tensor) -> torch.Tensor:
+    """``levels / norms`` in float64 (broadcast), 0 where the norm is 0."""
+    return torch.where(norms > 0, levels / norms.double(), 0.0)
+
+
+def scale_into(y: torch.Tensor, flat: torch.Tensor, a64: torch.Tensor, bucket: int) -> torch.Tensor:
+    """``y <- flat * a[i // bucket]`` (float32 out). One float32 pass; a norm
+    below ~1e-36 overflows the float32 coefficient, then (never in practice)
+    the product is formed in float64."""
+    if a64.numel() == 0 or float(a64.max()) <= _F32_MAX:
+        return bucketwise(torch.mul, flat, a64.to(torch.float32), bucket, y)
+    n = flat.numel()
+    per = a64 if a64.numel() == 1 else a64.repeat_interleave(bucket)[:n]
+    return y.copy_(flat.double() * per)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """uint8 codes of a payload: a reused scratch buffer on the CPU (valid until
+    the next unpack), the Triton kernel on CUDA."""
+    if packed.is_cuda:
+        return unpack_bits(packed, bits, n)
+    return unpack_bits_torch(packed, bits, n, scratch=True)
+
+
+def levels_from_codes(codes: torch.Tensor, s: int, out: torch.Tensor) -> torch.Tensor:
+    """``out <- c - s`` as float32 (exact)."""
+    return out.copy_(codes).sub_(s)
 
 
 def levels_for_bits(bits: int) -> int:
@@ -143,37 +250,49 @@ class BucketQuantizer:
             return 0
         return 1 if self.bucket == 0 else -(-n // self.bucket)
 
+    def bucket_of(self, n: int) -> int:
+        return max(n, 1) if self.bucket == 0 else self.bucket
+
     def wire_bytes(self, n: int) -> int:
         """One fp32 norm per bucket + ``n`` packed codes."""
         return 4 * self.nbuckets(n) + packed_nbytes(n, self.bits)
 
-    def _view(self, flat: torch.Tensor) -> torch.Tensor:
+    def encode(self, flat: torch.Tensor, key: int, who: str = "qsgd") -> tuple[torch.Tensor, torch.Tensor]:
+        """(norms fp32 [nb], offset codes uint8 [n] in ``[0, 2s]``) of a flat fp32 vector.
+
+        Passes over the data: the bucket norms, ``y = x * s/||v||``, then
+        :func:`stochastic_codes_`; NaN/Inf are caught on the norms."""
         n = flat.numel()
-        d = n if self.bucket == 0 else self.bucket
-        nb = self.nbuckets(n)
-        return torch.nn.functional.pad(flat, (0, nb * d - n)).view(nb, d)
+        d = self.bucket_of(n)
+        norms = bucket_norms(flat, d)
+        check_finite_norms(norms, flat, who)
+        y = workspace("sr_y", n, torch.float32, flat.device)
+        scale_into(y, flat, coefficients(float(self.s), norms), d)
+        return norms, stochastic_codes_(y, self.s, key)
 
-    def quantize(self, flat: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(norms fp32 [nb], signed levels [n] as integral fp32) of a flat fp32 vector."""
-        n = flat.numel()
-        v = self._view(flat)
-        norms = torch.linalg.vector_norm(v, dim=1)
-        safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-        lv = stochastic_round_(v.abs().mul_((self.s / safe)[:, None]), gen, float(self.s))
-        return norms, lv.copysign_(v).reshape(-1)[:n]
+    def decode(self, codes: torch.Tensor, norms: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out <- (c - s) * (||v|| / s)`` per bucket (float32)."""
+        n = codes.numel()
+        levels_from_codes(codes, self.s, out)
+        return bucketwise(torch.mul, out, norms.to(torch.float32) / self.s, self.bucket_of(n), out)
 
-    def dequantize(self, norms: torch.Tensor, lv: torch.Tensor) -> torch.Tensor:
-        n = lv.numel()
-        v = self._view(lv.to(torch.float32))
-        return (v * (norms[:, None] / self.s)).reshape(-1)[:n]
-
-    def pack(self, norms: torch.Tensor, lv: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes = (lv + self.s).to(torch.uint8)  # offset to [0, 2s]
-        return {"norms": norms.to(torch.float32).contiguous(), "codes": pack_bits(codes, self.bits)}
+    def pack(self, norms: torch.Tensor, codes: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"norms": norms, "codes": pack_bits(codes, self.bits)}
 
     def unpack(self, tensors: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        lv = unpack_bits(tensors["codes"], self.bits, n).to(torch.int32) - self.s
-        return tensors["norms"], lv
+        """(norms, codes); the codes may be a scratch buffer (see :func:`unpack_codes`)."""
+        for k in ("norms", "codes"):
+            if k not in tensors:
+                raise ConfigError(f"payload: missing tensor {k!r}")
+        norms = tensors["norms"]
+        if norms.numel() != self.nbuckets(n):
+            raise ConfigError(f"payload: {norms.numel()} norms, expected {self.nbuckets(n)} for {n} values")
+        return norms, unpack_codes(tensors["codes"], self.bits, n)
+
+    def decompress(self, tensors: dict[str, torch.Tensor], n: int, device) -> torch.Tensor:
+        """Flat float32 values of a payload (a fresh tensor)."""
+        norms, codes = self.unpack(tensors, n)
+        return self.decode(codes, norms, torch.empty(n, dtype=torch.float32, device=device))
 
 
 class _SeededCompressor(Compressor):
@@ -188,10 +307,11 @@ class _SeededCompressor(Compressor):
     _step: int = 0
     _salt: int = 0
 
-    def _next_generator(self, *extra: int) -> torch.Generator:
-        g = generator(self.seed, self._salt, self._step, *extra)
+    def _next_key(self) -> int:
+        """The hash key of this call, ``call_key(seed, step, salt)``; advances the step."""
+        key = call_key(self.seed, self._step, self._salt)
         self._step += 1
-        return g
+        return key
 
     def _set_rank_salt(self, group) -> None:
         import torch.distributed as dist
@@ -249,15 +369,15 @@ class QSGD(_SeededCompressor):
         return self.q.wire_bytes(numel_of(shape))
 
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
-        check_input(x)
-        flat = x.detach().reshape(-1).to(torch.float32)
-        norms, lv = self.q.quantize(flat, self._next_generator())
-        return Payload(self.q.pack(norms, lv), tuple(x.shape), x.dtype)
+        check_float(x)
+        norms, codes = self.q.encode(flat_f32(x), self._next_key(), self.spec)
+        return Payload(self.q.pack(norms, codes), tuple(x.shape), x.dtype)
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
         n = numel_of(payload.shape)
-        norms, lv = self.q.unpack(payload.tensors, n)
-        return self.q.dequantize(norms, lv).reshape(payload.shape).to(payload.dtype)
+        device = payload.tensors["codes"].device if "codes" in payload.tensors else None
+        out = self.q.decompress(payload.tensors, n, device)
+        return out.reshape(payload.shape).to(payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Allgather of the payloads (norms differ per worker), then M decodes."""
