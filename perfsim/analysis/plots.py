@@ -5,12 +5,13 @@ Five kinds, each a function ``DataFrame -> matplotlib Figure``:
 * ``throughput``  throughput vs link bandwidth (log axis), one line per method;
 * ``speedup``     the same divided by the FP32 (uncompressed) throughput at the
                   same bandwidth;
-* ``breakdown``   per-stage compute / communication / encode-decode / DP-sync /
-                  idle time per iteration, stacked, one panel per configuration
-                  (reads the sweep's per-stage table, keyed by ``config_id``);
+* ``breakdown``   per stage, the iteration split into compute / encode-decode /
+                  optimizer / waiting (stacked), with communication and DP-sync
+                  time beside it (they may overlap compute), one panel per
+                  configuration (the sweep's per-stage table, by ``config_id``);
 * ``bubble``      pipeline bubble fraction vs micro-batches per iteration for
                   GPipe and 1F1B, with the closed form (p-1)/(m+p-1) of GPipe
-                  (Huang et al. 2019, seed: AQ-SGD paper Sec. 2), and the peak
+                  (Huang et al. 2019, Sec. 2.3), and the peak
                   number of in-flight micro-batches (the memory side of 1F1B);
 * ``validation``  predicted vs measured scatter (``perfsim validate`` tables),
                   with the y = x line, +-10 % band and the mean absolute
