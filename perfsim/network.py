@@ -47,6 +47,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,13 @@ def _lat(value: Any, where: str) -> float:
     return parse_time(value, what=where)
 
 
+def _fast(value: Any, conv, where: str) -> float:
+    """Plain positive numbers skip the unit parser (large matrices)."""
+    if type(value) in (int, float) and 0 < value < math.inf:
+        return float(value)
+    return conv(value, where)
+
+
 def _matrix(raw: Any, n: int | None, conv, where: str) -> list[list[float]]:
     if not isinstance(raw, list) or not raw or any(not isinstance(r, list) for r in raw):
         raise ConfigError(f"{where}: must be a list of rows")
@@ -137,7 +145,7 @@ def _matrix(raw: Any, n: int | None, conv, where: str) -> list[list[float]]:
     for i, row in enumerate(raw):
         if len(row) != size:
             raise ConfigError(f"{where}: row {i} has {len(row)} entries, expected {size}")
-        out.append([0.0 if i == j else conv(v, f"{where}[{i}][{j}]") for j, v in enumerate(row)])
+        out.append([0.0 if i == j else _fast(v, conv, f"{where}[{i}][{j}]") for j, v in enumerate(row)])
     return out
 
 
@@ -256,6 +264,7 @@ class Network:
         self.system = system
         self.num_devices = int(num_devices)
         self.topology: Topology | None = system.topology
+        self._paths: dict[tuple[int, int], Path_] = {}
         gpn = system.gpus_per_node
         self.num_nodes = -(-self.num_devices // gpn)
         if self.topology is not None and self.topology.nodes < self.num_nodes:
@@ -268,6 +277,13 @@ class Network:
 
     def path(self, src: int, dst: int) -> Path_:
         """Rate, latency and shared resources of the flow ``src -> dst``."""
+        key = (src, dst)
+        p = self._paths.get(key)
+        if p is None:
+            p = self._paths[key] = self._path(src, dst)
+        return p
+
+    def _path(self, src: int, dst: int) -> Path_:
         a, b = self.node(src), self.node(dst)
         sysm = self.system
         if a == b:

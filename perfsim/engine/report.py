@@ -28,13 +28,15 @@ from perfsim.result import Result
 from perfsim.schedules import get_schedule, max_in_flight
 
 
-def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None) -> Result:
+def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None,
+                 weights: dict[int, int] | None = None) -> Result:
     """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
     p, dp = plan.pp, plan.dp
     table = get_schedule(strategy.schedule)(p, plan.num_microbatches)
     inflight = [max_in_flight(row) for row in table]
     T = out.iteration_s
-    scale = dp / len(out.replicas)  # symmetric: one simulated replica stands for all
+    # each simulated replica stands for a class of identical ones
+    weights = weights or {r: 1 for r in out.replicas}
     stages = []
     for (r, s), d in sorted(out.devices.items()):
         sp = plan.stages[s]
@@ -42,13 +44,13 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
             "encode_s": d.codec_s, "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s),
             "dp_sync_s": d.dp_sync_s, "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
-            "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s,
+            "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s, "represents": weights[r],
             "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
             "fwd_s_per_mb": sp.fwd_s, "bwd_s_per_mb": sp.bwd_s,
             "fw_bytes_per_mb": sp.fw_bytes, "bw_bytes_per_mb": sp.bw_bytes,
         })
-    n = len(stages)
-    busy = sum(d.compute_s + d.codec_s for d in out.devices.values())
+    n = sum(st["represents"] for st in stages)
+    busy = sum((d.compute_s + d.codec_s) * weights[r] for (r, _), d in out.devices.items())
     bubble = 1.0 - busy / (n * out.pipeline_s) if out.pipeline_s > 0 else 0.0
     micro = [dict(stage=s, microbatch=mb, fwd_compute_s=c.get("fwd_compute_s", 0.0),
                   fwd_comm_s=c.get("fwd_comm_s", 0.0), bwd_compute_s=c.get("bwd_compute_s", 0.0),
@@ -61,7 +63,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     warm_T = warm.iteration_s if warm is not None else T
     epoch_s = iters * T
     total_s = iters * warm_T + (strategy.epochs - 1) * epoch_s
-    mean = lambda key: sum(st[key] for st in stages) / n  # noqa: E731
+    mean = lambda key: sum(st[key] * st["represents"] for st in stages) / n  # noqa: E731
     topo = system.topology
     summary = {
         "model": workload.model, "bandwidth_bps": system.bandwidth_bps, "latency_s": system.latency_s,
@@ -72,8 +74,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "iteration_s": T, "bubble_fraction": bubble,
         "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "encode_s": mean("encode_s"),
         "idle_s": mean("idle_s"), "dp_sync_s": mean("dp_sync_s"), "optimizer_s": mean("optimizer_s"),
-        "pipeline_bytes": sum(st["fw_bytes_per_mb"] + st["bw_bytes_per_mb"] for st in stages)
-        * plan.num_microbatches * scale,
+        "pipeline_bytes": sum(sp.fw_bytes + sp.bw_bytes for sp in plan.stages) * plan.num_microbatches * dp,
         "dp_bytes": sum(out.dp_bytes_per_rank.values()) * dp,
         "peak_inflight": max(inflight), "epoch_s": epoch_s, "source": "predicted",
         "total_s": total_s, "epochs": strategy.epochs, "iterations_per_epoch": iters,

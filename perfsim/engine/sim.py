@@ -18,14 +18,20 @@ Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
 communication stream, overlapping the rest of the backward. The optimizer
-step follows the last bucket. With symmetric replicas (uniform network) only
-replica 0 is simulated; its collectives take the closed-form volume of the
-full ring (so every replica's NIC carries the same load). With a heterogeneous
-topology every replica is simulated and a collective waits for all members.
+step follows the last bucket.
+
+Replica classes: replicas whose pipelines see identical links behave
+identically, so only one representative per class is simulated
+(:func:`perfsim.engine.replica_classes`; a uniform network has one class). A
+collective still spans the full ring of all ``dp`` members: its rate is the
+slowest ring link's, its per-step delay the largest latency, and it loads the
+NICs of the simulated representatives (each stands for its class) -- so a
+topology with unequal links keeps every distinct path.
 """
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
@@ -75,12 +81,11 @@ class _Connection:
 
 class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
-                 symmetric: bool = True, trace: bool = False):
+                 replicas: list[int] | None = None, trace: bool = False):
         self.plan, self.net = plan, network
         self.table = get_schedule(schedule)(plan.pp, plan.num_microbatches)
         self.warmup = warmup
-        self.replicas = [0] if symmetric or plan.dp == 1 else list(range(plan.dp))
-        self.symmetric = len(self.replicas) < plan.dp
+        self.replicas = sorted(replicas) if replicas is not None else list(range(plan.dp))
         self.want_trace = trace
         self.env = simpy.Environment()
         self.flows = FlowScheduler(self.env, network.capacity)
@@ -94,6 +99,7 @@ class Simulation:
         self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(plan.pp)}
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
+        self._scratch: dict[str, float] = defaultdict(float)
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
@@ -147,7 +153,8 @@ class Simulation:
         now = self.env.now
         dur = now - started
         self.stats[(r, s)].comm_s += dur
-        self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
+        if r == self.replicas[0]:  # the breakdown table reports the first replica
+            self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
         self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                    1000 + s, started, now, {"src": src, "dst": dst})
         self._box(key).succeed()
@@ -162,7 +169,8 @@ class Simulation:
                 last_b = a
         prev = plan.stages[s - 1] if s > 0 else None
         for a in self.table[s]:
-            mb, cell = a.microbatch, self.micro[(r, s, a.microbatch)]
+            mb = a.microbatch
+            cell = self.micro[(r, s, mb)] if r == self.replicas[0] else self._scratch
             if a.kind == FORWARD:
                 if s > 0:
                     yield self._box((r, s, "F", mb))
@@ -226,14 +234,15 @@ class Simulation:
         collectives in ``dp_plan`` order, one communication stream."""
         env, plan = self.env, self.plan
         sp = plan.stages[s]
-        members = [self.dev(r, s) for r in self.replicas]
-        if self.symmetric:  # replica 0 stands for all: its ring neighbour is replica 1
-            ring = [self.net.path(self.dev(0, s), self.dev(1, s))]
-        else:
-            ring = self.net.ring_paths(members)
-        resources = tuple({res for pth in ring for res in pth.resources})
+        members = [self.dev(r, s) for r in range(plan.dp)]
+        ring = self.net.ring_paths(members)
+        simulated = {self.dev(r, s) for r in self.replicas}
+        sim_nodes = {self.net.node(d) for d in simulated}
+        resources = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
         cap = min(pth.bandwidth_bps for pth in ring)
         lat = max(pth.latency_s for pth in ring)
+        edges = [(members[i], members[(i + 1) % len(members)]) for i in range(len(members))
+                 if members[i] in simulated]
         for k, bucket in enumerate(sp.buckets):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
@@ -250,9 +259,7 @@ class Simulation:
                 yield self.flows.transfer(volume, resources, cap)
                 if nsteps and lat > 0:
                     yield env.timeout(nsteps * lat)
-                for i, pth in enumerate(ring):
-                    src = members[i] if not self.symmetric else self.dev(0, s)
-                    dst = members[(i + 1) % len(members)] if not self.symmetric else self.dev(1, s)
+                for src, dst in edges:
                     link = self.links[(src, dst, step.kind)]
                     link[0] += volume
                     link[1] += env.now - start
@@ -273,7 +280,16 @@ class Simulation:
         for s in range(plan.pp):
             if plan.stages[s].buckets:
                 self.env.process(self.stage_sync(s))
-        self.env.run(simpy.AllOf(self.env, procs))
+        # The cyclic GC would rescan the many live generators and events again and
+        # again (3-4x the run time on large topologies); reference counting still
+        # frees them, and the collector runs once afterwards.
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self.env.run(simpy.AllOf(self.env, procs))
+        finally:
+            if was_enabled:
+                gc.enable()
         events = next(self.env._eid)
         devs = self.stats
         return SimOutput(
