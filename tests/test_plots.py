@@ -105,6 +105,9 @@ def test_speedup_figure_and_panels():
     expect = (d["aqsgd:fw3bw6"] / d["fp32"]).sort_index()
     np.testing.assert_allclose(lines["AQ-SGD fw3 bw6"].get_ydata(), expect)
     assert "FP32" in fig.axes[0].get_ylabel()
+    # a time metric gives the same speed-up (baseline time / method time)
+    fig = plots.make_figure("speedup", df, metric="iteration_s")
+    np.testing.assert_allclose(lines_by_label(fig.axes[1])["AQ-SGD fw3 bw6"].get_ydata(), expect)
     with pytest.raises(ConfigError, match="baseline 'topk'"):
         plots.make_figure("speedup", df, baseline="topk")
     # gradient compression varying alone: the method is grad_compress, baseline none
