@@ -30,6 +30,11 @@ JSON or TOML::
                                     # default: unlimited, only pair links limit
     bandwidth_matrix = [["0", "100Mbps", ...], ...]   # optional, n x n
     latency_matrix = [[0, 0.05, ...], ...]            # optional, n x n (seconds or "50ms")
+    # large (geo-distributed) systems: nodes in regions, an R x R matrix
+    # between regions (the diagonal is the rate inside a region)
+    regions = [0, 0, 1, 1]           # region of each node (or {"size": 256}: 256 nodes per region)
+    region_bandwidth = [["10Gbps", "100Mbps"], ["100Mbps", "10Gbps"]]
+    region_latency = [["1ms", "40ms"], ["40ms", "1ms"]]
     [[links]]                        # optional overrides, both directions
     src = 0
     dst = 1
@@ -103,20 +108,55 @@ def collective_time(kind: str, nbytes: float, world_size: int, bandwidth_bps: fl
 
 @dataclass(frozen=True)
 class Topology:
-    """Per-pair rate (bits/s) and latency (s) between nodes; optional NIC rates."""
+    """Rate (bits/s) and latency (s) between nodes; optional NIC rates.
+
+    Without ``region``, ``bandwidth``/``latency`` are node x node matrices. With
+    ``region`` (the region index of every node) they are region x region
+    matrices, the diagonal giving the links inside a region -- so a
+    10,000-node geo-distributed system needs a few numbers, not 10^8.
+    ``overrides`` maps a node pair to its own (rate, latency).
+    """
 
     bandwidth: tuple[tuple[float, ...], ...]
     latency: tuple[tuple[float, ...], ...]
     nic_bps: tuple[float | None, ...] | None = None
     source: str = ""
+    region: tuple[int, ...] | None = None
+    overrides: tuple[tuple[tuple[int, int], tuple[float, float]], ...] = ()
 
     @property
     def nodes(self) -> int:
-        return len(self.bandwidth)
+        return len(self.region) if self.region is not None else len(self.bandwidth)
+
+    def link(self, a: int, b: int) -> tuple[float, float]:
+        """(rate, latency) from node ``a`` to node ``b``."""
+        if self.overrides:
+            o = self._override_map().get((a, b))
+            if o is not None:
+                return o
+        if self.region is not None:
+            a, b = self.region[a], self.region[b]
+        return self.bandwidth[a][b], self.latency[a][b]
+
+    def _override_map(self) -> dict:
+        m = self.__dict__.get("_omap")
+        if m is None:
+            m = dict(self.overrides)
+            object.__setattr__(self, "_omap", m)
+        return m
 
     def is_uniform(self) -> bool:
-        n = self.nodes
-        off = {(self.bandwidth[i][j], self.latency[i][j]) for i in range(n) for j in range(n) if i != j}
+        if self.region is None:
+            n = self.nodes
+            off = {(self.bandwidth[i][j], self.latency[i][j]) for i in range(n) for j in range(n) if i != j}
+        else:
+            sizes: dict[int, int] = {}
+            for r in self.region:
+                sizes[r] = sizes.get(r, 0) + 1
+            used = list(sizes)
+            off = {(self.bandwidth[i][j], self.latency[i][j]) for i in used for j in used
+                   if i != j or sizes[i] > 1}
+        off |= {v for _, v in self.overrides}
         return len(off) <= 1 and (self.nic_bps is None or len(set(self.nic_bps)) <= 1)
 
 
@@ -153,10 +193,13 @@ def topology_from_dict(data: Any, where: str = "topology") -> Topology:
     """Validate a parsed JSON/TOML topology document."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: top level must be a table/object")
-    known = {"nodes", "bandwidth", "latency", "nic_bandwidth", "bandwidth_matrix", "latency_matrix", "links"}
+    known = {"nodes", "bandwidth", "latency", "nic_bandwidth", "bandwidth_matrix", "latency_matrix", "links",
+             "regions", "region_bandwidth", "region_latency"}
     unknown = set(data) - known
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
+    if "regions" in data:
+        return _regional(data, where)
     n = data.get("nodes")
     for key in ("bandwidth_matrix", "latency_matrix"):
         if n is None and key in data and isinstance(data[key], list):
@@ -171,21 +214,35 @@ def topology_from_dict(data: Any, where: str = "topology") -> Topology:
           if "bandwidth_matrix" in data else [[0.0 if i == j else bw_default for j in range(n)] for i in range(n)])
     lat = (_matrix(data["latency_matrix"], n, _lat, f"{where}: latency_matrix")
            if "latency_matrix" in data else [[0.0 if i == j else lat_default for j in range(n)] for i in range(n)])
+    for (a, b), (rate, delay) in _links(data, n, where):
+        if rate is not None:
+            bw[a][b] = rate
+        if delay is not None:
+            lat[a][b] = delay
+    return Topology(tuple(map(tuple, bw)), tuple(map(tuple, lat)), _nic(data, n, where), where)
+
+
+def _links(data, n: int, where: str):
+    """The ``links`` overrides as ((src, dst), (rate or None, latency or None))."""
     links = data.get("links", [])
     if not isinstance(links, list):
         raise ConfigError(f"{where}: 'links' must be a list")
+    out = []
     for k, link in enumerate(links):
         if not isinstance(link, dict) or set(link) - {"src", "dst", "bandwidth", "latency", "symmetric"}:
             raise ConfigError(f"{where}: links[{k}] must have only src, dst, bandwidth, latency, symmetric")
         s, d = link.get("src"), link.get("dst")
         if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in (s, d)) or s == d:
             raise ConfigError(f"{where}: links[{k}] src/dst must be distinct node indices < {n}")
-        pairs = [(s, d)] + ([(d, s)] if link.get("symmetric", True) else [])
-        for a, b in pairs:
-            if "bandwidth" in link:
-                bw[a][b] = _bw(link["bandwidth"], f"{where}: links[{k}].bandwidth")
-            if "latency" in link:
-                lat[a][b] = _lat(link["latency"], f"{where}: links[{k}].latency")
+        rate = _bw(link["bandwidth"], f"{where}: links[{k}].bandwidth") if "bandwidth" in link else None
+        delay = _lat(link["latency"], f"{where}: links[{k}].latency") if "latency" in link else None
+        out.append(((s, d), (rate, delay)))
+        if link.get("symmetric", True):
+            out.append(((d, s), (rate, delay)))
+    return out
+
+
+def _nic(data, n: int, where: str):
     nic = data.get("nic_bandwidth")
     nic_bps = None
     if nic is not None:
@@ -195,7 +252,44 @@ def topology_from_dict(data: Any, where: str = "topology") -> Topology:
             nic_bps = tuple(_bw(v, f"{where}: nic_bandwidth[{i}]") for i, v in enumerate(nic))
         else:
             nic_bps = (_bw(nic, f"{where}: nic_bandwidth"),) * n
-    return Topology(tuple(map(tuple, bw)), tuple(map(tuple, lat)), nic_bps, where)
+    return nic_bps
+
+
+def _regional(data, where: str) -> Topology:
+    """Nodes grouped in regions with region x region rate/latency matrices."""
+    regions = data["regions"]
+    if isinstance(regions, dict):
+        size, n = regions.get("size"), data.get("nodes")
+        if set(regions) != {"size"} or not isinstance(size, int) or size < 1 or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}: regions = {{size = K}} needs an integer size >= 1 and 'nodes'")
+        regions = [i // size for i in range(n)]
+    if (not isinstance(regions, list) or not regions
+            or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in regions)):
+        raise ConfigError(f"{where}: 'regions' must list a region index >= 0 per node")
+    n = len(regions)
+    if data.get("nodes", n) != n:
+        raise ConfigError(f"{where}: nodes={data['nodes']} but 'regions' lists {n}")
+    for key in ("bandwidth_matrix", "latency_matrix"):
+        if key in data:
+            raise ConfigError(f"{where}: {key} cannot be combined with 'regions' (use region_bandwidth)")
+    if "region_bandwidth" not in data:
+        raise ConfigError(f"{where}: 'regions' needs 'region_bandwidth'")
+    R = max(regions) + 1
+
+    def square(raw, conv, name):
+        if not isinstance(raw, list) or len(raw) != R or any(not isinstance(r, list) or len(r) != R for r in raw):
+            raise ConfigError(f"{where}: {name} must be {R} x {R} (one row/column per region)")
+        return tuple(tuple(conv(v, f"{where}: {name}[{i}][{j}]") for j, v in enumerate(row))
+                     for i, row in enumerate(raw))
+
+    bw = square(data["region_bandwidth"], _bw, "region_bandwidth")
+    lat = (square(data["region_latency"], _lat, "region_latency") if "region_latency" in data
+           else tuple((0.0,) * R for _ in range(R)))
+    over = {}
+    for pair, (rate, delay) in _links(data, n, where):
+        base = over.get(pair) or (bw[regions[pair[0]]][regions[pair[1]]], lat[regions[pair[0]]][regions[pair[1]]])
+        over[pair] = (rate if rate is not None else base[0], delay if delay is not None else base[1])
+    return Topology(bw, lat, _nic(data, n, where), where, tuple(regions), tuple(over.items()))
 
 
 def topology_from_csv(text: str, where: str = "topology") -> Topology:
@@ -291,7 +385,7 @@ class Network:
         if self.topology is None:
             bw, lat = sysm.bandwidth_bps, sysm.latency_s
         else:
-            bw, lat = self.topology.bandwidth[a][b], self.topology.latency[a][b]
+            bw, lat = self.topology.link(a, b)
         res = (("tx", a), ("rx", b)) if sysm.nic_sharing else ()
         return Path_(bw, lat, res)
 

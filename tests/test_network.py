@@ -106,3 +106,19 @@ def test_max_min_with_caps():
     ends = _run_flows([("a", 0, 1e6, [("tx", 0)], 2e6), ("b", 0, 1.5e6, [("tx", 0)], 1e12)], lambda r: 8e6)
     assert ends["a"] == pytest.approx(4.0)
     assert ends["b"] == pytest.approx(2.0)
+
+
+def test_regional_topology(tmp_path):
+    f = tmp_path / "geo.toml"
+    f.write_text('nodes = 6\nregions = {size = 3}\n'
+                 'region_bandwidth = [["10Gbps", "100Mbps"], ["100Mbps", "10Gbps"]]\n'
+                 'region_latency = [["1ms", "40ms"], ["40ms", "1ms"]]\n'
+                 '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "50Mbps"\n')
+    topo = load_topology(f)
+    assert topo.nodes == 6 and not topo.is_uniform()
+    assert topo.link(0, 1) == (5e7, 1e-3) and topo.link(1, 0) == (5e7, 1e-3)
+    assert topo.link(1, 2) == (1e10, 1e-3)
+    assert topo.link(2, 3) == pytest.approx((1e8, 0.04))
+    (tmp_path / "bad.json").write_text('{"regions": [0, 1], "region_bandwidth": [["1Gbps"]]}')
+    with pytest.raises(ConfigError, match="2 x 2"):
+        load_topology(tmp_path / "bad.json")
