@@ -166,7 +166,7 @@ def plot_throughput(df, metric: str = "throughput_samples_per_s", title: str | N
                 raise ConfigError(f"speedup: baseline {speedup_over!r} is not in the table "
                                   f"(methods: {', '.join(sorted(df['method'].unique()))})") from None
             data = data.div(base, level="bandwidth_bps")
-            if metric.endswith("_s"):  # a time (iteration_s, epoch_s, total_s): less is faster
+            if metric.endswith("_s") and not metric.endswith("per_s"):  # a time: less is faster
                 data = 1.0 / data
             ax.axhline(1.0, color=method_color(speedup_over), linewidth=0.8, alpha=0.5)
         labels = dict(zip(g["method"], g["method_label"]))
