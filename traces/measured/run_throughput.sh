@@ -9,7 +9,7 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 WORK="${WORK:-/tmp/perfsim-evidence}"
 keep() {
   mkdir -p "$2"
-  cp "$1"/summary.csv "$1"/stages.csv "$1"/microbatches.csv "$1"/links.csv "$1"/losses.csv "$1"/result.json "$2"/
+  cp "$1"/summary.csv "$1"/stages.csv "$1"/result.json "$2"/
 }
 for bw in ${BWS:-1Gbps 300Mbps 100Mbps}; do
   for c in fp32 directq:fw2bw4 aqsgd:fw2bw4 directq:fw4bw8 aqsgd:fw4bw8; do
