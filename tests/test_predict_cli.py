@@ -78,3 +78,21 @@ def test_malformed_files(capsys, tmp_path):
     for flag in ("--topology", "--profile", "--workload"):
         code, _, err = run(capsys, flag, str(bad))
         assert code == 2 and "malformed" in err and err.count("\n") == 1
+
+
+def test_shipped_examples(capsys):
+    code, out, err = run(capsys, "--workload", "traces/example-workload.toml", "--topology",
+                         "traces/example-geo-topology.toml", "--pp", "4", "--dp", "2", "--macro-batch", "8",
+                         "--format", "json")
+    assert code == 0, err
+    s = json.loads(out)[0]["summary"]
+    assert s["model"] == "encoder-24" and s["topology"].endswith("example-geo-topology.toml")
+    assert s["replicas_simulated"] == 2  # the degraded pair makes replica 0 differ
+
+
+def test_installed_default_profile_is_package_data():
+    from perfsim.profile import default_profile_path
+
+    p = default_profile_path()
+    assert p.parent.name == "data" and p.parent.parent.name == "perfsim"
+    assert p.read_text() == (p.parent.parent.parent / "traces" / p.name).read_text()
