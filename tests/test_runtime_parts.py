@@ -73,3 +73,25 @@ def test_data_is_real_and_order_resumable():
     assert len(set(epoch0.tolist())) == 56 * 32  # no repeats within an epoch
     r0, r1 = order.replica_batch(5, 0, 2), order.replica_batch(5, 1, 2)
     assert torch.equal(torch.cat([r0, r1]), order.batch(5))
+
+
+def test_resume_of_another_job_is_refused_before_launch(tmp_path):
+    import json
+
+    import pytest
+
+    from perfsim.errors import ConfigError
+    from perfsim.runtime import checkpoint
+    from perfsim.runtime.api import make_config
+
+    saved = json.loads(make_config(model="digits-mlp", pp=2, out=str(tmp_path)).to_json())
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest.json").write_text(json.dumps(
+        {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "step": 3, "world_size": 2,
+         "config": saved}))
+    make_config(model="digits-mlp", pp=2, resume=str(tmp_path), steps=6)  # same job: fine
+    with pytest.raises(ConfigError, match="compress"):
+        make_config(model="digits-mlp", pp=2, resume=str(tmp_path), compress="fp16")
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        make_config(model="digits-mlp", pp=2, resume=str(tmp_path / "nothing"))
+

@@ -19,6 +19,7 @@ process *is* a rank: it trains in-process, and rank 0 returns the Result
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from typing import Any, Callable
@@ -52,7 +53,10 @@ def make_config(**params: Any):
         params["resume"] = str(params["resume"])
         from perfsim.runtime import checkpoint
 
-        checkpoint.find(params["resume"])  # a clear error before any rank starts
+        _, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
+        cfg = RunConfig.from_dict(params)
+        checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS)
+        return cfg
     return RunConfig.from_dict(params)
 
 
