@@ -120,3 +120,21 @@ def _equal_states(a, b, where) -> int:
         return sum(_equal_states(a[k], b[k], f"{where}.{k}") for k in a)
     assert a == b, where
     return 0
+
+
+def test_under_torchrun(tmp_path):
+    """Across machines the ranks run under torchrun (standard rendezvous): the same
+    command, each process is one rank, rank 0 writes the Result."""
+    import shutil
+
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun not on PATH")
+    out = tmp_path / "tr"
+    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "perfsim", "run",
+                           "--model", "digits-mlp", "--pp", "2", "--steps", "3", "--micro-batch", "4",
+                           "--macro-batch", "16", "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    s = json.loads((out / "result.json").read_text())["summary"]
+    assert s["source"] == "measured" and s["pp"] == 2 and s["steps"] == 3
