@@ -16,8 +16,6 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
     from rich.console import Console
     from rich.table import Table
 
-    import os
-
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
     console = Console(file=file, width=width, no_color=not color, record=file is None,

@@ -157,11 +157,9 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]
             if numel:
                 try:
                     steps = _grad_steps(comp, current, dp)
-                except ConfigError:
-                    raise
-                except Exception as exc:  # a compressor that cannot plan this shape
+                except (ValueError, TypeError, RuntimeError) as exc:  # cannot plan this shape
                     raise ConfigError(f"grad_compress {spec!r}: cannot plan a bucket of {numel} "
-                                      f"elements ({exc})") from None
+                                      f"elements ({exc})") from exc
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
                                       profile.encode_time(spec, 4 * numel),
                                       profile.decode_time(spec, 4 * numel)))
