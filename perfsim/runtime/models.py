@@ -94,7 +94,7 @@ def _init_gpt_layer(module: nn.Module, spec: GPTSpec, gen: torch.Generator) -> N
     for name, p in module.named_parameters():
         if name.endswith("bias"):
             nn.init.zeros_(p)
-        elif name.startswith("ln") or ".ln" in name or name.startswith("ln_f"):
+        elif name.startswith("ln"):  # ln1, ln2, ln_f: LayerNorm weight = 1
             nn.init.ones_(p)
         else:
             std = resid_std if name.split(".")[0] in ("proj", "fc_proj") else 0.02
