@@ -96,3 +96,10 @@ def test_installed_default_profile_is_package_data():
     p = default_profile_path()
     assert p.parent.name == "data" and p.parent.parent.name == "perfsim"
     assert p.read_text() == (p.parent.parent.parent / "traces" / p.name).read_text()
+
+
+def test_table_to_file_keeps_stdout_clean(capsys, tmp_path):
+    out_file = tmp_path / "r.txt"
+    code, out, _ = run(capsys, "--macro-batch", "4", "--output", str(out_file))
+    assert code == 0 and out == ""
+    assert "samples/s" in out_file.read_text() and "per stage" in out_file.read_text()

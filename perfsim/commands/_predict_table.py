@@ -18,8 +18,10 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
 
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
-    console = Console(file=file, width=width, no_color=not color, record=file is None,
-                      force_terminal=False if file is None else None)
+    import io
+
+    console = Console(file=file if file is not None else io.StringIO(), width=width, no_color=not color,
+                      record=file is None, force_terminal=False if file is None else None)
     many = len(results) > 1
     cfg_cols = [("model", "model", str), ("bandwidth", "bandwidth_bps", format_bandwidth),
                 ("latency", "latency_s", lambda x: format_time(x) if x else "0"),
