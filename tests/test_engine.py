@@ -180,3 +180,22 @@ def test_profile_p2p_fit_adds_backend_cost():
     extra = slow.summary["iteration_s"] - base.summary["iteration_s"]
     per_msg = 1e6 * 8 / 1e8 - 1e6 * 8 / 1e10 + 1e-3
     assert extra == pytest.approx(2 * per_msg, rel=1e-6)
+
+
+from hypothesis import given, settings, strategies as hst  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=hst.integers(1, 5), m=hst.integers(1, 9), schedule=hst.sampled_from(["gpipe", "1f1b"]),
+       rate=hst.sampled_from([1e6, 1e8, 1e10]), lat=hst.sampled_from([0.0, 1e-3]))
+def test_iteration_bounds(p, m, schedule, rate, lat):
+    """Communication can only add to the free-communication time, and never more than
+    running every transfer and every compute one after another."""
+    tf, tb, shape = 0.01, 0.02, (2500,)
+    res = simulate(toy(p, tf, tb, shape=shape), Strategy(pp=p, macro_batch=m, schedule=schedule),
+                   System(bandwidth_bps=rate, latency_s=lat), EMPTY)
+    T = res.summary["iteration_s"]
+    msg = 4 * 2500 * 8 / rate + lat
+    assert T >= (m + p - 1) * (tf + tb) * (1 - 1e-12)
+    assert T <= p * m * (tf + tb) + 2 * (p - 1) * m * msg + 1e-9
+    assert 0 <= res.summary["bubble_fraction"] < 1
