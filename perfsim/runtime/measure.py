@@ -19,8 +19,11 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
   receivers measured it (``done - max(sent, posted)``, see
   :mod:`perfsim.runtime.pipeline`; it overlaps compute); ``dp_sync_s``:
   gradient averaging; ``idle_s``: ``iteration - compute - encode - optimizer``
-  (waiting for data, for the gradient sync, or the bubble). Extra columns:
-  ``recv_comm_s`` / ``recv_wait_s`` (transfer / waiting of what it received).
+  (waiting for data, for the gradient sync, or the bubble). ``comm_s`` is a
+  lower bound: bytes that reached the receiver's socket buffer before it posted
+  its receive are not seen; ``comm_upper_s`` (send start to delivery) is the
+  upper bound (it includes a late receiver). Extra columns ``recv_comm_s`` /
+  ``recv_wait_s``: transfer / waiting of what the stage received.
 * summary ``compute_s`` / ``comm_s`` / ``encode_s`` / ``idle_s`` /
   ``dp_sync_s`` / ``optimizer_s``: mean over stage rows;
   ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with busy = compute
@@ -88,14 +91,15 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     iters = [ends[s] - ends[s - 1] if s - 1 in ends else ends[s] - starts[s] for s in steps]
     iteration_s = statistics.median(iters) if iters else float("nan")
 
-    def sent_transfer(rank: int, step: int, mb: int, kind: str) -> float:
-        """Transfer time of what ``rank`` sent, measured by its receiver."""
+    def sent_transfer(rank: int, step: int, mb: int, kind: str, what: str = "comm") -> float:
+        """Transfer time (``what="span"``: send start to delivery) of what ``rank``
+        sent, measured by its receiver."""
         g = by_rank[rank]
         dst = rank + 1 if kind == "fwd" else rank - 1
         r = recs.get((dst, step))
         if r is None or not (0 <= g["stage"] + (1 if kind == "fwd" else -1) < cfg.pp):
             return 0.0
-        return r["micro"][mb][f"{kind}_comm_s"]
+        return r["micro"][mb].get(f"{kind}_{what}_s", 0.0)
 
     stages, micro_rows, links = [], {}, {}
     total_bytes = dp_bytes = overhead = 0.0
@@ -107,6 +111,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         enc = _mean(sum(x["encode_s"] for x in r["micro"]) for r in mine)
         comm = _mean(sum(sent_transfer(rank, r["step"], mb, k) for mb in range(m) for k in ("fwd", "bwd"))
                      for r in mine)
+        comm_upper = _mean(sum(sent_transfer(rank, r["step"], mb, k, "span") for mb in range(m)
+                               for k in ("fwd", "bwd")) for r in mine)
         recv_comm = _mean(sum(x["fwd_comm_s"] + x["bwd_comm_s"] for x in r["micro"]) for r in mine)
         recv_wait = _mean(sum(x["fwd_wait_s"] + x["bwd_wait_s"] for x in r["micro"]) for r in mine)
         dps = _mean(r["dp_sync_s"] for r in mine)
@@ -118,7 +124,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         stages.append({"replica": g["replica"], "stage": stage, "compute_s": comp, "comm_s": comm,
                        "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt),
                        "dp_sync_s": dps, "bytes_sent": sent, "peak_inflight": g["peak_inflight"],
-                       "optimizer_s": opt, "recv_comm_s": recv_comm, "recv_wait_s": recv_wait,
+                       "optimizer_s": opt, "comm_upper_s": comm_upper, "recv_comm_s": recv_comm, "recv_wait_s": recv_wait,
                        "params": g["params"], "layers": f"{g['layers'][0]}-{g['layers'][1]}"})
         for r in mine:
             for mb, x in enumerate(r["micro"]):

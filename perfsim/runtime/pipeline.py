@@ -162,8 +162,10 @@ class MicroRecord:
     bwd_compute_s: float = 0.0
     fwd_comm_s: float = 0.0  # transfer of the incoming activation
     fwd_wait_s: float = 0.0  # blocked before the activation started arriving
+    fwd_span_s: float = 0.0  # sender's send start -> received (upper bound of the transfer)
     bwd_comm_s: float = 0.0
     bwd_wait_s: float = 0.0
+    bwd_span_s: float = 0.0
     encode_s: float = 0.0  # encode + decode on this stage
     bytes_sent: int = 0  # wire bytes (payload bodies)
     overhead_bytes: int = 0  # headers (sizes, dtypes, sample ids, timestamp)
@@ -254,6 +256,7 @@ class StageRunner:
                 raise RuntimeError(f"micro-batch {mb}: received sample ids differ from the schedule's")
             r.fwd_comm_s += info.transfer_s
             r.fwd_wait_s += info.wait_s
+            r.fwd_span_s += max(0.0, info.done - info.sent)
             self._event(rec, f"recv act {mb}", "comm", info.done - info.transfer_s, info.done,
                         bytes=info.body_bytes)
             t0 = self._now()
@@ -297,6 +300,7 @@ class StageRunner:
                 raise RuntimeError(f"micro-batch {mb}: gradient arrived for other sample ids")
             r.bwd_comm_s += info.transfer_s
             r.bwd_wait_s += info.wait_s
+            r.bwd_span_s += max(0.0, info.done - info.sent)
             self._event(rec, f"recv grad {mb}", "comm", info.done - info.transfer_s, info.done,
                         bytes=info.body_bytes)
             t0 = self._now()
