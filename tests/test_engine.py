@@ -169,19 +169,6 @@ def test_replica_classes_match_full_simulation():
         assert grouped.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
 
 
-def test_profile_p2p_fit_adds_backend_cost():
-    """A calibrated p2p fit adds its per-message alpha and caps the rate at 8/beta."""
-    prof = Profile()
-    prof.add(op="fit_p2p", name="gloo", alpha_s=1e-3, beta_s_per_byte=8 / 1e8)  # 100 Mbit/s backend
-    wl = toy(2, 1e-6, 1e-6, shape=(250_000,))  # 1 MB messages
-    st = Strategy(pp=2, macro_batch=1)
-    base = simulate(wl, st, System(bandwidth_bps=1e10), EMPTY)
-    slow = simulate(wl, st, System(bandwidth_bps=1e10), prof)
-    extra = slow.summary["iteration_s"] - base.summary["iteration_s"]
-    per_msg = 1e6 * 8 / 1e8 - 1e6 * 8 / 1e10 + 1e-3
-    assert extra == pytest.approx(2 * per_msg, rel=1e-6)
-
-
 from hypothesis import given, settings, strategies as hst  # noqa: E402
 
 

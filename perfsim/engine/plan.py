@@ -68,10 +68,6 @@ class Plan:
     bw_spec: str
     has_warmup: bool
     overlap: bool = True
-    #: per-message software overhead of a p2p send (profile's p2p alpha), seconds
-    p2p_overhead_s: float = 0.0
-    #: the backend's own p2p rate limit (profile's 8 / beta), bits/s
-    p2p_rate_bps: float = float("inf")
 
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
@@ -128,17 +124,13 @@ def build_plan(workload, strategy, profile) -> Plan:
         opt = profile.optimizer_time(4 * st.params) if profile is not None else None
         st.optimizer_s = opt if opt is not None else 28 * st.params / FALLBACK_MEMORY_BPS
         stages.append(st)
-    plan = Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
+    # The link itself (rate, latency) is the System's: a profile's p2p/collective
+    # fits are per emulated rate, and perfsim validate turns them into the System
+    # it passes (perfsim.analysis.validate.link_from_profile), so they are not
+    # applied a second time here.
+    return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
                 strategy.overlap_grad_sync)
-    # A measured p2p alpha-beta fit (perfsim calibrate) describes the backend:
-    # a fixed cost per message and a rate it cannot exceed even on a fast wire;
-    # the wire itself stays the System's (Hockney model, profile.py).
-    fit = profile.collective_fit("p2p") if profile is not None else None
-    if fit is not None:
-        plan.p2p_overhead_s = fit.alpha_s
-        plan.p2p_rate_bps = fit.bandwidth_bps
-    return plan
 
 
 def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]:

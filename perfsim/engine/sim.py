@@ -143,12 +143,11 @@ class Simulation:
             link[1] += end - start
             st = self.stats[(r, s)]
             st.bytes_sent += nbytes
-            deliver = env.timeout(path.latency_s + self.plan.p2p_overhead_s)
+            deliver = env.timeout(path.latency_s)
             deliver.callbacks.append(lambda _e: self._delivered(key, start, mb, kind, r, s, src, dst))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
-        self.flows.transfer(nbytes, path.resources, min(path.bandwidth_bps, self.plan.p2p_rate_bps),
-                            stats=finished)
+        self.flows.transfer(nbytes, path.resources, path.bandwidth_bps, stats=finished)
 
     def _delivered(self, key, started, mb, kind, r, s, src, dst):
         now = self.env.now
