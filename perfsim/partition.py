@@ -7,15 +7,16 @@ One function shared by the simulator (``perfsim predict``) and the runtime
 A model is the layer list of :mod:`perfsim.models.specs`. A partition splits it
 into ``num_stages`` non-empty contiguous ranges ``[start, end)``. The default
 balances *parameters* (the classic linear-partition problem: minimise the
-largest stage weight, solved exactly by dynamic programming); ties are broken
-towards equal layer counts, then towards earlier cuts, so the answer is
-deterministic. ``by="layers"`` balances the layer count, ``by="flops"`` the
+largest stage weight; binary search over the candidate bounds with a greedy
+fill, exact for contiguous partitions; ties: earlier stages take more), so the
+answer is deterministic. The simulator calls :func:`partition_weights` with
+per-layer fwd+bwd compute times instead of parameters; an explicit list of layer
+counts per stage overrides both. ``by="layers"`` balances the layer count, ``by="flops"`` the
 forward FLOPs.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Sequence
 
 from perfsim.errors import ConfigError
@@ -34,39 +35,65 @@ def layer_weights(layers: Sequence, by: str = "params") -> list[float]:
     return [float(layer.flops_fwd) for layer in layers]
 
 
-def partition_weights(weights: Sequence[float], num_stages: int) -> list[tuple[int, int]]:
-    """Split ``weights`` into ``num_stages`` non-empty contiguous ranges minimising
-    the heaviest range (linear partition, exact DP, O(n^2 p)).
+def partition_weights(costs: Sequence[float], num_stages: int,
+                      explicit: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` layer ranges, one per stage.
 
-    Tie-break: among optimal splits, the one whose largest layer count is smallest,
-    then the lexicographically earliest cut positions.
-    """
-    n = len(weights)
+    ``explicit`` gives layer counts per stage (must have ``num_stages`` entries
+    >= 1 summing to the layer count). Otherwise the slowest stage's cost is
+    minimised (ties: earlier stages take more)."""
+    n = len(costs)
     if not isinstance(num_stages, int) or num_stages < 1:
         raise ConfigError(f"pp={num_stages!r}: must be an integer >= 1")
     if num_stages > n:
-        raise ConfigError(f"pp={num_stages}: the model has only {n} partitionable layers")
+        raise ConfigError(f"pp={num_stages}: the model has only {n} layers, cannot fill {num_stages} stages")
+    if explicit is not None:
+        if len(explicit) != num_stages or any(c < 1 for c in explicit) or sum(explicit) != n:
+            raise ConfigError(f"partition {','.join(map(str, explicit))}: does not fit {num_stages} stages "
+                              f"of >= 1 layer covering {n} layers")
+        bounds, start = [], 0
+        for c in explicit:
+            bounds.append((start, start + c))
+            start += c
+        return bounds
+
+    def fill(limit: float) -> list[tuple[int, int]] | None:
+        bounds, start = [], 0
+        for s in range(num_stages):
+            left = num_stages - s - 1
+            end, acc = start, 0.0
+            while end < n - left and (end == start or acc + costs[end] <= limit * (1 + 1e-12)):
+                acc += costs[end]
+                end += 1
+            if acc > limit * (1 + 1e-12):
+                return None
+            bounds.append((start, end))
+            start = end
+        return bounds if start == n else None
+
+    # candidate bounds: every contiguous sum is a possible optimum; binary search over them
     prefix = [0.0]
-    for w in weights:
-        prefix.append(prefix[-1] + float(w))
-
-    @lru_cache(maxsize=None)
-    def best(start: int, stages: int) -> tuple[float, int, tuple[int, ...]]:
-        # returns (max weight, max layer count, cuts) for layers[start:] in `stages` ranges
-        if stages == 1:
-            return prefix[n] - prefix[start], n - start, ()
-        out = None
-        for end in range(start + 1, n - stages + 2):
-            w_here = prefix[end] - prefix[start]
-            w_rest, c_rest, cuts = best(end, stages - 1)
-            cand = (max(w_here, w_rest), max(end - start, c_rest), (end,) + cuts)
-            if out is None or cand < out:
-                out = cand
-        return out
-
-    _, _, cuts = best(0, num_stages)
-    bounds = (0,) + cuts + (n,)
-    return [(bounds[i], bounds[i + 1]) for i in range(num_stages)]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    lo_val = max(costs) if costs else 0.0
+    cands = sorted({prefix[j] - prefix[i] for i in range(n) for j in range(i + 1, n + 1)
+                    if prefix[j] - prefix[i] >= lo_val} | {lo_val}) if n <= 400 else None
+    if cands is not None:
+        lo, hi = 0, len(cands) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if fill(cands[mid]) is not None:
+                hi = mid
+            else:
+                lo = mid + 1
+        best = fill(cands[lo])
+    else:  # very deep models: bisection on the value
+        lo, hi = lo_val, prefix[-1]
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if fill(mid) is not None else (mid, hi)
+        best = fill(hi)
+    return best
 
 
 def partition(layers: Sequence, num_stages: int, by: str = "params") -> list[tuple[int, int]]:
