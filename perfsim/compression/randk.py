@@ -23,6 +23,7 @@ estimator unbiased (``E = g``) at the price of ``n/K`` times the variance.
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -34,6 +35,32 @@ from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
 _INDEX_SALT = 0x52414E444B  # "RANDK": keeps index draws apart from rounding draws
+
+
+_UNSEEN = 2**31 - 1
+_TLS = threading.local()  # per-thread first-occurrence tables, {n: int32 tensor}
+
+
+def first_occurrences(draws: torch.Tensor, n: int) -> torch.Tensor:
+    """The distinct values of ``draws`` (int64 in ``[0, n)``) in order of first occurrence.
+
+    A scatter-min of the draw positions into an ``n``-entry int32 table marks
+    each value's first position; the table is kept (all ``_UNSEEN``) between
+    calls and only the drawn entries are reset, so a call costs O(len(draws))."""
+    if draws.numel() >= _UNSEEN:
+        raise ConfigError(f"{draws.numel()} random draws: too many")
+    tables = _TLS.__dict__.setdefault("first", {})
+    first = tables.get(n)
+    if first is None:
+        if len(tables) >= 2:
+            tables.pop(next(iter(tables)))
+        first = tables[n] = torch.full((n,), _UNSEEN, dtype=torch.int32)
+    pos = torch.arange(draws.numel(), dtype=torch.int32)
+    try:
+        first.scatter_reduce_(0, draws, pos, "amin")
+        return draws[first[draws] == pos]
+    finally:
+        first.index_fill_(0, draws, _UNSEEN)
 
 
 def parse_fraction(text: str) -> float:
@@ -64,10 +91,13 @@ class _GlobalRandK(Compressor):
         distinct indices, every K-subset equally likely.
 
         Drawn on the CPU from ``(seed, step)`` only, so identical on every worker
-        and device. For small ``K`` we draw with replacement until ``K`` distinct
-        values are seen and keep a random ``K`` of them (the procedure is invariant
-        under relabelling the coordinates, hence uniform over K-subsets) -- O(K)
-        instead of a full ``randperm(n)``. The last result is cached for decode."""
+        and device. For small ``K`` we draw with replacement and keep the first
+        ``K`` *distinct* values in order of first occurrence -- sequential
+        sampling with replacement that skips repeats is sampling without
+        replacement, so this is a uniform random ordered K-sample. Duplicates are
+        found with a scatter-min of draw positions (O(draws), no sort: a sort of
+        the ~1.25 K draws cost ~0.8 ms for K = 16 k). Large ``K`` (``4K >= n``)
+        use ``randperm(n)``. The last result is cached for decode."""
         step = self._step if step is None else step
         k = self.k_of(n)
         cached = self._cache
@@ -77,11 +107,13 @@ class _GlobalRandK(Compressor):
         if 4 * k >= n:
             idx = torch.randperm(n, generator=g)[:k]
         else:
-            seen = torch.empty(0, dtype=torch.int64)
-            while seen.numel() < k:
-                draw = torch.randint(n, (k + k // 4 + 16,), generator=g)
-                seen = torch.unique(torch.cat([seen, draw]))
-            idx = seen[torch.randperm(seen.numel(), generator=g)[:k]]
+            draws = torch.empty(0, dtype=torch.int64)
+            while True:
+                draws = torch.cat([draws, torch.randint(n, (k + k // 4 + 16,), generator=g)])
+                distinct = first_occurrences(draws, n)
+                if distinct.numel() >= k:
+                    idx = distinct[:k]
+                    break
         self._cache = ((n, step), idx)
         return idx
 
