@@ -111,3 +111,14 @@ def test_bad_input():
     z = torch.zeros(6)
     assert torch.equal(c.decompress(c.compress(z, name="z")), z)
     assert torch.equal(c.error("z"), z)
+
+
+def test_error_is_a_snapshot_and_h_updates_in_place():
+    """h is updated in place (no new buffer per step); error() hands out copies."""
+    c = make_compressor("ecq:3:alpha=0.2:beta=0.5:bucket=64", seed=2)
+    c.compress(torch.randn(200))
+    h_live = c.h[""]
+    snap = c.error()
+    c.compress(torch.randn(200))
+    assert c.h[""] is h_live  # same buffer
+    assert not torch.equal(c.error(), snap)  # the snapshot did not move with it

@@ -312,3 +312,86 @@ def test_property_wire_size_and_compressed_sum(shape, spec, workers, scale):
     dec = cc.decode_levels(total.to(torch.int64), w, index)
     ref = torch.stack([cc.decompress(q).reshape(-1) for q in payloads]).sum(0)
     torch.testing.assert_close(dec, ref, rtol=1e-5, atol=1e-6 * float(w))
+
+
+def test_thresholds_reproduce_eq_11_in_float32_exactly():
+    """|v| <= t_j is exactly the float32 test fl(|v| * s_j) <= fl(W * s_min), also at the
+    float32 neighbours of every threshold."""
+    import numpy as np
+
+    c = make_compressor("qsgd-maxnorm-multiscale:3:5,7,12")
+    for w in (1.0, 0.3, 123.456, 1e-20, 7e33):
+        ts = c.thresholds(torch.tensor(w))
+        limit = np.float32(np.float32(w) * np.float32(c.s))
+        for t, s_j in zip(ts, c.scales[1:].tolist()):
+            t32 = np.float32(t)
+            near = [t32, np.nextafter(t32, np.float32(0)), np.nextafter(t32, np.float32(np.inf))]
+            for v in near + [np.float32(w) * np.float32(r) for r in (0.01, 0.3, 1.0)]:
+                direct = bool(np.float32(np.float32(v) * np.float32(s_j)) <= limit)
+                assert (np.float32(v) <= t32) == direct, (w, s_j, v)
+    # and the index agrees with the old direct formula on random data
+    x = torch.randn(5000) * torch.rand(5000) ** 4
+    w = x.norm()
+    old = torch.zeros(5000, dtype=torch.uint8)
+    for s_j in c.scales[1:].tolist():
+        old += (x.abs() * s_j <= float(w) * c.s).to(torch.uint8)
+    assert torch.equal(c.local_scale_index(x, w), old)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1001])
+def test_index_bits_and_lookups_are_exact(n):
+    """The numpy 1-bit index packing equals the reference format; the two-entry table
+    lookups (fused add or int32 bit patterns) equal a gather, for uint8 and float indices."""
+    from perfsim.compression.maxnorm import pack_index_bits, unpack_index_bits
+    from perfsim.kernels.packing import pack_bits_ref
+
+    idx = torch.randint(0, 2, (n,), dtype=torch.uint8)
+    packed = pack_index_bits(idx, 1)
+    assert torch.equal(packed, pack_bits_ref(idx, 1))
+    assert torch.equal(pack_index_bits(idx.float(), 1), packed)
+    assert torch.equal(unpack_index_bits(packed, 1, n), idx)
+    c = make_compressor("qsgd-maxnorm-multiscale:4:8")
+    for w in (182.87, 0.3, 1e-3, 5e4, 0.0):
+        for table in (w / c.scales, (c.scales.double() / max(w, 1e-30)).float()):
+            for index in (idx, idx.float()):
+                out = torch.empty(n)
+                assert torch.equal(c._lookup(table, index, out), table[idx.long()]), (w, index.dtype)
+
+
+def test_tiny_shared_norm_uses_the_float64_path():
+    """A shared norm so small that s*/W overflows float32 still encodes (no NaN/Inf)."""
+    c = make_compressor("qsgd-maxnorm-multiscale:4:8", seed=1)
+    x = torch.tensor([0.0, 1e-38, -5e-39])
+    w = torch.tensor(2e-38)  # local norm underflows to 0 in float32; the shared one is larger
+    y = c.decompress(c.compress(x, norm=w))
+    assert bool(torch.isfinite(y).all())
+    assert ((y - x).abs() <= float(w) / 7 + 1e-45).all()
+
+
+def test_shared_index_validation_is_elementwise():
+    c = make_compressor("qsgd-maxnorm-multiscale:2:6")
+    x = torch.randn(300)
+    own = c.local_scale_index(x, x.norm())
+    assert bool((own == 1).any()) and bool((own == 0).any())
+    lower = own.clone()
+    lower[own == 1] = 0  # always allowed: a smaller (coarser) scale
+    c.compress(x, scale_index=lower)
+    higher = own.clone()
+    higher[int((own == 0).nonzero()[0])] = 1  # one entry above this worker's own
+    with pytest.raises(ConfigError, match="scale index"):
+        c.compress(x, scale_index=higher)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_payload_bytes_equal_cpu():  # pragma: no cover - needs a GPU
+    """Given the same shared norm the rounding bits and the float32 arithmetic are the
+    same on every device, so the payload bytes are too."""
+    x = torch.randn(4, 1000)
+    for spec in ("qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4:8", "qsgd-maxnorm-multiscale:2:4,6,8"):
+        cpu, gpu = make_compressor(spec, seed=3), make_compressor(spec, seed=3)
+        w = 1.01 * x.norm()
+        pc, pg = cpu.compress(x, norm=w), gpu.compress(x.cuda(), norm=w.cuda())
+        for k in pc.tensors:
+            assert torch.equal(pc.tensors[k], pg.tensors[k].cpu()), (spec, k)
+        torch.testing.assert_close(gpu.decompress(pg).cpu(), cpu.decompress(pc))

@@ -116,3 +116,56 @@ def test_not_allreduce_compatible_plan():
     c = make_compressor("qsgd:4")
     plan = c.dp_plan((1000,), 8)
     assert [s.kind for s in plan] == ["allgather"] and plan[0].nbytes == c.wire_bytes((1000,))
+
+
+def test_codes_follow_the_documented_counter_hash_recipe():
+    """The sent codes are exactly the module docstring's recipe on the kernels'
+    counter hash: c = floor(clamp(fl(fl(y + kc) + r_i 2**-16), 0, 2s)), y = x * fl32(s/||v||),
+    key = call_key(seed, step, salt) -- recomputed here element by element in numpy."""
+    import numpy as np
+
+    from perfsim.kernels.packing import unpack_bits_ref
+    from perfsim.kernels.rng import call_key, hash_int16_ref
+
+    x = torch.randn(1000)
+    for salt in (0, 3):
+        c = make_compressor("qsgd:4:bucket=300", seed=11)
+        c._salt = salt
+        c.compress(x)  # step 0
+        p = c.compress(x)  # step 1
+        got = unpack_bits_ref(p.tensors["codes"], 4, 1000).numpy().astype(np.int64)
+        r = hash_int16_ref(1000, call_key(11, 1, salt)).numpy().astype(np.float32)
+        xs = x.numpy()
+        kc = np.float32(7 + 0.5 + 2.0 ** -17)
+        want = np.empty(1000, dtype=np.int64)
+        for b in range(0, 1000, 300):
+            v = xs[b:b + 300]
+            norm = p.tensors["norms"][b // 300].item()
+            assert norm == pytest.approx(float(np.linalg.norm(v.astype(np.float64))), rel=1e-5)
+            a = np.float32(7 / np.float64(np.float32(norm)))
+            y = (v * a).astype(np.float32)
+            y = (y + kc).astype(np.float32)
+            y = (y + r[b:b + 300] * np.float32(2.0 ** -16)).astype(np.float32)
+            want[b:b + 300] = np.floor(np.clip(y, 0, 14))
+        assert np.array_equal(got, want), salt
+
+
+def test_rounding_noise_is_a_function_of_seed_step_and_salt():
+    x = torch.randn(2000)
+    a, b = make_compressor("qsgd:3", seed=5), make_compressor("qsgd:3", seed=5)
+    assert torch.equal(a.compress(x).tensors["codes"], b.compress(x).tensors["codes"])  # same (seed, step)
+    b._salt = 2  # another rank
+    pa, pb = a.compress(x), b.compress(x)
+    assert not torch.equal(pa.tensors["codes"], pb.tensors["codes"])
+    assert torch.equal(pa.tensors["norms"], pb.tensors["norms"])  # only the noise differs
+
+
+def test_overflowing_norm_is_a_clear_error():
+    """Finite values whose squares overflow float32 make the L2 norm Inf: refused with a
+    ConfigError (NaN/Inf themselves are detected on the bucket norms, named as such)."""
+    c = make_compressor("qsgd:4")
+    with pytest.raises(ConfigError, match="too large"):
+        c.compress(torch.full((10,), 3e30))
+    with pytest.raises(ConfigError, match="NaN or Inf"):
+        c.compress(torch.tensor([1.0] * 600 + [float("nan")]))  # in the second bucket
+

@@ -127,3 +127,29 @@ def test_small_k_indices_are_uniform_and_distinct():
     y0 = c.decompress(p0)
     assert set(y0.nonzero().reshape(-1).tolist()) <= set(idx0.tolist())
     assert ((y0[idx0] - x0[idx0]).abs() <= x0[idx0].norm() / c.inner.s + 1e-6).all()
+
+
+def test_first_occurrences_matches_python_and_resets():
+    from perfsim.compression.randk import first_occurrences
+
+    g = torch.Generator().manual_seed(0)
+    for n, m in ((10, 40), (1000, 300), (7, 7)):
+        for _ in range(3):  # the kept table must be clean again after every call
+            draws = torch.randint(n, (m,), generator=g)
+            seen, want = set(), []
+            for v in draws.tolist():
+                if v not in seen:
+                    seen.add(v)
+                    want.append(v)
+            assert first_occurrences(draws, n).tolist() == want
+
+
+def test_indices_deterministic_and_large_k_path():
+    c = make_compressor("randk-maxnorm:0.3:4", seed=5)  # 4k >= n: randperm path
+    d = make_compressor("randk-maxnorm:0.3:4", seed=5)
+    a, b = c.indices(1000, 7), d.indices(1000, 7)
+    assert torch.equal(a, b) and a.unique().numel() == 300
+    e = make_compressor("randk-maxnorm:0.01:4", seed=5)  # first-occurrence path
+    i1 = e.indices(100000, 3)
+    e._cache = None
+    assert torch.equal(e.indices(100000, 3), i1) and i1.unique().numel() == 1000
