@@ -152,13 +152,15 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     st = attach(ours, "powersgd:1:start=2")
     theirs.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=1,
                                             start_powerSGD_iter=2, random_seed=0), powerSGD_hook)
+    stage, stage_sync = _mlp(), GradSync("powersgd:1:start=2")   # pipeline-stage path
     psgd = []
     for step in range(4):
         x, y = _batch(rank, step)
-        for m in (ours, theirs):
+        for m in (ours, theirs, stage):
             m.zero_grad()
             loss_fn(m(x), y).backward()
-        psgd.append((_grads(ours.module), _grads(theirs.module), st.pop_stats()))
+        sync_gradients(stage.named_parameters(), stage_sync)
+        psgd.append((_grads(ours.module), _grads(theirs.module), st.pop_stats(), _grads(stage)))
     saved = _roundtrip(st.state_dict())
     again = GradSync("powersgd:1:start=2")
     again.load_state_dict(saved)
@@ -296,8 +298,10 @@ def test_powersgd_is_torch_hook(dp_results):
     _, ranks = dp_results
     for r in range(WORLD):
         res = ranks[r]["powersgd"]
-        for step, (ours, theirs, stats) in enumerate(res["steps"]):
+        for step, (ours, theirs, stats, stage) in enumerate(res["steps"]):
             assert _same(ours, theirs), f"powersgd step {step} rank {r}"
+            torch.testing.assert_close(stage, ours, rtol=1e-5, atol=1e-7,
+                                       msg=f"powersgd sync_gradients step {step} rank {r}")
             assert stats["bytes"] == (2410 * 4 if step < 2 else stats["bytes"])
         assert res["steps"][3][2]["bytes"] < 2410 * 4  # rank-1 factors once compressing
         assert res["iter"] == 4 and res["errors"] == [0]
