@@ -94,6 +94,8 @@ def test_rows_errors_table_csv_and_plot(tmp_path):
     assert s["rows"] == 2 and s["rows_over_10pct"] == 0 and s["mape_pct"] == pytest.approx(100 * (1 - 1 / 1.1) / 2)
     text = v.format_table(df)
     assert "100Mbps" in text and "MAPE" in text
+    md = v.markdown_table(df)
+    assert md.count("\n| 100Mbps |") == 2 and "MAPE" in md
     csv = v.write_csv(df, tmp_path / "validation.csv")
     assert pd.read_csv(csv).shape[0] == 2
     png = v.plot(df, tmp_path / "validation.png")

@@ -260,6 +260,25 @@ def format_table(df) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(df) -> str:
+    """The comparison as a markdown table (for notes and the README)."""
+    lines = ["| bandwidth | compress | grad | predicted samples/s | measured samples/s | error % "
+             "| predicted iteration ms | measured iteration ms |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for _, r in df.iterrows():
+        bw = r["bandwidth_bps"]
+        bw = format_bandwidth(bw) if bw is not None and bw == bw else "loopback"
+        lines.append(f"| {bw} | {r['compress']} | {r['grad_compress']} | "
+                     f"{r['predicted_throughput_samples_per_s']:.1f} | {r['measured_throughput_samples_per_s']:.1f} | "
+                     f"{r['error_throughput_samples_per_s_pct']:+.1f} | {1e3 * r['predicted_iteration_s']:.2f} | "
+                     f"{1e3 * r['measured_iteration_s']:.2f} |")
+    s = summarize(df)
+    lines.append("")
+    lines.append(f"Throughput MAPE {s['mape_pct']:.1f} %, worst row {s['worst_pct']:.1f} %, "
+                 f"{s['rows_over_10pct']} of {s['rows']} rows above 10 %.")
+    return "\n".join(lines)
+
+
 def plot(df, path, title: str | None = None) -> Path:
     """Predicted-vs-measured figure (PNG) via perfsim.analysis.plots when present."""
     import matplotlib

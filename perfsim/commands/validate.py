@@ -113,6 +113,7 @@ def run(args) -> int:
                "steps": args.steps, "dataset_limit": limit,
                "load_average": __import__("os").getloadavg()}
     atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
+    atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
     print(f"wrote {csv}", end="")
     if not args.no_plot:
         png = v.plot(df, f"{out}/validation.png",
