@@ -73,6 +73,10 @@ class ValidationPlan:
     out: str = "traces/validation/run"
     seed: int = 0
     extra_run: dict[str, Any] = field(default_factory=dict)
+    #: strategy facts of execute mode the simulator must be told: the runtime
+    #: averages gradients after the whole step (perfsim/runtime/worker.py calls
+    #: sync_gradients after run_step), so no overlap with the backward pass
+    extra_predict: dict[str, Any] = field(default_factory=lambda: {"overlap": False})
 
     def __post_init__(self):
         if self.link_model not in LINK_MODELS:
@@ -196,7 +200,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     wall = time.perf_counter() - t0
     link = link_from_profile(profile, bw, plan.latency_s, dp_only=dp_only, link_model=plan.link_model)
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
-                       profile=profile, bandwidth=link.bandwidth_bps, latency=link.latency_s)
+                       profile=profile, bandwidth=link.bandwidth_bps, latency=link.latency_s,
+                       **plan.extra_predict)
     if plan.dataset_limit:
         pred_params["dataset_samples"] = plan.dataset_limit
     predicted = predictor(**pred_params)
