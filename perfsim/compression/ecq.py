@@ -98,12 +98,13 @@ class ECQ(_SeededCompressor):
         if h is not None and h.numel() != n:
             raise ConfigError(f"{self.spec}: error buffer {name!r} has {h.numel()} elements, got a tensor of "
                               f"{n}; pass a distinct name= per gradient tensor")
+        buf = workspace("ecq_t", n, torch.float32, g.device)  # the one float scratch
         t = g
         if h is not None and self.alpha != 0.0:
-            t = torch.add(g, h, alpha=self.alpha, out=workspace("ecq_t", n, torch.float32, g.device))
-        norms, codes = self.q.encode(t, self._next_key(), self.spec)
+            t = torch.add(g, h, alpha=self.alpha, out=buf)
+        norms, codes = self.q.encode(t, self._next_key(), self.spec, out=buf)  # y in place of t
         tensors = self.q.pack(norms, codes)
-        diff = self.q.decode(codes, norms, workspace("ecq_diff", n, torch.float32, g.device))  # g~
+        diff = self.q.decode(codes, norms, buf)  # g~
         torch.sub(g, diff, out=diff)  # g - g~
         if h is None:
             self.h[name] = diff.clone()  # h_1 = beta * 0 + (g - g~)

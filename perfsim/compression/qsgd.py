@@ -257,16 +257,19 @@ class BucketQuantizer:
         """One fp32 norm per bucket + ``n`` packed codes."""
         return 4 * self.nbuckets(n) + packed_nbytes(n, self.bits)
 
-    def encode(self, flat: torch.Tensor, key: int, who: str = "qsgd") -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, flat: torch.Tensor, key: int, who: str = "qsgd", *,
+               out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norms fp32 [nb], offset codes uint8 [n] in ``[0, 2s]``) of a flat fp32 vector.
 
         Passes over the data: the bucket norms, ``y = x * s/||v||``, then
-        :func:`stochastic_codes_`; NaN/Inf are caught on the norms."""
+        :func:`stochastic_codes_`; NaN/Inf are caught on the norms. ``out``: the
+        float32 scratch for ``y`` (may be ``flat`` itself when the caller owns it;
+        its contents are destroyed), default a reused buffer."""
         n = flat.numel()
         d = self.bucket_of(n)
         norms = bucket_norms(flat, d)
         check_finite_norms(norms, flat, who)
-        y = workspace("sr_y", n, torch.float32, flat.device)
+        y = workspace("sr_y", n, torch.float32, flat.device) if out is None else out
         scale_into(y, flat, coefficients(float(self.s), norms), d)
         return norms, stochastic_codes_(y, self.s, key)
 
