@@ -258,3 +258,16 @@ def _leaves(obj):
             yield from _leaves(v)
     else:
         yield obj
+
+
+def test_divergence_is_reported_clearly():
+    model = _mlp(8)
+    opt = OneBitAdam(model.parameters(), warmup=2, compressor="fp32")
+    for step in range(3):
+        _random_grads(model, step)
+        if step == 2:
+            next(model.parameters()).grad[0, 0] = float("nan")
+        if step < 2:
+            opt.step()
+    with pytest.raises(ConfigError, match="diverged.*warm-up"):
+        opt.step()

@@ -149,6 +149,7 @@ class _OneBitBase(torch.optim.Optimizer):
         import torch.distributed as dist
 
         flat = torch.cat([g.reshape(-1).float() for g in grads])
+        self._check_finite(flat, "gradient")
         t0 = time.perf_counter()
         dist.all_reduce(flat, group=self.group)
         self.stats["time_s"] += time.perf_counter() - t0
@@ -160,12 +161,24 @@ class _OneBitBase(torch.optim.Optimizer):
         """Compression stage: average ``tensors`` (fused) through the compressor."""
         world = _world(self.group)
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
+        self._check_finite(flat, "momentum")
         if world > 1:
             t0 = time.perf_counter()
             flat = self.compressor.allreduce_mean(flat, self.group)
             self.stats["time_s"] += time.perf_counter() - t0
             self.stats["bytes"] += sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world))
         return [c.view_as(t) for c, t in zip(torch.split(flat, [t.numel() for t in tensors]), tensors)]
+
+    def _check_finite(self, flat: torch.Tensor, what: str) -> None:
+        """Stop with a clear message when training diverged (instead of the
+        compressor's refusal to encode NaN/Inf)."""
+        if flat.numel() and not bool(torch.isfinite(flat).all()):
+            t, stage = self.global_state["step"], "warm-up" if self.global_state["step"] <= self.warmup \
+                else "compression stage"
+            raise ConfigError(
+                f"{self.algorithm}: {what} became NaN/Inf at step {t} ({stage}, warmup={self.warmup}); "
+                "training diverged -- a longer warm-up (the frozen variance must be stable, the "
+                "papers use 15-20% of the run) or a smaller lr usually fixes it")
 
     @property
     def compressing(self) -> bool:
