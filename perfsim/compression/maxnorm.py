@@ -56,15 +56,15 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_input, numel_of, sum_dtype_for
-from perfsim.compression.qsgd import (_SeededCompressor, bucket_norms, bucketwise, check_finite_norms,
-                                      check_float, coefficients, flat_f32, levels_for_bits,
-                                      levels_from_codes, parse_level_bits, parse_options, scale_into,
-                                      stochastic_codes_, unpack_codes)
-from perfsim.kernels._workspace import workspace
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of, sum_dtype_for
+from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
+                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
+                                      parse_level_bits, parse_options, scale_into, stochastic_codes_,
+                                      unpack_codes)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
+from perfsim.kernels._workspace import workspace
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
 
 #: integers that float16 represents exactly (every |k| <= 2**11)
@@ -231,10 +231,9 @@ class MaxNormQuantizer(_SeededCompressor):
         if len(ts) == 1:
             return amax.le_(ts[0])  # in place: one buffer less in the cache
         cnt = torch.le(amax, ts[0], out=workspace("ms_cnt", amax.numel(), torch.float32, amax.device))
-        if len(ts) > 1:
-            tmp = workspace("ms_tmp", amax.numel(), torch.float32, amax.device)
-            for t in ts[1:]:
-                cnt.add_(torch.le(amax, t, out=tmp))
+        tmp = workspace("ms_tmp", amax.numel(), torch.float32, amax.device)
+        for t in ts[1:]:
+            cnt.add_(torch.le(amax, t, out=tmp))
         return cnt
 
     @staticmethod
