@@ -48,11 +48,12 @@ warm-up on inputs with rare features (``digits-mlp`` on raw [0, 1] pixels,
 12 warm-up steps) the frozen variance of rare coordinates is tiny and the
 compression stage diverges *even with exact fp32 averaging*
 (``compressor="fp32"``); the papers warm up for 15-20 % of thousands of steps.
-``gpt2-tiny`` with 20 warm-up steps trains like AdamW.
+``gpt2-tiny`` with 20 warm-up steps trains like AdamW. A diverging run stops
+with a ConfigError naming the step and the warm-up.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
-using them (``v / (1 - b2^T_w)``, ``m / (1 - b2^t)``), so the stage switch is
+using them (``v / (1 - b2^T_w)``, ``m / (1 - b1^t)``), so the stage switch is
 smooth; ``c_avg`` is bias-corrected like Adam's moments, so short warm-ups do
 not shrink it.
 
