@@ -8,7 +8,8 @@ Definitions (all per optimizer step, averaged over the *measured* steps):
   allocators and sockets); when the pipeline compressor has an uncompressed
   warm-up phase (AQ-SGD's first epoch, aq-sgd-paper.txt Alg. 1) and the run
   went past epoch 0, only steps of later epochs count, so throughput is that of
-  the compressed phase. ``summary["measured_steps"]`` says how many.
+  the compressed phase; likewise the warm-up steps of 1-bit Adam / LAMB
+  (uncompressed allreduce) are left out when compressed steps follow. ``summary["measured_steps"]`` says how many.
 * ``iteration_s``: median over measured steps of the interval between the end
   of the previous step and the end of this one, the end being the last rank's
   end (after gradient sync and optimizer step).
@@ -67,7 +68,9 @@ def measured_steps(cfg, gathered: list[dict]) -> list[int]:
         later = [s for s in chosen if epochs[s] >= 1]
         if later:
             chosen = later
-    return chosen
+    warm = {r["step"] for g in gathered for r in g["records"] if r.get("dp_warmup")}
+    compressed = [s for s in chosen if s not in warm]
+    return compressed or chosen
 
 
 def _mean(xs) -> float:

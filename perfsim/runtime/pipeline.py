@@ -182,6 +182,7 @@ class StepRecord:
     send_wait_s: float = 0.0
     pipe_end: float = 0.0  # when this stage's last action finished
     dp_sync_s: float = 0.0
+    dp_warmup: bool = False  # a 1-bit optimizer's uncompressed warm-up step
     dp_bytes: int = 0
     optimizer_s: float = 0.0
     links: dict[int, list[float]] = field(default_factory=dict)  # dst -> [bytes, busy_s]

@@ -156,6 +156,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         t0 = time.perf_counter()
         stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
+        rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
