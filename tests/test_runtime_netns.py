@@ -10,7 +10,10 @@ needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root
 
 
 def _ours():
-    return [n for n in netem.list_namespaces() if n.startswith(netem.PREFIX)]
+    """Namespaces made by this process (other perfsim users may run beside us)."""
+    import os
+
+    return [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}{os.getpid()}-")]
 
 
 def test_clear_error_without_privileges(monkeypatch):
@@ -24,6 +27,7 @@ def test_clear_error_without_privileges(monkeypatch):
 @needs_netns
 def test_links_are_shaped_and_always_removed(tmp_path):
     before = _ours()
+    assert before == []
     r = run(model="digits-mlp", pp=2, steps=4, micro_batch=8, macro_batch=32,
             emulate_bandwidth="20Mbps", emulate_latency="2ms", out=tmp_path / "n", timeout="30s")
     assert r.summary["bandwidth_bps"] == 20e6 and r.summary["emulated"]
