@@ -73,6 +73,15 @@ def measured_steps(cfg, gathered: list[dict]) -> list[int]:
     return compressed or chosen
 
 
+def _loadavg() -> float | None:
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
 def _mean(xs) -> float:
     xs = list(xs)
     return sum(xs) / len(xs) if xs else 0.0
@@ -191,6 +200,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "partition": ",".join(str(g["layers"][1] - g["layers"][0]) for g in gathered if g["replica"] == 0),
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
+        "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
     result.losses = losses  # type: ignore[attr-defined]
