@@ -406,7 +406,7 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
     pairs = add_method_column(validation_pairs(df, metric))
     pairs["error"] = 100 * (pairs["predicted"] - pairs["measured"]) / pairs["measured"]
     has_bw = "bandwidth_bps" in pairs.columns and pairs["bandwidth_bps"].notna().all()
-    fig, axes = _figure(2 if has_bw else 1, width=5.4, height=5.0)
+    fig, axes = _figure(2 if has_bw else 1, width=5.6, height=5.0)
     ax = axes[0]
     styles = method_styles(pairs["method"])
     bws = sorted(pairs["bandwidth_bps"].unique()) if has_bw else [None]
@@ -442,7 +442,9 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
         handles += [Line2D([], [], color="#606060", marker=MARKERS[j % len(MARKERS)],
                            linestyle="", label=bandwidth_label(bw)) for j, bw in enumerate(bws)]
     handles += ax.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
+    # below the panels: over- (upper left) and under-predictions (lower right) stay visible
+    fig.legend(handles=handles, fontsize=8, loc="outside lower center",
+               ncols=min(len(handles), 5 if has_bw else 3))
     if has_bw:
         ax2 = axes[1]
         for method, g in groups:
@@ -453,8 +455,9 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
                 ax2.axhline(sign * y, color="black", linewidth=0.7, alpha=alpha, linestyle=":")
         ax2.axhline(0, color="black", linewidth=0.9)
         bandwidth_axis(ax2, pairs["bandwidth_bps"])
-        bound = max(12.0, float(pairs["error"].abs().max()) * 1.15)
-        ax2.set_ylim(-bound, bound)
+        span = float(pairs["error"].abs().max())
+        ax2.set_ylim(min(-12.0, float(pairs["error"].min()) - 0.1 * span),
+                     max(12.0, float(pairs["error"].max()) + 0.1 * span))
         ax2.set_ylabel("prediction error (%)")
         ax2.set_title("(predicted - measured) / measured; dotted: ±5 %, ±10 %", fontsize=10)
         ax2.legend(fontsize=8, title="method", title_fontsize=8)
