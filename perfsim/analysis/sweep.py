@@ -536,7 +536,10 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
             write_table(table.stages, stages_file)
         elif stages_file.exists():
             stages_file.unlink()
+        errors_file = errors_file.with_suffix(".csv")
         if not table.errors.empty:
-            atomic_write_text(errors_file.with_suffix(".csv"), table.errors.to_csv(index=False))
+            atomic_write_text(errors_file, table.errors.to_csv(index=False))
+        elif errors_file.exists():  # from an earlier run of a different grid
+            errors_file.unlink()
         part.unlink(missing_ok=True)
     return table
