@@ -50,7 +50,8 @@ def main():
                      "iteration_s": statistics.median(r["iteration_s"] for r in runs),
                      "pipeline_bytes": runs[0]["pipeline_bytes"],
                      "comm_s": statistics.median(r["comm_s"] for r in runs),
-                     "encode_s": statistics.median(r["encode_s"] for r in runs)})
+                     "encode_s": statistics.median(r["encode_s"] for r in runs),
+                     "load_1m": max((r.get("load_average_1m") or 0.0) for r in runs)})
         if comp == "fp32":
             base[(model, bw)] = med
     for r in tput:
