@@ -10,6 +10,12 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   (:class:`perfsim.runtime.pipeline.Messenger`: a size message, then pickled
   header + payload bytes, sent with ``isend``), recorded as ``p2p`` records
   named ``messenger`` -- the per-message cost a pipeline stage really pays;
+* ``late``: a messenger message whose receive is posted ``LATE_S`` after it was
+  sent (a pipeline stage that is still computing when its input arrives);
+  time = the receive call alone. On gloo this is not free: measured here it
+  costs up to one kernel tick (4 ms at HZ=250, median ~2 ms) even on an idle
+  machine, while a receive posted before the data arrives completes in
+  ~0.1 ms. Recorded as ``p2p`` records named ``messenger-late``;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
   where the backend lacks it): every rank enters after a barrier, the time of a
   repeat is the slowest rank's (a collective is done when the last rank is).
@@ -44,11 +50,12 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late")
 #: ops measured unless asked otherwise
-DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger")
+DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late")
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
+LATE_S = 0.005
 QUICK_EMULATED_SIZES = (1024, 4096, 65536, 1048576, 4194304, 16777216)
 
 
@@ -145,7 +152,29 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
     for op in cfg.ops:
         for size in cfg.sizes_to_run():
             n = size // 4
-            if op == "messenger":
+            if op == "late":
+                from perfsim.compression.base import Payload
+                from perfsim.runtime.pipeline import Messenger
+
+                msg = Messenger(device)
+                rows = 8 if n % 8 == 0 else 1
+                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
+                                  (rows, n // rows))
+                ids = torch.arange(rows)
+                box = {}
+
+                def call():
+                    if rank == 0:
+                        msg.send(payload, ids, 1)
+                        msg.wait_all()
+                    elif rank == 1:
+                        time.sleep(LATE_S)
+                        t = time.perf_counter()
+                        msg.recv(0)
+                        box["t"] = time.perf_counter() - t
+                    dist.barrier()
+                scale = None  # the sample is the receive call alone (rank 1)
+            elif op == "messenger":
                 from perfsim.compression.base import Payload
                 from perfsim.runtime.pipeline import Messenger
 
@@ -216,7 +245,10 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 dist.barrier()
                 t0 = time.perf_counter()
                 call()
-                samples.append((time.perf_counter() - t0) * scale)
+                if scale is None:
+                    samples.append(box.get("t", 0.0))
+                else:
+                    samples.append((time.perf_counter() - t0) * scale)
             out.append({"op": op, "size_bytes": size if op != "alltoall" else m * 4,
                         "samples": samples})
     return out
@@ -258,11 +290,13 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
             records.append({"op": item["op"], "skipped": item["skipped"]})
             continue
         # a repeat of a collective takes as long as its slowest rank
-        p2p = item["op"] in ("p2p", "messenger")
-        ranks = [per_rank[r][i]["samples"] for r in sorted(per_rank) if not p2p or r == 0]
+        p2p = item["op"] in ("p2p", "messenger", "late")
+        timing_rank = 1 if item["op"] == "late" else 0
+        ranks = [per_rank[r][i]["samples"] for r in sorted(per_rank) if not p2p or r == timing_rank]
         samples = [max(vals) for vals in zip(*ranks)]
         t = summarize(samples)
-        name = comm_name("messenger" if item["op"] == "messenger" else backend, cfg.emulate_bandwidth)
+        base = {"messenger": "messenger", "late": "messenger-late"}.get(item["op"], backend)
+        name = comm_name(base, cfg.emulate_bandwidth)
         rec = {"op": "p2p" if p2p else item["op"], "name": name,
                "size_bytes": item["size_bytes"], "world_size": 2 if p2p else cfg.world_size, "dtype": "float32",
                **t.record()}
@@ -345,7 +379,7 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    for op in sorted({"p2p" if o == "messenger" else o for o in cfg.ops}):
+    for op in sorted({"p2p" if o in ("messenger", "late") else o for o in cfg.ops}):
         records += fit_records(raw, op, ("name",))
     return records
 

@@ -92,15 +92,16 @@ def test_codecs_points_and_fits():
 def test_comm_loopback_two_ranks():
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
-    recs = measure_comm(CommConfig(ops=("p2p", "allreduce", "messenger"), sizes=(1024, 262144), warmup=1,
-                                   repeats=3, max_seconds=0.5, timeout_s=120))
+    recs = measure_comm(CommConfig(ops=("p2p", "allreduce", "messenger", "late"), sizes=(1024, 262144),
+                                   warmup=1, repeats=3, max_seconds=0.5, timeout_s=120))
     raw = [r for r in recs if r["op"] in ("p2p", "allreduce")]
     assert {(r["op"], r["name"], r["size_bytes"]) for r in raw} == {
-        (o, n, s) for o, n in (("p2p", "gloo"), ("allreduce", "gloo"), ("p2p", "messenger"))
-        for s in (1024, 262144)}
+        (o, n, s) for o, n in (("p2p", "gloo"), ("allreduce", "gloo"), ("p2p", "messenger"),
+                               ("p2p", "messenger-late")) for s in (1024, 262144)}
     assert all(r["time_s"] > 0 for r in raw)
     assert {(r["op"], r["name"]) for r in recs if r["op"].startswith("fit_")} == {
-        ("fit_p2p", "gloo"), ("fit_p2p", "messenger"), ("fit_allreduce", "gloo")}
+        ("fit_p2p", "gloo"), ("fit_p2p", "messenger"), ("fit_p2p", "messenger-late"),
+        ("fit_allreduce", "gloo")}
 
 
 def test_profile_record_folding_round_trip(tmp_path):

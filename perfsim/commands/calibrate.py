@@ -25,9 +25,9 @@ def add_arguments(p) -> None:
                    help="pipeline degrees whose whole stages are timed too (default 1,2; '' for none)")
     p.add_argument("--codecs", default="all",
                    help="comma list of compressor specs to time, 'all' (default) or 'none'")
-    p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger",
+    p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger,late",
                    help="comma list of communication ops to time (messenger = execute mode's message "
-                        "path), or 'none'")
+                        "path, late = its receive posted after the data arrived), or 'none'")
     p.add_argument("--emulate-bandwidth", default="",
                    help="also measure comm over emulated links of these rates (comma list, e.g. 1Gbps,100Mbps; "
                         "needs root for network namespaces)")

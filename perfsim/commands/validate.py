@@ -36,6 +36,8 @@ def add_arguments(p) -> None:
                    help="samples per epoch of the measured runs (default 4 steps' worth, so AQ-SGD's "
                         "uncompressed first epoch ends early)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="measured runs per row, the fastest counts (a shared machine only slows runs down)")
     p.add_argument("--out", "-o", default=None,
                    help="output folder (default traces/validation/<model>-pp<P>-dp<D>)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -70,7 +72,7 @@ def run(args) -> int:
         base=base, bandwidths=v.parse_bandwidths(args.emulate_bandwidth),
         compresses=tuple(split_list(args.compress)), grad_compresses=tuple(split_list(args.grad_compress)),
         latency_s=v.parse_latency(args.emulate_latency), steps=args.steps, dataset_limit=limit,
-        profile=args.profile, link_model=args.link_model, out=out, seed=args.seed)
+        profile=args.profile, link_model=args.link_model, out=out, seed=args.seed, repeats=args.repeats)
     # check every spec before the first (slow) run
     from perfsim.compression import make_pipeline_pair
     from perfsim.runtime.grad_sync import parse_grad_spec
