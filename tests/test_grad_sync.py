@@ -176,6 +176,7 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     loss_fn(ref(x), y).backward()
     results["noop"] = (_grads(model), _grads(ref))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank tears gloo down while its peer is mid-collective
     dist.destroy_process_group()
 
 

@@ -219,6 +219,7 @@ def _dist_worker(rank, world, init_file, out_dir):
         finally:
             dist.all_reduce = real
         torch.save({"x": x, "res": res, "calls": calls}, f"{out_dir}/{rank}.pt")
+        dist.barrier()  # no rank tears gloo down while its peer is mid-collective
     finally:
         dist.destroy_process_group()
 

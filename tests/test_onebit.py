@@ -100,6 +100,7 @@ def _worker(rank, world, port, xs, steps, outdir):
         c = make_compressor("onebit")
         outs = [c.allreduce_mean(xs[rank]) for _ in range(steps)]
         torch.save({"outs": outs, "state": c.state_dict()}, os.path.join(outdir, f"r{rank}.pt"))
+        dist.barrier()  # no rank tears gloo down while its peer is mid-collective
     finally:
         dist.destroy_process_group()
 

@@ -189,6 +189,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
                      "compressed_bytes": stats["bytes"],
                      "comp_state": saved["opt"]["onebit"]["compressor"]}
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank tears gloo down while its peer is mid-collective
     dist.destroy_process_group()
 
 

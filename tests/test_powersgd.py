@@ -78,6 +78,7 @@ def _worker(rank, world, init_file, out_dir):
         bias_out = c.allreduce_mean(bias.clone(), name="b")
         torch.save({"xs": xs, "outs": outs, "bias": bias, "bias_out": bias_out, "state": c.state_dict()},
                    f"{out_dir}/{rank}.pt")
+        dist.barrier()  # no rank tears gloo down while its peer is still mid-collective
     finally:
         dist.destroy_process_group()
 
