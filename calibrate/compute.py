@@ -248,7 +248,10 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
     return out
 
 
-def _worker(cfg: ComputeConfig, queue, barrier) -> None:  # pragma: no cover - subprocess
+def _worker(cfg: ComputeConfig, queue, barrier, statistic: str) -> None:  # pragma: no cover
+    from perfsim.calibrate.timing import set_statistic
+
+    set_statistic(statistic)
     barrier.wait()
     queue.put(measure_compute(cfg))
 
@@ -265,7 +268,9 @@ def measure_compute_concurrent(cfg: ComputeConfig, progress: Callable[[str], Non
         return [{**r, "concurrent_ranks": 1} for r in recs]
     ctx = mp.get_context("spawn")
     queue, barrier = ctx.Queue(), ctx.Barrier(cfg.ranks)
-    procs = [ctx.Process(target=_worker, args=(cfg, queue, barrier), daemon=True)
+    from perfsim.calibrate import timing
+
+    procs = [ctx.Process(target=_worker, args=(cfg, queue, barrier, timing.STATISTIC), daemon=True)
              for _ in range(cfg.ranks)]
     if progress:
         progress(f"compute {cfg.spec.name} in {cfg.ranks} concurrent processes")

@@ -42,6 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per point (default 15, quick 5)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repeats (about a minute)")
+    p.add_argument("--statistic", choices=("median", "min"), default="median",
+                   help="what time_s records: the median of the repeats (default) or their minimum "
+                        "(the undisturbed cost on a machine shared with other jobs)")
     p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -112,6 +115,9 @@ def run(args) -> int:
     from perfsim.models.specs import get_model_spec
     from perfsim.units import parse_bandwidth, parse_time, split_list
 
+    from perfsim.calibrate.timing import set_statistic
+
+    set_statistic(args.statistic)
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -191,7 +197,7 @@ def run(args) -> int:
         bar.close()
     meta.update({
         "calibration": {
-            "quick": quick, "repeats": repeats, "ranks": args.ranks,
+            "quick": quick, "repeats": repeats, "ranks": args.ranks, "statistic": args.statistic,
             "compute_threads": compute_cfgs[0].effective_threads if compute_cfgs else None,
             "concurrent_compute": bool(args.concurrent and args.ranks > 1),
             "models": models, "micro_batches": list(micro), "dtypes": list(dtypes),

@@ -13,19 +13,20 @@ STEPS=${STEPS:-20}
 MODELS=${MODELS:-digits-mlp gpt2-tiny}
 
 if [ -z "${SKIP_CALIBRATE:-}" ]; then
-  # compute: per-layer and per-stage times at the runs' micro-batch, measured in 2
-  # concurrent 1-thread processes (two ranks share the 2 cores); codecs at 1 thread;
-  # comm over loopback and over each emulated rate (token-bucket fit: rate, burst).
-  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --concurrent \
-      --comm p2p,allreduce,allgather,alltoall,messenger --emulate-bandwidth "$RATES" \
+  # compute: per-layer and per-stage times at the runs' micro-batch, 1 thread (what
+  # each of 2 ranks gets); codecs at 1 thread; comm over loopback and over each
+  # emulated rate (token-bucket fit: rate, burst). time_s = minimum of the repeats:
+  # the machine is shared and interference only adds time (validate: fastest repeat).
+  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --statistic min \
+      --comm p2p,allreduce,allgather,alltoall,messenger,late --emulate-bandwidth "$RATES" \
       --output "$PROFILE"
 fi
 
 for MODEL in $MODELS; do
   perfsim validate --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
-      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
       --out "traces/validation/$MODEL-pp2"
   perfsim validate --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
-      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
       --out "traces/validation/$MODEL-dp2"
 done
