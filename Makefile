@@ -13,10 +13,10 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 predict: $(STAMP)
-	perfsim predict
+	$(PY) -m perfsim predict
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -p no:cacheprovider
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_compressors.py --quick
