@@ -42,7 +42,8 @@ QUICK_SIZES = (4096, 65536, 1048576)
 def _candidates(name: str, syntax: str) -> list[str]:
     """Specs to try for a class from its ``spec_syntax``: the first form, optional
     ``[...]`` parts dropped, ``BITS`` -> each width, ``FRACTION`` -> 0.1."""
-    form = re.sub(r"\[[^\]]*\]", "", (syntax or name).split("|")[0].strip())
+    # optional parts first (they may contain '|', e.g. aqsgd's [:m8|m4|m2]), then the first form
+    form = re.sub(r"\[[^\]]*\]", "", syntax or name).split("|")[0].strip()
     parts = form.split(":")[1:]
     if not parts:
         return [name]

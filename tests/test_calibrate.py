@@ -74,6 +74,8 @@ def test_codec_candidates_from_syntax():
     assert _candidates("qsgd-maxnorm", "qsgd-maxnorm:BITS")[:2] == ["qsgd-maxnorm:1", "qsgd-maxnorm:2"]
     assert _candidates("randk-maxnorm", "randk-maxnorm:FRACTION:BITS[:scaled]")[0] == "randk-maxnorm:0.1:1"
     assert _candidates("fp32", "fp32") == ["fp32"]
+    assert _candidates("aqsgd", "aqsgd:BITS[:m8|m4|m2][:disk=PATH]")[2] == "aqsgd:3"
+    assert _candidates("qsgd", "qsgd:BITS[:bucket=D] | qsgd:s=LEVELS[:bucket=D]")[3] == "qsgd:4"
     assert _candidates("powersgd", "powersgd:RANK[:start=ITER]") == []
 
 
