@@ -59,6 +59,8 @@ class ValidationPlan:
       AQ-SGD reaches its compressed phase); the prediction uses the same.
     profile: calibrated profile path; link_model: ``profile`` or ``nominal``.
     out: folder for the per-run outputs and the comparison table.
+    runtime_model: describe the model to the simulator with execute mode's
+      own parameter counts (:func:`runtime_workload`), not the preset's.
     repeats: measured runs per row; the fastest counts. On a shared machine
       interference from other jobs only ever slows a run down, so the fastest
       repeat is the best estimate of the undisturbed machine the profile was
@@ -77,6 +79,7 @@ class ValidationPlan:
     out: str = "traces/validation/run"
     seed: int = 0
     repeats: int = 1
+    runtime_model: bool = True
     extra_run: dict[str, Any] = field(default_factory=dict)
     #: strategy facts of execute mode the simulator must be told: the runtime
     #: averages gradients after the whole step (perfsim/runtime/worker.py calls
@@ -173,6 +176,36 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
 
 
 # ----------------------------------------------------------------------------- running
+def runtime_workload(model: str, folder) -> Path | None:
+    """A workload file describing the model exactly as execute mode builds it.
+
+    Layer names and boundary shapes come from the preset (so compute times are
+    still read from the profile by model and layer name); parameter counts are
+    those of ``perfsim.runtime.models.build_layer`` -- e.g. the runtime unties
+    GPT's LM head (+V*d parameters), which changes the gradient bytes a
+    data-parallel step exchanges. None when the runtime offers no layer builder.
+    """
+    import json
+
+    from perfsim.models.specs import get_model_spec
+    from perfsim.result import atomic_write_text
+
+    try:
+        from perfsim.runtime.models import build_layer
+    except ImportError:  # pragma: no cover - execute mode absent
+        return None
+    spec = get_model_spec(model)
+    layers = []
+    for i, lay in enumerate(spec.layers()):
+        mod = build_layer(spec, i, 0)
+        layers.append({"name": lay.name, "params": int(sum(p.numel() for p in mod.parameters())),
+                       "out_shape": list(lay.out_shape), "flops": lay.flops_fwd})
+    path = Path(folder) / f"workload-{spec.name}.json"
+    atomic_write_text(path, json.dumps({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
+                                        "layers": layers}, indent=1))
+    return path
+
+
 def _drop_checkpoint(run_dir: str) -> None:
     """Validation runs need the measurements, not the model: remove the checkpoint."""
     import shutil
@@ -224,6 +257,11 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
                        profile=profile, bandwidth=link.bandwidth_bps, latency=link.latency_s,
                        **plan.extra_predict)
+    if plan.runtime_model:
+        wl = runtime_workload(base["model"], plan.out)
+        if wl is not None:
+            pred_params.pop("model", None)
+            pred_params["workload"] = str(wl)
     if plan.dataset_limit:
         pred_params["dataset_samples"] = plan.dataset_limit
     predicted = predictor(**pred_params)
