@@ -1,16 +1,7 @@
 """Torch modules for the layers of a model spec, for timing.
 
-Execute mode builds its models in ``perfsim.runtime.models``; when that module
-offers per-layer modules we time those (the same code that trains). Otherwise
-the layers are built here from :mod:`perfsim.models.specs`, with the same
-architecture the spec's parameter counts describe:
-
-* MLP (``MLPSpec``): ``Linear(a, b)`` followed by ReLU, except the last layer.
-* GPT-2 (``GPTSpec``, nanoGPT-style pre-LN decoder): ``embed`` = token +
-  position embedding; ``block`` = LN -> causal self-attention (fused qkv,
-  ``scaled_dot_product_attention``) -> residual, LN -> MLP(4d, GELU) -> residual;
-  ``head`` = final LN + LM head (``d x V``, tied to the embedding in the spec's
-  parameter count; the timing is the same either way).
+The modules are execute mode's own (``perfsim.runtime.models``), built from
+:mod:`perfsim.models.specs`: calibration times the same code that trains.
 
 The last layer is timed together with the loss (cross-entropy), as the last
 pipeline stage computes it in a training step.
@@ -28,84 +19,18 @@ from perfsim.errors import ConfigError
 from perfsim.models.specs import GPTSpec, MLPSpec
 
 
-class _Embed(nn.Module):
-    def __init__(self, spec: GPTSpec):
-        super().__init__()
-        self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.wpe = nn.Embedding(spec.seq_len, spec.d_model)
+def build_layers(spec, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
+                 ) -> tuple[list[nn.Module], str]:
+    """One module per layer of ``spec``: the very modules ``perfsim run`` trains
+    (:func:`perfsim.runtime.models.build_layer`), so calibration times the code
+    that runs. Returns (modules, source="runtime")."""
+    from perfsim.runtime.models import build_layer
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.wte(idx) + self.wpe(pos)
-
-
-class _Block(nn.Module):
-    def __init__(self, spec: GPTSpec):
-        super().__init__()
-        d = spec.d_model
-        self.n_head = spec.n_head
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        shape = (B, T, self.n_head, C // self.n_head)
-        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-
-class _Head(nn.Module):
-    def __init__(self, spec: GPTSpec):
-        super().__init__()
-        self.ln = nn.LayerNorm(spec.d_model)
-        self.lm = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm(self.ln(x))
-
-
-def _runtime_layers(spec) -> list[nn.Module] | None:
-    """Per-layer modules from execute mode, when it exposes them.
-
-    Uses ``perfsim.runtime.models.build_layer(spec, index, seed)`` (the modules
-    ``perfsim run`` trains); anything else -> None (build here).
-    """
-    try:
-        from perfsim.runtime import models as rt
-    except Exception:  # noqa: BLE001 - runtime not there / not importable yet
-        return None
-    build = getattr(rt, "build_layer", None)
-    if build is None:
-        return None
-    try:
-        return [build(spec, i, 0) for i in range(len(spec.layers()))]
-    except Exception:  # noqa: BLE001 - a different signature: fall back
-        return None
-
-
-def build_layers(spec, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 prefer_runtime: bool = True) -> tuple[list[nn.Module], str]:
-    """One module per layer of ``spec``; returns (modules, source) where source
-    is ``"runtime"`` or ``"calibrate"``."""
     torch.manual_seed(0)
-    mods = _runtime_layers(spec) if prefer_runtime else None
-    source = "runtime"
-    if mods is None:
-        source = "calibrate"
-        if isinstance(spec, MLPSpec):
-            mods = []
-            n = len(spec.sizes) - 1
-            for i, (a, b) in enumerate(zip(spec.sizes[:-1], spec.sizes[1:])):
-                mods.append(nn.Sequential(nn.Linear(a, b), nn.ReLU()) if i < n - 1 else nn.Linear(a, b))
-        elif isinstance(spec, GPTSpec):
-            mods = [_Embed(spec)] + [_Block(spec) for _ in range(spec.n_layer)] + [_Head(spec)]
-        else:
-            raise ConfigError(f"model {getattr(spec, 'name', spec)!r}: cannot build layers for timing")
-    return [m.to(device=device, dtype=dtype).train() for m in mods], source
+    if not isinstance(spec, (GPTSpec, MLPSpec)):
+        raise ConfigError(f"model {getattr(spec, 'name', spec)!r}: cannot build layers for timing")
+    mods = [build_layer(spec, i, 0) for i in range(len(spec.layers()))]
+    return [m.to(device=device, dtype=dtype).train() for m in mods], "runtime"
 
 
 def layer_input(spec, index: int, micro_batch: int, *, dtype: torch.dtype, device: str,
