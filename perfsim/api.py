@@ -33,6 +33,9 @@ overlap               overlap gradient sync with backward               True
 nic_sharing           fair-share NICs among concurrent flows            True
 dataset_samples       samples per epoch                                 2359
 trace                 record a Chrome trace in ``Result.trace_events``  False
+link_burst            token-bucket depth of each egress (``50KB``)      0
+p2p_protocol          ``eager`` or ``rendezvous`` (receiver-driven)     eager
+p2p_control_latency   latency of the rendezvous ready notice            latency
 ===================== ================================================ ==========
 
 ``predict_many(list_of_param_dicts)`` runs several (profiles and models are
@@ -57,6 +60,7 @@ DEFAULTS: dict[str, Any] = {
     "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": 32, "epochs": 1, "partition": None,
     "gpus_per_node": 1, "intra_node_bandwidth": "300GB/s", "bucket_size": "25MiB", "overlap": True,
     "nic_sharing": True, "dataset_samples": 2359, "trace": False,
+    "link_burst": 0, "p2p_protocol": "eager", "p2p_control_latency": None,
 }
 
 
@@ -158,7 +162,11 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     system = System(bandwidth_bps=parse_bandwidth(p["bandwidth"]), latency_s=parse_time(p["latency"], "latency"),
                     gpus_per_node=_int(p, "gpus_per_node"),
                     intra_node_bandwidth_bps=parse_bandwidth(p["intra_node_bandwidth"], "intra_node_bandwidth"),
-                    topology=topology, nic_sharing=_bool(p, "nic_sharing"))
+                    topology=topology, nic_sharing=_bool(p, "nic_sharing"),
+                    link_burst_bytes=float(parse_size(p["link_burst"], "link_burst")),
+                    p2p_protocol=str(p["p2p_protocol"]).lower(),
+                    p2p_control_latency_s=None if p["p2p_control_latency"] is None else
+                    parse_time(p["p2p_control_latency"], "p2p_control_latency"))
     return workload, strategy, system, profile
 
 

@@ -113,6 +113,10 @@ class Strategy:
         return self.macro_batch // self.micro_batch
 
 
+#: point-to-point protocols the engine models (System.p2p_protocol)
+P2P_PROTOCOLS = ("eager", "rendezvous")
+
+
 @dataclass(frozen=True)
 class System:
     """The devices and the network between them."""
@@ -132,9 +136,25 @@ class System:
     #: share NICs fairly between concurrent flows (max-min); False = each flow
     #: gets the full link (a lower bound on communication time)
     nic_sharing: bool = True
+    #: token-bucket depth of each node's inter-node egress in bytes (Linux ``tc tbf``
+    #: ``burst``; measured by ``perfsim calibrate --emulate-bandwidth``): after the link
+    #: idled, up to this many bytes leave at once and the bucket refills at the link
+    #: rate. 0 = a plain fixed-rate link
+    link_burst_bytes: float = 0.0
+    #: ``eager``: a point-to-point message starts when it is sent; ``rendezvous``: it
+    #: starts only once the receiver has posted its receive and the receiver's "ready"
+    #: notice has crossed back (queued behind bytes already waiting on the receiver's
+    #: egress) -- gloo's TCP transport is receiver-driven
+    p2p_protocol: str = "eager"
+    #: one-way latency of the rendezvous "ready" notice (s); None = the link latency
+    p2p_control_latency_s: float | None = None
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
+        _pos_float(self, "link_burst_bytes", allow_zero=True)
+        _pos_float(self, "p2p_control_latency_s", allow_zero=True, allow_none=True)
+        if self.p2p_protocol not in P2P_PROTOCOLS:
+            raise ConfigError(f"p2p_protocol={self.p2p_protocol!r}: choose from {', '.join(P2P_PROTOCOLS)}")
         _pos_float(self, "latency_s", allow_zero=True)
         _pos_int(self, "gpus_per_node")
         _pos_float(self, "intra_node_bandwidth_bps")

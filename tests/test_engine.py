@@ -186,3 +186,75 @@ def test_iteration_bounds(p, m, schedule, rate, lat):
     assert T >= (m + p - 1) * (tf + tb) * (1 - 1e-12)
     assert T <= p * m * (tf + tb) + 2 * (p - 1) * m * msg + 1e-9
     assert 0 <= res.summary["bubble_fraction"] < 1
+
+
+def _two_stage(system, m=1, n=1000, tf=1e-3, tb=2e-3, schedule="gpipe"):
+    return simulate(toy(2, tf, tb, shape=(n,)), Strategy(pp=2, micro_batch=1, macro_batch=m,
+                                                         schedule=schedule), system, EMPTY)
+
+
+def test_token_bucket_burst_closed_form():
+    """tc tbf: after idling, a message <= burst arrives in latency alone; a long
+    stream runs at the rate, the burst saving b / rate once per direction."""
+    tf, tb, lat, bw, n = 1e-3, 2e-3, 1e-3, 1e6, 1000  # 4000-byte messages, 32 ms each
+    plain = _two_stage(System(bandwidth_bps=bw, latency_s=lat), n=n, tf=tf, tb=tb)
+    assert plain.summary["iteration_s"] == pytest.approx(2 * (tf + tb) + 2 * (4000 * 8 / bw + lat), rel=1e-9)
+    burst = _two_stage(System(bandwidth_bps=bw, latency_s=lat, link_burst_bytes=4000), n=n, tf=tf, tb=tb)
+    assert burst.summary["iteration_s"] == pytest.approx(2 * (tf + tb) + 2 * lat, rel=1e-9)
+    # 64 back-to-back messages per direction (GPipe, tiny compute): only the first
+    # b bytes of each direction skip the rate
+    b, m = 10_000, 64
+    long0 = _two_stage(System(bandwidth_bps=bw, latency_s=0.0), m=m, n=n, tf=1e-6, tb=1e-6)
+    long1 = _two_stage(System(bandwidth_bps=bw, latency_s=0.0, link_burst_bytes=b), m=m, n=n, tf=1e-6, tb=1e-6)
+    saved = long0.summary["iteration_s"] - long1.summary["iteration_s"]
+    assert saved == pytest.approx(2 * b * 8 / bw, rel=0.01)
+    assert long1.summary["pipeline_bytes"] == long0.summary["pipeline_bytes"]  # bytes still counted
+
+
+def test_default_system_is_eager_without_burst():
+    s = System()
+    assert s.link_burst_bytes == 0 and s.p2p_protocol == "eager"
+    with pytest.raises(ValueError, match="p2p_protocol"):
+        System(p2p_protocol="magic")
+    with pytest.raises(ValueError, match="link_burst_bytes"):
+        System(link_burst_bytes=-1)
+
+
+def test_rendezvous_waits_for_receiver_and_reverse_queue():
+    """Receiver-driven p2p: stage 1 posts its receive at t=0, its ready notice
+    arrives at c, the activation leaves when stage 0 sends it (t0 = 6 ms > c). Stage 0
+    then posts its gradient receive, but the notice leaves behind the activation's
+    bytes on node 0's egress: the gradient starts at t0 + S/B + c, not when stage 1
+    finished its (fast) backward."""
+    lat, c, bw = 1e-3, 5e-3, 1e6
+    t0, t1 = 6e-3, 1e-4  # stage 0 / stage 1 forward (= backward) time
+    layers = tuple(LayerSpec(f"l{i}", 0, (1000,), 0.0) for i in range(2))
+    wl = Workload("toy", layers, (t0, t1), (t0, t1), 1)
+    S = 4000 * 8 / bw
+
+    def run(**kw):
+        return simulate(wl, Strategy(pp=2, micro_batch=1, macro_batch=1, schedule="gpipe"),
+                        System(bandwidth_bps=bw, latency_s=lat, **kw), EMPTY).summary["iteration_s"]
+
+    eager = run()
+    assert eager == pytest.approx(t0 + 2 * (S + lat) + 2 * t1 + t0, rel=1e-9)
+    act_end = t0 + S
+    stage1_done = act_end + lat + 2 * t1
+    grad_start = act_end + c
+    assert grad_start > stage1_done  # the reverse queue matters here
+    assert run(p2p_protocol="rendezvous", p2p_control_latency_s=c) == \
+        pytest.approx(grad_start + S + lat + t0, rel=1e-9)
+    # control latency defaults to the link latency: the notice arrives at act_end + lat,
+    # before stage 1 is done, so nothing changes against eager here
+    assert run(p2p_protocol="rendezvous") == pytest.approx(eager, rel=1e-9)
+
+
+def test_predict_accepts_burst_and_protocol():
+    base = dict(model="digits-mlp", pp=2, micro_batch=8, macro_batch=32, bandwidth="100Mbps",
+                latency="1ms", schedule="1f1b")
+    plain = predict(**base).summary["iteration_s"]
+    burst = predict(**base, link_burst="50KB").summary["iteration_s"]
+    rdv = predict(**base, p2p_protocol="rendezvous").summary["iteration_s"]
+    assert burst < plain <= rdv
+    with pytest.raises(ValueError, match="p2p_protocol"):
+        predict(**base, p2p_protocol="nope")

@@ -14,6 +14,24 @@ one at a time (a TCP/NCCL connection is a byte stream); different connections
 share NICs max-min fairly (:mod:`perfsim.engine.flows`). A message arrives
 ``latency`` after its last byte left.
 
+Token-bucket egress (``System.link_burst_bytes`` = b > 0; Linux ``tc tbf``, which
+is how execute mode emulates a link): each node's inter-node egress holds up
+to b tokens, refilled at the link rate while no shaped bytes queue. A message
+of n bytes leaving with k tokens passes min(n, k) bytes at once and only the
+rest through the rate-limited flow: after an idle spell a message <= b arrives
+in ``latency`` alone, a long stream runs at the rate (measured by
+``perfsim calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps
+draw on the buckets of the ranks that send.
+
+Rendezvous p2p (``System.p2p_protocol = "rendezvous"``; gloo's TCP pairs are
+receiver-driven): a message's bytes start at max(send time, ready time), where
+the ready time is when the receiver posted its receive (the device reached the
+action that waits for it), plus the wait for bytes already queued on the
+receiver's egress (its "ready" notice is behind them in the shaper's FIFO),
+plus the control latency. Measured in execute mode's traces: gpt2-tiny fp32,
+100 Mbps, 1F1B -- an activation isent at 9 ms waits for a 262 KB gradient going
+the other way and completes after two 18-ms transfers.
+
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
@@ -79,6 +97,38 @@ class _Connection:
         self.busy = False
 
 
+class _Egress:
+    """One node's shaped egress: token bucket (tbf) and the time its queue drains."""
+
+    __slots__ = ("tokens", "t_tokens", "drain_end")
+
+    def __init__(self, burst: float):
+        self.tokens = burst  # full after idling
+        self.t_tokens = 0.0  # tokens counted up to here (>= now while shaped bytes drain)
+        self.drain_end = 0.0  # when bytes already handed to the shaper have left (estimate)
+
+    def take(self, now: float, nbytes: float, burst: float, rate_Bps: float) -> float:
+        """Send ``nbytes`` at ``now``; returns the bytes that must go through the rate
+        limit (the rest pass at once on the bucket's tokens)."""
+        if burst > 0:
+            if now >= self.t_tokens:
+                self.tokens = min(burst, self.tokens + (now - self.t_tokens) * rate_Bps)
+                self.t_tokens = now
+            else:
+                self.tokens = 0.0  # shaped bytes still draining use the refill
+            free = min(self.tokens, nbytes)
+            self.tokens -= free
+        else:
+            free = 0.0
+        shaped = nbytes - free
+        if shaped > 0:
+            self.drain_end = max(now, self.drain_end) + shaped / rate_Bps
+            if burst > 0:
+                self.tokens = 0.0
+                self.t_tokens = self.drain_end
+        return shaped
+
+
 class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
                  replicas: list[int] | None = None, trace: bool = False):
@@ -100,6 +150,13 @@ class Simulation:
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
+        sysm = network.system
+        self.burst = float(getattr(sysm, "link_burst_bytes", 0.0) or 0.0)
+        self.rendezvous = getattr(sysm, "p2p_protocol", "eager") == "rendezvous"
+        self.control_latency = getattr(sysm, "p2p_control_latency_s", None)
+        self.egress: dict[int, _Egress] = {}
+        self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
+        self.posted: dict[tuple, simpy.Event] = {}
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
@@ -119,6 +176,41 @@ class Simulation:
                 ev["args"] = args
             self.trace.append(ev)
 
+    # ------------------------------------------------------------ shaping
+    def _egress(self, node: int) -> _Egress:
+        eg = self.egress.get(node)
+        if eg is None:
+            eg = self.egress[node] = _Egress(self.burst)
+        return eg
+
+    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float) -> float:
+        """Bytes of a message src -> dst that go through the rate limit (token bucket)."""
+        a, b = self.net.node(src), self.net.node(dst)
+        if a == b:  # intra-node fabric: not shaped
+            return nbytes
+        return self._egress(a).take(self.env.now, nbytes, self.burst, rate_bps / 8.0)
+
+    def _post(self, key, r: int, s: int, peer_stage: int) -> None:
+        """Rendezvous: the receiver (r, s) posts its receive for ``key`` now; its ready
+        notice leaves behind the bytes queued on its egress and reaches the sender."""
+        if not self.rendezvous:
+            return
+        me, peer = self.dev(r, s), self.dev(r, peer_stage)
+        now = self.env.now
+        lat = self.control_latency
+        if self.net.node(me) == self.net.node(peer):
+            depart, lat = now, self.net.path(me, peer).latency_s
+        else:
+            eg = self.egress.get(self.net.node(me))
+            depart = max(now, eg.drain_end) if eg is not None else now
+            if lat is None:
+                lat = self.net.path(me, peer).latency_s
+        self.ready_at[key] = depart + lat
+        ev = self.posted.get(key)
+        if ev is None:
+            ev = self.posted[key] = self.env.event()
+        ev.succeed()
+
     # ------------------------------------------------------------ p2p
     def send(self, r: int, src_stage: int, dst_stage: int, key, nbytes: int, mb: int, kind: str):
         """Queue a message on the (src, dst) connection; deliver into inbox[key]."""
@@ -133,6 +225,22 @@ class Simulation:
             conn.busy = False
             return
         conn.busy = True
+        item = conn.queue[0]
+        key = item[0]
+        if self.rendezvous:
+            ev = self.posted.get(key)
+            if ev is None:
+                ev = self.posted[key] = self.env.event()
+            if not ev.triggered:
+                ev.callbacks.append(lambda _e: self._next(src, dst, conn))
+                return
+            wait = self.ready_at[key] - self.env.now
+            if wait > 0:
+                self.env.timeout(wait).callbacks.append(lambda _e: self._start(src, dst, conn))
+                return
+        self._start(src, dst, conn)
+
+    def _start(self, src: int, dst: int, conn: _Connection):
         key, nbytes, mb, kind, r, s = conn.queue.popleft()
         path = self.net.path(src, dst)
         env = self.env
@@ -147,7 +255,8 @@ class Simulation:
             deliver.callbacks.append(lambda _e: self._delivered(key, start, mb, kind, r, s, src, dst))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
-        self.flows.transfer(nbytes, path.resources, path.bandwidth_bps, stats=finished)
+        shaped = self._shaped(src, dst, nbytes, path.bandwidth_bps)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps, stats=finished)
 
     def _delivered(self, key, started, mb, kind, r, s, src, dst):
         now = self.env.now
@@ -173,6 +282,7 @@ class Simulation:
             cell = self.micro[(r, s, mb)] if r == self.replicas[0] else self._scratch
             if a.kind == FORWARD:
                 if s > 0:
+                    self._post((r, s, "F", mb), r, s, s - 1)
                     yield self._box((r, s, "F", mb))
                     yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
                 t0 = env.now
@@ -186,6 +296,7 @@ class Simulation:
                     self.send(r, s, s + 1, (r, s + 1, "F", mb), nbytes, mb, FORWARD)
             else:
                 if s < p - 1:
+                    self._post((r, s, "B", mb), r, s, s + 1)
                     yield self._box((r, s, "B", mb))
                     yield from self._codec(st, cell, r, s, sp.bw_decode_s, f"decode grad mb{mb}")
                 t0 = env.now
@@ -256,7 +367,12 @@ class Simulation:
                 volume, nsteps = collective_cost(step.kind, step.nbytes, plan.dp)
                 self.dp_bytes_per_rank[s] += volume
                 start = env.now
-                yield self.flows.transfer(volume, resources, cap)
+                shaped = volume
+                if self.burst > 0 or self.rendezvous:
+                    # each simulated sender draws on its own bucket; the ring moves in
+                    # lock step, so the step's shaped bytes are the largest of them
+                    shaped = max((self._shaped(a, b, volume, cap) for a, b in edges), default=volume)
+                yield self.flows.transfer(shaped, resources, cap)
                 if nsteps and lat > 0:
                     yield env.timeout(nsteps * lat)
                 for src, dst in edges:
