@@ -138,3 +138,50 @@ def test_cli_bad_input(small_profile, tmp_path, args, culprit):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0]
+
+
+def _shaped(name, alpha, rate_bps, burst, sizes=(1024, 4096, 16384, 262144, 1048576, 4194304)):
+    return [{"op": "p2p", "name": name, "size_bytes": s, "world_size": 2,
+             "time_s": alpha + max(0, s - burst) * 8 / rate_bps} for s in sizes]
+
+
+def test_link_from_profile_passes_burst_and_rendezvous():
+    """Token-bucket burst of the shaped fit; gloo pipelines are receiver-driven, the
+    ready notice costing a raw gloo message at that rate."""
+    prof = _profile(_shaped("messenger@100Mbps", 1.5e-4, 9.5e7, 50_000)
+                    + _shaped("gloo@100Mbps", 3e-5, 9.6e7, 50_000))
+    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=False)
+    assert "messenger@100Mbps" in link.source
+    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)
+    assert link.burst_bytes == pytest.approx(50_000, rel=1e-6)
+    assert link.latency_s == pytest.approx(1.5e-4, rel=1e-6)  # small messages pass inside the burst
+    assert link.protocol == "rendezvous" and link.control_latency_s == pytest.approx(3e-5)
+    params = link.predict_params()
+    assert params["link_burst"] == link.burst_bytes and params["p2p_protocol"] == "rendezvous"
+    # data-parallel rows: collectives, no rendezvous; NCCL profiles: eager
+    assert v.link_from_profile(prof, 1e8, 0.0, dp_only=False, link_model="nominal").burst_bytes == 0
+    nccl = _profile(_shaped("nccl@100Mbps", 1.5e-4, 9.5e7, 50_000), backend="nccl")
+    assert v.link_from_profile(nccl, 1e8, 0.0, dp_only=False).protocol == "eager"
+
+
+def test_reuse_measured_reads_stored_runs(tmp_path):
+    """--reuse-measured: the fastest stored repeat counts; no run happens."""
+    import json
+
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), profile="x", steps=5, out=str(tmp_path), reuse_measured=True)
+    run_dir = tmp_path / "runs" / "00-100Mbps-fp32-none"
+    for suffix, it in (("", 0.010), ("-r1", 0.008)):
+        d = tmp_path / "runs" / f"00-100Mbps-fp32-none{suffix}"
+        d.mkdir(parents=True)
+        (d / "result.json").write_text(json.dumps({"summary": _result(it, "measured").summary}))
+
+    def runner(**kw):
+        raise AssertionError("must not run")
+
+    row = v.run_row(plan, plan.rows()[0], _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7)), 0, runner,
+                    lambda **kw: _result(0.008, "predicted"))
+    assert row["measured_iteration_s"] == 0.008 and row["measured_repeats"] == 2
+    assert row["error_iteration_s_pct"] == pytest.approx(0.0)
+    assert str(run_dir) == row["run_dir"]

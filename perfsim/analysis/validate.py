@@ -21,8 +21,20 @@ What the simulator is told about the link (``link_model``):
   the fitted fixed cost). Nothing is fitted to the validation runs themselves:
   the link numbers come from separate micro-benchmarks recorded in the profile.
 
+* the shaper's token bucket: the burst ``perfsim calibrate`` fitted over that
+  link (``metadata.network[].burst_bytes`` of the same record as the rate;
+  ``t(s) = alpha + max(0, s - b) / rate``), passed as ``link_burst``;
+* gloo's point-to-point is receiver-driven (a send's bytes move once the
+  receiver posted its receive and its ready notice crossed back), so pipeline
+  rows over gloo use ``p2p_protocol="rendezvous"`` with the raw gloo message's
+  fixed cost at that rate (``gloo@<rate>`` p2p fit) as the notice's latency.
+
 Rows fall back to ``nominal`` when the profile has no measurement at that rate
 (``link_source`` column says which was used).
+
+``reuse_measured``: re-predict against the measured results already stored in
+the row's run folders (``runs/<row>/result.json`` and its repeats) instead of
+running again -- for a changed simulator, the measurements stay valid.
 """
 
 from __future__ import annotations
@@ -77,6 +89,7 @@ class ValidationPlan:
     profile: str | None = None
     link_model: str = "profile"
     out: str = "traces/validation/run"
+    reuse_measured: bool = False
     seed: int = 0
     repeats: int = 1
     runtime_model: bool = True
@@ -124,11 +137,22 @@ def parse_bandwidths(text: str) -> tuple[float | None, ...]:
 # ----------------------------------------------------------------------------- link parameters
 @dataclass(frozen=True)
 class Link:
-    """Bandwidth (bits/s) and one-way latency (s) handed to the simulator."""
+    """Bandwidth (bits/s), one-way latency (s), token-bucket burst (bytes) and p2p
+    protocol handed to the simulator."""
 
     bandwidth_bps: float
     latency_s: float
     source: str
+    burst_bytes: float = 0.0
+    protocol: str = "eager"
+    control_latency_s: float | None = None
+
+    def predict_params(self) -> dict[str, Any]:
+        out = {"bandwidth": self.bandwidth_bps, "latency": self.latency_s,
+               "link_burst": self.burst_bytes, "p2p_protocol": self.protocol}
+        if self.control_latency_s is not None:
+            out["p2p_control_latency"] = self.control_latency_s
+        return out
 
 
 def _fits(profile, op: str, name: str) -> list[dict]:
@@ -151,6 +175,14 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
     backend = profile.metadata.get("backend", "gloo")
     if link_model == "nominal" and nominal_bps is not None:
         return Link(nominal_bps, latency_s, "nominal")
+    # gloo's TCP pairs are receiver-driven: model the rendezvous, its ready notice
+    # costing a raw backend message (no messenger framing) at that rate
+    protocol, control = "eager", None
+    if backend == "gloo" and not dp_only:
+        protocol = "rendezvous"
+        raw = sorted(_fits(profile, "p2p", comm_name(backend, nominal_bps)), key=lambda r: r["size_bytes"])
+        if raw:
+            control = sorted(r["time_s"] for r in raw[:3])[min(1, len(raw[:3]) - 1)] + latency_s
     op = "allreduce" if dp_only else "p2p"
     names = [comm_name(backend, nominal_bps)] if dp_only else \
         [comm_name("messenger", nominal_bps), comm_name(backend, nominal_bps)]
@@ -166,9 +198,18 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
             rate_Bps, alpha = 1.0 / beta, sorted(times[:3])[len(times[:3]) // 2]
         else:
             rate_Bps, alpha = link.rate_Bps, link.alpha_s
-        fixed = max(0.0, alpha - sizes[1] / rate_Bps)
+        # alpha (median of the three smallest) is the middle small message's time. If
+        # the fitted burst clearly exceeds that message, it passed inside the burst
+        # and alpha is the fixed cost; otherwise it paid its bytes at the rate and the
+        # fit's burst absorbed them (t = alpha + (s - b)/rate = fixed + (s - (b - s1))/rate)
+        burst = float(link.burst_bytes) if link is not None and nominal_bps is not None else 0.0
+        if burst > 2 * sizes[1]:
+            fixed = alpha
+        else:
+            fixed = max(0.0, alpha - sizes[1] / rate_Bps)
+            burst = max(0.0, burst - sizes[1])
         lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
-        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}")
+        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}", burst, protocol, control)
     if nominal_bps is None:
         raise ConfigError(f"profile {profile.path!r}: no {op} records for {names[-1]!r}; "
                           "calibrate with comm ops to validate without emulation")
@@ -213,6 +254,31 @@ def _drop_checkpoint(run_dir: str) -> None:
     shutil.rmtree(Path(run_dir) / "ckpt", ignore_errors=True)
 
 
+def _stored_measurements(run_dir: Path, repeats: int):
+    """The fastest stored measured run of a row (``result.json`` of ``run_dir`` and its
+    ``-r<k>`` repeats, all that are stored), or (None, []) when none is stored."""
+    import json
+    from types import SimpleNamespace
+
+    best, tputs = None, []
+    k = 0
+    while True:
+        path = Path(str(run_dir) + (f"-r{k}" if k else "")) / "result.json"
+        k += 1
+        if not path.exists():
+            if k > max(repeats, 1):
+                break
+            continue
+        try:
+            summary = json.loads(path.read_text())["summary"]
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"{path}: unreadable stored measurement ({e})") from None
+        tputs.append(summary.get("throughput_samples_per_s") or 0.0)
+        if best is None or tputs[-1] > (best.summary.get("throughput_samples_per_s") or 0.0):
+            best = SimpleNamespace(summary=summary)
+    return best, tputs
+
+
 def _summary_figures(result, prefix: str) -> dict[str, Any]:
     s = result.summary
     out = {f"{prefix}_{m}": s.get(m) for m in METRICS}
@@ -245,7 +311,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     t0 = time.perf_counter()
     measured = None
     tputs = []
-    for k in range(plan.repeats):
+    if plan.reuse_measured:
+        measured, tputs = _stored_measurements(run_dir, plan.repeats)
+    for k in range(0 if measured is not None else plan.repeats):
         params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""))
         m = runner(**params)
         _drop_checkpoint(params["out"])
@@ -255,8 +323,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     wall = time.perf_counter() - t0
     link = link_from_profile(profile, bw, plan.latency_s, dp_only=dp_only, link_model=plan.link_model)
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
-                       profile=profile, bandwidth=link.bandwidth_bps, latency=link.latency_s,
-                       **plan.extra_predict)
+                       profile=profile, **link.predict_params(), **plan.extra_predict)
     if plan.runtime_model:
         wl = runtime_workload(base["model"], plan.out)
         if wl is not None:
@@ -270,6 +337,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            "schedule": base.get("schedule"), "pp": base.get("pp"), "dp": base.get("dp"),
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
            "predict_bandwidth_bps": link.bandwidth_bps, "predict_latency_s": link.latency_s,
+           "predict_burst_bytes": link.burst_bytes, "predict_p2p_protocol": link.protocol,
            "link_source": link.source, "measured_steps": measured.summary.get("measured_steps"),
            "measured_repeats": len(tputs),
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),

@@ -40,6 +40,9 @@ def add_arguments(p) -> None:
                    help="measured runs per row, the fastest counts (a shared machine only slows runs down)")
     p.add_argument("--out", "-o", default=None,
                    help="output folder (default traces/validation/<model>-pp<P>-dp<D>)")
+    p.add_argument("--reuse-measured", action="store_true",
+                   help="re-predict against the measured results stored in OUT/runs (no new runs; "
+                        "rows without a stored result are run)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -72,7 +75,8 @@ def run(args) -> int:
         base=base, bandwidths=v.parse_bandwidths(args.emulate_bandwidth),
         compresses=tuple(split_list(args.compress)), grad_compresses=tuple(split_list(args.grad_compress)),
         latency_s=v.parse_latency(args.emulate_latency), steps=args.steps, dataset_limit=limit,
-        profile=args.profile, link_model=args.link_model, out=out, seed=args.seed, repeats=args.repeats)
+        profile=args.profile, link_model=args.link_model, out=out, seed=args.seed, repeats=args.repeats,
+        reuse_measured=args.reuse_measured)
     # check every spec before the first (slow) run
     from perfsim.compression import make_pipeline_pair
     from perfsim.runtime.grad_sync import parse_grad_spec
