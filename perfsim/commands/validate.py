@@ -117,7 +117,16 @@ def run(args) -> int:
     summary = {**v.summarize(df), "iteration": v.summarize(df, "iteration_s"),
                "profile": args.profile, "link_model": args.link_model, "base": base,
                "steps": args.steps, "dataset_limit": limit,
-               "load_average": __import__("os").getloadavg()}
+               "load_average": __import__("os").getloadavg(), "reuse_measured": args.reuse_measured}
+    if args.reuse_measured:  # the measurements are older: keep the load they were taken under
+        import os
+
+        try:
+            with open(os.path.join(out, "summary.json")) as f:
+                old = json.load(f)
+            summary["measured_load_average"] = old.get("measured_load_average", old.get("load_average"))
+        except (OSError, ValueError):
+            pass
     atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
     print(f"wrote {csv}", end="")
