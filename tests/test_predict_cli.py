@@ -65,6 +65,7 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     (["--schedule", "zigzag"], "zigzag"),
     (["--pp", "two"], "pp"),
     (["--profile", "/nonexistent/p.json"], "profile"),
+    (["--link-burst", "5furlongs"], "link_burst"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, culprit):
     code, out, err = run(capsys, *argv)
@@ -103,3 +104,19 @@ def test_table_to_file_keeps_stdout_clean(capsys, tmp_path):
     code, out, _ = run(capsys, "--macro-batch", "4", "--output", str(out_file))
     assert code == 0 and out == ""
     assert "samples/s" in out_file.read_text() and "per stage" in out_file.read_text()
+
+
+def test_link_mechanism_flags(capsys):
+    """--link-burst lets small messages pass at once (never slower); --p2p-protocol
+    rendezvous makes a send wait for its receiver (never faster)."""
+    base = ["--model", "gpt2-tiny", "--pp", "2", "--macro-batch", "8", "--bandwidth", "100Mbps",
+            "--compress", "aqsgd:fw3bw6", "--format", "csv"]
+
+    def tput(*extra):
+        code, out, err = run(capsys, *base, *extra)
+        assert code == 0, err
+        return float(next(csv.DictReader(io.StringIO(out)))["throughput_samples_per_s"])
+
+    eager = tput()
+    assert tput("--link-burst", "50KB") > eager
+    assert tput("--p2p-protocol", "rendezvous") < eager

@@ -45,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-node", default="1", help="devices per node (default 1)")
     g.add_argument("--intra-node-bandwidth", default="300GB/s", help="intra-node rate (default 300GB/s)")
     g.add_argument("--no-nic-sharing", action="store_true", help="give every flow the full link (lower bound)")
+    g.add_argument("--link-burst", default="0B",
+                   help="token-bucket depth of each link, bytes that leave at once after idling "
+                        "(Linux tbf burst), e.g. 50KB (default 0: a plain fixed-rate link)")
+    g.add_argument("--p2p-protocol", choices=("eager", "rendezvous"), default="eager",
+                   help="eager: a send starts at once (NCCL-like, default); rendezvous: it starts when "
+                        "the receiver has posted its receive (gloo over TCP)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "csv", "json"), help="output format (default table, or from --output's suffix)")
     g.add_argument("--output", "-o", help="write to FILE (atomically) instead of stdout")
@@ -64,7 +70,8 @@ def _grid(args) -> list[dict]:
     common = dict(workload=args.workload, profile=args.profile, topology=args.topology,
                   partition=args.partition, bucket_size=args.bucket_size, overlap=not args.no_overlap,
                   epochs=args.epochs, dataset_samples=args.dataset_samples, gpus_per_node=args.gpus_per_node,
-                  intra_node_bandwidth=args.intra_node_bandwidth, nic_sharing=not args.no_nic_sharing)
+                  intra_node_bandwidth=args.intra_node_bandwidth, nic_sharing=not args.no_nic_sharing,
+                  link_burst=args.link_burst, p2p_protocol=args.p2p_protocol)
     names = list(lists)
     return [{**common, **dict(zip(names, combo))} for combo in itertools.product(*(lists[n] for n in names))]
 
