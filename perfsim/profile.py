@@ -244,6 +244,27 @@ class Profile:
                 return t
         return None
 
+    def stage_measured(self, model: str, stage: int, first: int, last: int, micro_batch: int,
+                       op: str = "fwd", num_stages: int | None = None) -> float | None:
+        """Measured time of a whole stage for THE SAME partition, or None.
+
+        Only ``stage<k>`` records of ``num_stages`` stages at exactly ``micro_batch``
+        whose ``layers=<first>-<last>`` (``last`` inclusive, as ``perfsim calibrate``
+        writes it in ``source``) names the same layers count: a whole-stage timing
+        includes the per-call and autograd-graph overheads that a sum of per-layer
+        records misses, but only for the layers it timed. ``*`` records (the
+        paper-derived default profile's) are not whole-stage measurements of a
+        given partition and are ignored here (see :meth:`stage_compute`)."""
+        want = f"{int(first)}-{int(last)}"
+        for r in self.select(f"stage_{_fb(op)}", model=model, name=f"stage{int(stage)}",
+                             world_size=num_stages):
+            if r.get("micro_batch") != micro_batch:
+                continue
+            layers = _source_fields(r.get("source")).get("layers")
+            if layers == want:
+                return float(r["time_s"])
+        return None
+
     def _scaled(self, op: str, match: dict, micro_batch: int) -> float | None:
         recs = self.select(op, **match)
         if not recs:
@@ -313,6 +334,16 @@ def _fb(op: str) -> str:
     if op in ("bwd", "b", "backward"):
         return "bwd"
     raise ConfigError(f"compute op {op!r}: expected 'fwd' or 'bwd'")
+
+
+def _source_fields(source: Any) -> dict[str, str]:
+    """``key=value`` pairs of a record's free-text ``source`` (``;``-separated)."""
+    out: dict[str, str] = {}
+    for part in str(source or "").split(";"):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            out[k.strip()] = v.strip()
+    return out
 
 
 def _name_chain(spec: str) -> list[str]:

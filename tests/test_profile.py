@@ -81,3 +81,40 @@ def test_malformed_json(tmp_path):
 def test_load_by_name():
     assert load_profile("default-v100-aqsgd").metadata["stages_measured"] == 8
     assert load_profile(None).path.endswith("default-v100-aqsgd.json")
+
+
+def _stage_profile(layers_field="0-1"):
+    from perfsim.profile import Profile
+
+    recs = []
+    for i, name in enumerate(("fc0", "fc1", "fc2", "fc3")):
+        recs.append(dict(op="layer_fwd", name=name, model="digits-mlp", micro_batch=8, time_s=0.001))
+        recs.append(dict(op="layer_bwd", name=name, model="digits-mlp", micro_batch=8, time_s=0.002))
+    for op, t in (("stage_fwd", 0.005), ("stage_bwd", 0.008)):
+        recs.append(dict(op=op, name="stage0", model="digits-mlp", micro_batch=8, world_size=2,
+                         time_s=t, source=f"calibrate; layers={layers_field}; threads=1"))
+    return Profile.from_dict({"format": "perfsim-profile", "version": 1, "records": recs})
+
+
+def test_stage_measured_only_for_the_same_partition():
+    p = _stage_profile()
+    assert p.stage_measured("digits-mlp", 0, 0, 1, 8, "fwd", 2) == pytest.approx(0.005)
+    assert p.stage_measured("digits-mlp", 0, 0, 1, 8, "bwd", 2) == pytest.approx(0.008)
+    assert p.stage_measured("digits-mlp", 0, 0, 2, 8, "fwd", 2) is None  # other layers
+    assert p.stage_measured("digits-mlp", 0, 0, 1, 4, "fwd", 2) is None  # other micro-batch
+    assert p.stage_measured("digits-mlp", 0, 0, 1, 8, "fwd", 4) is None  # other degree
+    assert p.stage_measured("digits-mlp", 1, 2, 3, 8, "fwd", 2) is None  # not measured
+
+
+def test_plan_prefers_measured_whole_stage_over_layer_sum():
+    from perfsim.api import build_configs
+    from perfsim.engine.plan import build_plan
+
+    for layers_field, fwd0, bwd0 in (("0-1", 0.005, 0.008), ("0-2", 0.002, 0.004)):
+        w, s, _, prof = build_configs(model="digits-mlp", pp=2, dp=2, micro_batch=8, macro_batch=16,
+                                      partition="2,2", profile=_stage_profile(layers_field))
+        plan = build_plan(w, s, prof)
+        st0, st1 = plan.stages
+        assert st0.fwd_s == pytest.approx(fwd0) and st0.bwd_s == pytest.approx(bwd0)
+        assert sum(st0.layer_bwd) == pytest.approx(bwd0)  # bucket timing follows the stage
+        assert st1.fwd_s == pytest.approx(0.002) and st1.bwd_s == pytest.approx(0.004)
