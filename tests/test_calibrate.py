@@ -59,6 +59,17 @@ def test_compute_records_every_layer():
     assert {r["name"] for r in recs if r["op"] == "stage_fwd"} == {"stage0", "stage1"}
     assert all(r["time_s"] > 0 and r["repeats"] >= 3 for r in recs)
     assert all(r["threads"] >= 1 for r in recs)
+    stage = [r for r in recs if r["op"].startswith("stage_")]
+    # timed as a pipeline rank runs them: every F/B of the timed 1F1B steps is a sample
+    assert all(r["schedule"] == "1f1b" and r["microbatches"] == 4 and r["repeats"] == 4 for r in stage)
+    assert {r["layers"] for r in stage} == {"0-1", "2-3"}
+
+
+def test_compute_config_checks_stage_timing():
+    with pytest.raises(ConfigError, match="stage_microbatches"):
+        ComputeConfig("digits-mlp", stage_microbatches=0)
+    with pytest.raises(ConfigError, match="schedule"):
+        ComputeConfig("digits-mlp", stage_schedule="zigzag")
 
 
 def test_compute_config_rejects_bad_input():

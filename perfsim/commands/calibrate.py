@@ -23,6 +23,11 @@ def add_arguments(p) -> None:
     p.add_argument("--dtype", default="float32", help="comma list of compute dtypes (default float32)")
     p.add_argument("--stages", default="1,2",
                    help="pipeline degrees whose whole stages are timed too (default 1,2; '' for none)")
+    p.add_argument("--stage-microbatches", type=int, default=4,
+                   help="micro-batches per step when timing whole stages (default 4: the runs' "
+                        "macro-batch 32 / micro-batch 8)")
+    p.add_argument("--stage-schedule", default="1f1b",
+                   help="schedule that drives the whole-stage timing (default 1f1b)")
     p.add_argument("--codecs", default="all",
                    help="comma list of compressor specs to time, 'all' (default) or 'none'")
     p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger,late",
@@ -146,7 +151,8 @@ def run(args) -> int:
         compute_cfgs.append(ComputeConfig(
             model=spec.name, micro_batches=micro, dtypes=dtypes, device=device,
             warmup=2 if quick else 3, repeats=repeats, ranks=args.ranks,
-            max_seconds=1.0 if quick else 5.0, stages=tuple(p for p in stages if p <= n)))
+            max_seconds=1.0 if quick else 5.0, stages=tuple(p for p in stages if p <= n),
+            stage_microbatches=args.stage_microbatches, stage_schedule=str(args.stage_schedule).lower()))
     codec_cfg = None
     if args.codecs.strip().lower() != "none":
         names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))

@@ -19,7 +19,9 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   # over loopback and over each emulated rate (token-bucket fit: rate, burst).
   # time_s = median of the repeats (what a run's steps see); on a loaded machine use
   # STATISTIC=min (interference only adds time). validate keeps the fastest of 2 runs.
-  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 \
+  # whole stages are timed as a pipeline rank runs them: the 1F1B rows of 4 micro-batches
+  # (macro-batch 32 / micro-batch 8), execute mode's stage modules, optimizer step per step.
+  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
       --statistic "${STATISTIC:-median}" --concurrent \
       --comm p2p,allreduce,allgather,alltoall,messenger,late --emulate-bandwidth "$RATES" \
       --output "$PROFILE"
