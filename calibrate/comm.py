@@ -299,7 +299,10 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         name = comm_name(base, cfg.emulate_bandwidth)
         rec = {"op": "p2p" if p2p else item["op"], "name": name,
                "size_bytes": item["size_bytes"], "world_size": 2 if p2p else cfg.world_size, "dtype": "float32",
-               **t.record()}
+               **t.record(),
+               # the expected cost: small messages are bimodal (~0.1 ms, or a wait for the
+               # next 4-ms kernel tick), a median lands on either mode; a run pays the mean
+               "mean_s": sum(samples) / len(samples)}
         if item["op"] == "late":
             # the late-receive cost depends on the kernel tick's phase, not on interference:
             # always the median (a minimum would report the lucky case)

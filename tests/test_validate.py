@@ -185,3 +185,18 @@ def test_reuse_measured_reads_stored_runs(tmp_path):
     assert row["measured_iteration_s"] == 0.008 and row["measured_repeats"] == 2
     assert row["error_iteration_s_pct"] == pytest.approx(0.0)
     assert str(run_dir) == row["run_dir"]
+
+
+def test_link_fixed_cost_is_the_expected_small_message_time():
+    """Bimodal small messages (0.15 ms, or a 4-ms tick): the median lands on a mode,
+    the fixed cost handed to the simulator is the mean calibrate recorded."""
+    recs = _shaped("messenger@100Mbps", 1.5e-4, 9.5e7, 50_000) + _shaped("gloo@100Mbps", 3e-5, 9.6e7, 50_000)
+    means = {1024: 1.2e-3, 4096: 1.0e-3, 16384: 1.4e-3}
+    for r in recs:
+        if r["size_bytes"] in means:
+            r["source"] = f"calibrate; mean_s={means[r['size_bytes']] / (5 if r['name'].startswith('gloo') else 1):.6g}"
+    link = v.link_from_profile(_profile(recs), 1e8, 0.0, dp_only=False)
+    assert link.latency_s == pytest.approx(1.2e-3, rel=1e-6)  # middle of the three smallest means
+    assert link.control_latency_s == pytest.approx(1.2e-3 / 5, rel=1e-6)
+    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
+    assert v._expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
