@@ -72,6 +72,9 @@ class CommConfig:
     max_call_s: sizes whose one call would take longer than this at the emulated
       bandwidth are skipped (keeps a 100 Mbps sweep from running for minutes).
     threads: torch threads per rank.
+    small_repeats: repeats of messages up to ``small_bytes`` (0: ``repeats``). Their
+      time is bimodal (~0.1 ms, or a wait for a 4-ms kernel tick), so the mean the
+      simulator uses as the per-message fixed cost needs more samples; they are cheap.
     """
 
     ops: tuple[str, ...] = DEFAULT_OPS
@@ -86,6 +89,8 @@ class CommConfig:
     max_call_s: float = 4.0
     threads: int = 1
     timeout_s: float = 600.0
+    small_repeats: int = 0
+    small_bytes: int = 65536
 
     def __post_init__(self):
         bad = [o for o in self.ops if o not in OPS]
@@ -93,6 +98,8 @@ class CommConfig:
             raise ConfigError(f"comm ops {bad or self.ops}: choose from {', '.join(OPS)}")
         if not self.sizes or any(int(s) < 4 or int(s) % 4 for s in self.sizes):
             raise ConfigError(f"comm sizes {self.sizes}: need multiples of 4 bytes, >= 4")
+        if self.small_repeats < 0 or self.small_bytes < 0:
+            raise ConfigError(f"small_repeats={self.small_repeats}, small_bytes={self.small_bytes}: must be >= 0")
         if self.world_size < 2:
             raise ConfigError(f"world_size={self.world_size}: comm calibration needs >= 2 ranks")
         if self.backend not in (None, "gloo", "nccl"):
@@ -126,12 +133,13 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device) -> int:
+def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device, size: int = 0) -> int:
     """Rank 0 decides how many repeats fit into ``max_seconds``; all ranks agree."""
     import torch
 
-    n = cfg.repeats if first_call_s <= 0 else int(cfg.max_seconds / first_call_s)
-    t = torch.tensor([max(3, min(cfg.repeats, n))], dtype=torch.int64, device=device)
+    want = cfg.small_repeats if cfg.small_repeats and size <= cfg.small_bytes else cfg.repeats
+    n = want if first_call_s <= 0 else int(cfg.max_seconds / first_call_s)
+    t = torch.tensor([max(3, min(want, n))], dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
     return int(t.item())
 
@@ -239,7 +247,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 break
             for _ in range(max(0, cfg.warmup - 1)):
                 call()
-            reps = _n_repeats(dist, first, cfg, device)
+            reps = _n_repeats(dist, first, cfg, device, size)
             samples = []
             for _ in range(reps):
                 dist.barrier()

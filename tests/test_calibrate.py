@@ -106,8 +106,15 @@ def test_comm_loopback_two_ranks():
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
     recs = measure_comm(CommConfig(ops=("p2p", "allreduce", "messenger", "late"), sizes=(1024, 262144),
-                                   warmup=1, repeats=3, max_seconds=0.5, timeout_s=120))
+                                   warmup=1, repeats=3, max_seconds=0.5, timeout_s=120,
+                                   small_repeats=6, small_bytes=4096))
     raw = [r for r in recs if r["op"] in ("p2p", "allreduce")]
+    # small messages get more repeats; every point carries its mean (expected cost)
+    assert {r["repeats"] for r in raw if r["size_bytes"] == 1024} == {6}
+    assert {r["repeats"] for r in raw if r["size_bytes"] == 262144} == {3}
+    assert all(r["mean_s"] > 0 for r in raw)
+    with pytest.raises(ConfigError, match="small_repeats"):
+        CommConfig(small_repeats=-1)
     assert {(r["op"], r["name"], r["size_bytes"]) for r in raw} == {
         (o, n, s) for o, n in (("p2p", "gloo"), ("allreduce", "gloo"), ("p2p", "messenger"),
                                ("p2p", "messenger-late")) for s in (1024, 262144)}

@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
                         "macro-batch 32 / micro-batch 8)")
     p.add_argument("--stage-schedule", default="1f1b",
                    help="schedule that drives the whole-stage timing (default 1f1b)")
+    p.add_argument("--small-repeats", type=int, default=60,
+                   help="repeats of comm messages up to 64 KB (bimodal: their mean is the simulator's "
+                        "per-message fixed cost; default 60, --quick uses --repeats)")
     p.add_argument("--codecs", default="all",
                    help="comma list of compressor specs to time, 'all' (default) or 'none'")
     p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger,late",
@@ -163,7 +166,8 @@ def run(args) -> int:
     if comm_ops and args.ranks >= 2:
         threads = max(1, meta_cores() // args.ranks)
         common = dict(ops=comm_ops, world_size=args.ranks, repeats=repeats, warmup=2,
-                      max_seconds=1.0 if quick else 3.0, threads=threads)
+                      max_seconds=1.0 if quick else 3.0, threads=threads,
+                      small_repeats=0 if quick else args.small_repeats)
         sizes = cm.QUICK_SIZES if quick else cm.FULL_SIZES
         comm_cfgs.append(cm.CommConfig(sizes=sizes, **common))
         # over a shaped link the rate shows only beyond the shaper's burst (up to 500 KB
