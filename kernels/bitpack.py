@@ -18,8 +18,8 @@ import torch
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
-from perfsim.kernels.packing import (check_bits, group_size, pack_bits_ref, packed_nbytes,
-                                     unpack_bits_ref)
+from perfsim.kernels.packing import (check_bits, check_packed, group_size, pack_bits_ref,
+                                     packed_nbytes, unpack_bits_ref)
 
 
 @lru_cache(maxsize=None)
@@ -95,13 +95,7 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool = False) -> torch.Tensor:
     """Fast torch unpacking (same codes as :func:`unpack_bits_ref`). ``scratch=True``
     returns a view of a reused buffer (valid until the next call)."""
-    check_bits(bits)
-    if packed.dtype != torch.uint8:
-        raise ConfigError(f"packed: dtype {packed.dtype}, expected torch.uint8")
-    packed = packed.reshape(-1)
-    if packed.numel() != packed_nbytes(n, bits):
-        raise ConfigError(f"packed: {packed.numel()} bytes, expected {packed_nbytes(n, bits)} "
-                          f"for {n} codes of {bits} bits")
+    packed = check_packed(packed, bits, n)
     if bits == 8:
         return packed.clone()
     g, gb = group_size(bits)

@@ -42,6 +42,18 @@ def check_bits(bits: int) -> None:
         raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, SUPPORTED_BITS))})")
 
 
+def check_packed(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Validate a packed buffer for ``n`` codes of ``bits`` bits; returns it flat."""
+    check_bits(bits)
+    if packed.dtype != torch.uint8:
+        raise ConfigError(f"packed: dtype {packed.dtype}, expected torch.uint8")
+    packed = packed.reshape(-1)
+    if packed.numel() != packed_nbytes(n, bits):
+        raise ConfigError(f"packed: {packed.numel()} bytes, expected {packed_nbytes(n, bits)} "
+                          f"for {n} codes of {bits} bits")
+    return packed
+
+
 def pack_bits_ref(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """Pack a 1-D uint8 tensor of codes in ``[0, 2**bits)`` into ``ceil(n*bits/8)`` bytes."""
     check_bits(bits)
@@ -64,13 +76,7 @@ def pack_bits_ref(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack_bits_ref(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     """Inverse of :func:`pack_bits_ref`: ``n`` uint8 codes from packed bytes."""
-    check_bits(bits)
-    if packed.dtype != torch.uint8:
-        raise ConfigError(f"packed: dtype {packed.dtype}, expected torch.uint8")
-    packed = packed.reshape(-1)
-    if packed.numel() != packed_nbytes(n, bits):
-        raise ConfigError(f"packed: {packed.numel()} bytes, expected {packed_nbytes(n, bits)} "
-                          f"for {n} codes of {bits} bits")
+    packed = check_packed(packed, bits, n)
     if bits == 8:
         return packed.clone()
     g, gbytes = group_size(bits)
