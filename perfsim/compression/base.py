@@ -206,3 +206,21 @@ class Compressor(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec or self.name!r})"
+
+
+class SeedStepState:
+    """Mixin: checkpointable state of compressors whose only state is the random
+    counter ``(seed, step)`` (DirectQ, top-k)."""
+
+    seed: int = 0
+    step: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = set(state) - {"step", "seed"}
+        if unknown:
+            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(unknown)}")
+        self.step = int(state.get("step", 0))
+        self.seed = int(state.get("seed", self.seed))

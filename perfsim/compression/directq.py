@@ -30,7 +30,7 @@ from typing import Sequence
 
 import torch
 
-from perfsim.compression.base import Compressor, Payload, numel_of
+from perfsim.compression.base import Compressor, Payload, SeedStepState, numel_of
 from perfsim.compression.registry import parse_bits, register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
@@ -72,7 +72,7 @@ def check_payload_tensors(payload: Payload, names: Sequence[str], who: str) -> N
 
 
 @register
-class DirectQ(Compressor):
+class DirectQ(SeedStepState, Compressor):
     """Uniform ``b``-bit quantization after bucket max-abs normalisation."""
 
     name = "directq"
@@ -140,14 +140,3 @@ class DirectQ(Compressor):
         values = unpack_dequantize(payload.tensors["codes"], payload.tensors["scales"], self.bits, n,
                                    bucket=self.bucket_for(shape))
         return values.view(shape).to(payload.dtype)
-
-    # ------------------------------------------------------------- state
-    def state_dict(self):
-        return {"step": self.step, "seed": self.seed}
-
-    def load_state_dict(self, state) -> None:
-        unknown = set(state) - {"step", "seed"}
-        if unknown:
-            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(unknown)}")
-        self.step = int(state.get("step", 0))
-        self.seed = int(state.get("seed", self.seed))

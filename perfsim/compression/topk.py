@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, SeedStepState, check_input, numel_of
 from perfsim.compression.directq import check_payload_tensors, row_bucket
 from perfsim.compression.registry import parse_bits, register
 from perfsim.errors import ConfigError
@@ -43,7 +43,7 @@ def index_dtype(cols: int) -> torch.dtype:
 
 
 @register
-class TopK(Compressor):
+class TopK(SeedStepState, Compressor):
     """Per-row top-k by magnitude, kept values quantized to ``BITS`` bits."""
 
     name = "topk"
@@ -130,14 +130,3 @@ class TopK(Compressor):
         if rows:
             out.scatter_(1, idx.to(torch.long).view(rows, k), vals.view(rows, k))
         return out.view(shape).to(payload.dtype)
-
-    # ------------------------------------------------------------- state
-    def state_dict(self):
-        return {"step": self.step, "seed": self.seed}
-
-    def load_state_dict(self, state) -> None:
-        unknown = set(state) - {"step", "seed"}
-        if unknown:
-            raise ConfigError(f"{self.spec}: unexpected state keys {sorted(unknown)}")
-        self.step = int(state.get("step", 0))
-        self.seed = int(state.get("seed", self.seed))
