@@ -252,19 +252,7 @@ class StageRunner:
             x, _ = self.dataset.get(ids)
             x = x.to(self.device)
         else:
-            payload, got_ids, info = self.msg.recv(self.prev_rank)
-            if not torch.equal(got_ids, ids):
-                raise RuntimeError(f"micro-batch {mb}: received sample ids differ from the schedule's")
-            r.fwd_comm_s += info.transfer_s
-            r.fwd_wait_s += info.wait_s
-            r.fwd_span_s += max(0.0, info.done - info.sent)
-            self._event(rec, f"recv act {mb}", "comm", info.done - info.transfer_s, info.done,
-                        bytes=info.body_bytes)
-            t0 = self._now()
-            x = self.comp["fw_recv"].decompress(payload, key=ids).to(self.device)
-            t1 = self._now()
-            r.encode_s += t1 - t0
-            self._event(rec, f"decode act {mb}", "encode", t0, t1)
+            x = self._receive(self.prev_rank, "fwd", mb, ids, rec)
             x.requires_grad_(True)
         t0 = self._now()
         out = self.module(x)
@@ -288,6 +276,28 @@ class StageRunner:
             rec.links.setdefault(self.next_rank, [0, 0.0])[0] += body
         return x, out, loss, ids
 
+    # -- receive (both directions)
+    def _receive(self, peer: int, direction: str, mb: int, ids, rec: StepRecord) -> torch.Tensor:
+        """Receive micro-batch ``mb``'s activation (``direction="fwd"``) or gradient
+        (``"bwd"``) from ``peer``, check its sample ids, decode it, and record the
+        transfer, wait and decode times."""
+        r = rec.micro[mb]
+        what, comp = ("act", "fw_recv") if direction == "fwd" else ("grad", "bw_recv")
+        payload, got_ids, info = self.msg.recv(peer)
+        if not torch.equal(got_ids, ids):
+            raise RuntimeError(f"micro-batch {mb}: {what} arrived for other sample ids than the schedule's")
+        setattr(r, f"{direction}_comm_s", getattr(r, f"{direction}_comm_s") + info.transfer_s)
+        setattr(r, f"{direction}_wait_s", getattr(r, f"{direction}_wait_s") + info.wait_s)
+        setattr(r, f"{direction}_span_s", getattr(r, f"{direction}_span_s") + max(0.0, info.done - info.sent))
+        self._event(rec, f"recv {what} {mb}", "comm", info.done - info.transfer_s, info.done,
+                    bytes=info.body_bytes)
+        t0 = self._now()
+        out = self.comp[comp].decompress(payload, key=ids).to(self.device)
+        t1 = self._now()
+        r.encode_s += t1 - t0
+        self._event(rec, f"decode {what} {mb}", "encode", t0, t1)
+        return out
+
     # -- backward
     def _backward(self, mb: int, saved: tuple, rec: StepRecord) -> None:
         r = rec.micro[mb]
@@ -296,19 +306,7 @@ class StageRunner:
             t0 = self._now()
             (loss / self.num_microbatches).backward()
         else:
-            payload, got_ids, info = self.msg.recv(self.next_rank)
-            if not torch.equal(got_ids, ids):
-                raise RuntimeError(f"micro-batch {mb}: gradient arrived for other sample ids")
-            r.bwd_comm_s += info.transfer_s
-            r.bwd_wait_s += info.wait_s
-            r.bwd_span_s += max(0.0, info.done - info.sent)
-            self._event(rec, f"recv grad {mb}", "comm", info.done - info.transfer_s, info.done,
-                        bytes=info.body_bytes)
-            t0 = self._now()
-            grad = self.comp["bw_recv"].decompress(payload, key=ids).to(self.device)
-            t1 = self._now()
-            r.encode_s += t1 - t0
-            self._event(rec, f"decode grad {mb}", "encode", t0, t1)
+            grad = self._receive(self.next_rank, "bwd", mb, ids, rec)
             t0 = self._now()
             out.backward(grad)
         t1 = self._now()
