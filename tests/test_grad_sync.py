@@ -32,14 +32,7 @@ EXPECTED_SCALE = {"randk-maxnorm:0.25:4": 0.25}
 
 
 def available_specs() -> list[str]:
-    out = []
-    for spec in CANDIDATES:
-        try:
-            parse_grad_spec(spec)
-        except ConfigError:
-            continue
-        out.append(spec)
-    return out
+    return list(CANDIDATES)
 
 
 def free_port() -> int:

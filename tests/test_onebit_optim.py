@@ -123,9 +123,7 @@ def test_state_dict_requires_matching_optimizer():
 
 # ------------------------------------------------------------------ two ranks
 def _compressor() -> str:
-    from perfsim.compression import compressor_classes
-
-    return "onebit" if "onebit" in compressor_classes() else "fp16"
+    return "onebit"
 
 
 def _free_port() -> int:
@@ -234,8 +232,7 @@ def test_resume_continues_identically(trained, name):
 
 def test_error_buffers_are_checkpointed(trained):
     comp, ranks = trained
-    if comp != "onebit":
-        pytest.skip("the onebit compressor is not in the library yet")
+    assert comp == "onebit"
     state = ranks[0]["onebit-adam"]["comp_state"]
     tensors = [v for v in _leaves(state) if isinstance(v, torch.Tensor) and v.is_floating_point()]
     assert tensors and any(float(t.abs().sum()) > 0 for t in tensors), state.keys()
@@ -247,7 +244,7 @@ def test_compressed_bytes_smaller_than_fp32(trained):
     warm = WARMUP * n * 4                                 # fp32 allreduce during warm-up
     compressed = ranks[0]["onebit-adam"]["compressed_bytes"] - warm
     per_step = compressed / (RESUME_AT - WARMUP)
-    assert 0 < per_step < (n * 4) / (8 if comp == "onebit" else 1.5)
+    assert 0 < per_step < (n * 4) / 8
 
 
 def _leaves(obj):

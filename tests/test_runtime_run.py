@@ -9,13 +9,11 @@ import time
 import pytest
 import torch
 
-from perfsim.compression.registry import compressor_classes
 from perfsim.result import SUMMARY_COLUMNS, STAGE_COLUMNS
 from perfsim.runtime import checkpoint
 from perfsim.runtime.api import run
 from perfsim.runtime.launch import RankFailure
 
-HAS_AQSGD = "aqsgd" in compressor_classes()
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
 
 
@@ -71,7 +69,7 @@ def test_pipeline_equals_single_stage_and_schedules_agree(tmp_path):
 def test_resume_equals_uninterrupted(tmp_path):
     """Stop after 3 steps, resume to 6: the same losses as 6 steps in one go
     (model, optimizer, compressor state and data order restored)."""
-    comp = "aqsgd:fw4bw8" if HAS_AQSGD else "directq:fw4bw8"
+    comp = "aqsgd:fw4bw8"
     kw = dict(FAST, pp=2, compress=comp, dataset_limit=32)  # 2 steps per epoch: AQ-SGD compresses by step 2
     full = run(steps=6, out=tmp_path / "full", **kw).losses
     run(steps=3, out=tmp_path / "part", **kw)
@@ -95,7 +93,6 @@ def test_killed_rank_stops_everyone_with_a_message(tmp_path):
         assert checkpoint.load_rank(root, 2, r)["step"] == 2
 
 
-@pytest.mark.skipif(not HAS_AQSGD, reason="aqsgd compressor not available")
 def test_aqsgd_sender_and_receiver_buffers_identical(tmp_path):
     """After a real 3-stage run past the first epoch, each boundary's sender and
     receiver hold identical per-sample message buffers."""
