@@ -38,12 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"perfsim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"perfsim.commands.{name}")
-        except ModuleNotFoundError as exc:  # a command whose module is not there yet
-            if exc.name != f"perfsim.commands.{name}":
-                raise
-            continue
+        module = importlib.import_module(f"perfsim.commands.{name}")
         p = sub.add_parser(name, help=module.HELP, description=module.HELP)
         module.add_arguments(p)
         p.set_defaults(_run=module.run)

@@ -206,10 +206,8 @@ def _json_default(obj):
 def _resolve_predict(predict: Callable | None) -> Callable:
     if predict is not None:
         return predict
-    try:
-        from perfsim.api import predict as api_predict
-    except ModuleNotFoundError as exc:  # the simulator is not installed / not there yet
-        raise ConfigError(f"perfsim.api is not available ({exc})") from None
+    from perfsim.api import predict as api_predict
+
     return api_predict
 
 

@@ -235,24 +235,22 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
 
 
 # ----------------------------------------------------------------------------- running
-def runtime_workload(model: str, folder) -> Path | None:
+def runtime_workload(model: str, folder) -> Path:
     """A workload file describing the model exactly as execute mode builds it.
 
     Layer names and boundary shapes come from the preset (so compute times are
     still read from the profile by model and layer name); parameter counts are
     those of ``perfsim.runtime.models.build_layer`` -- e.g. the runtime unties
     GPT's LM head (+V*d parameters), which changes the gradient bytes a
-    data-parallel step exchanges. None when the runtime offers no layer builder.
+    data-parallel step exchanges.
     """
     import json
 
     from perfsim.models.specs import get_model_spec
     from perfsim.result import atomic_write_text
 
-    try:
-        from perfsim.runtime.models import build_layer
-    except ImportError:  # pragma: no cover - execute mode absent
-        return None
+    from perfsim.runtime.models import build_layer
+
     spec = get_model_spec(model)
     layers = []
     for i, lay in enumerate(spec.layers()):
@@ -343,10 +341,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
                        profile=profile, **link.predict_params(), **plan.extra_predict)
     if plan.runtime_model:
-        wl = runtime_workload(base["model"], plan.out)
-        if wl is not None:
-            pred_params.pop("model", None)
-            pred_params["workload"] = str(wl)
+        pred_params.pop("model", None)
+        pred_params["workload"] = str(runtime_workload(base["model"], plan.out))
     if plan.dataset_limit:
         pred_params["dataset_samples"] = plan.dataset_limit
     predicted = predictor(**pred_params)
@@ -433,29 +429,15 @@ def markdown_table(df) -> str:
 
 
 def plot(df, path, title: str | None = None) -> Path:
-    """Predicted-vs-measured figure (PNG) via perfsim.analysis.plots when present."""
+    """Predicted-vs-measured figure (PNG or SVG by suffix), drawn by perfsim.analysis.plots."""
     import matplotlib
 
     matplotlib.use("Agg")
     path = Path(path)
-    try:
-        from perfsim.analysis.plots import plot_validation, save_figure
-    except ImportError:  # pragma: no cover - plots module absent
-        plot_validation = save_figure = None
-    if plot_validation is not None:
-        fig = plot_validation(df, title=title)
-        return save_figure(fig, path)
-    import matplotlib.pyplot as plt  # pragma: no cover
+    from perfsim.analysis.plots import plot_validation, save_figure
 
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(df["measured_throughput_samples_per_s"], df["predicted_throughput_samples_per_s"])
-    hi = 1.1 * max(df["measured_throughput_samples_per_s"].max(), df["predicted_throughput_samples_per_s"].max())
-    ax.plot([0, hi], [0, hi], "k-")
-    ax.set_xlabel("measured samples/s")
-    ax.set_ylabel("predicted samples/s")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
-    return path
+    fig = plot_validation(df, title=title)
+    return save_figure(fig, path)
 
 
 def write_csv(df, path) -> Path:

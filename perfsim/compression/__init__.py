@@ -11,15 +11,9 @@ from perfsim.compression.base import CommStep, Compressor, Payload
 from perfsim.compression.registry import (compressor_classes, make_compressor,
                                           make_pipeline_pair, parse_pipeline_spec, register)
 
-# Built-in compressor modules; each registers its classes on import. A module
-# that is not written yet is skipped so the package stays importable.
-_BUILTINS = ("casts", "directq", "aqsgd", "qsgd", "maxnorm", "randk", "ecq", "onebit", "topk", "powersgd")
-for _mod in _BUILTINS:
-    try:
-        importlib.import_module(f"perfsim.compression.{_mod}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"perfsim.compression.{_mod}":
-            raise
+# Built-in compressor modules; each registers its classes on import.
+for _mod in ("casts", "directq", "aqsgd", "qsgd", "maxnorm", "randk", "ecq", "onebit", "topk", "powersgd"):
+    importlib.import_module(f"perfsim.compression.{_mod}")
 
 __all__ = ["CommStep", "Compressor", "Payload", "compressor_classes", "make_compressor",
            "make_pipeline_pair", "parse_pipeline_spec", "register"]
