@@ -97,6 +97,9 @@ class CodecConfig:
     repeats: int = 7
     max_seconds: float | None = 2.0
     threads: int | None = None  # torch threads while timing (None: leave as is)
+    #: flush the caches before every timed call (``timing.flush_caches``): a codec in a
+    #: training step runs right after a forward/backward that evicted its working set
+    cold: bool = True
 
     def __post_init__(self):
         if self.threads is not None and self.threads < 1:
@@ -169,17 +172,18 @@ def _measure(cfg: CodecConfig, progress) -> tuple[list[dict], list[str]]:
                 break
             base = {"name": spec, "size_bytes": shape[0] * shape[1] * 4, "wire_bytes": payload.nbytes,
                     "world_size": 1, "dtype": "float32", "device": cfg.device,
-                    "threads": torch.get_num_threads(),
+                    "threads": torch.get_num_threads(), "cache": "cold" if cfg.cold else "warm",
                     "micro_batch": shape[0], "model": None}
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB encode")
             t = time_op(lambda: sender.compress(x2, **kw), warmup=cfg.warmup, repeats=cfg.repeats,
-                        device=cfg.device, max_seconds=cfg.max_seconds)
+                        device=cfg.device, max_seconds=cfg.max_seconds, cold=cfg.cold)
             records.append({"op": "encode", **base, **t.record()})
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB decode")
             t = time_op(lambda: receiver.decompress(payload, **kw), warmup=cfg.warmup,
-                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds)
+                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds,
+                        cold=cfg.cold)
             records.append({"op": "decode", **base, **t.record()})
     return records, skipped
 

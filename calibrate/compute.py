@@ -130,7 +130,7 @@ class ComputeConfig:
 
 def _make_optimizer(name: str, params):
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4)
+        return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)  # as perfsim run builds it
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-4)
     return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
@@ -139,7 +139,7 @@ def _make_optimizer(name: str, params):
 def count_records(cfg: ComputeConfig) -> int:
     """How many measurements :func:`measure_compute` makes (for a progress bar)."""
     per = 2 + (1 if cfg.optimizer else 0)
-    n = len(cfg.spec.layers()) * per + 2 * sum(int(p) for p in cfg.stages)
+    n = len(cfg.spec.layers()) * per + 3 * sum(int(p) for p in cfg.stages)  # stage fwd, bwd, opt
     return n * len(cfg.micro_batches) * len(cfg.dtypes)
 
 
@@ -225,7 +225,8 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
     over ``cfg.stage_microbatches`` micro-batches: a fresh input per micro-batch,
     the forwards' activations kept alive until their backward, and the optimizer
     step after every step, as :mod:`perfsim.runtime.pipeline` does. Every forward
-    and backward of the timed steps is one sample. Timing one call repeatedly on
+    and backward of the timed steps is one sample; every timed step's optimizer
+    step (and ``zero_grad``) is one ``stage_optimizer`` sample. Timing one call repeatedly on
     one input (hot caches, one live graph) reads ~8 % faster than the pipeline's
     steps on this CPU (gpt2-tiny, 2 stages, 8 samples: 4.04 vs 4.4 ms forward of
     stage 0; validation notes in docs/validation.md)."""
@@ -238,7 +239,7 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
     layers = spec.layers()
     m = cfg.stage_microbatches
     table = get_schedule(cfg.stage_schedule)(pp, m)
-    steps = cfg.warmup + max(1, -(-cfg.repeats // m))
+    steps = cfg.warmup + max(3, -(-cfg.repeats // m))  # >= 3 optimizer-step samples
     sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     out = []
     gen = torch.Generator(device=cfg.device).manual_seed(1000 + mb)
@@ -250,6 +251,7 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
             progress(f"compute {spec.name} pp={pp} stage{k} mb={mb} ({cfg.stage_schedule}, {m} micro-batches)")
         fwd_t: list[float] = []
         bwd_t: list[float] = []
+        opt_t: list[float] = []
         for step in range(steps):
             timed = step >= cfg.warmup
             live = {}
@@ -280,8 +282,12 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
                     t1 = time.perf_counter()
                     if timed:
                         bwd_t.append(t1 - t0)
+            t0 = time.perf_counter()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            sync()
+            if timed:
+                opt_t.append(time.perf_counter() - t0)
         base = {"model": spec.name, "name": f"stage{k}", "micro_batch": mb, "world_size": pp,
                 "size_bytes": activation_bytes(layers[b - 1].out_shape, mb, dtype),
                 "dtype": dtype_name(dtype), "device": cfg.device, "threads": threads,
@@ -289,6 +295,11 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
                 "schedule": cfg.stage_schedule, "microbatches": m, "source": source}
         out.append({"op": "stage_fwd", **base, **summarize(fwd_t).record()})
         out.append({"op": "stage_bwd", **base, **summarize(bwd_t).record()})
+        # the optimizer step as the rank runs it: after a step's backwards, on the
+        # gradients they left (colder caches than a back-to-back per-layer timing)
+        out.append({"op": "stage_optimizer", **base, "optimizer": cfg.optimizer or "sgd",
+                    "size_bytes": base["params"] * torch.empty((), dtype=dtype).element_size(),
+                    **summarize(opt_t).record()})
     return out
 
 

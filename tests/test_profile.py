@@ -42,8 +42,12 @@ def test_codec_fits_most_specific_first():
     assert p.encode_time("directq:4", 10) == 3.0
     assert p.encode_time("directq:8", 10) == 2.0
     assert p.encode_time("qsgd:4", 10) == 1.0
-    assert p.encode_time("fp32", 10) == 0.0
+    assert p.encode_time("fp32", 10) == 0.0  # the '*' fit is for compressors, not fp32
     assert p.decode_time("qsgd:4", 10) == 0.0  # nothing known -> free
+    p.add(op="encode", name="fp32", size_bytes=4096, time_s=7e-5)
+    p.add(op="encode", name="fp32", size_bytes=8192, time_s=9e-5)
+    assert abs(p.encode_time("fp32", 8192) - 9e-5) < 1e-9  # execute mode's copy, when measured
+    assert p.encode_time("none", 8192) == 0.0
 
 
 def test_fit_alpha_beta_exact():
@@ -90,9 +94,11 @@ def _stage_profile(layers_field="0-1"):
     for i, name in enumerate(("fc0", "fc1", "fc2", "fc3")):
         recs.append(dict(op="layer_fwd", name=name, model="digits-mlp", micro_batch=8, time_s=0.001))
         recs.append(dict(op="layer_bwd", name=name, model="digits-mlp", micro_batch=8, time_s=0.002))
-    for op, t in (("stage_fwd", 0.005), ("stage_bwd", 0.008)):
+    recs.append(dict(op="optimizer", name="fc0", model="digits-mlp", size_bytes=4000, time_s=1e-4))
+    recs.append(dict(op="optimizer", name="fc1", model="digits-mlp", size_bytes=8000, time_s=2e-4))
+    for op, t in (("stage_fwd", 0.005), ("stage_bwd", 0.008), ("stage_optimizer", 0.003)):
         recs.append(dict(op=op, name="stage0", model="digits-mlp", micro_batch=8, world_size=2,
-                         time_s=t, source=f"calibrate; layers={layers_field}; threads=1"))
+                         time_s=t, size_bytes=8192, source=f"calibrate; layers={layers_field}; threads=1"))
     return Profile.from_dict({"format": "perfsim-profile", "version": 1, "records": recs})
 
 
@@ -104,6 +110,8 @@ def test_stage_measured_only_for_the_same_partition():
     assert p.stage_measured("digits-mlp", 0, 0, 1, 4, "fwd", 2) is None  # other micro-batch
     assert p.stage_measured("digits-mlp", 0, 0, 1, 8, "fwd", 4) is None  # other degree
     assert p.stage_measured("digits-mlp", 1, 2, 3, 8, "fwd", 2) is None  # not measured
+    assert p.stage_optimizer_measured("digits-mlp", 0, 0, 1, 2) == pytest.approx(0.003)
+    assert p.stage_optimizer_measured("digits-mlp", 0, 0, 2, 2) is None
 
 
 def test_plan_prefers_measured_whole_stage_over_layer_sum():
@@ -118,3 +126,31 @@ def test_plan_prefers_measured_whole_stage_over_layer_sum():
         assert st0.fwd_s == pytest.approx(fwd0) and st0.bwd_s == pytest.approx(bwd0)
         assert sum(st0.layer_bwd) == pytest.approx(bwd0)  # bucket timing follows the stage
         assert st1.fwd_s == pytest.approx(0.002) and st1.bwd_s == pytest.approx(0.004)
+        # the in-loop optimizer step of the same stage, else the per-layer fit
+        fit = prof.optimizer_time(4 * st0.params)
+        assert st0.optimizer_s == pytest.approx(0.003 if layers_field == "0-1" else fit)
+        assert st1.optimizer_s == pytest.approx(prof.optimizer_time(4 * st1.params))
+    assert fit != pytest.approx(0.003)
+
+
+def test_time_op_cold_flushes_before_every_call(monkeypatch):
+    from perfsim.calibrate import timing
+
+    log = []
+    monkeypatch.setattr(timing, "flush_caches", lambda device="cpu": log.append("flush"))
+    timing.time_op(lambda arg: log.append("call"), setup=lambda: log.append("setup"),
+                   warmup=1, repeats=3, cold=True)
+    assert log == ["setup", "flush", "call"] * 4
+    log.clear()
+    timing.time_op(lambda: log.append("call"), warmup=1, repeats=3)
+    assert log == ["call"] * 4  # warm by default: nothing flushed
+
+
+def test_flush_caches_overwrites_twice_the_last_level_cache():
+    from perfsim.calibrate import timing
+
+    llc = timing.last_level_cache_bytes()
+    assert llc >= 2**20
+    timing.flush_caches("cpu")
+    buf = timing._FLUSH["cpu"]
+    assert buf.numel() * 4 == 2 * llc and float(buf.abs().max()) == 0.0

@@ -121,7 +121,13 @@ def build_plan(workload, strategy, profile) -> Plan:
             st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32)
         if dp > 1:
             st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile)
-        opt = profile.optimizer_time(4 * st.params) if profile is not None else None
+        opt = None
+        if profile is not None:
+            # the whole stage's step as a rank runs it, else the per-layer fit
+            measured = getattr(profile, "stage_optimizer_measured", None)
+            opt = measured(workload.model, s, a, b - 1, pp) if measured else None
+            if opt is None:
+                opt = profile.optimizer_time(4 * st.params)
         st.optimizer_s = opt if opt is not None else 28 * st.params / FALLBACK_MEMORY_BPS
         stages.append(st)
     # The link itself (rate, latency) is the System's: a profile's p2p/collective
@@ -178,8 +184,10 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]
                 except (ValueError, TypeError, RuntimeError) as exc:  # cannot plan this shape
                     raise ConfigError(f"grad_compress {spec!r}: cannot plan a bucket of {numel} "
                                       f"elements ({exc})") from exc
+                # uncompressed gradients go to the collective as they are (no codec call)
+                plain = spec in ("fp32", "none")
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
-                                      profile.encode_time(spec, 4 * numel),
-                                      profile.decode_time(spec, 4 * numel)))
+                                      0.0 if plain else profile.encode_time(spec, 4 * numel),
+                                      0.0 if plain else profile.decode_time(spec, 4 * numel)))
             current = []
     return buckets
