@@ -112,6 +112,13 @@ def _rate(bps: float) -> str:
     return f"{int(round(bps))}bit"
 
 
+def tbf_burst_bytes(bandwidth_bps: float) -> int:
+    """Token-bucket depth (frame bytes) of the tbf shaping an emulated link: at
+    least rate/HZ (4 ms of traffic at HZ=250, or tbf cannot reach the rate) and
+    16 full 1514-byte frames."""
+    return max(16 * 1514, int(bandwidth_bps / 8 / 250))
+
+
 class EmulatedNetwork:
     """Namespaces + veths + tc shaping for ``world`` ranks (a context manager)."""
 
@@ -143,8 +150,7 @@ class EmulatedNetwork:
 
     # -- shaping
     def _tbf(self) -> list[str]:
-        bytes_per_s = self.bandwidth_bps / 8
-        burst = max(16 * 1514, int(bytes_per_s / 250))  # >= rate/HZ; 4 ms of traffic
+        burst = tbf_burst_bytes(self.bandwidth_bps)
         return ["tbf", "rate", _rate(self.bandwidth_bps), "burst", str(burst), "latency", "200ms"]
 
     def _kernel_has_netem(self, ns: str) -> bool:

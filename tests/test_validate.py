@@ -200,3 +200,28 @@ def test_link_fixed_cost_is_the_expected_small_message_time():
     assert link.control_latency_s == pytest.approx(1.2e-3 / 5, rel=1e-6)
     assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
     assert v._expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
+
+
+def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_bucket():
+    """Messages that fit in every link's token bucket cost the same at any rate: the
+    fixed cost is the repeat-weighted mean over all emulated rates, and the burst is
+    the bucket perfsim.netem configured (payload share), not the fitted knee."""
+    from perfsim.netem import tbf_burst_bytes
+
+    recs = []
+    for name, rate, mean in (("messenger@100Mbps", 9.5e7, 2e-3), ("messenger@1Gbps", 9.5e8, 4e-4)):
+        part = _shaped(name, 1.5e-4, rate, 30_000)
+        for r in part:
+            if r["size_bytes"] <= v.POOL_MAX_BYTES:
+                r["source"], r["repeats"] = f"calibrate; mean_s={mean}", 60 if "100M" in name else 20
+        recs += part
+    prof = _profile(recs)
+    pooled = v.pooled_small_message_s(prof, "p2p", "messenger")
+    assert pooled == pytest.approx((60 * 2e-3 + 20 * 4e-4) / 80)
+    for rate in (1e8, 1e9):
+        link = v.link_from_profile(prof, rate, 0.001, dp_only=False)
+        assert link.latency_s == pytest.approx(pooled + 0.001)  # the same at both rates
+        assert link.burst_bytes == pytest.approx(tbf_burst_bytes(rate) * 0.95)
+    assert tbf_burst_bytes(1e8) == 50_000 and tbf_burst_bytes(1e6) == 16 * 1514
+    assert v.pooled_small_message_s(_profile(_shaped("messenger@1Gbps", 1e-4, 9e8, 1e4)), "p2p",
+                                    "messenger") is None  # no recorded means: per-rate fit

@@ -21,13 +21,19 @@ What the simulator is told about the link (``link_model``):
   the fitted fixed cost). Nothing is fitted to the validation runs themselves:
   the link numbers come from separate micro-benchmarks recorded in the profile.
 
-* the shaper's token bucket: the burst ``perfsim calibrate`` fitted over that
-  link (``metadata.network[].burst_bytes`` of the same record as the rate;
-  ``t(s) = alpha + max(0, s - b) / rate``), passed as ``link_burst``;
+* the shaper's token bucket (``t(s) = alpha + max(0, s - b) / rate``), passed
+  as ``link_burst``: the bucket :mod:`perfsim.netem` configured
+  (:func:`perfsim.netem.tbf_burst_bytes`) times the payload share of a frame
+  (fitted rate / nominal rate); profiles without pooled small-message means fall
+  back to the burst ``perfsim calibrate`` fitted over that link
+  (``metadata.network[].burst_bytes``), whose knee is only known to within the
+  4x step between two measured sizes;
 * gloo's point-to-point is receiver-driven (a send's bytes move once the
   receiver posted its receive and its ready notice crossed back), so pipeline
   rows over gloo use ``p2p_protocol="rendezvous"`` with the raw gloo message's
-  fixed cost at that rate (``gloo@<rate>`` p2p fit) as the notice's latency.
+  fixed cost at that rate (``gloo@<rate>`` p2p fit) as the notice's latency;
+* small messages fit in every link's token bucket, so their expected fixed cost
+  is pooled over all emulated rates (:func:`pooled_small_message_s`).
 
 Rows fall back to ``nominal`` when the profile has no measurement at that rate
 (``link_source`` column says which was used).
@@ -174,6 +180,37 @@ def _expected_s(rec: dict) -> float:
         return float(rec["time_s"])
 
 
+#: messages up to this size fit inside every emulated link's token bucket
+#: (perfsim.netem: burst >= 16 x 1514 B), so they cost the same at any rate
+POOL_MAX_BYTES = 16384
+
+
+def pooled_small_message_s(profile, op: str, base: str) -> float | None:
+    """Expected time of a burst-resident small message, pooled over every emulated rate.
+
+    A message that fits in the shaper's token bucket never waits for the rate,
+    so its time -- gloo's per-message work plus, with probability p, a wait for
+    the next 4-ms kernel tick -- is one quantity at 100 Mbps, 300 Mbps or 1 Gbps.
+    Its mean is what a run of many messages pays, but p is small and the
+    samples of one ping-pong loop are correlated (the loop can lock onto the
+    tick's phase): one rate's 60 repeats gave 0.09-1.2 ms in two quiet
+    calibrations. The repeat-weighted mean of every ``<base>@<rate>`` record
+    up to :data:`POOL_MAX_BYTES` uses all of them (~500 samples). None when
+    the profile has no such records with a recorded mean.
+    """
+    total = weight = 0.0
+    for r in profile.records:
+        name = str(r.get("name", ""))
+        if r["op"] != op or not name.startswith(f"{base}@") or r["size_bytes"] > POOL_MAX_BYTES:
+            continue
+        if "mean_s=" not in str(r.get("source", "")):
+            continue
+        n = float(r.get("repeats") or 1)
+        total += n * _expected_s(r)
+        weight += n
+    return total / weight if weight else None
+
+
 def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, dp_only: bool,
                       link_model: str = "profile") -> Link:
     """The link the simulator should model for one validation row (module docstring).
@@ -196,7 +233,10 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
     if backend == "gloo" and not dp_only:
         protocol = "rendezvous"
         raw = sorted(_fits(profile, "p2p", comm_name(backend, nominal_bps)), key=lambda r: r["size_bytes"])
-        if raw:
+        pooled = pooled_small_message_s(profile, "p2p", backend) if nominal_bps is not None else None
+        if pooled is not None:
+            control = pooled + latency_s
+        elif raw:
             control = sorted(_expected_s(r) for r in raw[:3])[min(1, len(raw[:3]) - 1)] + latency_s
     op = "allreduce" if dp_only else "p2p"
     names = [comm_name(backend, nominal_bps)] if dp_only else \
@@ -213,7 +253,12 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
             rate_Bps, alpha = 1.0 / beta, sorted(times[:3])[len(times[:3]) // 2]
         else:
             rate_Bps, alpha = link.rate_Bps, link.alpha_s
-        if any("mean_s=" in str(r.get("source", "")) for r in raw[:3]):
+        pooled = (pooled_small_message_s(profile, op, name.split("@")[0])
+                  if nominal_bps is not None else None)
+        if pooled is not None:
+            # the fixed cost is the EXPECTED small-message time, pooled over rates
+            alpha = pooled
+        elif any("mean_s=" in str(r.get("source", "")) for r in raw[:3]):
             # the fixed cost is the EXPECTED small-message time (see _expected_s)
             alpha = sorted(_expected_s(r) for r in raw[:3])[len(raw[:3]) // 2]
         # alpha (median of the three smallest) is the middle small message's time. If
@@ -221,7 +266,14 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
         # and alpha is the fixed cost; otherwise it paid its bytes at the rate and the
         # fit's burst absorbed them (t = alpha + (s - b)/rate = fixed + (s - (b - s1))/rate)
         burst = float(link.burst_bytes) if link is not None and nominal_bps is not None else 0.0
-        if burst > 2 * sizes[1]:
+        if pooled is not None and nominal_bps is not None:
+            # the bucket perfsim.netem configured, in payload bytes (tbf counts frames;
+            # the fitted rate / nominal rate is the payload share of a frame): exact,
+            # where the fitted knee falls anywhere between two 4x-apart sizes
+            from perfsim.netem import tbf_burst_bytes
+
+            burst = tbf_burst_bytes(nominal_bps) * min(1.0, 8.0 * rate_Bps / nominal_bps)
+        if pooled is not None or burst > 2 * sizes[1]:
             fixed = alpha
         else:
             fixed = max(0.0, alpha - sizes[1] / rate_Bps)
