@@ -257,23 +257,23 @@ class Profile:
         records misses, but only for the layers it timed. ``*`` records (the
         paper-derived default profile's) are not whole-stage measurements of a
         given partition and are ignored here (see :meth:`stage_compute`)."""
-        want = f"{int(first)}-{int(last)}"
-        for r in self.select(f"stage_{_fb(op)}", model=model, name=f"stage{int(stage)}",
-                             world_size=num_stages):
-            if r.get("micro_batch") != micro_batch:
-                continue
-            layers = _source_fields(r.get("source")).get("layers")
-            if layers == want:
-                return float(r["time_s"])
-        return None
+        return self._same_partition(f"stage_{_fb(op)}", model, stage, first, last, num_stages,
+                                    micro_batch)
 
     def stage_optimizer_measured(self, model: str, stage: int, first: int, last: int,
                                  num_stages: int | None = None) -> float | None:
         """Measured optimizer step of a whole stage of THE SAME partition (the
         ``stage_optimizer`` records of ``perfsim calibrate --stages``), or None."""
+        return self._same_partition("stage_optimizer", model, stage, first, last, num_stages)
+
+    def _same_partition(self, op: str, model: str, stage: int, first: int, last: int,
+                        num_stages: int | None, micro_batch: int | None = None) -> float | None:
+        """``time_s`` of the first ``op`` record of ``stage<k>`` whose ``layers=<first>-<last>``
+        names the same layers (and, when given, the same micro-batch), or None."""
         want = f"{int(first)}-{int(last)}"
-        for r in self.select("stage_optimizer", model=model, name=f"stage{int(stage)}",
-                             world_size=num_stages):
+        for r in self.select(op, model=model, name=f"stage{int(stage)}", world_size=num_stages):
+            if micro_batch is not None and r.get("micro_batch") != micro_batch:
+                continue
             if _source_fields(r.get("source")).get("layers") == want:
                 return float(r["time_s"])
         return None
