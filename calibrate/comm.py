@@ -7,11 +7,12 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   back; one-way time = round trip / 2 (the classic ping-pong of NetPIPE and the
   OSU latency benchmark);
 * ``messenger``: the same ping-pong through execute mode's own message path
-  (:class:`perfsim.runtime.pipeline.Messenger`: a size message, then pickled
-  header + payload bytes, sent with ``isend``), recorded as ``p2p`` records
-  named ``messenger`` -- the per-message cost a pipeline stage really pays;
+  (:class:`perfsim.runtime.pipeline.Messenger`: one buffer of padded header +
+  payload bytes, sent with ``isend``, its receive posted before the data
+  arrives), recorded as ``p2p`` records named ``messenger`` -- the per-message
+  cost a pipeline stage really pays;
 * ``late``: a messenger message whose receive is posted ``LATE_S`` after it was
-  sent (a pipeline stage that is still computing when its input arrives);
+  sent (what a pipeline stage would pay if it did not post its receives ahead);
   time = the receive call alone. On gloo this is not free: measured here it
   costs up to one kernel tick (4 ms at HZ=250, median ~2 ms) even on an idle
   machine, while a receive posted before the data arrives completes in
@@ -162,10 +163,10 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
             n = size // 4
             if op == "late":
                 from perfsim.compression.base import Payload
-                from perfsim.runtime.pipeline import Messenger
+                from perfsim.runtime.pipeline import Messenger, header_capacity
 
-                msg = Messenger(device)
                 rows = 8 if n % 8 == 0 else 1
+                msg = Messenger(device, header_capacity(rows))
                 payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
                                   (rows, n // rows))
                 ids = torch.arange(rows)
@@ -178,16 +179,16 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     elif rank == 1:
                         time.sleep(LATE_S)
                         t = time.perf_counter()
-                        msg.recv(0)
+                        msg.recv(0, payload.nbytes)
                         box["t"] = time.perf_counter() - t
                     dist.barrier()
                 scale = None  # the sample is the receive call alone (rank 1)
             elif op == "messenger":
                 from perfsim.compression.base import Payload
-                from perfsim.runtime.pipeline import Messenger
+                from perfsim.runtime.pipeline import Messenger, header_capacity
 
-                msg = Messenger(device)
                 rows = 8 if n % 8 == 0 else 1
+                msg = Messenger(device, header_capacity(rows))
                 payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
                                   (rows, n // rows))
                 ids = torch.arange(rows)
@@ -195,9 +196,9 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 def call():
                     if rank == 0:
                         msg.send(payload, ids, 1)
-                        msg.recv(1)
+                        msg.recv(1, payload.nbytes)
                     elif rank == 1:
-                        msg.recv(0)
+                        msg.recv(0, payload.nbytes)
                         msg.send(payload, ids, 0)
                     msg.wait_all()
                     sync()

@@ -145,9 +145,9 @@ def _shaped(name, alpha, rate_bps, burst, sizes=(1024, 4096, 16384, 262144, 1048
              "time_s": alpha + max(0, s - burst) * 8 / rate_bps} for s in sizes]
 
 
-def test_link_from_profile_passes_burst_and_rendezvous():
-    """Token-bucket burst of the shaped fit; gloo pipelines are receiver-driven, the
-    ready notice costing a raw gloo message at that rate."""
+def test_link_from_profile_passes_burst_and_eager_protocol():
+    """Token-bucket burst of the shaped fit; gloo pipelines are eager because execute
+    mode posts its receives a step ahead."""
     prof = _profile(_shaped("messenger@100Mbps", 1.5e-4, 9.5e7, 50_000)
                     + _shaped("gloo@100Mbps", 3e-5, 9.6e7, 50_000))
     link = v.link_from_profile(prof, 1e8, 0.0, dp_only=False)
@@ -155,13 +155,10 @@ def test_link_from_profile_passes_burst_and_rendezvous():
     assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)
     assert link.burst_bytes == pytest.approx(50_000, rel=1e-6)
     assert link.latency_s == pytest.approx(1.5e-4, rel=1e-6)  # small messages pass inside the burst
-    assert link.protocol == "rendezvous" and link.control_latency_s == pytest.approx(3e-5)
     params = link.predict_params()
-    assert params["link_burst"] == link.burst_bytes and params["p2p_protocol"] == "rendezvous"
-    # data-parallel rows: collectives, no rendezvous; NCCL profiles: eager
+    assert params["link_burst"] == link.burst_bytes and params["p2p_protocol"] == "eager"
+    assert link.control_latency_s is None
     assert v.link_from_profile(prof, 1e8, 0.0, dp_only=False, link_model="nominal").burst_bytes == 0
-    nccl = _profile(_shaped("nccl@100Mbps", 1.5e-4, 9.5e7, 50_000), backend="nccl")
-    assert v.link_from_profile(nccl, 1e8, 0.0, dp_only=False).protocol == "eager"
 
 
 def test_reuse_measured_reads_stored_runs(tmp_path):
@@ -197,7 +194,6 @@ def test_link_fixed_cost_is_the_expected_small_message_time():
             r["source"] = f"calibrate; mean_s={means[r['size_bytes']] / (5 if r['name'].startswith('gloo') else 1):.6g}"
     link = v.link_from_profile(_profile(recs), 1e8, 0.0, dp_only=False)
     assert link.latency_s == pytest.approx(1.2e-3, rel=1e-6)  # middle of the three smallest means
-    assert link.control_latency_s == pytest.approx(1.2e-3 / 5, rel=1e-6)
     assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
     assert v._expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
 

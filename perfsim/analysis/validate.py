@@ -29,9 +29,9 @@ What the simulator is told about the link (``link_model``):
   (``metadata.network[].burst_bytes``), whose knee is only known to within the
   4x step between two measured sizes;
 * gloo's point-to-point is receiver-driven (a send's bytes move once the
-  receiver posted its receive and its ready notice crossed back), so pipeline
-  rows over gloo use ``p2p_protocol="rendezvous"`` with the raw gloo message's
-  fixed cost at that rate (``gloo@<rate>`` p2p fit) as the notice's latency;
+  receiver posted its receive), but execute mode posts each stage's receives a
+  step ahead (:mod:`perfsim.runtime.pipeline`), so a send finds its receive
+  posted and pipeline rows use ``p2p_protocol="eager"``;
 * small messages fit in every link's token bucket, so their expected fixed cost
   is pooled over all emulated rates (:func:`pooled_small_message_s`).
 
@@ -227,17 +227,8 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
     backend = profile.metadata.get("backend", "gloo")
     if link_model == "nominal" and nominal_bps is not None:
         return Link(nominal_bps, latency_s, "nominal")
-    # gloo's TCP pairs are receiver-driven: model the rendezvous, its ready notice
-    # costing a raw backend message (no messenger framing) at that rate
-    protocol, control = "eager", None
-    if backend == "gloo" and not dp_only:
-        protocol = "rendezvous"
-        raw = sorted(_fits(profile, "p2p", comm_name(backend, nominal_bps)), key=lambda r: r["size_bytes"])
-        pooled = pooled_small_message_s(profile, "p2p", backend) if nominal_bps is not None else None
-        if pooled is not None:
-            control = pooled + latency_s
-        elif raw:
-            control = sorted(_expected_s(r) for r in raw[:3])[min(1, len(raw[:3]) - 1)] + latency_s
+    # gloo's TCP pairs are receiver-driven, but execute mode posts its receives a
+    # step ahead: a send finds its receive posted (Link's default protocol, eager)
     op = "allreduce" if dp_only else "p2p"
     names = [comm_name(backend, nominal_bps)] if dp_only else \
         [comm_name("messenger", nominal_bps), comm_name(backend, nominal_bps)]
@@ -279,7 +270,7 @@ def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, d
             fixed = max(0.0, alpha - sizes[1] / rate_Bps)
             burst = max(0.0, burst - sizes[1])
         lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
-        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}", burst, protocol, control)
+        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}", burst)
     if nominal_bps is None:
         raise ConfigError(f"profile {profile.path!r}: no {op} records for {names[-1]!r}; "
                           "calibrate with comm ops to validate without emulation")

@@ -122,6 +122,14 @@ class AQSGD(Compressor):
         b, _, _ = self._split(shape)
         return self.payload_bytes(shape, b if warmup else 0)
 
+    def payload_nbytes(self, shape: Sequence[int], *, key=None) -> int:
+        """Bytes of the next call for these sample ids: rows this instance has not
+        stored yet travel in full (sender and receiver keep the same ids stored)."""
+        if key is None:
+            return self.wire_bytes(shape)
+        new = sum(1 for i in torch.as_tensor(key).tolist() if int(i) not in self.slots)
+        return self.payload_bytes(shape, new)
+
     # ------------------------------------------------------------- helpers
     def _ids(self, x: torch.Tensor, key) -> list[int]:
         if key is None:

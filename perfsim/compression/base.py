@@ -144,6 +144,14 @@ class Compressor(ABC):
         first visit of a sample, 1-bit Adam's warm-up); for most compressors it
         is the same number."""
 
+    def payload_nbytes(self, shape: Sequence[int], *, key: torch.Tensor | None = None) -> int:
+        """Exact bytes the *next* :meth:`compress` (or :meth:`decompress`) of a tensor
+        of ``shape`` with this ``key`` moves, as this instance's current state
+        tells -- so a receiver can size a buffer before the payload arrives
+        (execute mode pre-posts its pipeline receives). Default: ``wire_bytes``;
+        compressors whose size depends on state (AQ-SGD's first visits) override it."""
+        return self.wire_bytes(shape)
+
     def ratio(self, shape: Sequence[int]) -> float:
         """Wire bytes relative to sending the tensor as fp32."""
         n = numel_of(shape)

@@ -8,21 +8,33 @@ the backward compressor (aq-sgd-paper.txt Sec. 3: AQ-SGD compresses forward
 activations by their change against a per-sample message buffer, backward
 gradients are directly quantized).
 
-Wire protocol of one message (torch.distributed p2p, gloo on CPU / NCCL on GPU):
+Wire protocol (torch.distributed p2p, gloo on CPU / NCCL on GPU). A message is
+one uint8 buffer = pickled *header* ++ *body*, where the body is the payload
+tensors' raw bytes (``Payload.tensors``: packed codes + scales, exactly
+``Payload.nbytes``) and the header carries the tensors' names/dtypes/shapes,
+the payload meta, the micro-batch's **sample ids** (AQ-SGD keys travel with the
+data) and the sender's ``perf_counter`` at send time.
 
-1. ``sizes``: int64[2] = (header bytes, body bytes), tag 0;
-2. one uint8 buffer, tag 1 = pickled header ++ body, where the *body* is the
-   payload tensors' raw bytes (``Payload.tensors``: packed codes + scales,
-   exactly ``Payload.nbytes`` = ``Compressor.wire_bytes``), and the header
-   carries the tensors' names/dtypes/shapes, the payload meta, the micro-batch's
-   **sample ids** (AQ-SGD keys travel with the data) and the sender's
-   ``perf_counter`` at send time.
+* The first message on a link describes itself: ``sizes`` int64[2] = (header
+  bytes, body bytes) with tag 0, then the buffer with tag 1. The receiver
+  learns the payload shape from it.
+* Every later message is the buffer alone (tag 2), its header zero-padded to a
+  fixed ``header_bytes``. Its size is known to the receiver beforehand (its own
+  compressor's :meth:`~perfsim.compression.base.Compressor.payload_nbytes` for
+  the learned shape and the micro-batch's ids), so on gloo each stage **posts
+  its receives ahead** (``irecv``, a step in advance) as pipeline runtimes with
+  known tensor shapes do. gloo's p2p is receiver-driven: a send moves only once
+  the receive is posted, and a receive posted late must wake the sender's gloo
+  thread while the sender computes -- on a 2-core machine that cost 3-10 ms per
+  message (``traces/measured/late_receive_busy_sender.py``; with the receive
+  posted ahead: 0.01-0.4 ms). NCCL orders p2p operations on one stream per
+  peer pair, so there a receive is posted when it is needed.
 
 Sends are non-blocking (``isend``; awaited at the end of the step, so 1F1B's
-crossing sends cannot deadlock); receives block. On one machine (also across
-network namespaces) ``perf_counter`` is the shared CLOCK_MONOTONIC, so the
-receiver splits its blocked time into *waiting* for the sender (idle) and
-*transfer* (``done - max(sent, posted)``, the comm time).
+crossing sends cannot deadlock). On one machine (also across network
+namespaces) ``perf_counter`` is the shared CLOCK_MONOTONIC, so the receiver
+splits its blocked time into *waiting* for the sender (idle) and *transfer*
+(``done - max(sent, started waiting)``, the comm time).
 
 Stage-to-stage compressors are separate objects on each side of a boundary:
 the sender's ``fw_send`` and the receiver's ``fw_recv`` (and ``bw_send`` /
@@ -35,6 +47,7 @@ from __future__ import annotations
 import os
 import pickle
 import time
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,16 +57,23 @@ import torch.distributed as dist
 from perfsim.compression.base import Payload
 from perfsim.schedules import BACKWARD, FORWARD, Action
 
-TAG_SIZES, TAG_BODY = 0, 1
+TAG_SIZES, TAG_BODY, TAG_MESSAGE = 0, 1, 2
 _DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                torch.bool)}
 
 
 # ---------------------------------------------------------------- messaging
+def header_capacity(ids_per_message: int) -> int:
+    """Bytes reserved for the padded header of a message carrying that many sample
+    ids (a pickled header with 8 ids and an AQ-SGD payload is ~330 bytes)."""
+    return 512 + 16 * int(ids_per_message)
+
+
 @dataclass
 class RecvInfo:
-    """Timing of one received message (seconds, perf_counter clock)."""
+    """Timing of one received message (seconds, perf_counter clock); ``posted`` is
+    when the receiver started waiting for it (its receive may be posted earlier)."""
 
     posted: float
     sent: float
@@ -72,11 +92,20 @@ class RecvInfo:
 
 
 class Messenger:
-    """Sends and receives payloads between ranks; keeps pending isends alive."""
+    """Sends and receives payloads between ranks (module docstring: wire protocol);
+    keeps pending isends and posted irecvs alive.
 
-    def __init__(self, device: torch.device):
+    ``header_bytes``: the fixed header size of every message after a link's first
+    (both ends must agree; :func:`header_capacity`).
+    """
+
+    def __init__(self, device: torch.device, header_bytes: int = header_capacity(64)):
         self.device = device
+        self.header_bytes = int(header_bytes)
         self.pending: list[tuple[Any, list[torch.Tensor]]] = []
+        self.described: set[int] = set()  # peers that received their self-describing first message
+        self.shapes: dict[int, tuple[int, ...]] = {}  # src -> payload shape learned from it
+        self.posted: dict[int, deque] = defaultdict(deque)  # src -> posted (work, buffer), in order
         # one-way latency added here when the kernel cannot (see perfsim.netem)
         self.app_latency_s = float(os.environ.get("PERFSIM_APP_LATENCY_S", "0") or 0)
         self.app_bandwidth_bps = float(os.environ.get("PERFSIM_APP_BANDWIDTH_BPS", "0") or 0)
@@ -99,7 +128,7 @@ class Messenger:
 
     def send(self, payload: Payload, ids: torch.Tensor, dst: int) -> tuple[int, int]:
         """Start sending ``payload`` + ``ids`` to global rank ``dst``.
-        Returns (body bytes, header+sizes bytes)."""
+        Returns (body bytes, header (+ sizes) bytes)."""
         names = list(payload.tensors)
         flat = [payload.tensors[n].detach().contiguous().reshape(-1) for n in names]
         header = {
@@ -111,28 +140,56 @@ class Messenger:
             "meta": payload.meta, "ids": ids.tolist(), "sent": time.perf_counter(),
         }
         hbytes = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+        first = dst not in self.described
+        if not first:
+            if len(hbytes) > self.header_bytes:
+                raise RuntimeError(f"message to rank {dst}: header of {len(hbytes)} bytes exceeds the "
+                                   f"{self.header_bytes} reserved (ids={len(header['ids'])})")
+            hbytes += bytes(self.header_bytes - len(hbytes))
         parts = [torch.frombuffer(bytearray(hbytes), dtype=torch.uint8).to(self.device)]
         parts += [t.view(torch.uint8) for t in flat if t.numel()]
         buf = torch.cat(parts) if len(parts) > 1 else parts[0]
         body = buf.numel() - len(hbytes)
-        sizes = torch.tensor([len(hbytes), body], dtype=torch.int64, device=self.device)
-        w1 = dist.isend(sizes, dst, tag=TAG_SIZES)
-        w2 = dist.isend(buf, dst, tag=TAG_BODY)
-        self.pending.append((w1, [sizes]))
-        self.pending.append((w2, [buf]))
-        return body, len(hbytes) + 16
+        if first:
+            sizes = torch.tensor([len(hbytes), body], dtype=torch.int64, device=self.device)
+            self.pending.append((dist.isend(sizes, dst, tag=TAG_SIZES), [sizes]))
+            self.pending.append((dist.isend(buf, dst, tag=TAG_BODY), [buf]))
+            self.described.add(dst)
+            return body, len(hbytes) + 16
+        self.pending.append((dist.isend(buf, dst, tag=TAG_MESSAGE), [buf]))
+        return body, len(hbytes)
 
-    def recv(self, src: int) -> tuple[Payload, torch.Tensor, RecvInfo]:
+    def post(self, src: int, body_nbytes: int) -> None:
+        """Post the receive of the next message from ``src`` (not a link's first),
+        whose body is ``body_nbytes``; :meth:`recv` consumes posted receives in order."""
+        buf = torch.empty(self.header_bytes + int(body_nbytes), dtype=torch.uint8, device=self.device)
+        self.posted[src].append((dist.irecv(buf, src, tag=TAG_MESSAGE), buf))
+
+    def recv(self, src: int, body_nbytes: int | None = None) -> tuple[Payload, torch.Tensor, RecvInfo]:
+        """Receive the next message from ``src``: the oldest posted receive, else one
+        posted now (``body_nbytes`` needed once the link's first message is in)."""
         posted = time.perf_counter()
-        sizes = torch.empty(2, dtype=torch.int64, device=self.device)
-        dist.recv(sizes, src, tag=TAG_SIZES)
-        hlen, blen = (int(v) for v in sizes.tolist())
-        buf = torch.empty(hlen + blen, dtype=torch.uint8, device=self.device)
-        dist.recv(buf, src, tag=TAG_BODY)
+        if src in self.shapes:
+            if not self.posted[src]:
+                if body_nbytes is None:
+                    raise RuntimeError(f"receive from rank {src}: nothing posted and no expected size")
+                self.post(src, body_nbytes)
+            work, buf = self.posted[src].popleft()
+            work.wait()
+            hlen, framing = self.header_bytes, self.header_bytes
+        else:  # the link's first message describes itself
+            sizes = torch.empty(2, dtype=torch.int64, device=self.device)
+            dist.recv(sizes, src, tag=TAG_SIZES)
+            hlen, blen = (int(v) for v in sizes.tolist())
+            buf = torch.empty(hlen + blen, dtype=torch.uint8, device=self.device)
+            dist.recv(buf, src, tag=TAG_BODY)
+            framing = hlen + 16
         done = time.perf_counter()
-        header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())
+        blen = buf.numel() - hlen
+        header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())  # stops before the padding
+        self.shapes[src] = tuple(header["shape"])
         if self.app_latency_s:
-            done = self._add_latency(posted, header["sent"], done, hlen + blen + 16)
+            done = self._add_latency(posted, header["sent"], done, blen + framing)
         tensors, off = {}, hlen
         for name, dt, shape, n in zip(header["names"], header["dtypes"], header["shapes"],
                                       header["numels"]):
@@ -140,9 +197,12 @@ class Messenger:
             nbytes = n * torch.empty((), dtype=dtype).element_size()
             tensors[name] = buf[off:off + nbytes].clone().view(dtype).reshape(shape)
             off += nbytes
+        if off != buf.numel():
+            raise RuntimeError(f"message from rank {src}: {buf.numel() - hlen} body bytes posted, "
+                               f"{off - hlen} sent (sender and receiver compressors out of step)")
         payload = Payload(tensors, tuple(header["shape"]), _DTYPES[header["dtype"]], header["meta"])
         ids = torch.tensor(header["ids"], dtype=torch.int64)
-        return payload, ids, RecvInfo(posted, header["sent"], done, blen, hlen + 16)
+        return payload, ids, RecvInfo(posted, header["sent"], done, blen, framing)
 
     def wait_all(self) -> float:
         """Wait for every pending send; returns the seconds spent waiting."""
@@ -207,9 +267,13 @@ class StageRunner:
         self.dataset = dataset
         self.micro_batch = micro_batch
         self.device = device
-        self.msg = Messenger(device)
+        self.msg = Messenger(device, header_capacity(micro_batch))
         self.trace = trace
         self.num_microbatches = 1 + max(a.microbatch for a in actions)
+        # receives are posted ahead on gloo only (module docstring)
+        self.post_ahead = dist.is_initialized() and dist.get_backend() == "gloo"
+        self._posted: dict[int, int] = {}  # peer -> micro-batches of the coming step already posted
+        self._step_ids: list[torch.Tensor] = []
 
     def _sync(self):
         if self.device.type == "cuda":
@@ -223,12 +287,39 @@ class StageRunner:
         if self.trace:
             rec.events.append((name, cat, t0, t1, args))
 
-    def run_step(self, step: int, epoch: int, ids: torch.Tensor) -> StepRecord:
-        """Run every action of this stage for one step (no optimizer)."""
-        m = self.num_microbatches
+    def _split(self, step: int, ids: torch.Tensor) -> list[torch.Tensor]:
         mb_ids = list(ids.split(self.micro_batch))
-        if len(mb_ids) != m:
-            raise RuntimeError(f"step {step}: {len(ids)} ids do not make {m} micro-batches")
+        if len(mb_ids) != self.num_microbatches:
+            raise RuntimeError(f"step {step}: {len(ids)} ids do not make {self.num_microbatches} micro-batches")
+        return mb_ids
+
+    def _inbound(self):
+        """(peer, receiving compressor slot) of each link this stage receives on."""
+        return [(p, slot) for p, slot in ((self.prev_rank, "fw_recv"), (self.next_rank, "bw_recv"))
+                if p is not None]
+
+    def post_receives(self, mb_ids: list[torch.Tensor]) -> None:
+        """Post the receives of a step's micro-batches (``mb_ids``) that are not posted
+        yet, on every link whose first message has arrived (gloo only). Each size is
+        the receiving compressor's ``payload_nbytes`` for the learned shape and ids:
+        AQ-SGD's first visits travel in full, and sender and receiver store the same ids."""
+        if not self.post_ahead:
+            return
+        for peer, slot in self._inbound():
+            shape = self.msg.shapes.get(peer)
+            if shape is None:
+                continue
+            for mb in range(self._posted.get(peer, 0), len(mb_ids)):
+                self.msg.post(peer, self.comp[slot].payload_nbytes(shape, key=mb_ids[mb]))
+            self._posted[peer] = len(mb_ids)
+
+    def run_step(self, step: int, epoch: int, ids: torch.Tensor,
+                 next_ids: torch.Tensor | None = None) -> StepRecord:
+        """Run every action of this stage for one step (no optimizer). ``next_ids``:
+        the next step's samples, whose receives are posted as this step ends."""
+        m = self.num_microbatches
+        mb_ids = self._step_ids = self._split(step, ids)
+        self.post_receives(mb_ids)
         rec = StepRecord(step, epoch, self._now(), 0.0, None, [MicroRecord() for _ in range(m)])
         live: dict[int, tuple] = {}
         losses: list[float] = []
@@ -238,6 +329,9 @@ class StageRunner:
             else:
                 self._backward(action.microbatch, live.pop(action.microbatch), rec)
         rec.pipe_end = self._now()
+        self._posted = {}
+        if next_ids is not None:
+            self.post_receives(self._split(step + 1, next_ids))
         rec.send_wait_s = self.msg.wait_all()
         rec.end = self._now()
         if self.module.is_last:
@@ -283,7 +377,13 @@ class StageRunner:
         transfer, wait and decode times."""
         r = rec.micro[mb]
         what, comp = ("act", "fw_recv") if direction == "fwd" else ("grad", "bw_recv")
-        payload, got_ids, info = self.msg.recv(peer)
+        shape = self.msg.shapes.get(peer)
+        first = shape is None
+        body = None if first or self.msg.posted[peer] else self.comp[comp].payload_nbytes(shape, key=ids)
+        payload, got_ids, info = self.msg.recv(peer, body)
+        if first:  # the link's first message told the shape: post the rest of this step
+            self._posted[peer] = mb + 1
+            self.post_receives(self._step_ids)
         if not torch.equal(got_ids, ids):
             raise RuntimeError(f"micro-batch {mb}: {what} arrived for other sample ids than the schedule's")
         setattr(r, f"{direction}_comm_s", getattr(r, f"{direction}_comm_s") + info.transfer_s)

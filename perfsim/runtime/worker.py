@@ -152,7 +152,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         if cfg.fail_rank == rank and cfg.fail_step == step:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
         ids = order.replica_batch(step, replica, dp)
-        rec = runner.run_step(step, order.epoch_of(step), ids)
+        next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
+        rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
         t0 = time.perf_counter()
         stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
