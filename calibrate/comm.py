@@ -17,6 +17,13 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   costs up to one kernel tick (4 ms at HZ=250, median ~2 ms) even on an idle
   machine, while a receive posted before the data arrives completes in
   ~0.1 ms. Recorded as ``p2p`` records named ``messenger-late``;
+* ``framing``: the host time of execute mode's message path around one
+  message, with the receive posted ahead as execute mode does: rank 0 times its
+  ``send`` call (header, one buffer, ``isend``, which writes at once), rank 1
+  its ``post`` plus a ``recv`` of data that has already arrived (unpacking).
+  Recorded as ``frame_send`` / ``frame_recv`` records named ``messenger``
+  (``size_bytes`` = the payload's wire bytes); the simulator adds them to each
+  pipeline message's encode and decode;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
   where the backend lacks it): every rank enters after a barrier, the time of a
   repeat is the slowest rank's (a collective is done when the last rank is).
@@ -51,9 +58,9 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing")
 #: ops measured unless asked otherwise
-DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late")
+DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing")
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
 LATE_S = 0.005
@@ -183,6 +190,37 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                         box["t"] = time.perf_counter() - t
                     dist.barrier()
                 scale = None  # the sample is the receive call alone (rank 1)
+            elif op == "framing":
+                from perfsim.compression.base import Payload
+                from perfsim.runtime.pipeline import Messenger, header_capacity
+
+                rows = 8 if n % 8 == 0 else 1
+                msg = Messenger(device, header_capacity(rows))
+                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
+                                  (rows, n // rows))
+                ids = torch.arange(rows)
+                settle_s = 0.002 + size / 1e9  # the data has arrived (loopback moves GB/s)
+                box = {}
+
+                def call():
+                    posted_s = 0.0
+                    if rank == 1 and 0 in msg.shapes:  # after the link's first message
+                        t = time.perf_counter()
+                        msg.post(0, payload.nbytes)
+                        posted_s = time.perf_counter() - t
+                    dist.barrier()  # the receive is posted before the send
+                    if rank == 0:
+                        t = time.perf_counter()
+                        msg.send(payload, ids, 1)
+                        box["t"] = time.perf_counter() - t
+                        msg.wait_all()
+                    elif rank == 1:
+                        time.sleep(settle_s)
+                        t = time.perf_counter()
+                        msg.recv(0, payload.nbytes)
+                        box["t"] = posted_s + time.perf_counter() - t
+                    dist.barrier()
+                scale = None  # each rank's own host time
             elif op == "messenger":
                 from perfsim.compression.base import Payload
                 from perfsim.runtime.pipeline import Messenger, header_capacity
@@ -298,6 +336,12 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         if "skipped" in item:
             records.append({"op": item["op"], "skipped": item["skipped"]})
             continue
+        if item["op"] == "framing":  # host time: rank 0 sends, rank 1 receives
+            for side, r in (("send", 0), ("recv", 1)):
+                t = summarize(per_rank[r][i]["samples"])
+                records.append({"op": f"frame_{side}", "name": "messenger", "size_bytes": item["size_bytes"],
+                                "world_size": 2, "dtype": "uint8", **t.record()})
+            continue
         # a repeat of a collective takes as long as its slowest rank
         p2p = item["op"] in ("p2p", "messenger", "late")
         timing_rank = 1 if item["op"] == "late" else 0
@@ -395,7 +439,8 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    for op in sorted({"p2p" if o in ("messenger", "late") else o for o in cfg.ops}):
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"]}
+    for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
         records += fit_records(raw, op, ("name",))
     return records
 

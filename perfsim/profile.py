@@ -17,8 +17,10 @@ per measurement. Columns (absent = unknown/not applicable):
 ``op``          ``layer_fwd``, ``layer_bwd``, ``stage_fwd``, ``stage_bwd``,
                 ``encode``, ``decode``, ``p2p``, ``allreduce``, ``allgather``,
                 ``alltoall``, ``optimizer``, ``stage_optimizer`` (one whole
-                stage's step, timed as a pipeline rank runs it), or a stored
-                fit ``fit_<op>``
+                stage's step, timed as a pipeline rank runs it), ``frame_send``
+                / ``frame_recv`` (host time of execute mode's message framing
+                around a pipeline message of ``size_bytes`` wire bytes: pack +
+                isend; post + unpack), or a stored fit ``fit_<op>``
 ``name``        layer name (``block3``), compressor spec (``directq:4``, or a
                 family ``directq``, or ``*`` for any), stage (``stage2`` or
                 ``*``), or backend (``nccl``, ``gloo``)
@@ -64,7 +66,7 @@ SUPPORTED_VERSIONS = (1,)
 COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
 CODEC_OPS = ("encode", "decode")
 COMM_OPS = ("p2p", "allreduce", "allgather", "alltoall", "broadcast")
-OTHER_OPS = ("optimizer", "stage_optimizer")
+OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv")
 BASE_OPS = COMPUTE_OPS + CODEC_OPS + COMM_OPS + OTHER_OPS
 KNOWN_OPS = BASE_OPS + tuple(f"fit_{op}" for op in CODEC_OPS + COMM_OPS + OTHER_OPS)
 
@@ -331,6 +333,15 @@ class Profile:
                 return 0.0
         fit = self._fit(op, spec)
         return fit(nbytes) if fit else 0.0
+
+    def framing_time(self, side: str, wire_bytes: float) -> float:
+        """Host time execute mode spends framing one pipeline message of
+        ``wire_bytes`` on the ``send`` side (header, one buffer, isend) or the
+        ``recv`` side (posting the receive, unpacking); 0 when not calibrated."""
+        if side not in ("send", "recv"):
+            raise ValueError(f"framing side {side!r}: send or recv")
+        fit = self._fit(f"frame_{side}", None)
+        return fit(wire_bytes) if fit and wire_bytes > 0 else 0.0
 
     def collective_fit(self, op: str, name: str | None = None) -> Fit | None:
         """Alpha-beta fit of a measured collective (``p2p``, ``allreduce`` ...),

@@ -187,6 +187,26 @@ def test_cli_bad_input_one_line(tmp_path, args, culprit):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_comm_framing_is_each_side_host_time():
+    """framing: rank 0's send call and rank 1's post + unpack, both per wire byte;
+    the profile hands them to the plan as part of each message's encode/decode."""
+    from perfsim.calibrate.comm import CommConfig, measure_comm
+    from perfsim.calibrate.profile_io import build_profile
+
+    recs = measure_comm(CommConfig(ops=("framing",), sizes=(1024, 4194304), warmup=1, repeats=5,
+                                   max_seconds=0.5, timeout_s=120))
+    raw = {(r["op"], r["size_bytes"]): r for r in recs if r["op"] in ("frame_send", "frame_recv")}
+    assert set(raw) == {(o, s) for o in ("frame_send", "frame_recv") for s in (1024, 4194304)}
+    # host time, not the transfer: a 4 MB message is framed in well under the time
+    # its bytes take over a 1 Gbps link (33 ms), and costs more than a 1 KB one
+    for op in ("frame_send", "frame_recv"):
+        assert 0 < raw[(op, 1024)]["time_s"] < raw[(op, 4194304)]["time_s"] < 0.02
+    assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_frame_send", "fit_frame_recv"}
+    prof = build_profile(recs, {})
+    assert 0 < prof.framing_time("send", 1024) < prof.framing_time("send", 4194304)
+    assert prof.framing_time("recv", 0) == 0.0
+
+
 def test_fit_shaped_link_recovers_token_bucket():
     from perfsim.calibrate.fit import fit_shaped_link
 

@@ -258,3 +258,20 @@ def test_predict_accepts_burst_and_protocol():
     assert burst < plain <= rdv
     with pytest.raises(ValueError, match="p2p_protocol"):
         predict(**base, p2p_protocol="nope")
+
+
+def test_calibrated_framing_is_serial_host_time_per_message():
+    """frame_send / frame_recv (alpha + beta * wire bytes) join each message's encode
+    and decode: with 2 stages, 1 micro-batch and free links, the iteration grows by
+    exactly one send and one receive framing per direction."""
+    n = 1000  # fp32 boundary: 4000 wire bytes
+    send, recv = (2e-4, 1e-8), (1e-4, 2e-8)
+    framed = Profile.from_dict({"format": "perfsim-profile", "version": 1, "metadata": {}, "records": [
+        {"op": "fit_frame_send", "name": "messenger", "alpha_s": send[0], "beta_s_per_byte": send[1]},
+        {"op": "fit_frame_recv", "name": "messenger", "alpha_s": recv[0], "beta_s_per_byte": recv[1]}]})
+    strategy = Strategy(pp=2, micro_batch=1, macro_batch=1)
+    plain = simulate(toy(2, shape=(n,)), strategy, System(bandwidth_bps=1e18), EMPTY)
+    res = simulate(toy(2, shape=(n,)), strategy, System(bandwidth_bps=1e18), framed)
+    per_direction = send[0] + send[1] * 4 * n + recv[0] + recv[1] * 4 * n
+    assert res.summary["iteration_s"] - plain.summary["iteration_s"] == pytest.approx(2 * per_direction, rel=1e-6)
+    assert EMPTY.framing_time("send", 4 * n) == 0.0

@@ -2,7 +2,8 @@
 
 Everything the event loop needs is resolved here, once: per-stage compute,
 the EXACT wire bytes of each boundary payload (asked from the compressor
-objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits), the
+objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits, plus the
+host framing of each message, ``frame_send`` / ``frame_recv``, when calibrated), the
 gradient buckets with their data-parallel collectives (the grad compressor's
 ``dp_plan``), and the optimizer step time.
 """
@@ -119,6 +120,13 @@ def build_plan(workload, strategy, profile) -> Plan:
             st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32)
             st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32)
             st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32)
+            # the host side of each message (framing) is serial with the codec
+            framing = getattr(profile, "framing_time", None)
+            if framing is not None:
+                st.fw_encode_s += framing("send", st.fw_bytes)
+                st.fw_decode_s += framing("recv", st.fw_bytes)
+                st.bw_encode_s += framing("send", st.bw_bytes)
+                st.bw_decode_s += framing("recv", st.bw_bytes)
         if dp > 1:
             st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile)
         opt = None

@@ -81,6 +81,8 @@ class RecvInfo:
     body_bytes: int
     header_bytes: int
 
+    unpack_s: float = 0.0  # host time after the data was in: parsing the header, views
+
     @property
     def transfer_s(self) -> float:
         start = max(self.sent, self.posted)
@@ -188,21 +190,26 @@ class Messenger:
         blen = buf.numel() - hlen
         header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())  # stops before the padding
         self.shapes[src] = tuple(header["shape"])
+        unpack_s = time.perf_counter() - done
         if self.app_latency_s:
             done = self._add_latency(posted, header["sent"], done, blen + framing)
+        t_views = time.perf_counter()
         tensors, off = {}, hlen
         for name, dt, shape, n in zip(header["names"], header["dtypes"], header["shapes"],
                                       header["numels"]):
             dtype = _DTYPES[dt]
-            nbytes = n * torch.empty((), dtype=dtype).element_size()
-            tensors[name] = buf[off:off + nbytes].clone().view(dtype).reshape(shape)
+            nbytes = n * dtype.itemsize
+            # a view into this message's own buffer (fresh per message) where aligned
+            seg = buf[off:off + nbytes]
+            tensors[name] = (seg if off % dtype.itemsize == 0 else seg.clone()).view(dtype).reshape(shape)
             off += nbytes
         if off != buf.numel():
             raise RuntimeError(f"message from rank {src}: {buf.numel() - hlen} body bytes posted, "
                                f"{off - hlen} sent (sender and receiver compressors out of step)")
         payload = Payload(tensors, tuple(header["shape"]), _DTYPES[header["dtype"]], header["meta"])
         ids = torch.tensor(header["ids"], dtype=torch.int64)
-        return payload, ids, RecvInfo(posted, header["sent"], done, blen, framing)
+        unpack_s += time.perf_counter() - t_views
+        return payload, ids, RecvInfo(posted, header["sent"], done, blen, framing, unpack_s)
 
     def wait_all(self) -> float:
         """Wait for every pending send; returns the seconds spent waiting."""
@@ -226,7 +233,7 @@ class MicroRecord:
     bwd_comm_s: float = 0.0
     bwd_wait_s: float = 0.0
     bwd_span_s: float = 0.0
-    encode_s: float = 0.0  # encode + decode on this stage
+    encode_s: float = 0.0  # encode + decode on this stage, with the message framing (send, unpack)
     bytes_sent: int = 0  # wire bytes (payload bodies)
     overhead_bytes: int = 0  # headers (sizes, dtypes, sample ids, timestamp)
 
@@ -365,6 +372,9 @@ class StageRunner:
             r.encode_s += t1 - t0
             self._event(rec, f"encode act {mb}", "encode", t0, t1)
             body, over = self.msg.send(payload, ids, self.next_rank)
+            t2 = self._now()
+            r.encode_s += t2 - t1  # framing: header, one buffer, isend
+            self._event(rec, f"send act {mb}", "encode", t1, t2)
             r.bytes_sent += body
             r.overhead_bytes += over
             rec.links.setdefault(self.next_rank, [0, 0.0])[0] += body
@@ -391,6 +401,7 @@ class StageRunner:
         setattr(r, f"{direction}_span_s", getattr(r, f"{direction}_span_s") + max(0.0, info.done - info.sent))
         self._event(rec, f"recv {what} {mb}", "comm", info.done - info.transfer_s, info.done,
                     bytes=info.body_bytes)
+        r.encode_s += info.unpack_s  # framing: header, views
         t0 = self._now()
         out = self.comp[comp].decompress(payload, key=ids).to(self.device)
         t1 = self._now()
@@ -419,6 +430,9 @@ class StageRunner:
             r.encode_s += t1 - t0
             self._event(rec, f"encode grad {mb}", "encode", t0, t1)
             body, over = self.msg.send(payload, ids, self.prev_rank)
+            t2 = self._now()
+            r.encode_s += t2 - t1  # framing: header, one buffer, isend
+            self._event(rec, f"send grad {mb}", "encode", t1, t2)
             r.bytes_sent += body
             r.overhead_bytes += over
             rec.links.setdefault(self.prev_rank, [0, 0.0])[0] += body

@@ -25,7 +25,7 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
       --small-repeats 60 \
       --statistic "${STATISTIC:-median}" --concurrent \
-      --comm p2p,allreduce,allgather,alltoall,messenger,late --emulate-bandwidth "$RATES" \
+      --comm p2p,allreduce,allgather,alltoall,messenger,late,framing --emulate-bandwidth "$RATES" \
       --output "$PROFILE"
 fi
 
