@@ -106,6 +106,31 @@ def test_codecs_points_and_fits():
         CodecConfig(specs=("nosuch:4",)).resolved_specs()
 
 
+def test_codecs_at_exact_shapes_price_their_scales():
+    """A boundary-shaped tensor has one scale per row of its last dimension: directq
+    on (8, 16, 32) quantizes 128 rows where the (8, 512) sweep point of the same bytes
+    has 8. The exact-shape points stay out of the per-byte fit, carry their shape,
+    and the profile prefers them for a boundary of that shape."""
+    from perfsim.calibrate.profile_io import build_profile
+
+    recs = measure_codecs(CodecConfig(specs=("directq:4",), sizes=(4096, 16384, 65536),
+                                      shapes=((8, 16, 32),), warmup=1, repeats=3))
+    enc = [r for r in recs if r["op"] == "encode"]
+    exact = [r for r in enc if "shape" in r]
+    assert [(r["shape"], r["size_bytes"]) for r in exact] == [("8x16x32", 16384)]
+    sweep = next(r for r in enc if r["size_bytes"] == 16384 and "shape" not in r)
+    assert exact[0]["wire_bytes"] > sweep["wire_bytes"]  # 128 scales instead of 8
+    fit = next(r for r in recs if r["op"] == "fit_encode")
+    assert fit["points"] == 3  # the sweep only
+    prof = build_profile(recs, {})
+    assert prof.encode_time("directq:4", 16384, (8, 16, 32)) == pytest.approx(exact[0]["time_s"])
+    assert prof.encode_time("directq:4", 16384) != prof.encode_time("directq:4", 16384, (8, 16, 32))
+    # a shape never calibrated falls back to the fit
+    assert prof.encode_time("directq:4", 16384, (4, 4096)) == prof.encode_time("directq:4", 16384)
+    with pytest.raises(ConfigError, match="shapes"):
+        CodecConfig(shapes=((8, 0),))
+
+
 def test_comm_loopback_two_ranks():
     from perfsim.calibrate.comm import CommConfig, measure_comm
 

@@ -339,8 +339,11 @@ class StageRunner:
         self._posted = {}
         if next_ids is not None:
             self.post_receives(self._split(step + 1, next_ids))
+            self._event(rec, "post receives", "framing", rec.pipe_end, self._now())
+        t0 = self._now()
         rec.send_wait_s = self.msg.wait_all()
         rec.end = self._now()
+        self._event(rec, "wait sends", "comm", t0, rec.end)
         if self.module.is_last:
             rec.loss = sum(losses) / len(losses)
         return rec
