@@ -21,7 +21,8 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   message, with the receive posted ahead as execute mode does: rank 0 times its
   ``send`` call (header, one buffer, ``isend``, which writes at once), rank 1
   its ``post`` plus a ``recv`` of data that has already arrived (unpacking).
-  Recorded as ``frame_send`` / ``frame_recv`` records named ``messenger``
+  Caches are flushed before each timed call (:func:`perfsim.calibrate.timing.flush_caches`,
+  as for codecs). Recorded as ``frame_send`` / ``frame_recv`` records named ``messenger``
   (``size_bytes`` = the payload's wire bytes); the simulator adds them to each
   pipeline message's encode and decode;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
@@ -191,6 +192,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     dist.barrier()
                 scale = None  # the sample is the receive call alone (rank 1)
             elif op == "framing":
+                from perfsim.calibrate.timing import flush_caches
                 from perfsim.compression.base import Payload
                 from perfsim.runtime.pipeline import Messenger, header_capacity
 
@@ -210,12 +212,14 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                         posted_s = time.perf_counter() - t
                     dist.barrier()  # the receive is posted before the send
                     if rank == 0:
+                        flush_caches(str(device))  # as after the forward/backward before it
                         t = time.perf_counter()
                         msg.send(payload, ids, 1)
                         box["t"] = time.perf_counter() - t
                         msg.wait_all()
                     elif rank == 1:
                         time.sleep(settle_s)
+                        flush_caches(str(device))
                         t = time.perf_counter()
                         msg.recv(0, payload.nbytes)
                         box["t"] = posted_s + time.perf_counter() - t

@@ -87,26 +87,29 @@ _FLUSH: dict[str, object] = {}
 
 
 def flush_caches(device: str = "cpu") -> None:
-    """Evict the caches by writing a buffer twice the last-level cache (CPU) or
-    the L2 (GPU), as Triton's ``do_bench`` does before each timed kernel.
+    """Leave the caches (and, on the CPU, the address translations) as a training
+    step leaves them before a codec call.
 
-    Why: a codec call in a training step follows the model's forward or
-    backward, which has filled the caches with weights and activations. Timed
-    back to back on one tensor, the codec finds its inputs, scratch buffers and
-    code hot and reads ~2-3x faster than inside a pipeline (measured on this
-    2-core CPU: directq:4 on 256 KB 0.18 ms hot, 0.41 ms after a layer's
-    forward and backward, 0.38 ms after this flush; docs/validation.md)."""
+    GPU: write a buffer twice the L2 (at least 256 MB), as Triton's ``do_bench``
+    does before each timed kernel. CPU: allocate, write and free a fresh buffer
+    twice the last-level cache -- what a forward or backward does with its
+    activations. Rewriting one persistent buffer is not enough on the CPU:
+    measured on this 2-core VM, ``directq:4`` of a (8, 64, 128) activation takes
+    0.25 ms hot, 0.25 ms after rewriting a persistent buffer, but 0.51 ms after a
+    GPT stage's forward and backward and 0.51 ms after a fresh buffer (the
+    freed mapping also drops the TLB entries, which nested paging makes costly);
+    inside ``perfsim run`` the same call takes 0.48 ms."""
     import torch
 
-    buf = _FLUSH.get(device)
-    if buf is None:
-        if device.startswith("cuda"):
+    if device.startswith("cuda"):
+        buf = _FLUSH.get(device)
+        if buf is None:
             l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 50 * 2**20
             nbytes = max(2 * l2, 256 * 2**20)
-        else:
-            nbytes = 2 * last_level_cache_bytes()
-        buf = _FLUSH[device] = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    buf.zero_()
+            buf = _FLUSH[device] = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        buf.zero_()
+        return
+    torch.zeros(2 * last_level_cache_bytes() // 4, dtype=torch.float32, device=device)
 
 
 def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,

@@ -146,11 +146,19 @@ def test_time_op_cold_flushes_before_every_call(monkeypatch):
     assert log == ["call"] * 4  # warm by default: nothing flushed
 
 
-def test_flush_caches_overwrites_twice_the_last_level_cache():
+def test_flush_caches_writes_a_fresh_buffer_twice_the_last_level_cache(monkeypatch):
+    """CPU: a fresh buffer each time (allocated, written, freed, as activations
+    are), not a persistent one -- the persistent rewrite leaves the codec 2x faster
+    than inside a training step (timing.flush_caches docstring)."""
+    import torch
+
     from perfsim.calibrate import timing
 
     llc = timing.last_level_cache_bytes()
     assert llc >= 2**20
+    sizes = []
+    real = torch.zeros
+    monkeypatch.setattr(torch, "zeros", lambda n, **kw: sizes.append(n) or real(n, **kw))
     timing.flush_caches("cpu")
-    buf = timing._FLUSH["cpu"]
-    assert buf.numel() * 4 == 2 * llc and float(buf.abs().max()) == 0.0
+    timing.flush_caches("cpu")
+    assert sizes == [2 * llc // 4] * 2 and "cpu" not in timing._FLUSH
