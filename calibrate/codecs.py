@@ -19,13 +19,15 @@ like an activation micro-batch; per-sample compressors (AQ-SGD) get the row
 ids as their key and are timed in steady state (after the first, uncompressed
 visit of each sample has filled their buffers).
 
-A codec's cost depends on the tensor's *shape*, not only its bytes: the
-quantizers scale each row of the last dimension (``row_bucket``), so a
-``(8, 64, 128)`` activation has 512 scales where a ``(8, 8192)`` tensor of the
-same bytes has 8 -- measured 0.49 vs 0.23 ms for ``directq:4``. ``shapes``
-adds points at exact tensor shapes (``perfsim calibrate`` passes every
-pipeline boundary of the models it calibrates); they carry ``shape=AxBxC``
-and the simulator prefers them for a boundary of that shape. The per-byte
+Pipeline boundaries are also timed *in situ* (``boundaries``: model, layer,
+micro-batch; ``perfsim calibrate`` passes every boundary of the models it
+calibrates): the codec runs on that layer's real output shape right after the
+layer's forward and backward, as in a training step. What the step leaves
+behind decides the cost: ``directq:4`` on a gpt2-tiny activation (8, 64, 128)
+takes 0.25 ms hot and 0.51 ms after the layer's forward and backward (0.48 ms
+inside ``perfsim run``), while after a digits-mlp layer, whose step touches a
+few KB, the codec stays hot. These points carry ``shape=AxBxC`` and the
+model; the simulator prefers them for a boundary of that shape. The per-byte
 fits use the ``(rows, n / rows)`` sweep only.
 """
 
@@ -106,8 +108,9 @@ class CodecConfig:
     repeats: int = 7
     max_seconds: float | None = 2.0
     threads: int | None = None  # torch threads while timing (None: leave as is)
-    #: exact tensor shapes timed besides the size sweep (pipeline boundaries)
-    shapes: tuple[tuple[int, ...], ...] = ()
+    #: pipeline boundaries timed in situ: (model, layer index, micro-batch), the
+    #: activation leaving that layer, right after its forward and backward
+    boundaries: tuple[tuple[str, int, int], ...] = ()
     #: flush the caches before every timed call (``timing.flush_caches``): a codec in a
     #: training step runs right after a forward/backward that evicted its working set
     cold: bool = True
@@ -121,8 +124,13 @@ class CodecConfig:
             raise ConfigError(f"device={self.device!r}: use cpu or cuda")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda': no CUDA device available")
-        if any(not sh or any(int(d) < 1 for d in sh) for sh in self.shapes):
-            raise ConfigError(f"shapes={self.shapes}: every shape needs dimensions >= 1")
+        for model, layer, mb in self.boundaries:
+            from perfsim.models.specs import get_model_spec
+
+            n = len(get_model_spec(model).layers())
+            if not 0 <= int(layer) < n - 1 or int(mb) < 1:
+                raise ConfigError(f"boundary ({model}, layer {layer}, micro-batch {mb}): a boundary "
+                                  f"follows layer 0..{n - 2} at micro-batch >= 1")
         if self.rows < 1 or self.repeats < 1:
             raise ConfigError(f"rows={self.rows}, repeats={self.repeats}: must be >= 1")
 
@@ -134,6 +142,27 @@ class CodecConfig:
         for s in self.specs:
             make_compressor(s)  # raises ConfigError naming a bad spec
         return list(self.specs)
+
+
+def _boundary(boundary: tuple[str, int, int], device: str):
+    """(activation shape, (model, step)) of a pipeline boundary: ``step()`` runs the
+    forward and backward of the layer that produces it (execute mode's module)."""
+    from perfsim.calibrate.layers import layer_input
+    from perfsim.models.specs import get_model_spec
+    from perfsim.runtime.models import build_layer
+
+    model, index, mb = boundary
+    spec = get_model_spec(model)
+    torch.manual_seed(0)
+    layer = build_layer(spec, int(index), 0).to(device).train()
+    x = layer_input(spec, int(index), int(mb), dtype=torch.float32, device=device)
+    shape = (int(mb), *spec.layers()[int(index)].out_shape)
+
+    def step():
+        out = layer(x)
+        out.backward(torch.ones_like(out))
+        layer.zero_grad(set_to_none=True)
+    return shape, (spec.name, step)
 
 
 def shape_text(shape) -> str:
@@ -173,10 +202,10 @@ def _measure(cfg: CodecConfig, progress) -> tuple[list[dict], list[str]]:
     records: list[dict] = []
     skipped: list[str] = []
     gen = torch.Generator(device=cfg.device).manual_seed(0)
-    points = [(_shape(size, cfg.rows), False) for size in cfg.sizes]
-    points += [(tuple(int(d) for d in sh), True) for sh in dict.fromkeys(cfg.shapes)]
+    points = [(_shape(size, cfg.rows), None) for size in cfg.sizes]
+    points += [_boundary(b, cfg.device) for b in dict.fromkeys(cfg.boundaries)]
     for spec in cfg.resolved_specs():
-        for shape, exact in points:
+        for shape, situ in points:
             x = torch.randn(shape, device=cfg.device, generator=gen)
             key = torch.arange(shape[0], device=cfg.device)
             sender, receiver = make_compressor(spec, seed=0), make_compressor(spec, seed=0)
@@ -194,21 +223,22 @@ def _measure(cfg: CodecConfig, progress) -> tuple[list[dict], list[str]]:
                     "world_size": 1, "dtype": "float32", "device": cfg.device,
                     "threads": torch.get_num_threads(), "cache": "cold" if cfg.cold else "warm",
                     "micro_batch": shape[0], "model": None}
-            if exact:
-                base["shape"] = shape_text(shape)
+            # sweep points: flushed caches; boundaries: after their layer's step
+            when = dict(cold=cfg.cold) if situ is None else dict(setup=situ[1])
+            if situ is not None:
+                base.update(shape=shape_text(shape), model=situ[0], cache="after-layer-step")
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB encode")
-            t = time_op(lambda: sender.compress(x2, **kw), warmup=cfg.warmup, repeats=cfg.repeats,
-                        device=cfg.device, max_seconds=cfg.max_seconds, cold=cfg.cold)
+            t = time_op(lambda *_: sender.compress(x2, **kw), warmup=cfg.warmup, repeats=cfg.repeats,
+                        device=cfg.device, max_seconds=cfg.max_seconds, **when)
             records.append({"op": "encode", **base, **t.record()})
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB decode")
-            t = time_op(lambda: receiver.decompress(payload, **kw), warmup=cfg.warmup,
-                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds,
-                        cold=cfg.cold)
+            t = time_op(lambda *_: receiver.decompress(payload, **kw), warmup=cfg.warmup,
+                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds, **when)
             records.append({"op": "decode", **base, **t.record()})
     return records, skipped
 
 
 def count_points(cfg: CodecConfig) -> int:
-    return len(cfg.resolved_specs()) * (len(cfg.sizes) + len(set(cfg.shapes))) * 2
+    return len(cfg.resolved_specs()) * (len(cfg.sizes) + len(set(cfg.boundaries))) * 2

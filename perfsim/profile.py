@@ -312,32 +312,34 @@ class Profile:
                 return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
         return None
 
-    def encode_time(self, spec: str, nbytes: float, shape=None) -> float:
+    def encode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
         """Time to compress an fp32 tensor of ``nbytes`` with compressor ``spec``
-        (fixed + per-byte cost). ``shape``: the tensor's exact shape; a point
-        calibrated at that shape (``shape=AxBxC`` in its source; quantizers pay
-        per row of scales, so the bytes alone do not tell the cost) wins over the
-        fit. ``fp32`` is a real call too (execute mode copies the activation into
+        (fixed + per-byte cost). ``shape`` / ``model``: a pipeline boundary's
+        exact shape and model; a point calibrated in situ at that boundary
+        (``shape=AxBxC`` in its source, after the layer's own step; the same
+        model's first) wins over the fit. ``fp32`` is a real call too (execute mode copies the activation into
         the message: ~0.07 ms per 256 KB on a cold CPU cache) and costs its
         measurement when the profile has one; ``none`` and a compressor the
         profile does not know cost nothing (documented optimism: calibrate it
         with ``perfsim calibrate``)."""
         return self._codec("encode", spec, nbytes, shape)
 
-    def decode_time(self, spec: str, nbytes: float, shape=None) -> float:
-        """Time to decompress back to an fp32 tensor of ``nbytes`` (``shape`` as
-        for :meth:`encode_time`)."""
-        return self._codec("decode", spec, nbytes, shape)
+    def decode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
+        """Time to decompress back to an fp32 tensor of ``nbytes`` (``shape`` and
+        ``model`` as for :meth:`encode_time`)."""
+        return self._codec("decode", spec, nbytes, shape, model)
 
-    def _codec(self, op: str, spec: str, nbytes: float, shape=None) -> float:
+    def _codec(self, op: str, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
         if spec == "none" or nbytes <= 0:
             return 0.0
         if shape is not None:
             tag = "shape=" + "x".join(str(int(d)) for d in shape)
-            exact = [r["time_s"] for r in self.records if r["op"] == op and r.get("name") == spec
+            exact = [r for r in self.records if r["op"] == op and r.get("name") == spec
                      and tag in str(r.get("source", "")).split("; ")]
+            exact = [r for r in exact if r.get("model") == model] or exact
             if exact:
-                return sorted(exact)[len(exact) // 2]
+                times = sorted(r["time_s"] for r in exact)
+                return times[len(times) // 2]
         if spec == "fp32":  # only its own measurement: the ``*`` fit is for compressors
             if not any(r["op"] in (op, f"fit_{op}") and r.get("name") == "fp32" for r in self.records):
                 return 0.0

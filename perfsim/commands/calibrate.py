@@ -160,12 +160,17 @@ def run(args) -> int:
     codec_cfg = None
     if args.codecs.strip().lower() != "none":
         names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))
-        # every tensor a pipeline boundary of these models can carry, at each micro-batch
-        boundaries = tuple(dict.fromkeys((mb, *layer.out_shape) for spec in specs
-                                         for layer in spec.layers()[:-1] for mb in micro))
+        # every pipeline boundary of these models (one per distinct shape), each micro-batch
+        boundaries, seen = [], set()
+        for spec in specs:
+            for i, layer in enumerate(spec.layers()[:-1]):
+                for mb in micro:
+                    if (spec.name, mb, layer.out_shape) not in seen:
+                        seen.add((spec.name, mb, layer.out_shape))
+                        boundaries.append((spec.name, i, mb))
         codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
                                    device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
-                                   threads=max(1, meta_cores() // args.ranks), shapes=boundaries)
+                                   threads=max(1, meta_cores() // args.ranks), boundaries=tuple(boundaries))
     comm_cfgs = []
     if comm_ops and args.ranks >= 2:
         threads = max(1, meta_cores() // args.ranks)

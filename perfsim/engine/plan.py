@@ -116,10 +116,11 @@ def build_plan(workload, strategy, profile) -> Plan:
             st.bw_bytes = int(bw_comp.wire_bytes(out_shape))
             has_warmup |= st.fw_bytes_warmup != st.fw_bytes
             fw_spec, bw_spec = fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name
-            st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32, out_shape)
-            st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, out_shape)
-            st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, out_shape)
-            st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, out_shape)
+            where = (out_shape, workload.model)  # in-situ boundary points, when calibrated
+            st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32, *where)
+            st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
+            st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
+            st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
             # the host side of each message (framing) is serial with the codec
             framing = getattr(profile, "framing_time", None)
             if framing is not None:
