@@ -19,16 +19,16 @@ like an activation micro-batch; per-sample compressors (AQ-SGD) get the row
 ids as their key and are timed in steady state (after the first, uncompressed
 visit of each sample has filled their buffers).
 
-Pipeline boundaries are also timed *in situ* (``boundaries``: model, layer,
-micro-batch; ``perfsim calibrate`` passes every boundary of the models it
-calibrates): the codec runs on that layer's real output shape right after the
-layer's forward and backward, as in a training step. What the step leaves
+Pipeline boundaries are also timed *in situ* (``boundaries``: model, stages,
+stage, micro-batch; ``perfsim calibrate`` passes every boundary of the models
+and stage counts it calibrates): the codec runs on the boundary's real shape
+right after the forward and backward of the pipeline stage that ends there
+(execute mode's stage module), as in a training step. What the step leaves
 behind decides the cost: ``directq:4`` on a gpt2-tiny activation (8, 64, 128)
-takes 0.25 ms hot and 0.51 ms after the layer's forward and backward (0.48 ms
-inside ``perfsim run``), while after a digits-mlp layer, whose step touches a
-few KB, the codec stays hot. These points carry ``shape=AxBxC`` and the
-model; the simulator prefers them for a boundary of that shape. The per-byte
-fits use the ``(rows, n / rows)`` sweep only.
+takes 0.25 ms hot, 0.16 ms after one block's step, 0.51 ms after stage 0's
+forward and backward and 0.48 ms inside ``perfsim run``. These points carry
+``shape=AxBxC`` and the model; the simulator prefers them for a boundary of
+that shape. The per-byte fits use the ``(rows, n / rows)`` sweep only.
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ class CodecConfig:
     repeats: int = 7
     max_seconds: float | None = 2.0
     threads: int | None = None  # torch threads while timing (None: leave as is)
-    #: pipeline boundaries timed in situ: (model, layer index, micro-batch), the
-    #: activation leaving that layer, right after its forward and backward
-    boundaries: tuple[tuple[str, int, int], ...] = ()
+    #: pipeline boundaries timed in situ: (model, stages, stage, micro-batch), the
+    #: activation leaving that stage, right after the stage's forward and backward
+    boundaries: tuple[tuple[str, int, int, int], ...] = ()
     #: flush the caches before every timed call (``timing.flush_caches``): a codec in a
     #: training step runs right after a forward/backward that evicted its working set
     cold: bool = True
@@ -124,13 +124,13 @@ class CodecConfig:
             raise ConfigError(f"device={self.device!r}: use cpu or cuda")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda': no CUDA device available")
-        for model, layer, mb in self.boundaries:
+        for model, pp, stage, mb in self.boundaries:
             from perfsim.models.specs import get_model_spec
 
             n = len(get_model_spec(model).layers())
-            if not 0 <= int(layer) < n - 1 or int(mb) < 1:
-                raise ConfigError(f"boundary ({model}, layer {layer}, micro-batch {mb}): a boundary "
-                                  f"follows layer 0..{n - 2} at micro-batch >= 1")
+            if not 2 <= int(pp) <= n or not 0 <= int(stage) < int(pp) - 1 or int(mb) < 1:
+                raise ConfigError(f"boundary ({model}, stage {stage} of {pp}, micro-batch {mb}): a "
+                                  f"boundary follows stage 0..pp-2 of 2..{n} stages, micro-batch >= 1")
         if self.rows < 1 or self.repeats < 1:
             raise ConfigError(f"rows={self.rows}, repeats={self.repeats}: must be >= 1")
 
@@ -144,24 +144,26 @@ class CodecConfig:
         return list(self.specs)
 
 
-def _boundary(boundary: tuple[str, int, int], device: str):
+def _boundary(boundary: tuple[str, int, int, int], device: str):
     """(activation shape, (model, step)) of a pipeline boundary: ``step()`` runs the
-    forward and backward of the layer that produces it (execute mode's module)."""
+    forward and backward of the stage that ends there (execute mode's module)."""
     from perfsim.calibrate.layers import layer_input
     from perfsim.models.specs import get_model_spec
-    from perfsim.runtime.models import build_layer
+    from perfsim.partition import partition_model
+    from perfsim.runtime.models import build_stage
 
-    model, index, mb = boundary
+    model, pp, k, mb = boundary
     spec = get_model_spec(model)
+    first, end = partition_model(spec, int(pp))[int(k)]
     torch.manual_seed(0)
-    layer = build_layer(spec, int(index), 0).to(device).train()
-    x = layer_input(spec, int(index), int(mb), dtype=torch.float32, device=device)
-    shape = (int(mb), *spec.layers()[int(index)].out_shape)
+    stage = build_stage(spec, int(pp), int(k), 0).to(device).train()
+    x = layer_input(spec, first, int(mb), dtype=torch.float32, device=device)
+    shape = (int(mb), *spec.layers()[end - 1].out_shape)
 
     def step():
-        out = layer(x)
+        out = stage(x)
         out.backward(torch.ones_like(out))
-        layer.zero_grad(set_to_none=True)
+        stage.zero_grad(set_to_none=True)
     return shape, (spec.name, step)
 
 

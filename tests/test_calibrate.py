@@ -108,7 +108,7 @@ def test_codecs_points_and_fits():
 
 
 def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
-    """A boundary point: the layer's real output shape, timed right after that layer's
+    """A boundary point: the stage's real output shape, timed right after that stage's
     forward and backward; it stays out of the per-byte fit, carries shape and model,
     and the profile prefers it for that boundary (the same model's first)."""
     from perfsim.calibrate.profile_io import build_profile
@@ -116,7 +116,7 @@ def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
 
     shape = (4, *get_model_spec("gpt2-tiny").layers()[1].out_shape)
     recs = measure_codecs(CodecConfig(specs=("directq:4",), sizes=(4096, 16384, 65536),
-                                      boundaries=(("gpt2-tiny", 1, 4),), warmup=1, repeats=3))
+                                      boundaries=(("gpt2-tiny", 2, 0, 4),), warmup=1, repeats=3))
     enc = [r for r in recs if r["op"] == "encode"]
     situ = [r for r in enc if "shape" in r]
     text = "x".join(map(str, shape))
@@ -130,7 +130,7 @@ def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
     # a shape never calibrated falls back to the fit
     assert prof.encode_time("directq:4", n, (4, n // 16)) == prof.encode_time("directq:4", n)
     with pytest.raises(ConfigError, match="boundary"):
-        CodecConfig(boundaries=(("gpt2-tiny", 99, 8),))
+        CodecConfig(boundaries=(("gpt2-tiny", 2, 1, 8),))  # the last stage ends no boundary
 
 
 def test_comm_loopback_two_ranks():

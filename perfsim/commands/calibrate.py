@@ -122,6 +122,7 @@ def run(args) -> int:
     from perfsim.calibrate.profile_io import build_profile
     from perfsim.errors import ConfigError
     from perfsim.models.specs import get_model_spec
+    from perfsim.partition import partition_model
     from perfsim.units import parse_bandwidth, parse_time, split_list
 
     from perfsim.calibrate.timing import set_statistic
@@ -160,14 +161,18 @@ def run(args) -> int:
     codec_cfg = None
     if args.codecs.strip().lower() != "none":
         names = None if args.codecs.strip().lower() == "all" else tuple(split_list(args.codecs))
-        # every pipeline boundary of these models (one per distinct shape), each micro-batch
+        # the pipeline boundaries of these models at the calibrated stage counts (one per
+        # distinct shape), each micro-batch: codecs timed after the stage that ends there
         boundaries, seen = [], set()
         for spec in specs:
-            for i, layer in enumerate(spec.layers()[:-1]):
-                for mb in micro:
-                    if (spec.name, mb, layer.out_shape) not in seen:
-                        seen.add((spec.name, mb, layer.out_shape))
-                        boundaries.append((spec.name, i, mb))
+            layers = spec.layers()
+            for pp in (p for p in stages if 2 <= p <= len(layers)):
+                for k, (_, end) in enumerate(partition_model(spec, pp)[:-1]):
+                    for mb in micro:
+                        key = (spec.name, mb, layers[end - 1].out_shape)
+                        if key not in seen:
+                            seen.add(key)
+                            boundaries.append((spec.name, pp, k, mb))
         codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
                                    device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
                                    threads=max(1, meta_cores() // args.ranks), boundaries=tuple(boundaries))
