@@ -32,13 +32,16 @@ def test_wire_bytes_formula_gpt2xl_boundary():
 
 
 @pytest.mark.parametrize("bits", [2, 3, 4, 6, 8])
-def test_error_bounded_by_one_step(bits):
-    x = torch.randn(4, 33, 17)
+@pytest.mark.parametrize("seed", [0, 56, 165])
+def test_error_bounded_by_one_step(bits, seed):
+    x = torch.randn(4, 33, 17, generator=torch.Generator().manual_seed(seed))
     for spec, frac in ((f"directq:{bits}", 1.0), (f"directq:{bits}:det", 0.5)):
         c = make_compressor(spec)
         y = c.decompress(c.compress(x))
-        step = 2 * x.abs().amax(-1, keepdim=True) / (2 ** bits - 1)
-        assert torch.all((y - x).abs() <= frac * step * (1 + 1e-5) + 1e-7), spec
+        amax = x.abs().amax(-1, keepdim=True)
+        step = 2 * amax / (2 ** bits - 1)
+        # plus fp32 rounding of values of that magnitude (8 bits, seed 165: 4e-7 over)
+        assert torch.all((y - x).abs() <= frac * step + 4 * torch.finfo(torch.float32).eps * amax), spec
 
 
 def test_stochastic_rounding_unbiased_over_draws():
