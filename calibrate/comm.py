@@ -153,6 +153,19 @@ def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device, size: int = 0
     return int(t.item())
 
 
+def _messenger_payload(device, n: int):
+    """Execute mode's Messenger and an ``n``-float payload of 8 sample rows (as a
+    micro-batch of 8; 1 row when ``n`` does not split), with its sample ids."""
+    import torch
+
+    from perfsim.compression.base import Payload
+    from perfsim.runtime.pipeline import Messenger, header_capacity
+
+    rows = 8 if n % 8 == 0 else 1
+    payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)}, (rows, n // rows))
+    return Messenger(device, header_capacity(rows)), payload, torch.arange(rows)
+
+
 def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
     """Body of one rank: time every op and size; returns this rank's raw samples."""
     import torch
@@ -170,14 +183,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
         for size in cfg.sizes_to_run():
             n = size // 4
             if op == "late":
-                from perfsim.compression.base import Payload
-                from perfsim.runtime.pipeline import Messenger, header_capacity
-
-                rows = 8 if n % 8 == 0 else 1
-                msg = Messenger(device, header_capacity(rows))
-                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
-                                  (rows, n // rows))
-                ids = torch.arange(rows)
+                msg, payload, ids = _messenger_payload(device, n)
                 box = {}
 
                 def call():
@@ -193,14 +199,8 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 scale = None  # the sample is the receive call alone (rank 1)
             elif op == "framing":
                 from perfsim.calibrate.timing import flush_caches
-                from perfsim.compression.base import Payload
-                from perfsim.runtime.pipeline import Messenger, header_capacity
 
-                rows = 8 if n % 8 == 0 else 1
-                msg = Messenger(device, header_capacity(rows))
-                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
-                                  (rows, n // rows))
-                ids = torch.arange(rows)
+                msg, payload, ids = _messenger_payload(device, n)
                 settle_s = 0.002 + size / 1e9  # the data has arrived (loopback moves GB/s)
                 box = {}
 
@@ -226,14 +226,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     dist.barrier()
                 scale = None  # each rank's own host time
             elif op == "messenger":
-                from perfsim.compression.base import Payload
-                from perfsim.runtime.pipeline import Messenger, header_capacity
-
-                rows = 8 if n % 8 == 0 else 1
-                msg = Messenger(device, header_capacity(rows))
-                payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)},
-                                  (rows, n // rows))
-                ids = torch.arange(rows)
+                msg, payload, ids = _messenger_payload(device, n)
 
                 def call():
                     if rank == 0:
