@@ -279,7 +279,10 @@ class StageRunner:
         self.num_microbatches = 1 + max(a.microbatch for a in actions)
         # receives are posted ahead on gloo only (module docstring)
         self.post_ahead = dist.is_initialized() and dist.get_backend() == "gloo"
-        self._posted: dict[int, int] = {}  # peer -> micro-batches of the coming step already posted
+        self._posted: dict[int, int] = {}  # peer -> receives of the coming step already posted
+        # the order this stage consumes (= the peer sends) each direction's micro-batches
+        self._order = {"fw_recv": [a.microbatch for a in actions if a.kind == FORWARD],
+                       "bw_recv": [a.microbatch for a in actions if a.kind == BACKWARD]}
         self._step_ids: list[torch.Tensor] = []
 
     def _sync(self):
@@ -316,9 +319,10 @@ class StageRunner:
             shape = self.msg.shapes.get(peer)
             if shape is None:
                 continue
-            for mb in range(self._posted.get(peer, 0), len(mb_ids)):
+            order = self._order[slot]
+            for mb in order[self._posted.get(peer, 0):]:
                 self.msg.post(peer, self.comp[slot].payload_nbytes(shape, key=mb_ids[mb]))
-            self._posted[peer] = len(mb_ids)
+            self._posted[peer] = len(order)
 
     def run_step(self, step: int, epoch: int, ids: torch.Tensor,
                  next_ids: torch.Tensor | None = None) -> StepRecord:
@@ -395,7 +399,7 @@ class StageRunner:
         body = None if first or self.msg.posted[peer] else self.comp[comp].payload_nbytes(shape, key=ids)
         payload, got_ids, info = self.msg.recv(peer, body)
         if first:  # the link's first message told the shape: post the rest of this step
-            self._posted[peer] = mb + 1
+            self._posted[peer] = self._order[comp].index(mb) + 1
             self.post_receives(self._step_ids)
         if not torch.equal(got_ids, ids):
             raise RuntimeError(f"micro-batch {mb}: {what} arrived for other sample ids than the schedule's")
