@@ -84,6 +84,8 @@ class CommConfig:
     small_repeats: repeats of messages up to ``small_bytes`` (0: ``repeats``). Their
       time is bimodal (~0.1 ms, or a wait for a 4-ms kernel tick), so the mean the
       simulator uses as the per-message fixed cost needs more samples; they are cheap.
+    framing_cold: flush the caches before each timed ``framing`` call (as after a
+      training step); False times it hot (``benchmarks/bench_messenger.py``).
     """
 
     ops: tuple[str, ...] = DEFAULT_OPS
@@ -98,6 +100,7 @@ class CommConfig:
     max_call_s: float = 4.0
     threads: int = 1
     timeout_s: float = 600.0
+    framing_cold: bool = True
     small_repeats: int = 0
     small_bytes: int = 65536
 
@@ -212,14 +215,16 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                         posted_s = time.perf_counter() - t
                     dist.barrier()  # the receive is posted before the send
                     if rank == 0:
-                        flush_caches(str(device))  # as after the forward/backward before it
+                        if cfg.framing_cold:
+                            flush_caches(str(device))  # as after the forward/backward before it
                         t = time.perf_counter()
                         msg.send(payload, ids, 1)
                         box["t"] = time.perf_counter() - t
                         msg.wait_all()
                     elif rank == 1:
                         time.sleep(settle_s)
-                        flush_caches(str(device))
+                        if cfg.framing_cold:
+                            flush_caches(str(device))
                         t = time.perf_counter()
                         msg.recv(0, payload.nbytes)
                         box["t"] = posted_s + time.perf_counter() - t
