@@ -40,6 +40,10 @@ def test_cli_writes_predict_schema(tmp_path):
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
     names = {e["name"] for e in trace if e.get("ph") == "X"}
     assert {"F0", "B3", "recv act 0", "recv grad 3", "optimizer"} <= names
+    # framing is traced (and counted as encode); each stage posts the next step's receives
+    assert {"send act 0", "send grad 3", "post receives", "wait sends"} <= names
+    posts = [e for e in trace if e.get("name") == "post receives"]
+    assert {e["tid"] for e in posts} == {0, 1} and len(posts) == 2 * 4  # 5 steps: 4 have a next one
 
 
 @pytest.mark.parametrize("argv, culprit", [
