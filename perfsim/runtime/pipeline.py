@@ -373,19 +373,27 @@ class StageRunner:
         r.fwd_compute_s += t1 - t0
         self._event(rec, f"F{mb}", "compute", t0, t1)
         if self.next_rank is not None:
-            t0 = self._now()
-            payload = self.comp["fw_send"].compress(out.detach(), key=ids)
-            t1 = self._now()
-            r.encode_s += t1 - t0
-            self._event(rec, f"encode act {mb}", "encode", t0, t1)
-            body, over = self.msg.send(payload, ids, self.next_rank)
-            t2 = self._now()
-            r.encode_s += t2 - t1  # framing: header, one buffer, isend
-            self._event(rec, f"send act {mb}", "encode", t1, t2)
-            r.bytes_sent += body
-            r.overhead_bytes += over
-            rec.links.setdefault(self.next_rank, [0, 0.0])[0] += body
+            self._send(self.next_rank, "fwd", mb, out.detach(), ids, rec)
         return x, out, loss, ids
+
+    # -- send (both directions)
+    def _send(self, peer: int, direction: str, mb: int, tensor: torch.Tensor, ids, rec: StepRecord) -> None:
+        """Encode micro-batch ``mb``'s activation (``"fwd"``) or input gradient
+        (``"bwd"``) and start sending it to ``peer``; the codec and the framing
+        (header, one buffer, isend) count as encode."""
+        r = rec.micro[mb]
+        what, comp = ("act", "fw_send") if direction == "fwd" else ("grad", "bw_send")
+        t0 = self._now()
+        payload = self.comp[comp].compress(tensor, key=ids)
+        t1 = self._now()
+        self._event(rec, f"encode {what} {mb}", "encode", t0, t1)
+        body, over = self.msg.send(payload, ids, peer)
+        t2 = self._now()
+        self._event(rec, f"send {what} {mb}", "encode", t1, t2)
+        r.encode_s += t2 - t0
+        r.bytes_sent += body
+        r.overhead_bytes += over
+        rec.links.setdefault(peer, [0, 0.0])[0] += body
 
     # -- receive (both directions)
     def _receive(self, peer: int, direction: str, mb: int, ids, rec: StepRecord) -> torch.Tensor:
@@ -431,16 +439,5 @@ class StageRunner:
         r.bwd_compute_s += t1 - t0
         self._event(rec, f"B{mb}", "compute", t0, t1)
         if self.prev_rank is not None:
-            t0 = self._now()
-            payload = self.comp["bw_send"].compress(x.grad.detach(), key=ids)
-            t1 = self._now()
-            r.encode_s += t1 - t0
-            self._event(rec, f"encode grad {mb}", "encode", t0, t1)
-            body, over = self.msg.send(payload, ids, self.prev_rank)
-            t2 = self._now()
-            r.encode_s += t2 - t1  # framing: header, one buffer, isend
-            self._event(rec, f"send grad {mb}", "encode", t1, t2)
-            r.bytes_sent += body
-            r.overhead_bytes += over
-            rec.links.setdefault(self.prev_rank, [0, 0.0])[0] += body
+            self._send(self.prev_rank, "bwd", mb, x.grad.detach(), ids, rec)
 
