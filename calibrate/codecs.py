@@ -42,6 +42,7 @@ import torch
 from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.timing import time_op
 from perfsim.errors import ConfigError
+from perfsim.profile import shape_text
 
 #: bit widths tried for compressors whose spec is ``name:BITS``
 BIT_WIDTHS = (1, 2, 3, 4, 6, 8)
@@ -165,11 +166,6 @@ def _boundary(boundary: tuple[str, int, int, int], device: str):
         out.backward(torch.ones_like(out))
         stage.zero_grad(set_to_none=True)
     return shape, (spec.name, step)
-
-
-def shape_text(shape) -> str:
-    """``(8, 64, 128)`` -> ``8x64x128`` (how profiles name an exact codec shape)."""
-    return "x".join(str(int(d)) for d in shape)
 
 
 def _shape(size_bytes: int, rows: int) -> tuple[int, int]:

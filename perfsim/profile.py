@@ -79,6 +79,18 @@ RECORD_COLUMNS = ("op", "name", "model", "micro_batch", "size_bytes", "world_siz
 DEFAULT_PROFILE = "default-v100-aqsgd"
 
 
+def shape_text(shape) -> str:
+    """``(8, 64, 128)`` -> ``8x64x128``: how a record names the exact tensor shape
+    it was timed at (``shape=`` in ``source``)."""
+    return "x".join(str(int(d)) for d in shape)
+
+
+def _at_exact_shape(rec: dict) -> bool:
+    """A point timed at one exact shape (a pipeline boundary, in situ): it prices
+    that boundary, not the per-byte line through the size sweep."""
+    return any(part.startswith("shape=") for part in str(rec.get("source", "")).split("; "))
+
+
 @dataclass(frozen=True)
 class Fit:
     """``time = alpha_s + size_bytes * beta_s_per_byte`` (Hockney alpha-beta model)."""
@@ -307,7 +319,8 @@ class Profile:
             for r in self.records:
                 if r["op"] == f"fit_{op}" and (cand is None or r["name"] == cand):
                     return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]))
-            raw = [r for r in self.records if r["op"] == op and (cand is None or r["name"] == cand)]
+            raw = [r for r in self.records if r["op"] == op and (cand is None or r["name"] == cand)
+                   and not _at_exact_shape(r)]
             if raw:
                 return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
         return None
@@ -316,13 +329,13 @@ class Profile:
         """Time to compress an fp32 tensor of ``nbytes`` with compressor ``spec``
         (fixed + per-byte cost). ``shape`` / ``model``: a pipeline boundary's
         exact shape and model; a point calibrated in situ at that boundary
-        (``shape=AxBxC`` in its source, after the layer's own step; the same
-        model's first) wins over the fit. ``fp32`` is a real call too (execute mode copies the activation into
-        the message: ~0.07 ms per 256 KB on a cold CPU cache) and costs its
+        (``shape=AxBxC`` in its source, timed after the stage's own step; the
+        same model's first) wins over the fit. ``fp32`` is a real call too
+        (execute mode copies the activation into the message) and costs its
         measurement when the profile has one; ``none`` and a compressor the
         profile does not know cost nothing (documented optimism: calibrate it
         with ``perfsim calibrate``)."""
-        return self._codec("encode", spec, nbytes, shape)
+        return self._codec("encode", spec, nbytes, shape, model)
 
     def decode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
         """Time to decompress back to an fp32 tensor of ``nbytes`` (``shape`` and
@@ -333,7 +346,7 @@ class Profile:
         if spec == "none" or nbytes <= 0:
             return 0.0
         if shape is not None:
-            tag = "shape=" + "x".join(str(int(d)) for d in shape)
+            tag = "shape=" + shape_text(shape)
             exact = [r for r in self.records if r["op"] == op and r.get("name") == spec
                      and tag in str(r.get("source", "")).split("; ")]
             exact = [r for r in exact if r.get("model") == model] or exact

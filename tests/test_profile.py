@@ -162,3 +162,21 @@ def test_flush_caches_writes_a_fresh_buffer_twice_the_last_level_cache(monkeypat
     timing.flush_caches("cpu")
     timing.flush_caches("cpu")
     assert sizes == [2 * llc // 4] * 2 and "cpu" not in timing._FLUSH
+
+def test_codec_time_prefers_the_boundary_of_the_same_model():
+    """In-situ boundary points (shape= in source) beat the fit; among them the
+    requested model's; a shape nobody timed falls back to the fit."""
+    from perfsim.profile import Profile
+
+    recs = [{"op": "encode", "name": "directq:4", "size_bytes": 4096, "time_s": 1e-4},
+            {"op": "encode", "name": "directq:4", "size_bytes": 65536, "time_s": 2e-4},
+            {"op": "encode", "name": "directq:4", "size_bytes": 4096, "time_s": 5e-4, "model": "a",
+             "source": "calibrate; shape=8x128"},
+            {"op": "encode", "name": "directq:4", "size_bytes": 4096, "time_s": 9e-4, "model": "b",
+             "source": "calibrate; shape=8x128"}]
+    p = Profile.from_dict({"format": "perfsim-profile", "version": 1, "metadata": {}, "records": recs})
+    assert p.encode_time("directq:4", 4096, (8, 128), "a") == 5e-4
+    assert p.encode_time("directq:4", 4096, (8, 128), "b") == 9e-4
+    assert p.encode_time("directq:4", 4096, (8, 128)) in (5e-4, 9e-4)  # any model's
+    fit = p.encode_time("directq:4", 4096)
+    assert fit == pytest.approx(1e-4, rel=0.05) and p.encode_time("directq:4", 4096, (4, 256), "a") == fit
