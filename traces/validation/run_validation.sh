@@ -37,3 +37,7 @@ for MODEL in $MODELS; do
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
       --out "traces/validation/$MODEL-dp2"
 done
+# the GPipe schedule on the same pipeline (gpt2-tiny): the other schedule the engine replays
+perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --out "traces/validation/gpt2-tiny-pp2-gpipe"
