@@ -103,8 +103,14 @@ if HAS_TRITON:
 
 
 def _aqsgd_step_triton(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: int,
-                       key: int | None = None, block: int = 512):
+                       key: int | None = None, block: int = 512, fused: bool = True):
+    from perfsim.kernels.fused import fusable, fused_aqsgd_step
+
     af = _check(a, m, bits, bucket)
+    if fused and fusable(bucket, bits):  # one pass over a and m (kernels.fused)
+        out, s = fused_aqsgd_step(af, m.view(-1), bits, bucket=bucket, key=key)
+        check_finite_scales(s, "activation")
+        return out, s
     n = af.numel()
     s = bucket_absmax(af - m.view(-1), bucket)
     check_finite_scales(s, "activation")

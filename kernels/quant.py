@@ -73,7 +73,9 @@ def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
     nfull = n // bucket
     full = nfull * bucket
     s = torch.empty(num_buckets(n, bucket), dtype=torch.float32, device=xf.device)
-    if nfull:
+    if nfull and xf.is_cuda:  # one read, no temporary (max |x| is exact either way)
+        torch.linalg.vector_norm(xf[:full].view(nfull, bucket), float("inf"), dim=1, out=s[:nfull])
+    elif nfull:
         ab = torch.abs(xf[:full], out=workspace("abs", full, xf.dtype, xf.device))
         torch.amax(ab.view(nfull, bucket), dim=1, out=s[:nfull])
     if full < n:
@@ -90,7 +92,9 @@ def check_finite_scales(s: torch.Tensor, what: str = "tensor") -> None:
 
 
 def encode_coeffs(s: torch.Tensor, bits: int) -> torch.Tensor:
-    """``a = (L/2) / s`` per bucket, 0 for all-zero buckets."""
+    """``a = (L/2) / s`` per bucket, 0 for all-zero buckets. torch evaluates a scalar
+    divided by a tensor as ``fl(fl(1/s) * L/2)`` (two roundings); the Triton kernels
+    reproduce exactly that."""
     half = levels(bits) / 2
     return torch.where(s > 0, half / s.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(s))
 
@@ -227,10 +231,17 @@ def _grid(n: int, bits: int, block: int):
 
 
 def _quantize_pack_triton(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None,
-                          block: int = 512):
+                          block: int = 512, fused: bool = True):
     """Triton: same bytes as :func:`quantize_pack_ref` (CUDA, or CPU under
-    ``TRITON_INTERPRET=1``)."""
+    ``TRITON_INTERPRET=1``). Buckets that fit one program take the single-pass
+    kernel of :mod:`fused`; others reduce the scales first, then round and pack."""
+    from perfsim.kernels.fused import fusable, fused_quantize_pack
+
     xf = _prepare(x, bits, bucket)
+    if fused and fusable(bucket, bits):
+        out, s = fused_quantize_pack(xf, bits, bucket=bucket, key=key)
+        check_finite_scales(s)
+        return out, s
     n = xf.numel()
     s = bucket_absmax(xf, bucket)
     check_finite_scales(s)

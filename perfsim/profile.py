@@ -67,7 +67,10 @@ COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
 CODEC_OPS = ("encode", "decode")
 COMM_OPS = ("p2p", "allreduce", "allgather", "alltoall", "broadcast")
 OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv")
-BASE_OPS = COMPUTE_OPS + CODEC_OPS + COMM_OPS + OTHER_OPS
+#: achieved rates of operator classes (perfsim.calibrate.efficiency): ``flops`` and
+#: ``size_bytes`` say what the operator computes and must move at least
+EFFICIENCY_OPS = ("gemm", "attention", "elementwise", "norm", "adamw")
+BASE_OPS = COMPUTE_OPS + CODEC_OPS + COMM_OPS + OTHER_OPS + EFFICIENCY_OPS
 KNOWN_OPS = BASE_OPS + tuple(f"fit_{op}" for op in CODEC_OPS + COMM_OPS + OTHER_OPS)
 
 #: every column a record may carry (unknown keys are rejected)
@@ -141,6 +144,8 @@ def _check_record(i: int, rec: Any, where: str) -> dict:
         need = ("model", "micro_batch", "time_s")
     elif op in CODEC_OPS + COMM_OPS + OTHER_OPS:
         need = ("size_bytes", "time_s")
+    elif op in EFFICIENCY_OPS:
+        need = ("size_bytes", "time_s", "flops", "dtype")
     for f in need:
         if f not in rec:
             raise ConfigError(f"{where}: records[{i}] ({op}) lacks field {f!r}")

@@ -188,17 +188,50 @@ _INTERP_SCRIPT = textwrap.dedent(r"""
             x[:2] = 0.0
             for key in (None, call_key(5, 9)):
                 p1, s1 = quantize_pack_ref(x, bits, bucket=bucket, key=key)
-                p2, s2 = _quantize_pack_triton(x, bits, bucket=bucket, key=key, block=8)
-                assert torch.equal(p1, p2) and torch.equal(s1, s2), ("quant", bits, n, key)
+                for fused in (True, False):
+                    p2, s2 = _quantize_pack_triton(x, bits, bucket=bucket, key=key, block=8,
+                                                   fused=fused)
+                    assert torch.equal(p1, p2) and torch.equal(s1, s2), ("quant", bits, n, key, fused)
                 v1 = unpack_dequantize_ref(p1, s1, bits, n, bucket=bucket)
                 v2 = _unpack_dequantize_triton(p1, s1, bits, n, bucket=bucket, block=8)
                 assert torch.equal(v1, v2), ("dequant", bits, n)
                 a, m = torch.randn(n), torch.randn(n)
-                m1, m2 = m.clone(), m.clone()
+                m1 = m.clone()
                 q1 = aqsgd_step_ref(a, m1, bits, bucket=bucket, key=key)
-                q2 = _aqsgd_step_triton(a, m2, bits, bucket=bucket, key=key, block=8)
-                assert torch.equal(q1[0], q2[0]) and torch.equal(m1, m2), ("aqsgd", bits, n, key)
+                for fused in (True, False):
+                    m2 = m.clone()
+                    q2 = _aqsgd_step_triton(a, m2, bits, bucket=bucket, key=key, block=8, fused=fused)
+                    assert torch.equal(q1[0], q2[0]) and torch.equal(q1[1], q2[1]) \
+                        and torch.equal(m1, m2), ("aqsgd", bits, n, key, fused)
                 checked += 3
+    # torch computes a = (L/2) / s as fl(fl(1/s) * L/2): values on a rounding boundary of
+    # that coefficient (found by search; s = max |x|) catch a kernel that divides once
+    x = torch.tensor([1.1791468858718872, -1.1005371809005737, -0.9433175325393677,
+                      0.7860978245735168, 0.9433174133300781, 0.0, 0.5, -0.25])
+    for fused in (True, False):
+        p1, s1 = quantize_pack_ref(x, 4, bucket=8)
+        p2, s2 = _quantize_pack_triton(x, 4, bucket=8, fused=fused)
+        assert torch.equal(p1, p2), ("boundary", fused, p1.tolist(), p2.tolist())
+        m1, m2 = torch.zeros(8), torch.zeros(8)
+        q1, q2 = aqsgd_step_ref(x, m1, 4, bucket=8), _aqsgd_step_triton(x, m2, 4, bucket=8, fused=fused)
+        assert torch.equal(q1[0], q2[0]) and torch.equal(m1, m2), ("aqsgd boundary", fused)
+    from perfsim.errors import ConfigError
+    for bad in (float("nan"), float("inf")):  # the single-pass kernels keep NaN in the scale
+        x = torch.randn(64); x[40] = bad
+        for fused in (True, False):
+            try:
+                _quantize_pack_triton(x, 4, bucket=16, fused=fused)
+                raise AssertionError(("no error", bad, fused))
+            except ConfigError:
+                pass
+            m = torch.zeros(64)
+            try:
+                _aqsgd_step_triton(x, m, 4, bucket=16, fused=fused)
+                raise AssertionError(("no error", bad, fused))
+            except ConfigError:
+                pass
+            assert bool(torch.isfinite(m).all()), ("buffer poisoned", bad, fused)
+        checked += 1
     for n in (0, 1, 9, 64, 100):
         x = torch.randn(n)
         assert torch.equal(sign_pack_ref(x), _sign_pack_triton(x, block=4))

@@ -54,6 +54,10 @@ def add_arguments(p) -> None:
     p.add_argument("--statistic", choices=("median", "min"), default="median",
                    help="what time_s records: the median of the repeats (default) or their minimum "
                         "(the undisturbed cost on a machine shared with other jobs)")
+    p.add_argument("--efficiency", default="none",
+                   help="also measure the compute model's efficiency curves (GEMM by shape, attention, "
+                        "elementwise, norm, AdamW) in these dtypes: comma list of bfloat16, float16, "
+                        "float32, tf32, 'all', or 'none' (default)")
     p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -118,6 +122,7 @@ def run(args) -> int:
     from perfsim.calibrate import comm as cm
     from perfsim.calibrate.compute import (ComputeConfig, count_records, measure_compute,
                                           measure_compute_concurrent)
+    from perfsim.calibrate.efficiency import EfficiencyConfig, measure_efficiency
     from perfsim.calibrate.machine import machine_metadata
     from perfsim.calibrate.profile_io import build_profile
     from perfsim.errors import ConfigError
@@ -195,6 +200,14 @@ def run(args) -> int:
     elif bandwidths:
         raise ConfigError("--emulate-bandwidth needs --comm ops and --ranks >= 2")
 
+    eff = [d for d in split_list(args.efficiency) if d.lower() != "none"]
+    if [d.lower() for d in eff] == ["all"]:
+        eff = list(EfficiencyConfig.dtypes)
+    for d in eff:
+        if d not in EfficiencyConfig.dtypes:
+            raise ConfigError(f"--efficiency {d!r}: choose from {', '.join(EfficiencyConfig.dtypes)}, all, none")
+    eff_cfg = EfficiencyConfig(dtypes=tuple(eff), quick=quick, device=device) if eff else None
+
     total = sum(count_records(c) for c in compute_cfgs)
     total += cc.count_points(codec_cfg) if codec_cfg else 0
     total += len(comm_cfgs)
@@ -214,6 +227,8 @@ def run(args) -> int:
             records += cc.measure_codecs(codec_cfg, bar)
         for cfg in comm_cfgs:
             records += cm.measure_comm(cfg, bar)
+        if eff_cfg:
+            records += measure_efficiency(eff_cfg)
         for r in records:
             if "skipped" in r:
                 bar.note(f"calibrate: {r['op']} skipped ({r['skipped']})")

@@ -1,0 +1,132 @@
+"""Quantize/pack kernels against the memory-bandwidth limit of the device.
+
+    python benchmarks/bench_kernels.py [--device cuda|cpu] [--sizes 64KB,16MB,1GB] [--csv out.csv]
+
+For each fp32 input size it measures the device's copy bandwidth (``dst.copy_(src)``:
+bytes read + written / time) and, for every kernel, the time, the bytes it must move
+at least (input read + payload written, and AQ-SGD's buffer read + written) and that
+traffic as a share of the copy bandwidth (``% copy``): 100 % means the kernel moves
+its unavoidable bytes as fast as a copy moves bytes. Kernels:
+
+* ``encode b`` -- bucketed quantize + pack (b = 2, 3, 4, 8; bucket 1024) and the 1-bit
+  sign pack with error feedback (``encode 1``: 1-bit Adam's compressor);
+* ``decode b`` -- unpack + dequantize (1-bit: unpack signs times the scale);
+* ``aqsgd b`` -- the fused AQ-SGD sender step (delta, quantize, pack, buffer update).
+
+Each runs three ways: ``triton`` (the public entry: single-pass kernel where the bucket
+fits, :mod:`perfsim.kernels.fused`), ``triton-2pass`` (scales reduced first, then one
+rounding kernel) and ``torch`` (the plain-torch reference: the equivalent sequence of
+torch ops on the same device). On CUDA times are ``triton.testing.do_bench`` medians
+(L2 flushed before each call); on the CPU, the median of a few wall-clock calls (the
+references only: Triton needs a GPU outside the interpreter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from perfsim.kernels import quant, signpack  # noqa: E402
+from perfsim.kernels.aqsgd_step import _aqsgd_step_triton, aqsgd_step_ref  # noqa: E402
+from perfsim.kernels.packing import packed_nbytes  # noqa: E402
+from perfsim.units import parse_size  # noqa: E402
+
+BUCKET = 1024
+SIZES = "64KB,256KB,1MB,4MB,16MB,64MB,256MB,1GB"
+QUANT = (2, 3, 4, 8)
+
+
+def bench(fn, device: str) -> float:
+    """Median seconds of one call."""
+    if device == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=10, rep=40, return_mode="median") / 1e3
+    fn()
+    out = []
+    for _ in range(5):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def kernels(n: int, device: str):
+    """(kernel, way, bits, callable, minimum bytes moved) for an input of n fp32 values."""
+    x = torch.randn(n, device=device)
+    scale_bytes = 4 * -(-n // BUCKET)
+    gpu = device == "cuda"
+    for b in QUANT:
+        payload = packed_nbytes(n, b) + scale_bytes
+        p, s = quant.quantize_pack_ref(x, b, bucket=BUCKET)
+        m = torch.zeros_like(x)
+        if gpu:
+            yield "encode", "triton", b, lambda b=b: quant.quantize_pack(x, b, bucket=BUCKET), 4 * n + payload
+            yield "encode", "triton-2pass", b, (lambda b=b: quant._quantize_pack_triton(
+                x, b, bucket=BUCKET, fused=False)), 4 * n + payload
+            yield "decode", "triton", b, (lambda b=b, p=p, s=s: quant.unpack_dequantize(
+                p, s, b, n, bucket=BUCKET)), 4 * n + payload
+            yield "aqsgd", "triton", b, (lambda b=b, m=m: _aqsgd_step_triton(
+                x, m, b, bucket=BUCKET)), 12 * n + payload
+            yield "aqsgd", "triton-2pass", b, (lambda b=b, m=m: _aqsgd_step_triton(
+                x, m, b, bucket=BUCKET, fused=False)), 12 * n + payload
+        yield "encode", "torch", b, lambda b=b: quant.quantize_pack_ref(x, b, bucket=BUCKET), 4 * n + payload
+        yield "decode", "torch", b, (lambda b=b, p=p, s=s: quant.unpack_dequantize_ref(
+            p, s, b, n, bucket=BUCKET)), 4 * n + payload
+        yield "aqsgd", "torch", b, (lambda b=b, m=m: aqsgd_step_ref(x, m, b, bucket=BUCKET)), 12 * n + payload
+    err = torch.zeros_like(x)
+    packed = signpack.sign_pack_ref(x)
+    ef_bytes = 12 * n + packed_nbytes(n, 1)  # x, e read; e written; signs written
+    if gpu:
+        yield "encode", "triton", 1, lambda: signpack.ef_sign_compress(x, err), ef_bytes
+        yield "decode", "triton", 1, lambda: signpack.sign_unpack(packed, n, 0.5), 4 * n + packed.numel()
+    yield "encode", "torch", 1, lambda: signpack.ef_sign_compress_ref(x, err), ef_bytes
+    yield "decode", "torch", 1, lambda: signpack.sign_unpack_ref(packed, n, 0.5), 4 * n + packed.numel()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--sizes", default=SIZES, help=f"fp32 input sizes (default {SIZES})")
+    ap.add_argument("--csv", default=None, help="also write the rows to this CSV file")
+    args = ap.parse_args(argv)
+    rows = []
+    if args.device == "cuda":
+        print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}")
+    print(f"{'size':>8} {'kernel':>7} {'bits':>4} {'way':>12} {'ms':>9} {'GB/s':>7} {'% copy':>7}")
+    for text in args.sizes.split(","):
+        n = parse_size(text) // 4
+        src = torch.randn(n, device=args.device)
+        dst = torch.empty_like(src)
+        t_copy = bench(lambda: dst.copy_(src), args.device)
+        copy_bw = 8 * n / t_copy
+        del src, dst
+        print(f"{text:>8} {'copy':>7} {'':>4} {'torch':>12} {t_copy * 1e3:9.3f} {copy_bw / 1e9:7.0f} {100.0:7.1f}")
+        for kernel, way, bits, fn, nbytes in kernels(n, args.device):
+            t = bench(fn, args.device)
+            row = dict(size=text, size_bytes=4 * n, kernel=kernel, bits=bits, way=way, time_s=t,
+                       moved_bytes=nbytes, gbps=nbytes / t / 1e9, copy_gbps=copy_bw / 1e9,
+                       pct_copy=100 * nbytes / t / copy_bw)
+            rows.append(row)
+            print(f"{text:>8} {kernel:>7} {bits:>4} {way:>12} {t * 1e3:9.3f} {row['gbps']:7.0f} "
+                  f"{row['pct_copy']:7.1f}")
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
