@@ -130,7 +130,7 @@ def measure_attention(cfg: EfficiencyConfig) -> Iterator[dict]:
 def measure_memory_bound(cfg: EfficiencyConfig) -> Iterator[dict]:
     import torch.nn.functional as F
 
-    sizes = (2**16, 2**20, 2**24) if cfg.device != "cuda" else \
+    sizes = (2**12, 2**16, 2**20) if cfg.device != "cuda" else \
         tuple(2**p for p in ((18, 22, 26, 28) if cfg.quick else (16, 18, 20, 22, 24, 26, 28)))
     for dtype in cfg.dtypes:
         if dtype == "tf32":
