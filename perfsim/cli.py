@@ -19,7 +19,7 @@ from perfsim import __version__
 from perfsim.errors import ConfigError
 
 #: Subcommands in the order ``perfsim --help`` lists them.
-COMMANDS = ("predict", "run", "calibrate", "validate", "sweep", "plot", "compressors")
+COMMANDS = ("predict", "plan", "run", "calibrate", "validate", "sweep", "plot", "compressors")
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -1,0 +1,420 @@
+"""``perfsim plan``: the best way to train a model on a cluster, compression included.
+
+The planner enumerates configurations -- parallelism (TP x PP x DP over the cluster's
+GPUs), schedule, micro-batch, recomputation, pipeline and gradient compression --,
+simulates them with the same engine as ``perfsim predict`` and ranks them by
+**time to a target loss**, not raw throughput: compression changes how many steps a
+run needs. ``time_to_loss = iteration_s x steps_ratio x reference_steps`` where
+``steps_ratio`` is how many more (or fewer) optimizer steps a compressor needs than
+uncompressed training to reach the same loss, read from measured ``perfsim run``
+curves (:mod:`perfsim.convergence`). Without a curve for a method the plan ranks by
+throughput and says so.
+
+Search is branch and bound (Land & Doig, "An automatic method of solving discrete
+programming problems", Econometrica 1960): every candidate gets a closed-form lower
+bound of its iteration time from the engine's plan (:func:`iteration_bound`: busiest
+stage, one pass through the pipeline, bytes over the busiest boundary) -- candidates are
+simulated in increasing order of ``bound x steps_ratio``, and the search stops as
+soon as the next bound cannot beat the ``top``-th best time found. Configurations
+that do not fit in memory (when the simulator reports ``fits``) are rejected.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from perfsim.errors import ConfigError
+
+#: default pipeline compressions searched (forward / backward bits of the seeds' grids)
+PIPELINE_COMPRESSION = ("fp32", "fp16", "directq:fw4bw8", "aqsgd:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4")
+#: default gradient compressions searched
+GRADIENT_COMPRESSION = ("none", "fp16", "qsgd-maxnorm:8", "qsgd-maxnorm:4", "powersgd:2")
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The axes the planner searches (``None`` = derived from the cluster/model)."""
+
+    #: tensor-parallel degrees (None: the divisors of gpus_per_node, when the
+    #: simulator supports TP; else 1)
+    tp: tuple[int, ...] | None = None
+    #: pipeline degrees (None: every divisor of the GPU count that the layer count allows)
+    pp: tuple[int, ...] | None = None
+    #: micro-batch sizes (None: powers of two dividing the per-replica batch, up to 8)
+    micro_batch: tuple[int, ...] | None = None
+    schedules: tuple[str, ...] = SCHEDULES
+    compress: tuple[str, ...] = PIPELINE_COMPRESSION
+    grad_compress: tuple[str, ...] = GRADIENT_COMPRESSION
+    #: activation recomputation modes (searched only where the simulator has them)
+    recompute: tuple[str, ...] = ("none", "full")
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "micro_batch"):
+            v = getattr(self, name)
+            if v is not None and (not v or any(not isinstance(x, int) or x < 1 for x in v)):
+                raise ConfigError(f"{name}={v!r}: need integers >= 1")
+        for name in ("schedules", "compress", "grad_compress", "recompute"):
+            if not getattr(self, name):
+                raise ConfigError(f"{name}: empty")
+
+
+@dataclass
+class Candidate:
+    """One configuration: its predict parameters, bound and (once simulated) figures."""
+
+    params: dict[str, Any]
+    bound_s: float
+    steps_ratio: float | None
+    summary: dict[str, Any] | None = None
+    links: list[dict[str, Any]] = field(default_factory=list)
+    rejected: str | None = None
+
+    @property
+    def key(self) -> float:
+        """Ordering key of the search: a lower bound of time per unit of progress."""
+        return self.bound_s * (self.steps_ratio or 1.0)
+
+    @property
+    def time_to_loss_s(self) -> float | None:
+        if self.summary is None or self.steps_ratio is None:
+            return None
+        return self.summary["iteration_s"] * self.steps_ratio
+
+    def score(self) -> float:
+        """What the plan minimises: iteration time x steps ratio (time per unit of
+        progress), or the iteration time alone when no convergence data exists."""
+        return self.summary["iteration_s"] * (self.steps_ratio or 1.0)
+
+
+@dataclass
+class PlanResult:
+    """Ranked configurations (best first) and how the search went."""
+
+    ranked: list[Candidate]
+    evaluated: int
+    pruned: int
+    rejected: int
+    total: int
+    notes: list[str]
+    explanation: str = ""
+    all_evaluated: list[Candidate] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat dict per ranked configuration: the predict summary + rank, steps
+        ratio and time to loss."""
+        out = []
+        for i, c in enumerate(self.ranked, 1):
+            row = {"rank": i, **c.summary, "steps_ratio": c.steps_ratio,
+                   "time_to_loss_s": c.time_to_loss_s, "score_s": c.score()}
+            row.setdefault("tp", c.params.get("tp", 1))
+            row.setdefault("recompute", c.params.get("recompute", "none"))
+            out.append(row)
+        return out
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.rows())
+
+    def __repr__(self) -> str:
+        best = self.ranked[0].params if self.ranked else {}
+        return (f"PlanResult({len(self.ranked)} ranked of {self.total} candidates, "
+                f"{self.evaluated} simulated, {self.pruned} pruned, {self.rejected} rejected; "
+                f"best={ {k: best[k] for k in ('pp', 'dp', 'compress', 'grad_compress') if k in best} })")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _known_params() -> set[str]:
+    from perfsim.api import DEFAULTS
+
+    return set(DEFAULTS)
+
+
+def enumerate_candidates(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
+                         space: SearchSpace, base: dict[str, Any],
+                         known: set[str] | None = None) -> list[dict[str, Any]]:
+    """Every parameter dict of the search (before bounds): TP x PP x DP = ``gpus``,
+    per-replica batch = ``global_batch / dp``, micro-batch dividing it."""
+    known = _known_params() if known is None else known
+    has_tp = "tp" in known
+    tps = space.tp or (tuple(d for d in _divisors(gpus_per_node)) if has_tp else (1,))
+    if not has_tp and any(t != 1 for t in tps):
+        raise ConfigError("tp: this simulator has no tensor parallelism")
+    recompute = space.recompute if "recompute" in known else ("none",)
+    out = []
+    for tp in tps:
+        if gpus % tp:
+            continue
+        pps = space.pp or tuple(d for d in _divisors(gpus // tp) if d <= n_layers)
+        for pp in pps:
+            if (gpus // tp) % pp or pp > n_layers:
+                continue
+            dp = gpus // tp // pp
+            if global_batch % dp:
+                continue
+            per_replica = global_batch // dp
+            mbs = space.micro_batch or tuple(b for b in (1, 2, 4, 8) if per_replica % b == 0)
+            for mb in mbs:
+                if per_replica % mb:
+                    continue
+                schedules = space.schedules if pp > 1 else space.schedules[:1]
+                compress = space.compress if pp > 1 else ("fp32",)
+                grads = space.grad_compress if dp > 1 else ("none",)
+                for sched, comp, grad, rc in itertools.product(schedules, compress, grads, recompute):
+                    p = {**base, "pp": pp, "dp": dp, "micro_batch": mb, "macro_batch": per_replica,
+                         "schedule": sched, "compress": comp, "grad_compress": grad}
+                    if has_tp:
+                        p["tp"] = tp
+                    if "recompute" in known:
+                        p["recompute"] = rc
+                    out.append(p)
+    return out
+
+
+def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
+                    link_bps: float | None, sync_bytes: Sequence[float] = ()) -> float:
+    """Lower bound of one iteration, whatever the schedule or network contention:
+
+    * the busiest stage computes all ``m`` micro-batches: ``m x max_s W_s``;
+    * one micro-batch's forward and backward pass through every stage in turn: ``sum_s W_s``;
+    * every micro-batch crosses each pipeline boundary (forward activations one way,
+      gradients the other, full duplex): ``m x max_k bytes_k x 8 / B`` at the link's
+      nominal rate ``B`` (``None``: no link term);
+    * each stage's gradient synchronisation puts ``sync_bytes[s]`` on its busiest link
+      once per iteration (however well it overlaps the backward): ``max_s sync_s x 8 / B``.
+    """
+    bound = max(m * max(stage_work_s), sum(stage_work_s))
+    if link_bps and boundary_bytes:
+        bound = max(bound, m * max(boundary_bytes) * 8 / link_bps)
+    if link_bps and sync_bytes:
+        bound = max(bound, max(sync_bytes) * 8 / link_bps)
+    return bound
+
+
+def plan_bound(params: dict[str, Any]) -> float:
+    """:func:`iteration_bound` of a configuration, from the engine's own plan (stage
+    compute, exact boundary wire bytes) -- no simulation."""
+    from perfsim.api import build_configs
+    from perfsim.engine.plan import build_plan
+
+    workload, strategy, system, profile = build_configs(**params)
+    pl = build_plan(workload, strategy, profile)
+    work = [st.fwd_s + st.bwd_s for st in pl.stages]
+    boundary = [max(st.fw_bytes, st.bw_bytes) for st in pl.stages[:-1]]
+    # pipeline neighbours share a node only when a node holds several GPUs; then the
+    # faster intra-node fabric is the optimistic (valid) rate
+    link = None
+    if system.topology is None:
+        link = system.bandwidth_bps if system.gpus_per_node == 1 else \
+            max(system.bandwidth_bps, system.intra_node_bandwidth_bps)
+    from perfsim.network import collective_cost
+
+    sync = [sum(collective_cost(step.kind, step.nbytes, pl.dp)[0] for b in st.buckets for step in b.steps)
+            for st in pl.stages] if pl.dp > 1 else []
+    return iteration_bound(work, boundary, pl.num_microbatches, link, sync)
+
+
+def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
+    from perfsim.api import predict
+
+    try:
+        res = predict(**params)
+    except ConfigError as exc:  # e.g. does not fit in memory, invalid combination
+        return None, [], str(exc)
+    return res.summary, res.links, None
+
+
+def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list, str | None]]:
+    return [_simulate(p) for p in batch]
+
+
+def search(candidates: Sequence[Candidate], *, top: int = 5, jobs: int = 1, wave: int = 16,
+           progress: Callable[[int], None] | None = None) -> tuple[list[Candidate], int, int]:
+    """Branch and bound over ``candidates``: simulate in order of their bound key, stop
+    when the next bound cannot enter the top ``top``. Returns (evaluated candidates,
+    number pruned, number rejected)."""
+    order = sorted(candidates, key=lambda c: c.key)
+    done: list[Candidate] = []
+    best: list[float] = []  # scores of the feasible candidates, ascending
+    rejected = 0
+    pool = None
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(max_workers=jobs)
+    try:
+        i = 0
+        while i < len(order):
+            if len(best) >= top and order[i].key >= best[top - 1]:
+                break  # every remaining bound is at least the current top-th score
+            batch = order[i:i + (wave if pool else 1)]
+            if pool:
+                chunks = [batch[k::jobs] for k in range(jobs)]
+                outs = pool.map(_simulate_batch, [[c.params for c in ch] for ch in chunks])
+                results = {}
+                for ch, out in zip(chunks, outs):
+                    for c, r in zip(ch, out):
+                        results[id(c)] = r
+                results = [results[id(c)] for c in batch]
+            else:
+                results = [_simulate(c.params) for c in batch]
+            for c, (summary, links, err) in zip(batch, results):
+                if err is None and summary.get("fits") is False:
+                    err = "does not fit in memory"
+                if err is not None:
+                    c.rejected = err
+                    rejected += 1
+                else:
+                    c.summary, c.links = summary, links
+                    best.append(c.score())
+                    best.sort()
+                done.append(c)
+            i += len(batch)
+            if progress:
+                progress(len(batch))
+    finally:
+        if pool:
+            pool.shutdown()
+    return done, len(order) - len(done), rejected
+
+
+def explain(ranked: Sequence[Candidate]) -> str:
+    """One paragraph: where the winner's time goes, which link binds, and how it
+    differs from the runner-up."""
+    if not ranked:
+        return "No configuration could be simulated."
+    w = ranked[0]
+    s = w.summary
+    it = s["iteration_s"]
+    parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s")}
+    busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
+    p = w.params
+    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']} with "
+            f"{p['schedule']}, micro-batch {p['micro_batch']}, pipeline compression {p['compress']} and "
+            f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
+            f"({s.get('throughput_samples_per_s', 0):.3g} samples/s). Per stage and iteration, compute takes "
+            f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
+            f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
+            f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
+    if busiest and busiest.get("busy_s", 0) > 0:
+        text += (f" The busiest link, {busiest['src']} -> {busiest['dst']}, is busy "
+                 f"{busiest['busy_s'] / it:.0%} of the iteration.")
+    if w.steps_ratio is not None and w.steps_ratio != 1.0:
+        text += f" Its compression needs {w.steps_ratio:.2f}x the steps of uncompressed training."
+    if len(ranked) > 1:
+        r = ranked[1]
+        diff = [k for k in ("tp", "pp", "dp", "schedule", "micro_batch", "compress", "grad_compress",
+                            "recompute") if p.get(k) != r.params.get(k)]
+        gain = r.score() / w.score() - 1
+        text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
+                 f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and is {gain:.1%} slower to the target.")
+    return text
+
+
+def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
+         target_loss: float | None = None, convergence: str | None = None, space: SearchSpace | None = None,
+         top: int = 5, jobs: int = 1, progress: Callable[[int], None] | None = None,
+         **system: Any) -> PlanResult:
+    """Search the configurations of ``model`` on ``nodes x gpus_per_node`` GPUs.
+
+    ``system`` takes the system parameters of :func:`perfsim.api.predict` (``bandwidth``,
+    ``latency``, ``topology``, ``profile``, ``gpu``, ``intra_node_fabric``, ...).
+    ``convergence`` names measured curves (a bundled model or a JSON file,
+    :mod:`perfsim.convergence`); by default those of ``model`` if shipped.
+    """
+    from perfsim.api import build_configs
+    from perfsim.convergence import load_convergence
+
+    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch),
+                    ("top", top), ("jobs", jobs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+    space = space or SearchSpace()
+    known = _known_params()
+    unknown = set(system) - known
+    if unknown:
+        raise ConfigError(f"unknown system parameter(s) {sorted(unknown)}")
+    gpus = nodes * gpus_per_node
+    base = {"model": model, "gpus_per_node": gpus_per_node, **system}
+    notes: list[str] = []
+    curves = load_convergence(convergence, model)
+    if curves is None:
+        notes.append(f"no measured convergence curves for {model}: ranked by iteration time "
+                     "(time to loss unknown)")
+    else:
+        notes.append(f"steps to loss from {curves.describe()}")
+    w, _, _, _ = build_configs(**{**base, "pp": 1, "dp": 1})
+    params = enumerate_candidates(n_layers=len(w.layers), gpus=gpus, gpus_per_node=gpus_per_node,
+                                  global_batch=global_batch, space=space, base=base, known=known)
+    if not params:
+        raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs divides it")
+    cands, invalid = [], []
+    missing, never = set(), set()
+    for p in params:
+        ratio = None
+        if curves is not None:
+            ratio = curves.steps_ratio(p["compress"], p["grad_compress"], target_loss)
+            if ratio is None:
+                missing.add((p["compress"], p["grad_compress"]))
+                continue
+            if math.isinf(ratio):
+                never.add((p["compress"], p["grad_compress"]))
+                continue
+        try:
+            bound = plan_bound(p)
+        except ConfigError as exc:  # an invalid combination: rejected without simulating
+            c = Candidate(p, 0.0, ratio, rejected=str(exc))
+            invalid.append(c)
+            continue
+        cands.append(Candidate(p, bound, ratio))
+    if missing:
+        notes.append(f"left out {len(missing)} compression combination(s) without a measured curve: "
+                     + ", ".join(sorted(f"{c}+{g}" for c, g in missing)[:6]))
+    if never:
+        notes.append("left out (never reached the target loss in their measured budget): "
+                     + ", ".join(sorted(f"{c}+{g}" for c, g in never)))
+    done, pruned, rejected = search(cands, top=top, jobs=jobs, progress=progress)
+    feasible = sorted((c for c in done if c.summary is not None), key=Candidate.score)
+    result = PlanResult(ranked=feasible[:top], evaluated=len(done), pruned=pruned,
+                        rejected=rejected + len(invalid), total=len(cands) + len(invalid), notes=notes,
+                        all_evaluated=done + invalid)
+    result.explanation = explain(result.ranked)
+    return result
+
+
+def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = None) -> str | None:
+    """The ``perfsim run`` command that trains this configuration for real, or None
+    when the runtime has no implementation of the model."""
+    from perfsim.models.specs import MODEL_SPECS
+
+    runtime = set(model_runtime) if model_runtime is not None else set(MODEL_SPECS)
+    if params["model"] not in runtime:
+        return None
+    flags = [f"--model {params['model']}", f"--pp {params['pp']}", f"--dp {params['dp']}",
+             f"--schedule {params['schedule']}", f"--compress {params['compress']}",
+             f"--grad-compress {params['grad_compress']}", f"--micro-batch {params['micro_batch']}",
+             f"--macro-batch {params['macro_batch']}"]
+    if params.get("tp", 1) != 1:
+        flags.insert(1, f"--tp {params['tp']}")
+    bw = params.get("bandwidth")
+    if bw and not params.get("topology"):
+        flags.append(f"--emulate-bandwidth {bw}")
+    return "perfsim run " + " ".join(flags)
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points not dominated in (lower x, higher y)."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1]))
+    front, best_y = [], -math.inf
+    for i in order:
+        if points[i][1] > best_y:
+            front.append(i)
+            best_y = points[i][1]
+    return front

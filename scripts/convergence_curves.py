@@ -1,0 +1,66 @@
+"""Measure the loss curves behind ``perfsim plan``'s steps-to-loss ratios.
+
+    python scripts/convergence_curves.py [--model gpt2-tiny] [--steps 300] [--out FILE]
+
+Trains the model with ``perfsim run`` once per compressor -- pipeline compressors on
+a 2-stage pipeline, gradient compressors on 2 data-parallel replicas -- with the
+same seed, data and learning rate, and writes the curves in the format of
+:mod:`perfsim.convergence` (default ``perfsim/data/convergence/<model>.json``).
+Runs go to a temporary folder; the output is written atomically at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from perfsim.plan import GRADIENT_COMPRESSION, PIPELINE_COMPRESSION  # noqa: E402
+from perfsim.result import atomic_write_text  # noqa: E402
+
+
+def curve(run_dir: str) -> list[list[float]]:
+    with open(os.path.join(run_dir, "losses.csv")) as f:
+        return [[int(r["step"]), float(r["loss"])] for r in csv.DictReader(f)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="gpt2-tiny")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lr", default="1e-3")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    out = args.out or os.path.join(os.path.dirname(__file__), "..", "perfsim", "data", "convergence",
+                                   f"{args.model}.json")
+    data = {"model": args.model, "smoothing": 10, "pipeline": {}, "gradient": {}}
+    common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr, "--seed", "0",
+              "--no-progress"]
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--compress", c]) for c in PIPELINE_COMPRESSION]
+        jobs += [("gradient", g, ["--pp", "1", "--dp", "2", "--grad-compress", g]) for g in GRADIENT_COMPRESSION]
+        for part, spec, flags in jobs:
+            run_dir = os.path.join(tmp, f"{part}-{spec.replace(':', '_')}")
+            cmd = [sys.executable, "-m", "perfsim", "run", *common, *flags, "--out", run_dir]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"{part} {spec}: failed ({proc.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
+                continue
+            data[part][spec] = curve(run_dir)
+            print(f"{part:8} {spec:18} final loss {data[part][spec][-1][1]:.4f}", flush=True)
+    data["source"] = (f"perfsim run --steps {args.steps} --lr {args.lr} --seed 0 (pipeline: --pp 2; "
+                      f"gradient: --dp 2); {datetime.date.today().isoformat()}")
+    atomic_write_text(out, json.dumps(data, indent=0) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
