@@ -37,16 +37,24 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", default="1e-3")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=("pipeline", "gradient"), default=None,
+                    help="measure only these curves and keep the others of an existing file")
     args = ap.parse_args()
     out = args.out or os.path.join(os.path.dirname(__file__), "..", "perfsim", "data", "convergence",
                                    f"{args.model}.json")
     data = {"model": args.model, "smoothing": 10, "pipeline": {}, "gradient": {}}
+    if args.only and os.path.exists(out):
+        with open(out) as f:
+            data.update({k: v for k, v in json.load(f).items() if k in ("pipeline", "gradient")})
+        data[args.only] = {}
     common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr, "--seed", "0",
               "--no-progress"]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--compress", c]) for c in PIPELINE_COMPRESSION]
         jobs += [("gradient", g, ["--pp", "1", "--dp", "2", "--grad-compress", g]) for g in GRADIENT_COMPRESSION]
         for part, spec, flags in jobs:
+            if args.only and part != args.only:
+                continue
             run_dir = os.path.join(tmp, f"{part}-{spec.replace(':', '_')}")
             cmd = [sys.executable, "-m", "perfsim", "run", *common, *flags, "--out", run_dir]
             proc = subprocess.run(cmd, capture_output=True, text=True)
