@@ -72,6 +72,7 @@ def aqsgd_receive_ref(packed: torch.Tensor, scales: torch.Tensor, m: torch.Tenso
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
+    from perfsim.kernels._tl_words import store_word_bytes
     from perfsim.kernels.rng import hash_int16_tl
 
     @triton.jit
@@ -94,9 +95,7 @@ if HAS_TRITON:
         y = tl.minimum(tl.maximum(y, 0.0), LF)
         c = tl.where(msk, y.to(tl.int32), 0)
         word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=o < nbytes)
+        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
         dq = c.to(tl.float32) * tl.load(d_ptr + bk, mask=msk, other=0.0)
         dq = dq - tl.load(s_ptr + bk, mask=msk, other=0.0)
         tl.store(m_ptr + idx, m + dq, mask=msk)

@@ -151,6 +151,7 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool 
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
+    from perfsim.kernels._tl_words import load_word, store_word_bytes, word_codes
 
     @triton.jit
     def _pack_kernel(codes_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
@@ -161,23 +162,17 @@ if HAS_TRITON:
         idx = grp[:, None] * G + j[None, :]
         c = tl.load(codes_ptr + idx, mask=idx < n, other=0).to(tl.int32)
         word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=o < nbytes)
+        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
 
     @triton.jit
     def _unpack_kernel(packed_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
                        GB: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         grp = pid * BLOCK + tl.arange(0, BLOCK)
-        word = tl.zeros([BLOCK], dtype=tl.int32)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            b = tl.load(packed_ptr + o, mask=o < nbytes, other=0).to(tl.int32)
-            word = word | (b << (8 * k))
+        word = load_word(packed_ptr, grp, nbytes, GB, BLOCK)
         j = tl.arange(0, G)
         idx = grp[:, None] * G + j[None, :]
-        c = (word[:, None] >> (j[None, :] * BITS)) & ((1 << BITS) - 1)
+        c = word_codes(word, BITS, G)
         tl.store(out_ptr + idx, c.to(tl.uint8), mask=idx < n)
 
 

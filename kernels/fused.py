@@ -46,6 +46,7 @@ def _layout(n: int, bucket: int) -> tuple[int, int, int]:
 
 
 if HAS_TRITON:
+    from perfsim.kernels._tl_words import store_word_bytes
     from perfsim.kernels.rng import hash_int16_tl
 
     @triton.jit
@@ -74,9 +75,7 @@ if HAS_TRITON:
         gcol = tl.arange(0, BP // G)
         grp = (rows[:, None] * bucket) // G + gcol[None, :]
         gvalid = (gcol[None, :] * G < bucket) & (grp * G < n)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=gvalid & (o < nbytes))
+        store_word_bytes(out_ptr, grp, word, gvalid, nbytes, GB)
         return c
 
     @triton.jit

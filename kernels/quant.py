@@ -179,6 +179,7 @@ def _check_payload(packed, scales, bits, n, bucket):
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
+    from perfsim.kernels._tl_words import load_word, store_word_bytes, word_codes
     from perfsim.kernels.rng import hash_int16_tl
 
     @triton.jit
@@ -199,9 +200,7 @@ if HAS_TRITON:
         y = tl.minimum(tl.maximum(y, 0.0), LF)
         c = tl.where(m, y.to(tl.int32), 0)
         word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            tl.store(out_ptr + o, ((word >> (8 * k)) & 0xFF).to(tl.uint8), mask=o < nbytes)
+        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
 
     @triton.jit
     def _unpack_dequant_kernel(p_ptr, s_ptr, d_ptr, out_ptr, n, nbytes, bucket,
@@ -209,15 +208,11 @@ if HAS_TRITON:
                                BLOCK: tl.constexpr):
         pid = tl.program_id(0)
         grp = pid * BLOCK + tl.arange(0, BLOCK)
-        word = tl.zeros([BLOCK], dtype=tl.int32)
-        for k in tl.static_range(GB):
-            o = grp * GB + k
-            b = tl.load(p_ptr + o, mask=o < nbytes, other=0).to(tl.int32)
-            word = word | (b << (8 * k))
+        word = load_word(p_ptr, grp, nbytes, GB, BLOCK)
         j = tl.arange(0, G)
         idx = grp[:, None] * G + j[None, :]
         m = idx < n
-        c = (word[:, None] >> (j[None, :] * BITS)) & ((1 << BITS) - 1)
+        c = word_codes(word, BITS, G)
         d = tl.load(d_ptr + idx // bucket, mask=m, other=0.0)
         s = tl.load(s_ptr + idx // bucket, mask=m, other=0.0)
         v = c.to(tl.float32) * d
