@@ -66,7 +66,7 @@ class GPTSpec:
         block_params = 12 * d * d + 13 * d
         # matmul flops per token: 2*params(weights) + attention scores 2*2*T*d (causal avg ignored)
         block_flops = T * (2 * 12 * d * d + 4 * T * d)
-        out = [LayerSpec("embed", V * d + T * d, (T, d), 0.0)]
+        out = [LayerSpec("embed", V * d + T * d, (T, d), float(T * d))]  # the position add
         out += [LayerSpec(f"block{i}", block_params, (T, d), float(block_flops)) for i in range(self.n_layer)]
         out.append(LayerSpec("head", 2 * d, (T, V), float(2 * T * d * V)))
         return out

@@ -1,0 +1,74 @@
+"""Megatron-style tensor parallelism: what one transformer layer sends, and what it keeps.
+
+Megatron-LM (Shoeybi et al. 2019, arXiv:1909.08053, Sec. 3): the attention's
+QKV projection and the MLP's first GEMM are column-parallel, the attention
+output projection and the MLP's second GEMM row-parallel, so each of the two
+sub-blocks needs ONE all-reduce of the ``(b, s, h)`` activation in the forward
+pass (operator ``g``) and one in the backward pass (operator ``f``): 2 + 2 per layer.
+
+With sequence parallelism (Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.2.2)
+each all-reduce becomes a reduce-scatter (after the row-parallel GEMM) and an
+all-gather (before the column-parallel GEMM), in both passes: the same ring
+volume, but norms and dropouts work on ``s / t`` tokens.
+
+Buffer sizes follow the tensors each rank hands to the collective (as
+``torch.distributed``): all-reduce its full ``(b, s, h)`` buffer; all-gather
+its own ``(b, s/t, h)`` shard (the input; :func:`perfsim.network.collective_cost`
+counts the ``t - 1`` other shards a ring forwards); reduce-scatter its full
+``(b, s, h)`` input (the output is ``1/t`` of it).
+"""
+
+from __future__ import annotations
+
+from perfsim.errors import ConfigError
+
+
+def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                         bytes_per_value: int) -> tuple[tuple[str, str, float], ...]:
+    """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
+    per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
+    in execution order; empty for ``tp == 1``."""
+    for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
+                    ("bytes_per_value", bytes_per_value)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+    if tp == 1:
+        return ()
+    full = float(micro_batch * seq * hidden * bytes_per_value)
+    if not sequence_parallel:
+        # fwd: g after attention's row-parallel projection, g after the MLP's;
+        # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV
+        return (("fwd", "allreduce", full), ("fwd", "allreduce", full),
+                ("bwd", "allreduce", full), ("bwd", "allreduce", full))
+    if seq % tp:
+        raise ConfigError(f"seq={seq}: sequence parallelism needs it divisible by tp={tp}")
+    shard = full / tp
+    # fwd per sub-block: all-gather the sequence shards before the column-parallel
+    # GEMM, reduce-scatter after the row-parallel one; bwd mirrors it (reduce-scatter
+    # of the column-parallel input gradient, all-gather of the row-parallel output
+    # gradient)
+    sub_fwd = (("fwd", "allgather", shard), ("fwd", "reduce_scatter", full))
+    sub_bwd = (("bwd", "allgather", shard), ("bwd", "reduce_scatter", full))
+    return sub_fwd * 2 + sub_bwd * 2
+
+
+def shard_block_params(spec, tp: int) -> int:
+    """Parameters one tensor-parallel rank holds of one block: the GEMM weights
+    (and their column-parallel biases) split ``t`` ways, the norms and the
+    row-parallel biases replicated (Megatron-LM Sec. 3)."""
+    d, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    gemm = d * (d + 2 * kv) + d * d + (3 if spec.gated else 2) * d * f
+    col_bias = (d + 2 * kv + f) if spec.bias else 0
+    replicated = 2 * spec.norm_params() + (2 * d if spec.bias else 0)
+    return -(-(gemm + col_bias) // tp) + replicated
+
+
+def check_tp(spec, tp: int) -> None:
+    """Megatron splits heads, key/value heads and the MLP width evenly."""
+    if tp == 1:
+        return
+    for what, n in (("heads", spec.heads), ("ffn", spec.ffn)):
+        if n % tp:
+            raise ConfigError(f"tp={tp}: does not divide {spec.name} {what}={n}")
+    if spec.kv_heads % tp and tp % spec.kv_heads:
+        raise ConfigError(f"tp={tp}: kv_heads={spec.kv_heads} neither divisible by nor dividing tp")
