@@ -1,0 +1,218 @@
+"""Compute model per operator: roofline with an achieved-efficiency curve.
+
+A transformer layer's forward pass is a list of :class:`Op` (Megatron-LM's GPT
+block, Shoeybi et al. 2019, arXiv:1909.08053; operator list and sizes as in
+Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.1): the QKV, attention-output and
+MLP GEMMs (split ``t`` ways by tensor parallelism), the two batched attention
+GEMMs (scores ``Q K^T`` and the weighted sum), and the memory-bound operators
+(norms, softmax, dropouts, GELU/SwiGLU, residual adds; with sequence parallelism
+norms and dropouts see ``s / t`` tokens). The embedding (a gather), the LM head
+(a ``hidden x vocab/t`` GEMM per token, last stage) and the loss (vocab-parallel
+cross entropy in fp32) are ops too, so every layer costs something.
+
+Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates):
+
+* GEMM ``(m, n, k)``: ``max(2mnk / (peak * eff), bytes / (bw * mem_eff), kernel_s)`` with
+  ``eff = eff_max * g(m) g(n) g(k)``, ``g(x) = x / (x + knee)`` -- small dimensions
+  leave tensor cores idle (tile quantisation and occupancy);
+* memory-bound op: ``max(bytes / (bw * mem_eff), kernel_s)``.
+
+``kernel_s`` is the host's time to issue one operator (framework, autograd,
+launch): an operator costs at least that, a large GEMM only its own time. (Letting
+the host run ahead across a whole layer, ``max(sum GPU, ops x kernel_s)``, fitted
+the A100 data worse: 7.7 % against 7.1 % held-out MAPE.)
+
+Backward: each GEMM becomes two (input gradient and weight gradient) of the same
+dimensions permuted, so twice the forward time under this curve (``g`` is
+symmetric in m, n, k); memory-bound ops move twice their bytes. Recomputation adds
+the forward (``full``) or the attention core (``selective``, Korthikanti et al. Sec. 5)
+to the backward.
+
+The curve's parameters (:class:`Curve`) were fitted on real A100 iteration times
+(``scripts/calibrate_a100.py``, half of ``../shared/data/a100-single-node``); a GPU
+without a fitted curve uses the nearest calibrated one's fractions on its own peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+from perfsim.hardware import BYTES_PER_VALUE, GPU
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Achieved-efficiency curve of one GPU family."""
+
+    #: best fraction of peak FLOP/s a large GEMM reaches
+    eff_max: float
+    #: GEMM dimension at which efficiency halves (per dimension)
+    knee: float
+    #: fraction of memory bandwidth that memory-bound kernels reach
+    mem_eff: float
+    #: host time to issue one operator (framework + launch), seconds
+    kernel_s: float
+    #: where the figures come from
+    source: str
+
+    def __post_init__(self):
+        if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s >= 0")
+
+
+#: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
+#: (calibration half: rows whose configuration hash is even; held-out MAPE in README)
+CURVES: dict[str, Curve] = {
+    "ampere": Curve(eff_max=0.8792, knee=46.24, mem_eff=0.6960, kernel_s=62.91e-6,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)"),
+}
+#: the calibrated GPU each family borrows a curve from (nearest by architecture)
+NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
+CALIBRATED_ON = {"ampere": "a100-sxm4-80gb"}
+
+
+def curve_for(gpu: GPU) -> tuple[Curve, str]:
+    """The curve for ``gpu`` and a sentence saying where it comes from."""
+    fam = NEAREST.get(gpu.family, "ampere")
+    curve = CURVES[fam]
+    if fam == gpu.family:
+        return curve, f"roofline x efficiency curve calibrated on {CALIBRATED_ON[fam]}"
+    return curve, (f"roofline x efficiency curve of {CALIBRATED_ON[fam]} (nearest calibrated GPU) "
+                   f"applied to {gpu.name}'s datasheet peaks (assumption: not calibrated on {gpu.name})")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel of a forward pass: a GEMM (``m, n, k``, ``batch`` copies) or a
+    memory-bound op (``bytes`` moved)."""
+
+    name: str
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    bytes: float = 0.0
+    attention_core: bool = False  # recomputed by selective recomputation
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.batch
+
+
+def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int) -> float:
+    """Seconds of one forward op (module docstring)."""
+    bw = gpu.memory_bandwidth_Bps * curve.mem_eff
+    if op.m:
+        g = 1.0
+        for x in (op.m * op.batch, op.n, op.k):
+            g *= x / (x + curve.knee)
+        compute = op.flops / (gpu.peak(precision) * curve.eff_max * g)
+        moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
+        return max(compute, moved / bw, curve.kernel_s)
+    return max(op.bytes / bw, curve.kernel_s)
+
+
+def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+    """Forward ops of one transformer block on one tensor-parallel rank."""
+    s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
+    tok = b * s
+    tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
+    heads = max(1, spec.heads // tp)
+    qkv = (h + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else h // tp + 2 * spec.head_dim
+    dh = spec.head_dim
+    attn_scores = b * heads * s * s
+    act = bpv * tok_sp * h
+    ops = [
+        Op("norm1", bytes=2 * act),
+        Op("qkv", m=tok, n=qkv, k=h),
+        Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
+        # fused scale + mask + softmax (read and write the scores), then dropout (+1 byte mask)
+        Op("softmax", bytes=2 * bpv * attn_scores, attention_core=True),
+        Op("attn_dropout", bytes=(2 * bpv + 1) * attn_scores, attention_core=True),
+        Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
+        Op("proj", m=tok, n=h, k=h // tp),
+        Op("dropout_residual1", bytes=3 * act + tok_sp * h),
+        Op("norm2", bytes=2 * act),
+        Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
+        Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
+        Op("mlp_down", m=tok, n=h, k=f // tp),
+        Op("dropout_residual2", bytes=3 * act + tok_sp * h),
+    ]
+    return ops
+
+
+def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+    tok = mb * spec.seq_len
+    # vocab-parallel gather (each rank its rows) + position add, writes (b, s, h)
+    return [Op("embed_gather", bytes=2 * bpv * tok * spec.hidden),
+            Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden)]
+
+
+def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+    tok, h = mb * spec.seq_len, spec.hidden
+    if spec.encoder:  # pooler on the first token
+        return [Op("final_norm", bytes=2 * bpv * tok * h), Op("pooler", m=mb, n=h, k=h)]
+    v = -(-spec.vocab // tp)
+    return [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
+            Op("lm_head", m=tok, n=v, k=h),
+            # vocab-parallel cross entropy in fp32: read logits, max/sum-exp/target passes
+            Op("loss", bytes=4 * tok * v * 3)]
+
+
+def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
+                      curve: Curve) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
+    for one micro-batch on one tensor-parallel rank (collectives not included)."""
+    bpv = BYTES_PER_VALUE[precision]
+
+    def fwd_bwd(ops, recomputable: bool):
+        t = [op_time(op, gpu, precision, curve, bpv) for op in ops]
+        fwd = sum(t)
+        bwd = 2 * fwd  # two GEMMs per GEMM, twice the bytes, twice the operators
+        if recomputable and recompute == "full":
+            bwd += fwd
+        elif recomputable and recompute == "selective":
+            bwd += sum(x for op, x in zip(ops, t) if op.attention_core)
+        return fwd, bwd
+
+    e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
+    blk = fwd_bwd(block_ops(spec, mb, tp, sp, bpv), True)
+    hd = fwd_bwd(head_ops(spec, mb, tp, sp, bpv), False)
+    fwd = [e[0]] + [blk[0]] * spec.n_layer + [hd[0]]
+    bwd = [e[1]] + [blk[1]] * spec.n_layer + [hd[1]]
+    return fwd, bwd
+
+
+def layer_bytes(spec, name: str, mb: int, bpv: int) -> float:
+    """Bytes the forward of layer ``name`` (``embed``, ``block*``, ``head``) moves on one
+    rank without tensor parallelism: memory-bound ops plus GEMM operands."""
+    ops = (embed_ops if name == "embed" else head_ops if name == "head" else block_ops)(spec, mb, 1, False, bpv)
+    return sum(op.bytes + (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv for op in ops)
+
+
+def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tuple[list[float], list[float]]:
+    """Layers known only by FLOPs and sizes (MLPs, CNNs): FLOPs at the curve's best
+    efficiency, bounded below by moving weights and activations; backward 2x."""
+    bpv = BYTES_PER_VALUE[precision]
+    fwd = []
+    for layer in layers:
+        numel = 1
+        for d in layer.out_shape:
+            numel *= d
+        moved = bpv * (layer.params + 2 * numel * mb)
+        t = max(layer.flops_fwd * mb / (gpu.peak(precision) * curve.eff_max),
+                moved / (gpu.memory_bandwidth_Bps * curve.mem_eff), curve.kernel_s)
+        fwd.append(t)
+    return fwd, [2 * t for t in fwd]
+
+
+#: bytes an Adam step moves per parameter: fp32 (read p, g, m, v; write p, m, v) = 28;
+#: mixed precision adds the half-precision gradient read and weight copy written
+#: and the unscale / gradient-norm passes (Micikevicius et al. 2018, arXiv:1710.03740)
+ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36}
+
+
+def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:
+    """Adam step of ``params`` parameters, memory-bound."""
+    return ADAM_BYTES[precision] * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s

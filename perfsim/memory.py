@@ -1,0 +1,122 @@
+"""Peak memory per GPU of each pipeline stage, and whether it fits.
+
+Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
+
+* model states (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1):
+  mixed precision (fp16/bf16) keeps 16-bit weights and gradients (``2 Psi + 2 Psi``)
+  and fp32 master weights, Adam momentum and variance (``12 Psi``); fp32 training
+  ``4 Psi + 4 Psi + 8 Psi``. ZeRO-1 divides the optimizer term by ``dp``.
+* activations of one micro-batch per transformer layer (Korthikanti et al. 2022,
+  arXiv:2205.05198, Sec. 4.1-4.2, 16-bit values, ``s`` sequence, ``b`` micro-batch,
+  ``h`` hidden, ``a`` heads, ``t`` tensor parallel)::
+
+      none:      s b h (10 + 24/t + 5 a s / (h t))     with sequence parallel: s b h (34 + 5 a s / h) / t
+      selective: s b h (10 + 24/t)                     with sequence parallel: s b h 34 / t
+      full:      2 s b h                               with sequence parallel: 2 s b h / t
+
+  generalised to other MLP widths / gated MLPs / grouped-query attention by the
+  same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
+  ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
+  The first stage adds the embedding dropout mask ``s b h``; the last stage the
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (paper Sec. 4.3).
+  With full recomputation one layer's activations are rebuilt during the backward:
+  the stage also holds one layer's ``none`` activations.
+* micro-batches held: the schedule table's peak in flight on that stage
+  (:func:`perfsim.schedules.max_in_flight`: GPipe all ``m``, 1F1B ``pp - s``).
+* AQ-SGD message buffers: one buffered message per training sample and boundary
+  on both sides of it (aq-sgd-paper Sec. 3), unless the spec keeps them on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from perfsim.hardware import BYTES_PER_VALUE
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per GPU of one stage."""
+
+    stage: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float
+    inflight: int
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+
+
+def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int) -> float:
+    """Activation bytes one transformer layer keeps for one micro-batch (module docstring)."""
+    s, b, h, a, f = spec.seq_len, mb, spec.hidden, spec.heads, spec.ffn
+    sbh = s * b * h
+    v = bpv / 2  # the formula counts 2-byte values
+    if recompute == "full":
+        return 2 * v * sbh / (tp if sp else 1)
+    # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
+    attn_sharded = 2 * (2 * s * b * h + 2 * s * b * spec.kv_dim)
+    mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
+    # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
+    # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
+    repl = 8 * v * sbh + 2 * sbh
+    sharded = v * (attn_sharded + mlp_sharded) / tp
+    core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
+    if recompute == "selective":
+        core = 0.0
+    return (repl / tp if sp else repl) + sharded + core
+
+
+def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
+    """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
+    from perfsim.compression import make_pipeline_pair
+    from perfsim.schedules import max_in_flight
+
+    spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
+    prec = strategy.precision
+    bpv = BYTES_PER_VALUE[prec]
+    mixed = prec in ("fp16", "bf16")
+    fw_comp, _ = make_pipeline_pair(strategy.compress)
+    out = []
+    for st in plan.stages:
+        psi = st.params
+        weights = (2 if mixed else 4) * psi
+        grads = (2 if mixed else 4) * psi
+        optimizer = (12 if mixed else 8) * psi / (dp if strategy.zero == 1 else 1)
+        inflight = max_in_flight(table[st.index])
+        act = 0.0
+        if spec is not None:
+            blocks = sum(1 for i in range(st.first_layer, st.last_layer)
+                         if workload.layers[i].name.startswith("block"))
+            per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
+                                               strategy.recompute, bpv)
+            act = blocks * per_layer * inflight
+            s, h = spec.seq_len, spec.hidden
+            if st.first_layer == 0:
+                act += s * mb * h * inflight  # embedding dropout mask
+            if st.last_layer == len(workload.layers) and not spec.encoder:
+                act += 4 * s * mb * h * (1 + spec.vocab / h) / tp * (bpv / 2)
+            if strategy.recompute == "full" and blocks:
+                act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv)
+        else:  # known only by boundary shapes: every layer's output, 2x for the backward
+            for i in range(st.first_layer, st.last_layer):
+                n = 1
+                for d in workload.layers[i].out_shape:
+                    n *= d
+                act += 2 * bpv * n * mb * inflight / tp
+        buffers = 0.0
+        if getattr(fw_comp, "name", "") == "aqsgd" and not getattr(fw_comp, "disk", None):
+            bits = getattr(fw_comp, "mbits", None) or 32
+            per_sample = 1
+            for d in workload.layers[st.last_layer - 1].out_shape:
+                per_sample *= d
+            sides = (st.index < plan.pp - 1) + (st.index > 0)  # sender of its boundary, receiver of the previous
+            buffers = sides * per_sample * bits / 8 * strategy.dataset_samples / tp
+        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight))
+    return out
