@@ -20,12 +20,15 @@ latency               one-way inter-node latency                        0
 topology              heterogeneous topology file (JSON/TOML/CSV)       None
 compress              pipeline compression (``aqsgd:fw3bw6``)           fp32
 grad_compress         data-parallel gradient compression                none
-schedule              ``gpipe`` or ``1f1b``                             gpipe
+schedule              ``gpipe`` or ``1f1b`` (default: 1f1b, Megatron's,  gpipe
+                      when a ``gpu`` preset is named)
 pp, dp                pipeline / data-parallel degree                   8, 1
 micro_batch           samples per micro-batch                           1
 macro_batch           samples per macro-batch (per replica)             32
 epochs                epochs for ``total_s``                            1
-partition             layer counts per stage (``"7,6,..."``)            balanced
+partition             layer counts per stage (``"7,6,..."``), ``balanced``  balanced;
+                      (by compute) or ``uniform`` (Megatron: equal       uniform with
+                      blocks, embedding first, head last)               a ``gpu``
 gpus_per_node         devices per node                                  1
 intra_node_bandwidth  intra-node rate                                   300GB/s
 bucket_size           gradient bucket size (``25MiB``)                  25MiB
@@ -36,7 +39,29 @@ trace                 record a Chrome trace in ``Result.trace_events``  False
 link_burst            token-bucket depth of each egress (``50KB``)      0
 p2p_protocol          ``eager`` or ``rendezvous`` (receiver-driven)     eager
 p2p_control_latency   latency of the rendezvous ready notice            latency
+tp                    tensor-parallel degree (Megatron-LM)              1
+sequence_parallel     Megatron sequence parallelism (needs tp > 1)      False
+gpu                   GPU preset (``a100-sxm4-80gb``, perfsim.hardware) profile's
+precision             ``fp32``, ``tf32``, ``bf16``, ``fp16``            fp32
+recompute             activation recomputation: none/selective/full     none
+global_batch          samples per step over all replicas (sets          None
+                      macro_batch = global_batch / dp)
+zero                  ZeRO stage (0 or 1: optimizer state sharded)      0
+seq_len               sequence length of a transformer model            preset's
+placement             rank order, innermost first (``tp,dp,pp`` is      tp,pp,dp;
+                      Megatron's; ``tp,pp,dp`` replica-major)           tp,dp,pp with
+                                                                        a ``gpu``
+allow_oom             predict a configuration that does not fit         False
 ===================== ================================================ ==========
+
+``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,heads=96,
+seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` / ``bert:`` /
+``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu`` preset
+switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks ordered
+tp, dp, pp). With a ``gpu`` the
+compute comes from its operator model (:mod:`perfsim.engine.compute`) and the
+memory is checked against its capacity (:mod:`perfsim.memory`): a configuration
+that does not fit raises :class:`ConfigError` naming the stage and the shortfall.
 
 ``predict_many(list_of_param_dicts)`` runs several (profiles and models are
 loaded once).
@@ -56,12 +81,16 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time
 
 DEFAULTS: dict[str, Any] = {
     "model": "gpt2-xl", "workload": None, "profile": None, "bandwidth": "10Gbps", "latency": "0s",
-    "topology": None, "compress": "fp32", "grad_compress": "none", "schedule": "gpipe",
-    "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": 32, "epochs": 1, "partition": None,
+    "topology": None, "compress": "fp32", "grad_compress": "none", "schedule": None,
+    "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": None, "epochs": 1, "partition": None,
     "gpus_per_node": 1, "intra_node_bandwidth": "300GB/s", "bucket_size": "25MiB", "overlap": True,
     "nic_sharing": True, "dataset_samples": 2359, "trace": False,
     "link_burst": 0, "p2p_protocol": "eager", "p2p_control_latency": None,
+    "tp": 1, "sequence_parallel": False, "gpu": None, "precision": "fp32", "recompute": "none",
+    "global_batch": None, "zero": 0, "seq_len": None, "placement": None, "allow_oom": False,
 }
+#: samples per macro-batch when neither macro_batch nor global_batch is given
+DEFAULT_MACRO_BATCH = 32
 
 
 def _file_key(path) -> tuple[str, float]:
@@ -92,10 +121,14 @@ def _load_profile(spec):
 
 
 @functools.lru_cache(maxsize=32)
-def _model(model: str | None, workload_key: tuple[str, float] | None):
+def _model(model: str | None, workload_key: tuple[str, float] | None, seq_len: int | None = None):
     from perfsim.workload import get_model, load_workload_file
 
-    return load_workload_file(workload_key[0]) if workload_key else get_model(model)
+    if workload_key:
+        if seq_len:
+            raise ConfigError("seq_len: not for a workload file (its layers fix the shapes)")
+        return load_workload_file(workload_key[0])
+    return get_model(model, seq_len)
 
 
 @functools.lru_cache(maxsize=32)
@@ -135,27 +168,60 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if unknown:
         raise ConfigError(f"unknown parameter(s) {sorted(unknown)} (known: {', '.join(DEFAULTS)})")
     p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    from perfsim.workload import layer_times, parse_partition
+    from perfsim.workload import parse_partition, resolve_layer_times
 
     profile = _load_profile(p["profile"])
+    seq_len = None if p["seq_len"] in (None, "") else _int(p, "seq_len")
+    if seq_len is not None and seq_len < 1:
+        raise ConfigError(f"seq_len={seq_len}: must be >= 1")
     if p["workload"]:
         wkey = _file_key(p["workload"])
         if not os.path.exists(wkey[0]):
             raise ConfigError(f"workload {str(p['workload'])!r}: no such file")
-        model = _model(None, wkey)
+        model = _model(None, wkey, seq_len)
     else:
-        model = _model(str(p["model"]).lower(), None)
+        name = str(p["model"])
+        if name.lower().endswith(".json"):
+            if not os.path.exists(name):
+                raise ConfigError(f"model {name!r}: no such config.json")
+            model = _model(str(_file_key(name)[0]), None, seq_len)
+        else:
+            model = _model(name if ":" in name else name.lower(), None, seq_len)
     micro_batch = _int(p, "micro_batch")
     if micro_batch < 1:
         raise ConfigError(f"micro_batch={micro_batch}: must be >= 1")
-    fwd, bwd = layer_times(model, profile, micro_batch)
-    workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample)
+    dp, tp = _int(p, "dp"), _int(p, "tp")
+    macro_batch = _batch(p, dp, micro_batch)
+    from perfsim.hardware import get_gpu
+
+    gpu = get_gpu(p["gpu"]) if p["gpu"] else None
+    precision = str(p["precision"]).lower()
+    recompute = str(p["recompute"]).lower()
+    sp = _bool(p, "sequence_parallel")
     strategy = Strategy(
-        pp=_int(p, "pp"), dp=_int(p, "dp"), micro_batch=micro_batch, macro_batch=_int(p, "macro_batch"),
-        schedule=str(p["schedule"]).lower(), compress=str(p["compress"]),
-        grad_compress=str(p["grad_compress"]), partition=parse_partition(p["partition"]),
+        pp=_int(p, "pp"), dp=dp, micro_batch=micro_batch, macro_batch=macro_batch,
+        schedule=str(p["schedule"] or ("1f1b" if p["gpu"] else "gpipe")).lower(), compress=str(p["compress"]),
+        grad_compress=str(p["grad_compress"]), partition=_partition(p, model, _int(p, "pp")),
         bucket_bytes=parse_size(p["bucket_size"], "bucket_size"), overlap_grad_sync=_bool(p, "overlap"),
-        epochs=_int(p, "epochs"), dataset_samples=_int(p, "dataset_samples"))
+        epochs=_int(p, "epochs"), dataset_samples=_int(p, "dataset_samples"), tp=tp, sequence_parallel=sp,
+        recompute=recompute, precision=precision, zero=_int(p, "zero"),
+        placement=tuple(x.strip().lower() for x in str(p["placement"] or
+                                                       ("tp,dp,pp" if p["gpu"] else "tp,pp,dp")).split(",")))
+    fwd, bwd, source = resolve_layer_times(model, profile, micro_batch, gpu=gpu, precision=precision, tp=tp,
+                                           sequence_parallel=sp, recompute=recompute)
+    rank_params = None
+    if model.arch is not None and tp > 1:
+        from perfsim.models.tensor_parallel import shard_block_params
+
+        arch = model.arch
+        per = {"block": shard_block_params(arch, tp),
+               "embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
+               "head": arch.head_params() if arch.tied or arch.encoder
+               else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
+        rank_params = tuple(per["block" if layer.name.startswith("block") else layer.name]
+                            for layer in model.layers)
+    workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
+                        arch=model.arch, rank_params=rank_params, compute_source=source)
     topology = _topology(_file_key(p["topology"])) if p["topology"] else None
     if p["topology"] and not os.path.exists(str(p["topology"])):
         raise ConfigError(f"topology {str(p['topology'])!r}: no such file")
@@ -166,8 +232,47 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                     link_burst_bytes=float(parse_size(p["link_burst"], "link_burst")),
                     p2p_protocol=str(p["p2p_protocol"]).lower(),
                     p2p_control_latency_s=None if p["p2p_control_latency"] is None else
-                    parse_time(p["p2p_control_latency"], "p2p_control_latency"))
+                    parse_time(p["p2p_control_latency"], "p2p_control_latency"),
+                    gpu=gpu.name if gpu else None)
     return workload, strategy, system, profile
+
+
+def _partition(p, model, pp: int):
+    """Layer counts per stage: given, ``balanced`` (None: by compute), or ``uniform``
+    -- Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
+    to the first stages), the embedding on the first stage and the head on the last.
+    The default is ``uniform`` for a transformer with a GPU preset, else ``balanced``."""
+    from perfsim.workload import parse_partition
+
+    raw = p["partition"]
+    if raw is None and p["gpu"] and model.arch is not None:
+        raw = "uniform"
+    if str(raw).lower() != "uniform":
+        return parse_partition(raw)
+    blocks = sum(1 for layer in model.layers if layer.name.startswith("block"))
+    if blocks < pp:
+        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill pp={pp} stages")
+    counts = [blocks // pp + (1 if s < blocks % pp else 0) for s in range(pp)]
+    counts[0] += 1
+    counts[-1] += len(model.layers) - blocks - 1
+    return tuple(counts)
+
+
+def _batch(p, dp: int, micro_batch: int) -> int:
+    """macro_batch per replica from ``macro_batch`` and/or ``global_batch``, checked:
+    global = dp x micro_batch x accumulation steps."""
+    gb = None if p["global_batch"] in (None, "") else _int(p, "global_batch")
+    mb_given = p["macro_batch"] not in (None, "")
+    macro = _int(p, "macro_batch") if mb_given else None
+    if gb is None:
+        return macro if macro is not None else DEFAULT_MACRO_BATCH
+    if gb < 1 or gb % (dp * micro_batch):
+        raise ConfigError(f"global_batch={gb}: must be a multiple of dp x micro_batch = {dp} x {micro_batch}"
+                          f" = {dp * micro_batch} (global = dp x micro-batch x accumulation steps)")
+    if macro is not None and macro * dp != gb:
+        raise ConfigError(f"global_batch={gb}: disagrees with macro_batch={macro} x dp={dp} = {macro * dp}")
+    return gb // dp
+
 
 
 def predict(**params) -> Result:
@@ -175,8 +280,10 @@ def predict(**params) -> Result:
     from perfsim.engine import simulate
 
     trace = bool(params.pop("trace", False))
+    allow_oom = params.pop("allow_oom", False)
+    allow_oom = _bool({"allow_oom": allow_oom}, "allow_oom")
     workload, strategy, system, profile = build_configs(**params)
-    result = simulate(workload, strategy, system, profile, trace=trace)
+    result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
     return result

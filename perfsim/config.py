@@ -46,6 +46,13 @@ class Workload:
     bwd_s: tuple[float, ...]
     #: tokens in one sample (sequence length; 1 for images)
     tokens_per_sample: int = 1
+    #: the transformer's shape (perfsim.models.transformer.TransformerSpec) when known:
+    #: tensor-parallel collectives and the activation-memory model need it
+    arch: Any = None
+    #: parameters one tensor-parallel rank holds of each layer (None = ``layers[i].params``)
+    rank_params: tuple[int, ...] | None = None
+    #: where the compute times come from (printed in the result: an assumption when modelled)
+    compute_source: str = ""
 
     def __post_init__(self):
         if not self.layers:
@@ -57,6 +64,21 @@ class Workload:
                 if not math.isfinite(t) or t < 0:
                     raise ConfigError(f"{name}: time {t!r} must be finite and >= 0")
         _pos_int(self, "tokens_per_sample")
+        if self.rank_params is not None and len(self.rank_params) != len(self.layers):
+            raise ConfigError("rank_params: need one count per layer")
+
+    def params_of(self, i: int) -> int:
+        """Parameters of layer ``i`` on one tensor-parallel rank."""
+        return self.rank_params[i] if self.rank_params is not None else self.layers[i].params
+
+
+#: activation recomputation modes (Korthikanti et al. 2022, arXiv:2205.05198)
+RECOMPUTE = ("none", "selective", "full")
+#: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
+#: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
+#: the numbering topology files use)
+MEGATRON_PLACEMENT = ("tp", "dp", "pp")
+PLACEMENT_DIMS = ("tp", "pp", "dp")
 
 
 @dataclass(frozen=True)
@@ -90,10 +112,36 @@ class Strategy:
     #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
     #: 2.4M GPT-2 tokens / 1024)
     dataset_samples: int = 2359
+    #: tensor-parallel degree (Megatron-LM column/row-parallel layers)
+    tp: int = 1
+    #: Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce)
+    sequence_parallel: bool = False
+    #: activation recomputation: ``none``, ``selective`` (attention core) or ``full``
+    recompute: str = "none"
+    #: training precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (mixed precision)
+    precision: str = "fp32"
+    #: ZeRO stage: 0 (none) or 1 (optimizer state sharded over data parallelism)
+    zero: int = 0
+    #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
+    #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
+    placement: tuple[str, ...] = PLACEMENT_DIMS
 
     def __post_init__(self):
-        for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes"):
+        for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
+                     "tp"):
             _pos_int(self, name)
+        from perfsim.hardware import PRECISIONS
+
+        if self.recompute not in RECOMPUTE:
+            raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
+        if self.zero not in (0, 1):
+            raise ConfigError(f"zero={self.zero!r}: 0 or 1 (ZeRO-1 shards the optimizer state)")
+        if sorted(self.placement) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("sequence_parallel: needs tp > 1")
         if self.macro_batch % self.micro_batch:
             raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
         from perfsim.schedules import SCHEDULES
@@ -111,6 +159,26 @@ class Strategy:
     @property
     def num_microbatches(self) -> int:
         return self.macro_batch // self.micro_batch
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all replicas."""
+        return self.macro_batch * self.dp
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp * self.pp
+
+    def device(self, t: int, r: int, s: int) -> int:
+        """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered
+        along ``placement``, innermost first (Megatron-LM: tensor, data, pipeline,
+        so a TP group shares a node, Narayanan et al. 2021, arXiv:2104.04473 Sec. 3)."""
+        idx, size = {"tp": t, "dp": r, "pp": s}, {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        dev, stride = 0, 1
+        for dim in self.placement:
+            dev += idx[dim] * stride
+            stride *= size[dim]
+        return dev
 
 
 #: point-to-point protocols the engine models (System.p2p_protocol)
@@ -148,6 +216,8 @@ class System:
     p2p_protocol: str = "eager"
     #: one-way latency of the rendezvous "ready" notice (s); None = the link latency
     p2p_control_latency_s: float | None = None
+    #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
+    gpu: str | None = None
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -159,6 +229,10 @@ class System:
         _pos_int(self, "gpus_per_node")
         _pos_float(self, "intra_node_bandwidth_bps")
         _pos_float(self, "intra_node_latency_s", allow_zero=True)
+        if self.gpu is not None:
+            from perfsim.hardware import get_gpu
+
+            get_gpu(self.gpu)
 
 
 def from_dict(cls, data: Mapping[str, Any], where: str = ""):

@@ -74,6 +74,8 @@ def collective_cost(kind: str, nbytes: float, world_size: int) -> tuple[float, i
     * allgather, ring: each rank forwards the ``N-1`` other contributions:
       ``(N-1) * S`` bytes, ``N-1`` steps (volume grows with N, the point of the
       multi-scale quantizers paper's Sec. 1 on non-allreduce compressors);
+    * reduce-scatter, ring: the first half of a ring allreduce, ``(N-1)/N * S``
+      bytes, ``N-1`` steps (``S`` = each rank's full input);
     * alltoall, pairwise exchange: ``(N-1)/N * S`` bytes, ``N-1`` steps;
     * broadcast, pipelined chain: ``S`` bytes, ``N-1`` steps;
     * p2p: ``S`` bytes, 1 step.
@@ -89,7 +91,7 @@ def collective_cost(kind: str, nbytes: float, world_size: int) -> tuple[float, i
         return 2.0 * (n - 1) / n * nbytes, 2 * (n - 1)
     if kind == "allgather":
         return float((n - 1) * nbytes), n - 1
-    if kind == "alltoall":
+    if kind in ("alltoall", "reduce_scatter"):
         return (n - 1) / n * nbytes, n - 1
     if kind == "broadcast":
         return float(nbytes), n - 1

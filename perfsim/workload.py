@@ -50,7 +50,7 @@ def _transformer_encoder(name: str, n_layer: int, d: int, seq: int, vocab: int,
     """BERT/DeBERTa-style encoder: embedding, ``n_layer`` blocks (12d^2 + 13d params,
     FFN width 4d, as GPT-2), a pooler + 2-way classifier head."""
     block_flops = seq * (2 * 12 * d * d + 4 * seq * d)
-    layers = [LayerSpec("embed", vocab * d + extra_embed + 2 * d, (seq, d), 0.0)]
+    layers = [LayerSpec("embed", vocab * d + extra_embed + 2 * d, (seq, d), float(2 * seq * d))]
     layers += [LayerSpec(f"block{i}", 12 * d * d + 13 * d, (seq, d), float(block_flops))
                for i in range(n_layer)]
     layers.append(LayerSpec("head", d * d + d + 2 * d + 2, (2,), float(2 * (d * d + 2 * d))))
@@ -110,7 +110,10 @@ SIZE_PRESETS: dict[str, tuple[Any, int]] = {
 
 
 def preset_names() -> list[str]:
-    return list(MODEL_SPECS) + list(SIZE_PRESETS)
+    from perfsim.models.transformer import TRANSFORMER_PRESETS
+
+    return list(MODEL_SPECS) + [n for n in TRANSFORMER_PRESETS] + [n for n in SIZE_PRESETS
+                                                                  if n not in TRANSFORMER_PRESETS]
 
 
 # --------------------------------------------------------------------- model
@@ -125,14 +128,24 @@ class Model:
     tokens_per_sample: int = 1
     fwd_s: tuple[float | None, ...] | None = None  # per sample, from a workload file
     bwd_s: tuple[float | None, ...] | None = None
+    arch: Any = None  # perfsim.models.transformer.TransformerSpec of a transformer
 
     @property
     def params(self) -> int:
         return sum(layer.params for layer in self.layers)
 
 
-def get_model(name: str) -> Model:
-    """A preset model by name (GPT-2 family from specs, or a size-only preset)."""
+def get_model(name: str, seq_len: int | None = None) -> Model:
+    """A model by preset name (GPT-2 family, GPT-3, LLaMA-2, BERT; size-only presets),
+    inline spec (``gpt:layers=..``) or Hugging Face ``config.json`` path; ``seq_len``
+    overrides a transformer's sequence length."""
+    from perfsim.models.transformer import resolve_transformer
+
+    arch = resolve_transformer(str(name), seq_len)
+    if arch is not None:
+        return Model(arch.name, tuple(arch.layers()), arch.tokens_per_sample, arch=arch)
+    if seq_len:
+        raise ConfigError(f"seq_len={seq_len}: model {name!r} is not a transformer")
     key = str(name).lower()
     if key in MODEL_SPECS:
         spec = get_model_spec(key)
@@ -204,25 +217,109 @@ def load_workload_file(path: str | Path) -> Model:
                  tuple(bwd) if has_times else None)
 
 
-def layer_times(model: Model, profile, micro_batch: int) -> tuple[list[float], list[float]]:
-    """Forward and backward seconds of every layer for one micro-batch."""
+def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
+    """A profile's record of the layer at this precision, or None. A record of 0 s is
+    not a measurement (the paper-derived default folds embed/head into its stages)."""
+    if profile is None:
+        return None
+    recs = profile.select(f"layer_{op}", model=model.name, name=layer)
+    if not recs or any(str(r.get("dtype") or "fp32") != precision for r in recs):
+        return None
+    t = profile.compute_time(model.name, layer, micro_batch, op)
+    return t if t else None
+
+
+def _profile_gpu(profile):
+    """The GPU preset a profile was measured on, if its ``device`` names one."""
+    from perfsim.hardware import GPUS
+
+    dev = str((getattr(profile, "metadata", None) or {}).get("device", "")).lower().replace(" ", "-")
+    best = None
+    for name, gpu in GPUS.items():
+        parts = name.split("-")
+        if all(p in dev for p in parts):
+            return gpu
+        if parts[0] in dev and best is None:
+            best = gpu
+    return best
+
+
+def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of every layer for one micro-batch
+    (:func:`resolve_layer_times` without the source sentence)."""
+    fwd, bwd, _ = resolve_layer_times(model, profile, micro_batch, **kw)
+    return fwd, bwd
+
+
+def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
+                        tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
+                        ) -> tuple[list[float], list[float], str]:
+    """Forward and backward seconds of every layer for one micro-batch on one
+    tensor-parallel rank, and a sentence saying where they come from.
+
+    Order of preference per layer: the profile's record at this precision
+    (``tp == 1``, no ``gpu`` named other than the profile's); the workload file's
+    times; the operator compute model of ``gpu`` (:mod:`perfsim.engine.compute`; the
+    profile's own GPU when it names a preset and the precision differs from its
+    records); else the layer's FLOPs at the profile's effective FLOP rate plus its
+    bytes (its operators' for a transformer, else weights, input and output) at the
+    profile's memory bandwidth. A layer
+    with neither a time nor FLOPs is an error: nothing is charged 0 s silently."""
+    from perfsim.engine import compute
+
+    use_profile = tp == 1 and recompute == "none"
+    if gpu is None and profile is not None and (precision != "fp32" or not use_profile):
+        gpu = _profile_gpu(profile)
+        if gpu is None:
+            raise ConfigError(f"precision={precision}, tp={tp}, recompute={recompute}: the profile was "
+                              "measured otherwise and names no known GPU; give --gpu")
+    modelled = None
+    source = "profile"
+    if gpu is not None:
+        from perfsim.hardware import check_precision
+
+        check_precision(gpu, precision)
+        curve, source = compute.curve_for(gpu)
+        if model.arch is not None:
+            from perfsim.models.tensor_parallel import check_tp
+
+            check_tp(model.arch, tp)
+            modelled = compute.transformer_times(model.arch, gpu, precision, micro_batch, tp,
+                                                 sequence_parallel, recompute, curve)
+        else:
+            if tp > 1:
+                raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")
+            modelled = compute.generic_times(model.layers, gpu, precision, micro_batch, curve)
     rate = profile.effective_flops() if profile is not None else None
+    mem_bw = (profile.metadata.get("memory_bandwidth_Bps") if profile is not None else None) or 900e9
     fwd, bwd = [], []
     for i, layer in enumerate(model.layers):
-        f = profile.compute_time(model.name, layer.name, micro_batch, "fwd") if profile else None
-        b = profile.compute_time(model.name, layer.name, micro_batch, "bwd") if profile else None
-        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None:
+        f = _measured(profile, model, layer.name, micro_batch, "fwd", precision) if use_profile else None
+        b = _measured(profile, model, layer.name, micro_batch, "bwd", precision) if use_profile else None
+        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and use_profile:
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
+        if f is None and modelled is not None:
+            f, b = modelled[0][i], modelled[1][i]
         if f is None:
+            if not layer.flops_fwd:
+                raise ConfigError(f"model {model.name!r}: layer {layer.name!r} has neither a time nor FLOPs")
             if not rate:
                 raise ConfigError(f"model {model.name!r}: no compute time for layer {layer.name!r} "
                                   "(profile has neither a record nor an effective FLOP rate)")
-            f = layer.flops_fwd * micro_batch / rate
+            if model.arch is not None:
+                moved = compute.layer_bytes(model.arch, layer.name, micro_batch, 4)
+            else:
+                numel = 1
+                for d in layer.out_shape:
+                    numel *= d
+                moved = 4 * (layer.params + 2 * numel * micro_batch)
+            f = layer.flops_fwd * micro_batch / rate + moved / mem_bw
+            source = "profile (unmeasured layers from FLOPs and bytes at the profile's rates)"
         if b is None:
             b = 2.0 * f
         fwd.append(float(f))
         bwd.append(float(b))
-    return fwd, bwd
+    return fwd, bwd, source
 
 
 # --------------------------------------------------------------------- partition

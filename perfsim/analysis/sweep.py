@@ -56,15 +56,16 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_node_bandwidth",
           "nic_sharing", "dataset_samples", "schedule", "pp", "dp", "partition", "bucket_size",
           "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
-          "compress", "bandwidth")
+          "compress", "bandwidth", "gpu", "precision", "recompute", "seq_len", "placement", "zero",
+          "sequence_parallel", "global_batch", "tp")
 #: the axes the issue names; the others may vary too
 SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
               "micro_batch")
 _INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
-               "dataset_samples")
+               "dataset_samples", "tp", "seq_len", "global_batch")
 _STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
-               "grad_compress", "partition")
-_BOOL_PARAMS = ("overlap", "nic_sharing")
+               "grad_compress", "partition", "gpu", "precision", "recompute", "placement")
+_BOOL_PARAMS = ("overlap", "nic_sharing", "sequence_parallel")
 BACKENDS = ("local", "ray", "dask")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 
@@ -90,6 +91,10 @@ def normalize_value(key: str, value: Any) -> Any:
         raise ConfigError(f"{key} {value!r}: expected true or false")
     if key == "latency":
         return parse_time(value, "latency")
+    if key == "zero":
+        if str(value).strip() not in ("0", "1"):
+            raise ConfigError(f"zero {value!r}: 0 or 1")
+        return int(str(value).strip())
     if key in _INT_PARAMS:
         try:
             number = float(value) if not isinstance(value, int) else value

@@ -17,22 +17,39 @@ HELP = "simulate training throughput over a network with communication compressi
 
 #: flag -> api parameter; these accept comma lists (every combination is run)
 LIST_FLAGS = ("model", "bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
-              "micro_batch", "macro_batch")
+              "micro_batch", "macro_batch", "tp", "gpu", "precision", "recompute", "global_batch")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
-    g.add_argument("--model", default="gpt2-xl", help="model preset(s), e.g. gpt2-xl,bert-large (default gpt2-xl)")
+    g.add_argument("--model", default="gpt2-xl",
+                   help="model preset(s) (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), an inline transformer "
+                        "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..] "
+                        "(also llama:/bert:/neox:), or a Hugging Face config.json (default gpt2-xl)")
+    g.add_argument("--seq-len", help="sequence length of a transformer model (default: the preset's)")
     g.add_argument("--workload", help="workload file (TOML/JSON) instead of a preset")
     g.add_argument("--profile", help="calibration profile (default: traces/default-v100-aqsgd.json)")
     g = p.add_argument_group("strategy")
     g.add_argument("--compress", default="fp32", help="pipeline compression, e.g. fp32,directq:fw4bw8,aqsgd:fw3bw6")
     g.add_argument("--grad-compress", default="none", help="data-parallel gradient compression, e.g. none,qsgd-maxnorm:4")
-    g.add_argument("--schedule", default="gpipe", help="gpipe or 1f1b (comma list allowed)")
+    g.add_argument("--schedule", help="gpipe or 1f1b (comma list allowed; default gpipe, "
+                                      "1f1b as Megatron-LM when --gpu is given)")
     g.add_argument("--pp", default="8", help="pipeline stages (default 8)")
     g.add_argument("--dp", default="1", help="data-parallel replicas (default 1)")
     g.add_argument("--micro-batch", default="1", help="samples per micro-batch (default 1)")
-    g.add_argument("--macro-batch", default="32", help="samples per macro-batch per replica (default 32)")
+    g.add_argument("--macro-batch", help="samples per macro-batch per replica (default 32, or global-batch / dp)")
+    g.add_argument("--global-batch", help="samples per optimizer step over all replicas "
+                                          "(= dp x micro-batch x accumulation steps)")
+    g.add_argument("--tp", default="1", help="tensor-parallel degree, Megatron-style (default 1)")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce)")
+    g.add_argument("--placement",
+                   help="rank order, innermost first (default tp,pp,dp: replica-major; with --gpu "
+                        "Megatron's tp,dp,pp; TP innermost keeps a TP group inside a node)")
+    g.add_argument("--precision", default="fp32", help="fp32, tf32, bf16 or fp16 (mixed precision; default fp32)")
+    g.add_argument("--recompute", default="none", help="activation recomputation: none, selective, full")
+    g.add_argument("--zero", default="0", help="ZeRO stage: 0 or 1 (optimizer state sharded over dp)")
+    g.add_argument("--allow-oom", action="store_true", help="predict a configuration that does not fit in memory")
     g.add_argument("--partition", help="layer counts per stage, e.g. 7,6,6,6,6,6,6,7 (default: balanced)")
     g.add_argument("--bucket-size", default="25MiB", help="gradient bucket size (default 25MiB)")
     g.add_argument("--no-overlap", action="store_true", help="sync gradients only after the backward pass")
@@ -43,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--latency", default="0s", help="one-way latency(ies), e.g. 5ms (default 0)")
     g.add_argument("--topology", help="heterogeneous topology file (JSON/TOML/CSV, see perfsim.network)")
     g.add_argument("--gpus-per-node", default="1", help="devices per node (default 1)")
+    g.add_argument("--gpu", help="GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): compute "
+                                 "from its operator model, memory checked against its capacity")
     g.add_argument("--intra-node-bandwidth", default="300GB/s", help="intra-node rate (default 300GB/s)")
     g.add_argument("--no-nic-sharing", action="store_true", help="give every flow the full link (lower bound)")
     g.add_argument("--link-burst", default="0B",
@@ -63,7 +82,10 @@ def _grid(args) -> list[dict]:
     lists = {}
     for name in LIST_FLAGS:
         raw = getattr(args, name)
-        values = split_list(raw)
+        if raw is None:  # optional, no default
+            lists[name] = [None]
+            continue
+        values = _split_models(raw) if name == "model" else split_list(raw)
         if not values:
             raise ConfigError(f"--{name.replace('_', '-')} {raw!r}: empty")
         lists[name] = values
@@ -71,9 +93,23 @@ def _grid(args) -> list[dict]:
                   partition=args.partition, bucket_size=args.bucket_size, overlap=not args.no_overlap,
                   epochs=args.epochs, dataset_samples=args.dataset_samples, gpus_per_node=args.gpus_per_node,
                   intra_node_bandwidth=args.intra_node_bandwidth, nic_sharing=not args.no_nic_sharing,
-                  link_burst=args.link_burst, p2p_protocol=args.p2p_protocol)
+                  link_burst=args.link_burst, p2p_protocol=args.p2p_protocol, seq_len=args.seq_len,
+                  sequence_parallel=args.sequence_parallel, placement=args.placement, zero=args.zero,
+                  allow_oom=args.allow_oom)
     names = list(lists)
     return [{**common, **dict(zip(names, combo))} for combo in itertools.product(*(lists[n] for n in names))]
+
+
+def _split_models(raw: str) -> list[str]:
+    """Comma list of models where an inline spec's own ``key=value`` items stay with it:
+    ``gpt2-xl,gpt:layers=2,hidden=64,...`` -> two models."""
+    out: list[str] = []
+    for item in (x.strip() for x in str(raw).split(",")):
+        if out and "=" in item and ":" not in item:
+            out[-1] += "," + item
+        elif item:
+            out.append(item)
+    return out
 
 
 def _trace_path(base: str, i: int, n: int) -> str:

@@ -12,46 +12,79 @@ from perfsim.engine.plan import Plan, build_plan
 from perfsim.network import Network
 
 
-def replica_classes(network: Network, pp: int, dp: int) -> list[list[int]]:
+def replica_classes(network: Network, pp: int, dp: int, device=None) -> list[list[int]]:
     """Group replicas whose pipelines see identical links (rate and latency of
     every hop, both directions, and the NIC rates of their nodes); one
     representative per group is simulated. Without a topology, or with a
     uniform one, there is one group. When replicas share nodes (their NICs
-    would be shared) on a non-uniform topology, every replica is its own group."""
+    would be shared) on a non-uniform topology, every replica is its own group.
+    ``device(r, s)``: GPU index of stage ``s`` of replica ``r`` (default ``r * pp + s``)."""
     topo = network.topology
     if dp == 1 or topo is None or topo.is_uniform():
         return [list(range(dp))]
-    gpn = network.system.gpus_per_node
-    if gpn > 1 and pp % gpn:
-        return [[r] for r in range(dp)]
+    dev = device or (lambda r, s: r * pp + s)
+    owner: dict[int, int] = {}
+    for r in range(dp):
+        for s in range(pp):
+            if owner.setdefault(network.node(dev(r, s)), r) != r:
+                return [[q] for q in range(dp)]
     groups: dict[tuple, list[int]] = {}
     for r in range(dp):
         key = []
         for s in range(pp - 1):
-            a, b = r * pp + s, r * pp + s + 1
+            a, b = dev(r, s), dev(r, s + 1)
             fw, bw = network.path(a, b), network.path(b, a)
             key.append((fw.bandwidth_bps, fw.latency_s, bw.bandwidth_bps, bw.latency_s,
                         len(fw.resources)))
         if topo.nic_bps is not None:
-            key.append(tuple(topo.nic_bps[network.node(r * pp + s)] for s in range(pp)))
+            key.append(tuple(topo.nic_bps[network.node(dev(r, s))] for s in range(pp)))
         groups.setdefault(tuple(key), []).append(r)
     return list(groups.values())
 
 
-def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None):
+def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
+    """Per-stage memory (:mod:`perfsim.memory`) and the GPU's capacity; raises a
+    ConfigError naming the stage and the shortfall when it does not fit (unless
+    ``allow_oom``). Returns (stage memories, capacity bytes or None)."""
+    from perfsim.errors import ConfigError
+    from perfsim.hardware import get_gpu
+    from perfsim.memory import GIB, stage_memory
+    from perfsim.schedules import get_schedule
+
+    table = get_schedule(strategy.schedule)(strategy.pp, strategy.num_microbatches)
+    mem = stage_memory(workload, strategy, plan, table)
+    cap = get_gpu(system.gpu).memory_bytes if system.gpu else None
+    if cap is not None and not allow_oom:
+        worst = max(mem, key=lambda m: m.total)
+        if worst.total > cap:
+            raise ConfigError(
+                f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
+                f"(weights {worst.weights / GIB:.1f}, grads {worst.grads / GIB:.1f}, optimizer "
+                f"{worst.optimizer / GIB:.1f}, activations {worst.activations / GIB:.1f}), {system.gpu} has "
+                f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
+    return mem, cap
+
+
+def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None,
+             allow_oom: bool = False):
     """Simulate one steady-state iteration (and the warm-up one when the pipeline
     compressor has a different first-epoch wire size); return a Result.
 
     ``symmetric``: None groups replicas into classes (:func:`replica_classes`);
-    False simulates every replica (the reference for tests); True forces one."""
+    False simulates every replica (the reference for tests); True forces one.
+    A GPU preset in ``system.gpu`` checks memory first (:func:`check_memory`)."""
     from perfsim.engine.report import build_result
     from perfsim.engine.sim import Simulation
+    from perfsim.hardware import get_gpu
 
-    plan = build_plan(workload, strategy, profile)
-    network = Network(system, strategy.pp * strategy.dp)
+    network = Network(system, strategy.devices)
+    gpu = get_gpu(system.gpu) if system.gpu else None
+    plan = build_plan(workload, strategy, profile, network, gpu)
+    memory = check_memory(workload, strategy, system, plan, allow_oom)
     dp = strategy.dp
+    device = lambda r, s: strategy.device(0, r, s)  # noqa: E731
     if symmetric is None:
-        classes = replica_classes(network, strategy.pp, dp)
+        classes = replica_classes(network, strategy.pp, dp, device)
     else:
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
@@ -60,7 +93,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     warm = None
     if plan.has_warmup:
         warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps).run()
-    return build_result(out, warm, plan, workload, strategy, system, weights=weights)
+    return build_result(out, warm, plan, workload, strategy, system, weights=weights, memory=memory)
 
 
 __all__ = ["Plan", "build_plan", "replica_classes", "simulate"]

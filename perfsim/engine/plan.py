@@ -6,6 +6,20 @@ objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits, plus the
 host framing of each message, ``frame_send`` / ``frame_recv``, when calibrated), the
 gradient buckets with their data-parallel collectives (the grad compressor's
 ``dp_plan``), and the optimizer step time.
+
+Tensor parallelism (``Strategy.tp``): each stage is a group of ``tp`` GPUs
+(placed by :meth:`perfsim.config.Strategy.device`); a stage's per-micro-batch
+time adds its layers' Megatron collectives
+(:func:`perfsim.models.tensor_parallel.tp_layer_collectives`), timed by the
+network on the group's own GPUs (:meth:`perfsim.network.Network.collective_time`,
+the links the group uses), serial with compute as in Megatron-LM. Parameters,
+gradients and boundary activations are per GPU: weights split ``t`` ways, the
+activation sent between stages ``1/t`` of it (Megatron's scatter/gather of
+pipeline messages, Narayanan et al. 2021, arXiv:2104.04473, Sec. 4.1).
+
+Precision: with 16-bit training the plain pipeline (``fp32``) and gradient
+(``none``) specs send the training dtype itself (no codec call), as Megatron /
+DeepSpeed do with fp16/bf16 tensors.
 """
 
 from __future__ import annotations
@@ -54,6 +68,9 @@ class StagePlan:
     buckets: list[Bucket] = field(default_factory=list)
     optimizer_s: float = 0.0
     layer_bwd: list[float] = field(default_factory=list)
+    fwd_tp_s: float = 0.0  # tensor-parallel collectives of one micro-batch's forward
+    bwd_tp_s: float = 0.0  # ... and backward (with full recomputation: + the forward's)
+    tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
 
 
 @dataclass
@@ -69,6 +86,9 @@ class Plan:
     bw_spec: str
     has_warmup: bool
     overlap: bool = True
+    tp: int = 1
+    #: GPU index of (tensor rank, replica, stage) -> perfsim.config.Strategy.device
+    device: object = None
 
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
@@ -92,35 +112,94 @@ def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
     return merged
 
 
-def build_plan(workload, strategy, profile) -> Plan:
-    """Resolve every per-stage cost (see module docstring)."""
-    pp, dp, mb = strategy.pp, strategy.dp, strategy.micro_batch
+def native_specs(strategy) -> tuple[str, str, bool, bool]:
+    """(pipeline spec, gradient spec, pipeline native, gradients native): the plain
+    specs become the training dtype under 16-bit precision (no codec cost)."""
+    half = strategy.precision if strategy.precision in ("fp16", "bf16") else None
+    compress, grad = strategy.compress, strategy.grad_compress
+    fw_native = half is not None and compress.lower() == "fp32"
+    grad_native = half is not None and grad.lower() in ("none", "fp32")
+    return (half if fw_native else compress), (half if grad_native else grad), fw_native, grad_native
+
+
+def tp_stage_times(workload, strategy, network, s: int, blocks: int) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
+    stage ``s`` for one micro-batch, on the slowest of the stage's TP groups."""
+    from perfsim.hardware import BYTES_PER_VALUE
+    from perfsim.models.tensor_parallel import tp_layer_collectives
+    from perfsim.network import collective_cost
+
+    tp, spec = strategy.tp, workload.arch
+    if tp == 1 or spec is None or blocks == 0:
+        return 0.0, 0.0, 0.0
+    coll = tp_layer_collectives(spec.hidden, spec.seq_len, strategy.micro_batch, tp,
+                                strategy.sequence_parallel, BYTES_PER_VALUE[strategy.precision])
+    fwd = bwd = 0.0
+    groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
+    seen = {}
+    for members in groups:
+        key = tuple(network.node(m) for m in members)
+        if key in seen:
+            continue
+        f = sum(network.collective_time(k, n, members) for ph, k, n in coll if ph == "fwd")
+        b = sum(network.collective_time(k, n, members) for ph, k, n in coll if ph == "bwd")
+        seen[key] = (f, b)
+    fwd = max(v[0] for v in seen.values())
+    bwd = max(v[1] for v in seen.values())
+    nbytes = sum(collective_cost(k, n, tp)[0] for _, k, n in coll)
+    if strategy.recompute == "full":  # the recomputed forward runs its collectives again
+        bwd += fwd
+        nbytes += sum(collective_cost(k, n, tp)[0] for ph, k, n in coll if ph == "fwd")
+    return blocks * fwd, blocks * bwd, blocks * nbytes
+
+
+def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
+    """Resolve every per-stage cost (see module docstring). ``network`` times the
+    tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
+    when the profile has none for this precision."""
+    from dataclasses import replace
+
+    pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, pp, strategy.partition)
-    fw_comp, bw_comp = make_pipeline_pair(strategy.compress)
-    grad_spec = strategy.grad_compress
+    fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
+    fw_comp, bw_comp = make_pipeline_pair(fw_spec_in)
     # built even when dp == 1 so that a misspelt spec is reported, not ignored
     grad_comp = make_compressor("fp32" if grad_spec.lower() == "none" else grad_spec)
+    rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
     stages: list[StagePlan] = []
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
-        layers = workload.layers[a:b]
+        layers = rank_layers[a:b]
         out_shape = (mb, *layers[-1].out_shape)
-        fwd_s, bwd_s, layer_bwd = _stage_compute(workload, profile, s, a, b, pp, mb)
-        st = StagePlan(s, a, b, fwd_s, bwd_s, sum(layer.params for layer in layers), out_shape,
-                       layer_bwd=layer_bwd)
+        wire_shape = out_shape
+        if tp > 1:  # each TP rank sends its 1/t slice of the boundary activation
+            last = out_shape[-1]
+            wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
+        measured = profile if gpu is None and tp == 1 else None  # whole-stage records are tp=1, the profile's GPU
+        fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, pp, mb)
+        params = sum(layer.params for layer in layers)
+        arch = workload.arch
+        if (arch is not None and pp > 1 and s == pp - 1 and getattr(arch, "tied", False)
+                and not getattr(arch, "encoder", False)):
+            params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
+        st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd)
+        if network is not None:
+            blocks = sum(1 for layer in layers if layer.name.startswith("block"))
+            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, s, blocks)
         if s < pp - 1:
-            nbytes_fp32 = 4 * numel_of(out_shape)
-            st.fw_bytes = int(fw_comp.wire_bytes(out_shape))
-            st.fw_bytes_warmup = int(fw_comp.wire_bytes(out_shape, warmup=True))
-            st.bw_bytes = int(bw_comp.wire_bytes(out_shape))
+            nbytes_fp32 = 4 * numel_of(wire_shape)
+            st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
+            st.fw_bytes_warmup = int(fw_comp.wire_bytes(wire_shape, warmup=True))
+            st.bw_bytes = int(bw_comp.wire_bytes(wire_shape))
             has_warmup |= st.fw_bytes_warmup != st.fw_bytes
             fw_spec, bw_spec = fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name
-            where = (out_shape, workload.model)  # in-situ boundary points, when calibrated
-            st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32, *where)
-            st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
-            st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
-            st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
+            if not fw_native:
+                where = (wire_shape, workload.model)  # in-situ boundary points, when calibrated
+                st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32, *where)
+                st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
+                st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
+                st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
             # the host side of each message (framing) is serial with the codec
             framing = getattr(profile, "framing_time", None)
             if framing is not None:
@@ -129,15 +208,9 @@ def build_plan(workload, strategy, profile) -> Plan:
                 st.bw_encode_s += framing("send", st.bw_bytes)
                 st.bw_decode_s += framing("recv", st.bw_bytes)
         if dp > 1:
-            st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile)
-        opt = None
-        if profile is not None:
-            # the whole stage's step as a rank runs it, else the per-layer fit
-            measured = getattr(profile, "stage_optimizer_measured", None)
-            opt = measured(workload.model, s, a, b - 1, pp) if measured else None
-            if opt is None:
-                opt = profile.optimizer_time(4 * st.params)
-        st.optimizer_s = opt if opt is not None else 28 * st.params / FALLBACK_MEMORY_BPS
+            st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
+                                  native=grad_native)
+        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
         stages.append(st)
     # The link itself (rate, latency) is the System's: a profile's p2p/collective
     # fits are per emulated rate, and perfsim validate turns them into the System
@@ -145,7 +218,26 @@ def build_plan(workload, strategy, profile) -> Plan:
     # applied a second time here.
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
-                strategy.overlap_grad_sync)
+                strategy.overlap_grad_sync, tp, strategy.device)
+
+
+def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
+    """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
+    profile when no GPU preset is named), else the GPU's compute model, else the
+    memory-bandwidth fallback."""
+    opt = None
+    shard = params / (strategy.dp if strategy.zero == 1 else 1)
+    if profile is not None and gpu is None:
+        # the whole stage's step as a rank runs it, else the per-layer fit
+        measured = getattr(profile, "stage_optimizer_measured", None)
+        opt = measured(workload.model, s, a, b - 1, strategy.pp) if measured and strategy.tp == 1 else None
+        if opt is None:
+            opt = profile.optimizer_time(4 * shard)
+    if opt is None and gpu is not None:
+        from perfsim.engine.compute import curve_for, optimizer_time
+
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve_for(gpu)[0])
+    return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
 
 def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int
@@ -174,7 +266,7 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int
     return fwd, bwd, layer_bwd
 
 
-def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]:
+def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False) -> list[Bucket]:
     """Fill buckets from the last layer backwards (backward produces gradients in
     that order; PyTorch DDP's ``bucket_cap_mb``, Li et al. VLDB 2020, Sec. 3.2.3)."""
     total_bwd = sum(layer_bwd) or 1.0
@@ -194,7 +286,7 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile) -> list[Bucket]
                     raise ConfigError(f"grad_compress {spec!r}: cannot plan a bucket of {numel} "
                                       f"elements ({exc})") from exc
                 # uncompressed gradients go to the collective as they are (no codec call)
-                plain = spec in ("fp32", "none")
+                plain = spec in ("fp32", "none") or native
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
                                       0.0 if plain else profile.encode_time(spec, 4 * numel),
                                       0.0 if plain else profile.decode_time(spec, 4 * numel)))

@@ -17,7 +17,11 @@ Definitions (per iteration of one macro-batch per replica):
 * ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
   iterations); ``total_s``: ``epochs`` epochs end to end, the first one with the
   compressor's warm-up wire size (AQ-SGD sends full activations on a sample's
-  first visit, aq-sgd-paper Sec. 3 / Alg. 1).
+  first visit, aq-sgd-paper Sec. 3 / Alg. 1);
+* per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
+  compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
+  (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
+  (None without a GPU preset), ``params`` (whole model), ``compute_model``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from perfsim.schedules import get_schedule, max_in_flight
 
 
 def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None,
-                 weights: dict[int, int] | None = None) -> Result:
+                 weights: dict[int, int] | None = None, memory=None) -> Result:
     """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
     p, dp = plan.pp, plan.dp
     table = get_schedule(strategy.schedule)(p, plan.num_microbatches)
@@ -37,9 +41,13 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     T = out.iteration_s
     # each simulated replica stands for a class of identical ones
     weights = weights or {r: 1 for r in out.replicas}
+    from perfsim.memory import GIB
+
+    mem, cap = memory if memory is not None else (None, None)
     stages = []
     for (r, s), d in sorted(out.devices.items()):
         sp = plan.stages[s]
+        m = mem[s] if mem else None
         stages.append({
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
             "encode_s": d.codec_s, "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s),
@@ -48,6 +56,11 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
             "fwd_s_per_mb": sp.fwd_s, "bwd_s_per_mb": sp.bwd_s,
             "fw_bytes_per_mb": sp.fw_bytes, "bw_bytes_per_mb": sp.bw_bytes,
+            "tp_comm_s": d.tp_comm_s, "tp_bytes_per_mb": sp.tp_bytes,
+            "memory_gib": m.total / GIB if m else None, "weights_gib": m.weights / GIB if m else None,
+            "grads_gib": m.grads / GIB if m else None, "optimizer_state_gib": m.optimizer / GIB if m else None,
+            "activations_gib": m.activations / GIB if m else None,
+            "buffers_gib": m.buffers / GIB if m else None,
         })
     n = sum(st["represents"] for st in stages)
     busy = sum((d.compute_s + d.codec_s) * weights[r] for (r, _), d in out.devices.items())
@@ -81,6 +94,14 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "warmup_iteration_s": warm_T, "pipeline_s": out.pipeline_s,
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
         "events": out.events + (warm.events if warm is not None else 0),
+        "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
+        "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
+        "recompute": strategy.recompute, "zero": strategy.zero, "global_batch": strategy.global_batch,
+        "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
+        "peak_memory_gib": max(x.total for x in mem) / GIB if mem else None,
+        "memory_capacity_gib": cap / GIB if cap else None,
+        "fits": (max(x.total for x in mem) <= cap) if mem and cap else None,
+        "compute_model": workload.compute_source,
     }
     if extra:
         summary.update(extra)

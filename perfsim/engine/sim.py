@@ -1,7 +1,8 @@
 """The SimPy event loop: devices replay schedule tables over a shared network.
 
-Each simulated device (replica ``r``, stage ``s``; device id ``r * pp + s``)
-is one SimPy process that walks ``schedule[s]`` (from :mod:`perfsim.schedules`,
+Each simulated device (replica ``r``, stage ``s``; with tensor parallelism a
+group of ``tp`` GPUs, represented by its tensor rank 0, whose GPU index the
+plan's placement gives) is one SimPy process that walks ``schedule[s]`` (from :mod:`perfsim.schedules`,
 never re-derived). Communication is implied by the table:
 
 * forward on ``s > 0`` waits for micro-batch ``mb``'s activation from
@@ -38,6 +39,13 @@ collectives (the grad compressor's ``dp_plan``) run in order on one
 communication stream, overlapping the rest of the backward. The optimizer
 step follows the last bucket.
 
+Tensor parallelism: a stage's forward and backward include its layers'
+collectives (timed in the plan on the group's links). Its ``tp`` GPUs send
+their slices of a boundary activation, and run their data-parallel rings, at the
+same time: one flow of ``tp`` lanes carries ``tp`` times the per-GPU bytes at up to
+``tp`` times the pair rate, so lanes inside a node each get their own fabric
+link while lanes through a NIC share it.
+
 Replica classes: replicas whose pipelines see identical links behave
 identically, so only one representative per class is simulated
 (:func:`perfsim.engine.replica_classes`; a uniform network has one class). A
@@ -70,6 +78,7 @@ class DeviceStats:
     dp_sync_start: float | None = None
     bytes_sent: float = 0.0
     comm_s: float = 0.0
+    tp_comm_s: float = 0.0
     last_backward_end: float = 0.0
     end: float = 0.0
 
@@ -157,10 +166,14 @@ class Simulation:
         self.egress: dict[int, _Egress] = {}
         self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[tuple, simpy.Event] = {}
+        place = plan.device or (lambda t, r, s: r * plan.pp + s)
+        self._dev = {(r, s): place(0, r, s) for r in range(plan.dp) for s in range(plan.pp)}
+        self.lanes = plan.tp
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
-        return r * self.plan.pp + s
+        """GPU index of (replica, stage) (its tensor rank 0)."""
+        return self._dev[(r, s)]
 
     def _box(self, key) -> simpy.Event:
         ev = self.inbox.get(key)
@@ -255,8 +268,9 @@ class Simulation:
             deliver.callbacks.append(lambda _e: self._delivered(key, start, mb, kind, r, s, src, dst))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
-        shaped = self._shaped(src, dst, nbytes, path.bandwidth_bps)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps, stats=finished)
+        lanes = self.lanes
+        shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished)
 
     def _delivered(self, key, started, mb, kind, r, s, src, dst):
         now = self.env.now
@@ -286,8 +300,9 @@ class Simulation:
                     yield self._box((r, s, "F", mb))
                     yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
                 t0 = env.now
-                yield env.timeout(sp.fwd_s)
+                yield env.timeout(sp.fwd_s + sp.fwd_tp_s)
                 st.compute_s += sp.fwd_s
+                st.tp_comm_s += sp.fwd_tp_s
                 cell["fwd_compute_s"] += sp.fwd_s
                 self._span(f"F{mb}", "compute", r, s, t0, env.now)
                 if s < p - 1:
@@ -303,8 +318,9 @@ class Simulation:
                 if a is last_b and sp.buckets:
                     yield from self._last_backward(r, s, sp)
                 else:
-                    yield env.timeout(sp.bwd_s)
+                    yield env.timeout(sp.bwd_s + sp.bwd_tp_s)
                 st.compute_s += sp.bwd_s
+                st.tp_comm_s += sp.bwd_tp_s
                 cell["bwd_compute_s"] += sp.bwd_s
                 self._span(f"B{mb}", "compute", r, s, t0, env.now)
                 if s > 0:  # the gradient of the boundary (s-1, s) is described by stage s-1's plan
@@ -330,14 +346,15 @@ class Simulation:
     def _last_backward(self, r, s, sp):
         """The last backward of a stage, cut where each gradient bucket is complete."""
         done = 0.0
+        total = sp.bwd_s + sp.bwd_tp_s
         for k, bucket in enumerate(sp.buckets):
-            target = bucket.ready_fraction * sp.bwd_s if self.plan.overlap else sp.bwd_s
+            target = bucket.ready_fraction * total if self.plan.overlap else total
             if target > done:
                 yield self.env.timeout(target - done)
                 done = target
             self.bucket_ready[(r, s, k)].succeed()
-        if sp.bwd_s > done:
-            yield self.env.timeout(sp.bwd_s - done)
+        if total > done:
+            yield self.env.timeout(total - done)
 
     # ------------------------------------------------------------ data parallel
     def stage_sync(self, s: int):
@@ -367,12 +384,14 @@ class Simulation:
                 volume, nsteps = collective_cost(step.kind, step.nbytes, plan.dp)
                 self.dp_bytes_per_rank[s] += volume
                 start = env.now
-                shaped = volume
+                lanes = self.lanes  # the TP ranks' rings run side by side
+                shaped = volume * lanes
                 if self.burst > 0 or self.rendezvous:
                     # each simulated sender draws on its own bucket; the ring moves in
                     # lock step, so the step's shaped bytes are the largest of them
-                    shaped = max((self._shaped(a, b, volume, cap) for a, b in edges), default=volume)
-                yield self.flows.transfer(shaped, resources, cap)
+                    shaped = max((self._shaped(a, b, volume * lanes, cap * lanes) for a, b in edges),
+                                 default=volume * lanes)
+                yield self.flows.transfer(shaped, resources, cap * lanes)
                 if nsteps and lat > 0:
                     yield env.timeout(nsteps * lat)
                 for src, dst in edges:

@@ -1,0 +1,107 @@
+"""GPU presets and the per-operator compute model."""
+
+import dataclasses
+
+import pytest
+
+from perfsim.api import build_configs, predict
+from perfsim.engine import compute
+from perfsim.errors import ConfigError
+from perfsim.hardware import GPUS, get_gpu
+from perfsim.models.transformer import parse_inline
+
+SPEC = parse_inline("gpt:layers=4,hidden=2048,heads=16,seq=1024,vocab=50304")
+
+
+def test_presets_cover_the_issue_with_sources():
+    for name in ("v100-sxm2-16gb", "v100-sxm2-32gb", "a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-40gb",
+                 "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb", "h200-sxm-141gb", "l4", "rtx-4090",
+                 "mi300x"):
+        g = GPUS[name]
+        assert g.source.startswith(("NVIDIA", "AMD")) and "http" in g.source
+        assert g.memory_bytes > 15e9 and g.memory_bandwidth_Bps >= 300e9
+    a100 = get_gpu("A100")
+    assert a100.name == "a100-sxm4-80gb" and a100.peak("bf16") == 312e12 and a100.peak("fp32") == 19.5e12
+    assert get_gpu("h100").peak("fp16") == pytest.approx(989.4e12)
+    with pytest.raises(ConfigError, match="bf16"):
+        get_gpu("v100").peak("bf16")
+    with pytest.raises(ConfigError, match="gpu 'b200'"):
+        get_gpu("b200")
+
+
+def _block(gpu, precision="bf16", mb=1, tp=1):
+    curve, _ = compute.curve_for(get_gpu(gpu))
+    f, b = compute.transformer_times(SPEC, get_gpu(gpu), precision, mb, tp, False, "none", curve)
+    return f[1], b[1]
+
+
+def test_compute_model_monotone():
+    times = [_block("a100", mb=m)[0] for m in (1, 2, 4, 8, 16)]
+    assert all(x < y for x, y in zip(times, times[1:]))
+    # faster GPU, faster precision, more tensor parallelism: less time per rank
+    assert _block("h100", mb=8)[0] < _block("a100", mb=8)[0] < _block("v100", "fp16", mb=8)[0]
+    assert _block("a100", "bf16", mb=8)[0] < _block("a100", "tf32", mb=8)[0] < _block("a100", "fp32", mb=8)[0]
+    assert _block("a100", mb=8, tp=4)[0] < _block("a100", mb=8, tp=2)[0] < _block("a100", mb=8, tp=1)[0]
+    # every operator costs at least the host's time to issue it: TP cannot go below that
+    curve, _ = compute.curve_for(get_gpu("a100"))
+    assert _block("a100", mb=1, tp=8)[0] >= 13 * curve.kernel_s
+    # GEMM efficiency rises with size (the curve): achieved FLOP/s of bigger GEMMs is higher
+    curve, _ = compute.curve_for(get_gpu("a100"))
+    ach = [compute.Op("g", m=n, n=n, k=n).flops / compute.op_time(compute.Op("g", m=n, n=n, k=n),
+                                                                  get_gpu("a100"), "bf16", curve, 2)
+           for n in (256, 1024, 4096, 16384)]
+    assert all(x < y for x, y in zip(ach, ach[1:])) and ach[-1] <= 312e12
+
+
+def test_recompute_costs_a_forward():
+    g = get_gpu("a100")
+    curve, _ = compute.curve_for(g)
+    f, none = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "none", curve)
+    _, full = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "full", curve)
+    _, sel = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "selective", curve)
+    assert full[1] == pytest.approx(none[1] + f[1])
+    assert none[1] < sel[1] < full[1]
+    assert full[0] == none[0] and full[-1] == none[-1]  # embed / head are not recomputed
+
+
+def test_uncalibrated_gpu_states_the_assumption():
+    r = predict(model="gpt2-xl", gpu="h100", pp=2, global_batch=8, precision="bf16")
+    assert "nearest calibrated" in r.summary["compute_model"] and "h100" in r.summary["compute_model"]
+    assert "calibrated on a100" in predict(model="gpt2-xl", gpu="a100", pp=2, global_batch=8,
+                                          precision="bf16").summary["compute_model"]
+
+
+def test_every_layer_costs_something_and_head_on_last_stage():
+    # the embedded default's profile records embed/head as 0 s ("folded into first/last stage"):
+    # they are derived from FLOPs and bytes at the profile's own rates instead
+    w, _, _, prof = build_configs()
+    rate, bw = prof.effective_flops(), prof.metadata["memory_bandwidth_Bps"]
+    # LM head: 1600 x 50257 GEMM per token, 1024 tokens; bytes: final norm, GEMM operands, fp32 loss
+    moved = 4 * (2 * 1024 * 1600 + 1024 * 1600 + 1600 * 50257 + 1024 * 50257) + 4 * 1024 * 50257 * 3
+    assert w.fwd_s[-1] == pytest.approx(2 * 1024 * 1600 * 50257 / rate + moved / bw)
+    assert w.fwd_s[-1] > 2 * w.fwd_s[1] and w.fwd_s[0] > 0 and w.bwd_s[-1] == 2 * w.fwd_s[-1]
+    r = predict(partition="7,6,6,6,6,6,6,7")
+    assert r.stages[-1]["fwd_s_per_mb"] == pytest.approx(sum(w.fwd_s[-7:]))
+    g = predict(model="gpt2-xl", gpu="a100", pp=4, global_batch=8, precision="bf16", partition="13,12,12,13")
+    assert g.stages[-1]["fwd_s_per_mb"] > g.stages[1]["fwd_s_per_mb"]  # 12 blocks + head vs 12 blocks
+
+
+def test_layer_without_time_or_flops_is_an_error(tmp_path):
+    wl = tmp_path / "w.toml"
+    wl.write_text('name = "x"\n[[layers]]\nname = "a"\nparams = 10\nout_shape = [4]\nflops = 100\n'
+                  '[[layers]]\nname = "b"\nparams = 10\nout_shape = [4]\n')
+    with pytest.raises(ConfigError, match="'b' has neither a time nor FLOPs"):
+        predict(workload=str(wl), pp=1)
+
+
+def test_precision_follows_tensor_cores_on_the_default_profile():
+    # the default V100 profile's records are fp32; fp16 uses the V100's tensor cores
+    fp32 = predict(model="bert-large", pp=1, macro_batch=32, micro_batch=32)
+    fp16 = predict(model="bert-large", pp=1, macro_batch=32, micro_batch=32, precision="fp16")
+    assert fp16.summary["iteration_s"] < fp32.summary["iteration_s"] / 2
+    assert "v100" in fp16.summary["compute_model"]
+
+
+def test_curve_validation():
+    with pytest.raises(ConfigError):
+        dataclasses.replace(compute.CURVES["ampere"], eff_max=1.5)

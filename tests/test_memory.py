@@ -1,0 +1,58 @@
+"""Memory per GPU: Korthikanti et al. 2022 (arXiv:2205.05198) activations, ZeRO model states."""
+
+import pytest
+
+from perfsim.api import predict
+from perfsim.memory import GIB, layer_activation_bytes
+from perfsim.models.transformer import parse_inline
+
+GPT = parse_inline("gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200")
+s, b, h, a, t = 2048, 1, 12288, 96, 8
+
+
+@pytest.mark.parametrize("recompute,sp,expected", [
+    ("none", False, s * b * h * (10 + 24 / t + 5 * a * s / (h * t))),  # paper eq. (2)
+    ("none", True, s * b * h / t * (34 + 5 * a * s / h)),               # eq. (4)
+    ("selective", False, s * b * h * (10 + 24 / t)),
+    ("selective", True, s * b * h * 34 / t),                            # eq. (5)
+    ("full", False, 2 * s * b * h),
+    ("full", True, 2 * s * b * h / t),
+])
+def test_activation_formula_matches_the_paper(recompute, sp, expected):
+    assert layer_activation_bytes(GPT, b, t, sp, recompute, 2) == pytest.approx(expected)
+
+
+def test_hand_computed_stage_memory():
+    """GPT-3 175B, TP 8, PP 8, 1F1B, bf16, ZeRO off, full recompute, micro-batch 1, by hand:
+    stage 1 (blocks only) holds 12 blocks; per GPU Psi = 12 x block/8 (+ norms/biases
+    replicated); 16 bytes per parameter; activations 2 s b h per block x 7 micro-batches
+    in flight (pp - stage) + one block's full activations during recomputation."""
+    r = predict(model="gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200", gpu="a100-sxm4-80gb",
+                tp=8, pp=8, dp=1, micro_batch=1, global_batch=64, gpus_per_node=8, precision="bf16",
+                recompute="full", partition="13,12,12,12,12,12,12,13")
+    st = r.stages[1]
+    assert st["layers"] == "13-24"
+    per_block = (12 * h * h) / 8 + (3 * h + 4 * h) / 8 + (4 * h + 2 * h)  # GEMMs + col. biases / 8, norms + row biases
+    psi = 12 * per_block
+    assert st["weights_gib"] * GIB == pytest.approx(2 * psi)
+    assert st["optimizer_state_gib"] * GIB == pytest.approx(12 * psi)
+    act = 12 * 2 * s * b * h * 7 + s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+    assert st["activations_gib"] * GIB == pytest.approx(act)
+    assert st["memory_gib"] == pytest.approx((16 * psi + act) / GIB)
+    assert r.summary["peak_memory_gib"] == max(x["memory_gib"] for x in r.stages)
+    assert r.summary["fits"] is True
+
+
+def test_zero1_schedule_and_aqsgd_buffers():
+    base = dict(model="gpt2-xl", gpu="a100-sxm4-40gb", pp=4, dp=4, micro_batch=1, global_batch=64,
+                precision="fp16")
+    plain, zero = predict(**base), predict(**base, zero=1)
+    assert zero.stages[0]["optimizer_state_gib"] == pytest.approx(plain.stages[0]["optimizer_state_gib"] / 4)
+    gpipe, f1b = predict(**base, schedule="gpipe", allow_oom=True), predict(**base, schedule="1f1b")
+    assert gpipe.stages[0]["activations_gib"] == pytest.approx(4 * f1b.stages[0]["activations_gib"])  # 16 vs 4
+    aq = predict(**base, compress="aqsgd:fw3bw6:m8", dataset_samples=1000, allow_oom=True)
+    # middle stage: sender and receiver buffers, 1000 samples x 1024 x 1600 x 1 byte each
+    assert aq.stages[1]["buffers_gib"] * GIB == pytest.approx(2 * 1000 * 1024 * 1600)
+    assert aq.stages[0]["buffers_gib"] * GIB == pytest.approx(1000 * 1024 * 1600)
+    disk = predict(**base, compress="aqsgd:fw3bw6:m8:disk=/tmp/x", dataset_samples=1000)
+    assert disk.stages[1]["buffers_gib"] == 0

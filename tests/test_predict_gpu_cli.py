@@ -1,0 +1,72 @@
+"""The interface the blind checks use: perfsim predict with --gpu/--tp/--global-batch/--precision."""
+
+import json
+
+import pytest
+
+from perfsim.api import predict
+from perfsim.cli import main
+from perfsim.errors import ConfigError
+
+GPT = "gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
+ARGS = ["predict", "--model", GPT, "--gpu", "a100-sxm4-80gb", "--tp", "4", "--pp", "2", "--dp", "2",
+        "--micro-batch", "1", "--global-batch", "16", "--gpus-per-node", "8", "--bandwidth", "200Gbps",
+        "--precision", "bf16", "--recompute", "full", "--format", "json"]
+
+
+def test_blind_check_command_json(capsys):
+    assert main(ARGS) == 0
+    s = json.loads(capsys.readouterr().out)[0]["summary"]
+    assert s["iteration_s"] > 0 and s["fits"] is True and 0 < s["peak_memory_gib"] < 80
+    assert s["params"] == 24 * (12 * 2048**2 + 13 * 2048) + 51200 * 2048 + 2048 * 2048 + 2 * 2048
+    assert (s["tp"], s["pp"], s["dp"], s["gpus"], s["global_batch"], s["macro_batch"]) == (4, 2, 2, 16, 16, 8)
+    assert s["precision"] == "bf16" and s["recompute"] == "full" and s["schedule"] == "1f1b"
+
+
+def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
+    big = ["predict", "--model", "llama2-70b", "--gpu", "a100-sxm4-40gb", "--tp", "2", "--pp", "2",
+           "--global-batch", "8", "--gpus-per-node", "8", "--precision", "bf16", "--format", "json"]
+    assert main(big) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "memory" in err and "stage 0" in err and "short by" in err
+    assert "Traceback" not in err
+    assert main(big + ["--allow-oom"]) == 0
+    s = json.loads(capsys.readouterr().out)[0]["summary"]
+    assert s["fits"] is False and s["peak_memory_gib"] > 40
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--global-batch", "15"], "global_batch=15"),
+    (["--global-batch", "16", "--macro-batch", "4"], "disagrees"),
+    (["--precision", "fp8"], "precision"),
+    (["--recompute", "some"], "recompute"),
+    (["--gpu", "tpu-v4"], "gpu"),
+    (["--tp", "3"], "tp=3"),
+    (["--placement", "tp,pp"], "placement"),
+])
+def test_bad_input_one_line(capsys, extra, msg):
+    args = [a for a in ARGS]
+    i = args.index("--global-batch")
+    del args[i:i + 2]
+    if "--global-batch" not in extra:
+        args += ["--global-batch", "16"]
+    assert main(args + extra) == 2
+    err = capsys.readouterr().err.strip()
+    assert msg in err and "\n" not in err
+
+
+def test_api_and_comma_lists(capsys):
+    r = predict(model=GPT, gpu="h100", tp=8, pp=1, dp=1, global_batch=4, gpus_per_node=8, precision="bf16",
+                sequence_parallel=True, recompute="selective")
+    assert r.summary["sequence_parallel"] is True and r.summary["tp_comm_s"] > 0
+    assert main(["predict", "--model", f"gpt2-medium,{GPT}", "--gpu", "a100", "--tp", "1,2", "--pp", "2",
+                 "--global-batch", "8", "--precision", "bf16", "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 5 and "peak_memory_gib" in lines[0]
+
+
+def test_seq_len_and_global_batch_error_without_gpu():
+    r = predict(model="bert-large", seq_len=128, pp=1, micro_batch=8, global_batch=64, dp=2)
+    assert r.summary["macro_batch"] == 32 and r.summary["throughput_tokens_per_s"] > 0
+    with pytest.raises(ConfigError, match="seq_len"):
+        predict(model="resnet50", seq_len=128)

@@ -1,0 +1,107 @@
+"""Tensor parallelism: Megatron's collectives per layer, placement, and the engine charging them."""
+
+import pytest
+
+from perfsim.api import build_configs, predict
+from perfsim.config import Strategy
+from perfsim.errors import ConfigError
+from perfsim.models.tensor_parallel import shard_block_params, tp_layer_collectives
+from perfsim.models.transformer import resolve_transformer
+from perfsim.network import collective_cost
+
+GPT = "gpt:layers=8,hidden=1024,heads=16,seq=1024,vocab=51200"
+
+
+def test_megatron_two_allreduces_each_way():
+    # b s h x 2 bytes = 4 x 1024 x 1024 x 2
+    full = 4 * 1024 * 1024 * 2
+    assert tp_layer_collectives(1024, 1024, 4, 8, False, 2) == (
+        ("fwd", "allreduce", full), ("fwd", "allreduce", full),
+        ("bwd", "allreduce", full), ("bwd", "allreduce", full))
+    assert tp_layer_collectives(1024, 1024, 4, 1, False, 2) == ()
+
+
+def test_sequence_parallel_same_ring_volume():
+    full = 2 * 1024 * 1024 * 2
+    sp = tp_layer_collectives(1024, 1024, 2, 4, True, 2)
+    assert [k for _, k, _ in sp] == ["allgather", "reduce_scatter"] * 4
+    assert [ph for ph, _, _ in sp] == ["fwd"] * 4 + ["bwd"] * 4
+    assert {n for _, k, n in sp if k == "allgather"} == {full / 4}  # each rank's shard
+    assert {n for _, k, n in sp if k == "reduce_scatter"} == {full}
+    vol = lambda c: sum(collective_cost(k, n, 4)[0] for _, k, n in c)  # noqa: E731
+    assert vol(sp) == pytest.approx(vol(tp_layer_collectives(1024, 1024, 2, 4, False, 2)))
+    with pytest.raises(ConfigError, match="seq"):
+        tp_layer_collectives(1024, 1023, 2, 4, True, 2)
+
+
+def test_shard_params_and_divisibility():
+    spec = resolve_transformer("llama2-70b")
+    per = shard_block_params(spec, 8)
+    assert per * 8 > spec.block_params() > (per - 2 * spec.hidden) * 8  # only the norms are replicated
+    with pytest.raises(ConfigError, match="heads"):
+        predict(model="gpt:layers=2,hidden=96,heads=6,seq=64,vocab=128", gpu="a100", tp=4, pp=1)
+
+
+def test_placement_tp_innermost_and_configurable():
+    s = Strategy(pp=2, dp=2, tp=4, macro_batch=4, placement=("tp", "dp", "pp"))  # Megatron's
+    assert [s.device(t, 0, 0) for t in range(4)] == [0, 1, 2, 3]
+    assert s.device(0, 1, 0) == 4 and s.device(0, 0, 1) == 8
+    s2 = Strategy(pp=2, dp=2, tp=4, macro_batch=4, placement=("dp", "tp", "pp"))
+    assert [s2.device(t, 0, 0) for t in range(4)] == [0, 2, 4, 6]
+    assert Strategy(pp=4, dp=2).device(0, 1, 2) == 1 * 4 + 2  # historic replica-major default
+    _, st, _, _ = build_configs(model=GPT, gpu="a100", tp=2, pp=2, dp=2, global_batch=4)
+    assert st.placement == ("tp", "dp", "pp") and st.schedule == "1f1b"
+    with pytest.raises(ConfigError, match="placement"):
+        Strategy(placement=("tp", "dp"))
+
+
+def _run(**kw):
+    base = dict(model=GPT, gpu="a100-sxm4-80gb", pp=2, dp=2, micro_batch=1, global_batch=8, gpus_per_node=8,
+                precision="bf16", bandwidth="100Gbps")
+    return predict(**{**base, **kw})
+
+
+def test_engine_charges_tp_collectives_on_the_group_links():
+    r = _run(tp=4)
+    s = r.summary
+    st0 = r.stages[0]
+    # 4 all-reduces of b s h x 2 bytes per block, ring on 4 GPUs of one node (300 GB/s, 5 us)
+    first, last = map(int, st0["layers"].split("-"))
+    blocks = last - first  # layer 0 is the embedding
+    nbytes = 1024 * 1024 * 2
+    per_ar = 2 * 3 / 4 * nbytes * 8 / 2.4e12 + 6 * 5e-6
+    assert st0["tp_bytes_per_mb"] == pytest.approx(blocks * 4 * 2 * 3 / 4 * nbytes)
+    m = s["macro_batch"] // s["micro_batch"]
+    assert st0["tp_comm_s"] == pytest.approx(m * blocks * 4 * per_ar, rel=1e-9)
+    # full recomputation runs the forward's two again in the backward
+    rec = _run(tp=4, recompute="full").stages[0]
+    assert rec["tp_bytes_per_mb"] == pytest.approx(blocks * 6 * 2 * 3 / 4 * nbytes)
+    # TP across nodes (2 GPUs per node): the ring's slowest hop is the 100 Gbps inter-node link
+    slow = _run(tp=4, gpus_per_node=2)
+    per_ar_slow = 2 * 3 / 4 * nbytes * 8 / 100e9 + 6 * 5e-6
+    assert slow.stages[0]["tp_comm_s"] == pytest.approx(m * blocks * 4 * per_ar_slow, rel=1e-9)
+    assert slow.summary["iteration_s"] > s["iteration_s"]
+
+
+def test_pipeline_activation_divided_by_tp():
+    one, four = _run(tp=1), _run(tp=4)
+    assert one.stages[0]["fw_bytes_per_mb"] == 1024 * 1024 * 2  # bf16 on the wire, no codec
+    assert four.stages[0]["fw_bytes_per_mb"] == one.stages[0]["fw_bytes_per_mb"] // 4
+
+
+def test_tp_lanes_share_a_nic():
+    # stages in different nodes (gpus_per_node = tp): 4 lanes share the node's NIC
+    base = dict(pp=2, dp=1, global_batch=1, compress="fp32", precision="fp32", recompute="none")
+    slow = _run(tp=4, gpus_per_node=4, bandwidth="1Gbps", **base)
+    comm = slow.microbatches[0]["fwd_comm_s"]
+    assert comm == pytest.approx(4 * slow.stages[0]["fw_bytes_per_mb"] * 8 / 1e9, rel=1e-6)
+
+
+def test_tp_splits_compute_and_memory():
+    one, four = _run(tp=1, micro_batch=8, global_batch=16), _run(tp=4, micro_batch=8, global_batch=16)
+    assert four.stages[0]["fwd_s_per_mb"] < one.stages[0]["fwd_s_per_mb"] / 2.5
+    assert four.stages[0]["weights_gib"] < one.stages[0]["weights_gib"] / 3.5
+    w, _, _, _ = build_configs(model=GPT, gpu="a100", tp=4, pp=2, dp=2, global_batch=8)
+    a = w.arch  # replicated on every rank: position table, norms, row-parallel biases
+    replicated = a.max_positions * a.hidden + a.n_layer * (2 * a.norm_params() + 2 * a.hidden) + a.norm_params()
+    assert sum(w.rank_params) * 4 == a.params + 3 * replicated
