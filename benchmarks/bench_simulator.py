@@ -6,7 +6,9 @@ Cases (issue 3, "Speed"): the default config; a 25-point sweep (5 bandwidths x
 5 pipeline compressions); PP 8 x DP 128 (1024 devices) one iteration; PP 16 x
 DP 512 (8192 devices); the same sizes with a heterogeneous topology (4
 regions and a few degraded hops: one replica per class of identical
-pipelines is simulated, every distinct path kept); and a linearity check
+pipelines is simulated, every distinct path kept); 3D parallelism on 512 A100s
+(GPT-3 175B, TP 8 x PP 8 x DP 8 with its per-layer TP collectives; target < 2 s);
+and a linearity check
 (wall time per event as the number of micro-batches grows).
 Events are SimPy events scheduled (``Environment._eid``).
 """
@@ -92,6 +94,10 @@ def main(argv=None) -> int:
     r, w = timed(lambda: predict(pp=16, dp=512, macro_batch=64, bandwidth="1Gbps",
                                  grad_compress="qsgd-maxnorm:4"))
     report("PP 16 x DP 512 (8192 devices)", r, w)
+    gpt3 = dict(model="gpt3-175b", gpu="a100-sxm4-80gb", tp=8, pp=8, dp=8, micro_batch=1, global_batch=1536,
+                gpus_per_node=8, bandwidth="200Gbps", precision="bf16", recompute="full")
+    r, w = timed(lambda: predict(**gpt3))
+    report("3D TP8 x PP8 x DP8 GPT-3 175B (512 A100s)", r, w)
     topo = hetero_topology(1024, 8)
     r, w = timed(lambda: predict(pp=8, dp=128, bandwidth="1Gbps", topology=topo, grad_compress="qsgd-maxnorm:4"))
     report(f"PP 8 x DP 128 geo topology ({r.summary['replicas_simulated']} classes)", r, w)

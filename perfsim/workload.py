@@ -217,13 +217,17 @@ def load_workload_file(path: str | Path) -> Model:
                  tuple(bwd) if has_times else None)
 
 
+#: a record's dtype (torch's name as calibrate writes it, or the short name) -> precision
+_DTYPES = {"float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16", "bfloat16": "bf16", "bf16": "bf16"}
+
+
 def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
     """A profile's record of the layer at this precision, or None. A record of 0 s is
     not a measurement (the paper-derived default folds embed/head into its stages)."""
     if profile is None:
         return None
     recs = profile.select(f"layer_{op}", model=model.name, name=layer)
-    if not recs or any(str(r.get("dtype") or "fp32") != precision for r in recs):
+    if not recs or any(_DTYPES.get(str(r.get("dtype") or "fp32"), r.get("dtype")) != precision for r in recs):
         return None
     t = profile.compute_time(model.name, layer, micro_batch, op)
     return t if t else None

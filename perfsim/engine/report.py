@@ -5,11 +5,11 @@ Definitions (per iteration of one macro-batch per replica):
 * ``iteration_s``: from the first forward to the last optimizer step ends;
 * throughput: ``macro_batch * dp / iteration_s`` samples/s (x tokens/sample);
 * ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with ``busy`` the
-  compute + encode/decode time of stage ``s`` and ``T_pipe`` the time until the
+  compute + encode/decode (+ tensor-parallel collective) time of stage ``s`` and ``T_pipe`` the time until the
   last backward ends (GPipe paper, Huang et al. 2019, Sec. 2.3: with free
   communication this is ``(p-1)/(m+p-1)``);
-* per-stage ``idle_s``: ``iteration_s`` minus compute, encode/decode and the
-  optimizer step (waiting for data, for the gradient sync, or the bubble);
+* per-stage ``idle_s``: ``iteration_s`` minus compute, encode/decode, TP
+  collectives and the optimizer step (waiting for data, for the gradient sync, or the bubble);
 * per-stage ``comm_s``: summed time from queueing to delivery of the messages
   the stage sent (it overlaps compute);
 * summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
@@ -50,7 +50,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         m = mem[s] if mem else None
         stages.append({
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
-            "encode_s": d.codec_s, "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s),
+            "encode_s": d.codec_s,
+            "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s - d.tp_comm_s),
             "dp_sync_s": d.dp_sync_s, "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
             "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s, "represents": weights[r],
             "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
@@ -63,7 +64,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "buffers_gib": m.buffers / GIB if m else None,
         })
     n = sum(st["represents"] for st in stages)
-    busy = sum((d.compute_s + d.codec_s) * weights[r] for (r, _), d in out.devices.items())
+    busy = sum((d.compute_s + d.codec_s + d.tp_comm_s) * weights[r] for (r, _), d in out.devices.items())
     bubble = 1.0 - busy / (n * out.pipeline_s) if out.pipeline_s > 0 else 0.0
     micro = [dict(stage=s, microbatch=mb, fwd_compute_s=c.get("fwd_compute_s", 0.0),
                   fwd_comm_s=c.get("fwd_comm_s", 0.0), bwd_compute_s=c.get("bwd_compute_s", 0.0),
