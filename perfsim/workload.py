@@ -248,6 +248,20 @@ def _profile_gpu(profile):
     return best
 
 
+def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
+    """Backward seconds added by recomputing a block whose forward takes ``fwd_s``
+    (measured, not modelled): all of it (``full``), or the attention core's FLOP share
+    ``4 T^2 d / flops_fwd`` (``selective``, Korthikanti et al. 2022, arXiv:2205.05198)."""
+    if recompute == "full":
+        return fwd_s
+    if recompute == "selective":
+        if model.arch is None or not layer.flops_fwd:
+            raise ConfigError(f"recompute=selective: model {model.name!r} is not a transformer")
+        a = model.arch
+        return fwd_s * 4 * a.seq_len * a.seq_len * a.hidden / layer.flops_fwd
+    return 0.0
+
+
 def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer for one micro-batch
     (:func:`resolve_layer_times` without the source sentence)."""
@@ -271,12 +285,12 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     with neither a time nor FLOPs is an error: nothing is charged 0 s silently."""
     from perfsim.engine import compute
 
-    use_profile = tp == 1 and recompute == "none"
+    use_profile = tp == 1
     if gpu is None and profile is not None and (precision != "fp32" or not use_profile):
         gpu = _profile_gpu(profile)
         if gpu is None:
-            raise ConfigError(f"precision={precision}, tp={tp}, recompute={recompute}: the profile was "
-                              "measured otherwise and names no known GPU; give --gpu")
+            raise ConfigError(f"precision={precision}, tp={tp}: the profile was measured otherwise and "
+                              "names no known GPU; give --gpu")
     modelled = None
     source = "profile"
     if gpu is not None:
@@ -304,6 +318,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
         if f is None and modelled is not None:
             f, b = modelled[0][i], modelled[1][i]
+        elif f is not None and recompute != "none" and layer.name.startswith("block"):
+            b = (b if b is not None else 2.0 * f) + _recomputed(model, layer, f, recompute)
         if f is None:
             if not layer.flops_fwd:
                 raise ConfigError(f"model {model.name!r}: layer {layer.name!r} has neither a time nor FLOPs")
@@ -320,7 +336,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             f = layer.flops_fwd * micro_batch / rate + moved / mem_bw
             source = "profile (unmeasured layers from FLOPs and bytes at the profile's rates)"
         if b is None:
-            b = 2.0 * f
+            b = 2.0 * f + (_recomputed(model, layer, f, recompute) if layer.name.startswith("block") else 0.0)
         fwd.append(float(f))
         bwd.append(float(b))
     return fwd, bwd, source

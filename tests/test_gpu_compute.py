@@ -105,3 +105,14 @@ def test_precision_follows_tensor_cores_on_the_default_profile():
 def test_curve_validation():
     with pytest.raises(ConfigError):
         dataclasses.replace(compute.CURVES["ampere"], eff_max=1.5)
+
+
+def test_recompute_on_measured_profile_times():
+    base = dict(model="gpt2-xl", pp=8, macro_batch=8)
+    none, full = predict(**base), predict(**base, recompute="full")
+    sel = predict(**base, recompute="selective")
+    st_n, st_f, st_s = none.stages[3], full.stages[3], sel.stages[3]
+    assert st_f["bwd_s_per_mb"] == pytest.approx(st_n["bwd_s_per_mb"] + st_n["fwd_s_per_mb"])
+    # gpt2-xl at 1024 tokens: attention core 4 T^2 d of 2 x 12 d^2 T + 4 T^2 d FLOPs per sample
+    share = 4 * 1024 / (24 * 1600 + 4 * 1024)
+    assert st_s["bwd_s_per_mb"] == pytest.approx(st_n["bwd_s_per_mb"] + share * st_n["fwd_s_per_mb"])

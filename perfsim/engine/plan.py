@@ -176,7 +176,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         if tp > 1:  # each TP rank sends its 1/t slice of the boundary activation
             last = out_shape[-1]
             wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
-        measured = profile if gpu is None and tp == 1 else None  # whole-stage records are tp=1, the profile's GPU
+        # whole-stage records: tp = 1, no recomputation, on the profile's own device
+        measured = profile if gpu is None and tp == 1 and strategy.recompute == "none" else None
         fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, pp, mb)
         params = sum(layer.params for layer in layers)
         arch = workload.arch
