@@ -298,12 +298,17 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
 
         check_precision(gpu, precision)
         curve, source = compute.curve_for(gpu)
+        rates = compute.measured_rates(profile, precision)
+        if rates is not None:
+            source = (f"operator rates measured in the profile ({len(rates.gemm)} GEMMs, "
+                      f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
+                      f"from the curve ({source})")
         if model.arch is not None:
             from perfsim.models.tensor_parallel import check_tp
 
             check_tp(model.arch, tp)
             modelled = compute.transformer_times(model.arch, gpu, precision, micro_batch, tp,
-                                                 sequence_parallel, recompute, curve)
+                                                 sequence_parallel, recompute, curve, rates)
         else:
             if tp > 1:
                 raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")

@@ -116,3 +116,26 @@ def test_recompute_on_measured_profile_times():
     # gpt2-xl at 1024 tokens: attention core 4 T^2 d of 2 x 12 d^2 T + 4 T^2 d FLOPs per sample
     share = 4 * 1024 / (24 * 1600 + 4 * 1024)
     assert st_s["bwd_s_per_mb"] == pytest.approx(st_n["bwd_s_per_mb"] + share * st_n["fwd_s_per_mb"])
+
+
+def test_measured_operator_rates_win(tmp_path):
+    """A profile with calibrate --efficiency records prices GEMMs and memory-bound ops
+    at the measured rates instead of the curve."""
+    from perfsim.profile import Profile
+
+    prof = Profile.default()
+    recs = [dict(op="gemm", name=f"{n}x{n}x{n}", dtype="bfloat16", flops=2.0 * n**3,
+                 size_bytes=6 * n * n, time_s=2.0 * n**3 / 100e12) for n in (512, 2048, 8192)]
+    recs += [dict(op="elementwise", name=f"gelu:{n}", dtype="bfloat16", flops=8.0 * n, size_bytes=4 * n,
+                  time_s=4 * n / 1e12) for n in (2**16, 2**20, 2**26)]
+    data = prof.to_dict()
+    data["records"] = data["records"] + recs
+    p = tmp_path / "eff.json"
+    Profile.from_dict(data).save(p)
+    base = dict(model="gpt:layers=4,hidden=4096,heads=32,seq=2048,vocab=32000", gpu="a100", pp=1,
+                micro_batch=4, global_batch=4, precision="bf16")
+    measured = predict(**base, profile=str(p))
+    curve = predict(**base)
+    assert "measured in the profile" in measured.summary["compute_model"]
+    # 100 TFLOP/s measured against the curve's ~0.83 x 312: slower
+    assert measured.stages[0]["fwd_s_per_mb"] > 1.8 * curve.stages[0]["fwd_s_per_mb"]

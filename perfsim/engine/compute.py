@@ -73,6 +73,50 @@ NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "am
 CALIBRATED_ON = {"ampere": "a100-sxm4-80gb"}
 
 
+#: profile dtype names (``perfsim calibrate --efficiency``) -> precision
+_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
+          "bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}
+
+
+class MeasuredRates:
+    """Achieved rates a profile measured (``perfsim calibrate --efficiency`` records:
+    ``gemm``, ``attention``, ``elementwise``, ``norm``, ``adamw``): a GEMM gets the
+    achieved FLOP/s of the measured GEMM nearest in work (log FLOPs, then shape), a
+    memory-bound op the achieved bytes/s of the nearest measured size. Measured
+    rates replace the curve's (ARCHITECTURE: measured costs win)."""
+
+    def __init__(self, profile, precision: str):
+        def pts(op):
+            return [(float(r["flops"]), float(r["size_bytes"]), float(r["time_s"]), str(r.get("name", "")))
+                    for r in profile.select(op) if _DTYPE.get(str(r.get("dtype"))) == precision
+                    and r.get("time_s", 0) > 0 and r.get("size_bytes", 0) > 0]
+        self.gemm = pts("gemm")
+        self.memory = pts("elementwise") + pts("norm")
+        self.ok = bool(self.gemm and self.memory)
+
+    @staticmethod
+    def _nearest(points, key: float, index: int):
+        import math
+
+        return min(points, key=lambda p: abs(math.log(p[index]) - math.log(max(key, 1.0))))
+
+    def gemm_rate(self, flops: float) -> float:
+        f, _, t, _ = self._nearest(self.gemm, flops, 0)
+        return f / t
+
+    def memory_rate(self, nbytes: float) -> float:
+        _, b, t, _ = self._nearest(self.memory, nbytes, 1)
+        return b / t
+
+
+def measured_rates(profile, precision: str) -> "MeasuredRates | None":
+    """The profile's measured operator rates at ``precision``, or None."""
+    if profile is None or not hasattr(profile, "select"):
+        return None
+    rates = MeasuredRates(profile, precision)
+    return rates if rates.ok else None
+
+
 def curve_for(gpu: GPU) -> tuple[Curve, str]:
     """The curve for ``gpu`` and a sentence saying where it comes from."""
     fam = NEAREST.get(gpu.family, "ampere")
@@ -101,8 +145,14 @@ class Op:
         return 2.0 * self.m * self.n * self.k * self.batch
 
 
-def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int) -> float:
-    """Seconds of one forward op (module docstring)."""
+def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: MeasuredRates | None = None
+            ) -> float:
+    """Seconds of one forward op (module docstring); ``rates``: a profile's measured
+    operator rates, which replace the curve (the host floor ``kernel_s`` stays)."""
+    if rates is not None:
+        if op.m:
+            return max(op.flops / rates.gemm_rate(op.flops), curve.kernel_s)
+        return max(op.bytes / rates.memory_rate(op.bytes), curve.kernel_s)
     bw = gpu.memory_bandwidth_Bps * curve.mem_eff
     if op.m:
         g = 1.0
@@ -162,13 +212,13 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
 
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
-                      curve: Curve) -> tuple[list[float], list[float]]:
+                      curve: Curve, rates: MeasuredRates | None = None) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included)."""
     bpv = BYTES_PER_VALUE[precision]
 
     def fwd_bwd(ops, recomputable: bool):
-        t = [op_time(op, gpu, precision, curve, bpv) for op in ops]
+        t = [op_time(op, gpu, precision, curve, bpv, rates) for op in ops]
         fwd = sum(t)
         bwd = 2 * fwd  # two GEMMs per GEMM, twice the bytes, twice the operators
         if recomputable and recompute == "full":
