@@ -90,6 +90,18 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                       f"{s['throughput_tokens_per_s']:.0f} tokens/s, bubble {s['bubble_fraction']:.1%}; "
                       f"{s['epochs']} epoch(s) of {s['iterations_per_epoch']} iterations: "
                       f"{format_time(s['total_s'])} ({s['events']} events simulated, source={s['source']})")
+        if s.get("tp", 1) > 1:
+            console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
+                          f"(serial with compute)")
+        if s.get("peak_memory_gib") is not None:
+            worst = max(r.stages, key=lambda x: x["memory_gib"] or 0)
+            fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \
+                f"{s['memory_capacity_gib']:.0f} GiB ({s['gpu']})"
+            console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} (weights "
+                          f"{worst['weights_gib']:.1f}, grads {worst['grads_gib']:.1f}, optimizer "
+                          f"{worst['optimizer_state_gib']:.1f}, activations {worst['activations_gib']:.1f}){fits}")
+        if s.get("compute_model"):
+            console.print(f"compute: {s['compute_model']}")
     if file is None:
         return console.export_text()
     return None
