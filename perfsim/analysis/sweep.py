@@ -56,14 +56,14 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_node_bandwidth",
           "nic_sharing", "dataset_samples", "schedule", "pp", "dp", "partition", "bucket_size",
           "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
-          "compress", "bandwidth")
+          "compress", "bandwidth", "intra_node_fabric", "nic", "collective_algo", "link_model")
 #: the axes the issue names; the others may vary too
 SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
               "micro_batch")
 _INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
                "dataset_samples")
 _STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
-               "grad_compress", "partition")
+               "grad_compress", "partition", "intra_node_fabric", "nic", "collective_algo", "link_model")
 _BOOL_PARAMS = ("overlap", "nic_sharing")
 BACKENDS = ("local", "ray", "dask")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")

@@ -40,7 +40,8 @@ def replica_classes(network: Network, pp: int, dp: int) -> list[list[int]]:
 
 def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None):
     """Simulate one steady-state iteration (and the warm-up one when the pipeline
-    compressor has a different first-epoch wire size); return a Result.
+    compressor has a different first-epoch wire size, or a 1-bit optimizer syncs
+    uncompressed for its first steps); return a Result.
 
     ``symmetric``: None groups replicas into classes (:func:`replica_classes`);
     False simulates every replica (the reference for tests); True forces one."""
@@ -48,7 +49,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     from perfsim.engine.sim import Simulation
 
     plan = build_plan(workload, strategy, profile)
-    network = Network(system, strategy.pp * strategy.dp)
+    network = Network(system, strategy.pp * strategy.dp, profile)
     dp = strategy.dp
     if symmetric is None:
         classes = replica_classes(network, strategy.pp, dp)
@@ -56,11 +57,11 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
     weights = {c[0]: len(c) for c in classes}
-    out = Simulation(plan, network, strategy.schedule, replicas=reps, trace=trace).run()
+    out = Simulation(plan, network, strategy.schedule, replicas=reps, trace=trace, profile=profile).run()
     warm = None
-    if plan.has_warmup:
-        warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps).run()
-    return build_result(out, warm, plan, workload, strategy, system, weights=weights)
+    if plan.has_warmup or plan.onebit_warmup_steps:
+        warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps, profile=profile).run()
+    return build_result(out, warm, plan, workload, strategy, system, weights=weights, network=network)
 
 
 __all__ = ["Plan", "build_plan", "replica_classes", "simulate"]

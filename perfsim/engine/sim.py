@@ -56,8 +56,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from perfsim.engine.flows import FlowScheduler
-from perfsim.engine.plan import Plan
-from perfsim.network import Network, collective_cost
+from perfsim.engine.plan import Plan, comm_slowdown
+from perfsim.network import Network
 from perfsim.schedules import FORWARD, get_schedule
 
 
@@ -72,6 +72,7 @@ class DeviceStats:
     comm_s: float = 0.0
     last_backward_end: float = 0.0
     end: float = 0.0
+    interference_s: float = 0.0  # compute stretched by overlapping communication
 
 
 @dataclass
@@ -85,6 +86,7 @@ class SimOutput:
     dp_bytes_per_rank: dict[int, float]
     events: int
     trace: list[dict] = field(default_factory=list)
+    collective_algos: tuple[str, ...] = ()
 
 
 class _Connection:
@@ -131,7 +133,7 @@ class _Egress:
 
 class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
-                 replicas: list[int] | None = None, trace: bool = False):
+                 replicas: list[int] | None = None, trace: bool = False, profile=None):
         self.plan, self.net = plan, network
         self.table = get_schedule(schedule)(plan.pp, plan.num_microbatches)
         self.warmup = warmup
@@ -144,16 +146,24 @@ class Simulation:
         self.stats = {(r, s): DeviceStats() for r in self.replicas for s in range(plan.pp)}
         self.micro: dict[tuple[int, int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.links: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        # a 1-bit optimizer's warm-up steps sync uncompressed (Plan.warmup_buckets)
+        self.buckets = (plan.warmup_buckets if warmup and plan.warmup_buckets
+                        else [sp.buckets for sp in plan.stages])
         self.bucket_ready = {(r, s, k): self.env.event() for r in self.replicas
-                             for s in range(plan.pp) for k in range(len(plan.stages[s].buckets))}
+                             for s in range(plan.pp) for k in range(len(self.buckets[s]))}
         self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(plan.pp)}
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
+        link, coll = network.link, network.collective_link
+        self.burst, self.coll_burst = link.burst_bytes, coll.burst_bytes
+        self.rendezvous = link.protocol == "rendezvous"
+        self.control_latency = link.control_latency_s
         sysm = network.system
-        self.burst = float(getattr(sysm, "link_burst_bytes", 0.0) or 0.0)
-        self.rendezvous = getattr(sysm, "p2p_protocol", "eager") == "rendezvous"
-        self.control_latency = getattr(sysm, "p2p_control_latency_s", None)
+        self.slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile)
+        self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
+        self.comm_change: dict[int, simpy.Event] = {}
+        self.algos: dict[str, None] = {}  # collective algorithms used, in order
         self.egress: dict[int, _Egress] = {}
         self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[tuple, simpy.Event] = {}
@@ -177,18 +187,53 @@ class Simulation:
             self.trace.append(ev)
 
     # ------------------------------------------------------------ shaping
-    def _egress(self, node: int) -> _Egress:
+    def _egress(self, node: int, burst: float) -> _Egress:
         eg = self.egress.get(node)
         if eg is None:
-            eg = self.egress[node] = _Egress(self.burst)
+            eg = self.egress[node] = _Egress(burst)
         return eg
 
-    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float) -> float:
+    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float, burst: float | None = None) -> float:
         """Bytes of a message src -> dst that go through the rate limit (token bucket)."""
         a, b = self.net.node(src), self.net.node(dst)
         if a == b:  # intra-node fabric: not shaped
             return nbytes
-        return self._egress(a).take(self.env.now, nbytes, self.burst, rate_bps / 8.0)
+        burst = self.burst if burst is None else burst
+        return self._egress(a, burst).take(self.env.now, nbytes, burst, rate_bps / 8.0)
+
+    # ------------------------------------------------------------ interference
+    def _comm(self, devices, delta: int) -> None:
+        """``devices`` start (+1) or end (-1) a transfer; wakes their running compute."""
+        if not self.slowdown:
+            return
+        for d in devices:
+            self.comm_active[d] += delta
+            ev = self.comm_change.pop(d, None)
+            if ev is not None:
+                ev.succeed()
+
+    def _work(self, st, dev: int, seconds: float):
+        """``seconds`` of compute on ``dev``, at 1 / (1 + slowdown) of its speed while
+        communication runs on it (the calibrated interference); the stretch is
+        added to ``st.interference_s``."""
+        env = self.env
+        if not self.slowdown or seconds <= 0:
+            if seconds > 0:
+                yield env.timeout(seconds)
+            return
+        left, t_start = seconds, env.now
+        while left > 1e-12:
+            speed = 1.0 / (1.0 + self.slowdown) if self.comm_active[dev] > 0 else 1.0
+            change = self.comm_change.get(dev)
+            if change is None:
+                change = self.comm_change[dev] = env.event()
+            t0 = env.now
+            done = env.timeout(left / speed)
+            yield done | change
+            left -= (env.now - t0) * speed
+            if done.processed:  # (a Timeout is 'triggered' from creation)
+                break
+        st.interference_s += max(0.0, env.now - t_start - seconds)
 
     def _post(self, key, r: int, s: int, peer_stage: int) -> None:
         """Rendezvous: the receiver (r, s) posts its receive for ``key`` now; its ready
@@ -245,7 +290,10 @@ class Simulation:
         path = self.net.path(src, dst)
         env = self.env
 
+        self._comm((src, dst), +1)
+
         def finished(start, end):
+            self._comm((src, dst), -1)
             link = self.links[(src, dst, "p2p")]
             link[0] += nbytes
             link[1] += end - start
@@ -277,6 +325,7 @@ class Simulation:
             if a.kind != FORWARD:
                 last_b = a
         prev = plan.stages[s - 1] if s > 0 else None
+        me = self.dev(r, s)
         for a in self.table[s]:
             mb = a.microbatch
             cell = self.micro[(r, s, mb)] if r == self.replicas[0] else self._scratch
@@ -286,7 +335,7 @@ class Simulation:
                     yield self._box((r, s, "F", mb))
                     yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
                 t0 = env.now
-                yield env.timeout(sp.fwd_s)
+                yield from self._work(st, me, sp.fwd_s)
                 st.compute_s += sp.fwd_s
                 cell["fwd_compute_s"] += sp.fwd_s
                 self._span(f"F{mb}", "compute", r, s, t0, env.now)
@@ -300,10 +349,10 @@ class Simulation:
                     yield self._box((r, s, "B", mb))
                     yield from self._codec(st, cell, r, s, sp.bw_decode_s, f"decode grad mb{mb}")
                 t0 = env.now
-                if a is last_b and sp.buckets:
+                if a is last_b and self.buckets[s]:
                     yield from self._last_backward(r, s, sp)
                 else:
-                    yield env.timeout(sp.bwd_s)
+                    yield from self._work(st, me, sp.bwd_s)
                 st.compute_s += sp.bwd_s
                 cell["bwd_compute_s"] += sp.bwd_s
                 self._span(f"B{mb}", "compute", r, s, t0, env.now)
@@ -311,7 +360,7 @@ class Simulation:
                     yield from self._codec(st, cell, r, s, prev.bw_encode_s, f"encode grad mb{mb}")
                     self.send(r, s, s - 1, (r, s - 1, "B", mb), prev.bw_bytes, mb, "B")
         st.last_backward_end = env.now
-        if sp.buckets:
+        if self.buckets[s]:
             yield self.sync_done[(r, s)]
         t0 = env.now
         yield env.timeout(sp.optimizer_s)
@@ -330,60 +379,73 @@ class Simulation:
     def _last_backward(self, r, s, sp):
         """The last backward of a stage, cut where each gradient bucket is complete."""
         done = 0.0
-        for k, bucket in enumerate(sp.buckets):
+        st, me = self.stats[(r, s)], self.dev(r, s)
+        for k, bucket in enumerate(self.buckets[s]):
             target = bucket.ready_fraction * sp.bwd_s if self.plan.overlap else sp.bwd_s
             if target > done:
-                yield self.env.timeout(target - done)
+                yield from self._work(st, me, target - done)
                 done = target
             self.bucket_ready[(r, s, k)].succeed()
         if sp.bwd_s > done:
-            yield self.env.timeout(sp.bwd_s - done)
+            yield from self._work(st, me, sp.bwd_s - done)
 
     # ------------------------------------------------------------ data parallel
     def stage_sync(self, s: int):
         """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
-        collectives in ``dp_plan`` order, one communication stream."""
-        env, plan = self.env, self.plan
+        collectives in ``dp_plan`` order, one communication stream. Each collective is
+        planned by the network (:meth:`perfsim.network.Network.collective`: algorithm,
+        phases); a phase crossing nodes loads the NICs of the simulated nodes."""
+        env, plan, net = self.env, self.plan, self.net
         sp = plan.stages[s]
         members = [self.dev(r, s) for r in range(plan.dp)]
-        ring = self.net.ring_paths(members)
         simulated = {self.dev(r, s) for r in self.replicas}
-        sim_nodes = {self.net.node(d) for d in simulated}
-        resources = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
-        cap = min(pth.bandwidth_bps for pth in ring)
-        lat = max(pth.latency_s for pth in ring)
-        edges = [(members[i], members[(i + 1) % len(members)]) for i in range(len(members))
-                 if members[i] in simulated]
-        for k, bucket in enumerate(sp.buckets):
+        sim_nodes = {net.node(d) for d in simulated}
+        ring = net.ring_paths(members, net.collective_link)
+        nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
+        n = len(members)
+        edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
+        shaped_edges = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+        shaping = self.coll_burst > 0 or self.rendezvous
+        for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
             for r in self.replicas:
                 st = self.stats[(r, s)]
                 if st.dp_sync_start is None:
                     st.dp_sync_start = t0
-            if bucket.encode_s > 0:
-                yield env.timeout(bucket.encode_s)
+            host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
+            if host > 0:
+                yield env.timeout(host)
             for step in bucket.steps:
-                volume, nsteps = collective_cost(step.kind, step.nbytes, plan.dp)
-                self.dp_bytes_per_rank[s] += volume
+                coll = net.collective(step.kind, step.nbytes, members)
+                self.algos[coll.algo] = None
+                self.dp_bytes_per_rank[s] += coll.wire_bytes
                 start = env.now
-                shaped = volume
-                if self.burst > 0 or self.rendezvous:
-                    # each simulated sender draws on its own bucket; the ring moves in
-                    # lock step, so the step's shaped bytes are the largest of them
-                    shaped = max((self._shaped(a, b, volume, cap) for a, b in edges), default=volume)
-                yield self.flows.transfer(shaped, resources, cap)
-                if nsteps and lat > 0:
-                    yield env.timeout(nsteps * lat)
+                self._comm(simulated, +1)
+                for group in coll.phases:
+                    events, lat = [], 0.0
+                    for ph in group:
+                        volume = ph.volume_bytes
+                        if ph.inter_node and shaping and shaped_edges:
+                            # each simulated sender draws on its own bucket; the ring moves
+                            # in lock step, so the phase's shaped bytes are the largest
+                            volume = max(self._shaped(a, b, volume, ph.rate_bps, self.coll_burst)
+                                         for a, b in shaped_edges)
+                        events.append(self.flows.transfer(volume, nics if ph.inter_node else (), ph.rate_bps))
+                        lat = max(lat, ph.latency_s)
+                    yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
+                    if lat > 0:
+                        yield env.timeout(lat)
+                self._comm(simulated, -1)
                 for src, dst in edges:
                     link = self.links[(src, dst, step.kind)]
-                    link[0] += volume
+                    link[0] += coll.wire_bytes
                     link[1] += env.now - start
-                self._span(f"{step.kind} b{k} {step.label}", "dp", self.replicas[0],
-                           2000 + s, start, env.now, {"bytes": step.nbytes})
-            n_decode = plan.dp if any(st_.kind == "allgather" for st_ in bucket.steps) else 1
-            if bucket.decode_s > 0:
-                yield env.timeout(bucket.decode_s * n_decode)
+                self._span(f"{step.kind} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
+                           2000 + s, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
+            host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
+            if host > 0:
+                yield env.timeout(host)
             for r in self.replicas:
                 self.stats[(r, s)].dp_sync_s += env.now - t0
         for r in self.replicas:
@@ -394,7 +456,7 @@ class Simulation:
         plan = self.plan
         procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
         for s in range(plan.pp):
-            if plan.stages[s].buckets:
+            if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
         # The cyclic GC would rescan the many live generators and events again and
         # again (3-4x the run time on large topologies); reference counting still
@@ -413,4 +475,4 @@ class Simulation:
             pipeline_s=max(d.last_backward_end for d in devs.values()),
             devices=devs, micro={k: dict(v) for k, v in self.micro.items()}, links=dict(self.links),
             replicas=self.replicas, dp_bytes_per_rank=dict(self.dp_bytes_per_rank), events=events,
-            trace=self.trace)
+            trace=self.trace, collective_algos=tuple(self.algos))
