@@ -92,7 +92,9 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     if network is not None:
         link, coll = network.link, network.collective_link
         algos = out.collective_algos
-        summary.update({"link_rate_bps": link.rate_bps, "link_one_way_s": link.one_way_s,
+        summary.update({"nic_kind": system.nic_kind, "nics_per_node": system.nics_per_node,
+                        "intra_node_bandwidth_bps": system.intra_node_bandwidth_bps,
+                        "link_rate_bps": link.rate_bps, "link_one_way_s": link.one_way_s,
                         "link_burst_bytes": link.burst_bytes, "link_source": link.source,
                         "collective_link_rate_bps": coll.rate_bps, "collective_link_one_way_s": coll.one_way_s,
                         "collective_link_burst_bytes": coll.burst_bytes, "collective_link_source": coll.source,

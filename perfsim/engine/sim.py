@@ -14,8 +14,9 @@ one at a time (a TCP/NCCL connection is a byte stream); different connections
 share NICs max-min fairly (:mod:`perfsim.engine.flows`). A message arrives
 ``latency`` after its last byte left.
 
-Token-bucket egress (``System.link_burst_bytes`` = b > 0; Linux ``tc tbf``, which
-is how execute mode emulates a link): each node's inter-node egress holds up
+The links are the network's :class:`perfsim.link.Link` objects (one transport
+model, nominal or calibrated). Token-bucket egress (``Link.burst_bytes`` = b > 0;
+Linux ``tc tbf``, which is how execute mode emulates a link): each node's inter-node egress holds up
 to b tokens, refilled at the link rate while no shaped bytes queue. A message
 of n bytes leaving with k tokens passes min(n, k) bytes at once and only the
 rest through the rate-limited flow: after an idle spell a message <= b arrives
@@ -23,7 +24,7 @@ in ``latency`` alone, a long stream runs at the rate (measured by
 ``perfsim calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps
 draw on the buckets of the ranks that send.
 
-Rendezvous p2p (``System.p2p_protocol = "rendezvous"``; gloo's TCP pairs are
+Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
 receiver-driven): a message's bytes start at max(send time, ready time), where
 the ready time is when the receiver posted its receive (the device reached the
 action that waits for it), plus the wait for bytes already queued on the
@@ -35,8 +36,13 @@ the other way and completes after two 18-ms transfers.
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
-communication stream, overlapping the rest of the backward. The optimizer
-step follows the last bucket.
+communication stream, overlapping the rest of the backward; each collective's
+algorithm and phases come from :meth:`perfsim.network.Network.collective`. The
+optimizer step follows the last bucket.
+
+Interference: while a device has a transfer running, its compute advances at
+``1 / (1 + slowdown)`` (``System.comm_slowdown`` or the profile's measured
+``interference``), so only the overlapping part of a compute step stretches.
 
 Replica classes: replicas whose pipelines see identical links behave
 identically, so only one representative per class is simulated
