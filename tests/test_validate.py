@@ -234,3 +234,28 @@ def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_buc
     assert tbf_burst_bytes(1e8) == 50_000 and tbf_burst_bytes(1e6) == 16 * 1514
     assert pooled_small_message_s(_profile(_shaped("messenger@1Gbps", 1e-4, 9e8, 1e4)), "p2p",
                                     "messenger") is None  # no recorded means: per-rate fit
+
+
+def test_reuse_measured_falls_back_to_the_stored_table(tmp_path):
+    """Without run folders, --reuse-measured reads the measured columns of the grid's
+    validation.csv -- as stored before this process rewrites it row by row."""
+    v._TABLES.clear()
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), compresses=("fp32", "directq:fw4bw8"), profile="x", steps=5,
+                            out=str(tmp_path), reuse_measured=True)
+    pd.DataFrame([{"bandwidth_bps": 1e8, "compress": c, "grad_compress": "none", "measured_steps": 4,
+                   "measured_iteration_s": it, "measured_throughput_samples_per_s": 32 / it,
+                   "measured_throughput_all": f"{32 / it:.2f}"} for c, it in (("fp32", 0.02), ("directq:fw4bw8", 0.01))]
+                 ).to_csv(tmp_path / "validation.csv", index=False)
+
+    def runner(**kw):
+        raise AssertionError("must not run")
+
+    prof = _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7))
+    first = v.run_row(plan, plan.rows()[0], prof, 0, runner, lambda **kw: _result(0.02, "predicted"))
+    (tmp_path / "validation.csv").write_text("overwritten by the command after row 0\n")
+    second = v.run_row(plan, plan.rows()[1], prof, 1, runner, lambda **kw: _result(0.011, "predicted"))
+    assert first["measured_iteration_s"] == 0.02 and first["error_iteration_s_pct"] == pytest.approx(0.0)
+    assert second["measured_iteration_s"] == 0.01 and second["measured_steps"] == 4
+    v._TABLES.clear()
