@@ -170,6 +170,7 @@ class Simulation:
         self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
         self.comm_change: dict[int, simpy.Event] = {}
         self.algos: dict[str, None] = {}  # collective algorithms used, in order
+        self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
         self.egress: dict[int, _Egress] = {}
         self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[tuple, simpy.Event] = {}
@@ -396,22 +397,58 @@ class Simulation:
             yield from self._work(st, me, sp.bwd_s - done)
 
     # ------------------------------------------------------------ data parallel
+    def run_collective(self, kind: str, nbytes: float, members: list[int], simulated: set[int]):
+        """Run one collective of ``kind`` (per-rank buffer ``nbytes``) over the devices
+        ``members`` as flows on the shared NICs; ``simulated``: the members this
+        simulation runs (their nodes' NICs are loaded; the others are represented by
+        them). Planned by :meth:`perfsim.network.Network.collective` (algorithm,
+        phases); the one engine entry point for any group's collective (data-parallel
+        gradients here; tensor-parallel groups call it the same way). Returns the plan."""
+        env, net = self.env, self.net
+        key = tuple(members)
+        geo = self._groups.get(key)
+        if geo is None:
+            sim_nodes = {net.node(d) for d in simulated}
+            ring = net.ring_paths(members, net.collective_link)
+            nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
+            n = len(members)
+            edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
+            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+            geo = self._groups[key] = (nics, edges, shaped)
+        nics, edges, shaped_edges = geo
+        shaping = self.coll_burst > 0 or self.rendezvous
+        coll = net.collective(kind, nbytes, members)
+        self.algos[coll.algo] = None
+        start = env.now
+        self._comm(simulated, +1)
+        for group in coll.phases:
+            events, lat = [], 0.0
+            for ph in group:
+                volume = ph.volume_bytes
+                if ph.inter_node and shaping and shaped_edges:
+                    # each simulated sender draws on its own bucket; the ring moves
+                    # in lock step, so the phase's shaped bytes are the largest
+                    volume = max(self._shaped(a, b, volume, ph.rate_bps, self.coll_burst)
+                                 for a, b in shaped_edges)
+                events.append(self.flows.transfer(volume, nics if ph.inter_node else (), ph.rate_bps))
+                lat = max(lat, ph.latency_s)
+            yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
+            if lat > 0:
+                yield env.timeout(lat)
+        self._comm(simulated, -1)
+        for src, dst in edges:
+            link = self.links[(src, dst, kind)]
+            link[0] += coll.wire_bytes
+            link[1] += env.now - start
+        return coll
+
     def stage_sync(self, s: int):
         """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
-        collectives in ``dp_plan`` order, one communication stream. Each collective is
-        planned by the network (:meth:`perfsim.network.Network.collective`: algorithm,
-        phases); a phase crossing nodes loads the NICs of the simulated nodes."""
-        env, plan, net = self.env, self.plan, self.net
-        sp = plan.stages[s]
+        collectives in ``dp_plan`` order, one communication stream
+        (:meth:`run_collective`)."""
+        env, plan = self.env, self.plan
         members = [self.dev(r, s) for r in range(plan.dp)]
         simulated = {self.dev(r, s) for r in self.replicas}
-        sim_nodes = {net.node(d) for d in simulated}
-        ring = net.ring_paths(members, net.collective_link)
-        nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
-        n = len(members)
-        edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
-        shaped_edges = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
-        shaping = self.coll_burst > 0 or self.rendezvous
         for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
@@ -423,30 +460,9 @@ class Simulation:
             if host > 0:
                 yield env.timeout(host)
             for step in bucket.steps:
-                coll = net.collective(step.kind, step.nbytes, members)
-                self.algos[coll.algo] = None
-                self.dp_bytes_per_rank[s] += coll.wire_bytes
                 start = env.now
-                self._comm(simulated, +1)
-                for group in coll.phases:
-                    events, lat = [], 0.0
-                    for ph in group:
-                        volume = ph.volume_bytes
-                        if ph.inter_node and shaping and shaped_edges:
-                            # each simulated sender draws on its own bucket; the ring moves
-                            # in lock step, so the phase's shaped bytes are the largest
-                            volume = max(self._shaped(a, b, volume, ph.rate_bps, self.coll_burst)
-                                         for a, b in shaped_edges)
-                        events.append(self.flows.transfer(volume, nics if ph.inter_node else (), ph.rate_bps))
-                        lat = max(lat, ph.latency_s)
-                    yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
-                    if lat > 0:
-                        yield env.timeout(lat)
-                self._comm(simulated, -1)
-                for src, dst in edges:
-                    link = self.links[(src, dst, step.kind)]
-                    link[0] += coll.wire_bytes
-                    link[1] += env.now - start
+                coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated)
+                self.dp_bytes_per_rank[s] += coll.wire_bytes
                 self._span(f"{step.kind} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
                            2000 + s, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
             host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
