@@ -451,7 +451,7 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"]}
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": []}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
         records += fit_records(raw, op, ("name",))
     return records
