@@ -83,12 +83,21 @@ def main(argv=None) -> int:
         print(f"{name:<44} configs={len(results):>3} events={events:>9,} wall={wall:7.3f}s "
               f"events/s={events / wall:>10,.0f}", flush=True)
 
-    r, w = timed(lambda: predict())
+    r, w = min((timed(lambda: predict()) for _ in range(5)), key=lambda x: x[1])
     report("default (GPT2-1.5B, pp8, m32, 10Gbps)", r, w)
+    print(f"  target default < 0.05 s: {'met' if w < 0.05 else 'NOT met'} (best of 5; load "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     grid = [dict(bandwidth=b, compress=c) for b in ("10Gbps", "1Gbps", "500Mbps", "300Mbps", "100Mbps")
             for c in ("fp32", "fp16", "directq:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4")]
     r, w = timed(lambda: [predict(**g) for g in grid])
     report("25-point sweep (5 bandwidths x 5 compressions)", r, w)
+    print(f"  target 25-point sweep < 2 s: {'met' if w < 2 else 'NOT met'} (load {os.getloadavg()[0]:.1f})")
+    r, w = timed(lambda: predict(pp=1, dp=64, gpus_per_node=8, macro_batch=8, intra_node_fabric="nvlink2",
+                                 nic="4x100Gbps:infiniband", model="bert-large"))
+    report(f"BERT-Large DP 64, 8 GPUs/node ({r.summary['collective_algo']})", r, w)
+    r, w = timed(lambda: predict(pp=1, dp=16, gpus_per_node=4, macro_batch=8, intra_node_fabric="pcie3",
+                                 nic="40Gbps", model="bert-large", grad_compress="onebit-lamb"))
+    report("BERT-Large DP 16, 1-bit LAMB with warm-up", r, w)
     r, w = timed(lambda: predict(pp=8, dp=128, bandwidth="1Gbps", grad_compress="qsgd-maxnorm:4"))
     report("PP 8 x DP 128 (1024 devices)", r, w)
     r, w = timed(lambda: predict(pp=16, dp=512, macro_batch=64, bandwidth="1Gbps",

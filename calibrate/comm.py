@@ -59,9 +59,9 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
 #: ops measured unless asked otherwise
-DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing")
+DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
 LATE_S = 0.005
@@ -183,6 +183,11 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
 
     out = []
     for op in cfg.ops:
+        if op == "interference":  # compute alone vs under allreduces (perfsim.calibrate.interference)
+            from perfsim.calibrate.interference import measure
+
+            out.extend(measure(rank, device, world, backend))
+            continue
         for size in cfg.sizes_to_run():
             n = size // 4
             if op == "late":
@@ -338,6 +343,11 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         if "skipped" in item:
             records.append({"op": item["op"], "skipped": item["skipped"]})
             continue
+        if item["op"] == "interference":  # rank 0's compute times, alone / under comm
+            t = summarize(item["samples"])
+            records.append({"op": "interference", "name": item["name"], "size_bytes": item["size_bytes"],
+                            "world_size": cfg.world_size, "dtype": "float32", **t.record()})
+            continue
         if item["op"] == "framing":  # host time: rank 0 sends, rank 1 receives
             for side, r in (("send", 0), ("recv", 1)):
                 t = summarize(per_rank[r][i]["samples"])
@@ -441,7 +451,7 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"]}
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": []}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
         records += fit_records(raw, op, ("name",))
     return records

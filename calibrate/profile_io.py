@@ -58,8 +58,8 @@ def network_summary(records: list[dict]) -> list[dict]:
     """One entry per measured link (``p2p`` of a backend or of ``messenger``, and
     ``allreduce``, loopback or ``@<rate>``): fixed cost, achieved payload rate,
     protocol efficiency (achieved / nominal) and the shaper's burst
-    (:func:`perfsim.calibrate.fit.fit_shaped_link`), for ``metadata["network"]``."""
-    from perfsim.calibrate.fit import fit_shaped_link
+    (:func:`perfsim.link.fit_token_bucket`), for ``metadata["network"]``."""
+    from perfsim.link import fit_token_bucket
 
     groups: dict[tuple[str, str], list[dict]] = {}
     for r in records:
@@ -72,7 +72,7 @@ def network_summary(records: list[dict]) -> list[dict]:
                  "emulated_latency_s": rows[0].get("emulated_latency_s"),
                  "alpha_s": min(rows, key=lambda r: r["size_bytes"])["time_s"],
                  "rate_bps": None, "efficiency": None, "burst_bytes": None}
-        link = fit_shaped_link([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
+        link = fit_token_bucket([r["size_bytes"] for r in rows], [r["time_s"] for r in rows])
         if link is not None:
             entry.update(alpha_s=link.alpha_s, rate_bps=8 * link.rate_Bps, burst_bytes=link.burst_bytes)
             if nominal:

@@ -52,6 +52,11 @@ placement             rank order, innermost first (``tp,dp,pp`` is      tp,pp,dp
                       Megatron's; ``tp,pp,dp`` replica-major)           tp,dp,pp with
                                                                         a ``gpu``
 allow_oom             predict a configuration that does not fit         False
+intra_node_fabric     ``pcie3`` .. ``nvlink4`` (perfsim.fabrics)        None
+nic                   node NICs ``[COUNTx]RATE[:KIND]`` (``4x200Gbps``)  None
+collective_algo       ``auto``, ``ring``, ``tree``, ``hierarchical``    auto
+link_model            ``auto``, ``calibrated``, ``nominal``             auto
+comm_slowdown         compute slowdown under communication (0.1)        profile
 ===================== ================================================ ==========
 
 ``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,heads=96,
@@ -88,6 +93,8 @@ DEFAULTS: dict[str, Any] = {
     "link_burst": 0, "p2p_protocol": "eager", "p2p_control_latency": None,
     "tp": 1, "sequence_parallel": False, "gpu": None, "precision": "fp32", "recompute": "none",
     "global_batch": None, "zero": 0, "seq_len": None, "placement": None, "allow_oom": False,
+    "intra_node_fabric": None, "nic": None, "collective_algo": "auto", "link_model": "auto",
+    "comm_slowdown": None,
 }
 #: samples per macro-batch when neither macro_batch nor global_batch is given
 DEFAULT_MACRO_BATCH = 32
@@ -225,9 +232,26 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     topology = _topology(_file_key(p["topology"])) if p["topology"] else None
     if p["topology"] and not os.path.exists(str(p["topology"])):
         raise ConfigError(f"topology {str(p['topology'])!r}: no such file")
-    system = System(bandwidth_bps=parse_bandwidth(p["bandwidth"]), latency_s=parse_time(p["latency"], "latency"),
+    from perfsim.fabrics import get_fabric, parse_nic
+
+    nic = parse_nic(p["nic"]) if p["nic"] else parse_nic(p["bandwidth"], "bandwidth")
+    intra_bps = parse_bandwidth(p["intra_node_bandwidth"], "intra_node_bandwidth")
+    intra_lat = System.intra_node_latency_s
+    if p["intra_node_fabric"]:
+        fabric = get_fabric(p["intra_node_fabric"])
+        intra_bps, intra_lat = fabric.bandwidth_bps, fabric.latency_s
+    slowdown = p["comm_slowdown"]
+    if slowdown is not None:
+        try:
+            slowdown = float(slowdown)
+        except (TypeError, ValueError):
+            raise ConfigError(f"comm_slowdown={p['comm_slowdown']!r}: must be a number >= 0") from None
+    system = System(bandwidth_bps=nic.total_bps, latency_s=parse_time(p["latency"], "latency"),
                     gpus_per_node=_int(p, "gpus_per_node"),
-                    intra_node_bandwidth_bps=parse_bandwidth(p["intra_node_bandwidth"], "intra_node_bandwidth"),
+                    intra_node_bandwidth_bps=intra_bps, intra_node_latency_s=intra_lat,
+                    nic_kind=nic.kind, nics_per_node=nic.count,
+                    collective_algo=str(p["collective_algo"]).lower(), link_model=str(p["link_model"]).lower(),
+                    comm_slowdown=slowdown,
                     topology=topology, nic_sharing=_bool(p, "nic_sharing"),
                     link_burst_bytes=float(parse_size(p["link_burst"], "link_burst")),
                     p2p_protocol=str(p["p2p_protocol"]).lower(),

@@ -13,7 +13,10 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
 from perfsim.errors import ConfigError
+from perfsim.fabrics import NIC_KINDS
+from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
 
 
@@ -181,8 +184,6 @@ class Strategy:
         return dev
 
 
-#: point-to-point protocols the engine models (System.p2p_protocol)
-P2P_PROTOCOLS = ("eager", "rendezvous")
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,20 @@ class System:
     p2p_control_latency_s: float | None = None
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None
+    #: transport of the inter-node NICs (perfsim.fabrics.NIC_KINDS): the payload share
+    #: of ``bandwidth_bps`` a long transfer achieves when the link is not calibrated
+    nic_kind: str = "ideal"
+    #: NICs per node (``bandwidth_bps`` is their total; reported, shared by the node's GPUs)
+    nics_per_node: int = 1
+    #: ``auto``: the profile's measured link at this rate when it has one, else nominal;
+    #: ``calibrated``: require it; ``nominal``: ``bandwidth_bps`` x the NIC kind's efficiency
+    link_model: str = "auto"
+    #: collective algorithm (perfsim.collectives): ``auto`` (least modelled time, as
+    #: NCCL's tuner), ``ring``, ``tree`` or ``hierarchical``
+    collective_algo: str = "auto"
+    #: compute slowdown while communication overlaps it on the same device (0.1 = 10 %
+    #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
+    comm_slowdown: float | None = None
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -233,6 +248,15 @@ class System:
             from perfsim.hardware import get_gpu
 
             get_gpu(self.gpu)
+        if self.nic_kind not in NIC_KINDS:
+            raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")
+        _pos_int(self, "nics_per_node")
+        if self.link_model not in LINK_MODELS:
+            raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
+        if self.collective_algo not in COLLECTIVE_ALGORITHMS:
+            raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
+                              f"{', '.join(COLLECTIVE_ALGORITHMS)}")
+        _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
 
 
 def from_dict(cls, data: Mapping[str, Any], where: str = ""):

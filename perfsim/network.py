@@ -58,49 +58,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from perfsim.collectives import Collective, GroupShape
+from perfsim.collectives import plan as plan_collective
 from perfsim.errors import ConfigError
+from perfsim.fabrics import NIC_KINDS
+from perfsim.link import Link, resolve_link
 from perfsim.units import parse_bandwidth, parse_time
 
 # ---------------------------------------------------------------- collectives
 
 
-def collective_cost(kind: str, nbytes: float, world_size: int) -> tuple[float, int]:
-    """(bytes each rank sends on its busiest link, latency-bound steps) of a
-    collective on ``world_size`` ranks whose per-rank buffer is ``nbytes``.
+def _uniform(n: int) -> GroupShape:
+    """``n`` ranks, one per node, unit rate and unit per-step latency."""
+    return GroupShape(n, n, 1, 1.0, 1.0, 1.0, 1.0)
 
-    * allreduce, ring (Patarasuk & Yuan 2009; Thakur et al. 2005):
-      reduce-scatter then allgather, ``2(N-1)/N * S`` bytes, ``2(N-1)`` steps,
-      so ``T = 2(N-1)/N * S/B + 2(N-1) * latency``;
-    * allgather, ring: each rank forwards the ``N-1`` other contributions:
-      ``(N-1) * S`` bytes, ``N-1`` steps (volume grows with N, the point of the
-      multi-scale quantizers paper's Sec. 1 on non-allreduce compressors);
-    * reduce-scatter, ring: the first half of a ring allreduce, ``(N-1)/N * S``
-      bytes, ``N-1`` steps (``S`` = each rank's full input);
-    * alltoall, pairwise exchange: ``(N-1)/N * S`` bytes, ``N-1`` steps;
-    * broadcast, pipelined chain: ``S`` bytes, ``N-1`` steps;
-    * p2p: ``S`` bytes, 1 step.
-    """
+
+def collective_cost(kind: str, nbytes: float, world_size: int) -> tuple[float, int]:
+    """(bytes each rank sends, latency-bound steps) of a flat ring collective
+    (``p2p`` one step) on ``world_size`` ranks of per-rank buffer ``nbytes``
+    (formulas: :mod:`perfsim.collectives`)."""
     n = int(world_size)
     if n < 1:
         raise ConfigError(f"world_size={world_size}: must be >= 1")
-    if kind == "p2p":
-        return float(nbytes), 1
-    if n == 1:
-        return 0.0, 0
-    if kind == "allreduce":
-        return 2.0 * (n - 1) / n * nbytes, 2 * (n - 1)
-    if kind == "allgather":
-        return float((n - 1) * nbytes), n - 1
-    if kind in ("alltoall", "reduce_scatter"):
-        return (n - 1) / n * nbytes, n - 1
-    if kind == "broadcast":
-        return float(nbytes), n - 1
-    raise ConfigError(f"collective {kind!r}: unknown")
+    c = plan_collective(kind, nbytes, _uniform(n), "ring")
+    return c.wire_bytes, int(round(sum(p.latency_s for grp in c.phases for p in grp)))
 
 
 def collective_time(kind: str, nbytes: float, world_size: int, bandwidth_bps: float,
                     latency_s: float) -> float:
-    """Closed-form time of a collective on a uniform ring (no contention)."""
+    """Closed-form time of a flat ring collective (no contention)."""
     volume, steps = collective_cost(kind, nbytes, world_size)
     return volume * 8.0 / bandwidth_bps + steps * latency_s
 
@@ -354,19 +340,31 @@ class Path_:
 
 
 class Network:
-    """Analytical network of ``num_devices`` devices described by a System."""
+    """Analytical network of ``num_devices`` devices described by a System.
 
-    def __init__(self, system, num_devices: int):
+    Its inter-node links are :class:`perfsim.link.Link` objects resolved once
+    (:func:`perfsim.link.resolve_link`): ``link`` for point-to-point messages,
+    ``collective_link`` for collectives (calibrated from the profile's p2p and
+    allreduce measurements respectively when it has them at this rate)."""
+
+    def __init__(self, system, num_devices: int, profile=None):
         self.system = system
         self.num_devices = int(num_devices)
         self.topology: Topology | None = system.topology
         self._paths: dict[tuple[int, int], Path_] = {}
+        self._collectives: dict[tuple, Collective] = {}
         gpn = system.gpus_per_node
         self.num_nodes = -(-self.num_devices // gpn)
         if self.topology is not None and self.topology.nodes < self.num_nodes:
             raise ConfigError(f"{self.topology.source}: has {self.topology.nodes} nodes, "
                               f"the job needs {self.num_nodes} ({self.num_devices} devices, "
                               f"{gpn} per node)")
+        common = dict(model=system.link_model, efficiency=NIC_KINDS[system.nic_kind].efficiency,
+                      burst_bytes=system.link_burst_bytes, protocol=system.p2p_protocol,
+                      control_latency_s=system.p2p_control_latency_s)
+        self.link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s, op="p2p", **common)
+        self.collective_link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s,
+                                                  op="allreduce", **common)
 
     def node(self, device: int) -> int:
         return device // self.system.gpus_per_node
@@ -376,28 +374,29 @@ class Network:
         key = (src, dst)
         p = self._paths.get(key)
         if p is None:
-            p = self._paths[key] = self._path(src, dst)
+            p = self._paths[key] = self._path(src, dst, self.link)
         return p
 
-    def _path(self, src: int, dst: int) -> Path_:
+    def _path(self, src: int, dst: int, link: Link) -> Path_:
         a, b = self.node(src), self.node(dst)
         sysm = self.system
         if a == b:
             return Path_(sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, ())
         if self.topology is None:
-            bw, lat = sysm.bandwidth_bps, sysm.latency_s
+            bw, lat = link.rate_bps, link.one_way_s
         else:
             bw, lat = self.topology.link(a, b)
+            bw, lat = bw * link.efficiency, lat + link.overhead_s
         res = (("tx", a), ("rx", b)) if sysm.nic_sharing else ()
         return Path_(bw, lat, res)
 
     def capacity(self, resource) -> float:
-        """Rate in bits/s of a shared resource (a node's sending or receiving NIC)."""
+        """Rate in bits/s of a shared resource (a node's sending or receiving NICs)."""
         _, node = resource
         if self.topology is None:
-            return self.system.bandwidth_bps
+            return max(self.link.rate_bps, self.collective_link.rate_bps)
         if self.topology.nic_bps is not None:
-            return self.topology.nic_bps[node]
+            return self.topology.nic_bps[node] * self.link.efficiency
         return float("inf")
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
@@ -405,17 +404,44 @@ class Network:
         p = self.path(src, dst)
         return p.latency_s + nbytes * 8.0 / p.bandwidth_bps
 
-    def ring_paths(self, members: Sequence[int]) -> list[Path_]:
+    def ring_paths(self, members: Sequence[int], link: Link | None = None) -> list[Path_]:
         """The links of a ring over ``members`` (member i sends to i+1)."""
         n = len(members)
-        return [self.path(members[i], members[(i + 1) % n]) for i in range(n)] if n > 1 else []
+        if n < 2:
+            return []
+        if link is None or link is self.link:
+            return [self.path(members[i], members[(i + 1) % n]) for i in range(n)]
+        return [self._path(members[i], members[(i + 1) % n], link) for i in range(n)]
 
-    def collective_time(self, kind: str, nbytes: float, members: Sequence[int]) -> float:
-        """Uncontended time of a ring collective over ``members``: a ring moves in
-        lock step, so the slowest link sets the rate and the largest latency
-        each step's delay."""
-        paths = self.ring_paths(members)
-        if not paths:
-            return 0.0
-        volume, steps = collective_cost(kind, nbytes, len(members))
-        return volume * 8.0 / min(p.bandwidth_bps for p in paths) + steps * max(p.latency_s for p in paths)
+    def group_shape(self, members: Sequence[int]) -> GroupShape:
+        """Where ``members`` live (:class:`perfsim.collectives.GroupShape`): the inter-node
+        rate and latency are the slowest ring hop's between different nodes."""
+        counts: dict[int, int] = {}
+        for d in members:
+            counts[self.node(d)] = counts.get(self.node(d), 0) + 1
+        sysm = self.system
+        n = len(members)
+        inter = [self._path(members[i], members[(i + 1) % n], self.collective_link) for i in range(n)
+                 if self.node(members[i]) != self.node(members[(i + 1) % n])]
+        inter_bps = min((p.bandwidth_bps for p in inter), default=self.collective_link.rate_bps)
+        inter_lat = max((p.latency_s for p in inter), default=self.collective_link.one_way_s)
+        return GroupShape(len(members), len(counts), max(counts.values(), default=1),
+                          sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat)
+
+    def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None
+                   ) -> Collective:
+        """The collective ``kind`` of per-rank buffer ``nbytes`` on ``members``: its
+        algorithm (``algo`` or ``System.collective_algo``; ``auto`` = least modelled
+        time), phases, and bytes per rank (:mod:`perfsim.collectives`). The one entry
+        point for data-parallel, tensor-parallel and any other group's collectives."""
+        algo = algo or self.system.collective_algo
+        key = (kind, nbytes, tuple(members), algo)
+        c = self._collectives.get(key)
+        if c is None:
+            c = self._collectives[key] = plan_collective(kind, nbytes, self.group_shape(members), algo)
+        return c
+
+    def collective_time(self, kind: str, nbytes: float, members: Sequence[int],
+                        algo: str | None = None) -> float:
+        """Uncontended time of a collective over ``members`` (:meth:`collective`)."""
+        return self.collective(kind, nbytes, members, algo).time()

@@ -66,7 +66,7 @@ SUPPORTED_VERSIONS = (1,)
 COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
 CODEC_OPS = ("encode", "decode")
 COMM_OPS = ("p2p", "allreduce", "allgather", "alltoall", "broadcast")
-OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv")
+OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv", "interference")
 #: achieved rates of operator classes (perfsim.calibrate.efficiency): ``flops`` and
 #: ``size_bytes`` say what the operator computes and must move at least
 EFFICIENCY_OPS = ("gemm", "attention", "elementwise", "norm", "adamw")

@@ -237,7 +237,7 @@ def test_comm_framing_is_each_side_host_time():
 
 
 def test_fit_shaped_link_recovers_token_bucket():
-    from perfsim.calibrate.fit import fit_shaped_link
+    from perfsim.link import fit_token_bucket as fit_shaped_link
 
     rate, burst, alpha = 12.0e6, 50_000, 1e-4  # ~96 Mbps payload, tbf burst 50 KB
     sizes = [1024, 4096, 65536, 262144, 1048576, 4194304]

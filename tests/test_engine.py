@@ -56,13 +56,16 @@ def test_communication_bound_runs_at_slowest_link():
 @pytest.mark.parametrize("n", [2, 4, 7])
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_ring_allreduce_closed_form(n, symmetric):
-    """One fp32 bucket: 2(N-1)/N * S/B + 2(N-1) * latency."""
+    """One fp32 bucket: 2(N-1)/N * S/B + 2(N-1) * latency, plus the bucket's two
+    copies (flatten in, copy back) at the fallback memory bandwidth."""
+    from perfsim.engine.plan import FALLBACK_MEMORY_BPS
+
     params, bw, lat = 250_000, 1e9, 1e-3
     wl = toy(1, 0.0, 1e-9, params=params)
-    res = simulate(wl, Strategy(pp=1, dp=n, macro_batch=1), System(bandwidth_bps=bw, latency_s=lat),
-                   EMPTY, symmetric=symmetric)
+    res = simulate(wl, Strategy(pp=1, dp=n, macro_batch=1),
+                   System(bandwidth_bps=bw, latency_s=lat, collective_algo="ring"), EMPTY, symmetric=symmetric)
     S = 4 * params
-    expect = 2 * (n - 1) / n * S * 8 / bw + 2 * (n - 1) * lat
+    expect = 2 * (n - 1) / n * S * 8 / bw + 2 * (n - 1) * lat + 2 * (2 * S / FALLBACK_MEMORY_BPS)
     assert res.stages[0]["dp_sync_s"] == pytest.approx(expect, rel=1e-9)
     assert res.summary["dp_bytes"] == pytest.approx(2 * (n - 1) / n * S * n)
     assert res.summary["replicas_simulated"] == (1 if symmetric else n)

@@ -8,6 +8,7 @@ import pytest
 
 from perfsim.analysis import validate as v
 from perfsim.errors import ConfigError
+from perfsim.link import POOL_MAX_BYTES, Link, _expected_s, pooled_small_message_s, resolve_link
 from perfsim.profile import Profile
 from perfsim.result import Result
 
@@ -17,37 +18,47 @@ def _profile(records, backend="gloo"):
                               "metadata": {"backend": backend}, "records": records})
 
 
+def _link(prof, bw, lat, dp_only=False, link_model="auto"):
+    """The link predict resolves for a row (perfsim.link, one transport model)."""
+    op = "allreduce" if dp_only else "p2p"
+    if bw is None:
+        return Link.calibrated(prof, None, lat, op=op)
+    return resolve_link(prof, bw, lat, op=op, model=link_model)
+
+
 def _p2p(name, alpha, bw_bps, sizes=(1024, 16384, 262144, 1048576), op="p2p"):
     return [{"op": op, "name": name, "size_bytes": s, "time_s": alpha + 8 * s / bw_bps, "world_size": 2}
             for s in sizes]
 
 
-def test_link_from_profile_recovers_rate_and_fixed_cost():
+def test_calibrated_link_recovers_rate_and_fixed_cost():
     prof = _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7) + _p2p("gloo", 3e-5, 2e10))
-    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=False)
-    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)
-    assert link.latency_s == pytest.approx(2e-4, rel=1e-3)
+    link = _link(prof, 1e8, 0.0, dp_only=False)
+    assert link.rate_bps == pytest.approx(9.5e7, rel=1e-6)
+    assert link.one_way_s == pytest.approx(2e-4, rel=1e-3)
     assert "gloo@100Mbps" in link.source
     # loopback rows use the plain backend records
-    loop = v.link_from_profile(prof, None, 0.0, dp_only=False)
-    assert loop.bandwidth_bps == pytest.approx(2e10, rel=1e-6)
+    loop = _link(prof, None, 0.0, dp_only=False)
+    assert loop.rate_bps == pytest.approx(2e10, rel=1e-6)
     # a rate the profile did not measure falls back to the nominal one (and says so)
-    other = v.link_from_profile(prof, 3e8, 0.005, dp_only=False)
-    assert other.bandwidth_bps == 3e8 and other.latency_s == 0.005 and other.source.startswith("nominal")
+    other = _link(prof, 3e8, 0.005, dp_only=False)
+    assert other.rate_bps == 3e8 and other.one_way_s == 0.005 and other.source.startswith("nominal")
     # nominal link model ignores the profile
-    assert v.link_from_profile(prof, 1e8, 0.0, dp_only=False, link_model="nominal").bandwidth_bps == 1e8
+    assert _link(prof, 1e8, 0.0, dp_only=False, link_model="nominal").rate_bps == 1e8
 
 
 def test_link_for_dp_uses_allreduce_half_fixed_cost():
     prof = _profile(_p2p("gloo@100Mbps", 4e-4, 9e7, op="allreduce"))
-    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=True)
-    assert link.bandwidth_bps == pytest.approx(9e7, rel=1e-6)
-    assert link.latency_s == pytest.approx(2e-4, rel=1e-3)
+    link = _link(prof, 1e8, 0.0, dp_only=True)
+    assert link.rate_bps == pytest.approx(9e7, rel=1e-6)
+    assert link.one_way_s == pytest.approx(2e-4, rel=1e-3)
 
 
 def test_link_without_records_and_without_rate_is_an_error():
     with pytest.raises(ConfigError, match="no p2p records"):
-        v.link_from_profile(_profile([]), None, 0.0, dp_only=False)
+        v.link_params(_profile([]), None, 0.0, "profile", dp_only=False)
+    params, source = v.link_params(_profile(_p2p("gloo", 3e-5, 2e10)), None, 0.0, "profile", dp_only=False)
+    assert params["nic"].rate_bps == pytest.approx(2e10, rel=1e-6) and source == "profile p2p gloo"
 
 
 def test_plan_validation():
@@ -87,7 +98,10 @@ def test_rows_errors_table_csv_and_plot(tmp_path):
     rows = [v.run_row(plan, r, prof, i, runner, predictor) for i, r in enumerate(plan.rows())]
     df = pd.DataFrame(rows)
     assert calls["run"]["emulate_bandwidth"] == 1e8 and calls["run"]["dataset_limit"] == 128
-    assert calls["predict"]["bandwidth"] == pytest.approx(9.5e7)  # from the profile, not nominal
+    # validate only chooses the profile: predict gets the nominal rate and resolves the
+    # calibrated link itself (perfsim.link), as for any other prediction
+    assert calls["predict"]["bandwidth"] == 1e8 and calls["predict"]["link_model"] == "auto"
+    assert calls["predict"]["profile"] is prof
     assert df["error_iteration_s_pct"].tolist() == pytest.approx([10.0, 0.0])
     assert df["error_throughput_samples_per_s_pct"].iloc[0] == pytest.approx(100 * (1 / 1.1 - 1))
     s = v.summarize(df)
@@ -145,20 +159,19 @@ def _shaped(name, alpha, rate_bps, burst, sizes=(1024, 4096, 16384, 262144, 1048
              "time_s": alpha + max(0, s - burst) * 8 / rate_bps} for s in sizes]
 
 
-def test_link_from_profile_passes_burst_and_eager_protocol():
+def test_calibrated_link_has_burst_and_eager_protocol():
     """Token-bucket burst of the shaped fit; gloo pipelines are eager because execute
     mode posts its receives a step ahead."""
     prof = _profile(_shaped("messenger@100Mbps", 1.5e-4, 9.5e7, 50_000)
                     + _shaped("gloo@100Mbps", 3e-5, 9.6e7, 50_000))
-    link = v.link_from_profile(prof, 1e8, 0.0, dp_only=False)
+    link = _link(prof, 1e8, 0.0, dp_only=False)
     assert "messenger@100Mbps" in link.source
-    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)
+    assert link.rate_bps == pytest.approx(9.5e7, rel=1e-6)
     assert link.burst_bytes == pytest.approx(50_000, rel=1e-6)
-    assert link.latency_s == pytest.approx(1.5e-4, rel=1e-6)  # small messages pass inside the burst
-    params = link.predict_params()
-    assert params["link_burst"] == link.burst_bytes and params["p2p_protocol"] == "eager"
+    assert link.one_way_s == pytest.approx(1.5e-4, rel=1e-6)  # small messages pass inside the burst
+    assert link.protocol == "eager"
     assert link.control_latency_s is None
-    assert v.link_from_profile(prof, 1e8, 0.0, dp_only=False, link_model="nominal").burst_bytes == 0
+    assert _link(prof, 1e8, 0.0, dp_only=False, link_model="nominal").burst_bytes == 0
 
 
 def test_reuse_measured_reads_stored_runs(tmp_path):
@@ -192,10 +205,10 @@ def test_link_fixed_cost_is_the_expected_small_message_time():
     for r in recs:
         if r["size_bytes"] in means:
             r["source"] = f"calibrate; mean_s={means[r['size_bytes']] / (5 if r['name'].startswith('gloo') else 1):.6g}"
-    link = v.link_from_profile(_profile(recs), 1e8, 0.0, dp_only=False)
-    assert link.latency_s == pytest.approx(1.2e-3, rel=1e-6)  # middle of the three smallest means
-    assert link.bandwidth_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
-    assert v._expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
+    link = _link(_profile(recs), 1e8, 0.0, dp_only=False)
+    assert link.one_way_s == pytest.approx(1.2e-3, rel=1e-6)  # middle of the three smallest means
+    assert link.rate_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
+    assert _expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
 
 
 def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_bucket():
@@ -208,16 +221,41 @@ def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_buc
     for name, rate, mean in (("messenger@100Mbps", 9.5e7, 2e-3), ("messenger@1Gbps", 9.5e8, 4e-4)):
         part = _shaped(name, 1.5e-4, rate, 30_000)
         for r in part:
-            if r["size_bytes"] <= v.POOL_MAX_BYTES:
+            if r["size_bytes"] <= POOL_MAX_BYTES:
                 r["source"], r["repeats"] = f"calibrate; mean_s={mean}", 60 if "100M" in name else 20
         recs += part
     prof = _profile(recs)
-    pooled = v.pooled_small_message_s(prof, "p2p", "messenger")
+    pooled = pooled_small_message_s(prof, "p2p", "messenger")
     assert pooled == pytest.approx((60 * 2e-3 + 20 * 4e-4) / 80)
     for rate in (1e8, 1e9):
-        link = v.link_from_profile(prof, rate, 0.001, dp_only=False)
-        assert link.latency_s == pytest.approx(pooled + 0.001)  # the same at both rates
+        link = _link(prof, rate, 0.001, dp_only=False)
+        assert link.one_way_s == pytest.approx(pooled + 0.001)  # the same at both rates
         assert link.burst_bytes == pytest.approx(tbf_burst_bytes(rate) * 0.95)
     assert tbf_burst_bytes(1e8) == 50_000 and tbf_burst_bytes(1e6) == 16 * 1514
-    assert v.pooled_small_message_s(_profile(_shaped("messenger@1Gbps", 1e-4, 9e8, 1e4)), "p2p",
+    assert pooled_small_message_s(_profile(_shaped("messenger@1Gbps", 1e-4, 9e8, 1e4)), "p2p",
                                     "messenger") is None  # no recorded means: per-rate fit
+
+
+def test_reuse_measured_falls_back_to_the_stored_table(tmp_path):
+    """Without run folders, --reuse-measured reads the measured columns of the grid's
+    validation.csv -- as stored before this process rewrites it row by row."""
+    v._TABLES.clear()
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), compresses=("fp32", "directq:fw4bw8"), profile="x", steps=5,
+                            out=str(tmp_path), reuse_measured=True)
+    pd.DataFrame([{"bandwidth_bps": 1e8, "compress": c, "grad_compress": "none", "measured_steps": 4,
+                   "measured_iteration_s": it, "measured_throughput_samples_per_s": 32 / it,
+                   "measured_throughput_all": f"{32 / it:.2f}"} for c, it in (("fp32", 0.02), ("directq:fw4bw8", 0.01))]
+                 ).to_csv(tmp_path / "validation.csv", index=False)
+
+    def runner(**kw):
+        raise AssertionError("must not run")
+
+    prof = _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7))
+    first = v.run_row(plan, plan.rows()[0], prof, 0, runner, lambda **kw: _result(0.02, "predicted"))
+    (tmp_path / "validation.csv").write_text("overwritten by the command after row 0\n")
+    second = v.run_row(plan, plan.rows()[1], prof, 1, runner, lambda **kw: _result(0.011, "predicted"))
+    assert first["measured_iteration_s"] == 0.02 and first["error_iteration_s_pct"] == pytest.approx(0.0)
+    assert second["measured_iteration_s"] == 0.01 and second["measured_steps"] == 4
+    v._TABLES.clear()

@@ -57,14 +57,16 @@ PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_no
           "nic_sharing", "dataset_samples", "schedule", "pp", "dp", "partition", "bucket_size",
           "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
           "compress", "bandwidth", "gpu", "precision", "recompute", "seq_len", "placement", "zero",
-          "sequence_parallel", "global_batch", "tp")
+          "sequence_parallel", "global_batch", "tp", "intra_node_fabric", "nic", "collective_algo",
+          "link_model")
 #: the axes the issue names; the others may vary too
 SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
               "micro_batch")
 _INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
                "dataset_samples", "tp", "seq_len", "global_batch")
 _STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
-               "grad_compress", "partition", "gpu", "precision", "recompute", "placement")
+               "grad_compress", "partition", "gpu", "precision", "recompute", "placement",
+               "intra_node_fabric", "nic", "collective_algo", "link_model")
 _BOOL_PARAMS = ("overlap", "nic_sharing", "sequence_parallel")
 BACKENDS = ("local", "ray", "dask")
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")

@@ -7,40 +7,22 @@ with a profile calibrated on this machine, and compare throughput and
 iteration time: per-row signed error ``(predicted - measured) / measured`` and
 the mean absolute percentage error (MAPE) over rows.
 
-What the simulator is told about the link (``link_model``):
-
-* ``nominal``: the emulated rate and latency as given;
-* ``profile`` (default): what ``perfsim calibrate --emulate-bandwidth`` measured
-  over that same emulated link, with the real backend -- the asymptotic rate
-  (slope of the large-message fit, i.e. TCP/IP framing and the shaper's real
-  rate) and the fixed one-way cost of a message (the smallest message's time
-  minus its bytes at that rate: gloo's per-message work, syscalls, veth and
-  bridge traversal). Point-to-point fits serve pipelines, allreduce fits
-  data-parallel-only runs (with 2 ranks a ring allreduce of S bytes is one
-  exchange of S bytes: T = S/B + 2 latency, so the per-exchange latency is half
-  the fitted fixed cost). Nothing is fitted to the validation runs themselves:
-  the link numbers come from separate micro-benchmarks recorded in the profile.
-
-* the shaper's token bucket (``t(s) = alpha + max(0, s - b) / rate``), passed
-  as ``link_burst``: the bucket :mod:`perfsim.netem` configured
-  (:func:`perfsim.netem.tbf_burst_bytes`) times the payload share of a frame
-  (fitted rate / nominal rate); profiles without pooled small-message means fall
-  back to the burst ``perfsim calibrate`` fitted over that link
-  (``metadata.network[].burst_bytes``), whose knee is only known to within the
-  4x step between two measured sizes;
-* gloo's point-to-point is receiver-driven (a send's bytes move once the
-  receiver posted its receive), but execute mode posts each stage's receives a
-  step ahead (:mod:`perfsim.runtime.pipeline`), so a send finds its receive
-  posted and pipeline rows use ``p2p_protocol="eager"``;
-* small messages fit in every link's token bucket, so their expected fixed cost
-  is pooled over all emulated rates (:func:`pooled_small_message_s`).
-
-Rows fall back to ``nominal`` when the profile has no measurement at that rate
-(``link_source`` column says which was used).
+What the simulator is told about the link (``link_model``): only the nominal
+emulated rate and the profile. ``predict`` builds the link itself with the same
+transport model it uses for every prediction (:mod:`perfsim.link`): ``profile``
+(default) passes ``link_model="auto"`` -- the link ``perfsim calibrate
+--emulate-bandwidth`` measured at that rate (achieved rate, per-message fixed
+cost, the shaper's token bucket; point-to-point fits for pipelines, allreduce
+fits for collectives), nominal where the profile has no measurement at that rate
+(``link_source`` column says which); ``nominal`` ignores the measurement. Nothing
+is fitted to the validation runs themselves. Execute mode posts each stage's
+receives a step ahead (:mod:`perfsim.runtime.pipeline`), so gloo's
+receiver-driven p2p finds its receive posted: pipeline rows are eager.
 
 ``reuse_measured``: re-predict against the measured results already stored in
-the row's run folders (``runs/<row>/result.json`` and its repeats) instead of
-running again -- for a changed simulator, the measurements stay valid.
+the row's run folders (``runs/<row>/result.json`` and its repeats), else in the
+grid's ``validation.csv`` (its measured columns), instead of running again -- for
+a changed simulator, the measurements stay valid.
 """
 
 from __future__ import annotations
@@ -141,140 +123,25 @@ def parse_bandwidths(text: str) -> tuple[float | None, ...]:
 
 
 # ----------------------------------------------------------------------------- link parameters
-@dataclass(frozen=True)
-class Link:
-    """Bandwidth (bits/s), one-way latency (s), token-bucket burst (bytes) and p2p
-    protocol handed to the simulator."""
+def link_params(profile, bandwidth_bps: float | None, latency_s: float, link_model: str,
+                dp_only: bool) -> tuple[dict[str, Any], str | None]:
+    """What ``predict`` is told about a row's link: the nominal rate and the link model
+    (predict resolves the calibrated link itself, :func:`perfsim.link.resolve_link`).
+    Loopback rows (no emulated rate) have no nominal rate: the profile's loopback
+    measurement is passed as an ideal NIC of that rate (its source is returned too)."""
+    if bandwidth_bps is not None:
+        return {"bandwidth": bandwidth_bps, "latency": latency_s,
+                "link_model": "auto" if link_model == "profile" else "nominal"}, None
+    from perfsim.fabrics import Nic
+    from perfsim.link import Link
 
-    bandwidth_bps: float
-    latency_s: float
-    source: str
-    burst_bytes: float = 0.0
-    protocol: str = "eager"
-    control_latency_s: float | None = None
-
-    def predict_params(self) -> dict[str, Any]:
-        out = {"bandwidth": self.bandwidth_bps, "latency": self.latency_s,
-               "link_burst": self.burst_bytes, "p2p_protocol": self.protocol}
-        if self.control_latency_s is not None:
-            out["p2p_control_latency"] = self.control_latency_s
-        return out
-
-
-def _fits(profile, op: str, name: str) -> list[dict]:
-    return [r for r in profile.records if r["op"] == op and r.get("name") == name]
-
-
-def _expected_s(rec: dict) -> float:
-    """A small message's expected time: the mean of its repeats (``mean_s`` that
-    ``perfsim calibrate`` records), else its ``time_s``. Small messages are
-    bimodal on this machine (~0.1 ms, or a wait for the next 4-ms kernel tick,
-    HZ = 250); the median of 15 repeats lands on either mode, while a run of many
-    messages pays the mean (linearity of expectation)."""
-    from perfsim.calibrate.profile_io import parse_source
-
-    mean = parse_source(rec.get("source")).get("mean_s")
-    try:
-        return float(mean) if mean is not None else float(rec["time_s"])
-    except ValueError:
-        return float(rec["time_s"])
-
-
-#: messages up to this size fit inside every emulated link's token bucket
-#: (perfsim.netem: burst >= 16 x 1514 B), so they cost the same at any rate
-POOL_MAX_BYTES = 16384
-
-
-def pooled_small_message_s(profile, op: str, base: str) -> float | None:
-    """Expected time of a burst-resident small message, pooled over every emulated rate.
-
-    A message that fits in the shaper's token bucket never waits for the rate,
-    so its time -- gloo's per-message work plus, with probability p, a wait for
-    the next 4-ms kernel tick -- is one quantity at 100 Mbps, 300 Mbps or 1 Gbps.
-    Its mean is what a run of many messages pays, but p is small and the
-    samples of one ping-pong loop are correlated (the loop can lock onto the
-    tick's phase): one rate's 60 repeats gave 0.09-1.2 ms in two quiet
-    calibrations. The repeat-weighted mean of every ``<base>@<rate>`` record
-    up to :data:`POOL_MAX_BYTES` uses all of them (~500 samples). None when
-    the profile has no such records with a recorded mean.
-    """
-    total = weight = 0.0
-    for r in profile.records:
-        name = str(r.get("name", ""))
-        if r["op"] != op or not name.startswith(f"{base}@") or r["size_bytes"] > POOL_MAX_BYTES:
-            continue
-        if "mean_s=" not in str(r.get("source", "")):
-            continue
-        n = float(r.get("repeats") or 1)
-        total += n * _expected_s(r)
-        weight += n
-    return total / weight if weight else None
-
-
-def link_from_profile(profile, nominal_bps: float | None, latency_s: float, *, dp_only: bool,
-                      link_model: str = "profile") -> Link:
-    """The link the simulator should model for one validation row (module docstring).
-
-    Pipeline rows use execute mode's own message path (``messenger`` records) when
-    the profile has it, else the raw backend p2p; data-parallel-only rows the
-    allreduce. Rate: slope through the clearly bandwidth-bound sizes
-    (:func:`perfsim.calibrate.fit.fit_shaped_link`; the shaper's burst does not
-    bias it); fixed cost: the smallest message's time.
-    """
-    from perfsim.calibrate.fit import fit_shaped_link
-    from perfsim.calibrate.profile_io import comm_name
-
-    backend = profile.metadata.get("backend", "gloo")
-    if link_model == "nominal" and nominal_bps is not None:
-        return Link(nominal_bps, latency_s, "nominal")
-    # gloo's TCP pairs are receiver-driven, but execute mode posts its receives a
-    # step ahead: a send finds its receive posted (Link's default protocol, eager)
     op = "allreduce" if dp_only else "p2p"
-    names = [comm_name(backend, nominal_bps)] if dp_only else \
-        [comm_name("messenger", nominal_bps), comm_name(backend, nominal_bps)]
-    for name in names:
-        raw = sorted(_fits(profile, op, name), key=lambda r: r["size_bytes"])
-        if len(raw) < 3:
-            continue
-        sizes, times = [r["size_bytes"] for r in raw], [r["time_s"] for r in raw]
-        link = fit_shaped_link(sizes, times)
-        if link is None:  # never bandwidth-bound (fast loopback): slope of the two largest
-            (s0, t0), (s1, t1) = (sizes[-2], times[-2]), (sizes[-1], times[-1])
-            beta = (t1 - t0) / (s1 - s0) if s1 > s0 and t1 > t0 else t1 / s1
-            rate_Bps, alpha = 1.0 / beta, sorted(times[:3])[len(times[:3]) // 2]
-        else:
-            rate_Bps, alpha = link.rate_Bps, link.alpha_s
-        pooled = (pooled_small_message_s(profile, op, name.split("@")[0])
-                  if nominal_bps is not None else None)
-        if pooled is not None:
-            # the fixed cost is the EXPECTED small-message time, pooled over rates
-            alpha = pooled
-        elif any("mean_s=" in str(r.get("source", "")) for r in raw[:3]):
-            # the fixed cost is the EXPECTED small-message time (see _expected_s)
-            alpha = sorted(_expected_s(r) for r in raw[:3])[len(raw[:3]) // 2]
-        # alpha (median of the three smallest) is the middle small message's time. If
-        # the fitted burst clearly exceeds that message, it passed inside the burst
-        # and alpha is the fixed cost; otherwise it paid its bytes at the rate and the
-        # fit's burst absorbed them (t = alpha + (s - b)/rate = fixed + (s - (b - s1))/rate)
-        burst = float(link.burst_bytes) if link is not None and nominal_bps is not None else 0.0
-        if pooled is not None and nominal_bps is not None:
-            # the bucket perfsim.netem configured, in payload bytes (tbf counts frames;
-            # the fitted rate / nominal rate is the payload share of a frame): exact,
-            # where the fitted knee falls anywhere between two 4x-apart sizes
-            from perfsim.netem import tbf_burst_bytes
-
-            burst = tbf_burst_bytes(nominal_bps) * min(1.0, 8.0 * rate_Bps / nominal_bps)
-        if pooled is not None or burst > 2 * sizes[1]:
-            fixed = alpha
-        else:
-            fixed = max(0.0, alpha - sizes[1] / rate_Bps)
-            burst = max(0.0, burst - sizes[1])
-        lat = fixed / 2 if dp_only else fixed  # 2-rank ring allreduce: two latency-bound steps
-        return Link(8.0 * rate_Bps, lat + latency_s, f"profile {op} {name}", burst)
-    if nominal_bps is None:
-        raise ConfigError(f"profile {profile.path!r}: no {op} records for {names[-1]!r}; "
+    link = Link.calibrated(profile, None, latency_s, op=op)
+    if link is None:
+        raise ConfigError(f"profile {profile.path!r}: no {op} records for loopback; "
                           "calibrate with comm ops to validate without emulation")
-    return Link(nominal_bps, latency_s, f"nominal (profile has no {op} {names[-1]})")
+    return ({"nic": Nic(1, link.rate_bps, "ideal"), "latency": link.one_way_s, "link_model": "nominal",
+             "link_burst": link.burst_bytes}, link.source)
 
 
 # ----------------------------------------------------------------------------- running
@@ -338,6 +205,42 @@ def _stored_measurements(run_dir: Path, repeats: int):
     return best, tputs
 
 
+#: stored tables read by --reuse-measured, by path (before this process rewrites them)
+_TABLES: dict[str, list[dict[str, str]]] = {}
+
+
+def _table_measurement(out: str, row: dict[str, Any]):
+    """The measured figures of ``row`` from the grid's stored ``validation.csv`` (the
+    run folders are kept locally, not in git; the table keeps each row's fastest
+    measured run). None when the table has no such row."""
+    import csv
+    from types import SimpleNamespace
+
+    path = Path(out) / "validation.csv"
+    if str(path) not in _TABLES:  # read once: the command rewrites the table after each row
+        if not path.exists():
+            return None
+        with path.open() as fh:
+            _TABLES[str(path)] = list(csv.DictReader(fh))
+    bw = row["bandwidth"]
+    for rec in _TABLES[str(path)]:
+        rec_bw = float(rec["bandwidth_bps"]) if rec.get("bandwidth_bps") else None
+        if (rec_bw != bw or rec["compress"] != row["compress"]
+                or rec["grad_compress"] != row["grad_compress"]):
+            continue
+        summary = {}
+        for key, value in rec.items():
+            if key.startswith("measured_") and key not in ("measured_throughput_all", "measured_repeats"):
+                try:
+                    summary[key[len("measured_"):]] = float(value)
+                except ValueError:
+                    pass
+        summary["measured_steps"] = summary.pop("steps", None)
+        tputs = [float(t) for t in rec.get("measured_throughput_all", "").split(";") if t]
+        return SimpleNamespace(summary=summary), tputs
+    return None
+
+
 def _summary_figures(result, prefix: str) -> dict[str, Any]:
     s = result.summary
     out = {f"{prefix}_{m}": s.get(m) for m in METRICS}
@@ -372,6 +275,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     tputs = []
     if plan.reuse_measured:
         measured, tputs = _stored_measurements(run_dir, plan.repeats)
+        if measured is None:
+            measured, tputs = _table_measurement(plan.out, row) or (None, [])
     for k in range(0 if measured is not None else plan.repeats):
         params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""))
         m = runner(**params)
@@ -380,9 +285,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         if measured is None or tputs[-1] > (measured.summary.get("throughput_samples_per_s") or 0.0):
             measured = m
     wall = time.perf_counter() - t0
-    link = link_from_profile(profile, bw, plan.latency_s, dp_only=dp_only, link_model=plan.link_model)
-    pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
-                       profile=profile, **link.predict_params(), **plan.extra_predict)
+    link, loopback_source = link_params(profile, bw, plan.latency_s, plan.link_model, dp_only)
+    pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"], profile=profile,
+                       **link, **plan.extra_predict)
     if plan.runtime_model:
         pred_params.pop("model", None)
         pred_params["workload"] = str(runtime_workload(base["model"], plan.out))
@@ -393,9 +298,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            "compress": row["compress"], "grad_compress": row["grad_compress"],
            "schedule": base.get("schedule"), "pp": base.get("pp"), "dp": base.get("dp"),
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
-           "predict_bandwidth_bps": link.bandwidth_bps, "predict_latency_s": link.latency_s,
-           "predict_burst_bytes": link.burst_bytes, "predict_p2p_protocol": link.protocol,
-           "link_source": link.source, "measured_steps": measured.summary.get("measured_steps"),
+           **_link_columns(predicted.summary, dp_only, loopback_source), "measured_steps": measured.summary.get("measured_steps"),
            "measured_repeats": len(tputs),
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),
            "run_wall_s": round(wall, 2), "run_dir": str(run_dir)}
@@ -405,6 +308,16 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         p, q = out[f"predicted_{m}"], out[f"measured_{m}"]
         out[f"error_{m}_pct"] = 100.0 * (p - q) / q if p is not None and q else math.nan
     return out
+
+
+def _link_columns(summary: dict[str, Any], dp_only: bool, source: str | None = None) -> dict[str, Any]:
+    """The link the prediction used (collective link for data-parallel-only rows)."""
+    pre = "collective_link" if dp_only else "link"
+    return {"predict_bandwidth_bps": summary.get(f"{pre}_rate_bps"),
+            "predict_latency_s": summary.get(f"{pre}_one_way_s"),
+            "predict_burst_bytes": summary.get(f"{pre}_burst_bytes"),
+            "predict_collective_algo": summary.get("collective_algo"),
+            "link_source": source or summary.get(f"{pre}_source")}
 
 
 def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,

@@ -33,10 +33,10 @@ def add_arguments(p) -> None:
                         "per-message fixed cost; default 60, --quick uses --repeats)")
     p.add_argument("--codecs", default="all",
                    help="comma list of compressor specs to time, 'all' (default) or 'none'")
-    p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger,late,framing",
+    p.add_argument("--comm", default="p2p,allreduce,allgather,alltoall,messenger,late,framing,interference",
                    help="comma list of communication ops to time (messenger = execute mode's message "
                         "path, late = its receive posted after the data arrived, framing = its host "
-                        "time per message), or 'none'")
+                        "time per message, interference = compute alone vs under concurrent allreduces), or 'none'")
     p.add_argument("--emulate-bandwidth", default="",
                    help="also measure comm over emulated links of these rates (comma list, e.g. 1Gbps,100Mbps; "
                         "needs root for network namespaces)")

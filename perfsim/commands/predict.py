@@ -14,6 +14,9 @@ import sys
 from perfsim.errors import ConfigError
 
 HELP = "simulate training throughput over a network with communication compression"
+from perfsim.collectives import ALGORITHMS
+from perfsim.fabrics import FABRICS
+from perfsim.link import LINK_MODELS
 
 #: flag -> api parameter; these accept comma lists (every combination is run)
 LIST_FLAGS = ("model", "bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
@@ -70,6 +73,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--p2p-protocol", choices=("eager", "rendezvous"), default="eager",
                    help="eager: a send starts at once (NCCL-like, default); rendezvous: it starts when "
                         "the receiver has posted its receive (gloo over TCP)")
+    g.add_argument("--intra-node-fabric", choices=tuple(FABRICS),
+                   help="intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; "
+                        "replaces --intra-node-bandwidth)")
+    g.add_argument("--nic", help="NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
+                                 "total replaces --bandwidth, KIND (ethernet|infiniband|ideal, default ethernet) "
+                                 "gives the transport efficiency of an uncalibrated link")
+    g.add_argument("--collective-algo", choices=ALGORITHMS, default="auto",
+                   help="allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree "
+                        "(double binary tree) or hierarchical (default auto)")
+    g.add_argument("--link-model", choices=LINK_MODELS, default="auto",
+                   help="auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; "
+                        "calibrated: require the measurement; nominal: ignore it (default auto)")
+    g.add_argument("--comm-slowdown", help="compute slowdown while communication overlaps it, e.g. 0.1 "
+                                           "(default: the profile's measured interference, else 0)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "csv", "json"), help="output format (default table, or from --output's suffix)")
     g.add_argument("--output", "-o", help="write to FILE (atomically) instead of stdout")
@@ -95,7 +112,9 @@ def _grid(args) -> list[dict]:
                   intra_node_bandwidth=args.intra_node_bandwidth, nic_sharing=not args.no_nic_sharing,
                   link_burst=args.link_burst, p2p_protocol=args.p2p_protocol, seq_len=args.seq_len,
                   sequence_parallel=args.sequence_parallel, placement=args.placement, zero=args.zero,
-                  allow_oom=args.allow_oom)
+                  allow_oom=args.allow_oom, intra_node_fabric=args.intra_node_fabric, nic=args.nic,
+                  collective_algo=args.collective_algo, link_model=args.link_model,
+                  comm_slowdown=args.comm_slowdown)
     names = list(lists)
     return [{**common, **dict(zip(names, combo))} for combo in itertools.product(*(lists[n] for n in names))]
 

@@ -68,7 +68,8 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
 def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None,
              allow_oom: bool = False):
     """Simulate one steady-state iteration (and the warm-up one when the pipeline
-    compressor has a different first-epoch wire size); return a Result.
+    compressor has a different first-epoch wire size, or a 1-bit optimizer syncs
+    uncompressed for its first steps); return a Result.
 
     ``symmetric``: None groups replicas into classes (:func:`replica_classes`);
     False simulates every replica (the reference for tests); True forces one.
@@ -77,7 +78,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     from perfsim.engine.sim import Simulation
     from perfsim.hardware import get_gpu
 
-    network = Network(system, strategy.devices)
+    network = Network(system, strategy.devices, profile)
     gpu = get_gpu(system.gpu) if system.gpu else None
     plan = build_plan(workload, strategy, profile, network, gpu)
     memory = check_memory(workload, strategy, system, plan, allow_oom)
@@ -89,11 +90,12 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
     weights = {c[0]: len(c) for c in classes}
-    out = Simulation(plan, network, strategy.schedule, replicas=reps, trace=trace).run()
+    out = Simulation(plan, network, strategy.schedule, replicas=reps, trace=trace, profile=profile).run()
     warm = None
-    if plan.has_warmup:
-        warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps).run()
-    return build_result(out, warm, plan, workload, strategy, system, weights=weights, memory=memory)
+    if plan.has_warmup or plan.onebit_warmup_steps:
+        warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps, profile=profile).run()
+    return build_result(out, warm, plan, workload, strategy, system, weights=weights, memory=memory,
+                        network=network)
 
 
 __all__ = ["Plan", "build_plan", "replica_classes", "simulate"]

@@ -31,8 +31,9 @@ from perfsim.compression.base import CommStep, numel_of
 from perfsim.errors import ConfigError
 from perfsim.workload import partition
 
-#: fallback optimizer cost when the profile has none: Adam moves 28 bytes per
-#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth
+#: fallback optimizer / copy cost when the profile has none: Adam moves 28 bytes per
+#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth (bytes/s;
+#: V100 HBM2, NVIDIA V100 datasheet)
 FALLBACK_MEMORY_BPS = 900e9
 
 
@@ -43,8 +44,9 @@ class Bucket:
     numel: int
     ready_fraction: float  # share of the last backward done when it is ready
     steps: list[CommStep]
-    encode_s: float
-    decode_s: float
+    encode_s: float  # every encode the runtime performs for this bucket
+    decode_s: float  # every decode (codec_passes)
+    copy_s: float = 0.0  # flatten the gradients into the bucket and copy the result back
 
 
 @dataclass
@@ -89,6 +91,10 @@ class Plan:
     tp: int = 1
     #: GPU index of (tensor rank, replica, stage) -> perfsim.config.Strategy.device
     device: object = None
+    #: 1-bit optimizer (``onebit-adam``/``onebit-lamb``): its uncompressed warm-up steps
+    #: (0 otherwise) and the per-stage buckets of such a warm-up step
+    onebit_warmup_steps: int = 0
+    warmup_buckets: list[list[Bucket]] | None = None
 
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
@@ -164,9 +170,14 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     bounds = partition(costs, pp, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
     fw_comp, bw_comp = make_pipeline_pair(fw_spec_in)
-    # built even when dp == 1 so that a misspelt spec is reported, not ignored
-    grad_comp = make_compressor("fp32" if grad_spec.lower() == "none" else grad_spec)
+    from perfsim.runtime.grad_sync import parse_grad_spec
+
+    gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
+    onebit = gspec.kind == "optimizer"
+    # a 1-bit optimizer's compressed stage averages momentum with the onebit compressor
+    grad_comp = make_compressor("onebit" if onebit else "fp32" if grad_spec.lower() == "none" else grad_spec)
     rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
+    warm_buckets: list[list[Bucket]] = []
     stages: list[StagePlan] = []
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
@@ -208,18 +219,29 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
                 st.fw_decode_s += framing("recv", st.fw_bytes)
                 st.bw_encode_s += framing("send", st.bw_bytes)
                 st.bw_decode_s += framing("recv", st.bw_bytes)
-        if dp > 1:
+        if dp > 1 and onebit:
+            # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
+            # (then: the 3-phase 1-bit allreduce) of the stage into ONE buffer after the
+            # backward (perfsim.runtime.onebit_optim, one-bit-lamb-paper Sec. 4.2)
+            fused = 4 * max(1, st.params)
+            st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile)
+            warm_buckets.append(_buckets(layers, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
+                                         profile))
+        elif dp > 1:
             st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native)
         st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
         stages.append(st)
-    # The link itself (rate, latency) is the System's: a profile's p2p/collective
-    # fits are per emulated rate, and perfsim validate turns them into the System
-    # it passes (perfsim.analysis.validate.link_from_profile), so they are not
-    # applied a second time here.
+    warm_steps = 0
+    if onebit and dp > 1:
+        from perfsim.runtime.onebit_optim import default_warmup
+
+        iters = -(-strategy.dataset_samples // (strategy.macro_batch * dp))
+        warm_steps = gspec.warmup if gspec.warmup is not None else default_warmup(iters * strategy.epochs)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
-                strategy.overlap_grad_sync, tp, strategy.device)
+                strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
+                warm_buckets if warm_steps else None)
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
@@ -288,8 +310,56 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                                       f"elements ({exc})") from exc
                 # uncompressed gradients go to the collective as they are (no codec call)
                 plain = spec in ("fp32", "none") or native
+                enc, dec = codec_passes(steps, dp)
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
-                                      0.0 if plain else profile.encode_time(spec, 4 * numel),
-                                      0.0 if plain else profile.decode_time(spec, 4 * numel)))
+                                      0.0 if plain else enc * profile.encode_time(spec, 4 * numel),
+                                      0.0 if plain else dec * profile.decode_time(spec, 4 * numel),
+                                      2 * copy_time(profile, 4 * numel)))
             current = []
     return buckets
+
+
+def codec_passes(steps, dp: int) -> tuple[float, float]:
+    """(encodes, decodes) of a whole bucket that the runtime performs per sync,
+    counted in full-bucket passes (measured: tests/test_fidelity.py counts the
+    runtime's codec calls and the elements they touch).
+
+    * 1-bit 3-phase allreduce (an alltoall then an allgather;
+      :meth:`perfsim.compression.onebit.OneBit.allreduce_mean`): encode the bucket,
+      decode the ``dp`` received chunks (one bucket), re-encode this rank's chunk
+      (``1/dp`` of a bucket), decode the ``dp`` gathered chunks (one bucket): 1 + 1/dp
+      encodes, 2 decodes;
+    * an allgather of payloads (the compressor base class, QSGD, ECQ-SGD, DirectQ):
+      one encode, one decode per gathered payload, this rank's included: ``dp``;
+    * otherwise (allreduce of codes, MaxNorm family): one of each.
+    """
+    kinds = {st.kind for st in steps}
+    if "alltoall" in kinds and "allgather" in kinds:
+        return 1.0 + 1.0 / dp, 2.0
+    if "allgather" in kinds:
+        return 1.0, float(dp)
+    return 1.0, 1.0
+
+
+def copy_time(profile, nbytes: float) -> float:
+    """One copy of ``nbytes`` (gradient bucketing: flatten into the bucket, copy the
+    averaged bucket back; PyTorch DDP, Li et al. VLDB 2020 Sec. 3.2.3): the
+    profile's measured fp32 "codec" (a copy into a fresh buffer), else read + write
+    at :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
+    measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
+    return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
+
+
+def comm_slowdown(profile) -> float:
+    """Compute slowdown while communication overlaps it: the profile's compute time
+    under concurrent allreduces over its time alone, minus one (``perfsim calibrate``
+    op ``interference``, :mod:`perfsim.calibrate.interference`); 0 when not measured."""
+    if profile is None:
+        return 0.0
+    times = {}
+    for r in getattr(profile, "records", ()):
+        if r.get("op") == "interference":
+            times[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
+    if times.get("alone", 0) > 0 and "allreduce" in times:
+        return max(0.0, times["allreduce"] / times["alone"] - 1.0)
+    return 0.0

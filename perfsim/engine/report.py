@@ -15,9 +15,10 @@ Definitions (per iteration of one macro-batch per replica):
 * summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
   ``optimizer_s``: means over the stages;
 * ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
-  iterations); ``total_s``: ``epochs`` epochs end to end, the first one with the
-  compressor's warm-up wire size (AQ-SGD sends full activations on a sample's
-  first visit, aq-sgd-paper Sec. 3 / Alg. 1);
+  iterations); ``warmup_s``: the warm-up iterations -- AQ-SGD's first epoch (full
+  activations on a sample's first visit, aq-sgd-paper Sec. 3 / Alg. 1), a 1-bit
+  optimizer's uncompressed steps (one-bit-lamb-paper Sec. 3-4); ``total_s``:
+  ``epochs`` epochs end to end, warm-up included;
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
   (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
@@ -33,7 +34,7 @@ from perfsim.schedules import get_schedule, max_in_flight
 
 
 def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None,
-                 weights: dict[int, int] | None = None, memory=None) -> Result:
+                 weights: dict[int, int] | None = None, memory=None, network=None) -> Result:
     """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
     p, dp = plan.pp, plan.dp
     table = get_schedule(strategy.schedule)(p, plan.num_microbatches)
@@ -52,7 +53,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
             "encode_s": d.codec_s,
             "idle_s": max(0.0, T - d.compute_s - d.codec_s - d.optimizer_s - d.tp_comm_s),
-            "dp_sync_s": d.dp_sync_s, "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
+            "dp_sync_s": d.dp_sync_s, "interference_s": d.interference_s,
+            "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
             "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s, "represents": weights[r],
             "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
             "fwd_s_per_mb": sp.fwd_s, "bwd_s_per_mb": sp.bwd_s,
@@ -76,7 +78,12 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     iters = math.ceil(strategy.dataset_samples / samples)
     warm_T = warm.iteration_s if warm is not None else T
     epoch_s = iters * T
-    total_s = iters * warm_T + (strategy.epochs - 1) * epoch_s
+    # warm-up iterations: AQ-SGD's first epoch, a 1-bit optimizer's uncompressed steps
+    # (both at once: the longer of the two, simulated with both effects)
+    total_iters = iters * strategy.epochs
+    warm_iters = min(total_iters, max(iters if plan.has_warmup else 0, plan.onebit_warmup_steps))
+    warmup_s = warm_iters * warm_T
+    total_s = warmup_s + (total_iters - warm_iters) * T
     mean = lambda key: sum(st[key] * st["represents"] for st in stages) / n  # noqa: E731
     topo = system.topology
     summary = {
@@ -92,7 +99,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "dp_bytes": sum(out.dp_bytes_per_rank.values()) * dp,
         "peak_inflight": max(inflight), "epoch_s": epoch_s, "source": "predicted",
         "total_s": total_s, "epochs": strategy.epochs, "iterations_per_epoch": iters,
-        "warmup_iteration_s": warm_T, "pipeline_s": out.pipeline_s,
+        "warmup_iteration_s": warm_T, "warmup_iterations": warm_iters, "warmup_s": warmup_s,
+        "interference_s": mean("interference_s"), "pipeline_s": out.pipeline_s,
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
         "events": out.events + (warm.events if warm is not None else 0),
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
@@ -104,6 +112,16 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "fits": (max(x.total for x in mem) <= cap) if mem and cap else None,
         "compute_model": workload.compute_source,
     }
+    if network is not None:
+        link, coll = network.link, network.collective_link
+        algos = out.collective_algos
+        summary.update({"nic_kind": system.nic_kind, "nics_per_node": system.nics_per_node,
+                        "intra_node_bandwidth_bps": system.intra_node_bandwidth_bps,
+                        "link_rate_bps": link.rate_bps, "link_one_way_s": link.one_way_s,
+                        "link_burst_bytes": link.burst_bytes, "link_source": link.source,
+                        "collective_link_rate_bps": coll.rate_bps, "collective_link_one_way_s": coll.one_way_s,
+                        "collective_link_burst_bytes": coll.burst_bytes, "collective_link_source": coll.source,
+                        "collective_algo": system.collective_algo if not algos else ",".join(algos)})
     if extra:
         summary.update(extra)
     trace = []

@@ -15,8 +15,9 @@ one at a time (a TCP/NCCL connection is a byte stream); different connections
 share NICs max-min fairly (:mod:`perfsim.engine.flows`). A message arrives
 ``latency`` after its last byte left.
 
-Token-bucket egress (``System.link_burst_bytes`` = b > 0; Linux ``tc tbf``, which
-is how execute mode emulates a link): each node's inter-node egress holds up
+The links are the network's :class:`perfsim.link.Link` objects (one transport
+model, nominal or calibrated). Token-bucket egress (``Link.burst_bytes`` = b > 0;
+Linux ``tc tbf``, which is how execute mode emulates a link): each node's inter-node egress holds up
 to b tokens, refilled at the link rate while no shaped bytes queue. A message
 of n bytes leaving with k tokens passes min(n, k) bytes at once and only the
 rest through the rate-limited flow: after an idle spell a message <= b arrives
@@ -24,7 +25,7 @@ in ``latency`` alone, a long stream runs at the rate (measured by
 ``perfsim calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps
 draw on the buckets of the ranks that send.
 
-Rendezvous p2p (``System.p2p_protocol = "rendezvous"``; gloo's TCP pairs are
+Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
 receiver-driven): a message's bytes start at max(send time, ready time), where
 the ready time is when the receiver posted its receive (the device reached the
 action that waits for it), plus the wait for bytes already queued on the
@@ -36,8 +37,13 @@ the other way and completes after two 18-ms transfers.
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
-communication stream, overlapping the rest of the backward. The optimizer
-step follows the last bucket.
+communication stream, overlapping the rest of the backward; each collective's
+algorithm and phases come from :meth:`perfsim.network.Network.collective`. The
+optimizer step follows the last bucket.
+
+Interference: while a device has a transfer running, its compute advances at
+``1 / (1 + slowdown)`` (``System.comm_slowdown`` or the profile's measured
+``interference``), so only the overlapping part of a compute step stretches.
 
 Tensor parallelism: a stage's forward and backward include its layers'
 collectives (timed in the plan on the group's links). Its ``tp`` GPUs send
@@ -64,8 +70,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from perfsim.engine.flows import FlowScheduler
-from perfsim.engine.plan import Plan
-from perfsim.network import Network, collective_cost
+from perfsim.engine.plan import Plan, comm_slowdown
+from perfsim.network import Network
 from perfsim.schedules import FORWARD, get_schedule
 
 
@@ -81,6 +87,7 @@ class DeviceStats:
     tp_comm_s: float = 0.0
     last_backward_end: float = 0.0
     end: float = 0.0
+    interference_s: float = 0.0  # compute stretched by overlapping communication
 
 
 @dataclass
@@ -94,6 +101,7 @@ class SimOutput:
     dp_bytes_per_rank: dict[int, float]
     events: int
     trace: list[dict] = field(default_factory=list)
+    collective_algos: tuple[str, ...] = ()
 
 
 class _Connection:
@@ -140,7 +148,7 @@ class _Egress:
 
 class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
-                 replicas: list[int] | None = None, trace: bool = False):
+                 replicas: list[int] | None = None, trace: bool = False, profile=None):
         self.plan, self.net = plan, network
         self.table = get_schedule(schedule)(plan.pp, plan.num_microbatches)
         self.warmup = warmup
@@ -153,16 +161,25 @@ class Simulation:
         self.stats = {(r, s): DeviceStats() for r in self.replicas for s in range(plan.pp)}
         self.micro: dict[tuple[int, int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.links: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+        # a 1-bit optimizer's warm-up steps sync uncompressed (Plan.warmup_buckets)
+        self.buckets = (plan.warmup_buckets if warmup and plan.warmup_buckets
+                        else [sp.buckets for sp in plan.stages])
         self.bucket_ready = {(r, s, k): self.env.event() for r in self.replicas
-                             for s in range(plan.pp) for k in range(len(plan.stages[s].buckets))}
+                             for s in range(plan.pp) for k in range(len(self.buckets[s]))}
         self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(plan.pp)}
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
+        link, coll = network.link, network.collective_link
+        self.burst, self.coll_burst = link.burst_bytes, coll.burst_bytes
+        self.rendezvous = link.protocol == "rendezvous"
+        self.control_latency = link.control_latency_s
         sysm = network.system
-        self.burst = float(getattr(sysm, "link_burst_bytes", 0.0) or 0.0)
-        self.rendezvous = getattr(sysm, "p2p_protocol", "eager") == "rendezvous"
-        self.control_latency = getattr(sysm, "p2p_control_latency_s", None)
+        self.slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile)
+        self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
+        self.comm_change: dict[int, simpy.Event] = {}
+        self.algos: dict[str, None] = {}  # collective algorithms used, in order
+        self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
         self.egress: dict[int, _Egress] = {}
         self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[tuple, simpy.Event] = {}
@@ -190,18 +207,53 @@ class Simulation:
             self.trace.append(ev)
 
     # ------------------------------------------------------------ shaping
-    def _egress(self, node: int) -> _Egress:
+    def _egress(self, node: int, burst: float) -> _Egress:
         eg = self.egress.get(node)
         if eg is None:
-            eg = self.egress[node] = _Egress(self.burst)
+            eg = self.egress[node] = _Egress(burst)
         return eg
 
-    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float) -> float:
+    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float, burst: float | None = None) -> float:
         """Bytes of a message src -> dst that go through the rate limit (token bucket)."""
         a, b = self.net.node(src), self.net.node(dst)
         if a == b:  # intra-node fabric: not shaped
             return nbytes
-        return self._egress(a).take(self.env.now, nbytes, self.burst, rate_bps / 8.0)
+        burst = self.burst if burst is None else burst
+        return self._egress(a, burst).take(self.env.now, nbytes, burst, rate_bps / 8.0)
+
+    # ------------------------------------------------------------ interference
+    def _comm(self, devices, delta: int) -> None:
+        """``devices`` start (+1) or end (-1) a transfer; wakes their running compute."""
+        if not self.slowdown:
+            return
+        for d in devices:
+            self.comm_active[d] += delta
+            ev = self.comm_change.pop(d, None)
+            if ev is not None:
+                ev.succeed()
+
+    def _work(self, st, dev: int, seconds: float):
+        """``seconds`` of compute on ``dev``, at 1 / (1 + slowdown) of its speed while
+        communication runs on it (the calibrated interference); the stretch is
+        added to ``st.interference_s``."""
+        env = self.env
+        if not self.slowdown or seconds <= 0:
+            if seconds > 0:
+                yield env.timeout(seconds)
+            return
+        left, t_start = seconds, env.now
+        while left > 1e-12:
+            speed = 1.0 / (1.0 + self.slowdown) if self.comm_active[dev] > 0 else 1.0
+            change = self.comm_change.get(dev)
+            if change is None:
+                change = self.comm_change[dev] = env.event()
+            t0 = env.now
+            done = env.timeout(left / speed)
+            yield done | change
+            left -= (env.now - t0) * speed
+            if done.processed:  # (a Timeout is 'triggered' from creation)
+                break
+        st.interference_s += max(0.0, env.now - t_start - seconds)
 
     def _post(self, key, r: int, s: int, peer_stage: int) -> None:
         """Rendezvous: the receiver (r, s) posts its receive for ``key`` now; its ready
@@ -258,7 +310,10 @@ class Simulation:
         path = self.net.path(src, dst)
         env = self.env
 
+        self._comm((src, dst), +1)
+
         def finished(start, end):
+            self._comm((src, dst), -1)
             link = self.links[(src, dst, "p2p")]
             link[0] += nbytes
             link[1] += end - start
@@ -291,6 +346,7 @@ class Simulation:
             if a.kind != FORWARD:
                 last_b = a
         prev = plan.stages[s - 1] if s > 0 else None
+        me = self.dev(r, s)
         for a in self.table[s]:
             mb = a.microbatch
             cell = self.micro[(r, s, mb)] if r == self.replicas[0] else self._scratch
@@ -300,7 +356,9 @@ class Simulation:
                     yield self._box((r, s, "F", mb))
                     yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
                 t0 = env.now
-                yield env.timeout(sp.fwd_s + sp.fwd_tp_s)
+                yield from self._work(st, me, sp.fwd_s)
+                if sp.fwd_tp_s > 0:  # tensor-parallel collectives, serial with the compute
+                    yield env.timeout(sp.fwd_tp_s)
                 st.compute_s += sp.fwd_s
                 st.tp_comm_s += sp.fwd_tp_s
                 cell["fwd_compute_s"] += sp.fwd_s
@@ -315,10 +373,12 @@ class Simulation:
                     yield self._box((r, s, "B", mb))
                     yield from self._codec(st, cell, r, s, sp.bw_decode_s, f"decode grad mb{mb}")
                 t0 = env.now
-                if a is last_b and sp.buckets:
+                if a is last_b and self.buckets[s]:
                     yield from self._last_backward(r, s, sp)
                 else:
-                    yield env.timeout(sp.bwd_s + sp.bwd_tp_s)
+                    yield from self._work(st, me, sp.bwd_s)
+                    if sp.bwd_tp_s > 0:
+                        yield env.timeout(sp.bwd_tp_s)
                 st.compute_s += sp.bwd_s
                 st.tp_comm_s += sp.bwd_tp_s
                 cell["bwd_compute_s"] += sp.bwd_s
@@ -327,7 +387,7 @@ class Simulation:
                     yield from self._codec(st, cell, r, s, prev.bw_encode_s, f"encode grad mb{mb}")
                     self.send(r, s, s - 1, (r, s - 1, "B", mb), prev.bw_bytes, mb, "B")
         st.last_backward_end = env.now
-        if sp.buckets:
+        if self.buckets[s]:
             yield self.sync_done[(r, s)]
         t0 = env.now
         yield env.timeout(sp.optimizer_s)
@@ -346,63 +406,93 @@ class Simulation:
     def _last_backward(self, r, s, sp):
         """The last backward of a stage, cut where each gradient bucket is complete."""
         done = 0.0
+        st, me = self.stats[(r, s)], self.dev(r, s)
         total = sp.bwd_s + sp.bwd_tp_s
-        for k, bucket in enumerate(sp.buckets):
+        for k, bucket in enumerate(self.buckets[s]):
             target = bucket.ready_fraction * total if self.plan.overlap else total
             if target > done:
-                yield self.env.timeout(target - done)
+                yield from self._work(st, me, target - done)
                 done = target
             self.bucket_ready[(r, s, k)].succeed()
         if total > done:
-            yield self.env.timeout(total - done)
+            yield from self._work(st, me, total - done)
 
     # ------------------------------------------------------------ data parallel
+    def run_collective(self, kind: str, nbytes: float, members: list[int], simulated: set[int],
+                       lanes: int = 1):
+        """Run one collective of ``kind`` (per-rank buffer ``nbytes``) over the devices
+        ``members`` as flows on the shared NICs; ``simulated``: the members this
+        simulation runs (their nodes' NICs are loaded; the others are represented by
+        them). Planned by :meth:`perfsim.network.Network.collective` (algorithm,
+        phases); the one engine entry point for any group's collective (data-parallel
+        gradients here; tensor-parallel groups call it the same way). ``lanes``: that many
+        identical groups (the TP ranks' rings) run side by side, sharing the NICs while
+        each has its own intra-node link. Returns the plan."""
+        env, net = self.env, self.net
+        key = tuple(members)
+        geo = self._groups.get(key)
+        if geo is None:
+            sim_nodes = {net.node(d) for d in simulated}
+            ring = net.ring_paths(members, net.collective_link)
+            nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
+            n = len(members)
+            edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
+            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+            geo = self._groups[key] = (nics, edges, shaped)
+        nics, edges, shaped_edges = geo
+        shaping = self.coll_burst > 0 or self.rendezvous
+        coll = net.collective(kind, nbytes, members)
+        self.algos[coll.algo] = None
+        start = env.now
+        self._comm(simulated, +1)
+        for group in coll.phases:
+            events, lat = [], 0.0
+            for ph in group:
+                volume, rate = ph.volume_bytes * lanes, ph.rate_bps * lanes
+                if ph.inter_node and shaping and shaped_edges:
+                    # each simulated sender draws on its own bucket; the ring moves
+                    # in lock step, so the phase's shaped bytes are the largest
+                    volume = max(self._shaped(a, b, volume, rate, self.coll_burst)
+                                 for a, b in shaped_edges)
+                events.append(self.flows.transfer(volume, nics if ph.inter_node else (), rate))
+                lat = max(lat, ph.latency_s)
+            yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
+            if lat > 0:
+                yield env.timeout(lat)
+        self._comm(simulated, -1)
+        for src, dst in edges:
+            link = self.links[(src, dst, kind)]
+            link[0] += coll.wire_bytes
+            link[1] += env.now - start
+        return coll
+
     def stage_sync(self, s: int):
         """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
-        collectives in ``dp_plan`` order, one communication stream."""
+        collectives in ``dp_plan`` order, one communication stream
+        (:meth:`run_collective`)."""
         env, plan = self.env, self.plan
-        sp = plan.stages[s]
         members = [self.dev(r, s) for r in range(plan.dp)]
-        ring = self.net.ring_paths(members)
         simulated = {self.dev(r, s) for r in self.replicas}
-        sim_nodes = {self.net.node(d) for d in simulated}
-        resources = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
-        cap = min(pth.bandwidth_bps for pth in ring)
-        lat = max(pth.latency_s for pth in ring)
-        edges = [(members[i], members[(i + 1) % len(members)]) for i in range(len(members))
-                 if members[i] in simulated]
-        for k, bucket in enumerate(sp.buckets):
+        for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
             for r in self.replicas:
                 st = self.stats[(r, s)]
                 if st.dp_sync_start is None:
                     st.dp_sync_start = t0
-            if bucket.encode_s > 0:
-                yield env.timeout(bucket.encode_s)
+            host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
+            if host > 0:
+                yield env.timeout(host)
             for step in bucket.steps:
-                volume, nsteps = collective_cost(step.kind, step.nbytes, plan.dp)
-                self.dp_bytes_per_rank[s] += volume
                 start = env.now
-                lanes = self.lanes  # the TP ranks' rings run side by side
-                shaped = volume * lanes
-                if self.burst > 0 or self.rendezvous:
-                    # each simulated sender draws on its own bucket; the ring moves in
-                    # lock step, so the step's shaped bytes are the largest of them
-                    shaped = max((self._shaped(a, b, volume * lanes, cap * lanes) for a, b in edges),
-                                 default=volume * lanes)
-                yield self.flows.transfer(shaped, resources, cap * lanes)
-                if nsteps and lat > 0:
-                    yield env.timeout(nsteps * lat)
-                for src, dst in edges:
-                    link = self.links[(src, dst, step.kind)]
-                    link[0] += volume
-                    link[1] += env.now - start
-                self._span(f"{step.kind} b{k} {step.label}", "dp", self.replicas[0],
-                           2000 + s, start, env.now, {"bytes": step.nbytes})
-            n_decode = plan.dp if any(st_.kind == "allgather" for st_ in bucket.steps) else 1
-            if bucket.decode_s > 0:
-                yield env.timeout(bucket.decode_s * n_decode)
+                coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
+                                                      lanes=self.lanes)
+                self.dp_bytes_per_rank[s] += coll.wire_bytes
+                self._span(f"{step.kind} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
+                           2000 + s, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
+            host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
+            if host > 0:
+                yield env.timeout(host)
             for r in self.replicas:
                 self.stats[(r, s)].dp_sync_s += env.now - t0
         for r in self.replicas:
@@ -413,7 +503,7 @@ class Simulation:
         plan = self.plan
         procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
         for s in range(plan.pp):
-            if plan.stages[s].buckets:
+            if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
         # The cyclic GC would rescan the many live generators and events again and
         # again (3-4x the run time on large topologies); reference counting still
@@ -432,4 +522,4 @@ class Simulation:
             pipeline_s=max(d.last_backward_end for d in devs.values()),
             devices=devs, micro={k: dict(v) for k, v in self.micro.items()}, links=dict(self.links),
             replicas=self.replicas, dp_bytes_per_rank=dict(self.dp_bytes_per_rank), events=events,
-            trace=self.trace)
+            trace=self.trace, collective_algos=tuple(self.algos))

@@ -1,0 +1,162 @@
+"""Collective algorithms: ring, double binary tree, hierarchical; NCCL-like selection.
+
+A collective on ``N`` ranks spread over ``M`` nodes (``g`` ranks per node, the
+largest count), with a per-rank buffer of ``S`` bytes, intra-node rate ``B_in``
+and per-step latency ``a_in``, inter-node rate ``B_out`` (a node's NICs, shared
+by its ranks) and per-step latency ``a_out``, is a sequence of *phases*; each
+phase moves ``V`` bytes through its bottleneck at rate ``B`` and then pays its
+latency-bound steps: ``T = sum(V / B + steps * a)``. The engine turns each
+phase into a fluid flow (:mod:`perfsim.engine.flows`), so collectives running at
+once share the NICs max-min fairly; :meth:`Collective.time` is the uncontended
+closed form.
+
+allreduce
+  * ring (Patarasuk & Yuan, JPDC 69(2) 2009): ``V = 2(N-1)/N S`` at
+    ``min(B_in, B_out)``, ``2(N-1)`` steps of the slowest hop's latency. NCCL's
+    rings cross each node boundary once per direction, so a node's NICs carry
+    ``V`` in each direction;
+  * tree: NCCL's double binary tree (Sanders, Speck & Traeff, "Two-tree algorithms
+    for full bandwidth broadcast, reduction and scan", Parallel Computing 35(12),
+    2009; NCCL 2.4, Jeaugey, NVIDIA blog "Massively Scale Your Deep Learning
+    Training with NCCL 2.4", 2019): a chain inside each node, two complementary
+    binary trees across nodes, each carrying half the data: every node sends and
+    receives ``2 S`` (reduce up, broadcast down, pipelined), ``V = 2 S`` at
+    ``0.92 min(B_in, B_out)``, ``2 (floor(log2 M) a_out + (g-1) a_in)`` latency --
+    the bandwidth factor and latency of NCCL's own tuning model
+    (src/graph/tuning.cc, ncclTopoTuneModel);
+  * hierarchical (Jia et al., "Highly Scalable Deep Learning Training System with
+    Mixed-Precision", arXiv:1807.11205; Horovod's hierarchical allreduce):
+    intra-node reduce-scatter ``(g-1)/g S`` at ``B_in``, ``g-1`` steps; ``g``
+    concurrent inter-node ring allreduces of ``S/g`` (together ``2(M-1)/M S``
+    through each node's NICs) at ``B_out``, ``2(M-1)`` steps; intra-node
+    allgather ``(g-1)/g S``, ``g-1`` steps.
+
+``auto`` picks the least modelled time, as NCCL's tuner does (it predicts each
+algorithm's time from latency and bandwidth per node count and fabric and takes
+the fastest, NCCL_ALGO's default; NVIDIA/nccl#790): trees win small messages on
+many nodes, rings large ones. ``--collective-algo`` forces one (as NCCL_ALGO).
+
+Other kinds (ring or pairwise only; a forced tree/hierarchical applies to allreduce):
+allgather (``S`` = each rank's contribution) ``V = (N-1) S``, ``N-1`` steps;
+reduce_scatter (``S`` = each rank's input) ``V = (N-1)/N S``, ``N-1`` steps;
+alltoall (pairwise exchange): a node's NICs carry ``g S (N-g)/N`` while each
+rank moves ``(g-1)/N S`` inside the node, ``N-1`` steps; broadcast (pipelined
+chain) ``V = S``, ``N-1`` steps; p2p ``V = S``, 1 step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
+#: tree allreduce achieves 0.92 of the ring's bus bandwidth (NCCL src/graph/tuning.cc,
+#: ncclTopoTuneModel: ``if (a == NCCL_ALGO_TREE && coll == ncclFuncAllReduce) busBw *= .92``)
+TREE_EFFICIENCY = 0.92
+KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "p2p")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``volume_bytes`` through a bottleneck of ``rate_bps``, then ``latency_s``;
+    ``inter_node``: the volume crosses the nodes' NICs (shared resources)."""
+
+    volume_bytes: float
+    rate_bps: float
+    inter_node: bool
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A planned collective: phases in order (each a tuple of concurrent phases)."""
+
+    kind: str
+    algo: str
+    phases: tuple[tuple[Phase, ...], ...]
+    wire_bytes: float  # bytes each rank puts on the wire
+
+    def time(self) -> float:
+        """Uncontended time (module docstring)."""
+        return sum(max(p.volume_bytes * 8.0 / p.rate_bps + p.latency_s for p in group)
+                   for group in self.phases)
+
+
+@dataclass(frozen=True)
+class GroupShape:
+    """Where a collective's ranks live: ``n`` ranks on ``nodes`` nodes, at most
+    ``per_node`` on one; the rates (bits/s) and per-step latencies inside a node and
+    between nodes (the slowest hop's)."""
+
+    n: int
+    nodes: int
+    per_node: int
+    intra_bps: float
+    intra_latency_s: float
+    inter_bps: float
+    inter_latency_s: float
+
+
+def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring") -> Collective:
+    multi = g.nodes > 1
+    rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
+    lat = g.inter_latency_s if multi else g.intra_latency_s
+    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat),),), volume)
+
+
+def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collective:
+    """The collective ``kind`` of per-rank buffer ``nbytes`` on ``g`` (module docstring)."""
+    if algo not in ALGORITHMS:
+        raise ConfigError(f"collective_algo={algo!r}: choose from {', '.join(ALGORITHMS)}")
+    n, S = g.n, float(nbytes)
+    if kind == "p2p":
+        return _flat(kind, S, g, S, 1)
+    if kind not in KINDS:
+        raise ConfigError(f"collective {kind!r}: unknown")
+    if n <= 1:
+        return Collective(kind, "ring", (), 0.0)
+    if kind == "allreduce":
+        options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1)),
+                   "tree": lambda: _tree(S, g),
+                   "hierarchical": lambda: _hierarchical(S, g)}
+        if algo != "auto":
+            return options[algo]()
+        return min((f() for f in options.values()), key=Collective.time)
+    if kind == "allgather":
+        return _flat(kind, S, g, (n - 1) * S, n - 1)
+    if kind == "reduce_scatter":
+        return _flat(kind, S, g, (n - 1) / n * S, n - 1)
+    if kind == "broadcast":
+        return _flat(kind, S, g, S, n - 1)
+    return _alltoall(S, g)
+
+
+def _tree(S: float, g: GroupShape) -> Collective:
+    lat = 2.0 * (math.floor(math.log2(g.nodes)) * g.inter_latency_s + (g.per_node - 1) * g.intra_latency_s)
+    multi = g.nodes > 1
+    rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
+    return Collective("allreduce", "tree", ((Phase(2.0 * S, rate * TREE_EFFICIENCY, multi, lat),),), 2.0 * S)
+
+
+def _hierarchical(S: float, g: GroupShape) -> Collective:
+    k, m = g.per_node, g.nodes
+    if m == 1 or k == 1:  # one level only: the plain ring
+        c = _flat("allreduce", S, g, 2.0 * (g.n - 1) / g.n * S, 2 * (g.n - 1))
+        return Collective("allreduce", "hierarchical", c.phases, c.wire_bytes)
+    local = Phase((k - 1) / k * S, g.intra_bps, False, (k - 1) * g.intra_latency_s)
+    inter = Phase(2.0 * (m - 1) / m * S, g.inter_bps, True, 2 * (m - 1) * g.inter_latency_s)
+    wire = 2.0 * (k - 1) / k * S + 2.0 * (m - 1) / m * S / k
+    return Collective("allreduce", "hierarchical", ((local,), (inter,), (local,)), wire)
+
+
+def _alltoall(S: float, g: GroupShape) -> Collective:
+    n, k = g.n, g.per_node
+    lat = (n - 1) * (g.inter_latency_s if g.nodes > 1 else g.intra_latency_s)
+    phases = []
+    if g.nodes > 1:  # the node's k ranks each send (n-k)/n of their buffer through its NICs
+        phases.append(Phase(k * S * (n - k) / n, g.inter_bps, True, lat))
+    if k > 1:
+        phases.append(Phase((k - 1) / n * S, g.intra_bps, False, 0.0 if g.nodes > 1 else lat))
+    return Collective("alltoall", "pairwise", (tuple(phases),), (n - 1) / n * S)

@@ -1,0 +1,122 @@
+"""Hardware presets of the network: intra-node fabrics and NICs, with cited figures.
+
+Every figure is an *achieved* rate (what NCCL moves, its ``busbw``), not a line
+rate, because that is what a collective's time follows; each carries its source.
+
+``--intra-node-fabric NAME`` sets the rate between the GPUs of one node
+(:data:`FABRICS`); ``--nic [COUNTx]RATE[:KIND]`` the NICs of a node, e.g.
+``4x200Gbps:infiniband`` -- their total rate is the node's inter-node capacity,
+shared by all its GPUs (:mod:`perfsim.network`), and ``KIND`` the transport
+efficiency applied when the profile has no measured link (:data:`NIC_KINDS`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+from perfsim.units import parse_bandwidth
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """An intra-node fabric: achieved bus bandwidth (bits/s) per GPU, latency, source."""
+
+    name: str
+    bandwidth_bps: float
+    latency_s: float
+    source: str
+
+
+#: achieved all-reduce bus bandwidth per GPU (nccl-tests ``busbw``, GB/s x 8 bits)
+FABRICS: dict[str, Fabric] = {f.name: f for f in (
+    Fabric("pcie3", 8 * 10e9, 10e-6,
+           "PCIe 3.0 x16: 15.75 GB/s per direction (PCI-SIG, 128b/130b); NCCL's protocol overhead "
+           "~20 % (S. Jeaugey, NVIDIA/nccl-tests#212) and the shared root complex leave ~10 GB/s busbw "
+           "on 8-GPU PCIe3 servers (NVIDIA/nccl#1530 class of reports)"),
+    Fabric("pcie4", 8 * 20e9, 10e-6,
+           "PCIe 4.0 x16: 31.5 GB/s per direction (PCI-SIG); ~20 % protocol overhead "
+           "(NVIDIA/nccl-tests#212) and CPU/memory-bound flows on PCI systems (S. Jeaugey, NVIDIA/nccl#1639)"),
+    Fabric("pcie5", 8 * 28e9, 10e-6,
+           "8 x RTX 5090 on PCIe 5.0: all_reduce_perf busbw 28 GB/s (NVIDIA/nccl#1639; 4 GPUs: 35 GB/s)"),
+    Fabric("nvlink2", 8 * 120e9, 5e-6,
+           "V100 hybrid cube-mesh (DGX-1): 6 NVLink2 links x 25 GB/s = 150 GB/s per direction "
+           "(NVIDIA V100 datasheet) x ~0.8 NCCL protocol efficiency (NVIDIA/nccl-tests#212)"),
+    Fabric("nvlink3", 8 * 200e9, 5e-6,
+           "8 x A100 SXM4 on NVSwitch: all_reduce_perf busbw ~200 GB/s (NVIDIA/nccl-tests#149; "
+           "208 GB/s in NVIDIA/nccl-tests#178)"),
+    Fabric("nvlink4", 8 * 370e9, 5e-6,
+           "8 x H100 SXM on NVSwitch: 450 GB/s line rate, ~370 GB/s busbw with NCCL_ALGO=RING "
+           "(S. Jeaugey, NVIDIA/nccl-tests#212)"),
+)}
+
+
+@dataclass(frozen=True)
+class NicKind:
+    """Payload share of the nominal rate a transport achieves on large transfers."""
+
+    name: str
+    efficiency: float
+    source: str
+
+
+NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
+    NicKind("ethernet", 1448 / 1538,
+            "TCP/IPv4 over Ethernet, MTU 1500: 1448 payload bytes (RFC 7323 timestamps) per 1538 bytes "
+            "on the wire (IEEE 802.3 header, FCS, preamble and inter-frame gap); this machine's tc-shaped "
+            "links measured 0.94-0.96 (traces/cpu-2core.json, metadata.network)"),
+    NicKind("infiniband", 0.8,
+            "DGX-1, 4 x EDR InfiniBand (4 x 12.5 GB/s): ~40 GB/s NCCL all-reduce busbw "
+            "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29)"),
+    NicKind("ideal", 1.0, "the nominal rate itself (no transport overhead)"),
+)}
+
+
+@dataclass(frozen=True)
+class Nic:
+    """A node's NICs: ``count`` of ``rate_bps`` each, of transport ``kind``."""
+
+    count: int
+    rate_bps: float
+    kind: str = "ethernet"
+
+    def __post_init__(self):
+        if isinstance(self.count, bool) or not isinstance(self.count, int) or self.count < 1:
+            raise ConfigError(f"nic count={self.count!r}: must be an integer >= 1")
+        if not self.rate_bps > 0:
+            raise ConfigError(f"nic rate={self.rate_bps!r}: must be > 0")
+        if self.kind not in NIC_KINDS:
+            raise ConfigError(f"nic kind={self.kind!r}: choose from {', '.join(NIC_KINDS)}")
+
+    @property
+    def total_bps(self) -> float:
+        return self.count * self.rate_bps
+
+    @property
+    def efficiency(self) -> float:
+        return NIC_KINDS[self.kind].efficiency
+
+
+_NIC = re.compile(r"^\s*(?:(\d+)\s*[xX*]\s*)?([^:]+?)\s*(?::\s*([A-Za-z-]+))?\s*$")
+
+
+def parse_nic(text, what: str = "nic") -> Nic:
+    """``"4x200Gbps:infiniband"`` / ``"100Gbps"`` -> :class:`Nic` (kind default ethernet)."""
+    if isinstance(text, Nic):
+        return text
+    m = _NIC.match(str(text))
+    if not m:
+        raise ConfigError(f"{what}={text!r}: expected [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband")
+    count = int(m.group(1)) if m.group(1) else 1
+    kind = (m.group(3) or "ethernet").lower()
+    if kind not in NIC_KINDS:
+        raise ConfigError(f"{what}={text!r}: kind {kind!r} unknown (choose from {', '.join(NIC_KINDS)})")
+    return Nic(count, parse_bandwidth(m.group(2), what), kind)
+
+
+def get_fabric(name: str) -> Fabric:
+    key = str(name).strip().lower()
+    if key not in FABRICS:
+        raise ConfigError(f"intra_node_fabric={name!r}: unknown (choose from {', '.join(FABRICS)})")
+    return FABRICS[key]
