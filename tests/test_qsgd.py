@@ -62,9 +62,9 @@ def test_unbiased_and_exact_variance():
     se = (var_i / n).sqrt() + 1e-7
     assert ((d.mean(0) - x).abs() <= 5 * se).all()
     # exact expected squared error, and QSGD Lemma 3.1's bound
-    err = ((d - x) ** 2).sum(1).mean()
-    assert err == pytest.approx(var_i.sum(), rel=0.1)
-    assert err <= min(48 / c.s ** 2, math.sqrt(48) / c.s) * norm ** 2
+    err = float(((d - x) ** 2).sum(1).mean())  # approx compares plain floats, never tensors
+    assert err == pytest.approx(float(var_i.sum()), rel=0.1)
+    assert err <= min(48 / c.s ** 2, math.sqrt(48) / c.s) * float(norm) ** 2
 
 
 def test_bucketed_variance_bound():
