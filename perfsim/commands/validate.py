@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
                         "rows without a stored result are run)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (on a terminal) or stage lines (in a log)")
 
 
 def run(args) -> int:
@@ -86,31 +86,24 @@ def run(args) -> int:
     for g in plan.grad_compresses:
         parse_grad_spec(g)
 
-    bar = None
-    if not args.no_progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(plan.rows()), unit="run", dynamic_ncols=True)
-
-    def progress(what: str) -> None:
-        if bar is not None:
-            bar.set_description_str(what[:60])
-
     import pandas as pd
+
+    from perfsim.progress import Progress
 
     rows = []
     profile = load_profile(args.profile)
+    plan_rows = plan.rows()
+    bar = Progress(len(plan_rows), "run", enabled=not args.no_progress, prefix="validate: ")
     try:
-        for i, row in enumerate(plan.rows()):
-            progress(f"{row['bandwidth'] or 'loopback'} {row['compress']} {row['grad_compress']}")
+        for i, row in enumerate(plan_rows):
+            what = f"{row['bandwidth'] or 'loopback'} {row['compress']} {row['grad_compress']}"
+            bar.stage(f"row {i + 1}/{len(plan_rows)} {what}")
             rows.append(v.run_row(plan, row, profile, i))
             df = pd.DataFrame(rows)
             v.write_csv(df, f"{out}/validation.csv")  # partial results survive an interruption
-            if bar is not None:
-                bar.update(1)
+            bar(what)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     df = pd.DataFrame(rows)
     csv = v.write_csv(df, f"{out}/validation.csv")
     print(v.format_table(df))
