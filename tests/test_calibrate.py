@@ -186,8 +186,16 @@ def _cli(*args, timeout=240):
 def test_cli_quick_writes_a_profile(tmp_path):
     out = tmp_path / "prof.json"
     r = _cli("--quick", "--model", "digits-mlp", "--micro-batch", "2", "--stages", "2",
-             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--no-progress", "--output", str(out))
+             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--output", str(out))
     assert r.returncode == 0, r.stderr
+    # stderr is a pipe here, as in a log or CI: no bar, one line per stage (started, done),
+    # after the estimate of how long the calibration takes
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr and "pt/s" not in r.stderr
+    assert lines[0].startswith("calibrate: ") and "the full calibration takes about" in lines[0]
+    assert [ln.split(":")[1].strip() for ln in lines[1:]] == [
+        "compute digits-mlp ...", "compute digits-mlp", "codecs (2 specs) ...", "codecs (2 specs)",
+        "comm loopback (p2p) ...", "comm loopback (p2p)"]
     prof = Profile.load(out)
     ops = {rec["op"] for rec in prof.records}
     assert {"layer_fwd", "layer_bwd", "stage_fwd", "encode", "decode", "fit_encode", "p2p",
@@ -195,6 +203,7 @@ def test_cli_quick_writes_a_profile(tmp_path):
     meta = prof.metadata
     for key in ("device_name", "cores", "torch", "date", "perfsim", "git_commit", "calibration"):
         assert key in meta
+    assert set(meta["calibration"]["stage_wall_s"]) == {"compute digits-mlp", "codecs", "comm loopback (p2p)"}
     assert prof.compute_time("digits-mlp", "fc0", 2, "fwd") > 0
     assert prof.collective_fit("p2p", "gloo").alpha_s >= 0
     assert prof.encode_time("qsgd-maxnorm:4", 65536) > 0
@@ -224,15 +233,11 @@ def test_comm_framing_is_each_side_host_time():
                                    max_seconds=0.5, timeout_s=120))
     raw = {(r["op"], r["size_bytes"]): r for r in recs if r["op"] in ("frame_send", "frame_recv")}
     assert set(raw) == {(o, s) for o in ("frame_send", "frame_recv") for s in (1024, 4194304)}
-    # host time, not the transfer: a 4 MB message is framed in well under the time
-    # its bytes take over a 1 Gbps link (33 ms); sending copies it into one buffer
-    # (grows with size), receiving makes views (about flat)
-    assert 0 < raw[("frame_send", 1024)]["time_s"] < raw[("frame_send", 4194304)]["time_s"] < 0.02
-    assert 0 < raw[("frame_recv", 1024)]["time_s"] < 0.02 and 0 < raw[("frame_recv", 4194304)]["time_s"] < 0.02
+    # (how long framing takes, beside a link's transfer time: benchmarks/bench_messenger.py)
+    assert all(r["time_s"] > 0 and r["repeats"] >= 3 for r in raw.values())
     assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_frame_send", "fit_frame_recv"}
     prof = build_profile(recs, {})
-    assert 0 < prof.framing_time("send", 1024) < prof.framing_time("send", 4194304)
-    assert prof.framing_time("recv", 1024) > 0
+    assert prof.framing_time("send", 1024) > 0 and prof.framing_time("recv", 1024) > 0
     assert prof.framing_time("recv", 0) == 0.0
 
 
@@ -262,5 +267,4 @@ def test_comm_over_emulated_link():
     raw = {r["size_bytes"]: r for r in recs if r["op"] == "p2p"}
     assert raw[1024]["name"] == "gloo@100Mbps"
     # 1 MiB over a 100 Mbps tbf: at least (1 MiB - 50 KB burst) at the nominal rate
-    assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8
-    assert raw[1048576]["time_s"] < 3 * 1048576 * 8 / 1e8
+    assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8  # a floor load cannot break

@@ -4,7 +4,6 @@ import csv
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -87,10 +86,8 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_killed_rank_stops_everyone_with_a_message(tmp_path):
     out = tmp_path / "k"
-    t0 = time.monotonic()
     with pytest.raises(RankFailure, match=r"rank 1 \(stage 1, replica 0\) died: killed by SIGKILL"):
         run(pp=2, steps=50, checkpoint_every=2, fail_rank=1, fail_step=3, out=out, **FAST)
-    assert time.monotonic() - t0 < 60
     root, meta = checkpoint.find(out)
     assert meta["step"] == 2
     for r in range(2):
