@@ -268,3 +268,46 @@ def test_comm_over_emulated_link():
     assert raw[1024]["name"] == "gloo@100Mbps"
     # 1 MiB over a 100 Mbps tbf: at least (1 MiB - 50 KB burst) at the nominal rate
     assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8  # a floor load cannot break
+
+
+def test_time_op_repeats_until_the_samples_agree(monkeypatch):
+    """rel_spread: at least 3 samples, then stop once their IQR (range below 4) is
+    within that fraction of the median; a noisy op runs all repeats."""
+    from perfsim.calibrate import timing
+
+    durations = iter([1.0, 1.0, 1.02, 1.0] + [1.0, 2.0, 1.0, 3.0, 1.0, 2.0, 1.0, 3.0] + [1.0] * 8)
+    now = [0.0]
+
+    def op():
+        now[0] += next(durations)
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    t = timing.time_op(op, warmup=1, repeats=8, rel_spread=0.05)
+    assert t.repeats == 3 and t.median_s == 1.0  # 1.0, 1.02, 1.0 agree within 5 %
+    t = timing.time_op(op, warmup=0, repeats=8, rel_spread=0.05)
+    assert t.repeats == 8  # 1, 2, 1, 3...: never within 5 %
+    t = timing.time_op(op, warmup=0, repeats=8)
+    assert t.repeats == 8  # without rel_spread: every repeat
+
+
+def test_codec_config_rejects_a_bad_rel_spread():
+    with pytest.raises(ConfigError, match="rel_spread"):
+        CodecConfig(rel_spread=0)
+
+
+def test_estimate_counts_points_and_quick_is_shorter():
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate.comm import CommConfig
+    from perfsim.commands.calibrate import SECONDS_PER_COMM_SWEEP, SECONDS_PER_POINT, estimate_seconds
+
+    one = [ComputeConfig(model="digits-mlp", micro_batches=(8,))]
+    two = [ComputeConfig(model="digits-mlp", micro_batches=(8, 16))]
+    codecs = cc.CodecConfig(specs=("fp32", "fp16"))
+    comm = [CommConfig(ops=("p2p",)), CommConfig(ops=("p2p",), emulate_bandwidth=1e8)]
+    for i, (quick, sizes) in enumerate(((True, cc.QUICK_SIZES), (False, cc.FULL_SIZES))):
+        base = estimate_seconds(one, None, [], quick)
+        assert base > 0 and estimate_seconds(two, None, [], quick) == pytest.approx(2 * base)
+        codec_s = SECONDS_PER_POINT["codec"][i] * 2 * len(sizes) * 2  # 2 specs, encode + decode
+        comm_s = SECONDS_PER_COMM_SWEEP["loopback"][i] + SECONDS_PER_COMM_SWEEP["emulated"][i]
+        assert estimate_seconds(one, codecs, comm, quick) == pytest.approx(base + codec_s + comm_s)
+    assert estimate_seconds(one, codecs, comm, True) < estimate_seconds(one, codecs, comm, False)
