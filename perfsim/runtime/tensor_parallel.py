@@ -162,22 +162,25 @@ def finish_gradients(module) -> None:
             p.grad = g.redistribute(g.device_mesh, p.placements)
 
 
-def local_parameters(module) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of each parameter with this rank's local shard and local
-    gradient as plain tensors sharing storage with the DTensor's (what the
-    data-parallel gradient sync averages in place)."""
+def local_leaves(module) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` per parameter: a DTensor's local shard as a plain leaf
+    tensor sharing its storage (other parameters as they are). The optimizer and the
+    data-parallel gradient sync work on these (plain tensors, this rank's shard);
+    :func:`bind_gradients` points their ``.grad`` at the DTensor gradients' shards."""
     from torch.distributed.tensor import DTensor
 
-    out = []
-    for name, p in module.named_parameters():
-        if not isinstance(p, DTensor):
-            out.append((name, p))
-            continue
-        local = p.to_local().detach().requires_grad_(p.requires_grad)
-        if p.grad is not None:
-            local.grad = p.grad.to_local()
-        out.append((name, local))
-    return out
+    return [(name, p.to_local().detach().requires_grad_(p.requires_grad) if isinstance(p, DTensor) else p)
+            for name, p in module.named_parameters()]
+
+
+def bind_gradients(module, leaves) -> None:
+    """Each leaf of :func:`local_leaves` gets its parameter's local gradient
+    (sharing storage: an in-place average writes the DTensor's gradient)."""
+    from torch.distributed.tensor import DTensor
+
+    for (_, leaf), p in zip(leaves, module.parameters()):
+        if leaf is not p:
+            leaf.grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
 
 
 # ----------------------------------------------------------------------------- counting
@@ -289,13 +292,18 @@ class TensorParallel:
     def dp_group(self):
         return self.mesh["dp"].get_group()
 
-    def parallelize(self, stage):
-        return parallelize_stage(stage, self.tp_mesh, self.sequence_parallel)
+    def parallelize(self, stage) -> list[tuple[str, torch.Tensor]]:
+        """Shard ``stage`` in place; returns its :func:`local_leaves` (what the
+        optimizer and the data-parallel sync get)."""
+        parallelize_stage(stage, self.tp_mesh, self.sequence_parallel)
+        self.leaves = local_leaves(stage)
+        return self.leaves
 
     def end_backward(self, module, rec) -> None:
-        """After a step's forward/backward: reduce partial gradients and book the
-        step's collectives on ``rec``."""
+        """After a step's forward/backward: reduce partial gradients, hand the local
+        gradients to the leaves, and book the step's collectives on ``rec``."""
         t0 = time.perf_counter()
         finish_gradients(module)
+        bind_gradients(module, self.leaves)
         charge_step(rec, self.meter.pop())
         rec.events.append(("tp finish grads", "tp", t0, time.perf_counter(), {}))

@@ -29,7 +29,6 @@ from perfsim.errors import ConfigError
 from perfsim.result import atomic_write_text
 from perfsim.runtime import checkpoint
 from perfsim.runtime.config import RunConfig
-from perfsim.runtime.tensor_parallel import local_parameters
 
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
 
@@ -62,19 +61,19 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     return 20
 
 
-def make_optimizer(cfg: RunConfig, module, dp_group, stage: int, steps: int):
+def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     gspec = parse_grad_spec(cfg.grad_compress)
     if gspec.kind == "optimizer":  # 1-bit Adam / LAMB exchange compressed momentum themselves
         from perfsim.runtime import onebit_optim
 
-        return onebit_optim.make_optimizer(cfg.grad_compress, module.parameters(), lr=cfg.lr,
+        return onebit_optim.make_optimizer(cfg.grad_compress, params, lr=cfg.lr,
                                            group=dp_group, seed=cfg.seed * 31 + stage,
                                            total_steps=steps)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
 
 
 def _record_to_dict(rec) -> dict:
@@ -110,12 +109,12 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     torch.manual_seed(cfg.seed)
     start_layer, end_layer = cfg.stage_ranges()[stage]
     module = Stage(spec, start_layer, end_layer, cfg.seed).to(device)
-    if tpar is not None:
-        tpar.parallelize(module)
+    # what the optimizer and the gradient sync see: with TP this rank's local shards
+    named = tpar.parallelize(module) if tpar is not None else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
-    optimizer = make_optimizer(cfg, module, dp_group, stage, steps)
+    optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
     comps = make_stage_compressors(cfg, stage)
     grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
@@ -168,16 +167,16 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             with tpar.meter:
                 rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
                 tpar.end_backward(module, rec)
-            params = local_parameters(module)
         else:
             rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
-            params = module.named_parameters()
         t0 = time.perf_counter()
-        stats = sync_gradients(params, grad_state, dp_group) if dp > 1 else {}
+        stats = sync_gradients(named, grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
         rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if tpar is not None:
+            module.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
         if hasattr(optimizer, "pop_stats"):  # 1-bit optimizers: their exchange is the dp sync
@@ -204,7 +203,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
                "records": [_record_to_dict(r) for r in records], "loss_history": loss_history,
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
-               "params": sum(p.numel() for _, p in local_parameters(module)),
+               "params": sum(p.numel() for _, p in named),
                "layers": [module.start, module.end]}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
