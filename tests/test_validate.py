@@ -311,3 +311,23 @@ def test_cli_bad_tp(small_profile, tmp_path, args, culprit):
                         "--profile", str(small_profile), "--out", str(tmp_path), "--no-progress", *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and culprit in r.stderr
+
+
+def test_tp_row_measured_for_real(tmp_path):
+    """A TP row of a validation grid trains with real tensor parallelism (2 gloo ranks)
+    and carries its TP figures; the prediction gets tp."""
+    prof = _profile(_p2p("gloo", 1e-4, 8e9, op="allreduce"))
+    seen = {}
+
+    def predictor(**kw):
+        seen.update(kw)
+        return _result(0.05, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "gpt2-tiny", "pp": 1, "dp": 1, "micro_batch": 2,
+                                  "macro_batch": 4, "schedule": "1f1b"},
+                            tps=(2,), profile="x", steps=3, dataset_limit=16, out=str(tmp_path))
+    row = v.run_row(plan, plan.rows()[0], prof, 0, predictor=predictor)
+    assert seen["tp"] == 2 and row["tp"] == 2 and row["predict_note"] == ""
+    assert row["measured_tp_bytes"] == 2 * 4 * 2 * 4 * (2 * 64 * 128 * 4)  # ranks, layers, mb, allreduces
+    assert row["measured_tp_comm_s"] > 0 and row["measured_throughput_samples_per_s"] > 0
+    assert row["error_iteration_s_pct"] == row["error_iteration_s_pct"]  # predicted: a number

@@ -152,7 +152,9 @@ def run(args) -> int:
     atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
     print(f"wrote {csv}", end="")
-    if not args.no_plot:
+    if not args.no_plot and summary["rows"] == 0:  # e.g. TP rows the simulator cannot predict yet
+        print(" (no plot: no row was predicted)", end="")
+    elif not args.no_plot:
         png = v.plot(df, f"{out}/validation.png",
                      title=f"{args.model} pp={args.pp} dp={args.dp} tp={args.tp}: predicted vs measured "
                            f"(MAPE {summary['mape_pct']:.1f} %)")
