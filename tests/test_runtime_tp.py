@@ -193,3 +193,12 @@ def test_cli_tp_bad_input_one_line(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--tp", "2",
                            "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "tp=2" in proc.stderr
+
+
+def test_tp_resume_continues_the_same_training(tp1_losses, tmp_path):
+    """Checkpoints of sharded stages (DTensor weights, local optimizer state) resume."""
+    run(pp=1, tp=2, out=tmp_path / "part", **dict(TINY, steps=2))
+    r = run(pp=1, tp=2, resume=tmp_path / "part", out=tmp_path / "rest", **TINY)
+    assert list(r.losses) == [0, 1, 2]
+    for s in tp1_losses:
+        assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
