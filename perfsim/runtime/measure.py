@@ -35,6 +35,11 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
   of the activation / gradient that stage sent (as the simulator).
 * links: ``bytes`` from the sender's count, ``busy_s`` from the receiver's
   transfer times, per step.
+* tensor parallelism (:mod:`perfsim.runtime.tensor_parallel`): one stage row
+  per rank (``tp_rank`` column); ``tp_comm_s``: the rank's TP collectives (as it
+  sees them, waiting for its peers included), taken out of ``compute_s``;
+  ``tp_bytes``: their full buffers; summary ``tp_comm_s`` is the mean over rows,
+  ``tp_bytes`` the sum over ranks per step.
 """
 
 from __future__ import annotations

@@ -197,6 +197,8 @@ class _Metered:
         t0 = time.perf_counter()
         out = self.real(*args, **kwargs)
         out = torch.ops._c10d_functional.wait_tensor(out)
+        if out.is_cuda:  # NCCL: wait_tensor only orders the stream; time the transfer itself
+            torch.cuda.synchronize(out.device)
         t1 = time.perf_counter()
         self.meter.record(self.name, args, t0, t1)
         return out
