@@ -20,12 +20,13 @@ def megatron_layer_collectives(hidden, seq, micro_batch, tp, sequence_parallel, 
     """Megatron-LM's closed form for one transformer layer (Shoeybi et al., arXiv:1909.08053,
     Sec. 3: two allreduces of the b x s x h activation forward, two backward; Korthikanti et al.,
     arXiv:2205.05198, Sec. 4.2.2: with sequence parallelism each becomes an all-gather plus a
-    reduce-scatter of the same tensor). Bytes: the full buffer."""
+    reduce-scatter of the same tensor). Bytes: what each rank hands to the collective
+    (the full tensor; its 1/tp shard for an all-gather)."""
     n = float(hidden * seq * micro_batch * bytes_per_value)
     if not sequence_parallel:
         return (("fwd", "allreduce", n),) * 2 + (("bwd", "allreduce", n),) * 2
-    return (("fwd", "allgather", n), ("fwd", "reduce_scatter", n)) * 2 + \
-        (("bwd", "allgather", n), ("bwd", "reduce_scatter", n)) * 2
+    return (("fwd", "allgather", n / tp), ("fwd", "reduce_scatter", n)) * 2 + \
+        (("bwd", "allgather", n / tp), ("bwd", "reduce_scatter", n)) * 2
 
 
 def simulator_layer_collectives(**kw):
@@ -143,10 +144,10 @@ def test_tp2_trains_like_tp1_and_is_measured(tp1_losses, tmp_path, sp):
         micro_batch=2, tp=2, sequence_parallel=sp, bytes_per_value=4, **SPEC))
     if not sp:
         assert s["tp_bytes"] == 2 * 4 * 2 * per_layer
-    else:  # + per micro-batch the embedding's scatter (backward: all-gather) and the head's
-        # all-gather, + per step the allreduce of the 4 LayerNorm gradients (128 floats) of a block
+    else:  # + per micro-batch the embedding's scatter (backward: all-gather of a half) and the
+        # head's all-gather, + per step the allreduce of the 4 LayerNorm gradients (128 floats) of a block
         act = 2 * 64 * 128 * 4
-        assert s["tp_bytes"] == 2 * (4 * 2 * per_layer + 2 * 2 * act + 4 * 4 * 128 * 4)
+        assert s["tp_bytes"] == 2 * (4 * 2 * per_layer + 2 * 2 * act // 2 + 4 * 4 * 128 * 4)
     assert [(row["stage"], row["tp_rank"]) for row in r.stages] == [(0, 0), (0, 1)]
     assert all(row["tp_comm_s"] > 0 and row["compute_s"] > 0 for row in r.stages)
     kinds = {e["name"] for e in r.trace_events if e.get("cat") == "tp"}

@@ -38,7 +38,7 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
 * tensor parallelism (:mod:`perfsim.runtime.tensor_parallel`): one stage row
   per rank (``tp_rank`` column); ``tp_comm_s``: the rank's TP collectives (as it
   sees them, waiting for its peers included), taken out of ``compute_s``;
-  ``tp_bytes``: their full buffers; summary ``tp_comm_s`` is the mean over rows,
+  ``tp_bytes``: the buffers it hands to them; summary ``tp_comm_s`` is the mean over rows,
   ``tp_bytes`` the sum over ranks per step.
 """
 
@@ -215,8 +215,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
-        # tensor parallelism: per step, bytes all ranks fed to TP collectives (full buffers,
-        # perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
+        # tensor parallelism: per step, bytes all ranks hand to TP collectives
+        # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
         "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes,
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }

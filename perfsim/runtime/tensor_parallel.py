@@ -30,8 +30,9 @@ Rank order (Megatron's): TP innermost, then DP, then PP --
 What TP really sends is counted by :class:`CollectiveMeter`, which wraps the
 functional collectives (``torch.ops._c10d_functional``) every DTensor
 redistribution goes through and waits for each, so its bytes and wall time are
-known. Bytes are the collective's full buffer per rank: the tensor an allreduce
-reduces, the tensor an all-gather produces, the tensor a reduce-scatter reduces.
+known. Bytes are the buffer each rank hands to the collective (torch.distributed's
+convention, and the simulator's ``perfsim.models.tensor_parallel``): the full
+tensor of an allreduce or a reduce-scatter, the rank's own shard of an all-gather.
 """
 
 from __future__ import annotations
@@ -223,10 +224,7 @@ class CollectiveMeter:
         group = args[-1]
         if self.group_name is not None and group != self.group_name:
             return
-        nbytes = inp.numel() * inp.element_size()
-        if name == "all_gather_into_tensor":
-            nbytes *= int(args[1])  # group size: the gathered tensor
-        self.events.append((KINDS[name], int(nbytes), t0, t1))
+        self.events.append((KINDS[name], int(inp.numel() * inp.element_size()), t0, t1))
 
     def pop(self) -> list[tuple[str, int, float, float]]:
         out, self.events = self.events, []
