@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "train for real (torch.distributed pipeline x data parallel) and measure what predict predicts"
+HELP = "train for real (torch.distributed pipeline x data x tensor parallel) and measure what predict predicts"
 
 
 def _pos_int(text: str) -> int:
@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset: digits-mlp, gpt2-tiny, gpt2-small-byte (default digits-mlp)")
     p.add_argument("--pp", type=_pos_int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--dp", type=_pos_int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--tp", type=_pos_int, default=1,
+                   help="tensor-parallel ranks per stage, Megatron layout via torch.distributed.tensor.parallel "
+                        "(GPT models; ranks ordered TP, then DP, then PP; default 1)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp > 1: Megatron sequence parallelism (LayerNorms on a slice of the sequence)")
     p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
@@ -56,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from perfsim.runtime.api import run as api_run, under_torchrun
     from perfsim.runtime.launch import RankFailure
 
-    params = dict(model=args.model, pp=args.pp, dp=args.dp, schedule=args.schedule,
+    params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
+                  sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
                   compress=args.compress, grad_compress=args.grad_compress,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
@@ -91,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     loss = s.get("final_loss")
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
-    print(f"{s['model']} pp={s['pp']} dp={s['dp']} {s['schedule']} compress={s['compress']} "
+    tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
           f"{loss_txt} -> {params['out']}")

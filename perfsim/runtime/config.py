@@ -23,8 +23,11 @@ class RunConfig:
     """One real training job.
 
     model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
-    pp, dp: pipeline stages and data-parallel replicas (world size ``pp*dp``;
-      rank ``r`` is stage ``r % pp`` of replica ``r // pp``).
+    pp, dp, tp: pipeline stages, data-parallel replicas and tensor-parallel ranks
+      per stage (world size ``pp*dp*tp``; Megatron's rank order, TP innermost, then
+      DP, then PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`).
+    sequence_parallel: with ``tp > 1``, Megatron's sequence parallelism
+      (:mod:`perfsim.runtime.tensor_parallel`).
     schedule: ``gpipe`` or ``1f1b`` (tables of :mod:`perfsim.schedules`).
     compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
@@ -49,6 +52,8 @@ class RunConfig:
     model: str = "digits-mlp"
     pp: int = 2
     dp: int = 1
+    tp: int = 1
+    sequence_parallel: bool = False
     schedule: str = "1f1b"
     compress: str = "fp32"
     grad_compress: str = "none"
@@ -78,7 +83,7 @@ class RunConfig:
 
         get_model_spec(self.model)
         get_schedule(self.schedule)
-        for name in ("pp", "dp", "micro_batch", "macro_batch"):
+        for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
@@ -105,6 +110,9 @@ class RunConfig:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
+        from perfsim.runtime.tensor_parallel import check_tp
+
+        check_tp(self.spec(), self.tp, self.sequence_parallel)
         self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
         from perfsim.compression import make_pipeline_pair
@@ -117,7 +125,13 @@ class RunConfig:
     # ----------------------------------------------------------------- derived
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp
+        return self.pp * self.dp * self.tp
+
+    @property
+    def layout(self):
+        from perfsim.runtime.tensor_parallel import RankLayout
+
+        return RankLayout(self.tp, self.dp, self.pp)
 
     @property
     def num_microbatches(self) -> int:
@@ -164,5 +178,5 @@ class RunConfig:
         return dataclasses.replace(self, **kw)
 
     #: fields that must match between a checkpoint and the run resuming it
-    RESUME_KEYS = ("model", "pp", "dp", "schedule", "compress", "grad_compress", "micro_batch",
+    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "compress", "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

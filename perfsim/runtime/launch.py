@@ -1,6 +1,6 @@
 """Start the ranks of a job on this machine, watch them, stop them all on failure.
 
-On one machine ``perfsim run`` starts ``pp * dp`` worker processes
+On one machine ``perfsim run`` starts ``pp * dp * tp`` worker processes
 (``python -m perfsim.runtime.worker CONFIG``) with the standard
 torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), optionally each inside its own network namespace
@@ -43,8 +43,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _describe(rank: int, pp: int, code: int, err_file: Path) -> str:
-    where = f"rank {rank} (stage {rank % pp}, replica {rank // pp})"
+def _describe(rank: int, layout, code: int, err_file: Path) -> str:
+    where = layout.describe(rank)
     if code < 0:
         try:
             sig = signal.Signals(-code).name
@@ -146,7 +146,7 @@ def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
             err = ranks_dir / f"rank{first_rank}.error"
             if first_code == 2 and err.exists() and err.read_text().startswith("ConfigError: "):
                 raise ConfigError(err.read_text().splitlines()[0][len("ConfigError: "):])
-            msg = _describe(first_rank, cfg.pp, first_code, ranks_dir / f"rank{first_rank}.error")
+            msg = _describe(first_rank, cfg.layout, first_code, ranks_dir / f"rank{first_rank}.error")
             raise RankFailure(f"{msg}; all {len(procs)} ranks stopped (logs: {ranks_dir})")
         if progress and progress_file.exists():
             try:

@@ -5,7 +5,9 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``torchrun``), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
-Rank layout: rank ``r`` is stage ``r % pp`` of data-parallel replica ``r // pp``.
+Rank layout (Megatron's): TP innermost, then DP, then PP
+(:class:`perfsim.runtime.tensor_parallel.RankLayout`); with ``tp > 1`` each
+stage's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
 """
 
 from __future__ import annotations
@@ -59,19 +61,19 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     return 20
 
 
-def make_optimizer(cfg: RunConfig, module, dp_group, stage: int, steps: int):
+def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     gspec = parse_grad_spec(cfg.grad_compress)
     if gspec.kind == "optimizer":  # 1-bit Adam / LAMB exchange compressed momentum themselves
         from perfsim.runtime import onebit_optim
 
-        return onebit_optim.make_optimizer(cfg.grad_compress, module.parameters(), lr=cfg.lr,
+        return onebit_optim.make_optimizer(cfg.grad_compress, params, lr=cfg.lr,
                                            group=dp_group, seed=cfg.seed * 31 + stage,
                                            total_steps=steps)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
 
 
 def _record_to_dict(rec) -> dict:
@@ -89,27 +91,35 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     from perfsim.runtime.pipeline import StageRunner
     from perfsim.schedules import get_schedule, max_in_flight
 
-    pp, dp = cfg.pp, cfg.dp
-    stage, replica = rank % pp, rank // pp
+    pp, dp, layout = cfg.pp, cfg.dp, cfg.layout
+    stage, replica, tp_rank = layout.coords(rank)
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
-    # every rank creates every data-parallel group, in the same order
-    dp_groups = [dist.new_group([s + r * pp for r in range(dp)]) for s in range(pp)]
-    dp_group = dp_groups[stage]
+    tpar = None
+    if cfg.tp > 1:
+        from perfsim.runtime.tensor_parallel import TensorParallel
+
+        tpar = TensorParallel(layout, rank, device.type, cfg.sequence_parallel)
+        dp_group = tpar.dp_group()
+    else:  # every rank creates every data-parallel group, in the same order
+        dp_groups = [dist.new_group(ranks) for ranks in layout.dp_group_ranks()]
+        dp_group = dp_groups[stage]
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
     start_layer, end_layer = cfg.stage_ranges()[stage]
     module = Stage(spec, start_layer, end_layer, cfg.seed).to(device)
+    # what the optimizer and the gradient sync see: with TP this rank's local shards
+    named = tpar.parallelize(module) if tpar is not None else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
-    optimizer = make_optimizer(cfg, module, dp_group, stage, steps)
+    optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
     comps = make_stage_compressors(cfg, stage)
     grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
-    prev_rank = rank - 1 if stage > 0 else None
-    next_rank = rank + 1 if stage < pp - 1 else None
+    prev_rank = layout.rank(stage - 1, replica, tp_rank) if stage > 0 else None
+    next_rank = layout.rank(stage + 1, replica, tp_rank) if stage < pp - 1 else None
     runner = StageRunner(module, table[stage], prev_rank, next_rank, comps, dataset,
                          cfg.micro_batch, device)
 
@@ -144,7 +154,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
         dist.barrier()
 
-    reporter = rank == pp - 1  # last stage of replica 0 reports progress
+    reporter = rank == layout.rank(pp - 1, 0, 0)  # last stage of replica 0 reports progress
     records = []
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
@@ -153,13 +163,20 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
         ids = order.replica_batch(step, replica, dp)
         next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
-        rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        if tpar is not None:
+            with tpar.meter:
+                rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+                tpar.end_backward(module, rec)
+        else:
+            rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
         t0 = time.perf_counter()
-        stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
+        stats = sync_gradients(named, grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
         rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if tpar is not None:
+            module.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
         if hasattr(optimizer, "pop_stats"):  # 1-bit optimizers: their exchange is the dp sync
@@ -182,11 +199,11 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         if done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             save(done)
 
-    payload = {"rank": rank, "stage": stage, "replica": replica,
+    payload = {"rank": rank, "stage": stage, "replica": replica, "tp_rank": tp_rank,
                "records": [_record_to_dict(r) for r in records], "loss_history": loss_history,
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
-               "params": sum(p.numel() for p in module.parameters()),
+               "params": sum(p.numel() for _, p in named),
                "layers": [module.start, module.end]}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
@@ -203,7 +220,7 @@ def init_and_train(cfg: RunConfig) -> None:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
-        raise ConfigError(f"WORLD_SIZE={world} but --pp {cfg.pp} x --dp {cfg.dp} = {cfg.world_size}")
+        raise ConfigError(f"WORLD_SIZE={world} but --pp {cfg.pp} x --dp {cfg.dp} x --tp {cfg.tp} = {cfg.world_size}")
     threads = int(os.environ.get("PERFSIM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
