@@ -495,8 +495,19 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
-    if out is not None and Path(out).suffix.lower() not in TABLE_SUFFIXES:
-        raise ConfigError(f"output {str(out)!r}: unknown format (use .csv or .parquet)")
+    if out is not None:  # before any work: a bad path, a missing pyarrow
+        from perfsim import outputs
+
+        outputs.check_file_target(out, "--out")
+        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
+        if Path(out).suffix.lower() not in TABLE_SUFFIXES:
+            raise ConfigError(f"--out {str(out)!r}: needs a .csv or .parquet suffix")
+        with outputs.locked_dir(out, "--out", file=True):  # one sweep per output at a time
+            return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
+    return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
+
+
+def _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report) -> SweepTable:
 
     configs = [(config_id(p), p) for p in expand(spec)]
     wanted = {cid for cid, _ in configs}

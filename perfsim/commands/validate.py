@@ -86,6 +86,22 @@ def run(args) -> int:
     for g in plan.grad_compresses:
         parse_grad_spec(g)
 
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed {args.seed}: must be in 0..{2**32 - 1}")
+    from perfsim.outputs import check_dir_target, locked_dir
+
+    check_dir_target(out, "--out")
+    with locked_dir(out, "--out"):  # a second validate on the same folder is refused
+        return _validate(args, plan, base, limit, out, profile_path=args.profile)
+
+
+def _validate(args, plan, base, limit, out, profile_path) -> int:
+    import json
+
+    from perfsim.analysis import validate as v
+    from perfsim.profile import load_profile
+    from perfsim.result import atomic_write_text
+
     bar = None
     if not args.no_progress:
         from tqdm import tqdm

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "sgd")
+#: seeds feed torch and numpy generators; numpy's take 32 bits
+MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
 
 
@@ -87,8 +90,10 @@ class RunConfig:
                               f"micro_batch={self.micro_batch}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ConfigError(f"epochs={self.epochs!r}: must be > 0")
+        if self.epochs is not None and not (0 < self.epochs < math.inf):
+            raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
         if self.optimizer not in OPTIMIZERS:
