@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per replica per step (default 32)")
     p.add_argument("--steps", type=_pos_int, default=None, help="optimizer steps in total (default 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
     p.add_argument("--partition", default=None,
@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)")
     p.add_argument("--emulate-latency", default=None, help="one-way latency added to each link, e.g. 20ms")
     p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
+    p.add_argument("--hang-timeout", default="30s",
+                   help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -64,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                   out=args.out or (args.resume if args.resume else "perfsim-run"),
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
-                  timeout=args.timeout, device=args.device)
+                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
     bar = None
     progress = None
     if not args.no_progress and not under_torchrun() and sys.stderr.isatty():

@@ -28,7 +28,8 @@ from perfsim.errors import ConfigError
 from perfsim.result import Result
 from perfsim.units import parse_bandwidth, parse_time
 
-_ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "timeout": "timeout_s"}
+_ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "timeout": "timeout_s",
+            "hang_timeout": "hang_timeout_s"}
 
 
 def make_config(**params: Any):
@@ -46,6 +47,8 @@ def make_config(**params: Any):
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
+    if "hang_timeout_s" in params:
+        params["hang_timeout_s"] = parse_time(params["hang_timeout_s"], "--hang-timeout", allow_zero=False)
     if params.get("out") is None:
         params["out"] = params.get("resume") or tempfile.mkdtemp(prefix="perfsim-run-")
     params["out"] = str(params["out"])

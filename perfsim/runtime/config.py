@@ -45,8 +45,10 @@ class RunConfig:
     device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
     partition: layer counts per stage (``"2,1,1,2"``, the syntax of ``perfsim
       predict --partition``); None: :func:`perfsim.partition.partition_model`.
-    fail_rank, fail_step: fault injection for tests -- that rank SIGKILLs itself
-      when it reaches that step.
+    fail_rank, fail_step, fail_signal: fault injection for tests -- that rank
+      sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
+    hang_timeout_s: a rank whose heartbeat stops this long is named as hung
+      and the job stopped (local launch).
     """
 
     model: str = "digits-mlp"
@@ -73,6 +75,8 @@ class RunConfig:
     partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
+    fail_signal: str = "SIGKILL"
+    hang_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -102,6 +106,10 @@ class RunConfig:
             raise ConfigError(f"device={self.device!r}: choose from {', '.join(DEVICES)}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
+        if not 0 < self.hang_timeout_s < math.inf:
+            raise ConfigError(f"hang_timeout={self.hang_timeout_s}: must be a finite time > 0")
+        if self.fail_signal not in ("SIGKILL", "SIGSTOP", "SIGTERM"):
+            raise ConfigError(f"fail_signal={self.fail_signal!r}: SIGKILL, SIGSTOP or SIGTERM")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
         if self.bandwidth_bps is not None and not self.bandwidth_bps > 0:

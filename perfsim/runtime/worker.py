@@ -149,8 +149,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
     for step in range(start, steps):
-        if cfg.fail_rank == rank and cfg.fail_step == step:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
+        if cfg.fail_rank == rank and cfg.fail_step == step:  # fault injection (tests)
+            os.kill(os.getpid(), getattr(signal, cfg.fail_signal))
         ids = order.replica_batch(step, replica, dp)
         next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
         rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
@@ -215,11 +215,52 @@ def init_and_train(cfg: RunConfig) -> None:
         dist.destroy_process_group()
 
 
+def die_with_launcher() -> None:
+    """Ask the kernel to SIGKILL this rank when the launcher dies
+    (``PR_SET_PDEATHSIG``, Linux prctl(2)); exit at once if it already has."""
+    launcher = os.environ.get("PERFSIM_LAUNCHER_PID")
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != int(launcher):  # it died before the prctl
+        os._exit(1)
+
+
+def start_heartbeat(rank: int) -> None:
+    """Bump this rank's 8-byte slot of the launcher's heartbeat file twice a
+    second from a daemon thread: a stopped or frozen rank stops beating."""
+    path = os.environ.get("PERFSIM_HEARTBEAT")
+    if not path:
+        return
+    import mmap
+    import threading
+
+    from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
+
+    with open(path, "r+b") as f:
+        slots = mmap.mmap(f.fileno(), 0)
+
+    def beat():
+        n = 0
+        while True:
+            n += 1
+            slots[8 * rank:8 * rank + 8] = n.to_bytes(8, "little")
+            time.sleep(HEARTBEAT_PERIOD_S)
+
+    threading.Thread(target=beat, name="perfsim-heartbeat", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()
     argv = sys.argv[1:] if argv is None else argv
     cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     err_path = Path(cfg.out) / ".ranks" / f"rank{rank}.error"
+    start_heartbeat(rank)
     try:
         init_and_train(cfg)
     except BaseException as exc:  # report one line for the launcher, then fail
