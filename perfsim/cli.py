@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsim {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
+        if argv is None:  # the perfsim process itself: further Ctrl-C must not break its exit
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
         print(f"perfsim {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `perfsim ... | head`

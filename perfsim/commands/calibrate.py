@@ -153,6 +153,16 @@ def run(args) -> int:
     stages = _ints(args.stages, "--stages") if args.stages.strip() else ()
     bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in split_list(args.emulate_bandwidth)]
     latency = parse_time(args.emulate_latency, "--emulate-latency")
+    if bandwidths:  # preconditions of the link measurements, before minutes of compute ones
+        from perfsim.netem import check_privileges, check_rate
+
+        for bps in bandwidths:
+            check_rate(bps)
+        check_privileges()
+    for spec in specs:
+        too_many = [p for p in stages if p > len(spec.layers())]
+        if too_many:
+            raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
     comm_ops = tuple(o for o in split_list(args.comm) if o.lower() != "none")
 
     compute_cfgs = []

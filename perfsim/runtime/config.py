@@ -112,8 +112,10 @@ class RunConfig:
             raise ConfigError(f"fail_signal={self.fail_signal!r}: SIGKILL, SIGSTOP or SIGTERM")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
-        if self.bandwidth_bps is not None and not self.bandwidth_bps > 0:
-            raise ConfigError(f"emulate_bandwidth={self.bandwidth_bps}: must be > 0")
+        if self.bandwidth_bps is not None:
+            from perfsim.netem import check_rate
+
+            check_rate(self.bandwidth_bps)  # the range tc can shape, before anything is built
         if self.latency_s < 0:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
