@@ -133,15 +133,23 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
 
     def save(step_done: int) -> None:
-        checkpoint.save_rank(ckpt_root, step_done, rank, {
-            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
-            "compressors": {k: c.state_dict() for k, c in comps.items()},
-            "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
-            "step": step_done, "loss_history": loss_history,
-        })
-        dist.barrier()
-        if rank == 0:
-            checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
+        error, previous = None, checkpoint.latest(ckpt_root)
+        try:
+            checkpoint.save_rank(ckpt_root, step_done, rank, {
+                "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                "compressors": {k: c.state_dict() for k, c in comps.items()},
+                "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
+                "step": step_done, "loss_history": loss_history,
+            })
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        outcomes = [None] * world  # every rank confirms its save: no rank looks at another's disk
+        dist.all_gather_object(outcomes, error)
+        failed = [(r, e) for r, e in enumerate(outcomes) if e]
+        if failed:
+            raise RuntimeError(f"checkpoint step {step_done}: rank {failed[0][0]} could not save "
+                               f"({failed[0][1]}); the previous checkpoint stays")
+        checkpoint.commit(ckpt_root, step_done, world, cfg_dict, rank, previous)
         dist.barrier()
 
     reporter = rank == pp - 1  # last stage of replica 0 reports progress
