@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from perfsim.runtime.api import run as api_run, under_torchrun
     from perfsim.runtime.launch import RankFailure
+    from perfsim.runtime.worker import TrainingDiverged
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, schedule=args.schedule,
                   compress=args.compress, grad_compress=args.grad_compress,
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
     try:
         result = api_run(progress=progress, **params)
-    except RankFailure as exc:
+    except (RankFailure, TrainingDiverged) as exc:
         print(f"perfsim run: error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -183,6 +183,18 @@ def _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port
     _watch(procs, cfg, ranks_dir, progress, grace_s)
 
 
+def _diverged(ranks_dir: Path, world: int) -> str | None:
+    """The first rank's "training diverged ..." report, if any rank made one."""
+    reports = []
+    for r in range(world):
+        f = ranks_dir / f"rank{r}.error"
+        if f.exists():
+            line = f.read_text().splitlines()[0]
+            if line.startswith("TrainingDiverged: "):
+                reports.append((f.stat().st_mtime, line[len("TrainingDiverged: "):]))
+    return min(reports)[1] if reports else None
+
+
 def _where(rank: int, pp: int) -> str:
     return f"rank {rank} (stage {rank % pp}, replica {rank // pp})"
 
@@ -216,6 +228,9 @@ def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
 
             first_rank, first_code = min(failed, key=when)
             _stop(procs, grace_s)
+            diverged = _diverged(ranks_dir, len(procs))
+            if diverged:
+                raise RankFailure(diverged)
             err = ranks_dir / f"rank{first_rank}.error"
             if first_code == 2 and err.exists() and err.read_text().startswith("ConfigError: "):
                 raise ConfigError(err.read_text().splitlines()[0][len("ConfigError: "):])

@@ -31,6 +31,14 @@ from perfsim.runtime.config import RunConfig
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
 
 
+class TrainingDiverged(RuntimeError):
+    """Activations, gradients or the loss became NaN/Inf (or too large to
+    compress): not a usage error; the launcher reports the message as is."""
+
+    def __init__(self, step: int, stage: int):
+        super().__init__(f"training diverged at step {step}, stage {stage}; try a lower learning rate")
+
+
 def boundary_seed(seed: int, boundary: int, direction: int) -> int:
     """Seed shared by both sides of pipeline boundary ``boundary`` (after stage
     ``boundary``) for direction 0 = forward, 1 = backward."""
@@ -161,7 +169,14 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             os.kill(os.getpid(), getattr(signal, cfg.fail_signal))
         ids = order.replica_batch(step, replica, dp)
         next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
-        rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        try:
+            rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        except ConfigError as exc:  # a compressor refused NaN/Inf/overflowing values: divergence
+            if "refusing to compress" not in str(exc):
+                raise
+            raise TrainingDiverged(step, stage) from None
+        if rec.loss is not None and not math.isfinite(rec.loss):
+            raise TrainingDiverged(step, stage)
         t0 = time.perf_counter()
         stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
