@@ -53,6 +53,7 @@ import threading
 from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.procs import provably_dead
 
 PREFIX = "perfsim-"
 MIN_RATE_BPS = 10e3
@@ -116,28 +117,13 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _start_time(pid: int) -> float | None:
-    """Wall-clock start time of process ``pid`` (None when it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-    except (OSError, StopIteration, IndexError, ValueError):
-        return None
-    return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
 def _provably_dead(pid: int, name: str) -> bool:
-    """True when the process that made namespace ``name`` is gone: no process
-    has its pid, or the one that has it started after the namespace existed."""
-    if not _pid_alive(pid):
-        return True
-    started = _start_time(pid)
+    """True when the process that made namespace ``name`` is gone."""
     try:
         made = Path("/run/netns", name).stat().st_mtime
     except OSError:
-        return False
-    return started is not None and started > made + 1.0  # /proc/stat times have 1/HZ and btime 1 s precision
+        return not _pid_alive(pid)
+    return provably_dead(pid, made)
 
 
 def _kill_inside(name: str) -> list[int]:

@@ -239,18 +239,12 @@ def init_and_train(cfg: RunConfig) -> None:
 
 
 def die_with_launcher() -> None:
-    """Ask the kernel to SIGKILL this rank when the launcher dies
-    (``PR_SET_PDEATHSIG``, Linux prctl(2)); exit at once if it already has."""
+    """SIGKILL this rank when the launcher dies (:func:`perfsim.procs.die_with_parent`)."""
     launcher = os.environ.get("PERFSIM_LAUNCHER_PID")
-    if launcher is None or not sys.platform.startswith("linux"):
-        return
-    import ctypes
+    if launcher is not None:
+        from perfsim.procs import die_with_parent
 
-    PR_SET_PDEATHSIG = 1
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != int(launcher):  # it died before the prctl
-        os._exit(1)
+        die_with_parent(int(launcher))
 
 
 def start_heartbeat(rank: int) -> None:
