@@ -1,6 +1,7 @@
 """One output writer (issue 19.3) and outputs that never clobber (issue 14.1, 14.10, 14.18)."""
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -144,3 +145,43 @@ def test_overflowing_prediction_is_an_error_not_nan(tmp_path):
 def test_write_failure_is_an_output_error(tmp_path):
     with pytest.raises(OutputError, match="is a directory"):
         outputs.write_text(tmp_path, "x")
+
+
+def test_every_command_names_its_output_the_same_way():
+    """Issue 19.3: --out and --output both existed, depending on the command."""
+    from perfsim.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    for name in COMMANDS:
+        if name == "compressors":
+            continue
+        sub = parser._subparsers._group_actions[0].choices[name]
+        flags = {s for a in sub._actions for s in a.option_strings}
+        assert {"-o", "--out", "--output"} <= flags, name
+
+
+def test_second_sweep_on_the_same_output_is_refused(tmp_path):
+    out = tmp_path / "s.csv"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from perfsim.outputs import locked_dir\n"
+                               f"with locked_dir({str(out)!r}, file=True):\n print('ok', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        proc = _cli("sweep", "--pp", "2", "--out", str(out), "--no-progress")
+        _one_line(proc, 2)
+        assert f"pid {holder.pid}" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="mounts a read-only tmpfs (root)")
+def test_unwritable_output_folder_is_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    script = (f"mount -t tmpfs -o ro none {ro} && "
+              f"exec {sys.executable} -m perfsim predict -o {ro / 'x.csv'}")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    _one_line(proc, 2)
+    assert "not writable" in proc.stderr

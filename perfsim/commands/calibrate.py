@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
                    help="also measure the compute model's efficiency curves (GEMM by shape, attention, "
                         "elementwise, norm, AdamW) in these dtypes: comma list of bfloat16, float16, "
                         "float32, tf32, 'all', or 'none' (default)")
-    p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
+    p.add_argument("--out", "-o", "--output", dest="output", default="traces/calibrated.json", help="profile file to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -140,6 +140,9 @@ def run(args) -> int:
         raise ConfigError("--device cuda: no CUDA device available")
     if args.ranks < 1:
         raise ConfigError(f"--ranks {args.ranks}: must be >= 1")
+    from perfsim.outputs import check_file_target
+
+    check_file_target(args.output, "--out")
     quick = args.quick
     repeats = args.repeats if args.repeats is not None else (5 if quick else 15)
     if repeats < 1:

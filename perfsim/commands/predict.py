@@ -93,8 +93,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                            "(default: the profile's measured interference, else 0)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "csv", "json", "parquet"),
-                   help="output format (default: from --output's suffix .txt/.csv/.json/.parquet, else table)")
-    g.add_argument("--output", "-o", help="write to FILE (atomically; a FIFO or device in place) instead of stdout")
+                   help="output format (default: from --out's suffix .txt/.csv/.json/.parquet, else table)")
+    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically; a FIFO or device in place) instead of stdout")
     g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json)")
 
 
@@ -176,9 +176,9 @@ def run(args) -> int:
     from perfsim import outputs
     from perfsim.api import predict
 
-    fmt = outputs.output_format(args.output, args.format)  # unknown suffix, no pyarrow: before any work
+    fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
     if args.output:
-        outputs.check_file_target(args.output, "--output")
+        outputs.check_file_target(args.output, "--out")
     elif fmt == "parquet":
         raise ConfigError("--format parquet: needs --output FILE (Parquet is binary)")
     if args.trace:

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
     p.add_argument("--dataset-limit", type=_pos_int, default=None,
                    help="use only the first N samples (shorter epochs)")
-    p.add_argument("--out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
+    p.add_argument("--out", "-o", "--output", dest="out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
     p.add_argument("--resume", default=None, help="continue from the checkpoint in this folder")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (default: only at the end)")

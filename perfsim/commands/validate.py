@@ -38,7 +38,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
                    help="measured runs per row, the fastest counts (a shared machine only slows runs down)")
-    p.add_argument("--out", "-o", default=None,
+    p.add_argument("--out", "-o", "--output", dest="out", default=None,
                    help="output folder (default traces/validation/<model>-pp<P>-dp<D>)")
     p.add_argument("--reuse-measured", action="store_true",
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
