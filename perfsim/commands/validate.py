@@ -86,16 +86,20 @@ def run(args) -> int:
     for g in plan.grad_compresses:
         parse_grad_spec(g)
 
+    if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
+        from perfsim.netem import check_privileges
+
+        check_privileges()
     if not 0 <= args.seed < 2**32:
         raise ConfigError(f"--seed {args.seed}: must be in 0..{2**32 - 1}")
     from perfsim.outputs import check_dir_target, locked_dir
 
     check_dir_target(out, "--out")
     with locked_dir(out, "--out"):  # a second validate on the same folder is refused
-        return _validate(args, plan, base, limit, out, profile_path=args.profile)
+        return _validate(args, plan, base, limit, out)
 
 
-def _validate(args, plan, base, limit, out, profile_path) -> int:
+def _validate(args, plan, base, limit, out) -> int:
     import json
 
     from perfsim.analysis import validate as v
