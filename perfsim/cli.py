@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(sig) is signal.SIG_DFL:
-            signal.signal(sig, _terminate)
+    if argv is None:  # the perfsim process itself (not a caller's in-process main([...]))
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminate)
     try:
         code = int(args._run(args) or 0)
         sys.stdout.flush()
