@@ -128,6 +128,10 @@ def parse_bandwidths(text: str) -> tuple[float | None, ...]:
             continue
         out.append(None if part.lower() in ("none", "loopback", "off") else
                    parse_bandwidth(part, "--emulate-bandwidth"))
+        if out[-1] is not None:
+            from perfsim.netem import check_rate
+
+            check_rate(out[-1])
     return tuple(out) or (None,)
 
 

@@ -58,7 +58,7 @@ def add_arguments(p) -> None:
                    help="also measure the compute model's efficiency curves (GEMM by shape, attention, "
                         "elementwise, norm, AdamW) in these dtypes: comma list of bfloat16, float16, "
                         "float32, tf32, 'all', or 'none' (default)")
-    p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
+    p.add_argument("--out", "-o", "--output", dest="output", default="traces/calibrated.json", help="profile file to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (on a terminal) or stage lines (in a log)")
 
 
@@ -150,6 +150,9 @@ def run(args) -> int:
         raise ConfigError("--device cuda: no CUDA device available")
     if args.ranks < 1:
         raise ConfigError(f"--ranks {args.ranks}: must be >= 1")
+    from perfsim.outputs import check_file_target
+
+    check_file_target(args.output, "--out")
     quick = args.quick
     repeats = args.repeats if args.repeats is not None else (5 if quick else 15)
     if repeats < 1:
@@ -163,6 +166,16 @@ def run(args) -> int:
     stages = _ints(args.stages, "--stages") if args.stages.strip() else ()
     bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in split_list(args.emulate_bandwidth)]
     latency = parse_time(args.emulate_latency, "--emulate-latency")
+    if bandwidths:  # preconditions of the link measurements, before minutes of compute ones
+        from perfsim.netem import check_privileges, check_rate
+
+        for bps in bandwidths:
+            check_rate(bps)
+        check_privileges()
+    for spec in specs:
+        too_many = [p for p in stages if p > len(spec.layers())]
+        if too_many:
+            raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
     comm_ops = tuple(o for o in split_list(args.comm) if o.lower() != "none")
 
     compute_cfgs = []

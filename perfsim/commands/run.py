@@ -38,14 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="samples per replica per step (default 32)")
     p.add_argument("--steps", type=_pos_int, default=None, help="optimizer steps in total (default 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
     p.add_argument("--partition", default=None,
                    help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
     p.add_argument("--dataset-limit", type=_pos_int, default=None,
                    help="use only the first N samples (shorter epochs)")
-    p.add_argument("--out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
+    p.add_argument("--out", "-o", "--output", dest="out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
     p.add_argument("--resume", default=None, help="continue from the checkpoint in this folder")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (default: only at the end)")
@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)")
     p.add_argument("--emulate-latency", default=None, help="one-way latency added to each link, e.g. 20ms")
     p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
+    p.add_argument("--hang-timeout", default="30s",
+                   help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -60,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from perfsim.runtime.api import run as api_run, under_torchrun
     from perfsim.runtime.launch import RankFailure
+    from perfsim.runtime.worker import TrainingDiverged
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
                   sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
@@ -70,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                   out=args.out or (args.resume if args.resume else "perfsim-run"),
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
-                  timeout=args.timeout, device=args.device)
+                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
     bar = None
     progress = None
     if not args.no_progress and not under_torchrun() and sys.stderr.isatty():
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
     try:
         result = api_run(progress=progress, **params)
-    except RankFailure as exc:
+    except (RankFailure, TrainingDiverged) as exc:
         print(f"perfsim run: error: {exc}", file=sys.stderr)
         return 1
     finally:

@@ -43,7 +43,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
                    help="measured runs per row, the fastest counts (a shared machine only slows runs down)")
-    p.add_argument("--out", "-o", default=None,
+    p.add_argument("--out", "-o", "--output", dest="out", default=None,
                    help="output folder (default traces/validation/<model>-pp<P>-dp<D>)")
     p.add_argument("--reuse-measured", action="store_true",
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
@@ -53,12 +53,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import json
-
     from perfsim.analysis import validate as v
     from perfsim.errors import ConfigError
     from perfsim.models.specs import get_model_spec
-    from perfsim.result import atomic_write_text
     from perfsim.units import split_list
 
     get_model_spec(args.model)
@@ -107,6 +104,26 @@ def run(args) -> int:
         make_pipeline_pair(c)
     for g in plan.grad_compresses:
         parse_grad_spec(g)
+
+    if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
+        from perfsim.netem import check_privileges
+
+        check_privileges()
+    if not 0 <= args.seed < 2**32:
+        raise ConfigError(f"--seed {args.seed}: must be in 0..{2**32 - 1}")
+    from perfsim.outputs import check_dir_target, locked_dir
+
+    check_dir_target(out, "--out")
+    with locked_dir(out, "--out"):  # a second validate on the same folder is refused
+        return _validate(args, plan, base, limit, out)
+
+
+def _validate(args, plan, base, limit, out) -> int:
+    import json
+
+    from perfsim.analysis import validate as v
+    from perfsim.profile import load_profile
+    from perfsim.result import atomic_write_text
 
     import pandas as pd
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "sgd")
+#: seeds feed torch and numpy generators; numpy's take 32 bits
+MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
 
 
@@ -45,8 +48,10 @@ class RunConfig:
     device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
     partition: layer counts per stage (``"2,1,1,2"``, the syntax of ``perfsim
       predict --partition``); None: :func:`perfsim.partition.partition_model`.
-    fail_rank, fail_step: fault injection for tests -- that rank SIGKILLs itself
-      when it reaches that step.
+    fail_rank, fail_step, fail_signal: fault injection for tests -- that rank
+      sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
+    hang_timeout_s: a rank whose heartbeat stops this long is named as hung
+      and the job stopped (local launch).
     """
 
     model: str = "digits-mlp"
@@ -75,6 +80,8 @@ class RunConfig:
     partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
+    fail_signal: str = "SIGKILL"
+    hang_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -92,8 +99,10 @@ class RunConfig:
                               f"micro_batch={self.micro_batch}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ConfigError(f"epochs={self.epochs!r}: must be > 0")
+        if self.epochs is not None and not (0 < self.epochs < math.inf):
+            raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
         if self.optimizer not in OPTIMIZERS:
@@ -102,10 +111,16 @@ class RunConfig:
             raise ConfigError(f"device={self.device!r}: choose from {', '.join(DEVICES)}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
+        if not 0 < self.hang_timeout_s < math.inf:
+            raise ConfigError(f"hang_timeout={self.hang_timeout_s}: must be a finite time > 0")
+        if self.fail_signal not in ("SIGKILL", "SIGSTOP", "SIGTERM"):
+            raise ConfigError(f"fail_signal={self.fail_signal!r}: SIGKILL, SIGSTOP or SIGTERM")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
-        if self.bandwidth_bps is not None and not self.bandwidth_bps > 0:
-            raise ConfigError(f"emulate_bandwidth={self.bandwidth_bps}: must be > 0")
+        if self.bandwidth_bps is not None:
+            from perfsim.netem import check_rate
+
+            check_rate(self.bandwidth_bps)  # the range tc can shape, before anything is built
         if self.latency_s < 0:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:

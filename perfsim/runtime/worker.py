@@ -33,6 +33,14 @@ from perfsim.runtime.config import RunConfig
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
 
 
+class TrainingDiverged(RuntimeError):
+    """Activations, gradients or the loss became NaN/Inf (or too large to
+    compress): not a usage error; the launcher reports the message as is."""
+
+    def __init__(self, step: int, stage: int):
+        super().__init__(f"training diverged at step {step}, stage {stage}; try a lower learning rate")
+
+
 def boundary_seed(seed: int, boundary: int, direction: int) -> int:
     """Seed shared by both sides of pipeline boundary ``boundary`` (after stage
     ``boundary``) for direction 0 = forward, 1 = backward."""
@@ -143,15 +151,23 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
 
     def save(step_done: int) -> None:
-        checkpoint.save_rank(ckpt_root, step_done, rank, {
-            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
-            "compressors": {k: c.state_dict() for k, c in comps.items()},
-            "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
-            "step": step_done, "loss_history": loss_history,
-        })
-        dist.barrier()
-        if rank == 0:
-            checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
+        error, previous = None, checkpoint.latest(ckpt_root)
+        try:
+            checkpoint.save_rank(ckpt_root, step_done, rank, {
+                "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                "compressors": {k: c.state_dict() for k, c in comps.items()},
+                "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
+                "step": step_done, "loss_history": loss_history,
+            })
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        outcomes = [None] * world  # every rank confirms its save: no rank looks at another's disk
+        dist.all_gather_object(outcomes, error)
+        failed = [(r, e) for r, e in enumerate(outcomes) if e]
+        if failed:
+            raise RuntimeError(f"checkpoint step {step_done}: rank {failed[0][0]} could not save "
+                               f"({failed[0][1]}); the previous checkpoint stays")
+        checkpoint.commit(ckpt_root, step_done, world, cfg_dict, rank, previous)
         dist.barrier()
 
     reporter = rank == layout.rank(pp - 1, 0, 0)  # last stage of replica 0 reports progress
@@ -159,16 +175,23 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
     for step in range(start, steps):
-        if cfg.fail_rank == rank and cfg.fail_step == step:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
+        if cfg.fail_rank == rank and cfg.fail_step == step:  # fault injection (tests)
+            os.kill(os.getpid(), getattr(signal, cfg.fail_signal))
         ids = order.replica_batch(step, replica, dp)
         next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
-        if tpar is not None:
-            with tpar.meter:
+        try:
+            if tpar is not None:
+                with tpar.meter:
+                    rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+                    tpar.end_backward(module, rec)
+            else:
                 rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
-                tpar.end_backward(module, rec)
-        else:
-            rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        except ConfigError as exc:  # a compressor refused NaN/Inf/overflowing values: divergence
+            if "refusing to compress" not in str(exc):
+                raise
+            raise TrainingDiverged(step, stage) from None
+        if rec.loss is not None and not math.isfinite(rec.loss):
+            raise TrainingDiverged(step, stage)
         t0 = time.perf_counter()
         stats = sync_gradients(named, grad_state, dp_group) if dp > 1 else {}
         t1 = time.perf_counter()
@@ -232,11 +255,46 @@ def init_and_train(cfg: RunConfig) -> None:
         dist.destroy_process_group()
 
 
+def die_with_launcher() -> None:
+    """SIGKILL this rank when the launcher dies (:func:`perfsim.procs.die_with_parent`)."""
+    launcher = os.environ.get("PERFSIM_LAUNCHER_PID")
+    if launcher is not None:
+        from perfsim.procs import die_with_parent
+
+        die_with_parent(int(launcher))
+
+
+def start_heartbeat(rank: int) -> None:
+    """Bump this rank's 8-byte slot of the launcher's heartbeat file twice a
+    second from a daemon thread: a stopped or frozen rank stops beating."""
+    path = os.environ.get("PERFSIM_HEARTBEAT")
+    if not path:
+        return
+    import mmap
+    import threading
+
+    from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
+
+    with open(path, "r+b") as f:
+        slots = mmap.mmap(f.fileno(), 0)
+
+    def beat():
+        n = 0
+        while True:
+            n += 1
+            slots[8 * rank:8 * rank + 8] = n.to_bytes(8, "little")
+            time.sleep(HEARTBEAT_PERIOD_S)
+
+    threading.Thread(target=beat, name="perfsim-heartbeat", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()
     argv = sys.argv[1:] if argv is None else argv
     cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     err_path = Path(cfg.out) / ".ranks" / f"rank{rank}.error"
+    start_heartbeat(rank)
     try:
         init_and_train(cfg)
     except BaseException as exc:  # report one line for the launcher, then fail
