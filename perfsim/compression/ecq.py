@@ -33,7 +33,8 @@ import torch
 
 from perfsim.compression.base import Payload, numel_of
 from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, flat_f32,
-                                      levels_for_bits, parse_level_bits, parse_options)
+                                      levels_for_bits, parse_level_bits, parse_options,
+                                      to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -117,7 +118,8 @@ class ECQ(_SeededCompressor):
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
         n = numel_of(payload.shape)
         device = payload.tensors["codes"].device if "codes" in payload.tensors else None
-        return self.q.decompress(payload.tensors, n, device).reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(self.q.decompress(payload.tensors, n, device).reshape(payload.shape),
+                                   payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
         """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""
@@ -134,7 +136,7 @@ class ECQ(_SeededCompressor):
         for rank in range(world):
             tensors = {k: v[rank] for k, v in payload.tensors.items()}
             total += self.decompress(Payload(tensors, payload.shape, torch.float32))
-        return (total / world).to(x.dtype)
+        return to_dtype_saturating(total / world, x.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self._step, "h": {k: v.clone() for k, v in self.h.items()}}

@@ -59,13 +59,21 @@ import torch
 from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of, sum_dtype_for
 from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
                                       coefficients, flat_f32, levels_for_bits, levels_from_codes,
-                                      parse_level_bits, parse_options, scale_into, stochastic_codes_,
-                                      unpack_codes)
+                                      parse_level_bits, parse_options, safe_norms, scale_into,
+                                      stochastic_codes_, to_dtype_saturating, unpack_codes)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
+from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
+
+#: elements per shared norm of ``qsgd-maxnorm`` (``chunk=D``): QSGD's bucket size
+#: (Alistarh et al. 2017, arXiv:1610.02132, Sec. 5 "bucket size 512"; the ECQ
+#: paper, ecq-sgd-paper.txt Sec. 5, uses the same for QSGD). One norm for a whole
+#: DDP bucket of millions of values leaves almost every code at 0 (variance
+#: ``~sqrt(n)/s`` times the norm), which is what made 2- and 4-bit training diverge.
+DEFAULT_CHUNK = 512
 
 #: integers that float16 represents exactly (every |k| <= 2**11)
 _FP16_EXACT = 2048
@@ -133,7 +141,8 @@ class MaxNormQuantizer(_SeededCompressor):
     allreduce_compatible = True
     stateful = True  # the random step counter
 
-    def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0):
+    def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0,
+                 chunk: int = 0):
         self.bits = int(bits)
         sb = sorted({int(bits), *map(int, scale_bits)})
         self.scale_bits = tuple(sb)
@@ -142,6 +151,12 @@ class MaxNormQuantizer(_SeededCompressor):
         if bucket < 1:
             raise ConfigError(f"bucket={bucket}: must be >= 1")
         self.bucket = int(bucket)
+        if chunk < 0:
+            raise ConfigError(f"chunk={chunk}: must be >= 0 (0 = one norm for the whole tensor)")
+        if chunk and self.multiscale:
+            raise ConfigError("chunk: the multi-scale variant keeps one norm per tensor "
+                              "(its per-coordinate scales already adapt)")
+        self.chunk = int(chunk)
         self.seed, self._step, self._salt = int(seed), 0, 0
 
     # ------------------------------------------------------------ geometry
@@ -152,38 +167,52 @@ class MaxNormQuantizer(_SeededCompressor):
     def nbuckets(self, n: int) -> int:
         return -(-n // self.bucket) if self.multiscale else 0
 
+    def chunk_of(self, n: int) -> int:
+        """Elements per norm: ``chunk``, or the whole tensor when ``chunk=0``."""
+        return self.chunk if self.chunk else max(n, 1)
+
+    def nnorms(self, n: int) -> int:
+        """Shared norms of an ``n``-element tensor (one per chunk)."""
+        return -(-n // self.chunk_of(n)) if n else 0
+
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         n = numel_of(shape)
         if n == 0:
             return 0
-        total = 4 + packed_nbytes(n, self.bits)
+        total = 4 * self.nnorms(n) + packed_nbytes(n, self.bits)
         if self.multiscale:
             total += packed_nbytes(self.nbuckets(n), _index_bits(len(self.scale_bits)))
         return total
 
     def dp_plan(self, shape: Sequence[int], world_size: int, *, backend: str = "gloo") -> list[CommStep]:
-        """max-allreduce of the norm, [min-allreduce of scale indices], sum-allreduce of codes.
+        """max-allreduce of the norms, [min-allreduce of scale indices], sum-allreduce
+        of the codes packed in lanes of ``b + ceil(log2 W)`` bits (:mod:`perfsim.kernels.lanes`).
 
         ``backend="nccl"``: NCCL has no bitwise reduction, so the scale indices
         travel as one uint8 per bucket with a MIN reduction (as in the paper's code)."""
         n = numel_of(shape)
         if n == 0:
             return []
-        plan = [CommStep(ALLREDUCE, 4, "max", f"{self.spec} norm")]
+        if world_size < 1:
+            raise ConfigError(f"world_size={world_size}: must be >= 1")
+        plan = [CommStep(ALLREDUCE, 4 * self.nnorms(n), "max", f"{self.spec} norms")]
         if self.multiscale:
             if backend == "nccl":
                 plan.append(CommStep(ALLREDUCE, self.nbuckets(n), "min", f"{self.spec} scale-index min (uint8)"))
             else:
                 nbytes = packed_nbytes(self.nbuckets(n) * (len(self.scale_bits) - 1), 1)
                 plan.append(CommStep(ALLREDUCE, nbytes, "min", f"{self.spec} scale-index min (thermometer bits, AND)"))
-        acc = collective_sum_dtype(self.s, world_size)
-        plan.append(CommStep(ALLREDUCE, n * _itemsize(acc), "sum", f"{self.spec} codes ({str(acc).replace('torch.', '')})"))
+        words = packed_words(n, self.bits, world_size)
+        plan.append(CommStep(ALLREDUCE, 8 * words, "sum",
+                             f"{self.spec} codes ({lane_bits(self.bits, world_size)}-bit lanes in int64)"))
         return plan
 
     # ------------------------------------------------------------ math
     def local_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """``||x||_2`` as a 1-element fp32 tensor (the max-allreduce input)."""
-        return torch.linalg.vector_norm(flat_f32(x)).reshape(1)
+        """``||chunk||_2`` of every chunk (fp32, the max-allreduce input); see
+        :func:`perfsim.compression.qsgd.safe_norms` for values near the float32 limit."""
+        flat = flat_f32(x)
+        return safe_norms(flat, self.chunk_of(flat.numel()), self.spec)
 
     def _bucket_amax(self, flat: torch.Tensor) -> torch.Tensor:
         """``max |v|`` per bucket; for ``bucket=1`` ``|v|`` in a scratch buffer."""
@@ -283,10 +312,10 @@ class MaxNormQuantizer(_SeededCompressor):
         stochastic rounding of ``s*_i v_i / W`` (eq. 8, 12); eq. 11 keeps
         ``|s*_i v_i / W| <= s_min``."""
         n = flat.numel()
-        w = torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
+        w = torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(flat.device)
         y = workspace("sr_y", n, torch.float32, flat.device)
         if not self.multiscale:
-            scale_into(y, flat, coefficients(float(self.s), w), max(n, 1))
+            scale_into(y, flat, coefficients(float(self.s), w), self.chunk_of(n))
         else:
             table = coefficients(self.scales.to(flat.device).double(), w)  # s_j / W
             if self.bucket > 1 or index.dtype != torch.uint8 and index.dtype != torch.float32:
@@ -300,7 +329,10 @@ class MaxNormQuantizer(_SeededCompressor):
     def _scale_levels_(self, out: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """``out <- out * W / s*_i`` in place (float32 levels -> values, eq. 9 / 13)."""
         if not self.multiscale:
-            return out.mul_(float(norm) / self.s)
+            w = torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(out.device)
+            if w.numel() == 1:
+                return out.mul_(float(w) / self.s)
+            return bucketwise(torch.mul, out, (w.double() / self.s).float(), self.chunk_of(out.numel()), out)
         d = float(norm) / self.scales.to(out.device)  # float32 table W / s_j
         if self.bucket > 1:
             return bucketwise(torch.mul, out, d[index.long()], self.bucket, out)
@@ -324,9 +356,11 @@ class MaxNormQuantizer(_SeededCompressor):
             return Payload({}, tuple(x.shape), x.dtype)  # empty tensor: nothing on the wire
         local = self.local_norm(flat)
         check_finite_norms(local, flat, self.spec)  # NaN/Inf anywhere -> the norm is NaN/Inf
-        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
-        if not bool(torch.isfinite(w).all()) or float(w) < float(local) * (1 - 1e-6):
-            raise ConfigError(f"{self.spec}: shared norm {float(w)} is below this tensor's norm {float(local)}")
+        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(flat.device)
+        if w.shape != local.shape or not bool(torch.isfinite(w).all()) \
+                or bool((w < local * (1 - 1e-6)).any()):
+            raise ConfigError(f"{self.spec}: shared norms must be {local.numel()} finite values, "
+                              "each >= this tensor's own")
         index = None
         tensors = {"norm": w.clone()}
         if self.multiscale:
@@ -367,7 +401,7 @@ class MaxNormQuantizer(_SeededCompressor):
         out = torch.empty(n, dtype=torch.float32, device=t["codes"].device)
         levels_from_codes(unpack_codes(t["codes"], self.bits, n), self.s, out)  # consumes the scratch codes
         self._scale_levels_(out, t["norm"], self._payload_index(payload, n))
-        return out.reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(out.reshape(payload.shape), payload.dtype)
 
     # ------------------------------------------------------------ data parallel
     def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
@@ -413,10 +447,11 @@ class MaxNormQuantizer(_SeededCompressor):
                 dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)
                 index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
         codes = self.encode_codes(flat, w, index, self._next_key())
-        buf = self._signed_levels(codes, collective_sum_dtype(self.s, world))
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        out = self.decode_levels(buf, w, index).div_(world)
-        return out.reshape(x.shape).to(x.dtype)
+        words = pack_lanes(codes, self.bits, world)  # offset codes in [0, 2s], summed lane-wise
+        dist.all_reduce(words, op=dist.ReduceOp.SUM, group=group)
+        levels = unpack_lanes(words, flat.numel(), self.bits, world).sub_(world * self.s)
+        out = self.decode_levels(levels, w, index).div_(world)
+        return to_dtype_saturating(out.reshape(x.shape), x.dtype)
 
 
 @register
@@ -424,16 +459,18 @@ class QSGDMaxNorm(MaxNormQuantizer):
     """QSGDMaxNorm (multiscale-quantizers-paper.txt Sec. 3.1, Alg. 1)."""
 
     name = "qsgd-maxnorm"
-    spec_syntax = "qsgd-maxnorm:BITS"
+    spec_syntax = "qsgd-maxnorm:BITS[:chunk=D]"
     example_spec = "qsgd-maxnorm:4"
 
     @classmethod
     def from_args(cls, args: list[str], seed: int = 0, **_):
-        if len(args) != 1:
-            raise ConfigError("expected qsgd-maxnorm:BITS, e.g. qsgd-maxnorm:4")
-        bits = parse_level_bits(args[0])
-        comp = cls(bits, seed=seed)
-        comp.spec = f"{cls.name}:{bits}"
+        pos, opts = parse_options(args, {"chunk": int})
+        if len(pos) != 1:
+            raise ConfigError("expected qsgd-maxnorm:BITS[:chunk=D], e.g. qsgd-maxnorm:4")
+        bits = parse_level_bits(pos[0])
+        chunk = opts.get("chunk", DEFAULT_CHUNK)
+        comp = cls(bits, seed=seed, chunk=chunk)
+        comp.spec = f"{cls.name}:{bits}" + ("" if chunk == DEFAULT_CHUNK else f":chunk={chunk}")
         return comp
 
 

@@ -107,6 +107,36 @@ def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
         raise ConfigError(f"{who}: values too large (the L2 norm overflows float32); refusing to compress")
 
 
+def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
+    """L2 norm of every ``chunk`` of a flat float32 tensor, robust near the float32 limit.
+
+    Overflow rule (documented in the README, issue 14.18): squares of values above
+    ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
+    recomputed in float64; if the norm itself exceeds the float32 maximum
+    (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
+    NaN/Inf input is refused by :func:`check_input`."""
+    norms = bucket_norms(flat, chunk)
+    if norms.numel() and not bool(torch.isfinite(norms).all()):
+        check_input(flat)
+        wide = bucket_norms(flat.double(), chunk) if flat.numel() else norms.double()
+        if not bool((wide <= _F32_MAX).all()):
+            raise ConfigError(f"{who}: a chunk's L2 norm exceeds the float32 maximum 3.4e38 "
+                              "(values of ~1e38 and above); refusing to compress")
+        norms = wide.to(torch.float32)
+    return norms
+
+
+def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast a decoded float32 result to the caller's dtype, saturating at that dtype's
+    largest finite value instead of producing Inf (fp16 overflows at 65504: a
+    gradient mean of 7e4 becomes 65504, not Inf). Issue 14.18's documented rule."""
+    if dtype in (torch.float16, torch.bfloat16) and x.dtype == torch.float32 and x.numel():
+        big = float(torch.finfo(dtype).max)
+        if float(x.abs().max()) > big:
+            x = x.clamp(-big, big)
+    return x.to(dtype)
+
+
 def flat_f32(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a flat contiguous float32 tensor (no copy for contiguous fp32)."""
     return x.detach().reshape(-1).to(torch.float32).contiguous()
@@ -131,7 +161,8 @@ def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
     n = flat.numel()
     nfull = n // bucket
     full = nfull * bucket
-    out = torch.empty(-(-n // bucket), dtype=torch.float32, device=flat.device)
+    out = torch.empty(-(-n // bucket), dtype=flat.dtype if flat.dtype == torch.float64 else torch.float32,
+                      device=flat.device)
     if nfull:
         torch.linalg.vector_norm(flat[:full].view(nfull, bucket), dim=1, out=out[:nfull])
     if full < n:
@@ -267,8 +298,7 @@ class BucketQuantizer:
         its contents are destroyed), default a reused buffer."""
         n = flat.numel()
         d = self.bucket_of(n)
-        norms = bucket_norms(flat, d)
-        check_finite_norms(norms, flat, who)
+        norms = safe_norms(flat, d, who)
         y = workspace("sr_y", n, torch.float32, flat.device) if out is None else out
         scale_into(y, flat, coefficients(float(self.s), norms), d)
         return norms, stochastic_codes_(y, self.s, key)
@@ -380,7 +410,7 @@ class QSGD(_SeededCompressor):
         n = numel_of(payload.shape)
         device = payload.tensors["codes"].device if "codes" in payload.tensors else None
         out = self.q.decompress(payload.tensors, n, device)
-        return out.reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(out.reshape(payload.shape), payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Allgather of the payloads (norms differ per worker), then M decodes."""
