@@ -168,11 +168,11 @@ def test_overflowing_norm_is_a_clear_error(spec):
     c = make_compressor(spec)
     x = torch.full((10,), 3e30)
     out = c.decompress(c.compress(x))
-    assert torch.isfinite(out).all() and torch.allclose(out.mean(), x.mean(), rtol=0.5)
+    assert torch.isfinite(out).all() and float(out.abs().max()) <= 2 * float(x.norm())
     with pytest.raises(ConfigError, match="float32 maximum"):
-        c.compress(torch.full((10,), 3e38))
+        make_compressor(spec).compress(torch.full((10,), 3e38))
     with pytest.raises(ConfigError, match="NaN or Inf"):
-        c.compress(torch.tensor([1.0] * 600 + [float("nan")]))  # in the second bucket
+        make_compressor(spec).compress(torch.tensor([1.0] * 600 + [float("nan")]))  # second bucket
 
 
 @pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4"])
