@@ -88,7 +88,7 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from perfsim.runtime.grad_sync import attach
+    from perfsim.ddp import attach, onebit_optimizer
 
     _init(rank, port)
     loss_fn = torch.nn.functional.cross_entropy
@@ -160,10 +160,10 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     results["powersgd"] = {"steps": psgd, "iter": again.powersgd.iter,
                            "errors": sorted(again.powersgd.error_dict)}
 
-    # 1-bit optimizer specs: the hook must leave local gradients alone.
+    # 1-bit optimizer specs: the hook the optimizer installs must leave local gradients alone.
     model, ref = _mlp(), _mlp()
     ddp_noop = DDP(model)
-    attach(ddp_noop, "onebit-lamb:warmup=3")
+    onebit_optimizer(ddp_noop, "onebit-lamb:warmup=3", lr=1e-3)
     x, y = _batch(rank, 0)
     loss_fn(ddp_noop(x), y).backward()
     loss_fn(ref(x), y).backward()
