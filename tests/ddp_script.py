@@ -152,8 +152,9 @@ def mode_features(out: Path, rank: int) -> dict:
         model = DDP(Branchy(), find_unused_parameters=True)
         state = pddp.attach(model, method)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        init = model.module.unused.weight.detach().clone()
         train(model, opt, 0, 4, rank)
-        res[("unused", method)] = params(model.module)
+        res[("unused", method)] = (params(model.module), torch.equal(model.module.unused.weight, init))
     for dtype in (torch.bfloat16, torch.float16):
         for method in ("qsgd-maxnorm:4", "powersgd:2", "onebit-adam"):
             net = mlp().to(dtype)

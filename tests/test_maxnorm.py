@@ -52,7 +52,7 @@ def test_sum_dtype_widens():
     # the collective carries b + ceil(log2 W)-bit lanes, 63 // L of them per int64 word
     plan = make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 200)  # L = 16: 3 lanes per word
     assert [(s.kind, s.reduce) for s in plan] == [("allreduce", "max"), ("allreduce", "sum")]
-    assert plan[0].nbytes == 4 * 2 and plan[1].nbytes == 8 * 334  # 2 chunks of 512; 334 words
+    assert plan[0].nbytes == 4 and plan[1].nbytes == 8 * 334  # one norm (8-bit chunks: 131072); 334 words
     assert make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 1)[1].nbytes == 8 * 143  # 7 lanes/word
     assert make_compressor("qsgd-maxnorm:4").dp_plan((1200,), 2)[1].nbytes == 8 * 100  # 12 x 5 bits
 
@@ -91,7 +91,8 @@ def test_sum_of_payloads_decodes_to_sum_of_decodes(spec):
     sum_of_decodes = torch.stack([c.decompress(p) for p in payloads]).sum(0)
     torch.testing.assert_close(decoded_sum, sum_of_decodes, rtol=1e-6, atol=1e-6)
     # and it is an unbiased estimate of the true sum, within one grid step per worker
-    step = w / c.s
+    n = xs[0].numel()
+    step = w.reshape(-1).repeat_interleave(c.chunk_of(n))[:n].reshape(xs[0].shape) / c.s  # per chunk
     assert ((decoded_sum - torch.stack(xs).sum(0)).abs() <= len(xs) * step + 1e-5).all()
 
 
@@ -112,7 +113,7 @@ def test_200_worker_sum_would_overflow_int8():
     assert ((mean - torch.stack(xs).mean(0)).abs() <= w / c.s).all()
 
 
-@pytest.mark.parametrize("spec", ["qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:2:6"])
+@pytest.mark.parametrize("spec", ["qsgd-maxnorm:2:chunk=0", "qsgd-maxnorm-multiscale:2:6"])
 def test_unbiased_on_shared_norm(spec):
     torch.manual_seed(3)
     x = torch.randn(40)
@@ -135,7 +136,7 @@ def test_lemma_1_and_2_variance_bounds():
     x = torch.randn(n)
     w = 1.3 * x.norm()
     errs = {}
-    for spec in ("qsgd-maxnorm:3", "qsgd-maxnorm-multiscale:3:7", "qsgd-maxnorm-multiscale:3:5,7,9"):
+    for spec in ("qsgd-maxnorm:3:chunk=0", "qsgd-maxnorm-multiscale:3:7", "qsgd-maxnorm-multiscale:3:5,7,9"):
         c = make_compressor(spec, seed=2)
         index = c.local_scale_index(x, w) if c.multiscale else None
         d = torch.stack([c.decompress(c.compress(x, norm=w, scale_index=index)) for _ in range(300)])
@@ -146,8 +147,23 @@ def test_lemma_1_and_2_variance_bounds():
         s_el = c.levels_per_element(index, n)
         p = (x.abs() / w * s_el) % 1.0
         assert errs[spec] == pytest.approx(float(((w / s_el) ** 2 * p * (1 - p)).sum()), rel=0.1)
-    assert errs["qsgd-maxnorm-multiscale:3:7"] < 0.9 * errs["qsgd-maxnorm:3"]
+    assert errs["qsgd-maxnorm-multiscale:3:7"] < 0.9 * errs["qsgd-maxnorm:3:chunk=0"]
     assert errs["qsgd-maxnorm-multiscale:3:5,7,9"] <= errs["qsgd-maxnorm-multiscale:3:7"] * 1.05
+
+
+def test_default_chunk_bounds_qsgd_variance():
+    """One norm per chunk (default: largest power of two <= 16 s^2, QSGD Lemma 3.1 bound
+    <= 4): on a long gradient the error is far below one norm for everything."""
+    from perfsim.compression.qsgd import default_chunk
+
+    assert [default_chunk(s) for s in (1, 3, 7, 31)] == [16, 128, 512, 8192]
+    torch.manual_seed(5)
+    x = torch.randn(65536) * torch.rand(65536) ** 4  # heavy-tailed, like gradients
+    for bits in (2, 4):
+        whole, chunked = make_compressor(f"qsgd-maxnorm:{bits}:chunk=0"), make_compressor(f"qsgd-maxnorm:{bits}")
+        e_whole = float((whole.decompress(whole.compress(x)) - x).norm())
+        e_chunk = float((chunked.decompress(chunked.compress(x)) - x).norm())
+        assert e_chunk < 0.25 * e_whole and e_chunk <= 2.0 * float(x.norm()), bits
 
 
 def test_scale_choice_eq_11():

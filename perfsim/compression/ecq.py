@@ -1,7 +1,9 @@
 """ECQ-SGD: error-compensated quantized SGD (ecq-sgd-paper.txt, Sec. 4, eq. 5-9).
 
 ``ecq:BITS[:alpha=A][:beta=B][:bucket=D]`` (defaults from the paper's CIFAR-10
-setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, bucket 4096, L2 norm).
+setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, L2 norm; the bucket is
+:func:`perfsim.compression.qsgd.default_chunk` -- 512 for 4 bits -- rather than
+the paper's 4096 with 4 levels, see there).
 
 Each worker keeps the accumulated quantization error ``h`` (eq. 5 / 6)::
 
@@ -32,7 +34,7 @@ from typing import Any, Sequence
 import torch
 
 from perfsim.compression.base import Payload, numel_of
-from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, flat_f32,
+from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, default_chunk, flat_f32,
                                       levels_for_bits, parse_level_bits, parse_options,
                                       to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
@@ -50,7 +52,9 @@ class ECQ(_SeededCompressor):
     allreduce_compatible = False
     stateful = True
 
-    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int = 4096, seed: int = 0):
+    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int | None = None,
+                 seed: int = 0):
+        bucket = default_chunk(levels_for_bits(int(bits))) if bucket is None else bucket
         if alpha < 0:
             raise ConfigError(f"alpha={alpha}: must be >= 0 (eq. 7)")
         if not 0.0 <= beta <= 1.0:
@@ -67,7 +71,7 @@ class ECQ(_SeededCompressor):
             opts.append(f"alpha={self.alpha:g}")
         if self.beta != 1.0:
             opts.append(f"beta={self.beta:g}")
-        if self.bucket != 4096:
+        if self.bucket != default_chunk(self.s):
             opts.append(f"bucket={self.bucket}")
         self.spec = ":".join([f"ecq:{self.bits}", *opts])
 

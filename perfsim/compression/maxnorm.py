@@ -58,7 +58,7 @@ import torch
 
 from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of, sum_dtype_for
 from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
-                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
+                                      coefficients, default_chunk, flat_f32, levels_for_bits, levels_from_codes,
                                       parse_level_bits, parse_options, safe_norms, scale_into,
                                       stochastic_codes_, to_dtype_saturating, unpack_codes)
 from perfsim.compression.registry import register
@@ -67,13 +67,6 @@ from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
-
-#: elements per shared norm of ``qsgd-maxnorm`` (``chunk=D``): QSGD's bucket size
-#: (Alistarh et al. 2017, arXiv:1610.02132, Sec. 5 "bucket size 512"; the ECQ
-#: paper, ecq-sgd-paper.txt Sec. 5, uses the same for QSGD). One norm for a whole
-#: DDP bucket of millions of values leaves almost every code at 0 (variance
-#: ``~sqrt(n)/s`` times the norm), which is what made 2- and 4-bit training diverge.
-DEFAULT_CHUNK = 512
 
 #: integers that float16 represents exactly (every |k| <= 2**11)
 _FP16_EXACT = 2048
@@ -468,9 +461,10 @@ class QSGDMaxNorm(MaxNormQuantizer):
         if len(pos) != 1:
             raise ConfigError("expected qsgd-maxnorm:BITS[:chunk=D], e.g. qsgd-maxnorm:4")
         bits = parse_level_bits(pos[0])
-        chunk = opts.get("chunk", DEFAULT_CHUNK)
+        default = default_chunk(levels_for_bits(bits))
+        chunk = opts.get("chunk", default)
         comp = cls(bits, seed=seed, chunk=chunk)
-        comp.spec = f"{cls.name}:{bits}" + ("" if chunk == DEFAULT_CHUNK else f":chunk={chunk}")
+        comp.spec = f"{cls.name}:{bits}" + ("" if chunk == default else f":chunk={chunk}")
         return comp
 
 

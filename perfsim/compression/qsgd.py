@@ -1,7 +1,8 @@
 """QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al. 2017).
 
-``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default 512, the
-bucket size of QSGD's experiments; ``bucket=0`` = the whole tensor is one bucket).
+``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default
+:func:`default_chunk`: 512 for 4 bits, the bucket size of QSGD's experiments;
+``bucket=0`` = the whole tensor is one bucket).
 
 Per bucket ``v`` of ``d`` coordinates (QSGD, Sec. 3.1; the same quantizer is
 eq. 8 of ecq-sgd-paper.txt and eq. 7-8 of multiscale-quantizers-paper.txt)::
@@ -222,6 +223,19 @@ def levels_from_codes(codes: torch.Tensor, s: int, out: torch.Tensor) -> torch.T
     return out.copy_(codes).sub_(s)
 
 
+def default_chunk(s: int) -> int:
+    """Values per norm by default (QSGD buckets, ECQ buckets, QSGD-MaxNorm chunks):
+    the largest power of two ``d <= 16 s**2``, so QSGD's variance bound
+    ``min(d/s**2, sqrt(d)/s) ||v||**2`` (Alistarh et al. 2017, arXiv:1610.02132,
+    Lemma 3.1; multiscale-quantizers-paper.txt Lemma 1 for a shared norm) stays
+    <= 4: 512 for 4 bits (QSGD's own bucket size), 16 for 2 bits, 128 for 3 bits.
+    A norm over a whole DDP bucket of millions of values leaves almost every code
+    at 0 (the bound grows with ``sqrt(n)``): 2- and 4-bit training diverged or
+    stalled that way, and ECQ's 4096 (its paper, with 4 levels) cost Adam 2.2x
+    fp32's loss on digits against 1.4x at 512 (issue 17, docs/ddp.md)."""
+    return 1 << int(math.floor(math.log2(16 * s * s)))
+
+
 def levels_for_bits(bits: int) -> int:
     """Largest ``s`` whose signed levels ``[-s, s]`` fit in ``bits`` bits."""
     return 2 ** (bits - 1) - 1
@@ -371,7 +385,8 @@ class QSGD(_SeededCompressor):
     allreduce_compatible = False
     stateful = True  # only the random step counter
 
-    def __init__(self, s: int, bits: int, bucket: int = 512, seed: int = 0):
+    def __init__(self, s: int, bits: int, bucket: int | None = None, seed: int = 0):
+        bucket = default_chunk(s) if bucket is None else bucket
         if s < 1:
             raise ConfigError(f"s={s}: need at least 1 level")
         if bucket < 0:
@@ -380,7 +395,7 @@ class QSGD(_SeededCompressor):
         self.s, self.bits, self.bucket, self.seed = s, bits, bucket, int(seed)
         self._step, self._salt = 0, 0
         self.spec = f"qsgd:{bits}" if s == levels_for_bits(bits) else f"qsgd:s={s}"
-        if bucket != 512:
+        if bucket != default_chunk(s):
             self.spec += f":bucket={bucket}"
 
     @classmethod
@@ -396,7 +411,7 @@ class QSGD(_SeededCompressor):
             if s < 1:
                 raise ConfigError(f"s={s}: need at least 1 level")
             bits = bits_for_levels(s)
-        return cls(s, bits, opts.get("bucket", 512), seed=seed)
+        return cls(s, bits, opts.get("bucket"), seed=seed)
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))
