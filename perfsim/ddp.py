@@ -54,7 +54,7 @@ from perfsim.errors import ConfigError
 from perfsim.runtime import grad_sync as _gs
 from perfsim.runtime import onebit_optim as _ob
 
-__all__ = ["CompressionState", "hook", "attach", "onebit_optimizer", "OPTIMIZER_SPECS",
+__all__ = ["CompressionState", "hook", "attach", "onebit_optimizer", "warmup_steps", "OPTIMIZER_SPECS",
            "DEFAULT_WARMUP"]
 
 OPTIMIZER_SPECS = _gs.ONEBIT_OPTIMIZERS
@@ -166,6 +166,16 @@ def _register(model, state, fn) -> None:
     except RuntimeError as exc:  # torch allows one hook per DDP model
         raise ConfigError(f"DDP model already has a communication hook ({str(exc).splitlines()[0]}); "
                           "register one perfsim.ddp hook per model") from None
+
+
+def warmup_steps(spec: str) -> int | None:
+    """The warm-up a 1-bit optimizer spec gets when no ``warmup=`` argument is
+    passed -- its ``:warmup=N``, else :data:`DEFAULT_WARMUP` -- or None for a
+    gradient compressor. ``perfsim run`` shows it in its header and results."""
+    gspec = _gs.parse_grad_spec(spec)
+    if gspec.kind != "optimizer":
+        return None
+    return gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP
 
 
 class _OneBitLink:

@@ -203,3 +203,23 @@ def test_perfsim_run_uses_the_public_api():
     assert opt.warmup == 7 and hasattr(opt, "wire_bytes")
     cfg = RunConfig.from_dict({"model": "digits-mlp", "dp": 1, "grad_compress": "onebit-adam"})
     assert worker.make_optimizer(cfg, script.mlp(), None, 0, 1000).warmup == pddp.DEFAULT_WARMUP
+
+
+@pytest.mark.slow
+def test_perfsim_run_onebit_warmup_is_a_setting(tmp_path):
+    """Issue 14.19: 1-bit warm-up is the spec's step count -- in the run header and the
+    results -- and a resumed run with more --steps keeps it (nothing frozen from --steps)."""
+    from perfsim.runtime.api import run
+
+    kw = dict(model="digits-mlp", pp=1, dp=2, micro_batch=4, macro_batch=16, timeout="30s",
+              grad_compress="onebit-adam:warmup=3")
+    full = run(steps=6, out=tmp_path / "full", **kw)
+    run(steps=2, out=tmp_path / "part", **kw)
+    resumed = run(steps=6, resume=tmp_path / "part", out=tmp_path / "part2", **kw)
+    assert full.summary["onebit_warmup"] == resumed.summary["onebit_warmup"] == 3
+    assert resumed.losses == full.losses
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--pp", "1", "--dp", "2", "--steps", "1",
+                           "--grad-compress", "onebit-lamb", "--out", str(tmp_path / "cli"), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "onebit-lamb warm-up 100 steps" in proc.stderr and "1-bit warm-up 100 steps" in proc.stdout

@@ -448,8 +448,8 @@ def owning_ddp(params: Sequence[torch.Tensor]):
     from torch.nn.parallel import DistributedDataParallel
 
     want = {id(p) for p in params}
-    for obj in gc.get_objects():
-        if isinstance(obj, DistributedDataParallel) and want <= {id(p) for p in obj.module.parameters()}:
+    for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups on proxies
+        if issubclass(type(obj), DistributedDataParallel) and want <= {id(p) for p in obj.module.parameters()}:
             return obj
     return None
 
