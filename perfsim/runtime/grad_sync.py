@@ -1,23 +1,19 @@
-"""Data-parallel gradient synchronisation through the compression library.
+"""Data-parallel gradient synchronisation: the machinery behind :mod:`perfsim.ddp`.
 
-Two entry points share one bucketing scheme and one per-bucket state:
+One state (:class:`GradSync`, public as :class:`perfsim.ddp.CompressionState`) and
+one reduction (:func:`reduce_bucket`) serve both entry points:
 
-* **DDP communication hooks** a user can register on their own
-  ``DistributedDataParallel`` model::
+* the DDP communication hook :func:`perfsim.ddp.hook` (user scripts), and
+* :func:`sync_gradients` for pipeline stages, which are not DDP modules
+  (``perfsim run``'s ``pp x dp`` runs, through ``CompressionState.sync``).
 
-      state = attach(ddp_model, "qsgd-maxnorm:4")            # registers the hook
-      ...; loss.backward(); opt.step()
-      ckpt["grad_sync"] = state.state_dict()                 # every error-feedback state
-
-  or, by hand: ``state, hook = compression_hook("ecq:2"); ddp.register_comm_hook(state, hook)``.
-  The hook averages each gradient bucket with ``compressor.allreduce_mean(bucket,
-  group)``, which performs exactly the compressor's ``dp_plan`` (the collectives
-  the simulator models). One compressor per bucket, so error feedback (ECQ-SGD)
-  is kept per bucket and checkpointed per bucket.
-
-* :func:`sync_gradients` for pipeline stages, which are not DDP modules: after a
-  pipeline flush each stage averages its gradients over its data-parallel group
-  with the same buckets and compressors (``pp x dp`` runs).
+Both average the state's *canonical* buckets (:func:`make_buckets`: reverse
+parameter order, DDP's cap, ``DistributedDataParallel(bucket_cap_mb=25)`` by
+default -- the buckets the simulator charges); a bucket is keyed by the names of
+its first and last parameter and its length, so error feedback, random counters
+and PowerSGD's memories survive DDP's bucket rebuild and a restart. A
+compressor's ``allreduce_mean`` performs exactly its ``dp_plan`` (the collectives
+the simulator models), and the byte counters sum that plan.
 
 Specs (``--grad-compress``): ``none``/``fp32`` (plain allreduce), ``fp16``, ``bf16``,
 ``qsgd-maxnorm:BITS``, ``qsgd-maxnorm-multiscale:BITS``, ``randk-maxnorm:FRACTION:BITS``,
@@ -25,13 +21,8 @@ Specs (``--grad-compress``): ``none``/``fp32`` (plain allreduce), ``fp16``, ``bf
 [:start=N]`` -- torch's own PowerSGD hook (Vogels et al. 2019) as the baseline,
 not a re-implementation -- and ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmup=N]``,
 for which gradients are *not* averaged here: the 1-bit optimizers
-(:mod:`perfsim.runtime.onebit_optim`) exchange compressed momentum themselves, so
-the hook is a no-op (local gradients pass through).
-
-Buckets follow DDP's convention (reverse parameter order, a 25 MB cap,
-``DistributedDataParallel(bucket_cap_mb=25)``); a bucket is identified by the
-names of its first and last parameter and its length, which stays valid across
-DDP's bucket rebuild after the first iteration and across a resume.
+(:mod:`perfsim.runtime.onebit_optim`, built by :func:`perfsim.ddp.onebit_optimizer`)
+exchange compressed momentum themselves behind a no-op DDP hook (:func:`noop_hook`).
 """
 
 from __future__ import annotations

@@ -31,15 +31,19 @@ et al. 2021 for 1-bit Adam; Sec. 4 and Algorithm 1 for 1-bit LAMB):
     (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
     reach the 1-bit compressor at similar magnitudes.
 
-What is exchanged (``exchange=``): ``momentum`` (default, the papers' choice:
-the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum for 1-bit
-LAMB) or ``preconditioned``: the momentum divided by the frozen denominator
-``sqrt(v_frozen) + eps``. That is the per-coordinate form of Sec. 4.3's
-argument -- a scaling fixed during the compression stage does not disturb
-error compensation, and averaging commutes with it -- and puts the 1-bit
-scale in update units. Coordinates whose frozen variance is exactly zero
-(never a gradient during warm-up: padding / unused embeddings, always-zero
-inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
+What is exchanged (``exchange=``): ``preconditioned`` (default): the momentum
+divided by the frozen denominator ``sqrt(v_frozen) + eps``. That is the
+per-coordinate form of Sec. 4.3's argument -- a scaling fixed during the
+compression stage does not disturb error compensation, and averaging commutes
+with it -- and puts the 1-bit scale and the error feedback in update units,
+where one scale suits every coordinate. ``momentum`` (the papers' literal
+choice: the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum
+for 1-bit LAMB) shares one sign scale between coordinates whose frozen
+denominators differ by orders of magnitude: issue 17 measured 1-bit Adam going
+NaN at step ~107 on digits that way, and 1.01x Adam's loss preconditioned.
+
+Coordinates whose frozen variance is exactly zero (never a gradient during
+warm-up: padding / unused embeddings, always-zero inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
@@ -57,12 +61,16 @@ using them (``v / (1 - b2^T_w)``, ``m / (1 - b1^t)``), so the stage switch is
 smooth; ``c_avg`` is bias-corrected like Adam's moments, so short warm-ups do
 not shrink it.
 
-Integration: with these optimizers DDP must not average gradients. Use
-``perfsim.runtime.grad_sync.attach(ddp_model, "onebit-adam")`` (registers a
-no-op hook) or no DDP at all; pipeline stages skip ``sync_gradients``.
-``state_dict()`` holds moments, frozen variance, LAMB coefficients and the
-compressor's error buffers (DeepSpeed's 1-bit optimizers drop those on reload;
-ours resume bit-identically).
+Integration: with these optimizers DDP must not average gradients; build them
+with :func:`perfsim.ddp.onebit_optimizer`, which registers a no-op hook on a DDP
+model (an optimizer whose parameters sit in a DDP model without it refuses to
+step). Statistics and, for fp16/bf16 parameters, master weights are float32.
+The warm-up is a setting of the run (``warmup`` steps, default
+:data:`DEFAULT_WARMUP`), not of the checkpoint: a resumed optimizer uses the
+value it was built with (freezing at load if that warm-up is already over;
+lengthening a finished warm-up is refused). ``state_dict()`` holds moments,
+frozen variance, LAMB coefficients and the compressor's error buffers
+(DeepSpeed's 1-bit optimizers drop those on reload; ours resume bit-identically).
 """
 
 from __future__ import annotations
