@@ -1,7 +1,9 @@
 """Allreduce-compatible quantizers on a shared max norm (multiscale-quantizers-paper.txt).
 
-``qsgd-maxnorm:BITS`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1: the workers agree on
-``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per tensor), then each
+``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
+chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
+for 4 bits; ``chunk=0``: one norm per tensor): the workers agree on
+``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per chunk), then each
 quantizes its gradient on that *shared* scale, ``zeta_i = sign(v_i) * xi_i`` with
 ``xi_i`` the stochastic rounding of ``s |v_i| / W`` (eq. 7-8). The integer codes
 of all workers live on one grid, so their sum is the code of the sum: one
@@ -24,17 +26,18 @@ Lemma 1 / Lemma 2 (App. C / E): unbiased, and
 Wire formats
 ------------
 * ``compress`` (one worker's payload, what ``wire_bytes`` counts): ``norm``
-  (fp32, 4 bytes), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
+  (fp32, one per chunk; one in all for the multi-scale variant), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
   bits per bucket, packed), and ``codes``: levels offset to ``[0, 2s]`` in
   ``BITS`` bits, densely packed (:func:`perfsim.kernels.pack_bits` (byte-exact with the reference :func:`perfsim.kernels.packing.pack_bits_ref`)).
 * ``allreduce_mean`` / ``dp_plan`` (the data-parallel exchange): a packed code
-  cannot be added in place, so **under allreduce the wire carries the
-  accumulation-width integers**, as the paper's own implementation does with
-  int8 tensors (App. A "Limitations of the framework"). The width comes from
-  :func:`perfsim.compression.base.sum_dtype_for` ``(s_min, M)`` so the sum never
-  overflows; neither gloo nor NCCL reduces int16, so an int16 width is carried
-  as float16 when ``s*M <= 2048`` (every partial sum is an integer that fp16
-  represents exactly) and as int32 otherwise (:func:`collective_sum_dtype`).
+  cannot be added in place, and the paper's own implementation sends int8
+  tensors instead (App. A, "Limitations of the framework"). Here the offset
+  codes travel in **packed integer lanes** of ``BITS + ceil(log2 M)`` bits,
+  ``63 // lane`` lanes per int64 word (:mod:`perfsim.kernels.lanes`): a SUM
+  allreduce of the words adds every lane without carries, exactly, in
+  ``64 / lanes`` bits per value (5.33 for 4 bits over 2-3 workers).
+  The norms: one fp32 per chunk of ``chunk`` values
+  (:func:`perfsim.compression.qsgd.default_chunk`), max-allreduced.
   The scale indices travel as a thermometer code (``N - 1`` bits per bucket,
   bit ``j`` = "index > j"), packed, reduced with a bitwise AND -- which is the
   minimum of the indices (Alg. 2 line 7) in ``N - 1`` bits instead of a byte.
@@ -56,7 +59,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of, sum_dtype_for
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of
 from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
                                       coefficients, default_chunk, flat_f32, levels_for_bits, levels_from_codes,
                                       parse_level_bits, parse_options, safe_norms, scale_into,
@@ -67,26 +70,6 @@ from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
-
-#: integers that float16 represents exactly (every |k| <= 2**11)
-_FP16_EXACT = 2048
-
-
-def collective_sum_dtype(levels: int, world_size: int) -> torch.dtype:
-    """Dtype of the sum-allreduce of codes in ``[-levels, levels]`` over ``world_size``.
-
-    Starts from :func:`sum_dtype_for` (never overflows); int16, which no
-    collective backend reduces, becomes float16 (exact for sums up to 2048) or int32.
-    """
-    dt = sum_dtype_for(levels, world_size)
-    if dt == torch.int16:
-        return torch.float16 if levels * world_size <= _FP16_EXACT else torch.int32
-    return dt
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
 
 def _index_bits(n_scales: int) -> int:
     need = max(1, (n_scales - 1).bit_length())
@@ -410,12 +393,6 @@ class MaxNormQuantizer(_SeededCompressor):
             return unpack_index_bits(packed, 1, nb)
         bits = unpack_bits(packed, 1, nb * k).view(nb, k)
         return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
-
-    def _signed_levels(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Codes ``c`` (fresh uint8) -> ``c - s`` in the collective's dtype."""
-        if dtype == torch.int8:  # uint8 arithmetic wraps; |c - s| <= 127 reads back as int8
-            return codes.sub_(self.s).view(torch.int8)
-        return codes.to(dtype).sub_(self.s)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""

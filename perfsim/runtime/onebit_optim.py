@@ -82,7 +82,6 @@ from typing import Any
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.runtime.grad_sync import parse_grad_spec
 
 STATE_KEY = "onebit"
 EXCHANGES = ("preconditioned", "momentum")
