@@ -3,8 +3,7 @@
     torchrun --nproc_per_node 2 tests/ddp_script.py MODE OUT_DIR [options]
 
 MODE: ``first`` (for every method: 2N steps straight, then N steps + checkpoint),
-``resume`` (fresh processes: load each checkpoint, N more steps), ``converge``
-(digits, every method x {adam, sgd}, final loss), ``features``
+``resume`` (fresh processes: load each checkpoint, N more steps), ``features``
 (find_unused_parameters, bf16/fp16 parameters, no_sync, two DDP models),
 ``errors`` (wrong use), ``world1`` (loads a 2-rank checkpoint in a 1-rank job).
 Every rank writes ``OUT_DIR/<mode>-rank<r>.pt``; the test compares them.
@@ -91,47 +90,6 @@ def mode_resume(out: Path, rank: int) -> dict:
         torch.set_rng_state(ckpt["rng"])
         train(ddp, opt, N, N, rank)
         res[method] = {"resumed": params(ddp.module), "wire_bytes": (state or opt).wire_bytes}
-    return res
-
-
-def digits():
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    return torch.tensor(d.data, dtype=torch.float32) / 16.0, torch.tensor(d.target)
-
-
-def mode_converge(out: Path, rank: int, steps: int, methods: list[str]) -> dict:
-    """Final full-data loss of every method with Adam and with SGD (momentum), same
-    model, data order and budget; curves every 10 steps."""
-    x_all, y_all = digits()
-    res = {}
-    world = dist.get_world_size()
-    for optim in ("adam", "sgd"):
-        for method in methods:
-            torch.manual_seed(0)
-            net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-            ddp = DDP(net)
-            lr = {"adam": 3e-3, "sgd": 0.1}[optim]
-            if method.startswith("onebit"):
-                spec = method if optim == "adam" or method != "onebit-adam" else method
-                opt = pddp.onebit_optimizer(ddp, spec, lr=lr if optim == "adam" else 1e-2,
-                                            warmup=max(1, steps // 5))
-            else:
-                pddp.attach(ddp, method, seed=1)
-                opt = (torch.optim.Adam(ddp.parameters(), lr=lr) if optim == "adam"
-                       else torch.optim.SGD(ddp.parameters(), lr=lr, momentum=0.9))
-            curve = []
-            g = torch.Generator().manual_seed(5)
-            for step in range(steps):
-                idx = torch.randint(0, len(x_all), (32 * world,), generator=g)[rank::world]
-                opt.zero_grad(set_to_none=True)
-                torch.nn.functional.cross_entropy(ddp(x_all[idx]), y_all[idx]).backward()
-                opt.step()
-                if step % 10 == 9 or step == steps - 1:
-                    with torch.no_grad():
-                        curve.append((step + 1, float(torch.nn.functional.cross_entropy(net(x_all), y_all))))
-            res[(optim, method)] = curve
     return res
 
 
@@ -240,16 +198,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("mode")
     ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--methods", default=",".join(["fp32"] + GRAD_METHODS[1:] + OPT_METHODS))
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     out = Path(args.out)
     fn = {"first": mode_first, "resume": mode_resume, "features": mode_features,
-          "errors": mode_errors, "world1": mode_world1}.get(args.mode)
-    res = fn(out, rank) if fn else mode_converge(out, rank, args.steps, args.methods.split(","))
+          "errors": mode_errors, "world1": mode_world1}[args.mode]
+    res = fn(out, rank)
     torch.save(res, out / f"{args.mode}-rank{rank}.pt")
     dist.destroy_process_group()
     return 0
