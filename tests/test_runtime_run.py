@@ -123,13 +123,8 @@ def _equal_states(a, b, where) -> int:
 def test_under_torchrun(tmp_path):
     """Across machines the ranks run under torchrun (standard rendezvous): the same
     command, each process is one rank, rank 0 writes the Result."""
-    import shutil
-
-    torchrun = shutil.which("torchrun")
-    if torchrun is None:
-        pytest.skip("torchrun not on PATH")
-    out = tmp_path / "tr"
-    proc = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", "-m", "perfsim", "run",
+    out = tmp_path / "tr"  # torchrun of this interpreter (a `torchrun` on PATH may be another install's)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "perfsim", "run",
                            "--model", "digits-mlp", "--pp", "2", "--steps", "3", "--micro-batch", "4",
                            "--macro-batch", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=180)

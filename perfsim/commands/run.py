@@ -32,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
     p.add_argument("--grad-compress", default="none",
-                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ...")
+                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ... "
+                        "(1-bit optimizers: onebit-adam:warmup=N, N uncompressed warm-up steps, "
+                        "default 100; a resumed run uses the N given now)")
     p.add_argument("--micro-batch", type=_pos_int, default=8, help="samples per micro-batch (default 8)")
     p.add_argument("--macro-batch", type=_pos_int, default=32,
                    help="samples per replica per step (default 32)")
@@ -74,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
                   timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
+    from perfsim.ddp import warmup_steps
+
+    warm = warmup_steps(args.grad_compress)
+    if warm is not None and not under_torchrun():  # the run header (issue 14.19)
+        print(f"perfsim run: {args.grad_compress.split(':')[0]} warm-up {warm} steps (fp32 allreduce, "
+              "variance frozen after), then 1-bit momentum", file=sys.stderr)
     bar = None
     progress = None
     if not args.no_progress and not under_torchrun() and sys.stderr.isatty():
@@ -101,8 +109,9 @@ def run(args: argparse.Namespace) -> int:
     loss = s.get("final_loss")
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
+    warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
     print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
-          f"{loss_txt} -> {params['out']}")
+          f"{loss_txt}{warm_txt} -> {params['out']}")
     return 0

@@ -55,6 +55,13 @@ from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Res
                             atomic_write_text)
 
 
+def _onebit_warmup(grad_compress: str) -> int | None:
+    """1-bit optimizers' warm-up steps (None for gradient compressors), issue 14.19."""
+    from perfsim.ddp import warmup_steps
+
+    return warmup_steps(grad_compress)
+
+
 def _has_warmup(cfg) -> bool:
     from perfsim.compression import make_pipeline_pair
 
@@ -206,6 +213,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "pipeline_bytes": total_bytes, "dp_bytes": dp_bytes,
         "peak_inflight": max(g["peak_inflight"] for g in gathered),
         "epoch_s": iteration_s * spe, "source": "measured",
+        "onebit_warmup": _onebit_warmup(cfg.grad_compress),
         "final_loss": last[-1] if last else None,
         "loss_last10": _mean(last[-10:]) if last else None,
         "steps": gathered[0]["steps"], "start_step": gathered[0]["start_step"],

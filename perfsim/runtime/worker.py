@@ -70,15 +70,15 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
 
 
 def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
+    """The optimizer of a stage's ``params`` (with TP: this rank's local shards): a 1-bit
+    optimizer through the public :func:`perfsim.ddp.onebit_optimizer` for ``onebit-*``
+    specs, else SGD / AdamW."""
+    from perfsim import ddp as pddp
     from perfsim.runtime.grad_sync import parse_grad_spec
 
-    gspec = parse_grad_spec(cfg.grad_compress)
-    if gspec.kind == "optimizer":  # 1-bit Adam / LAMB exchange compressed momentum themselves
-        from perfsim.runtime import onebit_optim
-
-        return onebit_optim.make_optimizer(cfg.grad_compress, params, lr=cfg.lr,
-                                           group=dp_group, seed=cfg.seed * 31 + stage,
-                                           total_steps=steps)
+    if parse_grad_spec(cfg.grad_compress).kind == "optimizer":  # they exchange compressed momentum
+        return pddp.onebit_optimizer(list(params), cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
+                                     seed=cfg.seed * 31 + stage)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -94,7 +94,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     """Body of one rank (process group already initialised)."""
     from perfsim.models.specs import get_model_spec
     from perfsim.runtime.data import Order, dataset_for
-    from perfsim.runtime.grad_sync import GradSync, sync_gradients
+    from perfsim import ddp as pddp
     from perfsim.runtime.models import Stage
     from perfsim.runtime.pipeline import StageRunner
     from perfsim.schedules import get_schedule, max_in_flight
@@ -124,7 +124,9 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     steps = total_steps(cfg, order.steps_per_epoch)
     optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
     comps = make_stage_compressors(cfg, stage)
-    grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
+    # gradients through the public perfsim.ddp state (1-bit optimizers exchange momentum instead)
+    grad_state = None if getattr(optimizer, "algorithm", "") else \
+        pddp.CompressionState(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
     prev_rank = layout.rank(stage - 1, replica, tp_rank) if stage > 0 else None
     next_rank = layout.rank(stage + 1, replica, tp_rank) if stage < pp - 1 else None
@@ -143,7 +145,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         optimizer.load_state_dict(state["optimizer"])
         for slot, st in state["compressors"].items():
             comps[slot].load_state_dict(st)
-        grad_state.load_state_dict(state["grad_sync"])
+        if grad_state is not None:
+            grad_state.load_state_dict(state["grad_sync"])
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
         loss_history = dict(state["loss_history"])
@@ -156,7 +159,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             checkpoint.save_rank(ckpt_root, step_done, rank, {
                 "model": module.state_dict(), "optimizer": optimizer.state_dict(),
                 "compressors": {k: c.state_dict() for k, c in comps.items()},
-                "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
+                "grad_sync": grad_state.state_dict() if grad_state is not None else {},
+                "rng": torch.get_rng_state(),
                 "step": step_done, "loss_history": loss_history,
             })
         except OSError as exc:
@@ -193,7 +197,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         if rec.loss is not None and not math.isfinite(rec.loss):
             raise TrainingDiverged(step, stage)
         t0 = time.perf_counter()
-        stats = sync_gradients(named, grad_state, dp_group) if dp > 1 else {}
+        stats = grad_state.sync(named) if dp > 1 and grad_state is not None else {}
         t1 = time.perf_counter()
         rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
