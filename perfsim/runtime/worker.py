@@ -77,7 +77,8 @@ def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     if parse_grad_spec(cfg.grad_compress).kind == "optimizer":  # they exchange compressed momentum
-        return pddp.onebit_optimizer(list(params), cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
+        target = params if isinstance(params, torch.nn.Module) else list(params)
+        return pddp.onebit_optimizer(target, cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
                                      seed=cfg.seed * 31 + stage)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
