@@ -65,7 +65,7 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     (["--schedule", "zigzag"], "zigzag"),
     (["--pp", "two"], "pp"),
     (["--profile", "/nonexistent/p.json"], "profile"),
-    (["--link-burst", "5furlongs"], "link_burst"),
+    (["--link-burst", "5furlongs"], "--link-burst"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, culprit):
     code, out, err = run(capsys, *argv)
@@ -81,14 +81,21 @@ def test_malformed_files(capsys, tmp_path):
         assert code == 2 and "malformed" in err and err.count("\n") == 1
 
 
-def test_shipped_examples(capsys):
-    code, out, err = run(capsys, "--workload", "traces/example-workload.toml", "--topology",
-                         "traces/example-geo-topology.toml", "--pp", "4", "--dp", "2", "--macro-batch", "8",
-                         "--format", "json")
+@pytest.mark.parametrize("workload,topology", [
+    ("example-workload", "example-geo"),  # by name: package data, works from a wheel
+    ("perfsim/data/example-workload.toml", "perfsim/data/example-geo-topology.toml")])
+def test_shipped_examples(capsys, workload, topology):
+    code, out, err = run(capsys, "--workload", workload, "--topology", topology, "--pp", "4",
+                         "--dp", "2", "--macro-batch", "8", "--profile", "default-v100", "--format", "json")
     assert code == 0, err
     s = json.loads(out)[0]["summary"]
-    assert s["model"] == "encoder-24" and s["topology"].endswith("example-geo-topology.toml")
+    assert s["model"] == "encoder-24" and s["topology"] == topology
     assert s["replicas_simulated"] == 2  # the degraded pair makes replica 0 differ
+
+
+def test_unknown_shipped_name_lists_the_known_ones(capsys):
+    code, _, err = run(capsys, "--topology", "example-moon")
+    assert code == 2 and "example-moon" in err and "example-geo" in err and len(err.splitlines()) == 1
 
 
 def test_installed_default_profile_is_package_data():
