@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,15 +34,20 @@ CACHED = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 CACHED["PYTHONPYCACHEPREFIX"] = os.path.join(tempfile.gettempdir(), "perfsim-bench-pycache")
 
 
-def wall(argv: list[str], repeats: int, env=None) -> float:
+def wall(argv: list[str], repeats: int, env=None) -> str:
+    """Median wall time and median CPU time (user + system) of fresh processes; on a
+    loaded machine the CPU time is the closer estimate of the unloaded wall time."""
     env = CACHED if env is None else env
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    times = []
+    times, cpu = [], []
     for _ in range(repeats):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return f"{statistics.median(times):.3f} s wall, {statistics.median(cpu):.3f} s CPU"
 
 
 SWEEP = """
@@ -71,10 +77,10 @@ def main() -> None:
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores "
           "(figures on a loaded machine are upper bounds)")
     exe = [sys.executable, "-m", "perfsim"]
-    print(f"perfsim --version            {wall([*exe, '--version'], args.repeats):.3f} s")
-    print(f"perfsim predict (default)    {wall([*exe, 'predict'], args.repeats):.3f} s")
+    print(f"perfsim --version            {wall([*exe, '--version'], args.repeats)}")
+    print(f"perfsim predict (default)    {wall([*exe, 'predict'], args.repeats)}")
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        print(f"  without byte-code caching  {wall([*exe, 'predict'], args.repeats, os.environ):.3f} s "
+        print(f"  without byte-code caching  {wall([*exe, 'predict'], args.repeats, os.environ)} "
               "(PYTHONDONTWRITEBYTECODE is set here)")
     proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "perfsim", "predict"],
                           capture_output=True, text=True, check=True)
