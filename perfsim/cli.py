@@ -48,9 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with communication compression over slow networks.",
     )
     parser.add_argument("--version", action="version", version=f"perfsim {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0,
-                        help="debug detail on stderr")
-    parser.add_argument("-q", "--quiet", action="store_true", help="warnings and errors only on stderr")
+    _add_verbosity(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name in COMMANDS:
         module = importlib.import_module(f"perfsim.commands.{name}")
@@ -58,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=getattr(module, "EXAMPLES", None),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
+        _add_verbosity(p, argparse.SUPPRESS)  # also after the command: perfsim predict -q
         p.set_defaults(_run=module.run)
     p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or tcsh)",
                        description="print a shell completion script (needs shtab: "
@@ -68,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("shell", choices=("bash", "zsh", "tcsh"))
     p.set_defaults(_run=lambda args: _completion(parser, args.shell))
     return parser
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0 if default is None else default,
+                        help="debug detail on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if default is None else default,
+                        help="warnings and errors only on stderr")
 
 
 def _completion(parser: argparse.ArgumentParser, shell: str) -> int:

@@ -153,6 +153,8 @@ def test_quiet_and_verbose(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().err
     assert main(["-q", "predict", "--macro-batch", "4", "-o", str(out)]) == 0
     assert capsys.readouterr().err == ""
+    assert main(["predict", "--macro-batch", "4", "-o", str(out), "-q"]) == 0  # after the command too
+    assert capsys.readouterr().err == ""
     assert main(["-v", "predict", "--macro-batch", "4", "-o", str(out)]) == 0
     err = capsys.readouterr().err
     assert "wrote" in err and "predict {" in err  # the debug line of each configuration
