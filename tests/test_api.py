@@ -220,7 +220,7 @@ def test_run_keywords_are_the_run_flags(tmp_path):
     from perfsim.runtime.api import make_config
 
     sig = inspect.signature(perfsim.run).parameters
-    dests = {a.dest for a in _subparser("run")._actions} - {"help", "no_progress"}
+    dests = {a.dest for a in _subparser("run")._actions} - {"help", "no_progress", "verbose", "quiet"}
     assert set(sig) - {"progress"} == dests
     values = {k: p.default for k, p in sig.items() if k != "progress" and p.default is not None}
     cfg = make_config(**{**values, "out": str(tmp_path / "run")})

@@ -65,7 +65,7 @@ def test_listed_specs_round_trip_through_predict_and_run(capsys, tmp_path):
     from perfsim.runtime.api import make_config
 
     df = _csv(capsys, "--shape", "8,8")
-    for row in df[df.family != "optimizer"].itertuples():  # TEMP
+    for row in df.itertuples():
         key = "compress" if row.role == "pipeline" else "grad_compress"
         params = {"model": "digits-mlp", "pp": 2, "dp": 2, "micro_batch": 8, "macro_batch": 16,
                   key: row.spec}

@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 
