@@ -33,7 +33,7 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 #: value kinds: how a value is parsed (and the Python type the API accepts)
 KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
-    "profile": "str | os.PathLike | Profile", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
+    "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
     "size": "str | int", "partition": "str | Sequence[int]",
 }
 
@@ -112,7 +112,7 @@ PARAMS: tuple[Param, ...] = (
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS"),
-    Param("nic", "str", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
+    Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
           "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
           "transport efficiency of an uncalibrated link", "system"),
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
@@ -257,8 +257,8 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return _parse_partition(value, p)
     if hasattr(value, "__fspath__"):
         value = str(value)
-    if kind == "profile" and not isinstance(value, str):
-        return value  # a loaded perfsim.profile.Profile
+    if kind in ("profile", "nic") and not isinstance(value, str):
+        return value  # a loaded perfsim.profile.Profile, a perfsim.fabrics.Nic
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(f"{who}={value!r}: must be a non-empty string")
     text = value.strip()
