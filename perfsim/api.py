@@ -131,10 +131,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "
                           f"give one or the other")
     topology = _topology(_load_file("topology", p["topology"])) if p["topology"] else None
-    from perfsim.fabrics import get_fabric, parse_nic
+    from perfsim.fabrics import Nic, get_fabric, parse_nic
 
     sy = fields["system"]
-    nic = parse_nic(p["nic"]) if p["nic"] else parse_nic(p["bandwidth"], "bandwidth")
+    nic = parse_nic(p["nic"]) if p["nic"] else Nic(1, p["bandwidth"])  # bandwidth: one NIC, bit/s
     sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     if p["intra_node_fabric"]:
