@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable
 
 from perfsim.compression.base import Compressor
-from perfsim.compression.spec import parse_spec
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 
 _REGISTRY: dict[str, type[Compressor]] = {}
@@ -38,13 +38,15 @@ def compressor_classes() -> dict[str, type[Compressor]]:
     return dict(_REGISTRY)
 
 
-def make_compressor(spec: str, **kwargs) -> Compressor:
-    """Build a compressor from a spec such as ``directq:4``.
+def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
+    """Build a compressor from a spec such as ``directq:4`` (text or a parsed Spec).
 
     ``kwargs`` (e.g. ``seed=``) go to the class's ``from_args``.
     Raises :class:`ConfigError` naming the spec when it is unknown or malformed.
     """
     _ensure_loaded()
+    if isinstance(spec, Spec):
+        spec = spec.text  # errors name the spec as the user wrote it
     parsed = parse_spec(spec, "compressor")
     name, args = parsed.name, list(parsed.args)
     cls = _REGISTRY.get(name)
