@@ -60,10 +60,11 @@ log = logging.getLogger(__name__)
 #: (last key varies fastest): :data:`perfsim.params.NAMES`
 PARAMS = params.NAMES
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
-#: seconds a 2-worker pool costs before its first result (fork, import of
-#: perfsim.api and the engine, the profile load) on the 2-core development machine;
-#: ``python benchmarks/bench_startup.py`` prints it
-POOL_STARTUP_S = 0.6
+#: seconds a 2-worker pool costs before its first result (fork, process start, the
+#: first batch's hand-over), measured by ``python benchmarks/bench_startup.py`` on the
+#: 2-core development machine: 0.28 s at load 5 (a sweep of 8 configurations took
+#: 0.54 s in-process and 0.55 s on the pool)
+POOL_STARTUP_S = 0.3
 
 
 # ---------------------------------------------------------------- the grid
