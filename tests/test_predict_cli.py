@@ -41,9 +41,9 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     out_file, trace = tmp_path / "r.json", tmp_path / "t.json"
     code, out, err = run(capsys, "--macro-batch", "4", "--output", str(out_file), "--trace", str(trace))
     assert code == 0 and out == "" and "wrote" in err
-    data = json.loads(out_file.read_text())
-    assert data[0]["summary"]["macro_batch"] == 4 and len(data[0]["stages"]) == 8
-    assert len(data[0]["microbatches"]) == 8 * 4
+    data = json.loads(out_file.read_text())  # one configuration: one object
+    assert data["summary"]["macro_batch"] == 4 and len(data["stages"]) == 8
+    assert len(data["microbatches"]) == 8 * 4
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["cat"] for e in spans} >= {"compute", "comm"}
@@ -88,7 +88,7 @@ def test_shipped_examples(capsys, workload, topology):
     code, out, err = run(capsys, "--workload", workload, "--topology", topology, "--pp", "4",
                          "--dp", "2", "--macro-batch", "8", "--profile", "default-v100", "--format", "json")
     assert code == 0, err
-    s = json.loads(out)[0]["summary"]
+    s = json.loads(out)["summary"]
     assert s["model"] == "encoder-24" and s["topology"] == topology
     assert s["replicas_simulated"] == 2  # the degraded pair makes replica 0 differ
 
@@ -127,3 +127,12 @@ def test_link_mechanism_flags(capsys):
     eager = tput()
     assert tput("--link-burst", "50KB") > eager
     assert tput("--p2p-protocol", "rendezvous") < eager
+
+
+def test_json_is_an_object_for_one_configuration_and_a_list_for_several(capsys):
+    code, out, err = run(capsys, "--bandwidth", "1Gbps", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["bandwidth_bps"] == 1e9
+    code, out, err = run(capsys, "--bandwidth", "1Gbps,100Mbps", "--format", "json")
+    assert code == 0, err
+    assert [r["summary"]["bandwidth_bps"] for r in json.loads(out)] == [1e9, 1e8]

@@ -64,7 +64,10 @@ def _csv(results) -> str:
 
 
 def _json(results) -> str:
-    return json.dumps([r.to_json_dict() for r in results], indent=1, default=str, allow_nan=False) + "\n"
+    """One configuration: one object (``summary``, ``stages``, ``microbatches``, ``links``),
+    the same as ``perfsim run``'s result.json; several: a list of such objects."""
+    data = [r.to_json_dict() for r in results]
+    return json.dumps(data[0] if len(data) == 1 else data, indent=1, default=str, allow_nan=False) + "\n"
 
 
 def _parquet(results) -> bytes:
