@@ -267,3 +267,34 @@ ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36}
 def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:
     """Adam step of ``params`` parameters, memory-bound."""
     return ADAM_BYTES[precision] * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
+
+
+def tp_measured_split(spec, mb: int, tp: int, sp: bool, embed_fwd_s: float, block_fwd_s: float
+                      ) -> tuple[float, float, float]:
+    """(factor, memory B/s, GEMM FLOP/s): the factor that turns a block's measured
+    single-rank time into one tensor-parallel rank's, for a profile without a GPU
+    preset (a CPU profile). Each forward op of :func:`block_ops` costs
+    ``flops / gemm_rate + bytes / memory_rate``; the factor is the ratio of that sum
+    at ``tp`` to the sum at 1, so what Megatron shards (the GEMMs and the attention
+    core, 1/t: Shoeybi et al. 2019, arXiv:1909.08053, Sec. 3) shrinks and what it
+    replicates (norms, dropouts, residual adds; split too under sequence
+    parallelism, Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.2.2) does not.
+
+    Both rates come from the profile's own single-rank records, none from a TP
+    measurement: the memory rate from the embedding layer (only memory-bound ops,
+    :func:`embed_ops`), the GEMM rate from what remains of the block's time after
+    its memory-bound ops. The backward uses the same factor (every op's backward
+    is twice its forward in this model)."""
+    bpv = BYTES_PER_VALUE["fp32"]
+    mem_rate = sum(op.bytes for op in embed_ops(spec, mb, 1, False, bpv)) / embed_fwd_s
+    full = block_ops(spec, mb, 1, False, bpv)
+    mem_s = sum(op.bytes for op in full) / mem_rate
+    if block_fwd_s <= mem_s:
+        raise ConfigError(f"profile: block forward {block_fwd_s:.3g} s is not more than its memory-bound "
+                          f"ops at the embedding's measured rate ({mem_s:.3g} s); give --gpu")
+    gemm_rate = sum(op.flops for op in full) / (block_fwd_s - mem_s)
+
+    def cost(ops):
+        return sum(op.flops / gemm_rate + op.bytes / mem_rate for op in ops)
+
+    return cost(block_ops(spec, mb, tp, sp, bpv)) / block_fwd_s, mem_rate, gemm_rate
