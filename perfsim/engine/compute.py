@@ -64,9 +64,9 @@ class Curve:
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
 #: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
-#: with an even byte; held-out MAPE 6.4 %, README "Calibration on real A100s")
+#: with an even byte; held-out MAPE 6.34 %, README "Calibration on real A100s")
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8287, knee=4.70, mem_eff=0.7632, kernel_s=63.33e-6,
+    "ampere": Curve(eff_max=0.8640, knee=4.59, mem_eff=0.7521, kernel_s=62.902e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)"),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
