@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     if dist.get_rank() == 0:
         for r in write(Path(args.out), curves, args.steps, not args.no_plot):
             print(f"{r['config']:28s} {r['final_loss']:.4f}  {r['ratio']:.2f}x {r['baseline']}")
+    dist.barrier()  # both ranks done before gloo is torn down (else it can abort at exit)
     dist.destroy_process_group()
     return 0
 
