@@ -20,8 +20,11 @@ latency               one-way inter-node latency                        0
 topology              heterogeneous topology file (JSON/TOML/CSV)       None
 compress              pipeline compression (``aqsgd:fw3bw6``)           fp32
 grad_compress         data-parallel gradient compression                none
-schedule              ``gpipe`` or ``1f1b`` (default: 1f1b, Megatron's,  gpipe
+schedule              ``gpipe``, ``1f1b``, ``interleaved-1f1b``,        gpipe
+                      ``zb-h1`` or ``zb-v`` (default: 1f1b, Megatron's,
                       when a ``gpu`` preset is named)
+virtual_stages        model chunks per device of interleaved-1f1b       2
+                      (the other schedules run their own)
 pp, dp                pipeline / data-parallel degree                   8, 1
 micro_batch           samples per micro-batch                           1
 macro_batch           samples per macro-batch (per replica)             32
@@ -82,12 +85,13 @@ from typing import Any, Iterable
 from perfsim.config import Strategy, System, Workload
 from perfsim.errors import ConfigError
 from perfsim.result import Result
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import parse_bandwidth, parse_size, parse_time
 
 DEFAULTS: dict[str, Any] = {
     "model": "gpt2-xl", "workload": None, "profile": None, "bandwidth": "10Gbps", "latency": "0s",
     "topology": None, "compress": "fp32", "grad_compress": "none", "schedule": None,
-    "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": None, "epochs": 1, "partition": None,
+    "virtual_stages": None, "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": None, "epochs": 1, "partition": None,
     "gpus_per_node": 1, "intra_node_bandwidth": "300GB/s", "bucket_size": "25MiB", "overlap": True,
     "nic_sharing": True, "dataset_samples": 2359, "trace": False,
     "link_burst": 0, "p2p_protocol": "eager", "p2p_control_latency": None,
@@ -205,9 +209,12 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     precision = str(p["precision"]).lower()
     recompute = str(p["recompute"]).lower()
     sp = _bool(p, "sequence_parallel")
+    schedule = str(p["schedule"] or ("1f1b" if p["gpu"] else "gpipe")).lower()
     strategy = Strategy(
         pp=_int(p, "pp"), dp=dp, micro_batch=micro_batch, macro_batch=macro_batch,
-        schedule=str(p["schedule"] or ("1f1b" if p["gpu"] else "gpipe")).lower(), compress=str(p["compress"]),
+        schedule=schedule, compress=str(p["compress"]),
+        virtual_stages=(_int(p, "virtual_stages") if p["virtual_stages"] is not None
+                        and schedule in VIRTUAL_STAGE_SCHEDULES else None),
         grad_compress=str(p["grad_compress"]), partition=_partition(p, model, _int(p, "pp")),
         bucket_bytes=parse_size(p["bucket_size"], "bucket_size"), overlap_grad_sync=_bool(p, "overlap"),
         epochs=_int(p, "epochs"), dataset_samples=_int(p, "dataset_samples"), tp=tp, sequence_parallel=sp,

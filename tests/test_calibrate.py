@@ -264,3 +264,13 @@ def test_comm_over_emulated_link():
     # 1 MiB over a 100 Mbps tbf: at least (1 MiB - 50 KB burst) at the nominal rate
     assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8
     assert raw[1048576]["time_s"] < 3 * 1048576 * 8 / 1e8
+
+
+def test_stage_timing_refuses_split_or_multi_chunk_schedules():
+    """Whole-stage timing replays one stage per rank with whole backwards."""
+    from perfsim.calibrate.compute import ComputeConfig
+    from perfsim.errors import ConfigError
+
+    for name in ("zb-h1", "interleaved-1f1b", "zb-v"):
+        with pytest.raises(ConfigError, match=f"stage_schedule='{name}'"):
+            ComputeConfig(model="gpt2-tiny", stage_schedule=name)

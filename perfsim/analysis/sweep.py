@@ -54,7 +54,7 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 #: the parameters of :func:`perfsim.api.predict`, in the order a grid varies them
 #: (last key varies fastest); every one may hold one value or a list
 PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_node_bandwidth",
-          "nic_sharing", "dataset_samples", "schedule", "pp", "dp", "partition", "bucket_size",
+          "nic_sharing", "dataset_samples", "schedule", "virtual_stages", "pp", "dp", "partition", "bucket_size",
           "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
           "compress", "bandwidth", "gpu", "precision", "recompute", "seq_len", "placement", "zero",
           "sequence_parallel", "global_batch", "tp", "intra_node_fabric", "nic", "collective_algo",
@@ -62,7 +62,7 @@ PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_no
 #: the axes the issue names; the others may vary too
 SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
               "micro_batch")
-_INT_PARAMS = ("pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
+_INT_PARAMS = ("virtual_stages", "pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
                "dataset_samples", "tp", "seq_len", "global_batch")
 _STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
                "grad_compress", "partition", "gpu", "precision", "recompute", "placement",

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
@@ -52,6 +53,7 @@ class ValidationPlan:
       macro_batch): the names of ``perfsim run`` / ``perfsim predict`` flags.
     bandwidths: emulated link rates in bits/s; None = no emulation (loopback).
     compresses, grad_compresses: pipeline / data-parallel compression specs.
+    schedules: pipeline schedules, one row each (empty: ``base``'s).
     latency_s: emulated one-way latency.
     steps: optimizer steps per measured run (the first, and AQ-SGD's uncompressed
       first epoch, are not measured -- see perfsim.runtime.measure).
@@ -71,6 +73,7 @@ class ValidationPlan:
     bandwidths: tuple[float | None, ...] = (None,)
     compresses: tuple[str, ...] = ("fp32",)
     grad_compresses: tuple[str, ...] = ("none",)
+    schedules: tuple[str, ...] = ()
     latency_s: float = 0.0
     steps: int = 20
     dataset_limit: int | None = None
@@ -105,9 +108,12 @@ class ValidationPlan:
             raise ConfigError("validation needs --profile (a profile calibrated on this machine)")
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every (bandwidth, compress, grad_compress) combination, in order."""
-        return [{"bandwidth": b, "compress": c, "grad_compress": g}
+        """Every ([schedule,] bandwidth, compress, grad_compress) combination, in order."""
+        rows = [{"bandwidth": b, "compress": c, "grad_compress": g}
                 for b in self.bandwidths for c in self.compresses for g in self.grad_compresses]
+        if not self.schedules:
+            return rows
+        return [{"schedule": s, **r} for s in self.schedules for r in rows]
 
 
 def parse_bandwidths(text: str) -> tuple[float | None, ...]:
@@ -259,8 +265,14 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
 
     bw = row["bandwidth"]
     base = dict(plan.base)
+    if row.get("schedule"):
+        base["schedule"] = row["schedule"]
+    if base.get("schedule") not in VIRTUAL_STAGE_SCHEDULES:  # the others fix their own
+        base.pop("virtual_stages", None)
     dp_only = int(base.get("pp", 1)) == 1
     tag = f"{index:02d}-{format_bandwidth(bw) if bw else 'loopback'}-{row['compress']}-{row['grad_compress']}"
+    if plan.schedules:
+        tag += f"-{base['schedule']}"
     run_dir = Path(plan.out) / "runs" / tag.replace(":", "_")
     run_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
                       steps=plan.steps, seed=plan.seed, out=str(run_dir), **plan.extra_run)
@@ -296,7 +308,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     predicted = predictor(**pred_params)
     out = {"model": base.get("model"), "bandwidth_bps": bw, "latency_s": plan.latency_s,
            "compress": row["compress"], "grad_compress": row["grad_compress"],
-           "schedule": base.get("schedule"), "pp": base.get("pp"), "dp": base.get("dp"),
+           "schedule": base.get("schedule"), "virtual_stages": predicted.summary.get("virtual_stages"),
+           "pp": base.get("pp"), "dp": base.get("dp"),
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
            **_link_columns(predicted.summary, dp_only, loopback_source), "measured_steps": measured.summary.get("measured_steps"),
            "measured_repeats": len(tputs),
@@ -344,16 +357,23 @@ def summarize(df, metric: str = "throughput_samples_per_s") -> dict[str, float]:
             "rows_over_10pct": int((err > 10).sum())}
 
 
+def _several_schedules(df) -> bool:
+    """True when the grid ran more than one schedule (the tables then name each row's)."""
+    return "schedule" in df and df["schedule"].nunique() > 1
+
+
 def format_table(df) -> str:
     """A terminal table: per row predicted vs measured throughput and iteration time."""
-    head = (f"{'bandwidth':>10} {'compress':<16} {'grad':<16} {'pred sps':>9} {'meas sps':>9} "
-            f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
+    sched = _several_schedules(df)
+    head = (f"{'schedule':<17}" if sched else "") + (
+        f"{'bandwidth':>10} {'compress':<16} {'grad':<16} {'pred sps':>9} {'meas sps':>9} "
+        f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
     lines = [head, "-" * len(head)]
     for _, r in df.iterrows():
         bw = format_bandwidth(r["bandwidth_bps"]) if r["bandwidth_bps"] == r["bandwidth_bps"] and \
             r["bandwidth_bps"] is not None else "loopback"
         lines.append(
-            f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} "
+            (f"{r['schedule']:<17}" if sched else "") + f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} "
             f"{r['predicted_throughput_samples_per_s']:9.1f} {r['measured_throughput_samples_per_s']:9.1f} "
             f"{r['error_throughput_samples_per_s_pct']:+7.1f} {1e3 * r['predicted_iteration_s']:10.2f} "
             f"{1e3 * r['measured_iteration_s']:10.2f} {r['error_iteration_s_pct']:+7.1f}")
@@ -367,13 +387,14 @@ def format_table(df) -> str:
 
 def markdown_table(df) -> str:
     """The comparison as a markdown table (for notes and the README)."""
-    lines = ["| bandwidth | compress | grad | predicted samples/s | measured samples/s | error % "
-             "| predicted iteration ms | measured iteration ms |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    sched = _several_schedules(df)
+    lines = [("| schedule " if sched else "") + "| bandwidth | compress | grad | predicted samples/s "
+             "| measured samples/s | error % | predicted iteration ms | measured iteration ms |",
+             ("| --- " if sched else "") + "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for _, r in df.iterrows():
         bw = r["bandwidth_bps"]
         bw = format_bandwidth(bw) if bw is not None and bw == bw else "loopback"
-        lines.append(f"| {bw} | {r['compress']} | {r['grad_compress']} | "
+        lines.append((f"| {r['schedule']} " if sched else "") + f"| {bw} | {r['compress']} | {r['grad_compress']} | "
                      f"{r['predicted_throughput_samples_per_s']:.1f} | {r['measured_throughput_samples_per_s']:.1f} | "
                      f"{r['error_throughput_samples_per_s_pct']:+.1f} | {1e3 * r['predicted_iteration_s']:.2f} | "
                      f"{1e3 * r['measured_iteration_s']:.2f} |")

@@ -35,8 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("strategy")
     g.add_argument("--compress", default="fp32", help="pipeline compression, e.g. fp32,directq:fw4bw8,aqsgd:fw3bw6")
     g.add_argument("--grad-compress", default="none", help="data-parallel gradient compression, e.g. none,qsgd-maxnorm:4")
-    g.add_argument("--schedule", help="gpipe or 1f1b (comma list allowed; default gpipe, "
-                                      "1f1b as Megatron-LM when --gpu is given)")
+    g.add_argument("--schedule", help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (comma list allowed; "
+                                      "default gpipe, 1f1b as Megatron-LM when --gpu is given)")
+    g.add_argument("--virtual-stages", default=None,
+                   help="model chunks per device of interleaved-1f1b (default 2; the other "
+                        "schedules run their own: zb-v 2, the rest 1)")
     g.add_argument("--pp", default="8", help="pipeline stages (default 8)")
     g.add_argument("--dp", default="1", help="data-parallel replicas (default 1)")
     g.add_argument("--micro-batch", default="1", help="samples per micro-batch (default 1)")
@@ -114,7 +117,7 @@ def _grid(args) -> list[dict]:
                   sequence_parallel=args.sequence_parallel, placement=args.placement, zero=args.zero,
                   allow_oom=args.allow_oom, intra_node_fabric=args.intra_node_fabric, nic=args.nic,
                   collective_algo=args.collective_algo, link_model=args.link_model,
-                  comm_slowdown=args.comm_slowdown)
+                  comm_slowdown=args.comm_slowdown, virtual_stages=args.virtual_stages)
     names = list(lists)
     return [{**common, **dict(zip(names, combo))} for combo in itertools.product(*(lists[n] for n in names))]
 

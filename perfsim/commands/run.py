@@ -23,7 +23,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset: digits-mlp, gpt2-tiny, gpt2-small-byte (default digits-mlp)")
     p.add_argument("--pp", type=_pos_int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--dp", type=_pos_int, default=1, help="data-parallel replicas (default 1)")
-    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b",
+                   help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (default 1f1b)")
+    p.add_argument("--virtual-stages", type=_pos_int, default=None,
+                   help="model chunks per rank for interleaved-1f1b (default 2; zb-v always 2)")
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
     p.add_argument("--grad-compress", default="none",
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from perfsim.runtime.launch import RankFailure
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, schedule=args.schedule,
+                  virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,

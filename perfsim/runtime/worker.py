@@ -5,7 +5,8 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``torchrun``), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
-Rank layout: rank ``r`` is stage ``r % pp`` of data-parallel replica ``r // pp``.
+Rank layout: rank ``r`` is pipeline device ``r % pp`` of data-parallel replica
+``r // pp``; it holds the stages (model chunks) the schedule table puts there.
 """
 
 from __future__ import annotations
@@ -37,15 +38,19 @@ def boundary_seed(seed: int, boundary: int, direction: int) -> int:
     return (int(seed) * 1_000_003 + 2 * boundary + direction) % 2**31
 
 
-def make_stage_compressors(cfg: RunConfig, stage: int) -> dict:
-    """The four compressors of a stage: sending/receiving, forward/backward."""
+def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
+    """The compressors of a stage: sending/receiving, forward/backward, for each
+    boundary that crosses ranks (``table``'s stage-to-device map; None: one stage
+    per rank)."""
     from perfsim.compression import make_pipeline_pair
 
     out = {}
-    if stage < cfg.pp - 1:  # boundary `stage` with the next stage
+    n = table.num_stages if table is not None else cfg.pp
+    where = table.stage_device if table is not None else range(n)
+    if stage < n - 1 and where[stage + 1] != where[stage]:  # boundary `stage` with the next stage
         out["fw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 0))[0]
         out["bw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 1))[1]
-    if stage > 0:  # boundary `stage-1` with the previous stage
+    if stage > 0 and where[stage - 1] != where[stage]:  # boundary `stage-1` with the previous stage
         out["fw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 0))[0]
         out["bw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 1))[1]
     return out
@@ -57,6 +62,10 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     if cfg.epochs is not None:
         return max(1, math.ceil(cfg.epochs * steps_per_epoch))
     return 20
+
+
+class Chunks(torch.nn.ModuleList):
+    """The stages one rank holds (several with virtual stages), trained as one module."""
 
 
 def make_optimizer(cfg: RunConfig, module, dp_group, stage: int, steps: int):
@@ -87,10 +96,10 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     from perfsim.runtime.grad_sync import GradSync, sync_gradients
     from perfsim.runtime.models import Stage
     from perfsim.runtime.pipeline import StageRunner
-    from perfsim.schedules import get_schedule, max_in_flight
+    from perfsim.schedules import max_in_flight
 
     pp, dp = cfg.pp, cfg.dp
-    stage, replica = rank % pp, rank // pp
+    stage, replica = rank % pp, rank // pp  # stage: this rank's pipeline device
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
     # every rank creates every data-parallel group, in the same order
@@ -99,18 +108,21 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
-    start_layer, end_layer = cfg.stage_ranges()[stage]
-    module = Stage(spec, start_layer, end_layer, cfg.seed).to(device)
+    table = cfg.table()
+    ranges = cfg.stage_ranges()
+    mine = table.stages_of(stage)
+    stages = {k: Stage(spec, *ranges[k], cfg.seed).to(device) for k in mine}
+    # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
+    module = stages[mine[0]] if len(mine) == 1 else Chunks([stages[k] for k in mine])
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
     optimizer = make_optimizer(cfg, module, dp_group, stage, steps)
-    comps = make_stage_compressors(cfg, stage)
+    per_stage = {k: make_stage_compressors(cfg, k, table) for k in mine}
+    # one flat dict of every compressor (checkpointed); slot names alone with one stage per rank
+    comps = {(slot if len(mine) == 1 else f"{k}/{slot}"): c for k in mine for slot, c in per_stage[k].items()}
     grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
-    table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
-    prev_rank = rank - 1 if stage > 0 else None
-    next_rank = rank + 1 if stage < pp - 1 else None
-    runner = StageRunner(module, table[stage], prev_rank, next_rank, comps, dataset,
+    runner = StageRunner(stages, table, stage, lambda d: replica * pp + d, per_stage, dataset,
                          cfg.micro_batch, device)
 
     out = Path(cfg.out)
@@ -144,7 +156,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
         dist.barrier()
 
-    reporter = rank == pp - 1  # last stage of replica 0 reports progress
+    reporter = rank == table.stage_device[-1]  # the rank of replica 0's last stage reports progress
     records = []
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
@@ -187,7 +199,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
                "params": sum(p.numel() for p in module.parameters()),
-               "layers": [module.start, module.end]}
+               "layers": [stages[mine[0]].start, stages[mine[-1]].end],
+               "chunks": [[stages[k].start, stages[k].end] for k in mine]}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
