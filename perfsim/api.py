@@ -210,12 +210,15 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     recompute = str(p["recompute"]).lower()
     sp = _bool(p, "sequence_parallel")
     schedule = str(p["schedule"] or ("1f1b" if p["gpu"] else "gpipe")).lower()
+    vstages = (_int(p, "virtual_stages") if p["virtual_stages"] is not None
+               and schedule in VIRTUAL_STAGE_SCHEDULES else None)
+    from perfsim.schedules import stage_count
+
     strategy = Strategy(
         pp=_int(p, "pp"), dp=dp, micro_batch=micro_batch, macro_batch=macro_batch,
         schedule=schedule, compress=str(p["compress"]),
-        virtual_stages=(_int(p, "virtual_stages") if p["virtual_stages"] is not None
-                        and schedule in VIRTUAL_STAGE_SCHEDULES else None),
-        grad_compress=str(p["grad_compress"]), partition=_partition(p, model, _int(p, "pp")),
+        virtual_stages=vstages, grad_compress=str(p["grad_compress"]),
+        partition=_partition(p, model, _int(p, "pp") * stage_count(schedule, vstages)),
         bucket_bytes=parse_size(p["bucket_size"], "bucket_size"), overlap_grad_sync=_bool(p, "overlap"),
         epochs=_int(p, "epochs"), dataset_samples=_int(p, "dataset_samples"), tp=tp, sequence_parallel=sp,
         recompute=recompute, precision=precision, zero=_int(p, "zero"),
@@ -269,7 +272,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
 
 
 def _partition(p, model, pp: int):
-    """Layer counts per stage: given, ``balanced`` (None: by compute), or ``uniform``
+    """Layer counts per stage (``pp``: the pipeline's stages, model chunks): given, ``balanced`` (None: by compute), or ``uniform``
     -- Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
     to the first stages), the embedding on the first stage and the head on the last.
     The default is ``uniform`` for a transformer with a GPU preset, else ``balanced``."""
@@ -282,7 +285,7 @@ def _partition(p, model, pp: int):
         return parse_partition(raw)
     blocks = sum(1 for layer in model.layers if layer.name.startswith("block"))
     if blocks < pp:
-        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill pp={pp} stages")
+        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill {pp} stages")
     counts = [blocks // pp + (1 if s < blocks % pp else 0) for s in range(pp)]
     counts[0] += 1
     counts[-1] += len(model.layers) - blocks - 1

@@ -372,3 +372,14 @@ def test_data_parallel_with_virtual_stages():
     assert all(r["dp_sync_s"] > 0 for r in inter.stages)
     assert [r["stage"] for r in inter.stages] == [0, 1, 2, 3]  # one row per device (one replica class)
     assert [r["layers"].count(",") for r in inter.stages] == [1] * 4  # two chunks each
+
+
+def test_virtual_stages_with_tensor_parallel_and_memory():
+    """Interleaved 1F1B on a GPU preset with TP: the uniform partition covers every chunk,
+    and a device's memory is the sum of its chunks'."""
+    res = predict(gpu="a100", model="gpt2-large", schedule="interleaved-1f1b", tp=2, pp=4)
+    assert res.summary["virtual_stages"] == 2
+    assert [row["layers"].count(",") for row in res.stages] == [1] * 4
+    assert res.summary["peak_memory_gib"] == pytest.approx(max(row["memory_gib"] for row in res.stages))
+    one = predict(gpu="a100", model="gpt2-large", schedule="1f1b", tp=2, pp=4)
+    assert res.summary["peak_memory_gib"] > one.summary["peak_memory_gib"]  # more micro-batches held
