@@ -115,6 +115,8 @@ class CodecConfig:
     #: flush the caches before every timed call (``timing.flush_caches``): a codec in a
     #: training step runs right after a forward/backward that evicted its working set
     cold: bool = True
+    #: stop repeating a point once its samples agree this well (``timing.time_op``)
+    rel_spread: float | None = None
 
     def __post_init__(self):
         if self.threads is not None and self.threads < 1:
@@ -132,6 +134,8 @@ class CodecConfig:
             if not 2 <= int(pp) <= n or not 0 <= int(stage) < int(pp) - 1 or int(mb) < 1:
                 raise ConfigError(f"boundary ({model}, stage {stage} of {pp}, micro-batch {mb}): a "
                                   f"boundary follows stage 0..pp-2 of 2..{n} stages, micro-batch >= 1")
+        if self.rel_spread is not None and not self.rel_spread > 0:
+            raise ConfigError(f"rel_spread={self.rel_spread}: must be > 0")
         if self.rows < 1 or self.repeats < 1:
             raise ConfigError(f"rows={self.rows}, repeats={self.repeats}: must be >= 1")
 
@@ -223,17 +227,17 @@ def _measure(cfg: CodecConfig, progress) -> tuple[list[dict], list[str]]:
                     "micro_batch": shape[0], "model": None}
             # sweep points: flushed caches; boundaries: after their layer's step
             when = dict(cold=cfg.cold) if situ is None else dict(setup=situ[1])
+            when.update(warmup=cfg.warmup, repeats=cfg.repeats, device=cfg.device,
+                        max_seconds=cfg.max_seconds, rel_spread=cfg.rel_spread)
             if situ is not None:
                 base.update(shape=shape_text(shape), model=situ[0], cache="after-layer-step")
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB encode")
-            t = time_op(lambda *_: sender.compress(x2, **kw), warmup=cfg.warmup, repeats=cfg.repeats,
-                        device=cfg.device, max_seconds=cfg.max_seconds, **when)
+            t = time_op(lambda *_: sender.compress(x2, **kw), **when)
             records.append({"op": "encode", **base, **t.record()})
             if progress:
                 progress(f"codec {spec} {base['size_bytes'] / 1e6:.3g} MB decode")
-            t = time_op(lambda *_: receiver.decompress(payload, **kw), warmup=cfg.warmup,
-                        repeats=cfg.repeats, device=cfg.device, max_seconds=cfg.max_seconds, **when)
+            t = time_op(lambda *_: receiver.decompress(payload, **kw), **when)
             records.append({"op": "decode", **base, **t.record()})
     return records, skipped
 

@@ -66,24 +66,10 @@ def summarize(samples: list[float]) -> Timing:
     return Timing(statistics.median(xs), iqr, len(xs), tuple(samples))
 
 
-def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
-    """Size of the CPU's largest cache (Linux sysfs), or ``default``."""
-    best = 0
-    base = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        for entry in os.listdir(base):
-            if not entry.startswith("index"):
-                continue
-            with open(os.path.join(base, entry, "size")) as fh:
-                text = fh.read().strip().upper()
-            mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-            best = max(best, int(text.rstrip("KMG")) * mult)
-    except (OSError, ValueError):
-        pass
-    return best or default
-
-
 _FLUSH: dict[str, object] = {}
+
+#: bytes of the fresh mapping :func:`flush_caches` writes and unmaps on the CPU
+CPU_FLUSH_BYTES = 8 * 2**20
 
 
 def flush_caches(device: str = "cpu") -> None:
@@ -91,14 +77,18 @@ def flush_caches(device: str = "cpu") -> None:
     step leaves them before a codec call.
 
     GPU: write a buffer twice the L2 (at least 256 MB), as Triton's ``do_bench``
-    does before each timed kernel. CPU: allocate, write and free a fresh buffer
-    twice the last-level cache -- what a forward or backward does with its
-    activations. Rewriting one persistent buffer is not enough on the CPU:
-    measured on this 2-core VM, ``directq:4`` of a (8, 64, 128) activation takes
-    0.25 ms hot, 0.25 ms after rewriting a persistent buffer, but 0.51 ms after a
-    GPT stage's forward and backward and 0.51 ms after a fresh buffer (the
-    freed mapping also drops the TLB entries, which nested paging makes costly);
-    inside ``perfsim run`` the same call takes 0.48 ms."""
+    does before each timed kernel. CPU: map, write and unmap a fresh anonymous
+    8 MB region (four times a core's L2). What a codec after a step pays is the
+    step's freed mappings (the unmap drops the TLB entries, costly under nested
+    paging) and an evicted L2, not a cold last-level cache. Measured on the 2-core
+    VM (docs/validation.md, step 12): ``directq:4`` of a (8, 64, 128) activation
+    costs about the same after a fresh 8 MB mapping, a fresh 64 MB buffer, a fresh
+    960 MB buffer (twice the 480 MB L3 this VM reports) and a gpt2-tiny stage's
+    forward and backward -- 2-4x its hot time -- while such a flush costs
+    ~25 ms, ~110 ms and ~1.9 s under load; a fresh 16 MB heap buffer (glibc
+    recycles it, no new mapping) leaves it near its hot time."""
+    import mmap
+
     import torch
 
     if device.startswith("cuda"):
@@ -109,12 +99,20 @@ def flush_caches(device: str = "cpu") -> None:
             buf = _FLUSH[device] = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
         buf.zero_()
         return
-    torch.zeros(2 * last_level_cache_bytes() // 4, dtype=torch.float32, device=device)
+    src = _FLUSH.get("cpu")
+    if src is None:
+        src = _FLUSH["cpu"] = b"\1" * CPU_FLUSH_BYTES
+    region = mmap.mmap(-1, CPU_FLUSH_BYTES)  # a fresh mapping: every page faults in
+    try:
+        region.write(src)
+    finally:
+        region.close()  # munmap: its translations leave the TLB
 
 
 def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
             setup: Callable[[], object] | None = None, device: str = "cpu",
-            max_seconds: float | None = None, cold: bool = False) -> Timing:
+            max_seconds: float | None = None, cold: bool = False,
+            rel_spread: float | None = None) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones.
 
     ``setup()`` runs untimed before every call (e.g. a forward pass before a
@@ -124,7 +122,9 @@ def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
     ``device="cuda"`` CUDA events time the call. ``max_seconds`` stops
     repeating early (keeping at least 3 samples) once the timed calls have used
     that much wall time -- big tensors on a slow machine would otherwise take
-    minutes.
+    minutes. ``rel_spread`` stops repeating once 3 or more samples agree: their
+    inter-quartile range (range below 4 samples) is at most that fraction of
+    their median -- repeats chosen by the measured spread.
     """
     if repeats < 1 or warmup < 0:
         raise ConfigError(f"repeats={repeats}, warmup={warmup}: need repeats >= 1, warmup >= 0")
@@ -165,6 +165,11 @@ def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
             t0 = time.perf_counter()
             fn(arg) if setup is not None else fn()
             samples.append(time.perf_counter() - t0)
-        if max_seconds is not None and len(samples) >= 3 and time.perf_counter() - begin > max_seconds:
-            break
+        if len(samples) >= 3:
+            if max_seconds is not None and time.perf_counter() - begin > max_seconds:
+                break
+            if rel_spread is not None:
+                t = summarize(samples)
+                if t.spread_s <= rel_spread * t.median_s:
+                    break
     return summarize(samples)

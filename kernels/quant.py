@@ -30,6 +30,8 @@ the same torch code on every path.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -83,12 +85,25 @@ def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
     return s
 
 
+#: largest |value| a quantizer accepts: decoding computes ``c * d <= 2 s`` and
+#: AQ-SGD adds that to its buffer (``|m| <= s``), which stays below fp32's
+#: max (2^128) only for ``s <= 2^126`` (~8.5e37); larger values are refused,
+#: never turned into Inf (issue 14.18)
+MAX_ABS = 2.0 ** 126
+
+
 def check_finite_scales(s: torch.Tensor, what: str = "tensor") -> None:
     """NaN/Inf anywhere in a bucket makes its max-abs NaN/Inf (``amax``
     propagates NaN), so checking the few scales replaces a full ``isfinite``
-    pass over the data (which costs more than the whole quantizer on a CPU)."""
-    if s.numel() and not bool(torch.isfinite(s).all()):
-        raise ConfigError(f"{what}: contains NaN or Inf; refusing to compress")
+    pass over the data (which costs more than the whole quantizer on a CPU).
+    Scales above :data:`MAX_ABS` are refused too (they would decode to Inf)."""
+    if s.numel():
+        top = float(s.max()) if bool(torch.isfinite(s).all()) else math.inf
+        if not top <= MAX_ABS:
+            if math.isfinite(top):
+                raise ConfigError(f"{what}: |value| {top:.3g} exceeds {MAX_ABS:.3g}, the largest a "
+                                  "quantizer decodes without fp32 overflow; refusing to compress")
+            raise ConfigError(f"{what}: contains NaN or Inf; refusing to compress")
 
 
 def encode_coeffs(s: torch.Tensor, bits: int) -> torch.Tensor:

@@ -242,6 +242,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     topology = _topology(_file_key(p["topology"])) if p["topology"] else None
     if p["topology"] and not os.path.exists(str(p["topology"])):
         raise ConfigError(f"topology {str(p['topology'])!r}: no such file")
+    given = [k for k in ("bandwidth", "latency") if params.get(k) is not None]
+    if p["topology"] and given:
+        raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "
+                          f"give one or the other")
     from perfsim.fabrics import get_fabric, parse_nic
 
     nic = parse_nic(p["nic"]) if p["nic"] else parse_nic(p["bandwidth"], "bandwidth")
@@ -320,7 +324,22 @@ def predict(**params) -> Result:
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
+    _check_finite(result)
     return result
+
+
+def _check_finite(result: Result) -> None:
+    """An overflowing prediction (inf/NaN time or rate) is an error, never a
+    printed NaN: it comes from input magnitudes the model cannot represent."""
+    import math
+
+    bad = [k for k, v in result.summary.items()
+           if isinstance(v, float) and not math.isfinite(v) and k not in ("bandwidth_bps",)]
+    if bad:
+        s = result.summary
+        raise ConfigError(f"the prediction overflowed ({bad[0]} = {s[bad[0]]}); check the magnitudes of "
+                          f"the inputs (bandwidth {s.get('bandwidth_bps'):g} bit/s, epochs {float(s.get('epochs') or 0):g}, "
+                          f"dataset_samples, macro_batch)")
 
 
 def predict_many(param_dicts: Iterable[dict[str, Any]]) -> list[Result]:

@@ -6,17 +6,22 @@ modules import heavy libraries (torch, simpy, pandas) inside ``run`` so that
 ``perfsim --help`` stays instant.
 
 User mistakes (:class:`perfsim.errors.ConfigError`, bad flags) print one line on
-stderr and exit with code 2; no traceback.
+stderr and exit with code 2; I/O failures (full disk, closed stdout: an
+:class:`OSError`) one line and exit code 1; no traceback (``PERFSIM_TRACEBACK=1``
+shows it). SIGTERM and SIGHUP end a command like Ctrl-C does (cleanup runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
+import signal
 import sys
 
 from perfsim import __version__
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, OutputError
 
 #: Subcommands in the order ``perfsim --help`` lists them.
 COMMANDS = ("predict", "plan", "run", "calibrate", "validate", "sweep", "plot", "compressors")
@@ -45,22 +50,77 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame):  # SIGTERM / SIGHUP: unwind like Ctrl-C, so cleanup runs
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _io_error(exc: OSError) -> str:
+    if isinstance(exc, OutputError):
+        return str(exc)
+    where = f" {exc.filename}" if exc.filename else ""
+    return f"I/O error{where}: {exc.strerror or exc} ({errno.errorcode.get(exc.errno or 0, '?')})"
+
+
+class _ClosedStdout:
+    """Stands in for ``sys.stdout`` when fd 1 was closed (``perfsim ... >&-``):
+    Python would otherwise drop every print silently."""
+
+    def write(self, text: str) -> int:
+        raise OutputError("writing stdout: it is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _settle_stdout() -> None:
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except (OSError, ValueError):
+        from perfsim.outputs import detach_stdout
+
+        detach_stdout()
+
+
 def main(argv: list[str] | None = None) -> int:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    if argv is None:  # the perfsim process itself (not a caller's in-process main([...]))
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is signal.SIG_DFL:
+                signal.signal(sig, _terminate)
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()
+        return code
     except ConfigError as exc:
         print(f"perfsim {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"perfsim {args.command}: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        if argv is None:  # the perfsim process itself: further Ctrl-C must not break its exit
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+        print(f"perfsim {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `perfsim ... | head`
+        from perfsim.outputs import detach_stdout
+
+        detach_stdout()
         return 0
+    except OSError as exc:  # full disk, closed stdout, read-only filesystem
+        if os.environ.get("PERFSIM_TRACEBACK"):
+            raise
+        _settle_stdout()
+        print(f"perfsim {args.command}: error: {_io_error(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

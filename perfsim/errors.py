@@ -8,3 +8,8 @@ a ``ValueError`` so library users can catch it the ordinary way.
 
 class ConfigError(ValueError):
     """Bad user input. The message names the culprit (flag, field, file or value)."""
+
+
+class OutputError(OSError):
+    """An output could not be written (full disk, closed stdout, read-only
+    filesystem). The CLI prints one line and exits with code 1."""

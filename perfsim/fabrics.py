@@ -105,6 +105,8 @@ def parse_nic(text, what: str = "nic") -> Nic:
     """``"4x200Gbps:infiniband"`` / ``"100Gbps"`` -> :class:`Nic` (kind default ethernet)."""
     if isinstance(text, Nic):
         return text
+    if isinstance(text, (int, float)) and not isinstance(text, bool):  # SI bit/s (API, sweeps)
+        return Nic(1, parse_bandwidth(text, what), "ethernet")
     m = _NIC.match(str(text))
     if not m:
         raise ConfigError(f"{what}={text!r}: expected [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband")

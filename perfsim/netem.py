@@ -25,9 +25,20 @@ between two namespaces sent 6.55 MB in 547 ms.
 Cleanup: everything lives in namespaces named ``perfsim-<pid>-...``; deleting
 the namespaces removes the veths, the bridge and the qdiscs with them. Deletion
 runs on normal exit, on exceptions, on Ctrl-C and on SIGTERM/SIGHUP (turned
-into KeyboardInterrupt while the context is open), and :func:`cleanup_stale`
-(also ``python -m perfsim.netem --cleanup``) removes leftovers of dead
-processes.
+into KeyboardInterrupt while the context is open). Teardown is idempotent and
+runs with TERM/INT/HUP blocked, so a second Ctrl-C cannot cut it short; a
+namespace is recorded before it is created, so none escapes it.
+:func:`cleanup_stale` (run by every new emulated run, and by ``python -m
+perfsim.netem --cleanup``) removes the namespaces of runs that are provably
+dead -- their pid is gone, or now belongs to a process started after the
+namespace was made -- and first SIGKILLs whatever still runs inside them.
+
+Rates: tc's tbf keeps its bucket as a 32-bit time in scheduler ticks and its
+queue limit in 32-bit bytes; with perfsim's bucket (:func:`tbf_burst_bytes`)
+and 200 ms queue, rates from :data:`MIN_RATE_BPS` to :data:`MAX_RATE_BPS` are
+represented exactly (checked with ``tc qdisc show`` on iproute2 6.x: 1 Tbit/s
+shows a 28 ms queue, 8 bit/s a 34-byte bucket), so others are refused before
+anything is created.
 """
 
 from __future__ import annotations
@@ -39,10 +50,15 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.procs import provably_dead
 
 PREFIX = "perfsim-"
+MIN_RATE_BPS = 10e3
+MAX_RATE_BPS = 100e9
+_TEARDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 IFNAME = "eth0"
 SUBNET = "10.77.0"
 _counter = itertools.count()
@@ -66,6 +82,15 @@ def check_privileges() -> None:
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise ConfigError(f"--emulate-bandwidth: `ip netns` is unusable here ({probe.stderr.strip()})")
+
+
+def check_rate(bandwidth_bps: float, flag: str = "--emulate-bandwidth") -> None:
+    """Refuse a rate tc's tbf cannot represent (module docstring), up front."""
+    from perfsim.units import format_bandwidth
+
+    if not MIN_RATE_BPS <= bandwidth_bps <= MAX_RATE_BPS:
+        raise ConfigError(f"{flag} {format_bandwidth(bandwidth_bps)}: tc shapes "
+                          f"{format_bandwidth(MIN_RATE_BPS)} to {format_bandwidth(MAX_RATE_BPS)}")
 
 
 def netns_available() -> bool:
@@ -92,8 +117,31 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def cleanup_stale() -> list[str]:
-    """Delete ``perfsim-<pid>-*`` namespaces whose creating process is gone."""
+def _provably_dead(pid: int, name: str) -> bool:
+    """True when the process that made namespace ``name`` is gone."""
+    try:
+        made = Path("/run/netns", name).stat().st_mtime
+    except OSError:
+        return not _pid_alive(pid)
+    return provably_dead(pid, made)
+
+
+def _kill_inside(name: str) -> list[int]:
+    """SIGKILL every process running in namespace ``name``."""
+    out = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout
+    pids = [int(p) for p in out.split() if p.isdigit()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def cleanup_stale(include_alive: bool = False) -> list[str]:
+    """Delete ``perfsim-<pid>-*`` namespaces of dead runs (all of them with
+    ``include_alive``), killing what still runs inside first."""
+    check_privileges()
     removed = []
     for name in list_namespaces():
         if not name.startswith(PREFIX):
@@ -102,9 +150,11 @@ def cleanup_stale() -> list[str]:
             pid = int(name[len(PREFIX):].split("-")[0])
         except ValueError:
             continue
-        if not _pid_alive(pid):
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-            removed.append(name)
+        if pid == os.getpid() or not (include_alive or _provably_dead(pid, name)):
+            continue
+        _kill_inside(name)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+        removed.append(name)
     return removed
 
 
@@ -127,8 +177,7 @@ class EmulatedNetwork:
     def __init__(self, world: int, bandwidth_bps: float, latency_s: float = 0.0):
         if world < 1 or world > 250:
             raise ConfigError(f"emulated network: {world} ranks (1..250 supported)")
-        if not bandwidth_bps > 0:
-            raise ConfigError(f"--emulate-bandwidth {bandwidth_bps}: must be > 0")
+        check_rate(bandwidth_bps)
         if latency_s < 0:
             raise ConfigError(f"--emulate-latency {latency_s}: must be >= 0")
         self.world, self.bandwidth_bps, self.latency_s = world, float(bandwidth_bps), float(latency_s)
@@ -183,11 +232,14 @@ class EmulatedNetwork:
             raise
         return self
 
+    def _add_namespace(self, ns: str) -> None:
+        self._created.append(ns)  # first: an interrupt during `ip netns add` cannot leak it
+        _run(["ip", "netns", "add", ns])
+
     def _build(self) -> None:
         br = self.bridge_ns
         ipb = ["ip", "-n", br]
-        _run(["ip", "netns", "add", br])
-        self._created.append(br)
+        self._add_namespace(br)
         _run(ipb + ["link", "set", "lo", "up"])
         _run(ipb + ["link", "add", "br0", "type", "bridge"])
         _run(ipb + ["link", "set", "br0", "up"])
@@ -196,8 +248,7 @@ class EmulatedNetwork:
             # messenger adds the one-way latency to each p2p message instead
             self.app_latency_s = self.latency_s
         for i, ns in enumerate(self.namespaces):
-            _run(["ip", "netns", "add", ns])
-            self._created.append(ns)
+            self._add_namespace(ns)
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(ipb + ["link", "add", f"vr{i}", "type", "veth", "peer", "name", IFNAME, "netns", ns])
             _run(ipb + ["link", "set", f"vr{i}", "master", "br0"])
@@ -208,16 +259,32 @@ class EmulatedNetwork:
             self._shape(br, f"vr{i}", delay=False)  # network -> rank (downlink)
 
     def close(self) -> None:
-        """Delete every namespace created (idempotent)."""
+        """Kill what runs inside and delete every namespace created
+        (idempotent). TERM/INT/HUP arriving meanwhile are held back and
+        re-raised as KeyboardInterrupt once everything is gone (a signal mask
+        would not do: another thread may take the signal, and Python still
+        runs its handler in the main thread)."""
         errors = []
-        for ns in reversed(self._created):
-            proc = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
-            if proc.returncode != 0 and ns in list_namespaces():
-                errors.append(f"{ns}: {proc.stderr.strip()}")
-        self._created.clear()
-        self._restore_signal_handlers()
+        held: list[int] = []
+        main = threading.current_thread() is threading.main_thread()
+        saved = {sig: signal.signal(sig, lambda signum, frame: held.append(signum))
+                 for sig in _TEARDOWN_SIGNALS} if main else {}
+        try:
+            while self._created:
+                ns = self._created[-1]
+                _kill_inside(ns)
+                proc = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+                if proc.returncode != 0 and ns in list_namespaces():
+                    errors.append(f"{ns}: {proc.stderr.strip()}")
+                self._created.pop()
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+            self._restore_signal_handlers()
         if errors:
             print("perfsim netem: could not delete " + "; ".join(errors), file=sys.stderr)
+        if held:
+            raise KeyboardInterrupt(signal.Signals(held[0]).name)
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -241,7 +308,11 @@ class EmulatedNetwork:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--cleanup"]:
-        removed = cleanup_stale()
+        try:
+            removed = cleanup_stale()
+        except ConfigError as exc:
+            print(f"perfsim netem: could not clean up: {exc}", file=sys.stderr)
+            return 1
         print(f"removed {len(removed)} stale namespace(s)" + (": " + ", ".join(removed) if removed else ""))
         return 0
     print("usage: python -m perfsim.netem --cleanup", file=sys.stderr)

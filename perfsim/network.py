@@ -26,8 +26,9 @@ JSON or TOML::
     nodes = 4                       # optional when a matrix gives the size
     bandwidth = "1Gbps"             # default rate of every pair
     latency = "5ms"                 # default one-way latency
-    nic_bandwidth = "10Gbps"        # optional NIC rate per node (scalar or list);
-                                    # default: unlimited, only pair links limit
+    nic_bandwidth = "10Gbps"        # optional NIC rate per node (scalar or list); default:
+                                    # the node's fastest link, shared by its GPUs as under
+                                    # --bandwidth (the same cluster gives the same answer)
     bandwidth_matrix = [["0", "100Mbps", ...], ...]   # optional, n x n
     latency_matrix = [[0, 0.05, ...], ...]            # optional, n x n (seconds or "50ms")
     # large (geo-distributed) systems: nodes in regions, an R x R matrix
@@ -132,6 +133,23 @@ class Topology:
             m = dict(self.overrides)
             object.__setattr__(self, "_omap", m)
         return m
+
+    def default_nic_bps(self, node: int) -> float:
+        """NIC rate of a node the file gives none for: its fastest link to
+        another node, so a NIC is shared by its flows exactly as under
+        ``--bandwidth`` (where the NIC rate is the link rate); a uniform
+        topology of rate B and ``--bandwidth B`` are the same cluster."""
+        cache = self.__dict__.setdefault("_nic_default", {})
+        if node not in cache:
+            if self.region is None:
+                rates = [self.bandwidth[node][j] for j in range(self.nodes) if j != node]
+            else:
+                r = self.region[node]
+                shared = sum(1 for x in self.region if x == r) > 1
+                rates = [self.bandwidth[r][j] for j in range(len(self.bandwidth)) if j != r or shared]
+            rates += [bw for (a, _), (bw, _) in self.overrides if a == node and bw is not None]
+            cache[node] = max(rates) if rates else float("inf")
+        return cache[node]
 
     def is_uniform(self) -> bool:
         if self.region is None:
@@ -395,9 +413,9 @@ class Network:
         _, node = resource
         if self.topology is None:
             return max(self.link.rate_bps, self.collective_link.rate_bps)
-        if self.topology.nic_bps is not None:
+        if self.topology.nic_bps is not None and self.topology.nic_bps[node] is not None:
             return self.topology.nic_bps[node] * self.link.efficiency
-        return float("inf")
+        return self.topology.default_nic_bps(node) * self.link.efficiency
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
         """Uncontended time of a point-to-point transfer: latency + bytes / rate."""

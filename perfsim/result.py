@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 #: configuration columns, in order (CSV contract of `perfsim predict`)
@@ -68,28 +66,14 @@ class Result:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder + rename),
-    so an interrupted run never leaves a half-written output."""
-    atomic_write_bytes(path, text.encode())
+    """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`)."""
+    from perfsim.outputs import write_text
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_text(path, text)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Binary twin of :func:`atomic_write_text`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual file mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from perfsim.outputs import write_bytes
+
+    write_bytes(path, data)

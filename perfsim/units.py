@@ -2,12 +2,18 @@
 seconds, bytes. Strings such as ``"100Mbps"``, ``"5ms"`` or ``"64MB"`` are parsed
 once, here, and never again.
 
-Conventions (decimal prefixes, as network rates are quoted):
-  bandwidth: ``bps``, ``Kbps``, ``Mbps``, ``Gbps``, ``Tbps`` (bits per second), and
-  the byte forms ``B/s``, ``KB/s``, ``MB/s``, ``GB/s`` (x8); case-insensitive.
-  A bare number is bits per second.
-  time: ``s``, ``ms``, ``us``, ``ns``; a bare number is seconds.
-  size: ``B``, ``KB``, ``MB``, ``GB`` (decimal) and ``KiB``, ``MiB``, ``GiB``.
+The convention (README, "Units"):
+  * ``b`` is a bit, ``B`` a byte -- the case of the ``b`` decides, always.
+  * Prefixes are decimal SI (k = 1e3, M = 1e6, G = 1e9, T = 1e12), written in
+    either case (``100mb/s`` = ``100Mb/s``; there is no milli-bit). Sizes also
+    take the binary ``KiB``, ``MiB``, ``GiB``, ``TiB``.
+  * A rate ends in ``ps`` or ``/s``, both accepted: ``100Mbps`` = ``100Mb/s`` =
+    ``100Mbit/s`` = 1e8 bit/s; ``100MBps`` = ``100MB/s`` = 8e8 bit/s.
+  * Bandwidths and latencies written as text need a unit (a bare ``"200"`` is
+    refused with a suggestion; only ``"0"`` is accepted for a latency). Plain
+    numbers from Python are SI (bit/s, seconds).
+  * time: ``s``, ``ms``, ``us``/``µs``, ``ns``, ``min``. size: ``B`` (bare
+    numbers are bytes), ``KB``, ``MB``, ``GB``, ``TB`` and the binary forms.
 """
 
 from __future__ import annotations
@@ -18,16 +24,12 @@ import re
 from perfsim.errors import ConfigError
 
 _NUM = r"([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
-
-_RATE_BITS = {"": 1.0, "bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
-              "bit/s": 1.0, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9, "kbit": 1e3,
-              "mbit": 1e6, "gbit": 1e9}
-_RATE_BYTES = {"b/s": 8.0, "kb/s": 8e3, "mb/s": 8e6, "gb/s": 8e9, "tb/s": 8e12,
-               "bps_bytes": 8.0}
-_TIME = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9,
-         "min": 60.0}
-_SIZE = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+#: ``<prefix><b|bit|B|Byte><ps|/s>``; the group ``unit`` keeps its case (b vs B)
+_RATE = re.compile(r"(?P<prefix>[kKmMgGtT]?)(?P<unit>bit|b|Byte|B)(?P<per>ps|/s)?")
+_TIME = {"s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60.0}
+_SIZE = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 def _split(text: str, what: str) -> tuple[float, str]:
@@ -42,20 +44,27 @@ def _split(text: str, what: str) -> tuple[float, str]:
     return value, m.group(2)
 
 
+def _number(text) -> bool:
+    return isinstance(text, (int, float)) and not isinstance(text, bool)
+
+
 def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
-    """Parse a link rate such as ``"100Mbps"`` or ``"12.5MB/s"`` into bits/second (> 0)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    """Parse a link rate such as ``"100Mbps"`` (bits) or ``"12.5MB/s"`` (bytes)
+    into bits/second (> 0). Text needs a unit; a Python number is bit/s."""
+    if _number(text):
+        value, unit = float(text), None
     else:
         value, unit = _split(text, what)
-    key = unit.lower()
-    if unit.endswith("B/s") or unit == "Bps":  # byte forms keep the capital B
-        scale = _RATE_BYTES.get(key if unit != "Bps" else "bps_bytes")
-    else:
-        scale = _RATE_BITS.get(key)
-    if scale is None:
-        raise ConfigError(f"{what} {text!r}: unknown unit {unit!r} "
-                          "(use bps, Kbps, Mbps, Gbps or B/s, KB/s, MB/s, GB/s)")
+    if unit == "":
+        raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}Mbps "
+                          "(b = bit, B = byte; bps or b/s)")
+    scale = 1.0
+    if unit is not None:
+        m = _RATE.fullmatch(unit)
+        if m is None or (m.group("per") is None and m.group("unit") != "bit"):
+            raise ConfigError(f"{what} {text!r}: unknown unit {unit!r} "
+                              "(use e.g. 100Mbps, 100Mb/s, 100Mbit/s for bits; 12.5MBps, 12.5MB/s for bytes)")
+        scale = _PREFIX[m.group("prefix").lower()] * (8.0 if m.group("unit") in ("B", "Byte") else 1.0)
     bps = value * scale
     if not bps > 0 or not math.isfinite(bps):
         raise ConfigError(f"{what} {text!r}: must be a positive rate")
@@ -63,12 +72,19 @@ def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
 
 
 def parse_time(text: str | float, what: str = "time", allow_zero: bool = True) -> float:
-    """Parse a duration such as ``"5ms"`` into seconds (>= 0, or > 0)."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    """Parse a duration such as ``"5ms"`` into seconds (>= 0, or > 0). Text
+    needs a unit (``"0"`` excepted); a Python number is seconds."""
+    if _number(text):
+        value, unit = float(text), "s"
+        if not math.isfinite(value):
+            raise ConfigError(f"{what} {text!r}: not finite")
     else:
         value, unit = _split(text, what)
-    scale = _TIME.get(unit.lower() if unit != "µs" else unit)
+    if unit == "":
+        if value != 0:
+            raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}ms (s, ms, us, ns)")
+        unit = "s"
+    scale = _TIME.get(unit if unit in ("µs", "ms", "s", "us", "ns", "min", "sec") else unit.lower())
     if scale is None:
         raise ConfigError(f"{what} {text!r}: unknown unit {unit!r} (use s, ms, us, ns)")
     seconds = value * scale
@@ -83,7 +99,11 @@ def parse_size(text: str | int, what: str = "size") -> int:
         value, unit = float(text), ""
     else:
         value, unit = _split(text, what)
-    scale = _SIZE.get(unit.lower())
+    if unit.endswith("b") or unit.endswith("bit"):
+        stem = unit[:-3] if unit.endswith("bit") else unit[:-1]
+        raise ConfigError(f"{what} {text!r}: {unit!r} is bits; a size is in bytes (B), "
+                          f"e.g. {value:g}{stem[:1].upper() + stem[1:]}B")
+    scale = _SIZE.get(unit.upper())
     if scale is None:
         raise ConfigError(f"{what} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
     n = value * scale

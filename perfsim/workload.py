@@ -14,8 +14,8 @@ A workload comes from
       count = 24                       # optional, default 1
       params = 12596224
       out_shape = [512, 1024]          # boundary activation, one sample
-      flops = 1.3e10                   # optional: forward FLOPs, one sample
-      fwd_s = 0.004                    # optional: forward seconds, one sample
+      flops = 1.3e10                   # forward FLOPs, one sample } at least one
+      fwd_s = 0.004                    # forward seconds, one sample } of the two
       bwd_s = 0.008                    # optional (default 2 x fwd_s)
 
 Per-layer compute time per micro-batch, in order of preference: a profile
@@ -201,6 +201,9 @@ def load_workload_file(path: str | Path) -> Model:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{where}: layers[{i}].{k}={v!r} must be a number >= 0")
         base = str(e.get("name", f"layer{i}"))
+        if "fwd_s" not in e and "flops" not in e:  # it would be silently free
+            raise ConfigError(f"{where}: layers[{i}] ({base!r}) has neither fwd_s nor flops; give one "
+                              "(flops = 0 marks a layer free on purpose)")
         for j in range(count):
             layers.append(LayerSpec(base if count == 1 else f"{base}{j}", int(e["params"]),
                                     tuple(shape), float(e.get("flops", 0.0))))

@@ -4,9 +4,9 @@ Issue 4, evidence item 3: QSGD-MaxNorm 4-bit and 1-bit LAMB against fp32
 allreduce, same model, 2 replicas -- speed-up and loss. Every run is a real
 ``perfsim run`` (``perfsim.runtime.api.run``): each rank in its own network
 namespace, links shaped to the bandwidth with tc (:mod:`perfsim.netem`),
-gradients averaged by the DDP-hook machinery of
-:mod:`perfsim.runtime.grad_sync` or, for 1-bit LAMB, momentum exchanged by
-:mod:`perfsim.runtime.onebit_optim` over the ``onebit`` 3-phase allreduce.
+gradients averaged through :mod:`perfsim.ddp` (``CompressionState``) or, for
+1-bit LAMB, momentum exchanged by :func:`perfsim.ddp.onebit_optimizer` over the
+``onebit`` 3-phase allreduce.
 
 Configurations (same model, seed, data order, steps):
 

@@ -186,8 +186,16 @@ def _cli(*args, timeout=240):
 def test_cli_quick_writes_a_profile(tmp_path):
     out = tmp_path / "prof.json"
     r = _cli("--quick", "--model", "digits-mlp", "--micro-batch", "2", "--stages", "2",
-             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--no-progress", "--output", str(out))
+             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--output", str(out))
     assert r.returncode == 0, r.stderr
+    # stderr is a pipe here, as in a log or CI: no bar, one line per stage (started, done),
+    # after the estimate of how long the calibration takes
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr and "pt/s" not in r.stderr
+    assert lines[0].startswith("calibrate: ") and "the full calibration takes about" in lines[0]
+    assert [ln.split(":")[1].strip() for ln in lines[1:]] == [
+        "compute digits-mlp ...", "compute digits-mlp", "codecs (2 specs) ...", "codecs (2 specs)",
+        "comm loopback (p2p) ...", "comm loopback (p2p)"]
     prof = Profile.load(out)
     ops = {rec["op"] for rec in prof.records}
     assert {"layer_fwd", "layer_bwd", "stage_fwd", "encode", "decode", "fit_encode", "p2p",
@@ -195,6 +203,7 @@ def test_cli_quick_writes_a_profile(tmp_path):
     meta = prof.metadata
     for key in ("device_name", "cores", "torch", "date", "perfsim", "git_commit", "calibration"):
         assert key in meta
+    assert set(meta["calibration"]["stage_wall_s"]) == {"compute digits-mlp", "codecs", "comm loopback (p2p)"}
     assert prof.compute_time("digits-mlp", "fc0", 2, "fwd") > 0
     assert prof.collective_fit("p2p", "gloo").alpha_s >= 0
     assert prof.encode_time("qsgd-maxnorm:4", 65536) > 0
@@ -224,15 +233,11 @@ def test_comm_framing_is_each_side_host_time():
                                    max_seconds=0.5, timeout_s=120))
     raw = {(r["op"], r["size_bytes"]): r for r in recs if r["op"] in ("frame_send", "frame_recv")}
     assert set(raw) == {(o, s) for o in ("frame_send", "frame_recv") for s in (1024, 4194304)}
-    # host time, not the transfer: a 4 MB message is framed in well under the time
-    # its bytes take over a 1 Gbps link (33 ms); sending copies it into one buffer
-    # (grows with size), receiving makes views (about flat)
-    assert 0 < raw[("frame_send", 1024)]["time_s"] < raw[("frame_send", 4194304)]["time_s"] < 0.02
-    assert 0 < raw[("frame_recv", 1024)]["time_s"] < 0.02 and 0 < raw[("frame_recv", 4194304)]["time_s"] < 0.02
+    # (how long framing takes, beside a link's transfer time: benchmarks/bench_messenger.py)
+    assert all(r["time_s"] > 0 and r["repeats"] >= 3 for r in raw.values())
     assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_frame_send", "fit_frame_recv"}
     prof = build_profile(recs, {})
-    assert 0 < prof.framing_time("send", 1024) < prof.framing_time("send", 4194304)
-    assert prof.framing_time("recv", 1024) > 0
+    assert prof.framing_time("send", 1024) > 0 and prof.framing_time("recv", 1024) > 0
     assert prof.framing_time("recv", 0) == 0.0
 
 
@@ -262,8 +267,7 @@ def test_comm_over_emulated_link():
     raw = {r["size_bytes"]: r for r in recs if r["op"] == "p2p"}
     assert raw[1024]["name"] == "gloo@100Mbps"
     # 1 MiB over a 100 Mbps tbf: at least (1 MiB - 50 KB burst) at the nominal rate
-    assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8
-    assert raw[1048576]["time_s"] < 3 * 1048576 * 8 / 1e8
+    assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8  # a floor load cannot break
 
 
 def test_stage_timing_refuses_split_or_multi_chunk_schedules():
@@ -274,3 +278,46 @@ def test_stage_timing_refuses_split_or_multi_chunk_schedules():
     for name in ("zb-h1", "interleaved-1f1b", "zb-v"):
         with pytest.raises(ConfigError, match=f"stage_schedule='{name}'"):
             ComputeConfig(model="gpt2-tiny", stage_schedule=name)
+
+
+def test_time_op_repeats_until_the_samples_agree(monkeypatch):
+    """rel_spread: at least 3 samples, then stop once their IQR (range below 4) is
+    within that fraction of the median; a noisy op runs all repeats."""
+    from perfsim.calibrate import timing
+
+    durations = iter([1.0, 1.0, 1.02, 1.0] + [1.0, 2.0, 1.0, 3.0, 1.0, 2.0, 1.0, 3.0] + [1.0] * 8)
+    now = [0.0]
+
+    def op():
+        now[0] += next(durations)
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    t = timing.time_op(op, warmup=1, repeats=8, rel_spread=0.05)
+    assert t.repeats == 3 and t.median_s == 1.0  # 1.0, 1.02, 1.0 agree within 5 %
+    t = timing.time_op(op, warmup=0, repeats=8, rel_spread=0.05)
+    assert t.repeats == 8  # 1, 2, 1, 3...: never within 5 %
+    t = timing.time_op(op, warmup=0, repeats=8)
+    assert t.repeats == 8  # without rel_spread: every repeat
+
+
+def test_codec_config_rejects_a_bad_rel_spread():
+    with pytest.raises(ConfigError, match="rel_spread"):
+        CodecConfig(rel_spread=0)
+
+
+def test_estimate_counts_points_and_quick_is_shorter():
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate.comm import CommConfig
+    from perfsim.commands.calibrate import SECONDS_PER_COMM_SWEEP, SECONDS_PER_POINT, estimate_seconds
+
+    one = [ComputeConfig(model="digits-mlp", micro_batches=(8,))]
+    two = [ComputeConfig(model="digits-mlp", micro_batches=(8, 16))]
+    codecs = cc.CodecConfig(specs=("fp32", "fp16"))
+    comm = [CommConfig(ops=("p2p",)), CommConfig(ops=("p2p",), emulate_bandwidth=1e8)]
+    for i, (quick, sizes) in enumerate(((True, cc.QUICK_SIZES), (False, cc.FULL_SIZES))):
+        base = estimate_seconds(one, None, [], quick)
+        assert base > 0 and estimate_seconds(two, None, [], quick) == pytest.approx(2 * base)
+        codec_s = SECONDS_PER_POINT["codec"][i] * 2 * len(sizes) * 2  # 2 specs, encode + decode
+        comm_s = SECONDS_PER_COMM_SWEEP["loopback"][i] + SECONDS_PER_COMM_SWEEP["emulated"][i]
+        assert estimate_seconds(one, codecs, comm, quick) == pytest.approx(base + codec_s + comm_s)
+    assert estimate_seconds(one, codecs, comm, True) < estimate_seconds(one, codecs, comm, False)

@@ -13,7 +13,8 @@ from perfsim.errors import ConfigError
 def test_spec_defaults_from_paper():
     c = make_compressor("ecq:4")
     assert isinstance(c, ECQ)
-    assert (c.s, c.alpha, c.beta, c.bucket) == (7, 0.01, 1.0, 4096)
+    assert (c.s, c.alpha, c.beta, c.bucket) == (7, 0.01, 1.0, 512)  # qsgd.default_chunk(7)
+    assert make_compressor("ecq:2").bucket == 16 and make_compressor("ecq:4:bucket=4096").spec == "ecq:4:bucket=4096"
     c = make_compressor("ecq:2:alpha=0.2:beta=0.9:bucket=16")
     assert (c.s, c.alpha, c.beta, c.bucket) == (1, 0.2, 0.9, 16)
     assert make_compressor(c.spec).spec == c.spec

@@ -12,7 +12,7 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time
 
 @pytest.mark.parametrize("text,bps", [
     ("100Mbps", 1e8), ("10gbps", 1e10), ("1.5Gbps", 1.5e9), ("500 Kbps", 5e5),
-    ("12.5MB/s", 1e8), ("1GB/s", 8e9), ("2000", 2000.0), ("100mbit", 1e8),
+    ("12.5MB/s", 1e8), ("1GB/s", 8e9), (2000, 2000.0), ("100mbit", 1e8),
 ])
 def test_parse_bandwidth(text, bps):
     assert parse_bandwidth(text) == pytest.approx(bps)
@@ -22,6 +22,35 @@ def test_parse_bandwidth(text, bps):
 def test_parse_bandwidth_rejects(bad):
     with pytest.raises(ConfigError, match="bandwidth"):
         parse_bandwidth(bad)
+
+
+@pytest.mark.parametrize("text,bps", [
+    ("100MBps", 8e8), ("100MB/s", 8e8), ("1GBps", 8e9), ("100mb/s", 1e8), ("100Mb/s", 1e8),
+    ("100Mbit/s", 1e8), ("1Bps", 8.0), ("1kB/s", 8e3), ("10Tbps", 1e13),
+])
+def test_units_convention_b_is_bit_B_is_byte(text, bps):
+    """Issue 14.3: ``MBps``/``GBps`` are bytes (they were read as bits), ``mb/s`` is accepted."""
+    assert parse_bandwidth(text) == pytest.approx(bps)
+
+
+@pytest.mark.parametrize("parse,text,hint", [
+    (parse_bandwidth, "200", "200Mbps"),
+    (parse_time, "40", "40ms"), (parse_size, "64mb", "64MB"), (parse_size, "1gib", "1GiB"),
+])
+def test_units_required_with_a_suggestion(parse, text, hint):
+    """Issue 14.3: a bare number is not 200 bit/s or 40 s; bits are not a size."""
+    with pytest.raises(ConfigError, match=hint):
+        parse(text)
+
+
+def test_unitless_values_rejected_on_the_command_line(tmp_path):
+    for flag, value, hint in (("--bandwidth", "200", "200Mbps"), ("--latency", "40", "40ms")):
+        proc = subprocess.run([sys.executable, "-m", "perfsim", "predict", flag, value],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert hint in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert parse_time("0") == 0.0  # a bare zero latency is unambiguous
 
 
 def test_parse_time_and_size():

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from perfsim.compression import make_compressor
 from perfsim.compression.base import sum_dtype_for
-from perfsim.compression.maxnorm import collective_sum_dtype
+from perfsim.kernels.lanes import pack_lanes, pack_lanes_ref, packed_words, unpack_lanes
 from perfsim.errors import ConfigError
 
 SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4",
@@ -49,15 +49,19 @@ def test_sum_dtype_widens():
     assert sum_dtype_for(7, 18) == torch.int8 and sum_dtype_for(7, 19) == torch.int16
     assert sum_dtype_for(127, 200) == torch.int16 and sum_dtype_for(127, 300) == torch.int32
     assert sum_dtype_for(2 ** 23, 2 ** 10) == torch.int64
-    # the collective width: int16 is not reducible by gloo/NCCL -> fp16 (exact to 2048) or int32
-    assert collective_sum_dtype(7, 18) == torch.int8
-    assert collective_sum_dtype(127, 16) == torch.float16  # 2032 <= 2048
-    assert collective_sum_dtype(127, 17) == torch.int32
-    assert collective_sum_dtype(127, 200) == torch.int32
-    plan = make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 200)
+    # the collective carries b + ceil(log2 W)-bit lanes, 63 // L of them per int64 word
+    plan = make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 200)  # L = 16: 3 lanes per word
     assert [(s.kind, s.reduce) for s in plan] == [("allreduce", "max"), ("allreduce", "sum")]
-    assert plan[0].nbytes == 4 and plan[1].nbytes == 4000
-    assert make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 1)[1].nbytes == 1000
+    assert plan[0].nbytes == 4 and plan[1].nbytes == 8 * 334  # one norm (8-bit chunks: 131072); 334 words
+    assert make_compressor("qsgd-maxnorm:8").dp_plan((1000,), 1)[1].nbytes == 8 * 143  # 7 lanes/word
+    assert make_compressor("qsgd-maxnorm:4").dp_plan((1200,), 2)[1].nbytes == 8 * 100  # 12 x 5 bits
+
+
+def lane_sum(levels: torch.Tensor, s: int, bits: int) -> torch.Tensor:
+    """Sum over workers (dim 0) of signed levels through packed lanes, as allreduce_mean does."""
+    workers, n = levels.shape[0], levels[0].numel()
+    words = sum(pack_lanes(lv.reshape(-1) + s, bits, workers) for lv in levels)
+    return unpack_lanes(words, n, bits, workers) - workers * s
 
 
 def _simulate_allreduce(spec, xs, seed=0):
@@ -65,7 +69,7 @@ def _simulate_allreduce(spec, xs, seed=0):
     comps = [make_compressor(spec, seed=seed) for _ in xs]
     for m, c in enumerate(comps):
         c._salt = m + 1  # the salt allreduce_mean uses on rank m
-    w = torch.stack([c.local_norm(x) for c, x in zip(comps, xs)]).max()
+    w = torch.stack([c.local_norm(x) for c, x in zip(comps, xs)]).max(0).values
     index = None
     if comps[0].multiscale:
         flat = [x.reshape(-1) for x in xs]
@@ -80,17 +84,15 @@ def test_sum_of_payloads_decodes_to_sum_of_decodes(spec):
     xs = [torch.randn(9, 31) * (m + 1) for m in range(4)]
     c, payloads, w, index = _simulate_allreduce(spec, xs)
     levels = [c.payload_levels(p)[0] for p in payloads]
-    acc = collective_sum_dtype(c.s, len(xs))
-    total = torch.zeros(levels[0].shape, dtype=acc)
-    for lv in levels:
-        total += lv.to(acc)
+    total = lane_sum(torch.stack(levels), c.s, c.bits)
     exact = torch.stack(levels).to(torch.int64).sum(0)
-    assert torch.equal(total.to(torch.int64), exact)  # no overflow, exact in the integer domain
+    assert torch.equal(total, exact)  # no overflow, exact in the integer domain
     decoded_sum = c.decode_levels(total.to(torch.int64), w, index).reshape(xs[0].shape)
     sum_of_decodes = torch.stack([c.decompress(p) for p in payloads]).sum(0)
     torch.testing.assert_close(decoded_sum, sum_of_decodes, rtol=1e-6, atol=1e-6)
     # and it is an unbiased estimate of the true sum, within one grid step per worker
-    step = w / c.s
+    n = xs[0].numel()
+    step = w.reshape(-1).repeat_interleave(c.chunk_of(n))[:n].reshape(xs[0].shape) / c.s  # per chunk
     assert ((decoded_sum - torch.stack(xs).sum(0)).abs() <= len(xs) * step + 1e-5).all()
 
 
@@ -106,15 +108,12 @@ def test_200_worker_sum_would_overflow_int8():
     assert int(exact.abs().max()) > 127  # int8 would overflow ...
     wrapped = levels.to(torch.int8).sum(0, dtype=torch.int8)
     assert not torch.equal(wrapped.to(torch.int64), exact)  # ... silently
-    acc = collective_sum_dtype(c.s, M)
-    assert acc == sum_dtype_for(c.s, M) or acc == torch.int32
-    total = levels.to(acc).sum(0, dtype=acc)
-    assert torch.equal(total.to(torch.int64), exact)
+    assert torch.equal(lane_sum(levels, c.s, c.bits), exact)  # 16-bit lanes hold it
     mean = c.decode_levels(exact, w, None) / M
     assert ((mean - torch.stack(xs).mean(0)).abs() <= w / c.s).all()
 
 
-@pytest.mark.parametrize("spec", ["qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:2:6"])
+@pytest.mark.parametrize("spec", ["qsgd-maxnorm:2:chunk=0", "qsgd-maxnorm-multiscale:2:6"])
 def test_unbiased_on_shared_norm(spec):
     torch.manual_seed(3)
     x = torch.randn(40)
@@ -137,7 +136,7 @@ def test_lemma_1_and_2_variance_bounds():
     x = torch.randn(n)
     w = 1.3 * x.norm()
     errs = {}
-    for spec in ("qsgd-maxnorm:3", "qsgd-maxnorm-multiscale:3:7", "qsgd-maxnorm-multiscale:3:5,7,9"):
+    for spec in ("qsgd-maxnorm:3:chunk=0", "qsgd-maxnorm-multiscale:3:7", "qsgd-maxnorm-multiscale:3:5,7,9"):
         c = make_compressor(spec, seed=2)
         index = c.local_scale_index(x, w) if c.multiscale else None
         d = torch.stack([c.decompress(c.compress(x, norm=w, scale_index=index)) for _ in range(300)])
@@ -148,8 +147,23 @@ def test_lemma_1_and_2_variance_bounds():
         s_el = c.levels_per_element(index, n)
         p = (x.abs() / w * s_el) % 1.0
         assert errs[spec] == pytest.approx(float(((w / s_el) ** 2 * p * (1 - p)).sum()), rel=0.1)
-    assert errs["qsgd-maxnorm-multiscale:3:7"] < 0.9 * errs["qsgd-maxnorm:3"]
+    assert errs["qsgd-maxnorm-multiscale:3:7"] < 0.9 * errs["qsgd-maxnorm:3:chunk=0"]
     assert errs["qsgd-maxnorm-multiscale:3:5,7,9"] <= errs["qsgd-maxnorm-multiscale:3:7"] * 1.05
+
+
+def test_default_chunk_bounds_qsgd_variance():
+    """One norm per chunk (default: largest power of two <= 16 s^2, QSGD Lemma 3.1 bound
+    <= 4): on a long gradient the error is far below one norm for everything."""
+    from perfsim.compression.qsgd import default_chunk
+
+    assert [default_chunk(s) for s in (1, 3, 7, 31)] == [16, 128, 512, 8192]
+    torch.manual_seed(5)
+    x = torch.randn(65536) * torch.rand(65536) ** 4  # heavy-tailed, like gradients
+    for bits in (2, 4):
+        whole, chunked = make_compressor(f"qsgd-maxnorm:{bits}:chunk=0"), make_compressor(f"qsgd-maxnorm:{bits}")
+        e_whole = float((whole.decompress(whole.compress(x)) - x).norm())
+        e_chunk = float((chunked.decompress(chunked.compress(x)) - x).norm())
+        assert e_chunk < 0.25 * e_whole and e_chunk <= 2.0 * float(x.norm()), bits
 
 
 def test_scale_choice_eq_11():
@@ -307,12 +321,11 @@ def test_property_wire_size_and_compressed_sum(shape, spec, workers, scale):
     cc, payloads, w, index = _simulate_allreduce(spec, xs)
     levels = torch.stack([cc.payload_levels(q)[0] for q in payloads])
     assert int(levels.abs().max()) <= cc.s
-    acc = collective_sum_dtype(cc.s, workers)
-    total = levels.to(acc).sum(0, dtype=acc)
-    assert torch.equal(total.to(torch.int64), levels.to(torch.int64).sum(0))
-    dec = cc.decode_levels(total.to(torch.int64), w, index)
+    total = lane_sum(levels, cc.s, cc.bits)
+    assert torch.equal(total, levels.to(torch.int64).sum(0))
+    dec = cc.decode_levels(total, w, index)
     ref = torch.stack([cc.decompress(q).reshape(-1) for q in payloads]).sum(0)
-    torch.testing.assert_close(dec, ref, rtol=1e-5, atol=1e-6 * float(w))
+    torch.testing.assert_close(dec, ref, rtol=1e-5, atol=1e-6 * float(w.max()))
 
 
 def test_thresholds_reproduce_eq_11_in_float32_exactly():

@@ -122,3 +122,30 @@ def test_regional_topology(tmp_path):
     (tmp_path / "bad.json").write_text('{"regions": [0, 1], "region_bandwidth": [["1Gbps"]]}')
     with pytest.raises(ConfigError, match="2 x 2"):
         load_topology(tmp_path / "bad.json")
+
+
+def test_topology_rows_carry_the_topology_links_and_reject_bandwidth(tmp_path):
+    """Issue 14.4: topology rows said 1e10 bit/s, 0 s (the unused --bandwidth/--latency)."""
+    from perfsim.api import predict
+
+    f = tmp_path / "t.toml"
+    f.write_text('nodes = 4\nbandwidth = "1Gbps"\nlatency = "2ms"\n'
+                 '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "100Mbps"\nlatency = "30ms"\n')
+    s = predict(topology=str(f), pp=4, macro_batch=4).summary
+    assert s["topology"] == str(f) and s["bandwidth_bps"] == 1e8 and s["latency_s"] == pytest.approx(0.03)
+    with pytest.raises(ConfigError, match="replace bandwidth"):
+        predict(topology=str(f), bandwidth="10Gbps", pp=4)
+
+
+def test_topology_nic_default_matches_bandwidth(tmp_path):
+    """Issue 14.5: a topology file's NIC was unlimited while --bandwidth shares it, so two
+    descriptions of one cluster disagreed. Now they give the same answer."""
+    from perfsim.api import predict
+
+    f = tmp_path / "t.toml"
+    f.write_text('nodes = 2\nbandwidth = "100Mbps"\nlatency = "0s"\n')
+    common = dict(pp=2, dp=2, gpus_per_node=2, macro_batch=8, grad_compress="none")
+    for schedule in ("gpipe", "1f1b"):
+        by_flag = predict(bandwidth="100Mbps", schedule=schedule, **common).summary["iteration_s"]
+        by_file = predict(topology=str(f), schedule=schedule, **common).summary["iteration_s"]
+        assert by_file == pytest.approx(by_flag, rel=1e-9)

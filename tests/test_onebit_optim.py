@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb, default_warmup, make_optimizer
+from perfsim.ddp import DEFAULT_WARMUP, onebit_optimizer
+from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb
 
 WORLD = 2
 STEPS, WARMUP, RESUME_AT, TAIL = 50, 10, 30, 5
@@ -47,24 +48,51 @@ def _random_grads(model, step):
 
 
 # ------------------------------------------------------------------ one process
-def test_make_optimizer_specs():
-    params = list(_mlp().parameters())
-    assert isinstance(make_optimizer("fp16", params, 1e-3), torch.optim.AdamW)
-    opt = make_optimizer("onebit-adam:warmup=5", params, 1e-3)
+def test_onebit_optimizer_specs():
+    model = _mlp()
+    opt = onebit_optimizer(model, "onebit-adam:warmup=5", 1e-3)
     assert isinstance(opt, OneBitAdam) and opt.warmup == 5
-    opt = make_optimizer("onebit-lamb", params, 1e-3, total_steps=40)
-    assert isinstance(opt, OneBitLamb) and opt.warmup == default_warmup(40) == 6
-    assert opt.exchange == "momentum"
-    assert make_optimizer("onebit-adam:exchange=preconditioned", params, 1e-3).exchange == "preconditioned"
+    opt = onebit_optimizer(model, "onebit-lamb", 1e-3)
+    assert isinstance(opt, OneBitLamb) and opt.warmup == DEFAULT_WARMUP  # a fixed number of steps
+    assert opt.exchange == "preconditioned"
+    assert onebit_optimizer(model, "onebit-lamb:warmup=5", 1e-3, warmup=7).warmup == 7  # argument wins
+    assert onebit_optimizer(model, "onebit-adam:exchange=momentum", 1e-3).exchange == "momentum"
     for bad, culprit in [("onebit-adam:warmup=0", "warmup"), ("onebit-lamb:warmup=x", "warmup"),
-                         ("onebit-adam:lr=1", "lr"),
+                         ("onebit-adam:lr=1", "lr"), ("fp16", "not a 1-bit optimizer"),
                          ("onebit-lamb:exchange=signs", "exchange"), ("nosuch", "nosuch")]:
         with pytest.raises(ConfigError, match=culprit):
-            make_optimizer(bad, params, 1e-3)
+            onebit_optimizer(model, bad, 1e-3)
     with pytest.raises(ConfigError, match="lr"):
-        make_optimizer("onebit-adam", params, 0.0)
+        onebit_optimizer(model, "onebit-adam", 0.0)
     with pytest.raises(ConfigError, match="betas"):
-        OneBitLamb(params, betas=(0.9, 1.0))
+        OneBitLamb(model.parameters(), betas=(0.9, 1.0))
+
+
+@pytest.mark.parametrize("cls", [OneBitAdam, OneBitLamb])
+def test_warmup_is_this_runs_setting_not_the_checkpoints(cls):
+    """Issue 14.19: resuming with another warm-up uses the new one; a warm-up that is
+    already over in the checkpoint freezes on load; extending a finished one is refused."""
+    def run(opt, model, steps, start):
+        for step in range(start, start + steps):
+            _random_grads(model, step)
+            opt.step()
+
+    model = _mlp(8)
+    opt = cls(model.parameters(), warmup=10, compressor="fp32")
+    run(opt, model, 4, 0)
+    saved = _roundtrip(opt.state_dict())
+    longer = cls(model.parameters(), warmup=6, compressor="fp32")
+    longer.load_state_dict(saved)
+    assert longer.warmup == 6 and not longer.compressing
+    run(longer, model, 2, 4)
+    assert longer.global_state["freeze_step"] == 6 and longer.compressing
+    shorter = cls(model.parameters(), warmup=3, compressor="fp32")
+    shorter.load_state_dict(saved)  # step 4 >= 3: the variance freezes now
+    assert shorter.global_state["freeze_step"] == 4 and shorter.compressing
+    run(shorter, model, 1, 4)
+    frozen = _roundtrip(longer.state_dict())
+    with pytest.raises(ConfigError, match="froze the variance at step 6"):
+        cls(model.parameters(), warmup=20, compressor="fp32").load_state_dict(frozen)
 
 
 def test_warmup_is_adamw_exactly():
@@ -151,7 +179,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from perfsim.runtime.grad_sync import attach
+    from perfsim.ddp import onebit_optimizer
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -161,8 +189,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
         spec = f"{name}:warmup={WARMUP}"
         model = _mlp()
         ddp = DDP(model)
-        attach(ddp, spec)                                   # no-op hook: the optimizer talks
-        opt = make_optimizer(spec, model.parameters(), LR[name], compressor=compressor)
+        opt = onebit_optimizer(ddp, spec, LR[name], compressor=compressor)  # + its no-op hook
         losses: list[float] = []
         _train(rank, model, ddp, opt, x, y, RESUME_AT, 0, losses)
         saved = _roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
@@ -175,8 +202,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
                 p.add_(1.0)                                 # load_state_dict must overwrite this
         twin.load_state_dict(saved["model"])
         twin_ddp = DDP(twin)
-        attach(twin_ddp, spec)
-        twin_opt = make_optimizer(spec, twin.parameters(), LR[name], compressor=compressor)
+        twin_opt = onebit_optimizer(twin_ddp, spec, LR[name], compressor=compressor)
         twin_opt.load_state_dict(saved["opt"])
         resumed: list[float] = []
         _train(rank, twin, twin_ddp, twin_opt, x, y, TAIL, RESUME_AT, resumed)

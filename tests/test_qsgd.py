@@ -62,9 +62,9 @@ def test_unbiased_and_exact_variance():
     se = (var_i / n).sqrt() + 1e-7
     assert ((d.mean(0) - x).abs() <= 5 * se).all()
     # exact expected squared error, and QSGD Lemma 3.1's bound
-    err = ((d - x) ** 2).sum(1).mean()
-    assert err == pytest.approx(var_i.sum(), rel=0.1)
-    assert err <= min(48 / c.s ** 2, math.sqrt(48) / c.s) * norm ** 2
+    err = float(((d - x) ** 2).sum(1).mean())  # approx compares plain floats, never tensors
+    assert err == pytest.approx(float(var_i.sum()), rel=0.1)
+    assert err <= min(48 / c.s ** 2, math.sqrt(48) / c.s) * float(norm) ** 2
 
 
 def test_bucketed_variance_bound():
@@ -160,12 +160,28 @@ def test_rounding_noise_is_a_function_of_seed_step_and_salt():
     assert torch.equal(pa.tensors["norms"], pb.tensors["norms"])  # only the noise differs
 
 
-def test_overflowing_norm_is_a_clear_error():
-    """Finite values whose squares overflow float32 make the L2 norm Inf: refused with a
-    ConfigError (NaN/Inf themselves are detected on the bucket norms, named as such)."""
-    c = make_compressor("qsgd:4")
-    with pytest.raises(ConfigError, match="too large"):
-        c.compress(torch.full((10,), 3e30))
+@pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:4"])
+def test_overflowing_norm_is_a_clear_error(spec):
+    """Issue 14.18's rule: squares of finite values overflow float32 (3e30**2): the norm is
+    taken in float64 and the tensor compresses; a norm above the float32 maximum is
+    refused with one line, never an Inf on the wire (NaN/Inf input named as such)."""
+    c = make_compressor(spec)
+    x = torch.full((10,), 3e30)
+    out = c.decompress(c.compress(x))
+    assert torch.isfinite(out).all() and float(out.abs().max()) <= 2 * float(x.norm())
+    with pytest.raises(ConfigError, match="float32 maximum"):
+        make_compressor(spec).compress(torch.full((10,), 3e38))
     with pytest.raises(ConfigError, match="NaN or Inf"):
-        c.compress(torch.tensor([1.0] * 600 + [float("nan")]))  # in the second bucket
+        make_compressor(spec).compress(torch.tensor([1.0] * 600 + [float("nan")]))  # second bucket
+
+
+@pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4"])
+def test_fp16_results_saturate_instead_of_inf(spec):
+    """fp16 gradients near 6e4 (issue 14.18): a decoded value beyond 65504 saturates there."""
+    c = make_compressor(spec)
+    x = torch.full((64,), 65000.0, dtype=torch.float16)
+    x[0] = -65504.0
+    out = c.decompress(c.compress(x))
+    assert out.dtype == torch.float16 and torch.isfinite(out).all()
+    assert float(out.float().abs().max()) <= 65504.0
 

@@ -95,3 +95,21 @@ def test_resume_of_another_job_is_refused_before_launch(tmp_path):
     with pytest.raises(ConfigError, match="no checkpoint"):
         make_config(model="digits-mlp", pp=2, resume=str(tmp_path / "nothing"))
 
+
+
+def test_digits_without_scikit_learn_says_which_extra(monkeypatch):
+    """scikit-learn is optional (the ``digits`` extra): without it, one line naming it."""
+    import sys
+
+    import pytest
+
+    from perfsim.errors import ConfigError
+    from perfsim.runtime import data
+
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # import raises ImportError
+    data.digits_arrays.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"needs scikit-learn: pip install 'perfsim\[digits\]'"):
+            data.digits_arrays()
+    finally:
+        data.digits_arrays.cache_clear()

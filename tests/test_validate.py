@@ -298,3 +298,75 @@ def test_validate_cli_rejects_a_schedule_that_does_not_fit(tmp_path):
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "zb-v" in proc.stderr and "8 stages" in proc.stderr
     assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_tp_axis_reaches_run_and_predict(tmp_path):
+    """A --tp axis: each row runs and predicts with its tp; a simulator that does not
+    know tp yet leaves the TP row measured only (NaN error, a note), never a tp=1 row."""
+    prof = _profile(_p2p("gloo@100Mbps", 4e-4, 9e7, op="allreduce"))
+    runs, preds = [], []
+
+    def runner(**kw):
+        runs.append(kw)
+        return _result(0.02 if kw.get("tp", 1) == 1 else 0.03, "measured")
+
+    def predictor(**kw):
+        preds.append(kw)
+        if "tp" in kw:
+            raise ConfigError("unknown parameter(s) ['sequence_parallel', 'tp'] (known: ...)")
+        return _result(0.021, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "gpt2-tiny", "pp": 1, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), tps=(1, 2), sequence_parallel=True, profile="x",
+                            steps=5, out=str(tmp_path))
+    assert [r["tp"] for r in plan.rows()] == [1, 2]
+    df = pd.DataFrame([v.run_row(plan, r, prof, i, runner, predictor) for i, r in enumerate(plan.rows())])
+    assert "tp" not in runs[0] and runs[1]["tp"] == 2 and runs[1]["sequence_parallel"] is True
+    assert preds[1]["tp"] == 2 and preds[1]["sequence_parallel"] is True
+    assert runs[1]["out"].endswith("-tp2sp")
+    assert df["tp"].tolist() == [1, 2] and df["predict_note"].iloc[1].startswith("not predicted")
+    assert df["error_iteration_s_pct"].iloc[0] == pytest.approx(5.0) and pd.isna(df["error_iteration_s_pct"].iloc[1])
+    s = v.summarize(df)
+    assert s["rows"] == 1 and s["rows_measured_only"] == 1
+    assert "tp2+sp" in v.format_table(df) and "tp2+sp" in v.markdown_table(df)
+    assert "not predicted" in v.markdown_table(df)
+
+    def tp1_fails(**kw):
+        raise ConfigError("unknown parameter(s) ['tp']")
+
+    with pytest.raises(ConfigError):  # only a TP row may go unpredicted
+        v.run_row(plan, {"bandwidth": 1e8, "compress": "fp32", "grad_compress": "none", "tp": 1},
+                  prof, 0, runner, tp1_fails)
+
+
+@pytest.mark.parametrize("args,culprit", [
+    (["--tp", "3"], "tp=3"),
+    (["--tp", "x"], "--tp"),
+    (["--sequence-parallel"], "--sequence-parallel"),
+])
+def test_cli_bad_tp(small_profile, tmp_path, args, culprit):
+    r = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--model", "gpt2-tiny", "--pp", "1",
+                        "--profile", str(small_profile), "--out", str(tmp_path), "--no-progress", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and culprit in r.stderr
+
+
+def test_tp_row_measured_for_real(tmp_path):
+    """A TP row of a validation grid trains with real tensor parallelism (2 gloo ranks)
+    and carries its TP figures; the prediction gets tp."""
+    prof = _profile(_p2p("gloo", 1e-4, 8e9, op="allreduce"))
+    seen = {}
+
+    def predictor(**kw):
+        seen.update(kw)
+        return _result(0.05, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "gpt2-tiny", "pp": 1, "dp": 1, "micro_batch": 2,
+                                  "macro_batch": 4, "schedule": "1f1b"},
+                            tps=(2,), profile="x", steps=3, dataset_limit=16, out=str(tmp_path))
+    row = v.run_row(plan, plan.rows()[0], prof, 0, predictor=predictor)
+    assert seen["tp"] == 2 and row["tp"] == 2 and row["predict_note"] == ""
+    assert row["measured_tp_bytes"] == 2 * 4 * 2 * 4 * (2 * 64 * 128 * 4)  # ranks, layers, mb, allreduces
+    assert row["measured_tp_comm_s"] > 0 and row["measured_throughput_samples_per_s"] > 0
+    assert row["error_iteration_s_pct"] == row["error_iteration_s_pct"]  # predicted: a number

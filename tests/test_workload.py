@@ -90,3 +90,14 @@ def test_bad_workload_files(tmp_path, text, msg):
     f.write_text(text)
     with pytest.raises(ConfigError, match=msg):
         load_workload_file(f)
+
+
+def test_layer_without_times_or_flops_is_an_error(tmp_path):
+    """Issue 14.17: such a layer was silently free."""
+    f = tmp_path / "w.toml"
+    f.write_text('[[layers]]\nname = "a"\nparams = 1\nout_shape = [1]\nfwd_s = 0.001\n'
+                 '[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\n')
+    with pytest.raises(ConfigError, match=r"layers\[1\] \('free'\) has neither fwd_s nor flops"):
+        load_workload_file(f)
+    f.write_text('[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\nflops = 0\n')
+    assert load_workload_file(f).layers[0].flops_fwd == 0.0  # free on purpose

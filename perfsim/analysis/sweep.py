@@ -41,13 +41,16 @@ import itertools
 import json
 import math
 import os
+import shutil
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from perfsim.errors import ConfigError
+from perfsim.procs import die_with_parent, provably_dead
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
@@ -265,20 +268,51 @@ def _iter_local(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
                 yield run_batch([item], predict, skip_invalid)
         return
     import multiprocessing
+    import multiprocessing.util
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     # forkserver, not fork: a parent that has used torch (OpenMP threads) may not fork safely
     methods = multiprocessing.get_all_start_methods()
     context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload(["perfsim._pool_preload"])
+    _remove_stale_pool_dirs()
+    # multiprocessing's own temp folder (pymp-*, the forkserver's socket) goes inside one named
+    # after this process, so that a SIGKILLed sweep's leftovers can be found and removed later
+    own = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
+    # at exit, after multiprocessing removed its pymp-* (exitpriority -100) and the forkserver
+    # (which later pools of this process reuse) is gone
+    multiprocessing.util.Finalize(None, shutil.rmtree, args=(own, True), exitpriority=-101)
+    saved, tempfile.tempdir = tempfile.tempdir, own
     try:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=die_with_parent)
         pending = {pool.submit(run_batch, b, predict, skip_invalid) for b in batches}
+    finally:
+        tempfile.tempdir = saved
+    try:
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
                 yield fut.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+_POOL_DIR_PREFIX = "perfsim-sweep-"
+
+
+def _remove_stale_pool_dirs() -> None:
+    """Remove the pool folders of sweeps that are provably dead (SIGKILLed):
+    their pool workers died with them (``die_with_parent``), these remain."""
+    base = Path(tempfile.gettempdir())
+    for d in base.glob(f"{_POOL_DIR_PREFIX}*"):
+        try:
+            pid = int(d.name[len(_POOL_DIR_PREFIX):].split("-")[0])
+            made = d.stat().st_mtime
+        except (ValueError, OSError):
+            continue
+        if pid != os.getpid() and provably_dead(pid, made):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _iter_ray(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
@@ -495,8 +529,19 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
-    if out is not None and Path(out).suffix.lower() not in TABLE_SUFFIXES:
-        raise ConfigError(f"output {str(out)!r}: unknown format (use .csv or .parquet)")
+    if out is not None:  # before any work: a bad path, a missing pyarrow
+        from perfsim import outputs
+
+        outputs.check_file_target(out, "--out")
+        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
+        if Path(out).suffix.lower() not in TABLE_SUFFIXES:
+            raise ConfigError(f"--out {str(out)!r}: needs a .csv or .parquet suffix")
+        with outputs.locked_dir(out, "--out", file=True):  # one sweep per output at a time
+            return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
+    return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
+
+
+def _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report) -> SweepTable:
 
     configs = [(config_id(p), p) for p in expand(spec)]
     wanted = {cid for cid, _ in configs}

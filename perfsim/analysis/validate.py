@@ -41,7 +41,7 @@ from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
 METRICS = ("throughput_samples_per_s", "iteration_s")
 #: breakdown columns copied from both sides for diagnosis
 BREAKDOWN = ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s", "optimizer_s",
-             "pipeline_bytes", "dp_bytes", "bubble_fraction")
+             "pipeline_bytes", "dp_bytes", "bubble_fraction", "tp_comm_s", "tp_bytes")
 LINK_MODELS = ("profile", "nominal")
 
 
@@ -54,6 +54,8 @@ class ValidationPlan:
     bandwidths: emulated link rates in bits/s; None = no emulation (loopback).
     compresses, grad_compresses: pipeline / data-parallel compression specs.
     schedules: pipeline schedules, one row each (empty: ``base``'s).
+    tps: tensor-parallel degrees (``perfsim run --tp``; a grid axis, innermost);
+      sequence_parallel: Megatron sequence parallelism on the ``tp > 1`` rows.
     latency_s: emulated one-way latency.
     steps: optimizer steps per measured run (the first, and AQ-SGD's uncompressed
       first epoch, are not measured -- see perfsim.runtime.measure).
@@ -74,6 +76,8 @@ class ValidationPlan:
     compresses: tuple[str, ...] = ("fp32",)
     grad_compresses: tuple[str, ...] = ("none",)
     schedules: tuple[str, ...] = ()
+    tps: tuple[int, ...] = (1,)
+    sequence_parallel: bool = False
     latency_s: float = 0.0
     steps: int = 20
     dataset_limit: int | None = None
@@ -97,8 +101,11 @@ class ValidationPlan:
             raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
         if self.steps < 3:
             raise ConfigError(f"steps={self.steps}: need >= 3 (the first step is not measured)")
-        if not self.compresses or not self.grad_compresses or not self.bandwidths:
-            raise ConfigError("validation grid: empty list of bandwidths or compressors")
+        if not self.compresses or not self.grad_compresses or not self.bandwidths or not self.tps:
+            raise ConfigError("validation grid: empty list of bandwidths, compressors or tp degrees")
+        for t in self.tps:
+            if not isinstance(t, int) or isinstance(t, bool) or t < 1:
+                raise ConfigError(f"tp={t!r}: must be an integer >= 1")
         for b in self.bandwidths:
             if b is not None and not b > 0:
                 raise ConfigError(f"bandwidth {b}: must be > 0")
@@ -108,9 +115,11 @@ class ValidationPlan:
             raise ConfigError("validation needs --profile (a profile calibrated on this machine)")
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every ([schedule,] bandwidth, compress, grad_compress) combination, in order."""
-        rows = [{"bandwidth": b, "compress": c, "grad_compress": g}
-                for b in self.bandwidths for c in self.compresses for g in self.grad_compresses]
+        """Every ([schedule,] bandwidth, compress, grad_compress[, tp]) combination, in order
+        (``schedule`` only with several schedules, ``tp`` only in a grid with a TP axis)."""
+        rows = [{"bandwidth": b, "compress": c, "grad_compress": g, **({"tp": t} if self.tps != (1,) else {})}
+                for b in self.bandwidths for c in self.compresses for g in self.grad_compresses
+                for t in self.tps]
         if not self.schedules:
             return rows
         return [{"schedule": s, **r} for s in self.schedules for r in rows]
@@ -125,6 +134,10 @@ def parse_bandwidths(text: str) -> tuple[float | None, ...]:
             continue
         out.append(None if part.lower() in ("none", "loopback", "off") else
                    parse_bandwidth(part, "--emulate-bandwidth"))
+        if out[-1] is not None:
+            from perfsim.netem import check_rate
+
+            check_rate(out[-1])
     return tuple(out) or (None,)
 
 
@@ -269,10 +282,17 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         base["schedule"] = row["schedule"]
     if base.get("schedule") not in VIRTUAL_STAGE_SCHEDULES:  # the others fix their own
         base.pop("virtual_stages", None)
+    tp = int(row.get("tp", 1))
+    # pp = 1: every message is a collective (DP gradients, TP activations): allreduce fits
     dp_only = int(base.get("pp", 1)) == 1
     tag = f"{index:02d}-{format_bandwidth(bw) if bw else 'loopback'}-{row['compress']}-{row['grad_compress']}"
     if plan.schedules:
         tag += f"-{base['schedule']}"
+    if tp > 1:
+        base["tp"] = tp
+        if plan.sequence_parallel:
+            base["sequence_parallel"] = True
+        tag += f"-tp{tp}" + ("sp" if plan.sequence_parallel else "")
     run_dir = Path(plan.out) / "runs" / tag.replace(":", "_")
     run_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
                       steps=plan.steps, seed=plan.seed, out=str(run_dir), **plan.extra_run)
@@ -305,17 +325,22 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         pred_params["workload"] = str(runtime_workload(base["model"], plan.out))
     if plan.dataset_limit:
         pred_params["dataset_samples"] = plan.dataset_limit
-    predicted = predictor(**pred_params)
+    predicted, note = _predict(predictor, pred_params, tp)
     out = {"model": base.get("model"), "bandwidth_bps": bw, "latency_s": plan.latency_s,
            "compress": row["compress"], "grad_compress": row["grad_compress"],
-           "schedule": base.get("schedule"), "virtual_stages": predicted.summary.get("virtual_stages"),
+           "schedule": base.get("schedule"),
+           "virtual_stages": predicted.summary.get("virtual_stages") if predicted is not None else None,
            "pp": base.get("pp"), "dp": base.get("dp"),
+           "tp": tp, "sequence_parallel": bool(base.get("sequence_parallel", False)),
+           "predict_note": note,
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
-           **_link_columns(predicted.summary, dp_only, loopback_source), "measured_steps": measured.summary.get("measured_steps"),
+           **_link_columns(predicted.summary if predicted is not None else {}, dp_only, loopback_source),
+           "measured_steps": measured.summary.get("measured_steps"),
            "measured_repeats": len(tputs),
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),
            "run_wall_s": round(wall, 2), "run_dir": str(run_dir)}
-    out.update(_summary_figures(predicted, "predicted"))
+    out.update(_summary_figures(predicted, "predicted") if predicted is not None else
+               {k: None for k in _summary_figures(measured, "predicted")})
     out.update(_summary_figures(measured, "measured"))
     for m in METRICS:
         p, q = out[f"predicted_{m}"], out[f"measured_{m}"]
@@ -333,6 +358,18 @@ def _link_columns(summary: dict[str, Any], dp_only: bool, source: str | None = N
             "link_source": source or summary.get(f"{pre}_source")}
 
 
+def _predict(predictor, params: dict[str, Any], tp: int):
+    """``(Result, "")``; for a TP row whose simulator does not know ``tp`` yet,
+    ``(None, reason)``: the row keeps its measurement (``--reuse-measured``
+    re-predicts it later) and its error is NaN."""
+    try:
+        return predictor(**params), ""
+    except ConfigError as exc:
+        if tp > 1 and "'tp'" in str(exc) and "unknown parameter" in str(exc):
+            return None, f"not predicted: {exc}"
+        raise
+
+
 def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,
                    runner=None, predictor=None):
     """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller)."""
@@ -345,16 +382,41 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
     for i, row in enumerate(plan.rows()):
         if progress:
             bw = format_bandwidth(row["bandwidth"]) if row["bandwidth"] else "loopback"
-            progress(f"{bw} {row['compress']} grad={row['grad_compress']}")
+            progress(f"{bw} {row['compress']} grad={row['grad_compress']} tp={row.get('tp', 1)}")
         rows.append(run_row(plan, row, profile, i, runner, predictor))
     return pd.DataFrame(rows)
 
 
 def summarize(df, metric: str = "throughput_samples_per_s") -> dict[str, float]:
-    """MAPE, worst absolute error and rows over 10 % for ``metric``."""
-    err = df[f"error_{metric}_pct"].abs()
-    return {"rows": int(len(df)), "mape_pct": float(err.mean()), "worst_pct": float(err.max()),
-            "rows_over_10pct": int((err > 10).sum())}
+    """MAPE, worst absolute error and rows over 10 % for ``metric``, over the rows that
+    were predicted (``rows``; ``rows_measured_only`` were not, see :func:`_predict`)."""
+    import pandas as pd
+
+    err = pd.to_numeric(df[f"error_{metric}_pct"], errors="coerce").abs().dropna()
+    out = {"rows": int(len(err)), "mape_pct": float(err.mean()) if len(err) else math.nan,
+           "worst_pct": float(err.max()) if len(err) else math.nan,
+           "rows_over_10pct": int((err > 10).sum())}
+    if len(err) < len(df):
+        out["rows_measured_only"] = int(len(df) - len(err))
+    return out
+
+
+def _f(x) -> float:
+    """A figure for printing: NaN where a row has none (a TP row not predicted)."""
+    try:
+        return math.nan if x is None else float(x)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _tp_label(r) -> str:
+    tp = r.get("tp", 1)
+    tp = 1 if tp is None or tp != tp else int(tp)
+    return f"tp{tp}" + ("+sp" if r.get("sequence_parallel") is True else "") if tp > 1 else "-"
+
+
+def _has_tp(df) -> bool:
+    return "tp" in df and bool((df["tp"].fillna(1) > 1).any())
 
 
 def _several_schedules(df) -> bool:
@@ -365,18 +427,21 @@ def _several_schedules(df) -> bool:
 def format_table(df) -> str:
     """A terminal table: per row predicted vs measured throughput and iteration time."""
     sched = _several_schedules(df)
+    tp = _has_tp(df)
     head = (f"{'schedule':<17}" if sched else "") + (
-        f"{'bandwidth':>10} {'compress':<16} {'grad':<16} {'pred sps':>9} {'meas sps':>9} "
+        f"{'bandwidth':>10} {'compress':<16} {'grad':<16} " + (f"{'tp':<6} " if tp else "") +
+        f"{'pred sps':>9} {'meas sps':>9} "
         f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
     lines = [head, "-" * len(head)]
     for _, r in df.iterrows():
         bw = format_bandwidth(r["bandwidth_bps"]) if r["bandwidth_bps"] == r["bandwidth_bps"] and \
             r["bandwidth_bps"] is not None else "loopback"
         lines.append(
-            (f"{r['schedule']:<17}" if sched else "") + f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} "
-            f"{r['predicted_throughput_samples_per_s']:9.1f} {r['measured_throughput_samples_per_s']:9.1f} "
-            f"{r['error_throughput_samples_per_s_pct']:+7.1f} {1e3 * r['predicted_iteration_s']:10.2f} "
-            f"{1e3 * r['measured_iteration_s']:10.2f} {r['error_iteration_s_pct']:+7.1f}")
+            (f"{r['schedule']:<17}" if sched else "") +
+            f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} " + (f"{_tp_label(r):<6} " if tp else "") +
+            f"{_f(r['predicted_throughput_samples_per_s']):9.1f} {_f(r['measured_throughput_samples_per_s']):9.1f} "
+            f"{_f(r['error_throughput_samples_per_s_pct']):+7.1f} {1e3 * _f(r['predicted_iteration_s']):10.2f} "
+            f"{1e3 * _f(r['measured_iteration_s']):10.2f} {_f(r['error_iteration_s_pct']):+7.1f}")
     s = summarize(df)
     t = summarize(df, "iteration_s")
     lines.append(f"throughput MAPE {s['mape_pct']:.1f} % (worst {s['worst_pct']:.1f} %, "
@@ -388,20 +453,26 @@ def format_table(df) -> str:
 def markdown_table(df) -> str:
     """The comparison as a markdown table (for notes and the README)."""
     sched = _several_schedules(df)
-    lines = [("| schedule " if sched else "") + "| bandwidth | compress | grad | predicted samples/s "
-             "| measured samples/s | error % | predicted iteration ms | measured iteration ms |",
-             ("| --- " if sched else "") + "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    tp = _has_tp(df)
+    lines = [("| schedule " if sched else "") + "| bandwidth | compress | grad | " + ("tp | " if tp else "") +
+             "predicted samples/s | measured samples/s | error % "
+             "| predicted iteration ms | measured iteration ms |",
+             ("| --- " if sched else "") + "| --- | --- | --- | " + ("--- | " if tp else "") +
+             "---: | ---: | ---: | ---: | ---: |"]
     for _, r in df.iterrows():
         bw = r["bandwidth_bps"]
         bw = format_bandwidth(bw) if bw is not None and bw == bw else "loopback"
-        lines.append((f"| {r['schedule']} " if sched else "") + f"| {bw} | {r['compress']} | {r['grad_compress']} | "
-                     f"{r['predicted_throughput_samples_per_s']:.1f} | {r['measured_throughput_samples_per_s']:.1f} | "
-                     f"{r['error_throughput_samples_per_s_pct']:+.1f} | {1e3 * r['predicted_iteration_s']:.2f} | "
-                     f"{1e3 * r['measured_iteration_s']:.2f} |")
+        lines.append((f"| {r['schedule']} " if sched else "") +
+                     f"| {bw} | {r['compress']} | {r['grad_compress']} | " + (f"{_tp_label(r)} | " if tp else "") +
+                     f"{_f(r['predicted_throughput_samples_per_s']):.1f} | {_f(r['measured_throughput_samples_per_s']):.1f} | "
+                     f"{_f(r['error_throughput_samples_per_s_pct']):+.1f} | {1e3 * _f(r['predicted_iteration_s']):.2f} | "
+                     f"{1e3 * _f(r['measured_iteration_s']):.2f} |")
     s = summarize(df)
     lines.append("")
     lines.append(f"Throughput MAPE {s['mape_pct']:.1f} %, worst row {s['worst_pct']:.1f} %, "
                  f"{s['rows_over_10pct']} of {s['rows']} rows above 10 %.")
+    notes = sorted({n for n in df.get("predict_note", []) if isinstance(n, str) and n})
+    lines += [f"{n} (measured only; `--reuse-measured` predicts it once the simulator has it)" for n in notes]
     return "\n".join(lines)
 
 

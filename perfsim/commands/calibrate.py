@@ -58,8 +58,8 @@ def add_arguments(p) -> None:
                    help="also measure the compute model's efficiency curves (GEMM by shape, attention, "
                         "elementwise, norm, AdamW) in these dtypes: comma list of bfloat16, float16, "
                         "float32, tf32, 'all', or 'none' (default)")
-    p.add_argument("--output", "-o", default="traces/calibrated.json", help="profile file to write")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out", "-o", "--output", dest="output", default="traces/calibrated.json", help="profile file to write")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (on a terminal) or stage lines (in a log)")
 
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
@@ -78,32 +78,41 @@ def _ints(text: str, flag: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-class _Progress:
-    """A tqdm bar whose description says what is being measured."""
+#: seconds per point of each stage on an idle 2-core VM, (--quick, full): the quick
+#: figures are the CPU time of `perfsim calibrate --quick` (2026-11-23, 31 s for 96
+#: compute, 686 codec points and one loopback sweep), the full ones reproduce the
+#: 280 s of the full calibration behind traces/cpu-2core.json (docs/validation.md)
+SECONDS_PER_POINT = {"compute": (0.05, 0.12), "codec": (0.03, 0.08)}
+#: seconds per communication sweep, (--quick, full): loopback, one emulated rate
+SECONDS_PER_COMM_SWEEP = {"loopback": (8.0, 90.0), "emulated": (15.0, 40.0)}
 
-    def __init__(self, total: int, enabled: bool):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="pt", dynamic_ncols=True, leave=True)
+def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
+    """Seconds a calibration with these configs takes on an idle 2-core VM: the
+    number of points of each stage times its measured cost per point."""
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate.compute import count_records
 
-    def __call__(self, what: str) -> None:
-        if self.bar is not None:
-            self.bar.set_description_str(what[:60])
-            self.bar.update(1)
+    i = 0 if quick else 1
+    est = sum(count_records(c) for c in compute_cfgs) * SECONDS_PER_POINT["compute"][i]
+    if codec_cfg is not None:
+        sizes = len(cc.QUICK_SIZES if quick else cc.FULL_SIZES)
+        per_spec = (sizes + len(set(codec_cfg.boundaries))) * 2
+        est += len(codec_cfg.resolved_specs()) * per_spec * SECONDS_PER_POINT["codec"][i]
+    for c in comm_cfgs:
+        est += SECONDS_PER_COMM_SWEEP["emulated" if c.emulate_bandwidth else "loopback"][i]
+    return est
 
-    def note(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            import sys
 
-            print(text, file=sys.stderr)
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+
+def _describe_comm(cfg) -> str:
+    from perfsim.units import format_bandwidth
+
+    where = f"over {format_bandwidth(cfg.emulate_bandwidth)}" if cfg.emulate_bandwidth else "loopback"
+    return f"{where} ({','.join(cfg.ops)})"
 
 
 def meta_cores() -> int:
@@ -131,6 +140,7 @@ def run(args) -> int:
     from perfsim.units import parse_bandwidth, parse_time, split_list
 
     from perfsim.calibrate.timing import set_statistic
+    from perfsim.progress import Progress
 
     set_statistic(args.statistic)
     device = args.device
@@ -140,6 +150,9 @@ def run(args) -> int:
         raise ConfigError("--device cuda: no CUDA device available")
     if args.ranks < 1:
         raise ConfigError(f"--ranks {args.ranks}: must be >= 1")
+    from perfsim.outputs import check_file_target
+
+    check_file_target(args.output, "--out")
     quick = args.quick
     repeats = args.repeats if args.repeats is not None else (5 if quick else 15)
     if repeats < 1:
@@ -153,6 +166,16 @@ def run(args) -> int:
     stages = _ints(args.stages, "--stages") if args.stages.strip() else ()
     bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in split_list(args.emulate_bandwidth)]
     latency = parse_time(args.emulate_latency, "--emulate-latency")
+    if bandwidths:  # preconditions of the link measurements, before minutes of compute ones
+        from perfsim.netem import check_privileges, check_rate
+
+        for bps in bandwidths:
+            check_rate(bps)
+        check_privileges()
+    for spec in specs:
+        too_many = [p for p in stages if p > len(spec.layers())]
+        if too_many:
+            raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
     comm_ops = tuple(o for o in split_list(args.comm) if o.lower() != "none")
 
     compute_cfgs = []
@@ -178,8 +201,11 @@ def run(args) -> int:
                         if key not in seen:
                             seen.add(key)
                             boundaries.append((spec.name, pp, k, mb))
+        # quick: no warm-up (a steady-state call precedes it) and repeats that stop once
+        # 3 samples agree within 10 %
         codec_cfg = cc.CodecConfig(specs=names, sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
                                    device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
+                                   warmup=0 if quick else 2, rel_spread=0.1 if quick else None,
                                    threads=max(1, meta_cores() // args.ranks), boundaries=tuple(boundaries))
     comm_cfgs = []
     if comm_ops and args.ranks >= 2:
@@ -208,27 +234,59 @@ def run(args) -> int:
             raise ConfigError(f"--efficiency {d!r}: choose from {', '.join(EfficiencyConfig.dtypes)}, all, none")
     eff_cfg = EfficiencyConfig(dtypes=tuple(eff), quick=quick, device=device) if eff else None
 
-    total = sum(count_records(c) for c in compute_cfgs)
-    total += cc.count_points(codec_cfg) if codec_cfg else 0
-    total += len(comm_cfgs)
+    stages_todo = [(f"compute {c.model}", count_records(c)) for c in compute_cfgs]
+    if codec_cfg:
+        stages_todo.append((f"codecs ({len(codec_cfg.resolved_specs())} specs)", cc.count_points(codec_cfg)))
+    stages_todo += [(f"comm {_describe_comm(c)}", 1) for c in comm_cfgs]
+    if eff_cfg:
+        stages_todo.append((f"efficiency ({','.join(eff_cfg.dtypes)})", 1))
+    total = sum(n for _, n in stages_todo)
     meta = machine_metadata(device)
+    est = estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick)
+    full = est if not quick else estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, False)
+    print(f"calibrate: {total} points; the full calibration takes about {_minutes(full)}"
+          + (f", --quick about {_minutes(est)}" if quick else "")
+          + " on an idle 2-core machine", file=sys.stderr, flush=True)
     started = time.perf_counter()
-    bar = _Progress(total, enabled=not args.no_progress)
+    bar = Progress(total, "pt", enabled=not args.no_progress, prefix="calibrate: ")
     records: list[dict] = []
+    stage_s: dict[str, float] = {}
     try:
+        todo = iter(stages_todo)
+        expected = 0
+
+        def begin() -> None:  # the next stage; the bar completes the one before
+            nonlocal expected
+            bar.advance(max(0, expected - bar.done))
+            name, n = next(todo)
+            expected += n
+            bar.stage(name)
+
         for cfg in compute_cfgs:
+            t0 = time.perf_counter()
+            begin()
             if args.concurrent and args.ranks > 1:
                 recs = measure_compute_concurrent(cfg, bar)
-                bar.bar and bar.bar.update(max(0, count_records(cfg) - 1))
             else:
                 recs = measure_compute(cfg, bar)
             records += recs
+            stage_s[f"compute {cfg.model}"] = time.perf_counter() - t0
         if codec_cfg:
+            t0 = time.perf_counter()
+            begin()
             records += cc.measure_codecs(codec_cfg, bar)
+            stage_s["codecs"] = time.perf_counter() - t0
         for cfg in comm_cfgs:
+            t0 = time.perf_counter()
+            begin()
             records += cm.measure_comm(cfg, bar)
+            stage_s[f"comm {_describe_comm(cfg)}"] = time.perf_counter() - t0
         if eff_cfg:
+            t0 = time.perf_counter()
+            begin()
             records += measure_efficiency(eff_cfg)
+            stage_s["efficiency"] = time.perf_counter() - t0
+        bar.advance(max(0, expected - bar.done))
         for r in records:
             if "skipped" in r:
                 bar.note(f"calibrate: {r['op']} skipped ({r['skipped']})")
@@ -242,6 +300,8 @@ def run(args) -> int:
             "models": models, "micro_batches": list(micro), "dtypes": list(dtypes),
             "stages": list(stages), "emulated_bandwidths_bps": bandwidths,
             "emulated_latency_s": latency, "wall_s": round(time.perf_counter() - started, 2),
+            "stage_wall_s": {k: round(v, 2) for k, v in stage_s.items()},
+            "estimated_s": round(est, 1),
             "command": "perfsim calibrate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else "perfsim calibrate",
         }})
     profile = build_profile(records, meta)

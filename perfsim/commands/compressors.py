@@ -1,11 +1,14 @@
 """``perfsim compressors``: every registered compressor, its spec syntax and its
-exact wire size for one tensor shape.
+exact wire size for one tensor shape -- alone (``wire_bytes``: one payload) and
+in data parallel (``dp_bytes``: what each of ``--world-size`` ranks feeds to the
+collectives of one gradient exchange, the sum of the compressor's ``dp_plan``,
+the number the simulator charges and ``perfsim.ddp``'s ``wire_bytes`` counts).
 
 Each class is built from a representative spec (its ``example_spec`` class
 attribute; failing that, its bare name, then its ``spec_syntax`` with the usual
 placeholders filled in) and asked for ``wire_bytes(shape)`` -- sizes are never
-computed here. CSV columns: ``name,spec,allreduce_compatible,wire_bytes,ratio``
-(ratio = wire bytes / fp32 bytes).
+computed here. CSV columns: ``name,spec,allreduce_compatible,wire_bytes,ratio,dp_bytes,dp_ratio``
+(ratios relative to the fp32 bytes; ``dp_ratio`` to a plain fp32 allreduce input).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import re
 HELP = "list every compressor with its spec syntax, allreduce compatibility and exact wire bytes"
 
 DEFAULT_SHAPE = "1,1024,1600"
-COLUMNS = ("name", "spec", "allreduce_compatible", "wire_bytes", "ratio")
+COLUMNS = ("name", "spec", "allreduce_compatible", "wire_bytes", "ratio", "dp_bytes", "dp_ratio")
 
 #: placeholder -> value used when a class gives no example_spec
 _PLACEHOLDERS = {"BITS": "4", "FRACTION": "0.01", "RANK": "4", "LEVELS": "7", "K": "0.01",
@@ -27,6 +30,8 @@ def add_arguments(parser) -> None:
                         help=f"tensor shape, comma-separated (default {DEFAULT_SHAPE}: one GPT2-1.5B "
                              "boundary activation)")
     parser.add_argument("--format", choices=("table", "csv"), default="table", help="output format")
+    parser.add_argument("--world-size", type=int, default=2, metavar="W",
+                        help="data-parallel ranks for the dp_bytes column (default 2)")
 
 
 def parse_shape(text: str) -> tuple[int, ...]:
@@ -75,10 +80,14 @@ def build_example(cls):
     return None
 
 
-def rows(shape: tuple[int, ...]) -> list[dict]:
+from perfsim.errors import ConfigError  # noqa: E402  (light: no torch)
+
+
+def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
     """One dict per registered compressor, columns :data:`COLUMNS`."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"--world-size {world_size!r}: must be an integer >= 1")
     from perfsim.compression import compressor_classes
-    from perfsim.errors import ConfigError
 
     out = []
     fp32 = 4
@@ -88,17 +97,23 @@ def rows(shape: tuple[int, ...]) -> list[dict]:
         comp = build_example(cls)
         if comp is None:
             out.append({"name": name, "spec": cls.spec_syntax, "allreduce_compatible": cls.allreduce_compatible,
-                        "wire_bytes": None, "ratio": None})
+                        "wire_bytes": None, "ratio": None, "dp_bytes": None, "dp_ratio": None})
             continue
         try:
             wb = int(comp.wire_bytes(shape))
         except ConfigError:  # this compressor cannot take that shape: say n/a, keep the others
             out.append({"name": name, "spec": comp.spec or name,
-                        "allreduce_compatible": bool(comp.allreduce_compatible), "wire_bytes": None, "ratio": None})
+                        "allreduce_compatible": bool(comp.allreduce_compatible), "wire_bytes": None, "ratio": None,
+                        "dp_bytes": None, "dp_ratio": None})
             continue
+        try:
+            dp = int(sum(s.nbytes for s in comp.dp_plan(shape, world_size)))
+        except ConfigError:
+            dp = None
         out.append({"name": name, "spec": comp.spec or name,
                     "allreduce_compatible": bool(comp.allreduce_compatible),
-                    "wire_bytes": wb, "ratio": wb / fp32})
+                    "wire_bytes": wb, "ratio": wb / fp32, "dp_bytes": dp,
+                    "dp_ratio": None if dp is None else dp / fp32})
     return out
 
 
@@ -107,12 +122,12 @@ def run(args) -> int:
     import sys
 
     shape = parse_shape(args.shape)
-    table = rows(shape)
+    table = rows(shape, args.world_size)
     if args.format == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(COLUMNS)
         for r in table:
-            w.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if c == "ratio" else r[c]) for c in COLUMNS])
+            w.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if c.endswith("ratio") else r[c]) for c in COLUMNS])
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -123,13 +138,16 @@ def run(args) -> int:
     t = Table(title=f"compressors for shape {'x'.join(map(str, shape))} "
                     f"(fp32 = {4 * _prod(shape):,} bytes)")
     for col, justify in (("name", "left"), ("spec syntax", "left"), ("example", "left"),
-                         ("allreduce", "center"), ("wire bytes", "right"), ("ratio", "right")):
+                         ("allreduce", "center"), ("wire bytes", "right"), ("ratio", "right"),
+                         (f"dp bytes (W={args.world_size})", "right"), ("dp ratio", "right")):
         t.add_column(col, justify=justify)
     for r in table:
         t.add_row(r["name"], classes[r["name"]].spec_syntax, r["spec"],
                   "yes" if r["allreduce_compatible"] else "no",
                   "n/a" if r["wire_bytes"] is None else f"{r['wire_bytes']:,}",
-                  "n/a" if r["ratio"] is None else f"{r['ratio']:.4f}")
+                  "n/a" if r["ratio"] is None else f"{r['ratio']:.4f}",
+                  "n/a" if r["dp_bytes"] is None else f"{r['dp_bytes']:,}",
+                  "n/a" if r["dp_ratio"] is None else f"{r['dp_ratio']:.4f}")
     Console(width=max(Console().width, 150)).print(t)
     return 0
 

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--jobs", type=int, default=1, help="worker processes for the simulations (default 1)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    g.add_argument("--output", "-o", help="write to FILE (atomically) instead of stdout")
+    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout")
     g.add_argument("--emit-run", action="store_true", help="print the perfsim run command of the winner")
     g.add_argument("--plot", help="Pareto plot of throughput vs wire bytes (PNG/SVG)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # no argparse `choices`: an unknown kind is a ConfigError naming it (one line, exit 2)
     p.add_argument("--kind", "-k", default="throughput", metavar="KIND",
                    help=f"figure: {' | '.join(KINDS)} (default: throughput)")
-    p.add_argument("--out", "-o", metavar="FILE",
+    p.add_argument("--out", "-o", "--output", dest="out", metavar="FILE",
                    help="output .png, .svg or .pdf (default: TABLE's stem + .KIND.png)")
     p.add_argument("--filter", "-f", action="append", default=[], metavar="COL=VALUE[,VALUE]",
                    help="keep matching rows first; repeatable (e.g. bandwidth=100Mbps, pp=8)")

@@ -62,9 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", default="1", help="epochs for the end-to-end time (default 1)")
     g.add_argument("--dataset-samples", default="2359", help="samples per epoch (default 2359)")
     g = p.add_argument_group("system")
-    g.add_argument("--bandwidth", default="10Gbps", help="link rate(s), e.g. 10Gbps,1Gbps,100Mbps (default 10Gbps)")
-    g.add_argument("--latency", default="0s", help="one-way latency(ies), e.g. 5ms (default 0)")
-    g.add_argument("--topology", help="heterogeneous topology file (JSON/TOML/CSV, see perfsim.network)")
+    g.add_argument("--bandwidth", default=None,
+                   help="link rate(s) with a unit (b = bit, B = byte), e.g. 10Gbps,1Gbps,100Mbps; each "
+                        "node's NIC has this rate, shared by its GPUs (default 10Gbps)")
+    g.add_argument("--latency", default=None, help="one-way latency(ies) with a unit, e.g. 5ms (default 0)")
+    g.add_argument("--topology", help="heterogeneous topology file (JSON/TOML/CSV, see perfsim.network); "
+                                      "replaces --bandwidth/--latency; a node's NIC defaults to its fastest "
+                                      "link, shared by its GPUs as under --bandwidth")
     g.add_argument("--gpus-per-node", default="1", help="devices per node (default 1)")
     g.add_argument("--gpu", help="GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): compute "
                                  "from its operator model, memory checked against its capacity")
@@ -91,8 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--comm-slowdown", help="compute slowdown while communication overlaps it, e.g. 0.1 "
                                            "(default: the profile's measured interference, else 0)")
     g = p.add_argument_group("output")
-    g.add_argument("--format", choices=("table", "csv", "json"), help="output format (default table, or from --output's suffix)")
-    g.add_argument("--output", "-o", help="write to FILE (atomically) instead of stdout")
+    g.add_argument("--format", choices=("table", "csv", "json", "parquet"),
+                   help="output format (default: from --out's suffix .txt/.csv/.json/.parquet, else table)")
+    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically; a FIFO or device in place) instead of stdout")
     g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json)")
 
 
@@ -102,7 +107,7 @@ def _grid(args) -> list[dict]:
     lists = {}
     for name in LIST_FLAGS:
         raw = getattr(args, name)
-        if raw is None:  # optional, no default
+        if raw is None:  # not given: the API's default (and no clash with --topology)
             lists[name] = [None]
             continue
         values = _split_models(raw) if name == "model" else split_list(raw)
@@ -157,19 +162,31 @@ def _csv(results) -> str:
 
 
 def _json(results) -> str:
-    return json.dumps([r.to_json_dict() for r in results], indent=1, default=str) + "\n"
+    return json.dumps([r.to_json_dict() for r in results], indent=1, default=str, allow_nan=False) + "\n"
+
+
+def _parquet(results) -> bytes:
+    import io
+
+    import pandas as pd
+
+    buf = io.BytesIO()
+    pd.DataFrame([r.row() for r in results]).to_parquet(buf, index=False)
+    return buf.getvalue()
 
 
 def run(args) -> int:
+    from perfsim import outputs
     from perfsim.api import predict
-    from perfsim.result import atomic_write_text
 
+    fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
+    if args.output:
+        outputs.check_file_target(args.output, "--out")
+    elif fmt == "parquet":
+        raise ConfigError("--format parquet: needs --output FILE (Parquet is binary)")
+    if args.trace:
+        outputs.check_file_target(args.trace, "--trace")
     grid = _grid(args)
-    fmt = args.format
-    if fmt is None:
-        fmt = "table"
-        if args.output:
-            fmt = "json" if args.output.lower().endswith(".json") else "csv" if args.output.lower().endswith(".csv") else "table"
     results = []
     for i, params in enumerate(grid):
         res = predict(**params, trace=bool(args.trace))
@@ -178,22 +195,21 @@ def run(args) -> int:
             res.trace_events = []
         results.append(res)
     if fmt == "csv":
-        text = _csv(results)
+        data = _csv(results).encode()
     elif fmt == "json":
-        text = _json(results)
+        data = _json(results).encode()
+    elif fmt == "parquet":
+        data = _parquet(results)
     else:
         from perfsim.commands._predict_table import render
 
-        text = None
-        if args.output:
-            atomic_write_text(args.output, render(results, width=160, color=False))
-        else:
+        if not args.output:
             render(results, file=sys.stdout)
-    if text is not None:
-        if args.output:
-            atomic_write_text(args.output, text)
-        else:
-            sys.stdout.write(text)
+            return 0
+        data = render(results, width=160, color=False).encode()
     if args.output:
+        outputs.write_bytes(args.output, data)
         print(f"wrote {args.output} ({len(results)} configuration{'s' * (len(results) != 1)})", file=sys.stderr)
+    else:
+        outputs.write_stdout(data.decode())
     return 0

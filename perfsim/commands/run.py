@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-HELP = "train for real (torch.distributed pipeline x data parallel) and measure what predict predicts"
+HELP = "train for real (torch.distributed pipeline x data x tensor parallel) and measure what predict predicts"
 
 
 def _pos_int(text: str) -> int:
@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="preset: digits-mlp, gpt2-tiny, gpt2-small-byte (default digits-mlp)")
     p.add_argument("--pp", type=_pos_int, default=2, help="pipeline stages (default 2)")
     p.add_argument("--dp", type=_pos_int, default=1, help="data-parallel replicas (default 1)")
+    p.add_argument("--tp", type=_pos_int, default=1,
+                   help="tensor-parallel ranks per stage, Megatron layout via torch.distributed.tensor.parallel "
+                        "(GPT models; ranks ordered TP, then DP, then PP; default 1)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp > 1: Megatron sequence parallelism (LayerNorms on a slice of the sequence)")
     p.add_argument("--schedule", default="1f1b",
                    help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (default 1f1b)")
     p.add_argument("--virtual-stages", type=_pos_int, default=None,
@@ -30,20 +35,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
     p.add_argument("--grad-compress", default="none",
-                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ...")
+                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ... "
+                        "(1-bit optimizers: onebit-adam:warmup=N, N uncompressed warm-up steps, "
+                        "default 100; a resumed run uses the N given now)")
     p.add_argument("--micro-batch", type=_pos_int, default=8, help="samples per micro-batch (default 8)")
     p.add_argument("--macro-batch", type=_pos_int, default=32,
                    help="samples per replica per step (default 32)")
     p.add_argument("--steps", type=_pos_int, default=None, help="optimizer steps in total (default 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
     p.add_argument("--partition", default=None,
                    help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
     p.add_argument("--dataset-limit", type=_pos_int, default=None,
                    help="use only the first N samples (shorter epochs)")
-    p.add_argument("--out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
+    p.add_argument("--out", "-o", "--output", dest="out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
     p.add_argument("--resume", default=None, help="continue from the checkpoint in this folder")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (default: only at the end)")
@@ -51,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)")
     p.add_argument("--emulate-latency", default=None, help="one-way latency added to each link, e.g. 20ms")
     p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
+    p.add_argument("--hang-timeout", default="30s",
+                   help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -58,8 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from perfsim.runtime.api import run as api_run, under_torchrun
     from perfsim.runtime.launch import RankFailure
+    from perfsim.runtime.worker import TrainingDiverged
 
-    params = dict(model=args.model, pp=args.pp, dp=args.dp, schedule=args.schedule,
+    params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
+                  sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
                   virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
@@ -68,7 +79,13 @@ def run(args: argparse.Namespace) -> int:
                   out=args.out or (args.resume if args.resume else "perfsim-run"),
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
-                  timeout=args.timeout, device=args.device)
+                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
+    from perfsim.ddp import warmup_steps
+
+    warm = warmup_steps(args.grad_compress)
+    if warm is not None and not under_torchrun():  # the run header (issue 14.19)
+        print(f"perfsim run: {args.grad_compress.split(':')[0]} warm-up {warm} steps (fp32 allreduce, "
+              "variance frozen after), then 1-bit momentum", file=sys.stderr)
     bar = None
     progress = None
     if not args.no_progress and not under_torchrun() and sys.stderr.isatty():
@@ -84,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
             bar.refresh()
     try:
         result = api_run(progress=progress, **params)
-    except RankFailure as exc:
+    except (RankFailure, TrainingDiverged) as exc:
         print(f"perfsim run: error: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -95,8 +112,10 @@ def run(args: argparse.Namespace) -> int:
     s = result.summary
     loss = s.get("final_loss")
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
-    print(f"{s['model']} pp={s['pp']} dp={s['dp']} {s['schedule']} compress={s['compress']} "
+    tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
+    warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
-          f"{loss_txt} -> {params['out']}")
+          f"{loss_txt}{warm_txt} -> {params['out']}")
     return 0

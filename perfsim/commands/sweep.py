@@ -51,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="sync gradients only after the backward pass")
     grid.add_argument("--no-nic-sharing", action="store_true",
                       help="give every flow the full link (lower bound)")
-    p.add_argument("--out", "-o", default="sweep.csv", metavar="FILE",
+    p.add_argument("--out", "-o", "--output", dest="out", default="sweep.csv", metavar="FILE",
                    help="output table, .csv or .parquet (default: sweep.csv); per-stage rows go "
                         "to FILE's stem + .stages.csv/.parquet")
     p.add_argument("--jobs", "-j", type=int, default=None,

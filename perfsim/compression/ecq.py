@@ -1,7 +1,9 @@
 """ECQ-SGD: error-compensated quantized SGD (ecq-sgd-paper.txt, Sec. 4, eq. 5-9).
 
 ``ecq:BITS[:alpha=A][:beta=B][:bucket=D]`` (defaults from the paper's CIFAR-10
-setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, bucket 4096, L2 norm).
+setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, L2 norm; the bucket is
+:func:`perfsim.compression.qsgd.default_chunk` -- 512 for 4 bits -- rather than
+the paper's 4096 with 4 levels, see there).
 
 Each worker keeps the accumulated quantization error ``h`` (eq. 5 / 6)::
 
@@ -32,8 +34,9 @@ from typing import Any, Sequence
 import torch
 
 from perfsim.compression.base import Payload, numel_of
-from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, flat_f32,
-                                      levels_for_bits, parse_level_bits, parse_options)
+from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, default_chunk, flat_f32,
+                                      levels_for_bits, parse_level_bits, parse_options,
+                                      to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -49,7 +52,9 @@ class ECQ(_SeededCompressor):
     allreduce_compatible = False
     stateful = True
 
-    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int = 4096, seed: int = 0):
+    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int | None = None,
+                 seed: int = 0):
+        bucket = default_chunk(levels_for_bits(int(bits))) if bucket is None else bucket
         if alpha < 0:
             raise ConfigError(f"alpha={alpha}: must be >= 0 (eq. 7)")
         if not 0.0 <= beta <= 1.0:
@@ -66,7 +71,7 @@ class ECQ(_SeededCompressor):
             opts.append(f"alpha={self.alpha:g}")
         if self.beta != 1.0:
             opts.append(f"beta={self.beta:g}")
-        if self.bucket != 4096:
+        if self.bucket != default_chunk(self.s):
             opts.append(f"bucket={self.bucket}")
         self.spec = ":".join([f"ecq:{self.bits}", *opts])
 
@@ -117,7 +122,8 @@ class ECQ(_SeededCompressor):
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
         n = numel_of(payload.shape)
         device = payload.tensors["codes"].device if "codes" in payload.tensors else None
-        return self.q.decompress(payload.tensors, n, device).reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(self.q.decompress(payload.tensors, n, device).reshape(payload.shape),
+                                   payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
         """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""
@@ -134,7 +140,7 @@ class ECQ(_SeededCompressor):
         for rank in range(world):
             tensors = {k: v[rank] for k, v in payload.tensors.items()}
             total += self.decompress(Payload(tensors, payload.shape, torch.float32))
-        return (total / world).to(x.dtype)
+        return to_dtype_saturating(total / world, x.dtype)
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self._step, "h": {k: v.clone() for k, v in self.h.items()}}

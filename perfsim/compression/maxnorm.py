@@ -1,7 +1,9 @@
 """Allreduce-compatible quantizers on a shared max norm (multiscale-quantizers-paper.txt).
 
-``qsgd-maxnorm:BITS`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1: the workers agree on
-``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per tensor), then each
+``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
+chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
+for 4 bits; ``chunk=0``: one norm per tensor): the workers agree on
+``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per chunk), then each
 quantizes its gradient on that *shared* scale, ``zeta_i = sign(v_i) * xi_i`` with
 ``xi_i`` the stochastic rounding of ``s |v_i| / W`` (eq. 7-8). The integer codes
 of all workers live on one grid, so their sum is the code of the sum: one
@@ -24,17 +26,18 @@ Lemma 1 / Lemma 2 (App. C / E): unbiased, and
 Wire formats
 ------------
 * ``compress`` (one worker's payload, what ``wire_bytes`` counts): ``norm``
-  (fp32, 4 bytes), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
+  (fp32, one per chunk; one in all for the multi-scale variant), for the multi-scale variant ``scale_index`` (``ceil(log2 N)``
   bits per bucket, packed), and ``codes``: levels offset to ``[0, 2s]`` in
   ``BITS`` bits, densely packed (:func:`perfsim.kernels.pack_bits` (byte-exact with the reference :func:`perfsim.kernels.packing.pack_bits_ref`)).
 * ``allreduce_mean`` / ``dp_plan`` (the data-parallel exchange): a packed code
-  cannot be added in place, so **under allreduce the wire carries the
-  accumulation-width integers**, as the paper's own implementation does with
-  int8 tensors (App. A "Limitations of the framework"). The width comes from
-  :func:`perfsim.compression.base.sum_dtype_for` ``(s_min, M)`` so the sum never
-  overflows; neither gloo nor NCCL reduces int16, so an int16 width is carried
-  as float16 when ``s*M <= 2048`` (every partial sum is an integer that fp16
-  represents exactly) and as int32 otherwise (:func:`collective_sum_dtype`).
+  cannot be added in place, and the paper's own implementation sends int8
+  tensors instead (App. A, "Limitations of the framework"). Here the offset
+  codes travel in **packed integer lanes** of ``BITS + ceil(log2 M)`` bits,
+  ``63 // lane`` lanes per int64 word (:mod:`perfsim.kernels.lanes`): a SUM
+  allreduce of the words adds every lane without carries, exactly, in
+  ``64 / lanes`` bits per value (5.33 for 4 bits over 2-3 workers).
+  The norms: one fp32 per chunk of ``chunk`` values
+  (:func:`perfsim.compression.qsgd.default_chunk`), max-allreduced.
   The scale indices travel as a thermometer code (``N - 1`` bits per bucket,
   bit ``j`` = "index > j"), packed, reduced with a bitwise AND -- which is the
   minimum of the indices (Alg. 2 line 7) in ``N - 1`` bits instead of a byte.
@@ -56,36 +59,17 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of, sum_dtype_for
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of
 from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
-                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
-                                      parse_level_bits, parse_options, scale_into, stochastic_codes_,
-                                      unpack_codes)
+                                      coefficients, default_chunk, flat_f32, levels_for_bits, levels_from_codes,
+                                      parse_level_bits, parse_options, safe_norms, scale_into,
+                                      stochastic_codes_, to_dtype_saturating, unpack_codes)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
+from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
-
-#: integers that float16 represents exactly (every |k| <= 2**11)
-_FP16_EXACT = 2048
-
-
-def collective_sum_dtype(levels: int, world_size: int) -> torch.dtype:
-    """Dtype of the sum-allreduce of codes in ``[-levels, levels]`` over ``world_size``.
-
-    Starts from :func:`sum_dtype_for` (never overflows); int16, which no
-    collective backend reduces, becomes float16 (exact for sums up to 2048) or int32.
-    """
-    dt = sum_dtype_for(levels, world_size)
-    if dt == torch.int16:
-        return torch.float16 if levels * world_size <= _FP16_EXACT else torch.int32
-    return dt
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
 
 def _index_bits(n_scales: int) -> int:
     need = max(1, (n_scales - 1).bit_length())
@@ -133,7 +117,8 @@ class MaxNormQuantizer(_SeededCompressor):
     allreduce_compatible = True
     stateful = True  # the random step counter
 
-    def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0):
+    def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0,
+                 chunk: int = 0):
         self.bits = int(bits)
         sb = sorted({int(bits), *map(int, scale_bits)})
         self.scale_bits = tuple(sb)
@@ -142,6 +127,12 @@ class MaxNormQuantizer(_SeededCompressor):
         if bucket < 1:
             raise ConfigError(f"bucket={bucket}: must be >= 1")
         self.bucket = int(bucket)
+        if chunk < 0:
+            raise ConfigError(f"chunk={chunk}: must be >= 0 (0 = one norm for the whole tensor)")
+        if chunk and self.multiscale:
+            raise ConfigError("chunk: the multi-scale variant keeps one norm per tensor "
+                              "(its per-coordinate scales already adapt)")
+        self.chunk = int(chunk)
         self.seed, self._step, self._salt = int(seed), 0, 0
 
     # ------------------------------------------------------------ geometry
@@ -152,38 +143,52 @@ class MaxNormQuantizer(_SeededCompressor):
     def nbuckets(self, n: int) -> int:
         return -(-n // self.bucket) if self.multiscale else 0
 
+    def chunk_of(self, n: int) -> int:
+        """Elements per norm: ``chunk``, or the whole tensor when ``chunk=0``."""
+        return self.chunk if self.chunk else max(n, 1)
+
+    def nnorms(self, n: int) -> int:
+        """Shared norms of an ``n``-element tensor (one per chunk)."""
+        return -(-n // self.chunk_of(n)) if n else 0
+
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         n = numel_of(shape)
         if n == 0:
             return 0
-        total = 4 + packed_nbytes(n, self.bits)
+        total = 4 * self.nnorms(n) + packed_nbytes(n, self.bits)
         if self.multiscale:
             total += packed_nbytes(self.nbuckets(n), _index_bits(len(self.scale_bits)))
         return total
 
     def dp_plan(self, shape: Sequence[int], world_size: int, *, backend: str = "gloo") -> list[CommStep]:
-        """max-allreduce of the norm, [min-allreduce of scale indices], sum-allreduce of codes.
+        """max-allreduce of the norms, [min-allreduce of scale indices], sum-allreduce
+        of the codes packed in lanes of ``b + ceil(log2 W)`` bits (:mod:`perfsim.kernels.lanes`).
 
         ``backend="nccl"``: NCCL has no bitwise reduction, so the scale indices
         travel as one uint8 per bucket with a MIN reduction (as in the paper's code)."""
         n = numel_of(shape)
         if n == 0:
             return []
-        plan = [CommStep(ALLREDUCE, 4, "max", f"{self.spec} norm")]
+        if world_size < 1:
+            raise ConfigError(f"world_size={world_size}: must be >= 1")
+        plan = [CommStep(ALLREDUCE, 4 * self.nnorms(n), "max", f"{self.spec} norms")]
         if self.multiscale:
             if backend == "nccl":
                 plan.append(CommStep(ALLREDUCE, self.nbuckets(n), "min", f"{self.spec} scale-index min (uint8)"))
             else:
                 nbytes = packed_nbytes(self.nbuckets(n) * (len(self.scale_bits) - 1), 1)
                 plan.append(CommStep(ALLREDUCE, nbytes, "min", f"{self.spec} scale-index min (thermometer bits, AND)"))
-        acc = collective_sum_dtype(self.s, world_size)
-        plan.append(CommStep(ALLREDUCE, n * _itemsize(acc), "sum", f"{self.spec} codes ({str(acc).replace('torch.', '')})"))
+        words = packed_words(n, self.bits, world_size)
+        plan.append(CommStep(ALLREDUCE, 8 * words, "sum",
+                             f"{self.spec} codes ({lane_bits(self.bits, world_size)}-bit lanes in int64)"))
         return plan
 
     # ------------------------------------------------------------ math
     def local_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """``||x||_2`` as a 1-element fp32 tensor (the max-allreduce input)."""
-        return torch.linalg.vector_norm(flat_f32(x)).reshape(1)
+        """``||chunk||_2`` of every chunk (fp32, the max-allreduce input); see
+        :func:`perfsim.compression.qsgd.safe_norms` for values near the float32 limit."""
+        flat = flat_f32(x)
+        return safe_norms(flat, self.chunk_of(flat.numel()), self.spec)
 
     def _bucket_amax(self, flat: torch.Tensor) -> torch.Tensor:
         """``max |v|`` per bucket; for ``bucket=1`` ``|v|`` in a scratch buffer."""
@@ -283,10 +288,10 @@ class MaxNormQuantizer(_SeededCompressor):
         stochastic rounding of ``s*_i v_i / W`` (eq. 8, 12); eq. 11 keeps
         ``|s*_i v_i / W| <= s_min``."""
         n = flat.numel()
-        w = torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
+        w = torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(flat.device)
         y = workspace("sr_y", n, torch.float32, flat.device)
         if not self.multiscale:
-            scale_into(y, flat, coefficients(float(self.s), w), max(n, 1))
+            scale_into(y, flat, coefficients(float(self.s), w), self.chunk_of(n))
         else:
             table = coefficients(self.scales.to(flat.device).double(), w)  # s_j / W
             if self.bucket > 1 or index.dtype != torch.uint8 and index.dtype != torch.float32:
@@ -300,7 +305,10 @@ class MaxNormQuantizer(_SeededCompressor):
     def _scale_levels_(self, out: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
         """``out <- out * W / s*_i`` in place (float32 levels -> values, eq. 9 / 13)."""
         if not self.multiscale:
-            return out.mul_(float(norm) / self.s)
+            w = torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(out.device)
+            if w.numel() == 1:
+                return out.mul_(float(w) / self.s)
+            return bucketwise(torch.mul, out, (w.double() / self.s).float(), self.chunk_of(out.numel()), out)
         d = float(norm) / self.scales.to(out.device)  # float32 table W / s_j
         if self.bucket > 1:
             return bucketwise(torch.mul, out, d[index.long()], self.bucket, out)
@@ -324,9 +332,11 @@ class MaxNormQuantizer(_SeededCompressor):
             return Payload({}, tuple(x.shape), x.dtype)  # empty tensor: nothing on the wire
         local = self.local_norm(flat)
         check_finite_norms(local, flat, self.spec)  # NaN/Inf anywhere -> the norm is NaN/Inf
-        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(1).to(flat.device)
-        if not bool(torch.isfinite(w).all()) or float(w) < float(local) * (1 - 1e-6):
-            raise ConfigError(f"{self.spec}: shared norm {float(w)} is below this tensor's norm {float(local)}")
+        w = local if norm is None else torch.as_tensor(norm, dtype=torch.float32).reshape(-1).to(flat.device)
+        if w.shape != local.shape or not bool(torch.isfinite(w).all()) \
+                or bool((w < local * (1 - 1e-6)).any()):
+            raise ConfigError(f"{self.spec}: shared norms must be {local.numel()} finite values, "
+                              "each >= this tensor's own")
         index = None
         tensors = {"norm": w.clone()}
         if self.multiscale:
@@ -367,7 +377,7 @@ class MaxNormQuantizer(_SeededCompressor):
         out = torch.empty(n, dtype=torch.float32, device=t["codes"].device)
         levels_from_codes(unpack_codes(t["codes"], self.bits, n), self.s, out)  # consumes the scratch codes
         self._scale_levels_(out, t["norm"], self._payload_index(payload, n))
-        return out.reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(out.reshape(payload.shape), payload.dtype)
 
     # ------------------------------------------------------------ data parallel
     def _thermometer(self, index: torch.Tensor) -> torch.Tensor:
@@ -383,12 +393,6 @@ class MaxNormQuantizer(_SeededCompressor):
             return unpack_index_bits(packed, 1, nb)
         bits = unpack_bits(packed, 1, nb * k).view(nb, k)
         return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
-
-    def _signed_levels(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Codes ``c`` (fresh uint8) -> ``c - s`` in the collective's dtype."""
-        if dtype == torch.int8:  # uint8 arithmetic wraps; |c - s| <= 127 reads back as int8
-            return codes.sub_(self.s).view(torch.int8)
-        return codes.to(dtype).sub_(self.s)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""
@@ -413,10 +417,11 @@ class MaxNormQuantizer(_SeededCompressor):
                 dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)
                 index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
         codes = self.encode_codes(flat, w, index, self._next_key())
-        buf = self._signed_levels(codes, collective_sum_dtype(self.s, world))
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
-        out = self.decode_levels(buf, w, index).div_(world)
-        return out.reshape(x.shape).to(x.dtype)
+        words = pack_lanes(codes, self.bits, world)  # offset codes in [0, 2s], summed lane-wise
+        dist.all_reduce(words, op=dist.ReduceOp.SUM, group=group)
+        levels = unpack_lanes(words, flat.numel(), self.bits, world).sub_(world * self.s)
+        out = self.decode_levels(levels, w, index).div_(world)
+        return to_dtype_saturating(out.reshape(x.shape), x.dtype)
 
 
 @register
@@ -424,16 +429,19 @@ class QSGDMaxNorm(MaxNormQuantizer):
     """QSGDMaxNorm (multiscale-quantizers-paper.txt Sec. 3.1, Alg. 1)."""
 
     name = "qsgd-maxnorm"
-    spec_syntax = "qsgd-maxnorm:BITS"
+    spec_syntax = "qsgd-maxnorm:BITS[:chunk=D]"
     example_spec = "qsgd-maxnorm:4"
 
     @classmethod
     def from_args(cls, args: list[str], seed: int = 0, **_):
-        if len(args) != 1:
-            raise ConfigError("expected qsgd-maxnorm:BITS, e.g. qsgd-maxnorm:4")
-        bits = parse_level_bits(args[0])
-        comp = cls(bits, seed=seed)
-        comp.spec = f"{cls.name}:{bits}"
+        pos, opts = parse_options(args, {"chunk": int})
+        if len(pos) != 1:
+            raise ConfigError("expected qsgd-maxnorm:BITS[:chunk=D], e.g. qsgd-maxnorm:4")
+        bits = parse_level_bits(pos[0])
+        default = default_chunk(levels_for_bits(bits))
+        chunk = opts.get("chunk", default)
+        comp = cls(bits, seed=seed, chunk=chunk)
+        comp.spec = f"{cls.name}:{bits}" + ("" if chunk == default else f":chunk={chunk}")
         return comp
 
 

@@ -1,7 +1,8 @@
 """QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al. 2017).
 
-``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default 512, the
-bucket size of QSGD's experiments; ``bucket=0`` = the whole tensor is one bucket).
+``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default
+:func:`default_chunk`: 512 for 4 bits, the bucket size of QSGD's experiments;
+``bucket=0`` = the whole tensor is one bucket).
 
 Per bucket ``v`` of ``d`` coordinates (QSGD, Sec. 3.1; the same quantizer is
 eq. 8 of ecq-sgd-paper.txt and eq. 7-8 of multiscale-quantizers-paper.txt)::
@@ -107,6 +108,36 @@ def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
         raise ConfigError(f"{who}: values too large (the L2 norm overflows float32); refusing to compress")
 
 
+def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
+    """L2 norm of every ``chunk`` of a flat float32 tensor, robust near the float32 limit.
+
+    Overflow rule (documented in the README, issue 14.18): squares of values above
+    ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
+    recomputed in float64; if the norm itself exceeds the float32 maximum
+    (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
+    NaN/Inf input is refused by :func:`check_input`."""
+    norms = bucket_norms(flat, chunk)
+    if norms.numel() and not bool(torch.isfinite(norms).all()):
+        check_input(flat)
+        wide = bucket_norms(flat.double(), chunk) if flat.numel() else norms.double()
+        if not bool((wide <= _F32_MAX).all()):
+            raise ConfigError(f"{who}: a chunk's L2 norm exceeds the float32 maximum 3.4e38 "
+                              "(values of ~1e38 and above); refusing to compress")
+        norms = wide.to(torch.float32)
+    return norms
+
+
+def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast a decoded float32 result to the caller's dtype, saturating at that dtype's
+    largest finite value instead of producing Inf (fp16 overflows at 65504: a
+    gradient mean of 7e4 becomes 65504, not Inf). Issue 14.18's documented rule."""
+    if dtype in (torch.float16, torch.bfloat16) and x.dtype == torch.float32 and x.numel():
+        big = float(torch.finfo(dtype).max)
+        if float(x.abs().max()) > big:
+            x = x.clamp(-big, big)
+    return x.to(dtype)
+
+
 def flat_f32(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a flat contiguous float32 tensor (no copy for contiguous fp32)."""
     return x.detach().reshape(-1).to(torch.float32).contiguous()
@@ -131,7 +162,8 @@ def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
     n = flat.numel()
     nfull = n // bucket
     full = nfull * bucket
-    out = torch.empty(-(-n // bucket), dtype=torch.float32, device=flat.device)
+    out = torch.empty(-(-n // bucket), dtype=flat.dtype if flat.dtype == torch.float64 else torch.float32,
+                      device=flat.device)
     if nfull:
         torch.linalg.vector_norm(flat[:full].view(nfull, bucket), dim=1, out=out[:nfull])
     if full < n:
@@ -189,6 +221,19 @@ def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
 def levels_from_codes(codes: torch.Tensor, s: int, out: torch.Tensor) -> torch.Tensor:
     """``out <- c - s`` as float32 (exact)."""
     return out.copy_(codes).sub_(s)
+
+
+def default_chunk(s: int) -> int:
+    """Values per norm by default (QSGD buckets, ECQ buckets, QSGD-MaxNorm chunks):
+    the largest power of two ``d <= 16 s**2``, so QSGD's variance bound
+    ``min(d/s**2, sqrt(d)/s) ||v||**2`` (Alistarh et al. 2017, arXiv:1610.02132,
+    Lemma 3.1; multiscale-quantizers-paper.txt Lemma 1 for a shared norm) stays
+    <= 4: 512 for 4 bits (QSGD's own bucket size), 16 for 2 bits, 128 for 3 bits.
+    A norm over a whole DDP bucket of millions of values leaves almost every code
+    at 0 (the bound grows with ``sqrt(n)``): 2- and 4-bit training diverged or
+    stalled that way, and ECQ's 4096 (its paper, with 4 levels) cost Adam 2.2x
+    fp32's loss on digits against 1.4x at 512 (issue 17, docs/ddp.md)."""
+    return 1 << int(math.floor(math.log2(16 * s * s)))
 
 
 def levels_for_bits(bits: int) -> int:
@@ -267,8 +312,7 @@ class BucketQuantizer:
         its contents are destroyed), default a reused buffer."""
         n = flat.numel()
         d = self.bucket_of(n)
-        norms = bucket_norms(flat, d)
-        check_finite_norms(norms, flat, who)
+        norms = safe_norms(flat, d, who)
         y = workspace("sr_y", n, torch.float32, flat.device) if out is None else out
         scale_into(y, flat, coefficients(float(self.s), norms), d)
         return norms, stochastic_codes_(y, self.s, key)
@@ -341,7 +385,8 @@ class QSGD(_SeededCompressor):
     allreduce_compatible = False
     stateful = True  # only the random step counter
 
-    def __init__(self, s: int, bits: int, bucket: int = 512, seed: int = 0):
+    def __init__(self, s: int, bits: int, bucket: int | None = None, seed: int = 0):
+        bucket = default_chunk(s) if bucket is None else bucket
         if s < 1:
             raise ConfigError(f"s={s}: need at least 1 level")
         if bucket < 0:
@@ -350,7 +395,7 @@ class QSGD(_SeededCompressor):
         self.s, self.bits, self.bucket, self.seed = s, bits, bucket, int(seed)
         self._step, self._salt = 0, 0
         self.spec = f"qsgd:{bits}" if s == levels_for_bits(bits) else f"qsgd:s={s}"
-        if bucket != 512:
+        if bucket != default_chunk(s):
             self.spec += f":bucket={bucket}"
 
     @classmethod
@@ -366,7 +411,7 @@ class QSGD(_SeededCompressor):
             if s < 1:
                 raise ConfigError(f"s={s}: need at least 1 level")
             bits = bits_for_levels(s)
-        return cls(s, bits, opts.get("bucket", 512), seed=seed)
+        return cls(s, bits, opts.get("bucket"), seed=seed)
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))
@@ -380,7 +425,7 @@ class QSGD(_SeededCompressor):
         n = numel_of(payload.shape)
         device = payload.tensors["codes"].device if "codes" in payload.tensors else None
         out = self.q.decompress(payload.tensors, n, device)
-        return out.reshape(payload.shape).to(payload.dtype)
+        return to_dtype_saturating(out.reshape(payload.shape), payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Allgather of the payloads (norms differ per worker), then M decodes."""

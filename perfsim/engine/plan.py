@@ -257,11 +257,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
         stages.append(st)
     warm_steps = 0
-    if onebit and dp > 1:
-        from perfsim.runtime.onebit_optim import default_warmup
+    if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
+        from perfsim.ddp import warmup_steps
 
-        iters = -(-strategy.dataset_samples // (strategy.macro_batch * dp))
-        warm_steps = gspec.warmup if gspec.warmup is not None else default_warmup(iters * strategy.epochs)
+        warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,

@@ -33,6 +33,15 @@ from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
 
+def _topology_links(topo) -> tuple[float, float]:
+    """A topology row's own link figures: its slowest inter-node rate and its
+    largest latency (``--bandwidth``/``--latency`` do not apply to it)."""
+    rates = [b for row in topo.bandwidth for b in row if b > 0]
+    rates += [b for _, (b, _) in topo.overrides if b is not None]
+    lats = [x for row in topo.latency for x in row] + [x for _, (_, x) in topo.overrides if x is not None]
+    return (min(rates) if rates else float("nan")), (max(lats) if lats else 0.0)
+
+
 def build_result(out, warm, plan, workload, strategy, system, extra: dict | None = None,
                  weights: dict[int, int] | None = None, memory=None, network=None) -> Result:
     """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
@@ -91,8 +100,9 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     total_s = warmup_s + (total_iters - warm_iters) * T
     mean = lambda key: sum(st[key] * st["represents"] for st in stages) / n  # noqa: E731
     topo = system.topology
+    bw_bps, lat_s = (system.bandwidth_bps, system.latency_s) if topo is None else _topology_links(topo)
     summary = {
-        "model": workload.model, "bandwidth_bps": system.bandwidth_bps, "latency_s": system.latency_s,
+        "model": workload.model, "bandwidth_bps": bw_bps, "latency_s": lat_s,
         "compress": strategy.compress, "grad_compress": strategy.grad_compress,
         "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,

@@ -28,7 +28,8 @@ from perfsim.errors import ConfigError
 from perfsim.result import Result
 from perfsim.units import parse_bandwidth, parse_time
 
-_ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "timeout": "timeout_s"}
+_ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "timeout": "timeout_s",
+            "hang_timeout": "hang_timeout_s"}
 
 
 def make_config(**params: Any):
@@ -46,9 +47,19 @@ def make_config(**params: Any):
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
+    if "hang_timeout_s" in params:
+        params["hang_timeout_s"] = parse_time(params["hang_timeout_s"], "--hang-timeout", allow_zero=False)
     if params.get("out") is None:
         params["out"] = params.get("resume") or tempfile.mkdtemp(prefix="perfsim-run-")
     params["out"] = str(params["out"])
+    from perfsim.outputs import check_dir_target
+
+    check_dir_target(params["out"], "--out")
+    if params.get("device") == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA GPU is visible here (use --device cpu)")
     if params.get("resume") is not None:
         params["resume"] = str(params["resume"])
         from perfsim.runtime import checkpoint
@@ -82,7 +93,9 @@ def run(progress: Callable[[dict], None] | None = None, **params: Any) -> Result
 
         init_and_train(cfg)
         return load_result(cfg.out) if int(os.environ["RANK"]) == 0 else None
+    from perfsim.outputs import locked_dir
     from perfsim.runtime.launch import launch_local
 
-    launch_local(cfg, progress=progress)
-    return load_result(cfg.out)
+    with locked_dir(cfg.out, "--out"):  # a second run on the same folder is refused
+        launch_local(cfg, progress=progress)
+        return load_result(cfg.out)

@@ -5,11 +5,15 @@ Layout under ``<out>/ckpt/``::
     step00000012/rank0.pt ... rankN.pt   one file per rank (torch.save)
     latest.json                          {"step": 12, "world_size": N, "config": {...}}
 
-Every rank writes its own file atomically (temp file + rename); after a barrier
-rank 0 atomically rewrites ``latest.json``, which is the commit point. A run
-that dies while saving leaves the previous ``latest.json`` and its files
-untouched, so the last checkpoint is always intact. The previous complete
-checkpoint is kept as well; older ones are removed.
+Every rank writes its own file atomically (temp file + rename) and confirms
+it through a collective (:func:`perfsim.runtime.worker` gathers every rank's
+outcome), so no rank looks for another's file: nodes need no shared
+filesystem. Then every rank atomically writes ``stepN/commit.json`` and
+``latest.json`` on its own disk (the same bytes on a shared one), the commit
+point. A run that dies while saving leaves the previous ``latest.json`` and its
+files untouched. The last two complete checkpoints are kept (each rank prunes
+its own older files), so when the newest is damaged the previous one resumes:
+``--resume OUT/ckpt/stepN``; a corrupt file is reported in one line naming it.
 
 A rank's state: model and optimizer ``state_dict``, the four stage-boundary
 compressors' ``state_dict`` (AQ-SGD message buffers on both sides, error
@@ -51,22 +55,26 @@ def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> 
     return path
 
 
-def commit(root: str | Path, step: int, world_size: int, config: dict[str, Any]) -> None:
-    """Mark the checkpoint of ``step`` complete (rank 0, after every rank saved)."""
+def commit(root: str | Path, step: int, world_size: int, config: dict[str, Any], rank: int = 0,
+           previous: dict[str, Any] | None = None) -> None:
+    """Mark the checkpoint of ``step`` complete on this rank's disk, once
+    every rank confirmed its save (a collective, not a look at files), and
+    prune this rank's files of checkpoints older than the last two.
+    ``previous``: :func:`latest` read *before* the confirming collective (on a
+    shared disk another rank may already have committed)."""
     root = Path(root)
-    for r in range(world_size):
-        if not (step_dir(root, step) / f"rank{r}.pt").exists():
-            raise RuntimeError(f"checkpoint step {step}: rank {r}'s file is missing")
-    previous = latest(root)
-    atomic_write_text(root / "latest.json", json.dumps(
-        {"format": FORMAT, "version": VERSION, "step": int(step), "world_size": int(world_size),
-         "config": config}, indent=1, sort_keys=True))
+    meta = json.dumps({"format": FORMAT, "version": VERSION, "step": int(step), "world_size": int(world_size),
+                       "config": config}, indent=1, sort_keys=True)
+    atomic_write_text(step_dir(root, step) / "commit.json", meta)
+    atomic_write_text(root / "latest.json", meta)
     keep = {step_dir(root, step).name}
     if previous is not None:
         keep.add(step_dir(root, previous["step"]).name)
     for d in root.iterdir():
         if d.is_dir() and _STEP_DIR.fullmatch(d.name) and d.name not in keep:
-            shutil.rmtree(d, ignore_errors=True)
+            (d / f"rank{rank}.pt").unlink(missing_ok=True)
+            if not any(d.glob("rank*.pt")):  # the last rank out removes the folder
+                shutil.rmtree(d, ignore_errors=True)
 
 
 def latest(root: str | Path) -> dict[str, Any] | None:
@@ -74,6 +82,10 @@ def latest(root: str | Path) -> dict[str, Any] | None:
     path = Path(root) / "latest.json"
     if not path.exists():
         return None
+    return _read_meta(path)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
     try:
         meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -85,13 +97,24 @@ def latest(root: str | Path) -> dict[str, Any] | None:
 
 
 def find(resume: str | Path) -> tuple[Path, dict[str, Any]]:
-    """Locate the checkpoint of ``--resume DIR`` (DIR or DIR/ckpt)."""
+    """Locate the checkpoint of ``--resume DIR``: DIR or DIR/ckpt (the newest),
+    or a step folder DIR/ckpt/stepN (that one)."""
     resume = Path(resume)
+    if _STEP_DIR.fullmatch(resume.name) and (resume / "commit.json").exists():
+        meta = _read_meta(resume / "commit.json")
+        return resume.parent, meta
     for root in (resume / "ckpt", resume):
         meta = latest(root)
         if meta is not None:
             return root, meta
     raise ConfigError(f"resume {str(resume)!r}: no checkpoint (no ckpt/latest.json)")
+
+
+def _previous(root: Path, step: int) -> Path | None:
+    steps = sorted(int(m.group(1)) for d in root.iterdir()
+                   if (m := _STEP_DIR.fullmatch(d.name)) and (d / "commit.json").exists())
+    older = [s for s in steps if s < step]
+    return step_dir(root, older[-1]) if older else None
 
 
 def check_compatible(meta: dict[str, Any], config: dict[str, Any], keys) -> None:
@@ -106,7 +129,12 @@ def load_rank(root: str | Path, step: int, rank: int) -> dict[str, Any]:
     path = step_dir(root, step) / f"rank{rank}.pt"
     if not path.exists():
         raise ConfigError(f"checkpoint {path}: missing")
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format") != FORMAT or state.get("version") != VERSION:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # truncated / overwritten: torch's message is not the user's business
+        prev = _previous(Path(root), step)
+        hint = f"; the previous checkpoint is intact: --resume {prev}" if prev else ""
+        raise ConfigError(f"checkpoint {path}: corrupt or unreadable ({type(exc).__name__}){hint}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or state.get("version") != VERSION:
         raise ConfigError(f"checkpoint {path}: not a {FORMAT} v{VERSION} file")
     return state

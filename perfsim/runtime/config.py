@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
 
 OPTIMIZERS = ("adamw", "sgd")
+#: seeds feed torch and numpy generators; numpy's take 32 bits
+MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
 
 
@@ -23,8 +26,11 @@ class RunConfig:
     """One real training job.
 
     model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
-    pp, dp: pipeline stages and data-parallel replicas (world size ``pp*dp``;
-      rank ``r`` is stage ``r % pp`` of replica ``r // pp``).
+    pp, dp, tp: pipeline stages, data-parallel replicas and tensor-parallel ranks
+      per stage (world size ``pp*dp*tp``; Megatron's rank order, TP innermost, then
+      DP, then PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`).
+    sequence_parallel: with ``tp > 1``, Megatron's sequence parallelism
+      (:mod:`perfsim.runtime.tensor_parallel`).
     schedule: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1`` or ``zb-v``
       (tables of :mod:`perfsim.schedules`).
     virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
@@ -45,13 +51,17 @@ class RunConfig:
     partition: layer counts per stage, pp x virtual stages of them (``"2,1,1,2"``,
       the syntax of ``perfsim predict --partition``); None:
       :func:`perfsim.partition.partition_model`.
-    fail_rank, fail_step: fault injection for tests -- that rank SIGKILLs itself
-      when it reaches that step.
+    fail_rank, fail_step, fail_signal: fault injection for tests -- that rank
+      sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
+    hang_timeout_s: a rank whose heartbeat stops this long is named as hung
+      and the job stopped (local launch).
     """
 
     model: str = "digits-mlp"
     pp: int = 2
     dp: int = 1
+    tp: int = 1
+    sequence_parallel: bool = False
     schedule: str = "1f1b"
     compress: str = "fp32"
     grad_compress: str = "none"
@@ -74,6 +84,8 @@ class RunConfig:
     fail_rank: int | None = None
     fail_step: int | None = None
     virtual_stages: int | None = None
+    fail_signal: str = "SIGKILL"
+    hang_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -85,7 +97,7 @@ class RunConfig:
         if self.virtual_stages is not None and (not isinstance(self.virtual_stages, int)
                                                 or self.virtual_stages < 1):
             raise ConfigError(f"virtual_stages={self.virtual_stages!r}: must be an integer >= 1")
-        for name in ("pp", "dp", "micro_batch", "macro_batch"):
+        for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
@@ -94,8 +106,10 @@ class RunConfig:
                               f"micro_batch={self.micro_batch}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
-        if self.epochs is not None and not self.epochs > 0:
-            raise ConfigError(f"epochs={self.epochs!r}: must be > 0")
+        if self.epochs is not None and not (0 < self.epochs < math.inf):
+            raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
         if self.optimizer not in OPTIMIZERS:
@@ -104,15 +118,24 @@ class RunConfig:
             raise ConfigError(f"device={self.device!r}: choose from {', '.join(DEVICES)}")
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
+        if not 0 < self.hang_timeout_s < math.inf:
+            raise ConfigError(f"hang_timeout={self.hang_timeout_s}: must be a finite time > 0")
+        if self.fail_signal not in ("SIGKILL", "SIGSTOP", "SIGTERM"):
+            raise ConfigError(f"fail_signal={self.fail_signal!r}: SIGKILL, SIGSTOP or SIGTERM")
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
-        if self.bandwidth_bps is not None and not self.bandwidth_bps > 0:
-            raise ConfigError(f"emulate_bandwidth={self.bandwidth_bps}: must be > 0")
+        if self.bandwidth_bps is not None:
+            from perfsim.netem import check_rate
+
+            check_rate(self.bandwidth_bps)  # the range tc can shape, before anything is built
         if self.latency_s < 0:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.table()  # the schedule must fit pp and the micro-batches
+        from perfsim.runtime.tensor_parallel import check_tp
+
+        check_tp(self.spec(), self.tp, self.sequence_parallel)
         self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
         from perfsim.compression import make_pipeline_pair
@@ -125,7 +148,13 @@ class RunConfig:
     # ----------------------------------------------------------------- derived
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp
+        return self.pp * self.dp * self.tp
+
+    @property
+    def layout(self):
+        from perfsim.runtime.tensor_parallel import RankLayout
+
+        return RankLayout(self.tp, self.dp, self.pp)
 
     @property
     def num_microbatches(self) -> int:
@@ -189,5 +218,6 @@ class RunConfig:
         return dataclasses.replace(self, **kw)
 
     #: fields that must match between a checkpoint and the run resuming it
-    RESUME_KEYS = ("model", "pp", "dp", "schedule", "virtual_stages", "compress", "grad_compress", "micro_batch",
+    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "virtual_stages", "compress",
+                   "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

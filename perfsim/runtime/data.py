@@ -39,8 +39,13 @@ def text_bytes() -> torch.Tensor:
 
 @lru_cache(maxsize=1)
 def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
-    """scikit-learn's digits: (features float32 [1797, 64] in [0,1], labels int64)."""
-    from sklearn.datasets import load_digits
+    """scikit-learn's digits: (features float32 [1797, 64] in [0,1], labels int64).
+    scikit-learn is an optional dependency (the ``digits`` extra)."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ConfigError("the digits data (digits-mlp) needs scikit-learn: "
+                          "pip install 'perfsim[digits]'") from None
 
     d = load_digits()
     x = torch.tensor(d.data, dtype=torch.float32) / 16.0

@@ -1,23 +1,19 @@
-"""Data-parallel gradient synchronisation through the compression library.
+"""Data-parallel gradient synchronisation: the machinery behind :mod:`perfsim.ddp`.
 
-Two entry points share one bucketing scheme and one per-bucket state:
+One state (:class:`GradSync`, public as :class:`perfsim.ddp.CompressionState`) and
+one reduction (:func:`reduce_bucket`) serve both entry points:
 
-* **DDP communication hooks** a user can register on their own
-  ``DistributedDataParallel`` model::
+* the DDP communication hook :func:`perfsim.ddp.hook` (user scripts), and
+* :func:`sync_gradients` for pipeline stages, which are not DDP modules
+  (``perfsim run``'s ``pp x dp`` runs, through ``CompressionState.sync``).
 
-      state = attach(ddp_model, "qsgd-maxnorm:4")            # registers the hook
-      ...; loss.backward(); opt.step()
-      ckpt["grad_sync"] = state.state_dict()                 # every error-feedback state
-
-  or, by hand: ``state, hook = compression_hook("ecq:2"); ddp.register_comm_hook(state, hook)``.
-  The hook averages each gradient bucket with ``compressor.allreduce_mean(bucket,
-  group)``, which performs exactly the compressor's ``dp_plan`` (the collectives
-  the simulator models). One compressor per bucket, so error feedback (ECQ-SGD)
-  is kept per bucket and checkpointed per bucket.
-
-* :func:`sync_gradients` for pipeline stages, which are not DDP modules: after a
-  pipeline flush each stage averages its gradients over its data-parallel group
-  with the same buckets and compressors (``pp x dp`` runs).
+Both average the state's *canonical* buckets (:func:`make_buckets`: reverse
+parameter order, DDP's cap, ``DistributedDataParallel(bucket_cap_mb=25)`` by
+default -- the buckets the simulator charges); a bucket is keyed by the names of
+its first and last parameter and its length, so error feedback, random counters
+and PowerSGD's memories survive DDP's bucket rebuild and a restart. A
+compressor's ``allreduce_mean`` performs exactly its ``dp_plan`` (the collectives
+the simulator models), and the byte counters sum that plan.
 
 Specs (``--grad-compress``): ``none``/``fp32`` (plain allreduce), ``fp16``, ``bf16``,
 ``qsgd-maxnorm:BITS``, ``qsgd-maxnorm-multiscale:BITS``, ``randk-maxnorm:FRACTION:BITS``,
@@ -25,13 +21,8 @@ Specs (``--grad-compress``): ``none``/``fp32`` (plain allreduce), ``fp16``, ``bf
 [:start=N]`` -- torch's own PowerSGD hook (Vogels et al. 2019) as the baseline,
 not a re-implementation -- and ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmup=N]``,
 for which gradients are *not* averaged here: the 1-bit optimizers
-(:mod:`perfsim.runtime.onebit_optim`) exchange compressed momentum themselves, so
-the hook is a no-op (local gradients pass through).
-
-Buckets follow DDP's convention (reverse parameter order, a 25 MB cap,
-``DistributedDataParallel(bucket_cap_mb=25)``); a bucket is identified by the
-names of its first and last parameter and its length, which stays valid across
-DDP's bucket rebuild after the first iteration and across a resume.
+(:mod:`perfsim.runtime.onebit_optim`, built by :func:`perfsim.ddp.onebit_optimizer`)
+exchange compressed momentum themselves behind a no-op DDP hook (:func:`noop_hook`).
 """
 
 from __future__ import annotations
@@ -244,7 +235,12 @@ class GradSync:
         self.compressors: dict[str, Any] = {}
         self._names: dict[int, str] = {}
         self._pos: dict[int, int] = {}
+        self._named: list[tuple[str, torch.Tensor]] = []
+        self._groups: list[list[torch.Tensor]] | None = None
         self.powersgd = None
+        self.total_bytes = 0
+        self._ps_key: dict[int, str] = {}       # PowerSGD bucket index -> bucket key
+        self._ps_pending: dict[str, dict] = {}  # loaded PowerSGD buffers not yet installed
         if self.spec.kind == "powersgd":
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
@@ -256,11 +252,32 @@ class GradSync:
     # -- naming
     def bind(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> "GradSync":
         """Learn parameter names and order so buckets get stable keys and one
-        canonical layout (done by :func:`attach` and :func:`sync_gradients`)."""
+        canonical layout (done by :func:`attach` and :func:`sync_gradients`, and
+        by the hook itself on its first call, see :meth:`bind_from_bucket`)."""
+        if hasattr(named_parameters, "named_parameters"):  # a module (DDP: its wrapped module)
+            named_parameters = getattr(named_parameters, "module", named_parameters).named_parameters()
         named = list(named_parameters)
+        self._named = named
+        self._groups = None
         self._names = {id(p): name for name, p in named}
         self._pos = {id(p): i for i, (_, p) in enumerate(named)}
         return self
+
+    def bind_from_bucket(self, params: Sequence[torch.Tensor]) -> None:
+        """Bind to the DistributedDataParallel model that owns ``params`` (the hook was
+        registered the torch way, ``ddp.register_comm_hook(state, hook)``, so the state
+        never saw the model). DDP keeps no public link from a bucket to its module, so
+        the live DDP objects are searched once (:func:`owning_ddp`)."""
+        ddp = owning_ddp(params)
+        if ddp is None:
+            raise ConfigError("perfsim.ddp hook: cannot find the DistributedDataParallel model of this "
+                              "gradient bucket; use perfsim.ddp.attach(model, spec) or state.bind(model)")
+        self.bind(ddp.module.named_parameters())
+        self.bucket_cap_bytes = int(getattr(ddp, "bucket_bytes_cap", self.bucket_cap_bytes))
+        if self.process_group is None:
+            self.process_group = getattr(ddp, "process_group", None)
+            if self.powersgd is not None and self.process_group is not None:
+                self.powersgd.process_group = self.process_group
 
     def key_for(self, index: int, params: Sequence[torch.Tensor], numel: int) -> str:
         names = [self._names.get(id(p), "") for p in params]
@@ -268,19 +285,15 @@ class GradSync:
             return _bucket_key(names, numel)
         return f"bucket{index}:{numel}"
 
-    def canonical_order(self, params: Sequence[torch.Tensor]) -> list[int] | None:
-        """Permutation putting a bucket's parameters in reverse model order (the
-        layout :func:`make_buckets` builds), or None when already so / unknown.
-
-        DDP's first-iteration buckets list parameters front to back and its
-        rebuilt ones back to front; compressing in one canonical layout keeps
-        per-bucket error feedback aligned across the rebuild and a resume.
-        """
-        pos = [self._pos.get(id(p)) for p in params]
-        if not pos or any(q is None for q in pos):
-            return None
-        order = sorted(range(len(pos)), key=lambda i: -pos[i])
-        return None if order == list(range(len(pos))) else order
+    def groups(self) -> list[list[torch.Tensor]]:
+        """The canonical buckets of the bound parameters (those requiring a gradient):
+        :func:`make_buckets` over the model's parameter order with this state's cap --
+        the buckets the simulator charges -- whatever buckets DDP forms."""
+        if self._groups is None:
+            named = [(n, p) for n, p in self._named if p.requires_grad]
+            idx = make_buckets([(n, p.numel(), p.element_size()) for n, p in named], self.bucket_cap_bytes)
+            self._groups = [[named[i][1] for i in b] for b in idx]
+        return self._groups
 
     # -- compressors
     def compressor(self, key: str):
@@ -306,9 +319,13 @@ class GradSync:
         t0 = time.perf_counter()
         out = comp.allreduce_mean(flat, self.process_group)
         self.stats["time_s"] += time.perf_counter() - t0
-        self.stats["bytes"] += sum(s.nbytes for s in comp.dp_plan(tuple(flat.shape), world))
-        self.stats["buckets"] += 1
+        self._count(sum(s.nbytes for s in comp.dp_plan(tuple(flat.shape), world)))
         return out
+
+    def _count(self, nbytes: int) -> None:
+        self.stats["bytes"] += int(nbytes)
+        self.stats["buckets"] += 1
+        self.total_bytes += int(nbytes)
 
     # -- measurement
     def reset_stats(self) -> None:
@@ -326,9 +343,11 @@ class GradSync:
         tensors / numbers / strings, so ``torch.load(weights_only=True)`` reads it."""
         out: dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION,
                                "spec": self.spec.text, "seed": self.seed,
+                               "world_size": _world(self.process_group),
+                               "wire_bytes": int(self.total_bytes),
                                "buckets": {k: c.state_dict() for k, c in self.compressors.items()}}
         if self.powersgd is not None:
-            out["powersgd"] = _powersgd_state(self.powersgd)
+            out["powersgd"] = _powersgd_state(self.powersgd, self._ps_key, self._ps_pending)
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -340,38 +359,90 @@ class GradSync:
         if state.get("spec") != self.spec.text:
             raise ConfigError(f"grad-sync state: saved for {state.get('spec')!r}, "
                               f"this run uses {self.spec.text!r}")
+        saved_world, world = state.get("world_size"), _world(self.process_group)
+        if saved_world is not None and int(saved_world) != world and self._world_bound():
+            raise ConfigError(f"grad-sync state: saved with {saved_world} data-parallel ranks, this run "
+                              f"has {world}; its error-feedback buffers are per rank and cannot be "
+                              "re-sharded -- resume with the same world size or start the state afresh")
         self.seed = int(state.get("seed", self.seed))
+        self.total_bytes = int(state.get("wire_bytes", 0))
         self.compressors = {}
         for key, comp_state in state.get("buckets", {}).items():
             self.compressor(key).load_state_dict(comp_state)
         if self.powersgd is not None and "powersgd" in state:
-            _load_powersgd_state(self.powersgd, state["powersgd"])
+            self._ps_key = {}
+            self._ps_pending = _load_powersgd_state(self.powersgd, state["powersgd"])
+
+    def _world_bound(self) -> bool:
+        """Whether this method's state depends on the world size: error feedback
+        and PowerSGD memories are per rank, and stochastic rounding draws with the
+        rank as salt. Plain casts (fp32/fp16/bf16) carry no state."""
+        return self.spec.kind == "powersgd" or self.spec.compressor not in ("fp32", "fp16", "bf16")
 
 
-def _powersgd_state(ps) -> dict[str, Any]:
-    name, keys, pos, has_gauss, gauss = ps.rng.get_state()
-    return {"iter": int(ps.iter),
-            "error": {int(k): v.clone() for k, v in ps.error_dict.items()},
-            "p": {int(k): v.clone() for k, v in ps.p_memory_dict.items()},
-            "q": {int(k): v.clone() for k, v in ps.q_memory_dict.items()},
+def _powersgd_state(ps, index_key: dict[int, str], pending: dict[str, dict]) -> dict[str, Any]:
+    """torch's ``PowerSGDState.__getstate__`` (its public checkpoint API), made
+    ``weights_only``-loadable and keyed by bucket *names*: torch keys error and
+    P/Q memories by bucket index, which is not stable across a restart."""
+    st = ps.__getstate__()
+    name, keys, pos, has_gauss, gauss = st.pop("rng").get_state()
+    per_bucket: dict[str, dict] = {k: dict(v) for k, v in pending.items()}
+    for what in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        for idx, tensor in st.pop(what).items():
+            per_bucket.setdefault(index_key.get(int(idx), f"index{int(idx)}"), {})[what] = tensor.clone()
+    st.pop("compression_stats_logging_frequency", None)
+    st.pop("next_stats_report", None)
+    return {"slots": {k: v for k, v in st.items() if isinstance(v, (int, float, bool))},
+            "buckets": per_bucket,
             "rng": {"name": name, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
-                    "has_gauss": int(has_gauss), "gauss": float(gauss)},
-            "numel_before": int(ps.total_numel_before_compression),
-            "numel_after": int(ps.total_numel_after_compression)}
+                    "has_gauss": int(has_gauss), "gauss": float(gauss)}}
 
 
-def _load_powersgd_state(ps, st: dict[str, Any]) -> None:
+def _load_powersgd_state(ps, st: dict[str, Any]) -> dict[str, dict]:
+    """Restore through ``PowerSGDState.__setstate__``; returns the per-bucket
+    memories, installed by the hook when it meets each bucket (by name)."""
     import numpy as np
 
-    ps.iter = int(st["iter"])
-    ps.error_dict = {int(k): v.clone() for k, v in st["error"].items()}
-    ps.p_memory_dict = {int(k): v.clone() for k, v in st["p"].items()}
-    ps.q_memory_dict = {int(k): v.clone() for k, v in st["q"].items()}
+    group = ps.process_group
+    full = ps.__getstate__()
+    full.update(st["slots"])
     r = st["rng"]
-    ps.rng.set_state((r["name"], r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"],
-                      r["gauss"]))
-    ps.total_numel_before_compression = int(st["numel_before"])
-    ps.total_numel_after_compression = int(st["numel_after"])
+    full["rng"] = np.random.RandomState()
+    full["rng"].set_state((r["name"], r["keys"].numpy().astype(np.uint32), r["pos"], r["has_gauss"],
+                           r["gauss"]))
+    full["error_dict"], full["p_memory_dict"], full["q_memory_dict"] = {}, {}, {}
+    ps.__setstate__(full)
+    ps.process_group = group  # __setstate__ resets it to the default group
+    return {k: dict(v) for k, v in st["buckets"].items()}
+
+
+def _install_powersgd(state: "GradSync", index: int, key: str) -> None:
+    """Point PowerSGD's bucket ``index`` at the memories saved for bucket ``key``."""
+    ps = state.powersgd
+    old = state._ps_key.get(index)
+    if old is not None and old != key:  # DDP regrouped its buckets: park the old bucket's memories
+        parked = state._ps_pending.setdefault(old, {})
+        for what in ("error_dict", "p_memory_dict", "q_memory_dict"):
+            if index in getattr(ps, what):
+                parked[what] = getattr(ps, what).pop(index)
+    state._ps_key[index] = key
+    saved = state._ps_pending.pop(key, None)
+    if saved:
+        for what, tensor in saved.items():
+            getattr(ps, what)[index] = tensor.clone()
+
+
+def owning_ddp(params: Sequence[torch.Tensor]):
+    """The live ``DistributedDataParallel`` whose module holds ``params`` (None if none)."""
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    want = {id(p) for p in params}
+    for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups on proxies
+        if issubclass(type(obj), DistributedDataParallel) and want <= {id(p) for p in obj.module.parameters()}:
+            return obj
+    return None
 
 
 # ----------------------------------------------------------------- DDP hooks
@@ -381,94 +452,41 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future:
     return fut
 
 
-def compressed_allreduce_hook(state: GradSync, bucket):  # no return annotation: DDP checks it literally
-    """DDP communication hook: average ``bucket`` through its compressor.
-
-    The compressors' collectives are synchronous, so the returned future is
-    already complete (DDP only needs a Future of the averaged flat buffer).
-    """
-    buf = bucket.buffer()
-    params = list(bucket.parameters())
-    order = state.canonical_order(params)
-    sizes = [p.numel() for p in params]
-    if order is None or sum(sizes) != buf.numel():
-        out = state.allreduce_mean(state.key_for(bucket.index(), params, buf.numel()), buf)
-        if out is not buf:
-            buf.copy_(out)
-        return _done(buf)
-    offsets = [0]
-    for n in sizes:
-        offsets.append(offsets[-1] + n)
-    flat = torch.cat([buf[offsets[i]:offsets[i + 1]] for i in order])
-    out = state.allreduce_mean(state.key_for(bucket.index(), [params[i] for i in order], buf.numel()), flat)
-    at = 0
-    for i in order:
-        buf[offsets[i]:offsets[i + 1]].copy_(out[at:at + sizes[i]])
-        at += sizes[i]
-    return _done(buf)
-
-
 def noop_hook(state, bucket):  # no return annotation: DDP checks it literally
     """DDP hook that communicates nothing: each rank keeps its local gradient.
-    Used with the 1-bit optimizers, which exchange compressed momentum."""
+    Installed by :func:`perfsim.ddp.onebit_optimizer` (the 1-bit optimizers
+    exchange compressed momentum); ``state`` (if any) counts the calls."""
+    if state is not None and hasattr(state, "hook_calls"):
+        state.hook_calls += 1
     return _done(bucket.buffer())
 
 
-def powersgd_hook(state: GradSync, bucket):  # no return annotation: DDP checks it literally
-    """torch's own ``powerSGD_hook`` on ``state.powersgd`` (wrapped only to count
-    wall time)."""
+def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torch.Tensor],
+                  flat: torch.Tensor, is_last: bool) -> torch.Tensor:
+    """Average one canonical bucket (``flat``: the gradients of ``params``, in
+    order) over ``state.process_group`` with the spec's method; returns the mean.
+
+    The one code path of the DDP hook (:mod:`perfsim.ddp`) and of pipeline
+    stages (:func:`sync_gradients`). ``index`` is the bucket's position in the
+    canonical bucketing (:func:`make_buckets`); PowerSGD keys its memories by it.
+    """
+    key = state.key_for(index, params, flat.numel())
+    if state.spec.kind != "powersgd":
+        return state.allreduce_mean(key, flat)
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
     ps = state.powersgd
+    _install_powersgd(state, index, key)
+    bucket = _FlatBucket(index, count, flat, [p.shape for p in params], list(params))
+    bucket.is_last = lambda: is_last  # torch advances its iteration counter on the last bucket
     compressing = ps.iter >= ps.start_powerSGD_iter
     before = ps.total_numel_after_compression
     t0 = time.perf_counter()
     out = powerSGD_hook(ps, bucket).wait()
     state.stats["time_s"] += time.perf_counter() - t0
     numel = (ps.total_numel_after_compression - before) if compressing else out.numel()
-    state.stats["bytes"] += numel * out.element_size()
-    state.stats["buckets"] += 1
-    return _done(out)
-
-
-def hook_for(state: GradSync):
-    """The hook function matching ``state.spec``."""
-    if state.spec.kind == "optimizer":
-        return noop_hook
-    if state.spec.kind == "powersgd":
-        return powersgd_hook
-    return compressed_allreduce_hook
-
-
-def compression_hook(compressor, process_group=None, *, seed: int = 0):
-    """Hook factory: ``(state, hook)`` for ``ddp.register_comm_hook(state, hook)``.
-
-    ``compressor`` is a spec string (``"qsgd-maxnorm:4"``) or a
-    :class:`~perfsim.compression.Compressor` instance used as a prototype (each
-    bucket gets a deep copy, so per-bucket state stays separate).
-    """
-    state = GradSync(compressor, process_group, seed=seed)
-    return state, hook_for(state)
-
-
-def attach(ddp_model, spec, process_group=None, *, seed: int = 0) -> GradSync:
-    """Register the hook for ``spec`` on a ``DistributedDataParallel`` model and
-    return its state (keep it: ``state.state_dict()`` goes into checkpoints).
-
-    ``process_group`` defaults to the DDP model's own group.
-    """
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(ddp_model, DistributedDataParallel):
-        raise ConfigError(f"attach: expected a DistributedDataParallel model, got "
-                          f"{type(ddp_model).__name__}")
-    if process_group is None:
-        process_group = getattr(ddp_model, "process_group", None)
-    state = GradSync(spec, process_group, seed=seed,
-                     bucket_cap_bytes=int(getattr(ddp_model, "bucket_bytes_cap", DEFAULT_BUCKET_CAP_BYTES)))
-    state.bind(ddp_model.module.named_parameters())
-    ddp_model.register_comm_hook(state, hook_for(state))
-    return state
+    state._count(numel * out.element_size())
+    return out
 
 
 # ----------------------------------------------------------------- pipeline stages
@@ -500,12 +518,7 @@ def sync_gradients(params, state: GradSync, group=None) -> dict[str, float]:
         ps = [plist[i] for i in idxs]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
         flat = torch.cat([g.reshape(-1) for g in grads]).to(torch.float32)
-        if state.spec.kind == "powersgd":
-            bucket = _FlatBucket(b_index, len(buckets), flat, [p.shape for p in ps], ps)
-            powersgd_hook(state, bucket)
-            out = bucket.buffer()
-        else:
-            out = state.allreduce_mean(state.key_for(b_index, ps, flat.numel()), flat)
+        out = reduce_bucket(state, b_index, len(buckets), ps, flat, b_index == len(buckets) - 1)
         offset = 0
         for p in ps:
             n = p.numel()

@@ -1,6 +1,6 @@
 """Start the ranks of a job on this machine, watch them, stop them all on failure.
 
-On one machine ``perfsim run`` starts ``pp * dp`` worker processes
+On one machine ``perfsim run`` starts ``pp * dp * tp`` worker processes
 (``python -m perfsim.runtime.worker CONFIG``) with the standard
 torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), optionally each inside its own network namespace
@@ -12,6 +12,15 @@ Failure handling: the parent polls its children. When one exits abnormally
 (gloo raises as soon as a peer's socket closes; the process-group timeout bounds
 the rest), then the parent terminates them (SIGTERM, then SIGKILL) by pid, and
 raises :class:`RankFailure` with one line naming the rank that failed first.
+A rank that stops making progress (stopped, frozen, stuck holding the GIL) is
+found by its heartbeat: every worker's heartbeat thread bumps its slot of the
+shared file ``.ranks/heartbeat`` twice a second; a slot unchanged for
+``cfg.hang_timeout_s`` (default 30 s) names that rank.
+
+Workers die with their launcher: they share one process group (the launcher
+forwards SIGTERM, SIGINT and SIGHUP to it, then stops them) and each asks the
+kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), so even a
+SIGKILLed launcher leaves no orphans.
 Checkpoints are committed by rank 0 only after every rank saved
 (:mod:`perfsim.runtime.checkpoint`), so the last one stays intact.
 """
@@ -43,8 +52,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _describe(rank: int, pp: int, code: int, err_file: Path) -> str:
-    where = f"rank {rank} (stage {rank % pp}, replica {rank // pp})"
+def _describe(rank: int, layout, code: int, err_file: Path) -> str:
+    where = layout.describe(rank)
     if code < 0:
         try:
             sig = signal.Signals(-code).name
@@ -55,6 +64,40 @@ def _describe(rank: int, pp: int, code: int, err_file: Path) -> str:
     if err_file.exists():
         detail = ": " + err_file.read_text().splitlines()[0]
     return f"{where} failed with exit code {code}{detail}"
+
+
+HEARTBEAT_PERIOD_S = 0.5
+
+
+def _heartbeats(path: Path) -> list[int]:
+    data = path.read_bytes()
+    return [int.from_bytes(data[i:i + 8], "little") for i in range(0, len(data) - 7, 8)]
+
+
+@contextlib.contextmanager
+def _forward_signals(procs: list[subprocess.Popen]):
+    """While the ranks run, TERM/INT/HUP to the launcher go to their process
+    group too, then unwind here as KeyboardInterrupt (so they are stopped and
+    the namespaces removed)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum, frame):
+        if procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(procs[0].pid, signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    sigs = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    old = {sig: signal.signal(sig, forward) for sig in sigs}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -88,6 +131,8 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
     cfg_path = ranks_dir / "config.json"
     atomic_write_text(cfg_path, cfg.to_json())
     world = cfg.world_size
+    heartbeat = ranks_dir / "heartbeat"
+    heartbeat.write_bytes(bytes(8 * world))
 
     if cfg.bandwidth_bps is not None:
         from perfsim.netem import EmulatedNetwork
@@ -99,27 +144,16 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
         base_env = dict(os.environ)
         base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         base_env["PYTHONUNBUFFERED"] = "1"
+        base_env["PERFSIM_LAUNCHER_PID"] = str(os.getpid())
+        base_env["PERFSIM_HEARTBEAT"] = str(heartbeat)
         master_addr = net.address(0) if net else "127.0.0.1"
         master_port = 29500 if net else free_port()
         procs: list[subprocess.Popen] = []
         logs = []
         try:
-            for r in range(world):
-                env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                           LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
-                           MASTER_PORT=str(master_port))
-                cmd = [python, "-m", "perfsim.runtime.worker", str(cfg_path)]
-                if net:
-                    env["GLOO_SOCKET_IFNAME"] = net.ifname
-                    if net.app_latency_s:
-                        env["PERFSIM_APP_LATENCY_S"] = repr(net.app_latency_s)
-                        env["PERFSIM_APP_BANDWIDTH_BPS"] = repr(net.bandwidth_bps)
-                    cmd = net.wrap(r, cmd)
-                log = open(ranks_dir / f"rank{r}.log", "wb")
-                logs.append(log)
-                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))
-            _watch(procs, cfg, ranks_dir, progress, grace_s)
+            with _forward_signals(procs):
+                _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port, net,
+                                 python, cfg_path, ranks_dir, progress, grace_s)
         except BaseException:
             _stop(procs, 0.0)
             raise
@@ -128,10 +162,57 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
                 log.close()
 
 
+def _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port, net, python,
+                     cfg_path, ranks_dir, progress, grace_s) -> None:
+    for r in range(world):
+        env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
+                   MASTER_PORT=str(master_port))
+        cmd = [python, "-m", "perfsim.runtime.worker", str(cfg_path)]
+        if net:
+            env["GLOO_SOCKET_IFNAME"] = net.ifname
+            if net.app_latency_s:
+                env["PERFSIM_APP_LATENCY_S"] = repr(net.app_latency_s)
+                env["PERFSIM_APP_BANDWIDTH_BPS"] = repr(net.bandwidth_bps)
+            cmd = net.wrap(r, cmd)
+        log = open(ranks_dir / f"rank{r}.log", "wb")
+        logs.append(log)
+        # one process group for all ranks (pgid = rank 0's pid), apart from the terminal's
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      process_group=procs[0].pid if procs else 0))
+    _watch(procs, cfg, ranks_dir, progress, grace_s)
+
+
+def _diverged(ranks_dir: Path, world: int) -> str | None:
+    """The first rank's "training diverged ..." report, if any rank made one."""
+    reports = []
+    for r in range(world):
+        f = ranks_dir / f"rank{r}.error"
+        if f.exists():
+            line = f.read_text().splitlines()[0]
+            if line.startswith("TrainingDiverged: "):
+                reports.append((f.stat().st_mtime, line[len("TrainingDiverged: "):]))
+    return min(reports)[1] if reports else None
+
+
 def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
     progress_file = ranks_dir / "progress.json"
     last_seen = None
+    beats = [0] * len(procs)
+    changed = [time.monotonic()] * len(procs)
     while True:
+        now = time.monotonic()
+        for r, b in enumerate(_heartbeats(ranks_dir / "heartbeat")[:len(procs)]):
+            if b != beats[r]:
+                beats[r], changed[r] = b, now
+        stalled = [r for r in range(len(procs)) if beats[r] and procs[r].poll() is None
+                   and now - changed[r] > cfg.hang_timeout_s]
+        if stalled:
+            r = min(stalled, key=lambda x: changed[x])
+            _stop(procs, 0.0)
+            raise RankFailure(f"{cfg.layout.describe(r)} stopped making progress (no heartbeat for "
+                              f"{now - changed[r]:.0f} s, --hang-timeout {cfg.hang_timeout_s:g}s); "
+                              f"all {len(procs)} ranks stopped (logs: {ranks_dir})")
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
@@ -143,10 +224,13 @@ def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
 
             first_rank, first_code = min(failed, key=when)
             _stop(procs, grace_s)
+            diverged = _diverged(ranks_dir, len(procs))
+            if diverged:
+                raise RankFailure(diverged)
             err = ranks_dir / f"rank{first_rank}.error"
             if first_code == 2 and err.exists() and err.read_text().startswith("ConfigError: "):
                 raise ConfigError(err.read_text().splitlines()[0][len("ConfigError: "):])
-            msg = _describe(first_rank, cfg.pp, first_code, ranks_dir / f"rank{first_rank}.error")
+            msg = _describe(first_rank, cfg.layout, first_code, ranks_dir / f"rank{first_rank}.error")
             raise RankFailure(f"{msg}; all {len(procs)} ranks stopped (logs: {ranks_dir})")
         if progress and progress_file.exists():
             try:

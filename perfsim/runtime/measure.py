@@ -35,6 +35,11 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
   of the activation / gradient that stage sent (as the simulator).
 * links: ``bytes`` from the sender's count, ``busy_s`` from the receiver's
   transfer times, per step.
+* tensor parallelism (:mod:`perfsim.runtime.tensor_parallel`): one stage row
+  per rank (``tp_rank`` column); ``tp_comm_s``: the rank's TP collectives (as it
+  sees them, waiting for its peers included), taken out of ``compute_s``;
+  ``tp_bytes``: the buffers it hands to them; summary ``tp_comm_s`` is the mean over rows,
+  ``tp_bytes`` the sum over ranks per step.
 """
 
 from __future__ import annotations
@@ -48,6 +53,13 @@ from typing import Any
 
 from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result,
                             atomic_write_text)
+
+
+def _onebit_warmup(grad_compress: str) -> int | None:
+    """1-bit optimizers' warm-up steps (None for gradient compressors), issue 14.19."""
+    from perfsim.ddp import warmup_steps
+
+    return warmup_steps(grad_compress)
 
 
 def _has_warmup(cfg) -> bool:
@@ -91,6 +103,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     spec = cfg.spec()
     gathered = sorted(gathered, key=lambda g: g["rank"])
     by_rank = {g["rank"]: g for g in gathered}
+    layout = cfg.layout
     steps = measured_steps(cfg, gathered)
     chosen = set(steps)
     n = max(1, len(steps))
@@ -110,13 +123,15 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         peer = g["stage"] + (1 if kind == "fwd" else -1)
         if len(g.get("chunks", [0])) > 1:  # several stages per rank: the pipeline wraps around
             peer %= cfg.pp
-        r = recs.get((g["replica"] * cfg.pp + peer, step))
-        if r is None or not 0 <= peer < cfg.pp or peer == g["stage"]:
+        if not 0 <= peer < cfg.pp or peer == g["stage"]:
+            return 0.0
+        r = recs.get((layout.rank(peer, g["replica"], g.get("tp_rank", 0)), step))
+        if r is None:
             return 0.0
         return r["micro"][mb].get(f"{kind}_{what}_s", 0.0)
 
     stages, micro_rows, links = [], {}, {}
-    total_bytes = dp_bytes = overhead = 0.0
+    total_bytes = dp_bytes = overhead = tp_bytes = 0.0
     for g in gathered:
         rank, stage = g["rank"], g["stage"]
         mine = [recs[(rank, s)] for s in steps if (rank, s) in recs]
@@ -130,17 +145,21 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         recv_comm = _mean(sum(x["fwd_comm_s"] + x["bwd_comm_s"] for x in r["micro"]) for r in mine)
         recv_wait = _mean(sum(x["fwd_wait_s"] + x["bwd_wait_s"] for x in r["micro"]) for r in mine)
         dps = _mean(r["dp_sync_s"] for r in mine)
+        tpc = _mean(r.get("tp_comm_s", 0.0) for r in mine)
+        tpb = _mean(r.get("tp_bytes", 0) for r in mine)
+        tp_bytes += tpb
         opt = _mean(r["optimizer_s"] for r in mine)
         sent = _mean(sum(x["bytes_sent"] for x in r["micro"]) for r in mine)
         total_bytes += sent
         overhead += _mean(sum(x["overhead_bytes"] for x in r["micro"]) for r in mine)
         dp_bytes += _mean(r["dp_bytes"] for r in mine)
         stages.append({"replica": g["replica"], "stage": stage, "compute_s": comp, "comm_s": comm,
-                       "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt),
+                       "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt - tpc),
                        "dp_sync_s": dps, "bytes_sent": sent, "peak_inflight": g["peak_inflight"],
                        "optimizer_s": opt, "comm_upper_s": comm_upper, "recv_comm_s": recv_comm, "recv_wait_s": recv_wait,
                        "params": g["params"],
-                       "layers": ",".join(f"{a}-{b - 1}" for a, b in g.get("chunks", [g["layers"]]))})
+                       "layers": ",".join(f"{a}-{b - 1}" for a, b in g.get("chunks", [g["layers"]])),
+                       "tp_rank": g.get("tp_rank", 0), "tp_comm_s": tpc, "tp_bytes": tpb})
         for r in mine:
             for mb, x in enumerate(r["micro"]):
                 row = micro_rows.setdefault((stage, mb), {k: [] for k in MICROBATCH_COLUMNS[2:]})
@@ -161,14 +180,15 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     # bubble (as the simulator, engine/report.py): 1 - sum_s busy_s / (p * T_pipe) per replica,
     # busy = compute + encode/decode, T_pipe = step start until the last backward ends
     bubbles = []
-    for replica in range(cfg.dp):
+    for replica, tp_rank in ((d, t) for d in range(cfg.dp) for t in range(cfg.tp)):
         for step in steps:
-            rr = [recs[(replica * cfg.pp + s, step)] for s in range(cfg.pp)
-                  if (replica * cfg.pp + s, step) in recs]
+            keys = [(layout.rank(s, replica, tp_rank), step) for s in range(cfg.pp)]
+            rr = [recs[k] for k in keys if k in recs]
             if len(rr) != cfg.pp:
                 continue
             t_pipe = max(r["pipe_end"] for r in rr) - min(r["start"] for r in rr)
             busy = sum(x["fwd_compute_s"] + x["bwd_compute_s"] + x["encode_s"] for r in rr for x in r["micro"])
+            busy += sum(r.get("tp_comm_s", 0.0) for r in rr)  # inside the compute intervals
             if t_pipe > 0:
                 bubbles.append(1.0 - busy / (cfg.pp * t_pipe))
 
@@ -196,16 +216,22 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "pipeline_bytes": total_bytes, "dp_bytes": dp_bytes,
         "peak_inflight": max(g["peak_inflight"] for g in gathered),
         "epoch_s": iteration_s * spe, "source": "measured",
+        "onebit_warmup": _onebit_warmup(cfg.grad_compress),
         "final_loss": last[-1] if last else None,
         "loss_last10": _mean(last[-10:]) if last else None,
         "steps": gathered[0]["steps"], "start_step": gathered[0]["start_step"],
         "measured_steps": len(steps), "steps_per_epoch": spe, "dataset": dataset_name,
-        "partition": ",".join(str(b - a) for a, b in sorted(c for g in gathered if g["replica"] == 0
+        "partition": ",".join(str(b - a) for a, b in sorted(c for g in gathered
+                                                            if g["replica"] == 0 and g.get("tp_rank", 0) == 0
                                                             for c in g.get("chunks", [g["layers"]]))),
         "virtual_stages": cfg.table().virtual_stages,
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
+        # tensor parallelism: per step, bytes all ranks hand to TP collectives
+        # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
+        "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes,
+        "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
     result.losses = losses  # type: ignore[attr-defined]
@@ -213,15 +239,18 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
 
 
 def trace_events(gathered: list[dict]) -> list[dict]:
-    """Chrome trace: one process per replica, one thread per stage, times in us."""
+    """Chrome trace: one process per replica, one thread per stage (and TP rank), times in us."""
     t_min = min((r["start"] for g in gathered for r in g["records"]), default=0.0)
     events: list[dict] = []
+    tp = 1 + max((g.get("tp_rank", 0) for g in gathered), default=0)
     for g in gathered:
-        pid, tid = g["replica"], g["stage"]
+        tp_rank = g.get("tp_rank", 0)
+        pid, tid = g["replica"], g["stage"] * tp + tp_rank
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": tid,
                        "args": {"name": f"replica {pid}"}})
+        where = f"stage {g['stage']}" + (f" tp {tp_rank}" if tp > 1 else "")
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
-                       "args": {"name": f"stage {tid} (rank {g['rank']})"}})
+                       "args": {"name": f"{where} (rank {g['rank']})"}})
         for r in g["records"]:
             for name, cat, t0, t1, args in r["events"]:
                 events.append({"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,

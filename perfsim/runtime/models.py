@@ -51,6 +51,7 @@ class Block(nn.Module):
         super().__init__()
         d = spec.d_model
         self.n_head = spec.n_head
+        self.head_dim = d // spec.n_head
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -60,11 +61,13 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        shape = (b, t, self.n_head, d // self.n_head)
-        q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))
+        # [q; k; v] of this rank's heads: all heads, or n_head / tp under tensor
+        # parallelism (perfsim.runtime.tensor_parallel), where t may be a sequence slice
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+        shape = (b, q.shape[1], -1, self.head_dim)
+        q, k, v = (z.reshape(shape).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(y.transpose(1, 2).flatten(2))
         return x + self.fc_proj(F.gelu(self.fc(self.ln2(x))))
 
 

@@ -31,15 +31,19 @@ et al. 2021 for 1-bit Adam; Sec. 4 and Algorithm 1 for 1-bit LAMB):
     (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
     reach the 1-bit compressor at similar magnitudes.
 
-What is exchanged (``exchange=``): ``momentum`` (default, the papers' choice:
-the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum for 1-bit
-LAMB) or ``preconditioned``: the momentum divided by the frozen denominator
-``sqrt(v_frozen) + eps``. That is the per-coordinate form of Sec. 4.3's
-argument -- a scaling fixed during the compression stage does not disturb
-error compensation, and averaging commutes with it -- and puts the 1-bit
-scale in update units. Coordinates whose frozen variance is exactly zero
-(never a gradient during warm-up: padding / unused embeddings, always-zero
-inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
+What is exchanged (``exchange=``): ``preconditioned`` (default): the momentum
+divided by the frozen denominator ``sqrt(v_frozen) + eps``. That is the
+per-coordinate form of Sec. 4.3's argument -- a scaling fixed during the
+compression stage does not disturb error compensation, and averaging commutes
+with it -- and puts the 1-bit scale and the error feedback in update units,
+where one scale suits every coordinate. ``momentum`` (the papers' literal
+choice: the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum
+for 1-bit LAMB) shares one sign scale between coordinates whose frozen
+denominators differ by orders of magnitude: issue 17 measured 1-bit Adam going
+NaN at step ~107 on digits that way, and 1.01x Adam's loss preconditioned.
+
+Coordinates whose frozen variance is exactly zero (never a gradient during
+warm-up: padding / unused embeddings, always-zero inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
@@ -57,12 +61,16 @@ using them (``v / (1 - b2^T_w)``, ``m / (1 - b1^t)``), so the stage switch is
 smooth; ``c_avg`` is bias-corrected like Adam's moments, so short warm-ups do
 not shrink it.
 
-Integration: with these optimizers DDP must not average gradients. Use
-``perfsim.runtime.grad_sync.attach(ddp_model, "onebit-adam")`` (registers a
-no-op hook) or no DDP at all; pipeline stages skip ``sync_gradients``.
-``state_dict()`` holds moments, frozen variance, LAMB coefficients and the
-compressor's error buffers (DeepSpeed's 1-bit optimizers drop those on reload;
-ours resume bit-identically).
+Integration: with these optimizers DDP must not average gradients; build them
+with :func:`perfsim.ddp.onebit_optimizer`, which registers a no-op hook on a DDP
+model (an optimizer whose parameters sit in a DDP model without it refuses to
+step). Statistics and, for fp16/bf16 parameters, master weights are float32.
+The warm-up is a setting of the run (``warmup`` steps, default
+:data:`DEFAULT_WARMUP`), not of the checkpoint: a resumed optimizer uses the
+value it was built with (freezing at load if that warm-up is already over;
+lengthening a finished warm-up is refused). ``state_dict()`` holds moments,
+frozen variance, LAMB coefficients and the compressor's error buffers
+(DeepSpeed's 1-bit optimizers drop those on reload; ours resume bit-identically).
 """
 
 from __future__ import annotations
@@ -74,10 +82,17 @@ from typing import Any
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.runtime.grad_sync import parse_grad_spec
 
 STATE_KEY = "onebit"
 EXCHANGES = ("preconditioned", "momentum")
+#: warm-up steps when neither the spec (``onebit-adam:warmup=N``) nor the caller
+#: gives one. A fixed number of steps, not a fraction of the run: the papers warm
+#: up for 15-20 % of training (one-bit-lamb-paper.txt Sec. 3.3 and 6.1), so set it
+#: to that share of *your* run; resuming with another value is allowed before the
+#: variance froze (see :meth:`_OneBitBase.load_state_dict`).
+DEFAULT_WARMUP = 100
+#: what the compression stage exchanges by default (see the module docstring)
+DEFAULT_EXCHANGE = "preconditioned"
 
 
 def _world(group) -> int:
@@ -113,7 +128,7 @@ class _OneBitBase(torch.optim.Optimizer):
 
     def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
-                 seed: int = 0, exchange: str = "momentum"):
+                 seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
         _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
@@ -132,7 +147,16 @@ class _OneBitBase(torch.optim.Optimizer):
         self.warmup = warmup
         self.compressor = make_compressor(compressor, seed=seed)
         self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0}
+        self.total_bytes = 0
+        self.link = None      # the no-op DDP hook's state, set by perfsim.ddp.onebit_optimizer
+        self._checked = False
         self.reset_stats()
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this rank has fed to collectives (warm-up gradients and compressed
+        momentum), from the exact ``dp_plan`` of what was sent."""
+        return int(self.total_bytes)
 
     # ------------------------------------------------------------ helpers
     def _params(self) -> list[tuple[torch.Tensor, dict]]:
@@ -154,7 +178,7 @@ class _OneBitBase(torch.optim.Optimizer):
         t0 = time.perf_counter()
         dist.all_reduce(flat, group=self.group)
         self.stats["time_s"] += time.perf_counter() - t0
-        self.stats["bytes"] += flat.numel() * flat.element_size()
+        self._count(flat.numel() * flat.element_size())
         flat /= world
         return [c.view_as(g) for c, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
 
@@ -167,8 +191,27 @@ class _OneBitBase(torch.optim.Optimizer):
             t0 = time.perf_counter()
             flat = self.compressor.allreduce_mean(flat, self.group)
             self.stats["time_s"] += time.perf_counter() - t0
-            self.stats["bytes"] += sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world))
+            self._count(sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world)))
         return [c.view_as(t) for c, t in zip(torch.split(flat, [t.numel() for t in tensors]), tensors)]
+
+    def _count(self, nbytes: int) -> None:
+        self.stats["bytes"] += int(nbytes)
+        self.total_bytes += int(nbytes)
+
+    def _check_communication(self, items) -> None:
+        """Refuse to train when DDP would still allreduce these gradients: the
+        parameters belong to a DistributedDataParallel model on which
+        :func:`perfsim.ddp.onebit_optimizer` did not install its no-op hook."""
+        self._checked = True
+        if self.link is not None or _world(self.group) == 1 or not items:
+            return
+        from perfsim.runtime.grad_sync import owning_ddp
+
+        ddp = owning_ddp([p for p, _ in items[:1]])
+        if ddp is not None:
+            raise ConfigError(f"{self.algorithm}: these parameters belong to a DistributedDataParallel "
+                              "model that allreduces every gradient in fp32; build the optimizer with "
+                              "perfsim.ddp.onebit_optimizer(ddp_model, ...) so it installs its no-op hook")
 
     def _check_finite(self, flat: torch.Tensor, what: str) -> None:
         """Stop with a clear message when training diverged (instead of the
@@ -193,16 +236,23 @@ class _OneBitBase(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        items = self._params()
+        params = self._params()
+        if not self._checked:
+            self._check_communication(params)
         self.global_state["step"] += 1
         t = self.global_state["step"]
-        grads = [self._grad(p) for p, _ in items]
-        for p, _ in items:
+        grads = [self._grad(p).float() for p, _ in params]
+        for p, _ in params:
             st = self.state[p]
-            if not st:
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if not st:  # statistics in float32 whatever the parameter dtype (bf16 squares underflow)
+                st["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                st["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+                if p.dtype != torch.float32:  # float32 master weights for fp16/bf16 parameters
+                    st["master"] = p.detach().float().clone()
                 self._init_extra(st, p)
+        # the update runs on the float32 master (the parameter itself when float32)
+        items = [(self.state[p].get("master", p), g) for p, g in params]
+        self._masters = {id(w): p for (w, _), (p, _) in zip(items, params)}
         if t <= self.warmup:
             self._warmup_step(t, items, self._allreduce_grads(grads))
             if t == self.warmup:
@@ -210,7 +260,14 @@ class _OneBitBase(torch.optim.Optimizer):
                 self._freeze(items)
         else:
             self._compressed_step(t, items, grads)
+        for p, _ in params:
+            if "master" in self.state[p]:
+                p.copy_(self.state[p]["master"])
         return loss
+
+    def _st(self, w: torch.Tensor) -> dict:
+        """Optimizer state of the parameter whose float32 master is ``w``."""
+        return self.state[self._masters[id(w)]]
 
     def _init_extra(self, st: dict, p: torch.Tensor) -> None:
         pass
@@ -231,6 +288,7 @@ class _OneBitBase(torch.optim.Optimizer):
         sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup, "exchange": self.exchange,
                          "step": int(self.global_state["step"]),
                          "freeze_step": int(self.global_state["freeze_step"]),
+                         "wire_bytes": int(self.total_bytes),
                          "compressor_spec": self.compressor.spec,
                          "compressor": self.compressor.state_dict()}
         return sd
@@ -249,10 +307,22 @@ class _OneBitBase(torch.optim.Optimizer):
         if ours.get("compressor_spec") != self.compressor.spec:
             raise ConfigError(f"{self.algorithm}: checkpoint used compressor "
                               f"{ours.get('compressor_spec')!r}, this run {self.compressor.spec!r}")
+        step, frozen = int(ours["step"]), int(ours["freeze_step"])
+        if frozen and self.warmup > frozen:
+            raise ConfigError(f"{self.algorithm}: the checkpoint froze the variance at step {frozen}; "
+                              f"warmup={self.warmup} cannot extend a finished warm-up (use <= {frozen})")
         super().load_state_dict(state_dict)
-        self.warmup = int(ours["warmup"])
-        self.global_state = {"step": int(ours["step"]), "freeze_step": int(ours["freeze_step"])}
+        # warm-up is this run's setting (not the checkpoint's): a shorter one than the
+        # checkpoint's step freezes now, with the statistics of the steps done so far
+        self.global_state = {"step": step, "freeze_step": frozen}
+        self.total_bytes = int(ours.get("wire_bytes", 0))
         self.compressor.load_state_dict(ours["compressor"])
+        if not frozen and step >= self.warmup:
+            params = self._params()
+            items = [(self.state[p].get("master", p), g) for p, g in params]
+            self._masters = {id(w): p for (w, _), (p, _) in zip(items, params)}
+            self.global_state["freeze_step"] = step
+            self._freeze(items)
 
 
 class OneBitAdam(_OneBitBase):
@@ -267,8 +337,8 @@ class OneBitAdam(_OneBitBase):
     algorithm = "onebit-adam"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, warmup: int = 100, group=None,
-                 compressor: str = "onebit", seed: int = 0, exchange: str = "momentum"):
+                 weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
+                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup=warmup, group=group, compressor=compressor, seed=seed,
                          exchange=exchange)
@@ -276,7 +346,7 @@ class OneBitAdam(_OneBitBase):
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
-            st = self.state[p]
+            st = self._st(p)
             m, v = st["exp_avg"], st["exp_avg_sq"]
             m.mul_(b1).add_(grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
@@ -293,15 +363,15 @@ class OneBitAdam(_OneBitBase):
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
-            denom = (self.state[p]["exp_avg_sq"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
-            m_local = self.state[p]["exp_avg"] * b1 + grad * (1 - b1)
-            m_local = _mask_dead(m_local, self.state[p]["exp_avg_sq"])
+            denom = (self._st(p)["exp_avg_sq"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
+            m_local = self._st(p)["exp_avg"] * b1 + grad * (1 - b1)
+            m_local = _mask_dead(m_local, self._st(p)["exp_avg_sq"])
             locals_.append(m_local / denom if pre else m_local)
             denoms.append(denom)
         averaged = self._exchange(locals_)
         for (p, g), avg, denom in zip(items, averaged, denoms):
             b1 = g["betas"][0]
-            st = self.state[p]
+            st = self._st(p)
             st["exp_avg"].copy_(_mask_dead(avg * denom if pre else avg, st["exp_avg_sq"]))
             p.mul_(1 - g["lr"] * g["weight_decay"])
             p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
@@ -319,8 +389,8 @@ class OneBitLamb(_OneBitBase):
     algorithm = "onebit-lamb"
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.0, warmup: int = 100, group=None,
-                 compressor: str = "onebit", seed: int = 0, exchange: str = "momentum",
+                 weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
+                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
                  coeff_beta: float = 0.9, coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0),
                  ratio_threshold: float = 0.1):
         _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
@@ -345,7 +415,7 @@ class OneBitLamb(_OneBitBase):
         c_min, c_max = self.coeff_bounds
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
-            st = self.state[p]
+            st = self._st(p)
             m, v = st["exp_avg"], st["exp_avg_sq"]
             m.mul_(b1).add_(grad, alpha=1 - b1)
             v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
@@ -363,7 +433,7 @@ class OneBitLamb(_OneBitBase):
         t = self.global_state["freeze_step"]
         scales = []
         for p, _ in items:
-            st = self.state[p]
+            st = self._st(p)
             st["exp_avg_sq_frozen"] = st["exp_avg_sq"].clone()
             st["coeff_frozen"].copy_(st["coeff_avg"] / (1 - self.coeff_beta ** t))
             st["last_ratio"].fill_(1.0)
@@ -371,7 +441,7 @@ class OneBitLamb(_OneBitBase):
         positive = [s for s in scales if s > 0]
         united = sum(positive) / len(positive) if positive else 1.0
         for (p, _), s in zip(items, scales):
-            self.state[p]["momentum_scale"].fill_(united / s if s > 0 else 1.0)
+            self._st(p)["momentum_scale"].fill_(united / s if s > 0 else 1.0)
 
     def _compressed_step(self, t, items, grads):
         r_min, r_max = self.ratio_bounds
@@ -381,7 +451,7 @@ class OneBitLamb(_OneBitBase):
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
-            st = self.state[p]
+            st = self._st(p)
             denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
             m_local = st["exp_avg"] * b1 + grad * (1 - b1)
             m_local = _mask_dead(m_local, st["exp_avg_sq_frozen"])
@@ -390,7 +460,7 @@ class OneBitLamb(_OneBitBase):
         averaged = self._exchange(locals_)
         for (p, g), scaled, denom in zip(items, averaged, denoms):
             b1, b2 = g["betas"]
-            st = self.state[p]
+            st = self._st(p)
             m_new = scaled * denom if pre else scaled / st["momentum_scale"]
             m_new = _mask_dead(m_new, st["exp_avg_sq_frozen"])
             g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
@@ -409,36 +479,16 @@ class OneBitLamb(_OneBitBase):
             p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
 
 
-def default_warmup(total_steps: int | None) -> int:
-    """Warm-up length when the spec gives none: 15 % of the run (1-bit Adam
-    freezes the variance after ~15 % of training, Tang et al. 2021 via
-    one-bit-lamb-paper.txt Sec. 3.3), at least 1; 100 steps without a run length."""
-    if total_steps is None:
-        return 100
-    return max(1, round(0.15 * int(total_steps)))
-
-
-def make_optimizer(spec: str, params, lr: float, group=None, *, weight_decay: float = 0.0,
-                   betas=(0.9, 0.999), eps: float = 1e-8, seed: int = 0,
-                   total_steps: int | None = None, compressor: str = "onebit") -> torch.optim.Optimizer:
-    """The optimizer a ``--grad-compress`` spec implies.
-
-    ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmup=N]`` give the 1-bit
-    optimizers on ``group`` (they exchange momentum; the caller must not
-    average gradients -- :func:`perfsim.runtime.grad_sync.sync_gradients` and the
-    hook of ``attach`` already skip it for these specs). Every other spec gives
-    ``torch.optim.AdamW`` (Adam when ``weight_decay=0``); the gradients are then
-    averaged by the grad-sync hook.
-    """
-    gs = parse_grad_spec(spec)
+def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.999), eps: float = 1e-8,
+          weight_decay: float = 0.0, seed: int = 0, compressor: str = "onebit",
+          **kwargs) -> "_OneBitBase":
+    """The 1-bit optimizer of a parsed ``onebit-adam`` / ``onebit-lamb`` spec
+    (public entry: :func:`perfsim.ddp.onebit_optimizer`)."""
     if not lr > 0:
         raise ConfigError(f"lr={lr}: must be > 0")
-    if gs.kind != "optimizer":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
-    warmup = gs.warmup if gs.warmup is not None else default_warmup(total_steps)
-    if warmup < 1:
-        raise ConfigError(f"grad compression {spec!r}: warmup must be >= 1")
-    cls = OneBitAdam if gs.optimizer == "onebit-adam" else OneBitLamb
+    cls = OneBitAdam if gspec.optimizer == "onebit-adam" else OneBitLamb
+    if kwargs and cls is OneBitAdam:
+        raise ConfigError(f"onebit-adam: unknown options {sorted(kwargs)}")
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
                group=group, compressor=compressor, seed=seed,
-               exchange=gs.exchange or "momentum")
+               exchange=gspec.exchange or DEFAULT_EXCHANGE, **kwargs)

@@ -5,8 +5,10 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``torchrun``), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
-Rank layout: rank ``r`` is pipeline device ``r % pp`` of data-parallel replica
-``r // pp``; it holds the stages (model chunks) the schedule table puts there.
+Rank layout (Megatron's): TP innermost, then DP, then PP
+(:class:`perfsim.runtime.tensor_parallel.RankLayout`); a rank holds the stages
+(model chunks) the schedule table puts on its pipeline device, and with
+``tp > 1`` each chunk's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ from perfsim.runtime import checkpoint
 from perfsim.runtime.config import RunConfig
 
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
+
+
+class TrainingDiverged(RuntimeError):
+    """Activations, gradients or the loss became NaN/Inf (or too large to
+    compress): not a usage error; the launcher reports the message as is."""
+
+    def __init__(self, step: int, stage: int):
+        super().__init__(f"training diverged at step {step}, stage {stage}; try a lower learning rate")
 
 
 def boundary_seed(seed: int, boundary: int, direction: int) -> int:
@@ -68,19 +78,20 @@ class Chunks(torch.nn.ModuleList):
     """The stages one rank holds (several with virtual stages), trained as one module."""
 
 
-def make_optimizer(cfg: RunConfig, module, dp_group, stage: int, steps: int):
+def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
+    """The optimizer of a stage's ``params`` (with TP: this rank's local shards): a 1-bit
+    optimizer through the public :func:`perfsim.ddp.onebit_optimizer` for ``onebit-*``
+    specs, else SGD / AdamW."""
+    from perfsim import ddp as pddp
     from perfsim.runtime.grad_sync import parse_grad_spec
 
-    gspec = parse_grad_spec(cfg.grad_compress)
-    if gspec.kind == "optimizer":  # 1-bit Adam / LAMB exchange compressed momentum themselves
-        from perfsim.runtime import onebit_optim
-
-        return onebit_optim.make_optimizer(cfg.grad_compress, module.parameters(), lr=cfg.lr,
-                                           group=dp_group, seed=cfg.seed * 31 + stage,
-                                           total_steps=steps)
+    if parse_grad_spec(cfg.grad_compress).kind == "optimizer":  # they exchange compressed momentum
+        target = params if isinstance(params, torch.nn.Module) else list(params)
+        return pddp.onebit_optimizer(target, cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
+                                     seed=cfg.seed * 31 + stage)
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=cfg.lr, momentum=0.9)
-    return torch.optim.AdamW(module.parameters(), lr=cfg.lr, weight_decay=0.0)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=0.9)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
 
 
 def _record_to_dict(rec) -> dict:
@@ -93,18 +104,24 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     """Body of one rank (process group already initialised)."""
     from perfsim.models.specs import get_model_spec
     from perfsim.runtime.data import Order, dataset_for
-    from perfsim.runtime.grad_sync import GradSync, sync_gradients
+    from perfsim import ddp as pddp
     from perfsim.runtime.models import Stage
     from perfsim.runtime.pipeline import StageRunner
     from perfsim.schedules import max_in_flight
 
-    pp, dp = cfg.pp, cfg.dp
-    stage, replica = rank % pp, rank // pp  # stage: this rank's pipeline device
+    pp, dp, layout = cfg.pp, cfg.dp, cfg.layout
+    stage, replica, tp_rank = layout.coords(rank)  # stage: this rank's pipeline device
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
-    # every rank creates every data-parallel group, in the same order
-    dp_groups = [dist.new_group([s + r * pp for r in range(dp)]) for s in range(pp)]
-    dp_group = dp_groups[stage]
+    tpar = None
+    if cfg.tp > 1:
+        from perfsim.runtime.tensor_parallel import TensorParallel
+
+        tpar = TensorParallel(layout, rank, device.type, cfg.sequence_parallel)
+        dp_group = tpar.dp_group()
+    else:  # every rank creates every data-parallel group, in the same order
+        dp_groups = [dist.new_group(ranks) for ranks in layout.dp_group_ranks()]
+        dp_group = dp_groups[stage]
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
@@ -114,15 +131,20 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     stages = {k: Stage(spec, *ranges[k], cfg.seed).to(device) for k in mine}
     # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
     module = stages[mine[0]] if len(mine) == 1 else Chunks([stages[k] for k in mine])
+    # what the optimizer and the gradient sync see: with TP this rank's local shards
+    named = tpar.parallelize(module, [stages[k] for k in mine]) if tpar is not None \
+        else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
-    optimizer = make_optimizer(cfg, module, dp_group, stage, steps)
+    optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
     per_stage = {k: make_stage_compressors(cfg, k, table) for k in mine}
     # one flat dict of every compressor (checkpointed); slot names alone with one stage per rank
     comps = {(slot if len(mine) == 1 else f"{k}/{slot}"): c for k in mine for slot, c in per_stage[k].items()}
-    grad_state = GradSync(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
-    runner = StageRunner(stages, table, stage, lambda d: replica * pp + d, per_stage, dataset,
+    # gradients through the public perfsim.ddp state (1-bit optimizers exchange momentum instead)
+    grad_state = None if getattr(optimizer, "algorithm", "") else \
+        pddp.CompressionState(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
+    runner = StageRunner(stages, table, stage, lambda d: layout.rank(d, replica, tp_rank), per_stage, dataset,
                          cfg.micro_batch, device)
 
     out = Path(cfg.out)
@@ -137,7 +159,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         optimizer.load_state_dict(state["optimizer"])
         for slot, st in state["compressors"].items():
             comps[slot].load_state_dict(st)
-        grad_state.load_state_dict(state["grad_sync"])
+        if grad_state is not None:
+            grad_state.load_state_dict(state["grad_sync"])
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
         loss_history = dict(state["loss_history"])
@@ -145,33 +168,57 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
 
     def save(step_done: int) -> None:
-        checkpoint.save_rank(ckpt_root, step_done, rank, {
-            "model": module.state_dict(), "optimizer": optimizer.state_dict(),
-            "compressors": {k: c.state_dict() for k, c in comps.items()},
-            "grad_sync": grad_state.state_dict(), "rng": torch.get_rng_state(),
-            "step": step_done, "loss_history": loss_history,
-        })
-        dist.barrier()
-        if rank == 0:
-            checkpoint.commit(ckpt_root, step_done, world, cfg_dict)
+        error, previous = None, checkpoint.latest(ckpt_root)
+        try:
+            checkpoint.save_rank(ckpt_root, step_done, rank, {
+                "model": module.state_dict(), "optimizer": optimizer.state_dict(),
+                "compressors": {k: c.state_dict() for k, c in comps.items()},
+                "grad_sync": grad_state.state_dict() if grad_state is not None else {},
+                "rng": torch.get_rng_state(),
+                "step": step_done, "loss_history": loss_history,
+            })
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        outcomes = [None] * world  # every rank confirms its save: no rank looks at another's disk
+        dist.all_gather_object(outcomes, error)
+        failed = [(r, e) for r, e in enumerate(outcomes) if e]
+        if failed:
+            raise RuntimeError(f"checkpoint step {step_done}: rank {failed[0][0]} could not save "
+                               f"({failed[0][1]}); the previous checkpoint stays")
+        checkpoint.commit(ckpt_root, step_done, world, cfg_dict, rank, previous)
         dist.barrier()
 
-    reporter = rank == table.stage_device[-1]  # the rank of replica 0's last stage reports progress
+    # the rank of replica 0's last stage (TP rank 0) reports progress
+    reporter = rank == layout.rank(table.stage_device[-1], 0, 0)
     records = []
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
     for step in range(start, steps):
-        if cfg.fail_rank == rank and cfg.fail_step == step:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (tests)
+        if cfg.fail_rank == rank and cfg.fail_step == step:  # fault injection (tests)
+            os.kill(os.getpid(), getattr(signal, cfg.fail_signal))
         ids = order.replica_batch(step, replica, dp)
         next_ids = order.replica_batch(step + 1, replica, dp) if step + 1 < steps else None
-        rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        try:
+            if tpar is not None:
+                with tpar.meter:
+                    rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+                    tpar.end_backward(module, rec)
+            else:
+                rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
+        except ConfigError as exc:  # a compressor refused NaN/Inf/overflowing values: divergence
+            if "refusing to compress" not in str(exc):
+                raise
+            raise TrainingDiverged(step, stage) from None
+        if rec.loss is not None and not math.isfinite(rec.loss):
+            raise TrainingDiverged(step, stage)
         t0 = time.perf_counter()
-        stats = sync_gradients(module.named_parameters(), grad_state, dp_group) if dp > 1 else {}
+        stats = grad_state.sync(named) if dp > 1 and grad_state is not None else {}
         t1 = time.perf_counter()
         rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if tpar is not None:
+            module.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
         if hasattr(optimizer, "pop_stats"):  # 1-bit optimizers: their exchange is the dp sync
@@ -194,11 +241,11 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         if done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
             save(done)
 
-    payload = {"rank": rank, "stage": stage, "replica": replica,
+    payload = {"rank": rank, "stage": stage, "replica": replica, "tp_rank": tp_rank,
                "records": [_record_to_dict(r) for r in records], "loss_history": loss_history,
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
-               "params": sum(p.numel() for p in module.parameters()),
+               "params": sum(p.numel() for _, p in named),
                "layers": [stages[mine[0]].start, stages[mine[-1]].end],
                "chunks": [[stages[k].start, stages[k].end] for k in mine]}
     gathered = [None] * world if rank == 0 else None
@@ -216,7 +263,7 @@ def init_and_train(cfg: RunConfig) -> None:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
-        raise ConfigError(f"WORLD_SIZE={world} but --pp {cfg.pp} x --dp {cfg.dp} = {cfg.world_size}")
+        raise ConfigError(f"WORLD_SIZE={world} but --pp {cfg.pp} x --dp {cfg.dp} x --tp {cfg.tp} = {cfg.world_size}")
     threads = int(os.environ.get("PERFSIM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
@@ -228,11 +275,46 @@ def init_and_train(cfg: RunConfig) -> None:
         dist.destroy_process_group()
 
 
+def die_with_launcher() -> None:
+    """SIGKILL this rank when the launcher dies (:func:`perfsim.procs.die_with_parent`)."""
+    launcher = os.environ.get("PERFSIM_LAUNCHER_PID")
+    if launcher is not None:
+        from perfsim.procs import die_with_parent
+
+        die_with_parent(int(launcher))
+
+
+def start_heartbeat(rank: int) -> None:
+    """Bump this rank's 8-byte slot of the launcher's heartbeat file twice a
+    second from a daemon thread: a stopped or frozen rank stops beating."""
+    path = os.environ.get("PERFSIM_HEARTBEAT")
+    if not path:
+        return
+    import mmap
+    import threading
+
+    from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
+
+    with open(path, "r+b") as f:
+        slots = mmap.mmap(f.fileno(), 0)
+
+    def beat():
+        n = 0
+        while True:
+            n += 1
+            slots[8 * rank:8 * rank + 8] = n.to_bytes(8, "little")
+            time.sleep(HEARTBEAT_PERIOD_S)
+
+    threading.Thread(target=beat, name="perfsim-heartbeat", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
+    die_with_launcher()
     argv = sys.argv[1:] if argv is None else argv
     cfg = RunConfig.from_dict(json.loads(Path(argv[0]).read_text()))
     rank = int(os.environ.get("RANK", "0"))
     err_path = Path(cfg.out) / ".ranks" / f"rank{rank}.error"
+    start_heartbeat(rank)
     try:
         init_and_train(cfg)
     except BaseException as exc:  # report one line for the launcher, then fail

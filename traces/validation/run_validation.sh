@@ -45,3 +45,11 @@ perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp3
 perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
     --repeats 2 --out "traces/validation/gpt2-tiny-pp2-schedules"
+# tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
+# with and without sequence parallelism (TP rows are predicted once the simulator has tp)
+perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
+    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --out "traces/validation/gpt2-tiny-tp2"
+perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
+    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --out "traces/validation/gpt2-tiny-tp2-sp"

@@ -1,0 +1,230 @@
+"""perfsim's gradient compressors in your own DistributedDataParallel script.
+
+The one public way in (``perfsim run`` uses the same objects)::
+
+    from perfsim import ddp as pddp
+
+    model = DistributedDataParallel(net)
+    state = pddp.CompressionState("qsgd-maxnorm:4")     # process_group=... optional
+    model.register_comm_hook(state, pddp.hook)          # the torch convention
+    # or, equivalently:  state = pddp.attach(model, "ecq:4")
+
+    # 1-bit Adam / 1-bit LAMB exchange compressed *momentum*: one call sets up
+    # both the optimizer and DDP's (no-op) gradient hook
+    opt = pddp.onebit_optimizer(model, "onebit-adam", lr=1e-3, warmup=100)
+
+    ckpt = {"model": model.state_dict(), "optim": opt.state_dict(), "comm": state.state_dict()}
+    state.load_state_dict(ckpt["comm"])                 # exact resume, nothing else to call
+    state.wire_bytes                                    # gradient bytes this rank has sent
+    opt.wire_bytes                                      # the same for the 1-bit optimizers
+
+Gradient specs (``CompressionState`` / ``attach``): ``fp32``, ``fp16``, ``bf16``,
+``qsgd-maxnorm:BITS[:chunk=D]``, ``qsgd-maxnorm-multiscale:BITS[:SCALES]``,
+``randk-maxnorm:FRACTION:BITS``, ``ecq:BITS``, ``qsgd:BITS``, ``powersgd:RANK``
+(torch's own PowerSGD hook). Optimizer specs (``onebit_optimizer``):
+``onebit-adam``, ``onebit-lamb``.
+
+Guarantees (each tested with real gloo processes, ``tests/test_ddp.py``):
+
+* **Exact resume.** State is keyed by parameter *names* (the hook finds the DDP
+  model that owns a bucket on its first call), and every bucket is compressed in
+  one canonical parameter layout, so N steps + save + fresh processes + load +
+  N steps is bit-identical to 2N steps, PowerSGD included (its memories go
+  through torch's ``PowerSGDState.__getstate__`` / ``__setstate__``, keyed by
+  bucket name instead of torch's bucket index). The user also restores model,
+  optimizer and torch's RNG, as for any DDP checkpoint.
+* **Honest bytes.** ``wire_bytes`` sums each method's ``dp_plan`` -- the
+  collectives it really performs, the numbers the simulator charges and
+  ``perfsim compressors --world-size W`` lists.
+* **Wrong use is an error**: an unknown spec, an optimizer spec given as a
+  gradient compressor (or the reverse), a 1-bit optimizer whose parameters
+  live in a DDP model that still allreduces gradients, a checkpoint saved with
+  another world size (error-feedback buffers are per rank: refused).
+* Works with ``find_unused_parameters=True``, bf16/fp16 parameters, ``no_sync``
+  gradient accumulation and several DDP models per process (one state each).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from perfsim.errors import ConfigError
+from perfsim.runtime import grad_sync as _gs
+from perfsim.runtime import onebit_optim as _ob
+
+__all__ = ["CompressionState", "hook", "attach", "onebit_optimizer", "warmup_steps", "OPTIMIZER_SPECS",
+           "DEFAULT_WARMUP"]
+
+OPTIMIZER_SPECS = _gs.ONEBIT_OPTIMIZERS
+DEFAULT_WARMUP = _ob.DEFAULT_WARMUP
+
+
+class CompressionState(_gs.GradSync):
+    """The state of :func:`hook`: one compressor (with its error feedback and random
+    counters) per gradient bucket, keyed by the names of the bucket's parameters.
+
+    ``spec``: a gradient compression spec (see the module docstring).
+    ``process_group``: the data-parallel group (default: the DDP model's own).
+    ``seed``: seeds stochastic rounding (identical on every rank; the rank is
+    mixed in by the compressors themselves).
+    """
+
+    def __init__(self, spec: str, process_group=None, *, seed: int = 0):
+        gspec = _gs.parse_grad_spec(spec)
+        if gspec.kind == "optimizer":
+            raise ConfigError(f"CompressionState({spec!r}): {gspec.optimizer} exchanges momentum, not "
+                              f"gradients; use perfsim.ddp.onebit_optimizer(model, {spec!r}, lr=...)")
+        super().__init__(gspec, process_group, seed=seed)
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes this rank has fed to collectives for gradients so far (restored by
+        :meth:`load_state_dict`), from each method's exact ``dp_plan``."""
+        return int(self.total_bytes)
+
+    def sync(self, named_parameters, group=None) -> dict[str, float]:
+        """Average the gradients of modules that are not DDP (pipeline stages) with
+        the same buckets and compressors as the hook; returns this call's bytes/time."""
+        return _gs.sync_gradients(named_parameters, self, group)
+
+
+def hook(state: CompressionState, bucket):  # no return annotation: DDP checks it literally
+    """DDP communication hook: ``model.register_comm_hook(state, perfsim.ddp.hook)``.
+
+    DDP's buckets change between the first iteration and its rebuild, and start
+    over after a restart; compressing them as given would tie error feedback,
+    random draws and norms to that history. Instead the hook compresses the
+    state's *canonical* buckets (:meth:`CompressionState.groups`: parameter order,
+    the model's bucket cap -- what the simulator charges): gradients of each DDP
+    bucket are held until every parameter of a canonical bucket has arrived, that
+    bucket is averaged, and a DDP bucket's future completes once all of its
+    parameters are done. DDP waits for the futures only after the last bucket,
+    so nothing blocks; every rank sees DDP's buckets in the same order.
+    """
+    if not isinstance(state, _gs.GradSync) or state.spec.kind == "optimizer":
+        raise ConfigError(f"perfsim.ddp.hook: state must be a perfsim.ddp.CompressionState, "
+                          f"got {type(state).__name__}")
+    buf = bucket.buffer()
+    params = list(bucket.parameters())
+    if not state._names and params:
+        state.bind_from_bucket(params)
+    fut: torch.futures.Future = torch.futures.Future()
+    if _gs._world(state.process_group) == 1:
+        fut.set_result(buf)
+        return fut
+    pend = state.__dict__.setdefault("_pending", {"views": {}, "buckets": [], "done": set()})
+    offset = 0
+    for p in params:
+        pend["views"][id(p)] = buf[offset:offset + p.numel()]
+        offset += p.numel()
+    pend["buckets"].append((fut, buf, [id(p) for p in params]))
+    groups = state.groups()
+    for gi, group in enumerate(groups):
+        if gi in pend["done"] or not all(id(p) in pend["views"] for p in group):
+            continue
+        views = [pend["views"].pop(id(p)) for p in group]
+        flat = torch.cat([v.to(torch.float32) for v in views])
+        pend["done"].add(gi)
+        out = _gs.reduce_bucket(state, gi, len(groups), group, flat, len(pend["done"]) == len(groups))
+        at = 0
+        for v in views:
+            v.copy_(out[at:at + v.numel()])
+            at += v.numel()
+    waiting = []
+    for item in pend["buckets"]:
+        if any(i in pend["views"] for i in item[2]):
+            waiting.append(item)
+        else:
+            item[0].set_result(item[1])
+    pend["buckets"] = waiting
+    if len(pend["done"]) == len(groups):
+        if pend["views"] or waiting:
+            raise ConfigError("perfsim.ddp.hook: DDP handed gradients of parameters outside the model's "
+                              "canonical buckets")
+        pend["done"] = set()
+    return fut
+
+
+def attach(model, spec: str, process_group=None, *, seed: int = 0) -> CompressionState:
+    """Create a :class:`CompressionState` for ``spec``, bind it to ``model`` (a
+    ``DistributedDataParallel``) and register :func:`hook`; returns the state."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        raise ConfigError(f"attach: expected a DistributedDataParallel model, got {type(model).__name__}")
+    state = CompressionState(spec, process_group or getattr(model, "process_group", None), seed=seed)
+    state.bind(model.module.named_parameters())
+    _register(model, state, hook)
+    return state
+
+
+def _register(model, state, fn) -> None:
+    try:
+        model.register_comm_hook(state, fn)
+    except RuntimeError as exc:  # torch allows one hook per DDP model
+        raise ConfigError(f"DDP model already has a communication hook ({str(exc).splitlines()[0]}); "
+                          "register one perfsim.ddp hook per model") from None
+
+
+def warmup_steps(spec: str) -> int | None:
+    """The warm-up a 1-bit optimizer spec gets when no ``warmup=`` argument is
+    passed -- its ``:warmup=N``, else :data:`DEFAULT_WARMUP` -- or None for a
+    gradient compressor. ``perfsim run`` shows it in its header and results."""
+    gspec = _gs.parse_grad_spec(spec)
+    if gspec.kind != "optimizer":
+        return None
+    return gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP
+
+
+class _OneBitLink:
+    """State of the no-op DDP hook that :func:`onebit_optimizer` installs."""
+
+    def __init__(self):
+        self.hook_calls = 0
+
+
+def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, process_group=None,
+                     betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, seed: int = 0,
+                     **kwargs: Any) -> torch.optim.Optimizer:
+    """1-bit Adam or 1-bit LAMB for ``model``, with its communication set up.
+
+    ``model``: a ``DistributedDataParallel`` (a no-op gradient hook is registered
+    on it, so DDP does not allreduce gradients the optimizer exchanges as
+    compressed momentum) or a plain module (every rank holds a replica; the
+    optimizer refuses to step if the parameters belong to a DDP model without
+    that hook). ``spec``: ``onebit-adam`` / ``onebit-lamb`` (``:warmup=N`` and
+    ``:exchange=`` as in ``--grad-compress``). ``warmup``: uncompressed steps
+    before the variance freezes (default :data:`DEFAULT_WARMUP`; a spec's
+    ``warmup=`` wins over the default, an explicit argument over both).
+    ``process_group`` defaults to the DDP model's group. Other keywords go to
+    :class:`perfsim.runtime.onebit_optim.OneBitLamb` (clipping bounds).
+    The optimizer's ``wire_bytes`` counts the bytes it has sent.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    gspec = _gs.parse_grad_spec(spec)
+    if gspec.kind != "optimizer":
+        raise ConfigError(f"onebit_optimizer: {spec!r} is not a 1-bit optimizer (choose "
+                          f"{' or '.join(OPTIMIZER_SPECS)}); gradient compressors go through "
+                          "perfsim.ddp.attach / CompressionState")
+    is_ddp = isinstance(model, DistributedDataParallel)
+    if process_group is None and is_ddp:
+        process_group = getattr(model, "process_group", None)
+    module = model.module if is_ddp else model
+    if hasattr(module, "parameters"):
+        params = list(module.parameters())
+    elif isinstance(model, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in model):
+        params = list(model)  # explicit tensors (e.g. tensor-parallel local shards)
+    else:
+        raise ConfigError(f"onebit_optimizer: expected a module or a list of parameters, "
+                          f"got {type(model).__name__}")
+    steps = warmup if warmup is not None else (gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP)
+    opt = _ob.build(gspec, params, lr=lr, group=process_group, warmup=steps, betas=betas,
+                    eps=eps, weight_decay=weight_decay, seed=seed, **kwargs)
+    if is_ddp:
+        link = _OneBitLink()
+        _register(model, link, _gs.noop_hook)
+        opt.link = link
+    return opt

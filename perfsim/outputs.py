@@ -1,0 +1,219 @@
+"""Every file perfsim writes goes through here: one output writer.
+
+* :func:`output_format` picks the format from ``--format`` or the path's suffix
+  (table, csv, json, parquet) and refuses an unknown suffix before any work;
+  :func:`require_parquet` checks for pyarrow (the ``perfsim[parquet]`` extra)
+  up front too.
+* :func:`check_file_target` / :func:`check_dir_target` turn a directory given
+  as a file, a file given as a folder or an unwritable folder into one line
+  (:class:`~perfsim.errors.ConfigError`, exit 2) before a run starts.
+* :func:`write_bytes` / :func:`write_text` write a regular file atomically
+  (temp file in the same folder + rename) at the symlink's *real* target, so a
+  link stays a link; special files (a FIFO, ``/dev/null``, a terminal) are
+  written in place, never replaced. An I/O failure (full disk, read-only
+  filesystem) raises :class:`~perfsim.errors.OutputError`: one line, exit 1.
+* :func:`write_stdout` does the same for standard output (closed, full).
+* :func:`locked_dir` takes an exclusive lock on an output folder, so two runs
+  cannot interleave in one ``--out``; the second is refused naming the holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+from perfsim.errors import ConfigError, OutputError
+
+FORMATS = ("table", "csv", "json", "parquet")
+#: suffix -> format (a path without a suffix takes the command's default)
+SUFFIXES = {".txt": "table", ".csv": "csv", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+LOCK_NAME = ".perfsim.lock"
+
+
+# ------------------------------------------------------------------ formats
+def output_format(path: str | os.PathLike | None, fmt: str | None = None,
+                  allowed: tuple[str, ...] = FORMATS, default: str = "table",
+                  flag: str = "--output") -> str:
+    """The format to write ``path`` in: ``fmt`` when given, else from the
+    suffix, else ``default``. Unknown or unsupported suffixes are refused."""
+    if fmt is not None:
+        if fmt not in allowed:
+            raise ConfigError(f"--format {fmt!r}: choose from {', '.join(allowed)}")
+        chosen = fmt
+    elif path is None or str(path) == "-":
+        chosen = default
+    else:
+        suffix = Path(str(path)).suffix.lower()
+        if not suffix:
+            chosen = default
+        elif suffix not in SUFFIXES or SUFFIXES[suffix] not in allowed:
+            known = ", ".join(s for s, f in SUFFIXES.items() if f in allowed)
+            raise ConfigError(f"{flag} {str(path)!r}: unknown suffix {suffix!r} (use {known}, "
+                              "or --format)")
+        else:
+            chosen = SUFFIXES[suffix]
+    if chosen == "parquet":
+        require_parquet(f"{flag} {path}" if path else "--format parquet")
+    return chosen
+
+
+def require_parquet(what: str) -> None:
+    """Refuse Parquet output up front when pyarrow is missing."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{what}: Parquet needs pyarrow (pip install 'perfsim[parquet]'), "
+                          "or write .csv") from None
+
+
+# ------------------------------------------------------------ path checks
+def check_file_target(path: str | os.PathLike, flag: str = "--output") -> None:
+    """One line (exit 2) when ``path`` cannot be an output file."""
+    p = Path(os.path.realpath(path))
+    if p.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: is a directory (give a file name)")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: {parent} is not a directory")
+    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: directory {parent} is not writable")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: not writable")
+
+
+def check_dir_target(path: str | os.PathLike, flag: str = "--out") -> None:
+    """One line (exit 2) when ``path`` cannot be an output folder."""
+    p = Path(path)
+    probe = p
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r}: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r}: {probe} is not writable")
+
+
+# ------------------------------------------------------------------ writing
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _describe(exc: OSError, path) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"writing {path}: {exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path``: atomically for a regular file (at a
+    symlink's real target), in place for a FIFO or device. Raises
+    :class:`OutputError` (one line) on an I/O failure."""
+    real = Path(os.path.realpath(path))
+    try:
+        st = real.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(_describe(exc, path)) from None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"writing {path}: is a directory")
+    if st is not None and not stat.S_ISREG(st.st_mode):  # FIFO, character device, socket...
+        try:
+            with open(real, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise OutputError(_describe(exc, path)) from None
+        return
+    tmp = None
+    try:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", dir=real.parent)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~_umask()
+        os.chmod(tmp, mode)  # mkstemp makes 0600; keep the file's mode or the usual one
+        os.replace(tmp, real)
+        tmp = None
+    except OSError as exc:
+        raise OutputError(_describe(exc, path)) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Text twin of :func:`write_bytes` (UTF-8)."""
+    write_bytes(path, text.encode())
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to standard output and flush; a closed or full stdout
+    raises :class:`OutputError`. A reader that went away (``| head``) raises
+    BrokenPipeError, which the CLI treats as success."""
+    if sys.stdout is None:
+        raise OutputError("writing stdout: it is closed")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        detach_stdout()
+        if isinstance(exc, OSError):
+            raise OutputError(_describe(exc, "stdout")) from None
+        raise OutputError("writing stdout: it is closed") from None
+
+
+def detach_stdout() -> None:
+    """Point fd 1 at /dev/null so that the interpreter's final flush of what
+    could not be written does not print a second error."""
+    with contextlib.suppress(OSError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+
+
+# ------------------------------------------------------------------ locking
+@contextlib.contextmanager
+def locked_dir(path: str | os.PathLike, flag: str = "--out", file: bool = False) -> Iterator[Path]:
+    """Hold an exclusive lock on output folder (or file) ``path`` while the
+    block runs. The lock is ``flock`` on ``<path>/.perfsim.lock`` (a file
+    output: ``.<name>.lock`` beside it), which the kernel releases when its
+    holder dies, so a stale lock file of a dead process never blocks; the file
+    records the holder's pid for the refusal message. ``file=True``: ``path``
+    is an output file (a sweep table)."""
+    path = Path(path)
+    if file:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = path.parent / f".{path.name}.lock"
+    else:
+        path.mkdir(parents=True, exist_ok=True)
+        lock = path / LOCK_NAME
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputError(_describe(exc, lock)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ConfigError(f"{flag} {str(path)!r}: in use by another perfsim (pid {holder}); "
+                          "wait for it or choose another output") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield path
+    finally:
+        os.close(fd)  # releases the lock; the file stays (unlinking would race a new holder)

@@ -1,0 +1,172 @@
+"""Convergence of every perfsim.ddp method against fp32 on the same budget.
+
+A real 2-rank gloo job (run it under torchrun, or let this script start one):
+an MLP (64-64-10) on scikit-learn's digits, 32 samples per rank and step, the
+same initial weights and data order for every configuration. Gradient
+compressors run with Adam (lr 3e-3) and with SGD (momentum 0.9, lr 0.1), each
+against plain fp32 DDP with the same optimizer; the 1-bit optimizers at lr 1e-2
+and 1e-3 against their uncompressed counterparts (Adam; LAMB = 1-bit LAMB whose
+warm-up never ends), with warm-up = 20 % of the steps (the papers' 15-20 %).
+The figure of merit is the full-data loss after the last step divided by the
+baseline's (tests/test_ddp_convergence.py requires <= 2).
+
+    python scripts/ddp_convergence.py --steps 150 --out docs/ddp   # CSVs + docs/ddp/loss_curves.png
+
+Writes ``<out>/ddp_convergence.csv`` (config, optimizer, lr, method, baseline,
+final_loss, baseline_loss, ratio) and ``<out>/ddp_curves.csv`` (config, step, loss).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+GRAD_METHODS = ["fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:4", "ecq:4",
+                "qsgd:4", "powersgd:2", "randk-maxnorm:0.25:4"]
+OPT_LRS = (1e-2, 1e-3)
+
+
+def configs(steps: int) -> list[dict]:
+    """Every (config, baseline) pair; a config's ``baseline`` names another config."""
+    out = []
+    for optim, lr in (("adam", 3e-3), ("sgd", 0.1)):
+        base = f"{optim}/fp32"
+        out.append({"config": base, "optim": optim, "lr": lr, "method": "fp32", "baseline": base})
+        out += [{"config": f"{optim}/{m}", "optim": optim, "lr": lr, "method": m, "baseline": base}
+                for m in GRAD_METHODS]
+    for lr in OPT_LRS:
+        adam = f"adam@{lr:g}/fp32"
+        out.append({"config": adam, "optim": "adam", "lr": lr, "method": "fp32", "baseline": adam})
+        out.append({"config": f"onebit-adam@{lr:g}", "optim": "onebit-adam", "lr": lr,
+                    "method": "onebit-adam", "baseline": adam, "warmup": max(1, steps // 5)})
+        lamb = f"lamb@{lr:g}/fp32"
+        out.append({"config": lamb, "optim": "onebit-lamb", "lr": lr, "method": "onebit-lamb",
+                    "baseline": lamb, "warmup": steps})  # warm-up all along: LAMB, fp32 allreduce
+        out.append({"config": f"onebit-lamb@{lr:g}", "optim": "onebit-lamb", "lr": lr,
+                    "method": "onebit-lamb", "baseline": lamb, "warmup": max(1, steps // 5)})
+    return out
+
+
+def train_all(steps: int, only: list[str] | None) -> dict[str, list[tuple[int, float]]]:
+    """Body of one rank (process group initialised): config -> [(step, full-data loss)]."""
+    import torch
+    import torch.distributed as dist
+    from sklearn.datasets import load_digits
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from perfsim import ddp as pddp
+
+    d = load_digits()
+    x_all, y_all = torch.tensor(d.data, dtype=torch.float32) / 16.0, torch.tensor(d.target)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    curves = {}
+    wanted = set(only or []) | {c["baseline"] for c in configs(steps) if c["config"] in (only or [])}
+    for cfg in configs(steps):
+        if only and cfg["config"] not in wanted:
+            continue
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+        model = DDP(net)
+        if cfg["optim"].startswith("onebit"):
+            opt = pddp.onebit_optimizer(model, cfg["method"], lr=cfg["lr"], warmup=cfg["warmup"])
+        else:
+            pddp.attach(model, cfg["method"], seed=1)
+            opt = (torch.optim.Adam(model.parameters(), lr=cfg["lr"]) if cfg["optim"] == "adam"
+                   else torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9))
+        g = torch.Generator().manual_seed(5)
+        curve = []
+        for step in range(steps):
+            idx = torch.randint(0, len(x_all), (32 * world,), generator=g)[rank::world]
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+            opt.step()
+            if (step + 1) % 10 == 0 or step == steps - 1:
+                with torch.no_grad():
+                    curve.append((step + 1, float(torch.nn.functional.cross_entropy(net(x_all), y_all))))
+        curves[cfg["config"]] = curve
+    return curves
+
+
+def table(curves: dict, steps: int) -> list[dict]:
+    rows = []
+    for cfg in configs(steps):
+        if cfg["config"] not in curves or cfg["baseline"] not in curves:
+            continue
+        final, base = curves[cfg["config"]][-1][1], curves[cfg["baseline"]][-1][1]
+        rows.append({"config": cfg["config"], "optimizer": cfg["optim"], "lr": cfg["lr"],
+                     "method": cfg["method"], "baseline": cfg["baseline"], "final_loss": final,
+                     "baseline_loss": base, "ratio": final / base})
+    return rows
+
+
+def write(out: Path, curves: dict, steps: int, plot: bool) -> list[dict]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table(curves, steps)
+    with open(out / "ddp_convergence.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with open(out / "ddp_curves.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["config", "step", "loss"])
+        for name, curve in curves.items():
+            w.writerows([name, s, f"{v:.6g}"] for s, v in curve)
+    if plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        groups = [("adam", "Adam, lr 3e-3"), ("sgd", "SGD momentum, lr 0.1"), ("@0.01", "1-bit, lr 1e-2"),
+                  ("@0.001", "1-bit, lr 1e-3")]
+        fig, axes = plt.subplots(1, 4, figsize=(20, 4.5), sharey=True)
+        for ax, (key, title) in zip(axes, groups):
+            for name, curve in curves.items():
+                if (name.startswith(key + "/") if "@" not in key else key in name):
+                    ax.plot([s for s, _ in curve], [v for _, v in curve], label=name.split("/")[-1]
+                            if "@" not in key else name, lw=2.5 if "fp32" in name else 1.2)
+            ax.set_title(title)
+            ax.set_xlabel("step")
+            ax.set_yscale("log")
+            ax.legend(fontsize=7)
+        axes[0].set_ylabel("full-data cross-entropy")
+        fig.tight_layout()
+        fig.savefig(out / "ddp_loss_curves.png", dpi=90)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--out", default="docs/ddp")
+    ap.add_argument("--only", default="", help="comma list of configs (and their baselines)")
+    ap.add_argument("--no-plot", action="store_true")
+    args = ap.parse_args(argv)
+    only = [c for c in args.only.split(",") if c]
+    if "RANK" not in os.environ:  # start the 2-rank job: this script under torchrun
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+               __file__, *(argv if argv is not None else sys.argv[1:])]
+        return subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    curves = train_all(args.steps, only)
+    if dist.get_rank() == 0:
+        for r in write(Path(args.out), curves, args.steps, not args.no_plot):
+            print(f"{r['config']:28s} {r['final_loss']:.4f}  {r['ratio']:.2f}x {r['baseline']}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Checkpoints: a corrupt file is one line and the previous one resumes (issue 14.16);
+no shared filesystem needed (issue 19.8)."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.runtime import checkpoint
+from perfsim.runtime.api import run
+from perfsim.runtime.config import RunConfig
+from perfsim.runtime.launch import free_port
+
+FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
+
+
+def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(tmp_path):
+    out = tmp_path / "c"
+    full = run(pp=2, steps=6, out=tmp_path / "full", **FAST).losses
+    run(pp=2, steps=4, checkpoint_every=2, out=out, **FAST)
+    root, meta = checkpoint.find(out)
+    assert meta["step"] == 4 and sorted(p.name for p in root.glob("step*")) == ["step00000002", "step00000004"]
+    bad = root / "step00000004" / "rank1.pt"
+    bad.write_bytes(bad.read_bytes()[:100])  # truncated, as by a full disk or a crash
+    with pytest.raises(ConfigError, match=r"step00000004/rank1.pt: corrupt or unreadable.*"
+                                          r"--resume .*step00000002"):
+        run(pp=2, steps=6, resume=out, out=tmp_path / "r1", **FAST)
+    result = run(pp=2, steps=6, resume=root / "step00000002", out=tmp_path / "r2", **FAST)
+    assert result.summary["start_step"] == 2
+    assert result.losses == full
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                                reason="needs root and unshare (private mounts)")
+
+
+def _launch_private_disks(cfg: RunConfig, out, disks) -> list[subprocess.CompletedProcess]:
+    """Start the ranks by hand (as torchrun would), each in its own mount
+    namespace where OUT/ckpt is that rank's private disk: nodes without a
+    shared filesystem."""
+    cfg_path = out / "config.json"
+    cfg_path.write_text(cfg.to_json())
+    (out / "ckpt").mkdir(exist_ok=True)
+    port = free_port()
+    procs = []
+    for r in range(cfg.world_size):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(cfg.world_size), LOCAL_RANK="0",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PERFSIM_THREADS="1")
+        script = (f"mount --bind {disks[r]} {out / 'ckpt'} && "
+                  f"exec {sys.executable} -m perfsim.runtime.worker {cfg_path}")
+        procs.append(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    done = []
+    try:
+        for p in procs:
+            stdout, _ = p.communicate(timeout=180)
+            done.append((p.returncode, stdout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return done
+
+
+@pytest.mark.netns
+@needs_root
+def test_checkpoints_without_a_shared_filesystem(tmp_path):
+    out = tmp_path / "run"
+    (out / ".ranks").mkdir(parents=True)
+    disks = [tmp_path / f"node{r}" for r in range(2)]
+    for d in disks:
+        d.mkdir()
+    cfg = RunConfig(pp=2, steps=4, checkpoint_every=2, out=str(out), model="digits-mlp", micro_batch=4,
+                    macro_batch=16, timeout_s=30.0)
+    for code, log in _launch_private_disks(cfg, out, disks):
+        assert code == 0, log[-2000:]
+    for r, d in enumerate(disks):  # each node holds its own files and its own commit
+        assert sorted(p.name for p in (d / "step00000004").iterdir()) == ["commit.json", f"rank{r}.pt"]
+        assert checkpoint.latest(d)["step"] == 4
+    resumed = cfg.replace(steps=6, resume=str(out))
+    for code, log in _launch_private_disks(resumed, out, disks):
+        assert code == 0, log[-2000:]
+    for d in disks:
+        assert checkpoint.latest(d)["step"] == 6
+        assert sorted(p.name for p in d.glob("step*")) == ["step00000004", "step00000006"]

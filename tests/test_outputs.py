@@ -1,0 +1,190 @@
+"""One output writer (issue 19.3) and outputs that never clobber (issue 14.1, 14.10, 14.18)."""
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from perfsim.cli import main
+from perfsim.errors import ConfigError, OutputError
+from perfsim import outputs
+
+ROOT = os.geteuid() == 0
+FAST = ["--pp", "2", "--macro-batch", "4"]
+
+
+def _cli(*argv, **kw):
+    return subprocess.run([sys.executable, "-m", "perfsim", *argv], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def _one_line(proc, code):
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_output_follows_a_symlink_to_its_target(tmp_path):
+    target = tmp_path / "real.csv"
+    target.write_text("old\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    assert main(["predict", *FAST, "-o", str(link)]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text().startswith("model,")
+
+
+def test_output_keeps_the_mode_of_an_existing_file(tmp_path):
+    out = tmp_path / "x.json"
+    out.write_text("[]")
+    out.chmod(0o640)
+    outputs.write_text(out, "[1]")
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640 and out.read_text() == "[1]"
+
+
+def test_output_to_a_fifo_is_written_in_place(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()), daemon=True)
+    reader.start()
+    assert main(["predict", *FAST, "--format", "csv", "-o", str(fifo)]) == 0
+    reader.join(30)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert got and got[0].startswith("model,")
+
+
+@pytest.mark.skipif(not ROOT, reason="mknod needs root")
+def test_output_to_a_device_is_written_in_place(tmp_path):
+    null = tmp_path / "null"  # a private copy of /dev/null: the real one is never at risk
+    os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    assert main(["predict", *FAST, "--format", "json", "-o", str(null)]) == 0
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+
+
+def test_full_disk_is_one_line_and_exit_1(tmp_path):
+    full = "/dev/full"
+    if ROOT:  # a private copy of /dev/full
+        full = str(tmp_path / "full")
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    proc = _cli("predict", *FAST, "--format", "csv", "-o", full)
+    _one_line(proc, 1)
+    assert "No space left on device" in proc.stderr
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+def test_full_and_closed_stdout_are_one_line_and_exit_1():
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "perfsim", "predict", *FAST, "--format", "csv"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    _one_line(proc, 1)
+    assert "No space left on device" in proc.stderr
+    proc = subprocess.run(f"{sys.executable} -m perfsim predict {' '.join(FAST)} >&-", shell=True,
+                          stderr=subprocess.PIPE, text=True, timeout=120)
+    _one_line(proc, 1)
+    assert "stdout" in proc.stderr and "closed" in proc.stderr
+
+
+def test_output_format_from_suffix_or_flag(tmp_path):
+    assert outputs.output_format("a.CSV") == "csv"
+    assert outputs.output_format("a.json") == "json"
+    assert outputs.output_format("a") == "table"
+    assert outputs.output_format("a.csv", "json") == "json"
+    with pytest.raises(ConfigError, match="unknown suffix '.xlsx'"):
+        outputs.output_format("a.xlsx")
+    with pytest.raises(ConfigError, match="unknown suffix"):
+        outputs.output_format("a.json", allowed=("csv", "parquet"), flag="--out")
+
+
+def test_predict_writes_parquet(tmp_path):
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    out = tmp_path / "p.parquet"
+    assert main(["predict", *FAST, "--bandwidth", "1Gbps,100Mbps", "-o", str(out)]) == 0
+    df = pd.read_parquet(out)
+    assert list(df["bandwidth_bps"]) == [1e9, 1e8]
+
+
+def test_parquet_without_pyarrow_refused_up_front(tmp_path):
+    code = ("import sys; sys.modules['pyarrow'] = None\n"  # as if pyarrow were not installed
+            "from perfsim.cli import main\n"
+            f"sys.exit(main(['predict', '-o', {str(tmp_path / 'x.parquet')!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    _one_line(proc, 2)
+    assert "perfsim[parquet]" in proc.stderr
+    assert not (tmp_path / "x.parquet").exists()
+
+
+def test_bad_output_paths_are_one_line(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    cases = [
+        (["predict", "-o", str(tmp_path)], "is a directory"),
+        (["predict", "-o", str(tmp_path / "afile" / "x.csv")], "is not a directory"),
+        (["predict", "-o", str(tmp_path / "x.xlsx")], "unknown suffix"),
+        (["sweep", "--pp", "2", "--out", str(tmp_path)], "is a directory"),
+        (["sweep", "--pp", "2", "--out", str(tmp_path / "s.txt")], "unknown suffix"),
+        (["run", "--out", str(tmp_path / "afile"), "--steps", "1"], "is a file"),
+    ]
+    for argv, msg in cases:
+        proc = _cli(*argv)
+        _one_line(proc, 2)
+        assert msg in proc.stderr, (argv, proc.stderr)
+
+
+def test_overflowing_prediction_is_an_error_not_nan(tmp_path):
+    """Issue 14.18: a NaN prediction printed NaN and exited 0; JSON got a bare NaN."""
+    proc = _cli("predict", *FAST, "--bandwidth", "1e-300bps", "--format", "json")
+    _one_line(proc, 2)
+    assert "overflowed" in proc.stderr and "NaN" not in proc.stdout
+
+
+def test_write_failure_is_an_output_error(tmp_path):
+    with pytest.raises(OutputError, match="is a directory"):
+        outputs.write_text(tmp_path, "x")
+
+
+def test_every_command_names_its_output_the_same_way():
+    """Issue 19.3: --out and --output both existed, depending on the command."""
+    from perfsim.cli import COMMANDS, build_parser
+
+    parser = build_parser()
+    names = {"-o", "--out", "--output"}
+    checked = 0
+    for name in COMMANDS:
+        sub = parser._subparsers._group_actions[0].choices[name]
+        flags = {s for a in sub._actions for s in a.option_strings}
+        if flags & names:  # a command that writes an output accepts all three spellings
+            assert names <= flags, name
+            checked += 1
+    assert checked >= 6
+
+
+def test_second_sweep_on_the_same_output_is_refused(tmp_path):
+    out = tmp_path / "s.csv"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from perfsim.outputs import locked_dir\n"
+                               f"with locked_dir({str(out)!r}, file=True):\n print('ok', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ok"
+        proc = _cli("sweep", "--pp", "2", "--out", str(out), "--no-progress")
+        _one_line(proc, 2)
+        assert f"pid {holder.pid}" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.skipif(not ROOT or not shutil.which("unshare"), reason="mounts a read-only tmpfs (root)")
+def test_unwritable_output_folder_is_one_line(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    script = (f"mount -t tmpfs -o ro none {ro} && "
+              f"exec {sys.executable} -m perfsim predict -o {ro / 'x.csv'}")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=120, cwd=os.getcwd())
+    _one_line(proc, 2)
+    assert "not writable" in proc.stderr
