@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import os
 
-import torch
-
-try:  # pragma: no cover - depends on the environment
-    import triton
-    import triton.language as tl
-
-    HAS_TRITON = True
-except Exception:  # ImportError, or a broken install
-    triton = None
-    tl = None
-    HAS_TRITON = False
+from perfsim._lazy import torch
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _gpu_driver() -> bool:
+    """A GPU driver's device node exists (NVIDIA or ROCm): the only case besides
+    the interpreter where a Triton kernel can run. Checked without importing torch."""
+    return any(os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/kfd"))
+
+
+triton = tl = None
+HAS_TRITON = False
+if INTERPRET or _gpu_driver():  # a CPU-only process never needs triton (0.4 s to import)
+    try:  # pragma: no cover - depends on the environment
+        import triton
+        import triton.language as tl
+
+        HAS_TRITON = True
+    except Exception:  # ImportError, or a broken install
+        triton = tl = None
 
 
 def use_triton(t: torch.Tensor) -> bool:

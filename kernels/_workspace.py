@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-import torch
+from perfsim._lazy import torch
 
 _WS = threading.local()
 

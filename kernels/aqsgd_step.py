@@ -16,7 +16,7 @@ bytes and the updated buffer are identical for the same key.
 
 from __future__ import annotations
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton

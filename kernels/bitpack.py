@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace
@@ -44,9 +44,9 @@ def _check_codes(codes: torch.Tensor) -> torch.Tensor:
 #: for b in (1, 2, 4) a group of G = 8/b codes fills one byte; read the G code
 #: bytes as one little-endian word v (code j at bit 8j), then the packed byte is
 #: the low byte of OR_j (v >> j*(8-b)): every other code lands outside bits 0..7.
-_WORD_DTYPE = {1: torch.int64, 2: torch.int32, 4: torch.int16}
+_WORD_DTYPE = {1: "int64", 2: "int32", 4: "int16"}  # torch dtype names
 _UNPACK_MASK = {1: 0x0101010101010101, 2: 0x03030303, 4: 0x0F0F}
-_MASKED_WORD = {3: torch.int64, 6: torch.int32}
+_MASKED_WORD = {3: "int64", 6: "int32"}
 
 
 def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -61,7 +61,7 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
     if pad:
         codes = torch.nn.functional.pad(codes, (0, pad))
     if bits in _WORD_DTYPE and codes.is_contiguous():
-        v = codes.view(_WORD_DTYPE[bits])
+        v = codes.view(getattr(torch, _WORD_DTYPE[bits]))
         acc = workspace("pack_acc", v.numel(), v.dtype, v.device).copy_(v)
         t = workspace("pack_t", v.numel(), v.dtype, v.device)
         for j in range(1, g):
@@ -71,7 +71,7 @@ def pack_bits_torch(codes: torch.Tensor, bits: int) -> torch.Tensor:
         # b = 3 (6): the G = 8 (4) code bytes as one int64 (int32) word; code j
         # moves from bit 8j to bit bj, masked because other codes would collide;
         # the low GB = 3 bytes of each word are the packed group.
-        dt = _MASKED_WORD[bits]
+        dt = getattr(torch, _MASKED_WORD[bits])
         v = codes.view(dt)
         acc = workspace("pack_acc", v.numel(), dt, v.device).copy_(v).bitwise_and_((1 << bits) - 1)
         t = workspace("pack_t", v.numel(), dt, v.device)
@@ -104,7 +104,7 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool 
     if pad:
         packed = torch.nn.functional.pad(packed, (0, pad))
     if bits in _WORD_DTYPE:
-        dt = _WORD_DTYPE[bits]
+        dt = getattr(torch, _WORD_DTYPE[bits])
         m = packed.numel()
         v = workspace("unpack_v", m, dt, packed.device).copy_(packed)
         acc = workspace("unpack_acc", m, dt, packed.device) if scratch else torch.empty(m, dtype=dt, device=packed.device)
@@ -115,7 +115,7 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool 
         acc &= _UNPACK_MASK[bits]
         return acc.view(torch.uint8)[:n]
     if bits in _MASKED_WORD:
-        dt = _MASKED_WORD[bits]
+        dt = getattr(torch, _MASKED_WORD[bits])
         wb = torch.empty((), dtype=dt).element_size()
         w = workspace("unpack_w", groups * wb, torch.uint8, packed.device).view(groups, wb)
         w[:, gb:] = 0

@@ -16,7 +16,7 @@ identical to the references for the same key.
 
 from __future__ import annotations
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton
 from perfsim.kernels.packing import group_size, packed_nbytes

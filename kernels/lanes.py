@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from perfsim._lazy import torch
 
 WORD_BITS = 63  # usable bits of a signed int64 word (the sign bit stays 0)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 

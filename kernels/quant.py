@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import torch
+from perfsim._lazy import np
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace

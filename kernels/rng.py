@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton

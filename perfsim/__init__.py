@@ -1,11 +1,194 @@
 """perfsim: a network-aware simulator and real-cluster performance modeller for
 distributed training with communication compression.
 
+The Python API mirrors the command line one to one (``perfsim predict
+--grad-compress qsgd-maxnorm:4`` is ``perfsim.predict(grad_compress="qsgd-maxnorm:4")``)::
+
+    import perfsim
+    r = perfsim.predict(bandwidth="100Mbps", compress="aqsgd:fw3bw6")
+    r.to_frame()                        # one-row pandas DataFrame
+    df = perfsim.sweep(bandwidth=["10Gbps", "100Mbps"], compress=["fp32", "aqsgd:fw3bw6"]).to_frame()
+    best = perfsim.plan(model="gpt2-xl", nodes=4, bandwidth="1Gbps").to_frame()
+
+The predict parameters are described once, in :mod:`perfsim.params`; importing
+perfsim is cheap (the simulator, pandas and torch load on first use).
 Read the code in the order given in README.md ("Read the code in this order").
 """
 
+from __future__ import annotations
+
+import inspect as _inspect
+import logging as _logging
+from typing import TYPE_CHECKING, Any, Callable
+
+from perfsim import params as _params
+from perfsim.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfsim.analysis.sweep import SweepTable
+    from perfsim.plan import PlanResult
+    from perfsim.profile import Profile
+    from perfsim.result import Result
+
 __version__ = "0.1.0"
 
-from perfsim.errors import ConfigError  # noqa: E402
+_logging.getLogger("perfsim").addHandler(_logging.NullHandler())
 
-__all__ = ["__version__", "ConfigError"]
+
+def predict(**params: Any) -> "Result":
+    from perfsim.api import predict as _predict
+
+    return _predict(**params)
+
+
+predict.__signature__ = _params.signature(extra=(  # type: ignore[attr-defined]
+    _inspect.Parameter("trace", _inspect.Parameter.KEYWORD_ONLY, default=False, annotation="bool"),))
+predict.__doc__ = f"""Simulate one configuration; the keyword arguments are ``perfsim predict``'s flags.
+
+Returns a :class:`perfsim.result.Result`: ``.summary`` (dict), ``.to_frame()`` (one-row
+DataFrame), ``.to_frame("stages" | "microbatches" | "links")``. Raises
+:class:`ConfigError` naming the parameter on bad input.
+
+Parameters (units: bits/s for rates, seconds for times, bytes for sizes; strings
+such as ``"100Mbps"``, ``"5ms"``, ``"25MiB"`` are parsed):
+{_params.doc_table()}
+    trace (bool, default False):
+        record a Chrome/Perfetto timeline in ``Result.trace_events`` (``Result.write_trace(path)``)
+"""
+
+
+def sweep(*, out: str | None = None, jobs: int | None = None, skip_invalid: bool = False,
+          resume: bool = True, progress: bool | None = None,
+          predict: Callable[..., Any] | None = None, **grid: Any) -> "SweepTable":
+    from perfsim.analysis.sweep import run_sweep
+
+    return run_sweep(grid, out, jobs=jobs, skip_invalid=skip_invalid, resume=resume,
+                     progress=progress, predict=predict)
+
+
+sweep.__signature__ = _inspect.Signature([  # type: ignore[attr-defined]
+    *(_inspect.Parameter(p.name, _inspect.Parameter.KEYWORD_ONLY, default=None,
+                         annotation=f"{p.annotation} | list | None") for p in _params.PARAMS),
+    *(p for p in _inspect.signature(sweep).parameters.values() if p.kind != p.VAR_KEYWORD),
+], return_annotation="SweepTable")
+sweep.__doc__ = f"""Predict every combination of the given values (``perfsim sweep``).
+
+Each predict parameter takes one value, a list or a comma-list string; the
+others keep predict's defaults. Returns a :class:`~perfsim.analysis.sweep.SweepTable`:
+``.to_frame()`` (one row per configuration, predict's summary columns +
+``config_id``), ``.stages``, ``.errors``.
+
+out: write the table (.csv/.parquet/.json) and resume from it on a re-run.
+jobs: worker processes (default: in-process for small grids, a pool above
+    :data:`perfsim.analysis.sweep.POOL_THRESHOLD` configurations).
+skip_invalid: record configurations predict rejects instead of stopping.
+predict: the function to call per configuration (default :func:`perfsim.predict`).
+
+Grid parameters:
+{_params.doc_table()}
+"""
+
+
+def run(**params: Any) -> "Result | None":
+    from perfsim.runtime.api import run as _run
+
+    return _run(**params)
+
+
+def _run_signature() -> _inspect.Signature:
+    """``perfsim run``'s flags as keywords (their dests and defaults), typed from the
+    fields of RunConfig they fill (``timeout`` -> ``timeout_s``)."""
+    import argparse
+    import dataclasses
+
+    from perfsim.commands import run as command
+    from perfsim.runtime.config import RunConfig
+
+    parser = argparse.ArgumentParser(add_help=False)
+    command.add_arguments(parser)
+    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
+    types.update(emulate_bandwidth="str | float | None", emulate_latency="str | float | None",
+                 timeout="str | float")
+    out = [_inspect.Parameter(a.dest, _inspect.Parameter.KEYWORD_ONLY, default=a.default,
+                              annotation=types.get(a.dest) or types.get(a.dest + "_s") or "str | None")
+           for a in parser._actions if a.dest != "no_progress"]
+    out.append(_inspect.Parameter("progress", _inspect.Parameter.KEYWORD_ONLY, default=None,
+                                  annotation="Callable[[dict], None] | None"))
+    return _inspect.Signature(out, return_annotation="Result | None")
+
+
+run.__signature__ = _run_signature()  # type: ignore[attr-defined]
+run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim run``).
+
+    The keywords are ``perfsim run``'s flags (see the signature; the fields of
+    :class:`perfsim.runtime.config.RunConfig`): ``emulate_bandwidth`` in bits/s or
+    ``"100Mbps"`` (needs root: network namespaces + tc), ``emulate_latency`` and
+    ``timeout`` in seconds or ``"5ms"``; ``progress`` is called with
+    ``{"step", "steps", "loss"}`` after each step. Returns the measured
+    :class:`~perfsim.result.Result` (the schema of :func:`predict`); under torchrun,
+    None on ranks other than 0.
+    """
+
+
+def validate(*, model: str, profile: str, bandwidths: list | tuple = (None,),
+             compress: list | tuple = ("fp32",), grad_compress: list | tuple = ("none",),
+             out: str = "perfsim-validate", **plan: Any):
+    """Measure and predict a grid, one row per configuration (``perfsim validate``).
+
+    model, profile: a ``perfsim run`` model and a profile calibrated on this
+    machine; bandwidths: emulated link rates (bits/s or ``"100Mbps"``; None =
+    loopback); compress / grad_compress: specs (checked against the simulator
+    and the runtime before the first run); other keywords: the fields of
+    :class:`perfsim.analysis.validate.ValidationPlan` (``pp``, ``dp``,
+    ``steps``, ``repeats`` ...; strategy keys go to ``base``). Returns a
+    DataFrame with predicted, measured and error columns.
+    """
+    from dataclasses import fields
+
+    from perfsim.analysis import validate as v
+    from perfsim.units import parse_bandwidth
+
+    plan_fields = {f.name for f in fields(v.ValidationPlan)}
+    base = {"model": model, **{k: plan.pop(k) for k in list(plan) if k not in plan_fields}}
+    bws = tuple(None if b is None else parse_bandwidth(b, "bandwidths") for b in bandwidths)
+    vplan = v.ValidationPlan(base=base, bandwidths=bws, compresses=tuple(compress),
+                             grad_compresses=tuple(grad_compress), profile=str(profile), out=str(out),
+                             **plan)
+    v.check_specs(vplan)
+    return v.run_validation(vplan)
+
+
+from perfsim import plan as _plan_module  # noqa: E402  (bound now, so the function below keeps the name)
+
+
+def plan(**kwargs: Any) -> "PlanResult":
+    return _plan_module.plan(**kwargs)
+
+
+plan.__signature__ = _inspect.signature(_plan_module.plan)  # type: ignore[attr-defined]
+plan.__doc__ = (_plan_module.plan.__doc__ or "") + """
+    Returns a :class:`perfsim.plan.PlanResult`: ``.to_frame()`` (one row per ranked
+    configuration), ``.explanation``. The module is :mod:`perfsim.plan` (import its
+    names with ``from perfsim.plan import ...``).
+"""
+
+
+def load_profile(spec: "str | Profile | None" = None) -> "Profile":
+    """A calibration profile from a file, a shipped name (``default-v100``) or None (the default)."""
+    from perfsim.api import _load_profile
+
+    return _load_profile(spec)
+
+
+def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
+    """Every accepted compressor spec with its wire bytes for ``shape`` (a DataFrame;
+    columns as ``perfsim compressors --format csv``)."""
+    import pandas as pd
+
+    from perfsim.commands.compressors import COLUMNS, rows
+
+    return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
+
+
+__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "run", "validate", "load_profile",
+           "compressors"]

@@ -1,17 +1,5 @@
-"""Public Python API of the simulator.
+"""Simulator entry points behind :func:`perfsim.predict` and :func:`perfsim.sweep`.
 
-``predict(**params) -> Result`` takes the same names and values as the flags of
-``perfsim predict``, one value each (strings such as ``"100Mbps"`` or plain
-numbers in SI units)::
-
-    from perfsim.api import predict
-    r = predict(bandwidth="100Mbps", compress="aqsgd:fw3bw6")
-    r.summary["throughput_samples_per_s"]
-
-Parameters (defaults = the embedded default: GPT2-1.5B on 8 V100 stages, the
-AQ-SGD paper's setting):
-
-===================== ================================================ ==========
 model                 preset name (``gpt2-xl``, ``bert-large`` ...)     gpt2-xl
 workload              workload file (TOML/JSON), replaces ``model``     None
 profile               profile file or name                              default
@@ -73,6 +61,13 @@ that does not fit raises :class:`ConfigError` naming the stage and the shortfall
 
 ``predict_many(list_of_param_dicts)`` runs several (profiles and models are
 loaded once).
+=======
+``predict(**params) -> Result`` takes the parameters of ``perfsim predict``, one
+value each (strings such as ``"100Mbps"`` or numbers in SI units). The
+parameters, their types, defaults and units are described once, in
+:mod:`perfsim.params`; this module turns them into config dataclasses
+(:func:`build_configs`) with profiles, models and topologies loaded once per
+process.
 """
 
 from __future__ import annotations
@@ -82,26 +77,14 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
+from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.errors import ConfigError
 from perfsim.result import Result
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-from perfsim.units import parse_bandwidth, parse_size, parse_time
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
 
-DEFAULTS: dict[str, Any] = {
-    "model": "gpt2-xl", "workload": None, "profile": None, "bandwidth": "10Gbps", "latency": "0s",
-    "topology": None, "compress": "fp32", "grad_compress": "none", "schedule": None,
-    "virtual_stages": None, "pp": 8, "dp": 1, "micro_batch": 1, "macro_batch": None, "epochs": 1, "partition": None,
-    "gpus_per_node": 1, "intra_node_bandwidth": "300GB/s", "bucket_size": "25MiB", "overlap": True,
-    "nic_sharing": True, "dataset_samples": 2359, "trace": False,
-    "link_burst": 0, "p2p_protocol": "eager", "p2p_control_latency": None,
-    "tp": 1, "sequence_parallel": False, "gpu": None, "precision": "fp32", "recompute": "none",
-    "global_batch": None, "zero": 0, "seq_len": None, "placement": None, "allow_oom": False,
-    "intra_node_fabric": None, "nic": None, "collective_algo": "auto", "link_model": "auto",
-    "comm_slowdown": None,
-}
-#: samples per macro-batch when neither macro_batch nor global_batch is given
-DEFAULT_MACRO_BATCH = 32
+#: the predict parameters' defaults (perfsim.params.DEFAULTS)
+DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
 
 
 def _file_key(path) -> tuple[str, float]:
@@ -127,8 +110,16 @@ def _load_profile(spec):
     if isinstance(spec, Profile):
         return spec
     if not Path(spec).exists():
-        return load_profile(spec)  # a bare name, or a clear error
+        from perfsim.packaged import NAMES, resolve
+
+        if str(spec) in NAMES["profile"]:  # a shipped name: cached like a file
+            return _profile(_file_key(resolve("profile", spec)))
+        return load_profile(spec)  # a bare name in traces/, or a clear error
     return _profile(_file_key(spec))
+
+
+#: samples per macro-batch when neither macro_batch nor global_batch is given
+DEFAULT_MACRO_BATCH = 32
 
 
 @functools.lru_cache(maxsize=32)
@@ -149,144 +140,100 @@ def _topology(key: tuple[str, float]):
     return load_topology(key[0])
 
 
-def _int(params, name) -> int:
-    v = params[name]
-    if isinstance(v, bool):
-        raise ConfigError(f"{name}={v!r}: must be an integer")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={v!r}: must be an integer") from None
-    if not f.is_integer():
-        raise ConfigError(f"{name}={v!r}: must be an integer")
-    return int(f)
+def _load_file(kind: str, value) -> tuple[str, float]:
+    from perfsim.packaged import resolve
 
-
-def _bool(params, name) -> bool:
-    v = params[name]
-    if isinstance(v, str):
-        if v.lower() in ("1", "true", "yes", "on"):
-            return True
-        if v.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{name}={v!r}: expected true/false")
-    return bool(v)
+    return _file_key(resolve(kind, value))
 
 
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
-    """Parse ``params`` (flag names and values) into validated configs + profile."""
-    unknown = set(params) - set(DEFAULTS)
-    if unknown:
-        raise ConfigError(f"unknown parameter(s) {sorted(unknown)} (known: {', '.join(DEFAULTS)})")
-    p = {**DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
-    from perfsim.workload import parse_partition, resolve_layer_times
+    """Parse ``params`` (perfsim.params names and values) into validated configs + profile.
+
+    Parameters with a ``target`` fill that config field as they are; the others
+    are resolved here: the model (preset, inline spec, config.json or workload
+    file), the profile, the topology, and the defaults a ``gpu`` preset switches
+    to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp)."""
+    p = params_mod.resolved(params)
+    from perfsim.workload import resolve_layer_times
 
     profile = _load_profile(p["profile"])
-    seq_len = None if p["seq_len"] in (None, "") else _int(p, "seq_len")
-    if seq_len is not None and seq_len < 1:
-        raise ConfigError(f"seq_len={seq_len}: must be >= 1")
+    seq_len = p["seq_len"]
     if p["workload"]:
-        wkey = _file_key(p["workload"])
-        if not os.path.exists(wkey[0]):
-            raise ConfigError(f"workload {str(p['workload'])!r}: no such file")
-        model = _model(None, wkey, seq_len)
+        model = _model(None, _load_file("workload", p["workload"]), seq_len)
     else:
-        name = str(p["model"])
+        name = p["model"]
         if name.lower().endswith(".json"):
             if not os.path.exists(name):
                 raise ConfigError(f"model {name!r}: no such config.json")
             model = _model(str(_file_key(name)[0]), None, seq_len)
         else:
             model = _model(name if ":" in name else name.lower(), None, seq_len)
-    micro_batch = _int(p, "micro_batch")
-    if micro_batch < 1:
-        raise ConfigError(f"micro_batch={micro_batch}: must be >= 1")
-    dp, tp = _int(p, "dp"), _int(p, "tp")
-    macro_batch = _batch(p, dp, micro_batch)
+    fields: dict[str, dict[str, Any]] = {"strategy": {}, "system": {}}
+    for param in params_mod.PARAMS:
+        if param.target is not None and p[param.name] is not None:
+            where, field_name = param.target.split(".")
+            fields[where][field_name] = p[param.name]
     from perfsim.hardware import get_gpu
 
     gpu = get_gpu(p["gpu"]) if p["gpu"] else None
-    precision = str(p["precision"]).lower()
-    recompute = str(p["recompute"]).lower()
-    sp = _bool(p, "sequence_parallel")
-    schedule = str(p["schedule"] or ("1f1b" if p["gpu"] else "gpipe")).lower()
-    vstages = (_int(p, "virtual_stages") if p["virtual_stages"] is not None
-               and schedule in VIRTUAL_STAGE_SCHEDULES else None)
-    from perfsim.schedules import stage_count
-
-    strategy = Strategy(
-        pp=_int(p, "pp"), dp=dp, micro_batch=micro_batch, macro_batch=macro_batch,
-        schedule=schedule, compress=str(p["compress"]),
-        virtual_stages=vstages, grad_compress=str(p["grad_compress"]),
-        partition=_partition(p, model, _int(p, "pp") * stage_count(schedule, vstages)),
-        bucket_bytes=parse_size(p["bucket_size"], "bucket_size"), overlap_grad_sync=_bool(p, "overlap"),
-        epochs=_int(p, "epochs"), dataset_samples=_int(p, "dataset_samples"), tp=tp, sequence_parallel=sp,
-        recompute=recompute, precision=precision, zero=_int(p, "zero"),
-        placement=tuple(x.strip().lower() for x in str(p["placement"] or
-                                                       ("tp,dp,pp" if p["gpu"] else "tp,pp,dp")).split(",")))
-    fwd, bwd, source = resolve_layer_times(model, profile, micro_batch, gpu=gpu, precision=precision, tp=tp,
-                                           sequence_parallel=sp, recompute=recompute)
-    rank_params = None
-    if model.arch is not None and tp > 1:
-        from perfsim.models.tensor_parallel import shard_block_params
-
-        arch = model.arch
-        per = {"block": shard_block_params(arch, tp),
-               "embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
-               "head": arch.head_params() if arch.tied or arch.encoder
-               else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-        rank_params = tuple(per["block" if layer.name.startswith("block") else layer.name]
-                            for layer in model.layers)
+    st = fields["strategy"]
+    st["macro_batch"] = _batch(p)
+    st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
+    if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
+        st.pop("virtual_stages", None)
+    # the partition covers every model chunk: pp x stages per device
+    st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
+                                 gpu is not None)
+    st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
+                                                        ("tp,dp,pp" if gpu else "tp,pp,dp")).split(","))
+    strategy = Strategy(**st)
+    fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
+                                           precision=strategy.precision, tp=strategy.tp,
+                                           sequence_parallel=strategy.sequence_parallel,
+                                           recompute=strategy.recompute)
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
-                        arch=model.arch, rank_params=rank_params, compute_source=source)
-    topology = _topology(_file_key(p["topology"])) if p["topology"] else None
-    if p["topology"] and not os.path.exists(str(p["topology"])):
-        raise ConfigError(f"topology {str(p['topology'])!r}: no such file")
+                        arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source)
     given = [k for k in ("bandwidth", "latency") if params.get(k) is not None]
     if p["topology"] and given:
         raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "
                           f"give one or the other")
-    from perfsim.fabrics import get_fabric, parse_nic
+    topology = _topology(_load_file("topology", p["topology"])) if p["topology"] else None
+    from perfsim.fabrics import Nic, get_fabric, parse_nic
 
-    nic = parse_nic(p["nic"]) if p["nic"] else parse_nic(p["bandwidth"], "bandwidth")
-    intra_bps = parse_bandwidth(p["intra_node_bandwidth"], "intra_node_bandwidth")
-    intra_lat = System.intra_node_latency_s
+    sy = fields["system"]
+    nic = parse_nic(p["nic"]) if p["nic"] else Nic(1, p["bandwidth"])  # bandwidth: one NIC, bit/s
+    sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
+              intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     if p["intra_node_fabric"]:
         fabric = get_fabric(p["intra_node_fabric"])
-        intra_bps, intra_lat = fabric.bandwidth_bps, fabric.latency_s
-    slowdown = p["comm_slowdown"]
-    if slowdown is not None:
-        try:
-            slowdown = float(slowdown)
-        except (TypeError, ValueError):
-            raise ConfigError(f"comm_slowdown={p['comm_slowdown']!r}: must be a number >= 0") from None
-    system = System(bandwidth_bps=nic.total_bps, latency_s=parse_time(p["latency"], "latency"),
-                    gpus_per_node=_int(p, "gpus_per_node"),
-                    intra_node_bandwidth_bps=intra_bps, intra_node_latency_s=intra_lat,
-                    nic_kind=nic.kind, nics_per_node=nic.count,
-                    collective_algo=str(p["collective_algo"]).lower(), link_model=str(p["link_model"]).lower(),
-                    comm_slowdown=slowdown,
-                    topology=topology, nic_sharing=_bool(p, "nic_sharing"),
-                    link_burst_bytes=float(parse_size(p["link_burst"], "link_burst")),
-                    p2p_protocol=str(p["p2p_protocol"]).lower(),
-                    p2p_control_latency_s=None if p["p2p_control_latency"] is None else
-                    parse_time(p["p2p_control_latency"], "p2p_control_latency"),
-                    gpu=gpu.name if gpu else None)
+        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
+    system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
 
 
-def _partition(p, model, pp: int):
-    """Layer counts per stage (``pp``: the pipeline's stages, model chunks): given, ``balanced`` (None: by compute), or ``uniform``
-    -- Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
-    to the first stages), the embedding on the first stage and the head on the last.
-    The default is ``uniform`` for a transformer with a GPU preset, else ``balanced``."""
-    from perfsim.workload import parse_partition
+def _rank_params(model, tp: int) -> tuple[int, ...] | None:
+    """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding)."""
+    if model.arch is None or tp == 1:
+        return None
+    from perfsim.models.tensor_parallel import shard_block_params
 
-    raw = p["partition"]
-    if raw is None and p["gpu"] and model.arch is not None:
+    arch = model.arch
+    per = {"block": shard_block_params(arch, tp),
+           "embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
+           "head": arch.head_params() if arch.tied or arch.encoder
+           else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
+    return tuple(per["block" if layer.name.startswith("block") else layer.name] for layer in model.layers)
+
+
+def _partition(raw, model, pp: int, megatron: bool):
+    """Layer counts per stage (``pp``: the pipeline's stages, every model chunk): given, None (balanced by compute), or ``uniform`` --
+    Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
+    to the first stages), the embedding on the first stage and the head on the last.
+    The default is ``uniform`` for a transformer with a GPU preset, else balanced."""
+    if raw is None and megatron and model.arch is not None:
         raw = "uniform"
-    if str(raw).lower() != "uniform":
-        return parse_partition(raw)
+    if raw != "uniform":
+        return raw
     blocks = sum(1 for layer in model.layers if layer.name.startswith("block"))
     if blocks < pp:
         raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill {pp} stages")
@@ -296,21 +243,18 @@ def _partition(p, model, pp: int):
     return tuple(counts)
 
 
-def _batch(p, dp: int, micro_batch: int) -> int:
+def _batch(p: dict[str, Any]) -> int:
     """macro_batch per replica from ``macro_batch`` and/or ``global_batch``, checked:
     global = dp x micro_batch x accumulation steps."""
-    gb = None if p["global_batch"] in (None, "") else _int(p, "global_batch")
-    mb_given = p["macro_batch"] not in (None, "")
-    macro = _int(p, "macro_batch") if mb_given else None
+    gb, macro, dp, micro = p["global_batch"], p["macro_batch"], p["dp"], p["micro_batch"]
     if gb is None:
         return macro if macro is not None else DEFAULT_MACRO_BATCH
-    if gb < 1 or gb % (dp * micro_batch):
-        raise ConfigError(f"global_batch={gb}: must be a multiple of dp x micro_batch = {dp} x {micro_batch}"
-                          f" = {dp * micro_batch} (global = dp x micro-batch x accumulation steps)")
+    if gb % (dp * micro):
+        raise ConfigError(f"global_batch={gb}: must be a multiple of dp x micro_batch = {dp} x {micro}"
+                          f" = {dp * micro} (global = dp x micro-batch x accumulation steps)")
     if macro is not None and macro * dp != gb:
         raise ConfigError(f"global_batch={gb}: disagrees with macro_batch={macro} x dp={dp} = {macro * dp}")
     return gb // dp
-
 
 
 def predict(**params) -> Result:
@@ -318,8 +262,7 @@ def predict(**params) -> Result:
     from perfsim.engine import simulate
 
     trace = bool(params.pop("trace", False))
-    allow_oom = params.pop("allow_oom", False)
-    allow_oom = _bool({"allow_oom": allow_oom}, "allow_oom")
+    allow_oom = params_mod.normalize("allow_oom", params.get("allow_oom") or False)
     workload, strategy, system, profile = build_configs(**params)
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):

@@ -6,6 +6,12 @@ modules import heavy libraries (torch, simpy, pandas) inside ``run`` so that
 ``perfsim --help`` stays instant.
 
 User mistakes (:class:`perfsim.errors.ConfigError`, bad flags) print one line on
+stderr and exit with code 2; no traceback. A command's ``EXAMPLES`` text ends its
+``--help``. ``-v`` / ``-q`` (before or after the command) set the level of the ``perfsim``
+logger: notes ("wrote FILE") by default, ``-q`` warnings and errors only,
+``-v`` debug detail too; all on stderr.
+``perfsim completion bash|zsh|tcsh`` prints a shell completion script (shtab,
+optional extra ``perfsim[completion]``).
 stderr and exit with code 2; I/O failures (full disk, closed stdout: an
 :class:`OSError`) one line and exit code 1; no traceback (``PERFSIM_TRACEBACK=1``
 shows it). SIGTERM and SIGHUP end a command like Ctrl-C does (cleanup runs).
@@ -16,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import logging
 import os
 import signal
 import sys
@@ -41,14 +48,65 @@ def build_parser() -> argparse.ArgumentParser:
         "with communication compression over slow networks.",
     )
     parser.add_argument("--version", action="version", version=f"perfsim {__version__}")
+    _add_verbosity(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name in COMMANDS:
         module = importlib.import_module(f"perfsim.commands.{name}")
-        p = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        p = sub.add_parser(name, help=module.HELP, description=module.HELP,
+                           epilog=getattr(module, "EXAMPLES", None),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(p)
+        _add_verbosity(p, argparse.SUPPRESS)  # also after the command: perfsim predict -q
         p.set_defaults(_run=module.run)
+    p = sub.add_parser("completion", help="print a shell completion script (bash, zsh or tcsh)",
+                       description="print a shell completion script (needs shtab: "
+                                   "pip install 'perfsim[completion]')",
+                       epilog="examples:\n  perfsim completion bash > ~/.local/share/bash-completion/"
+                              "completions/perfsim\n  perfsim completion zsh > ~/.zfunc/_perfsim\n",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    p.set_defaults(_run=lambda args: _completion(parser, args.shell))
     return parser
 
+
+def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
+    parser.add_argument("-v", "--verbose", action="count", default=0 if default is None else default,
+                        help="debug detail on stderr")
+    parser.add_argument("-q", "--quiet", action="store_true", default=False if default is None else default,
+                        help="warnings and errors only on stderr")
+
+
+def _completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    try:
+        import shtab
+    except ModuleNotFoundError:
+        raise ConfigError("completion needs shtab (pip install 'perfsim[completion]')") from None
+    print(shtab.complete(parser, shell=shell))
+    return 0
+
+
+def setup_logging(verbose: int = 0, quiet: bool = False) -> None:
+    """Notes of the ``perfsim`` logger go to stderr, one line each, at the level
+    ``-q`` / ``-v`` chose."""
+    level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
+    log = logging.getLogger("perfsim")
+    log.setLevel(level)
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the record."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it
+        pass
 
 def _terminate(signum, frame):  # SIGTERM / SIGHUP: unwind like Ctrl-C, so cleanup runs
     raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -93,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 0
+    setup_logging(args.verbose, args.quiet)
     if argv is None:  # the perfsim process itself (not a caller's in-process main([...]))
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(sig) is signal.SIG_DFL:

@@ -83,6 +83,17 @@ class Convergence:
             return float("inf")
         return max(s, 1) / max(s_ref, 1)
 
+    def reference_steps(self, target: float | None = None) -> int | None:
+        """Optimizer steps uncompressed training needs to reach ``target`` (default:
+        the loss its pipeline curve -- else its data-parallel curve -- reaches at half
+        its budget)."""
+        base = self.pipeline.get("fp32") or self.gradient.get("none")
+        if not base:
+            return None
+        if target is None:
+            target = base[len(base) // 2][1]
+        return steps_to(base, target)
+
     def steps_ratio(self, compress: str, grad_compress: str, target: float | None = None) -> float | None:
         """Steps this (pipeline, gradient) compression needs relative to none, or None
         when a curve is missing; ``inf`` when it never reaches the target."""

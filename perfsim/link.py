@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from perfsim._lazy import np
 
 from perfsim.errors import ConfigError
 

@@ -72,6 +72,8 @@ class Candidate:
     summary: dict[str, Any] | None = None
     links: list[dict[str, Any]] = field(default_factory=list)
     rejected: str | None = None
+    #: optimizer steps uncompressed training needs to reach the target loss (None: unknown)
+    reference_steps: int | None = None
 
     @property
     def key(self) -> float:
@@ -80,9 +82,11 @@ class Candidate:
 
     @property
     def time_to_loss_s(self) -> float | None:
-        if self.summary is None or self.steps_ratio is None:
+        """Wall time to the target loss: iteration x steps ratio x the steps uncompressed
+        training needs (its measured curve)."""
+        if self.summary is None or self.steps_ratio is None or not self.reference_steps:
             return None
-        return self.summary["iteration_s"] * self.steps_ratio
+        return self.summary["iteration_s"] * self.steps_ratio * self.reference_steps
 
     def score(self) -> float:
         """What the plan minimises: iteration time x steps ratio (time per unit of
@@ -355,6 +359,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                                   global_batch=global_batch, space=space, base=base, known=known)
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs divides it")
+    ref_steps = curves.reference_steps(target_loss) if curves is not None else None
     cands, invalid = [], []
     missing, never = set(), set()
     for p in params:
@@ -373,7 +378,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
             c = Candidate(p, 0.0, ratio, rejected=str(exc))
             invalid.append(c)
             continue
-        cands.append(Candidate(p, bound, ratio))
+        cands.append(Candidate(p, bound, ratio, reference_steps=ref_steps))
     if missing:
         notes.append(f"left out {len(missing)} compression combination(s) without a measured curve: "
                      + ", ".join(sorted(f"{c}+{g}" for c, g in missing)[:6]))

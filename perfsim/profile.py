@@ -406,7 +406,14 @@ def _source_fields(source: Any) -> dict[str, str]:
 
 
 def _name_chain(spec: str) -> list[str]:
-    """``aqsgd:3:m8`` -> ``['aqsgd:3:m8', 'aqsgd:3', 'aqsgd', '*']``."""
+    """``aqsgd:3:m8`` -> ``['aqsgd:3:m8', 'aqsgd:3', 'aqsgd', '*']``, from the spec's
+    canonical text (:class:`perfsim.compression.spec.Spec`: ``DirectQ:4`` is ``directq:4``)."""
+    from perfsim.compression.spec import parse_spec
+
+    try:
+        spec = parse_spec(spec, "compressor").text
+    except ConfigError:
+        pass  # not a compressor spec (an op name such as "messenger"): as given
     parts = spec.split(":")
     return [":".join(parts[:k]) for k in range(len(parts), 0, -1)] + ["*"]
 
@@ -430,7 +437,11 @@ def load_profile(spec: str | os.PathLike | Profile | None) -> Profile:
         return spec
     p = Path(spec)
     if not p.exists() and not p.suffix:
-        # a bare name such as "default-v100-aqsgd": look in traces/ and package data
+        # a bare name such as "default-v100-aqsgd": shipped names, traces/ and package data
+        from perfsim.packaged import DATA, NAMES
+
+        if str(spec) in NAMES["profile"]:
+            return Profile.load(DATA / NAMES["profile"][str(spec)])
         for folder in (default_profile_path().parent, Path(__file__).resolve().parent.parent / "traces"):
             if (folder / f"{spec}.json").exists():
                 return Profile.load(folder / f"{spec}.json")

@@ -55,6 +55,38 @@ class Result:
         ordered.update({k: v for k, v in self.summary.items() if k not in ordered})
         return ordered
 
+    def to_frame(self, table: str = "summary"):
+        """A pandas DataFrame of one table: ``summary`` (one row, :meth:`row`),
+        ``stages``, ``microbatches`` or ``links`` (columns as in the module docstring)."""
+        import pandas as pd
+
+        tables = {"summary": ([self.row()], SUMMARY_COLUMNS), "stages": (self.stages, STAGE_COLUMNS),
+                  "microbatches": (self.microbatches, MICROBATCH_COLUMNS),
+                  "links": (self.links, LINK_COLUMNS)}
+        if table not in tables:
+            from perfsim.errors import ConfigError
+
+            raise ConfigError(f"table {table!r}: choose from {', '.join(tables)}")
+        rows, columns = tables[table]
+        df = pd.DataFrame(rows)
+        return df if len(df.columns) else pd.DataFrame(columns=columns)
+
+    def __repr__(self) -> str:
+        s = self.summary
+        head = " ".join(f"{k}={s[k]!r}" for k in ("model", "compress", "grad_compress", "pp", "dp")
+                        if k in s)
+        figs = []
+        if "throughput_samples_per_s" in s:
+            figs.append(f"{s['throughput_samples_per_s']:.4g} samples/s")
+        if "iteration_s" in s:
+            figs.append(f"iteration {s['iteration_s']:.4g} s")
+        return (f"Result({s.get('source', '?')}: {head}; {', '.join(figs)}; "
+                f"{len(self.stages)} stage rows, {len(self.microbatches)} micro-batch rows, "
+                f"{len(self.links)} link rows)")
+
+    def _repr_html_(self) -> str:  # notebooks: the summary as a table
+        return self.to_frame().T.to_html(header=False)
+
     def to_json_dict(self) -> dict[str, Any]:
         return {"summary": self.row(), "stages": self.stages, "microbatches": self.microbatches,
                 "links": self.links}

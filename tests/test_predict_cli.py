@@ -41,9 +41,9 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     out_file, trace = tmp_path / "r.json", tmp_path / "t.json"
     code, out, err = run(capsys, "--macro-batch", "4", "--output", str(out_file), "--trace", str(trace))
     assert code == 0 and out == "" and "wrote" in err
-    data = json.loads(out_file.read_text())
-    assert data[0]["summary"]["macro_batch"] == 4 and len(data[0]["stages"]) == 8
-    assert len(data[0]["microbatches"]) == 8 * 4
+    data = json.loads(out_file.read_text())  # one configuration: one object
+    assert data["summary"]["macro_batch"] == 4 and len(data["stages"]) == 8
+    assert len(data["microbatches"]) == 8 * 4
     events = json.loads(trace.read_text())["traceEvents"]
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["cat"] for e in spans} >= {"compute", "comm"}
@@ -65,7 +65,7 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     (["--schedule", "zigzag"], "zigzag"),
     (["--pp", "two"], "pp"),
     (["--profile", "/nonexistent/p.json"], "profile"),
-    (["--link-burst", "5furlongs"], "link_burst"),
+    (["--link-burst", "5furlongs"], "--link-burst"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, culprit):
     code, out, err = run(capsys, *argv)
@@ -81,14 +81,21 @@ def test_malformed_files(capsys, tmp_path):
         assert code == 2 and "malformed" in err and err.count("\n") == 1
 
 
-def test_shipped_examples(capsys):
-    code, out, err = run(capsys, "--workload", "traces/example-workload.toml", "--topology",
-                         "traces/example-geo-topology.toml", "--pp", "4", "--dp", "2", "--macro-batch", "8",
-                         "--format", "json")
+@pytest.mark.parametrize("workload,topology", [
+    ("example-workload", "example-geo"),  # by name: package data, works from a wheel
+    ("perfsim/data/example-workload.toml", "perfsim/data/example-geo-topology.toml")])
+def test_shipped_examples(capsys, workload, topology):
+    code, out, err = run(capsys, "--workload", workload, "--topology", topology, "--pp", "4",
+                         "--dp", "2", "--macro-batch", "8", "--profile", "default-v100", "--format", "json")
     assert code == 0, err
-    s = json.loads(out)[0]["summary"]
-    assert s["model"] == "encoder-24" and s["topology"].endswith("example-geo-topology.toml")
+    s = json.loads(out)["summary"]
+    assert s["model"] == "encoder-24" and s["topology"] == topology
     assert s["replicas_simulated"] == 2  # the degraded pair makes replica 0 differ
+
+
+def test_unknown_shipped_name_lists_the_known_ones(capsys):
+    code, _, err = run(capsys, "--topology", "example-moon")
+    assert code == 2 and "example-moon" in err and "example-geo" in err and len(err.splitlines()) == 1
 
 
 def test_installed_default_profile_is_package_data():
@@ -133,3 +140,12 @@ def test_schedules_grid_with_virtual_stages(capsys):
     assert float(rows["zb-h1"]["bubble_fraction"]) < float(rows["1f1b"]["bubble_fraction"])
     code, _, err = run(capsys, "--schedule", "interleaved-1f1b", "--pp", "4", "--macro-batch", "9")
     assert code == 2 and "num_microbatches=9" in err and len(err.strip().splitlines()) == 1
+
+
+def test_json_is_an_object_for_one_configuration_and_a_list_for_several(capsys):
+    code, out, err = run(capsys, "--bandwidth", "1Gbps", "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["summary"]["bandwidth_bps"] == 1e9
+    code, out, err = run(capsys, "--bandwidth", "1Gbps,100Mbps", "--format", "json")
+    assert code == 0, err
+    assert [r["summary"]["bandwidth_bps"] for r in json.loads(out)] == [1e9, 1e8]

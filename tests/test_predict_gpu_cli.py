@@ -16,7 +16,7 @@ ARGS = ["predict", "--model", GPT, "--gpu", "a100-sxm4-80gb", "--tp", "4", "--pp
 
 def test_blind_check_command_json(capsys):
     assert main(ARGS) == 0
-    s = json.loads(capsys.readouterr().out)[0]["summary"]
+    s = json.loads(capsys.readouterr().out)["summary"]
     assert s["iteration_s"] > 0 and s["fits"] is True and 0 < s["peak_memory_gib"] < 80
     assert s["params"] == 24 * (12 * 2048**2 + 13 * 2048) + 51200 * 2048 + 2048 * 2048 + 2 * 2048
     assert (s["tp"], s["pp"], s["dp"], s["gpus"], s["global_batch"], s["macro_batch"]) == (4, 2, 2, 16, 16, 8)
@@ -31,7 +31,7 @@ def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
     assert "\n" not in err and "memory" in err and "stage 0" in err and "short by" in err
     assert "Traceback" not in err
     assert main(big + ["--allow-oom"]) == 0
-    s = json.loads(capsys.readouterr().out)[0]["summary"]
+    s = json.loads(capsys.readouterr().out)["summary"]
     assert s["fits"] is False and s["peak_memory_gib"] > 40
 
 

@@ -80,7 +80,7 @@ def test_spec_normalises_and_expands():
 def test_spec_other_predict_params():
     spec = SweepSpec({"partition": ["7,6,6,6,6,6,6,7", "6,6,6,6,6,6,6,8"], "overlap": "true,false",
                       "bucket-size": "25MiB", "intra_node_bandwidth": "300GB/s"})
-    assert spec.values["partition"] == ["7,6,6,6,6,6,6,7", "6,6,6,6,6,6,6,8"]
+    assert spec.values["partition"] == [(7, 6, 6, 6, 6, 6, 6, 7), (6, 6, 6, 6, 6, 6, 6, 8)]
     assert spec.values["overlap"] == [True, False]
     assert spec.values["bucket_size"] == [25 * 2**20]
     assert spec.values["intra_node_bandwidth"] == [2.4e12]
@@ -201,30 +201,59 @@ def test_invalid_configurations(tmp_path):
         assert list(pd.read_csv(out).columns)[:3] == SUMMARY_COLUMNS[:3]
 
 
-def test_backend_errors(tmp_path):
-    with pytest.raises(ConfigError, match="backend 'spark'"):
-        run_sweep(GRID, None, backend="spark", predict=fake_predict)
+def test_run_errors(tmp_path):
     with pytest.raises(ConfigError, match="out.txt"):
         run_sweep(GRID, tmp_path / "out.txt", predict=fake_predict)
     with pytest.raises(ConfigError, match="jobs"):
         run_sweep(GRID, None, jobs=0, predict=fake_predict)
-    for name, module in (("ray", "ray"), ("dask", "dask.distributed")):
-        try:
-            __import__(module)
-        except ModuleNotFoundError:
-            with pytest.raises(ConfigError, match=f"--backend {name}: .*not installed"):
-                run_sweep({"bandwidth": "1Gbps"}, None, backend=name, predict=fake_predict)
 
 
-def test_dask_backend_same_table(tmp_path):
-    """A cluster engine gives the same table as the local pool (runs where dask is installed)."""
-    pytest.importorskip("dask.distributed")
-    out = tmp_path / "d.csv"
-    grid = {"bandwidth": "1Gbps,100Mbps", "compress": "fp32,aqsgd:fw3bw6"}
-    dask_table = run_sweep(grid, out, backend="dask", jobs=2, predict=fake_predict, progress=False)
-    local = run_sweep(grid, tmp_path / "l.csv", jobs=1, predict=fake_predict, progress=False)
-    pd.testing.assert_frame_equal(dask_table.summary, local.summary)
-    assert out.read_text() == (tmp_path / "l.csv").read_text()
+def test_pool_only_when_it_pays():
+    from perfsim.analysis.sweep import POOL_STARTUP_S, use_pool
+
+    assert not use_pool(7, 0.05, jobs=2)  # 8 quick configurations: in-process
+    assert use_pool(100, 0.05, jobs=2)
+    assert not use_pool(1000, 1.0, jobs=1)
+    assert not use_pool(1, 10.0, jobs=2)
+    assert use_pool(2, POOL_STARTUP_S * 1.01 * 2, jobs=2)
+
+
+def test_small_grid_runs_in_process(tmp_path, monkeypatch):
+    """A small grid of fast configurations never starts a process pool."""
+    import perfsim.analysis.sweep as sw
+
+    def no_pool(*a, **k):
+        raise AssertionError("a pool was started")
+
+    monkeypatch.setattr(sw, "_iter_pool", no_pool)
+    table = run_sweep(GRID, None, jobs=2, predict=fake_predict, progress=False)
+    assert len(table.summary) == len(SweepSpec(GRID))
+
+
+def test_pool_gives_the_in_process_table(tmp_path):
+    forced = run_sweep(GRID, tmp_path / "p.csv", jobs=2, pool=True, predict=fake_predict,
+                       progress=False)
+    here = run_sweep(GRID, tmp_path / "h.csv", jobs=2, pool=False, predict=fake_predict,
+                     progress=False)
+    pd.testing.assert_frame_equal(forced.summary, here.summary)
+
+
+def test_pool_from_a_plain_script(tmp_path):
+    """A script without ``if __name__ == "__main__"`` can sweep with a pool (the
+    children do not re-run the script)."""
+    script = tmp_path / "plain.py"
+    script.write_text(
+        "import os\n"
+        "import perfsim\n"
+        "from perfsim.analysis.sweep import run_sweep\n"
+        "t = run_sweep({'model': 'gpt2-tiny', 'pp': 2, 'macro_batch': 4,\n"
+        "               'bandwidth': ['1Gbps', '100Mbps', '10Mbps']}, None, jobs=2, pool=True,\n"
+        "              progress=False)\n"
+        "print('rows', len(t.to_frame()), os.getpid())\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("rows 3") == 1, proc.stdout
 
 
 def _cli(*args, cwd=None):
@@ -237,15 +266,9 @@ def _cli(*args, cwd=None):
     (["--pp", "0"], "pp"),
     (["missing.toml"], "missing.toml"),
     (["--out", "x.xlsx", "--bandwidth", "1Gbps"], "x.xlsx"),
-    (["--backend", "ray", "--bandwidth", "1Gbps"], "ray"),
+    (["--link-burst", "lots", "--bandwidth", "1Gbps"], "--link-burst"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, culprit):
-    if args[:2] == ["--backend", "ray"]:
-        try:  # the error path only exists without ray
-            import ray  # noqa: F401
-            pytest.skip("ray is installed")
-        except ModuleNotFoundError:
-            pass
     proc = _cli(*args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

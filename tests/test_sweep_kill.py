@@ -48,13 +48,13 @@ def test_killed_sweep_leaves_no_pool_and_no_temp_folder(tmp_path):
     pool = set()
     try:
         deadline = time.monotonic() + 120
-        while len(pool) < 3 and time.monotonic() < deadline:  # forkserver + 2 workers
+        while len(pool) < 2 and time.monotonic() < deadline:  # 2 forked workers
             assert proc.poll() is None, proc.communicate()
             pool = _descendants(proc.pid)
             time.sleep(0.2)
-        assert len(pool) >= 3
+        assert len(pool) >= 2
         leftovers = list(Path(tempfile.gettempdir()).glob(f"perfsim-sweep-{proc.pid}-*"))
-        assert leftovers and any(leftovers[0].glob("pymp-*"))  # multiprocessing's folder is inside ours
+        assert leftovers  # the pool's temp folder, named after the sweep (multiprocessing's goes inside)
         proc.kill()
         proc.wait()
         end = time.monotonic() + 30

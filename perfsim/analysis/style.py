@@ -11,6 +11,8 @@ import math
 import re
 from typing import Any, Iterable
 
+from perfsim.compression.spec import DISPLAY, parse_spec
+from perfsim.errors import ConfigError
 from perfsim.units import format_bandwidth
 
 #: one colour per compressor family, shared by every figure
@@ -27,13 +29,8 @@ METHOD_COLORS = {
     "topk": "#bcbd22", "randk": "#7f7f7f",
 }
 _FALLBACK_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#dbdb8d")
-#: display names of compressor families
-METHOD_NAMES = {
-    "fp32": "FP32", "none": "none", "fp16": "FP16", "bf16": "BF16", "directq": "DirectQ",
-    "aqsgd": "AQ-SGD", "qsgd": "QSGD", "qsgd-maxnorm": "QSGD-MaxNorm", "maxnorm": "MaxNorm",
-    "ecq": "ECQ-SGD", "onebit": "1-bit", "onebit-adam": "1-bit Adam",
-    "onebit-lamb": "1-bit LAMB", "powersgd": "PowerSGD", "topk": "Top-k", "randk": "Rand-k",
-}
+#: display names of compressor families (perfsim.compression.spec.DISPLAY)
+METHOD_NAMES = DISPLAY
 SCHEDULE_COLORS = {"gpipe": "#1b9e77", "1f1b": "#d95f02"}
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 #: time categories of the breakdown, bottom to top
@@ -54,11 +51,21 @@ PANEL_COLUMNS = ("model", "schedule", "pp", "dp", "micro_batch", "macro_batch", 
 
 # ---------------------------------------------------------------- labels and styles
 
-def family(spec: Any) -> str:
-    """``"aqsgd:fw3bw6"`` -> ``"aqsgd"``; missing -> ``"none"``."""
+def _spec(spec: Any, role: str = "pipeline"):
     if spec is None or (isinstance(spec, float) and math.isnan(spec)):
-        return "none"
-    return str(spec).split(":")[0].strip().lower() or "none"
+        return None
+    try:
+        return parse_spec(str(spec), role)
+    except ConfigError:
+        return None
+
+
+def family(spec: Any) -> str:
+    """``"aqsgd:fw3bw6"`` -> ``"aqsgd"`` (the spec's registry name); missing -> ``"none"``."""
+    parsed = _spec(spec, "grad")
+    if parsed is None:
+        return str(spec).split(":")[0].strip().lower() if spec is not None and spec == spec else "none"
+    return parsed.name
 
 
 def method_color(spec: Any) -> str:
@@ -69,28 +76,18 @@ def method_color(spec: Any) -> str:
     return _FALLBACK_COLORS[sum(map(ord, fam)) % len(_FALLBACK_COLORS)]
 
 
-def method_name(spec: Any) -> str:
-    """Readable name: ``"aqsgd:fw3bw6"`` -> ``"AQ-SGD fw3 bw6"``, ``"qsgd-maxnorm:4"`` ->
-    ``"QSGD-MaxNorm 4-bit"``."""
-    fam = family(spec)
-    args = str(spec).split(":")[1:] if fam != "none" else []
-    words = [METHOD_NAMES.get(fam, fam)]
-    for a in args:
-        m = re.fullmatch(r"fw(\d+)bw(\d+)", a, re.IGNORECASE)
-        if m:
-            words.append(f"fw{m.group(1)} bw{m.group(2)}")
-        elif a.isdigit():
-            words.append(f"{a}-bit" if fam not in ("powersgd", "topk", "randk") else f"r={a}")
-        else:
-            words.append(a)
-    return " ".join(words)
+def method_name(spec: Any, role: str = "pipeline") -> str:
+    """Readable name (:attr:`perfsim.compression.spec.Spec.label`): ``"aqsgd:fw3bw6"``
+    -> ``"AQ-SGD fw3 bw6"``, ``"qsgd-maxnorm:4"`` -> ``"QSGD-MaxNorm 4-bit"``."""
+    parsed = _spec(spec, role) or _spec(spec, "grad")
+    return parsed.label if parsed is not None else str(spec)
 
 
 def grad_name(spec: Any) -> str:
     """Name of a data-parallel gradient compression: ``"none"`` -> ``"FP32 gradients"``."""
     if family(spec) in ("none", "fp32"):
         return "FP32 gradients"
-    return f"{method_name(spec)} gradients"
+    return f"{method_name(spec, 'grad')} gradients"
 
 
 def bandwidth_label(bps: float) -> str:

@@ -4,9 +4,9 @@ parallel, written as one tidy table (one row per configuration).
 A sweep is a :class:`SweepSpec`: for each ``predict`` parameter, the list of
 values to try (the same comma lists as the ``perfsim predict`` flags, or a sweep
 file in TOML). :func:`expand` takes the cartesian product; :func:`run_sweep`
-runs every configuration through :func:`perfsim.api.predict` on a backend
-(``local``: a process pool over the machine's cores; ``ray`` or ``dask``: an
-existing cluster, optional extra ``perfsim[cluster]``) and writes
+runs every configuration through :func:`perfsim.api.predict` -- in this
+process, or in a process pool when the grid is long enough for the pool to pay
+(:func:`use_pool`) -- and writes
 
 * ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
   (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after, then
@@ -37,8 +37,8 @@ underscores::
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
+import logging
 import math
 import os
 import shutil
@@ -49,89 +49,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from perfsim import params
 from perfsim.errors import ConfigError
 from perfsim.procs import die_with_parent, provably_dead
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
-from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
+
+log = logging.getLogger(__name__)
 
 #: the parameters of :func:`perfsim.api.predict`, in the order a grid varies them
-#: (last key varies fastest); every one may hold one value or a list
-PARAMS = ("model", "workload", "profile", "topology", "gpus_per_node", "intra_node_bandwidth",
-          "nic_sharing", "dataset_samples", "schedule", "virtual_stages", "pp", "dp", "partition", "bucket_size",
-          "overlap", "micro_batch", "macro_batch", "epochs", "latency", "grad_compress",
-          "compress", "bandwidth", "gpu", "precision", "recompute", "seq_len", "placement", "zero",
-          "sequence_parallel", "global_batch", "tp", "intra_node_fabric", "nic", "collective_algo",
-          "link_model")
-#: the axes the issue names; the others may vary too
-SWEEP_AXES = ("bandwidth", "latency", "compress", "grad_compress", "schedule", "pp", "dp",
-              "micro_batch")
-_INT_PARAMS = ("virtual_stages", "pp", "dp", "micro_batch", "macro_batch", "epochs", "gpus_per_node",
-               "dataset_samples", "tp", "seq_len", "global_batch")
-_STR_PARAMS = ("model", "workload", "profile", "topology", "schedule", "compress",
-               "grad_compress", "partition", "gpu", "precision", "recompute", "placement",
-               "intra_node_fabric", "nic", "collective_algo", "link_model")
-_BOOL_PARAMS = ("overlap", "nic_sharing", "sequence_parallel")
-BACKENDS = ("local", "ray", "dask")
+#: (last key varies fastest): :data:`perfsim.params.NAMES`
+PARAMS = params.NAMES
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
+#: seconds a 2-worker pool costs before its first result (fork, process start, the
+#: first batch's hand-over), measured by ``python benchmarks/bench_startup.py`` on the
+#: 2-core development machine: 0.28 s at load 5 (a sweep of 8 configurations took
+#: 0.54 s in-process and 0.55 s on the pool)
+POOL_STARTUP_S = 0.3
 
 
 # ---------------------------------------------------------------- the grid
 
 def normalize_value(key: str, value: Any) -> Any:
-    """One parameter value in canonical form: bandwidth in bit/s (float), latency
-    in seconds (float), integers for counts, stripped strings otherwise, so that
-    ``"1Gbps"`` and ``"1000Mbps"`` are the same configuration."""
-    if key in ("bandwidth", "intra_node_bandwidth"):
-        return parse_bandwidth(value, key)
-    if key == "bucket_size":
-        return parse_size(value, key)
-    if key in _BOOL_PARAMS:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{key} {value!r}: expected true or false")
-    if key == "latency":
-        return parse_time(value, "latency")
-    if key == "zero":
-        if str(value).strip() not in ("0", "1"):
-            raise ConfigError(f"zero {value!r}: 0 or 1")
-        return int(str(value).strip())
-    if key in _INT_PARAMS:
-        try:
-            number = float(value) if not isinstance(value, int) else value
-        except (TypeError, ValueError):
-            raise ConfigError(f"{key} {value!r}: not an integer") from None
-        if isinstance(value, bool) or number != int(number) or int(number) < 1:
-            raise ConfigError(f"{key} {value!r}: must be a positive integer")
-        return int(number)
-    if key in _STR_PARAMS:
-        if not isinstance(value, str) or not value.strip():
-            raise ConfigError(f"{key} {value!r}: must be a non-empty string")
-        text = value.strip()
-        return text.lower() if key == "schedule" else text
-    raise ConfigError(f"sweep parameter {key!r}: unknown (known: {', '.join(PARAMS)})")
-
-
-def _values(key: str, raw: Any) -> list:
-    """A scalar, a comma-list string or a list -> de-duplicated normalised values."""
-    items = raw if isinstance(raw, (list, tuple)) else [raw]
-    flat: list = []
-    for item in items:
-        # a partition ("7,6,6,...") is one value: alternatives only as a list
-        splittable = isinstance(item, str) and key != "partition"
-        flat.extend(split_list(item) if splittable else [item])
-    if not flat:
-        raise ConfigError(f"sweep parameter {key!r}: empty list of values")
-    out: list = []
-    for item in flat:
-        v = normalize_value(key, item)
-        if v not in out:
-            out.append(v)
-    return out
+    """One parameter value in canonical form (:func:`perfsim.params.normalize`),
+    so that ``"1Gbps"`` and ``"1000Mbps"`` are the same configuration."""
+    return params.normalize(key, value)
 
 
 @dataclass(frozen=True)
@@ -146,13 +87,11 @@ class SweepSpec:
     values: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        norm: dict[str, list] = {}
-        for key, raw in dict(self.values).items():
-            k = str(key).replace("-", "_")
-            if k not in PARAMS:
-                raise ConfigError(f"sweep parameter {key!r}: unknown (known: {', '.join(PARAMS)})")
-            norm[k] = _values(k, raw)
-        object.__setattr__(self, "values", {k: norm[k] for k in PARAMS if k in norm})
+        try:
+            grid = params.grid(self.values)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep {exc}") from None
+        object.__setattr__(self, "values", grid)
 
     @property
     def axes(self) -> list[str]:
@@ -171,8 +110,7 @@ class SweepSpec:
 
 def expand(spec: SweepSpec) -> list[dict[str, Any]]:
     """The cartesian product of ``spec``, in :data:`PARAMS` order (last varies fastest)."""
-    keys = list(spec.values)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*(spec.values[k] for k in keys))]
+    return params.expand(spec.values)
 
 
 def config_id(params: Mapping[str, Any]) -> str:
@@ -252,7 +190,7 @@ def _describe(params: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-# ---------------------------------------------------------------- backends
+# ---------------------------------------------------------------- in-process or pool
 
 def _batches(todo: list[tuple[str, dict]], workers: int) -> list[list[tuple[str, dict]]]:
     """Split into batches: small enough to balance load and to flush often
@@ -261,27 +199,36 @@ def _batches(todo: list[tuple[str, dict]], workers: int) -> list[list[tuple[str,
     return [todo[i:i + size] for i in range(0, len(todo), size)]
 
 
-def _iter_local(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
-    if jobs <= 1 or sum(map(len, batches)) < 4 * jobs:  # small: here, config by config
-        for b in batches:
-            for item in b:
-                yield run_batch([item], predict, skip_invalid)
-        return
+def use_pool(remaining: int, seconds_each: float, jobs: int) -> bool:
+    """A pool pays when the time it saves on the ``remaining`` configurations
+    (each ``seconds_each`` in-process, spread over ``jobs`` workers) exceeds its
+    start-up cost :data:`POOL_STARTUP_S`."""
+    if jobs <= 1 or remaining < 2:
+        return False
+    saved = remaining * seconds_each * (1 - 1 / min(jobs, remaining))
+    return saved > POOL_STARTUP_S
+
+
+def _pool_context():
+    """``fork`` (the children need not import the caller's script, so a plain
+    script without ``if __name__ == "__main__"`` works), unless torch is loaded:
+    its OpenMP threads make forking unsafe, and then no pool is used (None)."""
     import multiprocessing
+
+    if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def _iter_pool(batches, predict, skip_invalid, jobs, context) -> Iterator[list[dict]]:
     import multiprocessing.util
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    # forkserver, not fork: a parent that has used torch (OpenMP threads) may not fork safely
-    methods = multiprocessing.get_all_start_methods()
-    context = multiprocessing.get_context("forkserver" if "forkserver" in methods else None)
-    if context.get_start_method() == "forkserver":
-        context.set_forkserver_preload(["perfsim._pool_preload"])
     _remove_stale_pool_dirs()
-    # multiprocessing's own temp folder (pymp-*, the forkserver's socket) goes inside one named
-    # after this process, so that a SIGKILLed sweep's leftovers can be found and removed later
+    # multiprocessing's own temp folder (pymp-*) goes inside one named after this process,
+    # so that a SIGKILLed sweep's leftovers can be found and removed later
     own = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
-    # at exit, after multiprocessing removed its pymp-* (exitpriority -100) and the forkserver
-    # (which later pools of this process reuse) is gone
+    # at exit, after multiprocessing removed its pymp-* (exitpriority -100)
     multiprocessing.util.Finalize(None, shutil.rmtree, args=(own, True), exitpriority=-101)
     saved, tempfile.tempdir = tempfile.tempdir, own
     try:
@@ -296,6 +243,26 @@ def _iter_local(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
                 yield fut.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _iter_run(todo, predict, skip_invalid, jobs, pool: bool | None) -> Iterator[list[dict]]:
+    """Run ``todo``: the first configuration in-process, timed; the rest in a
+    pool when ``pool`` is True, or None and :func:`use_pool` says it pays."""
+    rest = list(todo)
+    if pool is None:
+        start = time.perf_counter()
+        yield run_batch([rest.pop(0)], predict, skip_invalid)
+        pool = use_pool(len(rest), time.perf_counter() - start, jobs)
+    context = _pool_context() if pool and jobs > 1 and len(rest) > 1 else None
+    if pool and context is None and jobs > 1:
+        log.debug("sweep: torch is loaded in this process, running in-process")
+    if context is None:
+        for item in rest:
+            yield run_batch([item], predict, skip_invalid)
+        return
+    log.debug("sweep: %d configurations on %d worker processes", len(rest), jobs)
+    _resolve_predict(predict)  # import the simulator once here; forked workers inherit it
+    yield from _iter_pool(_batches(rest, jobs), predict, skip_invalid, jobs, context)
 
 
 _POOL_DIR_PREFIX = "perfsim-sweep-"
@@ -313,42 +280,6 @@ def _remove_stale_pool_dirs() -> None:
             continue
         if pid != os.getpid() and provably_dead(pid, made):
             shutil.rmtree(d, ignore_errors=True)
-
-
-def _iter_ray(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
-    try:
-        import ray
-    except ModuleNotFoundError:
-        raise ConfigError("--backend ray: ray is not installed "
-                          "(pip install 'perfsim[cluster]')") from None
-    if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), ignore_reinit_error=True,
-                 log_to_driver=False)
-    remote = ray.remote(run_batch)
-    pending = [remote.remote(b, predict, skip_invalid) for b in batches]
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        for ref in done:
-            yield ray.get(ref)
-
-
-def _iter_dask(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
-    try:
-        from dask.distributed import Client, as_completed
-    except ModuleNotFoundError:
-        raise ConfigError("--backend dask: dask.distributed is not installed "
-                          "(pip install 'perfsim[cluster]')") from None
-    address = os.environ.get("DASK_SCHEDULER_ADDRESS")
-    client = Client(address) if address else Client(n_workers=jobs, threads_per_worker=1)
-    try:
-        futures = [client.submit(run_batch, b, predict, skip_invalid, pure=False) for b in batches]
-        for fut in as_completed(futures):
-            yield fut.result()
-    finally:
-        client.close()
-
-
-_BACKENDS = {"local": _iter_local, "ray": _iter_ray, "dask": _iter_dask}
 
 
 # ---------------------------------------------------------------- part file (resume)
@@ -480,6 +411,20 @@ class SweepTable:
     stages: Any
     errors: Any
 
+    def to_frame(self):
+        """The summary table (one row per configuration)."""
+        return self.summary
+
+    def __repr__(self) -> str:
+        axes = [c for c in ("model", "bandwidth_bps", "latency_s", "compress", "grad_compress",
+                            "schedule", "pp", "dp", "micro_batch", "macro_batch")
+                if c in self.summary.columns and self.summary[c].nunique() > 1]
+        return (f"SweepTable({len(self.summary)} configurations varying {', '.join(axes) or 'nothing'}; "
+                f"{len(self.stages)} stage rows, {len(self.errors)} rejected)")
+
+    def _repr_html_(self) -> str:
+        return self.summary._repr_html_()
+
 
 def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> SweepTable:
     import pandas as pd
@@ -505,7 +450,7 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
 
 
 def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None = None, *,
-              jobs: int | None = None, backend: str = "local", predict: Callable | None = None,
+              jobs: int | None = None, pool: bool | None = None, predict: Callable | None = None,
               skip_invalid: bool = False, resume: bool = True, progress: bool | None = None,
               report: Callable[[str], None] | None = None) -> SweepTable:
     """Run every configuration of ``spec`` and return the tables.
@@ -513,10 +458,11 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     out: table path (``.csv`` / ``.parquet``); with it, results are logged to the
       part file as they finish and the final files written atomically, and a
       re-run resumes (``resume=False`` starts over). Without it, nothing is written.
-    jobs: worker processes for the local backend (default: all cores).
-    backend: ``local`` | ``ray`` | ``dask`` (cluster engines, optional extra).
+    jobs: worker processes at most (default: all cores); 1 = in-process.
+    pool: True = a process pool, False = in-process, None = a pool only when it
+      pays (:func:`use_pool`, after timing the first configuration here).
     predict: the function to call (default :func:`perfsim.api.predict`); must be
-      picklable (a module-level function) for parallel backends.
+      picklable (a module-level function) for a pool.
     skip_invalid: record configurations that predict rejects (ConfigError) instead
       of stopping the sweep.
     progress: show a progress bar (default: when stderr is a terminal).
@@ -524,8 +470,6 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     """
     if not isinstance(spec, SweepSpec):
         spec = SweepSpec(spec)
-    if backend not in _BACKENDS:
-        raise ConfigError(f"backend {backend!r}: unknown (choose from {', '.join(BACKENDS)})")
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
@@ -537,11 +481,12 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
         if Path(out).suffix.lower() not in TABLE_SUFFIXES:
             raise ConfigError(f"--out {str(out)!r}: needs a .csv or .parquet suffix")
         with outputs.locked_dir(out, "--out", file=True):  # one sweep per output at a time
-            return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
-    return _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report)
+            return _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, report)
+    return _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, report)
 
 
-def _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress, report) -> SweepTable:
+def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, report) -> SweepTable:
+    report = report or log.info
 
     configs = [(config_id(p), p) for p in expand(spec)]
     wanted = {cid for cid, _ in configs}
@@ -552,7 +497,7 @@ def _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress
             if rec["config_id"] in wanted:
                 records[rec["config_id"]] = rec
     todo = [(cid, p) for cid, p in configs if cid not in records]
-    if records and report is not None:
+    if records:
         report(f"resuming: {len(records)} of {len(configs)} configurations already done")
 
     writer = _PartWriter(part, list(records.values())) if part is not None else None
@@ -565,7 +510,7 @@ def _run_sweep(spec, out, jobs, backend, predict, skip_invalid, resume, progress
                desc="sweep", disable=not show, file=sys.stderr, dynamic_ncols=True)
     try:
         if todo:
-            iterator = _BACKENDS[backend](_batches(todo, jobs), predict, skip_invalid, jobs)
+            iterator = _iter_run(todo, predict, skip_invalid, jobs, pool)
             for batch_records in iterator:
                 for rec in batch_records:
                     records[rec["config_id"]] = rec

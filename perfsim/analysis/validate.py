@@ -498,3 +498,28 @@ def write_csv(df, path) -> Path:
 
 def parse_latency(text: str | None) -> float:
     return 0.0 if not text else parse_time(text, "--emulate-latency")
+
+
+def check_specs(plan: ValidationPlan) -> None:
+    """Check every compression spec of ``plan`` against both the simulator (the
+    engine plans the configuration) and the runtime (execute mode's config
+    validation) before any slow measured run starts. ConfigError naming the spec."""
+    from perfsim.api import build_configs
+    from perfsim.engine.plan import build_plan
+    from perfsim.runtime.api import make_config
+
+    base = {k: v for k, v in plan.base.items() if k in ("model", "pp", "dp", "schedule",
+                                                         "micro_batch", "macro_batch")}
+    for c in plan.compresses:
+        for g in plan.grad_compresses:
+            try:
+                workload, strategy, _, profile = build_configs(**base, compress=c, grad_compress=g,
+                                                               profile=plan.profile)
+                build_plan(workload, strategy, profile)
+            except ConfigError as exc:
+                raise ConfigError(f"the simulator rejects compress={c} grad_compress={g}: {exc}") from None
+            try:
+                make_config(**plan.base, compress=c, grad_compress=g, steps=plan.steps,
+                            out=plan.out, **plan.extra_run)
+            except ConfigError as exc:
+                raise ConfigError(f"the runtime rejects compress={c} grad_compress={g}: {exc}") from None

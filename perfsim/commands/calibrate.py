@@ -12,6 +12,10 @@ Writes the profile atomically (perfsim.profile format, version 1).
 from __future__ import annotations
 
 HELP = "measure compute, encode/decode and communication costs of this machine into a profile"
+EXAMPLES = """examples:
+  perfsim calibrate --quick --output traces/mybox.json
+  perfsim calibrate --model gpt2-tiny --micro-batch 1,4,8 --emulate-bandwidth 1Gbps,100Mbps --output traces/mybox.json
+"""
 
 DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
 

@@ -1,24 +1,35 @@
-"""``perfsim compressors``: every registered compressor, its spec syntax and its
-exact wire size for one tensor shape -- alone (``wire_bytes``: one payload) and
-in data parallel (``dp_bytes``: what each of ``--world-size`` ranks feeds to the
-collectives of one gradient exchange, the sum of the compressor's ``dp_plan``,
-the number the simulator charges and ``perfsim.ddp``'s ``wire_bytes`` counts).
+"""``perfsim compressors``: the compression specs predict and run accept, with
+their syntax and exact wire size for one tensor shape -- alone (``wire_bytes``:
+one payload) and in data parallel (``dp_bytes``: what each of ``--world-size``
+ranks feeds to the collectives of one gradient exchange, the sum of the
+compressor's ``dp_plan``, the number the simulator charges).
 
-Each class is built from a representative spec (its ``example_spec`` class
-attribute; failing that, its bare name, then its ``spec_syntax`` with the usual
-placeholders filled in) and asked for ``wire_bytes(shape)`` -- sizes are never
-computed here. CSV columns: ``name,spec,allreduce_compatible,wire_bytes,ratio,dp_bytes,dp_ratio``
-(ratios relative to the fp32 bytes; ``dp_ratio`` to a plain fp32 allreduce input).
+One row per (role, spec): ``grad`` rows are ``--grad-compress`` values: every
+registered compressor (``name``), built from a representative spec (its
+``example_spec`` class attribute; failing that, its bare name, then its
+``spec_syntax`` with the usual placeholders filled in), and the 1-bit
+optimizers; ``pipeline`` rows are ``--compress`` values
+(:data:`perfsim.compression.spec.PIPELINE_EXAMPLES`; sizes of the forward
+direction). Each ``spec`` is the canonical text
+(:class:`perfsim.compression.spec.Spec`); sizes are asked from the compressor
+objects, never computed here. Columns: :data:`COLUMNS` (ratios relative to the
+fp32 bytes).
 """
 
 from __future__ import annotations
 
 import re
 
-HELP = "list every compressor with its spec syntax, allreduce compatibility and exact wire bytes"
+HELP = "list the compression specs predict and run accept, with syntax and exact wire bytes"
+EXAMPLES = """examples:
+  perfsim compressors
+  perfsim compressors --shape 1,1024,1600 --format csv
+  perfsim compressors --format json | jq '.[] | select(.role == "grad") | .spec'
+"""
 
 DEFAULT_SHAPE = "1,1024,1600"
-COLUMNS = ("name", "spec", "allreduce_compatible", "wire_bytes", "ratio", "dp_bytes", "dp_ratio")
+COLUMNS = ("role", "name", "family", "spec", "label", "syntax", "allreduce_compatible",
+           "wire_bytes", "ratio", "dp_bytes", "dp_ratio")
 
 #: placeholder -> value used when a class gives no example_spec
 _PLACEHOLDERS = {"BITS": "4", "FRACTION": "0.01", "RANK": "4", "LEVELS": "7", "K": "0.01",
@@ -29,7 +40,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shape", default=DEFAULT_SHAPE,
                         help=f"tensor shape, comma-separated (default {DEFAULT_SHAPE}: one GPT2-1.5B "
                              "boundary activation)")
-    parser.add_argument("--format", choices=("table", "csv"), default="table", help="output format")
+    parser.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                        help="output format (default table)")
     parser.add_argument("--world-size", type=int, default=2, metavar="W",
                         help="data-parallel ranks for the dp_bytes column (default 2)")
 
@@ -80,49 +92,79 @@ def build_example(cls):
     return None
 
 
-from perfsim.errors import ConfigError  # noqa: E402  (light: no torch)
+def _row(role: str, spec: str, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
+    from perfsim.compression.spec import parse_spec
+    from perfsim.errors import ConfigError
+
+    parsed = parse_spec(spec, role)
+    row = {"role": role, "name": comp.name if comp is not None and parsed.family != "optimizer"
+           else parsed.name, "family": parsed.family, "spec": parsed.text,
+           "label": parsed.label, "syntax": syntax,
+           "allreduce_compatible": None if comp is None else bool(comp.allreduce_compatible),
+           "wire_bytes": None, "ratio": None, "dp_bytes": None, "dp_ratio": None}
+    if comp is not None:
+        try:
+            wb = int(comp.wire_bytes(shape))
+        except ConfigError:  # this compressor cannot take that shape: n/a, keep the others
+            return row
+        row.update(wire_bytes=wb, ratio=wb / fp32)
+        try:
+            dp = int(sum(s.nbytes for s in comp.dp_plan(shape, world_size)))
+            row.update(dp_bytes=dp, dp_ratio=dp / fp32)
+        except ConfigError:
+            pass
+    return row
+
+
+def _pipeline_syntax(cls) -> str:
+    syntax = cls.spec_syntax or cls.name
+    return syntax.replace(f"{cls.name}:BITS", f"{cls.name}:fwBITSbwBITS", 1)
 
 
 def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
-    """One dict per registered compressor, columns :data:`COLUMNS`."""
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError(f"--world-size {world_size!r}: must be an integer >= 1")
-    from perfsim.compression import compressor_classes
+    """One dict per accepted spec, columns :data:`COLUMNS`: gradient rows first."""
+    from perfsim.compression import compressor_classes, make_compressor, make_pipeline_pair
+    from perfsim.compression.spec import OPTIMIZERS, PIPELINE_ONLY, parse_spec
+    from perfsim.errors import ConfigError
 
-    out = []
-    fp32 = 4
-    for n in shape:
-        fp32 *= n
-    for name, cls in sorted(compressor_classes().items()):
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise ConfigError(f"--world-size {world_size!r}: must be an integer >= 1")
+    fp32 = 4 * _prod(shape)
+    classes = compressor_classes()
+    out = [_row("grad", "none", "none", make_compressor("fp32"), shape, fp32, world_size)]
+    for name, cls in sorted(classes.items()):
+        if name == "fp32" or name in PIPELINE_ONLY:
+            continue
         comp = build_example(cls)
-        if comp is None:
-            out.append({"name": name, "spec": cls.spec_syntax, "allreduce_compatible": cls.allreduce_compatible,
-                        "wire_bytes": None, "ratio": None, "dp_bytes": None, "dp_ratio": None})
-            continue
-        try:
-            wb = int(comp.wire_bytes(shape))
-        except ConfigError:  # this compressor cannot take that shape: say n/a, keep the others
-            out.append({"name": name, "spec": comp.spec or name,
-                        "allreduce_compatible": bool(comp.allreduce_compatible), "wire_bytes": None, "ratio": None,
-                        "dp_bytes": None, "dp_ratio": None})
-            continue
-        try:
-            dp = int(sum(s.nbytes for s in comp.dp_plan(shape, world_size)))
-        except ConfigError:
-            dp = None
-        out.append({"name": name, "spec": comp.spec or name,
-                    "allreduce_compatible": bool(comp.allreduce_compatible),
-                    "wire_bytes": wb, "ratio": wb / fp32, "dp_bytes": dp,
-                    "dp_ratio": None if dp is None else dp / fp32})
+        spec = comp.spec or name if comp is not None else name
+        out.append(_row("grad", spec, cls.spec_syntax, comp, shape, fp32, world_size))
+    for name in OPTIMIZERS:  # the 1-bit optimizers exchange momentum with the onebit compressor
+        out.append(_row("grad", name, f"{name}[:warmup=STEPS][:exchange=preconditioned|momentum]",
+                        make_compressor("onebit"), shape, fp32, world_size))
+    for spec in PIPELINE_EXAMPLES():
+        fw, _ = make_pipeline_pair(spec)
+        syntax = _pipeline_syntax(classes[parse_spec(spec, "pipeline").name])
+        out.append(_row("pipeline", spec, syntax, fw, shape, fp32, world_size))
     return out
+
+
+def PIPELINE_EXAMPLES() -> tuple[str, ...]:
+    from perfsim.compression.spec import PIPELINE_EXAMPLES as examples
+
+    return examples
 
 
 def run(args) -> int:
     import csv
+    import json
     import sys
 
     shape = parse_shape(args.shape)
     table = rows(shape, args.world_size)
+    if args.format == "json":
+        json.dump(table, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
     if args.format == "csv":
         w = csv.writer(sys.stdout, lineterminator="\n")
         w.writerow(COLUMNS)
@@ -132,18 +174,15 @@ def run(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from perfsim.compression import compressor_classes
-
-    classes = compressor_classes()
-    t = Table(title=f"compressors for shape {'x'.join(map(str, shape))} "
-                    f"(fp32 = {4 * _prod(shape):,} bytes)")
-    for col, justify in (("name", "left"), ("spec syntax", "left"), ("example", "left"),
+    t = Table(title=f"compression specs for shape {'x'.join(map(str, shape))} "
+                    f"(fp32 = {4 * _prod(shape):,} bytes; pipeline rows: forward direction)")
+    for col, justify in (("role", "left"), ("spec (accepted as is)", "left"), ("syntax", "left"),
                          ("allreduce", "center"), ("wire bytes", "right"), ("ratio", "right"),
                          (f"dp bytes (W={args.world_size})", "right"), ("dp ratio", "right")):
         t.add_column(col, justify=justify)
     for r in table:
-        t.add_row(r["name"], classes[r["name"]].spec_syntax, r["spec"],
-                  "yes" if r["allreduce_compatible"] else "no",
+        t.add_row("--compress" if r["role"] == "pipeline" else "--grad-compress", r["spec"], r["syntax"],
+                  "" if r["allreduce_compatible"] is None else "yes" if r["allreduce_compatible"] else "no",
                   "n/a" if r["wire_bytes"] is None else f"{r['wire_bytes']:,}",
                   "n/a" if r["ratio"] is None else f"{r['ratio']:.4f}",
                   "n/a" if r["dp_bytes"] is None else f"{r['dp_bytes']:,}",

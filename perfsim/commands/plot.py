@@ -10,6 +10,11 @@ from __future__ import annotations
 import argparse
 
 HELP = "draw throughput / speed-up / breakdown / bubble / validation figures from a table (PNG, SVG)"
+EXAMPLES = """examples:
+  perfsim plot runs/speedup.csv --kind speedup --out speedup.svg
+  perfsim plot runs/speedup.csv --kind breakdown --filter bandwidth=100Mbps
+  perfsim plot traces/validation/cpu.csv --kind validation
+"""
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
 

@@ -6,6 +6,12 @@ import argparse
 import sys
 
 HELP = "train for real (torch.distributed pipeline x data x tensor parallel) and measure what predict predicts"
+EXAMPLES = """examples:
+  perfsim run --model digits-mlp --pp 2 --steps 20 --out runs/digits
+  perfsim run --model gpt2-tiny --pp 2 --compress aqsgd:fw3bw6 --emulate-bandwidth 100Mbps --out runs/aq
+  perfsim run --model digits-mlp --pp 1 --dp 2 --grad-compress qsgd-maxnorm:4 --out runs/dp
+  perfsim run --model gpt2-tiny --pp 1 --tp 2 --out runs/tp
+"""
 
 
 def _pos_int(text: str) -> int:

@@ -13,6 +13,11 @@ OUT/validation.csv and OUT/validation.png (predicted vs measured).
 from __future__ import annotations
 
 HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
+EXAMPLES = """examples:
+  perfsim validate --model digits-mlp --pp 2 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \\
+      --emulate-bandwidth 1Gbps,300Mbps,100Mbps --profile traces/cpu-2core.json
+  perfsim validate --model gpt2-tiny --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 --profile traces/cpu-2core.json
+"""
 
 
 def add_arguments(p) -> None:
@@ -110,14 +115,7 @@ def run(args) -> int:
         latency_s=v.parse_latency(args.emulate_latency), steps=args.steps, dataset_limit=limit,
         profile=args.profile, link_model=args.link_model, out=out, seed=args.seed, repeats=args.repeats,
         reuse_measured=args.reuse_measured)
-    # check every spec before the first (slow) run
-    from perfsim.compression import make_pipeline_pair
-    from perfsim.runtime.grad_sync import parse_grad_spec
-
-    for c in plan.compresses:
-        make_pipeline_pair(c)
-    for g in plan.grad_compresses:
-        parse_grad_spec(g)
+    v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
 
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
         from perfsim.netem import check_privileges

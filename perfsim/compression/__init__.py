@@ -1,19 +1,35 @@
 """The compression library: every compressor of the seeds behind one interface.
 
-Importing this package registers the built-in compressors; build one with
-:func:`make_compressor` (``"directq:4"``) or a pipeline pair with
-:func:`make_pipeline_pair` (``"aqsgd:fw3bw6"``).
+Build one with :func:`make_compressor` (``"directq:4"``) or a pipeline pair with
+:func:`make_pipeline_pair` (``"aqsgd:fw3bw6"``); specs are parsed by
+:mod:`perfsim.compression.spec` (no torch). The compressor modules (and torch)
+load on first use of anything else here; loading registers the built-ins.
 """
 
 import importlib
 
-from perfsim.compression.base import CommStep, Compressor, Payload
-from perfsim.compression.registry import (compressor_classes, make_compressor,
-                                          make_pipeline_pair, parse_pipeline_spec, register)
+from perfsim.compression.spec import Spec, parse_spec
 
-# Built-in compressor modules; each registers its classes on import.
-for _mod in ("casts", "directq", "aqsgd", "qsgd", "maxnorm", "randk", "ecq", "onebit", "topk", "powersgd"):
-    importlib.import_module(f"perfsim.compression.{_mod}")
+#: built-in compressor modules; each registers its classes on import
+BUILTINS = ("casts", "directq", "aqsgd", "qsgd", "maxnorm", "randk", "ecq", "onebit", "topk",
+            "powersgd")
+_LAZY = {"CommStep": "base", "Compressor": "base", "Payload": "base",
+         "compressor_classes": "registry", "make_compressor": "registry",
+         "make_pipeline_pair": "registry", "parse_pipeline_spec": "registry", "register": "registry"}
 
-__all__ = ["CommStep", "Compressor", "Payload", "compressor_classes", "make_compressor",
-           "make_pipeline_pair", "parse_pipeline_spec", "register"]
+
+def load_builtins() -> None:
+    """Import (and so register) every built-in compressor."""
+    for mod in BUILTINS:
+        importlib.import_module(f"perfsim.compression.{mod}")
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        load_builtins()
+        return getattr(importlib.import_module(f"perfsim.compression.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'perfsim.compression' has no attribute {name!r}")
+
+
+__all__ = ["CommStep", "Compressor", "Payload", "Spec", "compressor_classes", "make_compressor",
+           "make_pipeline_pair", "parse_pipeline_spec", "parse_spec", "register"]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.aqsgd_store import MessageStore
 from perfsim.compression.base import Compressor, Payload, numel_of

@@ -22,8 +22,8 @@ import itertools
 import os
 from pathlib import Path
 
-import numpy as np
-import torch
+from perfsim._lazy import np
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch

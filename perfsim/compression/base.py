@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 
@@ -72,8 +72,12 @@ class Payload:
 
     tensors: dict[str, torch.Tensor]
     shape: tuple[int, ...]
-    dtype: torch.dtype = torch.float32
+    dtype: torch.dtype | None = None  # None: float32 (set in __post_init__; no torch at import)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.dtype is None:
+            self.dtype = torch.float32
 
     @property
     def nbytes(self) -> int:
@@ -103,15 +107,25 @@ def check_input(x: torch.Tensor, name: str = "tensor") -> None:
         raise ConfigError(f"{name}: contains NaN or Inf; refusing to compress")
 
 
-def sum_dtype_for(levels: int, world_size: int) -> torch.dtype:
-    """Smallest signed integer dtype that holds the sum of ``world_size`` codes in
-    ``[-levels, levels]`` without overflow (the multi-scale paper, App. A, sums
-    int8 codes; with many workers that overflows silently -- we widen instead)."""
+#: bytes per element of the torch dtypes sizes are computed for (no torch needed)
+ITEMSIZE = {"int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2,
+            "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+def sum_dtype_name(levels: int, world_size: int) -> str:
+    """Name of the smallest signed integer dtype that holds the sum of ``world_size``
+    codes in ``[-levels, levels]`` without overflow (the multi-scale paper, App. A,
+    sums int8 codes; with many workers that overflows silently -- we widen instead)."""
     bound = int(levels) * int(world_size)
-    for dtype, limit in ((torch.int8, 127), (torch.int16, 32767), (torch.int32, 2**31 - 1)):
+    for name, limit in (("int8", 127), ("int16", 32767), ("int32", 2**31 - 1)):
         if bound <= limit:
-            return dtype
-    return torch.int64
+            return name
+    return "int64"
+
+
+def sum_dtype_for(levels: int, world_size: int) -> torch.dtype:
+    """The torch dtype :func:`sum_dtype_name` names."""
+    return getattr(torch, sum_dtype_name(levels, world_size))
 
 
 class Compressor(ABC):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.registry import register
@@ -18,7 +18,13 @@ from perfsim.errors import ConfigError
 
 class _Cast(Compressor):
     allreduce_compatible = True
-    wire_dtype: torch.dtype = torch.float32
+    #: the torch dtype on the wire, by name, and its size in bytes (sizes need no torch)
+    wire_dtype_name: str = "float32"
+    wire_itemsize: int = 4
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        return getattr(torch, self.wire_dtype_name)
 
     @classmethod
     def from_args(cls, args: list[str], **_):
@@ -29,7 +35,7 @@ class _Cast(Compressor):
         return comp
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
-        return numel_of(shape) * torch.empty((), dtype=self.wire_dtype).element_size()
+        return numel_of(shape) * self.wire_itemsize
 
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
         check_input(x)
@@ -52,7 +58,7 @@ class FP32(_Cast):
 
     name = "fp32"
     spec_syntax = "fp32"
-    wire_dtype = torch.float32
+    wire_dtype_name, wire_itemsize = "float32", 4
 
 
 @register
@@ -61,7 +67,7 @@ class FP16(_Cast):
 
     name = "fp16"
     spec_syntax = "fp16"
-    wire_dtype = torch.float16
+    wire_dtype_name, wire_itemsize = "float16", 2
 
 
 @register
@@ -70,4 +76,4 @@ class BF16(_Cast):
 
     name = "bf16"
     spec_syntax = "bf16"
-    wire_dtype = torch.bfloat16
+    wire_dtype_name, wire_itemsize = "bfloat16", 2

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, SeedStepState, numel_of
 from perfsim.compression.registry import parse_bits, register

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Payload, numel_of
 from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, default_chunk, flat_f32,

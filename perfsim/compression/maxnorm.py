@@ -56,8 +56,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-import torch
+from perfsim._lazy import np
+from perfsim._lazy import torch
 
 from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of
 from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
@@ -117,12 +117,20 @@ class MaxNormQuantizer(_SeededCompressor):
     allreduce_compatible = True
     stateful = True  # the random step counter
 
+    @property
+    def scales(self) -> torch.Tensor:
+        """Levels ``s_j`` of every scale, ascending, as float32."""
+        if self._scales is None:
+            self._scales = torch.tensor([levels_for_bits(b) for b in self.scale_bits],
+                                        dtype=torch.float32)
+        return self._scales
+
     def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0,
                  chunk: int = 0):
         self.bits = int(bits)
         sb = sorted({int(bits), *map(int, scale_bits)})
         self.scale_bits = tuple(sb)
-        self.scales = torch.tensor([levels_for_bits(b) for b in sb], dtype=torch.float32)
+        self._scales = None  # the float32 tensor of levels, built on first use (no torch for sizes)
         self.s = levels_for_bits(self.bits)  # s_min: bounds every code
         if bucket < 1:
             raise ConfigError(f"bucket={bucket}: must be >= 1")

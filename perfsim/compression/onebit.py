@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, numel_of
 from perfsim.compression.directq import check_float, check_payload_tensors

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import ALLREDUCE, CommStep, Compressor, Payload, check_input, numel_of
 from perfsim.compression.qsgd import parse_options

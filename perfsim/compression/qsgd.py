@@ -48,8 +48,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
-import torch
+from perfsim._lazy import np
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.registry import register
@@ -64,7 +64,7 @@ from perfsim.kernels.rng import call_key, hash_int16_ref
 LEVEL_BITS = (2, 3, 4, 6, 8)
 _MASK64 = (1 << 64) - 1
 _INV16 = 2.0 ** -16
-_F32_MAX = float(np.finfo(np.float32).max)
+_F32_MAX = (2 - 2**-23) * 2.0**127  # largest finite IEEE 754 binary32 (np.finfo(np.float32).max)
 
 
 def mix_seed(*parts: int) -> int:

@@ -26,7 +26,7 @@ import math
 import threading
 from typing import Any, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.maxnorm import MaxNormQuantizer, parse_scale_bits

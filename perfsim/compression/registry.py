@@ -1,22 +1,18 @@
-"""Compressor registry and spec parsing.
+"""Compressor registry.
 
-A *spec* is ``name[:arg[:arg...]]``: ``fp16``, ``directq:4``, ``qsgd-maxnorm:4``,
-``qsgd-maxnorm-multiscale:4:2``, ``randk-maxnorm:0.1:4``. Each compressor class
-parses its own args in ``from_args``; this module only looks names up.
-
-A *pipeline* spec names the pair used across a pipeline boundary: forward
-activations and backward activation-gradients, e.g. ``fp32``,
-``directq:fw4bw8``, ``aqsgd:fw3bw6``, ``aqsgd:fw2bw4:m8`` (8-bit message buffers).
-AQ-SGD compresses the forward activations by their change; the backward
-gradients are directly quantized (aq-sgd-paper.txt, Sec. 3 and App. H.5).
+A compressor spec is ``name[:arg[:arg...]]``: ``fp16``, ``directq:4``,
+``qsgd-maxnorm:4``, ``qsgd-maxnorm-multiscale:4:2``, ``randk-maxnorm:0.1:4``. The
+grammar (and the pipeline form ``aqsgd:fw3bw6``) is :mod:`perfsim.compression.spec`;
+each compressor class parses its own arguments in ``from_args``; this module
+looks names up.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Callable
 
 from perfsim.compression.base import Compressor
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 
 _REGISTRY: dict[str, type[Compressor]] = {}
@@ -31,8 +27,9 @@ def register(cls: type[Compressor]) -> type[Compressor]:
 
 
 def _ensure_loaded() -> None:
-    # Importing the package registers every built-in compressor.
-    import perfsim.compression  # noqa: F401
+    from perfsim.compression import load_builtins
+
+    load_builtins()
 
 
 def compressor_classes() -> dict[str, type[Compressor]]:
@@ -41,19 +38,17 @@ def compressor_classes() -> dict[str, type[Compressor]]:
     return dict(_REGISTRY)
 
 
-def make_compressor(spec: str, **kwargs) -> Compressor:
-    """Build a compressor from a spec such as ``directq:4``.
+def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
+    """Build a compressor from a spec such as ``directq:4`` (text or a parsed Spec).
 
     ``kwargs`` (e.g. ``seed=``) go to the class's ``from_args``.
     Raises :class:`ConfigError` naming the spec when it is unknown or malformed.
     """
     _ensure_loaded()
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"compressor spec {spec!r}: empty")
-    name, *args = spec.strip().split(":")
-    name = name.lower()
-    aliases = {"none": "fp32", "fp32": "fp32"}
-    name = aliases.get(name, name)
+    if isinstance(spec, Spec):
+        spec = spec.text  # errors name the spec as the user wrote it
+    parsed = parse_spec(spec, "compressor")
+    name, args = parsed.name, list(parsed.args)
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ConfigError(
@@ -76,35 +71,12 @@ def parse_bits(text: str, allowed: tuple[int, ...], what: str = "bits") -> int:
     return bits
 
 
-_FWBW = re.compile(r"fw(\d+)bw(\d+)", re.IGNORECASE)
 
 
 def parse_pipeline_spec(spec: str) -> tuple[str, str]:
-    """Split a pipeline compression spec into (forward spec, backward spec).
-
-    ``fp32`` -> (``fp32``, ``fp32``); ``directq:fw4bw8`` -> (``directq:4``,
-    ``directq:8``); ``aqsgd:fw3bw6:m8`` -> (``aqsgd:3:m8``, ``directq:6``).
-    A spec without ``fwXbwY`` uses the same compressor both ways.
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"pipeline compression {spec!r}: empty")
-    name, *args = spec.strip().split(":")
-    name = name.lower()
-    fwbw = [a for a in args if _FWBW.fullmatch(a)]
-    rest = [a for a in args if not _FWBW.fullmatch(a)]
-    if not fwbw:
-        if name == "aqsgd":
-            raise ConfigError(f"pipeline compression {spec!r}: aqsgd needs fwXbwY, e.g. aqsgd:fw3bw6")
-        return spec, spec
-    if len(fwbw) > 1:
-        raise ConfigError(f"pipeline compression {spec!r}: more than one fwXbwY")
-    fw_bits, bw_bits = _FWBW.fullmatch(fwbw[0]).groups()
-    fw = ":".join([name, fw_bits, *rest])
-    if name == "aqsgd":
-        bw = f"directq:{bw_bits}"
-    else:
-        bw = ":".join([name, bw_bits, *rest])
-    return fw, bw
+    """Split a pipeline compression spec into (forward spec, backward spec)
+    (:meth:`perfsim.compression.spec.Spec.pipeline_pair`)."""
+    return parse_spec(spec, "pipeline").pipeline_pair()
 
 
 def make_pipeline_pair(spec: str, **kwargs) -> tuple[Compressor, Compressor]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, SeedStepState, check_input, numel_of
 from perfsim.compression.directq import check_payload_tensors, row_bucket
@@ -33,13 +33,14 @@ from perfsim.kernels.quant import QUANT_BITS, quantize_pack, unpack_dequantize
 from perfsim.kernels.rng import call_key
 
 
+def index_itemsize(cols: int) -> int:
+    """Bytes of the smallest integer type holding a column index in ``[0, cols)``."""
+    return 1 if cols <= 256 else 2 if cols <= 32768 else 4
+
+
 def index_dtype(cols: int) -> torch.dtype:
-    """Smallest dtype holding a column index in ``[0, cols)``."""
-    if cols <= 256:
-        return torch.uint8
-    if cols <= 32768:
-        return torch.int16
-    return torch.int32
+    """Smallest dtype holding a column index in ``[0, cols)`` (:func:`index_itemsize` bytes)."""
+    return {1: torch.uint8, 2: torch.int16, 4: torch.int32}[index_itemsize(cols)]
 
 
 @register
@@ -88,7 +89,7 @@ class TopK(SeedStepState, Compressor):
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         rows, cols, k = self.layout(shape)
         kept = rows * k
-        isz = torch.empty((), dtype=index_dtype(cols)).element_size()
+        isz = index_itemsize(cols)
         return kept * isz + packed_nbytes(kept, self.bits) + 4 * rows
 
     # ------------------------------------------------------------- data path

@@ -33,14 +33,14 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-import torch
+from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 
 STATE_FORMAT = "perfsim-gradsync"
 STATE_VERSION = 1
 DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
-ONEBIT_OPTIMIZERS = ("onebit-adam", "onebit-lamb")
+from perfsim.compression.spec import OPTIMIZERS as ONEBIT_OPTIMIZERS  # noqa: E402
 
 
 # ----------------------------------------------------------------- spec parsing
@@ -56,6 +56,8 @@ class GradSpec:
     rank: PowerSGD matrix approximation rank.
     start_iter: PowerSGD's vanilla-allreduce iterations before compressing
       (torch requires >= 2 with error feedback).
+    min_rate: PowerSGD compresses a tensor only above this compression rate
+      (torch's ``min_compression_rate``).
     optimizer: ``onebit-adam`` / ``onebit-lamb`` for ``kind == "optimizer"``.
     warmup: 1-bit optimizer warm-up steps (None: the optimizer's default).
     exchange: what the 1-bit optimizer compresses: ``preconditioned`` (momentum
@@ -68,6 +70,7 @@ class GradSpec:
     compressor: str = ""
     rank: int = 0
     start_iter: int = 2
+    min_rate: float = 2.0
     optimizer: str = ""
     warmup: int | None = None
     exchange: str | None = None
@@ -106,11 +109,12 @@ def parse_grad_spec(spec: str) -> GradSpec:
     """
     if isinstance(spec, GradSpec):
         return spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"grad compression {spec!r}: empty")
-    text = spec.strip().lower()
-    name, *args = text.split(":")
-    if name in ONEBIT_OPTIMIZERS:
+    from perfsim.compression import make_compressor
+    from perfsim.compression.spec import parse_spec
+
+    parsed = parse_spec(spec, "grad")  # the one grammar predict uses too
+    text, name, args = parsed.text, parsed.name, parsed.args
+    if parsed.family == "optimizer":
         warmup, exchange = None, None
         for arg in args:
             key, value = _kv(arg, spec, ("warmup", "exchange"))
@@ -122,21 +126,13 @@ def parse_grad_spec(spec: str) -> GradSpec:
                 raise ConfigError(f"grad compression {spec!r}: exchange={value!r} "
                                   "(choose preconditioned or momentum)")
         return GradSpec("optimizer", text, optimizer=name, warmup=warmup, exchange=exchange)
-    if name == "powersgd":
+    if parsed.family == "hook":  # torch's PowerSGD hook, with the compressor's own grammar
         if not args:
             raise ConfigError(f"grad compression {spec!r}: powersgd needs a rank, e.g. powersgd:2")
-        rank = _int(args[0], spec, "rank")
-        start = 2
-        for arg in args[1:]:
-            _, value = _kv(arg, spec, ("start",))
-            start = _int(value, spec, "start")
-        return GradSpec("powersgd", text, rank=rank, start_iter=start)
-    if name == "none":
-        text = "fp32"
-    from perfsim.compression import make_compressor
-
-    make_compressor(text)  # validates; raises ConfigError naming the spec
-    return GradSpec("compressor", text, compressor=text)
+        ps = make_compressor(text)  # ConfigError naming the spec
+        return GradSpec("powersgd", text, rank=ps.rank, start_iter=ps.start, min_rate=ps.min_rate)
+    make_compressor(parsed)  # validates; raises ConfigError naming the spec
+    return GradSpec("compressor", text, compressor="fp32" if name == "none" else text)
 
 
 # ----------------------------------------------------------------- buckets
@@ -246,6 +242,7 @@ class GradSync:
 
             self.powersgd = PowerSGDState(process_group, matrix_approximation_rank=self.spec.rank,
                                           start_powerSGD_iter=self.spec.start_iter,
+                                          min_compression_rate=self.spec.min_rate,
                                           random_seed=self.seed)
         self.reset_stats()
 

@@ -1,0 +1,159 @@
+"""One vocabulary of compression specs, shared by the registry, the runtime,
+profiles and plots.
+
+A spec is text such as ``aqsgd:fw3bw6`` or ``qsgd-maxnorm:4``. :func:`parse_spec`
+turns it into a :class:`Spec`: the registry name, the *family* (what consumes
+it), the arguments, the canonical text every command prints and accepts, and a
+display label. Two roles:
+
+* ``pipeline`` (``--compress``): the pair used across a pipeline boundary,
+  forward activations and backward gradients: ``fp32``, ``fp16``,
+  ``directq:fw4bw8``, ``aqsgd:fw3bw6[:m8]`` (fwXbwY = forward / backward bits;
+  a spec without fwXbwY uses the same compressor both ways). Family ``pipeline``.
+* ``grad`` (``--grad-compress``): data-parallel gradient synchronisation:
+  ``none`` (fp32 allreduce), any registered compressor (family ``compressor``),
+  ``powersgd:RANK[:start=N][:min_rate=R]`` (family ``hook``: torch's PowerSGD DDP
+  hook) and ``onebit-adam`` / ``onebit-lamb[:warmup=N][:exchange=...]`` (family
+  ``optimizer``: the 1-bit optimizers exchange compressed momentum themselves).
+
+This module imports no torch: it only reads text. Building a compressor from a
+Spec (which checks its arguments) is :func:`perfsim.compression.make_compressor`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+
+#: ``compressor``: one tensor compressor, as :func:`make_compressor` builds it
+ROLES = ("pipeline", "grad", "compressor")
+FAMILIES = ("pipeline", "compressor", "hook", "optimizer")
+#: gradient specs run by a 1-bit optimizer (perfsim.runtime.onebit_optim)
+OPTIMIZERS = ("onebit-adam", "onebit-lamb")
+#: compressors that need per-sample keys (activations), so pipeline-only
+PIPELINE_ONLY = ("aqsgd",)
+#: gradient specs run by a torch DDP communication hook
+HOOKS = ("powersgd",)
+#: pipeline specs ``perfsim compressors`` lists (each accepted by predict and run)
+PIPELINE_EXAMPLES = ("fp32", "fp16", "bf16", "directq:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4:m8",
+                     "topk:0.2:8")
+#: display names by registry name
+DISPLAY = {
+    "fp32": "FP32", "none": "none", "fp16": "FP16", "bf16": "BF16", "directq": "DirectQ",
+    "aqsgd": "AQ-SGD", "qsgd": "QSGD", "qsgd-maxnorm": "QSGD-MaxNorm",
+    "qsgd-maxnorm-multiscale": "QSGD-MaxNorm multiscale", "maxnorm": "MaxNorm",
+    "randk-maxnorm": "RandK-MaxNorm", "randk-maxnorm-multiscale": "RandK-MaxNorm multiscale",
+    "ecq": "ECQ-SGD", "onebit": "1-bit", "onebit-adam": "1-bit Adam",
+    "onebit-lamb": "1-bit LAMB", "powersgd": "PowerSGD", "topk": "Top-k", "randk": "Rand-k",
+}
+_ALIASES = {"pipeline": {"none": "fp32"}, "grad": {"fp32": "none"}, "compressor": {"none": "fp32"}}
+_FWBW = re.compile(r"fw(\d+)bw(\d+)")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed compression spec (see the module docstring)."""
+
+    #: registry name (``aqsgd``, ``qsgd-maxnorm``, ``powersgd``, ``onebit-adam``, ``none``)
+    name: str
+    #: ``pipeline`` | ``compressor`` | ``hook`` | ``optimizer``: what consumes it
+    family: str
+    #: the arguments after the name, canonical (``("fw3bw6", "m8")``)
+    args: tuple[str, ...]
+    #: ``pipeline`` or ``grad``
+    role: str
+
+    @property
+    def text(self) -> str:
+        """The canonical spec text: what every command prints and accepts."""
+        return ":".join((self.name, *self.args))
+
+    @property
+    def label(self) -> str:
+        """Display label: ``aqsgd:fw3bw6`` -> ``AQ-SGD fw3 bw6``, ``qsgd-maxnorm:4`` ->
+        ``QSGD-MaxNorm 4-bit``, ``powersgd:2`` -> ``PowerSGD r=2``."""
+        words = [DISPLAY.get(self.name, self.name)]
+        for a in self.args:
+            m = _FWBW.fullmatch(a)
+            if m:
+                words.append(f"fw{m.group(1)} bw{m.group(2)}")
+            elif a.isdigit():
+                words.append(f"r={a}" if self.name == "powersgd" else f"{a}-bit")
+            else:
+                words.append(a)
+        return " ".join(words)
+
+    def pipeline_pair(self) -> tuple[str, str]:
+        """(forward spec, backward spec) of a pipeline spec: ``directq:fw4bw8`` ->
+        (``directq:4``, ``directq:8``); ``aqsgd:fw3bw6:m8`` -> (``aqsgd:3:m8``,
+        ``directq:6``): AQ-SGD compresses the forward activations by their change,
+        the backward gradients are directly quantized (aq-sgd-paper.txt, Sec. 3
+        and App. H.5)."""
+        if self.role != "pipeline":
+            raise ConfigError(f"{self.text!r}: not a pipeline compression spec")
+        fwbw = [a for a in self.args if _FWBW.fullmatch(a)]
+        rest = [a for a in self.args if not _FWBW.fullmatch(a)]
+        if not fwbw:
+            return self.text, self.text
+        fw_bits, bw_bits = _FWBW.fullmatch(fwbw[0]).groups()
+        fw = ":".join([self.name, fw_bits, *rest])
+        bw = f"directq:{bw_bits}" if self.name == "aqsgd" else ":".join([self.name, bw_bits, *rest])
+        return fw, bw
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_spec(text: "str | Spec", role: str = "grad") -> Spec:
+    """Parse ``text`` in ``role`` (``pipeline`` or ``grad``) into a :class:`Spec`.
+
+    Checks the grammar only (name, fwXbwY placement); the compressor's own
+    arguments are checked when it is built. Raises ConfigError naming the spec.
+    """
+    if isinstance(text, Spec):
+        if text.role == role:
+            return text
+        text = text.text
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}: choose from {', '.join(ROLES)}")
+    what = {"pipeline": "pipeline compression", "grad": "grad compression",
+            "compressor": "compressor"}[role]
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"{what} {text!r}: empty")
+    name, *args = [part.strip() for part in text.strip().split(":")]
+    if not name or any(not a for a in args):
+        raise ConfigError(f"{what} {text!r}: empty part between ':'")
+    name = _ALIASES[role].get(name.lower(), name.lower())
+    # names, fwXbwY and options are case-insensitive; option values (disk=PATH) are not
+    args = [a.lower() if _FWBW.fullmatch(a.lower()) or "=" not in a
+            else f"{a.split('=', 1)[0].lower()}={a.split('=', 1)[1]}" for a in args]
+    fwbw = [a for a in args if _FWBW.fullmatch(a)]
+    if role == "compressor":
+        if fwbw:
+            raise ConfigError(f"{what} {text!r}: fwXbwY is for pipeline compression (--compress)")
+        return Spec(name, "compressor", tuple(args), role)
+    if role == "grad":
+        if fwbw:
+            raise ConfigError(f"{what} {text!r}: fwXbwY is for pipeline compression (--compress)")
+        if name in PIPELINE_ONLY:
+            raise ConfigError(f"{what} {text!r}: {name} compresses pipeline activations "
+                              "(--compress), not gradients")
+        family = "optimizer" if name in OPTIMIZERS else "hook" if name in HOOKS else "compressor"
+        return Spec(name, family, tuple(args), role)
+    if len(fwbw) > 1:
+        raise ConfigError(f"{what} {text!r}: more than one fwXbwY")
+    if name == "aqsgd" and not fwbw:
+        raise ConfigError(f"{what} {text!r}: aqsgd needs fwXbwY, e.g. aqsgd:fw3bw6")
+    if name in OPTIMIZERS or name in HOOKS:
+        raise ConfigError(f"{what} {text!r}: {name} is a gradient compression (--grad-compress)")
+    return Spec(name, "pipeline", tuple(args), role)
+
+
+def label(text: str, role: str = "pipeline") -> str:
+    """Display label of a spec; text that does not parse is shown as given."""
+    try:
+        return parse_spec(text, role).label
+    except ConfigError:
+        return str(text)

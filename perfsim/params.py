@@ -1,0 +1,398 @@
+"""The parameters of a prediction, described once.
+
+:data:`PARAMS` is the single description of everything ``perfsim predict`` takes:
+name, type, default, unit, help text and where the value goes (a
+:class:`~perfsim.config.Strategy` or :class:`~perfsim.config.System` field). It
+drives
+
+* the ``perfsim predict`` and ``perfsim sweep`` flags (:func:`add_arguments`),
+* the keyword arguments, annotations and docstring of :func:`perfsim.predict`
+  and :func:`perfsim.sweep` (:func:`signature`, :func:`doc_table`),
+* sweep grids and their configuration ids (:func:`normalize`), and
+* the conversion into config dataclasses (:func:`perfsim.api.build_configs`).
+
+Adding a predict parameter means adding one :class:`Param` here (and the field it
+fills); nothing else lists the parameters.
+
+Values are converted once, at this edge, into SI (bits/s, seconds, bytes):
+``"100Mbps"`` and ``1e8`` are the same bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from perfsim.errors import ConfigError
+from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
+
+#: value kinds: how a value is parsed (and the Python type the API accepts)
+KINDS = {
+    "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
+    "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
+    "size": "str | int", "partition": "str | Sequence[int]",
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One predict parameter."""
+
+    #: Python name (keyword argument, sweep key); the flag is ``--name-with-dashes``
+    name: str
+    #: one of :data:`KINDS`
+    kind: str
+    #: default value as a user would type it (None: the documented fallback)
+    default: Any
+    #: one help line, with the unit
+    help: str
+    #: flag group in ``--help``: workload, strategy or system
+    group: str
+    #: where the parsed value goes: ``"strategy.field"`` / ``"system.field"``,
+    #: or None for values build_configs resolves itself (model, profile ...)
+    target: str | None = None
+    #: allowed values of a ``choice``, or ``"module:NAME"`` of the mapping/tuple
+    #: that lists them where they are defined (e.g. the schedules)
+    choices: tuple[str, ...] | str = ()
+    #: smallest allowed ``int``
+    minimum: int = 1
+    #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
+    role: str = ""
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} unknown")
+        if self.group not in ("workload", "strategy", "system"):
+            raise ValueError(f"{self.name}: group {self.group!r} unknown")
+
+    @property
+    def allowed(self) -> tuple[str, ...]:
+        """The allowed values of a ``choice``."""
+        if isinstance(self.choices, str):
+            import importlib
+
+            module, name = self.choices.split(":")
+            return tuple(getattr(importlib.import_module(module), name))
+        return self.choices
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def annotation(self) -> str:
+        t = KINDS[self.kind]
+        return f"{t} | None" if self.default is None else t
+
+
+#: every predict parameter, in the order a grid varies them (the last fastest)
+PARAMS: tuple[Param, ...] = (
+    Param("model", "model", "gpt2-xl", "model: a preset (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), "
+          "an inline transformer gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"
+          "[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json", "workload"),
+    Param("seq_len", "int", None, "sequence length of a transformer model (default: the preset's)",
+          "workload"),
+    Param("workload", "path", None, "workload file (TOML/JSON, docs/formats.md) instead of a "
+          "preset, or a packaged example name (example-workload)", "workload"),
+    Param("profile", "profile", None, "calibration profile: a file, or a name: default-v100 (shipped), "
+          "traces/NAME.json of a source checkout; default: the AQ-SGD paper's V100 profile", "workload"),
+    Param("topology", "path", None, "heterogeneous topology file (JSON/TOML/CSV, docs/formats.md) "
+          "or a packaged example name (example-geo); replaces bandwidth and latency (a node's NIC "
+          "defaults to its fastest link)", "system"),
+    Param("gpus_per_node", "int", 1, "devices per node", "system", "system.gpus_per_node"),
+    Param("gpu", "str", None, "GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): "
+          "compute from its operator model, memory checked against its capacity; switches the "
+          "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
+    Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
+          "units such as 300GB/s)", "system"),
+    Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
+          "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
+          choices="perfsim.fabrics:FABRICS"),
+    Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
+          "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
+          "transport efficiency of an uncalibrated link", "system"),
+    Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
+          "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",
+          "system.collective_algo", choices="perfsim.collectives:ALGORITHMS"),
+    Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
+          "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
+          "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
+    Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
+          "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
+    Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
+          "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
+    Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
+          "at once after idling (Linux tbf burst), e.g. 50KB; 0 = fixed-rate link", "system",
+          "system.link_burst_bytes"),
+    Param("p2p_protocol", "choice", "eager", "eager: a send starts at once (NCCL-like); "
+          "rendezvous: once the receiver posted its receive (gloo over TCP)", "system",
+          "system.p2p_protocol", choices="perfsim.link:P2P_PROTOCOLS"),
+    Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
+          "(seconds, or 50us); default: the link latency", "system",
+          "system.p2p_control_latency_s"),
+    Param("dataset_samples", "int", 2359, "training samples per epoch", "strategy",
+          "strategy.dataset_samples"),
+    Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
+          "strategy", choices="perfsim.schedules:SCHEDULES"),
+    Param("virtual_stages", "int", None, "model chunks per device of interleaved-1f1b (default 2; the "
+          "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages"),
+    Param("tp", "int", 1, "tensor-parallel degree (Megatron-LM)", "strategy", "strategy.tp"),
+    Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
+          "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel"),
+    Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
+          "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
+    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16)",
+          "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS"),
+    Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
+          choices="perfsim.config:RECOMPUTE"),
+    Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
+          "strategy.zero", minimum=0),
+    Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
+    Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp"),
+    Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
+          "(by compute) or uniform (Megatron: equal blocks, embedding first, head last); default "
+          "balanced, uniform with a gpu preset", "strategy"),
+    Param("bucket_size", "size", "25MiB", "gradient bucket size in bytes of fp32 gradients "
+          "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes"),
+    Param("overlap", "bool", True, "start each bucket's gradient sync during the backward pass",
+          "strategy", "strategy.overlap_grad_sync"),
+    Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch"),
+    Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
+          "default 32, or global_batch / dp", "strategy"),
+    Param("global_batch", "int", None, "samples per optimizer step over all replicas "
+          "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
+    Param("epochs", "int", 1, "epochs for the end-to-end time", "strategy", "strategy.epochs"),
+    Param("latency", "time", "0s", "one-way inter-node latency (seconds, or 5ms)", "system",
+          "system.latency_s"),
+    Param("grad_compress", "spec", "none", "data-parallel gradient compression "
+          "(`perfsim compressors`), e.g. none, qsgd-maxnorm:4", "strategy", "strategy.grad_compress",
+          role="grad"),
+    Param("compress", "spec", "fp32", "pipeline compression (`perfsim compressors`), e.g. fp32, "
+          "directq:fw4bw8, aqsgd:fw3bw6", "strategy", "strategy.compress", role="pipeline"),
+    Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
+    Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
+          "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system"),
+)
+BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+#: defaults by name (as a user would type them)
+DEFAULTS: dict[str, Any] = {p.name: p.default for p in PARAMS}
+
+
+def _param(name: str) -> Param:
+    key = str(name).replace("-", "_")
+    try:
+        return BY_NAME[key]
+    except KeyError:
+        raise ConfigError(f"parameter {name!r}: unknown (known: {', '.join(NAMES)})") from None
+
+
+def parse_bool(value: Any, what: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{what}={value!r}: expected true or false")
+
+
+def _parse_int(value: Any, p: Param, who: str) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{who}={value!r}: must be an integer")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{who}={value!r}: must be an integer") from None
+    if not number.is_integer():
+        raise ConfigError(f"{who}={value!r}: must be an integer")
+    if number < p.minimum:
+        raise ConfigError(f"{who}={value!r}: must be an integer >= {p.minimum}")
+    return int(number)
+
+
+def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
+    from perfsim.workload import parse_partition
+
+    if isinstance(value, str) and value.strip().lower() == "uniform":
+        return "uniform"
+    counts = parse_partition(value)
+    if counts is not None and not counts:
+        raise ConfigError(f"partition={value!r}: empty")
+    return counts
+
+
+def normalize(name: str, value: Any, cli: bool = False) -> Any:
+    """One value of parameter ``name`` in canonical form: SI floats for rates
+    and times, int bytes for sizes, ints, bools, stripped strings (lower-case
+    for choices), a tuple for a partition; None stays None (the default).
+    ``"1Gbps"`` and ``1e9`` normalise to the same value. Raises ConfigError
+    naming the parameter (its flag with ``cli``)."""
+    p = _param(name)
+    if value is None:
+        return None
+    kind, who = p.kind, p.flag if cli else p.name
+    if kind == "bandwidth":
+        return parse_bandwidth(value, who)
+    if kind == "time":
+        return parse_time(value, who)
+    if kind == "size":
+        return parse_size(value, who)
+    if kind == "int":
+        return _parse_int(value, p, who)
+    if kind == "float":  # a finite number >= 0
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{who}={value!r}: must be a number") from None
+        if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+            raise ConfigError(f"{who}={value!r}: must be a finite number >= 0")
+        return number
+    if kind == "bool":
+        return parse_bool(value, who)
+    if kind == "partition":
+        return _parse_partition(value, p)
+    if hasattr(value, "__fspath__"):
+        value = str(value)
+    if kind in ("profile", "nic") and not isinstance(value, str):
+        return value  # a loaded perfsim.profile.Profile, a perfsim.fabrics.Nic
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{who}={value!r}: must be a non-empty string")
+    text = value.strip()
+    if kind == "spec":  # canonical text: the same spelling everywhere
+        from perfsim.compression.spec import parse_spec
+
+        return parse_spec(text, p.role).text
+    if kind == "choice":
+        text = text.lower()
+        if text not in p.allowed:
+            raise ConfigError(f"{who}={value!r}: choose from {', '.join(p.allowed)}")
+    return text
+
+
+def split_models(raw: str) -> list[str]:
+    """Comma list of models where an inline spec's own ``key=value`` items stay with it:
+    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models."""
+    out: list[str] = []
+    for item in (x.strip() for x in str(raw).split(",")):
+        if out and "=" in item and ":" not in item:
+            out[-1] += "," + item
+        elif item:
+            out.append(item)
+    return out
+
+
+def values_of(name: str, raw: Any, cli: bool = False) -> list:
+    """A scalar, a comma-list string or a list -> de-duplicated normalised values
+    (a partition string is one value; alternatives go in a list)."""
+    p = _param(name)
+    if p.kind == "partition":  # one partition, or a list of alternatives
+        alternatives = isinstance(raw, list) and raw and not isinstance(raw[0], int)
+        items = list(raw) if alternatives else [raw]
+    else:
+        items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    flat: list = []
+    for item in items:
+        splittable = isinstance(item, str) and p.kind != "partition"
+        flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
+    if not flat:
+        raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
+    out: list = []
+    for item in flat:
+        v = normalize(p.name, item, cli)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def grid(values: Mapping[str, Any], cli: bool = False) -> dict[str, list]:
+    """``{name: value | list | comma list}`` -> ``{name: [normalised values]}`` in
+    :data:`PARAMS` order, leaving out names whose value is None (``cli``: errors
+    name the flag)."""
+    given = {}
+    for key, raw in values.items():
+        if raw is not None:
+            given[_param(key).name] = values_of(key, raw, cli)
+    return {p.name: given[p.name] for p in PARAMS if p.name in given}
+
+
+def expand(values: Mapping[str, list]) -> list[dict[str, Any]]:
+    """The cartesian product of a :func:`grid` (the last parameter varies fastest)."""
+    keys = list(values)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(values[k] for k in keys))]
+
+
+def resolved(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every parameter, normalised: ``params`` over :data:`DEFAULTS` (None = default)."""
+    unknown = [k for k in params if str(k).replace("-", "_") not in BY_NAME]
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {sorted(unknown)} (known: {', '.join(NAMES)})")
+    given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
+    return {p.name: normalize(p.name, given.get(p.name, p.default)) for p in PARAMS}
+
+
+# ---------------------------------------------------------------- command line
+
+def _flag_help(p: Param, lists: bool) -> str:
+    text = p.help
+    if p.choices:
+        text += f" ({', '.join(p.allowed)})"
+    if p.default is not None:
+        text += f" (default {str(p.default).lower() if p.kind == 'bool' else p.default})"
+    if lists and p.kind != "partition":
+        text += "; a comma list runs every value"
+    return text
+
+
+def add_arguments(parser: argparse.ArgumentParser, lists: bool = True) -> None:
+    """One flag per parameter, grouped as workload / strategy / system. Flags
+    default to None (= the parameter's default); with ``lists`` a flag takes a
+    comma list. Booleans are ``--x/--no-x``."""
+    groups = {g: parser.add_argument_group(g) for g in ("workload", "strategy", "system")}
+    for p in PARAMS:
+        g = groups[p.group]
+        if p.kind == "bool":
+            g.add_argument(p.flag, dest=p.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=_flag_help(p, False))
+        else:
+            metavar = "LIST" if lists and p.kind != "partition" else p.kind.upper()
+            g.add_argument(p.flag, dest=p.name, default=None, metavar=metavar,
+                           help=_flag_help(p, lists))
+
+
+def from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The parameters given on the command line (None for those not given)."""
+    return {p.name: getattr(args, p.name, None) for p in PARAMS}
+
+
+# ---------------------------------------------------------------- Python API
+
+def signature(extra: tuple[inspect.Parameter, ...] = (), ret: str = "Result") -> inspect.Signature:
+    """Keyword-only signature of the parameters (annotations as strings)."""
+    ps = [inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=p.default,
+                            annotation=p.annotation) for p in PARAMS]
+    return inspect.Signature([*ps, *extra], return_annotation=ret)
+
+
+def _choices_ref(p: Param) -> str:
+    """The choices as text without importing where they are defined (doc_table
+    runs at ``import perfsim``)."""
+    if isinstance(p.choices, str):
+        module, name = p.choices.split(":")
+        return f"one of {module}.{name}"
+    return ", ".join(p.choices)
+
+
+def doc_table() -> str:
+    """The parameters as a docstring section (name, type, default, help)."""
+    lines = []
+    for p in PARAMS:
+        default = "" if p.default is None else f", default {p.default!r}"
+        lines.append(f"    {p.name} ({p.annotation}{default}):\n        {p.help}"
+                     + (f" ({_choices_ref(p)})" if p.choices else ""))
+    return "\n".join(lines)
