@@ -108,7 +108,7 @@ def main(argv=None) -> int:
     r, w = timed(lambda: predict(**gpt3))
     report("3D TP8 x PP8 x DP8 GPT-3 175B (512 A100s)", r, w)
     topo = hetero_topology(1024, 8)
-    r, w = timed(lambda: predict(pp=8, dp=128, bandwidth="1Gbps", topology=topo, grad_compress="qsgd-maxnorm:4"))
+    r, w = timed(lambda: predict(pp=8, dp=128, topology=topo, grad_compress="qsgd-maxnorm:4"))
     report(f"PP 8 x DP 128 geo topology ({r.summary['replicas_simulated']} classes)", r, w)
     os.unlink(topo)
     topo = distinct_topology(128, 8)

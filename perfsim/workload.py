@@ -265,6 +265,40 @@ def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
     return 0.0
 
 
+def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool, recompute: str
+                     ) -> tuple[list[float], list[float], str] | None:
+    """One tensor-parallel rank's layer times from a profile's single-rank fp32
+    records (a CPU profile, no GPU preset): every block's measured time times
+    :func:`perfsim.engine.compute.tp_measured_split`'s factor; the embedding and
+    the LM head as measured, replicated on every TP rank as ``perfsim run --tp``
+    keeps them (:mod:`perfsim.runtime.tensor_parallel`). None when the profile
+    lacks a record of some layer (the caller then needs a GPU preset)."""
+    from perfsim.engine.compute import tp_measured_split
+    from perfsim.models.tensor_parallel import check_tp
+
+    times = [(_measured(profile, model, layer.name, micro_batch, "fwd", "fp32"),
+              _measured(profile, model, layer.name, micro_batch, "bwd", "fp32")) for layer in model.layers]
+    if any(f is None for f, _ in times) or model.layers[0].name != "embed":
+        return None
+    check_tp(model.arch, tp)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.name.startswith("block")]
+    block_fwd = sum(times[i][0] for i in blocks) / len(blocks)
+    factor, mem_rate, gemm_rate = tp_measured_split(model.arch, micro_batch, tp, sp, times[0][0], block_fwd)
+    fwd, bwd = [], []
+    for i, (layer, (f, b)) in enumerate(zip(model.layers, times)):
+        b = b if b is not None else 2.0 * f
+        if i in blocks:
+            f, b = f * factor, b * factor
+            b += _recomputed(model, layer, f, recompute)
+        fwd.append(float(f))
+        bwd.append(float(b))
+    source = (f"profile's single-rank records split for tp={tp}{' with sequence parallelism' if sp else ''}: "
+              f"blocks x {factor:.3f} (GEMMs and attention 1/tp; memory-bound ops at the embedding's "
+              f"{mem_rate / 1e9:.3g} GB/s, GEMMs at the block's remaining {gemm_rate / 1e9:.3g} GFLOP/s), "
+              "embedding and LM head replicated")
+    return fwd, bwd, source
+
+
 def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer for one micro-batch
     (:func:`resolve_layer_times` without the source sentence)."""
@@ -288,6 +322,10 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     with neither a time nor FLOPs is an error: nothing is charged 0 s silently."""
     from perfsim.engine import compute
 
+    if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
+        split = _tp_from_profile(model, profile, micro_batch, tp, sequence_parallel, recompute)
+        if split is not None:
+            return split
     use_profile = tp == 1
     if gpu is None and profile is not None and (precision != "fp32" or not use_profile):
         gpu = _profile_gpu(profile)

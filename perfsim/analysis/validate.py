@@ -320,7 +320,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     link, loopback_source = link_params(profile, bw, plan.latency_s, plan.link_model, dp_only)
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"], profile=profile,
                        **link, **plan.extra_predict)
-    if plan.runtime_model:
+    # a TP row keeps the preset: the workload file has no architecture, and the TP split of
+    # the measured layer times needs it (perfsim.engine.compute.tp_measured_split)
+    if plan.runtime_model and tp == 1:
         pred_params.pop("model", None)
         pred_params["workload"] = str(runtime_workload(base["model"], plan.out))
     if plan.dataset_limit:

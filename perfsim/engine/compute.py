@@ -6,7 +6,8 @@ Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.1): the QKV, attention-output 
 MLP GEMMs (split ``t`` ways by tensor parallelism), the two batched attention
 GEMMs (scores ``Q K^T`` and the weighted sum), and the memory-bound operators
 (norms, softmax, dropouts, GELU/SwiGLU, residual adds; with sequence parallelism
-norms and dropouts see ``s / t`` tokens). The embedding (a gather), the LM head
+norms and dropouts see ``s / t`` tokens). The softmax is Megatron's fused kernel
+where Megatron can use it, else its five-kernel PyTorch path (:func:`softmax_ops`). The embedding (a gather), the LM head
 (a ``hidden x vocab/t`` GEMM per token, last stage) and the loss (vocab-parallel
 cross entropy in fp32) are ops too, so every layer costs something.
 
@@ -63,9 +64,9 @@ class Curve:
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
 #: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
-#: with an even byte; held-out MAPE 6.4 %, README "Calibration on real A100s")
+#: with an even byte; held-out MAPE 6.34 %, README "Calibration on real A100s")
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8287, knee=4.70, mem_eff=0.7632, kernel_s=63.33e-6,
+    "ampere": Curve(eff_max=0.8640, knee=4.59, mem_eff=0.7521, kernel_s=62.902e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)"),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
@@ -164,6 +165,43 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
     return max(op.bytes / bw, curve.kernel_s)
 
 
+def batch_per_block(sk: int) -> int:
+    """Rows of scores one thread block of Megatron's fused softmax handles: 128 threads,
+    warps of ``min(32, 2^ceil(log2 sk))`` lanes, 2 rows per warp up to 128 keys, else 1
+    (Megatron-LM csrc/megatron/scaled_upper_triang_masked_softmax.h, ``get_batch_per_block``)."""
+    pow2 = 1 << max(0, (sk - 1).bit_length())
+    return (128 // min(32, pow2)) * (2 if pow2 <= 128 else 1)
+
+
+def fused_softmax_available(b: int, heads: int, sq: int, sk: int, half: bool, causal: bool = True) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel runs (Megatron-LM
+    megatron/model/fused_softmax.py, ``FusedScaleMaskSoftmax.is_kernel_available``):
+    fp16/bf16 input, ``16 < sk <= 4096``, ``sq`` and ``sk`` divisible by 4, and
+    ``b x heads`` (heads on this rank) divisible by 4 and, causal, by the kernel's
+    rows per block -- e.g. not for one sequence with 2 heads per rank (TP 8 of 16 heads)."""
+    n = b * heads
+    if not (half and 16 < sk <= 4096 and sq % 4 == 0 and sk % 4 == 0 and n % 4 == 0):
+        return False
+    return (n if causal else sq) % batch_per_block(sk) == 0
+
+
+def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True) -> list[Op]:
+    """The attention softmax on ``n`` scores: Megatron's fused kernel (read and write
+    the scores) where it is available, else its PyTorch path
+    (``forward_torch_softmax``: cast to fp32, scale, masked fill, softmax, cast back),
+    five kernels instead of one for half-precision input; then dropout (+1 byte mask)."""
+    if fused_softmax_available(b, heads, s, s, bpv == 2, causal):
+        ops = [Op("softmax", bytes=2 * bpv * n, attention_core=True)]
+    else:
+        ops = [Op("softmax_scale", bytes=8 * n, attention_core=True),
+               Op("softmax_mask", bytes=9 * n, attention_core=True),
+               Op("softmax", bytes=8 * n, attention_core=True)]
+        if bpv == 2:  # softmax_in_fp32 (Megatron's default)
+            ops = ([Op("softmax_to_fp32", bytes=6 * n, attention_core=True)] + ops
+                   + [Op("softmax_to_half", bytes=6 * n, attention_core=True)])
+    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
+
+
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
@@ -178,9 +216,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
         Op("norm1", bytes=2 * act),
         Op("qkv", m=tok, n=qkv, k=h),
         Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
-        # fused scale + mask + softmax (read and write the scores), then dropout (+1 byte mask)
-        Op("softmax", bytes=2 * bpv * attn_scores, attention_core=True),
-        Op("attn_dropout", bytes=(2 * bpv + 1) * attn_scores, attention_core=True),
+        *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
         Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
         Op("proj", m=tok, n=h, k=h // tp),
         Op("dropout_residual1", bytes=3 * act + tok_sp * h),
@@ -267,3 +303,34 @@ ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36}
 def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:
     """Adam step of ``params`` parameters, memory-bound."""
     return ADAM_BYTES[precision] * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
+
+
+def tp_measured_split(spec, mb: int, tp: int, sp: bool, embed_fwd_s: float, block_fwd_s: float
+                      ) -> tuple[float, float, float]:
+    """(factor, memory B/s, GEMM FLOP/s): the factor that turns a block's measured
+    single-rank time into one tensor-parallel rank's, for a profile without a GPU
+    preset (a CPU profile). Each forward op of :func:`block_ops` costs
+    ``flops / gemm_rate + bytes / memory_rate``; the factor is the ratio of that sum
+    at ``tp`` to the sum at 1, so what Megatron shards (the GEMMs and the attention
+    core, 1/t: Shoeybi et al. 2019, arXiv:1909.08053, Sec. 3) shrinks and what it
+    replicates (norms, dropouts, residual adds; split too under sequence
+    parallelism, Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.2.2) does not.
+
+    Both rates come from the profile's own single-rank records, none from a TP
+    measurement: the memory rate from the embedding layer (only memory-bound ops,
+    :func:`embed_ops`), the GEMM rate from what remains of the block's time after
+    its memory-bound ops. The backward uses the same factor (every op's backward
+    is twice its forward in this model)."""
+    bpv = BYTES_PER_VALUE["fp32"]
+    mem_rate = sum(op.bytes for op in embed_ops(spec, mb, 1, False, bpv)) / embed_fwd_s
+    full = block_ops(spec, mb, 1, False, bpv)
+    mem_s = sum(op.bytes for op in full) / mem_rate
+    if block_fwd_s <= mem_s:
+        raise ConfigError(f"profile: block forward {block_fwd_s:.3g} s is not more than its memory-bound "
+                          f"ops at the embedding's measured rate ({mem_s:.3g} s); give --gpu")
+    gemm_rate = sum(op.flops for op in full) / (block_fwd_s - mem_s)
+
+    def cost(ops):
+        return sum(op.flops / gemm_rate + op.bytes / mem_rate for op in ops)
+
+    return cost(block_ops(spec, mb, tp, sp, bpv)) / block_fwd_s, mem_rate, gemm_rate

@@ -22,7 +22,10 @@ Definitions (per iteration of one macro-batch per replica):
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
   (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
-  (None without a GPU preset), ``params`` (whole model), ``compute_model``.
+  (None without a GPU preset), ``params`` (whole model), ``compute_model``; summary
+  ``tp_bytes``: bytes the TP collectives send per iteration, summed over all ranks
+  (``perfsim run --tp`` meters the buffers handed to them instead: the same for an
+  all-reduce at tp = 2, not for all-gather / reduce-scatter).
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
         "recompute": strategy.recompute, "zero": strategy.zero, "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
+        # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
+        "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,

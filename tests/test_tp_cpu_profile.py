@@ -1,0 +1,77 @@
+"""Tensor parallelism predicted from a CPU profile's single-rank layer records."""
+
+import pytest
+
+from perfsim.api import build_configs, predict
+from perfsim.engine.compute import block_ops
+from perfsim.errors import ConfigError
+from perfsim.profile import load_profile
+from perfsim.workload import get_model
+
+PROFILE = "traces/cpu-2core.json"
+ARGS = dict(model="gpt2-tiny", profile=PROFILE, pp=1, dp=1, micro_batch=8, bandwidth="1Gbps")
+
+
+def _rec(prof, layer, op):
+    return prof.compute_time("gpt2-tiny", layer, 8, op)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_cpu_profile_tp_split_closed_form(sp):
+    """Blocks: measured time x (GEMM FLOPs / tp at the block's GEMM rate + memory-bound
+    bytes, 1/tp only for what Megatron shards, at the embedding's memory rate); embedding
+    and LM head as measured (replicated, as perfsim run --tp keeps them)."""
+    prof = load_profile(PROFILE)
+    b, s, h, tp = 8, 64, 128, 2  # gpt2-tiny: 4 heads, ffn = 4h
+    # Megatron's forward FLOPs of a block (arXiv:1909.08053, App.): 24 b s h^2 + 4 b s^2 h
+    flops = 24 * b * s * h * h + 4 * b * s * s * h
+    ops = block_ops(get_model("gpt2-tiny").arch, b, 1, False, 4)
+    attn_bytes = sum(o.bytes for o in ops if o.attention_core)  # softmax + dropout: per head, sharded
+    act_bytes = sum(o.bytes for o in ops if not o.m and not o.attention_core and o.name != "activation")
+    gelu_bytes = next(o.bytes for o in ops if o.name == "activation")  # on the ffn/tp columns: sharded
+    assert flops == sum(o.flops for o in ops)
+    # embedding: gather (2 x 4 B) + position add and dropout (13 B) per value of (b, s, h)
+    mem_rate = (8 + 13) * b * s * h / _rec(prof, "embed", "fwd")
+    blk = sum(_rec(prof, f"block{i}", "fwd") for i in range(4)) / 4
+    mem_s = (attn_bytes + act_bytes + gelu_bytes) / mem_rate
+    gemm_s = blk - mem_s
+    replicated = act_bytes / mem_rate / (tp if sp else 1)  # norms, dropouts, residuals
+    factor = (gemm_s / tp + (attn_bytes + gelu_bytes) / mem_rate / tp + replicated) / blk
+
+    wl, *_ = build_configs(**ARGS, tp=tp, sequence_parallel=sp)
+    assert wl.fwd_s[0] == pytest.approx(_rec(prof, "embed", "fwd"))
+    assert wl.bwd_s[-1] == pytest.approx(_rec(prof, "head", "bwd"))
+    for i in range(4):
+        assert wl.fwd_s[1 + i] == pytest.approx(_rec(prof, f"block{i}", "fwd") * factor, rel=1e-9)
+        assert wl.bwd_s[1 + i] == pytest.approx(_rec(prof, f"block{i}", "bwd") * factor, rel=1e-9)
+    assert 0.5 < factor < 0.53 if not sp else factor == pytest.approx(0.5)
+    assert "split for tp=2" in wl.compute_source
+
+
+def test_cpu_profile_tp_predicts_over_the_measured_collective_link():
+    res = predict(**ARGS, tp=2)
+    s = res.summary
+    assert s["collective_link_source"] == "profile allreduce gloo@1Gbps"
+    # 4 blocks x 4 allreduces of the (8, 64, 128) fp32 activation, 4 micro-batches, 2 ranks
+    assert s["tp_bytes"] == 4 * 4 * 4 * 2 * (8 * 64 * 128 * 4)
+    assert s["tp_comm_s"] > 0 and s["iteration_s"] > s["tp_comm_s"]
+
+
+def test_tp_without_layer_records_still_needs_a_gpu(tmp_path):
+    import json
+
+    d = json.loads(open(PROFILE).read())
+    d["records"] = [r for r in d["records"] if not r["op"].startswith("layer_")]
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(ConfigError, match="give --gpu"):
+        build_configs(**{**ARGS, "profile": str(p)}, tp=2)
+
+
+def test_tp_bytes_cover_every_model_chunk():
+    """Virtual stages move layers between chunks, never TP traffic: tp_bytes equal 1F1B's."""
+    kw = {**ARGS, "pp": 2, "tp": 2, "gpus_per_node": 2}
+    ref = predict(**kw, schedule="1f1b").summary["tp_bytes"]
+    assert ref > 0
+    for schedule in ("interleaved-1f1b", "zb-h1", "zb-v"):
+        assert predict(**kw, schedule=schedule).summary["tp_bytes"] == ref
