@@ -53,7 +53,7 @@ import threading
 from pathlib import Path
 
 from perfsim.errors import ConfigError
-from perfsim.procs import provably_dead
+from perfsim.procs import pid_alive, provably_dead
 
 PREFIX = "perfsim-"
 MIN_RATE_BPS = 10e3
@@ -107,22 +107,12 @@ def list_namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _provably_dead(pid: int, name: str) -> bool:
     """True when the process that made namespace ``name`` is gone."""
     try:
         made = Path("/run/netns", name).stat().st_mtime
     except OSError:
-        return not _pid_alive(pid)
+        return not pid_alive(pid)
     return provably_dead(pid, made)
 
 
