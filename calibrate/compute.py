@@ -117,6 +117,8 @@ class ComputeConfig:
         from perfsim.schedules import get_schedule
 
         get_schedule(self.stage_schedule)  # ConfigError naming an unknown schedule
+        if self.stage_schedule.lower() not in ("gpipe", "1f1b"):  # one stage per rank, whole backwards
+            raise ConfigError(f"stage_schedule={self.stage_schedule!r}: whole-stage timing runs gpipe or 1f1b")
         if self.optimizer not in (None, "adamw", "adam", "sgd"):
             raise ConfigError(f"optimizer={self.optimizer!r}: use adamw, adam or sgd")
 

@@ -1,5 +1,67 @@
 """Simulator entry points behind :func:`perfsim.predict` and :func:`perfsim.sweep`.
 
+model                 preset name (``gpt2-xl``, ``bert-large`` ...)     gpt2-xl
+workload              workload file (TOML/JSON), replaces ``model``     None
+profile               profile file or name                              default
+bandwidth             inter-node link rate                              10Gbps
+latency               one-way inter-node latency                        0
+topology              heterogeneous topology file (JSON/TOML/CSV)       None
+compress              pipeline compression (``aqsgd:fw3bw6``)           fp32
+grad_compress         data-parallel gradient compression                none
+schedule              ``gpipe``, ``1f1b``, ``interleaved-1f1b``,        gpipe
+                      ``zb-h1`` or ``zb-v`` (default: 1f1b, Megatron's,
+                      when a ``gpu`` preset is named)
+virtual_stages        model chunks per device of interleaved-1f1b       2
+                      (the other schedules run their own)
+pp, dp                pipeline / data-parallel degree                   8, 1
+micro_batch           samples per micro-batch                           1
+macro_batch           samples per macro-batch (per replica)             32
+epochs                epochs for ``total_s``                            1
+partition             layer counts per stage (``"7,6,..."``), ``balanced``  balanced;
+                      (by compute) or ``uniform`` (Megatron: equal       uniform with
+                      blocks, embedding first, head last)               a ``gpu``
+gpus_per_node         devices per node                                  1
+intra_node_bandwidth  intra-node rate                                   300GB/s
+bucket_size           gradient bucket size (``25MiB``)                  25MiB
+overlap               overlap gradient sync with backward               True
+nic_sharing           fair-share NICs among concurrent flows            True
+dataset_samples       samples per epoch                                 2359
+trace                 record a Chrome trace in ``Result.trace_events``  False
+link_burst            token-bucket depth of each egress (``50KB``)      0
+p2p_protocol          ``eager`` or ``rendezvous`` (receiver-driven)     eager
+p2p_control_latency   latency of the rendezvous ready notice            latency
+tp                    tensor-parallel degree (Megatron-LM)              1
+sequence_parallel     Megatron sequence parallelism (needs tp > 1)      False
+gpu                   GPU preset (``a100-sxm4-80gb``, perfsim.hardware) profile's
+precision             ``fp32``, ``tf32``, ``bf16``, ``fp16``            fp32
+recompute             activation recomputation: none/selective/full     none
+global_batch          samples per step over all replicas (sets          None
+                      macro_batch = global_batch / dp)
+zero                  ZeRO stage (0 or 1: optimizer state sharded)      0
+seq_len               sequence length of a transformer model            preset's
+placement             rank order, innermost first (``tp,dp,pp`` is      tp,pp,dp;
+                      Megatron's; ``tp,pp,dp`` replica-major)           tp,dp,pp with
+                                                                        a ``gpu``
+allow_oom             predict a configuration that does not fit         False
+intra_node_fabric     ``pcie3`` .. ``nvlink4`` (perfsim.fabrics)        None
+nic                   node NICs ``[COUNTx]RATE[:KIND]`` (``4x200Gbps``)  None
+collective_algo       ``auto``, ``ring``, ``tree``, ``hierarchical``    auto
+link_model            ``auto``, ``calibrated``, ``nominal``             auto
+comm_slowdown         compute slowdown under communication (0.1)        profile
+===================== ================================================ ==========
+
+``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,heads=96,
+seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` / ``bert:`` /
+``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu`` preset
+switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks ordered
+tp, dp, pp). With a ``gpu`` the
+compute comes from its operator model (:mod:`perfsim.engine.compute`) and the
+memory is checked against its capacity (:mod:`perfsim.memory`): a configuration
+that does not fit raises :class:`ConfigError` naming the stage and the shortfall.
+
+``predict_many(list_of_param_dicts)`` runs several (profiles and models are
+loaded once).
+=======
 ``predict(**params) -> Result`` takes the parameters of ``perfsim predict``, one
 value each (strings such as ``"100Mbps"`` or numbers in SI units). The
 parameters, their types, defaults and units are described once, in
@@ -19,6 +81,7 @@ from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.errors import ConfigError
 from perfsim.result import Result
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -116,7 +179,11 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
     st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
-    st["partition"] = _partition(p["partition"], model, p["pp"], gpu is not None)
+    if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
+        st.pop("virtual_stages", None)
+    # the partition covers every model chunk: pp x stages per device
+    st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
+                                 gpu is not None)
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
                                                         ("tp,dp,pp" if gpu else "tp,pp,dp")).split(","))
     strategy = Strategy(**st)
@@ -159,7 +226,7 @@ def _rank_params(model, tp: int) -> tuple[int, ...] | None:
 
 
 def _partition(raw, model, pp: int, megatron: bool):
-    """Layer counts per stage: given, None (balanced by compute), or ``uniform`` --
+    """Layer counts per stage (``pp``: the pipeline's stages, every model chunk): given, None (balanced by compute), or ``uniform`` --
     Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
     to the first stages), the embedding on the first stage and the head on the last.
     The default is ``uniform`` for a transformer with a GPU preset, else balanced."""
@@ -169,7 +236,7 @@ def _partition(raw, model, pp: int, megatron: bool):
         return raw
     blocks = sum(1 for layer in model.layers if layer.name.startswith("block"))
     if blocks < pp:
-        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill pp={pp} stages")
+        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill {pp} stages")
     counts = [blocks // pp + (1 if s < blocks % pp else 0) for s in range(pp)]
     counts[0] += 1
     counts[-1] += len(model.layers) - blocks - 1

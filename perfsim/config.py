@@ -96,13 +96,15 @@ class Strategy:
     micro_batch: int = 1
     #: samples per macro-batch (one optimizer step of one replica)
     macro_batch: int = 32
-    #: pipeline schedule name (``gpipe`` or ``1f1b``, perfsim.schedules)
+    #: pipeline schedule name (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``,
+    #: ``zb-v``; perfsim.schedules)
     schedule: str = "gpipe"
     #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``)
     compress: str = "fp32"
     #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
     grad_compress: str = "none"
-    #: layer counts per stage, or None for the compute-balanced partition
+    #: layer counts per stage (pp x virtual stages of them), or None for the
+    #: compute-balanced partition
     partition: tuple[int, ...] | None = None
     #: gradient bucket size in bytes of fp32 gradients (PyTorch DDP default 25 MiB)
     bucket_bytes: int = 25 * 2**20
@@ -128,6 +130,9 @@ class Strategy:
     #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
     #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
     placement: tuple[str, ...] = PLACEMENT_DIMS
+    #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
+    #: None: the schedule's own
+    virtual_stages: int | None = None
 
     def __post_init__(self):
         for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
@@ -155,9 +160,16 @@ class Strategy:
             v = getattr(self, name)
             if not isinstance(v, str) or not v.strip():
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
+        from perfsim.schedules import build_table
+
+        if self.virtual_stages is not None:
+            _pos_int(self, "virtual_stages")
+        build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
         if self.partition is not None:
-            if len(self.partition) != self.pp or any(not isinstance(c, int) or c < 1 for c in self.partition):
-                raise ConfigError(f"partition={self.partition!r}: needs pp={self.pp} layer counts >= 1")
+            n = self.num_stages
+            if len(self.partition) != n or any(not isinstance(c, int) or c < 1 for c in self.partition):
+                raise ConfigError(f"partition={self.partition!r}: needs {n} layer counts >= 1 "
+                                  f"(pp={self.pp} x {n // self.pp} virtual stages)")
 
     @property
     def num_microbatches(self) -> int:
@@ -183,7 +195,18 @@ class Strategy:
             stride *= size[dim]
         return dev
 
+    @property
+    def num_stages(self) -> int:
+        """Model chunks in the pipeline: pp x the schedule's stages per device."""
+        from perfsim.schedules import stage_count
 
+        return self.pp * stage_count(self.schedule, self.virtual_stages)
+
+    def table(self):
+        """The schedule table (:func:`perfsim.schedules.build_table`)."""
+        from perfsim.schedules import build_table
+
+        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
 
 
 @dataclass(frozen=True)

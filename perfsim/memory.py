@@ -89,7 +89,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
         weights = (2 if mixed else 4) * psi
         grads = (2 if mixed else 4) * psi
         optimizer = (12 if mixed else 8) * psi / (dp if strategy.zero == 1 else 1)
-        inflight = max_in_flight(table[st.index])
+        # the stage's own peak on its device (a device with several stages sums them: an upper bound)
+        inflight = max_in_flight([a for a in table[table.stage_device[st.index]] if a.stage == st.index])
         act = 0.0
         if spec is not None:
             blocks = sum(1 for i in range(st.first_layer, st.last_layer)

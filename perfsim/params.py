@@ -138,6 +138,8 @@ PARAMS: tuple[Param, ...] = (
           "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES"),
+    Param("virtual_stages", "int", None, "model chunks per device of interleaved-1f1b (default 2; the "
+          "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages"),
     Param("tp", "int", 1, "tensor-parallel degree (Megatron-LM)", "strategy", "strategy.tp"),
     Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel"),

@@ -1,39 +1,59 @@
 """Pipeline schedules as data.
 
-A schedule is a pure function ``(num_stages, num_microbatches) -> list of
-per-stage action lists``. Stage ``s`` executes ``table[s]`` in order. An
-:class:`Action` prints as ``0F3`` (stage 0, forward, micro-batch 3), as in
-torchtitan's schedule tables. The simulator (``perfsim.engine``) and the real
-runtime (``perfsim.runtime``) both consume these tables: neither re-derives an
-order of its own.
+A schedule is a pure function ``(num_devices, num_microbatches, virtual_stages)
+-> Table``: per device, the compute actions it runs in order, and the map from
+(virtual) stage to device. An :class:`Action` prints as ``0F3`` (stage 0,
+forward, micro-batch 3), as in torchtitan's and torch.distributed.pipelining's
+tables. The simulator (``perfsim.engine``) and the runtime (``perfsim.runtime``)
+both consume these tables and their communication (:func:`with_comms`): neither
+re-derives an order of its own.
 
-Communication is implied, not listed: a forward on stage ``s > 0`` first
-receives micro-batch ``mb``'s activation from stage ``s-1``; a forward on stage
-``s < p-1`` then sends it to ``s+1``. Backward mirrors this with gradients
-flowing from ``s+1`` to ``s``.
+Action kinds (torch's ``_ComputationType`` letters): ``F`` forward, ``B`` full
+backward, ``I`` backward for the input gradient only and ``W`` the deferred
+weight-gradient work of that micro-batch (the zero-bubble split; what the ZB
+paper calls B and W), and the communication kinds ``SEND_F``/``RECV_F``/
+``SEND_B``/``RECV_B`` that :func:`with_comms` adds.
 
-References: GPipe (Huang et al., 2019) runs all forwards then all backwards;
-1F1B (PipeDream-Flush, Narayanan et al., 2021) runs ``p - s - 1`` warm-up
-forwards, then alternates one forward and one backward, then drains.
+Model chunks: the model is cut into ``num_stages = num_devices * V`` stages;
+``Table.stage_device[k]`` is the device of stage ``k``. Data flows
+``k -> k+1`` forward and back; a boundary between two stages of one device is
+a local hand-off (no message).
+
+References: GPipe (Huang et al., arXiv:1811.06965); 1F1B (PipeDream-Flush,
+Narayanan et al., arXiv:2006.09503); interleaved 1F1B (Narayanan et al.,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", arXiv:2104.04473, Sec. 2.2.2); ZB-H1 and ZB-V (Qi et al.,
+"Zero Bubble Pipeline Parallelism", arXiv:2401.10241, Sec. 3 and 6). The
+interleaved and zero-bubble orders are those of torch.distributed.pipelining
+(``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble`` with one
+stage per rank, ``ScheduleZBVZeroBubble``), checked action by action in the tests.
 """
 
 from __future__ import annotations
 
+import re
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 from perfsim.errors import ConfigError
 
 FORWARD = "F"
-BACKWARD = "B"
+BACKWARD = "B"  # full backward (input and weight gradients)
+BACKWARD_INPUT = "I"
+BACKWARD_WEIGHT = "W"
+SEND_F, RECV_F, SEND_B, RECV_B = "SEND_F", "RECV_F", "SEND_B", "RECV_B"
+COMPUTE_KINDS = (FORWARD, BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT)
+COMM_KINDS = (SEND_F, RECV_F, SEND_B, RECV_B)
+_ACTION_RE = re.compile(r"(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)")
 
 
 @dataclass(frozen=True, order=True)
 class Action:
-    """One compute step of one stage on one micro-batch."""
+    """One step of one (virtual) stage on one micro-batch."""
 
     stage: int
-    kind: str  # FORWARD or BACKWARD
+    kind: str  # one of COMPUTE_KINDS or COMM_KINDS
     microbatch: int
 
     def __str__(self) -> str:
@@ -42,75 +62,410 @@ class Action:
     @classmethod
     def parse(cls, text: str) -> "Action":
         """Inverse of ``str``: ``"0F3" -> Action(0, "F", 3)``."""
-        for kind in (FORWARD, BACKWARD):
-            if kind in text:
-                stage, mb = text.split(kind)
-                return cls(int(stage), kind, int(mb))
-        raise ConfigError(f"action {text!r}: expected <stage>F<mb> or <stage>B<mb>")
+        m = _ACTION_RE.fullmatch(text.strip())
+        if m is None:
+            raise ConfigError(f"action {text!r}: expected <stage><F|B|I|W|SEND_F|...><mb>")
+        return cls(int(m.group(1)), m.group(2), int(m.group(3)))
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
 
 
-Schedule = list[list[Action]]
+@dataclass(frozen=True)
+class Table:
+    """A schedule: ``rows[d]`` is device ``d``'s actions in order, ``stage_device[k]``
+    the device of stage ``k``. Indexing and iterating go over the device rows."""
+
+    rows: tuple[tuple[Action, ...], ...]
+    stage_device: tuple[int, ...]
+    num_microbatches: int
+    name: str = ""
+
+    def __getitem__(self, device: int) -> list[Action]:
+        return list(self.rows[device])
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[list[Action]]:
+        return (list(r) for r in self.rows)
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.rows)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stage_device)
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.num_stages // self.num_devices
+
+    def stages_of(self, device: int) -> list[int]:
+        """The stages (model chunks) that live on ``device``, in model order."""
+        return [k for k, d in enumerate(self.stage_device) if d == device]
+
+    @property
+    def splits_backward(self) -> bool:
+        """True when the backward runs as I + W (zero-bubble schedules)."""
+        return any(a.kind == BACKWARD_WEIGHT for row in self.rows for a in row)
 
 
-def _check(num_stages: int, num_microbatches: int) -> None:
-    if not isinstance(num_stages, int) or num_stages < 1:
-        raise ConfigError(f"num_stages={num_stages!r}: must be an integer >= 1")
-    if not isinstance(num_microbatches, int) or num_microbatches < 1:
-        raise ConfigError(f"num_microbatches={num_microbatches!r}: must be an integer >= 1")
+Schedule = Table
 
 
-def gpipe(num_stages: int, num_microbatches: int) -> Schedule:
+def _check(num_devices: int, num_microbatches: int, virtual_stages: int) -> None:
+    for name, v in (("num_stages", num_devices), ("num_microbatches", num_microbatches),
+                    ("virtual_stages", virtual_stages)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+
+
+def _one_chunk(name: str, virtual_stages: int | None) -> None:
+    if virtual_stages not in (None, 1):
+        raise ConfigError(f"virtual_stages={virtual_stages}: schedule {name!r} runs one stage per device")
+
+
+def _table(rows, p: int, m: int, name: str, stage_device=None) -> Table:
+    return Table(tuple(tuple(r) for r in rows), tuple(stage_device or range(p)), m, name)
+
+
+def gpipe(num_stages: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
     """GPipe: every stage runs F0..F(m-1), then B0..B(m-1)."""
-    _check(num_stages, num_microbatches)
+    _one_chunk("gpipe", virtual_stages)
+    _check(num_stages, num_microbatches, 1)
     m = num_microbatches
-    return [
-        [Action(s, FORWARD, i) for i in range(m)] + [Action(s, BACKWARD, i) for i in range(m)]
-        for s in range(num_stages)
-    ]
+    return _table([[Action(s, FORWARD, i) for i in range(m)] + [Action(s, BACKWARD, i) for i in range(m)]
+                   for s in range(num_stages)], num_stages, m, "gpipe")
 
 
-def one_f_one_b(num_stages: int, num_microbatches: int) -> Schedule:
+def one_f_one_b(num_stages: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
     """1F1B (PipeDream-Flush): ``min(p-s-1, m)`` warm-up forwards, then
     alternate F and B, then the remaining backwards. Stage ``s`` never holds more
     than ``min(p - s, m)`` un-backpropagated micro-batches."""
-    _check(num_stages, num_microbatches)
+    _one_chunk("1f1b", virtual_stages)
+    _check(num_stages, num_microbatches, 1)
     p, m = num_stages, num_microbatches
-    table: Schedule = []
+    rows = []
     for s in range(p):
         warmup = min(p - s - 1, m)
         actions = [Action(s, FORWARD, i) for i in range(warmup)]
         f, b = warmup, 0
         while f < m:
-            actions.append(Action(s, FORWARD, f))
-            f += 1
-            actions.append(Action(s, BACKWARD, b))
-            b += 1
+            actions += [Action(s, FORWARD, f), Action(s, BACKWARD, b)]
+            f, b = f + 1, b + 1
         actions.extend(Action(s, BACKWARD, i) for i in range(b, m))
-        table.append(actions)
-    return table
+        rows.append(actions)
+    return _table(rows, p, m, "1f1b")
 
 
-SCHEDULES: dict[str, Callable[[int, int], Schedule]] = {"gpipe": gpipe, "1f1b": one_f_one_b}
+def _rounds(p: int, m: int, name: str) -> int:
+    """Micro-batches per round of the interleaved orders: Megatron-LM needs m % p == 0;
+    torch's flexible variant runs ``max(1, m // p)`` rounds of ``m / rounds``."""
+    rounds = max(1, m // p)
+    if m % rounds:
+        raise ConfigError(f"num_microbatches={m}: {name} needs a multiple of {rounds} "
+                          f"(rounds of max(1, m // pp) micro-batches)")
+    return m // rounds
 
 
-def get_schedule(name: str) -> Callable[[int, int], Schedule]:
-    """Look a schedule up by name (``gpipe`` or ``1f1b``)."""
+def _looped_rows(p: int, m: int, v: int, zero_bubble: bool) -> list[list[Action]]:
+    """Megatron's interleaved order (arXiv:2104.04473 Sec. 2.2.2), per device ``d``:
+    forwards walk the local chunks in groups of ``mpr`` micro-batches (depth first),
+    ``(v-1)*mpr + 2(p-1-d)`` warm-up forwards, then one F and one B, then the
+    remaining backwards (chunks in reverse). ``zero_bubble``: ZB-H1's variant
+    (arXiv:2401.10241 Sec. 3.1) -- ``p-1-d`` warm-up forwards, the backward is
+    I, and device ``d`` delays each W by ``d`` backward slots (its bubble)."""
+    mpr = _rounds(p, m, "zb-h1" if zero_bubble else "interleaved-1f1b")
+    total = m * v
+    rows = []
+    for d in range(p):
+        warmup = min((v - 1) * mpr + (1 if zero_bubble else 2) * (p - 1 - d), total)
+        nxt: dict[tuple[int, str], int] = defaultdict(int)
+
+        def act(stage: int, kind: str) -> Action:
+            mb = nxt[stage, kind]
+            nxt[stage, kind] = mb + 1
+            return Action(stage, kind, mb)
+
+        f_stage = lambda k: ((k // mpr) % v) * p + d  # noqa: E731
+        b_stage = lambda j: (v - 1 - (j // mpr) % v) * p + d  # noqa: E731
+        bkind = BACKWARD_INPUT if zero_bubble else BACKWARD
+        row = [act(f_stage(k), FORWARD) for k in range(warmup)]
+        w_done = 0
+        for j in range(total):  # j-th backward, with the (warmup + j)-th forward if any
+            if warmup + j < total:
+                row.append(act(f_stage(warmup + j), FORWARD))
+            row.append(act(b_stage(j), bkind))
+            if zero_bubble and j >= d:
+                row.append(act(b_stage(w_done), BACKWARD_WEIGHT))
+                w_done += 1
+        while zero_bubble and w_done < total:
+            row.append(act(b_stage(w_done), BACKWARD_WEIGHT))
+            w_done += 1
+        rows.append(row)
+    return rows
+
+
+def interleaved_1f1b(num_devices: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
+    """Interleaved 1F1B: ``virtual_stages`` (default 2) model chunks per device, stage
+    ``k`` on device ``k % p`` (Megatron-LM's looped placement). With constant chunk
+    times the bubble shrinks V-fold: ``(p-1)(f+b)/V`` (arXiv:2104.04473 Sec. 2.2.2)."""
+    v = 2 if virtual_stages is None else virtual_stages
+    _check(num_devices, num_microbatches, v)
+    p, m = num_devices, num_microbatches
+    return _table(_looped_rows(p, m, v, False), p, m, "interleaved-1f1b",
+                  [k % p for k in range(p * v)])
+
+
+def zb_h1(num_stages: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
+    """ZB-H1: 1F1B with the backward split into I and W, W placed in the bubble;
+    peak activation memory as 1F1B's, bubble ``(p-1)(F + I - W)`` with the paper's
+    B written I here (arXiv:2401.10241 Sec. 2.1 / 3.1)."""
+    _one_chunk("zb-h1", virtual_stages)
+    _check(num_stages, num_microbatches, 1)
+    return _table(_looped_rows(num_stages, num_microbatches, 1, True), num_stages,
+                  num_microbatches, "zb-h1")
+
+
+def zb_v(num_devices: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
+    """ZB-V: two chunks per device in a V (stage ``k`` on device ``k`` for ``k < p``,
+    else ``2p-1-k``), so device 0 holds the first and the last stage; warm-up
+    ``2(p-d)-1`` forwards of chunk 0, then pairs, then F-I-W per chunk
+    (arXiv:2401.10241 Sec. 6; the order of torch's ``ScheduleZBVZeroBubble``,
+    run with ``max(2p-1, m)`` micro-batches and the extra ones dropped)."""
+    if virtual_stages not in (None, 2):
+        raise ConfigError(f"virtual_stages={virtual_stages}: zb-v runs exactly 2 stages per device")
+    _check(num_devices, num_microbatches, 2)
+    p, m = num_devices, num_microbatches
+    n = max(2 * p - 1, m)
+    rows = []
+    for d in range(p):
+        c0, c1 = d, 2 * p - 1 - d
+        cnt: dict[tuple[int, str], int] = defaultdict(int)
+        row: list[Action] = []
+
+        def add(stage: int, kind: str) -> None:
+            row.append(Action(stage, kind, cnt[stage, kind]))
+            cnt[stage, kind] += 1
+
+        for _ in range(2 * (p - d) - 1):
+            add(c0, FORWARD)
+        for _ in range(d):
+            add(c1, FORWARD)
+            add(c0, FORWARD)
+        for _ in range(p - d):
+            add(c1, FORWARD)
+            add(c1, BACKWARD_INPUT)
+            add(c1, BACKWARD_WEIGHT)
+        while cnt[c1, FORWARD] < cnt[c0, FORWARD] or cnt[c0, FORWARD] < n:
+            if cnt[c0, FORWARD] < n:
+                add(c0, FORWARD)
+            add(c0, BACKWARD_INPUT)
+            add(c0, BACKWARD_WEIGHT)
+            add(c1, FORWARD)
+            add(c1, BACKWARD_INPUT)
+            add(c1, BACKWARD_WEIGHT)
+        for _ in range(d):
+            add(c0, BACKWARD_INPUT)
+            add(c1, BACKWARD_INPUT)
+        for _ in range(p - d):
+            add(c0, BACKWARD_INPUT)
+            add(c0, BACKWARD_WEIGHT)
+        for c in (c1, c0):
+            while cnt[c, BACKWARD_WEIGHT] < cnt[c, BACKWARD_INPUT]:
+                add(c, BACKWARD_WEIGHT)
+        rows.append([a for a in row if a.microbatch < m])
+    return _table(rows, p, m, "zb-v", [k if k < p else 2 * p - 1 - k for k in range(2 * p)])
+
+
+SCHEDULES: dict[str, Callable[..., Table]] = {
+    "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved-1f1b": interleaved_1f1b,
+    "zb-h1": zb_h1, "zb-v": zb_v,
+}
+
+
+def get_schedule(name: str) -> Callable[..., Table]:
+    """Look a schedule up by name; call it with ``(pp, num_microbatches, virtual_stages=None)``."""
     try:
         return SCHEDULES[name.lower()]
     except KeyError:
         raise ConfigError(f"schedule {name!r}: unknown (choose from {', '.join(SCHEDULES)})") from None
 
 
+def build_table(name: str, pp: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
+    """The checked table of schedule ``name`` (ConfigError naming what does not fit)."""
+    table = get_schedule(name)(pp, num_microbatches, virtual_stages)
+    check_table(table)
+    return table
+
+
+#: schedules whose stages per device the user chooses (``virtual_stages``)
+VIRTUAL_STAGE_SCHEDULES = ("interleaved-1f1b",)
+
+
+def stage_count(name: str, virtual_stages: int | None) -> int:
+    """Stages (model chunks) per device that schedule ``name`` runs."""
+    if name.lower() == "interleaved-1f1b":
+        return 2 if virtual_stages is None else virtual_stages
+    return 2 if name.lower() == "zb-v" else 1
+
+
+# ---------------------------------------------------------------- checks and memory
+def check_table(table: Table) -> None:
+    """Every stage runs F and either B or I then W of every micro-batch exactly once,
+    on its own device, and the table runs to the end when every action waits for its
+    inputs (no deadlock). Raises ConfigError naming the first problem."""
+    m = table.num_microbatches
+    seen: dict[int, list[Action]] = defaultdict(list)
+    for d, row in enumerate(table.rows):
+        for a in row:
+            if table.stage_device[a.stage] != d:
+                raise ConfigError(f"{table.name}: action {a} on device {d}, its stage lives on "
+                                  f"{table.stage_device[a.stage]}")
+            seen[a.stage].append(a)
+    for k in range(table.num_stages):
+        kinds = sorted({a.kind for a in seen[k]} - {FORWARD})
+        for kind in (FORWARD, *kinds):
+            mbs = sorted(a.microbatch for a in seen[k] if a.kind == kind)
+            if mbs != list(range(m)):
+                raise ConfigError(f"{table.name}: stage {k} runs {kind} on micro-batches {mbs}")
+        if kinds not in ([BACKWARD], [BACKWARD_INPUT, BACKWARD_WEIGHT]):
+            raise ConfigError(f"{table.name}: stage {k} backward kinds {kinds}")
+    done: set[tuple[int, str, int]] = set()
+    pos = [0] * table.num_devices
+    while any(pos[d] < len(r) for d, r in enumerate(table.rows)):
+        moved = False
+        for d, row in enumerate(table.rows):
+            while pos[d] < len(row) and all(x in done for x in _needs(row[pos[d]], table.num_stages)):
+                a = row[pos[d]]
+                done.add((a.stage, a.kind, a.microbatch))
+                pos[d] += 1
+                moved = True
+        if not moved:
+            stuck = [str(r[pos[d]]) for d, r in enumerate(table.rows) if pos[d] < len(r)]
+            raise ConfigError(f"{table.name}: deadlock, every device waits ({' '.join(stuck)})")
+
+
+def _needs(a: Action, num_stages: int) -> list[tuple[int, str, int]]:
+    """Compute actions that must be done before ``a`` can run."""
+    k, mb = a.stage, a.microbatch
+    if a.kind == FORWARD:
+        return [(k - 1, FORWARD, mb)] if k > 0 else []
+    own = [(k, FORWARD, mb)]
+    if a.kind == BACKWARD_WEIGHT:
+        return [(k, BACKWARD_INPUT, mb)]
+    if k == num_stages - 1:
+        return own
+    # the output gradient comes from the next stage's B (or its I, in split tables)
+    return own + [(k + 1, BACKWARD if a.kind == BACKWARD else BACKWARD_INPUT, mb)]
+
+
+@dataclass(frozen=True)
+class HeldWork:
+    """Peak memory-relevant state of one device over a schedule.
+
+    activations: peak (stage, micro-batch) pairs whose forward ran and whose
+      backward has not released them (B, or W for the zero-bubble split: W still
+      reads the layer inputs), in units of one stage's activations per micro-batch;
+    weight_grads: peak pairs whose I ran and W not yet (ZB's held weight-gradient
+      work: the output gradients W consumes stay alive until it runs);
+    stage_fraction: share of the device's layers in one of those units (1/V)."""
+
+    activations: int
+    weight_grads: int
+    stage_fraction: float
+
+
+def held_work(table: Table) -> list[HeldWork]:
+    """Per device, the peak number of micro-batches whose activations it holds and
+    of pending weight-gradient (W) work (memory model: 1F1B holds ``min(m, p - s)``,
+    GPipe ``m``; ZB-H1 holds 1F1B's peak ``min(m, p)`` on every device,
+    arXiv:2401.10241 Sec. 3.1)."""
+    out = []
+    for row in table.rows:
+        live = pend = peak_live = peak_pend = 0
+        for a in row:
+            if a.kind == FORWARD:
+                live += 1
+            elif a.kind in (BACKWARD, BACKWARD_WEIGHT):
+                live -= 1
+            if a.kind == BACKWARD_INPUT:
+                pend += 1
+            elif a.kind == BACKWARD_WEIGHT:
+                pend -= 1
+            peak_live, peak_pend = max(peak_live, live), max(peak_pend, pend)
+        out.append(HeldWork(peak_live, peak_pend, 1.0 / table.virtual_stages))
+    return out
+
+
 def max_in_flight(actions: list[Action]) -> int:
-    """Peak number of micro-batches forwarded but not yet backpropagated on one stage
-    (activation-memory proxy)."""
+    """Peak number of (stage, micro-batch) pairs forwarded but not yet released by
+    B or W on one device (activation-memory proxy; :func:`held_work`)."""
     live = peak = 0
     for a in actions:
-        live += 1 if a.kind == FORWARD else -1
+        live += 1 if a.kind == FORWARD else -1 if a.kind in (BACKWARD, BACKWARD_WEIGHT) else 0
         peak = max(peak, live)
     return peak
 
 
-def format_table(table: Schedule) -> str:
-    """One line per stage, e.g. ``stage 0: 0F0 0F1 0B0 0B1``."""
+# ---------------------------------------------------------------- communication
+def with_comms(table: Table) -> list[list[Action]]:
+    """Per device, the compute actions with explicit communication (as torch's
+    ``_add_send_recv``): ``kRECV_Fmb`` right before the forward of stage ``k`` that
+    needs the activation from stage ``k-1`` on another device, ``kSEND_Fmb`` right
+    after the forward of stage ``k`` whose output goes to another device;
+    ``RECV_B`` / ``SEND_B`` likewise before a B/I and after the B/I of the
+    gradient's producer. A boundary inside one device is a local hand-off.
+
+    Each directed boundary is one FIFO channel (:func:`channels`): the receiver
+    consumes messages in the order the sender sends them, which is checked."""
+    sd, n = table.stage_device, table.num_stages
+    rows = []
+    for d, row in enumerate(table.rows):
+        out: list[Action] = []
+        for a in row:
+            k, mb = a.stage, a.microbatch
+            if a.kind == FORWARD and k > 0 and sd[k - 1] != d:
+                out.append(Action(k, RECV_F, mb))
+            if a.kind in (BACKWARD, BACKWARD_INPUT) and k < n - 1 and sd[k + 1] != d:
+                out.append(Action(k, RECV_B, mb))
+            out.append(a)
+            if a.kind == FORWARD and k < n - 1 and sd[k + 1] != d:
+                out.append(Action(k, SEND_F, mb))
+            if a.kind in (BACKWARD, BACKWARD_INPUT) and k > 0 and sd[k - 1] != d:
+                out.append(Action(k, SEND_B, mb))
+        rows.append(out)
+    sends: dict[tuple, list[int]] = defaultdict(list)
+    recvs: dict[tuple, list[int]] = defaultdict(list)
+    for row in rows:
+        for a in row:
+            if a.kind in COMM_KINDS:
+                ch = comm_channel(a)
+                (sends if a.kind.startswith("SEND") else recvs)[ch].append(a.microbatch)
+    for ch, order in sends.items():
+        if recvs[ch] != order:
+            raise ConfigError(f"{table.name}: boundary {ch} sends micro-batches in order {order} "
+                              f"but they are received in order {recvs[ch]}")
+    return rows
+
+
+def comm_channel(a: Action) -> tuple[int, str]:
+    """The directed boundary a communication action uses: ``(boundary, "F"|"B")`` where
+    boundary ``k`` lies between stages ``k`` and ``k+1``."""
+    if a.kind == SEND_F:
+        return a.stage, FORWARD
+    if a.kind == RECV_F:
+        return a.stage - 1, FORWARD
+    if a.kind == SEND_B:
+        return a.stage - 1, BACKWARD
+    if a.kind == RECV_B:
+        return a.stage, BACKWARD
+    raise ValueError(f"{a} is not a communication action")
+
+
+def format_table(table) -> str:
+    """One line per device, e.g. ``stage 0: 0F0 0F1 0B0 0B1``."""
     return "\n".join(f"stage {s}: " + " ".join(map(str, row)) for s, row in enumerate(table))

@@ -270,6 +270,16 @@ def test_comm_over_emulated_link():
     assert raw[1048576]["time_s"] > (1048576 - 50_000) * 8 / 1e8  # a floor load cannot break
 
 
+def test_stage_timing_refuses_split_or_multi_chunk_schedules():
+    """Whole-stage timing replays one stage per rank with whole backwards."""
+    from perfsim.calibrate.compute import ComputeConfig
+    from perfsim.errors import ConfigError
+
+    for name in ("zb-h1", "interleaved-1f1b", "zb-v"):
+        with pytest.raises(ConfigError, match=f"stage_schedule='{name}'"):
+            ComputeConfig(model="gpt2-tiny", stage_schedule=name)
+
+
 def test_time_op_repeats_until_the_samples_agree(monkeypatch):
     """rel_spread: at least 3 samples, then stop once their IQR (range below 4) is
     within that fraction of the median; a noisy op runs all repeats."""

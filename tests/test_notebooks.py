@@ -46,9 +46,11 @@ def test_notebook_is_stored_without_outputs(name):
 def test_speedup_curves_runs():
     nb = _execute("speedup_curves.ipynb")
     pngs = [o for o in _outputs(nb) if "image/png" in o.get("data", {})]
-    assert len(pngs) >= 6  # throughput, speed-up, two breakdowns, DP speed-up, bubble
+    assert len(pngs) >= 7  # throughput, speed-up, two breakdowns, DP speed-up, bubble, schedules
     text = "".join(o.get("text", "") for o in _outputs(nb, "stream"))
     assert "10 Mbps: AQ-SGD" in text
+    assert "10000 Mbps, FP32: best zb-h1" in text  # W fills the bubble without extra bytes
+    assert "100 Mbps, AQ-SGD fw3 bw6: best zb-h1" in text
 
 
 def test_validation_runs_on_shipped_results():

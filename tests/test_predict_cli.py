@@ -129,6 +129,19 @@ def test_link_mechanism_flags(capsys):
     assert tput("--p2p-protocol", "rendezvous") < eager
 
 
+def test_schedules_grid_with_virtual_stages(capsys):
+    """--virtual-stages sets interleaved 1F1B's chunks; the other schedules keep their own."""
+    code, out, err = run(capsys, "--schedule", "1f1b,interleaved-1f1b,zb-h1,zb-v", "--virtual-stages", "4",
+                         "--macro-batch", "16", "--format", "csv")
+    assert code == 0, err
+    rows = {r["schedule"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert {k: rows[k]["virtual_stages"] for k in rows} == {"1f1b": "1", "interleaved-1f1b": "4",
+                                                           "zb-h1": "1", "zb-v": "2"}
+    assert float(rows["zb-h1"]["bubble_fraction"]) < float(rows["1f1b"]["bubble_fraction"])
+    code, _, err = run(capsys, "--schedule", "interleaved-1f1b", "--pp", "4", "--macro-batch", "9")
+    assert code == 2 and "num_microbatches=9" in err and len(err.strip().splitlines()) == 1
+
+
 def test_json_is_an_object_for_one_configuration_and_a_list_for_several(capsys):
     code, out, err = run(capsys, "--bandwidth", "1Gbps", "--format", "json")
     assert code == 0, err

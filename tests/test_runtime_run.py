@@ -38,7 +38,7 @@ def test_cli_writes_predict_schema(tmp_path):
     assert len(data["losses"]) == 5
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
     names = {e["name"] for e in trace if e.get("ph") == "X"}
-    assert {"F0", "B3", "recv act 0", "recv grad 3", "optimizer"} <= names
+    assert {"0F0", "1B3", "recv act 0", "recv grad 3", "optimizer"} <= names
     # framing is traced (and counted as encode); each stage posts the next step's receives
     assert {"send act 0", "send grad 3", "post receives", "wait sends"} <= names
     posts = [e for e in trace if e.get("name") == "post receives"]
@@ -50,6 +50,8 @@ def test_cli_writes_predict_schema(tmp_path):
     (["--compress", "bogus:3"], "bogus"),
     (["--micro-batch", "5", "--macro-batch", "32"], "micro_batch"),
     (["--pp", "9"], "pp=9"),
+    (["--schedule", "zb-v", "--virtual-stages", "3"], "virtual_stages=3"),
+    (["--schedule", "interleaved-1f1b", "--pp", "4"], "interleaved-1f1b"),
 ])
 def test_bad_arguments_one_line_exit_2(argv, culprit, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--out", str(tmp_path / "x"), *argv],

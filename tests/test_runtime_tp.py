@@ -166,6 +166,24 @@ def test_tp_composes_with_pp_and_dp(tp1_losses, tmp_path):
                      "stage 1 tp 1 (rank 3)"}
 
 
+@pytest.mark.parametrize("schedule,boundaries,layers", [
+    ("interleaved-1f1b", 3, ["0-1,3-3", "2-2,4-5"]),  # 4 chunks, every boundary crosses devices
+    ("zb-h1", 1, ["0-2", "3-5"]),  # I/W split backward on sharded blocks
+    ("zb-v", 2, ["0-1,4-5", "2-2,3-3"]),  # V shape: the middle boundary stays on device 1
+])
+def test_tp_composes_with_multi_chunk_schedules(tp1_losses, tmp_path, schedule, boundaries, layers):
+    """pp=2 x tp=2 under the schedules with several chunks per rank or split backwards:
+    each chunk is sharded, every TP rank talks to its peer of the next chunk's device."""
+    r = run(pp=2, tp=2, schedule=schedule, out=tmp_path / schedule, **TINY)
+    for s in tp1_losses:
+        assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
+    act = 2 * 64 * 128 * 4
+    assert r.summary["pipeline_bytes"] == 2 * 2 * 2 * boundaries * act  # 2 tp ranks, 2 mb, fwd+bwd
+    assert r.summary["tp_bytes"] == 2 * 4 * 2 * 4 * act  # ranks, blocks, mb, allreduces: as pp=1
+    assert sorted((row["stage"], row["tp_rank"], row["layers"]) for row in r.stages) == \
+        [(d, t, layers[d]) for d in range(2) for t in range(2)]
+
+
 def test_tp_with_dp_equals_dp_alone(tmp_path):
     kw = dict(TINY, pp=1, dp=2)
     ref = run(tp=1, out=tmp_path / "dp", **kw)

@@ -66,3 +66,12 @@ def test_tp_without_layer_records_still_needs_a_gpu(tmp_path):
     p.write_text(json.dumps(d))
     with pytest.raises(ConfigError, match="give --gpu"):
         build_configs(**{**ARGS, "profile": str(p)}, tp=2)
+
+
+def test_tp_bytes_cover_every_model_chunk():
+    """Virtual stages move layers between chunks, never TP traffic: tp_bytes equal 1F1B's."""
+    kw = {**ARGS, "pp": 2, "tp": 2, "gpus_per_node": 2}
+    ref = predict(**kw, schedule="1f1b").summary["tp_bytes"]
+    assert ref > 0
+    for schedule in ("interleaved-1f1b", "zb-h1", "zb-v"):
+        assert predict(**kw, schedule=schedule).summary["tp_bytes"] == ref

@@ -261,6 +261,45 @@ def test_reuse_measured_falls_back_to_the_stored_table(tmp_path):
     v._TABLES.clear()
 
 
+def test_schedule_rows_run_and_predict_each_schedule(tmp_path):
+    """A grid over schedules: each row runs and predicts its own schedule; only the
+    interleaved one keeps --virtual-stages."""
+    seen = []
+
+    def runner(**kw):
+        seen.append(("run", kw["schedule"], kw.get("virtual_stages")))
+        return _result(0.01, "measured")
+
+    def predictor(**kw):
+        seen.append(("predict", kw["schedule"], kw.get("virtual_stages")))
+        return _result(0.01, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "schedule": "1f1b", "virtual_stages": 2},
+                            profile="x", schedules=("1f1b", "interleaved-1f1b", "zb-h1"),
+                            out=str(tmp_path), runtime_model=False, link_model="nominal", bandwidths=(1e8,))
+    rows = plan.rows()
+    assert [r["schedule"] for r in rows] == ["1f1b", "interleaved-1f1b", "zb-h1"]
+    out = [v.run_row(plan, r, _profile([]), i, runner, predictor) for i, r in enumerate(rows)]
+    assert [o["schedule"] for o in out] == ["1f1b", "interleaved-1f1b", "zb-h1"]
+    assert seen == [("run", "1f1b", None), ("predict", "1f1b", None),
+                    ("run", "interleaved-1f1b", 2), ("predict", "interleaved-1f1b", 2),
+                    ("run", "zb-h1", None), ("predict", "zb-h1", None)]
+    assert len({o["run_dir"] for o in out}) == 3
+    df = pd.DataFrame(out)
+    assert v.format_table(df).splitlines()[0].startswith("schedule")
+    md = v.markdown_table(df).splitlines()
+    assert md[0].startswith("| schedule | bandwidth") and md[3].startswith("| interleaved-1f1b | 100Mbps")
+
+
+def test_validate_cli_rejects_a_schedule_that_does_not_fit(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--profile", "traces/cpu-2core.json",
+                           "--schedule", "1f1b,zb-v", "--out", str(tmp_path), "--pp", "4"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "zb-v" in proc.stderr and "8 stages" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
 def test_tp_axis_reaches_run_and_predict(tmp_path):
     """A --tp axis: each row runs and predicts with its tp; a simulator that does not
     know tp yet leaves the TP row measured only (NaN error, a note), never a tp=1 row."""

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
@@ -52,6 +53,7 @@ class ValidationPlan:
       macro_batch): the names of ``perfsim run`` / ``perfsim predict`` flags.
     bandwidths: emulated link rates in bits/s; None = no emulation (loopback).
     compresses, grad_compresses: pipeline / data-parallel compression specs.
+    schedules: pipeline schedules, one row each (empty: ``base``'s).
     tps: tensor-parallel degrees (``perfsim run --tp``; a grid axis, innermost);
       sequence_parallel: Megatron sequence parallelism on the ``tp > 1`` rows.
     latency_s: emulated one-way latency.
@@ -73,6 +75,7 @@ class ValidationPlan:
     bandwidths: tuple[float | None, ...] = (None,)
     compresses: tuple[str, ...] = ("fp32",)
     grad_compresses: tuple[str, ...] = ("none",)
+    schedules: tuple[str, ...] = ()
     tps: tuple[int, ...] = (1,)
     sequence_parallel: bool = False
     latency_s: float = 0.0
@@ -112,11 +115,14 @@ class ValidationPlan:
             raise ConfigError("validation needs --profile (a profile calibrated on this machine)")
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every (bandwidth, compress, grad_compress[, tp]) combination, in order
-        (``tp`` only in a grid with a TP axis)."""
-        return [{"bandwidth": b, "compress": c, "grad_compress": g, **({"tp": t} if self.tps != (1,) else {})}
+        """Every ([schedule,] bandwidth, compress, grad_compress[, tp]) combination, in order
+        (``schedule`` only with several schedules, ``tp`` only in a grid with a TP axis)."""
+        rows = [{"bandwidth": b, "compress": c, "grad_compress": g, **({"tp": t} if self.tps != (1,) else {})}
                 for b in self.bandwidths for c in self.compresses for g in self.grad_compresses
                 for t in self.tps]
+        if not self.schedules:
+            return rows
+        return [{"schedule": s, **r} for s in self.schedules for r in rows]
 
 
 def parse_bandwidths(text: str) -> tuple[float | None, ...]:
@@ -272,10 +278,16 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
 
     bw = row["bandwidth"]
     base = dict(plan.base)
+    if row.get("schedule"):
+        base["schedule"] = row["schedule"]
+    if base.get("schedule") not in VIRTUAL_STAGE_SCHEDULES:  # the others fix their own
+        base.pop("virtual_stages", None)
     tp = int(row.get("tp", 1))
     # pp = 1: every message is a collective (DP gradients, TP activations): allreduce fits
     dp_only = int(base.get("pp", 1)) == 1
     tag = f"{index:02d}-{format_bandwidth(bw) if bw else 'loopback'}-{row['compress']}-{row['grad_compress']}"
+    if plan.schedules:
+        tag += f"-{base['schedule']}"
     if tp > 1:
         base["tp"] = tp
         if plan.sequence_parallel:
@@ -318,7 +330,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     predicted, note = _predict(predictor, pred_params, tp)
     out = {"model": base.get("model"), "bandwidth_bps": bw, "latency_s": plan.latency_s,
            "compress": row["compress"], "grad_compress": row["grad_compress"],
-           "schedule": base.get("schedule"), "pp": base.get("pp"), "dp": base.get("dp"),
+           "schedule": base.get("schedule"),
+           "virtual_stages": predicted.summary.get("virtual_stages") if predicted is not None else None,
+           "pp": base.get("pp"), "dp": base.get("dp"),
            "tp": tp, "sequence_parallel": bool(base.get("sequence_parallel", False)),
            "predict_note": note,
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
@@ -407,17 +421,25 @@ def _has_tp(df) -> bool:
     return "tp" in df and bool((df["tp"].fillna(1) > 1).any())
 
 
+def _several_schedules(df) -> bool:
+    """True when the grid ran more than one schedule (the tables then name each row's)."""
+    return "schedule" in df and df["schedule"].nunique() > 1
+
+
 def format_table(df) -> str:
     """A terminal table: per row predicted vs measured throughput and iteration time."""
+    sched = _several_schedules(df)
     tp = _has_tp(df)
-    head = (f"{'bandwidth':>10} {'compress':<16} {'grad':<16} " + (f"{'tp':<6} " if tp else "") +
-            f"{'pred sps':>9} {'meas sps':>9} "
-            f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
+    head = (f"{'schedule':<17}" if sched else "") + (
+        f"{'bandwidth':>10} {'compress':<16} {'grad':<16} " + (f"{'tp':<6} " if tp else "") +
+        f"{'pred sps':>9} {'meas sps':>9} "
+        f"{'err %':>7} {'pred it ms':>10} {'meas it ms':>10} {'err %':>7}")
     lines = [head, "-" * len(head)]
     for _, r in df.iterrows():
         bw = format_bandwidth(r["bandwidth_bps"]) if r["bandwidth_bps"] == r["bandwidth_bps"] and \
             r["bandwidth_bps"] is not None else "loopback"
         lines.append(
+            (f"{r['schedule']:<17}" if sched else "") +
             f"{bw:>10} {r['compress']:<16} {r['grad_compress']:<16} " + (f"{_tp_label(r):<6} " if tp else "") +
             f"{_f(r['predicted_throughput_samples_per_s']):9.1f} {_f(r['measured_throughput_samples_per_s']):9.1f} "
             f"{_f(r['error_throughput_samples_per_s_pct']):+7.1f} {1e3 * _f(r['predicted_iteration_s']):10.2f} "
@@ -432,15 +454,18 @@ def format_table(df) -> str:
 
 def markdown_table(df) -> str:
     """The comparison as a markdown table (for notes and the README)."""
+    sched = _several_schedules(df)
     tp = _has_tp(df)
-    lines = ["| bandwidth | compress | grad | " + ("tp | " if tp else "") +
+    lines = [("| schedule " if sched else "") + "| bandwidth | compress | grad | " + ("tp | " if tp else "") +
              "predicted samples/s | measured samples/s | error % "
              "| predicted iteration ms | measured iteration ms |",
-             "| --- | --- | --- | " + ("--- | " if tp else "") + "---: | ---: | ---: | ---: | ---: |"]
+             ("| --- " if sched else "") + "| --- | --- | --- | " + ("--- | " if tp else "") +
+             "---: | ---: | ---: | ---: | ---: |"]
     for _, r in df.iterrows():
         bw = r["bandwidth_bps"]
         bw = format_bandwidth(bw) if bw is not None and bw == bw else "loopback"
-        lines.append(f"| {bw} | {r['compress']} | {r['grad_compress']} | " + (f"{_tp_label(r)} | " if tp else "") +
+        lines.append((f"| {r['schedule']} " if sched else "") +
+                     f"| {bw} | {r['compress']} | {r['grad_compress']} | " + (f"{_tp_label(r)} | " if tp else "") +
                      f"{_f(r['predicted_throughput_samples_per_s']):.1f} | {_f(r['measured_throughput_samples_per_s']):.1f} | "
                      f"{_f(r['error_throughput_samples_per_s_pct']):+.1f} | {1e3 * _f(r['predicted_iteration_s']):.2f} | "
                      f"{1e3 * _f(r['measured_iteration_s']):.2f} |")

@@ -34,7 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(GPT models; ranks ordered TP, then DP, then PP; default 1)")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="with --tp > 1: Megatron sequence parallelism (LayerNorms on a slice of the sequence)")
-    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b",
+                   help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (default 1f1b)")
+    p.add_argument("--virtual-stages", type=_pos_int, default=None,
+                   help="model chunks per rank for interleaved-1f1b (default 2; zb-v always 2)")
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
     p.add_argument("--grad-compress", default="none",
@@ -74,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
                   sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
+                  virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,

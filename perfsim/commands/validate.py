@@ -28,7 +28,10 @@ def add_arguments(p) -> None:
                    help="comma list of tensor-parallel degrees (perfsim run --tp; GPT models), e.g. 1,2")
     p.add_argument("--sequence-parallel", action="store_true",
                    help="Megatron sequence parallelism on the --tp > 1 rows")
-    p.add_argument("--schedule", default="1f1b", help="gpipe or 1f1b (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b",
+                   help="comma list of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v (default 1f1b)")
+    p.add_argument("--virtual-stages", type=int, default=None,
+                   help="model chunks per rank for interleaved-1f1b (default 2)")
     p.add_argument("--micro-batch", type=int, default=8, help="samples per micro-batch (default 8)")
     p.add_argument("--macro-batch", type=int, default=32, help="samples per replica per step (default 32)")
     p.add_argument("--compress", default="fp32", help="comma list of pipeline compression specs")
@@ -74,8 +77,18 @@ def run(args) -> int:
     from perfsim.profile import load_profile
 
     load_profile(args.profile)  # a bad file fails before any run starts
-    base = {"model": args.model, "pp": args.pp, "dp": args.dp, "schedule": args.schedule,
+    schedules = tuple(s.lower() for s in split_list(args.schedule))
+    from perfsim.runtime.config import RunConfig
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+
+    for s in schedules:  # a schedule that does not fit fails before any run starts
+        RunConfig(model=args.model, pp=args.pp, dp=args.dp, schedule=s, micro_batch=args.micro_batch,
+                  macro_batch=args.macro_batch,
+                  virtual_stages=args.virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None)
+    base = {"model": args.model, "pp": args.pp, "dp": args.dp, "schedule": schedules[0],
             "micro_batch": args.micro_batch, "macro_batch": args.macro_batch}
+    if args.virtual_stages is not None:
+        base["virtual_stages"] = args.virtual_stages
     tps = []
     for part in split_list(args.tp):
         try:
@@ -97,6 +110,7 @@ def run(args) -> int:
     plan = v.ValidationPlan(
         base=base, bandwidths=v.parse_bandwidths(args.emulate_bandwidth),
         compresses=tuple(split_list(args.compress)), grad_compresses=tuple(split_list(args.grad_compress)),
+        schedules=schedules if len(schedules) > 1 else (),
         tps=tuple(tps), sequence_parallel=args.sequence_parallel,
         latency_s=v.parse_latency(args.emulate_latency), steps=args.steps, dataset_limit=limit,
         profile=args.profile, link_model=args.link_model, out=out, seed=args.seed, repeats=args.repeats,

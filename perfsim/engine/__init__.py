@@ -12,13 +12,16 @@ from perfsim.engine.plan import Plan, build_plan
 from perfsim.network import Network
 
 
-def replica_classes(network: Network, pp: int, dp: int, device=None) -> list[list[int]]:
+def replica_classes(network: Network, pp: int, dp: int, device=None,
+                    hops: list[tuple[int, int]] | None = None) -> list[list[int]]:
     """Group replicas whose pipelines see identical links (rate and latency of
     every hop, both directions, and the NIC rates of their nodes); one
     representative per group is simulated. Without a topology, or with a
     uniform one, there is one group. When replicas share nodes (their NICs
     would be shared) on a non-uniform topology, every replica is its own group.
-    ``device(r, s)``: GPU index of stage ``s`` of replica ``r`` (default ``r * pp + s``)."""
+    ``device(r, s)``: GPU index of stage ``s`` of replica ``r`` (default ``r * pp + s``).
+    ``hops``: the (device, next device) pairs the schedule sends over (default
+    ``d -> d+1``; an interleaved table also goes from the last device to the first)."""
     topo = network.topology
     if dp == 1 or topo is None or topo.is_uniform():
         return [list(range(dp))]
@@ -31,8 +34,8 @@ def replica_classes(network: Network, pp: int, dp: int, device=None) -> list[lis
     groups: dict[tuple, list[int]] = {}
     for r in range(dp):
         key = []
-        for s in range(pp - 1):
-            a, b = dev(r, s), dev(r, s + 1)
+        for s, t in hops if hops is not None else [(s, s + 1) for s in range(pp - 1)]:
+            a, b = dev(r, s), dev(r, t)
             fw, bw = network.path(a, b), network.path(b, a)
             key.append((fw.bandwidth_bps, fw.latency_s, bw.bandwidth_bps, bw.latency_s,
                         len(fw.resources)))
@@ -49,10 +52,7 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
     from perfsim.errors import ConfigError
     from perfsim.hardware import get_gpu
     from perfsim.memory import GIB, stage_memory
-    from perfsim.schedules import get_schedule
-
-    table = get_schedule(strategy.schedule)(strategy.pp, strategy.num_microbatches)
-    mem = stage_memory(workload, strategy, plan, table)
+    mem = stage_memory(workload, strategy, plan, plan.table)
     cap = get_gpu(system.gpu).memory_bytes if system.gpu else None
     if cap is not None and not allow_oom:
         worst = max(mem, key=lambda m: m.total)
@@ -85,7 +85,9 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731
     if symmetric is None:
-        classes = replica_classes(network, strategy.pp, dp, device)
+        where = plan.table.stage_device
+        hops = sorted({(where[k], where[k + 1]) for k in range(len(where) - 1) if where[k] != where[k + 1]})
+        classes = replica_classes(network, strategy.pp, dp, device, hops)
     else:
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]

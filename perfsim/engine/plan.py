@@ -1,7 +1,8 @@
 """From (workload, strategy, system, profile) to what each stage does and sends.
 
 Everything the event loop needs is resolved here, once: per-stage compute,
-the EXACT wire bytes of each boundary payload (asked from the compressor
+the schedule table (stages = model chunks, each on its device), the EXACT wire
+bytes of each boundary payload (asked from the compressor
 objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits, plus the
 host framing of each message, ``frame_send`` / ``frame_recv``, when calibrated), the
 gradient buckets with their data-parallel collectives (the grad compressor's
@@ -25,6 +26,7 @@ DeepSpeed do with fp16/bf16 tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import CommStep, numel_of
@@ -51,7 +53,7 @@ class Bucket:
 
 @dataclass
 class StagePlan:
-    """What one pipeline stage computes and sends, per micro-batch."""
+    """What one pipeline stage (model chunk) computes and sends, per micro-batch."""
 
     index: int
     first_layer: int
@@ -73,12 +75,14 @@ class StagePlan:
     fwd_tp_s: float = 0.0  # tensor-parallel collectives of one micro-batch's forward
     bwd_tp_s: float = 0.0  # ... and backward (with full recomputation: + the forward's)
     tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
+    wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
+    device: int = 0  # the pipeline device this stage runs on
 
 
 @dataclass
 class Plan:
-    stages: list[StagePlan]
-    pp: int
+    stages: list[StagePlan]  # one per stage (model chunk), in model order
+    pp: int  # pipeline devices
     dp: int
     num_microbatches: int
     micro_batch: int
@@ -95,6 +99,21 @@ class Plan:
     #: (0 otherwise) and the per-stage buckets of such a warm-up step
     onebit_warmup_steps: int = 0
     warmup_buckets: list[list[Bucket]] | None = None
+    table: Any = None  # perfsim.schedules.Table
+
+
+def weight_grad_share(layer, tokens: int) -> float:
+    """Share of a layer's backward that is weight-gradient work (ZB's W).
+
+    Each weight matrix costs the same multiply-adds for the input gradient and
+    for the weight gradient, as in its forward (Qi et al., "Zero Bubble Pipeline
+    Parallelism", arXiv:2401.10241, Table 1: a transformer layer's W is 24bsh^2 of
+    its 48bsh^2 + 8bs^2h backward). With the forward's ``flops_fwd`` and 2
+    FLOPs per parameter and token, W = 2 * params * tokens of the backward's
+    2 * flops_fwd; layers without FLOPs split evenly."""
+    if layer.flops_fwd <= 0:
+        return 0.5
+    return min(1.0, layer.params * tokens / layer.flops_fwd)
 
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
@@ -166,8 +185,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     from dataclasses import replace
 
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
+    table = strategy.table()
+    nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
-    bounds = partition(costs, pp, strategy.partition)
+    bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
     fw_comp, bw_comp = make_pipeline_pair(fw_spec_in)
     from perfsim.runtime.grad_sync import parse_grad_spec
@@ -189,17 +210,20 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
         # whole-stage records: tp = 1, no recomputation, on the profile's own device
         measured = profile if gpu is None and tp == 1 and strategy.recompute == "none" else None
-        fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, pp, mb)
+        fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, nst, mb)
         params = sum(layer.params for layer in layers)
         arch = workload.arch
-        if (arch is not None and pp > 1 and s == pp - 1 and getattr(arch, "tied", False)
+        if (arch is not None and pp > 1 and s == nst - 1 and getattr(arch, "tied", False)
                 and not getattr(arch, "encoder", False)):
             params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
-        st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd)
+        st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s])
+        tokens = workload.tokens_per_sample
+        st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
             blocks = sum(1 for layer in layers if layer.name.startswith("block"))
-            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, s, blocks)
-        if s < pp - 1:
+            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks)
+        # a boundary inside one device is a local hand-off: no message, no codec
+        if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
             st.fw_bytes_warmup = int(fw_comp.wire_bytes(wire_shape, warmup=True))
@@ -240,7 +264,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
-                warm_buckets if warm_steps else None)
+                warm_buckets if warm_steps else None, table)
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
@@ -252,7 +276,7 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         measured = getattr(profile, "stage_optimizer_measured", None)
-        opt = measured(workload.model, s, a, b - 1, strategy.pp) if measured and strategy.tp == 1 else None
+        opt = measured(workload.model, s, a, b - 1, strategy.num_stages) if measured and strategy.tp == 1 else None
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
     if opt is None and gpu is not None:

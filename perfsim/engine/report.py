@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 
 from perfsim.result import Result
-from perfsim.schedules import get_schedule, max_in_flight
+from perfsim.schedules import max_in_flight
 
 
 def _topology_links(topo) -> tuple[float, float]:
@@ -49,7 +49,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                  weights: dict[int, int] | None = None, memory=None, network=None) -> Result:
     """``out``: steady-state SimOutput; ``warm``: the warm-up iteration's, or None."""
     p, dp = plan.pp, plan.dp
-    table = get_schedule(strategy.schedule)(p, plan.num_microbatches)
+    table = plan.table
     inflight = [max_in_flight(row) for row in table]
     T = out.iteration_s
     # each simulated replica stands for a class of identical ones
@@ -57,10 +57,13 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     from perfsim.memory import GIB
 
     mem, cap = memory if memory is not None else (None, None)
+    # a device holds all its stages (chunks): its memory is their sum
+    dev_mem = [sum(mem[k].total for k in table.stages_of(d)) for d in range(p)] if mem else []
     stages = []
-    for (r, s), d in sorted(out.devices.items()):
-        sp = plan.stages[s]
-        m = mem[s] if mem else None
+    for (r, s), d in sorted(out.devices.items()):  # s: the pipeline device
+        chunks = [plan.stages[k] for k in table.stages_of(s)]
+        ms = [mem[k] for k in table.stages_of(s)] if mem else []
+        gib = (lambda f: sum(getattr(x, f) for x in ms) / GIB if ms else None)  # noqa: E731
         stages.append({
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
             "encode_s": d.codec_s,
@@ -68,14 +71,16 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "dp_sync_s": d.dp_sync_s, "interference_s": d.interference_s,
             "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
             "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s, "represents": weights[r],
-            "layers": f"{sp.first_layer}-{sp.last_layer - 1}", "params": sp.params,
-            "fwd_s_per_mb": sp.fwd_s, "bwd_s_per_mb": sp.bwd_s,
-            "fw_bytes_per_mb": sp.fw_bytes, "bw_bytes_per_mb": sp.bw_bytes,
-            "tp_comm_s": d.tp_comm_s, "tp_bytes_per_mb": sp.tp_bytes,
-            "memory_gib": m.total / GIB if m else None, "weights_gib": m.weights / GIB if m else None,
-            "grads_gib": m.grads / GIB if m else None, "optimizer_state_gib": m.optimizer / GIB if m else None,
-            "activations_gib": m.activations / GIB if m else None,
-            "buffers_gib": m.buffers / GIB if m else None,
+            "layers": ",".join(f"{sp.first_layer}-{sp.last_layer - 1}" for sp in chunks),
+            "params": sum(sp.params for sp in chunks),
+            "fwd_s_per_mb": sum(sp.fwd_s for sp in chunks), "bwd_s_per_mb": sum(sp.bwd_s for sp in chunks),
+            "fw_bytes_per_mb": sum(sp.fw_bytes for sp in chunks),
+            "bw_bytes_per_mb": sum(sp.bw_bytes for sp in chunks),
+            "tp_comm_s": d.tp_comm_s, "tp_bytes_per_mb": sum(sp.tp_bytes for sp in chunks),
+            "memory_gib": gib("total"), "weights_gib": gib("weights"),
+            "grads_gib": gib("grads"), "optimizer_state_gib": gib("optimizer"),
+            "activations_gib": gib("activations"),
+            "buffers_gib": gib("buffers"),
         })
     n = sum(st["represents"] for st in stages)
     busy = sum((d.compute_s + d.codec_s + d.tp_comm_s) * weights[r] for (r, _), d in out.devices.items())
@@ -114,17 +119,18 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "total_s": total_s, "epochs": strategy.epochs, "iterations_per_epoch": iters,
         "warmup_iteration_s": warm_T, "warmup_iterations": warm_iters, "warmup_s": warmup_s,
         "interference_s": mean("interference_s"), "pipeline_s": out.pipeline_s,
+        "virtual_stages": table.virtual_stages,
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
         "events": out.events + (warm.events if warm is not None else 0),
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
         "recompute": strategy.recompute, "zero": strategy.zero, "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
-        # bytes sent by every rank's TP collectives per iteration (ring volume)
+        # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
-        "peak_memory_gib": max(x.total for x in mem) / GIB if mem else None,
+        "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
-        "fits": (max(x.total for x in mem) <= cap) if mem and cap else None,
+        "fits": (max(dev_mem) <= cap) if mem and cap else None,
         "compute_model": workload.compute_source,
     }
     if network is not None:

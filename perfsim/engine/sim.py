@@ -1,9 +1,13 @@
 """The SimPy event loop: devices replay schedule tables over a shared network.
 
-Each simulated device (replica ``r``, stage ``s``; with tensor parallelism a
-group of ``tp`` GPUs, represented by its tensor rank 0, whose GPU index the
-plan's placement gives) is one SimPy process that walks ``schedule[s]`` (from :mod:`perfsim.schedules`,
-never re-derived). Communication is implied by the table:
+Each simulated device (replica ``r``, pipeline device ``d``; with tensor
+parallelism a group of ``tp`` GPUs, represented by its tensor rank 0, whose GPU
+index the plan's placement gives) is one SimPy process that walks its row of the
+schedule table with explicit communication (:func:`perfsim.schedules.with_comms`,
+never re-derived; a device may run several stages, model chunks, and a zero-bubble
+backward is ``I`` then a later ``W``, :attr:`StagePlan.wgrad_s`). ``kRECV_Fmb``
+posts and waits for stage ``k``'s input activation, ``kSEND_Fmb`` sends stage
+``k``'s output; ``RECV_B``/``SEND_B`` likewise for gradients:
 
 * forward on ``s > 0`` waits for micro-batch ``mb``'s activation from
   ``s - 1`` and decodes it; forward on ``s < p - 1`` encodes and sends to
@@ -72,7 +76,8 @@ import simpy
 from perfsim.engine.flows import FlowScheduler
 from perfsim.engine.plan import Plan, comm_slowdown
 from perfsim.network import Network
-from perfsim.schedules import FORWARD, get_schedule
+from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
+                               SEND_B, SEND_F, with_comms)
 
 
 @dataclass
@@ -150,7 +155,11 @@ class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
                  replicas: list[int] | None = None, trace: bool = False, profile=None):
         self.plan, self.net = plan, network
-        self.table = get_schedule(schedule)(plan.pp, plan.num_microbatches)
+        if schedule.lower() != plan.table.name:
+            raise ValueError(f"schedule {schedule!r}: the plan was built for {plan.table.name!r}")
+        self.table = plan.table
+        self.rows = with_comms(self.table)
+        self.where = self.table.stage_device
         self.warmup = warmup
         self.replicas = sorted(replicas) if replicas is not None else list(range(plan.dp))
         self.want_trace = trace
@@ -165,8 +174,8 @@ class Simulation:
         self.buckets = (plan.warmup_buckets if warmup and plan.warmup_buckets
                         else [sp.buckets for sp in plan.stages])
         self.bucket_ready = {(r, s, k): self.env.event() for r in self.replicas
-                             for s in range(plan.pp) for k in range(len(self.buckets[s]))}
-        self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(plan.pp)}
+                             for s in range(len(plan.stages)) for k in range(len(self.buckets[s]))}
+        self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(len(plan.stages))}
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
@@ -338,61 +347,60 @@ class Simulation:
         self._box(key).succeed()
 
     # ------------------------------------------------------------ devices
-    def device(self, r: int, s: int):
-        env, plan = self.env, self.plan
-        st, sp = self.stats[(r, s)], plan.stages[s]
-        p, last_b = plan.pp, None
-        for a in self.table[s]:
-            if a.kind != FORWARD:
-                last_b = a
-        prev = plan.stages[s - 1] if s > 0 else None
-        me = self.dev(r, s)
-        for a in self.table[s]:
-            mb = a.microbatch
-            cell = self.micro[(r, s, mb)] if r == self.replicas[0] else self._scratch
-            if a.kind == FORWARD:
-                if s > 0:
-                    self._post((r, s, "F", mb), r, s, s - 1)
-                    yield self._box((r, s, "F", mb))
-                    yield from self._codec(st, cell, r, s, prev.fw_decode_s, f"decode act mb{mb}")
-                t0 = env.now
-                yield from self._work(st, me, sp.fwd_s)
-                if sp.fwd_tp_s > 0:  # tensor-parallel collectives, serial with the compute
-                    yield env.timeout(sp.fwd_tp_s)
-                st.compute_s += sp.fwd_s
-                st.tp_comm_s += sp.fwd_tp_s
-                cell["fwd_compute_s"] += sp.fwd_s
-                self._span(f"F{mb}", "compute", r, s, t0, env.now)
-                if s < p - 1:
-                    yield from self._codec(st, cell, r, s, sp.fw_encode_s, f"encode act mb{mb}")
-                    nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
-                    self.send(r, s, s + 1, (r, s + 1, "F", mb), nbytes, mb, FORWARD)
+    def device(self, r: int, d: int):
+        env, plan, where = self.env, self.plan, self.where
+        st, me = self.stats[(r, d)], self.dev(r, d)
+        last_grad = {}  # stage -> its last action that completes weight gradients
+        for a in self.table[d]:
+            if a.kind in (BACKWARD, BACKWARD_WEIGHT):
+                last_grad[a.stage] = a
+        for a in self.rows[d]:
+            k, mb, kind = a.stage, a.microbatch, a.kind
+            sp = plan.stages[k]
+            cell = self.micro[(r, d, mb)] if r == self.replicas[0] else self._scratch
+            if kind == RECV_F:
+                self._post((r, k, "F", mb), r, d, where[k - 1])
+                yield self._box((r, k, "F", mb))
+                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, f"decode act {k} mb{mb}")
+            elif kind == RECV_B:
+                self._post((r, k, "B", mb), r, d, where[k + 1])
+                yield self._box((r, k, "B", mb))
+                yield from self._codec(st, cell, r, d, sp.bw_decode_s, f"decode grad {k} mb{mb}")
+            elif kind == SEND_F:
+                yield from self._codec(st, cell, r, d, sp.fw_encode_s, f"encode act {k} mb{mb}")
+                nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
+                self.send(r, d, where[k + 1], (r, k + 1, "F", mb), nbytes, mb, FORWARD)
+            elif kind == SEND_B:  # the gradient of boundary (k-1, k) is described by stage k-1's plan
+                prev = plan.stages[k - 1]
+                yield from self._codec(st, cell, r, d, prev.bw_encode_s, f"encode grad {k} mb{mb}")
+                self.send(r, d, where[k - 1], (r, k - 1, "B", mb), prev.bw_bytes, mb, BACKWARD)
             else:
-                if s < p - 1:
-                    self._post((r, s, "B", mb), r, s, s + 1)
-                    yield self._box((r, s, "B", mb))
-                    yield from self._codec(st, cell, r, s, sp.bw_decode_s, f"decode grad mb{mb}")
+                seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
+                           BACKWARD_WEIGHT: sp.wgrad_s}[kind]
+                # tensor-parallel collectives, serial with the compute (the backward's
+                # reduce the input gradient: they go with B or I, not W)
+                tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
                 t0 = env.now
-                if a is last_b and self.buckets[s]:
-                    yield from self._last_backward(r, s, sp)
+                if a is last_grad.get(k) and self.buckets[k]:
+                    yield from self._last_backward(r, d, k, seconds + tp_s)
                 else:
-                    yield from self._work(st, me, sp.bwd_s)
-                    if sp.bwd_tp_s > 0:
-                        yield env.timeout(sp.bwd_tp_s)
-                st.compute_s += sp.bwd_s
-                st.tp_comm_s += sp.bwd_tp_s
-                cell["bwd_compute_s"] += sp.bwd_s
-                self._span(f"B{mb}", "compute", r, s, t0, env.now)
-                if s > 0:  # the gradient of the boundary (s-1, s) is described by stage s-1's plan
-                    yield from self._codec(st, cell, r, s, prev.bw_encode_s, f"encode grad mb{mb}")
-                    self.send(r, s, s - 1, (r, s - 1, "B", mb), prev.bw_bytes, mb, "B")
+                    yield from self._work(st, me, seconds)
+                    if tp_s > 0:
+                        yield env.timeout(tp_s)
+                st.compute_s += seconds
+                st.tp_comm_s += tp_s
+                cell["fwd_compute_s" if kind == FORWARD else "bwd_compute_s"] += seconds
+                self._span(str(a), "compute", r, d, t0, env.now)
         st.last_backward_end = env.now
-        if self.buckets[s]:
-            yield self.sync_done[(r, s)]
+        mine = self.table.stages_of(d)
+        syncs = [self.sync_done[(r, k)] for k in mine if self.buckets[k]]
+        if syncs:
+            yield simpy.AllOf(env, syncs)
         t0 = env.now
-        yield env.timeout(sp.optimizer_s)
-        st.optimizer_s += sp.optimizer_s
-        self._span("optimizer", "compute", r, s, t0, env.now)
+        opt = sum(plan.stages[k].optimizer_s for k in mine)
+        yield env.timeout(opt)
+        st.optimizer_s += opt
+        self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
 
     def _codec(self, st, cell, r, s, seconds, name):
@@ -403,11 +411,11 @@ class Simulation:
             cell["encode_s"] += seconds
             self._span(name, "codec", r, s, t0, self.env.now)
 
-    def _last_backward(self, r, s, sp):
-        """The last backward of a stage, cut where each gradient bucket is complete."""
+    def _last_backward(self, r, d, s, total):
+        """The last B or W of stage ``s`` on device ``d`` (``total`` seconds), cut where
+        each gradient bucket is complete."""
         done = 0.0
-        st, me = self.stats[(r, s)], self.dev(r, s)
-        total = sp.bwd_s + sp.bwd_tp_s
+        st, me = self.stats[(r, d)], self.dev(r, d)
         for k, bucket in enumerate(self.buckets[s]):
             target = bucket.ready_fraction * total if self.plan.overlap else total
             if target > done:
@@ -469,15 +477,16 @@ class Simulation:
     def stage_sync(self, s: int):
         """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
         collectives in ``dp_plan`` order, one communication stream
-        (:meth:`run_collective`)."""
+        (:meth:`run_collective`); the replicas' copies of stage ``s`` live on device ``d``."""
         env, plan = self.env, self.plan
-        members = [self.dev(r, s) for r in range(plan.dp)]
-        simulated = {self.dev(r, s) for r in self.replicas}
+        d = self.where[s]
+        members = [self.dev(r, d) for r in range(plan.dp)]
+        simulated = {self.dev(r, d) for r in self.replicas}
         for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
             for r in self.replicas:
-                st = self.stats[(r, s)]
+                st = self.stats[(r, d)]
                 if st.dp_sync_start is None:
                     st.dp_sync_start = t0
             host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
@@ -487,14 +496,14 @@ class Simulation:
                 start = env.now
                 coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
                                                       lanes=self.lanes)
-                self.dp_bytes_per_rank[s] += coll.wire_bytes
-                self._span(f"{step.kind} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
-                           2000 + s, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
+                self.dp_bytes_per_rank[d] += coll.wire_bytes
+                self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
+                           2000 + d, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
             host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
             if host > 0:
                 yield env.timeout(host)
             for r in self.replicas:
-                self.stats[(r, s)].dp_sync_s += env.now - t0
+                self.stats[(r, d)].dp_sync_s += env.now - t0
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
 
@@ -502,7 +511,7 @@ class Simulation:
     def run(self) -> SimOutput:
         plan = self.plan
         procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
-        for s in range(plan.pp):
+        for s in range(len(plan.stages)):
             if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
         # The cyclic GC would rescan the many live generators and events again and

@@ -31,7 +31,9 @@ class RunConfig:
       DP, then PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`).
     sequence_parallel: with ``tp > 1``, Megatron's sequence parallelism
       (:mod:`perfsim.runtime.tensor_parallel`).
-    schedule: ``gpipe`` or ``1f1b`` (tables of :mod:`perfsim.schedules`).
+    schedule: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1`` or ``zb-v``
+      (tables of :mod:`perfsim.schedules`).
+    virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
     compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
     micro_batch, macro_batch: samples per micro-batch / per replica per step.
@@ -46,8 +48,9 @@ class RunConfig:
       (None: the plain loopback / real network).
     timeout_s: collective / p2p timeout; a rank blocked longer fails.
     device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
-    partition: layer counts per stage (``"2,1,1,2"``, the syntax of ``perfsim
-      predict --partition``); None: :func:`perfsim.partition.partition_model`.
+    partition: layer counts per stage, pp x virtual stages of them (``"2,1,1,2"``,
+      the syntax of ``perfsim predict --partition``); None:
+      :func:`perfsim.partition.partition_model`.
     fail_rank, fail_step, fail_signal: fault injection for tests -- that rank
       sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
     hang_timeout_s: a rank whose heartbeat stops this long is named as hung
@@ -80,6 +83,7 @@ class RunConfig:
     partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
+    virtual_stages: int | None = None
     fail_signal: str = "SIGKILL"
     hang_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -90,6 +94,9 @@ class RunConfig:
 
         get_model_spec(self.model)
         get_schedule(self.schedule)
+        if self.virtual_stages is not None and (not isinstance(self.virtual_stages, int)
+                                                or self.virtual_stages < 1):
+            raise ConfigError(f"virtual_stages={self.virtual_stages!r}: must be an integer >= 1")
         for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -125,6 +132,7 @@ class RunConfig:
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
+        self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.runtime.tensor_parallel import check_tp
 
         check_tp(self.spec(), self.tp, self.sequence_parallel)
@@ -152,25 +160,42 @@ class RunConfig:
     def num_microbatches(self) -> int:
         return self.macro_batch // self.micro_batch
 
+    @property
+    def num_stages(self) -> int:
+        """Model chunks in the pipeline (pp x stages per rank)."""
+        from perfsim.schedules import stage_count
+
+        return self.pp * stage_count(self.schedule, self.virtual_stages)
+
+    def table(self):
+        """The schedule table every rank runs (:func:`perfsim.schedules.build_table`)."""
+        from perfsim.schedules import build_table
+
+        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+
     def spec(self):
         from perfsim.models.specs import get_model_spec
 
         return get_model_spec(self.model)
 
     def stage_ranges(self) -> list[tuple[int, int]]:
-        """``[start, end)`` layer range of every stage."""
+        """``[start, end)`` layer range of every stage (model chunk)."""
         from perfsim.partition import partition_model
 
         spec = self.spec()
+        nst = self.num_stages
+        if nst > len(spec.layers()) and nst > self.pp:
+            raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
+                              f"{self.model} has only {len(spec.layers())} layers")
         if self.partition is None or str(self.partition).strip() in ("", "balanced"):
-            return partition_model(spec, self.pp)
+            return partition_model(spec, nst)
         try:
             counts = [int(x) for x in str(self.partition).split(",")]
         except ValueError:
             raise ConfigError(f"partition {self.partition!r}: expected comma-separated layer counts") from None
         n = len(spec.layers())
-        if len(counts) != self.pp or any(c < 1 for c in counts) or sum(counts) != n:
-            raise ConfigError(f"partition {self.partition!r}: needs {self.pp} counts >= 1 summing to "
+        if len(counts) != nst or any(c < 1 for c in counts) or sum(counts) != n:
+            raise ConfigError(f"partition {self.partition!r}: needs {nst} counts >= 1 summing to "
                               f"the {n} layers of {self.model}")
         bounds, start = [], 0
         for c in counts:
@@ -193,5 +218,6 @@ class RunConfig:
         return dataclasses.replace(self, **kw)
 
     #: fields that must match between a checkpoint and the run resuming it
-    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "compress", "grad_compress", "micro_batch",
+    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "virtual_stages", "compress",
+                   "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

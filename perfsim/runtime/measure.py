@@ -120,10 +120,12 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         """Transfer time (``what="span"``: send start to delivery) of what ``rank``
         sent, measured by its receiver."""
         g = by_rank[rank]
-        peer_stage = g["stage"] + (1 if kind == "fwd" else -1)
-        if not 0 <= peer_stage < cfg.pp:
+        peer = g["stage"] + (1 if kind == "fwd" else -1)
+        if len(g.get("chunks", [0])) > 1:  # several stages per rank: the pipeline wraps around
+            peer %= cfg.pp
+        if not 0 <= peer < cfg.pp or peer == g["stage"]:
             return 0.0
-        r = recs.get((layout.rank(peer_stage, g["replica"], g.get("tp_rank", 0)), step))
+        r = recs.get((layout.rank(peer, g["replica"], g.get("tp_rank", 0)), step))
         if r is None:
             return 0.0
         return r["micro"][mb].get(f"{kind}_{what}_s", 0.0)
@@ -155,7 +157,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
                        "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt - tpc),
                        "dp_sync_s": dps, "bytes_sent": sent, "peak_inflight": g["peak_inflight"],
                        "optimizer_s": opt, "comm_upper_s": comm_upper, "recv_comm_s": recv_comm, "recv_wait_s": recv_wait,
-                       "params": g["params"], "layers": f"{g['layers'][0]}-{g['layers'][1]}",
+                       "params": g["params"],
+                       "layers": ",".join(f"{a}-{b - 1}" for a, b in g.get("chunks", [g["layers"]])),
                        "tp_rank": g.get("tp_rank", 0), "tp_comm_s": tpc, "tp_bytes": tpb})
         for r in mine:
             for mb, x in enumerate(r["micro"]):
@@ -218,8 +221,10 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "loss_last10": _mean(last[-10:]) if last else None,
         "steps": gathered[0]["steps"], "start_step": gathered[0]["start_step"],
         "measured_steps": len(steps), "steps_per_epoch": spe, "dataset": dataset_name,
-        "partition": ",".join(str(g["layers"][1] - g["layers"][0]) for g in gathered
-                              if g["replica"] == 0 and g.get("tp_rank", 0) == 0),
+        "partition": ",".join(str(b - a) for a, b in sorted(c for g in gathered
+                                                            if g["replica"] == 0 and g.get("tp_rank", 0) == 0
+                                                            for c in g.get("chunks", [g["layers"]]))),
+        "virtual_stages": cfg.table().virtual_stages,
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures

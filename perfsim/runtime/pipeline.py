@@ -1,12 +1,19 @@
-"""Execute the schedule tables of :mod:`perfsim.schedules` on one stage rank.
+"""Execute the schedule tables of :mod:`perfsim.schedules` on one pipeline rank.
 
-Each rank runs ``table[stage]`` (GPipe or 1F1B) action by action. A forward on
-stage ``s > 0`` first receives micro-batch ``mb``'s activation from ``s-1``; a
-forward on ``s < p-1`` then compresses its output with the forward compressor
-and sends it to ``s+1``. A backward mirrors this with activation gradients and
-the backward compressor (aq-sgd-paper.txt Sec. 3: AQ-SGD compresses forward
-activations by their change against a per-sample message buffer, backward
-gradients are directly quantized).
+Each rank runs its device's row of the table with explicit communication
+(:func:`perfsim.schedules.with_comms`, the same rows the simulator replays),
+action by action; a rank may hold several stages (model chunks). ``kRECV_Fmb``
+receives and decodes stage ``k``'s input activation; ``kFmb`` runs the forward;
+``kSEND_Fmb`` compresses the output with the forward compressor of boundary
+``k`` and sends it. ``RECV_B``/``SEND_B`` mirror this with activation
+gradients and the backward compressor (aq-sgd-paper.txt Sec. 3: AQ-SGD
+compresses forward activations by their change against a per-sample message
+buffer, backward gradients are directly quantized). A boundary between two
+stages of one rank is a local hand-off (no codec). ``B`` is a whole backward;
+zero-bubble tables split it into ``I`` (input gradient) and ``W`` (weight
+gradient) with torch.distributed.pipelining's ``stage_backward_input`` /
+``stage_backward_weight``; on stage 0, whose input has no gradient, ``I`` does
+nothing and ``W`` runs the whole backward, as torch's ``PipelineStage`` does.
 
 Wire protocol (torch.distributed p2p, gloo on CPU / NCCL on GPU). A message is
 one uint8 buffer = pickled *header* ++ *body*, where the body is the payload
@@ -55,15 +62,28 @@ import torch
 import torch.distributed as dist
 
 from perfsim.compression.base import Payload
-from perfsim.schedules import BACKWARD, FORWARD, Action
+from perfsim.schedules import (BACKWARD, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F, SEND_B,
+                               SEND_F, Table, with_comms)
 
 TAG_SIZES, TAG_BODY, TAG_MESSAGE = 0, 1, 2
+TAGS_PER_CHANNEL = 3
 _DTYPES = {str(d): d for d in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
                                torch.float16, torch.bfloat16, torch.float32, torch.float64,
                                torch.bool)}
 
 
 # ---------------------------------------------------------------- messaging
+def _link(peer: int, channel: int):
+    """Key of a (peer, channel) link; channel 0 is keyed by the peer alone."""
+    return peer if channel == 0 else (peer, channel)
+
+
+def channel_of(boundary: int, direction: str) -> int:
+    """The message channel of pipeline boundary ``boundary`` (between stages
+    ``boundary`` and ``boundary + 1``), direction ``"F"`` or ``"B"``."""
+    return 2 * boundary + (0 if direction == FORWARD else 1)
+
+
 def header_capacity(ids_per_message: int) -> int:
     """Bytes reserved for the padded header of a message carrying that many sample
     ids (a pickled header with 8 ids and an AQ-SGD payload is ~330 bytes)."""
@@ -99,15 +119,22 @@ class Messenger:
 
     ``header_bytes``: the fixed header size of every message after a link's first
     (both ends must agree; :func:`header_capacity`).
+
+    ``channel``: messages between two ranks travel on channels, each its own FIFO
+    with its own tags (``TAGS_PER_CHANNEL * channel + TAG_*``) and its own first,
+    self-describing message; a pipeline boundary and direction is one channel
+    (:func:`channel_of`), so several boundaries between the same two ranks
+    (interleaved schedules) never mix.
     """
 
     def __init__(self, device: torch.device, header_bytes: int = header_capacity(64)):
         self.device = device
         self.header_bytes = int(header_bytes)
         self.pending: list[tuple[Any, list[torch.Tensor]]] = []
-        self.described: set[int] = set()  # peers that received their self-describing first message
-        self.shapes: dict[int, tuple[int, ...]] = {}  # src -> payload shape learned from it
-        self.posted: dict[int, deque] = defaultdict(deque)  # src -> posted (work, buffer), in order
+        # links: a peer rank (channel 0) or (peer, channel), see _link
+        self.described: set = set()  # links that carried their self-describing first message
+        self.shapes: dict = {}  # incoming link -> payload shape learned from it
+        self.posted: dict = defaultdict(deque)  # incoming link -> posted (work, buffer), in order
         # one-way latency added here when the kernel cannot (see perfsim.netem)
         self.app_latency_s = float(os.environ.get("PERFSIM_APP_LATENCY_S", "0") or 0)
         self.app_bandwidth_bps = float(os.environ.get("PERFSIM_APP_BANDWIDTH_BPS", "0") or 0)
@@ -128,9 +155,10 @@ class Messenger:
             time.sleep(target - now)
         return max(time.perf_counter(), done)
 
-    def send(self, payload: Payload, ids: torch.Tensor, dst: int) -> tuple[int, int]:
-        """Start sending ``payload`` + ``ids`` to global rank ``dst``.
+    def send(self, payload: Payload, ids: torch.Tensor, dst: int, channel: int = 0) -> tuple[int, int]:
+        """Start sending ``payload`` + ``ids`` to global rank ``dst`` on ``channel``.
         Returns (body bytes, header (+ sizes) bytes)."""
+        link, base = _link(dst, channel), TAGS_PER_CHANNEL * channel
         names = list(payload.tensors)
         flat = [payload.tensors[n].detach().contiguous().reshape(-1) for n in names]
         header = {
@@ -142,7 +170,7 @@ class Messenger:
             "meta": payload.meta, "ids": ids.tolist(), "sent": time.perf_counter(),
         }
         hbytes = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
-        first = dst not in self.described
+        first = link not in self.described
         if not first:
             if len(hbytes) > self.header_bytes:
                 raise RuntimeError(f"message to rank {dst}: header of {len(hbytes)} bytes exceeds the "
@@ -154,42 +182,45 @@ class Messenger:
         body = buf.numel() - len(hbytes)
         if first:
             sizes = torch.tensor([len(hbytes), body], dtype=torch.int64, device=self.device)
-            self.pending.append((dist.isend(sizes, dst, tag=TAG_SIZES), [sizes]))
-            self.pending.append((dist.isend(buf, dst, tag=TAG_BODY), [buf]))
-            self.described.add(dst)
+            self.pending.append((dist.isend(sizes, dst, tag=base + TAG_SIZES), [sizes]))
+            self.pending.append((dist.isend(buf, dst, tag=base + TAG_BODY), [buf]))
+            self.described.add(link)
             return body, len(hbytes) + 16
-        self.pending.append((dist.isend(buf, dst, tag=TAG_MESSAGE), [buf]))
+        self.pending.append((dist.isend(buf, dst, tag=base + TAG_MESSAGE), [buf]))
         return body, len(hbytes)
 
-    def post(self, src: int, body_nbytes: int) -> None:
-        """Post the receive of the next message from ``src`` (not a link's first),
-        whose body is ``body_nbytes``; :meth:`recv` consumes posted receives in order."""
+    def post(self, src: int, body_nbytes: int, channel: int = 0) -> None:
+        """Post the receive of the next message from ``src`` on ``channel`` (not a link's
+        first), whose body is ``body_nbytes``; :meth:`recv` consumes posted receives in order."""
         buf = torch.empty(self.header_bytes + int(body_nbytes), dtype=torch.uint8, device=self.device)
-        self.posted[src].append((dist.irecv(buf, src, tag=TAG_MESSAGE), buf))
+        tag = TAGS_PER_CHANNEL * channel + TAG_MESSAGE
+        self.posted[_link(src, channel)].append((dist.irecv(buf, src, tag=tag), buf))
 
-    def recv(self, src: int, body_nbytes: int | None = None) -> tuple[Payload, torch.Tensor, RecvInfo]:
-        """Receive the next message from ``src``: the oldest posted receive, else one
-        posted now (``body_nbytes`` needed once the link's first message is in)."""
+    def recv(self, src: int, body_nbytes: int | None = None, channel: int = 0
+             ) -> tuple[Payload, torch.Tensor, RecvInfo]:
+        """Receive the next message from ``src`` on ``channel``: the oldest posted receive,
+        else one posted now (``body_nbytes`` needed once the link's first message is in)."""
         posted = time.perf_counter()
-        if src in self.shapes:
-            if not self.posted[src]:
+        link, base = _link(src, channel), TAGS_PER_CHANNEL * channel
+        if link in self.shapes:
+            if not self.posted[link]:
                 if body_nbytes is None:
                     raise RuntimeError(f"receive from rank {src}: nothing posted and no expected size")
-                self.post(src, body_nbytes)
-            work, buf = self.posted[src].popleft()
+                self.post(src, body_nbytes, channel)
+            work, buf = self.posted[link].popleft()
             work.wait()
             hlen, framing = self.header_bytes, self.header_bytes
         else:  # the link's first message describes itself
             sizes = torch.empty(2, dtype=torch.int64, device=self.device)
-            dist.recv(sizes, src, tag=TAG_SIZES)
+            dist.recv(sizes, src, tag=base + TAG_SIZES)
             hlen, blen = (int(v) for v in sizes.tolist())
             buf = torch.empty(hlen + blen, dtype=torch.uint8, device=self.device)
-            dist.recv(buf, src, tag=TAG_BODY)
+            dist.recv(buf, src, tag=base + TAG_BODY)
             framing = hlen + 16
         done = time.perf_counter()
         blen = buf.numel() - hlen
         header = pickle.loads(buf[:hlen].cpu().numpy().tobytes())  # stops before the padding
-        self.shapes[src] = tuple(header["shape"])
+        self.shapes[link] = tuple(header["shape"])
         unpack_s = time.perf_counter() - done
         if self.app_latency_s:
             done = self._add_latency(posted, header["sent"], done, blen + framing)
@@ -220,20 +251,20 @@ class Messenger:
         return time.perf_counter() - t0
 
 
-# ---------------------------------------------------------------- one stage
+# ---------------------------------------------------------------- one rank
 @dataclass
 class MicroRecord:
-    """Per micro-batch timings of one stage in one step (seconds / bytes)."""
+    """Per micro-batch timings of one rank in one step, summed over its stages (seconds / bytes)."""
 
     fwd_compute_s: float = 0.0
-    bwd_compute_s: float = 0.0
+    bwd_compute_s: float = 0.0  # B, or I + W
     fwd_comm_s: float = 0.0  # transfer of the incoming activation
     fwd_wait_s: float = 0.0  # blocked before the activation started arriving
     fwd_span_s: float = 0.0  # sender's send start -> received (upper bound of the transfer)
     bwd_comm_s: float = 0.0
     bwd_wait_s: float = 0.0
     bwd_span_s: float = 0.0
-    encode_s: float = 0.0  # encode + decode on this stage, with the message framing (send, unpack)
+    encode_s: float = 0.0  # encode + decode on this rank, with the message framing (send, unpack)
     bytes_sent: int = 0  # wire bytes (payload bodies)
     overhead_bytes: int = 0  # headers (sizes, dtypes, sample ids, timestamp)
 
@@ -247,7 +278,7 @@ class StepRecord:
     loss: float | None
     micro: list[MicroRecord]
     send_wait_s: float = 0.0
-    pipe_end: float = 0.0  # when this stage's last action finished
+    pipe_end: float = 0.0  # when this rank's last action finished
     dp_sync_s: float = 0.0
     dp_warmup: bool = False  # a 1-bit optimizer's uncompressed warm-up step
     dp_bytes: int = 0
@@ -259,33 +290,56 @@ class StepRecord:
     events: list[tuple] = field(default_factory=list)  # (name, cat, t0, t1, args)
 
 
-class StageRunner:
-    """Runs one stage's schedule actions for a step.
+@dataclass
+class _Inbound:
+    """One incoming channel: its peer rank, receiving compressor and micro-batch order."""
 
-    module: the :class:`perfsim.runtime.models.Stage`; actions: ``table[stage]``;
-    prev_rank / next_rank: global ranks of the neighbouring stages (None at the ends);
-    compressors: dict with ``fw_send``, ``fw_recv``, ``bw_send``, ``bw_recv``.
+    peer: int
+    channel: int
+    comp: Any
+    order: list[int]
+
+
+class StageRunner:
+    """Runs one pipeline rank's actions for a step.
+
+    modules: ``{stage: perfsim.runtime.models.Stage}``, the stages this rank holds;
+    table: the :class:`perfsim.schedules.Table`; device: this rank's pipeline index;
+    rank_of: global rank of a pipeline device (this replica's);
+    compressors: ``{stage: {"fw_send", "fw_recv", "bw_send", "bw_recv": compressor}}``
+    (only the slots of boundaries that cross ranks);
     dataset: to load inputs (first stage) and targets (last stage) by sample id.
     """
 
-    def __init__(self, module, actions: list[Action], prev_rank, next_rank, compressors,
+    def __init__(self, modules: dict, table: Table, device_index: int, rank_of, compressors: dict,
                  dataset, micro_batch: int, device: torch.device, trace: bool = True):
-        self.module = module
-        self.actions = actions
-        self.prev_rank, self.next_rank = prev_rank, next_rank
+        self.modules = modules
+        self.table = table
+        self.index = device_index
+        self.actions = with_comms(table)[device_index]
+        self.where, self.rank_of = table.stage_device, rank_of
+        self.last_stage = table.num_stages - 1
         self.comp = compressors
         self.dataset = dataset
         self.micro_batch = micro_batch
         self.device = device
         self.msg = Messenger(device, header_capacity(micro_batch))
         self.trace = trace
-        self.num_microbatches = 1 + max(a.microbatch for a in actions)
+        self.num_microbatches = table.num_microbatches
         # receives are posted ahead on gloo only (module docstring)
         self.post_ahead = dist.is_initialized() and dist.get_backend() == "gloo"
-        self._posted: dict[int, int] = {}  # peer -> receives of the coming step already posted
-        # the order this stage consumes (= the peer sends) each direction's micro-batches
-        self._order = {"fw_recv": [a.microbatch for a in actions if a.kind == FORWARD],
-                       "bw_recv": [a.microbatch for a in actions if a.kind == BACKWARD]}
+        self.inbound: dict[tuple[int, str], _Inbound] = {}  # (stage, "F"|"B") -> channel
+        for a in self.actions:
+            if a.kind in (RECV_F, RECV_B):
+                fwd = a.kind == RECV_F
+                key = (a.stage, FORWARD if fwd else BACKWARD)
+                if key not in self.inbound:
+                    boundary = a.stage - 1 if fwd else a.stage
+                    peer = self.where[a.stage - 1] if fwd else self.where[a.stage + 1]
+                    self.inbound[key] = _Inbound(rank_of(peer), channel_of(boundary, key[1]),
+                                                 compressors[a.stage]["fw_recv" if fwd else "bw_recv"], [])
+                self.inbound[key].order.append(a.microbatch)
+        self._posted: dict[tuple[int, str], int] = {}  # channel -> receives of the coming step posted
         self._step_ids: list[torch.Tensor] = []
 
     def _sync(self):
@@ -306,42 +360,53 @@ class StageRunner:
             raise RuntimeError(f"step {step}: {len(ids)} ids do not make {self.num_microbatches} micro-batches")
         return mb_ids
 
-    def _inbound(self):
-        """(peer, receiving compressor slot) of each link this stage receives on."""
-        return [(p, slot) for p, slot in ((self.prev_rank, "fw_recv"), (self.next_rank, "bw_recv"))
-                if p is not None]
-
     def post_receives(self, mb_ids: list[torch.Tensor]) -> None:
         """Post the receives of a step's micro-batches (``mb_ids``) that are not posted
-        yet, on every link whose first message has arrived (gloo only). Each size is
-        the receiving compressor's ``payload_nbytes`` for the learned shape and ids:
-        AQ-SGD's first visits travel in full, and sender and receiver store the same ids."""
+        yet, on every channel whose first message has arrived (gloo only), in the
+        order of the RECV actions of this rank's row (the sender's order per channel,
+        checked by :func:`perfsim.schedules.with_comms`). Each size is the receiving
+        compressor's ``payload_nbytes`` for the learned shape and ids: AQ-SGD's first
+        visits travel in full, and sender and receiver store the same ids."""
         if not self.post_ahead:
             return
-        for peer, slot in self._inbound():
-            shape = self.msg.shapes.get(peer)
+        for key, ch in self.inbound.items():
+            shape = self.msg.shapes.get(_link(ch.peer, ch.channel))
             if shape is None:
                 continue
-            order = self._order[slot]
-            for mb in order[self._posted.get(peer, 0):]:
-                self.msg.post(peer, self.comp[slot].payload_nbytes(shape, key=mb_ids[mb]))
-            self._posted[peer] = len(order)
+            for mb in ch.order[self._posted.get(key, 0):]:
+                self.msg.post(ch.peer, ch.comp.payload_nbytes(shape, key=mb_ids[mb]), ch.channel)
+            self._posted[key] = len(ch.order)
 
     def run_step(self, step: int, epoch: int, ids: torch.Tensor,
                  next_ids: torch.Tensor | None = None) -> StepRecord:
-        """Run every action of this stage for one step (no optimizer). ``next_ids``:
+        """Run every action of this rank for one step (no optimizer). ``next_ids``:
         the next step's samples, whose receives are posted as this step ends."""
         m = self.num_microbatches
         mb_ids = self._step_ids = self._split(step, ids)
         self.post_receives(mb_ids)
         rec = StepRecord(step, epoch, self._now(), 0.0, None, [MicroRecord() for _ in range(m)])
-        live: dict[int, tuple] = {}
+        self._inbox: dict[tuple[int, str, int], torch.Tensor] = {}  # (stage, F|B, mb) -> tensor
+        self._live: dict[tuple[int, int], list] = {}  # (stage, mb) -> [x, out, loss, ids, W state]
         losses: list[float] = []
-        for action in self.actions:
-            if action.kind == FORWARD:
-                live[action.microbatch] = self._forward(action.microbatch, mb_ids, rec, losses)
+        for a in self.actions:
+            k, mb, kind = a.stage, a.microbatch, a.kind
+            if kind == RECV_F:
+                self._inbox[(k, FORWARD, mb)] = self._receive(self.inbound[(k, FORWARD)], "fwd", mb, mb_ids[mb], rec)
+            elif kind == RECV_B:
+                self._inbox[(k, BACKWARD, mb)] = self._receive(self.inbound[(k, BACKWARD)], "bwd", mb,
+                                                              mb_ids[mb], rec)
+            elif kind == FORWARD:
+                self._forward(k, mb, mb_ids, rec, losses)
+            elif kind == SEND_F:
+                out = self._live[(k, mb)][1]
+                self._send(self.rank_of(self.where[k + 1]), channel_of(k, FORWARD), self.comp[k]["fw_send"],
+                           "fwd", mb, out.detach(), mb_ids[mb], rec)
+            elif kind == SEND_B:
+                grad = self._inbox.pop((k - 1, BACKWARD, mb))
+                self._send(self.rank_of(self.where[k - 1]), channel_of(k - 1, BACKWARD), self.comp[k]["bw_send"],
+                           "bwd", mb, grad, mb_ids[mb], rec)
             else:
-                self._backward(action.microbatch, live.pop(action.microbatch), rec)
+                self._backward(k, mb, kind, rec)
         rec.pipe_end = self._now()
         self._posted = {}
         if next_ids is not None:
@@ -351,46 +416,47 @@ class StageRunner:
         rec.send_wait_s = self.msg.wait_all()
         rec.end = self._now()
         self._event(rec, "wait sends", "comm", t0, rec.end)
-        if self.module.is_last:
+        if losses:
             rec.loss = sum(losses) / len(losses)
         return rec
 
     # -- forward
-    def _forward(self, mb: int, mb_ids, rec: StepRecord, losses) -> tuple:
-        r = rec.micro[mb]
+    def _forward(self, k: int, mb: int, mb_ids, rec: StepRecord, losses) -> None:
         ids = mb_ids[mb]
-        if self.prev_rank is None:
+        module = self.modules[k]
+        if k == 0:
             x, _ = self.dataset.get(ids)
             x = x.to(self.device)
-        else:
-            x = self._receive(self.prev_rank, "fwd", mb, ids, rec)
+        else:  # received, or handed over by stage k-1 on this rank
+            x = self._inbox.pop((k, FORWARD, mb))
             x.requires_grad_(True)
         t0 = self._now()
-        out = self.module(x)
+        out = module(x)
         loss = None
-        if self.module.is_last:
+        if k == self.last_stage:
             _, target = self.dataset.get(ids)
-            loss = self.module.loss(out, target.to(self.device))
+            loss = module.loss(out, target.to(self.device))
             losses.append(float(loss.detach()))
         t1 = self._now()
-        r.fwd_compute_s += t1 - t0
-        self._event(rec, f"F{mb}", "compute", t0, t1)
-        if self.next_rank is not None:
-            self._send(self.next_rank, "fwd", mb, out.detach(), ids, rec)
-        return x, out, loss, ids
+        rec.micro[mb].fwd_compute_s += t1 - t0
+        self._event(rec, f"{k}F{mb}", "compute", t0, t1)
+        self._live[(k, mb)] = [x, out, loss, ids, None]
+        if k < self.last_stage and self.where[k + 1] == self.index:
+            self._inbox[(k + 1, FORWARD, mb)] = out.detach()
 
     # -- send (both directions)
-    def _send(self, peer: int, direction: str, mb: int, tensor: torch.Tensor, ids, rec: StepRecord) -> None:
+    def _send(self, peer: int, channel: int, comp, direction: str, mb: int, tensor: torch.Tensor, ids,
+              rec: StepRecord) -> None:
         """Encode micro-batch ``mb``'s activation (``"fwd"``) or input gradient
-        (``"bwd"``) and start sending it to ``peer``; the codec and the framing
-        (header, one buffer, isend) count as encode."""
+        (``"bwd"``) and start sending it to ``peer`` on ``channel``; the codec and the
+        framing (header, one buffer, isend) count as encode."""
         r = rec.micro[mb]
-        what, comp = ("act", "fw_send") if direction == "fwd" else ("grad", "bw_send")
+        what = "act" if direction == "fwd" else "grad"
         t0 = self._now()
-        payload = self.comp[comp].compress(tensor, key=ids)
+        payload = comp.compress(tensor, key=ids)
         t1 = self._now()
         self._event(rec, f"encode {what} {mb}", "encode", t0, t1)
-        body, over = self.msg.send(payload, ids, peer)
+        body, over = self.msg.send(payload, ids, peer, channel)
         t2 = self._now()
         self._event(rec, f"send {what} {mb}", "encode", t1, t2)
         r.encode_s += t2 - t0
@@ -399,18 +465,20 @@ class StageRunner:
         rec.links.setdefault(peer, [0, 0.0])[0] += body
 
     # -- receive (both directions)
-    def _receive(self, peer: int, direction: str, mb: int, ids, rec: StepRecord) -> torch.Tensor:
+    def _receive(self, ch: _Inbound, direction: str, mb: int, ids, rec: StepRecord) -> torch.Tensor:
         """Receive micro-batch ``mb``'s activation (``direction="fwd"``) or gradient
-        (``"bwd"``) from ``peer``, check its sample ids, decode it, and record the
+        (``"bwd"``) on channel ``ch``, check its sample ids, decode it, and record the
         transfer, wait and decode times."""
         r = rec.micro[mb]
-        what, comp = ("act", "fw_recv") if direction == "fwd" else ("grad", "bw_recv")
-        shape = self.msg.shapes.get(peer)
+        what = "act" if direction == "fwd" else "grad"
+        link = _link(ch.peer, ch.channel)
+        shape = self.msg.shapes.get(link)
         first = shape is None
-        body = None if first or self.msg.posted[peer] else self.comp[comp].payload_nbytes(shape, key=ids)
-        payload, got_ids, info = self.msg.recv(peer, body)
-        if first:  # the link's first message told the shape: post the rest of this step
-            self._posted[peer] = self._order[comp].index(mb) + 1
+        body = None if first or self.msg.posted[link] else ch.comp.payload_nbytes(shape, key=ids)
+        payload, got_ids, info = self.msg.recv(ch.peer, body, ch.channel)
+        if first:  # the channel's first message told the shape: post the rest of this step
+            key = next(key for key, c in self.inbound.items() if c is ch)
+            self._posted[key] = ch.order.index(mb) + 1
             self.post_receives(self._step_ids)
         if not torch.equal(got_ids, ids):
             raise RuntimeError(f"micro-batch {mb}: {what} arrived for other sample ids than the schedule's")
@@ -421,26 +489,42 @@ class StageRunner:
                     bytes=info.body_bytes)
         r.encode_s += info.unpack_s  # framing: header, views
         t0 = self._now()
-        out = self.comp[comp].decompress(payload, key=ids).to(self.device)
+        out = ch.comp.decompress(payload, key=ids).to(self.device)
         t1 = self._now()
         r.encode_s += t1 - t0
         self._event(rec, f"decode {what} {mb}", "encode", t0, t1)
         return out
 
-    # -- backward
-    def _backward(self, mb: int, saved: tuple, rec: StepRecord) -> None:
-        r = rec.micro[mb]
-        x, out, loss, ids = saved
-        if self.next_rank is None:
-            t0 = self._now()
-            (loss / self.num_microbatches).backward()
-        else:
-            grad = self._receive(self.next_rank, "bwd", mb, ids, rec)
-            t0 = self._now()
-            out.backward(grad)
-        t1 = self._now()
-        r.bwd_compute_s += t1 - t0
-        self._event(rec, f"B{mb}", "compute", t0, t1)
-        if self.prev_rank is not None:
-            self._send(self.prev_rank, "bwd", mb, x.grad.detach(), ids, rec)
+    # -- backward: B, I, W
+    def _backward(self, k: int, mb: int, kind: str, rec: StepRecord) -> None:
+        from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
+        saved = self._live[(k, mb)]
+        x, out, loss, ids, wstate = saved
+        module = self.modules[k]
+        last = k == self.last_stage
+        t0 = self._now()
+        if kind != BACKWARD_WEIGHT:
+            root, grad = ((loss / self.num_microbatches), None) if last else (out, self._inbox.pop((k, BACKWARD, mb)))
+            if kind == BACKWARD:
+                root.backward(grad)
+            elif k > 0:
+                _, groups = stage_backward_input([root], None if grad is None else [grad], [x],
+                                                 module.parameters())
+                saved[4] = groups
+            else:  # stage 0: no input gradient; W runs the whole backward
+                saved[4] = (root, grad)
+            if k > 0:
+                # the input gradient: to stage k-1 here, or to SEND_B
+                self._inbox[(k - 1, BACKWARD, mb)] = x.grad.detach()
+        else:
+            if k > 0:
+                stage_backward_weight(module.parameters(), wstate)
+            else:
+                root, grad = wstate
+                root.backward(grad)
+        t1 = self._now()
+        rec.micro[mb].bwd_compute_s += t1 - t0
+        self._event(rec, f"{k}{kind}{mb}", "compute", t0, t1)
+        if kind in (BACKWARD, BACKWARD_WEIGHT):
+            del self._live[(k, mb)]

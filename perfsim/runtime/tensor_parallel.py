@@ -292,11 +292,13 @@ class TensorParallel:
     def dp_group(self):
         return self.mesh["dp"].get_group()
 
-    def parallelize(self, stage) -> list[tuple[str, torch.Tensor]]:
-        """Shard ``stage`` in place; returns its :func:`local_leaves` (what the
+    def parallelize(self, module, stages=None) -> list[tuple[str, torch.Tensor]]:
+        """Shard ``stages`` (the model chunks ``module`` holds; default: ``module``
+        is one Stage) in place; returns ``module``'s :func:`local_leaves` (what the
         optimizer and the data-parallel sync get)."""
-        parallelize_stage(stage, self.tp_mesh, self.sequence_parallel)
-        self.leaves = local_leaves(stage)
+        for stage in stages if stages is not None else [module]:
+            parallelize_stage(stage, self.tp_mesh, self.sequence_parallel)
+        self.leaves = local_leaves(module)
         return self.leaves
 
     def end_backward(self, module, rec) -> None:

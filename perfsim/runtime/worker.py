@@ -6,8 +6,9 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
 Rank layout (Megatron's): TP innermost, then DP, then PP
-(:class:`perfsim.runtime.tensor_parallel.RankLayout`); with ``tp > 1`` each
-stage's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
+(:class:`perfsim.runtime.tensor_parallel.RankLayout`); a rank holds the stages
+(model chunks) the schedule table puts on its pipeline device, and with
+``tp > 1`` each chunk's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
 """
 
 from __future__ import annotations
@@ -47,15 +48,19 @@ def boundary_seed(seed: int, boundary: int, direction: int) -> int:
     return (int(seed) * 1_000_003 + 2 * boundary + direction) % 2**31
 
 
-def make_stage_compressors(cfg: RunConfig, stage: int) -> dict:
-    """The four compressors of a stage: sending/receiving, forward/backward."""
+def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
+    """The compressors of a stage: sending/receiving, forward/backward, for each
+    boundary that crosses ranks (``table``'s stage-to-device map; None: one stage
+    per rank)."""
     from perfsim.compression import make_pipeline_pair
 
     out = {}
-    if stage < cfg.pp - 1:  # boundary `stage` with the next stage
+    n = table.num_stages if table is not None else cfg.pp
+    where = table.stage_device if table is not None else range(n)
+    if stage < n - 1 and where[stage + 1] != where[stage]:  # boundary `stage` with the next stage
         out["fw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 0))[0]
         out["bw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 1))[1]
-    if stage > 0:  # boundary `stage-1` with the previous stage
+    if stage > 0 and where[stage - 1] != where[stage]:  # boundary `stage-1` with the previous stage
         out["fw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 0))[0]
         out["bw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 1))[1]
     return out
@@ -67,6 +72,10 @@ def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
     if cfg.epochs is not None:
         return max(1, math.ceil(cfg.epochs * steps_per_epoch))
     return 20
+
+
+class Chunks(torch.nn.ModuleList):
+    """The stages one rank holds (several with virtual stages), trained as one module."""
 
 
 def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
@@ -98,10 +107,10 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     from perfsim import ddp as pddp
     from perfsim.runtime.models import Stage
     from perfsim.runtime.pipeline import StageRunner
-    from perfsim.schedules import get_schedule, max_in_flight
+    from perfsim.schedules import max_in_flight
 
     pp, dp, layout = cfg.pp, cfg.dp, cfg.layout
-    stage, replica, tp_rank = layout.coords(rank)
+    stage, replica, tp_rank = layout.coords(rank)  # stage: this rank's pipeline device
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
     tpar = None
@@ -116,22 +125,26 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
 
     spec = get_model_spec(cfg.model)
     torch.manual_seed(cfg.seed)
-    start_layer, end_layer = cfg.stage_ranges()[stage]
-    module = Stage(spec, start_layer, end_layer, cfg.seed).to(device)
+    table = cfg.table()
+    ranges = cfg.stage_ranges()
+    mine = table.stages_of(stage)
+    stages = {k: Stage(spec, *ranges[k], cfg.seed).to(device) for k in mine}
+    # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
+    module = stages[mine[0]] if len(mine) == 1 else Chunks([stages[k] for k in mine])
     # what the optimizer and the gradient sync see: with TP this rank's local shards
-    named = tpar.parallelize(module) if tpar is not None else list(module.named_parameters())
+    named = tpar.parallelize(module, [stages[k] for k in mine]) if tpar is not None \
+        else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
     steps = total_steps(cfg, order.steps_per_epoch)
     optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
-    comps = make_stage_compressors(cfg, stage)
+    per_stage = {k: make_stage_compressors(cfg, k, table) for k in mine}
+    # one flat dict of every compressor (checkpointed); slot names alone with one stage per rank
+    comps = {(slot if len(mine) == 1 else f"{k}/{slot}"): c for k in mine for slot, c in per_stage[k].items()}
     # gradients through the public perfsim.ddp state (1-bit optimizers exchange momentum instead)
     grad_state = None if getattr(optimizer, "algorithm", "") else \
         pddp.CompressionState(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
-    table = get_schedule(cfg.schedule)(pp, cfg.num_microbatches)
-    prev_rank = layout.rank(stage - 1, replica, tp_rank) if stage > 0 else None
-    next_rank = layout.rank(stage + 1, replica, tp_rank) if stage < pp - 1 else None
-    runner = StageRunner(module, table[stage], prev_rank, next_rank, comps, dataset,
+    runner = StageRunner(stages, table, stage, lambda d: layout.rank(d, replica, tp_rank), per_stage, dataset,
                          cfg.micro_batch, device)
 
     out = Path(cfg.out)
@@ -175,7 +188,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         checkpoint.commit(ckpt_root, step_done, world, cfg_dict, rank, previous)
         dist.barrier()
 
-    reporter = rank == layout.rank(pp - 1, 0, 0)  # last stage of replica 0 reports progress
+    # the rank of replica 0's last stage (TP rank 0) reports progress
+    reporter = rank == layout.rank(table.stage_device[-1], 0, 0)
     records = []
     last_report = 0.0
     keep_events = 24  # trace only the last steps (the file stays small)
@@ -232,7 +246,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
                "params": sum(p.numel() for _, p in named),
-               "layers": [module.start, module.end]}
+               "layers": [stages[mine[0]].start, stages[mine[-1]].end],
+               "chunks": [[stages[k].start, stages[k].end] for k in mine]}
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:

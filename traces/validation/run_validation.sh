@@ -41,6 +41,10 @@ done
 perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
     --out "traces/validation/gpt2-tiny-pp2-gpipe"
+# interleaved 1F1B (2 chunks per rank) and ZB-H1 beside 1F1B, one rate (issue 20)
+perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
+    --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
+    --repeats 2 --out "traces/validation/gpt2-tiny-pp2-schedules"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
 perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
