@@ -32,7 +32,7 @@ from perfsim.errors import ConfigError
 PIPELINE_COMPRESSION = ("fp32", "fp16", "directq:fw4bw8", "aqsgd:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4")
 #: default gradient compressions searched
 GRADIENT_COMPRESSION = ("none", "fp16", "qsgd-maxnorm:8", "qsgd-maxnorm:4", "powersgd:2")
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "zb-h1", "interleaved-1f1b")
 
 
 @dataclass(frozen=True)

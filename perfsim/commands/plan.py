@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", help="tensor-parallel degrees to search (comma list; default: divisors of gpus-per-node)")
     g.add_argument("--pp", help="pipeline degrees to search (default: every divisor that fits the layers)")
     g.add_argument("--micro-batch", help="micro-batch sizes (default: 1,2,4,8 where they divide)")
-    g.add_argument("--schedule", default="gpipe,1f1b", help="schedules (default gpipe,1f1b)")
+    g.add_argument("--schedule", default="gpipe,1f1b,zb-h1,interleaved-1f1b",
+                   help="schedules (default gpipe,1f1b,zb-h1,interleaved-1f1b)")
     g.add_argument("--compress", default=None, help="pipeline compressions (default: fp32 to aqsgd:fw2bw4)")
     g.add_argument("--grad-compress", default=None, help="gradient compressions (default: none to powersgd:2)")
     g.add_argument("--recompute", default="none,full", help="recomputation modes (default none,full)")
