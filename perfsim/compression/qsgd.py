@@ -39,8 +39,7 @@ signed value this way has the same distribution per coordinate as rounding
 per worker), ``step`` a counter held in the state, so a restored run draws the
 same bits; the bits are a pure function of ``(seed, step, salt, i)`` on every device.
 
-The helpers of this module (:func:`stochastic_codes_`, :func:`bucket_norms`,
-:func:`parse_options`, ...) are shared by the max-norm, random-k and ECQ compressors.
+The helpers of this module (:func:`stochastic_codes_`, :func:`bucket_norms`, ...) are shared by the max-norm, random-k and ECQ compressors.
 """
 
 from __future__ import annotations
@@ -51,7 +50,8 @@ from typing import Any, Sequence
 from perfsim._lazy import np
 from perfsim._lazy import torch
 
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.args import SpecArg, complete
+from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
@@ -90,16 +90,6 @@ def generator(*parts: int) -> torch.Generator:
 
 
 # ------------------------------------------------------------ the hot path
-def check_float(x: torch.Tensor, name: str = "tensor") -> None:
-    """The cheap part of :func:`check_input` (type and dtype). NaN/Inf are caught
-    on the norms instead (:func:`check_finite_norms`): a NaN or Inf anywhere
-    makes the L2 norm of its bucket NaN/Inf, which saves a pass over the data."""
-    if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
-
-
 def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
     """Raise a ConfigError if a norm is NaN/Inf: NaN/Inf input (named by
     :func:`check_input`), or finite values whose squares overflow float32."""
@@ -249,38 +239,6 @@ def bits_for_levels(s: int) -> int:
     raise ConfigError(f"s={s}: too many levels (at most {levels_for_bits(8)} in 8 bits)")
 
 
-def parse_options(args: list[str], allowed: dict[str, type]) -> tuple[list[str], dict[str, Any]]:
-    """Split ``['4', 'bucket=512']`` into positional args and typed ``key=value`` options.
-
-    Unknown keys and unparsable values raise ConfigError naming them."""
-    pos, opts = [], {}
-    for a in args:
-        if "=" in a:
-            k, v = a.split("=", 1)
-            k = k.strip().lower()
-            if k not in allowed:
-                raise ConfigError(f"unknown option {k!r} (known: {', '.join(sorted(allowed)) or 'none'})")
-            try:
-                opts[k] = allowed[k](v)
-            except ValueError:
-                raise ConfigError(f"option {k}={v!r}: not a valid {allowed[k].__name__}") from None
-            if allowed[k] is float and not math.isfinite(opts[k]):
-                raise ConfigError(f"option {k}={v!r}: not finite")
-        else:
-            pos.append(a)
-    return pos, opts
-
-
-def parse_level_bits(text: str, what: str = "bits") -> int:
-    try:
-        bits = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} {text!r}: not an integer") from None
-    if bits not in LEVEL_BITS:
-        raise ConfigError(f"{what}={bits}: unsupported (choose from {', '.join(map(str, LEVEL_BITS))})")
-    return bits
-
-
 class BucketQuantizer:
     """QSGD's per-bucket L2-norm quantizer: the data path shared by ``qsgd`` and ``ecq``.
 
@@ -385,33 +343,33 @@ class QSGD(_SeededCompressor):
     allreduce_compatible = False
     stateful = True  # only the random step counter
 
-    def __init__(self, s: int, bits: int, bucket: int | None = None, seed: int = 0):
-        bucket = default_chunk(s) if bucket is None else bucket
-        if s < 1:
-            raise ConfigError(f"s={s}: need at least 1 level")
-        if bucket < 0:
-            raise ConfigError(f"bucket={bucket}: must be >= 0 (0 = whole tensor)")
-        self.q = BucketQuantizer(s, bits, bucket)
-        self.s, self.bits, self.bucket, self.seed = s, bits, bucket, int(seed)
-        self._step, self._salt = 0, 0
-        self.spec = f"qsgd:{bits}" if s == levels_for_bits(bits) else f"qsgd:s={s}"
-        if bucket != default_chunk(s):
-            self.spec += f":bucket={bucket}"
+    spec_args = (
+        SpecArg("bits", default=None, choices=LEVEL_BITS),
+        SpecArg("s", key=True, default=None, low=1, high=levels_for_bits(LEVEL_BITS[-1]),
+                note="levels per sign", metavar="LEVELS"),
+        SpecArg("bucket", key=True, default=None, low=0, note="0 = whole tensor", metavar="D"),
+    )
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"s": int, "bucket": int})
-        if len(pos) > 1 or (pos and "s" in opts) or (not pos and "s" not in opts):
+    def __init__(self, bits: int | None, s: int | None, bucket: int | None, seed: int = 0):
+        """Exactly one of ``bits`` (``s = 2**(bits-1) - 1``) and ``s`` (``bits``: the
+        narrowest width holding ``2s + 1`` codes); ``bucket=None``: :func:`default_chunk`."""
+        if (bits is None) == (s is None):
             raise ConfigError("expected qsgd:BITS or qsgd:s=LEVELS")
-        if pos:
-            bits = parse_level_bits(pos[0])
-            s = levels_for_bits(bits)
-        else:
-            s = opts["s"]
-            if s < 1:
-                raise ConfigError(f"s={s}: need at least 1 level")
-            bits = bits_for_levels(s)
-        return cls(s, bits, opts.get("bucket"), seed=seed)
+        complete(self.spec_args, {"bits": bits, "s": s, "bucket": bucket})  # each in range
+        self.s = levels_for_bits(bits) if s is None else int(s)
+        self.bits = bits_for_levels(self.s) if bits is None else int(bits)
+        self.bucket = default_chunk(self.s) if bucket is None else int(bucket)
+        self.seed = int(seed)
+        self._step, self._salt = 0, 0
+        self.spec = self.canonical_spec()
+        self.q = BucketQuantizer(self.s, self.bits, self.bucket)
+
+    def spec_values(self) -> dict:
+        """``bits`` when ``s`` is the most its width holds, else ``s``; ``bucket``
+        when it is not the default."""
+        by_bits = self.s == levels_for_bits(self.bits)
+        return {"bits": self.bits if by_bits else None, "s": None if by_bits else self.s,
+                "bucket": None if self.bucket == default_chunk(self.s) else self.bucket}
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))
