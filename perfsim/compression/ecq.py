@@ -35,7 +35,7 @@ from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg
 from perfsim.compression.base import Payload, check_float, numel_of
-from perfsim.compression.qsgd import (LEVEL_BITS, BucketQuantizer, _SeededCompressor, default_chunk, flat_f32,
+from perfsim.compression.qsgd import (BITS_ARG, BucketQuantizer, _SeededCompressor, chunk_for_bits, flat_f32,
                                       levels_for_bits, to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
@@ -52,11 +52,10 @@ class ECQ(_SeededCompressor):
     stateful = True
 
     spec_args = (
-        SpecArg("bits", choices=LEVEL_BITS),
+        BITS_ARG,
         SpecArg("alpha", float, key=True, default=0.01, low=0, note="eq. 7", metavar="A"),
         SpecArg("beta", float, key=True, default=1.0, low=0, high=1, note="eq. 5", metavar="B"),
-        SpecArg("bucket", key=True, default=lambda v: default_chunk(levels_for_bits(v["bits"])),
-                low=0, note="0 = whole tensor", metavar="D"),
+        SpecArg("bucket", key=True, default=chunk_for_bits, low=0, note="0 = whole tensor", metavar="D"),
     )
 
     def __init__(self, bits: int, alpha: float, beta: float, bucket: int, seed: int = 0):

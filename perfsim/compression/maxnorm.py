@@ -61,8 +61,8 @@ from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg
 from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_float, numel_of
-from perfsim.compression.qsgd import (LEVEL_BITS, _SeededCompressor, bucketwise, check_finite_norms,
-                                      coefficients, default_chunk, flat_f32, levels_for_bits, levels_from_codes,
+from perfsim.compression.qsgd import (BITS_ARG, _SeededCompressor, check_finite_norms, chunk_for_bits,
+                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
                                       safe_norms, scale_into, stochastic_codes_, to_dtype_saturating,
                                       unpack_codes)
 from perfsim.compression.registry import register
@@ -71,6 +71,7 @@ from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
+from perfsim.kernels.quant import bucketwise
 
 #: widest scale of the multi-scale variants
 MAX_SCALE_BITS = 24
@@ -449,11 +450,8 @@ class QSGDMaxNorm(MaxNormQuantizer):
     name = "qsgd-maxnorm"
     example_spec = "qsgd-maxnorm:4"
 
-    spec_args = (
-        SpecArg("bits", choices=LEVEL_BITS),
-        SpecArg("chunk", key=True, default=lambda v: default_chunk(levels_for_bits(v["bits"])), low=0,
-                note="0 = one norm for the whole tensor", metavar="D"),
-    )
+    spec_args = (BITS_ARG, SpecArg("chunk", key=True, default=chunk_for_bits, low=0, metavar="D",
+                                   note="0 = one norm for the whole tensor"))
 
 
 def parse_scale_bits(text: str) -> tuple[int, ...]:
@@ -482,8 +480,4 @@ class QSGDMaxNormMultiScale(MaxNormQuantizer):
     name = "qsgd-maxnorm-multiscale"
     example_spec = "qsgd-maxnorm-multiscale:4:8"
 
-    spec_args = (
-        SpecArg("bits", choices=LEVEL_BITS),
-        SCALE_BITS_ARG,
-        SpecArg("bucket", key=True, default=1, low=1, metavar="B"),
-    )
+    spec_args = (BITS_ARG, SCALE_BITS_ARG, SpecArg("bucket", key=True, default=1, low=1, metavar="B"))

@@ -58,6 +58,7 @@ from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import unpack_bits_torch
 from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.quant import bucketwise
 from perfsim.kernels.rng import call_key, hash_int16_ref
 
 #: bit widths the packer supports that can hold a signed level (1 bit cannot: 2s+1 >= 3)
@@ -131,19 +132,6 @@ def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def flat_f32(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a flat contiguous float32 tensor (no copy for contiguous fp32)."""
     return x.detach().reshape(-1).to(torch.float32).contiguous()
-
-
-def bucketwise(op, src: torch.Tensor, coef: torch.Tensor, bucket: int, out: torch.Tensor) -> torch.Tensor:
-    """``out[i] = op(src[i], coef[i // bucket])`` for flat tensors, without a
-    per-element coefficient (full buckets as a 2-D view, then the short tail)."""
-    n = src.numel()
-    nfull = n // bucket
-    full = nfull * bucket
-    if nfull:
-        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=out[:full].view(nfull, bucket))
-    if full < n:
-        op(src[full:], coef[nfull], out=out[full:])
-    return out
 
 
 def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
@@ -226,6 +214,12 @@ def default_chunk(s: int) -> int:
     return 1 << int(math.floor(math.log2(16 * s * s)))
 
 
+def chunk_for_bits(values) -> int:
+    """:func:`default_chunk` of a spec's ``bits`` (the default of the ``bucket`` /
+    ``chunk`` arguments of the QSGD family)."""
+    return default_chunk(levels_for_bits(values["bits"]))
+
+
 def levels_for_bits(bits: int) -> int:
     """Largest ``s`` whose signed levels ``[-s, s]`` fit in ``bits`` bits."""
     return 2 ** (bits - 1) - 1
@@ -237,6 +231,10 @@ def bits_for_levels(s: int) -> int:
         if 2 * s + 1 <= 2 ** b:
             return b
     raise ConfigError(f"s={s}: too many levels (at most {levels_for_bits(8)} in 8 bits)")
+
+
+#: the ``BITS`` argument of the QSGD family's specs
+BITS_ARG = SpecArg("bits", choices=LEVEL_BITS)
 
 
 class BucketQuantizer:

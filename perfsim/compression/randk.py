@@ -31,7 +31,7 @@ from perfsim._lazy import torch
 from perfsim.compression.args import SpecArg, complete
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.maxnorm import SCALE_BITS_ARG, MaxNormQuantizer
-from perfsim.compression.qsgd import LEVEL_BITS, generator
+from perfsim.compression.qsgd import BITS_ARG, generator
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
@@ -188,7 +188,7 @@ class RandKMaxNorm(_GlobalRandK):
     name = "randk-maxnorm"
     example_spec = "randk-maxnorm:0.01:4"
 
-    spec_args = (_FRACTION, SpecArg("bits", choices=LEVEL_BITS), _SCALED)
+    spec_args = (_FRACTION, BITS_ARG, _SCALED)
 
 
 @register
@@ -198,4 +198,4 @@ class RandKMaxNormMultiScale(_GlobalRandK):
     name = "randk-maxnorm-multiscale"
     example_spec = "randk-maxnorm-multiscale:0.01:4:8"
 
-    spec_args = (_FRACTION, SpecArg("bits", choices=LEVEL_BITS), SCALE_BITS_ARG, _SCALED)
+    spec_args = (_FRACTION, BITS_ARG, SCALE_BITS_ARG, _SCALED)
