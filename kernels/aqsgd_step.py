@@ -1,4 +1,4 @@
-"""The fused AQ-SGD sender step (aq-sgd-paper.txt Alg. 1 lines 7-9, App. D Alg. 2):
+"""The fused AQ-SGD sender step (arXiv:2206.01299 Alg. 1 lines 7-9, App. D Alg. 2):
 
     delta = a - m                       message error w.r.t. the previous message
     (packed, scales) = Q(delta)         bucketed uniform quantization (kernels.quant)

@@ -1,6 +1,7 @@
 """Bucketed uniform quantization + bit packing, and the inverse (three faces each).
 
-Scheme (AQ-SGD paper, Sec. 4.1 "we use a simple, uniform quantization scheme,
+Scheme (AQ-SGD, Wang et al., "Fine-tuning Language Models over Slow Networks
+using Activation Compression with Guarantees", arXiv:2206.01299, Sec. 4.1 "we use a simple, uniform quantization scheme,
 which first normalizes a given vector into [-1, 1] and quantize each number
 into a b-bit integer by uniformly partitioning the range"): a flat tensor is
 cut into buckets of ``bucket`` consecutive elements (the last may be shorter);
@@ -88,7 +89,7 @@ def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
 #: largest |value| a quantizer accepts: decoding computes ``c * d <= 2 s`` and
 #: AQ-SGD adds that to its buffer (``|m| <= s``), which stays below fp32's
 #: max (2^128) only for ``s <= 2^126`` (~8.5e37); larger values are refused,
-#: never turned into Inf (issue 14.18)
+#: never turned into Inf (the README's overflow rule)
 MAX_ABS = 2.0 ** 126
 
 

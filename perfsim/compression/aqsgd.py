@@ -1,4 +1,6 @@
-"""``aqsgd`` -- AQ-SGD activation compression (aq-sgd-paper.txt Alg. 1, App. D Alg. 2).
+"""``aqsgd`` -- AQ-SGD activation compression (Wang et al., "Fine-tuning Language
+Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, Alg. 1, App. D Alg. 2).
 
 Instead of quantizing an activation ``a(xi)`` directly, AQ-SGD quantizes its
 *change* since the sample ``xi`` was last seen. Both ends of a pipeline

@@ -1,6 +1,8 @@
 """``directq`` -- direct uniform quantization of activations / gradients.
 
-DirectQ is the baseline of the AQ-SGD paper (aq-sgd-paper.txt Sec. 4.1,
+DirectQ is the baseline of the AQ-SGD paper (Wang et al., "Fine-tuning Language
+Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, Sec. 4.1,
 "DirectQ Evans and Aamodt (2021); Fu et al. (2020): activations and backward
 gradients are directly quantized"): a tensor is normalised into [-1, 1] by the
 max-abs of each bucket and every value is rounded to one of ``2**b`` uniform

@@ -1,4 +1,6 @@
-"""ECQ-SGD: error-compensated quantized SGD (ecq-sgd-paper.txt, Sec. 4, eq. 5-9).
+"""ECQ-SGD: error-compensated quantized SGD (Wu et al., "Error Compensated Quantized
+SGD and its Applications to Large-scale Distributed Optimization", arXiv:1806.08054,
+Sec. 4, eq. 5-9).
 
 ``ecq:BITS[:alpha=A][:beta=B][:bucket=D]`` (defaults from the paper's CIFAR-10
 setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, L2 norm; the bucket is

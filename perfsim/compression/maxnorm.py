@@ -1,4 +1,5 @@
-"""Allreduce-compatible quantizers on a shared max norm (multiscale-quantizers-paper.txt).
+"""Allreduce-compatible quantizers on a shared max norm (S. Vineeth, "Unbiased
+Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
 ``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
 chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
@@ -445,7 +446,7 @@ class MaxNormQuantizer(_SeededCompressor):
 
 @register
 class QSGDMaxNorm(MaxNormQuantizer):
-    """QSGDMaxNorm (multiscale-quantizers-paper.txt Sec. 3.1, Alg. 1)."""
+    """QSGDMaxNorm (arXiv:2109.12497 Sec. 3.1, Alg. 1)."""
 
     name = "qsgd-maxnorm"
     example_spec = "qsgd-maxnorm:4"
@@ -475,7 +476,7 @@ SCALE_BITS_ARG = SpecArg("scale_bits", parse_scale_bits, default=lambda v: (v["b
 
 @register
 class QSGDMaxNormMultiScale(MaxNormQuantizer):
-    """QSGDMaxNormMultiScale with scale sharing (multiscale-quantizers-paper.txt Sec. 3.2, Alg. 2)."""
+    """QSGDMaxNormMultiScale with scale sharing (arXiv:2109.12497 Sec. 3.2, Alg. 2)."""
 
     name = "qsgd-maxnorm-multiscale"
     example_spec = "qsgd-maxnorm-multiscale:4:8"

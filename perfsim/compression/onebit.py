@@ -1,6 +1,8 @@
 """``onebit`` -- sign + scale compression with worker- and server-side error feedback.
 
-The building block of 1-bit Adam / 1-bit LAMB (one-bit-lamb-paper.txt Sec. 2.1,
+The building block of 1-bit Adam / 1-bit LAMB (Li et al., "1-bit LAMB: Communication
+Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
+arXiv:2104.06069, Sec. 2.1,
 Alg. 1 lines 7-11, Sec. 5): a tensor ``x`` is sent as its signs (1 bit each)
 and one float32 scale ``||c||_2 / sqrt(n)``, where ``c = x + e`` includes the
 compression error ``e`` left from the previous step (error feedback, Seide et

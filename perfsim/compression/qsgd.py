@@ -1,11 +1,13 @@
-"""QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al. 2017).
+"""QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al., "QSGD:
+Communication-Efficient SGD via Gradient Quantization and Encoding", arXiv:1610.02132).
 
 ``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default
 :func:`default_chunk`: 512 for 4 bits, the bucket size of QSGD's experiments;
 ``bucket=0`` = the whole tensor is one bucket).
 
 Per bucket ``v`` of ``d`` coordinates (QSGD, Sec. 3.1; the same quantizer is
-eq. 8 of ecq-sgd-paper.txt and eq. 7-8 of multiscale-quantizers-paper.txt)::
+eq. 8 of ECQ-SGD, arXiv:1806.08054, and eq. 7-8 of the multi-scale quantizers paper,
+arXiv:2109.12497)::
 
     Q_s(v_i) = ||v||_2 * sign(v_i) * xi_i / s
     xi_i = l + 1 with probability s*|v_i|/||v|| - l, else l,  l = floor(s*|v_i|/||v||)
@@ -102,7 +104,7 @@ def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
 def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
     """L2 norm of every ``chunk`` of a flat float32 tensor, robust near the float32 limit.
 
-    Overflow rule (documented in the README, issue 14.18): squares of values above
+    Overflow rule (documented in the README): squares of values above
     ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
     recomputed in float64; if the norm itself exceeds the float32 maximum
     (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
@@ -121,7 +123,7 @@ def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
 def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast a decoded float32 result to the caller's dtype, saturating at that dtype's
     largest finite value instead of producing Inf (fp16 overflows at 65504: a
-    gradient mean of 7e4 becomes 65504, not Inf). Issue 14.18's documented rule."""
+    gradient mean of 7e4 becomes 65504, not Inf): the README's documented rule."""
     if dtype in (torch.float16, torch.bfloat16) and x.dtype == torch.float32 and x.numel():
         big = float(torch.finfo(dtype).max)
         if float(x.abs().max()) > big:
@@ -205,12 +207,10 @@ def default_chunk(s: int) -> int:
     """Values per norm by default (QSGD buckets, ECQ buckets, QSGD-MaxNorm chunks):
     the largest power of two ``d <= 16 s**2``, so QSGD's variance bound
     ``min(d/s**2, sqrt(d)/s) ||v||**2`` (Alistarh et al. 2017, arXiv:1610.02132,
-    Lemma 3.1; multiscale-quantizers-paper.txt Lemma 1 for a shared norm) stays
+    Lemma 3.1; arXiv:2109.12497 Lemma 1 for a shared norm) stays
     <= 4: 512 for 4 bits (QSGD's own bucket size), 16 for 2 bits, 128 for 3 bits.
     A norm over a whole DDP bucket of millions of values leaves almost every code
-    at 0 (the bound grows with ``sqrt(n)``): 2- and 4-bit training diverged or
-    stalled that way, and ECQ's 4096 (its paper, with 4 levels) cost Adam 2.2x
-    fp32's loss on digits against 1.4x at 512 (issue 17, docs/ddp.md)."""
+    at 0 (the bound grows with ``sqrt(n)``); docs/ddp.md has the convergence runs."""
     return 1 << int(math.floor(math.log2(16 * s * s)))
 
 

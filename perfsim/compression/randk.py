@@ -1,4 +1,5 @@
-"""Global random-k sparsification + max-norm quantization (multiscale-quantizers-paper.txt).
+"""Global random-k sparsification + max-norm quantization (S. Vineeth, "Unbiased
+Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
 ``randk-maxnorm:FRACTION:BITS[:scaled]`` -- GlobalRandKMaxNorm, Sec. 3.3: every
 worker picks the *same* ``K = ceil(FRACTION * n)`` coordinates uniformly at
@@ -86,8 +87,8 @@ class _GlobalRandK(Compressor):
         ``K`` *distinct* values in order of first occurrence -- sequential
         sampling with replacement that skips repeats is sampling without
         replacement, so this is a uniform random ordered K-sample. Duplicates are
-        found with a scatter-min of draw positions (O(draws), no sort: a sort of
-        the ~1.25 K draws cost ~0.8 ms for K = 16 k). Large ``K`` (``4K >= n``)
+        found with a scatter-min of draw positions (O(draws), no sort of the
+        ~1.25 K draws). Large ``K`` (``4K >= n``)
         use ``randperm(n)``. The last result is cached for decode."""
         step = self._step if step is None else step
         k = self.k_of(n)
@@ -183,7 +184,7 @@ _SCALED = SpecArg("scaled", default=False, words={"scaled": True})
 
 @register
 class RandKMaxNorm(_GlobalRandK):
-    """GlobalRandKMaxNorm (multiscale-quantizers-paper.txt Sec. 3.3)."""
+    """GlobalRandKMaxNorm (arXiv:2109.12497 Sec. 3.3)."""
 
     name = "randk-maxnorm"
     example_spec = "randk-maxnorm:0.01:4"
@@ -193,7 +194,7 @@ class RandKMaxNorm(_GlobalRandK):
 
 @register
 class RandKMaxNormMultiScale(_GlobalRandK):
-    """GlobalRandKMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.4)."""
+    """GlobalRandKMaxNormMultiScale (arXiv:2109.12497 Sec. 3.4)."""
 
     name = "randk-maxnorm-multiscale"
     example_spec = "randk-maxnorm-multiscale:0.01:4:8"

@@ -1,6 +1,8 @@
 """``topk`` -- top-k sparsification followed by quantization of the kept values.
 
-For backward activation gradients in split learning (aq-sgd-paper.txt H.6:
+For backward activation gradients in split learning (Wang et al., "Fine-tuning
+Language Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, App. H.6:
 "fw2 bw8[0.2] means that ... for backward pass, we keep only the top 20%
 gradients and then perform 8-bit quantization"). Per row of the last dimension
 (``C`` elements) keep the ``k = ceil(FRACTION * C)`` entries of largest
