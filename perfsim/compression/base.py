@@ -145,7 +145,14 @@ class Compressor(ABC):
 
     Class attributes:
       name: registry name (``directq``).
-      spec_syntax: how to write it on the command line (``directq:BITS``).
+      spec_args: the spec's arguments (:class:`perfsim.compression.args.SpecArg`),
+        from which the base parses ``name:arg1:arg2`` (:meth:`from_args`), fills
+        defaults (:meth:`from_values`) and writes the canonical :attr:`spec`
+        (:meth:`canonical_spec`, which each constructor stores). Each argument
+        names a constructor parameter.
+      spec_syntax: how to write it on the command line (``directq:BITS[:det][:bucket=N]``);
+        derived from ``spec_args`` unless a class sets it.
+      example_spec: a representative spec (``perfsim compressors`` lists it).
       allreduce_compatible: payloads of several workers can be summed in the
         compressed domain (integer codes on a shared scale). Otherwise the
         data-parallel exchange needs an allgather (or, for 1-bit, the 3-phase
@@ -158,9 +165,6 @@ class Compressor(ABC):
     example_spec: ClassVar[str] = ""
     allreduce_compatible: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
-    #: the arguments of the spec, in order (:mod:`perfsim.compression.args`); each
-    #: names a constructor parameter. ``spec_syntax`` is derived from them unless
-    #: a class sets it.
     spec_args: ClassVar[tuple[SpecArg, ...]] = ()
 
     #: the canonical spec this instance was built from (``directq:4``)
