@@ -29,6 +29,7 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from perfsim.hardware import BYTES_PER_VALUE
@@ -76,6 +77,7 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     from perfsim.compression import make_pipeline_pair
+    from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
@@ -112,12 +114,13 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                     n *= d
                 act += 2 * bpv * n * mb * inflight / tp
         buffers = 0.0
-        if getattr(fw_comp, "name", "") == "aqsgd" and not getattr(fw_comp, "disk", None):
-            bits = getattr(fw_comp, "mbits", None) or 32
-            per_sample = 1
-            for d in workload.layers[st.last_layer - 1].out_shape:
-                per_sample *= d
-            sides = (st.index < plan.pp - 1) + (st.index > 0)  # sender of its boundary, receiver of the previous
-            buffers = sides * per_sample * bits / 8 * strategy.dataset_samples / tp
+        if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
+            # the sender keeps its own output's messages, the receiver the previous stage's
+            per_sample = 0
+            if st.index < plan.pp - 1:
+                per_sample += math.prod(workload.layers[st.last_layer - 1].out_shape)
+            if st.index > 0:
+                per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
+            buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
         out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight))
     return out
