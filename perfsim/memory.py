@@ -53,6 +53,17 @@ class StageMemory:
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + self.buffers
 
+    def breakdown(self) -> str:
+        """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
+        return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
+                              self.activations / GIB, self.buffers / GIB)
+
+
+def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float) -> str:
+    """The parts of a stage's peak memory, in GiB, as the CLI and the out-of-memory error print them."""
+    text = f"weights {weights:.1f}, grads {grads:.1f}, optimizer {optimizer:.1f}, activations {activations:.1f}"
+    return text + (f", AQ-SGD buffers {buffers:.1f}" if buffers else "")
+
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring)."""
