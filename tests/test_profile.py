@@ -57,7 +57,7 @@ def test_fit_alpha_beta_exact():
 
 @pytest.mark.parametrize("doc,msg", [
     ({"format": "other", "version": 1, "records": []}, "format"),
-    ({"format": "perfsim-profile", "version": 2, "records": []}, "version=2"),
+    ({"format": "perfsim-profile", "version": 3, "records": []}, "version=3.*upgrade"),
     ({"format": "perfsim-profile", "version": 1}, "records"),
     ({"format": "perfsim-profile", "version": 1, "records": [{"op": "layer_fwd", "name": "x"}]}, "model"),
     ({"format": "perfsim-profile", "version": 1, "records": [{"op": "warp", "name": "x"}]}, "warp"),
