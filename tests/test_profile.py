@@ -339,3 +339,17 @@ def test_shipped_files_of_both_versions_load():
     old = load_profile("cpu-2core")
     assert json.loads(open(old.path).read())["version"] == 1
     assert any(r.get("mean_s") for r in old.records) and any("shape" in r for r in old.records)
+
+
+def test_calibrate_writes_typed_facts_even_from_a_text_source():
+    """A measurement module that still says a fact in its ``source`` text (the
+    efficiency records) gets it typed by build_profile, like a version-1 file."""
+    from perfsim.calibrate.profile_io import build_profile
+
+    rec = {"op": "gemm", "name": "8x8x8", "dtype": "fp32", "size_bytes": 768, "flops": 1024.0,
+           "time_s": 1e-6, "source": "calibrate efficiency; device=cpu; achieved_tflops=0.001"}
+    layer = {"op": "layer_fwd", "name": "b0", "model": "m", "micro_batch": 1, "time_s": 0.01,
+             "threads": 2, "layers": "0-3", "source": "runtime"}
+    gemm, lay = build_profile([rec, layer], {}).records
+    assert gemm == {k: v for k, v in rec.items() if k != "source"} | {"device": "cpu", "source": "calibrate efficiency"}
+    assert lay["layers"] == [0, 3] and lay["source"] == "calibrate; runtime"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from perfsim.errors import ConfigError
 from perfsim.profile.format import COMM_OPS
@@ -101,6 +101,7 @@ class ProfileCosts:
 
     records: list[dict[str, Any]]
     metadata: dict[str, Any]
+    select: Callable[..., list[dict[str, Any]]]
 
     def compute_time(self, model: str, layer: str, micro_batch: int, op: str = "fwd") -> float | None:
         """Measured time of one layer's forward (``op='fwd'``) or backward pass for
