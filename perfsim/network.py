@@ -50,11 +50,7 @@ Diagonal entries are ignored. Values take the units of :mod:`perfsim.units`.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -299,7 +295,15 @@ def _regional(data, where: str) -> Topology:
 
 
 def topology_from_csv(text: str, where: str = "topology") -> Topology:
-    rows = list(csv.DictReader(io.StringIO(text)))
+    """A topology from CSV text (header ``src,dst,bandwidth,latency``)."""
+    from perfsim.documents import parse_document
+
+    return topology_from_rows(parse_document(text, "csv", where), where)
+
+
+def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> Topology:
+    """A topology from CSV rows (``src``, ``dst``, ``bandwidth``, ``latency``; one
+    row per pair, either direction)."""
     if not rows or set(rows[0]) != {"src", "dst", "bandwidth", "latency"}:
         raise ConfigError(f"{where}: CSV needs the header src,dst,bandwidth,latency and >= 1 row")
     entries = {}
@@ -328,21 +332,14 @@ def topology_from_csv(text: str, where: str = "topology") -> Topology:
 
 def load_topology(path: str | Path) -> Topology:
     """Read a topology file (.json, .toml or .csv)."""
+    from perfsim.documents import document_kind, read_document
+
     p = Path(path)
     where = f"topology {str(p)!r}"
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".csv":
-            return topology_from_csv(text, where)
-        if suffix == ".toml":
-            return topology_from_dict(tomllib.loads(text), where)
-        return topology_from_dict(json.loads(text), where)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{where}: malformed ({exc})") from None
+    data = read_document(p, "topology", default="json")
+    if document_kind(p, "json") == "csv":
+        return topology_from_rows(data, where)
+    return topology_from_dict(data, where)
 
 
 # ---------------------------------------------------------------- interface

@@ -32,9 +32,7 @@ on 8 stages gets 6 blocks per stage.
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -161,16 +159,11 @@ _LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"
 
 def load_workload_file(path: str | Path) -> Model:
     """Read a TOML or JSON workload file (format in the module docstring)."""
+    from perfsim.documents import read_document
+
     p = Path(path)
     where = f"workload {str(p)!r}"
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(raw) if p.suffix.lower() == ".json" else tomllib.loads(raw.decode())
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: malformed ({exc})") from None
+    data = read_document(p, "workload", kind="json" if p.suffix.lower() == ".json" else "toml")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: top level must be a table/object")
     unknown = set(data) - {"name", "tokens_per_sample", "layers"}

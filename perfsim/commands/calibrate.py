@@ -6,7 +6,7 @@ Measures (see perfsim/calibrate/*.py for the methods):
   codecs   encode/decode time of every compressor and bit width over tensor sizes;
   comm     p2p, allreduce, allgather, alltoall over the real backend (gloo/NCCL),
            on loopback and under each --emulate-bandwidth (netns + tc).
-Writes the profile atomically (perfsim.profile format, version 1).
+Writes the profile atomically (perfsim.profile format, current version).
 """
 
 from __future__ import annotations
