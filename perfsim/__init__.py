@@ -90,7 +90,7 @@ Grid parameters:
 
 
 def run(**params: Any) -> "Result | None":
-    from perfsim.runtime.api import run as _run
+    from perfsim.runtime import run as _run
 
     return _run(**params)
 

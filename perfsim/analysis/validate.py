@@ -1,7 +1,7 @@
 """Validation: the same configuration measured (execute mode) and predicted (simulator).
 
 For every (bandwidth, pipeline compression, gradient compression) of a grid we
-run ``perfsim.runtime.api.run`` -- real torch.distributed training, over a
+run ``perfsim.runtime.run`` -- real torch.distributed training, over a
 ``tc``-shaped link when a bandwidth is given -- and ``perfsim.api.predict``
 with a profile calibrated on this machine, and compare throughput and
 iteration time: per-row signed error ``(predicted - measured) / measured`` and
@@ -272,7 +272,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
             ) -> dict[str, Any]:
     """Measure and predict one row; returns the comparison row."""
     if runner is None:
-        from perfsim.runtime.api import run as runner
+        from perfsim.runtime import run as runner
     if predictor is None:
         from perfsim.api import predict as predictor
 
@@ -508,7 +508,7 @@ def check_specs(plan: ValidationPlan) -> None:
     validation) before any slow measured run starts. ConfigError naming the spec."""
     from perfsim.api import build_configs
     from perfsim.engine.plan import build_plan
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     base = {k: v for k, v in plan.base.items() if k in ("model", "pp", "dp", "schedule",
                                                          "micro_batch", "macro_batch")}

@@ -71,7 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfsim.runtime.api import run as api_run, under_torchrun
+    from perfsim.runtime import run as api_run, under_torchrun
     from perfsim.runtime.launch import RankFailure
     from perfsim.runtime.worker import TrainingDiverged
 
