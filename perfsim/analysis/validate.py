@@ -373,8 +373,10 @@ def _predict(predictor, params: dict[str, Any], tp: int):
 
 
 def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,
-                   runner=None, predictor=None):
-    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller)."""
+                   runner=None, predictor=None, on_row: Callable[[list[dict]], None] | None = None):
+    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller).
+    ``progress(label)`` is called before each row, ``on_row(rows)`` after it with the
+    comparison rows so far."""
     import pandas as pd
 
     from perfsim.profile import load_profile
@@ -386,6 +388,8 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
             bw = format_bandwidth(row["bandwidth"]) if row["bandwidth"] else "loopback"
             progress(f"{bw} {row['compress']} grad={row['grad_compress']} tp={row.get('tp', 1)}")
         rows.append(run_row(plan, row, profile, i, runner, predictor))
+        if on_row:
+            on_row(rows)
     return pd.DataFrame(rows)
 
 
