@@ -18,13 +18,15 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
   The first stage adds the embedding dropout mask ``s b h``; the last stage the
-  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (paper Sec. 4.3).
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3).
   With full recomputation one layer's activations are rebuilt during the backward:
   the stage also holds one layer's ``none`` activations.
 * micro-batches held: the schedule table's peak in flight on that stage
   (:func:`perfsim.schedules.max_in_flight`: GPipe all ``m``, 1F1B ``pp - s``).
 * AQ-SGD message buffers: one buffered message per training sample and boundary
-  on both sides of it (aq-sgd-paper Sec. 3), unless the spec keeps them on disk.
+  on both sides of it (Wang et al. 2022, "Fine-tuning Language Models over Slow Networks
+  using Activation Compression with Guarantees", arXiv:2206.01299, Sec. 3), unless the
+  spec keeps them on disk.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     from perfsim.compression import make_pipeline_pair
+    from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
@@ -112,8 +115,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                     n *= d
                 act += 2 * bpv * n * mb * inflight / tp
         buffers = 0.0
-        if getattr(fw_comp, "name", "") == "aqsgd" and not getattr(fw_comp, "disk", None):
-            bits = getattr(fw_comp, "mbits", None) or 32
+        if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
+            bits = fw_comp.mbits or 32
             per_sample = 1
             for d in workload.layers[st.last_layer - 1].out_shape:
                 per_sample *= d

@@ -144,6 +144,7 @@ class Compressor(ABC):
 
     name: ClassVar[str] = ""
     spec_syntax: ClassVar[str] = ""
+    example_spec: ClassVar[str | None] = None  # a spec to show (``perfsim compressors``)
     allreduce_compatible: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
 
