@@ -9,6 +9,9 @@ The Python API mirrors the command line one to one (``perfsim predict
     r.to_frame()                        # one-row pandas DataFrame
     df = perfsim.sweep(bandwidth=["10Gbps", "100Mbps"], compress=["fp32", "aqsgd:fw3bw6"]).to_frame()
     best = perfsim.plan(model="gpt2-xl", nodes=4, bandwidth="1Gbps").to_frame()
+    prof = perfsim.calibrate("traces/mybox.json", quick=True)     # measure this machine (torch)
+    m = perfsim.run(model="digits-mlp", pp=2, steps=20)           # train for real, measured Result
+    df = perfsim.validate(profile="traces/mybox.json", compress="fp32,aqsgd:fw3bw6")
 
 The predict parameters are described once, in :mod:`perfsim.params`; importing
 perfsim is cheap (the simulator, pandas and torch load on first use).
@@ -149,7 +152,9 @@ def calibrate(out: str = "traces/calibrated.json", **params: Any):
     return _calibration.calibrate(out, **params)
 
 
-calibrate.__signature__ = _inspect.signature(_calibration.calibrate)  # type: ignore[attr-defined]
+calibrate.__signature__ = _inspect.Signature([  # type: ignore[attr-defined]
+    *(p for p in _inspect.signature(_calibration.calibrate).parameters.values() if p.kind != p.VAR_KEYWORD),
+    *_inspect.signature(_calibration.plan_calibration).parameters.values()])
 calibrate.__doc__ = _calibration.calibrate.__doc__ + """
     The keywords, their defaults and checks: :func:`perfsim.calibrate.calibration.plan_calibration`.
     Example::

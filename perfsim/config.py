@@ -18,6 +18,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
+from perfsim.schedules import PipelineShape
 
 
 def _pos_int(obj, name: str, minimum: int = 1) -> None:
@@ -33,35 +34,6 @@ def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = Fals
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or v < 0 or (v == 0 and not allow_zero):
         raise ConfigError(f"{name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
-
-
-class PipelineShape:
-    """What a pipeline's schedule follows from, for a config with ``pp``, ``schedule``,
-    ``virtual_stages``, ``micro_batch`` and ``macro_batch`` fields (:class:`Strategy`
-    of the simulator, :class:`perfsim.runtime.config.RunConfig` of execute mode)."""
-
-    pp: int
-    schedule: str
-    virtual_stages: int | None
-    micro_batch: int
-    macro_batch: int
-
-    @property
-    def num_microbatches(self) -> int:
-        return self.macro_batch // self.micro_batch
-
-    @property
-    def num_stages(self) -> int:
-        """Model chunks in the pipeline: pp x the schedule's stages per device."""
-        from perfsim.schedules import stage_count
-
-        return self.pp * stage_count(self.schedule, self.virtual_stages)
-
-    def table(self):
-        """The schedule table every rank runs (:func:`perfsim.schedules.build_table`)."""
-        from perfsim.schedules import build_table
-
-        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
 
 
 @dataclass(frozen=True)

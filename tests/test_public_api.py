@@ -45,7 +45,7 @@ def test_calibrate_flags_are_the_keywords_of_the_library():
     params = inspect.signature(plan_calibration).parameters
     assert set(params) == set(defaults) - {"out", "no_progress"}
     assert all(defaults[k] == p.default for k, p in params.items())
-    assert set(inspect.signature(perfsim.calibrate).parameters) >= {"out", "progress", "params"}
+    assert set(inspect.signature(perfsim.calibrate).parameters) == {"out", "progress", "command", *params}
 
 
 def test_plan_calibration_takes_sequences_and_names_the_flag():

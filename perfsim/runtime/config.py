@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfsim.config import PipelineShape
 from perfsim.errors import ConfigError
+from perfsim.schedules import PipelineShape
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
