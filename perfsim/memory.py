@@ -31,6 +31,7 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from perfsim.hardware import BYTES_PER_VALUE
@@ -53,6 +54,17 @@ class StageMemory:
     @property
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+
+    def breakdown(self) -> str:
+        """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
+        return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
+                              self.activations / GIB, self.buffers / GIB)
+
+
+def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float) -> str:
+    """The parts of a stage's peak memory, in GiB, as the CLI and the out-of-memory error print them."""
+    text = f"weights {weights:.1f}, grads {grads:.1f}, optimizer {optimizer:.1f}, activations {activations:.1f}"
+    return text + (f", AQ-SGD buffers {buffers:.1f}" if buffers else "")
 
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int) -> float:
@@ -116,11 +128,12 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += 2 * bpv * n * mb * inflight / tp
         buffers = 0.0
         if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
-            bits = fw_comp.mbits or 32
-            per_sample = 1
-            for d in workload.layers[st.last_layer - 1].out_shape:
-                per_sample *= d
-            sides = (st.index < plan.pp - 1) + (st.index > 0)  # sender of its boundary, receiver of the previous
-            buffers = sides * per_sample * bits / 8 * strategy.dataset_samples / tp
+            # the sender keeps its own output's messages, the receiver the previous stage's
+            per_sample = 0
+            if st.index < plan.pp - 1:
+                per_sample += math.prod(workload.layers[st.last_layer - 1].out_shape)
+            if st.index > 0:
+                per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
+            buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
         out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight))
     return out

@@ -1,4 +1,5 @@
-"""Global random-k sparsification + max-norm quantization (multiscale-quantizers-paper.txt).
+"""Global random-k sparsification + max-norm quantization (S. Vineeth, "Unbiased
+Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
 ``randk-maxnorm:FRACTION:BITS[:scaled]`` -- GlobalRandKMaxNorm, Sec. 3.3: every
 worker picks the *same* ``K = ceil(FRACTION * n)`` coordinates uniformly at
@@ -28,9 +29,10 @@ from typing import Any, Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression.args import SpecArg, complete
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
-from perfsim.compression.maxnorm import MaxNormQuantizer, parse_scale_bits
-from perfsim.compression.qsgd import generator, parse_level_bits
+from perfsim.compression.maxnorm import SCALE_BITS_ARG, MaxNormQuantizer
+from perfsim.compression.qsgd import BITS_ARG, generator
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
@@ -63,16 +65,6 @@ def first_occurrences(draws: torch.Tensor, n: int) -> torch.Tensor:
         first.index_fill_(0, draws, _UNSEEN)
 
 
-def parse_fraction(text: str) -> float:
-    try:
-        f = float(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"fraction {text!r}: not a number") from None
-    if not (0.0 < f <= 1.0) or not math.isfinite(f):
-        raise ConfigError(f"fraction={text}: must be in (0, 1]")
-    return f
-
-
 class _GlobalRandK(Compressor):
     allreduce_compatible = True
     stateful = True
@@ -95,8 +87,8 @@ class _GlobalRandK(Compressor):
         ``K`` *distinct* values in order of first occurrence -- sequential
         sampling with replacement that skips repeats is sampling without
         replacement, so this is a uniform random ordered K-sample. Duplicates are
-        found with a scatter-min of draw positions (O(draws), no sort: a sort of
-        the ~1.25 K draws cost ~0.8 ms for K = 16 k). Large ``K`` (``4K >= n``)
+        found with a scatter-min of draw positions (O(draws), no sort of the
+        ~1.25 K draws). Large ``K`` (``4K >= n``)
         use ``randperm(n)``. The last result is cached for decode."""
         step = self._step if step is None else step
         k = self.k_of(n)
@@ -171,48 +163,40 @@ class _GlobalRandK(Compressor):
         self._step = int(state.get("step", 0))
         self.inner.load_state_dict(state.get("inner", {}))
 
+    @classmethod
+    def from_values(cls, values=None, seed: int = 0) -> "_GlobalRandK":
+        """Build from :attr:`spec_args` values: the inner max-norm quantizer gets ``bits``
+        (and ``scale_bits``) and shares the spec."""
+        v = complete(cls.spec_args, values or {})
+        inner = MaxNormQuantizer(v["bits"], v.get("scale_bits", ()), seed=seed)
+        comp = cls(v["fraction"], inner, scaled=v["scaled"], seed=seed)
+        comp.spec = comp.inner.spec = comp.canonical_spec()
+        return comp
 
-def _split_scaled(args: list[str]) -> tuple[list[str], bool]:
-    rest = [a for a in args if a.lower() != "scaled"]
-    return rest, len(rest) != len(args)
+    def spec_values(self) -> dict:
+        return {"fraction": self.fraction, "bits": self.inner.bits,
+                "scale_bits": self.inner.scale_bits[1:], "scaled": self.scaled}
+
+
+_FRACTION = SpecArg("fraction", float, low=0, high=1, low_open=True)
+_SCALED = SpecArg("scaled", default=False, words={"scaled": True})
 
 
 @register
 class RandKMaxNorm(_GlobalRandK):
-    """GlobalRandKMaxNorm (multiscale-quantizers-paper.txt Sec. 3.3)."""
+    """GlobalRandKMaxNorm (arXiv:2109.12497 Sec. 3.3)."""
 
     name = "randk-maxnorm"
-    spec_syntax = "randk-maxnorm:FRACTION:BITS[:scaled]"
     example_spec = "randk-maxnorm:0.01:4"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        args, scaled = _split_scaled(args)
-        if len(args) != 2:
-            raise ConfigError("expected randk-maxnorm:FRACTION:BITS, e.g. randk-maxnorm:0.01:4")
-        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
-        comp = cls(frac, MaxNormQuantizer(bits, seed=seed), scaled=scaled, seed=seed)
-        comp.inner.spec = comp.spec = f"{cls.name}:{args[0]}:{bits}" + (":scaled" if scaled else "")
-        return comp
+    spec_args = (_FRACTION, BITS_ARG, _SCALED)
 
 
 @register
 class RandKMaxNormMultiScale(_GlobalRandK):
-    """GlobalRandKMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.4)."""
+    """GlobalRandKMaxNormMultiScale (arXiv:2109.12497 Sec. 3.4)."""
 
     name = "randk-maxnorm-multiscale"
-    spec_syntax = "randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS,...][:scaled]"
     example_spec = "randk-maxnorm-multiscale:0.01:4:8"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        args, scaled = _split_scaled(args)
-        if not 2 <= len(args) <= 3:
-            raise ConfigError("expected randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS], "
-                              "e.g. randk-maxnorm-multiscale:0.01:4:8")
-        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
-        scales = parse_scale_bits(args[2], bits) if len(args) == 3 else (bits + 4,)
-        comp = cls(frac, MaxNormQuantizer(bits, scales, seed=seed), scaled=scaled, seed=seed)
-        comp.spec = f"{cls.name}:{args[0]}:{bits}:{','.join(map(str, scales))}" + (":scaled" if scaled else "")
-        comp.inner.spec = comp.spec
-        return comp
+    spec_args = (_FRACTION, BITS_ARG, SCALE_BITS_ARG, _SCALED)

@@ -59,8 +59,7 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
         if worst.total > cap:
             raise ConfigError(
                 f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
-                f"(weights {worst.weights / GIB:.1f}, grads {worst.grads / GIB:.1f}, optimizer "
-                f"{worst.optimizer / GIB:.1f}, activations {worst.activations / GIB:.1f}), {system.gpu} has "
+                f"({worst.breakdown()}), {system.gpu} has "
                 f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
     return mem, cap
 

@@ -123,6 +123,17 @@ def _mask_dead(momentum: torch.Tensor, frozen_var: torch.Tensor) -> torch.Tensor
     return momentum.masked_fill_(frozen_var == 0, 0.0)
 
 
+def _adam_moments(st: dict, grad: torch.Tensor, g: dict, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The warm-up stage's Adam moment update, shared by 1-bit Adam and 1-bit LAMB:
+    ``m <- b1 m + (1-b1) grad``, ``v <- b2 v + (1-b2) grad^2`` in place (state ``st``,
+    hyper-parameters of group ``g``, step ``t``); returns ``(m, sqrt(v / (1-b2^t)) + eps)``."""
+    b1, b2 = g["betas"]
+    m, v = st["exp_avg"], st["exp_avg_sq"]
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    return m, (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+
+
 class _OneBitBase(torch.optim.Optimizer):
     """Shared machinery: warm-up gradient allreduce, fused momentum exchange,
     global state, checkpointing and byte/time counters."""
@@ -348,14 +359,9 @@ class OneBitAdam(_OneBitBase):
 
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
-            b1, b2 = g["betas"]
-            st = self._st(p)
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+            m, denom = _adam_moments(self._st(p), grad, g, t)
             p.mul_(1 - g["lr"] * g["weight_decay"])
-            p.addcdiv_(m, denom, value=-g["lr"] / (1 - b1 ** t))
+            p.addcdiv_(m, denom, value=-g["lr"] / (1 - g["betas"][0] ** t))
 
     def _freeze(self, items):
         pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
@@ -417,13 +423,9 @@ class OneBitLamb(_OneBitBase):
     def _warmup_step(self, t, items, grads):
         c_min, c_max = self.coeff_bounds
         for (p, g), grad in zip(items, grads):
-            b1, b2 = g["betas"]
             st = self._st(p)
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
-            update = (m / (1 - b1 ** t)).div_(denom)
+            m, denom = _adam_moments(st, grad, g, t)
+            update = (m / (1 - g["betas"][0] ** t)).div_(denom)
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             w_norm, u_norm = float(p.norm()), float(update.norm())
