@@ -18,13 +18,15 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
   The first stage adds the embedding dropout mask ``s b h``; the last stage the
-  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (paper Sec. 4.3).
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3).
   With full recomputation one layer's activations are rebuilt during the backward:
   the stage also holds one layer's ``none`` activations.
 * micro-batches held: the schedule table's peak in flight on that stage
   (:func:`perfsim.schedules.max_in_flight`: GPipe all ``m``, 1F1B ``pp - s``).
 * AQ-SGD message buffers: one buffered message per training sample and boundary
-  on both sides of it (aq-sgd-paper Sec. 3), unless the spec keeps them on disk.
+  on both sides of it (Wang et al. 2022, "Fine-tuning Language Models over Slow Networks
+  using Activation Compression with Guarantees", arXiv:2206.01299, Sec. 3), unless the
+  spec keeps them on disk.
 """
 
 from __future__ import annotations

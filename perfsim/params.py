@@ -217,11 +217,11 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
 
 
 def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
-    from perfsim.workload import parse_partition
+    from perfsim.partition import parse_counts
 
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return "uniform"
-    counts = parse_partition(value)
+    counts = parse_counts(value)
     if counts is not None and not counts:
         raise ConfigError(f"partition={value!r}: empty")
     return counts

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from perfsim.errors import ConfigError
 from perfsim.models.specs import MODEL_SPECS, LayerSpec, get_model_spec
@@ -382,18 +382,6 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
 
 
 # --------------------------------------------------------------------- partition
-
-
-def parse_partition(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
-    """``"7,6,6"`` or a list -> layer counts per stage."""
-    if text is None or text == "" or text == "balanced":
-        return None
-    items = str(text).split(",") if isinstance(text, str) else list(text)
-    try:
-        counts = tuple(int(str(x).strip()) for x in items)
-    except ValueError:
-        raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
-    return counts
 
 
 # The partition algorithm lives in perfsim.partition, shared with the runtime.

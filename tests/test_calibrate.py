@@ -310,7 +310,7 @@ def test_codec_config_rejects_a_bad_rel_spread():
 def test_estimate_counts_points_and_quick_is_shorter():
     from perfsim.calibrate import codecs as cc
     from perfsim.calibrate.comm import CommConfig
-    from perfsim.commands.calibrate import SECONDS_PER_COMM_SWEEP, SECONDS_PER_POINT, estimate_seconds
+    from perfsim.calibrate.calibration import SECONDS_PER_COMM_SWEEP, SECONDS_PER_POINT, estimate_seconds
 
     one = [ComputeConfig(model="digits-mlp", micro_batches=(8,))]
     two = [ComputeConfig(model="digits-mlp", micro_batches=(8, 16))]

@@ -1,7 +1,7 @@
 """Validation: the same configuration measured (execute mode) and predicted (simulator).
 
 For every ([schedule,] bandwidth, pipeline compression, gradient compression[,
-tp]) of a grid, :func:`run_row` runs execute mode (``perfsim.runtime.api.run``:
+tp]) of a grid, :func:`run_row` runs execute mode (``perfsim.runtime.run``:
 real torch.distributed training, over a ``tc``-shaped link when a bandwidth is
 given) and ``perfsim.api.predict`` with a profile calibrated on the same
 machine, and compares throughput and iteration time: per-row signed error
@@ -276,7 +276,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
             ) -> dict[str, Any]:
     """Measure and predict one row; returns the comparison row."""
     if runner is None:
-        from perfsim.runtime.api import run as runner
+        from perfsim.runtime import run as runner
     if predictor is None:
         from perfsim.api import predict as predictor
 
@@ -378,8 +378,10 @@ def _predict(predictor, params: dict[str, Any], tp: int):
 
 
 def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,
-                   runner=None, predictor=None):
-    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller)."""
+                   runner=None, predictor=None, on_row: Callable[[list[dict]], None] | None = None):
+    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller).
+    ``progress(label)`` is called before each row, ``on_row(rows)`` after it with the
+    comparison rows so far."""
     import pandas as pd
 
     from perfsim.profile import load_profile
@@ -391,6 +393,8 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
             bw = format_bandwidth(row["bandwidth"]) if row["bandwidth"] else "loopback"
             progress(f"{bw} {row['compress']} grad={row['grad_compress']} tp={row.get('tp', 1)}")
         rows.append(run_row(plan, row, profile, i, runner, predictor))
+        if on_row:
+            on_row(rows)
     return pd.DataFrame(rows)
 
 
@@ -513,7 +517,7 @@ def check_specs(plan: ValidationPlan) -> None:
     validation) before any slow measured run starts. ConfigError naming the spec."""
     from perfsim.api import build_configs
     from perfsim.engine.plan import build_plan
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     base = {k: v for k, v in plan.base.items() if k in ("model", "pp", "dp", "schedule",
                                                          "micro_batch", "macro_batch")}

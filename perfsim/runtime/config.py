@@ -1,8 +1,8 @@
 """The configuration of one ``perfsim run`` job (what every rank receives).
 
-Flag names and values are those of ``perfsim run`` / ``perfsim predict``
-(helper brief, "Runtime API"): one value each, strings such as ``"100Mbps"``
-parsed once here into SI units.
+Flag names and values are those of ``perfsim run`` / ``perfsim predict``: one
+value each, strings such as ``"100Mbps"`` parsed once (by
+:func:`perfsim.runtime.make_config`) into SI units.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import PipelineShape
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
@@ -22,7 +23,7 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(PipelineShape):
     """One real training job.
 
     model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
@@ -156,23 +157,6 @@ class RunConfig:
 
         return RankLayout(self.tp, self.dp, self.pp)
 
-    @property
-    def num_microbatches(self) -> int:
-        return self.macro_batch // self.micro_batch
-
-    @property
-    def num_stages(self) -> int:
-        """Model chunks in the pipeline (pp x stages per rank)."""
-        from perfsim.schedules import stage_count
-
-        return self.pp * stage_count(self.schedule, self.virtual_stages)
-
-    def table(self):
-        """The schedule table every rank runs (:func:`perfsim.schedules.build_table`)."""
-        from perfsim.schedules import build_table
-
-        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
-
     def spec(self):
         from perfsim.models.specs import get_model_spec
 
@@ -180,28 +164,14 @@ class RunConfig:
 
     def stage_ranges(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer range of every stage (model chunk)."""
-        from perfsim.partition import partition_model
+        from perfsim.partition import parse_counts, partition_model
 
         spec = self.spec()
         nst = self.num_stages
         if nst > len(spec.layers()) and nst > self.pp:
             raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
                               f"{self.model} has only {len(spec.layers())} layers")
-        if self.partition is None or str(self.partition).strip() in ("", "balanced"):
-            return partition_model(spec, nst)
-        try:
-            counts = [int(x) for x in str(self.partition).split(",")]
-        except ValueError:
-            raise ConfigError(f"partition {self.partition!r}: expected comma-separated layer counts") from None
-        n = len(spec.layers())
-        if len(counts) != nst or any(c < 1 for c in counts) or sum(counts) != n:
-            raise ConfigError(f"partition {self.partition!r}: needs {nst} counts >= 1 summing to "
-                              f"the {n} layers of {self.model}")
-        bounds, start = [], 0
-        for c in counts:
-            bounds.append((start, start + c))
-            start += c
-        return bounds
+        return partition_model(spec, nst, explicit=parse_counts(self.partition))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -1,12 +1,12 @@
 """Turn the ranks' timings into a measured :class:`perfsim.result.Result`.
 
-Same schema as ``perfsim predict`` (ARCHITECTURE.md rule 2), ``source="measured"``.
+Same schema as ``perfsim predict`` (:mod:`perfsim.result`), ``source="measured"``.
 
 Definitions (all per optimizer step, averaged over the *measured* steps):
 
 * measured steps: every step of this session except the first (warm-up of
   allocators and sockets); when the pipeline compressor has an uncompressed
-  warm-up phase (AQ-SGD's first epoch, aq-sgd-paper.txt Alg. 1) and the run
+  warm-up phase (AQ-SGD's first epoch: Alg. 1 of AQ-SGD, arXiv:2206.01299) and the run
   went past epoch 0, only steps of later epochs count, so throughput is that of
   the compressed phase; likewise the warm-up steps of 1-bit Adam / LAMB
   (uncompressed allreduce) are left out when compressed steps follow. ``summary["measured_steps"]`` says how many.
@@ -56,7 +56,7 @@ from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Res
 
 
 def _onebit_warmup(grad_compress: str) -> int | None:
-    """1-bit optimizers' warm-up steps (None for gradient compressors), issue 14.19."""
+    """1-bit optimizers' warm-up steps (None for gradient compressors)."""
     from perfsim.ddp import warmup_steps
 
     return warmup_steps(grad_compress)
@@ -234,7 +234,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
-    result.losses = losses  # type: ignore[attr-defined]
+    result.losses = losses
     return result
 
 
@@ -275,7 +275,7 @@ def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None =
     from perfsim.result import SUMMARY_COLUMNS
 
     out = Path(out)
-    losses = getattr(result, "losses", {})
+    losses = result.losses
     data = result.to_json_dict()
     data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
     atomic_write_text(out / "result.json", json.dumps(data, indent=1, default=float))
@@ -295,5 +295,5 @@ def load_result(out: str | Path) -> Result:
     if (out / "trace.json").exists():
         trace = json.loads((out / "trace.json").read_text()).get("traceEvents", [])
     result = Result(data["summary"], data["stages"], data["microbatches"], data["links"], trace)
-    result.losses = {int(d["step"]): d["loss"] for d in data.get("losses", [])}  # type: ignore[attr-defined]
+    result.losses = {int(d["step"]): d["loss"] for d in data.get("losses", [])}
     return result

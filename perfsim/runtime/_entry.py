@@ -1,9 +1,10 @@
-"""Python API of execute mode: ``perfsim.runtime.api.run(**params) -> Result``.
+"""Entry points of execute mode, exported by :mod:`perfsim.runtime` (import them
+from there): ``perfsim.runtime.run(**params) -> Result``.
 
 Parameters have the names and values of ``perfsim run``'s flags (one value
 each; ``"100Mbps"`` / ``"5ms"`` strings or SI numbers)::
 
-    from perfsim.runtime.api import run
+    from perfsim.runtime import run
     r = run(model="digits-mlp", pp=2, compress="aqsgd:fw3bw6", steps=20,
             emulate_bandwidth="100Mbps", emulate_latency="5ms", out="runs/a")
     r.summary["throughput_samples_per_s"]
