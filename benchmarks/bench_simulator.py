@@ -34,26 +34,47 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def hetero_topology(nodes: int, pp: int, seed: int = 0) -> str:
-    """A geo-distributed topology: 4 regions, 10 Gbps / 1 ms inside a region,
-    100 Mbps - 1 Gbps / 20-80 ms across, and 8 random pipeline hops degraded
-    to 50 Mbps (so several replica classes must be simulated)."""
-    rng = random.Random(seed)
+def _regions(rng: random.Random) -> tuple[list, list]:
+    """4 regions: 10 Gbps / 1 ms inside a region, 100 Mbps - 1 Gbps / 20-80 ms across."""
     bw = [["10Gbps" if a == b else None for b in range(4)] for a in range(4)]
     lat = [["1ms" if a == b else None for b in range(4)] for a in range(4)]
     for a in range(4):
         for b in range(a + 1, 4):
             bw[a][b] = bw[b][a] = rng.choice(["100Mbps", "300Mbps", "1Gbps"])
             lat[a][b] = lat[b][a] = f"{rng.uniform(20, 80):.1f}ms"
+    return bw, lat
+
+
+def _write(doc: dict) -> str:
+    fd, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f)
+    return path
+
+
+def hetero_topology(nodes: int, pp: int, seed: int = 0) -> str:
+    """A geo-distributed topology (:func:`_regions`) with 8 random pipeline hops
+    degraded to 50 Mbps (so several replica classes must be simulated)."""
+    rng = random.Random(seed)
+    bw, lat = _regions(rng)
     links = []
     for _ in range(8):
         r, s = rng.randrange(nodes // pp), rng.randrange(pp - 1)
         links.append({"src": r * pp + s, "dst": r * pp + s + 1, "bandwidth": "50Mbps"})
-    fd, path = tempfile.mkstemp(suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"nodes": nodes, "regions": {"size": nodes // 4}, "region_bandwidth": bw,
-                   "region_latency": lat, "links": links}, f)
-    return path
+    return _write({"nodes": nodes, "regions": {"size": nodes // 4}, "region_bandwidth": bw,
+                   "region_latency": lat, "links": links})
+
+
+def geo_distinct_topology(replicas: int, pp: int, seed: int = 2) -> str:
+    """Every replica different on a geo-distributed system: the regions of
+    :func:`_regions`, and each pipeline hop of every replica its own measured
+    link (0.5-5 Gbps, 0.2-5 ms), so no two replicas see the same links."""
+    rng = random.Random(seed)
+    bw, lat = _regions(rng)
+    links = [{"src": r * pp + s, "dst": r * pp + s + 1, "bandwidth": rng.choice(["500Mbps", "1Gbps", "2Gbps", "5Gbps"]),
+              "latency": f"{rng.uniform(0.2, 5):.4f}ms"} for r in range(replicas) for s in range(pp - 1)]
+    return _write({"nodes": replicas * pp, "regions": {"size": replicas * pp // 4}, "region_bandwidth": bw,
+                   "region_latency": lat, "links": links})
 
 
 def distinct_topology(replicas: int, pp: int, seed: int = 1) -> str:
@@ -62,11 +83,8 @@ def distinct_topology(replicas: int, pp: int, seed: int = 1) -> str:
     rng = random.Random(seed)
     bw = [[rng.choice([1e8, 2e8, 5e8, 1e9, 1e10]) for _ in range(replicas)] for _ in range(replicas)]
     lat = [[rng.uniform(1e-4, 5e-2) for _ in range(replicas)] for _ in range(replicas)]
-    fd, path = tempfile.mkstemp(suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump({"nodes": replicas * pp, "regions": {"size": pp}, "region_bandwidth": bw,
-                   "region_latency": lat}, f)
-    return path
+    return _write({"nodes": replicas * pp, "regions": {"size": pp}, "region_bandwidth": bw,
+                   "region_latency": lat})
 
 
 def main(argv=None) -> int:

@@ -107,6 +107,7 @@ class SimOutput:
     events: int
     trace: list[dict] = field(default_factory=list)
     collective_algos: tuple[str, ...] = ()
+    engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
 
 
 class _Connection:
