@@ -30,7 +30,7 @@ from perfsim.engine.plan import Plan, comm_slowdown
 from perfsim.engine.sim import DeviceStats, SimOutput
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
-                               SEND_B, SEND_F, with_comms)
+                               SEND_B, SEND_F)
 
 #: flows sharing a NIC must leave this relative margin below its capacity (the
 #: check adds rates in floating point; max-min itself needs any margin > 1e-12)
@@ -144,14 +144,16 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
     table = plan.table
-    rows = with_comms(table)
-    order = _order(rows)
+    order = _order(plan.comm_rows)
     if order is None:
         return None
     reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
     nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
     place = plan.device or (lambda t, r, s: r * pp + s)
     buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
+    # one replica: plain floats (cheaper than arrays of one); several: arrays over replicas
+    vec = nrep > 1
+    mx = np.maximum if vec else max
     flows = _Flows(network)
     res_index: dict = {}
 
@@ -172,14 +174,15 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
             rate = [min([c8] + [flows.cap8(x) for x in p.resources]) for c8, p in zip(cap, paths)]
             flows.rates.update(cap)
             flows.rates.update(rate)
-            c = conns[(d, d2)] = {"rate": np.array(rate), "lat": np.array([p.latency_s for p in paths]),
+            lat = [p.latency_s for p in paths]
+            c = conns[(d, d2)] = {"rate": np.array(rate) if vec else rate[0], "lat": np.array(lat) if vec else lat[0],
                                   "res": np.array([[rid(x) for x in p.resources] + [-1] * (2 - len(p.resources))
                                                    for p in paths], np.int64).reshape(len(paths), -1),
                                   "free": None, "msgs": []}
         return c
 
     # ---------------------------------------------------------------- pipeline
-    t = [np.zeros(nrep) for _ in range(pp)]
+    t = [np.zeros(nrep) if vec else 0.0 for _ in range(pp)]
     arrive: dict[tuple, np.ndarray] = {}
     ready: dict[tuple[int, int], np.ndarray] = {}
     compute = [0.0] * pp
@@ -208,7 +211,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     def send(d: int, d2: int, key: tuple, nbytes: int, mb: int, kind: str) -> None:
         nonlocal events
         c = conn(d, d2)
-        start = t[d] if c["free"] is None else np.maximum(t[d], c["free"])
+        start = t[d] if c["free"] is None else mx(t[d], c["free"])
         vol = nbytes * lanes
         end = start + float(vol) / c["rate"] if vol > 0 else start
         c["free"] = end
@@ -223,10 +226,10 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         sp = plan.stages[k]
         cell = cells.setdefault((d, mb), {})
         if kind == RECV_F:
-            t[d] = np.maximum(t[d], arrive.pop((k, "F", mb)))
+            t[d] = mx(t[d], arrive.pop((k, "F", mb)))
             spend(d, cell, plan.stages[k - 1].fw_decode_s)
         elif kind == RECV_B:
-            t[d] = np.maximum(t[d], arrive.pop((k, "B", mb)))
+            t[d] = mx(t[d], arrive.pop((k, "B", mb)))
             spend(d, cell, sp.bw_decode_s)
         elif kind == SEND_F:
             spend(d, cell, sp.fw_encode_s)
@@ -286,7 +289,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         mine = []
         now = 0.0
         for b, bucket in enumerate(buckets[s]):
-            now = max(now, float(ready[(s, b)].max()))
+            now = max(now, float(np.max(ready[(s, b)])))
             t0 = now
             dp_log.append((t0, s, d, "start", t0))
             events += 1
@@ -331,7 +334,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         moved = [m for m in c["msgs"] if m[2] * lanes > 0]
         if not moved or not c["res"].size:
             continue
-        st, en = np.stack([m[0] for m in moved]), np.stack([m[1] for m in moved])
+        st, en = (np.array([m[i] for m in moved], float).reshape(len(moved), nrep) for i in (0, 1))
         cs, ce, cr, col = _chains(st, en, np.broadcast_to(c["rate"], st.shape))
         for ids in c["res"].T:  # the sending NIC, the receiving NIC
             ids = ids[col]
@@ -350,6 +353,11 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
                    sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events)
 
 
+def _col(x, nrep: int) -> np.ndarray:
+    """A per-replica quantity (a float when one replica is replayed) as an array."""
+    return np.broadcast_to(np.asarray(x, float), (nrep,))
+
+
 def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec, sent_bytes,
             cells, sent, conns, dp_log, algo_log, dp_links, events) -> SimOutput:
     """Assemble a SimOutput with the event loop's sums in the event loop's order."""
@@ -362,15 +370,15 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
         if syncs:
             x = np.maximum(x, max(syncs))
         opt = sum(plan.stages[k].optimizer_s for k in mine)
-        ends.append((x + opt, opt))
+        ends.append((_col(x + opt, nrep), opt))
         events += nrep
     # per device: the messages' time from start to delivery, summed in delivery order
     comm = []
     for d in range(pp):
         acc = np.zeros(nrep)
         if sent[d]:
-            deliver = np.stack([m[3] for m in sent[d]])
-            dur = np.stack([m[3] - m[2] for m in sent[d]])
+            deliver = np.array([m[3] for m in sent[d]], float).reshape(len(sent[d]), nrep)
+            dur = np.array([m[3] - m[2] for m in sent[d]], float).reshape(len(sent[d]), nrep)
             idx = np.argsort(deliver, axis=0, kind="stable")
             dur = np.take_along_axis(dur, idx, axis=0)
             for row in dur:
@@ -393,17 +401,17 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
             stats[(r, d)] = DeviceStats(
                 compute_s=compute[d], codec_s=codec[d], optimizer_s=0.0 + ends[d][1],
                 dp_sync_s=sync_s.get(d, 0.0), dp_sync_start=sync_start.get(d), bytes_sent=sent_bytes[d],
-                comm_s=float(comm[d][i]), tp_comm_s=tp_comm[d], last_backward_end=float(pipe_end[d][i]),
+                comm_s=float(comm[d][i]), tp_comm_s=tp_comm[d], last_backward_end=float(_col(pipe_end[d], nrep)[i]),
                 end=float(ends[d][0][i]))
     micro: dict[tuple[int, int, int], dict[str, float]] = {}
     r0 = reps[0]
     for (d, mb), cell in cells.items():
         micro[(r0, d, mb)] = dict(cell)
     for d in range(pp):
-        for mb, kind, start, deliver in sorted(sent[d], key=lambda m: float(m[3][0])):
+        for mb, kind, start, deliver in sorted(sent[d], key=lambda m: float(_col(m[3], nrep)[0])):
             key = "fwd_comm_s" if kind == FORWARD else "bwd_comm_s"
             cell = micro.setdefault((r0, d, mb), {})
-            cell[key] = cell.get(key, 0.0) + float(deliver[0] - start[0])
+            cell[key] = cell.get(key, 0.0) + float(_col(deliver, nrep)[0] - _col(start, nrep)[0])
     links: dict[tuple[int, int, str], list[float]] = {}
     for (d, d2), c in conns.items():
         busy = np.zeros(nrep)

@@ -6,18 +6,21 @@ Definitions (per iteration of one macro-batch per replica):
 * throughput: ``macro_batch * dp / iteration_s`` samples/s (x tokens/sample);
 * ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with ``busy`` the
   compute + encode/decode (+ tensor-parallel collective) time of stage ``s`` and ``T_pipe`` the time until the
-  last backward ends (GPipe paper, Huang et al. 2019, Sec. 2.3: with free
+  last backward ends (Huang et al., "GPipe", arXiv:1811.06965, Sec. 2.3: with free
   communication this is ``(p-1)/(m+p-1)``);
 * per-stage ``idle_s``: ``iteration_s`` minus compute, encode/decode, TP
   collectives and the optimizer step (waiting for data, for the gradient sync, or the bubble);
-* per-stage ``comm_s``: summed time from queueing to delivery of the messages
-  the stage sent (it overlaps compute);
+* per-stage ``comm_s``: summed time from the start of each message the stage
+  sent (after the earlier ones on its connection) to its delivery (it overlaps
+  compute);
 * summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
   ``optimizer_s``: means over the stages;
 * ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
   iterations); ``warmup_s``: the warm-up iterations -- AQ-SGD's first epoch (full
-  activations on a sample's first visit, aq-sgd-paper Sec. 3 / Alg. 1), a 1-bit
-  optimizer's uncompressed steps (one-bit-lamb-paper Sec. 3-4); ``total_s``:
+  activations on a sample's first visit; Wang et al., "Fine-tuning Language Models
+  over Slow Networks using Activation Compression with Guarantees",
+  arXiv:2206.01299, Sec. 3 / Alg. 1), a 1-bit optimizer's uncompressed steps (Li et
+  al., "1-bit LAMB", arXiv:2104.06069, Sec. 3-4); ``total_s``:
   ``epochs`` epochs end to end, warm-up included;
 * ``events``: the SimPy events the event loop processed, or the steps the
   closed-form replay evaluated (``engine``: ``event loop`` or ``replay``,
