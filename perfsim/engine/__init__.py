@@ -3,7 +3,8 @@
 Read in this order: :mod:`.plan` (what each stage computes and sends, asked
 from the compressors and the profile), :mod:`.flows` (max-min fair sharing of
 NICs), :mod:`.sim` (devices replaying the schedule tables, p2p and
-data-parallel collectives), :mod:`.report` (the Result tables).
+data-parallel collectives), :mod:`.replay` (the same iteration in closed form
+when no flows compete), :mod:`.report` (the Result tables).
 """
 
 from __future__ import annotations
