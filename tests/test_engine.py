@@ -448,13 +448,14 @@ def test_replay_declines_when_flows_compete(monkeypatch):
     check is what makes it exact."""
     import perfsim.engine.replay as replay
 
-    wl, st = toy(4, 1e-3, 2e-3, shape=(5_000,)), Strategy(pp=4, macro_batch=8, schedule="1f1b")
+    wl, st = toy(4, 1e-3, 2e-3, shape=(5_000,)), Strategy(pp=4, dp=2, macro_batch=8, schedule="1f1b")
     sy = System(bandwidth_bps=1e7)
-    ref, out = simulate(wl, st, sy, EMPTY, replay=False), simulate(wl, st, sy, EMPTY)
-    assert out.summary["engine"] == "event loop"
+    ref = simulate(wl, st, sy, EMPTY, replay=False, symmetric=False)
+    out = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert out.summary["engine"] == "event loop" and out.summary["replicas_simulated"] == 2
     _same(ref, out)
     monkeypatch.setattr(replay, "uncontended", lambda *a: True)
-    forced = simulate(wl, st, sy, EMPTY)
+    forced = simulate(wl, st, sy, EMPTY, symmetric=False)
     assert forced.summary["engine"] == "replay"
     assert forced.summary["iteration_s"] < ref.summary["iteration_s"] * (1 - 1e-3)
 

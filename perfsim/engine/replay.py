@@ -16,21 +16,25 @@ event loop -- and the premise is then checked on its result
 loop produces: by induction over time, the same flows are active at each
 instant, so max-min gives them the same rates.
 
-:func:`replay` returns None when the premise fails, or when the event loop
+:func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, compute slowed
-by communication, a trace); the caller then runs the event loop.
+by communication, a trace), or for a single simulated replica (predictions of
+one replica stay free of numpy); the caller then runs the event loop.
 ``tests/test_engine.py`` compares both on every schedule.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
 from perfsim.engine.plan import Plan, comm_slowdown
 from perfsim.engine.sim import DeviceStats, SimOutput
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: flows sharing a NIC must leave this relative margin below its capacity (the
 #: check adds rates in floating point; max-min itself needs any margin > 1e-12)
@@ -97,6 +101,8 @@ def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
     """Merge touching consecutive flows of a stream into intervals. Rows: flows in
     stream order; columns: independent streams. Returns (start, end, rate, column)
     per interval; an interval takes the largest rate of its flows."""
+    import numpy as np
+
     m = start.shape[0]
     head = np.ones(start.shape, bool)
     head[1:] = start[1:] != end[:-1]
@@ -111,6 +117,8 @@ def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
     """True when no resource ever carries two flows whose rates add up to more than
     its capacity (less :data:`CAPACITY_MARGIN`) and all rates and capacities are
     equal or :data:`RATE_GAP` apart: then max-min gave every flow its own rate."""
+    import numpy as np
+
     values = np.unique(np.concatenate([np.fromiter(flows.rates, float), res_cap]))
     if values.size > 1 and np.any(values[1:] <= values[:-1] * (1 + RATE_GAP)):
         return False
@@ -148,12 +156,14 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     if order is None:
         return None
     reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
+    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
+        return None
     nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
     place = plan.device or (lambda t, r, s: r * pp + s)
     buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
-    # one replica: plain floats (cheaper than arrays of one); several: arrays over replicas
-    vec = nrep > 1
-    mx = np.maximum if vec else max
+    import numpy as np  # here: predictions that never replay do not import numpy
+
+    mx = np.maximum
     flows = _Flows(network)
     res_index: dict = {}
 
@@ -174,15 +184,14 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
             rate = [min([c8] + [flows.cap8(x) for x in p.resources]) for c8, p in zip(cap, paths)]
             flows.rates.update(cap)
             flows.rates.update(rate)
-            lat = [p.latency_s for p in paths]
-            c = conns[(d, d2)] = {"rate": np.array(rate) if vec else rate[0], "lat": np.array(lat) if vec else lat[0],
+            c = conns[(d, d2)] = {"rate": np.array(rate), "lat": np.array([p.latency_s for p in paths]),
                                   "res": np.array([[rid(x) for x in p.resources] + [-1] * (2 - len(p.resources))
                                                    for p in paths], np.int64).reshape(len(paths), -1),
                                   "free": None, "msgs": []}
         return c
 
     # ---------------------------------------------------------------- pipeline
-    t = [np.zeros(nrep) if vec else 0.0 for _ in range(pp)]
+    t = [np.zeros(nrep) for _ in range(pp)]
     arrive: dict[tuple, np.ndarray] = {}
     ready: dict[tuple[int, int], np.ndarray] = {}
     compute = [0.0] * pp
@@ -355,12 +364,16 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
 
 def _col(x, nrep: int) -> np.ndarray:
     """A per-replica quantity (a float when one replica is replayed) as an array."""
+    import numpy as np
+
     return np.broadcast_to(np.asarray(x, float), (nrep,))
 
 
 def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec, sent_bytes,
             cells, sent, conns, dp_log, algo_log, dp_links, events) -> SimOutput:
     """Assemble a SimOutput with the event loop's sums in the event loop's order."""
+    import numpy as np
+
     table, pp, nrep = plan.table, plan.pp, len(reps)
     ends = []
     for d in range(pp):
