@@ -400,7 +400,7 @@ def _same(a, b):
         assert repr(getattr(a, table)) == repr(getattr(b, table)), table
 
 
-def _distinct(nodes, seed, nic=None, rates=(1e8, 3e8, 1e9)):
+def _distinct(nodes, seed, nic=None, rates=(1e8, 2e8, 3e8, 1e9)):
     """Every pair of nodes its own random rate and latency (optionally NICs of ``nic`` bit/s)."""
     import random
 
@@ -442,6 +442,21 @@ def test_replay_equals_event_loop_with_tp_and_warmup(tmp_path):
     _same(ref, fast)
 
 
+def test_replay_equals_event_loop_when_flows_fill_a_nic():
+    """1F1B with NICs of twice the link rate: a stage's forward and backward sends
+    overlap and exactly fill its NIC, so max-min still gives each its link's rate."""
+    wl = toy(4, 1e-3, 2e-3, params=20_000, shape=(50_000,))
+    st = Strategy(pp=4, dp=2, macro_batch=8, schedule="1f1b", grad_compress="qsgd-maxnorm:4")
+    n = 8
+    topo = Topology(tuple(tuple(0.0 if i == j else 1e9 for j in range(n)) for i in range(n)),
+                    tuple(tuple(0.0 if i == j else 1e-3 for j in range(n)) for i in range(n)), (2e9,) * n)
+    sy = System(topology=topo)
+    ref = simulate(wl, st, sy, EMPTY, replay=False, symmetric=False)
+    fast = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert fast.summary["engine"] == "replay"
+    _same(ref, fast)
+
+
 def test_replay_declines_when_flows_compete(monkeypatch):
     """1F1B on 10 Mbps links and NICs: a stage's forward and backward sends share
     its NIC, so the replay declines; forced to answer, it would be wrong -- the
@@ -479,6 +494,8 @@ def test_uncontended_intervals():
     assert check([0, 2], [2, 3], [1.0, 1.0], 1.0) is False  # touching, two streams: conservative
     assert check([0, 2.5], [2, 3], [1.0, 1.0], 1.0)
     assert not check([0, 1], [2, 3], [1.0, 1.0 + 1e-13], 5.0)  # rates max-min would treat as equal
+    assert check([0, 1], [2, 3], [1.0, 1.0], 2.0)  # one rate, filling the NIC exactly
+    assert not check([0, 1], [2, 3], [1.0, 1.5], 2.5)  # two rates filling it: not exactly
     s, e, r, col = _chains(np.array([[0.0, 0.0], [2.0, 3.0]]), np.array([[2.0, 2.0], [4.0, 4.0]]),
                            np.array([[1.0, 1.0], [2.0, 2.0]]))
     assert s.tolist() == [0.0, 0.0, 3.0] and e.tolist() == [4.0, 2.0, 4.0]

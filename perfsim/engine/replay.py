@@ -114,9 +114,11 @@ def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
 
 
 def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
-    """True when no resource ever carries two flows whose rates add up to more than
-    its capacity (less :data:`CAPACITY_MARGIN`) and all rates and capacities are
-    equal or :data:`RATE_GAP` apart: then max-min gave every flow its own rate."""
+    """True when all rates and capacities are equal or :data:`RATE_GAP` apart and no
+    resource ever carries flows whose rates add up to more than its capacity (less
+    :data:`CAPACITY_MARGIN`), except ``k`` flows of one rate ``f`` that fill it
+    exactly (``capacity / k >= f`` in floating point, as max-min divides): then
+    max-min gave every flow its own rate."""
     import numpy as np
 
     values = np.unique(np.concatenate([np.fromiter(flows.rates, float), res_cap]))
@@ -140,7 +142,21 @@ def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
     load -= np.r_[0.0, load][at]
     active -= np.r_[0, active][at]
     shared = (kind == 0) & (active >= 2)
-    return not bool(np.any(load[shared] > res_cap[where[shared]] / (1 + CAPACITY_MARGIN)))
+    full = np.flatnonzero(shared & (load > res_cap[where] / (1 + CAPACITY_MARGIN)))
+    if full.size == 0:
+        return True
+    # the flows active on a resource at an instant, exactly: by resource, then by start
+    times = np.concatenate([start, end])[idx]
+    order = np.lexsort((start, res))
+    by_res, starts, ends, rates = res[order], start[order], end[order], rate[order]
+    for i in full:
+        r, t = where[i], times[i]
+        lo, hi = np.searchsorted(by_res, r), np.searchsorted(by_res, r, "right")
+        hi = lo + np.searchsorted(starts[lo:hi], t, "right")
+        on = rates[lo:hi][ends[lo:hi] >= t]
+        if on.min() != on.max() or res_cap[r] / on.size < on[0]:
+            return False
+    return True
 
 
 def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list[int] | None = None,
