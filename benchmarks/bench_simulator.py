@@ -152,6 +152,8 @@ def main(argv=None) -> int:
         report(f"PP 16 x DP 512 geo, every replica ({r.summary['replicas_simulated']} simulated)", r, w)
         print(f"  target 8192 GPUs every replica < 10 s: {'met' if w < 10 else 'NOT met'} (CPU {cpu:.2f} s, "
               f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        r, w = timed(lambda: predict(pp=16, dp=512, topology=topo, grad_compress="qsgd-maxnorm:4", schedule="1f1b"))
+        report("  the same with 1F1B", r, w)
         os.unlink(topo)
     print("linearity (default model, 100Mbps, aqsgd:fw3bw6):")
     for m in (32, 64, 128, 256):
