@@ -351,8 +351,9 @@ class Simulation:
         self.stats[(r, s)].comm_s += dur
         if r == self.replicas[0]:  # the breakdown table reports the first replica
             self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
-        self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
-                   1000 + s, started, now, {"src": src, "dst": dst})
+        if self.want_trace:
+            self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
+                       1000 + s, started, now, {"src": src, "dst": dst})
         self._box(key).succeed()
 
     # ------------------------------------------------------------ devices
@@ -370,18 +371,18 @@ class Simulation:
             if kind == RECV_F:
                 self._post((r, k, "F", mb), r, d, where[k - 1])
                 yield self._box((r, k, "F", mb))
-                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, f"decode act {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, "decode act", k, mb)
             elif kind == RECV_B:
                 self._post((r, k, "B", mb), r, d, where[k + 1])
                 yield self._box((r, k, "B", mb))
-                yield from self._codec(st, cell, r, d, sp.bw_decode_s, f"decode grad {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, sp.bw_decode_s, "decode grad", k, mb)
             elif kind == SEND_F:
-                yield from self._codec(st, cell, r, d, sp.fw_encode_s, f"encode act {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, sp.fw_encode_s, "encode act", k, mb)
                 nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
                 self.send(r, d, where[k + 1], (r, k + 1, "F", mb), nbytes, mb, FORWARD)
             elif kind == SEND_B:  # the gradient of boundary (k-1, k) is described by stage k-1's plan
                 prev = plan.stages[k - 1]
-                yield from self._codec(st, cell, r, d, prev.bw_encode_s, f"encode grad {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, prev.bw_encode_s, "encode grad", k, mb)
                 self.send(r, d, where[k - 1], (r, k - 1, "B", mb), prev.bw_bytes, mb, BACKWARD)
             else:
                 seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
@@ -413,13 +414,15 @@ class Simulation:
         self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
 
-    def _codec(self, st, cell, r, s, seconds, name):
+    def _codec(self, st, cell, r, s, seconds, what, k, mb):
+        """``seconds`` of encode/decode on device ``s`` (``what`` of stage ``k``'s micro-batch ``mb``)."""
         if seconds > 0:
             t0 = self.env.now
             yield self.env.timeout(seconds)
             st.codec_s += seconds
             cell["encode_s"] += seconds
-            self._span(name, "codec", r, s, t0, self.env.now)
+            if self.want_trace:
+                self._span(f"{what} {k} mb{mb}", "codec", r, s, t0, self.env.now)
 
     def _last_backward(self, r, d, s, total):
         """The last B or W of stage ``s`` on device ``d`` (``total`` seconds), cut where
