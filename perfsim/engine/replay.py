@@ -316,7 +316,6 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         for b, bucket in enumerate(buckets[s]):
             now = max(now, float(np.max(ready[(s, b)])))
             t0 = now
-            dp_log.append((t0, s, d, "start", t0))
             events += 1
             host = bucket.copy_s / 2 + bucket.encode_s
             if host > 0:
@@ -415,12 +414,9 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
         comm.append(acc)
     dp = sorted(dp_log, key=lambda x: (x[0], x[1]))
     sync_s: dict[int, float] = {}
-    sync_start: dict[int, float] = {}
     dp_bytes: dict[int, float] = {}
     for _, _, d, what, value in dp:
-        if what == "start":
-            sync_start.setdefault(d, value)
-        elif what == "sync":
+        if what == "sync":
             sync_s[d] = sync_s.get(d, 0.0) + value
         else:
             dp_bytes[d] = dp_bytes.get(d, 0.0) + value
@@ -429,7 +425,7 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
         for d in range(pp):
             stats[(r, d)] = DeviceStats(
                 compute_s=compute[d], codec_s=codec[d], optimizer_s=0.0 + ends[d][1],
-                dp_sync_s=sync_s.get(d, 0.0), dp_sync_start=sync_start.get(d), bytes_sent=sent_bytes[d],
+                dp_sync_s=sync_s.get(d, 0.0), bytes_sent=sent_bytes[d],
                 comm_s=float(comm[d][i]), tp_comm_s=tp_comm[d], last_backward_end=float(_col(pipe_end[d], nrep)[i]),
                 end=float(ends[d][0][i]))
     micro: dict[tuple[int, int, int], dict[str, float]] = {}

@@ -90,7 +90,6 @@ class DeviceStats:
     optimizer_s: float = 0.0
     #: from a bucket's readiness to the end of its collectives, summed over buckets
     dp_sync_s: float = 0.0
-    dp_sync_start: float | None = None
     #: pipeline bytes sent (data-parallel bytes: SimOutput.dp_bytes_per_rank)
     bytes_sent: float = 0.0
     #: from the start of each message sent to its delivery, summed
@@ -498,10 +497,6 @@ class Simulation:
         for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
-            for r in self.replicas:
-                st = self.stats[(r, d)]
-                if st.dp_sync_start is None:
-                    st.dp_sync_start = t0
             host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
             if host > 0:
                 yield env.timeout(host)
