@@ -40,6 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="model chunks per rank for interleaved-1f1b (default 2; zb-v always 2)")
     p.add_argument("--compress", default="fp32",
                    help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
+    p.add_argument("--boundary-compress", default=None,
+                   help="pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows "
+                        "stage k; the others use --compress), e.g. 1=aqsgd:fw2bw4 on a slow hop")
+    p.add_argument("--device-order", default=None,
+                   help="rank that runs each position of the TP, DP, PP rank order (a permutation, e.g. "
+                        "0,2,1,3): under torchrun it places stages on hosts; over loopback all links share "
+                        "one emulated rate (tp 1 only)")
     p.add_argument("--grad-compress", default="none",
                    help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ... "
                         "(1-bit optimizers: onebit-adam:warmup=N, N uncompressed warm-up steps, "
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
                   sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
                   virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
+                  boundary_compress=args.boundary_compress, device_order=args.device_order,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
                   dataset_limit=args.dataset_limit, partition=args.partition,
@@ -120,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
     warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
-    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
+    per = f" boundaries={s['boundary_compress']}" if s.get("boundary_compress") else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']}{per} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
           f"{loss_txt}{warm_txt} -> {params['out']}")
