@@ -182,8 +182,79 @@ def enumerate_candidates(*, n_layers: int, gpus: int, gpus_per_node: int, global
     return out
 
 
+def placement_variants(params: Sequence[dict[str, Any]], space: SearchSpace, topology, nodes: int,
+                       gpus_per_node: int) -> list[dict[str, Any]]:
+    """On a heterogeneous ``topology``: every candidate in each placement of
+    :func:`perfsim.placement.placements` (which GPU runs which stage), a pipeline's
+    compression also per link (:func:`perfsim.placement.per_link_compression`: fewer
+    bits on the slower boundaries)."""
+    from perfsim.placement import boundary_rates, per_link_compression, placements
+
+    fixed = any("placement" in p or "device_order" in p for p in params[:1])
+    choices = [(None, None)] if fixed else placements(topology, nodes, gpus_per_node)
+    first = space.compress[0]
+    out = []
+    seen: set = set()
+    for p in params:
+        # placements that put every (replica, stage) on the same GPUs are one candidate
+        sig = (p["pp"], p["dp"], p.get("tp", 1), p["schedule"], p["micro_batch"], p["compress"],
+               p["grad_compress"], p.get("recompute"))
+        kept = []
+        for pl, order in choices:
+            where = device_map(p, pl, order)
+            if (sig, where) not in seen:
+                seen.add((sig, where))
+                kept.append((pl, order))
+        if p["pp"] == 1:  # a placement still orders the data-parallel ring
+            out += [_placed(p, pl, order, p["compress"], "") for pl, order in kept]
+            continue
+        if p["compress"] != first:  # the assignments below cover every searched spec
+            continue
+        for pl, order in kept:
+            q = _placed(p, pl, order, p["compress"], "")
+            rates = boundary_rates(topology, gpus_per_node, pp=p["pp"], dp=p["dp"], tp=p.get("tp", 1),
+                                   schedule=p["schedule"], microbatches=p["macro_batch"] // p["micro_batch"],
+                                   placement=q.get("placement") or "tp,pp,dp", order=q.get("device_order"))
+            for comp, per in per_link_compression(rates, space.compress):
+                out.append(_placed(p, pl, order, comp, per))
+    return out
+
+
+def device_map(p: dict[str, Any], placement: str | None, order) -> tuple[int, ...]:
+    """The GPU of every (tensor rank, replica, pipeline device) of a candidate."""
+    from perfsim.placement import strategy_of
+
+    st = strategy_of(p["pp"], p["dp"], p.get("tp", 1), "gpipe", 1, placement or "tp,pp,dp", order)
+    return tuple(st.device(t, r, d) for t in range(st.tp) for r in range(st.dp) for d in range(st.pp))
+
+
+def _placed(p: dict[str, Any], placement: str | None, order, compress: str, per: str) -> dict[str, Any]:
+    q = {**p, "compress": compress}
+    if placement is not None:
+        q["placement"] = placement
+    if order is not None:
+        q["device_order"] = order
+    if per:
+        q["boundary_compress"] = per
+    return q
+
+
+def mixed_steps_ratio(curves, p: dict[str, Any], target: float | None) -> float | None:
+    """Steps ratio of a candidate: with per-boundary compression that of its most
+    step-costly spec (the curves measure one spec on every boundary; a mix is
+    assumed to converge no worse than its most lossy part)."""
+    from perfsim.boundaries import parse_boundary_compress
+
+    specs = {p["compress"], *parse_boundary_compress(p.get("boundary_compress")).values()}
+    ratios = [curves.steps_ratio(c, p["grad_compress"], target) for c in sorted(specs)]
+    if any(r is None for r in ratios):
+        return None
+    return max(ratios)
+
+
 def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
-                    link_bps: float | None, sync_bytes: Sequence[float] = ()) -> float:
+                    link_bps: float | None, sync_bytes: Sequence[float] = (),
+                    boundary_bps: Sequence[float] | None = None) -> float:
     """Lower bound of one iteration, whatever the schedule or network contention:
 
     * the busiest stage computes all ``m`` micro-batches: ``m x max_s W_s``;
@@ -192,11 +263,15 @@ def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[floa
       gradients the other, full duplex): ``m x max_k bytes_k x 8 / B`` at the link's
       nominal rate ``B`` (``None``: no link term);
     * each stage's gradient synchronisation puts ``sync_bytes[s]`` on its busiest link
-      once per iteration (however well it overlaps the backward): ``max_s sync_s x 8 / B``.
+      once per iteration (however well it overlaps the backward): ``max_s sync_s x 8 / B``;
+    * on a heterogeneous topology, ``boundary_bps[k]`` is the rate of the slowest link
+      boundary ``k`` crosses: ``m x max_k bytes_k x 8 / B_k``.
     """
     bound = max(m * max(stage_work_s), sum(stage_work_s))
     if link_bps and boundary_bytes:
         bound = max(bound, m * max(boundary_bytes) * 8 / link_bps)
+    if boundary_bps and boundary_bytes:
+        bound = max(bound, m * max(b * 8 / r for b, r in zip(boundary_bytes, boundary_bps)))
     if link_bps and sync_bytes:
         bound = max(bound, max(sync_bytes) * 8 / link_bps)
     return bound
@@ -222,7 +297,16 @@ def plan_bound(params: dict[str, Any]) -> float:
 
     sync = [sum(collective_cost(step.kind, step.nbytes, pl.dp)[0] for b in st.buckets for step in b.steps)
             for st in pl.stages] if pl.dp > 1 else []
-    return iteration_bound(work, boundary, pl.num_microbatches, link, sync)
+    rates = None
+    if system.topology is not None:  # each boundary over the slowest link it crosses
+        from perfsim.network import Network
+
+        net = Network(system, strategy.devices, profile)
+        where = pl.table.stage_device
+        rates = [min(net.path(strategy.device(0, r, where[k]), strategy.device(0, r, where[k + 1])).bandwidth_bps
+                     for r in range(pl.dp)) if where[k] != where[k + 1] else math.inf
+                 for k in range(len(pl.stages) - 1)]
+    return iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates)
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
@@ -307,6 +391,13 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
             f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
+    if p.get("boundary_compress") or p.get("device_order") is not None:
+        from perfsim.boundaries import spec_of
+
+        per = [spec_of(p["compress"], p.get("boundary_compress"), k) for k in range(p["pp"] - 1)]
+        text += (f" Placement: rank order {p.get('placement') or 'tp,pp,dp'}"
+                 + (f", GPUs in the order {','.join(map(str, p['device_order']))}" if p.get("device_order") else "")
+                 + f"; pipeline boundaries compressed {' | '.join(per)}.")
     if busiest and busiest.get("busy_s", 0) > 0:
         text += (f" The busiest link, {busiest['src']} -> {busiest['dst']}, is busy "
                  f"{busiest['busy_s'] / it:.0%} of the iteration.")
@@ -314,8 +405,9 @@ def explain(ranked: Sequence[Candidate]) -> str:
         text += f" Its compression needs {w.steps_ratio:.2f}x the steps of uncompressed training."
     if len(ranked) > 1:
         r = ranked[1]
-        diff = [k for k in ("tp", "pp", "dp", "schedule", "micro_batch", "compress", "grad_compress",
-                            "recompute") if p.get(k) != r.params.get(k)]
+        diff = [k for k in ("tp", "pp", "dp", "schedule", "micro_batch", "compress", "boundary_compress",
+                            "grad_compress", "recompute", "placement", "device_order")
+                if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
                  f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and is {gain:.1%} slower to the target.")
@@ -354,18 +446,27 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                      "(time to loss unknown)")
     else:
         notes.append(f"steps to loss from {curves.describe()}")
-    w, _, _, _ = build_configs(**{**base, "pp": 1, "dp": 1})
+    w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
     params = enumerate_candidates(n_layers=len(w.layers), gpus=gpus, gpus_per_node=gpus_per_node,
                                   global_batch=global_batch, space=space, base=base, known=known)
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs divides it")
+    topo = w_system.topology
+    if topo is not None and not topo.is_uniform():
+        if topo.nodes < nodes:
+            raise ConfigError(f"topology {system['topology']!r}: has {topo.nodes} nodes, the plan needs {nodes}")
+        params = placement_variants(params, space, topo, nodes, gpus_per_node)
+        notes.append("heterogeneous topology: searched stage placements (identity and a fast-link chain "
+                     "of the nodes, replica-major and Megatron rank orders) and fewer bits on slower "
+                     "pipeline boundaries; a per-boundary mix is given the steps ratio of its most "
+                     "step-costly spec")
     ref_steps = curves.reference_steps(target_loss) if curves is not None else None
     cands, invalid = [], []
     missing, never = set(), set()
     for p in params:
         ratio = None
         if curves is not None:
-            ratio = curves.steps_ratio(p["compress"], p["grad_compress"], target_loss)
+            ratio = mixed_steps_ratio(curves, p, target_loss)
             if ratio is None:
                 missing.add((p["compress"], p["grad_compress"]))
                 continue
@@ -408,10 +509,31 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
              f"--macro-batch {params['macro_batch']}"]
     if params.get("tp", 1) != 1:
         flags.insert(1, f"--tp {params['tp']}")
+    if params.get("boundary_compress"):
+        flags.insert(flags.index(f"--compress {params['compress']}") + 1,
+                     f"--boundary-compress {params['boundary_compress']}")
+    order = runtime_device_order(params)
+    note = ""
+    if order is not None and params.get("tp", 1) == 1:
+        flags.append(f"--device-order {','.join(map(str, order))}")
+    elif order is not None:  # the TP device mesh numbers its ranks itself
+        note = f"  # simulated GPU order {','.join(map(str, order))} not expressible with --tp > 1"
     bw = params.get("bandwidth")
     if bw and not params.get("topology"):
         flags.append(f"--emulate-bandwidth {bw}")
-    return "perfsim run " + " ".join(flags)
+    return "perfsim run " + " ".join(flags) + note
+
+
+def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
+    """``perfsim run --device-order`` of a configuration: the GPU (rank) the simulator
+    places each position of the runtime's rank order on (TP innermost, then DP, then
+    PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`), so that under torchrun
+    every stage runs on the host the plan chose. None when that is the identity."""
+    from perfsim.api import build_configs
+
+    st = build_configs(**params)[1]
+    order = tuple(st.device(t, r, s) for s in range(st.pp) for r in range(st.dp) for t in range(st.tp))
+    return None if order == tuple(range(len(order))) else order
 
 
 def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:

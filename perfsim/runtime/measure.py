@@ -176,8 +176,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
             for dst, (nbytes, _) in r["links"].items():
                 link = links.setdefault((rank, int(dst)), [0.0, 0.0])
                 link[0] += nbytes / n
-                link[1] += sum(sent_transfer(rank, r["step"], mb, "fwd" if int(dst) > rank else "bwd")
-                               for mb in range(m)) / n
+                kind = "fwd" if layout.coords(int(dst))[0] > stage else "bwd"  # by stage, not rank number
+                link[1] += sum(sent_transfer(rank, r["step"], mb, kind) for mb in range(m)) / n
     microbatches = [{"stage": s, "microbatch": mb, **{k: _mean(v) for k, v in row.items()}}
                     for (s, mb), row in sorted(micro_rows.items())]
     link_rows = [{"src": s, "dst": d, "bytes": b, "busy_s": t} for (s, d), (b, t) in sorted(links.items())]
