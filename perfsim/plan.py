@@ -323,36 +323,92 @@ def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list
     return [_simulate(p) for p in batch]
 
 
+#: parallel backends of the search (``process``: a local process pool, as ``perfsim sweep``)
+BACKENDS = ("process", "dask")
+
+
+class _Workers:
+    """Maps a function over lists of parameter batches: in this process (``jobs == 1``),
+    a local process pool, or Dask (``dask_scheduler``: a ``dask.distributed`` scheduler
+    address, e.g. ``tcp://host:8786``, so a large search spreads over its workers;
+    without it Dask's local multiprocessing scheduler with ``jobs`` workers)."""
+
+    def __init__(self, backend: str, jobs: int, dask_scheduler: str | None = None):
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
+        self.backend, self.jobs, self.pool, self.client = backend, jobs, None, None
+        if backend == "dask":
+            try:
+                import dask  # noqa: F401
+            except ImportError:
+                raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')") from None
+            if dask_scheduler:
+                try:
+                    from distributed import Client
+                except ImportError:
+                    raise ConfigError("dask_scheduler: needs dask.distributed (pip install 'perfsim[dask]')") from None
+                try:
+                    self.client = Client(dask_scheduler, timeout="10s")
+                except (OSError, TimeoutError) as exc:
+                    raise ConfigError(f"dask_scheduler={dask_scheduler!r}: cannot connect ({exc})") from None
+                self.jobs = max(jobs, sum(self.client.nthreads().values()))
+        elif dask_scheduler:
+            raise ConfigError("dask_scheduler: only with backend=dask")
+        elif jobs > 1:
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(max_workers=jobs)
+
+    @property
+    def parallel(self) -> bool:
+        return self.pool is not None or self.client is not None or (self.backend == "dask" and self.jobs > 1)
+
+    def map(self, batches: list[list[dict[str, Any]]]) -> list[list[tuple]]:
+        if self.client is not None:
+            return self.client.gather(self.client.map(_simulate_batch, batches, pure=False))
+        if self.backend == "dask" and self.jobs > 1:
+            import dask
+
+            tasks = [dask.delayed(_simulate_batch)(b) for b in batches]
+            return list(dask.compute(*tasks, scheduler="processes", num_workers=self.jobs))
+        if self.pool is not None:
+            return list(self.pool.map(_simulate_batch, batches))
+        return [_simulate_batch(b) for b in batches]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        if self.client is not None:
+            self.client.close()
+
+
 def search(candidates: Sequence[Candidate], *, top: int = 5, jobs: int = 1, wave: int = 16,
-           progress: Callable[[int], None] | None = None) -> tuple[list[Candidate], int, int]:
+           progress: Callable[[int], None] | None = None, backend: str = "process",
+           dask_scheduler: str | None = None) -> tuple[list[Candidate], int, int]:
     """Branch and bound over ``candidates``: simulate in order of their bound key, stop
     when the next bound cannot enter the top ``top``. Returns (evaluated candidates,
-    number pruned, number rejected)."""
+    number pruned, number rejected). Waves of ``wave`` candidates per worker run in
+    parallel on ``backend`` (:class:`_Workers`)."""
     order = sorted(candidates, key=lambda c: c.key)
     done: list[Candidate] = []
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
-    pool = None
-    if jobs > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(max_workers=jobs)
+    workers = _Workers(backend, jobs, dask_scheduler)
     try:
         i = 0
         while i < len(order):
             if len(best) >= top and order[i].key >= best[top - 1]:
                 break  # every remaining bound is at least the current top-th score
-            batch = order[i:i + (wave if pool else 1)]
-            if pool:
-                chunks = [batch[k::jobs] for k in range(jobs)]
-                outs = pool.map(_simulate_batch, [[c.params for c in ch] for ch in chunks])
-                results = {}
-                for ch, out in zip(chunks, outs):
-                    for c, r in zip(ch, out):
-                        results[id(c)] = r
-                results = [results[id(c)] for c in batch]
-            else:
-                results = [_simulate(c.params) for c in batch]
+            n = workers.jobs
+            batch = order[i:i + (max(wave, 2 * n) if workers.parallel else 1)]
+            chunks = [batch[k::n] for k in range(n)] if workers.parallel else [batch]
+            chunks = [ch for ch in chunks if ch]
+            outs = workers.map([[c.params for c in ch] for ch in chunks])
+            results = {}
+            for ch, out in zip(chunks, outs):
+                for c, r in zip(ch, out):
+                    results[id(c)] = r
+            results = [results[id(c)] for c in batch]
             for c, (summary, links, err) in zip(batch, results):
                 if err is None and summary.get("fits") is False:
                     err = "does not fit in memory"
@@ -368,8 +424,7 @@ def search(candidates: Sequence[Candidate], *, top: int = 5, jobs: int = 1, wave
             if progress:
                 progress(len(batch))
     finally:
-        if pool:
-            pool.shutdown()
+        workers.close()
     return done, len(order) - len(done), rejected
 
 
@@ -417,13 +472,17 @@ def explain(ranked: Sequence[Candidate]) -> str:
 def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
          target_loss: float | None = None, convergence: str | None = None, space: SearchSpace | None = None,
          top: int = 5, jobs: int = 1, progress: Callable[[int], None] | None = None,
-         **system: Any) -> PlanResult:
+         backend: str = "process", dask_scheduler: str | None = None, **system: Any) -> PlanResult:
     """Search the configurations of ``model`` on ``nodes x gpus_per_node`` GPUs.
 
     ``system`` takes the system parameters of :func:`perfsim.api.predict` (``bandwidth``,
     ``latency``, ``topology``, ``profile``, ``gpu``, ``intra_node_fabric``, ...).
     ``convergence`` names measured curves (a bundled model or a JSON file,
     :mod:`perfsim.convergence`); by default those of ``model`` if shipped.
+    ``jobs`` worker processes simulate in parallel: a local process pool
+    (``backend="process"``) or Dask (``backend="dask"``, the optional extra
+    ``perfsim[dask]``; ``dask_scheduler`` the address of a ``dask.distributed``
+    cluster to spread a large search over machines).
     """
     from perfsim.api import build_configs
     from perfsim.convergence import load_convergence
@@ -432,6 +491,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                     ("top", top), ("jobs", jobs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
     space = space or SearchSpace()
     known = _known_params()
     unknown = set(system) - known
@@ -486,7 +547,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
     if never:
         notes.append("left out (never reached the target loss in their measured budget): "
                      + ", ".join(sorted(f"{c}+{g}" for c, g in never)))
-    done, pruned, rejected = search(cands, top=top, jobs=jobs, progress=progress)
+    done, pruned, rejected = search(cands, top=top, jobs=jobs, progress=progress, backend=backend,
+                                    dask_scheduler=dask_scheduler)
     feasible = sorted((c for c in done if c.summary is not None), key=Candidate.score)
     result = PlanResult(ranked=feasible[:top], evaluated=len(done), pruned=pruned,
                         rejected=rejected + len(invalid), total=len(cands) + len(invalid), notes=notes,

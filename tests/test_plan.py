@@ -246,3 +246,18 @@ def test_emitted_per_boundary_run_sends_the_predicted_bytes(tmp_path):
     predicted = {(l["src"], l["dst"]): l["bytes"] for l in predict(**best.params).links if l["kind"] == "p2p"}
     assert measured == predicted
     assert len(set(predicted.values())) > 2  # the boundaries differ: fp16 one way, AQ-SGD the other
+
+
+def test_parallel_backends_find_the_serial_ranking():
+    space = SearchSpace(pp=(2,), schedules=("1f1b",), compress=("fp32", "directq:fw4bw8"), grad_compress=("none",),
+                        recompute=("none",))
+    common = dict(model="gpt2-tiny", nodes=2, global_batch=16, space=space, top=3, profile=CPU, bandwidth="100Mbps")
+    key = lambda r: [(c.params["micro_batch"], c.params["compress"], c.summary["iteration_s"]) for c in r.ranked]  # noqa: E731
+    serial = key(plan(**common))
+    assert key(plan(jobs=2, **common)) == serial
+    with pytest.raises(ConfigError, match="backend"):
+        plan(backend="ray", **common)
+    pytest.importorskip("dask")
+    assert key(plan(jobs=2, backend="dask", **common)) == serial
+    with pytest.raises(ConfigError, match="only with backend=dask"):
+        plan(dask_scheduler="tcp://127.0.0.1:1", **common)
