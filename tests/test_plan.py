@@ -261,3 +261,6 @@ def test_parallel_backends_find_the_serial_ranking():
     assert key(plan(jobs=2, backend="dask", **common)) == serial
     with pytest.raises(ConfigError, match="only with backend=dask"):
         plan(dask_scheduler="tcp://127.0.0.1:1", **common)
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        assert key(plan(backend="dask", dask_scheduler=lc.scheduler_address, **common)) == serial
