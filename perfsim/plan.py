@@ -17,6 +17,11 @@ stage, one pass through the pipeline, bytes over the busiest boundary) -- candid
 simulated in increasing order of ``bound x steps_ratio``, and the search stops as
 soon as the next bound cannot beat the ``top``-th best time found. Configurations
 that do not fit in memory (when the simulator reports ``fits``) are rejected.
+
+On a heterogeneous topology the search also covers placement (which GPU runs which
+stage) and per-boundary compression (:mod:`perfsim.placement`,
+:func:`placement_variants`); the bound then charges each boundary at the slowest link
+it crosses.
 """
 
 from __future__ import annotations
@@ -338,10 +343,10 @@ class _Workers:
             raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
         self.backend, self.jobs, self.pool, self.client = backend, jobs, None, None
         if backend == "dask":
-            try:
-                import dask  # noqa: F401
-            except ImportError:
-                raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')") from None
+            import importlib.util
+
+            if importlib.util.find_spec("dask") is None:
+                raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')")
             if dask_scheduler:
                 try:
                     from distributed import Client

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, default=32, help="samples per optimizer step, all replicas (default 32)")
     for name in _SYSTEM_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), default=None,
-                       help=f"as in perfsim predict (default: predict's)")
+                       help="as in perfsim predict (default: predict's)")
     g = p.add_argument_group("search")
     g.add_argument("--tp", help="tensor-parallel degrees to search (comma list; default: divisors of gpus-per-node)")
     g.add_argument("--pp", help="pipeline degrees to search (default: every divisor that fits the layers)")
