@@ -264,3 +264,16 @@ def test_parallel_backends_find_the_serial_ranking():
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
         assert key(plan(backend="dask", dask_scheduler=lc.scheduler_address, **common)) == serial
+
+
+@pytest.mark.parametrize("model", ["gpt2-tiny", "digits-mlp"])
+def test_bundled_curves_cover_the_default_search(model):
+    """Every pipeline and gradient spec the plan searches by default has a measured
+    curve for the bundled runtime models (scripts/convergence_curves.py)."""
+    from perfsim.plan import GRADIENT_COMPRESSION, PIPELINE_COMPRESSION
+
+    curves = load_convergence(None, model)
+    assert curves is not None and curves.model == model
+    assert all(curves.steps_ratio(c, "none") is not None for c in PIPELINE_COMPRESSION)
+    assert all(curves.steps_ratio("fp32", g) is not None for g in GRADIENT_COMPRESSION)
+    assert curves.reference_steps() > 1
