@@ -259,7 +259,8 @@ def mixed_steps_ratio(curves, p: dict[str, Any], target: float | None) -> float 
 
 def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
                     link_bps: float | None, sync_bytes: Sequence[float] = (),
-                    boundary_bps: Sequence[float] | None = None) -> float:
+                    boundary_bps: Sequence[float] | None = None,
+                    boundary_latency_s: Sequence[float] = ()) -> float:
     """Lower bound of one iteration, whatever the schedule or network contention:
 
     * the busiest stage computes all ``m`` micro-batches: ``m x max_s W_s``;
@@ -270,9 +271,11 @@ def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[floa
     * each stage's gradient synchronisation puts ``sync_bytes[s]`` on its busiest link
       once per iteration (however well it overlaps the backward): ``max_s sync_s x 8 / B``;
     * on a heterogeneous topology, ``boundary_bps[k]`` is the rate of the slowest link
-      boundary ``k`` crosses: ``m x max_k bytes_k x 8 / B_k``.
+      boundary ``k`` crosses: ``m x max_k bytes_k x 8 / B_k``; and one micro-batch's
+      pass crosses every boundary forward and back: ``sum_s W_s + 2 sum_k lat_k`` with
+      ``boundary_latency_s[k]`` the least one-way latency of boundary ``k``.
     """
-    bound = max(m * max(stage_work_s), sum(stage_work_s))
+    bound = max(m * max(stage_work_s), sum(stage_work_s) + 2 * sum(boundary_latency_s))
     if link_bps and boundary_bytes:
         bound = max(bound, m * max(boundary_bytes) * 8 / link_bps)
     if boundary_bps and boundary_bytes:
@@ -308,9 +311,12 @@ def plan_bound(params: dict[str, Any]) -> float:
 
         net = Network(system, strategy.devices, profile)
         where = pl.table.stage_device
-        rates = [min(net.path(strategy.device(0, r, where[k]), strategy.device(0, r, where[k + 1])).bandwidth_bps
-                     for r in range(pl.dp)) if where[k] != where[k + 1] else math.inf
+        paths = [[net.path(strategy.device(0, r, where[k]), strategy.device(0, r, where[k + 1]))
+                  for r in range(pl.dp)] if where[k] != where[k + 1] else []
                  for k in range(len(pl.stages) - 1)]
+        rates = [min((p.bandwidth_bps for p in ps), default=math.inf) for ps in paths]
+        lats = [min((p.latency_s for p in ps), default=0.0) for ps in paths]
+        return iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats)
     return iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates)
 
 

@@ -277,3 +277,15 @@ def test_bundled_curves_cover_the_default_search(model):
     assert all(curves.steps_ratio(c, "none") is not None for c in PIPELINE_COMPRESSION)
     assert all(curves.steps_ratio("fp32", g) is not None for g in GRADIENT_COMPRESSION)
     assert curves.reference_steps() > 1
+
+
+def test_topology_bounds_prune_and_keep_the_exhaustive_winner(tmp_path):
+    common = dict(model="gpt2-tiny", nodes=4, global_batch=16, profile=CPU,
+                  topology=str(_two_regions(tmp_path, [0, 1, 0, 1])),
+                  space=SearchSpace(micro_batch=(2, 4), schedules=("1f1b", "gpipe"), compress=("fp16", "aqsgd:fw2bw4"),
+                                    grad_compress=("none", "qsgd-maxnorm:4"), recompute=("none",)))
+    pruned, exhaustive = plan(top=1, **common), plan(top=10_000, **common)
+    assert exhaustive.pruned == 0 and pruned.pruned > 0
+    assert pruned.ranked[0].params == exhaustive.ranked[0].params
+    # each boundary charged at its slowest link and latency: still a lower bound everywhere
+    assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in exhaustive.all_evaluated if c.summary)
