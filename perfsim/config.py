@@ -108,6 +108,12 @@ class Strategy(PipelineShape):
     compress: str = "fp32"
     #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
     grad_compress: str = "none"
+    #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
+    #: perfsim.boundaries; boundary k follows stage k)
+    boundary_compress: str = ""
+    #: GPU that runs each logical GPU index along ``placement`` (a permutation; None:
+    #: the identity): places stages on the nodes of a heterogeneous topology
+    device_order: tuple[int, ...] | None = None
     #: layer counts per stage (pp x virtual stages of them), or None for the
     #: compute-balanced partition
     partition: tuple[int, ...] | None = None
@@ -164,6 +170,12 @@ class Strategy(PipelineShape):
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
         self.table()  # the schedule must fit pp and the micro-batches
+        from perfsim.boundaries import check_boundaries
+
+        check_boundaries(self.boundary_compress, self.num_stages)
+        if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
+            raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "
+                              f"of the {self.devices} GPUs 0..{self.devices - 1} (tp x dp x pp)")
         if self.partition is not None:
             n = self.num_stages
             if len(self.partition) != n or any(not isinstance(c, int) or c < 1 for c in self.partition):
@@ -188,7 +200,7 @@ class Strategy(PipelineShape):
         for dim in self.placement:
             dev += idx[dim] * stride
             stride *= size[dim]
-        return dev
+        return dev if self.device_order is None else self.device_order[dev]
 
 
 

@@ -18,6 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from perfsim.commands import add_job_arguments, add_no_progress, add_out, positive_int
 
     add_job_arguments(p)
+    p.add_argument("--boundary-compress", default=None,
+                   help="pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows "
+                        "stage k; the others use --compress), e.g. 1=aqsgd:fw2bw4 on a slow hop")
+    p.add_argument("--device-order", default=None,
+                   help="rank that runs each position of the TP, DP, PP rank order (a permutation, e.g. "
+                        "0,2,1,3): under torchrun it places stages on hosts; over loopback all links share "
+                        "one emulated rate (tp 1 only)")
     p.add_argument("--steps", type=positive_int, default=None, help="optimizer steps in total (default 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
@@ -48,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
                   sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
                   virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
+                  boundary_compress=args.boundary_compress, device_order=args.device_order,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
                   dataset_limit=args.dataset_limit, partition=args.partition,
@@ -89,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
     warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
-    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
+    per = f" boundaries={s['boundary_compress']}" if s.get("boundary_compress") else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']}{per} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
           f"{loss_txt}{warm_txt} -> {params['out']}")

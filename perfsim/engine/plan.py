@@ -79,6 +79,7 @@ class StagePlan:
     tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
+    compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
 
 
 @dataclass
@@ -197,7 +198,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
-    fw_comp, bw_comp = make_pipeline_pair(fw_spec_in)
+    default_fw, default_bw = make_pipeline_pair(fw_spec_in)
+    from perfsim.boundaries import parse_boundary_compress
+
+    per_boundary = parse_boundary_compress(strategy.boundary_compress)
+    pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
@@ -231,6 +236,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
+            spec_s = per_boundary.get(s, strategy.compress)
+            if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
+                native = strategy.precision in ("fp16", "bf16") and spec_s.lower() == "fp32"
+                pairs[spec_s] = (*make_pipeline_pair(strategy.precision if native else spec_s), native)
+            fw_comp, bw_comp, fw_native = pairs[spec_s]
+            st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
             st.fw_bytes_warmup = int(fw_comp.wire_bytes(wire_shape, warmup=True))
             st.bw_bytes = int(bw_comp.wire_bytes(wire_shape))
@@ -268,7 +279,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
 
         warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
-                fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
+                default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table)
 

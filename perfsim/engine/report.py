@@ -119,6 +119,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     summary = {
         "model": workload.model, "bandwidth_bps": bw_bps, "latency_s": lat_s,
         "compress": strategy.compress, "grad_compress": strategy.grad_compress,
+        "boundary_compress": strategy.boundary_compress,
+        "device_order": ",".join(map(str, strategy.device_order)) if strategy.device_order else "",
         "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,
         "throughput_samples_per_s": samples / T, "throughput_tokens_per_s": samples * workload.tokens_per_sample / T,

@@ -46,6 +46,15 @@ def make_config(**params: Any):
         params["latency_s"] = parse_time(lat, "--emulate-latency")
         if bw is None and params["latency_s"] > 0:
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
+    if "boundary_compress" in params:  # canonical text, as perfsim predict prints it
+        from perfsim.boundaries import canonical
+
+        params["boundary_compress"] = canonical(params["boundary_compress"]) or None
+    if "device_order" in params:
+        from perfsim.params import parse_device_order
+
+        order = parse_device_order(params["device_order"], "--device-order")
+        params["device_order"] = ",".join(map(str, order)) if order else None
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:

@@ -36,6 +36,13 @@ class RunConfig(PipelineShape):
       (tables of :mod:`perfsim.schedules`).
     virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
     compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
+    boundary_compress: per-boundary overrides of ``compress`` (``"1=aqsgd:fw2bw4"``,
+      :mod:`perfsim.boundaries`): one compressor pair per boundary.
+    device_order: the rank that runs each position of the rank layout (``"0,2,1,3"``;
+      None: the identity). Under torchrun a rank's number fixes its host, so this
+      places stages on nodes; on one machine over loopback every rank shares one
+      emulated link rate, so the order changes which process runs a stage, not the
+      speed of its links.
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
     micro_batch, macro_batch: samples per micro-batch / per replica per step.
     steps: optimizer steps in total (a resumed run continues up to it);
@@ -66,6 +73,8 @@ class RunConfig(PipelineShape):
     schedule: str = "1f1b"
     compress: str = "fp32"
     grad_compress: str = "none"
+    boundary_compress: str | None = None
+    device_order: str | None = None
     micro_batch: int = 8
     macro_batch: int = 32
     steps: int | None = None
@@ -142,6 +151,11 @@ class RunConfig(PipelineShape):
         from perfsim.compression import make_pipeline_pair
 
         make_pipeline_pair(self.compress)
+        from perfsim.boundaries import check_boundaries
+
+        for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
+            make_pipeline_pair(spec)
+        self.layout  # the device order must be a permutation of the ranks
         from perfsim.runtime.grad_sync import parse_grad_spec
 
         parse_grad_spec(self.grad_compress)
@@ -155,7 +169,12 @@ class RunConfig(PipelineShape):
     def layout(self):
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        return RankLayout(self.tp, self.dp, self.pp)
+        order = None
+        if self.device_order is not None:
+            from perfsim.params import parse_device_order
+
+            order = parse_device_order(self.device_order, "device_order")
+        return RankLayout(self.tp, self.dp, self.pp, order)
 
     def spec(self):
         from perfsim.models.specs import get_model_spec
@@ -189,5 +208,5 @@ class RunConfig(PipelineShape):
 
     #: fields that must match between a checkpoint and the run resuming it
     RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "virtual_stages", "compress",
-                   "grad_compress", "micro_batch",
+                   "boundary_compress", "device_order", "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

@@ -65,9 +65,14 @@ def _onebit_warmup(grad_compress: str) -> int | None:
 def _has_warmup(cfg) -> bool:
     from perfsim.compression import make_pipeline_pair
 
-    fw, _ = make_pipeline_pair(cfg.compress)
+    from perfsim.boundaries import parse_boundary_compress
+
     shape = (cfg.micro_batch, 8)
-    return fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape)
+    for spec in {cfg.compress, *parse_boundary_compress(cfg.boundary_compress).values()}:
+        fw, _ = make_pipeline_pair(spec)
+        if fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape):
+            return True
+    return False
 
 
 def measured_steps(cfg, gathered: list[dict]) -> list[int]:
@@ -171,8 +176,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
             for dst, (nbytes, _) in r["links"].items():
                 link = links.setdefault((rank, int(dst)), [0.0, 0.0])
                 link[0] += nbytes / n
-                link[1] += sum(sent_transfer(rank, r["step"], mb, "fwd" if int(dst) > rank else "bwd")
-                               for mb in range(m)) / n
+                kind = "fwd" if layout.coords(int(dst))[0] > stage else "bwd"  # by stage, not rank number
+                link[1] += sum(sent_transfer(rank, r["step"], mb, kind) for mb in range(m)) / n
     microbatches = [{"stage": s, "microbatch": mb, **{k: _mean(v) for k, v in row.items()}}
                     for (s, mb), row in sorted(micro_rows.items())]
     link_rows = [{"src": s, "dst": d, "bytes": b, "busy_s": t} for (s, d), (b, t) in sorted(links.items())]
@@ -203,6 +208,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     summary: dict[str, Any] = {
         "model": cfg.model, "bandwidth_bps": cfg.bandwidth_bps, "latency_s": cfg.latency_s,
         "compress": cfg.compress, "grad_compress": cfg.grad_compress, "schedule": cfg.schedule,
+        "boundary_compress": cfg.boundary_compress or "", "device_order": cfg.device_order or "",
         "pp": cfg.pp, "dp": cfg.dp, "micro_batch": cfg.micro_batch, "macro_batch": cfg.macro_batch,
         "throughput_samples_per_s": cfg.macro_batch * cfg.dp / iteration_s if iteration_s > 0 else None,
         "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s
