@@ -113,21 +113,29 @@ def test_memory_follows_ecq_recursion():
         input_total += x
     torch.testing.assert_close(sent_total + c.error(), input_total, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match="name="):
-        c.compress(torch.randn(41))  # another tensor through the same memory
-    c.compress(torch.randn(41), name="other")
+        c._select(torch.randn(41), "")  # another tensor through the same memory
+    c._select(torch.randn(41), "other")
+    before = c.error()
+    c.compress(torch.randn(40))  # the one-payload path (pipeline activations) keeps no memory
+    assert torch.equal(c.error(), before)
     s = make_compressor("randk-maxnorm:0.25:8:scaled")
-    s.compress(torch.randn(40))
+    s._select(torch.randn(40), "")
     assert not s.error_feedback and s.error() is None and s.state_dict()["memory"] == {}
     with pytest.raises(ConfigError, match="memory"):
         s.load_state_dict(c.state_dict())
 
 
 def test_memory_time_average_reaches_the_gradient():
-    """Repeating one gradient: without memory the decode averages to (K/n) x; with it, to x."""
+    """Repeating one gradient: without memory what is sent averages to (K/n) x; with it, to x."""
     x = torch.randn(64, generator=torch.Generator().manual_seed(2))
-    c = make_compressor("randk-maxnorm:0.25:8", seed=5)
-    mean = torch.stack([c.decompress(c.compress(x)) for _ in range(400)]).mean(0)
-    assert float((mean - x).norm() / x.norm()) < 0.1
+    for name, want in ((None, 0.25 * x), ("g", x)):
+        c = make_compressor("randk-maxnorm:0.25:8", seed=5)
+        sent = []
+        for _ in range(2000):  # selection noise ~0.04 of 0.25 x; memory left ~30 x / 2000
+            idx, sub = c._select(x, name)
+            sent.append(torch.zeros(64).index_copy_(0, idx, sub))
+        mean = torch.stack(sent).mean(0)
+        assert float((mean - want).norm() / want.norm()) < 0.1, name
 
 
 def test_bad_input_and_state():
@@ -137,13 +145,17 @@ def test_bad_input_and_state():
     z = torch.zeros(4, 4)
     assert torch.equal(c.decompress(c.compress(z)), z)
     x = torch.randn(64)
-    c.compress(x, name="x")
+    c.compress(x)
+    c._select(torch.randn(64), "x")  # the data-parallel path's memory (allreduce_mean)
     st = c.state_dict()
-    assert set(st["memory"]) == {"", "x"}  # the zeros above, and x
-    p1 = c.compress(x, name="x")
+    assert set(st["memory"]) == {"x"}  # compress keeps none
+    p1 = c.compress(x)
     d = make_compressor("randk-maxnorm:0.5:4", seed=3)
     d.load_state_dict(st)
-    p2 = d.compress(x, name="x")
+    p2 = d.compress(x)
+    assert torch.equal(c.error("x"), d.error("x"))
+    y = torch.randn(64)
+    assert all(torch.equal(a, b) for a, b in zip(c._select(y, "x"), d._select(y, "x")))
     assert torch.equal(c.error("x"), d.error("x"))
     assert p1.meta == p2.meta and all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
     assert torch.equal(c.decompress(p1), d.decompress(p2))

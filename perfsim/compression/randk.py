@@ -40,7 +40,10 @@ max-norm quantizer is unbiased (Lemma 1 of the multiscale paper). The memory
 never travels (wire format and ``dp_plan`` unchanged), is kept per tensor name
 (``name=``, default ``""``, like ECQ's error) and in :meth:`state_dict`, so a
 restored compressor continues bit-identically; it is per worker, so a
-checkpoint belongs to its world size.
+checkpoint belongs to its world size. It belongs to the data-parallel exchange
+(:meth:`allreduce_mean`, one instance per gradient bucket, step after step);
+:meth:`compress` -- the one-payload interface, which also carries pipeline
+activations, a different batch every call -- stays the paper's memoryless operator.
 
 Norm granularity: the quantizer keeps one shared norm per
 :func:`norm_chunk` selected values -- ``FRACTION`` times qsgd-maxnorm's default
@@ -187,18 +190,20 @@ class _GlobalRandK(Compressor):
     def dp_plan(self, shape, world_size, *, backend: str = "gloo"):
         return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size, backend=backend)
 
-    def _select(self, x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select(self, x: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared indices of this call and the values to quantize; advances the
-        step and, with error feedback, the memory of ``name`` (``x`` is checked)."""
+        step and, with error feedback and a ``name`` (None: no memory), the memory
+        of ``name`` (``x`` is checked by the caller)."""
         flat = x.detach().reshape(-1).to(torch.float32)
         n = flat.numel()
-        mem = self.memory.get(name) if self.error_feedback else None
+        remember = self.error_feedback and name is not None
+        mem = self.memory.get(name) if remember else None
         if mem is not None and mem.numel() != n:
             raise ConfigError(f"{self.spec}: memory {name!r} has {mem.numel()} elements, got a tensor of "
                               f"{n}; pass a distinct name= per gradient tensor")
         idx = self.indices(n).to(flat.device)
         self._step += 1
-        if self.error_feedback and n:
+        if remember and n:
             sub = torch.index_select(flat, 0, idx)  # 3x faster than flat[idx] on a CPU
             if mem is None:  # h_0 = 0: a_0 = g_0, h_1 = g_0 off the selection
                 self.memory[name] = flat.clone().index_fill_(0, idx, 0.0)
@@ -213,13 +218,13 @@ class _GlobalRandK(Compressor):
             sub = sub * (n / idx.numel())
         return idx, sub
 
-    def compress(self, x: torch.Tensor, *, key=None, norm=None, scale_index=None, name: str = "") -> Payload:
-        """Encode the selected coordinates (of ``x`` plus the memory of tensor
-        ``name``); ``norm`` / ``scale_index`` are the shared values of the selected
-        sub-vector (see :meth:`MaxNormQuantizer.compress`)."""
+    def compress(self, x: torch.Tensor, *, key=None, norm=None, scale_index=None) -> Payload:
+        """Encode the selected coordinates of ``x`` (no memory, see the module
+        docstring); ``norm`` / ``scale_index`` are the shared values of the
+        selected sub-vector (see :meth:`MaxNormQuantizer.compress`)."""
         check_input(x)
         step = self._step
-        _, sub = self._select(x, name)
+        _, sub = self._select(x, None)
         inner = self.inner.compress(sub, norm=norm, scale_index=scale_index)
         return Payload(inner.tensors, tuple(x.shape), x.dtype, {"step": step, "k": sub.numel()})
 
