@@ -58,7 +58,8 @@ __all__ = ["CompressionState", "hook", "attach", "onebit_optimizer", "warmup_ste
            "DEFAULT_WARMUP"]
 
 OPTIMIZER_SPECS = _gs.ONEBIT_OPTIMIZERS
-DEFAULT_WARMUP = _ob.DEFAULT_WARMUP
+DEFAULT_WARMUP = _gs.DEFAULT_WARMUP
+warmup_steps = _gs.warmup_steps
 
 
 class CompressionState(_gs.GradSync):
@@ -168,16 +169,6 @@ def _register(model, state, fn) -> None:
                           "register one perfsim.ddp hook per model") from None
 
 
-def warmup_steps(spec: str) -> int | None:
-    """The warm-up a 1-bit optimizer spec gets when no ``warmup=`` argument is
-    passed -- its ``:warmup=N``, else :data:`DEFAULT_WARMUP` -- or None for a
-    gradient compressor. ``perfsim run`` shows it in its header and results."""
-    gspec = _gs.parse_grad_spec(spec)
-    if gspec.kind != "optimizer":
-        return None
-    return gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP
-
-
 class _OneBitLink:
     """State of the no-op DDP hook that :func:`onebit_optimizer` installs."""
 
@@ -220,7 +211,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, 
     else:
         raise ConfigError(f"onebit_optimizer: expected a module or a list of parameters, "
                           f"got {type(model).__name__}")
-    steps = warmup if warmup is not None else (gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP)
+    steps = warmup if warmup is not None else warmup_steps(gspec)
     opt = _ob.build(gspec, params, lr=lr, group=process_group, warmup=steps, betas=betas,
                     eps=eps, weight_decay=weight_decay, seed=seed, **kwargs)
     if is_ddp:

@@ -120,6 +120,7 @@ def test_load_profile_and_compressors():
 @pytest.mark.parametrize("argv", [
     ["predict"], ["predict", "--compress", "fp32,aqsgd:fw3bw6", "--grad-compress", "none,qsgd-maxnorm:4",
                   "--dp", "2", "--format", "csv"],
+    ["predict", "--grad-compress", "onebit-lamb", "--dp", "2"],  # its warm-up is a spec fact, no torch
     ["compressors", "--format", "json"],
     ["plan", "--model", "gpt2-tiny", "--nodes", "2", "--bandwidth", "100Mbps", "--format", "json"],
     ["sweep", "--bandwidth", "1Gbps,10Mbps", "--no-progress", "-o", "{tmp}/s.csv"]])

@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                   resume=args.resume, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
                   timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
-    from perfsim.ddp import warmup_steps
+    from perfsim.runtime.grad_sync import warmup_steps
 
     warm = warmup_steps(args.grad_compress)
     if warm is not None and not under_torchrun():  # the run header: what the first steps do

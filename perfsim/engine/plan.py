@@ -275,7 +275,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
-        from perfsim.ddp import warmup_steps
+        from perfsim.runtime.grad_sync import warmup_steps
 
         warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,

@@ -101,6 +101,24 @@ def _int(value: str, spec: str, what: str) -> int:
         raise ConfigError(f"grad compression {spec!r}: {what}={value!r} is not an integer") from None
 
 
+#: warm-up steps when neither the spec (``onebit-adam:warmup=N``) nor the caller
+#: gives one. A fixed number of steps, not a fraction of the run: the papers warm
+#: up for 15-20 % of training (1-bit LAMB, arXiv:2104.06069, Sec. 3.3 and 6.1), so set it
+#: to that share of *your* run; resuming with another value is allowed before the
+#: variance froze (see :meth:`_OneBitBase.load_state_dict`).
+DEFAULT_WARMUP = 100
+
+
+def warmup_steps(spec) -> int | None:
+    """The warm-up a 1-bit optimizer spec gets when no ``warmup=`` argument is
+    passed -- its ``:warmup=N``, else :data:`DEFAULT_WARMUP` -- or None for a
+    gradient compressor (torch-free: the simulator asks it too)."""
+    gspec = parse_grad_spec(spec)
+    if gspec.kind != "optimizer":
+        return None
+    return gspec.warmup if gspec.warmup is not None else DEFAULT_WARMUP
+
+
 def parse_grad_spec(spec: str) -> GradSpec:
     """Parse a data-parallel gradient compression spec (see the module docstring).
 

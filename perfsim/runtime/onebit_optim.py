@@ -85,15 +85,10 @@ from typing import Any
 import torch
 
 from perfsim.errors import ConfigError
+from perfsim.runtime.grad_sync import DEFAULT_WARMUP
 
 STATE_KEY = "onebit"
 EXCHANGES = ("preconditioned", "momentum")
-#: warm-up steps when neither the spec (``onebit-adam:warmup=N``) nor the caller
-#: gives one. A fixed number of steps, not a fraction of the run: the papers warm
-#: up for 15-20 % of training (1-bit LAMB, arXiv:2104.06069, Sec. 3.3 and 6.1), so set it
-#: to that share of *your* run; resuming with another value is allowed before the
-#: variance froze (see :meth:`_OneBitBase.load_state_dict`).
-DEFAULT_WARMUP = 100
 #: what the compression stage exchanges by default (see the module docstring)
 DEFAULT_EXCHANGE = "preconditioned"
 
