@@ -19,6 +19,7 @@ padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``)
 
     python scripts/calibrate_a100.py            # fit, then print held-out MAPE
     python scripts/calibrate_a100.py --check    # only evaluate the curve in the code
+    python scripts/calibrate_a100.py --check --table   # ... and per tp / pp bucket
 """
 
 from __future__ import annotations
@@ -79,6 +80,17 @@ def mape(rows: list[dict]) -> tuple[float, float]:
     return 100 * sum(errs) / len(errs), 100 * max(errs)
 
 
+def bucket_table(calib: list[dict], held: list[dict]) -> str:
+    """Markdown table of MAPE (calibration / held out) per tensor- and pipeline-parallel degree."""
+    lines = ["| bucket | rows (cal / held) | MAPE cal | MAPE held out |", "| --- | ---: | ---: | ---: |"]
+    for key in ("tp", "pp"):
+        for v in sorted({r[key] for r in calib + held}):
+            a = [r for r in calib if r[key] == v]
+            b = [r for r in held if r[key] == v]
+            lines.append(f"| {key} {v} | {len(a)} / {len(b)} | {mape(a)[0]:.2f} % | {mape(b)[0]:.2f} % |")
+    return "\n".join(lines)
+
+
 def set_curve(x) -> None:
     from perfsim.engine import compute
 
@@ -91,6 +103,7 @@ def set_curve(x) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="evaluate the curve in the code, no fit")
+    ap.add_argument("--table", action="store_true", help="also print MAPE per tp and pp bucket")
     ap.add_argument("--iters", type=int, default=120, help="Nelder-Mead iterations")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us (default: the code's)")
     args = ap.parse_args(argv)
@@ -127,6 +140,8 @@ def main(argv=None) -> int:
     m_held, w_held = mape(held)
     print(f"calibration half: MAPE {m_cal:.2f} % (worst {w_cal:.1f} %)")
     print(f"held-out half:    MAPE {m_held:.2f} % (worst {w_held:.1f} %)")
+    if args.table:
+        print(bucket_table(calib, held))
     return 0 if math.isfinite(m_held) else 1
 
 

@@ -8,8 +8,11 @@ GEMMs (scores ``Q K^T`` and the weighted sum), and the memory-bound operators
 (norms, softmax, dropouts, GELU/SwiGLU, residual adds; with sequence parallelism
 norms and dropouts see ``s / t`` tokens). The softmax is Megatron's fused kernel
 where Megatron can use it, else its five-kernel PyTorch path (:func:`softmax_ops`). The embedding (a gather), the LM head
-(a ``hidden x vocab/t`` GEMM per token, last stage) and the loss (vocab-parallel
-cross entropy in fp32) are ops too, so every layer costs something.
+(a ``hidden x vocab/t`` GEMM per token, last stage) and the loss (Megatron's
+vocab-parallel cross entropy in fp32, pass by pass: :func:`cross_entropy_ops`) are ops
+too, so every layer costs something; so is the per-micro-batch accumulation of the
+dense ``vocab/t x hidden`` embedding gradient (and of the tied LM head's) into the
+fp32 main gradient (:func:`embedding_grad_ops`), which the transformer GEMMs avoid.
 
 Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates):
 
@@ -25,7 +28,8 @@ the A100 data worse: 7.7 % against 7.1 % held-out MAPE.)
 
 Backward: each GEMM becomes two (input gradient and weight gradient) of the same
 dimensions permuted, so twice the forward time under this curve (``g`` is
-symmetric in m, n, k); memory-bound ops move twice their bytes. Recomputation adds
+symmetric in m, n, k); memory-bound ops move twice their bytes, unless an op
+states its backward (``Op.bwd_bytes``: the loss's passes, the gradient accumulations). Recomputation adds
 the forward (``full``) or the attention core (``selective``, Korthikanti et al. Sec. 5)
 to the backward.
 
@@ -64,9 +68,10 @@ class Curve:
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
 #: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
-#: with an even byte; held-out MAPE 6.34 %, README "Calibration on real A100s")
+#: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
+#: barely constrain the knee: at these sizes the host floor hides small GEMMs.
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8640, knee=4.59, mem_eff=0.7521, kernel_s=62.902e-6,
+    "ampere": Curve(eff_max=0.8956, knee=4.43, mem_eff=0.7697, kernel_s=61.886e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)"),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
@@ -140,6 +145,9 @@ class Op:
     batch: int = 1
     bytes: float = 0.0
     attention_core: bool = False  # recomputed by selective recomputation
+    #: backward as one memory-bound kernel moving these bytes, instead of twice the
+    #: forward (None); an op with no forward work (``bytes`` 0, not a GEMM) is backward-only
+    bwd_bytes: float | None = None
 
     @property
     def flops(self) -> float:
@@ -229,11 +237,40 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     return ops
 
 
+def embedding_grad_ops(spec, tp: int, bpv: int) -> list[Op]:
+    """Backward-only: the word embedding's gradient is a dense ``vocab/t x h`` tensor
+    (PyTorch's embedding backward zero-fills it, then scatters the tokens' rows) that
+    Megatron's data-parallel wrapper adds into the fp32 ``main_grad`` after every
+    micro-batch (Megatron-LM megatron/model/distributed.py, ``param.main_grad.add_``;
+    the transformer GEMMs accumulate in place, gradient accumulation fusion):
+    write ``bpv``, then read it and read and write 4 bytes per element."""
+    n = -(-spec.vocab // tp) * spec.hidden
+    return [Op("embed_grad_zero", bwd_bytes=bpv * n), Op("embed_grad_accumulate", bwd_bytes=(bpv + 8) * n)]
+
+
 def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     tok = mb * spec.seq_len
     # vocab-parallel gather (each rank its rows) + position add, writes (b, s, h)
     return [Op("embed_gather", bytes=2 * bpv * tok * spec.hidden),
-            Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden)]
+            Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden),
+            *embedding_grad_ops(spec, tp, bpv)]
+
+
+def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
+    """Megatron's vocab-parallel cross entropy on ``tok x v`` logits of this rank
+    (Megatron-LM megatron/mpu/cross_entropy.py, ``_VocabParallelCrossEntropy``, called on
+    ``logits.float()``): forward = cast to fp32, max, subtract, exp, sum, divide (the
+    softmax kept for the backward), each a pass over the fp32 logits; backward = scale
+    the kept softmax by the incoming gradient in place, then cast it back to ``bpv``
+    (no casts when the logits are fp32 already)."""
+    n = tok * v
+    cast = [Op("loss_to_fp32", bytes=(bpv + 4) * n, bwd_bytes=(4 + bpv) * n)] if bpv < 4 else []
+    return cast + [
+            Op("loss_max", bytes=4 * n, bwd_bytes=0.0),
+            Op("loss_sub_max", bytes=8 * n, bwd_bytes=0.0),
+            Op("loss_exp", bytes=8 * n, bwd_bytes=0.0),
+            Op("loss_sum", bytes=4 * n, bwd_bytes=0.0),
+            Op("loss_softmax", bytes=8 * n, bwd_bytes=8 * n)]
 
 
 def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
@@ -241,10 +278,12 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     if spec.encoder:  # pooler on the first token
         return [Op("final_norm", bytes=2 * bpv * tok * h), Op("pooler", m=mb, n=h, k=h)]
     v = -(-spec.vocab // tp)
-    return [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
-            Op("lm_head", m=tok, n=v, k=h),
-            # vocab-parallel cross entropy in fp32: read logits, max/sum-exp/target passes
-            Op("loss", bytes=4 * tok * v * 3)]
+    ops = [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
+           Op("lm_head", m=tok, n=v, k=h),
+           *cross_entropy_ops(tok, v, bpv)]
+    if spec.tied:  # the LM head's weight gradient is the (last stage's copy of the) embedding's
+        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=(bpv + 8) * v * h))
+    return ops
 
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
@@ -254,9 +293,12 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     bpv = BYTES_PER_VALUE[precision]
 
     def fwd_bwd(ops, recomputable: bool):
-        t = [op_time(op, gpu, precision, curve, bpv, rates) for op in ops]
+        t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
         fwd = sum(t)
-        bwd = 2 * fwd  # two GEMMs per GEMM, twice the bytes, twice the operators
+        # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
+        bwd = sum(2 * x if op.bwd_bytes is None else
+                  op_time(Op(op.name, bytes=op.bwd_bytes), gpu, precision, curve, bpv, rates)
+                  if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
         if recomputable and recompute == "full":
             bwd += fwd
         elif recomputable and recompute == "selective":
