@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 
 import pytest
 import torch
 
 from perfsim.errors import ConfigError
 from perfsim.runtime.grad_sync import GradSync, make_buckets, parse_grad_spec, sync_gradients
+
+from _helpers import load_ranks, spawn_ranks
 
 WORLD = 2
 CANDIDATES = ["fp32", "fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4",
@@ -33,18 +34,6 @@ EXPECTED_SCALE = {"randk-maxnorm:0.25:4": 0.25}
 
 def available_specs() -> list[str]:
     return list(CANDIDATES)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(fn, *args):
-    import torch.multiprocessing as mp
-
-    mp.spawn(fn, args=(free_port(), *args), nprocs=WORLD, join=True)
 
 
 def _init(rank: int, port: int) -> None:
@@ -177,8 +166,8 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
 def dp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad_sync")
     specs = available_specs()
-    spawn(_worker, specs, str(out))
-    return specs, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    spawn_ranks(_worker, specs, str(out), world=WORLD)
+    return specs, load_ranks(out, WORLD)
 
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

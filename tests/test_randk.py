@@ -8,6 +8,8 @@ import torch
 from perfsim.compression import make_compressor
 from perfsim.errors import ConfigError
 
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+
 SPECS = ["randk-maxnorm:0.1:4", "randk-maxnorm:1:2", "randk-maxnorm-multiscale:0.25:4",
          "randk-maxnorm-multiscale:0.05:2:6,8:scaled"]
 
@@ -15,12 +17,7 @@ SPECS = ["randk-maxnorm:0.1:4", "randk-maxnorm:1:2", "randk-maxnorm-multiscale:0
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1001,), (0,)])
 def test_wire_bytes_is_payload_size(spec, shape):
-    c = make_compressor(spec)
-    x = torch.randn(shape)
-    p = c.compress(x)
-    assert p.nbytes == c.wire_bytes(shape)
-    y = c.decompress(p)
-    assert y.shape == x.shape
+    assert_payload_is_wire_size(spec, shape)
 
 
 def test_k_and_sizes():
@@ -93,17 +90,9 @@ def test_bad_input_and_state():
         c.compress(torch.tensor([1.0, float("nan")]))
     z = torch.zeros(4, 4)
     assert torch.equal(c.decompress(c.compress(z)), z)
-    x = torch.randn(64)
-    c.compress(x)
-    st = c.state_dict()
-    p1 = c.compress(x)
-    d = make_compressor("randk-maxnorm:0.5:4", seed=3)
-    d.load_state_dict(st)
-    p2 = d.compress(x)
-    assert p1.meta == p2.meta and all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
-    assert torch.equal(c.decompress(p1), d.decompress(p2))
+    assert_resumes_from_state("randk-maxnorm:0.5:4", torch.randn(64), seed=3)
     with pytest.raises(ConfigError):
-        d.load_state_dict({"nope": 0})
+        c.load_state_dict({"nope": 0})
 
 
 def test_small_k_indices_are_uniform_and_distinct():
