@@ -57,6 +57,13 @@ def load_ranks(out_dir, world: int) -> list:
     return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
+def run_ranks(fn, out_dir, *args, world: int = 2, start_method: str = "spawn") -> list:
+    """:func:`spawn_ranks` of ``fn(rank, port, *args, out_dir)``; returns what each rank
+    saved there with :func:`save_rank`, in rank order."""
+    spawn_ranks(fn, *args, str(out_dir), world=world, start_method=start_method)
+    return load_ranks(out_dir, world)
+
+
 @contextlib.contextmanager
 def gloo_group(rank: int, world: int, port: int):
     """A gloo process group over tcp://127.0.0.1:port for the body (one thread per rank).

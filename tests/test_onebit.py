@@ -12,7 +12,7 @@ from perfsim.compression.base import ALLGATHER, ALLTOALL
 from perfsim.compression.onebit import OneBit, chunk_elems, onebit_error_bound
 from perfsim.errors import ConfigError
 
-from _helpers import assert_payload_is_wire_size, gloo_group, load_ranks, save_rank, spawn_ranks
+from _helpers import assert_payload_is_wire_size, gloo_group, run_ranks, save_rank
 
 
 def test_wire_bytes_and_plan():
@@ -95,8 +95,7 @@ def test_allreduce_mean_over_gloo(world, tmp_path):
     torch.manual_seed(world)
     n, steps = 203, 40
     xs = [torch.randn(n) + 0.5 * r for r in range(world)]
-    spawn_ranks(_worker, world, xs, steps, str(tmp_path), world=world, start_method="fork")
-    res = load_ranks(tmp_path, world)
+    res = run_ranks(_worker, tmp_path, world, xs, steps, world=world, start_method="fork")
     # identical on every rank, and bit-identical to the in-process simulation
     comps = [OneBit() for _ in range(world)]
     mean = torch.stack(xs).mean(0)

@@ -12,7 +12,7 @@ from perfsim.errors import ConfigError
 from perfsim.ddp import DEFAULT_WARMUP, onebit_optimizer
 from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb
 
-from _helpers import gloo_group, load_ranks, save_rank, spawn_ranks
+from _helpers import gloo_group, run_ranks, save_rank
 
 WORLD = 2
 STEPS, WARMUP, RESUME_AT, TAIL = 50, 10, 30, 5
@@ -211,8 +211,7 @@ def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("onebit")
     comp = _compressor()
-    spawn_ranks(_worker, comp, str(out), world=WORLD)
-    return comp, load_ranks(out, WORLD)
+    return comp, run_ranks(_worker, out, comp, world=WORLD)
 
 
 @pytest.mark.parametrize("name", NAMES)

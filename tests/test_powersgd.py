@@ -8,7 +8,7 @@ from perfsim.compression import make_compressor
 from perfsim.compression.powersgd import PowerSGD
 from perfsim.errors import ConfigError
 
-from _helpers import gloo_group, load_ranks, save_rank, spawn_ranks
+from _helpers import gloo_group, run_ranks, save_rank
 
 
 def test_spec():
@@ -81,8 +81,7 @@ def _worker(rank, port, world, out_dir):
 
 def test_torch_hook_over_gloo(tmp_path):
     world = 2
-    spawn_ranks(_worker, world, str(tmp_path), world=world)
-    res = load_ranks(tmp_path, world)
+    res = run_ranks(_worker, tmp_path, world, world=world)
     for step in range(4):
         mean = (res[0]["xs"][step] + res[1]["xs"][step]) / 2
         torch.testing.assert_close(res[0]["outs"][step], res[1]["outs"][step])
