@@ -1,4 +1,5 @@
-"""ECQ-SGD (ecq-sgd-paper.txt eq. 5-9): error recurrence, closed form, state, bad input."""
+"""ECQ-SGD (Wu et al., "Error Compensated Quantized SGD and its Applications to Large-scale
+Distributed Optimization", arXiv:1806.08054, eq. 5-9): error recurrence, closed form, state, bad input."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""QSGDMaxNorm and QSGDMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.1-3.2):
+"""QSGDMaxNorm and QSGDMaxNormMultiScale (Vineeth S, "Unbiased Single-scale and
+Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497, Sec. 3.1-3.2):
 exact wire size, allreduce compatibility in the integer domain, overflow-safe sums,
 Lemma 1 / 2, scale sharing, and one real multi-process gloo allreduce."""
 

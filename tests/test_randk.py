@@ -1,4 +1,5 @@
-"""GlobalRandK-MaxNorm (+ multi-scale), multiscale-quantizers-paper.txt Sec. 3.3-3.4."""
+"""GlobalRandK-MaxNorm (+ multi-scale) (Vineeth S, "Unbiased Single-scale and
+Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497, Sec. 3.3-3.4)."""
 
 import math
 
