@@ -81,17 +81,16 @@ def gloo_group(rank: int, world: int, port: int):
 
 
 # ------------------------------------------------------------------ compressors
-def assert_payload_is_wire_size(spec: str, shape: tuple[int, ...]) -> torch.Tensor:
+def assert_payload_is_wire_size(spec: str, shape: tuple[int, ...]) -> None:
     """Compress a random ``shape`` tensor with ``spec``: the payload's bytes must be what
     ``wire_bytes`` (the simulator's figure) says, and decompressing must give back the
-    shape and dtype. Returns the decompressed tensor."""
+    shape and dtype."""
     c = make_compressor(spec)
     x = torch.randn(shape)
     p = c.compress(x)
     assert p.nbytes == c.wire_bytes(shape), (spec, shape)
     y = c.decompress(p)
     assert y.shape == x.shape and y.dtype == x.dtype, (spec, shape)
-    return y
 
 
 def assert_resumes_from_state(spec: str, x: torch.Tensor, seed: int) -> dict:
