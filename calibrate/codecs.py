@@ -155,7 +155,7 @@ def _boundary(boundary: tuple[str, int, int, int], device: str):
     from perfsim.calibrate.layers import layer_input
     from perfsim.models.specs import get_model_spec
     from perfsim.partition import partition_model
-    from perfsim.runtime.models import build_stage
+    from perfsim.runtime import build_stage
 
     model, pp, k, mb = boundary
     spec = get_model_spec(model)

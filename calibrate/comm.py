@@ -162,7 +162,7 @@ def _messenger_payload(device, n: int):
     import torch
 
     from perfsim.compression.base import Payload
-    from perfsim.runtime.pipeline import Messenger, header_capacity
+    from perfsim.runtime import Messenger, header_capacity
 
     rows = 8 if n % 8 == 0 else 1
     payload = Payload({"values": torch.ones(n, device=device).view(rows, n // rows)}, (rows, n // rows))

@@ -21,8 +21,7 @@ depends on how many threads it gets. ``threads`` (recorded in every row) sets
 measured with the threads one rank of a ``ranks``-rank run gets
 (``cores // ranks``, at least 1). ``concurrent=True`` runs the measurement in
 ``ranks`` processes at once, so the times include the memory-bandwidth and
-cache contention that co-located ranks really see (CPU contention between ranks
-is the first mechanism issue 5 asks to model).
+cache contention that co-located ranks really see.
 """
 
 from __future__ import annotations
@@ -229,12 +228,11 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
     step after every step, as :mod:`perfsim.runtime.pipeline` does. Every forward
     and backward of the timed steps is one sample; every timed step's optimizer
     step (and ``zero_grad``) is one ``stage_optimizer`` sample. Timing one call repeatedly on
-    one input (hot caches, one live graph) reads ~8 % faster than the pipeline's
-    steps on this CPU (gpt2-tiny, 2 stages, 8 samples: 4.04 vs 4.4 ms forward of
-    stage 0; validation notes in docs/validation.md)."""
+    one input (hot caches, one live graph) instead reads faster than the pipeline's
+    steps do (docs/validation.md, "Measurement notes")."""
     from perfsim.calibrate.timing import summarize
     from perfsim.partition import partition_model
-    from perfsim.runtime.models import build_stage
+    from perfsim.runtime import build_stage
     from perfsim.schedules import get_schedule
 
     spec = cfg.spec

@@ -24,7 +24,7 @@ def build_layers(spec, *, dtype: torch.dtype = torch.float32, device: str = "cpu
     """One module per layer of ``spec``: the very modules ``perfsim run`` trains
     (:func:`perfsim.runtime.models.build_layer`), so calibration times the code
     that runs. Returns (modules, source="runtime")."""
-    from perfsim.runtime.models import build_layer
+    from perfsim.runtime import build_layer
 
     torch.manual_seed(0)
     if not isinstance(spec, (GPTSpec, MLPSpec)):

@@ -28,7 +28,7 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _usable_cores() -> int:
+def usable_cores() -> int:
     """Cores this process may run on (affinity-aware, cgroup quota ignored)."""
     try:
         return len(os.sched_getaffinity(0))
@@ -93,7 +93,7 @@ def machine_metadata(device: str | None = None) -> dict[str, Any]:
         "device_name": torch.cuda.get_device_name(0) if on_gpu else _cpu_model(),
         "device_count": torch.cuda.device_count() if on_gpu else 1,
         "cpu_model": _cpu_model(),
-        "cores": _usable_cores(),
+        "cores": usable_cores(),
         "hostname": platform.node(),
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),

@@ -1,7 +1,8 @@
 """Reusable scratch buffers for the CPU hot paths.
 
-Fresh multi-MB allocations cost page faults (~0.3 ms for 6.5 MB on the target
-CPU, more than one arithmetic pass), so kernels reuse per-thread temporaries;
+Fresh multi-MB allocations cost page faults (more than one arithmetic pass over
+the same bytes; docs/validation.md, "Compression kernels"), so kernels reuse
+per-thread temporaries;
 tensors handed back to callers (payloads, decoded values) are always fresh.
 """
 

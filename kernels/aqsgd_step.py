@@ -1,4 +1,4 @@
-"""The fused AQ-SGD sender step (aq-sgd-paper.txt Alg. 1 lines 7-9, App. D Alg. 2):
+"""The fused AQ-SGD sender step (arXiv:2206.01299 Alg. 1 lines 7-9, App. D Alg. 2):
 
     delta = a - m                       message error w.r.t. the previous message
     (packed, scales) = Q(delta)         bucketed uniform quantization (kernels.quant)
@@ -72,30 +72,20 @@ def aqsgd_receive_ref(packed: torch.Tensor, scales: torch.Tensor, m: torch.Tenso
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
-    from perfsim.kernels._tl_words import store_word_bytes
-    from perfsim.kernels.rng import hash_int16_tl
+    from perfsim.kernels._tl_words import codes_word, group_elements, round_codes, store_word_bytes
 
     @triton.jit
     def _aqsgd_step_kernel(a_ptr, m_ptr, ak_ptr, s_ptr, d_ptr, out_ptr, n, nbytes, bucket, key,
                            kc, LF, BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
                            STOCH: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        grp = pid * BLOCK + tl.arange(0, BLOCK)
-        j = tl.arange(0, G)
-        idx = grp[:, None] * G + j[None, :]
+        grp, idx = group_elements(tl.program_id(0), G, BLOCK)
         msk = idx < n
         a = tl.load(a_ptr + idx, mask=msk, other=0.0)
         m = tl.load(m_ptr + idx, mask=msk, other=0.0)
         delta = a - m
         bk = idx // bucket
-        y = delta * tl.load(ak_ptr + bk, mask=msk, other=0.0)
-        y = y + kc
-        if STOCH:
-            y = y + hash_int16_tl(idx, key).to(tl.float32) * 0.0000152587890625
-        y = tl.minimum(tl.maximum(y, 0.0), LF)
-        c = tl.where(msk, y.to(tl.int32), 0)
-        word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
+        c = round_codes(delta * tl.load(ak_ptr + bk, mask=msk, other=0.0), idx, msk, key, kc, LF, STOCH)
+        store_word_bytes(out_ptr, grp, codes_word(c, BITS, G), grp >= 0, nbytes, GB)
         dq = c.to(tl.float32) * tl.load(d_ptr + bk, mask=msk, other=0.0)
         dq = dq - tl.load(s_ptr + bk, mask=msk, other=0.0)
         tl.store(m_ptr + idx, m + dq, mask=msk)

@@ -151,28 +151,21 @@ def unpack_bits_torch(packed: torch.Tensor, bits: int, n: int, *, scratch: bool 
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
-    from perfsim.kernels._tl_words import load_word, store_word_bytes, word_codes
+    from perfsim.kernels._tl_words import (codes_word, group_elements, load_word, store_word_bytes,
+                                           word_codes)
 
     @triton.jit
     def _pack_kernel(codes_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
                      GB: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        grp = pid * BLOCK + tl.arange(0, BLOCK)
-        j = tl.arange(0, G)
-        idx = grp[:, None] * G + j[None, :]
+        grp, idx = group_elements(tl.program_id(0), G, BLOCK)
         c = tl.load(codes_ptr + idx, mask=idx < n, other=0).to(tl.int32)
-        word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
+        store_word_bytes(out_ptr, grp, codes_word(c, BITS, G), grp >= 0, nbytes, GB)
 
     @triton.jit
     def _unpack_kernel(packed_ptr, out_ptr, n, nbytes, BITS: tl.constexpr, G: tl.constexpr,
                        GB: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        grp = pid * BLOCK + tl.arange(0, BLOCK)
-        word = load_word(packed_ptr, grp, nbytes, GB, BLOCK)
-        j = tl.arange(0, G)
-        idx = grp[:, None] * G + j[None, :]
-        c = word_codes(word, BITS, G)
+        grp, idx = group_elements(tl.program_id(0), G, BLOCK)
+        c = word_codes(load_word(packed_ptr, grp, nbytes, GB, BLOCK), BITS, G)
         tl.store(out_ptr + idx, c.to(tl.uint8), mask=idx < n)
 
 

@@ -46,8 +46,7 @@ def _layout(n: int, bucket: int) -> tuple[int, int, int]:
 
 
 if HAS_TRITON:
-    from perfsim.kernels._tl_words import store_word_bytes
-    from perfsim.kernels.rng import hash_int16_tl
+    from perfsim.kernels._tl_words import round_codes, store_word_bytes
 
     @triton.jit
     def _max_nan(a, b):
@@ -63,12 +62,7 @@ if HAS_TRITON:
         # reciprocal-then-multiply): the same two roundings, IEEE reciprocal
         r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), tl.maximum(s, 1.1754943508222875e-38))
         a = tl.where(s > 0, r * HALF, 0.0)
-        y = v * a[:, None]
-        y = y + kc
-        if STOCH:
-            y = y + hash_int16_tl(idx, key).to(tl.float32) * 0.0000152587890625
-        y = tl.minimum(tl.maximum(y, 0.0), LF)
-        c = tl.where(valid, y.to(tl.int32), 0)
+        c = round_codes(v * a[:, None], idx, valid, key, kc, LF, STOCH)
         j = tl.arange(0, G)
         c3 = tl.reshape(c, (R, BP // G, G))
         word = tl.sum(c3 << (j[None, None, :] * BITS), axis=2)

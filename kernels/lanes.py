@@ -17,8 +17,12 @@ the wire carries ``64 / k`` bits per value, e.g. 5.33 for 4-bit codes over 2 or
 3 workers, instead of 8 or 16.
 
 Faces: :func:`pack_lanes_ref` / :func:`unpack_lanes_ref` in plain torch (any
-device; the public :func:`pack_lanes` / :func:`unpack_lanes` use them -- no
-Triton kernel yet, the reference is a handful of vectorised passes).
+device), and Triton kernels (one pass each: a program owns ``BLOCK`` words and
+gathers / scatters their ``k`` lanes with strided loads / stores), byte-exact
+with the references (``tests/test_lanes.py``, under ``TRITON_INTERPRET=1``). The
+public :func:`pack_lanes` / :func:`unpack_lanes` take the kernel for CUDA
+tensors when Triton is available (:func:`perfsim.kernels._triton.use_triton`),
+the reference otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from __future__ import annotations
 import math
 
 from perfsim._lazy import torch
+
+from perfsim.kernels._triton import HAS_TRITON, launch_opts, require_triton, tl, triton, use_triton
 
 WORD_BITS = 63  # usable bits of a signed int64 word (the sign bit stays 0)
 
@@ -71,9 +77,7 @@ def unpack_lanes_ref(words: torch.Tensor, n: int, code_bits: int, world_size: in
     or of their sum over up to ``world_size`` workers."""
     k = lanes_per_word(code_bits, world_size)
     m = packed_words(n, code_bits, world_size)
-    if words.numel() != m or words.dtype != torch.int64:
-        raise ValueError(f"unpack_lanes: expected {m} int64 words for {n} codes, got "
-                         f"{words.numel()} {words.dtype}")
+    _check_words(words, n, m)
     width = lane_bits(code_bits, world_size)
     mask = (1 << width) - 1
     out = torch.empty((k, m), dtype=torch.int64, device=words.device)
@@ -82,11 +86,78 @@ def unpack_lanes_ref(words: torch.Tensor, n: int, code_bits: int, world_size: in
     return out.view(-1)[:n]
 
 
+def _check_words(words: torch.Tensor, n: int, m: int) -> None:
+    if words.numel() != m or words.dtype != torch.int64:
+        raise ValueError(f"unpack_lanes: expected {m} int64 words for {n} codes, got "
+                         f"{words.numel()} {words.dtype}")
+
+
+# ---------------------------------------------------------------- Triton
+if HAS_TRITON:
+
+    @triton.jit
+    def _pack_lanes_kernel(c_ptr, out_ptr, n, m, K: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+        w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = w < m
+        acc = tl.zeros([BLOCK], dtype=tl.int64)
+        for j in tl.static_range(K):  # code j*m + w is lane j of word w
+            i = j * m + w
+            c = tl.load(c_ptr + i, mask=live & (i < n), other=0).to(tl.int64)
+            acc += c << (WIDTH * j)  # an add, as the reference (lanes never overlap)
+        tl.store(out_ptr + w, acc, mask=live)
+
+    @triton.jit
+    def _unpack_lanes_kernel(w_ptr, out_ptr, n, m, K: tl.constexpr, WIDTH: tl.constexpr,
+                             BLOCK: tl.constexpr):
+        w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = w < m
+        word = tl.load(w_ptr + w, mask=live, other=0)
+        mask = (tl.full([BLOCK], 1, tl.int64) << WIDTH) - 1
+        for j in tl.static_range(K):
+            i = j * m + w
+            tl.store(out_ptr + i, (word >> (WIDTH * j)) & mask, mask=live & (i < n))
+
+
+def pack_lanes_triton(codes: torch.Tensor, code_bits: int, world_size: int, block: int = 1024) -> torch.Tensor:
+    """Triton face of :func:`pack_lanes_ref` (same words, one pass)."""
+    require_triton()
+    n = codes.numel()
+    k, m = lanes_per_word(code_bits, world_size), packed_words(n, code_bits, world_size)
+    flat = codes.reshape(-1)
+    flat = (flat.to(torch.uint8) if flat.dtype == torch.bool else flat).contiguous()
+    out = torch.empty(m, dtype=torch.int64, device=codes.device)
+    if m:
+        _pack_lanes_kernel[(triton.cdiv(m, block),)](flat, out, n, m, K=k, WIDTH=lane_bits(code_bits, world_size),
+                                                     BLOCK=block, **launch_opts())
+    return out
+
+
+def unpack_lanes_triton(words: torch.Tensor, n: int, code_bits: int, world_size: int,
+                        block: int = 1024) -> torch.Tensor:
+    """Triton face of :func:`unpack_lanes_ref` (same values, one pass)."""
+    require_triton()
+    k, m = lanes_per_word(code_bits, world_size), packed_words(n, code_bits, world_size)
+    _check_words(words, n, m)
+    out = torch.empty(n, dtype=torch.int64, device=words.device)
+    if m:
+        _unpack_lanes_kernel[(triton.cdiv(m, block),)](words.contiguous(), out, n, m, K=k,
+                                                       WIDTH=lane_bits(code_bits, world_size), BLOCK=block,
+                                                       **launch_opts())
+    return out
+
+
+# ---------------------------------------------------------------- public
 def pack_lanes(codes: torch.Tensor, code_bits: int, world_size: int) -> torch.Tensor:
-    """Public entry of :func:`pack_lanes_ref` (no Triton variant yet)."""
+    """Pack ``codes`` into summable int64 words: the Triton kernel for CUDA
+    tensors (when available), else :func:`pack_lanes_ref` -- the same words."""
+    if use_triton(codes):
+        return pack_lanes_triton(codes, code_bits, world_size)
     return pack_lanes_ref(codes, code_bits, world_size)
 
 
 def unpack_lanes(words: torch.Tensor, n: int, code_bits: int, world_size: int) -> torch.Tensor:
-    """Public entry of :func:`unpack_lanes_ref` (no Triton variant yet)."""
+    """The ``n`` lane values of (summed) packed words: the Triton kernel for CUDA
+    tensors (when available), else :func:`unpack_lanes_ref`."""
+    if use_triton(words):
+        return unpack_lanes_triton(words, n, code_bits, world_size)
     return unpack_lanes_ref(words, n, code_bits, world_size)

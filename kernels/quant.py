@@ -1,6 +1,7 @@
 """Bucketed uniform quantization + bit packing, and the inverse (three faces each).
 
-Scheme (AQ-SGD paper, Sec. 4.1 "we use a simple, uniform quantization scheme,
+Scheme (AQ-SGD, Wang et al., "Fine-tuning Language Models over Slow Networks
+using Activation Compression with Guarantees", arXiv:2206.01299, Sec. 4.1 "we use a simple, uniform quantization scheme,
 which first normalizes a given vector into [-1, 1] and quantize each number
 into a b-bit integer by uniformly partitioning the range"): a flat tensor is
 cut into buckets of ``bucket`` consecutive elements (the last may be shorter);
@@ -88,7 +89,7 @@ def bucket_absmax(xf: torch.Tensor, bucket: int) -> torch.Tensor:
 #: largest |value| a quantizer accepts: decoding computes ``c * d <= 2 s`` and
 #: AQ-SGD adds that to its buffer (``|m| <= s``), which stays below fp32's
 #: max (2^128) only for ``s <= 2^126`` (~8.5e37); larger values are refused,
-#: never turned into Inf (issue 14.18)
+#: never turned into Inf (the README's overflow rule)
 MAX_ABS = 2.0 ** 126
 
 
@@ -119,16 +120,18 @@ def decode_step(s: torch.Tensor, bits: int) -> torch.Tensor:
     return s * float(np.float32(2.0 / levels(bits)))
 
 
-def _per_bucket(dst: torch.Tensor, src: torch.Tensor, coef: torch.Tensor, bucket: int, op) -> None:
-    """``dst[i] = op(src[i], coef[i // bucket])`` for flat tensors, without
-    materialising the per-element coefficient (full buckets as a 2-D view)."""
+def bucketwise(op, src: torch.Tensor, coef: torch.Tensor, bucket: int, out: torch.Tensor) -> torch.Tensor:
+    """``out[i] = op(src[i], coef[i // bucket])`` for flat tensors, without
+    materialising a per-element coefficient (full buckets as a 2-D view, then
+    the short tail); returns ``out``."""
     n = src.numel()
     nfull = n // bucket
     full = nfull * bucket
     if nfull:
-        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=dst[:full].view(nfull, bucket))
+        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=out[:full].view(nfull, bucket))
     if full < n:
-        op(src[full:], coef[nfull], out=dst[full:])
+        op(src[full:], coef[nfull], out=out[full:])
+    return out
 
 
 # ---------------------------------------------------------------- reference
@@ -137,7 +140,7 @@ def quantize_codes_ref(xf: torch.Tensor, bits: int, bucket: int, a: torch.Tensor
     """uint8 codes of a flat float32 tensor (``key=None``: deterministic)."""
     n = xf.numel()
     y = workspace("y", n, torch.float32, xf.device)
-    _per_bucket(y, xf, a, bucket, torch.mul)
+    bucketwise(torch.mul, xf, a, bucket, y)
     y.add_(round_const(bits, key is not None))
     if key is not None:
         y.add_(hash_int16_ref(n, key, xf.device, scratch=True), alpha=_INV16)  # exact product
@@ -153,8 +156,8 @@ def dequantize_codes_ref(codes: torch.Tensor, s: torch.Tensor, bits: int, bucket
     if out is None:
         out = torch.empty(n, dtype=torch.float32, device=codes.device)
     out.copy_(codes)  # exact; a mixed uint8*float op would allocate a float temporary
-    _per_bucket(out, out, decode_step(s, bits), bucket, torch.mul)
-    _per_bucket(out, out, s, bucket, torch.sub)
+    bucketwise(torch.mul, out, decode_step(s, bits), bucket, out)
+    bucketwise(torch.sub, out, s, bucket, out)
     return out
 
 
@@ -194,40 +197,27 @@ def _check_payload(packed, scales, bits, n, bucket):
 
 # ---------------------------------------------------------------- Triton
 if HAS_TRITON:
-    from perfsim.kernels._tl_words import load_word, store_word_bytes, word_codes
-    from perfsim.kernels.rng import hash_int16_tl
+    from perfsim.kernels._tl_words import (codes_word, group_elements, load_word, round_codes,
+                                           store_word_bytes, word_codes)
 
     @triton.jit
     def _quant_pack_kernel(x_ptr, a_ptr, out_ptr, n, nbytes, bucket, key, kc, LF,
                            BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
                            STOCH: tl.constexpr, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        grp = pid * BLOCK + tl.arange(0, BLOCK)
-        j = tl.arange(0, G)
-        idx = grp[:, None] * G + j[None, :]
+        grp, idx = group_elements(tl.program_id(0), G, BLOCK)
         m = idx < n
         x = tl.load(x_ptr + idx, mask=m, other=0.0)
         a = tl.load(a_ptr + idx // bucket, mask=m, other=0.0)
-        y = x * a
-        y = y + kc
-        if STOCH:
-            y = y + hash_int16_tl(idx, key).to(tl.float32) * 0.0000152587890625
-        y = tl.minimum(tl.maximum(y, 0.0), LF)
-        c = tl.where(m, y.to(tl.int32), 0)
-        word = tl.sum(c << (j[None, :] * BITS), axis=1)
-        store_word_bytes(out_ptr, grp, word, grp >= 0, nbytes, GB)
+        c = round_codes(x * a, idx, m, key, kc, LF, STOCH)
+        store_word_bytes(out_ptr, grp, codes_word(c, BITS, G), grp >= 0, nbytes, GB)
 
     @triton.jit
     def _unpack_dequant_kernel(p_ptr, s_ptr, d_ptr, out_ptr, n, nbytes, bucket,
                                BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
                                BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        grp = pid * BLOCK + tl.arange(0, BLOCK)
-        word = load_word(p_ptr, grp, nbytes, GB, BLOCK)
-        j = tl.arange(0, G)
-        idx = grp[:, None] * G + j[None, :]
+        grp, idx = group_elements(tl.program_id(0), G, BLOCK)
         m = idx < n
-        c = word_codes(word, BITS, G)
+        c = word_codes(load_word(p_ptr, grp, nbytes, GB, BLOCK), BITS, G)
         d = tl.load(d_ptr + idx // bucket, mask=m, other=0.0)
         s = tl.load(s_ptr + idx // bucket, mask=m, other=0.0)
         v = c.to(tl.float32) * d

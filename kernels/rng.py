@@ -1,9 +1,8 @@
 """Counter-based random bits for stochastic rounding (no ``torch.rand``).
 
 Stochastic rounding needs one uniform number per element. ``torch.rand`` is
-too slow for the hot path (issue 2 quotes ~15 ms for 1.6 M floats on the target
-CPU; 2.8 ms measured here on one idle core, against 0.5 ms for this hash) and
-its stream cannot be reproduced inside a Triton kernel. We use a
+several times slower than this hash on a CPU (docs/validation.md, "Compression
+kernels") and its stream cannot be reproduced inside a Triton kernel. We use a
 *counter-based* generator instead (the idea of Salmon et al., "Parallel random
 numbers: as easy as 1, 2, 3", SC'11): the random bits of element ``i`` are a
 pure hash of ``(key, i)``, so any implementation that evaluates the same hash

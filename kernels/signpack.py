@@ -5,8 +5,9 @@ is 1 when element ``i`` is ``>= 0`` (zero counts as +, like DeepSpeed's
 ``sign().add_(1).bool()``) and 0 when negative. The decoded value is ``+scale``
 for a 1 bit and ``-scale`` for a 0 bit.
 
-Error-compensated compression (1-bit SGD, Seide et al. 2014; 1-bit Adam/LAMB,
-one-bit-lamb-paper.txt Sec. 2.1 and Alg. 1 lines 7 and 10): with error buffer
+Error-compensated compression (1-bit SGD, Seide et al. 2014; 1-bit Adam/LAMB: Li et al.,
+"1-bit LAMB: Communication Efficient Large-Scale Large-Batch Training with LAMB's
+Convergence Speed", arXiv:2104.06069, Sec. 2.1 and Alg. 1 lines 7 and 10): with error buffer
 ``e``, compress ``c = x + e``, scale ``= ||c||_2 / sqrt(n)``, send the signs of
 ``c`` and the scale, and keep ``e <- c - scale * sign(c)``.
 """

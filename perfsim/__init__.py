@@ -9,6 +9,9 @@ The Python API mirrors the command line one to one (``perfsim predict
     r.to_frame()                        # one-row pandas DataFrame
     df = perfsim.sweep(bandwidth=["10Gbps", "100Mbps"], compress=["fp32", "aqsgd:fw3bw6"]).to_frame()
     best = perfsim.plan(model="gpt2-xl", nodes=4, bandwidth="1Gbps").to_frame()
+    prof = perfsim.calibrate("traces/mybox.json", quick=True)     # measure this machine (torch)
+    m = perfsim.run(model="digits-mlp", pp=2, steps=20)           # train for real, measured Result
+    df = perfsim.validate(profile="traces/mybox.json", compress="fp32,aqsgd:fw3bw6")
 
 The predict parameters are described once, in :mod:`perfsim.params`; importing
 perfsim is cheap (the simulator, pandas and torch load on first use).
@@ -90,7 +93,7 @@ Grid parameters:
 
 
 def run(**params: Any) -> "Result | None":
-    from perfsim.runtime.api import run as _run
+    from perfsim.runtime import run as _run
 
     return _run(**params)
 
@@ -106,12 +109,13 @@ def _run_signature() -> _inspect.Signature:
 
     parser = argparse.ArgumentParser(add_help=False)
     command.add_arguments(parser)
+    defaults = vars(parser.parse_args([]))  # every flag's dest and default
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     types.update(emulate_bandwidth="str | float | None", emulate_latency="str | float | None",
                  timeout="str | float")
-    out = [_inspect.Parameter(a.dest, _inspect.Parameter.KEYWORD_ONLY, default=a.default,
-                              annotation=types.get(a.dest) or types.get(a.dest + "_s") or "str | None")
-           for a in parser._actions if a.dest != "no_progress"]
+    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY, default=default,
+                              annotation=types.get(dest) or types.get(dest + "_s") or "str | None")
+           for dest, default in defaults.items() if dest != "no_progress"]
     out.append(_inspect.Parameter("progress", _inspect.Parameter.KEYWORD_ONLY, default=None,
                                   annotation="Callable[[dict], None] | None"))
     return _inspect.Signature(out, return_annotation="Result | None")
@@ -130,32 +134,34 @@ run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim
     """
 
 
-def validate(*, model: str, profile: str, bandwidths: list | tuple = (None,),
-             compress: list | tuple = ("fp32",), grad_compress: list | tuple = ("none",),
-             out: str = "perfsim-validate", **plan: Any):
-    """Measure and predict a grid, one row per configuration (``perfsim validate``).
+from perfsim.analysis import validate_grid as _validate_grid  # noqa: E402  (torch-free)
 
-    model, profile: a ``perfsim run`` model and a profile calibrated on this
-    machine; bandwidths: emulated link rates (bits/s or ``"100Mbps"``; None =
-    loopback); compress / grad_compress: specs (checked against the simulator
-    and the runtime before the first run); other keywords: the fields of
-    :class:`perfsim.analysis.validate.ValidationPlan` (``pp``, ``dp``,
-    ``steps``, ``repeats`` ...; strategy keys go to ``base``). Returns a
-    DataFrame with predicted, measured and error columns.
-    """
-    from dataclasses import fields
 
-    from perfsim.analysis import validate as v
-    from perfsim.units import parse_bandwidth
+def validate(**kwargs: Any):
+    return _validate_grid.validate(**kwargs)
 
-    plan_fields = {f.name for f in fields(v.ValidationPlan)}
-    base = {"model": model, **{k: plan.pop(k) for k in list(plan) if k not in plan_fields}}
-    bws = tuple(None if b is None else parse_bandwidth(b, "bandwidths") for b in bandwidths)
-    vplan = v.ValidationPlan(base=base, bandwidths=bws, compresses=tuple(compress),
-                             grad_compresses=tuple(grad_compress), profile=str(profile), out=str(out),
-                             **plan)
-    v.check_specs(vplan)
-    return v.run_validation(vplan)
+
+validate.__signature__ = _inspect.signature(_validate_grid.validate)  # type: ignore[attr-defined]
+validate.__doc__ = _validate_grid.validate.__doc__
+
+
+from perfsim.calibrate import calibration as _calibration  # noqa: E402  (torch-free)
+
+
+def calibrate(out: str = "traces/calibrated.json", **params: Any):
+    return _calibration.calibrate(out, **params)
+
+
+calibrate.__signature__ = _inspect.Signature([  # type: ignore[attr-defined]
+    *(p for p in _inspect.signature(_calibration.calibrate).parameters.values() if p.kind != p.VAR_KEYWORD),
+    *_inspect.signature(_calibration.plan_calibration).parameters.values()])
+calibrate.__doc__ = _calibration.calibrate.__doc__ + """
+    The keywords, their defaults and checks: :func:`perfsim.calibrate.calibration.plan_calibration`.
+    Example::
+
+        profile = perfsim.calibrate("traces/mybox.json", model="gpt2-tiny", quick=True)
+        perfsim.predict(model="gpt2-tiny", pp=2, profile="traces/mybox.json")
+"""
 
 
 from perfsim import plan as _plan_module  # noqa: E402  (bound now, so the function below keeps the name)
@@ -190,5 +196,5 @@ def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
     return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
 
 
-__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "run", "validate", "load_profile",
-           "compressors"]
+__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "run", "validate", "calibrate",
+           "load_profile", "compressors"]

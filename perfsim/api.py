@@ -1,73 +1,22 @@
-"""Simulator entry points behind :func:`perfsim.predict` and :func:`perfsim.sweep`.
+"""Simulator entry points behind :func:`perfsim.predict` and :func:`perfsim.sweep`
+(the public simulator API: ``from perfsim.api import predict, build_configs``).
 
-model                 preset name (``gpt2-xl``, ``bert-large`` ...)     gpt2-xl
-workload              workload file (TOML/JSON), replaces ``model``     None
-profile               profile file or name                              default
-bandwidth             inter-node link rate                              10Gbps
-latency               one-way inter-node latency                        0
-topology              heterogeneous topology file (JSON/TOML/CSV)       None
-compress              pipeline compression (``aqsgd:fw3bw6``)           fp32
-grad_compress         data-parallel gradient compression                none
-schedule              ``gpipe``, ``1f1b``, ``interleaved-1f1b``,        gpipe
-                      ``zb-h1`` or ``zb-v`` (default: 1f1b, Megatron's,
-                      when a ``gpu`` preset is named)
-virtual_stages        model chunks per device of interleaved-1f1b       2
-                      (the other schedules run their own)
-pp, dp                pipeline / data-parallel degree                   8, 1
-micro_batch           samples per micro-batch                           1
-macro_batch           samples per macro-batch (per replica)             32
-epochs                epochs for ``total_s``                            1
-partition             layer counts per stage (``"7,6,..."``), ``balanced``  balanced;
-                      (by compute) or ``uniform`` (Megatron: equal       uniform with
-                      blocks, embedding first, head last)               a ``gpu``
-gpus_per_node         devices per node                                  1
-intra_node_bandwidth  intra-node rate                                   300GB/s
-bucket_size           gradient bucket size (``25MiB``)                  25MiB
-overlap               overlap gradient sync with backward               True
-nic_sharing           fair-share NICs among concurrent flows            True
-dataset_samples       samples per epoch                                 2359
-trace                 record a Chrome trace in ``Result.trace_events``  False
-link_burst            token-bucket depth of each egress (``50KB``)      0
-p2p_protocol          ``eager`` or ``rendezvous`` (receiver-driven)     eager
-p2p_control_latency   latency of the rendezvous ready notice            latency
-tp                    tensor-parallel degree (Megatron-LM)              1
-sequence_parallel     Megatron sequence parallelism (needs tp > 1)      False
-gpu                   GPU preset (``a100-sxm4-80gb``, perfsim.hardware) profile's
-precision             ``fp32``, ``tf32``, ``bf16``, ``fp16``            fp32
-recompute             activation recomputation: none/selective/full     none
-global_batch          samples per step over all replicas (sets          None
-                      macro_batch = global_batch / dp)
-zero                  ZeRO stage (0 or 1: optimizer state sharded)      0
-seq_len               sequence length of a transformer model            preset's
-placement             rank order, innermost first (``tp,dp,pp`` is      tp,pp,dp;
-                      Megatron's; ``tp,pp,dp`` replica-major)           tp,dp,pp with
-                                                                        a ``gpu``
-allow_oom             predict a configuration that does not fit         False
-intra_node_fabric     ``pcie3`` .. ``nvlink4`` (perfsim.fabrics)        None
-nic                   node NICs ``[COUNTx]RATE[:KIND]`` (``4x200Gbps``)  None
-collective_algo       ``auto``, ``ring``, ``tree``, ``hierarchical``    auto
-link_model            ``auto``, ``calibrated``, ``nominal``             auto
-comm_slowdown         compute slowdown under communication (0.1)        profile
-===================== ================================================ ==========
-
-``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,heads=96,
-seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` / ``bert:`` /
-``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu`` preset
-switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks ordered
-tp, dp, pp). With a ``gpu`` the
-compute comes from its operator model (:mod:`perfsim.engine.compute`) and the
-memory is checked against its capacity (:mod:`perfsim.memory`): a configuration
-that does not fit raises :class:`ConfigError` naming the stage and the shortfall.
-
-``predict_many(list_of_param_dicts)`` runs several (profiles and models are
-loaded once).
-=======
 ``predict(**params) -> Result`` takes the parameters of ``perfsim predict``, one
 value each (strings such as ``"100Mbps"`` or numbers in SI units). The
 parameters, their types, defaults and units are described once, in
 :mod:`perfsim.params`; this module turns them into config dataclasses
 (:func:`build_configs`) with profiles, models and topologies loaded once per
-process.
+process. ``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,
+heads=96,seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` /
+``bert:`` / ``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu``
+preset switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks
+ordered tp, dp, pp); with a ``gpu`` the compute comes from its operator model
+(:mod:`perfsim.engine.compute`) and the memory is checked against its capacity
+(:mod:`perfsim.memory`): a configuration that does not fit raises
+:class:`ConfigError` naming the stage and the shortfall.
+
+``predict_many(list_of_param_dicts)`` runs several (profiles and models are
+loaded once).
 """
 
 from __future__ import annotations

@@ -6,15 +6,14 @@ modules import heavy libraries (torch, simpy, pandas) inside ``run`` so that
 ``perfsim --help`` stays instant.
 
 User mistakes (:class:`perfsim.errors.ConfigError`, bad flags) print one line on
-stderr and exit with code 2; no traceback. A command's ``EXAMPLES`` text ends its
-``--help``. ``-v`` / ``-q`` (before or after the command) set the level of the ``perfsim``
-logger: notes ("wrote FILE") by default, ``-q`` warnings and errors only,
-``-v`` debug detail too; all on stderr.
-``perfsim completion bash|zsh|tcsh`` prints a shell completion script (shtab,
-optional extra ``perfsim[completion]``).
 stderr and exit with code 2; I/O failures (full disk, closed stdout: an
 :class:`OSError`) one line and exit code 1; no traceback (``PERFSIM_TRACEBACK=1``
 shows it). SIGTERM and SIGHUP end a command like Ctrl-C does (cleanup runs).
+A command's ``EXAMPLES`` text ends its ``--help``. ``-v`` / ``-q`` (before or
+after the command) set the level of the ``perfsim`` logger: notes ("wrote FILE")
+by default, ``-q`` warnings and errors only, ``-v`` debug detail too; all on
+stderr. ``perfsim completion bash|zsh|tcsh`` prints a shell completion script
+(shtab, optional extra ``perfsim[completion]``).
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"perfsim {__version__}")
     _add_verbosity(parser, None)
+    parser.set_defaults(_run=None)  # no command: print the help
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_OneLineParser)
     for name in COMMANDS:
         module = importlib.import_module(f"perfsim.commands.{name}")
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout = _ClosedStdout()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "_run", None):
+    if args._run is None:
         parser.print_help()
         return 0
     setup_logging(args.verbose, args.quiet)

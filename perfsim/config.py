@@ -18,6 +18,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
+from perfsim.schedules import PipelineShape
 
 
 def _pos_int(obj, name: str, minimum: int = 1) -> None:
@@ -85,13 +86,17 @@ PLACEMENT_DIMS = ("tp", "pp", "dp")
 
 
 @dataclass(frozen=True)
-class Strategy:
+class Strategy(PipelineShape):
     """How the training is parallelised and compressed."""
 
     #: pipeline-parallel degree (stages)
     pp: int = 8
     #: data-parallel degree (pipeline replicas)
     dp: int = 1
+    #: tensor-parallel degree (Megatron-LM column/row-parallel layers)
+    tp: int = 1
+    #: Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce)
+    sequence_parallel: bool = False
     #: samples per micro-batch
     micro_batch: int = 1
     #: samples per macro-batch (one optimizer step of one replica)
@@ -103,6 +108,12 @@ class Strategy:
     compress: str = "fp32"
     #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
     grad_compress: str = "none"
+    #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
+    #: perfsim.boundaries; boundary k follows stage k)
+    boundary_compress: str = ""
+    #: GPU that runs each logical GPU index along ``placement`` (a permutation; None:
+    #: the identity): places stages on the nodes of a heterogeneous topology
+    device_order: tuple[int, ...] | None = None
     #: layer counts per stage (pp x virtual stages of them), or None for the
     #: compute-balanced partition
     partition: tuple[int, ...] | None = None
@@ -117,10 +128,6 @@ class Strategy:
     #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
     #: 2.4M GPT-2 tokens / 1024)
     dataset_samples: int = 2359
-    #: tensor-parallel degree (Megatron-LM column/row-parallel layers)
-    tp: int = 1
-    #: Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce)
-    sequence_parallel: bool = False
     #: activation recomputation: ``none``, ``selective`` (attention core) or ``full``
     recompute: str = "none"
     #: training precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (mixed precision)
@@ -160,20 +167,20 @@ class Strategy:
             v = getattr(self, name)
             if not isinstance(v, str) or not v.strip():
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
-        from perfsim.schedules import build_table
-
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
-        build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+        self.table()  # the schedule must fit pp and the micro-batches
+        from perfsim.boundaries import check_boundaries
+
+        check_boundaries(self.boundary_compress, self.num_stages)
+        if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
+            raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "
+                              f"of the {self.devices} GPUs 0..{self.devices - 1} (tp x dp x pp)")
         if self.partition is not None:
             n = self.num_stages
             if len(self.partition) != n or any(not isinstance(c, int) or c < 1 for c in self.partition):
                 raise ConfigError(f"partition={self.partition!r}: needs {n} layer counts >= 1 "
                                   f"(pp={self.pp} x {n // self.pp} virtual stages)")
-
-    @property
-    def num_microbatches(self) -> int:
-        return self.macro_batch // self.micro_batch
 
     @property
     def global_batch(self) -> int:
@@ -193,20 +200,8 @@ class Strategy:
         for dim in self.placement:
             dev += idx[dim] * stride
             stride *= size[dim]
-        return dev
+        return dev if self.device_order is None else self.device_order[dev]
 
-    @property
-    def num_stages(self) -> int:
-        """Model chunks in the pipeline: pp x the schedule's stages per device."""
-        from perfsim.schedules import stage_count
-
-        return self.pp * stage_count(self.schedule, self.virtual_stages)
-
-    def table(self):
-        """The schedule table (:func:`perfsim.schedules.build_table`)."""
-        from perfsim.schedules import build_table
-
-        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class Link:
             pooled = pooled_small_message_s(profile, op, name.split("@")[0]) if nominal_bps else None
             if pooled is not None:
                 alpha = pooled
-            elif any("mean_s=" in str(r.get("source", "")) for r in raw[:3]):
+            elif any("mean_s" in r for r in raw[:3]):
                 alpha = sorted(_expected_s(r) for r in raw[:3])[len(raw[:3]) // 2]
             # alpha is the middle small message's time: if the fitted burst clearly exceeds
             # that message, it passed inside the burst and alpha is the fixed cost; else it
@@ -174,18 +174,12 @@ def _records(profile, op: str, name: str) -> list[dict]:
 
 
 def _expected_s(rec: dict) -> float:
-    """A small message's expected time: the mean of its repeats (``mean_s`` that
-    ``perfsim calibrate`` records), else its ``time_s``. Small messages are bimodal
-    on this machine (~0.1 ms, or a wait for the next 4-ms kernel tick, HZ = 250);
-    the median of 15 repeats lands on either mode, while a run of many messages
+    """A small message's expected time: the mean of its repeats (the ``mean_s``
+    fact ``perfsim calibrate`` records), else its ``time_s``. Small messages can
+    be bimodal (a fast path, or a wait for the next kernel timer tick): the
+    median of a few repeats lands on either mode, while a run of many messages
     pays the mean (linearity of expectation)."""
-    from perfsim.calibrate.profile_io import parse_source
-
-    mean = parse_source(rec.get("source")).get("mean_s")
-    try:
-        return float(mean) if mean is not None else float(rec["time_s"])
-    except ValueError:
-        return float(rec["time_s"])
+    return float(rec.get("mean_s", rec["time_s"]))
 
 
 def pooled_small_message_s(profile, op: str, base: str) -> float | None:
@@ -201,7 +195,7 @@ def pooled_small_message_s(profile, op: str, base: str) -> float | None:
         name = str(r.get("name", ""))
         if r["op"] != op or not name.startswith(f"{base}@") or r["size_bytes"] > POOL_MAX_BYTES:
             continue
-        if "mean_s=" not in str(r.get("source", "")):
+        if "mean_s" not in r:
             continue
         n = float(r.get("repeats") or 1)
         total += n * _expected_s(r)

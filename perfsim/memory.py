@@ -18,17 +18,20 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
   The first stage adds the embedding dropout mask ``s b h``; the last stage the
-  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (paper Sec. 4.3).
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3).
   With full recomputation one layer's activations are rebuilt during the backward:
   the stage also holds one layer's ``none`` activations.
 * micro-batches held: the schedule table's peak in flight on that stage
   (:func:`perfsim.schedules.max_in_flight`: GPipe all ``m``, 1F1B ``pp - s``).
 * AQ-SGD message buffers: one buffered message per training sample and boundary
-  on both sides of it (aq-sgd-paper Sec. 3), unless the spec keeps them on disk.
+  on both sides of it (Wang et al. 2022, "Fine-tuning Language Models over Slow Networks
+  using Activation Compression with Guarantees", arXiv:2206.01299, Sec. 3), unless the
+  spec keeps them on disk.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from perfsim.hardware import BYTES_PER_VALUE
@@ -51,6 +54,17 @@ class StageMemory:
     @property
     def total(self) -> float:
         return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+
+    def breakdown(self) -> str:
+        """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
+        return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
+                              self.activations / GIB, self.buffers / GIB)
+
+
+def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float) -> str:
+    """The parts of a stage's peak memory, in GiB, as the CLI and the out-of-memory error print them."""
+    text = f"weights {weights:.1f}, grads {grads:.1f}, optimizer {optimizer:.1f}, activations {activations:.1f}"
+    return text + (f", AQ-SGD buffers {buffers:.1f}" if buffers else "")
 
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int) -> float:
@@ -76,6 +90,7 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     from perfsim.compression import make_pipeline_pair
+    from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
@@ -112,12 +127,13 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                     n *= d
                 act += 2 * bpv * n * mb * inflight / tp
         buffers = 0.0
-        if getattr(fw_comp, "name", "") == "aqsgd" and not getattr(fw_comp, "disk", None):
-            bits = getattr(fw_comp, "mbits", None) or 32
-            per_sample = 1
-            for d in workload.layers[st.last_layer - 1].out_shape:
-                per_sample *= d
-            sides = (st.index < plan.pp - 1) + (st.index > 0)  # sender of its boundary, receiver of the previous
-            buffers = sides * per_sample * bits / 8 * strategy.dataset_samples / tp
+        if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
+            # the sender keeps its own output's messages, the receiver the previous stage's
+            per_sample = 0
+            if st.index < plan.pp - 1:
+                per_sample += math.prod(workload.layers[st.last_layer - 1].out_shape)
+            if st.index > 0:
+                per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
+            buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
         out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight))
     return out

@@ -9,8 +9,8 @@ manager::
 and shapes both directions of every rank's link with ``tc``: the rank's egress
 (``eth0``: ``netem delay <latency>`` with a ``tbf rate <bandwidth>`` child) and
 its ingress (the bridge port ``vr<i>``: ``tbf rate <bandwidth>``). Kernels
-without ``sch_netem`` (this machine's Firecracker guest kernel has tbf/htb but
-no netem) get the bandwidth from tbf and the latency from the runtime's
+without ``sch_netem`` (some VM guest kernels have tbf/htb but no netem) get the
+bandwidth from tbf and the latency from the runtime's
 messenger (:attr:`EmulatedNetwork.app_latency_s`, see
 :mod:`perfsim.runtime.pipeline`); gloo collectives then see no added latency. So each rank
 has a full-duplex NIC of that rate, and a message from rank a to rank b sees
@@ -18,9 +18,6 @@ one-way latency ``latency`` and the bottleneck ``bandwidth`` -- the NIC model of
 the simulator. Ranks run with ``ip netns exec`` and gloo binds to ``eth0``
 (``GLOO_SOCKET_IFNAME``). Only traffic between the namespaces created here is
 shaped; the host's own interfaces are never touched.
-
-Measured on this machine (helper brief): a 100mbit tbf carried ~96 Mbps; gloo
-between two namespaces sent 6.55 MB in 547 ms.
 
 Cleanup: everything lives in namespaces named ``perfsim-<pid>-...``; deleting
 the namespaces removes the veths, the bridge and the qdiscs with them. Deletion
@@ -36,9 +33,8 @@ namespace was made -- and first SIGKILLs whatever still runs inside them.
 Rates: tc's tbf keeps its bucket as a 32-bit time in scheduler ticks and its
 queue limit in 32-bit bytes; with perfsim's bucket (:func:`tbf_burst_bytes`)
 and 200 ms queue, rates from :data:`MIN_RATE_BPS` to :data:`MAX_RATE_BPS` are
-represented exactly (checked with ``tc qdisc show`` on iproute2 6.x: 1 Tbit/s
-shows a 28 ms queue, 8 bit/s a 34-byte bucket), so others are refused before
-anything is created.
+represented exactly (docs/validation.md, "Measurement notes"), so others are
+refused before anything is created.
 """
 
 from __future__ import annotations

@@ -50,11 +50,7 @@ Diagonal entries are ignored. Values take the units of :mod:`perfsim.units`.
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -139,16 +135,27 @@ class Topology:
         another node, so a NIC is shared by its flows exactly as under
         ``--bandwidth`` (where the NIC rate is the link rate); a uniform
         topology of rate B and ``--bandwidth B`` are the same cluster."""
-        cache = self.__dict__.setdefault("_nic_default", {})
-        if node not in cache:
-            if self.region is None:
-                rates = [self.bandwidth[node][j] for j in range(self.nodes) if j != node]
-            else:
-                r = self.region[node]
-                shared = sum(1 for x in self.region if x == r) > 1
-                rates = [self.bandwidth[r][j] for j in range(len(self.bandwidth)) if j != r or shared]
-            rates += [bw for (a, _), (bw, _) in self.overrides if a == node and bw is not None]
-            cache[node] = max(rates) if rates else float("inf")
+        cache = self.__dict__.get("_nic_default")
+        if cache is None:  # every node at once: per node, its region's and its overrides' rates
+            cache = {}
+            if self.region is not None:
+                members: dict[int, int] = {}
+                for x in self.region:
+                    members[x] = members.get(x, 0) + 1
+                fastest = {r: [max([self.bandwidth[r][j] for j in range(len(self.bandwidth)) if j != r or k > 1],
+                                   default=None)] for r, k in members.items()}
+            extra: dict[int, list[float]] = {}
+            for (a, _), (bw, _) in self.overrides:
+                if bw is not None:
+                    extra.setdefault(a, []).append(bw)
+            for a in range(self.nodes):
+                if self.region is None:
+                    rates = [self.bandwidth[a][j] for j in range(self.nodes) if j != a]
+                else:
+                    rates = [x for x in fastest[self.region[a]] if x is not None]
+                rates += extra.get(a, [])
+                cache[a] = max(rates) if rates else float("inf")
+            object.__setattr__(self, "_nic_default", cache)
         return cache[node]
 
     def is_uniform(self) -> bool:
@@ -285,7 +292,7 @@ def _regional(data, where: str) -> Topology:
     def square(raw, conv, name):
         if not isinstance(raw, list) or len(raw) != R or any(not isinstance(r, list) or len(r) != R for r in raw):
             raise ConfigError(f"{where}: {name} must be {R} x {R} (one row/column per region)")
-        return tuple(tuple(conv(v, f"{where}: {name}[{i}][{j}]") for j, v in enumerate(row))
+        return tuple(tuple(_fast(v, conv, f"{where}: {name}[{i}][{j}]") for j, v in enumerate(row))
                      for i, row in enumerate(raw))
 
     bw = square(data["region_bandwidth"], _bw, "region_bandwidth")
@@ -299,7 +306,15 @@ def _regional(data, where: str) -> Topology:
 
 
 def topology_from_csv(text: str, where: str = "topology") -> Topology:
-    rows = list(csv.DictReader(io.StringIO(text)))
+    """A topology from CSV text (header ``src,dst,bandwidth,latency``)."""
+    from perfsim.documents import parse_document
+
+    return topology_from_rows(parse_document(text, "csv", where), where)
+
+
+def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> Topology:
+    """A topology from CSV rows (``src``, ``dst``, ``bandwidth``, ``latency``; one
+    row per pair, either direction)."""
     if not rows or set(rows[0]) != {"src", "dst", "bandwidth", "latency"}:
         raise ConfigError(f"{where}: CSV needs the header src,dst,bandwidth,latency and >= 1 row")
     entries = {}
@@ -328,21 +343,14 @@ def topology_from_csv(text: str, where: str = "topology") -> Topology:
 
 def load_topology(path: str | Path) -> Topology:
     """Read a topology file (.json, .toml or .csv)."""
+    from perfsim.documents import document_kind, read_document
+
     p = Path(path)
     where = f"topology {str(p)!r}"
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: cannot read ({getattr(exc, 'strerror', None) or exc})") from None
-    suffix = p.suffix.lower()
-    try:
-        if suffix == ".csv":
-            return topology_from_csv(text, where)
-        if suffix == ".toml":
-            return topology_from_dict(tomllib.loads(text), where)
-        return topology_from_dict(json.loads(text), where)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"{where}: malformed ({exc})") from None
+    data = read_document(p, "topology", default="json")
+    if document_kind(p, "json") == "csv":
+        return topology_from_rows(data, where)
+    return topology_from_dict(data, where)
 
 
 # ---------------------------------------------------------------- interface
@@ -371,6 +379,7 @@ class Network:
         self.topology: Topology | None = system.topology
         self._paths: dict[tuple[int, int], Path_] = {}
         self._collectives: dict[tuple, Collective] = {}
+        self._shapes: dict[tuple, GroupShape] = {}
         gpn = system.gpus_per_node
         self.num_nodes = -(-self.num_devices // gpn)
         if self.topology is not None and self.topology.nodes < self.num_nodes:
@@ -434,6 +443,13 @@ class Network:
     def group_shape(self, members: Sequence[int]) -> GroupShape:
         """Where ``members`` live (:class:`perfsim.collectives.GroupShape`): the inter-node
         rate and latency are the slowest ring hop's between different nodes."""
+        key = tuple(members)
+        shape = self._shapes.get(key)
+        if shape is None:
+            shape = self._shapes[key] = self._group_shape(members)
+        return shape
+
+    def _group_shape(self, members: Sequence[int]) -> GroupShape:
         counts: dict[int, int] = {}
         for d in members:
             counts[self.node(d)] = counts.get(self.node(d), 0) + 1

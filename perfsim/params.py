@@ -34,8 +34,11 @@ from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
     "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
-    "size": "str | int", "partition": "str | Sequence[int]",
+    "size": "str | int", "partition": "str | Sequence[int]", "boundaries": "str | Mapping[int, str]",
+    "order": "str | Sequence[int]",
 }
+#: kinds whose comma list is ONE value (alternatives go in a Python list)
+ONE_VALUE = ("partition", "boundaries", "order")
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,13 @@ PARAMS: tuple[Param, ...] = (
           role="grad"),
     Param("compress", "spec", "fp32", "pipeline compression (`perfsim compressors`), e.g. fp32, "
           "directq:fw4bw8, aqsgd:fw3bw6", "strategy", "strategy.compress", role="pipeline"),
+    Param("boundary_compress", "boundaries", None, "pipeline compression of single boundaries, "
+          "BOUNDARY=SPEC,... (boundary k follows stage k; the others use compress), e.g. "
+          "1=aqsgd:fw2bw4 for fewer bits on a slow hop (perfsim.boundaries)", "strategy",
+          "strategy.boundary_compress"),
+    Param("device_order", "order", None, "GPU that runs each logical GPU index along the placement "
+          "order, a permutation such as 0,2,1,3: which node runs which stage on a topology "
+          "(default: the identity)", "strategy", "strategy.device_order"),
     Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
     Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
           "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system"),
@@ -217,14 +227,25 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
 
 
 def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
-    from perfsim.workload import parse_partition
+    from perfsim.partition import parse_counts
 
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return "uniform"
-    counts = parse_partition(value)
+    counts = parse_counts(value)
     if counts is not None and not counts:
         raise ConfigError(f"partition={value!r}: empty")
     return counts
+
+
+def parse_device_order(value: Any, who: str) -> tuple[int, ...] | None:
+    items = str(value).split(",") if isinstance(value, str) else list(value)
+    try:
+        order = tuple(int(str(x).strip()) for x in items if str(x).strip())
+    except ValueError:
+        raise ConfigError(f"{who}={value!r}: expected comma-separated GPU indices") from None
+    if sorted(order) != list(range(len(order))):
+        raise ConfigError(f"{who}={value!r}: must be a permutation of 0..{len(order) - 1}")
+    return order or None
 
 
 def normalize(name: str, value: Any, cli: bool = False) -> Any:
@@ -257,6 +278,12 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return parse_bool(value, who)
     if kind == "partition":
         return _parse_partition(value, p)
+    if kind == "boundaries":
+        from perfsim.boundaries import canonical
+
+        return canonical(value)
+    if kind == "order":
+        return parse_device_order(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
     if kind in ("profile", "nic") and not isinstance(value, str):
@@ -291,14 +318,14 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     """A scalar, a comma-list string or a list -> de-duplicated normalised values
     (a partition string is one value; alternatives go in a list)."""
     p = _param(name)
-    if p.kind == "partition":  # one partition, or a list of alternatives
+    if p.kind in ONE_VALUE:  # one value, or a list of alternatives
         alternatives = isinstance(raw, list) and raw and not isinstance(raw[0], int)
         items = list(raw) if alternatives else [raw]
     else:
         items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
     for item in items:
-        splittable = isinstance(item, str) and p.kind != "partition"
+        splittable = isinstance(item, str) and p.kind not in ONE_VALUE
         flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
@@ -344,7 +371,7 @@ def _flag_help(p: Param, lists: bool) -> str:
         text += f" ({', '.join(p.allowed)})"
     if p.default is not None:
         text += f" (default {str(p.default).lower() if p.kind == 'bool' else p.default})"
-    if lists and p.kind != "partition":
+    if lists and p.kind not in ONE_VALUE:
         text += "; a comma list runs every value"
     return text
 
@@ -360,7 +387,7 @@ def add_arguments(parser: argparse.ArgumentParser, lists: bool = True) -> None:
             g.add_argument(p.flag, dest=p.name, action=argparse.BooleanOptionalAction, default=None,
                            help=_flag_help(p, False))
         else:
-            metavar = "LIST" if lists and p.kind != "partition" else p.kind.upper()
+            metavar = "LIST" if lists and p.kind not in ONE_VALUE else p.kind.upper()
             g.add_argument(p.flag, dest=p.name, default=None, metavar=metavar,
                            help=_flag_help(p, lists))
 

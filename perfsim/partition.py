@@ -1,8 +1,7 @@
 """Pipeline partition: which contiguous layers each stage holds.
 
 One function shared by the simulator (``perfsim predict``) and the runtime
-(``perfsim run``), so both place the same layers on the same stage
-(ARCHITECTURE.md, rule 1: one source of truth).
+(``perfsim run``), so both place the same layers on the same stage.
 
 A model is the layer list of :mod:`perfsim.models.specs`. A partition splits it
 into ``num_stages`` non-empty contiguous ranges ``[start, end)``. The default
@@ -11,17 +10,30 @@ largest stage weight; binary search over the candidate bounds with a greedy
 fill, exact for contiguous partitions; ties: earlier stages take more), so the
 answer is deterministic. The simulator calls :func:`partition_weights` with
 per-layer fwd+bwd compute times instead of parameters; an explicit list of layer
-counts per stage overrides both. ``by="layers"`` balances the layer count, ``by="flops"`` the
-forward FLOPs.
+counts per stage overrides both (:func:`parse_counts` reads ``"7,6,6"``).
+``by="layers"`` balances the layer count, ``by="flops"`` the forward FLOPs.
 """
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Sequence
 
 from perfsim.errors import ConfigError
 
 BALANCE_BY = ("params", "layers", "flops")
+
+
+def parse_counts(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
+    """``"7,6,6"`` or a list -> layer counts per stage; None, ``""`` or ``balanced`` -> None
+    (the balanced partition)."""
+    if text is None or str(text).strip() in ("", "balanced"):
+        return None
+    items = str(text).split(",") if isinstance(text, str) else list(text)
+    try:
+        return tuple(int(str(x).strip()) for x in items)
+    except ValueError:
+        raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
 
 
 def layer_weights(layers: Sequence, by: str = "params") -> list[float]:
@@ -51,11 +63,8 @@ def partition_weights(costs: Sequence[float], num_stages: int,
         if len(explicit) != num_stages or any(c < 1 for c in explicit) or sum(explicit) != n:
             raise ConfigError(f"partition {','.join(map(str, explicit))}: does not fit {num_stages} stages "
                               f"of >= 1 layer covering {n} layers")
-        bounds, start = [], 0
-        for c in explicit:
-            bounds.append((start, start + c))
-            start += c
-        return bounds
+        ends = list(accumulate(explicit))
+        return list(zip([0, *ends[:-1]], ends))
 
     def fill(limit: float) -> list[tuple[int, int]] | None:
         bounds, start = [], 0
@@ -101,6 +110,8 @@ def partition(layers: Sequence, num_stages: int, by: str = "params") -> list[tup
     return partition_weights(layer_weights(layers, by), num_stages)
 
 
-def partition_model(spec, num_stages: int, by: str = "params") -> list[tuple[int, int]]:
-    """Stage ranges for a :mod:`perfsim.models.specs` spec (GPTSpec / MLPSpec)."""
-    return partition(spec.layers(), num_stages, by)
+def partition_model(spec, num_stages: int, by: str = "params",
+                    explicit: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """Stage ranges for a :mod:`perfsim.models.specs` spec (GPTSpec / MLPSpec);
+    ``explicit``: layer counts per stage (see :func:`partition_weights`)."""
+    return partition_weights(layer_weights(spec.layers(), by), num_stages, explicit)

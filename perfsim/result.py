@@ -2,7 +2,7 @@
 
 The simulator returns a :class:`Result` with ``source="predicted"``; the runtime
 writes one with ``source="measured"``. Same columns, so ``perfsim validate``
-can compare any row with any other (ARCHITECTURE.md, rule 2).
+can compare any row with any other.
 
 A Result has four tables:
   summary      one dict: the configuration columns + the headline figures
@@ -48,6 +48,8 @@ class Result:
     microbatches: list[dict[str, Any]] = field(default_factory=list)
     links: list[dict[str, Any]] = field(default_factory=list)
     trace_events: list[dict[str, Any]] = field(default_factory=list)
+    #: measured results: mean training loss per optimizer step (``losses.csv``)
+    losses: dict[int, float] = field(default_factory=dict)
 
     def row(self) -> dict[str, Any]:
         """The summary as one flat row in SUMMARY_COLUMNS order (extra keys after)."""

@@ -469,3 +469,28 @@ def comm_channel(a: Action) -> tuple[int, str]:
 def format_table(table) -> str:
     """One line per device, e.g. ``stage 0: 0F0 0F1 0B0 0B1``."""
     return "\n".join(f"stage {s}: " + " ".join(map(str, row)) for s, row in enumerate(table))
+
+
+class PipelineShape:
+    """What a pipeline's schedule follows from, for a config with ``pp``, ``schedule``,
+    ``virtual_stages``, ``micro_batch`` and ``macro_batch`` fields (:class:`perfsim.config.Strategy`
+    of the simulator, :class:`perfsim.runtime.config.RunConfig` of execute mode)."""
+
+    pp: int
+    schedule: str
+    virtual_stages: int | None
+    micro_batch: int
+    macro_batch: int
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.macro_batch // self.micro_batch
+
+    @property
+    def num_stages(self) -> int:
+        """Model chunks in the pipeline: pp x the schedule's stages per device."""
+        return self.pp * stage_count(self.schedule, self.virtual_stages)
+
+    def table(self):
+        """The schedule table every rank runs (:func:`perfsim.schedules.build_table`)."""
+        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)

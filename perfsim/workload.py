@@ -32,12 +32,10 @@ on 8 stages gets 6 blocks per stage.
 
 from __future__ import annotations
 
-import json
 import math
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from perfsim.errors import ConfigError
 from perfsim.models.specs import MODEL_SPECS, LayerSpec, get_model_spec
@@ -161,16 +159,11 @@ _LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"
 
 def load_workload_file(path: str | Path) -> Model:
     """Read a TOML or JSON workload file (format in the module docstring)."""
+    from perfsim.documents import read_document
+
     p = Path(path)
     where = f"workload {str(p)!r}"
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(raw) if p.suffix.lower() == ".json" else tomllib.loads(raw.decode())
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: malformed ({exc})") from None
+    data = read_document(p, "workload", kind="json" if p.suffix.lower() == ".json" else "toml")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: top level must be a table/object")
     unknown = set(data) - {"name", "tokens_per_sample", "layers"}
@@ -389,18 +382,6 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
 
 
 # --------------------------------------------------------------------- partition
-
-
-def parse_partition(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
-    """``"7,6,6"`` or a list -> layer counts per stage."""
-    if text is None or text == "" or text == "balanced":
-        return None
-    items = str(text).split(",") if isinstance(text, str) else list(text)
-    try:
-        counts = tuple(int(str(x).strip()) for x in items)
-    except ValueError:
-        raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
-    return counts
 
 
 # The partition algorithm lives in perfsim.partition, shared with the runtime.

@@ -1,6 +1,7 @@
 """Measure the loss curves behind ``perfsim plan``'s steps-to-loss ratios.
 
     python scripts/convergence_curves.py [--model gpt2-tiny] [--steps 300] [--out FILE]
+    python scripts/convergence_curves.py --model digits-mlp --specs aqsgd:fw4bw8,none  # re-measure some
 
 Trains the model with ``perfsim run`` once per compressor -- pipeline compressors on
 a 2-stage pipeline, gradient compressors on 2 data-parallel replicas -- with the
@@ -39,21 +40,27 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("pipeline", "gradient"), default=None,
                     help="measure only these curves and keep the others of an existing file")
+    ap.add_argument("--specs", default=None,
+                    help="comma list: measure only these specs and keep the other curves of an existing file")
+    ap.add_argument("--hang-timeout", default="300s",
+                    help="perfsim run --hang-timeout (default 300s: a loaded machine stalls ranks)")
     args = ap.parse_args()
+    specs = set(args.specs.split(",")) if args.specs else None
     out = args.out or os.path.join(os.path.dirname(__file__), "..", "perfsim", "data", "convergence",
                                    f"{args.model}.json")
     data = {"model": args.model, "smoothing": 10, "pipeline": {}, "gradient": {}}
-    if args.only and os.path.exists(out):
+    if (args.only or specs) and os.path.exists(out):
         with open(out) as f:
-            data.update({k: v for k, v in json.load(f).items() if k in ("pipeline", "gradient")})
-        data[args.only] = {}
+            data.update({k: v for k, v in json.load(f).items() if k in ("pipeline", "gradient", "source")})
+        if args.only and not specs:
+            data[args.only] = {}
     common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr, "--seed", "0",
-              "--no-progress"]
+              "--no-progress", "--hang-timeout", args.hang_timeout, "--timeout", args.hang_timeout]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--compress", c]) for c in PIPELINE_COMPRESSION]
         jobs += [("gradient", g, ["--pp", "1", "--dp", "2", "--grad-compress", g]) for g in GRADIENT_COMPRESSION]
         for part, spec, flags in jobs:
-            if args.only and part != args.only:
+            if (args.only and part != args.only) or (specs and spec not in specs):
                 continue
             run_dir = os.path.join(tmp, f"{part}-{spec.replace(':', '_')}")
             cmd = [sys.executable, "-m", "perfsim", "run", *common, *flags, "--out", run_dir]
@@ -63,8 +70,11 @@ def main() -> int:
                 continue
             data[part][spec] = curve(run_dir)
             print(f"{part:8} {spec:18} final loss {data[part][spec][-1][1]:.4f}", flush=True)
-    data["source"] = (f"perfsim run --steps {args.steps} --lr {args.lr} --seed 0 (pipeline: --pp 2; "
-                      f"gradient: --dp 2); {datetime.date.today().isoformat()}")
+    source = (f"perfsim run --steps {args.steps} --lr {args.lr} --seed 0 (pipeline: --pp 2; "
+              f"gradient: --dp 2); {datetime.date.today().isoformat()}")
+    if specs and data.get("source") and data["source"] != source:
+        source = f"{data['source']}; {','.join(sorted(specs))}: {source}"
+    data["source"] = source
     atomic_write_text(out, json.dumps(data, indent=0) + "\n")
     print(f"wrote {out}")
     return 0

@@ -2,7 +2,7 @@
 
 Issue 4, evidence item 3: QSGD-MaxNorm 4-bit and 1-bit LAMB against fp32
 allreduce, same model, 2 replicas -- speed-up and loss. Every run is a real
-``perfsim run`` (``perfsim.runtime.api.run``): each rank in its own network
+``perfsim run`` (``perfsim.runtime.run``): each rank in its own network
 namespace, links shaped to the bandwidth with tc (:mod:`perfsim.netem`),
 gradients averaged through :mod:`perfsim.ddp` (``CompressionState``) or, for
 1-bit LAMB, momentum exchanged by :func:`perfsim.ddp.onebit_optimizer` over the
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
 
     from perfsim.errors import ConfigError
     from perfsim.result import atomic_write_text
-    from perfsim.runtime.api import run
+    from perfsim.runtime import run
 
     if not 0 < args.warmup_frac < 1:
         raise ConfigError(f"--warmup-frac {args.warmup_frac}: must be in (0, 1)")

@@ -142,7 +142,7 @@ def test_predict_sweep_compressors_do_not_import_torch(argv, tmp_path):
 
 
 def test_execute_mode_still_imports_torch():
-    code = ("import sys; from perfsim.runtime.api import make_config; "
+    code = ("import sys; from perfsim.runtime import make_config; "
             "import perfsim.compression as c; c.make_compressor('qsgd-maxnorm:4').compress("
             "__import__('torch').ones(8)); print('torch' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -218,7 +218,7 @@ def test_validate_checks_every_spec_before_any_run(tmp_path, compress, grad, who
 def test_run_keywords_are_the_run_flags(tmp_path):
     """Every keyword of perfsim.run is a flag of `perfsim run`, and execute mode's
     configuration accepts all of them at their defaults."""
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     sig = inspect.signature(perfsim.run).parameters
     dests = {a.dest for a in _subparser("run")._actions} - {"help", "no_progress", "verbose", "quiet"}

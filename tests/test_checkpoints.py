@@ -10,7 +10,7 @@ import pytest
 
 from perfsim.errors import ConfigError
 from perfsim.runtime import checkpoint
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 from perfsim.runtime.config import RunConfig
 from perfsim.runtime.launch import free_port
 

@@ -62,7 +62,7 @@ def test_listed_specs_round_trip_through_predict_and_run(capsys, tmp_path):
     from perfsim.api import build_configs
     from perfsim.compression.spec import parse_spec
     from perfsim.engine.plan import build_plan
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     df = _csv(capsys, "--shape", "8,8")
     for row in df.itertuples():
@@ -81,7 +81,7 @@ def test_listed_specs_round_trip_through_predict_and_run(capsys, tmp_path):
                                        ("directq:fw4bw8:fw2bw2", "pipeline")])
 def test_predict_and_run_reject_the_same_misplaced_specs(spec, role, tmp_path):
     from perfsim.api import build_configs
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     key = "compress" if role == "pipeline" else "grad_compress"
     params = {"model": "digits-mlp", "pp": 2, "dp": 2, "micro_batch": 8, "macro_batch": 16, key: spec}

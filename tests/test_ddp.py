@@ -204,7 +204,7 @@ def test_perfsim_run_uses_the_public_api():
 def test_perfsim_run_onebit_warmup_is_a_setting(tmp_path):
     """Issue 14.19: 1-bit warm-up is the spec's step count -- in the run header and the
     results -- and a resumed run with more --steps keeps it (nothing frozen from --steps)."""
-    from perfsim.runtime.api import run
+    from perfsim.runtime import run
 
     kw = dict(model="digits-mlp", pp=1, dp=2, micro_batch=4, macro_batch=16, timeout="30s",
               grad_compress="onebit-adam:warmup=3")

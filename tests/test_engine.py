@@ -386,3 +386,134 @@ def test_virtual_stages_with_tensor_parallel_and_memory():
     assert res.summary["peak_memory_gib"] == pytest.approx(max(row["memory_gib"] for row in res.stages))
     one = predict(gpu="a100", model="gpt2-large", schedule="1f1b", tp=2, pp=4)
     assert res.summary["peak_memory_gib"] > one.summary["peak_memory_gib"]  # more micro-batches held
+
+
+# ------------------------------------------------------------ closed-form replay
+
+
+def _same(a, b):
+    """Two results agree to the last bit (the event count and the engine's name aside)."""
+    drop = ("events", "engine")
+    assert ({k: repr(v) for k, v in a.summary.items() if k not in drop}
+            == {k: repr(v) for k, v in b.summary.items() if k not in drop})
+    for table in ("stages", "microbatches", "links"):
+        assert repr(getattr(a, table)) == repr(getattr(b, table)), table
+
+
+def _distinct(nodes, seed, nic=None, rates=(1e8, 2e8, 3e8, 1e9)):
+    """Every pair of nodes its own random rate and latency (optionally NICs of ``nic`` bit/s)."""
+    import random
+
+    rng = random.Random(seed)
+    bw = tuple(tuple(0.0 if i == j else rng.choice(rates) for j in range(nodes)) for i in range(nodes))
+    lat = tuple(tuple(0.0 if i == j else rng.uniform(1e-4, 2e-2) for j in range(nodes)) for i in range(nodes))
+    return Topology(bw, lat, (nic,) * nodes if nic else None)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"])
+@pytest.mark.parametrize("grad", ["none", "qsgd-maxnorm:4"])
+def test_replay_equals_event_loop(schedule, grad):
+    """Where no flows compete (NICs ten times the links), the closed-form replay
+    gives the event loop's iteration to the last bit, every replica different."""
+    wl = toy(8, 1e-3, 2e-3, params=20_000, shape=(5_000,))
+    st = Strategy(pp=4, dp=3, macro_batch=6, schedule=schedule, grad_compress=grad, bucket_bytes=100_000)
+    sy = System(topology=_distinct(12, seed=1, nic=1e10))
+    ref, fast = simulate(wl, st, sy, EMPTY, replay=False), simulate(wl, st, sy, EMPTY)
+    assert (ref.summary["engine"], fast.summary["engine"]) == ("event loop", "replay")
+    assert fast.summary["replicas_simulated"] == 3 and fast.summary["dp_bytes"] > 0
+    _same(ref, fast)
+
+
+def test_replay_equals_event_loop_with_tp_and_warmup(tmp_path):
+    """Tensor parallelism (two GPUs per node, lanes on the NICs) and AQ-SGD's
+    uncompressed first epoch (a second, warm-up iteration) replay exactly too."""
+    import json
+
+    from perfsim.api import build_configs
+
+    topo = tmp_path / "topo.json"
+    topo.write_text(json.dumps({"nodes": 8, "bandwidth": "1Gbps", "latency": "2ms", "nic_bandwidth": "100Gbps",
+                                "links": [{"src": 0, "dst": 1, "bandwidth": "300Mbps", "latency": "9ms"}]}))
+    cfg = build_configs(model="gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000", tp=2, pp=2, dp=4,
+                        gpus_per_node=2, macro_batch=4, topology=str(topo), compress="aqsgd:fw3bw6",
+                        grad_compress="qsgd-maxnorm:4")
+    ref, fast = simulate(*cfg, replay=False), simulate(*cfg)
+    assert fast.summary["engine"] == "replay" and fast.summary["warmup_iteration_s"] > fast.summary["iteration_s"]
+    _same(ref, fast)
+
+
+def test_replay_equals_event_loop_when_flows_fill_a_nic():
+    """1F1B with NICs of twice the link rate: a stage's forward and backward sends
+    overlap and exactly fill its NIC, so max-min still gives each its link's rate."""
+    wl = toy(4, 1e-3, 2e-3, params=20_000, shape=(50_000,))
+    st = Strategy(pp=4, dp=2, macro_batch=8, schedule="1f1b", grad_compress="qsgd-maxnorm:4")
+    n = 8
+    topo = Topology(tuple(tuple(0.0 if i == j else 1e9 for j in range(n)) for i in range(n)),
+                    tuple(tuple(0.0 if i == j else 1e-3 for j in range(n)) for i in range(n)), (2e9,) * n)
+    sy = System(topology=topo)
+    ref = simulate(wl, st, sy, EMPTY, replay=False, symmetric=False)
+    fast = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert fast.summary["engine"] == "replay"
+    _same(ref, fast)
+
+
+def test_replay_declines_when_flows_compete(monkeypatch):
+    """1F1B on 10 Mbps links and NICs: a stage's forward and backward sends share
+    its NIC, so the replay declines; forced to answer, it would be wrong -- the
+    check is what makes it exact."""
+    import perfsim.engine.replay as replay
+
+    wl, st = toy(4, 1e-3, 2e-3, shape=(5_000,)), Strategy(pp=4, dp=2, macro_batch=8, schedule="1f1b")
+    sy = System(bandwidth_bps=1e7)
+    ref = simulate(wl, st, sy, EMPTY, replay=False, symmetric=False)
+    out = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert out.summary["engine"] == "event loop" and out.summary["replicas_simulated"] == 2
+    _same(ref, out)
+    monkeypatch.setattr(replay, "uncontended", lambda *a: True)
+    forced = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert forced.summary["engine"] == "replay"
+    assert forced.summary["iteration_s"] < ref.summary["iteration_s"] * (1 - 1e-3)
+
+
+def test_uncontended_intervals():
+    """Two flows on one NIC: fine while their rates fit its capacity or they do not
+    overlap; touching flows of one stream are one interval."""
+    import numpy as np
+
+    from perfsim.engine.replay import _chains, _Flows, uncontended
+
+    def check(starts, ends, rates, cap):
+        flows = _Flows(None)
+        flows.rates.update(rates)
+        flows.add(np.zeros(len(starts), np.int64), np.array(starts, float), np.array(ends, float),
+                  np.array(rates, float))
+        return uncontended(flows, np.array([cap]))
+
+    assert check([0, 1], [2, 3], [1.0, 1.0], 2.5)
+    assert not check([0, 1], [2, 3], [1.0, 1.0], 1.5)
+    assert check([0, 2], [2, 3], [1.0, 1.0], 1.0) is False  # touching, two streams: conservative
+    assert check([0, 2.5], [2, 3], [1.0, 1.0], 1.0)
+    assert not check([0, 1], [2, 3], [1.0, 1.0 + 1e-13], 5.0)  # rates max-min would treat as equal
+    assert check([0, 1], [2, 3], [1.0, 1.0], 2.0)  # one rate, filling the NIC exactly
+    assert not check([0, 1], [2, 3], [1.0, 1.5], 2.5)  # two rates filling it: not exactly
+    s, e, r, col = _chains(np.array([[0.0, 0.0], [2.0, 3.0]]), np.array([[2.0, 2.0], [4.0, 4.0]]),
+                           np.array([[1.0, 1.0], [2.0, 2.0]]))
+    assert s.tolist() == [0.0, 0.0, 3.0] and e.tolist() == [4.0, 2.0, 4.0]
+    assert r.tolist() == [2.0, 1.0, 2.0] and col.tolist() == [0, 1, 1]
+
+
+from hypothesis import HealthCheck  # noqa: E402
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=hst.integers(0, 10**6), schedule=hst.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zb-h1"]),
+       dp=hst.integers(1, 3), m=hst.sampled_from([1, 2, 4, 6]), nic=hst.sampled_from([None, 1e9, 1e10]),
+       overlap=hst.booleans(), grad=hst.sampled_from(["none", "qsgd-maxnorm:4", "powersgd:2"]))
+def test_replay_agrees_or_declines(seed, schedule, dp, m, nic, overlap, grad):
+    """On random topologies, whichever engine ``simulate`` picks, the answer is the
+    event loop's to the last bit."""
+    wl = toy(4, 1e-3, 2e-3, params=20_000, shape=(4_000,))
+    st = Strategy(pp=2, dp=dp, macro_batch=m, schedule=schedule, grad_compress=grad, bucket_bytes=60_000,
+                  overlap_grad_sync=overlap)
+    sy = System(topology=_distinct(2 * dp, seed, nic=nic))
+    _same(simulate(wl, st, sy, EMPTY, replay=False), simulate(wl, st, sy, EMPTY))

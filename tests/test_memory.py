@@ -54,5 +54,7 @@ def test_zero1_schedule_and_aqsgd_buffers():
     # middle stage: sender and receiver buffers, 1000 samples x 1024 x 1600 x 1 byte each
     assert aq.stages[1]["buffers_gib"] * GIB == pytest.approx(2 * 1000 * 1024 * 1600)
     assert aq.stages[0]["buffers_gib"] * GIB == pytest.approx(1000 * 1024 * 1600)
+    # the last stage receives the previous stage's output (not its own vocabulary-wide logits)
+    assert aq.stages[-1]["buffers_gib"] * GIB == pytest.approx(1000 * 1024 * 1600)
     disk = predict(**base, compress="aqsgd:fw3bw6:m8:disk=/tmp/x", dataset_samples=1000)
     assert disk.stages[1]["buffers_gib"] == 0

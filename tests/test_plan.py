@@ -126,7 +126,9 @@ def test_emit_run_and_pareto_front():
          "grad_compress": "none", "micro_batch": 8, "macro_batch": 16, "bandwidth": "100Mbps"}
     assert run_command(p) == ("perfsim run --model gpt2-tiny --pp 2 --dp 2 --schedule 1f1b --compress "
                               "aqsgd:fw3bw6 --grad-compress none --micro-batch 8 --macro-batch 16 "
-                              "--emulate-bandwidth 100Mbps")
+                              # the simulator's replica-major GPUs in the runtime's TP, DP, PP rank order
+                              "--device-order 0,2,1,3 --emulate-bandwidth 100Mbps")
+    assert "--device-order" not in run_command({**p, "placement": "tp,dp,pp"})
     assert run_command({**p, "model": "bert-large"}) is None
     assert pareto_front([(1, 1), (2, 3), (3, 2), (0.5, 0.5), (4, 4)]) == [3, 0, 1, 4]
 
@@ -149,3 +151,141 @@ def test_plan_cli_json_and_errors(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", "gpt2-tiny", "--nodes", "3",
                           "--global-batch", "1", "--pp", "2"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "global_batch" in bad.stderr
+
+
+def _two_regions(tmp_path, regions):
+    """Nodes alternating between two regions: 10 Gbps inside one, 20 Mbps between them."""
+    path = tmp_path / "geo.toml"
+    path.write_text(f"regions = {list(regions)}\n"
+                    'region_bandwidth = [["10Gbps", "20Mbps"], ["20Mbps", "10Gbps"]]\n'
+                    'region_latency = [["0.1ms", "1ms"], ["1ms", "0.1ms"]]\n')
+    return path
+
+
+def test_chain_order_crosses_the_slow_hop_once(tmp_path):
+    from perfsim.network import load_topology
+    from perfsim.placement import boundary_rates, chain_order, per_link_compression
+
+    regions = [0, 1, 0, 1, 0, 1]
+    topo = load_topology(_two_regions(tmp_path, regions))
+    chain = chain_order(topo, len(regions))
+    crossings = sum(regions[a] != regions[b] for a, b in zip(chain, chain[1:]))
+    assert sorted(chain) == list(range(6)) and crossings == 1  # the identity crosses 5 times
+    rates = boundary_rates(topo, 1, pp=6, dp=1, tp=1, schedule="1f1b", microbatches=4, placement="tp,pp,dp",
+                           order=chain)
+    assert sorted(rates) == [20e6] + [10e9] * 4
+    slow = rates.index(20e6)
+    pairs = per_link_compression(rates, ["fp16", "aqsgd:fw2bw4"])
+    # uniform fp16, uniform aqsgd, and fp16 with aqsgd on the slow boundary only -- never the reverse
+    assert pairs == [("fp16", ""), ("aqsgd:fw2bw4", ""), ("fp16", f"{slow}=aqsgd:fw2bw4")]
+
+
+def test_plan_puts_fewer_bits_on_the_slow_hop(tmp_path):
+    regions = [0, 1, 0, 1]
+    res = plan(model="gpt2-tiny", nodes=4, global_batch=16, profile=CPU, topology=str(_two_regions(tmp_path, regions)),
+               space=SearchSpace(pp=(4,), micro_batch=(4,), schedules=("1f1b",), compress=("fp16", "aqsgd:fw2bw4"),
+                                 grad_compress=("none",), recompute=("none",)), top=100)
+    best = res.ranked[0].params
+    order = best["device_order"]
+    # the winner lays the pipeline so that it leaves a region once, and compresses that hop harder
+    nodes = [order[s] for s in range(4)]
+    hops = [k for k in range(3) if regions[nodes[k]] != regions[nodes[k + 1]]]
+    assert len(hops) == 1
+    assert best["compress"] == "fp16" and best["boundary_compress"] == f"{hops[0]}=aqsgd:fw2bw4"
+    done = [c for c in res.all_evaluated if c.summary is not None]
+    uniform = [c for c in done if not c.params.get("boundary_compress")]
+    assert {c.params["compress"] for c in uniform} == {"fp16", "aqsgd:fw2bw4"}
+    win = res.ranked[0].summary["iteration_s"]
+    assert all(win < c.summary["iteration_s"] for c in uniform)  # faster than uniform compression
+    assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in done)
+    per = ["fp16"] * 3
+    per[hops[0]] = "aqsgd:fw2bw4"
+    assert f"pipeline boundaries compressed {' | '.join(per)}" in res.explanation
+
+
+def test_boundary_compress_is_checked():
+    from perfsim.api import predict
+    from perfsim.boundaries import parse_boundary_compress
+
+    assert parse_boundary_compress(" 1 = AQSGD:fw3bw6, 0=fp16") == {0: "fp16", 1: "aqsgd:fw3bw6"}
+    for bad, msg in (("aqsgd:fw3bw6", "BOUNDARY=SPEC"), ("x=fp16", "integer"), ("0=fp16,0=fp32", "twice")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_boundary_compress(bad)
+    with pytest.raises(ConfigError, match="boundary 2 does not exist"):
+        predict(model="gpt2-tiny", pp=2, boundary_compress="2=fp16")
+    with pytest.raises(ConfigError, match="permutation"):
+        predict(model="gpt2-tiny", pp=2, device_order="0,0")
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "gpt2-tiny", "--pp", "2",
+                           "--boundary-compress", "1=fp16", "--steps", "1"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "boundary 1" in proc.stderr
+
+
+def test_emitted_per_boundary_run_sends_the_predicted_bytes(tmp_path):
+    """The plan's winner on a 3-node, 2-region topology, run for real (3 ranks over
+    loopback): every link carries the bytes per step the simulator predicted."""
+    import csv
+    import shlex
+
+    from perfsim.api import predict
+
+    res = plan(model="gpt2-tiny", nodes=3, global_batch=8, profile=CPU, topology=str(_two_regions(tmp_path, [0, 1, 0])),
+               space=SearchSpace(pp=(3,), micro_batch=(4,), schedules=("1f1b",), compress=("fp16", "aqsgd:fw2bw4"),
+                                 grad_compress=("none",), recompute=("none",)), top=3)
+    best = res.ranked[0]
+    assert best.params.get("boundary_compress")
+    cmd = shlex.split(run_command(best.params))
+    assert cmd[:2] == ["perfsim", "run"] and "--boundary-compress" in cmd and "--device-order" in cmd
+    out = tmp_path / "run"
+    # AQ-SGD sends its first epoch uncompressed: a one-step epoch leaves steps 1-2 to measure
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", *cmd[2:], "--steps", "3", "--dataset-limit", "8",
+                           "--no-progress", "--out", str(out)], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    with open(out / "links.csv") as f:
+        measured = {(int(r["src"]), int(r["dst"])): float(r["bytes"]) for r in csv.DictReader(f)}
+    predicted = {(l["src"], l["dst"]): l["bytes"] for l in predict(**best.params).links if l["kind"] == "p2p"}
+    assert measured == predicted
+    assert len(set(predicted.values())) > 2  # the boundaries differ: fp16 one way, AQ-SGD the other
+
+
+def test_parallel_backends_find_the_serial_ranking():
+    space = SearchSpace(pp=(2,), schedules=("1f1b",), compress=("fp32", "directq:fw4bw8"), grad_compress=("none",),
+                        recompute=("none",))
+    common = dict(model="gpt2-tiny", nodes=2, global_batch=16, space=space, top=3, profile=CPU, bandwidth="100Mbps")
+    key = lambda r: [(c.params["micro_batch"], c.params["compress"], c.summary["iteration_s"]) for c in r.ranked]  # noqa: E731
+    serial = key(plan(**common))
+    assert key(plan(jobs=2, **common)) == serial
+    with pytest.raises(ConfigError, match="backend"):
+        plan(backend="ray", **common)
+    pytest.importorskip("dask")
+    assert key(plan(jobs=2, backend="dask", **common)) == serial
+    with pytest.raises(ConfigError, match="only with backend=dask"):
+        plan(dask_scheduler="tcp://127.0.0.1:1", **common)
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as lc:
+        assert key(plan(backend="dask", dask_scheduler=lc.scheduler_address, **common)) == serial
+
+
+@pytest.mark.parametrize("model", ["gpt2-tiny", "digits-mlp"])
+def test_bundled_curves_cover_the_default_search(model):
+    """Every pipeline and gradient spec the plan searches by default has a measured
+    curve for the bundled runtime models (scripts/convergence_curves.py)."""
+    from perfsim.plan import GRADIENT_COMPRESSION, PIPELINE_COMPRESSION
+
+    curves = load_convergence(None, model)
+    assert curves is not None and curves.model == model
+    assert all(curves.steps_ratio(c, "none") is not None for c in PIPELINE_COMPRESSION)
+    assert all(curves.steps_ratio("fp32", g) is not None for g in GRADIENT_COMPRESSION)
+    assert curves.reference_steps() > 1
+
+
+def test_topology_bounds_prune_and_keep_the_exhaustive_winner(tmp_path):
+    common = dict(model="gpt2-tiny", nodes=4, global_batch=16, profile=CPU,
+                  topology=str(_two_regions(tmp_path, [0, 1, 0, 1])),
+                  space=SearchSpace(micro_batch=(2, 4), schedules=("1f1b", "gpipe"), compress=("fp16", "aqsgd:fw2bw4"),
+                                    grad_compress=("none", "qsgd-maxnorm:4"), recompute=("none",)))
+    pruned, exhaustive = plan(top=1, **common), plan(top=10_000, **common)
+    assert exhaustive.pruned == 0 and pruned.pruned > 0
+    assert pruned.ranked[0].params == exhaustive.ranked[0].params
+    # each boundary charged at its slowest link and latency: still a lower bound everywhere
+    assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in exhaustive.all_evaluated if c.summary)

@@ -57,7 +57,7 @@ def test_fit_alpha_beta_exact():
 
 @pytest.mark.parametrize("doc,msg", [
     ({"format": "other", "version": 1, "records": []}, "format"),
-    ({"format": "perfsim-profile", "version": 2, "records": []}, "version=2"),
+    ({"format": "perfsim-profile", "version": 3, "records": []}, "version=3.*upgrade"),
     ({"format": "perfsim-profile", "version": 1}, "records"),
     ({"format": "perfsim-profile", "version": 1, "records": [{"op": "layer_fwd", "name": "x"}]}, "model"),
     ({"format": "perfsim-profile", "version": 1, "records": [{"op": "warp", "name": "x"}]}, "warp"),
@@ -194,3 +194,162 @@ def test_codec_time_prefers_the_boundary_of_the_same_model():
     assert p.encode_time("directq:4", 4096, (8, 128)) in (5e-4, 9e-4)  # any model's
     fit = p.encode_time("directq:4", 4096)
     assert fit == pytest.approx(1e-4, rel=0.05) and p.encode_time("directq:4", 4096, (4, 256), "a") == fit
+
+
+# ----------------------------------------------------------------- format version 2 / migration
+V1_RECORDS = [
+    {"op": "encode", "name": "directq:4", "size_bytes": 4096, "time_s": 5e-4, "model": "a",
+     "source": "calibrate; device=cpu; threads=2; wire_bytes=520; cache=after-layer-step; shape=8x128"},
+    {"op": "stage_fwd", "name": "stage0", "model": "m", "micro_batch": 8, "world_size": 2, "time_s": 0.005,
+     "size_bytes": 8192, "source": "calibrate; runtime; layers=0-1; schedule=1f1b; microbatches=4"},
+    {"op": "fit_p2p", "name": "gloo", "alpha_s": 1e-4, "beta_s_per_byte": 1e-9,
+     "source": "calibrate; bandwidth_Bps=1e+09; points=5; max_rel_error=0.01; size_min=1024; size_max=1048576"},
+    {"op": "gemm", "name": "8x8x8", "dtype": "fp32", "size_bytes": 768, "flops": 1024.0, "time_s": 1e-6,
+     "source": "calibrate efficiency; device=cpu; achieved_tflops=0.001; achieved_gbps=0.768"},
+    {"op": "layer_fwd", "name": "b0", "model": "m", "micro_batch": 1, "time_s": 0.01,
+     "source": "paper Table 3: a=b; see x"},
+]
+
+
+def _v1(records=V1_RECORDS, **meta):
+    return {"format": "perfsim-profile", "version": 1, "metadata": {"network": [{"name": "gloo"}], **meta},
+            "records": [dict(r) for r in records]}
+
+
+def test_v1_facts_in_source_become_typed_fields(tmp_path):
+    p = Profile.from_dict(_v1(device="cpu"))
+    enc, stage, fit, gemm, paper = p.records
+    assert enc == {"op": "encode", "name": "directq:4", "size_bytes": 4096, "time_s": 5e-4, "model": "a",
+                   "device": "cpu", "threads": 2, "wire_bytes": 520, "cache": "after-layer-step",
+                   "shape": [8, 128], "source": "calibrate"}
+    assert stage["layers"] == [0, 1] and stage["microbatches"] == 4 and stage["source"] == "calibrate; runtime"
+    # restated figures (1/beta, flops/time) are dropped; the fit's quality facts are kept, typed
+    assert "bandwidth_Bps" not in fit and fit["points"] == 5 and fit["max_rel_error"] == 0.01
+    assert gemm["source"] == "calibrate efficiency" and gemm["device"] == "cpu" and "achieved_tflops" not in gemm
+    assert paper["source"] == "paper Table 3: a=b; see x"  # free text stays free text
+    assert "network" not in p.metadata and p.metadata["device"] == "cpu"
+    # saved as version 2; loads back identical; the old file still reads the same
+    path = tmp_path / "p.json"
+    p.save(path)
+    assert json.loads(path.read_text())["version"] == 2
+    q = Profile.load(path)
+    assert q.records == p.records and q.metadata == p.metadata
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_v1(device="cpu")))
+    assert Profile.load(old).records == p.records
+
+
+@pytest.mark.parametrize("record,culprit", [
+    ({"op": "encode", "name": "x", "size_bytes": 1, "time_s": 1.0, "source": "calibrate; threads=two"}, "threads"),
+    ({"op": "encode", "name": "x", "size_bytes": 1, "time_s": 1.0, "source": "calibrate; shape=8xq"}, "shape"),
+    ({"op": "stage_fwd", "name": "stage0", "model": "m", "micro_batch": 1, "time_s": 1.0,
+      "source": "calibrate; layers=3-1"}, "layers"),
+])
+def test_v1_fact_that_does_not_parse_is_refused(record, culprit):
+    with pytest.raises(ConfigError, match=rf"records\[0\]\.{culprit}="):
+        Profile.from_dict(_v1([record]))
+
+
+def test_v2_facts_are_type_checked():
+    doc = {"format": "perfsim-profile", "version": 2, "metadata": {},
+           "records": [{"op": "encode", "name": "x", "size_bytes": 1, "time_s": 1.0, "shape": "8x8"}]}
+    assert Profile.from_dict(doc).records[0]["shape"] == [8, 8]
+    doc["records"][0]["shape"] = [8, -1]
+    with pytest.raises(ConfigError, match="shape"):
+        Profile.from_dict(doc)
+    doc["records"][0] = {"op": "encode", "name": "x", "size_bytes": 1, "time_s": 1.0, "mean_s": True}
+    with pytest.raises(ConfigError, match="mean_s"):
+        Profile.from_dict(doc)
+
+
+@pytest.mark.parametrize("name", ["cpu-2core", "cpu-2core-xeon", "default-v100-aqsgd"])
+def test_shipped_profiles_load_and_round_trip_in_version_2(tmp_path, name):
+    """The shipped (version-1) files migrate on load; saved as version 2 they load
+    back to the same records and give the same costs."""
+    p = load_profile(name)
+    assert not any("=" in str(r.get("source", "")) for r in p.records if r.get("source", "").startswith("calibrate"))
+    path = tmp_path / f"{name}.json"
+    p.save(path)
+    q = Profile.load(path)
+    assert q.records == p.records and q.metadata == p.metadata
+    for spec in ("directq:4", "qsgd-maxnorm:4", "fp32"):
+        assert q.encode_time(spec, 1 << 20) == p.encode_time(spec, 1 << 20)
+    situ = [r for r in p.records if r["op"] == "encode" and "shape" in r]
+    for r in situ[:5]:
+        assert isinstance(r["shape"], list)
+        assert p.encode_time(r["name"], r["size_bytes"], tuple(r["shape"]), r["model"]) > 0
+    stages = [r for r in p.records if r["op"] == "stage_fwd" and "layers" in r]
+    for r in stages[:5]:
+        first, last = r["layers"]
+        assert p.stage_measured(r["model"], int(r["name"][5:]), first, last, r["micro_batch"], "fwd",
+                                r["world_size"]) is not None
+
+
+# ----------------------------------------------------------------- the one alpha-beta fit
+def test_fit_weights_relative_error_so_small_messages_stay_right():
+    """Sizes over five decades, 5 % noise on the largest: ordinary least squares would
+    put the 1 KB time several times off (its alpha absorbs the big points' noise)."""
+    sizes = [1e3, 1e4, 1e5, 1e6, 1e7, 1e8]
+    times = [1e-4 + s * 1e-9 for s in sizes]
+    times[-1] *= 1.05
+    fit = fit_alpha_beta(sizes, times)
+    assert fit(1e3) == pytest.approx(times[0], rel=0.05)
+    assert fit.points == 6 and fit.max_rel_error < 0.05
+    # the OLS line through the same points misses the small message by far
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(times) / n
+    beta = sum((x - mx) * (y - my) for x, y in zip(sizes, times)) / sum((x - mx) ** 2 for x in sizes)
+    ols_alpha = max(my - beta * mx, 0.0)
+    assert abs(ols_alpha + beta * 1e3 - times[0]) / times[0] > 0.5
+
+
+def test_fit_degenerate_cases():
+    one = fit_alpha_beta([4096], [2e-4])  # one size: per-byte cost through the origin
+    assert one.alpha_s == 0 and one(8192) == pytest.approx(4e-4)
+    same = fit_alpha_beta([4096, 4096], [1e-4, 3e-4])
+    inv = (1 / 1e-4, 1 / 3e-4)  # argmin of sum((x - t) / t)^2: sum(1/t) / sum(1/t^2)
+    assert same.alpha_s == 0 and same(4096) == pytest.approx(sum(inv) / sum(i * i for i in inv))
+    zero = fit_alpha_beta([0, 0], [1e-4, 1e-4])  # no bytes: pure fixed cost
+    assert zero.alpha_s == pytest.approx(1e-4) and zero.beta_s_per_byte == 0
+    with pytest.raises(ConfigError, match="no records"):
+        fit_alpha_beta([1, 2], [0.0, 0.0])
+
+
+def test_stored_fit_and_refit_of_raw_records_agree():
+    """Calibrate stores fit_<op> records and the profile refits raw records when none is
+    stored: both used to be different fits (relative-weighted vs ordinary least squares),
+    so the same measurements priced a codec differently with and without the stored fit."""
+    from perfsim.calibrate.fit import fit_records
+
+    sizes = [4096, 65536, 1 << 20, 1 << 24]
+    raw = [{"op": "encode", "name": "directq:4", "size_bytes": s, "time_s": 3e-5 + s * 2e-10 * (1.1 if s > 1e6 else 1)}
+           for s in sizes]
+    bare = Profile(records=[dict(r) for r in raw])
+    stored = Profile(records=[dict(r) for r in raw] + fit_records(raw, "encode"))
+    for s in (4096, 1 << 16, 1 << 22):
+        assert bare.encode_time("directq:4", s) == pytest.approx(stored.encode_time("directq:4", s), rel=1e-12)
+
+
+def test_shipped_files_of_both_versions_load():
+    """The embedded default is stored as version 2, the measured CPU profiles still as
+    version 1 (migrated on load): the reader keeps reading both."""
+    from perfsim.profile import default_profile_path
+
+    assert json.loads(default_profile_path().read_text())["version"] == 2
+    old = load_profile("cpu-2core")
+    assert json.loads(open(old.path).read())["version"] == 1
+    assert any(r.get("mean_s") for r in old.records) and any("shape" in r for r in old.records)
+
+
+def test_calibrate_writes_typed_facts_even_from_a_text_source():
+    """A measurement module that still says a fact in its ``source`` text (the
+    efficiency records) gets it typed by build_profile, like a version-1 file."""
+    from perfsim.calibrate.profile_io import build_profile
+
+    rec = {"op": "gemm", "name": "8x8x8", "dtype": "fp32", "size_bytes": 768, "flops": 1024.0,
+           "time_s": 1e-6, "source": "calibrate efficiency; device=cpu; achieved_tflops=0.001"}
+    layer = {"op": "layer_fwd", "name": "b0", "model": "m", "micro_batch": 1, "time_s": 0.01,
+             "threads": 2, "layers": "0-3", "source": "runtime"}
+    gemm, lay = build_profile([rec, layer], {}).records
+    assert gemm == {k: v for k, v in rec.items() if k != "source"} | {"device": "cpu", "source": "calibrate efficiency"}
+    assert lay["layers"] == [0, 3] and lay["source"] == "calibrate; runtime"

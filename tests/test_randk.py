@@ -9,7 +9,7 @@ import torch
 from perfsim.compression import make_compressor
 from perfsim.errors import ConfigError
 
-from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+from _helpers import assert_payload_is_wire_size
 
 SPECS = ["randk-maxnorm:0.1:4", "randk-maxnorm:1:2", "randk-maxnorm-multiscale:0.25:4",
          "randk-maxnorm-multiscale:0.05:2:6,8:scaled"]
@@ -24,9 +24,12 @@ def test_wire_bytes_is_payload_size(spec, shape):
 def test_k_and_sizes():
     c = make_compressor("randk-maxnorm:0.1:4")
     assert c.k_of(1001) == 101 and c.k_of(10) == 1 and c.k_of(1) == 1 and c.k_of(0) == 0
-    assert c.wire_bytes((1001,)) == 4 + math.ceil(101 * 4 / 8)  # indices never travel
+    assert c.inner.chunk == 52  # ceil(0.1 * 512): as many norms per coordinate as qsgd-maxnorm:4
+    assert c.wire_bytes((1001,)) == 4 * 2 + math.ceil(101 * 4 / 8)  # indices never travel
     plan = c.dp_plan((1001,), 8)
-    assert [(s.kind, s.reduce, s.nbytes) for s in plan] == [("allreduce", "max", 4), ("allreduce", "sum", 8 * 12)]  # 9 7-bit lanes/word
+    assert [(s.kind, s.reduce, s.nbytes) for s in plan] == [("allreduce", "max", 8), ("allreduce", "sum", 8 * 12)]  # 9 7-bit lanes/word
+    assert make_compressor("randk-maxnorm:0.01:4").inner.chunk == 32  # floor: <= 1 bit of norm per value
+    assert make_compressor("randk-maxnorm:1:4").inner.chunk == 512  # fraction 1: qsgd-maxnorm:4's chunk
     m = make_compressor("randk-maxnorm-multiscale:0.1:4:8")
     assert [s.reduce for s in m.dp_plan((1001,), 8)] == ["max", "min", "sum"]
 
@@ -75,14 +78,62 @@ def test_sum_in_compressed_domain():
 
 
 def test_expectation_scaled_and_unscaled():
+    """One step: the unscaled sparsifier decodes to (K/n) x in expectation, :scaled to x
+    (fresh compressors, so the memory of the unscaled one plays no part)."""
     torch.manual_seed(1)
     x = torch.randn(20)
     n = 3000
     for spec, factor in (("randk-maxnorm:0.25:8", 0.25), ("randk-maxnorm:0.25:8:scaled", 1.0)):
-        c = make_compressor(spec, seed=2)
-        d = torch.stack([c.decompress(c.compress(x)) for _ in range(n)])
+        d = torch.stack([(c := make_compressor(spec, seed=s)).decompress(c.compress(x)) for s in range(n)])
         se = d.std(0) / math.sqrt(n) + 1e-4  # 5 empirical standard errors
         assert ((d.mean(0) - factor * x).abs() <= 5 * se).all(), spec
+
+
+def test_memory_follows_ecq_recursion():
+    """h_{t+1} = h_t + g_t - (g_t + alpha h_t)[S_t] (ECQ-SGD eq. 6-7 on the sparsifier):
+    what is selected is g + alpha h, and sent + memory telescopes to the sum of the inputs."""
+    c = make_compressor("randk-maxnorm:0.25:8", seed=3)
+    a = c.alpha
+    assert c.error_feedback and 0 < a < 1
+    g = torch.Generator().manual_seed(0)
+    h = torch.zeros(40)
+    sent_total, input_total = torch.zeros(40), torch.zeros(40)
+    for step in range(12):
+        x = torch.randn(40, generator=g)
+        idx = c.indices(40, step)
+        want_sel = (x + a * h)[idx]
+        _, sub = c._select(x, "")
+        torch.testing.assert_close(sub, want_sel, rtol=1e-6, atol=1e-6)
+        sent = torch.zeros(40).index_copy_(0, idx, want_sel)
+        h = h + x - sent
+        torch.testing.assert_close(c.error(), h, rtol=1e-5, atol=1e-5)
+        sent_total += sent
+        input_total += x
+    torch.testing.assert_close(sent_total + c.error(), input_total, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match="name="):
+        c._select(torch.randn(41), "")  # another tensor through the same memory
+    c._select(torch.randn(41), "other")
+    before = c.error()
+    c.compress(torch.randn(40))  # the one-payload path (pipeline activations) keeps no memory
+    assert torch.equal(c.error(), before)
+    s = make_compressor("randk-maxnorm:0.25:8:scaled")
+    s._select(torch.randn(40), "")
+    assert not s.error_feedback and s.error() is None and s.state_dict()["memory"] == {}
+    with pytest.raises(ConfigError, match="memory"):
+        s.load_state_dict(c.state_dict())
+
+
+def test_memory_time_average_reaches_the_gradient():
+    """Repeating one gradient: without memory what is sent averages to (K/n) x; with it, to x."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(2))
+    for name, want in ((None, 0.25 * x), ("g", x)):
+        c = make_compressor("randk-maxnorm:0.25:8", seed=5)
+        sent = []
+        for _ in range(2000):  # selection noise ~0.04 of 0.25 x; memory left ~30 x / 2000
+            idx, sub = c._select(x, name)
+            sent.append(torch.zeros(64).index_copy_(0, idx, sub))
+        mean = torch.stack(sent).mean(0)
+        assert float((mean - want).norm() / want.norm()) < 0.1, name
 
 
 def test_bad_input_and_state():
@@ -91,9 +142,23 @@ def test_bad_input_and_state():
         c.compress(torch.tensor([1.0, float("nan")]))
     z = torch.zeros(4, 4)
     assert torch.equal(c.decompress(c.compress(z)), z)
-    assert_resumes_from_state("randk-maxnorm:0.5:4", torch.randn(64), seed=3)
+    x = torch.randn(64)
+    c.compress(x)
+    c._select(torch.randn(64), "x")  # the data-parallel path's memory (allreduce_mean)
+    st = c.state_dict()
+    assert set(st["memory"]) == {"x"}  # compress keeps none
+    p1 = c.compress(x)
+    d = make_compressor("randk-maxnorm:0.5:4", seed=3)
+    d.load_state_dict(st)
+    p2 = d.compress(x)
+    assert torch.equal(c.error("x"), d.error("x"))
+    y = torch.randn(64)
+    assert all(torch.equal(a, b) for a, b in zip(c._select(y, "x"), d._select(y, "x")))
+    assert torch.equal(c.error("x"), d.error("x"))
+    assert p1.meta == p2.meta and all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
+    assert torch.equal(c.decompress(p1), d.decompress(p2))
     with pytest.raises(ConfigError):
-        c.load_state_dict({"nope": 0})
+        d.load_state_dict({"nope": 0})
 
 
 def test_small_k_indices_are_uniform_and_distinct():

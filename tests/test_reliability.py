@@ -11,7 +11,7 @@ import pytest
 
 from perfsim.errors import ConfigError
 from perfsim.outputs import locked_dir
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="60s")

@@ -4,7 +4,7 @@ import pytest
 
 from perfsim import netem
 from perfsim.errors import ConfigError
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 
 needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root + ip netns + tc")
 

@@ -82,7 +82,7 @@ def test_resume_of_another_job_is_refused_before_launch(tmp_path):
 
     from perfsim.errors import ConfigError
     from perfsim.runtime import checkpoint
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     saved = json.loads(make_config(model="digits-mlp", pp=2, out=str(tmp_path)).to_json())
     (tmp_path / "ckpt").mkdir()

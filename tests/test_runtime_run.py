@@ -10,7 +10,7 @@ import torch
 
 from perfsim.result import SUMMARY_COLUMNS, STAGE_COLUMNS
 from perfsim.runtime import checkpoint
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
 from _helpers import assert_user_error, run_cli

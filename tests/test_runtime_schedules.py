@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 from perfsim.schedules import get_schedule, with_comms
 
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, steps=6, dataset_limit=32, timeout="60s")

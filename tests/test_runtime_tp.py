@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.runtime.api import run
+from perfsim.runtime import run
 from perfsim.runtime.tensor_parallel import RankLayout, megatron_qkv_order
 
 from _helpers import assert_user_error, gloo_group, run_cli, spawn_ranks
@@ -190,7 +190,7 @@ def test_tp_with_dp_equals_dp_alone(tmp_path):
     (dict(model="gpt2-tiny", tp=1, sequence_parallel=True), "sequence_parallel"),
 ])
 def test_bad_tp_is_a_config_error(kw, culprit):
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     with pytest.raises(ConfigError, match=culprit):
         make_config(**kw)

@@ -13,8 +13,8 @@ from perfsim.profile import Profile
 from perfsim.result import Result
 
 
-def _profile(records, backend="gloo"):
-    return Profile.from_dict({"format": "perfsim-profile", "version": 1,
+def _profile(records, backend="gloo", version=2):
+    return Profile.from_dict({"format": "perfsim-profile", "version": version,
                               "metadata": {"backend": backend}, "records": records})
 
 
@@ -204,11 +204,18 @@ def test_link_fixed_cost_is_the_expected_small_message_time():
     means = {1024: 1.2e-3, 4096: 1.0e-3, 16384: 1.4e-3}
     for r in recs:
         if r["size_bytes"] in means:
-            r["source"] = f"calibrate; mean_s={means[r['size_bytes']] / (5 if r['name'].startswith('gloo') else 1):.6g}"
+            r["mean_s"] = means[r["size_bytes"]] / (5 if r["name"].startswith("gloo") else 1)
     link = _link(_profile(recs), 1e8, 0.0, dp_only=False)
     assert link.one_way_s == pytest.approx(1.2e-3, rel=1e-6)  # middle of the three smallest means
     assert link.rate_bps == pytest.approx(9.5e7, rel=1e-6)  # the rate still from time_s
-    assert _expected_s({"time_s": 2e-4, "source": "calibrate; mean_s=oops"}) == 2e-4
+    assert _expected_s({"time_s": 2e-4}) == 2e-4 and _expected_s({"time_s": 2e-4, "mean_s": 3e-4}) == 3e-4
+    # a version-1 profile said it inside ``source``: migrated on load, the same link
+    old = [{k: v for k, v in r.items() if k != "mean_s"} | ({"source": f"calibrate; mean_s={r['mean_s']!r}"}
+           if "mean_s" in r else {}) for r in recs]
+    assert _link(_profile(old, version=1), 1e8, 0.0) == link
+    # version 1 ignored a mean it could not read; now the file is refused, naming the field
+    with pytest.raises(ConfigError, match=r"records\[0\]\.mean_s='oops'"):
+        _profile([{**old[0], "source": "calibrate; mean_s=oops"}], version=1)
 
 
 def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_bucket():
@@ -222,7 +229,7 @@ def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_buc
         part = _shaped(name, 1.5e-4, rate, 30_000)
         for r in part:
             if r["size_bytes"] <= POOL_MAX_BYTES:
-                r["source"], r["repeats"] = f"calibrate; mean_s={mean}", 60 if "100M" in name else 20
+                r["mean_s"], r["repeats"] = mean, 60 if "100M" in name else 20
         recs += part
     prof = _profile(recs)
     pooled = pooled_small_message_s(prof, "p2p", "messenger")

@@ -1,7 +1,9 @@
 """Regenerate ``traces/default-v100-aqsgd.json`` (and its package-data copy).
 
-Every number below is either read from the AQ-SGD paper (seeds/aq-sgd-paper.txt)
-or a documented memory-bandwidth estimate; nothing is fitted to a throughput.
+Every number below is either read from the AQ-SGD paper (Wang et al. 2022,
+"Fine-tuning Language Models over Slow Networks using Activation Compression with
+Guarantees", arXiv:2206.01299) or a documented memory-bandwidth estimate; nothing
+is fitted to a throughput.
 
 * compute: Table 3 ("Breakdown of AQ-SGD ... on GPT2-1.5B") measures 45 ms
   forward and 135 ms backward per micro-batch (1 sample, sequence 1024) per

@@ -532,20 +532,14 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
     sibling ``<stem>.stages.<ext>`` is picked up when present) or a Result JSON
     written by ``perfsim predict --format json`` / ``perfsim run`` (``{"summary", "stages"}``,
     or a list of them). Returns ``(summary, stages or None)``."""
-    import json
-
     import pandas as pd
 
     from perfsim.analysis.sweep import config_id, read_table, sibling_path
+    from perfsim.documents import read_document
 
     path = Path(path)
     if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"table {str(path)!r}: not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"table {str(path)!r}: not valid JSON ({exc})") from None
+        data = read_document(path, "table", kind="json")
         results = data if isinstance(data, list) else [data]
         if not results or not all(isinstance(r, dict) and isinstance(r.get("summary"), dict)
                                   for r in results):

@@ -121,15 +121,10 @@ def config_id(params: Mapping[str, Any]) -> str:
 
 def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
     """Read a TOML sweep file (see the module docstring)."""
-    import tomllib
+    from perfsim.documents import read_document
 
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"sweep file {str(path)!r}: not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"sweep file {str(path)!r}: not valid TOML ({exc})") from None
+    data = read_document(path, "sweep file", kind="toml")
     if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
         data = data["sweep"]
     for key, value in data.items():

@@ -1,11 +1,12 @@
 """Validation: the same configuration measured (execute mode) and predicted (simulator).
 
-For every (bandwidth, pipeline compression, gradient compression) of a grid we
-run ``perfsim.runtime.api.run`` -- real torch.distributed training, over a
-``tc``-shaped link when a bandwidth is given -- and ``perfsim.api.predict``
-with a profile calibrated on this machine, and compare throughput and
-iteration time: per-row signed error ``(predicted - measured) / measured`` and
-the mean absolute percentage error (MAPE) over rows.
+For every ([schedule,] bandwidth, pipeline compression, gradient compression[,
+tp]) of a grid, :func:`run_row` runs execute mode (``perfsim.runtime.run``:
+real torch.distributed training, over a ``tc``-shaped link when a bandwidth is
+given) and ``perfsim.api.predict`` with a profile calibrated on the same
+machine, and compares throughput and iteration time: per-row signed error
+``(predicted - measured) / measured`` and the mean absolute percentage error
+(MAPE) over rows.
 
 What the simulator is told about the link (``link_model``): only the nominal
 emulated rate and the profile. ``predict`` builds the link itself with the same
@@ -14,10 +15,13 @@ transport model it uses for every prediction (:mod:`perfsim.link`): ``profile``
 --emulate-bandwidth`` measured at that rate (achieved rate, per-message fixed
 cost, the shaper's token bucket; point-to-point fits for pipelines, allreduce
 fits for collectives), nominal where the profile has no measurement at that rate
-(``link_source`` column says which); ``nominal`` ignores the measurement. Nothing
-is fitted to the validation runs themselves. Execute mode posts each stage's
-receives a step ahead (:mod:`perfsim.runtime.pipeline`), so gloo's
-receiver-driven p2p finds its receive posted: pipeline rows are eager.
+(``link_source`` column says which); ``nominal`` ignores the measurement. Loopback
+rows (no emulated rate) get the profile's loopback measurement as an ideal NIC
+(:func:`link_params`). Nothing is fitted to the validation runs themselves.
+Execute mode posts each stage's receives a step ahead
+(:mod:`perfsim.runtime.pipeline`), so gloo's receiver-driven p2p finds its
+receive posted: pipeline rows are eager. The results, grid by grid, are in
+``docs/validation.md``.
 
 ``reuse_measured``: re-predict against the measured results already stored in
 the row's run folders (``runs/<row>/result.json`` and its repeats), else in the
@@ -65,10 +69,10 @@ class ValidationPlan:
     out: folder for the per-run outputs and the comparison table.
     runtime_model: describe the model to the simulator with execute mode's
       own parameter counts (:func:`runtime_workload`), not the preset's.
-    repeats: measured runs per row; the fastest counts. On a shared machine
-      interference from other jobs only ever slows a run down, so the fastest
-      repeat is the best estimate of the undisturbed machine the profile was
-      calibrated on (all repeats are kept in ``measured_throughput_all``).
+    repeats: measured runs per row; the fastest counts: interference from other
+      jobs only ever slows a run down, so the fastest repeat is the best estimate
+      of the undisturbed machine the profile was calibrated on (all repeats are
+      kept in ``measured_throughput_all``).
     """
 
     base: dict[str, Any]
@@ -90,8 +94,8 @@ class ValidationPlan:
     runtime_model: bool = True
     extra_run: dict[str, Any] = field(default_factory=dict)
     #: strategy facts of execute mode the simulator must be told: the runtime
-    #: averages gradients after the whole step (perfsim/runtime/worker.py calls
-    #: sync_gradients after run_step), so no overlap with the backward pass
+    #: averages gradients after the whole step (perfsim.runtime.worker syncs them
+    #: after run_step returns), so no overlap with the backward pass
     extra_predict: dict[str, Any] = field(default_factory=lambda: {"overlap": False})
 
     def __post_init__(self):
@@ -272,7 +276,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
             ) -> dict[str, Any]:
     """Measure and predict one row; returns the comparison row."""
     if runner is None:
-        from perfsim.runtime.api import run as runner
+        from perfsim.runtime import run as runner
     if predictor is None:
         from perfsim.api import predict as predictor
 
@@ -361,9 +365,10 @@ def _link_columns(summary: dict[str, Any], dp_only: bool, source: str | None = N
 
 
 def _predict(predictor, params: dict[str, Any], tp: int):
-    """``(Result, "")``; for a TP row whose simulator does not know ``tp`` yet,
-    ``(None, reason)``: the row keeps its measurement (``--reuse-measured``
-    re-predicts it later) and its error is NaN."""
+    """``(Result, "")``; for a TP row whose predictor refuses ``tp`` as an unknown
+    parameter (a ``predictor`` passed in without tensor parallelism; perfsim's own
+    predicts it), ``(None, reason)``: the row keeps its measurement
+    (``--reuse-measured`` re-predicts it later) and its error is NaN."""
     try:
         return predictor(**params), ""
     except ConfigError as exc:
@@ -373,8 +378,10 @@ def _predict(predictor, params: dict[str, Any], tp: int):
 
 
 def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None = None,
-                   runner=None, predictor=None):
-    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller)."""
+                   runner=None, predictor=None, on_row: Callable[[list[dict]], None] | None = None):
+    """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller).
+    ``progress(label)`` is called before each row, ``on_row(rows)`` after it with the
+    comparison rows so far."""
     import pandas as pd
 
     from perfsim.profile import load_profile
@@ -386,6 +393,8 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
             bw = format_bandwidth(row["bandwidth"]) if row["bandwidth"] else "loopback"
             progress(f"{bw} {row['compress']} grad={row['grad_compress']} tp={row.get('tp', 1)}")
         rows.append(run_row(plan, row, profile, i, runner, predictor))
+        if on_row:
+            on_row(rows)
     return pd.DataFrame(rows)
 
 
@@ -508,7 +517,7 @@ def check_specs(plan: ValidationPlan) -> None:
     validation) before any slow measured run starts. ConfigError naming the spec."""
     from perfsim.api import build_configs
     from perfsim.engine.plan import build_plan
-    from perfsim.runtime.api import make_config
+    from perfsim.runtime import make_config
 
     base = {k: v for k, v in plan.base.items() if k in ("model", "pp", "dp", "schedule",
                                                          "micro_batch", "macro_batch")}

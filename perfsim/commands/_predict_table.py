@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from perfsim.units import format_bandwidth, format_bytes, format_time
+from perfsim.memory import breakdown_text
 
 
 def _ms(x: float) -> str:
@@ -97,9 +98,10 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             worst = max(r.stages, key=lambda x: x["memory_gib"] or 0)
             fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \
                 f"{s['memory_capacity_gib']:.0f} GiB ({s['gpu']})"
-            console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} (weights "
-                          f"{worst['weights_gib']:.1f}, grads {worst['grads_gib']:.1f}, optimizer "
-                          f"{worst['optimizer_state_gib']:.1f}, activations {worst['activations_gib']:.1f}){fits}")
+            parts = breakdown_text(worst["weights_gib"], worst["grads_gib"], worst["optimizer_state_gib"],
+                                   worst["activations_gib"], worst["buffers_gib"])
+            console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
+                          f"({parts}){fits}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
     if file is None:

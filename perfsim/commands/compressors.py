@@ -63,11 +63,10 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def _candidate_specs(cls) -> list[str]:
     out = []
-    example = getattr(cls, "example_spec", None)
-    if example:
-        out.append(example)
+    if cls.example_spec:
+        out.append(cls.example_spec)
     out.append(cls.name)
-    syntax = re.sub(r"\[[^\]]*\]", "", getattr(cls, "spec_syntax", "") or "")  # drop optional parts
+    syntax = re.sub(r"\[[^\]]*\]", "", cls.spec_syntax)  # drop optional parts
     syntax = syntax.split("|")[0].strip()  # first of several alternatives
     if syntax:
         filled = syntax

@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--global-batch", type=int, default=32, help="samples per optimizer step, all replicas (default 32)")
     for name in _SYSTEM_FLAGS:
         g.add_argument("--" + name.replace("_", "-"), default=None,
-                       help=f"as in perfsim predict (default: predict's)")
+                       help="as in perfsim predict (default: predict's)")
     g = p.add_argument_group("search")
     g.add_argument("--tp", help="tensor-parallel degrees to search (comma list; default: divisors of gpus-per-node)")
     g.add_argument("--pp", help="pipeline degrees to search (default: every divisor that fits the layers)")
@@ -46,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="loss curves (bundled model name or JSON file; default: the model's own if shipped)")
     g.add_argument("--top", type=int, default=5, help="configurations to report (default 5)")
     g.add_argument("--jobs", type=int, default=1, help="worker processes for the simulations (default 1)")
+    g.add_argument("--backend", choices=("process", "dask"), default="process",
+                   help="parallel backend of --jobs: a local process pool (default) or Dask (perfsim[dask])")
+    g.add_argument("--dask-scheduler", default=None,
+                   help="address of a dask.distributed scheduler (tcp://host:8786) to spread a large search "
+                        "over its workers (with --backend dask)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "json", "csv"), default="table")
     g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout")
@@ -151,6 +156,7 @@ def run(args) -> int:
         result = plan(model=args.model, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
                       global_batch=args.global_batch, target_loss=args.target_loss,
                       convergence=args.convergence, space=space, top=args.top, jobs=args.jobs,
+                      backend=args.backend, dask_scheduler=args.dask_scheduler,
                       progress=bar.update if bar else None, **system)
     finally:
         if bar:

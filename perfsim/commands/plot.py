@@ -19,14 +19,15 @@ KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from perfsim.commands import add_out
+
     p.add_argument("table", metavar="TABLE",
                    help="a `perfsim sweep` table (.csv/.parquet), a `perfsim validate` CSV, "
                         "or a Result JSON from predict/run")
     # no argparse `choices`: an unknown kind is a ConfigError naming it (one line, exit 2)
     p.add_argument("--kind", "-k", default="throughput", metavar="KIND",
                    help=f"figure: {' | '.join(KINDS)} (default: throughput)")
-    p.add_argument("--out", "-o", "--output", dest="out", metavar="FILE",
-                   help="output .png, .svg or .pdf (default: TABLE's stem + .KIND.png)")
+    add_out(p, None, "output .png, .svg or .pdf (default: TABLE's stem + .KIND.png)", metavar="FILE")
     p.add_argument("--filter", "-f", action="append", default=[], metavar="COL=VALUE[,VALUE]",
                    help="keep matching rows first; repeatable (e.g. bandwidth=100Mbps, pp=8)")
     p.add_argument("--stages", metavar="FILE",

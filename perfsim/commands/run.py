@@ -14,49 +14,27 @@ EXAMPLES = """examples:
 """
 
 
-def _pos_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return v
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="digits-mlp",
-                   help="preset: digits-mlp, gpt2-tiny, gpt2-small-byte (default digits-mlp)")
-    p.add_argument("--pp", type=_pos_int, default=2, help="pipeline stages (default 2)")
-    p.add_argument("--dp", type=_pos_int, default=1, help="data-parallel replicas (default 1)")
-    p.add_argument("--tp", type=_pos_int, default=1,
-                   help="tensor-parallel ranks per stage, Megatron layout via torch.distributed.tensor.parallel "
-                        "(GPT models; ranks ordered TP, then DP, then PP; default 1)")
-    p.add_argument("--sequence-parallel", action="store_true",
-                   help="with --tp > 1: Megatron sequence parallelism (LayerNorms on a slice of the sequence)")
-    p.add_argument("--schedule", default="1f1b",
-                   help="gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (default 1f1b)")
-    p.add_argument("--virtual-stages", type=_pos_int, default=None,
-                   help="model chunks per rank for interleaved-1f1b (default 2; zb-v always 2)")
-    p.add_argument("--compress", default="fp32",
-                   help="pipeline compression: fp32, fp16, directq:fw4bw8, aqsgd:fw3bw6 ...")
-    p.add_argument("--grad-compress", default="none",
-                   help="data-parallel compression: none, qsgd-maxnorm:4, powersgd:2, onebit-lamb ... "
-                        "(1-bit optimizers: onebit-adam:warmup=N, N uncompressed warm-up steps, "
-                        "default 100; a resumed run uses the N given now)")
-    p.add_argument("--micro-batch", type=_pos_int, default=8, help="samples per micro-batch (default 8)")
-    p.add_argument("--macro-batch", type=_pos_int, default=32,
-                   help="samples per replica per step (default 32)")
-    p.add_argument("--steps", type=_pos_int, default=None, help="optimizer steps in total (default 20)")
+    from perfsim.commands import add_job_arguments, add_no_progress, add_out, positive_int
+
+    add_job_arguments(p)
+    p.add_argument("--boundary-compress", default=None,
+                   help="pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows "
+                        "stage k; the others use --compress), e.g. 1=aqsgd:fw2bw4 on a slow hop")
+    p.add_argument("--device-order", default=None,
+                   help="rank that runs each position of the TP, DP, PP rank order (a permutation, e.g. "
+                        "0,2,1,3): under torchrun it places stages on hosts; over loopback all links share "
+                        "one emulated rate (tp 1 only)")
+    p.add_argument("--steps", type=positive_int, default=None, help="optimizer steps in total (default 20)")
     p.add_argument("--epochs", type=float, default=None, help="train this many epochs instead of --steps")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
     p.add_argument("--partition", default=None,
                    help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
-    p.add_argument("--dataset-limit", type=_pos_int, default=None,
+    p.add_argument("--dataset-limit", type=positive_int, default=None,
                    help="use only the first N samples (shorter epochs)")
-    p.add_argument("--out", "-o", "--output", dest="out", default=None, help="output folder (default perfsim-run, or the --resume folder)")
+    add_out(p, None, "output folder (default perfsim-run, or the --resume folder)")
     p.add_argument("--resume", default=None, help="continue from the checkpoint in this folder")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="steps between checkpoints (default: only at the end)")
@@ -67,18 +45,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hang-timeout", default="30s",
                    help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress(p, "no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from perfsim.runtime.api import run as api_run, under_torchrun
-    from perfsim.runtime.launch import RankFailure
-    from perfsim.runtime.worker import TrainingDiverged
+    from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
                   sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
                   virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
+                  boundary_compress=args.boundary_compress, device_order=args.device_order,
                   micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
                   epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
                   dataset_limit=args.dataset_limit, partition=args.partition,
@@ -89,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from perfsim.ddp import warmup_steps
 
     warm = warmup_steps(args.grad_compress)
-    if warm is not None and not under_torchrun():  # the run header (issue 14.19)
+    if warm is not None and not under_torchrun():  # the run header: what the first steps do
         print(f"perfsim run: {args.grad_compress.split(':')[0]} warm-up {warm} steps (fp32 allreduce, "
               "variance frozen after), then 1-bit momentum", file=sys.stderr)
     bar = None
@@ -120,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
     warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
-    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']} "
+    per = f" boundaries={s['boundary_compress']}" if s.get("boundary_compress") else ""
+    print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']}{per} "
           f"grad={s['grad_compress']}: {s['throughput_samples_per_s']:.1f} samples/s, "
           f"iteration {s['iteration_s'] * 1e3:.1f} ms, pipeline {s['pipeline_bytes'] / 1e6:.3f} MB/step"
           f"{loss_txt}{warm_txt} -> {params['out']}")

@@ -22,13 +22,13 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from perfsim import params
+    from perfsim.commands import add_no_progress, add_out
 
     p.add_argument("sweep_file", nargs="?", metavar="SWEEP.toml",
                    help="TOML sweep file: predict parameter = value or [values] (flags override)")
     params.add_arguments(p, lists=True)
-    p.add_argument("--out", "-o", "--output", dest="out", default="sweep.csv", metavar="FILE",
-                   help="output table, .csv or .parquet (default: sweep.csv); per-stage rows go "
-                        "to FILE's stem + .stages.csv/.parquet")
+    add_out(p, "sweep.csv", "output table, .csv or .parquet (default: sweep.csv); per-stage rows go "
+                            "to FILE's stem + .stages.csv/.parquet", metavar="FILE")
     p.add_argument("--jobs", "-j", type=int, default=None,
                    help="worker processes at most (default: all cores; a pool is used only when "
                         "the grid is long enough to pay for it; 1 = in-process)")
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-invalid", action="store_true",
                    help="record configurations the simulator rejects in FILE's stem + "
                         ".errors.csv instead of stopping")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_no_progress(p, "no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,4 +1,6 @@
-"""``aqsgd`` -- AQ-SGD activation compression (aq-sgd-paper.txt Alg. 1, App. D Alg. 2).
+"""``aqsgd`` -- AQ-SGD activation compression (Wang et al., "Fine-tuning Language
+Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, Alg. 1, App. D Alg. 2).
 
 Instead of quantizing an activation ``a(xi)`` directly, AQ-SGD quantizes its
 *change* since the sample ``xi`` was last seen. Both ends of a pipeline
@@ -41,9 +43,10 @@ from typing import Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.aqsgd_store import MessageStore
-from perfsim.compression.base import Compressor, Payload, numel_of
-from perfsim.compression.directq import check_float, check_payload_tensors
-from perfsim.compression.registry import parse_bits, register
+from perfsim.compression.args import SpecArg
+from perfsim.compression.base import Compressor, Payload, check_float, numel_of
+from perfsim.compression.directq import check_payload_tensors
+from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.aqsgd_step import aqsgd_receive, aqsgd_step
 from perfsim.kernels.packing import packed_nbytes
@@ -60,43 +63,24 @@ class AQSGD(Compressor):
     """AQ-SGD: quantize the change of each sample's activation since its last visit."""
 
     name = "aqsgd"
-    spec_syntax = "aqsgd:BITS[:m8|m4|m2][:disk=PATH]"
     example_spec = "aqsgd:3"
     allreduce_compatible = False
     stateful = True
 
-    def __init__(self, bits: int, *, mbits: int | None = None, disk: str | None = None,
-                 seed: int = 0, tag: str = ""):
-        if bits not in QUANT_BITS:
-            raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
-        if mbits is not None and mbits not in MBITS:
-            raise ConfigError(f"m{mbits}: unsupported buffer precision (choose m8, m4 or m2)")
+    spec_args = (
+        SpecArg("bits", choices=QUANT_BITS),
+        SpecArg("mbits", default=None, words={f"m{b}": b for b in sorted(MBITS, reverse=True)}),
+        SpecArg("disk", str, default=None, key=True, metavar="PATH"),
+    )
+
+    def __init__(self, bits: int, *, mbits: int | None, disk: str | None, seed: int = 0, tag: str = ""):
         self.bits, self.mbits, self.disk = int(bits), mbits, disk
         self.seed, self.tag = int(seed), tag
         self.step = 0
         self.slots: dict[int, int] = {}
         self.sample_shape: tuple[int, ...] | None = None
         self.store: MessageStore | None = None
-        parts = [self.name, str(bits)] + ([f"m{mbits}"] if mbits else []) + ([f"disk={disk}"] if disk else [])
-        self.spec = ":".join(parts)
-
-    @classmethod
-    def from_args(cls, args: list[str], *, seed: int = 0, tag: str = "", **_):
-        if not args:
-            raise ConfigError("aqsgd needs a bit width, e.g. aqsgd:3")
-        bits = parse_bits(args[0], QUANT_BITS)
-        mbits = disk = None
-        for a in args[1:]:
-            low = a.lower()
-            if low.startswith("disk="):
-                disk = a.split("=", 1)[1]
-                if not disk:
-                    raise ConfigError(f"aqsgd option {a!r}: empty path")
-            elif low.startswith("m") and low[1:].isdigit():
-                mbits = parse_bits(low[1:], MBITS, what="aqsgd buffer bits")
-            else:
-                raise ConfigError(f"aqsgd option {a!r}: expected m8, m4, m2 or disk=PATH")
-        return cls(bits, mbits=mbits, disk=disk, seed=seed, tag=tag)
+        self.spec = self.canonical_spec()
 
     # ------------------------------------------------------------- sizes
     @staticmethod

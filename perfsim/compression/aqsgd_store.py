@@ -1,5 +1,5 @@
 """AQ-SGD's per-sample message buffers ``m(xi)``: in RAM or memory-mapped on disk,
-full precision or low precision (``m8``/``m4``/``m2``, aq-sgd-paper.txt H.5).
+full precision or low precision (``m8``/``m4``/``m2``, AQ-SGD, arXiv:2206.01299, App. H.5).
 
 Samples are keyed by their integer id; a slot is allocated on a sample's first
 visit (slots in visiting order, capacity doubling). Layout per slot:

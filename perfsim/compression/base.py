@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression.args import SpecArg, complete, format_spec, format_syntax, parse_args
 from perfsim.errors import ConfigError
 
 # -- collective kinds a dp_plan may contain ---------------------------------
@@ -92,15 +93,25 @@ def numel_of(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
+def check_float(x: torch.Tensor, name: str = "tensor") -> None:
+    """The cheap half of :func:`check_input`: ``x`` is a floating-point tensor.
+
+    For compressors that reduce every bucket anyway (an L2 norm or a max-abs
+    scale): NaN/Inf propagate into that reduction, so checking its few values
+    replaces a full ``isfinite`` pass over the data, which costs more than a
+    whole 4-bit quantizer on a CPU."""
+    if not isinstance(x, torch.Tensor):
+        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
+
+
 def check_input(x: torch.Tensor, name: str = "tensor") -> None:
     """Reject what no compressor can encode: non-float dtypes and NaN/Inf values.
 
     Empty tensors are fine (they compress to an empty payload).
     """
-    if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
+    check_float(x, name)
     # A finite sum proves every element finite (NaN/Inf propagate); only an
     # overflowing or non-finite sum needs the full elementwise scan (~30x slower).
     if x.numel() and not bool(torch.isfinite(x.sum())) and not bool(torch.isfinite(x).all()):
@@ -134,7 +145,14 @@ class Compressor(ABC):
 
     Class attributes:
       name: registry name (``directq``).
-      spec_syntax: how to write it on the command line (``directq:BITS``).
+      spec_args: the spec's arguments (:class:`perfsim.compression.args.SpecArg`),
+        from which the base parses ``name:arg1:arg2`` (:meth:`from_args`), fills
+        defaults (:meth:`from_values`) and writes the canonical :attr:`spec`
+        (:meth:`canonical_spec`, which each constructor stores). Each argument
+        names a constructor parameter.
+      spec_syntax: how to write it on the command line (``directq:BITS[:det][:bucket=N]``);
+        derived from ``spec_args`` unless a class sets it.
+      example_spec: a representative spec (``perfsim compressors`` lists it).
       allreduce_compatible: payloads of several workers can be summed in the
         compressed domain (integer codes on a shared scale). Otherwise the
         data-parallel exchange needs an allgather (or, for 1-bit, the 3-phase
@@ -144,11 +162,44 @@ class Compressor(ABC):
 
     name: ClassVar[str] = ""
     spec_syntax: ClassVar[str] = ""
+    example_spec: ClassVar[str] = ""
     allreduce_compatible: ClassVar[bool] = False
     stateful: ClassVar[bool] = False
+    spec_args: ClassVar[tuple[SpecArg, ...]] = ()
 
     #: the canonical spec this instance was built from (``directq:4``)
     spec: str = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.name and "spec_syntax" not in cls.__dict__:
+            cls.spec_syntax = format_syntax(cls.name, cls.spec_args)
+
+    # ------------------------------------------------------------- building
+    @classmethod
+    def from_args(cls, args: Sequence[str], **context) -> "Compressor":
+        """Build from the arguments of a spec (``["4", "det"]`` of ``directq:4:det``),
+        parsed and checked by :attr:`spec_args`. ``context`` (``seed=``) goes to
+        the constructor."""
+        values = parse_args(cls.name, cls.spec_args, args, syntax=cls.spec_syntax,
+                            example=cls.example_spec)
+        return cls.from_values(values, **context)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any] | None = None, **context) -> "Compressor":
+        """Build from typed argument values by name (``{"bits": 4}``); the others
+        take their :attr:`spec_args` defaults. Default: ``cls(**values, **context)``."""
+        return cls(**complete(cls.spec_args, values or {}), **context)
+
+    def spec_values(self) -> dict[str, Any]:
+        """This instance's value of every :attr:`spec_args` argument, by name
+        (default: the attribute of that name)."""
+        return {a.name: getattr(self, a.name) for a in self.spec_args}
+
+    def canonical_spec(self) -> str:
+        """The canonical spec of this instance's values (each checked against
+        :attr:`spec_args`): what :attr:`spec` holds."""
+        return format_spec(self.name, self.spec_args, self.spec_values())
 
     # ------------------------------------------------------------- sizes
     @abstractmethod

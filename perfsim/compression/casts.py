@@ -13,7 +13,6 @@ from perfsim._lazy import torch
 
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
 
 
 class _Cast(Compressor):
@@ -26,13 +25,10 @@ class _Cast(Compressor):
     def wire_dtype(self) -> torch.dtype:
         return getattr(torch, self.wire_dtype_name)
 
-    @classmethod
-    def from_args(cls, args: list[str], **_):
-        if args:
-            raise ConfigError(f"{cls.name} takes no arguments, got {':'.join(args)!r}")
-        comp = cls()
-        comp.spec = cls.name
-        return comp
+    def __init__(self, *, seed: int = 0):
+        """``seed`` is accepted like every compressor's and unused: casts round
+        deterministically."""
+        self.spec = self.canonical_spec()
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return numel_of(shape) * self.wire_itemsize
@@ -57,7 +53,6 @@ class FP32(_Cast):
     """No compression: send fp32."""
 
     name = "fp32"
-    spec_syntax = "fp32"
     wire_dtype_name, wire_itemsize = "float32", 4
 
 
@@ -66,7 +61,6 @@ class FP16(_Cast):
     """IEEE half precision cast."""
 
     name = "fp16"
-    spec_syntax = "fp16"
     wire_dtype_name, wire_itemsize = "float16", 2
 
 
@@ -75,5 +69,4 @@ class BF16(_Cast):
     """bfloat16 cast (fp32 range, 8-bit mantissa)."""
 
     name = "bf16"
-    spec_syntax = "bf16"
     wire_dtype_name, wire_itemsize = "bfloat16", 2

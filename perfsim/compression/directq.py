@@ -1,6 +1,8 @@
 """``directq`` -- direct uniform quantization of activations / gradients.
 
-DirectQ is the baseline of the AQ-SGD paper (aq-sgd-paper.txt Sec. 4.1,
+DirectQ is the baseline of the AQ-SGD paper (Wang et al., "Fine-tuning Language
+Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, Sec. 4.1,
 "DirectQ Evans and Aamodt (2021); Fu et al. (2020): activations and backward
 gradients are directly quantized"): a tensor is normalised into [-1, 1] by the
 max-abs of each bucket and every value is rounded to one of ``2**b`` uniform
@@ -30,39 +32,18 @@ from typing import Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.compression.base import Compressor, Payload, SeedStepState, numel_of
-from perfsim.compression.registry import parse_bits, register
+from perfsim.compression.args import SpecArg
+from perfsim.compression.base import Compressor, Payload, SeedStepState, check_float, numel_of
+from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
 from perfsim.kernels.quant import QUANT_BITS, num_buckets, quantize_pack, unpack_dequantize
 from perfsim.kernels.rng import call_key
 
 
-def parse_bucket(text: str, what: str) -> int:
-    """``bucket=N`` -> N (a positive integer)."""
-    try:
-        n = int(text.split("=", 1)[1])
-    except (IndexError, ValueError):
-        raise ConfigError(f"{what} {text!r}: expected bucket=N with an integer N") from None
-    if n < 1:
-        raise ConfigError(f"{what} {text!r}: bucket must be >= 1")
-    return n
-
-
 def row_bucket(shape: Sequence[int]) -> int:
     """Default bucket: the length of the last dimension (1 for 0-d / empty rows)."""
     return int(shape[-1]) if len(shape) and int(shape[-1]) > 0 else 1
-
-
-def check_float(x, name: str = "tensor") -> None:
-    """The cheap half of :func:`check_input` (type and dtype). The NaN/Inf half
-    is done by the kernels on the bucket scales (``amax`` propagates NaN/Inf),
-    which is free, where a full ``isfinite(x).all()`` pass costs more than the
-    whole 4-bit quantizer on one CPU core (measured: ~2-10 ms for 6.5 MB)."""
-    if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
 
 
 def check_payload_tensors(payload: Payload, names: Sequence[str], who: str) -> None:
@@ -76,41 +57,22 @@ class DirectQ(SeedStepState, Compressor):
     """Uniform ``b``-bit quantization after bucket max-abs normalisation."""
 
     name = "directq"
-    spec_syntax = "directq:BITS[:det][:bucket=N]"
     example_spec = "directq:4"
     allreduce_compatible = False  # per-worker scales: sums need a shared scale
 
-    def __init__(self, bits: int, *, stochastic: bool = True, bucket: int | None = None,
-                 seed: int = 0):
-        if bits not in QUANT_BITS:
-            raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
-        if bucket is not None and bucket < 1:
-            raise ConfigError(f"bucket={bucket}: must be >= 1")
+    spec_args = (
+        SpecArg("bits", choices=QUANT_BITS),
+        SpecArg("stochastic", default=True, words={"det": False, "stoch": True}),
+        SpecArg("bucket", default=None, key=True, low=1, metavar="N"),
+    )
+
+    def __init__(self, bits: int, *, stochastic: bool, bucket: int | None, seed: int = 0):
         self.bits = int(bits)
         self.stochastic = bool(stochastic)
         self.bucket = bucket
         self.seed = int(seed)
         self.step = 0
-        parts = [self.name, str(bits)] + ([] if stochastic else ["det"])
-        parts += [f"bucket={bucket}"] if bucket else []
-        self.spec = ":".join(parts)
-
-    @classmethod
-    def from_args(cls, args: list[str], *, seed: int = 0, **_):
-        if not args:
-            raise ConfigError("directq needs a bit width, e.g. directq:4")
-        bits = parse_bits(args[0], QUANT_BITS)
-        stochastic, bucket = True, None
-        for a in args[1:]:
-            if a.lower() == "det":
-                stochastic = False
-            elif a.lower() == "stoch":
-                stochastic = True
-            elif a.lower().startswith("bucket="):
-                bucket = parse_bucket(a, "directq option")
-            else:
-                raise ConfigError(f"directq option {a!r}: expected det or bucket=N")
-        return cls(bits, stochastic=stochastic, bucket=bucket, seed=seed)
+        self.spec = self.canonical_spec()
 
     # ------------------------------------------------------------- sizes
     def bucket_for(self, shape: Sequence[int]) -> int:

@@ -1,4 +1,6 @@
-"""ECQ-SGD: error-compensated quantized SGD (ecq-sgd-paper.txt, Sec. 4, eq. 5-9).
+"""ECQ-SGD: error-compensated quantized SGD (Wu et al., "Error Compensated Quantized
+SGD and its Applications to Large-scale Distributed Optimization", arXiv:1806.08054,
+Sec. 4, eq. 5-9).
 
 ``ecq:BITS[:alpha=A][:beta=B][:bucket=D]`` (defaults from the paper's CIFAR-10
 setting, Sec. 6 footnote: ``alpha=0.01``, ``beta=1.0``, L2 norm; the bucket is
@@ -33,10 +35,10 @@ from typing import Any, Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.compression.base import Payload, numel_of
-from perfsim.compression.qsgd import (BucketQuantizer, _SeededCompressor, check_float, default_chunk, flat_f32,
-                                      levels_for_bits, parse_level_bits, parse_options,
-                                      to_dtype_saturating)
+from perfsim.compression.args import SpecArg
+from perfsim.compression.base import Payload, check_float, numel_of
+from perfsim.compression.qsgd import (BITS_ARG, BucketQuantizer, _SeededCompressor, chunk_for_bits, flat_f32,
+                                      levels_for_bits, to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -47,40 +49,24 @@ class ECQ(_SeededCompressor):
     """ECQ-SGD quantizer with accumulated, decayed error feedback (eq. 5-9)."""
 
     name = "ecq"
-    spec_syntax = "ecq:BITS[:alpha=A][:beta=B][:bucket=D]"
     example_spec = "ecq:4"
     allreduce_compatible = False
     stateful = True
 
-    def __init__(self, bits: int, alpha: float = 0.01, beta: float = 1.0, bucket: int | None = None,
-                 seed: int = 0):
-        bucket = default_chunk(levels_for_bits(int(bits))) if bucket is None else bucket
-        if alpha < 0:
-            raise ConfigError(f"alpha={alpha}: must be >= 0 (eq. 7)")
-        if not 0.0 <= beta <= 1.0:
-            raise ConfigError(f"beta={beta}: must be in [0, 1] (eq. 5)")
-        if bucket < 0:
-            raise ConfigError(f"bucket={bucket}: must be >= 0 (0 = whole tensor)")
+    spec_args = (
+        BITS_ARG,
+        SpecArg("alpha", float, key=True, default=0.01, low=0, note="eq. 7", metavar="A"),
+        SpecArg("beta", float, key=True, default=1.0, low=0, high=1, note="eq. 5", metavar="B"),
+        SpecArg("bucket", key=True, default=chunk_for_bits, low=0, note="0 = whole tensor", metavar="D"),
+    )
+
+    def __init__(self, bits: int, alpha: float, beta: float, bucket: int, seed: int = 0):
         self.bits, self.alpha, self.beta, self.bucket = int(bits), float(alpha), float(beta), int(bucket)
         self.s = levels_for_bits(self.bits)
         self.q = BucketQuantizer(self.s, self.bits, self.bucket)
         self.seed, self._step, self._salt = int(seed), 0, 0
         self.h: dict[str, torch.Tensor] = {}
-        opts = []
-        if self.alpha != 0.01:
-            opts.append(f"alpha={self.alpha:g}")
-        if self.beta != 1.0:
-            opts.append(f"beta={self.beta:g}")
-        if self.bucket != default_chunk(self.s):
-            opts.append(f"bucket={self.bucket}")
-        self.spec = ":".join([f"ecq:{self.bits}", *opts])
-
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"alpha": float, "beta": float, "bucket": int})
-        if len(pos) != 1:
-            raise ConfigError("expected ecq:BITS[:alpha=A][:beta=B][:bucket=D], e.g. ecq:4")
-        return cls(parse_level_bits(pos[0]), seed=seed, **opts)
+        self.spec = self.canonical_spec()
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))

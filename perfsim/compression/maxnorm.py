@@ -1,4 +1,5 @@
-"""Allreduce-compatible quantizers on a shared max norm (multiscale-quantizers-paper.txt).
+"""Allreduce-compatible quantizers on a shared max norm (S. Vineeth, "Unbiased
+Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
 ``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
 chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
@@ -59,17 +60,23 @@ from typing import Sequence
 from perfsim._lazy import np
 from perfsim._lazy import torch
 
-from perfsim.compression.base import ALLREDUCE, CommStep, Payload, numel_of
-from perfsim.compression.qsgd import (_SeededCompressor, bucketwise, check_finite_norms, check_float,
-                                      coefficients, default_chunk, flat_f32, levels_for_bits, levels_from_codes,
-                                      parse_level_bits, parse_options, safe_norms, scale_into,
-                                      stochastic_codes_, to_dtype_saturating, unpack_codes)
+from perfsim.compression.args import SpecArg
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_float, numel_of
+from perfsim.compression.qsgd import (BITS_ARG, _SeededCompressor, check_finite_norms, chunk_for_bits,
+                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
+                                      safe_norms, scale_into, stochastic_codes_, to_dtype_saturating,
+                                      unpack_codes)
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
 from perfsim.kernels.packing import SUPPORTED_BITS, packed_nbytes
+from perfsim.kernels.quant import bucketwise
+
+#: widest scale of the multi-scale variants
+MAX_SCALE_BITS = 24
+
 
 def _index_bits(n_scales: int) -> int:
     need = max(1, (n_scales - 1).bit_length())
@@ -132,16 +139,21 @@ class MaxNormQuantizer(_SeededCompressor):
         self.scale_bits = tuple(sb)
         self._scales = None  # the float32 tensor of levels, built on first use (no torch for sizes)
         self.s = levels_for_bits(self.bits)  # s_min: bounds every code
-        if bucket < 1:
-            raise ConfigError(f"bucket={bucket}: must be >= 1")
+        bad = [int(b) for b in scale_bits if not self.bits < int(b) <= MAX_SCALE_BITS]
+        if bad:
+            raise ConfigError(f"scale bits {bad[0]}: must be in ({self.bits}, {MAX_SCALE_BITS}]")
         self.bucket = int(bucket)
-        if chunk < 0:
-            raise ConfigError(f"chunk={chunk}: must be >= 0 (0 = one norm for the whole tensor)")
         if chunk and self.multiscale:
             raise ConfigError("chunk: the multi-scale variant keeps one norm per tensor "
                               "(its per-coordinate scales already adapt)")
         self.chunk = int(chunk)
         self.seed, self._step, self._salt = int(seed), 0, 0
+        self.spec = self.canonical_spec()
+
+    def spec_values(self) -> dict:
+        """The attributes, with ``scale_bits`` as the spec writes it: the scales other than ``bits``."""
+        return {"bits": self.bits, "scale_bits": self.scale_bits[1:], "bucket": self.bucket,
+                "chunk": self.chunk}
 
     # ------------------------------------------------------------ geometry
     @property
@@ -434,60 +446,39 @@ class MaxNormQuantizer(_SeededCompressor):
 
 @register
 class QSGDMaxNorm(MaxNormQuantizer):
-    """QSGDMaxNorm (multiscale-quantizers-paper.txt Sec. 3.1, Alg. 1)."""
+    """QSGDMaxNorm (arXiv:2109.12497 Sec. 3.1, Alg. 1)."""
 
     name = "qsgd-maxnorm"
-    spec_syntax = "qsgd-maxnorm:BITS[:chunk=D]"
     example_spec = "qsgd-maxnorm:4"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"chunk": int})
-        if len(pos) != 1:
-            raise ConfigError("expected qsgd-maxnorm:BITS[:chunk=D], e.g. qsgd-maxnorm:4")
-        bits = parse_level_bits(pos[0])
-        default = default_chunk(levels_for_bits(bits))
-        chunk = opts.get("chunk", default)
-        comp = cls(bits, seed=seed, chunk=chunk)
-        comp.spec = f"{cls.name}:{bits}" + ("" if chunk == default else f":chunk={chunk}")
-        return comp
+    spec_args = (BITS_ARG, SpecArg("chunk", key=True, default=chunk_for_bits, low=0, metavar="D",
+                                   note="0 = one norm for the whole tensor"))
 
 
-def parse_scale_bits(text: str, bits: int) -> tuple[int, ...]:
-    """``'8'`` or ``'6,8'`` -> scale bit widths, each > ``bits`` and <= 24."""
-    out = []
-    for part in text.replace("+", ",").split(","):
-        try:
-            b = int(part)
-        except ValueError:
-            raise ConfigError(f"scales {text!r}: expected bit widths like 8 or 6,8") from None
-        if not bits < b <= 24:
-            raise ConfigError(f"scale bits {b}: must be in ({bits}, 24]")
-        out.append(b)
+def parse_scale_bits(text: str) -> tuple[int, ...]:
+    """``'8'`` or ``'6,8'`` (or ``'6+8'``) -> the other scales' bit widths, distinct,
+    at most 7 (the range, ``(BITS, 24]``, is checked by :class:`MaxNormQuantizer`)."""
+    try:
+        out = tuple(int(part) for part in text.replace("+", ",").split(","))
+    except ValueError:
+        raise ConfigError(f"scales {text!r}: expected bit widths like 8 or 6,8") from None
     if len(set(out)) != len(out):
         raise ConfigError(f"scales {text!r}: repeated scale")
     if len(out) > 7:
         raise ConfigError(f"scales {text!r}: at most 8 scales in all")
-    return tuple(out)
+    return out
+
+
+#: ``SCALE_BITS`` of the multi-scale specs: default ``BITS+4``, the paper's two-scale pairs
+SCALE_BITS_ARG = SpecArg("scale_bits", parse_scale_bits, default=lambda v: (v["bits"] + 4,),
+                         metavar="SCALE_BITS,...", fmt=lambda t: ",".join(map(str, t)))
 
 
 @register
 class QSGDMaxNormMultiScale(MaxNormQuantizer):
-    """QSGDMaxNormMultiScale with scale sharing (multiscale-quantizers-paper.txt Sec. 3.2, Alg. 2)."""
+    """QSGDMaxNormMultiScale with scale sharing (arXiv:2109.12497 Sec. 3.2, Alg. 2)."""
 
     name = "qsgd-maxnorm-multiscale"
-    spec_syntax = "qsgd-maxnorm-multiscale:BITS[:SCALE_BITS,...][:bucket=B]"
     example_spec = "qsgd-maxnorm-multiscale:4:8"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"bucket": int})
-        if not 1 <= len(pos) <= 2:
-            raise ConfigError("expected qsgd-maxnorm-multiscale:BITS[:SCALE_BITS], e.g. qsgd-maxnorm-multiscale:4:8")
-        bits = parse_level_bits(pos[0])
-        scales = parse_scale_bits(pos[1], bits) if len(pos) == 2 else (bits + 4,)
-        comp = cls(bits, scales, bucket=opts.get("bucket", 1), seed=seed)
-        comp.spec = f"{cls.name}:{bits}:{','.join(map(str, scales))}"
-        if comp.bucket != 1:
-            comp.spec += f":bucket={comp.bucket}"
-        return comp
+    spec_args = (BITS_ARG, SCALE_BITS_ARG, SpecArg("bucket", key=True, default=1, low=1, metavar="B"))

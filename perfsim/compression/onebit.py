@@ -1,6 +1,8 @@
 """``onebit`` -- sign + scale compression with worker- and server-side error feedback.
 
-The building block of 1-bit Adam / 1-bit LAMB (one-bit-lamb-paper.txt Sec. 2.1,
+The building block of 1-bit Adam / 1-bit LAMB (Li et al., "1-bit LAMB: Communication
+Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
+arXiv:2104.06069, Sec. 2.1,
 Alg. 1 lines 7-11, Sec. 5): a tensor ``x`` is sent as its signs (1 bit each)
 and one float32 scale ``||c||_2 / sqrt(n)``, where ``c = x + e`` includes the
 compression error ``e`` left from the previous step (error feedback, Seide et
@@ -39,8 +41,8 @@ from typing import Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, numel_of
-from perfsim.compression.directq import check_float, check_payload_tensors
+from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, check_float, numel_of
+from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
@@ -77,7 +79,6 @@ class OneBit(Compressor):
     """Error-compensated sign + scale (1-bit Adam / 1-bit LAMB building block)."""
 
     name = "onebit"
-    spec_syntax = "onebit"
     example_spec = "onebit"
     allreduce_compatible = False  # needs the 3-phase compressed allreduce
     stateful = True
@@ -86,13 +87,7 @@ class OneBit(Compressor):
         self.seed = int(seed)
         self.worker_err: dict[str, torch.Tensor] = {}
         self.server_err: dict[str, torch.Tensor] = {}
-        self.spec = self.name
-
-    @classmethod
-    def from_args(cls, args: list[str], *, seed: int = 0, **_):
-        if args:
-            raise ConfigError(f"onebit takes no arguments, got {':'.join(args)!r}")
-        return cls(seed=seed)
+        self.spec = self.canonical_spec()
 
     # ------------------------------------------------------------- sizes
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:

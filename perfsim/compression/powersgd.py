@@ -32,7 +32,7 @@ from typing import Any, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.base import ALLREDUCE, CommStep, Compressor, Payload, check_input, numel_of
-from perfsim.compression.qsgd import parse_options
+from perfsim.compression.args import SpecArg
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
@@ -67,36 +67,22 @@ class PowerSGD(Compressor):
     """PowerSGD rank-``RANK`` low-rank compression, via torch's ``powerSGD_hook``."""
 
     name = "powersgd"
-    spec_syntax = "powersgd:RANK[:start=ITER][:min_rate=R]"
     example_spec = "powersgd:4"
     allreduce_compatible = True  # P and Q are plain fp32 allreduces
     stateful = True
 
-    def __init__(self, rank: int, start: int = 2, min_rate: float = 2.0, seed: int = 0):
-        if rank < 1:
-            raise ConfigError(f"rank={rank}: must be >= 1")
-        if start < 2:
-            raise ConfigError(f"start={start}: torch's PowerSGD needs start >= 2 with error feedback")
-        if min_rate <= 0:
-            raise ConfigError(f"min_rate={min_rate}: must be > 0")
+    spec_args = (
+        SpecArg("rank", low=1),
+        SpecArg("start", key=True, default=2, low=2, metavar="ITER",
+                note="torch's PowerSGD needs it with error feedback"),
+        SpecArg("min_rate", float, key=True, default=2.0, low=0, low_open=True, metavar="R"),
+    )
+
+    def __init__(self, rank: int, start: int, min_rate: float, seed: int = 0):
         self.rank, self.start, self.min_rate, self.seed = int(rank), int(start), float(min_rate), int(seed)
         self._state = None  # PowerSGDState, created on first use (needs a process group)
         self._indices: dict[tuple, int] = {}
-        opts = [] if self.start == 2 else [f"start={self.start}"]
-        if self.min_rate != 2.0:
-            opts.append(f"min_rate={self.min_rate:g}")
-        self.spec = ":".join([f"powersgd:{self.rank}", *opts])
-
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"start": int, "min_rate": float})
-        if len(pos) != 1:
-            raise ConfigError("expected powersgd:RANK, e.g. powersgd:4")
-        try:
-            rank = int(pos[0])
-        except ValueError:
-            raise ConfigError(f"rank {pos[0]!r}: not an integer") from None
-        return cls(rank, seed=seed, **opts)
+        self.spec = self.canonical_spec()
 
     # ------------------------------------------------------------ sizes
     def matrix_plan(self, shape: Sequence[int]) -> tuple[bool, int, int, int]:

@@ -1,11 +1,13 @@
-"""QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al. 2017).
+"""QSGD: stochastic uniform quantization on the L2 norm (Alistarh et al., "QSGD:
+Communication-Efficient SGD via Gradient Quantization and Encoding", arXiv:1610.02132).
 
 ``qsgd:BITS`` or ``qsgd:s=LEVELS``, optionally ``:bucket=D`` (default
 :func:`default_chunk`: 512 for 4 bits, the bucket size of QSGD's experiments;
 ``bucket=0`` = the whole tensor is one bucket).
 
 Per bucket ``v`` of ``d`` coordinates (QSGD, Sec. 3.1; the same quantizer is
-eq. 8 of ecq-sgd-paper.txt and eq. 7-8 of multiscale-quantizers-paper.txt)::
+eq. 8 of ECQ-SGD, arXiv:1806.08054, and eq. 7-8 of the multi-scale quantizers paper,
+arXiv:2109.12497)::
 
     Q_s(v_i) = ||v||_2 * sign(v_i) * xi_i / s
     xi_i = l + 1 with probability s*|v_i|/||v|| - l, else l,  l = floor(s*|v_i|/||v||)
@@ -39,8 +41,7 @@ signed value this way has the same distribution per coordinate as rounding
 per worker), ``step`` a counter held in the state, so a restored run draws the
 same bits; the bits are a pure function of ``(seed, step, salt, i)`` on every device.
 
-The helpers of this module (:func:`stochastic_codes_`, :func:`bucket_norms`,
-:func:`parse_options`, ...) are shared by the max-norm, random-k and ECQ compressors.
+The helpers of this module (:func:`stochastic_codes_`, :func:`bucket_norms`, ...) are shared by the max-norm, random-k and ECQ compressors.
 """
 
 from __future__ import annotations
@@ -51,13 +52,15 @@ from typing import Any, Sequence
 from perfsim._lazy import np
 from perfsim._lazy import torch
 
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.args import SpecArg, complete
+from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import unpack_bits_torch
 from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.quant import bucketwise
 from perfsim.kernels.rng import call_key, hash_int16_ref
 
 #: bit widths the packer supports that can hold a signed level (1 bit cannot: 2s+1 >= 3)
@@ -90,16 +93,6 @@ def generator(*parts: int) -> torch.Generator:
 
 
 # ------------------------------------------------------------ the hot path
-def check_float(x: torch.Tensor, name: str = "tensor") -> None:
-    """The cheap part of :func:`check_input` (type and dtype). NaN/Inf are caught
-    on the norms instead (:func:`check_finite_norms`): a NaN or Inf anywhere
-    makes the L2 norm of its bucket NaN/Inf, which saves a pass over the data."""
-    if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise ConfigError(f"{name}: dtype {x.dtype} is not floating point")
-
-
 def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
     """Raise a ConfigError if a norm is NaN/Inf: NaN/Inf input (named by
     :func:`check_input`), or finite values whose squares overflow float32."""
@@ -111,7 +104,7 @@ def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
 def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
     """L2 norm of every ``chunk`` of a flat float32 tensor, robust near the float32 limit.
 
-    Overflow rule (documented in the README, issue 14.18): squares of values above
+    Overflow rule (documented in the README): squares of values above
     ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
     recomputed in float64; if the norm itself exceeds the float32 maximum
     (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
@@ -130,7 +123,7 @@ def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
 def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast a decoded float32 result to the caller's dtype, saturating at that dtype's
     largest finite value instead of producing Inf (fp16 overflows at 65504: a
-    gradient mean of 7e4 becomes 65504, not Inf). Issue 14.18's documented rule."""
+    gradient mean of 7e4 becomes 65504, not Inf): the README's documented rule."""
     if dtype in (torch.float16, torch.bfloat16) and x.dtype == torch.float32 and x.numel():
         big = float(torch.finfo(dtype).max)
         if float(x.abs().max()) > big:
@@ -141,19 +134,6 @@ def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def flat_f32(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a flat contiguous float32 tensor (no copy for contiguous fp32)."""
     return x.detach().reshape(-1).to(torch.float32).contiguous()
-
-
-def bucketwise(op, src: torch.Tensor, coef: torch.Tensor, bucket: int, out: torch.Tensor) -> torch.Tensor:
-    """``out[i] = op(src[i], coef[i // bucket])`` for flat tensors, without a
-    per-element coefficient (full buckets as a 2-D view, then the short tail)."""
-    n = src.numel()
-    nfull = n // bucket
-    full = nfull * bucket
-    if nfull:
-        op(src[:full].view(nfull, bucket), coef[:nfull, None], out=out[:full].view(nfull, bucket))
-    if full < n:
-        op(src[full:], coef[nfull], out=out[full:])
-    return out
 
 
 def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
@@ -227,13 +207,17 @@ def default_chunk(s: int) -> int:
     """Values per norm by default (QSGD buckets, ECQ buckets, QSGD-MaxNorm chunks):
     the largest power of two ``d <= 16 s**2``, so QSGD's variance bound
     ``min(d/s**2, sqrt(d)/s) ||v||**2`` (Alistarh et al. 2017, arXiv:1610.02132,
-    Lemma 3.1; multiscale-quantizers-paper.txt Lemma 1 for a shared norm) stays
+    Lemma 3.1; arXiv:2109.12497 Lemma 1 for a shared norm) stays
     <= 4: 512 for 4 bits (QSGD's own bucket size), 16 for 2 bits, 128 for 3 bits.
     A norm over a whole DDP bucket of millions of values leaves almost every code
-    at 0 (the bound grows with ``sqrt(n)``): 2- and 4-bit training diverged or
-    stalled that way, and ECQ's 4096 (its paper, with 4 levels) cost Adam 2.2x
-    fp32's loss on digits against 1.4x at 512 (issue 17, docs/ddp.md)."""
+    at 0 (the bound grows with ``sqrt(n)``); docs/ddp.md has the convergence runs."""
     return 1 << int(math.floor(math.log2(16 * s * s)))
+
+
+def chunk_for_bits(values) -> int:
+    """:func:`default_chunk` of a spec's ``bits`` (the default of the ``bucket`` /
+    ``chunk`` arguments of the QSGD family)."""
+    return default_chunk(levels_for_bits(values["bits"]))
 
 
 def levels_for_bits(bits: int) -> int:
@@ -249,36 +233,8 @@ def bits_for_levels(s: int) -> int:
     raise ConfigError(f"s={s}: too many levels (at most {levels_for_bits(8)} in 8 bits)")
 
 
-def parse_options(args: list[str], allowed: dict[str, type]) -> tuple[list[str], dict[str, Any]]:
-    """Split ``['4', 'bucket=512']`` into positional args and typed ``key=value`` options.
-
-    Unknown keys and unparsable values raise ConfigError naming them."""
-    pos, opts = [], {}
-    for a in args:
-        if "=" in a:
-            k, v = a.split("=", 1)
-            k = k.strip().lower()
-            if k not in allowed:
-                raise ConfigError(f"unknown option {k!r} (known: {', '.join(sorted(allowed)) or 'none'})")
-            try:
-                opts[k] = allowed[k](v)
-            except ValueError:
-                raise ConfigError(f"option {k}={v!r}: not a valid {allowed[k].__name__}") from None
-            if allowed[k] is float and not math.isfinite(opts[k]):
-                raise ConfigError(f"option {k}={v!r}: not finite")
-        else:
-            pos.append(a)
-    return pos, opts
-
-
-def parse_level_bits(text: str, what: str = "bits") -> int:
-    try:
-        bits = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} {text!r}: not an integer") from None
-    if bits not in LEVEL_BITS:
-        raise ConfigError(f"{what}={bits}: unsupported (choose from {', '.join(map(str, LEVEL_BITS))})")
-    return bits
+#: the ``BITS`` argument of the QSGD family's specs
+BITS_ARG = SpecArg("bits", choices=LEVEL_BITS)
 
 
 class BucketQuantizer:
@@ -385,33 +341,33 @@ class QSGD(_SeededCompressor):
     allreduce_compatible = False
     stateful = True  # only the random step counter
 
-    def __init__(self, s: int, bits: int, bucket: int | None = None, seed: int = 0):
-        bucket = default_chunk(s) if bucket is None else bucket
-        if s < 1:
-            raise ConfigError(f"s={s}: need at least 1 level")
-        if bucket < 0:
-            raise ConfigError(f"bucket={bucket}: must be >= 0 (0 = whole tensor)")
-        self.q = BucketQuantizer(s, bits, bucket)
-        self.s, self.bits, self.bucket, self.seed = s, bits, bucket, int(seed)
-        self._step, self._salt = 0, 0
-        self.spec = f"qsgd:{bits}" if s == levels_for_bits(bits) else f"qsgd:s={s}"
-        if bucket != default_chunk(s):
-            self.spec += f":bucket={bucket}"
+    spec_args = (
+        SpecArg("bits", default=None, choices=LEVEL_BITS),
+        SpecArg("s", key=True, default=None, low=1, high=levels_for_bits(LEVEL_BITS[-1]),
+                note="levels per sign", metavar="LEVELS"),
+        SpecArg("bucket", key=True, default=None, low=0, note="0 = whole tensor", metavar="D"),
+    )
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        pos, opts = parse_options(args, {"s": int, "bucket": int})
-        if len(pos) > 1 or (pos and "s" in opts) or (not pos and "s" not in opts):
+    def __init__(self, bits: int | None, s: int | None, bucket: int | None, seed: int = 0):
+        """Exactly one of ``bits`` (``s = 2**(bits-1) - 1``) and ``s`` (``bits``: the
+        narrowest width holding ``2s + 1`` codes); ``bucket=None``: :func:`default_chunk`."""
+        if (bits is None) == (s is None):
             raise ConfigError("expected qsgd:BITS or qsgd:s=LEVELS")
-        if pos:
-            bits = parse_level_bits(pos[0])
-            s = levels_for_bits(bits)
-        else:
-            s = opts["s"]
-            if s < 1:
-                raise ConfigError(f"s={s}: need at least 1 level")
-            bits = bits_for_levels(s)
-        return cls(s, bits, opts.get("bucket"), seed=seed)
+        complete(self.spec_args, {"bits": bits, "s": s, "bucket": bucket})  # each in range
+        self.s = levels_for_bits(bits) if s is None else int(s)
+        self.bits = bits_for_levels(self.s) if bits is None else int(bits)
+        self.bucket = default_chunk(self.s) if bucket is None else int(bucket)
+        self.seed = int(seed)
+        self._step, self._salt = 0, 0
+        self.spec = self.canonical_spec()
+        self.q = BucketQuantizer(self.s, self.bits, self.bucket)
+
+    def spec_values(self) -> dict:
+        """``bits`` when ``s`` is the most its width holds, else ``s``; ``bucket``
+        when it is not the default."""
+        by_bits = self.s == levels_for_bits(self.bits)
+        return {"bits": self.bits if by_bits else None, "s": None if by_bits else self.s,
+                "bucket": None if self.bucket == default_chunk(self.s) else self.bucket}
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))

@@ -1,4 +1,5 @@
-"""Global random-k sparsification + max-norm quantization (multiscale-quantizers-paper.txt).
+"""Global random-k sparsification + max-norm quantization (S. Vineeth, "Unbiased
+Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
 ``randk-maxnorm:FRACTION:BITS[:scaled]`` -- GlobalRandKMaxNorm, Sec. 3.3: every
 worker picks the *same* ``K = ceil(FRACTION * n)`` coordinates uniformly at
@@ -14,10 +15,49 @@ shared max norm of the selected values (plus the norm, and for the multi-scale
 variant the scale indices) are sent, and they sum under allreduce exactly as in
 ``qsgd-maxnorm`` (see :mod:`perfsim.compression.maxnorm` for the accumulation width).
 
-Scaling: the paper sends the selected values as they are, so the decoded
-gradient has expectation ``(K/n) g`` (zero elsewhere). With ``:scaled`` the
-selected values are multiplied by ``n/K`` before quantization, which makes the
-estimator unbiased (``E = g``) at the price of ``n/K`` times the variance.
+Unselected coordinates: the paper sends the selected values as they are and
+says nothing of the others, so one step's decoded gradient is ``(K/n) g`` in
+expectation: with ``0.25`` three quarters of every gradient would be lost
+(docs/ddp.md has the convergence it cost). Each worker therefore keeps a
+*memory* ``h`` of what it has not sent -- error feedback ("Sparsified SGD with Memory", Stich, Cordonnier & Jaggi,
+arXiv:1809.07599; "Error Feedback Fixes SignSGD and other Gradient Compression
+Schemes", Karimireddy et al., arXiv:1901.09847) -- with the compensation
+coefficient ``alpha`` of ECQ-SGD (ecq-sgd-paper.txt eq. 5-7, ``beta = 1``)::
+
+    a_t     = g_t + alpha h_t                      (eq. 7's argument)
+    send      Q(a_t[S_t])                          (S_t: the shared K coordinates)
+    h_{t+1} = h_t + g_t - a_t[S_t]                 (eq. 6: unsent gradient accumulates;
+                                                    a selected coordinate keeps (1 - alpha) h)
+
+``alpha = 1`` is the papers' plain memory: every backlog goes out in one burst
+when its coordinate is drawn (after ``n/K - 1`` steps on average), and with SGD
+at momentum 0.9 those bursts made training oscillate (docs/ddp.md). ECQ-SGD's
+small ``alpha`` (its Sec. 6, Table 2: 0.01-0.1 with ``beta = 1``; 0.15 did not
+converge) releases a backlog gradually, a fraction ``alpha`` per draw, and keeps
+``lambda = alpha^2 gamma + (1 - alpha)^2 < 1`` (the condition after its Lemma 2;
+``gamma = 1 - K/n`` for the sparsifier). :data:`COMPENSATION` is the top of
+that range. Only the sparsification error is remembered: the
+max-norm quantizer is unbiased (Lemma 1 of the multiscale paper). The memory
+never travels (wire format and ``dp_plan`` unchanged), is kept per tensor name
+(``name=``, default ``""``, like ECQ's error) and in :meth:`state_dict`, so a
+restored compressor continues bit-identically; it is per worker, so a
+checkpoint belongs to its world size. It belongs to the data-parallel exchange
+(:meth:`allreduce_mean`, one instance per gradient bucket, step after step);
+:meth:`compress` -- the one-payload interface, which also carries pipeline
+activations, a different batch every call -- stays the paper's memoryless operator.
+
+Norm granularity: the quantizer keeps one shared norm per
+:func:`norm_chunk` selected values -- ``FRACTION`` times qsgd-maxnorm's default
+chunk (:func:`perfsim.compression.qsgd.default_chunk`), i.e. as many norms per
+gradient coordinate as ``qsgd-maxnorm``, at least 32 values per norm (the
+4-byte norm costs at most 1 bit per value): QSGD's variance bound grows with
+``sqrt(d)/s``, and a coordinate drawn every ``n/K`` steps averages its rounding
+noise over ``K/n`` times fewer draws than under ``qsgd-maxnorm``.
+The multi-scale variant keeps one norm (its per-coordinate scales adapt).
+
+With ``:scaled`` the selected values are multiplied by ``n/K`` before
+quantization instead, which makes one step's estimator unbiased (``E = g``) at
+the price of ``n/K`` times the variance; it keeps no memory.
 """
 
 from __future__ import annotations
@@ -28,13 +68,26 @@ from typing import Any, Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression.args import SpecArg, complete
 from perfsim.compression.base import Compressor, Payload, check_input, numel_of
-from perfsim.compression.maxnorm import MaxNormQuantizer, parse_scale_bits
-from perfsim.compression.qsgd import generator, parse_level_bits
+from perfsim.compression.maxnorm import SCALE_BITS_ARG, MaxNormQuantizer
+from perfsim.compression.qsgd import BITS_ARG, default_chunk, generator
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 
 _INDEX_SALT = 0x52414E444B  # "RANDK": keeps index draws apart from rounding draws
+#: ECQ-SGD's compensation coefficient alpha for the memory of unsent coordinates
+#: (ecq-sgd-paper.txt eq. 7; its recommended range 0.01-0.1 with beta = 1)
+COMPENSATION = 0.1
+#: fewest selected values per shared norm: a 4-byte norm adds at most 1 bit per value
+MIN_NORM_CHUNK = 32
+
+
+def norm_chunk(fraction: float, s: int) -> int:
+    """Selected values per shared norm for ``fraction`` and ``s`` levels: the
+    same norms per gradient coordinate as ``qsgd-maxnorm`` (``fraction *
+    default_chunk(s)``), at least :data:`MIN_NORM_CHUNK`."""
+    return max(MIN_NORM_CHUNK, math.ceil(fraction * default_chunk(s) - 1e-9))
 
 
 _UNSEEN = 2**31 - 1
@@ -63,16 +116,6 @@ def first_occurrences(draws: torch.Tensor, n: int) -> torch.Tensor:
         first.index_fill_(0, draws, _UNSEEN)
 
 
-def parse_fraction(text: str) -> float:
-    try:
-        f = float(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"fraction {text!r}: not a number") from None
-    if not (0.0 < f <= 1.0) or not math.isfinite(f):
-        raise ConfigError(f"fraction={text}: must be in (0, 1]")
-    return f
-
-
 class _GlobalRandK(Compressor):
     allreduce_compatible = True
     stateful = True
@@ -81,6 +124,21 @@ class _GlobalRandK(Compressor):
         self.fraction, self.inner, self.scaled, self.seed = float(fraction), inner, bool(scaled), int(seed)
         self._step = 0
         self._cache: tuple | None = None
+        self.alpha = COMPENSATION
+        self.memory: dict[str, torch.Tensor] = {}  # name -> h (module docstring), flat fp32
+        if not inner.multiscale and inner.chunk == 0:
+            inner.chunk = norm_chunk(self.fraction, inner.s)
+
+    @property
+    def error_feedback(self) -> bool:
+        """Whether unsent coordinates are remembered (the unscaled sparsifier, see
+        the module docstring); ``:scaled`` is unbiased per step and keeps none."""
+        return not self.scaled
+
+    def error(self, name: str = "") -> torch.Tensor | None:
+        """A copy of the memory of tensor ``name`` (None before its first step)."""
+        m = self.memory.get(name)
+        return None if m is None else m.clone()
 
     def k_of(self, n: int) -> int:
         """Number of selected coordinates: ``ceil(fraction * n)`` (0 for an empty tensor)."""
@@ -95,8 +153,8 @@ class _GlobalRandK(Compressor):
         ``K`` *distinct* values in order of first occurrence -- sequential
         sampling with replacement that skips repeats is sampling without
         replacement, so this is a uniform random ordered K-sample. Duplicates are
-        found with a scatter-min of draw positions (O(draws), no sort: a sort of
-        the ~1.25 K draws cost ~0.8 ms for K = 16 k). Large ``K`` (``4K >= n``)
+        found with a scatter-min of draw positions (O(draws), no sort of the
+        ~1.25 K draws). Large ``K`` (``4K >= n``)
         use ``randperm(n)``. The last result is cached for decode."""
         step = self._step if step is None else step
         k = self.k_of(n)
@@ -124,21 +182,41 @@ class _GlobalRandK(Compressor):
     def dp_plan(self, shape, world_size, *, backend: str = "gloo"):
         return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size, backend=backend)
 
-    def _select(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select(self, x: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The shared indices of this call and the values to quantize; advances the
+        step and, with error feedback and a ``name`` (None: no memory), the memory
+        of ``name`` (``x`` is checked by the caller)."""
         flat = x.detach().reshape(-1).to(torch.float32)
-        idx = self.indices(flat.numel()).to(flat.device)
+        n = flat.numel()
+        remember = self.error_feedback and name is not None
+        mem = self.memory.get(name) if remember else None
+        if mem is not None and mem.numel() != n:
+            raise ConfigError(f"{self.spec}: memory {name!r} has {mem.numel()} elements, got a tensor of "
+                              f"{n}; pass a distinct name= per gradient tensor")
+        idx = self.indices(n).to(flat.device)
         self._step += 1
+        if remember and n:
+            sub = torch.index_select(flat, 0, idx)  # 3x faster than flat[idx] on a CPU
+            if mem is None:  # h_0 = 0: a_0 = g_0, h_1 = g_0 off the selection
+                self.memory[name] = flat.clone().index_fill_(0, idx, 0.0)
+                return idx, sub
+            mem = mem.to(flat.device)
+            sub.add_(torch.index_select(mem, 0, idx), alpha=self.alpha)  # a_t[S] = (g + alpha h)[S]
+            mem.add_(flat).index_add_(0, idx, sub, alpha=-1.0)           # h + g - a_t[S]
+            self.memory[name] = mem
+            return idx, sub
         sub = torch.index_select(flat, 0, idx)  # 3x faster than flat[idx] on a CPU
         if self.scaled and idx.numel():
-            sub = sub * (flat.numel() / idx.numel())
+            sub = sub * (n / idx.numel())
         return idx, sub
 
     def compress(self, x: torch.Tensor, *, key=None, norm=None, scale_index=None) -> Payload:
-        """Encode the selected coordinates; ``norm`` / ``scale_index`` are the shared
-        values of the selected sub-vector (see :meth:`MaxNormQuantizer.compress`)."""
+        """Encode the selected coordinates of ``x`` (no memory, see the module
+        docstring); ``norm`` / ``scale_index`` are the shared values of the
+        selected sub-vector (see :meth:`MaxNormQuantizer.compress`)."""
         check_input(x)
         step = self._step
-        _, sub = self._select(x)
+        _, sub = self._select(x, None)
         inner = self.inner.compress(sub, norm=norm, scale_index=scale_index)
         return Payload(inner.tensors, tuple(x.shape), x.dtype, {"step": step, "k": sub.numel()})
 
@@ -154,65 +232,66 @@ class _GlobalRandK(Compressor):
         sub = self.inner.decompress(Payload(payload.tensors, (k,), torch.float32))
         return self._scatter(sub, payload.shape, payload.meta["step"], payload.dtype)
 
-    def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
+    def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
+        """Average ``x`` over ``group``: the selected coordinates (with this worker's
+        memory of tensor ``name``) through the inner quantizer's allreduce, zeros elsewhere."""
         check_input(x)
         step = self._step
-        _, sub = self._select(x)
+        _, sub = self._select(x, name)
         mean_sub = self.inner.allreduce_mean(sub, group)
         return self._scatter(mean_sub, x.shape, step, x.dtype)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self._step, "inner": self.inner.state_dict()}
+        return {"step": self._step, "inner": self.inner.state_dict(),
+                "memory": {k: v.detach().cpu().clone() for k, v in self.memory.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        extra = set(state) - {"step", "inner"}
+        extra = set(state) - {"step", "inner", "memory"}
         if extra:
             raise ConfigError(f"{self.spec}: unexpected state keys {sorted(extra)}")
+        memory = state.get("memory", {})
+        if memory and not self.error_feedback:
+            raise ConfigError(f"{self.spec}: state holds an error-feedback memory, but the scaled "
+                              "variant keeps none (saved with another spec?)")
         self._step = int(state.get("step", 0))
         self.inner.load_state_dict(state.get("inner", {}))
+        self.memory = {str(k): torch.as_tensor(v, dtype=torch.float32).reshape(-1).clone()
+                       for k, v in memory.items()}
+
+    @classmethod
+    def from_values(cls, values=None, seed: int = 0) -> "_GlobalRandK":
+        """Build from :attr:`spec_args` values: the inner max-norm quantizer gets ``bits``
+        (and ``scale_bits``) and shares the spec."""
+        v = complete(cls.spec_args, values or {})
+        inner = MaxNormQuantizer(v["bits"], v.get("scale_bits", ()), seed=seed)
+        comp = cls(v["fraction"], inner, scaled=v["scaled"], seed=seed)
+        comp.spec = comp.inner.spec = comp.canonical_spec()
+        return comp
+
+    def spec_values(self) -> dict:
+        return {"fraction": self.fraction, "bits": self.inner.bits,
+                "scale_bits": self.inner.scale_bits[1:], "scaled": self.scaled}
 
 
-def _split_scaled(args: list[str]) -> tuple[list[str], bool]:
-    rest = [a for a in args if a.lower() != "scaled"]
-    return rest, len(rest) != len(args)
+_FRACTION = SpecArg("fraction", float, low=0, high=1, low_open=True)
+_SCALED = SpecArg("scaled", default=False, words={"scaled": True})
 
 
 @register
 class RandKMaxNorm(_GlobalRandK):
-    """GlobalRandKMaxNorm (multiscale-quantizers-paper.txt Sec. 3.3)."""
+    """GlobalRandKMaxNorm (arXiv:2109.12497 Sec. 3.3)."""
 
     name = "randk-maxnorm"
-    spec_syntax = "randk-maxnorm:FRACTION:BITS[:scaled]"
     example_spec = "randk-maxnorm:0.01:4"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        args, scaled = _split_scaled(args)
-        if len(args) != 2:
-            raise ConfigError("expected randk-maxnorm:FRACTION:BITS, e.g. randk-maxnorm:0.01:4")
-        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
-        comp = cls(frac, MaxNormQuantizer(bits, seed=seed), scaled=scaled, seed=seed)
-        comp.inner.spec = comp.spec = f"{cls.name}:{args[0]}:{bits}" + (":scaled" if scaled else "")
-        return comp
+    spec_args = (_FRACTION, BITS_ARG, _SCALED)
 
 
 @register
 class RandKMaxNormMultiScale(_GlobalRandK):
-    """GlobalRandKMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.4)."""
+    """GlobalRandKMaxNormMultiScale (arXiv:2109.12497 Sec. 3.4)."""
 
     name = "randk-maxnorm-multiscale"
-    spec_syntax = "randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS,...][:scaled]"
     example_spec = "randk-maxnorm-multiscale:0.01:4:8"
 
-    @classmethod
-    def from_args(cls, args: list[str], seed: int = 0, **_):
-        args, scaled = _split_scaled(args)
-        if not 2 <= len(args) <= 3:
-            raise ConfigError("expected randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS], "
-                              "e.g. randk-maxnorm-multiscale:0.01:4:8")
-        frac, bits = parse_fraction(args[0]), parse_level_bits(args[1])
-        scales = parse_scale_bits(args[2], bits) if len(args) == 3 else (bits + 4,)
-        comp = cls(frac, MaxNormQuantizer(bits, scales, seed=seed), scaled=scaled, seed=seed)
-        comp.spec = f"{cls.name}:{args[0]}:{bits}:{','.join(map(str, scales))}" + (":scaled" if scaled else "")
-        comp.inner.spec = comp.spec
-        return comp
+    spec_args = (_FRACTION, BITS_ARG, SCALE_BITS_ARG, _SCALED)

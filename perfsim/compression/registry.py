@@ -3,8 +3,8 @@
 A compressor spec is ``name[:arg[:arg...]]``: ``fp16``, ``directq:4``,
 ``qsgd-maxnorm:4``, ``qsgd-maxnorm-multiscale:4:2``, ``randk-maxnorm:0.1:4``. The
 grammar (and the pipeline form ``aqsgd:fw3bw6``) is :mod:`perfsim.compression.spec`;
-each compressor class parses its own arguments in ``from_args``; this module
-looks names up.
+each compressor class declares its arguments (``Compressor.spec_args``, parsed by
+:mod:`perfsim.compression.args`); this module looks names up.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def compressor_classes() -> dict[str, type[Compressor]]:
 def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
     """Build a compressor from a spec such as ``directq:4`` (text or a parsed Spec).
 
-    ``kwargs`` (e.g. ``seed=``) go to the class's ``from_args``.
+    ``kwargs`` (e.g. ``seed=``) go to the class's constructor (``Compressor.from_args``).
     Raises :class:`ConfigError` naming the spec when it is unknown or malformed.
     """
     _ensure_loaded()
@@ -58,19 +58,6 @@ def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
     except ConfigError as exc:
         raise ConfigError(f"compressor {spec!r}: {exc}") from None
     return comp
-
-
-def parse_bits(text: str, allowed: tuple[int, ...], what: str = "bits") -> int:
-    """Parse a bit width and check it against ``allowed``."""
-    try:
-        bits = int(text)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{what} {text!r}: not an integer") from None
-    if bits not in allowed:
-        raise ConfigError(f"{what}={bits}: unsupported (choose from {', '.join(map(str, allowed))})")
-    return bits
-
-
 
 
 def parse_pipeline_spec(spec: str) -> tuple[str, str]:

@@ -89,7 +89,7 @@ class Spec:
         """(forward spec, backward spec) of a pipeline spec: ``directq:fw4bw8`` ->
         (``directq:4``, ``directq:8``); ``aqsgd:fw3bw6:m8`` -> (``aqsgd:3:m8``,
         ``directq:6``): AQ-SGD compresses the forward activations by their change,
-        the backward gradients are directly quantized (aq-sgd-paper.txt, Sec. 3
+        the backward gradients are directly quantized (AQ-SGD, arXiv:2206.01299, Sec. 3
         and App. H.5)."""
         if self.role != "pipeline":
             raise ConfigError(f"{self.text!r}: not a pipeline compression spec")

@@ -1,6 +1,8 @@
 """``topk`` -- top-k sparsification followed by quantization of the kept values.
 
-For backward activation gradients in split learning (aq-sgd-paper.txt H.6:
+For backward activation gradients in split learning (Wang et al., "Fine-tuning
+Language Models over Slow Networks using Activation Compression with Guarantees",
+arXiv:2206.01299, App. H.6:
 "fw2 bw8[0.2] means that ... for backward pass, we keep only the top 20%
 gradients and then perform 8-bit quantization"). Per row of the last dimension
 (``C`` elements) keep the ``k = ceil(FRACTION * C)`` entries of largest
@@ -24,9 +26,10 @@ from typing import Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression.args import SpecArg
 from perfsim.compression.base import Compressor, Payload, SeedStepState, check_input, numel_of
 from perfsim.compression.directq import check_payload_tensors, row_bucket
-from perfsim.compression.registry import parse_bits, register
+from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
 from perfsim.kernels.quant import QUANT_BITS, quantize_pack, unpack_dequantize
@@ -48,34 +51,19 @@ class TopK(SeedStepState, Compressor):
     """Per-row top-k by magnitude, kept values quantized to ``BITS`` bits."""
 
     name = "topk"
-    spec_syntax = "topk:FRACTION:BITS[:det]"
     example_spec = "topk:0.2:8"
     allreduce_compatible = False
 
-    def __init__(self, fraction: float, bits: int, *, stochastic: bool = True, seed: int = 0):
-        if not (isinstance(fraction, (int, float)) and 0 < fraction <= 1 and math.isfinite(fraction)):
-            raise ConfigError(f"fraction={fraction}: must be in (0, 1]")
-        if bits not in QUANT_BITS:
-            raise ConfigError(f"bits={bits}: unsupported (choose from {', '.join(map(str, QUANT_BITS))})")
+    spec_args = (
+        SpecArg("fraction", float, low=0, high=1, low_open=True),
+        SpecArg("bits", choices=QUANT_BITS),
+        SpecArg("stochastic", default=True, words={"det": False}),
+    )
+
+    def __init__(self, fraction: float, bits: int, *, stochastic: bool, seed: int = 0):
         self.fraction, self.bits, self.stochastic = float(fraction), int(bits), bool(stochastic)
         self.seed, self.step = int(seed), 0
-        self.spec = f"topk:{fraction:g}:{bits}" + ("" if stochastic else ":det")
-
-    @classmethod
-    def from_args(cls, args: list[str], *, seed: int = 0, **_):
-        if len(args) < 2:
-            raise ConfigError("topk needs FRACTION:BITS, e.g. topk:0.2:8")
-        try:
-            fraction = float(args[0])
-        except ValueError:
-            raise ConfigError(f"topk fraction {args[0]!r}: not a number") from None
-        bits = parse_bits(args[1], QUANT_BITS)
-        stochastic = True
-        for a in args[2:]:
-            if a.lower() != "det":
-                raise ConfigError(f"topk option {a!r}: expected det")
-            stochastic = False
-        return cls(fraction, bits, stochastic=stochastic, seed=seed)
+        self.spec = self.canonical_spec()
 
     # ------------------------------------------------------------- sizes
     def layout(self, shape: Sequence[int]) -> tuple[int, int, int]:

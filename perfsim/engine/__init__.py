@@ -3,7 +3,8 @@
 Read in this order: :mod:`.plan` (what each stage computes and sends, asked
 from the compressors and the profile), :mod:`.flows` (max-min fair sharing of
 NICs), :mod:`.sim` (devices replaying the schedule tables, p2p and
-data-parallel collectives), :mod:`.report` (the Result tables).
+data-parallel collectives), :mod:`.replay` (the same iteration in closed form
+when no flows compete), :mod:`.report` (the Result tables).
 """
 
 from __future__ import annotations
@@ -59,21 +60,25 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
         if worst.total > cap:
             raise ConfigError(
                 f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
-                f"(weights {worst.weights / GIB:.1f}, grads {worst.grads / GIB:.1f}, optimizer "
-                f"{worst.optimizer / GIB:.1f}, activations {worst.activations / GIB:.1f}), {system.gpu} has "
+                f"({worst.breakdown()}), {system.gpu} has "
                 f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
     return mem, cap
 
 
 def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None,
-             allow_oom: bool = False):
+             allow_oom: bool = False, replay: bool = True):
     """Simulate one steady-state iteration (and the warm-up one when the pipeline
     compressor has a different first-epoch wire size, or a 1-bit optimizer syncs
     uncompressed for its first steps); return a Result.
 
     ``symmetric``: None groups replicas into classes (:func:`replica_classes`);
     False simulates every replica (the reference for tests); True forces one.
-    A GPU preset in ``system.gpu`` checks memory first (:func:`check_memory`)."""
+    A GPU preset in ``system.gpu`` checks memory first (:func:`check_memory`).
+
+    ``replay``: evaluate the iteration in closed form when no flows compete
+    (:func:`perfsim.engine.replay.replay`, the same result); False always runs
+    the event loop (the reference for tests)."""
+    from perfsim.engine.replay import replay as closed_form
     from perfsim.engine.report import build_result
     from perfsim.engine.sim import Simulation
     from perfsim.hardware import get_gpu
@@ -92,10 +97,15 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
     weights = {c[0]: len(c) for c in classes}
-    out = Simulation(plan, network, strategy.schedule, replicas=reps, trace=trace, profile=profile).run()
-    warm = None
-    if plan.has_warmup or plan.onebit_warmup_steps:
-        warm = Simulation(plan, network, strategy.schedule, warmup=True, replicas=reps, profile=profile).run()
+
+    def run(warmup: bool, trace: bool = False):
+        out = (closed_form(plan, network, warmup=warmup, replicas=reps, profile=profile)
+               if replay and not trace else None)
+        return out if out is not None else Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
+                                 profile=profile).run()
+
+    out = run(False, trace)
+    warm = run(True) if plan.has_warmup or plan.onebit_warmup_steps else None
     return build_result(out, warm, plan, workload, strategy, system, weights=weights, memory=memory,
                         network=network)
 

@@ -59,12 +59,14 @@ class FlowScheduler:
             self._cap_cache[res] = c
         return c
 
-    def transfer(self, nbytes: float, resources: Iterable[Any], cap_bps: float, stats=None):
+    def transfer(self, nbytes: float, resources: Iterable[Any], cap_bps: float, stats=None, event: bool = True):
         """An event that succeeds when ``nbytes`` have moved (latency not included).
-        ``stats`` (optional) is called as ``stats(start, end)`` on completion."""
-        ev = self.env.event()
+        ``stats`` (optional) is called as ``stats(start, end)`` on completion;
+        ``event=False``: no event (None), for callers that only need ``stats``."""
+        ev = self.env.event() if event else None
         if nbytes <= 0:
-            ev.succeed()
+            if ev is not None:
+                ev.succeed()
             if stats:
                 stats(self.env.now, self.env.now)
             return ev
@@ -156,5 +158,6 @@ class FlowScheduler:
         self.flows_done += 1
         if f.stats:
             f.stats(f.start, self.env.now)
-        f.event.succeed()
+        if f.event is not None:
+            f.event.succeed()
         self._rebalance(self._component(neighbours))

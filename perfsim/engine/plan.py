@@ -2,8 +2,8 @@
 
 Everything the event loop needs is resolved here, once: per-stage compute,
 the schedule table (stages = model chunks, each on its device), the EXACT wire
-bytes of each boundary payload (asked from the compressor
-objects, ARCHITECTURE.md rule 1), encode/decode times (profile fits, plus the
+bytes of each boundary payload (asked from the compressor objects, never
+re-derived here), encode/decode times (profile fits, plus the
 host framing of each message, ``frame_send`` / ``frame_recv``, when calibrated), the
 gradient buckets with their data-parallel collectives (the grad compressor's
 ``dp_plan``), and the optimizer step time.
@@ -26,11 +26,13 @@ DeepSpeed do with fp16/bf16 tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import CommStep, numel_of
 from perfsim.errors import ConfigError
+from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
 #: fallback optimizer / copy cost when the profile has none: Adam moves 28 bytes per
@@ -77,6 +79,7 @@ class StagePlan:
     tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
+    compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
 
 
 @dataclass
@@ -100,6 +103,11 @@ class Plan:
     onebit_warmup_steps: int = 0
     warmup_buckets: list[list[Bucket]] | None = None
     table: Any = None  # perfsim.schedules.Table
+
+    @cached_property
+    def comm_rows(self) -> list[list]:
+        """The table's rows with explicit communication (:func:`perfsim.schedules.with_comms`)."""
+        return with_comms(self.table)
 
 
 def weight_grad_share(layer, tokens: int) -> float:
@@ -190,7 +198,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
-    fw_comp, bw_comp = make_pipeline_pair(fw_spec_in)
+    default_fw, default_bw = make_pipeline_pair(fw_spec_in)
+    from perfsim.boundaries import parse_boundary_compress
+
+    per_boundary = parse_boundary_compress(strategy.boundary_compress)
+    pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
     from perfsim.runtime.grad_sync import parse_grad_spec
 
     gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
@@ -213,8 +225,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, nst, mb)
         params = sum(layer.params for layer in layers)
         arch = workload.arch
-        if (arch is not None and pp > 1 and s == nst - 1 and getattr(arch, "tied", False)
-                and not getattr(arch, "encoder", False)):
+        if arch is not None and pp > 1 and s == nst - 1 and arch.tied and not arch.encoder:
             params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s])
         tokens = workload.tokens_per_sample
@@ -225,6 +236,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
+            spec_s = per_boundary.get(s, strategy.compress)
+            if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
+                native = strategy.precision in ("fp16", "bf16") and spec_s.lower() == "fp32"
+                pairs[spec_s] = (*make_pipeline_pair(strategy.precision if native else spec_s), native)
+            fw_comp, bw_comp, fw_native = pairs[spec_s]
+            st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
             st.fw_bytes_warmup = int(fw_comp.wire_bytes(wire_shape, warmup=True))
             st.bw_bytes = int(bw_comp.wire_bytes(wire_shape))
@@ -236,17 +253,17 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
                 st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
                 st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
                 st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
-            # the host side of each message (framing) is serial with the codec
-            framing = getattr(profile, "framing_time", None)
-            if framing is not None:
-                st.fw_encode_s += framing("send", st.fw_bytes)
-                st.fw_decode_s += framing("recv", st.fw_bytes)
-                st.bw_encode_s += framing("send", st.bw_bytes)
-                st.bw_decode_s += framing("recv", st.bw_bytes)
+            if profile is not None:  # the host side of each message (framing), serial with the codec
+                st.fw_encode_s += profile.framing_time("send", st.fw_bytes)
+                st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
+                st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
+                st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
             # (then: the 3-phase 1-bit allreduce) of the stage into ONE buffer after the
-            # backward (perfsim.runtime.onebit_optim, one-bit-lamb-paper Sec. 4.2)
+            # backward (perfsim.runtime.onebit_optim; Li et al., "1-bit LAMB: Communication
+            # Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
+            # arXiv:2104.06069, Sec. 4.2)
             fused = 4 * max(1, st.params)
             st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile)
             warm_buckets.append(_buckets(layers, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
@@ -262,7 +279,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
 
         warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
-                fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name, has_warmup,
+                default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table)
 
@@ -275,8 +292,8 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
     shard = params / (strategy.dp if strategy.zero == 1 else 1)
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
-        measured = getattr(profile, "stage_optimizer_measured", None)
-        opt = measured(workload.model, s, a, b - 1, strategy.num_stages) if measured and strategy.tp == 1 else None
+        opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages)
+               if strategy.tp == 1 else None)
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
     if opt is None and gpu is not None:
@@ -294,16 +311,15 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int
     (:meth:`perfsim.profile.Profile.stage_measured`, ``perfsim calibrate --stages``)
     is preferred over the sum of per-layer records: it includes the per-call and
     autograd overheads between layers that timing layers one by one misses
-    (gpt2-tiny, 2 stages, 8 samples: +2 % forward, +1 % backward on this CPU).
+    (docs/validation.md, "Measurement notes").
     The per-layer backward times are kept in proportion (they place the gradient
     buckets' ready times), scaled to the stage's measured total."""
     fwd = sum(workload.fwd_s[a:b])
     layer_bwd = list(workload.bwd_s[a:b])
     bwd = sum(layer_bwd)
-    measured = getattr(profile, "stage_measured", None)
-    if measured is not None:
-        f = measured(workload.model, s, a, b - 1, mb, "fwd", pp)
-        g = measured(workload.model, s, a, b - 1, mb, "bwd", pp)
+    if profile is not None:
+        f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp)
+        g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp)
         if f is not None:
             fwd = f
         if g is not None:
@@ -314,7 +330,8 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int
 
 def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False) -> list[Bucket]:
     """Fill buckets from the last layer backwards (backward produces gradients in
-    that order; PyTorch DDP's ``bucket_cap_mb``, Li et al. VLDB 2020, Sec. 3.2.3)."""
+    that order; PyTorch DDP's ``bucket_cap_mb``, Li et al., "PyTorch Distributed: Experiences on
+    Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3)."""
     total_bwd = sum(layer_bwd) or 1.0
     order = list(range(len(layers)))[::-1]
     buckets, current, done_bwd = [], [], 0.0
@@ -366,7 +383,7 @@ def codec_passes(steps, dp: int) -> tuple[float, float]:
 
 def copy_time(profile, nbytes: float) -> float:
     """One copy of ``nbytes`` (gradient bucketing: flatten into the bucket, copy the
-    averaged bucket back; PyTorch DDP, Li et al. VLDB 2020 Sec. 3.2.3): the
+    averaged bucket back; PyTorch DDP, arXiv:2006.15704 Sec. 3.2.3): the
     profile's measured fp32 "codec" (a copy into a fresh buffer), else read + write
     at :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
@@ -380,7 +397,7 @@ def comm_slowdown(profile) -> float:
     if profile is None:
         return 0.0
     times = {}
-    for r in getattr(profile, "records", ()):
+    for r in profile.records:
         if r.get("op") == "interference":
             times[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
     if times.get("alone", 0) > 0 and "allreduce" in times:

@@ -6,19 +6,25 @@ Definitions (per iteration of one macro-batch per replica):
 * throughput: ``macro_batch * dp / iteration_s`` samples/s (x tokens/sample);
 * ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with ``busy`` the
   compute + encode/decode (+ tensor-parallel collective) time of stage ``s`` and ``T_pipe`` the time until the
-  last backward ends (GPipe paper, Huang et al. 2019, Sec. 2.3: with free
+  last backward ends (Huang et al., "GPipe", arXiv:1811.06965, Sec. 2.3: with free
   communication this is ``(p-1)/(m+p-1)``);
 * per-stage ``idle_s``: ``iteration_s`` minus compute, encode/decode, TP
   collectives and the optimizer step (waiting for data, for the gradient sync, or the bubble);
-* per-stage ``comm_s``: summed time from queueing to delivery of the messages
-  the stage sent (it overlaps compute);
+* per-stage ``comm_s``: summed time from the start of each message the stage
+  sent (after the earlier ones on its connection) to its delivery (it overlaps
+  compute);
 * summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
   ``optimizer_s``: means over the stages;
 * ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
   iterations); ``warmup_s``: the warm-up iterations -- AQ-SGD's first epoch (full
-  activations on a sample's first visit, aq-sgd-paper Sec. 3 / Alg. 1), a 1-bit
-  optimizer's uncompressed steps (one-bit-lamb-paper Sec. 3-4); ``total_s``:
+  activations on a sample's first visit; Wang et al., "Fine-tuning Language Models
+  over Slow Networks using Activation Compression with Guarantees",
+  arXiv:2206.01299, Sec. 3 / Alg. 1), a 1-bit optimizer's uncompressed steps (Li et
+  al., "1-bit LAMB", arXiv:2104.06069, Sec. 3-4); ``total_s``:
   ``epochs`` epochs end to end, warm-up included;
+* ``events``: the SimPy events the event loop processed, or the steps the
+  closed-form replay evaluated (``engine``: ``event loop`` or ``replay``,
+  :mod:`perfsim.engine.replay`; both give the same iteration);
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
   (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
@@ -59,11 +65,26 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     mem, cap = memory if memory is not None else (None, None)
     # a device holds all its stages (chunks): its memory is their sum
     dev_mem = [sum(mem[k].total for k in table.stages_of(d)) for d in range(p)] if mem else []
-    stages = []
-    for (r, s), d in sorted(out.devices.items()):  # s: the pipeline device
+    static = []  # per pipeline device: what its stages (chunks) are, the same in every replica
+    for s in range(p):
         chunks = [plan.stages[k] for k in table.stages_of(s)]
         ms = [mem[k] for k in table.stages_of(s)] if mem else []
         gib = (lambda f: sum(getattr(x, f) for x in ms) / GIB if ms else None)  # noqa: E731
+        static.append({
+            "layers": ",".join(f"{sp.first_layer}-{sp.last_layer - 1}" for sp in chunks),
+            "params": sum(sp.params for sp in chunks),
+            "fwd_s_per_mb": sum(sp.fwd_s for sp in chunks), "bwd_s_per_mb": sum(sp.bwd_s for sp in chunks),
+            "fw_bytes_per_mb": sum(sp.fw_bytes for sp in chunks),
+            "bw_bytes_per_mb": sum(sp.bw_bytes for sp in chunks),
+            "tp_comm_s": None,  # per replica (set below); listed here for the column order
+            "tp_bytes_per_mb": sum(sp.tp_bytes for sp in chunks),
+            "memory_gib": gib("total"), "weights_gib": gib("weights"),
+            "grads_gib": gib("grads"), "optimizer_state_gib": gib("optimizer"),
+            "activations_gib": gib("activations"),
+            "buffers_gib": gib("buffers"),
+        })
+    stages = []
+    for (r, s), d in sorted(out.devices.items()):  # s: the pipeline device
         stages.append({
             "replica": r, "stage": s, "compute_s": d.compute_s, "comm_s": d.comm_s,
             "encode_s": d.codec_s,
@@ -71,17 +92,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "dp_sync_s": d.dp_sync_s, "interference_s": d.interference_s,
             "bytes_sent": d.bytes_sent + out.dp_bytes_per_rank.get(s, 0.0),
             "peak_inflight": inflight[s], "optimizer_s": d.optimizer_s, "represents": weights[r],
-            "layers": ",".join(f"{sp.first_layer}-{sp.last_layer - 1}" for sp in chunks),
-            "params": sum(sp.params for sp in chunks),
-            "fwd_s_per_mb": sum(sp.fwd_s for sp in chunks), "bwd_s_per_mb": sum(sp.bwd_s for sp in chunks),
-            "fw_bytes_per_mb": sum(sp.fw_bytes for sp in chunks),
-            "bw_bytes_per_mb": sum(sp.bw_bytes for sp in chunks),
-            "tp_comm_s": d.tp_comm_s, "tp_bytes_per_mb": sum(sp.tp_bytes for sp in chunks),
-            "memory_gib": gib("total"), "weights_gib": gib("weights"),
-            "grads_gib": gib("grads"), "optimizer_state_gib": gib("optimizer"),
-            "activations_gib": gib("activations"),
-            "buffers_gib": gib("buffers"),
         })
+        stages[-1].update(static[s], tp_comm_s=d.tp_comm_s)
     n = sum(st["represents"] for st in stages)
     busy = sum((d.compute_s + d.codec_s + d.tp_comm_s) * weights[r] for (r, _), d in out.devices.items())
     bubble = 1.0 - busy / (n * out.pipeline_s) if out.pipeline_s > 0 else 0.0
@@ -107,6 +119,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     summary = {
         "model": workload.model, "bandwidth_bps": bw_bps, "latency_s": lat_s,
         "compress": strategy.compress, "grad_compress": strategy.grad_compress,
+        "boundary_compress": strategy.boundary_compress,
+        "device_order": ",".join(map(str, strategy.device_order)) if strategy.device_order else "",
         "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,
         "throughput_samples_per_s": samples / T, "throughput_tokens_per_s": samples * workload.tokens_per_sample / T,
@@ -121,7 +135,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "interference_s": mean("interference_s"), "pipeline_s": out.pipeline_s,
         "virtual_stages": table.virtual_stages,
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
-        "events": out.events + (warm.events if warm is not None else 0),
+        "events": out.events + (warm.events if warm is not None else 0), "engine": out.engine,
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
         "recompute": strategy.recompute, "zero": strategy.zero, "global_batch": strategy.global_batch,

@@ -34,9 +34,8 @@ receiver-driven): a message's bytes start at max(send time, ready time), where
 the ready time is when the receiver posted its receive (the device reached the
 action that waits for it), plus the wait for bytes already queued on the
 receiver's egress (its "ready" notice is behind them in the shaper's FIFO),
-plus the control latency. Measured in execute mode's traces: gpt2-tiny fp32,
-100 Mbps, 1F1B -- an activation isent at 9 ms waits for a 262 KB gradient going
-the other way and completes after two 18-ms transfers.
+plus the control latency (docs/validation.md, "Mechanisms found by the
+validation", 2: the execute-mode trace that shows it).
 
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
@@ -77,22 +76,30 @@ from perfsim.engine.flows import FlowScheduler
 from perfsim.engine.plan import Plan, comm_slowdown
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
-                               SEND_B, SEND_F, with_comms)
+                               SEND_B, SEND_F)
 
 
 @dataclass
 class DeviceStats:
+    """What one pipeline device of one replica did in the iteration (seconds, bytes)."""
+
+    #: forward and backward compute, without tensor-parallel collectives
     compute_s: float = 0.0
+    #: encode and decode of pipeline messages (and their host framing)
     codec_s: float = 0.0
     optimizer_s: float = 0.0
+    #: from a bucket's readiness to the end of its collectives, summed over buckets
     dp_sync_s: float = 0.0
-    dp_sync_start: float | None = None
+    #: pipeline bytes sent (data-parallel bytes: SimOutput.dp_bytes_per_rank)
     bytes_sent: float = 0.0
+    #: from the start of each message sent to its delivery, summed
     comm_s: float = 0.0
     tp_comm_s: float = 0.0
+    #: when the device finished its schedule row, and its optimizer step
     last_backward_end: float = 0.0
     end: float = 0.0
-    interference_s: float = 0.0  # compute stretched by overlapping communication
+    #: compute stretched by overlapping communication
+    interference_s: float = 0.0
 
 
 @dataclass
@@ -107,6 +114,7 @@ class SimOutput:
     events: int
     trace: list[dict] = field(default_factory=list)
     collective_algos: tuple[str, ...] = ()
+    engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
 
 
 class _Connection:
@@ -158,7 +166,7 @@ class Simulation:
         if schedule.lower() != plan.table.name:
             raise ValueError(f"schedule {schedule!r}: the plan was built for {plan.table.name!r}")
         self.table = plan.table
-        self.rows = with_comms(self.table)
+        self.rows = plan.comm_rows
         self.where = self.table.stage_device
         self.warmup = warmup
         self.replicas = sorted(replicas) if replicas is not None else list(range(plan.dp))
@@ -334,7 +342,7 @@ class Simulation:
 
         lanes = self.lanes
         shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished, event=False)
 
     def _delivered(self, key, started, mb, kind, r, s, src, dst):
         now = self.env.now
@@ -342,8 +350,9 @@ class Simulation:
         self.stats[(r, s)].comm_s += dur
         if r == self.replicas[0]:  # the breakdown table reports the first replica
             self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
-        self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
-                   1000 + s, started, now, {"src": src, "dst": dst})
+        if self.want_trace:
+            self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
+                       1000 + s, started, now, {"src": src, "dst": dst})
         self._box(key).succeed()
 
     # ------------------------------------------------------------ devices
@@ -361,18 +370,18 @@ class Simulation:
             if kind == RECV_F:
                 self._post((r, k, "F", mb), r, d, where[k - 1])
                 yield self._box((r, k, "F", mb))
-                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, f"decode act {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, "decode act", k, mb)
             elif kind == RECV_B:
                 self._post((r, k, "B", mb), r, d, where[k + 1])
                 yield self._box((r, k, "B", mb))
-                yield from self._codec(st, cell, r, d, sp.bw_decode_s, f"decode grad {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, sp.bw_decode_s, "decode grad", k, mb)
             elif kind == SEND_F:
-                yield from self._codec(st, cell, r, d, sp.fw_encode_s, f"encode act {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, sp.fw_encode_s, "encode act", k, mb)
                 nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
                 self.send(r, d, where[k + 1], (r, k + 1, "F", mb), nbytes, mb, FORWARD)
             elif kind == SEND_B:  # the gradient of boundary (k-1, k) is described by stage k-1's plan
                 prev = plan.stages[k - 1]
-                yield from self._codec(st, cell, r, d, prev.bw_encode_s, f"encode grad {k} mb{mb}")
+                yield from self._codec(st, cell, r, d, prev.bw_encode_s, "encode grad", k, mb)
                 self.send(r, d, where[k - 1], (r, k - 1, "B", mb), prev.bw_bytes, mb, BACKWARD)
             else:
                 seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
@@ -390,7 +399,8 @@ class Simulation:
                 st.compute_s += seconds
                 st.tp_comm_s += tp_s
                 cell["fwd_compute_s" if kind == FORWARD else "bwd_compute_s"] += seconds
-                self._span(str(a), "compute", r, d, t0, env.now)
+                if self.want_trace:
+                    self._span(str(a), "compute", r, d, t0, env.now)
         st.last_backward_end = env.now
         mine = self.table.stages_of(d)
         syncs = [self.sync_done[(r, k)] for k in mine if self.buckets[k]]
@@ -403,13 +413,15 @@ class Simulation:
         self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
 
-    def _codec(self, st, cell, r, s, seconds, name):
+    def _codec(self, st, cell, r, s, seconds, what, k, mb):
+        """``seconds`` of encode/decode on device ``s`` (``what`` of stage ``k``'s micro-batch ``mb``)."""
         if seconds > 0:
             t0 = self.env.now
             yield self.env.timeout(seconds)
             st.codec_s += seconds
             cell["encode_s"] += seconds
-            self._span(name, "codec", r, s, t0, self.env.now)
+            if self.want_trace:
+                self._span(f"{what} {k} mb{mb}", "codec", r, s, t0, self.env.now)
 
     def _last_backward(self, r, d, s, total):
         """The last B or W of stage ``s`` on device ``d`` (``total`` seconds), cut where
@@ -485,10 +497,6 @@ class Simulation:
         for k, bucket in enumerate(self.buckets[s]):
             yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
             t0 = env.now
-            for r in self.replicas:
-                st = self.stats[(r, d)]
-                if st.dp_sync_start is None:
-                    st.dp_sync_start = t0
             host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
             if host > 0:
                 yield env.timeout(host)
@@ -515,16 +523,21 @@ class Simulation:
             if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
         # The cyclic GC would rescan the many live generators and events again and
-        # again (3-4x the run time on large topologies); reference counting still
+        # again (docs/validation.md, "Measurement notes"); reference counting still
         # frees them, and the collector runs once afterwards.
         was_enabled = gc.isenabled()
         gc.disable()
+        done, env, events = simpy.AllOf(self.env, procs), self.env, 0
         try:
-            self.env.run(simpy.AllOf(self.env, procs))
+            while not done.processed:
+                env.step()
+                events += 1
+        except simpy.core.EmptySchedule:
+            raise RuntimeError(f"schedule {self.table.name!r}: the devices wait for each other "
+                               f"(no event left at t = {env.now:g} s)") from None
         finally:
             if was_enabled:
                 gc.enable()
-        events = next(self.env._eid)
         devs = self.stats
         return SimOutput(
             iteration_s=max(d.end for d in devs.values()),

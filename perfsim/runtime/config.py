@@ -1,8 +1,8 @@
 """The configuration of one ``perfsim run`` job (what every rank receives).
 
-Flag names and values are those of ``perfsim run`` / ``perfsim predict``
-(helper brief, "Runtime API"): one value each, strings such as ``"100Mbps"``
-parsed once here into SI units.
+Flag names and values are those of ``perfsim run`` / ``perfsim predict``: one
+value each, strings such as ``"100Mbps"`` parsed once (by
+:func:`perfsim.runtime.make_config`) into SI units.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import PipelineShape
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
@@ -22,7 +23,7 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(PipelineShape):
     """One real training job.
 
     model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
@@ -35,6 +36,13 @@ class RunConfig:
       (tables of :mod:`perfsim.schedules`).
     virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
     compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
+    boundary_compress: per-boundary overrides of ``compress`` (``"1=aqsgd:fw2bw4"``,
+      :mod:`perfsim.boundaries`): one compressor pair per boundary.
+    device_order: the rank that runs each position of the rank layout (``"0,2,1,3"``;
+      None: the identity). Under torchrun a rank's number fixes its host, so this
+      places stages on nodes; on one machine over loopback every rank shares one
+      emulated link rate, so the order changes which process runs a stage, not the
+      speed of its links.
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
     micro_batch, macro_batch: samples per micro-batch / per replica per step.
     steps: optimizer steps in total (a resumed run continues up to it);
@@ -65,6 +73,8 @@ class RunConfig:
     schedule: str = "1f1b"
     compress: str = "fp32"
     grad_compress: str = "none"
+    boundary_compress: str | None = None
+    device_order: str | None = None
     micro_batch: int = 8
     macro_batch: int = 32
     steps: int | None = None
@@ -141,6 +151,11 @@ class RunConfig:
         from perfsim.compression import make_pipeline_pair
 
         make_pipeline_pair(self.compress)
+        from perfsim.boundaries import check_boundaries
+
+        for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
+            make_pipeline_pair(spec)
+        self.layout  # the device order must be a permutation of the ranks
         from perfsim.runtime.grad_sync import parse_grad_spec
 
         parse_grad_spec(self.grad_compress)
@@ -154,24 +169,12 @@ class RunConfig:
     def layout(self):
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        return RankLayout(self.tp, self.dp, self.pp)
+        order = None
+        if self.device_order is not None:
+            from perfsim.params import parse_device_order
 
-    @property
-    def num_microbatches(self) -> int:
-        return self.macro_batch // self.micro_batch
-
-    @property
-    def num_stages(self) -> int:
-        """Model chunks in the pipeline (pp x stages per rank)."""
-        from perfsim.schedules import stage_count
-
-        return self.pp * stage_count(self.schedule, self.virtual_stages)
-
-    def table(self):
-        """The schedule table every rank runs (:func:`perfsim.schedules.build_table`)."""
-        from perfsim.schedules import build_table
-
-        return build_table(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+            order = parse_device_order(self.device_order, "device_order")
+        return RankLayout(self.tp, self.dp, self.pp, order)
 
     def spec(self):
         from perfsim.models.specs import get_model_spec
@@ -180,28 +183,14 @@ class RunConfig:
 
     def stage_ranges(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer range of every stage (model chunk)."""
-        from perfsim.partition import partition_model
+        from perfsim.partition import parse_counts, partition_model
 
         spec = self.spec()
         nst = self.num_stages
         if nst > len(spec.layers()) and nst > self.pp:
             raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
                               f"{self.model} has only {len(spec.layers())} layers")
-        if self.partition is None or str(self.partition).strip() in ("", "balanced"):
-            return partition_model(spec, nst)
-        try:
-            counts = [int(x) for x in str(self.partition).split(",")]
-        except ValueError:
-            raise ConfigError(f"partition {self.partition!r}: expected comma-separated layer counts") from None
-        n = len(spec.layers())
-        if len(counts) != nst or any(c < 1 for c in counts) or sum(counts) != n:
-            raise ConfigError(f"partition {self.partition!r}: needs {nst} counts >= 1 summing to "
-                              f"the {n} layers of {self.model}")
-        bounds, start = [], 0
-        for c in counts:
-            bounds.append((start, start + c))
-            start += c
-        return bounds
+        return partition_model(spec, nst, explicit=parse_counts(self.partition))
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
@@ -219,5 +208,5 @@ class RunConfig:
 
     #: fields that must match between a checkpoint and the run resuming it
     RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "virtual_stages", "compress",
-                   "grad_compress", "micro_batch",
+                   "boundary_compress", "device_order", "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")

@@ -9,7 +9,7 @@
 
 Every sample has a fixed integer id (its index). The ids travel with the
 micro-batch through the pipeline: AQ-SGD keys its per-sample message buffers
-by them (aq-sgd-paper.txt, Alg. 1).
+by them (Alg. 1 of AQ-SGD, "Fine-tuning Language Models over Slow Networks using Activation Compression with Guarantees", arXiv:2206.01299).
 
 Order: epoch ``e`` visits the samples in ``randperm(n)`` drawn from a generator
 seeded by ``(seed, e)``; step ``k`` of the run takes the next ``global_batch``

@@ -1,12 +1,12 @@
 """Turn the ranks' timings into a measured :class:`perfsim.result.Result`.
 
-Same schema as ``perfsim predict`` (ARCHITECTURE.md rule 2), ``source="measured"``.
+Same schema as ``perfsim predict`` (:mod:`perfsim.result`), ``source="measured"``.
 
 Definitions (all per optimizer step, averaged over the *measured* steps):
 
 * measured steps: every step of this session except the first (warm-up of
   allocators and sockets); when the pipeline compressor has an uncompressed
-  warm-up phase (AQ-SGD's first epoch, aq-sgd-paper.txt Alg. 1) and the run
+  warm-up phase (AQ-SGD's first epoch: Alg. 1 of AQ-SGD, arXiv:2206.01299) and the run
   went past epoch 0, only steps of later epochs count, so throughput is that of
   the compressed phase; likewise the warm-up steps of 1-bit Adam / LAMB
   (uncompressed allreduce) are left out when compressed steps follow. ``summary["measured_steps"]`` says how many.
@@ -56,7 +56,7 @@ from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Res
 
 
 def _onebit_warmup(grad_compress: str) -> int | None:
-    """1-bit optimizers' warm-up steps (None for gradient compressors), issue 14.19."""
+    """1-bit optimizers' warm-up steps (None for gradient compressors)."""
     from perfsim.ddp import warmup_steps
 
     return warmup_steps(grad_compress)
@@ -65,9 +65,14 @@ def _onebit_warmup(grad_compress: str) -> int | None:
 def _has_warmup(cfg) -> bool:
     from perfsim.compression import make_pipeline_pair
 
-    fw, _ = make_pipeline_pair(cfg.compress)
+    from perfsim.boundaries import parse_boundary_compress
+
     shape = (cfg.micro_batch, 8)
-    return fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape)
+    for spec in {cfg.compress, *parse_boundary_compress(cfg.boundary_compress).values()}:
+        fw, _ = make_pipeline_pair(spec)
+        if fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape):
+            return True
+    return False
 
 
 def measured_steps(cfg, gathered: list[dict]) -> list[int]:
@@ -171,8 +176,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
             for dst, (nbytes, _) in r["links"].items():
                 link = links.setdefault((rank, int(dst)), [0.0, 0.0])
                 link[0] += nbytes / n
-                link[1] += sum(sent_transfer(rank, r["step"], mb, "fwd" if int(dst) > rank else "bwd")
-                               for mb in range(m)) / n
+                kind = "fwd" if layout.coords(int(dst))[0] > stage else "bwd"  # by stage, not rank number
+                link[1] += sum(sent_transfer(rank, r["step"], mb, kind) for mb in range(m)) / n
     microbatches = [{"stage": s, "microbatch": mb, **{k: _mean(v) for k, v in row.items()}}
                     for (s, mb), row in sorted(micro_rows.items())]
     link_rows = [{"src": s, "dst": d, "bytes": b, "busy_s": t} for (s, d), (b, t) in sorted(links.items())]
@@ -203,6 +208,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     summary: dict[str, Any] = {
         "model": cfg.model, "bandwidth_bps": cfg.bandwidth_bps, "latency_s": cfg.latency_s,
         "compress": cfg.compress, "grad_compress": cfg.grad_compress, "schedule": cfg.schedule,
+        "boundary_compress": cfg.boundary_compress or "", "device_order": cfg.device_order or "",
         "pp": cfg.pp, "dp": cfg.dp, "micro_batch": cfg.micro_batch, "macro_batch": cfg.macro_batch,
         "throughput_samples_per_s": cfg.macro_batch * cfg.dp / iteration_s if iteration_s > 0 else None,
         "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s
@@ -234,7 +240,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
-    result.losses = losses  # type: ignore[attr-defined]
+    result.losses = losses
     return result
 
 
@@ -275,7 +281,7 @@ def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None =
     from perfsim.result import SUMMARY_COLUMNS
 
     out = Path(out)
-    losses = getattr(result, "losses", {})
+    losses = result.losses
     data = result.to_json_dict()
     data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
     atomic_write_text(out / "result.json", json.dumps(data, indent=1, default=float))
@@ -295,5 +301,5 @@ def load_result(out: str | Path) -> Result:
     if (out / "trace.json").exists():
         trace = json.loads((out / "trace.json").read_text()).get("traceEvents", [])
     result = Result(data["summary"], data["stages"], data["microbatches"], data["links"], trace)
-    result.losses = {int(d["step"]): d["loss"] for d in data.get("losses", [])}  # type: ignore[attr-defined]
+    result.losses = {int(d["step"]): d["loss"] for d in data.get("losses", [])}
     return result

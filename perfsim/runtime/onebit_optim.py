@@ -1,7 +1,10 @@
 """1-bit Adam and 1-bit LAMB: optimizers that exchange compressed momentum.
 
-Both are two-stage algorithms (one-bit-lamb-paper.txt, Sec. 2 summarising Tang
-et al. 2021 for 1-bit Adam; Sec. 4 and Algorithm 1 for 1-bit LAMB):
+Both are two-stage algorithms (Li et al. 2021, "1-bit LAMB: Communication Efficient
+Large-Scale Large-Batch Training with LAMB's Convergence Speed", arXiv:2104.06069:
+Sec. 2 summarising Tang et al. 2021, "1-bit Adam: Communication Efficient Large-Scale
+Training with Adam's Convergence Speed", arXiv:2102.02888; Sec. 4 and Algorithm 1
+for 1-bit LAMB):
 
 1. **Warm-up** (``warmup`` steps): gradients are averaged with an uncompressed
    fp32 allreduce (one fused buffer) and the ordinary optimizer runs -- AdamW
@@ -39,8 +42,8 @@ with it -- and puts the 1-bit scale and the error feedback in update units,
 where one scale suits every coordinate. ``momentum`` (the papers' literal
 choice: the raw momentum for 1-bit Adam, the Sec. 4.3 layer-scaled momentum
 for 1-bit LAMB) shares one sign scale between coordinates whose frozen
-denominators differ by orders of magnitude: issue 17 measured 1-bit Adam going
-NaN at step ~107 on digits that way, and 1.01x Adam's loss preconditioned.
+denominators differ by orders of magnitude, which made 1-bit Adam diverge on
+the digits model where the preconditioned exchange tracks Adam (docs/ddp.md).
 
 Coordinates whose frozen variance is exactly zero (never a gradient during
 warm-up: padding / unused embeddings, always-zero inputs) have their momentum masked to zero in both modes (DeepSpeed asks users
@@ -87,7 +90,7 @@ STATE_KEY = "onebit"
 EXCHANGES = ("preconditioned", "momentum")
 #: warm-up steps when neither the spec (``onebit-adam:warmup=N``) nor the caller
 #: gives one. A fixed number of steps, not a fraction of the run: the papers warm
-#: up for 15-20 % of training (one-bit-lamb-paper.txt Sec. 3.3 and 6.1), so set it
+#: up for 15-20 % of training (1-bit LAMB, arXiv:2104.06069, Sec. 3.3 and 6.1), so set it
 #: to that share of *your* run; resuming with another value is allowed before the
 #: variance froze (see :meth:`_OneBitBase.load_state_dict`).
 DEFAULT_WARMUP = 100
@@ -118,6 +121,17 @@ def _mask_dead(momentum: torch.Tensor, frozen_var: torch.Tensor) -> torch.Tensor
     here the mask is derived from the frozen variance, which is identical on
     every worker (it comes from the averaged warm-up gradients)."""
     return momentum.masked_fill_(frozen_var == 0, 0.0)
+
+
+def _adam_moments(st: dict, grad: torch.Tensor, g: dict, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The warm-up stage's Adam moment update, shared by 1-bit Adam and 1-bit LAMB:
+    ``m <- b1 m + (1-b1) grad``, ``v <- b2 v + (1-b2) grad^2`` in place (state ``st``,
+    hyper-parameters of group ``g``, step ``t``); returns ``(m, sqrt(v / (1-b2^t)) + eps)``."""
+    b1, b2 = g["betas"]
+    m, v = st["exp_avg"], st["exp_avg_sq"]
+    m.mul_(b1).add_(grad, alpha=1 - b1)
+    v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
+    return m, (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
 
 
 class _OneBitBase(torch.optim.Optimizer):
@@ -326,7 +340,7 @@ class _OneBitBase(torch.optim.Optimizer):
 
 
 class OneBitAdam(_OneBitBase):
-    """1-bit Adam (Tang et al. 2021, as summarised in one-bit-lamb-paper.txt Sec. 2).
+    """1-bit Adam (Tang et al. 2021, arXiv:2102.02888, as summarised in arXiv:2104.06069 Sec. 2).
 
     ``OneBitAdam(params, lr=1e-3, warmup=100, group=dp_group)``; ``group`` is the
     data-parallel process group (None: the default group). ``compressor`` names
@@ -345,14 +359,9 @@ class OneBitAdam(_OneBitBase):
 
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
-            b1, b2 = g["betas"]
-            st = self._st(p)
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
+            m, denom = _adam_moments(self._st(p), grad, g, t)
             p.mul_(1 - g["lr"] * g["weight_decay"])
-            p.addcdiv_(m, denom, value=-g["lr"] / (1 - b1 ** t))
+            p.addcdiv_(m, denom, value=-g["lr"] / (1 - g["betas"][0] ** t))
 
     def _freeze(self, items):
         pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
@@ -378,7 +387,7 @@ class OneBitAdam(_OneBitBase):
 
 
 class OneBitLamb(_OneBitBase):
-    """1-bit LAMB (one-bit-lamb-paper.txt, Algorithm 1, Sec. 4.1-4.3).
+    """1-bit LAMB (arXiv:2104.06069, Algorithm 1, Sec. 4.1-4.3).
 
     Each parameter tensor is a "layer" with its own scaling coefficient.
     ``coeff_bounds`` = (c_min, c_max) of LAMB's clip (Fig. 1 uses 0.01, 0.3);
@@ -414,13 +423,9 @@ class OneBitLamb(_OneBitBase):
     def _warmup_step(self, t, items, grads):
         c_min, c_max = self.coeff_bounds
         for (p, g), grad in zip(items, grads):
-            b1, b2 = g["betas"]
             st = self._st(p)
-            m, v = st["exp_avg"], st["exp_avg_sq"]
-            m.mul_(b1).add_(grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(grad, grad, value=1 - b2)
-            denom = (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
-            update = (m / (1 - b1 ** t)).div_(denom)
+            m, denom = _adam_moments(st, grad, g, t)
+            update = (m / (1 - g["betas"][0] ** t)).div_(denom)
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             w_norm, u_norm = float(p.norm()), float(update.norm())

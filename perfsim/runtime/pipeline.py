@@ -6,9 +6,10 @@ action by action; a rank may hold several stages (model chunks). ``kRECV_Fmb``
 receives and decodes stage ``k``'s input activation; ``kFmb`` runs the forward;
 ``kSEND_Fmb`` compresses the output with the forward compressor of boundary
 ``k`` and sends it. ``RECV_B``/``SEND_B`` mirror this with activation
-gradients and the backward compressor (aq-sgd-paper.txt Sec. 3: AQ-SGD
-compresses forward activations by their change against a per-sample message
-buffer, backward gradients are directly quantized). A boundary between two
+gradients and the backward compressor (AQ-SGD compresses forward activations by
+their change against a per-sample message buffer and quantizes backward
+gradients directly: "Fine-tuning Language Models over Slow Networks using
+Activation Compression with Guarantees", arXiv:2206.01299, Sec. 3). A boundary between two
 stages of one rank is a local hand-off (no codec). ``B`` is a whole backward;
 zero-bubble tables split it into ``I`` (input gradient) and ``W`` (weight
 gradient) with torch.distributed.pipelining's ``stage_backward_input`` /
@@ -32,10 +33,11 @@ data) and the sender's ``perf_counter`` at send time.
   its receives ahead** (``irecv``, a step in advance) as pipeline runtimes with
   known tensor shapes do. gloo's p2p is receiver-driven: a send moves only once
   the receive is posted, and a receive posted late must wake the sender's gloo
-  thread while the sender computes -- on a 2-core machine that cost 3-10 ms per
-  message (``traces/measured/late_receive_busy_sender.py``; with the receive
-  posted ahead: 0.01-0.4 ms). NCCL orders p2p operations on one stream per
-  peer pair, so there a receive is posted when it is needed.
+  thread while the sender computes, which costs milliseconds per message on a
+  machine with few cores (``traces/measured/late_receive_busy_sender.py``;
+  figures in docs/validation.md, "Measurement notes"). NCCL orders p2p
+  operations on one stream per peer pair, so there a receive is posted when it
+  is needed.
 
 Sends are non-blocking (``isend``; awaited at the end of the step, so 1F1B's
 crossing sends cannot deadlock). On one machine (also across network

@@ -58,12 +58,22 @@ class RankLayout:
     tp: int = 1
     dp: int = 1
     pp: int = 1
+    #: the rank that runs each position of the order above (a permutation; None: the
+    #: identity). Under torchrun a rank's number fixes its host, so this places stages
+    #: on nodes (``perfsim run --device-order``)
+    order: tuple[int, ...] | None = None
 
     def __post_init__(self):
         for name in ("tp", "dp", "pp"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+        if self.order is not None:
+            if sorted(self.order) != list(range(self.world_size)):
+                raise ConfigError(f"device_order={','.join(map(str, self.order))!r}: must be a permutation "
+                                  f"of the ranks 0..{self.world_size - 1}")
+            if self.tp > 1:
+                raise ConfigError("device_order: not with tp > 1 (the TP device mesh numbers ranks itself)")
 
     @property
     def world_size(self) -> int:
@@ -71,10 +81,13 @@ class RankLayout:
 
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(stage, replica, tp_rank)`` of a global rank."""
+        if self.order is not None:
+            rank = self.order.index(rank)
         return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
 
     def rank(self, stage: int, replica: int, tp_rank: int = 0) -> int:
-        return tp_rank + self.tp * (replica + self.dp * stage)
+        position = tp_rank + self.tp * (replica + self.dp * stage)
+        return position if self.order is None else self.order[position]
 
     def describe(self, rank: int) -> str:
         s, d, t = self.coords(rank)

@@ -50,19 +50,26 @@ def boundary_seed(seed: int, boundary: int, direction: int) -> int:
 
 def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
     """The compressors of a stage: sending/receiving, forward/backward, for each
-    boundary that crosses ranks (``table``'s stage-to-device map; None: one stage
+    boundary that crosses ranks, with that boundary's spec (``cfg.boundary_compress``
+    over ``cfg.compress``, :mod:`perfsim.boundaries`) (``table``'s stage-to-device map; None: one stage
     per rank)."""
+    from perfsim.boundaries import spec_of
     from perfsim.compression import make_pipeline_pair
 
     out = {}
     n = table.num_stages if table is not None else cfg.pp
     where = table.stage_device if table is not None else range(n)
+
+    def pair(boundary: int, direction: int):  # both sides of a boundary build the same pair
+        spec = spec_of(cfg.compress, cfg.boundary_compress, boundary)
+        return make_pipeline_pair(spec, seed=boundary_seed(cfg.seed, boundary, direction))
+
     if stage < n - 1 and where[stage + 1] != where[stage]:  # boundary `stage` with the next stage
-        out["fw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 0))[0]
-        out["bw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage, 1))[1]
+        out["fw_send"] = pair(stage, 0)[0]
+        out["bw_recv"] = pair(stage, 1)[1]
     if stage > 0 and where[stage - 1] != where[stage]:  # boundary `stage-1` with the previous stage
-        out["fw_recv"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 0))[0]
-        out["bw_send"] = make_pipeline_pair(cfg.compress, seed=boundary_seed(cfg.seed, stage - 1, 1))[1]
+        out["fw_recv"] = pair(stage - 1, 0)[0]
+        out["bw_send"] = pair(stage - 1, 1)[1]
     return out
 
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from perfsim.compression.base import Payload
-from perfsim.runtime.pipeline import Messenger, header_capacity
+from perfsim.runtime import Messenger, header_capacity
 
 POST_AFTER_S = 0.003
 

@@ -1,9 +1,10 @@
-"""Python API of execute mode: ``perfsim.runtime.api.run(**params) -> Result``.
+"""Entry points of execute mode, exported by :mod:`perfsim.runtime` (import them
+from there): ``perfsim.runtime.run(**params) -> Result``.
 
 Parameters have the names and values of ``perfsim run``'s flags (one value
 each; ``"100Mbps"`` / ``"5ms"`` strings or SI numbers)::
 
-    from perfsim.runtime.api import run
+    from perfsim.runtime import run
     r = run(model="digits-mlp", pp=2, compress="aqsgd:fw3bw6", steps=20,
             emulate_bandwidth="100Mbps", emulate_latency="5ms", out="runs/a")
     r.summary["throughput_samples_per_s"]
@@ -45,6 +46,15 @@ def make_config(**params: Any):
         params["latency_s"] = parse_time(lat, "--emulate-latency")
         if bw is None and params["latency_s"] > 0:
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
+    if "boundary_compress" in params:  # canonical text, as perfsim predict prints it
+        from perfsim.boundaries import canonical
+
+        params["boundary_compress"] = canonical(params["boundary_compress"]) or None
+    if "device_order" in params:
+        from perfsim.params import parse_device_order
+
+        order = parse_device_order(params["device_order"], "--device-order")
+        params["device_order"] = ",".join(map(str, order)) if order else None
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:

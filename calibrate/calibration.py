@@ -1,0 +1,355 @@
+"""Calibrate this machine into a profile: the Python API behind ``perfsim calibrate``.
+
+    from perfsim.calibrate.calibration import calibrate   # also perfsim.calibrate(...)
+    profile = calibrate("traces/mybox.json", model="gpt2-tiny", micro_batch=[1, 4],
+                        emulate_bandwidth="1Gbps,100Mbps", quick=True)
+
+:func:`calibrate` takes the flags of ``perfsim calibrate`` as keywords (a list
+keyword takes a comma string or a sequence) and runs four stages, each a module
+of this package:
+
+* compute (:mod:`perfsim.calibrate.compute`): per-layer (and whole-stage)
+  forward/backward time and optimizer step of every model, micro-batch and dtype;
+* codecs (:mod:`perfsim.calibrate.codecs`): encode/decode time of every
+  compressor over tensor sizes and at the pipeline boundaries of the models;
+* comm (:mod:`perfsim.calibrate.comm`): p2p and collectives over the real
+  backend (gloo/NCCL), on loopback and under each emulated rate (netns + tc);
+* efficiency (:mod:`perfsim.calibrate.efficiency`, optional): the compute
+  model's efficiency curves.
+
+:func:`plan_calibration` parses and checks the keywords into a
+:class:`CalibrationPlan` (every user mistake is a :class:`ConfigError` naming the
+flag, raised before minutes of measurement); :func:`run_calibration` measures a
+plan and writes the profile atomically (:mod:`perfsim.profile` format).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from perfsim.errors import ConfigError
+
+#: model presets timed by default
+DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
+#: communication ops timed by default (messenger: execute mode's message path; late: its
+#: receive posted after the data arrived; framing: its host time per message;
+#: interference: compute alone vs under concurrent allreduces)
+DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,messenger,late,framing,interference"
+#: communication ops timed over each emulated link by default
+DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce"
+STATISTICS = ("median", "min")
+DEVICES = ("auto", "cpu", "cuda")
+
+#: seconds per point of each stage on an idle 2-core VM, (quick, full); how they were
+#: measured: docs/validation.md, "Measurement notes"
+SECONDS_PER_POINT = {"compute": (0.05, 0.12), "codec": (0.03, 0.08)}
+#: seconds per communication sweep, (quick, full): loopback, one emulated rate
+SECONDS_PER_COMM_SWEEP = {"loopback": (8.0, 90.0), "emulated": (15.0, 40.0)}
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """The checked configuration of one calibration: what each stage measures.
+
+    compute: one :class:`~perfsim.calibrate.compute.ComputeConfig` per model.
+    codecs: the :class:`~perfsim.calibrate.codecs.CodecConfig` (None: no codecs).
+    comm: one :class:`~perfsim.calibrate.comm.CommConfig` per sweep (loopback,
+      then each emulated rate).
+    efficiency: the :class:`~perfsim.calibrate.efficiency.EfficiencyConfig` or None.
+    concurrent: time compute in ``ranks`` processes at once.
+    settings: what the profile's ``metadata["calibration"]`` records of the request.
+    """
+
+    compute: tuple
+    codecs: Any
+    comm: tuple
+    efficiency: Any
+    device: str
+    quick: bool
+    ranks: int
+    concurrent: bool
+    statistic: str
+    settings: dict
+
+    def stages(self) -> list[tuple[str, int]]:
+        """(name, points) of every stage, in the order they run."""
+        from perfsim.calibrate import codecs as cc
+        from perfsim.calibrate.compute import count_records
+
+        out = [(f"compute {c.model}", count_records(c)) for c in self.compute]
+        if self.codecs:
+            out.append((f"codecs ({len(self.codecs.resolved_specs())} specs)", cc.count_points(self.codecs)))
+        out += [(f"comm {_describe_comm(c)}", 1) for c in self.comm]
+        if self.efficiency:
+            out.append((f"efficiency ({','.join(self.efficiency.dtypes)})", 1))
+        return out
+
+    def estimate_seconds(self, quick: bool | None = None) -> float:
+        """Seconds this calibration takes on an idle 2-core VM (``quick``: as if run
+        with or without ``--quick``; default: as planned)."""
+        return estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
+
+
+def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
+    """Seconds a calibration with these configs takes on an idle 2-core VM: the
+    number of points of each stage times its measured cost per point."""
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate.compute import count_records
+
+    i = 0 if quick else 1
+    est = sum(count_records(c) for c in compute_cfgs) * SECONDS_PER_POINT["compute"][i]
+    if codec_cfg is not None:
+        sizes = len(cc.QUICK_SIZES if quick else cc.FULL_SIZES)
+        per_spec = (sizes + len(set(codec_cfg.boundaries))) * 2
+        est += len(codec_cfg.resolved_specs()) * per_spec * SECONDS_PER_POINT["codec"][i]
+    for c in comm_cfgs:
+        est += SECONDS_PER_COMM_SWEEP["emulated" if c.emulate_bandwidth else "loopback"][i]
+    return est
+
+
+def _items(value: str | Sequence[Any] | None) -> list[Any]:
+    """A comma string or a sequence as a list, ``none`` entries dropped."""
+    from perfsim.units import split_list
+
+    parts = split_list(value) if isinstance(value, str) else list(value or ())
+    return [p for p in parts if str(p).lower() != "none"]
+
+
+def _names(value: str | Sequence[Any] | None) -> list[str]:
+    return [str(p) for p in _items(value)]
+
+
+def _ints(value: str | Sequence[Any], flag: str) -> tuple[int, ...]:
+    out = []
+    for part in _names(value):
+        try:
+            v = int(part)
+        except ValueError:
+            raise ConfigError(f"{flag} {part!r}: not an integer") from None
+        if v < 1:
+            raise ConfigError(f"{flag} {v}: must be >= 1")
+        out.append(v)
+    return tuple(out)
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+def _describe_comm(cfg) -> str:
+    from perfsim.units import format_bandwidth
+
+    where = f"over {format_bandwidth(cfg.emulate_bandwidth)}" if cfg.emulate_bandwidth else "loopback"
+    return f"{where} ({','.join(cfg.ops)})"
+
+
+def _codec_boundaries(specs, stages, micro) -> tuple[tuple[str, int, int, int], ...]:
+    """The pipeline boundaries of these models at the calibrated stage counts (one per
+    distinct shape), each micro-batch: codecs are timed after the stage that ends there."""
+    from perfsim.partition import partition_model
+
+    boundaries, seen = [], set()
+    for spec in specs:
+        layers = spec.layers()
+        for pp in (p for p in stages if 2 <= p <= len(layers)):
+            for k, (_, end) in enumerate(partition_model(spec, pp)[:-1]):
+                for mb in micro:
+                    key = (spec.name, mb, layers[end - 1].out_shape)
+                    if key not in seen:
+                        seen.add(key)
+                        boundaries.append((spec.name, pp, k, mb))
+    return tuple(boundaries)
+
+
+def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch: str | Sequence[int] = "1,4",
+                     dtype: str | Sequence[str] = "float32", stages: str | Sequence[int] = "1,2",
+                     stage_microbatches: int = 4, stage_schedule: str = "1f1b", small_repeats: int = 60,
+                     codecs: str | Sequence[str] = "all", comm: str | Sequence[str] = DEFAULT_COMM,
+                     emulate_bandwidth: str | Sequence[Any] = "", emulate_latency: str | float = "0ms",
+                     emulate_ops: str | Sequence[str] = DEFAULT_EMULATE_OPS, ranks: int = 2,
+                     concurrent: bool = False, device: str = "auto", repeats: int | None = None,
+                     quick: bool = False, statistic: str = "median",
+                     efficiency: str | Sequence[str] = "none") -> CalibrationPlan:
+    """Parse and check a calibration request (the keywords of :func:`calibrate`) into a
+    :class:`CalibrationPlan`; nothing is measured. Raises :class:`ConfigError` naming
+    the flag (``--micro-batch`` ...) on bad input, and checks the preconditions of
+    the emulated links (root, a rate tc can shape) before any measurement."""
+    import torch
+
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate import comm as cm
+    from perfsim.calibrate.compute import ComputeConfig
+    from perfsim.calibrate.efficiency import EfficiencyConfig
+    from perfsim.calibrate.machine import usable_cores
+    from perfsim.models.specs import get_model_spec
+    from perfsim.units import parse_bandwidth, parse_time
+
+    if statistic not in STATISTICS:
+        raise ConfigError(f"--statistic {statistic!r}: choose from {', '.join(STATISTICS)}")
+    if device not in DEVICES:
+        raise ConfigError(f"--device {device!r}: choose from {', '.join(DEVICES)}")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device available")
+    if ranks < 1:
+        raise ConfigError(f"--ranks {ranks}: must be >= 1")
+    repeats = repeats if repeats is not None else (5 if quick else 15)
+    if repeats < 1:
+        raise ConfigError(f"--repeats {repeats}: must be >= 1")
+    models = _names(model)
+    specs = [get_model_spec(m) for m in models]
+    micro = _ints(micro_batch, "--micro-batch")
+    if not micro:
+        raise ConfigError("--micro-batch: empty")
+    dtypes = tuple(_names(dtype)) or ("float32",)
+    degrees = _ints(stages, "--stages")
+    bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in _items(emulate_bandwidth)]
+    latency = parse_time(emulate_latency, "--emulate-latency")
+    if bandwidths:  # preconditions of the link measurements, before minutes of compute ones
+        from perfsim.netem import check_privileges, check_rate
+
+        for bps in bandwidths:
+            check_rate(bps)
+        check_privileges()
+    for spec in specs:
+        too_many = [p for p in degrees if p > len(spec.layers())]
+        if too_many:
+            raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
+    comm_ops = tuple(_names(comm))
+    threads = max(1, usable_cores() // ranks)
+
+    compute_cfgs = tuple(ComputeConfig(
+        model=spec.name, micro_batches=micro, dtypes=dtypes, device=device,
+        warmup=2 if quick else 3, repeats=repeats, ranks=ranks,
+        max_seconds=1.0 if quick else 5.0, stages=tuple(p for p in degrees if p <= len(spec.layers())),
+        stage_microbatches=stage_microbatches, stage_schedule=str(stage_schedule).lower()) for spec in specs)
+    codec_cfg = None
+    codec_names = _names(codecs)
+    if codec_names:
+        # quick: no warm-up (a steady-state call precedes it) and repeats that stop once
+        # 3 samples agree within 10 %
+        codec_cfg = cc.CodecConfig(specs=None if [n.lower() for n in codec_names] == ["all"] else tuple(codec_names),
+                                   sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
+                                   device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
+                                   warmup=0 if quick else 2, rel_spread=0.1 if quick else None,
+                                   threads=threads, boundaries=_codec_boundaries(specs, degrees, micro))
+    comm_cfgs = []
+    if comm_ops and ranks >= 2:
+        common = dict(ops=comm_ops, world_size=ranks, repeats=repeats, warmup=2,
+                      max_seconds=1.0 if quick else 3.0, threads=threads,
+                      small_repeats=0 if quick else small_repeats)
+        comm_cfgs.append(cm.CommConfig(sizes=cm.QUICK_SIZES if quick else cm.FULL_SIZES, **common))
+        # over a shaped link the rate shows only beyond the shaper's burst (up to 500 KB
+        # at 1 Gbps): emulated sweeps always reach the MB range, capped by max_call_s
+        emu_sizes = cm.QUICK_EMULATED_SIZES if quick else cm.FULL_SIZES
+        emu_ops = tuple(_names(emulate_ops))
+        for bw in bandwidths:
+            comm_cfgs.append(cm.CommConfig(sizes=emu_sizes, emulate_bandwidth=bw, emulate_latency=latency,
+                                           max_call_s=0.4 if quick else 1.0,
+                                           **{**common, "ops": emu_ops, "warmup": 1}))
+    elif bandwidths:
+        raise ConfigError("--emulate-bandwidth needs --comm ops and --ranks >= 2")
+
+    eff = _names(efficiency)
+    if [d.lower() for d in eff] == ["all"]:
+        eff = list(EfficiencyConfig.dtypes)
+    for d in eff:
+        if d not in EfficiencyConfig.dtypes:
+            raise ConfigError(f"--efficiency {d!r}: choose from {', '.join(EfficiencyConfig.dtypes)}, all, none")
+    eff_cfg = EfficiencyConfig(dtypes=tuple(eff), quick=quick, device=device) if eff else None
+    concurrent = bool(concurrent and ranks > 1)
+    settings = {
+        "quick": quick, "repeats": repeats, "ranks": ranks, "statistic": statistic,
+        "compute_threads": compute_cfgs[0].effective_threads if compute_cfgs else None,
+        "concurrent_compute": concurrent, "models": models, "micro_batches": list(micro),
+        "dtypes": list(dtypes), "stages": list(degrees), "emulated_bandwidths_bps": bandwidths,
+        "emulated_latency_s": latency}
+    return CalibrationPlan(compute=compute_cfgs, codecs=codec_cfg, comm=tuple(comm_cfgs), efficiency=eff_cfg,
+                           device=device, quick=quick, ranks=ranks, concurrent=concurrent,
+                           statistic=statistic, settings=settings)
+
+
+def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, command: str | None = None):
+    """Measure every stage of ``plan`` and write the profile to ``out`` (atomically);
+    returns the :class:`~perfsim.profile.Profile`.
+
+    On stderr: first the estimate of how long the calibration takes, then a bar on a
+    terminal or one line per stage in a log (``progress=False``: neither), and a line
+    per skipped measurement. ``command`` is recorded in the profile's metadata (the
+    command line that asked for it)."""
+    from perfsim.calibrate import codecs as cc
+    from perfsim.calibrate import comm as cm
+    from perfsim.calibrate.compute import measure_compute, measure_compute_concurrent
+    from perfsim.calibrate.efficiency import measure_efficiency
+    from perfsim.calibrate.machine import machine_metadata
+    from perfsim.calibrate.profile_io import build_profile
+    from perfsim.calibrate.timing import set_statistic
+    from perfsim.outputs import check_file_target
+    from perfsim.progress import Progress
+
+    check_file_target(out, "--out")
+    set_statistic(plan.statistic)
+    stages = plan.stages()
+    total = sum(n for _, n in stages)
+    meta = machine_metadata(plan.device)
+    est = plan.estimate_seconds()
+    full = est if not plan.quick else plan.estimate_seconds(quick=False)
+    print(f"calibrate: {total} points; the full calibration takes about {_minutes(full)}"
+          + (f", --quick about {_minutes(est)}" if plan.quick else "")
+          + " on an idle 2-core machine", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+    bar = Progress(total, "pt", enabled=progress, prefix="calibrate: ")
+    measurements = [(f"compute {cfg.model}",
+                     lambda cfg=cfg: (measure_compute_concurrent if plan.concurrent else measure_compute)(cfg, bar))
+                    for cfg in plan.compute]
+    if plan.codecs:
+        measurements.append(("codecs", lambda: cc.measure_codecs(plan.codecs, bar)))
+    measurements += [(f"comm {_describe_comm(cfg)}", lambda cfg=cfg: cm.measure_comm(cfg, bar))
+                     for cfg in plan.comm]
+    if plan.efficiency:
+        measurements.append(("efficiency", lambda: measure_efficiency(plan.efficiency)))
+    records: list[dict] = []
+    stage_s: dict[str, float] = {}
+    try:
+        expected = 0
+        for (key, measure), (name, n) in zip(measurements, stages):
+            t0 = time.perf_counter()
+            bar.advance(max(0, expected - bar.done))  # the bar completes the stage before
+            expected += n
+            bar.stage(name)
+            records += measure()
+            stage_s[key] = time.perf_counter() - t0
+        bar.advance(max(0, expected - bar.done))
+        for r in records:
+            if "skipped" in r:
+                bar.note(f"calibrate: {r['op']} skipped ({r['skipped']})")
+    finally:
+        bar.close()
+    meta["calibration"] = {
+        **plan.settings, "wall_s": round(time.perf_counter() - started, 2),
+        "stage_wall_s": {k: round(v, 2) for k, v in stage_s.items()}, "estimated_s": round(est, 1),
+        "command": command or "perfsim.calibrate()"}
+    profile = build_profile(records, meta)
+    profile.save(out)
+    return profile
+
+
+def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, command: str | None = None,
+              **params: Any):
+    """Measure this machine and write a profile for :func:`perfsim.predict` (``perfsim calibrate``).
+
+    ``out``: the profile file to write. The other keywords are ``perfsim calibrate``'s
+    flags (:func:`plan_calibration`; lists as comma strings or sequences): ``model``,
+    ``micro_batch``, ``dtype``, ``stages``, ``stage_microbatches``, ``stage_schedule``,
+    ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
+    ``emulate_bandwidth`` (needs root), ``emulate_latency``, ``emulate_ops``, ``ranks``,
+    ``concurrent``, ``device``, ``repeats``, ``quick``, ``statistic`` (``median`` or
+    ``min``), ``efficiency``. ``progress``: a bar or stage lines on stderr. Returns the
+    written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
+    flag on bad input, before anything is measured."""
+    plan = plan_calibration(**params)
+    return run_calibration(plan, out, progress=progress, command=command)

@@ -1,0 +1,187 @@
+"""A whole validation grid, end to end: the function behind ``perfsim validate``
+and :func:`perfsim.validate`.
+
+:func:`validate` checks every input before the first (slow) measured run -- the
+model, the profile, each schedule and tensor-parallel degree against execute
+mode, each compression spec against the simulator and the runtime, root for
+emulated links -- then measures and predicts every row
+(:func:`perfsim.analysis.validate.run_validation`) under a lock on the output
+folder, and writes ``validation.csv`` (after every row, so partial results
+survive an interruption), ``summary.json``, ``validation.md`` and the plot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Sequence
+
+from perfsim.errors import ConfigError
+
+
+def _names(value: str | Sequence[Any]) -> tuple[str, ...]:
+    from perfsim.units import split_list
+
+    return tuple(split_list(value)) if isinstance(value, str) else tuple(str(v) for v in value)
+
+
+def _degrees(value: str | int | Sequence[Any]) -> tuple[int, ...]:
+    out = []
+    for part in _names(str(value) if isinstance(value, int) else value):
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise ConfigError(f"--tp {part!r}: not an integer") from None
+        if out[-1] < 1:
+            raise ConfigError(f"--tp {part!r}: must be >= 1")
+    return tuple(out)
+
+
+def _bandwidths(value) -> tuple[float | None, ...]:
+    """A comma string (:func:`~perfsim.analysis.validate.parse_bandwidths`) or a sequence
+    of rates (bits/s or ``"100Mbps"``; None = loopback)."""
+    from perfsim.analysis.validate import parse_bandwidths
+
+    if isinstance(value, str):
+        return parse_bandwidths(value)
+    return tuple(x for b in value for x in ((None,) if b is None else
+                                            parse_bandwidths(b) if isinstance(b, str) else
+                                            parse_bandwidths(f"{float(b)}bps")))
+
+
+def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_parallel: bool) -> str:
+    """``traces/validation/<model>-pp<P>-dp<D>[-tp<T>_..[sp]]``: where a grid's files go
+    by default."""
+    tp_tag = "-tp" + "_".join(str(t) for t in tps) + ("sp" if sequence_parallel else "") \
+        if tuple(tps) != (1,) else ""
+    return f"traces/validation/{model}-pp{pp}-dp{dp}{tp_tag}"
+
+
+def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp: int = 1,
+             tp: str | int | Sequence[int] = (1,), sequence_parallel: bool = False,
+             schedule: str | Sequence[str] = ("1f1b",), virtual_stages: int | None = None,
+             micro_batch: int = 8, macro_batch: int = 32, compress: str | Sequence[str] = ("fp32",),
+             grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
+             latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
+             dataset_limit: int | None = None, seed: int = 0, repeats: int = 1, reuse_measured: bool = False,
+             out: str | None = None, plot: bool = True, progress: bool = True):
+    """Measure and predict a grid, one row per configuration (``perfsim validate``).
+
+    profile: a profile calibrated on this machine (``perfsim calibrate``).
+    model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel:
+      ``perfsim run``'s flags, shared by every row.
+    tp, schedule, compress, grad_compress, bandwidths: the grid's axes (a sequence
+      or a comma string; bandwidths in bits/s or ``"100Mbps"``, None or ``none`` =
+      loopback, no emulation: emulated rates need root).
+    latency: one-way latency of the emulated links (seconds or ``"5ms"``).
+    link_model: ``profile`` (the link calibrated at that rate) or ``nominal``.
+    steps, seed, repeats (the fastest counts), dataset_limit (default: 4 steps'
+      worth, so AQ-SGD's uncompressed first epoch ends early), reuse_measured
+      (re-predict the measurements stored in ``out``): see
+      :class:`perfsim.analysis.validate.ValidationPlan`.
+    out: folder of the runs and the tables (default :func:`default_out`).
+    plot: also draw ``validation.png``; progress: a bar or stage lines on stderr.
+
+    Returns the comparison (a DataFrame: predicted, measured and error columns);
+    its ``attrs`` hold ``summary`` (what ``summary.json`` holds), the paths ``csv``
+    and ``png`` (None without a plot).
+    Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
+    """
+    from perfsim.analysis import validate as v
+    from perfsim.models.specs import get_model_spec
+    from perfsim.outputs import check_dir_target, locked_dir
+    from perfsim.runtime.config import RunConfig
+    from perfsim.runtime.tensor_parallel import check_tp
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+
+    spec = get_model_spec(model)
+    for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
+                        ("steps", steps)):
+        if value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} {value}: must be >= 1")
+    if macro_batch % micro_batch:
+        raise ConfigError(f"--macro-batch {macro_batch}: not a multiple of --micro-batch {micro_batch}")
+    if profile is None:
+        raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
+    from perfsim.profile import load_profile
+
+    load_profile(profile)  # a bad file fails before any run starts
+    schedules = tuple(s.lower() for s in _names(schedule))
+    for s in schedules:  # a schedule that does not fit fails before any run starts
+        RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,
+                  virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None)
+    base = {"model": model, "pp": pp, "dp": dp, "schedule": schedules[0], "micro_batch": micro_batch,
+            "macro_batch": macro_batch}
+    if virtual_stages is not None:
+        base["virtual_stages"] = virtual_stages
+    tps = _degrees(tp)
+    if sequence_parallel and max(tps) == 1:
+        raise ConfigError("--sequence-parallel: needs a --tp > 1")
+    for t in tps:  # a TP degree the model cannot take fails before any run
+        check_tp(spec, t, sequence_parallel and t > 1)
+    limit = dataset_limit or 4 * macro_batch * dp
+    out = out or default_out(model, pp, dp, tps, sequence_parallel)
+    plan = v.ValidationPlan(
+        base=base, bandwidths=_bandwidths(bandwidths), compresses=_names(compress),
+        grad_compresses=_names(grad_compress), schedules=schedules if len(schedules) > 1 else (),
+        tps=tps, sequence_parallel=sequence_parallel,
+        latency_s=latency if isinstance(latency, (int, float)) else v.parse_latency(latency),
+        steps=steps, dataset_limit=limit, profile=str(profile), link_model=link_model, out=str(out),
+        seed=seed, repeats=repeats, reuse_measured=reuse_measured)
+    v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
+    if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
+        from perfsim.netem import check_privileges
+
+        check_privileges()
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed {seed}: must be in 0..{2**32 - 1}")
+    check_dir_target(plan.out, "--out")
+    with locked_dir(plan.out, "--out"):  # a second validate on the same folder is refused
+        return _run_and_write(plan, plot=plot, progress=progress,
+                              title=f"{model} pp={pp} dp={dp} tp={','.join(map(str, tps))}")
+
+
+def _run_and_write(plan, *, plot: bool, progress: bool, title: str):
+    """Run every row of ``plan`` with a progress bar, then write the grid's files."""
+    import pandas as pd
+
+    from perfsim.analysis import validate as v
+    from perfsim.progress import Progress
+    from perfsim.result import atomic_write_text
+
+    out = plan.out
+    total = len(plan.rows())
+    bar = Progress(total, "run", enabled=progress, prefix="validate: ")
+    labels: list[str] = []
+
+    def begin(label: str) -> None:
+        labels.append(label)
+        bar.stage(f"row {len(labels)}/{total} {label}")
+
+    def done(rows: list[dict]) -> None:
+        v.write_csv(pd.DataFrame(rows), f"{out}/validation.csv")  # partial results survive an interruption
+        bar(labels[-1])
+
+    try:
+        df = v.run_validation(plan, progress=begin, on_row=done)
+    finally:
+        bar.close()
+    v.write_csv(df, f"{out}/validation.csv")
+    summary = {**v.summarize(df), "iteration": v.summarize(df, "iteration_s"),
+               "profile": plan.profile, "link_model": plan.link_model, "base": plan.base,
+               "steps": plan.steps, "dataset_limit": plan.dataset_limit,
+               "load_average": os.getloadavg(), "reuse_measured": plan.reuse_measured}
+    if plan.reuse_measured:  # the measurements are older: keep the load they were taken under
+        try:
+            with open(os.path.join(out, "summary.json")) as f:
+                old = json.load(f)
+            summary["measured_load_average"] = old.get("measured_load_average", old.get("load_average"))
+        except (OSError, ValueError):
+            pass
+    atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
+    atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
+    df.attrs.update(summary=summary, csv=f"{out}/validation.csv", png=None)
+    if plot and summary["rows"]:  # no plot when no row was predicted (e.g. TP rows the simulator lacks)
+        df.attrs["png"] = str(v.plot(df, f"{out}/validation.png",
+                                     title=f"{title}: predicted vs measured (MAPE {summary['mape_pct']:.1f} %)"))
+    return df

@@ -1,0 +1,75 @@
+"""Reading the user's documents: one JSON, TOML or CSV reader for every input file.
+
+Profiles, workloads, topologies, sweep files and plot inputs are all read here,
+so a missing file, a file that is not UTF-8 text and a malformed document give
+the same one-line :class:`ConfigError` everywhere::
+
+    profile 'x.json': cannot read (file not found)
+    workload 'w.toml': malformed TOML (Expected '=' after a key ... (line 1, column 9))
+
+The message names the kind of document and the file; the CLI prints it as its
+one line on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from perfsim.errors import ConfigError
+
+#: the document kinds, and the file suffix that selects each
+KINDS = {".json": "json", ".toml": "toml", ".csv": "csv"}
+
+
+def read_text(path: str | os.PathLike, what: str) -> str:
+    """The UTF-8 text of ``path``; ConfigError ``<what> '<path>': cannot read (...)``."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(p)!r}: cannot read (file not found)") from None
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(p)!r}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(p)!r}: cannot read (not UTF-8 text: {exc.reason} "
+                          f"at byte {exc.start})") from None
+
+
+def parse_document(text: str, kind: str, where: str) -> Any:
+    """``text`` parsed as ``kind`` (``json``, ``toml``; ``csv``: a list of row dicts
+    keyed by the header); ConfigError ``<where>: malformed <KIND> (...)``."""
+    try:
+        if kind == "json":
+            return json.loads(text)
+        if kind == "toml":
+            return tomllib.loads(text)
+        if kind == "csv":
+            return list(csv.DictReader(io.StringIO(text)))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where}: malformed JSON ({exc.msg}, line {exc.lineno})") from None
+    except (tomllib.TOMLDecodeError, csv.Error) as exc:
+        raise ConfigError(f"{where}: malformed {kind.upper()} ({exc})") from None
+    raise ValueError(f"document kind {kind!r}: one of {', '.join(sorted(set(KINDS.values())))}")
+
+
+def document_kind(path: str | os.PathLike, default: str) -> str:
+    """The kind a file's suffix names (``.json``, ``.toml``, ``.csv``), else ``default``."""
+    return KINDS.get(Path(path).suffix.lower(), default)
+
+
+def read_document(path: str | os.PathLike, what: str, *, kind: str | None = None,
+                  default: str = "json") -> Any:
+    """Read and parse the ``what`` file ``path`` (``profile``, ``workload``...).
+
+    ``kind``: the format, else the one the suffix names, else ``default``.
+    ConfigError naming ``what`` and the file when it cannot be read or parsed."""
+    text = read_text(path, what)
+    return parse_document(text, kind or document_kind(path, default), f"{what} {str(Path(path))!r}")

@@ -1,0 +1,459 @@
+"""Uncontended replay: the event loop's outcome in closed form when no flows compete.
+
+The event loop (:mod:`perfsim.engine.sim`) shares each NIC max-min fairly among
+the flows active on it. When, at every instant, a NIC carries one flow, or
+flows whose own rates add up to less than its capacity, max-min gives every
+flow its own rate (the least of its link's and its NICs') and the order of
+events no longer matters: an action starts when its device is free and its
+input has arrived; a message leaves when it was sent and its connection is
+free, ends ``bytes / rate`` later and arrives ``latency`` after that; a
+bucket's collective starts when every replica has the bucket ready and the
+stage's communication stream is free. That recurrence (max and + over the
+schedule table) is evaluated here for all replicas at once -- one numpy array
+over the replicas per quantity, in the same floating-point operations as the
+event loop -- and the premise is then checked on its result
+(:func:`uncontended`). A timeline in which no flows compete is the one the event
+loop produces: by induction over time, the same flows are active at each
+instant, so max-min gives them the same rates.
+
+:func:`replay` returns None when the premise fails, when the event loop
+models what the recurrence does not (token buckets, rendezvous, compute slowed
+by communication, a trace), or for a single simulated replica (predictions of
+one replica stay free of numpy); the caller then runs the event loop.
+``tests/test_engine.py`` compares both on every schedule.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from perfsim.engine.plan import Plan, comm_slowdown
+from perfsim.engine.sim import DeviceStats, SimOutput
+from perfsim.network import Network
+from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
+                               SEND_B, SEND_F)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: flows sharing a NIC must leave this relative margin below its capacity (the
+#: check adds rates in floating point; max-min itself needs any margin > 1e-12)
+CAPACITY_MARGIN = 1e-6
+#: distinct rates must differ by more than this (max-min treats rates within
+#: 1e-12 of each other as equal)
+RATE_GAP = 1e-10
+
+
+def _order(rows) -> list[tuple[int, object]] | None:
+    """All devices' actions in one order in which every receive follows its send
+    (the dependencies are the same for every replica); None if the rows deadlock."""
+    ptr = [0] * len(rows)
+    sent: set[tuple] = set()
+    order = []
+    progress = True
+    while progress:
+        progress = False
+        for d, row in enumerate(rows):
+            i = ptr[d]
+            while i < len(row):
+                a = row[i]
+                if a.kind in (RECV_F, RECV_B) and (a.stage, a.kind, a.microbatch) not in sent:
+                    break
+                if a.kind == SEND_F:
+                    sent.add((a.stage + 1, RECV_F, a.microbatch))
+                elif a.kind == SEND_B:
+                    sent.add((a.stage - 1, RECV_B, a.microbatch))
+                order.append((d, a))
+                i += 1
+            progress |= i > ptr[d]
+            ptr[d] = i
+    return order if all(p == len(row) for p, row in zip(ptr, rows)) else None
+
+
+class _Flows:
+    """The flows of a replayed timeline, per NIC, for :func:`uncontended`. A *stream*
+    (a connection, or a stage's data-parallel stream) runs its flows one after
+    another: consecutive flows that touch (one ends when the next starts) are one
+    interval, as the event loop retires a flow before its stream starts the next."""
+
+    def __init__(self, network: Network):
+        self.net = network
+        self._cap8: dict = {}
+        self.res, self.start, self.end, self.rate = [], [], [], []  # numpy chunks
+        self.rates: set[float] = set()
+
+    def cap8(self, res) -> float:
+        """A resource's capacity in bytes/s, as the flow scheduler computes it."""
+        c = self._cap8.get(res)
+        if c is None:
+            c = self._cap8[res] = self.net.capacity(res) / 8.0
+        return c
+
+    def add(self, res_ids: np.ndarray, start: np.ndarray, end: np.ndarray, rate: np.ndarray) -> None:
+        """Flows ``i`` on resources ``res_ids[i]`` from ``start[i]`` to ``end[i]`` at ``rate[i]``."""
+        self.res.append(res_ids)
+        self.start.append(start)
+        self.end.append(end)
+        self.rate.append(rate)
+
+
+def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
+    """Merge touching consecutive flows of a stream into intervals. Rows: flows in
+    stream order; columns: independent streams. Returns (start, end, rate, column)
+    per interval; an interval takes the largest rate of its flows."""
+    import numpy as np
+
+    m = start.shape[0]
+    head = np.ones(start.shape, bool)
+    head[1:] = start[1:] != end[:-1]
+    h = head.T.ravel()  # column by column: each column opens with a head
+    first = np.flatnonzero(h)
+    last = np.r_[first[1:] - 1, h.size - 1]
+    return (start.T.ravel()[first], end.T.ravel()[last],
+            np.maximum.reduceat(rate.T.ravel(), first), first // m)
+
+
+def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
+    """True when all rates and capacities are equal or :data:`RATE_GAP` apart and no
+    resource ever carries flows whose rates add up to more than its capacity (less
+    :data:`CAPACITY_MARGIN`), except ``k`` flows of one rate ``f`` that fill it
+    exactly (``capacity / k >= f`` in floating point, as max-min divides): then
+    max-min gave every flow its own rate."""
+    import numpy as np
+
+    values = np.unique(np.concatenate([np.fromiter(flows.rates, float), res_cap]))
+    if values.size > 1 and np.any(values[1:] <= values[:-1] * (1 + RATE_GAP)):
+        return False
+    if not flows.res:
+        return True
+    res = np.concatenate(flows.res)
+    n = res.size
+    start, end, rate = (np.concatenate(x) for x in (flows.start, flows.end, flows.rate))
+    # closed intervals: at one instant, starts come before ends (conservative)
+    where = np.concatenate([res, res])
+    kind = np.r_[np.zeros(n, np.int8), np.ones(n, np.int8)]
+    idx = np.lexsort((kind, np.concatenate([start, end]), where))
+    where, kind = where[idx], kind[idx]
+    load = np.cumsum(np.concatenate([rate, -rate])[idx])
+    active = np.cumsum(np.r_[np.ones(n, np.int64), -np.ones(n, np.int64)][idx])
+    # running sums inside each resource: less what the resources before it left
+    head = np.r_[True, where[1:] != where[:-1]]
+    at = np.maximum.accumulate(np.where(head, np.arange(2 * n), 0))
+    load -= np.r_[0.0, load][at]
+    active -= np.r_[0, active][at]
+    shared = (kind == 0) & (active >= 2)
+    full = np.flatnonzero(shared & (load > res_cap[where] / (1 + CAPACITY_MARGIN)))
+    if full.size == 0:
+        return True
+    # the flows active on a resource at an instant, exactly: by resource, then by start
+    times = np.concatenate([start, end])[idx]
+    order = np.lexsort((start, res))
+    by_res, starts, ends, rates = res[order], start[order], end[order], rate[order]
+    for i in full:
+        r, t = where[i], times[i]
+        lo, hi = np.searchsorted(by_res, r), np.searchsorted(by_res, r, "right")
+        hi = lo + np.searchsorted(starts[lo:hi], t, "right")
+        on = rates[lo:hi][ends[lo:hi] >= t]
+        if on.min() != on.max() or res_cap[r] / on.size < on[0]:
+            return False
+    return True
+
+
+def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list[int] | None = None,
+           profile=None) -> SimOutput | None:
+    """One iteration as :class:`perfsim.engine.sim.Simulation` would simulate it
+    (same arguments), or None when the replay does not apply (module docstring)."""
+    link, coll_link, sysm = network.link, network.collective_link, network.system
+    slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile)
+    if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
+        return None
+    table = plan.table
+    order = _order(plan.comm_rows)
+    if order is None:
+        return None
+    reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
+    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
+        return None
+    nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
+    place = plan.device or (lambda t, r, s: r * pp + s)
+    buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
+    import numpy as np  # here: predictions that never replay do not import numpy
+
+    mx = np.maximum
+    flows = _Flows(network)
+    res_index: dict = {}
+
+    def rid(res) -> int:
+        i = res_index.get(res)
+        if i is None:
+            i = res_index[res] = len(res_index)
+        return i
+
+    # ---------------------------------------------------------------- connections
+    conns: dict[tuple[int, int], dict] = {}
+
+    def conn(d: int, d2: int) -> dict:
+        c = conns.get((d, d2))
+        if c is None:
+            paths = [network.path(place(0, r, d), place(0, r, d2)) for r in reps]
+            cap = [p.bandwidth_bps * lanes / 8.0 for p in paths]
+            rate = [min([c8] + [flows.cap8(x) for x in p.resources]) for c8, p in zip(cap, paths)]
+            flows.rates.update(cap)
+            flows.rates.update(rate)
+            c = conns[(d, d2)] = {"rate": np.array(rate), "lat": np.array([p.latency_s for p in paths]),
+                                  "res": np.array([[rid(x) for x in p.resources] + [-1] * (2 - len(p.resources))
+                                                   for p in paths], np.int64).reshape(len(paths), -1),
+                                  "free": None, "msgs": []}
+        return c
+
+    # ---------------------------------------------------------------- pipeline
+    t = [np.zeros(nrep) for _ in range(pp)]
+    arrive: dict[tuple, np.ndarray] = {}
+    ready: dict[tuple[int, int], np.ndarray] = {}
+    compute = [0.0] * pp
+    tp_comm = [0.0] * pp
+    codec = [0.0] * pp
+    sent_bytes = [0.0] * pp
+    cells: dict[tuple[int, int], dict[str, float]] = {}
+    sent: list[list] = [[] for _ in range(pp)]  # per device: (mb, kind, start, deliver)
+    last_grad: list[dict] = []
+    for d in range(pp):
+        last = {}
+        for a in table.rows[d]:
+            if a.kind in (BACKWARD, BACKWARD_WEIGHT):
+                last[a.stage] = a
+        last_grad.append(last)
+    events = 0
+
+    def spend(d: int, cell: dict, seconds: float) -> None:  # a codec step
+        nonlocal events
+        if seconds > 0:
+            t[d] = t[d] + seconds
+            codec[d] += seconds
+            cell["encode_s"] = cell.get("encode_s", 0.0) + seconds
+            events += 1
+
+    def send(d: int, d2: int, key: tuple, nbytes: int, mb: int, kind: str) -> None:
+        nonlocal events
+        c = conn(d, d2)
+        start = t[d] if c["free"] is None else mx(t[d], c["free"])
+        vol = nbytes * lanes
+        end = start + float(vol) / c["rate"] if vol > 0 else start
+        c["free"] = end
+        c["msgs"].append((start, end, nbytes))
+        arrive[key] = deliver = end + c["lat"]
+        sent[d].append((mb, kind, start, deliver))
+        sent_bytes[d] += nbytes
+        events += 2
+
+    for d, a in order:
+        k, mb, kind = a.stage, a.microbatch, a.kind
+        sp = plan.stages[k]
+        cell = cells.setdefault((d, mb), {})
+        if kind == RECV_F:
+            t[d] = mx(t[d], arrive.pop((k, "F", mb)))
+            spend(d, cell, plan.stages[k - 1].fw_decode_s)
+        elif kind == RECV_B:
+            t[d] = mx(t[d], arrive.pop((k, "B", mb)))
+            spend(d, cell, sp.bw_decode_s)
+        elif kind == SEND_F:
+            spend(d, cell, sp.fw_encode_s)
+            send(d, where[k + 1], (k + 1, "F", mb), sp.fw_bytes_warmup if warmup else sp.fw_bytes, mb, FORWARD)
+        elif kind == SEND_B:
+            prev = plan.stages[k - 1]
+            spend(d, cell, prev.bw_encode_s)
+            send(d, where[k - 1], (k - 1, "B", mb), prev.bw_bytes, mb, BACKWARD)
+        else:
+            seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
+                       BACKWARD_WEIGHT: sp.wgrad_s}[kind]
+            tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
+            if a is last_grad[d].get(k) and buckets[k]:
+                total, done = seconds + tp_s, 0.0
+                for b, bucket in enumerate(buckets[k]):
+                    target = bucket.ready_fraction * total if plan.overlap else total
+                    if target > done:
+                        t[d] = t[d] + (target - done)
+                        done = target
+                        events += 1
+                    ready[(k, b)] = t[d]
+                if total > done:
+                    t[d] = t[d] + (total - done)
+                    events += 1
+            else:
+                if seconds > 0:
+                    t[d] = t[d] + seconds
+                    events += 1
+                if tp_s > 0:
+                    t[d] = t[d] + tp_s
+                    events += 1
+            compute[d] += seconds
+            tp_comm[d] += tp_s
+            key = "fwd_compute_s" if kind == FORWARD else "bwd_compute_s"
+            cell[key] = cell.get(key, 0.0) + seconds
+    pipe_end = t
+    events *= nrep  # each step above ran for every replica
+
+    # ---------------------------------------------------------------- data parallel
+    sync_done: dict[int, float] = {}
+    dp_log: list[tuple] = []  # (time, stage, device, what, value)
+    algo_log: list[tuple] = []
+    dp_links: list[tuple] = []  # (edges, kind, wire_bytes, busy)
+    stream_flows = []  # per stage: lists of (resources, start, end, rate) in stream order
+    for s in range(len(plan.stages)):
+        if not buckets[s]:
+            continue
+        d = where[s]
+        members = [place(0, r, d) for r in range(plan.dp)]
+        simulated = {place(0, r, d) for r in reps}
+        sim_nodes = {network.node(x) for x in simulated}
+        ring = network.ring_paths(members, network.collective_link)
+        nics = tuple(dict.fromkeys(x for p in ring for x in p.resources if x[1] in sim_nodes))
+        nic_ids = [rid(x) for x in nics]
+        n = len(members)
+        edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
+        mine = []
+        now = 0.0
+        for b, bucket in enumerate(buckets[s]):
+            now = max(now, float(np.max(ready[(s, b)])))
+            t0 = now
+            events += 1
+            host = bucket.copy_s / 2 + bucket.encode_s
+            if host > 0:
+                now = now + host
+                events += 1
+            for step in bucket.steps:
+                coll = network.collective(step.kind, step.nbytes, members)
+                algo_log.append((now, s, coll.algo))
+                start = now
+                for group in coll.phases:
+                    ends, lat = [], 0.0
+                    for ph in group:
+                        volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
+                        inter = ph.inter_node and nics
+                        rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
+                        end = now + float(volume) / rate if volume > 0 else now
+                        if inter and volume > 0:
+                            flows.rates.update((cap, rate))
+                            mine.append((now, end, rate))
+                        ends.append(end)
+                        lat = max(lat, ph.latency_s)
+                        events += 1
+                    now = max(ends)
+                    if lat > 0:
+                        now = now + lat
+                        events += 1
+                dp_log.append((now, s, d, "bytes", coll.wire_bytes))
+                dp_links.append((now, s, edges, step.kind, coll.wire_bytes, now - start))
+            host = bucket.decode_s + bucket.copy_s / 2
+            if host > 0:
+                now = now + host
+                events += 1
+            dp_log.append((now, s, d, "sync", now - t0))
+        sync_done[s] = now
+        if mine:
+            stream_flows.append((nic_ids, mine))
+
+    # ---------------------------------------------------------------- premise
+    for c in conns.values():
+        moved = [m for m in c["msgs"] if m[2] * lanes > 0]
+        if not moved or not c["res"].size:
+            continue
+        st, en = (np.array([m[i] for m in moved], float).reshape(len(moved), nrep) for i in (0, 1))
+        cs, ce, cr, col = _chains(st, en, np.broadcast_to(c["rate"], st.shape))
+        for ids in c["res"].T:  # the sending NIC, the receiving NIC
+            ids = ids[col]
+            used = ids >= 0
+            flows.add(ids[used], cs[used], ce[used], cr[used])
+    for nic_ids, mine in stream_flows:
+        cs, ce, cr, _ = _chains(*(np.array([[f[i]] for f in mine]) for i in range(3)))
+        for i in nic_ids:
+            flows.add(np.full(cs.size, i), cs, ce, cr)
+    res_cap = np.array([flows.cap8(x) for x in res_index]) if res_index else np.zeros(0)
+    if not uncontended(flows, res_cap):
+        return None
+
+    # ---------------------------------------------------------------- outputs
+    return _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec,
+                   sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events)
+
+
+def _col(x, nrep: int) -> np.ndarray:
+    """A per-replica quantity (a float when one replica is replayed) as an array."""
+    import numpy as np
+
+    return np.broadcast_to(np.asarray(x, float), (nrep,))
+
+
+def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec, sent_bytes,
+            cells, sent, conns, dp_log, algo_log, dp_links, events) -> SimOutput:
+    """Assemble a SimOutput with the event loop's sums in the event loop's order."""
+    import numpy as np
+
+    table, pp, nrep = plan.table, plan.pp, len(reps)
+    ends = []
+    for d in range(pp):
+        mine = table.stages_of(d)
+        x = pipe_end[d]
+        syncs = [sync_done[k] for k in mine if k in sync_done]
+        if syncs:
+            x = np.maximum(x, max(syncs))
+        opt = sum(plan.stages[k].optimizer_s for k in mine)
+        ends.append((_col(x + opt, nrep), opt))
+        events += nrep
+    # per device: the messages' time from start to delivery, summed in delivery order
+    comm = []
+    for d in range(pp):
+        acc = np.zeros(nrep)
+        if sent[d]:
+            deliver = np.array([m[3] for m in sent[d]], float).reshape(len(sent[d]), nrep)
+            dur = np.array([m[3] - m[2] for m in sent[d]], float).reshape(len(sent[d]), nrep)
+            idx = np.argsort(deliver, axis=0, kind="stable")
+            dur = np.take_along_axis(dur, idx, axis=0)
+            for row in dur:
+                acc = acc + row
+        comm.append(acc)
+    dp = sorted(dp_log, key=lambda x: (x[0], x[1]))
+    sync_s: dict[int, float] = {}
+    dp_bytes: dict[int, float] = {}
+    for _, _, d, what, value in dp:
+        if what == "sync":
+            sync_s[d] = sync_s.get(d, 0.0) + value
+        else:
+            dp_bytes[d] = dp_bytes.get(d, 0.0) + value
+    stats: dict[tuple[int, int], DeviceStats] = {}
+    for i, r in enumerate(reps):
+        for d in range(pp):
+            stats[(r, d)] = DeviceStats(
+                compute_s=compute[d], codec_s=codec[d], optimizer_s=0.0 + ends[d][1],
+                dp_sync_s=sync_s.get(d, 0.0), bytes_sent=sent_bytes[d],
+                comm_s=float(comm[d][i]), tp_comm_s=tp_comm[d], last_backward_end=float(_col(pipe_end[d], nrep)[i]),
+                end=float(ends[d][0][i]))
+    micro: dict[tuple[int, int, int], dict[str, float]] = {}
+    r0 = reps[0]
+    for (d, mb), cell in cells.items():
+        micro[(r0, d, mb)] = dict(cell)
+    for d in range(pp):
+        for mb, kind, start, deliver in sorted(sent[d], key=lambda m: float(_col(m[3], nrep)[0])):
+            key = "fwd_comm_s" if kind == FORWARD else "bwd_comm_s"
+            cell = micro.setdefault((r0, d, mb), {})
+            cell[key] = cell.get(key, 0.0) + float(_col(deliver, nrep)[0] - _col(start, nrep)[0])
+    links: dict[tuple[int, int, str], list[float]] = {}
+    for (d, d2), c in conns.items():
+        busy = np.zeros(nrep)
+        total = 0.0
+        for start, end, nbytes in c["msgs"]:
+            busy = busy + (end - start)
+            total += nbytes
+        for i, r in enumerate(reps):
+            links[(place(0, r, d), place(0, r, d2), "p2p")] = [total, float(busy[i])]
+    for _, _, edges, kind, wire, busy in sorted(dp_links, key=lambda x: (x[0], x[1])):
+        for src, dst in edges:
+            cell = links.setdefault((src, dst, kind), [0.0, 0.0])
+            cell[0] += wire
+            cell[1] += busy
+    algos = tuple(dict.fromkeys(a for _, _, a in sorted(algo_log, key=lambda x: (x[0], x[1]))))
+    return SimOutput(
+        iteration_s=max(st.end for st in stats.values()),
+        pipeline_s=max(st.last_backward_end for st in stats.values()),
+        devices=stats, micro=micro, links=links, replicas=reps, dp_bytes_per_rank=dp_bytes,
+        events=events, collective_algos=algos, engine="replay")

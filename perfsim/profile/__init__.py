@@ -1,0 +1,47 @@
+"""Calibration profiles: measured costs the simulator is fed with.
+
+Two halves: :mod:`perfsim.profile.format` (the file: schema, typed record
+fields, load/save, version migration) and :mod:`perfsim.profile.costs` (the
+queries over one alpha-beta fit). :class:`Profile` is both; the format's
+reference is ``docs/profile-format.md``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from perfsim.profile.costs import Fit, ProfileCosts, fit_alpha_beta, name_chain
+from perfsim.profile.format import (BASE_OPS, CODEC_OPS, COMM_OPS, COMPUTE_OPS, CORE_COLUMNS,
+                                    DEFAULT_PROFILE, EFFICIENCY_OPS, FACTS, FORMAT, KNOWN_OPS,
+                                    OTHER_OPS, RECORD_COLUMNS, SUPPORTED_VERSIONS, VERSION,
+                                    ProfileFile, check_record, default_profile_path, shape_text)
+
+__all__ = ["Profile", "load_profile", "Fit", "fit_alpha_beta", "name_chain", "default_profile_path",
+           "shape_text", "check_record", "ProfileFile", "ProfileCosts", "FORMAT", "VERSION",
+           "SUPPORTED_VERSIONS", "RECORD_COLUMNS", "CORE_COLUMNS", "FACTS", "KNOWN_OPS", "BASE_OPS",
+           "COMPUTE_OPS", "CODEC_OPS", "COMM_OPS", "OTHER_OPS", "EFFICIENCY_OPS", "DEFAULT_PROFILE"]
+
+
+class Profile(ProfileFile, ProfileCosts):
+    """A loaded, validated profile (:class:`ProfileFile`) and its cost queries
+    (:class:`ProfileCosts`)."""
+
+
+def load_profile(spec: str | os.PathLike | Profile | None) -> Profile:
+    """A Profile from a path, an already-loaded Profile, or None (the default)."""
+    if spec is None or spec == "" or spec == "default":
+        return Profile.default()
+    if isinstance(spec, Profile):
+        return spec
+    p = Path(spec)
+    if not p.exists() and not p.suffix:
+        # a bare name such as "default-v100-aqsgd": shipped names, traces/ and package data
+        from perfsim.packaged import DATA, NAMES
+
+        if str(spec) in NAMES["profile"]:
+            return Profile.load(DATA / NAMES["profile"][str(spec)])
+        for folder in (default_profile_path().parent, Path(__file__).resolve().parents[2] / "traces"):
+            if (folder / f"{spec}.json").exists():
+                return Profile.load(folder / f"{spec}.json")
+    return Profile.load(p)

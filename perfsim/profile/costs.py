@@ -1,0 +1,271 @@
+"""Cost queries over a profile's records: compute, codec, framing, collectives, optimizer.
+
+Every size-dependent cost is the alpha-beta (Hockney) model
+``time = alpha + beta * bytes`` -- the latency-bandwidth model used by every
+collective-cost model since Hockney, "The communication challenge for MPP:
+Intel Paragon and Meiko CS-2" (Parallel Computing 20, 1994), and in NCCL-tests'
+bus bandwidth. There is one fit, :func:`fit_alpha_beta`: ``perfsim calibrate``
+stores it as ``fit_<op>`` records (:mod:`perfsim.calibrate.fit`) and the queries
+below fit the raw records with it when no fit is stored.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from perfsim.errors import ConfigError
+from perfsim.profile.format import COMM_OPS
+
+
+@dataclass(frozen=True)
+class Fit:
+    """``time = alpha_s + size_bytes * beta_s_per_byte`` (Hockney alpha-beta model).
+
+    ``points`` and ``max_rel_error`` (worst relative residual) describe the fit's
+    quality when it was fitted here; 0 and None for a fit read from a record
+    that does not say."""
+
+    alpha_s: float
+    beta_s_per_byte: float
+    points: int = 0
+    max_rel_error: float | None = None
+
+    def __call__(self, nbytes: float) -> float:
+        return self.alpha_s + max(0.0, float(nbytes)) * self.beta_s_per_byte
+
+    @property
+    def bandwidth_Bps(self) -> float:
+        """Asymptotic bandwidth in bytes/s (inf when beta is 0)."""
+        return math.inf if self.beta_s_per_byte <= 0 else 1.0 / self.beta_s_per_byte
+
+    @property
+    def bandwidth_bps(self) -> float:
+        """Asymptotic bandwidth in bits/s (inf when beta is 0)."""
+        return 8.0 * self.bandwidth_Bps
+
+
+def fit_alpha_beta(sizes: Iterable[float], times: Iterable[float]) -> Fit:
+    """The alpha-beta fit of ``times`` (s) against ``sizes`` (bytes).
+
+    Sizes of one calibration span several decades (1 KB to hundreds of MB). An
+    ordinary least-squares line is dominated by the largest points: its alpha
+    absorbs their noise and a 1 KB message can come out several times off. So
+    the fit minimises the *relative* residual ``sum(((alpha + beta s) - t) / t)^2``
+    (least squares weighted by ``1/t``): every size counts alike, and the
+    small-message cost that dominates a pipeline of small boundaries is right.
+
+    Both coefficients are non-negative (a negative latency or bandwidth is no
+    physical answer): when the unconstrained solution has a negative one, the
+    better of the two one-coefficient fits (pure latency, pure per-byte cost)
+    under the same criterion is taken. With one size only (alpha and beta cannot
+    be told apart) the fit is the per-byte cost through the origin, so a cost
+    timed at one size scales with the bytes; points with a time <= 0 or a size
+    < 0 are ignored. ConfigError when no point is left."""
+    pts = [(float(s), float(t)) for s, t in zip(sizes, times)]
+    pts = [(s, t) for s, t in pts if math.isfinite(s) and math.isfinite(t) and s >= 0 and t > 0]
+    if not pts:
+        raise ConfigError("alpha-beta fit: no records with a positive time")
+    # weighted normal equations, rows (1/t, s/t) against 1; sizes scaled by the
+    # largest so that the 2x2 system stays well conditioned across decades
+    scale = max(s for s, _ in pts) or 1.0
+    w = [(1.0 / t, s / scale / t) for s, t in pts]
+    a11 = sum(u * u for u, _ in w)
+    a12 = sum(u * v for u, v in w)
+    a22 = sum(v * v for _, v in w)
+    b1 = sum(u for u, _ in w)
+    b2 = sum(v for _, v in w)
+    det = a11 * a22 - a12 * a12
+    one_size = len({s for s, _ in pts}) == 1
+    alpha = beta = -1.0
+    if not one_size and det > 1e-12 * a11 * a22:
+        alpha, beta = (b1 * a22 - b2 * a12) / det, (a11 * b2 - a12 * b1) / det / scale
+    if alpha < 0 or beta < 0:
+        only_a = b1 / a11                                # argmin sum((a - t) / t)^2
+        only_b = b2 / a22 / scale if a22 > 0 else 0.0    # argmin sum((b s - t) / t)^2
+        err_a = sum((only_a / t - 1.0) ** 2 for _, t in pts)
+        err_b = sum((only_b * s / t - 1.0) ** 2 for s, t in pts)
+        if a22 > 0 and (one_size or err_b < err_a):
+            alpha, beta = 0.0, only_b
+        else:
+            alpha, beta = only_a, 0.0
+    worst = max(abs(alpha + beta * s - t) / t for s, t in pts)
+    return Fit(float(alpha), float(beta), len(pts), float(worst))
+
+
+class ProfileCosts:
+    """The cost queries of :class:`perfsim.profile.Profile` (a mixin over its
+    ``records``, ``metadata`` and ``select``; the format side is
+    :class:`perfsim.profile.format.ProfileFile`)."""
+
+    records: list[dict[str, Any]]
+    metadata: dict[str, Any]
+    select: Callable[..., list[dict[str, Any]]]
+
+    def compute_time(self, model: str, layer: str, micro_batch: int, op: str = "fwd") -> float | None:
+        """Measured time of one layer's forward (``op='fwd'``) or backward pass for
+        one micro-batch, or None if the profile has no record of it.
+
+        If only other micro-batch sizes were measured, the nearest one is scaled
+        linearly in the number of samples (compute of a transformer layer is
+        linear in the batch at fixed sequence length, Kaplan et al. 2020, Sec. 2.1;
+        a calibrated profile at the wanted size is better)."""
+        return self._scaled(f"layer_{_fb(op)}", dict(model=model, name=layer), micro_batch)
+
+    def stage_compute(self, model: str, stage: int, micro_batch: int, op: str = "fwd",
+                      num_stages: int | None = None) -> float | None:
+        """Measured time of a whole pipeline stage (``stage<k>`` or ``*`` records)
+        for one micro-batch, or None."""
+        for name in (f"stage{stage}", "*"):
+            t = self._scaled(f"stage_{_fb(op)}", dict(model=model, name=name, world_size=num_stages),
+                             micro_batch)
+            if t is not None:
+                return t
+        return None
+
+    def stage_measured(self, model: str, stage: int, first: int, last: int, micro_batch: int,
+                       op: str = "fwd", num_stages: int | None = None) -> float | None:
+        """Measured time of a whole stage for THE SAME partition, or None.
+
+        Only ``stage<k>`` records of ``num_stages`` stages at exactly ``micro_batch``
+        whose ``layers`` fact (``[first, last]``, ``last`` inclusive, as ``perfsim
+        calibrate --stages`` records it) names the same layers count: a whole-stage timing
+        includes the per-call and autograd-graph overheads that a sum of per-layer
+        records misses, but only for the layers it timed. ``*`` records (the
+        paper-derived default profile's) are not whole-stage measurements of a
+        given partition and are ignored here (see :meth:`stage_compute`)."""
+        return self._same_partition(f"stage_{_fb(op)}", model, stage, first, last, num_stages,
+                                    micro_batch)
+
+    def stage_optimizer_measured(self, model: str, stage: int, first: int, last: int,
+                                 num_stages: int | None = None) -> float | None:
+        """Measured optimizer step of a whole stage of THE SAME partition (the
+        ``stage_optimizer`` records of ``perfsim calibrate --stages``), or None."""
+        return self._same_partition("stage_optimizer", model, stage, first, last, num_stages)
+
+    def _same_partition(self, op: str, model: str, stage: int, first: int, last: int,
+                        num_stages: int | None, micro_batch: int | None = None) -> float | None:
+        """``time_s`` of the first ``op`` record of ``stage<k>`` whose ``layers`` are
+        ``[first, last]`` (and, when given, of the same micro-batch), or None."""
+        want = [int(first), int(last)]
+        for r in self.select(op, model=model, name=f"stage{int(stage)}", world_size=num_stages):
+            if micro_batch is not None and r.get("micro_batch") != micro_batch:
+                continue
+            if r.get("layers") == want:
+                return float(r["time_s"])
+        return None
+
+    def _scaled(self, op: str, match: dict, micro_batch: int) -> float | None:
+        recs = self.select(op, **match)
+        if not recs:
+            return None
+        exact = [r for r in recs if r["micro_batch"] == micro_batch]
+        if exact:
+            return float(exact[0]["time_s"])
+        near = min(recs, key=lambda r: (abs(math.log(r["micro_batch"] or 1) - math.log(micro_batch)),
+                                        -r["micro_batch"]))
+        return float(near["time_s"]) * micro_batch / max(1, near["micro_batch"])
+
+    def effective_flops(self) -> float | None:
+        """FLOP/s implied by compute records that carry ``flops`` (forward only):
+        the fallback rate for a model the profile did not measure."""
+        recs = [r for r in self.records if r["op"] == "layer_fwd" and r.get("flops") and r["time_s"] > 0]
+        if not recs:
+            return self.metadata.get("effective_flops")
+        return sum(r["flops"] for r in recs) / sum(r["time_s"] for r in recs)
+
+    def fit(self, op: str, name: str | None = None) -> Fit | None:
+        """The alpha-beta fit of ``op`` (``encode``, ``p2p``, ``optimizer``...), or None:
+        a stored ``fit_<op>`` record, else :func:`fit_alpha_beta` of the raw records
+        (in-situ points at one exact shape excluded: they price that boundary, not
+        the per-byte line). Most specific name first: the exact spec
+        (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any."""
+        candidates = [None] if name is None else name_chain(name)
+        for cand in candidates:
+            for r in self.records:
+                if r["op"] == f"fit_{op}" and (cand is None or r["name"] == cand):
+                    return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]),
+                               int(r.get("points", 0)), r.get("max_rel_error"))
+            raw = [r for r in self.records if r["op"] == op and (cand is None or r["name"] == cand)
+                   and "shape" not in r]
+            if raw:
+                return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
+        return None
+
+    def encode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
+        """Time to compress an fp32 tensor of ``nbytes`` with compressor ``spec``
+        (fixed + per-byte cost). ``shape`` / ``model``: a pipeline boundary's
+        exact shape and model; a point calibrated in situ at that boundary
+        (a record with that ``shape`` fact, timed after the stage's own step; the
+        same model's first) wins over the fit. ``fp32`` is a real call too
+        (execute mode copies the activation into the message) and costs its
+        measurement when the profile has one; ``none`` and a compressor the
+        profile does not know cost nothing (documented optimism: calibrate it
+        with ``perfsim calibrate``)."""
+        return self._codec("encode", spec, nbytes, shape, model)
+
+    def decode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
+        """Time to decompress back to an fp32 tensor of ``nbytes`` (``shape`` and
+        ``model`` as for :meth:`encode_time`)."""
+        return self._codec("decode", spec, nbytes, shape, model)
+
+    def _codec(self, op: str, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
+        if spec == "none" or nbytes <= 0:
+            return 0.0
+        if shape is not None:
+            want = [int(d) for d in shape]
+            exact = [r for r in self.records if r["op"] == op and r.get("name") == spec
+                     and r.get("shape") == want]
+            exact = [r for r in exact if r.get("model") == model] or exact
+            if exact:
+                times = sorted(r["time_s"] for r in exact)
+                return times[len(times) // 2]
+        if spec == "fp32":  # only its own measurement: the ``*`` fit is for compressors
+            if not any(r["op"] in (op, f"fit_{op}") and r.get("name") == "fp32" for r in self.records):
+                return 0.0
+        fit = self.fit(op, spec)
+        return fit(nbytes) if fit else 0.0
+
+    def framing_time(self, side: str, wire_bytes: float) -> float:
+        """Host time execute mode spends framing one pipeline message of
+        ``wire_bytes`` on the ``send`` side (header, one buffer, isend) or the
+        ``recv`` side (posting the receive, unpacking); 0 when not calibrated."""
+        if side not in ("send", "recv"):
+            raise ValueError(f"framing side {side!r}: send or recv")
+        fit = self.fit(f"frame_{side}", None)
+        return fit(wire_bytes) if fit and wire_bytes > 0 else 0.0
+
+    def collective_fit(self, op: str, name: str | None = None) -> Fit | None:
+        """Alpha-beta fit of a measured collective (``p2p``, ``allreduce`` ...),
+        or None when the profile measured none."""
+        if op not in COMM_OPS:
+            raise ConfigError(f"collective op {op!r}: not one of {COMM_OPS}")
+        return self.fit(op, name)
+
+    def optimizer_time(self, param_bytes: float) -> float | None:
+        """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
+        fit = self.fit("optimizer", None)
+        return fit(param_bytes) if fit else None
+
+
+def _fb(op: str) -> str:
+    op = op.lower()
+    if op in ("fwd", "f", "forward"):
+        return "fwd"
+    if op in ("bwd", "b", "backward"):
+        return "bwd"
+    raise ConfigError(f"compute op {op!r}: expected 'fwd' or 'bwd'")
+
+
+def name_chain(spec: str) -> list[str]:
+    """``aqsgd:3:m8`` -> ``['aqsgd:3:m8', 'aqsgd:3', 'aqsgd', '*']``, from the spec's
+    canonical text (:class:`perfsim.compression.spec.Spec`: ``DirectQ:4`` is ``directq:4``)."""
+    from perfsim.compression.spec import parse_spec
+
+    try:
+        spec = parse_spec(spec, "compressor").text
+    except ConfigError:
+        pass  # not a compressor spec (an op name such as "messenger"): as given
+    parts = spec.split(":")
+    return [":".join(parts[:k]) for k in range(len(parts), 0, -1)] + ["*"]

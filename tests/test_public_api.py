@@ -1,0 +1,90 @@
+"""The public homes: perfsim.calibrate / perfsim.validate (the functions the commands
+call), perfsim.runtime's names, and the flags shared by the commands."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import subprocess
+import sys
+
+import pytest
+
+import perfsim
+from perfsim.errors import ConfigError
+
+
+def test_runtime_names_resolve_to_their_defining_modules():
+    import perfsim.runtime as rt
+
+    assert "Messenger" in rt.__all__ and "OneBitAdam" in rt.__all__ and "run" in rt.__all__
+    for name in rt.__all__:
+        obj = getattr(rt, name)
+        assert obj.__module__.startswith("perfsim.runtime."), name
+        assert obj.__name__ == name
+    with pytest.raises(AttributeError, match="nosuch"):
+        rt.nosuch  # noqa: B018
+
+
+def test_importing_runtime_config_stays_torch_free():
+    code = ("import sys, perfsim, perfsim.runtime, perfsim.runtime.config; "
+            "from perfsim.runtime import RunConfig; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_calibrate_flags_are_the_keywords_of_the_library():
+    """`perfsim calibrate`'s flags and defaults come from plan_calibration's keywords."""
+    from perfsim.calibrate.calibration import plan_calibration
+    from perfsim.commands import calibrate as command
+
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    defaults = vars(parser.parse_args([]))
+    params = inspect.signature(plan_calibration).parameters
+    assert set(params) == set(defaults) - {"out", "no_progress"}
+    assert all(defaults[k] == p.default for k, p in params.items())
+    assert set(inspect.signature(perfsim.calibrate).parameters) == {"out", "progress", "command", *params}
+
+
+def test_plan_calibration_takes_sequences_and_names_the_flag():
+    from perfsim.calibrate.calibration import plan_calibration
+
+    plan = plan_calibration(model=["digits-mlp"], micro_batch=[2, 4], stages=[2], codecs=["fp32"],
+                            comm="p2p", quick=True, device="cpu")
+    assert [c.model for c in plan.compute] == ["digits-mlp"]
+    assert plan.compute[0].micro_batches == (2, 4) and plan.compute[0].stages == (2,)
+    assert [name for name, _ in plan.stages()] == ["compute digits-mlp", "codecs (1 specs)",
+                                                   "comm loopback (p2p)"]
+    assert 0 < plan.estimate_seconds() < plan.estimate_seconds(quick=False)
+    assert plan.settings["micro_batches"] == [2, 4]
+    for kw, flag in ((dict(micro_batch=[0]), "--micro-batch"), (dict(ranks=0), "--ranks"),
+                     (dict(statistic="mean"), "--statistic"), (dict(stages="99"), "--stages"),
+                     (dict(efficiency="fp8"), "--efficiency")):
+        with pytest.raises(ConfigError, match=flag):
+            plan_calibration(model="digits-mlp", comm="none", codecs="none", **kw)
+
+
+def test_validate_checks_before_any_run(tmp_path):
+    with pytest.raises(ConfigError, match="--profile"):
+        perfsim.validate(profile=None, out=str(tmp_path))
+    with pytest.raises(ConfigError, match="--macro-batch"):
+        perfsim.validate(profile="default-v100", macro_batch=30, out=str(tmp_path))
+    with pytest.raises(ConfigError, match="--tp"):
+        perfsim.validate(profile="default-v100", tp="1,x", out=str(tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing ran, nothing written
+
+
+def test_run_and_validate_share_the_job_flags():
+    from perfsim.commands import JOB_FLAGS, run, validate
+
+    for module, lists in ((run, False), (validate, True)):
+        parser = argparse.ArgumentParser()
+        module.add_arguments(parser)
+        defaults = vars(parser.parse_args([]))
+        assert set(JOB_FLAGS) <= set(defaults)
+        assert defaults["pp"] == 2 and defaults["micro_batch"] == 8
+        assert defaults["tp"] == ("1" if lists else 1)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pp", "0"])
