@@ -17,7 +17,7 @@ from perfsim.models.specs import LayerSpec
 from perfsim.network import Network
 from perfsim.profile import Profile
 
-from _helpers import assert_user_error, run_cli
+from _helpers import assert_user_error, free_port, run_cli
 
 EMPTY = Profile()
 
@@ -255,16 +255,13 @@ def test_decodes_charged_are_what_the_runtime_performs(spec):
     """Count the elements the runtime's allreduce_mean encodes and decodes (3 real
     gloo ranks) and compare with the plan's codec passes."""
     import os
-    import socket
 
     import torch.multiprocessing as mp
 
     from perfsim.compression import make_compressor
 
     world, numel = 3, 3 * 8 * 1000
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ["MASTER_PORT"] = str(free_port())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_count_codec_work, args=(r, world, spec, numel, queue)) for r in range(world)]
