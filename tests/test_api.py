@@ -18,6 +18,8 @@ from perfsim import params
 from perfsim.cli import build_parser, main
 from perfsim.errors import ConfigError
 
+from _helpers import run_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -180,8 +182,7 @@ def test_plan_is_public_and_keeps_its_module():
 
 def test_shell_completion():
     pytest.importorskip("shtab")
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "completion", "bash"], capture_output=True,
-                          text=True, timeout=120)
+    proc = run_cli("completion", "bash")
     assert proc.returncode == 0, proc.stderr
     assert "--grad-compress" in proc.stdout and "complete" in proc.stdout
 

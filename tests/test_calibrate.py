@@ -2,8 +2,6 @@
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,8 @@ from perfsim.calibrate.profile_io import build_profile, to_profile_record
 from perfsim.calibrate.timing import summarize, time_op
 from perfsim.errors import ConfigError
 from perfsim.profile import Profile
+
+from _helpers import run_cli
 
 
 def test_fit_recovers_alpha_beta():
@@ -180,15 +180,10 @@ def test_profile_wrong_version_is_refused(tmp_path):
         Profile.load(path)
 
 
-def _cli(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "perfsim", "calibrate", *args], capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def test_cli_quick_writes_a_profile(tmp_path):
     out = tmp_path / "prof.json"
-    r = _cli("--quick", "--model", "digits-mlp", "--micro-batch", "2", "--stages", "2",
-             "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--output", str(out))
+    r = run_cli("calibrate", "--quick", "--model", "digits-mlp", "--micro-batch", "2", "--stages", "2",
+                "--codecs", "fp32,qsgd-maxnorm:4", "--comm", "p2p", "--output", str(out))
     assert r.returncode == 0, r.stderr
     # stderr is a pipe here, as in a log or CI: no bar, one line per stage (started, done),
     # after the estimate of how long the calibration takes
@@ -218,7 +213,8 @@ def test_cli_quick_writes_a_profile(tmp_path):
     (["--emulate-bandwidth", "100furlongs"], "--emulate-bandwidth"),
 ])
 def test_cli_bad_input_one_line(tmp_path, args, culprit):
-    r = _cli("--quick", "--no-progress", "--comm", "none", "--output", str(tmp_path / "x.json"), *args)
+    r = run_cli("calibrate", "--quick", "--no-progress", "--comm", "none", "--output", str(tmp_path / "x.json"),
+                *args)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0]

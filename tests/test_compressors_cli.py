@@ -2,8 +2,6 @@
 
 import io
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -11,6 +9,8 @@ from perfsim.cli import main
 from perfsim.commands.compressors import COLUMNS, build_example, parse_shape
 from perfsim.compression import compressor_classes, make_compressor
 from perfsim.errors import ConfigError
+
+from _helpers import assert_user_error, run_cli
 
 
 def _csv(capsys, *extra):
@@ -124,6 +124,5 @@ def test_bad_shape(bad, capsys):
 
 
 def test_console_entry_point():
-    r = subprocess.run([sys.executable, "-m", "perfsim", "compressors", "--shape", "x1"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    r = run_cli("compressors", "--shape", "x1")
+    assert_user_error(r.returncode, r.stderr, "--shape")

@@ -9,7 +9,6 @@ no_sync / several models, 6 ``perfsim run`` on the same API.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from _helpers import free_port
+
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 sys.path.insert(0, str(SCRIPT.parent))
 import ddp_script as script  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(mode: str, out: Path, nproc: int = 2, *args: str) -> list:

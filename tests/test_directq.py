@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.errors import ConfigError
 
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+
 shapes = st.lists(st.integers(0, 9), min_size=0, max_size=4).map(tuple)
 
 
@@ -15,12 +17,7 @@ shapes = st.lists(st.integers(0, 9), min_size=0, max_size=4).map(tuple)
 @given(shape=shapes, bits=st.sampled_from([2, 3, 4, 6, 8]),
        opt=st.sampled_from(["", ":det", ":bucket=5", ":det:bucket=1", ":bucket=64"]))
 def test_wire_bytes_equals_payload(shape, bits, opt):
-    c = make_compressor(f"directq:{bits}{opt}")
-    x = torch.randn(shape)
-    p = c.compress(x)
-    assert p.nbytes == c.wire_bytes(shape)
-    y = c.decompress(p)
-    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_payload_is_wire_size(f"directq:{bits}{opt}", shape)
 
 
 def test_wire_bytes_formula_gpt2xl_boundary():
@@ -60,16 +57,12 @@ def test_seeded_and_resumable():
     x = torch.randn(3, 50)
     a, b = make_compressor("directq:3", seed=5), make_compressor("directq:3", seed=5)
     assert torch.equal(a.compress(x).tensors["codes"], b.compress(x).tensors["codes"])
-    state = a.state_dict()
-    nxt = a.compress(x).tensors["codes"]
-    c = make_compressor("directq:3", seed=5)
-    c.load_state_dict(state)
-    assert torch.equal(c.compress(x).tensors["codes"], nxt)
+    assert_resumes_from_state("directq:3", x, seed=5)
     # different seeds draw different bits
     other = make_compressor("directq:3", seed=6)
     assert not torch.equal(other.compress(x).tensors["codes"], make_compressor("directq:3", seed=5).compress(x).tensors["codes"])
     with pytest.raises(ConfigError):
-        c.load_state_dict({"bogus": 1})
+        a.load_state_dict({"bogus": 1})
 
 
 def test_exact_results_for_zero_and_empty():

@@ -1,13 +1,13 @@
 """calibrate --efficiency: achieved-rate records of the compute model's operator classes."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from perfsim.errors import ConfigError
 from perfsim.profile import EFFICIENCY_OPS, Profile
+
+from _helpers import assert_user_error, run_cli
 
 
 def test_efficiency_records_cover_every_operator_class(tmp_path):
@@ -43,8 +43,6 @@ def test_efficiency_record_without_flops_is_refused(tmp_path):
 
 
 def test_calibrate_efficiency_flag_rejects_unknown_dtype(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "calibrate", "--model", "none", "--codecs",
-                           "none", "--comm", "none", "--stages", "", "--efficiency", "fp8",
-                           "-o", str(tmp_path / "x.json")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert "--efficiency 'fp8'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run_cli("calibrate", "--model", "none", "--codecs", "none", "--comm", "none", "--stages", "",
+                   "--efficiency", "fp8", "-o", str(tmp_path / "x.json"))
+    assert_user_error(proc.returncode, proc.stderr, "--efficiency 'fp8'")

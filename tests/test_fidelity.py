@@ -2,8 +2,6 @@
 multi-GPU nodes and NIC sharing, decode charging, 1-bit optimizers' warm-up."""
 
 import math
-import subprocess
-import sys
 
 import pytest
 
@@ -18,6 +16,8 @@ from perfsim.link import Link, resolve_link
 from perfsim.models.specs import LayerSpec
 from perfsim.network import Network
 from perfsim.profile import Profile
+
+from _helpers import assert_user_error, free_port, run_cli
 
 EMPTY = Profile()
 
@@ -194,8 +194,8 @@ def test_fabric_presets_and_nic_spec():
     (["--collective-algo", "magic"], "collective-algo"),
 ])
 def test_new_flags_reject_bad_input(flags, culprit):
-    r = subprocess.run([sys.executable, "-m", "perfsim", "predict", *flags], capture_output=True, text=True)
-    assert r.returncode == 2 and culprit in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("predict", *flags)
+    assert_user_error(r.returncode, r.stderr, culprit)
 
 
 # ------------------------------------------------------------------ decode charging
@@ -255,16 +255,13 @@ def test_decodes_charged_are_what_the_runtime_performs(spec):
     """Count the elements the runtime's allreduce_mean encodes and decodes (3 real
     gloo ranks) and compare with the plan's codec passes."""
     import os
-    import socket
 
     import torch.multiprocessing as mp
 
     from perfsim.compression import make_compressor
 
     world, numel = 3, 3 * 8 * 1000
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    os.environ["MASTER_PORT"] = str(free_port())
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = [ctx.Process(target=_count_codec_work, args=(r, world, spec, numel, queue)) for r in range(world)]

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 
 import pytest
 import torch
 
 from perfsim.errors import ConfigError
 from perfsim.runtime.grad_sync import GradSync, make_buckets, parse_grad_spec, sync_gradients
+
+from _helpers import run_ranks
 
 WORLD = 2
 CANDIDATES = ["fp32", "fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4",
@@ -54,18 +55,6 @@ def available_specs() -> list[str]:
     return list(CANDIDATES)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(fn, *args):
-    import torch.multiprocessing as mp
-
-    mp.spawn(fn, args=(free_port(), *args), nprocs=WORLD, join=True)
-
-
 def _init(rank: int, port: int) -> None:
     import torch.distributed as dist
 
@@ -82,6 +71,14 @@ def _mlp() -> torch.nn.Module:
 def _batch(rank: int, step: int):
     g = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(24, 64, generator=g), torch.randint(0, 10, (24,), generator=g)
+
+
+def _backward(models, rank: int, step: int) -> None:
+    """Fresh gradients of batch ``step`` on every model."""
+    x, y = _batch(rank, step)
+    for m in models:
+        m.zero_grad()
+        torch.nn.functional.cross_entropy(m(x), y).backward()
 
 
 def _local_grads(rank: int) -> list[torch.Tensor]:
@@ -110,7 +107,6 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     from perfsim.ddp import attach, onebit_optimizer
 
     _init(rank, port)
-    loss_fn = torch.nn.functional.cross_entropy
     results = {}
     for spec in specs:
         model = _mlp()
@@ -121,13 +117,8 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
         stage_sync = GradSync(spec)
         steps = []
         for step in range(4):
-            x, y = _batch(rank, step)
-            for m in (ddp, ref, stage):
-                m.zero_grad()
-            loss_fn(ddp(x), y).backward()
+            _backward((ddp, ref, stage), rank, step)
             hook_stats = state.pop_stats()
-            loss_fn(ref(x), y).backward()
-            loss_fn(stage(x), y).backward()
             if step == 3:               # resume check: a restored state continues identically
                 restored = GradSync(spec)
                 restored.load_state_dict(_roundtrip(stage_sync.state_dict()))
@@ -167,10 +158,7 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     stage, stage_sync = _mlp(), GradSync("powersgd:1:start=2")   # pipeline-stage path
     psgd = []
     for step in range(4):
-        x, y = _batch(rank, step)
-        for m in (ours, theirs, stage):
-            m.zero_grad()
-            loss_fn(m(x), y).backward()
+        _backward((ours, theirs, stage), rank, step)
         sync_gradients(stage.named_parameters(), stage_sync)
         psgd.append((_grads(ours.module), _grads(theirs.module), st.pop_stats(), _grads(stage)))
     saved = _roundtrip(st.state_dict())
@@ -183,9 +171,7 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
     model, ref = _mlp(), _mlp()
     ddp_noop = DDP(model)
     onebit_optimizer(ddp_noop, "onebit-lamb:warmup=3", lr=1e-3)
-    x, y = _batch(rank, 0)
-    loss_fn(ddp_noop(x), y).backward()
-    loss_fn(ref(x), y).backward()
+    _backward((ddp_noop, ref), rank, 0)
     results["noop"] = (_grads(model), _grads(ref))
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()  # no rank tears gloo down while its peer is mid-collective
@@ -196,8 +182,7 @@ def _worker(rank: int, port: int, specs: list[str], out_dir: str) -> None:
 def dp_results(tmp_path_factory):
     out = tmp_path_factory.mktemp("grad_sync")
     specs = available_specs()
-    spawn(_worker, specs, str(out))
-    return specs, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return specs, run_ranks(_worker, out, specs, world=WORLD)
 
 
 def _rel(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:

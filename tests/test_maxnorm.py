@@ -1,4 +1,5 @@
-"""QSGDMaxNorm and QSGDMaxNormMultiScale (multiscale-quantizers-paper.txt Sec. 3.1-3.2):
+"""QSGDMaxNorm and QSGDMaxNormMultiScale (Vineeth S, "Unbiased Single-scale and
+Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497, Sec. 3.1-3.2):
 exact wire size, allreduce compatibility in the integer domain, overflow-safe sums,
 Lemma 1 / 2, scale sharing, and one real multi-process gloo allreduce."""
 
@@ -14,6 +15,8 @@ from perfsim.compression.base import sum_dtype_for
 from perfsim.kernels.lanes import pack_lanes, pack_lanes_ref, packed_words, unpack_lanes
 from perfsim.errors import ConfigError
 
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+
 SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4",
          "qsgd-maxnorm-multiscale:2:6,8", "qsgd-maxnorm-multiscale:3:8:bucket=5"]
 
@@ -21,10 +24,7 @@ SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-mul
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1001,), (0,)])
 def test_wire_bytes_is_payload_size(spec, shape):
-    c = make_compressor(spec)
-    p = c.compress(torch.randn(shape))
-    assert p.nbytes == c.wire_bytes(shape)
-    assert c.decompress(p).shape == shape
+    assert_payload_is_wire_size(spec, shape)
 
 
 def test_wire_bytes_formula():
@@ -193,15 +193,7 @@ def test_shared_values_checked_and_bad_input():
 
 
 def test_state_roundtrip():
-    x = torch.randn(50)
-    a = make_compressor("qsgd-maxnorm-multiscale:2:6", seed=9)
-    a.compress(x)
-    st = a.state_dict()
-    p1 = a.compress(x)
-    b = make_compressor("qsgd-maxnorm-multiscale:2:6", seed=9)
-    b.load_state_dict(st)
-    p2 = b.compress(x)
-    assert all(torch.equal(p1.tensors[k], p2.tensors[k]) for k in p1.tensors)
+    assert_resumes_from_state("qsgd-maxnorm-multiscale:2:6", torch.randn(50), seed=9)
 
 
 # ------------------------------------------------------------------ real gloo

@@ -9,7 +9,6 @@ and whose receive it posted before the sender sent.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch
@@ -17,24 +16,7 @@ import torch
 from perfsim.compression import make_pipeline_pair
 from perfsim.compression.base import Payload
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn, *args):
-    import torch.multiprocessing as mp
-
-    mp.spawn(fn, args=(_free_port(), *args), nprocs=2, join=True)
-
-
-def _init(rank: int, port: int) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+from _helpers import gloo_group, spawn_ranks
 
 
 def _batches(n: int):
@@ -44,48 +26,44 @@ def _batches(n: int):
 
 
 def _aqsgd_worker(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
-
     from perfsim.runtime.pipeline import Messenger, header_capacity
 
-    _init(rank, port)
-    msg = Messenger(torch.device("cpu"), header_capacity(8))
-    comp = make_pipeline_pair("aqsgd:fw4bw8", seed=3)[0]
-    batches = _batches(4)
-    seen = []
-    if rank == 0:
-        for x, ids in batches:
-            msg.send(comp.compress(x, key=ids), ids, 1)
-        msg.wait_all()
-    else:
-        first, first_ids, _ = msg.recv(0)  # self-describing: no size needed
-        got = [(comp.decompress(first, key=first_ids), first_ids)]
-        shape = msg.shapes[0]
-        # batches 1 (new ids: in full) and 2 (batch 0's ids: a 4-bit delta) posted
-        # before reading, sized from this side's compressor state
-        sizes = [comp.payload_nbytes(shape, key=ids) for _, ids in batches[1:3]]
-        for n in sizes:
-            msg.post(0, n)
-        for _ in range(2):
-            payload, got_ids, _ = msg.recv(0)
+    with gloo_group(rank, 2, port):
+        msg = Messenger(torch.device("cpu"), header_capacity(8))
+        comp = make_pipeline_pair("aqsgd:fw4bw8", seed=3)[0]
+        batches = _batches(4)
+        seen = []
+        if rank == 0:
+            for x, ids in batches:
+                msg.send(comp.compress(x, key=ids), ids, 1)
+            msg.wait_all()
+        else:
+            first, first_ids, _ = msg.recv(0)  # self-describing: no size needed
+            got = [(comp.decompress(first, key=first_ids), first_ids)]
+            shape = msg.shapes[0]
+            # batches 1 (new ids: in full) and 2 (batch 0's ids: a 4-bit delta) posted
+            # before reading, sized from this side's compressor state
+            sizes = [comp.payload_nbytes(shape, key=ids) for _, ids in batches[1:3]]
+            for n in sizes:
+                msg.post(0, n)
+            for _ in range(2):
+                payload, got_ids, _ = msg.recv(0)
+                got.append((comp.decompress(payload, key=got_ids), got_ids))
+            # batch 3 repeats batch 1's ids, known only once batch 1 is decoded: posted now
+            sizes.append(comp.payload_nbytes(shape, key=batches[3][1]))
+            payload, got_ids, _ = msg.recv(0, sizes[-1])
             got.append((comp.decompress(payload, key=got_ids), got_ids))
-        # batch 3 repeats batch 1's ids, known only once batch 1 is decoded: posted now
-        sizes.append(comp.payload_nbytes(shape, key=batches[3][1]))
-        payload, got_ids, _ = msg.recv(0, sizes[-1])
-        got.append((comp.decompress(payload, key=got_ids), got_ids))
-        for (x, ids), (y, got_ids) in zip(batches, got):
-            seen.append({"ids_equal": bool(torch.equal(ids, got_ids)),
-                         "rel_err": float((x - y).norm() / x.norm())})
-        seen.append({"sizes": sizes, "posted_left": len(msg.posted[0])})
-        with open(out, "w") as f:
-            json.dump(seen, f)
-    dist.barrier()
-    dist.destroy_process_group()
+            for (x, ids), (y, got_ids) in zip(batches, got):
+                seen.append({"ids_equal": bool(torch.equal(ids, got_ids)),
+                             "rel_err": float((x - y).norm() / x.norm())})
+            seen.append({"sizes": sizes, "posted_left": len(msg.posted[0])})
+            with open(out, "w") as f:
+                json.dump(seen, f)
 
 
 def test_posted_receives_carry_aqsgd_in_order(tmp_path):
     out = tmp_path / "seen.json"
-    _spawn(_aqsgd_worker, str(out))
+    spawn_ranks(_aqsgd_worker, str(out))
     *rows, tail = json.loads(out.read_text())
     assert len(rows) == 4 and all(r["ids_equal"] for r in rows)
     # first visits travel in full (exact); repeats are 4-bit deltas (close, not exact)
@@ -98,37 +76,33 @@ def test_posted_receives_carry_aqsgd_in_order(tmp_path):
 
 
 def _mismatch_worker(rank: int, port: int, out: str) -> None:
-    import torch.distributed as dist
-
     from perfsim.runtime.pipeline import Messenger
 
-    _init(rank, port)
-    msg = Messenger(torch.device("cpu"), 256)
-    p = Payload({"values": torch.ones(4, 16)}, (4, 16))
-    small = Payload({"values": torch.ones(4, 8)}, (4, 8))
-    ids = torch.arange(4)
-    if rank == 0:
-        msg.send(p, ids, 1)
-        msg.send(small, ids, 1)  # the receiver expects another 256 bytes
-        msg.wait_all()
-    else:
-        msg.recv(0)
-        try:
-            msg.recv(0, p.nbytes)
-            err = ""
-        except RuntimeError as exc:
-            err = str(exc)
-        with open(out, "w") as f:
-            f.write(err)
-    dist.barrier()
-    dist.destroy_process_group()
+    with gloo_group(rank, 2, port):
+        msg = Messenger(torch.device("cpu"), 256)
+        p = Payload({"values": torch.ones(4, 16)}, (4, 16))
+        small = Payload({"values": torch.ones(4, 8)}, (4, 8))
+        ids = torch.arange(4)
+        if rank == 0:
+            msg.send(p, ids, 1)
+            msg.send(small, ids, 1)  # the receiver expects another 256 bytes
+            msg.wait_all()
+        else:
+            msg.recv(0)
+            try:
+                msg.recv(0, p.nbytes)
+                err = ""
+            except RuntimeError as exc:
+                err = str(exc)
+            with open(out, "w") as f:
+                f.write(err)
 
 
 def test_a_body_of_another_size_is_an_error_not_garbage(tmp_path):
     """A receiver that sized its buffer from a compressor out of step with the
     sender's must fail loudly: a shorter message leaves posted bytes unclaimed."""
     out = tmp_path / "err.txt"
-    _spawn(_mismatch_worker, str(out))
+    spawn_ranks(_mismatch_worker, str(out))
     assert "256 body bytes posted, 128 sent" in out.read_text()
 
 

@@ -11,6 +11,8 @@ import pytest
 from perfsim import netem
 from perfsim.cli import main
 
+from _helpers import assert_user_error, run_cli
+
 needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root + ip netns + tc")
 
 
@@ -93,11 +95,8 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
 def test_emulated_rate_outside_tc_range_refused_up_front(tmp_path, rate):
     """Issue 14.11: tc tracebacks after namespaces were built."""
     before = netem.list_namespaces() if netem.netns_available() else []
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--emulate-bandwidth", rate,
-                           "--out", str(tmp_path / "x"), "--steps", "1"], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert "tc shapes" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli("run", "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
+    assert_user_error(proc.returncode, proc.stderr, "tc shapes")
     if netem.netns_available():
         assert netem.list_namespaces() == before
 

@@ -29,11 +29,10 @@ def test_intra_node_faster():
     assert net.p2p_time(1, 2, 1e6) == pytest.approx(1e-3 + 8e-3)
 
 
-def test_ring_collective_uses_slowest_link(tmp_path):
-    f = tmp_path / "t.json"
-    f.write_text(json.dumps({"nodes": 3, "bandwidth": "1Gbps", "latency": "1ms",
-                             "links": [{"src": 1, "dst": 2, "bandwidth": "100Mbps", "latency": "20ms",
-                                        "symmetric": False}]}))
+def test_ring_collective_uses_slowest_link(write_file):
+    f = write_file("t.json", json.dumps({"nodes": 3, "bandwidth": "1Gbps", "latency": "1ms",
+                                         "links": [{"src": 1, "dst": 2, "bandwidth": "100Mbps", "latency": "20ms",
+                                                    "symmetric": False}]}))
     topo = load_topology(f)
     net = Network(System(topology=topo), 3)
     S = 1e6
@@ -69,9 +68,8 @@ def test_bad_topologies(tmp_path, name, text, msg):
         load_topology(f)
 
 
-def test_topology_too_small(tmp_path):
-    f = tmp_path / "t.json"
-    f.write_text('{"nodes": 2, "bandwidth": "1Gbps"}')
+def test_topology_too_small(write_file):
+    f = write_file("t.json", '{"nodes": 2, "bandwidth": "1Gbps"}')
     with pytest.raises(ConfigError, match="needs 4"):
         Network(System(topology=load_topology(f)), 4)
 
@@ -108,12 +106,11 @@ def test_max_min_with_caps():
     assert ends["b"] == pytest.approx(2.0)
 
 
-def test_regional_topology(tmp_path):
-    f = tmp_path / "geo.toml"
-    f.write_text('nodes = 6\nregions = {size = 3}\n'
-                 'region_bandwidth = [["10Gbps", "100Mbps"], ["100Mbps", "10Gbps"]]\n'
-                 'region_latency = [["1ms", "40ms"], ["40ms", "1ms"]]\n'
-                 '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "50Mbps"\n')
+def test_regional_topology(tmp_path, write_file):
+    f = write_file("geo.toml", 'nodes = 6\nregions = {size = 3}\n'
+                               'region_bandwidth = [["10Gbps", "100Mbps"], ["100Mbps", "10Gbps"]]\n'
+                               'region_latency = [["1ms", "40ms"], ["40ms", "1ms"]]\n'
+                               '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "50Mbps"\n')
     topo = load_topology(f)
     assert topo.nodes == 6 and not topo.is_uniform()
     assert topo.link(0, 1) == (5e7, 1e-3) and topo.link(1, 0) == (5e7, 1e-3)
@@ -124,26 +121,24 @@ def test_regional_topology(tmp_path):
         load_topology(tmp_path / "bad.json")
 
 
-def test_topology_rows_carry_the_topology_links_and_reject_bandwidth(tmp_path):
+def test_topology_rows_carry_the_topology_links_and_reject_bandwidth(write_file):
     """Issue 14.4: topology rows said 1e10 bit/s, 0 s (the unused --bandwidth/--latency)."""
     from perfsim.api import predict
 
-    f = tmp_path / "t.toml"
-    f.write_text('nodes = 4\nbandwidth = "1Gbps"\nlatency = "2ms"\n'
-                 '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "100Mbps"\nlatency = "30ms"\n')
+    f = write_file("t.toml", 'nodes = 4\nbandwidth = "1Gbps"\nlatency = "2ms"\n'
+                             '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "100Mbps"\nlatency = "30ms"\n')
     s = predict(topology=str(f), pp=4, macro_batch=4).summary
     assert s["topology"] == str(f) and s["bandwidth_bps"] == 1e8 and s["latency_s"] == pytest.approx(0.03)
     with pytest.raises(ConfigError, match="replace bandwidth"):
         predict(topology=str(f), bandwidth="10Gbps", pp=4)
 
 
-def test_topology_nic_default_matches_bandwidth(tmp_path):
+def test_topology_nic_default_matches_bandwidth(write_file):
     """Issue 14.5: a topology file's NIC was unlimited while --bandwidth shares it, so two
     descriptions of one cluster disagreed. Now they give the same answer."""
     from perfsim.api import predict
 
-    f = tmp_path / "t.toml"
-    f.write_text('nodes = 2\nbandwidth = "100Mbps"\nlatency = "0s"\n')
+    f = write_file("t.toml", 'nodes = 2\nbandwidth = "100Mbps"\nlatency = "0s"\n')
     common = dict(pp=2, dp=2, gpus_per_node=2, macro_batch=8, grad_compress="none")
     for schedule in ("gpipe", "1f1b"):
         by_flag = predict(bandwidth="100Mbps", schedule=schedule, **common).summary["iteration_s"]

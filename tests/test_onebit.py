@@ -2,8 +2,6 @@
 allreduce over real gloo process groups."""
 
 import math
-import os
-import socket
 import sys
 
 import pytest
@@ -14,14 +12,13 @@ from perfsim.compression.base import ALLGATHER, ALLTOALL
 from perfsim.compression.onebit import OneBit, chunk_elems, onebit_error_bound
 from perfsim.errors import ConfigError
 
+from _helpers import assert_payload_is_wire_size, gloo_group, run_ranks, save_rank
+
 
 def test_wire_bytes_and_plan():
     c = make_compressor("onebit")
     for shape in [(1000,), (3, 7), (0,), (), (9,)]:
-        x = torch.randn(shape)
-        p = c.compress(x)
-        assert p.nbytes == c.wire_bytes(shape)
-        assert c.decompress(p).shape == x.shape
+        assert_payload_is_wire_size("onebit", shape)
     assert c.wire_bytes((1000,)) == 125 + 4
     assert c.wire_bytes((1000,), warmup=True) == 4000
     plan = c.dp_plan((1000,), 4)
@@ -85,37 +82,20 @@ def test_bad_input():
 
 
 # ---------------------------------------------------------------- real gloo
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, world, port, xs, steps, outdir):
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
+def _worker(rank, port, world, xs, steps, outdir):
+    with gloo_group(rank, world, port):
         c = make_compressor("onebit")
         outs = [c.allreduce_mean(xs[rank]) for _ in range(steps)]
-        torch.save({"outs": outs, "state": c.state_dict()}, os.path.join(outdir, f"r{rank}.pt"))
-        dist.barrier()  # no rank tears gloo down while its peer is mid-collective
-    finally:
-        dist.destroy_process_group()
+        save_rank(outdir, rank, {"outs": outs, "state": c.state_dict()})
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="uses fork start method")
 @pytest.mark.parametrize("world", [2, 3])
 def test_allreduce_mean_over_gloo(world, tmp_path):
-    import torch.multiprocessing as mp
-
     torch.manual_seed(world)
     n, steps = 203, 40
     xs = [torch.randn(n) + 0.5 * r for r in range(world)]
-    mp.start_processes(_worker, args=(world, _free_port(), xs, steps, str(tmp_path)), nprocs=world,
-                       start_method="fork")
-    res = [torch.load(tmp_path / f"r{r}.pt") for r in range(world)]
+    res = run_ranks(_worker, tmp_path, world, xs, steps, world=world, start_method="fork")
     # identical on every rank, and bit-identical to the in-process simulation
     comps = [OneBit() for _ in range(world)]
     mean = torch.stack(xs).mean(0)

@@ -4,8 +4,6 @@ gloo with two ranks (sklearn digits MLP), checkpoint round-trip."""
 from __future__ import annotations
 
 import io
-import os
-import socket
 
 import pytest
 import torch
@@ -13,6 +11,8 @@ import torch
 from perfsim.errors import ConfigError
 from perfsim.ddp import DEFAULT_WARMUP, onebit_optimizer
 from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb
+
+from _helpers import gloo_group, run_ranks, save_rank
 
 WORLD = 2
 STEPS, WARMUP, RESUME_AT, TAIL = 50, 10, 30, 5
@@ -154,12 +154,6 @@ def _compressor() -> str:
     return "onebit"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train(rank, model, ddp, opt, x, y, steps, start, losses):
     import torch.distributed as dist
 
@@ -176,55 +170,48 @@ def _train(rank, model, ddp, opt, x, y, steps, start, losses):
 
 
 def _worker(rank: int, port: int, compressor: str, out_dir: str) -> None:
-    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from perfsim.ddp import onebit_optimizer
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    x, y = _digits()
-    out = {}
-    for name in NAMES:
-        spec = f"{name}:warmup={WARMUP}"
-        model = _mlp()
-        ddp = DDP(model)
-        opt = onebit_optimizer(ddp, spec, LR[name], compressor=compressor)  # + its no-op hook
-        losses: list[float] = []
-        _train(rank, model, ddp, opt, x, y, RESUME_AT, 0, losses)
-        saved = _roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
-        stats = opt.pop_stats()
-        _train(rank, model, ddp, opt, x, y, STEPS - RESUME_AT, RESUME_AT, losses)
+    with gloo_group(rank, WORLD, port):
+        x, y = _digits()
+        out = {}
+        for name in NAMES:
+            spec = f"{name}:warmup={WARMUP}"
+            model = _mlp()
+            ddp = DDP(model)
+            opt = onebit_optimizer(ddp, spec, LR[name], compressor=compressor)  # + its no-op hook
+            losses: list[float] = []
+            _train(rank, model, ddp, opt, x, y, RESUME_AT, 0, losses)
+            saved = _roundtrip({"model": model.state_dict(), "opt": opt.state_dict()})
+            stats = opt.pop_stats()
+            _train(rank, model, ddp, opt, x, y, STEPS - RESUME_AT, RESUME_AT, losses)
 
-        twin = _mlp()
-        with torch.no_grad():
-            for p in twin.parameters():
-                p.add_(1.0)                                 # load_state_dict must overwrite this
-        twin.load_state_dict(saved["model"])
-        twin_ddp = DDP(twin)
-        twin_opt = onebit_optimizer(twin_ddp, spec, LR[name], compressor=compressor)
-        twin_opt.load_state_dict(saved["opt"])
-        resumed: list[float] = []
-        _train(rank, twin, twin_ddp, twin_opt, x, y, TAIL, RESUME_AT, resumed)
-        with torch.no_grad():
-            full = float(torch.nn.functional.cross_entropy(model(x), y))
-        flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-        out[name] = {"losses": losses, "resumed": resumed, "full_loss": full, "params": flat,
-                     "compressed_bytes": stats["bytes"],
-                     "comp_state": saved["opt"]["onebit"]["compressor"]}
-    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.barrier()  # no rank tears gloo down while its peer is mid-collective
-    dist.destroy_process_group()
+            twin = _mlp()
+            with torch.no_grad():
+                for p in twin.parameters():
+                    p.add_(1.0)                                 # load_state_dict must overwrite this
+            twin.load_state_dict(saved["model"])
+            twin_ddp = DDP(twin)
+            twin_opt = onebit_optimizer(twin_ddp, spec, LR[name], compressor=compressor)
+            twin_opt.load_state_dict(saved["opt"])
+            resumed: list[float] = []
+            _train(rank, twin, twin_ddp, twin_opt, x, y, TAIL, RESUME_AT, resumed)
+            with torch.no_grad():
+                full = float(torch.nn.functional.cross_entropy(model(x), y))
+            flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            out[name] = {"losses": losses, "resumed": resumed, "full_loss": full, "params": flat,
+                         "compressed_bytes": stats["bytes"],
+                         "comp_state": saved["opt"]["onebit"]["compressor"]}
+        save_rank(out_dir, rank, out)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    import torch.multiprocessing as mp
-
     out = tmp_path_factory.mktemp("onebit")
     comp = _compressor()
-    mp.spawn(_worker, args=(_free_port(), comp, str(out)), nprocs=WORLD, join=True)
-    return comp, [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+    return comp, run_ranks(_worker, out, comp, world=WORLD)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,13 +13,10 @@ from perfsim.cli import main
 from perfsim.errors import ConfigError, OutputError
 from perfsim import outputs
 
+from _helpers import run_cli
+
 ROOT = os.geteuid() == 0
 FAST = ["--pp", "2", "--macro-batch", "4"]
-
-
-def _cli(*argv, **kw):
-    return subprocess.run([sys.executable, "-m", "perfsim", *argv], capture_output=True, text=True,
-                          timeout=120, **kw)
 
 
 def _one_line(proc, code):
@@ -71,7 +68,7 @@ def test_full_disk_is_one_line_and_exit_1(tmp_path):
     if ROOT:  # a private copy of /dev/full
         full = str(tmp_path / "full")
         os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
-    proc = _cli("predict", *FAST, "--format", "csv", "-o", full)
+    proc = run_cli("predict", *FAST, "--format", "csv", "-o", full)
     _one_line(proc, 1)
     assert "No space left on device" in proc.stderr
     assert stat.S_ISCHR(os.lstat(full).st_mode)
@@ -130,14 +127,14 @@ def test_bad_output_paths_are_one_line(tmp_path):
         (["run", "--out", str(tmp_path / "afile"), "--steps", "1"], "is a file"),
     ]
     for argv, msg in cases:
-        proc = _cli(*argv)
+        proc = run_cli(*argv)
         _one_line(proc, 2)
         assert msg in proc.stderr, (argv, proc.stderr)
 
 
 def test_overflowing_prediction_is_an_error_not_nan(tmp_path):
     """Issue 14.18: a NaN prediction printed NaN and exited 0; JSON got a bare NaN."""
-    proc = _cli("predict", *FAST, "--bandwidth", "1e-300bps", "--format", "json")
+    proc = run_cli("predict", *FAST, "--bandwidth", "1e-300bps", "--format", "json")
     _one_line(proc, 2)
     assert "overflowed" in proc.stderr and "NaN" not in proc.stdout
 
@@ -170,7 +167,7 @@ def test_second_sweep_on_the_same_output_is_refused(tmp_path):
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ok"
-        proc = _cli("sweep", "--pp", "2", "--out", str(out), "--no-progress")
+        proc = run_cli("sweep", "--pp", "2", "--out", str(out), "--no-progress")
         _one_line(proc, 2)
         assert f"pid {holder.pid}" in proc.stderr
     finally:

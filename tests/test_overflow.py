@@ -1,8 +1,6 @@
 """Overflow never becomes Inf (issue 14.18, DirectQ / top-k / AQ-SGD) and a diverging run
 says so (issue 14.12)."""
 
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,6 +8,8 @@ import torch
 from perfsim.compression.registry import make_compressor
 from perfsim.errors import ConfigError
 from perfsim.kernels.quant import MAX_ABS
+
+from _helpers import run_cli
 
 HUGE = torch.tensor([[3e38, -3e38, 1.0, 2.0]])  # finite fp32 values above MAX_ABS
 LARGE = torch.tensor([[8e37, -8e37, 1.0, 2.0]])  # just below it
@@ -39,10 +39,9 @@ def test_aqsgd_never_stores_inf():
 
 @pytest.mark.parametrize("compress", ["directq:fw8bw8", "fp32"])
 def test_diverging_run_says_so_and_exits_1(tmp_path, compress):
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
-                           "--steps", "30", "--lr", "1e6", "--optimizer", "sgd", "--compress", compress,
-                           "--micro-batch", "4", "--macro-batch", "16", "--out", str(tmp_path / "d"),
-                           "--no-progress"], capture_output=True, text=True, timeout=180)
+    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--steps", "30", "--lr", "1e6", "--optimizer", "sgd",
+                   "--compress", compress, "--micro-batch", "4", "--macro-batch", "16", "--out", str(tmp_path / "d"),
+                   "--no-progress", timeout=180)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "training diverged at step" in proc.stderr and ", stage " in proc.stderr

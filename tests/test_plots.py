@@ -7,8 +7,6 @@ numbers known in advance.
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -18,6 +16,8 @@ from perfsim.analysis import plots
 from perfsim.analysis.sweep import config_id, sibling_path
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
+
+from _helpers import run_cli
 
 BWS = [1e10, 1e9, 1e8, 1e7]
 METHODS = {"fp32": 32, "directq:fw4bw8": 6, "aqsgd:fw3bw6": 4.5}
@@ -218,21 +218,16 @@ def test_filters_and_errors():
         plots.make_figure("throughput", big)
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "perfsim", "plot", *args], capture_output=True,
-                          text=True, cwd=cwd)
-
-
 def test_cli(tmp_path):
     df, st = synthetic()
     table = tmp_path / "sweep.csv"
     df.to_csv(table, index=False)
     st.to_csv(sibling_path(table, "stages"), index=False)
-    proc = _cli(str(table), "--kind", "breakdown", "--filter", "bandwidth=10Mbps",
-                "--out", "b.svg", cwd=tmp_path)
+    proc = run_cli("plot", str(table), "--kind", "breakdown", "--filter", "bandwidth=10Mbps",
+                   "--out", "b.svg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "b.svg").read_text().lstrip().startswith("<?xml")
-    proc = _cli(str(table), "--kind", "speedup", cwd=tmp_path)
+    proc = run_cli("plot", str(table), "--kind", "speedup", cwd=tmp_path)
     assert proc.returncode == 0 and (tmp_path / "sweep.speedup.png").exists(), proc.stderr
     # a Result JSON list, as `perfsim predict --format json` / `perfsim run` write it
     import json
@@ -246,10 +241,10 @@ def test_cli(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(results))
     summary, stages = plots.load_tables(tmp_path / "r.json")
     assert len(summary) == 3 and summary.config_id.is_unique and len(stages) == 3 * 4
-    proc = _cli("r.json", "--kind", "breakdown", cwd=tmp_path)
+    proc = run_cli("plot", "r.json", "--kind", "breakdown", cwd=tmp_path)
     assert proc.returncode == 0 and (tmp_path / "r.breakdown.png").exists(), proc.stderr
     (tmp_path / "bad.json").write_text('{"rows": []}')
-    proc = _cli("bad.json", cwd=tmp_path)
+    proc = run_cli("plot", "bad.json", cwd=tmp_path)
     assert proc.returncode == 2 and "Result JSON" in proc.stderr
     empty = tmp_path / "empty.csv"
     empty.write_text(",".join(SUMMARY_COLUMNS) + "\n")
@@ -259,6 +254,6 @@ def test_cli(tmp_path):
                           ((str(table), "--filter", "colour=red"), "colour"),
                           ((str(table), "--out", "x.jpg"), "x.jpg"),
                           ((str(table), "--kind", "validation"), "validation")]:
-        proc = _cli(*args, cwd=tmp_path)
+        proc = run_cli("plot", *args, cwd=tmp_path)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and culprit in lines[0], proc.stderr

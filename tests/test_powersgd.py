@@ -8,6 +8,8 @@ from perfsim.compression import make_compressor
 from perfsim.compression.powersgd import PowerSGD
 from perfsim.errors import ConfigError
 
+from _helpers import gloo_group, run_ranks, save_rank
+
 
 def test_spec():
     c = make_compressor("powersgd:4")
@@ -60,11 +62,8 @@ def test_single_tensor_compress_is_a_clear_error():
         c.decompress(None)
 
 
-def _worker(rank, world, init_file, out_dir):
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
+def _worker(rank, port, world, out_dir):
+    with gloo_group(rank, world, port):
         torch.manual_seed(0)
         u = torch.randn(40, 2)  # shared column space -> the mean is exactly rank 2
         torch.manual_seed(10 + rank)
@@ -76,19 +75,13 @@ def _worker(rank, world, init_file, out_dir):
             outs.append(c.allreduce_mean(x.clone(), name="w"))
         bias = torch.randn(30)
         bias_out = c.allreduce_mean(bias.clone(), name="b")
-        torch.save({"xs": xs, "outs": outs, "bias": bias, "bias_out": bias_out, "state": c.state_dict()},
-                   f"{out_dir}/{rank}.pt")
-        dist.barrier()  # no rank tears gloo down while its peer is still mid-collective
-    finally:
-        dist.destroy_process_group()
+        save_rank(out_dir, rank, {"xs": xs, "outs": outs, "bias": bias, "bias_out": bias_out,
+                                  "state": c.state_dict()})
 
 
 def test_torch_hook_over_gloo(tmp_path):
-    import torch.multiprocessing as mp
-
     world = 2
-    mp.spawn(_worker, args=(world, str(tmp_path / "rdv"), str(tmp_path)), nprocs=world, join=True)
-    res = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(world)]
+    res = run_ranks(_worker, tmp_path, world, world=world)
     for step in range(4):
         mean = (res[0]["xs"][step] + res[1]["xs"][step]) / 2
         torch.testing.assert_close(res[0]["outs"][step], res[1]["outs"][step])

@@ -52,23 +52,23 @@ def test_json_output_file_and_trace(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("argv,culprit", [
-    (["--bandwidth", "100furlongs"], "100furlongs"),
-    (["--bandwidth=-5Mbps"], "-5Mbps"),
-    (["--bandwidth", "0"], "bandwidth"),
-    (["--partition", "1,2,3"], "partition"),
-    (["--partition", "1,1,1,1,1,1,1,1"], "partition"),
-    (["--macro-batch", "33", "--micro-batch", "2"], "macro_batch"),
-    (["--compress", "zip:4"], "zip"),
-    (["--grad-compress", "nope", "--dp", "2"], "nope"),
-    (["--grad-compress", "nope"], "nope"),
-    (["--model", "gpt5"], "gpt5"),
-    (["--schedule", "zigzag"], "zigzag"),
-    (["--pp", "two"], "pp"),
-    (["--profile", "/nonexistent/p.json"], "profile"),
-    (["--link-burst", "5furlongs"], "--link-burst"),
+    ("--bandwidth 100furlongs", "100furlongs"),
+    ("--bandwidth=-5Mbps", "-5Mbps"),
+    ("--bandwidth 0", "bandwidth"),
+    ("--partition 1,2,3", "partition"),
+    ("--partition 1,1,1,1,1,1,1,1", "partition"),
+    ("--macro-batch 33 --micro-batch 2", "macro_batch"),
+    ("--compress zip:4", "zip"),
+    ("--grad-compress nope --dp 2", "nope"),
+    ("--grad-compress nope", "nope"),
+    ("--model gpt5", "gpt5"),
+    ("--schedule zigzag", "zigzag"),
+    ("--pp two", "pp"),
+    ("--profile /nonexistent/p.json", "profile"),
+    ("--link-burst 5furlongs", "--link-burst"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, culprit):
-    code, out, err = run(capsys, *argv)
+    code, out, err = run(capsys, *argv.split())
     assert code == 2
     assert err.count("\n") == 1 and culprit in err and "Traceback" not in err
 

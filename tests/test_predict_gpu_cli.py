@@ -8,6 +8,8 @@ from perfsim.api import predict
 from perfsim.cli import main
 from perfsim.errors import ConfigError
 
+from _helpers import assert_user_error
+
 GPT = "gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
 ARGS = ["predict", "--model", GPT, "--gpu", "a100-sxm4-80gb", "--tp", "4", "--pp", "2", "--dp", "2",
         "--micro-batch", "1", "--global-batch", "16", "--gpus-per-node", "8", "--bandwidth", "200Gbps",
@@ -36,23 +38,23 @@ def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
 
 
 @pytest.mark.parametrize("extra,msg", [
-    (["--global-batch", "15"], "global_batch=15"),
-    (["--global-batch", "16", "--macro-batch", "4"], "disagrees"),
-    (["--precision", "fp8"], "precision"),
-    (["--recompute", "some"], "recompute"),
-    (["--gpu", "tpu-v4"], "gpu"),
-    (["--tp", "3"], "tp=3"),
-    (["--placement", "tp,pp"], "placement"),
+    ("--global-batch 15", "global_batch=15"),
+    ("--global-batch 16 --macro-batch 4", "disagrees"),
+    ("--precision fp8", "precision"),
+    ("--recompute some", "recompute"),
+    ("--gpu tpu-v4", "gpu"),
+    ("--tp 3", "tp=3"),
+    ("--placement tp,pp", "placement"),
 ])
 def test_bad_input_one_line(capsys, extra, msg):
+    extra = extra.split()
     args = [a for a in ARGS]
     i = args.index("--global-batch")
     del args[i:i + 2]
     if "--global-batch" not in extra:
         args += ["--global-batch", "16"]
-    assert main(args + extra) == 2
-    err = capsys.readouterr().err.strip()
-    assert msg in err and "\n" not in err
+    code = main(args + extra)
+    assert_user_error(code, capsys.readouterr().err, msg)
 
 
 def test_api_and_comma_lists(capsys):

@@ -10,6 +10,8 @@ from perfsim.compression import make_compressor
 from perfsim.compression.qsgd import QSGD, mix_seed
 from perfsim.errors import ConfigError
 
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+
 
 @pytest.mark.parametrize("spec,s,bits", [("qsgd:4", 7, 4), ("qsgd:2", 1, 2), ("qsgd:8", 127, 8),
                                          ("qsgd:s=5", 5, 4), ("qsgd:s=1", 1, 2), ("qsgd:s=3", 3, 3),
@@ -30,12 +32,7 @@ def test_bad_spec(bad):
 @pytest.mark.parametrize("shape", [(1,), (7, 13), (3, 5, 7), (1000,), (513,), (2, 1, 1025), (0,), (4, 0)])
 @pytest.mark.parametrize("spec", ["qsgd:2", "qsgd:3", "qsgd:4:bucket=100", "qsgd:6:bucket=0", "qsgd:8"])
 def test_wire_bytes_is_payload_size(spec, shape):
-    c = make_compressor(spec)
-    x = torch.randn(shape)
-    p = c.compress(x)
-    assert p.nbytes == c.wire_bytes(shape)
-    y = c.decompress(p)
-    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_payload_is_wire_size(spec, shape)
 
 
 def test_wire_bytes_formula():
@@ -96,19 +93,13 @@ def test_bad_input():
 
 def test_state_roundtrip_and_seeds():
     x = torch.randn(300)
-    a = make_compressor("qsgd:3", seed=5)
-    a.compress(x)
-    state = a.state_dict()
-    nxt = a.compress(x)
-    b = make_compressor("qsgd:3", seed=5)
-    b.load_state_dict(state)
-    again = b.compress(x)
-    assert all(torch.equal(nxt.tensors[k], again.tensors[k]) for k in nxt.tensors)
-    other = make_compressor("qsgd:3", seed=6)
-    other.load_state_dict(state)
-    assert not torch.equal(other.compress(x).tensors["codes"], nxt.tensors["codes"])
+    state = assert_resumes_from_state("qsgd:3", x, seed=5)
+    same, other = make_compressor("qsgd:3", seed=5), make_compressor("qsgd:3", seed=6)
+    same.load_state_dict(state)
+    other.load_state_dict(state)  # the seed is part of every draw, not only of the state
+    assert not torch.equal(other.compress(x).tensors["codes"], same.compress(x).tensors["codes"])
     with pytest.raises(ConfigError):
-        b.load_state_dict({"bogus": 1})
+        same.load_state_dict({"bogus": 1})
     assert mix_seed(1, 2, 3) != mix_seed(1, 2, 4) and mix_seed(1, 2) < 2 ** 63
 
 

@@ -13,14 +13,14 @@ from perfsim.runtime import checkpoint
 from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
+from _helpers import assert_user_error, run_cli
+
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
 
 
 def test_cli_writes_predict_schema(tmp_path):
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
-                           "--steps", "5", "--out", str(out), "--no-progress"],
-                          capture_output=True, text=True, timeout=120)
+    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--steps", "5", "--out", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     data = json.loads((out / "result.json").read_text())
     assert list(data["summary"])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
@@ -54,10 +54,8 @@ def test_cli_writes_predict_schema(tmp_path):
     (["--schedule", "interleaved-1f1b", "--pp", "4"], "interleaved-1f1b"),
 ])
 def test_bad_arguments_one_line_exit_2(argv, culprit, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--out", str(tmp_path / "x"), *argv],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert len(proc.stderr.strip().splitlines()) == 1 and culprit in proc.stderr
+    proc = run_cli("run", "--out", str(tmp_path / "x"), *argv)
+    assert_user_error(proc.returncode, proc.stderr, culprit)
 
 
 def test_pipeline_equals_single_stage_and_schedules_agree(tmp_path):

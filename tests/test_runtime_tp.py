@@ -1,7 +1,6 @@
 """Real tensor parallelism in execute mode: 2 gloo ranks per TP group (gpt2-tiny)."""
 
 import json
-import socket
 import subprocess
 import sys
 
@@ -11,6 +10,8 @@ import torch
 from perfsim.errors import ConfigError
 from perfsim.runtime import run
 from perfsim.runtime.tensor_parallel import RankLayout, megatron_qkv_order
+
+from _helpers import assert_user_error, gloo_group, run_cli, spawn_ranks
 
 TINY = dict(model="gpt2-tiny", micro_batch=2, macro_batch=4, steps=3, timeout="60s")
 SPEC = dict(hidden=128, seq=64)  # gpt2-tiny
@@ -39,15 +40,8 @@ def simulator_layer_collectives(**kw):
     return tp_layer_collectives(**kw)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ----------------------------------------------------------------------------- one layer
 def _layer_worker(rank, port, sequence_parallel, out_path):
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -55,9 +49,7 @@ def _layer_worker(rank, port, sequence_parallel, out_path):
     from perfsim.runtime.models import Stage
     from perfsim.runtime.tensor_parallel import CollectiveMeter, parallelize_stage
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
+    with gloo_group(rank, 2, port):
         spec = get_model_spec("gpt2-tiny")
         mb = 2
         full = Stage(spec, 1, 2, seed=3)  # one transformer block
@@ -80,8 +72,6 @@ def _layer_worker(rank, port, sequence_parallel, out_path):
         with open(f"{out_path}.{rank}", "w") as f:
             json.dump({"fwd": [e[:2] for e in fwd], "bwd": [e[:2] for e in bwd], "counts": counts,
                        "max_err": float((y - want).abs().max())}, f)
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
@@ -89,10 +79,8 @@ def test_layer_collectives_equal_the_simulators(tmp_path, sequence_parallel):
     """What torch's TP really sends for one block (kind and bytes, forward and backward)
     is what the simulator charges per layer; CommDebugMode sees no other collective,
     and the sharded block computes the unsharded block's output."""
-    import torch.multiprocessing as mp
-
     out = tmp_path / "layer"
-    mp.spawn(_layer_worker, args=(_free_port(), sequence_parallel, str(out)), nprocs=2, join=True)
+    spawn_ranks(_layer_worker, sequence_parallel, str(out))
     want = simulator_layer_collectives(micro_batch=2, tp=2, sequence_parallel=sequence_parallel,
                                        bytes_per_value=4, **SPEC)
     for rank in (0, 1):
@@ -209,9 +197,8 @@ def test_bad_tp_is_a_config_error(kw, culprit):
 
 
 def test_cli_tp_bad_input_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--tp", "2",
-                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "tp=2" in proc.stderr
+    proc = run_cli("run", "--model", "digits-mlp", "--tp", "2", "--out", str(tmp_path / "x"))
+    assert_user_error(proc.returncode, proc.stderr, "tp=2")
 
 
 def test_tp_resume_continues_the_same_training(tp1_losses, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from perfsim.errors import ConfigError
 from perfsim.schedules import (Action, Table, build_table, check_table, comm_channel, format_table,
-                               get_schedule, held_work, max_in_flight, with_comms)
+                               get_schedule, gpipe, held_work, max_in_flight, one_f_one_b, with_comms)
 
 
 def rows(table):
@@ -160,3 +160,40 @@ def test_runtime_posts_receives_from_the_comm_rows():
             got[(ch.peer, ch.channel)] = ch.order
     assert got == sent
     assert sorted(ch for _, ch in got) == [0, 1, 2, 3, 4, 5]  # 3 boundaries x 2 directions
+
+
+def test_gpipe_golden():
+    assert format_table(gpipe(2, 3)) == (
+        "stage 0: 0F0 0F1 0F2 0B0 0B1 0B2\n"
+        "stage 1: 1F0 1F1 1F2 1B0 1B1 1B2")
+
+
+def test_1f1b_golden():
+    assert format_table(one_f_one_b(4, 6)) == (
+        "stage 0: 0F0 0F1 0F2 0F3 0B0 0F4 0B1 0F5 0B2 0B3 0B4 0B5\n"
+        "stage 1: 1F0 1F1 1F2 1B0 1F3 1B1 1F4 1B2 1F5 1B3 1B4 1B5\n"
+        "stage 2: 2F0 2F1 2B0 2F2 2B1 2F3 2B2 2F4 2B3 2F5 2B4 2B5\n"
+        "stage 3: 3F0 3B0 3F1 3B1 3F2 3B2 3F3 3B3 3F4 3B4 3F5 3B5")
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 1), (3, 2), (4, 8), (8, 32), (5, 3)])
+def test_schedules_complete_and_bounded(p, m):
+    for table in (gpipe(p, m), one_f_one_b(p, m)):
+        for s, row in enumerate(table):
+            assert sorted(row) == sorted([Action(s, "F", i) for i in range(m)] + [Action(s, "B", i) for i in range(m)])
+            # a micro-batch's backward never precedes its forward
+            seen = set()
+            for a in row:
+                if a.kind == "F":
+                    seen.add(a.microbatch)
+                else:
+                    assert a.microbatch in seen
+    assert [max_in_flight(r) for r in gpipe(p, m)] == [m] * p
+    assert [max_in_flight(r) for r in one_f_one_b(p, m)] == [min(p - s, m) for s in range(p)]
+
+
+def test_action_roundtrip():
+    assert Action.parse("12B7") == Action(12, "B", 7)
+    assert str(Action.parse("0F3")) == "0F3"
+    with pytest.raises(ConfigError):
+        Action.parse("zz")

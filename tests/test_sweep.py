@@ -22,6 +22,8 @@ from perfsim.analysis.sweep import (
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, Result
 
+from _helpers import run_cli
+
 CALL_LOG = "PERFSIM_TEST_CALL_LOG"
 
 
@@ -102,17 +104,15 @@ def test_spec_rejects_bad_values(values, match):
         SweepSpec(values)
 
 
-def test_sweep_file(tmp_path):
-    f = tmp_path / "s.toml"
-    f.write_text('model = "gpt2-xl"\nbandwidth = ["10Gbps", "100Mbps"]\n'
-                 'grad-compress = "none,qsgd-maxnorm:4"\npp = 8\n')
+def test_sweep_file(tmp_path, write_file):
+    f = write_file("s.toml", 'model = "gpt2-xl"\nbandwidth = ["10Gbps", "100Mbps"]\n'
+                             'grad-compress = "none,qsgd-maxnorm:4"\npp = 8\n')
     spec = load_sweep_file(f)
     assert spec.values == {"model": ["gpt2-xl"], "pp": [8],
                            "grad_compress": ["none", "qsgd-maxnorm:4"],
                            "bandwidth": [1e10, 1e8]}
     assert spec.merged({"pp": "2,4", "compress": None}).values["pp"] == [2, 4]
-    bad = tmp_path / "bad.toml"
-    bad.write_text("bandwidth = [\n")
+    bad = write_file("bad.toml", "bandwidth = [\n")
     with pytest.raises(ConfigError, match="bad.toml.*TOML"):
         load_sweep_file(bad)
     bad.write_text('bandwith = "1Gbps"\n')
@@ -238,11 +238,11 @@ def test_pool_gives_the_in_process_table(tmp_path):
     pd.testing.assert_frame_equal(forced.summary, here.summary)
 
 
-def test_pool_from_a_plain_script(tmp_path):
+def test_pool_from_a_plain_script(tmp_path, write_file):
     """A script without ``if __name__ == "__main__"`` can sweep with a pool (the
     children do not re-run the script)."""
-    script = tmp_path / "plain.py"
-    script.write_text(
+    script = write_file(
+        "plain.py",
         "import os\n"
         "import perfsim\n"
         "from perfsim.analysis.sweep import run_sweep\n"
@@ -256,11 +256,6 @@ def test_pool_from_a_plain_script(tmp_path):
     assert proc.stdout.count("rows 3") == 1, proc.stdout
 
 
-def _cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "perfsim", "sweep", *args],
-                          capture_output=True, text=True, cwd=cwd)
-
-
 @pytest.mark.parametrize("args,culprit", [
     (["--bandwidth", "100furlongs"], "100furlongs"),
     (["--pp", "0"], "pp"),
@@ -269,7 +264,7 @@ def _cli(*args, cwd=None):
     (["--link-burst", "lots", "--bandwidth", "1Gbps"], "--link-burst"),
 ])
 def test_cli_bad_input_one_line_exit_2(tmp_path, args, culprit):
-    proc = _cli(*args, cwd=tmp_path)
+    proc = run_cli("sweep", *args, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0], proc.stderr
@@ -312,9 +307,9 @@ def test_cli_real_simulator(tmp_path):
     """End to end through perfsim.api.predict (skipped until the simulator exists)."""
     pytest.importorskip("perfsim.api")
     out = tmp_path / "s.csv"
-    proc = _cli("--bandwidth", "1Gbps,100Mbps", "--compress", "fp32,fp16",
-                "--model", "gpt2-tiny", "--pp", "2", "--macro-batch", "4", "--jobs", "2",
-                "--out", str(out), "--no-progress", cwd=tmp_path)
+    proc = run_cli("sweep", "--bandwidth", "1Gbps,100Mbps", "--compress", "fp32,fp16",
+                   "--model", "gpt2-tiny", "--pp", "2", "--macro-batch", "4", "--jobs", "2",
+                   "--out", str(out), "--no-progress", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     df = pd.read_csv(out)
     assert len(df) == 4 and (df["throughput_samples_per_s"] > 0).all()
@@ -328,7 +323,7 @@ def test_cli_real_simulator(tmp_path):
     stages = pd.read_csv(sibling_path(out, "stages"))
     assert len(stages) == 4 * 2 and set(stages.config_id) == set(df.config_id)
     # a configuration the simulator rejects: one line naming it, exit 2
-    proc = _cli("--model", "gpt2-tiny", "--pp", "2", "--partition", "3,9", "--no-overlap",
-                "--out", str(tmp_path / "bad.csv"), "--no-progress", cwd=tmp_path)
+    proc = run_cli("sweep", "--model", "gpt2-tiny", "--pp", "2", "--partition", "3,9", "--no-overlap",
+                   "--out", str(tmp_path / "bad.csv"), "--no-progress", cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "partition" in lines[0], proc.stderr

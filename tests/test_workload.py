@@ -66,11 +66,10 @@ def test_flops_fallback_uses_profile_rate():
         layer_times(m, Profile(), 1)
 
 
-def test_workload_file_toml(tmp_path):
-    f = tmp_path / "w.toml"
-    f.write_text('name = "mine"\ntokens_per_sample = 16\n'
-                 '[[layers]]\nname = "blk"\ncount = 3\nparams = 100\nout_shape = [16, 4]\nfwd_s = 0.001\n'
-                 '[[layers]]\nname = "head"\nparams = 10\nout_shape = [2]\nfwd_s = 0.002\nbwd_s = 0.001\n')
+def test_workload_file_toml(write_file):
+    f = write_file("w.toml", 'name = "mine"\ntokens_per_sample = 16\n'
+                             '[[layers]]\nname = "blk"\ncount = 3\nparams = 100\nout_shape = [16, 4]\nfwd_s = 0.001\n'
+                             '[[layers]]\nname = "head"\nparams = 10\nout_shape = [2]\nfwd_s = 0.002\nbwd_s = 0.001\n')
     m = load_workload_file(f)
     assert [layer.name for layer in m.layers] == ["blk0", "blk1", "blk2", "head"]
     fwd, bwd = layer_times(m, Profile(), 4)
@@ -85,18 +84,16 @@ def test_workload_file_toml(tmp_path):
     ('nme = "x"\n[[layers]]\nparams = 1\nout_shape = [1]\n', "nme"),
     ("[[layers", "malformed"),
 ])
-def test_bad_workload_files(tmp_path, text, msg):
-    f = tmp_path / "w.toml"
-    f.write_text(text)
+def test_bad_workload_files(write_file, text, msg):
+    f = write_file("w.toml", text)
     with pytest.raises(ConfigError, match=msg):
         load_workload_file(f)
 
 
-def test_layer_without_times_or_flops_is_an_error(tmp_path):
+def test_layer_without_times_or_flops_is_an_error(write_file):
     """Issue 14.17: such a layer was silently free."""
-    f = tmp_path / "w.toml"
-    f.write_text('[[layers]]\nname = "a"\nparams = 1\nout_shape = [1]\nfwd_s = 0.001\n'
-                 '[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\n')
+    f = write_file("w.toml", '[[layers]]\nname = "a"\nparams = 1\nout_shape = [1]\nfwd_s = 0.001\n'
+                             '[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\n')
     with pytest.raises(ConfigError, match=r"layers\[1\] \('free'\) has neither fwd_s nor flops"):
         load_workload_file(f)
     f.write_text('[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\nflops = 0\n')

@@ -1,0 +1,110 @@
+"""Helpers shared by the tests and by the worker functions they spawn.
+
+A plain module, not ``conftest.py``: ``torch.multiprocessing`` children unpickle a
+worker by importing its test module, and that module imports these by name
+(pytest puts ``tests/`` on ``sys.path``; spawned children inherit it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from perfsim.compression import make_compressor
+
+
+# ------------------------------------------------------------------ processes
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    """``python -m perfsim ARGS`` in a fresh interpreter, text output captured."""
+    return subprocess.run([sys.executable, "-m", "perfsim", *args], capture_output=True, text=True,
+                          timeout=timeout, **kw)
+
+
+def assert_user_error(code: int, err: str, culprit: str) -> None:
+    """The house rule for a user mistake: exit 2, one line naming ``culprit``, no traceback."""
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1 and culprit in err, err
+
+
+def spawn_ranks(fn, *args, world: int = 2, start_method: str = "spawn") -> None:
+    """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is a free one for
+    :func:`gloo_group`. Returns when all have finished; a rank's exception fails the call."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(fn, args=(free_port(), *args), nprocs=world, join=True, start_method=start_method)
+
+
+def save_rank(out_dir, rank: int, obj) -> None:
+    """What rank ``rank`` saw, for the parent to check (see :func:`load_ranks`)."""
+    torch.save(obj, Path(out_dir) / f"rank{rank}.pt")
+
+
+def load_ranks(out_dir, world: int) -> list:
+    """Every rank's :func:`save_rank` object, in rank order."""
+    return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def run_ranks(fn, out_dir, *args, world: int = 2, start_method: str = "spawn") -> list:
+    """:func:`spawn_ranks` of ``fn(rank, port, *args, out_dir)``; returns what each rank
+    saved there with :func:`save_rank`, in rank order."""
+    spawn_ranks(fn, *args, str(out_dir), world=world, start_method=start_method)
+    return load_ranks(out_dir, world)
+
+
+@contextlib.contextmanager
+def gloo_group(rank: int, world: int, port: int):
+    """A gloo process group over tcp://127.0.0.1:port for the body (one thread per rank).
+    On success the ranks meet at a barrier first, so none tears gloo down while its peer
+    is mid-collective; on an exception the group is torn down at once."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        yield
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------ compressors
+def assert_payload_is_wire_size(spec: str, shape: tuple[int, ...]) -> None:
+    """Compress a random ``shape`` tensor with ``spec``: the payload's bytes must be what
+    ``wire_bytes`` (the simulator's figure) says, and decompressing must give back the
+    shape and dtype."""
+    c = make_compressor(spec)
+    x = torch.randn(shape)
+    p = c.compress(x)
+    assert p.nbytes == c.wire_bytes(shape), (spec, shape)
+    y = c.decompress(p)
+    assert y.shape == x.shape and y.dtype == x.dtype, (spec, shape)
+
+
+def assert_resumes_from_state(spec: str, x: torch.Tensor, seed: int) -> dict:
+    """A compressor restored from ``state_dict()`` taken after one call produces the same
+    next payload (and decoding) as the one it was taken from. Returns that state."""
+    a = make_compressor(spec, seed=seed)
+    a.compress(x)
+    state = a.state_dict()
+    nxt = a.compress(x)
+    b = make_compressor(spec, seed=seed)
+    b.load_state_dict(state)
+    again = b.compress(x)
+    assert nxt.meta == again.meta, spec
+    assert set(nxt.tensors) == set(again.tensors), spec
+    assert all(torch.equal(nxt.tensors[k], again.tensors[k]) for k in nxt.tensors), spec
+    assert torch.equal(a.decompress(nxt), b.decompress(again)), spec
+    return state
