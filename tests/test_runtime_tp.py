@@ -208,3 +208,22 @@ def test_tp_resume_continues_the_same_training(tp1_losses, tmp_path):
     assert list(r.losses) == [0, 1, 2]
     for s in tp1_losses:
         assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
+
+
+def test_collectives_are_taken_out_of_the_compute_they_interrupt():
+    """charge_step matches the runtime's compute events (``<stage>F<mb>``, ``B``, ``I``,
+    ``W``): a collective inside one leaves that micro-batch's compute, one outside
+    none; every collective counts as TP communication."""
+    from perfsim.runtime.pipeline import MicroRecord, StepRecord
+    from perfsim.runtime.tensor_parallel import charge_step
+
+    rec = StepRecord(0, 0, 0.0, 1.0, None, [MicroRecord(0.5, 0.7), MicroRecord(0.4, 0.6)])
+    rec.events = [("0F0", "compute", 0.0, 0.5, None), ("1B1", "compute", 0.5, 1.1, None),
+                  ("0W0", "compute", 1.1, 1.3, None)]
+    charge_step(rec, [("allreduce", 64, 0.1, 0.2), ("allreduce", 64, 0.6, 0.9),
+                      ("allreduce", 64, 1.15, 1.2), ("allreduce", 64, 2.0, 2.5)])
+    assert rec.micro[0].fwd_compute_s == pytest.approx(0.4)
+    assert rec.micro[1].bwd_compute_s == pytest.approx(0.3)
+    assert rec.micro[0].bwd_compute_s == pytest.approx(0.65)
+    assert rec.micro[1].fwd_compute_s == pytest.approx(0.4)
+    assert rec.tp_comm_s == pytest.approx(0.1 + 0.3 + 0.05 + 0.5) and rec.tp_bytes == 256

@@ -37,6 +37,7 @@ tensor of an allreduce or a reduce-scatter, the rank's own shard of an all-gathe
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ import torch
 
 from perfsim.errors import ConfigError
 
+#: a compute trace event of the runtime: ``<stage><F|B|I|W><micro-batch>``
+COMPUTE_EVENT = re.compile(r"^\d+([FBIW])(\d+)$")
 #: functional collective op -> collective kind (the simulator's names)
 KINDS = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
          "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "alltoall"}
@@ -260,22 +263,25 @@ class CollectiveMeter:
 def charge_step(rec, events, after: tuple[float, float] | None = None) -> None:
     """Book one step's TP collectives on its :class:`~perfsim.runtime.pipeline.StepRecord`.
 
-    A collective inside a forward / backward compute interval (``F<mb>`` /
-    ``B<mb>`` trace events) is taken out of that micro-batch's compute time;
+    A collective inside a forward / backward compute interval (``<stage>F<mb>``,
+    ``<stage>B<mb>`` or a split backward's ``I``/``W``: the runtime's trace events) is taken out of that micro-batch's compute time;
     every collective adds to ``rec.tp_comm_s``, ``rec.tp_bytes`` and
     ``rec.tp_ops`` (count per kind) and becomes a trace event (category ``tp``).
     """
-    spans = [(t0, t1, name) for name, cat, t0, t1, _ in rec.events
-             if cat == "compute" and name[:1] in ("F", "B") and name[1:].isdigit()]
+    spans = []
+    for name, cat, t0, t1, _ in rec.events:
+        m = COMPUTE_EVENT.match(name) if cat == "compute" else None
+        if m:
+            spans.append((t0, t1, m.group(1) == "F", int(m.group(2))))
     for kind, nbytes, t0, t1 in events:
         dur = t1 - t0
         rec.tp_comm_s += dur
         rec.tp_bytes += nbytes
         rec.tp_ops[kind] = rec.tp_ops.get(kind, 0) + 1
-        for s0, s1, name in spans:
+        for s0, s1, forward, mb in spans:
             if s0 <= t0 and t1 <= s1:
-                r = rec.micro[int(name[1:])]
-                if name[0] == "F":
+                r = rec.micro[mb]
+                if forward:
                     r.fwd_compute_s -= dur
                 else:
                     r.bwd_compute_s -= dur
