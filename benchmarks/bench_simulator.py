@@ -2,7 +2,7 @@
 
     python benchmarks/bench_simulator.py [--quick]
 
-Cases (issue 3, "Speed"; issue 16 item 7): the default config; a 25-point sweep
+Cases: the default config; a 25-point sweep
 (5 bandwidths x 5 pipeline compressions); PP 8 x DP 128 (1024 devices) one
 iteration; PP 16 x DP 512 (8192 devices); 3D parallelism on 512 A100s (GPT-3
 175B, TP 8 x PP 8 x DP 8 with its per-layer TP collectives; target < 2 s); the

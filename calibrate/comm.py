@@ -13,10 +13,10 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   cost a pipeline stage really pays;
 * ``late``: a messenger message whose receive is posted ``LATE_S`` after it was
   sent (what a pipeline stage would pay if it did not post its receives ahead);
-  time = the receive call alone. On gloo this is not free: measured here it
-  costs up to one kernel tick (4 ms at HZ=250, median ~2 ms) even on an idle
-  machine, while a receive posted before the data arrives completes in
-  ~0.1 ms. Recorded as ``p2p`` records named ``messenger-late``;
+  time = the receive call alone. On gloo this is not free: a late receive can
+  wait up to one kernel scheduler tick, while one posted before the data
+  arrives completes at once (figures: docs/validation.md). Recorded as ``p2p``
+  records named ``messenger-late``;
 * ``framing``: the host time of execute mode's message path around one
   message, with the receive posted ahead as execute mode does: rank 0 times its
   ``send`` call (header, one buffer, ``isend``, which writes at once), rank 1

@@ -80,13 +80,8 @@ def flush_caches(device: str = "cpu") -> None:
     does before each timed kernel. CPU: map, write and unmap a fresh anonymous
     8 MB region (four times a core's L2). What a codec after a step pays is the
     step's freed mappings (the unmap drops the TLB entries, costly under nested
-    paging) and an evicted L2, not a cold last-level cache. Measured on the 2-core
-    VM (docs/validation.md, step 12): ``directq:4`` of a (8, 64, 128) activation
-    costs about the same after a fresh 8 MB mapping, a fresh 64 MB buffer, a fresh
-    960 MB buffer (twice the 480 MB L3 this VM reports) and a gpt2-tiny stage's
-    forward and backward -- 2-4x its hot time -- while such a flush costs
-    ~25 ms, ~110 ms and ~1.9 s under load; a fresh 16 MB heap buffer (glibc
-    recycles it, no new mapping) leaves it near its hot time."""
+    paging) and an evicted L2, not a cold last-level cache (the measurements behind
+    this choice: docs/validation.md, step 12 and "Measurement notes")."""
     import mmap
 
     import torch

@@ -22,7 +22,7 @@ Configurations (same model, seed, data order, steps):
 (the warm-up stage costs what ``lamb`` costs). The end-to-end time of 1-bit
 LAMB is derived from the two measured step times as
 ``W * t_lamb + (STEPS - W) * t_onebit`` (the paper's 1 / (w + (1-w)/s) form,
-one-bit-lamb-paper.txt Sec. 6.3).
+1-bit LAMB, arXiv:2104.06069, Sec. 6.3).
 
 Writes ``<out>/dp_summary.csv`` (one row per configuration) and
 ``<out>/dp_losses.csv`` (config, step, loss). Needs root (namespaces, tc).

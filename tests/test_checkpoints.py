@@ -1,5 +1,5 @@
-"""Checkpoints: a corrupt file is one line and the previous one resumes (issue 14.16);
-no shared filesystem needed (issue 19.8)."""
+"""Checkpoints: a corrupt file is one line and the previous one resumes;
+no shared filesystem needed."""
 
 import os
 import shutil

@@ -1,4 +1,4 @@
-"""Emulated networks leave nothing behind (issue 14.7, 14.8, 14.11, 14.13)."""
+"""Emulated networks leave nothing behind."""
 
 import os
 import signal

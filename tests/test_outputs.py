@@ -1,4 +1,4 @@
-"""One output writer (issue 19.3) and outputs that never clobber (issue 14.1, 14.10, 14.18)."""
+"""One output writer and outputs that never clobber."""
 
 import os
 import shutil

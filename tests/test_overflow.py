@@ -1,5 +1,5 @@
-"""Overflow never becomes Inf (issue 14.18, DirectQ / top-k / AQ-SGD) and a diverging run
-says so (issue 14.12)."""
+"""Overflow never becomes Inf (DirectQ / top-k / AQ-SGD) and a diverging run
+says so."""
 
 
 import pytest

@@ -168,7 +168,7 @@ def test_overflowing_norm_is_a_clear_error(spec):
 
 @pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4"])
 def test_fp16_results_saturate_instead_of_inf(spec):
-    """fp16 gradients near 6e4 (issue 14.18): a decoded value beyond 65504 saturates there."""
+    """fp16 gradients near 6e4: a decoded value beyond 65504 saturates there."""
     c = make_compressor(spec)
     x = torch.full((64,), 65000.0, dtype=torch.float16)
     x[0] = -65504.0

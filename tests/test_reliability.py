@@ -1,4 +1,4 @@
-"""Runs under faults (issue 14): locks, signals, hung ranks, up-front validation."""
+"""Runs under faults: locks, signals, hung ranks, up-front validation."""
 
 import os
 import signal

@@ -1,4 +1,4 @@
-"""A SIGKILLed sweep leaves no pool workers and no temp folders (issue 14.9)."""
+"""A SIGKILLed sweep leaves no pool workers and no temp folders."""
 
 import os
 import signal

@@ -61,9 +61,8 @@ log = logging.getLogger(__name__)
 PARAMS = params.NAMES
 TABLE_SUFFIXES = (".csv", ".parquet", ".pq")
 #: seconds a 2-worker pool costs before its first result (fork, process start, the
-#: first batch's hand-over), measured by ``python benchmarks/bench_startup.py`` on the
-#: 2-core development machine: 0.28 s at load 5 (a sweep of 8 configurations took
-#: 0.54 s in-process and 0.55 s on the pool)
+#: first batch's hand-over); ``python benchmarks/bench_startup.py`` measures it
+#: (docs/validation.md, "Measurement notes")
 POOL_STARTUP_S = 0.3
 
 

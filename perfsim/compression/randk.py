@@ -22,7 +22,8 @@ expectation: with ``0.25`` three quarters of every gradient would be lost
 *memory* ``h`` of what it has not sent -- error feedback ("Sparsified SGD with Memory", Stich, Cordonnier & Jaggi,
 arXiv:1809.07599; "Error Feedback Fixes SignSGD and other Gradient Compression
 Schemes", Karimireddy et al., arXiv:1901.09847) -- with the compensation
-coefficient ``alpha`` of ECQ-SGD (ecq-sgd-paper.txt eq. 5-7, ``beta = 1``)::
+coefficient ``alpha`` of ECQ-SGD (Wu et al., "Error Compensated Quantized SGD and its Applications to
+Large-scale Distributed Optimization", arXiv:1806.08054, eq. 5-7, ``beta = 1``)::
 
     a_t     = g_t + alpha h_t                      (eq. 7's argument)
     send      Q(a_t[S_t])                          (S_t: the shared K coordinates)
@@ -77,7 +78,7 @@ from perfsim.errors import ConfigError
 
 _INDEX_SALT = 0x52414E444B  # "RANDK": keeps index draws apart from rounding draws
 #: ECQ-SGD's compensation coefficient alpha for the memory of unsent coordinates
-#: (ecq-sgd-paper.txt eq. 7; its recommended range 0.01-0.1 with beta = 1)
+#: (ECQ-SGD, arXiv:1806.08054, eq. 7; its recommended range 0.01-0.1 with beta = 1)
 COMPENSATION = 0.1
 #: fewest selected values per shared norm: a 4-byte norm adds at most 1 bit per value
 MIN_NORM_CHUNK = 32

@@ -89,7 +89,7 @@ class MeasuredRates:
     ``gemm``, ``attention``, ``elementwise``, ``norm``, ``adamw``): a GEMM gets the
     achieved FLOP/s of the measured GEMM nearest in work (log FLOPs, then shape), a
     memory-bound op the achieved bytes/s of the nearest measured size. Measured
-    rates replace the curve's (ARCHITECTURE: measured costs win)."""
+    rates replace the curve's (measured costs win over modelled ones)."""
 
     def __init__(self, profile, precision: str):
         def pts(op):
