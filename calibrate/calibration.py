@@ -15,7 +15,9 @@ of this package:
 * comm (:mod:`perfsim.calibrate.comm`): p2p and collectives over the real
   backend (gloo/NCCL), on loopback and under each emulated rate (netns + tc);
 * efficiency (:mod:`perfsim.calibrate.efficiency`, optional): the compute
-  model's efficiency curves.
+  model's efficiency curves;
+* tensor parallelism (:mod:`perfsim.calibrate.tensor_parallel`, optional): one TP
+  rank's compute per micro-batch, timed by execute mode (``perfsim run --tp``).
 
 :func:`plan_calibration` parses and checks the keywords into a
 :class:`CalibrationPlan` (every user mistake is a :class:`ConfigError` naming the
@@ -48,6 +50,8 @@ DEVICES = ("auto", "cpu", "cuda")
 SECONDS_PER_POINT = {"compute": (0.05, 0.12), "codec": (0.03, 0.08)}
 #: seconds per communication sweep, (quick, full): loopback, one emulated rate
 SECONDS_PER_COMM_SWEEP = {"loopback": (8.0, 90.0), "emulated": (15.0, 40.0)}
+#: seconds per tensor-parallel stage run (start-up of the ranks and 8 steps of gpt2-tiny)
+SECONDS_PER_TP_RUN = 15.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class CalibrationPlan:
     comm: one :class:`~perfsim.calibrate.comm.CommConfig` per sweep (loopback,
       then each emulated rate).
     efficiency: the :class:`~perfsim.calibrate.efficiency.EfficiencyConfig` or None.
+    tensor_parallel: one :class:`~perfsim.calibrate.tensor_parallel.TPStageConfig` per
+      GPT model, micro-batch, TP degree, with and without sequence parallelism.
     concurrent: time compute in ``ranks`` processes at once.
     settings: what the profile's ``metadata["calibration"]`` records of the request.
     """
@@ -67,6 +73,7 @@ class CalibrationPlan:
     codecs: Any
     comm: tuple
     efficiency: Any
+    tensor_parallel: tuple
     device: str
     quick: bool
     ranks: int
@@ -85,12 +92,15 @@ class CalibrationPlan:
         out += [(f"comm {_describe_comm(c)}", 1) for c in self.comm]
         if self.efficiency:
             out.append((f"efficiency ({','.join(self.efficiency.dtypes)})", 1))
+        out += [(f"tp {c.model} mb {c.micro_batch} tp={c.tp}{' sp' if c.sequence_parallel else ''}", 1)
+                for c in self.tensor_parallel]
         return out
 
     def estimate_seconds(self, quick: bool | None = None) -> float:
         """Seconds this calibration takes on an idle 2-core VM (``quick``: as if run
         with or without ``--quick``; default: as planned)."""
-        return estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
+        return (estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
+                + SECONDS_PER_TP_RUN * len(self.tensor_parallel))
 
 
 def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
@@ -164,6 +174,30 @@ def _codec_boundaries(specs, stages, micro) -> tuple[tuple[str, int, int, int], 
     return tuple(boundaries)
 
 
+def _tp_configs(specs, micro, degrees, device: str) -> tuple:
+    """One TP stage measurement per GPT model, micro-batch and degree, without and (when
+    the sequence divides) with sequence parallelism; ConfigError naming ``--tp`` for a
+    degree a model cannot be split by."""
+    from perfsim.calibrate.tensor_parallel import TPStageConfig
+    from perfsim.models.specs import GPTSpec
+    from perfsim.runtime.tensor_parallel import check_tp
+
+    out = []
+    for spec in specs:
+        if not isinstance(spec, GPTSpec):
+            continue
+        for t in (d for d in degrees if d > 1):
+            try:
+                check_tp(spec, t, False)
+            except ConfigError as exc:
+                raise ConfigError(f"--tp {t}: {exc}") from None
+            for sp in (False, True) if spec.seq_len % t == 0 else (False,):
+                out += [TPStageConfig(spec.name, mb, t, sp, device=device) for mb in micro]
+    if degrees and any(d > 1 for d in degrees) and not out:
+        raise ConfigError("--tp: needs a GPT model in --model")
+    return tuple(out)
+
+
 def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch: str | Sequence[int] = "1,4",
                      dtype: str | Sequence[str] = "float32", stages: str | Sequence[int] = "1,2",
                      stage_microbatches: int = 4, stage_schedule: str = "1f1b", small_repeats: int = 60,
@@ -172,7 +206,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
                      emulate_ops: str | Sequence[str] = DEFAULT_EMULATE_OPS, ranks: int = 2,
                      concurrent: bool = False, device: str = "auto", repeats: int | None = None,
                      quick: bool = False, statistic: str = "median",
-                     efficiency: str | Sequence[str] = "none") -> CalibrationPlan:
+                     efficiency: str | Sequence[str] = "none", tp: str | Sequence[int] = "") -> CalibrationPlan:
     """Parse and check a calibration request (the keywords of :func:`calibrate`) into a
     :class:`CalibrationPlan`; nothing is measured. Raises :class:`ConfigError` naming
     the flag (``--micro-batch`` ...) on bad input, and checks the preconditions of
@@ -261,6 +295,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
         if d not in EfficiencyConfig.dtypes:
             raise ConfigError(f"--efficiency {d!r}: choose from {', '.join(EfficiencyConfig.dtypes)}, all, none")
     eff_cfg = EfficiencyConfig(dtypes=tuple(eff), quick=quick, device=device) if eff else None
+    tp_cfgs = _tp_configs(specs, micro, _ints(tp, "--tp"), device)
     concurrent = bool(concurrent and ranks > 1)
     settings = {
         "quick": quick, "repeats": repeats, "ranks": ranks, "statistic": statistic,
@@ -269,7 +304,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
         "dtypes": list(dtypes), "stages": list(degrees), "emulated_bandwidths_bps": bandwidths,
         "emulated_latency_s": latency}
     return CalibrationPlan(compute=compute_cfgs, codecs=codec_cfg, comm=tuple(comm_cfgs), efficiency=eff_cfg,
-                           device=device, quick=quick, ranks=ranks, concurrent=concurrent,
+                           tensor_parallel=tp_cfgs, device=device, quick=quick, ranks=ranks, concurrent=concurrent,
                            statistic=statistic, settings=settings)
 
 
@@ -287,6 +322,7 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     from perfsim.calibrate.efficiency import measure_efficiency
     from perfsim.calibrate.machine import machine_metadata
     from perfsim.calibrate.profile_io import build_profile
+    from perfsim.calibrate.tensor_parallel import measure_tp_stage
     from perfsim.calibrate.timing import set_statistic
     from perfsim.outputs import check_file_target
     from perfsim.progress import Progress
@@ -312,6 +348,8 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
                      for cfg in plan.comm]
     if plan.efficiency:
         measurements.append(("efficiency", lambda: measure_efficiency(plan.efficiency)))
+    measurements += [(f"tp {cfg.model} tp={cfg.tp}{' sp' if cfg.sequence_parallel else ''}",
+                      lambda cfg=cfg: measure_tp_stage(cfg)) for cfg in plan.tensor_parallel]
     records: list[dict] = []
     stage_s: dict[str, float] = {}
     try:
@@ -348,7 +386,7 @@ def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, com
     ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
     ``emulate_bandwidth`` (needs root), ``emulate_latency``, ``emulate_ops``, ``ranks``,
     ``concurrent``, ``device``, ``repeats``, ``quick``, ``statistic`` (``median`` or
-    ``min``), ``efficiency``. ``progress``: a bar or stage lines on stderr. Returns the
+    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr. Returns the
     written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
     flag on bad input, before anything is measured."""
     plan = plan_calibration(**params)

@@ -331,12 +331,12 @@ def test_stored_fit_and_refit_of_raw_records_agree():
 
 
 def test_shipped_files_of_both_versions_load():
-    """The embedded default is stored as version 2, the measured CPU profiles still as
+    """The embedded default is stored as version 2, the Xeon CPU profile still as
     version 1 (migrated on load): the reader keeps reading both."""
     from perfsim.profile import default_profile_path
 
     assert json.loads(default_profile_path().read_text())["version"] == 2
-    old = load_profile("cpu-2core")
+    old = load_profile("cpu-2core-xeon")
     assert json.loads(open(old.path).read())["version"] == 1
     assert any(r.get("mean_s") for r in old.records) and any("shape" in r for r in old.records)
 

@@ -75,3 +75,63 @@ def test_tp_bytes_cover_every_model_chunk():
     assert ref > 0
     for schedule in ("interleaved-1f1b", "zb-h1", "zb-v"):
         assert predict(**kw, schedule=schedule).summary["tp_bytes"] == ref
+
+
+def _with_tp_records(tmp_path, fwd=0.027, bwd=0.039, sp=False):
+    """cpu-2core.json without its TP records, plus one TP stage measurement."""
+    from perfsim.profile import Profile
+
+    prof = load_profile(PROFILE)
+    data = prof.to_dict()
+    data["records"] = [r for r in data["records"] if not r.get("tp")]
+    out = Profile.from_dict(data, where="test")
+    for op, t in (("stage_fwd", fwd), ("stage_bwd", bwd)):
+        out.add(op=op, model="gpt2-tiny", name="stage0", micro_batch=8, world_size=1, size_bytes=524288,
+                dtype="float32", layers=[0, 5], tp=2, sequence_parallel=int(sp), time_s=t,
+                source="calibrate --tp: test")
+    path = tmp_path / "tp.json"
+    out.save(path)
+    return str(path)
+
+
+def test_measured_tp_stage_wins_over_the_split(tmp_path):
+    """A TP rank's compute measured by execute mode (perfsim calibrate --tp) replaces
+    the split of the single-rank records, for that tp degree and sequence-parallel
+    setting only; the collectives are still added by the simulator."""
+    path = _with_tp_records(tmp_path)
+    base = dict(ARGS, profile=path, macro_batch=32)
+    r = predict(**base, tp=2)
+    mb = r.microbatches[0]
+    assert mb["fwd_compute_s"] == pytest.approx(0.027) and mb["bwd_compute_s"] == pytest.approx(0.039)
+    assert r.summary["tp_comm_s"] > 0
+    split = predict(**dict(base, profile=_with_tp_records(tmp_path, sp=True)), tp=2)
+    assert split.microbatches[0]["fwd_compute_s"] < 0.01  # no record without sequence parallelism
+    single = predict(**base, tp=1)  # a TP record is not a single rank's stage
+    assert single.microbatches[0]["fwd_compute_s"] != pytest.approx(0.027)
+
+
+def test_calibrate_tp_bad_degree_names_the_flag():
+    from perfsim.calibrate.calibration import plan_calibration
+
+    with pytest.raises(ConfigError, match="--tp 3"):
+        plan_calibration(model="gpt2-tiny", tp="3", codecs="none", comm="none")
+    with pytest.raises(ConfigError, match="--tp: needs a GPT model"):
+        plan_calibration(model="digits-mlp", tp="2", codecs="none", comm="none")
+    plan = plan_calibration(model="gpt2-tiny", micro_batch="8", tp="2", codecs="none", comm="none")
+    assert [(c.tp, c.sequence_parallel) for c in plan.tensor_parallel] == [(2, False), (2, True)]
+
+
+def test_calibrate_tp_times_a_real_tp_rank(tmp_path):
+    """perfsim calibrate --tp 2 runs execute mode and records one rank's compute per
+    micro-batch without its collectives: positive, and what predict then uses."""
+    from perfsim.calibrate.calibration import calibrate
+
+    out = tmp_path / "tp.json"
+    prof = calibrate(str(out), model="gpt2-tiny", micro_batch="8", stages="", codecs="none", comm="none",
+                     tp="2", quick=True, progress=False)
+    recs = {(r["op"], r["sequence_parallel"]): r for r in prof.records if r.get("tp") == 2}
+    assert set(recs) == {("stage_fwd", 0), ("stage_bwd", 0), ("stage_fwd", 1), ("stage_bwd", 1)}
+    assert all(r["time_s"] > 0 and r["layers"] == [0, 5] for r in recs.values())
+    r = predict(model="gpt2-tiny", profile=str(out), pp=1, dp=1, tp=2, micro_batch=8, macro_batch=32,
+                bandwidth="1Gbps")
+    assert r.microbatches[0]["fwd_compute_s"] == pytest.approx(recs["stage_fwd", 0]["time_s"])

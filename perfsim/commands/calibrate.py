@@ -42,6 +42,10 @@ HELPS = {
     "efficiency": "also measure the compute model's efficiency curves (GEMM by shape, attention, "
                   "elementwise, norm, AdamW) in these dtypes: comma list of bfloat16, float16, "
                   "float32, tf32, 'all', or 'none' (default)",
+    "tp": "also time one tensor-parallel rank's compute per micro-batch at these TP degrees (comma "
+          "list, e.g. 2), by running execute mode (perfsim run --tp) for a few steps, with and "
+          "without sequence parallelism; the simulator then uses it instead of splitting the "
+          "single-rank times",
 }
 
 

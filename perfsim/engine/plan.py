@@ -80,6 +80,7 @@ class StagePlan:
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
     compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
+    whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
 
 
 @dataclass
@@ -220,14 +221,16 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         if tp > 1:  # each TP rank sends its 1/t slice of the boundary activation
             last = out_shape[-1]
             wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
-        # whole-stage records: tp = 1, no recomputation, on the profile's own device
-        measured = profile if gpu is None and tp == 1 and strategy.recompute == "none" else None
-        fwd_s, bwd_s, layer_bwd = _stage_compute(workload, measured, s, a, b, nst, mb)
+        # whole-stage records (of this tp degree): no recomputation, on the profile's own device
+        measured = profile if gpu is None and strategy.recompute == "none" else None
+        fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
+                                                        strategy.sequence_parallel)
         params = sum(layer.params for layer in layers)
         arch = workload.arch
         if arch is not None and pp > 1 and s == nst - 1 and arch.tied and not arch.encoder:
             params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
-        st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s])
+        st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
+                       whole_stage_measured=whole)
         tokens = workload.tokens_per_sample
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
@@ -303,29 +306,33 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
     return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
 
-def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int
-                   ) -> tuple[float, float, list[float]]:
+def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, tp: int = 1,
+                   sequence_parallel: bool = False) -> tuple[float, float, list[float], bool]:
     """Forward and backward seconds of stage ``s`` (layers ``a..b-1``) per micro-batch.
 
     A profile's whole-stage measurement of the same partition
     (:meth:`perfsim.profile.Profile.stage_measured`, ``perfsim calibrate --stages``)
     is preferred over the sum of per-layer records: it includes the per-call and
     autograd overheads between layers that timing layers one by one misses
-    (docs/validation.md, "Measurement notes").
+    (docs/validation.md, "Measurement notes"); with tensor parallelism, a TP rank's
+    measured compute (``perfsim calibrate --tp``) includes what the TP implementation
+    adds per operator, which the split of single-rank layer times cannot know.
     The per-layer backward times are kept in proportion (they place the gradient
-    buckets' ready times), scaled to the stage's measured total."""
+    buckets' ready times), scaled to the stage's measured total. The last item: whether
+    a whole-stage measurement was used (forward or backward)."""
     fwd = sum(workload.fwd_s[a:b])
     layer_bwd = list(workload.bwd_s[a:b])
     bwd = sum(layer_bwd)
     if profile is not None:
-        f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp)
-        g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp)
+        f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp, tp, sequence_parallel)
+        g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp, tp, sequence_parallel)
         if f is not None:
             fwd = f
         if g is not None:
             layer_bwd = [x * g / bwd for x in layer_bwd] if bwd > 0 else layer_bwd
             bwd = g
-    return fwd, bwd, layer_bwd
+        return fwd, bwd, layer_bwd, f is not None or g is not None
+    return fwd, bwd, layer_bwd, False
 
 
 def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False) -> list[Bucket]:

@@ -145,7 +145,10 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
-        "compute_model": workload.compute_source,
+        "compute_model": ("profile: each tensor-parallel rank's compute as perfsim calibrate --tp measured it "
+                          "(execute mode, collectives taken out); collectives modelled"
+                          if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
+                          else workload.compute_source),
     }
     if network is not None:
         link, coll = network.link, network.collective_link

@@ -125,7 +125,8 @@ class ProfileCosts:
         return None
 
     def stage_measured(self, model: str, stage: int, first: int, last: int, micro_batch: int,
-                       op: str = "fwd", num_stages: int | None = None) -> float | None:
+                       op: str = "fwd", num_stages: int | None = None, tp: int = 1,
+                       sequence_parallel: bool = False) -> float | None:
         """Measured time of a whole stage for THE SAME partition, or None.
 
         Only ``stage<k>`` records of ``num_stages`` stages at exactly ``micro_batch``
@@ -134,9 +135,12 @@ class ProfileCosts:
         includes the per-call and autograd-graph overheads that a sum of per-layer
         records misses, but only for the layers it timed. ``*`` records (the
         paper-derived default profile's) are not whole-stage measurements of a
-        given partition and are ignored here (see :meth:`stage_compute`)."""
+        given partition and are ignored here (see :meth:`stage_compute`). ``tp`` /
+        ``sequence_parallel``: one tensor-parallel rank's compute without its
+        collectives (``perfsim calibrate --tp``); a record without a ``tp`` fact is a
+        single rank's (tp 1)."""
         return self._same_partition(f"stage_{_fb(op)}", model, stage, first, last, num_stages,
-                                    micro_batch)
+                                    micro_batch, tp, sequence_parallel)
 
     def stage_optimizer_measured(self, model: str, stage: int, first: int, last: int,
                                  num_stages: int | None = None) -> float | None:
@@ -145,12 +149,16 @@ class ProfileCosts:
         return self._same_partition("stage_optimizer", model, stage, first, last, num_stages)
 
     def _same_partition(self, op: str, model: str, stage: int, first: int, last: int,
-                        num_stages: int | None, micro_batch: int | None = None) -> float | None:
+                        num_stages: int | None, micro_batch: int | None = None, tp: int = 1,
+                        sequence_parallel: bool = False) -> float | None:
         """``time_s`` of the first ``op`` record of ``stage<k>`` whose ``layers`` are
-        ``[first, last]`` (and, when given, of the same micro-batch), or None."""
+        ``[first, last]`` (and, when given, of the same micro-batch), timed on ``tp``
+        ranks (with or without sequence parallelism), or None."""
         want = [int(first), int(last)]
         for r in self.select(op, model=model, name=f"stage{int(stage)}", world_size=num_stages):
             if micro_batch is not None and r.get("micro_batch") != micro_batch:
+                continue
+            if (r.get("tp") or 1) != tp or bool(r.get("sequence_parallel")) != bool(sequence_parallel and tp > 1):
                 continue
             if r.get("layers") == want:
                 return float(r["time_s"])

@@ -72,6 +72,8 @@ FACTS: dict[str, str] = {
     "layers": "layers",        # a stage's layers, [first, last]
     "schedule": _STR,          # pipeline schedule a stage was timed under
     "microbatches": _INT,      # micro-batches per step of that schedule
+    "tp": _INT,                # tensor-parallel ranks a stage was timed on (absent: 1)
+    "sequence_parallel": _INT, # 1: that stage ran with sequence parallelism
     "optimizer": _STR,         # optimizer of an ``optimizer`` record
     "concurrent_ranks": _INT,  # ranks computing at once while timed
     "wire_bytes": _INT,        # a codec's payload bytes on the wire
