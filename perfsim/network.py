@@ -365,13 +365,35 @@ class Path_:
     resources: tuple[Any, ...]  # shared capacities, e.g. ("tx", node), ("rx", node)
 
 
+def lockstep_link(collective_link: Link, profile=None) -> Link:
+    """The link of collectives a group issues back to back, every rank in step
+    (Megatron's tensor-parallel allreduces, several per layer). Each rank posts its
+    receive before its peer's bytes arrive, so none pays the wait of a receive posted
+    late (up to a scheduler tick on gloo), which the emulated links' calibrated fixed
+    cost pools in (their small messages are timed after idle gaps): the fixed cost per
+    step is the backend's own, calibrated on loopback (``Link.calibrated`` with no
+    nominal rate), when the profile has it and it is smaller. Rate and latency stay
+    the collective link's. Without a profile (nominal links) it is the collective link."""
+    from dataclasses import replace
+
+    if profile is None or collective_link.source == "nominal":
+        return collective_link
+    loop = Link.calibrated(profile, None, 0.0, op="allreduce")
+    if loop is None or loop.overhead_s >= collective_link.overhead_s:
+        return collective_link
+    return replace(collective_link, overhead_s=loop.overhead_s,
+                   source=f"{collective_link.source}, loopback per-step cost (lockstep)")
+
+
 class Network:
     """Analytical network of ``num_devices`` devices described by a System.
 
     Its inter-node links are :class:`perfsim.link.Link` objects resolved once
     (:func:`perfsim.link.resolve_link`): ``link`` for point-to-point messages,
     ``collective_link`` for collectives (calibrated from the profile's p2p and
-    allreduce measurements respectively when it has them at this rate)."""
+    allreduce measurements respectively when it has them at this rate), and
+    ``lockstep_link`` for collectives that a group issues back to back with all its
+    ranks in step (tensor parallelism: :meth:`collective` with ``lockstep=True``)."""
 
     def __init__(self, system, num_devices: int, profile=None):
         self.system = system
@@ -392,6 +414,7 @@ class Network:
         self.link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s, op="p2p", **common)
         self.collective_link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s,
                                                   op="allreduce", **common)
+        self.lockstep_link: Link = lockstep_link(self.collective_link, profile)
 
     def node(self, device: int) -> int:
         return device // self.system.gpus_per_node
@@ -440,42 +463,45 @@ class Network:
             return [self.path(members[i], members[(i + 1) % n]) for i in range(n)]
         return [self._path(members[i], members[(i + 1) % n], link) for i in range(n)]
 
-    def group_shape(self, members: Sequence[int]) -> GroupShape:
+    def group_shape(self, members: Sequence[int], lockstep: bool = False) -> GroupShape:
         """Where ``members`` live (:class:`perfsim.collectives.GroupShape`): the inter-node
-        rate and latency are the slowest ring hop's between different nodes."""
-        key = tuple(members)
+        rate and latency are the slowest ring hop's between different nodes (over
+        ``lockstep_link`` when ``lockstep``)."""
+        key = (tuple(members), lockstep)
         shape = self._shapes.get(key)
         if shape is None:
-            shape = self._shapes[key] = self._group_shape(members)
+            shape = self._shapes[key] = self._group_shape(members, self.lockstep_link if lockstep
+                                                          else self.collective_link)
         return shape
 
-    def _group_shape(self, members: Sequence[int]) -> GroupShape:
+    def _group_shape(self, members: Sequence[int], link: Link) -> GroupShape:
         counts: dict[int, int] = {}
         for d in members:
             counts[self.node(d)] = counts.get(self.node(d), 0) + 1
         sysm = self.system
         n = len(members)
-        inter = [self._path(members[i], members[(i + 1) % n], self.collective_link) for i in range(n)
+        inter = [self._path(members[i], members[(i + 1) % n], link) for i in range(n)
                  if self.node(members[i]) != self.node(members[(i + 1) % n])]
-        inter_bps = min((p.bandwidth_bps for p in inter), default=self.collective_link.rate_bps)
-        inter_lat = max((p.latency_s for p in inter), default=self.collective_link.one_way_s)
+        inter_bps = min((p.bandwidth_bps for p in inter), default=link.rate_bps)
+        inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
         return GroupShape(len(members), len(counts), max(counts.values(), default=1),
                           sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat)
 
-    def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None
-                   ) -> Collective:
+    def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None,
+                   lockstep: bool = False) -> Collective:
         """The collective ``kind`` of per-rank buffer ``nbytes`` on ``members``: its
         algorithm (``algo`` or ``System.collective_algo``; ``auto`` = least modelled
         time), phases, and bytes per rank (:mod:`perfsim.collectives`). The one entry
-        point for data-parallel, tensor-parallel and any other group's collectives."""
+        point for data-parallel, tensor-parallel and any other group's collectives;
+        ``lockstep``: one of a stream the group issues back to back (:func:`lockstep_link`)."""
         algo = algo or self.system.collective_algo
-        key = (kind, nbytes, tuple(members), algo)
+        key = (kind, nbytes, tuple(members), algo, lockstep)
         c = self._collectives.get(key)
         if c is None:
-            c = self._collectives[key] = plan_collective(kind, nbytes, self.group_shape(members), algo)
+            c = self._collectives[key] = plan_collective(kind, nbytes, self.group_shape(members, lockstep), algo)
         return c
 
     def collective_time(self, kind: str, nbytes: float, members: Sequence[int],
-                        algo: str | None = None) -> float:
+                        algo: str | None = None, lockstep: bool = False) -> float:
         """Uncontended time of a collective over ``members`` (:meth:`collective`)."""
-        return self.collective(kind, nbytes, members, algo).time()
+        return self.collective(kind, nbytes, members, algo, lockstep).time()

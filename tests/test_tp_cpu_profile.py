@@ -135,3 +135,21 @@ def test_calibrate_tp_times_a_real_tp_rank(tmp_path):
     r = predict(model="gpt2-tiny", profile=str(out), pp=1, dp=1, tp=2, micro_batch=8, macro_batch=32,
                 bandwidth="1Gbps")
     assert r.microbatches[0]["fwd_compute_s"] == pytest.approx(recs["stage_fwd", 0]["time_s"])
+
+
+def test_tp_collectives_run_in_lockstep():
+    """TP allreduces come back to back with both ranks in step: the emulated link's rate,
+    the loopback per-step cost (no late-receive waits), a ring of 2 steps each."""
+    from perfsim.link import Link, resolve_link
+    from perfsim.network import lockstep_link
+
+    prof = load_profile(PROFILE)
+    coll = resolve_link(prof, 1e9, 0.0, op="allreduce")
+    loop = Link.calibrated(prof, None, 0.0, op="allreduce")
+    ls = lockstep_link(coll, prof)
+    assert ls.overhead_s == loop.overhead_s < coll.overhead_s and ls.rate_bps == coll.rate_bps
+    assert lockstep_link(Link.nominal(1e9), prof) == Link.nominal(1e9)  # nothing calibrated: as it is
+    r = predict(**ARGS, tp=2, macro_batch=32)
+    size = 8 * 64 * 128 * 4  # an fp32 (micro-batch, seq, hidden) activation
+    per = size * 8 / ls.rate_bps + 2 * ls.one_way_s  # ring on 2 ranks: the buffer once, 2 steps
+    assert r.summary["tp_comm_s"] == pytest.approx(4 * 16 * per)  # 4 micro-batches x 4 blocks x 4

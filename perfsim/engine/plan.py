@@ -175,8 +175,9 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int) -> tuple[fl
         key = tuple(network.node(m) for m in members)
         if key in seen:
             continue
-        f = sum(network.collective_time(k, n, members) for ph, k, n in coll if ph == "fwd")
-        b = sum(network.collective_time(k, n, members) for ph, k, n in coll if ph == "bwd")
+        # back to back, the whole group in step (perfsim.network.lockstep_link)
+        f = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "fwd")
+        b = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "bwd")
         seen[key] = (f, b)
     fwd = max(v[0] for v in seen.values())
     bwd = max(v[1] for v in seen.values())
