@@ -9,7 +9,7 @@ repeats after a warm-up) and prints ms, GB/s of fp32 input, bits per value and
 wire bytes, next to the machine's memory-copy bandwidth measured in the same
 run (``dst.copy_(src)`` of the same fp32 size: the limit for a memory-bound
 kernel). On CUDA the compressors run their Triton kernels and the copy is a
-device copy. Issue 2's target: 4-bit directq encode + decode of 1 x 1024 x 1600
+device copy. The target: 4-bit directq encode + decode of 1 x 1024 x 1600
 fp32 (6.5 MB) in <= 5 ms on one CPU core.
 
 AQ-SGD is timed in its steady state (every sample already seen: quantize the

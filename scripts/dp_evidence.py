@@ -1,6 +1,6 @@
 """Evidence: data-parallel gradient compression at an emulated 100 Mbps.
 
-Issue 4, evidence item 3: QSGD-MaxNorm 4-bit and 1-bit LAMB against fp32
+QSGD-MaxNorm 4-bit and 1-bit LAMB against fp32
 allreduce, same model, 2 replicas -- speed-up and loss. Every run is a real
 ``perfsim run`` (``perfsim.runtime.run``): each rank in its own network
 namespace, links shaped to the bandwidth with tc (:mod:`perfsim.netem`),

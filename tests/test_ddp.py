@@ -1,7 +1,7 @@
 """perfsim.ddp, the public DDP compression API, driven as a user would: a training
 script (tests/ddp_script.py) under torchrun with 2 gloo ranks.
 
-Issue 17's properties: 1 exact resume, 2 honest bytes, 3 wrong use is an error,
+The properties: 1 exact resume, 2 honest bytes, 3 wrong use is an error,
 4 convergence (test_ddp_convergence.py), 5 find_unused_parameters / bf16 / fp16 /
 no_sync / several models, 6 ``perfsim run`` on the same API.
 """
@@ -202,7 +202,7 @@ def test_perfsim_run_uses_the_public_api():
 
 @pytest.mark.slow
 def test_perfsim_run_onebit_warmup_is_a_setting(tmp_path):
-    """Issue 14.19: 1-bit warm-up is the spec's step count -- in the run header and the
+    """1-bit warm-up is the spec's step count -- in the run header and the
     results -- and a resumed run with more --steps keeps it (nothing frozen from --steps)."""
     from perfsim.runtime import run
 

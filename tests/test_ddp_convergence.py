@@ -1,4 +1,4 @@
-"""Issue 17.4: every perfsim.ddp method trains to within 2x of fp32's loss on the same
+"""Every perfsim.ddp method trains to within 2x of fp32's loss on the same
 budget -- gradient compressors with Adam and with SGD, 1-bit Adam / 1-bit LAMB at lr
 1e-2 and 1e-3 against their uncompressed optimizers. A real 2-rank gloo job
 (scripts/ddp_convergence.py, the script that makes docs/ddp.md's table and curves)."""

@@ -1,4 +1,4 @@
-"""Issue 15 mechanisms: one transport model, interference, collective algorithms,
+"""Mechanisms: one transport model, interference, collective algorithms,
 multi-GPU nodes and NIC sharing, decode charging, 1-bit optimizers' warm-up."""
 
 import math

@@ -34,7 +34,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.netns
 @needs_netns
 def test_cleanup_kills_what_runs_in_namespaces_of_dead_runs():
-    """Issue 14.7: --cleanup removed the names but left the processes inside running."""
+    """--cleanup removed the names but left the processes inside running."""
     dead = f"{netem.PREFIX}{_dead_pid()}-0-r0"
     alive = f"{netem.PREFIX}1-0-r0"  # pid 1 is alive and older than the namespace: not stale
     sleeper = None
@@ -65,7 +65,7 @@ def test_cleanup_without_root_says_it_could_not_act(monkeypatch, capsys):
 @pytest.mark.netns
 @needs_netns
 def test_repeated_interrupts_leave_no_namespace(tmp_path):
-    """Issue 14.8: a burst of Ctrl-C during teardown left perfsim-<pid>-0-br behind."""
+    """A burst of Ctrl-C during teardown left perfsim-<pid>-0-br behind."""
     for attempt in range(2):
         out = tmp_path / f"i{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
@@ -93,7 +93,7 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
 
 @pytest.mark.parametrize("rate", ["10Tbps", "1bps"])
 def test_emulated_rate_outside_tc_range_refused_up_front(tmp_path, rate):
-    """Issue 14.11: tc tracebacks after namespaces were built."""
+    """tc tracebacks after namespaces were built."""
     before = netem.list_namespaces() if netem.netns_available() else []
     proc = run_cli("run", "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
     assert_user_error(proc.returncode, proc.stderr, "tc shapes")
@@ -102,7 +102,7 @@ def test_emulated_rate_outside_tc_range_refused_up_front(tmp_path, rate):
 
 
 def test_calibrate_checks_stages_and_root_before_measuring(monkeypatch, capsys):
-    """Issue 14.13: root was checked after minutes of measuring; --stages 99 ignored."""
+    """Root was checked after minutes of measuring; --stages 99 ignored."""
     from perfsim.calibrate import compute
 
     def measured(*a, **k):

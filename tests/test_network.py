@@ -122,7 +122,7 @@ def test_regional_topology(tmp_path, write_file):
 
 
 def test_topology_rows_carry_the_topology_links_and_reject_bandwidth(write_file):
-    """Issue 14.4: topology rows said 1e10 bit/s, 0 s (the unused --bandwidth/--latency)."""
+    """Topology rows said 1e10 bit/s, 0 s (the unused --bandwidth/--latency)."""
     from perfsim.api import predict
 
     f = write_file("t.toml", 'nodes = 4\nbandwidth = "1Gbps"\nlatency = "2ms"\n'
@@ -134,7 +134,7 @@ def test_topology_rows_carry_the_topology_links_and_reject_bandwidth(write_file)
 
 
 def test_topology_nic_default_matches_bandwidth(write_file):
-    """Issue 14.5: a topology file's NIC was unlimited while --bandwidth shares it, so two
+    """A topology file's NIC was unlimited while --bandwidth shares it, so two
     descriptions of one cluster disagreed. Now they give the same answer."""
     from perfsim.api import predict
 

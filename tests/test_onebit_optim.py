@@ -70,7 +70,7 @@ def test_onebit_optimizer_specs():
 
 @pytest.mark.parametrize("cls", [OneBitAdam, OneBitLamb])
 def test_warmup_is_this_runs_setting_not_the_checkpoints(cls):
-    """Issue 14.19: resuming with another warm-up uses the new one; a warm-up that is
+    """Resuming with another warm-up uses the new one; a warm-up that is
     already over in the checkpoint freezes on load; extending a finished one is refused."""
     def run(opt, model, steps, start):
         for step in range(start, start + steps):

@@ -133,7 +133,7 @@ def test_bad_output_paths_are_one_line(tmp_path):
 
 
 def test_overflowing_prediction_is_an_error_not_nan(tmp_path):
-    """Issue 14.18: a NaN prediction printed NaN and exited 0; JSON got a bare NaN."""
+    """A NaN prediction printed NaN and exited 0; JSON got a bare NaN."""
     proc = run_cli("predict", *FAST, "--bandwidth", "1e-300bps", "--format", "json")
     _one_line(proc, 2)
     assert "overflowed" in proc.stderr and "NaN" not in proc.stdout
@@ -145,7 +145,7 @@ def test_write_failure_is_an_output_error(tmp_path):
 
 
 def test_every_command_names_its_output_the_same_way():
-    """Issue 19.3: --out and --output both existed, depending on the command."""
+    """--out and --output both existed, depending on the command."""
     from perfsim.cli import COMMANDS, build_parser
 
     parser = build_parser()

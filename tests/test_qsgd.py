@@ -153,7 +153,7 @@ def test_rounding_noise_is_a_function_of_seed_step_and_salt():
 
 @pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:4"])
 def test_overflowing_norm_is_a_clear_error(spec):
-    """Issue 14.18's rule: squares of finite values overflow float32 (3e30**2): the norm is
+    """The rule: squares of finite values overflow float32 (3e30**2): the norm is
     taken in float64 and the tensor compresses; a norm above the float32 maximum is
     refused with one line, never an Inf on the wire (NaN/Inf input named as such)."""
     c = make_compressor(spec)

@@ -71,7 +71,7 @@ def _kill_all(proc, out):
 
 
 def test_second_run_on_the_same_folder_is_refused(tmp_path):
-    """Issue 14.2: two runs sharing --out interleaved; now the second is refused naming the pid."""
+    """Two runs sharing --out interleaved; now the second is refused naming the pid."""
     out = tmp_path / "shared"
     first = _start_long_run(out)
     try:
@@ -104,7 +104,7 @@ def test_stale_lock_of_a_dead_process_does_not_block(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL])
 def test_workers_die_with_their_launcher(tmp_path, sig):
-    """Issue 14.6: TERM/HUP/KILL to the launcher orphaned its workers."""
+    """TERM/HUP/KILL to the launcher orphaned its workers."""
     out = tmp_path / "run"
     proc = _start_long_run(out)
     workers = _workers_of(out)
@@ -121,7 +121,7 @@ def test_workers_die_with_their_launcher(tmp_path, sig):
 
 
 def test_hung_rank_is_named(tmp_path):
-    """Issue 14.15: a stopped rank was found after 70 s and the wrong rank named."""
+    """A stopped rank was found after 70 s and the wrong rank named."""
     with pytest.raises(RankFailure, match=r"rank 1 \(stage 1, replica 0\) stopped making progress"):
         run(pp=2, steps=200, fail_rank=1, fail_step=3, fail_signal="SIGSTOP", hang_timeout="3s",
             out=tmp_path / "h", **FAST)
@@ -134,7 +134,7 @@ def test_hung_rank_is_named(tmp_path):
     (["--hang-timeout", "0s"], "hang"),
 ])
 def test_bad_run_values_rejected_up_front(tmp_path, argv, culprit):
-    """Issue 14.14."""
+    """Bad run values are refused before any rank starts."""
     proc = subprocess.run([*RUN, "--out", str(tmp_path / "x"), *argv], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

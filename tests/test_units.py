@@ -27,7 +27,7 @@ def test_parse_bandwidth_rejects(bad):
     ("100Mbit/s", 1e8), ("1Bps", 8.0), ("1kB/s", 8e3), ("10Tbps", 1e13),
 ])
 def test_units_convention_b_is_bit_B_is_byte(text, bps):
-    """Issue 14.3: ``MBps``/``GBps`` are bytes (they were read as bits), ``mb/s`` is accepted."""
+    """``MBps``/``GBps`` are bytes (they were read as bits), ``mb/s`` is accepted."""
     assert parse_bandwidth(text) == pytest.approx(bps)
 
 
@@ -36,7 +36,7 @@ def test_units_convention_b_is_bit_B_is_byte(text, bps):
     (parse_time, "40", "40ms"), (parse_size, "64mb", "64MB"), (parse_size, "1gib", "1GiB"),
 ])
 def test_units_required_with_a_suggestion(parse, text, hint):
-    """Issue 14.3: a bare number is not 200 bit/s or 40 s; bits are not a size."""
+    """A bare number is not 200 bit/s or 40 s; bits are not a size."""
     with pytest.raises(ConfigError, match=hint):
         parse(text)
 

@@ -91,7 +91,7 @@ def test_bad_workload_files(write_file, text, msg):
 
 
 def test_layer_without_times_or_flops_is_an_error(write_file):
-    """Issue 14.17: such a layer was silently free."""
+    """Such a layer was silently free."""
     f = write_file("w.toml", '[[layers]]\nname = "a"\nparams = 1\nout_shape = [1]\nfwd_s = 0.001\n'
                              '[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\n')
     with pytest.raises(ConfigError, match=r"layers\[1\] \('free'\) has neither fwd_s nor flops"):
