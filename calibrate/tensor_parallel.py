@@ -18,6 +18,7 @@ measured compute wins over the split (:meth:`perfsim.profile.Profile.stage_measu
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ def measure_tp_stage(cfg: TPStageConfig) -> list[dict]:
                      steps=cfg.steps, out=tmp, device=cfg.device)
     rows = result.microbatches
     base = {"model": spec.name, "name": "stage0", "micro_batch": cfg.micro_batch, "world_size": 1,
-            "size_bytes": 4 * cfg.micro_batch * _numel(layers[-1].out_shape), "dtype": "float32",
+            "size_bytes": 4 * cfg.micro_batch * math.prod(layers[-1].out_shape), "dtype": "float32",
             "device": cfg.device, "layers": f"0-{len(layers) - 1}", "tp": cfg.tp,
             "sequence_parallel": int(cfg.sequence_parallel), "microbatches": cfg.microbatches,
             "source": f"calibrate --tp: perfsim run --tp {cfg.tp}"
@@ -69,9 +70,3 @@ def measure_tp_stage(cfg: TPStageConfig) -> list[dict]:
                     "repeats": len(times)})
     return out
 
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n

@@ -50,6 +50,7 @@ Diagonal entries are ignored. Values take the units of :mod:`perfsim.units`.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -414,7 +415,13 @@ class Network:
         self.link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s, op="p2p", **common)
         self.collective_link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s,
                                                   op="allreduce", **common)
-        self.lockstep_link: Link = lockstep_link(self.collective_link, profile)
+        self._profile = profile
+
+    @functools.cached_property
+    def lockstep_link(self) -> Link:
+        """The link of collectives issued back to back (:func:`lockstep_link`); resolved
+        on first use (only tensor-parallel groups ask)."""
+        return lockstep_link(self.collective_link, self._profile)
 
     def node(self, device: int) -> int:
         return device // self.system.gpus_per_node
