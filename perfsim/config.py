@@ -78,6 +78,12 @@ class Workload:
 
 #: activation recomputation modes (Korthikanti et al. 2022, arXiv:2205.05198)
 RECOMPUTE = ("none", "selective", "full")
+#: where data-parallel gradients live: ``bucketed`` -- PyTorch DDP's default, each
+#: bucket flattened into a buffer and the averaged result copied back (Li et al.,
+#: "PyTorch Distributed", arXiv:2006.15704, Sec. 3.2.3); ``contiguous`` -- one flat
+#: buffer the collective reduces in place (Megatron-LM's DistributedDataParallel with
+#: contiguous gradient buffers; DDP's ``gradient_as_bucket_view=True``): no copies
+GRAD_BUFFERS = ("bucketed", "contiguous")
 #: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
 #: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
 #: the numbering topology files use)
@@ -121,6 +127,8 @@ class Strategy(PipelineShape):
     bucket_bytes: int = 25 * 2**20
     #: start a bucket's gradient sync as soon as the last backward produced it
     overlap_grad_sync: bool = True
+    #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
+    grad_buffer: str = "bucketed"
     #: optimizer whose step time the profile gives (``adam``)
     optimizer: str = "adam"
     #: number of epochs for the end-to-end time
@@ -151,6 +159,8 @@ class Strategy(PipelineShape):
             raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
+        if self.grad_buffer not in GRAD_BUFFERS:
+            raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
         if self.zero not in (0, 1):
             raise ConfigError(f"zero={self.zero!r}: 0 or 1 (ZeRO-1 shards the optimizer state)")
         if sorted(self.placement) != sorted(PLACEMENT_DIMS):

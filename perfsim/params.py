@@ -163,6 +163,10 @@ PARAMS: tuple[Param, ...] = (
           "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes"),
     Param("overlap", "bool", True, "start each bucket's gradient sync during the backward pass",
           "strategy", "strategy.overlap_grad_sync"),
+    Param("grad_buffer", "choice", None, "where gradients live for the data-parallel sync: "
+          "bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: "
+          "one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset",
+          "strategy", choices="perfsim.config:GRAD_BUFFERS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
           "default 32, or global_batch / dp", "strategy"),

@@ -7,13 +7,14 @@ in place, never copied.
 
 Split (fixed before any error was looked at): a row belongs to the CALIBRATION half
 when the SHA-256 of its configuration text (every column but the time, joined by
-commas as in the file) has an even first byte; the rest is HELD OUT. Only the four
-curve parameters (eff_max, knee, mem_eff, kernel_s) are fitted, by Nelder-Mead on
-the mean absolute percentage error of every 5th calibration row (in file order; a
-subsample only to keep the fit to minutes on 2 cores); nothing per row.
+commas as in the file) has an even first byte; the rest is HELD OUT. Only the five
+curve parameters (eff_max, knee, mem_eff, kernel_s, p2p_s) are fitted, by Nelder-Mead on
+the mean absolute percentage error of the calibration rows (``--every N``: every Nth
+only, for a quicker fit); nothing per row.
 
 Every row is predicted as the runs were made: fp16, full recomputation, 1F1B,
-gradient all-reduce after the backward (no overlap), 8 GPUs per node with the
+gradient all-reduce after the backward (no overlap) on Megatron's contiguous gradient
+buffer (no bucket copies), 8 GPUs per node with the
 README's measured NVSwitch all-reduce bus bandwidth (229 GB/s), GPT-2 vocabulary
 padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``).
 
@@ -71,7 +72,7 @@ def predict_row(row: dict) -> float:
     r = predict(model=model, gpu="a100-sxm4-80gb", tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
-                overlap=False, allow_oom=True)
+                overlap=False, grad_buffer="contiguous", allow_oom=True)
     return r.summary["iteration_s"]
 
 
@@ -94,10 +95,10 @@ def bucket_table(calib: list[dict], held: list[dict]) -> str:
 def set_curve(x) -> None:
     from perfsim.engine import compute
 
-    eff, knee, mem, kern = x
+    eff, knee, mem, kern, p2p = x
     compute.CURVES["ampere"] = compute.Curve(eff_max=min(1.0, max(1e-3, eff)), knee=max(0.0, knee),
                                              mem_eff=min(1.0, max(1e-3, mem)), kernel_s=max(0.0, kern),
-                                             source="fitting")
+                                             p2p_s=max(0.0, p2p), source="fitting")
 
 
 def main(argv=None) -> int:
@@ -105,7 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="evaluate the curve in the code, no fit")
     ap.add_argument("--table", action="store_true", help="also print MAPE per tp and pp bucket")
     ap.add_argument("--iters", type=int, default=120, help="Nelder-Mead iterations")
-    ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us (default: the code's)")
+    ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
+    ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us (default: the code's)")
     args = ap.parse_args(argv)
     path = data_path()
     if path is None:
@@ -122,19 +124,20 @@ def main(argv=None) -> int:
 
         c = compute.CURVES["ampere"]
         x0 = ([float(v) for v in args.start.split(",")] if args.start
-              else [c.eff_max, c.knee, c.mem_eff, c.kernel_s * 1e6])
+              else [c.eff_max, c.knee, c.mem_eff, c.kernel_s * 1e6, c.p2p_s * 1e6])
 
-        fit_rows = calib[::5]
+        fit_rows = calib[::args.every]
 
         def loss(x):
-            set_curve([x[0], x[1], x[2], x[3] * 1e-6])
+            set_curve([x[0], x[1], x[2], x[3] * 1e-6, x[4] * 1e-6])
             return mape(fit_rows)[0]
 
         res = minimize(loss, x0, method="Nelder-Mead",
                        options=dict(maxiter=args.iters, xatol=1e-3, fatol=1e-3, initial_simplex=None))
-        eff, knee, mem, kern = res.x
-        set_curve([eff, knee, mem, kern * 1e-6])
+        eff, knee, mem, kern, p2p = res.x
+        set_curve([eff, knee, mem, kern * 1e-6, p2p * 1e-6])
         print(f"fitted: eff_max={eff:.4f} knee={knee:.2f} mem_eff={mem:.4f} kernel_s={kern:.3f}e-6 "
+              f"p2p_s={p2p:.1f}e-6 "
               f"(calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
     m_cal, w_cal = mape(calib)
     m_held, w_held = mape(held)

@@ -24,7 +24,9 @@ Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates)
 ``kernel_s`` is the host's time to issue one operator (framework, autograd,
 launch): an operator costs at least that, a large GEMM only its own time. (Letting
 the host run ahead across a whole layer, ``max(sum GPU, ops x kernel_s)``, fitted
-the A100 data worse: 7.7 % against 7.1 % held-out MAPE.)
+the A100 data worse: 7.7 % against 7.1 % held-out MAPE.) ``p2p_s`` is the host's time
+for one pipeline send or receive (Megatron synchronises the device after each exchange);
+the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.plan.build_plan`).
 
 Backward: each GEMM becomes two (input gradient and weight gradient) of the same
 dimensions permuted, so twice the forward time under this curve (``g`` is
@@ -60,10 +62,16 @@ class Curve:
     kernel_s: float
     #: where the figures come from
     source: str
+    #: host time of one pipeline send or receive beyond its bytes: Megatron-LM's
+    #: ``p2p_communication._communicate`` waits for each exchange and synchronises the
+    #: device (``torch.cuda.synchronize``), so a message costs a host round trip
+    #: that the GPU cannot hide behind queued kernels
+    p2p_s: float = 0.0
 
     def __post_init__(self):
-        if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0):
-            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s >= 0")
+        if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
+                and self.p2p_s >= 0):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s, p2p_s >= 0")
 
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
@@ -71,8 +79,8 @@ class Curve:
 #: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
 #: barely constrain the knee: at these sizes the host floor hides small GEMMs.
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8956, knee=4.43, mem_eff=0.7697, kernel_s=61.886e-6,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)"),
+    "ampere": Curve(eff_max=0.8293, knee=0.9474, mem_eff=0.8199, kernel_s=61.670e-6,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=400.0e-6),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}

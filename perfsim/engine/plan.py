@@ -257,7 +257,15 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
                 st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
                 st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
                 st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
-            if profile is not None:  # the host side of each message (framing), serial with the codec
+            if gpu is not None:  # the host side of each message on a GPU (its curve), serial with the codec
+                from perfsim.engine.compute import curve_for
+
+                host = curve_for(gpu)[0].p2p_s
+                st.fw_encode_s += host
+                st.fw_decode_s += host
+                st.bw_encode_s += host
+                st.bw_decode_s += host
+            elif profile is not None:  # the host side of each message (framing), serial with the codec
                 st.fw_encode_s += profile.framing_time("send", st.fw_bytes)
                 st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
@@ -269,12 +277,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             # Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
             # arXiv:2104.06069, Sec. 4.2)
             fused = 4 * max(1, st.params)
-            st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile)
+            st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
             warm_buckets.append(_buckets(layers, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
-                                         profile))
+                                         profile, gpu=gpu))
         elif dp > 1:
             st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
-                                  native=grad_native)
+                                  native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed")
         st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
         stages.append(st)
     warm_steps = 0
@@ -336,10 +344,13 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, 
     return fwd, bwd, layer_bwd, False
 
 
-def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False) -> list[Bucket]:
+def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False, gpu=None,
+             copies: bool = True) -> list[Bucket]:
     """Fill buckets from the last layer backwards (backward produces gradients in
     that order; PyTorch DDP's ``bucket_cap_mb``, Li et al., "PyTorch Distributed: Experiences on
-    Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3)."""
+    Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3). ``copies``:
+    each bucket is copied in and out (:func:`copy_time`); not for a contiguous
+    gradient buffer (``Strategy.grad_buffer``)."""
     total_bwd = sum(layer_bwd) or 1.0
     order = list(range(len(layers)))[::-1]
     buckets, current, done_bwd = [], [], 0.0
@@ -362,7 +373,7 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
                                       0.0 if plain else enc * profile.encode_time(spec, 4 * numel),
                                       0.0 if plain else dec * profile.decode_time(spec, 4 * numel),
-                                      2 * copy_time(profile, 4 * numel)))
+                                      2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
             current = []
     return buckets
 
@@ -389,11 +400,17 @@ def codec_passes(steps, dp: int) -> tuple[float, float]:
     return 1.0, 1.0
 
 
-def copy_time(profile, nbytes: float) -> float:
+def copy_time(profile, nbytes: float, gpu=None) -> float:
     """One copy of ``nbytes`` (gradient bucketing: flatten into the bucket, copy the
-    averaged bucket back; PyTorch DDP, arXiv:2006.15704 Sec. 3.2.3): the
-    profile's measured fp32 "codec" (a copy into a fresh buffer), else read + write
-    at :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
+    averaged bucket back; PyTorch DDP, arXiv:2006.15704 Sec. 3.2.3): with a GPU
+    preset, read + write at its achieved memory bandwidth (its compute curve; a
+    profile measured elsewhere does not apply); else the profile's measured fp32
+    "codec" (a copy into a fresh buffer), else read + write at
+    :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
+    if gpu is not None:
+        from perfsim.engine.compute import curve_for
+
+        return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
     return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
 
