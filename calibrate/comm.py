@@ -27,7 +27,15 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   pipeline message's encode and decode;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
   where the backend lacks it): every rank enters after a barrier, the time of a
-  repeat is the slowest rank's (a collective is done when the last rank is).
+  repeat is the slowest rank's (a collective is done when the last rank is);
+* ``reduce_scatter`` (``reduce_scatter_tensor``) and ``allgather_tensor``
+  (``all_gather_into_tensor``): the calls tensor parallelism issues (DTensor's
+  functional collectives, :data:`perfsim.collectives.TENSOR_CALLS`), timed as the
+  other collectives; recorded as ``reduce_scatter`` and ``allgather`` records
+  whose ``call`` fact names the torch call (a backend may implement a kind
+  otherwise than its ring: gloo's reduce-scatter is an allreduce of the whole
+  buffer; the simulator prices these kinds relative to the allreduce,
+  :func:`perfsim.collectives.measured`).
 
 ``size_bytes`` is each rank's input buffer (fp32), as in
 :class:`perfsim.compression.base.CommStep`. Sizes run from 1 KB to 256 MB by
@@ -59,9 +67,13 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "reduce_scatter", "allgather_tensor", "messenger", "late",
+       "framing", "interference")
 #: ops measured unless asked otherwise
-DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
+DEFAULT_OPS = OPS
+#: ops timing a torch call other than their kind's default: op -> (record op = kind, call)
+CALL_OPS = {"reduce_scatter": ("reduce_scatter", "reduce_scatter_tensor"),
+            "allgather_tensor": ("allgather", "all_gather_into_tensor")}
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
 LATE_S = 0.005
@@ -275,6 +287,25 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     dist.all_gather(parts, buf)
                     sync()
                 scale = 1.0
+            elif op == "reduce_scatter":  # each rank's whole input is `size`, its output 1/world
+                m = max(world, n - n % world)
+                src, dst = torch.ones(m, device=device), torch.empty(m // world, device=device)
+                # the backend's _reduce_scatter_base, as the functional op (newer torch renames the API)
+                reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+                def call():
+                    reduce_scatter(dst, src)
+                    sync()
+                scale = 1.0
+            elif op == "allgather_tensor":  # each rank contributes `size`
+                buf = torch.ones(n, device=device)
+                whole = torch.empty(n * world, device=device)
+                all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+                def call():
+                    all_gather(whole, buf)
+                    sync()
+                scale = 1.0
             else:  # alltoall: each rank's whole send buffer is `size`
                 m = max(world, n - n % world)
                 src, dst = torch.ones(m, device=device), torch.empty(m, device=device)
@@ -303,7 +334,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     samples.append(box.get("t", 0.0))
                 else:
                     samples.append((time.perf_counter() - t0) * scale)
-            out.append({"op": op, "size_bytes": size if op != "alltoall" else m * 4,
+            out.append({"op": op, "size_bytes": m * 4 if op in ("alltoall", "reduce_scatter") else size,
                         "samples": samples})
     return out
 
@@ -362,7 +393,8 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         t = summarize(samples)
         base = {"messenger": "messenger", "late": "messenger-late"}.get(item["op"], backend)
         name = comm_name(base, cfg.emulate_bandwidth)
-        rec = {"op": "p2p" if p2p else item["op"], "name": name,
+        kind, call = CALL_OPS.get(item["op"], ("p2p" if p2p else item["op"], None))
+        rec = {"op": kind, "name": name, **({"call": call} if call else {}),
                "size_bytes": item["size_bytes"], "world_size": 2 if p2p else cfg.world_size, "dtype": "float32",
                **t.record(),
                # the expected cost: small messages are bimodal (~0.1 ms, or a wait for the
@@ -451,9 +483,12 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": []}
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": [],
+             **{o: [kind] for o, (kind, _) in CALL_OPS.items()}}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
-        records += fit_records(raw, op, ("name",))
+        # one fit per backend/link and torch call (an allgather of tensors is not a list's)
+        records += [{k: v for k, v in r.items() if v is not None}
+                    for r in fit_records(raw, op, ("name", "call"))]
     return records
 
 

@@ -159,6 +159,7 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
 def tp_stage_times(workload, strategy, network, s: int, blocks: int) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` for one micro-batch, on the slowest of the stage's TP groups."""
+    from perfsim.collectives import tensor_call
     from perfsim.hardware import BYTES_PER_VALUE
     from perfsim.models.tensor_parallel import tp_layer_collectives
     from perfsim.network import collective_cost
@@ -175,9 +176,12 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int) -> tuple[fl
         key = tuple(network.node(m) for m in members)
         if key in seen:
             continue
-        # back to back, the whole group in step (perfsim.network.lockstep_link)
-        f = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "fwd")
-        b = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "bwd")
+        # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
+        # as the functional call DTensor issues (its measured cost when profiled)
+        f = sum(network.collective_time(k, n, members, lockstep=True, call=tensor_call(k))
+                for ph, k, n in coll if ph == "fwd")
+        b = sum(network.collective_time(k, n, members, lockstep=True, call=tensor_call(k))
+                for ph, k, n in coll if ph == "bwd")
         seen[key] = (f, b)
     fwd = max(v[0] for v in seen.values())
     bwd = max(v[1] for v in seen.values())

@@ -183,22 +183,37 @@ class ProfileCosts:
             return self.metadata.get("effective_flops")
         return sum(r["flops"] for r in recs) / sum(r["time_s"] for r in recs)
 
-    def fit(self, op: str, name: str | None = None) -> Fit | None:
+    def fit(self, op: str, name: str | None = None, call: str | None = None) -> Fit | None:
         """The alpha-beta fit of ``op`` (``encode``, ``p2p``, ``optimizer``...), or None:
         a stored ``fit_<op>`` record, else :func:`fit_alpha_beta` of the raw records
         (in-situ points at one exact shape excluded: they price that boundary, not
         the per-byte line). Most specific name first: the exact spec
-        (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any."""
-        candidates = [None] if name is None else name_chain(name)
-        for cand in candidates:
-            for r in self.records:
-                if r["op"] == f"fit_{op}" and (cand is None or r["name"] == cand):
-                    return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]),
-                               int(r.get("points", 0)), r.get("max_rel_error"))
-            raw = [r for r in self.records if r["op"] == op and (cand is None or r["name"] == cand)
-                   and "shape" not in r]
-            if raw:
-                return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
+        (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any.
+        A collective kind's records count only for the torch call they timed:
+        ``call`` (None: the kind's default, :data:`perfsim.collectives.DEFAULT_CALLS`)."""
+        for cand in [None] if name is None else name_chain(name):
+            fit = self._fit_named(op, cand, call)
+            if fit is not None:
+                return fit
+        return None
+
+    def _fit_named(self, op: str, name: str | None, call: str | None = None) -> Fit | None:
+        """:meth:`fit` for exactly ``name`` (None: any name)."""
+        from perfsim.collectives import DEFAULT_CALLS
+
+        want = call or DEFAULT_CALLS.get(op)
+
+        def same_call(r: dict) -> bool:
+            return want is None or (r.get("call") or DEFAULT_CALLS.get(op)) == want
+
+        for r in self.records:
+            if r["op"] == f"fit_{op}" and (name is None or r["name"] == name) and same_call(r):
+                return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]),
+                           int(r.get("points", 0)), r.get("max_rel_error"))
+        raw = [r for r in self.records if r["op"] == op and (name is None or r["name"] == name)
+               and "shape" not in r and same_call(r)]
+        if raw:
+            return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
         return None
 
     def encode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
@@ -250,6 +265,25 @@ class ProfileCosts:
         if op not in COMM_OPS:
             raise ConfigError(f"collective op {op!r}: not one of {COMM_OPS}")
         return self.fit(op, name)
+
+    def collective_ratio(self, kind: str, call: str, nbytes: float,
+                         nominal_bps: float | None = None) -> float | None:
+        """Measured time of collective ``kind`` as torch's ``call`` issues it, on a
+        per-rank buffer of ``nbytes``, over the backend's allreduce of the same
+        buffer (both alpha-beta fits of this profile's records, the same ranks, the
+        same link): the link emulated at ``nominal_bps`` when the profile measured
+        both there, else loopback; None when it measured ``call`` on neither
+        (the ring model stands, :func:`perfsim.collectives.plan`)."""
+        from perfsim.calibrate.profile_io import comm_name
+
+        if kind not in COMM_OPS:
+            raise ConfigError(f"collective op {kind!r}: not one of {COMM_OPS}")
+        backend = self.metadata.get("backend", "gloo")
+        for name in ([comm_name(backend, nominal_bps)] if nominal_bps else []) + [backend]:
+            own, ref = self._fit_named(kind, name, call), self._fit_named("allreduce", name)
+            if own is not None and ref is not None and ref(nbytes) > 0:
+                return own(nbytes) / ref(nbytes)
+        return None
 
     def optimizer_time(self, param_bytes: float) -> float | None:
         """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
