@@ -32,9 +32,11 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   (``all_gather_into_tensor``): the calls tensor parallelism issues (DTensor's
   functional collectives, :data:`perfsim.collectives.TENSOR_CALLS`), timed as the
   other collectives; recorded as ``reduce_scatter`` and ``allgather`` records
-  whose ``call`` fact names the torch call (a backend may implement a kind
-  otherwise than its ring: gloo's reduce-scatter is an allreduce of the whole
-  buffer; the simulator prices these kinds relative to the allreduce,
+  whose ``call`` fact names the torch call, and, when ``allreduce`` is in the
+  same sweep, whose ``allreduce_s`` fact is the allreduce of the same buffer
+  (a backend may implement a kind otherwise than its ring: gloo's
+  reduce-scatter is an allreduce of the whole buffer; the simulator prices
+  these kinds by their time relative to that allreduce,
   :func:`perfsim.collectives.measured`).
 
 ``size_bytes`` is each rank's input buffer (fp32), as in
@@ -483,6 +485,11 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
+    # the reference of a tensor-parallel kind: the allreduce of the same buffer, same sweep
+    ref = {(r["name"], r["size_bytes"]): r["time_s"] for r in raw if r["op"] == "allreduce"}
+    for r in raw:
+        if r.get("call") and (r["name"], r["size_bytes"]) in ref:
+            r["allreduce_s"] = ref[r["name"], r["size_bytes"]]
     kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": [],
              **{o: [kind] for o, (kind, _) in CALL_OPS.items()}}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):

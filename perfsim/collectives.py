@@ -52,9 +52,11 @@ and its ``all_gather_into_tensor`` gathers into a flat buffer and copies it out.
 So where a profile measured a kind as a given torch call issues it
 (``perfsim calibrate``: ``reduce_scatter`` and ``allgather`` records with their
 ``call``), :func:`measured` plans it as the allreduce of the same buffer scaled
-by the measured ratio ``t_kind(S) / t_allreduce(S)`` (each an alpha-beta fit,
-:meth:`perfsim.profile.costs.ProfileCosts.collective_ratio`): the link, group
-shape and contention stay the network's, the kind's own cost is the backend's.
+by the measured ratio ``t_kind(S) / t_allreduce(S)`` (both timed in one sweep on
+the same link, :meth:`perfsim.profile.costs.ProfileCosts.collective_ratio`):
+the link, group shape and contention stay the network's, the kind's own cost is
+the backend's. The ratio is taken on the calibration's ranks (2) and assumed to
+hold for larger groups.
 """
 
 from __future__ import annotations

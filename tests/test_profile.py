@@ -385,3 +385,18 @@ def test_collective_ratio_prefers_the_link_it_was_measured_on():
     assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500, 1e9) == pytest.approx(1.25)
     assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500, 1e8) == pytest.approx(2.0)
     assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500) == pytest.approx(2.0)
+
+
+def test_collective_ratio_from_the_same_sweep_interpolated_in_log_size():
+    """Records that carry the allreduce of their own sweep (``allreduce_s``) give the
+    ratio at each measured size, linear in log(size) between them, flat beyond; the
+    profile's other allreduce records (another day, another load) do not enter."""
+    p = Profile(metadata={"backend": "gloo"})
+    for s, t, ref in ((1000, 2e-3, 1e-3), (4000, 3e-3, 3e-3)):
+        p.add(op="reduce_scatter", name="gloo", call="reduce_scatter_tensor", size_bytes=s, world_size=2,
+              time_s=t, allreduce_s=ref)
+        p.add(op="allreduce", name="gloo", size_bytes=s, world_size=2, time_s=10 * ref)
+    ratio = lambda n: p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", n)  # noqa: E731
+    assert ratio(1000) == pytest.approx(2.0) and ratio(4000) == pytest.approx(1.0)
+    assert ratio(2000) == pytest.approx(1.5)  # halfway in log(size)
+    assert ratio(10) == pytest.approx(2.0) and ratio(1e9) == pytest.approx(1.0)

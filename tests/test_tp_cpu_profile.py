@@ -177,9 +177,10 @@ def test_sequence_parallel_prices_a_measured_slow_reduce_scatter(tmp_path):
     k = 3.0
     for name in ("gloo@1Gbps", "gloo"):
         fit = [r for r in prof.records if r["op"] == "fit_allreduce" and r["name"] == name][0]
-        for s in (65536, 262144, 1048576):  # k x the allreduce's fit: a ratio of k at every size
+        for s in (65536, 262144, 1048576):  # k x the allreduce of its sweep at every size
+            ref = fit["alpha_s"] + s * fit["beta_s_per_byte"]
             prof.add(op="reduce_scatter", name=name, call="reduce_scatter_tensor", size_bytes=s, world_size=2,
-                     time_s=k * (fit["alpha_s"] + s * fit["beta_s_per_byte"]), source="test")
+                     time_s=k * ref, allreduce_s=ref, source="test")
     slow = tmp_path / "slow.json"
     prof.save(slow)
     assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144, 1e9) == pytest.approx(k)
@@ -214,11 +215,15 @@ def test_calibrate_times_the_calls_tensor_parallelism_issues():
         by.setdefault((r["op"], r.get("call")), []).append(r)
     assert [r["size_bytes"] for r in by["reduce_scatter", "reduce_scatter_tensor"]] == [4096, 65536, 262144]
     assert len(by["allgather", "all_gather_into_tensor"]) == 3 and len(by["allgather", None]) == 3
-    assert all(r["time_s"] > 0 for r in by["reduce_scatter", "reduce_scatter_tensor"])
+    for r in by["reduce_scatter", "reduce_scatter_tensor"] + by["allgather", "all_gather_into_tensor"]:
+        ref = next(a for a in by["allreduce", None] if a["size_bytes"] == r["size_bytes"])
+        assert r["time_s"] > 0 and r["allreduce_s"] == ref["time_s"]  # its own sweep's allreduce
     for kind, call in (("fit_reduce_scatter", "reduce_scatter_tensor"), ("fit_allgather", "all_gather_into_tensor"),
                        ("fit_allgather", None), ("fit_allreduce", None)):
         (fit,) = by[kind, call]
         assert fit["points"] == 3 and fit["name"] == "gloo"
     prof = build_profile(recs, {"backend": "gloo"})
-    assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144) > 0
+    rs = by["reduce_scatter", "reduce_scatter_tensor"][-1]
+    assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144) == \
+        pytest.approx(rs["time_s"] / rs["allreduce_s"])
     assert prof.fit("allgather", "gloo", "all_gather_into_tensor").alpha_s != prof.fit("allgather", "gloo").alpha_s

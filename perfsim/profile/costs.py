@@ -269,17 +269,32 @@ class ProfileCosts:
     def collective_ratio(self, kind: str, call: str, nbytes: float,
                          nominal_bps: float | None = None) -> float | None:
         """Measured time of collective ``kind`` as torch's ``call`` issues it, on a
-        per-rank buffer of ``nbytes``, over the backend's allreduce of the same
-        buffer (both alpha-beta fits of this profile's records, the same ranks, the
-        same link): the link emulated at ``nominal_bps`` when the profile measured
-        both there, else loopback; None when it measured ``call`` on neither
-        (the ring model stands, :func:`perfsim.collectives.plan`)."""
+        per-rank buffer of ``nbytes``, over the backend's allreduce of the same buffer
+        (the same ranks, the same link): on the link emulated at ``nominal_bps`` when
+        the profile measured ``call`` there, else on loopback; None when it measured
+        ``call`` on neither (the ring model stands, :func:`perfsim.collectives.plan`).
+
+        Each record's ratio is its ``time_s`` over its ``allreduce_s`` (the allreduce
+        timed at that size in the same sweep, so load and the link's state divide
+        out); between measured sizes the ratio is interpolated linearly in
+        ``log(size)``, beyond them the nearest one holds. A shaped link's times are
+        no alpha-beta line (a token bucket passes small messages at once), so two
+        fits' quotient can be far from the measured ratio at the sizes that matter;
+        records without ``allreduce_s`` fall back to it (this kind's fit over the
+        allreduce's, :meth:`fit`)."""
         from perfsim.calibrate.profile_io import comm_name
+        from perfsim.collectives import DEFAULT_CALLS
 
         if kind not in COMM_OPS:
             raise ConfigError(f"collective op {kind!r}: not one of {COMM_OPS}")
         backend = self.metadata.get("backend", "gloo")
         for name in ([comm_name(backend, nominal_bps)] if nominal_bps else []) + [backend]:
+            pts = sorted((float(r["size_bytes"]), float(r["time_s"]) / float(r["allreduce_s"]))
+                         for r in self.records if r["op"] == kind and r.get("name") == name
+                         and (r.get("call") or DEFAULT_CALLS[kind]) == call and r.get("allreduce_s")
+                         and r["size_bytes"] > 0)
+            if pts:
+                return _log_interpolate(pts, float(nbytes))
             own, ref = self._fit_named(kind, name, call), self._fit_named("allreduce", name)
             if own is not None and ref is not None and ref(nbytes) > 0:
                 return own(nbytes) / ref(nbytes)
@@ -289,6 +304,18 @@ class ProfileCosts:
         """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
         fit = self.fit("optimizer", None)
         return fit(param_bytes) if fit else None
+
+
+def _log_interpolate(pts: list[tuple[float, float]], x: float) -> float:
+    """``y`` at ``x`` on the polyline through ``(size, y)`` points sorted by size,
+    linear in ``log(size)``; the end points' ``y`` beyond them."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return pts[-1][1]
 
 
 def _fb(op: str) -> str:

@@ -77,6 +77,8 @@ FACTS: dict[str, str] = {
     "optimizer": _STR,         # optimizer of an ``optimizer`` record
     "call": _STR,              # the torch.distributed call a collective record timed, when
                                # not its kind's default (perfsim.collectives.DEFAULT_CALLS)
+    "allreduce_s": _FLOAT,     # the backend's allreduce of the same buffer, timed in the same
+                               # sweep: what a measured kind's cost is relative to
     "concurrent_ranks": _INT,  # ranks computing at once while timed
     "wire_bytes": _INT,        # a codec's payload bytes on the wire
     "cache": _STR,             # cold, warm or after-layer-step (codec timings)
