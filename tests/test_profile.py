@@ -400,3 +400,6 @@ def test_collective_ratio_from_the_same_sweep_interpolated_in_log_size():
     assert ratio(1000) == pytest.approx(2.0) and ratio(4000) == pytest.approx(1.0)
     assert ratio(2000) == pytest.approx(1.5)  # halfway in log(size)
     assert ratio(10) == pytest.approx(2.0) and ratio(1e9) == pytest.approx(1.0)
+    p.add(op="reduce_scatter", name="gloo", call="reduce_scatter_tensor", size_bytes=1000, world_size=2,
+          time_s=4e-3, allreduce_s=1e-3)  # a second sweep: the mean ratio at that size
+    assert ratio(1000) == pytest.approx(3.0)

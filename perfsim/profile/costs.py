@@ -276,7 +276,7 @@ class ProfileCosts:
 
         Each record's ratio is its ``time_s`` over its ``allreduce_s`` (the allreduce
         timed at that size in the same sweep, so load and the link's state divide
-        out); between measured sizes the ratio is interpolated linearly in
+        out; several sweeps: their mean at each size); between measured sizes the ratio is interpolated linearly in
         ``log(size)``, beyond them the nearest one holds. A shaped link's times are
         no alpha-beta line (a token bucket passes small messages at once), so two
         fits' quotient can be far from the measured ratio at the sizes that matter;
@@ -289,12 +289,13 @@ class ProfileCosts:
             raise ConfigError(f"collective op {kind!r}: not one of {COMM_OPS}")
         backend = self.metadata.get("backend", "gloo")
         for name in ([comm_name(backend, nominal_bps)] if nominal_bps else []) + [backend]:
-            pts = sorted((float(r["size_bytes"]), float(r["time_s"]) / float(r["allreduce_s"]))
-                         for r in self.records if r["op"] == kind and r.get("name") == name
-                         and (r.get("call") or DEFAULT_CALLS[kind]) == call and r.get("allreduce_s")
-                         and r["size_bytes"] > 0)
-            if pts:
-                return _log_interpolate(pts, float(nbytes))
+            by_size: dict[float, list[float]] = {}
+            for r in self.records:
+                if (r["op"] == kind and r.get("name") == name and r.get("allreduce_s") and r["size_bytes"] > 0
+                        and (r.get("call") or DEFAULT_CALLS[kind]) == call):
+                    by_size.setdefault(float(r["size_bytes"]), []).append(float(r["time_s"]) / float(r["allreduce_s"]))
+            if by_size:  # several sweeps: the mean ratio at each size
+                return _log_interpolate(sorted((s, sum(v) / len(v)) for s, v in by_size.items()), float(nbytes))
             own, ref = self._fit_named(kind, name, call), self._fit_named("allreduce", name)
             if own is not None and ref is not None and ref(nbytes) > 0:
                 return own(nbytes) / ref(nbytes)
