@@ -202,8 +202,9 @@ def test_sequence_parallel_prices_a_measured_slow_reduce_scatter(tmp_path):
 
 def test_calibrate_times_the_calls_tensor_parallelism_issues():
     """A real 2-rank gloo run times reduce_scatter_tensor and all_gather_into_tensor:
-    records of their kinds naming the call, one alpha-beta fit each (apart from the
-    list all-gather's), and a positive ratio to the allreduce the profile gives."""
+    records of their kinds naming the call with their allreduce reference, one
+    alpha-beta fit each (apart from the list all-gather's), and the ratio the profile
+    then gives is the record's."""
     from perfsim.calibrate.comm import CommConfig, measure_comm
     from perfsim.calibrate.profile_io import build_profile
 
@@ -216,8 +217,7 @@ def test_calibrate_times_the_calls_tensor_parallelism_issues():
     assert [r["size_bytes"] for r in by["reduce_scatter", "reduce_scatter_tensor"]] == [4096, 65536, 262144]
     assert len(by["allgather", "all_gather_into_tensor"]) == 3 and len(by["allgather", None]) == 3
     for r in by["reduce_scatter", "reduce_scatter_tensor"] + by["allgather", "all_gather_into_tensor"]:
-        ref = next(a for a in by["allreduce", None] if a["size_bytes"] == r["size_bytes"])
-        assert r["time_s"] > 0 and r["allreduce_s"] == ref["time_s"]  # its own sweep's allreduce
+        assert r["time_s"] > 0 and r["allreduce_s"] > 0  # its own back-to-back allreduce reference
     for kind, call in (("fit_reduce_scatter", "reduce_scatter_tensor"), ("fit_allgather", "all_gather_into_tensor"),
                        ("fit_allgather", None), ("fit_allreduce", None)):
         (fit,) = by[kind, call]
