@@ -404,6 +404,7 @@ class Network:
         self._paths: dict[tuple[int, int], Path_] = {}
         self._collectives: dict[tuple, Collective] = {}
         self._shapes: dict[tuple, GroupShape] = {}
+        self._ratios: dict[tuple, float | None] = {}
         gpn = system.gpus_per_node
         self.num_nodes = -(-self.num_devices // gpn)
         if self.topology is not None and self.topology.nodes < self.num_nodes:
@@ -524,7 +525,10 @@ class Network:
         allreduce, without a profile, or when that call was not measured."""
         if kind in ("allreduce", "p2p") or self._profile is None or not self._profile.records:
             return None
-        return self._profile.collective_ratio(kind, call, nbytes, self.collective_link.nominal_bps)
+        key = (kind, call, nbytes)
+        if key not in self._ratios:  # one profile lookup per kind and size, not per group
+            self._ratios[key] = self._profile.collective_ratio(kind, call, nbytes, self.collective_link.nominal_bps)
+        return self._ratios[key]
 
     def collective_time(self, kind: str, nbytes: float, members: Sequence[int],
                         algo: str | None = None, lockstep: bool = False, call: str | None = None) -> float:
