@@ -227,3 +227,19 @@ def test_calibrate_times_the_calls_tensor_parallelism_issues():
     assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144) == \
         pytest.approx(rs["time_s"] / rs["allreduce_s"])
     assert prof.fit("allgather", "gloo", "all_gather_into_tensor").alpha_s != prof.fit("allgather", "gloo").alpha_s
+
+
+def test_measured_kinds_are_the_profiles_backend_only():
+    """With a GPU preset (NCCL) beside the CPU profile (gloo), gloo's measured
+    reduce-scatter does not price the GPU's: the prediction is the same as from the
+    profile without those records."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = f"{tmp}/bare.json"
+        _without_tensor_kinds(load_profile(PROFILE)).save(bare)
+        kw = dict(ARGS, macro_batch=32, tp=2, sequence_parallel=True, gpu="a100-sxm4-80gb")
+        gpu = predict(**kw).summary["tp_comm_s"]
+        assert gpu == pytest.approx(predict(**dict(kw, profile=bare)).summary["tp_comm_s"])
+        cpu = dict(ARGS, macro_batch=32, tp=2, sequence_parallel=True)  # the profile's own device: they do
+        assert predict(**cpu).summary["tp_comm_s"] > predict(**dict(cpu, profile=bare)).summary["tp_comm_s"]
