@@ -56,7 +56,8 @@ by the measured ratio ``t_kind(S) / t_allreduce(S)`` (both timed in one sweep on
 the same link, :meth:`perfsim.profile.costs.ProfileCosts.collective_ratio`):
 the link, group shape and contention stay the network's, the kind's own cost is
 the backend's. The ratio is taken on the calibration's ranks (2) and assumed to
-hold for larger groups.
+hold for larger groups; it applies on the profile's own backend only (the plan
+does not ask for it with a GPU preset beside a CPU profile).
 """
 
 from __future__ import annotations
