@@ -38,10 +38,12 @@ from perfsim.errors import ConfigError
 DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
 #: communication ops timed by default (messenger: execute mode's message path; late: its
 #: receive posted after the data arrived; framing: its host time per message;
-#: interference: compute alone vs under concurrent allreduces)
-DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,messenger,late,framing,interference"
-#: communication ops timed over each emulated link by default
-DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce"
+#: interference: compute alone vs under concurrent allreduces; reduce_scatter,
+#: allgather_tensor: the calls tensor parallelism issues)
+DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference"
+#: communication ops timed over each emulated link by default (a kind's cost relative
+#: to the allreduce depends on the link: host copies weigh less on a slow one)
+DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce,reduce_scatter,allgather_tensor"
 STATISTICS = ("median", "min")
 DEVICES = ("auto", "cpu", "cuda")
 

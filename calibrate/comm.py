@@ -27,7 +27,21 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   pipeline message's encode and decode;
 * ``allreduce`` (sum), ``allgather``, ``alltoall`` (``all_to_all_single``; skipped
   where the backend lacks it): every rank enters after a barrier, the time of a
-  repeat is the slowest rank's (a collective is done when the last rank is).
+  repeat is the slowest rank's (a collective is done when the last rank is);
+* ``reduce_scatter`` (``reduce_scatter_tensor``) and ``allgather_tensor``
+  (``all_gather_into_tensor``): the calls tensor parallelism issues (DTensor's
+  functional collectives, :data:`perfsim.collectives.TENSOR_CALLS`), timed as
+  tensor parallelism issues them: a train of :data:`TRAIN` calls back to back,
+  every rank in step (time = train / ``TRAIN``), each repeat followed by a train
+  of allreduces of the same buffer timed the same way. Recorded as
+  ``reduce_scatter`` and ``allgather`` records whose ``call`` fact names the
+  torch call and whose ``allreduce_s`` fact is that allreduce: the reference the
+  simulator prices these kinds against (:func:`perfsim.collectives.measured`; a
+  backend may implement a kind otherwise than its ring: gloo's reduce-scatter
+  is an allreduce of the whole buffer). Back to back, an emulated link's token
+  bucket stays drained as under tensor parallelism; one call after an idle gap
+  may pass inside the burst or not, and near the burst size single calls
+  scatter by 2x between sweeps.
 
 ``size_bytes`` is each rank's input buffer (fp32), as in
 :class:`perfsim.compression.base.CommStep`. Sizes run from 1 KB to 256 MB by
@@ -59,12 +73,18 @@ from perfsim.calibrate.fit import fit_records
 from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
-OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
+OPS = ("p2p", "allreduce", "allgather", "alltoall", "reduce_scatter", "allgather_tensor", "messenger", "late",
+       "framing", "interference")
 #: ops measured unless asked otherwise
-DEFAULT_OPS = ("p2p", "allreduce", "allgather", "alltoall", "messenger", "late", "framing", "interference")
+DEFAULT_OPS = OPS
+#: ops timing a torch call other than their kind's default: op -> (record op = kind, call)
+CALL_OPS = {"reduce_scatter": ("reduce_scatter", "reduce_scatter_tensor"),
+            "allgather_tensor": ("allgather", "all_gather_into_tensor")}
 FULL_SIZES = tuple(1024 * 4**k for k in range(10))  # 1 KB .. 256 MB
 QUICK_SIZES = tuple(1024 * 4**k for k in range(6))  # 1 KB .. 1 MB
 LATE_S = 0.005
+#: calls per timed train of a tensor-parallel kind (and of its allreduce reference)
+TRAIN = 4
 QUICK_EMULATED_SIZES = (1024, 4096, 65536, 1048576, 4194304, 16777216)
 
 
@@ -275,6 +295,29 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     dist.all_gather(parts, buf)
                     sync()
                 scale = 1.0
+            elif op == "reduce_scatter":  # each rank's whole input is `size`, its output 1/world
+                m = max(world, n - n % world)
+                src, dst = torch.ones(m, device=device), torch.empty(m // world, device=device)
+                # the backend's _reduce_scatter_base, as the functional op (newer torch renames the API)
+                reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+                def call():
+                    for _ in range(TRAIN):
+                        reduce_scatter(dst, src)
+                    sync()
+                ref_buf = torch.ones(m, device=device)
+                scale = 1.0 / TRAIN
+            elif op == "allgather_tensor":  # each rank contributes `size`
+                buf = torch.ones(n, device=device)
+                whole = torch.empty(n * world, device=device)
+                all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+                def call():
+                    for _ in range(TRAIN):
+                        all_gather(whole, buf)
+                    sync()
+                ref_buf = torch.ones(n, device=device)
+                scale = 1.0 / TRAIN
             else:  # alltoall: each rank's whole send buffer is `size`
                 m = max(world, n - n % world)
                 src, dst = torch.ones(m, device=device), torch.empty(m, device=device)
@@ -293,8 +336,8 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 break
             for _ in range(max(0, cfg.warmup - 1)):
                 call()
-            reps = _n_repeats(dist, first, cfg, device, size)
-            samples = []
+            reps = _n_repeats(dist, first * (2 if op in CALL_OPS else 1), cfg, device, size)
+            samples, ref_samples = [], []
             for _ in range(reps):
                 dist.barrier()
                 t0 = time.perf_counter()
@@ -303,8 +346,15 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                     samples.append(box.get("t", 0.0))
                 else:
                     samples.append((time.perf_counter() - t0) * scale)
-            out.append({"op": op, "size_bytes": size if op != "alltoall" else m * 4,
-                        "samples": samples})
+                if op in CALL_OPS:  # the reference: a train of allreduces of the same buffer
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(TRAIN):
+                        dist.all_reduce(ref_buf)
+                    sync()
+                    ref_samples.append((time.perf_counter() - t0) / TRAIN)
+            out.append({"op": op, "size_bytes": m * 4 if op in ("alltoall", "reduce_scatter") else size,
+                        "samples": samples, **({"ref_samples": ref_samples} if ref_samples else {})})
     return out
 
 
@@ -362,12 +412,16 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         t = summarize(samples)
         base = {"messenger": "messenger", "late": "messenger-late"}.get(item["op"], backend)
         name = comm_name(base, cfg.emulate_bandwidth)
-        rec = {"op": "p2p" if p2p else item["op"], "name": name,
+        kind, call = CALL_OPS.get(item["op"], ("p2p" if p2p else item["op"], None))
+        rec = {"op": kind, "name": name, **({"call": call} if call else {}),
                "size_bytes": item["size_bytes"], "world_size": 2 if p2p else cfg.world_size, "dtype": "float32",
                **t.record(),
                # the expected cost: small messages are bimodal (~0.1 ms, or a wait for the
                # next 4-ms kernel tick), a median lands on either mode; a run pays the mean
                "mean_s": sum(samples) / len(samples)}
+        if "ref_samples" in item:  # its allreduce reference (same statistic), the slowest rank's per repeat
+            rec["allreduce_s"] = summarize([max(v) for v in zip(*(per_rank[r][i]["ref_samples"]
+                                                                  for r in sorted(per_rank)))]).record()["time_s"]
         if item["op"] == "late":
             # the late-receive cost depends on the kernel tick's phase, not on interference:
             # always the median (a minimum would report the lucky case)
@@ -451,9 +505,12 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": []}
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": [],
+             **{o: [kind] for o, (kind, _) in CALL_OPS.items()}}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
-        records += fit_records(raw, op, ("name",))
+        # one fit per backend/link and torch call (an allgather of tensors is not a list's)
+        records += [{k: v for k, v in r.items() if v is not None}
+                    for r in fit_records(raw, op, ("name", "call"))]
     return records
 
 

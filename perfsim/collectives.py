@@ -42,6 +42,22 @@ reduce_scatter (``S`` = each rank's input) ``V = (N-1)/N S``, ``N-1`` steps;
 alltoall (pairwise exchange): a node's NICs carry ``g S (N-g)/N`` while each
 rank moves ``(g-1)/N S`` inside the node, ``N-1`` steps; broadcast (pipelined
 chain) ``V = S``, ``N-1`` steps; p2p ``V = S``, 1 step.
+
+Measured kinds
+--------------
+A backend need not implement a kind as the ring above: gloo's
+``reduce_scatter_tensor`` clones the input, allreduces all of it and copies out
+the rank's chunk (torch ``ProcessGroupGloo::reduce_scatter_tensor_coalesced``),
+and its ``all_gather_into_tensor`` gathers into a flat buffer and copies it out.
+So where a profile measured a kind as a given torch call issues it
+(``perfsim calibrate``: ``reduce_scatter`` and ``allgather`` records with their
+``call``), :func:`measured` plans it as the allreduce of the same buffer scaled
+by the measured ratio ``t_kind(S) / t_allreduce(S)`` (both timed in one sweep on
+the same link, :meth:`perfsim.profile.costs.ProfileCosts.collective_ratio`):
+the link, group shape and contention stay the network's, the kind's own cost is
+the backend's. The ratio is taken on the calibration's ranks (2) and assumed to
+hold for larger groups; it applies on the profile's own backend only (the plan
+does not ask for it with a GPU preset beside a CPU profile).
 """
 
 from __future__ import annotations
@@ -56,6 +72,21 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 #: ncclTopoTuneModel: ``if (a == NCCL_ALGO_TREE && coll == ncclFuncAllReduce) busBw *= .92``)
 TREE_EFFICIENCY = 0.92
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "p2p")
+#: the functional collectives DTensor issues (``torch.ops._c10d_functional``, what
+#: tensor parallelism calls in execute mode) -> the kind each is
+TENSOR_CALLS = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
+                "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "alltoall"}
+#: the torch.distributed call a profile record of a kind timed when it names no ``call``
+DEFAULT_CALLS = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter_tensor",
+                 "alltoall": "all_to_all_single", "broadcast": "broadcast", "p2p": "send"}
+
+
+def tensor_call(kind: str) -> str:
+    """The functional call tensor parallelism issues for ``kind`` (:data:`TENSOR_CALLS`)."""
+    for call, k in TENSOR_CALLS.items():
+        if k == kind:
+            return call
+    raise ConfigError(f"collective {kind!r}: tensor parallelism issues no such call")
 
 
 @dataclass(frozen=True)
@@ -160,3 +191,16 @@ def _alltoall(S: float, g: GroupShape) -> Collective:
     if k > 1:
         phases.append(Phase((k - 1) / n * S, g.intra_bps, False, 0.0 if g.nodes > 1 else lat))
     return Collective("alltoall", "pairwise", (tuple(phases),), (n - 1) / n * S)
+
+
+def measured(kind: str, nbytes: float, g: GroupShape, ratio: float) -> Collective:
+    """``kind`` of per-rank buffer ``nbytes`` on ``g`` costed as ``ratio`` times the
+    ring allreduce of the same buffer (module docstring, "Measured kinds"): every
+    phase's volume and latency scaled, so contention shares it as the allreduce's
+    bytes; ``wire_bytes`` stays the kind's own ring count."""
+    if not ratio > 0 or not math.isfinite(ratio):
+        raise ConfigError(f"measured {kind} ratio={ratio!r}: must be a finite number > 0")
+    base = plan("allreduce", nbytes, g, "ring")
+    phases = tuple(tuple(Phase(p.volume_bytes * ratio, p.rate_bps, p.inter_node, p.latency_s * ratio)
+                         for p in group) for group in base.phases)
+    return Collective(kind, "measured", phases, plan(kind, nbytes, g, "ring").wire_bytes)

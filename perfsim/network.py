@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from perfsim.collectives import Collective, GroupShape
+from perfsim.collectives import measured as measured_collective
 from perfsim.collectives import plan as plan_collective
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
@@ -403,6 +404,7 @@ class Network:
         self._paths: dict[tuple[int, int], Path_] = {}
         self._collectives: dict[tuple, Collective] = {}
         self._shapes: dict[tuple, GroupShape] = {}
+        self._ratios: dict[tuple, float | None] = {}
         gpn = system.gpus_per_node
         self.num_nodes = -(-self.num_devices // gpn)
         if self.topology is not None and self.topology.nodes < self.num_nodes:
@@ -495,20 +497,40 @@ class Network:
                           sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat)
 
     def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None,
-                   lockstep: bool = False) -> Collective:
+                   lockstep: bool = False, call: str | None = None) -> Collective:
         """The collective ``kind`` of per-rank buffer ``nbytes`` on ``members``: its
         algorithm (``algo`` or ``System.collective_algo``; ``auto`` = least modelled
         time), phases, and bytes per rank (:mod:`perfsim.collectives`). The one entry
         point for data-parallel, tensor-parallel and any other group's collectives;
-        ``lockstep``: one of a stream the group issues back to back (:func:`lockstep_link`)."""
+        ``lockstep``: one of a stream the group issues back to back (:func:`lockstep_link`).
+        ``call``: the torch.distributed call that issues it; when the profile measured
+        that call of ``kind`` (other than the allreduce the link itself is calibrated
+        from), its measured cost relative to the allreduce prices it
+        (:func:`perfsim.collectives.measured`), else the model's algorithm does."""
         algo = algo or self.system.collective_algo
-        key = (kind, nbytes, tuple(members), algo, lockstep)
+        key = (kind, nbytes, tuple(members), algo, lockstep, call)
         c = self._collectives.get(key)
         if c is None:
-            c = self._collectives[key] = plan_collective(kind, nbytes, self.group_shape(members, lockstep), algo)
+            shape = self.group_shape(members, lockstep)
+            ratio = self.measured_ratio(kind, call, nbytes) if call and shape.n > 1 else None
+            c = (measured_collective(kind, nbytes, shape, ratio) if ratio is not None
+                 else plan_collective(kind, nbytes, shape, algo))
+            self._collectives[key] = c
         return c
 
+    def measured_ratio(self, kind: str, call: str, nbytes: float) -> float | None:
+        """The profile's measured time of ``kind`` issued by ``call`` over its allreduce
+        of the same buffer, at the collective link's nominal rate or on loopback
+        (:meth:`perfsim.profile.costs.ProfileCosts.collective_ratio`); None for an
+        allreduce, without a profile, or when that call was not measured."""
+        if kind in ("allreduce", "p2p") or self._profile is None or not self._profile.records:
+            return None
+        key = (kind, call, nbytes)
+        if key not in self._ratios:  # one profile lookup per kind and size, not per group
+            self._ratios[key] = self._profile.collective_ratio(kind, call, nbytes, self.collective_link.nominal_bps)
+        return self._ratios[key]
+
     def collective_time(self, kind: str, nbytes: float, members: Sequence[int],
-                        algo: str | None = None, lockstep: bool = False) -> float:
+                        algo: str | None = None, lockstep: bool = False, call: str | None = None) -> float:
         """Uncontended time of a collective over ``members`` (:meth:`collective`)."""
-        return self.collective(kind, nbytes, members, algo, lockstep).time()
+        return self.collective(kind, nbytes, members, algo, lockstep, call).time()

@@ -353,3 +353,53 @@ def test_calibrate_writes_typed_facts_even_from_a_text_source():
     gemm, lay = build_profile([rec, layer], {}).records
     assert gemm == {k: v for k, v in rec.items() if k != "source"} | {"device": "cpu", "source": "calibrate efficiency"}
     assert lay["layers"] == [0, 3] and lay["source"] == "calibrate; runtime"
+
+
+def test_collective_records_count_for_the_call_they_timed():
+    """An all-gather of tensors (what tensor parallelism calls) and one of a list (the
+    data-parallel compressors') are fitted apart; a record without ``call`` -- every
+    profile written before the fact existed -- is its kind's default call."""
+    p = Profile(metadata={"backend": "gloo"})
+    for s, t in ((1000, 2e-4), (3000, 4e-4)):
+        p.add(op="allgather", name="gloo", size_bytes=s, world_size=2, time_s=t)  # old: no call
+        p.add(op="allgather", name="gloo", call="all_gather_into_tensor", size_bytes=s, world_size=2,
+              time_s=3 * t)
+        p.add(op="allreduce", name="gloo", size_bytes=s, world_size=2, time_s=t)
+    assert p.fit("allgather", "gloo")(2000) == pytest.approx(3e-4)
+    assert p.fit("allgather", "gloo", "all_gather")(2000) == pytest.approx(3e-4)
+    assert p.fit("allgather", "gloo", "all_gather_into_tensor")(2000) == pytest.approx(9e-4)
+    assert p.collective_ratio("allgather", "all_gather_into_tensor", 2000) == pytest.approx(3.0)
+    assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2000) is None  # not measured
+    with pytest.raises(ConfigError, match="call"):
+        p.add(op="allgather", name="gloo", call=3, size_bytes=1, time_s=1.0)
+
+
+def test_collective_ratio_prefers_the_link_it_was_measured_on():
+    """The ratio at an emulated rate wins over loopback's when both were measured there."""
+    p = Profile(metadata={"backend": "gloo"})
+    for name, k in (("gloo", 2.0), ("gloo@1Gbps", 1.25)):
+        for s in (1000, 4000):
+            p.add(op="allreduce", name=name, size_bytes=s, world_size=2, time_s=1e-3 + s * 1e-7)
+            p.add(op="reduce_scatter", name=name, call="reduce_scatter_tensor", size_bytes=s, world_size=2,
+                  time_s=k * (1e-3 + s * 1e-7))
+    assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500, 1e9) == pytest.approx(1.25)
+    assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500, 1e8) == pytest.approx(2.0)
+    assert p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 2500) == pytest.approx(2.0)
+
+
+def test_collective_ratio_from_the_same_sweep_interpolated_in_log_size():
+    """Records that carry the allreduce of their own sweep (``allreduce_s``) give the
+    ratio at each measured size, linear in log(size) between them, flat beyond; the
+    profile's other allreduce records (another day, another load) do not enter."""
+    p = Profile(metadata={"backend": "gloo"})
+    for s, t, ref in ((1000, 2e-3, 1e-3), (4000, 3e-3, 3e-3)):
+        p.add(op="reduce_scatter", name="gloo", call="reduce_scatter_tensor", size_bytes=s, world_size=2,
+              time_s=t, allreduce_s=ref)
+        p.add(op="allreduce", name="gloo", size_bytes=s, world_size=2, time_s=10 * ref)
+    ratio = lambda n: p.collective_ratio("reduce_scatter", "reduce_scatter_tensor", n)  # noqa: E731
+    assert ratio(1000) == pytest.approx(2.0) and ratio(4000) == pytest.approx(1.0)
+    assert ratio(2000) == pytest.approx(1.5)  # halfway in log(size)
+    assert ratio(10) == pytest.approx(2.0) and ratio(1e9) == pytest.approx(1.0)
+    p.add(op="reduce_scatter", name="gloo", call="reduce_scatter_tensor", size_bytes=1000, world_size=2,
+          time_s=4e-3, allreduce_s=1e-3)  # a second sweep: the mean ratio at that size
+    assert ratio(1000) == pytest.approx(3.0)

@@ -113,3 +113,23 @@ def test_tp_splits_compute_and_memory():
     a = w.arch  # replicated on every rank: position table, norms, row-parallel biases
     replicated = a.max_positions * a.hidden + a.n_layer * (2 * a.norm_params() + 2 * a.hidden) + a.norm_params()
     assert sum(w.rank_params) * 4 == a.params + 3 * replicated
+
+
+def test_sequence_parallel_edges_gather_the_sequence_once_each_way():
+    """Under SP the stage with the embedding all-gathers its output gradient backward,
+    the stage with the LM head its input forward (the runtime's layout: both replicated),
+    one sequence shard each per micro-batch; nothing without SP."""
+    from perfsim.models.tensor_parallel import tp_edge_collectives
+
+    shard = 2 * 1024 * 1024 * 2 / 4
+    assert tp_edge_collectives(1024, 1024, 2, 4, True, 2, embed=True, head=True) == \
+        (("fwd", "allgather", shard), ("bwd", "allgather", shard))
+    assert tp_edge_collectives(1024, 1024, 2, 4, False, 2, embed=True, head=True) == ()
+    sp, plain = _run(tp=4, sequence_parallel=True), _run(tp=4)
+    # micro-batch 1 x seq 1024 x hidden 1024 bf16 in 4 shards; each rank's wire bytes: 3 other shards
+    ag = collective_cost("allgather", 1024 * 1024 * 2 / 4, 4)[0]
+    first, last = sp.stages[0], sp.stages[-1]
+    assert first["tp_bytes_per_mb"] - plain.stages[0]["tp_bytes_per_mb"] == pytest.approx(ag)
+    assert last["tp_bytes_per_mb"] - plain.stages[-1]["tp_bytes_per_mb"] == pytest.approx(ag)
+    for mid, ref in zip(sp.stages[1:-1], plain.stages[1:-1]):
+        assert mid["tp_bytes_per_mb"] == pytest.approx(ref["tp_bytes_per_mb"])

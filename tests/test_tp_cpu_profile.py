@@ -153,3 +153,93 @@ def test_tp_collectives_run_in_lockstep():
     size = 8 * 64 * 128 * 4  # an fp32 (micro-batch, seq, hidden) activation
     per = size * 8 / ls.rate_bps + 2 * ls.one_way_s  # ring on 2 ranks: the buffer once, 2 steps
     assert r.summary["tp_comm_s"] == pytest.approx(4 * 16 * per)  # 4 micro-batches x 4 blocks x 4
+
+
+def _without_tensor_kinds(prof):
+    """``prof`` less its measurements of the calls TP issues other than the allreduce."""
+    from perfsim.profile import Profile
+
+    data = prof.to_dict()
+    data["records"] = [r for r in data["records"] if "call" not in r and "reduce_scatter" not in r["op"]]
+    return Profile.from_dict(data, where="test")
+
+
+def test_sequence_parallel_prices_a_measured_slow_reduce_scatter(tmp_path):
+    """A profile whose reduce_scatter_tensor measures k times its allreduce (at the
+    link's rate) makes every SP reduce-scatter k ring allreduces of the same buffer on
+    the lockstep link instead of a ring reduce-scatter; nothing else moves."""
+    from perfsim.link import resolve_link
+    from perfsim.network import lockstep_link
+
+    prof = _without_tensor_kinds(load_profile(PROFILE))
+    ring = tmp_path / "ring.json"
+    prof.save(ring)
+    k = 3.0
+    for name in ("gloo@1Gbps", "gloo"):
+        fit = [r for r in prof.records if r["op"] == "fit_allreduce" and r["name"] == name][0]
+        for s in (65536, 262144, 1048576):  # k x the allreduce of its sweep at every size
+            ref = fit["alpha_s"] + s * fit["beta_s_per_byte"]
+            prof.add(op="reduce_scatter", name=name, call="reduce_scatter_tensor", size_bytes=s, world_size=2,
+                     time_s=k * ref, allreduce_s=ref, source="test")
+    slow = tmp_path / "slow.json"
+    prof.save(slow)
+    assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144, 1e9) == pytest.approx(k)
+
+    kw = dict(ARGS, macro_batch=32, tp=2, sequence_parallel=True)
+    base, rs = predict(**dict(kw, profile=str(ring))), predict(**dict(kw, profile=str(slow)))
+    ls = lockstep_link(resolve_link(prof, 1e9, 0.0, op="allreduce"), prof)
+    size = 8 * 64 * 128 * 4  # the (micro-batch, seq, hidden) fp32 input of each reduce-scatter
+    ring_rs = size / 2 * 8 / ls.rate_bps + ls.one_way_s  # 2 ranks: half the buffer, one step
+    measured_rs = k * (size * 8 / ls.rate_bps + 2 * ls.one_way_s)  # k ring allreduces
+    n_rs = 4 * 4 * 4  # 4 micro-batches x 4 blocks x 4 reduce-scatters (2 forward, 2 backward)
+    assert rs.summary["tp_comm_s"] - base.summary["tp_comm_s"] == pytest.approx(n_rs * (measured_rs - ring_rs))
+    assert rs.summary["tp_bytes"] == base.summary["tp_bytes"]  # the ring's bytes, as the runtime counts
+    assert rs.summary["iteration_s"] > base.summary["iteration_s"]
+    plain = dict(ARGS, macro_batch=32, tp=2)  # no SP: allreduces only, unchanged
+    assert predict(**dict(plain, profile=str(slow))).summary["iteration_s"] == \
+        pytest.approx(predict(**dict(plain, profile=str(ring))).summary["iteration_s"])
+
+
+def test_calibrate_times_the_calls_tensor_parallelism_issues():
+    """A real 2-rank gloo run times reduce_scatter_tensor and all_gather_into_tensor:
+    records of their kinds naming the call with their allreduce reference, one
+    alpha-beta fit each (apart from the list all-gather's), and the ratio the profile
+    then gives is the record's."""
+    from perfsim.calibrate.comm import CommConfig, measure_comm
+    from perfsim.calibrate.profile_io import build_profile
+
+    recs = measure_comm(CommConfig(ops=("allreduce", "allgather", "reduce_scatter", "allgather_tensor"),
+                                   sizes=(4096, 65536, 262144), repeats=3, warmup=1, max_seconds=0.5,
+                                   backend="gloo"))
+    by = {}
+    for r in recs:
+        by.setdefault((r["op"], r.get("call")), []).append(r)
+    assert [r["size_bytes"] for r in by["reduce_scatter", "reduce_scatter_tensor"]] == [4096, 65536, 262144]
+    assert len(by["allgather", "all_gather_into_tensor"]) == 3 and len(by["allgather", None]) == 3
+    for r in by["reduce_scatter", "reduce_scatter_tensor"] + by["allgather", "all_gather_into_tensor"]:
+        assert r["time_s"] > 0 and r["allreduce_s"] > 0  # its own back-to-back allreduce reference
+    for kind, call in (("fit_reduce_scatter", "reduce_scatter_tensor"), ("fit_allgather", "all_gather_into_tensor"),
+                       ("fit_allgather", None), ("fit_allreduce", None)):
+        (fit,) = by[kind, call]
+        assert fit["points"] == 3 and fit["name"] == "gloo"
+    prof = build_profile(recs, {"backend": "gloo"})
+    rs = by["reduce_scatter", "reduce_scatter_tensor"][-1]
+    assert prof.collective_ratio("reduce_scatter", "reduce_scatter_tensor", 262144) == \
+        pytest.approx(rs["time_s"] / rs["allreduce_s"])
+    assert prof.fit("allgather", "gloo", "all_gather_into_tensor").alpha_s != prof.fit("allgather", "gloo").alpha_s
+
+
+def test_measured_kinds_are_the_profiles_backend_only():
+    """With a GPU preset (NCCL) beside the CPU profile (gloo), gloo's measured
+    reduce-scatter does not price the GPU's: the prediction is the same as from the
+    profile without those records."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bare = f"{tmp}/bare.json"
+        _without_tensor_kinds(load_profile(PROFILE)).save(bare)
+        kw = dict(ARGS, macro_batch=32, tp=2, sequence_parallel=True, gpu="a100-sxm4-80gb")
+        gpu = predict(**kw).summary["tp_comm_s"]
+        assert gpu == pytest.approx(predict(**dict(kw, profile=bare)).summary["tp_comm_s"])
+        cpu = dict(ARGS, macro_batch=32, tp=2, sequence_parallel=True)  # the profile's own device: they do
+        assert predict(**cpu).summary["tp_comm_s"] > predict(**dict(cpu, profile=bare)).summary["tp_comm_s"]

@@ -26,7 +26,9 @@ HELPS = {
     "codecs": "comma list of compressor specs to time, 'all' (default) or 'none'",
     "comm": "comma list of communication ops to time (messenger = execute mode's message "
             "path, late = its receive posted after the data arrived, framing = its host "
-            "time per message, interference = compute alone vs under concurrent allreduces), or 'none'",
+            "time per message, interference = compute alone vs under concurrent allreduces, "
+            "reduce_scatter / allgather_tensor = the reduce_scatter_tensor / all_gather_into_tensor "
+            "calls tensor parallelism issues), or 'none'",
     "emulate_bandwidth": "also measure comm over emulated links of these rates (comma list, e.g. "
                          "1Gbps,100Mbps; needs root for network namespaces)",
     "emulate_latency": "one-way delay of the emulated links (default {default})",

@@ -156,36 +156,46 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     return (half if fw_native else compress), (half if grad_native else grad), fw_native, grad_native
 
 
-def tp_stage_times(workload, strategy, network, s: int, blocks: int) -> tuple[float, float, float]:
+def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
+                   head: bool = False, measured_kinds: bool = True) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
-    stage ``s`` for one micro-batch, on the slowest of the stage's TP groups."""
+    stage ``s`` (and of its embedding / LM head under sequence parallelism,
+    :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
+    on the slowest of the stage's TP groups. ``measured_kinds``: the profile's backend
+    is the run's, so its measured collective kinds price them (not with a GPU preset
+    beside a profile measured elsewhere)."""
+    from perfsim.collectives import tensor_call
     from perfsim.hardware import BYTES_PER_VALUE
-    from perfsim.models.tensor_parallel import tp_layer_collectives
+    from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
     from perfsim.network import collective_cost
 
     tp, spec = strategy.tp, workload.arch
-    if tp == 1 or spec is None or blocks == 0:
+    if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
-    coll = tp_layer_collectives(spec.hidden, spec.seq_len, strategy.micro_batch, tp,
-                                strategy.sequence_parallel, BYTES_PER_VALUE[strategy.precision])
-    fwd = bwd = 0.0
+    shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
+             BYTES_PER_VALUE[strategy.precision])
+    # (collectives, times issued per micro-batch): every block's, then the stage's edges
+    parts = [(tp_layer_collectives(*shape), blocks), (tp_edge_collectives(*shape, embed, head), 1)]
     groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
     seen = {}
     for members in groups:
         key = tuple(network.node(m) for m in members)
         if key in seen:
             continue
-        # back to back, the whole group in step (perfsim.network.lockstep_link)
-        f = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "fwd")
-        b = sum(network.collective_time(k, n, members, lockstep=True) for ph, k, n in coll if ph == "bwd")
-        seen[key] = (f, b)
+        # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
+        # as the functional call DTensor issues (its measured cost when profiled)
+        seen[key] = tuple(sum(times * network.collective_time(k, n, members, lockstep=True,
+                                                              call=tensor_call(k) if measured_kinds else None)
+                              for coll, times in parts for ph, k, n in coll if ph == phase)
+                          for phase in ("fwd", "bwd"))
     fwd = max(v[0] for v in seen.values())
     bwd = max(v[1] for v in seen.values())
-    nbytes = sum(collective_cost(k, n, tp)[0] for _, k, n in coll)
+    nbytes = sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for _, k, n in coll)
     if strategy.recompute == "full":  # the recomputed forward runs its collectives again
         bwd += fwd
-        nbytes += sum(collective_cost(k, n, tp)[0] for ph, k, n in coll if ph == "fwd")
-    return blocks * fwd, blocks * bwd, blocks * nbytes
+        nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for ph, k, n in coll
+                      if ph == "fwd")
+    return fwd, bwd, nbytes
 
 
 def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
@@ -236,7 +246,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
             blocks = sum(1 for layer in layers if layer.name.startswith("block"))
-            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks)
+            names = {layer.name for layer in layers}
+            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
+                                                                   "embed" in names, "head" in names,
+                                                                   measured_kinds=gpu is None)
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)

@@ -11,6 +11,12 @@ each all-reduce becomes a reduce-scatter (after the row-parallel GEMM) and an
 all-gather (before the column-parallel GEMM), in both passes: the same ring
 volume, but norms and dropouts work on ``s / t`` tokens.
 
+The sequence also enters and leaves the parallel region once per micro-batch
+(:func:`tp_edge_collectives`): the embedding's output is split along the
+sequence (no communication forward; its gradient is all-gathered backward) and
+the LM head, replicated on every TP rank as execute mode keeps it, all-gathers
+its input forward (its input gradient is split again locally).
+
 Buffer sizes follow the tensors each rank hands to the collective (as
 ``torch.distributed``): all-reduce its full ``(b, s, h)`` buffer; all-gather
 its own ``(b, s/t, h)`` shard (the input; :func:`perfsim.network.collective_cost`
@@ -50,6 +56,19 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     sub_fwd = (("fwd", "allgather", shard), ("fwd", "reduce_scatter", full))
     sub_bwd = (("bwd", "allgather", shard), ("bwd", "reduce_scatter", full))
     return sub_fwd * 2 + sub_bwd * 2
+
+
+def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                        bytes_per_value: int, embed: bool, head: bool) -> tuple[tuple[str, str, float], ...]:
+    """(phase, kind, per-rank buffer bytes) of the collectives a stage holding the
+    embedding (``embed``) and / or the LM head (``head``) adds per micro-batch under
+    sequence parallelism (module docstring): a backward all-gather of the embedding's
+    ``(b, s/t, h)`` output gradient, a forward all-gather of the head's input shard.
+    Empty without sequence parallelism (the replicated embedding and head need none)."""
+    if tp == 1 or not sequence_parallel:
+        return ()
+    shard = float(micro_batch * seq * hidden * bytes_per_value) / tp
+    return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
 
 
 def shard_block_params(spec, tp: int) -> int:

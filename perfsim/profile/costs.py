@@ -183,22 +183,37 @@ class ProfileCosts:
             return self.metadata.get("effective_flops")
         return sum(r["flops"] for r in recs) / sum(r["time_s"] for r in recs)
 
-    def fit(self, op: str, name: str | None = None) -> Fit | None:
+    def fit(self, op: str, name: str | None = None, call: str | None = None) -> Fit | None:
         """The alpha-beta fit of ``op`` (``encode``, ``p2p``, ``optimizer``...), or None:
         a stored ``fit_<op>`` record, else :func:`fit_alpha_beta` of the raw records
         (in-situ points at one exact shape excluded: they price that boundary, not
         the per-byte line). Most specific name first: the exact spec
-        (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any."""
-        candidates = [None] if name is None else name_chain(name)
-        for cand in candidates:
-            for r in self.records:
-                if r["op"] == f"fit_{op}" and (cand is None or r["name"] == cand):
-                    return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]),
-                               int(r.get("points", 0)), r.get("max_rel_error"))
-            raw = [r for r in self.records if r["op"] == op and (cand is None or r["name"] == cand)
-                   and "shape" not in r]
-            if raw:
-                return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
+        (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any.
+        A collective kind's records count only for the torch call they timed:
+        ``call`` (None: the kind's default, :data:`perfsim.collectives.DEFAULT_CALLS`)."""
+        for cand in [None] if name is None else name_chain(name):
+            fit = self._fit_named(op, cand, call)
+            if fit is not None:
+                return fit
+        return None
+
+    def _fit_named(self, op: str, name: str | None, call: str | None = None) -> Fit | None:
+        """:meth:`fit` for exactly ``name`` (None: any name)."""
+        from perfsim.collectives import DEFAULT_CALLS
+
+        want = call or DEFAULT_CALLS.get(op)
+
+        def same_call(r: dict) -> bool:
+            return want is None or (r.get("call") or DEFAULT_CALLS.get(op)) == want
+
+        for r in self.records:
+            if r["op"] == f"fit_{op}" and (name is None or r["name"] == name) and same_call(r):
+                return Fit(float(r["alpha_s"]), float(r["beta_s_per_byte"]),
+                           int(r.get("points", 0)), r.get("max_rel_error"))
+        raw = [r for r in self.records if r["op"] == op and (name is None or r["name"] == name)
+               and "shape" not in r and same_call(r)]
+        if raw:
+            return fit_alpha_beta([r["size_bytes"] for r in raw], [r["time_s"] for r in raw])
         return None
 
     def encode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
@@ -251,10 +266,57 @@ class ProfileCosts:
             raise ConfigError(f"collective op {op!r}: not one of {COMM_OPS}")
         return self.fit(op, name)
 
+    def collective_ratio(self, kind: str, call: str, nbytes: float,
+                         nominal_bps: float | None = None) -> float | None:
+        """Measured time of collective ``kind`` as torch's ``call`` issues it, on a
+        per-rank buffer of ``nbytes``, over the backend's allreduce of the same buffer
+        (the same ranks, the same link): on the link emulated at ``nominal_bps`` when
+        the profile measured ``call`` there, else on loopback; None when it measured
+        ``call`` on neither (the ring model stands, :func:`perfsim.collectives.plan`).
+
+        Each record's ratio is its ``time_s`` over its ``allreduce_s`` (the allreduce
+        timed at that size in the same sweep, so load and the link's state divide
+        out; several sweeps: their mean at each size); between measured sizes the ratio is interpolated linearly in
+        ``log(size)``, beyond them the nearest one holds. A shaped link's times are
+        no alpha-beta line (a token bucket passes small messages at once), so two
+        fits' quotient can be far from the measured ratio at the sizes that matter;
+        records without ``allreduce_s`` fall back to it (this kind's fit over the
+        allreduce's, :meth:`fit`)."""
+        from perfsim.calibrate.profile_io import comm_name
+        from perfsim.collectives import DEFAULT_CALLS
+
+        if kind not in COMM_OPS:
+            raise ConfigError(f"collective op {kind!r}: not one of {COMM_OPS}")
+        backend = self.metadata.get("backend", "gloo")
+        for name in ([comm_name(backend, nominal_bps)] if nominal_bps else []) + [backend]:
+            by_size: dict[float, list[float]] = {}
+            for r in self.records:
+                if (r["op"] == kind and r.get("name") == name and r.get("allreduce_s") and r["size_bytes"] > 0
+                        and (r.get("call") or DEFAULT_CALLS[kind]) == call):
+                    by_size.setdefault(float(r["size_bytes"]), []).append(float(r["time_s"]) / float(r["allreduce_s"]))
+            if by_size:  # several sweeps: the mean ratio at each size
+                return _log_interpolate(sorted((s, sum(v) / len(v)) for s, v in by_size.items()), float(nbytes))
+            own, ref = self._fit_named(kind, name, call), self._fit_named("allreduce", name)
+            if own is not None and ref is not None and ref(nbytes) > 0:
+                return own(nbytes) / ref(nbytes)
+        return None
+
     def optimizer_time(self, param_bytes: float) -> float | None:
         """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
         fit = self.fit("optimizer", None)
         return fit(param_bytes) if fit else None
+
+
+def _log_interpolate(pts: list[tuple[float, float]], x: float) -> float:
+    """``y`` at ``x`` on the polyline through ``(size, y)`` points sorted by size,
+    linear in ``log(size)``; the end points' ``y`` beyond them."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x <= x1:
+            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + w * (y1 - y0)
+    return pts[-1][1]
 
 
 def _fb(op: str) -> str:

@@ -48,7 +48,7 @@ SUPPORTED_VERSIONS = (1, 2)
 
 COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
 CODEC_OPS = ("encode", "decode")
-COMM_OPS = ("p2p", "allreduce", "allgather", "alltoall", "broadcast")
+COMM_OPS = ("p2p", "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
 OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv", "interference")
 #: achieved rates of operator classes (perfsim.calibrate.efficiency): ``flops`` and
 #: ``size_bytes`` say what the operator computes and must move at least
@@ -75,6 +75,10 @@ FACTS: dict[str, str] = {
     "tp": _INT,                # tensor-parallel ranks a stage was timed on (absent: 1)
     "sequence_parallel": _INT, # 1: that stage ran with sequence parallelism
     "optimizer": _STR,         # optimizer of an ``optimizer`` record
+    "call": _STR,              # the torch.distributed call a collective record timed, when
+                               # not its kind's default (perfsim.collectives.DEFAULT_CALLS)
+    "allreduce_s": _FLOAT,     # the backend's allreduce of the same buffer, timed in the same
+                               # sweep: what a measured kind's cost is relative to
     "concurrent_ranks": _INT,  # ranks computing at once while timed
     "wire_bytes": _INT,        # a codec's payload bytes on the wire
     "cache": _STR,             # cold, warm or after-layer-step (codec timings)

@@ -43,13 +43,13 @@ from dataclasses import dataclass
 
 import torch
 
+from perfsim.collectives import TENSOR_CALLS
 from perfsim.errors import ConfigError
 
 #: a compute trace event of the runtime: ``<stage><F|B|I|W><micro-batch>``
 COMPUTE_EVENT = re.compile(r"^\d+([FBIW])(\d+)$")
-#: functional collective op -> collective kind (the simulator's names)
-KINDS = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
-         "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "alltoall"}
+#: functional collective op -> collective kind (the simulator's names, one table)
+KINDS = TENSOR_CALLS
 
 
 # ----------------------------------------------------------------------------- rank layout

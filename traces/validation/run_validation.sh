@@ -22,11 +22,14 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   # whole stages are timed as a pipeline rank runs them: the 1F1B rows of 4 micro-batches
   # (macro-batch 32 / micro-batch 8), execute mode's stage modules, optimizer step per step.
   # messages up to 64 KB: 60 repeats (bimodal; their mean is the per-message fixed cost).
-  # --tp 2: one TP rank's compute as execute mode runs it (DTensor), for the TP grids below.
+  # --tp 2: one TP rank's compute as execute mode runs it (DTensor), for the TP grids below;
+  # reduce_scatter,allgather_tensor: the collectives sequence parallelism issues, per link
+  # (their default emulated ops), priced relative to the allreduce (perfsim.collectives.measured).
   perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
       --small-repeats 60 --tp 2 \
       --statistic "${STATISTIC:-median}" --concurrent \
-      --comm p2p,allreduce,allgather,alltoall,messenger,late,framing --emulate-bandwidth "$RATES" \
+      --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing \
+      --emulate-bandwidth "$RATES" \
       --output "$PROFILE"
 fi
 
