@@ -19,6 +19,12 @@ from perfsim.compression import make_compressor
 
 
 # ------------------------------------------------------------------ processes
+# A short digits-mlp pipeline job (2 steps per epoch: AQ-SGD compresses from step 2) that
+# several test files run with different pp / schedule / compress; with the conftest's
+# ``shared_run`` equal jobs run once.
+PIPE_JOB = dict(model="digits-mlp", micro_batch=4, macro_batch=16, steps=6, dataset_limit=32, timeout="60s")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
