@@ -38,6 +38,30 @@ def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
                           timeout=timeout, **kw)
 
 
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """``perfsim ARGS`` through :func:`perfsim.cli.main` in this process, output captured:
+    what :func:`run_cli` gives without starting an interpreter (and torch) per call. For
+    tables of user mistakes whose first row still goes through :func:`run_cli`. The
+    ``perfsim`` logger is left as it was."""
+    import io
+    import logging
+
+    from perfsim.cli import main
+
+    log = logging.getLogger("perfsim")
+    handlers, level = list(log.handlers), log.level
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's own errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        log.handlers[:], log.level = handlers, level
+    return subprocess.CompletedProcess(["perfsim", *args], code, out.getvalue(), err.getvalue())
+
+
 def assert_user_error(code: int, err: str, culprit: str) -> None:
     """The house rule for a user mistake: exit 2, one line naming ``culprit``, no traceback."""
     assert code == 2, err
