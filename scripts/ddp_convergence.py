@@ -56,13 +56,12 @@ def train_all(steps: int, only: list[str] | None) -> dict[str, list[tuple[int, f
     """Body of one rank (process group initialised): config -> [(step, full-data loss)]."""
     import torch
     import torch.distributed as dist
-    from sklearn.datasets import load_digits
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from perfsim import ddp as pddp
+    from perfsim.runtime.data import digits_arrays
 
-    d = load_digits()
-    x_all, y_all = torch.tensor(d.data, dtype=torch.float32) / 16.0, torch.tensor(d.target)
+    x_all, y_all = digits_arrays()
     rank, world = dist.get_rank(), dist.get_world_size()
     curves = {}
     wanted = set(only or []) | {c["baseline"] for c in configs(steps) if c["config"] in (only or [])}

@@ -19,6 +19,12 @@ from perfsim.compression import make_compressor
 
 
 # ------------------------------------------------------------------ processes
+# A short digits-mlp pipeline job (2 steps per epoch: AQ-SGD compresses from step 2) that
+# several test files run with different pp / schedule / compress; with the conftest's
+# ``shared_run`` equal jobs run once.
+PIPE_JOB = dict(model="digits-mlp", micro_batch=4, macro_batch=16, steps=6, dataset_limit=32, timeout="60s")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as s:
@@ -30,6 +36,30 @@ def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProce
     """``python -m perfsim ARGS`` in a fresh interpreter, text output captured."""
     return subprocess.run([sys.executable, "-m", "perfsim", *args], capture_output=True, text=True,
                           timeout=timeout, **kw)
+
+
+def run_cli_here(*args: str) -> subprocess.CompletedProcess:
+    """``perfsim ARGS`` through :func:`perfsim.cli.main` in this process, output captured:
+    what :func:`run_cli` gives without starting an interpreter (and torch) per call. For
+    tables of user mistakes whose first row still goes through :func:`run_cli`. The
+    ``perfsim`` logger is left as it was."""
+    import io
+    import logging
+
+    from perfsim.cli import main
+
+    log = logging.getLogger("perfsim")
+    handlers, level = list(log.handlers), log.level
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse's own errors
+                code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        log.handlers[:], log.level = handlers, level
+    return subprocess.CompletedProcess(["perfsim", *args], code, out.getvalue(), err.getvalue())
 
 
 def assert_user_error(code: int, err: str, culprit: str) -> None:

@@ -22,3 +22,24 @@ def write_file(tmp_path):
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def shared_run(tmp_path_factory):
+    """``shared_run(**params) -> (Result, out folder)``: :func:`perfsim.runtime.run` of
+    ``params`` (in a folder of its own), run once per test session and shared by every test that asks for the
+    same params -- only for tests that read the Result and its files, never change them.
+    Each run starts real ranks (a torch import each): tests of different files that
+    need the same job (a 1F1B reference, say) pay for it once."""
+    from perfsim.runtime import run
+
+    done = {}
+
+    def get(**params):
+        key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+        if key not in done:
+            out = tmp_path_factory.mktemp("shared_run")
+            done[key] = run(out=str(out), **params), out
+        return done[key]
+
+    return get

@@ -1,11 +1,12 @@
 """A user's DDP training script on perfsim.ddp, run by tests/test_ddp.py under torchrun.
 
-    torchrun --nproc_per_node 2 tests/ddp_script.py MODE OUT_DIR [options]
+    torchrun --nproc_per_node 2 tests/ddp_script.py MODE[,MODE...] OUT_DIR
 
 MODE: ``first`` (for every method: 2N steps straight, then N steps + checkpoint),
 ``resume`` (fresh processes: load each checkpoint, N more steps), ``features``
 (find_unused_parameters, bf16/fp16 parameters, no_sync, two DDP models),
 ``errors`` (wrong use), ``world1`` (loads a 2-rank checkpoint in a 1-rank job).
+Several modes run one after the other in the same processes (one job start for all).
 Every rank writes ``OUT_DIR/<mode>-rank<r>.pt``; the test compares them.
 """
 
@@ -196,17 +197,18 @@ def mode_world1(out: Path, rank: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode")
+    ap.add_argument("modes", help="comma-separated")
     ap.add_argument("out")
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     out = Path(args.out)
-    fn = {"first": mode_first, "resume": mode_resume, "features": mode_features,
-          "errors": mode_errors, "world1": mode_world1}[args.mode]
-    res = fn(out, rank)
-    torch.save(res, out / f"{args.mode}-rank{rank}.pt")
+    modes = {"first": mode_first, "resume": mode_resume, "features": mode_features,
+             "errors": mode_errors, "world1": mode_world1}
+    for mode in args.modes.split(","):
+        torch.save(modes[mode](out, rank), out / f"{mode}-rank{rank}.pt")
+        dist.barrier()  # every rank done with this mode's collectives before the next mode
     dist.destroy_process_group()
     return 0
 

@@ -14,21 +14,24 @@ from perfsim.runtime import run
 from perfsim.runtime.config import RunConfig
 from perfsim.runtime.launch import free_port
 
-FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
+from _helpers import PIPE_JOB
+
+FAST = dict(PIPE_JOB, pp=2, schedule="1f1b")  # 6 steps
 
 
-def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(tmp_path):
+def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(shared_run, tmp_path):
     out = tmp_path / "c"
-    full = run(pp=2, steps=6, out=tmp_path / "full", **FAST).losses
-    run(pp=2, steps=4, checkpoint_every=2, out=out, **FAST)
+    full = shared_run(**FAST)[0].losses
+    assert list(full) == [0, 1, 2, 3, 4, 5]
+    run(**dict(FAST, steps=4), checkpoint_every=2, out=out)
     root, meta = checkpoint.find(out)
     assert meta["step"] == 4 and sorted(p.name for p in root.glob("step*")) == ["step00000002", "step00000004"]
     bad = root / "step00000004" / "rank1.pt"
     bad.write_bytes(bad.read_bytes()[:100])  # truncated, as by a full disk or a crash
     with pytest.raises(ConfigError, match=r"step00000004/rank1.pt: corrupt or unreadable.*"
                                           r"--resume .*step00000002"):
-        run(pp=2, steps=6, resume=out, out=tmp_path / "r1", **FAST)
-    result = run(pp=2, steps=6, resume=root / "step00000002", out=tmp_path / "r2", **FAST)
+        run(resume=out, out=tmp_path / "r1", **FAST)
+    result = run(resume=root / "step00000002", out=tmp_path / "r2", **FAST)
     assert result.summary["start_step"] == 2
     assert result.losses == full
 

@@ -23,23 +23,33 @@ sys.path.insert(0, str(SCRIPT.parent))
 import ddp_script as script  # noqa: E402
 
 
-def torchrun(mode: str, out: Path, nproc: int = 2, *args: str) -> list:
-    """Run the script under torchrun; returns every rank's saved results."""
+def torchrun(modes: str, out: Path, nproc: int = 2) -> dict[str, list]:
+    """Run the script's ``modes`` (comma-separated, in one job) under torchrun; returns
+    every rank's saved results per mode."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(SCRIPT), mode, str(out), *args]
+           f"--master_port={free_port()}", str(SCRIPT), modes, str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
-    assert proc.returncode == 0, f"torchrun {mode} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return [torch.load(out / f"{mode}-rank{r}.pt", weights_only=False) for r in range(nproc)]
+    assert proc.returncode == 0, f"torchrun {modes} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {m: [torch.load(out / f"{m}-rank{r}.pt", weights_only=False) for r in range(nproc)]
+            for m in modes.split(",")}
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def jobs(tmp_path_factory):
+    """Three torchrun jobs: the first writes checkpoints (and runs the features and
+    wrong-use modes in the same processes), the second is fresh processes loading them,
+    the third a 1-rank job loading the 2-rank checkpoints."""
     out = tmp_path_factory.mktemp("ddp")
-    first = torchrun("first", out)
-    resume = torchrun("resume", out)    # fresh processes, loading first's checkpoints
-    world1 = torchrun("world1", out, 1)  # a 2-rank checkpoint in a 1-rank job
-    return {"first": first, "resume": resume, "world1": world1}
+    res = torchrun("first,features,errors", out)
+    res.update(torchrun("resume", out))  # fresh processes, loading first's checkpoints
+    res.update(torchrun("world1", out, 1))  # a 2-rank checkpoint in a 1-rank job
+    return res
+
+
+@pytest.fixture(scope="module")
+def runs(jobs):
+    return {k: jobs[k] for k in ("first", "resume", "world1")}
 
 
 METHODS = script.GRAD_METHODS + script.OPT_METHODS
@@ -115,8 +125,8 @@ def test_onebit_wire_bytes(runs):
 
 # ------------------------------------------------------------------ 3. wrong use
 @pytest.fixture(scope="module")
-def errors(tmp_path_factory):
-    return torchrun("errors", tmp_path_factory.mktemp("ddp_errors"))[0]
+def errors(jobs):
+    return jobs["errors"][0]
 
 
 @pytest.mark.parametrize("case,needle", [
@@ -139,8 +149,8 @@ def test_checkpoint_from_another_world_size_is_refused(runs):
 
 # ------------------------------------------------------------------ 5. DDP features
 @pytest.fixture(scope="module")
-def features(tmp_path_factory):
-    return torchrun("features", tmp_path_factory.mktemp("ddp_features"))
+def features(jobs):
+    return jobs["features"]
 
 
 def _same(a, b) -> bool:

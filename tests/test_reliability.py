@@ -14,6 +14,8 @@ from perfsim.outputs import locked_dir
 from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
+from _helpers import run_cli_here
+
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="60s")
 RUN = [sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--micro-batch", "4",
        "--macro-batch", "16", "--no-progress"]
@@ -128,15 +130,21 @@ def test_hung_rank_is_named(tmp_path):
     assert not _workers_of(tmp_path / "h")
 
 
-@pytest.mark.parametrize("argv, culprit", [
+BAD_VALUES = [
     (["--epochs", "inf"], "epochs"),
     (["--seed", str(2**70)], "seed"),
     (["--hang-timeout", "0s"], "hang"),
-])
+]
+
+
+@pytest.mark.parametrize("argv, culprit", BAD_VALUES)
 def test_bad_run_values_rejected_up_front(tmp_path, argv, culprit):
     """Bad run values are refused before any rank starts."""
-    proc = subprocess.run([*RUN, "--out", str(tmp_path / "x"), *argv], capture_output=True, text=True,
-                          timeout=120)
+    args = [*RUN[3:], "--out", str(tmp_path / "x"), *argv]  # RUN without `python -m perfsim`
+    if argv == BAD_VALUES[0][0]:  # the first in a real process
+        proc = subprocess.run([*RUN[:3], *args], capture_output=True, text=True, timeout=120)
+    else:
+        proc = run_cli_here(*args)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert culprit in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "x" / ".ranks").exists()

@@ -106,10 +106,26 @@ def test_digits_without_scikit_learn_says_which_extra(monkeypatch):
     from perfsim.errors import ConfigError
     from perfsim.runtime import data
 
-    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # not found, import raises ImportError
     data.digits_arrays.cache_clear()
     try:
         with pytest.raises(ConfigError, match=r"needs scikit-learn: pip install 'perfsim\[digits\]'"):
             data.digits_arrays()
     finally:
         data.digits_arrays.cache_clear()
+
+
+def test_digits_are_scikit_learns_load_digits():
+    """The digits read from scikit-learn's shipped file are ``load_digits()``'s, value
+    for value (features / 16 as float32, labels as int64)."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    from perfsim.runtime import data
+
+    data.digits_arrays.cache_clear()
+    x, y = data.digits_arrays()
+    d = load_digits()
+    assert torch.equal(x, torch.tensor(d.data, dtype=torch.float32) / 16.0)
+    assert torch.equal(y, torch.tensor(d.target, dtype=torch.int64))
+    assert x.shape == (1797, 64) and float(x.max()) == 1.0 and sorted(set(y.tolist())) == list(range(10))

@@ -13,7 +13,7 @@ from perfsim.runtime import checkpoint
 from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
-from _helpers import assert_user_error, run_cli
+from _helpers import PIPE_JOB, assert_user_error, run_cli, run_cli_here
 
 FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
 
@@ -45,38 +45,42 @@ def test_cli_writes_predict_schema(tmp_path):
     assert {e["tid"] for e in posts} == {0, 1} and len(posts) == 2 * 4  # 5 steps: 4 have a next one
 
 
-@pytest.mark.parametrize("argv, culprit", [
+BAD_ARGS = [
     (["--pp", "0"], "--pp"),
     (["--compress", "bogus:3"], "bogus"),
     (["--micro-batch", "5", "--macro-batch", "32"], "micro_batch"),
     (["--pp", "9"], "pp=9"),
     (["--schedule", "zb-v", "--virtual-stages", "3"], "virtual_stages=3"),
     (["--schedule", "interleaved-1f1b", "--pp", "4"], "interleaved-1f1b"),
-])
+]
+
+
+@pytest.mark.parametrize("argv, culprit", BAD_ARGS)
 def test_bad_arguments_one_line_exit_2(argv, culprit, tmp_path):
-    proc = run_cli("run", "--out", str(tmp_path / "x"), *argv)
+    cli = run_cli if argv == BAD_ARGS[0][0] else run_cli_here  # the first in a real process
+    proc = cli("run", "--out", str(tmp_path / "x"), *argv)
     assert_user_error(proc.returncode, proc.stderr, culprit)
 
 
-def test_pipeline_equals_single_stage_and_schedules_agree(tmp_path):
+def test_pipeline_equals_single_stage_and_schedules_agree(shared_run):
     """pp=2 with fp32 trains the same model as pp=1; GPipe and 1F1B give the same losses."""
-    one = run(pp=1, steps=4, out=tmp_path / "a", **FAST).losses
-    f1b = run(pp=2, steps=4, schedule="1f1b", out=tmp_path / "b", **FAST).losses
-    gp = run(pp=2, steps=4, schedule="gpipe", out=tmp_path / "c", **FAST).losses
+    one = shared_run(**PIPE_JOB, pp=1, schedule="1f1b")[0].losses
+    f1b = shared_run(**PIPE_JOB, pp=2, schedule="1f1b")[0].losses
+    gp = shared_run(**PIPE_JOB, pp=2, schedule="gpipe")[0].losses
     assert f1b == gp
-    assert list(one) == list(f1b) == [0, 1, 2, 3]
+    assert list(one) == list(f1b) == [0, 1, 2, 3, 4, 5]
     for s in one:
         assert abs(one[s] - f1b[s]) < 1e-5
 
 
-def test_resume_equals_uninterrupted(tmp_path):
+def test_resume_equals_uninterrupted(shared_run, tmp_path):
     """Stop after 3 steps, resume to 6: the same losses as 6 steps in one go
     (model, optimizer, compressor state and data order restored)."""
-    comp = "aqsgd:fw4bw8"
-    kw = dict(FAST, pp=2, compress=comp, dataset_limit=32)  # 2 steps per epoch: AQ-SGD compresses by step 2
-    full = run(steps=6, out=tmp_path / "full", **kw).losses
-    run(steps=3, out=tmp_path / "part", **kw)
-    result = run(steps=6, resume=tmp_path / "part", out=tmp_path / "part2", **kw)
+    kw = dict(PIPE_JOB, pp=2, schedule="1f1b", compress="aqsgd:fw3bw6")  # AQ-SGD compresses by step 2
+    full = shared_run(**kw)[0].losses
+    assert kw["steps"] == 6
+    run(**dict(kw, steps=3), out=tmp_path / "part")
+    result = run(**kw, resume=tmp_path / "part", out=tmp_path / "part2")
     assert result.summary["start_step"] == 3
     resumed = result.losses  # history from the checkpoint + the resumed steps
     assert list(resumed) == list(full) == [0, 1, 2, 3, 4, 5]

@@ -119,9 +119,14 @@ def tp1_losses(tmp_path_factory):
     return run(pp=1, tp=1, out=tmp_path_factory.mktemp("tp1"), **TINY).losses
 
 
+def _tp2(shared_run, sp: bool):
+    """pp=1 x tp=2 (checkpoints at steps 2 and 3: the resume test starts from step 2)."""
+    return shared_run(pp=1, tp=2, sequence_parallel=sp, checkpoint_every=2, **TINY)
+
+
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2+sp"])
-def test_tp2_trains_like_tp1_and_is_measured(tp1_losses, tmp_path, sp):
-    r = run(pp=1, tp=2, sequence_parallel=sp, out=tmp_path / "tp2", **TINY)
+def test_tp2_trains_like_tp1_and_is_measured(tp1_losses, shared_run, sp):
+    r, _ = _tp2(shared_run, sp)
     assert list(r.losses) == list(tp1_losses) == [0, 1, 2]
     for s in tp1_losses:
         assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
@@ -201,11 +206,11 @@ def test_cli_tp_bad_input_one_line(tmp_path):
     assert_user_error(proc.returncode, proc.stderr, "tp=2")
 
 
-def test_tp_resume_continues_the_same_training(tp1_losses, tmp_path):
+def test_tp_resume_continues_the_same_training(tp1_losses, shared_run, tmp_path):
     """Checkpoints of sharded stages (DTensor weights, local optimizer state) resume."""
-    run(pp=1, tp=2, out=tmp_path / "part", **dict(TINY, steps=2))
-    r = run(pp=1, tp=2, resume=tmp_path / "part", out=tmp_path / "rest", **TINY)
-    assert list(r.losses) == [0, 1, 2]
+    _, part = _tp2(shared_run, False)
+    r = run(pp=1, tp=2, resume=part / "ckpt" / "step00000002", out=tmp_path / "rest", **TINY)
+    assert r.summary["start_step"] == 2 and list(r.losses) == [0, 1, 2]
     for s in tp1_losses:
         assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
 

@@ -12,6 +12,8 @@ from perfsim.link import POOL_MAX_BYTES, Link, _expected_s, pooled_small_message
 from perfsim.profile import Profile
 from perfsim.result import Result
 
+from _helpers import run_cli, run_cli_here
+
 
 def _profile(records, backend="gloo", version=2):
     return Profile.from_dict({"format": "perfsim-profile", "version": version,
@@ -139,16 +141,19 @@ def test_cli_end_to_end_loopback(small_profile, tmp_path):
     assert df["link_source"].iloc[0] == "profile p2p gloo"
 
 
-@pytest.mark.parametrize("args,culprit", [
+BAD_INPUT = [
     ([], "--profile"),
     (["--profile", "nosuch.json"], "nosuch.json"),
     (["--profile", "PROFILE", "--compress", "nosuch:fw4bw8"], "nosuch"),
     (["--profile", "PROFILE", "--macro-batch", "30"], "--macro-batch"),
-])
+]
+
+
+@pytest.mark.parametrize("args,culprit", BAD_INPUT)
 def test_cli_bad_input(small_profile, tmp_path, args, culprit):
+    cli = run_cli if args == BAD_INPUT[0][0] else run_cli_here  # the first in a real process
     args = [str(small_profile) if a == "PROFILE" else a for a in args]
-    r = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--no-progress", "--out", str(tmp_path),
-                        *args], capture_output=True, text=True, timeout=120)
+    r = cli("validate", "--no-progress", "--out", str(tmp_path), *args)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0]
@@ -347,15 +352,18 @@ def test_tp_axis_reaches_run_and_predict(tmp_path):
                   prof, 0, runner, tp1_fails)
 
 
-@pytest.mark.parametrize("args,culprit", [
+BAD_TP = [
     (["--tp", "3"], "tp=3"),
     (["--tp", "x"], "--tp"),
     (["--sequence-parallel"], "--sequence-parallel"),
-])
+]
+
+
+@pytest.mark.parametrize("args,culprit", BAD_TP)
 def test_cli_bad_tp(small_profile, tmp_path, args, culprit):
-    r = subprocess.run([sys.executable, "-m", "perfsim", "validate", "--model", "gpt2-tiny", "--pp", "1",
-                        "--profile", str(small_profile), "--out", str(tmp_path), "--no-progress", *args],
-                       capture_output=True, text=True, timeout=120)
+    cli = run_cli if args == BAD_TP[0][0] else run_cli_here  # the first in a real process
+    r = cli("validate", "--model", "gpt2-tiny", "--pp", "1", "--profile", str(small_profile),
+            "--out", str(tmp_path), "--no-progress", *args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and culprit in r.stderr
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 
@@ -40,16 +41,34 @@ def text_bytes() -> torch.Tensor:
 @lru_cache(maxsize=1)
 def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     """scikit-learn's digits: (features float32 [1797, 64] in [0,1], labels int64).
-    scikit-learn is an optional dependency (the ``digits`` extra)."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError("the digits data (digits-mlp) needs scikit-learn: "
-                          "pip install 'perfsim[digits]'") from None
+    scikit-learn is an optional dependency (the ``digits`` extra).
 
-    d = load_digits()
-    x = torch.tensor(d.data, dtype=torch.float32) / 16.0
-    y = torch.tensor(d.target, dtype=torch.int64)
+    Read from the file scikit-learn ships (``sklearn/datasets/data/digits.csv.gz``, the
+    one ``load_digits`` parses: 64 pixel columns, then the label) without importing
+    scikit-learn, whose import (scipy, pandas) costs every rank more CPU than a short
+    digits-mlp run; ``load_digits`` itself where that file is not found."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None:
+        raise ConfigError("the digits data (digits-mlp) needs scikit-learn: "
+                          "pip install 'perfsim[digits]'")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if path.is_file():
+        import gzip
+
+        import numpy as np
+
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            table = np.loadtxt(f, delimiter=",")
+        data, target = table[:, :-1], table[:, -1].astype(int)
+    else:
+        from sklearn.datasets import load_digits
+
+        d = load_digits()
+        data, target = d.data, d.target
+    x = torch.tensor(data, dtype=torch.float32) / 16.0
+    y = torch.tensor(target, dtype=torch.int64)
     return x, y
 
 
