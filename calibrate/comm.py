@@ -201,6 +201,14 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def train(collective, output, input_):
+        """TRAIN calls of ``collective(output, input_)`` back to back, as tensor parallelism issues them."""
+        def call():
+            for _ in range(TRAIN):
+                collective(output, input_)
+            sync()
+        return call
+
     out = []
     for op in cfg.ops:
         if op == "interference":  # compute alone vs under allreduces (perfsim.calibrate.interference)
@@ -300,24 +308,12 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
                 src, dst = torch.ones(m, device=device), torch.empty(m // world, device=device)
                 # the backend's _reduce_scatter_base, as the functional op (newer torch renames the API)
                 reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-                def call():
-                    for _ in range(TRAIN):
-                        reduce_scatter(dst, src)
-                    sync()
-                ref_buf = torch.ones(m, device=device)
-                scale = 1.0 / TRAIN
+                call, ref_buf, scale = train(reduce_scatter, dst, src), torch.ones(m, device=device), 1.0 / TRAIN
             elif op == "allgather_tensor":  # each rank contributes `size`
                 buf = torch.ones(n, device=device)
                 whole = torch.empty(n * world, device=device)
                 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-                def call():
-                    for _ in range(TRAIN):
-                        all_gather(whole, buf)
-                    sync()
-                ref_buf = torch.ones(n, device=device)
-                scale = 1.0 / TRAIN
+                call, ref_buf, scale = train(all_gather, whole, buf), torch.ones(n, device=device), 1.0 / TRAIN
             else:  # alltoall: each rank's whole send buffer is `size`
                 m = max(world, n - n % world)
                 src, dst = torch.ones(m, device=device), torch.empty(m, device=device)
