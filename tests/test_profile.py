@@ -1,6 +1,7 @@
 """Profile format: round trip, validation, lookups, fits."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -403,3 +404,18 @@ def test_collective_ratio_from_the_same_sweep_interpolated_in_log_size():
     p.add(op="reduce_scatter", name="gloo", call="reduce_scatter_tensor", size_bytes=1000, world_size=2,
           time_s=4e-3, allreduce_s=1e-3)  # a second sweep: the mean ratio at that size
     assert ratio(1000) == pytest.approx(3.0)
+
+
+def test_the_shipped_default_profile_is_what_its_generator_writes():
+    # traces/make_default_profile.py documents every number of the embedded default; the
+    # shipped copy must be its output (a model spec change that alters a record shows here)
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_default_profile", root / "traces" / "make_default_profile.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    built = gen.build()
+    for shipped in (root / "perfsim" / "data" / "default-v100-aqsgd.json", root / "traces" / "default-v100-aqsgd.json"):
+        prof = load_profile(str(shipped))
+        assert prof.records == built.records and prof.metadata == built.metadata, shipped
