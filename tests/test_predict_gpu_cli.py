@@ -25,6 +25,15 @@ def test_blind_check_command_json(capsys):
     assert s["precision"] == "bf16" and s["recompute"] == "full" and s["schedule"] == "1f1b"
 
 
+def test_table_says_how_the_nodes_nics_are_shared(capsys):
+    table = [a for a in ARGS if a not in ("--format", "json")]
+    assert main(table) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "network: 8 GPUs per node share 1 NIC(s) of 200Gbps between nodes" in out
+    assert main(table[:-4] + ["--nic", "8x200Gbps"] + table[-4:]) == 0
+    assert "share 8 NIC(s) of 200Gbps" in " ".join(capsys.readouterr().out.split())
+
+
 def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
     big = ["predict", "--model", "llama2-70b", "--gpu", "a100-sxm4-40gb", "--tp", "2", "--pp", "2",
            "--global-batch", "8", "--gpus-per-node", "8", "--precision", "bf16", "--format", "json"]

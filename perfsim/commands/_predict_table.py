@@ -94,6 +94,13 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
         if s.get("tp", 1) > 1:
             console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
                           f"(serial with compute)")
+        if s.get("gpus_per_node", 1) > 1 and s["gpus"] > s["gpus_per_node"]:
+            # say how --bandwidth was read: the node's NICs are shared by all its GPUs
+            nics = s["nics_per_node"]
+            console.print(f"network: {s['gpus_per_node']} GPUs per node share {nics} NIC(s) of "
+                          f"{format_bandwidth(s['bandwidth_bps'] / nics)} between nodes "
+                          f"(--nic {s['gpus_per_node']}x<rate> gives every GPU its own), "
+                          f"{format_bandwidth(s['intra_node_bandwidth_bps'])} inside a node")
         if s.get("peak_memory_gib") is not None:
             worst = max(r.stages, key=lambda x: x["memory_gib"] or 0)
             fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \

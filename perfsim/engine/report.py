@@ -153,7 +153,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     if network is not None:
         link, coll = network.link, network.collective_link
         algos = out.collective_algos
-        summary.update({"nic_kind": system.nic_kind, "nics_per_node": system.nics_per_node,
+        summary.update({"gpus_per_node": system.gpus_per_node, "nic_kind": system.nic_kind,
+                        "nics_per_node": system.nics_per_node,
                         "intra_node_bandwidth_bps": system.intra_node_bandwidth_bps,
                         "link_rate_bps": link.rate_bps, "link_one_way_s": link.one_way_s,
                         "link_burst_bytes": link.burst_bytes, "link_source": link.source,
