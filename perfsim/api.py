@@ -102,7 +102,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     are resolved here: the model (preset, inline spec, config.json or workload
     file), the profile, the topology, and the defaults a ``gpu`` preset switches
     to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
-    gradient buffer)."""
+    gradient buffer, gradients reduced after the backward)."""
     p = params_mod.resolved(params)
     from perfsim.workload import resolve_layer_times
 
@@ -130,6 +130,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["macro_batch"] = _batch(p)
     st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
     st["grad_buffer"] = p["grad_buffer"] or ("contiguous" if gpu else "bucketed")
+    st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else gpu is None
     if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
         st.pop("virtual_stages", None)
     # the partition covers every model chunk: pp x stages per device

@@ -161,8 +161,9 @@ PARAMS: tuple[Param, ...] = (
           "balanced, uniform with a gpu preset", "strategy"),
     Param("bucket_size", "size", "25MiB", "gradient bucket size in bytes of fp32 gradients "
           "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes"),
-    Param("overlap", "bool", True, "start each bucket's gradient sync during the backward pass",
-          "strategy", "strategy.overlap_grad_sync"),
+    Param("overlap", "bool", None, "start each bucket's gradient sync during the backward pass; "
+          "default on, off with a gpu preset (Megatron-LM reduces gradients after the backward "
+          "unless given --overlap-grad-reduce)", "strategy"),
     Param("grad_buffer", "choice", None, "where gradients live for the data-parallel sync: "
           "bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: "
           "one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset",

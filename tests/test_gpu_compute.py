@@ -177,3 +177,13 @@ def test_pipeline_messages_pay_the_gpus_host_round_trip(monkeypatch):
     assert 2 * nmb * host <= extra + 1e-9 and extra <= 4 * nmb * host + 1e-9
     with pytest.raises(ConfigError, match="p2p_s"):
         dataclasses.replace(compute.CURVES["ampere"], p2p_s=-1.0)
+
+
+def test_gpu_preset_reduces_gradients_after_the_backward_as_megatron_does():
+    base = dict(GPU_GPT, pp=2, dp=4, tp=2, gpus_per_node=8, bandwidth="200Gbps", global_batch=64)
+    default, after, overlapped = predict(**base), predict(**base, overlap=False), predict(**base, overlap=True)
+    assert default.summary["iteration_s"] == after.summary["iteration_s"]
+    assert overlapped.summary["iteration_s"] < after.summary["iteration_s"]
+    # without a gpu preset the PyTorch DDP default stays: overlap on
+    cpu = dict(model="gpt2", pp=2, dp=2)
+    assert predict(**cpu).summary["iteration_s"] == predict(**cpu, overlap=True).summary["iteration_s"]
