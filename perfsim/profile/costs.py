@@ -294,8 +294,12 @@ class ProfileCosts:
                 if (r["op"] == kind and r.get("name") == name and r.get("allreduce_s") and r["size_bytes"] > 0
                         and (r.get("call") or DEFAULT_CALLS[kind]) == call):
                     by_size.setdefault(float(r["size_bytes"]), []).append(float(r["time_s"]) / float(r["allreduce_s"]))
-            if by_size:  # several sweeps: the mean ratio at each size
-                return _log_interpolate(sorted((s, sum(v) / len(v)) for s, v in by_size.items()), float(nbytes))
+            if by_size:  # several sweeps: the mean ratio at each size; linear in log(size), ends held
+                import numpy as np
+
+                sizes = sorted(by_size)
+                return float(np.interp(math.log(max(float(nbytes), 1.0)), [math.log(x) for x in sizes],
+                                       [sum(by_size[x]) / len(by_size[x]) for x in sizes]))
             own, ref = self._fit_named(kind, name, call), self._fit_named("allreduce", name)
             if own is not None and ref is not None and ref(nbytes) > 0:
                 return own(nbytes) / ref(nbytes)
@@ -305,18 +309,6 @@ class ProfileCosts:
         """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
         fit = self.fit("optimizer", None)
         return fit(param_bytes) if fit else None
-
-
-def _log_interpolate(pts: list[tuple[float, float]], x: float) -> float:
-    """``y`` at ``x`` on the polyline through ``(size, y)`` points sorted by size,
-    linear in ``log(size)``; the end points' ``y`` beyond them."""
-    if x <= pts[0][0]:
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if x <= x1:
-            w = 0.0 if x1 == x0 else (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return y0 + w * (y1 - y0)
-    return pts[-1][1]
 
 
 def _fb(op: str) -> str:
