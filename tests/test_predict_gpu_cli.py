@@ -34,6 +34,19 @@ def test_table_says_how_the_nodes_nics_are_shared(capsys):
     assert "share 8 NIC(s) of 200Gbps" in " ".join(capsys.readouterr().out.split())
 
 
+def test_table_shows_plain_specs_as_the_training_dtype(capsys):
+    """Under bf16 the default --compress fp32 / --grad-compress none send bf16: the table says so."""
+    table = [a for a in ARGS if a not in ("--format", "json")]
+    assert main(table) == 0
+    rows = [" ".join(line.strip("│ ").split()) for line in capsys.readouterr().out.splitlines()]
+    assert any(r.startswith("compress │ none (bf16)") for r in rows)
+    assert any(r.startswith("grad │ none (bf16)") for r in rows)
+    i = table.index("bf16")
+    assert main(table[:i] + ["fp32"] + table[i + 1:]) == 0
+    rows = [" ".join(line.strip("│ ").split()) for line in capsys.readouterr().out.splitlines()]
+    assert any(r.startswith("compress │ fp32") for r in rows)
+
+
 def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
     big = ["predict", "--model", "llama2-70b", "--gpu", "a100-sxm4-40gb", "--tp", "2", "--pp", "2",
            "--global-batch", "8", "--gpus-per-node", "8", "--precision", "bf16", "--format", "json"]

@@ -12,6 +12,16 @@ def _ms(x: float) -> str:
     return f"{x * 1e3:.1f}"
 
 
+def _cell(s: dict, key: str, fmt) -> str:
+    """One configuration cell; the compression columns as sent: under 16-bit precision
+    the plain specs (``fp32``, ``none``) send the training dtype
+    (:func:`perfsim.engine.plan.native_specs`)."""
+    if key in ("compress", "grad_compress") and s.get("precision") in ("fp16", "bf16") \
+            and str(s[key]).lower() in ("fp32", "none"):
+        return f"none ({s['precision']})"
+    return fmt(s[key])
+
+
 def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
     """Print to ``file`` (a rich console) or, with ``file=None``, return plain text."""
     from rich.console import Console
@@ -44,7 +54,7 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             t.add_column(name, justify="right")
         for r in results:
             s = r.summary
-            t.add_row(*[fmt(s[key]) for _, key, fmt in varying], *[f(s) for _, f in fig_cols])
+            t.add_row(*[_cell(s, key, fmt) for _, key, fmt in varying], *[f(s) for _, f in fig_cols])
         console.print(t)
     else:
         s = results[0].summary
@@ -53,7 +63,7 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
         t.add_column("value")
         t.add_column("figure")
         t.add_column("value", justify="right")
-        cfg = [(n, "topology " + s["topology"] if key == "bandwidth_bps" and s.get("topology") else fmt(s[key]))
+        cfg = [(n, "topology " + s["topology"] if key == "bandwidth_bps" and s.get("topology") else _cell(s, key, fmt))
                for n, key, fmt in cfg_cols]
         figs = [(n, f(s)) for n, f in fig_cols]
         for (a, b), (c, d) in zip(cfg, figs + [("", "")] * (len(cfg) - len(figs))):
