@@ -201,6 +201,18 @@ class Strategy(PipelineShape):
     def devices(self) -> int:
         return self.tp * self.dp * self.pp
 
+    @property
+    def grad_dtype(self) -> str:
+        """Precision the gradients are kept and all-reduced in: the training precision,
+        except that Megatron-LM's contiguous buffer is fp32 under bf16 ("bfloat16
+        requires gradient accumulation and all-reduce to be done in fp32": Megatron-LM
+        ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
+        distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
+        parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
+        if self.precision == "bf16" and self.grad_buffer == "contiguous":
+            return "fp32"
+        return self.precision
+
     def device(self, t: int, r: int, s: int) -> int:
         """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered
         along ``placement``, innermost first (Megatron-LM: tensor, data, pipeline,

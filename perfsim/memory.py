@@ -5,7 +5,9 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 * model states (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1):
   mixed precision (fp16/bf16) keeps 16-bit weights and gradients (``2 Psi + 2 Psi``)
   and fp32 master weights, Adam momentum and variance (``12 Psi``); fp32 training
-  ``4 Psi + 4 Psi + 8 Psi``. ZeRO-1 divides the optimizer term by ``dp``.
+  ``4 Psi + 4 Psi + 8 Psi``. ZeRO-1 divides the optimizer term by ``dp``. Gradients
+  take :attr:`perfsim.config.Strategy.grad_dtype`: Megatron's bf16 buffer is fp32
+  (``4 Psi``; 18 bytes per parameter, Megatron-LM README, distributed optimizer table).
 * activations of one micro-batch per transformer layer (Korthikanti et al. 2022,
   arXiv:2205.05198, Sec. 4.1-4.2, 16-bit values, ``s`` sequence, ``b`` micro-batch,
   ``h`` hidden, ``a`` heads, ``t`` tensor parallel)::
@@ -102,7 +104,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     for st in plan.stages:
         psi = st.params
         weights = (2 if mixed else 4) * psi
-        grads = (2 if mixed else 4) * psi
+        grads = BYTES_PER_VALUE[strategy.grad_dtype] * psi
         optimizer = (12 if mixed else 8) * psi / (dp if strategy.zero == 1 else 1)
         # the stage's own peak on its device (a device with several stages sums them: an upper bound)
         inflight = max_in_flight([a for a in table[table.stage_device[st.index]] if a.stage == st.index])

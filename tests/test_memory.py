@@ -25,8 +25,9 @@ def test_activation_formula_matches_the_paper(recompute, sp, expected):
 def test_hand_computed_stage_memory():
     """GPT-3 175B, TP 8, PP 8, 1F1B, bf16, ZeRO off, full recompute, micro-batch 1, by hand:
     stage 1 (blocks only) holds 12 blocks; per GPU Psi = 12 x block/8 (+ norms/biases
-    replicated); 16 bytes per parameter; activations 2 s b h per block x 7 micro-batches
-    in flight (pp - stage) + one block's full activations during recomputation."""
+    replicated); 18 bytes per parameter (Megatron keeps bf16 gradients in an fp32 buffer);
+    activations 2 s b h per block x 7 micro-batches in flight (pp - stage) + one block's
+    full activations during recomputation."""
     r = predict(model="gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200", gpu="a100-sxm4-80gb",
                 tp=8, pp=8, dp=1, micro_batch=1, global_batch=64, gpus_per_node=8, precision="bf16",
                 recompute="full", partition="13,12,12,12,12,12,12,13")
@@ -35,12 +36,28 @@ def test_hand_computed_stage_memory():
     per_block = (12 * h * h) / 8 + (3 * h + 4 * h) / 8 + (4 * h + 2 * h)  # GEMMs + col. biases / 8, norms + row biases
     psi = 12 * per_block
     assert st["weights_gib"] * GIB == pytest.approx(2 * psi)
+    assert st["grads_gib"] * GIB == pytest.approx(4 * psi)
     assert st["optimizer_state_gib"] * GIB == pytest.approx(12 * psi)
     act = 12 * 2 * s * b * h * 7 + s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
     assert st["activations_gib"] * GIB == pytest.approx(act)
-    assert st["memory_gib"] == pytest.approx((16 * psi + act) / GIB)
+    assert st["memory_gib"] == pytest.approx((18 * psi + act) / GIB)
     assert r.summary["peak_memory_gib"] == max(x["memory_gib"] for x in r.stages)
     assert r.summary["fits"] is True
+
+
+def test_gradient_dtype_follows_the_buffer():
+    """bf16 gradients live (and are all-reduced) in fp32 in Megatron's contiguous buffer,
+    16-bit in PyTorch DDP's buckets and under fp16: memory and data-parallel bytes agree."""
+    base = dict(model="gpt2-xl", gpu="a100-sxm4-80gb", pp=2, dp=4, micro_batch=1, global_batch=64)
+    runs = {(p, g): predict(**base, precision=p, grad_buffer=g)
+            for p in ("bf16", "fp16") for g in ("contiguous", "bucketed")}
+    w = runs["fp16", "contiguous"].stages[0]["weights_gib"]
+    assert runs["bf16", "contiguous"].stages[0]["grads_gib"] == pytest.approx(2 * w)
+    for key in (("bf16", "bucketed"), ("fp16", "contiguous"), ("fp16", "bucketed")):
+        assert runs[key].stages[0]["grads_gib"] == pytest.approx(w)
+    dp = {k: r.summary["dp_bytes"] for k, r in runs.items()}
+    assert dp["bf16", "contiguous"] == pytest.approx(2 * dp["fp16", "contiguous"])
+    assert dp["bf16", "bucketed"] == pytest.approx(dp["fp16", "contiguous"])
 
 
 def test_zero1_schedule_and_aqsgd_buffers():

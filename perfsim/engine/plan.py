@@ -148,12 +148,15 @@ def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
 
 def native_specs(strategy) -> tuple[str, str, bool, bool]:
     """(pipeline spec, gradient spec, pipeline native, gradients native): the plain
-    specs become the training dtype under 16-bit precision (no codec cost)."""
+    specs become the training dtype under 16-bit precision (no codec cost); the
+    gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
+    bf16 buffer)."""
     half = strategy.precision if strategy.precision in ("fp16", "bf16") else None
+    grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
     fw_native = half is not None and compress.lower() == "fp32"
-    grad_native = half is not None and grad.lower() in ("none", "fp32")
-    return (half if fw_native else compress), (half if grad_native else grad), fw_native, grad_native
+    grad_native = grad_half is not None and grad.lower() in ("none", "fp32")
+    return (half if fw_native else compress), (grad_half if grad_native else grad), fw_native, grad_native
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
