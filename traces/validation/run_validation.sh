@@ -5,12 +5,15 @@
 #
 #   bash traces/validation/run_validation.sh            # calibrate + validate
 #   SKIP_CALIBRATE=1 bash traces/validation/run_validation.sh
+#   PROFILE=traces/cpu-2core-xeon-idle.json OUT_ROOT=traces/validation/xeon MODELS=gpt2-tiny \
+#       bash traces/validation/run_validation.sh    # another machine: its own profile and tables
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PROFILE=${PROFILE:-traces/cpu-2core.json}
 RATES=${RATES:-1Gbps,300Mbps,100Mbps}
 STEPS=${STEPS:-20}
 MODELS=${MODELS:-digits-mlp gpt2-tiny}
+OUT_ROOT=${OUT_ROOT:-traces/validation}
 
 if [ -z "${SKIP_CALIBRATE:-}" ]; then
   # compute: per-layer and per-stage times at the runs' micro-batch, 1 thread (what
@@ -36,24 +39,24 @@ fi
 for MODEL in $MODELS; do
   perfsim validate --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
-      --out "traces/validation/$MODEL-pp2"
+      --out "$OUT_ROOT/$MODEL-pp2"
   perfsim validate --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
-      --out "traces/validation/$MODEL-dp2"
+      --out "$OUT_ROOT/$MODEL-dp2"
 done
 # the GPipe schedule on the same pipeline (gpt2-tiny): the other schedule the engine replays
 perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
-    --out "traces/validation/gpt2-tiny-pp2-gpipe"
+    --out "$OUT_ROOT/gpt2-tiny-pp2-gpipe"
 # interleaved 1F1B (2 chunks per rank) and ZB-H1 beside 1F1B, one rate (issue 20)
 perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
-    --repeats 2 --out "traces/validation/gpt2-tiny-pp2-schedules"
+    --repeats 2 --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
 perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
-    --out "traces/validation/gpt2-tiny-tp2"
+    --out "$OUT_ROOT/gpt2-tiny-tp2"
 perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
-    --out "traces/validation/gpt2-tiny-tp2-sp"
+    --out "$OUT_ROOT/gpt2-tiny-tp2-sp"
