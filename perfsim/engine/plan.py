@@ -240,9 +240,13 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
                                                         strategy.sequence_parallel)
         params = sum(layer.params for layer in layers)
+        synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
         if arch is not None and pp > 1 and s == nst - 1 and arch.tied and not arch.encoder:
-            params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
+            # Megatron keeps a copy of the tied embedding: stepped, stored and synced with the head
+            copy = -(-arch.vocab * arch.hidden // tp)
+            params += copy
+            synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
                        whole_stage_measured=whole)
         tokens = workload.tokens_per_sample
@@ -293,11 +297,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             # Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
             # arXiv:2104.06069, Sec. 4.2)
             fused = 4 * max(1, st.params)
-            st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
-            warm_buckets.append(_buckets(layers, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
+            st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
+            warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
         elif dp > 1:
-            st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
+            st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
         st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
