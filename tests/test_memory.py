@@ -60,6 +60,41 @@ def test_gradient_dtype_follows_the_buffer():
     assert dp["bf16", "bucketed"] == pytest.approx(dp["fp16", "contiguous"])
 
 
+def test_zero1_gathers_the_updated_weights():
+    """ZeRO-1 adds an all-gather of the 16-bit weights after the gradient exchange; over
+    Megatron's contiguous buffer the all-reduce becomes a reduce-scatter (bf16: 4 + 2
+    bytes per parameter instead of 4 + 4), beside PyTorch DDP's buckets it stays."""
+    base = dict(model="gpt2-xl", gpu="a100-sxm4-80gb", pp=2, dp=4, micro_batch=1, global_batch=64)
+
+    def dp_bytes(**kw):
+        return predict(**base, **kw).summary["dp_bytes"]
+
+    assert dp_bytes(precision="bf16", zero=1) == pytest.approx(0.75 * dp_bytes(precision="bf16"), rel=1e-6)
+    assert dp_bytes(precision="fp16", zero=1) == pytest.approx(dp_bytes(precision="fp16"), rel=1e-6)
+    for prec in ("fp16", "bf16"):
+        kw = dict(precision=prec, grad_buffer="bucketed")
+        assert dp_bytes(**kw, zero=1) == pytest.approx(1.5 * dp_bytes(**kw), rel=1e-6)
+    # a compressor keeps its own exchange; the gather of the weights comes on top
+    q = dict(precision="fp16", grad_compress="qsgd-maxnorm:4")
+    # every rank receives the (dp - 1) other shards of its stage: summed, (dp - 1) x 2 bytes x
+    # the parameters, the last stage's copy of the tied embedding (50257 x 1600) included
+    gathered = (4 - 1) * 2 * (predict(**base, **q).summary["params"] + 50257 * 1600)
+    assert dp_bytes(**q, zero=1) - dp_bytes(**q) == pytest.approx(gathered, rel=1e-4)
+
+
+def test_last_stage_syncs_its_copy_of_the_tied_embedding():
+    """With pp > 1 the last stage holds its own copy of the tied word embedding (Megatron):
+    stored, stepped and all-reduced over dp like its other weights."""
+    base = dict(model="gpt2-xl", gpu="a100-sxm4-80gb", dp=2, micro_batch=1, global_batch=64, precision="fp16")
+    one, two = predict(**base, pp=1), predict(**base, pp=2)
+    copy = 50257 * 1600
+    # dp 2 ring all-reduce: each rank sends its whole 2-byte buffer once; two ranks per stage
+    assert one.summary["dp_bytes"] == pytest.approx(2 * 2 * one.summary["params"], rel=1e-9)
+    assert two.summary["dp_bytes"] - one.summary["dp_bytes"] == pytest.approx(2 * 2 * copy, rel=1e-9)
+    weights = sum(st["weights_gib"] for st in two.stages) * GIB
+    assert weights == pytest.approx(2 * (two.summary["params"] + copy), rel=1e-9)
+
+
 def test_zero1_schedule_and_aqsgd_buffers():
     base = dict(model="gpt2-xl", gpu="a100-sxm4-40gb", pp=4, dp=4, micro_batch=1, global_batch=64,
                 precision="fp16")

@@ -35,7 +35,8 @@ ALLREDUCE = "allreduce"  # ring allreduce; reduce op in CommStep.reduce
 ALLGATHER = "allgather"  # every rank contributes nbytes, receives (N-1)*nbytes
 ALLTOALL = "alltoall"  # every rank sends nbytes/N to each peer
 BROADCAST = "broadcast"
-COLLECTIVE_KINDS = (P2P, ALLREDUCE, ALLGATHER, ALLTOALL, BROADCAST)
+REDUCE_SCATTER = "reduce_scatter"  # every rank ends with its 1/N of the reduced buffer
+COLLECTIVE_KINDS = (P2P, ALLREDUCE, ALLGATHER, ALLTOALL, BROADCAST, REDUCE_SCATTER)
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from typing import Any
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import CommStep, numel_of
 from perfsim.errors import ConfigError
+from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -168,7 +169,6 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere)."""
     from perfsim.collectives import tensor_call
-    from perfsim.hardware import BYTES_PER_VALUE
     from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
     from perfsim.network import collective_cost
 
@@ -240,9 +240,13 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
                                                         strategy.sequence_parallel)
         params = sum(layer.params for layer in layers)
+        synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
         if arch is not None and pp > 1 and s == nst - 1 and arch.tied and not arch.encoder:
-            params += -(-arch.vocab * arch.hidden // tp)  # Megatron keeps a copy of the tied embedding
+            # Megatron keeps a copy of the tied embedding: stepped, stored and synced with the head
+            copy = -(-arch.vocab * arch.hidden // tp)
+            params += copy
+            synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
                        whole_stage_measured=whole)
         tokens = workload.tokens_per_sample
@@ -293,12 +297,13 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             # Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
             # arXiv:2104.06069, Sec. 4.2)
             fused = 4 * max(1, st.params)
-            st.buckets = _buckets(layers, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
-            warm_buckets.append(_buckets(layers, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
+            st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
+            warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
         elif dp > 1:
-            st.buckets = _buckets(layers, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
-                                  native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed")
+            st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
+                                  native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
+                                  zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
         st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
         stages.append(st)
     warm_steps = 0
@@ -361,12 +366,13 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, 
 
 
 def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False, gpu=None,
-             copies: bool = True) -> list[Bucket]:
+             copies: bool = True, zero_param_bytes: int = 0) -> list[Bucket]:
     """Fill buckets from the last layer backwards (backward produces gradients in
     that order; PyTorch DDP's ``bucket_cap_mb``, Li et al., "PyTorch Distributed: Experiences on
     Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3). ``copies``:
     each bucket is copied in and out (:func:`copy_time`); not for a contiguous
-    gradient buffer (``Strategy.grad_buffer``)."""
+    gradient buffer (``Strategy.grad_buffer``). ``zero_param_bytes``: bytes per
+    parameter of the weights under ZeRO-1 (0: off), :func:`zero1_steps`."""
     total_bwd = sum(layer_bwd) or 1.0
     order = list(range(len(layers)))[::-1]
     buckets, current, done_bwd = [], [], 0.0
@@ -386,12 +392,30 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                 # uncompressed gradients go to the collective as they are (no codec call)
                 plain = spec in ("fp32", "none") or native
                 enc, dec = codec_passes(steps, dp)
+                if zero_param_bytes:
+                    steps = zero1_steps(steps, numel, zero_param_bytes, dp, reduce_scatter=plain and not copies)
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
                                       0.0 if plain else enc * profile.encode_time(spec, 4 * numel),
                                       0.0 if plain else dec * profile.decode_time(spec, 4 * numel),
                                       2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
             current = []
     return buckets
+
+
+def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, reduce_scatter: bool
+                ) -> list[CommStep]:
+    """A bucket's collectives under ZeRO-1 (Rajbhandari et al. 2020, arXiv:1910.02054,
+    Sec. 5.1: each rank updates its ``1/dp`` of the parameters, then they are gathered):
+    the gradient exchange, then an all-gather of the updated ``param_bytes``-per-value
+    weights (each rank contributes its shard). ``reduce_scatter``: the plain
+    all-reduce becomes a reduce-scatter, as in Megatron-LM's distributed optimizer
+    over its contiguous buffer (``--use-distributed-optimizer``; PyTorch's
+    ``ZeroRedundancyOptimizer`` beside DDP keeps the all-reduce). The gather is
+    charged with the sync, before the step: the same total when not overlapped."""
+    if reduce_scatter:
+        steps = [CommStep("reduce_scatter", st.nbytes, st.reduce, st.label) if st.kind == "allreduce" else st
+                 for st in steps]
+    return [*steps, CommStep("allgather", -(-numel * param_bytes // dp), label="zero1 params")]
 
 
 def codec_passes(steps, dp: int) -> tuple[float, float]:
