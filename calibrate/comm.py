@@ -391,8 +391,12 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
             continue
         if item["op"] == "interference":  # rank 0's compute times, alone / under comm
             t = summarize(item["samples"])
-            records.append({"op": "interference", "name": item["name"], "size_bytes": item["size_bytes"],
-                            "world_size": cfg.world_size, "dtype": "float32", **t.record()})
+            rec = {"op": "interference", "name": item["name"], "size_bytes": item["size_bytes"],
+                   "world_size": cfg.world_size, "dtype": "float32", **t.record()}
+            if cfg.emulate_bandwidth is not None:  # under traffic over the emulated link
+                rec["emulated_bandwidth_bps"] = cfg.emulate_bandwidth
+                rec["emulated_latency_s"] = cfg.emulate_latency
+            records.append(rec)
             continue
         if item["op"] == "framing":  # host time: rank 0 sends, rank 1 receives
             for side, r in (("send", 0), ("recv", 1)):

@@ -19,7 +19,10 @@ import time
 KERNEL_N = 384
 COMM_BYTES = 4 * 2**20
 COMM_CALLS = 40
-SAMPLES = 15
+#: kernel samples alone: as many as under traffic would give on a fast link, so the
+#: baseline's median is as steady as the other's (15 let one slow phase of a 2-core
+#: VM move it by 40 %)
+SAMPLES = 60
 
 
 def measure(rank: int, device, world: int, backend: str) -> list[dict]:
@@ -40,6 +43,7 @@ def measure(rank: int, device, world: int, backend: str) -> list[dict]:
 
     for _ in range(3):
         kernel()
+    dist.barrier()  # every rank done with the previous op's traffic: "alone" is alone
     alone = [kernel() for _ in range(SAMPLES)]
     buf = torch.ones(COMM_BYTES // 4, device=device)
     stream = torch.cuda.Stream(device) if device.type == "cuda" else None

@@ -95,6 +95,21 @@ def test_interference_measured_by_calibrate_feeds_the_engine():
     assert comm_slowdown(EMPTY) == 0.0
 
 
+def test_interference_of_the_link_the_run_uses():
+    """Records measured under traffic over an emulated link win, those of the rate
+    nearest the run's link (log scale); the loopback pair is the fallback."""
+    def pair(alone, busy, rate=None):
+        extra = {"emulated_bandwidth_bps": rate} if rate else {}
+        return [{"op": "interference", "name": "gloo alone", "size_bytes": 1, "time_s": alone, **extra},
+                {"op": "interference", "name": "gloo allreduce", "size_bytes": 1, "time_s": busy, **extra}]
+
+    prof = _profile(pair(0.010, 0.010) + pair(0.010, 0.011, 1e9) + pair(0.010, 0.012, 1e8))
+    assert comm_slowdown(prof, 1e9) == pytest.approx(0.1)
+    assert comm_slowdown(prof, 0.9e8) == pytest.approx(0.2)
+    assert comm_slowdown(prof, 2e8) == pytest.approx(0.2)  # nearer 100 Mbps than 1 Gbps in log scale
+    assert comm_slowdown(_profile(pair(0.010, 0.013)), 1e8) == pytest.approx(0.3)
+
+
 def test_calibrate_measures_interference_with_real_gloo():
     """Two real gloo ranks: compute alone vs under concurrent allreduces."""
     from perfsim.calibrate import comm as cm

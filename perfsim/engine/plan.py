@@ -455,16 +455,31 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
 
 
-def comm_slowdown(profile) -> float:
+def comm_slowdown(profile, link_bps: float | None = None) -> float:
     """Compute slowdown while communication overlaps it: the profile's compute time
     under concurrent allreduces over its time alone, minus one (``perfsim calibrate``
-    op ``interference``, :mod:`perfsim.calibrate.interference`); 0 when not measured."""
+    op ``interference``, :mod:`perfsim.calibrate.interference`); 0 when not measured.
+
+    Traffic over a shaped link can cost the host more than over loopback (the kernel's
+    veth / qdisc path runs on the same cores), so records measured over an emulated link
+    (``perfsim calibrate --emulate-ops ...,interference``) win: those of the rate nearest
+    ``link_bps`` in log scale; else the loopback pair (before, a profile with both used
+    whichever came last)."""
+    import math
+
     if profile is None:
         return 0.0
-    times = {}
+    pairs: dict[float | None, dict[str, float]] = {}
     for r in profile.records:
         if r.get("op") == "interference":
-            times[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
+            rate = r.get("emulated_bandwidth_bps")
+            pairs.setdefault(float(rate) if rate else None, {})[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
+    rates = [k for k, v in pairs.items() if k is not None and v.get("alone", 0) > 0 and "allreduce" in v]
+    if rates:
+        key = min(rates, key=lambda k: abs(math.log(k / link_bps))) if link_bps and link_bps > 0 else max(rates)
+    else:
+        key = None
+    times = pairs.get(key, {})
     if times.get("alone", 0) > 0 and "allreduce" in times:
         return max(0.0, times["allreduce"] / times["alone"] - 1.0)
     return 0.0

@@ -164,7 +164,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     """One iteration as :class:`perfsim.engine.sim.Simulation` would simulate it
     (same arguments), or None when the replay does not apply (module docstring)."""
     link, coll_link, sysm = network.link, network.collective_link, network.system
-    slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile)
+    slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile, getattr(sysm, "bandwidth_bps", None))
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
     table = plan.table

@@ -192,7 +192,7 @@ class Simulation:
         self.rendezvous = link.protocol == "rendezvous"
         self.control_latency = link.control_latency_s
         sysm = network.system
-        self.slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile)
+        self.slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile, getattr(sysm, "bandwidth_bps", None))
         self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
         self.comm_change: dict[int, simpy.Event] = {}
         self.algos: dict[str, None] = {}  # collective algorithms used, in order
