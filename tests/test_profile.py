@@ -263,7 +263,7 @@ def test_v2_facts_are_type_checked():
         Profile.from_dict(doc)
 
 
-@pytest.mark.parametrize("name", ["cpu-2core", "cpu-2core-xeon", "default-v100-aqsgd"])
+@pytest.mark.parametrize("name", ["cpu-2core", "cpu-2core-xeon", "cpu-2core-xeon-idle", "default-v100-aqsgd"])
 def test_shipped_profiles_load_and_round_trip_in_version_2(tmp_path, name):
     """The shipped (version-1) files migrate on load; saved as version 2 they load
     back to the same records and give the same costs."""
