@@ -455,6 +455,14 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
 
 
+def system_slowdown(system, profile) -> float:
+    """The slowdown the engine applies: ``System.comm_slowdown`` when given, else the
+    profile's measurement for the system's link (:func:`comm_slowdown`)."""
+    if system.comm_slowdown is not None:
+        return system.comm_slowdown
+    return comm_slowdown(profile, getattr(system, "bandwidth_bps", None))
+
+
 def comm_slowdown(profile, link_bps: float | None = None) -> float:
     """Compute slowdown while communication overlaps it: the profile's compute time
     under concurrent allreduces over its time alone, minus one (``perfsim calibrate``

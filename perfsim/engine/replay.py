@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from perfsim.engine.plan import Plan, comm_slowdown
+from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sim import DeviceStats, SimOutput
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
@@ -164,7 +164,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     """One iteration as :class:`perfsim.engine.sim.Simulation` would simulate it
     (same arguments), or None when the replay does not apply (module docstring)."""
     link, coll_link, sysm = network.link, network.collective_link, network.system
-    slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile, getattr(sysm, "bandwidth_bps", None))
+    slowdown = system_slowdown(sysm, profile)
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
     table = plan.table

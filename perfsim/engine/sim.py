@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 import simpy
 
 from perfsim.engine.flows import FlowScheduler
-from perfsim.engine.plan import Plan, comm_slowdown
+from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
@@ -192,7 +192,7 @@ class Simulation:
         self.rendezvous = link.protocol == "rendezvous"
         self.control_latency = link.control_latency_s
         sysm = network.system
-        self.slowdown = sysm.comm_slowdown if sysm.comm_slowdown is not None else comm_slowdown(profile, getattr(sysm, "bandwidth_bps", None))
+        self.slowdown = system_slowdown(sysm, profile)
         self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
         self.comm_change: dict[int, simpy.Event] = {}
         self.algos: dict[str, None] = {}  # collective algorithms used, in order
