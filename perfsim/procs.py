@@ -2,7 +2,8 @@
 
 :func:`die_with_parent` asks Linux for SIGKILL when the parent dies
 (``prctl(PR_SET_PDEATHSIG)``, prctl(2)), used by ``perfsim run``'s ranks and
-``perfsim sweep``'s pool workers. :func:`provably_dead` tells whether the
+``perfsim sweep``'s pool workers. :func:`exit_rank` ends a finished rank without
+interpreter finalization. :func:`provably_dead` tells whether the
 process that made a leftover (named with its pid) is gone, so that cleanup
 never touches a live run's files.
 """
@@ -26,6 +27,17 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:
         os._exit(1)
+
+
+def exit_rank(code: int) -> None:
+    """Leave a finished torch.distributed rank without interpreter finalization: its
+    process group is destroyed and its outputs written, but gloo's C++ threads may
+    still hold finished work whose tensors need the GIL while the interpreter is torn
+    down -- std::terminate ("terminate called without an active exception"), SIGABRT,
+    and a completed rank reported as dead. Flushes stdout and stderr first."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def pid_alive(pid: int) -> bool:

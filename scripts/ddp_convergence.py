@@ -169,4 +169,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "RANK" in os.environ:  # a finished torchrun rank (seen aborting at exit under load)
+        from perfsim.procs import exit_rank
+
+        exit_rank(code)
+    sys.exit(code)

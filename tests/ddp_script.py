@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -214,4 +213,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from perfsim.procs import exit_rank
+
+    exit_rank(main())  # a finished rank: no interpreter finalization (gloo threads can abort it)

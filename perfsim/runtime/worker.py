@@ -336,11 +336,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # Leave without interpreter finalization: the process group is destroyed and every
-    # output written, but gloo's C++ threads may still hold finished work whose tensors
-    # need the GIL while the interpreter is torn down -- std::terminate, SIGABRT, and a
-    # completed rank reported as dead.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    from perfsim.procs import exit_rank
+
+    exit_rank(main())
