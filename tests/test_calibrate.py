@@ -323,3 +323,35 @@ def test_estimate_counts_points_and_quick_is_shorter():
         comm_s = SECONDS_PER_COMM_SWEEP["loopback"][i] + SECONDS_PER_COMM_SWEEP["emulated"][i]
         assert estimate_seconds(one, codecs, comm, quick) == pytest.approx(base + codec_s + comm_s)
     assert estimate_seconds(one, codecs, comm, True) < estimate_seconds(one, codecs, comm, False)
+
+
+def test_compare_profiles_reports_drift_per_group():
+    """Records are paired by what they measured (every field but the measurement); the
+    ratio per group is the median of new / old, and a group off by > 10 % is named."""
+    from perfsim.calibrate.compare import compare_profiles, comparison_text
+
+    def rec(op, layer, t, **kw):
+        return {"op": op, "model": "gpt2-tiny", "micro_batch": 8, "layer_index": layer, "time_s": t,
+                "spread_s": 0.0, "repeats": 5, **kw}
+
+    old = Profile(records=[rec("layer_fwd", i, 1.0) for i in range(3)]
+                  + [{"op": "encode", "name": "directq:fw4bw8", "size_bytes": 1024, "time_s": 2.0}])
+    new = Profile(records=[rec("layer_fwd", 0, 1.3, repeats=15), rec("layer_fwd", 1, 1.25), rec("layer_fwd", 2, 0.1),
+                           rec("layer_fwd", 9, 5.0),  # no partner: not compared
+                           {"op": "encode", "name": "directq:fw4bw8", "size_bytes": 1024, "time_s": 2.1}])
+    result = compare_profiles(new, old)
+    assert result["compute"] == (pytest.approx(1.25), 3) and result["codecs"] == (pytest.approx(1.05), 1)
+    assert "communication" not in result
+    text = comparison_text(result, "old.json")
+    assert "compute 1.25x (3)" in text and "compute differ by more than 10%" in text and "codecs" not in text.split("--")[1]
+    assert "within 10%" in comparison_text({"compute": (1.02, 4)}, "old.json")
+    assert "no measurement in common" in comparison_text({}, "old.json")
+
+
+def test_compare_with_a_missing_profile_fails_before_measuring():
+    from _helpers import assert_user_error
+
+    r = run_cli("calibrate", "--quick", "--codecs", "none", "--comm", "none", "--compare", "/nonexistent/p.json",
+                "--no-progress")
+    assert_user_error(r.returncode, r.stderr, "/nonexistent/p.json")
+    assert "wrote" not in r.stdout

@@ -10,6 +10,8 @@ HELP = "measure compute, encode/decode and communication costs of this machine i
 EXAMPLES = """examples:
   perfsim calibrate --quick --output traces/mybox.json
   perfsim calibrate --model gpt2-tiny --micro-batch 1,4,8 --emulate-bandwidth 1Gbps,100Mbps --output traces/mybox.json
+  perfsim calibrate --model gpt2-tiny --micro-batch 8 --codecs none --comm none --concurrent \
+      --output /tmp/now.json --compare traces/mybox.json     # has this machine drifted?
 """
 
 #: the help of each flag; flags, defaults and types are the keywords of plan_calibration
@@ -57,6 +59,8 @@ def add_arguments(p) -> None:
 
     add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS})
     add_out(p, "traces/calibrated.json", "profile file to write")
+    p.add_argument("--compare", metavar="PROFILE", help="then compare the measurements with this profile's "
+                   "(median ratio per group: compute, codecs, communication): has the machine drifted?")
     add_no_progress(p)
 
 
@@ -66,6 +70,11 @@ def run(args) -> int:
 
     from perfsim.calibrate.calibration import calibrate
 
+    old = None
+    if args.compare:  # read it first: a bad path fails before minutes of measuring
+        from perfsim.profile import load_profile
+
+        old = load_profile(args.compare)
     started = time.perf_counter()
     profile = calibrate(args.out, progress=not args.no_progress,
                         command=" ".join(["perfsim calibrate", *sys.argv[2:]]),
@@ -74,4 +83,8 @@ def run(args) -> int:
     n_fit = sum(1 for r in profile.records if r["op"].startswith("fit_"))
     print(f"wrote {args.out}: {len(profile.records)} records ({n_fit} fits) "
           f"in {time.perf_counter() - started:.1f} s on {meta['device_name']} ({meta['cores']} cores)")
+    if old is not None:
+        from perfsim.calibrate.compare import compare_profiles, comparison_text
+
+        print(comparison_text(compare_profiles(profile, old), args.compare))
     return 0
