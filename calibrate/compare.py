@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import statistics
 
+from perfsim.profile.format import CODEC_OPS, COMM_OPS, COMPUTE_OPS
+
 #: record fields that are measurements (or their bookkeeping), not what was measured
 MEASURED = frozenset({"time_s", "spread_s", "repeats", "mean_s", "allreduce_s", "source", "samples",
                       "alpha_s", "beta_s_per_byte", "max_rel_error", "points", "threads", "cache"})
 #: groups of ops reported together
-GROUPS = {"compute": ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd", "optimizer", "stage_optimizer"),
-          "codecs": ("encode", "decode"),
-          "communication": ("p2p", "allreduce", "allgather", "alltoall", "reduce_scatter", "frame_send",
-                            "frame_recv")}
+GROUPS = {"compute": COMPUTE_OPS + ("optimizer", "stage_optimizer"),
+          "codecs": CODEC_OPS,
+          "communication": COMM_OPS + ("frame_send", "frame_recv")}
 
 
 def _key(rec: dict) -> tuple:

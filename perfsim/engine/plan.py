@@ -30,7 +30,7 @@ from functools import cached_property
 from typing import Any
 
 from perfsim.compression import make_compressor, make_pipeline_pair
-from perfsim.compression.base import CommStep, numel_of
+from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.schedules import with_comms
@@ -413,9 +413,9 @@ def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, re
     ``ZeroRedundancyOptimizer`` beside DDP keeps the all-reduce). The gather is
     charged with the sync, before the step: the same total when not overlapped."""
     if reduce_scatter:
-        steps = [CommStep("reduce_scatter", st.nbytes, st.reduce, st.label) if st.kind == "allreduce" else st
+        steps = [CommStep(REDUCE_SCATTER, st.nbytes, st.reduce, st.label) if st.kind == ALLREDUCE else st
                  for st in steps]
-    return [*steps, CommStep("allgather", -(-numel * param_bytes // dp), label="zero1 params")]
+    return [*steps, CommStep(ALLGATHER, -(-numel * param_bytes // dp), label="zero1 params")]
 
 
 def codec_passes(steps, dp: int) -> tuple[float, float]:
@@ -460,7 +460,7 @@ def system_slowdown(system, profile) -> float:
     profile's measurement for the system's link (:func:`comm_slowdown`)."""
     if system.comm_slowdown is not None:
         return system.comm_slowdown
-    return comm_slowdown(profile, getattr(system, "bandwidth_bps", None))
+    return comm_slowdown(profile, system.bandwidth_bps)
 
 
 def comm_slowdown(profile, link_bps: float | None = None) -> float:
@@ -483,10 +483,9 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
             rate = r.get("emulated_bandwidth_bps")
             pairs.setdefault(float(rate) if rate else None, {})[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
     rates = [k for k, v in pairs.items() if k is not None and v.get("alone", 0) > 0 and "allreduce" in v]
+    key = None
     if rates:
         key = min(rates, key=lambda k: abs(math.log(k / link_bps))) if link_bps and link_bps > 0 else max(rates)
-    else:
-        key = None
     times = pairs.get(key, {})
     if times.get("alone", 0) > 0 and "allreduce" in times:
         return max(0.0, times["allreduce"] / times["alone"] - 1.0)
