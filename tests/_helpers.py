@@ -69,12 +69,24 @@ def assert_user_error(code: int, err: str, culprit: str) -> None:
     assert len(err.strip().splitlines()) == 1 and culprit in err, err
 
 
+def run_then_exit(rank: int, fn, *args) -> None:
+    """``fn(rank, *args)`` in a spawned rank, then leave without interpreter finalization
+    (:func:`perfsim.procs.exit_rank`): gloo threads still holding finished work can
+    otherwise abort a rank that did all its work (SIGABRT at exit, seen in a fresh-venv
+    run of test_onebit_optim). An exception still reaches the parent as a failure."""
+    from perfsim.procs import exit_rank
+
+    fn(rank, *args)
+    exit_rank(0)
+
+
 def spawn_ranks(fn, *args, world: int = 2, start_method: str = "spawn") -> None:
     """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is a free one for
     :func:`gloo_group`. Returns when all have finished; a rank's exception fails the call."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(fn, args=(free_port(), *args), nprocs=world, join=True, start_method=start_method)
+    mp.start_processes(run_then_exit, args=(fn, free_port(), *args), nprocs=world, join=True,
+                       start_method=start_method)
 
 
 def save_rank(out_dir, rank: int, obj) -> None:

@@ -15,7 +15,7 @@ from perfsim.compression.base import sum_dtype_for
 from perfsim.kernels.lanes import pack_lanes, pack_lanes_ref, packed_words, unpack_lanes
 from perfsim.errors import ConfigError
 
-from _helpers import assert_payload_is_wire_size, assert_resumes_from_state
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state, run_then_exit
 
 SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4",
          "qsgd-maxnorm-multiscale:2:6,8", "qsgd-maxnorm-multiscale:3:8:bucket=5"]
@@ -234,7 +234,8 @@ def test_gloo_allreduce_mean(tmp_path):
     import torch.multiprocessing as mp
 
     world = 3
-    mp.spawn(_dist_worker, args=(world, str(tmp_path / "rdv"), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(run_then_exit, args=(_dist_worker, world, str(tmp_path / "rdv"), str(tmp_path)), nprocs=world,
+             join=True)
     outs = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
     xs = [o["x"] for o in outs]
     mean = torch.stack(xs).mean(0)
