@@ -130,6 +130,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["macro_batch"] = _batch(p)
     st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
     st["grad_buffer"] = p["grad_buffer"] or ("contiguous" if gpu else "bucketed")
+    st["tied_embedding"] = p["tied_embedding"] or ("sync" if gpu else "untied")
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else gpu is None
     if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
         st.pop("virtual_stages", None)

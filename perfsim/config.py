@@ -84,6 +84,13 @@ RECOMPUTE = ("none", "selective", "full")
 #: buffer the collective reduces in place (Megatron-LM's DistributedDataParallel with
 #: contiguous gradient buffers; DDP's ``gradient_as_bucket_view=True``): no copies
 GRAD_BUFFERS = ("bucketed", "contiguous")
+#: a tied LM head whose embedding lives on another pipeline stage: ``untied`` -- the
+#: last stage trains a head of its own (perfsim's runtime keeps stages independent);
+#: ``sync`` -- Megatron-LM keeps a copy of the embedding on the last stage and, after
+#: the data-parallel sync, all-reduces its gradient with the first stage's
+#: (``_allreduce_embedding_grads`` in ``finalize_model_grads``; DeepSpeed's pipeline
+#: engine reduces ``TiedLayerSpec`` gradients the same way)
+TIED_EMBEDDINGS = ("untied", "sync")
 #: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
 #: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
 #: the numbering topology files use)
@@ -129,6 +136,8 @@ class Strategy(PipelineShape):
     overlap_grad_sync: bool = True
     #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
     grad_buffer: str = "bucketed"
+    #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
+    tied_embedding: str = "untied"
     #: optimizer whose step time the profile gives (``adam``)
     optimizer: str = "adam"
     #: number of epochs for the end-to-end time
@@ -161,6 +170,8 @@ class Strategy(PipelineShape):
             raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.grad_buffer not in GRAD_BUFFERS:
             raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
+        if self.tied_embedding not in TIED_EMBEDDINGS:
+            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
         if self.zero not in (0, 1):
             raise ConfigError(f"zero={self.zero!r}: 0 or 1 (ZeRO-1 shards the optimizer state)")
         if sorted(self.placement) != sorted(PLACEMENT_DIMS):

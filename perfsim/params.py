@@ -168,6 +168,11 @@ PARAMS: tuple[Param, ...] = (
           "bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: "
           "one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset",
           "strategy", choices="perfsim.config:GRAD_BUFFERS"),
+    Param("tied_embedding", "choice", None, "a tied LM head on another pipeline stage than the "
+          "embedding: untied (the last stage trains its own head, as perfsim run does) or sync "
+          "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
+          "data-parallel sync); default untied, sync with a gpu preset",
+          "strategy", choices="perfsim.config:TIED_EMBEDDINGS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
           "default 32, or global_batch / dp", "strategy"),

@@ -105,6 +105,10 @@ class Plan:
     onebit_warmup_steps: int = 0
     warmup_buckets: list[list[Bucket]] | None = None
     table: Any = None  # perfsim.schedules.Table
+    #: bytes per rank of the tied embedding's gradient that the first and the last
+    #: stage all-reduce after the data-parallel sync (``Strategy.tied_embedding``
+    #: ``sync``; 0: none)
+    tied_sync_bytes: int = 0
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -314,7 +318,20 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
-                warm_buckets if warm_steps else None, table)
+                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table))
+
+
+def tied_sync_bytes(workload, strategy, table) -> int:
+    """Bytes per tensor rank of the embedding gradient that Megatron-LM all-reduces
+    between the first and the last pipeline stage when the LM head is tied to the
+    embedding and they live on different devices (``Strategy.tied_embedding``
+    ``sync``): ``vocab / tp x hidden`` values in the gradient dtype
+    (``Strategy.grad_dtype``, the main gradient the all-reduce runs on)."""
+    arch = workload.arch
+    if (strategy.tied_embedding != "sync" or arch is None or not arch.tied or arch.encoder
+            or table.stage_device[0] == table.stage_device[table.num_stages - 1]):
+        return 0
+    return -(-arch.vocab * arch.hidden // strategy.tp) * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:

@@ -18,7 +18,7 @@ instant, so max-min gives them the same rates.
 
 :func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, compute slowed
-by communication, a trace), or for a single simulated replica (predictions of
+by communication, a trace, the tied-embedding all-reduce), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
 ``tests/test_engine.py`` compares both on every schedule.
 """
@@ -165,7 +165,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     (same arguments), or None when the replay does not apply (module docstring)."""
     link, coll_link, sysm = network.link, network.collective_link, network.system
     slowdown = system_slowdown(sysm, profile)
-    if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
+    if (slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous"
+            or plan.tied_sync_bytes):
         return None
     table = plan.table
     order = _order(plan.comm_rows)

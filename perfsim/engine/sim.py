@@ -42,7 +42,9 @@ complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
 communication stream, overlapping the rest of the backward; each collective's
 algorithm and phases come from :meth:`perfsim.network.Network.collective`. The
-optimizer step follows the last bucket.
+optimizer step follows the last bucket -- and, with a tied LM head synced Megatron's
+way (``Plan.tied_sync_bytes``), the all-reduce of the embedding gradient between
+the devices of the first and the last stage, once both have synced their buckets.
 
 Interference: while a device has a transfer running, its compute advances at
 ``1 / (1 + slowdown)`` (``System.comm_slowdown`` or the profile's measured
@@ -72,6 +74,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
+from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.flows import FlowScheduler
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.network import Network
@@ -184,6 +187,12 @@ class Simulation:
         self.bucket_ready = {(r, s, k): self.env.event() for r in self.replicas
                              for s in range(len(plan.stages)) for k in range(len(self.buckets[s]))}
         self.sync_done = {(r, s): self.env.event() for r in self.replicas for s in range(len(plan.stages))}
+        # Megatron's tied-embedding all-reduce: the devices of the first and the last
+        # stage, once their own gradients are synced (Plan.tied_sync_bytes)
+        last = len(plan.stages) - 1
+        self.tied_devices = (self.where[0], self.where[last]) if plan.tied_sync_bytes else ()
+        self.grads_synced = {(r, d): self.env.event() for r in self.replicas for d in self.tied_devices}
+        self.tied_done = {r: self.env.event() for r in self.replicas} if self.tied_devices else {}
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
@@ -406,6 +415,9 @@ class Simulation:
         syncs = [self.sync_done[(r, k)] for k in mine if self.buckets[k]]
         if syncs:
             yield simpy.AllOf(env, syncs)
+        if d in self.tied_devices:
+            self.grads_synced[(r, d)].succeed()
+            yield self.tied_done[r]
         t0 = env.now
         opt = sum(plan.stages[k].optimizer_s for k in mine)
         yield env.timeout(opt)
@@ -515,6 +527,22 @@ class Simulation:
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
 
+    def tied_sync(self, r: int):
+        """Replica ``r``'s all-reduce of the tied embedding's gradient between the
+        first and the last stage (Megatron-LM ``_allreduce_embedding_grads``: after
+        the data-parallel sync, before the optimizer step), counted as gradient sync."""
+        env = self.env
+        yield simpy.AllOf(env, [self.grads_synced[(r, d)] for d in self.tied_devices])
+        t0 = env.now
+        members = [self.dev(r, d) for d in self.tied_devices]
+        coll = yield from self.run_collective(ALLREDUCE, self.plan.tied_sync_bytes, members, set(members),
+                                              lanes=self.lanes)
+        self._span(f"allreduce tied embedding ({coll.algo})", "dp", r, 2000 + self.tied_devices[0], t0, env.now,
+                   {"bytes": self.plan.tied_sync_bytes, "algo": coll.algo})
+        for d in self.tied_devices:
+            self.stats[(r, d)].dp_sync_s += env.now - t0
+        self.tied_done[r].succeed()
+
     # ------------------------------------------------------------ run
     def run(self) -> SimOutput:
         plan = self.plan
@@ -522,6 +550,8 @@ class Simulation:
         for s in range(len(plan.stages)):
             if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
+        for r in self.tied_done:
+            self.env.process(self.tied_sync(r))
         # The cyclic GC would rescan the many live generators and events again and
         # again (docs/validation.md, "Measurement notes"); reference counting still
         # frees them, and the collector runs once afterwards.
