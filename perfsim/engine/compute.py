@@ -79,8 +79,8 @@ class Curve:
 #: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
 #: barely constrain the knee: at these sizes the host floor hides small GEMMs.
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8293, knee=0.9474, mem_eff=0.8199, kernel_s=61.670e-6,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=400.0e-6),
+    "ampere": Curve(eff_max=0.8306, knee=0.97, mem_eff=0.8209, kernel_s=61.674e-6,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=373.3e-6),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
