@@ -67,7 +67,8 @@ class CalibrationPlan:
     efficiency: the :class:`~perfsim.calibrate.efficiency.EfficiencyConfig` or None.
     tensor_parallel: one :class:`~perfsim.calibrate.tensor_parallel.TPStageConfig` per
       GPT model, micro-batch, TP degree, with and without sequence parallelism.
-    concurrent: time compute in ``ranks`` processes at once.
+    concurrent: time compute, and the compressors' data-parallel paths, in ``ranks``
+      processes at once.
     settings: what the profile's ``metadata["calibration"]`` records of the request.
     """
 
@@ -115,7 +116,7 @@ def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
     est = sum(count_records(c) for c in compute_cfgs) * SECONDS_PER_POINT["compute"][i]
     if codec_cfg is not None:
         sizes = len(cc.QUICK_SIZES if quick else cc.FULL_SIZES)
-        per_spec = (sizes + len(set(codec_cfg.boundaries))) * 2
+        per_spec = (sizes + len(set(codec_cfg.boundaries))) * 2 + (2 * sizes if codec_cfg.dp_world else 0)
         est += len(codec_cfg.resolved_specs()) * per_spec * SECONDS_PER_POINT["codec"][i]
     for c in comm_cfgs:
         est += SECONDS_PER_COMM_SWEEP["emulated" if c.emulate_bandwidth else "loopback"][i]
@@ -272,7 +273,9 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
                                    sizes=cc.QUICK_SIZES if quick else cc.FULL_SIZES,
                                    device=device, repeats=repeats, max_seconds=0.5 if quick else 1.0,
                                    warmup=0 if quick else 2, rel_spread=0.1 if quick else None,
-                                   threads=threads, boundaries=_codec_boundaries(specs, degrees, micro))
+                                   threads=threads, boundaries=_codec_boundaries(specs, degrees, micro),
+                                   dp_world=ranks if ranks >= 2 else 0,
+                                   dp_ranks=ranks if concurrent and ranks >= 2 else 1)
     comm_cfgs = []
     if comm_ops and ranks >= 2:
         common = dict(ops=comm_ops, world_size=ranks, repeats=repeats, warmup=2,

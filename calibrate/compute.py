@@ -303,47 +303,16 @@ def _measure_stages(cfg: ComputeConfig, mods, pp: int, mb: int, dtype, threads: 
     return out
 
 
-def _worker(cfg: ComputeConfig, queue, barrier, statistic: str) -> None:  # pragma: no cover
-    from perfsim.calibrate.timing import set_statistic
-
-    set_statistic(statistic)
-    barrier.wait()
-    queue.put(measure_compute(cfg))
-
-
 def measure_compute_concurrent(cfg: ComputeConfig, progress: Callable[[str], None] | None = None
                                ) -> list[dict]:
     """Run :func:`measure_compute` in ``cfg.ranks`` processes at once and keep rank
     0's records (``concurrent_ranks`` column = ``cfg.ranks``): per-rank compute
     under the contention that co-located ranks see."""
-    import multiprocessing as mp
-
     if cfg.ranks == 1:
         recs = measure_compute(cfg, progress)
         return [{**r, "concurrent_ranks": 1} for r in recs]
-    ctx = mp.get_context("spawn")
-    queue, barrier = ctx.Queue(), ctx.Barrier(cfg.ranks)
-    from perfsim.calibrate import timing
+    from perfsim.calibrate.timing import measure_concurrently
 
-    procs = [ctx.Process(target=_worker, args=(cfg, queue, barrier, timing.STATISTIC), daemon=True)
-             for _ in range(cfg.ranks)]
     if progress:
         progress(f"compute {cfg.spec.name} in {cfg.ranks} concurrent processes")
-    for p in procs:
-        p.start()
-    try:
-        results = [queue.get(timeout=600) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-    # every process measured the same ops at the same time: average their medians
-    # (and spreads); the processes are symmetric, so no one of them is "the" rank.
-    merged = []
-    for rows in zip(*results):
-        n = len(rows)
-        merged.append({**rows[0], "time_s": sum(r["time_s"] for r in rows) / n,
-                       "spread_s": sum(r["spread_s"] for r in rows) / n,
-                       "concurrent_ranks": cfg.ranks})
-    return merged
+    return measure_concurrently(measure_compute, cfg, cfg.ranks)

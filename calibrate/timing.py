@@ -168,3 +168,49 @@ def time_op(fn: Callable[[], object], *, warmup: int = 2, repeats: int = 5,
                 if t.spread_s <= rel_spread * t.median_s:
                     break
     return summarize(samples)
+
+
+def _concurrent_worker(fn, arg, queue, barrier, statistic: str) -> None:  # pragma: no cover - subprocess
+    set_statistic(statistic)
+    barrier.wait()
+    queue.put(fn(arg))
+
+
+def measure_concurrently(fn: Callable, arg, ranks: int, timeout_s: float = 600.0) -> list[dict]:
+    """Run ``fn(arg)`` (a module-level function returning timing records) in ``ranks``
+    spawned processes released together, as co-located ranks run, and merge their
+    records row by row: the mean of their ``time_s`` and ``spread_s`` (the processes
+    are symmetric, so none of them is "the" rank), with ``concurrent_ranks`` = ``ranks``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, barrier = ctx.Queue(), ctx.Barrier(ranks)
+    procs = [ctx.Process(target=_concurrent_worker, args=(fn, arg, queue, barrier, STATISTIC), daemon=True)
+             for _ in range(ranks)]
+    for p in procs:
+        p.start()
+    import queue as queue_mod
+
+    results = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < ranks:
+            try:
+                results.append(queue.get(timeout=0.5))
+            except queue_mod.Empty:
+                dead = [p.exitcode for p in procs if p.exitcode not in (0, None)]
+                if dead or time.monotonic() > deadline:
+                    raise ConfigError(f"concurrent timing ({getattr(fn, '__name__', fn)} in {ranks} processes): "
+                                      + (f"a process died (exit codes {dead})" if dead
+                                         else f"timed out after {timeout_s:.0f} s")) from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    merged = []
+    for rows in zip(*results):
+        n = len(rows)
+        merged.append({**rows[0], "time_s": sum(r["time_s"] for r in rows) / n,
+                       "spread_s": sum(r["spread_s"] for r in rows) / n, "concurrent_ranks": ranks})
+    return merged

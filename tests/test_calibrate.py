@@ -107,6 +107,24 @@ def test_codecs_points_and_fits():
         CodecConfig(specs=("nosuch:4",)).resolved_specs()
 
 
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_codecs_time_the_data_parallel_path_of_compressors_that_have_one(ranks):
+    """MaxNorm's all-reduce runs its own lane path (Compressor.dp_codec): dp_encode /
+    dp_decode points and fits, timed in ``ranks`` processes at once; DirectQ (allgather of
+    compress payloads) has none."""
+    recs = measure_codecs(CodecConfig(specs=("directq:4", "qsgd-maxnorm:4"), sizes=(4096, 65536),
+                                      warmup=1, repeats=3, threads=1, dp_world=2, dp_ranks=ranks))
+    dp = [r for r in recs if r["op"] in ("dp_encode", "dp_decode")]
+    assert sorted((r["op"], r["size_bytes"]) for r in dp) == [(o, b) for o in ("dp_decode", "dp_encode")
+                                                              for b in (4096, 65536)]
+    assert all(r["name"] == "qsgd-maxnorm:4" and r["world_size"] == 2 and r["concurrent_ranks"] == ranks
+               and r["time_s"] > 0 for r in dp)
+    fits = {(r["op"], r["name"]) for r in recs if r["op"].startswith("fit_dp")}
+    assert fits == {("fit_dp_encode", "qsgd-maxnorm:4"), ("fit_dp_decode", "qsgd-maxnorm:4")}
+    with pytest.raises(ConfigError, match="dp_world=1"):
+        CodecConfig(dp_world=1)
+
+
 def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
     """A boundary point: the stage's real output shape, timed right after that stage's
     forward and backward; it stays out of the per-byte fit, carries shape and model,

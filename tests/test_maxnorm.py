@@ -402,3 +402,22 @@ def test_cuda_payload_bytes_equal_cpu():  # pragma: no cover - needs a GPU
         for k in pc.tensors:
             assert torch.equal(pc.tensors[k], pg.tensors[k].cpu()), (spec, k)
         torch.testing.assert_close(gpu.decompress(pg).cpu(), cpu.decompress(pc))
+
+
+@pytest.mark.parametrize("spec", ["qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4:8"])
+def test_dp_codec_is_the_allreduce_path_without_its_collectives(spec):
+    """dp_codec's encode packs this worker's codes into the lanes allreduce_mean sums;
+    its decode turns world_size such sums back into the mean (here: of world_size
+    copies of x, so within one quantization step of x)."""
+    from perfsim.kernels.lanes import lanes_per_word
+
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    c = make_compressor(spec, seed=0)
+    encode, decode = c.dp_codec(x, 3)
+    words = encode()
+    assert words.dtype == torch.int64 and words.numel() == -(-x.numel() // lanes_per_word(4, 3))
+    out = decode()
+    norms = c.local_norm(x)
+    step = float(norms.max()) / c.s
+    assert out.shape == x.shape and float((out - x).abs().max()) <= step * (1 + 1e-5)
+    assert make_compressor("directq:4").dp_codec(x, 3) is None

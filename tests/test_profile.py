@@ -419,3 +419,24 @@ def test_the_shipped_default_profile_is_what_its_generator_writes():
     for shipped in (root / "perfsim" / "data" / "default-v100-aqsgd.json", root / "traces" / "default-v100-aqsgd.json"):
         prof = load_profile(str(shipped))
         assert prof.records == built.records and prof.metadata == built.metadata, shipped
+
+
+def test_gradient_buckets_prefer_the_measured_data_parallel_path():
+    """A bucket's codec cost is the compressor's own DP path where calibrate timed it
+    (dp_encode / dp_decode), else compress / decompress times their passes."""
+    from perfsim.compression import make_compressor
+    from perfsim.engine.plan import bucket_codec_times
+
+    spec, sizes, n = "qsgd-maxnorm:4", [4096, 1 << 20, 1 << 22], 834_304
+
+    def line(op, alpha, beta):
+        return [{"op": op, "name": spec, "size_bytes": s, "time_s": alpha + beta * s} for s in sizes]
+
+    plain = line("encode", 1e-4, 1e-9) + line("decode", 5e-5, 5e-10)
+    measured = plain + line("dp_encode", 2e-4, 2e-9) + line("dp_decode", 1e-4, 1e-9)
+    steps = make_compressor(spec).dp_plan((n,), 2)
+    assert bucket_codec_times(Profile(records=plain), spec, steps, 2, 4 * n) == pytest.approx(
+        (1e-4 + 4e-9 * n, 5e-5 + 2e-9 * n), rel=1e-9)
+    assert bucket_codec_times(Profile(records=measured), spec, steps, 2, 4 * n) == pytest.approx(
+        (2e-4 + 8e-9 * n, 1e-4 + 4e-9 * n), rel=1e-9)
+    assert Profile(records=measured).dp_codec_time("encode", "directq:4", 4 * n) is None

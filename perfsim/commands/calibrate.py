@@ -37,7 +37,8 @@ HELPS = {
     "emulate_ops": "comm ops measured over the emulated links (default {default})",
     "ranks": "ranks that will share this machine in the runs the profile is for: compute is timed "
              "with cores/ranks threads and comm with this many ranks (default {default})",
-    "concurrent": "time compute in --ranks processes at once (contention between co-located ranks)",
+    "concurrent": "time compute and the compressors' data-parallel paths in --ranks processes at once "
+                  "(contention between co-located ranks)",
     "device": "where to time compute and codecs (default {default}: cuda when visible)",
     "repeats": "timed repeats per point (default 15, quick 5)",
     "quick": "fewer sizes and repeats (about a minute)",

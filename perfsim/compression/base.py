@@ -268,6 +268,14 @@ class Compressor(ABC):
             total += self.decompress(Payload(tensors, payload.shape, payload.dtype, dict(payload.meta)))
         return total / world
 
+    def dp_codec(self, x: torch.Tensor, world_size: int):
+        """The local work of one :meth:`allreduce_mean` of ``x`` over ``world_size``
+        workers, without its collectives, as ``(encode, decode)`` callables for
+        calibration to time (``dp_encode`` / ``dp_decode`` records, preferred by the
+        simulator's gradient buckets); None where that work is :meth:`compress` and
+        :meth:`decompress` (the default exchange), priced by their own records."""
+        return None
+
     # ------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume bit-identically (buffers, error feedback,

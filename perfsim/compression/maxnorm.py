@@ -436,12 +436,49 @@ class MaxNormQuantizer(_SeededCompressor):
                 therm = self._thermometer(self._scale_count(flat, w))
                 dist.all_reduce(therm, op=dist.ReduceOp.BAND, group=group)
                 index = self._from_thermometer(therm, self.nbuckets(flat.numel()))
-        codes = self.encode_codes(flat, w, index, self._next_key())
-        words = pack_lanes(codes, self.bits, world)  # offset codes in [0, 2s], summed lane-wise
+        words = self.lane_words(flat, w, index, world)
         dist.all_reduce(words, op=dist.ReduceOp.SUM, group=group)
-        levels = unpack_lanes(words, flat.numel(), self.bits, world).sub_(world * self.s)
-        out = self.decode_levels(levels, w, index).div_(world)
+        out = self.lane_mean(words, flat.numel(), w, index, world)
         return to_dtype_saturating(out.reshape(x.shape), x.dtype)
+
+    def lane_words(self, flat: torch.Tensor, norm: torch.Tensor, index: torch.Tensor | None,
+                   world: int) -> torch.Tensor:
+        """This worker's offset codes (in ``[0, 2 s]``) packed into lanes wide enough for
+        the sum over ``world`` workers: the buffer :meth:`allreduce_mean` all-reduces."""
+        return pack_lanes(self.encode_codes(flat, norm, index, self._next_key()), self.bits, world)
+
+    def lane_mean(self, words: torch.Tensor, n: int, norm: torch.Tensor, index: torch.Tensor | None,
+                  world: int) -> torch.Tensor:
+        """The mean of ``n`` values from the all-reduced lane ``words`` of ``world`` workers."""
+        levels = unpack_lanes(words, n, self.bits, world).sub_(world * self.s)
+        return self.decode_levels(levels, norm, index).div_(world)
+
+    def dp_codec(self, x: torch.Tensor, world_size: int):
+        """:meth:`allreduce_mean`'s own local work (the norm, the scale index as the
+        backend computes it -- a thermometer on CPU, the index on CUDA --, the codes
+        packed into lanes; then unpacking and decoding the sum), without its collectives."""
+        flat = flat_f32(x)
+        nb = self.nbuckets(flat.numel())
+
+        def shared():
+            w = self.local_norm(flat)
+            if not self.multiscale:
+                return w, None
+            if flat.is_cuda:
+                return w, self.local_scale_index(flat, w)
+            return w, self._from_thermometer(self._thermometer(self._scale_count(flat, w)), nb)
+
+        w, index = shared()
+        # the lanes are linear: world_size workers sending these codes sum to this
+        words = self.lane_words(flat, w, index, world_size) * world_size
+
+        def encode():
+            norm, idx = shared()
+            return self.lane_words(flat, norm, idx, world_size)
+
+        def decode():
+            return self.lane_mean(words, flat.numel(), w, index, world_size)
+        return encode, decode
 
 
 @register

@@ -408,13 +408,11 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                                       f"elements ({exc})") from exc
                 # uncompressed gradients go to the collective as they are (no codec call)
                 plain = spec in ("fp32", "none") or native
-                enc, dec = codec_passes(steps, dp)
+                enc_s, dec_s = (0.0, 0.0) if plain else bucket_codec_times(profile, spec, steps, dp, 4 * numel)
                 if zero_param_bytes:
                     steps = zero1_steps(steps, numel, zero_param_bytes, dp, reduce_scatter=plain and not copies)
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
-                                      0.0 if plain else enc * profile.encode_time(spec, 4 * numel),
-                                      0.0 if plain else dec * profile.decode_time(spec, 4 * numel),
-                                      2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
+                                      enc_s, dec_s, 2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
             current = []
     return buckets
 
@@ -433,6 +431,19 @@ def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, re
         steps = [CommStep(REDUCE_SCATTER, st.nbytes, st.reduce, st.label) if st.kind == ALLREDUCE else st
                  for st in steps]
     return [*steps, CommStep(ALLGATHER, -(-numel * param_bytes // dp), label="zero1 params")]
+
+
+def bucket_codec_times(profile, spec: str, steps, dp: int, nbytes: float) -> tuple[float, float]:
+    """(encode, decode) seconds of one bucket's exchange of ``nbytes`` of fp32 gradients:
+    the compressor's own data-parallel path where the profile timed it
+    (:meth:`perfsim.profile.Profile.dp_codec_time`: what ``allreduce_mean`` runs around
+    its collectives, in concurrent processes), else :func:`codec_passes` full-bucket
+    compress / decompress calls."""
+    enc, dec = profile.dp_codec_time("encode", spec, nbytes), profile.dp_codec_time("decode", spec, nbytes)
+    if enc is not None and dec is not None:
+        return enc, dec
+    passes = codec_passes(steps, dp)
+    return passes[0] * profile.encode_time(spec, nbytes), passes[1] * profile.decode_time(spec, nbytes)
 
 
 def codec_passes(steps, dp: int) -> tuple[float, float]:

@@ -250,6 +250,16 @@ class ProfileCosts:
         fit = self.fit(op, spec)
         return fit(nbytes) if fit else 0.0
 
+    def dp_codec_time(self, op: str, spec: str, nbytes: float) -> float | None:
+        """Seconds of compressor ``spec``'s own local work before (``op="encode"``) or
+        after (``"decode"``) the collectives of one data-parallel exchange of an fp32
+        buffer of ``nbytes`` (``dp_encode`` / ``dp_decode`` records, timed in as many
+        concurrent processes as the calibration's ranks), or None when not measured."""
+        if op not in ("encode", "decode"):
+            raise ValueError(f"dp codec op {op!r}: encode or decode")
+        fit = self.fit(f"dp_{op}", spec) if nbytes > 0 else None
+        return fit(nbytes) if fit else None
+
     def framing_time(self, side: str, wire_bytes: float) -> float:
         """Host time execute mode spends framing one pipeline message of
         ``wire_bytes`` on the ``send`` side (header, one buffer, isend) or the

@@ -47,7 +47,9 @@ VERSION = 2
 SUPPORTED_VERSIONS = (1, 2)
 
 COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
-CODEC_OPS = ("encode", "decode")
+#: ``dp_encode`` / ``dp_decode``: a compressor's own local work around the collectives
+#: of one data-parallel exchange (``Compressor.dp_codec``), where it is not encode / decode
+CODEC_OPS = ("encode", "decode", "dp_encode", "dp_decode")
 COMM_OPS = ("p2p", "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
 OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv", "interference")
 #: achieved rates of operator classes (perfsim.calibrate.efficiency): ``flops`` and
