@@ -126,6 +126,8 @@ def test_tied_embedding_gradient_is_allreduced_between_first_and_last_stage(tp, 
     wire = tp * nbytes * 8 / 10e9
     assert wire < extra < 1.1 * wire
     assert synced.summary["dp_bytes"] == untied.summary["dp_bytes"]
+    # both stages' tensor ranks send their whole buffer once (2-rank ring), every iteration
+    assert synced.summary["tied_bytes"] == 2 * tp * nbytes and untied.summary["tied_bytes"] == 0
 
 
 def test_tied_embedding_sync_only_where_a_tied_head_is_split_off():

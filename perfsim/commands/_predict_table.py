@@ -104,6 +104,10 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
         if s.get("tp", 1) > 1:
             console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
                           f"(serial with compute)")
+        if s.get("tied_bytes"):
+            console.print(f"tied embedding: the first and the last stage all-reduce its gradient after the "
+                          f"data-parallel sync, {format_bytes(s['tied_bytes'])} sent per iteration (in dp sync; "
+                          f"--tied-embedding untied trains a separate head instead)")
         if s.get("gpus_per_node", 1) > 1 and s["gpus"] > s["gpus_per_node"]:
             # say how --bandwidth was read: the node's NICs are shared by all its GPUs
             nics = s["nics_per_node"]

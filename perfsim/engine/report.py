@@ -31,13 +31,16 @@ Definitions (per iteration of one macro-batch per replica):
   (None without a GPU preset), ``params`` (whole model), ``compute_model``; summary
   ``tp_bytes``: bytes the TP collectives send per iteration, summed over all ranks
   (``perfsim run --tp`` meters the buffers handed to them instead: the same for an
-  all-reduce at tp = 2, not for all-gather / reduce-scatter).
+  all-reduce at tp = 2, not for all-gather / reduce-scatter); ``tied_bytes``: bytes
+  the tied-embedding all-reduces between the first and the last stage send per
+  iteration, all ranks (``tied_embedding`` ``sync``; their time is in ``dp_sync_s``).
 """
 
 from __future__ import annotations
 
 import math
 
+from perfsim.network import collective_cost
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -142,6 +145,9 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
+        # bytes sent by every rank of the tied-embedding all-reduces (first and last stage) per iteration
+        "tied_embedding": strategy.tied_embedding,
+        "tied_bytes": 2 * collective_cost("allreduce", plan.tied_sync_bytes, 2)[0] * dp * strategy.tp,
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
