@@ -107,7 +107,6 @@ def test_tied_embedding_gradient_is_allreduced_between_first_and_last_stage(tp, 
     data-parallel sync; ``untied`` (perfsim run's convention) does not."""
     from perfsim.api import build_configs
     from perfsim.engine.plan import build_plan
-    from perfsim.engine.replay import replay
     from perfsim.hardware import get_gpu
     from perfsim.network import Network
 
@@ -118,7 +117,6 @@ def test_tied_embedding_gradient_is_allreduced_between_first_and_last_stage(tp, 
     network = Network(system, strategy.devices, profile)
     plan = build_plan(workload, strategy, profile, network, get_gpu("a100"))
     assert plan.tied_sync_bytes == nbytes
-    assert replay(plan, network, replicas=[0, 1]) is None  # the event loop models it
     # dp 1: the whole difference is that all-reduce, counted as gradient sync; a 2-rank
     # ring sends each rank's buffer once per tensor rank over the one 10 Gbps NIC
     extra = synced.summary["iteration_s"] - untied.summary["iteration_s"]

@@ -18,7 +18,7 @@ instant, so max-min gives them the same rates.
 
 :func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, compute slowed
-by communication, a trace, the tied-embedding all-reduce), or for a single simulated replica (predictions of
+by communication, a trace), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
 ``tests/test_engine.py`` compares both on every schedule.
 """
@@ -165,8 +165,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     (same arguments), or None when the replay does not apply (module docstring)."""
     link, coll_link, sysm = network.link, network.collective_link, network.system
     slowdown = system_slowdown(sysm, profile)
-    if (slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous"
-            or plan.tied_sync_bytes):
+    if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
     table = plan.table
     order = _order(plan.comm_rows)
@@ -354,6 +353,10 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         if mine:
             stream_flows.append((nic_ids, mine))
 
+    # ---------------------------------------------------------------- tied embedding
+    tied = _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, rid, algo_log, dp_links,
+                      stream_flows) if plan.tied_sync_bytes else None
+
     # ---------------------------------------------------------------- premise
     for c in conns.values():
         moved = [m for m in c["msgs"] if m[2] * lanes > 0]
@@ -375,7 +378,60 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
 
     # ---------------------------------------------------------------- outputs
     return _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec,
-                   sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events)
+                   sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events, tied)
+
+
+def _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, rid, algo_log, dp_links,
+               stream_flows) -> dict:
+    """Each replica's all-reduce of the tied embedding's gradient between the devices
+    of the first and the last stage (:meth:`perfsim.engine.sim.Simulation.tied_sync`):
+    it starts when both have synced their buckets and runs uncontended at its
+    members' link and NIC rates. Returns ``devices``, and per replica its ``end`` and
+    ``duration``; its NIC flows join ``stream_flows`` for the premise check."""
+    import numpy as np
+
+    from perfsim.compression.base import ALLREDUCE
+
+    table, lanes, last = plan.table, plan.tp, len(plan.stages) - 1
+    devices = (table.stage_device[0], table.stage_device[last])
+    ready = []
+    for d in devices:
+        x = pipe_end[d]
+        syncs = [sync_done[k] for k in table.stages_of(d) if k in sync_done and buckets[k]]
+        ready.append(np.maximum(x, max(syncs)) if syncs else x)
+    start = np.broadcast_to(np.maximum(ready[0], ready[1]), (len(reps),))
+    ends, durations = [], []
+    for i, r in enumerate(reps):
+        members = [place(0, r, d) for d in devices]
+        ring = network.ring_paths(members, network.collective_link)
+        nics = tuple(dict.fromkeys(x for p in ring for x in p.resources))
+        coll = network.collective(ALLREDUCE, plan.tied_sync_bytes, members)
+        now = t0 = float(start[i])
+        algo_log.append((now, last + 1, coll.algo))
+        mine = []
+        for group in coll.phases:
+            phase_ends, lat = [], 0.0
+            for ph in group:
+                volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
+                inter = ph.inter_node and nics
+                rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
+                end = now + float(volume) / rate if volume > 0 else now
+                if inter and volume > 0:
+                    flows.rates.update((cap, rate))
+                    mine.append((now, end, rate))
+                phase_ends.append(end)
+                lat = max(lat, ph.latency_s)
+            now = max(phase_ends)
+            if lat > 0:
+                now = now + lat
+        n = len(members)
+        edges = [(members[k], members[(k + 1) % n]) for k in range(n)]
+        dp_links.append((now, last + 1, edges, ALLREDUCE, coll.wire_bytes, now - t0))
+        if mine:
+            stream_flows.append(([rid(x) for x in nics], mine))
+        ends.append(now)
+        durations.append(now - t0)
+    return {"devices": devices, "end": np.array(ends), "duration": np.array(durations)}
 
 
 def _col(x, nrep: int) -> np.ndarray:
@@ -386,7 +442,7 @@ def _col(x, nrep: int) -> np.ndarray:
 
 
 def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec, sent_bytes,
-            cells, sent, conns, dp_log, algo_log, dp_links, events) -> SimOutput:
+            cells, sent, conns, dp_log, algo_log, dp_links, events, tied=None) -> SimOutput:
     """Assemble a SimOutput with the event loop's sums in the event loop's order."""
     import numpy as np
 
@@ -398,6 +454,8 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
         syncs = [sync_done[k] for k in mine if k in sync_done]
         if syncs:
             x = np.maximum(x, max(syncs))
+        if tied is not None and d in tied["devices"]:
+            x = np.maximum(x, tied["end"])
         opt = sum(plan.stages[k].optimizer_s for k in mine)
         ends.append((_col(x + opt, nrep), opt))
         events += nrep
@@ -424,9 +482,12 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
     stats: dict[tuple[int, int], DeviceStats] = {}
     for i, r in enumerate(reps):
         for d in range(pp):
+            sync = sync_s.get(d, 0.0)
+            if tied is not None and d in tied["devices"]:
+                sync = sync + float(tied["duration"][i])
             stats[(r, d)] = DeviceStats(
                 compute_s=compute[d], codec_s=codec[d], optimizer_s=0.0 + ends[d][1],
-                dp_sync_s=sync_s.get(d, 0.0), bytes_sent=sent_bytes[d],
+                dp_sync_s=sync, bytes_sent=sent_bytes[d],
                 comm_s=float(comm[d][i]), tp_comm_s=tp_comm[d], last_backward_end=float(_col(pipe_end[d], nrep)[i]),
                 end=float(ends[d][0][i]))
     micro: dict[tuple[int, int, int], dict[str, float]] = {}
