@@ -51,3 +51,26 @@ def comparison_text(result: dict[str, tuple[float, int]], old_name: str, toleran
     verdict = (f"{', '.join(off)} differ by more than {tolerance:.0%}: re-calibrate before predicting with it"
                if off else f"within {tolerance:.0%}")
     return f"compare with {old_name} (new / old, median of matched records): {', '.join(parts)} -- {verdict}"
+
+
+def drift_check(profile, model: str, micro_batch: int, out: str) -> dict[str, tuple[float, int]] | None:
+    """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
+    calibration timed them (its ranks, concurrency and statistic, from
+    ``metadata["calibration"]``; the new profile is written to ``out``), and compare
+    (:func:`compare_profiles`). None when the profile holds no layer records of that
+    model and micro-batch, or was measured on another kind of device."""
+    meta = profile.metadata or {}
+    device = meta.get("device", "cpu")
+    if not str(device).startswith("cpu"):
+        return None
+    if not any(r.get("op") == "layer_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
+               for r in profile.records):
+        return None
+    from perfsim.calibrate.calibration import calibrate
+
+    cal = meta.get("calibration", {})
+    now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), stages="", codecs="none",
+                    comm="none", ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
+                    statistic=str(cal.get("statistic", "median")), device="cpu",
+                    command=f"validate's drift check of {model} at micro-batch {micro_batch}")
+    return compare_profiles(now, profile)

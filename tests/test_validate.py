@@ -1,5 +1,6 @@
 """perfsim validate: link parameters from a profile, row errors, MAPE, CSV/plot, CLI."""
 
+import json
 import subprocess
 import sys
 
@@ -139,6 +140,10 @@ def test_cli_end_to_end_loopback(small_profile, tmp_path):
     assert len(df) == 1 and df["measured_throughput_samples_per_s"].iloc[0] > 0
     assert df["predicted_throughput_samples_per_s"].iloc[0] > 0
     assert df["link_source"].iloc[0] == "profile p2p gloo"
+    # after the runs the model's layers are timed again as the profile was and compared
+    assert "drift check after the runs: compare with" in r.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["profile_drift"]["compute"] > 0 and (tmp_path / "drift-check.json").exists()
 
 
 BAD_INPUT = [

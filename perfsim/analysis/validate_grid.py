@@ -64,7 +64,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
              grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
              dataset_limit: int | None = None, seed: int = 0, repeats: int = 1, reuse_measured: bool = False,
-             out: str | None = None, plot: bool = True, progress: bool = True):
+             out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True):
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
@@ -81,6 +81,10 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
       :class:`perfsim.analysis.validate.ValidationPlan`.
     out: folder of the runs and the tables (default :func:`default_out`).
     plot: also draw ``validation.png``; progress: a bar or stage lines on stderr.
+    drift_check: after runs made now, time the model's layers again as the profile's
+      calibration did and compare (:func:`perfsim.calibrate.compare.drift_check`; the
+      ratios go to ``summary["profile_drift"]``, a sentence to ``attrs["drift"]``): a
+      shared machine drifts, and a profile that no longer describes it explains errors.
 
     Returns the comparison (a DataFrame: predicted, measured and error columns);
     its ``attrs`` hold ``summary`` (what ``summary.json`` holds), the paths ``csv``
@@ -138,10 +142,25 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     check_dir_target(plan.out, "--out")
     with locked_dir(plan.out, "--out"):  # a second validate on the same folder is refused
         return _run_and_write(plan, plot=plot, progress=progress,
-                              title=f"{model} pp={pp} dp={dp} tp={','.join(map(str, tps))}")
+                              title=f"{model} pp={pp} dp={dp} tp={','.join(map(str, tps))}",
+                              drift_check=drift_check)
 
 
-def _run_and_write(plan, *, plot: bool, progress: bool, title: str):
+def _profile_drift(plan) -> tuple[dict, str] | None:
+    """({group: new / old}, a sentence) of the drift check after the runs, or None."""
+    from perfsim.calibrate.compare import comparison_text, drift_check
+    from perfsim.profile import load_profile
+
+    if not plan.profile or not os.path.exists(plan.profile):
+        return None
+    result = drift_check(load_profile(plan.profile), plan.base["model"], plan.base["micro_batch"],
+                         os.path.join(plan.out, "drift-check.json"))
+    if result is None:
+        return None
+    return {g: r for g, (r, _) in result.items()}, "drift check after the runs: " + comparison_text(result, plan.profile)
+
+
+def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check: bool = True):
     """Run every row of ``plan`` with a progress bar, then write the grid's files."""
     import pandas as pd
 
@@ -171,16 +190,21 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str):
                "profile": plan.profile, "link_model": plan.link_model, "base": plan.base,
                "steps": plan.steps, "dataset_limit": plan.dataset_limit,
                "load_average": os.getloadavg(), "reuse_measured": plan.reuse_measured}
+    drift = _profile_drift(plan) if drift_check and not plan.reuse_measured else None
+    if drift is not None:
+        summary["profile_drift"] = drift[0]
     if plan.reuse_measured:  # the measurements are older: keep the load they were taken under
         try:
             with open(os.path.join(out, "summary.json")) as f:
                 old = json.load(f)
             summary["measured_load_average"] = old.get("measured_load_average", old.get("load_average"))
+            if "profile_drift" in old:  # measured with the runs
+                summary["profile_drift"] = old["profile_drift"]
         except (OSError, ValueError):
             pass
     atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
     atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
-    df.attrs.update(summary=summary, csv=f"{out}/validation.csv", png=None)
+    df.attrs.update(summary=summary, csv=f"{out}/validation.csv", png=None, drift=drift[1] if drift else None)
     if plot and summary["rows"]:  # no plot when no row was predicted (e.g. TP rows the simulator lacks)
         df.attrs["png"] = str(v.plot(df, f"{out}/validation.png",
                                      title=f"{title}: predicted vs measured (MAPE {summary['mape_pct']:.1f} %)"))

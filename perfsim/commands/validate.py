@@ -44,6 +44,9 @@ def add_arguments(p) -> None:
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
                         "rows without a stored result are run)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-drift-check", action="store_true",
+                   help="skip timing the model's layers again after the runs to compare with the profile "
+                        "(a few seconds; tells whether the profile still describes this machine)")
     add_no_progress(p)
 
 
@@ -58,8 +61,10 @@ def run(args) -> int:
                   bandwidths=args.emulate_bandwidth, latency=args.emulate_latency, link_model=args.link_model,
                   steps=args.steps, dataset_limit=args.dataset_limit, seed=args.seed, repeats=args.repeats,
                   reuse_measured=args.reuse_measured, out=args.out, plot=not args.no_plot,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, drift_check=not args.no_drift_check)
     print(v.format_table(df))
+    if df.attrs.get("drift"):
+        print(df.attrs["drift"])
     print(f"wrote {df.attrs['csv']}", end="")
     if df.attrs["png"]:
         print(f" and {df.attrs['png']}", end="")
