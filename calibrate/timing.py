@@ -9,7 +9,6 @@ range, so a reader sees how noisy the machine was.
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
