@@ -137,9 +137,15 @@ def test_calibrate_tp_times_a_real_tp_rank(tmp_path):
     assert r.microbatches[0]["fwd_compute_s"] == pytest.approx(recs["stage_fwd", 0]["time_s"])
 
 
+def _measured_allreduce(prof, size, name="gloo@1Gbps"):
+    return next(r["time_s"] for r in prof.records if r["op"] == "allreduce" and r["name"] == name
+                and r["size_bytes"] == size and not r.get("call"))
+
+
 def test_tp_collectives_run_in_lockstep():
     """TP allreduces come back to back with both ranks in step: the emulated link's rate,
-    the loopback per-step cost (no late-receive waits), a ring of 2 steps each."""
+    the loopback per-step cost (no late-receive waits), a ring of 2 steps each -- unless
+    the profile timed the allreduce of that size on that link, which then prices it."""
     from perfsim.link import Link, resolve_link
     from perfsim.network import lockstep_link
 
@@ -149,10 +155,25 @@ def test_tp_collectives_run_in_lockstep():
     ls = lockstep_link(coll, prof)
     assert ls.overhead_s == loop.overhead_s < coll.overhead_s and ls.rate_bps == coll.rate_bps
     assert lockstep_link(Link.nominal(1e9), prof) == Link.nominal(1e9)  # nothing calibrated: as it is
-    r = predict(**ARGS, tp=2, macro_batch=32)
     size = 8 * 64 * 128 * 4  # an fp32 (micro-batch, seq, hidden) activation
-    per = size * 8 / ls.rate_bps + 2 * ls.one_way_s  # ring on 2 ranks: the buffer once, 2 steps
-    assert r.summary["tp_comm_s"] == pytest.approx(4 * 16 * per)  # 4 micro-batches x 4 blocks x 4
+    r = predict(**ARGS, tp=2, macro_batch=32)
+    # 4 micro-batches x 4 blocks x 4, each the allreduce the profile measured at that size
+    assert r.summary["tp_comm_s"] == pytest.approx(4 * 16 * _measured_allreduce(prof, size))
+    # between measured sizes: log-log interpolation; beyond them the ring model
+    assert prof.measured_allreduce_s(2 * size, 2, 1e9) == pytest.approx(
+        (_measured_allreduce(prof, size) * _measured_allreduce(prof, 4 * size)) ** 0.5)
+    assert prof.measured_allreduce_s(size, 3, 1e9) is None and prof.measured_allreduce_s(size, 2, 5e8) is None
+    data = prof.to_dict()  # without the emulated sweep's raw points: the ring on the lockstep link
+    data["records"] = [x for x in data["records"] if not (x["op"] == "allreduce" and x["name"] == "gloo@1Gbps")]
+    from perfsim.profile import Profile
+
+    bare = Profile.from_dict(data, where="test")
+    from perfsim.network import Network
+
+    wl, st, sy, _ = build_configs(**ARGS, tp=2, macro_batch=32)
+    net = Network(sy, st.devices, bare)
+    per = size * 8 / net.lockstep_link.rate_bps + 2 * net.lockstep_link.one_way_s  # the buffer once, 2 steps
+    assert net.collective_time("allreduce", size, [0, 1], lockstep=True) == pytest.approx(per)
 
 
 def _without_tensor_kinds(prof):
@@ -190,7 +211,7 @@ def test_sequence_parallel_prices_a_measured_slow_reduce_scatter(tmp_path):
     ls = lockstep_link(resolve_link(prof, 1e9, 0.0, op="allreduce"), prof)
     size = 8 * 64 * 128 * 4  # the (micro-batch, seq, hidden) fp32 input of each reduce-scatter
     ring_rs = size / 2 * 8 / ls.rate_bps + ls.one_way_s  # 2 ranks: half the buffer, one step
-    measured_rs = k * (size * 8 / ls.rate_bps + 2 * ls.one_way_s)  # k ring allreduces
+    measured_rs = k * _measured_allreduce(prof, size)  # k times the allreduce measured at that size
     n_rs = 4 * 4 * 4  # 4 micro-batches x 4 blocks x 4 reduce-scatters (2 forward, 2 backward)
     assert rs.summary["tp_comm_s"] - base.summary["tp_comm_s"] == pytest.approx(n_rs * (measured_rs - ring_rs))
     assert rs.summary["tp_bytes"] == base.summary["tp_bytes"]  # the ring's bytes, as the runtime counts

@@ -315,6 +315,29 @@ class ProfileCosts:
                 return own(nbytes) / ref(nbytes)
         return None
 
+    def measured_allreduce_s(self, nbytes: float, world_size: int, nominal_bps: float | None) -> float | None:
+        """The backend's allreduce of a per-rank buffer of ``nbytes`` on ``world_size``
+        ranks as the profile timed it over the link emulated at ``nominal_bps``: linear
+        in log(time) against log(size) between the measured sizes; None outside them,
+        at another world size, or where that link was not measured."""
+        from perfsim.calibrate.profile_io import comm_name
+
+        if not nominal_bps or nbytes <= 0:
+            return None
+        name = comm_name(self.metadata.get("backend", "gloo"), nominal_bps)
+        by_size: dict[float, list[float]] = {}
+        for r in self.records:
+            if (r["op"] == "allreduce" and r.get("name") == name and int(r.get("world_size", 0)) == world_size
+                    and not r.get("call") and r.get("size_bytes", 0) > 0 and r.get("time_s", 0) > 0):
+                by_size.setdefault(float(r["size_bytes"]), []).append(float(r["time_s"]))
+        sizes = sorted(by_size)
+        if len(sizes) < 2 or not sizes[0] <= nbytes <= sizes[-1]:
+            return None
+        import numpy as np
+
+        logt = [math.log(sum(by_size[x]) / len(by_size[x])) for x in sizes]
+        return float(math.exp(np.interp(math.log(nbytes), [math.log(x) for x in sizes], logt)))
+
     def optimizer_time(self, param_bytes: float) -> float | None:
         """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
         fit = self.fit("optimizer", None)
