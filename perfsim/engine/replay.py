@@ -325,23 +325,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
                 coll = network.collective(step.kind, step.nbytes, members)
                 algo_log.append((now, s, coll.algo))
                 start = now
-                for group in coll.phases:
-                    ends, lat = [], 0.0
-                    for ph in group:
-                        volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
-                        inter = ph.inter_node and nics
-                        rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
-                        end = now + float(volume) / rate if volume > 0 else now
-                        if inter and volume > 0:
-                            flows.rates.update((cap, rate))
-                            mine.append((now, end, rate))
-                        ends.append(end)
-                        lat = max(lat, ph.latency_s)
-                        events += 1
-                    now = max(ends)
-                    if lat > 0:
-                        now = now + lat
-                        events += 1
+                now, steps = _phases(coll, now, lanes, nics, flows, mine)
+                events += steps
                 dp_log.append((now, s, d, "bytes", coll.wire_bytes))
                 dp_links.append((now, s, edges, step.kind, coll.wire_bytes, now - start))
             host = bucket.decode_s + bucket.copy_s / 2
@@ -381,6 +366,32 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
                    sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events, tied)
 
 
+def _phases(coll, now: float, lanes: int, nics: tuple, flows: _Flows, mine: list) -> tuple[float, int]:
+    """Run the phases of collective ``coll`` from ``now`` uncontended, as
+    :meth:`perfsim.engine.sim.Simulation.run_collective` does: each phase's volume at
+    its rate (capped by the NICs when it crosses nodes), then its latency. Appends the
+    NIC flows (start, end, rate) to ``mine``; returns the end and the steps taken."""
+    steps = 0
+    for group in coll.phases:
+        ends, lat = [], 0.0
+        for ph in group:
+            volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
+            inter = ph.inter_node and nics
+            rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
+            end = now + float(volume) / rate if volume > 0 else now
+            if inter and volume > 0:
+                flows.rates.update((cap, rate))
+                mine.append((now, end, rate))
+            ends.append(end)
+            lat = max(lat, ph.latency_s)
+            steps += 1
+        now = max(ends)
+        if lat > 0:
+            now = now + lat
+            steps += 1
+    return now, steps
+
+
 def _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, rid, algo_log, dp_links,
                stream_flows) -> dict:
     """Each replica's all-reduce of the tied embedding's gradient between the devices
@@ -409,21 +420,7 @@ def _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, 
         now = t0 = float(start[i])
         algo_log.append((now, last + 1, coll.algo))
         mine = []
-        for group in coll.phases:
-            phase_ends, lat = [], 0.0
-            for ph in group:
-                volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
-                inter = ph.inter_node and nics
-                rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
-                end = now + float(volume) / rate if volume > 0 else now
-                if inter and volume > 0:
-                    flows.rates.update((cap, rate))
-                    mine.append((now, end, rate))
-                phase_ends.append(end)
-                lat = max(lat, ph.latency_s)
-            now = max(phase_ends)
-            if lat > 0:
-                now = now + lat
+        now, _ = _phases(coll, now, lanes, nics, flows, mine)
         n = len(members)
         edges = [(members[k], members[(k + 1) % n]) for k in range(n)]
         dp_links.append((now, last + 1, edges, ALLREDUCE, coll.wire_bytes, now - t0))
