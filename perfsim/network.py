@@ -513,9 +513,9 @@ class Network:
         if c is None:
             shape = self.group_shape(members, lockstep)
             ratio = self.measured_ratio(kind, call, nbytes) if call and shape.n > 1 else None
-            if lockstep and shape.nodes > 1 and (ratio is not None or kind == "allreduce"):
+            if call and lockstep and shape.nodes > 1 and (ratio is not None or kind == "allreduce"):
                 # a measured kind is priced relative to the allreduce of its buffer: to the
-                # measured one where the profile timed it
+                # measured one where the profile (of the run's backend: a call is named) timed it
                 measured = self.measured_lockstep_ratio(nbytes, shape)
                 if measured is not None:
                     ratio = measured if ratio is None else ratio * measured
