@@ -9,6 +9,7 @@ range, so a reader sees how noisy the machine was.
 
 from __future__ import annotations
 
+import queue as queue_mod
 import statistics
 import time
 from dataclasses import dataclass
@@ -188,8 +189,6 @@ def measure_concurrently(fn: Callable, arg, ranks: int, timeout_s: float = 600.0
              for _ in range(ranks)]
     for p in procs:
         p.start()
-    import queue as queue_mod
-
     results = []
     deadline = time.monotonic() + timeout_s
     try:

@@ -339,7 +339,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
             stream_flows.append((nic_ids, mine))
 
     # ---------------------------------------------------------------- tied embedding
-    tied = _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, rid, algo_log, dp_links,
+    tied = _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo_log, dp_links,
                       stream_flows) if plan.tied_sync_bytes else None
 
     # ---------------------------------------------------------------- premise
@@ -392,7 +392,17 @@ def _phases(coll, now: float, lanes: int, nics: tuple, flows: _Flows, mine: list
     return now, steps
 
 
-def _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, rid, algo_log, dp_links,
+def _grads_synced(table, d: int, pipe_end, sync_done):
+    """When device ``d`` has run its schedule row and synced every bucket of its stages
+    (per replica): where the event loop's device waits before the optimizer step."""
+    import numpy as np
+
+    x = pipe_end[d]
+    syncs = [sync_done[k] for k in table.stages_of(d) if k in sync_done]
+    return np.maximum(x, max(syncs)) if syncs else x
+
+
+def _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo_log, dp_links,
                stream_flows) -> dict:
     """Each replica's all-reduce of the tied embedding's gradient between the devices
     of the first and the last stage (:meth:`perfsim.engine.sim.Simulation.tied_sync`):
@@ -405,11 +415,7 @@ def _tied_sync(plan, network, reps, place, pipe_end, sync_done, buckets, flows, 
 
     table, lanes, last = plan.table, plan.tp, len(plan.stages) - 1
     devices = (table.stage_device[0], table.stage_device[last])
-    ready = []
-    for d in devices:
-        x = pipe_end[d]
-        syncs = [sync_done[k] for k in table.stages_of(d) if k in sync_done and buckets[k]]
-        ready.append(np.maximum(x, max(syncs)) if syncs else x)
+    ready = [_grads_synced(table, d, pipe_end, sync_done) for d in devices]
     start = np.broadcast_to(np.maximum(ready[0], ready[1]), (len(reps),))
     ends, durations = [], []
     for i, r in enumerate(reps):
@@ -447,10 +453,7 @@ def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm
     ends = []
     for d in range(pp):
         mine = table.stages_of(d)
-        x = pipe_end[d]
-        syncs = [sync_done[k] for k in mine if k in sync_done]
-        if syncs:
-            x = np.maximum(x, max(syncs))
+        x = _grads_synced(table, d, pipe_end, sync_done)
         if tied is not None and d in tied["devices"]:
             x = np.maximum(x, tied["end"])
         opt = sum(plan.stages[k].optimizer_s for k in mine)
