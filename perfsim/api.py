@@ -145,7 +145,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute)
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
-                        arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source)
+                        arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
+                        tied_values=model.tied_values)
     given = [k for k in ("bandwidth", "latency") if params.get(k) is not None]
     if p["topology"] and given:
         raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "

@@ -57,6 +57,8 @@ class Workload:
     rank_params: tuple[int, ...] | None = None
     #: where the compute times come from (printed in the result: an assumption when modelled)
     compute_source: str = ""
+    #: without ``arch``: values of the last layer's copy of a tied embedding (a workload file's)
+    tied_values: int = 0
 
     def __post_init__(self):
         if not self.layers:

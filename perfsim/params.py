@@ -169,7 +169,7 @@ PARAMS: tuple[Param, ...] = (
           "one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset",
           "strategy", choices="perfsim.config:GRAD_BUFFERS"),
     Param("tied_embedding", "choice", None, "a tied LM head on another pipeline stage than the "
-          "embedding: untied (the last stage trains its own head, as perfsim run does) or sync "
+          "embedding: untied (the last stage trains its own head, perfsim run's default) or sync "
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
           "strategy", choices="perfsim.config:TIED_EMBEDDINGS"),

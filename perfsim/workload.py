@@ -9,6 +9,8 @@ A workload comes from
 
       name = "my-model"
       tokens_per_sample = 512          # optional, default 1
+      tied_values = 51463168           # optional: the last layer's copy of the first's
+                                       # table (a tied LM head), see below
       [[layers]]
       name = "block"                   # repeated layers get an index suffix
       count = 24                       # optional, default 1
@@ -23,6 +25,11 @@ record for the model and layer (:meth:`perfsim.profile.Profile.compute_time`),
 the file's ``fwd_s``/``bwd_s`` times the micro-batch, or forward FLOPs divided
 by the profile's effective FLOP rate (backward = 2 x forward, Kaplan et al.
 2020, Sec. 2.1).
+
+``tied_values`` counts the values of a tied LM head that the last layer holds as
+a copy of the first layer's embedding (already in both layers' ``params``): with
+``tied_embedding`` ``sync`` the first and the last stage all-reduce that many
+gradient values after the data-parallel sync (:func:`perfsim.engine.plan.tied_sync_bytes`).
 
 The partition is contiguous. By default it minimises the slowest stage's
 fwd+bwd time (the linear-partition problem; binary search on the bound with a
@@ -127,6 +134,7 @@ class Model:
     fwd_s: tuple[float | None, ...] | None = None  # per sample, from a workload file
     bwd_s: tuple[float | None, ...] | None = None
     arch: Any = None  # perfsim.models.transformer.TransformerSpec of a transformer
+    tied_values: int = 0  # a workload file's tied LM head: values of its embedding copy
 
     @property
     def params(self) -> int:
@@ -166,7 +174,7 @@ def load_workload_file(path: str | Path) -> Model:
     data = read_document(p, "workload", kind="json" if p.suffix.lower() == ".json" else "toml")
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: top level must be a table/object")
-    unknown = set(data) - {"name", "tokens_per_sample", "layers"}
+    unknown = set(data) - {"name", "tokens_per_sample", "tied_values", "layers"}
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
     entries = data.get("layers")
@@ -207,10 +215,14 @@ def load_workload_file(path: str | Path) -> Model:
     tokens = data.get("tokens_per_sample", 1)
     if not isinstance(tokens, int) or tokens < 1:
         raise ConfigError(f"{where}: tokens_per_sample={tokens!r} must be an integer >= 1")
+    tied = data.get("tied_values", 0)
+    if not isinstance(tied, int) or isinstance(tied, bool) or not 0 <= tied <= min(layers[0].params, layers[-1].params):
+        raise ConfigError(f"{where}: tied_values={tied!r} must be an integer from 0 to the first and the "
+                          "last layer's params (the head's copy of the embedding)")
     name = str(data.get("name", p.stem))
     has_times = any(t is not None for t in fwd)
     return Model(name, tuple(layers), tokens, tuple(fwd) if has_times else None,
-                 tuple(bwd) if has_times else None)
+                 tuple(bwd) if has_times else None, tied_values=tied)
 
 
 #: a record's dtype (torch's name as calibrate writes it, or the short name) -> precision

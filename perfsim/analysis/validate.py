@@ -45,7 +45,7 @@ from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
 METRICS = ("throughput_samples_per_s", "iteration_s")
 #: breakdown columns copied from both sides for diagnosis
 BREAKDOWN = ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s", "optimizer_s",
-             "pipeline_bytes", "dp_bytes", "bubble_fraction", "tp_comm_s", "tp_bytes")
+             "pipeline_bytes", "dp_bytes", "bubble_fraction", "tp_comm_s", "tp_bytes", "tied_bytes")
 LINK_MODELS = ("profile", "nominal")
 
 
@@ -173,9 +173,9 @@ def runtime_workload(model: str, folder) -> Path:
 
     Layer names and boundary shapes come from the preset (so compute times are
     still read from the profile by model and layer name); parameter counts are
-    those of ``perfsim.runtime.models.build_layer`` -- e.g. the runtime unties
-    GPT's LM head (+V*d parameters), which changes the gradient bytes a
-    data-parallel step exchanges.
+    those of ``perfsim.runtime.models.build_layer`` -- e.g. the runtime's GPT LM head
+    has its own V*d weight (untied, or a synced copy: ``tied_values``), which changes
+    the gradient bytes a data-parallel step exchanges.
     """
     import json
 
@@ -190,9 +190,12 @@ def runtime_workload(model: str, folder) -> Path:
         mod = build_layer(spec, i, 0)
         layers.append({"name": lay.name, "params": int(sum(p.numel() for p in mod.parameters())),
                        "out_shape": list(lay.out_shape), "flops": lay.flops_fwd})
+    head = build_layer(spec, len(layers) - 1, 0)
+    # the head's own V x d weight: with --tied-embedding sync a copy of the embedding's table
+    tied = {"tied_values": head.lm_head.weight.numel()} if hasattr(head, "lm_head") else {}
     path = Path(folder) / f"workload-{spec.name}.json"
     atomic_write_text(path, json.dumps({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
-                                        "layers": layers}, indent=1))
+                                        **tied, "layers": layers}, indent=1))
     return path
 
 

@@ -49,17 +49,19 @@ def _bandwidths(value) -> tuple[float | None, ...]:
                                             parse_bandwidths(f"{float(b)}bps")))
 
 
-def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_parallel: bool) -> str:
-    """``traces/validation/<model>-pp<P>-dp<D>[-tp<T>_..[sp]]``: where a grid's files go
+def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_parallel: bool,
+                tied_embedding: str = "untied") -> str:
+    """``traces/validation/<model>-pp<P>-dp<D>[-tp<T>_..[sp]][-tied]``: where a grid's files go
     by default."""
     tp_tag = "-tp" + "_".join(str(t) for t in tps) + ("sp" if sequence_parallel else "") \
         if tuple(tps) != (1,) else ""
-    return f"traces/validation/{model}-pp{pp}-dp{dp}{tp_tag}"
+    tied = "-tied" if tied_embedding == "sync" else ""
+    return f"traces/validation/{model}-pp{pp}-dp{dp}{tp_tag}{tied}"
 
 
 def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp: int = 1,
              tp: str | int | Sequence[int] = (1,), sequence_parallel: bool = False,
-             schedule: str | Sequence[str] = ("1f1b",), virtual_stages: int | None = None,
+             tied_embedding: str = "untied", schedule: str | Sequence[str] = ("1f1b",), virtual_stages: int | None = None,
              micro_batch: int = 8, macro_batch: int = 32, compress: str | Sequence[str] = ("fp32",),
              grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
@@ -68,8 +70,8 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
-    model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel:
-      ``perfsim run``'s flags, shared by every row.
+    model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel,
+      tied_embedding: ``perfsim run``'s flags, shared by every row.
     tp, schedule, compress, grad_compress, bandwidths: the grid's axes (a sequence
       or a comma string; bandwidths in bits/s or ``"100Mbps"``, None or ``none`` =
       loopback, no emulation: emulated rates need root).
@@ -113,18 +115,23 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     schedules = tuple(s.lower() for s in _names(schedule))
     for s in schedules:  # a schedule that does not fit fails before any run starts
         RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,
-                  virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None)
+                  virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None,
+                  tied_embedding=tied_embedding)
     base = {"model": model, "pp": pp, "dp": dp, "schedule": schedules[0], "micro_batch": micro_batch,
             "macro_batch": macro_batch}
     if virtual_stages is not None:
         base["virtual_stages"] = virtual_stages
+    if tied_embedding != "untied":  # runs and predictions both take it
+        base["tied_embedding"] = tied_embedding
     tps = _degrees(tp)
+    if tied_embedding == "sync" and max(tps) > 1:
+        RunConfig(model=model, tp=max(tps), tied_embedding=tied_embedding)  # names why not
     if sequence_parallel and max(tps) == 1:
         raise ConfigError("--sequence-parallel: needs a --tp > 1")
     for t in tps:  # a TP degree the model cannot take fails before any run
         check_tp(spec, t, sequence_parallel and t > 1)
     limit = dataset_limit or 4 * macro_batch * dp
-    out = out or default_out(model, pp, dp, tps, sequence_parallel)
+    out = out or default_out(model, pp, dp, tps, sequence_parallel, tied_embedding)
     plan = v.ValidationPlan(
         base=base, bandwidths=_bandwidths(bandwidths), compresses=_names(compress),
         grad_compresses=_names(grad_compress), schedules=schedules if len(schedules) > 1 else (),

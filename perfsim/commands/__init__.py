@@ -63,6 +63,9 @@ JOB_FLAGS = {
            "comma list of tensor-parallel degrees (perfsim run --tp; GPT models), e.g. 1,2"),
     "sequence_parallel": ("with --tp > 1: Megatron sequence parallelism (LayerNorms on a slice of the sequence)",
                           "Megatron sequence parallelism on the --tp > 1 rows"),
+    "tied_embedding": ("GPT's LM head: untied (its own weight) or sync (tp 1: a copy of the token embedding, "
+                       "its gradient all-reduced with the first stage's after the data-parallel sync, as "
+                       "Megatron-LM does; default {default})", None),
     "schedule": ("gpipe, 1f1b, interleaved-1f1b, zb-h1 or zb-v (default {default})",
                  "comma list of gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v (default {default})"),
     "virtual_stages": ("model chunks per rank for interleaved-1f1b (default 2; zb-v always 2)", None),

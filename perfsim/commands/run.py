@@ -52,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
 
     params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
-                  sequence_parallel=args.sequence_parallel or None, schedule=args.schedule,
+                  sequence_parallel=args.sequence_parallel or None, tied_embedding=args.tied_embedding,
+                  schedule=args.schedule,
                   virtual_stages=args.virtual_stages,
                   compress=args.compress, grad_compress=args.grad_compress,
                   boundary_compress=args.boundary_compress, device_order=args.device_order,
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     loss = s.get("final_loss")
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
+    tp += " tied" if s.get("tied_embedding") == "sync" else ""
     warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
     per = f" boundaries={s['boundary_compress']}" if s.get("boundary_compress") else ""
     print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']}{per} "

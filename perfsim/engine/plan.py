@@ -326,12 +326,17 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     between the first and the last pipeline stage when the LM head is tied to the
     embedding and they live on different devices (``Strategy.tied_embedding``
     ``sync``): ``vocab / tp x hidden`` values in the gradient dtype
-    (``Strategy.grad_dtype``, the main gradient the all-reduce runs on)."""
+    (``Strategy.grad_dtype``, the main gradient the all-reduce runs on); for a workload
+    file, its ``tied_values`` (execute mode's head: ``perfsim.runtime.tied``)."""
     arch = workload.arch
-    if (strategy.tied_embedding != "sync" or arch is None or not arch.tied or arch.encoder
+    if arch is not None:
+        values = -(-arch.vocab * arch.hidden // strategy.tp) if arch.tied and not arch.encoder else 0
+    else:
+        values = workload.tied_values
+    if (strategy.tied_embedding != "sync" or not values
             or table.stage_device[0] == table.stage_device[table.num_stages - 1]):
         return 0
-    return -(-arch.vocab * arch.hidden // strategy.tp) * BYTES_PER_VALUE[strategy.grad_dtype]
+    return values * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:

@@ -76,7 +76,8 @@ def make_config(**params: Any):
 
         _, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
         cfg = RunConfig.from_dict(params)
-        checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS)
+        checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS,
+                                    RunConfig.RESUME_DEFAULTS)
         return cfg
     return RunConfig.from_dict(params)
 

@@ -117,11 +117,13 @@ def _previous(root: Path, step: int) -> Path | None:
     return step_dir(root, older[-1]) if older else None
 
 
-def check_compatible(meta: dict[str, Any], config: dict[str, Any], keys) -> None:
-    """A checkpoint resumes only the same job (model, parallelism, compression...)."""
+def check_compatible(meta: dict[str, Any], config: dict[str, Any], keys,
+                     defaults: dict[str, Any] | None = None) -> None:
+    """A checkpoint resumes only the same job (model, parallelism, compression...);
+    ``defaults``: the value of a key that a checkpoint written before the key existed lacks."""
     saved = meta.get("config", {})
     for k in keys:
-        if saved.get(k) != config.get(k):
+        if saved.get(k, (defaults or {}).get(k)) != config.get(k):
             raise ConfigError(f"resume: checkpoint has {k}={saved.get(k)!r}, this run {k}={config.get(k)!r}")
 
 

@@ -32,6 +32,10 @@ class RunConfig(PipelineShape):
       DP, then PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`).
     sequence_parallel: with ``tp > 1``, Megatron's sequence parallelism
       (:mod:`perfsim.runtime.tensor_parallel`).
+    tied_embedding: ``untied`` (the LM head trains its own weight) or ``sync`` (GPT,
+      ``tp = 1``: the head is a copy of the token embedding, kept equal by an
+      all-reduce of the two gradients after the data-parallel sync,
+      :mod:`perfsim.runtime.tied`); the simulator's ``--tied-embedding``.
     schedule: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1`` or ``zb-v``
       (tables of :mod:`perfsim.schedules`).
     virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
@@ -70,6 +74,7 @@ class RunConfig(PipelineShape):
     dp: int = 1
     tp: int = 1
     sequence_parallel: bool = False
+    tied_embedding: str = "untied"
     schedule: str = "1f1b"
     compress: str = "fp32"
     grad_compress: str = "none"
@@ -146,6 +151,7 @@ class RunConfig(PipelineShape):
         from perfsim.runtime.tensor_parallel import check_tp
 
         check_tp(self.spec(), self.tp, self.sequence_parallel)
+        self.check_tied()
         self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
         from perfsim.compression import make_pipeline_pair
@@ -192,6 +198,18 @@ class RunConfig(PipelineShape):
                               f"{self.model} has only {len(spec.layers())} layers")
         return partition_model(spec, nst, explicit=parse_counts(self.partition))
 
+    def check_tied(self) -> None:
+        from perfsim.config import TIED_EMBEDDINGS
+        from perfsim.models.specs import GPTSpec
+
+        if self.tied_embedding not in TIED_EMBEDDINGS:
+            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
+        if self.tied_embedding == "sync" and not isinstance(self.spec(), GPTSpec):
+            raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
+        if self.tied_embedding == "sync" and self.tp > 1:
+            raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "
+                              "tensor-parallel rank (Megatron splits it by vocabulary); use tp=1 or untied")
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -207,6 +225,8 @@ class RunConfig(PipelineShape):
         return dataclasses.replace(self, **kw)
 
     #: fields that must match between a checkpoint and the run resuming it
-    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "schedule", "virtual_stages", "compress",
+    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule", "virtual_stages", "compress",
                    "boundary_compress", "device_order", "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")
+    #: what a checkpoint written before a resume key existed had
+    RESUME_DEFAULTS = {"tied_embedding": "untied"}

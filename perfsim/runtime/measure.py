@@ -136,7 +136,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         return r["micro"][mb].get(f"{kind}_{what}_s", 0.0)
 
     stages, micro_rows, links = [], {}, {}
-    total_bytes = dp_bytes = overhead = tp_bytes = 0.0
+    total_bytes = dp_bytes = overhead = tp_bytes = tied_bytes = 0.0
     for g in gathered:
         rank, stage = g["rank"], g["stage"]
         mine = [recs[(rank, s)] for s in steps if (rank, s) in recs]
@@ -158,6 +158,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         total_bytes += sent
         overhead += _mean(sum(x["overhead_bytes"] for x in r["micro"]) for r in mine)
         dp_bytes += _mean(r["dp_bytes"] for r in mine)
+        tied_bytes += _mean(r.get("tied_bytes", 0) for r in mine)
         stages.append({"replica": g["replica"], "stage": stage, "compute_s": comp, "comm_s": comm,
                        "encode_s": enc, "idle_s": max(0.0, iteration_s - comp - enc - opt - tpc),
                        "dp_sync_s": dps, "bytes_sent": sent, "peak_inflight": g["peak_inflight"],
@@ -236,6 +237,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
         # tensor parallelism: per step, bytes all ranks hand to TP collectives
         # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
+        # tied embedding (perfsim.runtime.tied): wire bytes of its all-reduce, all ranks, per step
+        "tied_embedding": cfg.tied_embedding, "tied_bytes": tied_bytes,
         "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes,
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }

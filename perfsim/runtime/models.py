@@ -7,11 +7,11 @@ layers the simulator puts on it.
 GPT: GPT-2-style pre-LN decoder (Radford et al. 2019; layout as nanoGPT):
 ``embed`` = token + learned position embedding, ``block<i>`` =
 ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))`` with causal self-attention and a
-GELU MLP of width 4d, ``head`` = final LayerNorm + LM head. The LM head is
-*untied* from the token embedding in the runtime (when the two live on
-different pipeline stages, tying needs an extra embedding-gradient allreduce
-between the first and last stage; we keep stages independent). That adds
-``V*d`` parameters to the head (32k for the byte-level presets).
+GELU MLP of width 4d, ``head`` = final LayerNorm + LM head. The LM head has its
+own ``V*d`` weight (32k parameters for the byte-level presets): *untied* from the
+token embedding by default, so stages stay independent; ``tied=True`` starts it as
+a copy of the embedding's table, which :mod:`perfsim.runtime.tied` then keeps equal
+(Megatron's tied embedding across pipeline stages).
 
 MLP (``digits-mlp``): Linear+ReLU per layer, the last Linear without ReLU.
 
@@ -139,12 +139,18 @@ def build_layer(spec, index: int, seed: int) -> nn.Module:
 class Stage(nn.Module):
     """The layers ``[start, end)`` of a model: one pipeline stage."""
 
-    def __init__(self, spec, start: int, end: int, seed: int):
+    def __init__(self, spec, start: int, end: int, seed: int, tied: bool = False):
         super().__init__()
         self.spec, self.start, self.end = spec, start, end
         self.layers = nn.ModuleList(build_layer(spec, i, seed) for i in range(start, end))
         self.is_first = start == 0
         self.is_last = end == len(spec.layers())
+        if tied and self.is_last:
+            if not isinstance(spec, GPTSpec):
+                raise ConfigError(f"model {spec.name!r}: only a GPT model has an embedding to tie")
+            embed = self.layers[0] if self.is_first else build_layer(spec, 0, seed)
+            with torch.no_grad():  # the head starts as a copy of the token table
+                self.layers[-1].lm_head.weight.copy_(embed.tok.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -156,15 +162,15 @@ class Stage(nn.Module):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
-def build_stages(spec, num_stages: int, seed: int, by: str = "params") -> list[Stage]:
+def build_stages(spec, num_stages: int, seed: int, by: str = "params", tied: bool = False) -> list[Stage]:
     """All stages of ``spec`` partitioned as the simulator partitions it."""
-    return [Stage(spec, a, b, seed) for a, b in partition_model(spec, num_stages, by)]
+    return [Stage(spec, a, b, seed, tied) for a, b in partition_model(spec, num_stages, by)]
 
 
-def build_stage(spec, num_stages: int, stage: int, seed: int, by: str = "params") -> Stage:
+def build_stage(spec, num_stages: int, stage: int, seed: int, by: str = "params", tied: bool = False) -> Stage:
     """Only stage ``stage`` (what one pipeline rank holds)."""
     a, b = partition_model(spec, num_stages, by)[stage]
-    return Stage(spec, a, b, seed)
+    return Stage(spec, a, b, seed, tied)
 
 
 def boundary_shape(spec, stage_module: Stage, micro_batch: int) -> tuple[int, ...]:

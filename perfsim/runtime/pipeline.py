@@ -287,6 +287,7 @@ class StepRecord:
     optimizer_s: float = 0.0
     tp_comm_s: float = 0.0  # tensor-parallel collectives (perfsim.runtime.tensor_parallel)
     tp_bytes: int = 0
+    tied_bytes: int = 0  # wire bytes of the tied-embedding all-reduce (perfsim.runtime.tied)
     tp_ops: dict[str, int] = field(default_factory=dict)  # collective kind -> count
     links: dict[int, list[float]] = field(default_factory=dict)  # dst -> [bytes, busy_s]
     events: list[tuple] = field(default_factory=list)  # (name, cat, t0, t1, args)

@@ -135,7 +135,14 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     table = cfg.table()
     ranges = cfg.stage_ranges()
     mine = table.stages_of(stage)
-    stages = {k: Stage(spec, *ranges[k], cfg.seed).to(device) for k in mine}
+    tied_sync = cfg.tied_embedding == "sync"
+    stages = {k: Stage(spec, *ranges[k], cfg.seed, tied=tied_sync).to(device) for k in mine}
+    tied = None
+    if tied_sync:  # every rank creates every replica's group, after the DP groups
+        from perfsim.runtime.tied import TiedEmbedding
+
+        tied = TiedEmbedding(stages, table.num_stages, lambda r: layout.rank(table.stage_device[0], r),
+                             lambda r: layout.rank(table.stage_device[-1], r), dp, replica)
     # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
     module = stages[mine[0]] if len(mine) == 1 else Chunks([stages[k] for k in mine])
     # what the optimizer and the gradient sync see: with TP this rank's local shards
@@ -160,7 +167,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     cfg_dict = json.loads(cfg.to_json())
     if cfg.resume:
         root, meta = checkpoint.find(cfg.resume)
-        checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS)
+        checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS,
+                                    RunConfig.RESUME_DEFAULTS)
         state = checkpoint.load_rank(root, meta["step"], rank)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -220,6 +228,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             raise TrainingDiverged(step, stage)
         t0 = time.perf_counter()
         stats = grad_state.sync(named) if dp > 1 and grad_state is not None else {}
+        rec.tied_bytes = tied.sync()["bytes"] if tied is not None else 0  # Megatron: after the DP sync
         t1 = time.perf_counter()
         rec.dp_warmup = not getattr(optimizer, "compressing", True)  # 1-bit optimizers' warm-up
         optimizer.step()
