@@ -52,6 +52,10 @@ perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp3
 perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
     --repeats 2 --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
+# a tied LM head kept equal Megatron's way (the embedding-gradient all-reduce between the stages)
+perfsim validate --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
+    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --out "$OUT_ROOT/gpt2-tiny-pp2-tied"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
 perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
