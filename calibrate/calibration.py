@@ -42,8 +42,9 @@ DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
 #: allgather_tensor: the calls tensor parallelism issues)
 DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference"
 #: communication ops timed over each emulated link by default (a kind's cost relative
-#: to the allreduce depends on the link: host copies weigh less on a slow one)
-DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce,reduce_scatter,allgather_tensor"
+#: to the allreduce depends on the link: host copies weigh less on a slow one; the
+#: compute slowdown under traffic too: a paced slow link wakes the host per packet)
+DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce,reduce_scatter,allgather_tensor,interference"
 STATISTICS = ("median", "min")
 DEVICES = ("auto", "cpu", "cuda")
 

@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import statistics
 import time
 import traceback
 from dataclasses import dataclass
@@ -214,7 +215,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
         if op == "interference":  # compute alone vs under allreduces (perfsim.calibrate.interference)
             from perfsim.calibrate.interference import measure
 
-            out.extend(measure(rank, device, world, backend))
+            out.extend(measure(rank, device, world, backend, cfg.emulate_bandwidth))
             continue
         for size in cfg.sizes_to_run():
             n = size // 4
@@ -389,10 +390,14 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
         if "skipped" in item:
             records.append({"op": item["op"], "skipped": item["skipped"]})
             continue
-        if item["op"] == "interference":  # rank 0's compute times, alone / under comm
-            t = summarize(item["samples"])
+        if item["op"] == "interference":  # compute alone / under comm: the mean over ranks of
+            # each rank's statistic -- the host's share of the traffic (softirqs, wakeups) lands
+            # on one core or the other, so one rank may see most of the slowdown
+            ranks = [summarize(per_rank[r][i]["samples"]) for r in sorted(per_rank)]
+            t = summarize([x for r in ranks for x in r.samples])
             rec = {"op": "interference", "name": item["name"], "size_bytes": item["size_bytes"],
-                   "world_size": cfg.world_size, "dtype": "float32", **t.record()}
+                   "world_size": cfg.world_size, "dtype": "float32", **t.record(),
+                   "time_s": statistics.fmean(r.record()["time_s"] for r in ranks)}
             if cfg.emulate_bandwidth is not None:  # under traffic over the emulated link
                 rec["emulated_bandwidth_bps"] = cfg.emulate_bandwidth
                 rec["emulated_latency_s"] = cfg.emulate_latency

@@ -31,7 +31,7 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
       --small-repeats 60 --tp 2 \
       --statistic "${STATISTIC:-median}" --concurrent \
-      --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing \
+      --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference \
       --emulate-bandwidth "$RATES" \
       --output "$PROFILE"
 fi
