@@ -32,7 +32,8 @@ that shape. The per-byte fits use the ``(rows, n / rows)`` sweep only.
 
 Data-parallel exchanges (``dp_world`` >= 2, the calibration's ranks): a compressor whose
 ``allreduce_mean`` runs work of its own around its collectives (MaxNorm: norm, codes packed
-into lanes; then unpacking and decoding the sum; ``Compressor.dp_codec``) gets
+into lanes; then unpacking and decoding the sum; GlobalRandK-MaxNorm: the selection and its
+memory around that; ``Compressor.dp_codec``) gets
 ``dp_encode`` / ``dp_decode`` points at each sweep size, timed in ``dp_ranks`` processes at
 once (``--concurrent``): the ranks of one machine encode at the same moment. On the Intel
 Xeon 2-core VM that path took 7.1 ms alone for an 834k-value bucket against 5.0 ms of

@@ -9,6 +9,7 @@ gives, per group of ops, the median ratio new / old.
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from perfsim.profile.format import CODEC_OPS, COMM_OPS, COMPUTE_OPS
@@ -26,39 +27,60 @@ def _key(rec: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in rec.items() if k not in MEASURED))
 
 
-def compare_profiles(new, old) -> dict[str, tuple[float, int]]:
-    """``{group: (median of new time / old time, pairs)}`` over the records both
-    profiles measured (:data:`GROUPS`); groups without a pair are left out."""
+def _label(rec: dict) -> str:
+    """What a record measured, briefly: ``stage_fwd gpt2-tiny stage0 mb 8 pp 2``."""
+    parts = [str(rec.get("op")), str(rec.get("model", "")), str(rec.get("name", ""))]
+    if rec.get("micro_batch"):
+        parts.append(f"mb {rec['micro_batch']}")
+    if str(rec.get("op", "")).startswith("stage") and rec.get("world_size"):
+        parts.append(f"pp {rec['world_size']}")
+    if rec.get("size_bytes") and not rec.get("model"):
+        parts.append(f"{rec['size_bytes']} B")
+    return " ".join(p for p in parts if p)
+
+
+def compare_profiles(new, old) -> dict[str, tuple[float, int, tuple[float, str]]]:
+    """``{group: (median of new time / old time, pairs, (worst ratio, its record))}`` over
+    the records both profiles measured (:data:`GROUPS`); groups without a pair are left
+    out. The worst pair is the one furthest from 1 in log scale: a median can hide the
+    one record a prediction leans on (a whole stage's time, say)."""
     old_times = {}
     for r in old.records:
         if r.get("time_s", 0) > 0:
             old_times[_key(r)] = float(r["time_s"])
     out = {}
     for group, ops in GROUPS.items():
-        ratios = [float(r["time_s"]) / old_times[_key(r)] for r in new.records
-                  if r.get("op") in ops and r.get("time_s", 0) > 0 and _key(r) in old_times]
-        if ratios:
-            out[group] = (statistics.median(ratios), len(ratios))
+        pairs = [(float(r["time_s"]) / old_times[_key(r)], r) for r in new.records
+                 if r.get("op") in ops and r.get("time_s", 0) > 0 and _key(r) in old_times]
+        if pairs:
+            worst, rec = max(pairs, key=lambda p: abs(math.log(p[0])))
+            out[group] = (statistics.median(p[0] for p in pairs), len(pairs), (worst, _label(rec)))
     return out
 
 
-def comparison_text(result: dict[str, tuple[float, int]], old_name: str, tolerance: float = 0.10) -> str:
-    """One line: each group's ratio, and whether ``old_name`` still describes this machine."""
+def comparison_text(result: dict[str, tuple], old_name: str, tolerance: float = 0.10) -> str:
+    """One line: each group's ratio, and whether ``old_name`` still describes this machine
+    (naming each group's record furthest off, where it is off by more than ``tolerance``)."""
     if not result:
         return f"compare: no measurement in common with {old_name}"
-    parts = [f"{g} {r:.2f}x ({n})" for g, (r, n) in result.items()]
-    off = [g for g, (r, _) in result.items() if abs(r - 1.0) > tolerance]
+    parts = [f"{g} {r[0]:.2f}x ({r[1]})" for g, r in result.items()]
+    off = [g for g, r in result.items() if abs(r[0] - 1.0) > tolerance]
     verdict = (f"{', '.join(off)} differ by more than {tolerance:.0%}: re-calibrate before predicting with it"
                if off else f"within {tolerance:.0%}")
+    worst = [f"{r[2][1]} {r[2][0]:.2f}x" for r in result.values() if len(r) > 2 and abs(r[2][0] - 1.0) > tolerance]
+    if worst:
+        verdict += f"; furthest: {', '.join(worst)}"
     return f"compare with {old_name} (new / old, median of matched records): {', '.join(parts)} -- {verdict}"
 
 
-def drift_check(profile, model: str, micro_batch: int, out: str) -> dict[str, tuple[float, int]] | None:
+def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1) -> dict[str, tuple] | None:
     """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
     calibration timed them (its ranks, concurrency and statistic, from
     ``metadata["calibration"]``; the new profile is written to ``out``), and compare
-    (:func:`compare_profiles`). None when the profile holds no layer records of that
-    model and micro-batch, or was measured on another kind of device."""
+    (:func:`compare_profiles`); with ``pp`` > 1 also its whole ``pp``-stage records, as
+    the profile timed them (micro-batches per step, schedule), which a ``pp``-stage
+    prediction reads first. None when the profile holds no layer records of that model
+    and micro-batch, or was measured on another kind of device."""
     meta = profile.metadata or {}
     device = meta.get("device", "cpu")
     if not str(device).startswith("cpu"):
@@ -69,7 +91,12 @@ def drift_check(profile, model: str, micro_batch: int, out: str) -> dict[str, tu
     from perfsim.calibrate.calibration import calibrate
 
     cal = meta.get("calibration", {})
-    now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), stages="", codecs="none",
+    stage = next((r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
+                  and r.get("micro_batch") == micro_batch and r.get("world_size") == pp and r.get("schedule")),
+                 None) if pp > 1 else None
+    staging = dict(stages=str(pp), stage_microbatches=int(stage.get("microbatches", 4)),
+                   stage_schedule=str(stage["schedule"])) if stage else dict(stages="")
+    now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), **staging, codecs="none",
                     comm="none", ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
                     statistic=str(cal.get("statistic", "median")), device="cpu",
                     command=f"validate's drift check of {model} at micro-batch {micro_batch}")

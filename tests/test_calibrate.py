@@ -382,12 +382,34 @@ def test_compare_profiles_reports_drift_per_group():
                            rec("layer_fwd", 9, 5.0),  # no partner: not compared
                            {"op": "encode", "name": "directq:fw4bw8", "size_bytes": 1024, "time_s": 2.1}])
     result = compare_profiles(new, old)
-    assert result["compute"] == (pytest.approx(1.25), 3) and result["codecs"] == (pytest.approx(1.05), 1)
+    assert result["compute"][:2] == (pytest.approx(1.25), 3) and result["codecs"][:2] == (pytest.approx(1.05), 1)
+    # the record furthest from its partner (log scale), named: a median hides it
+    assert result["compute"][2] == (pytest.approx(0.1), "layer_fwd gpt2-tiny mb 8")
     assert "communication" not in result
     text = comparison_text(result, "old.json")
     assert "compute 1.25x (3)" in text and "compute differ by more than 10%" in text and "codecs" not in text.split("--")[1]
+    assert "furthest: layer_fwd gpt2-tiny mb 8 0.10x" in text
+    # groups within tolerance, one record off: still named
+    assert "within 10%; furthest: stage_fwd m stage0 mb 8 pp 2 1.47x" in comparison_text(
+        {"compute": (1.0, 9, (1.47, "stage_fwd m stage0 mb 8 pp 2"))}, "old.json")
     assert "within 10%" in comparison_text({"compute": (1.02, 4)}, "old.json")
     assert "no measurement in common" in comparison_text({}, "old.json")
+
+
+def test_drift_check_times_the_stages_a_pipeline_prediction_reads(tmp_path):
+    """With pp > 1 the drift check re-times the profile's whole-stage records of that
+    degree (a pipeline prediction reads them before the layers), as they were timed."""
+    from perfsim.calibrate.calibration import calibrate
+    from perfsim.calibrate.compare import drift_check
+
+    prof = calibrate(str(tmp_path / "p.json"), progress=False, model="digits-mlp", micro_batch="8", stages="2",
+                     stage_microbatches=2, codecs="none", comm="none", quick=True)
+    result = drift_check(prof, "digits-mlp", 8, str(tmp_path / "now.json"), pp=2)
+    now = Profile.load(tmp_path / "now.json")
+    stages = [r for r in now.records if r["op"] == "stage_fwd"]
+    assert stages and all(r["world_size"] == 2 and r["microbatches"] == 2 for r in stages)
+    layers_only = drift_check(prof, "digits-mlp", 8, str(tmp_path / "now1.json"))
+    assert result["compute"][1] > layers_only["compute"][1]
 
 
 def test_compare_with_a_missing_profile_fails_before_measuring():

@@ -206,3 +206,23 @@ def test_indices_deterministic_and_large_k_path():
     i1 = e.indices(100000, 3)
     e._cache = None
     assert torch.equal(e.indices(100000, 3), i1) and i1.unique().numel() == 1000
+
+
+@pytest.mark.parametrize("spec", ["randk-maxnorm:0.1:4", "randk-maxnorm-multiscale:0.1:4:8"])
+def test_dp_codec_is_the_allreduce_path_without_its_collective(spec):
+    """dp_codec: select + the inner quantizer's lanes, then its decode scattered back:
+    zeros off the selection, within one quantization step of x on it (world_size copies
+    of x average to x)."""
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    c = make_compressor(spec, seed=0)
+    encode, decode = c.dp_codec(x, 3)
+    words = encode()
+    assert words.dtype == torch.int64 and 0 < words.numel() < x.numel()
+    out = decode()
+    idx = c.indices(x.numel(), 0)
+    off = torch.ones(x.numel(), dtype=torch.bool)
+    off[idx] = False
+    assert out.shape == x.shape and not out[off].any()
+    sub = x[idx]
+    step = float(c.inner.local_norm(sub).max()) / c.inner.s
+    assert float((out[idx] - sub).abs().max()) <= step * (1 + 1e-5)

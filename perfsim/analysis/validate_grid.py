@@ -61,7 +61,8 @@ def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_paral
 
 def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp: int = 1,
              tp: str | int | Sequence[int] = (1,), sequence_parallel: bool = False,
-             tied_embedding: str = "untied", schedule: str | Sequence[str] = ("1f1b",), virtual_stages: int | None = None,
+             tied_embedding: str = "untied", schedule: str | Sequence[str] = ("1f1b",),
+             virtual_stages: int | None = None,
              micro_batch: int = 8, macro_batch: int = 32, compress: str | Sequence[str] = ("fp32",),
              grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
@@ -161,10 +162,10 @@ def _profile_drift(plan) -> tuple[dict, str] | None:
     if not plan.profile or not os.path.exists(plan.profile):
         return None
     result = drift_check(load_profile(plan.profile), plan.base["model"], plan.base["micro_batch"],
-                         os.path.join(plan.out, "drift-check.json"))
+                         os.path.join(plan.out, "drift-check.json"), int(plan.base.get("pp", 1)))
     if result is None:
         return None
-    return {g: r for g, (r, _) in result.items()}, "drift check after the runs: " + comparison_text(result, plan.profile)
+    return {g: r[0] for g, r in result.items()}, "drift check after the runs: " + comparison_text(result, plan.profile)
 
 
 def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check: bool = True):

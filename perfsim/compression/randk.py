@@ -242,6 +242,27 @@ class _GlobalRandK(Compressor):
         mean_sub = self.inner.allreduce_mean(sub, group)
         return self._scatter(mean_sub, x.shape, step, x.dtype)
 
+    def dp_codec(self, x: torch.Tensor, world_size: int):
+        """:meth:`allreduce_mean`'s own local work without its collective: select the
+        coordinates (with an error-feedback memory, under a name of its own) and the
+        inner quantizer's lane encode; its lane decode, then the scatter back to
+        ``x``'s shape. Each call advances the step, as a training step does."""
+        check_input(x)
+        step = self._step
+        _, sub = self._select(x, "dp_codec")  # the memory's first call, outside the timing
+        inner = self.inner.dp_codec(sub, world_size)
+        if inner is None:
+            return None
+        inner_encode, inner_decode = inner
+
+        def encode():
+            self._select(x, "dp_codec")
+            return inner_encode()
+
+        def decode():
+            return self._scatter(inner_decode(), x.shape, step, x.dtype)
+        return encode, decode
+
     def state_dict(self) -> dict[str, Any]:
         return {"step": self._step, "inner": self.inner.state_dict(),
                 "memory": {k: v.detach().cpu().clone() for k, v in self.memory.items()}}

@@ -225,8 +225,8 @@ class RunConfig(PipelineShape):
         return dataclasses.replace(self, **kw)
 
     #: fields that must match between a checkpoint and the run resuming it
-    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule", "virtual_stages", "compress",
-                   "boundary_compress", "device_order", "grad_compress", "micro_batch",
+    RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule",
+                   "virtual_stages", "compress", "boundary_compress", "device_order", "grad_compress", "micro_batch",
                    "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")
     #: what a checkpoint written before a resume key existed had
     RESUME_DEFAULTS = {"tied_embedding": "untied"}
