@@ -46,6 +46,10 @@ DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor
 #: compute slowdown under traffic too: a paced slow link wakes the host per packet)
 DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce,reduce_scatter,allgather_tensor,interference"
 STATISTICS = ("median", "min")
+#: how whole stages are timed: ``run`` (execute mode itself, perfsim.calibrate.run_stages),
+#: ``harness`` (perfsim.calibrate.compute drives the stage modules), ``auto`` (run on a
+#: CPU, harness on a GPU, where a run needs a GPU per rank)
+STAGE_TIMINGS = ("auto", "run", "harness")
 DEVICES = ("auto", "cpu", "cuda")
 
 #: seconds per point of each stage on an idle 2-core VM, (quick, full); how they were
@@ -68,6 +72,9 @@ class CalibrationPlan:
     efficiency: the :class:`~perfsim.calibrate.efficiency.EfficiencyConfig` or None.
     tensor_parallel: one :class:`~perfsim.calibrate.tensor_parallel.TPStageConfig` per
       GPT model, micro-batch, TP degree, with and without sequence parallelism.
+    run_stages: one :class:`~perfsim.calibrate.run_stages.RunStageConfig` per model,
+      micro-batch and pipeline degree whose whole stages a short run times
+      (``stage_timing`` ``run``; empty when the harness times them).
     concurrent: time compute, and the compressors' data-parallel paths, in ``ranks``
       processes at once.
     settings: what the profile's ``metadata["calibration"]`` records of the request.
@@ -78,6 +85,7 @@ class CalibrationPlan:
     comm: tuple
     efficiency: Any
     tensor_parallel: tuple
+    run_stages: tuple
     device: str
     quick: bool
     ranks: int
@@ -98,13 +106,14 @@ class CalibrationPlan:
             out.append((f"efficiency ({','.join(self.efficiency.dtypes)})", 1))
         out += [(f"tp {c.model} mb {c.micro_batch} tp={c.tp}{' sp' if c.sequence_parallel else ''}", 1)
                 for c in self.tensor_parallel]
+        out += [(f"stages {c.model} mb {c.micro_batch} pp={c.pp} (run)", 1) for c in self.run_stages]
         return out
 
     def estimate_seconds(self, quick: bool | None = None) -> float:
         """Seconds this calibration takes on an idle 2-core VM (``quick``: as if run
         with or without ``--quick``; default: as planned)."""
         return (estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
-                + SECONDS_PER_TP_RUN * len(self.tensor_parallel))
+                + SECONDS_PER_TP_RUN * (len(self.tensor_parallel) + len(self.run_stages)))
 
 
 def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
@@ -210,7 +219,8 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
                      emulate_ops: str | Sequence[str] = DEFAULT_EMULATE_OPS, ranks: int = 2,
                      concurrent: bool = False, device: str = "auto", repeats: int | None = None,
                      quick: bool = False, statistic: str = "median",
-                     efficiency: str | Sequence[str] = "none", tp: str | Sequence[int] = "") -> CalibrationPlan:
+                     efficiency: str | Sequence[str] = "none", tp: str | Sequence[int] = "",
+                     stage_timing: str = "auto") -> CalibrationPlan:
     """Parse and check a calibration request (the keywords of :func:`calibrate`) into a
     :class:`CalibrationPlan`; nothing is measured. Raises :class:`ConfigError` naming
     the flag (``--micro-batch`` ...) on bad input, and checks the preconditions of
@@ -229,6 +239,8 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
         raise ConfigError(f"--statistic {statistic!r}: choose from {', '.join(STATISTICS)}")
     if device not in DEVICES:
         raise ConfigError(f"--device {device!r}: choose from {', '.join(DEVICES)}")
+    if stage_timing not in STAGE_TIMINGS:
+        raise ConfigError(f"--stage-timing {stage_timing!r}: choose from {', '.join(STAGE_TIMINGS)}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -259,11 +271,20 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
             raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
     comm_ops = tuple(_names(comm))
     threads = max(1, usable_cores() // ranks)
+    if stage_timing == "auto":
+        stage_timing = "harness" if device == "cuda" else "run"
+    from perfsim.calibrate.run_stages import RunStageConfig
+
+    run_stage_cfgs = tuple(RunStageConfig(spec.name, mb, p, ranks=ranks, microbatches=stage_microbatches,
+                                          schedule=str(stage_schedule).lower(), device=device)
+                           for spec in specs for mb in micro for p in degrees
+                           if p <= len(spec.layers())) if stage_timing == "run" else ()
 
     compute_cfgs = tuple(ComputeConfig(
         model=spec.name, micro_batches=micro, dtypes=dtypes, device=device,
         warmup=2 if quick else 3, repeats=repeats, ranks=ranks,
-        max_seconds=1.0 if quick else 5.0, stages=tuple(p for p in degrees if p <= len(spec.layers())),
+        max_seconds=1.0 if quick else 5.0,
+        stages=tuple(p for p in degrees if p <= len(spec.layers())) if stage_timing == "harness" else (),
         stage_microbatches=stage_microbatches, stage_schedule=str(stage_schedule).lower()) for spec in specs)
     codec_cfg = None
     codec_names = _names(codecs)
@@ -307,10 +328,12 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
         "quick": quick, "repeats": repeats, "ranks": ranks, "statistic": statistic,
         "compute_threads": compute_cfgs[0].effective_threads if compute_cfgs else None,
         "concurrent_compute": concurrent, "models": models, "micro_batches": list(micro),
-        "dtypes": list(dtypes), "stages": list(degrees), "emulated_bandwidths_bps": bandwidths,
+        "dtypes": list(dtypes), "stages": list(degrees), "stage_timing": stage_timing,
+        "emulated_bandwidths_bps": bandwidths,
         "emulated_latency_s": latency}
     return CalibrationPlan(compute=compute_cfgs, codecs=codec_cfg, comm=tuple(comm_cfgs), efficiency=eff_cfg,
-                           tensor_parallel=tp_cfgs, device=device, quick=quick, ranks=ranks, concurrent=concurrent,
+                           tensor_parallel=tp_cfgs, run_stages=run_stage_cfgs, device=device, quick=quick,
+                           ranks=ranks, concurrent=concurrent,
                            statistic=statistic, settings=settings)
 
 
@@ -328,6 +351,7 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     from perfsim.calibrate.efficiency import measure_efficiency
     from perfsim.calibrate.machine import machine_metadata
     from perfsim.calibrate.profile_io import build_profile
+    from perfsim.calibrate.run_stages import measure_run_stages
     from perfsim.calibrate.tensor_parallel import measure_tp_stage
     from perfsim.calibrate.timing import set_statistic
     from perfsim.outputs import check_file_target
@@ -356,6 +380,8 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
         measurements.append(("efficiency", lambda: measure_efficiency(plan.efficiency)))
     measurements += [(f"tp {cfg.model} tp={cfg.tp}{' sp' if cfg.sequence_parallel else ''}",
                       lambda cfg=cfg: measure_tp_stage(cfg)) for cfg in plan.tensor_parallel]
+    measurements += [(f"stages {cfg.model} pp={cfg.pp}", lambda cfg=cfg: measure_run_stages(cfg))
+                     for cfg in plan.run_stages]
     records: list[dict] = []
     stage_s: dict[str, float] = {}
     try:

@@ -23,6 +23,9 @@ HELPS = {
     "stage_microbatches": "micro-batches per step when timing whole stages (default {default}: the runs' "
                           "macro-batch 32 / micro-batch 8)",
     "stage_schedule": "schedule that drives the whole-stage timing (default {default})",
+    "stage_timing": "how whole stages are timed: run (a short loopback perfsim run of --ranks processes, "
+                    "the runs' own layout; docs/validation.md), harness (the stage modules driven by the "
+                    "schedule in each process) or auto (default: run on a CPU, harness on a GPU)",
     "small_repeats": "repeats of comm messages up to 64 KB (bimodal: their mean is the simulator's "
                      "per-message fixed cost; default {default}, --quick uses --repeats)",
     "codecs": "comma list of compressor specs to time, 'all' (default) or 'none'",
@@ -55,10 +58,11 @@ HELPS = {
 
 
 def add_arguments(p) -> None:
-    from perfsim.calibrate.calibration import DEVICES, STATISTICS, plan_calibration
+    from perfsim.calibrate.calibration import DEVICES, STAGE_TIMINGS, STATISTICS, plan_calibration
     from perfsim.commands import add_keywords, add_no_progress, add_out
 
-    add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS})
+    add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS,
+                                                      "stage_timing": STAGE_TIMINGS})
     add_out(p, "traces/calibrated.json", "profile file to write")
     p.add_argument("--compare", metavar="PROFILE", help="then compare the measurements with this profile's "
                    "(median ratio per group: compute, codecs, communication): has the machine drifted?")
