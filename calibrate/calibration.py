@@ -48,7 +48,7 @@ DEFAULT_EMULATE_OPS = "p2p,messenger,allreduce,reduce_scatter,allgather_tensor,i
 STATISTICS = ("median", "min")
 #: how whole stages are timed: ``run`` (execute mode itself, perfsim.calibrate.run_stages),
 #: ``harness`` (perfsim.calibrate.compute drives the stage modules), ``auto`` (run on a
-#: CPU, harness on a GPU, where a run needs a GPU per rank)
+#: CPU; the harness on a GPU, where a run needs a GPU per rank, and with --quick)
 STAGE_TIMINGS = ("auto", "run", "harness")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -59,6 +59,8 @@ SECONDS_PER_POINT = {"compute": (0.05, 0.12), "codec": (0.03, 0.08)}
 SECONDS_PER_COMM_SWEEP = {"loopback": (8.0, 90.0), "emulated": (15.0, 40.0)}
 #: seconds per tensor-parallel stage run (start-up of the ranks and 8 steps of gpt2-tiny)
 SECONDS_PER_TP_RUN = 15.0
+#: seconds per in-situ stage run (--stage-timing run: start-up of the ranks and 8 steps; 2.6-3.7 s)
+SECONDS_PER_STAGE_RUN = 4.0
 
 
 @dataclass(frozen=True)
@@ -113,7 +115,7 @@ class CalibrationPlan:
         """Seconds this calibration takes on an idle 2-core VM (``quick``: as if run
         with or without ``--quick``; default: as planned)."""
         return (estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
-                + SECONDS_PER_TP_RUN * (len(self.tensor_parallel) + len(self.run_stages)))
+                + SECONDS_PER_TP_RUN * len(self.tensor_parallel) + SECONDS_PER_STAGE_RUN * len(self.run_stages))
 
 
 def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
@@ -271,8 +273,8 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
             raise ConfigError(f"--stages {too_many[0]}: {spec.name} has only {len(spec.layers())} layers")
     comm_ops = tuple(_names(comm))
     threads = max(1, usable_cores() // ranks)
-    if stage_timing == "auto":
-        stage_timing = "harness" if device == "cuda" else "run"
+    if stage_timing == "auto":  # --quick keeps its half minute: the harness is faster
+        stage_timing = "harness" if device == "cuda" or quick else "run"
     from perfsim.calibrate.run_stages import RunStageConfig
 
     run_stage_cfgs = tuple(RunStageConfig(spec.name, mb, p, ranks=ranks, microbatches=stage_microbatches,

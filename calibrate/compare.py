@@ -77,8 +77,8 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1) ->
     """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
     calibration timed them (its ranks, concurrency and statistic, from
     ``metadata["calibration"]``; the new profile is written to ``out``), and compare
-    (:func:`compare_profiles`); with ``pp`` > 1 also its whole ``pp``-stage records, as
-    the profile timed them (micro-batches per step, schedule), which a ``pp``-stage
+    (:func:`compare_profiles`); also its whole ``pp``-stage records, as the profile timed
+    them (micro-batches per step, schedule, harness or run), which a ``pp``-stage
     prediction reads first. None when the profile holds no layer records of that model
     and micro-batch, or was measured on another kind of device."""
     meta = profile.metadata or {}
@@ -93,9 +93,10 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1) ->
     cal = meta.get("calibration", {})
     stage = next((r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
                   and r.get("micro_batch") == micro_batch and r.get("world_size") == pp and r.get("schedule")),
-                 None) if pp > 1 else None
+                 None)
     staging = dict(stages=str(pp), stage_microbatches=int(stage.get("microbatches", 4)),
-                   stage_schedule=str(stage["schedule"])) if stage else dict(stages="")
+                   stage_schedule=str(stage["schedule"]),  # timed as they were (before the flag: harness)
+                   stage_timing=str(cal.get("stage_timing", "harness"))) if stage else dict(stages="")
     now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), **staging, codecs="none",
                     comm="none", ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
                     statistic=str(cal.get("statistic", "median")), device="cpu",

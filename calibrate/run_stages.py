@@ -7,7 +7,7 @@ mode's stage modules by the schedule in ``--ranks`` processes that each time eve
 stage; on the Intel Xeon 2-core VM three calibrations of one day timed stage 0 of the
 2-stage split at 6.02, 8.88 and 5.53 ms per forward while the runs computed it alike
 each time (docs/validation.md, "Interference, re-measured"). ``--stage-timing run``
-(the default) instead runs execute mode itself for a few steps -- ``pp`` stages and
+(the default on a CPU without ``--quick``) instead runs execute mode itself for a few steps -- ``pp`` stages and
 ``ranks / pp`` replicas over loopback, the runs' own processes, threads and schedule
 -- and takes each stage's compute from what the run measured, as ``--tp`` does for a
 tensor-parallel rank (:mod:`perfsim.calibrate.tensor_parallel`).

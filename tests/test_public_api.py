@@ -56,11 +56,15 @@ def test_plan_calibration_takes_sequences_and_names_the_flag():
     plan = plan_calibration(model=["digits-mlp"], micro_batch=[2, 4], stages=[2], codecs=["fp32"],
                             comm="p2p", quick=True, device="cpu")
     assert [c.model for c in plan.compute] == ["digits-mlp"]
-    # whole stages timed by short runs (the CPU default), one per micro-batch
-    assert plan.compute[0].micro_batches == (2, 4) and plan.compute[0].stages == ()
+    # --quick: whole stages by the harness, inside the compute stage
+    assert plan.compute[0].micro_batches == (2, 4) and plan.compute[0].stages == (2,)
     assert [name for name, _ in plan.stages()] == ["compute digits-mlp", "codecs (1 specs)",
-                                                   "comm loopback (p2p)", "stages digits-mlp mb 2 pp=2 (run)",
-                                                   "stages digits-mlp mb 4 pp=2 (run)"]
+                                                   "comm loopback (p2p)"]
+    # else (on a CPU) by short runs, one per micro-batch
+    full = plan_calibration(model=["digits-mlp"], micro_batch=[2, 4], stages=[2], codecs="none", comm="none",
+                            device="cpu")
+    assert full.compute[0].stages == () and [name for name, _ in full.stages()][1:] == [
+        "stages digits-mlp mb 2 pp=2 (run)", "stages digits-mlp mb 4 pp=2 (run)"]
     assert 0 < plan.estimate_seconds() < plan.estimate_seconds(quick=False)
     assert plan.settings["micro_batches"] == [2, 4]
     for kw, flag in ((dict(micro_batch=[0]), "--micro-batch"), (dict(ranks=0), "--ranks"),

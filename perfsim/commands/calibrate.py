@@ -25,7 +25,7 @@ HELPS = {
     "stage_schedule": "schedule that drives the whole-stage timing (default {default})",
     "stage_timing": "how whole stages are timed: run (a short loopback perfsim run of --ranks processes, "
                     "the runs' own layout; docs/validation.md), harness (the stage modules driven by the "
-                    "schedule in each process) or auto (default: run on a CPU, harness on a GPU)",
+                    "schedule in each process) or auto (default: run on a CPU, the harness on a GPU and with --quick)",
     "small_repeats": "repeats of comm messages up to 64 KB (bimodal: their mean is the simulator's "
                      "per-message fixed cost; default {default}, --quick uses --repeats)",
     "codecs": "comma list of compressor specs to time, 'all' (default) or 'none'",
