@@ -16,7 +16,6 @@ tensor-parallel rank (:mod:`perfsim.calibrate.tensor_parallel`).
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from dataclasses import dataclass
 
@@ -42,18 +41,19 @@ class RunStageConfig:
 def measure_run_stages(cfg: RunStageConfig) -> list[dict]:
     """``stage_fwd``, ``stage_bwd`` and ``stage_optimizer`` records of every stage
     (the facts of the harness's records, ``source`` naming the run): forward and
-    backward ``time_s`` the median over the stage's micro-batches of their compute
-    (each a mean over the run's measured steps, replica 0's), the optimizer step the
-    stage's mean."""
+    backward ``time_s`` the calibration's statistic (the median) over the stage's
+    micro-batches of their compute (each the run's mean over its measured steps and
+    replicas), the optimizer step replica 0's mean."""
+    from perfsim.calibrate.timing import summarize
     from perfsim.runtime import run
     from perfsim.runtime.config import RunConfig
 
+    job = dict(model=cfg.model, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch,
+               macro_batch=cfg.microbatches * cfg.micro_batch, schedule=cfg.schedule)
+    shape = RunConfig(**job)
     with tempfile.TemporaryDirectory(prefix="perfsim-calibrate-stages-") as tmp:
-        kw = dict(model=cfg.model, pp=cfg.pp, dp=cfg.dp, micro_batch=cfg.micro_batch,
-                  macro_batch=cfg.microbatches * cfg.micro_batch, schedule=cfg.schedule)
-        result = run(**kw, steps=cfg.steps, out=tmp, device=cfg.device)
-        ranges = RunConfig(**kw).stage_ranges()
-    spec = RunConfig(model=cfg.model).spec()
+        result = run(**job, steps=cfg.steps, out=tmp, device=cfg.device)
+    spec, ranges = shape.spec(), shape.stage_ranges()
     layers = spec.layers()
     source = (f"calibrate --stage-timing run: perfsim run --pp {cfg.pp} --dp {cfg.dp} "
               f"--schedule {cfg.schedule}, {cfg.steps} steps")
@@ -66,12 +66,10 @@ def measure_run_stages(cfg: RunStageConfig) -> list[dict]:
                 "source": source}
         rows = [r for r in result.microbatches if int(r["stage"]) == k]
         for op, key in (("stage_fwd", "fwd_compute_s"), ("stage_bwd", "bwd_compute_s")):
-            times = sorted(float(r[key]) for r in rows if r.get(key))
+            times = [float(r[key]) for r in rows if r.get(key)]
             if not times:
                 return [{"op": op, "skipped": f"the pp={cfg.pp} run measured no micro-batch of stage {k}"}]
-            q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
-            out.append({"op": op, **base, "time_s": statistics.median(times), "spread_s": q[2] - q[0],
-                        "repeats": len(times)})
+            out.append({"op": op, **base, **summarize(times).record()})
         opt = [float(r["optimizer_s"]) for r in result.stages if int(r["stage"]) == k and int(r["replica"]) == 0]
         if opt and opt[0] > 0:
             out.append({"op": "stage_optimizer", **base, "optimizer": "adamw", "size_bytes": 4 * base["params"],

@@ -190,9 +190,8 @@ def runtime_workload(model: str, folder) -> Path:
         mod = build_layer(spec, i, 0)
         layers.append({"name": lay.name, "params": int(sum(p.numel() for p in mod.parameters())),
                        "out_shape": list(lay.out_shape), "flops": lay.flops_fwd})
-    head = build_layer(spec, len(layers) - 1, 0)
-    # the head's own V x d weight: with --tied-embedding sync a copy of the embedding's table
-    tied = {"tied_values": head.lm_head.weight.numel()} if hasattr(head, "lm_head") else {}
+    # the last layer (the head)'s own V x d weight: with --tied-embedding sync a copy of the embedding's table
+    tied = {"tied_values": mod.lm_head.weight.numel()} if hasattr(mod, "lm_head") else {}
     path = Path(folder) / f"workload-{spec.name}.json"
     atomic_write_text(path, json.dumps({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
                                         **tied, "layers": layers}, indent=1))
