@@ -213,6 +213,29 @@ def _tp_configs(specs, micro, degrees, device: str) -> tuple:
     return tuple(out)
 
 
+def _stage_schedules(stage_schedule, stage_timing: str, degrees, microbatches: int) -> tuple[str, ...]:
+    """The checked ``--stage-schedule`` list: known schedules; more than one, or one
+    that is not plain (interleaved chunks, ZB-H1's split backward), only with
+    ``--stage-timing run``, which times each in a run of its own."""
+    from perfsim.schedules import PLAIN_SCHEDULES, SCHEDULES, build_table, get_schedule
+
+    names = tuple(dict.fromkeys(n.lower() for n in _names(stage_schedule))) or ("1f1b",)
+    for name in names:
+        try:
+            get_schedule(name)
+        except ConfigError:
+            raise ConfigError(f"--stage-schedule {name!r}: unknown (choose from {', '.join(SCHEDULES)})") from None
+        for p in (d for d in degrees if d > 1):
+            try:
+                build_table(name, p, microbatches)
+            except ConfigError as exc:
+                raise ConfigError(f"--stage-schedule {name} at --stages {p}: {exc}") from None
+    if stage_timing == "harness" and (len(names) > 1 or names[0] not in PLAIN_SCHEDULES):
+        raise ConfigError(f"--stage-schedule {','.join(names)}: the harness times one of gpipe, 1f1b; "
+                          f"--stage-timing run times each schedule in a run of its own")
+    return names
+
+
 def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch: str | Sequence[int] = "1,4",
                      dtype: str | Sequence[str] = "float32", stages: str | Sequence[int] = "1,2",
                      stage_microbatches: int = 4, stage_schedule: str = "1f1b", small_repeats: int = 60,
@@ -275,19 +298,22 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
     threads = max(1, usable_cores() // ranks)
     if stage_timing == "auto":  # --quick keeps its half minute: the harness is faster
         stage_timing = "harness" if device == "cuda" or quick else "run"
+    schedules = _stage_schedules(stage_schedule, stage_timing, degrees, stage_microbatches)
     from perfsim.calibrate.run_stages import RunStageConfig
+    from perfsim.schedules import PLAIN_SCHEDULES, stage_count
 
     run_stage_cfgs = tuple(RunStageConfig(spec.name, mb, p, ranks=ranks, microbatches=stage_microbatches,
-                                          schedule=str(stage_schedule).lower(), device=device)
-                           for spec in specs for mb in micro for p in degrees
-                           if p <= len(spec.layers())) if stage_timing == "run" else ()
+                                          schedule=name, device=device)
+                           for spec in specs for mb in micro for p in degrees for name in schedules
+                           if p <= len(spec.layers()) and (p > 1 or name in PLAIN_SCHEDULES)
+                           and p * stage_count(name, None) <= len(spec.layers())) if stage_timing == "run" else ()
 
     compute_cfgs = tuple(ComputeConfig(
         model=spec.name, micro_batches=micro, dtypes=dtypes, device=device,
         warmup=2 if quick else 3, repeats=repeats, ranks=ranks,
         max_seconds=1.0 if quick else 5.0,
         stages=tuple(p for p in degrees if p <= len(spec.layers())) if stage_timing == "harness" else (),
-        stage_microbatches=stage_microbatches, stage_schedule=str(stage_schedule).lower()) for spec in specs)
+        stage_microbatches=stage_microbatches, stage_schedule=schedules[0]) for spec in specs)
     codec_cfg = None
     codec_names = _names(codecs)
     if codec_names:
@@ -331,6 +357,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
         "compute_threads": compute_cfgs[0].effective_threads if compute_cfgs else None,
         "concurrent_compute": concurrent, "models": models, "micro_batches": list(micro),
         "dtypes": list(dtypes), "stages": list(degrees), "stage_timing": stage_timing,
+        "stage_schedules": list(schedules),
         "emulated_bandwidths_bps": bandwidths,
         "emulated_latency_s": latency}
     return CalibrationPlan(compute=compute_cfgs, codecs=codec_cfg, comm=tuple(comm_cfgs), efficiency=eff_cfg,

@@ -33,7 +33,9 @@ def _label(rec: dict) -> str:
     if rec.get("micro_batch"):
         parts.append(f"mb {rec['micro_batch']}")
     if str(rec.get("op", "")).startswith("stage") and rec.get("world_size"):
-        parts.append(f"pp {rec['world_size']}")
+        parts.append(f"pp {rec.get('pp', rec['world_size'])}")
+        if str(rec.get("schedule", "1f1b")) not in ("1f1b", "None"):
+            parts.append(str(rec["schedule"]))
     if rec.get("size_bytes") and not rec.get("model"):
         parts.append(f"{rec['size_bytes']} B")
     return " ".join(p for p in parts if p)
@@ -73,13 +75,14 @@ def comparison_text(result: dict[str, tuple], old_name: str, tolerance: float = 
     return f"compare with {old_name} (new / old, median of matched records): {', '.join(parts)} -- {verdict}"
 
 
-def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1) -> dict[str, tuple] | None:
+def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
+                schedule: str | None = None) -> dict[str, tuple] | None:
     """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
     calibration timed them (its ranks, concurrency and statistic, from
     ``metadata["calibration"]``; the new profile is written to ``out``), and compare
     (:func:`compare_profiles`); also its whole ``pp``-stage records, as the profile timed
     them (micro-batches per step, schedule, harness or run), which a ``pp``-stage
-    prediction reads first. None when the profile holds no layer records of that model
+    prediction reads first: those of ``schedule`` when the profile has them. None when the profile holds no layer records of that model
     and micro-batch, or was measured on another kind of device."""
     meta = profile.metadata or {}
     device = meta.get("device", "cpu")
@@ -91,9 +94,10 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1) ->
     from perfsim.calibrate.calibration import calibrate
 
     cal = meta.get("calibration", {})
-    stage = next((r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
-                  and r.get("micro_batch") == micro_batch and r.get("world_size") == pp and r.get("schedule")),
-                 None)
+    stages = [r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
+              and r.get("micro_batch") == micro_batch and r.get("pp", r.get("world_size")) == pp
+              and r.get("schedule")]
+    stage = next((r for r in stages if str(r["schedule"]) == (schedule or "").lower()), stages[0] if stages else None)
     staging = dict(stages=str(pp), stage_microbatches=int(stage.get("microbatches", 4)),
                    stage_schedule=str(stage["schedule"]),  # timed as they were (before the flag: harness)
                    stage_timing=str(cal.get("stage_timing", "harness"))) if stage else dict(stages="")

@@ -113,11 +113,12 @@ class ComputeConfig:
         if isinstance(self.stage_microbatches, bool) or not isinstance(self.stage_microbatches, int) \
                 or self.stage_microbatches < 1:
             raise ConfigError(f"stage_microbatches={self.stage_microbatches!r}: must be an integer >= 1")
-        from perfsim.schedules import get_schedule
+        from perfsim.schedules import PLAIN_SCHEDULES, get_schedule
 
         get_schedule(self.stage_schedule)  # ConfigError naming an unknown schedule
-        if self.stage_schedule.lower() not in ("gpipe", "1f1b"):  # one stage per rank, whole backwards
-            raise ConfigError(f"stage_schedule={self.stage_schedule!r}: whole-stage timing runs gpipe or 1f1b")
+        if self.stage_schedule.lower() not in PLAIN_SCHEDULES:  # one stage per rank, whole backwards
+            raise ConfigError(f"stage_schedule={self.stage_schedule!r}: the harness times gpipe or 1f1b "
+                              f"(--stage-timing run times any schedule)")
         if self.optimizer not in (None, "adamw", "adam", "sgd"):
             raise ConfigError(f"optimizer={self.optimizer!r}: use adamw, adam or sgd")
 

@@ -302,6 +302,9 @@ def build_table(name: str, pp: int, num_microbatches: int, virtual_stages: int |
     return table
 
 
+#: one stage per device, each backward whole: their stages compute alike per micro-batch
+PLAIN_SCHEDULES = ("gpipe", "1f1b")
+
 #: schedules whose stages per device the user chooses (``virtual_stages``)
 VIRTUAL_STAGE_SCHEDULES = ("interleaved-1f1b",)
 

@@ -432,6 +432,52 @@ def test_stage_timing_run_times_stages_inside_a_real_run(tmp_path):
     assert prof.stage_measured("digits-mlp", 0, a, b, 8, "fwd", 2) == fwd["time_s"]
 
 
+def test_stage_schedules_each_get_a_run_of_their_own():
+    """--stage-schedule is a list: with --stage-timing run one run per schedule and
+    pipeline degree (multi-chunk and split-backward schedules only where pp > 1); the
+    harness times one plain schedule and says so otherwise."""
+    from perfsim.calibrate.calibration import plan_calibration
+    from perfsim.errors import ConfigError
+
+    plan = plan_calibration(model="gpt2-tiny", micro_batch="8", stages="1,2", codecs="none", comm="none",
+                            device="cpu", stage_timing="run", stage_schedule="1f1b,interleaved-1f1b,zb-h1")
+    assert [(c.pp, c.schedule) for c in plan.run_stages] == [(1, "1f1b"), (2, "1f1b"), (2, "interleaved-1f1b"),
+                                                             (2, "zb-h1")]
+    assert plan.settings["stage_schedules"] == ["1f1b", "interleaved-1f1b", "zb-h1"]
+    with pytest.raises(ConfigError, match="--stage-schedule 1f1b,zb-h1: the harness"):
+        plan_calibration(model="gpt2-tiny", stages="2", codecs="none", comm="none", device="cpu",
+                         stage_timing="harness", stage_schedule="1f1b,zb-h1")
+    with pytest.raises(ConfigError, match="--stage-schedule 'zz': unknown"):
+        plan_calibration(model="gpt2-tiny", stages="2", codecs="none", comm="none", device="cpu",
+                         stage_timing="run", stage_schedule="1f1b,zz")
+
+
+def test_chunk_compute_sums_a_split_backward_per_micro_batch():
+    from perfsim.calibrate.run_stages import chunk_compute
+
+    ev = [dict(name=n, cat="compute", pid=0, dur=d, args=dict(step=s))
+          for n, d, s in (("1F0", 2000, 0), ("1F0", 1000, 1), ("1I0", 1500, 1), ("1W0", 500, 1), ("0B3", 9, 1))]
+    ev.append(dict(name="send fwd 0", cat="encode", pid=0, dur=7, args=dict(step=1)))
+    got = chunk_compute(ev, first_step=1)
+    assert got[1] == ([pytest.approx(1e-3)], [pytest.approx(2e-3)]) and got[0] == ([], [pytest.approx(9e-6)])
+
+
+def test_interleaved_chunks_timed_inside_a_real_run():
+    """An interleaved 1F1B run of 2 ranks times its 4 chunks: records a prediction of
+    that schedule (4 stages) reads, each chunk's optimizer step a share of its rank's."""
+    from perfsim.calibrate.run_stages import RunStageConfig, measure_run_stages
+    from perfsim.profile import Profile
+
+    recs = measure_run_stages(RunStageConfig("gpt2-tiny", 2, 2, schedule="interleaved-1f1b", steps=3))
+    fwd = [r for r in recs if r["op"] == "stage_fwd"]
+    assert [r["name"] for r in fwd] == [f"stage{k}" for k in range(4)]
+    assert all(r["world_size"] == 4 and r["pp"] == 2 and r["time_s"] > 0 for r in recs)
+    assert {r["op"] for r in recs} == {"stage_fwd", "stage_bwd", "stage_optimizer"}
+    prof = Profile.from_dict({"format": "perfsim-profile", "version": 1, "records": recs})
+    a, b = (int(x) for x in fwd[2]["layers"].split("-"))
+    assert prof.stage_measured("gpt2-tiny", 2, a, b, 2, "fwd", 4, schedule="interleaved-1f1b") == fwd[2]["time_s"]
+
+
 def test_compare_with_a_missing_profile_fails_before_measuring():
     from _helpers import assert_user_error
 

@@ -115,6 +115,21 @@ def test_stage_measured_only_for_the_same_partition():
     assert p.stage_optimizer_measured("digits-mlp", 0, 0, 2, 2) is None
 
 
+def test_stage_measured_prefers_the_schedule_that_timed_it():
+    """A stage timed under ZB-H1 (split backward) prices ZB-H1, a 1F1B one the plain
+    schedules; a schedule without records of its own reads the plain one."""
+    from perfsim.profile import Profile
+
+    recs = [dict(op="stage_bwd", name="stage0", model="m", micro_batch=8, world_size=2, layers="0-1",
+                 time_s=t, schedule=sched, size_bytes=1) for sched, t in (("zb-h1", 0.013), ("1f1b", 0.009))]
+    p = Profile.from_dict({"format": "perfsim-profile", "version": 1, "records": recs})
+    assert p.stage_measured("m", 0, 0, 1, 8, "bwd", 2, schedule="zb-h1") == pytest.approx(0.013)
+    for sched in ("1f1b", "gpipe", None):
+        assert p.stage_measured("m", 0, 0, 1, 8, "bwd", 2, schedule=sched) == pytest.approx(0.009)
+    only_zb = Profile.from_dict({"format": "perfsim-profile", "version": 1, "records": recs[:1]})
+    assert only_zb.stage_measured("m", 0, 0, 1, 8, "bwd", 2, schedule="1f1b") == pytest.approx(0.013)
+
+
 def test_plan_prefers_measured_whole_stage_over_layer_sum():
     from perfsim.api import build_configs
     from perfsim.engine.plan import build_plan

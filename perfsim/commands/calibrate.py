@@ -22,7 +22,9 @@ HELPS = {
     "stages": "pipeline degrees whose whole stages are timed too (default {default}; '' for none)",
     "stage_microbatches": "micro-batches per step when timing whole stages (default {default}: the runs' "
                           "macro-batch 32 / micro-batch 8)",
-    "stage_schedule": "schedule that drives the whole-stage timing (default {default})",
+    "stage_schedule": "comma list of schedules whose whole stages are timed, each in a run of its own "
+                      "(default {default}; interleaved-1f1b chunks and zb-h1's split backward need "
+                      "--stage-timing run)",
     "stage_timing": "how whole stages are timed: run (a short loopback perfsim run of --ranks processes, "
                     "the runs' own layout; docs/validation.md), harness (the stage modules driven by the "
                     "schedule in each process) or auto (default: run on a CPU, the harness on a GPU and with --quick)",

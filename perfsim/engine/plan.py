@@ -242,7 +242,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
         # whole-stage records (of this tp degree): no recomputation, on the profile's own device
         measured = profile if gpu is None and strategy.recompute == "none" else None
         fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
-                                                        strategy.sequence_parallel)
+                                                        strategy.sequence_parallel, strategy.schedule)
         params = sum(layer.params for layer in layers)
         synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
@@ -347,7 +347,8 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
     shard = params / (strategy.dp if strategy.zero == 1 else 1)
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
-        opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages)
+        opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,
+                                                strategy.schedule)
                if strategy.tp == 1 else None)
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
@@ -359,7 +360,8 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
 
 
 def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, tp: int = 1,
-                   sequence_parallel: bool = False) -> tuple[float, float, list[float], bool]:
+                   sequence_parallel: bool = False, schedule: str | None = None
+                   ) -> tuple[float, float, list[float], bool]:
     """Forward and backward seconds of stage ``s`` (layers ``a..b-1``) per micro-batch.
 
     A profile's whole-stage measurement of the same partition
@@ -371,13 +373,14 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, 
     adds per operator, which the split of single-rank layer times cannot know.
     The per-layer backward times are kept in proportion (they place the gradient
     buckets' ready times), scaled to the stage's measured total. The last item: whether
-    a whole-stage measurement was used (forward or backward)."""
+    a whole-stage measurement was used (forward or backward). ``schedule``: records
+    timed under it win (an interleaved chunk or a split backward costs more per call)."""
     fwd = sum(workload.fwd_s[a:b])
     layer_bwd = list(workload.bwd_s[a:b])
     bwd = sum(layer_bwd)
     if profile is not None:
-        f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp, tp, sequence_parallel)
-        g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp, tp, sequence_parallel)
+        f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp, tp, sequence_parallel, schedule)
+        g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp, tp, sequence_parallel, schedule)
         if f is not None:
             fwd = f
         if g is not None:

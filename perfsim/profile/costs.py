@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable
 
 from perfsim.errors import ConfigError
 from perfsim.profile.format import COMM_OPS
+from perfsim.schedules import PLAIN_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class ProfileCosts:
 
     def stage_measured(self, model: str, stage: int, first: int, last: int, micro_batch: int,
                        op: str = "fwd", num_stages: int | None = None, tp: int = 1,
-                       sequence_parallel: bool = False) -> float | None:
+                       sequence_parallel: bool = False, schedule: str | None = None) -> float | None:
         """Measured time of a whole stage for THE SAME partition, or None.
 
         Only ``stage<k>`` records of ``num_stages`` stages at exactly ``micro_batch``
@@ -138,31 +139,44 @@ class ProfileCosts:
         given partition and are ignored here (see :meth:`stage_compute`). ``tp`` /
         ``sequence_parallel``: one tensor-parallel rank's compute without its
         collectives (``perfsim calibrate --tp``); a record without a ``tp`` fact is a
-        single rank's (tp 1)."""
+        single rank's (tp 1). ``schedule``: records timed under that schedule win
+        (interleaved 1F1B's chunks and ZB-H1's split backward cost more per call than
+        1F1B's stages; ``perfsim calibrate --stage-schedule``), then those of a plain
+        schedule (1F1B, GPipe, or a record without one), then any."""
         return self._same_partition(f"stage_{_fb(op)}", model, stage, first, last, num_stages,
-                                    micro_batch, tp, sequence_parallel)
+                                    micro_batch, tp, sequence_parallel, schedule)
 
     def stage_optimizer_measured(self, model: str, stage: int, first: int, last: int,
-                                 num_stages: int | None = None) -> float | None:
+                                 num_stages: int | None = None, schedule: str | None = None) -> float | None:
         """Measured optimizer step of a whole stage of THE SAME partition (the
         ``stage_optimizer`` records of ``perfsim calibrate --stages``), or None."""
-        return self._same_partition("stage_optimizer", model, stage, first, last, num_stages)
+        return self._same_partition("stage_optimizer", model, stage, first, last, num_stages,
+                                    schedule=schedule)
 
     def _same_partition(self, op: str, model: str, stage: int, first: int, last: int,
                         num_stages: int | None, micro_batch: int | None = None, tp: int = 1,
-                        sequence_parallel: bool = False) -> float | None:
-        """``time_s`` of the first ``op`` record of ``stage<k>`` whose ``layers`` are
+                        sequence_parallel: bool = False, schedule: str | None = None) -> float | None:
+        """``time_s`` of the ``op`` record of ``stage<k>`` whose ``layers`` are
         ``[first, last]`` (and, when given, of the same micro-batch), timed on ``tp``
-        ranks (with or without sequence parallelism), or None."""
+        ranks (with or without sequence parallelism), or None; among several, the first
+        timed under ``schedule``, else under a plain one (:meth:`stage_measured`)."""
         want = [int(first), int(last)]
+        found = []
         for r in self.select(op, model=model, name=f"stage{int(stage)}", world_size=num_stages):
             if micro_batch is not None and r.get("micro_batch") != micro_batch:
                 continue
             if (r.get("tp") or 1) != tp or bool(r.get("sequence_parallel")) != bool(sequence_parallel and tp > 1):
                 continue
             if r.get("layers") == want:
-                return float(r["time_s"])
-        return None
+                found.append(r)
+        if not found:
+            return None
+
+        def rank(r) -> int:
+            timed = str(r.get("schedule") or "1f1b").lower()
+            return 0 if schedule and timed == schedule.lower() else 1 if timed in PLAIN_SCHEDULES else 2
+
+        return float(min(found, key=rank)["time_s"])
 
     def _scaled(self, op: str, match: dict, micro_batch: int) -> float | None:
         recs = self.select(op, **match)

@@ -74,6 +74,8 @@ FACTS: dict[str, str] = {
     "layers": "layers",        # a stage's layers, [first, last]
     "schedule": _STR,          # pipeline schedule a stage was timed under
     "microbatches": _INT,      # micro-batches per step of that schedule
+    "pp": _INT,                # its pipeline ranks, where they differ from world_size
+                               # (its stages: an interleaved schedule's model chunks)
     "tp": _INT,                # tensor-parallel ranks a stage was timed on (absent: 1)
     "sequence_parallel": _INT, # 1: that stage ran with sequence parallelism
     "optimizer": _STR,         # optimizer of an ``optimizer`` record

@@ -28,7 +28,10 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   # --tp 2: one TP rank's compute as execute mode runs it (DTensor), for the TP grids below;
   # reduce_scatter,allgather_tensor: the collectives sequence parallelism issues, per link
   # (their default emulated ops), priced relative to the allreduce (perfsim.collectives.measured).
+  # --stage-schedule: each schedule the grids below run gets an in-situ run of its own
+  # (interleaved 1F1B's chunks, ZB-H1's split backward).
   perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
+      --stage-schedule 1f1b,interleaved-1f1b,zb-h1 \
       --small-repeats 60 --tp 2 \
       --statistic "${STATISTIC:-median}" --concurrent \
       --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference \
