@@ -105,6 +105,11 @@ class CommConfig:
     small_repeats: repeats of messages up to ``small_bytes`` (0: ``repeats``). Their
       time is bimodal (~0.1 ms, or a wait for a 4-ms kernel tick), so the mean the
       simulator uses as the per-message fixed cost needs more samples; they are cheap.
+      Over an emulated link every call up to its token-bucket depth gets them too
+      (:func:`perfsim.netem.tbf_burst_bytes`, 500 KB at 1 Gbps): how full the bucket is
+      decides such a call's time, and 15 repeats of a 256 KiB all-reduce at 1 Gbps gave a
+      median of 1.3 to 3.1 ms across five calibrations, 60 repeats 1.98 to 2.03 ms
+      (docs/validation.md, "Each schedule timed in situ").
     framing_cold: flush the caches before each timed ``framing`` call (as after a
       training step); False times it hot (``benchmarks/bench_messenger.py``).
     """
@@ -170,7 +175,12 @@ def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device, size: int = 0
     """Rank 0 decides how many repeats fit into ``max_seconds``; all ranks agree."""
     import torch
 
-    want = cfg.small_repeats if cfg.small_repeats and size <= cfg.small_bytes else cfg.repeats
+    small = cfg.small_bytes
+    if cfg.emulate_bandwidth:  # a call that fits in the link's token bucket is bimodal too
+        from perfsim.netem import tbf_burst_bytes
+
+        small = max(small, tbf_burst_bytes(cfg.emulate_bandwidth))
+    want = cfg.small_repeats if cfg.small_repeats and size <= small else cfg.repeats
     n = want if first_call_s <= 0 else int(cfg.max_seconds / first_call_s)
     t = torch.tensor([max(3, min(want, n))], dtype=torch.int64, device=device)
     dist.broadcast(t, src=0)
