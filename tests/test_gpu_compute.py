@@ -45,12 +45,13 @@ def test_compute_model_monotone():
     # every operator costs at least the host's time to issue it: TP cannot go below that
     curve, _ = compute.curve_for(get_gpu("a100"))
     assert _block("a100", mb=1, tp=8)[0] >= 13 * curve.kernel_s
-    # GEMM efficiency rises with size (the curve): achieved FLOP/s of bigger GEMMs is higher
+    # GEMM efficiency never falls with size: small GEMMs sit on the host floor, large ones reach
+    # the curve's eff_max (the fitted A100 knee is 0: the data do not constrain it)
     curve, _ = compute.curve_for(get_gpu("a100"))
     ach = [compute.Op("g", m=n, n=n, k=n).flops / compute.op_time(compute.Op("g", m=n, n=n, k=n),
                                                                   get_gpu("a100"), "bf16", curve, 2)
            for n in (256, 1024, 4096, 16384)]
-    assert all(x < y for x, y in zip(ach, ach[1:])) and ach[-1] <= 312e12
+    assert all(x <= y for x, y in zip(ach, ach[1:])) and ach[0] < ach[-1] <= 312e12
 
 
 def test_recompute_costs_a_forward():

@@ -26,7 +26,9 @@ launch): an operator costs at least that, a large GEMM only its own time. (Letti
 the host run ahead across a whole layer, ``max(sum GPU, ops x kernel_s)``, fitted
 the A100 data worse: 7.7 % against 7.1 % held-out MAPE.) ``p2p_s`` is the host's time
 for one pipeline send or receive (Megatron synchronises the device after each exchange);
-the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.plan.build_plan`).
+the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.plan.build_plan`);
+``collective_s`` is the floor of one tensor-parallel collective on a GPU, as ``kernel_s`` is an
+operator's (:func:`perfsim.engine.plan.tp_stage_times`).
 
 Backward: each GEMM becomes two (input gradient and weight gradient) of the same
 dimensions permuted, so twice the forward time under this curve (``g`` is
@@ -67,11 +69,17 @@ class Curve:
     #: device (``torch.cuda.synchronize``), so a message costs a host round trip
     #: that the GPU cannot hide behind queued kernels
     p2p_s: float = 0.0
+    #: host time to issue one tensor-parallel collective: each of Megatron-LM's per-layer
+    #: all-reduces (``mpu.mappings._reduce``) is a ``torch.distributed`` call through the
+    #: NCCL process group, an operator of its own for the host like any kernel, so a small
+    #: one costs at least this (``max(its time on the links, collective_s)``)
+    collective_s: float = 0.0
 
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
-                and self.p2p_s >= 0):
-            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s, p2p_s >= 0")
+                and self.p2p_s >= 0 and self.collective_s >= 0):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s, p2p_s, "
+                              f"collective_s >= 0")
 
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
@@ -79,8 +87,9 @@ class Curve:
 #: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
 #: barely constrain the knee: at these sizes the host floor hides small GEMMs.
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8306, knee=0.97, mem_eff=0.8209, kernel_s=61.674e-6,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=373.3e-6),
+    "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675, kernel_s=59.6958e-6,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=379.9567e-6,
+                    collective_s=49.3749e-6),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}

@@ -165,13 +165,15 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
-                   head: bool = False, measured_kinds: bool = True) -> tuple[float, float, float]:
+                   head: bool = False, measured_kinds: bool = True, host_s: float = 0.0
+                   ) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
     on the slowest of the stage's TP groups. ``measured_kinds``: the profile's backend
     is the run's, so its measured collective kinds price them (not with a GPU preset
-    beside a profile measured elsewhere)."""
+    beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
+    GPU curve's ``collective_s``, the host's time to issue it)."""
     from perfsim.collectives import tensor_call
     from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
     from perfsim.network import collective_cost
@@ -191,8 +193,8 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
             continue
         # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
         # as the functional call DTensor issues (its measured cost when profiled)
-        seen[key] = tuple(sum(times * network.collective_time(k, n, members, lockstep=True,
-                                                              call=tensor_call(k) if measured_kinds else None)
+        seen[key] = tuple(sum(times * max(host_s, network.collective_time(
+                                  k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
                               for coll, times in parts for ph, k, n in coll if ph == phase)
                           for phase in ("fwd", "bwd"))
     fwd = max(v[0] for v in seen.values())
@@ -231,6 +233,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
     warm_buckets: list[list[Bucket]] = []
     stages: list[StagePlan] = []
+    tp_host_s = 0.0
+    if gpu is not None:
+        from perfsim.engine.compute import curve_for
+
+        tp_host_s = curve_for(gpu)[0].collective_s
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
@@ -260,7 +267,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             names = {layer.name for layer in layers}
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
                                                                    "embed" in names, "head" in names,
-                                                                   measured_kinds=gpu is None)
+                                                                   measured_kinds=gpu is None, host_s=tp_host_s)
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
