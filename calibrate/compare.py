@@ -82,8 +82,9 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
     ``metadata["calibration"]``; the new profile is written to ``out``), and compare
     (:func:`compare_profiles`); also its whole ``pp``-stage records, as the profile timed
     them (micro-batches per step, schedule, harness or run), which a ``pp``-stage
-    prediction reads first: those of ``schedule`` when the profile has them. None when the profile holds no layer records of that model
-    and micro-batch, or was measured on another kind of device."""
+    prediction reads first: those of ``schedule`` when the profile has them. None when
+    the profile holds no layer records of that model and micro-batch, or was measured on
+    another kind of device."""
     meta = profile.metadata or {}
     device = meta.get("device", "cpu")
     if not str(device).startswith("cpu"):
