@@ -444,6 +444,9 @@ def test_stage_schedules_each_get_a_run_of_their_own():
     assert [(c.pp, c.schedule) for c in plan.run_stages] == [(1, "1f1b"), (2, "1f1b"), (2, "interleaved-1f1b"),
                                                              (2, "zb-h1")]
     assert plan.settings["stage_schedules"] == ["1f1b", "interleaved-1f1b", "zb-h1"]
+    only = plan_calibration(model="gpt2-tiny", micro_batch="8", stages="2", codecs="none", comm="none",
+                            device="cpu", stage_timing="run", stage_schedule="zb-h1")
+    assert [(c.pp, c.schedule) for c in only.run_stages] == [(2, "zb-h1")]
     with pytest.raises(ConfigError, match="--stage-schedule 1f1b,zb-h1: the harness"):
         plan_calibration(model="gpt2-tiny", stages="2", codecs="none", comm="none", device="cpu",
                          stage_timing="harness", stage_schedule="1f1b,zb-h1")
