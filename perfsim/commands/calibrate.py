@@ -28,8 +28,9 @@ HELPS = {
     "stage_timing": "how whole stages are timed: run (a short loopback perfsim run of --ranks processes, "
                     "the runs' own layout; docs/validation.md), harness (the stage modules driven by the "
                     "schedule in each process) or auto (default: run on a CPU, the harness on a GPU and with --quick)",
-    "small_repeats": "repeats of comm messages up to 64 KB (bimodal: their mean is the simulator's "
-                     "per-message fixed cost; default {default}, --quick uses --repeats)",
+    "small_repeats": "repeats of comm messages up to 64 KB, or over an emulated link up to its token-bucket "
+                     "depth (bimodal: their mean is the simulator's per-message fixed cost; default {default}, "
+                     "--quick uses --repeats)",
     "codecs": "comma list of compressor specs to time, 'all' (default) or 'none'",
     "comm": "comma list of communication ops to time (messenger = execute mode's message "
             "path, late = its receive posted after the data arrived, framing = its host "

@@ -233,11 +233,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
     warm_buckets: list[list[Bucket]] = []
     stages: list[StagePlan] = []
-    tp_host_s = 0.0
+    curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
         from perfsim.engine.compute import curve_for
 
-        tp_host_s = curve_for(gpu)[0].collective_s
+        curve = curve_for(gpu)[0]
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
@@ -267,7 +267,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             names = {layer.name for layer in layers}
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
                                                                    "embed" in names, "head" in names,
-                                                                   measured_kinds=gpu is None, host_s=tp_host_s)
+                                                                   measured_kinds=gpu is None,
+                                                                   host_s=curve.collective_s if curve else 0.0)
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
@@ -288,10 +289,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
                 st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
                 st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
                 st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
-            if gpu is not None:  # the host side of each message on a GPU (its curve), serial with the codec
-                from perfsim.engine.compute import curve_for
-
-                host = curve_for(gpu)[0].p2p_s
+            if curve is not None:  # the host side of each message on a GPU (its curve), serial with the codec
+                host = curve.p2p_s
                 st.fw_encode_s += host
                 st.fw_decode_s += host
                 st.bw_encode_s += host
