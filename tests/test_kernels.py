@@ -281,4 +281,8 @@ def test_triton_kernels_match_cpu_references_on_gpu():  # pragma: no cover - nee
     p1, s1 = ef_sign_compress_ref(x, e1)
     p2, s2 = ef_sign_compress(xc, e2)
     assert torch.equal(p1, p2.cpu())
-    assert torch.allclose(e1, e2.cpu(), rtol=1e-6, atol=1e-6)  # norms may differ in the last bit
+    # the scale is a norm over 411,200 values, summed in another order on each device
+    torch.testing.assert_close(s2.cpu(), s1, rtol=1e-5, atol=0)
+    # the residual is exact given the device's own scale: c - (+-scale)
+    expected = x.reshape(-1) - torch.where(x.reshape(-1) >= 0, s2.cpu(), -s2.cpu())
+    torch.testing.assert_close(e2.cpu(), expected, rtol=0, atol=2e-6)

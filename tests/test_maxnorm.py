@@ -397,7 +397,7 @@ def test_cuda_payload_bytes_equal_cpu():  # pragma: no cover - needs a GPU
     x = torch.randn(4, 1000)
     for spec in ("qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4:8", "qsgd-maxnorm-multiscale:2:4,6,8"):
         cpu, gpu = make_compressor(spec, seed=3), make_compressor(spec, seed=3)
-        w = 1.01 * x.norm()
+        w = 1.01 * cpu.local_norm(x)  # the shared norms: one per chunk, above each worker's own
         pc, pg = cpu.compress(x, norm=w), gpu.compress(x.cuda(), norm=w.cuda())
         for k in pc.tensors:
             assert torch.equal(pc.tensors[k], pg.tensors[k].cpu()), (spec, k)
