@@ -242,10 +242,12 @@ def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, prec
 
 
 def _profile_gpu(profile):
-    """The GPU preset a profile was measured on, if its ``device`` names one."""
+    """The GPU preset a profile was measured on, if its ``device_name`` (``NVIDIA H200``;
+    ``perfsim calibrate`` writes it) or ``device`` names one."""
     from perfsim.hardware import GPUS
 
-    dev = str((getattr(profile, "metadata", None) or {}).get("device", "")).lower().replace(" ", "-")
+    meta = getattr(profile, "metadata", None) or {}
+    dev = str(meta.get("device_name") or meta.get("device", "")).lower().replace(" ", "-")
     best = None
     for name, gpu in GPUS.items():
         parts = name.split("-")
@@ -362,9 +364,11 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     rate = profile.effective_flops() if profile is not None else None
     mem_bw = (profile.metadata.get("memory_bandwidth_Bps") if profile is not None else None) or 900e9
     fwd, bwd = [], []
+    measured = 0
     for i, layer in enumerate(model.layers):
         f = _measured(profile, model, layer.name, micro_batch, "fwd", precision) if use_profile else None
         b = _measured(profile, model, layer.name, micro_batch, "bwd", precision) if use_profile else None
+        measured += f is not None
         if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and use_profile:
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
         if f is None and modelled is not None:
@@ -390,6 +394,9 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             b = 2.0 * f + (_recomputed(model, layer, f, recompute) if layer.name.startswith("block") else 0.0)
         fwd.append(float(f))
         bwd.append(float(b))
+    if measured and modelled is not None:  # measured times win where the profile has them
+        source = ("profile's per-layer records" if measured == len(model.layers) else
+                  f"profile's per-layer records ({measured} of {len(model.layers)} layers), the rest: {source}")
     return fwd, bwd, source
 
 
