@@ -66,10 +66,43 @@ def test_recompute_costs_a_forward():
 
 
 def test_uncalibrated_gpu_states_the_assumption():
-    r = predict(model="gpt2-xl", gpu="h100", pp=2, global_batch=8, precision="bf16")
-    assert "nearest calibrated" in r.summary["compute_model"] and "h100" in r.summary["compute_model"]
-    assert "calibrated on a100" in predict(model="gpt2-xl", gpu="a100", pp=2, global_batch=8,
-                                          precision="bf16").summary["compute_model"]
+    def said(gpu):
+        return predict(model="gpt2-xl", gpu=gpu, pp=2, global_batch=8, precision="bf16").summary["compute_model"]
+
+    assert "nearest calibrated" in said("l4") and "l4" in said("l4")
+    assert "calibrated on a100" in said("a100")
+    assert "calibrated on h200-sxm-141gb (same architecture) applied to h100-sxm5-80gb" in said("h100")
+    assert "nearest" not in said("h200")
+
+
+def _efficiency_profile(gpu, curve, precision="bf16"):
+    """A profile whose efficiency records are op_time under ``curve`` (no host floor)."""
+    from perfsim.profile import Profile
+
+    p = Profile.default()
+    p.records = []
+    kernel = dataclasses.replace(curve, kernel_s=0.0)
+    for m, n, k in [(s, s, s) for s in (256, 512, 1024, 4096, 8192)] + [(2048, 3 * h, h) for h in (768, 4096)]:
+        t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
+        p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
+              size_bytes=2 * (m * k + k * n + m * n), time_s=t)
+    for n in (2**20, 2**24, 2**26, 2**28):
+        p.add(op="elementwise", name=f"gelu:{n}", dtype="bfloat16", flops=0.0, size_bytes=4 * n,
+              time_s=compute.op_time(compute.Op("gelu", bytes=4 * n), gpu, precision, kernel, 2))
+    return p
+
+
+def test_fit_curve_recovers_the_curve_behind_efficiency_records():
+    g = get_gpu("h200")
+    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth")
+    host = compute.CURVES["ampere"]
+    fit = compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
+    assert fit.eff_max == pytest.approx(0.62, rel=0.02) and fit.knee == pytest.approx(96, abs=8)
+    assert fit.mem_eff == pytest.approx(0.7, rel=1e-3)
+    assert (fit.kernel_s, fit.p2p_s, fit.collective_s) == (host.kernel_s, host.p2p_s, host.collective_s)
+    # records shorter than min_time_s (launch-bound) are left out; none left is an error
+    with pytest.raises(ConfigError, match="bf16 GEMM and memory-bound efficiency records"):
+        compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=1.0)
 
 
 def test_every_layer_costs_something_and_head_on_last_stage():
@@ -188,3 +221,29 @@ def test_gpu_preset_reduces_gradients_after_the_backward_as_megatron_does():
     # without a gpu preset the PyTorch DDP default stays: overlap on
     cpu = dict(model="gpt2", pp=2, dp=2)
     assert predict(**cpu).summary["iteration_s"] == predict(**cpu, overlap=True).summary["iteration_s"]
+
+
+def test_hopper_curve_is_the_fit_of_the_stored_h200_profile():
+    from pathlib import Path
+
+    from perfsim.profile import load_profile
+
+    path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
+    stored = compute.CURVES["hopper"]
+    fit = compute.fit_curve(load_profile(path), get_gpu("h200"), "bf16", compute.CURVES["ampere"], "")
+    assert (fit.eff_max, fit.knee, fit.mem_eff) == (stored.eff_max, stored.knee, stored.mem_eff)
+
+
+def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json")
+
+    def said(model):
+        return predict(model=model, profile=path, pp=1, micro_batch=8, global_batch=8,
+                       precision="bf16").summary["compute_model"]
+
+    # no --gpu: the profile's device_name (NVIDIA H200) is the GPU; gpt2-medium is measured per layer
+    assert said("gpt2-medium") == "profile's per-layer records"
+    # a model it did not time: the operator model on the profile's measured rates
+    assert said("gpt2-xl").startswith("operator rates measured in the profile")

@@ -38,8 +38,9 @@ the forward (``full``) or the attention core (``selective``, Korthikanti et al. 
 to the backward.
 
 The curve's parameters (:class:`Curve`) were fitted on real A100 iteration times
-(``scripts/calibrate_a100.py``, half of ``../shared/data/a100-single-node``); a GPU
-without a fitted curve uses the nearest calibrated one's fractions on its own peaks.
+(``scripts/calibrate_a100.py``, half of ``../shared/data/a100-single-node``) and, for
+Hopper, on one H200's measured kernel times (:func:`fit_curve`); a GPU without a fitted
+curve uses the nearest calibrated one's fractions on its own peaks.
 """
 
 from __future__ import annotations
@@ -90,10 +91,16 @@ CURVES: dict[str, Curve] = {
     "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675, kernel_s=59.6958e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=379.9567e-6,
                     collective_s=49.3749e-6),
+    # device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
+    # traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side (kernel_s, p2p_s,
+    # collective_s: the framework's costs, not the GPU's) the A100 fit's
+    "hopper": Curve(eff_max=0.7012, knee=40.0, mem_eff=0.5497, kernel_s=59.6958e-6,
+                    source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
+                    p2p_s=379.9567e-6, collective_s=49.3749e-6),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
-NEAREST = {"ampere": "ampere", "hopper": "ampere", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
-CALIBRATED_ON = {"ampere": "a100-sxm4-80gb"}
+NEAREST = {"ampere": "ampere", "hopper": "hopper", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
+CALIBRATED_ON = {"ampere": "a100-sxm4-80gb", "hopper": "h200-sxm-141gb"}
 
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
@@ -140,12 +147,54 @@ def measured_rates(profile, precision: str) -> "MeasuredRates | None":
     return rates if rates.ok else None
 
 
+def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_time_s: float = 20e-6) -> Curve:
+    """The device side of a :class:`Curve` (``eff_max``, ``knee``, ``mem_eff``) fitted to a
+    profile's ``perfsim calibrate --efficiency`` records of ``precision`` on ``gpu``; the
+    host side (``kernel_s``, ``p2p_s``, ``collective_s``: the framework's, not the GPU's)
+    taken from ``host``. Those records are kernel times (``triton.testing.do_bench``:
+    launches queued back to back), so calls shorter than ``min_time_s``, bounded by the
+    launch rather than by the roofline, are left out. ``mem_eff`` is the median achieved
+    fraction of the memory bandwidth of the memory-bound records; ``knee`` (a grid over
+    0-1024) and ``eff_max`` (the median achieved fraction at that knee) minimise the
+    GEMMs' mean absolute log error under :func:`op_time`."""
+    import math
+    import statistics
+
+    rates = MeasuredRates(profile, precision)
+    gemm = [p for p in rates.gemm if p[2] >= min_time_s]
+    memory = [p for p in rates.memory if p[2] >= min_time_s]
+    if not gemm or not memory:
+        raise ConfigError(f"profile: no {precision} GEMM and memory-bound efficiency records of at least "
+                          f"{min_time_s * 1e6:.0f} us (perfsim calibrate --efficiency)")
+    bw = gpu.memory_bandwidth_Bps
+    mem_eff = min(1.0, statistics.median(b / t / bw for _, b, t, _ in memory))
+    shapes = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in gemm]
+    best = None
+    for knee in range(0, 1025, 8):
+        def g(m, n, k):
+            return (m / (m + knee)) * (n / (n + knee)) * (k / (k + knee))
+        eff = min(1.0, statistics.median(2.0 * m * n * k / (t * gpu.peak(precision) * g(m, n, k))
+                                         for (m, n, k), t in shapes))
+        trial = Curve(eff_max=eff, knee=float(knee), mem_eff=mem_eff, kernel_s=0.0, source="fit")
+        bpv = BYTES_PER_VALUE[precision]
+        err = statistics.fmean(abs(math.log(op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, trial, bpv) / t))
+                               for (m, n, k), t in shapes)
+        if best is None or err < best[0]:
+            best = (err, eff, float(knee))
+    _, eff, knee = best
+    return Curve(eff_max=round(eff, 4), knee=knee, mem_eff=round(mem_eff, 4), kernel_s=host.kernel_s,
+                 source=source, p2p_s=host.p2p_s, collective_s=host.collective_s)
+
+
 def curve_for(gpu: GPU) -> tuple[Curve, str]:
     """The curve for ``gpu`` and a sentence saying where it comes from."""
     fam = NEAREST.get(gpu.family, "ampere")
     curve = CURVES[fam]
-    if fam == gpu.family:
+    if gpu.name == CALIBRATED_ON[fam]:
         return curve, f"roofline x efficiency curve calibrated on {CALIBRATED_ON[fam]}"
+    if fam == gpu.family:
+        return curve, (f"roofline x efficiency curve calibrated on {CALIBRATED_ON[fam]} (same architecture) "
+                       f"applied to {gpu.name}'s datasheet peaks")
     return curve, (f"roofline x efficiency curve of {CALIBRATED_ON[fam]} (nearest calibrated GPU) "
                    f"applied to {gpu.name}'s datasheet peaks (assumption: not calibrated on {gpu.name})")
 
