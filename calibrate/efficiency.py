@@ -7,7 +7,9 @@ fraction depends on the shape (small GEMMs cannot fill the device, wave quantiza
 tile tails). This module measures that fraction on the machine it runs on, for
 
 * ``gemm``: ``C = A @ B`` of shapes ``m x k @ k x n`` (``name`` = ``MxNxK``), square
-  sweeps and the shapes of transformer layers (tokens x hidden x 3/4 hidden);
+  sweeps, the shapes of transformer layers (tokens x hidden x 3/4 hidden) and an LM
+  head's three GEMMs over a vocabulary that is (50304) and is not (50257) a multiple of
+  8 (misaligned rows cost tensor cores their vectorised loads);
 * ``attention``: causal scaled-dot-product attention, forward (``...:fwd``) and
   forward + backward (``...:fwdbwd``), FLOPs counted as FlashAttention does
   (Dao, arXiv:2205.14135: ``4 b h s^2 d`` forward, halved by the causal mask;
@@ -62,6 +64,11 @@ def _gemm_shapes(cfg: EfficiencyConfig) -> list[tuple[int, int, int]]:
     for h in hiddens:
         for t in tokens:
             shapes += [(t, 3 * h, h), (t, h, h), (t, 4 * h, h), (t, h, 4 * h)]
+    # an LM head over an unpadded vocabulary (GPT-2's 50257 tokens) beside the padded one
+    # (Megatron-LM pads to a multiple of 128): forward, input gradient, weight gradient
+    for v in (50257, 50304):
+        for h, t in ((768, 2048), (1600, 8192)) if not cfg.quick else ((1600, 8192),):
+            shapes += [(t, v, h), (t, h, v), (v, h, t)]
     return shapes
 
 

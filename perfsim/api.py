@@ -104,6 +104,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
     gradient buffer, gradients reduced after the backward)."""
     p = params_mod.resolved(params)
+    from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
     from perfsim.workload import resolve_layer_times
 
     profile = _load_profile(p["profile"])
@@ -143,7 +144,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
-                                           recompute=strategy.recompute)
+                                           recompute=strategy.recompute,
+                                           vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1)
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
                         arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
                         tied_values=model.tied_values)

@@ -314,8 +314,8 @@ def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[flo
 
 
 def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
-                        tp: int = 1, sequence_parallel: bool = False, recompute: str = "none"
-                        ) -> tuple[list[float], list[float], str]:
+                        tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+                        vocab_multiple: int = 1) -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
 
@@ -326,7 +326,10 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     records); else the layer's FLOPs at the profile's effective FLOP rate plus its
     bytes (its operators' for a transformer, else weights, input and output) at the
     profile's memory bandwidth. A layer
-    with neither a time nor FLOPs is an error: nothing is charged 0 s silently."""
+    with neither a time nor FLOPs is an error: nothing is charged 0 s silently.
+    ``vocab_multiple``: the operator model pads the vocabulary to a multiple of this
+    times ``tp``, as Megatron-LM does (:data:`perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE`);
+    the parameter count stays the model's."""
     from perfsim.engine import compute
 
     if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
@@ -355,7 +358,10 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             from perfsim.models.tensor_parallel import check_tp
 
             check_tp(model.arch, tp)
-            modelled = compute.transformer_times(model.arch, gpu, precision, micro_batch, tp,
+            from perfsim.models.transformer import padded_vocab
+
+            modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
+                                                 micro_batch, tp,
                                                  sequence_parallel, recompute, curve, rates)
         else:
             if tp > 1:

@@ -5,13 +5,14 @@
 Prints the fitted :class:`perfsim.engine.compute.Curve` (the device side; the host side is
 the A100 fit's, :func:`perfsim.engine.compute.fit_curve`) and, per operator class, the
 mean absolute error of each measured record's time under (a) the curve fitted here and
-(b) the curve perfsim used for this GPU before, the nearest calibrated one on this GPU's
-datasheet peaks. That table is in docs/gpu.md.
+(b) the curve perfsim uses for this GPU (``--against FAMILY``: that family's curve on this
+GPU's datasheet peaks). That table is in docs/gpu.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 
@@ -23,18 +24,20 @@ def class_errors(profile, gpu, precision: str, curve, min_time_s: float) -> dict
     bpv = C.BYTES_PER_VALUE[precision]
     dtype = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "tf32"}[precision]
     out = {}
-    for op in ("gemm", "elementwise", "norm"):
+    for op in ("gemm", "misaligned gemm", "elementwise", "norm"):
         errs = []
-        for r in profile.select(op):
+        for r in profile.select(op.split()[-1]):
             if r.get("dtype") != dtype or r["time_s"] < min_time_s:
                 continue
-            if op == "gemm":
+            if op.endswith("gemm") and C._named_misaligned(r["name"], bpv) != (op == "misaligned gemm"):
+                continue
+            if op.endswith("gemm"):
                 m, n, k = (int(v) for v in r["name"].split("x"))
                 kernel = C.Op("gemm", m=m, n=n, k=k)
             else:
                 kernel = C.Op(op, bytes=r["size_bytes"])
             # the records are kernel times: no host floor
-            t = C.op_time(kernel, gpu, precision, C.Curve(curve.eff_max, curve.knee, curve.mem_eff, 0.0, ""), bpv)
+            t = C.op_time(kernel, gpu, precision, dataclasses.replace(curve, kernel_s=0.0), bpv)
             errs.append(abs(t - r["time_s"]) / r["time_s"])
         if errs:
             out[op] = (len(errs), 100 * statistics.fmean(errs))
@@ -47,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu", required=True, help="the GPU preset the profile was measured on")
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--min-time", type=float, default=20e-6, help="leave out records shorter than this (s)")
+    ap.add_argument("--against", help="compare with this family's curve in perfsim (default: the GPU's own)")
     args = ap.parse_args(argv)
     from perfsim.engine import compute as C
     from perfsim.hardware import get_gpu
@@ -55,12 +59,14 @@ def main(argv=None) -> int:
     profile = load_profile(args.profile)
     gpu = get_gpu(args.gpu)
     before, said = C.curve_for(gpu)
+    if args.against:
+        before, said = C.CURVES[args.against], f"the {args.against} curve on {gpu.name}'s peaks"
     fitted = C.fit_curve(profile, gpu, args.precision, C.CURVES["ampere"], f"fitted on {gpu.name}",
                          args.min_time)
     print(f"fitted on {args.profile} ({args.precision}): eff_max={fitted.eff_max} knee={fitted.knee} "
-          f"mem_eff={fitted.mem_eff}")
-    print(f"before: {said}")
-    print("| operator class | records | MAPE, curve fitted here | MAPE, curve used before |")
+          f"mem_eff={fitted.mem_eff} misaligned_eff={fitted.misaligned_eff}")
+    print(f"other curve: {said}")
+    print("| operator class | records | MAPE, curve fitted here | MAPE, other curve |")
     print("| --- | ---: | ---: | ---: |")
     a = class_errors(profile, gpu, args.precision, fitted, args.min_time)
     b = class_errors(profile, gpu, args.precision, before, args.min_time)

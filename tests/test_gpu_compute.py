@@ -86,6 +86,10 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
         t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
         p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
               size_bytes=2 * (m * k + k * n + m * n), time_s=t)
+    for m, n, k in ((8192, 50257, 1600), (8192, 1600, 50257)):  # an unpadded LM head's GEMMs
+        t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
+        p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
+              size_bytes=2 * (m * k + k * n + m * n), time_s=t)
     for n in (2**20, 2**24, 2**26, 2**28):
         p.add(op="elementwise", name=f"gelu:{n}", dtype="bfloat16", flops=0.0, size_bytes=4 * n,
               time_s=compute.op_time(compute.Op("gelu", bytes=4 * n), gpu, precision, kernel, 2))
@@ -94,11 +98,12 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
 
 def test_fit_curve_recovers_the_curve_behind_efficiency_records():
     g = get_gpu("h200")
-    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth")
+    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth", misaligned_eff=0.3)
     host = compute.CURVES["ampere"]
     fit = compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
     assert fit.eff_max == pytest.approx(0.62, rel=0.02) and fit.knee == pytest.approx(96, abs=8)
     assert fit.mem_eff == pytest.approx(0.7, rel=1e-3)
+    assert fit.misaligned_eff == pytest.approx(0.3, rel=0.03)  # fitted on the misaligned records alone
     assert (fit.kernel_s, fit.p2p_s, fit.collective_s) == (host.kernel_s, host.p2p_s, host.collective_s)
     # records shorter than min_time_s (launch-bound) are left out; none left is an error
     with pytest.raises(ConfigError, match="bf16 GEMM and memory-bound efficiency records"):
@@ -231,7 +236,8 @@ def test_hopper_curve_is_the_fit_of_the_stored_h200_profile():
     path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
     stored = compute.CURVES["hopper"]
     fit = compute.fit_curve(load_profile(path), get_gpu("h200"), "bf16", compute.CURVES["ampere"], "")
-    assert (fit.eff_max, fit.knee, fit.mem_eff) == (stored.eff_max, stored.knee, stored.mem_eff)
+    assert (fit.eff_max, fit.knee, fit.mem_eff, fit.misaligned_eff) == \
+        (stored.eff_max, stored.knee, stored.mem_eff, stored.misaligned_eff)
 
 
 def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
@@ -247,3 +253,34 @@ def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
     assert said("gpt2-medium") == "profile's per-layer records"
     # a model it did not time: the operator model on the profile's measured rates
     assert said("gpt2-xl").startswith("operator rates measured in the profile")
+
+
+def test_a_misaligned_feature_dimension_slows_a_gemm_and_megatron_pads_the_vocabulary():
+    from perfsim.workload import get_model, resolve_layer_times
+
+    assert compute.misaligned(compute.Op("h", m=8192, n=50257, k=1600), 2)
+    assert compute.misaligned(compute.Op("h", m=8192, n=1600, k=50257), 2)
+    assert not compute.misaligned(compute.Op("h", m=50257, n=1600, k=8192), 2)  # tokens: never a leading dim
+    assert not compute.misaligned(compute.Op("h", m=8, n=50304, k=1600), 2)
+    assert compute.misaligned(compute.Op("h", m=8, n=1602, k=1600), 4) and \
+        not compute.misaligned(compute.Op("h", m=8, n=1604, k=1600), 4)  # fp32: 4 values = 16 bytes
+    g = get_gpu("h100")
+    curve = compute.CURVES["hopper"]
+    assert curve.misaligned_eff < 1
+    big = dict(m=8192, k=4096)
+    aligned = compute.op_time(compute.Op("h", n=50304, **big), g, "bf16", curve, 2)
+    slow = compute.op_time(compute.Op("h", n=50296 + 1, **big), g, "bf16", curve, 2)
+    assert slow / aligned == pytest.approx(50297 / 50304 / curve.misaligned_eff, rel=1e-6)
+    # GPT-2's 50257 tokens: unpadded (as execute mode and Hugging Face train) the LM head is
+    # slow; Megatron's padding to 128 x tp makes it aligned (and a hair larger)
+    model = get_model("gpt2-xl")
+    pad = resolve_layer_times(model, None, 8, gpu=g, precision="bf16", vocab_multiple=128)
+    raw = resolve_layer_times(model, None, 8, gpu=g, precision="bf16")
+    assert raw[0][-1] > 1.5 * pad[0][-1] and raw[0][1] == pad[0][1]
+    # --gpu switches the Megatron defaults on, padding included
+    head = predict(model="gpt2-xl", gpu="h100", pp=1, micro_batch=8, global_batch=8, precision="bf16",
+                   recompute="full")
+    assert head.stages[0]["compute_s"] == pytest.approx(
+        predict(model="gpt:layers=48,hidden=1600,heads=25,seq=1024,vocab=50304", gpu="h100", pp=1,
+                micro_batch=8, global_batch=8, precision="bf16", recompute="full").stages[0]["compute_s"],
+        rel=1e-9)

@@ -18,7 +18,11 @@ Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates)
 
 * GEMM ``(m, n, k)``: ``max(2mnk / (peak * eff), bytes / (bw * mem_eff), kernel_s)`` with
   ``eff = eff_max * g(m) g(n) g(k)``, ``g(x) = x / (x + knee)`` -- small dimensions
-  leave tensor cores idle (tile quantisation and occupancy);
+  leave tensor cores idle (tile quantisation and occupancy) -- times ``misaligned_eff``
+  when a feature dimension (``n`` or ``k``: a leading dimension of the layer's weight,
+  output or output gradient in all three of its GEMMs) is not a multiple of 16 bytes
+  (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background":
+  tensor cores want 16-byte-aligned leading dimensions; e.g. an unpadded vocabulary);
 * memory-bound op: ``max(bytes / (bw * mem_eff), kernel_s)``.
 
 ``kernel_s`` is the host's time to issue one operator (framework, autograd,
@@ -75,12 +79,15 @@ class Curve:
     #: NCCL process group, an operator of its own for the host like any kernel, so a small
     #: one costs at least this (``max(its time on the links, collective_s)``)
     collective_s: float = 0.0
+    #: share of the aligned rate a GEMM with a feature dimension that is not a multiple
+    #: of 16 bytes reaches (:func:`misaligned`)
+    misaligned_eff: float = 1.0
 
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
-                and self.p2p_s >= 0 and self.collective_s >= 0):
-            raise ConfigError(f"curve {self}: eff_max, mem_eff in (0, 1], knee, kernel_s, p2p_s, "
-                              f"collective_s >= 0")
+                and self.p2p_s >= 0 and self.collective_s >= 0 and 0 < self.misaligned_eff <= 1):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff in (0, 1], knee, kernel_s, "
+                              f"p2p_s, collective_s >= 0")
 
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
@@ -90,13 +97,15 @@ class Curve:
 CURVES: dict[str, Curve] = {
     "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675, kernel_s=59.6958e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=379.9567e-6,
-                    collective_s=49.3749e-6),
+                    collective_s=49.3749e-6,
+                    # not measured on an A100 (its data pad the vocabulary): the H200's
+                    misaligned_eff=0.1924),
     # device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
     # traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side (kernel_s, p2p_s,
     # collective_s: the framework's costs, not the GPU's) the A100 fit's
-    "hopper": Curve(eff_max=0.7012, knee=40.0, mem_eff=0.5497, kernel_s=59.6958e-6,
+    "hopper": Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497, kernel_s=59.6958e-6,
                     source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
-                    p2p_s=379.9567e-6, collective_s=49.3749e-6),
+                    p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1924),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "hopper", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
@@ -120,7 +129,11 @@ class MeasuredRates:
             return [(float(r["flops"]), float(r["size_bytes"]), float(r["time_s"]), str(r.get("name", "")))
                     for r in profile.select(op) if _DTYPE.get(str(r.get("dtype"))) == precision
                     and r.get("time_s", 0) > 0 and r.get("size_bytes", 0) > 0]
-        self.gemm = pts("gemm")
+        bpv = BYTES_PER_VALUE[precision]
+        gemm = pts("gemm")
+        #: GEMMs whose feature dimensions are aligned, and those whose are not (:func:`misaligned`)
+        self.misaligned = [p for p in gemm if _named_misaligned(p[3], bpv)]
+        self.gemm = [p for p in gemm if not _named_misaligned(p[3], bpv)]
         self.memory = pts("elementwise") + pts("norm")
         self.ok = bool(self.gemm and self.memory)
 
@@ -130,9 +143,15 @@ class MeasuredRates:
 
         return min(points, key=lambda p: abs(math.log(p[index]) - math.log(max(key, 1.0))))
 
-    def gemm_rate(self, flops: float) -> float:
+    def gemm_rate(self, flops: float, misaligned: bool = False, misaligned_eff: float = 1.0) -> float:
+        """Achieved FLOP/s of the measured GEMM nearest in work, among those of the same
+        alignment; a misaligned one without misaligned records: the aligned rate x
+        ``misaligned_eff``."""
+        if misaligned and self.misaligned:
+            f, _, t, _ = self._nearest(self.misaligned, flops, 0)
+            return f / t
         f, _, t, _ = self._nearest(self.gemm, flops, 0)
-        return f / t
+        return f / t * (misaligned_eff if misaligned else 1.0)
 
     def memory_rate(self, nbytes: float) -> float:
         _, b, t, _ = self._nearest(self.memory, nbytes, 1)
@@ -156,7 +175,9 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
     launch rather than by the roofline, are left out. ``mem_eff`` is the median achieved
     fraction of the memory bandwidth of the memory-bound records; ``knee`` (a grid over
     0-1024) and ``eff_max`` (the median achieved fraction at that knee) minimise the
-    GEMMs' mean absolute log error under :func:`op_time`."""
+    aligned GEMMs' mean absolute log error under :func:`op_time`; ``misaligned_eff`` is the
+    median of the misaligned GEMMs' time under that curve over their measured time (1
+    without such records)."""
     import math
     import statistics
 
@@ -182,8 +203,12 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
         if best is None or err < best[0]:
             best = (err, eff, float(knee))
     _, eff, knee = best
+    aligned = Curve(eff_max=eff, knee=knee, mem_eff=mem_eff, kernel_s=0.0, source="fit")
+    slow = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in rates.misaligned if t >= min_time_s]
+    mis = (min(1.0, statistics.median(op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, aligned, bpv) / t
+                                      for (m, n, k), t in slow)) if slow else 1.0)
     return Curve(eff_max=round(eff, 4), knee=knee, mem_eff=round(mem_eff, 4), kernel_s=host.kernel_s,
-                 source=source, p2p_s=host.p2p_s, collective_s=host.collective_s)
+                 source=source, p2p_s=host.p2p_s, collective_s=host.collective_s, misaligned_eff=round(mis, 4))
 
 
 def curve_for(gpu: GPU) -> tuple[Curve, str]:
@@ -226,17 +251,34 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
     operator rates, which replace the curve (the host floor ``kernel_s`` stays)."""
     if rates is not None:
         if op.m:
-            return max(op.flops / rates.gemm_rate(op.flops), curve.kernel_s)
+            return max(op.flops / rates.gemm_rate(op.flops, misaligned(op, bpv), curve.misaligned_eff),
+                       curve.kernel_s)
         return max(op.bytes / rates.memory_rate(op.bytes), curve.kernel_s)
     bw = gpu.memory_bandwidth_Bps * curve.mem_eff
     if op.m:
-        g = 1.0
+        g = curve.misaligned_eff if misaligned(op, bpv) else 1.0
         for x in (op.m * op.batch, op.n, op.k):
             g *= x / (x + curve.knee)
         compute = op.flops / (gpu.peak(precision) * curve.eff_max * g)
         moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
         return max(compute, moved / bw, curve.kernel_s)
     return max(op.bytes / bw, curve.kernel_s)
+
+
+def _named_misaligned(name: str, bpv: int) -> bool:
+    """:func:`misaligned` of an efficiency record named ``MxNxK``."""
+    try:
+        m, n, k = (int(v) for v in name.split("x"))
+    except ValueError:
+        return False
+    return misaligned(Op("gemm", m=m, n=n, k=k), bpv)
+
+
+def misaligned(op: Op, bpv: int) -> bool:
+    """Whether a GEMM's feature dimension (``n`` or ``k``) is not a multiple of 16 bytes;
+    the token dimension ``m`` never is a leading dimension of the layer's GEMMs."""
+    a = max(1, 16 // bpv)
+    return bool(op.m) and (op.n % a != 0 or op.k % a != 0)
 
 
 def batch_per_block(sk: int) -> int:

@@ -168,6 +168,19 @@ class TransformerSpec:
         return out
 
 
+#: Megatron-LM pads the vocabulary to a multiple of this times the tensor-parallel degree
+#: (``--make-vocab-size-divisible-by``, default 128; megatron/tokenizer/tokenizer.py,
+#: ``_vocab_size_with_padding``), so every rank's share of the embedding and LM head is
+#: aligned for the tensor cores
+MEGATRON_VOCAB_MULTIPLE = 128
+
+
+def padded_vocab(spec: TransformerSpec, multiple: int) -> TransformerSpec:
+    """``spec`` with its vocabulary rounded up to a multiple of ``multiple``."""
+    v = -(-spec.vocab // multiple) * multiple
+    return spec if v == spec.vocab else replace(spec, vocab=v)
+
+
 def _arch_spec(arch: str, name: str, **kw) -> TransformerSpec:
     return TransformerSpec(name=name, arch=arch, **{**ARCHS[arch], **kw})
 
