@@ -167,7 +167,8 @@ def measured_rates(profile, precision: str) -> "MeasuredRates | None":
 
 
 def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_time_s: float = 20e-6) -> Curve:
-    """The device side of a :class:`Curve` (``eff_max``, ``knee``, ``mem_eff``) fitted to a
+    """The device side of a :class:`Curve` (``eff_max``, ``knee``, ``mem_eff``,
+    ``misaligned_eff``) fitted to a
     profile's ``perfsim calibrate --efficiency`` records of ``precision`` on ``gpu``; the
     host side (``kernel_s``, ``p2p_s``, ``collective_s``: the framework's, not the GPU's)
     taken from ``host``. Those records are kernel times (``triton.testing.do_bench``:
@@ -187,7 +188,7 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
     if not gemm or not memory:
         raise ConfigError(f"profile: no {precision} GEMM and memory-bound efficiency records of at least "
                           f"{min_time_s * 1e6:.0f} us (perfsim calibrate --efficiency)")
-    bw = gpu.memory_bandwidth_Bps
+    bw, bpv = gpu.memory_bandwidth_Bps, BYTES_PER_VALUE[precision]
     mem_eff = min(1.0, statistics.median(b / t / bw for _, b, t, _ in memory))
     shapes = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in gemm]
     best = None
@@ -197,7 +198,6 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
         eff = min(1.0, statistics.median(2.0 * m * n * k / (t * gpu.peak(precision) * g(m, n, k))
                                          for (m, n, k), t in shapes))
         trial = Curve(eff_max=eff, knee=float(knee), mem_eff=mem_eff, kernel_s=0.0, source="fit")
-        bpv = BYTES_PER_VALUE[precision]
         err = statistics.fmean(abs(math.log(op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, trial, bpv) / t))
                                for (m, n, k), t in shapes)
         if best is None or err < best[0]:
