@@ -145,7 +145,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
-                                           vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1)
+                                           vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1,
+                                           attention=strategy.attention)
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
                         arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
                         tied_values=model.tied_values)

@@ -80,6 +80,10 @@ class Workload:
 
 #: activation recomputation modes (Korthikanti et al. 2022, arXiv:2205.05198)
 RECOMPUTE = ("none", "selective", "full")
+#: attention kernels: Megatron-LM's (scores, softmax, dropout, weighted sum as separate
+#: kernels, the s x s scores stored) or FlashAttention-2's one fused kernel
+#: (Dao 2023, arXiv:2307.08691)
+ATTENTION = ("megatron", "flash")
 #: where data-parallel gradients live: ``bucketed`` -- PyTorch DDP's default, each
 #: bucket flattened into a buffer and the averaged result copied back (Li et al.,
 #: "PyTorch Distributed", arXiv:2006.15704, Sec. 3.2.3); ``contiguous`` -- one flat
@@ -149,6 +153,8 @@ class Strategy(PipelineShape):
     dataset_samples: int = 2359
     #: activation recomputation: ``none``, ``selective`` (attention core) or ``full``
     recompute: str = "none"
+    #: attention kernels of the compute model (ATTENTION)
+    attention: str = "megatron"
     #: training precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (mixed precision)
     precision: str = "fp32"
     #: ZeRO stage: 0 (none) or 1 (optimizer state sharded over data parallelism)
@@ -168,6 +174,8 @@ class Strategy(PipelineShape):
 
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"attention={self.attention!r}: choose from {', '.join(ATTENTION)}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.grad_buffer not in GRAD_BUFFERS:

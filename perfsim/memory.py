@@ -16,6 +16,8 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
       selective: s b h (10 + 24/t)                     with sequence parallel: s b h 34 / t
       full:      2 s b h                               with sequence parallel: 2 s b h / t
 
+  ``--attention flash`` replaces the ``5 a s / (h t)`` term (the stored scores) by an fp32
+  log-sum-exp per query and head, ``4 a s b / t`` bytes; the rest is
   generalised to other MLP widths / gated MLPs / grouped-query attention by the
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
@@ -69,8 +71,11 @@ def breakdown_text(weights: float, grads: float, optimizer: float, activations: 
     return text + (f", AQ-SGD buffers {buffers:.1f}" if buffers else "")
 
 
-def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int) -> float:
-    """Activation bytes one transformer layer keeps for one micro-batch (module docstring)."""
+def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
+                           attention: str = "megatron") -> float:
+    """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
+    flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
+    input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1)."""
     s, b, h, a, f = spec.seq_len, mb, spec.hidden, spec.heads, spec.ffn
     sbh = s * b * h
     v = bpv / 2  # the formula counts 2-byte values
@@ -84,6 +89,8 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
     repl = 8 * v * sbh + 2 * sbh
     sharded = v * (attn_sharded + mlp_sharded) / tp
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
+    if attention == "flash":
+        core = 4 * a * s * b / tp
     if recompute == "selective":
         core = 0.0
     return (repl / tp if sp else repl) + sharded + core
@@ -113,7 +120,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             blocks = sum(1 for i in range(st.first_layer, st.last_layer)
                          if workload.layers[i].name.startswith("block"))
             per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
-                                               strategy.recompute, bpv)
+                                               strategy.recompute, bpv, strategy.attention)
             act = blocks * per_layer * inflight
             s, h = spec.seq_len, spec.hidden
             if st.first_layer == 0:
@@ -121,7 +128,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.last_layer == len(workload.layers) and not spec.encoder:
                 act += 4 * s * mb * h * (1 + spec.vocab / h) / tp * (bpv / 2)
             if strategy.recompute == "full" and blocks:
-                act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv)
+                act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
+                                              strategy.attention)
         else:  # known only by boundary shapes: every layer's output, 2x for the backward
             for i in range(st.first_layer, st.last_layer):
                 n = 1

@@ -152,6 +152,10 @@ PARAMS: tuple[Param, ...] = (
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS"),
     Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
           choices="perfsim.config:RECOMPUTE"),
+    Param("attention", "choice", "megatron", "attention kernels of the GPU compute model: megatron "
+          "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
+          "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
+          choices="perfsim.config:ATTENTION"),
     Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
           "strategy.zero", minimum=0),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),

@@ -315,7 +315,8 @@ def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[flo
 
 def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
                         tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-                        vocab_multiple: int = 1) -> tuple[list[float], list[float], str]:
+                        vocab_multiple: int = 1, attention: str = "megatron"
+                        ) -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
 
@@ -329,7 +330,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     with neither a time nor FLOPs is an error: nothing is charged 0 s silently.
     ``vocab_multiple``: the operator model pads the vocabulary to a multiple of this
     times ``tp``, as Megatron-LM does (:data:`perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE`);
-    the parameter count stays the model's."""
+    the parameter count stays the model's. ``attention``: the operator model's attention
+    kernels (``megatron`` or ``flash``)."""
     from perfsim.engine import compute
 
     if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
@@ -362,7 +364,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
 
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,
-                                                 sequence_parallel, recompute, curve, rates)
+                                                 sequence_parallel, recompute, curve, rates, attention)
         else:
             if tp > 1:
                 raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")

@@ -6,7 +6,9 @@ with every parameter in ``--dtype`` (pure bf16/fp16 training: no fp32 master cop
 Attention: ``flash`` or ``math`` run execute mode's block (no dropout) through
 ``scaled_dot_product_attention`` with that backend forced (FlashAttention-2, one fused
 kernel; PyTorch's unfused reference path); ``megatron`` runs Megatron-LM's attention and
-dropouts (:func:`megatron_block`), the operators :mod:`perfsim.engine.compute` models. Prints one CSV row per configuration: the median step time of
+dropouts (:func:`megatron_block`), the operators :mod:`perfsim.engine.compute` models;
+``megatron-flash`` the same block with FlashAttention-2 as its attention core
+(``perfsim predict --attention flash``). Prints one CSV row per configuration: the median step time of
 ``--steps`` steps after ``--warmup``, each step bracketed by device synchronisations.
 
     python scripts/gpu_step_bench.py --hidden 1024,2048 --micro-batch 1,2,4,8 > steps.csv
@@ -27,11 +29,13 @@ import torch
 import torch.nn.functional as F
 
 
-def megatron_block(spec, dropout: float):
+def megatron_block(spec, dropout: float, flash: bool = False):
     """Execute mode's block with Megatron-LM's attention and dropouts (megatron/model/
     transformer.py, ``CoreAttention``): ``baddbmm`` scores scaled by ``1/sqrt(d)``, the
     causal mask, softmax, dropout on the probabilities, ``bmm`` with the values; dropout
-    before each residual add."""
+    before each residual add. ``flash``: the attention core is FlashAttention-2 instead
+    (``scaled_dot_product_attention``, no attention dropout, Megatron's ``--use-flash-attn``
+    with ``--attention-dropout 0``), the hidden dropouts stay."""
     import math
 
     from perfsim.runtime.models import Block
@@ -40,6 +44,11 @@ def megatron_block(spec, dropout: float):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, d = x.shape
             q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+            if flash:
+                q, k, v = (z.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
+                x = x + F.dropout(self.proj(y), dropout, True)
+                return x + F.dropout(self.fc_proj(F.gelu(self.fc(self.ln2(x)))), dropout, True)
             q, k, v = (z.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2).reshape(b * self.n_head, t, -1)
                        for z in (q, k, v))
             scores = torch.baddbmm(torch.empty(b * self.n_head, t, t, device=x.device, dtype=x.dtype), q,
@@ -59,7 +68,8 @@ def build(layers: int, hidden: int, heads: int, seq: int, vocab: int, device: st
     from perfsim.runtime.models import Block, Embed, Head
 
     spec = GPTSpec("bench", n_layer=layers, d_model=hidden, n_head=heads, seq_len=seq, vocab_size=vocab)
-    blocks = [megatron_block(spec, dropout) if attention == "megatron" else Block(spec) for _ in range(layers)]
+    blocks = [megatron_block(spec, dropout, attention == "megatron-flash") if attention.startswith("megatron")
+              else Block(spec) for _ in range(layers)]
     return torch.nn.Sequential(Embed(spec), *blocks, Head(spec)).to(device=device, dtype=dtype).train()
 
 
@@ -70,7 +80,8 @@ def backend(name: str):
 
     if name == "megatron":
         return contextlib.nullcontext()
-    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[name])
+    return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "megatron-flash": SDPBackend.FLASH_ATTENTION,
+                        "math": SDPBackend.MATH}[name])
 
 
 def step_time(model, opt, mb: int, seq: int, vocab: int, device: str, attention: str, warmup: int, steps: int
@@ -102,7 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=50304, help="default: GPT-2's 50257 padded to a multiple of 128")
     ap.add_argument("--micro-batch", default="1,2,4,8", help="comma list")
-    ap.add_argument("--attention", default="megatron,flash", help="comma list of megatron, flash, math")
+    ap.add_argument("--attention", default="megatron,flash", help="comma list of megatron, megatron-flash, flash, math")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=10)

@@ -90,6 +90,14 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
         t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
         p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
               size_bytes=2 * (m * k + k * n + m * n), time_s=t)
+    for s, d in ((512, 64), (1024, 64), (4096, 64), (512, 128), (2048, 128), (4096, 128)):
+        op = compute.Op("attention", m=s, n=s, k=d, batch=8192 // s * 16, flash=True)
+        tf = compute.flash_time(op, gpu, precision, kernel)
+        tb = compute.flash_time(op, gpu, precision, kernel, backward=True)
+        name = f"b{8192 // s}h16s{s}d{d}"
+        p.add(op="attention", name=f"{name}:fwd", dtype="bfloat16", flops=op.flops, size_bytes=1, time_s=tf)
+        p.add(op="attention", name=f"{name}:fwdbwd", dtype="bfloat16", flops=3.5 * op.flops, size_bytes=1,
+              time_s=tf + tb)
     for n in (2**20, 2**24, 2**26, 2**28):
         p.add(op="elementwise", name=f"gelu:{n}", dtype="bfloat16", flops=0.0, size_bytes=4 * n,
               time_s=compute.op_time(compute.Op("gelu", bytes=4 * n), gpu, precision, kernel, 2))
@@ -98,12 +106,17 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
 
 def test_fit_curve_recovers_the_curve_behind_efficiency_records():
     g = get_gpu("h200")
-    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth", misaligned_eff=0.3)
+    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth", misaligned_eff=0.3,
+                          flash_eff=0.5, flash_knee_s=512.0, flash_knee_d=96.0, flash_bwd_eff=0.4,
+                          flash_bwd_knee_s=1024.0, flash_bwd_knee_d=48.0)
     host = compute.CURVES["ampere"]
     fit = compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
     assert fit.eff_max == pytest.approx(0.62, rel=0.02) and fit.knee == pytest.approx(96, abs=8)
     assert fit.mem_eff == pytest.approx(0.7, rel=1e-3)
     assert fit.misaligned_eff == pytest.approx(0.3, rel=0.03)  # fitted on the misaligned records alone
+    assert (fit.flash_eff, fit.flash_knee_s, fit.flash_knee_d) == pytest.approx((0.5, 512, 96), rel=0.02)
+    assert (fit.flash_bwd_eff, fit.flash_bwd_knee_s, fit.flash_bwd_knee_d) == pytest.approx((0.4, 1024, 48),
+                                                                                            rel=0.02)
     assert (fit.kernel_s, fit.p2p_s, fit.collective_s) == (host.kernel_s, host.p2p_s, host.collective_s)
     # records shorter than min_time_s (launch-bound) are left out; none left is an error
     with pytest.raises(ConfigError, match="bf16 GEMM and memory-bound efficiency records"):
@@ -236,8 +249,7 @@ def test_hopper_curve_is_the_fit_of_the_stored_h200_profile():
     path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
     stored = compute.CURVES["hopper"]
     fit = compute.fit_curve(load_profile(path), get_gpu("h200"), "bf16", compute.CURVES["ampere"], "")
-    assert (fit.eff_max, fit.knee, fit.mem_eff, fit.misaligned_eff) == \
-        (stored.eff_max, stored.knee, stored.mem_eff, stored.misaligned_eff)
+    assert dataclasses.replace(fit, source=stored.source) == stored  # host side: the A100 fit's in both
 
 
 def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
@@ -284,3 +296,49 @@ def test_a_misaligned_feature_dimension_slows_a_gemm_and_megatron_pads_the_vocab
         predict(model="gpt:layers=48,hidden=1600,heads=25,seq=1024,vocab=50304", gpu="h100", pp=1,
                 micro_batch=8, global_batch=8, precision="bf16", recompute="full").stages[0]["compute_s"],
         rel=1e-9)
+
+
+def test_flash_attention_is_one_kernel_and_stores_no_scores():
+    from perfsim.memory import layer_activation_bytes
+
+    spec = parse_inline("gpt:layers=2,hidden=4096,heads=32,seq=4096,vocab=32000")
+    meg = compute.block_ops(spec, 2, 2, False, 2)
+    fl = compute.block_ops(spec, 2, 2, False, 2, attention="flash")
+    [core] = [op for op in fl if op.attention_core]
+    assert core.flash and (core.m, core.n, core.k, core.batch) == (4096, 4096, 128, 2 * 16)
+    # FlashAttention's count: 4 b h s^2 d, halved by the causal mask (Megatron's two GEMMs
+    # compute the whole score matrix)
+    assert core.flops == sum(op.flops for op in meg if op.m and op.attention_core) / 2 == \
+        2 * 4096 * 4096 * 128 * 32
+    assert [op.name for op in meg if not op.attention_core] == [op.name for op in fl if not op.attention_core]
+    g, curve = get_gpu("h100"), compute.CURVES["hopper"]
+    f, b = compute.flash_time(core, g, "bf16", curve), compute.flash_time(core, g, "bf16", curve, backward=True)
+    # at the reference shape the rate is peak x eff; the backward does 2.5x the FLOPs
+    assert f == pytest.approx(core.flops / (g.peak("bf16") * curve.flash_eff))
+    assert b == pytest.approx(2.5 * core.flops / (g.peak("bf16") * curve.flash_bwd_eff))
+    mf, bf = compute.transformer_times(spec, g, "bf16", 2, 2, False, "none", curve)
+    ff, fb = compute.transformer_times(spec, g, "bf16", 2, 2, False, "none", curve, attention="flash")
+    assert ff[1] < mf[1] and fb[1] < bf[1] and ff[0] == mf[0] and ff[-1] == mf[-1]
+    # no s x s tensor kept: only an fp32 log-sum-exp per query and head
+    none = layer_activation_bytes(spec, 2, 2, False, "none", 2)
+    flash = layer_activation_bytes(spec, 2, 2, False, "none", 2, attention="flash")
+    assert none - flash == 5 * 32 * 4096 * 4096 * 2 / 2 - 4 * 32 * 4096 * 2 / 2
+    with pytest.raises(ConfigError, match="attention=flash: the efficiency curve"):
+        compute.flash_time(core, g, "bf16", compute.Curve(0.8, 0.0, 0.8, 0.0, "no flash fit"))
+
+
+def test_flash_attention_from_the_api_and_a_profile():
+    from pathlib import Path
+
+    kw = dict(model="llama2-7b", gpu="h100", tp=2, pp=2, micro_batch=1, global_batch=8, precision="bf16")
+    meg, fl = predict(**kw), predict(**kw, attention="flash")
+    assert (meg.summary["attention"], fl.summary["attention"]) == ("megatron", "flash")
+    assert fl.summary["iteration_s"] < meg.summary["iteration_s"]
+    assert fl.summary["peak_memory_gib"] < meg.summary["peak_memory_gib"]
+    with pytest.raises(ConfigError, match="attention='bogus'"):
+        predict(**kw, attention="bogus")
+    # a profile with fused-attention records prices it at their measured rates
+    path = str(Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json")
+    r = predict(model="gpt2-xl", profile=path, gpu="h200", pp=1, micro_batch=4, global_batch=4,
+                precision="bf16", attention="flash")
+    assert r.summary["compute_model"].startswith("operator rates measured in the profile")

@@ -34,6 +34,10 @@ the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.pla
 ``collective_s`` is the floor of one tensor-parallel collective on a GPU, as ``kernel_s`` is an
 operator's (:func:`perfsim.engine.plan.tp_stage_times`).
 
+``attention="flash"``: the attention core is FlashAttention-2's one kernel (Dao 2023,
+arXiv:2307.08691), its FLOPs at a fraction of peak that grows with sequence length and head
+dimension (:func:`flash_time`), fitted on an H200's fused-attention kernel times.
+
 Backward: each GEMM becomes two (input gradient and weight gradient) of the same
 dimensions permuted, so twice the forward time under this curve (``g`` is
 symmetric in m, n, k); memory-bound ops move twice their bytes, unless an op
@@ -82,30 +86,46 @@ class Curve:
     #: share of the aligned rate a GEMM with a feature dimension that is not a multiple
     #: of 16 bytes reaches (:func:`misaligned`)
     misaligned_eff: float = 1.0
+    #: FlashAttention-2's forward (causal: half the score matrix) as a fraction of peak at
+    #: FLASH_REF (sequence 4096, head dim 128), and the sequence length / head dim at which
+    #: its efficiency halves (:func:`flash_time`); 0: not fitted
+    flash_eff: float = 0.0
+    flash_knee_s: float = 0.0
+    flash_knee_d: float = 0.0
+    #: the same for its backward (2.5 x the forward's FLOPs, the scores recomputed)
+    flash_bwd_eff: float = 0.0
+    flash_bwd_knee_s: float = 0.0
+    flash_bwd_knee_d: float = 0.0
 
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
-                and self.p2p_s >= 0 and self.collective_s >= 0 and 0 < self.misaligned_eff <= 1):
-            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff in (0, 1], knee, kernel_s, "
-                              f"p2p_s, collective_s >= 0")
+                and self.p2p_s >= 0 and self.collective_s >= 0 and 0 < self.misaligned_eff <= 1
+                and 0 <= self.flash_eff <= 1 and 0 <= self.flash_bwd_eff <= 1
+                and min(self.flash_knee_s, self.flash_knee_d, self.flash_bwd_knee_s, self.flash_bwd_knee_d) >= 0):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff in (0, 1], flash efficiencies "
+                              f"in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
 
 
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
 #: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
 #: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
 #: barely constrain the knee: at these sizes the host floor hides small GEMMs.
+#: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
+_H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
+                   flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 CURVES: dict[str, Curve] = {
     "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675, kernel_s=59.6958e-6,
                     source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=379.9567e-6,
                     collective_s=49.3749e-6,
-                    # not measured on an A100 (its data pad the vocabulary): the H200's
-                    misaligned_eff=0.1924),
+                    # not measured on an A100 (its data pad the vocabulary, its runs use
+                    # Megatron's attention): the H200's
+                    misaligned_eff=0.1924, **_H200_FLASH),
     # device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
     # traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side (kernel_s, p2p_s,
     # collective_s: the framework's costs, not the GPU's) the A100 fit's
     "hopper": Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497, kernel_s=59.6958e-6,
                     source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
-                    p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1924),
+                    p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1924, **_H200_FLASH),
 }
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "hopper", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
@@ -136,6 +156,8 @@ class MeasuredRates:
         self.gemm = [p for p in gemm if not _named_misaligned(p[3], bpv)]
         self.memory = pts("elementwise") + pts("norm")
         self.ok = bool(self.gemm and self.memory)
+        #: {(sequence, head dim): (forward FLOP/s, backward FLOP/s)} of the fused attention records
+        self.attention = _attention_rates(pts("attention"))
 
     @staticmethod
     def _nearest(points, key: float, index: int):
@@ -153,9 +175,36 @@ class MeasuredRates:
         f, _, t, _ = self._nearest(self.gemm, flops, 0)
         return f / t * (misaligned_eff if misaligned else 1.0)
 
+    def attention_rate(self, seq: int, head_dim: int, backward: bool) -> float:
+        """Forward or backward FLOP/s of the measured fused attention nearest in
+        (log sequence length, log head dimension)."""
+        import math
+
+        key = min(self.attention, key=lambda sd: abs(math.log(sd[0] / seq)) + abs(math.log(sd[1] / head_dim)))
+        return self.attention[key][1 if backward else 0]
+
     def memory_rate(self, nbytes: float) -> float:
         _, b, t, _ = self._nearest(self.memory, nbytes, 1)
         return b / t
+
+
+def _attention_rates(points) -> dict[tuple[int, int], tuple[float, float]]:
+    """Pair ``b..h..s..d..:fwd`` and ``:fwdbwd`` records (:mod:`perfsim.calibrate.efficiency`):
+    forward rate = its FLOPs / time; backward rate = 2.5 x the forward's FLOPs over
+    (forward + backward time - forward time)."""
+    import re
+
+    seen: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
+    for flops, _, t, name in points:
+        m = re.fullmatch(r"b\d+h\d+s(\d+)d(\d+):(fwd|fwdbwd)", name)
+        if m:
+            seen.setdefault((int(m[1]), int(m[2])), {})[m[3]] = (flops, t)
+    out = {}
+    for key, kinds in seen.items():
+        if "fwd" in kinds and "fwdbwd" in kinds and kinds["fwdbwd"][1] > kinds["fwd"][1]:
+            f, t = kinds["fwd"]
+            out[key] = (f / t, 2.5 * f / (kinds["fwdbwd"][1] - t))
+    return out
 
 
 def measured_rates(profile, precision: str) -> "MeasuredRates | None":
@@ -178,7 +227,8 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
     0-1024) and ``eff_max`` (the median achieved fraction at that knee) minimise the
     aligned GEMMs' mean absolute log error under :func:`op_time`; ``misaligned_eff`` is the
     median of the misaligned GEMMs' time under that curve over their measured time (1
-    without such records)."""
+    without such records); the flash-attention fields from the fused attention records
+    (:func:`_fit_flash`; 0 without them)."""
     import math
     import statistics
 
@@ -207,8 +257,34 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
     slow = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in rates.misaligned if t >= min_time_s]
     mis = (min(1.0, statistics.median(op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, aligned, bpv) / t
                                       for (m, n, k), t in slow)) if slow else 1.0)
+    flash = {}
+    for backward, prefix in ((False, "flash_"), (True, "flash_bwd_")):
+        e, ks, kd = _fit_flash(rates.attention, gpu.peak(precision), backward) if rates.attention else (0.0, 0.0, 0.0)
+        flash.update({prefix + "eff": e, prefix + "knee_s": ks, prefix + "knee_d": kd})
     return Curve(eff_max=round(eff, 4), knee=knee, mem_eff=round(mem_eff, 4), kernel_s=host.kernel_s,
-                 source=source, p2p_s=host.p2p_s, collective_s=host.collective_s, misaligned_eff=round(mis, 4))
+                 source=source, p2p_s=host.p2p_s, collective_s=host.collective_s, misaligned_eff=round(mis, 4),
+                 **flash)
+
+
+def _fit_flash(rates: dict, peak: float, backward: bool) -> tuple[float, float, float]:
+    """(eff at FLASH_REF, sequence knee, head-dim knee) of :func:`flash_time` fitted to
+    measured fused-attention rates: knees on a grid, the efficiency their median ratio,
+    minimising the mean absolute log error."""
+    import math
+    import statistics
+
+    s0, d0 = FLASH_REF
+    pts = [(s, d, r[1 if backward else 0] / peak) for (s, d), r in rates.items()]
+    best = None
+    for ks in range(0, 4097, 32):
+        for kd in range(0, 513, 4):
+            ref = (s0 / (s0 + ks)) * (d0 / (d0 + kd))
+            shapes = [((s / (s + ks)) * (d / (d + kd)) / ref, y) for s, d, y in pts]
+            e = math.exp(statistics.median(math.log(y / f) for f, y in shapes))
+            err = statistics.fmean(abs(math.log(e * f / y)) for f, y in shapes)
+            if best is None or err < best[0]:
+                best = (err, min(1.0, e), float(ks), float(kd))
+    return round(best[1], 4), best[2], best[3]
 
 
 def curve_for(gpu: GPU) -> tuple[Curve, str]:
@@ -239,9 +315,18 @@ class Op:
     #: backward as one memory-bound kernel moving these bytes, instead of twice the
     #: forward (None); an op with no forward work (``bytes`` 0, not a GEMM) is backward-only
     bwd_bytes: float | None = None
+    #: FlashAttention-2's fused kernel over ``batch`` (micro-batch x heads) sequences of
+    #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`flash_time`)
+    flash: bool = False
+    #: a causal mask: the kernel skips the upper half of the score matrix
+    causal: bool = True
 
     @property
     def flops(self) -> float:
+        """GEMM FLOPs; flash attention: the forward's two GEMMs, as FlashAttention counts
+        them (``4 b h s^2 d``, halved by a causal mask)."""
+        if self.flash:
+            return 4.0 * self.m * self.n * self.k * self.batch * (0.5 if self.causal else 1.0)
         return 2.0 * self.m * self.n * self.k * self.batch
 
 
@@ -249,6 +334,8 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
             ) -> float:
     """Seconds of one forward op (module docstring); ``rates``: a profile's measured
     operator rates, which replace the curve (the host floor ``kernel_s`` stays)."""
+    if op.flash:
+        return flash_time(op, gpu, precision, curve, rates)
     if rates is not None:
         if op.m:
             return max(op.flops / rates.gemm_rate(op.flops, misaligned(op, bpv), curve.misaligned_eff),
@@ -263,6 +350,30 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
         moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
         return max(compute, moved / bw, curve.kernel_s)
     return max(op.bytes / bw, curve.kernel_s)
+
+
+#: the (sequence length, head dimension) at which a curve's flash efficiencies are stated
+FLASH_REF = (4096, 128)
+
+
+def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRates | None = None,
+               backward: bool = False) -> float:
+    """Seconds of FlashAttention-2's forward (or ``backward``: 2.5 x the forward's FLOPs,
+    the scores recomputed; Dao 2023, arXiv:2307.08691, Sec. 3) over ``op``: its FLOPs at
+    the rate of a profile's nearest measured ``attention`` record (sequence length, head
+    dimension) when ``rates`` has them, else at ``peak x eff x f(s) f(d) / f(FLASH_REF)``
+    with ``f(x) = x / (x + knee)`` (longer sequences and wider heads keep the tensor cores
+    busier between the kernel's softmax steps); at least ``kernel_s``."""
+    flops = op.flops * (2.5 if backward else 1.0)
+    if rates is not None and rates.attention:
+        return max(flops / rates.attention_rate(op.m, op.k, backward), curve.kernel_s)
+    eff, ks, kd = ((curve.flash_bwd_eff, curve.flash_bwd_knee_s, curve.flash_bwd_knee_d) if backward
+                   else (curve.flash_eff, curve.flash_knee_s, curve.flash_knee_d))
+    if not eff:
+        raise ConfigError(f"attention=flash: the efficiency curve ({curve.source}) has no flash-attention fit")
+    s0, d0 = FLASH_REF
+    shape = (op.m / (op.m + ks)) * (op.k / (op.k + kd)) / ((s0 / (s0 + ks)) * (d0 / (d0 + kd)))
+    return max(flops / (gpu.peak(precision) * eff * shape), curve.kernel_s)
 
 
 def _named_misaligned(name: str, bpv: int) -> bool:
@@ -318,8 +429,10 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
     return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
 
 
-def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
-    """Forward ops of one transformer block on one tensor-parallel rank."""
+def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron") -> list[Op]:
+    """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
+    the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
+    kernel (:func:`flash_time`)."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
@@ -331,9 +444,11 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     ops = [
         Op("norm1", bytes=2 * act),
         Op("qkv", m=tok, n=qkv, k=h),
-        Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
-        *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
-        Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
+        *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
+              causal=not spec.encoder)] if attention == "flash" else
+          [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
+           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
+           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True)]),
         Op("proj", m=tok, n=h, k=h // tp),
         Op("dropout_residual1", bytes=3 * act + tok_sp * h),
         Op("norm2", bytes=2 * act),
@@ -395,16 +510,19 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
 
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
-                      curve: Curve, rates: MeasuredRates | None = None) -> tuple[list[float], list[float]]:
+                      curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron"
+                      ) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
-    for one micro-batch on one tensor-parallel rank (collectives not included)."""
+    for one micro-batch on one tensor-parallel rank (collectives not included);
+    ``attention``: ``megatron`` or ``flash`` kernels (:func:`block_ops`)."""
     bpv = BYTES_PER_VALUE[precision]
 
     def fwd_bwd(ops, recomputable: bool):
         t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
         fwd = sum(t)
         # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
-        bwd = sum(2 * x if op.bwd_bytes is None else
+        bwd = sum(flash_time(op, gpu, precision, curve, rates, backward=True) if op.flash else
+                  2 * x if op.bwd_bytes is None else
                   op_time(Op(op.name, bytes=op.bwd_bytes), gpu, precision, curve, bpv, rates)
                   if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
         if recomputable and recompute == "full":
@@ -414,7 +532,7 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    blk = fwd_bwd(block_ops(spec, mb, tp, sp, bpv), True)
+    blk = fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention), True)
     hd = fwd_bwd(head_ops(spec, mb, tp, sp, bpv), False)
     fwd = [e[0]] + [blk[0]] * spec.n_layer + [hd[0]]
     bwd = [e[1]] + [blk[1]] * spec.n_layer + [hd[1]]

@@ -141,7 +141,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "events": out.events + (warm.events if warm is not None else 0), "engine": out.engine,
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
-        "recompute": strategy.recompute, "zero": strategy.zero, "global_batch": strategy.global_batch,
+        "recompute": strategy.recompute, "attention": strategy.attention, "zero": strategy.zero,
+        "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
