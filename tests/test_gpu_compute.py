@@ -71,7 +71,8 @@ def test_uncalibrated_gpu_states_the_assumption():
 
     assert "nearest calibrated" in said("l4") and "l4" in said("l4")
     assert "calibrated on a100" in said("a100")
-    assert "calibrated on h200-sxm-141gb (same architecture) applied to h100-sxm5-80gb" in said("h100")
+    assert "calibrated on h200-sxm-141gb (same architecture) applied to h100-pcie-80gb" in said("h100-pcie")
+    assert said("h100").endswith("calibrated on h100-sxm5-80gb")  # its own curve
     assert "nearest" not in said("h200")
 
 
@@ -241,14 +242,16 @@ def test_gpu_preset_reduces_gradients_after_the_backward_as_megatron_does():
     assert predict(**cpu).summary["iteration_s"] == predict(**cpu, overlap=True).summary["iteration_s"]
 
 
-def test_hopper_curve_is_the_fit_of_the_stored_h200_profile():
+@pytest.mark.parametrize("stored, gpu, path", [
+    (compute.CURVES["hopper"], "h200", "gpu-h200.json"),
+    (compute.GPU_CURVES["h100-sxm5-80gb"], "h100", "gpu/h100-efficiency-2026-11-26.json")])
+def test_gpu_curves_are_the_fits_of_the_stored_profiles(stored, gpu, path):
     from pathlib import Path
 
     from perfsim.profile import load_profile
 
-    path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
-    stored = compute.CURVES["hopper"]
-    fit = compute.fit_curve(load_profile(path), get_gpu("h200"), "bf16", compute.CURVES["ampere"], "")
+    path = Path(__file__).resolve().parents[1] / "traces" / path
+    fit = compute.fit_curve(load_profile(path), get_gpu(gpu), "bf16", compute.CURVES["ampere"], "")
     assert dataclasses.replace(fit, source=stored.source) == stored  # host side: the A100 fit's in both
 
 

@@ -127,6 +127,17 @@ CURVES: dict[str, Curve] = {
                     source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
                     p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1924, **_H200_FLASH),
 }
+#: curves of single GPU models measured on their own (``perfsim calibrate --efficiency
+#: --quick`` on one H100, ``traces/gpu/h100-efficiency-2026-11-26.json``; host side the A100
+#: fit's); they win over their family's curve
+GPU_CURVES: dict[str, Curve] = {
+    "h100-sxm5-80gb": Curve(eff_max=0.9114, knee=352.0, mem_eff=0.7362, kernel_s=59.6958e-6,
+                            source="fitted on H100 kernel times (traces/gpu/h100-efficiency-2026-11-26.json); "
+                                   "host costs of the A100 fit",
+                            p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1887,
+                            flash_eff=0.5487, flash_knee_s=576.0, flash_knee_d=96.0, flash_bwd_eff=0.3899,
+                            flash_bwd_knee_s=1664.0, flash_bwd_knee_d=40.0),
+}
 #: the calibrated GPU each family borrows a curve from (nearest by architecture)
 NEAREST = {"ampere": "ampere", "hopper": "hopper", "volta": "ampere", "ada": "ampere", "cdna3": "ampere"}
 CALIBRATED_ON = {"ampere": "a100-sxm4-80gb", "hopper": "h200-sxm-141gb"}
@@ -288,7 +299,10 @@ def _fit_flash(rates: dict, peak: float, backward: bool) -> tuple[float, float, 
 
 
 def curve_for(gpu: GPU) -> tuple[Curve, str]:
-    """The curve for ``gpu`` and a sentence saying where it comes from."""
+    """The curve for ``gpu`` and a sentence saying where it comes from: its own
+    (:data:`GPU_CURVES`), else its family's, else the nearest calibrated family's."""
+    if gpu.name in GPU_CURVES:
+        return GPU_CURVES[gpu.name], f"roofline x efficiency curve calibrated on {gpu.name}"
     fam = NEAREST.get(gpu.family, "ampere")
     curve = CURVES[fam]
     if gpu.name == CALIBRATED_ON[fam]:
