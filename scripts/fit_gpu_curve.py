@@ -3,7 +3,7 @@
     python scripts/fit_gpu_curve.py traces/gpu-h200.json --gpu h200-sxm-141gb --precision bf16
 
 Prints the fitted :class:`perfsim.engine.compute.Curve` (the device side; the host side is
-the A100 fit's, :func:`perfsim.engine.compute.fit_curve`) and, per operator class, the
+the A100 fit's, :func:`perfsim.engine.curve_fit.fit_curve`) and, per operator class, the
 mean absolute error of each measured record's time under (a) the curve fitted here and
 (b) the curve perfsim uses for this GPU (``--against FAMILY``: that family's curve on this
 GPU's datasheet peaks). That table is in docs/gpu.md.
@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--against", help="compare with this family's curve in perfsim (default: the GPU's own)")
     args = ap.parse_args(argv)
     from perfsim.engine import compute as C
+    from perfsim.engine.curve_fit import fit_curve
     from perfsim.hardware import get_gpu
     from perfsim.profile import load_profile
 
@@ -61,7 +62,7 @@ def main(argv=None) -> int:
     before, said = C.curve_for(gpu)
     if args.against:
         before, said = C.CURVES[args.against], f"the {args.against} curve on {gpu.name}'s peaks"
-    fitted = C.fit_curve(profile, gpu, args.precision, C.CURVES["ampere"], f"fitted on {gpu.name}",
+    fitted = fit_curve(profile, gpu, args.precision, C.CURVES["ampere"], f"fitted on {gpu.name}",
                          args.min_time)
     print(f"fitted on {args.profile} ({args.precision}): eff_max={fitted.eff_max} knee={fitted.knee} "
           f"mem_eff={fitted.mem_eff} misaligned_eff={fitted.misaligned_eff}")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 
 from perfsim.api import build_configs, predict
-from perfsim.engine import compute
+from perfsim.engine import compute, curve_fit
 from perfsim.errors import ConfigError
 from perfsim.hardware import GPUS, get_gpu
 from perfsim.models.transformer import parse_inline
@@ -111,7 +111,7 @@ def test_fit_curve_recovers_the_curve_behind_efficiency_records():
                           flash_eff=0.5, flash_knee_s=512.0, flash_knee_d=96.0, flash_bwd_eff=0.4,
                           flash_bwd_knee_s=1024.0, flash_bwd_knee_d=48.0)
     host = compute.CURVES["ampere"]
-    fit = compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
+    fit = curve_fit.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
     assert fit.eff_max == pytest.approx(0.62, rel=0.02) and fit.knee == pytest.approx(96, abs=8)
     assert fit.mem_eff == pytest.approx(0.7, rel=1e-3)
     assert fit.misaligned_eff == pytest.approx(0.3, rel=0.03)  # fitted on the misaligned records alone
@@ -121,7 +121,7 @@ def test_fit_curve_recovers_the_curve_behind_efficiency_records():
     assert (fit.kernel_s, fit.p2p_s, fit.collective_s) == (host.kernel_s, host.p2p_s, host.collective_s)
     # records shorter than min_time_s (launch-bound) are left out; none left is an error
     with pytest.raises(ConfigError, match="bf16 GEMM and memory-bound efficiency records"):
-        compute.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=1.0)
+        curve_fit.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=1.0)
 
 
 def test_every_layer_costs_something_and_head_on_last_stage():
@@ -251,7 +251,7 @@ def test_gpu_curves_are_the_fits_of_the_stored_profiles(stored, gpu, path):
     from perfsim.profile import load_profile
 
     path = Path(__file__).resolve().parents[1] / "traces" / path
-    fit = compute.fit_curve(load_profile(path), get_gpu(gpu), "bf16", compute.CURVES["ampere"], "")
+    fit = curve_fit.fit_curve(load_profile(path), get_gpu(gpu), "bf16", compute.CURVES["ampere"], "")
     assert dataclasses.replace(fit, source=stored.source) == stored  # host side: the A100 fit's in both
 
 
