@@ -89,6 +89,13 @@ def test_api_and_comma_lists(capsys):
     assert len(lines) == 5 and "peak_memory_gib" in lines[0]
 
 
+def test_a_sweep_table_names_the_gpu_axes_that_vary(capsys):
+    assert main(["predict", "--model", "gpt2-medium", "--gpu", "h100", "--pp", "2", "--global-batch", "8",
+                 "--precision", "bf16", "--attention", "megatron,flash", "--recompute", "none,full"]) == 0
+    out = capsys.readouterr().out
+    assert "attention" in out and "recompute" in out and out.count("flash") == 2 and "precision" not in out
+
+
 def test_seq_len_and_global_batch_error_without_gpu():
     r = predict(model="bert-large", seq_len=128, pp=1, micro_batch=8, global_batch=64, dp=2)
     assert r.summary["macro_batch"] == 32 and r.summary["throughput_tokens_per_s"] > 0

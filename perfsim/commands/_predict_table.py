@@ -45,8 +45,10 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                 ("epoch", lambda s: format_time(s["epoch_s"])),
                 ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
                 ("dp bytes", lambda s: format_bytes(s["dp_bytes"]))]
-    if many:  # one row per configuration; only the columns that vary
-        varying = [c for c in cfg_cols if len({str(r.summary[c[1]]) for r in results}) > 1] or cfg_cols[:1]
+    if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
+        sweep_cols = cfg_cols + [("tp", "tp", str), ("precision", "precision", str),
+                                 ("recompute", "recompute", str), ("attention", "attention", str)]
+        varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
         t = Table(title=f"perfsim predict ({len(results)} configurations)", title_justify="left")
         for name, _, _ in varying:
             t.add_column(name)
