@@ -32,8 +32,7 @@ def class_errors(profile, gpu, precision: str, curve, min_time_s: float) -> dict
             if op.endswith("gemm") and C._named_misaligned(r["name"], bpv) != (op == "misaligned gemm"):
                 continue
             if op.endswith("gemm"):
-                m, n, k = (int(v) for v in r["name"].split("x"))
-                kernel = C.Op("gemm", m=m, n=n, k=k)
+                kernel = C.Op("gemm", *C.gemm_dims(r["name"]))
             else:
                 kernel = C.Op(op, bytes=r["size_bytes"])
             # the records are kernel times: no host floor
@@ -77,4 +76,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from perfsim.errors import ConfigError
+
+    try:
+        sys.exit(main())
+    except ConfigError as exc:  # bad input: one line, exit 2
+        print(f"fit_gpu_curve: {exc}", file=sys.stderr)
+        sys.exit(2)

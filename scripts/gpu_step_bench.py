@@ -43,20 +43,18 @@ def megatron_block(spec, dropout: float, flash: bool = False):
     class MegatronBlock(Block):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, d = x.shape
-            q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+            q, k, v = (z.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2)
+                       for z in self.qkv(self.ln1(x)).chunk(3, dim=2))
             if flash:
-                q, k, v = (z.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2) for z in (q, k, v))
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).flatten(2)
-                x = x + F.dropout(self.proj(y), dropout, True)
-                return x + F.dropout(self.fc_proj(F.gelu(self.fc(self.ln2(x)))), dropout, True)
-            q, k, v = (z.reshape(b, t, self.n_head, self.head_dim).transpose(1, 2).reshape(b * self.n_head, t, -1)
-                       for z in (q, k, v))
-            scores = torch.baddbmm(torch.empty(b * self.n_head, t, t, device=x.device, dtype=x.dtype), q,
-                                   k.transpose(1, 2), beta=0.0, alpha=1.0 / math.sqrt(self.head_dim))
-            mask = torch.ones(t, t, device=x.device, dtype=torch.bool).triu_(1)
-            probs = F.dropout(torch.softmax(scores.masked_fill_(mask, -10000.0), dim=-1), dropout, True)
-            y = torch.bmm(probs, v).reshape(b, self.n_head, t, -1).transpose(1, 2).flatten(2)
-            x = x + F.dropout(self.proj(y), dropout, True)
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                q, k, v = (z.reshape(b * self.n_head, t, -1) for z in (q, k, v))
+                scores = torch.baddbmm(torch.empty(b * self.n_head, t, t, device=x.device, dtype=x.dtype), q,
+                                       k.transpose(1, 2), beta=0.0, alpha=1.0 / math.sqrt(self.head_dim))
+                mask = torch.ones(t, t, device=x.device, dtype=torch.bool).triu_(1)
+                probs = F.dropout(torch.softmax(scores.masked_fill_(mask, -10000.0), dim=-1), dropout, True)
+                y = torch.bmm(probs, v).reshape(b, self.n_head, t, -1)
+            x = x + F.dropout(self.proj(y.transpose(1, 2).flatten(2)), dropout, True)
             return x + F.dropout(self.fc_proj(F.gelu(self.fc(self.ln2(x)))), dropout, True)
 
     return MegatronBlock(spec)

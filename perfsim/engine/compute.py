@@ -106,35 +106,36 @@ class Curve:
                               f"in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
 
 
+#: the A100 fit's host side (per operator, per pipeline message, per TP collective): the
+#: framework's costs, not the GPU's, so the curves fitted on kernel times share them
+_A100_HOST = dict(kernel_s=59.6958e-6, p2p_s=379.9567e-6, collective_s=49.3749e-6)
+#: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
+_H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
+                   flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
 #: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
 #: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
 #: barely constrain the knee: at these sizes the host floor hides small GEMMs.
-#: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
-_H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
-                   flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675, kernel_s=59.6958e-6,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", p2p_s=379.9567e-6,
-                    collective_s=49.3749e-6,
+    "ampere": Curve(eff_max=0.8662, knee=0.0, mem_eff=0.7675,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", **_A100_HOST,
                     # not measured on an A100 (its data pad the vocabulary, its runs use
                     # Megatron's attention): the H200's
                     misaligned_eff=0.1924, **_H200_FLASH),
     # device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
-    # traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side (kernel_s, p2p_s,
-    # collective_s: the framework's costs, not the GPU's) the A100 fit's
-    "hopper": Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497, kernel_s=59.6958e-6,
+    # traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side the A100 fit's
+    "hopper": Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497,
                     source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
-                    p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1924, **_H200_FLASH),
+                    **_A100_HOST, misaligned_eff=0.1924, **_H200_FLASH),
 }
 #: curves of single GPU models measured on their own (``perfsim calibrate --efficiency
 #: --quick`` on one H100, ``traces/gpu/h100-efficiency-2026-11-26.json``; host side the A100
 #: fit's); they win over their family's curve
 GPU_CURVES: dict[str, Curve] = {
-    "h100-sxm5-80gb": Curve(eff_max=0.9114, knee=352.0, mem_eff=0.7362, kernel_s=59.6958e-6,
+    "h100-sxm5-80gb": Curve(eff_max=0.9114, knee=352.0, mem_eff=0.7362,
                             source="fitted on H100 kernel times (traces/gpu/h100-efficiency-2026-11-26.json); "
                                    "host costs of the A100 fit",
-                            p2p_s=379.9567e-6, collective_s=49.3749e-6, misaligned_eff=0.1887,
+                            **_A100_HOST, misaligned_eff=0.1887,
                             flash_eff=0.5487, flash_knee_s=576.0, flash_knee_d=96.0, flash_bwd_eff=0.3899,
                             flash_bwd_knee_s=1664.0, flash_bwd_knee_d=40.0),
 }
@@ -318,13 +319,19 @@ def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRa
     return max(flops / (gpu.peak(precision) * eff * shape), curve.kernel_s)
 
 
-def _named_misaligned(name: str, bpv: int) -> bool:
-    """:func:`misaligned` of an efficiency record named ``MxNxK``."""
+def gemm_dims(name: str) -> tuple[int, int, int] | None:
+    """``(m, n, k)`` of an efficiency record named ``MxNxK``, or None."""
     try:
         m, n, k = (int(v) for v in name.split("x"))
     except ValueError:
-        return False
-    return misaligned(Op("gemm", m=m, n=n, k=k), bpv)
+        return None
+    return m, n, k
+
+
+def _named_misaligned(name: str, bpv: int) -> bool:
+    """:func:`misaligned` of an efficiency record named ``MxNxK``."""
+    dims = gemm_dims(name)
+    return dims is not None and misaligned(Op("gemm", *dims), bpv)
 
 
 def misaligned(op: Op, bpv: int) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from perfsim.engine.compute import FLASH_REF, Curve, MeasuredRates, Op, op_time
+from perfsim.engine.compute import FLASH_REF, Curve, MeasuredRates, Op, gemm_dims, op_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, GPU
 
@@ -39,7 +39,7 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
                           f"{min_time_s * 1e6:.0f} us (perfsim calibrate --efficiency)")
     bw, bpv = gpu.memory_bandwidth_Bps, BYTES_PER_VALUE[precision]
     mem_eff = min(1.0, statistics.median(b / t / bw for _, b, t, _ in memory))
-    shapes = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in gemm]
+    shapes = [(gemm_dims(name), t) for _, _, t, name in gemm]
     best = None
     for knee in range(0, 1025, 8):
         def g(m, n, k):
@@ -53,7 +53,7 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
             best = (err, eff, float(knee))
     _, eff, knee = best
     aligned = Curve(eff_max=eff, knee=knee, mem_eff=mem_eff, kernel_s=0.0, source="fit")
-    slow = [(tuple(int(v) for v in name.split("x")), t) for _, _, t, name in rates.misaligned if t >= min_time_s]
+    slow = [(gemm_dims(name), t) for _, _, t, name in rates.misaligned if t >= min_time_s]
     mis = (min(1.0, statistics.median(op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, aligned, bpv) / t
                                       for (m, n, k), t in slow)) if slow else 1.0)
     flash = {}
