@@ -7,8 +7,8 @@ in place, never copied.
 
 Split (fixed before any error was looked at): a row belongs to the CALIBRATION half
 when the SHA-256 of its configuration text (every column but the time, joined by
-commas as in the file) has an even first byte; the rest is HELD OUT. Only the six
-curve parameters (eff_max, knee, mem_eff, kernel_s, p2p_s, collective_s) are fitted, by Nelder-Mead on
+commas as in the file) has an even first byte; the rest is HELD OUT. Only the seven
+curve parameters (eff_max, knee, mem_eff, kernel_s, p2p_s, collective_s, lm_head_eff) are fitted, by Nelder-Mead on
 the mean absolute percentage error of the calibration rows (``--every N``: every Nth
 only, for a quicker fit); nothing per row.
 
@@ -95,10 +95,13 @@ def bucket_table(calib: list[dict], held: list[dict]) -> str:
 def set_curve(x) -> None:
     from perfsim.engine import compute
 
-    eff, knee, mem, kern, p2p, coll = x
-    compute.CURVES["ampere"] = compute.Curve(eff_max=min(1.0, max(1e-3, eff)), knee=max(0.0, knee),
-                                             mem_eff=min(1.0, max(1e-3, mem)), kernel_s=max(0.0, kern),
-                                             p2p_s=max(0.0, p2p), collective_s=max(0.0, coll), source="fitting")
+    from dataclasses import replace
+
+    eff, knee, mem, kern, p2p, coll, head = x
+    compute.CURVES["ampere"] = replace(compute.CURVES["ampere"], eff_max=min(1.0, max(1e-3, eff)), knee=max(0.0, knee),
+                                       mem_eff=min(1.0, max(1e-3, mem)), kernel_s=max(0.0, kern),
+                                       p2p_s=max(0.0, p2p), collective_s=max(0.0, coll),
+                                       lm_head_eff=min(1.0, max(1e-3, head)), source="fitting")
 
 
 def main(argv=None) -> int:
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--table", action="store_true", help="also print MAPE per tp and pp bucket")
     ap.add_argument("--iters", type=int, default=120, help="Nelder-Mead iterations")
     ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
-    ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us "
+    ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
                                     "(default: the code's)")
     args = ap.parse_args(argv)
     path = data_path()
@@ -124,21 +127,28 @@ def main(argv=None) -> int:
         from perfsim.engine import compute
 
         c = compute.CURVES["ampere"]
-        x0 = ([float(v) for v in args.start.split(",")] if args.start
-              else [c.eff_max, c.knee, c.mem_eff, c.kernel_s * 1e6, c.p2p_s * 1e6, c.collective_s * 1e6])
-
+        try:
+            x0 = ([float(v) for v in args.start.split(",")] if args.start
+                  else [c.eff_max, c.knee, c.mem_eff, c.kernel_s * 1e6, c.p2p_s * 1e6, c.collective_s * 1e6,
+                        c.lm_head_eff])
+        except ValueError:
+            x0 = []
+        if len(x0) != 7:
+            print(f"--start {args.start!r}: give the seven values "
+                  "eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff", file=sys.stderr)
+            return 2
         fit_rows = calib[::args.every]
 
         def loss(x):
-            set_curve([x[0], x[1], x[2], x[3] * 1e-6, x[4] * 1e-6, x[5] * 1e-6])
+            set_curve([x[0], x[1], x[2], x[3] * 1e-6, x[4] * 1e-6, x[5] * 1e-6, x[6]])
             return mape(fit_rows)[0]
 
         res = minimize(loss, x0, method="Nelder-Mead",
                        options=dict(maxiter=args.iters, xatol=1e-3, fatol=1e-3, initial_simplex=None))
-        eff, knee, mem, kern, p2p, coll = res.x
-        set_curve([eff, knee, mem, kern * 1e-6, p2p * 1e-6, coll * 1e-6])
+        eff, knee, mem, kern, p2p, coll, head = res.x
+        set_curve([eff, knee, mem, kern * 1e-6, p2p * 1e-6, coll * 1e-6, head])
         print(f"fitted: eff_max={eff:.4f} knee={knee:.2f} mem_eff={mem:.4f} kernel_s={kern:.3f}e-6 "
-              f"p2p_s={p2p:.1f}e-6 collective_s={coll:.2f}e-6 "
+              f"p2p_s={p2p:.1f}e-6 collective_s={coll:.2f}e-6 lm_head_eff={head:.4f} "
               f"(calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
     m_cal, w_cal = mape(calib)
     m_held, w_held = mape(held)

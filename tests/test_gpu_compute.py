@@ -345,3 +345,44 @@ def test_flash_attention_from_the_api_and_a_profile():
     r = predict(model="gpt2-xl", profile=path, gpu="h200", pp=1, micro_batch=4, global_batch=4,
                 precision="bf16", attention="flash")
     assert r.summary["compute_model"].startswith("operator rates measured in the profile")
+
+
+def test_lm_head_eff_slows_the_vocabulary_gemm_and_nothing_else():
+    from perfsim.workload import get_model
+
+    spec = get_model("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=50304").arch
+    g = get_gpu("a100-sxm4-80gb")
+    fast = dataclasses.replace(compute.CURVES["ampere"], lm_head_eff=1.0)
+    slow = dataclasses.replace(fast, lm_head_eff=0.25)
+
+    def times(curve):
+        return compute.transformer_times(spec, g, "fp16", 2, 1, False, "full", curve)
+
+    (f1, b1), (f2, b2) = times(fast), times(slow)
+    assert f1[:-1] == f2[:-1] and b1[:-1] == b2[:-1]  # embedding and blocks untouched
+    head = compute.Op("lm_head", m=2048, n=50304, k=1024, lm_head=True)
+    gemm = compute.op_time(head, g, "fp16", fast, 2)
+    assert f2[-1] - f1[-1] == pytest.approx(3 * gemm)  # the head's GEMM at a quarter of the rate
+    assert b2[-1] - b1[-1] == pytest.approx(6 * gemm)  # and its two backward GEMMs
+    with pytest.raises(ConfigError, match="lm_head_eff"):
+        dataclasses.replace(fast, lm_head_eff=0.0)
+
+
+def test_measured_curves_run_the_lm_head_at_the_blocks_rate():
+    """Hopper's curves keep lm_head_eff 1 because an H200 measured it so: its padded LM-head
+    GEMM records (vocabulary 50304, every orientation) reach the rate of the block GEMMs'."""
+    import json
+    import statistics
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
+    recs = [r for r in json.loads(path.read_text())["records"]
+            if r["op"] == "gemm" and r["dtype"] == "bfloat16" and r["flops"] > 5e10]
+    rate = {True: [], False: []}
+    for r in recs:
+        if "50257" not in r["name"]:  # the unpadded head is the misaligned case
+            rate["50304" in r["name"]].append(r["flops"] / r["time_s"])
+    assert len(rate[True]) >= 6 and len(rate[False]) >= 20
+    assert statistics.median(rate[True]) / statistics.median(rate[False]) > 0.9
+    assert compute.CURVES["hopper"].lm_head_eff == 1.0 == compute.GPU_CURVES["h100-sxm5-80gb"].lm_head_eff
+    assert compute.CURVES["ampere"].lm_head_eff < 1.0  # the A100 runs' fit (scripts/calibrate_a100.py)
