@@ -146,7 +146,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
                                            vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1,
-                                           attention=strategy.attention)
+                                           attention=strategy.attention,
+                                           host_overhead_s=fields["system"].get("host_overhead_s"))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
                         arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
                         tied_values=model.tied_values)

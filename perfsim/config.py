@@ -294,6 +294,9 @@ class System:
     #: compute slowdown while communication overlaps it on the same device (0.1 = 10 %
     #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
     comm_slowdown: float | None = None
+    #: host time per GPU operator (framework, autograd, launch) replacing the GPU
+    #: curve's ``kernel_s``; None = the curve's (perfsim.engine.compute)
+    host_overhead_s: float | None = None
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -318,6 +321,10 @@ class System:
             raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
                               f"{', '.join(COLLECTIVE_ALGORITHMS)}")
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
+        _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        if self.host_overhead_s is not None and self.gpu is None:
+            raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
+                              "times carry their own host")
 
 
 def from_dict(cls, data: Mapping[str, Any], where: str = ""):

@@ -124,6 +124,9 @@ PARAMS: tuple[Param, ...] = (
     Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
+    Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
+          "replacing the GPU curve's 58us (Megatron-LM on the A100 runs' hosts); e.g. 25us for eager "
+          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "

@@ -315,8 +315,8 @@ def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[flo
 
 def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
                         tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
-                        vocab_multiple: int = 1, attention: str = "megatron"
-                        ) -> tuple[list[float], list[float], str]:
+                        vocab_multiple: int = 1, attention: str = "megatron",
+                        host_overhead_s: float | None = None) -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
 
@@ -350,7 +350,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
         from perfsim.hardware import check_precision
 
         check_precision(gpu, precision)
-        curve, source = compute.curve_for(gpu)
+        curve, source = compute.curve_for(gpu, host_overhead_s)
         rates = compute.measured_rates(profile, precision)
         if rates is not None:
             source = (f"operator rates measured in the profile ({len(rates.gemm)} GEMMs, "

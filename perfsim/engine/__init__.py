@@ -85,7 +85,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
 
     network = Network(system, strategy.devices, profile)
     gpu = get_gpu(system.gpu) if system.gpu else None
-    plan = build_plan(workload, strategy, profile, network, gpu)
+    plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)
     memory = check_memory(workload, strategy, system, plan, allow_oom)
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731

@@ -61,7 +61,7 @@ without a fitted curve uses the nearest calibrated one's fractions on its own pe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, GPU
@@ -240,9 +240,20 @@ def measured_rates(profile, precision: str) -> "MeasuredRates | None":
     return rates if rates.ok else None
 
 
-def curve_for(gpu: GPU) -> tuple[Curve, str]:
+def curve_for(gpu: GPU, host_overhead_s: float | None = None) -> tuple[Curve, str]:
     """The curve for ``gpu`` and a sentence saying where it comes from: its own
-    (:data:`GPU_CURVES`), else its family's, else the nearest calibrated family's."""
+    (:data:`GPU_CURVES`), else its family's, else the nearest calibrated family's.
+    ``host_overhead_s``: the user's host time per operator, replacing the curve's
+    ``kernel_s`` (the framework's, not the GPU's: Megatron-LM on the A100 runs' hosts
+    for every curve here)."""
+    curve, source = _curve_for(gpu)
+    if host_overhead_s is None:
+        return curve, source
+    return (replace(curve, kernel_s=host_overhead_s),
+            f"{source}; host time per operator {host_overhead_s * 1e6:g} us (given)")
+
+
+def _curve_for(gpu: GPU) -> tuple[Curve, str]:
     if gpu.name in GPU_CURVES:
         return GPU_CURVES[gpu.name], f"roofline x efficiency curve calibrated on {gpu.name}"
     fam = NEAREST.get(gpu.family, "ampere")

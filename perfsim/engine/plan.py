@@ -207,10 +207,11 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     return fwd, bwd, nbytes
 
 
-def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
+def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None) -> Plan:
     """Resolve every per-stage cost (see module docstring). ``network`` times the
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
-    when the profile has none for this precision."""
+    when the profile has none for this precision; ``host_overhead_s``: the host time
+    per operator that replaces the GPU curve's (``System.host_overhead_s``)."""
     from dataclasses import replace
 
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
@@ -237,7 +238,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
     if gpu is not None:
         from perfsim.engine.compute import curve_for
 
-        curve = curve_for(gpu)[0]
+        curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
@@ -314,7 +315,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None) -> Plan:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
-        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params)
+        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
@@ -345,7 +346,7 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     return values * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
-def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
+def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve=None) -> float:
     """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
     memory-bandwidth fallback."""
@@ -361,7 +362,7 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params) -> float:
     if opt is None and gpu is not None:
         from perfsim.engine.compute import curve_for, optimizer_time
 
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve_for(gpu)[0])
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve or curve_for(gpu)[0])
     return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
 
