@@ -125,7 +125,7 @@ PARAMS: tuple[Param, ...] = (
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
-          "replacing the GPU curve's 58us (Megatron-LM on the A100 runs' hosts); e.g. 25us for eager "
+          "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
