@@ -61,6 +61,8 @@ without a fitted curve uses the nearest calibrated one's fractions on its own pe
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
@@ -186,8 +188,6 @@ class MeasuredRates:
 
     @staticmethod
     def _nearest(points, key: float, index: int):
-        import math
-
         return min(points, key=lambda p: abs(math.log(p[index]) - math.log(max(key, 1.0))))
 
     def gemm_rate(self, flops: float, misaligned: bool = False, misaligned_eff: float = 1.0) -> float:
@@ -203,8 +203,6 @@ class MeasuredRates:
     def attention_rate(self, seq: int, head_dim: int, backward: bool) -> float:
         """Forward or backward FLOP/s of the measured fused attention nearest in
         (log sequence length, log head dimension)."""
-        import math
-
         key = min(self.attention, key=lambda sd: abs(math.log(sd[0] / seq)) + abs(math.log(sd[1] / head_dim)))
         return self.attention[key][1 if backward else 0]
 
@@ -217,8 +215,6 @@ def _attention_rates(points) -> dict[tuple[int, int], tuple[float, float]]:
     """Pair ``b..h..s..d..:fwd`` and ``:fwdbwd`` records (:mod:`perfsim.calibrate.efficiency`):
     forward rate = its FLOPs / time; backward rate = 2.5 x the forward's FLOPs over
     (forward + backward time - forward time)."""
-    import re
-
     seen: dict[tuple[int, int], dict[str, tuple[float, float]]] = {}
     for flops, _, t, name in points:
         m = re.fullmatch(r"b\d+h\d+s(\d+)d(\d+):(fwd|fwdbwd)", name)

@@ -346,10 +346,10 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     return values * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
-def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve=None) -> float:
+def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
     """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
-    memory-bandwidth fallback."""
+    memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
     opt = None
     shard = params / (strategy.dp if strategy.zero == 1 else 1)
     if profile is not None and gpu is None:
@@ -360,9 +360,9 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve=None) ->
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
     if opt is None and gpu is not None:
-        from perfsim.engine.compute import curve_for, optimizer_time
+        from perfsim.engine.compute import optimizer_time
 
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve or curve_for(gpu)[0])
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
     return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
 
