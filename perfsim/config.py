@@ -84,6 +84,9 @@ RECOMPUTE = ("none", "selective", "full")
 #: kernels, the s x s scores stored) or FlashAttention-2's one fused kernel
 #: (Dao 2023, arXiv:2307.08691)
 ATTENTION = ("megatron", "flash")
+#: ZeRO stages the simulator models (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+#: Training Trillion Parameter Models", arXiv:1910.02054)
+ZERO_STAGES = (0, 1)
 #: where data-parallel gradients live: ``bucketed`` -- PyTorch DDP's default, each
 #: bucket flattened into a buffer and the averaged result copied back (Li et al.,
 #: "PyTorch Distributed", arXiv:2006.15704, Sec. 3.2.3); ``contiguous`` -- one flat
@@ -182,7 +185,7 @@ class Strategy(PipelineShape):
             raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
         if self.tied_embedding not in TIED_EMBEDDINGS:
             raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
-        if self.zero not in (0, 1):
+        if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: 0 or 1 (ZeRO-1 shards the optimizer state)")
         if sorted(self.placement) != sorted(PLACEMENT_DIMS):
             raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
