@@ -366,9 +366,10 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                                              dask_scheduler=dask_scheduler, band=tie_band, lossless=_lossless)
     feasible = sorted((c for c in done if c.summary is not None), key=Candidate.score)
     if not feasible:
-        why = sorted({c.rejected for c in done + invalid if c.rejected})
+        why = [c.rejected for c in done + invalid if c.rejected]
         raise ConfigError(f"no configuration of {model} on {nodes} x {gpus_per_node} GPUs fits"
-                          + (": " + "; ".join(why[:3]) if why else ""))
+                          + (f" ({rejected} rejected), e.g. {why[0]}" if why else
+                             " (every candidate was left out: see the convergence curves)"))
     lossless = next((c for c in feasible if _lossless(c)), None)
     if lossless is not None and lossless is not feasible[0] \
             and lossless.score() <= feasible[0].score() * (1 + tie_band):
