@@ -273,38 +273,16 @@ def _setup(model, gpus_per_node, space, system, cli):
     return base, space
 
 
-def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
-         target_loss: float | None = None, convergence: str | None = None, space: SearchSpace | None = None,
-         top: int = 5, jobs: int = 1, progress: Callable[[int], None] | None = None,
-         backend: str = "process", dask_scheduler: str | None = None, tie_band: float = TIE_BAND,
-         cli: bool = False, total: Callable[[int], None] | None = None, **system: Any) -> PlanResult:
-    """Search the configurations of ``model`` on ``nodes x gpus_per_node`` GPUs.
-
-    ``system`` takes every parameter of :func:`perfsim.api.predict` (``bandwidth``,
-    ``latency``, ``topology``, ``profile``, ``gpu``, ``seq_len``, ...): one value each,
-    except the search dimensions (``tp``, ``zero``, ``attention``, ``recompute``, ...,
-    :mod:`perfsim.search_space`), which take a value (pinned) or a list (searched) in
-    place of their defaults -- as does ``space``. Bad input (a value predict would
-    refuse, an infeasible cluster, an empty search) raises :class:`ConfigError` before
-    any search. ``convergence`` names measured curves (a bundled model or a JSON file,
-    :mod:`perfsim.convergence`); by default those of ``model`` if shipped. ``jobs``
-    worker processes simulate in parallel: a local process pool (``backend="process"``)
-    or Dask (``backend="dask"``, the optional extra ``perfsim[dask]``;
-    ``dask_scheduler`` the address of a ``dask.distributed`` cluster). ``progress(n)``
-    is called as ``n`` more candidates are decided, after ``total(N)`` (if given).
-    """
+def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
+               target_loss: float | None = None, convergence: str | None = None,
+               space: SearchSpace | None = None, cli: bool = False,
+               **system: Any) -> tuple[list[Candidate], list[str]]:
+    """Every configuration :func:`plan` searches (validated; bounds not yet computed),
+    and the notes on what was left out -- the space an exhaustive check runs through."""
     from perfsim.api import build_configs
     from perfsim.convergence import load_convergence
     from perfsim.hardware import get_gpu
 
-    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch),
-                    ("top", top), ("jobs", jobs)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
-    if backend not in BACKENDS:
-        raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
-    if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):
-        raise ConfigError(f"tie_band={tie_band!r}: a fraction in [0, 1)")
     base, space = _setup(model, gpus_per_node, space, system, cli)
     gpus = nodes * gpus_per_node
     ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system))
@@ -332,7 +310,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                      "pipeline boundaries; a per-boundary mix is given the steps ratio of its most "
                      "step-costly spec")
     ref_steps = curves.reference_steps(target_loss) if curves is not None else None
-    grouped: dict[tuple, list[Candidate]] = {}
+    out: list[Candidate] = []
     missing, never = set(), set()
     for p in params:
         ratio = None
@@ -344,13 +322,49 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
             if math.isinf(ratio):
                 never.add((p["compress"], p["grad_compress"]))
                 continue
-        grouped.setdefault(group_key(p), []).append(Candidate(p, 0.0, ratio, reference_steps=ref_steps))
+        out.append(Candidate(p, 0.0, ratio, reference_steps=ref_steps))
     if missing:
         notes.append(f"left out {len(missing)} compression combination(s) without a measured curve: "
                      + ", ".join(sorted(f"{c}+{g}" for c, g in missing)[:6]))
     if never:
         notes.append("left out (never reached the target loss in their measured budget): "
                      + ", ".join(sorted(f"{c}+{g}" for c, g in never)))
+    return out, notes
+
+
+def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
+         target_loss: float | None = None, convergence: str | None = None, space: SearchSpace | None = None,
+         top: int = 5, jobs: int = 1, progress: Callable[[int], None] | None = None,
+         backend: str = "process", dask_scheduler: str | None = None, tie_band: float = TIE_BAND,
+         cli: bool = False, total: Callable[[int], None] | None = None, **system: Any) -> PlanResult:
+    """Search the configurations of ``model`` on ``nodes x gpus_per_node`` GPUs.
+
+    ``system`` takes every parameter of :func:`perfsim.api.predict` (``bandwidth``,
+    ``latency``, ``topology``, ``profile``, ``gpu``, ``seq_len``, ...): one value each,
+    except the search dimensions (``tp``, ``zero``, ``attention``, ``recompute``, ...,
+    :mod:`perfsim.search_space`), which take a value (pinned) or a list (searched) in
+    place of their defaults -- as does ``space``. Bad input (a value predict would
+    refuse, an infeasible cluster, an empty search) raises :class:`ConfigError` before
+    any search. ``convergence`` names measured curves (a bundled model or a JSON file,
+    :mod:`perfsim.convergence`); by default those of ``model`` if shipped. ``jobs``
+    worker processes simulate in parallel: a local process pool (``backend="process"``)
+    or Dask (``backend="dask"``, the optional extra ``perfsim[dask]``;
+    ``dask_scheduler`` the address of a ``dask.distributed`` cluster). ``progress(n)``
+    is called as ``n`` more candidates are decided, after ``total(N)`` (if given).
+    """
+    for name, v in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("global_batch", global_batch),
+                    ("top", top), ("jobs", jobs)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
+    if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):
+        raise ConfigError(f"tie_band={tie_band!r}: a fraction in [0, 1)")
+    cands, notes = candidates(model=model, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
+                              target_loss=target_loss, convergence=convergence, space=space, cli=cli, **system)
+    grouped: dict[tuple, list[Candidate]] = {}
+    for c in cands:
+        grouped.setdefault(group_key(c.params), []).append(c)
     n_cands = sum(len(m) for m in grouped.values())
     if total:
         total(n_cands)
