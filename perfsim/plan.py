@@ -33,7 +33,7 @@ from perfsim.errors import ConfigError
 from perfsim.plan_search import (BACKENDS, Group, family_bound, family_key, group_bound,  # noqa: F401
                                  group_key, iteration_bound, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
-                                  Context, SearchSpace, enumerate_candidates)
+                                  Context, SearchSpace, dimensions, enumerate_candidates)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
 
 #: relative error band of a prediction: whole training steps are predicted within
@@ -94,8 +94,8 @@ class PlanResult:
         for i, c in enumerate(self.ranked, 1):
             row = {"rank": i, **c.summary, "steps_ratio": c.steps_ratio,
                    "time_to_loss_s": c.time_to_loss_s, "score_s": c.score()}
-            row.setdefault("tp", c.params.get("tp", 1))
-            row.setdefault("recompute", c.params.get("recompute", "none"))
+            for d in dimensions():  # every searched dimension, as the candidate set it
+                row.setdefault(d.name, c.params.get(d.name, d.default))
             out.append(row)
         return out
 
@@ -199,7 +199,6 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
     from perfsim.params import BY_NAME
-    from perfsim.search_space import dimensions
 
     chosen = [f"{d.name}={p[d.name]}" for d in dimensions()
               if d.search != "split" and d.name in p and d.name not in ("schedule", "compress", "grad_compress")
