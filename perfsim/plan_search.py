@@ -79,7 +79,8 @@ def engine_plan(params: dict[str, Any]):
 def compute_bound(pl, schedule: str) -> float:
     """Lower bound of an iteration from compute alone: :func:`iteration_bound`'s compute
     terms with each stage's work including its tensor-parallel collectives (serial with
-    compute), and for GPipe and 1F1B (one whole stage per device; its first action is
+    compute); for every schedule the pipeline fill before each device's work; and for
+    GPipe and 1F1B (one whole stage per device; its first action is
     micro-batch 0's forward and its last micro-batch m-1's backward) the pipeline fill
     and drain around the busiest stage: ``max_s sum_{k<s} F_k + m W_s + sum_{k<s} B_k``
     (GPipe: Huang et al. arXiv:1811.06965; 1F1B: Narayanan et al. arXiv:2104.04473)."""
@@ -89,8 +90,18 @@ def compute_bound(pl, schedule: str) -> float:
     bwd = [st.bwd_s + st.bwd_tp_s for st in pl.stages]
     work = [f + b for f, b in zip(fwd, bwd)]
     m = pl.num_microbatches
-    bound = iteration_bound(work, [], m, None, stage_device=pl.table.stage_device)
-    if schedule in PLAIN_SCHEDULES and len(set(pl.table.stage_device)) == len(pl.stages):
+    where = pl.table.stage_device
+    bound = iteration_bound(work, [], m, None, stage_device=where)
+    # any schedule: a device's first action is a forward of its first stage, which waits
+    # for that micro-batch's forwards on every stage before it; then it computes all
+    # its stages for every micro-batch
+    first: dict[int, int] = {}
+    busy: dict[int, float] = {}
+    for s, d in enumerate(where):
+        first.setdefault(d, s)
+        busy[d] = busy.get(d, 0.0) + m * work[s]
+    bound = max(bound, max(sum(fwd[:first[d]]) + busy[d] for d in busy))
+    if schedule in PLAIN_SCHEDULES and len(set(where)) == len(pl.stages):
         before = 0.0
         for s, w in enumerate(work):
             bound = max(bound, before + m * w)
@@ -104,27 +115,73 @@ def plan_bound(params: dict[str, Any]) -> float:
     _, strategy, system, profile, pl, net = engine_plan(params)
     work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
     boundary = [max(st.fw_bytes, st.bw_bytes) for st in pl.stages[:-1]]
-    # pipeline neighbours share a node only when a node holds several GPUs; then the
-    # faster intra-node fabric is the optimistic (valid) rate
-    link = None
-    if system.topology is None:
-        link = system.bandwidth_bps if system.gpus_per_node == 1 else \
-            max(system.bandwidth_bps, system.intra_node_bandwidth_bps)
-    from perfsim.network import collective_cost
 
-    sync = [sum(collective_cost(step.kind, step.nbytes, pl.dp)[0] for b in st.buckets for step in b.steps)
-            for st in pl.stages] if pl.dp > 1 else []
-    rates, lats = None, ()
+    where = pl.table.stage_device
+    gpn = system.gpus_per_node
+    node = lambda r, s: strategy.device(0, r, where[s]) // gpn  # noqa: E731
+    link, rates, lats = None, None, ()
+    sync = []
+    if system.topology is None:
+        # a boundary that leaves a node for some replica goes through that node's NICs
+        # (their total rate, shared by its GPUs); the others at the intra-node rate
+        inter, intra = system.bandwidth_bps, max(system.bandwidth_bps, system.intra_node_bandwidth_bps)
+        rates = [inter if any(node(r, k) != node(r, k + 1) for r in range(pl.dp)) else intra
+                 for k in range(len(pl.stages) - 1)]
     if system.topology is not None:  # each boundary over the slowest link it crosses
-        where = pl.table.stage_device
         paths = [[net.path(strategy.device(0, r, where[k]), strategy.device(0, r, where[k + 1]))
                   for r in range(pl.dp)] if where[k] != where[k + 1] else []
                  for k in range(len(pl.stages) - 1)]
         rates = [min((p.bandwidth_bps for p in ps), default=math.inf) for ps in paths]
         lats = [min((p.latency_s for p in ps), default=0.0) for ps in paths]
+    nic = nic_bound(pl, strategy, system) if system.topology is None else 0.0
     return max(iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
                                stage_device=pl.table.stage_device),
-               compute_bound(pl, strategy.schedule))
+               compute_bound(pl, strategy.schedule), nic)
+
+
+def nic_bound(pl, strategy, system) -> float:
+    """Time the busiest node's NICs (their total rate, each direction on its own) need
+    for what must leave or enter the node in one iteration:
+
+    * every pipeline boundary between two nodes: each micro-batch's activations leave
+      the sender's node and enter the receiver's, its gradients the other way;
+    * a data-parallel sync group spanning ``N`` nodes sends from each of them at least,
+      per all-reduce of ``S`` bytes per member, ``2 (N-1)/N S`` (the ring's per-member
+      volume, the hierarchical all-reduce's inter-node phase; the tree moves ``2 S``:
+      Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
+      workstations", JPDC 2009), and receives per all-gather ``(n - k) S`` (the other
+      members' parts; ``k`` of its ``n`` members on the node); other kinds nothing.
+    Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
+    if not system.bandwidth_bps:
+        return 0.0
+    from collections import Counter
+
+    gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
+    out: dict[int, float] = {}
+    into: dict[int, float] = {}
+    for t in range(strategy.tp):
+        for k, st in enumerate(pl.stages):
+            if k + 1 < len(pl.stages):
+                for r in range(n):
+                    a = strategy.device(t, r, where[k]) // gpn
+                    b = strategy.device(t, r, where[k + 1]) // gpn
+                    if a != b:
+                        out[a] = out.get(a, 0.0) + m * st.fw_bytes / strategy.tp
+                        into[b] = into.get(b, 0.0) + m * st.fw_bytes / strategy.tp
+                        out[b] = out.get(b, 0.0) + m * st.bw_bytes / strategy.tp
+                        into[a] = into.get(a, 0.0) + m * st.bw_bytes / strategy.tp
+            if n == 1:
+                continue
+            nodes = Counter(strategy.device(t, r, where[k]) // gpn for r in range(n))
+            N = len(nodes)
+            if N < 2:
+                continue
+            reduce = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allreduce")
+            gather = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allgather")
+            for node, on in nodes.items():
+                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+                into[node] = into.get(node, 0.0) + (n - on) * gather
+    return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
