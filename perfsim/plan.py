@@ -221,8 +221,10 @@ def explain(ranked: Sequence[Candidate]) -> str:
         r = ranked[1]
         diff = [k for k in dict.fromkeys([*p, *r.params]) if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
+        how = (f"is {gain:.1%} slower to the target" if gain >= 0 else
+               f"is {-gain:.1%} faster, a tie within the model's error band that goes to the lossless choice")
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
-                 f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and is {gain:.1%} slower to the target.")
+                 f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and {how}.")
     return text
 
 
