@@ -54,6 +54,8 @@ class Candidate:
     rejected: str | None = None
     #: optimizer steps uncompressed training needs to reach the target loss (None: unknown)
     reference_steps: int | None = None
+    #: 95 % interval of the steps ratio over the curves' seeds (None: one seed, or a mix)
+    ratio_interval: tuple[float, float] | None = None
 
     @property
     def key(self) -> float:
@@ -92,7 +94,9 @@ class PlanResult:
         ratio and time to loss."""
         out = []
         for i, c in enumerate(self.ranked, 1):
-            row = {"rank": i, **c.summary, "steps_ratio": c.steps_ratio,
+            lo, hi = c.ratio_interval or (None, None)
+            row = {"rank": i, **c.summary, "steps_ratio": c.steps_ratio, "steps_ratio_lo": lo,
+                   "steps_ratio_hi": hi,
                    "time_to_loss_s": c.time_to_loss_s, "score_s": c.score()}
             for d in dimensions():  # every searched dimension, as the candidate set it
                 row.setdefault(d.name, c.params.get(d.name, d.default))
@@ -312,7 +316,7 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                      "step-costly spec")
     ref_steps = curves.reference_steps(target_loss) if curves is not None else None
     out: list[Candidate] = []
-    missing, never = set(), set()
+    missing, never, noise = set(), set(), set()
     for p in params:
         ratio = None
         if curves is not None:
@@ -323,7 +327,18 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
             if math.isinf(ratio):
                 never.add((p["compress"], p["grad_compress"]))
                 continue
-        out.append(Candidate(p, 0.0, ratio, reference_steps=ref_steps))
+        interval = None
+        if curves is not None and not p.get("boundary_compress"):
+            rp, rg = curves.ratios(p["compress"], p["grad_compress"], target_loss)
+            if min(rp.n, rg.n) >= 2:
+                interval = (rp.lo * rg.lo, rp.hi * rg.hi)
+            for spec, r in ((p["compress"], rp), (p["grad_compress"], rg)):
+                if r.includes_one and r.mean != 1.0:
+                    noise.add(f"{spec} {r.mean:.3f} [{r.lo:.3f}, {r.hi:.3f}]")
+        out.append(Candidate(p, 0.0, ratio, reference_steps=ref_steps, ratio_interval=interval))
+    if noise:
+        notes.append("steps ratios whose 95 % interval over seeds includes 1, treated as 1 (seed noise): "
+                     + ", ".join(sorted(noise)))
     if missing:
         notes.append(f"left out {len(missing)} compression combination(s) without a measured curve: "
                      + ", ".join(sorted(f"{c}+{g}" for c, g in missing)[:6]))
