@@ -278,8 +278,9 @@ def family_bound(params: dict[str, Any]) -> float:
     """Compute-only lower bound shared by every group of a family (:func:`family_key`:
     the same stage work, whatever the ZeRO stage or the one-stage-per-device schedule):
     ``max(m x busiest device, one pass)``; 0 when it cannot be built (then each group
-    is bounded on its own)."""
-    q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
+    is bounded on its own). The bound is taken without ZeRO (a ZeRO stage only adds
+    sharding work), so it holds for every stage a family holds."""
+    q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS and k != "zero"}
     try:
         _, strategy, _, _, pl, _ = engine_plan(q)
     except ConfigError:
