@@ -159,8 +159,18 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION"),
-    Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
-          "strategy.zero", minimum=0),
+    Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
+          "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
+          "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0),
+    Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
+          "parameters after its forward and gather them again for the backward; false keeps them "
+          "(no backward all-gather, the stage's full weights held)", "strategy",
+          "strategy.reshard_after_forward"),
+    Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
+          "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
+          "under autocast: + the logits and two fp32 gradients of them) or chunked (a fused linear "
+          "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
+          choices="perfsim.config:CROSS_ENTROPY"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "

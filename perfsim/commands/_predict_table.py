@@ -122,7 +122,8 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \
                 f"{s['memory_capacity_gib']:.0f} GiB ({s['gpu']})"
             parts = breakdown_text(worst["weights_gib"], worst["grads_gib"], worst["optimizer_state_gib"],
-                                   worst["activations_gib"], worst["buffers_gib"])
+                                   worst["activations_gib"], worst["buffers_gib"],
+                                   worst.get("sharding_buffers_gib") or 0.0)
             console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
                           f"({parts}){fits}")
         if s.get("compute_model"):

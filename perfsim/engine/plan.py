@@ -82,6 +82,9 @@ class StagePlan:
     device: int = 0  # the pipeline device this stage runs on
     compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
     whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
+    unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
+    #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
+    units: list = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +112,9 @@ class Plan:
     #: stage all-reduce after the data-parallel sync (``Strategy.tied_embedding``
     #: ``sync``; 0: none)
     tied_sync_bytes: int = 0
+    #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -260,7 +266,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
-                       whole_stage_measured=whole)
+                       whole_stage_measured=whole, unit_params=[layer.params for layer in synced])
         tokens = workload.tokens_per_sample
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
@@ -301,6 +307,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
+        if dp > 1 and onebit and strategy.zero >= 2:
+            raise ConfigError(f"grad_compress {strategy.grad_compress!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
+                              f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
             # (then: the 3-phase 1-bit allreduce) of the stage into ONE buffer after the
@@ -311,6 +320,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
+        elif dp > 1 and strategy.zero >= 2:
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
@@ -325,7 +336,26 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
-                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table))
+                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
+                strategy.zero, strategy.reshard_after_forward)
+
+
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
+    """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
+    per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
+    weights after the last backward, one bucket of the stage."""
+    from perfsim.engine.sharding import param_gather_steps, shard_units
+
+    dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
+    plain = grad_spec in ("fp32", "none") or native
+    codec = None if plain or profile is None else (
+        lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
+    a = st.first_layer
+    fwd = list(workload.fwd_s[a:st.last_layer])
+    scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions
+    st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
+    if strategy.zero == 2:
+        st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 
 
 def tied_sync_bytes(workload, strategy, table) -> int:
@@ -351,7 +381,7 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
     profile when no GPU preset is named), else the GPU's compute model, else the
     memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
     opt = None
-    shard = params / (strategy.dp if strategy.zero == 1 else 1)
+    shard = params / (strategy.dp if strategy.zero >= 1 else 1)
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,

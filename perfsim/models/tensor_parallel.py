@@ -71,12 +71,18 @@ def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequen
     return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
 
 
+def block_gemm_params(spec) -> int:
+    """GEMM weights of one block: QKV, attention projection and the MLP's matrices."""
+    d, kv, f = spec.hidden, spec.kv_dim, spec.ffn
+    return d * (d + 2 * kv) + d * d + (3 if spec.gated else 2) * d * f
+
+
 def shard_block_params(spec, tp: int) -> int:
     """Parameters one tensor-parallel rank holds of one block: the GEMM weights
     (and their column-parallel biases) split ``t`` ways, the norms and the
     row-parallel biases replicated (Megatron-LM Sec. 3)."""
     d, kv, f = spec.hidden, spec.kv_dim, spec.ffn
-    gemm = d * (d + 2 * kv) + d * d + (3 if spec.gated else 2) * d * f
+    gemm = block_gemm_params(spec)
     col_bias = (d + 2 * kv + f) if spec.bias else 0
     replicated = 2 * spec.norm_params() + (2 * d if spec.bias else 0)
     return -(-(gemm + col_bias) // tp) + replicated

@@ -1,0 +1,161 @@
+"""ZeRO-2/3 and FSDP2: memory against the ZeRO paper's formulas, wire bytes against the
+ring formulas, refusals; the fp32 logits of a plain PyTorch step; fp8 on Hopper."""
+
+import math
+
+import pytest
+
+from perfsim.api import predict
+from perfsim.cli import main
+from perfsim.errors import ConfigError
+from perfsim.memory import GIB, model_state_bytes, sharding_buffers
+
+GB = 1e9
+
+
+# ---------------------------------------------------------------- memory: ZeRO Sec. 5
+
+def paper(psi: float, nd: int, stage: int, k: int = 12) -> float:
+    """Rajbhandari et al., arXiv:1910.02054, Sec. 5 / Fig. 1 (mixed-precision Adam, K = 12)."""
+    return {0: (2 + 2 + k) * psi, 1: (2 + 2 + k / nd) * psi, 2: (2 + (2 + k) / nd) * psi,
+            3: (2 + 2 + k) * psi / nd}[stage]
+
+
+def test_figure_1_numbers():
+    """The paper's Fig. 1 example: Psi = 7.5B, N_d = 64: 120, 31.4, 16.6 and 1.9 GB."""
+    got = [sum(model_state_bytes(7.5e9, 2, 2, 12, 64, z)) / GB for z in range(4)]
+    assert got == pytest.approx([120, 31.4, 16.6, 1.9], abs=0.05)
+
+
+@pytest.mark.parametrize("psi", [124_439_808, 1_557_611_200, 7.5e9, 175e9])
+@pytest.mark.parametrize("nd", [1, 2, 8, 64, 1024])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_model_states_follow_the_paper(psi, nd, stage):
+    assert sum(model_state_bytes(psi, 2, 2, 12, nd, stage)) == pytest.approx(paper(psi, nd, stage), rel=1e-12)
+
+
+@pytest.mark.parametrize("model", ["gpt2", "gpt2-medium"])
+@pytest.mark.parametrize("dp", [2, 4, 8])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_predicted_model_states_follow_the_paper(model, dp, zero):
+    """End to end: predict's weights + grads + optimizer of a stage equal the formula for the
+    stage's Psi (16-bit gradients in DDP-style buckets, the paper's 2 Psi), and fp32
+    training's with K = 8 (and 4-byte weights and gradients)."""
+    base = dict(model=model, gpu="h100", pp=1, dp=dp, gpus_per_node=8, micro_batch=1,
+                global_batch=8 * dp, grad_buffer="bucketed", zero=zero, attention="flash")
+    st = predict(**base, precision="bf16").stages[0]
+    psi = st["params"]
+    states = (st["weights_gib"] + st["grads_gib"] + st["optimizer_state_gib"]) * GIB
+    assert states == pytest.approx(paper(psi, dp, zero), rel=1e-9)
+    st32 = predict(**base, precision="fp32").stages[0]
+    states32 = (st32["weights_gib"] + st32["grads_gib"] + st32["optimizer_state_gib"]) * GIB
+    w = {0: 16 * psi, 1: (8 + 8 / dp) * psi, 2: (4 + 12 / dp) * psi, 3: 16 * psi / dp}[zero]
+    assert states32 == pytest.approx(w, rel=1e-9)
+
+
+def test_zero3_working_buffers_are_stated():
+    """ZeRO-3 adds the gathered weights of the computing and the prefetched unit (largest
+    adjacent pair) and one unit's unsharded gradient; without resharding, the whole
+    stage's gathered weights; ZeRO-2 one unit's gradient; nothing at dp 1 or ZeRO-0/1."""
+    units = [10, 50, 30, 40]
+    assert sharding_buffers(units, 2, 2, 8, 3) == 2 * (50 + 30) + 2 * 50
+    assert sharding_buffers(units, 2, 4, 8, 3, reshard_after_forward=False) == 2 * 130 + 4 * 50
+    assert sharding_buffers(units, 2, 2, 8, 2) == 2 * 50
+    assert sharding_buffers(units, 2, 2, 1, 3) == 0
+    assert sharding_buffers(units, 2, 2, 8, 1) == 0
+    # in a prediction: GPT-2's largest adjacent pair is the embedding (wte + wpe) and block 0
+    r = predict(model="gpt2", gpu="h100", pp=1, dp=4, gpus_per_node=4, micro_batch=1, global_batch=8,
+                precision="bf16", grad_buffer="bucketed", zero=3, attention="flash")
+    embed, block = 50257 * 768 + 1024 * 768, 12 * 768 * 768 + 13 * 768
+    assert r.stages[0]["sharding_buffers_gib"] * GIB == 2 * (embed + block) + 2 * embed
+    assert r.summary["peak_memory_gib"] == pytest.approx(r.stages[0]["memory_gib"])
+
+
+def test_zero3_lowers_the_peak_and_no_reshard_costs_memory():
+    base = dict(model="gpt2-xl", gpu="h100", pp=1, dp=8, gpus_per_node=8, micro_batch=1, global_batch=16,
+                precision="bf16", attention="flash", grad_buffer="bucketed")
+    peak = {z: predict(**base, zero=z).summary["peak_memory_gib"] for z in range(4)}
+    assert peak[0] > peak[1] > peak[2] > peak[3]
+    keep = predict(**base, zero=3, reshard_after_forward=False).summary["peak_memory_gib"]
+    assert peak[3] < keep < peak[2] + 2 * 1.56e9 / GIB
+
+
+# ---------------------------------------------------------------- communication
+
+def wire(kind: str, nbytes: float, n: int) -> float:
+    """Ring bytes one rank sends (arXiv:1910.02054 Sec. 7; perfsim.collectives.plan)."""
+    return {"allgather": (n - 1) * nbytes, "reduce_scatter": (n - 1) / n * nbytes,
+            "allreduce": 2 * (n - 1) / n * nbytes}[kind]
+
+
+def _layer_params(model: str) -> list[int]:
+    from perfsim.api import build_configs
+
+    workload = build_configs(model=model, gpu="h100", pp=1)[0]
+    return [layer.params for layer in workload.layers]
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("m", [1, 3])
+def test_wire_bytes_per_iteration(dp, m):
+    """dp_bytes (all ranks, one iteration) = the ring formulas, unit by unit:
+    ZeRO-2: m reduce-scatters of the gradients + one all-gather of the updated weights;
+    ZeRO-3: m x (all-gather in forward + again in backward + reduce-scatter);
+    without resharding one all-gather per forward only; ZeRO-0/1 unchanged."""
+    model = "gpt2"
+    units = [p for p in _layer_params(model) if p]
+    psi = sum(units)
+    base = dict(model=model, gpu="h100", pp=1, dp=dp, gpus_per_node=8, micro_batch=1, global_batch=m * dp,
+                precision="bf16", grad_buffer="bucketed", attention="flash")
+    got = {z: predict(**base, zero=z).summary["dp_bytes"] for z in (0, 2, 3)}
+    got["3k"] = predict(**base, zero=3, reshard_after_forward=False).summary["dp_bytes"]
+    rs = sum(wire("reduce_scatter", 2 * p, dp) for p in units)
+    ag = sum(wire("allgather", math.ceil(2 * p / dp), dp) for p in units)
+    assert got[0] == pytest.approx(dp * wire("allreduce", 2 * psi, dp), rel=1e-9)
+    assert got[2] == pytest.approx(dp * (m * rs + wire("allgather", math.ceil(2 * psi / dp), dp)), rel=1e-12)
+    assert got[3] == pytest.approx(dp * m * (2 * ag + rs), rel=1e-12)
+    assert got["3k"] == pytest.approx(dp * m * (ag + rs), rel=1e-12)
+    if m == 1:  # the paper's Sec. 7.2: ZeRO-2 = DP, ZeRO-3 = 1.5 x DP (up to the shards' rounding)
+        assert got[2] == pytest.approx(got[0], rel=1e-6)
+        assert got[3] == pytest.approx(1.5 * got[0], rel=1e-6)
+
+
+def test_compressed_reduce_scatter_and_refusals(capsys):
+    """A compressor whose codes sum on a shared scale reduce-scatters them; the others
+    are refused in one line naming the compressor (exit 2)."""
+    base = dict(model="gpt2", gpu="h100", pp=1, dp=4, gpus_per_node=4, micro_batch=1, global_batch=4,
+                precision="bf16", grad_buffer="bucketed", attention="flash")
+    plain = predict(**base, zero=3).summary["dp_bytes"]
+    q = predict(**base, zero=3, grad_compress="qsgd-maxnorm:4").summary["dp_bytes"]
+    assert q < plain
+    for spec in ("qsgd:4", "powersgd:4", "onebit-adam", "randk-maxnorm:0.01:4", "topk:0.2:8"):
+        with pytest.raises(ConfigError, match="cannot reduce-scatter"):
+            predict(**base, zero=2, grad_compress=spec)
+    code = main(["predict", "--model", "gpt2", "--gpu", "h100", "--pp", "1", "--dp", "2", "--zero", "3",
+                 "--grad-compress", "qsgd:4", "--precision", "bf16"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "qsgd:4" in lines[0] and "reduce-scatter" in lines[0], err
+
+
+def test_zero3_overlaps_gathers_with_compute():
+    """On a fast fabric the per-unit gathers hide behind compute (ZeRO-3 within 10 % of the
+    same replica's iteration without data parallelism); over a slow network they are
+    exposed: every unit waits for its gather, so the iteration is at least the gathers'
+    serial time (2 micro-batches, forward and backward)."""
+    base = dict(model="gpt2", gpu="h100", pp=1, micro_batch=4, precision="bf16",
+                grad_buffer="bucketed", attention="flash")
+    alone = predict(**base, dp=1, global_batch=8).summary["iteration_s"]
+    t3 = predict(**base, dp=2, global_batch=16, gpus_per_node=2, zero=3).summary["iteration_s"]
+    assert t3 < 1.1 * alone
+    slow = predict(**base, dp=2, global_batch=16, zero=3, bandwidth="1Gbps", gpus_per_node=1)
+    units = [p for p in _layer_params("gpt2") if p]
+    gathers = sum(wire("allgather", math.ceil(2 * p / 2), 2) for p in units) * 8 / 1e9  # seconds at 1 Gbit/s
+    assert slow.summary["iteration_s"] > 2 * 2 * gathers
+    assert slow.summary["dp_sync_s"] > 0.5 * 2 * 2 * gathers
+
+
+def test_zero_refuses_zero_bubble_schedules():
+    with pytest.raises(ConfigError, match="zero-bubble"):
+        predict(model="gpt2", gpu="h100", pp=2, dp=2, zero=3, schedule="zb-h1", global_batch=8)
