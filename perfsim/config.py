@@ -255,9 +255,11 @@ class Strategy(PipelineShape):
         ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
         distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
         parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
-        if self.precision == "bf16" and self.grad_buffer == "contiguous":
+        from perfsim.hardware import value_precision
+
+        if self.precision in ("bf16", "fp8") and self.grad_buffer == "contiguous":
             return "fp32"
-        return self.precision
+        return value_precision(self.precision)  # fp8: bf16 gradients (Transformer Engine)
 
     def device(self, t: int, r: int, s: int) -> int:
         """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered

@@ -151,7 +151,8 @@ PARAMS: tuple[Param, ...] = (
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel"),
     Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
-    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16)",
+    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
+          "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS"),
     Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
           choices="perfsim.config:RECOMPUTE"),

@@ -16,9 +16,12 @@ def _cell(s: dict, key: str, fmt) -> str:
     """One configuration cell; the compression columns as sent: under 16-bit precision
     the plain specs (``fp32``, ``none``) send the training dtype
     (:func:`perfsim.engine.plan.native_specs`)."""
-    if key in ("compress", "grad_compress") and s.get("precision") in ("fp16", "bf16") \
+    from perfsim.hardware import value_precision
+
+    values = value_precision(s.get("precision") or "")
+    if key in ("compress", "grad_compress") and values in ("fp16", "bf16") \
             and str(s[key]).lower() in ("fp32", "none"):
-        return f"none ({s['precision']})"
+        return f"none ({values})"
     return fmt(s[key])
 
 

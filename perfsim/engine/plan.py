@@ -162,7 +162,10 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    half = strategy.precision if strategy.precision in ("fp16", "bf16") else None
+    from perfsim.hardware import value_precision
+
+    values = value_precision(strategy.precision)  # fp8 training sends bf16 values
+    half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
     fw_native = half is not None and compress.lower() == "fp32"
@@ -226,6 +229,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
+    from perfsim.hardware import value_precision
+
+    fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
+    fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
     from perfsim.boundaries import parse_boundary_compress
 
@@ -281,8 +288,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             nbytes_fp32 = 4 * numel_of(wire_shape)
             spec_s = per_boundary.get(s, strategy.compress)
             if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
-                native = strategy.precision in ("fp16", "bf16") and spec_s.lower() == "fp32"
-                pairs[spec_s] = (*make_pipeline_pair(strategy.precision if native else spec_s), native)
+                native = fw_half is not None and spec_s.lower() == "fp32"
+                pairs[spec_s] = (*make_pipeline_pair(fw_half if native else spec_s), native)
             fw_comp, bw_comp, fw_native = pairs[spec_s]
             st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
