@@ -105,7 +105,7 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: the loss's memory (perfsim.memory): ``fused`` -- Megatron-LM's vocab-parallel cross
 #: entropy (fp32 softmax kept, its gradient computed in place; Korthikanti et al.'s
 #: ``4 s b v``); ``pytorch`` -- ``F.cross_entropy`` on the logits under autocast (the
-#: logits, fp32 log-softmax, and in the backward two fp32 gradients of the full
+#: logits, the fp32 log-softmax and, in the backward, an fp32 gradient of the full
 #: ``s b v`` size); ``chunked`` -- a fused linear cross entropy that never holds the
 #: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
 CROSS_ENTROPY = ("fused", "pytorch", "chunked")

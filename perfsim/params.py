@@ -169,7 +169,7 @@ PARAMS: tuple[Param, ...] = (
           "strategy.reshard_after_forward"),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
-          "under autocast: + the logits and two fp32 gradients of them) or chunked (a fused linear "
+          "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
