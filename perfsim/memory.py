@@ -165,13 +165,14 @@ def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -
       inputs of the norm and the projection (``4 s b h``) and the fp32 softmax
       (``4 s b v``), whose gradient the backward computes in place;
     * ``pytorch`` (``F.cross_entropy`` on the LM head's logits under autocast, PyTorch's
-      ``log_softmax`` + ``nll_loss`` in fp32): the logits the step returns and keeps
-      (``bpv s b v``), the fp32 log-softmax saved for the backward (``4 s b v``) and, at
-      the backward's peak, one fp32 gradient of the logits (``4 s b v``; the forward's
-      peak, with the transient fp32 copy of the logits instead, is the same):
-      ``(bpv + 8) s b v`` instead of ``4 s b v`` -- 10 bytes per bf16 logit, as measured on
-      an H100 (torch 2.11: the step's peak is 4 bytes per logit above its memory after
-      the forward, and 2 lower when the caller drops the logits; docs/model.md);
+      ``log_softmax`` + ``nll_loss`` in fp32), as measured on an H100 (torch 2.11,
+      traces/gpu/h100-memory-fp8-2026-11-27.json; docs/model.md): after the forward
+      ``2 bpv + 4`` bytes per logit are held -- the logits the caller keeps (``bpv``), the
+      fp32 log-softmax saved for the backward (4) and one more logit-sized ``bpv``
+      buffer (measured, not identified) -- and the backward's peak adds one fp32 gradient
+      of the logits (4): ``(2 bpv + 8) s b v`` instead of ``4 s b v``, 12 bytes per bf16
+      logit (10 when the caller drops its logits before the backward; fp32 training's 16
+      is the same count, not measured);
     * ``chunked`` (Liger-Kernel's fused linear cross entropy; Hsu et al., "Liger Kernel:
       Efficient Triton Kernels for LLM Training", arXiv:2410.10989, Sec. 3.2): the logits
       of one chunk of ``next_pow2(ceil(s b / ceil(v / h)))`` tokens at a time (about
@@ -183,7 +184,7 @@ def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -
         return 4 * s * mb * h * (1 + v / h) / tp * (bpv / 2)
     head_inputs = 2 * bpv * s * mb * h / tp  # the norm's and the projection's inputs
     if cross_entropy == "pytorch":
-        return head_inputs + (bpv + 8) * s * mb * v / tp
+        return head_inputs + (2 * bpv + 8) * s * mb * v / tp
     chunk = 1 << max(0, math.ceil(s * mb / math.ceil(v / h)) - 1).bit_length()
     return head_inputs + bpv * min(chunk, s * mb) * v / tp + bpv * s * mb * h / tp + 4 * v * h / tp
 

@@ -1,16 +1,21 @@
-"""Two GPU checks behind docs/model.md ("The loss's memory", "fp8 on Hopper"):
+"""Three GPU checks behind docs/model.md ("The loss's memory", "fp8 on Hopper"):
 
 1. the peak memory of a plain PyTorch GPT-2 124M training step (fp32 parameters, bf16
    autocast, SDPA attention, fp32 ``F.cross_entropy`` over 50257 tokens, AdamW, micro-batch
    16 x 1024), the logits kept by the caller (nanoGPT's ``logits, loss = model(x, y)``)
    or dropped before the backward;
 2. bf16 against fp8 (e4m3, ``torch._scaled_mm``) GEMM rates on the block and LM-head
-   shapes, as a fraction of the datasheet's dense peaks.
+   shapes, as a fraction of the datasheet's dense peaks
+   (traces/gpu/h100-memory-fp8-2026-11-27.json holds 1 and 2);
+3. the activation bytes one block keeps after its forward (0, 6 and 12 blocks on the
+   embedding, micro-batch 16 x 1024), under autocast with fp32 parameters and with the
+   blocks cast to bf16 (traces/gpu/h100-block-activations-2026-11-27.json).
 
     python3 scripts/gpu_memory_fp8.py [--out FILE.json] [--small]
 
 Needs torch with CUDA (``--small``: a tiny model on the CPU, memory part only, to test the
-script). Writes one JSON object.
+script). Writes one JSON object. (The stored files came from a compacted copy of these
+functions, the device's command line being limited to 2000 characters.)
 """
 
 from __future__ import annotations
@@ -97,6 +102,30 @@ def step_memory(keep_logits: bool, cfg: dict, mb: int, device: str) -> dict:
     return out
 
 
+def block_activations(layers: int, mode: str, mb: int = 16, seq: int = 1024, h: int = 768) -> int:
+    """Bytes held after the forward of ``layers`` blocks on the embedding (``mode``:
+    ``autocast`` -- fp32 parameters under bf16 autocast -- or ``bf16``, the blocks cast)."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(50257, h).cuda()
+    blocks = nn.ModuleList(Block(h, 12) for _ in range(layers)).cuda()
+    if mode == "bf16":
+        emb, blocks = emb.bfloat16(), blocks.bfloat16()
+    idx = torch.randint(0, 50257, (mb, seq), device="cuda")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=mode == "autocast"):
+        x = emb(idx)
+        for blk in blocks:
+            x = blk(x)
+        loss = x.float().square().mean()
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before
+    loss.backward()
+    del x, loss, emb, blocks
+    torch.cuda.empty_cache()
+    return held
+
+
 def _time(fn, iters: int = 20) -> float:
     for _ in range(5):
         fn()
@@ -144,6 +173,11 @@ def main() -> None:
               "steps": [step_memory(keep, cfg, mb, device) for keep in (True, False)]}
     print(json.dumps(result["steps"]), file=sys.stderr, flush=True)
     if device == "cuda":
+        result["blocks"] = {}
+        for mode in ("autocast", "bf16"):
+            held = {f"L{n}": block_activations(n, mode) for n in (0, 6, 12)}
+            held["per_block_bytes_per_sbh"] = (held["L12"] - held["L0"]) / 12 / (16 * 1024 * 768)
+            result["blocks"][mode] = held
         h, tok = 768, mb * 1024
         result["gemms"] = gemm_rates([(tok, 3 * h, h), (tok, h, h), (tok, 4 * h, h), (tok, h, 4 * h),
                                       (tok, 50304, h), (8192, 8192, 8192), (16384, 12288, 4096),
