@@ -265,3 +265,20 @@ def test_fp8_memory_adds_weight_copies_and_scaling_state():
         copies = 2 * 24 * block_gemm_params(spec) / (2 if zero == 3 else 1)
         state = 24 * 4 * 5 * (1024 + 2) * 4
         assert w["fp8"] - w["bf16"] == pytest.approx(copies + state, rel=1e-9)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_every_replica_simulated_agrees_with_the_representative(zero):
+    """The per-unit collectives start once every simulated replica has joined: simulating
+    all three replicas gives the representative's iteration and bytes (one GPU per node,
+    pipeline of 2, compute slowed while communicating)."""
+    from perfsim.api import build_configs
+    from perfsim.engine import simulate
+
+    w, s, sy, p = build_configs(model="gpt2-medium", pp=2, dp=3, micro_batch=1, global_batch=12, zero=zero,
+                                comm_slowdown=0.2, bandwidth="1Gbps")
+    one, every = simulate(w, s, sy, p), simulate(w, s, sy, p, symmetric=False)
+    assert (one.summary["replicas_simulated"], every.summary["replicas_simulated"]) == (1, 3)
+    assert every.summary["iteration_s"] == pytest.approx(one.summary["iteration_s"], rel=1e-12)
+    assert every.summary["dp_bytes"] == one.summary["dp_bytes"]
+    assert one.summary["interference_s"] > 0
