@@ -355,3 +355,21 @@ def test_fsdp2_on_two_cpu_ranks_sends_the_predicted_bytes(tmp_path):
         predicted = predict(model="digits-mlp", pp=1, dp=n, zero=3, micro_batch=mb, macro_batch=m * mb,
                             precision="fp32").summary["dp_bytes"]
         assert n * wire == predicted
+
+
+def test_units_keep_every_layers_compute():
+    """A layer without parameters has no collectives; its compute joins a neighbour, so
+    the units' shares still sum to the stage's whole forward and backward."""
+    from types import SimpleNamespace
+
+    from perfsim.compression import make_compressor
+    from perfsim.engine.sharding import shard_units
+
+    layers = [SimpleNamespace(params=p) for p in (0, 10, 0, 20, 0)]
+    units = shard_units(layers, [1, 2, 3, 4, 5], [2, 2, 2, 2, 2], make_compressor("fp32"), 2, 3, 2)
+    assert [u.params for u in units] == [10, 20]
+    assert sum(u.fwd_share for u in units) == pytest.approx(1.0)
+    assert sum(u.bwd_share for u in units) == pytest.approx(1.0)
+    assert [u.fwd_share for u in units] == pytest.approx([6 / 15, 9 / 15])
+    assert [u.gather_bytes for u in units] == [10, 20]
+    assert [st.kind for u in units for st in u.rs_steps] == ["reduce_scatter"] * 2

@@ -58,13 +58,21 @@ def shard_units(layers, layer_fwd, layer_bwd, comp, dp: int, zero: int, weight_b
     backward seconds): each unit's reduce-scatter asked from the gradient compressor
     ``comp`` (refused with a one-line reason where it cannot), its all-gather of
     ``weight_bytes`` per parameter under ZeRO-3. ``codec(spec, steps, nbytes)``: encode +
-    decode seconds of a compressed exchange (None: plain)."""
+    decode seconds of a compressed exchange (None: plain). A layer without parameters
+    has no collectives: its compute joins the unit before it (the first unit: after it)."""
     spec = comp.spec or comp.name
     fsum, bsum = sum(layer_fwd) or 1.0, sum(layer_bwd) or 1.0
     n = len(layers)
-    units = []
+    units: list[ShardUnit] = []
+    spare_f = spare_b = 0.0  # shares of parameter-less layers before the first unit
     for layer, f, b in zip(layers, layer_fwd, layer_bwd):
+        fs, bs = (f / fsum if sum(layer_fwd) else 1.0 / n), (b / bsum if sum(layer_bwd) else 1.0 / n)
         if layer.params <= 0:
+            if units:
+                units[-1].fwd_share += fs
+                units[-1].bwd_share += bs
+            else:
+                spare_f, spare_b = spare_f + fs, spare_b + bs
             continue
         try:
             steps = comp.reduce_scatter_plan((layer.params,), dp)
@@ -75,8 +83,8 @@ def shard_units(layers, layer_fwd, layer_bwd, comp, dp: int, zero: int, weight_b
                               f"{layer.params} elements ({exc})") from exc
         codec_s = codec(spec, steps, 4 * layer.params) if codec is not None else 0.0
         gather = -(-layer.params * weight_bytes // dp) if zero >= 3 else 0
-        units.append(ShardUnit(layer.params, f / fsum if sum(layer_fwd) else 1.0 / n,
-                               b / bsum if sum(layer_bwd) else 1.0 / n, gather, list(steps), codec_s))
+        units.append(ShardUnit(layer.params, fs + spare_f, bs + spare_b, gather, list(steps), codec_s))
+        spare_f = spare_b = 0.0
     return units
 
 
