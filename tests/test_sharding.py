@@ -373,3 +373,30 @@ def test_units_keep_every_layers_compute():
     assert [u.fwd_share for u in units] == pytest.approx([6 / 15, 9 / 15])
     assert [u.gather_bytes for u in units] == [10, 20]
     assert [st.kind for u in units for st in u.rs_steps] == ["reduce_scatter"] * 2
+
+
+def test_perfsim_run_zero3_measures_the_predicted_bytes(tmp_path):
+    """``perfsim run --zero 3`` trains with FSDP2 on 2 gloo CPU ranks and meters its
+    collectives: the data-parallel bytes per step equal ``perfsim predict --zero 3``'s;
+    what execute mode cannot run is refused in one line."""
+    from _helpers import assert_user_error, run_cli, run_cli_here
+
+    out = tmp_path / "run"
+    proc = run_cli("run", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--zero", "3", "--steps", "3",
+                   "--micro-batch", "8", "--macro-batch", "16", "--out", str(out), "--no-progress")
+    assert proc.returncode == 0, proc.stderr
+    assert "zero=3 (FSDP2)" in proc.stdout
+    measured = json.loads((out / "result.json").read_text())["summary"]
+    predicted = predict(model="digits-mlp", pp=1, dp=2, zero=3, micro_batch=8, macro_batch=16,
+                        precision="fp32").summary
+    assert measured["zero"] == 3
+    assert measured["dp_bytes"] == predicted["dp_bytes"]
+    for extra, culprit in ((["--pp", "2"], "pp"), (["--grad-compress", "qsgd-maxnorm:4"], "grad_compress")):
+        args = ["run", "--model", "digits-mlp", "--dp", "2", "--zero", "3", "--steps", "1", *extra]
+        if "--pp" not in extra:
+            args += ["--pp", "1"]
+        r = run_cli_here(*args, "--out", str(tmp_path / culprit))
+        assert_user_error(r.returncode, r.stderr, culprit)
+    r = run_cli_here("run", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--zero", "2", "--out",
+                     str(tmp_path / "z2"))
+    assert_user_error(r.returncode, r.stderr, "zero=2")
