@@ -107,7 +107,7 @@ def _run_signature() -> _inspect.Signature:
     from perfsim.commands import run as command
     from perfsim.runtime.config import RunConfig
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     command.add_arguments(parser)
     defaults = vars(parser.parse_args([]))  # every flag's dest and default
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
@@ -137,7 +137,17 @@ run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim
 from perfsim.analysis import validate_grid as _validate_grid  # noqa: E402  (torch-free)
 
 
+def _known_keywords(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Every keyword of ``kwargs`` is a parameter of ``func.__signature__`` (a
+    ConfigError naming the unknown ones, as predict, sweep, plan and run raise)."""
+    known = func.__signature__.parameters  # type: ignore[attr-defined]
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        raise ConfigError(f"{func.__name__}: unknown keyword(s) {unknown} (known: {', '.join(known)})")
+
+
 def validate(**kwargs: Any):
+    _known_keywords(validate, kwargs)
     return _validate_grid.validate(**kwargs)
 
 
@@ -149,6 +159,7 @@ from perfsim.calibrate import calibration as _calibration  # noqa: E402  (torch-
 
 
 def calibrate(out: str = "traces/calibrated.json", **params: Any):
+    _known_keywords(calibrate, params)
     return _calibration.calibrate(out, **params)
 
 
