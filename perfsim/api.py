@@ -95,6 +95,36 @@ def _load_file(kind: str, value) -> tuple[str, float]:
     return _file_key(resolve(kind, value))
 
 
+def input_files(**params) -> dict[str, Any]:
+    """The input files a prediction of ``params`` reads, by role -- ``profile`` (the
+    default one when none is given), ``model`` (a config.json), ``workload``,
+    ``topology`` -- resolved as :func:`build_configs` resolves them: paths, or a
+    Profile given as an object. A name that resolves to no file keeps its text
+    (predict names that error). What :mod:`perfsim.provenance` hashes into the key
+    of a stored prediction."""
+    from perfsim.packaged import resolve
+    from perfsim.profile import profile_path
+
+    get = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}.get
+    files: dict[str, Any] = {}
+    profile = get("profile")
+    try:
+        files["profile"] = profile if not isinstance(profile, (str, os.PathLike, type(None))) \
+            else profile_path(profile)
+    except ConfigError:  # no default profile found: predict says so
+        files["profile"] = None
+    for role in ("workload", "topology"):
+        if get(role):
+            try:
+                files[role] = resolve(role, get(role))
+            except ConfigError:
+                files[role] = str(get(role))
+    model = get("model")
+    if not get("workload") and isinstance(model, str) and model.lower().endswith(".json"):
+        files["model"] = model
+    return files
+
+
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     """Parse ``params`` (perfsim.params names and values) into validated configs + profile.
 

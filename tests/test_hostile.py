@@ -60,3 +60,236 @@ def test_every_parser_refuses_abbreviations():
 def test_the_api_refuses_unknown_keywords(name):
     with pytest.raises(ConfigError, match="ep"):
         getattr(perfsim, name)(ep=8)
+
+
+# ---------------------------------------------------------------- no stale results
+
+def _scaled_profile(path: Path, factor: float) -> None:
+    """Multiply every measured layer time of the profile at ``path`` (in place)."""
+    doc = json.loads(path.read_text())
+    for rec in doc["records"]:
+        if rec["op"] in ("layer_fwd", "layer_bwd"):
+            rec["time_s"] *= factor
+    path.write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def profile_copy(tmp_path):
+    from perfsim.profile import default_profile_path
+
+    path = tmp_path / "x.json"
+    path.write_bytes(default_profile_path().read_bytes())
+    return path
+
+
+def test_sweep_recomputes_rows_whose_profile_changed(tmp_path, profile_copy):
+    """The probe: after the profile's times grew x10, a re-run said "resuming: 2 of 2" and
+    kept 8.9 s per iteration where predict gave 80.8 s."""
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--profile", str(profile_copy), "--bandwidth", "1Gbps,100Mbps", "-o", str(out),
+            "--no-progress"]
+    assert run_cli_here(*argv).returncode == 0
+    before = pd_read(out)
+    _scaled_profile(profile_copy, 10)
+    r = run_cli_here(*argv)
+    assert r.returncode == 0, r.stderr
+    assert f"profile {profile_copy} changed since the stored rows: recomputing 2 rows" in r.stderr
+    assert "resuming" not in r.stderr
+    after = pd_read(out)
+    for bw, it in zip(after.bandwidth_bps, after.iteration_s):
+        assert it == pytest.approx(perfsim.predict(profile=str(profile_copy), bandwidth=bw).summary["iteration_s"])
+    assert after.iteration_s[0] > 5 * before.iteration_s[0]  # 1 Gbps: 8.9 -> 80.8 s
+    assert (after.iteration_s > before.iteration_s).all()
+    # unchanged inputs: reused, said so
+    r = run_cli_here(*argv)
+    assert "resuming: 2 of 2 configurations already done" in r.stderr and "changed" not in r.stderr
+
+
+def pd_read(path):
+    import pandas as pd
+
+    return pd.read_csv(path)
+
+
+def test_sweep_key_covers_workload_topology_and_version(tmp_path, caplog, monkeypatch):
+    from perfsim.packaged import DATA
+
+    wl, topo = tmp_path / "w.toml", tmp_path / "t.toml"
+    wl.write_text((DATA / "example-workload.toml").read_text())
+    topo.write_text((DATA / "example-geo-topology.toml").read_text())
+    out = tmp_path / "s.csv"
+    grid = dict(workload=str(wl), topology=str(topo), pp="2,4", out=str(out), progress=False)
+    first = perfsim.sweep(**grid).to_frame()
+    assert first["input_key"].str.contains("workload=").all() and first["input_key"].str.contains("topology=").all()
+
+    def rerun():
+        caplog.clear()
+        with caplog.at_level("INFO", logger="perfsim"):
+            table = perfsim.sweep(**grid).to_frame()
+        return table, caplog.text
+
+    _, text = rerun()
+    assert "2 of 2 configurations already done" in text and "changed" not in text
+    wl.write_text(wl.read_text().replace("fwd_s = 0.004", "fwd_s = 0.040"))
+    table, text = rerun()
+    assert f"workload {wl} changed since the stored rows: recomputing 2 rows" in text
+    assert (table.iteration_s > first.iteration_s).all()
+    topo.write_text(topo.read_text() + "\n# edited\n")  # same links, other bytes: still recomputed
+    _, text = rerun()
+    assert f"topology {topo} changed since the stored rows: recomputing 2 rows" in text
+    monkeypatch.setattr(perfsim, "__version__", "99.0")
+    _, text = rerun()
+    assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0" in text
+
+
+def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):
+    """A table written before rows carried their inputs' key is not trusted."""
+    out = tmp_path / "s.csv"
+    perfsim.sweep(bandwidth="1Gbps,100Mbps", out=str(out), progress=False)
+    df = pd_read(out)
+    df.drop(columns="input_key").to_csv(out, index=False)
+    with caplog.at_level("INFO", logger="perfsim"):
+        perfsim.sweep(bandwidth="1Gbps,100Mbps", out=str(out), progress=False)
+    assert "2 stored rows carry no input key" in caplog.text
+    assert "input_key" in pd_read(out).columns
+
+
+# ---------------------------------------------------------------- no lost sweep work
+
+class _Stop:
+    """A predict that is interrupted (KeyboardInterrupt) after ``n`` calls."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, **params):
+        if self.n == 0:
+            raise KeyboardInterrupt
+        self.n -= 1
+        return perfsim.predict(**params)
+
+
+def test_other_grid_on_the_same_out_keeps_the_interrupted_rows(tmp_path):
+    """The probe: a sweep with another grid on the same -o discarded the interrupted grid's
+    601 computed rows."""
+    from perfsim.analysis.sweep import part_path, run_sweep
+
+    out = tmp_path / "s.csv"
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep({"bandwidth": "10Gbps,1Gbps,100Mbps", "pp": "2,4"}, out, jobs=1, predict=_Stop(3),
+                  progress=False)
+    kept = part_path(out).read_text()
+    assert len(kept.splitlines()) == 3
+    r = run_cli_here("sweep", "--bandwidth", "10Mbps", "-o", str(out), "--no-progress")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "3 row(s) of another grid" in r.stderr and "--overwrite" in r.stderr
+    assert part_path(out).read_text() == kept and not out.exists()
+    # the same grid resumes them; --overwrite replaces them on purpose
+    r = run_cli_here("sweep", "--bandwidth", "10Mbps", "-o", str(out), "--no-progress", "--overwrite")
+    assert r.returncode == 0 and len(pd_read(out)) == 1
+
+
+def test_other_grid_on_a_finished_table_is_refused(tmp_path):
+    out = tmp_path / "s.csv"
+    assert run_cli_here("sweep", "--bandwidth", "1Gbps,100Mbps", "-o", str(out), "--no-progress").returncode == 0
+    before = out.read_text()
+    r = run_cli_here("sweep", "--bandwidth", "10Gbps", "-o", str(out), "--no-progress")
+    assert r.returncode == 2 and "its table holds 2 row(s) of another grid" in r.stderr
+    assert out.read_text() == before
+    # a grid that extends the stored one loses nothing: it runs only the new value
+    r = run_cli_here("sweep", "--bandwidth", "1Gbps,100Mbps,10Gbps", "-o", str(out), "--no-progress")
+    assert r.returncode == 0 and "2 of 3 configurations already done" in r.stderr
+    assert len(pd_read(out)) == 3
+
+
+# ---------------------------------------------------------------- no stale measurements
+
+def _measured(it):
+    from perfsim.result import Result
+
+    return Result({"throughput_samples_per_s": 32 / it, "iteration_s": it, "measured_steps": 4,
+                   "source": "measured"})
+
+
+def _plan(tmp_path, **kw):
+    from perfsim.analysis import validate as v
+
+    base = {"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8, "macro_batch": 32, "schedule": "1f1b"}
+    return v.ValidationPlan(**{"base": base, "bandwidths": (1e8,), "profile": "x", "steps": 5,
+                               "out": str(tmp_path), "runtime_model": False, "link_model": "nominal", **kw})
+
+
+def _row(plan, runs):
+    from perfsim.analysis import validate as v
+    from perfsim.profile import Profile
+
+    def runner(**kw):
+        runs.append(kw)
+        Path(kw["out"]).mkdir(parents=True, exist_ok=True)
+        (Path(kw["out"]) / "result.json").write_text(json.dumps({"summary": _measured(0.01 * kw["steps"]).summary}))
+        return _measured(0.01 * kw["steps"])
+
+    prof = Profile.from_dict({"format": "perfsim-profile", "version": 2, "metadata": {}, "records": []})
+    return v.run_row(plan, plan.rows()[0], prof, 0, runner, lambda **kw: _measured(0.05))
+
+
+def test_reuse_measured_remeasures_a_run_taken_with_other_parameters(tmp_path, caplog):
+    """--reuse-measured matched stored runs on (bandwidth, compress, grad_compress) only:
+    a grid re-run with --steps 6 silently reused the 5-step measurement."""
+    runs = []
+    first = _row(_plan(tmp_path), runs)
+    assert len(runs) == 1 and first["measured_key"].startswith("perfsim=")
+    again = _row(_plan(tmp_path, reuse_measured=True), runs)  # same parameters: reused
+    assert len(runs) == 1 and again["measured_iteration_s"] == first["measured_iteration_s"]
+    with caplog.at_level("WARNING", logger="perfsim"):
+        changed = _row(_plan(tmp_path, steps=6, reuse_measured=True), runs)
+    assert len(runs) == 2 and changed["measured_iteration_s"] == pytest.approx(0.06)
+    assert "steps 5 -> 6" in caplog.text and "measuring it again" in caplog.text
+
+
+def test_reuse_measured_table_rows_keyed_and_matched_by_schedule(tmp_path, caplog):
+    """The table fallback ignored the schedule (a schedule grid reused the first
+    schedule's measurement for every schedule) and any change of run parameters."""
+    import shutil
+
+    import pandas as pd
+
+    from perfsim.analysis import measured, validate as v
+    from perfsim.profile import Profile
+
+    prof = Profile.from_dict({"format": "perfsim-profile", "version": 2, "metadata": {}, "records": []})
+    times = {"gpipe": 0.03, "1f1b": 0.02}
+
+    def runner(**kw):
+        return _measured(times[kw["schedule"]])
+
+    plan = _plan(tmp_path, schedules=("gpipe", "1f1b"))
+    rows = [v.run_row(plan, r, prof, i, runner, lambda **kw: _measured(0.05)) for i, r in enumerate(plan.rows())]
+    pd.DataFrame(rows).to_csv(tmp_path / "validation.csv", index=False)
+    shutil.rmtree(tmp_path / "runs")  # the run folders are not kept: the table is what is stored
+    measured._TABLES.clear()
+
+    def refuse(**kw):
+        raise AssertionError("must not run")
+
+    plan = _plan(tmp_path, schedules=("gpipe", "1f1b"), reuse_measured=True)
+    got = [v.run_row(plan, r, prof, i, refuse, lambda **kw: _measured(0.05))["measured_iteration_s"]
+           for i, r in enumerate(plan.rows())]
+    assert got == [0.03, 0.02]
+    # a measurement of another seed is not this row's: measured again
+    measured._TABLES.clear()
+    runs = []
+    with caplog.at_level("WARNING", logger="perfsim"):
+        _row(_plan(tmp_path, schedules=("gpipe", "1f1b"), seed=1, reuse_measured=True), runs)
+    assert len(runs) == 1 and "was taken with other inputs" in caplog.text
+    measured._TABLES.clear()
+
+
+def test_reuse_measured_without_a_key_warns(tmp_path, caplog):
+    """A measurement stored before perfsim keyed them cannot be checked: reused, and said so."""
+    runs = []
+    _row(_plan(tmp_path), runs)
+    (tmp_path / "runs" / "00-100Mbps-fp32-none" / "measure-key.json").unlink()
+    with caplog.at_level("WARNING", logger="perfsim"):
+        _row(_plan(tmp_path, reuse_measured=True), runs)
+    assert len(runs) == 1 and "carries no input key" in caplog.text

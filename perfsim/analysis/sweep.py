@@ -21,8 +21,13 @@ Resuming: each finished configuration is appended at once, as one JSON line
 written by a single ``os.write`` on an ``O_APPEND`` descriptor, to the part file
 ``OUT.part.jsonl``. A re-run reads the part file (and the rows of an existing
 ``OUT``), drops a torn last line, and skips every configuration whose
-``config_id`` (a hash of its normalised parameters) is already there. The final
-files are written atomically and the part file is removed only after that.
+``config_id`` (a hash of its normalised parameters) is already there with the same
+:func:`input_key` (column ``input_key``: perfsim's version and the SHA-256 of every
+input file -- profile, topology, workload, config.json); a row whose inputs changed
+is recomputed, and a warning says which input and how many rows. Stored rows of
+another grid are never dropped: the sweep is refused (another ``out``, or
+``resume=False`` / ``--overwrite``). The final files are written atomically and the
+part file is removed only after that.
 
 Sweep file (TOML), every key optional, a scalar or a list per key; dashes or
 underscores::
@@ -443,6 +448,66 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
     return SweepTable(summary, stages, pd.DataFrame(errors))
 
 
+def input_key(params: Mapping[str, Any]) -> str:
+    """The key a finished configuration is stored under beside its ``config_id``:
+    perfsim's version and the content of every file a prediction of ``params``
+    reads (:func:`perfsim.api.input_files`, :func:`perfsim.provenance.input_key`)."""
+    from perfsim.api import input_files
+    from perfsim.provenance import input_key as key
+
+    return key(input_files(**params))
+
+
+#: the column (and part-file field) holding each row's :func:`input_key`
+KEY_COLUMN = "input_key"
+
+
+def _stamp(rec: dict, key: str) -> None:
+    rec[KEY_COLUMN] = key
+    if "summary" in rec:
+        rec["summary"][KEY_COLUMN] = key
+
+
+def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict[str, str],
+              report: Callable[[str], None]) -> dict[str, dict]:
+    """The stored records (final table, then part file) that are still the answer:
+    their configuration is in the grid and their input key is the current one. A
+    stored row whose inputs changed is recomputed, with one warning per reason. Rows
+    of another grid are never dropped silently: ConfigError (give another --out, or
+    --overwrite to replace them)."""
+    from perfsim.provenance import stale_notes, stale_reasons
+
+    stored: dict[str, dict] = {}
+    for source, recs in (("its table", _records_from_table(out)),
+                         (f"its interrupted sweep ({part.name})", _read_part(part))):
+        other = sum(rec["config_id"] not in keys for rec in recs)
+        if other:
+            raise ConfigError(f"--out {str(out)!r}: {source} holds {other} row(s) of another grid that "
+                              f"this sweep would discard; give another --out, or --overwrite to "
+                              f"replace them")
+        stored.update((rec["config_id"], rec) for rec in recs)
+    params_of = dict(configs)
+    records, reasons = {}, []
+    for cid, rec in stored.items():
+        found = rec.get(KEY_COLUMN, (rec.get("summary") or {}).get(KEY_COLUMN))
+        why = stale_reasons(found, keys[cid], where=_given_files(params_of[cid]))
+        if why:
+            reasons += why
+        else:
+            records[cid] = rec
+    for note in stale_notes(reasons):
+        log.warning("sweep: %s", note)
+    return records
+
+
+def _given_files(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The input files by role as the user named them (for notes; the default profile by its path)."""
+    from perfsim.api import input_files
+
+    return {role: params[role] if isinstance(params.get(role), str) else path
+            for role, path in input_files(**params).items()}
+
+
 def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None = None, *,
               jobs: int | None = None, pool: bool | None = None, predict: Callable | None = None,
               skip_invalid: bool = False, resume: bool = True, progress: bool | None = None,
@@ -483,13 +548,11 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
     report = report or log.info
 
     configs = [(config_id(p), p) for p in expand(spec)]
-    wanted = {cid for cid, _ in configs}
+    keys = {cid: input_key(p) for cid, p in configs}
     records: dict[str, dict] = {}
     part = part_path(out) if out is not None else None
     if out is not None and resume:
-        for rec in _records_from_table(Path(out)) + _read_part(part):
-            if rec["config_id"] in wanted:
-                records[rec["config_id"]] = rec
+        records = _reusable(Path(out), part, configs, keys, report)
     todo = [(cid, p) for cid, p in configs if cid not in records]
     if records:
         report(f"resuming: {len(records)} of {len(configs)} configurations already done")
@@ -507,6 +570,7 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
             iterator = _iter_run(todo, predict, skip_invalid, jobs, pool)
             for batch_records in iterator:
                 for rec in batch_records:
+                    _stamp(rec, keys[rec["config_id"]])
                     records[rec["config_id"]] = rec
                 if writer is not None:
                     writer.append(batch_records)

@@ -6,7 +6,9 @@
 
 Flags take the same comma lists as ``perfsim predict`` and override the keys of
 an optional TOML sweep file. Re-running an interrupted sweep resumes from
-``OUT.part.jsonl``; ``--fresh`` starts over.
+``OUT.part.jsonl``; ``--fresh`` (or ``--overwrite``) starts over. A finished row is
+reused only while its inputs are unchanged (:func:`perfsim.analysis.sweep.input_key`);
+an ``OUT`` holding rows of another grid is refused, never silently replaced.
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", "-j", type=int, default=None,
                    help="worker processes at most (default: all cores; a pool is used only when "
                         "the grid is long enough to pay for it; 1 = in-process)")
-    p.add_argument("--fresh", action="store_true",
-                   help="ignore results of an earlier (interrupted) run and start over")
+    p.add_argument("--fresh", "--overwrite", dest="fresh", action="store_true",
+                   help="ignore and replace the results of an earlier (interrupted) run in FILE, "
+                        "even those of another grid, and start over")
     p.add_argument("--skip-invalid", action="store_true",
                    help="record configurations the simulator rejects in FILE's stem + "
                         ".errors.csv instead of stopping")
