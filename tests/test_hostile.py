@@ -293,3 +293,39 @@ def test_reuse_measured_without_a_key_warns(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="perfsim"):
         _row(_plan(tmp_path, reuse_measured=True), runs)
     assert len(runs) == 1 and "carries no input key" in caplog.text
+
+
+# ---------------------------------------------------------------- one validator per concept
+
+WARMUP_RULE = "warmup=0 must be an integer >= 1 (1-bit Adam, arXiv:2102.02888"
+
+
+@pytest.mark.parametrize("argv", [
+    ["predict", "--dp", "2", "--grad-compress", "onebit-adam:warmup=0"],   # was accepted (exit 0)
+    ["sweep", "--dp", "2", "--grad-compress", "none,onebit-adam:warmup=0", "-o", "SWEEP"],
+    ["run", "--model", "digits-mlp", "--dp", "2", "--grad-compress", "onebit-adam:warmup=0", "--out", "RUN"],
+])
+def test_onebit_warmup_zero_refused_by_every_command_for_one_reason(tmp_path, argv):
+    argv = [str(tmp_path / "s.csv") if a == "SWEEP" else str(tmp_path / "r") if a == "RUN" else a
+            for a in argv]
+    r = run_cli_here(*argv)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and WARMUP_RULE in lines[0] and "onebit-adam:warmup=0" in lines[0]
+    assert not (tmp_path / "s.csv").exists() and not (tmp_path / "r").exists()
+
+
+def test_onebit_warmup_zero_refused_by_the_api_and_ddp():
+    torch = pytest.importorskip("torch")
+    from perfsim.compression.spec import parse_spec
+    from perfsim.ddp import onebit_optimizer
+    from perfsim.runtime.grad_sync import GradSpec
+
+    for call in (lambda: perfsim.predict(dp=2, grad_compress="onebit-adam:warmup=0"),
+                 lambda: parse_spec("onebit-lamb:warmup=0", "grad"),
+                 lambda: onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam:warmup=0", lr=1e-3),
+                 lambda: onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam", lr=1e-3, warmup=0),
+                 lambda: GradSpec("optimizer", "onebit-adam", optimizer="onebit-adam", warmup=0)):
+        with pytest.raises(ConfigError, match=re.escape(WARMUP_RULE)):
+            call()
+    assert onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam:warmup=1", lr=1e-3).warmup == 1
