@@ -65,6 +65,9 @@ class Param:
     minimum: int = 1
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
+    #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
+    #: 25us); default ms (perfsim.units.parse_time)
+    hint_unit: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -126,7 +129,7 @@ PARAMS: tuple[Param, ...] = (
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
-          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
+          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
@@ -278,7 +281,7 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "bandwidth":
         return parse_bandwidth(value, who)
     if kind == "time":
-        return parse_time(value, who)
+        return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
         return parse_size(value, who)
     if kind == "int":

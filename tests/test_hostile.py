@@ -329,3 +329,81 @@ def test_onebit_warmup_zero_refused_by_the_api_and_ddp():
         with pytest.raises(ConfigError, match=re.escape(WARMUP_RULE)):
             call()
     assert onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam:warmup=1", lr=1e-3).warmup == 1
+
+
+# ---------------------------------------------------------------- hints that work
+
+HINT = re.compile(r"e\.g\. ([^\s,)]+)")
+
+#: (flag, bad value) of predict: units, specs, counts; each error's hint is fed back
+BAD_PREDICT = [
+    ("--bandwidth", "200"), ("--latency", "5"), ("--bucket-size", "25Mb"), ("--link-burst", "50kb"),
+    ("--host-overhead", "25"), ("--p2p-control-latency", "50"), ("--nic", "4x"), ("--nic", "4x200"),
+    ("--compress", "aqsgd"), ("--compress", "aqsgd:fw3bw6:m7"), ("--compress", "directq"),
+    ("--compress", "directq:fw4bw8:x"), ("--compress", "aqsgd:fw3bw6:zz=1"),
+    ("--grad-compress", "powersgd"), ("--grad-compress", "topk"), ("--grad-compress", "onebit-adam:100"),
+    ("--grad-compress", "qsgd-maxnorm:4:bucket=x"), ("--boundary-compress", "aqsgd"),
+]
+
+
+def _compressor_probes():
+    """Every registered compressor given an option it does not take, in each role it has."""
+    from perfsim.compression.registry import compressor_classes
+    from perfsim.compression.spec import HOOKS, PIPELINE_ONLY
+
+    for name, cls in sorted(compressor_classes().items()):
+        if not cls.spec_args:
+            continue
+        if name not in PIPELINE_ONLY:
+            yield ("--grad-compress", f"{name}:zz=1")
+        if name not in HOOKS:
+            yield ("--compress", f"{name}:zz=1")
+
+
+def _hint(flag, bad):
+    r = run_cli_here("predict", "--dp", "2", flag, bad)
+    assert r.returncode == 2, (flag, bad, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    return HINT.search(lines[0]), lines[0]
+
+
+@pytest.mark.parametrize("flag,bad", BAD_PREDICT + list(_compressor_probes()))
+def test_every_hint_is_accepted_by_the_same_command(flag, bad):
+    """The probe: `--bandwidth 0` suggested 0Mbps (refused), `aqsgd:fw3bw6:m7` suggested
+    aqsgd:3 (refused); each hint is now fed back to predict and must work."""
+    found, line = _hint(flag, bad)
+    assert found, f"no hint in: {line}"  # every probe here gives one
+    hint = found.group(1)
+    extra = ["--gpu", "a100-sxm4-80gb"] if flag == "--host-overhead" else []  # it needs a GPU preset
+    r = run_cli_here("predict", "--dp", "2", "--pp", "8", "--allow-oom", *extra, flag, hint)
+    assert r.returncode == 0, f"{flag} {bad} -> hint {hint!r} refused: {r.stderr}"
+
+
+def test_hints_exist_where_the_probe_found_them():
+    """The probes above keep their hints (so the test above cannot pass by skipping)."""
+    for flag, bad, hint in [("--bandwidth", "200", "200Mbps"), ("--latency", "5", "5ms"),
+                            ("--host-overhead", "25", "25us"),
+                            ("--compress", "aqsgd:fw3bw6:m7", "aqsgd:fw3bw6"),
+                            ("--grad-compress", "powersgd", "powersgd:2")]:
+        found, line = _hint(flag, bad)
+        assert found and found.group(1) == hint, line
+
+
+def test_no_hint_where_none_can_work():
+    """`--bandwidth 0` suggested 0Mbps, which is refused too: no rate fixes a zero."""
+    found, line = _hint("--bandwidth", "0")
+    assert found is None and "positive" in line
+
+
+@pytest.mark.parametrize("flag", ["--hang-timeout", "--timeout"])
+def test_timeout_hint_is_seconds(flag, tmp_path):
+    """`run --hang-timeout 30` said "e.g. 30ms": following it kills a healthy run as hung.
+    The hint is parsed back by the same parser and is a sensible timeout (seconds)."""
+    from perfsim.units import parse_time
+
+    r = run_cli_here("run", "--model", "digits-mlp", flag, "30", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and flag in r.stderr
+    hint = HINT.search(r.stderr).group(1)
+    assert hint == "30s" and parse_time(hint, flag, allow_zero=False) == 30.0
+    assert not (tmp_path / "r").exists()
