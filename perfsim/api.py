@@ -166,6 +166,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
         st.pop("virtual_stages", None)
     # the partition covers every model chunk: pp x stages per device
+    _check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
     st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
                                  gpu is not None)
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
@@ -197,6 +198,21 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
+    """Each of the pp x chunks-per-device pipeline stages needs a layer: the error names
+    the values the user gave (``virtual_stages=100``), not their product."""
+    per_device = stage_count(schedule, virtual_stages)
+    if pp * per_device <= layers:
+        return
+    if per_device == 1:
+        what = f"pp={pp}"
+    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
+        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
+    else:
+        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
+    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
 
 
 def _rank_params(model, tp: int) -> tuple[int, ...] | None:

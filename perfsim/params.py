@@ -322,14 +322,15 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     return text
 
 
-def split_models(raw: str) -> list[str]:
+def split_models(raw: str, what: str = "model") -> list[str]:
     """Comma list of models where an inline spec's own ``key=value`` items stay with it:
-    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models."""
+    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models (an empty element is refused,
+    :func:`perfsim.units.split_list`)."""
     out: list[str] = []
-    for item in (x.strip() for x in str(raw).split(",")):
+    for item in split_list(raw, what):
         if out and "=" in item and ":" not in item:
             out[-1] += "," + item
-        elif item:
+        else:
             out.append(item)
     return out
 
@@ -346,7 +347,9 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     flat: list = []
     for item in items:
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
-        flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
+        who = p.flag if cli else p.name
+        flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
+                    if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
     out: list = []

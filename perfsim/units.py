@@ -119,9 +119,18 @@ def parse_size(text: str | int, what: str = "size") -> int:
     return int(round(n))
 
 
-def split_list(text: str) -> list[str]:
-    """Split a comma list from a flag (``"1Gbps,100Mbps"``), dropping blanks."""
-    return [part.strip() for part in str(text).split(",") if part.strip()]
+def split_list(text: str, what: str = "list") -> list[str]:
+    """Split a comma list from a flag (``"1Gbps,100Mbps"``); blank text is no item.
+    An empty element (``"10Gbps,,1Gbps"``, a trailing comma) is refused, naming it:
+    dropping it would run a grid the user did not write."""
+    if not str(text).strip():
+        return []
+    parts = [part.strip() for part in str(text).split(",")]
+    for i, part in enumerate(parts):
+        if not part:
+            raise ConfigError(f"{what} {str(text)!r}: element {i + 1} of {len(parts)} is empty "
+                              "(two commas in a row, or one at an end)")
+    return parts
 
 
 def format_bandwidth(bps: float) -> str:

@@ -407,3 +407,89 @@ def test_timeout_hint_is_seconds(flag, tmp_path):
     hint = HINT.search(r.stderr).group(1)
     assert hint == "30s" and parse_time(hint, flag, allow_zero=False) == 30.0
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- smaller edges
+
+@pytest.mark.parametrize("argv,culprit", [
+    (["predict", "--bandwidth", "10Gbps,,1Gbps"], "--bandwidth '10Gbps,,1Gbps': element 2 of 3 is empty"),
+    (["sweep", "--compress", "fp32,", "-o", "OUT"], "--compress 'fp32,': element 2 of 2 is empty"),
+    (["sweep", "--model", "gpt2-xl,,bert-large", "-o", "OUT"], "element 2 of 3 is empty"),
+])
+def test_an_empty_list_element_is_refused(tmp_path, argv, culprit):
+    """`--bandwidth 10Gbps,,1Gbps` silently dropped the empty element."""
+    r = run_cli_here(*[str(tmp_path / "s.csv") if a == "OUT" else a for a in argv])
+    assert r.returncode == 2 and culprit in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_layer_limit_is_checked_before_anything_is_built(tmp_path):
+    """A workload of 10^8 layers grew to 5 GB; now one line, at once (the limit is documented)."""
+    from perfsim.models.specs import MAX_LAYERS
+
+    wl = tmp_path / "w.toml"
+    wl.write_text('name = "huge"\n[[layers]]\nname = "block"\ncount = 100000000\nparams = 1000\n'
+                  'out_shape = [16]\nfwd_s = 0.001\n')
+    r = run_cli_here("predict", "--workload", str(wl))
+    assert r.returncode == 2 and "layers[0].count=100000000" in r.stderr and str(MAX_LAYERS) in r.stderr
+    wl.write_text("".join(f'[[layers]]\nname = "b{i}"\ncount = {MAX_LAYERS // 2}\nparams = 1\nout_shape = [1]\n'
+                          f"fwd_s = 0.001\n" for i in range(3)))  # over the limit in all, not each
+    r = run_cli_here("predict", "--workload", str(wl))
+    assert r.returncode == 2 and "layers[2]" in r.stderr and f"{3 * (MAX_LAYERS // 2)} layers in all" in r.stderr
+    r = run_cli_here("predict", "--model", "gpt:layers=100000000,hidden=64,heads=2,seq=32,vocab=128")
+    assert r.returncode == 2 and "100000000 layers" in r.stderr
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    assert f"{MAX_LAYERS:,} layers" in docs
+
+
+def test_format_and_suffix_must_agree(tmp_path):
+    """JSON was written silently to x.csv."""
+    out = tmp_path / "x.csv"
+    r = run_cli_here("predict", *TINY, "-o", str(out), "--format", "json")
+    assert r.returncode == 2 and "suffix says csv, --format says json" in r.stderr
+    assert not out.exists()
+    assert run_cli_here("predict", *TINY, "-o", str(out), "--format", "csv").returncode == 0
+    assert out.read_text().startswith("model,")
+
+
+def test_errors_name_the_values_the_user_gave():
+    """`--virtual-stages 100` was reported as pp=800."""
+    r = run_cli_here("predict", "--schedule", "interleaved-1f1b", "--virtual-stages", "100")
+    assert r.returncode == 2 and "virtual_stages=100" in r.stderr and "pp=8" in r.stderr
+    assert "pp=800" not in r.stderr
+    r = run_cli_here("predict", "--schedule", "zb-v", "--pp", "30")
+    assert r.returncode == 2 and "pp=30" in r.stderr and "pp=60" not in r.stderr
+
+
+def test_dash_is_stdout_for_every_file_output(tmp_path, monkeypatch):
+    """`predict -o -` wrote a file named '-'."""
+    import io
+
+    import pandas as pd
+
+    monkeypatch.chdir(tmp_path)
+    r = run_cli_here("predict", *TINY, "-o", "-", "--format", "csv")
+    assert r.returncode == 0 and r.stdout.startswith("model,") and not Path("-").exists()
+    r = run_cli_here("sweep", *TINY, "--bandwidth", "1Gbps,100Mbps", "-o", "-", "--no-progress")
+    assert r.returncode == 0 and not Path("-").exists()
+    table = pd.read_csv(io.StringIO(r.stdout))
+    assert len(table) == 2 and "wrote 2 configurations to stdout" in r.stderr
+    # plot - reads the table from stdin
+    monkeypatch.setattr(sys, "stdin", io.StringIO(r.stdout))
+    r = run_cli_here("plot", "-", "-o", "fig.svg")
+    assert r.returncode == 0 and Path("fig.svg").read_text().lstrip().startswith("<?xml")
+    # folder outputs refuse it (one line)
+    for cmd in (["run", "--model", "digits-mlp"], ["validate", "--profile", "default-v100"]):
+        r = run_cli_here(*cmd, "--out", "-")
+        assert r.returncode == 2 and "'-' (standard output)" in r.stderr, r.stderr
+    assert not Path("-").exists()
+
+
+def test_dash_out_writes_binary_stdout():
+    """`plot -o -` and `calibrate -o -` go through the same writer: a real process's stdout."""
+    table = run_cli("predict", *TINY, "--bandwidth", "1Gbps,100Mbps", "--format", "json")
+    assert table.returncode == 0
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "perfsim", "plot", "-", "-o", "-"], input=table.stdout.encode(),
+                       capture_output=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith(b"\x89PNG"), r.stderr

@@ -516,7 +516,8 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
 
     out: table path (``.csv`` / ``.parquet``); with it, results are logged to the
       part file as they finish and the final files written atomically, and a
-      re-run resumes (``resume=False`` starts over). Without it, nothing is written.
+      re-run resumes (``resume=False`` starts over). Without it, nothing is written;
+      ``-``: the summary table as CSV on stdout.
     jobs: worker processes at most (default: all cores); 1 = in-process.
     pool: True = a process pool, False = in-process, None = a pool only when it
       pays (:func:`use_pool`, after timing the first configuration here).
@@ -532,8 +533,13 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
+    from perfsim import outputs
+
+    if outputs.is_stdio(out):  # "-": the table as CSV on stdout; nothing to resume from
+        table = _run_sweep(spec, None, jobs, pool, predict, skip_invalid, resume, progress, report)
+        outputs.write_text(out, table.summary.to_csv(index=False))
+        return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
-        from perfsim import outputs
 
         outputs.check_file_target(out, "--out")
         outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")

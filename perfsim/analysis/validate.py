@@ -136,11 +136,10 @@ class ValidationPlan:
 
 def parse_bandwidths(text: str) -> tuple[float | None, ...]:
     """``"1Gbps,100Mbps"`` -> (1e9, 1e8); ``none`` / ``loopback`` -> None."""
+    from perfsim.units import split_list
+
     out: list[float | None] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_list(text, "--emulate-bandwidth"):
         out.append(None if part.lower() in ("none", "loopback", "off") else
                    parse_bandwidth(part, "--emulate-bandwidth"))
         if out[-1] is not None:
