@@ -156,27 +156,16 @@ def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):
 
 # ---------------------------------------------------------------- no lost sweep work
 
-class _Stop:
-    """A predict that is interrupted (KeyboardInterrupt) after ``n`` calls."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __call__(self, **params):
-        if self.n == 0:
-            raise KeyboardInterrupt
-        self.n -= 1
-        return perfsim.predict(**params)
-
-
 def test_other_grid_on_the_same_out_keeps_the_interrupted_rows(tmp_path):
     """The probe: a sweep with another grid on the same -o discarded the interrupted grid's
     601 computed rows."""
+    from test_sweep import Interrupt  # a predict interrupted after n configurations
+
     from perfsim.analysis.sweep import part_path, run_sweep
 
     out = tmp_path / "s.csv"
     with pytest.raises(KeyboardInterrupt):
-        run_sweep({"bandwidth": "10Gbps,1Gbps,100Mbps", "pp": "2,4"}, out, jobs=1, predict=_Stop(3),
+        run_sweep({"bandwidth": "10Gbps,1Gbps,100Mbps", "pp": "2,4"}, out, jobs=1, predict=Interrupt(3),
                   progress=False)
     kept = part_path(out).read_text()
     assert len(kept.splitlines()) == 3
