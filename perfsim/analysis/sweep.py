@@ -462,14 +462,7 @@ def input_key(params: Mapping[str, Any]) -> str:
 KEY_COLUMN = "input_key"
 
 
-def _stamp(rec: dict, key: str) -> None:
-    rec[KEY_COLUMN] = key
-    if "summary" in rec:
-        rec["summary"][KEY_COLUMN] = key
-
-
-def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict[str, str],
-              report: Callable[[str], None]) -> dict[str, dict]:
+def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict[str, str]) -> dict[str, dict]:
     """The stored records (final table, then part file) that are still the answer:
     their configuration is in the grid and their input key is the current one. A
     stored row whose inputs changed is recomputed, with one warning per reason. Rows
@@ -540,7 +533,6 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
         outputs.write_text(out, table.summary.to_csv(index=False))
         return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
-
         outputs.check_file_target(out, "--out")
         outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
         if Path(out).suffix.lower() not in TABLE_SUFFIXES:
@@ -558,7 +550,7 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
     records: dict[str, dict] = {}
     part = part_path(out) if out is not None else None
     if out is not None and resume:
-        records = _reusable(Path(out), part, configs, keys, report)
+        records = _reusable(Path(out), part, configs, keys)
     todo = [(cid, p) for cid, p in configs if cid not in records]
     if records:
         report(f"resuming: {len(records)} of {len(configs)} configurations already done")
@@ -576,7 +568,9 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
             iterator = _iter_run(todo, predict, skip_invalid, jobs, pool)
             for batch_records in iterator:
                 for rec in batch_records:
-                    _stamp(rec, keys[rec["config_id"]])
+                    rec[KEY_COLUMN] = keys[rec["config_id"]]  # the part file's field, the table's column
+                    if "summary" in rec:
+                        rec["summary"][KEY_COLUMN] = rec[KEY_COLUMN]
                     records[rec["config_id"]] = rec
                 if writer is not None:
                     writer.append(batch_records)
