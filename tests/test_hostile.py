@@ -482,3 +482,18 @@ def test_dash_out_writes_binary_stdout():
     r = subprocess.run([sys.executable, "-m", "perfsim", "plot", "-", "-o", "-"], input=table.stdout.encode(),
                        capture_output=True, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith(b"\x89PNG"), r.stderr
+
+
+def test_plot_filter_hint_is_a_filter_that_works(tmp_path):
+    """Too many panels said "e.g. --filter pp=...", which no filter accepts; the hint is now
+    a value of the table, fed back to the same command."""
+    from test_plots import synthetic
+
+    df, _ = synthetic(pp=tuple(range(2, 16)))  # 14 panels, one per pp
+    df.to_csv(tmp_path / "t.csv", index=False)
+    r = run_cli_here("plot", str(tmp_path / "t.csv"), "-o", str(tmp_path / "f.svg"))
+    assert r.returncode == 2 and "14 panels" in r.stderr
+    hint = re.search(r"e\.g\. --filter (\S+)", r.stderr).group(1)
+    assert hint == "pp=2", r.stderr
+    r = run_cli_here("plot", str(tmp_path / "t.csv"), "-o", str(tmp_path / "f.svg"), "--filter", hint)
+    assert r.returncode == 0 and (tmp_path / "f.svg").exists()

@@ -104,6 +104,19 @@ def _require(df, cols: Iterable[str], kind: str) -> None:
         raise ConfigError(f"{kind}: column(s) {', '.join(empty)} hold no values")
 
 
+def _filter_text(col: str, key) -> str:
+    """``COLUMN=VALUE`` that :func:`apply_filters` accepts for a panel's first value
+    (a rate and a latency with their units)."""
+    from perfsim.units import format_bandwidth
+
+    value = key[0] if isinstance(key, tuple) else key
+    if col == "bandwidth_bps":
+        return f"bandwidth={format_bandwidth(float(value))}"
+    if col == "latency_s":
+        return f"latency={float(value):g}s"
+    return f"{col}={value:g}" if isinstance(value, float) else f"{col}={value}"
+
+
 def _panels(df, used: Sequence[str]):
     """Group rows into panels by the configuration columns that vary (other than ``used``)."""
     cols = [c for c in PANEL_COLUMNS if c in df.columns and c not in used
@@ -113,7 +126,7 @@ def _panels(df, used: Sequence[str]):
     groups = list(df.groupby(cols, sort=True, dropna=False))
     if len(groups) > MAX_PANELS:
         raise ConfigError(f"{len(groups)} panels (varying {', '.join(cols)}); select at most "
-                          f"{MAX_PANELS} with --filter, e.g. --filter {cols[0]}=...")
+                          f"{MAX_PANELS} with --filter, e.g. --filter {_filter_text(cols[0], groups[0][0])}")
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
