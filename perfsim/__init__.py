@@ -81,7 +81,10 @@ others keep predict's defaults. Returns a :class:`~perfsim.analysis.sweep.SweepT
 ``.to_frame()`` (one row per configuration, predict's summary columns +
 ``config_id``), ``.stages``, ``.errors``.
 
-out: write the table (.csv/.parquet/.json) and resume from it on a re-run.
+out: write the table (.csv/.parquet; "-": CSV on stdout) and resume from it on a re-run:
+    a stored row is reused only while its inputs (column ``input_key``: perfsim's
+    version, the SHA-256 of every input file) are unchanged, else recomputed with a
+    warning; rows of another grid in ``out`` are refused (``resume=False`` replaces them).
 jobs: worker processes (default: in-process for small grids, a pool above
     :data:`perfsim.analysis.sweep.POOL_THRESHOLD` configurations).
 skip_invalid: record configurations predict rejects instead of stopping.

@@ -345,9 +345,11 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     else:
         items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
-    for item in items:
+    who = p.flag if cli else p.name
+    for i, item in enumerate(items):
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
-        who = p.flag if cli else p.name
+        if splittable and not item.strip() and len(items) > 1:  # ["10Gbps", ""]: never dropped
+            raise ConfigError(f"{who} {raw!r}: element {i + 1} of {len(items)} is empty")
         flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
                     if splittable else [item])
     if not flat:

@@ -497,3 +497,9 @@ def test_plot_filter_hint_is_a_filter_that_works(tmp_path):
     assert hint == "pp=2", r.stderr
     r = run_cli_here("plot", str(tmp_path / "t.csv"), "-o", str(tmp_path / "f.svg"), "--filter", hint)
     assert r.returncode == 0 and (tmp_path / "f.svg").exists()
+
+
+def test_an_empty_value_in_a_list_is_refused():
+    """A sweep file's `bandwidth = ["10Gbps", ""]` dropped the empty value like the comma list."""
+    with pytest.raises(ConfigError, match="element 2 of 2 is empty"):
+        perfsim.sweep(bandwidth=["10Gbps", ""])

@@ -476,8 +476,8 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
         other = sum(rec["config_id"] not in keys for rec in recs)
         if other:
             raise ConfigError(f"--out {str(out)!r}: {source} holds {other} row(s) of another grid that "
-                              f"this sweep would discard; give another --out, or --overwrite to "
-                              f"replace them")
+                              f"this sweep would discard; give another --out, or --overwrite "
+                              f"(resume=False) to replace them")
         stored.update((rec["config_id"], rec) for rec in recs)
     params_of = dict(configs)
     records, reasons = {}, []
