@@ -95,6 +95,36 @@ def _load_file(kind: str, value) -> tuple[str, float]:
     return _file_key(resolve(kind, value))
 
 
+def input_files(**params) -> dict[str, Any]:
+    """The input files a prediction of ``params`` reads, by role -- ``profile`` (the
+    default one when none is given), ``model`` (a config.json), ``workload``,
+    ``topology`` -- resolved as :func:`build_configs` resolves them: paths, or a
+    Profile given as an object. A name that resolves to no file keeps its text
+    (predict names that error). What :mod:`perfsim.provenance` hashes into the key
+    of a stored prediction."""
+    from perfsim.packaged import resolve
+    from perfsim.profile import profile_path
+
+    get = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}.get
+    files: dict[str, Any] = {}
+    profile = get("profile")
+    try:
+        files["profile"] = profile if not isinstance(profile, (str, os.PathLike, type(None))) \
+            else profile_path(profile)
+    except ConfigError:  # no default profile found: predict says so
+        files["profile"] = None
+    for role in ("workload", "topology"):
+        if get(role):
+            try:
+                files[role] = resolve(role, get(role))
+            except ConfigError:
+                files[role] = str(get(role))
+    model = get("model")
+    if not get("workload") and isinstance(model, str) and model.lower().endswith(".json"):
+        files["model"] = model
+    return files
+
+
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     """Parse ``params`` (perfsim.params names and values) into validated configs + profile.
 
@@ -136,6 +166,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
         st.pop("virtual_stages", None)
     # the partition covers every model chunk: pp x stages per device
+    _check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
     st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
                                  gpu is not None)
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
@@ -167,6 +198,21 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
+    """Each of the pp x chunks-per-device pipeline stages needs a layer: the error names
+    the values the user gave (``virtual_stages=100``), not their product."""
+    per_device = stage_count(schedule, virtual_stages)
+    if pp * per_device <= layers:
+        return
+    if per_device == 1:
+        what = f"pp={pp}"
+    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
+        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
+    else:
+        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
+    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
 
 
 def _rank_params(model, tp: int) -> tuple[int, ...] | None:

@@ -65,6 +65,9 @@ class Param:
     minimum: int = 1
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
+    #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
+    #: 25us); default ms (perfsim.units.parse_time)
+    hint_unit: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -126,7 +129,7 @@ PARAMS: tuple[Param, ...] = (
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
-          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
+          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
@@ -278,7 +281,7 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "bandwidth":
         return parse_bandwidth(value, who)
     if kind == "time":
-        return parse_time(value, who)
+        return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
         return parse_size(value, who)
     if kind == "int":
@@ -319,14 +322,15 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     return text
 
 
-def split_models(raw: str) -> list[str]:
+def split_models(raw: str, what: str = "model") -> list[str]:
     """Comma list of models where an inline spec's own ``key=value`` items stay with it:
-    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models."""
+    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models (an empty element is refused,
+    :func:`perfsim.units.split_list`)."""
     out: list[str] = []
-    for item in (x.strip() for x in str(raw).split(",")):
+    for item in split_list(raw, what):
         if out and "=" in item and ":" not in item:
             out[-1] += "," + item
-        elif item:
+        else:
             out.append(item)
     return out
 
@@ -341,9 +345,13 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     else:
         items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
-    for item in items:
+    who = p.flag if cli else p.name
+    for i, item in enumerate(items):
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
-        flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
+        if splittable and not item.strip() and len(items) > 1:  # ["10Gbps", ""]: never dropped
+            raise ConfigError(f"{who} {raw!r}: element {i + 1} of {len(items)} is empty")
+        flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
+                    if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
     out: list = []

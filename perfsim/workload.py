@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import MODEL_SPECS, LayerSpec, get_model_spec
+from perfsim.models.specs import MODEL_SPECS, LayerSpec, check_layer_count, get_model_spec
 
 # --------------------------------------------------------------------- presets
 
@@ -180,6 +180,11 @@ def load_workload_file(path: str | Path) -> Model:
     entries = data.get("layers")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{where}: needs a non-empty 'layers' list")
+    total = 0
+    for i, e in enumerate(entries):  # the size first: nothing is built for a file over the limit
+        count = e.get("count", 1) if isinstance(e, dict) else 1
+        total += count if isinstance(count, int) and not isinstance(count, bool) else 1
+        check_layer_count(total, f"{where}: layers[{i}]" + (f".count={count}" if count != 1 else ""))
     layers, fwd, bwd = [], [], []
     for i, e in enumerate(entries):
         if not isinstance(e, dict):

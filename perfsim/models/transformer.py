@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.models.specs import check_layer_count
 
 #: architecture conventions: (gated MLP, bias, norm, learned positions, tied head, encoder)
 ARCHS = {
@@ -86,6 +87,7 @@ class TransformerSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{self.name}.{f}={v!r}: must be an integer >= 1")
+        check_layer_count(self.n_layer, f"model {self.name!r}")
         if self.hidden % self.heads:
             raise ConfigError(f"{self.name}: hidden={self.hidden} not divisible by heads={self.heads}")
         if self.ffn == 0:
