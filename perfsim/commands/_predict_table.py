@@ -22,6 +22,12 @@ def _cell(s: dict, key: str, fmt) -> str:
     return fmt(s[key])
 
 
+def _interval(s: dict) -> str:
+    """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), or a dash where none is stated."""
+    lo, hi = s.get("iteration_s_low"), s.get("iteration_s_high")
+    return f"{format_time(lo)}-{format_time(hi)}" if lo is not None and hi is not None else "-"
+
+
 def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
     """Print to ``file`` (a rich console) or, with ``file=None``, return plain text."""
     from rich.console import Console
@@ -41,6 +47,7 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
     fig_cols = [("samples/s", lambda s: f"{s['throughput_samples_per_s']:.3g}"),
                 ("tokens/s", lambda s: f"{s['throughput_tokens_per_s']:.4g}"),
                 ("iteration", lambda s: format_time(s["iteration_s"])),
+                ("80 % interval", _interval),
                 ("bubble", lambda s: f"{s['bubble_fraction']:.1%}"),
                 ("epoch", lambda s: format_time(s["epoch_s"])),
                 ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
@@ -127,6 +134,8 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                           f"({parts}){fits}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
+        if s.get("interval_note"):
+            console.print(f"uncertainty: {s['interval_note']}")
     if file is None:
         return console.export_text()
     return None

@@ -123,17 +123,20 @@ class Curve:
 
 #: the A100 fit's host side (per operator, per pipeline message, per TP collective): the
 #: framework's costs, not the GPU's, so the curves fitted on kernel times share them
-_A100_HOST = dict(kernel_s=57.960e-6, p2p_s=37.1e-6, collective_s=55.93e-6)
+_A100_HOST = dict(kernel_s=58.71e-6, p2p_s=100e-6, collective_s=58.44e-6)
 #: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
 _H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
                    flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
-#: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
-#: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
-#: barely constrain the knee: at these sizes the host floor hides small GEMMs.
+#: (bounded Nelder-Mead on every 4th row of the calibration configurations, each parameter
+#: inside its range, :mod:`perfsim.engine.curve_bounds`; errors in docs/validation.md). The
+#: data barely constrain the knee: at these sizes the host floor hides small GEMMs; p2p_s
+#: and lm_head_eff end on their bounds -- a mechanism of Megatron-DeepSpeed's last stage
+#: is still missing (docs/validation.md).
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.9587, knee=0.01, mem_eff=0.8770, lm_head_eff=0.3357,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", **_A100_HOST,
+    "ampere": Curve(eff_max=0.856, knee=0.007058, mem_eff=0.7734, lm_head_eff=0.7671,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration configurations, "
+                           "inside perfsim.engine.curve_bounds)", **_A100_HOST,
                     # not measured on an A100 (its data pad the vocabulary, its runs use
                     # Megatron's attention): the H200's
                     misaligned_eff=0.1924, **_H200_FLASH),

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from perfsim.network import collective_cost
+from perfsim.engine.uncertainty import interval
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -157,6 +158,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
     }
+    summary.update(interval(summary))
     if network is not None:
         link, coll = network.link, network.collective_link
         algos = out.collective_algos
