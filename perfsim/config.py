@@ -165,6 +165,9 @@ class Strategy(PipelineShape):
     #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
     #: None: the schedule's own
     virtual_stages: int | None = None
+    #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
+    #: padded capacity); None: dropless experts
+    moe_capacity_factor: float | None = None
 
     def __post_init__(self):
         for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
@@ -200,6 +203,7 @@ class Strategy(PipelineShape):
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
+        _pos_float(self, "moe_capacity_factor", allow_none=True)
         self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.boundaries import check_boundaries
 

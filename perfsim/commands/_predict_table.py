@@ -125,6 +125,8 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                                    worst["activations_gib"], worst["buffers_gib"])
             console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
                           f"({parts}){fits}")
+        if s.get("model_note"):
+            console.print(f"model: {s['model']}: {s['model_note']}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
     if file is None:
