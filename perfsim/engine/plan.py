@@ -184,7 +184,8 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
-    parts = [(tp_layer_collectives(*shape), blocks), (tp_edge_collectives(*shape, embed, head), 1)]
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
+             (tp_edge_collectives(*shape, embed, head), 1)]
     groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
     seen = {}
     for members in groups:

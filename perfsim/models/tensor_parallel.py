@@ -30,10 +30,15 @@ from perfsim.errors import ConfigError
 
 
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                         bytes_per_value: int) -> tuple[tuple[str, str, float], ...]:
+                         bytes_per_value: int, parallel_block: bool = False) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
     per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
-    in execution order; empty for ``tp == 1``."""
+    in execution order; empty for ``tp == 1``. ``parallel_block`` (attention and MLP on
+    the same input, outputs summed: GPT-J, GPT-NeoX, Falcon): the two row-parallel
+    outputs are summed before ONE forward all-reduce (GPT-NeoX's ``gpt_j_residual``
+    defers both reductions, Black et al. 2022, arXiv:2204.06745; PaLM Sec. 2,
+    arXiv:2204.02311); the backward keeps one per sub-block (each column-parallel
+    input's gradient), and sequence parallelism keeps its pairs."""
     for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
                     ("bytes_per_value", bytes_per_value)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -44,8 +49,8 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     if not sequence_parallel:
         # fwd: g after attention's row-parallel projection, g after the MLP's;
         # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV
-        return (("fwd", "allreduce", full), ("fwd", "allreduce", full),
-                ("bwd", "allreduce", full), ("bwd", "allreduce", full))
+        return ((("fwd", "allreduce", full),) * (1 if parallel_block else 2)
+                + (("bwd", "allreduce", full), ("bwd", "allreduce", full)))
     if seq % tp:
         raise ConfigError(f"seq={seq}: sequence parallelism needs it divisible by tp={tp}")
     shard = full / tp
