@@ -108,6 +108,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
     gradient buffer, gradients reduced after the backward)."""
     p = params_mod.resolved(params)
+    from perfsim.models.moe import Routing, check_routing
     from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
     from perfsim.workload import resolve_layer_times
 
@@ -149,9 +150,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
                                                         ("tp,dp,pp" if gpu else "tp,pp,dp")).split(","))
     strategy = Strategy(**st)
-    if strategy.moe_capacity_factor is not None and not getattr(model.arch, "moe", False):
-        raise ConfigError(f"moe_capacity_factor={strategy.moe_capacity_factor:g}: model {model.name!r} "
-                          "has no experts")
+    check_routing(model.arch, model.name, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
@@ -159,9 +158,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1,
                                            attention=strategy.attention,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
-                                           capacity_factor=strategy.moe_capacity_factor)
+                                           routing=Routing.of(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
-                        arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
+                        arch=model.arch, rank_params=_rank_params(model, strategy.tp, strategy.ep), compute_source=source,
                         tied_values=model.tied_values)
     given = [k for k in ("bandwidth", "latency") if params.get(k) is not None]
     if p["topology"] and given:
@@ -181,9 +180,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     return workload, strategy, system, profile
 
 
-def _rank_params(model, tp: int) -> tuple[int, ...] | None:
-    """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding)."""
-    if model.arch is None or tp == 1:
+def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
+    """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding); with
+    expert parallelism ``ep`` a MoE block's experts split ``ep`` ways too."""
+    if model.arch is None or (tp == 1 and ep == 1):
         return None
     from perfsim.models.tensor_parallel import shard_block_params
 
@@ -191,7 +191,7 @@ def _rank_params(model, tp: int) -> tuple[int, ...] | None:
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
            else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-    return tuple(shard_block_params(arch, tp, int(layer.name[5:])) if layer.name.startswith("block")
+    return tuple(shard_block_params(arch, tp, int(layer.name[5:]), ep) if layer.name.startswith("block")
                  else per[layer.name] for layer in model.layers)
 
 
@@ -257,7 +257,11 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                      + (f", {arch.shared_ffn}-wide shared expert" if arch.shared_ffn else "")
                      + (f", {len(arch.dense_layers)} dense block(s)" if arch.dense_layers else "")
                      + (f"; expert capacity factor {cf:g}, padded" if cf else
-                        "; dropless experts, balanced routing assumed") + ")")
+                        "; dropless experts, " + (f"busiest expert-parallel rank at {strategy.moe_imbalance:g} x "
+                                                  "the balanced load" if strategy.ep > 1 and
+                                                  strategy.moe_imbalance != 1 else "balanced routing assumed"))
+                     + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
+                        "all-to-all dispatch and combine" if strategy.ep > 1 else "") + ")")
     from perfsim.models.hf_config import DEFAULT_SEQ_LEN
 
     if seq_default and arch.from_config:

@@ -401,12 +401,12 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
 
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
-              moe: bool | None = None, capacity_factor: float | None = None) -> list[Op]:
+              moe: bool | None = None, routing=None) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (:func:`flash_time`). ``moe``: a block with routed experts (default: whether the
-    model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``capacity_factor``
-    as there); a block of one norm (``norms_per_block`` 1) has no second norm."""
+    model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
+    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
@@ -431,7 +431,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     if spec.moe if moe is None else moe:
         from perfsim.models.moe import moe_ops
 
-        ops += moe_ops(spec, tok, tp, bpv, capacity_factor)
+        ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
         ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
                 Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
@@ -490,7 +490,7 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
                       curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
-                      capacity_factor: float | None = None) -> tuple[list[float], list[float]]:
+                      routing=None) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
@@ -512,7 +512,7 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    kinds = {m: fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, m, capacity_factor), True)
+    kinds = {m: fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
              for m in {spec.is_moe_block(i) for i in range(spec.n_layer)}}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]
     hd = fwd_bwd(head_ops(spec, mb, tp, sp, bpv), False)

@@ -27,6 +27,9 @@ Qwen-MoE add always-active *shared* experts (here one MLP of their summed width
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from perfsim.errors import ConfigError
 
 
@@ -62,39 +65,71 @@ def moe_mlp_params(spec, active: bool = False) -> int:
             + (spec.hidden if spec.shared_gate else 0))
 
 
-def expert_rows(spec, tokens: int, capacity_factor: float | None) -> int:
-    """Rows one expert's GEMMs process for ``tokens`` tokens: ``tokens x top_k / experts``
-    (dropless, balanced), or the padded capacity ``ceil(C x tokens x top_k / experts)``
-    (GShard Sec. 2.2; Switch Transformer Sec. 2.2)."""
-    routed = tokens * spec.top_k / spec.experts
-    if capacity_factor is None:
-        return max(1, -(-int(tokens * spec.top_k) // spec.experts))
-    return max(1, int(-(-(capacity_factor * routed) // 1)))
+@dataclass(frozen=True)
+class Routing:
+    """How tokens reach the experts: the strategy's stated MoE assumptions."""
+
+    #: expert capacity factor (GShard / Switch padded capacity); None: dropless
+    capacity_factor: float | None = None
+    #: expert-parallel degree: the experts split over ``ep`` data-parallel replicas
+    ep: int = 1
+    #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1)
+    imbalance: float = 1.0
+
+    @classmethod
+    def of(cls, strategy) -> "Routing":
+        return cls(getattr(strategy, "moe_capacity_factor", None), getattr(strategy, "ep", 1),
+                   getattr(strategy, "moe_imbalance", 1.0))
+
+    @property
+    def load(self) -> float:
+        """Rows the busiest rank's experts compute over the balanced share: the capacity
+        factor when padded (every expert its full buffer, whatever the routing); dropless, the
+        imbalance once the experts live on different ranks (``ep > 1``; on one rank the
+        grouped GEMMs do the same work however the tokens are spread)."""
+        if self.capacity_factor is not None:
+            return self.capacity_factor
+        return self.imbalance if self.ep > 1 else 1.0
 
 
-def moe_ops(spec, tok: int, tp: int, bpv: int, capacity_factor: float | None = None) -> list:
-    """Forward operators of one MoE block's MLP part on one tensor-parallel rank for
-    ``tok`` tokens (:mod:`perfsim.engine.compute` Ops): router GEMM, routing, permutation,
-    the experts' grouped GEMMs (every expert's FFN split ``tp`` ways, as Megatron-Core's
-    expert tensor parallelism without expert parallelism), the combination, the shared
-    expert."""
+def expert_rows(spec, tokens: int, routing: Routing | None = None) -> int:
+    """Rows each expert on the busiest rank processes when every rank routes ``tokens``
+    tokens: ``tokens x top_k / experts`` from each of the ``ep`` ranks (dropless, balanced),
+    times :attr:`Routing.load` (the padded capacity ``C x tokens x top_k / experts``, GShard
+    Sec. 2.2, Switch Transformer Sec. 2.2; or the stated imbalance)."""
+    r = routing or Routing()
+    share = tokens * spec.top_k / spec.experts * r.ep * r.load
+    return max(1, math.ceil(share - 1e-9))
+
+
+def moe_ops(spec, tok: int, tp: int, bpv: int, routing: Routing | None = None) -> list:
+    """Forward operators of one MoE block's MLP part on one rank for ``tok`` tokens
+    (:mod:`perfsim.engine.compute` Ops): router GEMM, routing, permutation of the token
+    copies, the local experts' grouped GEMMs (``experts / ep`` experts, each FFN split
+    ``tp`` ways as Megatron-Core's expert tensor parallelism), the combination, the shared
+    expert. The all-to-all between expert-parallel ranks is communication
+    (:func:`ep_alltoall_bytes`), not an op here."""
     from perfsim.engine.compute import Op
 
-    h, e, k = spec.hidden, spec.experts, spec.top_k
+    r = routing or Routing()
+    h, k = spec.hidden, spec.top_k
+    local = spec.experts // r.ep
     ef = spec.expert_ffn // tp
-    rows = expert_rows(spec, tok, capacity_factor)
-    routed = rows * e  # token copies the experts compute (capacity padding included)
+    rows = expert_rows(spec, tok, r)
+    computed = rows * local  # token copies this rank's experts compute
+    sent = tok * k * (r.capacity_factor or 1.0)  # this rank's own copies (padded to capacity)
+    # gather the copies into expert order (read and write each), and once more on arrival
+    permuted = sent + (computed if r.ep > 1 else 0)
     up = (2 if spec.gated else 1) * ef
-    ops = [Op("router", m=tok, n=e, k=h),
+    ops = [Op("router", m=tok, n=spec.experts, k=h),
            # fp32 logits: softmax (read, write), top-k (read), the k weights written
-           Op("router_topk", bytes=4 * tok * (3 * e + k)),
-           # gather the token copies into expert order (read and write each copy)
-           Op("moe_permute", bytes=2 * bpv * routed * h),
-           Op("expert_up", m=rows, n=up, k=h, batch=e),
-           Op("expert_activation", bytes=bpv * routed * ef * (3 if spec.gated else 2)),
-           Op("expert_down", m=rows, n=h, k=ef, batch=e),
-           # scatter back, scale by the router weight and sum the k copies per token
-           Op("moe_unpermute", bytes=bpv * (2 * routed + tok) * h)]
+           Op("router_topk", bytes=4 * tok * (3 * spec.experts + k)),
+           Op("moe_permute", bytes=2 * bpv * permuted * h),
+           Op("expert_up", m=rows, n=up, k=h, batch=local),
+           Op("expert_activation", bytes=bpv * computed * ef * (3 if spec.gated else 2)),
+           Op("expert_down", m=rows, n=h, k=ef, batch=local),
+           # back into token order, scale by the router weight and sum the k copies per token
+           Op("moe_unpermute", bytes=bpv * (2 * permuted + tok) * h)]
     if spec.shared_ffn:
         sf = spec.shared_ffn // tp
         ops += [Op("shared_up", m=tok, n=(2 if spec.gated else 1) * sf, k=h),
@@ -105,13 +140,56 @@ def moe_ops(spec, tok: int, tp: int, bpv: int, capacity_factor: float | None = N
     return ops
 
 
-def moe_activation_values(spec, tokens: int, tp: int, capacity_factor: float | None = None) -> float:
-    """Values (of the activation dtype) one MoE block's MLP part keeps for the backward,
-    for ``tokens`` tokens on one tensor-parallel rank: the dispatched token copies
-    (``routed x hidden``), the experts' MLP inputs and activations (as a dense MLP keeps,
-    per copy: ``3 f`` gated, ``2 f`` else, split ``tp`` ways), the shared expert's, and the
-    router's fp32 probabilities (2 values each)."""
-    rows = expert_rows(spec, tokens, capacity_factor) * spec.experts
+def ep_alltoall_bytes(spec, tok: int, bpv: int, routing: Routing) -> float:
+    """Per-rank buffer of ONE token all-to-all between expert-parallel ranks (dispatch or
+    combine; GShard Sec. 2.2, Lepikhin et al. 2020, arXiv:2006.16668; Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``): the ``top_k`` copies of each of ``tok`` tokens,
+    ``hidden`` values each, times :attr:`Routing.load` (the capacity buffers when padded;
+    the busiest rank's share when imbalanced). A MoE block issues four per micro-batch:
+    dispatch and combine forward, their gradients backward."""
+    return float(tok * spec.top_k * spec.hidden * bpv * routing.load)
+
+
+def expert_params_per_rank(spec, tp: int, ep: int, i: int) -> int:
+    """Parameters of block ``i``'s routed experts one rank holds (``experts / ep`` experts,
+    each split ``tp`` ways); 0 for a dense block."""
+    if not spec.is_moe_block(i):
+        return 0
+    return (spec.experts // ep) * -(-spec.mlp_params(spec.expert_ffn) // tp)
+
+
+def moe_activation_values(spec, tokens: int, tp: int, routing: Routing | None = None) -> float:
+    """Values (of the activation dtype) one MoE block's MLP part keeps for the backward
+    on the busiest rank when each rank routes ``tokens`` tokens: the token copies its
+    experts compute (``hidden`` each), their MLP inputs and activations (as a dense MLP
+    keeps, per copy: ``3 f`` gated, ``2 f`` else, split ``tp`` ways), the shared expert's,
+    and the router's fp32 probabilities (2 values each)."""
+    r = routing or Routing()
+    rows = expert_rows(spec, tokens, r) * (spec.experts // r.ep)
     mats = 3 if spec.gated else 2
     return (rows * spec.hidden + rows * spec.expert_ffn * mats / tp + tokens * spec.shared_ffn * mats / tp
             + 2 * tokens * spec.experts)
+
+
+def check_routing(spec, name: str, strategy) -> None:
+    """The strategy's MoE settings fit the model (ConfigError naming the setting)."""
+    moe = getattr(spec, "moe", False)
+    for what, set_ in (("moe_capacity_factor", strategy.moe_capacity_factor is not None),
+                       ("ep", strategy.ep > 1), ("moe_imbalance", strategy.moe_imbalance != 1.0)):
+        if set_ and not moe:
+            raise ConfigError(f"{what}={getattr(strategy, what):g}: model {name!r} has no experts")
+    if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):
+        raise ConfigError(f"moe_imbalance={strategy.moe_imbalance:g}: only with ep > 1 and dropless experts "
+                          "(on one rank, or padded to capacity, the experts' work does not depend on it)")
+    if strategy.ep == 1:
+        return
+    if spec.experts % strategy.ep:
+        raise ConfigError(f"ep={strategy.ep}: does not divide the {spec.experts} experts of {name!r}")
+    if strategy.ep != strategy.dp:
+        # the expert gradients are all-reduced over dp / ep replicas, the rest over dp:
+        # a second data-parallel group the engine does not have yet
+        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
+                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not modelled; give --ep equal to --dp")
+    if strategy.zero:
+        raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
+                          "optimizer state over the expert-data-parallel group is not modelled")

@@ -76,16 +76,17 @@ def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequen
     return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
 
 
-def shard_block_params(spec, tp: int, i: int | None = None) -> int:
+def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     """Parameters one tensor-parallel rank holds of block ``i`` (default the last): the
     GEMM weights (and their column-parallel biases) split ``t`` ways -- every expert's
-    too, as Megatron-Core's expert tensor parallelism -- the norms, the row-parallel
-    biases and a MoE router replicated (Megatron-LM Sec. 3)."""
+    too, as Megatron-Core's expert tensor parallelism; ``experts / ep`` of them with
+    expert parallelism -- the norms, the row-parallel biases and a MoE router
+    replicated (Megatron-LM Sec. 3)."""
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
     if spec.is_moe_block(i):
-        widths = [spec.expert_ffn] * spec.experts + ([spec.shared_ffn] if spec.shared_ffn else [])
+        widths = [spec.expert_ffn] * (spec.experts // ep) + ([spec.shared_ffn] if spec.shared_ffn else [])
         router = d * spec.experts + (d if spec.shared_gate else 0)
     else:
         widths, router = [spec.ffn], 0
