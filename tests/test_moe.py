@@ -200,3 +200,23 @@ def test_cli_ep_error_is_one_line():
     r = run_cli_here("predict", "--model", MIXTRAL, "--gpu", H100, "--pp", "1", "--dp", "6", "--ep", "6",
                      "--global-batch", "6")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "ep=6" in r.stderr
+
+
+SMALL_MOE = "llama:layers=4,hidden=1024,heads=8,seq=512,vocab=32000,ffn=2048,experts=8,top_k=2"
+
+
+def test_plan_searches_expert_parallelism():
+    from perfsim.plan import SearchSpace, enumerate_candidates, plan
+
+    space = SearchSpace(schedules=("1f1b",), compress=("fp32",), grad_compress=("none",), recompute=("none",))
+    known = {"model", "tp", "ep", "recompute"}
+    cands = enumerate_candidates(n_layers=4, gpus=8, gpus_per_node=8, global_batch=16, space=space,
+                                 base={}, known=known, experts=6)
+    # ep = dp where dp divides the 6 experts (dp 2), never where it does not (dp 4, 8)
+    assert {(c["dp"], c.get("ep", 1)) for c in cands} >= {(2, 2), (2, 1), (4, 1), (8, 1)}
+    assert all(c.get("ep", 1) in (1, c["dp"]) and 6 % c.get("ep", 1) == 0 for c in cands)
+    assert not any("ep" in c for c in enumerate_candidates(n_layers=4, gpus=8, gpus_per_node=8, global_batch=16,
+                                                           space=space, base={}, known=known))
+    res = plan(model=SMALL_MOE, gpus_per_node=4, global_batch=16, gpu=H100, precision="bf16", space=space)
+    ranked = [r.params for r in res.ranked]
+    assert any(p.get("ep", 1) > 1 for p in ranked) and any(p.get("ep", 1) == 1 for p in ranked)
