@@ -192,3 +192,16 @@ def test_cli_refuses_bad_configs_in_one_line(tmp_path):
     r = run_cli("predict", "--model", str(bad))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "num_hidden_layers" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_cli_takes_a_hub_folder_and_states_the_model(tmp_path):
+    from _helpers import run_cli_here
+
+    folder = tmp_path / "Mixtral-8x7B-v0.1"  # capitals: the path is not lower-cased
+    folder.mkdir()
+    shutil.copy(CONFIGS / "mixtral-8x7b.json", folder / "config.json")
+    r = run_cli_here("predict", "--model", str(folder), "--gpu", "h100-sxm5-80gb", "--tp", "8", "--pp", "4",
+                     "--gpus-per-node", "8", "--precision", "bf16", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)["summary"]
+    assert (s["model"], s["params"], s["active_params"]) == ("Mixtral-8x7B-v0.1", 46_702_792_704, 12_879_925_248)

@@ -3,19 +3,25 @@
 A :class:`TransformerSpec` describes GPT-2/GPT-3, GPT-NeoX, LLaMA/Mistral and
 BERT alike (the knobs that change the parameter count and the operators):
 
-* attention: ``heads`` query heads of width ``hidden / heads``, ``kv_heads``
+* attention: ``heads`` query heads of width ``head_dim`` (default ``hidden / heads``), ``kv_heads``
   key/value heads (grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245;
   ``kv_heads == heads`` is multi-head attention);
 * MLP: width ``ffn``; ``gated`` = SwiGLU with three matrices (LLaMA, Touvron et
   al. 2023, arXiv:2307.09288), else two (GELU);
-* ``bias``: linear layers and norms carry biases (GPT-2, BERT, NeoX) or not (LLaMA);
-  ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only);
+* ``bias``: linear layers carry biases (GPT-2, BERT, NeoX) or not (LLaMA); ``qkv_bias``,
+  ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only);
+  ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only), ``norms_per_block``
+  of them (Falcon-7B's parallel block: 1);
+* mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
+  ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
   rows (0 for rotary); ``token_types`` (BERT's segment table); ``tied`` LM head.
 
-Parameters of one block (``d`` hidden, ``kv = kv_heads * d / heads``, ``f`` ffn):
-attention ``d*(d + 2 kv) + d*d`` (+ biases ``d + 2 kv + d``), MLP ``(3 if gated else
-2) * d * f`` (+ biases ``f + d``), two norms. GPT-2 gives ``12 d^2 + 13 d`` (nanoGPT),
+Parameters of one block (``d`` hidden, ``q = heads * head_dim``, ``kv = kv_heads * head_dim``,
+``f`` ffn): attention ``d*(q + 2 kv) + q*d`` (+ biases ``q + 2 kv`` and ``d``), MLP ``(3 if
+gated else 2) * d * f`` (+ biases ``(2 if gated else 1) f + d``), the norms; a MoE block's
+MLP is its router and experts (:func:`perfsim.models.moe.moe_mlp_params`). GPT-2 gives
+``12 d^2 + 13 d`` (nanoGPT),
 LLaMA-2 70B 68.98 B, GPT-3 175B 174.6 B, BERT-Large (with pooler) 335.1 M.
 
 Inline spec (``--model``): ``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200``
