@@ -238,8 +238,29 @@ def predict(**params) -> Result:
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None))
+    _warn_memory(result.summary)
     _check_finite(result)
     return result
+
+
+def _warn_memory(summary: dict[str, Any]) -> None:
+    """Without a GPU preset nothing checks the peak memory against a capacity: a peak above
+    every preset's memory cannot run on any GPU perfsim knows, so say so (a warning on the
+    ``perfsim`` logger and ``memory_warning`` in the summary), naming the way to check it."""
+    import logging
+
+    from perfsim.hardware import GPUS
+
+    peak = summary.get("peak_memory_gib")
+    if summary.get("gpu") or not peak:
+        return
+    largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
+    if peak * 2**30 > largest.memory_bytes:
+        text = (f"peak memory {peak:.1f} GiB per GPU exceeds every GPU preset's memory (the largest, "
+                f"{largest.name}, has {largest.memory_bytes / 2**30:.0f} GiB); give --gpu to check a GPU's "
+                "capacity, or shard the model further (--tp, --pp, --recompute)")
+        summary["memory_warning"] = text
+        logging.getLogger("perfsim").warning(text)
 
 
 def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:

@@ -205,3 +205,15 @@ def test_cli_takes_a_hub_folder_and_states_the_model(tmp_path):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["summary"]
     assert (s["model"], s["params"], s["active_params"]) == ("Mixtral-8x7B-v0.1", 46_702_792_704, 12_879_925_248)
+
+
+def test_peak_above_every_gpu_preset_is_a_warning_without_gpu(caplog):
+    from perfsim.api import predict
+
+    path = str(CONFIGS / "llama3.1-8b.json")
+    with caplog.at_level("WARNING", logger="perfsim"):
+        s = predict(model=path, pp=2).summary
+    assert s["peak_memory_gib"] > 179 and "exceeds every GPU preset's memory" in s["memory_warning"]
+    assert any("exceeds every GPU preset" in r.getMessage() for r in caplog.records)
+    checked = predict(model=path, pp=2, gpu="h100-sxm5-80gb", precision="bf16", allow_oom=True).summary
+    assert "memory_warning" not in checked
