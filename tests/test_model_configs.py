@@ -107,6 +107,15 @@ def test_sequence_length_is_a_training_default_not_the_context():
     assert from_hf_config(CONFIGS / "falcon-7b.json").seq_len == 2048  # capped at its 2048 positions
 
 
+def test_learned_position_table_bounds_the_sequence(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+                             "vocab_size": 50257, "n_positions": 1024}))
+    assert from_hf_config(p).seq_len == 1024 and from_hf_config(p).params == 124_439_808
+    with pytest.raises(ConfigError, match="seq_len=2048 exceeds the 1024 learned position embeddings"):
+        from_hf_config(p, seq_len=2048)
+
+
 def test_hub_style_folder(tmp_path):
     folder = tmp_path / "Mixtral-8x7B-v0.1"
     folder.mkdir()
@@ -137,6 +146,7 @@ def _write(tmp_path, **changes):
     ("num_hidden_layers", True, r"num_hidden_layers=true must be an integer"),
     ("num_hidden_layers", 10**9, r"num_hidden_layers=1000000000 must be an integer from 1 to 10000"),
     ("hidden_size", -4096, r"hidden_size=-4096"),
+    ("head_dim", 0, r"head_dim=0 must be an integer from 1"),
     ("tie_word_embeddings", "no", r"tie_word_embeddings=\"no\" must be true or false"),
     ("num_key_value_heads", 5, r"num_key_value_heads=5 must divide num_attention_heads=32"),
     ("model_type", "t5", r"model_type 't5' not supported"),

@@ -62,6 +62,10 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
 SUPPORTED = tuple(_TIED_DEFAULT)
 
 
+#: a field absent from the file (or null): its default applies
+_ABSENT = object()
+
+
 class _Fields:
     """Typed access to the fields of one config; records which were read."""
 
@@ -72,37 +76,43 @@ class _Fields:
         return ConfigError(f"{self.where}: {text}")
 
     def _get(self, key: str, default: Any, required: bool) -> Any:
+        """The value, or ``_ABSENT`` (absent or null) when ``default`` applies."""
         self.read.add(key)
         v = self.cfg.get(key)
         if v is None:
             if required:
                 raise self.fail(f"lacks {key!r}")
-            return default
+            return _ABSENT
         return v
 
     def int(self, key: str, default: Any = None, *, limit: str = "width", minimum: int = 1,
             required: bool = False) -> Any:
         v = self._get(key, default, required and default is None)
-        if v is default:
-            return v
+        if v is _ABSENT:
+            return default
         if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= LIMITS[limit]:
             raise self.fail(f"{key}={_show(v)} must be an integer from {minimum} to {LIMITS[limit]}")
         return v
 
     def bool(self, key: str, default: bool) -> bool:
         v = self._get(key, default, False)
+        if v is _ABSENT:
+            return default
         if not isinstance(v, bool):
             raise self.fail(f"{key}={_show(v)} must be true or false")
         return v
 
     def str(self, key: str, default: str | None) -> str | None:
         v = self._get(key, default, False)
-        if v is not None and not isinstance(v, str):
+        if v is _ABSENT:
+            return default
+        if not isinstance(v, str):
             raise self.fail(f"{key}={_show(v)} must be a string")
         return v
 
     def int_list(self, key: str, limit: int) -> tuple[int, ...]:
         v = self._get(key, [], False)
+        v = [] if v is _ABSENT else v
         if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < limit
                                           for x in v):
             raise self.fail(f"{key}={_show(v)} must be a list of block indices 0..{limit - 1}")
@@ -162,6 +172,9 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
     positions = f.int("max_position_embeddings", kw.pop("_positions", 2048), limit="positions")
     kw["tied"] = f.bool("tie_word_embeddings", _TIED_DEFAULT[mtype])
     seq = seq_len or min(positions, DEFAULT_SEQ_LEN)
+    if ARCHS[arch]["learned_positions"] and seq > positions:
+        raise f.fail(f"seq_len={seq} exceeds the {positions} learned position embeddings "
+                     f"({'n_positions' if mtype == 'gpt2' else 'max_position_embeddings'}); give --seq-len <= {positions}")
     window = kw.pop("_window", None)
     if window is not None and window < seq:
         raise f.fail(f"sliding_window={window} is shorter than the sequence ({seq} tokens): "
@@ -186,7 +199,7 @@ def _core(f: _Fields, layers: str = "num_hidden_layers", hidden: str = "hidden_s
 
 def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
     kw["kv_heads"] = f.int("num_key_value_heads", kw["heads"], limit="heads")
-    kw["head_dim"] = f.int("head_dim", head_dim_default or 0) or 0
+    kw["head_dim"] = f.int("head_dim", head_dim_default or 0)
     if kw["head_dim"] == 0 and kw["hidden"] % kw["heads"]:
         raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']} "
                      "(and no head_dim)")
@@ -276,7 +289,7 @@ def _read_falcon(f: _Fields, mtype: str) -> tuple[str, dict]:
 def _read_neox(f: _Fields, mtype: str) -> tuple[str, dict]:
     kw = _core(f)
     kw["ffn"] = f.int("intermediate_size", 4 * kw["hidden"])
-    kw["bias"] = f.bool("attention_bias", True) and True
+    kw["qkv_bias"] = kw["out_bias"] = f.bool("attention_bias", True)  # the MLP always has biases
     kw["parallel_block"] = f.bool("use_parallel_residual", True)
     if kw["hidden"] % kw["heads"]:
         raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']}")
