@@ -227,3 +227,11 @@ def test_peak_above_every_gpu_preset_is_a_warning_without_gpu(caplog):
     assert any("exceeds every GPU preset" in r.getMessage() for r in caplog.records)
     checked = predict(model=path, pp=2, gpu="h100-sxm5-80gb", precision="bf16", allow_oom=True).summary
     assert "memory_warning" not in checked
+
+
+def test_neox_attention_bias_off_keeps_the_mlp_biases(tmp_path):
+    cfg = json.loads((CONFIGS / "pythia-1b.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(cfg, attention_bias=False)))
+    # 16 layers lose the q, k, v (3 x 2048) and output (2048) biases: 1,011,650,560 (transformers' count)
+    assert from_hf_config(p).params == 1_011_781_632 - 16 * 4 * 2048 == 1_011_650_560

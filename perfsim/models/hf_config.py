@@ -94,21 +94,19 @@ class _Fields:
             raise self.fail(f"{key}={_show(v)} must be an integer from {minimum} to {LIMITS[limit]}")
         return v
 
-    def bool(self, key: str, default: bool) -> bool:
+    def _typed(self, key: str, default: Any, kind: type, what: str) -> Any:
         v = self._get(key, default, False)
         if v is _ABSENT:
             return default
-        if not isinstance(v, bool):
-            raise self.fail(f"{key}={_show(v)} must be true or false")
+        if not isinstance(v, kind):
+            raise self.fail(f"{key}={_show(v)} must be {what}")
         return v
 
+    def bool(self, key: str, default: bool) -> bool:
+        return self._typed(key, default, bool, "true or false")
+
     def str(self, key: str, default: str | None) -> str | None:
-        v = self._get(key, default, False)
-        if v is _ABSENT:
-            return default
-        if not isinstance(v, str):
-            raise self.fail(f"{key}={_show(v)} must be a string")
-        return v
+        return self._typed(key, default, str, "a string")
 
     def int_list(self, key: str, limit: int) -> tuple[int, ...]:
         v = self._get(key, [], False)
