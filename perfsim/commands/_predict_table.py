@@ -46,7 +46,7 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                 ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
                 ("dp bytes", lambda s: format_bytes(s["dp_bytes"]))]
     if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
-        sweep_cols = cfg_cols + [("tp", "tp", str), ("precision", "precision", str),
+        sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
                                  ("recompute", "recompute", str), ("attention", "attention", str)]
         varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
         t = Table(title=f"perfsim predict ({len(results)} configurations)", title_justify="left")
