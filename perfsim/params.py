@@ -162,6 +162,17 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION"),
+    Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
+          "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
+          "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
+          "default: dropless experts (MegaBlocks, Megatron-Core's default)", "strategy",
+          "strategy.moe_capacity_factor"),
+    Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
+          "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
+          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep"),
+    Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
+          "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
+          "strategy.moe_imbalance"),
     Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
           "strategy.zero", minimum=0),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),

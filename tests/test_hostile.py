@@ -26,7 +26,7 @@ TINY = ["--model", "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128", "--pp", "2
 # ---------------------------------------------------------------- no abbreviations
 
 @pytest.mark.parametrize("argv", [
-    ["predict", "--ep", "8"],            # was silently --epochs 8
+    ["predict", "--epoch", "8"],         # a prefix of --epochs (the probe was --ep 8, now a flag of its own)
     ["predict", "--band", "1Gbps"],      # was silently --bandwidth
     ["sweep", "--band", "1Gbps,10Gbps"],
     ["plan", "--band", "1Gbps"],
