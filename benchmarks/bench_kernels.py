@@ -1,7 +1,7 @@
 """Quantize/pack kernels against the memory-bandwidth limit of the device.
 
     python benchmarks/bench_kernels.py [--device cuda|cpu] [--sizes 64KB,16MB,1GB] [--csv out.csv]
-                                       [--ways triton,triton-2pass,torch]
+                                       [--ways triton,triton-2pass,torch] [--repeat 3]
 
 For each fp32 input size it measures the device's copy bandwidth (``dst.copy_(src)``:
 bytes read + written / time) and, for every kernel, the time, the bytes it must move
@@ -131,13 +131,15 @@ def device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
 
-def run(sizes: str, device: str, ways=WAYS, echo=print) -> list[dict]:
-    """Every row of the benchmark (the copy baseline of each size first)."""
+def run(sizes: str, device: str, ways=WAYS, echo=print, repeat: int = 1) -> list[dict]:
+    """Every row of the benchmark (the copy baseline of each size first); with ``repeat`` > 1
+    every size is measured that many times over (rows carry their ``pass``; readers take the
+    median per kernel: one starved or disturbed pass then moves nothing)."""
     from perfsim.units import parse_size
 
     rows = []
     name, day = device_name(device), datetime.datetime.now(datetime.timezone.utc).date().isoformat()
-    for text in sizes.split(","):
+    for text, npass in [(t, p) for t in sizes.split(",") for p in range(1, repeat + 1)]:
         n = parse_size(text) // 4
         src = torch.randn(n, device=device)
         dst = torch.empty_like(src)
@@ -149,7 +151,7 @@ def run(sizes: str, device: str, ways=WAYS, echo=print) -> list[dict]:
             t = bench(fn, device)
             row = dict(size=text, size_bytes=4 * n, kernel=kernel, bits=bits, way=way, time_s=t,
                        moved_bytes=nbytes, gbps=nbytes / t / 1e9, copy_gbps=copy_bw / 1e9,
-                       pct_copy=100 * nbytes / t / copy_bw, device=name, date=day)
+                       pct_copy=100 * nbytes / t / copy_bw, device=name, date=day, **{"pass": npass})
             rows.append(row)
             echo(f"{text:>8} {kernel:>12} {bits:>4} {way:>12} {t * 1e3:9.3f} {row['gbps']:7.0f} "
                  f"{row['pct_copy']:7.1f}")
@@ -180,7 +182,12 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=SIZES, help=f"fp32 input sizes (default {SIZES})")
     ap.add_argument("--ways", default=",".join(WAYS), help=f"which ways to time (default {','.join(WAYS)})")
     ap.add_argument("--csv", default=None, help="also write the rows to this CSV file")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="measure every size this many times (the CSV keeps each pass; default 1)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        print(f"bench_kernels: --repeat {args.repeat}: must be >= 1", file=sys.stderr)
+        return 2
     ways = tuple(w for w in args.ways.split(",") if w)
     bad = [w for w in ways if w not in WAYS]
     if bad:
@@ -189,7 +196,7 @@ def main(argv=None) -> int:
     if args.device == "cuda":
         print(f"# {torch.cuda.get_device_name()}  torch {torch.__version__}")
     print(f"{'size':>8} {'kernel':>12} {'bits':>4} {'way':>12} {'ms':>9} {'GB/s':>7} {'% copy':>7}")
-    rows = run(args.sizes, args.device, ways)
+    rows = run(args.sizes, args.device, ways, repeat=args.repeat)
     if args.csv and rows:
         write_csv(args.csv, rows)
     return 0

@@ -19,7 +19,7 @@ from __future__ import annotations
 from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
 from perfsim.kernels.packing import group_size, packed_nbytes
@@ -112,7 +112,7 @@ def _aqsgd_step_triton(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: i
     if n == 0:
         return out, s
     g, gb = group_size(bits)
-    grid = (triton.cdiv(-(-n // g), block),)
+    grid = (cdiv(-(-n // g), block),)
     _aqsgd_step_kernel[grid](af, m, encode_coeffs(s, bits), s, decode_step(s, bits), out, n, nbytes,
                              bucket, 0 if key is None else int(key), round_const(bits, key is not None),
                              float(levels(bits)), BITS=bits, G=g, GB=gb, STOCH=key is not None,

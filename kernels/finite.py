@@ -46,10 +46,9 @@ def _state():
 def device_flag(device) -> torch.Tensor:
     """The sticky int32 flag of ``device`` (this thread's): 0 until a kernel reports a bad scale."""
     flags = _state()["flags"]
-    key = str(device)
-    f = flags.get(key)
+    f = flags.get(device)
     if f is None:
-        f = flags[key] = torch.zeros(1, dtype=torch.int32, device=device)
+        f = flags[device] = torch.zeros(1, dtype=torch.int32, device=device)
     return f
 
 
@@ -65,7 +64,7 @@ def defer(device, what: str, scales: torch.Tensor, data_absmax: torch.Tensor | N
     """File one encode's check: ``scales`` (a quantizer's per-bucket max-abs, or the 1-bit
     encoder's scale with ``data_absmax``, the max |x + e| per program, telling NaN/Inf data from
     a norm too large for float32) as ``what``."""
-    pending = _state()["pending"].setdefault(str(device), [])
+    pending = _state()["pending"].setdefault(device, [])
     pending.append((what, scales, data_absmax))
     if len(pending) >= MAX_PENDING:
         check_deferred()

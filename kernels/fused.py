@@ -16,9 +16,11 @@ identical to the references for the same key.
 
 from __future__ import annotations
 
+import functools
+
 from perfsim._lazy import torch
 
-from perfsim.kernels._triton import HAS_TRITON, INTERPRET, launch_opts, tl, triton
+from perfsim.kernels._triton import HAS_TRITON, INTERPRET, cdiv, launch_opts, next_pow2, tl, triton
 from perfsim.kernels.packing import group_size, packed_nbytes
 from perfsim.kernels.quant import MAX_ABS, levels, num_buckets, round_const, step_const
 
@@ -43,11 +45,11 @@ def fusable(bucket: int, bits: int) -> bool:
 
 def _layout(n: int, bucket: int) -> tuple[int, int, int]:
     """(padded bucket BP, buckets per program R, programs) of the fixed launch shape."""
-    bp = triton.next_power_of_2(bucket)
+    bp = next_pow2(bucket)
     r = max(1, _PROGRAM_ELEMS // bp)
     nb = num_buckets(n, bucket)
-    r = min(r, triton.next_power_of_2(nb))
-    return bp, r, triton.cdiv(nb, r)
+    r = min(r, next_pow2(nb))
+    return bp, r, cdiv(nb, r)
 
 
 def size_class(n: int) -> int:
@@ -57,10 +59,10 @@ def size_class(n: int) -> int:
 
 def _prune(configs, nargs, **kwargs):
     """The tuning shapes that fit this bucket (``R * BP`` elements, ``R`` whole buckets, no
-    more buckets than the input has); the smallest when none does."""
+    more buckets than the input has); the fixed shape of :func:`_layout` when none does."""
     bp = kwargs.get("BP", nargs.get("BP"))
     nb = nargs["nbuckets"]
-    most = triton.next_power_of_2(nb)
+    most = next_pow2(nb)
     fit = [c for c in configs if (c.kwargs["R"] * bp, c.num_warps) in TUNE_SHAPES and c.kwargs["R"] <= most]
     if fit:
         return fit
@@ -72,15 +74,16 @@ if HAS_TRITON:
     from perfsim.kernels._tl_words import max_nan, round_codes, store_word_bytes
 
     @triton.jit
-    def _round_pack_store(v, s, rows, cols, idx, valid, out_ptr, n, nbytes, bucket, key, kc,
-                          HALF, LF, BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
+    def _round_pack_store(v, s, rows, cols, idx, valid, out_ptr, n, nbytes, bucket, key,
+                          KC: tl.constexpr, HALF: tl.constexpr, LF: tl.constexpr,
+                          BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
                           STOCH: tl.constexpr, R: tl.constexpr, BP: tl.constexpr):
         """Codes of ``v`` ([R, BP], scales ``s`` [R]) packed and stored; returns the codes."""
         # torch evaluates ``(L/2) / s`` as ``fl(fl(1/s) * L/2)`` (Tensor.__rtruediv__ is
         # reciprocal-then-multiply): the same two roundings, IEEE reciprocal
         r = tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), tl.maximum(s, 1.1754943508222875e-38))
         a = tl.where(s > 0, r * HALF, 0.0)
-        c = round_codes(v * a[:, None], idx, valid, key, kc, LF, STOCH)
+        c = round_codes(v * a[:, None], idx, valid, key, KC, LF, STOCH)
         j = tl.arange(0, G)
         c3 = tl.reshape(c, (R, BP // G, G))
         word = tl.sum(c3 << (j[None, None, :] * BITS), axis=2)
@@ -91,14 +94,15 @@ if HAS_TRITON:
         return c
 
     @triton.jit
-    def _flag_bad(s, flag_ptr, MAXABS):
+    def _flag_bad(s, flag_ptr, MAXABS: tl.constexpr):
         """Set the device flag (kernels.finite) when a scale is NaN, Inf or above ``MAXABS``."""
         bad = tl.max(tl.where(s <= MAXABS, 0, 1), axis=0)
         tl.store(flag_ptr, bad, mask=bad > 0)
 
-    @triton.jit(do_not_specialize=["NCLASS"])
+    @triton.jit
     def _fused_quant_pack_kernel(x_ptr, s_ptr, out_ptr, flag_ptr, n, nbytes, nbuckets, bucket, key,
-                                 kc, HALF, LF, MAXABS, NCLASS, BITS: tl.constexpr, G: tl.constexpr,
+                                 KC: tl.constexpr, HALF: tl.constexpr, LF: tl.constexpr,
+                                 MAXABS: tl.constexpr, BITS: tl.constexpr, G: tl.constexpr,
                                  GB: tl.constexpr, STOCH: tl.constexpr, R: tl.constexpr,
                                  BP: tl.constexpr):
         rows = tl.program_id(0) * R + tl.arange(0, R)
@@ -109,12 +113,13 @@ if HAS_TRITON:
         s = tl.reduce(tl.abs(x), 1, max_nan)
         tl.store(s_ptr + rows, s, mask=rows < nbuckets)
         _flag_bad(s, flag_ptr, MAXABS)
-        _round_pack_store(x, s, rows, cols, idx, valid, out_ptr, n, nbytes, bucket, key, kc,
+        _round_pack_store(x, s, rows, cols, idx, valid, out_ptr, n, nbytes, bucket, key, KC,
                           HALF, LF, BITS, G, GB, STOCH, R, BP)
 
-    @triton.jit(do_not_specialize=["NCLASS"])
+    @triton.jit
     def _fused_aqsgd_step_kernel(a_ptr, m_ptr, s_ptr, out_ptr, flag_ptr, n, nbytes, nbuckets,
-                                 bucket, key, kc, HALF, LF, MAXABS, NCLASS, STEP, BITS: tl.constexpr,
+                                 bucket, key, KC: tl.constexpr, HALF: tl.constexpr, LF: tl.constexpr,
+                                 MAXABS: tl.constexpr, STEP: tl.constexpr, BITS: tl.constexpr,
                                  G: tl.constexpr, GB: tl.constexpr, STOCH: tl.constexpr,
                                  R: tl.constexpr, BP: tl.constexpr):
         rows = tl.program_id(0) * R + tl.arange(0, R)
@@ -128,7 +133,7 @@ if HAS_TRITON:
         tl.store(s_ptr + rows, s, mask=rows < nbuckets)
         _flag_bad(s, flag_ptr, MAXABS)
         c = _round_pack_store(delta, s, rows, cols, idx, valid, out_ptr, n, nbytes, bucket, key,
-                              kc, HALF, LF, BITS, G, GB, STOCH, R, BP)
+                              KC, HALF, LF, BITS, G, GB, STOCH, R, BP)
         d = s * STEP  # decode_step: fl(s * fl32(2/L))
         dq = c.to(tl.float32) * d[:, None]
         dq = dq - s[:, None]
@@ -137,11 +142,12 @@ if HAS_TRITON:
 
 
     def _tuned(kernel, restore=()):
-        """``kernel`` under ``triton.autotune`` over :data:`TUNE_SHAPES`, keyed on the size
-        class and the constexprs (results cached on disk where this Triton can)."""
+        """``kernel`` under ``triton.autotune`` over :data:`TUNE_SHAPES` (results cached on disk
+        where this Triton can). :func:`_launch` calls it only when :data:`_BEST` has no shape
+        for the input's size class, so the tuning runs once per size class."""
         configs = [triton.Config({"R": 1 << i}, num_warps=w) for i in range(13)
                    for w in sorted({w for _, w in TUNE_SHAPES})]
-        opts = dict(key=["NCLASS", "bucket", "BITS", "STOCH", "BP"], restore_value=list(restore),
+        opts = dict(key=["n", "bucket", "BITS", "STOCH", "BP"], restore_value=list(restore),
                     prune_configs_by={"early_config_prune": _prune})
         try:
             return triton.autotune(configs, cache_results=True, **opts)(kernel)
@@ -157,9 +163,17 @@ if HAS_TRITON:
 _BEST: dict[tuple, dict] = {}
 
 
-def _launch(kernel, tensors, n: int, bits: int, bucket: int, key: int | None, flag, extra=()):
+@functools.lru_cache(maxsize=256)
+def _consts(bits: int, stoch: bool, bucket: int) -> dict:
+    """The constexprs of one (width, rounding, bucket): one dict, built once (a launch's Python
+    time matters below ~16 MB, where the host, not the GPU, bounds an encode)."""
     g, gb = group_size(bits)
-    bp, r, progs = _layout(n, bucket)
+    L = levels(bits)
+    return dict(KC=round_const(bits, stoch), HALF=L / 2, LF=float(L), MAXABS=MAX_ABS,
+                BITS=bits, G=g, GB=gb, STOCH=stoch, BP=next_pow2(bucket), **launch_opts())
+
+
+def _launch(kernel, tensors, n: int, bits: int, bucket: int, key: int | None, flag, extra=None):
     nbytes = packed_nbytes(n, bits)
     dev = tensors[0].device
     nb = num_buckets(n, bucket)
@@ -167,22 +181,23 @@ def _launch(kernel, tensors, n: int, bits: int, bucket: int, key: int | None, fl
     out = torch.empty(nbytes, dtype=torch.uint8, device=dev)
     if n == 0:
         return out, s
-    L = levels(bits)
-    ncls = size_class(n)
-    args = (*tensors, s, out, flag, n, nbytes, nb, bucket, 0 if key is None else int(key),
-            round_const(bits, key is not None), L / 2, float(L), MAX_ABS, ncls, *extra)
-    consts = dict(BITS=bits, G=g, GB=gb, STOCH=key is not None, BP=bp, **launch_opts())
+    stoch = key is not None
+    args = (*tensors, s, out, flag, n, nbytes, nb, bucket, int(key) if stoch else 0)
+    consts = _consts(bits, stoch, bucket)
+    if extra:
+        consts = dict(consts, **extra)
     if AUTOTUNE:
-        k = (kernel, ncls, bucket, bits, key is not None, str(dev))
+        k = (id(kernel), size_class(n), bucket, bits, stoch, dev)
         best = _BEST.get(k)
         if best is None:
             tuned = _TUNED[kernel]
-            tuned[lambda meta: (triton.cdiv(nb, meta["R"]),)](*args, **consts)
+            tuned[lambda meta: (cdiv(nb, meta["R"]),)](*args, **consts)
             c = tuned.best_config
-            _BEST[k] = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
+            _BEST[k] = best = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
         else:
-            kernel[(triton.cdiv(nb, best["R"]),)](*args, **best, **consts)
+            kernel[(cdiv(nb, best["R"]),)](*args, **best, **consts)
     else:
+        _, r, progs = _layout(n, bucket)
         kernel[(progs,)](*args, R=r, **consts, **({"num_warps": _NUM_WARPS} if _NUM_WARPS else {}))
     return out, s
 
@@ -197,5 +212,5 @@ def fused_quantize_pack(xf: torch.Tensor, bits: int, *, bucket: int, key: int | 
 def fused_aqsgd_step(af: torch.Tensor, mf: torch.Tensor, bits: int, *, bucket: int,
                      key: int | None = None, flag: torch.Tensor):
     """AQ-SGD sender step in one pass: ``(packed, scales)`` of ``Q(a - m)``; ``m`` updated."""
-    step = step_const(bits)
-    return _launch(_fused_aqsgd_step_kernel, (af, mf), af.numel(), bits, bucket, key, flag, (step,))
+    return _launch(_fused_aqsgd_step_kernel, (af, mf), af.numel(), bits, bucket, key, flag,
+                   {"STEP": step_const(bits)})

@@ -38,7 +38,7 @@ from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
 from perfsim.kernels.finite import check_deferred, defer, device_flag, flag_bad_scales
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
 from perfsim.kernels.packing import group_size, packed_nbytes
@@ -233,7 +233,7 @@ if HAS_TRITON:
 
 def _grid(n: int, bits: int, block: int):
     g, gb = group_size(bits)
-    return (max(1, triton.cdiv(-(-n // g), block)),), g, gb
+    return (max(1, cdiv(-(-n // g), block)),), g, gb
 
 
 def _quantize_pack_triton(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None,

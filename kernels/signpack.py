@@ -19,7 +19,7 @@ import math
 from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.finite import check_deferred, defer, device_flag
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
@@ -145,7 +145,7 @@ def _launch_sign(xf, err, scale, flag, block):
     nbytes = packed_nbytes(n, 1)
     out = torch.empty(nbytes, dtype=torch.uint8, device=xf.device)
     if n:
-        grid = (triton.cdiv(nbytes, block),)
+        grid = (cdiv(nbytes, block),)
         _ef_sign_kernel[grid](xf, xf if err is None else err, out, xf if scale is None else scale,
                               xf if flag is None else flag, n, nbytes, UPDATE=err is not None,
                               BLOCK=block, **launch_opts())
@@ -168,7 +168,7 @@ def _ef_sign_compress_triton(x: torch.Tensor, err: torch.Tensor, block: int = 10
     n = xf.numel()
     if n == 0:
         return torch.empty(0, dtype=torch.uint8, device=xf.device), ef_scale(xf)
-    progs = triton.cdiv(n, _EF_BLOCK)
+    progs = cdiv(n, _EF_BLOCK)
     ssq = torch.empty(progs, dtype=torch.float32, device=xf.device)
     amax = torch.empty(progs, dtype=torch.float32, device=xf.device)
     _ef_partials_kernel[(progs,)](xf, err, ssq, amax, n, BLOCK=_EF_BLOCK, **launch_opts())
@@ -186,7 +186,7 @@ def _sign_unpack_triton(packed, n, scale, block: int = 1024) -> torch.Tensor:
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n:
         ptr = isinstance(scale, torch.Tensor)  # a device scale is read by the kernel (no sync)
-        _sign_unpack_kernel[(triton.cdiv(packed.numel(), block),)](
+        _sign_unpack_kernel[(cdiv(packed.numel(), block),)](
             packed.contiguous(), out, 0.0 if ptr else float(scale),
             scale.to(device=packed.device, dtype=torch.float32).reshape(1) if ptr else out,
             n, packed.numel(), FROM_PTR=ptr, BLOCK=block, **launch_opts())
