@@ -19,8 +19,9 @@ class CsvError(ValueError):
     """A kernel CSV that cannot be read (the scripts print it in one line, exit 2)."""
 
 
-def read_rows(path: str, tree: str | None = None) -> list[dict]:
-    """The rows of one CSV (only those of ``tree`` when given: a bisect CSV holds several)."""
+def read_rows(path: str, tree: str | None = None, all_trees: bool = False) -> list[dict]:
+    """The rows of one CSV (only those of ``tree`` when given: a bisect CSV holds several;
+    ``all_trees``: every tree's rows, for a reader that tells them apart)."""
     try:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
@@ -37,7 +38,7 @@ def read_rows(path: str, tree: str | None = None) -> list[dict]:
         rows = [r for r in rows if r["tree"] == tree]
         if not rows:
             raise CsvError(f"{path}: no rows of tree {tree!r}")
-    elif "tree" in rows[0] and len({r["tree"] for r in rows}) > 1:
+    elif not all_trees and "tree" in rows[0] and len({r["tree"] for r in rows}) > 1:
         raise CsvError(f"{path}: holds trees {sorted({r['tree'] for r in rows})}; name one with --tree")
     for r in rows:
         try:

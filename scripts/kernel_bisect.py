@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         use_tree(d)
         print(f"## tree {label} ({d}), pass {npass}", flush=True)
         for r in bench.run(args.sizes, device, tuple(args.ways.split(","))):
-            rows.append(dict(r, tree=label, **{"pass": npass}))
+            rows.append(dict(r, tree=label, **{"pass": npass}))  # one pass per tree visit
         bench.write_csv(args.csv, rows)  # after every tree: a timeout keeps what was measured
     return 0
 

@@ -10,8 +10,9 @@ rows name their tree: pick one with ``--tree`` / ``--baseline-tree``). For every
 percentage points. Every drop beyond it is printed as one line naming kernel, bits, size,
 the old and the new share; the exit status is then 1. Exit 2: a file that cannot be read,
 no rows in common, or two different devices (shares of two GPUs are not comparable).
-Without ``--baseline`` the newest ``traces/gpu/*-kernels-*.csv`` of the same device kind
-is used (the last accepted run; ``scripts/kernel_table.py`` writes the docs from it).
+Without ``--baseline`` the newest ``traces/gpu/<device>-kernels-<date>.csv`` is used (the
+last accepted run; ``scripts/kernel_table.py`` writes the docs from it). Rows of several passes
+of one kernel (``bench_kernels.py --repeat``, the two passes of a bisect) count by their median.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -27,12 +29,15 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from kernel_csv import CsvError, device_of, read_rows, shares, size_labels  # noqa: E402
 
 
-def latest_accepted(prefix: str = "") -> str | None:
-    """The newest stored kernel CSV (by the date in its name), optionally of one device prefix."""
-    paths = sorted(glob.glob(os.path.join(ROOT, "traces", "gpu", f"{prefix}*-kernels-*.csv")),
-                   key=lambda p: os.path.basename(p).rsplit("-kernels-", 1)[1])
-    paths = [p for p in paths if "bisect" not in os.path.basename(p)]
-    return paths[-1] if paths else None
+_ACCEPTED = re.compile(r"^[a-z0-9]+-kernels-(\d{4}-\d{2}-\d{2})\.csv$")
+
+
+def latest_accepted() -> str | None:
+    """The newest accepted kernel CSV, ``traces/gpu/<device>-kernels-<YYYY-MM-DD>.csv`` by its
+    date (other runs kept beside it carry a suffix and are never taken)."""
+    found = [(m.group(1), p) for p in glob.glob(os.path.join(ROOT, "traces", "gpu", "*-kernels-*.csv"))
+             if (m := _ACCEPTED.match(os.path.basename(p)))]
+    return max(found)[1] if found else None
 
 
 def compare(old_rows: list[dict], new_rows: list[dict], tolerance: float, ways) -> tuple[list[str], int]:

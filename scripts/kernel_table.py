@@ -1,13 +1,15 @@
 """Write the kernel bandwidth tables of docs/gpu.md and README.md from one stored run.
 
-    python scripts/kernel_table.py traces/gpu/<device>-kernels-<date>.csv [--check]
+    python scripts/kernel_table.py traces/gpu/<device>-kernels-<date>.csv \
+        [--bisect traces/gpu/<device>-bisect-<date>.csv] [--check]
 
 The CSV is a run of ``benchmarks/bench_kernels.py`` (its rows name the device and the UTC
 date). Each document holds a block between ``<!-- kernel-table:NAME ... -->`` and
 ``<!-- kernel-table:end -->`` (NAME ``full`` in docs/gpu.md, ``short`` in README.md); the
 block is replaced by a dated line naming the device, the CSV and the copy bandwidth of the
-run, and a table of ``pct_copy`` per kernel and size (a range over the bit widths of a row).
-No figure in those blocks is typed by hand. ``--check`` rewrites nothing and exits 1 when a
+run, and a table of ``pct_copy`` per kernel and size (a range over the bit widths of a row;
+the median of a kernel's passes when the run repeated them). ``--bisect`` also writes the block
+``bisect`` of docs/gpu.md: each tree of a ``scripts/kernel_bisect.py`` run. No figure in those blocks is typed by hand. ``--check`` rewrites nothing and exits 1 when a
 block differs from what this CSV gives (tests/test_kernel_table.py runs it on the repository).
 Exit 2: an unreadable CSV, a CSV without device/date columns, or a document without its block.
 """
@@ -88,6 +90,34 @@ def render(rows: list[dict], csv_rel: str, name: str, spec) -> str:
     return "\n".join(lines)
 
 
+#: (label, kernel, size in bytes) of the bisect table's columns (bit widths 2/3/4/8)
+BISECT = (("encode 16 MB", "encode", 16_000_000), ("encode 256 MB", "encode", 256_000_000),
+          ("AQ-SGD 256 MB", "aqsgd", 256_000_000), ("decode 256 MB", "decode", 256_000_000))
+
+
+def render_bisect(rows: list[dict], csv_rel: str) -> str:
+    """The block ``bisect``: per tree (in the order measured), the public entries' share of the
+    copy bandwidth, the median of the tree's passes, as a range over 2/3/4/8 bits."""
+    if "tree" not in rows[0]:
+        raise CsvError(f"{csv_rel}: has no 'tree' column (not a kernel_bisect CSV)")
+    trees = list(dict.fromkeys(r["tree"] for r in rows))
+    device, dates = device_of(rows), sorted({r.get("date") for r in rows if r.get("date")})
+    passes = max(int(r.get("pass") or 1) for r in rows)
+    lines = [f"<!-- kernel-table:bisect (written by scripts/kernel_table.py --bisect {csv_rel}; do not edit) -->",
+             f"Measured {dates[0] if dates else '?'} on an {device} (`{csv_rel}`, {passes} passes in ABBA "
+             f"order, median per kernel; regenerate with `--bisect {csv_rel}`).", "",
+             "| tree | " + " | ".join(c[0] for c in BISECT) + " |", "| --- |" + " ---: |" * len(BISECT)]
+    for t in trees:
+        pct = shares([r for r in rows if r["tree"] == t])
+        cells = []
+        for _, kernel, size in BISECT:
+            vals = [pct[(size, kernel, b, "triton")] for b in QUANT if (size, kernel, b, "triton") in pct]
+            cells.append(_span(vals) if vals else "–")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    lines.append("<!-- kernel-table:end -->")
+    return "\n".join(lines)
+
+
 def update(text: str, block: str, name: str, path: str) -> str:
     found = [m for m in _BLOCK.finditer(text) if m.group("name") == name]
     if len(found) != 1:
@@ -101,37 +131,46 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="the stored run (traces/gpu/<device>-kernels-<date>.csv)")
     ap.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 when a table is stale")
+    ap.add_argument("--bisect", help="also the bisect table of docs/gpu.md, from this kernel_bisect CSV")
     ap.add_argument("--root", default=ROOT, help=argparse.SUPPRESS)  # the tests' copy of the docs
     args = ap.parse_args(argv)
-    stale = []
     try:
         rows = read_rows(args.csv)
         rel = os.path.relpath(os.path.abspath(args.csv), ROOT)
-        for doc, name, spec in DOCS:
+        blocks = [(doc, name, render(rows, rel, name, spec)) for doc, name, spec in DOCS]
+        if args.bisect:
+            blocks.append(("docs/gpu.md", "bisect", render_bisect(
+                read_rows(args.bisect, all_trees=True), os.path.relpath(os.path.abspath(args.bisect), ROOT))))
+        old: dict[str, str] = {}
+        new: dict[str, str] = {}
+        for doc, name, block in blocks:
             path = os.path.join(args.root, doc)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-            except OSError as e:
-                raise CsvError(f"{path}: {e.strerror}") from None
-            new = update(text, render(rows, rel, name, spec), name, doc)
-            if new == text:
-                continue
-            stale.append(doc)
-            if not args.check:
-                tmp = f"{path}.tmp{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    f.write(new)
-                os.replace(tmp, path)
+            if doc not in old:
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        old[doc] = new[doc] = f.read()
+                except OSError as e:
+                    raise CsvError(f"{path}: {e.strerror}") from None
+            new[doc] = update(new[doc], block, name, doc)
     except CsvError as e:
         print(f"kernel_table: {e}", file=sys.stderr)
         return 2
-    if args.check and stale:
-        print(f"kernel_table: {', '.join(stale)} differ from {args.csv}; run "
-              f"python scripts/kernel_table.py {args.csv}", file=sys.stderr)
-        return 1
-    print(f"kernel_table: {'checked' if args.check else 'wrote'} {', '.join(d for d, _, _ in DOCS)} "
-          f"from {args.csv}" + (f" ({', '.join(stale)} rewritten)" if stale and not args.check else ""))
+    stale = [doc for doc in old if new[doc] != old[doc]]
+    if args.check:
+        if stale:
+            print(f"kernel_table: {', '.join(stale)} differ from {args.csv}"
+                  f"{f' and {args.bisect}' if args.bisect else ''}; run python scripts/kernel_table.py "
+                  f"{args.csv}{f' --bisect {args.bisect}' if args.bisect else ''}", file=sys.stderr)
+            return 1
+        print(f"kernel_table: {', '.join(old)} match {args.csv}")
+        return 0
+    for doc in stale:
+        path = os.path.join(args.root, doc)
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(new[doc])
+        os.replace(tmp, path)
+    print(f"kernel_table: {', '.join(stale) or 'nothing'} rewritten from {args.csv}")
     return 0
 
 
