@@ -132,28 +132,29 @@ FP8_AMAX_HISTORY = 1024
 #: fp8 tensors with scaling state per GEMM: input, weight, output (forward), gradient
 #: output and gradient input (backward) -- TE's ``fp8_meta["scaling_fwd"/"scaling_bwd"]``
 FP8_TENSORS_PER_GEMM = 5
-#: GEMMs of one transformer block that TE runs in fp8: QKV, attention projection, fc1, fc2
-FP8_GEMMS_PER_BLOCK = 4
 
 
-def fp8_bytes(spec, blocks: int, tp: int, dp: int = 1, zero: int = 0) -> float:
-    """Memory fp8 training adds to a stage of ``blocks`` transformer blocks, per GPU
+def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) -> float:
+    """Memory fp8 training adds to a stage holding the transformer blocks ``blocks``
+    (their indices), per GPU
     (NVIDIA Transformer Engine's delayed-scaling recipe; Micikevicius et al., "FP8 Formats
     for Deep Learning", arXiv:2209.05433, Sec. 4: per-tensor scaling factors):
 
     * an fp8 copy of each GEMM weight and of its transpose (1 + 1 bytes per GEMM
-      parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`; TE caches them
-      over a step's micro-batches), ``/ dp`` under ZeRO-3 (the shard's copies);
-    * per GEMM, the scaling state of its 5 fp8 tensors: an fp32 amax history of
+      parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`: this
+      expert-parallel rank's experts; TE caches them over a step's micro-batches), ``/ dp``
+      under ZeRO-3 (the shard's copies);
+    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.engine.compute.FP8_GEMMS`),
+      the scaling state of its 5 fp8 tensors: an fp32 amax history of
       :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
 
     The LM head and the attention core stay in bf16 (TE's ``DotProductAttention`` and
     Megatron's output layer are not fp8 by default)."""
-    from perfsim.models.tensor_parallel import block_gemm_params
+    from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
 
-    copies = 2 * blocks * -(-block_gemm_params(spec) // tp) / (dp if zero >= 3 else 1)
-    state = blocks * FP8_GEMMS_PER_BLOCK * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
-    return copies + state
+    copies = 2 * sum(-(-block_gemm_params(spec, i, ep) // tp) for i in blocks) / (dp if zero >= 3 else 1)
+    gemms = sum(2 + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
+    return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 
 def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -> float:
@@ -190,7 +191,7 @@ def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -
 
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
-                           attention: str = "megatron") -> float:
+                           attention: str = "megatron", routing=None) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
     input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1)."""
@@ -200,12 +201,16 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
     if recompute == "full":
         return 2 * v * sbh / (tp if sp else 1)
     # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
-    attn_sharded = 2 * (2 * s * b * h + 2 * s * b * spec.kv_dim)
+    attn_sharded = 2 * (2 * s * b * spec.q_dim + 2 * s * b * spec.kv_dim)
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
     repl = 8 * v * sbh + 2 * sbh
     sharded = v * (attn_sharded + mlp_sharded) / tp
+    if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
+        from perfsim.models.moe import moe_activation_values
+
+        sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if attention == "flash":
         core = 4 * a * s * b / tp
@@ -220,7 +225,10 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
+    from perfsim.models.moe import Routing
+
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
+    routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]
     mixed = prec in ("fp16", "bf16", "fp8")
@@ -239,7 +247,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             blocks = sum(1 for i in range(st.first_layer, st.last_layer)
                          if workload.layers[i].name.startswith("block"))
             per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
-                                               strategy.recompute, bpv, strategy.attention)
+                                               strategy.recompute, bpv, strategy.attention, routing)
             act = blocks * per_layer * inflight
             s, h = spec.seq_len, spec.hidden
             if st.first_layer == 0:
@@ -247,10 +255,12 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.last_layer == len(workload.layers) and not spec.encoder:
                 act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy)
             if prec == "fp8" and blocks:
-                weights += fp8_bytes(spec, blocks, tp, dp, strategy.zero)
+                ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
+                       if workload.layers[i].name.startswith("block")]
+                weights += fp8_bytes(spec, ids, tp, dp, strategy.zero, strategy.ep)
             if strategy.recompute == "full" and blocks:
                 act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
-                                              strategy.attention)
+                                              strategy.attention, routing)
         else:  # known only by boundary shapes: every layer's output, 2x for the backward
             for i in range(st.first_layer, st.last_layer):
                 n = 1
