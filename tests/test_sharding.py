@@ -400,3 +400,24 @@ def test_perfsim_run_zero3_measures_the_predicted_bytes(tmp_path):
     r = run_cli_here("run", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--zero", "2", "--out",
                      str(tmp_path / "z2"))
     assert_user_error(r.returncode, r.stderr, "zero=2")
+
+
+def test_fp8_and_zero_with_a_mixture_of_experts():
+    """fp8 memory counts each MoE block's local experts' GEMM weights (and their scaling
+    state, 2 GEMMs per local MLP); ZeRO-2/3 with expert parallelism is refused."""
+    from perfsim.api import build_configs
+    from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
+
+    mixtral = str(Path(__file__).parent / "data" / "configs" / "mixtral-8x7b.json")
+    base = dict(model=mixtral, gpu="h100", tp=8, pp=4, gpus_per_node=8, global_batch=32, seq_len=1024,
+                attention="flash")
+    spec = build_configs(**base)[0].arch
+    w = {p: predict(**base, precision=p).stages[0]["weights_gib"] * GIB for p in ("bf16", "fp8")}
+    st = predict(**base, precision="fp8").stages[0]
+    first, last = (int(x) for x in st["layers"].split("-"))
+    blocks = [i - 1 for i in range(first, last + 1) if 1 <= i <= spec.n_layer]
+    copies = 2 * sum(-(-block_gemm_params(spec, i) // 8) for i in blocks)
+    state = sum(2 + 2 * len(block_mlp_widths(spec, i)) for i in blocks) * 5 * (1024 + 2) * 4
+    assert w["fp8"] - w["bf16"] == pytest.approx(copies + state, rel=1e-9)
+    with pytest.raises(ConfigError, match="ep=2"):
+        predict(**dict(base, pp=1, dp=2), ep=2, zero=3)
