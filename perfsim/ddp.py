@@ -204,8 +204,10 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, 
     if process_group is None and is_ddp:
         process_group = getattr(model, "process_group", None)
     module = model.module if is_ddp else model
+    names = {}
     if hasattr(module, "parameters"):
         params = list(module.parameters())
+        names = {id(p): n for n, p in module.named_parameters()} if hasattr(module, "named_parameters") else {}
     elif isinstance(model, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in model):
         params = list(model)  # explicit tensors (e.g. tensor-parallel local shards)
     else:
@@ -214,6 +216,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, 
     steps = warmup if warmup is not None else warmup_steps(gspec)
     opt = _ob.build(gspec, params, lr=lr, group=process_group, warmup=steps, betas=betas,
                     eps=eps, weight_decay=weight_decay, seed=seed, **kwargs)
+    opt.param_names = names  # named in error messages (a NaN gradient's parameter)
     if is_ddp:
         link = _OneBitLink()
         _register(model, link, _gs.noop_hook)
