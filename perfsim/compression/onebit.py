@@ -29,7 +29,10 @@ Error buffers are state: ``compress`` keeps one worker error per tensor shape,
 ``allreduce_mean`` one worker error (``N*C``) and one server error (``C``) per
 (numel, world size). One compressor instance per fused tensor (1-bit LAMB
 fuses all momenta into one buffer, Sec. 4.2). ``state_dict`` saves them all
-(DeepSpeed's backends lose them on reload; ours round-trip).
+(DeepSpeed's backends lose them on reload; ours round-trip). An exchange changes
+the buffers only once all three phases are done; a worker whose input is NaN/Inf
+sends a NaN scale instead of compressing, so every worker refuses the exchange in
+phase 2 (ConfigError) and none waits in a collective.
 ``wire_bytes(shape, warmup=True)`` is the uncompressed float32 size of the
 optimizers' warm-up stage.
 """

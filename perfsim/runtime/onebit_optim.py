@@ -50,13 +50,15 @@ warm-up: padding / unused embeddings, always-zero inputs) have their momentum ma
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
-Known limitation (measured, not a bug of the compression): with a very short
-warm-up on inputs with rare features (``digits-mlp`` on raw [0, 1] pixels,
-12 warm-up steps) the frozen variance of rare coordinates is tiny and the
-compression stage diverges *even with exact fp32 averaging*
-(``compressor="fp32"``); the papers warm up for 15-20 % of thousands of steps.
-``gpt2-tiny`` with 20 warm-up steps trains like AdamW. A diverging run stops
-with a ConfigError naming the step and the warm-up.
+Known limitation (measured, not a bug of the compression; docs/ddp.md, issue 35):
+the frozen variance does not bound the step of a coordinate whose gradient outgrows
+it after warm-up -- weights of rare, large inputs whose warm-up variance was ~1e-8
+take steps of ``m / sqrt(v_frozen)`` in the hundreds, and the run diverges *even with
+exact fp32 averaging* (``compressor="fp32"``; ``scripts/onebit_frozen_variance.py``).
+Adam's own ``v`` would grow and bound it. The papers warm up for 15-20 % of training
+(``perfsim.ddp.onebit_optimizer(..., total_steps=N)``). A diverging or NaN step stops
+with one ConfigError naming the step, the parameter group and the parameter, on
+every rank, before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
