@@ -69,7 +69,8 @@ not shrink it.
 Integration: with these optimizers DDP must not average gradients; build them
 with :func:`perfsim.ddp.onebit_optimizer`, which registers a no-op hook on a DDP
 model (an optimizer whose parameters sit in a DDP model without it refuses to
-step). Statistics and, for fp16/bf16 parameters, master weights are float32.
+step). Statistics and, for fp16/bf16 parameters, master weights are float32, also
+after ``load_state_dict`` (torch's own would cast them to the parameter dtype).
 The warm-up is a setting of the run (``warmup`` steps, default
 :data:`DEFAULT_WARMUP`), not of the checkpoint: a resumed optimizer uses the
 value it was built with (freezing at load if that warm-up is already over;
