@@ -224,8 +224,9 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                         opt.step()
                     runs.append(torch.cat([p.detach().float().reshape(-1) for p in model.parameters()]))
                 res[("resume", alg, str(dtype))] = torch.equal(runs[0], runs[1])
-        # bad input: a NaN gradient on rank 1 only, in the compression stage and in warm-up
-        for stage_steps in (WARMUP + 2, 2):
+        # bad input: a NaN gradient on rank 1 only, in the compression stage and in warm-up;
+        # a finite gradient too large for the 1-bit scale (a diverged run) in the compression stage
+        for stage_steps, bad in ((WARMUP + 2, float("nan")), (2, float("nan")), (WARMUP + 3, 1e22)):
             model = _model()
             opt = onebit_optimizer(DDP(model), "onebit-lamb", LR, warmup=WARMUP)
             for step in range(stage_steps):
@@ -235,7 +236,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             params_before = [p.detach().clone() for p in model.parameters()]
             _local_grads(model, stage_steps, rank)
             if rank == 1:
-                list(model.parameters())[2].grad[1, 3] = float("nan")
+                list(model.parameters())[2].grad[1, 3] = bad
+                list(model.parameters())[2].grad[0, 3] = bad
             try:
                 opt.step()
                 msg = "no error"
@@ -288,6 +290,13 @@ def test_resume_is_bit_identical_and_state_stays_float32(ranks, alg, dtype):
         assert res[("state_dtypes", alg, dtype)] == ["torch.float32"]
         assert res[("err_equal", alg, dtype)]
         assert res[("resume", alg, dtype)], f"{alg} {dtype}: resumed run differs on rank {r}"
+
+
+def test_too_large_momentum_is_one_error_and_writes_nothing(ranks):
+    msgs = [ranks[r][("nan", WARMUP + 3)] for r in range(WORLD)]
+    assert all(unchanged for _, unchanged in msgs)
+    assert f"step {WARMUP + 4} on this rank" in msgs[1][0] and "too large for a float32 norm" in msgs[1][0], msgs
+    assert f"step {WARMUP + 4} on another rank" in msgs[0][0], msgs
 
 
 @pytest.mark.parametrize("stage", [WARMUP + 2, 2])

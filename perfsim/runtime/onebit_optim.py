@@ -213,9 +213,11 @@ class _OneBitBase(torch.optim.Optimizer):
             t0 = time.perf_counter()
             try:
                 flat = self.compressor.allreduce_mean(flat, self.group)
-            except ConfigError:
+            except ConfigError:  # the same refusal on every rank; say whose data it was
                 self._check_finite(flat, "gradient or momentum", tensors)
-                self._diverged("gradient or momentum", "on another rank")
+                if not bool(torch.isfinite(torch.linalg.vector_norm(flat))):
+                    self._diverged("momentum", "on this rank", "values too large for a float32 norm")
+                self._diverged("gradient or momentum", "on another rank", "NaN/Inf or too large")
             self.stats["time_s"] += time.perf_counter() - t0
             self._count(sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world)))
         self._check_finite(flat, "gradient or momentum", tensors)
@@ -255,11 +257,11 @@ class _OneBitBase(torch.optim.Optimizer):
                 self._diverged(what, f"in parameter group {gi}, parameter {name} {tuple(p.shape)}")
         self._diverged(what, "on another rank")
 
-    def _diverged(self, what: str, where: str) -> None:
+    def _diverged(self, what: str, where: str, problem: str = "NaN/Inf") -> None:
         t = self.global_state["step"]
         stage = "warm-up" if t <= self.warmup else "compression stage"
         raise ConfigError(
-            f"{self.algorithm}: {what} NaN/Inf at step {t} {where} ({stage}, warmup={self.warmup}); "
+            f"{self.algorithm}: {what} {problem} at step {t} {where} ({stage}, warmup={self.warmup}); "
             "nothing was updated -- NaN/Inf gradients, or training diverged (a longer warm-up or "
             "a smaller lr)")
 
