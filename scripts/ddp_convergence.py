@@ -13,7 +13,10 @@ baseline's (tests/test_ddp_convergence.py requires <= 2).
     python scripts/ddp_convergence.py --steps 150 --out docs/ddp   # CSVs + docs/ddp/loss_curves.png
 
 Writes ``<out>/ddp_convergence.csv`` (config, optimizer, lr, method, baseline,
-final_loss, baseline_loss, ratio) and ``<out>/ddp_curves.csv`` (config, step, loss).
+final_loss, baseline_loss, ratio, wire_fraction: bytes each rank fed to collectives per
+step -- the hook's / optimizer's ``wire_bytes`` -- over fp32 DDP's) and
+``<out>/ddp_curves.csv`` (config, step, loss). ``--methods "SPEC SPEC ..."`` replaces the
+gradient compressors (the bytes-vs-loss table per bit width in docs/ddp.md).
 """
 
 from __future__ import annotations
