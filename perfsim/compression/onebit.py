@@ -49,6 +49,7 @@ from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.finite import check_deferred
 from perfsim.kernels.signpack import ef_sign_compress, sign_unpack
 from perfsim.kernels.bitpack import unpack_bits
 
@@ -177,6 +178,10 @@ class OneBit(Compressor):
         scales = _bytes_scale(recv[:, chunk // 8:])
         if not bool(torch.isfinite(scales).all()):
             bad = [int(i) for i in torch.nonzero(~torch.isfinite(scales)).reshape(-1)]
+            try:  # a CUDA encode files its bad scale for later (kernels.finite): it is reported here
+                check_deferred()
+            except ConfigError:
+                pass
             raise ConfigError(f"{self.spec}: NaN/Inf data on rank(s) {bad}; nothing exchanged")
         avg = decode_chunks(recv, chunk).sum(dim=0) / world
         key = f"ar{n}w{world}"
