@@ -1,10 +1,11 @@
 """Allreduce-compatible quantizers on a shared max norm (S. Vineeth, "Unbiased
 Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
-``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
-chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
-for 4 bits; ``chunk=0``: one norm per tensor): the workers agree on
-``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per chunk), then each
+``qsgd-maxnorm:BITS[:norm=inf|l2][:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied
+per chunk of ``D`` values (default :func:`maxnorm_chunk`: 128 for 2 and 3 bits, 512 for 4;
+``chunk=0``: one norm per tensor) with each worker's chunk norm ``||g_m||`` the max-abs
+value (``norm=inf``, the default; see :data:`NORMS`) or the paper's L2 norm: the workers
+agree on ``W = max_m ||g_m||`` with a max-allreduce (4 bytes per chunk), then each
 quantizes its gradient on that *shared* scale, ``zeta_i = sign(v_i) * xi_i`` with
 ``xi_i`` the stochastic rounding of ``s |v_i| / W`` (eq. 7-8). The integer codes
 of all workers live on one grid, so their sum is the code of the sum: one
