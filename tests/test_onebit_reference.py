@@ -193,7 +193,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 opt.step()
                 if ref is not None:
                     ref.step(everyone)
-                    gaps.append(max(float((p.double() - q).abs().max() / (q.abs().max() + 1e-12))
+                    gaps.append(max(float((p.detach().double() - q).abs().max() / (q.abs().max() + 1e-12))
                                     for p, q in zip(model.parameters(), ref.x)))
             res[(alg, exchange)] = gaps
         # state-dict round trip, bf16 and fp32 models: save at step 7 (after warm-up), resume
