@@ -142,23 +142,30 @@ def weight_grad_share(layer, tokens: int) -> float:
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
     """The collectives of one bucket. Compressors that work per matrix (PowerSGD's
-    ``matrix_plan``) see each layer's gradient as a (hidden, rest) matrix -- the
-    last boundary dimension as rows, an approximation of the layer's weight
-    matrices -- and their per-layer steps are merged per position, as torch's
-    PowerSGD hook batches all P's (then Q's) of a bucket into one allreduce.
+    ``matrix_plan``) see each parameter tensor of a layer where the model lists them
+    (``LayerSpec.tensors``: an MLP's weight matrix and bias vector), else the layer's
+    gradient as one (hidden, rest) matrix -- the last boundary dimension as rows, an
+    approximation of its weight matrices. As torch's ``powerSGD_hook`` does, the
+    tensors it leaves uncompressed (vectors, too small to pay) go in one fp32
+    allreduce first, then all P's in one allreduce, then all Q's.
     Others see the flattened bucket, as DDP hands it to a comm hook."""
     if not hasattr(comp, "matrix_plan"):
         return list(comp.dp_plan((sum(layer.params for layer in layers),), dp))
-    merged: list[CommStep] = []
+    first: list[CommStep] = []  # the uncompressed allreduce
+    merged: list[CommStep] = []  # P's, Q's
     for layer in layers:
         rows = layer.out_shape[-1]
-        shape = (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)
-        for i, st in enumerate(comp.dp_plan(shape, dp)):
-            if i < len(merged) and merged[i].kind == st.kind and merged[i].reduce == st.reduce:
-                merged[i] = CommStep(st.kind, merged[i].nbytes + st.nbytes, st.reduce, st.label)
-            else:
-                merged.append(st)
-    return merged
+        shapes = layer.tensors or [
+            (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)]
+        for shape in shapes:
+            steps = comp.dp_plan(shape, dp)
+            into = first if len(steps) == 1 else merged
+            for i, st in enumerate(steps):
+                if i < len(into) and into[i].kind == st.kind and into[i].reduce == st.reduce:
+                    into[i] = CommStep(st.kind, into[i].nbytes + st.nbytes, st.reduce, st.label)
+                else:
+                    into.append(st)
+    return first + merged
 
 
 def native_specs(strategy) -> tuple[str, str, bool, bool]:

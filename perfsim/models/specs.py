@@ -48,12 +48,16 @@ class LayerSpec:
     flops_fwd: forward FLOPs for one sample (2 per multiply-add); backward is
       taken as 2x forward (Kaplan et al. 2020), a fallback when no profile
       gives measured times.
+    tensors: the shapes of the layer's parameter tensors where the model knows them
+      (an MLP's weight and bias), for compressors that treat each tensor apart
+      (PowerSGD); empty: one ``(out features, rest)`` matrix stands for the layer.
     """
 
     name: str
     params: int
     out_shape: tuple[int, ...]
     flops_fwd: float
+    tensors: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class MLPSpec:
             raise ConfigError(f"{self.name}.sizes={self.sizes}: need >= 2 positive sizes")
 
     def layers(self) -> list[LayerSpec]:
-        return [LayerSpec(f"fc{i}", a * b + b, (b,), float(2 * a * b))
+        return [LayerSpec(f"fc{i}", a * b + b, (b,), float(2 * a * b), tensors=((b, a), (b,)))
                 for i, (a, b) in enumerate(zip(self.sizes[:-1], self.sizes[1:]))]
 
     @property
