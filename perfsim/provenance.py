@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -59,13 +60,26 @@ def value_digest(value: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:DIGEST_CHARS]
 
 
-def input_key(files: Mapping[str, Any] = {}, values: Mapping[str, Any] = {}) -> str:
-    """``perfsim=VERSION;ROLE=DIGEST;...``: perfsim's version, the content digest of
-    each input file by role (``files``: a path, or an already-loaded object hashed by
-    :func:`value_digest`; None: no such input) and of each value in ``values``."""
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """The SHA-256 of perfsim's own source and shipped data (every ``*.py``, ``*.json`` and
+    ``*.toml`` under the package, by relative path and content): a development tree's
+    version number stays put while its code changes, so a key names the code itself."""
+    root = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for f in sorted(p for ext in ("*.py", "*.json", "*.toml") for p in root.rglob(ext)):
+        h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:DIGEST_CHARS]
+
+
+def input_key(files: Mapping[str, Any] = {}, values: Mapping[str, Any] = {}, code: bool = True) -> str:
+    """``perfsim=VERSION+CODE;ROLE=DIGEST;...``: perfsim's version and (``code``) the digest of
+    its source (:func:`code_digest`), the content digest of each input file by role
+    (``files``: a path, or an already-loaded object hashed by :func:`value_digest`; None:
+    no such input) and of each value in ``values``."""
     from perfsim import __version__
 
-    parts = [f"{VERSION_KEY}={__version__}"]
+    parts = [f"{VERSION_KEY}={__version__}" + (f"+{code_digest()}" if code else "")]
     for role in sorted(files):
         f = files[role]
         if f is None:

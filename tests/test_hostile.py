@@ -139,7 +139,13 @@ def test_sweep_key_covers_workload_topology_and_version(tmp_path, caplog, monkey
     assert f"topology {topo} changed since the stored rows: recomputing 2 rows" in text
     monkeypatch.setattr(perfsim, "__version__", "99.0")
     _, text = rerun()
-    assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0" in text
+    assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0+" in text
+    # the same version number with other code (a development tree, an edited install)
+    from perfsim import provenance
+
+    monkeypatch.setattr(provenance, "code_digest", lambda: "0" * provenance.DIGEST_CHARS)
+    _, text = rerun()
+    assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0+0000" in text
 
 
 def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):

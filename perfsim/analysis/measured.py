@@ -36,7 +36,7 @@ def measure_key(run_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     from perfsim.provenance import input_key
 
     params = json.loads(json.dumps({k: v for k, v in run_params.items() if k != "out"}, default=str))
-    return input_key(values={"run": params}), params
+    return input_key(values={"run": params}, code=False), params
 
 
 def write_key(run_dir: str, key: str, params: dict[str, Any]) -> None:
