@@ -316,7 +316,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         if measured is None:
             measured, tputs = _table_measurement(plan.out, row) or (None, [])
     for k in range(0 if measured is not None else plan.repeats):
-        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""))
+        # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
+        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""), overwrite=True)
         m = runner(**params)
         _drop_checkpoint(params["out"])
         tputs.append(m.summary.get("throughput_samples_per_s") or 0.0)

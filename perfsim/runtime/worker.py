@@ -272,6 +272,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         result = build_result(cfg, gathered, dataset_name=dataset.name)
         write_outputs(result, out, gathered)
     dist.barrier()
+    for c in comps.values():  # the run completed: no resume needs AQ-SGD's disk= buffers now
+        c.release()
 
 
 def init_and_train(cfg: RunConfig) -> None:
