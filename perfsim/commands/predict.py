@@ -100,6 +100,9 @@ def run(args) -> int:
             res.write_trace(_trace_path(args.trace, i, len(grid)))
             res.trace_events = []
         results.append(res)
+    for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
+        if note:  # the peak over the profile's GPU (or every preset): one line each, on stderr
+            log.warning("%s", note)
     if fmt == "csv":
         data = _csv(results).encode()
     elif fmt == "json":

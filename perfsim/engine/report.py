@@ -27,7 +27,8 @@ Definitions (per iteration of one macro-batch per replica):
   :mod:`perfsim.engine.replay`; both give the same iteration);
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
-  (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
+  (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``memory_warning``
+  (:func:`perfsim.engine.check_memory`), ``fits``
   (None without a GPU preset), ``params`` (whole model), ``compute_model``; summary
   ``tp_bytes``: bytes the TP collectives send per iteration, summed over all ranks
   (``perfsim run --tp`` meters the buffers handed to them instead: the same for an
@@ -65,7 +66,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     weights = weights or {r: 1 for r in out.replicas}
     from perfsim.memory import GIB
 
-    mem, cap = memory if memory is not None else (None, None)
+    mem, cap, memory_warning = memory if memory is not None else (None, None, "")
     # a device holds all its stages (chunks): its memory is their sum
     dev_mem = [sum(mem[k].total for k in table.stages_of(d)) for d in range(p)] if mem else []
     static = []  # per pipeline device: what its stages (chunks) are, the same in every replica
@@ -152,6 +153,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
+        # without --gpu: the peak over the profile's GPU (or every preset), one line; "" when not
+        "memory_warning": memory_warning,
         "compute_model": ("profile: each tensor-parallel rank's compute as perfsim calibrate --tp measured it "
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)

@@ -39,6 +39,7 @@ def make_config(**params: Any):
     from perfsim.runtime.config import RunConfig
 
     params = {_ALIASES.get(k, k): v for k, v in params.items() if v is not None}
+    params.pop("overwrite", None)  # what run() does with an earlier run's folder, not part of the job
     bw = params.pop("emulate_bandwidth", None)
     lat = params.pop("emulate_latency", None)
     if bw is not None:
