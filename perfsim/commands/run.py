@@ -30,8 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=float, default=None,
                    help="train this many epochs instead of --steps (not with --steps)")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9)")
+    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
+    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9; default adamw)")
     p.add_argument("--partition", default=None,
                    help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
     p.add_argument("--dataset-limit", type=positive_int, default=None,
@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
     p.add_argument("--hang-timeout", default="30s",
                    help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
-    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank; default cpu)")
     add_no_progress(p, "no progress bar")
     # a flag not given is None, so that --resume can take it from the checkpoint (the help
     # texts above state the defaults: RunConfig's, applied by perfsim.runtime.make_config)
