@@ -113,7 +113,7 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         if k not in stored and k not in RunConfig.RESUME_DEFAULTS:
             continue  # a checkpoint older than the key: the run's value stands (checked later)
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
-        if k in params and params[k] != was and not (params[k] is False and was is None):
+        if k in params and params[k] != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "
                               f"the job from the checkpoint: leave {flag} out, or start a new run elsewhere)")
