@@ -91,7 +91,7 @@ def test_following_the_corrupt_checkpoint_hint_resumes_the_run_in_its_folder(fir
     out = _copy(first_run, tmp_path)
     bad = out / "ckpt" / "step00000004" / "rank1.pt"
     bad.write_bytes(bad.read_bytes()[:100])  # truncated, as by a full disk
-    proc = run_cli_here("run", "--resume", str(out), "--steps", "4", "--no-progress")
+    proc = run_cli_here("run", "--resume", str(out), "--steps", "6", "--no-progress")
     assert proc.returncode == 2 and "corrupt" in proc.stderr, proc.stderr
     hint = re.search(r"(--resume \S+)$", proc.stderr.strip()).group(1).split()
     # the hint as given: no flag repeated (the model and --compress come from the checkpoint)
