@@ -81,7 +81,10 @@ others keep predict's defaults. Returns a :class:`~perfsim.analysis.sweep.SweepT
 ``.to_frame()`` (one row per configuration, predict's summary columns +
 ``config_id``), ``.stages``, ``.errors``.
 
-out: write the table (.csv/.parquet/.json) and resume from it on a re-run.
+out: write the table (.csv/.parquet; "-": CSV on stdout) and resume from it on a re-run:
+    a stored row is reused only while its inputs (column ``input_key``: perfsim's
+    version, the SHA-256 of every input file) are unchanged, else recomputed with a
+    warning; rows of another grid in ``out`` are refused (``resume=False`` replaces them).
 jobs: worker processes (default: in-process for small grids, a pool above
     :data:`perfsim.analysis.sweep.POOL_THRESHOLD` configurations).
 skip_invalid: record configurations predict rejects instead of stopping.
@@ -107,7 +110,7 @@ def _run_signature() -> _inspect.Signature:
     from perfsim.commands import run as command
     from perfsim.runtime.config import RunConfig
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     command.add_arguments(parser)
     defaults = vars(parser.parse_args([]))  # every flag's dest and default
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
@@ -141,7 +144,17 @@ run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim
 from perfsim.analysis import validate_grid as _validate_grid  # noqa: E402  (torch-free)
 
 
+def _known_keywords(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Every keyword of ``kwargs`` is a parameter of ``func.__signature__`` (a
+    ConfigError naming the unknown ones, as predict, sweep, plan and run raise)."""
+    known = func.__signature__.parameters  # type: ignore[attr-defined]
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        raise ConfigError(f"{func.__name__}: unknown keyword(s) {unknown} (known: {', '.join(known)})")
+
+
 def validate(**kwargs: Any):
+    _known_keywords(validate, kwargs)
     return _validate_grid.validate(**kwargs)
 
 
@@ -153,6 +166,7 @@ from perfsim.calibrate import calibration as _calibration  # noqa: E402  (torch-
 
 
 def calibrate(out: str = "traces/calibrated.json", **params: Any):
+    _known_keywords(calibrate, params)
     return _calibration.calibrate(out, **params)
 
 

@@ -34,7 +34,13 @@ COMMANDS = ("predict", "plan", "run", "calibrate", "validate", "sweep", "plot", 
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage + error; perfsim prints one line naming the culprit."""
+    """argparse prints usage + error; perfsim prints one line naming the culprit.
+    Options are never abbreviated (``allow_abbrev=False``): ``--ep`` is refused, not
+    taken for ``--epochs``, so a flag a user expects can never land on another."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -165,6 +165,16 @@ class Strategy(PipelineShape):
     #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
     #: None: the schedule's own
     virtual_stages: int | None = None
+    #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
+    #: padded capacity); None: dropless experts
+    moe_capacity_factor: float | None = None
+    #: expert-parallel degree: a MoE model's experts split over ``ep`` consecutive
+    #: data-parallel replicas (Megatron-Core lays the expert-parallel group inside the
+    #: data-parallel one); 1: every replica holds every expert
+    ep: int = 1
+    #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
+    #: stated assumption, perfsim.models.moe.Routing)
+    moe_imbalance: float = 1.0
 
     def __post_init__(self):
         for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
@@ -200,6 +210,14 @@ class Strategy(PipelineShape):
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
+        _pos_float(self, "moe_capacity_factor", allow_none=True)
+        _pos_int(self, "ep")
+        if self.dp % self.ep:
+            raise ConfigError(f"ep={self.ep}: must divide dp={self.dp} (the expert-parallel group is "
+                              "carved out of the data-parallel replicas)")
+        _pos_float(self, "moe_imbalance")
+        if self.moe_imbalance < 1:
+            raise ConfigError(f"moe_imbalance={self.moe_imbalance!r}: must be >= 1 (1 = balanced)")
         self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.boundaries import check_boundaries
 

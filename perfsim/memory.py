@@ -72,7 +72,7 @@ def breakdown_text(weights: float, grads: float, optimizer: float, activations: 
 
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
-                           attention: str = "megatron") -> float:
+                           attention: str = "megatron", routing=None) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
     input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1)."""
@@ -82,12 +82,16 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
     if recompute == "full":
         return 2 * v * sbh / (tp if sp else 1)
     # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
-    attn_sharded = 2 * (2 * s * b * h + 2 * s * b * spec.kv_dim)
+    attn_sharded = 2 * (2 * s * b * spec.q_dim + 2 * s * b * spec.kv_dim)
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
     repl = 8 * v * sbh + 2 * sbh
     sharded = v * (attn_sharded + mlp_sharded) / tp
+    if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
+        from perfsim.models.moe import moe_activation_values
+
+        sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if attention == "flash":
         core = 4 * a * s * b / tp
@@ -102,7 +106,10 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
+    from perfsim.models.moe import Routing
+
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
+    routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]
     mixed = prec in ("fp16", "bf16")
@@ -120,7 +127,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             blocks = sum(1 for i in range(st.first_layer, st.last_layer)
                          if workload.layers[i].name.startswith("block"))
             per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
-                                               strategy.recompute, bpv, strategy.attention)
+                                               strategy.recompute, bpv, strategy.attention, routing)
             act = blocks * per_layer * inflight
             s, h = spec.seq_len, spec.hidden
             if st.first_layer == 0:
@@ -129,7 +136,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += 4 * s * mb * h * (1 + spec.vocab / h) / tp * (bpv / 2)
             if strategy.recompute == "full" and blocks:
                 act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
-                                              strategy.attention)
+                                              strategy.attention, routing)
         else:  # known only by boundary shapes: every layer's output, 2x for the backward
             for i in range(st.first_layer, st.last_layer):
                 n = 1

@@ -65,6 +65,9 @@ class Param:
     minimum: int = 1
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
+    #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
+    #: 25us); default ms (perfsim.units.parse_time)
+    hint_unit: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -126,7 +129,7 @@ PARAMS: tuple[Param, ...] = (
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
-          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
+          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
@@ -159,6 +162,17 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION"),
+    Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
+          "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
+          "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
+          "default: dropless experts (MegaBlocks, Megatron-Core's default)", "strategy",
+          "strategy.moe_capacity_factor"),
+    Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
+          "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
+          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep"),
+    Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
+          "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
+          "strategy.moe_imbalance"),
     Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
           "strategy.zero", minimum=0),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
@@ -278,7 +292,7 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "bandwidth":
         return parse_bandwidth(value, who)
     if kind == "time":
-        return parse_time(value, who)
+        return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
         return parse_size(value, who)
     if kind == "int":
@@ -319,14 +333,15 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     return text
 
 
-def split_models(raw: str) -> list[str]:
+def split_models(raw: str, what: str = "model") -> list[str]:
     """Comma list of models where an inline spec's own ``key=value`` items stay with it:
-    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models."""
+    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models (an empty element is refused,
+    :func:`perfsim.units.split_list`)."""
     out: list[str] = []
-    for item in (x.strip() for x in str(raw).split(",")):
+    for item in split_list(raw, what):
         if out and "=" in item and ":" not in item:
             out[-1] += "," + item
-        elif item:
+        else:
             out.append(item)
     return out
 
@@ -341,9 +356,13 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     else:
         items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
-    for item in items:
+    who = p.flag if cli else p.name
+    for i, item in enumerate(items):
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
-        flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
+        if splittable and not item.strip() and len(items) > 1:  # ["10Gbps", ""]: never dropped
+            raise ConfigError(f"{who} {raw!r}: element {i + 1} of {len(items)} is empty")
+        flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
+                    if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
     out: list = []

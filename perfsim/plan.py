@@ -148,9 +148,11 @@ def _known_params() -> set[str]:
 
 def enumerate_candidates(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
                          space: SearchSpace, base: dict[str, Any],
-                         known: set[str] | None = None) -> list[dict[str, Any]]:
+                         known: set[str] | None = None, experts: int = 0) -> list[dict[str, Any]]:
     """Every parameter dict of the search (before bounds): TP x PP x DP = ``gpus``,
-    per-replica batch = ``global_batch / dp``, micro-batch dividing it."""
+    per-replica batch = ``global_batch / dp``, micro-batch dividing it; a model of
+    ``experts`` routed experts also with expert parallelism over the ``dp`` replicas
+    (``ep = dp``, where it divides the experts; :func:`perfsim.models.moe.check_routing`)."""
     known = _known_params() if known is None else known
     has_tp = "tp" in known
     tps = space.tp or (tuple(d for d in _divisors(gpus_per_node)) if has_tp else (1,))
@@ -176,13 +178,16 @@ def enumerate_candidates(*, n_layers: int, gpus: int, gpus_per_node: int, global
                 schedules = space.schedules if pp > 1 else space.schedules[:1]
                 compress = space.compress if pp > 1 else ("fp32",)
                 grads = space.grad_compress if dp > 1 else ("none",)
-                for sched, comp, grad, rc in itertools.product(schedules, compress, grads, recompute):
+                eps = (1, dp) if "ep" in known and experts and dp > 1 and experts % dp == 0 else (1,)
+                for sched, comp, grad, rc, ep in itertools.product(schedules, compress, grads, recompute, eps):
                     p = {**base, "pp": pp, "dp": dp, "micro_batch": mb, "macro_batch": per_replica,
                          "schedule": sched, "compress": comp, "grad_compress": grad}
                     if has_tp:
                         p["tp"] = tp
                     if "recompute" in known:
                         p["recompute"] = rc
+                    if ep > 1:
+                        p["ep"] = ep
                     out.append(p)
     return out
 
@@ -202,7 +207,7 @@ def placement_variants(params: Sequence[dict[str, Any]], space: SearchSpace, top
     seen: set = set()
     for p in params:
         # placements that put every (replica, stage) on the same GPUs are one candidate
-        sig = (p["pp"], p["dp"], p.get("tp", 1), p["schedule"], p["micro_batch"], p["compress"],
+        sig = (p["pp"], p["dp"], p.get("tp", 1), p.get("ep", 1), p["schedule"], p["micro_batch"], p["compress"],
                p["grad_compress"], p.get("recompute"))
         kept = []
         for pl, order in choices:
@@ -450,7 +455,8 @@ def explain(ranked: Sequence[Candidate]) -> str:
     parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s")}
     busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
     p = w.params
-    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']} with "
+    ep = f" (expert parallel {p['ep']})" if p.get("ep", 1) > 1 else ""
+    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}{ep} with "
             f"{p['schedule']}, micro-batch {p['micro_batch']}, pipeline compression {p['compress']} and "
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
             f"({s.get('throughput_samples_per_s', 0):.3g} samples/s). Per stage and iteration, compute takes "
@@ -520,7 +526,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
         notes.append(f"steps to loss from {curves.describe()}")
     w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
     params = enumerate_candidates(n_layers=len(w.layers), gpus=gpus, gpus_per_node=gpus_per_node,
-                                  global_batch=global_batch, space=space, base=base, known=known)
+                                  global_batch=global_batch, space=space, base=base, known=known,
+                                  experts=getattr(w.arch, "experts", 0))
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs divides it")
     topo = w_system.topology

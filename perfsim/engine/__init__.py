@@ -46,17 +46,12 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
     return list(groups.values())
 
 
-def check_memory(workload, strategy, system, plan, allow_oom: bool = False, profile=None):
+def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
     """Per-stage memory (:mod:`perfsim.memory`) and the GPU's capacity; raises a
     ConfigError naming the stage and the shortfall when it does not fit (unless
-    ``allow_oom``). Returns (stage memories, capacity bytes or None, warning).
-
-    Without ``system.gpu`` nothing is refused, but the peak per GPU is compared with the
-    memory of the GPU the profile was measured on (its ``device`` names a preset of
-    :mod:`perfsim.hardware`), else with the largest preset's: ``warning`` is one line
-    when the peak exceeds it ("" otherwise)."""
+    ``allow_oom``). Returns (stage memories, capacity bytes or None)."""
     from perfsim.errors import ConfigError
-    from perfsim.hardware import GPUS, get_gpu
+    from perfsim.hardware import get_gpu
     from perfsim.memory import GIB, stage_memory
     mem = stage_memory(workload, strategy, plan, plan.table)
     cap = get_gpu(system.gpu).memory_bytes if system.gpu else None
@@ -67,25 +62,7 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False, prof
                 f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
                 f"({worst.breakdown()}), {system.gpu} has "
                 f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
-    warning = ""
-    if cap is None and mem:
-        from perfsim.workload import _profile_gpu
-
-        table = plan.table
-        per_device = [sum(mem[k].total for k in table.stages_of(d)) for d in range(plan.pp)]
-        peak = max(per_device)
-        gpu = _profile_gpu(profile) if profile is not None else None
-        if gpu is not None:
-            limit, what = gpu.memory_bytes, f"the profile's GPU ({gpu.name}, {gpu.memory_bytes / GIB:.0f} GiB)"
-        else:
-            gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
-            limit, what = gpu.memory_bytes, (f"every GPU preset's memory (the largest, {gpu.name}, has "
-                                             f"{gpu.memory_bytes / GIB:.0f} GiB)")
-        if peak > limit:
-            warning = (f"warning: memory: peak {peak / GIB:.1f} GiB per GPU (pipeline device "
-                       f"{per_device.index(peak)}) exceeds {what}; the prediction assumes it fits "
-                       "(--recompute full stores less)")
-    return mem, cap, warning
+    return mem, cap
 
 
 def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None,
@@ -109,7 +86,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     network = Network(system, strategy.devices, profile)
     gpu = get_gpu(system.gpu) if system.gpu else None
     plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)
-    memory = check_memory(workload, strategy, system, plan, allow_oom, profile)
+    memory = check_memory(workload, strategy, system, plan, allow_oom)
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731
     if symmetric is None:

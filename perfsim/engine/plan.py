@@ -78,6 +78,10 @@ class StagePlan:
     fwd_tp_s: float = 0.0  # tensor-parallel collectives of one micro-batch's forward
     bwd_tp_s: float = 0.0  # ... and backward (with full recomputation: + the forward's)
     tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
+    #: expert-parallel all-to-alls of one micro-batch (fwd + bwd seconds, in fwd_tp_s /
+    #: bwd_tp_s: serial with compute like the TP collectives) and the bytes one GPU sends
+    ep_s: float = 0.0
+    ep_bytes: float = 0.0
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
     compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
@@ -184,7 +188,8 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
-    parts = [(tp_layer_collectives(*shape), blocks), (tp_edge_collectives(*shape, embed, head), 1)]
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
+             (tp_edge_collectives(*shape, embed, head), 1)]
     groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
     seen = {}
     for members in groups:
@@ -205,6 +210,37 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
         nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for ph, k, n in coll
                       if ph == "fwd")
     return fwd, bwd, nbytes
+
+
+def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0
+                   ) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
+    MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
+    combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
+    over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
+    (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
+    all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
+    group's; with full recomputation the forward's run again in the backward."""
+    from perfsim.models.moe import Routing, ep_alltoall_bytes
+    from perfsim.network import collective_cost
+
+    ep, spec = strategy.ep, workload.arch
+    if ep == 1 or spec is None or not moe_blocks:
+        return 0.0, 0.0, 0.0
+    routing = Routing.of(strategy)
+    size = ep_alltoall_bytes(spec, strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision],
+                             routing)
+    one = 0.0
+    for t in range(strategy.tp):
+        for g in range(strategy.dp // ep):
+            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
+    fwd = bwd = 2 * moe_blocks * one
+    sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
+    if strategy.recompute == "full":
+        bwd += fwd
+        sent *= 1.5
+    return fwd, bwd, 2 * sent
 
 
 def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None) -> Plan:
@@ -259,6 +295,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
+        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+            from perfsim.models.moe import expert_params_per_rank
+
+            synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
+                                                                                  int(layer.name[5:])))
+                      if layer.name.startswith("block") else layer for layer in synced]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
                        whole_stage_measured=whole)
         tokens = workload.tokens_per_sample
@@ -270,6 +312,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
                                                                    host_s=curve.collective_s if curve else 0.0)
+            if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
+                moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
+                                 and arch.is_moe_block(int(layer.name[5:])))
+                ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
+                                                     host_s=curve.collective_s if curve else 0.0)
+                st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)

@@ -27,8 +27,7 @@ Definitions (per iteration of one macro-batch per replica):
   :mod:`perfsim.engine.replay`; both give the same iteration);
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
-  (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``memory_warning``
-  (:func:`perfsim.engine.check_memory`), ``fits``
+  (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
   (None without a GPU preset), ``params`` (whole model), ``compute_model``; summary
   ``tp_bytes``: bytes the TP collectives send per iteration, summed over all ranks
   (``perfsim run --tp`` meters the buffers handed to them instead: the same for an
@@ -42,6 +41,7 @@ from __future__ import annotations
 import math
 
 from perfsim.network import collective_cost
+from perfsim.engine.uncertainty import interval
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -66,7 +66,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     weights = weights or {r: 1 for r in out.replicas}
     from perfsim.memory import GIB
 
-    mem, cap, memory_warning = memory if memory is not None else (None, None, "")
+    mem, cap = memory if memory is not None else (None, None)
     # a device holds all its stages (chunks): its memory is their sum
     dev_mem = [sum(mem[k].total for k in table.stages_of(d)) for d in range(p)] if mem else []
     static = []  # per pipeline device: what its stages (chunks) are, the same in every replica
@@ -147,19 +147,21 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
+        # expert parallelism: its all-to-alls per stage and micro-batch (in tp_comm_s), bytes per iteration
+        "ep": strategy.ep, "ep_comm_s": max((sp.ep_s for sp in plan.stages), default=0.0) * plan.num_microbatches,
+        "ep_bytes": sum(sp.ep_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
         # bytes sent by every rank of the tied-embedding all-reduces (first and last stage) per iteration
         "tied_embedding": strategy.tied_embedding,
         "tied_bytes": 2 * collective_cost("allreduce", plan.tied_sync_bytes, 2)[0] * dp * strategy.tp,
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
-        # without --gpu: the peak over the profile's GPU (or every preset), one line; "" when not
-        "memory_warning": memory_warning,
         "compute_model": ("profile: each tensor-parallel rank's compute as perfsim calibrate --tp measured it "
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
     }
+    summary.update(interval(summary))
     if network is not None:
         link, coll = network.link, network.collective_link
         algos = out.collective_algos

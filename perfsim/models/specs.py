@@ -22,6 +22,20 @@ from dataclasses import dataclass, field
 
 from perfsim.errors import ConfigError
 
+#: the most layers a model may have (a transformer's blocks, a workload file's layers
+#: with their counts): checked before any layer is built, so a typo such as
+#: ``count = 100000000`` is one line, not gigabytes of memory (docs/formats.md). Ten
+#: times the deepest transformer trained so far (DeepNet, 1,000 layers: Wang et al.,
+#: "DeepNet: Scaling Transformers to 1,000 Layers", arXiv:2203.00555)
+MAX_LAYERS = 10_000
+
+
+def check_layer_count(n: int, what: str) -> None:
+    """Refuse more than :data:`MAX_LAYERS` layers; ``what`` names the culprit."""
+    if n > MAX_LAYERS:
+        raise ConfigError(f"{what}: {n} layers in all, more than perfsim takes ({MAX_LAYERS}; "
+                          "perfsim.models.specs.MAX_LAYERS)")
+
 
 @dataclass(frozen=True)
 class LayerSpec:

@@ -84,11 +84,12 @@ from typing import Any
 
 import torch
 
+from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
 from perfsim.runtime.grad_sync import DEFAULT_WARMUP
 
 STATE_KEY = "onebit"
-EXCHANGES = ("preconditioned", "momentum")
+from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)
 #: what the compression stage exchanges by default (see the module docstring)
 DEFAULT_EXCHANGE = "preconditioned"
 
@@ -143,9 +144,7 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
         _check(eps > 0, f"{self.algorithm}: eps={eps} must be > 0")
         _check(weight_decay >= 0, f"{self.algorithm}: weight_decay={weight_decay} must be >= 0")
-        _check(isinstance(warmup, int) and warmup >= 1,
-               f"{self.algorithm}: warmup={warmup} must be an integer >= 1 (the frozen variance "
-               "comes from the warm-up)")
+        check_warmup(warmup, self.algorithm)  # the one rule (perfsim.compression.spec)
         _check(exchange in EXCHANGES, f"{self.algorithm}: exchange={exchange!r} (choose from "
                f"{', '.join(EXCHANGES)})")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
