@@ -166,6 +166,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     from perfsim.hardware import get_gpu
 
     gpu = get_gpu(p["gpu"]) if p["gpu"] else None
+    if p["precision"] == "fp8" and gpu is None:
+        raise ConfigError("precision=fp8: needs a GPU preset with fp8 (--gpu h100, h100-pcie or h200): "
+                          "its fp8 GEMMs are modelled from the datasheet rate")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
     st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")

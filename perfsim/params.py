@@ -154,7 +154,8 @@ PARAMS: tuple[Param, ...] = (
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel"),
     Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
-    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16)",
+    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
+          "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS"),
     Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
           choices="perfsim.config:RECOMPUTE"),
@@ -173,8 +174,18 @@ PARAMS: tuple[Param, ...] = (
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
           "strategy.moe_imbalance"),
-    Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
-          "strategy.zero", minimum=0),
+    Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
+          "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
+          "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0),
+    Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
+          "parameters after its forward and gather them again for the backward; false keeps them "
+          "(no backward all-gather, the stage's full weights held)", "strategy",
+          "strategy.reshard_after_forward"),
+    Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
+          "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
+          "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
+          "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
+          choices="perfsim.config:CROSS_ENTROPY"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "

@@ -16,9 +16,12 @@ def _cell(s: dict, key: str, fmt) -> str:
     """One configuration cell; the compression columns as sent: under 16-bit precision
     the plain specs (``fp32``, ``none``) send the training dtype
     (:func:`perfsim.engine.plan.native_specs`)."""
-    if key in ("compress", "grad_compress") and s.get("precision") in ("fp16", "bf16") \
+    from perfsim.hardware import value_precision
+
+    values = value_precision(s.get("precision") or "")
+    if key in ("compress", "grad_compress") and values in ("fp16", "bf16") \
             and str(s[key]).lower() in ("fp32", "none"):
-        return f"none ({s['precision']})"
+        return f"none ({values})"
     return fmt(s[key])
 
 
@@ -133,7 +136,8 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \
                 f"{s['memory_capacity_gib']:.0f} GiB ({s['gpu']})"
             parts = breakdown_text(worst["weights_gib"], worst["grads_gib"], worst["optimizer_state_gib"],
-                                   worst["activations_gib"], worst["buffers_gib"])
+                                   worst["activations_gib"], worst["buffers_gib"],
+                                   worst.get("sharding_buffers_gib") or 0.0)
             console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
                           f"({parts}){fits}")
         if s.get("model_note"):

@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                   out=args.out or (None if args.resume else "perfsim-run"),
                   resume=args.resume, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
-                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device)
+                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device,
+                  zero=args.zero or None)
     from perfsim.runtime.grad_sync import warmup_steps
 
     grad, out = args.grad_compress, params["out"]
@@ -119,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
     loss_txt = f", final loss {loss:.4f}" if loss is not None else ""
     tp = f" tp={s['tp']}" + (" sp" if s.get("sequence_parallel") else "") if s.get("tp", 1) > 1 else ""
     tp += " tied" if s.get("tied_embedding") == "sync" else ""
+    tp += f" zero={s['zero']} (FSDP2)" if s.get("zero") else ""
     warm_txt = f", 1-bit warm-up {s['onebit_warmup']} steps" if s.get("onebit_warmup") is not None else ""
     per = f" boundaries={s['boundary_compress']}" if s.get("boundary_compress") else ""
     print(f"{s['model']} pp={s['pp']} dp={s['dp']}{tp} {s['schedule']} compress={s['compress']}{per} "

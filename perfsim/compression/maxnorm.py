@@ -122,6 +122,8 @@ class MaxNormQuantizer(_SeededCompressor):
     """Shared implementation of QSGDMaxNorm (one scale) and its multi-scale variant."""
 
     allreduce_compatible = True
+    #: integer codes on a shared scale sum element-wise; their lanes split by words
+    reduce_scatter_compatible = True
     stateful = True  # the random step counter
 
     @property

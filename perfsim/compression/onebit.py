@@ -81,6 +81,7 @@ class OneBit(Compressor):
     name = "onebit"
     example_spec = "onebit"
     allreduce_compatible = False  # needs the 3-phase compressed allreduce
+    reduce_scatter_reason = "its error-compensated exchange is an all-to-all then an all-gather of signs"
     stateful = True
 
     def __init__(self, *, seed: int = 0):

@@ -66,7 +66,13 @@ import re
 from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, GPU
+from perfsim.hardware import BYTES_PER_VALUE, GPU, value_precision
+
+#: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
+#: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
+#: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
+#: router and the LM head stay bf16
+FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down")
 
 
 @dataclass(frozen=True)
@@ -314,7 +320,8 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
         g = (curve.misaligned_eff if misaligned(op, bpv) else 1.0) * (curve.lm_head_eff if op.lm_head else 1.0)
         for x in (op.m * op.batch, op.n, op.k):
             g *= x / (x + curve.knee)
-        compute = op.flops / (gpu.peak(precision) * curve.eff_max * g)
+        gemm = precision if op.name in FP8_GEMMS else value_precision(precision)
+        compute = op.flops / (gpu.peak(gemm) * curve.eff_max * g)
         moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
         return max(compute, moved / bw, curve.kernel_s)
     return max(op.bytes / bw, curve.kernel_s)
@@ -341,7 +348,7 @@ def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRa
         raise ConfigError(f"attention=flash: the efficiency curve ({curve.source}) has no flash-attention fit")
     s0, d0 = FLASH_REF
     shape = (op.m / (op.m + ks)) * (op.k / (op.k + kd)) / ((s0 / (s0 + ks)) * (d0 / (d0 + kd)))
-    return max(flops / (gpu.peak(precision) * eff * shape), curve.kernel_s)
+    return max(flops / (gpu.peak(value_precision(precision)) * eff * shape), curve.kernel_s)
 
 
 def gemm_dims(name: str) -> tuple[int, int, int] | None:
@@ -541,7 +548,7 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
         for d in layer.out_shape:
             numel *= d
         moved = bpv * (layer.params + 2 * numel * mb)
-        t = max(layer.flops_fwd * mb / (gpu.peak(precision) * curve.eff_max),
+        t = max(layer.flops_fwd * mb / (gpu.peak(value_precision(precision)) * curve.eff_max),
                 moved / (gpu.memory_bandwidth_Bps * curve.mem_eff), curve.kernel_s)
         fwd.append(t)
     return fwd, [2 * t for t in fwd]
@@ -550,7 +557,7 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
 #: bytes an Adam step moves per parameter: fp32 (read p, g, m, v; write p, m, v) = 28;
 #: mixed precision adds the half-precision gradient read and weight copy written
 #: and the unscale / gradient-norm passes (Micikevicius et al. 2018, arXiv:1710.03740)
-ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36}
+ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36, "fp8": 36}
 
 
 def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:

@@ -86,6 +86,9 @@ class StagePlan:
     device: int = 0  # the pipeline device this stage runs on
     compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
     whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
+    unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
+    #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
+    units: list = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +116,9 @@ class Plan:
     #: stage all-reduce after the data-parallel sync (``Strategy.tied_embedding``
     #: ``sync``; 0: none)
     tied_sync_bytes: int = 0
+    #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -160,7 +166,10 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    half = strategy.precision if strategy.precision in ("fp16", "bf16") else None
+    from perfsim.hardware import value_precision
+
+    values = value_precision(strategy.precision)  # fp8 training sends bf16 values
+    half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
     fw_native = half is not None and compress.lower() == "fp32"
@@ -256,6 +265,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
+    from perfsim.hardware import value_precision
+
+    fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
+    fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
     from perfsim.boundaries import parse_boundary_compress
 
@@ -302,7 +315,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
-                       whole_stage_measured=whole)
+                       whole_stage_measured=whole, unit_params=[layer.params for layer in synced])
         tokens = workload.tokens_per_sample
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
@@ -323,8 +336,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             nbytes_fp32 = 4 * numel_of(wire_shape)
             spec_s = per_boundary.get(s, strategy.compress)
             if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
-                native = strategy.precision in ("fp16", "bf16") and spec_s.lower() == "fp32"
-                pairs[spec_s] = (*make_pipeline_pair(strategy.precision if native else spec_s), native)
+                native = fw_half is not None and spec_s.lower() == "fp32"
+                pairs[spec_s] = (*make_pipeline_pair(fw_half if native else spec_s), native)
             fw_comp, bw_comp, fw_native = pairs[spec_s]
             st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
@@ -349,6 +362,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
+        if dp > 1 and onebit and strategy.zero >= 2:
+            raise ConfigError(f"grad_compress {strategy.grad_compress!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
+                              f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
             # (then: the 3-phase 1-bit allreduce) of the stage into ONE buffer after the
@@ -359,6 +375,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
+        elif dp > 1 and strategy.zero >= 2:
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
@@ -373,7 +391,26 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
-                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table))
+                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
+                strategy.zero, strategy.reshard_after_forward)
+
+
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
+    """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
+    per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
+    weights after the last backward, one bucket of the stage."""
+    from perfsim.engine.sharding import param_gather_steps, shard_units
+
+    dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
+    plain = grad_spec in ("fp32", "none") or native
+    codec = None if plain or profile is None else (
+        lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
+    a = st.first_layer
+    fwd = list(workload.fwd_s[a:st.last_layer])
+    scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions
+    st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
+    if strategy.zero == 2:
+        st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 
 
 def tied_sync_bytes(workload, strategy, table) -> int:
@@ -399,7 +436,7 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
     profile when no GPU preset is named), else the GPU's compute model, else the
     memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
     opt = None
-    shard = params / (strategy.dp if strategy.zero == 1 else 1)
+    shard = params / (strategy.dp if strategy.zero >= 1 else 1)
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,

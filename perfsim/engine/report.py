@@ -86,6 +86,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "grads_gib": gib("grads"), "optimizer_state_gib": gib("optimizer"),
             "activations_gib": gib("activations"),
             "buffers_gib": gib("buffers"),
+            "sharding_buffers_gib": gib("sharding"),
         })
     stages = []
     for (r, s), d in sorted(out.devices.items()):  # s: the pipeline device
@@ -143,6 +144,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
         "recompute": strategy.recompute, "attention": strategy.attention, "zero": strategy.zero,
+        "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)

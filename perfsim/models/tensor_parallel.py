@@ -76,6 +76,23 @@ def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequen
     return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
 
 
+def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:
+    """The MLP widths of block ``i`` (default the last) on one expert-parallel rank: its
+    ``ffn``, or ``experts / ep`` expert widths and the shared expert's."""
+    i = spec.n_layer - 1 if i is None else i
+    if spec.is_moe_block(i):
+        return [spec.expert_ffn] * (spec.experts // ep) + ([spec.shared_ffn] if spec.shared_ffn else [])
+    return [spec.ffn]
+
+
+def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
+    """GEMM weights of block ``i`` (default the last) on one expert-parallel rank: QKV, the
+    attention projection and every local MLP's matrices."""
+    d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+    mats = 3 if spec.gated else 2
+    return d * (q + 2 * kv) + q * d + sum(mats * d * w for w in block_mlp_widths(spec, i, ep))
+
+
 def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     """Parameters one tensor-parallel rank holds of block ``i`` (default the last): the
     GEMM weights (and their column-parallel biases) split ``t`` ways -- every expert's
@@ -85,12 +102,9 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
-    if spec.is_moe_block(i):
-        widths = [spec.expert_ffn] * (spec.experts // ep) + ([spec.shared_ffn] if spec.shared_ffn else [])
-        router = d * spec.experts + (d if spec.shared_gate else 0)
-    else:
-        widths, router = [spec.ffn], 0
-    gemm = d * (q + 2 * kv) + q * d + sum(mats * d * w for w in widths)
+    widths = block_mlp_widths(spec, i, ep)
+    router = d * spec.experts + (d if spec.shared_gate else 0) if spec.is_moe_block(i) else 0
+    gemm = block_gemm_params(spec, i, ep)
     col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
                                                          if spec.mlp_bias else 0)
     replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)

@@ -239,7 +239,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
         # tied embedding (perfsim.runtime.tied): wire bytes of its all-reduce, all ranks, per step
         "tied_embedding": cfg.tied_embedding, "tied_bytes": tied_bytes,
-        "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes,
+        "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes, "zero": cfg.zero,
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
