@@ -115,8 +115,12 @@ def _run_signature() -> _inspect.Signature:
     defaults = vars(parser.parse_args([]))  # every flag's dest and default
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     types.update(emulate_bandwidth="str | float | None", emulate_latency="str | float | None",
-                 timeout="str | float")
-    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY, default=default,
+                 timeout="str | float", overwrite="bool")
+    # a flag the parser leaves None (so that --resume can fill it) shows RunConfig's default
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY,
+                              default=default if default is not None or dest in ("out", "resume")
+                              else fields.get(dest, fields.get(dest + "_s")),
                               annotation=types.get(dest) or types.get(dest + "_s") or "str | None")
            for dest, default in defaults.items() if dest != "no_progress"]
     out.append(_inspect.Parameter("progress", _inspect.Parameter.KEYWORD_ONLY, default=None,

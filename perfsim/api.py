@@ -287,29 +287,33 @@ def predict(**params) -> Result:
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None))
-    _warn_memory(result.summary)
+    _warn_memory(result.summary, profile)
     _check_finite(result)
     return result
 
 
-def _warn_memory(summary: dict[str, Any]) -> None:
-    """Without a GPU preset nothing checks the peak memory against a capacity: a peak above
-    every preset's memory cannot run on any GPU perfsim knows, so say so (a warning on the
-    ``perfsim`` logger and ``memory_warning`` in the summary), naming the way to check it."""
-    import logging
-
+def _warn_memory(summary: dict[str, Any], profile=None) -> None:
+    """Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
+    the memory of the GPU the profile was measured on (its ``device`` names a preset, as
+    the default's V100 16 GB does), else above every preset's memory, is said in the
+    summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
+    prints it on stderr; the API does not log it, as the planner and sweeps call
+    :func:`predict` for hundreds of configurations."""
     from perfsim.hardware import GPUS
+    from perfsim.workload import _profile_gpu
 
     peak = summary.get("peak_memory_gib")
     if summary.get("gpu") or not peak:
         return
-    largest = max(GPUS.values(), key=lambda g: g.memory_bytes)
-    if peak * 2**30 > largest.memory_bytes:
-        text = (f"peak memory {peak:.1f} GiB per GPU exceeds every GPU preset's memory (the largest, "
-                f"{largest.name}, has {largest.memory_bytes / 2**30:.0f} GiB); give --gpu to check a GPU's "
+    gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
+    what = f"every GPU preset's memory (the largest, {gpu.name}, has {gpu.memory_bytes / 2**30:.0f} GiB)"
+    measured_on = _profile_gpu(profile) if profile is not None else None
+    if measured_on is not None and peak * 2**30 <= gpu.memory_bytes:  # the stronger statement first
+        gpu, what = measured_on, f"the profile's GPU ({measured_on.name}, {measured_on.memory_bytes / 2**30:.0f} GiB)"
+    if peak * 2**30 > gpu.memory_bytes:
+        text = (f"peak memory {peak:.1f} GiB per GPU exceeds {what}; give --gpu to check a GPU's "
                 "capacity, or shard the model further (--tp, --pp, --recompute)")
         summary["memory_warning"] = text
-        logging.getLogger("perfsim").warning(text)
 
 
 def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:

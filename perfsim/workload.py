@@ -236,13 +236,17 @@ _DTYPES = {"float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16",
 
 def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
     """A profile's record of the layer at this precision, or None. A record of 0 s is
-    not a measurement (the paper-derived default folds embed/head into its stages)."""
+    not a measurement, unless it says ``folded`` (the layer's time is counted in its
+    stage's other layers: the paper-derived default folds embed / head into its equal
+    stages, ``traces/make_default_profile.py``), then it is 0 s."""
     if profile is None:
         return None
     recs = profile.select(f"layer_{op}", model=model.name, name=layer)
     if not recs or any(_DTYPES.get(str(r.get("dtype") or "fp32"), r.get("dtype")) != precision for r in recs):
         return None
     t = profile.compute_time(model.name, layer, micro_batch, op)
+    if not t and all(r.get("folded") for r in recs):
+        return 0.0
     return t if t else None
 
 

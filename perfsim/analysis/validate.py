@@ -257,7 +257,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     if plan.reuse_measured:
         measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params)
     for k in range(0 if measured is not None else plan.repeats):
-        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""))
+        # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
+        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""), overwrite=True)
         m = runner(**params)
         _drop_checkpoint(params["out"])
         write_key(params["out"], key, key_params)

@@ -47,7 +47,7 @@ HELPS = {
                   "(contention between co-located ranks)",
     "device": "where to time compute and codecs (default {default}: cuda when visible)",
     "repeats": "timed repeats per point (default 15, quick 5)",
-    "quick": "fewer sizes and repeats (about a minute)",
+    "quick": "fewer sizes and repeats (the command prints its estimated duration first)",
     "statistic": "what time_s records: the median of the repeats (default) or their minimum "
                  "(the undisturbed cost on a machine shared with other jobs)",
     "efficiency": "also measure the compute model's efficiency curves (GEMM by shape, attention, "

@@ -114,6 +114,7 @@ def run(args) -> int:
 
         if not args.output:
             render(results, file=sys.stdout)
+            _warn_memory(results)
             return 0
         data = render(results, width=160, color=False).encode()
     if args.output:
@@ -121,4 +122,13 @@ def run(args) -> int:
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))
     else:
         outputs.write_stdout(data.decode())
+    _warn_memory(results)
     return 0
+
+
+def _warn_memory(results) -> None:
+    """Each distinct ``memory_warning`` of the results (a peak over the profile's GPU or every
+    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written."""
+    for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
+        if note:
+            log.warning("warning: %s", note)

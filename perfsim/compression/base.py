@@ -305,6 +305,10 @@ class Compressor(ABC):
         if state:
             raise ConfigError(f"{self.spec or self.name}: unexpected state keys {sorted(state)}")
 
+    def release(self) -> None:
+        """Free what outlives the process (files on disk) once no resume can need it:
+        ``perfsim run`` calls it when a run completed. Most compressors hold nothing."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec or self.name!r})"
 

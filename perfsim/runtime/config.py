@@ -50,7 +50,7 @@ class RunConfig(PipelineShape):
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
     micro_batch, macro_batch: samples per micro-batch / per replica per step.
     steps: optimizer steps in total (a resumed run continues up to it);
-      ``epochs`` sets it instead when steps is None.
+      ``epochs`` sets it instead (give one of the two).
     seed, lr, optimizer: training.
     dataset_limit: keep the first N samples (shorter epochs; AQ-SGD's
       uncompressed first epoch ends sooner).
@@ -127,6 +127,9 @@ class RunConfig(PipelineShape):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
         if self.epochs is not None and not (0 < self.epochs < math.inf):
             raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError(f"steps={self.steps} and epochs={self.epochs:g}: give one (--steps counts "
+                              "optimizer steps, --epochs sets them from the data set's size)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:

@@ -279,21 +279,33 @@ def _csv(rows: list[dict], columns: list[str]) -> str:
     return buf.getvalue()
 
 
+#: what :func:`write_outputs` writes into a run folder, ``result.json`` (the one
+#: :func:`load_result` reads) last
+OUTPUT_FILES = ("summary.csv", "stages.csv", "microbatches.csv", "links.csv", "losses.csv", "trace.json",
+                "result.json")
+
+
 def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None = None) -> None:
-    """result.json, summary.csv, stages.csv, microbatches.csv, links.csv, losses.csv, trace.json."""
+    """result.json, summary.csv, stages.csv, microbatches.csv, links.csv, losses.csv, trace.json.
+
+    Every file is rendered before the first is written, then each is written atomically
+    (:func:`perfsim.outputs.write_text`), ``result.json`` last: a failure while rendering
+    leaves the folder as it was, and ``result.json`` never describes files not yet written."""
     from perfsim.result import SUMMARY_COLUMNS
 
     out = Path(out)
     losses = result.losses
     data = result.to_json_dict()
     data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
-    atomic_write_text(out / "result.json", json.dumps(data, indent=1, default=float))
-    atomic_write_text(out / "summary.csv", _csv([result.row()], SUMMARY_COLUMNS))
-    atomic_write_text(out / "stages.csv", _csv(result.stages, STAGE_COLUMNS))
-    atomic_write_text(out / "microbatches.csv", _csv(result.microbatches, MICROBATCH_COLUMNS))
-    atomic_write_text(out / "links.csv", _csv(result.links, LINK_COLUMNS))
-    atomic_write_text(out / "losses.csv", _csv(data["losses"], ["step", "loss"]))
-    result.write_trace(out / "trace.json")
+    texts = {"summary.csv": _csv([result.row()], SUMMARY_COLUMNS),
+             "stages.csv": _csv(result.stages, STAGE_COLUMNS),
+             "microbatches.csv": _csv(result.microbatches, MICROBATCH_COLUMNS),
+             "links.csv": _csv(result.links, LINK_COLUMNS),
+             "losses.csv": _csv(data["losses"], ["step", "loss"]),
+             "trace.json": result.trace_text(),
+             "result.json": json.dumps(data, indent=1, default=float)}
+    for name in OUTPUT_FILES:
+        atomic_write_text(out / name, texts[name])
 
 
 def load_result(out: str | Path) -> Result:

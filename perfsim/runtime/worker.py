@@ -175,6 +175,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         root, meta = checkpoint.find(cfg.resume)
         checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
+        if int(meta["step"]) >= steps:  # every rank says so, before any file is read
+            raise ConfigError(f"resume: checkpoint is at step {meta['step']}, nothing left to do for --steps {steps}")
         state = checkpoint.load_rank(root, meta["step"], rank)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -185,8 +187,6 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
         loss_history = dict(state["loss_history"])
-        if start >= steps:
-            raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
 
     def save(step_done: int) -> None:
         error, previous = None, checkpoint.latest(ckpt_root)
@@ -283,6 +283,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         result = build_result(cfg, gathered, dataset_name=dataset.name)
         write_outputs(result, out, gathered)
     dist.barrier()
+    for c in comps.values():  # the run completed: no resume needs AQ-SGD's disk= buffers now
+        c.release()
 
 
 def init_and_train(cfg: RunConfig) -> None:
