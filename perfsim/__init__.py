@@ -214,5 +214,16 @@ def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
     return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
 
 
-__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "run", "validate", "calibrate",
+def memory_report(**params: Any):
+    """Does a job fit: the peak memory per GPU of the job (``perfsim predict``'s keywords)
+    and of each single change that lowers it, with a combination that fits where no single
+    one does (:class:`perfsim.analysis.memory_fit.MemoryReport`; ``perfsim memory``)."""
+    from perfsim.analysis import memory_fit
+
+    return memory_fit.memory_report(**params)
+
+
+memory_report.__signature__ = _params.signature(ret="MemoryReport")  # type: ignore[attr-defined]
+
+__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "memory_report", "run", "validate", "calibrate",
            "load_profile", "compressors"]

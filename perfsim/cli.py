@@ -30,7 +30,7 @@ from perfsim import __version__
 from perfsim.errors import ConfigError, OutputError
 
 #: Subcommands in the order ``perfsim --help`` lists them.
-COMMANDS = ("predict", "plan", "run", "calibrate", "validate", "sweep", "plot", "compressors")
+COMMANDS = ("predict", "plan", "memory", "run", "calibrate", "validate", "sweep", "plot", "compressors")
 
 
 class _OneLineParser(argparse.ArgumentParser):
