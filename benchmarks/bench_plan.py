@@ -30,8 +30,8 @@ from perfsim.plan import plan  # noqa: E402
 LLAMA = os.path.join(HERE, "..", "tests", "data", "llama-3-8b-config.json")
 CASES = {
     "64": dict(model="gpt2-xl", nodes=16, gpus_per_node=4, global_batch=64, bandwidth="1Gbps"),
-    "1024": dict(model=LLAMA, gpu="h100", nodes=128, gpus_per_node=8, global_batch=1024, bandwidth="100Gbps"),
-    "llama": dict(model=LLAMA, gpu="h100", nodes=2, gpus_per_node=8, global_batch=64, bandwidth="100Gbps"),
+    "1024": dict(model=LLAMA, seq_len=8192, gpu="h100", nodes=128, gpus_per_node=8, global_batch=1024, bandwidth="100Gbps"),
+    "llama": dict(model=LLAMA, seq_len=8192, gpu="h100", nodes=2, gpus_per_node=8, global_batch=64, bandwidth="100Gbps"),
 }
 
 

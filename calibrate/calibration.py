@@ -27,6 +27,7 @@ plan and writes the profile atomically (:mod:`perfsim.profile` format).
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -111,16 +112,22 @@ class CalibrationPlan:
         out += [(f"stages {c.model} mb {c.micro_batch} pp={c.pp} (run)", 1) for c in self.run_stages]
         return out
 
-    def estimate_seconds(self, quick: bool | None = None) -> float:
-        """Seconds this calibration takes on an idle 2-core VM (``quick``: as if run
-        with or without ``--quick``; default: as planned)."""
-        return (estimate_seconds(self.compute, self.codecs, self.comm, self.quick if quick is None else quick)
+    def estimate_seconds(self, quick: bool | None = None, flops_per_s: float | None = None) -> float:
+        """Seconds this calibration takes (``quick``: as if run with or without ``--quick``;
+        default: as planned): the per-point costs measured on an idle 2-core VM, plus, at
+        ``flops_per_s`` (:func:`probe_flops` measures this machine's), the model's own layer
+        and stage calls (:func:`compute_work_seconds`), which grow with its size."""
+        quick = self.quick if quick is None else quick
+        # the model's calls as planned (their repeats are the plan's)
+        work = sum(compute_work_seconds(c, flops_per_s) for c in self.compute) if flops_per_s else 0.0
+        return (estimate_seconds(self.compute, self.codecs, self.comm, quick) + work
                 + SECONDS_PER_TP_RUN * len(self.tensor_parallel) + SECONDS_PER_STAGE_RUN * len(self.run_stages))
 
 
 def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
-    """Seconds a calibration with these configs takes on an idle 2-core VM: the
-    number of points of each stage times its measured cost per point."""
+    """Seconds a calibration with these configs takes on an idle 2-core VM beside the
+    model's own compute (:func:`compute_work_seconds`): the number of points of each
+    stage times its measured cost per point."""
     from perfsim.calibrate import codecs as cc
     from perfsim.calibrate.compute import count_records
 
@@ -133,6 +140,60 @@ def estimate_seconds(compute_cfgs, codec_cfg, comm_cfgs, quick: bool) -> float:
     for c in comm_cfgs:
         est += SECONDS_PER_COMM_SWEEP["emulated" if c.emulate_bandwidth else "loopback"][i]
     return est
+
+
+def _timed_calls(call_s: float, warmup: int, repeats: int, max_seconds: float | None) -> int:
+    """Calls :func:`perfsim.calibrate.timing.time_op` makes of a ``call_s`` call: the
+    warm-up, then repeats until ``repeats``, or ``max_seconds`` of timed calls (>= 3)."""
+    n = repeats
+    if max_seconds is not None and call_s > 0:
+        n = min(repeats, max(3, math.ceil(max_seconds / call_s)))
+    return warmup + n
+
+
+def compute_work_seconds(cfg, flops_per_s: float) -> float:
+    """Seconds of the layer and stage calls :func:`perfsim.calibrate.compute.measure_compute`
+    makes for ``cfg`` at ``flops_per_s``: a layer's forward takes its forward FLOPs times
+    the micro-batch over the rate, its backward twice that (two GEMMs per forward GEMM,
+    Kaplan et al. 2020, arXiv:2001.08361, Sec. 2.1) after an untimed forward; each is
+    called :func:`_timed_calls` times. Whole stages (``cfg.stages``) run
+    ``warmup + max(3, ceil(repeats / m))`` steps of ``m`` micro-batches, forward and
+    backward, and the stages of one degree cover the model once. Host overheads and
+    memory-bound layers are in the per-point cost (:data:`SECONDS_PER_POINT`)."""
+    if not flops_per_s > 0:
+        raise ConfigError(f"flops_per_s={flops_per_s!r}: must be > 0")
+    total = 0.0
+    layers = cfg.spec.layers()
+    for mb in cfg.micro_batches:
+        fwd = [lay.flops_fwd * int(mb) / flops_per_s for lay in layers]
+        for f in fwd:
+            total += _timed_calls(f, cfg.warmup, cfg.repeats, cfg.max_seconds) * f
+            total += _timed_calls(2 * f, cfg.warmup, cfg.repeats, cfg.max_seconds) * 3 * f
+        m = cfg.stage_microbatches
+        steps = cfg.warmup + max(3, -(-cfg.repeats // m))
+        total += len(cfg.stages) * steps * m * 3 * sum(fwd)
+    return total * len(cfg.dtypes)
+
+
+def probe_flops(device: str = "cpu", n: int = 768) -> float:
+    """FLOP/s of an ``n x n x n`` float32 matrix product on ``device`` now (best of 2, after
+    one warm-up; 0.9 GFLOP each, tens of milliseconds on an idle 2-core VM; smaller
+    products read far slower under load, thread wake-ups dominate): the rate :func:`compute_work_seconds` prices
+    the model's calls at. A busy machine reads slower, and so will the calibration."""
+    import torch
+
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    best = math.inf
+    for k in range(3):
+        sync()
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        if k:
+            best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / max(best, 1e-9)
 
 
 def _items(value: str | Sequence[Any] | None) -> list[Any]:
@@ -161,7 +222,9 @@ def _ints(value: str | Sequence[Any], flag: str) -> tuple[int, ...]:
 
 
 def _minutes(seconds: float) -> str:
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _describe_comm(cfg) -> str:
@@ -393,11 +456,10 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     stages = plan.stages()
     total = sum(n for _, n in stages)
     meta = machine_metadata(plan.device)
-    est = plan.estimate_seconds()
-    full = est if not plan.quick else plan.estimate_seconds(quick=False)
-    print(f"calibrate: {total} points; the full calibration takes about {_minutes(full)}"
-          + (f", --quick about {_minutes(est)}" if plan.quick else "")
-          + " on an idle 2-core machine", file=sys.stderr, flush=True)
+    rate = probe_flops(plan.device)
+    est = plan.estimate_seconds(flops_per_s=rate)
+    print(f"calibrate: {total} points, about {_minutes(est)} here (the model's calls priced at this "
+          f"machine's {rate / 1e9:.0f} GFLOP/s now)", file=sys.stderr, flush=True)
     started = time.perf_counter()
     bar = Progress(total, "pt", enabled=progress, prefix="calibrate: ")
     measurements = [(f"compute {cfg.model}",

@@ -9,6 +9,8 @@ uses Triton only for CUDA tensors and the reference otherwise.
 - :mod:`quant`: bucketed uniform quantize + pack, unpack + dequantize.
 - :mod:`aqsgd_step`: the fused AQ-SGD delta / quantize / pack / buffer update.
 - :mod:`signpack`: 1-bit sign packing with error feedback.
+- :mod:`finite`: the Triton encoders' NaN/Inf check, on the device, reported at the next
+  decode or :func:`perfsim.kernels.finite.check_deferred`.
 """
 
 from perfsim.kernels.aqsgd_step import aqsgd_receive, aqsgd_step, aqsgd_step_ref

@@ -15,6 +15,11 @@ if HAS_TRITON:
     from perfsim.kernels.rng import hash_int16_tl
 
     @triton.jit
+    def max_nan(a, b):
+        """max that keeps NaN, so a NaN anywhere makes a reduced max NaN (as ``amax``)."""
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
     def group_elements(pid, G: tl.constexpr, BLOCK: tl.constexpr):
         """The ``[BLOCK]`` group ids of program ``pid`` and the ``[BLOCK, G]`` flat
         indices of their codes."""

@@ -34,15 +34,30 @@ if INTERPRET or _gpu_driver():  # a CPU-only process never needs triton (0.4 s t
         triton = tl = None
 
 
+def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for launch grids, in plain Python: ``triton.cdiv`` called from Python
+    goes through Triton's constexpr wrapper (about 10-20 us a call, as much as a launch)."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """The smallest power of two ``>= n`` (``triton.next_power_of_2`` in plain Python)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
 def use_triton(t: torch.Tensor) -> bool:
     """The public entries pick the Triton kernel only for CUDA tensors."""
     return HAS_TRITON and t.is_cuda
 
 
+_OPTS = {} if INTERPRET else {"enable_fp_fusion": False}
+
+
 def launch_opts() -> dict:
     """Compile options: no fp contraction, so ``a*b + c`` rounds twice exactly as
-    the torch reference does (fma would differ in the last bit)."""
-    return {} if INTERPRET else {"enable_fp_fusion": False}
+    the torch reference does (fma would differ in the last bit). One shared dict: pass it as
+    ``**launch_opts()``, never change it."""
+    return _OPTS
 
 
 def require_triton() -> None:

@@ -19,13 +19,13 @@ from __future__ import annotations
 from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
 from perfsim.kernels.packing import group_size, packed_nbytes
-from perfsim.kernels.quant import (_check_payload, bucket_absmax, check_finite_scales,
-                                   check_quant_bits,
-                                   decode_step, dequantize_codes_ref, encode_coeffs, levels,
+from perfsim.kernels.finite import check_deferred, defer, device_flag, flag_bad_scales
+from perfsim.kernels.quant import (MAX_ABS, _check_payload, bucket_absmax, check_finite_scales,
+                                   check_quant_bits, decode_step, dequantize_codes_ref, encode_coeffs, levels,
                                    quantize_codes_ref, round_const)
 
 
@@ -87,8 +87,10 @@ if HAS_TRITON:
         c = round_codes(delta * tl.load(ak_ptr + bk, mask=msk, other=0.0), idx, msk, key, kc, LF, STOCH)
         store_word_bytes(out_ptr, grp, codes_word(c, BITS, G), grp >= 0, nbytes, GB)
         dq = c.to(tl.float32) * tl.load(d_ptr + bk, mask=msk, other=0.0)
-        dq = dq - tl.load(s_ptr + bk, mask=msk, other=0.0)
-        tl.store(m_ptr + idx, m + dq, mask=msk)
+        sk = tl.load(s_ptr + bk, mask=msk, other=0.0)
+        dq = dq - sk
+        # a bucket with NaN/Inf keeps its buffer rows (refused later: kernels.finite)
+        tl.store(m_ptr + idx, m + dq, mask=msk & (sk < float("inf")))
 
 
 def _aqsgd_step_triton(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: int,
@@ -96,19 +98,21 @@ def _aqsgd_step_triton(a: torch.Tensor, m: torch.Tensor, bits: int, *, bucket: i
     from perfsim.kernels.fused import fusable, fused_aqsgd_step
 
     af = _check(a, m, bits, bucket)
+    flag = device_flag(af.device)
     if fused and fusable(bucket, bits):  # one pass over a and m (kernels.fused)
-        out, s = fused_aqsgd_step(af, m.view(-1), bits, bucket=bucket, key=key)
-        check_finite_scales(s, "activation")
+        out, s = fused_aqsgd_step(af, m.view(-1), bits, bucket=bucket, key=key, flag=flag)
+        defer(af.device, "activation", s)
         return out, s
     n = af.numel()
     s = bucket_absmax(af - m.view(-1), bucket)
-    check_finite_scales(s, "activation")
+    flag_bad_scales(s, flag, MAX_ABS)
+    defer(af.device, "activation", s)
     nbytes = packed_nbytes(n, bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=af.device)
     if n == 0:
         return out, s
     g, gb = group_size(bits)
-    grid = (triton.cdiv(-(-n // g), block),)
+    grid = (cdiv(-(-n // g), block),)
     _aqsgd_step_kernel[grid](af, m, encode_coeffs(s, bits), s, decode_step(s, bits), out, n, nbytes,
                              bucket, 0 if key is None else int(key), round_const(bits, key is not None),
                              float(levels(bits)), BITS=bits, G=g, GB=gb, STOCH=key is not None,

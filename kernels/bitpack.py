@@ -17,7 +17,7 @@ from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
 from perfsim.kernels.packing import (check_bits, check_packed, group_size, pack_bits_ref,
                                      packed_nbytes, unpack_bits_ref)
 
@@ -178,7 +178,7 @@ def _pack_bits_triton(codes: torch.Tensor, bits: int, block: int = 1024) -> torc
     if n == 0:
         return out
     g, gb = group_size(bits)
-    grid = (triton.cdiv(-(-n // g), block),)
+    grid = (cdiv(-(-n // g), block),)
     _pack_kernel[grid](codes, out, n, nbytes, BITS=bits, G=g, GB=gb, BLOCK=block, **launch_opts())
     return out
 
@@ -192,7 +192,7 @@ def _unpack_bits_triton(packed: torch.Tensor, bits: int, n: int, block: int = 10
     if n == 0:
         return out
     g, gb = group_size(bits)
-    grid = (triton.cdiv(-(-n // g), block),)
+    grid = (cdiv(-(-n // g), block),)
     _unpack_kernel[grid](packed, out, n, packed.numel(), BITS=bits, G=g, GB=gb, BLOCK=block,
                          **launch_opts())
     return out

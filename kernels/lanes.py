@@ -31,7 +31,7 @@ import math
 
 from perfsim._lazy import torch
 
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, require_triton, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, require_triton, tl, triton, use_triton
 
 WORD_BITS = 63  # usable bits of a signed int64 word (the sign bit stays 0)
 
@@ -127,7 +127,7 @@ def pack_lanes_triton(codes: torch.Tensor, code_bits: int, world_size: int, bloc
     flat = (flat.to(torch.uint8) if flat.dtype == torch.bool else flat).contiguous()
     out = torch.empty(m, dtype=torch.int64, device=codes.device)
     if m:
-        _pack_lanes_kernel[(triton.cdiv(m, block),)](flat, out, n, m, K=k, WIDTH=lane_bits(code_bits, world_size),
+        _pack_lanes_kernel[(cdiv(m, block),)](flat, out, n, m, K=k, WIDTH=lane_bits(code_bits, world_size),
                                                      BLOCK=block, **launch_opts())
     return out
 
@@ -140,7 +140,7 @@ def unpack_lanes_triton(words: torch.Tensor, n: int, code_bits: int, world_size:
     _check_words(words, n, m)
     out = torch.empty(n, dtype=torch.int64, device=words.device)
     if m:
-        _unpack_lanes_kernel[(triton.cdiv(m, block),)](words.contiguous(), out, n, m, K=k,
+        _unpack_lanes_kernel[(cdiv(m, block),)](words.contiguous(), out, n, m, K=k,
                                                        WIDTH=lane_bits(code_bits, world_size), BLOCK=block,
                                                        **launch_opts())
     return out

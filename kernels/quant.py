@@ -38,7 +38,8 @@ from perfsim._lazy import torch
 
 from perfsim.errors import ConfigError
 from perfsim.kernels._workspace import workspace
-from perfsim.kernels._triton import HAS_TRITON, launch_opts, tl, triton, use_triton
+from perfsim.kernels._triton import HAS_TRITON, cdiv, launch_opts, tl, triton, use_triton
+from perfsim.kernels.finite import check_deferred, defer, device_flag, flag_bad_scales
 from perfsim.kernels.bitpack import pack_bits_torch, unpack_bits_torch
 from perfsim.kernels.packing import group_size, packed_nbytes
 from perfsim.kernels.rng import hash_int16_ref
@@ -115,9 +116,14 @@ def encode_coeffs(s: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.where(s > 0, half / s.clamp_min(torch.finfo(torch.float32).tiny), torch.zeros_like(s))
 
 
+def step_const(bits: int) -> float:
+    """``fl32(2/L)``: the float32 factor of :func:`decode_step`."""
+    return float(np.float32(2.0 / levels(bits)))
+
+
 def decode_step(s: torch.Tensor, bits: int) -> torch.Tensor:
     """``d = fl(s * fl32(2/L))``: the value of one code step per bucket."""
-    return s * float(np.float32(2.0 / levels(bits)))
+    return s * step_const(bits)
 
 
 def bucketwise(op, src: torch.Tensor, coef: torch.Tensor, bucket: int, out: torch.Tensor) -> torch.Tensor:
@@ -212,14 +218,14 @@ if HAS_TRITON:
         store_word_bytes(out_ptr, grp, codes_word(c, BITS, G), grp >= 0, nbytes, GB)
 
     @triton.jit
-    def _unpack_dequant_kernel(p_ptr, s_ptr, d_ptr, out_ptr, n, nbytes, bucket,
+    def _unpack_dequant_kernel(p_ptr, s_ptr, out_ptr, n, nbytes, bucket, STEP,
                                BITS: tl.constexpr, G: tl.constexpr, GB: tl.constexpr,
                                BLOCK: tl.constexpr):
         grp, idx = group_elements(tl.program_id(0), G, BLOCK)
         m = idx < n
         c = word_codes(load_word(p_ptr, grp, nbytes, GB, BLOCK), BITS, G)
-        d = tl.load(d_ptr + idx // bucket, mask=m, other=0.0)
         s = tl.load(s_ptr + idx // bucket, mask=m, other=0.0)
+        d = s * STEP  # decode_step: fl(s * fl32(2/L)), as torch computes it
         v = c.to(tl.float32) * d
         v = v - s
         tl.store(out_ptr + idx, v, mask=m)
@@ -227,24 +233,28 @@ if HAS_TRITON:
 
 def _grid(n: int, bits: int, block: int):
     g, gb = group_size(bits)
-    return (max(1, triton.cdiv(-(-n // g), block)),), g, gb
+    return (max(1, cdiv(-(-n // g), block)),), g, gb
 
 
 def _quantize_pack_triton(x: torch.Tensor, bits: int, *, bucket: int, key: int | None = None,
                           block: int = 512, fused: bool = True):
     """Triton: same bytes as :func:`quantize_pack_ref` (CUDA, or CPU under
     ``TRITON_INTERPRET=1``). Buckets that fit one program take the single-pass
-    kernel of :mod:`fused`; others reduce the scales first, then round and pack."""
+    kernel of :mod:`fused`; others reduce the scales first, then round and pack.
+    NaN/Inf and ``|x| > MAX_ABS`` are refused later, at :func:`perfsim.kernels.finite.check_deferred`
+    (no host synchronisation here)."""
     from perfsim.kernels.fused import fusable, fused_quantize_pack
 
     xf = _prepare(x, bits, bucket)
+    flag = device_flag(xf.device)
     if fused and fusable(bucket, bits):
-        out, s = fused_quantize_pack(xf, bits, bucket=bucket, key=key)
-        check_finite_scales(s)
+        out, s = fused_quantize_pack(xf, bits, bucket=bucket, key=key, flag=flag)
+        defer(xf.device, "tensor", s)
         return out, s
     n = xf.numel()
     s = bucket_absmax(xf, bucket)
-    check_finite_scales(s)
+    flag_bad_scales(s, flag, MAX_ABS)
+    defer(xf.device, "tensor", s)
     a = encode_coeffs(s, bits)
     nbytes = packed_nbytes(n, bits)
     out = torch.empty(nbytes, dtype=torch.uint8, device=xf.device)
@@ -262,14 +272,14 @@ def _unpack_dequantize_triton(packed: torch.Tensor, scales: torch.Tensor, bits: 
                               bucket: int, block: int = 512) -> torch.Tensor:
     check_quant_bits(bits)
     _check_payload(packed, scales, bits, n, bucket)
+    check_deferred()  # the next natural synchronisation of an encode's deferred check
     out = torch.empty(n, dtype=torch.float32, device=packed.device)
     if n == 0:
         return out
     s = scales.float().contiguous()
     grid, g, gb = _grid(n, bits, block)
-    _unpack_dequant_kernel[grid](packed.contiguous(), s, decode_step(s, bits), out, n,
-                                 packed.numel(), bucket, BITS=bits, G=g, GB=gb, BLOCK=block,
-                                 **launch_opts())
+    _unpack_dequant_kernel[grid](packed.contiguous(), s, out, n, packed.numel(), bucket,
+                                 step_const(bits), BITS=bits, G=g, GB=gb, BLOCK=block, **launch_opts())
     return out
 
 

@@ -81,7 +81,10 @@ others keep predict's defaults. Returns a :class:`~perfsim.analysis.sweep.SweepT
 ``.to_frame()`` (one row per configuration, predict's summary columns +
 ``config_id``), ``.stages``, ``.errors``.
 
-out: write the table (.csv/.parquet/.json) and resume from it on a re-run.
+out: write the table (.csv/.parquet; "-": CSV on stdout) and resume from it on a re-run:
+    a stored row is reused only while its inputs (column ``input_key``: perfsim's
+    version, the SHA-256 of every input file) are unchanged, else recomputed with a
+    warning; rows of another grid in ``out`` are refused (``resume=False`` replaces them).
 jobs: worker processes (default: in-process for small grids, a pool above
     :data:`perfsim.analysis.sweep.POOL_THRESHOLD` configurations).
 skip_invalid: record configurations predict rejects instead of stopping.
@@ -107,13 +110,17 @@ def _run_signature() -> _inspect.Signature:
     from perfsim.commands import run as command
     from perfsim.runtime.config import RunConfig
 
-    parser = argparse.ArgumentParser(add_help=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     command.add_arguments(parser)
     defaults = vars(parser.parse_args([]))  # every flag's dest and default
     types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
     types.update(emulate_bandwidth="str | float | None", emulate_latency="str | float | None",
-                 timeout="str | float")
-    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY, default=default,
+                 timeout="str | float", overwrite="bool")
+    # a flag the parser leaves None (so that --resume can fill it) shows RunConfig's default
+    fields = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
+    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY,
+                              default=default if default is not None or dest in ("out", "resume")
+                              else fields.get(dest, fields.get(dest + "_s")),
                               annotation=types.get(dest) or types.get(dest + "_s") or "str | None")
            for dest, default in defaults.items() if dest != "no_progress"]
     out.append(_inspect.Parameter("progress", _inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -137,7 +144,17 @@ run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim
 from perfsim.analysis import validate_grid as _validate_grid  # noqa: E402  (torch-free)
 
 
+def _known_keywords(func: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Every keyword of ``kwargs`` is a parameter of ``func.__signature__`` (a
+    ConfigError naming the unknown ones, as predict, sweep, plan and run raise)."""
+    known = func.__signature__.parameters  # type: ignore[attr-defined]
+    unknown = sorted(k for k in kwargs if k not in known)
+    if unknown:
+        raise ConfigError(f"{func.__name__}: unknown keyword(s) {unknown} (known: {', '.join(known)})")
+
+
 def validate(**kwargs: Any):
+    _known_keywords(validate, kwargs)
     return _validate_grid.validate(**kwargs)
 
 
@@ -149,6 +166,7 @@ from perfsim.calibrate import calibration as _calibration  # noqa: E402  (torch-
 
 
 def calibrate(out: str = "traces/calibrated.json", **params: Any):
+    _known_keywords(calibrate, params)
     return _calibration.calibrate(out, **params)
 
 
@@ -196,5 +214,16 @@ def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
     return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
 
 
-__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "run", "validate", "calibrate",
+def memory_report(**params: Any):
+    """Does a job fit: the peak memory per GPU of the job (``perfsim predict``'s keywords)
+    and of each single change that lowers it, with a combination that fits where no single
+    one does (:class:`perfsim.analysis.memory_fit.MemoryReport`; ``perfsim memory``)."""
+    from perfsim.analysis import memory_fit
+
+    return memory_fit.memory_report(**params)
+
+
+memory_report.__signature__ = _params.signature(ret="MemoryReport")  # type: ignore[attr-defined]
+
+__all__ = ["__version__", "ConfigError", "predict", "sweep", "plan", "memory_report", "run", "validate", "calibrate",
            "load_profile", "compressors"]

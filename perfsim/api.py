@@ -72,9 +72,13 @@ DEFAULT_MACRO_BATCH = 32
 
 
 @functools.lru_cache(maxsize=32)
-def _model(model: str | None, workload_key: tuple[str, float] | None, seq_len: int | None = None):
+def _model(model: str | None, workload_key: tuple[str, float] | float | None, seq_len: int | None = None):
+    """A model by name, or a workload file; ``workload_key`` a float: the modification time
+    of the config.json ``model`` (so an edited file is read again)."""
     from perfsim.workload import get_model, load_workload_file
 
+    if isinstance(workload_key, float):
+        return get_model(model, seq_len)
     if workload_key:
         if seq_len:
             raise ConfigError("seq_len: not for a workload file (its layers fix the shapes)")
@@ -95,6 +99,36 @@ def _load_file(kind: str, value) -> tuple[str, float]:
     return _file_key(resolve(kind, value))
 
 
+def input_files(**params) -> dict[str, Any]:
+    """The input files a prediction of ``params`` reads, by role -- ``profile`` (the
+    default one when none is given), ``model`` (a config.json), ``workload``,
+    ``topology`` -- resolved as :func:`build_configs` resolves them: paths, or a
+    Profile given as an object. A name that resolves to no file keeps its text
+    (predict names that error). What :mod:`perfsim.provenance` hashes into the key
+    of a stored prediction."""
+    from perfsim.packaged import resolve
+    from perfsim.profile import profile_path
+
+    get = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}.get
+    files: dict[str, Any] = {}
+    profile = get("profile")
+    try:
+        files["profile"] = profile if not isinstance(profile, (str, os.PathLike, type(None))) \
+            else profile_path(profile)
+    except ConfigError:  # no default profile found: predict says so
+        files["profile"] = None
+    for role in ("workload", "topology"):
+        if get(role):
+            try:
+                files[role] = resolve(role, get(role))
+            except ConfigError:
+                files[role] = str(get(role))
+    model = get("model")
+    if not get("workload") and isinstance(model, str) and model.lower().endswith(".json"):
+        files["model"] = model
+    return files
+
+
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     """Parse ``params`` (perfsim.params names and values) into validated configs + profile.
 
@@ -104,6 +138,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
     gradient buffer, gradients reduced after the backward)."""
     p = params_mod.resolved(params)
+    from perfsim.models.moe import Routing, check_routing
     from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
     from perfsim.workload import resolve_layer_times
 
@@ -113,10 +148,14 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         model = _model(None, _load_file("workload", p["workload"]), seq_len)
     else:
         name = p["model"]
+        if os.path.isdir(name):  # a Hub-style folder holding config.json
+            name = os.path.join(name, "config.json")
+            if not os.path.isfile(name):
+                raise ConfigError(f"model {p['model']!r}: a folder without config.json")
         if name.lower().endswith(".json"):
             if not os.path.exists(name):
                 raise ConfigError(f"model {name!r}: no such config.json")
-            model = _model(str(_file_key(name)[0]), None, seq_len)
+            model = _model(str(_file_key(name)[0]), _file_key(name)[1], seq_len)
         else:
             model = _model(name if ":" in name else name.lower(), None, seq_len)
     fields: dict[str, dict[str, Any]] = {"strategy": {}, "system": {}}
@@ -127,6 +166,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     from perfsim.hardware import get_gpu
 
     gpu = get_gpu(p["gpu"]) if p["gpu"] else None
+    if p["precision"] == "fp8" and gpu is None:
+        raise ConfigError("precision=fp8: needs a GPU preset with fp8 (--gpu h100, h100-pcie or h200): "
+                          "its fp8 GEMMs are modelled from the datasheet rate")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
     st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
@@ -136,20 +178,23 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
         st.pop("virtual_stages", None)
     # the partition covers every model chunk: pp x stages per device
+    _check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
     st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
                                  gpu is not None)
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
                                                         ("tp,dp,pp" if gpu else "tp,pp,dp")).split(","))
     strategy = Strategy(**st)
+    check_routing(model.arch, model.name, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
                                            vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1,
                                            attention=strategy.attention,
-                                           host_overhead_s=fields["system"].get("host_overhead_s"))
+                                           host_overhead_s=fields["system"].get("host_overhead_s"),
+                                           routing=Routing.of(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
-                        arch=model.arch, rank_params=_rank_params(model, strategy.tp), compute_source=source,
+                        arch=model.arch, rank_params=_rank_params(model, strategy.tp, strategy.ep), compute_source=source,
                         tied_values=model.tied_values)
     given = [k for k in ("bandwidth", "latency") if params.get(k) is not None]
     if p["topology"] and given:
@@ -169,18 +214,34 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     return workload, strategy, system, profile
 
 
-def _rank_params(model, tp: int) -> tuple[int, ...] | None:
-    """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding)."""
-    if model.arch is None or tp == 1:
+def _check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
+    """Each of the pp x chunks-per-device pipeline stages needs a layer: the error names
+    the values the user gave (``virtual_stages=100``), not their product."""
+    per_device = stage_count(schedule, virtual_stages)
+    if pp * per_device <= layers:
+        return
+    if per_device == 1:
+        what = f"pp={pp}"
+    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
+        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
+    else:
+        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
+    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
+
+
+def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
+    """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding); with
+    expert parallelism ``ep`` a MoE block's experts split ``ep`` ways too."""
+    if model.arch is None or (tp == 1 and ep == 1):
         return None
     from perfsim.models.tensor_parallel import shard_block_params
 
     arch = model.arch
-    per = {"block": shard_block_params(arch, tp),
-           "embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
+    per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
            else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-    return tuple(per["block" if layer.name.startswith("block") else layer.name] for layer in model.layers)
+    return tuple(shard_block_params(arch, tp, int(layer.name[5:]), ep) if layer.name.startswith("block")
+                 else per[layer.name] for layer in model.layers)
 
 
 def _partition(raw, model, pp: int, megatron: bool):
@@ -225,8 +286,63 @@ def predict(**params) -> Result:
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
+    result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None))
+    _warn_memory(result.summary, profile)
     _check_finite(result)
     return result
+
+
+def _warn_memory(summary: dict[str, Any], profile=None) -> None:
+    """Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
+    the memory of the GPU the profile was measured on (its ``device`` names a preset, as
+    the default's V100 16 GB does), else above every preset's memory, is said in the
+    summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
+    prints it on stderr; the API does not log it, as the planner and sweeps call
+    :func:`predict` for hundreds of configurations."""
+    from perfsim.hardware import GPUS
+    from perfsim.workload import _profile_gpu
+
+    peak = summary.get("peak_memory_gib")
+    if summary.get("gpu") or not peak:
+        return
+    gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
+    what = f"every GPU preset's memory (the largest, {gpu.name}, has {gpu.memory_bytes / 2**30:.0f} GiB)"
+    measured_on = _profile_gpu(profile) if profile is not None else None
+    if measured_on is not None and peak * 2**30 <= gpu.memory_bytes:  # the stronger statement first
+        gpu, what = measured_on, f"the profile's GPU ({measured_on.name}, {measured_on.memory_bytes / 2**30:.0f} GiB)"
+    if peak * 2**30 > gpu.memory_bytes:
+        text = (f"peak memory {peak:.1f} GiB per GPU exceeds {what}; give --gpu to check a GPU's "
+                "capacity, or shard the model further (--tp, --pp, --recompute)")
+        summary["memory_warning"] = text
+
+
+def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
+    """Summary entries that state what the model is: active parameters of a mixture of
+    experts (with the routing assumption), and where the sequence length of a config.json
+    model comes from (``model_note``, printed by ``perfsim predict``)."""
+    if arch is None:
+        return {}
+    notes = []
+    facts: dict[str, Any] = {"active_params": arch.active_params}
+    if arch.moe:
+        cf = strategy.moe_capacity_factor
+        notes.append(f"{arch.params / 1e9:.2f} B parameters, {arch.active_params / 1e9:.2f} B active per "
+                     f"token (top-{arch.top_k} of {arch.experts} experts"
+                     + (f", {arch.shared_ffn}-wide shared expert" if arch.shared_ffn else "")
+                     + (f", {len(arch.dense_layers)} dense block(s)" if arch.dense_layers else "")
+                     + (f"; expert capacity factor {cf:g}, padded" if cf else
+                        "; dropless experts, " + (f"busiest expert-parallel rank at {strategy.moe_imbalance:g} x "
+                                                  "the balanced load" if strategy.ep > 1 and
+                                                  strategy.moe_imbalance != 1 else "balanced routing assumed"))
+                     + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
+                        "all-to-all dispatch and combine" if strategy.ep > 1 else "") + ")")
+    from perfsim.models.hf_config import DEFAULT_SEQ_LEN
+
+    if seq_default and arch.from_config:
+        notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
+                     f"max_position_embeddings {arch.max_positions} and {DEFAULT_SEQ_LEN}); --seq-len sets it")
+    facts["model_note"] = "; ".join(notes)
+    return facts
 
 
 def _check_finite(result: Result) -> None:

@@ -30,11 +30,17 @@ from perfsim import __version__
 from perfsim.errors import ConfigError, OutputError
 
 #: Subcommands in the order ``perfsim --help`` lists them.
-COMMANDS = ("predict", "plan", "run", "calibrate", "validate", "sweep", "plot", "compressors")
+COMMANDS = ("predict", "plan", "memory", "run", "calibrate", "validate", "sweep", "plot", "compressors")
 
 
 class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints usage + error; perfsim prints one line naming the culprit."""
+    """argparse prints usage + error; perfsim prints one line naming the culprit.
+    Options are never abbreviated (``allow_abbrev=False``): ``--ep`` is refused, not
+    taken for ``--epochs``, so a flag a user expects can never land on another."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D102 - argparse API
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -84,9 +84,6 @@ RECOMPUTE = ("none", "selective", "full")
 #: kernels, the s x s scores stored) or FlashAttention-2's one fused kernel
 #: (Dao 2023, arXiv:2307.08691)
 ATTENTION = ("megatron", "flash")
-#: ZeRO stages the simulator models (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
-#: Training Trillion Parameter Models", arXiv:1910.02054)
-ZERO_STAGES = (0, 1)
 #: where data-parallel gradients live: ``bucketed`` -- PyTorch DDP's default, each
 #: bucket flattened into a buffer and the averaged result copied back (Li et al.,
 #: "PyTorch Distributed", arXiv:2006.15704, Sec. 3.2.3); ``contiguous`` -- one flat
@@ -100,6 +97,18 @@ GRAD_BUFFERS = ("bucketed", "contiguous")
 #: (``_allreduce_embedding_grads`` in ``finalize_model_grads``; DeepSpeed's pipeline
 #: engine reduces ``TiedLayerSpec`` gradients the same way)
 TIED_EMBEDDINGS = ("untied", "sync")
+#: ZeRO stages (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+#: Parameter Models", arXiv:1910.02054, Sec. 5): 0 none, 1 optimizer states, 2 + gradients,
+#: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
+#: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
+ZERO_STAGES = (0, 1, 2, 3)
+#: the loss's memory (perfsim.memory): ``fused`` -- Megatron-LM's vocab-parallel cross
+#: entropy (fp32 softmax kept, its gradient computed in place; Korthikanti et al.'s
+#: ``4 s b v``); ``pytorch`` -- ``F.cross_entropy`` on the logits under autocast (the
+#: logits, the fp32 log-softmax and, in the backward, an fp32 gradient of the full
+#: ``s b v`` size: 12 bytes per bf16 logit, measured on an H100); ``chunked`` -- a fused linear cross entropy that never holds the
+#: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
+CROSS_ENTROPY = ("fused", "pytorch", "chunked")
 #: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
 #: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
 #: the numbering topology files use)
@@ -160,14 +169,31 @@ class Strategy(PipelineShape):
     attention: str = "megatron"
     #: training precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (mixed precision)
     precision: str = "fp32"
-    #: ZeRO stage: 0 (none) or 1 (optimizer state sharded over data parallelism)
+    #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
+    #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: ZeRO-3 / FSDP2: free the gathered parameters after each unit's forward and gather
+    #: them again in the backward (FSDP2's default); False keeps them from the forward to
+    #: the backward (no backward all-gather, more memory)
+    reshard_after_forward: bool = True
+    #: the loss's activation memory (CROSS_ENTROPY)
+    cross_entropy: str = "fused"
     #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
     #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
     placement: tuple[str, ...] = PLACEMENT_DIMS
     #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
     #: None: the schedule's own
     virtual_stages: int | None = None
+    #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
+    #: padded capacity); None: dropless experts
+    moe_capacity_factor: float | None = None
+    #: expert-parallel degree: a MoE model's experts split over ``ep`` consecutive
+    #: data-parallel replicas (Megatron-Core lays the expert-parallel group inside the
+    #: data-parallel one); 1: every replica holds every expert
+    ep: int = 1
+    #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
+    #: stated assumption, perfsim.models.moe.Routing)
+    moe_imbalance: float = 1.0
 
     def __post_init__(self):
         for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
@@ -186,7 +212,13 @@ class Strategy(PipelineShape):
         if self.tied_embedding not in TIED_EMBEDDINGS:
             raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
         if self.zero not in ZERO_STAGES:
-            raise ConfigError(f"zero={self.zero!r}: 0 or 1 (ZeRO-1 shards the optimizer state)")
+            raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
+                              f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
+        if self.cross_entropy not in CROSS_ENTROPY:
+            raise ConfigError(f"cross_entropy={self.cross_entropy!r}: choose from {', '.join(CROSS_ENTROPY)}")
+        if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
+            raise ConfigError(f"zero={self.zero}: not modelled with the zero-bubble schedule "
+                              f"{self.schedule!r} (its split weight gradient); use gpipe, 1f1b or interleaved-1f1b")
         if sorted(self.placement) != sorted(PLACEMENT_DIMS):
             raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
         if self.sequence_parallel and self.tp == 1:
@@ -203,6 +235,17 @@ class Strategy(PipelineShape):
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
+        _pos_float(self, "moe_capacity_factor", allow_none=True)
+        _pos_int(self, "ep")
+        if self.dp % self.ep:
+            raise ConfigError(f"ep={self.ep}: must divide dp={self.dp} (the expert-parallel group is "
+                              "carved out of the data-parallel replicas)")
+        if self.zero >= 2 and self.ep > 1:
+            raise ConfigError(f"zero={self.zero} with ep={self.ep}: not modelled (the experts are not "
+                              f"replicated over the data-parallel group that ZeRO-2/3 shards over)")
+        _pos_float(self, "moe_imbalance")
+        if self.moe_imbalance < 1:
+            raise ConfigError(f"moe_imbalance={self.moe_imbalance!r}: must be >= 1 (1 = balanced)")
         self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.boundaries import check_boundaries
 
@@ -233,9 +276,11 @@ class Strategy(PipelineShape):
         ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
         distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
         parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
-        if self.precision == "bf16" and self.grad_buffer == "contiguous":
+        from perfsim.hardware import value_precision
+
+        if self.precision in ("bf16", "fp8") and self.grad_buffer == "contiguous":
             return "fp32"
-        return self.precision
+        return value_precision(self.precision)  # fp8: bf16 gradients (Transformer Engine)
 
     def device(self, t: int, r: int, s: int) -> int:
         """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered

@@ -176,7 +176,8 @@ class _OneBitLink:
         self.hook_calls = 0
 
 
-def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, process_group=None,
+def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
+                     total_steps: int | None = None, process_group=None,
                      betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, seed: int = 0,
                      **kwargs: Any) -> torch.optim.Optimizer:
     """1-bit Adam or 1-bit LAMB for ``model``, with its communication set up.
@@ -187,8 +188,9 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, 
     optimizer refuses to step if the parameters belong to a DDP model without
     that hook). ``spec``: ``onebit-adam`` / ``onebit-lamb`` (``:warmup=N`` and
     ``:exchange=`` as in ``--grad-compress``). ``warmup``: uncompressed steps
-    before the variance freezes (default :data:`DEFAULT_WARMUP`; a spec's
-    ``warmup=`` wins over the default, an explicit argument over both).
+    before the variance freezes; an explicit argument wins, then the spec's
+    ``warmup=``, then 20 % of ``total_steps`` (the length of your run: the papers
+    warm up for 15-20 % of training), then :data:`DEFAULT_WARMUP` steps.
     ``process_group`` defaults to the DDP model's group. Other keywords go to
     :class:`perfsim.runtime.onebit_optim.OneBitLamb` (clipping bounds).
     The optimizer's ``wire_bytes`` counts the bytes it has sent.
@@ -204,16 +206,19 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None, 
     if process_group is None and is_ddp:
         process_group = getattr(model, "process_group", None)
     module = model.module if is_ddp else model
+    names = {}
     if hasattr(module, "parameters"):
         params = list(module.parameters())
+        names = {id(p): n for n, p in module.named_parameters()} if hasattr(module, "named_parameters") else {}
     elif isinstance(model, (list, tuple)) and all(isinstance(p, torch.Tensor) for p in model):
         params = list(model)  # explicit tensors (e.g. tensor-parallel local shards)
     else:
         raise ConfigError(f"onebit_optimizer: expected a module or a list of parameters, "
                           f"got {type(model).__name__}")
-    steps = warmup if warmup is not None else warmup_steps(gspec)
+    steps = warmup if warmup is not None else warmup_steps(gspec, total_steps)
     opt = _ob.build(gspec, params, lr=lr, group=process_group, warmup=steps, betas=betas,
                     eps=eps, weight_decay=weight_decay, seed=seed, **kwargs)
+    opt.param_names = names  # named in error messages (a NaN gradient's parameter)
     if is_ddp:
         link = _OneBitLink()
         _register(model, link, _gs.noop_hook)

@@ -96,8 +96,10 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
         args += ["--recompute-granularity", strategy.recompute]
         if strategy.recompute == "full":
             args += ["--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    if strategy.zero == 1:
+    if strategy.zero in (1, 2):  # optimizer state sharded, gradients reduce-scattered
         args.append("--use-distributed-optimizer")
+    elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
+        args.append("--use-torch-fsdp2")
     if strategy.precision in ("bf16", "fp16"):
         args.append("--" + strategy.precision)
     if strategy.attention == "flash":

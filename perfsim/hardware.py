@@ -15,9 +15,18 @@ from dataclasses import dataclass
 
 from perfsim.errors import ConfigError
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-#: bytes of one value per training precision
-BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+#: bytes of one value per training precision; ``fp8`` is NVIDIA Transformer Engine's
+#: recipe (Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433): fp8
+#: GEMMs, bf16 everywhere else -- weights, activations, messages are bf16 values
+BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
+
+
+def value_precision(precision: str) -> str:
+    """The precision of the values outside the GEMMs: ``bf16`` under ``fp8`` (Transformer
+    Engine keeps norms, softmax, attention, the LM head and all tensors between
+    operators in bf16), else ``precision`` itself."""
+    return "bf16" if precision == "fp8" else precision
 
 _V100 = "NVIDIA Tesla V100 GPU datasheet (2020), https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-nvidia-us-2188504-web.pdf"
@@ -36,7 +45,8 @@ class GPU:
 
     #: preset name (``a100-sxm4-80gb``)
     name: str
-    #: peak dense FLOP/s by precision (fp32 = CUDA cores, tf32/bf16/fp16 = tensor cores)
+    #: peak dense FLOP/s by precision (fp32 = CUDA cores, tf32/bf16/fp16/fp8 = tensor cores;
+    #: fp8 only where the datasheet gives it and Transformer Engine's recipe runs: Hopper)
     peak_flops: dict
     #: HBM/GDDR bandwidth, bytes/s
     memory_bandwidth_Bps: float
@@ -61,8 +71,9 @@ class GPU:
         return self.peak_flops[precision]
 
 
-def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family):
-    rates = {k: v for k, v in (("fp32", fp32), ("tf32", tf32), ("bf16", bf16), ("fp16", fp16)) if v}
+def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None):
+    rates = {k: v for k, v in (("fp32", fp32), ("tf32", tf32), ("bf16", bf16), ("fp16", fp16), ("fp8", fp8))
+             if v}
     return GPU(name, rates, bw, mem, src, family)
 
 
@@ -75,9 +86,12 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("a100-sxm4-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 2039 * G, 80 * 2**30, _A100, "ampere"),
     _gpu("a100-pcie-40gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1555 * G, 40 * 2**30, _A100, "ampere"),
     _gpu("a100-pcie-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1935 * G, 80 * 2**30, _A100, "ampere"),
-    _gpu("h100-sxm5-80gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 3350 * G, 80 * 2**30, _H100, "hopper"),
-    _gpu("h100-pcie-80gb", 51 * T, 378 * T, 756 * T, 756 * T, 2000 * G, 80 * 2**30, _H100, "hopper"),
-    _gpu("h200-sxm-141gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 4800 * G, 141 * G, _H200, "hopper"),
+    # fp8: the datasheets' "FP8 Tensor Core" figures are with sparsity (3,958 / 3,026 TFLOPS): halved
+    _gpu("h100-sxm5-80gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 3350 * G, 80 * 2**30, _H100, "hopper",
+         fp8=1978.9 * T),
+    _gpu("h100-pcie-80gb", 51 * T, 378 * T, 756 * T, 756 * T, 2000 * G, 80 * 2**30, _H100, "hopper", fp8=1513 * T),
+    _gpu("h200-sxm-141gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 4800 * G, 141 * G, _H200, "hopper",
+         fp8=1978.9 * T),
     _gpu("l4", 30.3 * T, 60 * T, 121 * T, 121 * T, 300 * G, 24 * 2**30, _L4, "ada"),
     _gpu("rtx-4090", 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 1008 * G, 24 * 2**30, _ADA, "ada"),
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),
@@ -111,7 +125,8 @@ def get_gpu(name: str | GPU) -> GPU:
 
 def check_precision(gpu: GPU, precision: str) -> str:
     """``precision`` if ``gpu`` has it. ``fp32`` runs on the CUDA cores (PyTorch's
-    matmul default since 1.12); ``tf32`` is fp32 storage with TF32 tensor-core GEMMs."""
+    matmul default since 1.12); ``tf32`` is fp32 storage with TF32 tensor-core GEMMs;
+    ``fp8`` only on the GPUs given an fp8 rate (H100, H200), refused on the others."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision={precision!r}: choose from {', '.join(PRECISIONS)}")
     gpu.peak(precision)

@@ -5,9 +5,19 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 * model states (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1):
   mixed precision (fp16/bf16) keeps 16-bit weights and gradients (``2 Psi + 2 Psi``)
   and fp32 master weights, Adam momentum and variance (``12 Psi``); fp32 training
-  ``4 Psi + 4 Psi + 8 Psi``. ZeRO-1 divides the optimizer term by ``dp``. Gradients
-  take :attr:`perfsim.config.Strategy.grad_dtype`: Megatron's bf16 buffer is fp32
-  (``4 Psi``; 18 bytes per parameter, Megatron-LM README, distributed optimizer table).
+  ``4 Psi + 4 Psi + 8 Psi``. Gradients take :attr:`perfsim.config.Strategy.grad_dtype`:
+  Megatron's bf16 buffer is fp32 (``4 Psi``; 18 bytes per parameter, Megatron-LM README,
+  distributed optimizer table). With ``W`` bytes of weights, ``G`` of gradients and
+  ``K`` of optimizer state per parameter and ``N_d = dp`` (ZeRO Sec. 5 and Fig. 1:
+  ``(2+2+K) Psi``, ``(2+2+K/N_d) Psi``, ``(2+(2+K)/N_d) Psi``, ``(2+2+K) Psi/N_d``)::
+
+      ZeRO-0: (W + G + K) Psi        ZeRO-2: (W + (G + K)/N_d) Psi
+      ZeRO-1: (W + G + K/N_d) Psi    ZeRO-3: (W + G + K) Psi / N_d
+
+  These are the shards; :func:`sharding_buffers` adds the working buffers of ZeRO-2/3.
+* fp8 (``precision="fp8"``, NVIDIA Transformer Engine's recipe; Micikevicius et al.,
+  "FP8 Formats for Deep Learning", arXiv:2209.05433): bf16 weights and values outside
+  the GEMMs (counted as bf16), plus :func:`fp8_bytes` (fp8 weight copies, scaling state).
 * activations of one micro-batch per transformer layer (Korthikanti et al. 2022,
   arXiv:2205.05198, Sec. 4.1-4.2, 16-bit values, ``s`` sequence, ``b`` micro-batch,
   ``h`` hidden, ``a`` heads, ``t`` tensor parallel)::
@@ -22,7 +32,8 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
   The first stage adds the embedding dropout mask ``s b h``; the last stage the
-  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3).
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3):
+  Megatron's fused vocab-parallel cross entropy; :func:`loss_bytes` for the others.
   With full recomputation one layer's activations are rebuilt during the backward:
   the stage also holds one layer's ``none`` activations.
 * micro-batches held: the schedule table's peak in flight on that stage
@@ -54,25 +65,133 @@ class StageMemory:
     activations: float
     buffers: float
     inflight: int
+    #: ZeRO-2/3 working buffers (:func:`sharding_buffers`)
+    sharding: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.weights + self.grads + self.optimizer + self.activations + self.buffers
+        return self.weights + self.grads + self.optimizer + self.activations + self.buffers + self.sharding
 
     def breakdown(self) -> str:
         """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
         return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
-                              self.activations / GIB, self.buffers / GIB)
+                              self.activations / GIB, self.buffers / GIB, self.sharding / GIB)
 
 
-def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float) -> str:
+def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float,
+                   sharding: float = 0.0) -> str:
     """The parts of a stage's peak memory, in GiB, as the CLI and the out-of-memory error print them."""
     text = f"weights {weights:.1f}, grads {grads:.1f}, optimizer {optimizer:.1f}, activations {activations:.1f}"
-    return text + (f", AQ-SGD buffers {buffers:.1f}" if buffers else "")
+    text += f", AQ-SGD buffers {buffers:.1f}" if buffers else ""
+    return text + (f", ZeRO gathered/unsharded buffers {sharding:.1f}" if sharding else "")
+
+
+def model_state_bytes(psi: float, weight_bytes: int, grad_bytes: int, optimizer_bytes: int, dp: int,
+                      zero: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes per GPU of ``psi`` parameters under ZeRO
+    stage ``zero`` over ``dp`` ranks: stage 1 shards the optimizer state, 2 also the
+    gradients, 3 also the weights (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
+    Training Trillion Parameter Models", arXiv:1910.02054, Sec. 5; module docstring)."""
+    weights = weight_bytes * psi / (dp if zero >= 3 else 1)
+    grads = grad_bytes * psi / (dp if zero >= 2 else 1)
+    optimizer = optimizer_bytes * psi / (dp if zero >= 1 else 1)
+    return weights, grads, optimizer
+
+
+def sharding_buffers(unit_params, weight_bytes: int, grad_bytes: int, dp: int, zero: int,
+                     reshard_after_forward: bool = True) -> float:
+    """Working buffers of ZeRO-2/3 on top of the shards, per GPU (0 for ZeRO-0/1 or dp 1).
+
+    ``unit_params``: the parameters of each sharding unit of the stage in order (a layer:
+    an FSDP2 ``fully_shard`` module, a DeepSpeed ZeRO-3 submodule).
+
+    * ZeRO-2 and 3: one unit's unsharded gradient, produced by its backward before its
+      reduce-scatter (``grad_bytes`` per parameter; DeepSpeed's ``reduce_bucket_size``
+      would replace the unit by a bucket -- not modelled);
+    * ZeRO-3 with ``reshard_after_forward``: the gathered weights of the unit computing and
+      of the next, prefetched one (the largest adjacent pair; FSDP2 prefetches one unit,
+      Zhao et al., "PyTorch FSDP: Experiences on Scaling Fully Sharded Data Parallel",
+      arXiv:2304.11277, Sec. 3.3-3.4); without it every unit's gathered weights are kept
+      from its forward to its backward: the whole stage's.
+    """
+    units = [p for p in unit_params if p > 0]
+    if zero < 2 or dp == 1 or not units:
+        return 0.0
+    out = grad_bytes * max(units)
+    if zero >= 3:
+        if reshard_after_forward:
+            pair = max((a + b for a, b in zip(units, units[1:])), default=units[0])
+            out += weight_bytes * pair
+        else:
+            out += weight_bytes * sum(units)
+    return float(out)
+
+
+#: Transformer Engine's default amax history length (``DelayedScaling(amax_history_len=1024)``)
+FP8_AMAX_HISTORY = 1024
+#: fp8 tensors with scaling state per GEMM: input, weight, output (forward), gradient
+#: output and gradient input (backward) -- TE's ``fp8_meta["scaling_fwd"/"scaling_bwd"]``
+FP8_TENSORS_PER_GEMM = 5
+
+
+def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) -> float:
+    """Memory fp8 training adds to a stage holding the transformer blocks ``blocks``
+    (their indices), per GPU
+    (NVIDIA Transformer Engine's delayed-scaling recipe; Micikevicius et al., "FP8 Formats
+    for Deep Learning", arXiv:2209.05433, Sec. 4: per-tensor scaling factors):
+
+    * an fp8 copy of each GEMM weight and of its transpose (1 + 1 bytes per GEMM
+      parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`: this
+      expert-parallel rank's experts; TE caches them over a step's micro-batches), ``/ dp``
+      under ZeRO-3 (the shard's copies);
+    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.engine.compute.FP8_GEMMS`),
+      the scaling state of its 5 fp8 tensors: an fp32 amax history of
+      :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
+
+    The LM head and the attention core stay in bf16 (TE's ``DotProductAttention`` and
+    Megatron's output layer are not fp8 by default)."""
+    from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
+
+    copies = 2 * sum(-(-block_gemm_params(spec, i, ep) // tp) for i in blocks) / (dp if zero >= 3 else 1)
+    gemms = sum(2 + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
+    return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
+
+
+def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -> float:
+    """Peak bytes of the last stage's output norm, LM head and cross entropy for one
+    micro-batch (``s b`` tokens, vocabulary ``v`` split ``t`` ways):
+
+    * ``fused`` (Megatron-LM's vocab-parallel cross entropy; Korthikanti et al. 2022,
+      arXiv:2205.05198, Sec. 4.3): ``4 s b h (1 + v/h) / t`` for 16-bit values -- the
+      inputs of the norm and the projection (``4 s b h``) and the fp32 softmax
+      (``4 s b v``), whose gradient the backward computes in place;
+    * ``pytorch`` (``F.cross_entropy`` on the LM head's logits under autocast, PyTorch's
+      ``log_softmax`` + ``nll_loss`` in fp32), as measured on an H100 (torch 2.11,
+      traces/gpu/h100-memory-fp8-2026-11-27.json; docs/model.md): after the forward
+      ``2 bpv + 4`` bytes per logit are held -- the logits the caller keeps (``bpv``), the
+      fp32 log-softmax saved for the backward (4) and one more logit-sized ``bpv``
+      buffer (measured, not identified) -- and the backward's peak adds one fp32 gradient
+      of the logits (4): ``(2 bpv + 8) s b v`` instead of ``4 s b v``, 12 bytes per bf16
+      logit (10 when the caller drops its logits before the backward; fp32 training's 16
+      is the same count, not measured);
+    * ``chunked`` (Liger-Kernel's fused linear cross entropy; Hsu et al., "Liger Kernel:
+      Efficient Triton Kernels for LLM Training", arXiv:2410.10989, Sec. 3.2): the logits
+      of one chunk of ``next_pow2(ceil(s b / ceil(v / h)))`` tokens at a time (about
+      ``s b h`` values) with their gradient written in place, the input gradient
+      (``bpv s b h``) and the fp32 weight gradient (``4 v h``) it computes in the forward.
+    """
+    s, h, v = spec.seq_len, spec.hidden, spec.vocab
+    if cross_entropy == "fused":
+        return 4 * s * mb * h * (1 + v / h) / tp * (bpv / 2)
+    head_inputs = 2 * bpv * s * mb * h / tp  # the norm's and the projection's inputs
+    if cross_entropy == "pytorch":
+        return head_inputs + (2 * bpv + 8) * s * mb * v / tp
+    chunk = 1 << max(0, math.ceil(s * mb / math.ceil(v / h)) - 1).bit_length()
+    return head_inputs + bpv * min(chunk, s * mb) * v / tp + bpv * s * mb * h / tp + 4 * v * h / tp
 
 
 def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
-                           attention: str = "megatron") -> float:
+                           attention: str = "megatron", routing=None) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
     input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1)."""
@@ -82,12 +201,16 @@ def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv
     if recompute == "full":
         return 2 * v * sbh / (tp if sp else 1)
     # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
-    attn_sharded = 2 * (2 * s * b * h + 2 * s * b * spec.kv_dim)
+    attn_sharded = 2 * (2 * s * b * spec.q_dim + 2 * s * b * spec.kv_dim)
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
     repl = 8 * v * sbh + 2 * sbh
     sharded = v * (attn_sharded + mlp_sharded) / tp
+    if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
+        from perfsim.models.moe import moe_activation_values
+
+        sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if attention == "flash":
         core = 4 * a * s * b / tp
@@ -102,17 +225,21 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     from perfsim.compression.aqsgd import AQSGD
     from perfsim.schedules import max_in_flight
 
+    from perfsim.models.moe import Routing
+
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
+    routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]
-    mixed = prec in ("fp16", "bf16")
+    mixed = prec in ("fp16", "bf16", "fp8")
     fw_comp, _ = make_pipeline_pair(strategy.compress)
     out = []
     for st in plan.stages:
         psi = st.params
-        weights = (2 if mixed else 4) * psi
-        grads = BYTES_PER_VALUE[strategy.grad_dtype] * psi
-        optimizer = (12 if mixed else 8) * psi / (dp if strategy.zero == 1 else 1)
+        wb, gb = (2 if mixed else 4), BYTES_PER_VALUE[strategy.grad_dtype]
+        weights, grads, optimizer = model_state_bytes(psi, wb, gb, 12 if mixed else 8, dp, strategy.zero)
+        sharding = sharding_buffers(st.unit_params or [psi], wb, gb, dp, strategy.zero,
+                                    strategy.reshard_after_forward)
         # the stage's own peak on its device (a device with several stages sums them: an upper bound)
         inflight = max_in_flight([a for a in table[table.stage_device[st.index]] if a.stage == st.index])
         act = 0.0
@@ -120,16 +247,20 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             blocks = sum(1 for i in range(st.first_layer, st.last_layer)
                          if workload.layers[i].name.startswith("block"))
             per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
-                                               strategy.recompute, bpv, strategy.attention)
+                                               strategy.recompute, bpv, strategy.attention, routing)
             act = blocks * per_layer * inflight
             s, h = spec.seq_len, spec.hidden
             if st.first_layer == 0:
                 act += s * mb * h * inflight  # embedding dropout mask
             if st.last_layer == len(workload.layers) and not spec.encoder:
-                act += 4 * s * mb * h * (1 + spec.vocab / h) / tp * (bpv / 2)
+                act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy)
+            if prec == "fp8" and blocks:
+                ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
+                       if workload.layers[i].name.startswith("block")]
+                weights += fp8_bytes(spec, ids, tp, dp, strategy.zero, strategy.ep)
             if strategy.recompute == "full" and blocks:
                 act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
-                                              strategy.attention)
+                                              strategy.attention, routing)
         else:  # known only by boundary shapes: every layer's output, 2x for the backward
             for i in range(st.first_layer, st.last_layer):
                 n = 1
@@ -145,5 +276,5 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.index > 0:
                 per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
             buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
-        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight))
+        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding))
     return out

@@ -13,6 +13,11 @@
   written in place, never replaced. An I/O failure (full disk, read-only
   filesystem) raises :class:`~perfsim.errors.OutputError`: one line, exit 1.
 * :func:`write_stdout` does the same for standard output (closed, full).
+* ``-`` (:data:`STDIO`) as an output file is standard output, for every command
+  that writes a file (``predict -o -``, ``sweep -o -``, ``calibrate -o -``,
+  ``plot -o -``); a folder output (``run``, ``validate``) refuses it.
+* A ``--format`` that disagrees with the output's suffix (``-o x.csv --format
+  json``) is refused: the suffix and the content never disagree.
 * :func:`locked_dir` takes an exclusive lock on an output folder, so two runs
   cannot interleave in one ``--out``; the second is refused naming the holder.
 """
@@ -35,6 +40,13 @@ FORMATS = ("table", "csv", "json", "parquet")
 #: suffix -> format (a path without a suffix takes the command's default)
 SUFFIXES = {".txt": "table", ".csv": "csv", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
 LOCK_NAME = ".perfsim.lock"
+#: the file name that means standard output (as an output) or standard input (an input)
+STDIO = "-"
+
+
+def is_stdio(path: str | os.PathLike | None) -> bool:
+    """``path`` is ``-``: standard output (or input)."""
+    return path is not None and str(path) == STDIO
 
 
 # ------------------------------------------------------------------ formats
@@ -46,8 +58,12 @@ def output_format(path: str | os.PathLike | None, fmt: str | None = None,
     if fmt is not None:
         if fmt not in allowed:
             raise ConfigError(f"--format {fmt!r}: choose from {', '.join(allowed)}")
+        named = SUFFIXES.get(Path(str(path)).suffix.lower()) if path is not None and not is_stdio(path) else None
+        if named is not None and named != fmt:  # JSON in x.csv: refused, never written
+            raise ConfigError(f"{flag} {str(path)!r}: its suffix says {named}, --format says {fmt}; "
+                              f"make them agree (or drop --format: the suffix chooses)")
         chosen = fmt
-    elif path is None or str(path) == "-":
+    elif path is None or is_stdio(path):
         chosen = default
     else:
         suffix = Path(str(path)).suffix.lower()
@@ -75,7 +91,9 @@ def require_parquet(what: str) -> None:
 
 # ------------------------------------------------------------ path checks
 def check_file_target(path: str | os.PathLike, flag: str = "--output") -> None:
-    """One line (exit 2) when ``path`` cannot be an output file."""
+    """One line (exit 2) when ``path`` cannot be an output file (``-``, stdout, can)."""
+    if is_stdio(path):
+        return
     p = Path(os.path.realpath(path))
     if p.is_dir():
         raise ConfigError(f"{flag} {str(path)!r}: is a directory (give a file name)")
@@ -92,6 +110,9 @@ def check_file_target(path: str | os.PathLike, flag: str = "--output") -> None:
 
 def check_dir_target(path: str | os.PathLike, flag: str = "--out") -> None:
     """One line (exit 2) when ``path`` cannot be an output folder."""
+    if is_stdio(path):
+        raise ConfigError(f"{flag} '-': this output is a folder; '-' (standard output) is for "
+                          "commands that write one file")
     p = Path(path)
     probe = p
     while not probe.exists() and probe != probe.parent:
@@ -116,8 +137,11 @@ def _describe(exc: OSError, path) -> str:
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path``: atomically for a regular file (at a
-    symlink's real target), in place for a FIFO or device. Raises
-    :class:`OutputError` (one line) on an I/O failure."""
+    symlink's real target), in place for a FIFO or device; ``-`` is standard output.
+    Raises :class:`OutputError` (one line) on an I/O failure."""
+    if is_stdio(path):
+        _write_stdout_bytes(data)
+        return
     real = Path(os.path.realpath(path))
     try:
         st = real.stat()
@@ -173,6 +197,27 @@ def write_stdout(text: str) -> None:
         if isinstance(exc, OSError):
             raise OutputError(_describe(exc, "stdout")) from None
         raise OutputError("writing stdout: it is closed") from None
+
+
+def _write_stdout_bytes(data: bytes) -> None:
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # a text stream (a caller's redirect): text only
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise OutputError("writing stdout: binary output to a text stream") from None
+        write_stdout(text)
+        return
+    try:
+        sys.stdout.flush()
+        buffer.write(data)
+        buffer.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as exc:
+        detach_stdout()
+        raise OutputError(_describe(exc, "stdout") if isinstance(exc, OSError)
+                          else "writing stdout: it is closed") from None
 
 
 def detach_stdout() -> None:

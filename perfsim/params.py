@@ -74,6 +74,9 @@ class Param:
     #: where the dimension applies, a predicate of :data:`perfsim.search_space.APPLIES`
     #: (``"pp>1"`` ...); elsewhere the parameter keeps its default
     search_when: str = ""
+    #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
+    #: 25us); default ms (perfsim.units.parse_time)
+    hint_unit: str | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -135,7 +138,7 @@ PARAMS: tuple[Param, ...] = (
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
-          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s"),
+          "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
@@ -163,7 +166,8 @@ PARAMS: tuple[Param, ...] = (
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
     Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
-    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16)",
+    Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
+          "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS",
           search="perfsim.search_space:gpu_precision"),
     Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
@@ -172,9 +176,31 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION", search="perfsim.search_space:on_gpu"),
-    Param("zero", "int", 0, "ZeRO stage: 0, or 1 (optimizer state sharded over dp)", "strategy",
-          "strategy.zero", minimum=0, choices="perfsim.config:ZERO_STAGES",
-          search="perfsim.search_space:on_gpu", search_when="dp>1"),
+    Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
+          "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
+          "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
+          "default: dropless experts (MegaBlocks, Megatron-Core's default)", "strategy",
+          "strategy.moe_capacity_factor"),
+    Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
+          "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
+          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep",
+          search="perfsim.search_space:expert_parallel", search_when="dp>1"),
+    Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
+          "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
+          "strategy.moe_imbalance"),
+    Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
+          "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
+          "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,
+          choices="perfsim.config:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
+    Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
+          "parameters after its forward and gather them again for the backward; false keeps them "
+          "(no backward all-gather, the stage's full weights held)", "strategy",
+          "strategy.reshard_after_forward"),
+    Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
+          "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
+          "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
+          "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
+          choices="perfsim.config:CROSS_ENTROPY"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
@@ -294,7 +320,7 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "bandwidth":
         return parse_bandwidth(value, who)
     if kind == "time":
-        return parse_time(value, who)
+        return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
         return parse_size(value, who)
     if kind == "int":
@@ -335,14 +361,15 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     return text
 
 
-def split_models(raw: str) -> list[str]:
+def split_models(raw: str, what: str = "model") -> list[str]:
     """Comma list of models where an inline spec's own ``key=value`` items stay with it:
-    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models."""
+    ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models (an empty element is refused,
+    :func:`perfsim.units.split_list`)."""
     out: list[str] = []
-    for item in (x.strip() for x in str(raw).split(",")):
+    for item in split_list(raw, what):
         if out and "=" in item and ":" not in item:
             out[-1] += "," + item
-        elif item:
+        else:
             out.append(item)
     return out
 
@@ -357,9 +384,13 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
     else:
         items = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     flat: list = []
-    for item in items:
+    who = p.flag if cli else p.name
+    for i, item in enumerate(items):
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
-        flat.extend((split_models(item) if p.kind == "model" else split_list(item)) if splittable else [item])
+        if splittable and not item.strip() and len(items) > 1:  # ["10Gbps", ""]: never dropped
+            raise ConfigError(f"{who} {raw!r}: element {i + 1} of {len(items)} is empty")
+        flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
+                    if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
     out: list = []

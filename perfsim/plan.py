@@ -195,7 +195,8 @@ def explain(ranked: Sequence[Candidate]) -> str:
     parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s")}
     busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
     p = w.params
-    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']} with "
+    ep = f" (expert parallel {p['ep']})" if p.get("ep", 1) > 1 else ""
+    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}{ep} with "
             f"{s.get('schedule') or p.get('schedule')}, micro-batch {p['micro_batch']}, pipeline compression {p['compress']} and "
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
             f"({s.get('throughput_samples_per_s', 0):.3g} samples/s). Per stage and iteration, compute takes "
@@ -290,8 +291,6 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
 
     base, space = _setup(model, gpus_per_node, space, system, cli)
     gpus = nodes * gpus_per_node
-    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system))
-    dims = space.resolve(ctx)
     notes: list[str] = []
     curves = load_convergence(convergence, model)
     if curves is None:
@@ -300,6 +299,9 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     else:
         notes.append(f"steps to loss from {curves.describe()}")
     w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
+    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
+                  experts=getattr(w.arch, "experts", 0) or 0)
+    dims = space.resolve(ctx)
     topo = w_system.topology
     if topo is not None and topo.nodes < nodes:
         raise ConfigError(f"topology {system['topology']!r}: has {topo.nodes} nodes, the plan needs {nodes}")

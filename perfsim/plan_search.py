@@ -369,9 +369,11 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     rejected = 0
     workers = _Workers(backend, jobs, dask_scheduler)
 
+    best_lossless = [math.inf]  # the best lossless score found: a tie can only go to a better one
+
     def limits() -> tuple[float, float]:
         return (best[top - 1] if len(best) >= top else math.inf,
-                best[0] * (1 + band) if best else math.inf)
+                min(best[0] * (1 + band), best_lossless[0]) if best else math.inf)
 
     try:
         while heap:
@@ -417,6 +419,8 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
                         c.summary, c.links = summary, links
                         best.append(c.score())
                         best.sort()
+                        if lossless(c):
+                            best_lossless[0] = min(best_lossless[0], c.score())
                     done.append(c)
             if progress and (batch or skipped):
                 progress(len(batch) + skipped)

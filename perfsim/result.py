@@ -95,8 +95,11 @@ class Result:
 
     def write_trace(self, path: str | os.PathLike) -> None:
         """Write the timeline as a Chrome/Perfetto trace (opens in ui.perfetto.dev)."""
-        atomic_write_text(path, json.dumps({"traceEvents": self.trace_events,
-                                            "displayTimeUnit": "ms"}))
+        atomic_write_text(path, self.trace_text())
+
+    def trace_text(self) -> str:
+        """The timeline as Chrome/Perfetto trace JSON (what :meth:`write_trace` writes)."""
+        return json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ms"})
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

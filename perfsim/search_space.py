@@ -48,6 +48,8 @@ class Context:
     gpus_per_node: int = 1
     #: parameters the user gave (a default gives way to them)
     pinned: frozenset = frozenset()
+    #: routed experts of a mixture-of-experts model (0: dense)
+    experts: int = 0
 
 
 def on_gpu(ctx: Context, p) -> tuple:
@@ -76,6 +78,17 @@ def node_fabric(ctx: Context, p) -> tuple:
     if ctx.gpu is None or ctx.gpus_per_node == 1 or "intra_node_bandwidth" in ctx.pinned:
         return (None,)
     return (NODE_FABRIC.get(ctx.gpu.name),)
+
+
+def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
+    """A mixture-of-experts model: no expert parallelism, and experts over all ``dp``
+    replicas where ``dp`` divides the experts (perfsim.models.moe.check_routing: ep must
+    equal dp for now); per candidate, since it depends on its ``dp``."""
+    def values(q: Mapping[str, Any]) -> tuple:
+        dp = q["dp"]
+        return (1, dp) if ctx.experts and dp > 1 and ctx.experts % dp == 0 else (1,)
+
+    return values
 
 
 def _interleaved(q: Mapping[str, Any]) -> bool:
@@ -108,7 +121,8 @@ def _defaults(p, ctx: Context) -> tuple:
         module, name = spec.split(":")
         spec = getattr(importlib.import_module(module), name)
         if callable(spec):
-            return tuple(spec(ctx, p))
+            out = spec(ctx, p)
+            return out if callable(out) else tuple(out)  # a callable: values per candidate
     return tuple(spec)
 
 
@@ -233,6 +247,8 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
             return
         p = order[i]
         vals = dims[p.name]
+        if callable(vals):
+            vals = vals(q)
         if p.search_when and not APPLIES[p.search_when](q):
             vals = (p.default,)  # None: left to predict's default
         for v in vals:

@@ -55,6 +55,8 @@ def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
         value, unit = float(text), None
     else:
         value, unit = _split(text, what)
+    if unit == "" and not value > 0:  # no unit makes 0 a rate: no hint to give
+        raise ConfigError(f"{what} {text!r}: must be a positive rate")
     if unit == "":
         raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}Mbps "
                           "(b = bit, B = byte; bps or b/s)")
@@ -71,9 +73,13 @@ def parse_bandwidth(text: str | float, what: str = "bandwidth") -> float:
     return bps
 
 
-def parse_time(text: str | float, what: str = "time", allow_zero: bool = True) -> float:
+def parse_time(text: str | float, what: str = "time", allow_zero: bool = True,
+               hint_unit: str | None = None) -> float:
     """Parse a duration such as ``"5ms"`` into seconds (>= 0, or > 0). Text
-    needs a unit (``"0"`` excepted); a Python number is seconds."""
+    needs a unit (``"0"`` excepted); a Python number is seconds. The error for a
+    bare number suggests it in ``hint_unit``; by default ``s`` for a timeout (``what``
+    names one: ``--hang-timeout 30`` means 30 s, never 30 ms) and ``ms`` for the
+    rest (latencies)."""
     if _number(text):
         value, unit = float(text), "s"
         if not math.isfinite(value):
@@ -82,7 +88,8 @@ def parse_time(text: str | float, what: str = "time", allow_zero: bool = True) -
         value, unit = _split(text, what)
     if unit == "":
         if value != 0:
-            raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}ms (s, ms, us, ns)")
+            hint = hint_unit or ("s" if "timeout" in what.lower() else "ms")
+            raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}{hint} (s, ms, us, ns)")
         unit = "s"
     scale = _TIME.get(unit if unit in ("µs", "ms", "s", "us", "ns", "min", "sec") else unit.lower())
     if scale is None:
@@ -112,9 +119,18 @@ def parse_size(text: str | int, what: str = "size") -> int:
     return int(round(n))
 
 
-def split_list(text: str) -> list[str]:
-    """Split a comma list from a flag (``"1Gbps,100Mbps"``), dropping blanks."""
-    return [part.strip() for part in str(text).split(",") if part.strip()]
+def split_list(text: str, what: str = "list") -> list[str]:
+    """Split a comma list from a flag (``"1Gbps,100Mbps"``); blank text is no item.
+    An empty element (``"10Gbps,,1Gbps"``, a trailing comma) is refused, naming it:
+    dropping it would run a grid the user did not write."""
+    if not str(text).strip():
+        return []
+    parts = [part.strip() for part in str(text).split(",")]
+    for i, part in enumerate(parts):
+        if not part:
+            raise ConfigError(f"{what} {str(text)!r}: element {i + 1} of {len(parts)} is empty "
+                              "(two commas in a row, or one at an end)")
+    return parts
 
 
 def format_bandwidth(bps: float) -> str:

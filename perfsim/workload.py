@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import MODEL_SPECS, LayerSpec, get_model_spec
+from perfsim.models.specs import MODEL_SPECS, LayerSpec, check_layer_count, get_model_spec
 
 # --------------------------------------------------------------------- presets
 
@@ -180,6 +180,11 @@ def load_workload_file(path: str | Path) -> Model:
     entries = data.get("layers")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{where}: needs a non-empty 'layers' list")
+    total = 0
+    for i, e in enumerate(entries):  # the size first: nothing is built for a file over the limit
+        count = e.get("count", 1) if isinstance(e, dict) else 1
+        total += count if isinstance(count, int) and not isinstance(count, bool) else 1
+        check_layer_count(total, f"{where}: layers[{i}]" + (f".count={count}" if count != 1 else ""))
     layers, fwd, bwd = [], [], []
     for i, e in enumerate(entries):
         if not isinstance(e, dict):
@@ -231,13 +236,17 @@ _DTYPES = {"float32": "fp32", "fp32": "fp32", "float16": "fp16", "fp16": "fp16",
 
 def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
     """A profile's record of the layer at this precision, or None. A record of 0 s is
-    not a measurement (the paper-derived default folds embed/head into its stages)."""
+    not a measurement, unless it says ``folded`` (the layer's time is counted in its
+    stage's other layers: the paper-derived default folds embed / head into its equal
+    stages, ``traces/make_default_profile.py``), then it is 0 s."""
     if profile is None:
         return None
     recs = profile.select(f"layer_{op}", model=model.name, name=layer)
     if not recs or any(_DTYPES.get(str(r.get("dtype") or "fp32"), r.get("dtype")) != precision for r in recs):
         return None
     t = profile.compute_time(model.name, layer, micro_batch, op)
+    if not t and all(r.get("folded") for r in recs):
+        return 0.0
     return t if t else None
 
 
@@ -268,7 +277,7 @@ def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
         if model.arch is None or not layer.flops_fwd:
             raise ConfigError(f"recompute=selective: model {model.name!r} is not a transformer")
         a = model.arch
-        return fwd_s * 4 * a.seq_len * a.seq_len * a.hidden / layer.flops_fwd
+        return fwd_s * 4 * a.seq_len * a.seq_len * a.q_dim / layer.flops_fwd
     return 0.0
 
 
@@ -316,7 +325,8 @@ def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[flo
 def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
                         tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
                         vocab_multiple: int = 1, attention: str = "megatron",
-                        host_overhead_s: float | None = None) -> tuple[list[float], list[float], str]:
+                        host_overhead_s: float | None = None, routing=None
+                        ) -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
 
@@ -331,7 +341,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     ``vocab_multiple``: the operator model pads the vocabulary to a multiple of this
     times ``tp``, as Megatron-LM does (:data:`perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE`);
     the parameter count stays the model's. ``attention``: the operator model's attention
-    kernels (``megatron`` or ``flash``)."""
+    kernels (``megatron`` or ``flash``). ``routing``: a MoE model's
+    :class:`perfsim.models.moe.Routing` (capacity factor, expert parallelism, imbalance)."""
     from perfsim.engine import compute
 
     if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
@@ -364,7 +375,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
 
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,
-                                                 sequence_parallel, recompute, curve, rates, attention)
+                                                 sequence_parallel, recompute, curve, rates, attention,
+                                                 routing)
         else:
             if tp > 1:
                 raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")

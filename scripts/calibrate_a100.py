@@ -1,16 +1,25 @@
-"""Fit the A100 efficiency curve (perfsim.engine.compute.CURVES["ampere"]) on half of
-the measured single-node A100 iteration times and report the error on the other half.
+"""Fit the A100 efficiency curve (perfsim.engine.compute.CURVES["ampere"]) to measured
+single-node A100 iteration times, inside the physical ranges of its parameters, and report
+the error on configurations the fit never saw.
 
 Data: ``../shared/data/a100-single-node/ground_truth_single.csv`` (1440 Megatron-DeepSpeed
 GPT runs on one 8 x A100 node; how they were made: that folder's README). It is read
 in place, never copied.
 
-Split (fixed before any error was looked at): a row belongs to the CALIBRATION half
-when the SHA-256 of its configuration text (every column but the time, joined by
-commas as in the file) has an even first byte; the rest is HELD OUT. Only the seven
-curve parameters (eff_max, knee, mem_eff, kernel_s, p2p_s, collective_s, lm_head_eff) are fitted, by Nelder-Mead on
-the mean absolute percentage error of the calibration rows (``--every N``: every Nth
-only, for a quicker fit); nothing per row.
+Split by configuration. Rows that differ only in global batch are linear in one another
+(the same micro-batch step, repeated), so a row-wise split lets the fit see the held-out
+rows' configuration. A CONFIGURATION is every column but the global batch and the time;
+the first byte of the SHA-256 of its text decides, for all of its rows together:
+0-1 (mod 4) CALIBRATION (the fit), 2 VALIDATION (choosing between model variants),
+3 HELD OUT (reported once, at the end: ``--held-out``). The row-wise split of earlier
+sessions (a row's own SHA-256, even first byte: calibration) is still printed, marked as
+such, for comparison.
+
+Only the seven curve parameters (eff_max, knee, mem_eff, kernel_s, p2p_s, collective_s,
+lm_head_eff) are fitted, by bounded Nelder-Mead on the mean absolute percentage error of
+the calibration rows, each inside its range (perfsim.engine.curve_bounds.CURVE_BOUNDS);
+nothing per row. Errors are signed as (predicted - measured) / measured: negative means
+the prediction is too fast.
 
 Every row is predicted as the runs were made: fp16, full recomputation, 1F1B,
 gradient all-reduce after the backward (no overlap) on Megatron's contiguous gradient
@@ -18,9 +27,10 @@ buffer (no bucket copies), 8 GPUs per node with the
 README's measured NVSwitch all-reduce bus bandwidth (229 GB/s), GPT-2 vocabulary
 padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``).
 
-    python scripts/calibrate_a100.py            # fit, then print held-out MAPE
-    python scripts/calibrate_a100.py --check    # only evaluate the curve in the code
-    python scripts/calibrate_a100.py --check --table   # ... and per tp / pp bucket
+    python scripts/calibrate_a100.py                 # fit (bounded), then the validation split
+    python scripts/calibrate_a100.py --check         # evaluate the curve in the code
+    python scripts/calibrate_a100.py --check --table # ... and per tp / pp bucket
+    python scripts/calibrate_a100.py --check --held-out   # ... and the held-out split (once)
 """
 
 from __future__ import annotations
@@ -45,17 +55,28 @@ def data_path() -> Path | None:
     return None
 
 
+#: configuration split by the first byte of the SHA-256 of a configuration's text, mod 4
+SPLITS = {0: "calibration", 1: "calibration", 2: "validation", 3: "held-out"}
+
+
+def _first_byte(text: str) -> int:
+    return hashlib.sha256(text.encode()).digest()[0]
+
+
 def load_rows(path: Path) -> list[dict]:
+    """Every measured row, with its configuration split (``split``) and the old row-wise
+    split (``row_calib``: its own text's SHA-256 has an even first byte)."""
     rows = []
     with open(path, encoding="utf-8-sig", newline="") as fh:
         reader = csv.reader(fh)
         next(reader)
         for rec in reader:
-            cfg = ",".join(rec[:-1])
+            text = ",".join(rec[:-1])
             g, gb, mb, h, a, L, s, tp, dp, pp = (int(x) for x in rec[:-1])
-            rows.append(dict(key=cfg, gpus=g, global_batch=gb, micro_batch=mb, hidden=h, heads=a, layers=L,
-                             seq=s, tp=tp, dp=dp, pp=pp, time_s=float(rec[-1]) / 1e3,
-                             calib=hashlib.sha256(cfg.encode()).digest()[0] % 2 == 0))
+            config = ",".join(rec[i] for i in range(len(rec) - 1) if i != 1)  # all but the global batch
+            rows.append(dict(key=text, config=config, gpus=g, global_batch=gb, micro_batch=mb, hidden=h, heads=a,
+                             layers=L, seq=s, tp=tp, dp=dp, pp=pp, time_s=float(rec[-1]) / 1e3,
+                             split=SPLITS[_first_byte(config) % 4], row_calib=_first_byte(text) % 2 == 0))
     return rows
 
 
@@ -76,14 +97,28 @@ def predict_row(row: dict) -> float:
     return r.summary["iteration_s"]
 
 
+def errors(rows: list[dict]) -> list[float]:
+    """Signed relative error of each row, (predicted - measured) / measured."""
+    return [(predict_row(r) - r["time_s"]) / r["time_s"] for r in rows]
+
+
 def mape(rows: list[dict]) -> tuple[float, float]:
-    errs = [abs(predict_row(r) - r["time_s"]) / r["time_s"] for r in rows]
+    errs = [abs(e) for e in errors(rows)]
     return 100 * sum(errs) / len(errs), 100 * max(errs)
+
+
+def summary(rows: list[dict]) -> str:
+    """MAPE, mean signed error, worst row and the share of optimistic rows of ``rows``."""
+    e = errors(rows)
+    n = len(e)
+    return (f"MAPE {100 * sum(map(abs, e)) / n:.2f} %, mean signed {100 * sum(e) / n:+.2f} %, "
+            f"worst {100 * max(map(abs, e)):.1f} %, {100 * sum(x < 0 for x in e) / n:.0f} % of rows too fast "
+            f"({n} rows, {len({r['config'] for r in rows})} configurations)")
 
 
 def bucket_table(calib: list[dict], held: list[dict]) -> str:
     """Markdown table of MAPE (calibration / held out) per tensor- and pipeline-parallel degree."""
-    lines = ["| bucket | rows (cal / held) | MAPE cal | MAPE held out |", "| --- | ---: | ---: | ---: |"]
+    lines = ["| bucket | rows (cal / val) | MAPE cal | MAPE validation |", "| --- | ---: | ---: | ---: |"]
     for key in ("tp", "pp"):
         for v in sorted({r[key] for r in calib + held}):
             a = [r for r in calib if r[key] == v]
@@ -92,71 +127,92 @@ def bucket_table(calib: list[dict], held: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def set_curve(x) -> None:
-    from perfsim.engine import compute
+#: the fitted fields, in the order --start and the fit use; host times in microseconds there
+FIELDS = ("eff_max", "knee", "mem_eff", "kernel_s", "p2p_s", "collective_s", "lm_head_eff")
+_MICRO = {"kernel_s", "p2p_s", "collective_s"}
 
+
+def to_fit_units(name: str, value: float) -> float:
+    return value * 1e6 if name in _MICRO else value
+
+
+def set_curve(x) -> None:
+    """Make CURVES["ampere"] the curve with fields ``x`` (in :data:`FIELDS` order, fit units)."""
     from dataclasses import replace
 
-    eff, knee, mem, kern, p2p, coll, head = x
-    compute.CURVES["ampere"] = replace(compute.CURVES["ampere"], eff_max=min(1.0, max(1e-3, eff)), knee=max(0.0, knee),
-                                       mem_eff=min(1.0, max(1e-3, mem)), kernel_s=max(0.0, kern),
-                                       p2p_s=max(0.0, p2p), collective_s=max(0.0, coll),
-                                       lm_head_eff=min(1.0, max(1e-3, head)), source="fitting")
+    from perfsim.engine import compute
+
+    values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIELDS, x)}
+    compute.CURVES["ampere"] = replace(compute.CURVES["ampere"], **values, source="fitting")
+
+
+def fit_bounds() -> list[tuple[float, float]]:
+    from perfsim.engine.curve_bounds import CURVE_BOUNDS
+
+    return [(to_fit_units(n, CURVE_BOUNDS[n].low), to_fit_units(n, CURVE_BOUNDS[n].high)) for n in FIELDS]
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="evaluate the curve in the code, no fit")
     ap.add_argument("--table", action="store_true", help="also print MAPE per tp and pp bucket")
-    ap.add_argument("--iters", type=int, default=120, help="Nelder-Mead iterations")
+    ap.add_argument("--held-out", action="store_true",
+                    help="also report the held-out configurations (once, after every variant was chosen)")
+    ap.add_argument("--iters", type=int, default=300, help="Nelder-Mead iterations")
     ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
-                                    "(default: the code's)")
+                                    "(default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
     path = data_path()
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
         return 2
+    from perfsim.engine import compute
+    from perfsim.engine.curve_bounds import violations
+
     rows = load_rows(path)
-    calib = [r for r in rows if r["calib"]]
-    held = [r for r in rows if not r["calib"]]
-    print(f"{len(rows)} rows: {len(calib)} calibration, {len(held)} held out ({path})")
+    by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
+    print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
+          + ", ".join(f"{len(v)} {k}" for k, v in by.items()) + f" ({path})")
     if not args.check:
         from scipy.optimize import minimize
 
-        from perfsim.engine import compute
-
         c = compute.CURVES["ampere"]
+        bounds = fit_bounds()
         try:
             x0 = ([float(v) for v in args.start.split(",")] if args.start
-                  else [c.eff_max, c.knee, c.mem_eff, c.kernel_s * 1e6, c.p2p_s * 1e6, c.collective_s * 1e6,
-                        c.lm_head_eff])
+                  else [to_fit_units(n, getattr(c, n)) for n in FIELDS])
         except ValueError:
             x0 = []
-        if len(x0) != 7:
+        if len(x0) != len(FIELDS):
             print(f"--start {args.start!r}: give the seven values "
                   "eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff", file=sys.stderr)
             return 2
-        fit_rows = calib[::args.every]
+        x0 = [min(hi, max(lo, v)) for v, (lo, hi) in zip(x0, bounds)]
+        fit_rows = by["calibration"][::args.every]
 
         def loss(x):
-            set_curve([x[0], x[1], x[2], x[3] * 1e-6, x[4] * 1e-6, x[5] * 1e-6, x[6]])
+            set_curve(x)
             return mape(fit_rows)[0]
 
-        res = minimize(loss, x0, method="Nelder-Mead",
-                       options=dict(maxiter=args.iters, xatol=1e-3, fatol=1e-3, initial_simplex=None))
-        eff, knee, mem, kern, p2p, coll, head = res.x
-        set_curve([eff, knee, mem, kern * 1e-6, p2p * 1e-6, coll * 1e-6, head])
-        print(f"fitted: eff_max={eff:.4f} knee={knee:.2f} mem_eff={mem:.4f} kernel_s={kern:.3f}e-6 "
-              f"p2p_s={p2p:.1f}e-6 collective_s={coll:.2f}e-6 lm_head_eff={head:.4f} "
-              f"(calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
-    m_cal, w_cal = mape(calib)
-    m_held, w_held = mape(held)
-    print(f"calibration half: MAPE {m_cal:.2f} % (worst {w_cal:.1f} %)")
-    print(f"held-out half:    MAPE {m_held:.2f} % (worst {w_held:.1f} %)")
+        res = minimize(loss, x0, method="Nelder-Mead", bounds=bounds,
+                       options=dict(maxiter=args.iters, xatol=1e-3, fatol=1e-3))
+        set_curve(res.x)
+        print("fitted: " + " ".join(f"{n}={v:.4g}{'e-6' if n in _MICRO else ''}" for n, v in zip(FIELDS, res.x))
+              + f" (calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
+    bad = violations(compute.CURVES["ampere"])
+    print("parameters: " + ("every one inside its bounds" if not bad else "OUTSIDE their bounds: " + "; ".join(bad)))
+    legacy_cal = [r for r in rows if r["row_calib"]]
+    legacy_held = [r for r in rows if not r["row_calib"]]
+    print(f"row-wise split (earlier sessions; shares configurations): calibration MAPE {mape(legacy_cal)[0]:.2f} %, "
+          f"held out {mape(legacy_held)[0]:.2f} %")
+    print(f"calibration configurations: {summary(by['calibration'])}")
+    print(f"validation configurations:  {summary(by['validation'])}")
+    if args.held_out:
+        print(f"held-out configurations:    {summary(by['held-out'])}")
     if args.table:
-        print(bucket_table(calib, held))
-    return 0 if math.isfinite(m_held) else 1
+        print(bucket_table(by["calibration"], by["validation"]))
+    return 0 if not bad else 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ baseline's (tests/test_ddp_convergence.py requires <= 2).
     python scripts/ddp_convergence.py --steps 150 --out docs/ddp   # CSVs + docs/ddp/loss_curves.png
 
 Writes ``<out>/ddp_convergence.csv`` (config, optimizer, lr, method, baseline,
-final_loss, baseline_loss, ratio) and ``<out>/ddp_curves.csv`` (config, step, loss).
+final_loss, baseline_loss, ratio, wire_fraction: bytes each rank fed to collectives per
+step -- the hook's / optimizer's ``wire_bytes`` -- over fp32 DDP's) and
+``<out>/ddp_curves.csv`` (config, step, loss). ``--methods "SPEC SPEC ..."`` replaces the
+gradient compressors (the bytes-vs-loss table per bit width in docs/ddp.md).
 """
 
 from __future__ import annotations
@@ -31,15 +34,17 @@ GRAD_METHODS = ["fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm:2", "qsgd-maxnor
 OPT_LRS = (1e-2, 1e-3)
 
 
-def configs(steps: int) -> list[dict]:
-    """Every (config, baseline) pair; a config's ``baseline`` names another config."""
+def configs(steps: int, methods: list[str] | None = None, onebit: bool = True) -> list[dict]:
+    """Every (config, baseline) pair; a config's ``baseline`` names another config.
+    ``methods``: the gradient compressors (default :data:`GRAD_METHODS`);
+    ``onebit=False`` leaves out the 1-bit optimizers."""
     out = []
     for optim, lr in (("adam", 3e-3), ("sgd", 0.1)):
         base = f"{optim}/fp32"
         out.append({"config": base, "optim": optim, "lr": lr, "method": "fp32", "baseline": base})
         out += [{"config": f"{optim}/{m}", "optim": optim, "lr": lr, "method": m, "baseline": base}
-                for m in GRAD_METHODS]
-    for lr in OPT_LRS:
+                for m in (GRAD_METHODS if methods is None else methods)]
+    for lr in OPT_LRS if onebit else ():
         adam = f"adam@{lr:g}/fp32"
         out.append({"config": adam, "optim": "adam", "lr": lr, "method": "fp32", "baseline": adam})
         out.append({"config": f"onebit-adam@{lr:g}", "optim": "onebit-adam", "lr": lr,
@@ -52,8 +57,10 @@ def configs(steps: int) -> list[dict]:
     return out
 
 
-def train_all(steps: int, only: list[str] | None) -> dict[str, list[tuple[int, float]]]:
-    """Body of one rank (process group initialised): config -> [(step, full-data loss)]."""
+def train_all(steps: int, only: list[str] | None, cfgs: list[dict]) -> tuple[dict, dict]:
+    """Body of one rank (process group initialised): config -> [(step, full-data loss)],
+    and config -> bytes this rank fed to collectives per step (the hook's or the
+    1-bit optimizer's ``wire_bytes`` counter)."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -63,18 +70,18 @@ def train_all(steps: int, only: list[str] | None) -> dict[str, list[tuple[int, f
 
     x_all, y_all = digits_arrays()
     rank, world = dist.get_rank(), dist.get_world_size()
-    curves = {}
-    wanted = set(only or []) | {c["baseline"] for c in configs(steps) if c["config"] in (only or [])}
-    for cfg in configs(steps):
+    curves, sent = {}, {}
+    wanted = set(only or []) | {c["baseline"] for c in cfgs if c["config"] in (only or [])}
+    for cfg in cfgs:
         if only and cfg["config"] not in wanted:
             continue
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
         model = DDP(net)
         if cfg["optim"].startswith("onebit"):
-            opt = pddp.onebit_optimizer(model, cfg["method"], lr=cfg["lr"], warmup=cfg["warmup"])
+            opt = counter = pddp.onebit_optimizer(model, cfg["method"], lr=cfg["lr"], warmup=cfg["warmup"])
         else:
-            pddp.attach(model, cfg["method"], seed=1)
+            counter = pddp.attach(model, cfg["method"], seed=1)
             opt = (torch.optim.Adam(model.parameters(), lr=cfg["lr"]) if cfg["optim"] == "adam"
                    else torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9))
         g = torch.Generator().manual_seed(5)
@@ -88,24 +95,29 @@ def train_all(steps: int, only: list[str] | None) -> dict[str, list[tuple[int, f
                 with torch.no_grad():
                     curve.append((step + 1, float(torch.nn.functional.cross_entropy(net(x_all), y_all))))
         curves[cfg["config"]] = curve
-    return curves
+        sent[cfg["config"]] = counter.wire_bytes / steps
+    return curves, sent
 
 
-def table(curves: dict, steps: int) -> list[dict]:
+def table(curves: dict, sent: dict, cfgs: list[dict]) -> list[dict]:
+    """One row per config: final loss against its baseline's, and bytes per step as a
+    fraction of fp32 DDP's (``wire_fraction``)."""
     rows = []
-    for cfg in configs(steps):
+    fp32 = sent.get("adam/fp32") or sent.get("sgd/fp32")
+    for cfg in cfgs:
         if cfg["config"] not in curves or cfg["baseline"] not in curves:
             continue
         final, base = curves[cfg["config"]][-1][1], curves[cfg["baseline"]][-1][1]
         rows.append({"config": cfg["config"], "optimizer": cfg["optim"], "lr": cfg["lr"],
                      "method": cfg["method"], "baseline": cfg["baseline"], "final_loss": final,
-                     "baseline_loss": base, "ratio": final / base})
+                     "baseline_loss": base, "ratio": final / base,
+                     "wire_fraction": sent[cfg["config"]] / fp32 if fp32 else float("nan")})
     return rows
 
 
-def write(out: Path, curves: dict, steps: int, plot: bool) -> list[dict]:
+def write(out: Path, curves: dict, sent: dict, cfgs: list[dict], plot: bool) -> list[dict]:
     out.mkdir(parents=True, exist_ok=True)
-    rows = table(curves, steps)
+    rows = table(curves, sent, cfgs)
     with open(out / "ddp_convergence.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -145,8 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs/ddp")
     ap.add_argument("--only", default="", help="comma list of configs (and their baselines)")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--methods", default="", help="gradient compressor specs separated by spaces "
+                    "(default: the standard list); --no-onebit leaves out the 1-bit optimizers")
+    ap.add_argument("--no-onebit", action="store_true")
     args = ap.parse_args(argv)
     only = [c for c in args.only.split(",") if c]
+    cfgs = configs(args.steps, args.methods.split() or None, not args.no_onebit)
     if "RANK" not in os.environ:  # start the 2-rank job: this script under torchrun
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -159,10 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    curves = train_all(args.steps, only)
+    curves, sent = train_all(args.steps, only, cfgs)
     if dist.get_rank() == 0:
-        for r in write(Path(args.out), curves, args.steps, not args.no_plot):
-            print(f"{r['config']:28s} {r['final_loss']:.4f}  {r['ratio']:.2f}x {r['baseline']}")
+        for r in write(Path(args.out), curves, sent, cfgs, not args.no_plot):
+            print(f"{r['config']:36s} {r['final_loss']:.4f}  {r['ratio']:.2f}x {r['baseline']}  "
+                  f"bytes {r['wire_fraction']:.3f} of fp32")
     dist.barrier()  # both ranks done before gloo is torn down (else it can abort at exit)
     dist.destroy_process_group()
     return 0

@@ -11,28 +11,11 @@
 # simpy is not on the lent machines: carry its wheel in .whl (docs/gpu.md says how).
 set -u
 OUT=${OUT:-gpu-out}
-mkdir -p "$OUT" "$OUT/logs"
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
-export PYTHONUNBUFFERED=1
-{
-    date -u
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    python3 -c "import torch, triton; p = torch.cuda.get_device_properties(0); \
-print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, \
-'nccl', torch.cuda.nccl.version()); print(p.name, p.multi_processor_count, 'SMs', \
-round(p.total_memory / 2**30, 1), 'GiB')"
-} > "$OUT/env.txt" 2>&1
+mkdir -p "$OUT"
+. "$(dirname "$0")/gpu_steps.sh"
+install_wheels .whl
+gpu_env
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/logs/install.log" 2>&1
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/logs/$name.log" 2>&1
-    echo "step $name: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/env.txt"
-}
 step tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernels.py tests/test_maxnorm.py \
     tests/test_lanes.py
 cp "$OUT/logs/tests.log" "$OUT/tests.txt"

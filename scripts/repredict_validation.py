@@ -33,6 +33,11 @@ STORED = Path(__file__).resolve().parents[1] / "traces" / "validation"
 
 def repredict(grid: Path, profile_path: str, work: Path) -> tuple[dict, dict]:
     """(summary of the re-prediction, summary stored in the grid's CSV)."""
+    return v.summarize(repredict_frame(grid, profile_path, work)), v.summarize(pd.read_csv(grid / "validation.csv"))
+
+
+def repredict_frame(grid: Path, profile_path: str, work: Path) -> pd.DataFrame:
+    """The grid's rows re-predicted with ``profile_path`` beside their stored measurements."""
     stored = json.loads((grid / "summary.json").read_text())
     df = pd.read_csv(grid / "validation.csv")
     work.mkdir(parents=True)
@@ -55,7 +60,7 @@ def repredict(grid: Path, profile_path: str, work: Path) -> tuple[dict, dict]:
             return types.SimpleNamespace(summary=_measured)
 
         rows.append(v.run_row(plan, row, profile, i, runner=stored_run))
-    return v.summarize(pd.DataFrame(rows)), v.summarize(df)
+    return pd.DataFrame(rows)
 
 
 def main(profiles: list[str]) -> int:

@@ -1,13 +1,17 @@
 """The A100 compute model against real measurements it was not fitted on.
 
 Reads ../shared/data/a100-single-node (never copied into the repo); skipped without it.
-The split (scripts/calibrate_a100.py): a row is held out when the SHA-256 of its
-configuration text has an odd first byte. The fit used only the other half."""
+The split (scripts/calibrate_a100.py) is by configuration: every row of one configuration
+(all columns but the global batch) goes to the same part -- calibration (the fit),
+validation (choosing variants and the error band) or held out."""
 
 import importlib.util
 from pathlib import Path
 
 import pytest
+
+from perfsim.engine import compute
+from perfsim.engine.curve_bounds import CURVE_BOUNDS, violations
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
@@ -18,17 +22,34 @@ DATA = cal.data_path()
 pytestmark = pytest.mark.skipif(DATA is None, reason="../shared/data/a100-single-node not present")
 
 
-def test_split_is_half_and_fixed():
+def test_split_keeps_each_configuration_in_one_part():
     rows = cal.load_rows(DATA)
-    held = [r for r in rows if not r["calib"]]
-    assert len(rows) == 1440 and 650 < len(held) < 790
-    assert held[0]["key"] == next(r["key"] for r in cal.load_rows(DATA) if not r["calib"])
+    parts = {}
+    for r in rows:
+        parts.setdefault(r["config"], set()).add(r["split"])
+    assert all(len(p) == 1 for p in parts.values())
+    counts = {s: sum(r["split"] == s for r in rows) for s in ("calibration", "validation", "held-out")}
+    assert len(rows) == 1440 and counts["calibration"] > 600 and min(counts.values()) > 250
+    # configurations differ by more than the global batch: a row-wise split shares them
+    assert len(parts) < len(rows) / 2
 
 
-def test_held_out_mape():
-    rows = [r for r in cal.load_rows(DATA) if not r["calib"]][::7]  # every 7th held-out row (time)
-    errs = [abs(cal.predict_row(r) - r["time_s"]) / r["time_s"] for r in rows]
-    mape = sum(errs) / len(errs)
-    # the whole held-out half gives 4.63 % (scripts/calibrate_a100.py --check), this subsample
-    # 4.3 %; it must stay in that range: a broken compute model or placement lands far above
-    assert mape < 0.05, f"held-out MAPE {100 * mape:.1f} % on {len(rows)} rows"
+def test_every_fitted_parameter_is_inside_its_physical_range():
+    assert violations(compute.CURVES["ampere"]) == []
+    for curve in list(compute.CURVES.values()) + list(compute.GPU_CURVES.values()):
+        assert violations(curve) == [], curve.source
+
+
+def test_bounds_refuse_what_the_old_fit_had():
+    # the unconstrained fit of earlier sessions: 0.96 of peak and a head at 0.34 of the blocks' rate
+    assert not CURVE_BOUNDS["eff_max"].contains(0.9587)
+    assert not CURVE_BOUNDS["lm_head_eff"].contains(0.3357)
+
+
+def test_validation_configurations():
+    rows = [r for r in cal.load_rows(DATA) if r["split"] == "validation"][::5]  # a fifth of them (time)
+    errs = cal.errors(rows)
+    mape = sum(map(abs, errs)) / len(errs)
+    # docs/validation.md: the whole validation split with the curve in the code; a broken
+    # compute model or placement lands far above
+    assert mape < 0.08, f"validation MAPE {100 * mape:.1f} % on {len(rows)} rows"

@@ -207,7 +207,7 @@ def test_cli_quick_writes_a_profile(tmp_path):
     # after the estimate of how long the calibration takes
     lines = r.stderr.splitlines()
     assert "\r" not in r.stderr and "pt/s" not in r.stderr
-    assert lines[0].startswith("calibrate: ") and "the full calibration takes about" in lines[0]
+    assert lines[0].startswith("calibrate: ") and "about" in lines[0] and "GFLOP/s" in lines[0]
     assert [ln.split(":")[1].strip() for ln in lines[1:]] == [
         "compute digits-mlp ...", "compute digits-mlp", "codecs (2 specs) ...", "codecs (2 specs)",
         "comm loopback (p2p) ...", "comm loopback (p2p)"]

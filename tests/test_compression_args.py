@@ -16,7 +16,7 @@ SYNTAX = {
     "aqsgd": "aqsgd:BITS[:m8|m4|m2][:disk=PATH]",
     "topk": "topk:FRACTION:BITS[:det]",
     "qsgd": "qsgd:BITS[:bucket=D] | qsgd:s=LEVELS[:bucket=D]",
-    "qsgd-maxnorm": "qsgd-maxnorm:BITS[:chunk=D]",
+    "qsgd-maxnorm": "qsgd-maxnorm:BITS[:norm=NORM][:chunk=D]",
     "qsgd-maxnorm-multiscale": "qsgd-maxnorm-multiscale:BITS[:SCALE_BITS,...][:bucket=B]",
     "randk-maxnorm": "randk-maxnorm:FRACTION:BITS[:scaled]",
     "randk-maxnorm-multiscale": "randk-maxnorm-multiscale:FRACTION:BITS[:SCALE_BITS,...][:scaled]",

@@ -124,17 +124,28 @@ def test_fit_curve_recovers_the_curve_behind_efficiency_records():
         curve_fit.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=1.0)
 
 
-def test_every_layer_costs_something_and_head_on_last_stage():
-    # the embedded default's profile records embed/head as 0 s ("folded into first/last stage"):
-    # they are derived from FLOPs and bytes at the profile's own rates instead
-    w, _, _, prof = build_configs()
+def test_every_layer_costs_something_and_head_on_last_stage(tmp_path):
+    # the embedded default's profile records embed/head as 0 s, marked folded (priced at 0 s,
+    # the paper's equal stages); without that fact a 0 s record is no measurement: the layers
+    # are derived from FLOPs and bytes at the profile's own rates instead
+    import json
+
+    from perfsim.profile.format import default_profile_path
+
+    assert build_configs()[0].fwd_s[-1] == 0.0
+    data = json.loads(default_profile_path().read_text())
+    for r in data["records"]:
+        r.pop("folded", None)
+    unfolded = tmp_path / "unfolded.json"
+    unfolded.write_text(json.dumps(data))
+    w, _, _, prof = build_configs(profile=str(unfolded))
     rate, bw = prof.effective_flops(), prof.metadata["memory_bandwidth_Bps"]
     # LM head: 1600 x 50257 GEMM per token, 1024 tokens; bytes: final norm, GEMM operands, fp32 loss
     # (Megatron's cross entropy on fp32 logits: max, subtract, exp, sum, divide = 4+8+8+4+8 bytes each)
     moved = 4 * (2 * 1024 * 1600 + 1024 * 1600 + 1600 * 50257 + 1024 * 50257) + 32 * 1024 * 50257
     assert w.fwd_s[-1] == pytest.approx(2 * 1024 * 1600 * 50257 / rate + moved / bw)
     assert w.fwd_s[-1] > 2 * w.fwd_s[1] and w.fwd_s[0] > 0 and w.bwd_s[-1] == 2 * w.fwd_s[-1]
-    r = predict(partition="7,6,6,6,6,6,6,7")
+    r = predict(partition="7,6,6,6,6,6,6,7", profile=str(unfolded))
     assert r.stages[-1]["fwd_s_per_mb"] == pytest.approx(sum(w.fwd_s[-7:]))
     g = predict(model="gpt2-xl", gpu="a100", pp=4, global_batch=8, precision="bf16", partition="13,12,12,13")
     assert g.stages[-1]["fwd_s_per_mb"] > g.stages[1]["fwd_s_per_mb"]  # 12 blocks + head vs 12 blocks
@@ -401,7 +412,7 @@ def test_host_overhead_replaces_the_curves_host_time_per_operator():
     assert predict(**big, host_overhead="10us").summary["iteration_s"] == pytest.approx(
         predict(**big).summary["iteration_s"], rel=0.1)
     with pytest.raises(ConfigError, match="host_overhead"):
-        predict(model="gpt2-tiny", host_overhead="25us")  # a CPU profile's times are measured
+        predict(model="gpt2-tiny", pp=2, host_overhead="25us")  # a CPU profile's times are measured
 
 
 def test_host_overhead_of_eager_pytorch_fits_the_h200_steps():

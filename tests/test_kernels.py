@@ -216,31 +216,95 @@ _INTERP_SCRIPT = textwrap.dedent(r"""
         q1, q2 = aqsgd_step_ref(x, m1, 4, bucket=8), _aqsgd_step_triton(x, m2, 4, bucket=8, fused=fused)
         assert torch.equal(q1[0], q2[0]) and torch.equal(m1, m2), ("aqsgd boundary", fused)
     from perfsim.errors import ConfigError
-    for bad in (float("nan"), float("inf")):  # the single-pass kernels keep NaN in the scale
+    from perfsim.kernels import finite
+
+    def refusal(fn):
+        try:
+            fn()
+        except ConfigError as e:
+            return str(e)
+        return None
+
+    # the Triton encoders check finiteness on the device: no error (and no host
+    # synchronisation) at the call; the next check_deferred -- a decoder's, or the
+    # caller's -- raises the reference's one-line error, and the buffers are kept
+    assert refusal(finite.check_deferred) is None  # the good encodes above
+    for bad in (float("nan"), float("inf"), 2.0 ** 127):
         x = torch.randn(64); x[40] = bad
+        ref_msg = refusal(lambda: quantize_pack_ref(x, 4, bucket=16))
+        ref_aq = refusal(lambda: aqsgd_step_ref(x, torch.zeros(64), 4, bucket=16))
+        assert ref_msg and ref_aq, bad
         for fused in (True, False):
-            try:
-                _quantize_pack_triton(x, 4, bucket=16, fused=fused)
-                raise AssertionError(("no error", bad, fused))
-            except ConfigError:
-                pass
+            _quantize_pack_triton(x, 4, bucket=16, fused=fused)
+            assert finite.pending_count() == 1, ("deferred", bad, fused)
+            assert refusal(finite.check_deferred) == ref_msg, ("message", bad, fused)
+            assert finite.pending_count() == 0 and refusal(finite.check_deferred) is None
             m = torch.zeros(64)
-            try:
-                _aqsgd_step_triton(x, m, 4, bucket=16, fused=fused)
-                raise AssertionError(("no error", bad, fused))
-            except ConfigError:
-                pass
-            assert bool(torch.isfinite(m).all()), ("buffer poisoned", bad, fused)
+            _aqsgd_step_triton(x, m, 4, bucket=16, fused=fused)
+            p_ok, s_ok = quantize_pack_ref(torch.ones(64), 4, bucket=16)
+            # a decoder is the next natural synchronisation
+            assert refusal(lambda: _unpack_dequantize_triton(p_ok, s_ok, 4, 64, bucket=16)) == ref_aq
+            if bad != 2.0 ** 127:
+                assert bool(torch.isfinite(m).all()), ("buffer poisoned", bad, fused)
+        checked += 1
+    # good inputs after a refusal: the flag was cleared
+    _quantize_pack_triton(torch.randn(64), 4, bucket=16)
+    assert refusal(finite.check_deferred) is None
+    # a long run of encodes is checked every MAX_PENDING calls at the latest
+    x = torch.randn(16); x[3] = float("nan")
+    _quantize_pack_triton(x, 4, bucket=16)
+    msgs = [refusal(lambda: _quantize_pack_triton(torch.randn(16), 4, bucket=16))
+            for _ in range(finite.MAX_PENDING - 1)]
+    assert msgs[:-1] == [None] * (finite.MAX_PENDING - 2) and msgs[-1] == refusal(lambda: quantize_pack_ref(x, 4, bucket=16)), msgs[-3:]
+    # the 1-bit error-feedback encoder: NaN data and a norm too large for float32
+    for bad in (float("nan"), 1e30):
+        x = torch.randn(64); x[5] = bad
+        ref_msg = refusal(lambda: ef_sign_compress_ref(x, torch.zeros(64)))
+        e = torch.randn(64); e0 = e.clone()
+        _ef_sign_compress_triton(x, e, block=4)
+        assert refusal(lambda: _sign_unpack_triton(sign_pack_ref(x), 64, 1.0)) == ref_msg, bad
+        assert torch.equal(e, e0), ("error buffer changed", bad)
         checked += 1
     for n in (0, 1, 9, 64, 100):
         x = torch.randn(n)
         assert torch.equal(sign_pack_ref(x), _sign_pack_triton(x, block=4))
         e1 = torch.randn(n); e2 = e1.clone()
+        c = x + e1
         p1, s1 = ef_sign_compress_ref(x, e1)
         p2, s2 = _ef_sign_compress_triton(x, e2, block=4)
-        assert torch.equal(p1, p2) and torch.equal(e1, e2), ("ef_sign", n)
+        # the scale is the norm summed in another order (float32 rounding apart); the
+        # residual is exact given the kernel's own scale
+        assert torch.equal(p1, p2) and torch.allclose(s1, s2, rtol=1e-6, atol=0), ("ef_sign", n)
+        assert torch.equal(e2, torch.where(c >= 0, c - s2, c + s2)), ("ef residual", n)
         assert torch.equal(sign_unpack_ref(p1, n, s1), _sign_unpack_triton(p1, n, s1, block=4))
+        assert torch.equal(sign_unpack_ref(p1, n, s1), _sign_unpack_triton(p1, n, float(s1), block=4))
         checked += 3
+    # on a GPU the single-pass kernels pick their launch shape by triton.autotune; the
+    # interpreter has no benchmarker, so time the candidates by wall clock here: the bytes,
+    # the scales and the AQ-SGD buffer (restored between candidates) must not change
+    import time
+    from perfsim.kernels import fused
+
+    def wall(fn, quantiles):
+        t = time.perf_counter(); fn(); d = time.perf_counter() - t
+        return [d, d, d]
+
+    fused.AUTOTUNE = True
+    for k in fused._TUNED.values():
+        k.do_bench = wall
+    for n, bucket in ((5000, 64), (300, 32), (3 * 4096 + 5, 1024)):
+        x = torch.randn(n)
+        p1, s1 = quantize_pack_ref(x, 4, bucket=bucket)
+        for _ in range(2):  # tuning, then the cached shape (fused._BEST)
+            p2, s2 = _quantize_pack_triton(x, 4, bucket=bucket)
+            assert torch.equal(p1, p2) and torch.equal(s1, s2), ("autotuned", n, bucket)
+        m = torch.randn(n); m1 = m.clone(); m2 = m.clone()
+        q1 = aqsgd_step_ref(x, m1, 4, bucket=bucket)
+        q2 = _aqsgd_step_triton(x, m2, 4, bucket=bucket)
+        assert torch.equal(q1[0], q2[0]) and torch.equal(m1, m2), ("autotuned aqsgd", n, bucket)
+        checked += 2
+    assert len(fused._TUNED[fused._fused_quant_pack_kernel].cache) == 3  # one per size class
+    fused.AUTOTUNE = False
     print("CHECKED", checked)
 """)
 
@@ -286,3 +350,17 @@ def test_triton_kernels_match_cpu_references_on_gpu():  # pragma: no cover - nee
     # the residual is exact given the device's own scale: c - (+-scale)
     expected = x.reshape(-1) - torch.where(x.reshape(-1) >= 0, s2.cpu(), -s2.cpu())
     torch.testing.assert_close(e2.cpu(), expected, rtol=0, atol=2e-6)
+    # no host synchronisation in the encoders: NaN is refused at the next check, in one line
+    from perfsim.kernels.finite import check_deferred
+
+    check_deferred()
+    xb = xc.clone()
+    xb[3, 7] = float("nan")
+    quantize_pack(xb, 4, bucket=1600)
+    with pytest.raises(ConfigError, match="^tensor: contains NaN or Inf; refusing to compress$"):
+        check_deferred()
+    e3 = torch.zeros(x.numel(), device="cuda")
+    ef_sign_compress(xb, e3)
+    with pytest.raises(ConfigError, match="^tensor: contains NaN or Inf; refusing to compress$"):
+        check_deferred()
+    assert not bool(e3.any())  # the error buffer is kept

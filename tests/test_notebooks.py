@@ -49,7 +49,8 @@ def test_speedup_curves_runs():
     assert len(pngs) >= 7  # throughput, speed-up, two breakdowns, DP speed-up, bubble, schedules
     text = "".join(o.get("text", "") for o in _outputs(nb, "stream"))
     assert "10 Mbps: AQ-SGD" in text
-    assert "10000 Mbps, FP32: best zb-h1" in text  # W fills the bubble without extra bytes
+    assert "10000 Mbps, FP32: best zb-v" in text  # the smallest bubble when the link is fast
+    assert "1000 Mbps, FP32: best zb-h1" in text  # W fills the bubble without extra bytes
     assert "100 Mbps, AQ-SGD fw3 bw6: best zb-h1" in text
 
 

@@ -90,7 +90,10 @@ def test_output_format_from_suffix_or_flag(tmp_path):
     assert outputs.output_format("a.CSV") == "csv"
     assert outputs.output_format("a.json") == "json"
     assert outputs.output_format("a") == "table"
-    assert outputs.output_format("a.csv", "json") == "json"
+    assert outputs.output_format("a.csv", "csv") == "csv"
+    assert outputs.output_format("a", "json") == "json" and outputs.output_format("-", "json") == "json"
+    with pytest.raises(ConfigError, match="suffix says csv, --format says json"):  # issue 39: JSON in a.csv
+        outputs.output_format("a.csv", "json")
     with pytest.raises(ConfigError, match="unknown suffix '.xlsx'"):
         outputs.output_format("a.xlsx")
     with pytest.raises(ConfigError, match="unknown suffix"):

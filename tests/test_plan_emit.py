@@ -14,7 +14,8 @@ from perfsim.emit import emit, megatron_args
 from perfsim.errors import ConfigError
 
 LLAMA3_8B = os.path.join(os.path.dirname(__file__), "data", "llama-3-8b-config.json")
-BASE = dict(model=LLAMA3_8B, gpu="h100", gpus_per_node=8, bandwidth="100Gbps", intra_node_fabric="nvlink4")
+BASE = dict(model=LLAMA3_8B, seq_len=8192, gpu="h100", gpus_per_node=8, bandwidth="100Gbps",
+            intra_node_fabric="nvlink4")
 
 
 def _megatron_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
         ap.add_argument(flag, type=int)
     ap.add_argument("--recompute-granularity", choices=("full", "selective"))
     ap.add_argument("--recompute-method", choices=("uniform", "block"))
-    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--bf16", "--fp16", "--use-flash-attn",
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16", "--use-flash-attn",
                  "--group-query-attention", "--untie-embeddings-and-output-weights"):
         ap.add_argument(flag, action="store_true")
     return ap
@@ -43,7 +44,7 @@ def _check_megatron(ns, p, global_batch):
     assert ns.global_batch_size == st.dp * st.macro_batch
     assert ns.sequence_parallel == st.sequence_parallel
     assert (ns.recompute_granularity or "none") == st.recompute
-    assert ns.use_distributed_optimizer == (st.zero == 1)
+    assert ns.use_distributed_optimizer == (st.zero in (1, 2)) and ns.use_torch_fsdp2 == (st.zero == 3)
     assert ns.bf16 == (st.precision == "bf16") and ns.fp16 == (st.precision == "fp16")
     assert ns.use_flash_attn == (st.attention == "flash")
     if st.schedule == "interleaved-1f1b":
@@ -83,7 +84,7 @@ def test_plan_cli_emits_a_torchrun_line_that_is_the_winner(tmp_path):
     out = tmp_path / "plan.json"
     proc = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", LLAMA3_8B, "--gpu", "h100",
                            "--nodes", "2", "--gpus-per-node", "8", "--bandwidth", "100Gbps", "--global-batch", "64",
-                           "--micro-batch", "1", "--compress", "fp32", "--grad-compress", "none",
+                           "--seq-len", "8192", "--micro-batch", "1", "--compress", "fp32", "--grad-compress", "none",
                            "--recompute", "none,selective", "--format", "json", "-o", str(out),
                            "--emit", "torchrun", "-q"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -106,4 +107,4 @@ def test_plan_cli_emits_a_torchrun_line_that_is_the_winner(tmp_path):
     assert ns.micro_batch_size == row["micro_batch"] and ns.global_batch_size == 64
     assert ns.bf16 and ns.use_flash_attn == (row["attention"] == "flash")
     assert (ns.recompute_granularity or "none") == row["recompute"]
-    assert ns.use_distributed_optimizer == (row["zero"] == 1)
+    assert ns.use_distributed_optimizer == (row["zero"] in (1, 2)) and ns.use_torch_fsdp2 == (row["zero"] == 3)

@@ -27,7 +27,7 @@ def _plan_cli(*args, tmp_path=None):
     (["--compress", "bogus"], "'bogus': unknown"),
     (["--grad-compress", "bogus:9"], "'bogus:9': unknown"),
     (["--compress", "fp32,aqsgd:fw9bw9"], "bits=9: unsupported"),
-    (["--zero", "0,2"], "--zero=2"),
+    (["--zero", "0,5"], "--zero=5"),
     (["--recompute", "bogus"], "--recompute='bogus'"),
     (["--attention", "fast"], "--attention='fast'"),
     (["--schedule", "1f1b,nope"], "--schedule='nope'"),
@@ -63,7 +63,7 @@ def test_cli_infeasible_cluster_is_one_line():
 def test_api_raises_typed_errors():
     common = dict(model="gpt2-tiny", nodes=2, global_batch=8, profile=CPU, bandwidth="100Mbps")
     for kw, msg in ((dict(compress="bogus"), "unknown"), (dict(grad_compress="bogus:9"), "unknown"),
-                    (dict(compress="aqsgd:fw9bw9"), "bits=9"), (dict(zero=[0, 2]), "zero=2"),
+                    (dict(compress="aqsgd:fw9bw9"), "bits=9"), (dict(zero=[0, 5]), "zero=5"),
                     (dict(seq_len=[64, 128]), "one value"), (dict(macro_batch=4), "derives it"),
                     (dict(bogus=1), "unknown parameter"), (dict(tp=[3]), "tp=3")):
         with pytest.raises(ConfigError, match=msg):

@@ -93,7 +93,10 @@ def test_run_and_validate_share_the_job_flags():
         module.add_arguments(parser)
         defaults = vars(parser.parse_args([]))
         assert set(JOB_FLAGS) <= set(defaults)
-        assert defaults["pp"] == 2 and defaults["micro_batch"] == 8
-        assert defaults["tp"] == ("1" if lists else 1)
+        if lists:
+            assert defaults["pp"] == 2 and defaults["micro_batch"] == 8 and defaults["tp"] == "1"
+        else:  # run: a flag not given is None, RunConfig's default or, with --resume, the checkpoint's
+            assert defaults["pp"] is None and defaults["micro_batch"] is None and defaults["tp"] is None
+            assert "(default 2)" in parser.format_help()
     with pytest.raises(SystemExit):
         parser.parse_args(["--pp", "0"])

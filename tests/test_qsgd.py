@@ -151,7 +151,16 @@ def test_rounding_noise_is_a_function_of_seed_step_and_salt():
     assert torch.equal(pa.tensors["norms"], pb.tensors["norms"])  # only the noise differs
 
 
-@pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:2", "qsgd-maxnorm-multiscale:4"])
+def test_max_abs_norm_cannot_overflow():
+    """qsgd-maxnorm's default max-abs norm of finite values is finite: 3e38 compresses."""
+    x = torch.full((10,), 3e38)
+    out = make_compressor("qsgd-maxnorm:2").decompress(make_compressor("qsgd-maxnorm:2").compress(x))
+    assert torch.isfinite(out).all()
+    with pytest.raises(ConfigError, match="NaN or Inf"):
+        make_compressor("qsgd-maxnorm:2").compress(torch.tensor([1.0] * 600 + [float("nan")]))
+
+
+@pytest.mark.parametrize("spec", ["qsgd:4", "ecq:4", "qsgd-maxnorm:2:norm=l2", "qsgd-maxnorm-multiscale:4"])
 def test_overflowing_norm_is_a_clear_error(spec):
     """The rule: squares of finite values overflow float32 (3e30**2): the norm is
     taken in float64 and the tensor compresses; a norm above the float32 maximum is

@@ -24,11 +24,31 @@ def test_unknown_preset():
         get_model("gpt5")
 
 
-def test_default_partition_balances_the_lm_head():
-    # the paper's 6 blocks per stage, except that the LM head (1600 x 50257 per token,
-    # charged from its FLOPs at the profile's rate) takes the last stage's room
+def _unfolded(tmp_path) -> Profile:
+    """The default profile with its embed / head records no longer marked ``folded``: 0 s
+    records that are not measurements."""
+    import json
+
+    from perfsim.profile.format import default_profile_path
+
+    data = json.loads(default_profile_path().read_text())
+    for r in data["records"]:
+        r.pop("folded", None)
+    path = tmp_path / "unfolded.json"
+    path.write_text(json.dumps(data))
+    return Profile.load(path)
+
+
+def test_default_partition_is_the_papers_and_an_unfolded_head_takes_room(tmp_path):
+    # the default profile folds embed / head into the paper's equal stages: 6 blocks each
     m = get_model("gpt2-xl")
     fwd, bwd = layer_times(m, Profile.default(), 1)
+    assert fwd[0] == fwd[-1] == bwd[-1] == 0.0
+    bounds = partition([f + b for f, b in zip(fwd, bwd)], 8)
+    assert [b - a for a, b in bounds] == [7, 6, 6, 6, 6, 6, 6, 7]
+    # a 0 s record without the fact is no measurement: the LM head (1600 x 50257 per token,
+    # charged from its FLOPs at the profile's rate) takes the last stage's room
+    fwd, bwd = layer_times(m, _unfolded(tmp_path), 1)
     bounds = partition([f + b for f, b in zip(fwd, bwd)], 8)
     blocks = [sum(1 for i in range(a, b) if m.layers[i].name.startswith("block")) for a, b in bounds]
     assert sum(blocks) == 48 and blocks[-1] < 6 and max(blocks) <= 7

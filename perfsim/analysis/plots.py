@@ -30,6 +30,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -39,8 +40,9 @@ from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of pl
     is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
 from perfsim.errors import ConfigError
+from perfsim.outputs import is_stdio
 from perfsim.result import atomic_write_bytes
-from perfsim.units import parse_bandwidth, parse_time
+from perfsim.units import parse_bandwidth, parse_time, split_list
 
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
@@ -67,7 +69,7 @@ def apply_filters(df, filters: Sequence[str] = ()):
             raise ConfigError(f"filter {f!r}: expected COLUMN=VALUE[,VALUE...]")
         name, _, raw = f.partition("=")
         col = _column(df, name.strip())
-        values = [v.strip() for v in raw.split(",") if v.strip()]
+        values = split_list(raw, f"filter {f!r}")
         if not values:
             raise ConfigError(f"filter {f!r}: no value")
         if col == "bandwidth_bps":
@@ -102,6 +104,19 @@ def _require(df, cols: Iterable[str], kind: str) -> None:
         raise ConfigError(f"{kind}: column(s) {', '.join(empty)} hold no values")
 
 
+def _filter_text(col: str, key) -> str:
+    """``COLUMN=VALUE`` that :func:`apply_filters` accepts for a panel's first value
+    (a rate and a latency with their units)."""
+    from perfsim.units import format_bandwidth
+
+    value = key[0] if isinstance(key, tuple) else key
+    if col == "bandwidth_bps":
+        return f"bandwidth={format_bandwidth(float(value))}"
+    if col == "latency_s":
+        return f"latency={float(value):g}s"
+    return f"{col}={value:g}" if isinstance(value, float) else f"{col}={value}"
+
+
 def _panels(df, used: Sequence[str]):
     """Group rows into panels by the configuration columns that vary (other than ``used``)."""
     cols = [c for c in PANEL_COLUMNS if c in df.columns and c not in used
@@ -111,7 +126,7 @@ def _panels(df, used: Sequence[str]):
     groups = list(df.groupby(cols, sort=True, dropna=False))
     if len(groups) > MAX_PANELS:
         raise ConfigError(f"{len(groups)} panels (varying {', '.join(cols)}); select at most "
-                          f"{MAX_PANELS} with --filter, e.g. --filter {cols[0]}=...")
+                          f"{MAX_PANELS} with --filter, e.g. --filter {_filter_text(cols[0], groups[0][0])}")
     out = []
     for key, g in groups:
         key = key if isinstance(key, tuple) else (key,)
@@ -534,7 +549,7 @@ def check_figure_target(path: str | os.PathLike, what: str = "figure") -> str:
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
     """Save as PNG, SVG or PDF (by suffix), atomically."""
     path = Path(path)
-    fmt = check_figure_target(path)
+    fmt = "png" if is_stdio(path) else check_figure_target(path)  # -: a PNG on stdout
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=dpi)
     atomic_write_bytes(path, buf.getvalue())
@@ -545,15 +560,20 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
     """Read a plot input: a sweep/validate table (``.csv`` / ``.parquet``; its per-stage
     sibling ``<stem>.stages.<ext>`` is picked up when present) or a Result JSON
     written by ``perfsim predict --format json`` / ``perfsim run`` (``{"summary", "stages"}``,
-    or a list of them). Returns ``(summary, stages or None)``."""
+    or a list of them); ``-``: either, read from standard input. Returns ``(summary,
+    stages or None)``."""
     import pandas as pd
 
     from perfsim.analysis.sweep import config_id, read_table, sibling_path
     from perfsim.documents import read_document
 
+    data = _stdin_table() if is_stdio(path) else None
     path = Path(path)
-    if path.suffix.lower() == ".json":
-        data = read_document(path, "table", kind="json")
+    if isinstance(data, pd.DataFrame):
+        summary = data
+        stage_df = read_table(stages, allow_empty=True) if stages else None
+    elif data is not None or path.suffix.lower() == ".json":
+        data = data if data is not None else read_document(path, "table", kind="json")
         results = data if isinstance(data, list) else [data]
         if not results or not all(isinstance(r, dict) and isinstance(r.get("summary"), dict)
                                   for r in results):
@@ -572,3 +592,26 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
             raise ConfigError(f"stages table {str(candidate)!r}: not found")
         stage_df = read_table(candidate, allow_empty=True) if candidate.exists() else None
     return summary, (stage_df if stage_df is not None and len(stage_df) else None)
+
+
+def _stdin_table():
+    """The table on standard input: a Result JSON (parsed) or a CSV table (a DataFrame)."""
+    import json
+
+    import pandas as pd
+
+    text = sys.stdin.read() if sys.stdin is not None else ""
+    if not text.strip():
+        raise ConfigError("table '-': standard input is empty")
+    if text.lstrip()[:1] in "{[":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"table '-': malformed JSON ({exc})") from None
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except Exception as exc:  # the parser's own errors: the input is the culprit
+        raise ConfigError(f"table '-': unreadable CSV ({exc})") from None
+    if df.empty:
+        raise ConfigError("table '-': no rows")
+    return df

@@ -21,8 +21,13 @@ Resuming: each finished configuration is appended at once, as one JSON line
 written by a single ``os.write`` on an ``O_APPEND`` descriptor, to the part file
 ``OUT.part.jsonl``. A re-run reads the part file (and the rows of an existing
 ``OUT``), drops a torn last line, and skips every configuration whose
-``config_id`` (a hash of its normalised parameters) is already there. The final
-files are written atomically and the part file is removed only after that.
+``config_id`` (a hash of its normalised parameters) is already there with the same
+:func:`input_key` (column ``input_key``: perfsim's version and the SHA-256 of every
+input file -- profile, topology, workload, config.json); a row whose inputs changed
+is recomputed, and a warning says which input and how many rows. Stored rows of
+another grid are never dropped: the sweep is refused (another ``out``, or
+``resume=False`` / ``--overwrite``). The final files are written atomically and the
+part file is removed only after that.
 
 Sweep file (TOML), every key optional, a scalar or a list per key; dashes or
 underscores::
@@ -443,6 +448,59 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
     return SweepTable(summary, stages, pd.DataFrame(errors))
 
 
+def input_key(params: Mapping[str, Any]) -> str:
+    """The key a finished configuration is stored under beside its ``config_id``:
+    perfsim's version and the content of every file a prediction of ``params``
+    reads (:func:`perfsim.api.input_files`, :func:`perfsim.provenance.input_key`)."""
+    from perfsim.api import input_files
+    from perfsim.provenance import input_key as key
+
+    return key(input_files(**params))
+
+
+#: the column (and part-file field) holding each row's :func:`input_key`
+KEY_COLUMN = "input_key"
+
+
+def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict[str, str]) -> dict[str, dict]:
+    """The stored records (final table, then part file) that are still the answer:
+    their configuration is in the grid and their input key is the current one. A
+    stored row whose inputs changed is recomputed, with one warning per reason. Rows
+    of another grid are never dropped silently: ConfigError (give another --out, or
+    --overwrite to replace them)."""
+    from perfsim.provenance import stale_notes, stale_reasons
+
+    stored: dict[str, dict] = {}
+    for source, recs in (("its table", _records_from_table(out)),
+                         (f"its interrupted sweep ({part.name})", _read_part(part))):
+        other = sum(rec["config_id"] not in keys for rec in recs)
+        if other:
+            raise ConfigError(f"--out {str(out)!r}: {source} holds {other} row(s) of another grid that "
+                              f"this sweep would discard; give another --out, or --overwrite "
+                              f"(resume=False) to replace them")
+        stored.update((rec["config_id"], rec) for rec in recs)
+    params_of = dict(configs)
+    records, reasons = {}, []
+    for cid, rec in stored.items():
+        found = rec.get(KEY_COLUMN, (rec.get("summary") or {}).get(KEY_COLUMN))
+        why = stale_reasons(found, keys[cid], where=_given_files(params_of[cid]))
+        if why:
+            reasons += why
+        else:
+            records[cid] = rec
+    for note in stale_notes(reasons):
+        log.warning("sweep: %s", note)
+    return records
+
+
+def _given_files(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The input files by role as the user named them (for notes; the default profile by its path)."""
+    from perfsim.api import input_files
+
+    return {role: params[role] if isinstance(params.get(role), str) else path
+            for role, path in input_files(**params).items()}
+
+
 def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None = None, *,
               jobs: int | None = None, pool: bool | None = None, predict: Callable | None = None,
               skip_invalid: bool = False, resume: bool = True, progress: bool | None = None,
@@ -451,7 +509,8 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
 
     out: table path (``.csv`` / ``.parquet``); with it, results are logged to the
       part file as they finish and the final files written atomically, and a
-      re-run resumes (``resume=False`` starts over). Without it, nothing is written.
+      re-run resumes (``resume=False`` starts over). Without it, nothing is written;
+      ``-``: the summary table as CSV on stdout.
     jobs: worker processes at most (default: all cores); 1 = in-process.
     pool: True = a process pool, False = in-process, None = a pool only when it
       pays (:func:`use_pool`, after timing the first configuration here).
@@ -467,9 +526,13 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
-    if out is not None:  # before any work: a bad path, a missing pyarrow
-        from perfsim import outputs
+    from perfsim import outputs
 
+    if outputs.is_stdio(out):  # "-": the table as CSV on stdout; nothing to resume from
+        table = _run_sweep(spec, None, jobs, pool, predict, skip_invalid, resume, progress, report)
+        outputs.write_text(out, table.summary.to_csv(index=False))
+        return table
+    if out is not None:  # before any work: a bad path, a missing pyarrow
         outputs.check_file_target(out, "--out")
         outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
         if Path(out).suffix.lower() not in TABLE_SUFFIXES:
@@ -483,13 +546,11 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
     report = report or log.info
 
     configs = [(config_id(p), p) for p in expand(spec)]
-    wanted = {cid for cid, _ in configs}
+    keys = {cid: input_key(p) for cid, p in configs}
     records: dict[str, dict] = {}
     part = part_path(out) if out is not None else None
     if out is not None and resume:
-        for rec in _records_from_table(Path(out)) + _read_part(part):
-            if rec["config_id"] in wanted:
-                records[rec["config_id"]] = rec
+        records = _reusable(Path(out), part, configs, keys)
     todo = [(cid, p) for cid, p in configs if cid not in records]
     if records:
         report(f"resuming: {len(records)} of {len(configs)} configurations already done")
@@ -507,6 +568,9 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
             iterator = _iter_run(todo, predict, skip_invalid, jobs, pool)
             for batch_records in iterator:
                 for rec in batch_records:
+                    rec[KEY_COLUMN] = keys[rec["config_id"]]  # the part file's field, the table's column
+                    if "summary" in rec:
+                        rec["summary"][KEY_COLUMN] = rec[KEY_COLUMN]
                     records[rec["config_id"]] = rec
                 if writer is not None:
                     writer.append(batch_records)

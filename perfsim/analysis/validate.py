@@ -26,17 +26,21 @@ receive posted: pipeline rows are eager. The results, grid by grid, are in
 ``reuse_measured``: re-predict against the measured results already stored in
 the row's run folders (``runs/<row>/result.json`` and its repeats), else in the
 grid's ``validation.csv`` (its measured columns), instead of running again -- for
-a changed simulator, the measurements stay valid.
+a changed simulator, the measurements stay valid -- as long as they were taken
+with the same run parameters and perfsim version (:mod:`perfsim.analysis.measured`;
+otherwise the row is measured again, and a warning says why).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
 from perfsim.errors import ConfigError
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
@@ -47,6 +51,7 @@ METRICS = ("throughput_samples_per_s", "iteration_s")
 BREAKDOWN = ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s", "optimizer_s",
              "pipeline_bytes", "dp_bytes", "bubble_fraction", "tp_comm_s", "tp_bytes", "tied_bytes")
 LINK_MODELS = ("profile", "nominal")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -131,11 +136,10 @@ class ValidationPlan:
 
 def parse_bandwidths(text: str) -> tuple[float | None, ...]:
     """``"1Gbps,100Mbps"`` -> (1e9, 1e8); ``none`` / ``loopback`` -> None."""
+    from perfsim.units import split_list
+
     out: list[float | None] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
+    for part in split_list(text, "--emulate-bandwidth"):
         out.append(None if part.lower() in ("none", "loopback", "off") else
                    parse_bandwidth(part, "--emulate-bandwidth"))
         if out[-1] is not None:
@@ -205,67 +209,6 @@ def _drop_checkpoint(run_dir: str) -> None:
     shutil.rmtree(Path(run_dir) / "ckpt", ignore_errors=True)
 
 
-def _stored_measurements(run_dir: Path, repeats: int):
-    """The fastest stored measured run of a row (``result.json`` of ``run_dir`` and its
-    ``-r<k>`` repeats, all that are stored), or (None, []) when none is stored."""
-    import json
-    from types import SimpleNamespace
-
-    best, tputs = None, []
-    k = 0
-    while True:
-        path = Path(str(run_dir) + (f"-r{k}" if k else "")) / "result.json"
-        k += 1
-        if not path.exists():
-            if k > max(repeats, 1):
-                break
-            continue
-        try:
-            summary = json.loads(path.read_text())["summary"]
-        except (OSError, ValueError, KeyError) as e:
-            raise ConfigError(f"{path}: unreadable stored measurement ({e})") from None
-        tputs.append(summary.get("throughput_samples_per_s") or 0.0)
-        if best is None or tputs[-1] > (best.summary.get("throughput_samples_per_s") or 0.0):
-            best = SimpleNamespace(summary=summary)
-    return best, tputs
-
-
-#: stored tables read by --reuse-measured, by path (before this process rewrites them)
-_TABLES: dict[str, list[dict[str, str]]] = {}
-
-
-def _table_measurement(out: str, row: dict[str, Any]):
-    """The measured figures of ``row`` from the grid's stored ``validation.csv`` (the
-    run folders are kept locally, not in git; the table keeps each row's fastest
-    measured run). None when the table has no such row."""
-    import csv
-    from types import SimpleNamespace
-
-    path = Path(out) / "validation.csv"
-    if str(path) not in _TABLES:  # read once: the command rewrites the table after each row
-        if not path.exists():
-            return None
-        with path.open() as fh:
-            _TABLES[str(path)] = list(csv.DictReader(fh))
-    bw = row["bandwidth"]
-    for rec in _TABLES[str(path)]:
-        rec_bw = float(rec["bandwidth_bps"]) if rec.get("bandwidth_bps") else None
-        if (rec_bw != bw or rec["compress"] != row["compress"]
-                or rec["grad_compress"] != row["grad_compress"]):
-            continue
-        summary = {}
-        for key, value in rec.items():
-            if key.startswith("measured_") and key not in ("measured_throughput_all", "measured_repeats"):
-                try:
-                    summary[key[len("measured_"):]] = float(value)
-                except ValueError:
-                    pass
-        summary["measured_steps"] = summary.pop("steps", None)
-        tputs = [float(t) for t in rec.get("measured_throughput_all", "").split(";") if t]
-        return SimpleNamespace(summary=summary), tputs
-    return None
-
-
 def _summary_figures(result, prefix: str) -> dict[str, Any]:
     s = result.summary
     out = {f"{prefix}_{m}": s.get(m) for m in METRICS}
@@ -309,16 +252,17 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         if plan.latency_s:
             run_params["emulate_latency"] = plan.latency_s
     t0 = time.perf_counter()
-    measured = None
-    tputs = []
+    key, key_params = measure_key(run_params)
+    measured, tputs, stored_key = None, [], None
     if plan.reuse_measured:
-        measured, tputs = _stored_measurements(run_dir, plan.repeats)
-        if measured is None:
-            measured, tputs = _table_measurement(plan.out, row) or (None, [])
+        measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params)
     for k in range(0 if measured is not None else plan.repeats):
-        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""))
+        # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
+        params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""), overwrite=True)
         m = runner(**params)
         _drop_checkpoint(params["out"])
+        write_key(params["out"], key, key_params)
+        stored_key = key
         tputs.append(m.summary.get("throughput_samples_per_s") or 0.0)
         if measured is None or tputs[-1] > (measured.summary.get("throughput_samples_per_s") or 0.0):
             measured = m
@@ -346,7 +290,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            "measured_steps": measured.summary.get("measured_steps"),
            "measured_repeats": len(tputs),
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),
-           "run_wall_s": round(wall, 2), "run_dir": str(run_dir)}
+           "run_wall_s": round(wall, 2), "run_dir": str(run_dir), "measured_key": stored_key}
     out.update(_summary_figures(predicted, "predicted") if predicted is not None else
                {k: None for k in _summary_figures(measured, "predicted")})
     out.update(_summary_figures(measured, "measured"))

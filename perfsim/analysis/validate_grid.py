@@ -62,7 +62,7 @@ def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_paral
 def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp: int = 1,
              tp: str | int | Sequence[int] = (1,), sequence_parallel: bool = False,
              tied_embedding: str = "untied", schedule: str | Sequence[str] = ("1f1b",),
-             virtual_stages: int | None = None,
+             virtual_stages: int | None = None, zero: int = 0,
              micro_batch: int = 8, macro_batch: int = 32, compress: str | Sequence[str] = ("fp32",),
              grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
@@ -72,7 +72,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
     model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel,
-      tied_embedding: ``perfsim run``'s flags, shared by every row.
+      tied_embedding, zero: ``perfsim run``'s flags, shared by every row.
     tp, schedule, compress, grad_compress, bandwidths: the grid's axes (a sequence
       or a comma string; bandwidths in bits/s or ``"100Mbps"``, None or ``none`` =
       loopback, no emulation: emulated rates need root).
@@ -117,9 +117,11 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     for s in schedules:  # a schedule that does not fit fails before any run starts
         RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,
                   virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None,
-                  tied_embedding=tied_embedding)
+                  tied_embedding=tied_embedding, zero=zero)
     base = {"model": model, "pp": pp, "dp": dp, "schedule": schedules[0], "micro_batch": micro_batch,
             "macro_batch": macro_batch}
+    if zero:  # runs (FSDP2) and predictions (--zero 3) both take it
+        base["zero"] = zero
     if virtual_stages is not None:
         base["virtual_stages"] = virtual_stages
     if tied_embedding != "untied":  # runs and predictions both take it

@@ -75,6 +75,8 @@ JOB_FLAGS = {
                       "(1-bit optimizers: onebit-adam:warmup=N, N uncompressed warm-up steps, "
                       "default 100; a resumed run uses the N given now)",
                       "comma list of data-parallel compression specs"),
+    "zero": ("0, or 3: every layer under torch's fully_shard (FSDP2: per-layer all-gather and "
+             "reduce-scatter; pp 1, tp 1, no gradient compression; default {default})", None),
     "micro_batch": ("samples per micro-batch (default {default})", None),
     "macro_batch": ("samples per replica per step (default {default})", None),
 }
@@ -96,6 +98,8 @@ def add_job_arguments(p: argparse.ArgumentParser, lists: bool = False) -> None:
             kw["action"] = "store_true"
         elif lists and many is not None:
             kw["default"] = str(default)
+        elif name == "zero":
+            kw["type"] = int
         elif name != "model" and not isinstance(default, str):
             kw["type"] = positive_int
         kw["help"] = (many if lists and many is not None else one).format(default=default)

@@ -16,10 +16,19 @@ def _cell(s: dict, key: str, fmt) -> str:
     """One configuration cell; the compression columns as sent: under 16-bit precision
     the plain specs (``fp32``, ``none``) send the training dtype
     (:func:`perfsim.engine.plan.native_specs`)."""
-    if key in ("compress", "grad_compress") and s.get("precision") in ("fp16", "bf16") \
+    from perfsim.hardware import value_precision
+
+    values = value_precision(s.get("precision") or "")
+    if key in ("compress", "grad_compress") and values in ("fp16", "bf16") \
             and str(s[key]).lower() in ("fp32", "none"):
-        return f"none ({s['precision']})"
+        return f"none ({values})"
     return fmt(s[key])
+
+
+def _interval(s: dict) -> str:
+    """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), or a dash where none is stated."""
+    lo, hi = s.get("iteration_s_low"), s.get("iteration_s_high")
+    return f"{format_time(lo)}-{format_time(hi)}" if lo is not None and hi is not None else "-"
 
 
 def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
@@ -41,12 +50,13 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
     fig_cols = [("samples/s", lambda s: f"{s['throughput_samples_per_s']:.3g}"),
                 ("tokens/s", lambda s: f"{s['throughput_tokens_per_s']:.4g}"),
                 ("iteration", lambda s: format_time(s["iteration_s"])),
+                ("80 % interval", _interval),
                 ("bubble", lambda s: f"{s['bubble_fraction']:.1%}"),
                 ("epoch", lambda s: format_time(s["epoch_s"])),
                 ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
                 ("dp bytes", lambda s: format_bytes(s["dp_bytes"]))]
     if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
-        sweep_cols = cfg_cols + [("tp", "tp", str), ("precision", "precision", str),
+        sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
                                  ("recompute", "recompute", str), ("attention", "attention", str)]
         varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
         t = Table(title=f"perfsim predict ({len(results)} configurations)", title_justify="left")
@@ -106,6 +116,10 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
         if s.get("tp", 1) > 1:
             console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
                           f"(serial with compute)")
+        if s.get("ep", 1) > 1:
+            console.print(f"expert parallel {s['ep']}: {format_time(s['ep_comm_s'])} of token all-to-alls per "
+                          f"stage and iteration (dispatch and combine, serial with compute; in the stages' "
+                          f"layer collectives), {format_bytes(s['ep_bytes'])} sent per iteration")
         if s.get("tied_bytes"):
             console.print(f"tied embedding: the first and the last stage all-reduce its gradient after the "
                           f"data-parallel sync, {format_bytes(s['tied_bytes'])} sent per iteration (in dp sync; "
@@ -122,11 +136,16 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             fits = "" if s["fits"] is None else (" -- fits in " if s["fits"] else " -- does NOT fit in ") + \
                 f"{s['memory_capacity_gib']:.0f} GiB ({s['gpu']})"
             parts = breakdown_text(worst["weights_gib"], worst["grads_gib"], worst["optimizer_state_gib"],
-                                   worst["activations_gib"], worst["buffers_gib"])
+                                   worst["activations_gib"], worst["buffers_gib"],
+                                   worst.get("sharding_buffers_gib") or 0.0)
             console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
                           f"({parts}){fits}")
+        if s.get("model_note"):
+            console.print(f"model: {s['model']}: {s['model_note']}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
+        if s.get("interval_note"):
+            console.print(f"uncertainty: {s['interval_note']}")
     if file is None:
         return console.export_text()
     return None

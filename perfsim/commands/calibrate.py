@@ -47,7 +47,7 @@ HELPS = {
                   "(contention between co-located ranks)",
     "device": "where to time compute and codecs (default {default}: cuda when visible)",
     "repeats": "timed repeats per point (default 15, quick 5)",
-    "quick": "fewer sizes and repeats (about a minute)",
+    "quick": "fewer sizes and repeats (the command prints its estimated duration first)",
     "statistic": "what time_s records: the median of the repeats (default) or their minimum "
                  "(the undisturbed cost on a machine shared with other jobs)",
     "efficiency": "also measure the compute model's efficiency curves (GEMM by shape, attention, "
@@ -66,7 +66,7 @@ def add_arguments(p) -> None:
 
     add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS,
                                                       "stage_timing": STAGE_TIMINGS})
-    add_out(p, "traces/calibrated.json", "profile file to write")
+    add_out(p, "traces/calibrated.json", "profile file to write (- is stdout)")
     p.add_argument("--compare", metavar="PROFILE", help="then compare the measurements with this profile's "
                    "(median ratio per group: compute, codecs, communication): has the machine drifted?")
     add_no_progress(p)
@@ -77,6 +77,7 @@ def run(args) -> int:
     import time
 
     from perfsim.calibrate.calibration import calibrate
+    from perfsim.outputs import is_stdio
 
     old = None
     if args.compare:  # read it first: a bad path fails before minutes of measuring
@@ -89,10 +90,11 @@ def run(args) -> int:
                         **{k: getattr(args, k) for k in HELPS})
     meta = profile.metadata
     n_fit = sum(1 for r in profile.records if r["op"].startswith("fit_"))
-    print(f"wrote {args.out}: {len(profile.records)} records ({n_fit} fits) "
-          f"in {time.perf_counter() - started:.1f} s on {meta['device_name']} ({meta['cores']} cores)")
+    notes = sys.stderr if is_stdio(args.out) else sys.stdout  # -o -: the profile alone on stdout
+    print(f"wrote {'stdout' if is_stdio(args.out) else args.out}: {len(profile.records)} records ({n_fit} fits) "
+          f"in {time.perf_counter() - started:.1f} s on {meta['device_name']} ({meta['cores']} cores)", file=notes)
     if old is not None:
         from perfsim.calibrate.compare import compare_profiles, comparison_text
 
-        print(comparison_text(compare_profiles(profile, old), args.compare))
+        print(comparison_text(compare_profiles(profile, old), args.compare), file=notes)
     return 0

@@ -25,7 +25,10 @@ EXAMPLES = """examples:
   perfsim compressors
   perfsim compressors --shape 1,1024,1600 --format csv
   perfsim compressors --format json | jq '.[] | select(.role == "grad") | .spec'
+  perfsim compressors --shape 1,1024,1600 -o specs.csv
 """
+
+FORMATS = ("table", "csv", "json")
 
 DEFAULT_SHAPE = "1,1024,1600"
 COLUMNS = ("role", "name", "family", "spec", "label", "syntax", "allreduce_compatible",
@@ -40,8 +43,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--shape", default=DEFAULT_SHAPE,
                         help=f"tensor shape, comma-separated (default {DEFAULT_SHAPE}: one GPT2-1.5B "
                              "boundary activation)")
-    parser.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                        help="output format (default table)")
+    from perfsim.commands import add_out
+
+    parser.add_argument("--format", choices=FORMATS, default=None,
+                        help="output format (default: from the --out suffix, else table)")
+    add_out(parser, None, "write to this file (atomically; .txt, .csv or .json picks the format) instead of stdout",
+            metavar="FILE")
     parser.add_argument("--world-size", type=int, default=2, metavar="W",
                         help="data-parallel ranks for the dp_bytes column (default 2)")
 
@@ -154,22 +161,35 @@ def PIPELINE_EXAMPLES() -> tuple[str, ...]:
 
 
 def run(args) -> int:
-    import csv
-    import json
-    import sys
+    from perfsim import outputs
 
+    fmt = outputs.output_format(args.out, args.format, allowed=FORMATS, flag="--out")  # before any work
+    if args.out:
+        outputs.check_file_target(args.out, "--out")
     shape = parse_shape(args.shape)
-    table = rows(shape, args.world_size)
-    if args.format == "json":
-        json.dump(table, sys.stdout, indent=1)
-        sys.stdout.write("\n")
-        return 0
-    if args.format == "csv":
-        w = csv.writer(sys.stdout, lineterminator="\n")
+    text = render(rows(shape, args.world_size), shape, args.world_size, fmt, to_file=bool(args.out))
+    if args.out:
+        outputs.write_text(args.out, text)
+    else:
+        outputs.write_stdout(text)
+    return 0
+
+
+def render(table: list[dict], shape, world_size: int, fmt: str, to_file: bool = False) -> str:
+    """The rows of :func:`rows` as ``fmt`` text (``table``: a rich table, plain on a file)."""
+    import csv
+    import io
+    import json
+
+    if fmt == "json":
+        return json.dumps(table, indent=1) + "\n"
+    buf = io.StringIO()
+    if fmt == "csv":
+        w = csv.writer(buf, lineterminator="\n")
         w.writerow(COLUMNS)
         for r in table:
             w.writerow(["" if r[c] is None else (f"{r[c]:.6g}" if c.endswith("ratio") else r[c]) for c in COLUMNS])
-        return 0
+        return buf.getvalue()
     from rich.console import Console
     from rich.table import Table
 
@@ -177,7 +197,7 @@ def run(args) -> int:
                     f"(fp32 = {4 * _prod(shape):,} bytes; pipeline rows: forward direction)")
     for col, justify in (("role", "left"), ("spec (accepted as is)", "left"), ("syntax", "left"),
                          ("allreduce", "center"), ("wire bytes", "right"), ("ratio", "right"),
-                         (f"dp bytes (W={args.world_size})", "right"), ("dp ratio", "right")):
+                         (f"dp bytes (W={world_size})", "right"), ("dp ratio", "right")):
         t.add_column(col, justify=justify)
     for r in table:
         t.add_row("--compress" if r["role"] == "pipeline" else "--grad-compress", r["spec"], r["syntax"],
@@ -186,8 +206,14 @@ def run(args) -> int:
                   "n/a" if r["ratio"] is None else f"{r['ratio']:.4f}",
                   "n/a" if r["dp_bytes"] is None else f"{r['dp_bytes']:,}",
                   "n/a" if r["dp_ratio"] is None else f"{r['dp_ratio']:.4f}")
-    Console(width=max(Console().width, 150)).print(t)
-    return 0
+    if to_file:
+        Console(file=buf, width=150, color_system=None).print(t)
+    else:
+        import sys
+
+        Console(file=buf, width=max(Console(file=sys.stdout).width, 150),
+                force_terminal=sys.stdout.isatty()).print(t)
+    return buf.getvalue()
 
 
 def _prod(shape) -> int:

@@ -23,11 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("table", metavar="TABLE",
                    help="a `perfsim sweep` table (.csv/.parquet), a `perfsim validate` CSV, "
-                        "or a Result JSON from predict/run")
+                        "or a Result JSON from predict/run; - reads CSV or JSON from stdin")
     # no argparse `choices`: an unknown kind is a ConfigError naming it (one line, exit 2)
     p.add_argument("--kind", "-k", default="throughput", metavar="KIND",
                    help=f"figure: {' | '.join(KINDS)} (default: throughput)")
-    add_out(p, None, "output .png, .svg or .pdf (default: TABLE's stem + .KIND.png)", metavar="FILE")
+    add_out(p, None, "output .png, .svg or .pdf (default: TABLE's stem + .KIND.png; - writes a PNG "
+                     "to stdout)", metavar="FILE")
     p.add_argument("--filter", "-f", action="append", default=[], metavar="COL=VALUE[,VALUE]",
                    help="keep matching rows first; repeatable (e.g. bandwidth=100Mbps, pp=8)")
     p.add_argument("--stages", metavar="FILE",
@@ -43,18 +44,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    import sys
+
     from perfsim.analysis.plots import load_tables, make_figure, save_figure
     from perfsim.errors import ConfigError
+    from perfsim.outputs import is_stdio
 
     if args.kind not in KINDS:
         raise ConfigError(f"--kind {args.kind!r}: unknown (choose from {', '.join(KINDS)})")
     table = Path(args.table)
+    if is_stdio(args.table) and not args.out:
+        raise ConfigError("--out: needed when the table comes from standard input (-)")
     out = Path(args.out) if args.out else table.with_name(f"{table.stem}.{args.kind}.png")
-    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+    if not is_stdio(out) and out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise ConfigError(f"--out {str(out)!r}: unknown format (use .png, .svg or .pdf)")
-    summary, stages = load_tables(table, args.stages)
+    summary, stages = load_tables(args.table, args.stages)
     fig = make_figure(args.kind, summary, stages, metric=args.metric, baseline=args.baseline,
                       title=args.title, filters=args.filter)
     save_figure(fig, out)
-    print(f"wrote {out}")
+    print(f"wrote {'a PNG to stdout' if is_stdio(out) else out}", file=sys.stderr if is_stdio(out) else sys.stdout)
     return 0

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "csv", "json", "parquet"),
                    help="output format (default: from --out's suffix .txt/.csv/.json/.parquet, else table)")
-    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically; a FIFO or device in place) instead of stdout")
+    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically; a FIFO or "
+                   "device in place) instead of stdout (- is stdout); a --format must agree with its suffix")
     g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json)")
 
 
@@ -85,10 +86,12 @@ def run(args) -> int:
     from perfsim.api import predict
 
     fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
+    if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
+        args.output = None
     if args.output:
         outputs.check_file_target(args.output, "--out")
     elif fmt == "parquet":
-        raise ConfigError("--format parquet: needs --output FILE (Parquet is binary)")
+        raise ConfigError("--format parquet: needs --out FILE (Parquet is binary)")
     if args.trace:
         outputs.check_file_target(args.trace, "--trace")
     grid = _grid(args)
@@ -111,6 +114,7 @@ def run(args) -> int:
 
         if not args.output:
             render(results, file=sys.stdout)
+            _warn_memory(results)
             return 0
         data = render(results, width=160, color=False).encode()
     if args.output:
@@ -118,4 +122,13 @@ def run(args) -> int:
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))
     else:
         outputs.write_stdout(data.decode())
+    _warn_memory(results)
     return 0
+
+
+def _warn_memory(results) -> None:
+    """Each distinct ``memory_warning`` of the results (a peak over the profile's GPU or every
+    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written."""
+    for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
+        if note:
+            log.warning("warning: %s", note)

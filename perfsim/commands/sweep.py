@@ -6,7 +6,9 @@
 
 Flags take the same comma lists as ``perfsim predict`` and override the keys of
 an optional TOML sweep file. Re-running an interrupted sweep resumes from
-``OUT.part.jsonl``; ``--fresh`` starts over.
+``OUT.part.jsonl``; ``--fresh`` (or ``--overwrite``) starts over. A finished row is
+reused only while its inputs are unchanged (:func:`perfsim.analysis.sweep.input_key`);
+an ``OUT`` holding rows of another grid is refused, never silently replaced.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="TOML sweep file: predict parameter = value or [values] (flags override)")
     params.add_arguments(p, lists=True)
     add_out(p, "sweep.csv", "output table, .csv or .parquet (default: sweep.csv); per-stage rows go "
-                            "to FILE's stem + .stages.csv/.parquet", metavar="FILE")
+                            "to FILE's stem + .stages.csv/.parquet; - writes the table as CSV to stdout "
+                            "(no resume, no per-stage rows)", metavar="FILE")
     p.add_argument("--jobs", "-j", type=int, default=None,
                    help="worker processes at most (default: all cores; a pool is used only when "
                         "the grid is long enough to pay for it; 1 = in-process)")
-    p.add_argument("--fresh", action="store_true",
-                   help="ignore results of an earlier (interrupted) run and start over")
+    p.add_argument("--fresh", "--overwrite", dest="fresh", action="store_true",
+                   help="ignore and replace the results of an earlier (interrupted) run in FILE, "
+                        "even those of another grid, and start over")
     p.add_argument("--skip-invalid", action="store_true",
                    help="record configurations the simulator rejects in FILE's stem + "
                         ".errors.csv instead of stopping")
@@ -45,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     from perfsim import params
     from perfsim.analysis.sweep import SweepSpec, load_sweep_file, run_sweep, sibling_path
+    from perfsim.outputs import is_stdio
 
     spec = load_sweep_file(args.sweep_file) if args.sweep_file else SweepSpec({})
     spec = spec.merged(params.grid(params.from_args(args), cli=True))
@@ -52,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
                       resume=not args.fresh, progress=False if args.no_progress else None)
     n = len(table.summary)
     msg = f"wrote {n} configuration{'s' if n != 1 else ''} to {args.out}"
+    if is_stdio(args.out):  # the table is on stdout: the note goes to stderr
+        print(f"wrote {n} configuration{'s' if n != 1 else ''} to stdout", file=sys.stderr)
+        return 0
     if not table.stages.empty:
         msg += f" (per-stage rows: {sibling_path(args.out, 'stages')})"
     print(msg)

@@ -56,7 +56,7 @@ def run(args) -> int:
 
     df = validate(profile=args.profile, model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
                   sequence_parallel=args.sequence_parallel, tied_embedding=args.tied_embedding,
-                  schedule=args.schedule,
+                  schedule=args.schedule, zero=args.zero,
                   virtual_stages=args.virtual_stages, micro_batch=args.micro_batch,
                   macro_batch=args.macro_batch, compress=args.compress, grad_compress=args.grad_compress,
                   bandwidths=args.emulate_bandwidth, latency=args.emulate_latency, link_model=args.link_model,

@@ -23,7 +23,9 @@ Spec: ``aqsgd:BITS[:m8|m4|m2][:disk=PATH]``
   ``aqsgd:fw3bw6`` pairs it with ``directq:6`` for the backward gradients).
 * ``mZ``: keep ``m`` itself quantized with ``Z`` bits (App. H.5, "Number of
   Bits for Previous Messages"); default float32.
-* ``disk=PATH``: memory-map the buffers under directory ``PATH`` instead of RAM.
+* ``disk=PATH``: memory-map the buffers under directory ``PATH`` instead of RAM
+  (one folder ``PATH/aqsgd-<tag>-<pid>-<n>/`` per buffer; ``perfsim run`` removes
+  them when the run completes, a failed or interrupted run keeps them for ``--resume``).
 
 ``compress(x, key=ids)``: ``ids`` is a 1-D integer tensor with one sample id
 per row of dim 0 of ``x`` (ids unique within a batch). A batch may mix new and
@@ -230,6 +232,11 @@ class AQSGD(Compressor):
     def buffer_bytes_per_sample(self) -> int:
         """Bytes of ``m`` per stored sample (0 before the first batch)."""
         return self.store.nbytes() if self.store else 0
+
+    def release(self) -> None:
+        """Remove the disk buffers (``disk=PATH``) once the run is over."""
+        if self.store is not None:
+            self.store.remove()
 
     def state_dict(self):
         return {"step": self.step, "seed": self.seed, "slots": dict(self.slots),

@@ -12,8 +12,12 @@ visit (slots in visiting order, capacity doubling). Layout per slot:
 
 RAM stores are torch tensors on the device of the first batch; disk stores are
 ``numpy.memmap`` files (``values.bin`` or ``codes.bin`` + ``scales.bin``) in a
-directory of their own, for datasets whose buffers exceed memory (the paper's
+directory of their own, ``PATH/aqsgd-<tag>-<pid>-<n>/`` under the spec's
+``disk=PATH``, for datasets whose buffers exceed memory (the paper's
 GPT2-XL example needs ~1 TB; its authors keep fp16 caches in memmap files).
+A checkpoint refers to these files; ``perfsim run`` removes them when the run
+completes (:meth:`MessageStore.remove`) and keeps them after a failure, for
+``--resume``.
 """
 
 from __future__ import annotations
@@ -190,6 +194,16 @@ class MessageStore:
             st["capacity"] = self.capacity
         return st
 
+    def remove(self) -> None:
+        """Delete a disk store's files and its folder (RAM stores: nothing to do);
+        the store is unusable afterwards."""
+        if self.disk is None or self.dir is None:
+            return
+        import shutil
+
+        self._arrays = {}  # drop the memmaps before their files
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def load_state_dict(self, st: dict) -> None:
         for k in ("numel", "row", "mbits"):
             if st.get(k) != getattr(self, k):
@@ -209,7 +223,9 @@ class MessageStore:
                 raise ConfigError("message store: checkpoint is in RAM, this buffer is disk-backed")
             for path in files.values():
                 if not os.path.exists(path):
-                    raise ConfigError(f"message store: buffer file {path} is missing")
+                    raise ConfigError(f"message store: buffer file {path} is missing (perfsim run "
+                                      "removes disk= buffers when a run completes: resume an interrupted "
+                                      "run, or start a new one)")
             self._arrays, self._files, self.capacity = {}, dict(files), 0
             self.dir = Path(next(iter(files.values()))).parent
             cap = int(st["capacity"])

@@ -159,12 +159,19 @@ class Compressor(ABC):
         data-parallel exchange needs an allgather (or, for 1-bit, the 3-phase
         compressed allreduce).
       stateful: keeps state across calls (error feedback, message buffers).
+      reduce_scatter_compatible: the summed payload can be split into chunks that are
+        each rank's shard of the gradient, so the sum-allreduce of :meth:`dp_plan`
+        becomes a reduce-scatter (ZeRO-2/3, :meth:`reduce_scatter_plan`); otherwise
+        :attr:`reduce_scatter_reason` says why not.
     """
 
     name: ClassVar[str] = ""
     spec_syntax: ClassVar[str] = ""
     example_spec: ClassVar[str] = ""
     allreduce_compatible: ClassVar[bool] = False
+    reduce_scatter_compatible: ClassVar[bool] = False
+    reduce_scatter_reason: ClassVar[str] = ("its payloads carry per-worker scales or indices, so "
+                                            "they cannot be summed chunk by chunk (it all-gathers them)")
     stateful: ClassVar[bool] = False
     spec_args: ClassVar[tuple[SpecArg, ...]] = ()
 
@@ -246,6 +253,18 @@ class Compressor(ABC):
         kind = ALLREDUCE if self.allreduce_compatible else ALLGATHER
         return [CommStep(kind, self.wire_bytes(shape), label=self.name)]
 
+    def reduce_scatter_plan(self, shape: Sequence[int], world_size: int) -> list[CommStep]:
+        """The collectives of a ZeRO-2/3 gradient exchange of ``shape``: :meth:`dp_plan`
+        with its sum-allreduce of the payload as a reduce-scatter (each rank keeps the
+        ``1/world_size`` chunk of the sum that is its shard; side allreduces of shared
+        scales stay). Raises ConfigError naming the compressor where that is impossible."""
+        if not self.reduce_scatter_compatible:
+            raise ConfigError(f"grad_compress {self.spec or self.name!r}: cannot reduce-scatter ZeRO-2/3 "
+                              f"gradients: {self.reduce_scatter_reason}")
+        return [CommStep(REDUCE_SCATTER, st.nbytes, st.reduce, st.label)
+                if st.kind == ALLREDUCE and st.reduce == "sum" else st
+                for st in self.dp_plan(shape, world_size)]
+
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Average ``x`` over the data-parallel ``group`` through this compressor,
         performing exactly :meth:`dp_plan`'s collectives with torch.distributed.
@@ -285,6 +304,10 @@ class Compressor(ABC):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state:
             raise ConfigError(f"{self.spec or self.name}: unexpected state keys {sorted(state)}")
+
+    def release(self) -> None:
+        """Free what outlives the process (files on disk) once no resume can need it:
+        ``perfsim run`` calls it when a run completed. Most compressors hold nothing."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.spec or self.name!r})"

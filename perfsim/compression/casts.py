@@ -17,6 +17,7 @@ from perfsim.compression.registry import register
 
 class _Cast(Compressor):
     allreduce_compatible = True
+    reduce_scatter_compatible = True
     #: the torch dtype on the wire, by name, and its size in bytes (sizes need no torch)
     wire_dtype_name: str = "float32"
     wire_itemsize: int = 4

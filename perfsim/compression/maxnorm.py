@@ -1,10 +1,11 @@
 """Allreduce-compatible quantizers on a shared max norm (S. Vineeth, "Unbiased
 Single-scale and Multi-scale Quantizers for Distributed Optimization", arXiv:2109.12497).
 
-``qsgd-maxnorm:BITS[:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied per
-chunk of ``D`` values (default :func:`perfsim.compression.qsgd.default_chunk`, 512
-for 4 bits; ``chunk=0``: one norm per tensor): the workers agree on
-``W = max_m ||g_m||_2`` with a max-allreduce (4 bytes per chunk), then each
+``qsgd-maxnorm:BITS[:norm=inf|l2][:chunk=D]`` -- QSGDMaxNorm, Sec. 3.1 / Alg. 1, applied
+per chunk of ``D`` values (default :func:`maxnorm_chunk`: 128 for 2 and 3 bits, 512 for 4;
+``chunk=0``: one norm per tensor) with each worker's chunk norm ``||g_m||`` the max-abs
+value (``norm=inf``, the default; see :data:`NORMS`) or the paper's L2 norm: the workers
+agree on ``W = max_m ||g_m||`` with a max-allreduce (4 bytes per chunk), then each
 quantizes its gradient on that *shared* scale, ``zeta_i = sign(v_i) * xi_i`` with
 ``xi_i`` the stochastic rounding of ``s |v_i| / W`` (eq. 7-8). The integer codes
 of all workers live on one grid, so their sum is the code of the sum: one
@@ -76,6 +77,26 @@ from perfsim.kernels.quant import bucketwise
 
 #: widest scale of the multi-scale variants
 MAX_SCALE_BITS = 24
+#: the per-chunk norm ``W`` of :class:`QSGDMaxNorm`: the L2 norm of the multiscale paper, or
+#: the max-abs (l_inf) norm -- QSGD's eq. (8) allows either scaling factor, and ECQ-SGD
+#: (arXiv:1806.08054, Sec. 6 / Fig. 5) runs QSGD with l_inf at bucket 512
+NORMS = {"l2": 2, "inf": float("inf")}
+
+
+def maxnorm_chunk(values) -> int:
+    """Default values per norm of ``qsgd-maxnorm`` (the default ``norm=inf``): at least
+    128 -- at most 1/4 bit of float32 norm per value -- else
+    :func:`perfsim.compression.qsgd.default_chunk` (512 for 4 bits).
+
+    With the max-abs norm the rounding variance of a chunk of ``d`` values is at most
+    ``sum_i |v_i| W / s <= d W^2 / (4 s^2)`` with ``W = max |v_i|``: for Gaussian-like values
+    ``W^2 ~ 2 ln(d) ||v||^2 / d``, a bound of ``ln(d) / (2 s^2)`` times ``||v||^2``, which grows
+    with ``log d`` where the L2 norm's ``sqrt(d)/s`` (QSGD Lemma 3.1) grows with ``sqrt d``
+    -- so 2-bit codes can share one norm among 128 values (L2 needed 16: 0.158 of fp32's
+    bytes at 2 ranks, now 0.104; docs/ddp.md has the measured trade-off)."""
+    if values.get("norm", "inf") == "l2":
+        return chunk_for_bits(values)
+    return max(128, chunk_for_bits(values))
 
 
 def _index_bits(n_scales: int) -> int:
@@ -122,6 +143,8 @@ class MaxNormQuantizer(_SeededCompressor):
     """Shared implementation of QSGDMaxNorm (one scale) and its multi-scale variant."""
 
     allreduce_compatible = True
+    #: integer codes on a shared scale sum element-wise; their lanes split by words
+    reduce_scatter_compatible = True
     stateful = True  # the random step counter
 
     @property
@@ -133,7 +156,7 @@ class MaxNormQuantizer(_SeededCompressor):
         return self._scales
 
     def __init__(self, bits: int, scale_bits: Sequence[int] = (), bucket: int = 1, seed: int = 0,
-                 chunk: int = 0):
+                 chunk: int = 0, norm: str = "l2"):
         self.bits = int(bits)
         sb = sorted({int(bits), *map(int, scale_bits)})
         self.scale_bits = tuple(sb)
@@ -147,13 +170,18 @@ class MaxNormQuantizer(_SeededCompressor):
             raise ConfigError("chunk: the multi-scale variant keeps one norm per tensor "
                               "(its per-coordinate scales already adapt)")
         self.chunk = int(chunk)
+        if norm not in NORMS:
+            raise ConfigError(f"norm={norm!r}: choose {' or '.join(NORMS)}")
+        if norm != "l2" and self.multiscale:
+            raise ConfigError("norm: the multi-scale variant keeps the paper's L2 norm (eq. 11)")
+        self.norm = norm
         self.seed, self._step, self._salt = int(seed), 0, 0
         self.spec = self.canonical_spec()
 
     def spec_values(self) -> dict:
         """The attributes, with ``scale_bits`` as the spec writes it: the scales other than ``bits``."""
         return {"bits": self.bits, "scale_bits": self.scale_bits[1:], "bucket": self.bucket,
-                "chunk": self.chunk}
+                "chunk": self.chunk, "norm": self.norm}
 
     # ------------------------------------------------------------ geometry
     @property
@@ -208,7 +236,7 @@ class MaxNormQuantizer(_SeededCompressor):
         """``||chunk||_2`` of every chunk (fp32, the max-allreduce input); see
         :func:`perfsim.compression.qsgd.safe_norms` for values near the float32 limit."""
         flat = flat_f32(x)
-        return safe_norms(flat, self.chunk_of(flat.numel()), self.spec)
+        return safe_norms(flat, self.chunk_of(flat.numel()), self.spec, NORMS[self.norm])
 
     def _bucket_amax(self, flat: torch.Tensor) -> torch.Tensor:
         """``max |v|`` per bucket; for ``bucket=1`` ``|v|`` in a scratch buffer."""
@@ -488,8 +516,11 @@ class QSGDMaxNorm(MaxNormQuantizer):
     name = "qsgd-maxnorm"
     example_spec = "qsgd-maxnorm:4"
 
-    spec_args = (BITS_ARG, SpecArg("chunk", key=True, default=chunk_for_bits, low=0, metavar="D",
-                                   note="0 = one norm for the whole tensor"))
+    spec_args = (BITS_ARG,
+                 SpecArg("norm", str, key=True, default="inf", choices=tuple(NORMS), metavar="NORM",
+                         note="the per-chunk scale: max-abs (inf) or L2"),
+                 SpecArg("chunk", key=True, default=maxnorm_chunk, low=0, metavar="D",
+                         note="0 = one norm for the whole tensor"))
 
 
 def parse_scale_bits(text: str) -> tuple[int, ...]:

@@ -29,7 +29,10 @@ Error buffers are state: ``compress`` keeps one worker error per tensor shape,
 ``allreduce_mean`` one worker error (``N*C``) and one server error (``C``) per
 (numel, world size). One compressor instance per fused tensor (1-bit LAMB
 fuses all momenta into one buffer, Sec. 4.2). ``state_dict`` saves them all
-(DeepSpeed's backends lose them on reload; ours round-trip).
+(DeepSpeed's backends lose them on reload; ours round-trip). An exchange changes
+the buffers only once all three phases are done; a worker whose input is NaN/Inf
+sends a NaN scale instead of compressing, so every worker refuses the exchange in
+phase 2 (ConfigError) and none waits in a collective.
 ``wire_bytes(shape, warmup=True)`` is the uncompressed float32 size of the
 optimizers' warm-up stage.
 """
@@ -46,6 +49,7 @@ from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
 from perfsim.kernels.packing import packed_nbytes
+from perfsim.kernels.finite import check_deferred
 from perfsim.kernels.signpack import ef_sign_compress, sign_unpack
 from perfsim.kernels.bitpack import unpack_bits
 
@@ -81,6 +85,7 @@ class OneBit(Compressor):
     name = "onebit"
     example_spec = "onebit"
     allreduce_compatible = False  # needs the 3-phase compressed allreduce
+    reduce_scatter_reason = "its error-compensated exchange is an all-to-all then an all-gather of signs"
     stateful = True
 
     def __init__(self, *, seed: int = 0):
@@ -142,27 +147,53 @@ class OneBit(Compressor):
         return sign_unpack(payload.tensors["signs"], n, scale).view(shape).to(payload.dtype)
 
     # ------------------------------------------------------------- 3-phase allreduce
-    def _phase1(self, x: torch.Tensor, world: int) -> tuple[torch.Tensor, int]:
+    def _phase1(self, x: torch.Tensor, world: int, pending: dict) -> tuple[torch.Tensor, int]:
         """Error-compensated compression of the padded tensor; returns the
-        ``(world, C/8 + 4)`` send buffer (row j goes to worker j) and ``C``."""
+        ``(world, C/8 + 4)`` send buffer (row j goes to worker j) and ``C``.
+
+        The updated worker error goes to ``pending`` (committed by the caller once
+        the whole exchange succeeded). A NaN/Inf input is not compressed: its rows
+        carry a NaN scale, so every worker's phase 2 refuses the exchange at the
+        same point and no rank is left waiting in a collective."""
         n = x.numel()
         chunk = chunk_elems(n, world)
         padded = torch.zeros(world * chunk, dtype=torch.float32, device=x.device)
         padded[:n] = x.detach().reshape(-1)
-        err = self._err(self.worker_err, f"ar{n}w{world}", world * chunk, x.device)
-        packed, scale = ef_sign_compress(padded, err)
-        send = torch.empty((world, chunk // 8 + 4), dtype=torch.uint8, device=x.device)
+        key = f"ar{n}w{world}"
+        send = torch.zeros((world, chunk // 8 + 4), dtype=torch.uint8, device=x.device)
+        err = self._err(self.worker_err, key, world * chunk, x.device).clone()
+        try:
+            packed, scale = ef_sign_compress(padded, err)
+        except ConfigError:  # NaN/Inf (or a norm beyond float32): tell the peers, write nothing
+            send[:, chunk // 8:] = _scale_bytes(torch.tensor(float("nan")))
+            return send, chunk
+        pending[("worker", key)] = err
         send[:, : chunk // 8] = packed.view(world, chunk // 8)
         send[:, chunk // 8:] = _scale_bytes(scale)
         return send, chunk
 
-    def _phase2(self, recv: torch.Tensor, n: int, world: int, chunk: int) -> torch.Tensor:
+    def _phase2(self, recv: torch.Tensor, n: int, world: int, chunk: int, pending: dict) -> torch.Tensor:
         """Average the received copies of this worker's chunk and re-compress it
-        with the server error; returns ``C/8 + 4`` bytes."""
+        with the server error; returns ``C/8 + 4`` bytes. Raises ConfigError (on
+        every worker alike) when a worker sent a NaN scale."""
+        scales = _bytes_scale(recv[:, chunk // 8:])
+        if not bool(torch.isfinite(scales).all()):
+            bad = [int(i) for i in torch.nonzero(~torch.isfinite(scales)).reshape(-1)]
+            try:  # a CUDA encode files its bad scale for later (kernels.finite): it is reported here
+                check_deferred()
+            except ConfigError:
+                pass
+            raise ConfigError(f"{self.spec}: NaN/Inf data on rank(s) {bad}; nothing exchanged")
         avg = decode_chunks(recv, chunk).sum(dim=0) / world
-        err = self._err(self.server_err, f"ar{n}w{world}", chunk, recv.device)
+        key = f"ar{n}w{world}"
+        err = self._err(self.server_err, key, chunk, recv.device).clone()
         packed, scale = ef_sign_compress(avg, err)
+        pending[("server", key)] = err
         return torch.cat([packed, _scale_bytes(scale)])
+
+    def _commit(self, pending: dict) -> None:
+        for (side, key), err in pending.items():
+            (self.worker_err if side == "worker" else self.server_err)[key] = err
 
     @staticmethod
     def _phase3(gathered: torch.Tensor, n: int, chunk: int) -> torch.Tensor:
@@ -176,13 +207,15 @@ class OneBit(Compressor):
         n = x.numel()
         if n == 0:
             return x.detach().clone()
-        send, chunk = self._phase1(x, world)
+        pending: dict = {}
+        send, chunk = self._phase1(x, world, pending)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv.view(-1), send.view(-1), group=group)
-        mine = self._phase2(recv, n, world, chunk)
+        mine = self._phase2(recv, n, world, chunk, pending)  # raises on every rank alike
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine, group=group)
         out = self._phase3(torch.stack(parts), n, chunk)
+        self._commit(pending)  # error buffers change only once the exchange is complete
         return out.view(x.shape).to(x.dtype)
 
     @staticmethod
@@ -195,13 +228,16 @@ class OneBit(Compressor):
         n = xs[0].numel()
         sends = []
         chunk = 0
-        for comp, x in zip(compressors, xs):
+        pending: list[dict] = [{} for _ in compressors]
+        for comp, x, pend in zip(compressors, xs, pending):
             check_float(x)
-            s, chunk = comp._phase1(x, world)
+            s, chunk = comp._phase1(x, world, pend)
             sends.append(s)
-        mines = [comp._phase2(torch.stack([sends[k][r] for k in range(world)]), n, world, chunk)
+        mines = [comp._phase2(torch.stack([sends[k][r] for k in range(world)]), n, world, chunk, pending[r])
                  for r, comp in enumerate(compressors)]
         out = OneBit._phase3(torch.stack(mines), n, chunk)
+        for comp, pend in zip(compressors, pending):
+            comp._commit(pend)
         return [out.view(x.shape).to(x.dtype).clone() for x in xs]
 
     # ------------------------------------------------------------- state

@@ -69,6 +69,7 @@ class PowerSGD(Compressor):
     name = "powersgd"
     example_spec = "powersgd:4"
     allreduce_compatible = True  # P and Q are plain fp32 allreduces
+    reduce_scatter_reason = "its low-rank factors P and Q are all-reduced whole, not reduce-scattered"
     stateful = True
 
     spec_args = (

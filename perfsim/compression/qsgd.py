@@ -101,18 +101,19 @@ def check_finite_norms(norms: torch.Tensor, x: torch.Tensor, who: str) -> None:
         raise ConfigError(f"{who}: values too large (the L2 norm overflows float32); refusing to compress")
 
 
-def safe_norms(flat: torch.Tensor, chunk: int, who: str) -> torch.Tensor:
-    """L2 norm of every ``chunk`` of a flat float32 tensor, robust near the float32 limit.
+def safe_norms(flat: torch.Tensor, chunk: int, who: str, ord: float = 2) -> torch.Tensor:
+    """L2 (``ord=inf``: max-abs) norm of every ``chunk`` of a flat float32 tensor, robust
+    near the float32 limit.
 
     Overflow rule (documented in the README): squares of values above
     ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
     recomputed in float64; if the norm itself exceeds the float32 maximum
     (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
     NaN/Inf input is refused by :func:`check_input`."""
-    norms = bucket_norms(flat, chunk)
+    norms = bucket_norms(flat, chunk, ord)
     if norms.numel() and not bool(torch.isfinite(norms).all()):
         check_input(flat)
-        wide = bucket_norms(flat.double(), chunk) if flat.numel() else norms.double()
+        wide = bucket_norms(flat.double(), chunk, ord) if flat.numel() else norms.double()
         if not bool((wide <= _F32_MAX).all()):
             raise ConfigError(f"{who}: a chunk's L2 norm exceeds the float32 maximum 3.4e38 "
                               "(values of ~1e38 and above); refusing to compress")
@@ -136,18 +137,18 @@ def flat_f32(x: torch.Tensor) -> torch.Tensor:
     return x.detach().reshape(-1).to(torch.float32).contiguous()
 
 
-def bucket_norms(flat: torch.Tensor, bucket: int) -> torch.Tensor:
-    """L2 norm of every bucket of ``bucket`` consecutive values (the last may be
-    shorter), a fresh float32 tensor; no padded copy of the input."""
+def bucket_norms(flat: torch.Tensor, bucket: int, ord: float = 2) -> torch.Tensor:
+    """L2 norm (``ord=inf``: max-abs) of every bucket of ``bucket`` consecutive values
+    (the last may be shorter), a fresh float32 tensor; no padded copy of the input."""
     n = flat.numel()
     nfull = n // bucket
     full = nfull * bucket
     out = torch.empty(-(-n // bucket), dtype=flat.dtype if flat.dtype == torch.float64 else torch.float32,
                       device=flat.device)
     if nfull:
-        torch.linalg.vector_norm(flat[:full].view(nfull, bucket), dim=1, out=out[:nfull])
+        torch.linalg.vector_norm(flat[:full].view(nfull, bucket), ord, dim=1, out=out[:nfull])
     if full < n:
-        out[nfull] = torch.linalg.vector_norm(flat[full:])
+        out[nfull] = torch.linalg.vector_norm(flat[full:], ord)
     return out
 
 

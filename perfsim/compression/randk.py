@@ -119,6 +119,8 @@ def first_occurrences(draws: torch.Tensor, n: int) -> torch.Tensor:
 
 class _GlobalRandK(Compressor):
     allreduce_compatible = True
+    reduce_scatter_reason = ("its shared random coordinates are spread over the whole tensor, "
+                             "not over each rank's shard")
     stateful = True
 
     def __init__(self, fraction: float, inner: MaxNormQuantizer, scaled: bool = False, seed: int = 0):

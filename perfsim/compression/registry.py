@@ -9,10 +9,11 @@ each compressor class declares its arguments (``Compressor.spec_args``, parsed b
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 from perfsim.compression.base import Compressor
-from perfsim.compression.spec import Spec, parse_spec
+from perfsim.compression.spec import _FWBW, PIPELINE_EXAMPLES, Spec, parse_spec
 from perfsim.errors import ConfigError
 
 _REGISTRY: dict[str, type[Compressor]] = {}
@@ -68,11 +69,25 @@ def parse_pipeline_spec(spec: str) -> tuple[str, str]:
 
 def make_pipeline_pair(spec: str, **kwargs) -> tuple[Compressor, Compressor]:
     """Build the (forward, backward) compressors of a pipeline spec."""
-    fw, bw = parse_pipeline_spec(spec)
+    parsed = parse_spec(spec, "pipeline")
+    fw, bw = parsed.pipeline_pair()
     try:
         return make_compressor(fw, **kwargs), make_compressor(bw, **kwargs)
     except ConfigError as exc:
-        raise ConfigError(f"pipeline compression {spec!r}: {exc}") from None
+        raise ConfigError(f"pipeline compression {spec!r}: {_pipeline_hint(str(exc), parsed)}") from None
+
+
+def _pipeline_hint(message: str, parsed: Spec) -> str:
+    """A compressor's error restated for the fwXbwY pipeline spec it came from: its
+    syntax with ``fwXbwY`` in place of the bits and, for its example, the pipeline
+    example of that name (``aqsgd:3`` is no pipeline spec; ``aqsgd:fw3bw6`` is)."""
+    if not any(_FWBW.fullmatch(a) for a in parsed.args):
+        return message
+    message = message.replace(f"expected {parsed.name}:BITS", f"expected {parsed.name}:fwXbwY")
+    example = next((e for e in PIPELINE_EXAMPLES if e.split(":")[0] == parsed.name and _FWBW.search(e)), None)
+    if example is not None:
+        message = re.sub(r"e\.g\. [^\s)]+\)", f"e.g. {example})", message)
+    return message
 
 
 Factory = Callable[..., Compressor]

@@ -36,6 +36,9 @@ OPTIMIZERS = ("onebit-adam", "onebit-lamb")
 PIPELINE_ONLY = ("aqsgd",)
 #: gradient specs run by a torch DDP communication hook
 HOOKS = ("powersgd",)
+#: what a 1-bit optimizer's compression stage exchanges (``onebit-adam:exchange=...``;
+#: perfsim.runtime.onebit_optim explains both)
+EXCHANGES = ("preconditioned", "momentum")
 #: pipeline specs ``perfsim compressors`` lists (each accepted by predict and run)
 PIPELINE_EXAMPLES = ("fp32", "fp16", "bf16", "directq:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4:m8",
                      "topk:0.2:8")
@@ -141,7 +144,10 @@ def parse_spec(text: "str | Spec", role: str = "grad") -> Spec:
             raise ConfigError(f"{what} {text!r}: {name} compresses pipeline activations "
                               "(--compress), not gradients")
         family = "optimizer" if name in OPTIMIZERS else "hook" if name in HOOKS else "compressor"
-        return Spec(name, family, tuple(args), role)
+        spec = Spec(name, family, tuple(args), role)
+        if family == "optimizer":
+            optimizer_options(spec)  # the options of a 1-bit optimizer are checked here, once
+        return spec
     if len(fwbw) > 1:
         raise ConfigError(f"{what} {text!r}: more than one fwXbwY")
     if name == "aqsgd" and not fwbw:
@@ -149,6 +155,50 @@ def parse_spec(text: "str | Spec", role: str = "grad") -> Spec:
     if name in OPTIMIZERS or name in HOOKS:
         raise ConfigError(f"{what} {text!r}: {name} is a gradient compression (--grad-compress)")
     return Spec(name, "pipeline", tuple(args), role)
+
+
+def check_warmup(warmup: object, who: str) -> int:
+    """The warm-up steps of a 1-bit optimizer, checked: an integer >= 1. 1-bit Adam
+    (Tang et al., "1-bit Adam: Communication Efficient Large-Scale Training with Adam's
+    Convergence Speed", arXiv:2102.02888, Sec. 3, Algorithm 1) runs vanilla Adam during
+    the warm-up stage to estimate the variance that the compression stage then keeps
+    frozen as its preconditioner; with no warm-up step there is no variance estimate
+    to freeze (1-bit LAMB, arXiv:2104.06069, freezes its ratios the same way).
+    The one rule for predict, sweep, run and :mod:`perfsim.ddp`: the spec parser, the
+    runtime's spec and the optimizer's constructor all call it. ``who`` prefixes the
+    error (the spec or the optimizer)."""
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ConfigError(f"{who}: warmup={warmup!r} must be an integer >= 1 (1-bit Adam, "
+                          f"arXiv:2102.02888: the warm-up steps estimate the variance that the "
+                          f"compression stage freezes; 0 steps estimate none)")
+    return warmup
+
+
+def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None]:
+    """``(warmup, exchange)`` of a 1-bit optimizer spec
+    (``onebit-adam[:warmup=N][:exchange=preconditioned|momentum]``; None where not
+    given), each checked (:func:`check_warmup`, :data:`EXCHANGES`)."""
+    if isinstance(spec, str):
+        spec = parse_spec(spec, "grad")
+    who = f"grad compression {spec.text!r}"
+    warmup, exchange = None, None
+    for arg in spec.args:
+        if "=" not in arg:
+            raise ConfigError(f"{who}: expected key=value, got {arg!r} (e.g. {spec.name}:warmup=100)")
+        key, value = arg.split("=", 1)
+        if key == "warmup":
+            try:
+                number = int(value)
+            except ValueError:
+                raise ConfigError(f"{who}: warmup={value!r} is not an integer") from None
+            warmup = check_warmup(number, who)
+        elif key == "exchange":
+            if value not in EXCHANGES:
+                raise ConfigError(f"{who}: exchange={value!r} (choose {' or '.join(EXCHANGES)})")
+            exchange = value
+        else:
+            raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange)")
+    return warmup, exchange
 
 
 def label(text: str, role: str = "pipeline") -> str:

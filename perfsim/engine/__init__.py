@@ -18,20 +18,30 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
     """Group replicas whose pipelines see identical links (rate and latency of
     every hop, both directions, and the NIC rates of their nodes); one
     representative per group is simulated. Without a topology, or with a
-    uniform one, there is one group. When replicas share nodes (their NICs
-    would be shared) on a non-uniform topology, every replica is its own group.
+    uniform one, there is one group -- unless replicas share a node and a pipeline hop
+    leaves it (their messages share the node's NICs): then, as on a non-uniform topology
+    whose replicas share nodes, every replica is its own group.
     ``device(r, s)``: GPU index of stage ``s`` of replica ``r`` (default ``r * pp + s``).
     ``hops``: the (device, next device) pairs the schedule sends over (default
     ``d -> d+1``; an interleaved table also goes from the last device to the first)."""
+    if dp == 1:
+        return [[0]]
     topo = network.topology
-    if dp == 1 or topo is None or topo.is_uniform():
-        return [list(range(dp))]
     dev = device or (lambda r, s: r * pp + s)
+    pairs = hops if hops is not None else [(s, s + 1) for s in range(pp - 1)]
     owner: dict[int, int] = {}
+    shared = False
     for r in range(dp):
         for s in range(pp):
-            if owner.setdefault(network.node(dev(r, s)), r) != r:
-                return [[q] for q in range(dp)]
+            shared |= owner.setdefault(network.node(dev(r, s)), r) != r
+    # replicas that share a node share its NICs: when a pipeline hop leaves the node, one
+    # representative would load the NIC with its own messages alone and miss the others'
+    if shared and any(network.node(dev(r, a)) != network.node(dev(r, b)) for r in range(dp) for a, b in pairs):
+        return [[q] for q in range(dp)]
+    if topo is None or topo.is_uniform():
+        return [list(range(dp))]
+    if shared:
+        return [[q] for q in range(dp)]
     groups: dict[tuple, list[int]] = {}
     for r in range(dp):
         key = []

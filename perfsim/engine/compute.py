@@ -66,7 +66,13 @@ import re
 from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, GPU
+from perfsim.hardware import BYTES_PER_VALUE, GPU, value_precision
+
+#: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
+#: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
+#: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
+#: router and the LM head stay bf16
+FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down")
 
 
 @dataclass(frozen=True)
@@ -123,17 +129,20 @@ class Curve:
 
 #: the A100 fit's host side (per operator, per pipeline message, per TP collective): the
 #: framework's costs, not the GPU's, so the curves fitted on kernel times share them
-_A100_HOST = dict(kernel_s=57.960e-6, p2p_s=37.1e-6, collective_s=55.93e-6)
+_A100_HOST = dict(kernel_s=58.71e-6, p2p_s=100e-6, collective_s=58.44e-6)
 #: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
 _H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
                    flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 #: fitted curves by GPU family; ``scripts/calibrate_a100.py`` reproduces the A100 fit
-#: (Nelder-Mead on the calibration half -- rows whose configuration's SHA-256 starts
-#: with an even byte; held-out MAPE in README "Calibration on real A100s"). The data
-#: barely constrain the knee: at these sizes the host floor hides small GEMMs.
+#: (bounded Nelder-Mead on every 4th row of the calibration configurations, each parameter
+#: inside its range, :mod:`perfsim.engine.curve_bounds`; errors in docs/validation.md). The
+#: data barely constrain the knee: at these sizes the host floor hides small GEMMs; p2p_s
+#: and lm_head_eff end on their bounds -- a mechanism of Megatron-DeepSpeed's last stage
+#: is still missing (docs/validation.md).
 CURVES: dict[str, Curve] = {
-    "ampere": Curve(eff_max=0.9587, knee=0.01, mem_eff=0.8770, lm_head_eff=0.3357,
-                    source="fitted on A100 (../shared/data/a100-single-node, calibration half)", **_A100_HOST,
+    "ampere": Curve(eff_max=0.856, knee=0.007058, mem_eff=0.7734, lm_head_eff=0.7671,
+                    source="fitted on A100 (../shared/data/a100-single-node, calibration configurations, "
+                           "inside perfsim.engine.curve_bounds)", **_A100_HOST,
                     # not measured on an A100 (its data pad the vocabulary, its runs use
                     # Megatron's attention): the H200's
                     misaligned_eff=0.1924, **_H200_FLASH),
@@ -311,7 +320,8 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
         g = (curve.misaligned_eff if misaligned(op, bpv) else 1.0) * (curve.lm_head_eff if op.lm_head else 1.0)
         for x in (op.m * op.batch, op.n, op.k):
             g *= x / (x + curve.knee)
-        compute = op.flops / (gpu.peak(precision) * curve.eff_max * g)
+        gemm = precision if op.name in FP8_GEMMS else value_precision(precision)
+        compute = op.flops / (gpu.peak(gemm) * curve.eff_max * g)
         moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
         return max(compute, moved / bw, curve.kernel_s)
     return max(op.bytes / bw, curve.kernel_s)
@@ -338,7 +348,7 @@ def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRa
         raise ConfigError(f"attention=flash: the efficiency curve ({curve.source}) has no flash-attention fit")
     s0, d0 = FLASH_REF
     shape = (op.m / (op.m + ks)) * (op.k / (op.k + kd)) / ((s0 / (s0 + ks)) * (d0 / (d0 + kd)))
-    return max(flops / (gpu.peak(precision) * eff * shape), curve.kernel_s)
+    return max(flops / (gpu.peak(value_precision(precision)) * eff * shape), curve.kernel_s)
 
 
 def gemm_dims(name: str) -> tuple[int, int, int] | None:
@@ -400,15 +410,19 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
     return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
 
 
-def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron") -> list[Op]:
+def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
+              moe: bool | None = None, routing=None) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
-    kernel (:func:`flash_time`)."""
+    kernel (:func:`flash_time`). ``moe``: a block with routed experts (default: whether the
+    model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
+    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
     heads = max(1, spec.heads // tp)
-    qkv = (h + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else h // tp + 2 * spec.head_dim
+    q = spec.q_dim
+    qkv = (q + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q // tp + 2 * spec.head_dim
     dh = spec.head_dim
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
@@ -420,15 +434,19 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
            *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
            Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True)]),
-        Op("proj", m=tok, n=h, k=h // tp),
+        Op("proj", m=tok, n=h, k=q // tp),
         Op("dropout_residual1", bytes=3 * act + tok_sp * h),
-        Op("norm2", bytes=2 * act),
-        Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
-        Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
-        Op("mlp_down", m=tok, n=h, k=f // tp),
-        Op("dropout_residual2", bytes=3 * act + tok_sp * h),
+        *([Op("norm2", bytes=2 * act)] if spec.norms_per_block == 2 else []),
     ]
-    return ops
+    if spec.moe if moe is None else moe:
+        from perfsim.models.moe import moe_ops
+
+        ops += moe_ops(spec, tok, tp, bpv, routing)
+    else:
+        ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
+                Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
+                Op("mlp_down", m=tok, n=h, k=f // tp)]
+    return ops + [Op("dropout_residual2", bytes=3 * act + tok_sp * h)]
 
 
 def embedding_grad_ops(spec, tp: int, bpv: int) -> list[Op]:
@@ -481,11 +499,12 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
 
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
-                      curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron"
-                      ) -> tuple[list[float], list[float]]:
+                      curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
+                      routing=None) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
-    ``attention``: ``megatron`` or ``flash`` kernels (:func:`block_ops`)."""
+    ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
+    blocks each their own ops (:func:`block_ops`)."""
     bpv = BYTES_PER_VALUE[precision]
 
     def fwd_bwd(ops, recomputable: bool):
@@ -503,10 +522,12 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    blk = fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention), True)
+    kinds = {m: fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
+             for m in {spec.is_moe_block(i) for i in range(spec.n_layer)}}
+    blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]
     hd = fwd_bwd(head_ops(spec, mb, tp, sp, bpv), False)
-    fwd = [e[0]] + [blk[0]] * spec.n_layer + [hd[0]]
-    bwd = [e[1]] + [blk[1]] * spec.n_layer + [hd[1]]
+    fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
+    bwd = [e[1]] + [x[1] for x in blk] + [hd[1]]
     return fwd, bwd
 
 
@@ -527,7 +548,7 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
         for d in layer.out_shape:
             numel *= d
         moved = bpv * (layer.params + 2 * numel * mb)
-        t = max(layer.flops_fwd * mb / (gpu.peak(precision) * curve.eff_max),
+        t = max(layer.flops_fwd * mb / (gpu.peak(value_precision(precision)) * curve.eff_max),
                 moved / (gpu.memory_bandwidth_Bps * curve.mem_eff), curve.kernel_s)
         fwd.append(t)
     return fwd, [2 * t for t in fwd]
@@ -536,7 +557,7 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
 #: bytes an Adam step moves per parameter: fp32 (read p, g, m, v; write p, m, v) = 28;
 #: mixed precision adds the half-precision gradient read and weight copy written
 #: and the unscale / gradient-norm passes (Micikevicius et al. 2018, arXiv:1710.03740)
-ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36}
+ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36, "fp8": 36}
 
 
 def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:

@@ -78,10 +78,17 @@ class StagePlan:
     fwd_tp_s: float = 0.0  # tensor-parallel collectives of one micro-batch's forward
     bwd_tp_s: float = 0.0  # ... and backward (with full recomputation: + the forward's)
     tp_bytes: float = 0.0  # bytes one GPU sends in them per micro-batch (fwd + bwd)
+    #: expert-parallel all-to-alls of one micro-batch (fwd + bwd seconds, in fwd_tp_s /
+    #: bwd_tp_s: serial with compute like the TP collectives) and the bytes one GPU sends
+    ep_s: float = 0.0
+    ep_bytes: float = 0.0
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
     compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
     whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
+    unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
+    #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
+    units: list = field(default_factory=list)
 
 
 @dataclass
@@ -109,6 +116,9 @@ class Plan:
     #: stage all-reduce after the data-parallel sync (``Strategy.tied_embedding``
     #: ``sync``; 0: none)
     tied_sync_bytes: int = 0
+    #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -132,23 +142,30 @@ def weight_grad_share(layer, tokens: int) -> float:
 
 def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
     """The collectives of one bucket. Compressors that work per matrix (PowerSGD's
-    ``matrix_plan``) see each layer's gradient as a (hidden, rest) matrix -- the
-    last boundary dimension as rows, an approximation of the layer's weight
-    matrices -- and their per-layer steps are merged per position, as torch's
-    PowerSGD hook batches all P's (then Q's) of a bucket into one allreduce.
+    ``matrix_plan``) see each parameter tensor of a layer where the model lists them
+    (``LayerSpec.tensors``: an MLP's weight matrix and bias vector), else the layer's
+    gradient as one (hidden, rest) matrix -- the last boundary dimension as rows, an
+    approximation of its weight matrices. As torch's ``powerSGD_hook`` does, the
+    tensors it leaves uncompressed (vectors, too small to pay) go in one fp32
+    allreduce first, then all P's in one allreduce, then all Q's.
     Others see the flattened bucket, as DDP hands it to a comm hook."""
     if not hasattr(comp, "matrix_plan"):
         return list(comp.dp_plan((sum(layer.params for layer in layers),), dp))
-    merged: list[CommStep] = []
+    first: list[CommStep] = []  # the uncompressed allreduce
+    merged: list[CommStep] = []  # P's, Q's
     for layer in layers:
         rows = layer.out_shape[-1]
-        shape = (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)
-        for i, st in enumerate(comp.dp_plan(shape, dp)):
-            if i < len(merged) and merged[i].kind == st.kind and merged[i].reduce == st.reduce:
-                merged[i] = CommStep(st.kind, merged[i].nbytes + st.nbytes, st.reduce, st.label)
-            else:
-                merged.append(st)
-    return merged
+        shapes = layer.tensors or [
+            (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)]
+        for shape in shapes:
+            steps = comp.dp_plan(shape, dp)
+            into = first if len(steps) == 1 else merged
+            for i, st in enumerate(steps):
+                if i < len(into) and into[i].kind == st.kind and into[i].reduce == st.reduce:
+                    into[i] = CommStep(st.kind, into[i].nbytes + st.nbytes, st.reduce, st.label)
+                else:
+                    into.append(st)
+    return first + merged
 
 
 def native_specs(strategy) -> tuple[str, str, bool, bool]:
@@ -156,7 +173,10 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    half = strategy.precision if strategy.precision in ("fp16", "bf16") else None
+    from perfsim.hardware import value_precision
+
+    values = value_precision(strategy.precision)  # fp8 training sends bf16 values
+    half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
     fw_native = half is not None and compress.lower() == "fp32"
@@ -184,7 +204,8 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
-    parts = [(tp_layer_collectives(*shape), blocks), (tp_edge_collectives(*shape, embed, head), 1)]
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
+             (tp_edge_collectives(*shape, embed, head), 1)]
     groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
     seen = {}
     for members in groups:
@@ -207,6 +228,37 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     return fwd, bwd, nbytes
 
 
+def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0
+                   ) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
+    MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
+    combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
+    over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
+    (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
+    all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
+    group's; with full recomputation the forward's run again in the backward."""
+    from perfsim.models.moe import Routing, ep_alltoall_bytes
+    from perfsim.network import collective_cost
+
+    ep, spec = strategy.ep, workload.arch
+    if ep == 1 or spec is None or not moe_blocks:
+        return 0.0, 0.0, 0.0
+    routing = Routing.of(strategy)
+    size = ep_alltoall_bytes(spec, strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision],
+                             routing)
+    one = 0.0
+    for t in range(strategy.tp):
+        for g in range(strategy.dp // ep):
+            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
+    fwd = bwd = 2 * moe_blocks * one
+    sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
+    if strategy.recompute == "full":
+        bwd += fwd
+        sent *= 1.5
+    return fwd, bwd, 2 * sent
+
+
 def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None) -> Plan:
     """Resolve every per-stage cost (see module docstring). ``network`` times the
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
@@ -220,6 +272,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
+    from perfsim.hardware import value_precision
+
+    fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
+    fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
     from perfsim.boundaries import parse_boundary_compress
 
@@ -259,8 +315,14 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
+        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+            from perfsim.models.moe import expert_params_per_rank
+
+            synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
+                                                                                  int(layer.name[5:])))
+                      if layer.name.startswith("block") else layer for layer in synced]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
-                       whole_stage_measured=whole)
+                       whole_stage_measured=whole, unit_params=[layer.params for layer in synced])
         tokens = workload.tokens_per_sample
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
         if network is not None:
@@ -270,13 +332,19 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
                                                                    host_s=curve.collective_s if curve else 0.0)
+            if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
+                moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
+                                 and arch.is_moe_block(int(layer.name[5:])))
+                ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
+                                                     host_s=curve.collective_s if curve else 0.0)
+                st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)
             spec_s = per_boundary.get(s, strategy.compress)
             if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
-                native = strategy.precision in ("fp16", "bf16") and spec_s.lower() == "fp32"
-                pairs[spec_s] = (*make_pipeline_pair(strategy.precision if native else spec_s), native)
+                native = fw_half is not None and spec_s.lower() == "fp32"
+                pairs[spec_s] = (*make_pipeline_pair(fw_half if native else spec_s), native)
             fw_comp, bw_comp, fw_native = pairs[spec_s]
             st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
@@ -301,6 +369,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
+        if dp > 1 and onebit and strategy.zero >= 2:
+            raise ConfigError(f"grad_compress {strategy.grad_compress!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
+                              f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
             # (then: the 3-phase 1-bit allreduce) of the stage into ONE buffer after the
@@ -311,6 +382,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
+        elif dp > 1 and strategy.zero >= 2:
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
@@ -325,7 +398,26 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
-                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table))
+                warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
+                strategy.zero, strategy.reshard_after_forward)
+
+
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
+    """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
+    per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
+    weights after the last backward, one bucket of the stage."""
+    from perfsim.engine.sharding import param_gather_steps, shard_units
+
+    dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
+    plain = grad_spec in ("fp32", "none") or native
+    codec = None if plain or profile is None else (
+        lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
+    a = st.first_layer
+    fwd = list(workload.fwd_s[a:st.last_layer])
+    scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions
+    st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
+    if strategy.zero == 2:
+        st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 
 
 def tied_sync_bytes(workload, strategy, table) -> int:
@@ -351,7 +443,7 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
     profile when no GPU preset is named), else the GPU's compute model, else the
     memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
     opt = None
-    shard = params / (strategy.dp if strategy.zero == 1 else 1)
+    shard = params / (strategy.dp if strategy.zero >= 1 else 1)
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,

@@ -167,6 +167,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     slowdown = system_slowdown(sysm, profile)
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
+    if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
+        return None
     table = plan.table
     order = _order(plan.comm_rows)
     if order is None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from perfsim.network import collective_cost
+from perfsim.engine.uncertainty import interval
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -85,6 +86,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
             "grads_gib": gib("grads"), "optimizer_state_gib": gib("optimizer"),
             "activations_gib": gib("activations"),
             "buffers_gib": gib("buffers"),
+            "sharding_buffers_gib": gib("sharding"),
         })
     stages = []
     for (r, s), d in sorted(out.devices.items()):  # s: the pipeline device
@@ -142,10 +144,14 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
         "recompute": strategy.recompute, "attention": strategy.attention, "zero": strategy.zero,
+        "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
+        # expert parallelism: its all-to-alls per stage and micro-batch (in tp_comm_s), bytes per iteration
+        "ep": strategy.ep, "ep_comm_s": max((sp.ep_s for sp in plan.stages), default=0.0) * plan.num_microbatches,
+        "ep_bytes": sum(sp.ep_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
         # bytes sent by every rank of the tied-embedding all-reduces (first and last stage) per iteration
         "tied_embedding": strategy.tied_embedding,
         "tied_bytes": 2 * collective_cost("allreduce", plan.tied_sync_bytes, 2)[0] * dp * strategy.tp,
@@ -157,6 +163,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
     }
+    summary.update(interval(summary))
     if network is not None:
         link, coll = network.link, network.collective_link
         algos = out.collective_algos

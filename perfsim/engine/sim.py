@@ -77,6 +77,7 @@ import simpy
 from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.flows import FlowScheduler
 from perfsim.engine.plan import Plan, system_slowdown
+from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
 from perfsim.network import Network
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
@@ -212,6 +213,11 @@ class Simulation:
         place = plan.device or (lambda t, r, s: r * plan.pp + s)
         self._dev = {(r, s): place(0, r, s) for r in range(plan.dp) for s in range(plan.pp)}
         self.lanes = plan.tp
+        # ZeRO-2/3 (perfsim.engine.sharding): collectives waiting for replicas to join,
+        # and per (replica, device) the last reduce-scatter queued and all of them
+        self.shard_rdv: dict[tuple, list] = {}
+        self.rs_tail: dict[tuple[int, int], simpy.Event] = {}
+        self.rs_all: dict[tuple[int, int], list] = {}
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
@@ -399,7 +405,14 @@ class Simulation:
                 # reduce the input gradient: they go with B or I, not W)
                 tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
                 t0 = env.now
-                if a is last_grad.get(k) and self.buckets[k]:
+                if sp.units and kind in (FORWARD, BACKWARD):  # ZeRO-2/3: collectives per unit
+                    yield from sharded_compute(self, r, d, k, mb, kind == FORWARD, seconds)
+                    if tp_s > 0:
+                        yield env.timeout(tp_s)
+                    if a is last_grad.get(k) and self.buckets[k]:
+                        env.process(after_reduce_scatters(self, r, d, [
+                            self.bucket_ready[(r, k, i)] for i in range(len(self.buckets[k]))]))
+                elif a is last_grad.get(k) and self.buckets[k]:
                     yield from self._last_backward(r, d, k, seconds + tp_s)
                 else:
                     yield from self._work(st, me, seconds)
@@ -415,6 +428,10 @@ class Simulation:
         syncs = [self.sync_done[(r, k)] for k in mine if self.buckets[k]]
         if syncs:
             yield simpy.AllOf(env, syncs)
+        if self.rs_all.get((r, d)):  # ZeRO-2/3: the optimizer steps on the reduced shards
+            t0 = env.now
+            yield simpy.AllOf(env, self.rs_all[(r, d)])
+            st.dp_sync_s += env.now - t0
         if d in self.tied_devices:
             self.grads_synced[(r, d)].succeed()
             yield self.tied_done[r]

@@ -22,6 +22,20 @@ from dataclasses import dataclass, field
 
 from perfsim.errors import ConfigError
 
+#: the most layers a model may have (a transformer's blocks, a workload file's layers
+#: with their counts): checked before any layer is built, so a typo such as
+#: ``count = 100000000`` is one line, not gigabytes of memory (docs/formats.md). Ten
+#: times the deepest transformer trained so far (DeepNet, 1,000 layers: Wang et al.,
+#: "DeepNet: Scaling Transformers to 1,000 Layers", arXiv:2203.00555)
+MAX_LAYERS = 10_000
+
+
+def check_layer_count(n: int, what: str) -> None:
+    """Refuse more than :data:`MAX_LAYERS` layers; ``what`` names the culprit."""
+    if n > MAX_LAYERS:
+        raise ConfigError(f"{what}: {n} layers in all, more than perfsim takes ({MAX_LAYERS}; "
+                          "perfsim.models.specs.MAX_LAYERS)")
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -34,12 +48,16 @@ class LayerSpec:
     flops_fwd: forward FLOPs for one sample (2 per multiply-add); backward is
       taken as 2x forward (Kaplan et al. 2020), a fallback when no profile
       gives measured times.
+    tensors: the shapes of the layer's parameter tensors where the model knows them
+      (an MLP's weight and bias), for compressors that treat each tensor apart
+      (PowerSGD); empty: one ``(out features, rest)`` matrix stands for the layer.
     """
 
     name: str
     params: int
     out_shape: tuple[int, ...]
     flops_fwd: float
+    tensors: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ class MLPSpec:
             raise ConfigError(f"{self.name}.sizes={self.sizes}: need >= 2 positive sizes")
 
     def layers(self) -> list[LayerSpec]:
-        return [LayerSpec(f"fc{i}", a * b + b, (b,), float(2 * a * b))
+        return [LayerSpec(f"fc{i}", a * b + b, (b,), float(2 * a * b), tensors=((b, a), (b,)))
                 for i, (a, b) in enumerate(zip(self.sizes[:-1], self.sizes[1:]))]
 
     @property

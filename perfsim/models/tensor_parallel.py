@@ -30,10 +30,15 @@ from perfsim.errors import ConfigError
 
 
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                         bytes_per_value: int) -> tuple[tuple[str, str, float], ...]:
+                         bytes_per_value: int, parallel_block: bool = False) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
     per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
-    in execution order; empty for ``tp == 1``."""
+    in execution order; empty for ``tp == 1``. ``parallel_block`` (attention and MLP on
+    the same input, outputs summed: GPT-J, GPT-NeoX, Falcon): the two row-parallel
+    outputs are summed before ONE forward all-reduce (GPT-NeoX's ``gpt_j_residual``
+    defers both reductions, Black et al. 2022, arXiv:2204.06745; PaLM Sec. 2,
+    arXiv:2204.02311); the backward keeps one per sub-block (each column-parallel
+    input's gradient), and sequence parallelism keeps its pairs."""
     for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
                     ("bytes_per_value", bytes_per_value)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -44,8 +49,8 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     if not sequence_parallel:
         # fwd: g after attention's row-parallel projection, g after the MLP's;
         # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV
-        return (("fwd", "allreduce", full), ("fwd", "allreduce", full),
-                ("bwd", "allreduce", full), ("bwd", "allreduce", full))
+        return ((("fwd", "allreduce", full),) * (1 if parallel_block else 2)
+                + (("bwd", "allreduce", full), ("bwd", "allreduce", full)))
     if seq % tp:
         raise ConfigError(f"seq={seq}: sequence parallelism needs it divisible by tp={tp}")
     shard = full / tp
@@ -71,14 +76,39 @@ def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequen
     return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
 
 
-def shard_block_params(spec, tp: int) -> int:
-    """Parameters one tensor-parallel rank holds of one block: the GEMM weights
-    (and their column-parallel biases) split ``t`` ways, the norms and the
-    row-parallel biases replicated (Megatron-LM Sec. 3)."""
-    d, kv, f = spec.hidden, spec.kv_dim, spec.ffn
-    gemm = d * (d + 2 * kv) + d * d + (3 if spec.gated else 2) * d * f
-    col_bias = (d + 2 * kv + f) if spec.bias else 0
-    replicated = 2 * spec.norm_params() + (2 * d if spec.bias else 0)
+def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:
+    """The MLP widths of block ``i`` (default the last) on one expert-parallel rank: its
+    ``ffn``, or ``experts / ep`` expert widths and the shared expert's."""
+    i = spec.n_layer - 1 if i is None else i
+    if spec.is_moe_block(i):
+        return [spec.expert_ffn] * (spec.experts // ep) + ([spec.shared_ffn] if spec.shared_ffn else [])
+    return [spec.ffn]
+
+
+def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
+    """GEMM weights of block ``i`` (default the last) on one expert-parallel rank: QKV, the
+    attention projection and every local MLP's matrices."""
+    d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+    mats = 3 if spec.gated else 2
+    return d * (q + 2 * kv) + q * d + sum(mats * d * w for w in block_mlp_widths(spec, i, ep))
+
+
+def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
+    """Parameters one tensor-parallel rank holds of block ``i`` (default the last): the
+    GEMM weights (and their column-parallel biases) split ``t`` ways -- every expert's
+    too, as Megatron-Core's expert tensor parallelism; ``experts / ep`` of them with
+    expert parallelism -- the norms, the row-parallel biases and a MoE router
+    replicated (Megatron-LM Sec. 3)."""
+    d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+    i = spec.n_layer - 1 if i is None else i
+    mats = 3 if spec.gated else 2
+    widths = block_mlp_widths(spec, i, ep)
+    router = d * spec.experts + (d if spec.shared_gate else 0) if spec.is_moe_block(i) else 0
+    gemm = block_gemm_params(spec, i, ep)
+    col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
+                                                         if spec.mlp_bias else 0)
+    replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
+                  + (d * len(widths) if spec.mlp_bias else 0) + router)
     return -(-(gemm + col_bias) // tp) + replicated
 
 
@@ -86,7 +116,10 @@ def check_tp(spec, tp: int) -> None:
     """Megatron splits heads, key/value heads and the MLP width evenly."""
     if tp == 1:
         return
-    for what, n in (("heads", spec.heads), ("ffn", spec.ffn)):
+    for what, n in (("heads", spec.heads), ("ffn", spec.ffn), ("expert_ffn", spec.expert_ffn),
+                    ("shared_ffn", spec.shared_ffn)):
+        if not n:
+            continue
         if n % tp:
             raise ConfigError(f"tp={tp}: does not divide {spec.name} {what}={n}")
     if spec.kv_heads % tp and tp % spec.kv_heads:

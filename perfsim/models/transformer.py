@@ -3,34 +3,43 @@
 A :class:`TransformerSpec` describes GPT-2/GPT-3, GPT-NeoX, LLaMA/Mistral and
 BERT alike (the knobs that change the parameter count and the operators):
 
-* attention: ``heads`` query heads of width ``hidden / heads``, ``kv_heads``
+* attention: ``heads`` query heads of width ``head_dim`` (default ``hidden / heads``), ``kv_heads``
   key/value heads (grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245;
   ``kv_heads == heads`` is multi-head attention);
 * MLP: width ``ffn``; ``gated`` = SwiGLU with three matrices (LLaMA, Touvron et
   al. 2023, arXiv:2307.09288), else two (GELU);
-* ``bias``: linear layers and norms carry biases (GPT-2, BERT, NeoX) or not (LLaMA);
-  ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only);
+* ``bias``: linear layers carry biases (GPT-2, BERT, NeoX) or not (LLaMA); ``qkv_bias``,
+  ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only);
+  ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only), ``norms_per_block``
+  of them (Falcon-7B's parallel block: 1);
+* mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
+  ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
   rows (0 for rotary); ``token_types`` (BERT's segment table); ``tied`` LM head.
 
-Parameters of one block (``d`` hidden, ``kv = kv_heads * d / heads``, ``f`` ffn):
-attention ``d*(d + 2 kv) + d*d`` (+ biases ``d + 2 kv + d``), MLP ``(3 if gated else
-2) * d * f`` (+ biases ``f + d``), two norms. GPT-2 gives ``12 d^2 + 13 d`` (nanoGPT),
+Parameters of one block (``d`` hidden, ``q = heads * head_dim``, ``kv = kv_heads * head_dim``,
+``f`` ffn): attention ``d*(q + 2 kv) + q*d`` (+ biases ``q + 2 kv`` and ``d``), MLP ``(3 if
+gated else 2) * d * f`` (+ biases ``(2 if gated else 1) f + d``), the norms; a MoE block's
+MLP is its router and experts (:func:`perfsim.models.moe.moe_mlp_params`). GPT-2 gives
+``12 d^2 + 13 d`` (nanoGPT),
 LLaMA-2 70B 68.98 B, GPT-3 175B 174.6 B, BERT-Large (with pooler) 335.1 M.
 
 Inline spec (``--model``): ``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200``
 with optional ``ffn=``, ``kv_heads=``; ``llama:``/``bert:``/``neox:`` select those
-architectures' conventions. A Hugging Face ``config.json`` path is read with
-:func:`from_hf_config`.
+architectures' conventions; ``head_dim=``, ``experts=``, ``top_k=``, ``expert_ffn=``
+describe wider heads and a mixture of experts (:mod:`perfsim.models.moe`). A Hugging
+Face ``config.json`` path (or a folder holding one) is read by
+:func:`perfsim.models.hf_config.from_hf_config`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.models.hf_config import from_hf_config  # noqa: F401  (the reader lives there)
+from perfsim.models.specs import check_layer_count
 
 #: architecture conventions: (gated MLP, bias, norm, learned positions, tied head, encoder)
 ARCHS = {
@@ -79,6 +88,36 @@ class TransformerSpec:
     encoder: bool = False
     #: token-type (segment) rows of an encoder
     token_types: int = 0
+    #: width of one attention head (default hidden / heads; Gemma's is 256 at any hidden size)
+    head_dim: int = 0
+    #: biases of the query, key and value projections (None: ``bias``; Qwen2 has them alone)
+    qkv_bias: bool | None = None
+    #: bias of the attention output projection (None: ``bias``)
+    out_bias: bool | None = None
+    #: biases of the MLP's (and every expert's) linear layers (None: ``bias``)
+    mlp_bias: bool | None = None
+    #: norms per block: 2 (pre-attention, pre-MLP) or 1 (Falcon-7B's parallel block shares one)
+    norms_per_block: int = 2
+    #: attention and MLP read the same input and their outputs are summed (GPT-J, GPT-NeoX's
+    #: parallel residual, Falcon, PaLM Sec. 2, Chowdhery et al. 2022, arXiv:2204.02311): one
+    #: tensor-parallel reduction per pass instead of two
+    parallel_block: bool = False
+    #: mixture of experts (perfsim.models.moe): routed experts per MoE block (0: dense model)
+    experts: int = 0
+    #: experts each token is routed to (top-k)
+    top_k: int = 0
+    #: MLP width of one routed expert (default ``ffn``)
+    expert_ffn: int = 0
+    #: MLP width of the always-active shared expert(s) of a MoE block, summed (DeepSeekMoE,
+    #: Qwen-MoE); 0: none
+    shared_ffn: int = 0
+    #: the shared expert's output is scaled by a sigmoid gate, a ``hidden x 1`` linear (Qwen-MoE)
+    shared_gate: bool = False
+    #: blocks (0-based) that keep a dense MLP of width ``ffn`` in a MoE model
+    #: (DeepSeekMoE's ``first_k_dense_replace``, Qwen-MoE's ``mlp_only_layers``)
+    dense_layers: tuple[int, ...] = ()
+    #: read from a Hugging Face config.json (perfsim.models.hf_config)
+    from_config: bool = False
     kind: str = field(default="transformer", init=False)
 
     def __post_init__(self):
@@ -86,8 +125,14 @@ class TransformerSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(f"{self.name}.{f}={v!r}: must be an integer >= 1")
-        if self.hidden % self.heads:
-            raise ConfigError(f"{self.name}: hidden={self.hidden} not divisible by heads={self.heads}")
+        check_layer_count(self.n_layer, f"model {self.name!r}")
+        if self.head_dim == 0:
+            if self.hidden % self.heads:
+                raise ConfigError(f"{self.name}: hidden={self.hidden} not divisible by heads={self.heads}")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        for f in ("qkv_bias", "out_bias", "mlp_bias"):
+            if getattr(self, f) is None:
+                object.__setattr__(self, f, self.bias)
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
@@ -100,24 +145,64 @@ class TransformerSpec:
             raise ConfigError(f"{self.name}.norm={self.norm!r}: layernorm or rmsnorm")
         if self.arch not in ARCHS:
             raise ConfigError(f"{self.name}.arch={self.arch!r}: choose from {', '.join(ARCHS)}")
+        if self.head_dim < 1 or self.norms_per_block not in (1, 2):
+            raise ConfigError(f"{self.name}: head_dim={self.head_dim} must be >= 1, norms_per_block="
+                              f"{self.norms_per_block} 1 or 2")
+        from perfsim.models.moe import check_moe
+
+        check_moe(self)
 
     # ------------------------------------------------------------ sizes
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_dim(self) -> int:
+        """Width of the queries (and of the attention output): ``heads x head_dim``."""
+        return self.heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
         return self.kv_heads * self.head_dim
 
+    @property
+    def moe(self) -> bool:
+        """A mixture-of-experts model (perfsim.models.moe)."""
+        return self.experts > 0
+
     def norm_params(self) -> int:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
-    def block_params(self) -> int:
-        d, kv, f = self.hidden, self.kv_dim, self.ffn
-        attn = d * (d + 2 * kv) + d * d + (d + 2 * kv + d if self.bias else 0)
-        mlp = (3 if self.gated else 2) * d * f + (f + d if self.bias else 0)
-        return attn + mlp + 2 * self.norm_params()
+    def attention_params(self) -> int:
+        """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``) and their biases."""
+        d, q, kv = self.hidden, self.q_dim, self.kv_dim
+        return d * (q + 2 * kv) + q * d + ((q + 2 * kv) if self.qkv_bias else 0) + (d if self.out_bias else 0)
+
+    def mlp_params(self, width: int) -> int:
+        """One MLP of ``width``: SwiGLU/GeGLU three matrices (gate, up, down), else two."""
+        d = self.hidden
+        mats = 3 if self.gated else 2
+        return mats * d * width + (((mats - 1) * width + d) if self.mlp_bias else 0)
+
+    def is_moe_block(self, i: int) -> bool:
+        """Whether block ``i`` has routed experts (else a dense MLP of width ``ffn``)."""
+        return self.moe and i not in self.dense_layers
+
+    def block_params(self, i: int | None = None) -> int:
+        """Parameters of block ``i`` (default: the last block, a MoE block in a MoE model);
+        a MoE block counts every expert (:func:`perfsim.models.moe.moe_mlp_params`)."""
+        from perfsim.models.moe import moe_mlp_params
+
+        i = self.n_layer - 1 if i is None else i
+        mlp = moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)
+        return self.attention_params() + mlp + self.norms_per_block * self.norm_params()
+
+    def active_block_params(self, i: int | None = None) -> int:
+        """Parameters one token passes through in block ``i``: ``top_k`` routed experts,
+        the shared expert and the router (Fedus et al. 2021, arXiv:2101.03961, Sec. 2)."""
+        from perfsim.models.moe import moe_mlp_params
+
+        i = self.n_layer - 1 if i is None else i
+        if not self.is_moe_block(i):
+            return self.block_params(i)
+        return self.block_params(i) - moe_mlp_params(self) + moe_mlp_params(self, active=True)
 
     def embed_params(self) -> int:
         d = self.hidden
@@ -133,9 +218,29 @@ class TransformerSpec:
             return d * d + d
         return self.norm_params() + (0 if self.tied else self.vocab * d)
 
+    def gemm_weights(self, i: int | None = None) -> int:
+        """Weights of block ``i`` one token multiplies with (biases and norms left out):
+        the attention projections and the dense MLP, or the router, ``top_k`` routed experts
+        and the shared expert of a MoE block."""
+        d, q, kv = self.hidden, self.q_dim, self.kv_dim
+        i = self.n_layer - 1 if i is None else i
+        mats = 3 if self.gated else 2
+        if self.is_moe_block(i):
+            mlp = (self.experts * d + mats * d * (self.top_k * self.expert_ffn + self.shared_ffn)
+                   + (d if self.shared_gate else 0))
+        else:
+            mlp = mats * d * self.ffn
+        return d * (q + 2 * kv) + q * d + mlp
+
     @property
     def params(self) -> int:
-        return self.embed_params() + self.n_layer * self.block_params() + self.head_params()
+        return self.embed_params() + sum(self.block_params(i) for i in range(self.n_layer)) + self.head_params()
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (= ``params`` for a dense model)."""
+        return (self.embed_params() + sum(self.active_block_params(i) for i in range(self.n_layer))
+                + self.head_params())
 
     @property
     def tokens_per_sample(self) -> int:
@@ -155,12 +260,16 @@ class TransformerSpec:
         from perfsim.models.specs import LayerSpec
 
         d, T, V = self.hidden, self.seq_len, self.vocab
-        gemm_w = self.block_params() - (2 * self.norm_params()
-                                        + ((2 * d + 2 * self.kv_dim + self.ffn + d) if self.bias else 0))
-        block_flops = T * (2 * gemm_w + 4 * T * d)
+
+        def block_flops(i: int) -> float:
+            # every weight a token passes through (the active experts' and the router's in a
+            # MoE block), plus the scores and the weighted sum over q_dim-wide heads
+            gemm_w = self.gemm_weights(i)
+            return float(T * (2 * gemm_w + 4 * T * self.q_dim))
+
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table
         out = [LayerSpec("embed", self.embed_params(), (T, d), float(T * d * (1 + self.encoder)))]
-        out += [LayerSpec(f"block{i}", self.block_params(), (T, d), float(block_flops))
+        out += [LayerSpec(f"block{i}", self.block_params(i), (T, d), block_flops(i))
                 for i in range(self.n_layer)]
         head_flops = 2 * T * d * (d if self.encoder else V)
         out.append(LayerSpec("head", self.head_params(), (T, d) if self.encoder else (T, V),
@@ -202,11 +311,13 @@ TRANSFORMER_PRESETS: dict[str, TransformerSpec] = {s.name: s for s in (
 )}
 
 _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
-                "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads"}
+                "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
+                "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn"}
 
 
 def parse_inline(text: str) -> TransformerSpec:
-    """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..]``."""
+    """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..,head_dim=..,
+    experts=..,top_k=..,expert_ffn=..]``."""
     arch, _, rest = text.partition(":")
     arch = arch.strip().lower()
     if arch not in ARCHS:
@@ -228,46 +339,6 @@ def parse_inline(text: str) -> TransformerSpec:
     return _arch_spec(arch, name, **kw)
 
 
-def from_hf_config(path: str | Path, seq_len: int | None = None) -> TransformerSpec:
-    """A Hugging Face ``config.json`` (GPT-2, GPT-NeoX, LLaMA/Mistral, BERT key names)."""
-    p = Path(path)
-    where = f"model config {str(p)!r}"
-    try:
-        cfg = json.loads(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{where}: malformed ({exc})") from None
-    if not isinstance(cfg, dict):
-        raise ConfigError(f"{where}: top level must be an object")
-    mtype = str(cfg.get("model_type", "")).lower()
-    arch = ("llama" if mtype in ("llama", "mistral", "mixtral", "qwen2") else "neox" if mtype == "gpt_neox"
-            else "bert" if mtype in ("bert", "roberta") else "gpt" if mtype in ("gpt2", "gpt", "") else None)
-    if arch is None:
-        raise ConfigError(f"{where}: model_type {mtype!r} not supported (gpt2, gpt_neox, llama, mistral, bert)")
-
-    def get(*keys, default=None):
-        for k in keys:
-            if k in cfg and cfg[k] is not None:
-                return cfg[k]
-        if default is None:
-            raise ConfigError(f"{where}: lacks {' / '.join(keys)}")
-        return default
-
-    hidden = int(get("hidden_size", "n_embd", "d_model"))
-    positions = int(get("max_position_embeddings", "n_positions", "n_ctx", default=2048))
-    kw = dict(n_layer=int(get("num_hidden_layers", "n_layer")), hidden=hidden,
-              heads=int(get("num_attention_heads", "n_head")), vocab=int(get("vocab_size")),
-              ffn=int(get("intermediate_size", "n_inner", default=4 * hidden) or 4 * hidden),
-              kv_heads=int(get("num_key_value_heads", default=0) or 0),
-              seq_len=int(seq_len or positions), max_positions=positions)
-    if arch == "bert":
-        kw["token_types"] = int(get("type_vocab_size", default=2))
-    if "tie_word_embeddings" in cfg:
-        kw["tied"] = bool(cfg["tie_word_embeddings"])
-    return _arch_spec(arch, str(cfg.get("_name_or_path") or p.parent.name or p.stem), **kw)
-
-
 def resolve_transformer(name: str, seq_len: int | None = None) -> TransformerSpec | None:
     """A preset, inline spec or config.json path, as a TransformerSpec; None if ``name``
     is none of these (the caller tries its other presets)."""
@@ -277,7 +348,7 @@ def resolve_transformer(name: str, seq_len: int | None = None) -> TransformerSpe
         spec = TRANSFORMER_PRESETS[key.lower()]
     elif ":" in key and key.split(":", 1)[0].lower() in ARCHS:
         spec = parse_inline(key)
-    elif key.lower().endswith(".json") or Path(key).is_file():
+    elif key.lower().endswith(".json") or Path(key).is_file() or Path(key).is_dir():
         return from_hf_config(key, seq_len)
     else:
         from perfsim.models.specs import MODEL_SPECS, GPTSpec

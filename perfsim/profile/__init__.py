@@ -17,7 +17,7 @@ from perfsim.profile.format import (BASE_OPS, CODEC_OPS, COMM_OPS, COMPUTE_OPS, 
                                     OTHER_OPS, RECORD_COLUMNS, SUPPORTED_VERSIONS, VERSION,
                                     ProfileFile, check_record, default_profile_path, shape_text)
 
-__all__ = ["Profile", "load_profile", "Fit", "fit_alpha_beta", "name_chain", "default_profile_path",
+__all__ = ["Profile", "load_profile", "profile_path", "Fit", "fit_alpha_beta", "name_chain", "default_profile_path",
            "shape_text", "check_record", "ProfileFile", "ProfileCosts", "FORMAT", "VERSION",
            "SUPPORTED_VERSIONS", "RECORD_COLUMNS", "CORE_COLUMNS", "FACTS", "KNOWN_OPS", "BASE_OPS",
            "COMPUTE_OPS", "CODEC_OPS", "COMM_OPS", "OTHER_OPS", "EFFICIENCY_OPS", "DEFAULT_PROFILE"]
@@ -30,18 +30,24 @@ class Profile(ProfileFile, ProfileCosts):
 
 def load_profile(spec: str | os.PathLike | Profile | None) -> Profile:
     """A Profile from a path, an already-loaded Profile, or None (the default)."""
-    if spec is None or spec == "" or spec == "default":
-        return Profile.default()
     if isinstance(spec, Profile):
         return spec
+    return Profile.load(profile_path(spec))
+
+
+def profile_path(spec: str | os.PathLike | None) -> Path:
+    """The file :func:`load_profile` reads for ``spec``: the default profile for None,
+    a path, or a bare name (shipped names, ``traces/NAME.json``, package data)."""
+    if spec is None or spec == "" or spec == "default":
+        return default_profile_path()
     p = Path(spec)
     if not p.exists() and not p.suffix:
         # a bare name such as "default-v100-aqsgd": shipped names, traces/ and package data
         from perfsim.packaged import DATA, NAMES
 
         if str(spec) in NAMES["profile"]:
-            return Profile.load(DATA / NAMES["profile"][str(spec)])
+            return DATA / NAMES["profile"][str(spec)]
         for folder in (default_profile_path().parent, Path(__file__).resolve().parents[2] / "traces"):
             if (folder / f"{spec}.json").exists():
-                return Profile.load(folder / f"{spec}.json")
-    return Profile.load(p)
+                return folder / f"{spec}.json"
+    return p

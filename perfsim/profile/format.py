@@ -94,6 +94,9 @@ FACTS: dict[str, str] = {
     "max_rel_error": _FLOAT,   # fit records: worst relative residual
     "size_min": _INT,          # fit records: smallest size fitted
     "size_max": _INT,          # fit records: largest size fitted
+    "folded": _INT,            # 1: a layer's 0 s record is a measurement -- its time is
+                               # counted in its stage's other layers (the default profile's
+                               # embed / head, folded into the paper's equal stages)
 }
 #: version-1 ``source`` facts that only restated a record's own columns
 #: (``1 / beta_s_per_byte``, ``flops / time_s``, ``size_bytes / time_s``): dropped

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 from perfsim.errors import ConfigError
@@ -38,6 +39,7 @@ def make_config(**params: Any):
     from perfsim.runtime.config import RunConfig
 
     params = {_ALIASES.get(k, k): v for k, v in params.items() if v is not None}
+    params.pop("overwrite", None)  # what run() does with an earlier run's folder, not part of the job
     bw = params.pop("emulate_bandwidth", None)
     lat = params.pop("emulate_latency", None)
     if bw is not None:
@@ -59,40 +61,89 @@ def make_config(**params: Any):
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:
         params["hang_timeout_s"] = parse_time(params["hang_timeout_s"], "--hang-timeout", allow_zero=False)
-    if params.get("out") is None:
-        params["out"] = params.get("resume") or tempfile.mkdtemp(prefix="perfsim-run-")
-    params["out"] = str(params["out"])
-    from perfsim.outputs import check_dir_target
+    if params.get("resume") is not None:
+        params["resume"] = str(params["resume"])
+        from perfsim.runtime import checkpoint
 
-    check_dir_target(params["out"], "--out")
+        root, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
+        params = _from_checkpoint(meta, params)
+        if params.get("out") is None:  # the run folder that owns the checkpoint, never the step folder
+            params["out"] = str(checkpoint.run_folder(root))
     if params.get("device") == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA GPU is visible here (use --device cpu)")
-    if params.get("resume") is not None:
-        params["resume"] = str(params["resume"])
+    if params.get("out") is None:
+        params["out"] = tempfile.mkdtemp(prefix="perfsim-run-")
+    params["out"] = str(params["out"])
+    from perfsim.outputs import check_dir_target
+
+    check_dir_target(params["out"], "--out")
+    cfg = RunConfig.from_dict(params)
+    if cfg.resume is not None:
         from perfsim.runtime import checkpoint
 
-        _, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
-        cfg = RunConfig.from_dict(params)
         checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
-        return cfg
-    return RunConfig.from_dict(params)
+    return cfg
+
+
+#: what a resumed run takes from its checkpoint's stored config unless given again; these
+#: may change on resume (train longer, checkpoint more often, another emulated link)
+RUN_KEYS = ("steps", "epochs", "checkpoint_every", "bandwidth_bps", "latency_s", "timeout_s",
+            "hang_timeout_s", "device")
+
+
+def _from_checkpoint(meta: dict, params: dict) -> dict:
+    """``params`` of a resumed run completed from the checkpoint's stored config: the job
+    (:attr:`RunConfig.RESUME_KEYS`: model, parallelism, compression, batch, seed...) comes
+    from the checkpoint, and a job flag given again must agree (one line naming the flag,
+    its stored and its given value); the :data:`RUN_KEYS` given now win, the others are
+    the stored ones (``--steps`` or ``--epochs`` given now replaces both stored ones)."""
+    import dataclasses
+
+    from perfsim.runtime.config import RunConfig
+
+    stored = dict(meta.get("config") or {})
+    field_defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)
+                      if f.default is not dataclasses.MISSING}
+    merged = dict(params)
+    for k in RunConfig.RESUME_KEYS:
+        if k not in stored and k not in RunConfig.RESUME_DEFAULTS:
+            continue  # a checkpoint older than the key: the run's value stands (checked later)
+        was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
+        if k in params and params[k] != was:
+            flag = "--" + k.replace("_", "-")
+            raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "
+                              f"the job from the checkpoint: leave {flag} out, or start a new run elsewhere)")
+        merged[k] = was
+    if "steps" in params or "epochs" in params:
+        stored.pop("steps", None)
+        stored.pop("epochs", None)
+    for k in RUN_KEYS:
+        if k not in params and stored.get(k, field_defaults.get(k)) is not None:
+            merged[k] = stored.get(k, field_defaults.get(k))
+    return merged
 
 
 def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def run(progress: Callable[[dict], None] | None = None, **params: Any) -> Result | None:
+def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False, **params: Any) -> Result | None:
     """Train for real and return the measured Result (``source="measured"``).
 
     Writes ``out/result.json``, ``summary.csv``, ``stages.csv``,
     ``microbatches.csv``, ``links.csv``, ``losses.csv``, ``trace.json`` and the
     checkpoint ``out/ckpt``. ``progress`` is called with ``{"step", "steps",
     "loss"}`` as training advances (local launch only).
+
+    A run never replaces another silently: an ``out`` that holds an earlier run's
+    results or checkpoints is refused (:class:`ConfigError`) unless ``resume``
+    continues that run there or ``overwrite=True`` removes them first (``ckpt/``
+    included, so two runs' checkpoints never mix). ``resume`` takes the job from the
+    checkpoint (:func:`make_config`) and writes into the run folder that owns it.
     """
     from perfsim.runtime.measure import load_result
 
@@ -102,11 +153,60 @@ def run(progress: Callable[[dict], None] | None = None, **params: Any) -> Result
             raise ConfigError("--emulate-bandwidth starts its own ranks; do not combine it with torchrun")
         from perfsim.runtime.worker import init_and_train
 
+        claim_out(cfg, overwrite)  # every rank, before the rendezvous: nothing is written yet
         init_and_train(cfg)
         return load_result(cfg.out) if int(os.environ["RANK"]) == 0 else None
     from perfsim.outputs import locked_dir
     from perfsim.runtime.launch import launch_local
 
     with locked_dir(cfg.out, "--out"):  # a second run on the same folder is refused
+        claim_out(cfg, overwrite)
         launch_local(cfg, progress=progress)
         return load_result(cfg.out)
+
+
+def earlier_run(out: str | Path) -> list[str]:
+    """What folder ``out`` holds of an earlier run (its result files, ``ckpt/``), in words;
+    empty when nothing."""
+    from perfsim.runtime.measure import OUTPUT_FILES
+
+    out = Path(out)
+    files = [name for name in OUTPUT_FILES if (out / name).exists()]
+    held = ["result.json" if "result.json" in files else files[0]] if files else []
+    if len(files) > 1:
+        held[0] += f" and {len(files) - 1} more result files"
+    ckpt = out / "ckpt"
+    if ckpt.is_dir() and any(ckpt.iterdir()):
+        held.append("ckpt/")
+    return held
+
+
+def claim_out(cfg, overwrite: bool = False) -> None:
+    """Refuse an ``out`` holding an earlier run (one line naming what it holds and the
+    flags that continue or replace it), or, with ``overwrite``, remove that run's
+    results and checkpoints first."""
+    import shutil
+
+    from perfsim.runtime.measure import OUTPUT_FILES
+
+    out = Path(cfg.out)
+    if overwrite and cfg.resume is not None:
+        raise ConfigError("--overwrite with --resume: --resume continues the run in its folder, "
+                          "--overwrite replaces it; give one")
+    held = earlier_run(out)
+    if not held:
+        return
+    if cfg.resume is not None:
+        from perfsim.runtime import checkpoint
+
+        owner = checkpoint.run_folder(checkpoint.find(cfg.resume)[0])
+        if owner.resolve() == out.resolve():
+            return  # continuing that run in its own folder
+        raise ConfigError(f"--out {str(out)!r}: holds another run ({', '.join(held)}); leave --out out to "
+                          f"continue in {str(owner)!r}, or choose an empty folder")
+    if not overwrite:
+        raise ConfigError(f"--out {str(out)!r}: holds an earlier run ({', '.join(held)}); continue it with "
+                          f"--resume {out}, replace it with --overwrite, or choose another folder")
+    for name in OUTPUT_FILES:
+        (out / name).unlink(missing_ok=True)
+    shutil.rmtree(out / "ckpt", ignore_errors=True)

@@ -110,6 +110,14 @@ def find(resume: str | Path) -> tuple[Path, dict[str, Any]]:
     raise ConfigError(f"resume {str(resume)!r}: no checkpoint (no ckpt/latest.json)")
 
 
+def run_folder(root: str | Path) -> Path:
+    """The run folder that owns checkpoint folder ``root`` (``OUT`` of ``OUT/ckpt``): where a
+    run resumed from any of its checkpoints writes its outputs and new checkpoints, so a
+    resume from ``OUT/ckpt/stepN`` never nests a run inside a checkpoint."""
+    root = Path(root)
+    return root.parent if root.name == "ckpt" else root
+
+
 def _previous(root: Path, step: int) -> Path | None:
     steps = sorted(int(m.group(1)) for d in root.iterdir()
                    if (m := _STEP_DIR.fullmatch(d.name)) and (d / "commit.json").exists())

@@ -50,7 +50,7 @@ class RunConfig(PipelineShape):
     grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
     micro_batch, macro_batch: samples per micro-batch / per replica per step.
     steps: optimizer steps in total (a resumed run continues up to it);
-      ``epochs`` sets it instead when steps is None.
+      ``epochs`` sets it instead (give one of the two).
     seed, lr, optimizer: training.
     dataset_limit: keep the first N samples (shorter epochs; AQ-SGD's
       uncompressed first epoch ends sooner).
@@ -67,6 +67,9 @@ class RunConfig(PipelineShape):
       sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
     hang_timeout_s: a rank whose heartbeat stops this long is named as hung
       and the job stopped (local launch).
+    zero: 0 (plain data parallelism) or 3: every layer under torch's ``fully_shard``
+      (FSDP2, :mod:`perfsim.runtime.fsdp`; ``pp = tp = 1``, no gradient compression,
+      untied head, no checkpoints), the simulator's ``--zero 3``.
     """
 
     model: str = "digits-mlp"
@@ -101,6 +104,7 @@ class RunConfig(PipelineShape):
     virtual_stages: int | None = None
     fail_signal: str = "SIGKILL"
     hang_timeout_s: float = 30.0
+    zero: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -123,6 +127,9 @@ class RunConfig(PipelineShape):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
         if self.epochs is not None and not (0 < self.epochs < math.inf):
             raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if self.steps is not None and self.epochs is not None:
+            raise ConfigError(f"steps={self.steps} and epochs={self.epochs:g}: give one (--steps counts "
+                              "optimizer steps, --epochs sets them from the data set's size)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
@@ -147,6 +154,7 @@ class RunConfig(PipelineShape):
             raise ConfigError(f"emulate_latency={self.latency_s}: must be >= 0")
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
+        self.check_zero()
         self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.runtime.tensor_parallel import check_tp
 
@@ -209,6 +217,21 @@ class RunConfig(PipelineShape):
         if self.tied_embedding == "sync" and self.tp > 1:
             raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "
                               "tensor-parallel rank (Megatron splits it by vocabulary); use tp=1 or untied")
+
+    def check_zero(self) -> None:
+        """Execute mode runs ZeRO-3 as FSDP2 on one pipeline stage without TP (refused otherwise)."""
+        if self.zero not in (0, 3):
+            raise ConfigError(f"zero={self.zero!r}: perfsim run trains 0 (DDP-style) or 3 (FSDP2 fully_shard); "
+                              f"ZeRO-1/2 are modelled by perfsim predict only")
+        if self.zero == 3:
+            for what, bad in (("pp", self.pp != 1), ("tp", self.tp != 1),
+                              ("grad_compress", self.grad_compress.lower() not in ("none", "fp32")),
+                              ("tied_embedding", self.tied_embedding != "untied"),
+                              ("resume", self.resume is not None),
+                              ("checkpoint_every", self.checkpoint_every != 0)):
+                if bad:
+                    raise ConfigError(f"zero=3 with {what}={getattr(self, what)!r}: execute mode's FSDP2 "
+                                      f"runs pp 1, tp 1, no gradient compression, an untied head, no checkpoints")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -239,7 +239,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)
         # tied embedding (perfsim.runtime.tied): wire bytes of its all-reduce, all ranks, per step
         "tied_embedding": cfg.tied_embedding, "tied_bytes": tied_bytes,
-        "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes,
+        "tp": cfg.tp, "sequence_parallel": cfg.sequence_parallel, "tp_bytes": tp_bytes, "zero": cfg.zero,
         "tp_comm_s": _mean(r["tp_comm_s"] for r in stages),
     }
     result = Result(summary, stages, microbatches, link_rows, trace_events(gathered))
@@ -279,21 +279,33 @@ def _csv(rows: list[dict], columns: list[str]) -> str:
     return buf.getvalue()
 
 
+#: what :func:`write_outputs` writes into a run folder, ``result.json`` (the one
+#: :func:`load_result` reads) last
+OUTPUT_FILES = ("summary.csv", "stages.csv", "microbatches.csv", "links.csv", "losses.csv", "trace.json",
+                "result.json")
+
+
 def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None = None) -> None:
-    """result.json, summary.csv, stages.csv, microbatches.csv, links.csv, losses.csv, trace.json."""
+    """result.json, summary.csv, stages.csv, microbatches.csv, links.csv, losses.csv, trace.json.
+
+    Every file is rendered before the first is written, then each is written atomically
+    (:func:`perfsim.outputs.write_text`), ``result.json`` last: a failure while rendering
+    leaves the folder as it was, and ``result.json`` never describes files not yet written."""
     from perfsim.result import SUMMARY_COLUMNS
 
     out = Path(out)
     losses = result.losses
     data = result.to_json_dict()
     data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
-    atomic_write_text(out / "result.json", json.dumps(data, indent=1, default=float))
-    atomic_write_text(out / "summary.csv", _csv([result.row()], SUMMARY_COLUMNS))
-    atomic_write_text(out / "stages.csv", _csv(result.stages, STAGE_COLUMNS))
-    atomic_write_text(out / "microbatches.csv", _csv(result.microbatches, MICROBATCH_COLUMNS))
-    atomic_write_text(out / "links.csv", _csv(result.links, LINK_COLUMNS))
-    atomic_write_text(out / "losses.csv", _csv(data["losses"], ["step", "loss"]))
-    result.write_trace(out / "trace.json")
+    texts = {"summary.csv": _csv([result.row()], SUMMARY_COLUMNS),
+             "stages.csv": _csv(result.stages, STAGE_COLUMNS),
+             "microbatches.csv": _csv(result.microbatches, MICROBATCH_COLUMNS),
+             "links.csv": _csv(result.links, LINK_COLUMNS),
+             "losses.csv": _csv(data["losses"], ["step", "loss"]),
+             "trace.json": result.trace_text(),
+             "result.json": json.dumps(data, indent=1, default=float)}
+    for name in OUTPUT_FILES:
+        atomic_write_text(out / name, texts[name])
 
 
 def load_result(out: str | Path) -> Result:

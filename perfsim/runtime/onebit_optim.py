@@ -50,13 +50,15 @@ warm-up: padding / unused embeddings, always-zero inputs) have their momentum ma
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
-Known limitation (measured, not a bug of the compression): with a very short
-warm-up on inputs with rare features (``digits-mlp`` on raw [0, 1] pixels,
-12 warm-up steps) the frozen variance of rare coordinates is tiny and the
-compression stage diverges *even with exact fp32 averaging*
-(``compressor="fp32"``); the papers warm up for 15-20 % of thousands of steps.
-``gpt2-tiny`` with 20 warm-up steps trains like AdamW. A diverging run stops
-with a ConfigError naming the step and the warm-up.
+Known limitation (measured, not a bug of the compression; docs/ddp.md, issue 35):
+the frozen variance does not bound the step of a coordinate whose gradient outgrows
+it after warm-up -- weights of rare, large inputs whose warm-up variance was ~1e-8
+take steps of ``m / sqrt(v_frozen)`` in the hundreds, and the run diverges *even with
+exact fp32 averaging* (``compressor="fp32"``; ``scripts/onebit_frozen_variance.py``).
+Adam's own ``v`` would grow and bound it. The papers warm up for 15-20 % of training
+(``perfsim.ddp.onebit_optimizer(..., total_steps=N)``). A diverging or NaN step stops
+with one ConfigError naming the step, the parameter group and the parameter, on
+every rank, before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
@@ -67,7 +69,8 @@ not shrink it.
 Integration: with these optimizers DDP must not average gradients; build them
 with :func:`perfsim.ddp.onebit_optimizer`, which registers a no-op hook on a DDP
 model (an optimizer whose parameters sit in a DDP model without it refuses to
-step). Statistics and, for fp16/bf16 parameters, master weights are float32.
+step). Statistics and, for fp16/bf16 parameters, master weights are float32, also
+after ``load_state_dict`` (torch's own would cast them to the parameter dtype).
 The warm-up is a setting of the run (``warmup`` steps, default
 :data:`DEFAULT_WARMUP`), not of the checkpoint: a resumed optimizer uses the
 value it was built with (freezing at load if that warm-up is already over;
@@ -78,17 +81,21 @@ frozen variance, LAMB coefficients and the compressor's error buffers
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from typing import Any
 
 import torch
 
+from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
 from perfsim.runtime.grad_sync import DEFAULT_WARMUP
 
 STATE_KEY = "onebit"
-EXCHANGES = ("preconditioned", "momentum")
+from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)
+#: compressors that may carry the momentum exchange (``fp32``: exact averaging, a control)
+MOMENTUM_COMPRESSORS = ("onebit", "fp32")
 #: what the compression stage exchanges by default (see the module docstring)
 DEFAULT_EXCHANGE = "preconditioned"
 
@@ -143,9 +150,7 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
         _check(eps > 0, f"{self.algorithm}: eps={eps} must be > 0")
         _check(weight_decay >= 0, f"{self.algorithm}: weight_decay={weight_decay} must be >= 0")
-        _check(isinstance(warmup, int) and warmup >= 1,
-               f"{self.algorithm}: warmup={warmup} must be an integer >= 1 (the frozen variance "
-               "comes from the warm-up)")
+        check_warmup(warmup, self.algorithm)  # the one rule (perfsim.compression.spec)
         _check(exchange in EXCHANGES, f"{self.algorithm}: exchange={exchange!r} (choose from "
                f"{', '.join(EXCHANGES)})")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
@@ -155,6 +160,11 @@ class _OneBitBase(torch.optim.Optimizer):
         self.group = group
         self.warmup = warmup
         self.compressor = make_compressor(compressor, seed=seed)
+        _check(self.compressor.name in MOMENTUM_COMPRESSORS,
+               f"{self.algorithm}: compressor={compressor!r} cannot exchange the momentum (choose "
+               f"{' or '.join(MOMENTUM_COMPRESSORS)}: 1-bit sign+scale with error feedback, or exact "
+               "fp32 as a control); gradient compressors go through perfsim.ddp.attach")
+        self.param_names: dict[int, str] = {}  # id(param) -> name, set by perfsim.ddp.onebit_optimizer
         self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0}
         self.total_bytes = 0
         self.link = None      # the no-op DDP hook's state, set by perfsim.ddp.onebit_optimizer
@@ -179,14 +189,16 @@ class _OneBitBase(torch.optim.Optimizer):
         """Warm-up: uncompressed mean of the gradients, one fused fp32 allreduce."""
         world = _world(self.group)
         if world == 1:
+            if grads:
+                self._check_finite(torch.cat([g.reshape(-1) for g in grads]), "gradient", grads)
             return grads
         import torch.distributed as dist
 
         flat = torch.cat([g.reshape(-1).float() for g in grads])
-        self._check_finite(flat, "gradient")
         t0 = time.perf_counter()
-        dist.all_reduce(flat, group=self.group)
+        dist.all_reduce(flat, group=self.group)  # a NaN/Inf on any rank reaches every rank
         self.stats["time_s"] += time.perf_counter() - t0
+        self._check_finite(flat, "gradient", grads)  # before any state changes
         self._count(flat.numel() * flat.element_size())
         flat /= world
         return [c.view_as(g) for c, g in zip(torch.split(flat, [g.numel() for g in grads]), grads)]
@@ -195,12 +207,20 @@ class _OneBitBase(torch.optim.Optimizer):
         """Compression stage: average ``tensors`` (fused) through the compressor."""
         world = _world(self.group)
         flat = torch.cat([t.reshape(-1).float() for t in tensors])
-        self._check_finite(flat, "momentum")
         if world > 1:
+            # a NaN/Inf on one rank travels as a NaN scale (onebit) or through the sum
+            # (fp32), so every rank stops here together, with no error buffer changed
             t0 = time.perf_counter()
-            flat = self.compressor.allreduce_mean(flat, self.group)
+            try:
+                flat = self.compressor.allreduce_mean(flat, self.group)
+            except ConfigError:  # the same refusal on every rank; say whose data it was
+                self._check_finite(flat, "gradient or momentum", tensors)
+                if not bool(torch.isfinite(torch.linalg.vector_norm(flat))):
+                    self._diverged("momentum", "on this rank", "values too large for a float32 norm")
+                self._diverged("gradient or momentum", "on another rank", "NaN/Inf or too large")
             self.stats["time_s"] += time.perf_counter() - t0
             self._count(sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world)))
+        self._check_finite(flat, "gradient or momentum", tensors)
         return [c.view_as(t) for c, t in zip(torch.split(flat, [t.numel() for t in tensors]), tensors)]
 
     def _count(self, nbytes: int) -> None:
@@ -222,16 +242,28 @@ class _OneBitBase(torch.optim.Optimizer):
                               "model that allreduces every gradient in fp32; build the optimizer with "
                               "perfsim.ddp.onebit_optimizer(ddp_model, ...) so it installs its no-op hook")
 
-    def _check_finite(self, flat: torch.Tensor, what: str) -> None:
-        """Stop with a clear message when training diverged (instead of the
-        compressor's refusal to encode NaN/Inf)."""
-        if flat.numel() and not bool(torch.isfinite(flat).all()):
-            t, stage = self.global_state["step"], "warm-up" if self.global_state["step"] <= self.warmup \
-                else "compression stage"
-            raise ConfigError(
-                f"{self.algorithm}: {what} became NaN/Inf at step {t} ({stage}, warmup={self.warmup}); "
-                "training diverged -- a longer warm-up (the frozen variance must be stable, the "
-                "papers use 15-20% of the run) or a smaller lr usually fixes it")
+    def _check_finite(self, flat: torch.Tensor, what: str, parts: list[torch.Tensor]) -> None:
+        """Stop with one clear message, naming the step and the parameter group (and
+        parameter) of the first NaN/Inf in ``parts`` (this rank's tensors, in
+        :meth:`_params` order), when ``flat`` (their fused, maybe averaged, form) is
+        not finite. Called before any state is written."""
+        if not flat.numel() or bool(torch.isfinite(flat).all()):
+            return
+        items = self._params()
+        for (p, g), part in zip(items, parts):
+            if not bool(torch.isfinite(part).all()):
+                gi = next(i for i, grp in enumerate(self.param_groups) if grp is g)
+                name = self.param_names.get(id(p)) or f"#{[q for q in g['params']].index(p)}"
+                self._diverged(what, f"in parameter group {gi}, parameter {name} {tuple(p.shape)}")
+        self._diverged(what, "on another rank")
+
+    def _diverged(self, what: str, where: str, problem: str = "NaN/Inf") -> None:
+        t = self.global_state["step"]
+        stage = "warm-up" if t <= self.warmup else "compression stage"
+        raise ConfigError(
+            f"{self.algorithm}: {what} {problem} at step {t} {where} ({stage}, warmup={self.warmup}); "
+            "nothing was updated -- NaN/Inf gradients, or training diverged (a longer warm-up or "
+            "a smaller lr)")
 
     @property
     def compressing(self) -> bool:
@@ -249,8 +281,18 @@ class _OneBitBase(torch.optim.Optimizer):
         if not self._checked:
             self._check_communication(params)
         self.global_state["step"] += 1
+        try:
+            self._step(params)
+        except ConfigError:
+            self.global_state["step"] -= 1  # nothing was written: the step did not happen
+            raise
+        return loss
+
+    def _step(self, params) -> None:
         t = self.global_state["step"]
         grads = [self._grad(p).float() for p, _ in params]
+        if t <= self.warmup:  # averaged (and checked) before any state is created or changed
+            grads = self._allreduce_grads(grads)
         for p, _ in params:
             st = self.state[p]
             if not st:  # statistics in float32 whatever the parameter dtype (bf16 squares underflow)
@@ -263,7 +305,7 @@ class _OneBitBase(torch.optim.Optimizer):
         items = [(self.state[p].get("master", p), g) for p, g in params]
         self._masters = {id(w): p for (w, _), (p, _) in zip(items, params)}
         if t <= self.warmup:
-            self._warmup_step(t, items, self._allreduce_grads(grads))
+            self._warmup_step(t, items, grads)
             if t == self.warmup:
                 self.global_state["freeze_step"] = t
                 self._freeze(items)
@@ -272,7 +314,6 @@ class _OneBitBase(torch.optim.Optimizer):
         for p, _ in params:
             if "master" in self.state[p]:
                 p.copy_(self.state[p]["master"])
-        return loss
 
     def _st(self, w: torch.Tensor) -> dict:
         """Optimizer state of the parameter whose float32 master is ``w``."""
@@ -298,9 +339,23 @@ class _OneBitBase(torch.optim.Optimizer):
                          "step": int(self.global_state["step"]),
                          "freeze_step": int(self.global_state["freeze_step"]),
                          "wire_bytes": int(self.total_bytes),
+                         "world_size": _world(self.group),
                          "compressor_spec": self.compressor.spec,
                          "compressor": self.compressor.state_dict()}
         return sd
+
+    def _restore_float32(self, state_dict: dict[str, Any]) -> None:
+        """Put back the saved float32 statistics and master weights: torch's
+        ``Optimizer.load_state_dict`` casts every floating state tensor to its
+        parameter's dtype, which for bf16/fp16 parameters rounds the moments, the
+        frozen variance and the master weights (the resumed run then drifts from
+        the uninterrupted one)."""
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for pid, p in zip(saved_ids, params):
+            for key, value in state_dict["state"].get(pid, {}).items():
+                if isinstance(value, torch.Tensor) and value.is_floating_point():
+                    self.state[p][key] = value.detach().to(device=p.device, dtype=torch.float32, copy=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         state_dict = dict(state_dict)
@@ -320,12 +375,21 @@ class _OneBitBase(torch.optim.Optimizer):
         if frozen and self.warmup > frozen:
             raise ConfigError(f"{self.algorithm}: the checkpoint froze the variance at step {frozen}; "
                               f"warmup={self.warmup} cannot extend a finished warm-up (use <= {frozen})")
+        saved_world, world = ours.get("world_size"), _world(self.group)
+        per_rank = any(isinstance(v, dict) and v for v in ours["compressor"].values())  # error buffers
+        if saved_world is not None and int(saved_world) != world and per_rank:
+            raise ConfigError(f"{self.algorithm}: checkpoint saved at step {step} with {saved_world} "
+                              f"data-parallel ranks, this run has {world}; the error-feedback buffers "
+                              "are per rank and cannot be re-sharded -- resume with the same world size")
+        compressor = copy.deepcopy(self.compressor)
+        compressor.load_state_dict(ours["compressor"])  # validated before anything is replaced
         super().load_state_dict(state_dict)
+        self._restore_float32(state_dict)
         # warm-up is this run's setting (not the checkpoint's): a shorter one than the
         # checkpoint's step freezes now, with the statistics of the steps done so far
         self.global_state = {"step": step, "freeze_step": frozen}
         self.total_bytes = int(ours.get("wire_bytes", 0))
-        self.compressor.load_state_dict(ours["compressor"])
+        self.compressor = compressor
         if not frozen and step >= self.warmup:
             params = self._params()
             items = [(self.state[p].get("master", p), g) for p, g in params]

@@ -146,6 +146,12 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
     module = stages[mine[0]] if len(mine) == 1 else Chunks([stages[k] for k in mine])
     # what the optimizer and the gradient sync see: with TP this rank's local shards
+    meter = None
+    if cfg.zero == 3:  # FSDP2 on every layer (perfsim.runtime.fsdp): it gathers and reduce-scatters itself
+        from perfsim.runtime.fsdp import CollectiveMeter, shard_stage
+
+        shard_stage(module, list(module.layers), dp_group, device.type)
+        meter = CollectiveMeter(dp)
     named = tpar.parallelize(module, [stages[k] for k in mine]) if tpar is not None \
         else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
@@ -156,7 +162,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     # one flat dict of every compressor (checkpointed); slot names alone with one stage per rank
     comps = {(slot if len(mine) == 1 else f"{k}/{slot}"): c for k in mine for slot, c in per_stage[k].items()}
     # gradients through the public perfsim.ddp state (1-bit optimizers exchange momentum instead)
-    grad_state = None if getattr(optimizer, "algorithm", "") else \
+    grad_state = None if getattr(optimizer, "algorithm", "") or meter is not None else \
         pddp.CompressionState(cfg.grad_compress, dp_group, seed=cfg.seed * 31 + stage)
     runner = StageRunner(stages, table, stage, lambda d: layout.rank(d, replica, tp_rank), per_stage, dataset,
                          cfg.micro_batch, device)
@@ -169,6 +175,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         root, meta = checkpoint.find(cfg.resume)
         checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
+        if int(meta["step"]) >= steps:  # every rank says so, before any file is read
+            raise ConfigError(f"resume: checkpoint is at step {meta['step']}, nothing left to do for --steps {steps}")
         state = checkpoint.load_rank(root, meta["step"], rank)
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -179,8 +187,6 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         torch.set_rng_state(state["rng"])
         start = int(state["step"])
         loss_history = dict(state["loss_history"])
-        if start >= steps:
-            raise ConfigError(f"resume: checkpoint is at step {start}, nothing left to do for --steps {steps}")
 
     def save(step_done: int) -> None:
         error, previous = None, checkpoint.latest(ckpt_root)
@@ -218,6 +224,9 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
                 with tpar.meter:
                     rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
                     tpar.end_backward(module, rec)
+            elif meter is not None:
+                with meter:
+                    rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
             else:
                 rec = runner.run_step(step, order.epoch_of(step), ids, next_ids)
         except ConfigError as exc:  # a compressor refused NaN/Inf/overflowing values: divergence
@@ -237,6 +246,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             module.zero_grad(set_to_none=True)
         t2 = time.perf_counter()
         rec.dp_sync_s, rec.dp_bytes, rec.optimizer_s, rec.end = t1 - t0, int(stats.get("bytes", 0)), t2 - t1, t2
+        if meter is not None:  # FSDP2's collectives ran inside the forwards and backwards
+            rec.dp_bytes += int(meter.pop()[0])
         if hasattr(optimizer, "pop_stats"):  # 1-bit optimizers: their exchange is the dp sync
             ostats = optimizer.pop_stats()
             rec.dp_bytes += int(ostats.get("bytes", 0))
@@ -254,7 +265,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
             atomic_write_text(out / ".ranks" / "progress.json",
                               json.dumps({"step": step + 1, "steps": steps, "loss": rec.loss}))
         done = step + 1
-        if done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0):
+        if meter is None and (done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
             save(done)
 
     payload = {"rank": rank, "stage": stage, "replica": replica, "tp_rank": tp_rank,
@@ -272,6 +283,8 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         result = build_result(cfg, gathered, dataset_name=dataset.name)
         write_outputs(result, out, gathered)
     dist.barrier()
+    for c in comps.values():  # the run completed: no resume needs AQ-SGD's disk= buffers now
+        c.release()
 
 
 def init_and_train(cfg: RunConfig) -> None:

@@ -1,0 +1,151 @@
+"""Stored measurements that ``perfsim validate --reuse-measured`` reuses, and the key
+that says whether they still hold.
+
+A row's measurement is stored in its run folders (``runs/<row>/result.json`` and its
+``-r<k>`` repeats, with :data:`KEY_FILE` beside them) and in the grid's
+``validation.csv`` (the measured columns and ``measured_key``). It is reused only
+under the key it was taken with (:func:`measure_key`: perfsim's version and every run
+parameter but the folder, :mod:`perfsim.provenance`); another key measures the row
+again, saying what changed. Measurements stored before perfsim keyed them are reused
+with a warning that they could not be checked.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from perfsim.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from perfsim.analysis.validate import ValidationPlan
+
+log = logging.getLogger("perfsim.analysis.validate")
+
+
+#: the file beside a measured run's result.json holding the key it was measured under
+KEY_FILE = "measure-key.json"
+
+
+def measure_key(run_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The key of a measurement (:mod:`perfsim.provenance`): perfsim's version and every
+    parameter of the run but its folder; and those parameters (JSON-ready)."""
+    import json
+
+    from perfsim.provenance import input_key
+
+    params = json.loads(json.dumps({k: v for k, v in run_params.items() if k != "out"}, default=str))
+    return input_key(values={"run": params}, code=False), params
+
+
+def write_key(run_dir: str, key: str, params: dict[str, Any]) -> None:
+    import json
+
+    from perfsim.result import atomic_write_text
+
+    atomic_write_text(Path(run_dir) / KEY_FILE, json.dumps({"key": key, "params": params}, indent=1))
+
+
+def _stored_measurements(run_dir: Path, repeats: int):
+    """The fastest stored measured run of a row (``result.json`` of ``run_dir`` and its
+    ``-r<k>`` repeats, all that are stored), or (None, [], None) when none is stored;
+    the third item is the stored :data:`KEY_FILE` document of the runs (None when one
+    of them has none: measured before perfsim keyed measurements, or keys that differ)."""
+    import json
+    from types import SimpleNamespace
+
+    best, tputs, keys = None, [], []
+    k = 0
+    while True:
+        folder = Path(str(run_dir) + (f"-r{k}" if k else ""))
+        path = folder / "result.json"
+        k += 1
+        if not path.exists():
+            if k > max(repeats, 1):
+                break
+            continue
+        try:
+            summary = json.loads(path.read_text())["summary"]
+            keys.append(json.loads((folder / KEY_FILE).read_text()) if (folder / KEY_FILE).exists() else None)
+        except (OSError, ValueError, KeyError) as e:
+            raise ConfigError(f"{path}: unreadable stored measurement ({e})") from None
+        tputs.append(summary.get("throughput_samples_per_s") or 0.0)
+        if best is None or tputs[-1] > (best.summary.get("throughput_samples_per_s") or 0.0):
+            best = SimpleNamespace(summary=summary)
+    same = keys and all(isinstance(d, dict) and d == keys[0] for d in keys)
+    return best, tputs, keys[0] if same else None
+
+
+#: stored tables read by --reuse-measured, by path (before this process rewrites them)
+_TABLES: dict[str, list[dict[str, str]]] = {}
+
+
+def _table_measurement(out: str, row: dict[str, Any]):
+    """The measured figures of ``row`` (its schedule and tp degree included, where
+    the table records them) from the grid's stored ``validation.csv`` (the run folders
+    are kept locally, not in git; the table keeps each row's fastest measured run):
+    ``(figures, throughputs, {"key": measured_key})``, or None when the table has no
+    such row."""
+    import csv
+    from types import SimpleNamespace
+
+    path = Path(out) / "validation.csv"
+    if str(path) not in _TABLES:  # read once: the command rewrites the table after each row
+        if not path.exists():
+            return None
+        with path.open() as fh:
+            _TABLES[str(path)] = list(csv.DictReader(fh))
+    bw = row["bandwidth"]
+    for rec in _TABLES[str(path)]:
+        rec_bw = float(rec["bandwidth_bps"]) if rec.get("bandwidth_bps") else None
+        if (rec_bw != bw or rec["compress"] != row["compress"]
+                or rec["grad_compress"] != row["grad_compress"]
+                or (rec.get("schedule") and row.get("schedule") and rec["schedule"] != row["schedule"])
+                or (rec.get("tp") and float(rec["tp"]) != float(row.get("tp", 1)))):
+            continue
+        summary = {}
+        for key, value in rec.items():
+            if key.startswith("measured_") and key not in ("measured_throughput_all", "measured_repeats"):
+                try:
+                    summary[key[len("measured_"):]] = float(value)
+                except ValueError:
+                    pass
+        summary["measured_steps"] = summary.pop("steps", None)
+        tputs = [float(t) for t in rec.get("measured_throughput_all", "").split(";") if t]
+        return SimpleNamespace(summary=summary), tputs, {"key": rec.get("measured_key")}
+    return None
+
+
+def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
+            key_params: dict[str, Any]):
+    """``(figures, throughputs, key)`` of the stored measurement of ``row`` that
+    ``--reuse-measured`` may use, or ``(None, [], None)``: none is stored, or it was
+    taken with other run parameters or another perfsim (a warning says which, and the
+    row is measured again). A measurement stored before perfsim keyed them is reused
+    with a warning that it could not be checked."""
+    from perfsim.provenance import NO_KEY, stale_reasons
+
+    measured, tputs, doc = _stored_measurements(run_dir, plan.repeats)
+    where = str(run_dir)
+    if measured is None:
+        measured, tputs, doc = _table_measurement(plan.out, row) or (None, [], None)
+        where = f"{Path(plan.out) / 'validation.csv'} ({run_dir.name})"
+    if measured is None:
+        return None, [], None
+    stored = (doc or {}).get("key")
+    why = stale_reasons(stored, key)
+    if why == [NO_KEY]:
+        log.warning("validate: the stored measurement %s carries no input key (measured before perfsim "
+                    "keyed measurements on their run parameters): reused unchecked; drop "
+                    "--reuse-measured to measure it again", where)
+        return measured, tputs, None
+    if why:
+        old = (doc or {}).get("params") or {}
+        diff = [f"{k} {old.get(k)!r} -> {key_params.get(k)!r}" for k in sorted(set(old) | set(key_params))
+                if old.get(k) != key_params.get(k)] if old else ["its run parameters"]
+        parts = [r for r in why if not r.startswith("run ")] + (diff if "run changed" in why else [])
+        log.warning("validate: the stored measurement %s was taken with other inputs (%s): measuring "
+                    "it again", where, "; ".join(parts))
+        return None, [], None
+    return measured, tputs, stored

@@ -1,0 +1,168 @@
+"""ZeRO-2/3 and FSDP2 in the communication schedule: per-unit collectives beside compute.
+
+Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", arXiv:1910.02054, Sec. 5 and 7; Zhao et al., "PyTorch FSDP: Experiences on
+Scaling Fully Sharded Data Parallel", arXiv:2304.11277, Sec. 3-4. A *unit* is one layer
+of a stage (an FSDP2 ``fully_shard`` module: a transformer block, the embedding, the head).
+
+* ZeRO-2 (``Strategy.zero == 2``): every backward reduce-scatters each unit's gradient as
+  soon as the unit's backward has produced it (DeepSpeed stage 2 and FSDP reduce at
+  every micro-batch: the gradients are kept sharded), on a communication stream of its
+  own; after the last backward the updated parameters are all-gathered (as ZeRO-1:
+  :func:`perfsim.engine.plan.zero1_steps`, one bucket of the whole stage).
+* ZeRO-3 / FSDP2 full-shard (``zero == 3``): each forward all-gathers every unit's
+  parameters before the unit computes, and each backward again (unless
+  ``reshard_after_forward`` is off), in execution order, with one unit of prefetch: the
+  gather of unit ``i + 1`` starts once unit ``i``'s gather is done and unit ``i`` starts
+  computing (FSDP2 issues it from the CPU ahead of the GPU; its memory holds two units,
+  :func:`perfsim.memory.sharding_buffers`); unit ``i`` computes once its gather is done.
+  Gradients are reduce-scattered as in ZeRO-2; no gather after the step (the next
+  forward gathers the updated shards).
+
+Per iteration and rank, a ring moves ``(N-1)/N`` of each collective's full buffer
+(:func:`perfsim.collectives.plan`): ZeRO-3 with ``m`` micro-batches sends
+``m (2 W + G) Psi (N-1)/N`` bytes (``m (W + G) Psi (N-1)/N`` without resharding) against
+DDP's ``2 G Psi (N-1)/N`` -- the paper's 1.5x at ``m = 1``, Sec. 7.2.2.
+
+Gradient compression composes with the reduce-scatter only where the compressor's
+payloads can be summed chunk by chunk (:meth:`perfsim.compression.base.Compressor.
+reduce_scatter_plan`); otherwise the configuration is refused, naming the compressor.
+The optimizer step waits for every reduce-scatter of the iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from perfsim.compression.base import ALLGATHER, CommStep
+from perfsim.errors import ConfigError
+
+
+@dataclass
+class ShardUnit:
+    """One sharding unit of a stage, per micro-batch."""
+
+    params: int
+    fwd_share: float  # share of the stage's forward compute
+    bwd_share: float  # share of the stage's backward compute
+    gather_bytes: int  # one rank's shard of the weights (0: no gather, ZeRO-2)
+    rs_steps: list[CommStep] = field(default_factory=list)  # its gradient's reduce-scatter
+    codec_s: float = 0.0  # encode + decode of a compressed reduce-scatter
+
+
+def shard_units(layers, layer_fwd, layer_bwd, comp, dp: int, zero: int, weight_bytes: int,
+                codec=None) -> list[ShardUnit]:
+    """The units of a stage (``layers`` in model order, their per-micro-batch forward and
+    backward seconds): each unit's reduce-scatter asked from the gradient compressor
+    ``comp`` (refused with a one-line reason where it cannot), its all-gather of
+    ``weight_bytes`` per parameter under ZeRO-3. ``codec(spec, steps, nbytes)``: encode +
+    decode seconds of a compressed exchange (None: plain). A layer without parameters
+    has no collectives: its compute joins the unit before it (the first unit: after it)."""
+    spec = comp.spec or comp.name
+    fsum, bsum = sum(layer_fwd) or 1.0, sum(layer_bwd) or 1.0
+    n = len(layers)
+    units: list[ShardUnit] = []
+    spare_f = spare_b = 0.0  # shares of parameter-less layers before the first unit
+    for layer, f, b in zip(layers, layer_fwd, layer_bwd):
+        fs, bs = (f / fsum if sum(layer_fwd) else 1.0 / n), (b / bsum if sum(layer_bwd) else 1.0 / n)
+        if layer.params <= 0:
+            if units:
+                units[-1].fwd_share += fs
+                units[-1].bwd_share += bs
+            else:
+                spare_f, spare_b = spare_f + fs, spare_b + bs
+            continue
+        try:
+            steps = comp.reduce_scatter_plan((layer.params,), dp)
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, RuntimeError) as exc:
+            raise ConfigError(f"grad_compress {spec!r}: cannot plan the reduce-scatter of "
+                              f"{layer.params} elements ({exc})") from exc
+        codec_s = codec(spec, steps, 4 * layer.params) if codec is not None else 0.0
+        gather = -(-layer.params * weight_bytes // dp) if zero >= 3 else 0
+        units.append(ShardUnit(layer.params, fs + spare_f, bs + spare_b, gather, list(steps), codec_s))
+        spare_f = spare_b = 0.0
+    return units
+
+
+def param_gather_steps(params: int, weight_bytes: int, dp: int) -> list[CommStep]:
+    """ZeRO-2's all-gather of the updated weights after the step (each rank its shard)."""
+    return [CommStep(ALLGATHER, -(-params * weight_bytes // dp), label="zero2 params")]
+
+
+# ---------------------------------------------------------------- the event loop side
+
+def _collective(sim, key, r: int, d: int, kind: str, nbytes: int, label: str):
+    """Replica ``r``'s part of the collective ``key`` of the data-parallel group of
+    pipeline device ``d``: returns the event of its completion. It starts once every
+    simulated replica has joined (the replicas a class stands for run in step)."""
+    ent = sim.shard_rdv.get(key)
+    if ent is None:
+        ent = sim.shard_rdv[key] = [set(), sim.env.event()]
+    ent[0].add(r)
+    if len(ent[0]) == len(sim.replicas):
+        del sim.shard_rdv[key]
+        sim.env.process(_run(sim, d, kind, nbytes, label, ent[1]))
+    return ent[1]
+
+
+def _run(sim, d: int, kind: str, nbytes: int, label: str, done: simpy.Event):
+    members = [sim.dev(r, d) for r in range(sim.plan.dp)]
+    simulated = {sim.dev(r, d) for r in sim.replicas}
+    start = sim.env.now
+    coll = yield from sim.run_collective(kind, nbytes, members, simulated, lanes=sim.lanes)
+    sim.dp_bytes_per_rank[d] += coll.wire_bytes
+    sim._span(f"{kind} d{d} {label} ({coll.algo})", "dp", sim.replicas[0], 2000 + d, start, sim.env.now,
+              {"bytes": nbytes, "algo": coll.algo})
+    done.succeed()
+
+
+def _reduce_scatter(sim, key, r: int, d: int, unit: ShardUnit, after):
+    """The reduce-scatter of ``unit``'s gradient on the device's reduce-scatter stream
+    (after ``after``, the previous one on that stream)."""
+    if after is not None:
+        yield after
+    if unit.codec_s > 0:
+        yield sim.env.timeout(unit.codec_s)
+    for i, step in enumerate(unit.rs_steps):
+        yield _collective(sim, (*key, i), r, d, step.kind, step.nbytes, step.label or "grad reduce-scatter")
+
+
+def after_reduce_scatters(sim, r: int, d: int, events):
+    """Fire ``events`` (ZeRO-2's gather bucket) once the device's reduce-scatters so far are done."""
+    pending = list(sim.rs_all.get((r, d), ()))
+    if pending:
+        yield simpy.AllOf(sim.env, pending)
+    for ev in events:
+        ev.succeed()
+
+
+def sharded_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds: float):
+    """One forward or backward of stage ``k`` (replica ``r``, pipeline device ``d``) unit
+    by unit, with its ZeRO-3 all-gathers (one unit of prefetch) and, in the backward, each
+    unit's reduce-scatter queued on the reduce-scatter stream (module docstring)."""
+    env, plan = sim.env, sim.plan
+    st, me = sim.stats[(r, d)], sim.dev(r, d)
+    units = plan.stages[k].units if forward else plan.stages[k].units[::-1]
+    gathers = plan.zero >= 3 and (forward or plan.reshard_after_forward)
+    phase = "F" if forward else "B"
+
+    def gather(i):
+        u = units[i]
+        return _collective(sim, ("ag", k, phase, mb, i), r, d, ALLGATHER, u.gather_bytes, "zero3 params")
+
+    pending = gather(0) if gathers else None
+    for i, u in enumerate(units):
+        if pending is not None:
+            t0 = env.now
+            yield pending
+            st.dp_sync_s += env.now - t0  # an exposed all-gather
+            pending = gather(i + 1) if i + 1 < len(units) else None
+        yield from sim._work(st, me, seconds * (u.fwd_share if forward else u.bwd_share))
+        if not forward and u.rs_steps:
+            prev = sim.rs_tail.get((r, d))
+            sim.rs_tail[(r, d)] = ev = env.process(_reduce_scatter(sim, ("rs", k, mb, i), r, d, u, prev))
+            sim.rs_all.setdefault((r, d), []).append(ev)

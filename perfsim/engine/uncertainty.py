@@ -1,0 +1,98 @@
+"""The error bar of a prediction: an 80 % interval from the validation residuals of what priced it.
+
+A prediction is priced either by a measured profile (``perfsim calibrate``) or by a GPU's
+efficiency curve (:func:`perfsim.engine.compute.curve_for`). For each, perfsim keeps the
+signed relative errors e = (predicted - measured) / measured of its validation rows --
+configurations the fit never saw, split by configuration, never by row
+(``scripts/error_bands.py`` writes them into ``perfsim/data/error_bands.json`` and measures the
+coverage on a further held-out split). With e's 10th and 90th percentiles q10 and q90, the
+measured iteration time of a new configuration lies in
+
+    [T / (1 + q90), T / (1 + q10)]
+
+with about 80 % probability, if the new configuration is like the validation ones. Where it
+is not, the interval says so (``interval_note``) and widens only by what was measured:
+
+* a curve borrowed from another GPU: by the largest error measured when a curve was moved
+  from one GPU to another (``transfer`` in the bands file: the H200 curve on an H100);
+* more GPUs than the data's largest job (more than one node for the A100 data): not widened,
+  flagged -- the multi-node error is not measured on data perfsim may fit to.
+
+This follows the usual split-conformal construction (Vovk, Gammerman, Shafer, "Algorithmic
+Learning in a Random World", 2005; Angelopoulos and Bates, "A Gentle Introduction to Conformal
+Prediction", arXiv:2107.07511) on the relative error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+#: the interval's nominal coverage
+COVERAGE = 0.80
+
+
+@dataclass(frozen=True)
+class ErrorBand:
+    """Quantiles of the signed relative error of one pricing source on its validation rows."""
+
+    #: 10th percentile of (predicted - measured) / measured
+    q10: float
+    #: 90th percentile
+    q90: float
+    #: validation rows behind the quantiles
+    rows: int
+    #: what was measured, where, and how the rows were split
+    basis: str
+    #: the largest number of GPUs in one measured job (beyond it the interval is extrapolated)
+    max_gpus: int = 0
+
+
+@lru_cache(maxsize=1)
+def bands() -> dict:
+    """The stored bands: ``{"sources": {key: ErrorBand fields}, "transfer": float, ...}``."""
+    text = resources.files("perfsim").joinpath("data/error_bands.json").read_text()
+    return json.loads(text)
+
+
+def band(key: str) -> ErrorBand | None:
+    raw = bands()["sources"].get(key)
+    return ErrorBand(**raw) if raw else None
+
+
+def source_key(summary: dict) -> tuple[str, bool]:
+    """Which stored band priced a prediction (``summary`` of a Result), and whether the
+    band is borrowed from another GPU than the prediction's."""
+    if not str(summary.get("compute_model", "")).startswith("roofline") or not summary.get("gpu"):
+        return "profile", False  # measured records priced (some of) the layers
+    from perfsim.engine.compute import CALIBRATED_ON, NEAREST
+    from perfsim.hardware import get_gpu
+
+    gpu = get_gpu(summary["gpu"])
+    family = NEAREST.get(gpu.family, "ampere")
+    return f"gpu:{family}", family != gpu.family and gpu.name != CALIBRATED_ON[family]
+
+
+def interval(summary: dict) -> dict:
+    """The 80 % interval of ``summary["iteration_s"]`` and what it rests on, as summary columns:
+    ``iteration_s_low``, ``iteration_s_high`` (None where no band applies), ``interval_note``."""
+    T = summary["iteration_s"]
+    key, borrowed = source_key(summary)
+    b = band(key)
+    if b is None:
+        return {"iteration_s_low": None, "iteration_s_high": None,
+                "interval_note": f"no validation data for {key}: no interval"}
+    q10, q90 = b.q10, b.q90
+    notes = [f"{COVERAGE:.0%} interval from {b.rows} validation rows ({b.basis})"]
+    if borrowed:
+        widen = bands()["transfer"]["error"]
+        q10, q90 = q10 - widen, q90 + widen
+        notes.append(f"curve borrowed from another GPU: widened by {widen:.0%} "
+                     f"({bands()['transfer']['basis']})")
+    gpus = int(summary.get("gpus") or 0)
+    if b.max_gpus and gpus > b.max_gpus:
+        notes.append(f"extrapolated: {gpus} GPUs, the data's largest job has {b.max_gpus} (error not measured)")
+    return {"iteration_s_low": T / (1 + q90), "iteration_s_high": T / (1 + q10) if q10 > -1 else None,
+            "interval_note": "; ".join(notes)}

@@ -1,0 +1,316 @@
+"""A Hugging Face ``config.json`` as a :class:`~perfsim.models.transformer.TransformerSpec`,
+never silently wrong.
+
+Every field of the file is either read (its type and range checked: an integer field
+takes a JSON integer, ``2.7``, ``"two"``, ``[4]``, ``1e999`` are refused naming the field),
+known to leave the cost unchanged (:data:`NO_COST`: token ids, dropouts, norm epsilons,
+rotary frequencies ...), or the file is refused naming it: perfsim does not know what it
+does to the cost. Defaults for absent fields are those of the ``transformers`` config
+class of each ``model_type`` (e.g. ``tie_word_embeddings``: False for Llama, Mistral,
+Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
+
+Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, gemma, falcon,
+gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with standard attention,
+deepseek-moe-16b). DeepSeek-V2/V3's multi-head latent attention (``kv_lora_rank``)
+is refused by name.
+
+The sequence length is ``seq_len`` when given, else :data:`DEFAULT_SEQ_LEN` tokens capped
+at ``max_position_embeddings`` -- a training length, not the longest context the model
+can serve (Llama-3.1's 131072 would price every step at 32x the tokens of a 4096-token
+pre-training step; Llama 2 pre-trained at 4096, Touvron et al. 2023, arXiv:2307.09288).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from perfsim.errors import ConfigError
+
+#: tokens per sample when neither ``--seq-len`` nor a preset gives one (module docstring)
+DEFAULT_SEQ_LEN = 4096
+
+#: upper bounds that keep a typo from building a model of 10^9 layers (beyond any trained model)
+LIMITS = {"layers": 10_000, "width": 2**20, "vocab": 2**24, "heads": 2**14, "experts": 2**14,
+          "positions": 2**24}
+
+#: fields that do not change the cost of a training step (ids, dropouts, numerics,
+#: rotary frequencies, bookkeeping of ``transformers``)
+NO_COST = frozenset("""
+architectures model_type _name_or_path name_or_path transformers_version torch_dtype dtype
+bos_token_id eos_token_id pad_token_id sep_token_id unk_token_id decoder_start_token_id
+use_cache initializer_range initializer_factor rms_norm_eps layer_norm_eps layer_norm_epsilon
+rope_theta rope_scaling rope_parameters rotary_emb_base rotary_pct partial_rotary_factor
+rotary_emb_base attention_dropout hidden_dropout resid_pdrop embd_pdrop attn_pdrop
+hidden_dropout_prob attention_probs_dropout_prob classifier_dropout summary_type summary_use_proj
+summary_activation summary_proj_to_labels summary_first_dropout task_specific_params hidden_act
+hidden_activation activation_function activation pretraining_tp auto_map output_router_logits
+router_aux_loss_coef router_jitter_noise aux_loss_alpha seq_aux norm_topk_prob scoring_func
+use_return_dict output_attentions output_hidden_states gradient_checkpointing
+scale_attn_weights scale_attn_by_inverse_layer_idx reorder_and_upcast_attn n_ctx
+apply_residual_connection_post_layernorm tokenizer_class id2label label2id problem_type
+finetuning_task bos_token eos_token attn_implementation _attn_implementation
+use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder
+""".split())
+
+#: transformers' default of ``tie_word_embeddings`` per model_type
+_TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
+                 "gemma": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
+                 "roberta": True, "deepseek": False}
+SUPPORTED = tuple(_TIED_DEFAULT)
+
+
+#: a field absent from the file (or null): its default applies
+_ABSENT = object()
+
+
+class _Fields:
+    """Typed access to the fields of one config; records which were read."""
+
+    def __init__(self, cfg: dict, where: str):
+        self.cfg, self.where, self.read = cfg, where, set()
+
+    def fail(self, text: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {text}")
+
+    def _get(self, key: str, default: Any, required: bool) -> Any:
+        """The value, or ``_ABSENT`` (absent or null) when ``default`` applies."""
+        self.read.add(key)
+        v = self.cfg.get(key)
+        if v is None:
+            if required:
+                raise self.fail(f"lacks {key!r}")
+            return _ABSENT
+        return v
+
+    def int(self, key: str, default: Any = None, *, limit: str = "width", minimum: int = 1,
+            required: bool = False) -> Any:
+        v = self._get(key, default, required and default is None)
+        if v is _ABSENT:
+            return default
+        if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= LIMITS[limit]:
+            raise self.fail(f"{key}={_show(v)} must be an integer from {minimum} to {LIMITS[limit]}")
+        return v
+
+    def _typed(self, key: str, default: Any, kind: type, what: str) -> Any:
+        v = self._get(key, default, False)
+        if v is _ABSENT:
+            return default
+        if not isinstance(v, kind):
+            raise self.fail(f"{key}={_show(v)} must be {what}")
+        return v
+
+    def bool(self, key: str, default: bool) -> bool:
+        return self._typed(key, default, bool, "true or false")
+
+    def str(self, key: str, default: str | None) -> str | None:
+        return self._typed(key, default, str, "a string")
+
+    def int_list(self, key: str, limit: int) -> tuple[int, ...]:
+        v = self._get(key, [], False)
+        v = [] if v is _ABSENT else v
+        if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < limit
+                                          for x in v):
+            raise self.fail(f"{key}={_show(v)} must be a list of block indices 0..{limit - 1}")
+        return tuple(v)
+
+    def refuse_if(self, key: str, bad: bool, why: str) -> None:
+        if bad:
+            raise self.fail(f"{key}={_show(self.cfg.get(key))}: {why} is not modelled; perfsim refuses "
+                            "the model rather than price it wrong")
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v) if not isinstance(v, float) or math.isfinite(v) else repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_config(path: str | Path) -> tuple[dict, Path]:
+    """The parsed object of a ``config.json`` file or of a Hub-style folder holding one."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ConfigError(f"model {str(path)!r}: a folder without config.json")
+        p = p / "config.json"
+    where = f"model config {str(p)!r}"
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"{where}: malformed ({exc})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: top level must be an object")
+    return cfg, p
+
+
+def from_hf_config(path: str | Path, seq_len: int | None = None):
+    """A Hugging Face ``config.json`` (or a folder holding one) as a TransformerSpec
+    (module docstring); ``seq_len`` overrides :data:`DEFAULT_SEQ_LEN`."""
+    from perfsim.models.transformer import ARCHS, TransformerSpec
+
+    cfg, p = read_config(path)
+    f = _Fields(cfg, f"model config {str(p)!r}")
+    mtype = f.str("model_type", None)
+    if mtype is None:
+        raise f.fail("lacks 'model_type' (one of " + ", ".join(SUPPORTED) + ")")
+    mtype = mtype.lower()
+    if mtype in ("deepseek_v2", "deepseek_v3") or "kv_lora_rank" in cfg:
+        f.refuse_if("kv_lora_rank", True, "multi-head latent attention (DeepSeek-V2, arXiv:2405.04434)")
+    if mtype not in SUPPORTED:
+        raise f.fail(f"model_type {mtype!r} not supported (supported: {', '.join(SUPPORTED)})")
+    read = _READERS.get(mtype, _read_llama)
+    arch, kw = read(f, mtype)
+    positions = f.int("max_position_embeddings", kw.pop("_positions", 2048), limit="positions")
+    kw["tied"] = f.bool("tie_word_embeddings", _TIED_DEFAULT[mtype])
+    seq = seq_len or min(positions, DEFAULT_SEQ_LEN)
+    if ARCHS[arch]["learned_positions"] and seq > positions:
+        raise f.fail(f"seq_len={seq} exceeds the {positions} learned position embeddings "
+                     f"({'n_positions' if mtype == 'gpt2' else 'max_position_embeddings'}); give --seq-len <= {positions}")
+    window = kw.pop("_window", None)
+    if window is not None and window < seq:
+        raise f.fail(f"sliding_window={window} is shorter than the sequence ({seq} tokens): "
+                     "sliding-window attention is not modelled (give --seq-len <= the window)")
+    unknown = sorted(set(cfg) - f.read - NO_COST)
+    if unknown:
+        raise f.fail(f"field {unknown[0]!r}={_show(cfg[unknown[0]])} is not modelled "
+                     f"(perfsim does not know its cost; remove it if it changes nothing)"
+                     + (f"; also {', '.join(unknown[1:4])}" if len(unknown) > 1 else ""))
+    name = cfg.get("_name_or_path") or (p.parent.name if p.name == "config.json" else p.stem) or p.stem
+    return TransformerSpec(name=str(name), arch=arch, **{**ARCHS[arch], **kw}, seq_len=int(seq),
+                           max_positions=positions, from_config=True)
+
+
+def _core(f: _Fields, layers: str = "num_hidden_layers", hidden: str = "hidden_size",
+          heads: str = "num_attention_heads") -> dict:
+    d = f.int(hidden, required=True)
+    return dict(n_layer=f.int(layers, required=True, limit="layers"), hidden=d,
+                heads=f.int(heads, required=True, limit="heads"), vocab=f.int("vocab_size", required=True,
+                                                                             limit="vocab"))
+
+
+def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
+    kw["kv_heads"] = f.int("num_key_value_heads", kw["heads"], limit="heads")
+    kw["head_dim"] = f.int("head_dim", head_dim_default or 0)
+    if kw["head_dim"] == 0 and kw["hidden"] % kw["heads"]:
+        raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']} "
+                     "(and no head_dim)")
+    if kw["heads"] % kw["kv_heads"]:
+        raise f.fail(f"num_key_value_heads={kw['kv_heads']} must divide num_attention_heads={kw['heads']}")
+
+
+def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> None:
+    """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``)."""
+    active = f.bool(switch, False) if switch else True
+    w = f.int("sliding_window", default, limit="positions")
+    if switch:
+        f.int("max_window_layers", None, limit="layers", minimum=0)
+    if active and w is not None:
+        kw["_window"] = w
+
+
+def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """Llama, Mistral, Mixtral, Qwen2(-MoE), Gemma: SwiGLU/GeGLU, RMSNorm, rotary."""
+    kw = _core(f)
+    kw["ffn"] = f.int("intermediate_size", required=True)
+    _attention(f, kw, 256 if mtype == "gemma" else 0)
+    bias = f.bool("attention_bias", False)
+    kw["qkv_bias"], kw["out_bias"] = bias or mtype in ("qwen2", "qwen2_moe"), bias
+    kw["mlp_bias"] = f.bool("mlp_bias", False)
+    if mtype == "mistral":
+        _window(f, kw, 4096)  # MistralConfig's default window
+    elif mtype == "mixtral":
+        _window(f, kw, None)
+        kw["experts"] = f.int("num_local_experts", 8, limit="experts")
+        kw["top_k"] = f.int("num_experts_per_tok", 2, limit="experts")
+    elif mtype in ("qwen2", "qwen2_moe"):
+        _window(f, kw, None, switch="use_sliding_window")
+    if mtype == "qwen2_moe":
+        kw["experts"] = f.int("num_experts", 60, limit="experts")
+        kw["top_k"] = f.int("num_experts_per_tok", 4, limit="experts")
+        kw["expert_ffn"] = f.int("moe_intermediate_size", 1408)
+        kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 5632, minimum=0)
+        kw["shared_gate"] = kw["shared_ffn"] > 0
+        step = f.int("decoder_sparse_step", 1, limit="layers")
+        only = f.int_list("mlp_only_layers", kw["n_layer"])
+        kw["dense_layers"] = tuple(i for i in range(kw["n_layer"]) if i in only or (i + 1) % step)
+    return "llama", kw
+
+
+def _read_deepseek(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """DeepSeekMoE (deepseek-moe-16b): routed + shared experts, the first blocks dense."""
+    arch, kw = _read_llama(f, mtype)
+    routed = f.int("n_routed_experts", None, limit="experts")
+    shared = f.int("n_shared_experts", None, limit="experts", minimum=0)
+    width = f.int("moe_intermediate_size", None)
+    first = f.int("first_k_dense_replace", 0, limit="layers", minimum=0)
+    freq = f.int("moe_layer_freq", 1, limit="layers")
+    f.refuse_if("topk_method", f.str("topk_method", "greedy") != "greedy", "group-limited routing")
+    if routed:
+        if width is None:
+            raise f.fail("lacks 'moe_intermediate_size' (needed with n_routed_experts)")
+        kw.update(experts=routed, top_k=f.int("num_experts_per_tok", required=True, limit="experts"),
+                  expert_ffn=width, shared_ffn=(shared or 0) * width,
+                  dense_layers=tuple(i for i in range(kw["n_layer"]) if i < first or i % freq))
+    return arch, kw
+
+
+def _read_falcon(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """Falcon: parallel attention/MLP, multi-query or grouped ``num_kv_heads``, GELU MLP,
+    LayerNorm; ``bias`` on every linear layer or none."""
+    kw = _core(f)
+    new = f.bool("new_decoder_architecture", False)
+    multi_query = f.bool("multi_query", True)
+    parallel = f.bool("parallel_attn", True)
+    f.refuse_if("alibi", f.bool("alibi", False), "ALiBi attention bias")
+    if kw["hidden"] % kw["heads"]:
+        raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']}")
+    kv = f.int("num_kv_heads", None, limit="heads")
+    kw["kv_heads"] = (kv or kw["heads"]) if new else 1 if multi_query else kw["heads"]
+    kw["ffn"] = f.int("ffn_hidden_size", 4 * kw["hidden"])
+    kw["bias"] = f.bool("bias", False)
+    lns = f.int("num_ln_in_parallel_attn", None, limit="layers")
+    if new and (lns or 2) == 2:
+        kw["norms_per_block"] = 2
+    else:
+        kw["norms_per_block"] = 1 if parallel else 2
+    kw["parallel_block"] = parallel
+    return "neox", kw
+
+
+def _read_neox(f: _Fields, mtype: str) -> tuple[str, dict]:
+    kw = _core(f)
+    kw["ffn"] = f.int("intermediate_size", 4 * kw["hidden"])
+    kw["qkv_bias"] = kw["out_bias"] = f.bool("attention_bias", True)  # the MLP always has biases
+    kw["parallel_block"] = f.bool("use_parallel_residual", True)
+    if kw["hidden"] % kw["heads"]:
+        raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']}")
+    return "neox", kw
+
+
+def _read_gpt2(f: _Fields, mtype: str) -> tuple[str, dict]:
+    kw = _core(f, "n_layer", "n_embd", "n_head")
+    kw["ffn"] = f.int("n_inner", 4 * kw["hidden"])
+    f.refuse_if("add_cross_attention", f.bool("add_cross_attention", False), "cross-attention")
+    kw["_positions"] = f.int("n_positions", 1024, limit="positions")
+    return "gpt", kw
+
+
+def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
+    kw = _core(f)
+    kw["ffn"] = f.int("intermediate_size", 4 * kw["hidden"])
+    kw["token_types"] = f.int("type_vocab_size", 2, limit="vocab")
+    kw["_positions"] = 512
+    pos = f.str("position_embedding_type", "absolute")
+    f.refuse_if("position_embedding_type", pos != "absolute", "relative position embeddings")
+    return "bert", kw
+
+
+_READERS = {"deepseek": _read_deepseek, "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
+            "bert": _read_bert, "roberta": _read_bert}

@@ -1,0 +1,195 @@
+"""Mixture of experts: parameters, operators and activations of a MoE block.
+
+A MoE block (Shazeer et al. 2017, arXiv:1701.06538; GShard, Lepikhin et al. 2020,
+arXiv:2006.16668; Switch Transformer, Fedus et al. 2021, arXiv:2101.03961) replaces the
+dense MLP by ``experts`` MLPs of width ``expert_ffn`` and a router, a ``hidden x experts``
+linear layer whose softmax picks ``top_k`` experts per token (Mixtral: 8 experts, top-2,
+Jiang et al. 2024, arXiv:2401.04088). DeepSeekMoE (Dai et al. 2024, arXiv:2401.06066) and
+Qwen-MoE add always-active *shared* experts (here one MLP of their summed width
+``shared_ffn``) and keep the first blocks dense (``dense_layers``).
+
+* parameters: every expert's weights are held (``params``); a token passes through the
+  router, its ``top_k`` experts and the shared expert (``active_params``).
+* FLOPs: the router GEMM (``2 hidden x experts`` per token), ``top_k`` expert MLPs per
+  token, the shared expert; plus the memory-bound routing (softmax and top-k over the
+  router's fp32 logits), the permutation of the token copies into expert order and the
+  weighted combination back (:func:`moe_ops`).
+* capacity factor ``C`` (a stated, adjustable assumption, ``--moe-capacity-factor``):
+  GShard (Sec. 2.2) and Switch (Sec. 2.2, "expert capacity = tokens per batch / experts x
+  capacity factor") give every expert a buffer of ``C x tokens x top_k / experts`` rows,
+  padded, and drop the overflow: the expert GEMMs then cost ``C`` times the routed work
+  whatever the routing. Without it (the default) the experts are *dropless*, each computes
+  the tokens routed to it (MegaBlocks, Gale et al. 2022, arXiv:2211.15841; Megatron-Core's
+  default; Hugging Face's Mixtral) and a balanced router is assumed.
+* activations: each token's ``top_k`` copies of its hidden state (dispatched), their expert
+  MLP activations and the router's fp32 probabilities (:func:`moe_activation_values`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from perfsim.errors import ConfigError
+
+
+def check_moe(spec) -> None:
+    """The MoE fields of a TransformerSpec are consistent (ConfigError naming the field)."""
+    if not spec.experts:
+        if spec.top_k or spec.expert_ffn or spec.shared_ffn or spec.shared_gate or spec.dense_layers:
+            raise ConfigError(f"{spec.name}: top_k / expert_ffn / shared_ffn / dense_layers need experts >= 1")
+        return
+    if not 1 <= spec.top_k <= spec.experts:
+        raise ConfigError(f"{spec.name}: top_k={spec.top_k} must be from 1 to experts={spec.experts}")
+    if spec.expert_ffn == 0:
+        object.__setattr__(spec, "expert_ffn", spec.ffn)
+    if spec.expert_ffn < 1 or spec.shared_ffn < 0:
+        raise ConfigError(f"{spec.name}: expert_ffn={spec.expert_ffn} must be >= 1, shared_ffn >= 0")
+    if spec.shared_gate and not spec.shared_ffn:
+        raise ConfigError(f"{spec.name}: shared_gate needs shared_ffn >= 1")
+    bad = [i for i in spec.dense_layers if not 0 <= i < spec.n_layer]
+    if bad or len(set(spec.dense_layers)) != len(spec.dense_layers):
+        raise ConfigError(f"{spec.name}: dense_layers={list(spec.dense_layers)} must be distinct blocks "
+                          f"0..{spec.n_layer - 1}")
+    if len(spec.dense_layers) == spec.n_layer:
+        raise ConfigError(f"{spec.name}: every block is dense (dense_layers); no expert is ever used")
+
+
+def moe_mlp_params(spec, active: bool = False) -> int:
+    """Parameters of one MoE block's MLP part: the router (``hidden x experts``, no bias),
+    every routed expert (``active``: the ``top_k`` a token uses), the shared expert and
+    its gate."""
+    n = spec.top_k if active else spec.experts
+    shared = spec.mlp_params(spec.shared_ffn) if spec.shared_ffn else 0
+    return (spec.hidden * spec.experts + n * spec.mlp_params(spec.expert_ffn) + shared
+            + (spec.hidden if spec.shared_gate else 0))
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How tokens reach the experts: the strategy's stated MoE assumptions."""
+
+    #: expert capacity factor (GShard / Switch padded capacity); None: dropless
+    capacity_factor: float | None = None
+    #: expert-parallel degree: the experts split over ``ep`` data-parallel replicas
+    ep: int = 1
+    #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1)
+    imbalance: float = 1.0
+
+    @classmethod
+    def of(cls, strategy) -> "Routing":
+        return cls(getattr(strategy, "moe_capacity_factor", None), getattr(strategy, "ep", 1),
+                   getattr(strategy, "moe_imbalance", 1.0))
+
+    @property
+    def load(self) -> float:
+        """Rows the busiest rank's experts compute over the balanced share: the capacity
+        factor when padded (every expert its full buffer, whatever the routing); dropless, the
+        imbalance once the experts live on different ranks (``ep > 1``; on one rank the
+        grouped GEMMs do the same work however the tokens are spread)."""
+        if self.capacity_factor is not None:
+            return self.capacity_factor
+        return self.imbalance if self.ep > 1 else 1.0
+
+
+def expert_rows(spec, tokens: int, routing: Routing | None = None) -> int:
+    """Rows each expert on the busiest rank processes when every rank routes ``tokens``
+    tokens: ``tokens x top_k / experts`` from each of the ``ep`` ranks (dropless, balanced),
+    times :attr:`Routing.load` (the padded capacity ``C x tokens x top_k / experts``, GShard
+    Sec. 2.2, Switch Transformer Sec. 2.2; or the stated imbalance)."""
+    r = routing or Routing()
+    share = tokens * spec.top_k / spec.experts * r.ep * r.load
+    return max(1, math.ceil(share - 1e-9))
+
+
+def moe_ops(spec, tok: int, tp: int, bpv: int, routing: Routing | None = None) -> list:
+    """Forward operators of one MoE block's MLP part on one rank for ``tok`` tokens
+    (:mod:`perfsim.engine.compute` Ops): router GEMM, routing, permutation of the token
+    copies, the local experts' grouped GEMMs (``experts / ep`` experts, each FFN split
+    ``tp`` ways as Megatron-Core's expert tensor parallelism), the combination, the shared
+    expert. The all-to-all between expert-parallel ranks is communication
+    (:func:`ep_alltoall_bytes`), not an op here."""
+    from perfsim.engine.compute import Op
+
+    r = routing or Routing()
+    h, k = spec.hidden, spec.top_k
+    local = spec.experts // r.ep
+    ef = spec.expert_ffn // tp
+    rows = expert_rows(spec, tok, r)
+    computed = rows * local  # token copies this rank's experts compute
+    sent = tok * k * (r.capacity_factor or 1.0)  # this rank's own copies (padded to capacity)
+    # gather the copies into expert order (read and write each), and once more on arrival
+    permuted = sent + (computed if r.ep > 1 else 0)
+    up = (2 if spec.gated else 1) * ef
+    ops = [Op("router", m=tok, n=spec.experts, k=h),
+           # fp32 logits: softmax (read, write), top-k (read), the k weights written
+           Op("router_topk", bytes=4 * tok * (3 * spec.experts + k)),
+           Op("moe_permute", bytes=2 * bpv * permuted * h),
+           Op("expert_up", m=rows, n=up, k=h, batch=local),
+           Op("expert_activation", bytes=bpv * computed * ef * (3 if spec.gated else 2)),
+           Op("expert_down", m=rows, n=h, k=ef, batch=local),
+           # back into token order, scale by the router weight and sum the k copies per token
+           Op("moe_unpermute", bytes=bpv * (2 * permuted + tok) * h)]
+    if spec.shared_ffn:
+        sf = spec.shared_ffn // tp
+        ops += [Op("shared_up", m=tok, n=(2 if spec.gated else 1) * sf, k=h),
+                Op("shared_activation", bytes=bpv * tok * sf * (3 if spec.gated else 2)),
+                Op("shared_down", m=tok, n=h, k=sf)]
+        if spec.shared_gate:
+            ops += [Op("shared_gate", m=tok, n=1, k=h), Op("shared_gate_scale", bytes=3 * bpv * tok * h)]
+    return ops
+
+
+def ep_alltoall_bytes(spec, tok: int, bpv: int, routing: Routing) -> float:
+    """Per-rank buffer of ONE token all-to-all between expert-parallel ranks (dispatch or
+    combine; GShard Sec. 2.2, Lepikhin et al. 2020, arXiv:2006.16668; Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``): the ``top_k`` copies of each of ``tok`` tokens,
+    ``hidden`` values each, times :attr:`Routing.load` (the capacity buffers when padded;
+    the busiest rank's share when imbalanced). A MoE block issues four per micro-batch:
+    dispatch and combine forward, their gradients backward."""
+    return float(tok * spec.top_k * spec.hidden * bpv * routing.load)
+
+
+def expert_params_per_rank(spec, tp: int, ep: int, i: int) -> int:
+    """Parameters of block ``i``'s routed experts one rank holds (``experts / ep`` experts,
+    each split ``tp`` ways); 0 for a dense block."""
+    if not spec.is_moe_block(i):
+        return 0
+    return (spec.experts // ep) * -(-spec.mlp_params(spec.expert_ffn) // tp)
+
+
+def moe_activation_values(spec, tokens: int, tp: int, routing: Routing | None = None) -> float:
+    """Values (of the activation dtype) one MoE block's MLP part keeps for the backward
+    on the busiest rank when each rank routes ``tokens`` tokens: the token copies its
+    experts compute (``hidden`` each), their MLP inputs and activations (as a dense MLP
+    keeps, per copy: ``3 f`` gated, ``2 f`` else, split ``tp`` ways), the shared expert's,
+    and the router's fp32 probabilities (2 values each)."""
+    r = routing or Routing()
+    rows = expert_rows(spec, tokens, r) * (spec.experts // r.ep)
+    mats = 3 if spec.gated else 2
+    return (rows * spec.hidden + rows * spec.expert_ffn * mats / tp + tokens * spec.shared_ffn * mats / tp
+            + 2 * tokens * spec.experts)
+
+
+def check_routing(spec, name: str, strategy) -> None:
+    """The strategy's MoE settings fit the model (ConfigError naming the setting)."""
+    moe = getattr(spec, "moe", False)
+    for what, set_ in (("moe_capacity_factor", strategy.moe_capacity_factor is not None),
+                       ("ep", strategy.ep > 1), ("moe_imbalance", strategy.moe_imbalance != 1.0)):
+        if set_ and not moe:
+            raise ConfigError(f"{what}={getattr(strategy, what):g}: model {name!r} has no experts")
+    if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):
+        raise ConfigError(f"moe_imbalance={strategy.moe_imbalance:g}: only with ep > 1 and dropless experts "
+                          "(on one rank, or padded to capacity, the experts' work does not depend on it)")
+    if strategy.ep == 1:
+        return
+    if spec.experts % strategy.ep:
+        raise ConfigError(f"ep={strategy.ep}: does not divide the {spec.experts} experts of {name!r}")
+    if strategy.ep != strategy.dp:
+        # the expert gradients are all-reduced over dp / ep replicas, the rest over dp:
+        # a second data-parallel group the engine does not have yet
+        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
+                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not modelled; give --ep equal to --dp")
+    if strategy.zero:
+        raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
+                          "optimizer state over the expert-data-parallel group is not modelled")
