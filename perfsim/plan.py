@@ -310,6 +310,15 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs "
                           "(with the given tp/pp/dp/micro_batch) divides it")
+    from perfsim.params import BY_NAME
+
+    for name, values in space.values.items():  # a given value no configuration can use
+        d = BY_NAME[name]
+        unused = set(values) - {q.get(name, d.default) for q in params}
+        if unused:
+            v = sorted(unused, key=str)[0]
+            raise ConfigError(f"{d.flag if cli else name}={v!r}: no configuration of {nodes} x {gpus_per_node} "
+                              f"GPUs uses it" + (f" (it needs {d.search_when})" if d.search_when else ""))
     if topo is not None and not topo.is_uniform():
         params = placement_variants(params, dims["compress"], topo, nodes, gpus_per_node)
         notes.append("heterogeneous topology: searched stage placements (identity and a fast-link chain "

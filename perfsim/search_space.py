@@ -82,11 +82,13 @@ def node_fabric(ctx: Context, p) -> tuple:
 
 def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     """A mixture-of-experts model: no expert parallelism, and experts over all ``dp``
-    replicas where ``dp`` divides the experts (perfsim.models.moe.check_routing: ep must
+    replicas where ``dp`` divides the experts (a dense model: not searched) (perfsim.models.moe.check_routing: ep must
     equal dp for now); per candidate, since it depends on its ``dp``."""
     def values(q: Mapping[str, Any]) -> tuple:
         dp = q["dp"]
-        return (1, dp) if ctx.experts and dp > 1 and ctx.experts % dp == 0 else (1,)
+        if not ctx.experts:
+            return (None,)  # a dense model: left to predict's default
+        return (1, dp) if dp > 1 and ctx.experts % dp == 0 else (1,)
 
     return values
 
@@ -139,6 +141,8 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
             raise ConfigError(f"{who}={value!r}: {exc}") from None
     elif p.choices and p.kind != "choice" and value not in p.allowed:
         raise ConfigError(f"{who}={value!r}: choose from {', '.join(map(str, p.allowed))}")
+    if name == "ep" and ctx is not None and value > 1 and not ctx.experts:
+        raise ConfigError(f"{who}={value!r}: the model has no experts to split")
     if name == "precision" and ctx is not None and ctx.gpu is not None:
         from perfsim.hardware import check_precision
 
@@ -260,15 +264,16 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
 
 def enumerate_candidates(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
                          space: SearchSpace, base: dict[str, Any], known: set[str] | None = None,
-                         ctx: Context | None = None) -> list[dict[str, Any]]:
+                         ctx: Context | None = None, experts: int = 0) -> list[dict[str, Any]]:
     """Every parameter dict of the search (before bounds): :func:`splits` x the other
     dimensions (:func:`expand`). ``known``: the parameters the simulator takes (None:
-    all of PARAMS); without ``tp`` no tensor parallelism is searched."""
+    all of PARAMS); without ``tp`` no tensor parallelism is searched. ``experts``: the routed
+    experts of a mixture-of-experts model when no ``ctx`` is given."""
     if known is not None and "tp" not in known:
         if any(t != 1 for t in space.values.get("tp", ())):
             raise ConfigError("tp: this simulator has no tensor parallelism")
         space = SearchSpace(**{**space.values, "tp": (1,)})
-    ctx = ctx or Context(None, gpus_per_node)
+    ctx = ctx or Context(None, gpus_per_node, experts=experts)
     dims = space.resolve(ctx)
     out = []
     for split in splits(n_layers=n_layers, gpus=gpus, gpus_per_node=gpus_per_node,
