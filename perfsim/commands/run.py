@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
                   emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
                   timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device,
                   zero=args.zero or None)
-    from perfsim.runtime.grad_sync import warmup_steps
+    from perfsim.compression.grad_spec import warmup_steps
 
     grad, out = args.grad_compress, params["out"]
     if args.resume:  # the resumed job's, from its checkpoint; the run folder that owns it

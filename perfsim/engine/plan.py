@@ -281,7 +281,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
 
     per_boundary = parse_boundary_compress(strategy.boundary_compress)
     pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
-    from perfsim.runtime.grad_sync import parse_grad_spec
+    from perfsim.compression.grad_spec import parse_grad_spec
 
     gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
     onebit = gspec.kind == "optimizer"
@@ -392,7 +392,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
-        from perfsim.runtime.grad_sync import warmup_steps
+        from perfsim.compression.grad_spec import warmup_steps
 
         warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,

@@ -170,7 +170,7 @@ class RunConfig(PipelineShape):
         for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
             make_pipeline_pair(spec)
         self.layout  # the device order must be a permutation of the ranks
-        from perfsim.runtime.grad_sync import parse_grad_spec
+        from perfsim.compression.grad_spec import parse_grad_spec
 
         parse_grad_spec(self.grad_compress)
 

@@ -57,7 +57,7 @@ from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Res
 
 def _onebit_warmup(grad_compress: str) -> int | None:
     """1-bit optimizers' warm-up steps (None for gradient compressors)."""
-    from perfsim.runtime.grad_sync import warmup_steps
+    from perfsim.compression.grad_spec import warmup_steps
 
     return warmup_steps(grad_compress)
 

@@ -90,7 +90,7 @@ import torch
 
 from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
-from perfsim.runtime.grad_sync import DEFAULT_WARMUP
+from perfsim.compression.grad_spec import DEFAULT_WARMUP
 
 STATE_KEY = "onebit"
 from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)

@@ -90,7 +90,7 @@ def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     optimizer through the public :func:`perfsim.ddp.onebit_optimizer` for ``onebit-*``
     specs, else SGD / AdamW."""
     from perfsim import ddp as pddp
-    from perfsim.runtime.grad_sync import parse_grad_spec
+    from perfsim.compression.grad_spec import parse_grad_spec
 
     if parse_grad_spec(cfg.grad_compress).kind == "optimizer":  # they exchange compressed momentum
         target = params if isinstance(params, torch.nn.Module) else list(params)
