@@ -13,6 +13,13 @@ File format (JSON; bundled files are ``perfsim/data/convergence/<model>.json``):
      "pipeline": {"fp32": [[step, loss], ...], "aqsgd:fw3bw6": [[...]]},
      "gradient": {"none": [[step, loss], ...], "qsgd-maxnorm:4": [[...]]}}
 
+A spec may also map to a list of curves, one per seed (``[[[step, loss], ...], ...]``;
+seed ``i`` of a method is paired with seed ``i`` of the uncompressed run). With two or
+more seeds a steps ratio carries a 95 % confidence interval (Student's t over the
+per-seed ratios); a ratio whose interval includes 1 is treated as 1 -- the difference is
+seed noise -- and the plan says so. With one seed a ratio has no interval, and the
+plan says that too.
+
 ``pipeline`` curves are pipeline-parallel runs without gradient compression,
 ``gradient`` curves data-parallel runs without pipeline compression. A combination
 is assumed to multiply the two ratios (the errors of the two compressors enter
@@ -26,9 +33,10 @@ Losses are smoothed by a trailing mean of ``smoothing`` steps before comparison.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from perfsim.errors import ConfigError
 
@@ -53,55 +61,101 @@ def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
     return None
 
 
+#: two-sided 95 % quantiles of Student's t by degrees of freedom (1..10; beyond: 30 and
+#: the normal 1.96 as the limit), from the standard t table
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
+class Ratio(NamedTuple):
+    """A steps ratio over ``n`` seeds: the mean and its 95 % interval (``lo == hi ==
+    mean`` with one seed), and the value the plan uses (1 where the interval includes 1)."""
+
+    mean: float
+    lo: float
+    hi: float
+    n: int
+
+    @property
+    def includes_one(self) -> bool:
+        return self.n >= 2 and self.lo <= 1.0 <= self.hi
+
+    @property
+    def used(self) -> float:
+        return 1.0 if self.includes_one else self.mean
+
+
+def interval(values: Sequence[float]) -> Ratio:
+    """Mean of per-seed ratios with its 95 % Student-t interval."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2 or any(math.isinf(v) for v in values):
+        return Ratio(mean, mean, mean, n)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = _T95.get(n - 1, 2.042 if n - 1 <= 30 else 1.96) * sd / math.sqrt(n)
+    return Ratio(mean, mean - half, mean + half, n)
+
+
 @dataclass(frozen=True)
 class Convergence:
     """Loss curves of one model; :meth:`steps_ratio` answers the planner."""
 
     model: str
     source: str
-    pipeline: Mapping[str, list[tuple[int, float]]]
-    gradient: Mapping[str, list[tuple[int, float]]]
+    #: spec -> one smoothed curve per seed
+    pipeline: Mapping[str, list[list[tuple[int, float]]]]
+    gradient: Mapping[str, list[list[tuple[int, float]]]]
     path: str = ""
 
     def describe(self) -> str:
+        seeds = min((len(c) for part in (self.pipeline, self.gradient) for c in part.values()), default=1)
+        noise = (f"{seeds}+ seeds per curve, 95 % intervals; a ratio whose interval includes 1 is "
+                 "treated as 1" if seeds >= 2 else "one seed per curve: the ratios carry no interval")
         return (f"measured curves of {self.model} ({self.path or 'bundled'}; {self.source}); "
-                "pipeline x gradient ratios multiplied")
+                f"pipeline x gradient ratios multiplied; {noise}")
 
-    def _ratio(self, curves: Mapping[str, list[tuple[int, float]]], ref: str, spec: str,
-               target: float | None) -> float | None:
+    def _target(self, base: list[list[tuple[int, float]]], target: float | None) -> float:
+        return base[0][len(base[0]) // 2][1] if target is None else target
+
+    def _ratio(self, curves: Mapping[str, list], ref: str, spec: str, target: float | None) -> Ratio | None:
         if spec == ref:
-            return 1.0
+            return Ratio(1.0, 1.0, 1.0, len(curves.get(ref, [()])))
         if ref not in curves or spec not in curves:
             return None
         base = curves[ref]
-        if target is None:
-            target = base[len(base) // 2][1]
-        s_ref, s = steps_to(base, target), steps_to(curves[spec], target)
-        if s_ref is None:
-            raise ConfigError(f"target loss {target}: the uncompressed run never reaches it")
-        if s is None:
-            return float("inf")
-        return max(s, 1) / max(s_ref, 1)
+        target = self._target(base, target)
+        ratios = []
+        for ref_curve, curve in zip(base, curves[spec]):  # seed i with seed i
+            s_ref, s = steps_to(ref_curve, target), steps_to(curve, target)
+            if s_ref is None:
+                raise ConfigError(f"target loss {target}: the uncompressed run never reaches it")
+            ratios.append(float("inf") if s is None else max(s, 1) / max(s_ref, 1))
+        return interval(ratios)
 
     def reference_steps(self, target: float | None = None) -> int | None:
         """Optimizer steps uncompressed training needs to reach ``target`` (default:
         the loss its pipeline curve -- else its data-parallel curve -- reaches at half
-        its budget)."""
+        its budget); with several seeds the mean over them."""
         base = self.pipeline.get("fp32") or self.gradient.get("none")
         if not base:
             return None
-        if target is None:
-            target = base[len(base) // 2][1]
-        return steps_to(base, target)
+        target = self._target(base, target)
+        steps = [steps_to(c, target) for c in base]
+        if any(s is None for s in steps):
+            return None
+        return round(sum(steps) / len(steps))
+
+    def ratios(self, compress: str, grad_compress: str, target: float | None = None) -> tuple | None:
+        """(pipeline :class:`Ratio`, gradient :class:`Ratio`), or None when a curve is missing."""
+        rp = self._ratio(self.pipeline, "fp32", compress, target)
+        rg = self._ratio(self.gradient, "none", grad_compress, target)
+        return None if rp is None or rg is None else (rp, rg)
 
     def steps_ratio(self, compress: str, grad_compress: str, target: float | None = None) -> float | None:
         """Steps this (pipeline, gradient) compression needs relative to none, or None
-        when a curve is missing; ``inf`` when it never reaches the target."""
-        rp = self._ratio(self.pipeline, "fp32", compress, target)
-        rg = self._ratio(self.gradient, "none", grad_compress, target)
-        if rp is None or rg is None:
-            return None
-        return rp * rg
+        when a curve is missing; ``inf`` when it never reaches the target. Each part is
+        its mean over seeds, or 1 where its 95 % interval includes 1."""
+        both = self.ratios(compress, grad_compress, target)
+        return None if both is None else both[0].used * both[1].used
 
 
 def parse_convergence(data: Mapping, where: str) -> Convergence:
@@ -120,13 +174,18 @@ def parse_convergence(data: Mapping, where: str) -> Convergence:
             raise ConfigError(f"{where}: {part} must map a spec to [[step, loss], ...]")
         tables[part] = {}
         for spec, curve in curves.items():
-            try:
-                pts = [(int(s), float(l)) for s, l in curve]
-            except (TypeError, ValueError):
-                raise ConfigError(f"{where}: {part}.{spec}: need [[step, loss], ...]") from None
-            if not pts:
-                raise ConfigError(f"{where}: {part}.{spec}: empty curve")
-            tables[part][str(spec)] = _smooth(pts, window)
+            seeds = curve if (isinstance(curve, list) and curve and isinstance(curve[0], list) and curve[0]
+                              and isinstance(curve[0][0], list)) else [curve]
+            tables[part][str(spec)] = []
+            for one in seeds:
+                try:
+                    pts = [(int(s), float(l)) for s, l in one]
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{where}: {part}.{spec}: need [[step, loss], ...] or a list of "
+                                      "them (one per seed)") from None
+                if not pts:
+                    raise ConfigError(f"{where}: {part}.{spec}: empty curve")
+                tables[part][str(spec)].append(_smooth(pts, window))
     return Convergence(str(data.get("model", "")), str(data.get("source", "")), tables["pipeline"],
                        tables["gradient"], where)
 

@@ -97,6 +97,13 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),
 )}
 
+#: the intra-node fabric a node of each GPU ships with (perfsim.fabrics): NVSwitch/NVLink on
+#: SXM parts, the PCIe generation of the card otherwise; absent where no preset fits (MI300X)
+NODE_FABRIC = {"v100-sxm2-16gb": "nvlink2", "v100-sxm2-32gb": "nvlink2", "v100-pcie-16gb": "pcie3",
+               "v100-pcie-32gb": "pcie3", "a100-sxm4-40gb": "nvlink3", "a100-sxm4-80gb": "nvlink3",
+               "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "h100-sxm5-80gb": "nvlink4",
+               "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "nvlink4", "l4": "pcie4", "rtx-4090": "pcie4"}
+
 #: short names users type
 ALIASES = {"v100": "v100-sxm2-32gb", "v100-16gb": "v100-sxm2-16gb", "v100-32gb": "v100-sxm2-32gb",
            "a100": "a100-sxm4-80gb", "a100-40gb": "a100-sxm4-40gb", "a100-80gb": "a100-sxm4-80gb",

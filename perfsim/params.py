@@ -65,6 +65,15 @@ class Param:
     minimum: int = 1
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
+    #: how ``perfsim plan`` searches it (:mod:`perfsim.search_space`): None (not a
+    #: dimension: one value, the user's or the default); ``"split"`` (the planner's split
+    #: of the GPUs and the batch: tp, pp, dp, micro_batch); a tuple of values; or
+    #: ``"module:NAME"`` of such a tuple or of a function ``(context, param) -> values``
+    #: (defaults that depend on the cluster, e.g. the GPU preset)
+    search: Any = None
+    #: where the dimension applies, a predicate of :data:`perfsim.search_space.APPLIES`
+    #: (``"pp>1"`` ...); elsewhere the parameter keeps its default
+    search_when: str = ""
     #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
     #: 25us); default ms (perfsim.units.parse_time)
     hint_unit: str | None = None
@@ -117,7 +126,7 @@ PARAMS: tuple[Param, ...] = (
           "units such as 300GB/s)", "system"),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
-          choices="perfsim.fabrics:FABRICS"),
+          choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
     Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
           "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
           "transport efficiency of an uncalibrated link", "system"),
@@ -146,23 +155,27 @@ PARAMS: tuple[Param, ...] = (
     Param("dataset_samples", "int", 2359, "training samples per epoch", "strategy",
           "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
-          "strategy", choices="perfsim.schedules:SCHEDULES"),
+          "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
+          search_when="pp>1"),
     Param("virtual_stages", "int", None, "model chunks per device of interleaved-1f1b (default 2; the "
-          "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages"),
-    Param("tp", "int", 1, "tensor-parallel degree (Megatron-LM)", "strategy", "strategy.tp"),
+          "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages",
+          search=(2, 4), search_when="interleaved"),
+    Param("tp", "int", 1, "tensor-parallel degree (Megatron-LM)", "strategy", "strategy.tp", search="split"),
     Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
-          "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel"),
+          "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
+          search="perfsim.search_space:on_gpu", search_when="tp>1"),
     Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
-          "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS"),
+          "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS",
+          search="perfsim.search_space:gpu_precision"),
     Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
-          choices="perfsim.config:RECOMPUTE"),
+          choices="perfsim.config:RECOMPUTE", search="perfsim.search_space:on_gpu"),
     Param("attention", "choice", "megatron", "attention kernels of the GPU compute model: megatron "
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
-          choices="perfsim.config:ATTENTION"),
+          choices="perfsim.config:ATTENTION", search="perfsim.search_space:on_gpu"),
     Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
@@ -170,13 +183,15 @@ PARAMS: tuple[Param, ...] = (
           "strategy.moe_capacity_factor"),
     Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
           "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
-          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep"),
+          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep",
+          search="perfsim.search_space:expert_parallel"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
           "strategy.moe_imbalance"),
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
-          "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0),
+          "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,
+          choices="perfsim.config:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
     Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
@@ -186,8 +201,8 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
-    Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp"),
-    Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp"),
+    Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
+    Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
           "(by compute) or uniform (Megatron: equal blocks, embedding first, head last); default "
           "balanced, uniform with a gpu preset", "strategy"),
@@ -205,7 +220,8 @@ PARAMS: tuple[Param, ...] = (
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
           "strategy", choices="perfsim.config:TIED_EMBEDDINGS"),
-    Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch"),
+    Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
+          search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
           "default 32, or global_batch / dp", "strategy"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
@@ -215,9 +231,10 @@ PARAMS: tuple[Param, ...] = (
           "system.latency_s"),
     Param("grad_compress", "spec", "none", "data-parallel gradient compression "
           "(`perfsim compressors`), e.g. none, qsgd-maxnorm:4", "strategy", "strategy.grad_compress",
-          role="grad"),
+          role="grad", search="perfsim.search_space:GRADIENT_COMPRESSION", search_when="dp>1"),
     Param("compress", "spec", "fp32", "pipeline compression (`perfsim compressors`), e.g. fp32, "
-          "directq:fw4bw8, aqsgd:fw3bw6", "strategy", "strategy.compress", role="pipeline"),
+          "directq:fw4bw8, aqsgd:fw3bw6", "strategy", "strategy.compress", role="pipeline",
+          search="perfsim.search_space:PIPELINE_COMPRESSION", search_when="pp>1"),
     Param("boundary_compress", "boundaries", None, "pipeline compression of single boundaries, "
           "BOUNDARY=SPEC,... (boundary k follows stage k; the others use compress), e.g. "
           "1=aqsgd:fw2bw4 for fewer bits on a slow hop (perfsim.boundaries)", "strategy",
@@ -415,7 +432,7 @@ def resolved(params: Mapping[str, Any]) -> dict[str, Any]:
 def _flag_help(p: Param, lists: bool) -> str:
     text = p.help
     if p.choices:
-        text += f" ({', '.join(p.allowed)})"
+        text += f" ({', '.join(map(str, p.allowed))})"
     if p.default is not None:
         text += f" (default {str(p.default).lower() if p.kind == 'bool' else p.default})"
     if lists and p.kind not in ONE_VALUE:
@@ -423,12 +440,14 @@ def _flag_help(p: Param, lists: bool) -> str:
     return text
 
 
-def add_arguments(parser: argparse.ArgumentParser, lists: bool = True) -> None:
-    """One flag per parameter, grouped as workload / strategy / system. Flags
-    default to None (= the parameter's default); with ``lists`` a flag takes a
-    comma list. Booleans are ``--x/--no-x``."""
+def add_arguments(parser: argparse.ArgumentParser, lists: bool = True, skip: tuple[str, ...] = ()) -> None:
+    """One flag per parameter (but those in ``skip``), grouped as workload / strategy /
+    system. Flags default to None (= the parameter's default); with ``lists`` a flag
+    takes a comma list. Booleans are ``--x/--no-x``."""
     groups = {g: parser.add_argument_group(g) for g in ("workload", "strategy", "system")}
     for p in PARAMS:
+        if p.name in skip:
+            continue
         g = groups[p.group]
         if p.kind == "bool":
             g.add_argument(p.flag, dest=p.name, action=argparse.BooleanOptionalAction, default=None,

@@ -31,6 +31,7 @@ stage per rank, ``ScheduleZBVZeroBubble``), checked action by action in the test
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -296,7 +297,14 @@ def get_schedule(name: str) -> Callable[..., Table]:
 
 
 def build_table(name: str, pp: int, num_microbatches: int, virtual_stages: int | None = None) -> Table:
-    """The checked table of schedule ``name`` (ConfigError naming what does not fit)."""
+    """The checked table of schedule ``name`` (ConfigError naming what does not fit).
+    A table is an immutable value of its arguments, so it is built and checked once
+    per process (a planner asks for the same few tables thousands of times)."""
+    return _checked_table(name.lower(), pp, num_microbatches, virtual_stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked_table(name: str, pp: int, num_microbatches: int, virtual_stages: int | None) -> Table:
     table = get_schedule(name)(pp, num_microbatches, virtual_stages)
     check_table(table)
     return table

@@ -2,10 +2,12 @@
 
     python scripts/convergence_curves.py [--model gpt2-tiny] [--steps 300] [--out FILE]
     python scripts/convergence_curves.py --model digits-mlp --specs aqsgd:fw4bw8,none  # re-measure some
+    python scripts/convergence_curves.py --seeds 5   # five seeds per spec: ratios with intervals
 
 Trains the model with ``perfsim run`` once per compressor -- pipeline compressors on
 a 2-stage pipeline, gradient compressors on 2 data-parallel replicas -- with the
-same seed, data and learning rate, and writes the curves in the format of
+same seed, data and learning rate (``--seeds N``: seeds 0..N-1 each, a list of curves
+per spec, from which the plan takes 95 % intervals), and writes the curves in the format of
 :mod:`perfsim.convergence` (default ``perfsim/data/convergence/<model>.json``).
 Runs go to a temporary folder; the output is written atomically at the end.
 """
@@ -37,6 +39,7 @@ def main() -> int:
     ap.add_argument("--model", default="gpt2-tiny")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", default="1e-3")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds per spec (0..N-1; default 1)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=("pipeline", "gradient"), default=None,
                     help="measure only these curves and keep the others of an existing file")
@@ -54,7 +57,9 @@ def main() -> int:
             data.update({k: v for k, v in json.load(f).items() if k in ("pipeline", "gradient", "source")})
         if args.only and not specs:
             data[args.only] = {}
-    common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr, "--seed", "0",
+    if args.seeds < 1:
+        ap.error("--seeds: at least 1")
+    common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr,
               "--no-progress", "--hang-timeout", args.hang_timeout, "--timeout", args.hang_timeout]
     with tempfile.TemporaryDirectory() as tmp:
         jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--compress", c]) for c in PIPELINE_COMPRESSION]
@@ -62,15 +67,22 @@ def main() -> int:
         for part, spec, flags in jobs:
             if (args.only and part != args.only) or (specs and spec not in specs):
                 continue
-            run_dir = os.path.join(tmp, f"{part}-{spec.replace(':', '_')}")
-            cmd = [sys.executable, "-m", "perfsim", "run", *common, *flags, "--out", run_dir]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"{part} {spec}: failed ({proc.stderr.strip().splitlines()[-1:]})", file=sys.stderr)
-                continue
-            data[part][spec] = curve(run_dir)
-            print(f"{part:8} {spec:18} final loss {data[part][spec][-1][1]:.4f}", flush=True)
-    source = (f"perfsim run --steps {args.steps} --lr {args.lr} --seed 0 (pipeline: --pp 2; "
+            curves = []
+            for seed in range(args.seeds):
+                run_dir = os.path.join(tmp, f"{part}-{spec.replace(':', '_')}-{seed}")
+                cmd = [sys.executable, "-m", "perfsim", "run", *common, "--seed", str(seed), *flags,
+                       "--out", run_dir]
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    print(f"{part} {spec} seed {seed}: failed ({proc.stderr.strip().splitlines()[-1:]})",
+                          file=sys.stderr)
+                    break
+                curves.append(curve(run_dir))
+                print(f"{part:8} {spec:18} seed {seed} final loss {curves[-1][-1][1]:.4f}", flush=True)
+            if len(curves) == args.seeds:  # every seed or none: seeds pair with the reference's
+                data[part][spec] = curves[0] if args.seeds == 1 else curves
+    seeds = "--seed 0" if args.seeds == 1 else f"--seed 0..{args.seeds - 1}"
+    source = (f"perfsim run --steps {args.steps} --lr {args.lr} {seeds} (pipeline: --pp 2; "
               f"gradient: --dp 2); {datetime.date.today().isoformat()}")
     if specs and data.get("source") and data["source"] != source:
         source = f"{data['source']}; {','.join(sorted(specs))}: {source}"

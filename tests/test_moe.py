@@ -218,5 +218,7 @@ def test_plan_searches_expert_parallelism():
     assert not any("ep" in c for c in enumerate_candidates(n_layers=4, gpus=8, gpus_per_node=8, global_batch=16,
                                                            space=space, base={}, known=known))
     res = plan(model=SMALL_MOE, gpus_per_node=4, global_batch=16, gpu=H100, precision="bf16", space=space)
-    ranked = [r.params for r in res.ranked]
-    assert any(p.get("ep", 1) > 1 for p in ranked) and any(p.get("ep", 1) == 1 for p in ranked)
+    # both were simulated (the wider plan space -- ZeRO, attention, ... -- fills the top five
+    # with variants of one of them)
+    seen = [c.params for c in res.all_evaluated if c.summary is not None]
+    assert any(p.get("ep", 1) > 1 for p in seen) and any(p.get("ep", 1) == 1 for p in seen)

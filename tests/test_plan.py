@@ -103,8 +103,10 @@ def test_without_curves_the_plan_ranks_by_iteration_time_and_says_so():
     assert any("ranked by iteration time" in n for n in res.notes)
     its = [c.summary["iteration_s"] for c in res.ranked]
     assert its == sorted(its) and all(c.time_to_loss_s is None for c in res.ranked)
-    with pytest.raises(ConfigError, match="global_batch"):
+    with pytest.raises(ConfigError, match="pp=2: does not divide the cluster's 3 GPUs"):
         plan(model="gpt2-xl", nodes=3, global_batch=1, space=SearchSpace(pp=(2,)))
+    with pytest.raises(ConfigError, match="global_batch"):
+        plan(model="gpt2-xl", nodes=2, global_batch=1, space=SearchSpace(pp=(1,)))
 
 
 def test_convergence_files_are_validated(tmp_path):
@@ -150,7 +152,7 @@ def test_plan_cli_json_and_errors(tmp_path):
     assert (tmp_path / "p.png").stat().st_size > 1000
     bad = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", "gpt2-tiny", "--nodes", "3",
                           "--global-batch", "1", "--pp", "2"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "global_batch" in bad.stderr
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and "pp=2: does not divide" in bad.stderr
 
 
 def _two_regions(tmp_path, regions):

@@ -53,3 +53,37 @@ def test_terminal_gets_a_tqdm_bar():
         drawn = os.read(master, 65536).decode()
     os.close(master)
     assert "\r" in drawn and "point one" in drawn and "s ..." not in drawn  # the bar, no stage lines
+
+
+def _plan_piped(tmp_path, *extra, every="0"):
+    """``perfsim plan ... 2>log </dev/null | cat``: stderr a file, stdout a pipe."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log"
+    cpu = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
+    with open(log, "w") as err, open(os.devnull) as devnull:
+        proc = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", "gpt2-tiny", "--nodes", "2",
+                               "--global-batch", "8", "--profile", cpu, "--bandwidth", "100Mbps", *extra],
+                              stdin=devnull, stdout=subprocess.PIPE, stderr=err, text=True, timeout=300,
+                              env={**os.environ, "PERFSIM_PROGRESS_EVERY": every})
+    return proc, log.read_text()
+
+
+def test_plan_writes_progress_lines_into_a_log(tmp_path):
+    import re
+
+    proc, log = _plan_piped(tmp_path)
+    assert proc.returncode == 0 and "candidates:" in proc.stdout
+    lines = [l for l in log.splitlines() if l.startswith("perfsim plan: ")]
+    assert len(lines) >= 2 and "\r" not in log  # plain lines, no bar
+    counts = [re.match(r"perfsim plan: (\d+)/(\d+) configurations \(\d+%\), \d+ s", l) for l in lines]
+    assert all(counts), lines
+    done = [int(m.group(1)) for m in counts]
+    assert done == sorted(done) and len({m.group(2) for m in counts}) == 1  # one total, advancing
+    quiet, qlog = _plan_piped(tmp_path, "-q")
+    assert quiet.returncode == 0 and qlog == ""  # -q silences it
+    _, slow = _plan_piped(tmp_path, every="3600")  # the interval bounds the number of lines
+    assert "configurations" not in slow
+    bad, blog = _plan_piped(tmp_path, every="soon")
+    assert bad.returncode == 2 and "PERFSIM_PROGRESS_EVERY='soon'" in blog

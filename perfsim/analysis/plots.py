@@ -530,12 +530,26 @@ def make_figure(kind: str, df, stages=None, *, metric: str = "throughput_samples
     return plot_validation(df, metric=metric, title=title)
 
 
+#: figure formats by suffix
+FIGURE_FORMATS = ("png", "svg", "pdf")
+
+
+def check_figure_target(path: str | os.PathLike, what: str = "figure") -> str:
+    """The format of a figure file (its suffix), refused with one line before any work
+    when unknown or when the path cannot be written."""
+    from perfsim.outputs import check_file_target
+
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise ConfigError(f"{what} {str(path)!r}: unknown format (use .png, .svg or .pdf)")
+    check_file_target(path, what)
+    return fmt
+
+
 def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
     """Save as PNG, SVG or PDF (by suffix), atomically."""
     path = Path(path)
-    fmt = "png" if is_stdio(path) else path.suffix.lower().lstrip(".")  # -: a PNG on stdout
-    if fmt not in ("png", "svg", "pdf"):
-        raise ConfigError(f"figure {str(path)!r}: unknown format (use .png, .svg or .pdf)")
+    fmt = "png" if is_stdio(path) else check_figure_target(path)  # -: a PNG on stdout
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt, dpi=dpi)
     atomic_write_bytes(path, buf.getvalue())

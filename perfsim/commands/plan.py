@@ -1,9 +1,16 @@
 """``perfsim plan``: rank the ways to train a model on a cluster, compression included.
 
+Every ``perfsim predict`` flag is accepted: a search dimension (tp, pp, dp, micro-batch,
+schedule, virtual stages, ZeRO, recomputation, attention, sequence parallelism,
+precision, fabric, compression: ``perfsim.search_space``) takes one value (pinned) or a
+comma list (searched) in place of its defaults; any other flag takes one value.
+
 Examples::
 
     perfsim plan --model gpt2-xl --nodes 4 --gpus-per-node 4 --bandwidth 1Gbps --global-batch 64
     perfsim plan --model gpt2-tiny --nodes 2 --bandwidth 100Mbps --global-batch 32 --emit-run
+    perfsim plan --model config.json --gpu h100 --nodes 2 --gpus-per-node 8 --bandwidth 100Gbps \\
+        --global-batch 64 --zero 1 --recompute none,selective --emit megatron
     perfsim plan --model gpt2-xl --nodes 8 --bandwidth 100Mbps --global-batch 64 --format json --plot pareto.png
 """
 
@@ -13,33 +20,27 @@ import argparse
 import json
 import sys
 
+from perfsim.emit import EMIT_KINDS
+
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
 
-#: system flags passed through to the simulator when given (the simulator checks them)
-_SYSTEM_FLAGS = ("bandwidth", "latency", "topology", "profile", "gpu", "intra_node_fabric", "nic",
-                 "precision", "intra_node_bandwidth")
+#: predict parameters the plan derives itself (from --global-batch and the split)
+_OWN = ("global_batch", "macro_batch")
+#: seconds between two progress lines when stderr is not a terminal
+PROGRESS_EVERY_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from perfsim import params
+
     p.epilog = __doc__.split("Examples::", 1)[1]
     p.formatter_class = argparse.RawDescriptionHelpFormatter
-    g = p.add_argument_group("model and cluster")
-    g.add_argument("--model", default="gpt2-xl", help="model preset (default gpt2-xl)")
+    g = p.add_argument_group("cluster")
     g.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
-    g.add_argument("--gpus-per-node", type=int, default=1, help="GPUs per node (default 1)")
-    g.add_argument("--global-batch", type=int, default=32, help="samples per optimizer step, all replicas (default 32)")
-    for name in _SYSTEM_FLAGS:
-        g.add_argument("--" + name.replace("_", "-"), default=None,
-                       help="as in perfsim predict (default: predict's)")
+    g.add_argument("--global-batch", type=int, default=32,
+                   help="samples per optimizer step, all replicas (default 32)")
+    params.add_arguments(p, lists=True, skip=_OWN)
     g = p.add_argument_group("search")
-    g.add_argument("--tp", help="tensor-parallel degrees to search (comma list; default: divisors of gpus-per-node)")
-    g.add_argument("--pp", help="pipeline degrees to search (default: every divisor that fits the layers)")
-    g.add_argument("--micro-batch", help="micro-batch sizes (default: 1,2,4,8 where they divide)")
-    g.add_argument("--schedule", default="gpipe,1f1b,zb-h1,interleaved-1f1b",
-                   help="schedules (default gpipe,1f1b,zb-h1,interleaved-1f1b)")
-    g.add_argument("--compress", default=None, help="pipeline compressions (default: fp32 to aqsgd:fw2bw4)")
-    g.add_argument("--grad-compress", default=None, help="gradient compressions (default: none to powersgd:2)")
-    g.add_argument("--recompute", default="none,full", help="recomputation modes (default none,full)")
     g.add_argument("--target-loss", type=float, default=None,
                    help="loss to reach (default: what uncompressed training reaches at half its measured budget)")
     g.add_argument("--convergence", default=None,
@@ -54,41 +55,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "json", "csv"), default="table")
     g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout")
-    g.add_argument("--emit-run", action="store_true", help="print the perfsim run command of the winner")
-    g.add_argument("--plot", help="Pareto plot of throughput vs wire bytes (PNG/SVG)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--emit", choices=EMIT_KINDS, default=None,
+                   help="also print the winner as a command: megatron (Megatron-LM's flags), torchrun (a "
+                        "torchrun command line around them) or perfsim (perfsim run)")
+    g.add_argument("--emit-run", action="store_true", help="the same as --emit perfsim")
+    g.add_argument("--plot", help="Pareto plot of throughput vs wire bytes (.png, .svg or .pdf)")
+    g.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (as -q; a bar on a terminal, else a line every few "
+                        "seconds: PERFSIM_PROGRESS_EVERY sets the seconds)")
 
 
-def _ints(text, flag):
-    from perfsim.errors import ConfigError
-    from perfsim.units import split_list
+def _check_outputs(args) -> None:
+    """Refuse an output that cannot be written before the search (one line, exit 2)."""
+    from perfsim import outputs
 
-    if text is None:
-        return None
-    try:
-        return tuple(int(v) for v in split_list(text))
-    except ValueError:
-        raise ConfigError(f"--{flag} {text!r}: need a comma list of integers") from None
+    if args.output:
+        outputs.check_file_target(args.output, "--out")
+    if args.plot:
+        from perfsim.analysis.plots import check_figure_target
 
-
-def _strs(text):
-    from perfsim.units import split_list
-
-    return None if text is None else tuple(split_list(text))
+        check_figure_target(args.plot, "--plot")
 
 
 def _table(result) -> str:
     from perfsim.units import format_time
 
-    lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>6} {'mb':>3} {'compress':>15} "
-             f"{'grad':>15} {'iteration':>10} {'samples/s':>10} {'steps x':>8} {'to loss':>10}"]
-    for row in result.rows():
+    lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>16} {'mb':>3} {'zero':>4} {'recomp':>9} "
+             f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
+             f"{'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
+    for row, c in zip(result.rows(), result.ranked):
+        p = c.params
         ttl, ratio = row["time_to_loss_s"], row["steps_ratio"]
         ratio_text = "" if ratio is None else f"{ratio:.2f}"
-        lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {row['schedule']:>6} "
-                     f"{row['micro_batch']:>3} {row['compress']:>15} {row['grad_compress']:>15} "
+        if row.get("steps_ratio_lo") is not None:  # the 95 % interval over the curves' seeds
+            ratio_text += f" [{row['steps_ratio_lo']:.2f},{row['steps_ratio_hi']:.2f}]"
+        sched = row["schedule"] + (f"/{p['virtual_stages']}" if p.get("virtual_stages") else "")
+        lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {sched:>16} "
+                     f"{row['micro_batch']:>3} {p.get('zero', 0):>4} {p.get('recompute', 'none'):>9} "
+                     f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "
+                     f"{p.get('precision', 'fp32'):>4} {row['compress']:>14} {row['grad_compress']:>14} "
                      f"{format_time(row['iteration_s']):>10} {row['throughput_samples_per_s']:>10.4g} "
-                     f"{ratio_text:>8} "
+                     f"{ratio_text:>18} "
                      f"{'' if ttl is None else format_time(ttl):>10}")
     lines.append("")
     lines.append(f"{result.total} candidates: {result.evaluated} simulated, {result.pruned} pruned by bounds, "
@@ -104,8 +111,8 @@ def _plot(result, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from perfsim.analysis.plots import save_figure
     from perfsim.plan import pareto_front
-    from perfsim.result import atomic_write_bytes
 
     pts, labels = [], []
     for c in result.all_evaluated:
@@ -126,44 +133,34 @@ def _plot(result, path: str) -> None:
     ax.set_ylabel("samples/s")
     ax.legend()
     fig.tight_layout()
-    import io
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format=path.rsplit(".", 1)[-1].lower() if "." in path else "png")
+    save_figure(fig, path)
     plt.close(fig)
-    atomic_write_bytes(path, buf.getvalue())
 
 
 def run(args) -> int:
-    from perfsim.errors import ConfigError
-    from perfsim.plan import SearchSpace, plan, run_command
+    from perfsim import params
+    from perfsim.emit import check_emit, emit
+    from perfsim.plan import plan
+    from perfsim.progress import Progress, every_s
     from perfsim.result import atomic_write_text
 
-    kw = {}
-    for name in ("schedule", "compress", "grad_compress", "recompute"):
-        v = _strs(getattr(args, name))
-        if v is not None:
-            kw["schedules" if name == "schedule" else name] = v
-    space = SearchSpace(tp=_ints(args.tp, "tp"), pp=_ints(args.pp, "pp"),
-                        micro_batch=_ints(args.micro_batch, "micro-batch"), **kw)
-    system = {n: getattr(args, n) for n in _SYSTEM_FLAGS if getattr(args, n) is not None}
-    bar = None
-    if not args.no_progress and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        bar = tqdm(desc="perfsim plan", unit="config", file=sys.stderr)
+    _check_outputs(args)
+    given = {k: v for k, v in params.from_args(args).items() if v is not None and k not in _OWN}
+    model = given.pop("model", "gpt2-xl")
+    kind = args.emit or ("perfsim" if args.emit_run else None)
+    if kind == "perfsim":
+        check_emit(model)
+    gpus_per_node = params.normalize("gpus_per_node", given.pop("gpus_per_node", 1), cli=True)
+    bar = Progress(0, unit="configurations", enabled=not (args.no_progress or getattr(args, "quiet", False)), prefix="perfsim plan: ",
+                   every=every_s(PROGRESS_EVERY_S))
     try:
-        result = plan(model=args.model, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        result = plan(model=model, nodes=args.nodes, gpus_per_node=gpus_per_node,
                       global_batch=args.global_batch, target_loss=args.target_loss,
-                      convergence=args.convergence, space=space, top=args.top, jobs=args.jobs,
-                      backend=args.backend, dask_scheduler=args.dask_scheduler,
-                      progress=bar.update if bar else None, **system)
+                      convergence=args.convergence, top=args.top, jobs=args.jobs,
+                      backend=args.backend, dask_scheduler=args.dask_scheduler, cli=True,
+                      progress=bar.advance, total=bar.set_total, **given)
     finally:
-        if bar:
-            bar.close()
-    if not result.ranked:
-        raise ConfigError("no configuration fits: " + "; ".join(
-            sorted({c.rejected for c in result.all_evaluated if c.rejected})[:3]))
+        bar.close()
     if args.format == "json":
         text = json.dumps(result.rows(), indent=1, default=str) + "\n"
     elif args.format == "csv":
@@ -176,8 +173,8 @@ def run(args) -> int:
         sys.stdout.write(text)
     if args.plot:
         _plot(result, args.plot)
-    if args.emit_run:
-        cmd = run_command(result.ranked[0].params)
-        print(cmd or f"# {args.model} has no perfsim run implementation (runtime models: gpt2-tiny, "
-                     f"gpt2-small-byte, digits-mlp, ...)", file=sys.stderr if args.format != "table" else sys.stdout)
+    if kind:
+        best = result.ranked[0].params
+        print(emit(best, kind, nodes=args.nodes, global_batch=args.global_batch),
+              file=sys.stderr if args.format != "table" and not args.output else sys.stdout)
     return 0

@@ -204,12 +204,21 @@ class ProfileCosts:
         the per-byte line). Most specific name first: the exact spec
         (``directq:4``), its family (``directq``), then ``*``; ``name=None``: any.
         A collective kind's records count only for the torch call they timed:
-        ``call`` (None: the kind's default, :data:`perfsim.collectives.DEFAULT_CALLS`)."""
+        ``call`` (None: the kind's default, :data:`perfsim.collectives.DEFAULT_CALLS`).
+        Memoised per profile (keyed also on the record count, so records added later
+        are seen): a planner prices the same few codecs a million times."""
+        cache = self.__dict__.setdefault("_fit_cache", {})
+        key = (op, name, call, len(self.records))
+        if key in cache:
+            return cache[key]
+        out = None
         for cand in [None] if name is None else name_chain(name):
             fit = self._fit_named(op, cand, call)
             if fit is not None:
-                return fit
-        return None
+                out = fit
+                break
+        cache[key] = out
+        return out
 
     def _fit_named(self, op: str, name: str | None, call: str | None = None) -> Fit | None:
         """:meth:`fit` for exactly ``name`` (None: any name)."""

@@ -313,9 +313,25 @@ class ProfileFile:
                                                     if any(c in r for r in self.records)])
 
     def select(self, op: str, **match) -> list[dict[str, Any]]:
-        """Records of ``op`` whose fields equal ``match`` (None values ignored)."""
-        return [r for r in self.records if r["op"] == op
-                and all(v is None or r.get(k) == v for k, v in match.items())]
+        """Records of ``op`` whose fields equal ``match`` (None values ignored). The
+        records are indexed by op and each answer memoised (afresh when their count
+        changes): a planner asks for the same records thousands of times."""
+        index = self.__dict__.get("_by_op")
+        if index is None or index[0] != len(self.records):
+            by_op: dict[str, list] = {}
+            for r in self.records:
+                by_op.setdefault(r["op"], []).append(r)
+            index = self.__dict__["_by_op"] = (len(self.records), by_op, {})
+        try:
+            key = (op, tuple(sorted(match.items())))
+            hit = index[2].get(key)
+        except TypeError:  # an unhashable value: not memoised
+            key, hit = None, None
+        if hit is None:
+            hit = [r for r in index[1].get(op, ()) if all(v is None or r.get(k) == v for k, v in match.items())]
+            if key is not None:
+                index[2][key] = hit
+        return list(hit)
 
     def models(self) -> set[str]:
         """Models the compute records belong to."""

@@ -1,0 +1,142 @@
+"""The plan's winner as a command to launch: ``perfsim run`` (perfsim's own execute
+mode), Megatron-LM's ``pretrain_gpt.py`` flags, or a ``torchrun`` command line around
+them (``perfsim plan --emit megatron|torchrun|perfsim``).
+
+Megatron-LM's flags are those of ``megatron/training/arguments.py`` (NVIDIA
+Megatron-LM, "Megatron-LM: Training Multi-Billion Parameter Language Models Using Model
+Parallelism", arXiv:1909.08053; interleaved stages and sequence parallelism: Narayanan
+et al. arXiv:2104.04473, Korthikanti et al. arXiv:2205.05198). What a flag cannot say
+(a schedule Megatron-LM does not run, perfsim's compression) is a ``#`` comment line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Iterable
+
+from perfsim.errors import ConfigError
+
+#: what ``--emit`` writes
+EMIT_KINDS = ("perfsim", "megatron", "torchrun")
+
+
+def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = None) -> str | None:
+    """The ``perfsim run`` command that trains this configuration for real, or None
+    when the runtime has no implementation of the model."""
+    from perfsim.models.specs import MODEL_SPECS
+
+    runtime = set(model_runtime) if model_runtime is not None else set(MODEL_SPECS)
+    if params["model"] not in runtime:
+        return None
+    flags = [f"--model {params['model']}", f"--pp {params['pp']}", f"--dp {params['dp']}",
+             f"--schedule {params.get('schedule') or _schedule(params)}", f"--compress {params['compress']}",
+             f"--grad-compress {params['grad_compress']}", f"--micro-batch {params['micro_batch']}",
+             f"--macro-batch {params['macro_batch']}"]
+    if params.get("tp", 1) != 1:
+        flags.insert(1, f"--tp {params['tp']}")
+    if params.get("boundary_compress"):
+        flags.insert(flags.index(f"--compress {params['compress']}") + 1,
+                     f"--boundary-compress {params['boundary_compress']}")
+    order = runtime_device_order(params)
+    note = ""
+    if order is not None and params.get("tp", 1) == 1:
+        flags.append(f"--device-order {','.join(map(str, order))}")
+    elif order is not None:  # the TP device mesh numbers its ranks itself
+        note = f"  # simulated GPU order {','.join(map(str, order))} not expressible with --tp > 1"
+    bw = params.get("bandwidth")
+    if bw and not params.get("topology"):
+        flags.append(f"--emulate-bandwidth {bw}")
+    return "perfsim run " + " ".join(flags) + note
+
+
+def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
+    """``perfsim run --device-order`` of a configuration: the GPU (rank) the simulator
+    places each position of the runtime's rank order on (TP innermost, then DP, then
+    PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`), so that under torchrun
+    every stage runs on the host the plan chose. None when that is the identity."""
+    from perfsim.api import build_configs
+
+    st = build_configs(**params)[1]
+    order = tuple(st.device(t, r, s) for s in range(st.pp) for r in range(st.dp) for t in range(st.tp))
+    return None if order == tuple(range(len(order))) else order
+
+
+def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str], list[str]]:
+    """Megatron-LM's flags for a configuration, and comment lines for what they cannot
+    express."""
+    from perfsim.api import build_configs
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+
+    workload, strategy, _, _ = build_configs(**params)
+    args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]
+    notes = []
+    arch = workload.arch
+    if arch is not None:
+        args += ["--num-layers", str(arch.n_layer), "--hidden-size", str(arch.hidden),
+                 "--num-attention-heads", str(arch.heads), "--ffn-hidden-size", str(arch.ffn or 4 * arch.hidden),
+                 "--seq-length", str(arch.seq_len), "--max-position-embeddings", str(max(arch.seq_len, arch.max_positions)),
+                 "--padded-vocab-size", str(arch.vocab)]
+        if arch.kv_heads and arch.kv_heads != arch.heads:
+            args += ["--group-query-attention", "--num-query-groups", str(arch.kv_heads)]
+        if not arch.tied:
+            args += ["--untie-embeddings-and-output-weights"]
+    if strategy.schedule in VIRTUAL_STAGE_SCHEDULES:
+        if arch is None or arch.n_layer % (strategy.pp * strategy.virtual_stages):
+            raise ConfigError(f"virtual_stages={strategy.virtual_stages}: Megatron-LM needs the layers to "
+                              f"divide into pp x virtual stages")
+        args += ["--num-layers-per-virtual-pipeline-stage",
+                 str(arch.n_layer // (strategy.pp * strategy.virtual_stages))]
+    elif strategy.schedule not in ("1f1b",) and strategy.pp > 1:
+        notes.append(f"schedule {strategy.schedule}: Megatron-LM runs 1F1B (or interleaved); this plan's "
+                     f"figures assume {strategy.schedule}")
+    args += ["--micro-batch-size", str(strategy.micro_batch), "--global-batch-size", str(global_batch)]
+    if strategy.sequence_parallel:
+        args.append("--sequence-parallel")
+    if strategy.recompute != "none":
+        args += ["--recompute-granularity", strategy.recompute]
+        if strategy.recompute == "full":
+            args += ["--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if strategy.zero in (1, 2):  # optimizer state sharded, gradients reduce-scattered
+        args.append("--use-distributed-optimizer")
+    elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
+        args.append("--use-torch-fsdp2")
+    if strategy.precision in ("bf16", "fp16"):
+        args.append("--" + strategy.precision)
+    if strategy.attention == "flash":
+        args.append("--use-flash-attn")
+    for what, spec, lossless in (("pipeline", strategy.compress, "fp32"), ("gradient", strategy.grad_compress, "none")):
+        if spec != lossless:
+            notes.append(f"{what} compression {spec}: no Megatron-LM flag (perfsim run implements it)")
+    return args, notes
+
+
+def _schedule(params: dict[str, Any]) -> str:
+    from perfsim.api import build_configs
+
+    return build_configs(**params)[1].schedule
+
+
+def check_emit(model: str) -> None:
+    """Refuse ``--emit perfsim`` before a search when the runtime cannot train ``model``."""
+    from perfsim.models.specs import MODEL_SPECS
+
+    if str(model).lower() not in MODEL_SPECS:
+        raise ConfigError(f"--emit perfsim: {model} has no perfsim run implementation "
+                          f"(runtime models: {', '.join(sorted(MODEL_SPECS))})")
+
+
+def emit(params: dict[str, Any], kind: str, *, nodes: int, global_batch: int,
+         script: str = "pretrain_gpt.py") -> str:
+    """The configuration as a command of ``kind`` (:data:`EMIT_KINDS`)."""
+    if kind not in EMIT_KINDS:
+        raise ConfigError(f"--emit {kind!r}: choose from {', '.join(EMIT_KINDS)}")
+    if kind == "perfsim":
+        check_emit(params["model"])
+        return run_command(params)
+    args, notes = megatron_args(params, global_batch)
+    lines = [f"# {n}" for n in notes]
+    if kind == "megatron":
+        return "\n".join(lines + [shlex.join(args)])
+    launcher = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(params.get("gpus_per_node", 1)),
+                "--node-rank", "$NODE_RANK", "--master-addr", "$MASTER_ADDR", "--master-port", "29500"]
+    return "\n".join(lines + [" ".join(launcher) + " " + shlex.join([script, *args])])

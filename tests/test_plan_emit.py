@@ -1,0 +1,110 @@
+"""``perfsim plan --emit megatron|torchrun|perfsim``: the winner as a command to launch;
+parsed back with Megatron-LM's flag names, it is the plan (issue 33)."""
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from perfsim.emit import emit, megatron_args
+from perfsim.errors import ConfigError
+
+LLAMA3_8B = os.path.join(os.path.dirname(__file__), "data", "llama-3-8b-config.json")
+BASE = dict(model=LLAMA3_8B, seq_len=8192, gpu="h100", gpus_per_node=8, bandwidth="100Gbps",
+            intra_node_fabric="nvlink4")
+
+
+def _megatron_parser() -> argparse.ArgumentParser:
+    """The flags of Megatron-LM's megatron/training/arguments.py that the plan emits."""
+    ap = argparse.ArgumentParser(allow_abbrev=False)
+    for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                 "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size", "--global-batch-size",
+                 "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--seq-length",
+                 "--max-position-embeddings", "--padded-vocab-size", "--num-query-groups",
+                 "--recompute-num-layers"):
+        ap.add_argument(flag, type=int)
+    ap.add_argument("--recompute-granularity", choices=("full", "selective"))
+    ap.add_argument("--recompute-method", choices=("uniform", "block"))
+    for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16", "--use-flash-attn",
+                 "--group-query-attention", "--untie-embeddings-and-output-weights"):
+        ap.add_argument(flag, action="store_true")
+    return ap
+
+
+def _check_megatron(ns, p, global_batch):
+    from perfsim.api import build_configs
+
+    _, st, _, _ = build_configs(**p)
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (st.tp, st.pp)
+    assert ns.micro_batch_size == st.micro_batch and ns.global_batch_size == global_batch
+    assert ns.global_batch_size == st.dp * st.macro_batch
+    assert ns.sequence_parallel == st.sequence_parallel
+    assert (ns.recompute_granularity or "none") == st.recompute
+    assert ns.use_distributed_optimizer == (st.zero in (1, 2)) and ns.use_torch_fsdp2 == (st.zero == 3)
+    assert ns.bf16 == (st.precision == "bf16") and ns.fp16 == (st.precision == "fp16")
+    assert ns.use_flash_attn == (st.attention == "flash")
+    if st.schedule == "interleaved-1f1b":
+        assert ns.num_layers_per_virtual_pipeline_stage * st.pp * st.virtual_stages == ns.num_layers
+    else:
+        assert ns.num_layers_per_virtual_pipeline_stage is None
+    assert (ns.num_layers, ns.hidden_size, ns.num_attention_heads, ns.num_query_groups) == (32, 4096, 32, 8)
+    assert ns.ffn_hidden_size == 14336 and ns.seq_length == 8192 and ns.untie_embeddings_and_output_weights
+
+
+@pytest.mark.parametrize("strategy", [
+    dict(tp=8, pp=2, dp=1, micro_batch=1, schedule="1f1b", attention="flash", recompute="none", precision="bf16"),
+    dict(tp=4, pp=2, dp=2, micro_batch=2, schedule="interleaved-1f1b", virtual_stages=4, sequence_parallel=True,
+         recompute="selective", zero=1, precision="bf16", attention="flash"),
+    dict(tp=2, pp=4, dp=2, micro_batch=1, schedule="1f1b", recompute="full", zero=1, precision="fp16"),
+])
+def test_megatron_flags_parse_back_to_the_configuration(strategy):
+    p = {**BASE, **strategy, "macro_batch": 64 // strategy["dp"]}
+    args, notes = megatron_args(p, 64)
+    ns = _megatron_parser().parse_args(args)  # every emitted flag is one Megatron-LM takes
+    _check_megatron(ns, p, 64)
+    assert notes == []
+
+
+def test_what_megatron_cannot_say_is_a_comment():
+    p = {**BASE, "tp": 8, "pp": 2, "dp": 1, "macro_batch": 64, "schedule": "zb-h1", "compress": "directq:fw4bw8"}
+    text = emit(p, "megatron", nodes=2, global_batch=64)
+    comments = [l for l in text.splitlines() if l.startswith("#")]
+    assert any("zb-h1" in c for c in comments) and any("directq:fw4bw8" in c for c in comments)
+    with pytest.raises(ConfigError, match="no perfsim run implementation"):
+        emit(p, "perfsim", nodes=2, global_batch=64)
+    with pytest.raises(ConfigError, match="--emit 'slurm'"):
+        emit(p, "slurm", nodes=2, global_batch=64)
+
+
+def test_plan_cli_emits_a_torchrun_line_that_is_the_winner(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", LLAMA3_8B, "--gpu", "h100",
+                           "--nodes", "2", "--gpus-per-node", "8", "--bandwidth", "100Gbps", "--global-batch", "64",
+                           "--seq-len", "8192", "--micro-batch", "1", "--compress", "fp32", "--grad-compress", "none",
+                           "--recompute", "none,selective", "--format", "json", "-o", str(out),
+                           "--emit", "torchrun", "-q"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    row = json.loads(out.read_text())[0]
+    line = [l for l in proc.stdout.splitlines() if l.startswith("torchrun ")]
+    assert len(line) == 1
+    words = shlex.split(line[0])
+    launcher = argparse.ArgumentParser(allow_abbrev=False)
+    for flag in ("--nnodes", "--nproc-per-node", "--master-port"):
+        launcher.add_argument(flag, type=int)
+    launcher.add_argument("--node-rank")
+    launcher.add_argument("--master-addr")
+    launcher.add_argument("script")
+    script_at = words.index("pretrain_gpt.py")
+    ns_l = launcher.parse_args(words[1:script_at + 1])
+    assert (ns_l.nnodes, ns_l.nproc_per_node, ns_l.script) == (2, 8, "pretrain_gpt.py")
+    ns = _megatron_parser().parse_args(words[script_at + 1:])
+    assert ns_l.nnodes * ns_l.nproc_per_node == row["tp"] * row["pp"] * row["dp"]
+    assert (ns.tensor_model_parallel_size, ns.pipeline_model_parallel_size) == (row["tp"], row["pp"])
+    assert ns.micro_batch_size == row["micro_batch"] and ns.global_batch_size == 64
+    assert ns.bf16 and ns.use_flash_attn == (row["attention"] == "flash")
+    assert (ns.recompute_granularity or "none") == row["recompute"]
+    assert ns.use_distributed_optimizer == (row["zero"] in (1, 2)) and ns.use_torch_fsdp2 == (row["zero"] == 3)

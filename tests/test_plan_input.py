@@ -1,0 +1,88 @@
+"""perfsim plan refuses bad input before searching: one line and exit 2 from the CLI,
+a ConfigError from perfsim.plan(...) -- never an empty result that fails later
+(issues 33 and 39)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import perfsim
+from perfsim.errors import ConfigError
+from perfsim.plan import SearchSpace
+
+CPU = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
+SMALL = ["--model", "gpt2-tiny", "--nodes", "2", "--global-batch", "8", "--profile", CPU, "--bandwidth", "100Mbps"]
+
+
+def _plan_cli(*args, tmp_path=None):
+    # progress lines every 0 s: a search that had started would print some before failing
+    env = {**os.environ, "PERFSIM_PROGRESS_EVERY": "0"}
+    return subprocess.run([sys.executable, "-m", "perfsim", "plan", *SMALL, *args], capture_output=True,
+                          text=True, timeout=300, env=env, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("args, culprit", [
+    (["--compress", "bogus"], "'bogus': unknown"),
+    (["--grad-compress", "bogus:9"], "'bogus:9': unknown"),
+    (["--compress", "fp32,aqsgd:fw9bw9"], "bits=9: unsupported"),
+    (["--zero", "0,5"], "--zero=5"),
+    (["--recompute", "bogus"], "--recompute='bogus'"),
+    (["--attention", "fast"], "--attention='fast'"),
+    (["--schedule", "1f1b,nope"], "--schedule='nope'"),
+    (["--tp", "3"], "tp=3: does not divide"),
+    (["--pp", "0"], "--pp='0'"),
+    (["--micro-batch", "16"], "micro_batch=16: does not divide global_batch=8"),
+    (["--seq-len", "64,128"], "takes one value"),
+    (["--gpu", "v100", "--precision", "bf16"], "has no bf16"),
+    (["--plot", "p.xyz"], "--plot 'p.xyz': unknown format"),
+    (["--out", "."], "--out '.': is a directory"),
+    (["--plot", "no/such/dir/p.png", "--out", "x.json"], None),
+])
+def test_cli_refuses_bad_input_before_searching(tmp_path, args, culprit):
+    proc = _plan_cli(*args, tmp_path=tmp_path)
+    err = proc.stderr.strip().splitlines()
+    if culprit is None:  # a missing folder for the plot is created, not refused: the run succeeds
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "no/such/dir/p.png").stat().st_size > 1000 and (tmp_path / "x.json").exists()
+        return
+    assert proc.returncode == 2, proc.stderr
+    assert len(err) == 1 and "Traceback" not in proc.stderr, proc.stderr  # no progress line: no search ran
+    assert culprit in err[0]
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_cli_infeasible_cluster_is_one_line():
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", "gpt3-175b", "--gpu", "h100",
+                           "--nodes", "1", "--global-batch", "8", "-q"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no configuration of gpt3-175b on 1 x 1 GPUs fits" in proc.stderr and "short by" in proc.stderr
+
+
+def test_api_raises_typed_errors():
+    common = dict(model="gpt2-tiny", nodes=2, global_batch=8, profile=CPU, bandwidth="100Mbps")
+    for kw, msg in ((dict(compress="bogus"), "unknown"), (dict(grad_compress="bogus:9"), "unknown"),
+                    (dict(compress="aqsgd:fw9bw9"), "bits=9"), (dict(zero=[0, 5]), "zero=5"),
+                    (dict(seq_len=[64, 128]), "one value"), (dict(macro_batch=4), "derives it"),
+                    (dict(bogus=1), "unknown parameter"), (dict(tp=[3]), "tp=3")):
+        with pytest.raises(ConfigError, match=msg):
+            perfsim.plan(**common, **kw)
+    with pytest.raises(ConfigError, match="not a search dimension"):
+        SearchSpace(bandwidth="1Gbps")
+    with pytest.raises(ConfigError, match="given both"):
+        perfsim.plan(**common, space=SearchSpace(compress="fp32"), compress="fp16")
+    # an infeasible cluster: a typed error, not an empty result
+    with pytest.raises(ConfigError, match="fits"):
+        perfsim.plan(model="gpt3-175b", gpu="h100", nodes=1, global_batch=8)
+    # an empty search: no split of 3 GPUs divides a global batch of 2
+    with pytest.raises(ConfigError, match="global_batch=2"):
+        perfsim.plan(model="gpt2-tiny", nodes=3, global_batch=2, profile=CPU, pp=[1])
+
+
+def test_pinned_and_widened_dimensions_are_searched_as_given():
+    res = perfsim.plan(model="gpt2-tiny", nodes=2, global_batch=8, profile=CPU, bandwidth="100Mbps", top=100,
+                       pp=2, schedule="1f1b,gpipe", compress="fp32,fp16", grad_compress="none", micro_batch=[2, 4])
+    seen = {(c.params["pp"], c.params["schedule"], c.params["compress"], c.params["micro_batch"])
+            for c in res.all_evaluated}
+    assert seen == {(2, s, c, m) for s in ("1f1b", "gpipe") for c in ("fp32", "fp16") for m in (2, 4)}
