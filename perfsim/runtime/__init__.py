@@ -11,8 +11,8 @@ the module that defines it; they load on first use, so importing this package
 * pipeline: :class:`Messenger` (a stage's message path between ranks),
   :func:`header_capacity`, :class:`StageRunner`; stage building
   :func:`build_stage`, :func:`build_stages`, :func:`build_layer`, :func:`boundary_shape`;
-* data-parallel gradient sync: :class:`GradSpec`, :func:`parse_grad_spec`,
-  :class:`GradSync`, :func:`make_buckets`, :func:`sync_gradients`;
+* data-parallel gradient sync: :class:`GradSync`, :func:`make_buckets`, :func:`sync_gradients`
+  (the spec they take is a value of :mod:`perfsim.compression.grad_spec`);
 * the 1-bit optimizers (1-bit Adam, arXiv:2102.02888; 1-bit LAMB, arXiv:2104.06069):
   :class:`OneBitAdam`, :class:`OneBitLamb`;
 * tensor parallelism: :class:`RankLayout`, :func:`check_tp`.
@@ -31,7 +31,7 @@ _HOMES = {
     "load_result": "measure",
     "Messenger": "pipeline", "header_capacity": "pipeline", "StageRunner": "pipeline",
     "build_stage": "models", "build_stages": "models", "build_layer": "models", "boundary_shape": "models",
-    "GradSpec": "grad_sync", "parse_grad_spec": "grad_sync", "GradSync": "grad_sync",
+    "GradSync": "grad_sync",
     "make_buckets": "grad_sync", "sync_gradients": "grad_sync",
     "OneBitAdam": "onebit_optim", "OneBitLamb": "onebit_optim",
     "RankLayout": "tensor_parallel", "check_tp": "tensor_parallel",
