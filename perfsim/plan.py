@@ -184,6 +184,16 @@ def mixed_steps_ratio(curves, p: dict[str, Any], target: float | None) -> float 
     return max(ratios)
 
 
+def _interval_text(summary: dict) -> str:
+    """``; 80 % interval 2.9-3.6 s`` from the prediction's error band
+    (:mod:`perfsim.engine.uncertainty`), or nothing where none is stated."""
+    lo, hi = summary.get("iteration_s_low"), summary.get("iteration_s_high")
+    if lo is None or hi is None:
+        return ""
+    extra = "; extrapolated beyond the validation data" if "extrapolated" in str(summary.get("interval_note")) else ""
+    return f"; 80 % interval {lo * 1e3:.1f}-{hi * 1e3:.1f} ms{extra}"
+
+
 def explain(ranked: Sequence[Candidate]) -> str:
     """One paragraph: where the winner's time goes, which link binds, and how it
     differs from the runner-up."""
@@ -199,7 +209,7 @@ def explain(ranked: Sequence[Candidate]) -> str:
     text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}{ep} with "
             f"{s.get('schedule') or p.get('schedule')}, micro-batch {p['micro_batch']}, pipeline compression {p['compress']} and "
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
-            f"({s.get('throughput_samples_per_s', 0):.3g} samples/s). Per stage and iteration, compute takes "
+            f"({s.get('throughput_samples_per_s', 0):.3g} samples/s{_interval_text(s)}). Per stage and iteration, compute takes "
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
             f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
