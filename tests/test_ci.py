@@ -25,7 +25,7 @@ def _ci(tmp_path, make_script: str, **env):
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     assert "make test" in readme
-    assert "timeout --kill-after=30 \"${CI_TIMEOUT_S:-1200}\" make test" in (ROOT / ".ci" / "run").read_text()
+    assert "timeout --kill-after=30 \"${CI_TIMEOUT_S:-2700}\" make test" in (ROOT / ".ci" / "run").read_text()
 
 
 @pytest.mark.parametrize("script,rc,message", [
