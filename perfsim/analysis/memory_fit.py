@@ -62,15 +62,10 @@ class MemoryReport:
 def _peaks(params: dict[str, Any]):
     """(stage memories, capacity bytes) of one job: the plan and memory model predict uses."""
     from perfsim.api import build_configs
-    from perfsim.engine import build_plan, check_memory
-    from perfsim.hardware import get_gpu
-    from perfsim.network import Network
+    from perfsim.engine import plan_with_memory
 
-    workload, strategy, system, profile = build_configs(**params)
-    network = Network(system, strategy.devices, profile)
-    gpu = get_gpu(system.gpu) if system.gpu else None
-    plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)
-    return check_memory(workload, strategy, system, plan, allow_oom=True)
+    _, _, memory = plan_with_memory(*build_configs(**params), allow_oom=True)
+    return memory
 
 
 def _changes(p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:

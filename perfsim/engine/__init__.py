@@ -45,7 +45,7 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
     groups: dict[tuple, list[int]] = {}
     for r in range(dp):
         key = []
-        for s, t in hops if hops is not None else [(s, s + 1) for s in range(pp - 1)]:
+        for s, t in pairs:
             a, b = dev(r, s), dev(r, t)
             fw, bw = network.path(a, b), network.path(b, a)
             key.append((fw.bandwidth_bps, fw.latency_s, bw.bandwidth_bps, bw.latency_s,
@@ -75,6 +75,17 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
     return mem, cap
 
 
+def plan_with_memory(workload, strategy, system, profile, allow_oom: bool = False):
+    """The network, the plan (every per-stage cost resolved) and the per-stage memory of one
+    job -- what :func:`simulate` starts from, and all ``perfsim memory`` needs."""
+    from perfsim.hardware import get_gpu
+
+    network = Network(system, strategy.devices, profile)
+    gpu = get_gpu(system.gpu) if system.gpu else None
+    plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)
+    return network, plan, check_memory(workload, strategy, system, plan, allow_oom)
+
+
 def simulate(workload, strategy, system, profile, *, trace: bool = False, symmetric: bool | None = None,
              allow_oom: bool = False, replay: bool = True):
     """Simulate one steady-state iteration (and the warm-up one when the pipeline
@@ -91,12 +102,8 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     from perfsim.engine.replay import replay as closed_form
     from perfsim.engine.report import build_result
     from perfsim.engine.sim import Simulation
-    from perfsim.hardware import get_gpu
 
-    network = Network(system, strategy.devices, profile)
-    gpu = get_gpu(system.gpu) if system.gpu else None
-    plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)
-    memory = check_memory(workload, strategy, system, plan, allow_oom)
+    network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731
     if symmetric is None:
@@ -120,4 +127,4 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
                         network=network)
 
 
-__all__ = ["Plan", "build_plan", "replica_classes", "simulate"]
+__all__ = ["Plan", "build_plan", "plan_with_memory", "replica_classes", "simulate"]
