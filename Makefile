@@ -24,7 +24,7 @@ predict: $(STAMP)
 	$(PY) -m perfsim predict
 
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_compressors.py --quick

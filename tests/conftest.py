@@ -43,3 +43,96 @@ def shared_run(tmp_path_factory):
         return done[key]
 
     return get
+
+
+# ------------------------------------------------------------------ pytest-xdist
+# `make test` runs the suite on 2 workers (``-n 2 --dist loadgroup``). A spawned run shared
+# through a module- or session-scoped fixture of this folder must still happen once, so
+# every test that shares such a fixture with another runs on the same worker; tests that
+# share nothing are handed out one by one. (xdist's own loadgroup reads an
+# ``xdist_group`` mark from a renamed test id, which pytest 9 no longer lets it set, so
+# the groups travel in files: each worker writes the groups of what it collected, and
+# the scheduler below reads them.)
+GROUPS_ENV = "PERFSIM_TEST_GROUPS"
+
+
+def pytest_configure(config):
+    """In the controller of a distributed run: the folder the workers write groups into."""
+    import os
+    import shutil
+    import tempfile
+
+    if config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput"):
+        folder = tempfile.mkdtemp(prefix="perfsim-test-groups-")
+        os.environ[GROUPS_ENV] = folder  # the workers, started later, inherit it
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadgroup``: :class:`xdist.scheduler.LoadScopeScheduling` whose scope of
+    a test is its group (see :func:`pytest_collection_modifyitems`), else the test itself."""
+    if config.getoption("dist") != "loadgroup":
+        return None  # xdist's own
+    import json
+    import os
+
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker wrote its file before reporting its collection
+                self.groups = {}
+                for f in sorted(Path(os.environ[GROUPS_ENV]).glob("*.json")):
+                    self.groups.update(json.loads(f.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Group the tests that share an expensive fixture of this folder (module- or
+    session-scoped: one spawned run, many assertions): a module-scoped fixture joins its
+    module's tests, ``shared_run`` joins every file that asks for it, and tests joined by
+    any fixture form one group. In an xdist worker the groups go to the scheduler's file."""
+    import json
+    import os
+
+    here = Path(__file__).parent.resolve()
+    parent: dict[str, str] = {}
+
+    def find(key: str) -> str:
+        while parent.setdefault(key, key) != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    keys_of = {}
+    for item in items:
+        keys = []
+        for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items():
+            fdef = defs[-1]
+            if fdef.scope == "function" or not _defined_here(fdef.func, here):
+                continue
+            keys.append(f"session:{name}" if fdef.scope == "session" else f"module:{item.path.name}")
+        if keys:
+            for k in keys[1:]:
+                parent[find(k)] = find(keys[0])
+            keys_of[item.nodeid] = keys[0]
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and GROUPS_ENV in os.environ:
+        path = Path(os.environ[GROUPS_ENV]) / f"{worker}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({nodeid: find(key) for nodeid, key in keys_of.items()}))
+        tmp.replace(path)
+
+
+def _defined_here(func, here: Path) -> bool:
+    import inspect
+
+    try:
+        return Path(inspect.getsourcefile(func)).resolve().is_relative_to(here)
+    except TypeError:  # a builtin
+        return False
