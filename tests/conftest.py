@@ -45,6 +45,17 @@ def shared_run(tmp_path_factory):
     return get
 
 
+
+@pytest.fixture(scope="session")
+def interference_records():
+    """:func:`perfsim.calibrate.comm.measure_comm` of the ``interference`` op on two real
+    gloo ranks (compute alone, then under allreduces, in alternating windows), measured
+    once per session: test_calibrate and test_fidelity read the same records (the
+    measurement takes no repeats or warm-up setting; only reading tests may use it)."""
+    from perfsim.calibrate.comm import CommConfig, measure_comm
+
+    return measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120))
+
 # ------------------------------------------------------------------ pytest-xdist
 # `make test` runs the suite on 2 workers (``-n 2 --dist loadgroup``). A spawned run shared
 # through a module- or session-scoped fixture of this folder must still happen once, so

@@ -261,14 +261,13 @@ def test_comm_framing_is_each_side_host_time():
     assert prof.framing_time("recv", 0) == 0.0
 
 
-def test_interference_alternates_windows_on_every_rank():
+def test_interference_alternates_windows_on_every_rank(interference_records):
     """Compute alone and under allreduces, in alternating windows on both ranks: each
     record holds one median per window and rank, its time the mean of the ranks'."""
     from perfsim.calibrate import interference
-    from perfsim.calibrate.comm import CommConfig, measure_comm
     from perfsim.engine.plan import comm_slowdown
 
-    recs = measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120))
+    recs = interference_records
     got = {r["name"]: r for r in recs if r["op"] == "interference"}
     assert set(got) == {"gloo alone", "gloo allreduce"}
     assert got["gloo alone"]["repeats"] == 2 * interference.ROUNDS

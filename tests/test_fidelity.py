@@ -110,12 +110,9 @@ def test_interference_of_the_link_the_run_uses():
     assert comm_slowdown(_profile(pair(0.010, 0.013)), 1e8) == pytest.approx(0.3)
 
 
-def test_calibrate_measures_interference_with_real_gloo():
+def test_calibrate_measures_interference_with_real_gloo(interference_records):
     """Two real gloo ranks: compute alone vs under concurrent allreduces."""
-    from perfsim.calibrate import comm as cm
-
-    cfg = cm.CommConfig(ops=("interference",), world_size=2, repeats=3, warmup=1, sizes=(1024,))
-    recs = [r for r in cm.measure_comm(cfg) if r.get("op") == "interference"]
+    recs = [r for r in interference_records if r.get("op") == "interference"]
     assert {r["name"] for r in recs} == {"gloo alone", "gloo allreduce"}
     assert all(r["time_s"] > 0 for r in recs)
     assert comm_slowdown(_profile(recs)) >= 0.0

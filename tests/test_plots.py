@@ -17,7 +17,7 @@ from perfsim.analysis.sweep import config_id, sibling_path
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
 
-from _helpers import run_cli
+from _helpers import run_cli, run_cli_here
 
 BWS = [1e10, 1e9, 1e8, 1e7]
 METHODS = {"fp32": 32, "directq:fw4bw8": 6, "aqsgd:fw3bw6": 4.5}
@@ -218,7 +218,7 @@ def test_filters_and_errors():
         plots.make_figure("throughput", big)
 
 
-def test_cli(tmp_path):
+def test_cli(tmp_path, monkeypatch):
     df, st = synthetic()
     table = tmp_path / "sweep.csv"
     df.to_csv(table, index=False)
@@ -227,7 +227,10 @@ def test_cli(tmp_path):
                    "--out", "b.svg", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "b.svg").read_text().lstrip().startswith("<?xml")
-    proc = run_cli("plot", str(table), "--kind", "speedup", cwd=tmp_path)
+    # the rest through perfsim.cli.main in this process (no interpreter, pandas and
+    # matplotlib start-up per call), from the same folder
+    monkeypatch.chdir(tmp_path)
+    proc = run_cli_here("plot", str(table), "--kind", "speedup")
     assert proc.returncode == 0 and (tmp_path / "sweep.speedup.png").exists(), proc.stderr
     # a Result JSON list, as `perfsim predict --format json` / `perfsim run` write it
     import json
@@ -241,10 +244,10 @@ def test_cli(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(results))
     summary, stages = plots.load_tables(tmp_path / "r.json")
     assert len(summary) == 3 and summary.config_id.is_unique and len(stages) == 3 * 4
-    proc = run_cli("plot", "r.json", "--kind", "breakdown", cwd=tmp_path)
+    proc = run_cli_here("plot", "r.json", "--kind", "breakdown")
     assert proc.returncode == 0 and (tmp_path / "r.breakdown.png").exists(), proc.stderr
     (tmp_path / "bad.json").write_text('{"rows": []}')
-    proc = run_cli("plot", "bad.json", cwd=tmp_path)
+    proc = run_cli_here("plot", "bad.json")
     assert proc.returncode == 2 and "Result JSON" in proc.stderr
     empty = tmp_path / "empty.csv"
     empty.write_text(",".join(SUMMARY_COLUMNS) + "\n")
@@ -254,6 +257,6 @@ def test_cli(tmp_path):
                           ((str(table), "--filter", "colour=red"), "colour"),
                           ((str(table), "--out", "x.jpg"), "x.jpg"),
                           ((str(table), "--kind", "validation"), "validation")]:
-        proc = run_cli("plot", *args, cwd=tmp_path)
+        proc = run_cli_here("plot", *args)
         lines = proc.stderr.strip().splitlines()
         assert proc.returncode == 2 and len(lines) == 1 and culprit in lines[0], proc.stderr
