@@ -22,7 +22,7 @@ from perfsim.analysis.sweep import (
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, Result
 
-from _helpers import run_cli
+from _helpers import run_cli, run_cli_here
 
 CALL_LOG = "PERFSIM_TEST_CALL_LOG"
 
@@ -256,15 +256,22 @@ def test_pool_from_a_plain_script(tmp_path, write_file):
     assert proc.stdout.count("rows 3") == 1, proc.stdout
 
 
-@pytest.mark.parametrize("args,culprit", [
+BAD_CLI = [
     (["--bandwidth", "100furlongs"], "100furlongs"),
     (["--pp", "0"], "pp"),
     (["missing.toml"], "missing.toml"),
     (["--out", "x.xlsx", "--bandwidth", "1Gbps"], "x.xlsx"),
     (["--link-burst", "lots", "--bandwidth", "1Gbps"], "--link-burst"),
-])
-def test_cli_bad_input_one_line_exit_2(tmp_path, args, culprit):
-    proc = run_cli("sweep", *args, cwd=tmp_path)
+]
+
+
+@pytest.mark.parametrize("args,culprit", BAD_CLI)
+def test_cli_bad_input_one_line_exit_2(tmp_path, monkeypatch, args, culprit):
+    if args == BAD_CLI[0][0]:  # the first in a real process
+        proc = run_cli("sweep", *args, cwd=tmp_path)
+    else:  # the rest through perfsim.cli.main in this process, from the same folder
+        monkeypatch.chdir(tmp_path)
+        proc = run_cli_here("sweep", *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and culprit in lines[0], proc.stderr
