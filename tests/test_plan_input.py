@@ -12,6 +12,8 @@ import perfsim
 from perfsim.errors import ConfigError
 from perfsim.plan import SearchSpace
 
+from _helpers import run_cli_here
+
 CPU = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
 SMALL = ["--model", "gpt2-tiny", "--nodes", "2", "--global-batch", "8", "--profile", CPU, "--bandwidth", "100Mbps"]
 
@@ -23,7 +25,7 @@ def _plan_cli(*args, tmp_path=None):
                           text=True, timeout=300, env=env, cwd=tmp_path)
 
 
-@pytest.mark.parametrize("args, culprit", [
+BAD_INPUT = [
     (["--compress", "bogus"], "'bogus': unknown"),
     (["--grad-compress", "bogus:9"], "'bogus:9': unknown"),
     (["--compress", "fp32,aqsgd:fw9bw9"], "bits=9: unsupported"),
@@ -39,9 +41,17 @@ def _plan_cli(*args, tmp_path=None):
     (["--plot", "p.xyz"], "--plot 'p.xyz': unknown format"),
     (["--out", "."], "--out '.': is a directory"),
     (["--plot", "no/such/dir/p.png", "--out", "x.json"], None),
-])
-def test_cli_refuses_bad_input_before_searching(tmp_path, args, culprit):
-    proc = _plan_cli(*args, tmp_path=tmp_path)
+]
+
+
+@pytest.mark.parametrize("args, culprit", BAD_INPUT)
+def test_cli_refuses_bad_input_before_searching(tmp_path, monkeypatch, args, culprit):
+    if args == BAD_INPUT[0][0]:  # the first in a real process
+        proc = _plan_cli(*args, tmp_path=tmp_path)
+    else:  # the rest through perfsim.cli.main in this process, from the same folder and environment
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("PERFSIM_PROGRESS_EVERY", "0")
+        proc = run_cli_here("plan", *SMALL, *args)
     err = proc.stderr.strip().splitlines()
     if culprit is None:  # a missing folder for the plot is created, not refused: the run succeeds
         assert proc.returncode == 0, proc.stderr
