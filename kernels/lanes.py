@@ -19,7 +19,7 @@ the wire carries ``64 / k`` bits per value, e.g. 5.33 for 4-bit codes over 2 or
 Faces: :func:`pack_lanes_ref` / :func:`unpack_lanes_ref` in plain torch (any
 device), and Triton kernels (one pass each: a program owns ``BLOCK`` words and
 gathers / scatters their ``k`` lanes with strided loads / stores), byte-exact
-with the references (``tests/test_lanes.py``, under ``TRITON_INTERPRET=1``). The
+with the references (``tests/kernels/test_lanes.py``, under ``TRITON_INTERPRET=1``). The
 public :func:`pack_lanes` / :func:`unpack_lanes` take the kernel for CUDA
 tensors when Triton is available (:func:`perfsim.kernels._triton.use_triton`),
 the reference otherwise.

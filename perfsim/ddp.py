@@ -24,7 +24,7 @@ Gradient specs (``CompressionState`` / ``attach``): ``fp32``, ``fp16``, ``bf16``
 (torch's own PowerSGD hook). Optimizer specs (``onebit_optimizer``):
 ``onebit-adam``, ``onebit-lamb``.
 
-Guarantees (each tested with real gloo processes, ``tests/test_ddp.py``):
+Guarantees (each tested with real gloo processes, ``tests/ddp/test_ddp.py``):
 
 * **Exact resume.** State is keyed by parameter *names* (the hook finds the DDP
   model that owns a bucket on its first call), and every bucket is compressed in

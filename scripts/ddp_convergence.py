@@ -8,7 +8,7 @@ against plain fp32 DDP with the same optimizer; the 1-bit optimizers at lr 1e-2
 and 1e-3 against their uncompressed counterparts (Adam; LAMB = 1-bit LAMB whose
 warm-up never ends), with warm-up = 20 % of the steps (the papers' 15-20 %).
 The figure of merit is the full-data loss after the last step divided by the
-baseline's (tests/test_ddp_convergence.py requires <= 2).
+baseline's (tests/ddp/test_ddp_convergence.py requires <= 2).
 
     python scripts/ddp_convergence.py --steps 150 --out docs/ddp   # CSVs + docs/ddp/loss_curves.png
 

@@ -26,8 +26,8 @@ install_wheels ../../.whl
 ln -sfn ../kernels perfsim/kernels
 ln -sfn ../calibrate perfsim/calibrate
 gpu_env
-step tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernels.py tests/test_maxnorm.py \
-    tests/test_lanes.py
+step tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels.py tests/compression/test_maxnorm.py \
+    tests/kernels/test_lanes.py
 cp "$OUT/logs/tests.log" "$OUT/tests.txt"
 step bench 150 python3 benchmarks/bench_kernels.py --sizes 16MB,64MB,256MB,1GB --repeat 3 --csv "$OUT/kernels.csv"
 step regress 20 python3 scripts/kernel_regress.py "$OUT/kernels.csv"

@@ -16,8 +16,8 @@ mkdir -p "$OUT"
 install_wheels .whl
 gpu_env
 python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/logs/install.log" 2>&1
-step tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/test_kernels.py tests/test_maxnorm.py \
-    tests/test_lanes.py
+step tests 100 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_kernels.py tests/compression/test_maxnorm.py \
+    tests/kernels/test_lanes.py
 cp "$OUT/logs/tests.log" "$OUT/tests.txt"
 step byte_diff 40 python3 scripts/gpu_byte_diff.py
 cat "$OUT/logs/byte_diff.log" >> "$OUT/tests.txt"

@@ -10,7 +10,7 @@ block is replaced by a dated line naming the device, the CSV and the copy bandwi
 run, and a table of ``pct_copy`` per kernel and size (a range over the bit widths of a row;
 the median of a kernel's passes when the run repeated them). ``--bisect`` also writes the block
 ``bisect`` of docs/gpu.md: each tree of a ``scripts/kernel_bisect.py`` run. No figure in those blocks is typed by hand. ``--check`` rewrites nothing and exits 1 when a
-block differs from what this CSV gives (tests/test_kernel_table.py runs it on the repository).
+block differs from what this CSV gives (tests/kernels/test_kernel_table.py runs it on the repository).
 Exit 2: an unreadable CSV, a CSV without device/date columns, or a document without its block.
 """
 

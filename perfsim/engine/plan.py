@@ -555,7 +555,7 @@ def bucket_codec_times(profile, spec: str, steps, dp: int, nbytes: float) -> tup
 
 def codec_passes(steps, dp: int) -> tuple[float, float]:
     """(encodes, decodes) of a whole bucket that the runtime performs per sync,
-    counted in full-bucket passes (measured: tests/test_fidelity.py counts the
+    counted in full-bucket passes (measured: tests/engine/test_fidelity.py counts the
     runtime's codec calls and the elements they touch).
 
     * 1-bit 3-phase allreduce (an alltoall then an allgather;

@@ -20,7 +20,7 @@ instant, so max-min gives them the same rates.
 models what the recurrence does not (token buckets, rendezvous, compute slowed
 by communication, a trace), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
-``tests/test_engine.py`` compares both on every schedule.
+``tests/engine/test_engine.py`` compares both on every schedule.
 """
 
 from __future__ import annotations

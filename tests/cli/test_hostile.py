@@ -432,7 +432,7 @@ def test_layer_limit_is_checked_before_anything_is_built(tmp_path):
     assert r.returncode == 2 and "layers[2]" in r.stderr and f"{3 * (MAX_LAYERS // 2)} layers in all" in r.stderr
     r = run_cli_here("predict", "--model", "gpt:layers=100000000,hidden=64,heads=2,seq=32,vocab=128")
     assert r.returncode == 2 and "100000000 layers" in r.stderr
-    docs = (Path(__file__).resolve().parents[1] / "docs" / "formats.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "formats.md").read_text()
     assert f"{MAX_LAYERS:,} layers" in docs
 
 

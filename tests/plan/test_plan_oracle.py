@@ -13,8 +13,8 @@ from perfsim.errors import ConfigError
 from perfsim.plan import TIE_BAND, _lossless, candidates, plan_bound
 
 HERE = os.path.dirname(__file__)
-CPU = os.path.join(HERE, "..", "traces", "cpu-2core.json")
-LLAMA3_8B = os.path.join(HERE, "data", "llama-3-8b-config.json")
+CPU = os.path.join(HERE, "..", "..", "traces", "cpu-2core.json")
+LLAMA3_8B = os.path.join(HERE, "..", "data", "llama-3-8b-config.json")
 
 
 def _exhaustive(kw):

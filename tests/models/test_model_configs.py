@@ -17,7 +17,7 @@ from perfsim.errors import ConfigError
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN, from_hf_config
 from perfsim.workload import get_model
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 
 # (total, active or None, relative tolerance, source). Exact counts are the checkpoints'
 # own (the sum of their safetensors index / the model card's table); rounded ones the card's.

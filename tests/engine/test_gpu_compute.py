@@ -261,7 +261,7 @@ def test_gpu_curves_are_the_fits_of_the_stored_profiles(stored, gpu, path):
 
     from perfsim.profile import load_profile
 
-    path = Path(__file__).resolve().parents[1] / "traces" / path
+    path = Path(__file__).resolve().parents[2] / "traces" / path
     fit = curve_fit.fit_curve(load_profile(path), get_gpu(gpu), "bf16", compute.CURVES["ampere"], "")
     assert dataclasses.replace(fit, source=stored.source) == stored  # host side: the A100 fit's in both
 
@@ -269,7 +269,7 @@ def test_gpu_curves_are_the_fits_of_the_stored_profiles(stored, gpu, path):
 def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
     from pathlib import Path
 
-    path = str(Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json")
+    path = str(Path(__file__).resolve().parents[2] / "traces" / "gpu-h200.json")
 
     def said(model):
         return predict(model=model, profile=path, pp=1, micro_batch=8, global_batch=8,
@@ -352,7 +352,7 @@ def test_flash_attention_from_the_api_and_a_profile():
     with pytest.raises(ConfigError, match="attention='bogus'"):
         predict(**kw, attention="bogus")
     # a profile with fused-attention records prices it at their measured rates
-    path = str(Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json")
+    path = str(Path(__file__).resolve().parents[2] / "traces" / "gpu-h200.json")
     r = predict(model="gpt2-xl", profile=path, gpu="h200", pp=1, micro_batch=4, global_batch=4,
                 precision="bf16", attention="flash")
     assert r.summary["compute_model"].startswith("operator rates measured in the profile")
@@ -386,7 +386,7 @@ def test_measured_curves_run_the_lm_head_at_the_blocks_rate():
     import statistics
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "traces" / "gpu-h200.json"
+    path = Path(__file__).resolve().parents[2] / "traces" / "gpu-h200.json"
     recs = [r for r in json.loads(path.read_text())["records"]
             if r["op"] == "gemm" and r["dtype"] == "bfloat16" and r["flops"] > 5e10]
     rate = {True: [], False: []}
@@ -422,7 +422,7 @@ def test_host_overhead_of_eager_pytorch_fits_the_h200_steps():
     import csv
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "traces" / "gpu" / "h200-steps-megatron-2026-11-26.csv"
+    path = Path(__file__).resolve().parents[2] / "traces" / "gpu" / "h200-steps-megatron-2026-11-26.csv"
     rows = [r for r in csv.DictReader(path.open()) if r["attention"] == "megatron"]
     assert len(rows) == 10
 

@@ -20,7 +20,7 @@ from perfsim.errors import ConfigError
 
 from _helpers import run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:

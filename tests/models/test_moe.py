@@ -13,7 +13,7 @@ from perfsim.models.moe import Routing, expert_rows, moe_ops
 from perfsim.models.tensor_parallel import shard_block_params, tp_layer_collectives
 from perfsim.models.transformer import parse_inline
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
 MIXTRAL = str(CONFIGS / "mixtral-8x7b.json")
 H100 = "h100-sxm5-80gb"
 

@@ -1,6 +1,6 @@
-"""A user's DDP training script on perfsim.ddp, run by tests/test_ddp.py under torchrun.
+"""A user's DDP training script on perfsim.ddp, run by tests/ddp/test_ddp.py under torchrun.
 
-    torchrun --nproc_per_node 2 tests/ddp_script.py MODE[,MODE...] OUT_DIR
+    torchrun --nproc_per_node 2 tests/ddp/ddp_script.py MODE[,MODE...] OUT_DIR
 
 MODE: ``first`` (for every method: 2N steps straight, then N steps + checkpoint),
 ``resume`` (fresh processes: load each checkpoint, N more steps), ``features``

@@ -426,7 +426,7 @@ def test_the_shipped_default_profile_is_what_its_generator_writes():
     # shipped copy must be its output (a model spec change that alters a record shows here)
     import importlib.util
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("make_default_profile", root / "traces" / "make_default_profile.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)

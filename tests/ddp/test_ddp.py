@@ -1,5 +1,5 @@
 """perfsim.ddp, the public DDP compression API, driven as a user would: a training
-script (tests/ddp_script.py) under torchrun with 2 gloo ranks.
+script (tests/ddp/ddp_script.py) under torchrun with 2 gloo ranks.
 
 The properties: 1 exact resume, 2 honest bytes, 3 wrong use is an error,
 4 convergence (test_ddp_convergence.py), 5 find_unused_parameters / bf16 / fp16 /

@@ -170,7 +170,7 @@ def test_zero_refuses_zero_bubble_schedules():
 #: 1024 tokens): traces/gpu/h100-memory-fp8-2026-11-27.json (scripts/gpu_memory_fp8.py)
 PLAIN_STEP = dict(model="gpt2", gpu="h100", pp=1, micro_batch=16, macro_batch=16, precision="bf16",
                   attention="flash", grad_buffer="bucketed")
-MEASURED = Path(__file__).parents[1] / "traces" / "gpu" / "h100-memory-fp8-2026-11-27.json"
+MEASURED = Path(__file__).parents[2] / "traces" / "gpu" / "h100-memory-fp8-2026-11-27.json"
 BLOCKS = MEASURED.with_name("h100-block-activations-2026-11-27.json")
 
 
@@ -408,7 +408,7 @@ def test_fp8_and_zero_with_a_mixture_of_experts():
     from perfsim.api import build_configs
     from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
 
-    mixtral = str(Path(__file__).parent / "data" / "configs" / "mixtral-8x7b.json")
+    mixtral = str(Path(__file__).parents[1] / "data" / "configs" / "mixtral-8x7b.json")
     base = dict(model=mixtral, gpu="h100", tp=8, pp=4, gpus_per_node=8, global_batch=32, seq_len=1024,
                 attention="flash")
     spec = build_configs(**base)[0].arch

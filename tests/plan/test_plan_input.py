@@ -14,7 +14,7 @@ from perfsim.plan import SearchSpace
 
 from _helpers import run_cli_here
 
-CPU = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
+CPU = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "cpu-2core.json")
 SMALL = ["--model", "gpt2-tiny", "--nodes", "2", "--global-batch", "8", "--profile", CPU, "--bandwidth", "100Mbps"]
 
 

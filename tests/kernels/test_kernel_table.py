@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(ROOT, "scripts", "kernel_table.py")
 ACCEPTED = os.path.join(ROOT, "traces", "gpu", "h100-kernels-2026-11-27.csv")
 BISECT = os.path.join(ROOT, "traces", "gpu", "h100-bisect-2026-11-27.csv")

@@ -13,7 +13,7 @@ import pytest
 from perfsim.engine import compute
 from perfsim.engine.curve_bounds import CURVE_BOUNDS, violations
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
 cal = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cal)

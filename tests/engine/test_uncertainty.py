@@ -8,7 +8,7 @@ import pytest
 from perfsim.api import predict
 from perfsim.engine import uncertainty
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("error_bands", ROOT / "scripts" / "error_bands.py")
 bands_script = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bands_script)

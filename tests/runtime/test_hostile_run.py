@@ -176,7 +176,7 @@ def test_memory_over_the_profiles_gpu_is_a_one_line_warning(tmp_path):
 
 
 # ------------------------------------------------------------ 8. README claims
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def test_readme_python_calls_resolve():

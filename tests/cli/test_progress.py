@@ -61,7 +61,7 @@ def _plan_piped(tmp_path, *extra, every="0"):
     import sys
 
     log = tmp_path / "log"
-    cpu = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
+    cpu = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "cpu-2core.json")
     with open(log, "w") as err, open(os.devnull) as devnull:
         proc = subprocess.run([sys.executable, "-m", "perfsim", "plan", "--model", "gpt2-tiny", "--nodes", "2",
                                "--global-batch", "8", "--profile", cpu, "--bandwidth", "100Mbps", *extra],

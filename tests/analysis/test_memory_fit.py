@@ -6,7 +6,7 @@ import pytest
 
 import perfsim
 from perfsim.analysis.memory_fit import GIB, memory_report
-from tests._helpers import run_cli
+from _helpers import run_cli
 
 JOB = dict(model="llama2-7b", gpu="h100", tp=1, pp=1, dp=8, micro_batch=4, precision="bf16")
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.join(os.path.dirname(__file__), "..")
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 SCRIPT = os.path.join(ROOT, "scripts", "kernel_regress.py")
 GPU = os.path.join(ROOT, "traces", "gpu")
 ACCEPTED = os.path.join(GPU, "h100-kernels-2026-11-27.csv")

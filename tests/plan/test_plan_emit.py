@@ -13,7 +13,7 @@ import pytest
 from perfsim.emit import emit, megatron_args
 from perfsim.errors import ConfigError
 
-LLAMA3_8B = os.path.join(os.path.dirname(__file__), "data", "llama-3-8b-config.json")
+LLAMA3_8B = os.path.join(os.path.dirname(__file__), "..", "data", "llama-3-8b-config.json")
 BASE = dict(model=LLAMA3_8B, seq_len=8192, gpu="h100", gpus_per_node=8, bandwidth="100Gbps",
             intra_node_fabric="nvlink4")
 
