@@ -37,8 +37,8 @@ class Slowed:
     def post_receive(self, key, dst, src):
         self.inner.post_receive(key, dst, src)
 
-    def send(self, src, dst, nbytes, key, lanes=1, started=None, sent=None, delivered=None):
-        self.inner.send(src, dst, nbytes * self.k, key, lanes, started, sent, delivered)
+    def send(self, src, dst, nbytes, key, lanes, handler, msg):
+        self.inner.send(src, dst, nbytes * self.k, key, lanes, handler, msg)
 
     def run_collective(self, coll, members, simulated, lanes=1):
         return (yield from self.inner.run_collective(coll, members, simulated, lanes))
@@ -64,12 +64,12 @@ class Instant:
     def post_receive(self, key, dst, src):
         self.log.append(("post", key, dst, src))
 
-    def send(self, src, dst, nbytes, key, lanes=1, started=None, sent=None, delivered=None):
+    def send(self, src, dst, nbytes, key, lanes, handler, msg):
         self.log.append(("send", key, src, dst))
         now = self.env.now
-        started()
-        sent(now, now)
-        self.env.timeout(0).callbacks.append(lambda _e: delivered(now))
+        handler.message_started(msg)
+        handler.message_sent(msg, now, now)
+        self.env.timeout(0).callbacks.append(lambda _e: handler.message_delivered(msg, now))
 
     def run_collective(self, coll, members, simulated, lanes=1):
         self.log.append(("collective", coll.kind, tuple(members)))

@@ -213,25 +213,29 @@ class Simulation:
 
     # ------------------------------------------------------------ p2p
     def send(self, r: int, src_stage: int, dst_stage: int, key, nbytes: int, mb: int, kind: str):
-        """Hand a message to the network; it is delivered into inbox[key]."""
+        """Hand a message to the network; it is delivered into inbox[key] (the
+        ``message_*`` methods are the backend's handler, called with this message)."""
         src, dst = self.dev(r, src_stage), self.dev(r, dst_stage)
+        self.net.send(src, dst, nbytes, key, self.lanes, self, (key, nbytes, mb, kind, r, src_stage, src, dst))
 
-        def started():
-            self._comm((src, dst), +1)
+    def message_started(self, msg) -> None:
+        """Its bytes start moving: both ends communicate (interference)."""
+        if self.slowdown:
+            self._comm((msg[6], msg[7]), +1)
 
-        def sent(start, end):
+    def message_sent(self, msg, start: float, end: float) -> None:
+        """Its last byte left at ``end``: the link was busy since ``start``."""
+        nbytes, src, dst = msg[1], msg[6], msg[7]
+        if self.slowdown:
             self._comm((src, dst), -1)
-            link = self.links[(src, dst, "p2p")]
-            link[0] += nbytes
-            link[1] += end - start
-            self.stats[(r, src_stage)].bytes_sent += nbytes
+        link = self.links[(src, dst, "p2p")]
+        link[0] += nbytes
+        link[1] += end - start
+        self.stats[(msg[4], msg[5])].bytes_sent += nbytes
 
-        def delivered(start):
-            self._delivered(key, start, mb, kind, r, src_stage, src, dst)
-
-        self.net.send(src, dst, nbytes, key, self.lanes, started, sent, delivered)
-
-    def _delivered(self, key, started, mb, kind, r, s, src, dst):
+    def message_delivered(self, msg, started: float) -> None:
+        """It arrived: the receiver's inbox fires."""
+        key, _, mb, kind, r, s, src, dst = msg
         now = self.env.now
         dur = now - started
         self.stats[(r, s)].comm_s += dur

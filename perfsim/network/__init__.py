@@ -18,18 +18,18 @@ Read in this order:
   max-min fair flows on the shared NICs, token-bucket egress, rendezvous (imported by
   the engine; it needs SimPy, so this package does not import it).
 
-The layering inside the package (pyproject.toml, import-linter): ``flows``, ``backend``
-over ``analytic`` over ``collectives``, ``topology``.
+The layering inside the package (pyproject.toml, import-linter): ``flows`` over
+``backend`` over ``analytic`` over ``collectives``, ``topology``.
 """
 
 from __future__ import annotations
 
 from perfsim.network.analytic import Network, Path_
-from perfsim.network.backend import NetworkBackend, current_backend, use_backend
+from perfsim.network.backend import MessageHandler, NetworkBackend, current_backend, use_backend
 from perfsim.network.collectives import collective_cost, collective_time, lockstep_link
 from perfsim.network.topology import (Topology, load_topology, topology_from_csv, topology_from_dict,
                                       topology_from_rows)
 
-__all__ = ["Network", "NetworkBackend", "Path_", "Topology", "collective_cost", "collective_time",
+__all__ = ["MessageHandler", "Network", "NetworkBackend", "Path_", "Topology", "collective_cost", "collective_time",
            "current_backend", "load_topology", "lockstep_link", "topology_from_csv", "topology_from_dict",
            "topology_from_rows", "use_backend"]

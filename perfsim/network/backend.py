@@ -37,6 +37,20 @@ if TYPE_CHECKING:
     from perfsim.network.analytic import Network, Path_
 
 
+class MessageHandler(Protocol):
+    """Who a backend tells about a message's progress (the engine), with the ``msg`` it
+    was handed in :meth:`NetworkBackend.send`; times on the SimPy clock."""
+
+    def message_started(self, msg: Any) -> None:
+        """Its bytes start moving."""
+
+    def message_sent(self, msg: Any, start: float, end: float) -> None:
+        """Its last byte left at ``end`` (its bytes moved from ``start``)."""
+
+    def message_delivered(self, msg: Any, start: float) -> None:
+        """It arrived (now); its bytes started moving at ``start``."""
+
+
 class NetworkBackend(Protocol):
     """What the engine's event loop asks of the network (module docstring). Devices are
     GPU indices; sizes in bytes, rates in bits/s, times in the SimPy clock's seconds."""
@@ -59,14 +73,12 @@ class NetworkBackend(Protocol):
     def post_receive(self, key: Hashable, dst: int, src: int) -> None:
         """Device ``dst`` posts its receive of message ``key`` from ``src`` now."""
 
-    def send(self, src: int, dst: int, nbytes: float, key: Hashable, lanes: int = 1,
-             started: Callable[[], None] | None = None,
-             sent: Callable[[float, float], None] | None = None,
-             delivered: Callable[[float], None] | None = None) -> None:
-        """Move message ``key`` (``nbytes`` per lane, ``lanes`` tensor-parallel lanes
-        side by side) from ``src`` to ``dst``, in order behind earlier messages on that
-        pair; ``started()`` when its bytes start moving, ``sent(start, end)`` when the last
-        left, ``delivered(start)`` when it has arrived."""
+    def send(self, src: int, dst: int, nbytes: float, key: Hashable, lanes: int, handler: MessageHandler,
+             msg: Any) -> None:
+        """Move message ``key`` (``nbytes`` per lane, ``lanes`` tensor-parallel lanes side
+        by side) from ``src`` to ``dst``, in order behind earlier messages on that pair,
+        telling ``handler`` about ``msg`` (the engine's own record of it, passed back
+        untouched -- ASTRA-sim's ``msg_handler`` and ``fun_arg``) as it goes."""
 
     def run_collective(self, coll: Collective, members: Sequence[int], simulated: set[int],
                        lanes: int = 1) -> Generator[simpy.Event, Any, list[tuple[int, int]]]:

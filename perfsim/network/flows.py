@@ -48,6 +48,7 @@ import simpy
 
 from perfsim.collectives import Collective
 from perfsim.network.analytic import Network, Path_
+from perfsim.network.backend import MessageHandler
 
 
 class _Flow:
@@ -310,16 +311,13 @@ class FlowBackend:
             ev = self.posted[key] = self.env.event()
         ev.succeed()
 
-    def send(self, src: int, dst: int, nbytes: float, key: Hashable, lanes: int = 1,
-             started: Callable[[], None] | None = None,
-             sent: Callable[[float, float], None] | None = None,
-             delivered: Callable[[float], None] | None = None) -> None:
+    def send(self, src: int, dst: int, nbytes: float, key: Hashable, lanes: int, handler: MessageHandler,
+             msg: Any) -> None:
         """Queue ``nbytes`` (times ``lanes``: side-by-side tensor-parallel lanes at up to
-        ``lanes`` times the pair rate) on the connection ``src -> dst``. Calls
-        ``started()`` when its bytes start, ``sent(start, end)`` when the last left,
-        ``delivered(start)`` when it arrives."""
+        ``lanes`` times the pair rate) on the connection ``src -> dst``; ``handler`` hears
+        of ``msg`` when its bytes start, when the last left and when it arrives."""
         conn = self.conns[(src, dst)]
-        conn.queue.append((key, nbytes, lanes, started, sent, delivered))
+        conn.queue.append((key, nbytes, lanes, handler, msg))
         if not conn.busy:
             self._next(src, dst, conn)
 
@@ -343,18 +341,15 @@ class FlowBackend:
         self._start(src, dst, conn)
 
     def _start(self, src: int, dst: int, conn: Connection):
-        key, nbytes, lanes, started, sent, delivered = conn.queue.popleft()
+        key, nbytes, lanes, handler, msg = conn.queue.popleft()
         path = self.network.path(src, dst)
         env = self.env
-        if started is not None:
-            started()
+        handler.message_started(msg)
 
         def finished(start, end):
-            if sent is not None:
-                sent(start, end)
+            handler.message_sent(msg, start, end)
             deliver = env.timeout(path.latency_s)
-            if delivered is not None:
-                deliver.callbacks.append(lambda _e: delivered(start))
+            deliver.callbacks.append(lambda _e: handler.message_delivered(msg, start))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
         shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
