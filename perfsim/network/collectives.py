@@ -11,7 +11,6 @@ price a flat ring without a network (the runtime's byte counts, the report's col
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 from typing import Sequence
 
