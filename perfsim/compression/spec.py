@@ -174,14 +174,17 @@ def check_warmup(warmup: object, who: str) -> int:
     return warmup
 
 
-def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None]:
-    """``(warmup, exchange)`` of a 1-bit optimizer spec
-    (``onebit-adam[:warmup=N][:exchange=preconditioned|momentum]``; None where not
-    given), each checked (:func:`check_warmup`, :data:`EXCHANGES`)."""
+def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None, int | None, str | None]:
+    """``(warmup, exchange, refresh, bound)`` of a 1-bit optimizer spec
+    (``onebit-adam[:warmup=N][:exchange=preconditioned|momentum][:refresh=K][:bound=off|adam]``;
+    None where not given), each checked (:func:`check_warmup`, :data:`EXCHANGES`,
+    :mod:`perfsim.compression.refresh`)."""
+    from perfsim.compression.refresh import BOUNDS, check_refresh
+
     if isinstance(spec, str):
         spec = parse_spec(spec, "grad")
     who = f"grad compression {spec.text!r}"
-    warmup, exchange = None, None
+    warmup, exchange, refresh, bound = None, None, None, None
     for arg in spec.args:
         if "=" not in arg:
             raise ConfigError(f"{who}: expected key=value, got {arg!r} (e.g. {spec.name}:warmup=100)")
@@ -196,9 +199,19 @@ def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None]:
             if value not in EXCHANGES:
                 raise ConfigError(f"{who}: exchange={value!r} (choose {' or '.join(EXCHANGES)})")
             exchange = value
+        elif key == "refresh":
+            try:
+                number = int(value)
+            except ValueError:
+                raise ConfigError(f"{who}: refresh={value!r} is not an integer") from None
+            refresh = check_refresh(number, who)
+        elif key == "bound":
+            if value not in BOUNDS:
+                raise ConfigError(f"{who}: bound={value!r} (choose {' or '.join(BOUNDS)})")
+            bound = value
         else:
-            raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange)")
-    return warmup, exchange
+            raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange, refresh, bound)")
+    return warmup, exchange, refresh, bound
 
 
 def label(text: str, role: str = "pipeline") -> str:

@@ -88,6 +88,7 @@ from typing import Any
 
 import torch
 
+from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh, step_bound
 from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
 from perfsim.compression.grad_spec import DEFAULT_WARMUP
@@ -144,7 +145,8 @@ class _OneBitBase(torch.optim.Optimizer):
 
     def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
-                 seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
+                 seed: int = 0, exchange: str = DEFAULT_EXCHANGE, refresh: int = 0,
+                 bound: str = DEFAULT_BOUND):
         _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
@@ -155,6 +157,9 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{', '.join(EXCHANGES)})")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.exchange = exchange
+        self.refresh = check_refresh(refresh, self.algorithm)  # the one rule (perfsim.compression.refresh)
+        _check(bound in BOUNDS, f"{self.algorithm}: bound={bound!r} (choose from {', '.join(BOUNDS)})")
+        self.bound = bound
         from perfsim.compression import make_compressor
 
         self.group = group
@@ -165,7 +170,7 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{' or '.join(MOMENTUM_COMPRESSORS)}: 1-bit sign+scale with error feedback, or exact "
                "fp32 as a control); gradient compressors go through perfsim.ddp.attach")
         self.param_names: dict[int, str] = {}  # id(param) -> name, set by perfsim.ddp.onebit_optimizer
-        self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0}
+        self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0, "refreshes": 0}
         self.total_bytes = 0
         self.link = None      # the no-op DDP hook's state, set by perfsim.ddp.onebit_optimizer
         self._checked = False
@@ -291,7 +296,8 @@ class _OneBitBase(torch.optim.Optimizer):
     def _step(self, params) -> None:
         t = self.global_state["step"]
         grads = [self._grad(p).float() for p, _ in params]
-        if t <= self.warmup:  # averaged (and checked) before any state is created or changed
+        refresh = is_refresh(t, self.warmup, self.refresh)
+        if t <= self.warmup or refresh:  # averaged (and checked) before any state is created or changed
             grads = self._allreduce_grads(grads)
         for p, _ in params:
             st = self.state[p]
@@ -309,11 +315,43 @@ class _OneBitBase(torch.optim.Optimizer):
             if t == self.warmup:
                 self.global_state["freeze_step"] = t
                 self._freeze(items)
+        elif refresh:  # 0/1 Adam's variance update (arXiv:2202.06009): exact gradient, then the step
+            self._refresh(items, grads)
+            self._compressed_step(t, items, grads, exact=True)
         else:
             self._compressed_step(t, items, grads)
         for p, _ in params:
             if "master" in self.state[p]:
                 p.copy_(self.state[p]["master"])
+
+    def _denoms(self, items) -> list[torch.Tensor]:
+        """``sqrt(v / (1 - b2^n)) + eps`` of the preconditioning variance, per parameter."""
+        n = self._variance_steps()
+        return [(self._st(w)[self.variance_key] / (1 - g["betas"][1] ** n)).sqrt_().add_(g["eps"])
+                for w, g in items]
+
+    def _refresh(self, items, grads) -> None:
+        """Update the preconditioning variance with the averaged gradients (0/1 Adam's
+        ``v <- b2 v + (1 - b2) g^2`` at a step of ``T_v``, arXiv:2202.06009 Alg. 1). With
+        the preconditioned exchange the compressor's error buffers hold momentum divided
+        by the old denominator: they are converted to the new one, so the pending
+        compensation still means the same momentum (else a coordinate whose variance
+        grew by 1e6 would release its backlog a thousand times over)."""
+        old = self._denoms(items) if self.exchange == "preconditioned" else None
+        for (w, g), grad in zip(items, grads):
+            self._st(w)[self.variance_key].mul_(g["betas"][1]).addcmul_(grad, grad, value=1 - g["betas"][1])
+        self.global_state["refreshes"] += 1
+        world = _world(self.group)
+        if old is not None and world > 1 and hasattr(self.compressor, "rescale_errors"):
+            import torch.distributed as dist
+
+            factor = torch.cat([(o / n).reshape(-1) for o, n in zip(old, self._denoms(items))])
+            self.compressor.rescale_errors(factor, dist.get_rank(self.group), world)
+
+    def _variance_steps(self) -> int:
+        """How many gradients the preconditioning variance has averaged: the warm-up's
+        and the refreshes' (its bias correction ``1 - b2**n``)."""
+        return self.global_state["freeze_step"] + self.global_state["refreshes"]
 
     def _st(self, w: torch.Tensor) -> dict:
         """Optimizer state of the parameter whose float32 master is ``w``."""
@@ -338,6 +376,7 @@ class _OneBitBase(torch.optim.Optimizer):
         sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup, "exchange": self.exchange,
                          "step": int(self.global_state["step"]),
                          "freeze_step": int(self.global_state["freeze_step"]),
+                         "refreshes": int(self.global_state["refreshes"]),
                          "wire_bytes": int(self.total_bytes),
                          "world_size": _world(self.group),
                          "compressor_spec": self.compressor.spec,
@@ -387,7 +426,7 @@ class _OneBitBase(torch.optim.Optimizer):
         self._restore_float32(state_dict)
         # warm-up is this run's setting (not the checkpoint's): a shorter one than the
         # checkpoint's step freezes now, with the statistics of the steps done so far
-        self.global_state = {"step": step, "freeze_step": frozen}
+        self.global_state = {"step": step, "freeze_step": frozen, "refreshes": int(ours.get("refreshes", 0))}
         self.total_bytes = int(ours.get("wire_bytes", 0))
         self.compressor = compressor
         if not frozen and step >= self.warmup:
@@ -408,13 +447,15 @@ class OneBitAdam(_OneBitBase):
     """
 
     algorithm = "onebit-adam"
+    variance_key = "exp_avg_sq"  # frozen in place: it stops being updated (but by refreshes)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
-                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
+                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
+                 refresh: int = 0, bound: str = DEFAULT_BOUND):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup=warmup, group=group, compressor=compressor, seed=seed,
-                         exchange=exchange)
+                         exchange=exchange, refresh=refresh, bound=bound)
 
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
@@ -425,9 +466,11 @@ class OneBitAdam(_OneBitBase):
     def _freeze(self, items):
         pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
 
-    def _compressed_step(self, t, items, grads):
-        tf = self.global_state["freeze_step"]
-        pre = self.exchange == "preconditioned"
+    def _compressed_step(self, t, items, grads, exact=False):
+        """One compression-stage step; ``exact``: ``grads`` are already averaged (a
+        refresh step), so the momentum needs no exchange."""
+        tf = self._variance_steps()
+        pre = self.exchange == "preconditioned" and not exact
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
@@ -436,13 +479,17 @@ class OneBitAdam(_OneBitBase):
             m_local = _mask_dead(m_local, self._st(p)["exp_avg_sq"])
             locals_.append(m_local / denom if pre else m_local)
             denoms.append(denom)
-        averaged = self._exchange(locals_)
+        averaged = locals_ if exact else self._exchange(locals_)
         for (p, g), avg, denom in zip(items, averaged, denoms):
             b1 = g["betas"][0]
             st = self._st(p)
             st["exp_avg"].copy_(_mask_dead(avg * denom if pre else avg, st["exp_avg_sq"]))
             p.mul_(1 - g["lr"] * g["weight_decay"])
-            p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
+            if self.bound == "adam":  # |m_hat / denom| <= Adam's own bound (step_bound)
+                c = step_bound(*g["betas"]) * (1 - b1 ** t)
+                p.add_((st["exp_avg"] / denom).clamp_(-c, c), alpha=-g["lr"] / (1 - b1 ** t))
+            else:
+                p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
 
 
 class OneBitLamb(_OneBitBase):
@@ -455,19 +502,20 @@ class OneBitLamb(_OneBitBase):
     """
 
     algorithm = "onebit-lamb"
+    variance_key = "exp_avg_sq_frozen"  # the preconditioner (exp_avg_sq stays the fresh one)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
                  compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
                  coeff_beta: float = 0.9, coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0),
-                 ratio_threshold: float = 0.1):
+                 ratio_threshold: float = 0.1, refresh: int = 0, bound: str = DEFAULT_BOUND):
         _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
         _check(0 < coeff_bounds[0] <= coeff_bounds[1], f"onebit-lamb: coeff_bounds={coeff_bounds}")
         _check(0 < ratio_bounds[0] <= ratio_bounds[1], f"onebit-lamb: ratio_bounds={ratio_bounds}")
         _check(0 <= ratio_threshold < 1, f"onebit-lamb: ratio_threshold={ratio_threshold}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup=warmup, group=group, compressor=compressor, seed=seed,
-                         exchange=exchange)
+                         exchange=exchange, refresh=refresh, bound=bound)
         self.coeff_beta = coeff_beta
         self.coeff_bounds = tuple(coeff_bounds)
         self.ratio_bounds = tuple(ratio_bounds)
@@ -507,11 +555,13 @@ class OneBitLamb(_OneBitBase):
         for (p, _), s in zip(items, scales):
             self._st(p)["momentum_scale"].fill_(united / s if s > 0 else 1.0)
 
-    def _compressed_step(self, t, items, grads):
+    def _compressed_step(self, t, items, grads, exact=False):
+        """One compression-stage step (Alg. 1 lines 9-21); ``exact``: ``grads`` are
+        already averaged (a refresh step), so the momentum needs no exchange."""
         r_min, r_max = self.ratio_bounds
         thr = self.ratio_threshold
-        tf = self.global_state["freeze_step"]
-        pre = self.exchange == "preconditioned"
+        tf = self._variance_steps()
+        pre = self.exchange == "preconditioned" and not exact
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
@@ -519,13 +569,13 @@ class OneBitLamb(_OneBitBase):
             denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
             m_local = st["exp_avg"] * b1 + grad * (1 - b1)
             m_local = _mask_dead(m_local, st["exp_avg_sq_frozen"])
-            locals_.append(m_local / denom if pre else m_local * st["momentum_scale"])
+            locals_.append(m_local if exact else m_local / denom if pre else m_local * st["momentum_scale"])
             denoms.append(denom)
-        averaged = self._exchange(locals_)
+        averaged = locals_ if exact else self._exchange(locals_)
         for (p, g), scaled, denom in zip(items, averaged, denoms):
             b1, b2 = g["betas"]
             st = self._st(p)
-            m_new = scaled * denom if pre else scaled / st["momentum_scale"]
+            m_new = scaled if exact else scaled * denom if pre else scaled / st["momentum_scale"]
             m_new = _mask_dead(m_new, st["exp_avg_sq_frozen"])
             g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
             st["exp_avg_sq"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)  # line 16 (fresh)
@@ -538,6 +588,8 @@ class OneBitLamb(_OneBitBase):
             st["last_ratio"].fill_(ratio)
             coeff = float(st["coeff_frozen"]) * ratio                     # line 20
             update = (st["exp_avg"] / (1 - b1 ** t)).div_(denom)
+            if self.bound == "adam":  # |m_hat / denom| <= Adam's own bound (step_bound)
+                update.clamp_(-step_bound(b1, b2), step_bound(b1, b2))
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
@@ -551,8 +603,10 @@ def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.99
     if not lr > 0:
         raise ConfigError(f"lr={lr}: must be > 0")
     cls = OneBitAdam if gspec.optimizer == "onebit-adam" else OneBitLamb
+    refresh = kwargs.pop("refresh", gspec.refresh or 0)  # an explicit argument wins over the spec
+    bound = kwargs.pop("bound", gspec.bound or DEFAULT_BOUND)
     if kwargs and cls is OneBitAdam:
         raise ConfigError(f"onebit-adam: unknown options {sorted(kwargs)}")
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
                group=group, compressor=compressor, seed=seed,
-               exchange=gspec.exchange or DEFAULT_EXCHANGE, **kwargs)
+               exchange=gspec.exchange or DEFAULT_EXCHANGE, refresh=refresh, bound=bound, **kwargs)
