@@ -38,8 +38,10 @@ def step_bound(b1: float, b2: float) -> float:
     step but the current one -- else 1 (Kingma & Ba, "Adam: A Method for Stochastic
     Optimization", arXiv:1412.6980, Sec. 2.1). Adam's own ``v`` guarantees it; a *frozen*
     ``v`` does not (a coordinate whose warm-up variance was ~0 takes steps of
-    ``m / sqrt(v_frozen)`` in the hundreds), so ``bound=adam`` clips the compression
-    stage's per-coordinate step to it. 3.16 for the default betas (0.9, 0.999)."""
+    ``m / sqrt(v_frozen)`` in the hundreds), so ``bound=adam`` raises the preconditioning
+    variance of such a coordinate to the value at which its step meets the bound -- what
+    Adam's ``v`` does on a first gradient -- and keeps it (perfsim.runtime.onebit_optim).
+    3.16 for the default betas (0.9, 0.999)."""
     ratio = (1 - b1) / math.sqrt(1 - b2) if b2 < 1 else math.inf
     return ratio if ratio > 1 else 1.0
 

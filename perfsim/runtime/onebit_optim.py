@@ -348,6 +348,22 @@ class _OneBitBase(torch.optim.Optimizer):
             factor = torch.cat([(o / n).reshape(-1) for o, n in zip(old, self._denoms(items))])
             self.compressor.rescale_errors(factor, dist.get_rank(self.group), world)
 
+    def _lift(self, st: dict, denom: torch.Tensor, g: dict, t: int) -> torch.Tensor:
+        """``bound="adam"``: raise the preconditioning variance of every coordinate whose
+        step ``m_hat / denom`` exceeds Adam's own bound (:func:`step_bound`) to the value at
+        which it meets it -- Adam's ``v`` after a first gradient on a coordinate that had
+        none (arXiv:1412.6980 Sec. 2.1). ``m`` and ``denom`` are identical on every rank,
+        so the replicas stay identical; returns the new denominator."""
+        b1, b2 = g["betas"]
+        need = st["exp_avg"].abs() / ((1 - b1 ** t) * step_bound(b1, b2))
+        over = need > denom
+        if not bool(over.any()):
+            return denom
+        v = st[self.variance_key]
+        n = self._variance_steps()
+        v.copy_(torch.where(over, (need - g["eps"]).clamp_min(0) ** 2 * (1 - b2 ** n), v))
+        return torch.maximum(denom, need)
+
     def _variance_steps(self) -> int:
         """How many gradients the preconditioning variance has averaged: the warm-up's
         and the refreshes' (its bias correction ``1 - b2**n``)."""
@@ -485,11 +501,9 @@ class OneBitAdam(_OneBitBase):
             st = self._st(p)
             st["exp_avg"].copy_(_mask_dead(avg * denom if pre else avg, st["exp_avg_sq"]))
             p.mul_(1 - g["lr"] * g["weight_decay"])
-            if self.bound == "adam":  # |m_hat / denom| <= Adam's own bound (step_bound)
-                c = step_bound(*g["betas"]) * (1 - b1 ** t)
-                p.add_((st["exp_avg"] / denom).clamp_(-c, c), alpha=-g["lr"] / (1 - b1 ** t))
-            else:
-                p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
+            if self.bound == "adam":
+                denom = self._lift(st, denom, g, t)
+            p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
 
 
 class OneBitLamb(_OneBitBase):
@@ -580,6 +594,8 @@ class OneBitLamb(_OneBitBase):
             g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
             st["exp_avg_sq"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)  # line 16 (fresh)
             st["exp_avg"].copy_(m_new)
+            if self.bound == "adam":
+                denom = self._lift(st, denom, g, t)
             fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
             ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
             ratio = min(max(ratio, r_min), r_max)                        # line 18
@@ -588,8 +604,6 @@ class OneBitLamb(_OneBitBase):
             st["last_ratio"].fill_(ratio)
             coeff = float(st["coeff_frozen"]) * ratio                     # line 20
             update = (st["exp_avg"] / (1 - b1 ** t)).div_(denom)
-            if self.bound == "adam":  # |m_hat / denom| <= Adam's own bound (step_bound)
-                update.clamp_(-step_bound(b1, b2), step_bound(b1, b2))
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
