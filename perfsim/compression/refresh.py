@@ -1,4 +1,5 @@
-"""When a 1-bit optimizer refreshes its frozen variance (``onebit-adam:refresh=K``).
+"""When a 1-bit optimizer refreshes its frozen variance (``onebit-adam:refresh=K``), and
+the step bound ``onebit-adam:bound=adam`` keeps (:func:`step_bound`).
 
 0/1 Adam (Lu, Li, Zhang, De Sa, He, "Maximizing Communication Efficiency for
 Large-scale Training via 0/1 Adam", arXiv:2202.06009, Sec. 4, Algorithm 1) does not

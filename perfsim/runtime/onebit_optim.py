@@ -50,15 +50,26 @@ warm-up: padding / unused embeddings, always-zero inputs) have their momentum ma
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
-Known limitation (measured, not a bug of the compression; docs/ddp.md, issue 35):
-the frozen variance does not bound the step of a coordinate whose gradient outgrows
-it after warm-up -- weights of rare, large inputs whose warm-up variance was ~1e-8
-take steps of ``m / sqrt(v_frozen)`` in the hundreds, and the run diverges *even with
-exact fp32 averaging* (``compressor="fp32"``; ``scripts/onebit_frozen_variance.py``).
-Adam's own ``v`` would grow and bound it. The papers warm up for 15-20 % of training
-(``perfsim.ddp.onebit_optimizer(..., total_steps=N)``). A diverging or NaN step stops
-with one ConfigError naming the step, the parameter group and the parameter, on
-every rank, before any state or error buffer changes.
+The frozen variance does not bound the step of a coordinate whose gradient outgrows it
+after warm-up: weights of rare, large inputs whose warm-up variance was ~1e-8 take steps
+``m_hat / sqrt(v_frozen)`` in the hundreds to thousands where Adam's own never exceed
+``(1 - b1) / sqrt(1 - b2)`` = 3.16 (Kingma & Ba, arXiv:1412.6980 Sec. 2.1), and the run
+diverges *even with exact fp32 averaging* (``scripts/onebit_frozen_variance.py``; docs/ddp.md).
+Two options, both off by default (the papers' algorithms; spec ``onebit-adam:refresh=16:bound=adam``):
+
+* ``refresh=K``: 0/1 Adam's variance schedule (Lu et al., arXiv:2202.06009; the steps in
+  :mod:`perfsim.compression.refresh`): on those steps the gradients are averaged
+  uncompressed (a warm-up step's bytes, which ``perfsim predict`` charges) and the
+  preconditioning variance is updated with them (1-bit LAMB: the frozen one); the
+  compressor's error buffers, in units of the old denominator in the preconditioned
+  exchange, are converted to the new one.
+* ``bound=adam``: after the exchange, a coordinate whose step ``m_hat / denom`` exceeds
+  Adam's bound gets the variance at which it meets it (what Adam's ``v`` is after a first
+  gradient on a coordinate that had none) and keeps it. No bytes; ``m`` and ``denom`` are
+  identical on every rank, so the replicas stay bit-identical.
+
+A diverging or NaN step stops with one ConfigError naming the step, the parameter group
+and the parameter, on every rank, before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
