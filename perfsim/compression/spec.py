@@ -184,33 +184,26 @@ def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None, int |
     if isinstance(spec, str):
         spec = parse_spec(spec, "grad")
     who = f"grad compression {spec.text!r}"
-    warmup, exchange, refresh, bound = None, None, None, None
+    integers = {"warmup": check_warmup, "refresh": check_refresh}  # key -> its one check
+    choices = {"exchange": EXCHANGES, "bound": BOUNDS}
+    got: dict = {}
     for arg in spec.args:
         if "=" not in arg:
             raise ConfigError(f"{who}: expected key=value, got {arg!r} (e.g. {spec.name}:warmup=100)")
         key, value = arg.split("=", 1)
-        if key == "warmup":
+        if key in integers:
             try:
                 number = int(value)
             except ValueError:
-                raise ConfigError(f"{who}: warmup={value!r} is not an integer") from None
-            warmup = check_warmup(number, who)
-        elif key == "exchange":
-            if value not in EXCHANGES:
-                raise ConfigError(f"{who}: exchange={value!r} (choose {' or '.join(EXCHANGES)})")
-            exchange = value
-        elif key == "refresh":
-            try:
-                number = int(value)
-            except ValueError:
-                raise ConfigError(f"{who}: refresh={value!r} is not an integer") from None
-            refresh = check_refresh(number, who)
-        elif key == "bound":
-            if value not in BOUNDS:
-                raise ConfigError(f"{who}: bound={value!r} (choose {' or '.join(BOUNDS)})")
-            bound = value
+                raise ConfigError(f"{who}: {key}={value!r} is not an integer") from None
+            got[key] = integers[key](number, who)
+        elif key in choices:
+            if value not in choices[key]:
+                raise ConfigError(f"{who}: {key}={value!r} (choose {' or '.join(choices[key])})")
+            got[key] = value
         else:
             raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange, refresh, bound)")
+    warmup, exchange, refresh, bound = (got.get(k) for k in ("warmup", "exchange", "refresh", "bound"))
     return warmup, exchange, refresh, bound
 
 
