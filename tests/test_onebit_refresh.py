@@ -198,3 +198,40 @@ def test_predict_prices_every_byte_of_a_run_with_refreshes(ranks):
                                            + (BYTES_STEPS - n_warm) * run["iteration_s"], rel=1e-12)
     off = api.predict(grad_compress="onebit-adam:warmup=2", **kw).summary
     assert off["warmup_iterations"] == 2 and off["dp_bytes"] == run["dp_bytes"]
+
+
+def test_resume_keeps_the_refresh_count_and_is_bit_identical():
+    """A checkpoint between two refreshes resumes bit-identically (bf16 model, float32
+    state): the count of refreshes done (the variance's bias correction) is in state_dict."""
+    import copy
+
+    from perfsim.runtime.onebit_optim import OneBitAdam
+
+    torch.set_num_threads(1)
+    x_all, y_all = _script().standardised_digits()
+
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(torch.bfloat16)
+        return m, OneBitAdam(m.parameters(), lr=0.02, warmup=20, compressor="fp32", refresh=4, bound="adam")
+
+    def steps(m, opt, a, b):
+        for t in range(a, b):
+            g = torch.Generator().manual_seed(t)
+            idx = torch.randint(0, len(x_all), (64,), generator=g)
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(m(x_all[idx].to(torch.bfloat16)).float(), y_all[idx]).backward()
+            opt.step()
+
+    m, opt = make()
+    steps(m, opt, 0, 60)
+    saved = (copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict()))
+    steps(m, opt, 60, 120)
+    m2, opt2 = make()
+    m2.load_state_dict(saved[0])
+    opt2.load_state_dict(saved[1])
+    assert opt2.global_state["refreshes"] == refreshes_until(60, 20, 4) > 0
+    steps(m2, opt2, 60, 120)
+    assert opt.global_state["refreshes"] == opt2.global_state["refreshes"] == refreshes_until(120, 20, 4)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
