@@ -55,18 +55,9 @@ after warm-up: weights of rare, large inputs whose warm-up variance was ~1e-8 ta
 ``m_hat / sqrt(v_frozen)`` in the hundreds to thousands where Adam's own never exceed
 ``(1 - b1) / sqrt(1 - b2)`` = 3.16 (Kingma & Ba, arXiv:1412.6980 Sec. 2.1), and the run
 diverges *even with exact fp32 averaging* (``scripts/onebit_frozen_variance.py``; docs/ddp.md).
-Two options, both off by default (the papers' algorithms; spec ``onebit-adam:refresh=16:bound=adam``):
-
-* ``refresh=K``: 0/1 Adam's variance schedule (Lu et al., arXiv:2202.06009; the steps in
-  :mod:`perfsim.compression.refresh`): on those steps the gradients are averaged
-  uncompressed (a warm-up step's bytes, which ``perfsim predict`` charges) and the
-  preconditioning variance is updated with them (1-bit LAMB: the frozen one); the
-  compressor's error buffers, in units of the old denominator in the preconditioned
-  exchange, are converted to the new one.
-* ``bound=adam``: after the exchange, a coordinate whose step ``m_hat / denom`` exceeds
-  Adam's bound gets the variance at which it meets it (what Adam's ``v`` is after a first
-  gradient on a coordinate that had none) and keeps it. No bytes; ``m`` and ``denom`` are
-  identical on every rank, so the replicas stay bit-identical.
+Two options, both off by default (the papers' algorithms): ``refresh=K`` (0/1 Adam's
+variance refreshes, arXiv:2202.06009) and ``bound=adam`` (Adam's own step bound); spec
+``onebit-adam:refresh=16:bound=adam``; :mod:`perfsim.runtime.onebit_variance` has them.
 
 A diverging or NaN step stops with one ConfigError naming the step, the parameter group
 and the parameter, on every rank, before any state or error buffer changes.
@@ -99,7 +90,8 @@ from typing import Any
 
 import torch
 
-from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh, step_bound
+from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
+from perfsim.runtime.onebit_variance import VarianceOptions
 from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
 from perfsim.compression.grad_spec import DEFAULT_WARMUP
@@ -148,7 +140,7 @@ def _adam_moments(st: dict, grad: torch.Tensor, g: dict, t: int) -> tuple[torch.
     return m, (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
 
 
-class _OneBitBase(torch.optim.Optimizer):
+class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
     """Shared machinery: warm-up gradient allreduce, fused momentum exchange,
     global state, checkpointing and byte/time counters."""
 
@@ -334,51 +326,6 @@ class _OneBitBase(torch.optim.Optimizer):
         for p, _ in params:
             if "master" in self.state[p]:
                 p.copy_(self.state[p]["master"])
-
-    def _denoms(self, items) -> list[torch.Tensor]:
-        """``sqrt(v / (1 - b2^n)) + eps`` of the preconditioning variance, per parameter."""
-        n = self._variance_steps()
-        return [(self._st(w)[self.variance_key] / (1 - g["betas"][1] ** n)).sqrt_().add_(g["eps"])
-                for w, g in items]
-
-    def _refresh(self, items, grads) -> None:
-        """Update the preconditioning variance with the averaged gradients (0/1 Adam's
-        ``v <- b2 v + (1 - b2) g^2`` at a step of ``T_v``, arXiv:2202.06009 Alg. 1). With
-        the preconditioned exchange the compressor's error buffers hold momentum divided
-        by the old denominator: they are converted to the new one, so the pending
-        compensation still means the same momentum (else a coordinate whose variance
-        grew by 1e6 would release its backlog a thousand times over)."""
-        old = self._denoms(items) if self.exchange == "preconditioned" else None
-        for (w, g), grad in zip(items, grads):
-            self._st(w)[self.variance_key].mul_(g["betas"][1]).addcmul_(grad, grad, value=1 - g["betas"][1])
-        self.global_state["refreshes"] += 1
-        world = _world(self.group)
-        if old is not None and world > 1 and hasattr(self.compressor, "rescale_errors"):
-            import torch.distributed as dist
-
-            factor = torch.cat([(o / n).reshape(-1) for o, n in zip(old, self._denoms(items))])
-            self.compressor.rescale_errors(factor, dist.get_rank(self.group), world)
-
-    def _lift(self, st: dict, denom: torch.Tensor, g: dict, t: int) -> torch.Tensor:
-        """``bound="adam"``: raise the preconditioning variance of every coordinate whose
-        step ``m_hat / denom`` exceeds Adam's own bound (:func:`step_bound`) to the value at
-        which it meets it -- Adam's ``v`` after a first gradient on a coordinate that had
-        none (arXiv:1412.6980 Sec. 2.1). ``m`` and ``denom`` are identical on every rank,
-        so the replicas stay identical; returns the new denominator."""
-        b1, b2 = g["betas"]
-        need = st["exp_avg"].abs() / ((1 - b1 ** t) * step_bound(b1, b2))
-        over = need > denom
-        if not bool(over.any()):
-            return denom
-        v = st[self.variance_key]
-        n = self._variance_steps()
-        v.copy_(torch.where(over, (need - g["eps"]).clamp_min(0) ** 2 * (1 - b2 ** n), v))
-        return torch.maximum(denom, need)
-
-    def _variance_steps(self) -> int:
-        """How many gradients the preconditioning variance has averaged: the warm-up's
-        and the refreshes' (its bias correction ``1 - b2**n``)."""
-        return self.global_state["freeze_step"] + self.global_state["refreshes"]
 
     def _st(self, w: torch.Tensor) -> dict:
         """Optimizer state of the parameter whose float32 master is ``w``."""
