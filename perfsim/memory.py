@@ -144,7 +144,7 @@ def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) ->
       parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`: this
       expert-parallel rank's experts; TE caches them over a step's micro-batches), ``/ dp``
       under ZeRO-3 (the shard's copies);
-    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.engine.compute.FP8_GEMMS`),
+    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.models.ops.FP8_GEMMS`),
       the scaling state of its 5 fp8 tensors: an fp32 amax history of
       :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
 

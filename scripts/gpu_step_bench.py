@@ -6,7 +6,7 @@ with every parameter in ``--dtype`` (pure bf16/fp16 training: no fp32 master cop
 Attention: ``flash`` or ``math`` run execute mode's block (no dropout) through
 ``scaled_dot_product_attention`` with that backend forced (FlashAttention-2, one fused
 kernel; PyTorch's unfused reference path); ``megatron`` runs Megatron-LM's attention and
-dropouts (:func:`megatron_block`), the operators :mod:`perfsim.engine.compute` models;
+dropouts (:func:`megatron_block`), the operators :mod:`perfsim.models.ops` lists;
 ``megatron-flash`` the same block with FlashAttention-2 as its attention core
 (``perfsim predict --attention flash``). Prints one CSV row per configuration: the median step time of
 ``--steps`` steps after ``--warmup``, each step bracketed by device synchronisations.
