@@ -59,15 +59,15 @@ class Curve:
     #: one costs at least this (``max(its time on the links, collective_s)``)
     collective_s: float = 0.0
     #: share of the aligned rate a GEMM with a feature dimension that is not a multiple
-    #: of 16 bytes reaches (:func:`misaligned`)
+    #: of 16 bytes reaches (:func:`perfsim.engine.compute.misaligned`)
     misaligned_eff: float = 1.0
     #: share of the block GEMMs' rate the LM head's vocabulary GEMMs reach (``Op.lm_head``):
     #: 1 where kernel times were measured (an H200 runs the padded head GEMMs as fast as
-    #: the blocks'); the A100 fit's is what its iteration times say (module docstring)
+    #: the blocks'); the A100 fit's is what its iteration times say (:data:`A100_CURVE`)
     lm_head_eff: float = 1.0
     #: FlashAttention-2's forward (causal: half the score matrix) as a fraction of peak at
     #: FLASH_REF (sequence 4096, head dim 128), and the sequence length / head dim at which
-    #: its efficiency halves (:func:`flash_time`); 0: not fitted
+    #: its efficiency halves (:func:`perfsim.engine.compute.flash_time`); 0: not fitted
     flash_eff: float = 0.0
     flash_knee_s: float = 0.0
     flash_knee_d: float = 0.0

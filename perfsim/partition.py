@@ -112,6 +112,6 @@ def partition(layers: Sequence, num_stages: int, by: str = "params") -> list[tup
 
 def partition_model(spec, num_stages: int, by: str = "params",
                     explicit: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """Stage ranges for a :mod:`perfsim.models.specs` spec (GPTSpec / MLPSpec);
+    """Stage ranges for a :mod:`perfsim.models.specs` spec (a :class:`perfsim.models.specs.ModelSpec`);
     ``explicit``: layer counts per stage (see :func:`partition_weights`)."""
     return partition_weights(layer_weights(spec.layers(), by), num_stages, explicit)

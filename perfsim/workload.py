@@ -2,9 +2,9 @@
 
 A workload comes from
 
-* a preset: the GPT-2 family of :mod:`perfsim.models.specs` (shared with the
-  runtime), plus size-only presets of the seeds' other models
-  (``deberta-v2-xxlarge``, ``bert-large``, ``resnet50``, ``vgg16``);
+* a preset of :mod:`perfsim.models.registry` (the runtime's GPT-2 family and MLP, GPT-3,
+  LLaMA 2, BERT, Mixtral; size-only presets of the seeds' other models:
+  ``deberta-v2-xxlarge``, ``resnet50``, ``vgg16``), an inline transformer or a config.json;
 * or a workload file (TOML or JSON)::
 
       name = "my-model"
@@ -42,99 +42,46 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import MODEL_SPECS, LayerSpec, check_layer_count, get_model_spec
-
-# --------------------------------------------------------------------- presets
-
-
-def _transformer_encoder(name: str, n_layer: int, d: int, seq: int, vocab: int,
-                         extra_embed: int = 0) -> list[LayerSpec]:
-    """BERT/DeBERTa-style encoder: embedding, ``n_layer`` blocks (12d^2 + 13d params,
-    FFN width 4d, as GPT-2), a pooler + 2-way classifier head."""
-    block_flops = seq * (2 * 12 * d * d + 4 * seq * d)
-    layers = [LayerSpec("embed", vocab * d + extra_embed + 2 * d, (seq, d), float(2 * seq * d))]
-    layers += [LayerSpec(f"block{i}", 12 * d * d + 13 * d, (seq, d), float(block_flops))
-               for i in range(n_layer)]
-    layers.append(LayerSpec("head", d * d + d + 2 * d + 2, (2,), float(2 * (d * d + 2 * d))))
-    return layers
-
-
-def _resnet50() -> list[LayerSpec]:
-    """ResNet-50 (He et al. 2016, Table 1) at 224x224: stem, 16 bottlenecks, fc.
-    Conv FLOPs = 2 x weights x output pixels; BatchNorm adds 2 params per channel."""
-    layers = [LayerSpec("stem", 3 * 64 * 49 + 2 * 64, (64, 56, 56), 2.0 * 3 * 64 * 49 * 112 * 112)]
-    c_in, hw = 64, 56
-    for stage, (mid, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
-        for b in range(blocks):
-            if b == 0 and stage > 0:
-                hw //= 2
-            out = 4 * mid
-            w = c_in * mid + 9 * mid * mid + mid * out
-            params = w + 2 * (mid + mid + out)
-            if b == 0:
-                params += c_in * out + 2 * out
-                w += c_in * out
-            layers.append(LayerSpec(f"layer{stage + 1}.{b}", params, (out, hw, hw), 2.0 * w * hw * hw))
-            c_in = out
-    layers.append(LayerSpec("fc", 2048 * 1000 + 1000, (1000,), 2.0 * 2048 * 1000))
-    return layers
-
-
-def _vgg16() -> list[LayerSpec]:
-    """VGG-16 (Simonyan & Zisserman 2015, config D) at 224x224; pooling folded into
-    the conv before it."""
-    cfg = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
-    layers, c_in, hw, i = [], 3, 224, 0
-    for k, c in enumerate(cfg):
-        if c == "M":
-            continue
-        pooled = k + 1 < len(cfg) and cfg[k + 1] == "M"
-        out_hw = hw // 2 if pooled else hw
-        layers.append(LayerSpec(f"conv{i}", 9 * c_in * c + c, (c, out_hw, out_hw), 2.0 * 9 * c_in * c * hw * hw))
-        c_in, hw, i = c, out_hw, i + 1
-    for j, (a, b) in enumerate(((512 * 7 * 7, 4096), (4096, 4096), (4096, 1000))):
-        layers.append(LayerSpec(f"fc{j}", a * b + b, (b,), 2.0 * a * b))
-    return layers
-
-
-#: size-only presets (the simulator's; the runtime only knows MODEL_SPECS)
-SIZE_PRESETS: dict[str, tuple[Any, int]] = {
-    # DeBERTa-v2-xxlarge (He et al. 2021): 48 layers, d=1536, vocab 128100,
-    # relative-position table 512 x d; sequence 256 (a typical fine-tuning length).
-    "deberta-v2-xxlarge": (lambda: _transformer_encoder("deberta-v2-xxlarge", 48, 1536, 256, 128100,
-                                                        extra_embed=512 * 1536), 256),
-    # BERT-Large (Devlin et al. 2019): 24 layers, d=1024, vocab 30522, 512 positions.
-    "bert-large": (lambda: _transformer_encoder("bert-large", 24, 1024, 512, 30522,
-                                                extra_embed=512 * 1024 + 2 * 1024), 512),
-    "resnet50": (_resnet50, 1),
-    "vgg16": (_vgg16, 1),
-}
-
-
-def preset_names() -> list[str]:
-    from perfsim.models.transformer import TRANSFORMER_PRESETS
-
-    return list(MODEL_SPECS) + [n for n in TRANSFORMER_PRESETS] + [n for n in SIZE_PRESETS
-                                                                  if n not in TRANSFORMER_PRESETS]
-
+from perfsim.models.registry import get_spec
+from perfsim.models.size_only import SizeSpec
+from perfsim.models.specs import LayerSpec, ModelSpec, check_layer_count
+from perfsim.models.transformer import TransformerSpec
 
 # --------------------------------------------------------------------- model
 
 
 @dataclass(frozen=True)
 class Model:
-    """Layers of a model and, optionally, per-sample times from a workload file."""
+    """A model's spec with its layers built and, from a workload file, per-sample times."""
 
-    name: str
+    #: what the layers come from: a preset's, an inline or config.json transformer's, or a
+    #: workload file's layers (a :class:`perfsim.models.size_only.SizeSpec`)
+    spec: ModelSpec
+    #: ``spec.layers()``, built once
     layers: tuple[LayerSpec, ...]
-    tokens_per_sample: int = 1
     fwd_s: tuple[float | None, ...] | None = None  # per sample, from a workload file
     bwd_s: tuple[float | None, ...] | None = None
-    arch: Any = None  # perfsim.models.transformer.TransformerSpec of a transformer
     tied_values: int = 0  # a workload file's tied LM head: values of its embedding copy
+
+    @classmethod
+    def of(cls, spec: ModelSpec, **kw) -> "Model":
+        return cls(spec, tuple(spec.layers()), **kw)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def tokens_per_sample(self) -> int:
+        return self.spec.tokens_per_sample
+
+    @property
+    def arch(self) -> TransformerSpec | None:
+        """The transformer's shape (tensor-parallel collectives, activation memory, the
+        operator model need it), or None."""
+        return self.spec if isinstance(self.spec, TransformerSpec) else None
 
     @property
     def params(self) -> int:
@@ -142,24 +89,10 @@ class Model:
 
 
 def get_model(name: str, seq_len: int | None = None) -> Model:
-    """A model by preset name (GPT-2 family, GPT-3, LLaMA-2, BERT; size-only presets),
-    inline spec (``gpt:layers=..``) or Hugging Face ``config.json`` path; ``seq_len``
-    overrides a transformer's sequence length."""
-    from perfsim.models.transformer import resolve_transformer
-
-    arch = resolve_transformer(str(name), seq_len)
-    if arch is not None:
-        return Model(arch.name, tuple(arch.layers()), arch.tokens_per_sample, arch=arch)
-    if seq_len:
-        raise ConfigError(f"seq_len={seq_len}: model {name!r} is not a transformer")
-    key = str(name).lower()
-    if key in MODEL_SPECS:
-        spec = get_model_spec(key)
-        return Model(spec.name, tuple(spec.layers()), spec.tokens_per_sample)
-    if key in SIZE_PRESETS:
-        build, tokens = SIZE_PRESETS[key]
-        return Model(key, tuple(build()), tokens)
-    raise ConfigError(f"model {name!r}: unknown preset (known: {', '.join(preset_names())})")
+    """A model by preset name (:mod:`perfsim.models.registry`), inline spec
+    (``gpt:layers=..``) or Hugging Face ``config.json`` path; ``seq_len`` overrides a
+    transformer's sequence length."""
+    return Model.of(get_spec(name, seq_len))
 
 
 _LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"}
@@ -226,7 +159,8 @@ def load_workload_file(path: str | Path) -> Model:
                           "last layer's params (the head's copy of the embedding)")
     name = str(data.get("name", p.stem))
     has_times = any(t is not None for t in fwd)
-    return Model(name, tuple(layers), tokens, tuple(fwd) if has_times else None,
+    built = tuple(layers)
+    return Model(SizeSpec(name, tokens, built), built, tuple(fwd) if has_times else None,
                  tuple(bwd) if has_times else None, tied_values=tied)
 
 

@@ -62,10 +62,10 @@ def megatron_block(spec, dropout: float, flash: bool = False):
 
 def build(layers: int, hidden: int, heads: int, seq: int, vocab: int, device: str, dtype: torch.dtype,
           attention: str = "flash", dropout: float = 0.1):
-    from perfsim.models.specs import GPTSpec
+    from perfsim.models.transformer import arch_spec
     from perfsim.runtime.models import Block, Embed, Head
 
-    spec = GPTSpec("bench", n_layer=layers, d_model=hidden, n_head=heads, seq_len=seq, vocab_size=vocab)
+    spec = arch_spec("gpt", "bench", n_layer=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=vocab)
     blocks = [megatron_block(spec, dropout, attention == "megatron-flash") if attention.startswith("megatron")
               else Block(spec) for _ in range(layers)]
     return torch.nn.Sequential(Embed(spec), *blocks, Head(spec)).to(device=device, dtype=dtype).train()

@@ -5,7 +5,7 @@ import pytest
 from perfsim.api import build_configs
 from perfsim.hardware import A100_CURVE
 from perfsim.models.ops import batch_per_block, block_ops, fused_softmax_available
-from perfsim.models.transformer import resolve_transformer
+from perfsim.models.registry import get_spec
 
 
 def test_kernel_availability_rules():
@@ -19,7 +19,7 @@ def test_kernel_availability_rules():
 
 
 def _kernels(mb, tp, bpv=2):
-    spec = resolve_transformer("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", None)
+    spec = get_spec("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", None)
     return [op.name for op in block_ops(spec, mb, tp, False, bpv) if op.attention_core and not op.m]
 
 
@@ -38,7 +38,7 @@ def test_tp8_one_sequence_pays_four_more_kernels_per_pass():
                 precision="fp16", micro_batch=1, global_batch=1, recompute="full", pp=1, dp=1)
     k = A100_CURVE.kernel_s
     w8, *_ = build_configs(**args, tp=8)
-    spec = resolve_transformer(args["model"], None)
+    spec = get_spec(args["model"], None)
     n_fused = len(block_ops(spec, 2, 8, False, 2))
     n_unfused = len(block_ops(spec, 1, 8, False, 2))
     assert n_unfused - n_fused == 4

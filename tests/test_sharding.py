@@ -297,7 +297,7 @@ def _fsdp_worker(rank, port, m, mb, out_dir):
     from torch.distributed.fsdp import fully_shard
 
     from _helpers import gloo_group, save_rank
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.runtime.models import build_stage
 
     sent = []

@@ -6,7 +6,7 @@ from perfsim.api import build_configs, predict
 from perfsim.config import Strategy
 from perfsim.errors import ConfigError
 from perfsim.models.tensor_parallel import shard_block_params, tp_layer_collectives
-from perfsim.models.transformer import resolve_transformer
+from perfsim.models.registry import get_spec
 from perfsim.network import collective_cost
 
 GPT = "gpt:layers=8,hidden=1024,heads=16,seq=1024,vocab=51200"
@@ -35,7 +35,7 @@ def test_sequence_parallel_same_ring_volume():
 
 
 def test_shard_params_and_divisibility():
-    spec = resolve_transformer("llama2-70b")
+    spec = get_spec("llama2-70b")
     per = shard_block_params(spec, 8)
     assert per * 8 > spec.block_params() > (per - 2 * spec.hidden) * 8  # only the norms are replicated
     with pytest.raises(ConfigError, match="heads"):

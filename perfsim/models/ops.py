@@ -49,7 +49,7 @@ class Op:
     #: forward (None); an op with no forward work (``bytes`` 0, not a GEMM) is backward-only
     bwd_bytes: float | None = None
     #: FlashAttention-2's fused kernel over ``batch`` (micro-batch x heads) sequences of
-    #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`flash_time`)
+    #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`perfsim.engine.compute.flash_time`)
     flash: bool = False
     #: a causal mask: the kernel skips the upper half of the score matrix
     causal: bool = True
