@@ -13,7 +13,7 @@ own peaks, an assumption the result states (``compute_model`` in the summary,
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
 

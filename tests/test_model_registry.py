@@ -74,15 +74,18 @@ def test_an_alias_resolves_to_its_preset_everywhere():
     assert RunConfig(model="gpt2-1.5b").spec() is PRESETS["gpt2-xl"]
 
 
-def test_the_mixtral_preset_is_its_config_json():
+@pytest.mark.parametrize("name, params, active", [
+    ("mixtral-8x7b", 46_702_792_704, 12_879_925_248),  # the model card's 46.7 B, 12.9 B active
+    ("deepseek-moe-16b", 16_375_728_128, 2_828_650_496),  # the paper's 16.4 B, 2.8 B activated
+    ("qwen1.5-moe-a2.7b", 14_315_784_192, 2_689_173_504)])  # the card's 14.3 B, 2.7 B activated
+def test_each_moe_preset_is_its_config_json(name, params, active):
     """The MoE preset and the Hugging Face config.json describe the same model (the file's
     context length aside: rotary, no position table)."""
-    preset = get_spec("mixtral-8x7b")
-    read = from_hf_config(CONFIGS / "mixtral-8x7b.json")
-    assert preset.moe and (preset.experts, preset.top_k) == (8, 2)
+    preset = get_spec(name)
+    read = from_hf_config(CONFIGS / f"{name}.json")
+    assert preset.moe and read.moe
     assert dataclasses.replace(read, from_config=False, max_positions=preset.max_positions) == preset
-    assert preset.params == read.params == 46_702_792_704  # the model card's 46.7 B
-    assert preset.active_params == read.active_params
+    assert (preset.params, preset.active_params) == (read.params, read.active_params) == (params, active)
 
 
 @pytest.mark.parametrize("command", [("predict",), ("memory",), ("plan", "--nodes", "1")])

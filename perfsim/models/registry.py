@@ -2,7 +2,7 @@
 
 A preset is a :class:`perfsim.models.specs.ModelSpec`: a transformer
 (:class:`~perfsim.models.transformer.TransformerSpec`: the GPT-2 family, GPT-3, LLaMA 2,
-BERT, Mixtral's mixture of experts), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
+BERT, the mixtures of experts Mixtral, DeepSeekMoE and Qwen1.5-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
 model known only by its layers' sizes (:class:`~perfsim.models.size_only.SizeSpec`).
 :data:`RUNTIME_PRESETS` are the ones ``perfsim run`` also trains (its torch modules are
 built from the same spec, :mod:`perfsim.runtime.models`); the simulator prices them all.
@@ -60,6 +60,17 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     # a 4096-token training sequence (perfsim.models.hf_config.DEFAULT_SEQ_LEN, as its config.json)
     arch_spec("llama", "mixtral-8x7b", n_layer=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096,
               vocab=32000, ffn=14336, experts=8, top_k=2),
+    # DeepSeekMoE 16B (Dai et al. 2024, arXiv:2401.06066, Sec. 5 and its config.json):
+    # 28 x 2048, 16 heads, 64 routed experts of width 1408 (top-6) and 2 shared (2816 in
+    # all), the first block dense (width 10944), vocabulary 102400
+    arch_spec("llama", "deepseek-moe-16b", n_layer=28, hidden=2048, heads=16, seq_len=4096, vocab=102400,
+              ffn=10944, experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, dense_layers=(0,)),
+    # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
+    # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
+    # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632
+    arch_spec("llama", "qwen1.5-moe-a2.7b", n_layer=24, hidden=2048, heads=16, seq_len=4096, vocab=151936,
+              ffn=5632, qkv_bias=True, experts=60, top_k=4, expert_ffn=1408, shared_ffn=5632,
+              shared_gate=True),
     *SIZE_ONLY,
 )
 
