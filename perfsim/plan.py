@@ -37,7 +37,7 @@ from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SC
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
 
 #: relative error band of a prediction: whole training steps are predicted within
-#: 1.5-5.7 % on the H200 (README "GPU compute", docs/gpu.md); two scores closer than
+#: 1.5-5.7 % on the H200 (docs/gpu.md); two scores closer than
 #: this are a tie, and a tie goes to the lossless choice
 TIE_BAND = 0.05
 
