@@ -100,11 +100,6 @@ def parse_boundary_compress(text: "str | Mapping[int, str | Spec] | BoundarySpec
     return BoundarySpecs(tuple(sorted(out.items())))
 
 
-def format_boundary_compress(specs: "Mapping[int, str | Spec] | BoundarySpecs") -> str:
-    """The canonical text of ``{boundary: spec}`` (``""`` when empty)."""
-    return parse_boundary_compress(specs).text
-
-
 def check_boundaries(specs: BoundarySpecs, num_stages: int) -> BoundarySpecs:
     """Check that every boundary named exists among ``num_stages`` stages."""
     bad = [k for k in specs if k >= num_stages - 1]

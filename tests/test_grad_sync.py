@@ -199,22 +199,22 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 # ------------------------------------------------------------------ unit
 def test_grad_spec_values():
-    def parse_grad_spec(text):  # the grammar, then the compressor's own arguments
+    def grad_value(text):  # the grammar, then the compressor's own arguments
         return check_spec(parse_spec(text, "grad"))
 
-    assert parse_grad_spec("none").compressor.text == "fp32"
-    assert parse_grad_spec("FP16").compressor.text == "fp16"
-    ps = parse_grad_spec("powersgd:2:start=5")
+    assert grad_value("none").compressor.text == "fp32"
+    assert grad_value("FP16").compressor.text == "fp16"
+    ps = grad_value("powersgd:2:start=5")
     assert (ps.family, ps.rank, ps.start_iter) == ("hook", 2, 5)
-    ob = parse_grad_spec("onebit-lamb:warmup=7")
+    ob = grad_value("onebit-lamb:warmup=7")
     assert (ob.family, ob.optimizer, ob.warmup, ob.compressor.text) == ("optimizer", "onebit-lamb", 7, "onebit")
-    assert parse_grad_spec("onebit-adam").warmup is None
+    assert grad_value("onebit-adam").warmup is None
     for bad, culprit in [("", "empty"), ("powersgd", "rank"), ("powersgd:x", "rank"),
                          ("powersgd:1:start=1", "start"), ("onebit-adam:foo=1", "foo"),
                          ("onebit-adam:warmup=x", "warmup"), ("nosuch:4", "nosuch"),
                          ("fp16:3", "fp16")]:
         with pytest.raises(ConfigError, match=culprit):
-            parse_grad_spec(bad)
+            grad_value(bad)
 
 
 def test_buckets_reverse_order_and_cap():
