@@ -81,8 +81,8 @@ class CompressionState(_gs.GradSync):
     def __init__(self, spec: "str | Spec", process_group=None, *, seed: int = 0):
         gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
         if gspec.family == "optimizer":
-            raise ConfigError(f"CompressionState({spec!r}): {gspec.optimizer} exchanges momentum, not "
-                              f"gradients; use perfsim.ddp.onebit_optimizer(model, {spec!r}, lr=...)")
+            raise ConfigError(f"CompressionState({gspec.text!r}): {gspec.optimizer} exchanges momentum, not "
+                              f"gradients; use perfsim.ddp.onebit_optimizer(model, {gspec.text!r}, lr=...)")
         super().__init__(gspec, process_group, seed=seed)
 
     @property
@@ -205,7 +205,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
 
     gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
     if gspec.family != "optimizer":
-        raise ConfigError(f"onebit_optimizer: {spec!r} is not a 1-bit optimizer (choose "
+        raise ConfigError(f"onebit_optimizer: {gspec.text!r} is not a 1-bit optimizer (choose "
                           f"{' or '.join(OPTIMIZER_SPECS)}); gradient compressors go through "
                           "perfsim.ddp.attach / CompressionState")
     is_ddp = isinstance(model, DistributedDataParallel)

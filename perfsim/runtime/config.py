@@ -232,7 +232,8 @@ class RunConfig(PipelineShape):
                               ("resume", self.resume is not None),
                               ("checkpoint_every", self.checkpoint_every != 0)):
                 if bad:
-                    raise ConfigError(f"zero=3 with {what}={getattr(self, what)!r}: execute mode's FSDP2 "
+                    value = getattr(self, what)
+                    raise ConfigError(f"zero=3 with {what}={getattr(value, 'text', value)!r}: execute mode's FSDP2 "
                                       f"runs pp 1, tp 1, no gradient compression, an untied head, no checkpoints")
 
     def to_json(self) -> str:
