@@ -143,6 +143,8 @@ def test_the_value_carries_what_the_runtime_reads():
     ob = parse_spec("onebit-lamb:warmup=7:exchange=momentum", "grad")
     assert (ob.optimizer, ob.warmup, ob.exchange, ob.warmup_steps(1000)) == ("onebit-lamb", 7, "momentum", 7)
     assert parse_spec("onebit-adam", "grad").warmup_steps(1000) == 200  # 20 % of the run
+    zo = parse_spec("onebit-adam:refresh=16:bound=adam", "grad")  # 0/1 Adam's options, read once
+    assert (zo.refresh, zo.bound, zo.warmup) == (16, "adam", None)
     assert parse_spec("qsgd:4", "grad").warmup_steps() is None
     none = parse_spec("none", "grad")
     assert none.plain and none.compressor.text == "fp32" and none.compressor.cast
