@@ -95,7 +95,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
     """
     from perfsim.analysis import validate as v
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.outputs import check_dir_target, locked_dir
     from perfsim.runtime.config import RunConfig
     from perfsim.runtime.tensor_parallel import check_tp

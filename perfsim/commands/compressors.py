@@ -98,7 +98,7 @@ def build_example(cls):
     return None
 
 
-def _row(role: str, spec: str, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
+def _row(role: str, spec, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
     from perfsim.compression.spec import parse_spec
     from perfsim.errors import ConfigError
 
@@ -130,7 +130,8 @@ def _pipeline_syntax(cls) -> str:
 def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
     """One dict per accepted spec, columns :data:`COLUMNS`: gradient rows first."""
     from perfsim.compression import compressor_classes, make_compressor, make_pipeline_pair
-    from perfsim.compression.spec import OPTIMIZERS, PIPELINE_ONLY, parse_spec
+    from perfsim.compression.refresh import BOUNDS
+    from perfsim.compression.spec import EXCHANGES, OPTIMIZERS, PIPELINE_ONLY, parse_spec
     from perfsim.errors import ConfigError
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -145,12 +146,14 @@ def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
         spec = comp.spec or name if comp is not None else name
         out.append(_row("grad", spec, cls.spec_syntax, comp, shape, fp32, world_size))
     for name in OPTIMIZERS:  # the 1-bit optimizers exchange momentum with the onebit compressor
-        out.append(_row("grad", name, f"{name}[:warmup=STEPS][:exchange=preconditioned|momentum]",
+        syntax = (f"{name}[:warmup=STEPS][:exchange={'|'.join(EXCHANGES)}][:refresh=K]"
+                  f"[:bound={'|'.join(BOUNDS)}]")
+        out.append(_row("grad", name, syntax,
                         make_compressor("onebit"), shape, fp32, world_size))
-    for spec in PIPELINE_EXAMPLES():
+    for text in PIPELINE_EXAMPLES():
+        spec = parse_spec(text, "pipeline")  # read once; the pair and the row take the value
         fw, _ = make_pipeline_pair(spec)
-        syntax = _pipeline_syntax(classes[parse_spec(spec, "pipeline").name])
-        out.append(_row("pipeline", spec, syntax, fw, shape, fp32, world_size))
+        out.append(_row("pipeline", spec, _pipeline_syntax(classes[spec.name]), fw, shape, fp32, world_size))
     return out
 
 
