@@ -165,7 +165,7 @@ def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):
 def test_other_grid_on_the_same_out_keeps_the_interrupted_rows(tmp_path):
     """The probe: a sweep with another grid on the same -o discarded the interrupted grid's
     601 computed rows."""
-    from test_sweep import Interrupt  # a predict interrupted after n configurations
+    from analysis.test_sweep import Interrupt  # a predict interrupted after n configurations (tests/analysis/)
 
     from perfsim.analysis.sweep import part_path, run_sweep
 
@@ -493,7 +493,7 @@ def test_dash_out_writes_binary_stdout():
 def test_plot_filter_hint_is_a_filter_that_works(tmp_path):
     """Too many panels said "e.g. --filter pp=...", which no filter accepts; the hint is now
     a value of the table, fed back to the same command."""
-    from test_plots import synthetic
+    from analysis.test_plots import synthetic  # tests/analysis/
 
     df, _ = synthetic(pp=tuple(range(2, 16)))  # 14 panels, one per pp
     df.to_csv(tmp_path / "t.csv", index=False)
