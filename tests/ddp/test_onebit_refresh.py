@@ -24,7 +24,7 @@ from _helpers import gloo_group, run_ranks, save_rank
 from perfsim.compression.refresh import is_refresh, refreshes_until, step_bound, uncompressed_steps
 from perfsim.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 BYTES_SPEC, BYTES_STEPS = "onebit-adam:warmup=2:refresh=1", 8
 

@@ -15,7 +15,7 @@ from perfsim.models.transformer import TransformerSpec
 from perfsim.workload import get_model
 from tests._helpers import run_cli
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from perfsim.errors import ConfigError
 from perfsim.result import Result
 from perfsim.runtime.measure import write_outputs
 
+ROOT = Path(__file__).resolve().parents[2]
 JOB = dict(model="digits-mlp", lr=1e-3, optimizer="adamw", micro_batch=8, macro_batch=32, dataset_limit=None)
 
 
@@ -75,7 +77,7 @@ def test_plan_ranks_with_run_folders(tmp_path):
 
     _run(tmp_path / "ref", _decay(0.05))
     _run(tmp_path / "q", _decay(0.03), grad_compress="qsgd-maxnorm:4")  # ~5/3 the steps
-    res = perfsim.plan(model="digits-mlp", profile="traces/cpu-2core.json", nodes=2, bandwidth="100Mbps",
+    res = perfsim.plan(model="digits-mlp", profile=str(ROOT / "traces" / "cpu-2core.json"), nodes=2, bandwidth="100Mbps",
                        global_batch=32, pp=1, top=100, convergence=str(tmp_path))
     rows = {r["grad_compress"]: r for r in res.rows()}
     assert "qsgd-maxnorm:4" in rows and 1.4 < rows["qsgd-maxnorm:4"]["steps_ratio"] < 2
