@@ -18,6 +18,11 @@
   ``plot -o -``); a folder output (``run``, ``validate``) refuses it.
 * A ``--format`` that disagrees with the output's suffix (``-o x.csv --format
   json``) is refused: the suffix and the content never disagree.
+* The formats themselves live here too, so that no command or library module
+  serialises a table on its own: :func:`json_text` (JSON documents),
+  :func:`records_csv` (rows of dicts), :func:`frame_bytes` (a DataFrame as CSV,
+  JSON lines or Parquet), :func:`write_frame` (a table file by its suffix) and
+  :func:`emit` (text or bytes to a file, or to standard output for ``None`` / ``-``).
 * :func:`locked_dir` takes an exclusive lock on an output folder, so two runs
   cannot interleave in one ``--out``; the second is refused naming the holder.
 """
@@ -25,14 +30,17 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
+import io
+import json
 import os
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from perfsim.errors import ConfigError, OutputError
 
@@ -227,6 +235,66 @@ def detach_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, 1)
         os.close(devnull)
+
+
+# ------------------------------------------------------------------ formats
+def json_text(obj: Any, *, indent: int | None = 1, default: Callable[[Any], Any] | None = None,
+              allow_nan: bool = True) -> str:
+    """``obj`` as a JSON document ending in a newline (every JSON file and ``--format json``)."""
+    return json.dumps(obj, indent=indent, default=default, allow_nan=allow_nan) + "\n"
+
+
+def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts as CSV text: ``columns``, else every key in first-seen order; a
+    missing key or None is an empty cell (without pandas: predict's CSV stays light)."""
+    if columns is None:
+        columns = list(rows[0]) if rows else []
+        for row in rows[1:]:
+            columns += [k for k in row if k not in columns]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+#: the formats :func:`frame_bytes` writes a DataFrame in
+FRAME_FORMATS = ("csv", "parquet", "jsonl")
+
+
+def frame_bytes(df, fmt: str, default: Callable[[Any], Any] | None = None) -> bytes:
+    """A pandas DataFrame as ``csv`` (no index), ``parquet`` (pyarrow) or ``jsonl``
+    (one JSON object per row; ``default`` turns other values into JSON)."""
+    if fmt == "csv":
+        return df.to_csv(index=False).encode()
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        return buf.getvalue()
+    if fmt == "jsonl":
+        return "".join(json.dumps(r, default=default) + "\n" for r in df.to_dict("records")).encode()
+    raise ValueError(f"frame format {fmt!r}: choose from {', '.join(FRAME_FORMATS)}")
+
+
+def write_frame(path: str | os.PathLike, df, fmt: str | None = None) -> None:
+    """Write table ``df`` to ``path`` atomically, in ``fmt`` or the format its suffix names
+    (``.parquet``/``.pq``: Parquet, ``.jsonl``: JSON lines, else CSV); ``-``: CSV on stdout."""
+    if fmt is None:
+        suffix = "" if is_stdio(path) else Path(str(path)).suffix.lower()
+        fmt = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}.get(suffix, "csv")
+    write_bytes(path, frame_bytes(df, fmt))
+
+
+def emit(path: str | os.PathLike | None, data: str | bytes) -> None:
+    """``data`` to file ``path`` atomically, or to standard output when ``path`` is None or ``-``."""
+    raw = data.encode() if isinstance(data, str) else data
+    if path is None or is_stdio(path):
+        if isinstance(data, str):
+            write_stdout(data)
+        else:
+            _write_stdout_bytes(raw)
+        return
+    write_bytes(path, raw)
 
 
 # ------------------------------------------------------------------ locking
