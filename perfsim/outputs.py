@@ -244,15 +244,19 @@ def json_text(obj: Any, *, indent: int | None = 1, default: Callable[[Any], Any]
     return json.dumps(obj, indent=indent, default=default, allow_nan=allow_nan) + "\n"
 
 
-def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
-    """Rows of dicts as CSV text: ``columns``, else every key in first-seen order; a
-    missing key or None is an empty cell (without pandas: predict's CSV stays light)."""
-    if columns is None:
-        columns = list(rows[0]) if rows else []
-        for row in rows[1:]:
-            columns += [k for k in row if k not in columns]
+def jsonl_text(records: Sequence[Any], default: Callable[[Any], Any] | None = None) -> str:
+    """JSON lines: one compact JSON document per record, each ending in a newline."""
+    return "".join(json.dumps(r, default=default) + "\n" for r in records)
+
+
+def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) -> str:
+    """Rows of dicts as CSV text: ``columns`` first, then every other key in first-seen
+    order; a missing key or None is an empty cell (no pandas: predict's CSV stays light)."""
+    cols = list(columns)
+    for row in rows:
+        cols += [k for k in row if k not in cols]
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
@@ -272,7 +276,7 @@ def frame_bytes(df, fmt: str, default: Callable[[Any], Any] | None = None) -> by
         df.to_parquet(buf, index=False)
         return buf.getvalue()
     if fmt == "jsonl":
-        return "".join(json.dumps(r, default=default) + "\n" for r in df.to_dict("records")).encode()
+        return jsonl_text(df.to_dict("records"), default).encode()
     raise ValueError(f"frame format {fmt!r}: choose from {', '.join(FRAME_FORMATS)}")
 
 

@@ -20,6 +20,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfsim import outputs
+
 #: configuration columns, in order (CSV contract of `perfsim predict`)
 CONFIG_COLUMNS = [
     "model", "bandwidth_bps", "latency_s", "compress", "grad_compress", "schedule",
@@ -95,22 +97,14 @@ class Result:
 
     def write_trace(self, path: str | os.PathLike) -> None:
         """Write the timeline as a Chrome/Perfetto trace (opens in ui.perfetto.dev)."""
-        atomic_write_text(path, self.trace_text())
+        outputs.write_text(path, self.trace_text())
 
     def trace_text(self) -> str:
         """The timeline as Chrome/Perfetto trace JSON (what :meth:`write_trace` writes)."""
         return json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ms"})
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`)."""
-    from perfsim.outputs import write_text
-
-    write_text(path, text)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Binary twin of :func:`atomic_write_text`."""
-    from perfsim.outputs import write_bytes
-
-    write_bytes(path, data)
+#: the old names of :func:`perfsim.outputs.write_text` / :func:`~perfsim.outputs.write_bytes`
+#: (the one atomic writer), kept for the callers that still use them
+atomic_write_text = outputs.write_text
+atomic_write_bytes = outputs.write_bytes

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfsim import outputs
 from perfsim.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -40,11 +41,7 @@ def measure_key(run_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def write_key(run_dir: str, key: str, params: dict[str, Any]) -> None:
-    import json
-
-    from perfsim.result import atomic_write_text
-
-    atomic_write_text(Path(run_dir) / KEY_FILE, json.dumps({"key": key, "params": params}, indent=1))
+    outputs.write_text(Path(run_dir) / KEY_FILE, outputs.json_text({"key": key, "params": params}))
 
 
 def _stored_measurements(run_dir: Path, repeats: int):

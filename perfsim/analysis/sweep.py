@@ -54,10 +54,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from perfsim import params
+from perfsim import outputs, params
 from perfsim.errors import ConfigError
 from perfsim.procs import die_with_parent, provably_dead
-from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
+from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -342,13 +342,12 @@ class _PartWriter:
     def __init__(self, path: Path, records: list[dict]):
         self.path = path
         # rewrite cleanly first, so a torn tail never glues onto the next record
-        atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n"
-                                        for r in records))
+        outputs.write_text(path, outputs.jsonl_text(records, _json_default))
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self.last_sync = time.monotonic()
 
     def append(self, records: Iterable[dict]) -> None:
-        data = "".join(json.dumps(r, default=_json_default) + "\n" for r in records).encode()
+        data = outputs.jsonl_text(list(records), _json_default).encode()
         os.write(self.fd, data)
         if time.monotonic() - self.last_sync > 1.0:
             os.fsync(self.fd)
@@ -385,19 +384,10 @@ def read_table(path: str | os.PathLike, allow_empty: bool = False):
 
 
 def write_table(df, path: str | os.PathLike) -> None:
-    """Write ``df`` atomically as CSV or Parquet, chosen by the suffix."""
-    import io
-
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        atomic_write_text(path, df.to_csv(index=False))
-    elif suffix in (".parquet", ".pq"):
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        atomic_write_bytes(path, buf.getvalue())
-    else:
+    """Write ``df`` atomically as CSV or Parquet, chosen by the suffix (:func:`perfsim.outputs.write_frame`)."""
+    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
         raise ConfigError(f"output {str(path)!r}: unknown format (use .csv or .parquet)")
+    outputs.write_frame(path, df)
 
 
 @dataclass
@@ -526,11 +516,9 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
-    from perfsim import outputs
-
     if outputs.is_stdio(out):  # "-": the table as CSV on stdout; nothing to resume from
         table = _run_sweep(spec, None, jobs, pool, predict, skip_invalid, resume, progress, report)
-        outputs.write_text(out, table.summary.to_csv(index=False))
+        outputs.write_frame(out, table.summary, "csv")
         return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
         outputs.check_file_target(out, "--out")
@@ -591,7 +579,7 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
             stages_file.unlink()
         errors_file = errors_file.with_suffix(".csv")
         if not table.errors.empty:
-            atomic_write_text(errors_file, table.errors.to_csv(index=False))
+            outputs.write_frame(errors_file, table.errors, "csv")
         elif errors_file.exists():  # from an earlier run of a different grid
             errors_file.unlink()
         part.unlink(missing_ok=True)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim import outputs
 from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
 from perfsim.errors import ConfigError
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
@@ -181,11 +182,7 @@ def runtime_workload(model: str, folder) -> Path:
     has its own V*d weight (untied, or a synced copy: ``tied_values``), which changes
     the gradient bytes a data-parallel step exchanges.
     """
-    import json
-
     from perfsim.models.specs import get_model_spec
-    from perfsim.result import atomic_write_text
-
     from perfsim.runtime.models import build_layer
 
     spec = get_model_spec(model)
@@ -197,8 +194,8 @@ def runtime_workload(model: str, folder) -> Path:
     # the last layer (the head)'s own V x d weight: with --tied-embedding sync a copy of the embedding's table
     tied = {"tied_values": mod.lm_head.weight.numel()} if hasattr(mod, "lm_head") else {}
     path = Path(folder) / f"workload-{spec.name}.json"
-    atomic_write_text(path, json.dumps({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
-                                        **tied, "layers": layers}, indent=1))
+    outputs.write_text(path, outputs.json_text({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
+                                                **tied, "layers": layers}))
     return path
 
 
@@ -446,10 +443,9 @@ def plot(df, path, title: str | None = None) -> Path:
 
 
 def write_csv(df, path) -> Path:
-    from perfsim.result import atomic_write_text
-
+    """``df`` as CSV at ``path``, atomically (:func:`perfsim.outputs.write_frame`)."""
     path = Path(path)
-    atomic_write_text(path, df.to_csv(index=False))
+    outputs.write_frame(path, df, "csv")
     return path
 
 

@@ -16,6 +16,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from perfsim import outputs
 from perfsim.errors import ConfigError
 
 
@@ -177,7 +178,6 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
 
     from perfsim.analysis import validate as v
     from perfsim.progress import Progress
-    from perfsim.result import atomic_write_text
 
     out = plan.out
     total = len(plan.rows())
@@ -213,8 +213,8 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
                 summary["profile_drift"] = old["profile_drift"]
         except (OSError, ValueError):
             pass
-    atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
-    atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
+    outputs.write_text(f"{out}/summary.json", outputs.json_text(summary, default=str))
+    outputs.write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
     df.attrs.update(summary=summary, csv=f"{out}/validation.csv", png=None, drift=drift[1] if drift else None)
     if plot and summary["rows"]:  # no plot when no row was predicted (e.g. TP rows the simulator lacks)
         df.attrs["png"] = str(v.plot(df, f"{out}/validation.png",

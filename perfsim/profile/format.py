@@ -32,7 +32,6 @@ whose ``version`` this reader does not know is refused with a
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim import outputs
 from perfsim.errors import ConfigError
 
 FORMAT = "perfsim-profile"
@@ -296,10 +296,8 @@ class ProfileFile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename); validates first."""
-        from perfsim.result import atomic_write_text
-
         ProfileFile.from_dict(self.to_dict(), where="profile being saved")
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        outputs.write_text(path, outputs.json_text(self.to_dict()))
 
     def add(self, **record) -> None:
         """Append one validated record."""
