@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from perfsim.batch import BACKENDS, BatchRunner  # noqa: F401 (BACKENDS: perfsim.plan checks it)
 from perfsim.errors import ConfigError
 
 
@@ -198,66 +199,6 @@ def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list
     return [_simulate(p) for p in batch]
 
 
-#: parallel backends of the search (``process``: a local process pool, as ``perfsim sweep``)
-BACKENDS = ("process", "dask")
-
-
-class _Workers:
-    """Maps a function over lists of parameter batches: in this process (``jobs == 1``),
-    a local process pool, or Dask (``dask_scheduler``: a ``dask.distributed`` scheduler
-    address, e.g. ``tcp://host:8786``, so a large search spreads over its workers;
-    without it Dask's local multiprocessing scheduler with ``jobs`` workers)."""
-
-    def __init__(self, backend: str, jobs: int, dask_scheduler: str | None = None):
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
-        self.backend, self.jobs, self.pool, self.client = backend, jobs, None, None
-        if backend == "dask":
-            import importlib.util
-
-            if importlib.util.find_spec("dask") is None:
-                raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')")
-            if dask_scheduler:
-                try:
-                    from distributed import Client
-                except ImportError:
-                    raise ConfigError("dask_scheduler: needs dask.distributed (pip install 'perfsim[dask]')") from None
-                try:
-                    self.client = Client(dask_scheduler, timeout="10s")
-                except (OSError, TimeoutError) as exc:
-                    raise ConfigError(f"dask_scheduler={dask_scheduler!r}: cannot connect ({exc})") from None
-                self.jobs = max(jobs, sum(self.client.nthreads().values()))
-        elif dask_scheduler:
-            raise ConfigError("dask_scheduler: only with backend=dask")
-        elif jobs > 1:
-            from concurrent.futures import ProcessPoolExecutor
-
-            self.pool = ProcessPoolExecutor(max_workers=jobs)
-
-    @property
-    def parallel(self) -> bool:
-        return self.pool is not None or self.client is not None or (self.backend == "dask" and self.jobs > 1)
-
-    def map(self, batches: list[list[dict[str, Any]]]) -> list[list[tuple]]:
-        if self.client is not None:
-            return self.client.gather(self.client.map(_simulate_batch, batches, pure=False))
-        if self.backend == "dask" and self.jobs > 1:
-            import dask
-
-            tasks = [dask.delayed(_simulate_batch)(b) for b in batches]
-            return list(dask.compute(*tasks, scheduler="processes", num_workers=self.jobs))
-        if self.pool is not None:
-            return list(self.pool.map(_simulate_batch, batches))
-        return [_simulate_batch(b) for b in batches]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-        if self.client is not None:
-            self.client.close()
-
-
-
 def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
@@ -358,7 +299,8 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     """Branch and bound over ``groups`` (module docstring). Returns (simulated candidates,
     number pruned, number rejected (by the simulator, the memory check or an invalid
     combination), one rejected candidate per invalid group or candidate, with its
-    reason). Waves of ``wave`` candidates per worker run in parallel on ``backend`` (:class:`_Workers`)."""
+    reason). Waves of ``wave`` candidates per worker run in parallel on ``backend``
+    (:class:`perfsim.batch.BatchRunner`, the pool ``perfsim sweep`` uses too)."""
     tie = itertools.count()
     heap = [(g.key, next(tie), g) for g in groups]
     heapq.heapify(heap)
@@ -367,7 +309,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     n_invalid = 0
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
-    workers = _Workers(backend, jobs, dask_scheduler)
+    workers = BatchRunner(jobs, backend, dask_scheduler)
 
     best_lossless = [math.inf]  # the best lossless score found: a tie can only go to a better one
 
@@ -406,7 +348,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
                 n = workers.jobs
                 chunks = [batch[k::n] for k in range(n)] if workers.parallel else [batch]
                 chunks = [ch for ch in chunks if ch]
-                outs = workers.map([[c.params for c in ch] for ch in chunks])
+                outs = workers.map(_simulate_batch, [[c.params for c in ch] for ch in chunks])
                 results = {id(c): r for ch, out in zip(chunks, outs) for c, r in zip(ch, out)}
                 for c in batch:
                     summary, links, err = results[id(c)]

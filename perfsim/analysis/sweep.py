@@ -5,7 +5,8 @@ A sweep is a :class:`SweepSpec`: for each ``predict`` parameter, the list of
 values to try (the same comma lists as the ``perfsim predict`` flags, or a sweep
 file in TOML). :func:`expand` takes the cartesian product; :func:`run_sweep`
 runs every configuration through :func:`perfsim.api.predict` -- in this
-process, or in a process pool when the grid is long enough for the pool to pay
+process, or on the batch runner's process pool (:class:`perfsim.batch.BatchRunner`,
+shared with ``perfsim plan``) when the grid is long enough for the pool to pay
 (:func:`use_pool`) -- and writes
 
 * ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
@@ -46,17 +47,15 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from perfsim import outputs, params
+from perfsim.batch import BatchRunner, fork_context
 from perfsim.errors import ConfigError
-from perfsim.procs import die_with_parent, provably_dead
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -208,40 +207,11 @@ def use_pool(remaining: int, seconds_each: float, jobs: int) -> bool:
     return saved > POOL_STARTUP_S
 
 
-def _pool_context():
-    """``fork`` (the children need not import the caller's script, so a plain
-    script without ``if __name__ == "__main__"`` works), unless torch is loaded:
-    its OpenMP threads make forking unsafe, and then no pool is used (None)."""
-    import multiprocessing
-
-    if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    return multiprocessing.get_context("fork")
-
-
-def _iter_pool(batches, predict, skip_invalid, jobs, context) -> Iterator[list[dict]]:
-    import multiprocessing.util
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    _remove_stale_pool_dirs()
-    # multiprocessing's own temp folder (pymp-*) goes inside one named after this process,
-    # so that a SIGKILLed sweep's leftovers can be found and removed later
-    own = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
-    # at exit, after multiprocessing removed its pymp-* (exitpriority -100)
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(own, True), exitpriority=-101)
-    saved, tempfile.tempdir = tempfile.tempdir, own
-    try:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=die_with_parent)
-        pending = {pool.submit(run_batch, b, predict, skip_invalid) for b in batches}
-    finally:
-        tempfile.tempdir = saved
-    try:
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield fut.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+def _iter_pool(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
+    """The batches on a local pool of ``jobs`` workers (:class:`perfsim.batch.BatchRunner`),
+    each batch's records as soon as it is done."""
+    with BatchRunner(jobs) as runner:
+        yield from runner.as_completed(run_batch, batches, predict, skip_invalid)
 
 
 def _iter_run(todo, predict, skip_invalid, jobs, pool: bool | None) -> Iterator[list[dict]]:
@@ -252,33 +222,16 @@ def _iter_run(todo, predict, skip_invalid, jobs, pool: bool | None) -> Iterator[
         start = time.perf_counter()
         yield run_batch([rest.pop(0)], predict, skip_invalid)
         pool = use_pool(len(rest), time.perf_counter() - start, jobs)
-    context = _pool_context() if pool and jobs > 1 and len(rest) > 1 else None
-    if pool and context is None and jobs > 1:
+    parallel = pool and jobs > 1 and len(rest) > 1 and fork_context() is not None
+    if pool and not parallel and jobs > 1:
         log.debug("sweep: torch is loaded in this process, running in-process")
-    if context is None:
+    if not parallel:
         for item in rest:
             yield run_batch([item], predict, skip_invalid)
         return
     log.debug("sweep: %d configurations on %d worker processes", len(rest), jobs)
     _resolve_predict(predict)  # import the simulator once here; forked workers inherit it
-    yield from _iter_pool(_batches(rest, jobs), predict, skip_invalid, jobs, context)
-
-
-_POOL_DIR_PREFIX = "perfsim-sweep-"
-
-
-def _remove_stale_pool_dirs() -> None:
-    """Remove the pool folders of sweeps that are provably dead (SIGKILLed):
-    their pool workers died with them (``die_with_parent``), these remain."""
-    base = Path(tempfile.gettempdir())
-    for d in base.glob(f"{_POOL_DIR_PREFIX}*"):
-        try:
-            pid = int(d.name[len(_POOL_DIR_PREFIX):].split("-")[0])
-            made = d.stat().st_mtime
-        except (ValueError, OSError):
-            continue
-        if pid != os.getpid() and provably_dead(pid, made):
-            shutil.rmtree(d, ignore_errors=True)
+    yield from _iter_pool(_batches(rest, jobs), predict, skip_invalid, jobs)
 
 
 # ---------------------------------------------------------------- part file (resume)
