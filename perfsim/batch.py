@@ -23,18 +23,18 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import multiprocessing
-import multiprocessing.util
 import os
 import shutil
 import sys
 import tempfile
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from perfsim.errors import ConfigError
 from perfsim.procs import die_with_parent, provably_dead
+
+if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import ProcessPoolExecutor
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ POOL_DIR_PREFIX = "perfsim-pool-"
 
 def fork_context():
     """The ``fork`` context, or None where forking is unsafe (torch loaded) or missing."""
+    import multiprocessing  # ~10 ms with its helpers: loaded when a pool may start, not at CLI start-up
+
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
         return None
     return multiprocessing.get_context("fork")
@@ -108,6 +110,9 @@ class BatchRunner:
         return self._context is not None
 
     def _start_pool(self) -> ProcessPoolExecutor:
+        import multiprocessing.util  # as in fork_context: not at CLI start-up
+        from concurrent.futures import ProcessPoolExecutor
+
         if self.pool is None:
             remove_stale_pool_dirs()
             own = tempfile.mkdtemp(prefix=f"{POOL_DIR_PREFIX}{os.getpid()}-")
@@ -147,6 +152,8 @@ class BatchRunner:
                 for b in batches:
                     yield fn(b, *args)
             return
+        from concurrent.futures import FIRST_COMPLETED, wait  # loaded by _start_pool already
+
         pool = self._start_pool()
         pending = {pool.submit(fn, b, *args) for b in batches}
         try:

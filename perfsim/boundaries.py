@@ -25,14 +25,13 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
 
 
 def parse_boundary_compress(text: str | Mapping[int, str] | None) -> dict[int, str]:
     """``"1=aqsgd:fw3bw6,2=fp16"`` (or a mapping) -> ``{boundary: canonical spec}``.
     Raises ConfigError naming the culprit entry."""
-    from perfsim.compression.spec import parse_spec
-
     if text is None:
         return {}
     if isinstance(text, Mapping):

@@ -29,12 +29,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from perfsim.batch import BACKENDS
 from perfsim.errors import ConfigError
-from perfsim.plan_search import (BACKENDS, Group, family_bound, family_key, group_bound,  # noqa: F401
+from perfsim.plan_search import (Group, family_bound, family_key, group_bound,  # noqa: F401
                                  group_key, iteration_bound, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
                                   Context, SearchSpace, dimensions, enumerate_candidates)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
+from perfsim.params import BY_NAME, DEFAULTS
+from perfsim.search_space import is_dimension
 
 #: relative error band of a prediction: whole training steps are predicted within
 #: 1.5-5.7 % on the H200 (README "GPU compute", docs/gpu.md); two scores closer than
@@ -213,7 +216,6 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
             f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
-    from perfsim.params import BY_NAME
 
     chosen = [f"{d.name}={p[d.name]}" for d in dimensions()
               if d.search != "split" and d.name in p and d.name not in ("schedule", "compress", "grad_compress")
@@ -249,8 +251,6 @@ _OWN = ("global_batch", "macro_batch")
 
 def _lossless(c: Candidate) -> bool:
     """No compression beyond the training precision (predict's defaults)."""
-    from perfsim.params import DEFAULTS
-
     p = c.params
     return (p.get("compress", DEFAULTS["compress"]) == DEFAULTS["compress"]
             and p.get("grad_compress", DEFAULTS["grad_compress"]) == DEFAULTS["grad_compress"]
@@ -261,7 +261,6 @@ def _setup(model, gpus_per_node, space, system, cli):
     """The base parameters (one value each, validated) and the search space with the
     dimensions given in ``system`` merged in."""
     from perfsim import params as params_mod
-    from perfsim.search_space import is_dimension
 
     unknown = sorted(k for k in system if k.replace("-", "_") not in params_mod.BY_NAME)
     if unknown:
@@ -320,7 +319,6 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs "
                           "(with the given tp/pp/dp/micro_batch) divides it")
-    from perfsim.params import BY_NAME
 
     for name, values in space.values.items():  # a given value no configuration can use
         d = BY_NAME[name]

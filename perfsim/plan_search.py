@@ -20,11 +20,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from perfsim.batch import BACKENDS, BatchRunner  # noqa: F401 (BACKENDS: perfsim.plan checks it)
+from perfsim.batch import BatchRunner
 from perfsim.errors import ConfigError
+from perfsim.schedules import PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES
 
 
 def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
@@ -85,8 +87,6 @@ def compute_bound(pl, schedule: str) -> float:
     micro-batch 0's forward and its last micro-batch m-1's backward) the pipeline fill
     and drain around the busiest stage: ``max_s sum_{k<s} F_k + m W_s + sum_{k<s} B_k``
     (GPipe: Huang et al. arXiv:1811.06965; 1F1B: Narayanan et al. arXiv:2104.04473)."""
-    from perfsim.schedules import PLAIN_SCHEDULES
-
     fwd = [st.fwd_s + st.fwd_tp_s for st in pl.stages]
     bwd = [st.bwd_s + st.bwd_tp_s for st in pl.stages]
     work = [f + b for f, b in zip(fwd, bwd)]
@@ -155,7 +155,6 @@ def nic_bound(pl, strategy, system) -> float:
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
     if not system.bandwidth_bps:
         return 0.0
-    from collections import Counter
 
     gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
     out: dict[int, float] = {}
@@ -242,8 +241,6 @@ def group_key(params: dict[str, Any]) -> tuple:
 
 
 def family_key(params: dict[str, Any]) -> tuple:
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-
     chunks = params.get("schedule") if params.get("schedule") in VIRTUAL_STAGE_SCHEDULES + ("zb-v",) else None
     return (chunks,) + tuple(sorted((k, v) for k, v in params.items()
                                     if k not in COMPRESSION_KEYS and k not in FAMILY_KEYS))

@@ -19,8 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
-
-from perfsim import outputs
+from perfsim.errors import ConfigError
 
 #: configuration columns, in order (CSV contract of `perfsim predict`)
 CONFIG_COLUMNS = [
@@ -68,8 +67,6 @@ class Result:
                   "microbatches": (self.microbatches, MICROBATCH_COLUMNS),
                   "links": (self.links, LINK_COLUMNS)}
         if table not in tables:
-            from perfsim.errors import ConfigError
-
             raise ConfigError(f"table {table!r}: choose from {', '.join(tables)}")
         rows, columns = tables[table]
         df = pd.DataFrame(rows)
@@ -97,14 +94,22 @@ class Result:
 
     def write_trace(self, path: str | os.PathLike) -> None:
         """Write the timeline as a Chrome/Perfetto trace (opens in ui.perfetto.dev)."""
-        outputs.write_text(path, self.trace_text())
+        atomic_write_text(path, self.trace_text())
 
     def trace_text(self) -> str:
         """The timeline as Chrome/Perfetto trace JSON (what :meth:`write_trace` writes)."""
         return json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ms"})
 
 
-#: the old names of :func:`perfsim.outputs.write_text` / :func:`~perfsim.outputs.write_bytes`
-#: (the one atomic writer), kept for the callers that still use them
-atomic_write_text = outputs.write_text
-atomic_write_bytes = outputs.write_bytes
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`, the one writer)."""
+    from perfsim.outputs import write_text  # not at CLI start-up: a Result is built without writing
+
+    write_text(path, text)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Binary twin of :func:`atomic_write_text`."""
+    from perfsim.outputs import write_bytes  # as above
+
+    write_bytes(path, data)

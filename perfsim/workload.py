@@ -44,8 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
+from perfsim.hardware import GPUS, check_precision
 from perfsim.models.specs import MODEL_SPECS, LayerSpec, check_layer_count, get_model_spec
+from perfsim.models.tensor_parallel import check_tp
+from perfsim.models.transformer import TRANSFORMER_PRESETS, padded_vocab, resolve_transformer
 
 # --------------------------------------------------------------------- presets
 
@@ -115,8 +119,6 @@ SIZE_PRESETS: dict[str, tuple[Any, int]] = {
 
 
 def preset_names() -> list[str]:
-    from perfsim.models.transformer import TRANSFORMER_PRESETS
-
     return list(MODEL_SPECS) + [n for n in TRANSFORMER_PRESETS] + [n for n in SIZE_PRESETS
                                                                   if n not in TRANSFORMER_PRESETS]
 
@@ -145,8 +147,6 @@ def get_model(name: str, seq_len: int | None = None) -> Model:
     """A model by preset name (GPT-2 family, GPT-3, LLaMA-2, BERT; size-only presets),
     inline spec (``gpt:layers=..``) or Hugging Face ``config.json`` path; ``seq_len``
     overrides a transformer's sequence length."""
-    from perfsim.models.transformer import resolve_transformer
-
     arch = resolve_transformer(str(name), seq_len)
     if arch is not None:
         return Model(arch.name, tuple(arch.layers()), arch.tokens_per_sample, arch=arch)
@@ -167,8 +167,6 @@ _LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"
 
 def load_workload_file(path: str | Path) -> Model:
     """Read a TOML or JSON workload file (format in the module docstring)."""
-    from perfsim.documents import read_document
-
     p = Path(path)
     where = f"workload {str(p)!r}"
     data = read_document(p, "workload", kind="json" if p.suffix.lower() == ".json" else "toml")
@@ -253,8 +251,6 @@ def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, prec
 def _profile_gpu(profile):
     """The GPU preset a profile was measured on, if its ``device_name`` (``NVIDIA H200``;
     ``perfsim calibrate`` writes it) or ``device`` names one."""
-    from perfsim.hardware import GPUS
-
     meta = getattr(profile, "metadata", None) or {}
     dev = str(meta.get("device_name") or meta.get("device", "")).lower().replace(" ", "-")
     best = None
@@ -290,7 +286,6 @@ def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool,
     keeps them (:mod:`perfsim.runtime.tensor_parallel`). None when the profile
     lacks a record of some layer (the caller then needs a GPU preset)."""
     from perfsim.engine.compute import tp_measured_split
-    from perfsim.models.tensor_parallel import check_tp
 
     times = [(_measured(profile, model, layer.name, micro_batch, "fwd", "fp32"),
               _measured(profile, model, layer.name, micro_batch, "bwd", "fp32")) for layer in model.layers]
@@ -358,8 +353,6 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     modelled = None
     source = "profile"
     if gpu is not None:
-        from perfsim.hardware import check_precision
-
         check_precision(gpu, precision)
         curve, source = compute.curve_for(gpu, host_overhead_s)
         rates = compute.measured_rates(profile, precision)
@@ -368,10 +361,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
                       f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
                       f"from the curve ({source})")
         if model.arch is not None:
-            from perfsim.models.tensor_parallel import check_tp
-
             check_tp(model.arch, tp)
-            from perfsim.models.transformer import padded_vocab
 
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,

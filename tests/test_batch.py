@@ -2,6 +2,8 @@
 
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +24,29 @@ def test_in_process_and_pool_give_the_same_results_in_order():
         here = serial.map(_square_all, batches, 1)
     assert [r for r, _ in here] == [[2, 5], [10], [17, 26, 37]]
     assert {pid for _, pid in here} == {os.getpid()}
-    if batch.fork_context() is None:
-        pytest.skip("torch is loaded in this test process: the runner stays in-process")
-    with BatchRunner(2) as pool:
-        assert pool.parallel
-        there = pool.map(_square_all, batches, 1)
-        done = sorted(r for r, _ in pool.as_completed(_square_all, batches, 1))
-    assert [r for r, _ in there] == [r for r, _ in here]  # map keeps the order
-    assert done == sorted(r for r, _ in here)  # as_completed: every batch once
-    assert os.getpid() not in {pid for _, pid in there}  # the work ran in the workers
+
+
+def test_pool_gives_the_in_process_results():
+    """In a fresh interpreter (no torch loaded, so the runner forks): map keeps the order,
+    as_completed yields every batch once, and the work runs in the workers."""
+    code = """
+import os, sys
+sys.path.insert(0, {tests!r})
+from test_batch import _square_all
+from perfsim.batch import BatchRunner
+batches = [[1, 2], [3], [4, 5, 6]]
+with BatchRunner(2) as pool:
+    assert pool.parallel
+    there = pool.map(_square_all, batches, 1)
+    done = sorted(r for r, _ in pool.as_completed(_square_all, batches, 1))
+assert [r for r, _ in there] == [[2, 5], [10], [17, 26, 37]], there
+assert done == sorted([[2, 5], [10], [17, 26, 37]]), done
+assert os.getpid() not in {{pid for _, pid in there}}
+assert "torch" not in sys.modules
+print("ok")
+""".format(tests=str(Path(__file__).parent))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
 
 
 def test_bad_settings_are_one_line():

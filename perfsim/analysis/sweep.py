@@ -54,9 +54,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from perfsim import outputs, params
+from perfsim.api import input_files
 from perfsim.batch import BatchRunner, fork_context
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
+from perfsim.provenance import stale_notes, stale_reasons
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
+from perfsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +128,6 @@ def config_id(params: Mapping[str, Any]) -> str:
 
 def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
     """Read a TOML sweep file (see the module docstring)."""
-    from perfsim.documents import read_document
-
     path = Path(path)
     data = read_document(path, "sweep file", kind="toml")
     if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
@@ -182,7 +184,6 @@ def _describe(params: Mapping[str, Any]) -> str:
     parts = []
     for k, v in params.items():
         if k == "bandwidth":
-            from perfsim.units import format_bandwidth
             v = format_bandwidth(v)
         parts.append(f"{k}={v}")
     return " ".join(parts)
@@ -395,7 +396,6 @@ def input_key(params: Mapping[str, Any]) -> str:
     """The key a finished configuration is stored under beside its ``config_id``:
     perfsim's version and the content of every file a prediction of ``params``
     reads (:func:`perfsim.api.input_files`, :func:`perfsim.provenance.input_key`)."""
-    from perfsim.api import input_files
     from perfsim.provenance import input_key as key
 
     return key(input_files(**params))
@@ -411,8 +411,6 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
     stored row whose inputs changed is recomputed, with one warning per reason. Rows
     of another grid are never dropped silently: ConfigError (give another --out, or
     --overwrite to replace them)."""
-    from perfsim.provenance import stale_notes, stale_reasons
-
     stored: dict[str, dict] = {}
     for source, recs in (("its table", _records_from_table(out)),
                          (f"its interrupted sweep ({part.name})", _read_part(part))):
@@ -438,8 +436,6 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
 
 def _given_files(params: Mapping[str, Any]) -> dict[str, Any]:
     """The input files by role as the user named them (for notes; the default profile by its path)."""
-    from perfsim.api import input_files
-
     return {role: params[role] if isinstance(params.get(role), str) else path
             for role, path in input_files(**params).items()}
 

@@ -18,11 +18,13 @@ from typing import Any, Sequence
 
 from perfsim import outputs
 from perfsim.errors import ConfigError
+from perfsim.outputs import check_dir_target, locked_dir
+from perfsim.runtime.config import RunConfig
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+from perfsim.units import split_list
 
 
 def _names(value: str | Sequence[Any]) -> tuple[str, ...]:
-    from perfsim.units import split_list
-
     return tuple(split_list(value)) if isinstance(value, str) else tuple(str(v) for v in value)
 
 
@@ -97,10 +99,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     """
     from perfsim.analysis import validate as v
     from perfsim.models.specs import get_model_spec
-    from perfsim.outputs import check_dir_target, locked_dir
-    from perfsim.runtime.config import RunConfig
     from perfsim.runtime.tensor_parallel import check_tp
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),

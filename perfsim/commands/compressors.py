@@ -12,8 +12,8 @@ optimizers; ``pipeline`` rows are ``--compress`` values
 (:data:`perfsim.compression.spec.PIPELINE_EXAMPLES`; sizes of the forward
 direction). Each ``spec`` is the canonical text
 (:class:`perfsim.compression.spec.Spec`); sizes are asked from the compressor
-objects, never computed here. Columns: :data:`COLUMNS` (ratios relative to the
-fp32 bytes). The rows are built below the commands
+objects, never computed here. Columns: :data:`perfsim.compression.catalog.COLUMNS`
+(ratios relative to the fp32 bytes). The rows are built below the commands
 (:func:`perfsim.compression.catalog.rows`, also behind ``perfsim.compressors()``);
 this command only formats them.
 """
@@ -26,7 +26,6 @@ import sys
 
 from perfsim import outputs
 from perfsim.commands import add_out
-from perfsim.compression.catalog import COLUMNS, rows
 from perfsim.errors import ConfigError
 
 HELP = "list the compression specs predict and run accept, with syntax and exact wire bytes"
@@ -68,6 +67,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def run(args) -> int:
+    from perfsim.compression.catalog import rows  # compression/spec.py: ~10 ms, not at CLI start-up
+
     fmt = outputs.output_format(args.out, args.format, allowed=FORMATS, flag="--out")  # before any work
     out = None if outputs.is_stdio(args.out) else args.out  # -o -: standard output
     if out:
@@ -79,7 +80,10 @@ def run(args) -> int:
 
 
 def render(table: list[dict], shape, world_size: int, fmt: str, to_file: bool = False) -> str:
-    """The rows of :func:`rows` as ``fmt`` text (``table``: a rich table, plain on a file)."""
+    """The rows of :func:`perfsim.compression.catalog.rows` as ``fmt`` text (``table``: a rich
+    table, plain on a file)."""
+    from perfsim.compression.catalog import COLUMNS  # as in run: not at CLI start-up
+
     if fmt == "json":
         return outputs.json_text(table)
     if fmt == "csv":

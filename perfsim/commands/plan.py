@@ -21,7 +21,7 @@ import sys
 
 from perfsim import outputs, params
 from perfsim.emit import EMIT_KINDS, check_emit, emit
-from perfsim.progress import Progress, every_s
+from perfsim.plan import pareto_front
 from perfsim.units import format_time
 
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
@@ -108,7 +108,6 @@ def _plot(result, path: str) -> None:
     import matplotlib.pyplot as plt
 
     from perfsim.analysis.plots import save_figure
-    from perfsim.plan import pareto_front
 
     pts, labels = [], []
     for c in result.all_evaluated:
@@ -135,6 +134,7 @@ def _plot(result, path: str) -> None:
 
 def run(args) -> int:
     from perfsim.plan import plan  # the simulator: loaded only when the command runs
+    from perfsim.progress import Progress, every_s  # not at CLI start-up (perfsim --help)
 
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
         args.output = None

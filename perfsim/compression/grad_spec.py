@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsim.compression.spec import OPTIMIZERS as ONEBIT_OPTIMIZERS
-from perfsim.compression.spec import check_warmup, optimizer_options
+from perfsim.compression.spec import check_warmup, optimizer_options, parse_spec
 from perfsim.errors import ConfigError
 
 __all__ = ["DEFAULT_WARMUP", "ONEBIT_OPTIMIZERS", "WARMUP_FRACTION", "GradSpec", "parse_grad_spec", "warmup_steps"]
@@ -94,7 +94,6 @@ def parse_grad_spec(spec: str) -> GradSpec:
     if isinstance(spec, GradSpec):
         return spec
     from perfsim.compression import make_compressor
-    from perfsim.compression.spec import parse_spec
 
     parsed = parse_spec(spec, "grad")  # the one grammar predict uses too
     text, name, args = parsed.text, parsed.name, parsed.args

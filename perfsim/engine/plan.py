@@ -25,14 +25,21 @@ DeepSpeed do with fp16/bf16 tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from perfsim.boundaries import parse_boundary_compress
+from perfsim.collectives import tensor_call
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
+from perfsim.compression.grad_spec import parse_grad_spec, warmup_steps
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.hardware import BYTES_PER_VALUE, value_precision
+from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
+from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -173,8 +180,6 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    from perfsim.hardware import value_precision
-
     values = value_precision(strategy.precision)  # fp8 training sends bf16 values
     half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
@@ -194,10 +199,6 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it)."""
-    from perfsim.collectives import tensor_call
-    from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
-    from perfsim.network import collective_cost
-
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -237,9 +238,6 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
     all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
     group's; with full recomputation the forward's run again in the backward."""
-    from perfsim.models.moe import Routing, ep_alltoall_bytes
-    from perfsim.network import collective_cost
-
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
@@ -264,24 +262,19 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
     when the profile has none for this precision; ``host_overhead_s``: the host time
     per operator that replaces the GPU curve's (``System.host_overhead_s``)."""
-    from dataclasses import replace
-
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
-    from perfsim.hardware import value_precision
 
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
-    from perfsim.boundaries import parse_boundary_compress
 
     per_boundary = parse_boundary_compress(strategy.boundary_compress)
     pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
-    from perfsim.compression.grad_spec import parse_grad_spec
 
     gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
     onebit = gspec.kind == "optimizer"
@@ -316,8 +309,6 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
-            from perfsim.models.moe import expert_params_per_rank
-
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -392,8 +383,6 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
-        from perfsim.compression.grad_spec import warmup_steps
-
         warm_steps = warmup_steps(grad_spec)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
@@ -608,8 +597,6 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
     (``perfsim calibrate --emulate-ops ...,interference``) win: those of the rate nearest
     ``link_bps`` in log scale; else the loopback pair (before, a profile with both used
     whichever came last)."""
-    import math
-
     if profile is None:
         return 0.0
     pairs: dict[float | None, dict[str, float]] = {}

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfsim import outputs
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
 
 FORMAT = "perfsim-profile"
@@ -277,8 +278,6 @@ class ProfileFile:
     @classmethod
     def load(cls, path: str | os.PathLike):
         """Read and validate a profile file; ``ConfigError`` naming the file on any problem."""
-        from perfsim.documents import read_document
-
         p = Path(path)
         prof = cls.from_dict(read_document(p, "profile", kind="json"), where=f"profile {str(p)!r}")
         prof.path = str(p)
