@@ -254,123 +254,7 @@ def sweep(
 ) -> SweepTable:
     """Predict every combination of the given values (``perfsim sweep``).
 
-    Each predict parameter takes one value, a list or a comma-list string; the
-    others keep predict's defaults. Returns a :class:`~perfsim.analysis.sweep.SweepTable`:
-    ``.to_frame()`` (one row per configuration, predict's summary columns +
-    ``config_id``), ``.stages``, ``.errors``.
-
-    out: write the table (.csv/.parquet; "-": CSV on stdout) and resume from it on a re-run:
-        a stored row is reused only while its inputs (column ``input_key``: perfsim's
-        version, the SHA-256 of every input file) are unchanged, else recomputed with a
-        warning; rows of another grid in ``out`` are refused (``resume=False`` replaces them).
-    jobs: worker processes (default: in-process for small grids, a pool above
-        :data:`perfsim.analysis.sweep.POOL_THRESHOLD` configurations).
-    skip_invalid: record configurations predict rejects instead of stopping.
-    predict: the function to call per configuration (default :func:`perfsim.predict`).
-
-    Grid parameters:
-        model (str, default 'gpt2-xl'):
-            model: a preset (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), an inline transformer gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json
-        seq_len (int | None):
-            sequence length of a transformer model (default: the preset's)
-        workload (str | os.PathLike | None):
-            workload file (TOML/JSON, docs/formats.md) instead of a preset, or a packaged example name (example-workload)
-        profile (str | os.PathLike | Profile | None):
-            calibration profile: a file, or a name: default-v100 (shipped), traces/NAME.json of a source checkout; default: the AQ-SGD paper's V100 profile
-        topology (str | os.PathLike | None):
-            heterogeneous topology file (JSON/TOML/CSV, docs/formats.md) or a packaged example name (example-geo); replaces bandwidth and latency (a node's NIC defaults to its fastest link)
-        gpus_per_node (int, default 1):
-            devices per node
-        gpu (str | None):
-            GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): compute from its operator model, memory checked against its capacity; switches the defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)
-        intra_node_bandwidth (str | float, default '300GB/s'):
-            intra-node link rate (bits/s, or units such as 300GB/s)
-        intra_node_fabric (str | None):
-            intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
-        nic (str | Nic | None):
-            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
-        collective_algo (str, default 'auto'):
-            allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
-        link_model (str, default 'auto'):
-            auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
-        host_overhead (str | float | None):
-            host time per GPU operator (framework, autograd, launch), replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager PyTorch on an H200 host (docs/gpu.md); needs gpu
-        comm_slowdown (float | None):
-            compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
-        nic_sharing (bool, default True):
-            share NICs fairly between concurrent flows; false gives every flow the full link (a lower bound)
-        link_burst (str | int, default '0B'):
-            token-bucket depth of each link in bytes: bytes that leave at once after idling (Linux tbf burst), e.g. 50KB; 0 = fixed-rate link
-        p2p_protocol (str, default 'eager'):
-            eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
-        p2p_control_latency (str | float | None):
-            one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
-        dataset_samples (int, default 2359):
-            training samples per epoch
-        schedule (str | None):
-            pipeline schedule; default gpipe, 1f1b with a gpu preset (one of perfsim.schedules.SCHEDULES)
-        virtual_stages (int | None):
-            model chunks per device of interleaved-1f1b (default 2; the other schedules run their own: zb-v 2, the rest 1)
-        tp (int, default 1):
-            tensor-parallel degree (Megatron-LM)
-        sequence_parallel (bool, default False):
-            Megatron sequence parallelism (reduce-scatter / all-gather instead of all-reduce; needs tp > 1)
-        placement (str | None):
-            rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp (default with a gpu preset)
-        precision (str, default 'fp32'):
-            training precision (mixed precision for bf16/fp16; fp8: Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only) (one of perfsim.hardware.PRECISIONS)
-        recompute (str, default 'none'):
-            activation recomputation (one of perfsim.config.RECOMPUTE)
-        attention (str, default 'megatron'):
-            attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored) (one of perfsim.config.ATTENTION)
-        moe_capacity_factor (float | None):
-            expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
-        ep (int, default 1):
-            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and, for now, equal dp
-        moe_imbalance (float, default 1.0):
-            with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
-        zero (int, default 0):
-            ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.config.ZERO_STAGES)
-        reshard_after_forward (bool, default True):
-            ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
-        cross_entropy (str, default 'fused'):
-            the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
-        pp (int, default 8):
-            pipeline-parallel degree (stages)
-        dp (int, default 1):
-            data-parallel degree (pipeline replicas)
-        partition (str | Sequence[int] | None):
-            layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced (by compute) or uniform (Megatron: equal blocks, embedding first, head last); default balanced, uniform with a gpu preset
-        bucket_size (str | int, default '25MiB'):
-            gradient bucket size in bytes of fp32 gradients (e.g. 25MiB)
-        overlap (bool | None):
-            start each bucket's gradient sync during the backward pass; default on, off with a gpu preset (Megatron-LM reduces gradients after the backward unless given --overlap-grad-reduce)
-        grad_buffer (str | None):
-            where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
-        tied_embedding (str | None):
-            a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.config.TIED_EMBEDDINGS)
-        micro_batch (int, default 1):
-            samples per micro-batch
-        macro_batch (int | None):
-            samples per macro-batch (one optimizer step of one replica); default 32, or global_batch / dp
-        global_batch (int | None):
-            samples per optimizer step over all replicas (= dp x micro_batch x accumulation steps; sets macro_batch)
-        epochs (int, default 1):
-            epochs for the end-to-end time
-        latency (str | float, default '0s'):
-            one-way inter-node latency (seconds, or 5ms)
-        grad_compress (str, default 'none'):
-            data-parallel gradient compression (`perfsim compressors`), e.g. none, qsgd-maxnorm:4
-        compress (str, default 'fp32'):
-            pipeline compression (`perfsim compressors`), e.g. fp32, directq:fw4bw8, aqsgd:fw3bw6
-        boundary_compress (str | Mapping[int, str] | None):
-            pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows stage k; the others use compress), e.g. 1=aqsgd:fw2bw4 for fewer bits on a slow hop (perfsim.boundaries)
-        device_order (str | Sequence[int] | None):
-            GPU that runs each logical GPU index along the placement order, a permutation such as 0,2,1,3: which node runs which stage on a topology (default: the identity)
-        allow_oom (bool, default False):
-            predict a configuration that does not fit in memory
-        bandwidth (str | float, default '10Gbps'):
-            inter-node link rate: each node's NIC has this rate, shared by its GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)
+    The whole text: ``help(perfsim.sweep)``.
     """
     ...
 
@@ -396,22 +280,7 @@ def plan(
 ) -> PlanResult:
     """Search the configurations of ``model`` on ``nodes x gpus_per_node`` GPUs.
 
-    ``system`` takes every parameter of :func:`perfsim.api.predict` (``bandwidth``,
-    ``latency``, ``topology``, ``profile``, ``gpu``, ``seq_len``, ...): one value each,
-    except the search dimensions (``tp``, ``zero``, ``attention``, ``recompute``, ...,
-    :mod:`perfsim.search_space`), which take a value (pinned) or a list (searched) in
-    place of their defaults -- as does ``space``. Bad input (a value predict would
-    refuse, an infeasible cluster, an empty search) raises :class:`ConfigError` before
-    any search. ``convergence`` names measured curves (a bundled model or a JSON file,
-    :mod:`perfsim.convergence`); by default those of ``model`` if shipped. ``jobs``
-    worker processes simulate in parallel: a local process pool (``backend="process"``)
-    or Dask (``backend="dask"``, the optional extra ``perfsim[dask]``;
-    ``dask_scheduler`` the address of a ``dask.distributed`` cluster). ``progress(n)``
-    is called as ``n`` more candidates are decided, after ``total(N)`` (if given).
-
-    Returns a :class:`perfsim.plan.PlanResult`: ``.to_frame()`` (one row per ranked
-    configuration), ``.explanation``. The module is :mod:`perfsim.plan` (import its
-    names with ``from perfsim.plan import ...``).
+    The whole text: ``help(perfsim.plan)``.
     """
     ...
 
@@ -473,6 +342,8 @@ def memory_report(
     """Does a job fit: the peak memory per GPU of the job (``perfsim predict``'s keywords)
     and of each single change that lowers it, with a combination that fits where no single
     one does (:class:`perfsim.analysis.memory_fit.MemoryReport`; ``perfsim memory``).
+
+    The whole text: ``help(perfsim.memory_report)``.
     """
     ...
 
@@ -514,13 +385,7 @@ def run(
 ) -> Result | None:
     """Train for real with torch.distributed and measure it (``perfsim run``).
 
-    The keywords are ``perfsim run``'s flags (see the signature; the fields of
-    :class:`perfsim.runtime.config.RunConfig`): ``emulate_bandwidth`` in bits/s or
-    ``"100Mbps"`` (needs root: network namespaces + tc), ``emulate_latency`` and
-    ``timeout`` in seconds or ``"5ms"``; ``progress`` is called with
-    ``{"step", "steps", "loss"}`` after each step. Returns the measured
-    :class:`~perfsim.result.Result` (the schema of :func:`predict`); under torchrun,
-    None on ranks other than 0.
+    The whole text: ``help(perfsim.run)``.
     """
     ...
 
@@ -556,29 +421,7 @@ def validate(
 ) -> DataFrame:
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 
-    profile: a profile calibrated on this machine (``perfsim calibrate``).
-    model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel,
-      tied_embedding, zero: ``perfsim run``'s flags, shared by every row.
-    tp, schedule, compress, grad_compress, bandwidths: the grid's axes (a sequence
-      or a comma string; bandwidths in bits/s or ``"100Mbps"``, None or ``none`` =
-      loopback, no emulation: emulated rates need root).
-    latency: one-way latency of the emulated links (seconds or ``"5ms"``).
-    link_model: ``profile`` (the link calibrated at that rate) or ``nominal``.
-    steps, seed, repeats (the fastest counts), dataset_limit (default: 4 steps'
-      worth, so AQ-SGD's uncompressed first epoch ends early), reuse_measured
-      (re-predict the measurements stored in ``out``): see
-      :class:`perfsim.analysis.validate.ValidationPlan`.
-    out: folder of the runs and the tables (default :func:`default_out`).
-    plot: also draw ``validation.png``; progress: a bar or stage lines on stderr.
-    drift_check: after runs made now, time the model's layers again as the profile's
-      calibration did and compare (:func:`perfsim.calibrate.compare.drift_check`; the
-      ratios go to ``summary["profile_drift"]``, a sentence to ``attrs["drift"]``): a
-      shared machine drifts, and a profile that no longer describes it explains errors.
-
-    Returns the comparison (a DataFrame: predicted, measured and error columns);
-    its ``attrs`` hold ``summary`` (what ``summary.json`` holds), the paths ``csv``
-    and ``png`` (None without a plot).
-    Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
+    The whole text: ``help(perfsim.validate)``.
     """
     ...
 
@@ -612,20 +455,7 @@ def calibrate(
 ) -> Profile:
     """Measure this machine and write a profile for :func:`perfsim.predict` (``perfsim calibrate``).
 
-    ``out``: the profile file to write. The other keywords are ``perfsim calibrate``'s
-    flags (:func:`plan_calibration`; lists as comma strings or sequences): ``model``,
-    ``micro_batch``, ``dtype``, ``stages``, ``stage_microbatches``, ``stage_schedule``,
-    ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
-    ``emulate_bandwidth`` (needs root), ``emulate_latency``, ``emulate_ops``, ``ranks``,
-    ``concurrent``, ``device``, ``repeats``, ``quick``, ``statistic`` (``median`` or
-    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr. Returns the
-    written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
-    flag on bad input, before anything is measured.
-    The keywords, their defaults and checks: :func:`perfsim.calibrate.calibration.plan_calibration`.
-    Example::
-
-        profile = perfsim.calibrate("traces/mybox.json", model="gpt2-tiny", quick=True)
-        perfsim.predict(model="gpt2-tiny", pp=2, profile="traces/mybox.json")
+    The whole text: ``help(perfsim.calibrate)``.
     """
     ...
 
@@ -634,6 +464,8 @@ def load_profile(
     spec: str | Profile | None = None,
 ) -> Profile:
     """A calibration profile from a file, a shipped name (``default-v100``) or None (the default).
+
+    The whole text: ``help(perfsim.load_profile)``.
     """
     ...
 
@@ -643,5 +475,7 @@ def compressors(
 ) -> DataFrame:
     """Every accepted compressor spec with its wire bytes for ``shape`` (a DataFrame;
     columns as ``perfsim compressors --format csv``).
+
+    The whole text: ``help(perfsim.compressors)``.
     """
     ...

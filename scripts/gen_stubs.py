@@ -4,7 +4,8 @@ and defaults, for IDEs and type checkers (issue 38).
 ``perfsim.predict``, ``perfsim.sweep`` and ``perfsim.memory_report`` take ``**params``
 at run time and get their signatures from :data:`perfsim.params.PARAMS`
 (:func:`perfsim.params.signature`), which static tools cannot see; the stub spells
-them out, with each function's docstring (predict's carries the parameter table).
+them out; predict's docstring (the parameter table, built at run time) is copied
+whole, the others' first paragraph.
 The other functions' signatures are read the same way, from the objects
 ``import perfsim`` builds, so the stub is what ``inspect.signature`` says.
 
@@ -98,6 +99,8 @@ def _function(name: str, func) -> str:
     ret = RETURNS.get(name) or _annotation(sig.return_annotation)
     head = f"def {name}(\n" + "".join(f"    {p},\n" for p in parts) + f") -> {ret}:"
     doc = inspect.cleandoc(func.__doc__ or "").replace('"""', "'''").replace("\\", "\\\\")
+    if name != "predict":  # its first paragraph; the whole text is the function's own (help(perfsim.X))
+        doc = doc.split("\n\n")[0] + f"\n\nThe whole text: ``help(perfsim.{name})``."
     if not doc:
         return head + " ...\n"
     body = "\n".join(f"    {ln}" if ln else "" for ln in doc.splitlines())
