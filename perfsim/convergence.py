@@ -25,6 +25,16 @@ plan says that too.
 is assumed to multiply the two ratios (the errors of the two compressors enter
 different tensors: activations and gradients) -- an assumption the plan prints.
 
+Curves from your own runs: ``plan --convergence`` also takes ``perfsim run`` output
+folders (a comma list, or one folder holding them): each run's ``result.json`` gives its
+job and its loss per step (:func:`convergence_from_runs`). A run that compresses the
+gradients is a ``gradient`` curve, one that compresses the pipeline a ``pipeline`` curve,
+an uncompressed run the reference of its part (``pipeline`` with ``pp > 1``, else
+``gradient``); runs of one spec with several seeds are paired with the reference by seed.
+The runs must be one job apart from the compressor (model, learning rate, optimizer,
+micro- and macro-batch): comparing steps of different jobs would not be a steps ratio.
+Published curves go in the JSON format above (``source`` names the paper and figure).
+
 The target loss defaults to the loss the uncompressed run reaches at half of its
 measured budget, so a method may need up to twice the steps and still be ranked.
 Losses are smoothed by a trailing mean of ``smoothing`` steps before comparison.
@@ -190,9 +200,76 @@ def parse_convergence(data: Mapping, where: str) -> Convergence:
                        tables["gradient"], where)
 
 
+#: what the runs behind one set of curves must share (perfsim run's summary names)
+SAME_JOB = ("model", "lr", "optimizer", "micro_batch", "macro_batch", "dataset_limit")
+
+
+def _run_folders(name: str) -> list[Path] | None:
+    """The ``perfsim run`` folders ``name`` names (a comma list of folders, or one folder
+    holding them), or None when ``name`` names none."""
+    parts = [Path(p) for p in name.split(",") if p]
+    if len(parts) == 1 and parts[0].is_dir() and not (parts[0] / "result.json").exists():
+        parts = sorted(p for p in parts[0].iterdir() if (p / "result.json").exists())
+        return parts or None
+    if len(parts) > 1 or (parts and parts[0].is_dir()):
+        return parts
+    return None
+
+
+def convergence_from_runs(folders: Sequence[str | Path], smoothing: int = 10) -> Convergence:
+    """Curves from ``perfsim run`` output folders (see the module docstring)."""
+    runs = []
+    for folder in map(Path, folders):
+        try:
+            data = json.loads((folder / "result.json").read_text())
+            summary, losses = data["summary"], data.get("losses") or []
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"convergence run {str(folder)!r}: not a perfsim run folder ({exc})") from None
+        if not losses:
+            raise ConfigError(f"convergence run {str(folder)!r}: no losses recorded")
+        runs.append((folder, summary, [[int(d["step"]), float(d["loss"])] for d in losses]))
+    if not runs:
+        raise ConfigError("convergence: no perfsim run folders given")
+    first_folder, first, _ = runs[0]
+    for folder, summary, _ in runs[1:]:
+        for key in SAME_JOB:  # a key an older run folder lacks is not compared
+            if key in summary and key in first and summary[key] != first[key]:
+                raise ConfigError(f"convergence run {str(folder)!r}: {key}={summary.get(key)!r} but "
+                                  f"{str(first_folder)!r} has {first.get(key)!r} (curves must come from one job "
+                                  "that differs only in its compressor)")
+    tables: dict[str, dict[str, dict[int, list]]] = {"pipeline": {}, "gradient": {}}
+    for folder, summary, curve in runs:
+        comp, grad = str(summary.get("compress", "fp32")), str(summary.get("grad_compress", "none"))
+        if grad != "none" and comp != "fp32":
+            raise ConfigError(f"convergence run {str(folder)!r}: compresses both the pipeline ({comp}) and the "
+                              f"gradients ({grad}); give runs that compress one (the plan multiplies the parts)")
+        if grad != "none":
+            part, spec = "gradient", grad
+        elif comp != "fp32":
+            part, spec = "pipeline", comp
+        else:
+            part, spec = ("pipeline", "fp32") if int(summary.get("pp", 1)) > 1 else ("gradient", "none")
+        seed = int(summary.get("seed", 0))
+        if seed in tables[part].setdefault(spec, {}):
+            raise ConfigError(f"convergence run {str(folder)!r}: a second {part} run of {spec} with seed {seed}")
+        tables[part][spec][seed] = curve
+    data: dict = {"model": str(first.get("model", "")), "smoothing": smoothing}
+    for part, ref in (("pipeline", "fp32"), ("gradient", "none")):
+        seeds = sorted(tables[part].get(ref, {}))
+        for spec, by_seed in tables[part].items():
+            if seeds and sorted(by_seed) != seeds:
+                raise ConfigError(f"convergence runs: {part} {spec} has seeds {sorted(by_seed)}, its uncompressed "
+                                  f"reference {ref} has {seeds} (seed i is compared with seed i)")
+        data[part] = {spec: [by_seed[s] for s in sorted(by_seed)] for spec, by_seed in tables[part].items()}
+    data["source"] = f"perfsim run folders: {', '.join(str(f) for f, _, _ in runs)}"
+    return parse_convergence(data, ",".join(str(f) for f, _, _ in runs))
+
+
 def load_convergence(name: str | None, model: str) -> Convergence | None:
-    """Curves from a file path, a bundled model name, or (``name=None``) the bundled
-    curves of ``model`` if any."""
+    """Curves from a file path, ``perfsim run`` folders, a bundled model name, or
+    (``name=None``) the bundled curves of ``model`` if any."""
+    if name is not None and (folders := _run_folders(name)) is not None:
+        return convergence_from_runs(folders)
     if name is None:
         path = _BUNDLED / f"{model}.json"
         if not path.exists():

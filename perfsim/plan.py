@@ -40,7 +40,7 @@ from perfsim.params import BY_NAME, DEFAULTS
 from perfsim.search_space import is_dimension
 
 #: relative error band of a prediction: whole training steps are predicted within
-#: 1.5-5.7 % on the H200 (README "GPU compute", docs/gpu.md); two scores closer than
+#: 1.5-5.7 % on the H200 (docs/gpu.md); two scores closer than
 #: this are a tie, and a tie goes to the lossless choice
 TIE_BAND = 0.05
 

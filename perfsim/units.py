@@ -2,7 +2,7 @@
 seconds, bytes. Strings such as ``"100Mbps"``, ``"5ms"`` or ``"64MB"`` are parsed
 once, here, and never again.
 
-The convention (README, "Units"):
+The convention (docs/usage.md, "Units"):
   * ``b`` is a bit, ``B`` a byte -- the case of the ``b`` decides, always.
   * Prefixes are decimal SI (k = 1e3, M = 1e6, G = 1e9, T = 1e12), written in
     either case (``100mb/s`` = ``100Mb/s``; there is no milli-bit). Sizes also

@@ -59,10 +59,12 @@ def main() -> int:
             data[args.only] = {}
     if args.seeds < 1:
         ap.error("--seeds: at least 1")
-    common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr,
+    # the job pinned flag by flag (not left to run's defaults, which may change)
+    common = ["--model", args.model, "--steps", str(args.steps), "--lr", args.lr, "--optimizer", "adamw",
+              "--micro-batch", "8", "--macro-batch", "32",
               "--no-progress", "--hang-timeout", args.hang_timeout, "--timeout", args.hang_timeout]
     with tempfile.TemporaryDirectory() as tmp:
-        jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--compress", c]) for c in PIPELINE_COMPRESSION]
+        jobs = [("pipeline", c, ["--pp", "2", "--dp", "1", "--schedule", "1f1b", "--compress", c]) for c in PIPELINE_COMPRESSION]
         jobs += [("gradient", g, ["--pp", "1", "--dp", "2", "--grad-compress", g]) for g in GRADIENT_COMPRESSION]
         for part, spec, flags in jobs:
             if (args.only and part != args.only) or (specs and spec not in specs):
@@ -82,7 +84,8 @@ def main() -> int:
             if len(curves) == args.seeds:  # every seed or none: seeds pair with the reference's
                 data[part][spec] = curves[0] if args.seeds == 1 else curves
     seeds = "--seed 0" if args.seeds == 1 else f"--seed 0..{args.seeds - 1}"
-    source = (f"perfsim run --steps {args.steps} --lr {args.lr} {seeds} (pipeline: --pp 2; "
+    source = (f"perfsim run --steps {args.steps} --lr {args.lr} --optimizer adamw --micro-batch 8 "
+              f"--macro-batch 32 {seeds} (pipeline: --pp 2 --schedule 1f1b; "
               f"gradient: --dp 2); {datetime.date.today().isoformat()}")
     if specs and data.get("source") and data["source"] != source:
         source = f"{data['source']}; {','.join(sorted(specs))}: {source}"

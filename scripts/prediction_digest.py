@@ -82,7 +82,9 @@ PLANS = {
 
 
 def _values(summary: dict) -> dict[str, str]:
-    return {k: repr(v) for k, v in sorted(summary.items()) if not callable(v)}
+    """Every value as ``repr``; paths inside the checkout relative to it (so a worktree
+    or a fresh clone compares equal)."""
+    return {k: repr(v).replace(str(ROOT), "<root>") for k, v in sorted(summary.items()) if not callable(v)}
 
 
 def predictions() -> dict[str, dict]:

@@ -1,5 +1,11 @@
 """perfsim.documents: every input document is read, and its errors worded, one way."""
 
+import importlib.util
+import re
+import shlex
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from perfsim.analysis.plots import load_tables
@@ -41,3 +47,98 @@ def test_kinds_by_suffix_and_csv_rows(tmp_path):
     assert parse_document('{"a": [1]}', "json", "x") == {"a": [1]}
     with pytest.raises(ConfigError, match=r"^x: malformed JSON \(Expecting value, line 2\)$"):
         parse_document("\n]", "json", "x")
+
+
+# ---------------------------------------------------------------- README.md as a product page
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def _readme_commands(text: str) -> list[list[str]]:
+    """Every ``perfsim ...`` / ``make ...`` command of README's shell code blocks (continuation
+    lines joined, comments dropped) and of its inline code spans."""
+    commands = []
+    for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if argv and argv[0] in ("perfsim", "make"):
+                commands.append(argv)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`]+)`", prose.replace("\n", " ")):
+        argv = span.split()
+        # a span naming a command (`perfsim plot`) is a name; one with arguments is a command
+        if len(argv) >= 3 and argv[0] in ("perfsim", "make") and re.fullmatch(r"[\w-]+", argv[1]) \
+                and "|" not in span and "..." not in span and "<" not in span:
+            commands.append(shlex.split(span))
+    return commands
+
+
+def test_readme_is_a_short_page():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300, len(text.splitlines())
+    assert "make predict" in text and "make test" in text
+    for link in re.findall(r"\]\((docs/[^)#]+)", text):  # every docs/ link resolves
+        assert (ROOT / link).is_file(), link
+
+
+def test_every_readme_command_parses(capsys):
+    """Each ``perfsim`` command of the README is accepted by the CLI's own parser (flags, values
+    argparse checks) and each ``make`` target exists in the Makefile."""
+    from perfsim.cli import COMMANDS, build_parser
+
+    commands = _readme_commands(README.read_text())
+    perfsim_cmds = [c for c in commands if c[0] == "perfsim"]
+    assert {c[1] for c in perfsim_cmds} >= set(COMMANDS), "a command without a README example"
+    parser = build_parser()
+    for argv in perfsim_cmds:
+        try:
+            args = parser.parse_args(argv[1:])
+        except SystemExit as exc:
+            pytest.fail(f"README: `{' '.join(argv)}` is refused: {capsys.readouterr().err.strip()} ({exc.code})")
+        assert args.command == argv[1]
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w.-]+)\s*:(?!=)", makefile, re.M))
+    make_cmds = [c for c in commands if c[0] == "make"]
+    assert {"predict", "test"} <= {c[1] for c in make_cmds}
+    for argv in make_cmds:
+        for word in argv[1:]:
+            assert "=" in word or word in targets, f"README: `{' '.join(argv)}`: no Makefile target {word!r}"
+
+
+def test_a_refused_readme_command_is_caught(tmp_path):
+    cmds = _readme_commands("```bash\nperfsim predict --bandwith 1Gbps \\\n  --pp 2  # typo\nmake tset\n```\n"
+                            "and `perfsim plan --nodes 2` inline\n")
+    assert cmds == [["perfsim", "predict", "--bandwith", "1Gbps", "--pp", "2"], ["make", "tset"],
+                    ["perfsim", "plan", "--nodes", "2"]]
+    from perfsim.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(cmds[0][1:])
+
+
+def test_readme_extras_exist():
+    """The extras the README names (its "extras:" sentence and every ``perfsim[X]``) are in
+    pyproject.toml; issue 38 found a ``cluster`` extra that was not."""
+    text = README.read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    sentence = text[text.index("extras:"):]
+    sentence = sentence[:re.search(r"\.\s", sentence).start()]
+    named = re.findall(r"`([\w-]+)`\s*\(", sentence)
+    named += [x for group in re.findall(r"perfsim\[([\w,-]+)\]", text) for x in group.split(",")]
+    assert named and set(named) <= set(extras), (named, sorted(extras))
+    assert set(extras) <= set(named), f"extras the README does not name: {sorted(set(extras) - set(named))}"
+
+
+@pytest.mark.slow
+def test_readme_accuracy_table_is_the_stored_results_repredicted():
+    """README's accuracy table is what ``scripts/accuracy_table.py`` prints today (its --check)."""
+    spec = importlib.util.spec_from_file_location("accuracy_table", ROOT / "scripts" / "accuracy_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    if mod._script("calibrate_a100").data_path() is None:
+        pytest.skip("the A100 data (../shared/data/a100-single-node) is not on this machine")
+    text = README.read_text()
+    stored = text.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    table = mod.table()
+    assert stored == table, "README's accuracy table is stale: python scripts/accuracy_table.py"
+    assert len(table.splitlines()) == 2 + 1 + len(mod.GRIDS)

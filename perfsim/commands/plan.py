@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--target-loss", type=float, default=None,
                    help="loss to reach (default: what uncompressed training reaches at half its measured budget)")
     g.add_argument("--convergence", default=None,
-                   help="loss curves (bundled model name or JSON file; default: the model's own if shipped)")
+                   help="loss curves: a bundled model name, a JSON file, or perfsim run output folders (comma "
+                        "list, or one folder holding them); default: the model's own if shipped")
     g.add_argument("--top", type=int, default=5, help="configurations to report (default 5)")
     g.add_argument("--jobs", type=int, default=1, help="worker processes for the simulations (default 1)")
     g.add_argument("--backend", choices=("process", "dask"), default="process",

@@ -22,7 +22,8 @@ import math
 import re
 
 from perfsim.compression import spec as _spec
-from perfsim.compression.spec import OPTIMIZERS, PIPELINE_ONLY, parse_spec
+from perfsim.compression.refresh import BOUNDS
+from perfsim.compression.spec import EXCHANGES, OPTIMIZERS, PIPELINE_ONLY, parse_spec
 from perfsim.errors import ConfigError
 
 COLUMNS = ("role", "name", "family", "spec", "label", "syntax", "allreduce_compatible",
@@ -104,8 +105,9 @@ def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
         text = comp.spec or name if comp is not None else name
         out.append(_row("grad", text, cls.spec_syntax, comp, shape, fp32, world_size))
     for name in OPTIMIZERS:  # the 1-bit optimizers exchange momentum with the onebit compressor
-        out.append(_row("grad", name, f"{name}[:warmup=STEPS][:exchange=preconditioned|momentum]",
-                        make_compressor("onebit"), shape, fp32, world_size))
+        syntax = (f"{name}[:warmup=STEPS][:exchange={'|'.join(EXCHANGES)}][:refresh=K]"
+                  f"[:bound={'|'.join(BOUNDS)}]")
+        out.append(_row("grad", name, syntax, make_compressor("onebit"), shape, fp32, world_size))
     for text in _spec.PIPELINE_EXAMPLES:
         fw, _ = make_pipeline_pair(text)
         syntax = _pipeline_syntax(classes[parse_spec(text, "pipeline").name])

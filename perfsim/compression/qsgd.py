@@ -105,7 +105,7 @@ def safe_norms(flat: torch.Tensor, chunk: int, who: str, ord: float = 2) -> torc
     """L2 (``ord=inf``: max-abs) norm of every ``chunk`` of a flat float32 tensor, robust
     near the float32 limit.
 
-    Overflow rule (documented in the README): squares of values above
+    Overflow rule (documented in docs/ddp.md): squares of values above
     ~1.8e19 overflow float32, so a non-finite float32 norm of finite input is
     recomputed in float64; if the norm itself exceeds the float32 maximum
     (~3.4e38) the tensor is refused with one line -- never an Inf norm on the wire.
@@ -124,7 +124,7 @@ def safe_norms(flat: torch.Tensor, chunk: int, who: str, ord: float = 2) -> torc
 def to_dtype_saturating(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cast a decoded float32 result to the caller's dtype, saturating at that dtype's
     largest finite value instead of producing Inf (fp16 overflows at 65504: a
-    gradient mean of 7e4 becomes 65504, not Inf): the README's documented rule."""
+    gradient mean of 7e4 becomes 65504, not Inf): the documented rule (docs/ddp.md)."""
     if dtype in (torch.float16, torch.bfloat16) and x.dtype == torch.float32 and x.numel():
         big = float(torch.finfo(dtype).max)
         if float(x.abs().max()) > big:

@@ -126,6 +126,10 @@ class Plan:
     #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
     zero: int = 0
     reshard_after_forward: bool = True
+    #: 1-bit optimizer's variance refreshes (``onebit-adam:refresh=K``, 0: none): the
+    #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
+    #: (perfsim.compression.refresh.uncompressed_steps)
+    onebit_refresh: int = 0
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -388,7 +392,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward)
+                strategy.zero, strategy.reshard_after_forward, (gspec.refresh or 0) if warm_steps else 0)
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:

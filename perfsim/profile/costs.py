@@ -262,14 +262,13 @@ class ProfileCosts:
             return 0.0
         if shape is not None:
             want = [int(d) for d in shape]
-            exact = [r for r in self.records if r["op"] == op and r.get("name") == spec
-                     and r.get("shape") == want]
+            exact = [r for r in self.select(op, name=spec) if r.get("shape") == want]
             exact = [r for r in exact if r.get("model") == model] or exact
             if exact:
                 times = sorted(r["time_s"] for r in exact)
                 return times[len(times) // 2]
         if spec == "fp32":  # only its own measurement: the ``*`` fit is for compressors
-            if not any(r["op"] in (op, f"fit_{op}") and r.get("name") == "fp32" for r in self.records):
+            if not (self.select(op, name="fp32") or self.select(f"fit_{op}", name="fp32")):
                 return 0.0
         fit = self.fit(op, spec)
         return fit(nbytes) if fit else 0.0

@@ -230,7 +230,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
                                                             if g["replica"] == 0 and g.get("tp_rank", 0) == 0
                                                             for c in g.get("chunks", [g["layers"]]))),
         "virtual_stages": cfg.table().virtual_stages,
-        "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr,
+        "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr, "optimizer": cfg.optimizer,
+        "dataset_limit": cfg.dataset_limit,
         "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
         # tensor parallelism: per step, bytes all ranks hand to TP collectives
