@@ -24,7 +24,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from perfsim.batch import BatchRunner
 from perfsim.errors import ConfigError
 from perfsim.schedules import PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES
 
@@ -306,6 +305,8 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     n_invalid = 0
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
+    from perfsim.batch import BatchRunner  # `import perfsim` loads this module: the pool's module on use
+
     workers = BatchRunner(jobs, backend, dask_scheduler)
 
     best_lossless = [math.inf]  # the best lossless score found: a tie can only go to a better one

@@ -16,9 +16,7 @@ import json
 import os
 from typing import Any, Sequence
 
-from perfsim import outputs
 from perfsim.errors import ConfigError
-from perfsim.outputs import check_dir_target, locked_dir
 from perfsim.runtime.config import RunConfig
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import split_list
@@ -99,6 +97,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     """
     from perfsim.analysis import validate as v
     from perfsim.models.specs import get_model_spec
+    from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
     from perfsim.runtime.tensor_parallel import check_tp
 
     spec = get_model_spec(model)
@@ -175,6 +174,7 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
     """Run every row of ``plan`` with a progress bar, then write the grid's files."""
     import pandas as pd
 
+    from perfsim import outputs  # as in validate(): not at `import perfsim`
     from perfsim.analysis import validate as v
     from perfsim.progress import Progress
 
