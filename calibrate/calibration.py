@@ -257,12 +257,12 @@ def _tp_configs(specs, micro, degrees, device: str) -> tuple:
     the sequence divides) with sequence parallelism; ConfigError naming ``--tp`` for a
     degree a model cannot be split by."""
     from perfsim.calibrate.tensor_parallel import TPStageConfig
-    from perfsim.models.specs import GPTSpec
+    from perfsim.models.transformer import TransformerSpec
     from perfsim.runtime.tensor_parallel import check_tp
 
     out = []
     for spec in specs:
-        if not isinstance(spec, GPTSpec):
+        if not isinstance(spec, TransformerSpec):
             continue
         for t in (d for d in degrees if d > 1):
             try:
@@ -320,7 +320,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
     from perfsim.calibrate.compute import ComputeConfig
     from perfsim.calibrate.efficiency import EfficiencyConfig
     from perfsim.calibrate.machine import usable_cores
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.units import parse_bandwidth, parse_time
 
     if statistic not in STATISTICS:

@@ -22,26 +22,15 @@ loaded once).
 from __future__ import annotations
 
 import functools
-import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
-from perfsim.engine import simulate
 from perfsim.errors import ConfigError
-from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import GPUS, get_gpu
-from perfsim.models.hf_config import DEFAULT_SEQ_LEN
-from perfsim.models.moe import Routing, check_routing
-from perfsim.models.tensor_parallel import shard_block_params
-from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
-from perfsim.network import load_topology
-from perfsim.profile import Profile, load_profile, profile_path
 from perfsim.result import Result
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
-from perfsim.workload import _profile_gpu, get_model, load_workload_file, resolve_layer_times
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -57,10 +46,14 @@ def _file_key(path) -> tuple[str, float]:
 
 @functools.lru_cache(maxsize=32)
 def _profile(key: tuple[str, float] | None):
+    from perfsim.profile import load_profile
+
     return load_profile(None if key is None else key[0])
 
 
 def _load_profile(spec):
+    from perfsim.profile import Profile, load_profile
+
     if spec is None or spec in ("", "default"):
         return _profile(None)
     if isinstance(spec, Profile):
@@ -82,6 +75,8 @@ DEFAULT_MACRO_BATCH = 32
 def _model(model: str | None, workload_key: tuple[str, float] | float | None, seq_len: int | None = None):
     """A model by name, or a workload file; ``workload_key`` a float: the modification time
     of the config.json ``model`` (so an edited file is read again)."""
+    from perfsim.workload import get_model, load_workload_file
+
     if isinstance(workload_key, float):
         return get_model(model, seq_len)
     if workload_key:
@@ -93,6 +88,8 @@ def _model(model: str | None, workload_key: tuple[str, float] | float | None, se
 
 @functools.lru_cache(maxsize=32)
 def _topology(key: tuple[str, float]):
+    from perfsim.network import load_topology
+
     return load_topology(key[0])
 
 
@@ -110,6 +107,7 @@ def input_files(**params) -> dict[str, Any]:
     (predict names that error). What :mod:`perfsim.provenance` hashes into the key
     of a stored prediction."""
     from perfsim.packaged import resolve
+    from perfsim.profile import profile_path
 
     get = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}.get
     files: dict[str, Any] = {}
@@ -140,6 +138,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
     gradient buffer, gradients reduced after the backward)."""
     p = params_mod.resolved(params)
+    from perfsim.models.moe import Routing, check_routing
+    from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
+    from perfsim.engine.layer_times import resolve_layer_times
 
     profile = _load_profile(p["profile"])
     seq_len = p["seq_len"]
@@ -162,6 +163,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         if param.target is not None and p[param.name] is not None:
             where, field_name = param.target.split(".")
             fields[where][field_name] = p[param.name]
+    from perfsim.hardware import get_gpu
 
     gpu = get_gpu(p["gpu"]) if p["gpu"] else None
     if p["precision"] == "fp8" and gpu is None:
@@ -199,6 +201,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "
                           f"give one or the other")
     topology = _topology(_load_file("topology", p["topology"])) if p["topology"] else None
+    from perfsim.fabrics import Nic, get_fabric, parse_nic
 
     sy = fields["system"]
     nic = parse_nic(p["nic"]) if p["nic"] else Nic(1, p["bandwidth"])  # bandwidth: one NIC, bit/s
@@ -231,6 +234,7 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     expert parallelism ``ep`` a MoE block's experts split ``ep`` ways too."""
     if model.arch is None or (tp == 1 and ep == 1):
         return None
+    from perfsim.models.tensor_parallel import shard_block_params
 
     arch = model.arch
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
@@ -274,6 +278,8 @@ def _batch(p: dict[str, Any]) -> int:
 
 def predict(**params) -> Result:
     """Simulate one configuration (see the module docstring for parameters)."""
+    from perfsim.engine import simulate
+
     trace = bool(params.pop("trace", False))
     allow_oom = params_mod.normalize("allow_oom", params.get("allow_oom") or False)
     workload, strategy, system, profile = build_configs(**params)
@@ -293,12 +299,14 @@ def _warn_memory(summary: dict[str, Any], profile=None) -> None:
     summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
     prints it on stderr; the API does not log it, as the planner and sweeps call
     :func:`predict` for hundreds of configurations."""
+    from perfsim.hardware import GPUS, profile_gpu
+
     peak = summary.get("peak_memory_gib")
     if summary.get("gpu") or not peak:
         return
     gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
     what = f"every GPU preset's memory (the largest, {gpu.name}, has {gpu.memory_bytes / 2**30:.0f} GiB)"
-    measured_on = _profile_gpu(profile) if profile is not None else None
+    measured_on = profile_gpu(profile) if profile is not None else None
     if measured_on is not None and peak * 2**30 <= gpu.memory_bytes:  # the stronger statement first
         gpu, what = measured_on, f"the profile's GPU ({measured_on.name}, {measured_on.memory_bytes / 2**30:.0f} GiB)"
     if peak * 2**30 > gpu.memory_bytes:
@@ -327,6 +335,7 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                                                   strategy.moe_imbalance != 1 else "balanced routing assumed"))
                      + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
                         "all-to-all dispatch and combine" if strategy.ep > 1 else "") + ")")
+    from perfsim.models.hf_config import DEFAULT_SEQ_LEN
 
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
@@ -338,6 +347,8 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
 def _check_finite(result: Result) -> None:
     """An overflowing prediction (inf/NaN time or rate) is an error, never a
     printed NaN: it comes from input magnitudes the model cannot represent."""
+    import math
+
     bad = [k for k, v in result.summary.items()
            if isinstance(v, float) and not math.isfinite(v) and k not in ("bandwidth_bps",)]
     if bad:

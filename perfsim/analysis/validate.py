@@ -49,7 +49,7 @@ from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic
 from perfsim.link import Link
-from perfsim.models.specs import get_model_spec
+from perfsim.models.registry import get_model_spec
 from perfsim.netem import check_rate
 from perfsim.profile import load_profile
 from perfsim.runtime import make_config

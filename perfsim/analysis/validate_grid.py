@@ -96,7 +96,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
     """
     from perfsim.analysis import validate as v
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
     from perfsim.runtime.tensor_parallel import check_tp
 

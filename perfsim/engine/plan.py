@@ -289,7 +289,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     stages: list[StagePlan] = []
     curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
-        from perfsim.engine.compute import curve_for
+        from perfsim.hardware import curve_for
 
         curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
@@ -576,7 +576,7 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     "codec" (a copy into a fresh buffer), else read + write at
     :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
     if gpu is not None:
-        from perfsim.engine.compute import curve_for
+        from perfsim.hardware import curve_for
 
         return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0

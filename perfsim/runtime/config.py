@@ -108,7 +108,7 @@ class RunConfig(PipelineShape):
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        from perfsim.models.specs import get_model_spec
+        from perfsim.models.registry import get_model_spec
         from perfsim.schedules import get_schedule
 
         get_model_spec(self.model)
@@ -191,7 +191,7 @@ class RunConfig(PipelineShape):
         return RankLayout(self.tp, self.dp, self.pp, order)
 
     def spec(self):
-        from perfsim.models.specs import get_model_spec
+        from perfsim.models.registry import get_model_spec
 
         return get_model_spec(self.model)
 
@@ -208,11 +208,11 @@ class RunConfig(PipelineShape):
 
     def check_tied(self) -> None:
         from perfsim.config import TIED_EMBEDDINGS
-        from perfsim.models.specs import GPTSpec
+        from perfsim.models.transformer import TransformerSpec
 
         if self.tied_embedding not in TIED_EMBEDDINGS:
             raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
-        if self.tied_embedding == "sync" and not isinstance(self.spec(), GPTSpec):
+        if self.tied_embedding == "sync" and not isinstance(self.spec(), TransformerSpec):
             raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
         if self.tied_embedding == "sync" and self.tp > 1:
             raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "

@@ -103,16 +103,16 @@ class RankLayout:
 
 def check_tp(spec, tp: int, sequence_parallel: bool) -> None:
     """ConfigError unless ``spec`` can be split ``tp`` ways (heads, widths, sequence)."""
-    from perfsim.models.specs import GPTSpec
+    from perfsim.models.transformer import TransformerSpec
 
     if tp == 1:
         if sequence_parallel:
             raise ConfigError("sequence_parallel: needs tp > 1")
         return
-    if not isinstance(spec, GPTSpec):
+    if not isinstance(spec, TransformerSpec):
         raise ConfigError(f"tp={tp}: tensor parallelism needs a GPT model, not {spec.name!r}")
-    if spec.n_head % tp:
-        raise ConfigError(f"tp={tp}: must divide the {spec.n_head} attention heads of {spec.name}")
+    if spec.heads % tp:
+        raise ConfigError(f"tp={tp}: must divide the {spec.heads} attention heads of {spec.name}")
     if sequence_parallel and spec.seq_len % tp:
         raise ConfigError(f"tp={tp}: sequence_parallel needs it to divide seq_len={spec.seq_len}")
 
