@@ -8,6 +8,8 @@ from pandas import DataFrame
 
 from perfsim.analysis.memory_fit import MemoryReport
 from perfsim.analysis.sweep import SweepTable
+from perfsim.boundaries import BoundarySpecs
+from perfsim.compression.spec import Spec
 from perfsim.errors import ConfigError as ConfigError
 from perfsim.fabrics import Nic
 from perfsim.plan import PlanResult
@@ -358,12 +360,12 @@ def run(
     tied_embedding: str = 'untied',
     schedule: str = '1f1b',
     virtual_stages: int | None = None,
-    compress: str = 'fp32',
-    grad_compress: str = 'none',
+    compress: str | Spec = 'fp32',
+    grad_compress: str | Spec = 'none',
     zero: int = 0,
     micro_batch: int = 8,
     macro_batch: int = 32,
-    boundary_compress: str | None = None,
+    boundary_compress: BoundarySpecs | None = None,
     device_order: str | None = None,
     steps: int | None = None,
     epochs: float | None = None,

@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
+from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
@@ -135,13 +137,14 @@ class Strategy(PipelineShape):
     #: pipeline schedule name (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``,
     #: ``zb-v``; perfsim.schedules)
     schedule: str = "gpipe"
-    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``)
-    compress: str = "fp32"
-    #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
-    grad_compress: str = "none"
+    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``): a
+    #: :class:`perfsim.compression.spec.Spec` (text is parsed on construction)
+    compress: Spec = "fp32"
+    #: data-parallel gradient compression spec (``none`` = fp32 allreduce), a Spec
+    grad_compress: Spec = "none"
     #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
-    #: perfsim.boundaries; boundary k follows stage k)
-    boundary_compress: str = ""
+    #: perfsim.boundaries; boundary k follows stage k): a BoundarySpecs (text parsed)
+    boundary_compress: BoundarySpecs = BoundarySpecs()
     #: GPU that runs each logical GPU index along ``placement`` (a permutation; None:
     #: the identity): places stages on the nodes of a heterogeneous topology
     device_order: tuple[int, ...] | None = None
@@ -231,8 +234,12 @@ class Strategy(PipelineShape):
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         for name in ("compress", "grad_compress", "optimizer"):
             v = getattr(self, name)
-            if not isinstance(v, str) or not v.strip():
+            if not isinstance(v, (str, Spec)) or not str(v).strip():
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
+        # the specs as values, parsed once (text from old callers is accepted)
+        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
+        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
+        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
         if self.virtual_stages is not None:
             _pos_int(self, "virtual_stages")
         _pos_float(self, "moe_capacity_factor", allow_none=True)

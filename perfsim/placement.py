@@ -33,9 +33,6 @@ import functools
 import math
 from typing import Iterable, Sequence
 
-from perfsim.boundaries import format_boundary_compress
-from perfsim.config import Strategy
-
 #: starting nodes tried by chain_order (nearest neighbour is O(n^2) per start)
 MAX_STARTS = 64
 
@@ -83,6 +80,8 @@ def placements(topology, nodes: int, gpus_per_node: int) -> list[tuple[str, tupl
 def strategy_of(pp: int, dp: int, tp: int, schedule: str, microbatches: int, placement: str,
               order: tuple[int, ...] | None):
     """A (cached) :class:`perfsim.config.Strategy` of this shape: its devices and table."""
+    from perfsim.config import Strategy
+
     return Strategy(pp=pp, dp=dp, tp=tp, schedule=schedule, micro_batch=1, macro_batch=microbatches,
                     placement=tuple(placement.split(",")), device_order=order)
 
@@ -131,8 +130,10 @@ def per_link_compression(rates: Sequence[float | None], specs: Iterable[str]
     each searched spec alone, and -- when the boundaries' links differ -- every pair
     of a spec on the fastest boundaries and a strictly more aggressive one (fewer
     wire bytes) on the slower ones."""
+    from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+
     specs = list(dict.fromkeys(specs))
-    out = [(s, "") for s in specs]
+    out = [(s, BoundarySpecs()) for s in specs]
     crossing = [r for r in rates if r is not None]
     if not crossing or min(crossing) == max(crossing):
         return out
@@ -141,5 +142,5 @@ def per_link_compression(rates: Sequence[float | None], specs: Iterable[str]
     for fast_spec in specs:
         for slow_spec in specs:
             if wire_fraction(slow_spec) < wire_fraction(fast_spec):
-                out.append((fast_spec, format_boundary_compress({k: slow_spec for k in slow})))
+                out.append((fast_spec, parse_boundary_compress({k: slow_spec for k in slow})))
     return out

@@ -36,6 +36,8 @@ from pandas import DataFrame
 
 from perfsim.analysis.memory_fit import MemoryReport
 from perfsim.analysis.sweep import SweepTable
+from perfsim.boundaries import BoundarySpecs
+from perfsim.compression.spec import Spec
 from perfsim.errors import ConfigError as ConfigError
 from perfsim.fabrics import Nic
 from perfsim.plan import PlanResult
@@ -70,12 +72,15 @@ def _members(text: str) -> list[str]:
 
 
 def _annotation(a, default=inspect.Parameter.empty) -> str:
-    """An annotation as stub text: each union member once; ``| None`` where the default is None."""
+    """An annotation as stub text: each union member once; ``| None`` where the default is None,
+    ``str |`` where it is text."""
     if a is inspect.Parameter.empty:
         return "Any"
     members = list(dict.fromkeys(_members(a.strip("'\"") if isinstance(a, str) else inspect.formatannotation(a))))
     if default is None and "None" not in members and "Any" not in members:
         members.append("None")
+    if isinstance(default, str) and "str" not in members and "Any" not in members:
+        members.insert(0, "str")  # a flag's text default (run's compress="fp32" fills a Spec field)
     if "None" in members:  # None last, as the rest of the stub writes it
         members = [m for m in members if m != "None"] + ["None"]
     return " | ".join(members)

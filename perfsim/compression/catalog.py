@@ -63,7 +63,7 @@ def build_example(cls):
     return None
 
 
-def _row(role: str, text: str, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
+def _row(role: str, text, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
     parsed = parse_spec(text, role)
     row = {"role": role, "name": comp.name if comp is not None and parsed.family != "optimizer"
            else parsed.name, "family": parsed.family, "spec": parsed.text,
@@ -109,7 +109,7 @@ def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
                   f"[:bound={'|'.join(BOUNDS)}]")
         out.append(_row("grad", name, syntax, make_compressor("onebit"), shape, fp32, world_size))
     for text in _spec.PIPELINE_EXAMPLES:
-        fw, _ = make_pipeline_pair(text)
-        syntax = _pipeline_syntax(classes[parse_spec(text, "pipeline").name])
-        out.append(_row("pipeline", text, syntax, fw, shape, fp32, world_size))
+        spec = parse_spec(text, "pipeline")  # read once; the pair and the row take the value
+        fw, _ = make_pipeline_pair(spec)
+        out.append(_row("pipeline", spec, _pipeline_syntax(classes[spec.name]), fw, shape, fp32, world_size))
     return out

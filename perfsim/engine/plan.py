@@ -25,21 +25,15 @@ DeepSpeed do with fp16/bf16 tensors.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from perfsim.boundaries import parse_boundary_compress
-from perfsim.collectives import tensor_call
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
-from perfsim.compression.grad_spec import parse_grad_spec, warmup_steps
+from perfsim.compression.spec import Spec
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, value_precision
-from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
-from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
-from perfsim.network import collective_cost
+from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -91,7 +85,7 @@ class StagePlan:
     ep_bytes: float = 0.0
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
-    compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
+    compress: Spec | None = None  # pipeline spec of the boundary after this stage (perfsim.boundaries)
     whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
     unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
     #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
@@ -105,8 +99,8 @@ class Plan:
     dp: int
     num_microbatches: int
     micro_batch: int
-    compress: str
-    grad_compress: str
+    compress: Spec
+    grad_compress: Spec
     fw_spec: str
     bw_spec: str
     has_warmup: bool
@@ -179,18 +173,26 @@ def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
     return first + merged
 
 
-def native_specs(strategy) -> tuple[str, str, bool, bool]:
+def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
     """(pipeline spec, gradient spec, pipeline native, gradients native): the plain
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
+    from perfsim.hardware import value_precision
+
     values = value_precision(strategy.precision)  # fp8 training sends bf16 values
     half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
-    fw_native = half is not None and compress.lower() == "fp32"
-    grad_native = grad_half is not None and grad.lower() in ("none", "fp32")
-    return (half if fw_native else compress), (grad_half if grad_native else grad), fw_native, grad_native
+    fw_native = half is not None and compress.plain
+    grad_native = grad_half is not None and grad.plain
+    return (_cast(half, "pipeline") if fw_native else compress), (_cast(grad_half, "grad") if grad_native else grad), \
+        fw_native, grad_native
+
+
+def _cast(dtype: str, role: str) -> Spec:
+    """The plain cast to the training dtype (``fp16`` / ``bf16``) as a spec value."""
+    return Spec(dtype, "pipeline" if role == "pipeline" else "compressor", (), role)
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
@@ -203,6 +205,10 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it)."""
+    from perfsim.collectives import tensor_call
+    from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
+    from perfsim.network import collective_cost
+
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -242,6 +248,9 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
     all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
     group's; with full recomputation the forward's run again in the backward."""
+    from perfsim.models.moe import Routing, ep_alltoall_bytes
+    from perfsim.network import collective_cost
+
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
@@ -266,24 +275,25 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
     when the profile has none for this precision; ``host_overhead_s``: the host time
     per operator that replaces the GPU curve's (``System.host_overhead_s``)."""
+    from dataclasses import replace
+
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
+    from perfsim.hardware import value_precision
 
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
-
-    per_boundary = parse_boundary_compress(strategy.boundary_compress)
+    per_boundary = strategy.boundary_compress
     pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
-
-    gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
-    onebit = gspec.kind == "optimizer"
-    # a 1-bit optimizer's compressed stage averages momentum with the onebit compressor
-    grad_comp = make_compressor("onebit" if onebit else "fp32" if grad_spec.lower() == "none" else grad_spec)
+    onebit = strategy.grad_compress.family == "optimizer"
+    # built (so validated) even when dp == 1: Spec.compressor -- fp32 for none, and the
+    # onebit compressor with which a 1-bit optimizer's compressed stage averages momentum
+    grad_comp = make_compressor(grad_spec)
     rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
     warm_buckets: list[list[Bucket]] = []
     stages: list[StagePlan] = []
@@ -313,6 +323,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+            from perfsim.models.moe import expert_params_per_rank
+
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -338,8 +350,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             nbytes_fp32 = 4 * numel_of(wire_shape)
             spec_s = per_boundary.get(s, strategy.compress)
             if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
-                native = fw_half is not None and spec_s.lower() == "fp32"
-                pairs[spec_s] = (*make_pipeline_pair(fw_half if native else spec_s), native)
+                native = fw_half is not None and spec_s.plain
+                pairs[spec_s] = (*make_pipeline_pair(_cast(fw_half, "pipeline") if native else spec_s), native)
             fw_comp, bw_comp, fw_native = pairs[spec_s]
             st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
@@ -365,7 +377,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
         if dp > 1 and onebit and strategy.zero >= 2:
-            raise ConfigError(f"grad_compress {strategy.grad_compress!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
+            raise ConfigError(f"grad_compress {strategy.grad_compress.text!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
                               f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
@@ -387,22 +399,22 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
-        warm_steps = warmup_steps(grad_spec)
+        warm_steps = strategy.grad_compress.warmup_steps()
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, (gspec.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, (strategy.grad_compress.refresh or 0) if warm_steps else 0)
 
 
-def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile) -> None:
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage."""
     from perfsim.engine.sharding import param_gather_steps, shard_units
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
-    plain = grad_spec in ("fp32", "none") or native
+    plain = grad_spec.plain or native
     codec = None if plain or profile is None else (
         lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
     a = st.first_layer
@@ -601,6 +613,8 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
     (``perfsim calibrate --emulate-ops ...,interference``) win: those of the rate nearest
     ``link_bps`` in log scale; else the loopback pair (before, a profile with both used
     whichever came last)."""
+    import math
+
     if profile is None:
         return 0.0
     pairs: dict[float | None, dict[str, float]] = {}

@@ -48,10 +48,10 @@ def make_config(**params: Any):
         params["latency_s"] = parse_time(lat, "--emulate-latency")
         if bw is None and params["latency_s"] > 0:
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
-    if "boundary_compress" in params:  # canonical text, as perfsim predict prints it
-        from perfsim.boundaries import canonical
+    if "boundary_compress" in params:  # parsed once, a value (its text: as perfsim predict prints it)
+        from perfsim.boundaries import parse_boundary_compress
 
-        params["boundary_compress"] = canonical(params["boundary_compress"]) or None
+        params["boundary_compress"] = parse_boundary_compress(params["boundary_compress"]) or None
     if "device_order" in params:
         from perfsim.params import parse_device_order
 
@@ -113,6 +113,8 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         if k not in stored and k not in RunConfig.RESUME_DEFAULTS:
             continue  # a checkpoint older than the key: the run's value stands (checked later)
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
+        if k == "boundary_compress" and params.get(k) is not None:  # stored as its canonical text
+            params = {**params, k: params[k].text}
         if k in params and params[k] != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "

@@ -13,6 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.schedules import PipelineShape
 
@@ -79,9 +81,9 @@ class RunConfig(PipelineShape):
     sequence_parallel: bool = False
     tied_embedding: str = "untied"
     schedule: str = "1f1b"
-    compress: str = "fp32"
-    grad_compress: str = "none"
-    boundary_compress: str | None = None
+    compress: Spec = "fp32"
+    grad_compress: Spec = "none"
+    boundary_compress: BoundarySpecs | None = None
     device_order: str | None = None
     micro_batch: int = 8
     macro_batch: int = 32
@@ -108,6 +110,10 @@ class RunConfig(PipelineShape):
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        # the specs as values, parsed once (text from old callers and saved run configs)
+        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
+        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
+        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
         from perfsim.models.registry import get_model_spec
         from perfsim.schedules import get_schedule
 
@@ -161,18 +167,14 @@ class RunConfig(PipelineShape):
         check_tp(self.spec(), self.tp, self.sequence_parallel)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
-        # the compressor specs must parse (ConfigError names them)
-        from perfsim.compression import make_pipeline_pair
-
-        make_pipeline_pair(self.compress)
+        # the compressors' own arguments must check (ConfigError names the spec)
         from perfsim.boundaries import check_boundaries
+        from perfsim.compression import check_spec
 
-        for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
-            make_pipeline_pair(spec)
+        for spec in (self.compress, *check_boundaries(self.boundary_compress, self.num_stages).values()):
+            check_spec(spec)
         self.layout  # the device order must be a permutation of the ranks
-        from perfsim.compression.grad_spec import parse_grad_spec
-
-        parse_grad_spec(self.grad_compress)
+        check_spec(self.grad_compress)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -225,16 +227,21 @@ class RunConfig(PipelineShape):
                               f"ZeRO-1/2 are modelled by perfsim predict only")
         if self.zero == 3:
             for what, bad in (("pp", self.pp != 1), ("tp", self.tp != 1),
-                              ("grad_compress", self.grad_compress.lower() not in ("none", "fp32")),
+                              ("grad_compress", not self.grad_compress.plain),
                               ("tied_embedding", self.tied_embedding != "untied"),
                               ("resume", self.resume is not None),
                               ("checkpoint_every", self.checkpoint_every != 0)):
                 if bad:
-                    raise ConfigError(f"zero=3 with {what}={getattr(self, what)!r}: execute mode's FSDP2 "
+                    value = getattr(self, what)
+                    raise ConfigError(f"zero=3 with {what}={getattr(value, 'text', value)!r}: execute mode's FSDP2 "
                                       f"runs pp 1, tp 1, no gradient compression, an untied head, no checkpoints")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """The job as JSON, each spec as its canonical text (no overrides: null)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(compress=self.compress.text, grad_compress=self.grad_compress.text,
+                 boundary_compress=self.boundary_compress.text or None)
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
