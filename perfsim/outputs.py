@@ -30,9 +30,7 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
-import fcntl
 import io
 import json
 import os
@@ -252,6 +250,8 @@ def jsonl_text(records: Sequence[Any], default: Callable[[Any], Any] | None = No
 def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) -> str:
     """Rows of dicts as CSV text: ``columns`` first, then every other key in first-seen
     order; a missing key or None is an empty cell (no pandas: predict's CSV stays light)."""
+    import csv  # the command modules import this one at CLI start-up (perfsim --help): csv on use
+
     cols = list(columns)
     for row in rows:
         cols += [k for k in row if k not in cols]
@@ -310,6 +310,8 @@ def locked_dir(path: str | os.PathLike, flag: str = "--out", file: bool = False)
     holder dies, so a stale lock file of a dead process never blocks; the file
     records the holder's pid for the refusal message. ``file=True``: ``path``
     is an output file (a sweep table)."""
+    import fcntl  # as csv in records_csv: on use
+
     path = Path(path)
     if file:
         path.parent.mkdir(parents=True, exist_ok=True)
