@@ -209,7 +209,7 @@ def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
     columns as ``perfsim compressors --format csv``)."""
     import pandas as pd
 
-    from perfsim.commands.compressors import COLUMNS, rows
+    from perfsim.compression.catalog import COLUMNS, rows
 
     return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
 

@@ -15,6 +15,7 @@ import shlex
 from typing import Any, Iterable
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: what ``--emit`` writes
 EMIT_KINDS = ("perfsim", "megatron", "torchrun")
@@ -65,7 +66,6 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
     """Megatron-LM's flags for a configuration, and comment lines for what they cannot
     express."""
     from perfsim.api import build_configs
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
     workload, strategy, _, _ = build_configs(**params)
     args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]

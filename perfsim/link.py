@@ -26,7 +26,7 @@ plan as host time (:mod:`perfsim.engine.plan`), not here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfsim._lazy import np
 
@@ -163,7 +163,6 @@ def resolve_link(profile, nominal_bps: float, latency_s: float, *, op: str, mode
     if link is None:
         return Link.nominal(nominal_bps, latency_s, efficiency=efficiency, burst_bytes=burst_bytes,
                             protocol=protocol, control_latency_s=control_latency_s)
-    from dataclasses import replace
 
     return replace(link, burst_bytes=burst_bytes or link.burst_bytes, protocol=protocol,
                    control_latency_s=control_latency_s)

@@ -50,7 +50,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.models.moe import Routing, moe_activation_values
+from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
+from perfsim.schedules import max_in_flight
 
 if TYPE_CHECKING:
     from perfsim.models.transformer import TransformerSpec
@@ -154,8 +158,6 @@ def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0
 
     The LM head and the attention core stay in bf16 (TE's ``DotProductAttention`` and
     Megatron's output layer are not fp8 by default)."""
-    from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
-
     copies = 2 * sum(-(-block_gemm_params(spec, i, ep) // tp) for i in blocks) / (dp if zero >= 3 else 1)
     gemms = sum(2 + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
@@ -212,8 +214,6 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     repl = 8 * v * sbh + 2 * sbh
     sharded = v * (attn_sharded + mlp_sharded) / tp
     if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
-        from perfsim.models.moe import moe_activation_values
-
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if attention == "flash":
@@ -226,10 +226,6 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     from perfsim.compression import make_pipeline_pair
-    from perfsim.compression.aqsgd import AQSGD
-    from perfsim.schedules import max_in_flight
-
-    from perfsim.models.moe import Routing
 
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
     routing = Routing.of(strategy)

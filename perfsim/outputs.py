@@ -18,6 +18,11 @@
   ``plot -o -``); a folder output (``run``, ``validate``) refuses it.
 * A ``--format`` that disagrees with the output's suffix (``-o x.csv --format
   json``) is refused: the suffix and the content never disagree.
+* The formats themselves live here too, so that no command or library module
+  serialises a table on its own: :func:`json_text` (JSON documents),
+  :func:`records_csv` (rows of dicts), :func:`frame_bytes` (a DataFrame as CSV,
+  JSON lines or Parquet), :func:`write_frame` (a table file by its suffix) and
+  :func:`emit` (text or bytes to a file, or to standard output for ``None`` / ``-``).
 * :func:`locked_dir` takes an exclusive lock on an output folder, so two runs
   cannot interleave in one ``--out``; the second is refused naming the holder.
 """
@@ -26,13 +31,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
+import io
+import json
 import os
 import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from perfsim.errors import ConfigError, OutputError
 
@@ -229,6 +235,72 @@ def detach_stdout() -> None:
         os.close(devnull)
 
 
+# ------------------------------------------------------------------ formats
+def json_text(obj: Any, *, indent: int | None = 1, default: Callable[[Any], Any] | None = None,
+              allow_nan: bool = True) -> str:
+    """``obj`` as a JSON document ending in a newline (every JSON file and ``--format json``)."""
+    return json.dumps(obj, indent=indent, default=default, allow_nan=allow_nan) + "\n"
+
+
+def jsonl_text(records: Sequence[Any], default: Callable[[Any], Any] | None = None) -> str:
+    """JSON lines: one compact JSON document per record, each ending in a newline."""
+    return "".join(json.dumps(r, default=default) + "\n" for r in records)
+
+
+def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) -> str:
+    """Rows of dicts as CSV text: ``columns`` first, then every other key in first-seen
+    order; a missing key or None is an empty cell (no pandas: predict's CSV stays light)."""
+    import csv  # the command modules import this one at CLI start-up (perfsim --help): csv on use
+
+    cols = list(columns)
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+#: the formats :func:`frame_bytes` writes a DataFrame in
+FRAME_FORMATS = ("csv", "parquet", "jsonl")
+
+
+def frame_bytes(df, fmt: str, default: Callable[[Any], Any] | None = None) -> bytes:
+    """A pandas DataFrame as ``csv`` (no index), ``parquet`` (pyarrow) or ``jsonl``
+    (one JSON object per row; ``default`` turns other values into JSON)."""
+    if fmt == "csv":
+        return df.to_csv(index=False).encode()
+    if fmt == "parquet":
+        buf = io.BytesIO()
+        df.to_parquet(buf, index=False)
+        return buf.getvalue()
+    if fmt == "jsonl":
+        return jsonl_text(df.to_dict("records"), default).encode()
+    raise ValueError(f"frame format {fmt!r}: choose from {', '.join(FRAME_FORMATS)}")
+
+
+def write_frame(path: str | os.PathLike, df, fmt: str | None = None) -> None:
+    """Write table ``df`` to ``path`` atomically, in ``fmt`` or the format its suffix names
+    (``.parquet``/``.pq``: Parquet, ``.jsonl``: JSON lines, else CSV); ``-``: CSV on stdout."""
+    if fmt is None:
+        suffix = "" if is_stdio(path) else Path(str(path)).suffix.lower()
+        fmt = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl"}.get(suffix, "csv")
+    write_bytes(path, frame_bytes(df, fmt))
+
+
+def emit(path: str | os.PathLike | None, data: str | bytes) -> None:
+    """``data`` to file ``path`` atomically, or to standard output when ``path`` is None or ``-``."""
+    raw = data.encode() if isinstance(data, str) else data
+    if path is None or is_stdio(path):
+        if isinstance(data, str):
+            write_stdout(data)
+        else:
+            _write_stdout_bytes(raw)
+        return
+    write_bytes(path, raw)
+
+
 # ------------------------------------------------------------------ locking
 @contextlib.contextmanager
 def locked_dir(path: str | os.PathLike, flag: str = "--out", file: bool = False) -> Iterator[Path]:
@@ -238,6 +310,8 @@ def locked_dir(path: str | os.PathLike, flag: str = "--out", file: bool = False)
     holder dies, so a stale lock file of a dead process never blocks; the file
     records the holder's pid for the refusal message. ``file=True``: ``path``
     is an output file (a sweep table)."""
+    import fcntl  # as csv in records_csv: on use
+
     path = Path(path)
     if file:
         path.parent.mkdir(parents=True, exist_ok=True)

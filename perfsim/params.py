@@ -21,6 +21,7 @@ Values are converted once, at this edge, into SI (bits/s, seconds, bytes):
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
 import itertools
 import math
@@ -88,8 +89,6 @@ class Param:
     def allowed(self) -> tuple[str, ...]:
         """The allowed values of a ``choice``."""
         if isinstance(self.choices, str):
-            import importlib
-
             module, name = self.choices.split(":")
             return tuple(getattr(importlib.import_module(module), name))
         return self.choices

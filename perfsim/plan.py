@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from perfsim.errors import ConfigError
-from perfsim.plan_search import (BACKENDS, Group, family_bound, family_key, group_bound,  # noqa: F401
+from perfsim.plan_search import (Group, family_bound, family_key, group_bound,  # noqa: F401
                                  group_key, iteration_bound, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
                                   Context, SearchSpace, dimensions, enumerate_candidates)
@@ -396,6 +396,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                     ("top", top), ("jobs", jobs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
+    from perfsim.batch import BACKENDS  # `import perfsim` loads this module: the pool's module on use
+
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
     if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):

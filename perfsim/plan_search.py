@@ -20,10 +20,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from perfsim.errors import ConfigError
+from perfsim.schedules import PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES
 
 
 def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
@@ -84,8 +86,6 @@ def compute_bound(pl, schedule: str) -> float:
     micro-batch 0's forward and its last micro-batch m-1's backward) the pipeline fill
     and drain around the busiest stage: ``max_s sum_{k<s} F_k + m W_s + sum_{k<s} B_k``
     (GPipe: Huang et al. arXiv:1811.06965; 1F1B: Narayanan et al. arXiv:2104.04473)."""
-    from perfsim.schedules import PLAIN_SCHEDULES
-
     fwd = [st.fwd_s + st.fwd_tp_s for st in pl.stages]
     bwd = [st.bwd_s + st.bwd_tp_s for st in pl.stages]
     work = [f + b for f, b in zip(fwd, bwd)]
@@ -154,7 +154,6 @@ def nic_bound(pl, strategy, system) -> float:
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
     if not system.bandwidth_bps:
         return 0.0
-    from collections import Counter
 
     gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
     out: dict[int, float] = {}
@@ -196,66 +195,6 @@ def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
 
 def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list, str | None]]:
     return [_simulate(p) for p in batch]
-
-
-#: parallel backends of the search (``process``: a local process pool, as ``perfsim sweep``)
-BACKENDS = ("process", "dask")
-
-
-class _Workers:
-    """Maps a function over lists of parameter batches: in this process (``jobs == 1``),
-    a local process pool, or Dask (``dask_scheduler``: a ``dask.distributed`` scheduler
-    address, e.g. ``tcp://host:8786``, so a large search spreads over its workers;
-    without it Dask's local multiprocessing scheduler with ``jobs`` workers)."""
-
-    def __init__(self, backend: str, jobs: int, dask_scheduler: str | None = None):
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
-        self.backend, self.jobs, self.pool, self.client = backend, jobs, None, None
-        if backend == "dask":
-            import importlib.util
-
-            if importlib.util.find_spec("dask") is None:
-                raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')")
-            if dask_scheduler:
-                try:
-                    from distributed import Client
-                except ImportError:
-                    raise ConfigError("dask_scheduler: needs dask.distributed (pip install 'perfsim[dask]')") from None
-                try:
-                    self.client = Client(dask_scheduler, timeout="10s")
-                except (OSError, TimeoutError) as exc:
-                    raise ConfigError(f"dask_scheduler={dask_scheduler!r}: cannot connect ({exc})") from None
-                self.jobs = max(jobs, sum(self.client.nthreads().values()))
-        elif dask_scheduler:
-            raise ConfigError("dask_scheduler: only with backend=dask")
-        elif jobs > 1:
-            from concurrent.futures import ProcessPoolExecutor
-
-            self.pool = ProcessPoolExecutor(max_workers=jobs)
-
-    @property
-    def parallel(self) -> bool:
-        return self.pool is not None or self.client is not None or (self.backend == "dask" and self.jobs > 1)
-
-    def map(self, batches: list[list[dict[str, Any]]]) -> list[list[tuple]]:
-        if self.client is not None:
-            return self.client.gather(self.client.map(_simulate_batch, batches, pure=False))
-        if self.backend == "dask" and self.jobs > 1:
-            import dask
-
-            tasks = [dask.delayed(_simulate_batch)(b) for b in batches]
-            return list(dask.compute(*tasks, scheduler="processes", num_workers=self.jobs))
-        if self.pool is not None:
-            return list(self.pool.map(_simulate_batch, batches))
-        return [_simulate_batch(b) for b in batches]
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-        if self.client is not None:
-            self.client.close()
-
 
 
 def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
@@ -301,8 +240,6 @@ def group_key(params: dict[str, Any]) -> tuple:
 
 
 def family_key(params: dict[str, Any]) -> tuple:
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-
     chunks = params.get("schedule") if params.get("schedule") in VIRTUAL_STAGE_SCHEDULES + ("zb-v",) else None
     return (chunks,) + tuple(sorted((k, v) for k, v in params.items()
                                     if k not in COMPRESSION_KEYS and k not in FAMILY_KEYS))
@@ -358,7 +295,8 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     """Branch and bound over ``groups`` (module docstring). Returns (simulated candidates,
     number pruned, number rejected (by the simulator, the memory check or an invalid
     combination), one rejected candidate per invalid group or candidate, with its
-    reason). Waves of ``wave`` candidates per worker run in parallel on ``backend`` (:class:`_Workers`)."""
+    reason). Waves of ``wave`` candidates per worker run in parallel on ``backend``
+    (:class:`perfsim.batch.BatchRunner`, the pool ``perfsim sweep`` uses too)."""
     tie = itertools.count()
     heap = [(g.key, next(tie), g) for g in groups]
     heapq.heapify(heap)
@@ -367,7 +305,9 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     n_invalid = 0
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
-    workers = _Workers(backend, jobs, dask_scheduler)
+    from perfsim.batch import BatchRunner  # `import perfsim` loads this module: the pool's module on use
+
+    workers = BatchRunner(jobs, backend, dask_scheduler)
 
     best_lossless = [math.inf]  # the best lossless score found: a tie can only go to a better one
 
@@ -406,7 +346,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
                 n = workers.jobs
                 chunks = [batch[k::n] for k in range(n)] if workers.parallel else [batch]
                 chunks = [ch for ch in chunks if ch]
-                outs = workers.map([[c.params for c in ch] for ch in chunks])
+                outs = workers.map(_simulate_batch, [[c.params for c in ch] for ch in chunks])
                 results = {id(c): r for ch, out in zip(chunks, outs) for c, r in zip(ch, out)}
                 for c in batch:
                     summary, links, err = results[id(c)]

@@ -14,6 +14,8 @@ import sys
 import time
 from typing import TextIO
 
+from perfsim.errors import ConfigError
+
 #: environment variable: seconds between two progress lines in a log (default: the command's)
 EVERY_ENV = "PERFSIM_PROGRESS_EVERY"
 
@@ -28,8 +30,6 @@ def every_s(default: float) -> float:
     except ValueError:
         value = -1.0
     if not value >= 0:
-        from perfsim.errors import ConfigError
-
         raise ConfigError(f"{EVERY_ENV}={raw!r}: seconds >= 0")
     return value
 

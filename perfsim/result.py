@@ -19,6 +19,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
+from perfsim.errors import ConfigError
 
 #: configuration columns, in order (CSV contract of `perfsim predict`)
 CONFIG_COLUMNS = [
@@ -66,8 +67,6 @@ class Result:
                   "microbatches": (self.microbatches, MICROBATCH_COLUMNS),
                   "links": (self.links, LINK_COLUMNS)}
         if table not in tables:
-            from perfsim.errors import ConfigError
-
             raise ConfigError(f"table {table!r}: choose from {', '.join(tables)}")
         rows, columns = tables[table]
         df = pd.DataFrame(rows)
@@ -103,14 +102,14 @@ class Result:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`)."""
-    from perfsim.outputs import write_text
+    """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`, the one writer)."""
+    from perfsim.outputs import write_text  # not at CLI start-up: a Result is built without writing
 
     write_text(path, text)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Binary twin of :func:`atomic_write_text`."""
-    from perfsim.outputs import write_bytes
+    from perfsim.outputs import write_bytes  # as above
 
     write_bytes(path, data)

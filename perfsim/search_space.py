@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping
 
 from perfsim import params as params_mod
 from perfsim.errors import ConfigError
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: default pipeline compressions searched (forward / backward bits of the seeds' grids)
 PIPELINE_COMPRESSION = ("fp32", "fp16", "directq:fw4bw8", "aqsgd:fw4bw8", "aqsgd:fw3bw6", "aqsgd:fw2bw4")
@@ -94,8 +95,6 @@ def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
 
 
 def _interleaved(q: Mapping[str, Any]) -> bool:
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-
     return q.get("schedule") in VIRTUAL_STAGE_SCHEDULES
 
 

@@ -12,11 +12,16 @@ with a warning that they could not be checked.
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from perfsim import outputs
 from perfsim.errors import ConfigError
+from perfsim.provenance import NO_KEY, input_key, stale_reasons
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfsim.analysis.validate import ValidationPlan
@@ -31,20 +36,12 @@ KEY_FILE = "measure-key.json"
 def measure_key(run_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The key of a measurement (:mod:`perfsim.provenance`): perfsim's version and every
     parameter of the run but its folder; and those parameters (JSON-ready)."""
-    import json
-
-    from perfsim.provenance import input_key
-
     params = json.loads(json.dumps({k: v for k, v in run_params.items() if k != "out"}, default=str))
     return input_key(values={"run": params}, code=False), params
 
 
 def write_key(run_dir: str, key: str, params: dict[str, Any]) -> None:
-    import json
-
-    from perfsim.result import atomic_write_text
-
-    atomic_write_text(Path(run_dir) / KEY_FILE, json.dumps({"key": key, "params": params}, indent=1))
+    outputs.write_text(Path(run_dir) / KEY_FILE, outputs.json_text({"key": key, "params": params}))
 
 
 def _stored_measurements(run_dir: Path, repeats: int):
@@ -52,9 +49,6 @@ def _stored_measurements(run_dir: Path, repeats: int):
     ``-r<k>`` repeats, all that are stored), or (None, [], None) when none is stored;
     the third item is the stored :data:`KEY_FILE` document of the runs (None when one
     of them has none: measured before perfsim keyed measurements, or keys that differ)."""
-    import json
-    from types import SimpleNamespace
-
     best, tputs, keys = None, [], []
     k = 0
     while True:
@@ -87,9 +81,6 @@ def _table_measurement(out: str, row: dict[str, Any]):
     are kept locally, not in git; the table keeps each row's fastest measured run):
     ``(figures, throughputs, {"key": measured_key})``, or None when the table has no
     such row."""
-    import csv
-    from types import SimpleNamespace
-
     path = Path(out) / "validation.csv"
     if str(path) not in _TABLES:  # read once: the command rewrites the table after each row
         if not path.exists():
@@ -124,8 +115,6 @@ def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
     taken with other run parameters or another perfsim (a warning says which, and the
     row is measured again). A measurement stored before perfsim keyed them is reused
     with a warning that it could not be checked."""
-    from perfsim.provenance import NO_KEY, stale_reasons
-
     measured, tputs, doc = _stored_measurements(run_dir, plan.repeats)
     where = str(run_dir)
     if measured is None:

@@ -16,7 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfsim.api import build_configs
+from perfsim.engine import plan_with_memory
 from perfsim.errors import ConfigError
+from perfsim.hardware import get_gpu
+from perfsim.params import resolved
 
 GIB = 2 ** 30
 
@@ -61,9 +65,6 @@ class MemoryReport:
 
 def _peaks(params: dict[str, Any]):
     """(stage memories, capacity bytes) of one job: the plan and memory model predict uses."""
-    from perfsim.api import build_configs
-    from perfsim.engine import plan_with_memory
-
     _, _, memory = plan_with_memory(*build_configs(**params), allow_oom=True)
     return memory
 
@@ -71,9 +72,6 @@ def _peaks(params: dict[str, Any]):
 def _changes(p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """Single changes that can lower the peak, as (flags, new parameters); those that do not
     apply to this job (already set, no data parallelism to shard over) are left out."""
-    from perfsim.hardware import get_gpu
-    from perfsim.params import resolved
-
     given, p = p, resolved(p)
     out = []
     dp, tp, pp = p["dp"], p["tp"], p["pp"]

@@ -28,9 +28,11 @@ select rows first. Figures are built on :class:`matplotlib.figure.Figure`
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -39,10 +41,12 @@ from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of pl
     SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family, grad_name,
     is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
+from perfsim.analysis.sweep import config_id, read_table, sibling_path
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
-from perfsim.outputs import is_stdio
+from perfsim.outputs import check_file_target, is_stdio
 from perfsim.result import atomic_write_bytes
-from perfsim.units import parse_bandwidth, parse_time, split_list
+from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
 
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
@@ -107,8 +111,6 @@ def _require(df, cols: Iterable[str], kind: str) -> None:
 def _filter_text(col: str, key) -> str:
     """``COLUMN=VALUE`` that :func:`apply_filters` accepts for a panel's first value
     (a rate and a latency with their units)."""
-    from perfsim.units import format_bandwidth
-
     value = key[0] if isinstance(key, tuple) else key
     if col == "bandwidth_bps":
         return f"bandwidth={format_bandwidth(float(value))}"
@@ -502,7 +504,6 @@ def _auto_title(df, kind: str, width: int = 70) -> str:
     tail = ", ".join(fixed)
     if len(what) + len(tail) + 3 <= width:
         return f"{what} ({tail})"
-    import textwrap
 
     return what + "\n" + textwrap.fill(tail, width=max(width, 30), break_on_hyphens=False)
 
@@ -537,8 +538,6 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 def check_figure_target(path: str | os.PathLike, what: str = "figure") -> str:
     """The format of a figure file (its suffix), refused with one line before any work
     when unknown or when the path cannot be written."""
-    from perfsim.outputs import check_file_target
-
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in FIGURE_FORMATS:
         raise ConfigError(f"{what} {str(path)!r}: unknown format (use .png, .svg or .pdf)")
@@ -563,9 +562,6 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
     or a list of them); ``-``: either, read from standard input. Returns ``(summary,
     stages or None)``."""
     import pandas as pd
-
-    from perfsim.analysis.sweep import config_id, read_table, sibling_path
-    from perfsim.documents import read_document
 
     data = _stdin_table() if is_stdio(path) else None
     path = Path(path)
@@ -596,8 +592,6 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
 
 def _stdin_table():
     """The table on standard input: a Result JSON (parsed) or a CSV table (a DataFrame)."""
-    import json
-
     import pandas as pd
 
     text = sys.stdin.read() if sys.stdin is not None else ""

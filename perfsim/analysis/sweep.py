@@ -5,7 +5,8 @@ A sweep is a :class:`SweepSpec`: for each ``predict`` parameter, the list of
 values to try (the same comma lists as the ``perfsim predict`` flags, or a sweep
 file in TOML). :func:`expand` takes the cartesian product; :func:`run_sweep`
 runs every configuration through :func:`perfsim.api.predict` -- in this
-process, or in a process pool when the grid is long enough for the pool to pay
+process, or on the batch runner's process pool (:class:`perfsim.batch.BatchRunner`,
+shared with ``perfsim plan``) when the grid is long enough for the pool to pay
 (:func:`use_pool`) -- and writes
 
 * ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
@@ -46,18 +47,20 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from perfsim import params
+from perfsim import outputs, params
+from perfsim.api import input_files
+from perfsim.batch import BatchRunner, fork_context
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
-from perfsim.procs import die_with_parent, provably_dead
-from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, atomic_write_bytes, atomic_write_text
+from perfsim.provenance import stale_notes, stale_reasons
+from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
+from perfsim.units import format_bandwidth
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +128,6 @@ def config_id(params: Mapping[str, Any]) -> str:
 
 def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
     """Read a TOML sweep file (see the module docstring)."""
-    from perfsim.documents import read_document
-
     path = Path(path)
     data = read_document(path, "sweep file", kind="toml")
     if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
@@ -183,7 +184,6 @@ def _describe(params: Mapping[str, Any]) -> str:
     parts = []
     for k, v in params.items():
         if k == "bandwidth":
-            from perfsim.units import format_bandwidth
             v = format_bandwidth(v)
         parts.append(f"{k}={v}")
     return " ".join(parts)
@@ -208,40 +208,11 @@ def use_pool(remaining: int, seconds_each: float, jobs: int) -> bool:
     return saved > POOL_STARTUP_S
 
 
-def _pool_context():
-    """``fork`` (the children need not import the caller's script, so a plain
-    script without ``if __name__ == "__main__"`` works), unless torch is loaded:
-    its OpenMP threads make forking unsafe, and then no pool is used (None)."""
-    import multiprocessing
-
-    if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
-        return None
-    return multiprocessing.get_context("fork")
-
-
-def _iter_pool(batches, predict, skip_invalid, jobs, context) -> Iterator[list[dict]]:
-    import multiprocessing.util
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
-    _remove_stale_pool_dirs()
-    # multiprocessing's own temp folder (pymp-*) goes inside one named after this process,
-    # so that a SIGKILLed sweep's leftovers can be found and removed later
-    own = tempfile.mkdtemp(prefix=f"{_POOL_DIR_PREFIX}{os.getpid()}-")
-    # at exit, after multiprocessing removed its pymp-* (exitpriority -100)
-    multiprocessing.util.Finalize(None, shutil.rmtree, args=(own, True), exitpriority=-101)
-    saved, tempfile.tempdir = tempfile.tempdir, own
-    try:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=die_with_parent)
-        pending = {pool.submit(run_batch, b, predict, skip_invalid) for b in batches}
-    finally:
-        tempfile.tempdir = saved
-    try:
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                yield fut.result()
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+def _iter_pool(batches, predict, skip_invalid, jobs) -> Iterator[list[dict]]:
+    """The batches on a local pool of ``jobs`` workers (:class:`perfsim.batch.BatchRunner`),
+    each batch's records as soon as it is done."""
+    with BatchRunner(jobs) as runner:
+        yield from runner.as_completed(run_batch, batches, predict, skip_invalid)
 
 
 def _iter_run(todo, predict, skip_invalid, jobs, pool: bool | None) -> Iterator[list[dict]]:
@@ -252,33 +223,16 @@ def _iter_run(todo, predict, skip_invalid, jobs, pool: bool | None) -> Iterator[
         start = time.perf_counter()
         yield run_batch([rest.pop(0)], predict, skip_invalid)
         pool = use_pool(len(rest), time.perf_counter() - start, jobs)
-    context = _pool_context() if pool and jobs > 1 and len(rest) > 1 else None
-    if pool and context is None and jobs > 1:
+    parallel = pool and jobs > 1 and len(rest) > 1 and fork_context() is not None
+    if pool and not parallel and jobs > 1:
         log.debug("sweep: torch is loaded in this process, running in-process")
-    if context is None:
+    if not parallel:
         for item in rest:
             yield run_batch([item], predict, skip_invalid)
         return
     log.debug("sweep: %d configurations on %d worker processes", len(rest), jobs)
     _resolve_predict(predict)  # import the simulator once here; forked workers inherit it
-    yield from _iter_pool(_batches(rest, jobs), predict, skip_invalid, jobs, context)
-
-
-_POOL_DIR_PREFIX = "perfsim-sweep-"
-
-
-def _remove_stale_pool_dirs() -> None:
-    """Remove the pool folders of sweeps that are provably dead (SIGKILLed):
-    their pool workers died with them (``die_with_parent``), these remain."""
-    base = Path(tempfile.gettempdir())
-    for d in base.glob(f"{_POOL_DIR_PREFIX}*"):
-        try:
-            pid = int(d.name[len(_POOL_DIR_PREFIX):].split("-")[0])
-            made = d.stat().st_mtime
-        except (ValueError, OSError):
-            continue
-        if pid != os.getpid() and provably_dead(pid, made):
-            shutil.rmtree(d, ignore_errors=True)
+    yield from _iter_pool(_batches(rest, jobs), predict, skip_invalid, jobs)
 
 
 # ---------------------------------------------------------------- part file (resume)
@@ -342,13 +296,12 @@ class _PartWriter:
     def __init__(self, path: Path, records: list[dict]):
         self.path = path
         # rewrite cleanly first, so a torn tail never glues onto the next record
-        atomic_write_text(path, "".join(json.dumps(r, default=_json_default) + "\n"
-                                        for r in records))
+        outputs.write_text(path, outputs.jsonl_text(records, _json_default))
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND)
         self.last_sync = time.monotonic()
 
     def append(self, records: Iterable[dict]) -> None:
-        data = "".join(json.dumps(r, default=_json_default) + "\n" for r in records).encode()
+        data = outputs.jsonl_text(list(records), _json_default).encode()
         os.write(self.fd, data)
         if time.monotonic() - self.last_sync > 1.0:
             os.fsync(self.fd)
@@ -385,19 +338,10 @@ def read_table(path: str | os.PathLike, allow_empty: bool = False):
 
 
 def write_table(df, path: str | os.PathLike) -> None:
-    """Write ``df`` atomically as CSV or Parquet, chosen by the suffix."""
-    import io
-
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        atomic_write_text(path, df.to_csv(index=False))
-    elif suffix in (".parquet", ".pq"):
-        buf = io.BytesIO()
-        df.to_parquet(buf, index=False)
-        atomic_write_bytes(path, buf.getvalue())
-    else:
+    """Write ``df`` atomically as CSV or Parquet, chosen by the suffix (:func:`perfsim.outputs.write_frame`)."""
+    if Path(path).suffix.lower() not in TABLE_SUFFIXES:
         raise ConfigError(f"output {str(path)!r}: unknown format (use .csv or .parquet)")
+    outputs.write_frame(path, df)
 
 
 @dataclass
@@ -454,7 +398,6 @@ def input_key(params: Mapping[str, Any]) -> str:
     """The key a finished configuration is stored under beside its ``config_id``:
     perfsim's version and the content of every file a prediction of ``params``
     reads (:func:`perfsim.api.input_files`, :func:`perfsim.provenance.input_key`)."""
-    from perfsim.api import input_files
     from perfsim.provenance import input_key as key
 
     return key(input_files(**params))
@@ -470,8 +413,6 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
     stored row whose inputs changed is recomputed, with one warning per reason. Rows
     of another grid are never dropped silently: ConfigError (give another --out, or
     --overwrite to replace them)."""
-    from perfsim.provenance import stale_notes, stale_reasons
-
     stored: dict[str, dict] = {}
     for source, recs in (("its table", _records_from_table(out)),
                          (f"its interrupted sweep ({part.name})", _read_part(part))):
@@ -497,8 +438,6 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
 
 def _given_files(params: Mapping[str, Any]) -> dict[str, Any]:
     """The input files by role as the user named them (for notes; the default profile by its path)."""
-    from perfsim.api import input_files
-
     return {role: params[role] if isinstance(params.get(role), str) else path
             for role, path in input_files(**params).items()}
 
@@ -528,11 +467,9 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
     jobs = int(jobs) if jobs is not None else (os.cpu_count() or 1)
     if jobs < 1:
         raise ConfigError(f"jobs={jobs}: must be >= 1")
-    from perfsim import outputs
-
     if outputs.is_stdio(out):  # "-": the table as CSV on stdout; nothing to resume from
         table = _run_sweep(spec, None, jobs, pool, predict, skip_invalid, resume, progress, report)
-        outputs.write_text(out, table.summary.to_csv(index=False))
+        outputs.write_frame(out, table.summary, "csv")
         return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
         outputs.check_file_target(out, "--out")
@@ -593,7 +530,7 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
             stages_file.unlink()
         errors_file = errors_file.with_suffix(".csv")
         if not table.errors.empty:
-            atomic_write_text(errors_file, table.errors.to_csv(index=False))
+            outputs.write_frame(errors_file, table.errors, "csv")
         elif errors_file.exists():  # from an earlier run of a different grid
             errors_file.unlink()
         part.unlink(missing_ok=True)

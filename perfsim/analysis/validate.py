@@ -35,15 +35,26 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim import outputs
 from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
+from perfsim.analysis.plots import plot_validation, save_figure
+from perfsim.api import build_configs
+from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError
+from perfsim.fabrics import Nic
+from perfsim.link import Link
+from perfsim.models.registry import get_model_spec
+from perfsim.netem import check_rate
+from perfsim.profile import load_profile
+from perfsim.runtime import make_config
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
+from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
 METRICS = ("throughput_samples_per_s", "iteration_s")
@@ -136,15 +147,11 @@ class ValidationPlan:
 
 def parse_bandwidths(text: str) -> tuple[float | None, ...]:
     """``"1Gbps,100Mbps"`` -> (1e9, 1e8); ``none`` / ``loopback`` -> None."""
-    from perfsim.units import split_list
-
     out: list[float | None] = []
     for part in split_list(text, "--emulate-bandwidth"):
         out.append(None if part.lower() in ("none", "loopback", "off") else
                    parse_bandwidth(part, "--emulate-bandwidth"))
         if out[-1] is not None:
-            from perfsim.netem import check_rate
-
             check_rate(out[-1])
     return tuple(out) or (None,)
 
@@ -159,8 +166,6 @@ def link_params(profile, bandwidth_bps: float | None, latency_s: float, link_mod
     if bandwidth_bps is not None:
         return {"bandwidth": bandwidth_bps, "latency": latency_s,
                 "link_model": "auto" if link_model == "profile" else "nominal"}, None
-    from perfsim.fabrics import Nic
-    from perfsim.link import Link
 
     op = "allreduce" if dp_only else "p2p"
     link = Link.calibrated(profile, None, latency_s, op=op)
@@ -181,11 +186,6 @@ def runtime_workload(model: str, folder) -> Path:
     has its own V*d weight (untied, or a synced copy: ``tied_values``), which changes
     the gradient bytes a data-parallel step exchanges.
     """
-    import json
-
-    from perfsim.models.registry import get_model_spec
-    from perfsim.result import atomic_write_text
-
     from perfsim.runtime.models import build_layer
 
     spec = get_model_spec(model)
@@ -197,15 +197,13 @@ def runtime_workload(model: str, folder) -> Path:
     # the last layer (the head)'s own V x d weight: with --tied-embedding sync a copy of the embedding's table
     tied = {"tied_values": mod.lm_head.weight.numel()} if hasattr(mod, "lm_head") else {}
     path = Path(folder) / f"workload-{spec.name}.json"
-    atomic_write_text(path, json.dumps({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
-                                        **tied, "layers": layers}, indent=1))
+    outputs.write_text(path, outputs.json_text({"name": spec.name, "tokens_per_sample": spec.tokens_per_sample,
+                                                **tied, "layers": layers}))
     return path
 
 
 def _drop_checkpoint(run_dir: str) -> None:
     """Validation runs need the measurements, not the model: remove the checkpoint."""
-    import shutil
-
     shutil.rmtree(Path(run_dir) / "ckpt", ignore_errors=True)
 
 
@@ -330,8 +328,6 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
     comparison rows so far."""
     import pandas as pd
 
-    from perfsim.profile import load_profile
-
     profile = load_profile(plan.profile)
     rows = []
     for i, row in enumerate(plan.rows()):
@@ -439,17 +435,15 @@ def plot(df, path, title: str | None = None) -> Path:
 
     matplotlib.use("Agg")
     path = Path(path)
-    from perfsim.analysis.plots import plot_validation, save_figure
 
     fig = plot_validation(df, title=title)
     return save_figure(fig, path)
 
 
 def write_csv(df, path) -> Path:
-    from perfsim.result import atomic_write_text
-
+    """``df`` as CSV at ``path``, atomically (:func:`perfsim.outputs.write_frame`)."""
     path = Path(path)
-    atomic_write_text(path, df.to_csv(index=False))
+    outputs.write_frame(path, df, "csv")
     return path
 
 
@@ -461,10 +455,6 @@ def check_specs(plan: ValidationPlan) -> None:
     """Check every compression spec of ``plan`` against both the simulator (the
     engine plans the configuration) and the runtime (execute mode's config
     validation) before any slow measured run starts. ConfigError naming the spec."""
-    from perfsim.api import build_configs
-    from perfsim.engine.plan import build_plan
-    from perfsim.runtime import make_config
-
     base = {k: v for k, v in plan.base.items() if k in ("model", "pp", "dp", "schedule",
                                                          "micro_batch", "macro_batch")}
     for c in plan.compresses:

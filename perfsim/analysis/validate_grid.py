@@ -17,11 +17,12 @@ import os
 from typing import Any, Sequence
 
 from perfsim.errors import ConfigError
+from perfsim.runtime.config import RunConfig
+from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+from perfsim.units import split_list
 
 
 def _names(value: str | Sequence[Any]) -> tuple[str, ...]:
-    from perfsim.units import split_list
-
     return tuple(split_list(value)) if isinstance(value, str) else tuple(str(v) for v in value)
 
 
@@ -96,10 +97,8 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     """
     from perfsim.analysis import validate as v
     from perfsim.models.registry import get_model_spec
-    from perfsim.outputs import check_dir_target, locked_dir
-    from perfsim.runtime.config import RunConfig
+    from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
     from perfsim.runtime.tensor_parallel import check_tp
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
@@ -175,9 +174,9 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
     """Run every row of ``plan`` with a progress bar, then write the grid's files."""
     import pandas as pd
 
+    from perfsim import outputs  # as in validate(): not at `import perfsim`
     from perfsim.analysis import validate as v
     from perfsim.progress import Progress
-    from perfsim.result import atomic_write_text
 
     out = plan.out
     total = len(plan.rows())
@@ -213,8 +212,8 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
                 summary["profile_drift"] = old["profile_drift"]
         except (OSError, ValueError):
             pass
-    atomic_write_text(f"{out}/summary.json", json.dumps(summary, indent=1, default=str))
-    atomic_write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
+    outputs.write_text(f"{out}/summary.json", outputs.json_text(summary, default=str))
+    outputs.write_text(f"{out}/validation.md", v.markdown_table(df) + "\n")
     df.attrs.update(summary=summary, csv=f"{out}/validation.csv", png=None, drift=drift[1] if drift else None)
     if plot and summary["rows"]:  # no plot when no row was predicted (e.g. TP rows the simulator lacks)
         df.attrs["png"] = str(v.plot(df, f"{out}/validation.png",

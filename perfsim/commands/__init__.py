@@ -9,8 +9,11 @@ it returns; the work itself lives in the library (``perfsim.predict``,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 from typing import Any, Callable
+
+from perfsim.runtime.config import RunConfig
 
 
 def positive_int(text: str) -> int:
@@ -86,10 +89,6 @@ def add_job_arguments(p: argparse.ArgumentParser, lists: bool = False) -> None:
     """The :data:`JOB_FLAGS`, defaults those of :class:`perfsim.runtime.config.RunConfig`;
     ``lists``: ``--tp``, ``--schedule``, ``--compress``, ``--grad-compress`` take comma
     lists (one grid row per value, ``perfsim validate``)."""
-    import dataclasses
-
-    from perfsim.runtime.config import RunConfig
-
     defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
     for name, (one, many) in JOB_FLAGS.items():
         default = defaults[name]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 
+from perfsim.hardware import value_precision
 from perfsim.units import format_bandwidth, format_bytes, format_time
 from perfsim.memory import breakdown_text
 
@@ -16,8 +18,6 @@ def _cell(s: dict, key: str, fmt) -> str:
     """One configuration cell; the compression columns as sent: under 16-bit precision
     the plain specs (``fp32``, ``none``) send the training dtype
     (:func:`perfsim.engine.plan.native_specs`)."""
-    from perfsim.hardware import value_precision
-
     values = value_precision(s.get("precision") or "")
     if key in ("compress", "grad_compress") and values in ("fp16", "bf16") \
             and str(s[key]).lower() in ("fp32", "none"):
@@ -38,7 +38,6 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
 
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
-    import io
 
     console = Console(file=file if file is not None else io.StringIO(), width=width, no_color=not color,
                       record=file is None, force_terminal=False if file is None else None)

@@ -6,6 +6,13 @@ The flags are the keywords of :func:`perfsim.calibrate.calibration.calibrate`
 
 from __future__ import annotations
 
+import sys
+import time
+
+from perfsim.calibrate.calibration import DEVICES, STAGE_TIMINGS, STATISTICS, calibrate, plan_calibration
+from perfsim.commands import add_keywords, add_no_progress, add_out
+from perfsim.outputs import is_stdio
+
 HELP = "measure compute, encode/decode and communication costs of this machine into a profile"
 EXAMPLES = """examples:
   perfsim calibrate --quick --output traces/mybox.json
@@ -61,9 +68,6 @@ HELPS = {
 
 
 def add_arguments(p) -> None:
-    from perfsim.calibrate.calibration import DEVICES, STAGE_TIMINGS, STATISTICS, plan_calibration
-    from perfsim.commands import add_keywords, add_no_progress, add_out
-
     add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS,
                                                       "stage_timing": STAGE_TIMINGS})
     add_out(p, "traces/calibrated.json", "profile file to write (- is stdout)")
@@ -73,12 +77,6 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import sys
-    import time
-
-    from perfsim.calibrate.calibration import calibrate
-    from perfsim.outputs import is_stdio
-
     old = None
     if args.compare:  # read it first: a bad path fails before minutes of measuring
         from perfsim.profile import load_profile

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+
+from perfsim import outputs, params
+from perfsim.commands import add_out
 
 HELP = "peak memory per GPU of a job, and what each single change (ZeRO, recomputation, TP/PP, ...) saves"
 EXAMPLES = """examples:
@@ -14,17 +15,13 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim import params
-    from perfsim.commands import add_out
-
     params.add_arguments(p, lists=False)
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
     add_out(p, None, "write to FILE (atomically) instead of stdout (- is stdout)", metavar="FILE")
 
 
 def run(args) -> int:
-    from perfsim import outputs, params
-    from perfsim.analysis.memory_fit import memory_report, render
+    from perfsim.analysis.memory_fit import memory_report, render  # the simulator: only when run
 
     out = None if outputs.is_stdio(args.out) else args.out
     if out:
@@ -32,9 +29,6 @@ def run(args) -> int:
     values = params.from_args(args)
     values.pop("allow_oom", None)
     report = memory_report(**values)
-    text = (json.dumps(report.to_dict(), indent=1) if args.format == "json" else render(report)) + "\n"
-    if out:
-        outputs.write_text(out, text)
-    else:
-        sys.stdout.write(text)
+    text = outputs.json_text(report.to_dict()) if args.format == "json" else render(report) + "\n"
+    outputs.emit(out, text)
     return 0

@@ -17,10 +17,12 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from perfsim.emit import EMIT_KINDS
+from perfsim import outputs, params
+from perfsim.emit import EMIT_KINDS, check_emit, emit
+from perfsim.plan import pareto_front
+from perfsim.units import format_time
 
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
 
@@ -31,8 +33,6 @@ PROGRESS_EVERY_S = 5.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim import params
-
     p.epilog = __doc__.split("Examples::", 1)[1]
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     g = p.add_argument_group("cluster")
@@ -55,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "over its workers (with --backend dask)")
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout")
+    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout (- is stdout)")
     g.add_argument("--emit", choices=EMIT_KINDS, default=None,
                    help="also print the winner as a command: megatron (Megatron-LM's flags), torchrun (a "
                         "torchrun command line around them) or perfsim (perfsim run)")
@@ -68,8 +68,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _check_outputs(args) -> None:
     """Refuse an output that cannot be written before the search (one line, exit 2)."""
-    from perfsim import outputs
-
     if args.output:
         outputs.check_file_target(args.output, "--out")
     if args.plot:
@@ -79,8 +77,6 @@ def _check_outputs(args) -> None:
 
 
 def _table(result) -> str:
-    from perfsim.units import format_time
-
     lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>16} {'mb':>3} {'zero':>4} {'recomp':>9} "
              f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
              f"{'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
@@ -113,7 +109,6 @@ def _plot(result, path: str) -> None:
     import matplotlib.pyplot as plt
 
     from perfsim.analysis.plots import save_figure
-    from perfsim.plan import pareto_front
 
     pts, labels = [], []
     for c in result.all_evaluated:
@@ -139,12 +134,11 @@ def _plot(result, path: str) -> None:
 
 
 def run(args) -> int:
-    from perfsim import params
-    from perfsim.emit import check_emit, emit
-    from perfsim.plan import plan
-    from perfsim.progress import Progress, every_s
-    from perfsim.result import atomic_write_text
+    from perfsim.plan import plan  # the simulator: loaded only when the command runs
+    from perfsim.progress import Progress, every_s  # not at CLI start-up (perfsim --help)
 
+    if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
+        args.output = None
     _check_outputs(args)
     given = {k: v for k, v in params.from_args(args).items() if v is not None and k not in _OWN}
     model = given.pop("model", "gpt2-xl")
@@ -163,15 +157,12 @@ def run(args) -> int:
     finally:
         bar.close()
     if args.format == "json":
-        text = json.dumps(result.rows(), indent=1, default=str) + "\n"
+        text = outputs.json_text(result.rows(), default=str)
     elif args.format == "csv":
-        text = result.to_frame().to_csv(index=False)
+        text = outputs.frame_bytes(result.to_frame(), "csv").decode()
     else:
         text = _table(result)
-    if args.output:
-        atomic_write_text(args.output, text)
-    else:
-        sys.stdout.write(text)
+    outputs.emit(args.output, text)
     if args.plot:
         _plot(result, args.plot)
     if kind:

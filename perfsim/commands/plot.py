@@ -8,6 +8,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+from perfsim.commands import add_out
+from perfsim.errors import ConfigError
+from perfsim.outputs import is_stdio
 
 HELP = "draw throughput / speed-up / breakdown / bubble / validation figures from a table (PNG, SVG)"
 EXAMPLES = """examples:
@@ -19,8 +25,6 @@ KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim.commands import add_out
-
     p.add_argument("table", metavar="TABLE",
                    help="a `perfsim sweep` table (.csv/.parquet), a `perfsim validate` CSV, "
                         "or a Result JSON from predict/run; - reads CSV or JSON from stdin")
@@ -42,13 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    import sys
-
     from perfsim.analysis.plots import load_tables, make_figure, save_figure
-    from perfsim.errors import ConfigError
-    from perfsim.outputs import is_stdio
 
     if args.kind not in KINDS:
         raise ConfigError(f"--kind {args.kind!r}: unknown (choose from {', '.join(KINDS)})")

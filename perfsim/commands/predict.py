@@ -7,10 +7,10 @@ AQ-SGD paper's V100 profile, 10 Gbps). Comma lists simulate every combination.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 
+from perfsim import outputs, params
 from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,6 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim import params
-
     params.add_arguments(p, lists=True)
     g = p.add_argument_group("output")
     g.add_argument("--format", choices=("table", "csv", "json", "parquet"),
@@ -37,8 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _grid(args) -> list[dict]:
-    from perfsim import params
-
     return params.expand(params.grid(params.from_args(args), cli=True))
 
 
@@ -49,41 +45,15 @@ def _trace_path(base: str, i: int, n: int) -> str:
     return f"{stem}-{i}.{ext}" if dot else f"{base}-{i}"
 
 
-def _csv(results) -> str:
-    import csv
-    import io
-
-    rows = [r.row() for r in results]
-    cols = list(rows[0])
-    for row in rows[1:]:
-        cols += [k for k in row if k not in cols]
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def _json(results) -> str:
     """One configuration: one object (``summary``, ``stages``, ``microbatches``, ``links``),
     the same as ``perfsim run``'s result.json; several: a list of such objects."""
     data = [r.to_json_dict() for r in results]
-    return json.dumps(data[0] if len(data) == 1 else data, indent=1, default=str, allow_nan=False) + "\n"
-
-
-def _parquet(results) -> bytes:
-    import io
-
-    import pandas as pd
-
-    buf = io.BytesIO()
-    pd.DataFrame([r.row() for r in results]).to_parquet(buf, index=False)
-    return buf.getvalue()
+    return outputs.json_text(data[0] if len(data) == 1 else data, default=str, allow_nan=False)
 
 
 def run(args) -> int:
-    from perfsim import outputs
-    from perfsim.api import predict
+    from perfsim.api import predict  # the simulator: loaded only when a command runs
 
     fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
@@ -104,11 +74,13 @@ def run(args) -> int:
             res.trace_events = []
         results.append(res)
     if fmt == "csv":
-        data = _csv(results).encode()
+        data = outputs.records_csv([r.row() for r in results]).encode()
     elif fmt == "json":
         data = _json(results).encode()
     elif fmt == "parquet":
-        data = _parquet(results)
+        import pandas as pd  # heavy: only for Parquet
+
+        data = outputs.frame_bytes(pd.DataFrame([r.row() for r in results]), "parquet")
     else:
         from perfsim.commands._predict_table import render
 
@@ -117,11 +89,9 @@ def run(args) -> int:
             _warn_memory(results)
             return 0
         data = render(results, width=160, color=False).encode()
+    outputs.emit(args.output, data.decode() if args.output is None else data)
     if args.output:
-        outputs.write_bytes(args.output, data)
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))
-    else:
-        outputs.write_stdout(data.decode())
     _warn_memory(results)
     return 0
 

@@ -14,6 +14,11 @@ an ``OUT`` holding rows of another grid is refused, never silently replaced.
 from __future__ import annotations
 
 import argparse
+import sys
+
+from perfsim import params
+from perfsim.commands import add_no_progress, add_out
+from perfsim.outputs import is_stdio
 
 HELP = "run a grid of predict configurations into a CSV/Parquet table (resumable)"
 EXAMPLES = """examples:
@@ -23,9 +28,6 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim import params
-    from perfsim.commands import add_no_progress, add_out
-
     p.add_argument("sweep_file", nargs="?", metavar="SWEEP.toml",
                    help="TOML sweep file: predict parameter = value or [values] (flags override)")
     params.add_arguments(p, lists=True)
@@ -45,11 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from perfsim import params
     from perfsim.analysis.sweep import SweepSpec, load_sweep_file, run_sweep, sibling_path
-    from perfsim.outputs import is_stdio
 
     spec = load_sweep_file(args.sweep_file) if args.sweep_file else SweepSpec({})
     spec = spec.merged(params.grid(params.from_args(args), cli=True))

@@ -13,6 +13,9 @@ OUT/validation.csv and OUT/validation.png (predicted vs measured). The work is
 
 from __future__ import annotations
 
+from perfsim.analysis.validate_grid import validate
+from perfsim.commands import add_job_arguments, add_no_progress, add_out
+
 HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
 EXAMPLES = """examples:
   perfsim validate --model digits-mlp --pp 2 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \\
@@ -22,8 +25,6 @@ EXAMPLES = """examples:
 
 
 def add_arguments(p) -> None:
-    from perfsim.commands import add_job_arguments, add_no_progress, add_out
-
     add_job_arguments(p, lists=True)
     p.add_argument("--emulate-bandwidth", default="none",
                    help="comma list of emulated link rates (needs root); 'none' = loopback, no emulation")
@@ -52,7 +53,6 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from perfsim.analysis import validate as v
-    from perfsim.analysis.validate_grid import validate
 
     df = validate(profile=args.profile, model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
                   sequence_parallel=args.sequence_parallel, tied_embedding=args.tied_embedding,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 from pathlib import Path
 
 from perfsim._lazy import np
@@ -199,7 +200,6 @@ class MessageStore:
         the store is unusable afterwards."""
         if self.disk is None or self.dir is None:
             return
-        import shutil
 
         self._arrays = {}  # drop the memmaps before their files
         shutil.rmtree(self.dir, ignore_errors=True)

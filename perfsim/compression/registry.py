@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
+from perfsim.compression import load_builtins
 from perfsim.compression.base import Compressor
 from perfsim.compression.spec import _FWBW, PIPELINE_EXAMPLES, Spec, parse_spec
 from perfsim.errors import ConfigError
@@ -28,8 +29,6 @@ def register(cls: type[Compressor]) -> type[Compressor]:
 
 
 def _ensure_loaded() -> None:
-    from perfsim.compression import load_builtins
-
     load_builtins()
 
 

@@ -10,6 +10,9 @@ closed form when no flows compete), :mod:`.report` (the Result tables).
 from __future__ import annotations
 
 from perfsim.engine.plan import Plan, build_plan
+from perfsim.errors import ConfigError
+from perfsim.hardware import get_gpu
+from perfsim.memory import GIB, stage_memory
 from perfsim.network import Network, current_backend
 
 
@@ -60,9 +63,6 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
     """Per-stage memory (:mod:`perfsim.memory`) and the GPU's capacity; raises a
     ConfigError naming the stage and the shortfall when it does not fit (unless
     ``allow_oom``). Returns (stage memories, capacity bytes or None)."""
-    from perfsim.errors import ConfigError
-    from perfsim.hardware import get_gpu
-    from perfsim.memory import GIB, stage_memory
     mem = stage_memory(workload, strategy, plan, plan.table)
     cap = get_gpu(system.gpu).memory_bytes if system.gpu else None
     if cap is not None and not allow_oom:
@@ -78,8 +78,6 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
 def plan_with_memory(workload, strategy, system, profile, allow_oom: bool = False):
     """The network, the plan (every per-stage cost resolved) and the per-stage memory of one
     job -- what :func:`simulate` starts from, and all ``perfsim memory`` needs."""
-    from perfsim.hardware import get_gpu
-
     network = Network(system, strategy.devices, profile)
     gpu = get_gpu(system.gpu) if system.gpu else None
     plan = build_plan(workload, strategy, profile, network, gpu, system.host_overhead_s)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sim import DeviceStats, SimOutput
 from perfsim.network import Network
@@ -412,8 +413,6 @@ def _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo
     members' link and NIC rates. Returns ``devices``, and per replica its ``end`` and
     ``duration``; its NIC flows join ``stream_flows`` for the premise check."""
     import numpy as np
-
-    from perfsim.compression.base import ALLREDUCE
 
     table, lanes, last = plan.table, plan.tp, len(plan.stages) - 1
     devices = (table.stage_device[0], table.stage_device[last])

@@ -43,6 +43,7 @@ import math
 from perfsim.compression.refresh import uncompressed_steps
 from perfsim.network import collective_cost
 from perfsim.engine.uncertainty import interval
+from perfsim.memory import GIB
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -65,7 +66,6 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     T = out.iteration_s
     # each simulated replica stands for a class of identical ones
     weights = weights or {r: 1 for r in out.replicas}
-    from perfsim.memory import GIB
 
     mem, cap = memory if memory is not None else (None, None)
     # a device holds all its stages (chunks): its memory is their sum

@@ -15,6 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from perfsim.calibrate.profile_io import comm_name
+from perfsim.collectives import DEFAULT_CALLS
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
 from perfsim.profile.format import COMM_OPS
 from perfsim.schedules import PLAIN_SCHEDULES
@@ -222,8 +225,6 @@ class ProfileCosts:
 
     def _fit_named(self, op: str, name: str | None, call: str | None = None) -> Fit | None:
         """:meth:`fit` for exactly ``name`` (None: any name)."""
-        from perfsim.collectives import DEFAULT_CALLS
-
         want = call or DEFAULT_CALLS.get(op)
 
         def same_call(r: dict) -> bool:
@@ -314,9 +315,6 @@ class ProfileCosts:
         fits' quotient can be far from the measured ratio at the sizes that matter;
         records without ``allreduce_s`` fall back to it (this kind's fit over the
         allreduce's, :meth:`fit`)."""
-        from perfsim.calibrate.profile_io import comm_name
-        from perfsim.collectives import DEFAULT_CALLS
-
         if kind not in COMM_OPS:
             raise ConfigError(f"collective op {kind!r}: not one of {COMM_OPS}")
         backend = self.metadata.get("backend", "gloo")
@@ -342,8 +340,6 @@ class ProfileCosts:
         ranks as the profile timed it over the link emulated at ``nominal_bps``: linear
         in log(time) against log(size) between the measured sizes; None outside them,
         at another world size, or where that link was not measured."""
-        from perfsim.calibrate.profile_io import comm_name
-
         if not nominal_bps or nbytes <= 0:
             return None
         name = comm_name(self.metadata.get("backend", "gloo"), nominal_bps)
@@ -378,8 +374,6 @@ def _fb(op: str) -> str:
 def name_chain(spec: str) -> list[str]:
     """``aqsgd:3:m8`` -> ``['aqsgd:3:m8', 'aqsgd:3', 'aqsgd', '*']``, from the spec's
     canonical text (:class:`perfsim.compression.spec.Spec`: ``DirectQ:4`` is ``directq:4``)."""
-    from perfsim.compression.spec import parse_spec
-
     try:
         spec = parse_spec(spec, "compressor").text
     except ConfigError:

@@ -32,7 +32,6 @@ whose ``version`` this reader does not know is refused with a
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -40,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim import outputs
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
 
 FORMAT = "perfsim-profile"
@@ -277,8 +278,6 @@ class ProfileFile:
     @classmethod
     def load(cls, path: str | os.PathLike):
         """Read and validate a profile file; ``ConfigError`` naming the file on any problem."""
-        from perfsim.documents import read_document
-
         p = Path(path)
         prof = cls.from_dict(read_document(p, "profile", kind="json"), where=f"profile {str(p)!r}")
         prof.path = str(p)
@@ -296,10 +295,8 @@ class ProfileFile:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write atomically (temp file + rename); validates first."""
-        from perfsim.result import atomic_write_text
-
         ProfileFile.from_dict(self.to_dict(), where="profile being saved")
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1) + "\n")
+        outputs.write_text(path, outputs.json_text(self.to_dict()))
 
     def add(self, **record) -> None:
         """Append one validated record."""

@@ -44,15 +44,13 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import statistics
 from pathlib import Path
 from typing import Any
 
-from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result,
-                            atomic_write_text)
+from perfsim import outputs
+from perfsim.result import LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result
 
 
 def _onebit_warmup(grad_compress) -> int | None:
@@ -266,17 +264,6 @@ def trace_events(gathered: list[dict]) -> list[dict]:
     return events
 
 
-def _csv(rows: list[dict], columns: list[str]) -> str:
-    extra = [k for row in rows for k in row if k not in columns]
-    cols = columns + list(dict.fromkeys(extra))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
-    w.writeheader()
-    for row in rows:
-        w.writerow({k: row.get(k) for k in cols})
-    return buf.getvalue()
-
-
 #: what :func:`write_outputs` writes into a run folder, ``result.json`` (the one
 #: :func:`load_result` reads) last
 OUTPUT_FILES = ("summary.csv", "stages.csv", "microbatches.csv", "links.csv", "losses.csv", "trace.json",
@@ -295,15 +282,15 @@ def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None =
     losses = result.losses
     data = result.to_json_dict()
     data["losses"] = [{"step": s, "loss": v} for s, v in losses.items()]
-    texts = {"summary.csv": _csv([result.row()], SUMMARY_COLUMNS),
-             "stages.csv": _csv(result.stages, STAGE_COLUMNS),
-             "microbatches.csv": _csv(result.microbatches, MICROBATCH_COLUMNS),
-             "links.csv": _csv(result.links, LINK_COLUMNS),
-             "losses.csv": _csv(data["losses"], ["step", "loss"]),
+    texts = {"summary.csv": outputs.records_csv([result.row()], SUMMARY_COLUMNS),
+             "stages.csv": outputs.records_csv(result.stages, STAGE_COLUMNS),
+             "microbatches.csv": outputs.records_csv(result.microbatches, MICROBATCH_COLUMNS),
+             "links.csv": outputs.records_csv(result.links, LINK_COLUMNS),
+             "losses.csv": outputs.records_csv(data["losses"], ["step", "loss"]),
              "trace.json": result.trace_text(),
-             "result.json": json.dumps(data, indent=1, default=float)}
+             "result.json": outputs.json_text(data, default=float)}
     for name in OUTPUT_FILES:
-        atomic_write_text(out / name, texts[name])
+        outputs.write_text(out / name, texts[name])
 
 
 def load_result(out: str | Path) -> Result:

@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfsim.analysis import sweep
+from perfsim import batch
 
 
 def _children(pid: int) -> set[int]:
@@ -53,7 +53,7 @@ def test_killed_sweep_leaves_no_pool_and_no_temp_folder(tmp_path):
             pool = _descendants(proc.pid)
             time.sleep(0.2)
         assert len(pool) >= 2
-        leftovers = list(Path(tempfile.gettempdir()).glob(f"perfsim-sweep-{proc.pid}-*"))
+        leftovers = list(Path(tempfile.gettempdir()).glob(f"{batch.POOL_DIR_PREFIX}{proc.pid}-*"))
         assert leftovers  # the pool's temp folder, named after the sweep (multiprocessing's goes inside)
         proc.kill()
         proc.wait()
@@ -70,5 +70,5 @@ def test_killed_sweep_leaves_no_pool_and_no_temp_folder(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-    sweep._remove_stale_pool_dirs()  # what the next sweep does first
-    assert not list(Path(tempfile.gettempdir()).glob(f"perfsim-sweep-{proc.pid}-*"))
+    batch.remove_stale_pool_dirs()  # what the next pool (plan or sweep) does first
+    assert not list(Path(tempfile.gettempdir()).glob(f"{batch.POOL_DIR_PREFIX}{proc.pid}-*"))

@@ -85,7 +85,7 @@ def test_wire_bytes_are_the_dp_plan_the_simulator_charges(runs, method):
     """state.wire_bytes == steps x the compressor's dp_plan over the canonical buckets --
     the function the simulator's plan calls (engine/plan.py) and `perfsim compressors`
     prints as dp_bytes."""
-    from perfsim.commands.compressors import rows
+    from perfsim.compression.catalog import rows
     from perfsim.compression import make_compressor
     from perfsim.engine.plan import _grad_steps
 
