@@ -8,7 +8,7 @@ from pathlib import Path
 import perfsim
 from perfsim import params
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STUB = ROOT / "perfsim" / "__init__.pyi"
 
 
