@@ -98,7 +98,8 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     from perfsim.models.specs import get_model_spec
     from perfsim.outputs import check_dir_target, locked_dir
     from perfsim.runtime.config import RunConfig
-    from perfsim.runtime.tensor_parallel import check_tp
+    from perfsim.models.tensor_parallel import check_tp
+    from perfsim.models.transformer import resolve_transformer
     from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
     spec = get_model_spec(model)
@@ -128,11 +129,11 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         base["tied_embedding"] = tied_embedding
     tps = _degrees(tp)
     if tied_embedding == "sync" and max(tps) > 1:
-        RunConfig(model=model, tp=max(tps), tied_embedding=tied_embedding)  # names why not
+        RunConfig(model=model, pp=pp, tp=max(tps), tied_embedding=tied_embedding)  # names why not
     if sequence_parallel and max(tps) == 1:
         raise ConfigError("--sequence-parallel: needs a --tp > 1")
     for t in tps:  # a TP degree the model cannot take fails before any run
-        check_tp(spec, t, sequence_parallel and t > 1)
+        check_tp(resolve_transformer(model), t, sequence_parallel and t > 1, model)
     limit = dataset_limit or 4 * macro_batch * dp
     out = out or default_out(model, pp, dp, tps, sequence_parallel, tied_embedding)
     plan = v.ValidationPlan(

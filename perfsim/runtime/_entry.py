@@ -51,12 +51,12 @@ def make_config(**params: Any):
     if "boundary_compress" in params:  # canonical text, as perfsim predict prints it
         from perfsim.boundaries import canonical
 
-        params["boundary_compress"] = canonical(params["boundary_compress"]) or None
-    if "device_order" in params:
-        from perfsim.params import parse_device_order
+        params["boundary_compress"] = canonical(params["boundary_compress"])
+    from perfsim.params import RUN_JOB_PARAMS, normalize
 
-        order = parse_device_order(params["device_order"], "--device-order")
-        params["device_order"] = ",".join(map(str, order)) if order else None
+    for name in RUN_JOB_PARAMS:  # parsed as perfsim predict parses them (perfsim.params.PARAMS)
+        if name in params and name not in ("model", "compress", "grad_compress", "boundary_compress"):
+            params[name] = normalize(name, params[name], cli=True)
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:
@@ -66,9 +66,19 @@ def make_config(**params: Any):
         from perfsim.runtime import checkpoint
 
         root, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
+        meta = dict(meta, config=_stored_config(meta.get("config") or {}))
         params = _from_checkpoint(meta, params)
         if params.get("out") is None:  # the run folder that owns the checkpoint, never the step folder
             params["out"] = str(checkpoint.run_folder(root))
+    if params.get("partition") == "uniform":  # Megatron-LM's split, as perfsim predict makes it
+        from perfsim.models.specs import get_model_spec
+        from perfsim.partition import uniform_counts
+        from perfsim.schedules import stage_count
+
+        spec = get_model_spec(params.get("model", _default("model")))
+        schedule = params.get("schedule", _default("schedule"))
+        stages = params.get("pp", _default("pp")) * stage_count(schedule, params.get("virtual_stages"))
+        params["partition"] = uniform_counts([layer.name for layer in spec.layers()], stages)
     if params.get("device") == "cuda":
         import torch
 
@@ -87,6 +97,40 @@ def make_config(**params: Any):
         checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
     return cfg
+
+
+def _default(name: str):
+    """RunConfig's default of field ``name`` (the job's: perfsim.job.Job)."""
+    import dataclasses
+
+    from perfsim.runtime.config import RunConfig
+
+    return {f.name: f.default for f in dataclasses.fields(RunConfig)}[name]
+
+
+def _stored_config(stored: dict) -> dict:
+    """A checkpoint's stored config in the value forms of today's RunConfig JSON: a run
+    written before the job's values were parsed once stored ``device_order`` /
+    ``partition`` as text and no boundary override as None."""
+    out = dict(stored)
+    if isinstance(out.get("device_order"), str):
+        from perfsim.params import parse_device_order
+
+        order = parse_device_order(out["device_order"], "device_order")
+        out["device_order"] = list(order) if order else None
+    if isinstance(out.get("partition"), str):
+        from perfsim.partition import parse_counts
+
+        counts = parse_counts(out["partition"])
+        out["partition"] = list(counts) if counts else None
+    if "boundary_compress" in out and out["boundary_compress"] is None:
+        out["boundary_compress"] = ""
+    return out
+
+
+def _json_value(v):
+    """A value as the config's JSON holds it (tuples are lists)."""
+    return list(v) if isinstance(v, tuple) else v
 
 
 #: what a resumed run takes from its checkpoint's stored config unless given again; these
@@ -113,7 +157,7 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         if k not in stored and k not in RunConfig.RESUME_DEFAULTS:
             continue  # a checkpoint older than the key: the run's value stands (checked later)
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
-        if k in params and params[k] != was:
+        if k in params and _json_value(params[k]) != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "
                               f"the job from the checkpoint: leave {flag} out, or start a new run elsewhere)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfsim.errors import ConfigError
-from perfsim.schedules import PipelineShape
+from perfsim.job import Job
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
@@ -23,7 +23,7 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class RunConfig(PipelineShape):
+class RunConfig(Job):
     """One real training job.
 
     model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
@@ -72,19 +72,9 @@ class RunConfig(PipelineShape):
       untied head, no checkpoints), the simulator's ``--zero 3``.
     """
 
-    model: str = "digits-mlp"
-    pp: int = 2
-    dp: int = 1
-    tp: int = 1
-    sequence_parallel: bool = False
-    tied_embedding: str = "untied"
-    schedule: str = "1f1b"
-    compress: str = "fp32"
-    grad_compress: str = "none"
-    boundary_compress: str | None = None
-    device_order: str | None = None
-    micro_batch: int = 8
-    macro_batch: int = 32
+    #: the default model: the smallest preset of :mod:`perfsim.models.specs` that the job's
+    #: default pipeline (pp 8, a stage per layer at least) can train on a CPU
+    model: str = "gpt2-small-byte"
     steps: int | None = None
     epochs: float | None = None
     seed: int = 0
@@ -104,25 +94,13 @@ class RunConfig(PipelineShape):
     virtual_stages: int | None = None
     fail_signal: str = "SIGKILL"
     hang_timeout_s: float = 30.0
-    zero: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
+        self.check()  # the job's fields (perfsim.job.Job), validated once for predict and run
         from perfsim.models.specs import get_model_spec
-        from perfsim.schedules import get_schedule
 
         get_model_spec(self.model)
-        get_schedule(self.schedule)
-        if self.virtual_stages is not None and (not isinstance(self.virtual_stages, int)
-                                                or self.virtual_stages < 1):
-            raise ConfigError(f"virtual_stages={self.virtual_stages!r}: must be an integer >= 1")
-        for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
-        if self.macro_batch % self.micro_batch:
-            raise ConfigError(f"macro_batch={self.macro_batch}: not a multiple of "
-                              f"micro_batch={self.micro_batch}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
         if self.epochs is not None and not (0 < self.epochs < math.inf):
@@ -155,10 +133,10 @@ class RunConfig(PipelineShape):
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
-        self.table()  # the schedule must fit pp and the micro-batches
-        from perfsim.runtime.tensor_parallel import check_tp
+        from perfsim.models.tensor_parallel import check_tp
+        from perfsim.models.transformer import resolve_transformer
 
-        check_tp(self.spec(), self.tp, self.sequence_parallel)
+        check_tp(resolve_transformer(self.model), self.tp, self.sequence_parallel, self.model)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
@@ -169,7 +147,7 @@ class RunConfig(PipelineShape):
 
         for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
             make_pipeline_pair(spec)
-        self.layout  # the device order must be a permutation of the ranks
+        self.layout  # the device order must fit the rank layout (no order with tp > 1)
         from perfsim.compression.grad_spec import parse_grad_spec
 
         parse_grad_spec(self.grad_compress)
@@ -177,18 +155,13 @@ class RunConfig(PipelineShape):
     # ----------------------------------------------------------------- derived
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.devices
 
     @property
     def layout(self):
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        order = None
-        if self.device_order is not None:
-            from perfsim.params import parse_device_order
-
-            order = parse_device_order(self.device_order, "device_order")
-        return RankLayout(self.tp, self.dp, self.pp, order)
+        return RankLayout(self.tp, self.dp, self.pp, self.device_order)
 
     def spec(self):
         from perfsim.models.specs import get_model_spec
@@ -197,21 +170,18 @@ class RunConfig(PipelineShape):
 
     def stage_ranges(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer range of every stage (model chunk)."""
-        from perfsim.partition import parse_counts, partition_model
+        from perfsim.partition import partition_model
 
         spec = self.spec()
         nst = self.num_stages
         if nst > len(spec.layers()) and nst > self.pp:
             raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
                               f"{self.model} has only {len(spec.layers())} layers")
-        return partition_model(spec, nst, explicit=parse_counts(self.partition))
+        return partition_model(spec, nst, explicit=self.partition)
 
     def check_tied(self) -> None:
-        from perfsim.config import TIED_EMBEDDINGS
         from perfsim.models.specs import GPTSpec
 
-        if self.tied_embedding not in TIED_EMBEDDINGS:
-            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
         if self.tied_embedding == "sync" and not isinstance(self.spec(), GPTSpec):
             raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
         if self.tied_embedding == "sync" and self.tp > 1:
