@@ -11,7 +11,7 @@ import pytest
 from perfsim import netem
 from perfsim.cli import main
 
-from _helpers import assert_user_error, run_cli
+from _helpers import PINNED_FLAGS, assert_user_error, run_cli
 
 needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root + ip netns + tc")
 
@@ -68,7 +68,7 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
     """A burst of Ctrl-C during teardown left perfsim-<pid>-0-br behind."""
     for attempt in range(2):
         out = tmp_path / f"i{attempt}"
-        proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+        proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--micro-batch", "8",
                                  "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
                                  "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         mine = f"{netem.PREFIX}{proc.pid}-"
@@ -95,7 +95,7 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
 def test_emulated_rate_outside_tc_range_refused_up_front(tmp_path, rate):
     """tc tracebacks after namespaces were built."""
     before = netem.list_namespaces() if netem.netns_available() else []
-    proc = run_cli("run", "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
+    proc = run_cli("run", *PINNED_FLAGS, "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
     assert_user_error(proc.returncode, proc.stderr, "tc shapes")
     if netem.netns_available():
         assert netem.list_namespaces() == before

@@ -84,16 +84,16 @@ def test_resume_of_another_job_is_refused_before_launch(tmp_path):
     from perfsim.runtime import checkpoint
     from perfsim.runtime import make_config
 
-    saved = json.loads(make_config(model="digits-mlp", pp=2, out=str(tmp_path)).to_json())
+    saved = json.loads(make_config(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b", out=str(tmp_path)).to_json())
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "latest.json").write_text(json.dumps(
         {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "step": 3, "world_size": 2,
          "config": saved}))
-    make_config(model="digits-mlp", pp=2, resume=str(tmp_path), steps=6)  # same job: fine
+    make_config(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b", resume=str(tmp_path), steps=6)  # same job: fine
     with pytest.raises(ConfigError, match="compress"):
-        make_config(model="digits-mlp", pp=2, resume=str(tmp_path), compress="fp16")
+        make_config(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b", resume=str(tmp_path), compress="fp16")
     with pytest.raises(ConfigError, match="no checkpoint"):
-        make_config(model="digits-mlp", pp=2, resume=str(tmp_path / "nothing"))
+        make_config(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b", resume=str(tmp_path / "nothing"))
 
 
 

@@ -124,7 +124,7 @@ def check_tp(spec, tp: int, sequence_parallel: bool = False, model: str = "") ->
             raise ConfigError("sequence_parallel: needs tp > 1")
         return
     if spec is None:
-        raise ConfigError(f"tp={tp}: tensor parallelism needs a transformer model, not {model!r}")
+        raise ConfigError(f"tp={tp}: tensor parallelism needs a transformer (GPT, LLaMA, BERT ...), not {model!r}")
     for what, n in (("heads", spec.heads), ("ffn", spec.ffn), ("expert_ffn", spec.expert_ffn),
                     ("shared_ffn", spec.shared_ffn)):
         if not n:

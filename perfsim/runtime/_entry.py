@@ -56,7 +56,7 @@ def make_config(**params: Any):
 
     for name in RUN_JOB_PARAMS:  # parsed as perfsim predict parses them (perfsim.params.PARAMS)
         if name in params and name not in ("model", "compress", "grad_compress", "boundary_compress"):
-            params[name] = normalize(name, params[name], cli=True)
+            params[name] = normalize(name, params[name])
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:
