@@ -478,6 +478,17 @@ def from_args(args: argparse.Namespace) -> dict[str, Any]:
 #: the parameters that describe the job ``perfsim run`` trains: the model and the fields of
 #: :class:`perfsim.job.Job` (run's flags and :func:`perfsim.run`'s keywords are these)
 RUN_JOB_PARAMS: tuple[str, ...] = ("model", *JOB_FIELDS)
+#: the job parameters that ``perfsim run`` keeps as given (the model preset is looked up by
+#: RunConfig; the compressor specs are checked by the compressors themselves)
+_KEPT = ("model", "compress", "grad_compress", "boundary_compress")
+
+
+def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
+    """The job parameters of ``values`` (None: not given) normalised as predict normalises
+    them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
+    :func:`perfsim.run` hand to RunConfig."""
+    return {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
+            for name in RUN_JOB_PARAMS if values.get(name) is not None}
 
 
 # ---------------------------------------------------------------- Python API

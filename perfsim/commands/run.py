@@ -42,18 +42,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_no_progress(p, "no progress bar")
 
 
-def run(args: argparse.Namespace) -> int:
-    from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
-
+def run_params(args: argparse.Namespace) -> dict:
+    """The keywords of :func:`perfsim.runtime.run` that the parsed flags ``args`` give: the
+    job's parsed as ``perfsim predict`` parses them (an error names the flag), run's own as
+    given, and the output folder (``perfsim-run`` unless ``--resume`` names one)."""
     from perfsim import params as params_mod
     from perfsim.runtime.config import RUN_OPTIONS
 
-    params = {name: getattr(args, name) for name in params_mod.RUN_JOB_PARAMS}
-    for name in ("pp", "dp", "tp", "micro_batch", "macro_batch", "virtual_stages", "zero", "schedule",
-                 "tied_embedding", "device_order", "partition"):  # an error names the flag
-        params[name] = params_mod.normalize(name, params[name], cli=True)
+    params = params_mod.run_job(vars(args), cli=True)
     params.update({o.name: getattr(args, o.name) for o in RUN_OPTIONS})
     params["out"] = args.out or (None if args.resume else "perfsim-run")
+    return params
+
+
+def run(args: argparse.Namespace) -> int:
+    from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
+
+    params = run_params(args)
     from perfsim.compression.grad_spec import warmup_steps
 
     grad, out = args.grad_compress, params["out"]

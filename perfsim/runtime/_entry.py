@@ -52,11 +52,9 @@ def make_config(**params: Any):
         from perfsim.boundaries import canonical
 
         params["boundary_compress"] = canonical(params["boundary_compress"])
-    from perfsim.params import RUN_JOB_PARAMS, normalize
+    from perfsim.params import run_job
 
-    for name in RUN_JOB_PARAMS:  # parsed as perfsim predict parses them (perfsim.params.PARAMS)
-        if name in params and name not in ("model", "compress", "grad_compress", "boundary_compress"):
-            params[name] = normalize(name, params[name])
+    params.update(run_job(params))  # the job, parsed as perfsim predict parses it (perfsim.params.PARAMS)
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:

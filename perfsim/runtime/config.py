@@ -126,10 +126,8 @@ class RunConfig(Job):
     latency_s: float = 0.0
     timeout_s: float = 60.0
     device: str = "cpu"
-    partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
-    virtual_stages: int | None = None
     fail_signal: str = "SIGKILL"
     hang_timeout_s: float = 30.0
     extra: dict[str, Any] = field(default_factory=dict)
