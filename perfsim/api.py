@@ -9,8 +9,9 @@ parameters, their types, defaults and units are described once, in
 process. ``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,
 heads=96,seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` /
 ``bert:`` / ``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu``
-preset switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks
-ordered tp, dp, pp); with a ``gpu`` the compute comes from its operator model
+preset switches the defaults to Megatron-LM's (:data:`perfsim.job.MEGATRON`: 1F1B,
+uniform partition, ranks ordered tp, dp, pp, contiguous gradient buffer, tied head
+synced); with a ``gpu`` the compute comes from its operator model
 (:mod:`perfsim.engine.compute`) and the memory is checked against its capacity
 (:mod:`perfsim.memory`): a configuration that does not fit raises
 :class:`ConfigError` naming the stage and the shortfall.
@@ -135,9 +136,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
 
     Parameters with a ``target`` fill that config field as they are; the others
     are resolved here: the model (preset, inline spec, config.json or workload
-    file), the profile, the topology, and the defaults a ``gpu`` preset switches
-    to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
-    gradient buffer, gradients reduced after the backward)."""
+    file), the profile, the topology, and the defaults of the named preset
+    (:func:`perfsim.job.preset`: ``megatron`` with a ``gpu`` -- schedule 1f1b, uniform
+    partition, placement tp,dp,pp, contiguous gradient buffer, gradients reduced after the
+    backward, tied head synced, vocabulary padded -- else ``perfsim``'s)."""
     p = params_mod.resolved(params)
     from perfsim.models.moe import Routing, check_routing
     from perfsim.workload import resolve_layer_times

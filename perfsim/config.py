@@ -17,14 +17,9 @@ from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
 from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
+from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
-
-
-def _pos_int(obj, name: str, minimum: int = 1) -> None:
-    v = getattr(obj, name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
 
 
 def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:

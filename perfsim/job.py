@@ -87,7 +87,8 @@ def preset(gpu: Any) -> Preset:
     return MEGATRON if gpu else PERFSIM
 
 
-def _pos_int(obj, name: str, minimum: int = 1) -> None:
+def check_int(obj, name: str, minimum: int = 1) -> None:
+    """ConfigError naming field ``name`` of ``obj`` unless it is an integer >= ``minimum``."""
     v = getattr(obj, name)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
@@ -144,9 +145,9 @@ class Job(PipelineShape):
         if self.boundary_compress is None:
             object.__setattr__(self, "boundary_compress", "")
         for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
-            _pos_int(self, name)
+            check_int(self, name)
         if self.virtual_stages is not None:
-            _pos_int(self, "virtual_stages")
+            check_int(self, "virtual_stages")
         if self.macro_batch % self.micro_batch:
             raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
         if self.sequence_parallel and self.tp == 1:
