@@ -30,9 +30,9 @@ from typing import Any, Iterable
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.errors import ConfigError
-from perfsim.job import preset
+from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.result import Result
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
+from perfsim.schedules import stage_count
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -178,10 +178,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
-    if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
-        st.pop("virtual_stages", None)
+    st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
-    _check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
+    check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
     st["partition"] = _partition(p["partition"] or (defaults.partition if model.arch is not None else None), model,
                                  p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")))
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or defaults.placement).split(","))
@@ -214,21 +213,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
-
-
-def _check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
-    """Each of the pp x chunks-per-device pipeline stages needs a layer: the error names
-    the values the user gave (``virtual_stages=100``), not their product."""
-    per_device = stage_count(schedule, virtual_stages)
-    if pp * per_device <= layers:
-        return
-    if per_device == 1:
-        what = f"pp={pp}"
-    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
-        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
-    else:
-        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
-    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
 
 
 def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:

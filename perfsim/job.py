@@ -87,6 +87,35 @@ def preset(gpu: Any) -> Preset:
     return MEGATRON if gpu else PERFSIM
 
 
+def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
+    """What ``--virtual-stages`` means for ``schedule``, in ``perfsim predict`` and ``perfsim run``
+    alike: the model chunks per device of a schedule that lets the user choose them
+    (interleaved-1f1b, :data:`perfsim.schedules.VIRTUAL_STAGE_SCHEDULES`); the others run their
+    own (zb-v 2, the rest 1) and take None, so one ``--virtual-stages`` applies to the
+    interleaved rows of a grid of schedules. (A Job built directly with a count its schedule
+    cannot run is refused by the schedule table.)"""
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+
+    return virtual_stages if schedule in VIRTUAL_STAGE_SCHEDULES else None
+
+
+def check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
+    """Each of the pp x chunks-per-device pipeline stages needs one of the model's ``layers``:
+    the error names the values the user gave (``virtual_stages=100``), not their product."""
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
+
+    per_device = stage_count(schedule, virtual_stages)
+    if pp * per_device <= layers:
+        return
+    if per_device == 1:
+        what = f"pp={pp}"
+    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
+        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
+    else:
+        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
+    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
+
+
 def check_int(obj, name: str, minimum: int = 1) -> None:
     """ConfigError naming field ``name`` of ``obj`` unless it is an integer >= ``minimum``."""
     v = getattr(obj, name)

@@ -487,8 +487,13 @@ def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
     """The job parameters of ``values`` (None: not given) normalised as predict normalises
     them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
     :func:`perfsim.run` hand to RunConfig."""
-    return {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
-            for name in RUN_JOB_PARAMS if values.get(name) is not None}
+    from perfsim.job import Job, chosen_chunks
+
+    job = {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
+           for name in RUN_JOB_PARAMS if values.get(name) is not None}
+    if "virtual_stages" in job:  # as predict takes it: the interleaved schedule's chunk count
+        job["virtual_stages"] = chosen_chunks(job.get("schedule", Job.schedule), job["virtual_stages"])
+    return job
 
 
 # ---------------------------------------------------------------- Python API

@@ -26,6 +26,9 @@ FLAG_SETS = [
     ["--model", "gpt2-tiny", "--pp", "2", "--tp", "2", "--sequence-parallel"],
     ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "1f1b"],
     ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "interleaved-1f1b"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "interleaved-1f1b", "--virtual-stages", "3"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "zb-v", "--virtual-stages", "3"],  # zb-v runs its own 2
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "1f1b", "--virtual-stages", "2"],
     ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "zb-v", "--micro-batch", "2"],
     ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--compress", "aqsgd:fw3bw6",
      "--grad-compress", "qsgd-maxnorm:4"],
@@ -94,7 +97,7 @@ def test_run_defaults_are_predicts(tmp_path):
 
 def test_a_run_model_too_shallow_for_the_default_pp_names_the_flag(tmp_path):
     r = run_cli_here("run", "--model", "digits-mlp", "--out", str(tmp_path / "x"))
-    assert_user_error(r.returncode, r.stderr, "--pp 4")  # digits-mlp: 4 layers, pp 8 by default
+    assert_user_error(r.returncode, r.stderr, "pp=8")  # digits-mlp: 4 layers, pp 8 by default
     assert not (tmp_path / "x").exists()
 
 

@@ -50,7 +50,7 @@ BAD_ARGS = [
     (["--compress", "bogus:3"], "bogus"),
     (["--micro-batch", "5", "--macro-batch", "32"], "micro_batch"),
     (["--pp", "9"], "pp=9"),
-    (["--schedule", "zb-v", "--virtual-stages", "3"], "virtual_stages=3"),
+    (["--schedule", "interleaved-1f1b", "--virtual-stages", "3"], "virtual_stages=3"),
     (["--schedule", "interleaved-1f1b", "--pp", "4"], "interleaved-1f1b"),
 ]
 

@@ -208,15 +208,11 @@ class RunConfig(Job):
         """``[start, end)`` layer range of every stage (model chunk)."""
         from perfsim.partition import partition_model
 
+        from perfsim.job import check_chunks
+
         spec = self.spec()
-        nst = self.num_stages
-        if nst > len(spec.layers()) and nst > self.pp:
-            raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
-                              f"{self.model} has only {len(spec.layers())} layers")
-        if nst > len(spec.layers()):
-            raise ConfigError(f"pp={self.pp}: {self.model} has only {len(spec.layers())} layers, one per "
-                              f"pipeline stage at least (give --pp {len(spec.layers())} or fewer)")
-        return partition_model(spec, nst, explicit=self.partition)
+        check_chunks(self.pp, self.schedule, self.virtual_stages, len(spec.layers()))  # predict's check
+        return partition_model(spec, self.num_stages, explicit=self.partition)
 
     def check_tied(self) -> None:
         from perfsim.models.specs import GPTSpec
