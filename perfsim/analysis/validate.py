@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
 from perfsim.errors import ConfigError
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+from perfsim.job import chosen_chunks
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
@@ -229,7 +229,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     base = dict(plan.base)
     if row.get("schedule"):
         base["schedule"] = row["schedule"]
-    if base.get("schedule") not in VIRTUAL_STAGE_SCHEDULES:  # the others fix their own
+    if chosen_chunks(base.get("schedule"), base.get("virtual_stages")) is None:  # the others fix their own
         base.pop("virtual_stages", None)
     tp = int(row.get("tp", 1))
     # pp = 1: every message is a collective (DP gradients, TP activations): allreduce fits

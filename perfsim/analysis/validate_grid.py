@@ -100,7 +100,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     from perfsim.runtime.config import RunConfig
     from perfsim.models.tensor_parallel import check_tp
     from perfsim.models.transformer import resolve_transformer
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+    from perfsim.job import chosen_chunks
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
@@ -117,7 +117,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     schedules = tuple(s.lower() for s in _names(schedule))
     for s in schedules:  # a schedule that does not fit fails before any run starts
         RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,
-                  virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None,
+                  virtual_stages=chosen_chunks(s, virtual_stages),
                   tied_embedding=tied_embedding, zero=zero)
     base = {"model": model, "pp": pp, "dp": dp, "schedule": schedules[0], "micro_batch": micro_batch,
             "macro_batch": macro_batch}
