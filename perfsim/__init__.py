@@ -127,7 +127,8 @@ run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim
 
     The keywords are ``perfsim run``'s flags (see the signature): the job's
     (:data:`perfsim.params.RUN_JOB_PARAMS`, the fields of :class:`perfsim.job.Job`, parsed as
-    :func:`predict` parses them) and run's own (:data:`perfsim.runtime.config.RUN_OPTIONS`): ``emulate_bandwidth`` in bits/s or
+    :func:`predict` parses them) and run's own (:data:`perfsim.runtime.config.RUN_OPTIONS`):
+    ``emulate_bandwidth`` in bits/s or
     ``"100Mbps"`` (needs root: network namespaces + tc), ``emulate_latency`` and
     ``timeout`` in seconds or ``"5ms"``; ``progress`` is called with
     ``{"step", "steps", "loss"}`` after each step. Returns the measured

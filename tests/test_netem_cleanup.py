@@ -68,7 +68,8 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
     """A burst of Ctrl-C during teardown left perfsim-<pid>-0-br behind."""
     for attempt in range(2):
         out = tmp_path / f"i{attempt}"
-        proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--micro-batch", "8",
+        proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                                 "--schedule", "1f1b", "--micro-batch", "8",
                                  "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
                                  "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         mine = f"{netem.PREFIX}{proc.pid}-"

@@ -38,7 +38,8 @@ def test_links_are_shaped_and_always_removed(tmp_path):
     assert _ours() == before
     # and on failure too: a rank killed inside the namespaces
     with pytest.raises(Exception, match="rank 0"):
-        run(model="digits-mlp", pp=2, schedule="1f1b", steps=20, micro_batch=8, macro_batch=32, fail_rank=0, fail_step=2,
+        run(model="digits-mlp", pp=2, schedule="1f1b", steps=20, micro_batch=8, macro_batch=32, fail_rank=0,
+            fail_step=2,
             emulate_bandwidth="50Mbps", out=tmp_path / "f", timeout="30s")
     assert _ours() == before
 
@@ -53,7 +54,8 @@ def test_interrupt_removes_namespaces(tmp_path, sig):
     import time
 
     out = tmp_path / "i"
-    proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--micro-batch", "8",
+    proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                             "--schedule", "1f1b", "--micro-batch", "8",
                              "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mine = f"{netem.PREFIX}{proc.pid}-"

@@ -129,7 +129,8 @@ def test_under_torchrun(tmp_path):
     command, each process is one rank, rank 0 writes the Result."""
     out = tmp_path / "tr"  # torchrun of this interpreter (a `torchrun` on PATH may be another install's)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "perfsim", "run",
-                           "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "3", "--micro-batch", "4",
+                           "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "3",
+                           "--micro-batch", "4",
                            "--macro-batch", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -15,7 +15,8 @@ EXAMPLES = """examples:
 
 
 #: run's help text of the model flag: the presets execute mode trains (perfsim.models.specs)
-MODEL_HELP = "model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... (perfsim.models.specs)"
+MODEL_HELP = ("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
+              "(perfsim.models.specs)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
