@@ -257,17 +257,16 @@ def _tp_configs(specs, micro, degrees, device: str) -> tuple:
     the sequence divides) with sequence parallelism; ConfigError naming ``--tp`` for a
     degree a model cannot be split by."""
     from perfsim.calibrate.tensor_parallel import TPStageConfig
-    from perfsim.models.specs import GPTSpec
     from perfsim.models.tensor_parallel import check_tp
-    from perfsim.models.transformer import resolve_transformer
+    from perfsim.models.transformer import TransformerSpec
 
     out = []
     for spec in specs:
-        if not isinstance(spec, GPTSpec):
+        if not isinstance(spec, TransformerSpec):
             continue
         for t in (d for d in degrees if d > 1):
             try:
-                check_tp(resolve_transformer(spec.name), t, False, spec.name)
+                check_tp(spec, t, False, spec.name)
             except ConfigError as exc:
                 raise ConfigError(f"--tp {t}: {exc}") from None
             for sp in (False, True) if spec.seq_len % t == 0 else (False,):
@@ -321,7 +320,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
     from perfsim.calibrate.compute import ComputeConfig
     from perfsim.calibrate.efficiency import EfficiencyConfig
     from perfsim.calibrate.machine import usable_cores
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.units import parse_bandwidth, parse_time
 
     if statistic not in STATISTICS:

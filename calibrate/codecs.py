@@ -143,7 +143,7 @@ class CodecConfig:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda': no CUDA device available")
         for model, pp, stage, mb in self.boundaries:
-            from perfsim.models.specs import get_model_spec
+            from perfsim.models.registry import get_model_spec
 
             n = len(get_model_spec(model).layers())
             if not 2 <= int(pp) <= n or not 0 <= int(stage) < int(pp) - 1 or int(mb) < 1:
@@ -171,7 +171,7 @@ def _boundary(boundary: tuple[str, int, int, int], device: str):
     """(activation shape, (model, step)) of a pipeline boundary: ``step()`` runs the
     forward and backward of the stage that ends there (execute mode's module)."""
     from perfsim.calibrate.layers import layer_input
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.partition import partition_model
     from perfsim.runtime import build_stage
 

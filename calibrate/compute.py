@@ -36,7 +36,7 @@ import torch
 from perfsim.calibrate.layers import activation_bytes, build_layers, layer_input, loss_of
 from perfsim.calibrate.timing import time_op
 from perfsim.errors import ConfigError
-from perfsim.models.specs import get_model_spec
+from perfsim.models.registry import get_model_spec
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}

@@ -16,7 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import GPTSpec, MLPSpec
+from perfsim.models.specs import MLPSpec
+from perfsim.models.transformer import TransformerSpec
 
 
 def build_layers(spec, *, dtype: torch.dtype = torch.float32, device: str = "cpu"
@@ -27,7 +28,7 @@ def build_layers(spec, *, dtype: torch.dtype = torch.float32, device: str = "cpu
     from perfsim.runtime import build_layer
 
     torch.manual_seed(0)
-    if not isinstance(spec, (GPTSpec, MLPSpec)):
+    if not isinstance(spec, (TransformerSpec, MLPSpec)):
         raise ConfigError(f"model {getattr(spec, 'name', spec)!r}: cannot build layers for timing")
     mods = [build_layer(spec, i, 0) for i in range(len(spec.layers()))]
     return [m.to(device=device, dtype=dtype).train() for m in mods], "runtime"
@@ -44,8 +45,8 @@ def layer_input(spec, index: int, micro_batch: int, *, dtype: torch.dtype, devic
     """
     layers = spec.layers()
     if index == 0:
-        if isinstance(spec, GPTSpec):
-            return torch.randint(0, spec.vocab_size, (micro_batch, spec.seq_len), device=device,
+        if isinstance(spec, TransformerSpec):
+            return torch.randint(0, spec.vocab, (micro_batch, spec.seq_len), device=device,
                                  generator=generator)
         x = torch.randn((micro_batch, spec.sizes[0]), device=device, dtype=dtype, generator=generator)
         return x
@@ -55,8 +56,8 @@ def layer_input(spec, index: int, micro_batch: int, *, dtype: torch.dtype, devic
 
 def loss_of(spec, out: torch.Tensor, micro_batch: int) -> torch.Tensor:
     """Training loss on the last layer's output (random targets)."""
-    if isinstance(spec, GPTSpec):
-        tgt = torch.randint(0, spec.vocab_size, (micro_batch * spec.seq_len,), device=out.device)
+    if isinstance(spec, TransformerSpec):
+        tgt = torch.randint(0, spec.vocab, (micro_batch * spec.seq_len,), device=out.device)
         return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), tgt)
     tgt = torch.randint(0, out.shape[-1], (micro_batch,), device=out.device)
     return F.cross_entropy(out.float(), tgt)

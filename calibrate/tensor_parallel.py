@@ -43,7 +43,7 @@ def measure_tp_stage(cfg: TPStageConfig) -> list[dict]:
     ``time_s`` is the median over the micro-batches of their compute without
     collectives (each a mean over the run's measured steps), ``spread_s`` their
     interquartile range."""
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.runtime import run
 
     spec = get_model_spec(cfg.model)

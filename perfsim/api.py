@@ -142,7 +142,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     backward, tied head synced, vocabulary padded -- else ``perfsim``'s)."""
     p = params_mod.resolved(params)
     from perfsim.models.moe import Routing, check_routing
-    from perfsim.workload import resolve_layer_times
+    from perfsim.engine.layer_times import resolve_layer_times
 
     profile = _load_profile(p["profile"])
     seq_len = p["seq_len"]
@@ -279,15 +279,14 @@ def _warn_memory(summary: dict[str, Any], profile=None) -> None:
     summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
     prints it on stderr; the API does not log it, as the planner and sweeps call
     :func:`predict` for hundreds of configurations."""
-    from perfsim.hardware import GPUS
-    from perfsim.workload import _profile_gpu
+    from perfsim.hardware import GPUS, profile_gpu
 
     peak = summary.get("peak_memory_gib")
     if summary.get("gpu") or not peak:
         return
     gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
     what = f"every GPU preset's memory (the largest, {gpu.name}, has {gpu.memory_bytes / 2**30:.0f} GiB)"
-    measured_on = _profile_gpu(profile) if profile is not None else None
+    measured_on = profile_gpu(profile) if profile is not None else None
     if measured_on is not None and peak * 2**30 <= gpu.memory_bytes:  # the stronger statement first
         gpu, what = measured_on, f"the profile's GPU ({measured_on.name}, {measured_on.memory_bytes / 2**30:.0f} GiB)"
     if peak * 2**30 > gpu.memory_bytes:

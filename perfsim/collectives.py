@@ -6,7 +6,7 @@ and per-step latency ``a_in``, inter-node rate ``B_out`` (a node's NICs, shared
 by its ranks) and per-step latency ``a_out``, is a sequence of *phases*; each
 phase moves ``V`` bytes through its bottleneck at rate ``B`` and then pays its
 latency-bound steps: ``T = sum(V / B + steps * a)``. The engine turns each
-phase into a fluid flow (:mod:`perfsim.engine.flows`), so collectives running at
+phase into a fluid flow (:mod:`perfsim.network.flows`), so collectives running at
 once share the NICs max-min fairly; :meth:`Collective.time` is the uncontended
 closed form.
 

@@ -252,7 +252,7 @@ class System:
     #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
     comm_slowdown: float | None = None
     #: host time per GPU operator (framework, autograd, launch) replacing the GPU
-    #: curve's ``kernel_s``; None = the curve's (perfsim.engine.compute)
+    #: curve's ``kernel_s``; None = the curve's (perfsim.hardware.curve_for)
     host_overhead_s: float | None = None
 
     def __post_init__(self):

@@ -23,9 +23,9 @@ EMIT_KINDS = ("perfsim", "megatron", "torchrun")
 def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = None) -> str | None:
     """The ``perfsim run`` command that trains this configuration for real, or None
     when the runtime has no implementation of the model."""
-    from perfsim.models.specs import MODEL_SPECS
+    from perfsim.models.registry import runtime_names
 
-    runtime = set(model_runtime) if model_runtime is not None else set(MODEL_SPECS)
+    runtime = set(model_runtime) if model_runtime is not None else set(runtime_names())
     if params["model"] not in runtime:
         return None
     flags = [f"--model {params['model']}", f"--pp {params['pp']}", f"--dp {params['dp']}",
@@ -118,11 +118,11 @@ def _schedule(params: dict[str, Any]) -> str:
 
 def check_emit(model: str) -> None:
     """Refuse ``--emit perfsim`` before a search when the runtime cannot train ``model``."""
-    from perfsim.models.specs import MODEL_SPECS
+    from perfsim.models.registry import runtime_names
 
-    if str(model).lower() not in MODEL_SPECS:
+    if str(model).lower() not in runtime_names():
         raise ConfigError(f"--emit perfsim: {model} has no perfsim run implementation "
-                          f"(runtime models: {', '.join(sorted(MODEL_SPECS))})")
+                          f"(runtime models: {', '.join(sorted(runtime_names()))})")
 
 
 def emit(params: dict[str, Any], kind: str, *, nodes: int, global_batch: int,

@@ -1,17 +1,19 @@
-"""GPU presets: peak dense FLOP/s per precision, memory bandwidth and capacity.
+"""GPU presets: peak dense FLOP/s per precision, memory bandwidth and capacity, and the
+achieved-efficiency curve each one is priced with.
 
 Every figure is the vendor's datasheet number (dense, i.e. without structured
 sparsity; SI units: FLOP/s, bytes/s, bytes). ``tf32`` is the tensor-core rate for
 fp32 inputs; a GPU without a precision has no entry (V100 has no bf16 or tf32).
-``calibrated`` names the GPU whose achieved-efficiency curve
-(:mod:`perfsim.engine.compute`) was fitted on real measurements; other GPUs use
-the nearest calibrated GPU's curve scaled by their own peaks, an assumption the
-result states (``compute_model`` in the summary).
+
+Each preset holds its :class:`Curve` (``GPU.curve``): one fitted on its own measurements
+(``Curve.fitted_on`` is its name), or the curve of the nearest calibrated GPU applied to its
+own peaks, an assumption the result states (``compute_model`` in the summary,
+:func:`curve_for`). The engine prices operators with it (:mod:`perfsim.engine.compute`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from perfsim.errors import ConfigError
 
@@ -27,6 +29,106 @@ def value_precision(precision: str) -> str:
     Engine keeps norms, softmax, attention, the LM head and all tensors between
     operators in bf16), else ``precision`` itself."""
     return "bf16" if precision == "fp8" else precision
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Achieved-efficiency curve of a GPU: what share of its datasheet peaks its operators
+    reach, and the host's time per operator (how the engine prices an operator with it:
+    :func:`perfsim.engine.compute.op_time`; each fitted field's physical range:
+    :mod:`perfsim.engine.curve_bounds`)."""
+
+    #: best fraction of peak FLOP/s a large GEMM reaches
+    eff_max: float
+    #: GEMM dimension at which efficiency halves (per dimension)
+    knee: float
+    #: fraction of memory bandwidth that memory-bound kernels reach
+    mem_eff: float
+    #: host time to issue one operator (framework + launch), seconds
+    kernel_s: float
+    #: where the figures come from
+    source: str
+    #: host time of one pipeline send or receive beyond its bytes: Megatron-LM's
+    #: ``p2p_communication._communicate`` waits for each exchange and synchronises the
+    #: device (``torch.cuda.synchronize``), so a message costs a host round trip
+    #: that the GPU cannot hide behind queued kernels
+    p2p_s: float = 0.0
+    #: host time to issue one tensor-parallel collective: each of Megatron-LM's per-layer
+    #: all-reduces (``mpu.mappings._reduce``) is a ``torch.distributed`` call through the
+    #: NCCL process group, an operator of its own for the host like any kernel, so a small
+    #: one costs at least this (``max(its time on the links, collective_s)``)
+    collective_s: float = 0.0
+    #: share of the aligned rate a GEMM with a feature dimension that is not a multiple
+    #: of 16 bytes reaches (:func:`perfsim.engine.compute.misaligned`)
+    misaligned_eff: float = 1.0
+    #: share of the block GEMMs' rate the LM head's vocabulary GEMMs reach (``Op.lm_head``):
+    #: 1 where kernel times were measured (an H200 runs the padded head GEMMs as fast as
+    #: the blocks'); the A100 fit's is what its iteration times say (:data:`A100_CURVE`)
+    lm_head_eff: float = 1.0
+    #: FlashAttention-2's forward (causal: half the score matrix) as a fraction of peak at
+    #: FLASH_REF (sequence 4096, head dim 128), and the sequence length / head dim at which
+    #: its efficiency halves (:func:`perfsim.engine.compute.flash_time`); 0: not fitted
+    flash_eff: float = 0.0
+    flash_knee_s: float = 0.0
+    flash_knee_d: float = 0.0
+    #: the same for its backward (2.5 x the forward's FLOPs, the scores recomputed)
+    flash_bwd_eff: float = 0.0
+    flash_bwd_knee_s: float = 0.0
+    flash_bwd_knee_d: float = 0.0
+    #: the GPU preset whose measurements fitted the device side ("": none of the presets)
+    fitted_on: str = ""
+
+    def __post_init__(self):
+        if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
+                and self.p2p_s >= 0 and self.collective_s >= 0 and 0 < self.misaligned_eff <= 1
+                and 0 < self.lm_head_eff <= 1
+                and 0 <= self.flash_eff <= 1 and 0 <= self.flash_bwd_eff <= 1
+                and min(self.flash_knee_s, self.flash_knee_d, self.flash_bwd_knee_s, self.flash_bwd_knee_d) >= 0):
+            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff, lm_head_eff in (0, 1], "
+                              f"flash efficiencies in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
+
+
+
+#: the (sequence length, head dimension) at which a curve's flash efficiencies are stated
+FLASH_REF = (4096, 128)
+
+#: the A100 fit's host side (per operator, per pipeline message, per TP collective): the
+#: framework's costs, not the GPU's, so the curves fitted on kernel times share them
+_A100_HOST = dict(kernel_s=58.71e-6, p2p_s=100e-6, collective_s=58.44e-6)
+#: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
+_H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
+                   flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
+#: fitted on A100 iteration times; ``scripts/calibrate_a100.py`` reproduces the fit (bounded
+#: Nelder-Mead on every 4th row of the calibration configurations, each parameter inside its
+#: range, :mod:`perfsim.engine.curve_bounds`; errors in docs/validation.md). The data barely
+#: constrain the knee: at these sizes the host floor hides small GEMMs; p2p_s and lm_head_eff
+#: end on their bounds -- a mechanism of Megatron-DeepSpeed's last stage is still missing
+#: (docs/validation.md). ``lm_head_eff``: measured kernel times put it at 1 (an H200 runs the
+#: padded vocabulary GEMMs as fast as the blocks'); the A100 iteration times do not: the last
+#: pipeline stage's cost per micro-batch beyond its layers grows with hidden size x vocabulary
+#: as if the head ran at about a third of the blocks' rate (TP 1: 8.2 ms per 1024 tokens at
+#: hidden 2048, 4.1 at 1024), so the A100 fit has a share of its own (docs/validation.md, "the
+#: LM head"); which kernel is slow there no trace has shown.
+A100_CURVE = Curve(eff_max=0.856, knee=0.007058, mem_eff=0.7734, lm_head_eff=0.7671,
+                   source="fitted on A100 (../shared/data/a100-single-node, calibration configurations, "
+                          "inside perfsim.engine.curve_bounds)", **_A100_HOST,
+                   # not measured on an A100 (its data pad the vocabulary, its runs use
+                   # Megatron's attention): the H200's
+                   misaligned_eff=0.1924, **_H200_FLASH, fitted_on="a100-sxm4-80gb")
+#: device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
+#: traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side the A100 fit's
+H200_CURVE = Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497,
+                   source="fitted on H200 kernel times (traces/gpu-h200.json); host costs of the A100 fit",
+                   **_A100_HOST, misaligned_eff=0.1924, **_H200_FLASH, fitted_on="h200-sxm-141gb")
+#: fitted on one H100's kernel times (``perfsim calibrate --efficiency --quick``,
+#: ``traces/gpu/h100-efficiency-2026-11-26.json``); host side the A100 fit's
+H100_CURVE = Curve(eff_max=0.9114, knee=352.0, mem_eff=0.7362,
+                   source="fitted on H100 kernel times (traces/gpu/h100-efficiency-2026-11-26.json); "
+                          "host costs of the A100 fit",
+                   **_A100_HOST, misaligned_eff=0.1887,
+                   flash_eff=0.5487, flash_knee_s=576.0, flash_knee_d=96.0, flash_bwd_eff=0.3899,
+                   flash_bwd_knee_s=1664.0, flash_bwd_knee_d=40.0, fitted_on="h100-sxm5-80gb")
+
 
 _V100 = "NVIDIA Tesla V100 GPU datasheet (2020), https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf"
 _A100 = "NVIDIA A100 Tensor Core GPU datasheet (2021), https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-nvidia-us-2188504-web.pdf"
@@ -54,8 +156,11 @@ class GPU:
     memory_bytes: float
     #: where the figures come from
     source: str
-    #: family used to pick the nearest calibrated efficiency curve
+    #: architecture (``ampere``, ``hopper``, ...): whether a borrowed curve comes from the same one
     family: str = ""
+    #: the achieved-efficiency curve it is priced with: its own fit, else the nearest
+    #: calibrated GPU's (default: the A100's)
+    curve: Curve = A100_CURVE
 
     def __post_init__(self):
         if not self.peak_flops or any(p not in PRECISIONS or v <= 0 for p, v in self.peak_flops.items()):
@@ -71,10 +176,10 @@ class GPU:
         return self.peak_flops[precision]
 
 
-def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None):
+def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None, curve=A100_CURVE):
     rates = {k: v for k, v in (("fp32", fp32), ("tf32", tf32), ("bf16", bf16), ("fp16", fp16), ("fp8", fp8))
              if v}
-    return GPU(name, rates, bw, mem, src, family)
+    return GPU(name, rates, bw, mem, src, family, curve)
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -88,14 +193,18 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("a100-pcie-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1935 * G, 80 * 2**30, _A100, "ampere"),
     # fp8: the datasheets' "FP8 Tensor Core" figures are with sparsity (3,958 / 3,026 TFLOPS): halved
     _gpu("h100-sxm5-80gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 3350 * G, 80 * 2**30, _H100, "hopper",
-         fp8=1978.9 * T),
-    _gpu("h100-pcie-80gb", 51 * T, 378 * T, 756 * T, 756 * T, 2000 * G, 80 * 2**30, _H100, "hopper", fp8=1513 * T),
+         fp8=1978.9 * T, curve=H100_CURVE),
+    _gpu("h100-pcie-80gb", 51 * T, 378 * T, 756 * T, 756 * T, 2000 * G, 80 * 2**30, _H100, "hopper", fp8=1513 * T,
+         curve=H200_CURVE),
     _gpu("h200-sxm-141gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 4800 * G, 141 * G, _H200, "hopper",
-         fp8=1978.9 * T),
+         fp8=1978.9 * T, curve=H200_CURVE),
     _gpu("l4", 30.3 * T, 60 * T, 121 * T, 121 * T, 300 * G, 24 * 2**30, _L4, "ada"),
     _gpu("rtx-4090", 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 1008 * G, 24 * 2**30, _ADA, "ada"),
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),
 )}
+
+#: the GPUs without a curve of their own (Volta, Ada, CDNA3, the other A100s) borrow the A100's
+#: (nearest by architecture); the H100 PCIe the H200's
 
 #: the intra-node fabric a node of each GPU ships with (perfsim.fabrics): NVSwitch/NVLink on
 #: SXM parts, the PCIe generation of the card otherwise; absent where no preset fits (MI300X)
@@ -131,3 +240,51 @@ def check_precision(gpu: GPU, precision: str) -> str:
         raise ConfigError(f"precision={precision!r}: choose from {', '.join(PRECISIONS)}")
     gpu.peak(precision)
     return precision
+
+
+def curve_for(gpu: GPU, host_overhead_s: float | None = None) -> tuple[Curve, str]:
+    """The curve ``gpu`` is priced with and a sentence saying where it comes from: fitted
+    on it, on another GPU of its architecture, or on the nearest calibrated GPU.
+    ``host_overhead_s``: the user's host time per operator, replacing the curve's
+    ``kernel_s`` (the framework's, not the GPU's: Megatron-LM on the A100 runs' hosts
+    for every curve here)."""
+    curve, on = gpu.curve, gpu.curve.fitted_on
+    if on == gpu.name:
+        source = f"roofline x efficiency curve calibrated on {on}"
+    elif not curve_borrowed(gpu):
+        source = (f"roofline x efficiency curve calibrated on {on} (same architecture) "
+                  f"applied to {gpu.name}'s datasheet peaks")
+    else:
+        source = (f"roofline x efficiency curve of {on} (nearest calibrated GPU) "
+                  f"applied to {gpu.name}'s datasheet peaks (assumption: not calibrated on {gpu.name})")
+    if host_overhead_s is None:
+        return curve, source
+    return (replace(curve, kernel_s=host_overhead_s),
+            f"{source}; host time per operator {host_overhead_s * 1e6:g} us (given)")
+
+
+def curve_family(gpu: GPU) -> str:
+    """The architecture of the GPU ``gpu``'s curve was fitted on (``ampere`` for a curve
+    fitted on none of the presets)."""
+    on = GPUS.get(gpu.curve.fitted_on)
+    return on.family if on is not None else "ampere"
+
+
+def curve_borrowed(gpu: GPU) -> bool:
+    """Whether ``gpu``'s curve was fitted on a GPU of another architecture."""
+    return curve_family(gpu) != gpu.family
+
+
+def profile_gpu(profile) -> GPU | None:
+    """The GPU preset a profile was measured on, if its ``device_name`` (``NVIDIA H200``;
+    ``perfsim calibrate`` writes it) or ``device`` names one."""
+    meta = getattr(profile, "metadata", None) or {}
+    dev = str(meta.get("device_name") or meta.get("device", "")).lower().replace(" ", "-")
+    best = None
+    for name, gpu in GPUS.items():
+        parts = name.split("-")
+        if all(p in dev for p in parts):
+            return gpu
+        if parts[0] in dev and best is None:
+            best = gpu
+    return best

@@ -8,9 +8,9 @@ A link is what a message of ``s`` bytes costs between two nodes::
   transport efficiency: TCP/IP framing, NCCL protocol overhead);
 * ``overhead_s``: the fixed cost per message (the backend's per-message work,
   syscalls, veth/bridge traversal) on top of the propagation ``latency_s``;
-* ``burst_bytes``: a token-bucket shaper's depth (Linux ``tc tbf``, as
-  :mod:`perfsim.netem` installs): after the link idled, that many bytes leave at
-  once (tc-tbf(8));
+* ``burst_bytes``: a token-bucket shaper's depth (Linux ``tc tbf``, as execute
+  mode's emulated links install it, :mod:`perfsim.shaping`): after the link idled,
+  that many bytes leave at once (tc-tbf(8));
 * ``protocol``: ``eager`` (bytes start when sent) or ``rendezvous`` (they start
   once the receiver posted its receive; gloo's TCP pairs are receiver-driven).
 
@@ -37,7 +37,7 @@ LINK_MODELS = ("auto", "calibrated", "nominal")
 #: point-to-point protocols the engine models
 P2P_PROTOCOLS = ("eager", "rendezvous")
 #: messages up to this size fit inside every emulated link's token bucket
-#: (perfsim.netem: burst >= 16 x 1514 B), so they cost the same at any rate
+#: (perfsim.shaping.tbf_burst_bytes: burst >= 16 x 1514 B), so they cost the same at any rate
 POOL_MAX_BYTES = 16384
 
 
@@ -98,8 +98,9 @@ class Link:
         exchange of S bytes with two latency-bound steps (T = S/B + 2 latency), so the
         per-step overhead is half the fitted fixed cost. Rate: slope through the
         bandwidth-bound sizes (:func:`fit_token_bucket`); fixed cost: the expected
-        small-message time (:func:`pooled_small_message_s`); burst: the bucket
-        :mod:`perfsim.netem` configured, in payload bytes, else the fitted one.
+        small-message time (:func:`pooled_small_message_s`); burst: the bucket the
+        emulation configured (:func:`perfsim.shaping.tbf_burst_bytes`), in payload
+        bytes, else the fitted one.
         """
         from perfsim.calibrate.profile_io import comm_name
 
@@ -128,7 +129,7 @@ class Link:
             # paid its bytes at the rate and the burst absorbed them
             burst = float(fit.burst_bytes) if fit is not None and nominal_bps else 0.0
             if pooled is not None:
-                from perfsim.netem import tbf_burst_bytes
+                from perfsim.shaping import tbf_burst_bytes
 
                 # tbf counts frame bytes; achieved / nominal is the payload share of a frame
                 burst = tbf_burst_bytes(nominal_bps) * min(1.0, 8.0 * rate_Bps / nominal_bps)

@@ -48,8 +48,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from perfsim.hardware import BYTES_PER_VALUE
+
+if TYPE_CHECKING:
+    from perfsim.models.transformer import TransformerSpec
 
 GIB = 2**30
 
@@ -134,7 +138,7 @@ FP8_AMAX_HISTORY = 1024
 FP8_TENSORS_PER_GEMM = 5
 
 
-def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) -> float:
+def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) -> float:
     """Memory fp8 training adds to a stage holding the transformer blocks ``blocks``
     (their indices), per GPU
     (NVIDIA Transformer Engine's delayed-scaling recipe; Micikevicius et al., "FP8 Formats
@@ -144,7 +148,7 @@ def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) ->
       parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`: this
       expert-parallel rank's experts; TE caches them over a step's micro-batches), ``/ dp``
       under ZeRO-3 (the shard's copies);
-    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.engine.compute.FP8_GEMMS`),
+    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.models.ops.FP8_GEMMS`),
       the scaling state of its 5 fp8 tensors: an fp32 amax history of
       :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
 
@@ -157,7 +161,7 @@ def fp8_bytes(spec, blocks, tp: int, dp: int = 1, zero: int = 0, ep: int = 1) ->
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 
-def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -> float:
+def loss_bytes(spec: TransformerSpec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -> float:
     """Peak bytes of the last stage's output norm, LM head and cross entropy for one
     micro-batch (``s b`` tokens, vocabulary ``v`` split ``t`` ways):
 
@@ -190,7 +194,7 @@ def loss_bytes(spec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -
     return head_inputs + bpv * min(chunk, s * mb) * v / tp + bpv * s * mb * h / tp + 4 * v * h / tp
 
 
-def layer_activation_bytes(spec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
+def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
                            attention: str = "megatron", routing=None) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's

@@ -31,7 +31,7 @@ dead -- their pid is gone, or now belongs to a process started after the
 namespace was made -- and first SIGKILLs whatever still runs inside them.
 
 Rates: tc's tbf keeps its bucket as a 32-bit time in scheduler ticks and its
-queue limit in 32-bit bytes; with perfsim's bucket (:func:`tbf_burst_bytes`)
+queue limit in 32-bit bytes; with perfsim's bucket (:func:`perfsim.shaping.tbf_burst_bytes`)
 and 200 ms queue, rates from :data:`MIN_RATE_BPS` to :data:`MAX_RATE_BPS` are
 represented exactly (docs/validation.md, "Measurement notes"), so others are
 refused before anything is created.
@@ -50,10 +50,11 @@ from pathlib import Path
 
 from perfsim.errors import ConfigError
 from perfsim.procs import pid_alive, provably_dead
+# the shaper's facts live below both the emulation and the link model (perfsim.shaping);
+# importers of perfsim.netem keep finding them here
+from perfsim.shaping import MAX_RATE_BPS, MIN_RATE_BPS, check_rate, tbf_burst_bytes  # noqa: F401
 
 PREFIX = "perfsim-"
-MIN_RATE_BPS = 10e3
-MAX_RATE_BPS = 100e9
 _TEARDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 IFNAME = "eth0"
 SUBNET = "10.77.0"
@@ -78,15 +79,6 @@ def check_privileges() -> None:
     probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     if probe.returncode != 0:
         raise ConfigError(f"--emulate-bandwidth: `ip netns` is unusable here ({probe.stderr.strip()})")
-
-
-def check_rate(bandwidth_bps: float, flag: str = "--emulate-bandwidth") -> None:
-    """Refuse a rate tc's tbf cannot represent (module docstring), up front."""
-    from perfsim.units import format_bandwidth
-
-    if not MIN_RATE_BPS <= bandwidth_bps <= MAX_RATE_BPS:
-        raise ConfigError(f"{flag} {format_bandwidth(bandwidth_bps)}: tc shapes "
-                          f"{format_bandwidth(MIN_RATE_BPS)} to {format_bandwidth(MAX_RATE_BPS)}")
 
 
 def netns_available() -> bool:
@@ -146,13 +138,6 @@ def cleanup_stale(include_alive: bool = False) -> list[str]:
 
 def _rate(bps: float) -> str:
     return f"{int(round(bps))}bit"
-
-
-def tbf_burst_bytes(bandwidth_bps: float) -> int:
-    """Token-bucket depth (frame bytes) of the tbf shaping an emulated link: at
-    least rate/HZ (4 ms of traffic at HZ=250, or tbf cannot reach the rate) and
-    16 full 1514-byte frames."""
-    return max(16 * 1514, int(bandwidth_bps / 8 / 250))
 
 
 class EmulatedNetwork:

@@ -17,9 +17,12 @@ counts per stage overrides both (:func:`parse_counts` reads ``"7,6,6"``).
 from __future__ import annotations
 
 from itertools import accumulate
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from perfsim.errors import ConfigError
+
+if TYPE_CHECKING:
+    from perfsim.models.specs import ModelSpec
 
 BALANCE_BY = ("params", "layers", "flops")
 
@@ -125,8 +128,8 @@ def partition(layers: Sequence, num_stages: int, by: str = "params") -> list[tup
     return partition_weights(layer_weights(layers, by), num_stages)
 
 
-def partition_model(spec, num_stages: int, by: str = "params",
+def partition_model(spec: ModelSpec, num_stages: int, by: str = "params",
                     explicit: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """Stage ranges for a :mod:`perfsim.models.specs` spec (GPTSpec / MLPSpec);
+    """Stage ranges for a model spec (a :class:`perfsim.models.specs.ModelSpec`);
     ``explicit``: layer counts per stage (see :func:`partition_weights`)."""
     return partition_weights(layer_weights(spec.layers(), by), num_stages, explicit)

@@ -1,4 +1,4 @@
-"""Fit the A100 efficiency curve (perfsim.engine.compute.CURVES["ampere"]) to measured
+"""Fit the A100 efficiency curve (perfsim.hardware.A100_CURVE, the a100-sxm4-80gb preset's) to measured
 single-node A100 iteration times, inside the physical ranges of its parameters, and report
 the error on configurations the fit never saw.
 
@@ -90,7 +90,7 @@ def predict_row(row: dict) -> float:
 
     model = (f"gpt:layers={row['layers']},hidden={row['hidden']},heads={row['heads']},"
              f"seq={row['seq']},vocab={padded_vocab(row['tp'])}")
-    r = predict(model=model, gpu="a100-sxm4-80gb", tp=row["tp"], pp=row["pp"], dp=row["dp"],
+    r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
                 overlap=False, grad_buffer="contiguous", allow_oom=True)
@@ -127,6 +127,8 @@ def bucket_table(calib: list[dict], held: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: the GPU preset the data were measured on (its curve is the one fitted)
+A100 = "a100-sxm4-80gb"
 #: the fitted fields, in the order --start and the fit use; host times in microseconds there
 FIELDS = ("eff_max", "knee", "mem_eff", "kernel_s", "p2p_s", "collective_s", "lm_head_eff")
 _MICRO = {"kernel_s", "p2p_s", "collective_s"}
@@ -137,13 +139,15 @@ def to_fit_units(name: str, value: float) -> float:
 
 
 def set_curve(x) -> None:
-    """Make CURVES["ampere"] the curve with fields ``x`` (in :data:`FIELDS` order, fit units)."""
+    """Make the a100-sxm4-80gb preset's curve the one with fields ``x`` (in :data:`FIELDS`
+    order, fit units)."""
     from dataclasses import replace
 
-    from perfsim.engine import compute
+    from perfsim.hardware import GPUS
 
     values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIELDS, x)}
-    compute.CURVES["ampere"] = replace(compute.CURVES["ampere"], **values, source="fitting")
+    gpu = GPUS[A100]
+    GPUS[A100] = replace(gpu, curve=replace(gpu.curve, **values, source="fitting"))
 
 
 def fit_bounds() -> list[tuple[float, float]]:
@@ -167,8 +171,8 @@ def main(argv=None) -> int:
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
         return 2
-    from perfsim.engine import compute
     from perfsim.engine.curve_bounds import violations
+    from perfsim.hardware import GPUS
 
     rows = load_rows(path)
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
@@ -177,7 +181,7 @@ def main(argv=None) -> int:
     if not args.check:
         from scipy.optimize import minimize
 
-        c = compute.CURVES["ampere"]
+        c = GPUS[A100].curve
         bounds = fit_bounds()
         try:
             x0 = ([float(v) for v in args.start.split(",")] if args.start
@@ -200,7 +204,7 @@ def main(argv=None) -> int:
         set_curve(res.x)
         print("fitted: " + " ".join(f"{n}={v:.4g}{'e-6' if n in _MICRO else ''}" for n, v in zip(FIELDS, res.x))
               + f" (calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
-    bad = violations(compute.CURVES["ampere"])
+    bad = violations(GPUS[A100].curve)
     print("parameters: " + ("every one inside its bounds" if not bad else "OUTSIDE their bounds: " + "; ".join(bad)))
     legacy_cal = [r for r in rows if r["row_calib"]]
     legacy_held = [r for r in rows if not r["row_calib"]]

@@ -16,7 +16,8 @@ Writes ``<out>/ddp_convergence.csv`` (config, optimizer, lr, method, baseline,
 final_loss, baseline_loss, ratio, wire_fraction: bytes each rank fed to collectives per
 step -- the hook's / optimizer's ``wire_bytes`` -- over fp32 DDP's) and
 ``<out>/ddp_curves.csv`` (config, step, loss). ``--methods "SPEC SPEC ..."`` replaces the
-gradient compressors (the bytes-vs-loss table per bit width in docs/ddp.md).
+gradient compressors (the bytes-vs-loss table per bit width in docs/ddp.md);
+``--onebit-options "refresh=16 ..."`` adds 1-bit optimizer variants (``onebit-adam:refresh=16``).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ GRAD_METHODS = ["fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm:2", "qsgd-maxnor
 OPT_LRS = (1e-2, 1e-3)
 
 
-def configs(steps: int, methods: list[str] | None = None, onebit: bool = True) -> list[dict]:
+def configs(steps: int, methods: list[str] | None = None, onebit: bool = True,
+            variants: tuple[str, ...] = ()) -> list[dict]:
     """Every (config, baseline) pair; a config's ``baseline`` names another config.
     ``methods``: the gradient compressors (default :data:`GRAD_METHODS`);
-    ``onebit=False`` leaves out the 1-bit optimizers."""
+    ``onebit=False`` leaves out the 1-bit optimizers; ``variants``: 1-bit spec options
+    (``refresh=16:bound=adam``) run as well, as ``onebit-adam:OPTIONS@LR``."""
     out = []
     for optim, lr in (("adam", 3e-3), ("sgd", 0.1)):
         base = f"{optim}/fp32"
@@ -54,6 +57,10 @@ def configs(steps: int, methods: list[str] | None = None, onebit: bool = True) -
                     "baseline": lamb, "warmup": steps})  # warm-up all along: LAMB, fp32 allreduce
         out.append({"config": f"onebit-lamb@{lr:g}", "optim": "onebit-lamb", "lr": lr,
                     "method": "onebit-lamb", "baseline": lamb, "warmup": max(1, steps // 5)})
+        for opts in variants:
+            for name, base in (("onebit-adam", adam), ("onebit-lamb", lamb)):
+                out.append({"config": f"{name}:{opts}@{lr:g}", "optim": name, "lr": lr,
+                            "method": f"{name}:{opts}", "baseline": base, "warmup": max(1, steps // 5)})
     return out
 
 
@@ -160,9 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--methods", default="", help="gradient compressor specs separated by spaces "
                     "(default: the standard list); --no-onebit leaves out the 1-bit optimizers")
     ap.add_argument("--no-onebit", action="store_true")
+    ap.add_argument("--onebit-options", default="", help="1-bit spec options separated by spaces, each "
+                    "also run (e.g. 'refresh=16 refresh=16:bound=adam')")
     args = ap.parse_args(argv)
     only = [c for c in args.only.split(",") if c]
-    cfgs = configs(args.steps, args.methods.split() or None, not args.no_onebit)
+    cfgs = configs(args.steps, args.methods.split() or None, not args.no_onebit,
+                   tuple(args.onebit_options.split()))
     if "RANK" not in os.environ:  # start the 2-rank job: this script under torchrun
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))

@@ -117,7 +117,9 @@ def band(errors: list[float], basis: str, max_gpus: int) -> dict:
 
 
 def build() -> tuple[dict, list[str]]:
-    from perfsim.engine import compute
+    from dataclasses import replace
+
+    from perfsim.hardware import GPUS
 
     report = []
     sources = {}
@@ -137,11 +139,12 @@ def build() -> tuple[dict, list[str]]:
     v, h = by_config(h200 + h100)
     add("gpu:hopper", v, h, "whole eager-PyTorch GPT steps on one H200 and one H100 (traces/gpu), "
         "25 us per operator", 1)
-    own = compute.GPU_CURVES.pop("h100-sxm5-80gb")
+    own = GPUS["h100-sxm5-80gb"]
+    GPUS[own.name] = replace(own, curve=GPUS["h200-sxm-141gb"].curve)  # the H200's, as before its own fit
     try:
         borrowed = steps(["h100-steps-2026-11-26.csv"], "h100")
     finally:
-        compute.GPU_CURVES["h100-sxm5-80gb"] = own
+        GPUS[own.name] = own
     widen = max(abs(b - o) for (_, b), (_, o) in zip(borrowed, h100))
     report.append(f"transfer: an H100 step priced with the H200's curve moves by up to {100 * widen:.1f} points")
     v, h = cpu_grids()

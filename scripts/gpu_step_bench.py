@@ -6,7 +6,7 @@ with every parameter in ``--dtype`` (pure bf16/fp16 training: no fp32 master cop
 Attention: ``flash`` or ``math`` run execute mode's block (no dropout) through
 ``scaled_dot_product_attention`` with that backend forced (FlashAttention-2, one fused
 kernel; PyTorch's unfused reference path); ``megatron`` runs Megatron-LM's attention and
-dropouts (:func:`megatron_block`), the operators :mod:`perfsim.engine.compute` models;
+dropouts (:func:`megatron_block`), the operators :mod:`perfsim.models.ops` lists;
 ``megatron-flash`` the same block with FlashAttention-2 as its attention core
 (``perfsim predict --attention flash``). Prints one CSV row per configuration: the median step time of
 ``--steps`` steps after ``--warmup``, each step bracketed by device synchronisations.
@@ -62,10 +62,10 @@ def megatron_block(spec, dropout: float, flash: bool = False):
 
 def build(layers: int, hidden: int, heads: int, seq: int, vocab: int, device: str, dtype: torch.dtype,
           attention: str = "flash", dropout: float = 0.1):
-    from perfsim.models.specs import GPTSpec
+    from perfsim.models.transformer import arch_spec
     from perfsim.runtime.models import Block, Embed, Head
 
-    spec = GPTSpec("bench", n_layer=layers, d_model=hidden, n_head=heads, seq_len=seq, vocab_size=vocab)
+    spec = arch_spec("gpt", "bench", n_layer=layers, hidden=hidden, heads=heads, seq_len=seq, vocab=vocab)
     blocks = [megatron_block(spec, dropout, attention == "megatron-flash") if attention.startswith("megatron")
               else Block(spec) for _ in range(layers)]
     return torch.nn.Sequential(Embed(spec), *blocks, Head(spec)).to(device=device, dtype=dtype).train()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsim.engine import compute
+from perfsim import hardware
 from perfsim.engine.curve_bounds import CURVE_BOUNDS, violations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,8 +35,8 @@ def test_split_keeps_each_configuration_in_one_part():
 
 
 def test_every_fitted_parameter_is_inside_its_physical_range():
-    assert violations(compute.CURVES["ampere"]) == []
-    for curve in list(compute.CURVES.values()) + list(compute.GPU_CURVES.values()):
+    assert violations(hardware.A100_CURVE) == []
+    for curve in {id(g.curve): g.curve for g in hardware.GPUS.values()}.values():  # every GPU's curve
         assert violations(curve) == [], curve.source
 
 

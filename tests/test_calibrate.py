@@ -130,7 +130,7 @@ def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
     forward and backward; it stays out of the per-byte fit, carries shape and model,
     and the profile prefers it for that boundary (the same model's first)."""
     from perfsim.calibrate.profile_io import build_profile
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
 
     shape = (4, *get_model_spec("gpt2-tiny").layers()[1].out_shape)
     recs = measure_codecs(CodecConfig(specs=("directq:4",), sizes=(4096, 16384, 65536),

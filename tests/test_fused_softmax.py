@@ -3,8 +3,9 @@
 import pytest
 
 from perfsim.api import build_configs
-from perfsim.engine.compute import CURVES, batch_per_block, block_ops, fused_softmax_available
-from perfsim.models.transformer import resolve_transformer
+from perfsim.hardware import A100_CURVE
+from perfsim.models.ops import batch_per_block, block_ops, fused_softmax_available
+from perfsim.models.registry import get_spec
 
 
 def test_kernel_availability_rules():
@@ -18,7 +19,7 @@ def test_kernel_availability_rules():
 
 
 def _kernels(mb, tp, bpv=2):
-    spec = resolve_transformer("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", None)
+    spec = get_spec("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", None)
     return [op.name for op in block_ops(spec, mb, tp, False, bpv) if op.attention_core and not op.m]
 
 
@@ -35,9 +36,9 @@ def test_tp8_one_sequence_pays_four_more_kernels_per_pass():
     4 kernels to the forward, 8 to the backward and 4 to the recomputed forward."""
     args = dict(model="gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", gpu="a100-sxm4-80gb",
                 precision="fp16", micro_batch=1, global_batch=1, recompute="full", pp=1, dp=1)
-    k = CURVES["ampere"].kernel_s
+    k = A100_CURVE.kernel_s
     w8, *_ = build_configs(**args, tp=8)
-    spec = resolve_transformer(args["model"], None)
+    spec = get_spec(args["model"], None)
     n_fused = len(block_ops(spec, 2, 8, False, 2))
     n_unfused = len(block_ops(spec, 1, 8, False, 2))
     assert n_unfused - n_fused == 4

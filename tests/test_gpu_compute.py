@@ -5,9 +5,11 @@ import dataclasses
 import pytest
 
 from perfsim.api import build_configs, predict
+from perfsim import hardware
 from perfsim.engine import compute, curve_fit
 from perfsim.errors import ConfigError
 from perfsim.hardware import GPUS, get_gpu
+from perfsim.models.ops import Op, block_ops
 from perfsim.models.transformer import parse_inline
 
 SPEC = parse_inline("gpt:layers=4,hidden=2048,heads=16,seq=1024,vocab=50304")
@@ -30,7 +32,7 @@ def test_presets_cover_the_issue_with_sources():
 
 
 def _block(gpu, precision="bf16", mb=1, tp=1):
-    curve, _ = compute.curve_for(get_gpu(gpu))
+    curve, _ = hardware.curve_for(get_gpu(gpu))
     f, b = compute.transformer_times(SPEC, get_gpu(gpu), precision, mb, tp, False, "none", curve)
     return f[1], b[1]
 
@@ -43,12 +45,12 @@ def test_compute_model_monotone():
     assert _block("a100", "bf16", mb=8)[0] < _block("a100", "tf32", mb=8)[0] < _block("a100", "fp32", mb=8)[0]
     assert _block("a100", mb=8, tp=4)[0] < _block("a100", mb=8, tp=2)[0] < _block("a100", mb=8, tp=1)[0]
     # every operator costs at least the host's time to issue it: TP cannot go below that
-    curve, _ = compute.curve_for(get_gpu("a100"))
+    curve, _ = hardware.curve_for(get_gpu("a100"))
     assert _block("a100", mb=1, tp=8)[0] >= 13 * curve.kernel_s
     # GEMM efficiency never falls with size: small GEMMs sit on the host floor, large ones reach
     # the curve's eff_max (the fitted A100 knee is 0: the data do not constrain it)
-    curve, _ = compute.curve_for(get_gpu("a100"))
-    ach = [compute.Op("g", m=n, n=n, k=n).flops / compute.op_time(compute.Op("g", m=n, n=n, k=n),
+    curve, _ = hardware.curve_for(get_gpu("a100"))
+    ach = [Op("g", m=n, n=n, k=n).flops / compute.op_time(Op("g", m=n, n=n, k=n),
                                                                   get_gpu("a100"), "bf16", curve, 2)
            for n in (256, 1024, 4096, 16384)]
     assert all(x <= y for x, y in zip(ach, ach[1:])) and ach[0] < ach[-1] <= 312e12
@@ -56,7 +58,7 @@ def test_compute_model_monotone():
 
 def test_recompute_costs_a_forward():
     g = get_gpu("a100")
-    curve, _ = compute.curve_for(g)
+    curve, _ = hardware.curve_for(g)
     f, none = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "none", curve)
     _, full = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "full", curve)
     _, sel = compute.transformer_times(SPEC, g, "bf16", 2, 1, False, "selective", curve)
@@ -84,15 +86,15 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
     p.records = []
     kernel = dataclasses.replace(curve, kernel_s=0.0)
     for m, n, k in [(s, s, s) for s in (256, 512, 1024, 4096, 8192)] + [(2048, 3 * h, h) for h in (768, 4096)]:
-        t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
+        t = compute.op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
         p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
               size_bytes=2 * (m * k + k * n + m * n), time_s=t)
     for m, n, k in ((8192, 50257, 1600), (8192, 1600, 50257)):  # an unpadded LM head's GEMMs
-        t = compute.op_time(compute.Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
+        t = compute.op_time(Op("gemm", m=m, n=n, k=k), gpu, precision, kernel, 2)
         p.add(op="gemm", name=f"{m}x{n}x{k}", dtype="bfloat16", flops=2.0 * m * n * k,
               size_bytes=2 * (m * k + k * n + m * n), time_s=t)
     for s, d in ((512, 64), (1024, 64), (4096, 64), (512, 128), (2048, 128), (4096, 128)):
-        op = compute.Op("attention", m=s, n=s, k=d, batch=8192 // s * 16, flash=True)
+        op = Op("attention", m=s, n=s, k=d, batch=8192 // s * 16, flash=True)
         tf = compute.flash_time(op, gpu, precision, kernel)
         tb = compute.flash_time(op, gpu, precision, kernel, backward=True)
         name = f"b{8192 // s}h16s{s}d{d}"
@@ -101,16 +103,16 @@ def _efficiency_profile(gpu, curve, precision="bf16"):
               time_s=tf + tb)
     for n in (2**20, 2**24, 2**26, 2**28):
         p.add(op="elementwise", name=f"gelu:{n}", dtype="bfloat16", flops=0.0, size_bytes=4 * n,
-              time_s=compute.op_time(compute.Op("gelu", bytes=4 * n), gpu, precision, kernel, 2))
+              time_s=compute.op_time(Op("gelu", bytes=4 * n), gpu, precision, kernel, 2))
     return p
 
 
 def test_fit_curve_recovers_the_curve_behind_efficiency_records():
     g = get_gpu("h200")
-    truth = compute.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth", misaligned_eff=0.3,
+    truth = hardware.Curve(eff_max=0.62, knee=96.0, mem_eff=0.7, kernel_s=0.0, source="truth", misaligned_eff=0.3,
                           flash_eff=0.5, flash_knee_s=512.0, flash_knee_d=96.0, flash_bwd_eff=0.4,
                           flash_bwd_knee_s=1024.0, flash_bwd_knee_d=48.0)
-    host = compute.CURVES["ampere"]
+    host = hardware.A100_CURVE
     fit = curve_fit.fit_curve(_efficiency_profile(g, truth), g, "bf16", host, "test", min_time_s=0.0)
     assert fit.eff_max == pytest.approx(0.62, rel=0.02) and fit.knee == pytest.approx(96, abs=8)
     assert fit.mem_eff == pytest.approx(0.7, rel=1e-3)
@@ -169,7 +171,7 @@ def test_precision_follows_tensor_cores_on_the_default_profile():
 
 def test_curve_validation():
     with pytest.raises(ConfigError):
-        dataclasses.replace(compute.CURVES["ampere"], eff_max=1.5)
+        dataclasses.replace(hardware.A100_CURVE, eff_max=1.5)
 
 
 def test_recompute_on_measured_profile_times():
@@ -218,7 +220,7 @@ def test_contiguous_grad_buffer_drops_the_bucket_copies():
     contiguous = predict(**base)  # a gpu preset follows Megatron-LM
     assert predict(**base, grad_buffer="contiguous").summary == contiguous.summary
     g = get_gpu("a100")
-    copies = 2 * 2 * 4 * bucketed.summary["params"] / (g.memory_bandwidth_Bps * compute.CURVES["ampere"].mem_eff)
+    copies = 2 * 2 * 4 * bucketed.summary["params"] / (g.memory_bandwidth_Bps * hardware.A100_CURVE.mem_eff)
     saved = bucketed.summary["dp_sync_s"] - contiguous.summary["dp_sync_s"]
     assert saved == pytest.approx(copies, rel=1e-6)
     assert contiguous.summary["iteration_s"] == pytest.approx(bucketed.summary["iteration_s"] - copies, rel=1e-6)
@@ -231,16 +233,16 @@ def test_pipeline_messages_pay_the_gpus_host_round_trip(monkeypatch):
     # the device after each exchange): 2 per micro-batch per boundary on each side
     base = dict(GPU_GPT, pp=2, dp=1, schedule="1f1b")
     host = 1e-3
-    monkeypatch.setitem(compute.CURVES, "ampere", dataclasses.replace(compute.CURVES["ampere"], p2p_s=0.0))
+    monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", dataclasses.replace(hardware.GPUS["a100-sxm4-80gb"], curve=dataclasses.replace(hardware.A100_CURVE, p2p_s=0.0)))
     free = predict(**base)
-    monkeypatch.setitem(compute.CURVES, "ampere", dataclasses.replace(compute.CURVES["ampere"], p2p_s=host))
+    monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", dataclasses.replace(hardware.GPUS["a100-sxm4-80gb"], curve=dataclasses.replace(hardware.A100_CURVE, p2p_s=host)))
     paid = predict(**base)
     nmb = 8
     assert paid.summary["encode_s"] - free.summary["encode_s"] == pytest.approx(2 * nmb * host)
     extra = paid.summary["iteration_s"] - free.summary["iteration_s"]
     assert 2 * nmb * host <= extra + 1e-9 and extra <= 4 * nmb * host + 1e-9
     with pytest.raises(ConfigError, match="p2p_s"):
-        dataclasses.replace(compute.CURVES["ampere"], p2p_s=-1.0)
+        dataclasses.replace(hardware.A100_CURVE, p2p_s=-1.0)
 
 
 def test_gpu_preset_reduces_gradients_after_the_backward_as_megatron_does():
@@ -254,15 +256,15 @@ def test_gpu_preset_reduces_gradients_after_the_backward_as_megatron_does():
 
 
 @pytest.mark.parametrize("stored, gpu, path", [
-    (compute.CURVES["hopper"], "h200", "gpu-h200.json"),
-    (compute.GPU_CURVES["h100-sxm5-80gb"], "h100", "gpu/h100-efficiency-2026-11-26.json")])
+    (hardware.H200_CURVE, "h200", "gpu-h200.json"),
+    (hardware.H100_CURVE, "h100", "gpu/h100-efficiency-2026-11-26.json")])
 def test_gpu_curves_are_the_fits_of_the_stored_profiles(stored, gpu, path):
     from pathlib import Path
 
     from perfsim.profile import load_profile
 
     path = Path(__file__).resolve().parents[1] / "traces" / path
-    fit = curve_fit.fit_curve(load_profile(path), get_gpu(gpu), "bf16", compute.CURVES["ampere"], "")
+    fit = curve_fit.fit_curve(load_profile(path), get_gpu(gpu), "bf16", hardware.A100_CURVE, "")
     assert dataclasses.replace(fit, source=stored.source) == stored  # host side: the A100 fit's in both
 
 
@@ -282,20 +284,21 @@ def test_a_gpu_profile_names_its_gpu_and_its_measured_layers_win():
 
 
 def test_a_misaligned_feature_dimension_slows_a_gemm_and_megatron_pads_the_vocabulary():
-    from perfsim.workload import get_model, resolve_layer_times
+    from perfsim.engine.layer_times import resolve_layer_times
+    from perfsim.workload import get_model
 
-    assert compute.misaligned(compute.Op("h", m=8192, n=50257, k=1600), 2)
-    assert compute.misaligned(compute.Op("h", m=8192, n=1600, k=50257), 2)
-    assert not compute.misaligned(compute.Op("h", m=50257, n=1600, k=8192), 2)  # tokens: never a leading dim
-    assert not compute.misaligned(compute.Op("h", m=8, n=50304, k=1600), 2)
-    assert compute.misaligned(compute.Op("h", m=8, n=1602, k=1600), 4) and \
-        not compute.misaligned(compute.Op("h", m=8, n=1604, k=1600), 4)  # fp32: 4 values = 16 bytes
+    assert compute.misaligned(Op("h", m=8192, n=50257, k=1600), 2)
+    assert compute.misaligned(Op("h", m=8192, n=1600, k=50257), 2)
+    assert not compute.misaligned(Op("h", m=50257, n=1600, k=8192), 2)  # tokens: never a leading dim
+    assert not compute.misaligned(Op("h", m=8, n=50304, k=1600), 2)
+    assert compute.misaligned(Op("h", m=8, n=1602, k=1600), 4) and \
+        not compute.misaligned(Op("h", m=8, n=1604, k=1600), 4)  # fp32: 4 values = 16 bytes
     g = get_gpu("h100")
-    curve = compute.CURVES["hopper"]
+    curve = hardware.H200_CURVE
     assert curve.misaligned_eff < 1
     big = dict(m=8192, k=4096)
-    aligned = compute.op_time(compute.Op("h", n=50304, **big), g, "bf16", curve, 2)
-    slow = compute.op_time(compute.Op("h", n=50296 + 1, **big), g, "bf16", curve, 2)
+    aligned = compute.op_time(Op("h", n=50304, **big), g, "bf16", curve, 2)
+    slow = compute.op_time(Op("h", n=50296 + 1, **big), g, "bf16", curve, 2)
     assert slow / aligned == pytest.approx(50297 / 50304 / curve.misaligned_eff, rel=1e-6)
     # GPT-2's 50257 tokens: unpadded (as execute mode and Hugging Face train) the LM head is
     # slow; Megatron's padding to 128 x tp makes it aligned (and a hair larger)
@@ -316,8 +319,8 @@ def test_flash_attention_is_one_kernel_and_stores_no_scores():
     from perfsim.memory import layer_activation_bytes
 
     spec = parse_inline("gpt:layers=2,hidden=4096,heads=32,seq=4096,vocab=32000")
-    meg = compute.block_ops(spec, 2, 2, False, 2)
-    fl = compute.block_ops(spec, 2, 2, False, 2, attention="flash")
+    meg = block_ops(spec, 2, 2, False, 2)
+    fl = block_ops(spec, 2, 2, False, 2, attention="flash")
     [core] = [op for op in fl if op.attention_core]
     assert core.flash and (core.m, core.n, core.k, core.batch) == (4096, 4096, 128, 2 * 16)
     # FlashAttention's count: 4 b h s^2 d, halved by the causal mask (Megatron's two GEMMs
@@ -325,7 +328,7 @@ def test_flash_attention_is_one_kernel_and_stores_no_scores():
     assert core.flops == sum(op.flops for op in meg if op.m and op.attention_core) / 2 == \
         2 * 4096 * 4096 * 128 * 32
     assert [op.name for op in meg if not op.attention_core] == [op.name for op in fl if not op.attention_core]
-    g, curve = get_gpu("h100"), compute.CURVES["hopper"]
+    g, curve = get_gpu("h100"), hardware.H200_CURVE
     f, b = compute.flash_time(core, g, "bf16", curve), compute.flash_time(core, g, "bf16", curve, backward=True)
     # at the reference shape the rate is peak x eff; the backward does 2.5x the FLOPs
     assert f == pytest.approx(core.flops / (g.peak("bf16") * curve.flash_eff))
@@ -338,7 +341,7 @@ def test_flash_attention_is_one_kernel_and_stores_no_scores():
     flash = layer_activation_bytes(spec, 2, 2, False, "none", 2, attention="flash")
     assert none - flash == 5 * 32 * 4096 * 4096 * 2 / 2 - 4 * 32 * 4096 * 2 / 2
     with pytest.raises(ConfigError, match="attention=flash: the efficiency curve"):
-        compute.flash_time(core, g, "bf16", compute.Curve(0.8, 0.0, 0.8, 0.0, "no flash fit"))
+        compute.flash_time(core, g, "bf16", hardware.Curve(0.8, 0.0, 0.8, 0.0, "no flash fit"))
 
 
 def test_flash_attention_from_the_api_and_a_profile():
@@ -363,7 +366,7 @@ def test_lm_head_eff_slows_the_vocabulary_gemm_and_nothing_else():
 
     spec = get_model("gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=50304").arch
     g = get_gpu("a100-sxm4-80gb")
-    fast = dataclasses.replace(compute.CURVES["ampere"], lm_head_eff=1.0)
+    fast = dataclasses.replace(hardware.A100_CURVE, lm_head_eff=1.0)
     slow = dataclasses.replace(fast, lm_head_eff=0.25)
 
     def times(curve):
@@ -371,7 +374,7 @@ def test_lm_head_eff_slows_the_vocabulary_gemm_and_nothing_else():
 
     (f1, b1), (f2, b2) = times(fast), times(slow)
     assert f1[:-1] == f2[:-1] and b1[:-1] == b2[:-1]  # embedding and blocks untouched
-    head = compute.Op("lm_head", m=2048, n=50304, k=1024, lm_head=True)
+    head = Op("lm_head", m=2048, n=50304, k=1024, lm_head=True)
     gemm = compute.op_time(head, g, "fp16", fast, 2)
     assert f2[-1] - f1[-1] == pytest.approx(3 * gemm)  # the head's GEMM at a quarter of the rate
     assert b2[-1] - b1[-1] == pytest.approx(6 * gemm)  # and its two backward GEMMs
@@ -395,15 +398,15 @@ def test_measured_curves_run_the_lm_head_at_the_blocks_rate():
             rate["50304" in r["name"]].append(r["flops"] / r["time_s"])
     assert len(rate[True]) >= 6 and len(rate[False]) >= 20
     assert statistics.median(rate[True]) / statistics.median(rate[False]) > 0.9
-    assert compute.CURVES["hopper"].lm_head_eff == 1.0 == compute.GPU_CURVES["h100-sxm5-80gb"].lm_head_eff
-    assert compute.CURVES["ampere"].lm_head_eff < 1.0  # the A100 runs' fit (scripts/calibrate_a100.py)
+    assert hardware.H200_CURVE.lm_head_eff == 1.0 == hardware.H100_CURVE.lm_head_eff
+    assert hardware.A100_CURVE.lm_head_eff < 1.0  # the A100 runs' fit (scripts/calibrate_a100.py)
 
 
 def test_host_overhead_replaces_the_curves_host_time_per_operator():
     kw = dict(model="gpt:layers=4,hidden=1024,heads=16,seq=1024,vocab=50304", gpu="h200", pp=1,
               micro_batch=1, global_batch=1, precision="bf16")
     default = predict(**kw)
-    same = predict(**kw, host_overhead=compute.CURVES["hopper"].kernel_s)
+    same = predict(**kw, host_overhead=hardware.H200_CURVE.kernel_s)
     assert same.summary["iteration_s"] == pytest.approx(default.summary["iteration_s"], rel=1e-12)
     fast = predict(**kw, host_overhead="10us")
     assert fast.summary["iteration_s"] < 0.6 * default.summary["iteration_s"]  # one sequence: host-bound

@@ -49,11 +49,12 @@ def test_moe_ops_flops_and_capacity_factor():
 
 
 def test_moe_block_time_prices_experts_router_and_permutation():
+    from perfsim import hardware
     from perfsim.engine import compute
 
     s = from_hf_config(MIXTRAL, seq_len=4096)
     gpu = get_gpu(H100)
-    curve = compute.curve_for(gpu)[0]
+    curve = hardware.curve_for(gpu)[0]
     moe_f, moe_b = compute.transformer_times(s, gpu, "bf16", 1, 8, False, "none", curve)
     dense = replace(s, experts=0, top_k=0, expert_ffn=0, ffn=2 * 14336)
     den_f, _ = compute.transformer_times(dense, gpu, "bf16", 1, 8, False, "none", curve)

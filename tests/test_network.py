@@ -6,9 +6,9 @@ import pytest
 import simpy
 
 from perfsim.config import System
-from perfsim.engine.flows import FlowScheduler
 from perfsim.errors import ConfigError
 from perfsim.network import Network, collective_cost, collective_time, load_topology
+from perfsim.network.flows import FlowScheduler
 
 
 def test_collective_closed_forms():

@@ -3,7 +3,7 @@ data order, wire protocol header, measurement."""
 
 import torch
 
-from perfsim.models.specs import get_model_spec
+from perfsim.models.registry import get_model_spec
 from perfsim.partition import partition, partition_model, partition_weights
 from perfsim.runtime.data import Order, dataset_for
 from perfsim.runtime.models import build_stage, build_stages
@@ -43,7 +43,7 @@ def test_stages_compose_to_the_same_model_whatever_the_split():
         for stage in build_stages(spec, p, seed=5):
             h = stage(h)
         outs.append(h)
-    assert outs[0].shape == (3, spec.seq_len, spec.vocab_size)
+    assert outs[0].shape == (3, spec.seq_len, spec.vocab)
     torch.testing.assert_close(outs[0], outs[1])
     torch.testing.assert_close(outs[0], outs[2])
     last = build_stage(spec, 4, 3, seed=5)

@@ -45,7 +45,7 @@ def _layer_worker(rank, port, sequence_parallel, out_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.runtime.models import Stage
     from perfsim.runtime.tensor_parallel import CollectiveMeter, parallelize_stage
 
@@ -56,7 +56,7 @@ def _layer_worker(rank, port, sequence_parallel, out_path):
         tp_block = Stage(spec, 1, 2, seed=3)
         mesh = init_device_mesh("cpu", (2,))
         parallelize_stage(tp_block, mesh, sequence_parallel)
-        x = torch.randn(mb, spec.seq_len, spec.d_model, generator=torch.Generator().manual_seed(7))
+        x = torch.randn(mb, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(7))
         ref = full(x)
         xin = x.chunk(2, dim=1)[rank] if sequence_parallel else x
         xin = xin.clone().requires_grad_(True)

@@ -239,8 +239,9 @@ def test_fp8_gemms_run_at_the_fp8_peak():
     """The block GEMMs at the fp8 dense peak (H100 SXM: 1978.9 TFLOPS, half the datasheet's
     sparse 3958) times the same efficiency curve; the attention GEMMs and the LM head stay
     bf16."""
-    from perfsim.engine.compute import Op, curve_for, op_time
-    from perfsim.hardware import get_gpu
+    from perfsim.engine.compute import op_time
+    from perfsim.hardware import curve_for, get_gpu
+    from perfsim.models.ops import Op
 
     gpu = get_gpu("h100")
     curve = curve_for(gpu)[0]
@@ -296,7 +297,7 @@ def _fsdp_worker(rank, port, m, mb, out_dir):
     from torch.distributed.fsdp import fully_shard
 
     from _helpers import gloo_group, save_rank
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.runtime.models import build_stage
 
     sent = []

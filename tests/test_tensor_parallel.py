@@ -6,7 +6,7 @@ from perfsim.api import build_configs, predict
 from perfsim.config import Strategy
 from perfsim.errors import ConfigError
 from perfsim.models.tensor_parallel import shard_block_params, tp_layer_collectives
-from perfsim.models.transformer import resolve_transformer
+from perfsim.models.registry import get_spec
 from perfsim.network import collective_cost
 
 GPT = "gpt:layers=8,hidden=1024,heads=16,seq=1024,vocab=51200"
@@ -35,7 +35,7 @@ def test_sequence_parallel_same_ring_volume():
 
 
 def test_shard_params_and_divisibility():
-    spec = resolve_transformer("llama2-70b")
+    spec = get_spec("llama2-70b")
     per = shard_block_params(spec, 8)
     assert per * 8 > spec.block_params() > (per - 2 * spec.hidden) * 8  # only the norms are replicated
     with pytest.raises(ConfigError, match="heads"):
@@ -64,7 +64,7 @@ def _run(**kw):
 def test_engine_charges_tp_collectives_on_the_group_links(monkeypatch):
     import dataclasses
 
-    from perfsim.engine import compute
+    from perfsim import hardware
 
     r = _run(tp=4)
     s = r.summary
@@ -75,13 +75,13 @@ def test_engine_charges_tp_collectives_on_the_group_links(monkeypatch):
     nbytes = 1024 * 1024 * 2
     per_ar = 2 * 3 / 4 * nbytes * 8 / 2.4e12 + 6 * 5e-6
     # ... but a call costs at least the host's time to issue it (the GPU curve's collective_s)
-    host = compute.CURVES["ampere"].collective_s
+    host = hardware.A100_CURVE.collective_s
     assert 0 < per_ar < host
     assert st0["tp_bytes_per_mb"] == pytest.approx(blocks * 4 * 2 * 3 / 4 * nbytes)
     m = s["macro_batch"] // s["micro_batch"]
     assert st0["tp_comm_s"] == pytest.approx(m * blocks * 4 * host, rel=1e-9)
-    no_floor = dataclasses.replace(compute.CURVES["ampere"], collective_s=0.0)
-    monkeypatch.setitem(compute.CURVES, "ampere", no_floor)
+    no_floor = dataclasses.replace(hardware.A100_CURVE, collective_s=0.0)
+    monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", dataclasses.replace(hardware.GPUS["a100-sxm4-80gb"], curve=no_floor))
     assert _run(tp=4).stages[0]["tp_comm_s"] == pytest.approx(m * blocks * 4 * per_ar, rel=1e-9)
     monkeypatch.undo()
     # full recomputation runs the forward's two again in the backward

@@ -3,7 +3,7 @@
 import pytest
 
 from perfsim.api import build_configs, predict
-from perfsim.engine.compute import block_ops
+from perfsim.models.ops import block_ops
 from perfsim.errors import ConfigError
 from perfsim.profile import load_profile
 from perfsim.workload import get_model

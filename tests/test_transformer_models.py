@@ -5,7 +5,9 @@ import json
 import pytest
 
 from perfsim.errors import ConfigError
-from perfsim.models.transformer import from_hf_config, parse_inline, resolve_transformer
+from perfsim.models.hf_config import from_hf_config
+from perfsim.models.registry import get_spec
+from perfsim.models.transformer import parse_inline
 from perfsim.workload import get_model
 
 # published sizes: exact where the model card / HF checkpoint states them
@@ -22,15 +24,15 @@ EXACT = {
 
 @pytest.mark.parametrize("name,params", sorted(EXACT.items()))
 def test_parameter_counts_match_published_checkpoints(name, params):
-    assert resolve_transformer(name).params == params
+    assert get_spec(name).params == params
     assert get_model(name).params == params  # the layers add up to it
 
 
 def test_gpt3_175b_is_175b():
     # GPT-3 paper (Brown et al. 2020, Table 2.1) calls it 175.0 B
-    assert resolve_transformer("gpt3-175b").params == pytest.approx(175e9, rel=0.01)
+    assert get_spec("gpt3-175b").params == pytest.approx(175e9, rel=0.01)
     inline = parse_inline("gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=50257")
-    assert inline.params == resolve_transformer("gpt3-175b").params
+    assert inline.params == get_spec("gpt3-175b").params
 
 
 def test_inline_spec_options_and_errors():

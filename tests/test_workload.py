@@ -5,7 +5,8 @@ import pytest
 from perfsim.errors import ConfigError
 from perfsim.profile import Profile
 from perfsim.engine import compute
-from perfsim.workload import get_model, layer_times, load_workload_file, partition
+from perfsim.engine.layer_times import layer_times
+from perfsim.workload import get_model, load_workload_file, partition
 
 
 @pytest.mark.parametrize("name,params,tol", [

@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from perfsim.models.specs import get_model_spec  # noqa: E402
+from perfsim.models.registry import get_model_spec  # noqa: E402
 from perfsim.profile import Profile  # noqa: E402
 
 HBM = 900e9  # V100 HBM2 peak, bytes/s (NVIDIA V100 datasheet)

@@ -183,7 +183,7 @@ def runtime_workload(model: str, folder) -> Path:
     """
     import json
 
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.result import atomic_write_text
 
     from perfsim.runtime.models import build_layer

@@ -95,11 +95,11 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
     """
     from perfsim.analysis import validate as v
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.outputs import check_dir_target, locked_dir
     from perfsim.runtime.config import RunConfig
     from perfsim.models.tensor_parallel import check_tp
-    from perfsim.models.transformer import resolve_transformer
+    from perfsim.models.transformer import TransformerSpec
     from perfsim.job import chosen_chunks
 
     spec = get_model_spec(model)
@@ -133,7 +133,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     if sequence_parallel and max(tps) == 1:
         raise ConfigError("--sequence-parallel: needs a --tp > 1")
     for t in tps:  # a TP degree the model cannot take fails before any run
-        check_tp(resolve_transformer(model), t, sequence_parallel and t > 1, model)
+        check_tp(spec if isinstance(spec, TransformerSpec) else None, t, sequence_parallel and t > 1, model)
     limit = dataset_limit or 4 * macro_batch * dp
     out = out or default_out(model, pp, dp, tps, sequence_parallel, tied_embedding)
     plan = v.ValidationPlan(

@@ -130,7 +130,8 @@ def _pipeline_syntax(cls) -> str:
 def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
     """One dict per accepted spec, columns :data:`COLUMNS`: gradient rows first."""
     from perfsim.compression import compressor_classes, make_compressor, make_pipeline_pair
-    from perfsim.compression.spec import OPTIMIZERS, PIPELINE_ONLY, parse_spec
+    from perfsim.compression.refresh import BOUNDS
+    from perfsim.compression.spec import EXCHANGES, OPTIMIZERS, PIPELINE_ONLY, parse_spec
     from perfsim.errors import ConfigError
 
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -145,7 +146,9 @@ def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
         spec = comp.spec or name if comp is not None else name
         out.append(_row("grad", spec, cls.spec_syntax, comp, shape, fp32, world_size))
     for name in OPTIMIZERS:  # the 1-bit optimizers exchange momentum with the onebit compressor
-        out.append(_row("grad", name, f"{name}[:warmup=STEPS][:exchange=preconditioned|momentum]",
+        syntax = (f"{name}[:warmup=STEPS][:exchange={'|'.join(EXCHANGES)}][:refresh=K]"
+                  f"[:bound={'|'.join(BOUNDS)}]")
+        out.append(_row("grad", name, syntax,
                         make_compressor("onebit"), shape, fp32, world_size))
     for spec in PIPELINE_EXAMPLES():
         fw, _ = make_pipeline_pair(spec)

@@ -14,9 +14,9 @@ EXAMPLES = """examples:
 """
 
 
-#: run's help text of the model flag: the presets execute mode trains (perfsim.models.specs)
+#: run's help text of the model flag: the presets execute mode trains (perfsim.models.registry)
 MODEL_HELP = ("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
-              "(perfsim.models.specs)")
+              "(perfsim.models.registry)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -35,6 +35,9 @@ class GradSpec:
     exchange: what the 1-bit optimizer compresses: ``preconditioned`` (momentum
       divided by the frozen Adam denominator) or ``momentum`` (the papers' exact
       choice); None: the optimizer's default. See :mod:`perfsim.runtime.onebit_optim`.
+    refresh: 0/1 Adam's variance refreshes per doubling of their spacing
+      (:mod:`perfsim.compression.refresh`; None: 0, frozen).
+    bound: ``adam`` clips the compression stage's step to Adam's own bound (None: off).
     """
 
     kind: str
@@ -46,6 +49,8 @@ class GradSpec:
     optimizer: str = ""
     warmup: int | None = None
     exchange: str | None = None
+    refresh: int | None = None
+    bound: str | None = None
 
     def __post_init__(self):
         if self.kind not in ("compressor", "powersgd", "optimizer"):
@@ -99,8 +104,9 @@ def parse_grad_spec(spec: str) -> GradSpec:
     parsed = parse_spec(spec, "grad")  # the one grammar predict uses too
     text, name, args = parsed.text, parsed.name, parsed.args
     if parsed.family == "optimizer":
-        warmup, exchange = optimizer_options(parsed)  # checked once, in perfsim.compression.spec
-        return GradSpec("optimizer", text, optimizer=name, warmup=warmup, exchange=exchange)
+        warmup, exchange, refresh, bound = optimizer_options(parsed)  # checked once, in perfsim.compression.spec
+        return GradSpec("optimizer", text, optimizer=name, warmup=warmup, exchange=exchange,
+                        refresh=refresh, bound=bound)
     if parsed.family == "hook":  # torch's PowerSGD hook, with the compressor's own grammar
         if not args:
             raise ConfigError(f"grad compression {spec!r}: powersgd needs a rank, e.g. powersgd:2")

@@ -191,6 +191,22 @@ class OneBit(Compressor):
         pending[("server", key)] = err
         return torch.cat([packed, _scale_bytes(scale)])
 
+    def rescale_errors(self, factor: torch.Tensor, rank: int, world: int) -> None:
+        """Multiply the error buffers of ``allreduce_mean`` over ``factor.numel()`` values at
+        ``world`` ranks by ``factor`` (this rank's server chunk by its slice), when the
+        caller changes the units of what it exchanges (a 1-bit optimizer whose
+        preconditioner is refreshed: the pending compensation keeps its meaning)."""
+        n = factor.numel()
+        chunk = chunk_elems(n, world)
+        key = f"ar{n}w{world}"
+        padded = torch.ones(world * chunk, dtype=torch.float32, device=factor.device)
+        padded[:n] = factor.reshape(-1)
+        if key in self.worker_err:
+            self.worker_err[key] = self.worker_err[key] * padded.to(self.worker_err[key].device)
+        if key in self.server_err:
+            mine = padded[rank * chunk:(rank + 1) * chunk]
+            self.server_err[key] = self.server_err[key] * mine.to(self.server_err[key].device)
+
     def _commit(self, pending: dict) -> None:
         for (side, key), err in pending.items():
             (self.worker_err if side == "worker" else self.server_err)[key] = err

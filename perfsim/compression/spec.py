@@ -174,31 +174,37 @@ def check_warmup(warmup: object, who: str) -> int:
     return warmup
 
 
-def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None]:
-    """``(warmup, exchange)`` of a 1-bit optimizer spec
-    (``onebit-adam[:warmup=N][:exchange=preconditioned|momentum]``; None where not
-    given), each checked (:func:`check_warmup`, :data:`EXCHANGES`)."""
+def optimizer_options(spec: "str | Spec") -> tuple[int | None, str | None, int | None, str | None]:
+    """``(warmup, exchange, refresh, bound)`` of a 1-bit optimizer spec
+    (``onebit-adam[:warmup=N][:exchange=preconditioned|momentum][:refresh=K][:bound=off|adam]``;
+    None where not given), each checked (:func:`check_warmup`, :data:`EXCHANGES`,
+    :mod:`perfsim.compression.refresh`)."""
+    from perfsim.compression.refresh import BOUNDS, check_refresh
+
     if isinstance(spec, str):
         spec = parse_spec(spec, "grad")
     who = f"grad compression {spec.text!r}"
-    warmup, exchange = None, None
+    integers = {"warmup": check_warmup, "refresh": check_refresh}  # key -> its one check
+    choices = {"exchange": EXCHANGES, "bound": BOUNDS}
+    got: dict = {}
     for arg in spec.args:
         if "=" not in arg:
             raise ConfigError(f"{who}: expected key=value, got {arg!r} (e.g. {spec.name}:warmup=100)")
         key, value = arg.split("=", 1)
-        if key == "warmup":
+        if key in integers:
             try:
                 number = int(value)
             except ValueError:
-                raise ConfigError(f"{who}: warmup={value!r} is not an integer") from None
-            warmup = check_warmup(number, who)
-        elif key == "exchange":
-            if value not in EXCHANGES:
-                raise ConfigError(f"{who}: exchange={value!r} (choose {' or '.join(EXCHANGES)})")
-            exchange = value
+                raise ConfigError(f"{who}: {key}={value!r} is not an integer") from None
+            got[key] = integers[key](number, who)
+        elif key in choices:
+            if value not in choices[key]:
+                raise ConfigError(f"{who}: {key}={value!r} (choose {' or '.join(choices[key])})")
+            got[key] = value
         else:
-            raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange)")
-    return warmup, exchange
+            raise ConfigError(f"{who}: unknown option {key!r} (known: warmup, exchange, refresh, bound)")
+    warmup, exchange, refresh, bound = (got.get(k) for k in ("warmup", "exchange", "refresh", "bound"))
+    return warmup, exchange, refresh, bound
 
 
 def label(text: str, role: str = "pipeline") -> str:

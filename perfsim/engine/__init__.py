@@ -1,16 +1,16 @@
 """The SimPy discrete-event engine behind ``perfsim predict``.
 
 Read in this order: :mod:`.plan` (what each stage computes and sends, asked
-from the compressors and the profile), :mod:`.flows` (max-min fair sharing of
-NICs), :mod:`.sim` (devices replaying the schedule tables, p2p and
-data-parallel collectives), :mod:`.replay` (the same iteration in closed form
-when no flows compete), :mod:`.report` (the Result tables).
+from the compressors and the profile), :mod:`.sim` (devices replaying the schedule
+tables, p2p and data-parallel collectives handed to the network backend,
+:mod:`perfsim.network.backend`), :mod:`.replay` (the flow backend's iteration in
+closed form when no flows compete), :mod:`.report` (the Result tables).
 """
 
 from __future__ import annotations
 
 from perfsim.engine.plan import Plan, build_plan
-from perfsim.network import Network
+from perfsim.network import Network, current_backend
 
 
 def replica_classes(network: Network, pp: int, dp: int, device=None,
@@ -97,8 +97,10 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     A GPU preset in ``system.gpu`` checks memory first (:func:`check_memory`).
 
     ``replay``: evaluate the iteration in closed form when no flows compete
-    (:func:`perfsim.engine.replay.replay`, the same result); False always runs
-    the event loop (the reference for tests)."""
+    (:func:`perfsim.engine.replay.replay`, the same result) -- for the flow backend
+    only, or another whose factory says ``replayable``; False always runs the event
+    loop (the reference for tests). The network backend is the flow model unless
+    :func:`perfsim.network.use_backend` chose another."""
     from perfsim.engine.replay import replay as closed_form
     from perfsim.engine.report import build_result
     from perfsim.engine.sim import Simulation
@@ -114,12 +116,14 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
     weights = {c[0]: len(c) for c in classes}
+    backend = current_backend()
+    replay = replay and (backend is None or getattr(backend, "replayable", False) is True)
 
     def run(warmup: bool, trace: bool = False):
         out = (closed_form(plan, network, warmup=warmup, replicas=reps, profile=profile)
                if replay and not trace else None)
         return out if out is not None else Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
-                                 profile=profile).run()
+                                 profile=profile, backend=backend).run()
 
     out = run(False, trace)
     warm = run(True) if plan.has_warmup or plan.onebit_warmup_steps else None

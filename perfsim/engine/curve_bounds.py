@@ -1,4 +1,4 @@
-"""Physical ranges of the fitted parameters of an efficiency curve (:class:`~perfsim.engine.compute.Curve`).
+"""Physical ranges of the fitted parameters of an efficiency curve (:class:`~perfsim.hardware.Curve`).
 
 A fitted efficiency must stay an efficiency: each parameter below has the range that its
 meaning allows, with the source of that range, and every fit (``scripts/calibrate_a100.py``,

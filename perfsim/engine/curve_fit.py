@@ -1,8 +1,8 @@
-"""Fit a GPU's efficiency curve (:class:`perfsim.engine.compute.Curve`) to measured kernel times.
+"""Fit a GPU's efficiency curve (:class:`perfsim.hardware.Curve`) to measured kernel times.
 
 ``perfsim calibrate --efficiency`` on a GPU writes records of GEMMs by shape, fused
 attention, and memory-bound kernels; :func:`fit_curve` turns them into the curve's
-device side, as ``CURVES["hopper"]`` (an H200) and ``GPU_CURVES["h100-sxm5-80gb"]``
+device side, as ``hardware.H200_CURVE`` and ``hardware.H100_CURVE``
 were (``scripts/fit_gpu_curve.py``; docs/gpu.md). The A100 curve is fitted to whole
 iteration times instead (``scripts/calibrate_a100.py``).
 """
@@ -12,9 +12,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from perfsim.engine.compute import FLASH_REF, Curve, MeasuredRates, Op, gemm_dims, op_time
+from perfsim.engine.compute import MeasuredRates, gemm_dims, op_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, GPU
+from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve
+from perfsim.models.ops import Op
 
 
 def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_time_s: float = 20e-6) -> Curve:
@@ -62,7 +63,7 @@ def fit_curve(profile, gpu: GPU, precision: str, host: Curve, source: str, min_t
         flash.update({prefix + "eff": e, prefix + "knee_s": ks, prefix + "knee_d": kd})
     return Curve(eff_max=round(eff, 4), knee=knee, mem_eff=round(mem_eff, 4), kernel_s=host.kernel_s,
                  source=source, p2p_s=host.p2p_s, collective_s=host.collective_s, misaligned_eff=round(mis, 4),
-                 **flash)
+                 **flash, fitted_on=gpu.name)
 
 
 def _fit_flash(rates: dict, peak: float, backward: bool) -> tuple[float, float, float]:

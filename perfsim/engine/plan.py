@@ -119,6 +119,10 @@ class Plan:
     #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
     zero: int = 0
     reshard_after_forward: bool = True
+    #: 1-bit optimizer's variance refreshes (``onebit-adam:refresh=K``, 0: none): the
+    #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
+    #: (perfsim.compression.refresh.uncompressed_steps)
+    onebit_refresh: int = 0
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -292,7 +296,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     stages: list[StagePlan] = []
     curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
-        from perfsim.engine.compute import curve_for
+        from perfsim.hardware import curve_for
 
         curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
@@ -399,7 +403,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward)
+                strategy.zero, strategy.reshard_after_forward, (gspec.refresh or 0) if warm_steps else 0)
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
@@ -583,7 +587,7 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     "codec" (a copy into a fresh buffer), else read + write at
     :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
     if gpu is not None:
-        from perfsim.engine.compute import curve_for
+        from perfsim.hardware import curve_for
 
         return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 
+from perfsim.compression.refresh import uncompressed_steps
 from perfsim.network import collective_cost
 from perfsim.engine.uncertainty import interval
 from perfsim.result import Result
@@ -113,9 +114,11 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     warm_T = warm.iteration_s if warm is not None else T
     epoch_s = iters * T
     # warm-up iterations: AQ-SGD's first epoch, a 1-bit optimizer's uncompressed steps
-    # (both at once: the longer of the two, simulated with both effects)
+    # (its warm-up and its variance refreshes; both at once: the longer of the two,
+    # simulated with both effects)
     total_iters = iters * strategy.epochs
-    warm_iters = min(total_iters, max(iters if plan.has_warmup else 0, plan.onebit_warmup_steps))
+    onebit_iters = uncompressed_steps(total_iters, plan.onebit_warmup_steps, plan.onebit_refresh)
+    warm_iters = min(total_iters, max(iters if plan.has_warmup else 0, onebit_iters))
     warmup_s = warm_iters * warm_T
     total_s = warmup_s + (total_iters - warm_iters) * T
     mean = lambda key: sum(st[key] * st["represents"] for st in stages) / n  # noqa: E731

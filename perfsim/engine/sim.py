@@ -14,34 +14,18 @@ posts and waits for stage ``k``'s input activation, ``kSEND_Fmb`` sends stage
   ``s + 1`` without waiting for delivery (asynchronous send, as isend);
 * backward mirrors this with activation gradients flowing ``s+1 -> s``.
 
-Messages on one connection (an ordered device pair) are delivered in order,
-one at a time (a TCP/NCCL connection is a byte stream); different connections
-share NICs max-min fairly (:mod:`perfsim.engine.flows`). A message arrives
-``latency`` after its last byte left.
-
-The links are the network's :class:`perfsim.link.Link` objects (one transport
-model, nominal or calibrated). Token-bucket egress (``Link.burst_bytes`` = b > 0;
-Linux ``tc tbf``, which is how execute mode emulates a link): each node's inter-node egress holds up
-to b tokens, refilled at the link rate while no shaped bytes queue. A message
-of n bytes leaving with k tokens passes min(n, k) bytes at once and only the
-rest through the rate-limited flow: after an idle spell a message <= b arrives
-in ``latency`` alone, a long stream runs at the rate (measured by
-``perfsim calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps
-draw on the buckets of the ranks that send.
-
-Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
-receiver-driven): a message's bytes start at max(send time, ready time), where
-the ready time is when the receiver posted its receive (the device reached the
-action that waits for it), plus the wait for bytes already queued on the
-receiver's egress (its "ready" notice is behind them in the shaper's FIFO),
-plus the control latency (docs/validation.md, "Mechanisms found by the
-validation", 2: the execute-mode trace that shows it).
+The network is a :class:`perfsim.network.backend.NetworkBackend` (the flow model of
+:mod:`perfsim.network.flows` unless :func:`perfsim.network.use_backend` plugged in
+another): the engine hands it each message (``send``; the receiver's ``post_receive``
+when it reaches the action that waits for it) and each collective (``collective``
+prices it, ``run_collective`` runs it), and is told when bytes start, leave and arrive;
+how they share NICs, token buckets and rendezvous are the backend's.
 
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
 communication stream, overlapping the rest of the backward; each collective's
-algorithm and phases come from :meth:`perfsim.network.Network.collective`. The
+algorithm and phases come from the backend's ``collective``. The
 optimizer step follows the last bucket -- and, with a tied LM head synced Megatron's
 way (``Plan.tied_sync_bytes``), the all-reduce of the embedding gradient between
 the devices of the first and the last stage, once both have synced their buckets.
@@ -69,16 +53,17 @@ topology with unequal links keeps every distinct path.
 from __future__ import annotations
 
 import gc
-from collections import defaultdict, deque
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import simpy
 
 from perfsim.compression.base import ALLREDUCE
-from perfsim.engine.flows import FlowScheduler
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
-from perfsim.network import Network
+from perfsim.network import Network, current_backend
+from perfsim.network.backend import BackendFactory
+from perfsim.network.flows import FlowBackend
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
 
@@ -121,52 +106,11 @@ class SimOutput:
     engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
 
 
-class _Connection:
-    """In-order delivery of messages between two devices."""
-
-    __slots__ = ("queue", "busy")
-
-    def __init__(self):
-        self.queue: deque = deque()
-        self.busy = False
-
-
-class _Egress:
-    """One node's shaped egress: token bucket (tbf) and the time its queue drains."""
-
-    __slots__ = ("tokens", "t_tokens", "drain_end")
-
-    def __init__(self, burst: float):
-        self.tokens = burst  # full after idling
-        self.t_tokens = 0.0  # tokens counted up to here (>= now while shaped bytes drain)
-        self.drain_end = 0.0  # when bytes already handed to the shaper have left (estimate)
-
-    def take(self, now: float, nbytes: float, burst: float, rate_Bps: float) -> float:
-        """Send ``nbytes`` at ``now``; returns the bytes that must go through the rate
-        limit (the rest pass at once on the bucket's tokens)."""
-        if burst > 0:
-            if now >= self.t_tokens:
-                self.tokens = min(burst, self.tokens + (now - self.t_tokens) * rate_Bps)
-                self.t_tokens = now
-            else:
-                self.tokens = 0.0  # shaped bytes still draining use the refill
-            free = min(self.tokens, nbytes)
-            self.tokens -= free
-        else:
-            free = 0.0
-        shaped = nbytes - free
-        if shaped > 0:
-            self.drain_end = max(now, self.drain_end) + shaped / rate_Bps
-            if burst > 0:
-                self.tokens = 0.0
-                self.t_tokens = self.drain_end
-        return shaped
-
-
 class Simulation:
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
-                 replicas: list[int] | None = None, trace: bool = False, profile=None):
-        self.plan, self.net = plan, network
+                 replicas: list[int] | None = None, trace: bool = False, profile=None,
+                 backend: BackendFactory | None = None):
+        self.plan = plan
         if schedule.lower() != plan.table.name:
             raise ValueError(f"schedule {schedule!r}: the plan was built for {plan.table.name!r}")
         self.table = plan.table
@@ -176,9 +120,9 @@ class Simulation:
         self.replicas = sorted(replicas) if replicas is not None else list(range(plan.dp))
         self.want_trace = trace
         self.env = simpy.Environment()
-        self.flows = FlowScheduler(self.env, network.capacity)
+        #: the network, spoken to only through the NetworkBackend protocol
+        self.net = (backend or current_backend() or FlowBackend)(self.env, network)
         self.inbox: dict[tuple, simpy.Event] = {}
-        self.conns: dict[tuple[int, int], _Connection] = defaultdict(_Connection)
         self.stats = {(r, s): DeviceStats() for r in self.replicas for s in range(plan.pp)}
         self.micro: dict[tuple[int, int, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.links: dict[tuple[int, int, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -197,19 +141,10 @@ class Simulation:
         self.dp_bytes_per_rank: dict[int, float] = defaultdict(float)
         self.trace: list[dict] = []
         self._scratch: dict[str, float] = defaultdict(float)
-        link, coll = network.link, network.collective_link
-        self.burst, self.coll_burst = link.burst_bytes, coll.burst_bytes
-        self.rendezvous = link.protocol == "rendezvous"
-        self.control_latency = link.control_latency_s
-        sysm = network.system
-        self.slowdown = system_slowdown(sysm, profile)
+        self.slowdown = system_slowdown(network.system, profile)
         self.comm_active: dict[int, int] = defaultdict(int)  # device -> transfers running
         self.comm_change: dict[int, simpy.Event] = {}
         self.algos: dict[str, None] = {}  # collective algorithms used, in order
-        self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
-        self.egress: dict[int, _Egress] = {}
-        self.ready_at: dict[tuple, float] = {}  # rendezvous: key -> ready notice at sender
-        self.posted: dict[tuple, simpy.Event] = {}
         place = plan.device or (lambda t, r, s: r * plan.pp + s)
         self._dev = {(r, s): place(0, r, s) for r in range(plan.dp) for s in range(plan.pp)}
         self.lanes = plan.tp
@@ -237,21 +172,6 @@ class Simulation:
             if args:
                 ev["args"] = args
             self.trace.append(ev)
-
-    # ------------------------------------------------------------ shaping
-    def _egress(self, node: int, burst: float) -> _Egress:
-        eg = self.egress.get(node)
-        if eg is None:
-            eg = self.egress[node] = _Egress(burst)
-        return eg
-
-    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float, burst: float | None = None) -> float:
-        """Bytes of a message src -> dst that go through the rate limit (token bucket)."""
-        a, b = self.net.node(src), self.net.node(dst)
-        if a == b:  # intra-node fabric: not shaped
-            return nbytes
-        burst = self.burst if burst is None else burst
-        return self._egress(a, burst).take(self.env.now, nbytes, burst, rate_bps / 8.0)
 
     # ------------------------------------------------------------ interference
     def _comm(self, devices, delta: int) -> None:
@@ -288,78 +208,34 @@ class Simulation:
         st.interference_s += max(0.0, env.now - t_start - seconds)
 
     def _post(self, key, r: int, s: int, peer_stage: int) -> None:
-        """Rendezvous: the receiver (r, s) posts its receive for ``key`` now; its ready
-        notice leaves behind the bytes queued on its egress and reaches the sender."""
-        if not self.rendezvous:
-            return
-        me, peer = self.dev(r, s), self.dev(r, peer_stage)
-        now = self.env.now
-        lat = self.control_latency
-        if self.net.node(me) == self.net.node(peer):
-            depart, lat = now, self.net.path(me, peer).latency_s
-        else:
-            eg = self.egress.get(self.net.node(me))
-            depart = max(now, eg.drain_end) if eg is not None else now
-            if lat is None:
-                lat = self.net.path(me, peer).latency_s
-        self.ready_at[key] = depart + lat
-        ev = self.posted.get(key)
-        if ev is None:
-            ev = self.posted[key] = self.env.event()
-        ev.succeed()
+        """The receiver (r, s) posts its receive for ``key`` now (the backend's rendezvous)."""
+        self.net.post_receive(key, self.dev(r, s), self.dev(r, peer_stage))
 
     # ------------------------------------------------------------ p2p
     def send(self, r: int, src_stage: int, dst_stage: int, key, nbytes: int, mb: int, kind: str):
-        """Queue a message on the (src, dst) connection; deliver into inbox[key]."""
+        """Hand a message to the network; it is delivered into inbox[key] (the
+        ``message_*`` methods are the backend's handler, called with this message)."""
         src, dst = self.dev(r, src_stage), self.dev(r, dst_stage)
-        conn = self.conns[(src, dst)]
-        conn.queue.append((key, nbytes, mb, kind, r, src_stage))
-        if not conn.busy:
-            self._next(src, dst, conn)
+        self.net.send(src, dst, nbytes, key, self.lanes, self, (key, nbytes, mb, kind, r, src_stage, src, dst))
 
-    def _next(self, src: int, dst: int, conn: _Connection):
-        if not conn.queue:
-            conn.busy = False
-            return
-        conn.busy = True
-        item = conn.queue[0]
-        key = item[0]
-        if self.rendezvous:
-            ev = self.posted.get(key)
-            if ev is None:
-                ev = self.posted[key] = self.env.event()
-            if not ev.triggered:
-                ev.callbacks.append(lambda _e: self._next(src, dst, conn))
-                return
-            wait = self.ready_at[key] - self.env.now
-            if wait > 0:
-                self.env.timeout(wait).callbacks.append(lambda _e: self._start(src, dst, conn))
-                return
-        self._start(src, dst, conn)
+    def message_started(self, msg) -> None:
+        """Its bytes start moving: both ends communicate (interference)."""
+        if self.slowdown:
+            self._comm((msg[6], msg[7]), +1)
 
-    def _start(self, src: int, dst: int, conn: _Connection):
-        key, nbytes, mb, kind, r, s = conn.queue.popleft()
-        path = self.net.path(src, dst)
-        env = self.env
-
-        self._comm((src, dst), +1)
-
-        def finished(start, end):
+    def message_sent(self, msg, start: float, end: float) -> None:
+        """Its last byte left at ``end``: the link was busy since ``start``."""
+        nbytes, src, dst = msg[1], msg[6], msg[7]
+        if self.slowdown:
             self._comm((src, dst), -1)
-            link = self.links[(src, dst, "p2p")]
-            link[0] += nbytes
-            link[1] += end - start
-            st = self.stats[(r, s)]
-            st.bytes_sent += nbytes
-            deliver = env.timeout(path.latency_s)
-            deliver.callbacks.append(lambda _e: self._delivered(key, start, mb, kind, r, s, src, dst))
-            self._next(src, dst, conn)  # the connection is free once the last byte left
+        link = self.links[(src, dst, "p2p")]
+        link[0] += nbytes
+        link[1] += end - start
+        self.stats[(msg[4], msg[5])].bytes_sent += nbytes
 
-        lanes = self.lanes
-        shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished, event=False)
-
-    def _delivered(self, key, started, mb, kind, r, s, src, dst):
+    def message_delivered(self, msg, started: float) -> None:
+        """It arrived: the receiver's inbox fires."""
+        key, _, mb, kind, r, s, src, dst = msg
         now = self.env.now
         dur = now - started
         self.stats[(r, s)].comm_s += dur
@@ -470,44 +346,19 @@ class Simulation:
     def run_collective(self, kind: str, nbytes: float, members: list[int], simulated: set[int],
                        lanes: int = 1):
         """Run one collective of ``kind`` (per-rank buffer ``nbytes``) over the devices
-        ``members`` as flows on the shared NICs; ``simulated``: the members this
+        ``members`` on the network backend; ``simulated``: the members this
         simulation runs (their nodes' NICs are loaded; the others are represented by
-        them). Planned by :meth:`perfsim.network.Network.collective` (algorithm,
-        phases); the one engine entry point for any group's collective (data-parallel
+        them). Planned by the backend's ``collective`` (algorithm, phases), run by its
+        ``run_collective``; the one engine entry point for any group's collective (data-parallel
         gradients here; tensor-parallel groups call it the same way). ``lanes``: that many
         identical groups (the TP ranks' rings) run side by side, sharing the NICs while
         each has its own intra-node link. Returns the plan."""
-        env, net = self.env, self.net
-        key = tuple(members)
-        geo = self._groups.get(key)
-        if geo is None:
-            sim_nodes = {net.node(d) for d in simulated}
-            ring = net.ring_paths(members, net.collective_link)
-            nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
-            n = len(members)
-            edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
-            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
-            geo = self._groups[key] = (nics, edges, shaped)
-        nics, edges, shaped_edges = geo
-        shaping = self.coll_burst > 0 or self.rendezvous
-        coll = net.collective(kind, nbytes, members)
+        env = self.env
+        coll = self.net.collective(kind, nbytes, members)
         self.algos[coll.algo] = None
         start = env.now
         self._comm(simulated, +1)
-        for group in coll.phases:
-            events, lat = [], 0.0
-            for ph in group:
-                volume, rate = ph.volume_bytes * lanes, ph.rate_bps * lanes
-                if ph.inter_node and shaping and shaped_edges:
-                    # each simulated sender draws on its own bucket; the ring moves
-                    # in lock step, so the phase's shaped bytes are the largest
-                    volume = max(self._shaped(a, b, volume, rate, self.coll_burst)
-                                 for a, b in shaped_edges)
-                events.append(self.flows.transfer(volume, nics if ph.inter_node else (), rate))
-                lat = max(lat, ph.latency_s)
-            yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
-            if lat > 0:
-                yield env.timeout(lat)
+        edges = yield from self.net.run_collective(coll, members, simulated, lanes)
         self._comm(simulated, -1)
         for src, dst in edges:
             link = self.links[(src, dst, kind)]

@@ -1,7 +1,7 @@
 """The error bar of a prediction: an 80 % interval from the validation residuals of what priced it.
 
 A prediction is priced either by a measured profile (``perfsim calibrate``) or by a GPU's
-efficiency curve (:func:`perfsim.engine.compute.curve_for`). For each, perfsim keeps the
+efficiency curve (:func:`perfsim.hardware.curve_for`). For each, perfsim keeps the
 signed relative errors e = (predicted - measured) / measured of its validation rows --
 configurations the fit never saw, split by configuration, never by row
 (``scripts/error_bands.py`` writes them into ``perfsim/data/error_bands.json`` and measures the
@@ -67,12 +67,10 @@ def source_key(summary: dict) -> tuple[str, bool]:
     band is borrowed from another GPU than the prediction's."""
     if not str(summary.get("compute_model", "")).startswith("roofline") or not summary.get("gpu"):
         return "profile", False  # measured records priced (some of) the layers
-    from perfsim.engine.compute import CALIBRATED_ON, NEAREST
-    from perfsim.hardware import get_gpu
+    from perfsim.hardware import curve_borrowed, curve_family, get_gpu
 
     gpu = get_gpu(summary["gpu"])
-    family = NEAREST.get(gpu.family, "ampere")
-    return f"gpu:{family}", family != gpu.family and gpu.name != CALIBRATED_ON[family]
+    return f"gpu:{curve_family(gpu)}", curve_borrowed(gpu)
 
 
 def interval(summary: dict) -> dict:

@@ -1,5 +1,12 @@
-"""Model descriptions shared by the simulator (sizes) and the runtime (torch modules)."""
+"""Model descriptions shared by the simulator (sizes, operators) and the runtime (torch modules).
 
-from perfsim.models.specs import MODEL_SPECS, GPTSpec, LayerSpec, MLPSpec, get_model_spec
+One registry maps every preset name to its spec (:mod:`perfsim.models.registry`); every spec
+is a :class:`~perfsim.models.specs.ModelSpec`.
+"""
 
-__all__ = ["MODEL_SPECS", "GPTSpec", "LayerSpec", "MLPSpec", "get_model_spec"]
+from perfsim.models.registry import PRESETS, get_model_spec, get_spec, preset_names
+from perfsim.models.specs import LayerSpec, MLPSpec, ModelSpec
+from perfsim.models.transformer import TransformerSpec
+
+__all__ = ["PRESETS", "LayerSpec", "MLPSpec", "ModelSpec", "TransformerSpec", "get_model_spec", "get_spec",
+           "preset_names"]

@@ -104,7 +104,7 @@ def expert_rows(spec, tokens: int, routing: Routing | None = None) -> int:
 
 def moe_ops(spec, tok: int, tp: int, bpv: int, routing: Routing | None = None) -> list:
     """Forward operators of one MoE block's MLP part on one rank for ``tok`` tokens
-    (:mod:`perfsim.engine.compute` Ops): router GEMM, routing, permutation of the token
+    (:class:`perfsim.models.ops.Op` values): router GEMM, routing, permutation of the token
     copies, the local experts' grouped GEMMs (``experts / ep`` experts, each FFN split
     ``tp`` ways as Megatron-Core's expert tensor parallelism), the combination, the shared
     expert. The all-to-all between expert-parallel ranks is communication

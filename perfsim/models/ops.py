@@ -1,13 +1,36 @@
-"""The operator vocabulary of a forward pass: what a model is made of, for the compute model.
+"""The operator vocabulary of a forward pass and a transformer's operator lists.
 
 Models (:mod:`perfsim.models`) list their layers' kernels as :class:`Op` values; the
 engine prices them (:func:`perfsim.engine.compute.op_time`: roofline x efficiency curve,
 or a profile's measured rates).
+
+A transformer layer's forward pass is a list of :class:`Op` (Megatron-LM's GPT
+block, Shoeybi et al. 2019, arXiv:1909.08053; operator list and sizes as in
+Korthikanti et al. 2022, arXiv:2205.05198, Sec. 4.1): the QKV, attention-output and
+MLP GEMMs (split ``t`` ways by tensor parallelism), the two batched attention
+GEMMs (scores ``Q K^T`` and the weighted sum), and the memory-bound operators
+(norms, softmax, dropouts, GELU/SwiGLU, residual adds; with sequence parallelism
+norms and dropouts see ``s / t`` tokens). The softmax is Megatron's fused kernel
+where Megatron can use it, else its five-kernel PyTorch path (:func:`softmax_ops`). The
+embedding (a gather), the LM head (a ``hidden x vocab/t`` GEMM per token, last stage) and
+the loss (Megatron's vocab-parallel cross entropy in fp32, pass by pass:
+:func:`cross_entropy_ops`) are ops too, so every layer costs something; so is the
+per-micro-batch accumulation of the dense ``vocab/t x hidden`` embedding gradient (and of
+the tied LM head's) into the fp32 main gradient (:func:`embedding_grad_ops`), which the
+transformer GEMMs avoid. ``attention="flash"``: the attention core is FlashAttention-2's
+one kernel (Dao 2023, arXiv:2307.08691). A mixture-of-experts block's MLP is
+:func:`perfsim.models.moe.moe_ops`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+#: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
+#: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
+#: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
+#: router and the LM head stay bf16
+FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down")
 
 
 @dataclass(frozen=True)
@@ -26,7 +49,7 @@ class Op:
     #: forward (None); an op with no forward work (``bytes`` 0, not a GEMM) is backward-only
     bwd_bytes: float | None = None
     #: FlashAttention-2's fused kernel over ``batch`` (micro-batch x heads) sequences of
-    #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`flash_time`)
+    #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`perfsim.engine.compute.flash_time`)
     flash: bool = False
     #: a causal mask: the kernel skips the upper half of the score matrix
     causal: bool = True
@@ -40,3 +63,128 @@ class Op:
         if self.flash:
             return 4.0 * self.m * self.n * self.k * self.batch * (0.5 if self.causal else 1.0)
         return 2.0 * self.m * self.n * self.k * self.batch
+
+
+def batch_per_block(sk: int) -> int:
+    """Rows of scores one thread block of Megatron's fused softmax handles: 128 threads,
+    warps of ``min(32, 2^ceil(log2 sk))`` lanes, 2 rows per warp up to 128 keys, else 1
+    (Megatron-LM csrc/megatron/scaled_upper_triang_masked_softmax.h, ``get_batch_per_block``)."""
+    pow2 = 1 << max(0, (sk - 1).bit_length())
+    return (128 // min(32, pow2)) * (2 if pow2 <= 128 else 1)
+
+
+def fused_softmax_available(b: int, heads: int, sq: int, sk: int, half: bool, causal: bool = True) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel runs (Megatron-LM
+    megatron/model/fused_softmax.py, ``FusedScaleMaskSoftmax.is_kernel_available``):
+    fp16/bf16 input, ``16 < sk <= 4096``, ``sq`` and ``sk`` divisible by 4, and
+    ``b x heads`` (heads on this rank) divisible by 4 and, causal, by the kernel's
+    rows per block -- e.g. not for one sequence with 2 heads per rank (TP 8 of 16 heads)."""
+    n = b * heads
+    if not (half and 16 < sk <= 4096 and sq % 4 == 0 and sk % 4 == 0 and n % 4 == 0):
+        return False
+    return (n if causal else sq) % batch_per_block(sk) == 0
+
+
+def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True) -> list[Op]:
+    """The attention softmax on ``n`` scores: Megatron's fused kernel (read and write
+    the scores) where it is available, else its PyTorch path
+    (``forward_torch_softmax``: cast to fp32, scale, masked fill, softmax, cast back),
+    five kernels instead of one for half-precision input; then dropout (+1 byte mask)."""
+    if fused_softmax_available(b, heads, s, s, bpv == 2, causal):
+        ops = [Op("softmax", bytes=2 * bpv * n, attention_core=True)]
+    else:
+        ops = [Op("softmax_scale", bytes=8 * n, attention_core=True),
+               Op("softmax_mask", bytes=9 * n, attention_core=True),
+               Op("softmax", bytes=8 * n, attention_core=True)]
+        if bpv == 2:  # softmax_in_fp32 (Megatron's default)
+            ops = ([Op("softmax_to_fp32", bytes=6 * n, attention_core=True)] + ops
+                   + [Op("softmax_to_half", bytes=6 * n, attention_core=True)])
+    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
+
+
+def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
+              moe: bool | None = None, routing=None) -> list[Op]:
+    """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
+    the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
+    kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
+    model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
+    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm."""
+    s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
+    tok = b * s
+    tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
+    heads = max(1, spec.heads // tp)
+    q = spec.q_dim
+    qkv = (q + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q // tp + 2 * spec.head_dim
+    dh = spec.head_dim
+    attn_scores = b * heads * s * s
+    act = bpv * tok_sp * h
+    ops = [
+        Op("norm1", bytes=2 * act),
+        Op("qkv", m=tok, n=qkv, k=h),
+        *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
+              causal=not spec.encoder)] if attention == "flash" else
+          [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
+           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
+           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True)]),
+        Op("proj", m=tok, n=h, k=q // tp),
+        Op("dropout_residual1", bytes=3 * act + tok_sp * h),
+        *([Op("norm2", bytes=2 * act)] if spec.norms_per_block == 2 else []),
+    ]
+    if spec.moe if moe is None else moe:
+        from perfsim.models.moe import moe_ops
+
+        ops += moe_ops(spec, tok, tp, bpv, routing)
+    else:
+        ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
+                Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
+                Op("mlp_down", m=tok, n=h, k=f // tp)]
+    return ops + [Op("dropout_residual2", bytes=3 * act + tok_sp * h)]
+
+
+def embedding_grad_ops(spec, tp: int, bpv: int) -> list[Op]:
+    """Backward-only: the word embedding's gradient is a dense ``vocab/t x h`` tensor
+    (PyTorch's embedding backward zero-fills it, then scatters the tokens' rows) that
+    Megatron's data-parallel wrapper adds into the fp32 ``main_grad`` after every
+    micro-batch (Megatron-LM megatron/model/distributed.py, ``param.main_grad.add_``;
+    the transformer GEMMs accumulate in place, gradient accumulation fusion):
+    write ``bpv``, then read it and read and write 4 bytes per element."""
+    n = -(-spec.vocab // tp) * spec.hidden
+    return [Op("embed_grad_zero", bwd_bytes=bpv * n), Op("embed_grad_accumulate", bwd_bytes=(bpv + 8) * n)]
+
+
+def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+    tok = mb * spec.seq_len
+    # vocab-parallel gather (each rank its rows) + position add, writes (b, s, h)
+    return [Op("embed_gather", bytes=2 * bpv * tok * spec.hidden),
+            Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden),
+            *embedding_grad_ops(spec, tp, bpv)]
+
+
+def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
+    """Megatron's vocab-parallel cross entropy on ``tok x v`` logits of this rank
+    (Megatron-LM megatron/mpu/cross_entropy.py, ``_VocabParallelCrossEntropy``, called on
+    ``logits.float()``): forward = cast to fp32, max, subtract, exp, sum, divide (the
+    softmax kept for the backward), each a pass over the fp32 logits; backward = scale
+    the kept softmax by the incoming gradient in place, then cast it back to ``bpv``
+    (no casts when the logits are fp32 already)."""
+    n = tok * v
+    cast = [Op("loss_to_fp32", bytes=(bpv + 4) * n, bwd_bytes=(4 + bpv) * n)] if bpv < 4 else []
+    return cast + [
+            Op("loss_max", bytes=4 * n, bwd_bytes=0.0),
+            Op("loss_sub_max", bytes=8 * n, bwd_bytes=0.0),
+            Op("loss_exp", bytes=8 * n, bwd_bytes=0.0),
+            Op("loss_sum", bytes=4 * n, bwd_bytes=0.0),
+            Op("loss_softmax", bytes=8 * n, bwd_bytes=8 * n)]
+
+
+def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+    tok, h = mb * spec.seq_len, spec.hidden
+    if spec.encoder:  # pooler on the first token
+        return [Op("final_norm", bytes=2 * bpv * tok * h), Op("pooler", m=mb, n=h, k=h)]
+    v = -(-spec.vocab // tp)
+    ops = [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
+           Op("lm_head", m=tok, n=v, k=h, lm_head=True),
+           *cross_entropy_ops(tok, v, bpv)]
+    if spec.tied:  # the LM head's weight gradient is the (last stage's copy of the) embedding's
+        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=(bpv + 8) * v * h))
+    return ops

@@ -1,24 +1,23 @@
-"""Model specs: the one description of a trainable model's shape.
+"""Model specs: what every description of a model's shape provides (:class:`ModelSpec`).
 
-The simulator reads layer parameter counts and boundary activation shapes from
-here; the runtime (``perfsim.runtime``) builds its torch modules from the same
+The simulator reads layer parameter counts and boundary activation shapes from a
+spec; the runtime (``perfsim.runtime``) builds its torch modules from the same
 spec, so ``perfsim predict --model gpt2-tiny`` and ``perfsim run --model
-gpt2-tiny`` describe the same job.
+gpt2-tiny`` describe the same job. The specs: any transformer
+(:class:`perfsim.models.transformer.TransformerSpec`; GPT-2, the runtime's GPT, LLaMA,
+BERT, mixtures of experts, a config.json), a plain MLP (:class:`MLPSpec`), a model known
+only by its layers' sizes (:class:`perfsim.models.size_only.SizeSpec`); every preset name
+is in one registry (:mod:`perfsim.models.registry`).
 
 A model is a sequence of *layers* (the unit a pipeline partition splits):
 for GPT-2, the token+position embedding, ``n_layer`` transformer blocks and the
 final norm + LM head; for an MLP, each Linear(+activation).
-
-Parameter counts follow the GPT-2 architecture (Radford et al. 2019; nanoGPT's
-``GPT.get_num_params``): a block has ``12 d^2 + 13 d`` parameters (attention
-qkv+proj ``4d^2 + 4d``, MLP ``8d^2 + 5d``, two LayerNorms ``4d``), the embedding
-``V d + T d``; the LM head is tied to the token embedding (counted once, on the
-embedding layer) and its final LayerNorm has ``2d``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from perfsim.errors import ConfigError
 
@@ -60,38 +59,22 @@ class LayerSpec:
     tensors: tuple[tuple[int, ...], ...] = ()
 
 
-@dataclass(frozen=True)
-class GPTSpec:
-    """A GPT-2-style decoder (pre-LN blocks, GELU MLP of width 4d, tied head)."""
+@runtime_checkable
+class ModelSpec(Protocol):
+    """A model's shape as the simulator, the runtime and the memory model read it: its
+    name, the tokens one sample holds, and its partitionable layers."""
 
+    #: preset name (or an inline spec's text)
     name: str
-    n_layer: int
-    d_model: int
-    n_head: int
-    seq_len: int
-    vocab_size: int
-    kind: str = field(default="gpt", init=False)
-
-    def __post_init__(self):
-        for f in ("n_layer", "d_model", "n_head", "seq_len", "vocab_size"):
-            if getattr(self, f) < 1:
-                raise ConfigError(f"{self.name}.{f}={getattr(self, f)}: must be >= 1")
-        if self.d_model % self.n_head:
-            raise ConfigError(f"{self.name}: d_model={self.d_model} not divisible by n_head={self.n_head}")
-
-    def layers(self) -> list[LayerSpec]:
-        d, T, V = self.d_model, self.seq_len, self.vocab_size
-        block_params = 12 * d * d + 13 * d
-        # matmul flops per token: 2*params(weights) + attention scores 2*2*T*d (causal avg ignored)
-        block_flops = T * (2 * 12 * d * d + 4 * T * d)
-        out = [LayerSpec("embed", V * d + T * d, (T, d), float(T * d))]  # the position add
-        out += [LayerSpec(f"block{i}", block_params, (T, d), float(block_flops)) for i in range(self.n_layer)]
-        out.append(LayerSpec("head", 2 * d, (T, V), float(2 * T * d * V)))
-        return out
 
     @property
     def tokens_per_sample(self) -> int:
-        return self.seq_len
+        """Tokens of one sample (a transformer's sequence length; 1 for an MLP or a CNN)."""
+        ...
+
+    def layers(self) -> list[LayerSpec]:
+        """The partitionable layers, in order."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -113,27 +96,3 @@ class MLPSpec:
     @property
     def tokens_per_sample(self) -> int:
         return 1
-
-
-#: Models that both the simulator and the runtime know. The simulator adds
-#: size-only presets (BERT, DeBERTa, ResNet, VGG) in ``perfsim.workload``.
-MODEL_SPECS: dict[str, GPTSpec | MLPSpec] = {
-    s.name: s
-    for s in (
-        GPTSpec("gpt2-tiny", n_layer=4, d_model=128, n_head=4, seq_len=64, vocab_size=256),
-        GPTSpec("gpt2-small-byte", n_layer=8, d_model=256, n_head=8, seq_len=128, vocab_size=256),
-        GPTSpec("gpt2", n_layer=12, d_model=768, n_head=12, seq_len=1024, vocab_size=50257),
-        GPTSpec("gpt2-medium", n_layer=24, d_model=1024, n_head=16, seq_len=1024, vocab_size=50257),
-        GPTSpec("gpt2-large", n_layer=36, d_model=1280, n_head=20, seq_len=1024, vocab_size=50257),
-        GPTSpec("gpt2-xl", n_layer=48, d_model=1600, n_head=25, seq_len=1024, vocab_size=50257),
-        MLPSpec("digits-mlp", sizes=(64, 256, 256, 256, 10)),
-    )
-}
-
-
-def get_model_spec(name: str) -> GPTSpec | MLPSpec:
-    """Look a runtime-capable model spec up by preset name."""
-    try:
-        return MODEL_SPECS[name.lower()]
-    except KeyError:
-        raise ConfigError(f"model {name!r}: unknown (known: {', '.join(MODEL_SPECS)})") from None

@@ -35,10 +35,8 @@ Face ``config.json`` path (or a folder holding one) is read by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from perfsim.errors import ConfigError
-from perfsim.models.hf_config import from_hf_config  # noqa: F401  (the reader lives there)
 from perfsim.models.specs import check_layer_count
 
 #: architecture conventions: (gated MLP, bias, norm, learned positions, tied head, encoder)
@@ -290,25 +288,10 @@ def padded_vocab(spec: TransformerSpec, multiple: int) -> TransformerSpec:
     return spec if v == spec.vocab else replace(spec, vocab=v)
 
 
-def _arch_spec(arch: str, name: str, **kw) -> TransformerSpec:
+def arch_spec(arch: str, name: str, **kw) -> TransformerSpec:
+    """A TransformerSpec with ``arch``'s conventions (:data:`ARCHS`) and the sizes ``kw``."""
     return TransformerSpec(name=name, arch=arch, **{**ARCHS[arch], **kw})
 
-
-#: presets beyond the runtime's GPT-2 family (published architectures)
-TRANSFORMER_PRESETS: dict[str, TransformerSpec] = {s.name: s for s in (
-    # GPT-3 (Brown et al. 2020, arXiv:2005.14165, Table 2.1): 96 x 12288, 96 heads, 2048 ctx
-    _arch_spec("gpt", "gpt3-175b", n_layer=96, hidden=12288, heads=96, seq_len=2048, vocab=50257),
-    # LLaMA 2 (Touvron et al. 2023, arXiv:2307.09288, Table 1; HF config.json of meta-llama/Llama-2-*)
-    _arch_spec("llama", "llama2-7b", n_layer=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn=11008),
-    _arch_spec("llama", "llama2-13b", n_layer=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn=13824),
-    _arch_spec("llama", "llama2-70b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096,
-               vocab=32000, ffn=28672),
-    # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
-    _arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
-               max_positions=512, token_types=2),
-    _arch_spec("bert", "bert-base", n_layer=12, hidden=768, heads=12, seq_len=512, vocab=30522,
-               max_positions=512, token_types=2),
-)}
 
 _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
                 "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
@@ -336,27 +319,4 @@ def parse_inline(text: str) -> TransformerSpec:
     if missing:
         raise ConfigError(f"model {text!r}: missing {', '.join(missing)}")
     name = text if len(text) <= 80 else text[:77] + "..."
-    return _arch_spec(arch, name, **kw)
-
-
-def resolve_transformer(name: str, seq_len: int | None = None) -> TransformerSpec | None:
-    """A preset, inline spec or config.json path, as a TransformerSpec; None if ``name``
-    is none of these (the caller tries its other presets)."""
-    key = str(name).strip()
-    spec = None
-    if key.lower() in TRANSFORMER_PRESETS:
-        spec = TRANSFORMER_PRESETS[key.lower()]
-    elif ":" in key and key.split(":", 1)[0].lower() in ARCHS:
-        spec = parse_inline(key)
-    elif key.lower().endswith(".json") or Path(key).is_file() or Path(key).is_dir():
-        return from_hf_config(key, seq_len)
-    else:
-        from perfsim.models.specs import MODEL_SPECS, GPTSpec
-
-        g = MODEL_SPECS.get(key.lower())
-        if isinstance(g, GPTSpec):
-            spec = _arch_spec("gpt", g.name, n_layer=g.n_layer, hidden=g.d_model, heads=g.n_head,
-                              seq_len=g.seq_len, vocab=g.vocab_size)
-    if spec is not None and seq_len:
-        spec = spec.with_seq_len(seq_len)
-    return spec
+    return arch_spec(arch, name, **kw)

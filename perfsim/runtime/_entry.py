@@ -69,7 +69,7 @@ def make_config(**params: Any):
         if params.get("out") is None:  # the run folder that owns the checkpoint, never the step folder
             params["out"] = str(checkpoint.run_folder(root))
     if params.get("partition") == "uniform":  # Megatron-LM's split, as perfsim predict makes it
-        from perfsim.models.specs import get_model_spec
+        from perfsim.models.registry import get_model_spec
         from perfsim.partition import uniform_counts
         from perfsim.schedules import stage_count
 

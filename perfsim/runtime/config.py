@@ -90,7 +90,7 @@ class RunConfig(Job):
     a ``device_order`` places ranks with ``tp = 1`` only (under torchrun a rank's number
     fixes its host; over loopback every rank shares one emulated link rate).
 
-    model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...);
+    model: preset of :mod:`perfsim.models.registry` (``gpt2-tiny``, ``digits-mlp``...);
       default ``gpt2-small-byte``, the smallest preset with a layer for each of the default
       job's 8 pipeline stages (a model with fewer layers needs a smaller ``pp``).
     steps: optimizer steps in total (a resumed run continues up to it);
@@ -110,7 +110,7 @@ class RunConfig(Job):
       and the job stopped (local launch).
     """
 
-    #: the default model: the smallest preset of :mod:`perfsim.models.specs` that the job's
+    #: the default model: the smallest preset of :mod:`perfsim.models.registry` that the job's
     #: default pipeline (pp 8, a stage per layer at least) can train on a CPU
     model: str = "gpt2-small-byte"
     steps: int | None = None
@@ -134,7 +134,7 @@ class RunConfig(Job):
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job), validated once for predict and run
-        from perfsim.models.specs import get_model_spec
+        from perfsim.models.registry import get_model_spec
 
         get_model_spec(self.model)
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
@@ -170,9 +170,10 @@ class RunConfig(Job):
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
         from perfsim.models.tensor_parallel import check_tp
-        from perfsim.models.transformer import resolve_transformer
+        from perfsim.models.transformer import TransformerSpec
 
-        check_tp(resolve_transformer(self.model), self.tp, self.sequence_parallel, self.model)
+        spec = self.spec()
+        check_tp(spec if isinstance(spec, TransformerSpec) else None, self.tp, self.sequence_parallel, self.model)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
         # the compressor specs must parse (ConfigError names them)
@@ -200,7 +201,7 @@ class RunConfig(Job):
         return RankLayout(self.tp, self.dp, self.pp, self.device_order)
 
     def spec(self):
-        from perfsim.models.specs import get_model_spec
+        from perfsim.models.registry import get_model_spec
 
         return get_model_spec(self.model)
 
@@ -215,9 +216,9 @@ class RunConfig(Job):
         return partition_model(spec, self.num_stages, explicit=self.partition)
 
     def check_tied(self) -> None:
-        from perfsim.models.specs import GPTSpec
+        from perfsim.models.transformer import TransformerSpec
 
-        if self.tied_embedding == "sync" and not isinstance(self.spec(), GPTSpec):
+        if self.tied_embedding == "sync" and not isinstance(self.spec(), TransformerSpec):
             raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
         if self.tied_embedding == "sync" and self.tp > 1:
             raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import GPTSpec, MLPSpec
+from perfsim.models.specs import MLPSpec, ModelSpec
+from perfsim.models.transformer import TransformerSpec
 
 
 @lru_cache(maxsize=1)
@@ -121,15 +122,15 @@ class DigitsDataset(Dataset):
         return self.x[ids], self.y[ids]
 
 
-def dataset_for(spec, limit: int | None = None) -> Dataset:
+def dataset_for(spec: ModelSpec, limit: int | None = None) -> Dataset:
     """The real dataset of a model preset (``limit`` keeps the first N samples,
     e.g. to make AQ-SGD's uncompressed first epoch short in a benchmark)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"dataset limit={limit}: must be >= 1")
-    if isinstance(spec, GPTSpec):
-        if spec.vocab_size != 256:
+    if isinstance(spec, TransformerSpec):
+        if spec.vocab != 256:
             raise ConfigError(f"model {spec.name!r}: the runtime's text data is byte-level "
-                              f"(vocab 256), the preset has vocab {spec.vocab_size}")
+                              f"(vocab 256), the preset has vocab {spec.vocab}")
         return TextDataset(spec.seq_len, limit)
     if isinstance(spec, MLPSpec):
         if spec.sizes[0] != 64 or spec.sizes[-1] != 10:

@@ -1,4 +1,4 @@
-"""Torch modules built from :mod:`perfsim.models.specs`, split into pipeline stages.
+"""Torch modules built from a preset's spec (:mod:`perfsim.models.registry`), split into pipeline stages.
 
 The runtime and the simulator read the same spec and the same partition
 (:func:`perfsim.partition.partition_model`), so a stage here holds exactly the
@@ -30,15 +30,26 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import GPTSpec, MLPSpec
+from perfsim.models.specs import MLPSpec, ModelSpec
+from perfsim.models.transformer import TransformerSpec
 from perfsim.partition import partition_model
 
 
+def check_gpt(spec: TransformerSpec) -> None:
+    """ConfigError unless the runtime's GPT modules below build ``spec`` exactly: a
+    GPT-2-style decoder (:data:`perfsim.models.transformer.ARCHS` ``gpt``), MLP width 4 d,
+    multi-head attention of ``hidden / heads`` wide heads, a dense MLP."""
+    if (spec.arch != "gpt" or spec.encoder or spec.moe or spec.ffn != 4 * spec.hidden
+            or spec.kv_heads != spec.heads or spec.head_dim * spec.heads != spec.hidden):
+        raise ConfigError(f"model {spec.name!r}: the runtime builds GPT-2-style decoders only "
+                          "(gpt arch, ffn 4 x hidden, multi-head attention, no experts)")
+
+
 class Embed(nn.Module):
-    def __init__(self, spec: GPTSpec):
+    def __init__(self, spec: TransformerSpec):
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab_size, spec.d_model)
-        self.pos = nn.Embedding(spec.seq_len, spec.d_model)
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         t = idx.shape[1]
@@ -47,11 +58,11 @@ class Embed(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, spec: GPTSpec):
+    def __init__(self, spec: TransformerSpec):
         super().__init__()
-        d = spec.d_model
-        self.n_head = spec.n_head
-        self.head_dim = d // spec.n_head
+        d = spec.hidden
+        self.n_head = spec.heads
+        self.head_dim = spec.head_dim
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.proj = nn.Linear(d, d)
@@ -72,10 +83,10 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self, spec: GPTSpec):
+    def __init__(self, spec: TransformerSpec):
         super().__init__()
-        self.ln_f = nn.LayerNorm(spec.d_model)
-        self.lm_head = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
+        self.ln_f = nn.LayerNorm(spec.hidden)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.ln_f(x))
@@ -92,7 +103,7 @@ class Dense(nn.Module):
         return F.relu(y) if self.relu else y
 
 
-def _init_gpt_layer(module: nn.Module, spec: GPTSpec, gen: torch.Generator) -> None:
+def _init_gpt_layer(module: nn.Module, spec: TransformerSpec, gen: torch.Generator) -> None:
     resid_std = 0.02 / math.sqrt(2 * spec.n_layer)
     for name, p in module.named_parameters():
         if name.endswith("bias"):
@@ -114,11 +125,12 @@ def _init_dense(module: Dense, gen: torch.Generator) -> None:
         b.copy_((torch.rand(b.shape, generator=gen) * 2 - 1) * bound)
 
 
-def build_layer(spec, index: int, seed: int) -> nn.Module:
+def build_layer(spec: ModelSpec, index: int, seed: int) -> nn.Module:
     """Layer ``index`` of ``spec.layers()`` as a torch module, initialised from
     ``(seed, index)``."""
     gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + index)
-    if isinstance(spec, GPTSpec):
+    if isinstance(spec, TransformerSpec):
+        check_gpt(spec)
         n = len(spec.layers())
         if index == 0:
             layer = Embed(spec)
@@ -139,14 +151,14 @@ def build_layer(spec, index: int, seed: int) -> nn.Module:
 class Stage(nn.Module):
     """The layers ``[start, end)`` of a model: one pipeline stage."""
 
-    def __init__(self, spec, start: int, end: int, seed: int, tied: bool = False):
+    def __init__(self, spec: ModelSpec, start: int, end: int, seed: int, tied: bool = False):
         super().__init__()
         self.spec, self.start, self.end = spec, start, end
         self.layers = nn.ModuleList(build_layer(spec, i, seed) for i in range(start, end))
         self.is_first = start == 0
         self.is_last = end == len(spec.layers())
         if tied and self.is_last:
-            if not isinstance(spec, GPTSpec):
+            if not isinstance(spec, TransformerSpec):
                 raise ConfigError(f"model {spec.name!r}: only a GPT model has an embedding to tie")
             embed = self.layers[0] if self.is_first else build_layer(spec, 0, seed)
             with torch.no_grad():  # the head starts as a copy of the token table
@@ -162,12 +174,12 @@ class Stage(nn.Module):
         return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
-def build_stages(spec, num_stages: int, seed: int, by: str = "params", tied: bool = False) -> list[Stage]:
+def build_stages(spec: ModelSpec, num_stages: int, seed: int, by: str = "params", tied: bool = False) -> list[Stage]:
     """All stages of ``spec`` partitioned as the simulator partitions it."""
     return [Stage(spec, a, b, seed, tied) for a, b in partition_model(spec, num_stages, by)]
 
 
-def build_stage(spec, num_stages: int, stage: int, seed: int, by: str = "params", tied: bool = False) -> Stage:
+def build_stage(spec: ModelSpec, num_stages: int, stage: int, seed: int, by: str = "params", tied: bool = False) -> Stage:
     """Only stage ``stage`` (what one pipeline rank holds)."""
     a, b = partition_model(spec, num_stages, by)[stage]
     return Stage(spec, a, b, seed, tied)

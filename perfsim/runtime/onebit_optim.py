@@ -50,15 +50,17 @@ warm-up: padding / unused embeddings, always-zero inputs) have their momentum ma
 for an ``exp_avg_mask`` for the same reason); otherwise the sign compressor's
 magnitude divided by ``eps`` is a step of ``scale / eps``.
 
-Known limitation (measured, not a bug of the compression; docs/ddp.md, issue 35):
-the frozen variance does not bound the step of a coordinate whose gradient outgrows
-it after warm-up -- weights of rare, large inputs whose warm-up variance was ~1e-8
-take steps of ``m / sqrt(v_frozen)`` in the hundreds, and the run diverges *even with
-exact fp32 averaging* (``compressor="fp32"``; ``scripts/onebit_frozen_variance.py``).
-Adam's own ``v`` would grow and bound it. The papers warm up for 15-20 % of training
-(``perfsim.ddp.onebit_optimizer(..., total_steps=N)``). A diverging or NaN step stops
-with one ConfigError naming the step, the parameter group and the parameter, on
-every rank, before any state or error buffer changes.
+The frozen variance does not bound the step of a coordinate whose gradient outgrows it
+after warm-up: weights of rare, large inputs whose warm-up variance was ~1e-8 take steps
+``m_hat / sqrt(v_frozen)`` in the hundreds to thousands where Adam's own never exceed
+``(1 - b1) / sqrt(1 - b2)`` = 3.16 (Kingma & Ba, arXiv:1412.6980 Sec. 2.1), and the run
+diverges *even with exact fp32 averaging* (``scripts/onebit_frozen_variance.py``; docs/ddp.md).
+Two options, both off by default (the papers' algorithms): ``refresh=K`` (0/1 Adam's
+variance refreshes, arXiv:2202.06009) and ``bound=adam`` (Adam's own step bound); spec
+``onebit-adam:refresh=16:bound=adam``; :mod:`perfsim.runtime.onebit_variance` has them.
+
+A diverging or NaN step stops with one ConfigError naming the step, the parameter group
+and the parameter, on every rank, before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
@@ -88,6 +90,8 @@ from typing import Any
 
 import torch
 
+from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
+from perfsim.runtime.onebit_variance import VarianceOptions
 from perfsim.compression.spec import check_warmup
 from perfsim.errors import ConfigError
 from perfsim.compression.grad_spec import DEFAULT_WARMUP
@@ -136,7 +140,7 @@ def _adam_moments(st: dict, grad: torch.Tensor, g: dict, t: int) -> tuple[torch.
     return m, (v / (1 - b2 ** t)).sqrt_().add_(g["eps"])
 
 
-class _OneBitBase(torch.optim.Optimizer):
+class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
     """Shared machinery: warm-up gradient allreduce, fused momentum exchange,
     global state, checkpointing and byte/time counters."""
 
@@ -144,7 +148,8 @@ class _OneBitBase(torch.optim.Optimizer):
 
     def __init__(self, params, *, lr: float, betas: tuple[float, float], eps: float,
                  weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
-                 seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
+                 seed: int = 0, exchange: str = DEFAULT_EXCHANGE, refresh: int = 0,
+                 bound: str = DEFAULT_BOUND):
         _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
@@ -155,6 +160,9 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{', '.join(EXCHANGES)})")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
         self.exchange = exchange
+        self.refresh = check_refresh(refresh, self.algorithm)  # the one rule (perfsim.compression.refresh)
+        _check(bound in BOUNDS, f"{self.algorithm}: bound={bound!r} (choose from {', '.join(BOUNDS)})")
+        self.bound = bound
         from perfsim.compression import make_compressor
 
         self.group = group
@@ -165,7 +173,7 @@ class _OneBitBase(torch.optim.Optimizer):
                f"{' or '.join(MOMENTUM_COMPRESSORS)}: 1-bit sign+scale with error feedback, or exact "
                "fp32 as a control); gradient compressors go through perfsim.ddp.attach")
         self.param_names: dict[int, str] = {}  # id(param) -> name, set by perfsim.ddp.onebit_optimizer
-        self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0}
+        self.global_state: dict[str, Any] = {"step": 0, "freeze_step": 0, "refreshes": 0}
         self.total_bytes = 0
         self.link = None      # the no-op DDP hook's state, set by perfsim.ddp.onebit_optimizer
         self._checked = False
@@ -291,7 +299,8 @@ class _OneBitBase(torch.optim.Optimizer):
     def _step(self, params) -> None:
         t = self.global_state["step"]
         grads = [self._grad(p).float() for p, _ in params]
-        if t <= self.warmup:  # averaged (and checked) before any state is created or changed
+        refresh = is_refresh(t, self.warmup, self.refresh)
+        if t <= self.warmup or refresh:  # averaged (and checked) before any state is created or changed
             grads = self._allreduce_grads(grads)
         for p, _ in params:
             st = self.state[p]
@@ -309,6 +318,9 @@ class _OneBitBase(torch.optim.Optimizer):
             if t == self.warmup:
                 self.global_state["freeze_step"] = t
                 self._freeze(items)
+        elif refresh:  # 0/1 Adam's variance update (arXiv:2202.06009): exact gradient, then the step
+            self._refresh(items, grads)
+            self._compressed_step(t, items, grads, exact=True)
         else:
             self._compressed_step(t, items, grads)
         for p, _ in params:
@@ -338,6 +350,7 @@ class _OneBitBase(torch.optim.Optimizer):
         sd[STATE_KEY] = {"algorithm": self.algorithm, "warmup": self.warmup, "exchange": self.exchange,
                          "step": int(self.global_state["step"]),
                          "freeze_step": int(self.global_state["freeze_step"]),
+                         "refreshes": int(self.global_state["refreshes"]),
                          "wire_bytes": int(self.total_bytes),
                          "world_size": _world(self.group),
                          "compressor_spec": self.compressor.spec,
@@ -387,7 +400,7 @@ class _OneBitBase(torch.optim.Optimizer):
         self._restore_float32(state_dict)
         # warm-up is this run's setting (not the checkpoint's): a shorter one than the
         # checkpoint's step freezes now, with the statistics of the steps done so far
-        self.global_state = {"step": step, "freeze_step": frozen}
+        self.global_state = {"step": step, "freeze_step": frozen, "refreshes": int(ours.get("refreshes", 0))}
         self.total_bytes = int(ours.get("wire_bytes", 0))
         self.compressor = compressor
         if not frozen and step >= self.warmup:
@@ -408,13 +421,15 @@ class OneBitAdam(_OneBitBase):
     """
 
     algorithm = "onebit-adam"
+    variance_key = "exp_avg_sq"  # frozen in place: it stops being updated (but by refreshes)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
-                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE):
+                 compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
+                 refresh: int = 0, bound: str = DEFAULT_BOUND):
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup=warmup, group=group, compressor=compressor, seed=seed,
-                         exchange=exchange)
+                         exchange=exchange, refresh=refresh, bound=bound)
 
     def _warmup_step(self, t, items, grads):
         for (p, g), grad in zip(items, grads):
@@ -425,9 +440,11 @@ class OneBitAdam(_OneBitBase):
     def _freeze(self, items):
         pass  # exp_avg_sq simply stops being updated; freeze_step gives its bias correction
 
-    def _compressed_step(self, t, items, grads):
-        tf = self.global_state["freeze_step"]
-        pre = self.exchange == "preconditioned"
+    def _compressed_step(self, t, items, grads, exact=False):
+        """One compression-stage step; ``exact``: ``grads`` are already averaged (a
+        refresh step), so the momentum needs no exchange."""
+        tf = self._variance_steps()
+        pre = self.exchange == "preconditioned" and not exact
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
@@ -436,12 +453,14 @@ class OneBitAdam(_OneBitBase):
             m_local = _mask_dead(m_local, self._st(p)["exp_avg_sq"])
             locals_.append(m_local / denom if pre else m_local)
             denoms.append(denom)
-        averaged = self._exchange(locals_)
+        averaged = locals_ if exact else self._exchange(locals_)
         for (p, g), avg, denom in zip(items, averaged, denoms):
             b1 = g["betas"][0]
             st = self._st(p)
             st["exp_avg"].copy_(_mask_dead(avg * denom if pre else avg, st["exp_avg_sq"]))
             p.mul_(1 - g["lr"] * g["weight_decay"])
+            if self.bound == "adam":
+                denom = self._lift(st, denom, g, t)
             p.addcdiv_(st["exp_avg"], denom, value=-g["lr"] / (1 - b1 ** t))
 
 
@@ -455,19 +474,20 @@ class OneBitLamb(_OneBitBase):
     """
 
     algorithm = "onebit-lamb"
+    variance_key = "exp_avg_sq_frozen"  # the preconditioner (exp_avg_sq stays the fresh one)
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, warmup: int = DEFAULT_WARMUP, group=None,
                  compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
                  coeff_beta: float = 0.9, coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0),
-                 ratio_threshold: float = 0.1):
+                 ratio_threshold: float = 0.1, refresh: int = 0, bound: str = DEFAULT_BOUND):
         _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
         _check(0 < coeff_bounds[0] <= coeff_bounds[1], f"onebit-lamb: coeff_bounds={coeff_bounds}")
         _check(0 < ratio_bounds[0] <= ratio_bounds[1], f"onebit-lamb: ratio_bounds={ratio_bounds}")
         _check(0 <= ratio_threshold < 1, f"onebit-lamb: ratio_threshold={ratio_threshold}")
         super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                          warmup=warmup, group=group, compressor=compressor, seed=seed,
-                         exchange=exchange)
+                         exchange=exchange, refresh=refresh, bound=bound)
         self.coeff_beta = coeff_beta
         self.coeff_bounds = tuple(coeff_bounds)
         self.ratio_bounds = tuple(ratio_bounds)
@@ -507,11 +527,13 @@ class OneBitLamb(_OneBitBase):
         for (p, _), s in zip(items, scales):
             self._st(p)["momentum_scale"].fill_(united / s if s > 0 else 1.0)
 
-    def _compressed_step(self, t, items, grads):
+    def _compressed_step(self, t, items, grads, exact=False):
+        """One compression-stage step (Alg. 1 lines 9-21); ``exact``: ``grads`` are
+        already averaged (a refresh step), so the momentum needs no exchange."""
         r_min, r_max = self.ratio_bounds
         thr = self.ratio_threshold
-        tf = self.global_state["freeze_step"]
-        pre = self.exchange == "preconditioned"
+        tf = self._variance_steps()
+        pre = self.exchange == "preconditioned" and not exact
         locals_, denoms = [], []
         for (p, g), grad in zip(items, grads):
             b1, b2 = g["betas"]
@@ -519,17 +541,19 @@ class OneBitLamb(_OneBitBase):
             denom = (st["exp_avg_sq_frozen"] / (1 - b2 ** tf)).sqrt_().add_(g["eps"])
             m_local = st["exp_avg"] * b1 + grad * (1 - b1)
             m_local = _mask_dead(m_local, st["exp_avg_sq_frozen"])
-            locals_.append(m_local / denom if pre else m_local * st["momentum_scale"])
+            locals_.append(m_local if exact else m_local / denom if pre else m_local * st["momentum_scale"])
             denoms.append(denom)
-        averaged = self._exchange(locals_)
+        averaged = locals_ if exact else self._exchange(locals_)
         for (p, g), scaled, denom in zip(items, averaged, denoms):
             b1, b2 = g["betas"]
             st = self._st(p)
-            m_new = scaled * denom if pre else scaled / st["momentum_scale"]
+            m_new = scaled if exact else scaled * denom if pre else scaled / st["momentum_scale"]
             m_new = _mask_dead(m_new, st["exp_avg_sq_frozen"])
             g_rec = (m_new - st["exp_avg"] * b1) / (1 - b1)              # line 15
             st["exp_avg_sq"].mul_(b2).addcmul_(g_rec, g_rec, value=1 - b2)  # line 16 (fresh)
             st["exp_avg"].copy_(m_new)
+            if self.bound == "adam":
+                denom = self._lift(st, denom, g, t)
             fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
             ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
             ratio = min(max(ratio, r_min), r_max)                        # line 18
@@ -551,8 +575,10 @@ def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.99
     if not lr > 0:
         raise ConfigError(f"lr={lr}: must be > 0")
     cls = OneBitAdam if gspec.optimizer == "onebit-adam" else OneBitLamb
+    refresh = kwargs.pop("refresh", gspec.refresh or 0)  # an explicit argument wins over the spec
+    bound = kwargs.pop("bound", gspec.bound or DEFAULT_BOUND)
     if kwargs and cls is OneBitAdam:
         raise ConfigError(f"onebit-adam: unknown options {sorted(kwargs)}")
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
                group=group, compressor=compressor, seed=seed,
-               exchange=gspec.exchange or DEFAULT_EXCHANGE, **kwargs)
+               exchange=gspec.exchange or DEFAULT_EXCHANGE, refresh=refresh, bound=bound, **kwargs)

@@ -109,7 +109,7 @@ def _record_to_dict(rec) -> dict:
 
 def train(cfg: RunConfig, rank: int, world: int) -> None:
     """Body of one rank (process group already initialised)."""
-    from perfsim.models.specs import get_model_spec
+    from perfsim.models.registry import get_model_spec
     from perfsim.runtime.data import Order, dataset_for
     from perfsim import ddp as pddp
     from perfsim.runtime.models import Stage

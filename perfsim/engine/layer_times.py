@@ -1,0 +1,181 @@
+"""Per-layer compute time of a workload: measured where a profile has it, priced otherwise.
+
+For every layer of a :class:`perfsim.workload.Model`, in order of preference: a profile
+record for the model and layer at this precision (:meth:`perfsim.profile.Profile.compute_time`),
+the workload file's ``fwd_s``/``bwd_s`` times the micro-batch, the operator compute model of
+a GPU preset (:mod:`perfsim.engine.compute`: the model's operator lists,
+:mod:`perfsim.models.ops`, priced with the GPU's curve), or forward FLOPs divided by the
+profile's effective FLOP rate (backward = 2 x forward, Kaplan et al. 2020, arXiv:2001.08361,
+Sec. 2.1).
+"""
+
+from __future__ import annotations
+
+from perfsim.engine import compute
+from perfsim.errors import ConfigError
+from perfsim.hardware import check_precision, curve_for, profile_gpu
+from perfsim.workload import Model
+
+
+def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
+    """A profile's record of the layer at this precision, or None. A record of 0 s is
+    not a measurement, unless it says ``folded`` (the layer's time is counted in its
+    stage's other layers: the paper-derived default folds embed / head into its equal
+    stages, ``traces/make_default_profile.py``), then it is 0 s."""
+    if profile is None:
+        return None
+    recs = profile.select(f"layer_{op}", model=model.name, name=layer)
+    if not recs or any(compute.PROFILE_DTYPES.get(str(r.get("dtype") or "fp32"), r.get("dtype")) != precision for r in recs):
+        return None
+    t = profile.compute_time(model.name, layer, micro_batch, op)
+    if not t and all(r.get("folded") for r in recs):
+        return 0.0
+    return t if t else None
+
+
+def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
+    """Backward seconds added by recomputing a block whose forward takes ``fwd_s``
+    (measured, not modelled): all of it (``full``), or the attention core's FLOP share
+    ``4 T^2 d / flops_fwd`` (``selective``, Korthikanti et al. 2022, arXiv:2205.05198)."""
+    if recompute == "full":
+        return fwd_s
+    if recompute == "selective":
+        if model.arch is None or not layer.flops_fwd:
+            raise ConfigError(f"recompute=selective: model {model.name!r} is not a transformer")
+        a = model.arch
+        return fwd_s * 4 * a.seq_len * a.seq_len * a.q_dim / layer.flops_fwd
+    return 0.0
+
+
+def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool, recompute: str
+                     ) -> tuple[list[float], list[float], str] | None:
+    """One tensor-parallel rank's layer times from a profile's single-rank fp32
+    records (a CPU profile, no GPU preset): every block's measured time times
+    :func:`perfsim.engine.compute.tp_measured_split`'s factor; the embedding and
+    the LM head as measured, replicated on every TP rank as ``perfsim run --tp``
+    keeps them (:mod:`perfsim.runtime.tensor_parallel`). None when the profile
+    lacks a record of some layer (the caller then needs a GPU preset)."""
+    from perfsim.models.tensor_parallel import check_tp
+
+    times = [(_measured(profile, model, layer.name, micro_batch, "fwd", "fp32"),
+              _measured(profile, model, layer.name, micro_batch, "bwd", "fp32")) for layer in model.layers]
+    if any(f is None for f, _ in times) or model.layers[0].name != "embed":
+        return None
+    check_tp(model.arch, tp)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.name.startswith("block")]
+    block_fwd = sum(times[i][0] for i in blocks) / len(blocks)
+    factor, mem_rate, gemm_rate = compute.tp_measured_split(model.arch, micro_batch, tp, sp, times[0][0], block_fwd)
+    fwd, bwd = [], []
+    for i, (layer, (f, b)) in enumerate(zip(model.layers, times)):
+        b = b if b is not None else 2.0 * f
+        if i in blocks:
+            f, b = f * factor, b * factor
+            b += _recomputed(model, layer, f, recompute)
+        fwd.append(float(f))
+        bwd.append(float(b))
+    source = (f"profile's single-rank records split for tp={tp}{' with sequence parallelism' if sp else ''}: "
+              f"blocks x {factor:.3f} (GEMMs and attention 1/tp; memory-bound ops at the embedding's "
+              f"{mem_rate / 1e9:.3g} GB/s, GEMMs at the block's remaining {gemm_rate / 1e9:.3g} GFLOP/s), "
+              "embedding and LM head replicated")
+    return fwd, bwd, source
+
+
+def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of every layer for one micro-batch
+    (:func:`resolve_layer_times` without the source sentence)."""
+    fwd, bwd, _ = resolve_layer_times(model, profile, micro_batch, **kw)
+    return fwd, bwd
+
+
+def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
+                        tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+                        vocab_multiple: int = 1, attention: str = "megatron",
+                        host_overhead_s: float | None = None, routing=None
+                        ) -> tuple[list[float], list[float], str]:
+    """Forward and backward seconds of every layer for one micro-batch on one
+    tensor-parallel rank, and a sentence saying where they come from.
+
+    Order of preference per layer: the profile's record at this precision
+    (``tp == 1``, no ``gpu`` named other than the profile's); the workload file's
+    times; the operator compute model of ``gpu`` (:mod:`perfsim.engine.compute`; the
+    profile's own GPU when it names a preset and the precision differs from its
+    records); else the layer's FLOPs at the profile's effective FLOP rate plus its
+    bytes (its operators' for a transformer, else weights, input and output) at the
+    profile's memory bandwidth. A layer
+    with neither a time nor FLOPs is an error: nothing is charged 0 s silently.
+    ``vocab_multiple``: the operator model pads the vocabulary to a multiple of this
+    times ``tp``, as Megatron-LM does (:data:`perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE`);
+    the parameter count stays the model's. ``attention``: the operator model's attention
+    kernels (``megatron`` or ``flash``). ``routing``: a MoE model's
+    :class:`perfsim.models.moe.Routing` (capacity factor, expert parallelism, imbalance)."""
+    if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
+        split = _tp_from_profile(model, profile, micro_batch, tp, sequence_parallel, recompute)
+        if split is not None:
+            return split
+    use_profile = tp == 1
+    if gpu is None and profile is not None and (precision != "fp32" or not use_profile):
+        gpu = profile_gpu(profile)
+        if gpu is None:
+            raise ConfigError(f"precision={precision}, tp={tp}: the profile was measured otherwise and "
+                              "names no known GPU; give --gpu")
+    modelled = None
+    source = "profile"
+    if gpu is not None:
+        check_precision(gpu, precision)
+        curve, source = curve_for(gpu, host_overhead_s)
+        rates = compute.measured_rates(profile, precision)
+        if rates is not None:
+            source = (f"operator rates measured in the profile ({len(rates.gemm)} GEMMs, "
+                      f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
+                      f"from the curve ({source})")
+        if model.arch is not None:
+            from perfsim.models.tensor_parallel import check_tp
+
+            check_tp(model.arch, tp)
+            from perfsim.models.transformer import padded_vocab
+
+            modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
+                                                 micro_batch, tp,
+                                                 sequence_parallel, recompute, curve, rates, attention,
+                                                 routing)
+        else:
+            if tp > 1:
+                raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")
+            modelled = compute.generic_times(model.layers, gpu, precision, micro_batch, curve)
+    rate = profile.effective_flops() if profile is not None else None
+    mem_bw = (profile.metadata.get("memory_bandwidth_Bps") if profile is not None else None) or 900e9
+    fwd, bwd = [], []
+    measured = 0
+    for i, layer in enumerate(model.layers):
+        f = _measured(profile, model, layer.name, micro_batch, "fwd", precision) if use_profile else None
+        b = _measured(profile, model, layer.name, micro_batch, "bwd", precision) if use_profile else None
+        measured += f is not None
+        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and use_profile:
+            f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
+        if f is None and modelled is not None:
+            f, b = modelled[0][i], modelled[1][i]
+        elif f is not None and recompute != "none" and layer.name.startswith("block"):
+            b = (b if b is not None else 2.0 * f) + _recomputed(model, layer, f, recompute)
+        if f is None:
+            if not layer.flops_fwd:
+                raise ConfigError(f"model {model.name!r}: layer {layer.name!r} has neither a time nor FLOPs")
+            if not rate:
+                raise ConfigError(f"model {model.name!r}: no compute time for layer {layer.name!r} "
+                                  "(profile has neither a record nor an effective FLOP rate)")
+            if model.arch is not None:
+                moved = compute.layer_bytes(model.arch, layer.name, micro_batch, 4)
+            else:
+                numel = 1
+                for d in layer.out_shape:
+                    numel *= d
+                moved = 4 * (layer.params + 2 * numel * micro_batch)
+            f = layer.flops_fwd * micro_batch / rate + moved / mem_bw
+            source = "profile (unmeasured layers from FLOPs and bytes at the profile's rates)"
+        if b is None:
+            b = 2.0 * f + (_recomputed(model, layer, f, recompute) if layer.name.startswith("block") else 0.0)
+        fwd.append(float(f))
+        bwd.append(float(b))
+    if measured and modelled is not None:  # measured times win where the profile has them
+        source = ("profile's per-layer records" if measured == len(model.layers) else
+                  f"profile's per-layer records ({measured} of {len(model.layers)} layers), the rest: {source}")
+    return fwd, bwd, source

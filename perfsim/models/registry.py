@@ -1,0 +1,137 @@
+"""One registry of model presets: every name ``--model`` takes, for predict, plan, memory and run.
+
+A preset is a :class:`perfsim.models.specs.ModelSpec`: a transformer
+(:class:`~perfsim.models.transformer.TransformerSpec`: the GPT-2 family, GPT-3, LLaMA 2,
+BERT, the mixtures of experts Mixtral, DeepSeekMoE and Qwen1.5-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
+model known only by its layers' sizes (:class:`~perfsim.models.size_only.SizeSpec`).
+:data:`RUNTIME_PRESETS` are the ones ``perfsim run`` also trains (its torch modules are
+built from the same spec, :mod:`perfsim.runtime.models`); the simulator prices them all.
+Besides a preset name, :func:`get_spec` takes an inline transformer
+(``gpt:layers=..,hidden=..``, :func:`perfsim.models.transformer.parse_inline`) and a
+Hugging Face ``config.json`` (:func:`perfsim.models.hf_config.from_hf_config`).
+
+GPT-2's sizes: Radford et al. 2019 ("Language Models are Unsupervised Multitask Learners",
+Table 2; 1024 tokens, vocabulary 50257); the byte-level presets (vocabulary 256) are small
+models the runtime trains on CPU in seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perfsim.errors import ConfigError
+from perfsim.models.size_only import SIZE_ONLY
+from perfsim.models.specs import MLPSpec, ModelSpec
+from perfsim.models.transformer import ARCHS, TransformerSpec, arch_spec, parse_inline
+
+
+def _gpt2(name: str, n_layer: int, hidden: int, heads: int, seq_len: int, vocab: int) -> TransformerSpec:
+    """A GPT-2-style decoder: pre-LN blocks, GELU MLP of width 4 d, learned positions, tied head."""
+    return arch_spec("gpt", name, n_layer=n_layer, hidden=hidden, heads=heads, seq_len=seq_len, vocab=vocab)
+
+
+#: presets the runtime trains (``perfsim run``) as well as the simulator prices
+RUNTIME_PRESETS: tuple[ModelSpec, ...] = (
+    _gpt2("gpt2-tiny", 4, 128, 4, 64, 256),
+    _gpt2("gpt2-small-byte", 8, 256, 8, 128, 256),
+    _gpt2("gpt2", 12, 768, 12, 1024, 50257),
+    _gpt2("gpt2-medium", 24, 1024, 16, 1024, 50257),
+    _gpt2("gpt2-large", 36, 1280, 20, 1024, 50257),
+    _gpt2("gpt2-xl", 48, 1600, 25, 1024, 50257),
+    MLPSpec("digits-mlp", sizes=(64, 256, 256, 256, 10)),
+)
+
+#: presets only the simulator prices (published architectures)
+SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
+    # GPT-3 (Brown et al. 2020, arXiv:2005.14165, Table 2.1): 96 x 12288, 96 heads, 2048 ctx
+    arch_spec("gpt", "gpt3-175b", n_layer=96, hidden=12288, heads=96, seq_len=2048, vocab=50257),
+    # LLaMA 2 (Touvron et al. 2023, arXiv:2307.09288, Table 1; HF config.json of meta-llama/Llama-2-*)
+    arch_spec("llama", "llama2-7b", n_layer=32, hidden=4096, heads=32, seq_len=4096, vocab=32000, ffn=11008),
+    arch_spec("llama", "llama2-13b", n_layer=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn=13824),
+    arch_spec("llama", "llama2-70b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096,
+              vocab=32000, ffn=28672),
+    # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
+    arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
+              max_positions=512, token_types=2),
+    arch_spec("bert", "bert-base", n_layer=12, hidden=768, heads=12, seq_len=512, vocab=30522,
+              max_positions=512, token_types=2),
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088, Table 1): 32 x 4096, 32 heads of 128,
+    # 8 key/value heads, SwiGLU experts of width 14336, 8 experts, top-2, vocabulary 32000, untied;
+    # a 4096-token training sequence (perfsim.models.hf_config.DEFAULT_SEQ_LEN, as its config.json)
+    arch_spec("llama", "mixtral-8x7b", n_layer=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096,
+              vocab=32000, ffn=14336, experts=8, top_k=2),
+    # DeepSeekMoE 16B (Dai et al. 2024, arXiv:2401.06066, Sec. 5 and its config.json):
+    # 28 x 2048, 16 heads, 64 routed experts of width 1408 (top-6) and 2 shared (2816 in
+    # all), the first block dense (width 10944), vocabulary 102400
+    arch_spec("llama", "deepseek-moe-16b", n_layer=28, hidden=2048, heads=16, seq_len=4096, vocab=102400,
+              ffn=10944, experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, dense_layers=(0,)),
+    # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
+    # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
+    # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632
+    arch_spec("llama", "qwen1.5-moe-a2.7b", n_layer=24, hidden=2048, heads=16, seq_len=4096, vocab=151936,
+              ffn=5632, qkv_bias=True, experts=60, top_k=4, expert_ffn=1408, shared_ffn=5632,
+              shared_gate=True),
+    *SIZE_ONLY,
+)
+
+#: every preset by name, in the order the error message lists them
+PRESETS: dict[str, ModelSpec] = {s.name: s for s in RUNTIME_PRESETS + SIMULATOR_PRESETS}
+#: other names of a preset (the paper's GPT2-1.5B is GPT-2 XL)
+ALIASES = {"gpt2-1.5b": "gpt2-xl"}
+
+
+def preset_names() -> list[str]:
+    """Every preset name (aliases left out)."""
+    return list(PRESETS)
+
+
+def _key(name) -> str:
+    key = str(name).strip().lower()
+    return ALIASES.get(key, key)
+
+
+def _unknown(name) -> ConfigError:
+    return ConfigError(f"model {name!r}: unknown preset (known: {', '.join(PRESETS)}; "
+                       f"or an inline gpt:/llama:/bert:/neox: spec, or a config.json path)")
+
+
+def get_spec(name, seq_len: int | None = None) -> ModelSpec:
+    """The spec of a preset (or alias), an inline transformer spec or a config.json path (or
+    a folder holding one); ``seq_len`` sets a transformer's sequence length (the position
+    table kept). An unknown name is one error listing the presets."""
+    text = str(name).strip()
+    key = _key(text)
+    if key in PRESETS:
+        spec = PRESETS[key]
+    elif ":" in text and text.split(":", 1)[0].lower() in ARCHS:
+        spec = parse_inline(text)
+    elif key.endswith(".json") or Path(text).is_file() or Path(text).is_dir():
+        from perfsim.models.hf_config import from_hf_config
+
+        return from_hf_config(text, seq_len)
+    else:
+        raise _unknown(name)
+    if seq_len:
+        if not isinstance(spec, TransformerSpec):
+            raise ConfigError(f"seq_len={seq_len}: model {name!r} is not a transformer")
+        spec = spec.with_seq_len(seq_len)
+    return spec
+
+
+def get_model_spec(name) -> ModelSpec:
+    """A preset the runtime trains (:data:`RUNTIME_PRESETS`): ``perfsim run``'s and
+    ``perfsim calibrate``'s model names."""
+    key = _key(name)
+    runtime = [s.name for s in RUNTIME_PRESETS]
+    if key in runtime:
+        return PRESETS[key]
+    if key in PRESETS:
+        raise ConfigError(f"model {name!r}: a preset the simulator prices, not one perfsim run trains "
+                          f"(it trains {', '.join(runtime)})")
+    raise ConfigError(f"model {name!r}: unknown (perfsim run trains {', '.join(runtime)}; "
+                      f"perfsim predict also knows {', '.join(n for n in PRESETS if n not in runtime)})")
+
+
+def runtime_names() -> list[str]:
+    """The presets ``perfsim run`` trains."""
+    return [s.name for s in RUNTIME_PRESETS]

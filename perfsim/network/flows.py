@@ -1,0 +1,393 @@
+"""The flow backend: the SimPy flow model of the network (:class:`FlowBackend`).
+
+The one :class:`perfsim.network.backend.NetworkBackend` perfsim ships: messages and
+collective phases are fluid flows on the analytical :class:`perfsim.network.Network`'s
+links and shared NICs.
+
+Max-min fair flows (:class:`FlowScheduler`). A *flow* moves ``volume`` bytes through
+a set of shared resources (a node's sending NIC, a receiving NIC) at most at its own
+``cap`` (the pair link's rate). Whenever a flow starts or ends, rates are recomputed by
+progressive filling -- the max-min fair allocation (Bertsekas & Gallager, *Data
+Networks*, Sec. 6.5.2), which is how long-lived TCP flows sharing a bottleneck behave
+to first order. A ring collective is one flow that uses every ring link's resources
+and moves at its slowest link's rate (the ring advances in lock step). Rates are
+recomputed only inside the *component* of flows that share a resource (transitively)
+with the flow that started or ended, and each flow keeps its own completion timer
+(re-armed only when its rate changes; stale timers are ignored by a version counter).
+Independent pipeline replicas on a heterogeneous network therefore never pay for each
+other's flows.
+
+Connections. Messages on one connection (an ordered device pair) are delivered in
+order, one at a time (a TCP/NCCL connection is a byte stream); different connections
+share NICs max-min fairly. A message arrives ``latency`` after its last byte left.
+
+Token-bucket egress (``Link.burst_bytes`` = b > 0; Linux ``tc tbf``, which is how
+execute mode emulates a link, :mod:`perfsim.shaping`): each node's inter-node egress
+(:class:`Egress`) holds up to b tokens, refilled at the link rate while no shaped bytes
+queue. A message of n bytes leaving with k tokens passes min(n, k) bytes at once and
+only the rest through the rate-limited flow: after an idle spell a message <= b
+arrives in ``latency`` alone, a long stream runs at the rate (measured by ``perfsim
+calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps draw on the buckets
+of the ranks that send.
+
+Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
+receiver-driven): a message's bytes start at max(send time, ready time), where the
+ready time is when the receiver posted its receive (:meth:`FlowBackend.post_receive`),
+plus the wait for bytes already queued on the receiver's egress (its "ready" notice is
+behind them in the shaper's FIFO), plus the control latency (docs/validation.md,
+"Mechanisms found by the validation", 2: the execute-mode trace that shows it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from typing import Any, Callable, Generator, Hashable, Iterable
+
+import simpy
+
+from perfsim.collectives import Collective
+from perfsim.network.analytic import Network, Path_
+from perfsim.network.backend import MessageHandler
+
+
+class _Flow:
+    __slots__ = ("volume", "left", "resources", "cap", "rate", "last", "version", "event", "start",
+                 "stats", "active")
+
+    def __init__(self, volume, resources, cap, event, start, stats):
+        self.volume = volume
+        self.left = volume
+        self.resources = resources
+        self.cap = cap  # bytes/s
+        self.rate = 0.0
+        self.last = start
+        self.version = 0
+        self.event = event
+        self.start = start
+        self.stats = stats
+        self.active = True
+
+
+class FlowScheduler:
+    """Max-min fair sharing of resource capacities among active flows.
+
+    ``capacity(resource) -> bits/s`` gives each resource's rate.
+    """
+
+    def __init__(self, env, capacity: Callable[[Any], float]):
+        self.env = env
+        self._capacity = capacity
+        self._cap_cache: dict[Any, float] = {}
+        self.users: dict[Any, dict[_Flow, None]] = {}  # resource -> flows (ordered set)
+        self.flows_done = 0
+
+    def _cap(self, res) -> float:
+        c = self._cap_cache.get(res)
+        if c is None:
+            c = self._capacity(res) / 8.0
+            self._cap_cache[res] = c
+        return c
+
+    def transfer(self, nbytes: float, resources: Iterable[Any], cap_bps: float, stats=None, event: bool = True):
+        """An event that succeeds when ``nbytes`` have moved (latency not included).
+        ``stats`` (optional) is called as ``stats(start, end)`` on completion;
+        ``event=False``: no event (None), for callers that only need ``stats``."""
+        ev = self.env.event() if event else None
+        if nbytes <= 0:
+            if ev is not None:
+                ev.succeed()
+            if stats:
+                stats(self.env.now, self.env.now)
+            return ev
+        f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
+        for r in f.resources:
+            self.users.setdefault(r, {})[f] = None
+        self._rebalance(self._component([f]))
+        return ev
+
+    # -------------------------------------------------------------- internals
+    def _component(self, seeds: Iterable[_Flow]) -> list[_Flow]:
+        seen: dict[_Flow, None] = {}
+        stack = [f for f in seeds if f.active]
+        while stack:
+            f = stack.pop()
+            if f in seen:
+                continue
+            seen[f] = None
+            for r in f.resources:
+                for g in self.users[r]:
+                    if g not in seen:
+                        stack.append(g)
+        return list(seen)
+
+    def _rebalance(self, flows: list[_Flow]) -> None:
+        if not flows:
+            return
+        if len(flows) == 1:
+            f = flows[0]
+            rates = [min([f.cap] + [self._cap(r) for r in f.resources])]
+        else:
+            rates = self._max_min(flows)
+        now = self.env.now
+        for f, rate in zip(flows, rates):
+            if rate == f.rate and f.version:
+                continue
+            f.left -= f.rate * (now - f.last)
+            f.last = now
+            f.rate = rate
+            f.version += 1
+            if rate > 0:
+                timer = self.env.timeout(max(f.left, 0.0) / rate)
+                timer.callbacks.append(lambda _ev, f=f, v=f.version: self._on_timer(f, v))
+
+    def _max_min(self, flows: list[_Flow]) -> list[float]:
+        """Progressive filling (Bertsekas & Gallager Sec. 6.5.2) inside one component."""
+        remaining: dict[Any, float] = {}
+        count: dict[Any, int] = {}
+        for f in flows:
+            for r in f.resources:
+                if r not in remaining:
+                    remaining[r] = self._cap(r)
+                    count[r] = 0
+                count[r] += 1
+        rate = [-1.0] * len(flows)
+        left = list(range(len(flows)))
+        while left:
+            level = min((remaining[r] / n for r, n in count.items() if n), default=math.inf)
+            level = min([level] + [flows[i].cap for i in left])
+            if not math.isfinite(level):
+                for i in left:
+                    rate[i] = flows[i].cap
+                break
+            tight = {r for r, n in count.items() if n and remaining[r] / n <= level * (1 + 1e-12)}
+            keep = []
+            for i in left:
+                f = flows[i]
+                if f.cap <= level * (1 + 1e-12) or any(r in tight for r in f.resources):
+                    rate[i] = max(level, 0.0)
+                    for r in f.resources:
+                        remaining[r] -= rate[i]
+                        count[r] -= 1
+                else:
+                    keep.append(i)
+            left = keep
+        return rate
+
+    def _on_timer(self, f: _Flow, version: int) -> None:
+        if version != f.version or not f.active:
+            return  # re-armed after a rate change
+        f.active = False
+        f.left = 0.0
+        neighbours: dict[_Flow, None] = {}
+        for r in f.resources:
+            users = self.users[r]
+            del users[f]
+            for g in users:
+                neighbours[g] = None
+        self.flows_done += 1
+        if f.stats:
+            f.stats(f.start, self.env.now)
+        if f.event is not None:
+            f.event.succeed()
+        self._rebalance(self._component(neighbours))
+
+
+# ---------------------------------------------------------------- the backend
+
+
+class Connection:
+    """In-order delivery of messages between two devices."""
+
+    __slots__ = ("queue", "busy")
+
+    def __init__(self):
+        self.queue: deque = deque()
+        self.busy = False
+
+
+class Egress:
+    """One node's shaped egress: token bucket (tbf) and the time its queue drains."""
+
+    __slots__ = ("tokens", "t_tokens", "drain_end")
+
+    def __init__(self, burst: float):
+        self.tokens = burst  # full after idling
+        self.t_tokens = 0.0  # tokens counted up to here (>= now while shaped bytes drain)
+        self.drain_end = 0.0  # when bytes already handed to the shaper have left (estimate)
+
+    def take(self, now: float, nbytes: float, burst: float, rate_Bps: float) -> float:
+        """Send ``nbytes`` at ``now``; returns the bytes that must go through the rate
+        limit (the rest pass at once on the bucket's tokens)."""
+        if burst > 0:
+            if now >= self.t_tokens:
+                self.tokens = min(burst, self.tokens + (now - self.t_tokens) * rate_Bps)
+                self.t_tokens = now
+            else:
+                self.tokens = 0.0  # shaped bytes still draining use the refill
+            free = min(self.tokens, nbytes)
+            self.tokens -= free
+        else:
+            free = 0.0
+        shaped = nbytes - free
+        if shaped > 0:
+            self.drain_end = max(now, self.drain_end) + shaped / rate_Bps
+            if burst > 0:
+                self.tokens = 0.0
+                self.t_tokens = self.drain_end
+        return shaped
+
+
+class FlowBackend:
+    """The SimPy flow model of ``network`` on ``env`` (module docstring): satisfies
+    :class:`perfsim.network.backend.NetworkBackend`. Its prices and paths are the
+    analytical network's; its messages and collective phases are max-min fair flows on
+    the network's shared NICs, through token-bucket egresses, with rendezvous when the
+    link's protocol is receiver-driven."""
+
+    #: the engine may evaluate an iteration in closed form instead
+    #: (:mod:`perfsim.engine.replay`: these flows, when none compete)
+    replayable = True
+
+    def __init__(self, env: simpy.Environment, network: Network):
+        self.env, self.network = env, network
+        self.flows = FlowScheduler(env, network.capacity)
+        self.conns: dict[tuple[int, int], Connection] = defaultdict(Connection)
+        link, coll = network.link, network.collective_link
+        self.burst, self.coll_burst = link.burst_bytes, coll.burst_bytes
+        self.rendezvous = link.protocol == "rendezvous"
+        self.control_latency = link.control_latency_s
+        self.egress: dict[int, Egress] = {}
+        self.ready_at: dict[Hashable, float] = {}  # rendezvous: key -> ready notice at sender
+        self.posted: dict[Hashable, simpy.Event] = {}
+        self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
+
+    # ------------------------------------------------------------ the description
+    def node(self, device: int) -> int:
+        return self.network.node(device)
+
+    def path(self, src: int, dst: int) -> Path_:
+        return self.network.path(src, dst)
+
+    def capacity(self, resource) -> float:
+        return self.network.capacity(resource)
+
+    def collective(self, kind: str, nbytes: float, members) -> Collective:
+        return self.network.collective(kind, nbytes, members)
+
+    # ------------------------------------------------------------ shaping
+    def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float, burst: float | None = None) -> float:
+        """Bytes of a message src -> dst that go through the rate limit (token bucket)."""
+        net = self.network
+        a, b = net.node(src), net.node(dst)
+        if a == b:  # intra-node fabric: not shaped
+            return nbytes
+        burst = self.burst if burst is None else burst
+        eg = self.egress.get(a)
+        if eg is None:
+            eg = self.egress[a] = Egress(burst)
+        return eg.take(self.env.now, nbytes, burst, rate_bps / 8.0)
+
+    # ------------------------------------------------------------ p2p
+    def post_receive(self, key: Hashable, dst: int, src: int) -> None:
+        """Rendezvous: device ``dst`` posts its receive of ``key`` (from ``src``) now;
+        its ready notice leaves behind the bytes queued on its egress and reaches the
+        sender. Nothing for an eager link."""
+        if not self.rendezvous:
+            return
+        net = self.network
+        now = self.env.now
+        lat = self.control_latency
+        if net.node(dst) == net.node(src):
+            depart, lat = now, net.path(dst, src).latency_s
+        else:
+            eg = self.egress.get(net.node(dst))
+            depart = max(now, eg.drain_end) if eg is not None else now
+            if lat is None:
+                lat = net.path(dst, src).latency_s
+        self.ready_at[key] = depart + lat
+        ev = self.posted.get(key)
+        if ev is None:
+            ev = self.posted[key] = self.env.event()
+        ev.succeed()
+
+    def send(self, src: int, dst: int, nbytes: float, key: Hashable, lanes: int, handler: MessageHandler,
+             msg: Any) -> None:
+        """Queue ``nbytes`` (times ``lanes``: side-by-side tensor-parallel lanes at up to
+        ``lanes`` times the pair rate) on the connection ``src -> dst``; ``handler`` hears
+        of ``msg`` when its bytes start, when the last left and when it arrives."""
+        conn = self.conns[(src, dst)]
+        conn.queue.append((key, nbytes, lanes, handler, msg))
+        if not conn.busy:
+            self._next(src, dst, conn)
+
+    def _next(self, src: int, dst: int, conn: Connection):
+        if not conn.queue:
+            conn.busy = False
+            return
+        conn.busy = True
+        key = conn.queue[0][0]
+        if self.rendezvous:
+            ev = self.posted.get(key)
+            if ev is None:
+                ev = self.posted[key] = self.env.event()
+            if not ev.triggered:
+                ev.callbacks.append(lambda _e: self._next(src, dst, conn))
+                return
+            wait = self.ready_at[key] - self.env.now
+            if wait > 0:
+                self.env.timeout(wait).callbacks.append(lambda _e: self._start(src, dst, conn))
+                return
+        self._start(src, dst, conn)
+
+    def _start(self, src: int, dst: int, conn: Connection):
+        key, nbytes, lanes, handler, msg = conn.queue.popleft()
+        path = self.network.path(src, dst)
+        env = self.env
+        handler.message_started(msg)
+
+        def finished(start, end):
+            handler.message_sent(msg, start, end)
+            deliver = env.timeout(path.latency_s)
+            deliver.callbacks.append(lambda _e: handler.message_delivered(msg, start))
+            self._next(src, dst, conn)  # the connection is free once the last byte left
+
+        shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished, event=False)
+
+    # ------------------------------------------------------------ collectives
+    def run_collective(self, coll: Collective, members, simulated, lanes: int = 1
+                       ) -> Generator[simpy.Event, Any, list[tuple[int, int]]]:
+        """SimPy process body: the phases of ``coll`` (planned by :meth:`collective` on
+        ``members``) as flows on the shared NICs of the ``simulated`` members (the others
+        are represented by them); ``lanes`` identical groups side by side share the NICs
+        while each has its own intra-node link. Returns the ring links (src, dst) the
+        simulated members sent on."""
+        env, net = self.env, self.network
+        key = tuple(members)
+        geo = self._groups.get(key)
+        if geo is None:
+            sim_nodes = {net.node(d) for d in simulated}
+            ring = net.ring_paths(members, net.collective_link)
+            nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
+            n = len(members)
+            edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
+            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+            geo = self._groups[key] = (nics, edges, shaped)
+        nics, edges, shaped_edges = geo
+        shaping = self.coll_burst > 0 or self.rendezvous
+        for group in coll.phases:
+            events, lat = [], 0.0
+            for ph in group:
+                volume, rate = ph.volume_bytes * lanes, ph.rate_bps * lanes
+                if ph.inter_node and shaping and shaped_edges:
+                    # each simulated sender draws on its own bucket; the ring moves
+                    # in lock step, so the phase's shaped bytes are the largest
+                    volume = max(self._shaped(a, b, volume, rate, self.coll_burst)
+                                 for a, b in shaped_edges)
+                events.append(self.flows.transfer(volume, nics if ph.inter_node else (), rate))
+                lat = max(lat, ph.latency_s)
+            yield events[0] if len(events) == 1 else simpy.AllOf(env, events)
+            if lat > 0:
+                yield env.timeout(lat)
+        return edges
