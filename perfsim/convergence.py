@@ -155,7 +155,10 @@ class Convergence:
         return round(sum(steps) / len(steps))
 
     def ratios(self, compress: str, grad_compress: str, target: float | None = None) -> tuple | None:
-        """(pipeline :class:`Ratio`, gradient :class:`Ratio`), or None when a curve is missing."""
+        """(pipeline :class:`Ratio`, gradient :class:`Ratio`), or None when a curve is missing.
+        The specs (:class:`perfsim.compression.spec.Spec` or text) are looked up by their
+        canonical text, which keys the curves files."""
+        compress, grad_compress = str(compress), str(grad_compress)
         rp = self._ratio(self.pipeline, "fp32", compress, target)
         rg = self._ratio(self.gradient, "none", grad_compress, target)
         return None if rp is None or rg is None else (rp, rg)

@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.runtime import grad_sync as _gs
 from perfsim.runtime import onebit_optim as _ob
@@ -59,7 +60,12 @@ __all__ = ["CompressionState", "hook", "attach", "onebit_optimizer", "warmup_ste
 
 OPTIMIZER_SPECS = _gs.ONEBIT_OPTIMIZERS
 DEFAULT_WARMUP = _gs.DEFAULT_WARMUP
-warmup_steps = _gs.warmup_steps
+
+
+def warmup_steps(spec: "str | Spec", total_steps: int | None = None) -> int | None:
+    """The warm-up a 1-bit optimizer spec gets without a ``warmup=`` argument
+    (:meth:`perfsim.compression.spec.Spec.warmup_steps`); None for a gradient compressor."""
+    return parse_spec(spec, "grad").warmup_steps(total_steps)
 
 
 class CompressionState(_gs.GradSync):
@@ -72,11 +78,11 @@ class CompressionState(_gs.GradSync):
     mixed in by the compressors themselves).
     """
 
-    def __init__(self, spec: str, process_group=None, *, seed: int = 0):
-        gspec = _gs.parse_grad_spec(spec)
-        if gspec.kind == "optimizer":
-            raise ConfigError(f"CompressionState({spec!r}): {gspec.optimizer} exchanges momentum, not "
-                              f"gradients; use perfsim.ddp.onebit_optimizer(model, {spec!r}, lr=...)")
+    def __init__(self, spec: "str | Spec", process_group=None, *, seed: int = 0):
+        gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
+        if gspec.family == "optimizer":
+            raise ConfigError(f"CompressionState({gspec.text!r}): {gspec.optimizer} exchanges momentum, not "
+                              f"gradients; use perfsim.ddp.onebit_optimizer(model, {gspec.text!r}, lr=...)")
         super().__init__(gspec, process_group, seed=seed)
 
     @property
@@ -104,7 +110,7 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
     parameters are done. DDP waits for the futures only after the last bucket,
     so nothing blocks; every rank sees DDP's buckets in the same order.
     """
-    if not isinstance(state, _gs.GradSync) or state.spec.kind == "optimizer":
+    if not isinstance(state, _gs.GradSync) or state.spec.family == "optimizer":
         raise ConfigError(f"perfsim.ddp.hook: state must be a perfsim.ddp.CompressionState, "
                           f"got {type(state).__name__}")
     buf = bucket.buffer()
@@ -197,9 +203,9 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    gspec = _gs.parse_grad_spec(spec)
-    if gspec.kind != "optimizer":
-        raise ConfigError(f"onebit_optimizer: {spec!r} is not a 1-bit optimizer (choose "
+    gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
+    if gspec.family != "optimizer":
+        raise ConfigError(f"onebit_optimizer: {gspec.text!r} is not a 1-bit optimizer (choose "
                           f"{' or '.join(OPTIMIZER_SPECS)}); gradient compressors go through "
                           "perfsim.ddp.attach / CompressionState")
     is_ddp = isinstance(model, DistributedDataParallel)
@@ -215,7 +221,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
     else:
         raise ConfigError(f"onebit_optimizer: expected a module or a list of parameters, "
                           f"got {type(model).__name__}")
-    steps = warmup if warmup is not None else warmup_steps(gspec, total_steps)
+    steps = warmup if warmup is not None else gspec.warmup_steps(total_steps)
     opt = _ob.build(gspec, params, lr=lr, group=process_group, warmup=steps, betas=betas,
                     eps=eps, weight_decay=weight_decay, seed=seed, **kwargs)
     opt.param_names = names  # named in error messages (a NaN gradient's parameter)

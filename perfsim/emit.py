@@ -104,8 +104,8 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
         args.append("--" + strategy.precision)
     if strategy.attention == "flash":
         args.append("--use-flash-attn")
-    for what, spec, lossless in (("pipeline", strategy.compress, "fp32"), ("gradient", strategy.grad_compress, "none")):
-        if spec != lossless:
+    for what, spec in (("pipeline", strategy.compress), ("gradient", strategy.grad_compress)):
+        if not spec.plain:
             notes.append(f"{what} compression {spec}: no Megatron-LM flag (perfsim run implements it)")
     return args, notes
 

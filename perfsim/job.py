@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
 from perfsim.schedules import PipelineShape
@@ -145,13 +147,14 @@ class Job(PipelineShape):
     #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
     #: None: the schedule's own
     virtual_stages: int | None = None
-    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``)
-    compress: str = "fp32"
-    #: data-parallel gradient compression spec (``none`` = fp32 allreduce)
-    grad_compress: str = "none"
+    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``): a
+    #: :class:`perfsim.compression.spec.Spec` (text is parsed on construction)
+    compress: Spec = "fp32"
+    #: data-parallel gradient compression spec (``none`` = fp32 allreduce), a Spec
+    grad_compress: Spec = "none"
     #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
-    #: perfsim.boundaries; boundary k follows stage k); ``""``: none
-    boundary_compress: str = ""
+    #: perfsim.boundaries; boundary k follows stage k): a BoundarySpecs (text parsed)
+    boundary_compress: BoundarySpecs = BoundarySpecs()
     #: GPU (rank) that runs each position of the placement order (a permutation; None:
     #: the identity): places stages on the nodes of a heterogeneous topology
     device_order: tuple[int, ...] | None = None
@@ -171,8 +174,6 @@ class Job(PipelineShape):
         for name in ("device_order", "partition"):  # a JSON list (a rank's config) -> the tuple
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.boundary_compress is None:
-            object.__setattr__(self, "boundary_compress", "")
         for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             check_int(self, name)
         if self.virtual_stages is not None:
@@ -195,8 +196,12 @@ class Job(PipelineShape):
                               f"{self.schedule!r} (its split weight gradient); use gpipe, 1f1b or interleaved-1f1b")
         for name in ("compress", "grad_compress"):
             v = getattr(self, name)
-            if not isinstance(v, str) or not v.strip():
+            if not isinstance(v, (str, Spec)) or not str(v).strip():
                 raise ConfigError(f"{name}={v!r}: must be a non-empty string")
+        # the specs as values, parsed once (text from callers and saved run configs is accepted)
+        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
+        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
+        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
         self.table()  # the schedule must fit pp and the micro-batches
         from perfsim.boundaries import check_boundaries
 

@@ -339,28 +339,43 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return parse_bool(value, who)
     if kind == "partition":
         return _parse_partition(value, p)
-    if kind == "boundaries":
-        from perfsim.boundaries import canonical
+    if kind == "boundaries":  # a BoundarySpecs value; prints (and is stored) as canonical text
+        from perfsim.boundaries import parse_boundary_compress
 
-        return canonical(value)
+        return parse_boundary_compress(value)
     if kind == "order":
         return parse_device_order(value, who)
+    if kind == "spec" and not isinstance(value, str):  # parsed already: kept, never parsed again
+        from perfsim.compression.spec import parse_spec
+
+        return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
     if kind in ("profile", "nic") and not isinstance(value, str):
         return value  # a loaded perfsim.profile.Profile, a perfsim.fabrics.Nic
     if not isinstance(value, str) or not value.strip():
-        raise ConfigError(f"{who}={value!r}: must be a non-empty string")
+        _bad_string(value, who)
     text = value.strip()
-    if kind == "spec":  # canonical text: the same spelling everywhere
+    if kind == "spec":  # parsed once into THE value (perfsim.compression.spec.Spec); prints as canonical text
         from perfsim.compression.spec import parse_spec
 
-        return parse_spec(text, p.role).text
+        return parse_spec(text, p.role)
     if kind == "choice":
         text = text.lower()
         if text not in p.allowed:
             raise ConfigError(f"{who}={value!r}: choose from {', '.join(p.allowed)}")
     return text
+
+
+def _bad_string(value: Any, who: str):
+    raise ConfigError(f"{who}={value!r}: must be a non-empty string")
+
+
+def plain(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with each spec value (a :class:`~perfsim.compression.spec.Spec`, a
+    :class:`~perfsim.boundaries.BoundarySpecs`) as its canonical text: what tables and
+    files store."""
+    return {k: v.text if hasattr(v, "text") and not isinstance(v, str) else v for k, v in params.items()}
 
 
 def split_models(raw: str, what: str = "model") -> list[str]:

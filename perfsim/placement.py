@@ -130,10 +130,10 @@ def per_link_compression(rates: Sequence[float | None], specs: Iterable[str]
     each searched spec alone, and -- when the boundaries' links differ -- every pair
     of a spec on the fastest boundaries and a strictly more aggressive one (fewer
     wire bytes) on the slower ones."""
-    from perfsim.boundaries import format_boundary_compress
+    from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
 
     specs = list(dict.fromkeys(specs))
-    out = [(s, "") for s in specs]
+    out = [(s, BoundarySpecs()) for s in specs]
     crossing = [r for r in rates if r is not None]
     if not crossing or min(crossing) == max(crossing):
         return out
@@ -142,5 +142,5 @@ def per_link_compression(rates: Sequence[float | None], specs: Iterable[str]
     for fast_spec in specs:
         for slow_spec in specs:
             if wire_fraction(slow_spec) < wire_fraction(fast_spec):
-                out.append((fast_spec, format_boundary_compress({k: slow_spec for k in slow})))
+                out.append((fast_spec, parse_boundary_compress({k: slow_spec for k in slow})))
     return out

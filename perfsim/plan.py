@@ -160,7 +160,7 @@ def device_map(p: dict[str, Any], placement: str | None, order) -> tuple[int, ..
     return tuple(st.device(t, r, d) for t in range(st.tp) for r in range(st.dp) for d in range(st.pp))
 
 
-def _placed(p: dict[str, Any], placement: str | None, order, compress: str, per: str) -> dict[str, Any]:
+def _placed(p: dict[str, Any], placement: str | None, order, compress, per) -> dict[str, Any]:
     q = {**p, "compress": compress}
     if placement is not None:
         q["placement"] = placement
@@ -175,10 +175,11 @@ def mixed_steps_ratio(curves, p: dict[str, Any], target: float | None) -> float 
     """Steps ratio of a candidate: with per-boundary compression that of its most
     step-costly spec (the curves measure one spec on every boundary; a mix is
     assumed to converge no worse than its most lossy part)."""
-    from perfsim.boundaries import parse_boundary_compress
+    from perfsim.params import normalize
 
-    specs = {p["compress"], *parse_boundary_compress(p.get("boundary_compress")).values()}
-    ratios = [curves.steps_ratio(c, p["grad_compress"], target) for c in sorted(specs)]
+    specs = {normalize("compress", p["compress"]),
+             *(normalize("boundary_compress", p.get("boundary_compress")) or {}).values()}
+    ratios = [curves.steps_ratio(c, p["grad_compress"], target) for c in sorted(specs, key=str)]
     if any(r is None for r in ratios):
         return None
     return max(ratios)
@@ -221,9 +222,10 @@ def explain(ranked: Sequence[Candidate]) -> str:
     if chosen:
         text += f" It also sets {', '.join(chosen)}."
     if p.get("boundary_compress") or p.get("device_order") is not None:
-        from perfsim.boundaries import spec_of
+        from perfsim.params import normalize
 
-        per = [spec_of(p["compress"], p.get("boundary_compress"), k) for k in range(p["pp"] - 1)]
+        overrides = normalize("boundary_compress", p.get("boundary_compress")) or {}
+        per = [str(overrides.get(k, p["compress"])) for k in range(p["pp"] - 1)]
         text += (f" Placement: rank order {p.get('placement') or 'tp,pp,dp'}"
                  + (f", GPUs in the order {','.join(map(str, p['device_order']))}" if p.get("device_order") else "")
                  + f"; pipeline boundaries compressed {' | '.join(per)}.")
@@ -248,13 +250,12 @@ _OWN = ("global_batch", "macro_batch")
 
 
 def _lossless(c: Candidate) -> bool:
-    """No compression beyond the training precision (predict's defaults)."""
-    from perfsim.params import DEFAULTS
+    """No compression beyond the training precision (predict's defaults: the plain specs)."""
+    from perfsim.params import DEFAULTS, normalize
 
     p = c.params
-    return (p.get("compress", DEFAULTS["compress"]) == DEFAULTS["compress"]
-            and p.get("grad_compress", DEFAULTS["grad_compress"]) == DEFAULTS["grad_compress"]
-            and not p.get("boundary_compress"))
+    return all(normalize(k, p.get(k, DEFAULTS[k])).plain for k in ("compress", "grad_compress")) \
+        and not p.get("boundary_compress")
 
 
 def _setup(model, gpus_per_node, space, system, cli):
@@ -320,13 +321,15 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs "
                           "(with the given tp/pp/dp/micro_batch) divides it")
-    from perfsim.params import BY_NAME
+    from perfsim.params import BY_NAME, normalize
 
     for name, values in space.values.items():  # a given value no configuration can use
         d = BY_NAME[name]
-        unused = set(values) - {q.get(name, d.default) for q in params}
+        default = normalize(name, d.default)  # a Spec for the compression dimensions
+        unused = set(values) - {q.get(name, default) for q in params}
         if unused:
             v = sorted(unused, key=str)[0]
+            v = getattr(v, "text", v)  # a spec is named by its text
             raise ConfigError(f"{d.flag if cli else name}={v!r}: no configuration of {nodes} x {gpus_per_node} "
                               f"GPUs uses it" + (f" (it needs {d.search_when})" if d.search_when else ""))
     if topo is not None and not topo.is_uniform():

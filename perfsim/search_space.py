@@ -125,6 +125,8 @@ def _defaults(p, ctx: Context) -> tuple:
         if callable(spec):
             out = spec(ctx, p)
             return out if callable(out) else tuple(out)  # a callable: values per candidate
+    if p.kind == "spec":  # the searched specs as values, parsed once here
+        return tuple(params_mod.normalize(p.name, v) for v in spec)
     return tuple(spec)
 
 
@@ -133,12 +135,12 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
     with: a compressor that cannot be built, a ZeRO stage or precision not modelled."""
     p = params_mod.BY_NAME[name]
     if p.kind == "spec" and value is not None:
-        from perfsim.compression.registry import make_compressor, make_pipeline_pair
+        from perfsim.compression.registry import check_spec
 
         try:
-            make_pipeline_pair(value) if p.role == "pipeline" else make_compressor(value)
+            check_spec(params_mod.normalize(name, value))  # a Spec, built once to check its arguments
         except ConfigError as exc:
-            raise ConfigError(f"{who}={value!r}: {exc}") from None
+            raise ConfigError(f"{who}={str(value)!r}: {exc}") from None
     elif p.choices and p.kind != "choice" and value not in p.allowed:
         raise ConfigError(f"{who}={value!r}: choose from {', '.join(map(str, p.allowed))}")
     if name == "ep" and ctx is not None and value > 1 and not ctx.experts:
@@ -254,7 +256,7 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
         if callable(vals):
             vals = vals(q)
         if p.search_when and not APPLIES[p.search_when](q):
-            vals = (p.default,)  # None: left to predict's default
+            vals = (params_mod.normalize(p.name, p.default),)  # None: left to predict's default
         for v in vals:
             walk({**q, p.name: v} if v is not None else q, i + 1)
 

@@ -71,8 +71,10 @@ def test_listed_specs_round_trip_through_predict_and_run(capsys, tmp_path):
                   key: row.spec}
         workload, strategy, _, profile = build_configs(**params)
         build_plan(workload, strategy, profile)
-        assert getattr(strategy, key) == row.spec
-        make_config(**params, out=str(tmp_path / "run"))
+        assert getattr(strategy, key) == parse_spec(row.spec, row.role)  # the value, held
+        assert getattr(strategy, key).text == row.spec
+        cfg = make_config(**params, out=str(tmp_path / "run"))
+        assert getattr(cfg, key) == getattr(strategy, key)
         assert parse_spec(row.spec, row.role).text == row.spec
 
 
@@ -93,12 +95,10 @@ def test_predict_and_run_reject_the_same_misplaced_specs(spec, role, tmp_path):
 
 def test_powersgd_options_agree_between_predict_and_run(tmp_path):
     from perfsim.api import build_configs
-    from perfsim.runtime.grad_sync import parse_grad_spec
-
     _, strategy, _, _ = build_configs(model="digits-mlp", pp=1, dp=2, micro_batch=8, macro_batch=16,
                                       grad_compress="powersgd:2:min_rate=3")
-    g = parse_grad_spec(strategy.grad_compress)
-    assert (g.kind, g.rank, g.min_rate) == ("powersgd", 2, 3.0)
+    g = strategy.grad_compress  # the Spec value the runtime's PowerSGD hook reads too
+    assert (g.family, g.rank, g.start_iter, g.min_rate) == ("hook", 2, 2, 3.0)
 
 
 def test_every_registered_class_builds_an_example():

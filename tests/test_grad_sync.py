@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.runtime.grad_sync import GradSync, make_buckets, parse_grad_spec, sync_gradients
+from perfsim.compression import check_spec
+from perfsim.compression.spec import parse_spec
+from perfsim.runtime.grad_sync import GradSync, make_buckets, sync_gradients
 
 from _helpers import run_ranks
 
@@ -196,20 +198,23 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 # ------------------------------------------------------------------ unit
-def test_parse_grad_spec():
-    assert parse_grad_spec("none").compressor == "fp32"
-    assert parse_grad_spec("FP16").compressor == "fp16"
-    ps = parse_grad_spec("powersgd:2:start=5")
-    assert (ps.kind, ps.rank, ps.start_iter) == ("powersgd", 2, 5)
-    ob = parse_grad_spec("onebit-lamb:warmup=7")
-    assert (ob.kind, ob.optimizer, ob.warmup) == ("optimizer", "onebit-lamb", 7)
-    assert parse_grad_spec("onebit-adam").warmup is None
+def test_grad_spec_values():
+    def grad_value(text):  # the grammar, then the compressor's own arguments
+        return check_spec(parse_spec(text, "grad"))
+
+    assert grad_value("none").compressor.text == "fp32"
+    assert grad_value("FP16").compressor.text == "fp16"
+    ps = grad_value("powersgd:2:start=5")
+    assert (ps.family, ps.rank, ps.start_iter) == ("hook", 2, 5)
+    ob = grad_value("onebit-lamb:warmup=7")
+    assert (ob.family, ob.optimizer, ob.warmup, ob.compressor.text) == ("optimizer", "onebit-lamb", 7, "onebit")
+    assert grad_value("onebit-adam").warmup is None
     for bad, culprit in [("", "empty"), ("powersgd", "rank"), ("powersgd:x", "rank"),
                          ("powersgd:1:start=1", "start"), ("onebit-adam:foo=1", "foo"),
                          ("onebit-adam:warmup=x", "warmup"), ("nosuch:4", "nosuch"),
                          ("fp16:3", "fp16")]:
         with pytest.raises(ConfigError, match=culprit):
-            parse_grad_spec(bad)
+            grad_value(bad)
 
 
 def test_buckets_reverse_order_and_cap():

@@ -315,13 +315,13 @@ def test_onebit_warmup_zero_refused_by_the_api_and_ddp():
     torch = pytest.importorskip("torch")
     from perfsim.compression.spec import parse_spec
     from perfsim.ddp import onebit_optimizer
-    from perfsim.runtime.grad_sync import GradSpec
+    from perfsim.compression.spec import Spec
 
     for call in (lambda: perfsim.predict(dp=2, grad_compress="onebit-adam:warmup=0"),
                  lambda: parse_spec("onebit-lamb:warmup=0", "grad"),
                  lambda: onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam:warmup=0", lr=1e-3),
                  lambda: onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam", lr=1e-3, warmup=0),
-                 lambda: GradSpec("optimizer", "onebit-adam", optimizer="onebit-adam", warmup=0)):
+                 lambda: Spec("onebit-adam", "optimizer", (), "grad", warmup=0)):
         with pytest.raises(ConfigError, match=re.escape(WARMUP_RULE)):
             call()
     assert onebit_optimizer(torch.nn.Linear(2, 2), "onebit-adam:warmup=1", lr=1e-3).warmup == 1

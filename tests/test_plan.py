@@ -37,8 +37,8 @@ def test_enumeration_splits_every_gpu_and_the_global_batch():
     space2 = SearchSpace(schedules=("1f1b",), compress=("fp32", "aqsgd:fw3bw6"), grad_compress=("none", "fp16"))
     for c in enumerate_candidates(n_layers=4, gpus=4, gpus_per_node=1, global_batch=8, space=space2,
                                   base={}, known=set()):
-        assert c["pp"] > 1 or c["compress"] == "fp32"
-        assert c["dp"] > 1 or c["grad_compress"] == "none"
+        assert c["pp"] > 1 or str(c["compress"]) == "fp32"
+        assert c["dp"] > 1 or str(c["grad_compress"]) == "none"
     with pytest.raises(ConfigError, match="tensor parallelism"):
         enumerate_candidates(n_layers=4, gpus=4, gpus_per_node=2, global_batch=8,
                              space=SearchSpace(tp=(2,)), base={}, known=set())
@@ -62,7 +62,7 @@ def test_branch_and_bound_keeps_the_exhaustive_top_and_prunes(tmp_path):
                       profile=CPU, bandwidth="100Mbps")
     assert exhaustive.pruned == 0 and exhaustive.evaluated == exhaustive.total
     assert pruned.pruned > 0 and pruned.evaluated + pruned.pruned == pruned.total
-    key = lambda c: (c.params["pp"], c.params["dp"], c.params["micro_batch"], c.params["compress"])  # noqa: E731
+    key = lambda c: (c.params["pp"], c.params["dp"], c.params["micro_batch"], str(c.params["compress"]))  # noqa: E731
     assert [key(c) for c in pruned.ranked] == [key(c) for c in exhaustive.ranked[:2]]
     # every bound is a true lower bound of the simulated iteration
     assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in exhaustive.ranked)
@@ -74,13 +74,13 @@ def test_time_to_loss_can_overturn_throughput(tmp_path):
                   space=SearchSpace(pp=(2,), micro_batch=(8,), schedules=("1f1b",),
                                     compress=("fp32", "aqsgd:fw3bw6"), grad_compress=("none",)))
     fast = plan(convergence=str(_curves(tmp_path, 1.0)), **common)
-    assert fast.ranked[0].params["compress"] == "aqsgd:fw3bw6"  # at 10 Mbps compression wins per step
-    t_aq = next(c for c in fast.ranked if c.params["compress"] == "aqsgd:fw3bw6").summary["iteration_s"]
-    t_fp = next(c for c in fast.ranked if c.params["compress"] == "fp32").summary["iteration_s"]
+    assert str(fast.ranked[0].params["compress"]) == "aqsgd:fw3bw6"  # at 10 Mbps compression wins per step
+    t_aq = next(c for c in fast.ranked if str(c.params["compress"]) == "aqsgd:fw3bw6").summary["iteration_s"]
+    t_fp = next(c for c in fast.ranked if str(c.params["compress"]) == "fp32").summary["iteration_s"]
     factor = 1.5 * t_fp / t_aq  # needs more extra steps than it saves time per step
     slow = plan(convergence=str(_curves(tmp_path, factor)), **common)
-    assert slow.ranked[0].params["compress"] == "fp32"
-    aq = next(c for c in slow.ranked if c.params["compress"] == "aqsgd:fw3bw6")
+    assert str(slow.ranked[0].params["compress"]) == "fp32"
+    aq = next(c for c in slow.ranked if str(c.params["compress"]) == "aqsgd:fw3bw6")
     assert aq.steps_ratio == pytest.approx(factor, rel=0.02)
     # the target is fp32's loss at half its budget (step 151 of 300): time to loss = iteration x
     # ratio x the 151 steps uncompressed training needs
@@ -93,7 +93,7 @@ def test_time_to_loss_can_overturn_throughput(tmp_path):
                                               "aqsgd:fw3bw6": [[s, 4.0] for s in range(1, 301)]},
                                  "gradient": {"none": [[1, 1.0]]}}))
     res = plan(convergence=str(never), **common)
-    assert {c.params["compress"] for c in res.ranked} == {"fp32"}
+    assert {str(c.params["compress"]) for c in res.ranked} == {"fp32"}
     assert any("never reached" in n and "aqsgd:fw3bw6" in n for n in res.notes)
 
 
@@ -177,9 +177,11 @@ def test_chain_order_crosses_the_slow_hop_once(tmp_path):
                            order=chain)
     assert sorted(rates) == [20e6] + [10e9] * 4
     slow = rates.index(20e6)
-    pairs = per_link_compression(rates, ["fp16", "aqsgd:fw2bw4"])
+    from perfsim.compression.spec import parse_spec
+
+    pairs = per_link_compression(rates, [parse_spec("fp16", "pipeline"), parse_spec("aqsgd:fw2bw4", "pipeline")])
     # uniform fp16, uniform aqsgd, and fp16 with aqsgd on the slow boundary only -- never the reverse
-    assert pairs == [("fp16", ""), ("aqsgd:fw2bw4", ""), ("fp16", f"{slow}=aqsgd:fw2bw4")]
+    assert [(str(a), str(b)) for a, b in pairs] == [("fp16", ""), ("aqsgd:fw2bw4", ""), ("fp16", f"{slow}=aqsgd:fw2bw4")]
 
 
 def test_plan_puts_fewer_bits_on_the_slow_hop(tmp_path):
@@ -193,10 +195,10 @@ def test_plan_puts_fewer_bits_on_the_slow_hop(tmp_path):
     nodes = [order[s] for s in range(4)]
     hops = [k for k in range(3) if regions[nodes[k]] != regions[nodes[k + 1]]]
     assert len(hops) == 1
-    assert best["compress"] == "fp16" and best["boundary_compress"] == f"{hops[0]}=aqsgd:fw2bw4"
+    assert str(best["compress"]) == "fp16" and str(best["boundary_compress"]) == f"{hops[0]}=aqsgd:fw2bw4"
     done = [c for c in res.all_evaluated if c.summary is not None]
     uniform = [c for c in done if not c.params.get("boundary_compress")]
-    assert {c.params["compress"] for c in uniform} == {"fp16", "aqsgd:fw2bw4"}
+    assert {str(c.params["compress"]) for c in uniform} == {"fp16", "aqsgd:fw2bw4"}
     win = res.ranked[0].summary["iteration_s"]
     assert all(win < c.summary["iteration_s"] for c in uniform)  # faster than uniform compression
     assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in done)
@@ -209,7 +211,9 @@ def test_boundary_compress_is_checked():
     from perfsim.api import predict
     from perfsim.boundaries import parse_boundary_compress
 
-    assert parse_boundary_compress(" 1 = AQSGD:fw3bw6, 0=fp16") == {0: "fp16", 1: "aqsgd:fw3bw6"}
+    parsed = parse_boundary_compress(" 1 = AQSGD:fw3bw6, 0=fp16")
+    assert {k: v.text for k, v in parsed.items()} == {0: "fp16", 1: "aqsgd:fw3bw6"}
+    assert parsed.text == "0=fp16,1=aqsgd:fw3bw6" and parse_boundary_compress(parsed) is parsed
     for bad, msg in (("aqsgd:fw3bw6", "BOUNDARY=SPEC"), ("x=fp16", "integer"), ("0=fp16,0=fp32", "twice")):
         with pytest.raises(ConfigError, match=msg):
             parse_boundary_compress(bad)
@@ -254,7 +258,7 @@ def test_parallel_backends_find_the_serial_ranking():
     space = SearchSpace(pp=(2,), schedules=("1f1b",), compress=("fp32", "directq:fw4bw8"), grad_compress=("none",),
                         recompute=("none",))
     common = dict(model="gpt2-tiny", nodes=2, global_batch=16, space=space, top=3, profile=CPU, bandwidth="100Mbps")
-    key = lambda r: [(c.params["micro_batch"], c.params["compress"], c.summary["iteration_s"]) for c in r.ranked]  # noqa: E731
+    key = lambda r: [(c.params["micro_batch"], str(c.params["compress"]), c.summary["iteration_s"]) for c in r.ranked]  # noqa: E731
     serial = key(plan(**common))
     assert key(plan(jobs=2, **common)) == serial
     with pytest.raises(ConfigError, match="backend"):

@@ -83,6 +83,6 @@ def test_api_raises_typed_errors():
 def test_pinned_and_widened_dimensions_are_searched_as_given():
     res = perfsim.plan(model="gpt2-tiny", nodes=2, global_batch=8, profile=CPU, bandwidth="100Mbps", top=100,
                        pp=2, schedule="1f1b,gpipe", compress="fp32,fp16", grad_compress="none", micro_batch=[2, 4])
-    seen = {(c.params["pp"], c.params["schedule"], c.params["compress"], c.params["micro_batch"])
+    seen = {(c.params["pp"], c.params["schedule"], str(c.params["compress"]), c.params["micro_batch"])
             for c in res.all_evaluated}
     assert seen == {(2, s, c, m) for s in ("1f1b", "gpipe") for c in ("fp32", "fp16") for m in (2, 4)}

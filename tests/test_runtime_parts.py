@@ -99,7 +99,7 @@ def test_resume_of_another_job_is_refused_before_launch(tmp_path):
 
 def test_a_checkpoint_stored_with_text_values_resumes(tmp_path):
     """A run checkpointed before the job's values were parsed once stored device_order and
-    partition as text and no boundary override as None: it resumes the same job, given again
+    partition as text: it resumes the same job, given again
     in either spelling, and refuses another."""
     import json
 
@@ -110,14 +110,14 @@ def test_a_checkpoint_stored_with_text_values_resumes(tmp_path):
 
     job = dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b")
     saved = json.loads(make_config(**job, device_order="1,0", partition="3,1", out=str(tmp_path)).to_json())
-    assert saved["device_order"] == [1, 0] and saved["partition"] == [3, 1] and saved["boundary_compress"] == ""
-    saved.update(device_order="1,0", partition="3,1", boundary_compress=None)  # the old spelling
+    assert saved["device_order"] == [1, 0] and saved["partition"] == [3, 1]
+    saved.update(device_order="1,0", partition="3,1")  # the old spelling
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "latest.json").write_text(json.dumps(
         {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "step": 3, "world_size": 2,
          "config": saved}))
     cfg = make_config(resume=str(tmp_path), steps=6)
-    assert (cfg.device_order, cfg.partition, cfg.boundary_compress) == ((1, 0), (3, 1), "")
+    assert (cfg.device_order, cfg.partition) == ((1, 0), (3, 1))
     assert make_config(**job, device_order=[1, 0], partition="3,1", resume=str(tmp_path), steps=6) == cfg
     with pytest.raises(ConfigError, match="--partition"):
         make_config(**job, partition="2,2", resume=str(tmp_path))

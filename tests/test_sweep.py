@@ -31,6 +31,7 @@ def fake_predict(bandwidth=1e10, compress="fp32", pp=2, micro_batch=1, macro_bat
                  schedule="gpipe", latency=0.0, **_):
     """Closed-form stand-in: GPipe with per-micro-batch compute 10 ms and a
     boundary message of 1 MB / bits * 32 (no simulator involved)."""
+    compress = str(compress)  # a sweep hands predict the spec as a value (perfsim.compression.spec.Spec)
     if pp == 3:
         raise ConfigError("pp=3: 4 layers do not split into 3 stages")
     if os.environ.get(CALL_LOG):
@@ -66,14 +67,20 @@ class Interrupt:
 
 
 def test_spec_normalises_and_expands():
+    from perfsim.compression.spec import parse_spec
+    from perfsim.params import plain as params_plain
+
     spec = SweepSpec({"bandwidth": "10Gbps,1000Mbps,1Gbps", "compress": ["fp32", "aqsgd:fw3bw6"],
                       "micro-batch": 2, "schedule": "GPipe"})
     assert spec.values["bandwidth"] == [1e10, 1e9]  # 1000Mbps == 1Gbps: one value
     assert spec.values["micro_batch"] == [2] and spec.values["schedule"] == ["gpipe"]
     assert spec.axes == ["compress", "bandwidth"] and len(spec) == 4
     grid = expand(spec)
-    assert grid[0] == {"schedule": "gpipe", "micro_batch": 2, "compress": "fp32",
-                       "bandwidth": 1e10}
+    assert grid[0]["compress"] == parse_spec("fp32", "pipeline")  # the spec as a value
+    assert params_plain(grid[0]) == {"schedule": "gpipe", "micro_batch": 2, "compress": "fp32",
+                                     "bandwidth": 1e10}
+    # the configuration id hashes the canonical text: the ids of stored sweeps stay valid
+    assert config_id(grid[0]) == config_id(params_plain(grid[0]))
     assert [g["bandwidth"] for g in grid] == [1e10, 1e9, 1e10, 1e9]  # bandwidth fastest
     assert len({config_id(g) for g in grid}) == 4
     assert config_id({"a": 1, "b": 2}) == config_id({"b": 2, "a": 1})
@@ -108,9 +115,8 @@ def test_sweep_file(tmp_path, write_file):
     f = write_file("s.toml", 'model = "gpt2-xl"\nbandwidth = ["10Gbps", "100Mbps"]\n'
                              'grad-compress = "none,qsgd-maxnorm:4"\npp = 8\n')
     spec = load_sweep_file(f)
-    assert spec.values == {"model": ["gpt2-xl"], "pp": [8],
-                           "grad_compress": ["none", "qsgd-maxnorm:4"],
-                           "bandwidth": [1e10, 1e8]}
+    assert {k: [str(v) for v in vs] if k == "grad_compress" else vs for k, vs in spec.values.items()} == \
+        {"model": ["gpt2-xl"], "pp": [8], "grad_compress": ["none", "qsgd-maxnorm:4"], "bandwidth": [1e10, 1e8]}
     assert spec.merged({"pp": "2,4", "compress": None}).values["pp"] == [2, 4]
     bad = write_file("bad.toml", "bandwidth = [\n")
     with pytest.raises(ConfigError, match="bad.toml.*TOML"):

@@ -11,7 +11,7 @@ import math
 import re
 from typing import Any, Iterable
 
-from perfsim.compression.spec import DISPLAY, parse_spec
+from perfsim.compression.spec import DISPLAY, Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.units import format_bandwidth
 
@@ -55,7 +55,7 @@ def _spec(spec: Any, role: str = "pipeline"):
     if spec is None or (isinstance(spec, float) and math.isnan(spec)):
         return None
     try:
-        return parse_spec(str(spec), role)
+        return parse_spec(spec if isinstance(spec, Spec) else str(spec), role)  # table text, or a value
     except ConfigError:
         return None
 

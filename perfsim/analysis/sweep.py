@@ -428,13 +428,15 @@ class SweepTable:
 def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> SweepTable:
     import pandas as pd
 
+    from perfsim import params as params_mod  # specs stored as their canonical text
+
     rows, stage_rows, errors = [], [], []
     for cid, params in configs:
         rec = records.get(cid)
         if rec is None:
             continue
         if "error" in rec:
-            errors.append({"config_id": cid, **params, "error": rec["error"]})
+            errors.append({"config_id": cid, **params_mod.plain(params), "error": rec["error"]})
             continue
         rows.append({**rec["summary"], "config_id": cid})
         stage_rows.extend({"config_id": cid, **s} for s in rec.get("stages") or [])

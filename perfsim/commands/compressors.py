@@ -98,7 +98,7 @@ def build_example(cls):
     return None
 
 
-def _row(role: str, spec: str, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
+def _row(role: str, spec, syntax: str, comp, shape, fp32: int, world_size: int) -> dict:
     from perfsim.compression.spec import parse_spec
     from perfsim.errors import ConfigError
 
@@ -150,10 +150,10 @@ def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
                   f"[:bound={'|'.join(BOUNDS)}]")
         out.append(_row("grad", name, syntax,
                         make_compressor("onebit"), shape, fp32, world_size))
-    for spec in PIPELINE_EXAMPLES():
+    for text in PIPELINE_EXAMPLES():
+        spec = parse_spec(text, "pipeline")  # read once; the pair and the row take the value
         fw, _ = make_pipeline_pair(spec)
-        syntax = _pipeline_syntax(classes[parse_spec(spec, "pipeline").name])
-        out.append(_row("pipeline", spec, syntax, fw, shape, fp32, world_size))
+        out.append(_row("pipeline", spec, _pipeline_syntax(classes[spec.name]), fw, shape, fp32, world_size))
     return out
 
 

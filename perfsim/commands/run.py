@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
 
     params = run_params(args)
-    from perfsim.compression.grad_spec import warmup_steps
+    from perfsim.compression.spec import parse_spec
 
     grad, out = args.grad_compress, params["out"]
     if args.resume:  # the resumed job's, from its checkpoint; the run folder that owns it
@@ -69,9 +69,10 @@ def run(args: argparse.Namespace) -> int:
         root, meta = checkpoint.find(args.resume)
         grad = grad or meta.get("config", {}).get("grad_compress")
         out = out or str(checkpoint.run_folder(root))
-    warm = warmup_steps(grad or "none")
+    gspec = parse_spec(grad or "none", "grad")  # for the header: the command line's edge
+    warm = gspec.warmup_steps()
     if warm is not None and not under_torchrun():  # the run header: what the first steps do
-        print(f"perfsim run: {grad.split(':')[0]} warm-up {warm} steps (fp32 allreduce, "
+        print(f"perfsim run: {gspec.name} warm-up {warm} steps (fp32 allreduce, "
               "variance frozen after), then 1-bit momentum", file=sys.stderr)
     bar = None
     progress = None

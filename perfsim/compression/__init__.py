@@ -15,7 +15,7 @@ BUILTINS = ("casts", "directq", "aqsgd", "qsgd", "maxnorm", "randk", "ecq", "one
             "powersgd")
 _LAZY = {"CommStep": "base", "Compressor": "base", "Payload": "base",
          "compressor_classes": "registry", "make_compressor": "registry",
-         "make_pipeline_pair": "registry", "parse_pipeline_spec": "registry", "register": "registry"}
+         "make_pipeline_pair": "registry", "check_spec": "registry", "register": "registry"}
 
 
 def load_builtins() -> None:
@@ -31,5 +31,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'perfsim.compression' has no attribute {name!r}")
 
 
-__all__ = ["CommStep", "Compressor", "Payload", "Spec", "compressor_classes", "make_compressor",
-           "make_pipeline_pair", "parse_pipeline_spec", "parse_spec", "register"]
+__all__ = ["CommStep", "Compressor", "Payload", "Spec", "check_spec", "compressor_classes", "make_compressor",
+           "make_pipeline_pair", "parse_spec", "register"]

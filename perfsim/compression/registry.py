@@ -40,15 +40,17 @@ def compressor_classes() -> dict[str, type[Compressor]]:
 
 
 def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
-    """Build a compressor from a spec such as ``directq:4`` (text or a parsed Spec).
+    """Build a compressor from a spec such as ``directq:4``: a parsed :class:`Spec`
+    (a gradient spec builds its :attr:`Spec.compressor`), or text, parsed here.
 
     ``kwargs`` (e.g. ``seed=``) go to the class's constructor (``Compressor.from_args``).
     Raises :class:`ConfigError` naming the spec when it is unknown or malformed.
     """
     _ensure_loaded()
-    if isinstance(spec, Spec):
-        spec = spec.text  # errors name the spec as the user wrote it
-    parsed = parse_spec(spec, "compressor")
+    parsed = spec if isinstance(spec, Spec) else parse_spec(spec, "compressor")
+    if parsed.role != "compressor":
+        parsed = parsed.compressor
+    spec = parsed.text
     name, args = parsed.name, list(parsed.args)
     cls = _REGISTRY.get(name)
     if cls is None:
@@ -61,20 +63,27 @@ def make_compressor(spec: "str | Spec", **kwargs) -> Compressor:
     return comp
 
 
-def parse_pipeline_spec(spec: str) -> tuple[str, str]:
-    """Split a pipeline compression spec into (forward spec, backward spec)
-    (:meth:`perfsim.compression.spec.Spec.pipeline_pair`)."""
-    return parse_spec(spec, "pipeline").pipeline_pair()
-
-
-def make_pipeline_pair(spec: str, **kwargs) -> tuple[Compressor, Compressor]:
-    """Build the (forward, backward) compressors of a pipeline spec."""
-    parsed = parse_spec(spec, "pipeline")
+def make_pipeline_pair(spec: "str | Spec", **kwargs) -> tuple[Compressor, Compressor]:
+    """Build the (forward, backward) compressors of a pipeline spec (a parsed
+    :class:`Spec`, or text, parsed here)."""
+    parsed = spec if isinstance(spec, Spec) else parse_spec(spec, "pipeline")
     fw, bw = parsed.pipeline_pair()
     try:
         return make_compressor(fw, **kwargs), make_compressor(bw, **kwargs)
     except ConfigError as exc:
-        raise ConfigError(f"pipeline compression {spec!r}: {_pipeline_hint(str(exc), parsed)}") from None
+        raise ConfigError(f"pipeline compression {parsed.text!r}: {_pipeline_hint(str(exc), parsed)}") from None
+
+
+def check_spec(spec: Spec) -> Spec:
+    """``spec`` with its compressors' own arguments checked by building them once
+    (the parser checks the grammar only): a pipeline spec's pair, a gradient spec's
+    compressor; a 1-bit optimizer's options were checked by the parser. Raises
+    ConfigError naming the spec."""
+    if spec.role == "pipeline":
+        make_pipeline_pair(spec)
+    elif spec.family != "optimizer":
+        make_compressor(spec)
+    return spec
 
 
 def _pipeline_hint(message: str, parsed: Spec) -> str:

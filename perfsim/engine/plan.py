@@ -31,6 +31,7 @@ from typing import Any
 
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
+from perfsim.compression.spec import Spec
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.schedules import with_comms
@@ -84,7 +85,7 @@ class StagePlan:
     ep_bytes: float = 0.0
     wgrad_s: float = 0.0  # the weight-gradient part of bwd_s (a zero-bubble W action)
     device: int = 0  # the pipeline device this stage runs on
-    compress: str = ""  # pipeline spec of the boundary after this stage (perfsim.boundaries)
+    compress: Spec | None = None  # pipeline spec of the boundary after this stage (perfsim.boundaries)
     whole_stage_measured: bool = False  # compute from a whole-stage record (perfsim calibrate --stages / --tp)
     unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
     #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
@@ -98,8 +99,8 @@ class Plan:
     dp: int
     num_microbatches: int
     micro_batch: int
-    compress: str
-    grad_compress: str
+    compress: Spec
+    grad_compress: Spec
     fw_spec: str
     bw_spec: str
     has_warmup: bool
@@ -172,7 +173,7 @@ def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
     return first + merged
 
 
-def native_specs(strategy) -> tuple[str, str, bool, bool]:
+def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
     """(pipeline spec, gradient spec, pipeline native, gradients native): the plain
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
@@ -183,9 +184,15 @@ def native_specs(strategy) -> tuple[str, str, bool, bool]:
     half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
     compress, grad = strategy.compress, strategy.grad_compress
-    fw_native = half is not None and compress.lower() == "fp32"
-    grad_native = grad_half is not None and grad.lower() in ("none", "fp32")
-    return (half if fw_native else compress), (grad_half if grad_native else grad), fw_native, grad_native
+    fw_native = half is not None and compress.plain
+    grad_native = grad_half is not None and grad.plain
+    return (_cast(half, "pipeline") if fw_native else compress), (_cast(grad_half, "grad") if grad_native else grad), \
+        fw_native, grad_native
+
+
+def _cast(dtype: str, role: str) -> Spec:
+    """The plain cast to the training dtype (``fp16`` / ``bf16``) as a spec value."""
+    return Spec(dtype, "pipeline" if role == "pipeline" else "compressor", (), role)
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
@@ -281,16 +288,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
-    from perfsim.boundaries import parse_boundary_compress
-
-    per_boundary = parse_boundary_compress(strategy.boundary_compress)
+    per_boundary = strategy.boundary_compress
     pairs = {strategy.compress: (default_fw, default_bw, fw_native)}  # one pair per distinct spec
-    from perfsim.compression.grad_spec import parse_grad_spec
-
-    gspec = parse_grad_spec(strategy.grad_compress)  # validated even when dp == 1
-    onebit = gspec.kind == "optimizer"
-    # a 1-bit optimizer's compressed stage averages momentum with the onebit compressor
-    grad_comp = make_compressor("onebit" if onebit else "fp32" if grad_spec.lower() == "none" else grad_spec)
+    onebit = strategy.grad_compress.family == "optimizer"
+    # built (so validated) even when dp == 1: Spec.compressor -- fp32 for none, and the
+    # onebit compressor with which a 1-bit optimizer's compressed stage averages momentum
+    grad_comp = make_compressor(grad_spec)
     rank_layers = [replace(layer, params=workload.params_of(i)) for i, layer in enumerate(workload.layers)]
     warm_buckets: list[list[Bucket]] = []
     stages: list[StagePlan] = []
@@ -347,8 +350,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             nbytes_fp32 = 4 * numel_of(wire_shape)
             spec_s = per_boundary.get(s, strategy.compress)
             if spec_s not in pairs:  # fp32 under 16-bit training sends the training dtype
-                native = fw_half is not None and spec_s.lower() == "fp32"
-                pairs[spec_s] = (*make_pipeline_pair(fw_half if native else spec_s), native)
+                native = fw_half is not None and spec_s.plain
+                pairs[spec_s] = (*make_pipeline_pair(_cast(fw_half, "pipeline") if native else spec_s), native)
             fw_comp, bw_comp, fw_native = pairs[spec_s]
             st.compress = spec_s
             st.fw_bytes = int(fw_comp.wire_bytes(wire_shape))
@@ -374,7 +377,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
         if dp > 1 and onebit and strategy.zero >= 2:
-            raise ConfigError(f"grad_compress {strategy.grad_compress!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
+            raise ConfigError(f"grad_compress {strategy.grad_compress.text!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
                               f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
         if dp > 1 and onebit:
             # the optimizer step fuses every gradient (warm-up: fp32 allreduce) or momentum
@@ -396,24 +399,22 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
-        from perfsim.compression.grad_spec import warmup_steps
-
-        warm_steps = warmup_steps(grad_spec)
+        warm_steps = strategy.grad_compress.warmup_steps()
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, (gspec.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, (strategy.grad_compress.refresh or 0) if warm_steps else 0)
 
 
-def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: str, native: bool, profile) -> None:
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile) -> None:
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage."""
     from perfsim.engine.sharding import param_gather_steps, shard_units
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
-    plain = grad_spec in ("fp32", "none") or native
+    plain = grad_spec.plain or native
     codec = None if plain or profile is None else (
         lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
     a = st.first_layer

@@ -126,8 +126,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     bw_bps, lat_s = (system.bandwidth_bps, system.latency_s) if topo is None else _topology_links(topo)
     summary = {
         "model": workload.model, "bandwidth_bps": bw_bps, "latency_s": lat_s,
-        "compress": strategy.compress, "grad_compress": strategy.grad_compress,
-        "boundary_compress": strategy.boundary_compress,
+        "compress": strategy.compress.text, "grad_compress": strategy.grad_compress.text,
+        "boundary_compress": strategy.boundary_compress.text,
         "device_order": ",".join(map(str, strategy.device_order)) if strategy.device_order else "",
         "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,

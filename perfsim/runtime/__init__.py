@@ -12,7 +12,7 @@ the module that defines it; they load on first use, so importing this package
   :func:`header_capacity`, :class:`StageRunner`; stage building
   :func:`build_stage`, :func:`build_stages`, :func:`build_layer`, :func:`boundary_shape`;
 * data-parallel gradient sync: :class:`GradSync`, :func:`make_buckets`, :func:`sync_gradients`
-  (the spec they take is a value of :mod:`perfsim.compression.grad_spec`);
+  (the spec they take is a value, :class:`perfsim.compression.spec.Spec`);
 * the 1-bit optimizers (1-bit Adam, arXiv:2102.02888; 1-bit LAMB, arXiv:2104.06069):
   :class:`OneBitAdam`, :class:`OneBitLamb`;
 * tensor parallelism: :class:`RankLayout` (its rules: :func:`perfsim.models.tensor_parallel.check_tp`).

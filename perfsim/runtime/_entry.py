@@ -48,10 +48,10 @@ def make_config(**params: Any):
         params["latency_s"] = parse_time(lat, "--emulate-latency")
         if bw is None and params["latency_s"] > 0:
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
-    if "boundary_compress" in params:  # canonical text, as perfsim predict prints it
-        from perfsim.boundaries import canonical
+    if "boundary_compress" in params:  # parsed once, a value (its text: as perfsim predict prints it)
+        from perfsim.boundaries import parse_boundary_compress
 
-        params["boundary_compress"] = canonical(params["boundary_compress"])
+        params["boundary_compress"] = parse_boundary_compress(params["boundary_compress"]) or None
     from perfsim.params import run_job
 
     params.update(run_job(params))  # the job, parsed as perfsim predict parses it (perfsim.params.PARAMS)
@@ -109,7 +109,7 @@ def _default(name: str):
 def _stored_config(stored: dict) -> dict:
     """A checkpoint's stored config in the value forms of today's RunConfig JSON: a run
     written before the job's values were parsed once stored ``device_order`` /
-    ``partition`` as text and no boundary override as None."""
+    ``partition`` as text."""
     out = dict(stored)
     if isinstance(out.get("device_order"), str):
         from perfsim.params import parse_device_order
@@ -121,8 +121,6 @@ def _stored_config(stored: dict) -> dict:
 
         counts = parse_counts(out["partition"])
         out["partition"] = list(counts) if counts else None
-    if "boundary_compress" in out and out["boundary_compress"] is None:
-        out["boundary_compress"] = ""
     return out
 
 
@@ -155,6 +153,8 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         if k not in stored and k not in RunConfig.RESUME_DEFAULTS:
             continue  # a checkpoint older than the key: the run's value stands (checked later)
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
+        if k == "boundary_compress" and params.get(k) is not None:  # stored as its canonical text
+            params = {**params, k: params[k].text}
         if k in params and _json_value(params[k]) != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "

@@ -176,18 +176,14 @@ class RunConfig(Job):
         check_tp(spec if isinstance(spec, TransformerSpec) else None, self.tp, self.sequence_parallel, self.model)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
-        # the compressor specs must parse (ConfigError names them)
-        from perfsim.compression import make_pipeline_pair
-
-        make_pipeline_pair(self.compress)
+        # the compressors' own arguments must check (ConfigError names the spec)
         from perfsim.boundaries import check_boundaries
+        from perfsim.compression import check_spec
 
-        for spec in check_boundaries(self.boundary_compress, self.num_stages).values():
-            make_pipeline_pair(spec)
+        for spec in (self.compress, *check_boundaries(self.boundary_compress, self.num_stages).values()):
+            check_spec(spec)
         self.layout  # the device order must fit the rank layout (no order with tp > 1)
-        from perfsim.compression.grad_spec import parse_grad_spec
-
-        parse_grad_spec(self.grad_compress)
+        check_spec(self.grad_compress)
 
     # ----------------------------------------------------------------- derived
     @property
@@ -231,16 +227,21 @@ class RunConfig(Job):
                               f"ZeRO-1/2 are modelled by perfsim predict only")
         if self.zero == 3:
             for what, bad in (("pp", self.pp != 1), ("tp", self.tp != 1),
-                              ("grad_compress", self.grad_compress.lower() not in ("none", "fp32")),
+                              ("grad_compress", not self.grad_compress.plain),
                               ("tied_embedding", self.tied_embedding != "untied"),
                               ("resume", self.resume is not None),
                               ("checkpoint_every", self.checkpoint_every != 0)):
                 if bad:
-                    raise ConfigError(f"zero=3 with {what}={getattr(self, what)!r}: execute mode's FSDP2 "
+                    value = getattr(self, what)
+                    raise ConfigError(f"zero=3 with {what}={getattr(value, 'text', value)!r}: execute mode's FSDP2 "
                                       f"runs pp 1, tp 1, no gradient compression, an untied head, no checkpoints")
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        """The job as JSON, each spec as its canonical text (no overrides: null)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d.update(compress=self.compress.text, grad_compress=self.grad_compress.text,
+                 boundary_compress=self.boundary_compress.text or None)
+        return json.dumps(d, sort_keys=True)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunConfig":

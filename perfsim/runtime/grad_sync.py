@@ -39,9 +39,10 @@ from perfsim.errors import ConfigError
 STATE_FORMAT = "perfsim-gradsync"
 STATE_VERSION = 1
 DEFAULT_BUCKET_CAP_BYTES = 25 * 2**20  # DDP's default bucket_cap_mb=25
-# the spec as a value lives in the compression library (torch-free: the simulator reads it too)
-from perfsim.compression.grad_spec import (  # noqa: E402,F401  (re-exported)
-    DEFAULT_WARMUP, ONEBIT_OPTIMIZERS, WARMUP_FRACTION, GradSpec, parse_grad_spec, warmup_steps)
+# the spec is a value of the compression library (torch-free: the simulator holds it too)
+from perfsim.compression.spec import (  # noqa: E402,F401  (re-exported)
+    DEFAULT_WARMUP, WARMUP_FRACTION, Spec, parse_spec)
+from perfsim.compression.spec import OPTIMIZERS as ONEBIT_OPTIMIZERS  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------- buckets
@@ -127,11 +128,13 @@ class GradSync:
         from perfsim.compression import Compressor
 
         self._prototype = None
-        if isinstance(spec, Compressor):
+        if isinstance(spec, Compressor):  # the edge: a built compressor's canonical spec, read once
             self._prototype = spec
-            self.spec = GradSpec("compressor", spec.spec or spec.name, compressor=spec.spec or spec.name)
+            self.spec = parse_spec(spec.spec or spec.name, "grad")
         else:
-            self.spec = parse_grad_spec(spec)
+            from perfsim.compression import check_spec
+
+            self.spec = check_spec(parse_spec(spec, "grad"))  # a Spec passes through unparsed
         if bucket_cap_bytes <= 0:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
         self.process_group = process_group
@@ -146,7 +149,7 @@ class GradSync:
         self.total_bytes = 0
         self._ps_key: dict[int, str] = {}       # PowerSGD bucket index -> bucket key
         self._ps_pending: dict[str, dict] = {}  # loaded PowerSGD buffers not yet installed
-        if self.spec.kind == "powersgd":
+        if self.spec.family == "hook":
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
             self.powersgd = PowerSGDState(process_group, matrix_approximation_rank=self.spec.rank,
@@ -283,7 +286,7 @@ class GradSync:
         """Whether this method's state depends on the world size: error feedback
         and PowerSGD memories are per rank, and stochastic rounding draws with the
         rank as salt. Plain casts (fp32/fp16/bf16) carry no state."""
-        return self.spec.kind == "powersgd" or self.spec.compressor not in ("fp32", "fp16", "bf16")
+        return self.spec.family == "hook" or not self.spec.compressor.cast
 
 
 def _powersgd_state(ps, index_key: dict[int, str], pending: dict[str, dict]) -> dict[str, Any]:
@@ -377,7 +380,7 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
     canonical bucketing (:func:`make_buckets`); PowerSGD keys its memories by it.
     """
     key = state.key_for(index, params, flat.numel())
-    if state.spec.kind != "powersgd":
+    if state.spec.family != "hook":
         return state.allreduce_mean(key, flat)
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
@@ -414,7 +417,7 @@ def sync_gradients(params, state: GradSync, group=None) -> dict[str, float]:
     items = list(params)
     named = [item if isinstance(item, tuple) else (f"p{i}", item) for i, item in enumerate(items)]
     named = [(n, p) for n, p in named if p.requires_grad]
-    if state.spec.kind == "optimizer" or _world(state.process_group) == 1 or not named:
+    if state.spec.family == "optimizer" or _world(state.process_group) == 1 or not named:
         return state.pop_stats()
     if not state._names:
         state.bind(named)

@@ -55,20 +55,17 @@ from perfsim.result import (LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Res
                             atomic_write_text)
 
 
-def _onebit_warmup(grad_compress: str) -> int | None:
-    """1-bit optimizers' warm-up steps (None for gradient compressors)."""
-    from perfsim.compression.grad_spec import warmup_steps
-
-    return warmup_steps(grad_compress)
+def _onebit_warmup(grad_compress) -> int | None:
+    """1-bit optimizers' warm-up steps (None for gradient compressors); ``grad_compress``
+    is the run's :class:`perfsim.compression.spec.Spec`."""
+    return grad_compress.warmup_steps()
 
 
 def _has_warmup(cfg) -> bool:
     from perfsim.compression import make_pipeline_pair
 
-    from perfsim.boundaries import parse_boundary_compress
-
     shape = (cfg.micro_batch, 8)
-    for spec in {cfg.compress, *parse_boundary_compress(cfg.boundary_compress).values()}:
+    for spec in {cfg.compress, *cfg.boundary_compress.values()}:
         fw, _ = make_pipeline_pair(spec)
         if fw.wire_bytes(shape, warmup=True) != fw.wire_bytes(shape):
             return True
@@ -208,8 +205,8 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     spe = gathered[0]["steps_per_epoch"]
     summary: dict[str, Any] = {
         "model": cfg.model, "bandwidth_bps": cfg.bandwidth_bps, "latency_s": cfg.latency_s,
-        "compress": cfg.compress, "grad_compress": cfg.grad_compress, "schedule": cfg.schedule,
-        "boundary_compress": cfg.boundary_compress or "", "device_order": ",".join(map(str, cfg.device_order or ())),
+        "compress": cfg.compress.text, "grad_compress": cfg.grad_compress.text, "schedule": cfg.schedule,
+        "boundary_compress": cfg.boundary_compress.text, "device_order": ",".join(map(str, cfg.device_order or ())),
         "pp": cfg.pp, "dp": cfg.dp, "micro_batch": cfg.micro_batch, "macro_batch": cfg.macro_batch,
         "throughput_samples_per_s": cfg.macro_batch * cfg.dp / iteration_s if iteration_s > 0 else None,
         "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s

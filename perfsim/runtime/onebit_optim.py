@@ -92,9 +92,8 @@ import torch
 
 from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
 from perfsim.runtime.onebit_variance import VarianceOptions
-from perfsim.compression.spec import check_warmup
+from perfsim.compression.spec import DEFAULT_WARMUP, check_warmup
 from perfsim.errors import ConfigError
-from perfsim.compression.grad_spec import DEFAULT_WARMUP
 
 STATE_KEY = "onebit"
 from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)

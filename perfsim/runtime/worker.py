@@ -53,7 +53,6 @@ def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
     boundary that crosses ranks, with that boundary's spec (``cfg.boundary_compress``
     over ``cfg.compress``, :mod:`perfsim.boundaries`) (``table``'s stage-to-device map; None: one stage
     per rank)."""
-    from perfsim.boundaries import spec_of
     from perfsim.compression import make_pipeline_pair
 
     out = {}
@@ -61,7 +60,7 @@ def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
     where = table.stage_device if table is not None else range(n)
 
     def pair(boundary: int, direction: int):  # both sides of a boundary build the same pair
-        spec = spec_of(cfg.compress, cfg.boundary_compress, boundary)
+        spec = cfg.boundary_compress.get(boundary, cfg.compress)
         return make_pipeline_pair(spec, seed=boundary_seed(cfg.seed, boundary, direction))
 
     if stage < n - 1 and where[stage + 1] != where[stage]:  # boundary `stage` with the next stage
@@ -90,9 +89,8 @@ def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     optimizer through the public :func:`perfsim.ddp.onebit_optimizer` for ``onebit-*``
     specs, else SGD / AdamW."""
     from perfsim import ddp as pddp
-    from perfsim.compression.grad_spec import parse_grad_spec
 
-    if parse_grad_spec(cfg.grad_compress).kind == "optimizer":  # they exchange compressed momentum
+    if cfg.grad_compress.family == "optimizer":  # they exchange compressed momentum
         target = params if isinstance(params, torch.nn.Module) else list(params)
         return pddp.onebit_optimizer(target, cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
                                      seed=cfg.seed * 31 + stage)
