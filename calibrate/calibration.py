@@ -257,8 +257,8 @@ def _tp_configs(specs, micro, degrees, device: str) -> tuple:
     the sequence divides) with sequence parallelism; ConfigError naming ``--tp`` for a
     degree a model cannot be split by."""
     from perfsim.calibrate.tensor_parallel import TPStageConfig
+    from perfsim.models.tensor_parallel import check_tp
     from perfsim.models.transformer import TransformerSpec
-    from perfsim.runtime.tensor_parallel import check_tp
 
     out = []
     for spec in specs:
@@ -266,7 +266,7 @@ def _tp_configs(specs, micro, degrees, device: str) -> tuple:
             continue
         for t in (d for d in degrees if d > 1):
             try:
-                check_tp(spec, t, False)
+                check_tp(spec, t, False, spec.name)
             except ConfigError as exc:
                 raise ConfigError(f"--tp {t}: {exc}") from None
             for sp in (False, True) if spec.seq_len % t == 0 else (False,):

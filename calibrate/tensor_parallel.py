@@ -49,7 +49,8 @@ def measure_tp_stage(cfg: TPStageConfig) -> list[dict]:
     spec = get_model_spec(cfg.model)
     layers = spec.layers()
     with tempfile.TemporaryDirectory(prefix="perfsim-calibrate-tp-") as tmp:
-        result = run(model=cfg.model, pp=1, dp=1, tp=cfg.tp, sequence_parallel=cfg.sequence_parallel or None,
+        result = run(model=cfg.model, pp=1, dp=1, schedule="1f1b", tp=cfg.tp,
+                     sequence_parallel=cfg.sequence_parallel or None,
                      micro_batch=cfg.micro_batch, macro_batch=cfg.microbatches * cfg.micro_batch,
                      steps=cfg.steps, out=tmp, device=cfg.device)
     rows = result.microbatches

@@ -102,37 +102,33 @@ def run(**params: Any) -> "Result | None":
 
 
 def _run_signature() -> _inspect.Signature:
-    """``perfsim run``'s flags as keywords (their dests and defaults), typed from the
-    fields of RunConfig they fill (``timeout`` -> ``timeout_s``)."""
-    import argparse
+    """``perfsim run``'s keywords from the tables its flags come from: the job's parameters
+    (:data:`perfsim.params.RUN_JOB_PARAMS` of :data:`perfsim.params.PARAMS`, defaults
+    RunConfig's, i.e. the job's) and run's own options (:data:`perfsim.runtime.config.RUN_OPTIONS`)."""
     import dataclasses
 
-    from perfsim.commands import run as command
-    from perfsim.runtime.config import RunConfig
+    from perfsim.params import BY_NAME, RUN_JOB_PARAMS
+    from perfsim.runtime.config import RUN_OPTIONS, RunConfig
 
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    command.add_arguments(parser)
-    defaults = vars(parser.parse_args([]))  # every flag's dest and default
-    types = {f.name: f.type for f in dataclasses.fields(RunConfig)}
-    types.update(emulate_bandwidth="str | float | None", emulate_latency="str | float | None",
-                 timeout="str | float", overwrite="bool")
-    # a flag the parser leaves None (so that --resume can fill it) shows RunConfig's default
     fields = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
-    out = [_inspect.Parameter(dest, _inspect.Parameter.KEYWORD_ONLY,
-                              default=default if default is not None or dest in ("out", "resume")
-                              else fields.get(dest, fields.get(dest + "_s")),
-                              annotation=types.get(dest) or types.get(dest + "_s") or "str | None")
-           for dest, default in defaults.items() if dest != "no_progress"]
-    out.append(_inspect.Parameter("progress", _inspect.Parameter.KEYWORD_ONLY, default=None,
-                                  annotation="Callable[[dict], None] | None"))
+    kw = _inspect.Parameter.KEYWORD_ONLY
+    out = [_inspect.Parameter(name, kw, default=fields[name], annotation=BY_NAME[name].annotation)
+           for name in RUN_JOB_PARAMS]
+    out += [_inspect.Parameter(o.name, kw, annotation=o.annotation,
+                               default=False if o.kind == "switch" else  # out, resume: None, RunConfig's resolves
+                               None if o.name in ("out", "resume") else fields[o.field])
+            for o in RUN_OPTIONS]
+    out.append(_inspect.Parameter("progress", kw, default=None, annotation="Callable[[dict], None] | None"))
     return _inspect.Signature(out, return_annotation="Result | None")
 
 
 run.__signature__ = _run_signature()  # type: ignore[attr-defined]
 run.__doc__ = """Train for real with torch.distributed and measure it (``perfsim run``).
 
-    The keywords are ``perfsim run``'s flags (see the signature; the fields of
-    :class:`perfsim.runtime.config.RunConfig`): ``emulate_bandwidth`` in bits/s or
+    The keywords are ``perfsim run``'s flags (see the signature): the job's
+    (:data:`perfsim.params.RUN_JOB_PARAMS`, the fields of :class:`perfsim.job.Job`, parsed as
+    :func:`predict` parses them) and run's own (:data:`perfsim.runtime.config.RUN_OPTIONS`):
+    ``emulate_bandwidth`` in bits/s or
     ``"100Mbps"`` (needs root: network namespaces + tc), ``emulate_latency`` and
     ``timeout`` in seconds or ``"5ms"``; ``progress`` is called with
     ``{"step", "steps", "loss"}`` after each step. Returns the measured

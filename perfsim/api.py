@@ -9,8 +9,9 @@ parameters, their types, defaults and units are described once, in
 process. ``model`` also takes an inline transformer (``gpt:layers=96,hidden=12288,
 heads=96,seq=2048,vocab=51200``, optional ``ffn=``, ``kv_heads=``; ``llama:`` /
 ``bert:`` / ``neox:`` conventions) or a Hugging Face ``config.json`` path. A ``gpu``
-preset switches the defaults to Megatron-LM's (1F1B, uniform partition, ranks
-ordered tp, dp, pp); with a ``gpu`` the compute comes from its operator model
+preset switches the defaults to Megatron-LM's (:data:`perfsim.job.MEGATRON`: 1F1B,
+uniform partition, ranks ordered tp, dp, pp, contiguous gradient buffer, tied head
+synced); with a ``gpu`` the compute comes from its operator model
 (:mod:`perfsim.engine.compute`) and the memory is checked against its capacity
 (:mod:`perfsim.memory`): a configuration that does not fit raises
 :class:`ConfigError` naming the stage and the shortfall.
@@ -29,8 +30,9 @@ from typing import Any, Iterable
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.errors import ConfigError
+from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.result import Result
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
+from perfsim.schedules import stage_count
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -134,12 +136,12 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
 
     Parameters with a ``target`` fill that config field as they are; the others
     are resolved here: the model (preset, inline spec, config.json or workload
-    file), the profile, the topology, and the defaults a ``gpu`` preset switches
-    to Megatron-LM's (schedule 1f1b, uniform partition, placement tp,dp,pp, contiguous
-    gradient buffer, gradients reduced after the backward)."""
+    file), the profile, the topology, and the defaults of the named preset
+    (:func:`perfsim.job.preset`: ``megatron`` with a ``gpu`` -- schedule 1f1b, uniform
+    partition, placement tp,dp,pp, contiguous gradient buffer, gradients reduced after the
+    backward, tied head synced, vocabulary padded -- else ``perfsim``'s)."""
     p = params_mod.resolved(params)
     from perfsim.models.moe import Routing, check_routing
-    from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
     from perfsim.engine.layer_times import resolve_layer_times
 
     profile = _load_profile(p["profile"])
@@ -171,25 +173,24 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                           "its fp8 GEMMs are modelled from the datasheet rate")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
-    st["schedule"] = p["schedule"] or ("1f1b" if gpu else "gpipe")
-    st["grad_buffer"] = p["grad_buffer"] or ("contiguous" if gpu else "bucketed")
-    st["tied_embedding"] = p["tied_embedding"] or ("sync" if gpu else "untied")
-    st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else gpu is None
-    if st["schedule"] not in VIRTUAL_STAGE_SCHEDULES:  # the others run their own chunk count
-        st.pop("virtual_stages", None)
+    defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)
+    st["schedule"] = p["schedule"] or defaults.schedule
+    st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
+    st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
+    st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
+    st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
-    _check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
-    st["partition"] = _partition(p["partition"], model, p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")),
-                                 gpu is not None)
-    st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or
-                                                        ("tp,dp,pp" if gpu else "tp,pp,dp")).split(","))
+    check_chunks(p["pp"], st["schedule"], st.get("virtual_stages"), len(model.layers))
+    st["partition"] = _partition(p["partition"] or (defaults.partition if model.arch is not None else None), model,
+                                 p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")))
+    st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or defaults.placement).split(","))
     strategy = Strategy(**st)
     check_routing(model.arch, model.name, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
-                                           vocab_multiple=MEGATRON_VOCAB_MULTIPLE if gpu else 1,
+                                           vocab_multiple=defaults.vocab_multiple,
                                            attention=strategy.attention,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
                                            routing=Routing.of(strategy))
@@ -214,21 +215,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     return workload, strategy, system, profile
 
 
-def _check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
-    """Each of the pp x chunks-per-device pipeline stages needs a layer: the error names
-    the values the user gave (``virtual_stages=100``), not their product."""
-    per_device = stage_count(schedule, virtual_stages)
-    if pp * per_device <= layers:
-        return
-    if per_device == 1:
-        what = f"pp={pp}"
-    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
-        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
-    else:
-        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
-    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
-
-
 def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     """Parameters one tensor-parallel rank holds of each layer (Megatron-LM sharding); with
     expert parallelism ``ep`` a MoE block's experts split ``ep`` ways too."""
@@ -244,22 +230,16 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
                  else per[layer.name] for layer in model.layers)
 
 
-def _partition(raw, model, pp: int, megatron: bool):
-    """Layer counts per stage (``pp``: the pipeline's stages, every model chunk): given, None (balanced by compute), or ``uniform`` --
-    Megatron-LM's split of a transformer: ``L / pp`` blocks per stage (the remainder
-    to the first stages), the embedding on the first stage and the head on the last.
-    The default is ``uniform`` for a transformer with a GPU preset, else balanced."""
-    if raw is None and megatron and model.arch is not None:
-        raw = "uniform"
+def _partition(raw, model, pp: int):
+    """Layer counts per stage (``pp``: the pipeline's stages, every model chunk): given, None
+    (balanced by compute), or ``uniform`` -- Megatron-LM's split of a transformer
+    (:func:`perfsim.partition.uniform_counts`), the default of the :data:`perfsim.job.MEGATRON`
+    preset for a transformer."""
     if raw != "uniform":
         return raw
-    blocks = sum(1 for layer in model.layers if layer.name.startswith("block"))
-    if blocks < pp:
-        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill {pp} stages")
-    counts = [blocks // pp + (1 if s < blocks % pp else 0) for s in range(pp)]
-    counts[0] += 1
-    counts[-1] += len(model.layers) - blocks - 1
-    return tuple(counts)
+    from perfsim.partition import uniform_counts
+
+    return uniform_counts([layer.name for layer in model.layers], pp)
 
 
 def _batch(p: dict[str, Any]) -> int:

@@ -13,20 +13,13 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
-from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
-from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
+from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
+from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
-from perfsim.schedules import PipelineShape
-
-
-def _pos_int(obj, name: str, minimum: int = 1) -> None:
-    v = getattr(obj, name)
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
 
 
 def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
@@ -92,18 +85,7 @@ ATTENTION = ("megatron", "flash")
 #: buffer the collective reduces in place (Megatron-LM's DistributedDataParallel with
 #: contiguous gradient buffers; DDP's ``gradient_as_bucket_view=True``): no copies
 GRAD_BUFFERS = ("bucketed", "contiguous")
-#: a tied LM head whose embedding lives on another pipeline stage: ``untied`` -- the
-#: last stage trains a head of its own (perfsim's runtime keeps stages independent);
-#: ``sync`` -- Megatron-LM keeps a copy of the embedding on the last stage and, after
-#: the data-parallel sync, all-reduces its gradient with the first stage's
-#: (``_allreduce_embedding_grads`` in ``finalize_model_grads``; DeepSpeed's pipeline
-#: engine reduces ``TiedLayerSpec`` gradients the same way)
-TIED_EMBEDDINGS = ("untied", "sync")
-#: ZeRO stages (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
-#: Parameter Models", arXiv:1910.02054, Sec. 5): 0 none, 1 optimizer states, 2 + gradients,
-#: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
-#: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
-ZERO_STAGES = (0, 1, 2, 3)
+#: the tied head's and ZeRO's choices belong to the job (perfsim.job), re-exported here
 #: the loss's memory (perfsim.memory): ``fused`` -- Megatron-LM's vocab-parallel cross
 #: entropy (fp32 softmax kept, its gradient computed in place; Korthikanti et al.'s
 #: ``4 s b v``); ``pytorch`` -- ``F.cross_entropy`` on the logits under autocast (the
@@ -119,46 +101,17 @@ PLACEMENT_DIMS = ("tp", "pp", "dp")
 
 
 @dataclass(frozen=True)
-class Strategy(PipelineShape):
-    """How the training is parallelised and compressed."""
+class Strategy(Job):
+    """How the training is parallelised and compressed: the job (:class:`perfsim.job.Job`:
+    pp, dp, tp, batch, schedule, compression, partition, device order, tied head, ZeRO) and
+    what only the simulator models (precision, buckets, placement, MoE routing...)."""
 
-    #: pipeline-parallel degree (stages)
-    pp: int = 8
-    #: data-parallel degree (pipeline replicas)
-    dp: int = 1
-    #: tensor-parallel degree (Megatron-LM column/row-parallel layers)
-    tp: int = 1
-    #: Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce)
-    sequence_parallel: bool = False
-    #: samples per micro-batch
-    micro_batch: int = 1
-    #: samples per macro-batch (one optimizer step of one replica)
-    macro_batch: int = 32
-    #: pipeline schedule name (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``,
-    #: ``zb-v``; perfsim.schedules)
-    schedule: str = "gpipe"
-    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``): a
-    #: :class:`perfsim.compression.spec.Spec` (text is parsed on construction)
-    compress: Spec = "fp32"
-    #: data-parallel gradient compression spec (``none`` = fp32 allreduce), a Spec
-    grad_compress: Spec = "none"
-    #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
-    #: perfsim.boundaries; boundary k follows stage k): a BoundarySpecs (text parsed)
-    boundary_compress: BoundarySpecs = BoundarySpecs()
-    #: GPU that runs each logical GPU index along ``placement`` (a permutation; None:
-    #: the identity): places stages on the nodes of a heterogeneous topology
-    device_order: tuple[int, ...] | None = None
-    #: layer counts per stage (pp x virtual stages of them), or None for the
-    #: compute-balanced partition
-    partition: tuple[int, ...] | None = None
     #: gradient bucket size in bytes of fp32 gradients (PyTorch DDP default 25 MiB)
     bucket_bytes: int = 25 * 2**20
     #: start a bucket's gradient sync as soon as the last backward produced it
     overlap_grad_sync: bool = True
     #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
     grad_buffer: str = "bucketed"
-    #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
-    tied_embedding: str = "untied"
     #: optimizer whose step time the profile gives (``adam``)
     optimizer: str = "adam"
     #: number of epochs for the end-to-end time
@@ -172,9 +125,6 @@ class Strategy(PipelineShape):
     attention: str = "megatron"
     #: training precision: ``fp32``, ``tf32``, ``bf16`` or ``fp16`` (mixed precision)
     precision: str = "fp32"
-    #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
-    #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
-    zero: int = 0
     #: ZeRO-3 / FSDP2: free the gathered parameters after each unit's forward and gather
     #: them again in the backward (FSDP2's default); False keeps them from the forward to
     #: the backward (no backward all-gather, more memory)
@@ -184,9 +134,6 @@ class Strategy(PipelineShape):
     #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
     #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
     placement: tuple[str, ...] = PLACEMENT_DIMS
-    #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
-    #: None: the schedule's own
-    virtual_stages: int | None = None
     #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
     #: padded capacity); None: dropless experts
     moe_capacity_factor: float | None = None
@@ -199,8 +146,8 @@ class Strategy(PipelineShape):
     moe_imbalance: float = 1.0
 
     def __post_init__(self):
-        for name in ("pp", "dp", "micro_batch", "macro_batch", "epochs", "dataset_samples", "bucket_bytes",
-                     "tp"):
+        self.check()  # the job's fields (perfsim.job.Job)
+        for name in ("epochs", "dataset_samples", "bucket_bytes"):
             _pos_int(self, name)
         from perfsim.hardware import PRECISIONS
 
@@ -212,36 +159,12 @@ class Strategy(PipelineShape):
             raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
         if self.grad_buffer not in GRAD_BUFFERS:
             raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
-        if self.tied_embedding not in TIED_EMBEDDINGS:
-            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
-        if self.zero not in ZERO_STAGES:
-            raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
-                              f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise ConfigError(f"cross_entropy={self.cross_entropy!r}: choose from {', '.join(CROSS_ENTROPY)}")
-        if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
-            raise ConfigError(f"zero={self.zero}: not modelled with the zero-bubble schedule "
-                              f"{self.schedule!r} (its split weight gradient); use gpipe, 1f1b or interleaved-1f1b")
         if sorted(self.placement) != sorted(PLACEMENT_DIMS):
             raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
-        if self.sequence_parallel and self.tp == 1:
-            raise ConfigError("sequence_parallel: needs tp > 1")
-        if self.macro_batch % self.micro_batch:
-            raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
-        from perfsim.schedules import SCHEDULES
-
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
-        for name in ("compress", "grad_compress", "optimizer"):
-            v = getattr(self, name)
-            if not isinstance(v, (str, Spec)) or not str(v).strip():
-                raise ConfigError(f"{name}={v!r}: must be a non-empty string")
-        # the specs as values, parsed once (text from old callers is accepted)
-        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
-        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
-        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
-        if self.virtual_stages is not None:
-            _pos_int(self, "virtual_stages")
+        if not isinstance(self.optimizer, str) or not self.optimizer.strip():
+            raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
         _pos_int(self, "ep")
         if self.dp % self.ep:
@@ -253,27 +176,6 @@ class Strategy(PipelineShape):
         _pos_float(self, "moe_imbalance")
         if self.moe_imbalance < 1:
             raise ConfigError(f"moe_imbalance={self.moe_imbalance!r}: must be >= 1 (1 = balanced)")
-        self.table()  # the schedule must fit pp and the micro-batches
-        from perfsim.boundaries import check_boundaries
-
-        check_boundaries(self.boundary_compress, self.num_stages)
-        if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
-            raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "
-                              f"of the {self.devices} GPUs 0..{self.devices - 1} (tp x dp x pp)")
-        if self.partition is not None:
-            n = self.num_stages
-            if len(self.partition) != n or any(not isinstance(c, int) or c < 1 for c in self.partition):
-                raise ConfigError(f"partition={self.partition!r}: needs {n} layer counts >= 1 "
-                                  f"(pp={self.pp} x {n // self.pp} virtual stages)")
-
-    @property
-    def global_batch(self) -> int:
-        """Samples per optimizer step over all replicas."""
-        return self.macro_batch * self.dp
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.dp * self.pp
 
     @property
     def grad_dtype(self) -> str:

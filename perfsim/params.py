@@ -5,7 +5,8 @@ name, type, default, unit, help text and where the value goes (a
 :class:`~perfsim.config.Strategy` or :class:`~perfsim.config.System` field). It
 drives
 
-* the ``perfsim predict`` and ``perfsim sweep`` flags (:func:`add_arguments`),
+* the ``perfsim predict`` and ``perfsim sweep`` flags, and the job flags of ``perfsim run``
+  and ``perfsim validate`` (:func:`add_arguments`; :data:`RUN_JOB_PARAMS`),
 * the keyword arguments, annotations and docstring of :func:`perfsim.predict`
   and :func:`perfsim.sweep` (:func:`signature`, :func:`doc_table`),
 * sweep grids and their configuration ids (:func:`normalize`), and
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from perfsim.errors import ConfigError
+from perfsim.job import JOB_FIELDS
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -190,7 +192,7 @@ PARAMS: tuple[Param, ...] = (
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
           "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,
-          choices="perfsim.config:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
+          choices="perfsim.job:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
     Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
@@ -218,7 +220,7 @@ PARAMS: tuple[Param, ...] = (
           "embedding: untied (the last stage trains its own head, perfsim run's default) or sync "
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
-          "strategy", choices="perfsim.config:TIED_EMBEDDINGS"),
+          "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
@@ -443,38 +445,69 @@ def resolved(params: Mapping[str, Any]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- command line
 
-def _flag_help(p: Param, lists: bool) -> str:
+def _flag_help(p: Param, lists: bool, default: Any = None) -> str:
     text = p.help
     if p.choices:
         text += f" ({', '.join(map(str, p.allowed))})"
-    if p.default is not None:
-        text += f" (default {str(p.default).lower() if p.kind == 'bool' else p.default})"
+    default = p.default if default is None else default
+    if default is not None:
+        text += f" (default {str(default).lower() if p.kind == 'bool' else default})"
     if lists and p.kind not in ONE_VALUE:
         text += "; a comma list runs every value"
     return text
 
 
-def add_arguments(parser: argparse.ArgumentParser, lists: bool = True, skip: tuple[str, ...] = ()) -> None:
-    """One flag per parameter (but those in ``skip``), grouped as workload / strategy /
-    system. Flags default to None (= the parameter's default); with ``lists`` a flag
-    takes a comma list. Booleans are ``--x/--no-x``."""
+def add_arguments(parser: argparse.ArgumentParser, lists: bool | tuple[str, ...] = True,
+                  skip: tuple[str, ...] = (), only: tuple[str, ...] | None = None,
+                  shown: Mapping[str, Any] | None = None, helps: Mapping[str, str] | None = None) -> None:
+    """One flag per parameter (but those in ``skip``; only those in ``only`` when given),
+    grouped as workload / strategy / system. Flags default to None (= the parameter's
+    default); with ``lists`` (True, or the names that do) a flag takes a comma list.
+    Booleans are ``--x/--no-x``. ``shown``: the default a command states in the help
+    where it is not the parameter's (``perfsim run``'s model); ``helps``: a command's own
+    help text of a parameter."""
     groups = {g: parser.add_argument_group(g) for g in ("workload", "strategy", "system")}
+    shown, helps = shown or {}, helps or {}
     for p in PARAMS:
-        if p.name in skip:
+        if p.name in skip or (only is not None and p.name not in only):
             continue
+        many = lists if isinstance(lists, bool) else p.name in lists
         g = groups[p.group]
+        help_p = Param(p.name, p.kind, p.default, helps[p.name], p.group, choices=p.choices) \
+            if p.name in helps else p
         if p.kind == "bool":
             g.add_argument(p.flag, dest=p.name, action=argparse.BooleanOptionalAction, default=None,
-                           help=_flag_help(p, False))
+                           help=_flag_help(help_p, False, shown.get(p.name)))
         else:
-            metavar = "LIST" if lists and p.kind not in ONE_VALUE else p.kind.upper()
+            metavar = "LIST" if many and p.kind not in ONE_VALUE else p.kind.upper()
             g.add_argument(p.flag, dest=p.name, default=None, metavar=metavar,
-                           help=_flag_help(p, lists))
+                           help=_flag_help(help_p, many, shown.get(p.name)))
 
 
 def from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The parameters given on the command line (None for those not given)."""
     return {p.name: getattr(args, p.name, None) for p in PARAMS}
+
+
+#: the parameters that describe the job ``perfsim run`` trains: the model and the fields of
+#: :class:`perfsim.job.Job` (run's flags and :func:`perfsim.run`'s keywords are these)
+RUN_JOB_PARAMS: tuple[str, ...] = ("model", *JOB_FIELDS)
+#: the job parameters that ``perfsim run`` keeps as given (the model preset is looked up by
+#: RunConfig; the compressor specs are checked by the compressors themselves)
+_KEPT = ("model", "compress", "grad_compress", "boundary_compress")
+
+
+def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
+    """The job parameters of ``values`` (None: not given) normalised as predict normalises
+    them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
+    :func:`perfsim.run` hand to RunConfig."""
+    from perfsim.job import Job, chosen_chunks
+
+    job = {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
+           for name in RUN_JOB_PARAMS if values.get(name) is not None}
+    if "virtual_stages" in job:  # as predict takes it: the interleaved schedule's chunk count
+        job["virtual_stages"] = chosen_chunks(job.get("schedule", Job.schedule), job["virtual_stages"])
+    return job
 
 
 # ---------------------------------------------------------------- Python API

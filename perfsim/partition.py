@@ -39,6 +39,21 @@ def parse_counts(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
         raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
 
 
+def uniform_counts(names: Sequence[str], num_stages: int) -> tuple[int, ...]:
+    """Megatron-LM's split of a transformer (``--partition uniform``): ``L / num_stages``
+    blocks per stage, the remainder to the first stages, the embedding on the first stage
+    and the head (and whatever follows the blocks) on the last; ``names`` are the layer
+    names (``embed``, ``block0`` ...). Used by ``perfsim predict`` (with a GPU preset, its
+    default) and ``perfsim run`` alike."""
+    blocks = sum(1 for name in names if name.startswith("block"))
+    if blocks < num_stages:
+        raise ConfigError(f"partition=uniform: {blocks} blocks cannot fill {num_stages} stages")
+    counts = [blocks // num_stages + (1 if s < blocks % num_stages else 0) for s in range(num_stages)]
+    counts[0] += 1
+    counts[-1] += len(names) - blocks - 1
+    return tuple(counts)
+
+
 def layer_weights(layers: Sequence, by: str = "params") -> list[float]:
     """The weight of each layer under criterion ``by``."""
     if by not in BALANCE_BY:

@@ -48,12 +48,12 @@ from perfsim.api import build_configs
 from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic
+from perfsim.job import chosen_chunks
 from perfsim.link import Link
 from perfsim.models.registry import get_model_spec
 from perfsim.netem import check_rate
 from perfsim.profile import load_profile
 from perfsim.runtime import make_config
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
@@ -227,7 +227,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     base = dict(plan.base)
     if row.get("schedule"):
         base["schedule"] = row["schedule"]
-    if base.get("schedule") not in VIRTUAL_STAGE_SCHEDULES:  # the others fix their own
+    if chosen_chunks(base.get("schedule"), base.get("virtual_stages")) is None:  # the others fix their own
         base.pop("virtual_stages", None)
     tp = int(row.get("tp", 1))
     # pp = 1: every message is a collective (DP gradients, TP activations): allreduce fits

@@ -18,7 +18,6 @@ from typing import Any, Sequence
 
 from perfsim.errors import ConfigError
 from perfsim.runtime.config import RunConfig
-from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 from perfsim.units import split_list
 
 
@@ -97,8 +96,11 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     """
     from perfsim.analysis import validate as v
     from perfsim.models.registry import get_model_spec
+    from perfsim.job import chosen_chunks
+    from perfsim.models.tensor_parallel import check_tp
+    from perfsim.models.transformer import TransformerSpec
     from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
-    from perfsim.runtime.tensor_parallel import check_tp
+    from perfsim.runtime.config import RunConfig
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
@@ -115,7 +117,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     schedules = tuple(s.lower() for s in _names(schedule))
     for s in schedules:  # a schedule that does not fit fails before any run starts
         RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,
-                  virtual_stages=virtual_stages if s in VIRTUAL_STAGE_SCHEDULES else None,
+                  virtual_stages=chosen_chunks(s, virtual_stages),
                   tied_embedding=tied_embedding, zero=zero)
     base = {"model": model, "pp": pp, "dp": dp, "schedule": schedules[0], "micro_batch": micro_batch,
             "macro_batch": macro_batch}
@@ -127,11 +129,11 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         base["tied_embedding"] = tied_embedding
     tps = _degrees(tp)
     if tied_embedding == "sync" and max(tps) > 1:
-        RunConfig(model=model, tp=max(tps), tied_embedding=tied_embedding)  # names why not
+        RunConfig(model=model, pp=pp, tp=max(tps), tied_embedding=tied_embedding)  # names why not
     if sequence_parallel and max(tps) == 1:
         raise ConfigError("--sequence-parallel: needs a --tp > 1")
     for t in tps:  # a TP degree the model cannot take fails before any run
-        check_tp(spec, t, sequence_parallel and t > 1)
+        check_tp(spec if isinstance(spec, TransformerSpec) else None, t, sequence_parallel and t > 1, model)
     limit = dataset_limit or 4 * macro_batch * dp
     out = out or default_out(model, pp, dp, tps, sequence_parallel, tied_embedding)
     plan = v.ValidationPlan(

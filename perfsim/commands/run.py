@@ -14,71 +14,52 @@ EXAMPLES = """examples:
 """
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from perfsim.commands import JOB_FLAGS, add_job_arguments, add_no_progress, add_out, positive_int
+#: run's help text of the model flag: the presets execute mode trains (perfsim.models.registry)
+MODEL_HELP = ("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
+              "(perfsim.models.registry)")
 
-    add_job_arguments(p)
-    p.add_argument("--boundary-compress", default=None,
-                   help="pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows "
-                        "stage k; the others use --compress), e.g. 1=aqsgd:fw2bw4 on a slow hop")
-    p.add_argument("--device-order", default=None,
-                   help="rank that runs each position of the TP, DP, PP rank order (a permutation, e.g. "
-                        "0,2,1,3): under torchrun it places stages on hosts; over loopback all links share "
-                        "one emulated rate (tp 1 only)")
-    p.add_argument("--steps", type=positive_int, default=None,
-                   help="optimizer steps in total (default 20; give --steps or --epochs, not both)")
-    p.add_argument("--epochs", type=float, default=None,
-                   help="train this many epochs instead of --steps (not with --steps)")
-    p.add_argument("--seed", type=int, default=0, help="random seed, 0..4294967295 (default 0)")
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 0.001)")
-    p.add_argument("--optimizer", default="adamw", help="adamw or sgd (momentum 0.9; default adamw)")
-    p.add_argument("--partition", default=None,
-                   help="layer counts per stage, e.g. 2,1,1,2 (default: balanced by parameters)")
-    p.add_argument("--dataset-limit", type=positive_int, default=None,
-                   help="use only the first N samples (shorter epochs)")
-    add_out(p, None, "output folder (default perfsim-run; with --resume the run folder that owns the "
-                     "checkpoint). A folder holding an earlier run is refused: --resume it or --overwrite it")
-    p.add_argument("--resume", default=None,
-                   help="continue the run whose checkpoint is in this folder (a run folder, its ckpt/ or a "
-                        "ckpt/stepN): the model and every job flag come from the checkpoint (flags given "
-                        "again must agree; --steps/--epochs, --checkpoint-every, --emulate-*, --timeout, "
-                        "--device may change), outputs go to that run's folder")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the earlier run in --out (its results and its ckpt/ are removed first)")
-    p.add_argument("--checkpoint-every", type=int, default=0,
-                   help="steps between checkpoints (default: only at the end)")
-    p.add_argument("--emulate-bandwidth", default=None,
-                   help="shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)")
-    p.add_argument("--emulate-latency", default=None, help="one-way latency added to each link, e.g. 20ms")
-    p.add_argument("--timeout", default="60s", help="p2p / collective timeout (default 60s)")
-    p.add_argument("--hang-timeout", default="30s",
-                   help="a rank whose heartbeat stops this long is named and the run stopped (default 30s)")
-    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank; default cpu)")
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's flags from :data:`perfsim.params.PARAMS` (the names of
+    :data:`perfsim.params.RUN_JOB_PARAMS`, parsed as ``perfsim predict`` parses them), then
+    run's own options (:data:`perfsim.runtime.config.RUN_OPTIONS`). A flag not given is
+    None, so that ``--resume`` can take it from the checkpoint; the help states the default
+    (RunConfig's, applied by :func:`perfsim.runtime.make_config`)."""
+    from perfsim import params
+    from perfsim.commands import add_no_progress, add_out, positive_int
+    from perfsim.runtime.config import RUN_OPTIONS, RunConfig
+
+    params.add_arguments(p, lists=False, only=params.RUN_JOB_PARAMS, shown={"model": RunConfig.model},
+                         helps={"model": MODEL_HELP})
+    own = p.add_argument_group("run")
+    types = {"int": int, "count": positive_int, "float": float, "text": str}
+    for o in RUN_OPTIONS:
+        if o.name == "out":
+            add_out(own, None, o.help)
+        elif o.kind == "switch":
+            own.add_argument("--" + o.name.replace("_", "-"), action="store_true", help=o.help)
+        else:
+            own.add_argument("--" + o.name.replace("_", "-"), type=types[o.kind], default=None, help=o.help)
     add_no_progress(p, "no progress bar")
-    # a flag not given is None, so that --resume can take it from the checkpoint (the help
-    # texts above state the defaults: RunConfig's, applied by perfsim.runtime.make_config)
-    p.set_defaults(**{a.dest: None for a in p._actions
-                      if a.dest in JOB_FLAGS or a.dest in ("seed", "lr", "optimizer", "checkpoint_every",
-                                                            "timeout", "hang_timeout", "device")})
+
+
+def run_params(args: argparse.Namespace) -> dict:
+    """The keywords of :func:`perfsim.runtime.run` that the parsed flags ``args`` give: the
+    job's parsed as ``perfsim predict`` parses them (an error names the flag), run's own as
+    given, and the output folder (``perfsim-run`` unless ``--resume`` names one)."""
+    from perfsim import params as params_mod
+    from perfsim.runtime.config import RUN_OPTIONS
+
+    params = params_mod.run_job(vars(args), cli=True)
+    params.update({o.name: getattr(args, o.name) for o in RUN_OPTIONS})
+    params["out"] = args.out or (None if args.resume else "perfsim-run")
+    return params
 
 
 def run(args: argparse.Namespace) -> int:
     from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
 
-    params = dict(model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
-                  sequence_parallel=args.sequence_parallel, tied_embedding=args.tied_embedding,
-                  schedule=args.schedule,
-                  virtual_stages=args.virtual_stages,
-                  compress=args.compress, grad_compress=args.grad_compress,
-                  boundary_compress=args.boundary_compress, device_order=args.device_order,
-                  micro_batch=args.micro_batch, macro_batch=args.macro_batch, steps=args.steps,
-                  epochs=args.epochs, seed=args.seed, lr=args.lr, optimizer=args.optimizer,
-                  dataset_limit=args.dataset_limit, partition=args.partition,
-                  out=args.out or (None if args.resume else "perfsim-run"),
-                  resume=args.resume, overwrite=args.overwrite, checkpoint_every=args.checkpoint_every,
-                  emulate_bandwidth=args.emulate_bandwidth, emulate_latency=args.emulate_latency,
-                  timeout=args.timeout, hang_timeout=args.hang_timeout, device=args.device,
-                  zero=args.zero or None)
+    params = run_params(args)
     from perfsim.compression.spec import parse_spec
 
     grad, out = args.grad_compress, params["out"]

@@ -13,9 +13,6 @@ OUT/validation.csv and OUT/validation.png (predicted vs measured). The work is
 
 from __future__ import annotations
 
-from perfsim.analysis.validate_grid import validate
-from perfsim.commands import add_job_arguments, add_no_progress, add_out
-
 HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
 EXAMPLES = """examples:
   perfsim validate --model digits-mlp --pp 2 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \\
@@ -24,8 +21,24 @@ EXAMPLES = """examples:
 """
 
 
+#: the job's flags validate takes (perfsim.params.PARAMS; defaults validate_grid.validate's),
+#: and those of them that take a comma list (one grid row per value)
+JOB = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule", "zero", "virtual_stages",
+       "micro_batch", "macro_batch", "compress", "grad_compress")
+LISTS = ("tp", "schedule", "compress", "grad_compress")
+
+
 def add_arguments(p) -> None:
-    add_job_arguments(p, lists=True)
+    import inspect
+
+    from perfsim import params
+    from perfsim.analysis.validate_grid import validate
+    from perfsim.commands import add_no_progress, add_out
+    from perfsim.commands.run import MODEL_HELP
+
+    defaults = {k: v.default for k, v in inspect.signature(validate).parameters.items()}
+    shown = {k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in defaults.items() if k in JOB}
+    params.add_arguments(p, lists=LISTS, only=JOB, shown=shown, helps={"model": MODEL_HELP})
     p.add_argument("--emulate-bandwidth", default="none",
                    help="comma list of emulated link rates (needs root); 'none' = loopback, no emulation")
     p.add_argument("--emulate-latency", default="0ms", help="one-way latency of the emulated links")
@@ -52,13 +65,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from perfsim import params
     from perfsim.analysis import validate as v
+    from perfsim.analysis.validate_grid import validate
 
-    df = validate(profile=args.profile, model=args.model, pp=args.pp, dp=args.dp, tp=args.tp,
-                  sequence_parallel=args.sequence_parallel, tied_embedding=args.tied_embedding,
-                  schedule=args.schedule, zero=args.zero,
-                  virtual_stages=args.virtual_stages, micro_batch=args.micro_batch,
-                  macro_batch=args.macro_batch, compress=args.compress, grad_compress=args.grad_compress,
+    job = {name: getattr(args, name) if name in LISTS else params.normalize(name, getattr(args, name), cli=True)
+           for name in JOB if getattr(args, name) is not None}  # not given: validate's default
+    df = validate(profile=args.profile, **job,
                   bandwidths=args.emulate_bandwidth, latency=args.emulate_latency, link_model=args.link_model,
                   steps=args.steps, dataset_limit=args.dataset_limit, seed=args.seed, repeats=args.repeats,
                   reuse_measured=args.reuse_measured, out=args.out, plot=not args.no_plot,

@@ -112,10 +112,19 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     return -(-(gemm + col_bias) // tp) + replicated
 
 
-def check_tp(spec, tp: int) -> None:
-    """Megatron splits heads, key/value heads and the MLP width evenly."""
+def check_tp(spec, tp: int, sequence_parallel: bool = False, model: str = "") -> None:
+    """The one rule set of tensor parallelism, for ``perfsim predict`` and ``perfsim run``
+    alike: ``spec`` (a TransformerSpec; None: a model that is not a transformer, named
+    ``model``) splits ``tp`` ways when its heads, MLP widths and key/value heads split evenly
+    (Megatron-LM's column/row-parallel layers, Shoeybi et al., arXiv:1909.08053, Sec. 3), and
+    with sequence parallelism (``tp > 1`` needed) the sequence too (Korthikanti et al.,
+    arXiv:2205.05198, Sec. 4.2.2)."""
     if tp == 1:
+        if sequence_parallel:
+            raise ConfigError("sequence_parallel: needs tp > 1")
         return
+    if spec is None:
+        raise ConfigError(f"tp={tp}: tensor parallelism needs a transformer (GPT, LLaMA, BERT ...), not {model!r}")
     for what, n in (("heads", spec.heads), ("ffn", spec.ffn), ("expert_ffn", spec.expert_ffn),
                     ("shared_ffn", spec.shared_ffn)):
         if not n:
@@ -124,3 +133,5 @@ def check_tp(spec, tp: int) -> None:
             raise ConfigError(f"tp={tp}: does not divide {spec.name} {what}={n}")
     if spec.kv_heads % tp and tp % spec.kv_heads:
         raise ConfigError(f"tp={tp}: kv_heads={spec.kv_heads} neither divisible by nor dividing tp")
+    if sequence_parallel and spec.seq_len % tp:
+        raise ConfigError(f"tp={tp}: sequence_parallel needs it to divide seq_len={spec.seq_len}")

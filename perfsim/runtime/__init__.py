@@ -15,7 +15,7 @@ the module that defines it; they load on first use, so importing this package
   (the spec they take is a value, :class:`perfsim.compression.spec.Spec`);
 * the 1-bit optimizers (1-bit Adam, arXiv:2102.02888; 1-bit LAMB, arXiv:2104.06069):
   :class:`OneBitAdam`, :class:`OneBitLamb`;
-* tensor parallelism: :class:`RankLayout`, :func:`check_tp`.
+* tensor parallelism: :class:`RankLayout` (its rules: :func:`perfsim.models.tensor_parallel.check_tp`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ _HOMES = {
     "GradSync": "grad_sync",
     "make_buckets": "grad_sync", "sync_gradients": "grad_sync",
     "OneBitAdam": "onebit_optim", "OneBitLamb": "onebit_optim",
-    "RankLayout": "tensor_parallel", "check_tp": "tensor_parallel",
+    "RankLayout": "tensor_parallel",
 }
 
 __all__ = sorted(_HOMES)

@@ -52,11 +52,9 @@ def make_config(**params: Any):
         from perfsim.boundaries import parse_boundary_compress
 
         params["boundary_compress"] = parse_boundary_compress(params["boundary_compress"]) or None
-    if "device_order" in params:
-        from perfsim.params import parse_device_order
+    from perfsim.params import run_job
 
-        order = parse_device_order(params["device_order"], "--device-order")
-        params["device_order"] = ",".join(map(str, order)) if order else None
+    params.update(run_job(params))  # the job, parsed as perfsim predict parses it (perfsim.params.PARAMS)
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
     if "hang_timeout_s" in params:
@@ -66,9 +64,19 @@ def make_config(**params: Any):
         from perfsim.runtime import checkpoint
 
         root, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
+        meta = dict(meta, config=_stored_config(meta.get("config") or {}))
         params = _from_checkpoint(meta, params)
         if params.get("out") is None:  # the run folder that owns the checkpoint, never the step folder
             params["out"] = str(checkpoint.run_folder(root))
+    if params.get("partition") == "uniform":  # Megatron-LM's split, as perfsim predict makes it
+        from perfsim.models.registry import get_model_spec
+        from perfsim.partition import uniform_counts
+        from perfsim.schedules import stage_count
+
+        spec = get_model_spec(params.get("model", _default("model")))
+        schedule = params.get("schedule", _default("schedule"))
+        stages = params.get("pp", _default("pp")) * stage_count(schedule, params.get("virtual_stages"))
+        params["partition"] = uniform_counts([layer.name for layer in spec.layers()], stages)
     if params.get("device") == "cuda":
         import torch
 
@@ -87,6 +95,38 @@ def make_config(**params: Any):
         checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
     return cfg
+
+
+def _default(name: str):
+    """RunConfig's default of field ``name`` (the job's: perfsim.job.Job)."""
+    import dataclasses
+
+    from perfsim.runtime.config import RunConfig
+
+    return {f.name: f.default for f in dataclasses.fields(RunConfig)}[name]
+
+
+def _stored_config(stored: dict) -> dict:
+    """A checkpoint's stored config in the value forms of today's RunConfig JSON: a run
+    written before the job's values were parsed once stored ``device_order`` /
+    ``partition`` as text."""
+    out = dict(stored)
+    if isinstance(out.get("device_order"), str):
+        from perfsim.params import parse_device_order
+
+        order = parse_device_order(out["device_order"], "device_order")
+        out["device_order"] = list(order) if order else None
+    if isinstance(out.get("partition"), str):
+        from perfsim.partition import parse_counts
+
+        counts = parse_counts(out["partition"])
+        out["partition"] = list(counts) if counts else None
+    return out
+
+
+def _json_value(v):
+    """A value as the config's JSON holds it (tuples are lists)."""
+    return list(v) if isinstance(v, tuple) else v
 
 
 #: what a resumed run takes from its checkpoint's stored config unless given again; these
@@ -115,7 +155,7 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
         if k == "boundary_compress" and params.get(k) is not None:  # stored as its canonical text
             params = {**params, k: params[k].text}
-        if k in params and params[k] != was:
+        if k in params and _json_value(params[k]) != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "
                               f"the job from the checkpoint: leave {flag} out, or start a new run elsewhere)")

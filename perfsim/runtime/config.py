@@ -13,10 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
-from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
-from perfsim.schedules import PipelineShape
+from perfsim.job import Job
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
@@ -25,32 +23,76 @@ DEVICES = ("cpu", "cuda")
 
 
 @dataclass(frozen=True)
-class RunConfig(PipelineShape):
+class RunOption:
+    """One option of ``perfsim run`` beside the job's (how long, where to, over which
+    link: not what is trained, which :data:`perfsim.params.RUN_JOB_PARAMS` describe)."""
+
+    #: keyword of :func:`perfsim.run` / flag ``--name-with-dashes``
+    name: str
+    #: the RunConfig field it fills (its default is the option's), or None (``overwrite``)
+    field: str | None
+    #: ``int`` (>= 0), ``count`` (>= 1), ``float``, ``text`` (a path, a name, a time or a
+    #: rate with its unit) or ``switch``
+    kind: str
+    #: the keyword's annotation in :func:`perfsim.run`'s signature
+    annotation: str
+    #: one help line
+    help: str
+
+
+#: ``perfsim run``'s own options, in the order of its ``--help``: the flags of the command and
+#: the keywords of :func:`perfsim.run` are generated from this table and
+#: :data:`perfsim.params.PARAMS` (the job's flags), nowhere else
+RUN_OPTIONS: tuple[RunOption, ...] = (
+    RunOption("steps", "steps", "count", "int | None",
+              "optimizer steps in total (default 20; give --steps or --epochs, not both)"),
+    RunOption("epochs", "epochs", "float", "float | None",
+              "train this many epochs instead of --steps (not with --steps)"),
+    RunOption("seed", "seed", "int", "int", "random seed, 0..4294967295 (default 0)"),
+    RunOption("lr", "lr", "float", "float", "learning rate (default 0.001)"),
+    RunOption("optimizer", "optimizer", "text", "str", "adamw or sgd (momentum 0.9; default adamw)"),
+    RunOption("dataset_limit", "dataset_limit", "count", "int | None",
+              "use only the first N samples (shorter epochs)"),
+    RunOption("out", "out", "text", "str | None",
+              "output folder (default perfsim-run; with --resume the run folder that owns the checkpoint). "
+              "A folder holding an earlier run is refused: --resume it or --overwrite it"),
+    RunOption("resume", "resume", "text", "str | None",
+              "continue the run whose checkpoint is in this folder (a run folder, its ckpt/ or a ckpt/stepN): "
+              "the model and every job flag come from the checkpoint (flags given again must agree; "
+              "--steps/--epochs, --checkpoint-every, --emulate-*, --timeout, --device may change), outputs go "
+              "to that run's folder"),
+    RunOption("overwrite", None, "switch", "bool",
+              "replace the earlier run in --out (its results and its ckpt/ are removed first)"),
+    RunOption("checkpoint_every", "checkpoint_every", "int", "int",
+              "steps between checkpoints (default: only at the end)"),
+    RunOption("emulate_bandwidth", "bandwidth_bps", "text", "str | float | None",
+              "shape every rank's link with tc in its own network namespace, e.g. 100Mbps (root)"),
+    RunOption("emulate_latency", "latency_s", "text", "str | float | None",
+              "one-way latency added to each link, e.g. 20ms"),
+    RunOption("timeout", "timeout_s", "text", "str | float", "p2p / collective timeout (default 60s)"),
+    RunOption("hang_timeout", "hang_timeout_s", "text", "str | float",
+              "a rank whose heartbeat stops this long is named and the run stopped (default 30s)"),
+    RunOption("device", "device", "text", "str", "cpu (gloo) or cuda (NCCL, one GPU per rank; default cpu)"),
+)
+
+
+@dataclass(frozen=True)
+class RunConfig(Job):
     """One real training job.
 
-    model: preset of :mod:`perfsim.models.specs` (``gpt2-tiny``, ``digits-mlp``...).
-    pp, dp, tp: pipeline stages, data-parallel replicas and tensor-parallel ranks
-      per stage (world size ``pp*dp*tp``; Megatron's rank order, TP innermost, then
-      DP, then PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`).
-    sequence_parallel: with ``tp > 1``, Megatron's sequence parallelism
-      (:mod:`perfsim.runtime.tensor_parallel`).
-    tied_embedding: ``untied`` (the LM head trains its own weight) or ``sync`` (GPT,
-      ``tp = 1``: the head is a copy of the token embedding, kept equal by an
-      all-reduce of the two gradients after the data-parallel sync,
-      :mod:`perfsim.runtime.tied`); the simulator's ``--tied-embedding``.
-    schedule: ``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1`` or ``zb-v``
-      (tables of :mod:`perfsim.schedules`).
-    virtual_stages: model chunks per rank (interleaved-1f1b; None: the schedule's own).
-    compress: pipeline spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``).
-    boundary_compress: per-boundary overrides of ``compress`` (``"1=aqsgd:fw2bw4"``,
-      :mod:`perfsim.boundaries`): one compressor pair per boundary.
-    device_order: the rank that runs each position of the rank layout (``"0,2,1,3"``;
-      None: the identity). Under torchrun a rank's number fixes its host, so this
-      places stages on nodes; on one machine over loopback every rank shares one
-      emulated link rate, so the order changes which process runs a stage, not the
-      speed of its links.
-    grad_compress: data-parallel spec (``none``, ``qsgd-maxnorm:4``, ``onebit-lamb``...).
-    micro_batch, macro_batch: samples per micro-batch / per replica per step.
+    The job -- pp, dp, tp, sequence_parallel, micro_batch, macro_batch, schedule,
+    virtual_stages, compress, grad_compress, boundary_compress, device_order, partition,
+    tied_embedding, zero -- is :class:`perfsim.job.Job`'s, with its defaults and its one
+    validation (those of ``perfsim predict``); this class adds the model, how long and
+    where to train, and what execute mode can do: TP and a synced tied head need a GPT
+    model (:func:`perfsim.models.tensor_parallel.check_tp`; the tied head ``tp = 1``: the
+    embedding is replicated, :mod:`perfsim.runtime.tied`), ZeRO is 0 or 3 (:meth:`check_zero`),
+    a ``device_order`` places ranks with ``tp = 1`` only (under torchrun a rank's number
+    fixes its host; over loopback every rank shares one emulated link rate).
+
+    model: preset of :mod:`perfsim.models.registry` (``gpt2-tiny``, ``digits-mlp``...);
+      default ``gpt2-small-byte``, the smallest preset with a layer for each of the default
+      job's 8 pipeline stages (a model with fewer layers needs a smaller ``pp``).
     steps: optimizer steps in total (a resumed run continues up to it);
       ``epochs`` sets it instead (give one of the two).
     seed, lr, optimizer: training.
@@ -62,31 +104,15 @@ class RunConfig(PipelineShape):
       (None: the plain loopback / real network).
     timeout_s: collective / p2p timeout; a rank blocked longer fails.
     device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per rank).
-    partition: layer counts per stage, pp x virtual stages of them (``"2,1,1,2"``,
-      the syntax of ``perfsim predict --partition``); None:
-      :func:`perfsim.partition.partition_model`.
     fail_rank, fail_step, fail_signal: fault injection for tests -- that rank
       sends itself ``fail_signal`` (SIGKILL; SIGSTOP: a hung rank) at that step.
     hang_timeout_s: a rank whose heartbeat stops this long is named as hung
       and the job stopped (local launch).
-    zero: 0 (plain data parallelism) or 3: every layer under torch's ``fully_shard``
-      (FSDP2, :mod:`perfsim.runtime.fsdp`; ``pp = tp = 1``, no gradient compression,
-      untied head, no checkpoints), the simulator's ``--zero 3``.
     """
 
-    model: str = "digits-mlp"
-    pp: int = 2
-    dp: int = 1
-    tp: int = 1
-    sequence_parallel: bool = False
-    tied_embedding: str = "untied"
-    schedule: str = "1f1b"
-    compress: Spec = "fp32"
-    grad_compress: Spec = "none"
-    boundary_compress: BoundarySpecs | None = None
-    device_order: str | None = None
-    micro_batch: int = 8
-    macro_batch: int = 32
+    #: the default model: the smallest preset of :mod:`perfsim.models.registry` that the job's
+    #: default pipeline (pp 8, a stage per layer at least) can train on a CPU
+    model: str = "gpt2-small-byte"
     steps: int | None = None
     epochs: float | None = None
     seed: int = 0
@@ -100,35 +126,17 @@ class RunConfig(PipelineShape):
     latency_s: float = 0.0
     timeout_s: float = 60.0
     device: str = "cpu"
-    partition: str | None = None
     fail_rank: int | None = None
     fail_step: int | None = None
-    virtual_stages: int | None = None
     fail_signal: str = "SIGKILL"
     hang_timeout_s: float = 30.0
-    zero: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        # the specs as values, parsed once (text from old callers and saved run configs)
-        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
-        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
-        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
+        self.check()  # the job's fields (perfsim.job.Job), validated once for predict and run
         from perfsim.models.registry import get_model_spec
-        from perfsim.schedules import get_schedule
 
         get_model_spec(self.model)
-        get_schedule(self.schedule)
-        if self.virtual_stages is not None and (not isinstance(self.virtual_stages, int)
-                                                or self.virtual_stages < 1):
-            raise ConfigError(f"virtual_stages={self.virtual_stages!r}: must be an integer >= 1")
-        for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
-        if self.macro_batch % self.micro_batch:
-            raise ConfigError(f"macro_batch={self.macro_batch}: not a multiple of "
-                              f"micro_batch={self.micro_batch}")
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
         if self.epochs is not None and not (0 < self.epochs < math.inf):
@@ -161,10 +169,11 @@ class RunConfig(PipelineShape):
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
-        self.table()  # the schedule must fit pp and the micro-batches
-        from perfsim.runtime.tensor_parallel import check_tp
+        from perfsim.models.tensor_parallel import check_tp
+        from perfsim.models.transformer import TransformerSpec
 
-        check_tp(self.spec(), self.tp, self.sequence_parallel)
+        spec = self.spec()
+        check_tp(spec if isinstance(spec, TransformerSpec) else None, self.tp, self.sequence_parallel, self.model)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
         # the compressors' own arguments must check (ConfigError names the spec)
@@ -173,24 +182,19 @@ class RunConfig(PipelineShape):
 
         for spec in (self.compress, *check_boundaries(self.boundary_compress, self.num_stages).values()):
             check_spec(spec)
-        self.layout  # the device order must be a permutation of the ranks
+        self.layout  # the device order must fit the rank layout (no order with tp > 1)
         check_spec(self.grad_compress)
 
     # ----------------------------------------------------------------- derived
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.devices
 
     @property
     def layout(self):
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        order = None
-        if self.device_order is not None:
-            from perfsim.params import parse_device_order
-
-            order = parse_device_order(self.device_order, "device_order")
-        return RankLayout(self.tp, self.dp, self.pp, order)
+        return RankLayout(self.tp, self.dp, self.pp, self.device_order)
 
     def spec(self):
         from perfsim.models.registry import get_model_spec
@@ -199,21 +203,17 @@ class RunConfig(PipelineShape):
 
     def stage_ranges(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer range of every stage (model chunk)."""
-        from perfsim.partition import parse_counts, partition_model
+        from perfsim.partition import partition_model
+
+        from perfsim.job import check_chunks
 
         spec = self.spec()
-        nst = self.num_stages
-        if nst > len(spec.layers()) and nst > self.pp:
-            raise ConfigError(f"schedule {self.schedule!r}: {nst} stages ({nst // self.pp} per rank) but "
-                              f"{self.model} has only {len(spec.layers())} layers")
-        return partition_model(spec, nst, explicit=parse_counts(self.partition))
+        check_chunks(self.pp, self.schedule, self.virtual_stages, len(spec.layers()))  # predict's check
+        return partition_model(spec, self.num_stages, explicit=self.partition)
 
     def check_tied(self) -> None:
-        from perfsim.config import TIED_EMBEDDINGS
         from perfsim.models.transformer import TransformerSpec
 
-        if self.tied_embedding not in TIED_EMBEDDINGS:
-            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
         if self.tied_embedding == "sync" and not isinstance(self.spec(), TransformerSpec):
             raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
         if self.tied_embedding == "sync" and self.tp > 1:

@@ -204,7 +204,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     summary: dict[str, Any] = {
         "model": cfg.model, "bandwidth_bps": cfg.bandwidth_bps, "latency_s": cfg.latency_s,
         "compress": cfg.compress.text, "grad_compress": cfg.grad_compress.text, "schedule": cfg.schedule,
-        "boundary_compress": cfg.boundary_compress.text, "device_order": cfg.device_order or "",
+        "boundary_compress": cfg.boundary_compress.text, "device_order": ",".join(map(str, cfg.device_order or ())),
         "pp": cfg.pp, "dp": cfg.dp, "micro_batch": cfg.micro_batch, "macro_batch": cfg.macro_batch,
         "throughput_samples_per_s": cfg.macro_batch * cfg.dp / iteration_s if iteration_s > 0 else None,
         "throughput_tokens_per_s": (cfg.macro_batch * cfg.dp * spec.tokens_per_sample / iteration_s

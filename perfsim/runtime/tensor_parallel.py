@@ -101,22 +101,6 @@ class RankLayout:
         return [[self.rank(s, d, t) for d in range(self.dp)] for s in range(self.pp) for t in range(self.tp)]
 
 
-def check_tp(spec, tp: int, sequence_parallel: bool) -> None:
-    """ConfigError unless ``spec`` can be split ``tp`` ways (heads, widths, sequence)."""
-    from perfsim.models.transformer import TransformerSpec
-
-    if tp == 1:
-        if sequence_parallel:
-            raise ConfigError("sequence_parallel: needs tp > 1")
-        return
-    if not isinstance(spec, TransformerSpec):
-        raise ConfigError(f"tp={tp}: tensor parallelism needs a GPT model, not {spec.name!r}")
-    if spec.heads % tp:
-        raise ConfigError(f"tp={tp}: must divide the {spec.heads} attention heads of {spec.name}")
-    if sequence_parallel and spec.seq_len % tp:
-        raise ConfigError(f"tp={tp}: sequence_parallel needs it to divide seq_len={spec.seq_len}")
-
-
 # ----------------------------------------------------------------------------- the model
 def megatron_qkv_order(d_model: int, tp: int) -> torch.Tensor:
     """Row permutation of a fused ``[q; k; v]`` weight (``3d x d``) after which the

@@ -313,7 +313,7 @@ def test_validate_cli_rejects_a_schedule_that_does_not_fit(tmp_path):
                            "--schedule", "1f1b,zb-v", "--out", str(tmp_path), "--pp", "4"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
-    assert "zb-v" in proc.stderr and "8 stages" in proc.stderr
+    assert "zb-v" in proc.stderr and "model chunks per device: 8" in proc.stderr  # predict's wording (job.check_chunks)
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 

@@ -298,7 +298,8 @@ WARMUP_RULE = "warmup=0 must be an integer >= 1 (1-bit Adam, arXiv:2102.02888"
 @pytest.mark.parametrize("argv", [
     ["predict", "--dp", "2", "--grad-compress", "onebit-adam:warmup=0"],   # was accepted (exit 0)
     ["sweep", "--dp", "2", "--grad-compress", "none,onebit-adam:warmup=0", "-o", "SWEEP"],
-    ["run", "--model", "digits-mlp", "--dp", "2", "--grad-compress", "onebit-adam:warmup=0", "--out", "RUN"],
+    ["run", "--model", "digits-mlp", "--pp", "2", "--micro-batch", "8", "--schedule", "1f1b", "--dp", "2",
+     "--grad-compress", "onebit-adam:warmup=0", "--out", "RUN"],
 ])
 def test_onebit_warmup_zero_refused_by_every_command_for_one_reason(tmp_path, argv):
     argv = [str(tmp_path / "s.csv") if a == "SWEEP" else str(tmp_path / "r") if a == "RUN" else a
@@ -397,7 +398,8 @@ def test_timeout_hint_is_seconds(flag, tmp_path):
     The hint is parsed back by the same parser and is a sensible timeout (seconds)."""
     from perfsim.units import parse_time
 
-    r = run_cli_here("run", "--model", "digits-mlp", flag, "30", "--out", str(tmp_path / "r"))
+    r = run_cli_here("run", "--model", "digits-mlp", "--pp", "2", "--micro-batch", "8", "--schedule", "1f1b", flag,
+                     "30", "--out", str(tmp_path / "r"))
     assert r.returncode == 2 and flag in r.stderr
     hint = HINT.search(r.stderr).group(1)
     assert hint == "30s" and parse_time(hint, flag, allow_zero=False) == 30.0

@@ -86,17 +86,25 @@ def test_validate_checks_before_any_run(tmp_path):
 
 
 def test_run_and_validate_share_the_job_flags():
-    from perfsim.commands import JOB_FLAGS, run, validate
+    """run's and validate's job flags are generated from perfsim.params.PARAMS (predict's):
+    the same help, parsed as predict parses them; a flag not given is None (RunConfig's
+    default, the job's, or with --resume the checkpoint's), the help states the default."""
+    from perfsim import params
+    from perfsim.commands import run, validate
 
     for module, lists in ((run, False), (validate, True)):
         parser = argparse.ArgumentParser()
         module.add_arguments(parser)
         defaults = vars(parser.parse_args([]))
-        assert set(JOB_FLAGS) <= set(defaults)
-        if lists:
-            assert defaults["pp"] == 2 and defaults["micro_batch"] == 8 and defaults["tp"] == "1"
-        else:  # run: a flag not given is None, RunConfig's default or, with --resume, the checkpoint's
-            assert defaults["pp"] is None and defaults["micro_batch"] is None and defaults["tp"] is None
-            assert "(default 2)" in parser.format_help()
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--pp", "0"])
+        names = params.RUN_JOB_PARAMS if not lists else validate.JOB
+        assert set(names) <= set(defaults)
+        assert all(defaults[name] is None for name in names)
+        text = parser.format_help()
+        assert params.BY_NAME["dp"].help in text and params.BY_NAME["micro_batch"].help in text
+        if lists:  # validate's grid defaults, stated
+            assert "(default 2)" in text and "a comma list runs every value" in text
+        else:  # run: the job's defaults (predict's: pp 8)
+            assert "(default 8)" in text and "(default gpt2-small-byte)" in text
+    r = subprocess.run([sys.executable, "-m", "perfsim", "run", "--pp", "0", "--out", "never"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--pp" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -39,7 +39,8 @@ def test_aqsgd_never_stores_inf():
 
 @pytest.mark.parametrize("compress", ["directq:fw8bw8", "fp32"])
 def test_diverging_run_says_so_and_exits_1(tmp_path, compress):
-    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--steps", "30", "--lr", "1e6", "--optimizer", "sgd",
+    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "30", "--lr", "1e6",
+                   "--optimizer", "sgd",
                    "--compress", compress, "--micro-batch", "4", "--macro-batch", "16", "--out", str(tmp_path / "d"),
                    "--no-progress", timeout=180)
     assert proc.returncode == 1, proc.stderr

@@ -203,10 +203,12 @@ def test_perfsim_run_uses_the_public_api():
 
     src = inspect.getsource(worker.train)
     assert "pddp.CompressionState(" in src and "grad_state.sync(" in src
-    cfg = RunConfig.from_dict({"model": "digits-mlp", "dp": 1, "grad_compress": "onebit-lamb:warmup=7"})
+    cfg = RunConfig.from_dict({"model": "digits-mlp", "pp": 2, "micro_batch": 8, "schedule": "1f1b", "dp": 1,
+                               "grad_compress": "onebit-lamb:warmup=7"})
     opt = worker.make_optimizer(cfg, script.mlp(), None, 0, 20)
     assert opt.warmup == 7 and hasattr(opt, "wire_bytes")
-    cfg = RunConfig.from_dict({"model": "digits-mlp", "dp": 1, "grad_compress": "onebit-adam"})
+    cfg = RunConfig.from_dict({"model": "digits-mlp", "pp": 2, "micro_batch": 8, "schedule": "1f1b", "dp": 1,
+                               "grad_compress": "onebit-adam"})
     assert worker.make_optimizer(cfg, script.mlp(), None, 0, 1000).warmup == pddp.DEFAULT_WARMUP
 
 

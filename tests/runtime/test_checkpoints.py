@@ -77,7 +77,7 @@ def test_checkpoints_without_a_shared_filesystem(tmp_path):
     disks = [tmp_path / f"node{r}" for r in range(2)]
     for d in disks:
         d.mkdir()
-    cfg = RunConfig(pp=2, steps=4, checkpoint_every=2, out=str(out), model="digits-mlp", micro_batch=4,
+    cfg = RunConfig(pp=2, schedule="1f1b", steps=4, checkpoint_every=2, out=str(out), model="digits-mlp", micro_batch=4,
                     macro_batch=16, timeout_s=30.0)
     for code, log in _launch_private_disks(cfg, out, disks):
         assert code == 0, log[-2000:]

@@ -16,7 +16,7 @@ import pytest
 
 from _helpers import assert_user_error, run_cli_here
 
-JOB = ["--model", "digits-mlp", "--pp", "2", "--micro-batch", "4", "--macro-batch", "16",
+JOB = ["--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--micro-batch", "4", "--macro-batch", "16",
        "--dataset-limit", "32", "--timeout", "60s", "--no-progress"]
 
 

@@ -11,7 +11,7 @@ import pytest
 from perfsim import netem
 from perfsim.cli import main
 
-from _helpers import assert_user_error, run_cli_here
+from _helpers import PINNED_FLAGS, assert_user_error, run_cli_here
 
 needs_netns = pytest.mark.skipif(not netem.netns_available(), reason="needs root + ip netns + tc")
 
@@ -69,6 +69,7 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
     for attempt in range(2):
         out = tmp_path / f"i{attempt}"
         proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                                 "--schedule", "1f1b", "--micro-batch", "8",
                                  "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
                                  "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         mine = f"{netem.PREFIX}{proc.pid}-"
@@ -95,7 +96,7 @@ def test_repeated_interrupts_leave_no_namespace(tmp_path):
 def test_emulated_rate_outside_tc_range_refused_up_front(tmp_path, rate):
     """tc tracebacks after namespaces were built. Only this run's namespaces are looked at
     (named after the pid that builds them): other tests may build theirs meanwhile."""
-    args = ("run", "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
+    args = ("run", *PINNED_FLAGS, "--emulate-bandwidth", rate, "--out", str(tmp_path / "x"), "--steps", "1")
     if rate == "10Tbps":  # the first in a real process
         child = subprocess.Popen([sys.executable, "-m", "perfsim", *args], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, text=True)

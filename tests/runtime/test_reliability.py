@@ -16,9 +16,9 @@ from perfsim.runtime.launch import RankFailure
 
 from _helpers import run_cli_here
 
-FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="60s")
-RUN = [sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--micro-batch", "4",
-       "--macro-batch", "16", "--no-progress"]
+FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="60s", schedule="1f1b")
+RUN = [sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b",
+       "--micro-batch", "4", "--macro-batch", "16", "--no-progress"]
 
 
 def _alive(pid: int) -> bool:
@@ -156,5 +156,5 @@ def test_cuda_without_a_gpu_rejected_up_front(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(ConfigError, match="--device cuda"):
-        run(device="cuda", steps=1, out=tmp_path / "c", **FAST)
+        run(device="cuda", pp=2, steps=1, out=tmp_path / "c", **FAST)
     assert not (tmp_path / "c" / ".ranks").exists()

@@ -28,7 +28,7 @@ def test_clear_error_without_privileges(monkeypatch):
 def test_links_are_shaped_and_always_removed(tmp_path):
     before = _ours()
     assert before == []
-    r = run(model="digits-mlp", pp=2, steps=4, micro_batch=8, macro_batch=32,
+    r = run(model="digits-mlp", pp=2, schedule="1f1b", steps=4, micro_batch=8, macro_batch=32,
             emulate_bandwidth="20Mbps", emulate_latency="2ms", out=tmp_path / "n", timeout="30s")
     assert r.summary["bandwidth_bps"] == 20e6 and r.summary["emulated"]
     # stage 0 sends 4 micro-batch messages of 8 x 256 fp32 = 8 KiB per step through its
@@ -38,7 +38,8 @@ def test_links_are_shaped_and_always_removed(tmp_path):
     assert _ours() == before
     # and on failure too: a rank killed inside the namespaces
     with pytest.raises(Exception, match="rank 0"):
-        run(model="digits-mlp", pp=2, steps=20, micro_batch=8, macro_batch=32, fail_rank=0, fail_step=2,
+        run(model="digits-mlp", pp=2, schedule="1f1b", steps=20, micro_batch=8, macro_batch=32, fail_rank=0,
+            fail_step=2,
             emulate_bandwidth="50Mbps", out=tmp_path / "f", timeout="30s")
     assert _ours() == before
 
@@ -54,6 +55,7 @@ def test_interrupt_removes_namespaces(tmp_path, sig):
 
     out = tmp_path / "i"
     proc = subprocess.Popen([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--pp", "2",
+                             "--schedule", "1f1b", "--micro-batch", "8",
                              "--steps", "100000", "--emulate-bandwidth", "20Mbps", "--out", str(out),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     mine = f"{netem.PREFIX}{proc.pid}-"

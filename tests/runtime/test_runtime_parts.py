@@ -84,17 +84,43 @@ def test_resume_of_another_job_is_refused_before_launch(tmp_path):
     from perfsim.runtime import checkpoint
     from perfsim.runtime import make_config
 
-    saved = json.loads(make_config(model="digits-mlp", pp=2, out=str(tmp_path)).to_json())
+    job = dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b")  # run's defaults before issue 38
+    saved = json.loads(make_config(**job, out=str(tmp_path)).to_json())
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "latest.json").write_text(json.dumps(
         {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "step": 3, "world_size": 2,
          "config": saved}))
-    make_config(model="digits-mlp", pp=2, resume=str(tmp_path), steps=6)  # same job: fine
+    make_config(**job, resume=str(tmp_path), steps=6)  # same job: fine
     with pytest.raises(ConfigError, match="compress"):
-        make_config(model="digits-mlp", pp=2, resume=str(tmp_path), compress="fp16")
+        make_config(**job, resume=str(tmp_path), compress="fp16")
     with pytest.raises(ConfigError, match="no checkpoint"):
-        make_config(model="digits-mlp", pp=2, resume=str(tmp_path / "nothing"))
+        make_config(**job, resume=str(tmp_path / "nothing"))
 
+
+def test_a_checkpoint_stored_with_text_values_resumes(tmp_path):
+    """A run checkpointed before the job's values were parsed once stored device_order and
+    partition as text: it resumes the same job, given again
+    in either spelling, and refuses another."""
+    import json
+
+    import pytest
+
+    from perfsim.errors import ConfigError
+    from perfsim.runtime import checkpoint, make_config
+
+    job = dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b")
+    saved = json.loads(make_config(**job, device_order="1,0", partition="3,1", out=str(tmp_path)).to_json())
+    assert saved["device_order"] == [1, 0] and saved["partition"] == [3, 1]
+    saved.update(device_order="1,0", partition="3,1")  # the old spelling
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "latest.json").write_text(json.dumps(
+        {"format": checkpoint.FORMAT, "version": checkpoint.VERSION, "step": 3, "world_size": 2,
+         "config": saved}))
+    cfg = make_config(resume=str(tmp_path), steps=6)
+    assert (cfg.device_order, cfg.partition) == ((1, 0), (3, 1))
+    assert make_config(**job, device_order=[1, 0], partition="3,1", resume=str(tmp_path), steps=6) == cfg
+    with pytest.raises(ConfigError, match="--partition"):
+        make_config(**job, partition="2,2", resume=str(tmp_path))
 
 
 def test_digits_without_scikit_learn_says_which_extra(monkeypatch):

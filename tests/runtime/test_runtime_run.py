@@ -13,14 +13,14 @@ from perfsim.runtime import checkpoint
 from perfsim.runtime import run
 from perfsim.runtime.launch import RankFailure
 
-from _helpers import PIPE_JOB, assert_user_error, run_cli, run_cli_here
+from _helpers import PINNED_FLAGS, PIPE_JOB, assert_user_error, run_cli, run_cli_here
 
-FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s")
+FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s", schedule="1f1b")
 
 
 def test_cli_writes_predict_schema(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--steps", "5", "--out", str(out), "--no-progress")
+    proc = run_cli("run", *PINNED_FLAGS, "--steps", "5", "--out", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     data = json.loads((out / "result.json").read_text())
     assert list(data["summary"])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
@@ -50,7 +50,7 @@ BAD_ARGS = [
     (["--compress", "bogus:3"], "bogus"),
     (["--micro-batch", "5", "--macro-batch", "32"], "micro_batch"),
     (["--pp", "9"], "pp=9"),
-    (["--schedule", "zb-v", "--virtual-stages", "3"], "virtual_stages=3"),
+    (["--schedule", "interleaved-1f1b", "--virtual-stages", "3"], "virtual_stages=3"),
     (["--schedule", "interleaved-1f1b", "--pp", "4"], "interleaved-1f1b"),
 ]
 
@@ -58,7 +58,7 @@ BAD_ARGS = [
 @pytest.mark.parametrize("argv, culprit", BAD_ARGS)
 def test_bad_arguments_one_line_exit_2(argv, culprit, tmp_path):
     cli = run_cli if argv == BAD_ARGS[0][0] else run_cli_here  # the first in a real process
-    proc = cli("run", "--out", str(tmp_path / "x"), *argv)
+    proc = cli("run", "--out", str(tmp_path / "x"), *PINNED_FLAGS, *argv)
     assert_user_error(proc.returncode, proc.stderr, culprit)
 
 
@@ -129,7 +129,8 @@ def test_under_torchrun(tmp_path):
     command, each process is one rank, rank 0 writes the Result."""
     out = tmp_path / "tr"  # torchrun of this interpreter (a `torchrun` on PATH may be another install's)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "perfsim", "run",
-                           "--model", "digits-mlp", "--pp", "2", "--steps", "3", "--micro-batch", "4",
+                           "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "3",
+                           "--micro-batch", "4",
                            "--macro-batch", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -14,10 +14,10 @@ from perfsim.runtime.checkpoint import check_compatible
 from perfsim.runtime.config import RunConfig
 from perfsim.workload import load_workload_file
 
-from _helpers import assert_user_error, run_cli_here
+from _helpers import PINNED_FLAGS, PINNED_JOB, assert_user_error, run_cli_here
 
 TIED = dict(model="gpt2-tiny", micro_batch=4, macro_batch=8, steps=4, dataset_limit=32, timeout="60s",
-            tied_embedding="sync")
+            tied_embedding="sync", schedule="1f1b")
 
 
 def _final_tables(out):
@@ -81,9 +81,9 @@ def test_workload_file_tied_values_checked(write_file, tied, culprit):
 
 
 @pytest.mark.parametrize("kw, culprit", [
-    (dict(model="digits-mlp", tied_embedding="sync"), "no embedding"),
-    (dict(model="gpt2-tiny", tp=2, pp=1, tied_embedding="sync"), "tp > 1"),
-    (dict(model="gpt2-tiny", tied_embedding="shared"), "tied_embedding='shared'"),
+    (dict(PINNED_JOB, tied_embedding="sync"), "no embedding"),
+    (dict(PINNED_JOB, model="gpt2-tiny", tp=2, pp=1, tied_embedding="sync"), "tp > 1"),
+    (dict(PINNED_JOB, model="gpt2-tiny", tied_embedding="shared"), "tied_embedding='shared'"),
 ])
 def test_tied_embedding_refused_where_it_cannot_run(tmp_path, kw, culprit):
     with pytest.raises(ConfigError, match=culprit):
@@ -91,14 +91,14 @@ def test_tied_embedding_refused_where_it_cannot_run(tmp_path, kw, culprit):
 
 
 def test_cli_names_a_bad_tied_embedding(tmp_path):
-    proc = run_cli_here("run", "--out", str(tmp_path / "x"), "--model", "digits-mlp", "--tied-embedding", "sync")
+    proc = run_cli_here("run", "--out", str(tmp_path / "x"), *PINNED_FLAGS, "--tied-embedding", "sync")
     assert_user_error(proc.returncode, proc.stderr, "digits-mlp")
 
 
 def test_checkpoint_before_the_flag_resumes_untied():
     """A checkpoint written before ``tied_embedding`` existed was untied: it resumes an
     untied run and refuses a tied one."""
-    cfg = json.loads(RunConfig(model="gpt2-tiny").to_json())
+    cfg = json.loads(RunConfig(**dict(PINNED_JOB, model="gpt2-tiny")).to_json())
     old = {"config": {k: v for k, v in cfg.items() if k != "tied_embedding"}}
     check_compatible(old, cfg, RunConfig.RESUME_KEYS, RunConfig.RESUME_DEFAULTS)
     with pytest.raises(ConfigError, match="tied_embedding"):

@@ -11,9 +11,9 @@ from perfsim.errors import ConfigError
 from perfsim.runtime import run
 from perfsim.runtime.tensor_parallel import RankLayout, megatron_qkv_order
 
-from _helpers import assert_user_error, gloo_group, run_cli, spawn_ranks
+from _helpers import PINNED_FLAGS, assert_user_error, gloo_group, run_cli, spawn_ranks
 
-TINY = dict(model="gpt2-tiny", micro_batch=2, macro_batch=4, steps=3, timeout="60s")
+TINY = dict(model="gpt2-tiny", micro_batch=2, macro_batch=4, steps=3, timeout="60s", schedule="1f1b")
 SPEC = dict(hidden=128, seq=64)  # gpt2-tiny
 
 
@@ -167,7 +167,7 @@ def test_tp_composes_with_pp_and_dp(tp1_losses, tmp_path):
 def test_tp_composes_with_multi_chunk_schedules(tp1_losses, tmp_path, schedule, boundaries, layers):
     """pp=2 x tp=2 under the schedules with several chunks per rank or split backwards:
     each chunk is sharded, every TP rank talks to its peer of the next chunk's device."""
-    r = run(pp=2, tp=2, schedule=schedule, out=tmp_path / schedule, **TINY)
+    r = run(pp=2, tp=2, out=tmp_path / schedule, **dict(TINY, schedule=schedule))
     for s in tp1_losses:
         assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
     act = 2 * 64 * 128 * 4
@@ -190,9 +190,10 @@ def test_tp_with_dp_equals_dp_alone(tmp_path):
 
 
 @pytest.mark.parametrize("kw, culprit", [
-    (dict(model="digits-mlp", tp=2), "GPT"),
-    (dict(model="gpt2-tiny", tp=3), "tp=3"),
-    (dict(model="gpt2-tiny", tp=1, sequence_parallel=True), "sequence_parallel"),
+    (dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b", tp=2), "GPT"),
+    (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=3), "tp=3"),
+    (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=1, sequence_parallel=True),
+     "sequence_parallel"),
 ])
 def test_bad_tp_is_a_config_error(kw, culprit):
     from perfsim.runtime import make_config
@@ -202,7 +203,7 @@ def test_bad_tp_is_a_config_error(kw, culprit):
 
 
 def test_cli_tp_bad_input_one_line(tmp_path):
-    proc = run_cli("run", "--model", "digits-mlp", "--tp", "2", "--out", str(tmp_path / "x"))
+    proc = run_cli("run", *PINNED_FLAGS, "--tp", "2", "--out", str(tmp_path / "x"))
     assert_user_error(proc.returncode, proc.stderr, "tp=2")
 
 

@@ -1,0 +1,235 @@
+"""One description of a training job: how it is parallelised, batched, scheduled and compressed.
+
+:class:`Job` holds the fields that the simulator's :class:`perfsim.config.Strategy` and
+execute mode's :class:`perfsim.runtime.config.RunConfig` share, with ONE default, ONE value
+type and ONE validation each, so that ``perfsim predict`` and ``perfsim run`` given the same
+flags describe the same job (issue 38: "one class for the job"; house style: torchtitan's one
+job config that builds the CLI).
+
+Both classes *inherit* from :class:`Job` rather than holding one: the engine and the runtime
+read ``strategy.pp`` / ``cfg.micro_batch`` in hundreds of places, a frozen dataclass subclass
+keeps that flat access and the ``dataclasses.replace`` / ``fields`` behaviour every caller
+relies on, and :class:`perfsim.schedules.PipelineShape` (what a schedule table follows from)
+is already a mixin of the same fields. Each subclass adds only its own fields (the simulator's
+precision, buckets, placement...; the runtime's model, steps, seed, emulated link...) and the
+checks of what it can do (execute mode trains ZeRO 0 or 3 only, TP on GPT models only);
+``__post_init__`` runs :meth:`Job.check` first.
+
+The defaults are ``perfsim predict``'s (its predictions are the reference: pp 8, micro-batches
+of 1, macro-batches of 32, GPipe); :data:`MEGATRON` names the defaults a ``--gpu`` preset
+switches to (Megatron-LM's, :func:`defaults`).
+
+Values are parsed once, at the edge (:mod:`perfsim.params`): ``device_order`` and
+``partition`` are tuples of ints here (a JSON list is turned back into one), never text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.compression.spec import Spec, parse_spec
+from perfsim.errors import ConfigError
+from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
+from perfsim.schedules import PipelineShape
+
+#: a tied LM head whose embedding lives on another pipeline stage: ``untied`` -- the
+#: last stage trains a head of its own (perfsim's runtime keeps stages independent);
+#: ``sync`` -- Megatron-LM keeps a copy of the embedding on the last stage and, after
+#: the data-parallel sync, all-reduces its gradient with the first stage's
+#: (``_allreduce_embedding_grads`` in ``finalize_model_grads``; DeepSpeed's pipeline
+#: engine reduces ``TiedLayerSpec`` gradients the same way)
+TIED_EMBEDDINGS = ("untied", "sync")
+#: ZeRO stages (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion
+#: Parameter Models", arXiv:1910.02054, Sec. 5): 0 none, 1 optimizer states, 2 + gradients,
+#: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
+#: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Defaults of a named way of training, applied where the user gave no value."""
+
+    #: preset name (``--gpu`` selects ``megatron``)
+    name: str
+    #: pipeline schedule (perfsim.schedules)
+    schedule: str
+    #: ``bucketed`` or ``contiguous`` gradient buffer (perfsim.config.GRAD_BUFFERS)
+    grad_buffer: str
+    #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
+    tied_embedding: str
+    #: start each bucket's gradient sync during the backward pass
+    overlap: bool
+    #: rank order of the placement, innermost first
+    placement: str
+    #: ``None`` (balanced by compute) or ``uniform`` (equal blocks, embedding first, head last)
+    partition: str | None
+    #: vocabulary padded to a multiple of this (times tp)
+    vocab_multiple: int
+
+
+#: perfsim's own defaults (those of ``perfsim predict`` without a GPU preset)
+PERFSIM = Preset("perfsim", schedule="gpipe", grad_buffer="bucketed", tied_embedding="untied", overlap=True,
+                 placement="tp,pp,dp", partition=None, vocab_multiple=1)
+#: Megatron-LM's defaults (Shoeybi et al., arXiv:1909.08053; Narayanan et al., arXiv:2104.04473):
+#: 1F1B, one contiguous fp32 gradient buffer reduced after the backward (unless
+#: ``--overlap-grad-reduce``), the tied embedding's gradient all-reduced between the first and
+#: last stages, ranks ordered tp, dp, pp, a uniform split of the blocks, and the vocabulary
+#: padded to a multiple of 128 x tp (``--make-vocab-size-divisible-by``,
+#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE)
+MEGATRON = Preset("megatron", schedule="1f1b", grad_buffer="contiguous", tied_embedding="sync", overlap=False,
+                  placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
+
+
+def preset(gpu: Any) -> Preset:
+    """The defaults a prediction takes: :data:`MEGATRON` with a GPU preset, else :data:`PERFSIM`."""
+    return MEGATRON if gpu else PERFSIM
+
+
+def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
+    """What ``--virtual-stages`` means for ``schedule``, in ``perfsim predict`` and ``perfsim run``
+    alike: the model chunks per device of a schedule that lets the user choose them
+    (interleaved-1f1b, :data:`perfsim.schedules.VIRTUAL_STAGE_SCHEDULES`); the others run their
+    own (zb-v 2, the rest 1) and take None, so one ``--virtual-stages`` applies to the
+    interleaved rows of a grid of schedules. (A Job built directly with a count its schedule
+    cannot run is refused by the schedule table.)"""
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
+
+    return virtual_stages if schedule in VIRTUAL_STAGE_SCHEDULES else None
+
+
+def check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
+    """Each of the pp x chunks-per-device pipeline stages needs one of the model's ``layers``:
+    the error names the values the user gave (``virtual_stages=100``), not their product."""
+    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
+
+    per_device = stage_count(schedule, virtual_stages)
+    if pp * per_device <= layers:
+        return
+    if per_device == 1:
+        what = f"pp={pp}"
+    elif virtual_stages is not None and schedule in VIRTUAL_STAGE_SCHEDULES:
+        what = f"virtual_stages={virtual_stages} with pp={pp} ({pp} x {per_device} model chunks)"
+    else:
+        what = f"pp={pp} with {schedule} ({per_device} model chunks per device: {pp * per_device})"
+    raise ConfigError(f"{what}: the model has only {layers} layers, one per pipeline stage at least")
+
+
+def check_int(obj, name: str, minimum: int = 1) -> None:
+    """ConfigError naming field ``name`` of ``obj`` unless it is an integer >= ``minimum``."""
+    v = getattr(obj, name)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
+
+
+@dataclass(frozen=True)
+class Job(PipelineShape):
+    """The job both engines run: parallelism, batch, schedule, compression (module docstring)."""
+
+    #: pipeline-parallel degree (stages)
+    pp: int = 8
+    #: data-parallel degree (pipeline replicas)
+    dp: int = 1
+    #: tensor-parallel degree (Megatron-LM column/row-parallel layers)
+    tp: int = 1
+    #: Megatron sequence parallelism (reduce-scatter/all-gather instead of all-reduce; tp > 1)
+    sequence_parallel: bool = False
+    #: samples per micro-batch
+    micro_batch: int = 1
+    #: samples per macro-batch (one optimizer step of one replica)
+    macro_batch: int = 32
+    #: pipeline schedule name (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``zb-h1``,
+    #: ``zb-v``; perfsim.schedules)
+    schedule: str = "gpipe"
+    #: model chunks per device (interleaved-1f1b: default 2; zb-v: 2; others 1);
+    #: None: the schedule's own
+    virtual_stages: int | None = None
+    #: pipeline compression spec (``fp32``, ``directq:fw4bw8``, ``aqsgd:fw3bw6``): a
+    #: :class:`perfsim.compression.spec.Spec` (text is parsed on construction)
+    compress: Spec = "fp32"
+    #: data-parallel gradient compression spec (``none`` = fp32 allreduce), a Spec
+    grad_compress: Spec = "none"
+    #: per-boundary pipeline compression overriding ``compress`` (``"1=aqsgd:fw2bw4"``,
+    #: perfsim.boundaries; boundary k follows stage k): a BoundarySpecs (text parsed)
+    boundary_compress: BoundarySpecs = BoundarySpecs()
+    #: GPU (rank) that runs each position of the placement order (a permutation; None:
+    #: the identity): places stages on the nodes of a heterogeneous topology
+    device_order: tuple[int, ...] | None = None
+    #: layer counts per stage (pp x virtual stages of them), or None for the balanced partition
+    partition: tuple[int, ...] | None = None
+    #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
+    tied_embedding: str = "untied"
+    #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
+    #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
+    zero: int = 0
+
+    def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """The job's one validation (ConfigError naming the field)."""
+        for name in ("device_order", "partition"):  # a JSON list (a rank's config) -> the tuple
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
+            check_int(self, name)
+        if self.virtual_stages is not None:
+            check_int(self, "virtual_stages")
+        if self.macro_batch % self.micro_batch:
+            raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
+        if self.sequence_parallel and self.tp == 1:
+            raise ConfigError("sequence_parallel: needs tp > 1")
+        if self.tied_embedding not in TIED_EMBEDDINGS:
+            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
+                              f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
+        from perfsim.schedules import SCHEDULES
+
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
+        if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
+            raise ConfigError(f"zero={self.zero}: not modelled with the zero-bubble schedule "
+                              f"{self.schedule!r} (its split weight gradient); use gpipe, 1f1b or interleaved-1f1b")
+        for name in ("compress", "grad_compress"):
+            v = getattr(self, name)
+            if not isinstance(v, (str, Spec)) or not str(v).strip():
+                raise ConfigError(f"{name}={v!r}: must be a non-empty string")
+        # the specs as values, parsed once (text from callers and saved run configs is accepted)
+        object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
+        object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
+        object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
+        self.table()  # the schedule must fit pp and the micro-batches
+        from perfsim.boundaries import check_boundaries
+
+        check_boundaries(self.boundary_compress, self.num_stages)
+        if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
+            raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "
+                              f"of the {self.devices} GPUs 0..{self.devices - 1} (tp x dp x pp)")
+        if self.partition is not None:
+            n = self.num_stages
+            if len(self.partition) != n or any(isinstance(c, bool) or not isinstance(c, int) or c < 1
+                                               for c in self.partition):
+                raise ConfigError(f"partition={self.partition!r}: needs {n} layer counts >= 1 "
+                                  f"(pp={self.pp} x {n // self.pp} virtual stages)")
+
+    @property
+    def devices(self) -> int:
+        """GPUs (ranks) of the job: tp x dp x pp."""
+        return self.tp * self.dp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per optimizer step over all replicas."""
+        return self.macro_batch * self.dp
+
+    def job(self) -> "Job":
+        """The :class:`Job` part alone (what ``perfsim run`` and ``perfsim predict`` must agree on)."""
+        return Job(**{f.name: getattr(self, f.name) for f in fields(Job)})
+
+
+#: the names of the job's fields, in order
+JOB_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Job))

@@ -1,0 +1,173 @@
+"""One description of a job (issue 38): the simulator's Strategy and execute mode's RunConfig
+are both a :class:`perfsim.job.Job`, so ``perfsim run`` and ``perfsim predict`` given the same
+flags train and simulate the same job."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from perfsim.config import Strategy
+from perfsim.errors import ConfigError
+from perfsim.job import JOB_FIELDS, MEGATRON, PERFSIM, Job
+from perfsim.runtime.config import RunConfig
+
+from _helpers import assert_user_error, run_cli_here
+
+#: flag sets a user gives both commands; device_order with dp 1 (run's ranks are always in
+#: Megatron's tp, dp, pp order, predict's default placement is tp, pp, dp: with dp 1 or pp 1
+#: the two orders are one)
+FLAG_SETS = [
+    ["--model", "gpt2-tiny", "--pp", "2"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2"],
+    ["--model", "gpt2-tiny", "--pp", "1", "--tp", "2"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--tp", "2", "--sequence-parallel"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "1f1b"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "interleaved-1f1b"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "interleaved-1f1b", "--virtual-stages", "3"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "zb-v", "--virtual-stages", "3"],  # zb-v runs its own 2
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "1f1b", "--virtual-stages", "2"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--schedule", "zb-v", "--micro-batch", "2"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--compress", "aqsgd:fw3bw6",
+     "--grad-compress", "qsgd-maxnorm:4"],
+    ["--model", "gpt2-tiny", "--pp", "3", "--boundary-compress", "1=directq:fw4bw8"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--micro-batch", "4", "--macro-batch", "16", "--partition", "2,4"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--partition", "uniform"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--device-order", "1,0"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--tied-embedding", "sync"],
+    ["--model", "gpt2-tiny", "--pp", "1", "--dp", "2", "--zero", "3"],
+    ["--model", "gpt2-small-byte"],  # only the model: both commands' defaults
+]
+
+
+def _subparser(name: str):
+    import argparse
+
+    from perfsim.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[name]
+
+
+def _run_job(argv: list[str], tmp_path) -> RunConfig:
+    """The RunConfig ``perfsim run ARGV`` trains (parsed by the command, built by make_config,
+    nothing launched)."""
+    from perfsim.commands.run import run_params
+    from perfsim.runtime import make_config
+
+    params = run_params(_subparser("run").parse_args([*argv, "--out", str(tmp_path / "run")]))
+    return make_config(**params)
+
+
+def _predict_job(argv: list[str]) -> Strategy:
+    """The Strategy ``perfsim predict ARGV`` simulates (its one grid row)."""
+    from perfsim import params
+    from perfsim.api import build_configs
+
+    rows = params.expand(params.grid(params.from_args(_subparser("predict").parse_args(argv)), cli=True))
+    assert len(rows) == 1
+    return build_configs(**rows[0])[1]
+
+
+@pytest.mark.parametrize("argv", FLAG_SETS, ids=[" ".join(a[2:]) or a[1] for a in FLAG_SETS])
+def test_the_same_flags_are_the_same_job_in_run_and_predict(argv, tmp_path):
+    ran, predicted = _run_job(argv, tmp_path), _predict_job(argv)
+    assert ran.model == predicted_model(argv)
+    for name in JOB_FIELDS:  # every shared field, one by one: the message names the one that differs
+        assert getattr(ran, name) == getattr(predicted, name), name
+    assert ran.job() == predicted.job()
+    assert ran.table() == predicted.table()  # the same schedule table (both engines replay it)
+
+
+def predicted_model(argv: list[str]) -> str:
+    return argv[argv.index("--model") + 1]
+
+
+def test_run_defaults_are_predicts(tmp_path):
+    """Before issue 38 ``perfsim run --model gpt2-tiny --pp 2`` trained micro-batches of 8 with
+    1F1B and ``perfsim predict`` the same flags micro-batches of 1 with GPipe."""
+    ran = _run_job(["--model", "gpt2-tiny", "--pp", "2"], tmp_path)
+    assert (ran.micro_batch, ran.macro_batch, ran.schedule) == (1, 32, "gpipe")
+    assert _run_job([], tmp_path / "none").job() == Job()  # no flags at all: the job's defaults
+    assert RunConfig().model == "gpt2-small-byte" and len(RunConfig().stage_ranges()) == Job().pp
+
+
+def test_a_run_model_too_shallow_for_the_default_pp_names_the_flag(tmp_path):
+    r = run_cli_here("run", "--model", "digits-mlp", "--out", str(tmp_path / "x"))
+    assert_user_error(r.returncode, r.stderr, "pp=8")  # digits-mlp: 4 layers, pp 8 by default
+    assert not (tmp_path / "x").exists()
+
+
+def test_no_job_field_is_declared_twice():
+    """Strategy and RunConfig inherit the job's fields (the very Field objects: one default,
+    one type); each adds only its own."""
+    job = Job.__dataclass_fields__
+    for cls in (Strategy, RunConfig):
+        own = cls.__dataclass_fields__
+        for name in JOB_FIELDS:
+            assert own[name] is job[name], (cls.__name__, name)
+        assert issubclass(cls, Job)
+    assert tuple(f.name for f in dataclasses.fields(Job)) == JOB_FIELDS
+
+
+@pytest.mark.parametrize("kw, culprit", [
+    (dict(pp=0), "pp=0"),
+    (dict(micro_batch=3), "macro_batch=32: not divisible by micro_batch=3"),
+    (dict(sequence_parallel=True), "sequence_parallel: needs tp > 1"),
+    (dict(tied_embedding="shared"), "tied_embedding='shared'"),
+    (dict(zero=4), "zero=4"),
+    (dict(schedule="pipedream"), "schedule='pipedream'"),
+    (dict(device_order=(0, 0)), "device_order='0,0'"),
+    (dict(pp=2, partition=(3,)), "partition=(3,)"),
+    (dict(pp=2, boundary_compress="5=fp16"), "boundary 5"),
+])
+def test_one_validation_for_both(kw, culprit):
+    """The job's checks are one: Strategy and RunConfig refuse the same values with the same line."""
+    for cls, extra in ((Job, {}), (Strategy, {}), (RunConfig, {"model": "gpt2-small-byte"})):
+        with pytest.raises(ConfigError, match=re.escape(culprit)) as err:
+            cls(**kw, **extra)
+        assert "\n" not in str(err.value)
+
+
+def test_value_types_are_parsed_once():
+    """device_order and partition are tuples of ints in both classes (a rank's JSON config
+    turns back into the same value)."""
+    cfg = RunConfig(model="gpt2-tiny", pp=2, device_order=(1, 0), partition=(2, 4))
+    import json
+
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and again.device_order == (1, 0) and again.partition == (2, 4)
+
+
+def test_one_check_tp_for_predict_and_run(tmp_path):
+    """A tensor-parallel degree the model cannot take is refused by predict and run with the
+    same line (perfsim.models.tensor_parallel.check_tp)."""
+    from perfsim.api import predict
+    from perfsim.runtime import make_config
+
+    with pytest.raises(ConfigError) as sim:
+        predict(model="gpt2-tiny", pp=1, tp=3, gpu="a100")
+    with pytest.raises(ConfigError) as run:
+        make_config(model="gpt2-tiny", pp=1, tp=3, out=str(tmp_path / "r"))
+    assert str(sim.value) == str(run.value) == "tp=3: does not divide gpt2-tiny heads=4"
+    with pytest.raises(ConfigError, match="GPT"):
+        make_config(model="digits-mlp", pp=2, tp=2, out=str(tmp_path / "r"))
+
+
+def test_gpu_selects_the_megatron_preset():
+    from perfsim.api import build_configs
+    from perfsim.partition import uniform_counts
+    from perfsim.workload import get_model
+
+    names = [layer.name for layer in get_model("gpt2-tiny").layers]
+    for gpu, preset in ((None, PERFSIM), ("a100", MEGATRON)):
+        _, s, _, _ = build_configs(model="gpt2-tiny", pp=2, gpu=gpu)
+        assert (s.schedule, s.grad_buffer, s.tied_embedding, s.overlap_grad_sync, ",".join(s.placement)) == \
+            (preset.schedule, preset.grad_buffer, preset.tied_embedding, preset.overlap, preset.placement)
+        assert s.partition == (uniform_counts(names, 2) if preset.partition == "uniform" else None)
+    assert MEGATRON.schedule == "1f1b" and MEGATRON.placement == "tp,dp,pp" and MEGATRON.overlap is False
+    _, s, _, _ = build_configs(model="gpt2-tiny", pp=2, gpu="a100", schedule="gpipe", tied_embedding="untied")
+    assert (s.schedule, s.tied_embedding) == ("gpipe", "untied")  # a flag given wins over the preset
