@@ -147,7 +147,7 @@ def predict(
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         zero (int, default 0):
-            ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.config.ZERO_STAGES)
+            ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
             ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
         cross_entropy (str, default 'fused'):
@@ -165,7 +165,7 @@ def predict(
         grad_buffer (str | None):
             where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
         tied_embedding (str | None):
-            a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.config.TIED_EMBEDDINGS)
+            a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.job.TIED_EMBEDDINGS)
         micro_batch (int, default 1):
             samples per micro-batch
         macro_batch (int | None):
@@ -352,36 +352,36 @@ def memory_report(
 
 def run(
     *,
-    model: str = 'digits-mlp',
-    pp: int = 2,
+    model: str = 'gpt2-small-byte',
+    pp: int = 8,
     dp: int = 1,
     tp: int = 1,
     sequence_parallel: bool = False,
-    tied_embedding: str = 'untied',
-    schedule: str = '1f1b',
+    micro_batch: int = 1,
+    macro_batch: int | None = 32,
+    schedule: str | None = 'gpipe',
     virtual_stages: int | None = None,
-    compress: str | Spec = 'fp32',
-    grad_compress: str | Spec = 'none',
+    compress: str = 'fp32',
+    grad_compress: str = 'none',
+    boundary_compress: str | Mapping[int, str] | None = ...,
+    device_order: str | Sequence[int] | None = None,
+    partition: str | Sequence[int] | None = None,
+    tied_embedding: str | None = 'untied',
     zero: int = 0,
-    micro_batch: int = 8,
-    macro_batch: int = 32,
-    boundary_compress: BoundarySpecs | None = None,
-    device_order: str | None = None,
     steps: int | None = None,
     epochs: float | None = None,
     seed: int = 0,
     lr: float = 0.001,
     optimizer: str = 'adamw',
-    partition: str | None = None,
     dataset_limit: int | None = None,
     out: str | None = None,
     resume: str | None = None,
     overwrite: bool = False,
     checkpoint_every: int = 0,
     emulate_bandwidth: str | float | None = None,
-    emulate_latency: str | float | None = None,
+    emulate_latency: str | float | None = 0.0,
     timeout: str | float = 60.0,
-    hang_timeout: float = 30.0,
+    hang_timeout: str | float = 30.0,
     device: str = 'cpu',
     progress: Callable[[dict], None] | None = None,
 ) -> Result | None:

@@ -100,7 +100,6 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     from perfsim.models.tensor_parallel import check_tp
     from perfsim.models.transformer import TransformerSpec
     from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
-    from perfsim.runtime.config import RunConfig
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
