@@ -253,7 +253,7 @@ def test_dash_is_stdout_for_memory_and_plan(tmp_path):
     r = run_cli(*args, "-o", "-", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["fits"] in (True, False) and not (tmp_path / "-").exists()
-    cpu = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.json")
+    cpu = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "cpu-2core.json")
     r = run_cli("plan", "--model", "gpt2-tiny", "--profile", cpu, "--nodes", "2", "--bandwidth", "100Mbps",
                 "--global-batch", "16", "--schedule", "1f1b", "--compress", "fp32", "--grad-compress", "none",
                 "--top", "2", "--format", "csv", "-o", "-", "--emit-run", "--no-progress", cwd=tmp_path)
