@@ -58,7 +58,10 @@ def test_noise_is_treated_as_one_and_said(tmp_path):
 
 
 def test_one_seed_says_it_has_no_interval():
-    conv = load_convergence(None, "gpt2-tiny")  # the bundled curves: one seed each
+    one = [[s, 3.0 - 0.01 * s] for s in range(1, 100)]
+    conv = parse_convergence({"pipeline": {"fp32": one, "fp16": one}, "gradient": {"none": one}}, "f")
     assert "one seed per curve: the ratios carry no interval" in conv.describe()
+    bundled = load_convergence(None, "gpt2-tiny")  # both bundled models: three seeds each
+    assert "3+ seeds per curve, 95 % intervals" in bundled.describe()
     with pytest.raises(Exception, match="list of them"):
         parse_convergence({"pipeline": {"fp32": [[[1, "x"]]]}}, "f")
