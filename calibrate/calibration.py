@@ -348,7 +348,8 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
     bandwidths = [parse_bandwidth(b, "--emulate-bandwidth") for b in _items(emulate_bandwidth)]
     latency = parse_time(emulate_latency, "--emulate-latency")
     if bandwidths:  # preconditions of the link measurements, before minutes of compute ones
-        from perfsim.netem import check_privileges, check_rate
+        from perfsim.netem import check_privileges
+        from perfsim.shaping import check_rate
 
         for bps in bandwidths:
             check_rate(bps)

@@ -106,7 +106,7 @@ class CommConfig:
       time is bimodal (~0.1 ms, or a wait for a 4-ms kernel tick), so the mean the
       simulator uses as the per-message fixed cost needs more samples; they are cheap.
       Over an emulated link every call up to its token-bucket depth gets them too
-      (:func:`perfsim.netem.tbf_burst_bytes`, 500 KB at 1 Gbps): how full the bucket is
+      (:func:`perfsim.shaping.tbf_burst_bytes`, 500 KB at 1 Gbps): how full the bucket is
       decides such a call's time, and 15 repeats of a 256 KiB all-reduce at 1 Gbps gave a
       median of 1.3 to 3.1 ms across five calibrations, 60 repeats 1.98 to 2.03 ms
       (docs/validation.md, "Each schedule timed in situ").
@@ -177,7 +177,7 @@ def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device, size: int = 0
 
     small = cfg.small_bytes
     if cfg.emulate_bandwidth:  # a call that fits in the link's token bucket is bimodal too
-        from perfsim.netem import tbf_burst_bytes
+        from perfsim.shaping import tbf_burst_bytes
 
         small = max(small, tbf_burst_bytes(cfg.emulate_bandwidth))
     want = cfg.small_repeats if cfg.small_repeats and size <= small else cfg.repeats

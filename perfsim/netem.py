@@ -32,7 +32,8 @@ namespace was made -- and first SIGKILLs whatever still runs inside them.
 
 Rates: tc's tbf keeps its bucket as a 32-bit time in scheduler ticks and its
 queue limit in 32-bit bytes; with perfsim's bucket (:func:`perfsim.shaping.tbf_burst_bytes`)
-and 200 ms queue, rates from :data:`MIN_RATE_BPS` to :data:`MAX_RATE_BPS` are
+and 200 ms queue, rates from :data:`perfsim.shaping.MIN_RATE_BPS` to
+:data:`perfsim.shaping.MAX_RATE_BPS` are
 represented exactly (docs/validation.md, "Measurement notes"), so others are
 refused before anything is created.
 """
@@ -50,9 +51,8 @@ from pathlib import Path
 
 from perfsim.errors import ConfigError
 from perfsim.procs import pid_alive, provably_dead
-# the shaper's facts live below both the emulation and the link model (perfsim.shaping);
-# importers of perfsim.netem keep finding them here
-from perfsim.shaping import MAX_RATE_BPS, MIN_RATE_BPS, check_rate, tbf_burst_bytes  # noqa: F401
+# the shaper's facts (rate range, bucket depth) live below both the emulation and the link model
+from perfsim.shaping import check_rate, tbf_burst_bytes
 
 PREFIX = "perfsim-"
 _TEARDOWN_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}

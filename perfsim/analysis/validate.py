@@ -51,7 +51,7 @@ from perfsim.fabrics import Nic
 from perfsim.job import chosen_chunks
 from perfsim.link import Link
 from perfsim.models.registry import get_model_spec
-from perfsim.netem import check_rate
+from perfsim.shaping import check_rate
 from perfsim.profile import load_profile
 from perfsim.runtime import make_config
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list

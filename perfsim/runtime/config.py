@@ -161,7 +161,7 @@ class RunConfig(Job):
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
         if self.bandwidth_bps is not None:
-            from perfsim.netem import check_rate
+            from perfsim.shaping import check_rate
 
             check_rate(self.bandwidth_bps)  # the range tc can shape, before anything is built
         if self.latency_s < 0:

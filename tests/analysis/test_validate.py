@@ -232,7 +232,7 @@ def test_small_message_cost_is_pooled_over_rates_and_burst_is_the_configured_buc
     """Messages that fit in every link's token bucket cost the same at any rate: the
     fixed cost is the repeat-weighted mean over all emulated rates, and the burst is
     the bucket perfsim.netem configured (payload share), not the fitted knee."""
-    from perfsim.netem import tbf_burst_bytes
+    from perfsim.shaping import tbf_burst_bytes
 
     recs = []
     for name, rate, mean in (("messenger@100Mbps", 9.5e7, 2e-3), ("messenger@1Gbps", 9.5e8, 4e-4)):
