@@ -41,3 +41,20 @@ def test_ci_exit_status(tmp_path, script, rc, message):
         assert message in r.stderr
     if rc == 0:
         assert r.stdout.strip() == "test"  # exactly `make test`
+
+
+def test_every_package_is_listed_for_the_wheel():
+    """A subpackage missing from pyproject's ``packages`` works in an editable install and breaks a
+    real one (``pip install .``): every folder with an ``__init__.py`` must be listed."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    dirs = {v: k for k, v in cfg["package-dir"].items()}
+    found = set()
+    for init in ROOT.glob("**/__init__.py"):
+        rel = init.parent.relative_to(ROOT)
+        top = rel.parts[0]
+        if top not in dirs:
+            continue
+        found.add(".".join((dirs[top],) + rel.parts[1:]))
+    assert found == set(cfg["packages"]), sorted(found ^ set(cfg["packages"]))
