@@ -24,6 +24,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from perfsim.compression.base import REDUCE_SCATTER
 from perfsim.errors import ConfigError
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD,
                                PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES)
@@ -273,8 +274,9 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     among the replicas of a pipeline device (tensor rank 0; ``nodes``: how many on
     each node), as :func:`nic_bound`
     counts them: per all-reduce of ``S`` bytes over ``N`` nodes ``2 (N-1)/N S`` out of
-    each node, per all-gather ``(n - k) S`` into a node holding ``k`` of the ``n``
-    members; other kinds, and a topology, count nothing."""
+    each node, per reduce-scatter ``(n - k)/n S`` out of and per all-gather ``(n - k) S``
+    into a node holding ``k`` of the ``n`` members; other kinds, and a topology, count
+    nothing."""
     if system.topology is not None or not system.bandwidth_bps:
         return 0.0
     n = strategy.dp
@@ -285,6 +287,8 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     for step in bucket.steps:
         if step.kind == "allreduce":
             out += 2.0 * (N - 1) / N * step.nbytes
+        elif step.kind == REDUCE_SCATTER:  # the other members' parts of the sum leave the node
+            out += (n - min(nodes.values())) / n * step.nbytes
         elif step.kind == "allgather":
             into += (n - min(nodes.values())) * step.nbytes
     return max(out, into)
@@ -351,7 +355,9 @@ def nic_bound(pl, strategy, system) -> float:
       workstations", JPDC 2009), and receives per all-gather ``(n - k) S`` (the other
       members' parts; ``k`` of its ``n`` members on the node) -- under ZeRO-3 also per
       micro-batch each unit's shards (twice when resharded after the forward,
-      :mod:`perfsim.engine.sharding`); other kinds nothing.
+      :mod:`perfsim.engine.sharding`), and sends per reduce-scatter of ``S`` bytes per
+      member (ZeRO-2/3: each unit's gradient, every micro-batch) the other members'
+      ``(n - k)/n S`` (so does a bucket's reduce-scatter, ZeRO-1's); other kinds nothing.
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
     if not system.bandwidth_bps:
         return 0.0
@@ -385,8 +391,11 @@ def nic_bound(pl, strategy, system) -> float:
             # again before its backward when resharded), :mod:`perfsim.engine.sharding`
             shards = sum(u.gather_bytes for u in st.units)
             gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
+            # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
+            scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
+            scatter += sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == REDUCE_SCATTER)
             for node, on in nodes.items():
-                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (n - on) / n * scatter
                 into[node] = into.get(node, 0.0) + (n - on) * gather
     return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
 
