@@ -23,8 +23,15 @@ orders 5, 6 and 7 (about 2 minutes on one core):
 
     python scripts/onebit_frozen_variance.py --table
 
+``--layers`` for 1-bit Adam prints, per layer and every 25 steps of the compression
+stage, how many coordinates have Adam's denominator (Adam's variance of the same gradients,
+tracked alongside) above twice the preconditioning one or below half of it, and the update
+norm over Adam's for the same momentum:
+
+    python scripts/onebit_frozen_variance.py adam 0.02 float32 --refresh 16 --bound adam --layers
+
 1-bit LAMB's scaling ratio (arXiv:2104.06069 Alg. 1 line 17, the largest element of
-frozen over fresh preconditioner): ``--ratios`` prints, per layer and every 25 steps of
+frozen over fresh preconditioner): ``--layers`` prints, per layer and every 25 steps of
 the compression stage, the ratio ``r`` in use, LAMB's own coefficient ``||x|| / ||u||``
 before its clip to ``[0.01, 0.3]``, the update ``|u|`` of the coordinate that sets the
 largest element (over the layer's largest), the share of the layer's squared update on
@@ -32,7 +39,7 @@ coordinates whose fresh variance is *below* the frozen one, and the update-weigh
 ``||m / fresh|| / ||m / frozen||``; ``--ratio norm`` runs 1-bit LAMB with that weighted
 ratio instead of the largest element (same clips), a diagnostic, not a library option:
 
-    python scripts/onebit_frozen_variance.py lamb 0.1 float32 --refresh 16 --bound adam --ratios
+    python scripts/onebit_frozen_variance.py lamb 0.1 float32 --refresh 16 --bound adam --layers
     python scripts/onebit_frozen_variance.py lamb 0.1 float32 --refresh 16 --bound adam --ratio norm
 
 ``--fresh-noise``: the same statistics under the 1-bit compressor, which needs two gloo
@@ -67,7 +74,8 @@ class Outcome(NamedTuple):
     final: float        # full-data loss after the last step (inf: the run stopped with its error)
     log: list           # every log_every steps: (step, loss, max |m_hat|/denom of W1, coords > bound)
     tail: float         # mean full-data loss over the last TAIL steps
-    ratios: list        # with ratios=True: (step, {layer: ratio_stats(...)}) every log_every steps
+    layers: list        # with layers=True: (step, {layer: ratio_stats / adam_gap}) every log_every steps
+    last: list          # full-data loss of the last 10 steps
 
 
 class NormRatioLamb(OneBitLamb):
@@ -107,11 +115,26 @@ def standardised_digits() -> tuple[torch.Tensor, torch.Tensor]:
     return (x - x.mean(0)) / (x.std(0) + 1e-3), y
 
 
+def adam_gap(opt, p: torch.Tensor, adam_v: torch.Tensor, step: int) -> dict:
+    """After 1-bit Adam's compression-stage ``step``: how many coordinates have Adam's
+    denominator (``adam_v``: Adam's variance of the same gradients, tracked alongside) more
+    than 2x the preconditioning one, or less than half of it, and the update norm with
+    the preconditioning variance over the one with Adam's (same momentum)."""
+    st, g = opt.state[p], opt.param_groups[0]
+    b1, b2 = g["betas"]
+    denom = (st["exp_avg_sq"] / (1 - b2 ** opt._variance_steps())).sqrt() + g["eps"]
+    adam = (adam_v / (1 - b2 ** step)).sqrt() + g["eps"]
+    m = st["exp_avg"] / (1 - b1 ** step)
+    return {"adam_above": int((adam > 2 * denom).sum()), "adam_below": int((2 * adam < denom).sum()),
+            "norm_ratio": float((m / denom).norm() / (m / adam).norm())}
+
+
 def run(alg: str, lr: float, dtype, *, baseline: bool, refresh: int = 0, bound: str = "off",
-        seed: int = 5, log_every: int = 0, ratio: str = "max", ratios: bool = False) -> Outcome:
+        seed: int = 5, log_every: int = 0, ratio: str = "max", layers: bool = False) -> Outcome:
     """One run (:class:`Outcome`). The baseline is the same optimizer whose warm-up never
     ends (bit-identical to AdamW / our LAMB). ``ratio="norm"``: 1-bit LAMB with
-    :class:`NormRatioLamb`'s ratio; ``ratios``: log :func:`ratio_stats` per layer."""
+    :class:`NormRatioLamb`'s ratio; ``layers``: log per layer :func:`ratio_stats` (1-bit
+    LAMB) or :func:`adam_gap` (1-bit Adam) every ``log_every`` steps."""
     x_all, y_all = standardised_digits()
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(dtype)
@@ -120,6 +143,7 @@ def run(alg: str, lr: float, dtype, *, baseline: bool, refresh: int = 0, bound: 
               refresh=refresh, bound=bound)
     g = torch.Generator().manual_seed(seed)
     loss, log, tail, history = float("nan"), [], [], []
+    adam_v = [torch.zeros(p.shape) for p in m.parameters()]  # Adam's variance, for adam_gap
     for step in range(1, STEPS + 1):
         idx = torch.randint(0, len(x_all), (BATCH,), generator=g)
         opt.zero_grad(set_to_none=True)
@@ -128,7 +152,10 @@ def run(alg: str, lr: float, dtype, *, baseline: bool, refresh: int = 0, bound: 
             opt.step()
         except Exception as e:  # a diverged run stops with perfsim's one-line error
             print(f"  step {step}: {e}")
-            return Outcome(float("inf"), log, float("inf"), history)
+            return Outcome(float("inf"), log, float("inf"), history, tail[-10:])
+        if layers and alg == "adam":
+            for v, p in zip(adam_v, m.parameters()):
+                v.mul_(0.999).addcmul_(p.grad.float(), p.grad.float(), value=0.001)
         if step > STEPS - TAIL or log_every and step % log_every == 0:
             with torch.no_grad():
                 loss = float(torch.nn.functional.cross_entropy(m(x_all.to(dtype)).float(), y_all))
@@ -140,9 +167,10 @@ def run(alg: str, lr: float, dtype, *, baseline: bool, refresh: int = 0, bound: 
             v = st.get("exp_avg_sq_frozen", st["exp_avg_sq"]) / (1 - b2 ** n)
             r = st["exp_avg"].abs() / (1 - b1 ** step) / (v.sqrt() + 1e-8)
             log.append((step, loss, float(r.max()), int((r > step_bound(b1, b2) * (1 + 1e-6)).sum())))
-            if ratios and alg == "lamb" and step > WARMUP and not baseline:
-                history.append((step, {k: ratio_stats(opt, p, step) for k, p in zip(LAYERS, m.parameters())}))
-    return Outcome(loss, log, statistics.mean(tail), history)
+            if layers and step > WARMUP and not baseline:
+                history.append((step, {k: ratio_stats(opt, p, step) if alg == "lamb" else adam_gap(opt, p, v, step)
+                                       for k, p, v in zip(LAYERS, m.parameters(), adam_v)}))
+    return Outcome(loss, log, statistics.mean(tail), history, tail[-10:])
 
 
 VARIANTS = [("off", 0, "off"), ("refresh=16", 16, "off"), ("bound=adam", 0, "adam"),
@@ -232,7 +260,7 @@ def main() -> None:
     ap.add_argument("--bound", default="off")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--ratio", choices=["max", "norm"], default="max")
-    ap.add_argument("--ratios", action="store_true")
+    ap.add_argument("--layers", action="store_true")
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.table:
@@ -241,25 +269,32 @@ def main() -> None:
         return fresh_noise()
     if a.alg is None or a.lr is None or a.dtype is None:
         ap.error("give ALG LR DTYPE (e.g. adam 0.02 bfloat16), or --table, or --fresh-noise")
-    if (a.ratio != "max" or a.ratios) and a.alg != "lamb":
-        ap.error("--ratio / --ratios: 1-bit LAMB's scaling ratio (give lamb)")
+    if a.ratio != "max" and a.alg != "lamb":
+        ap.error("--ratio: 1-bit LAMB's scaling ratio (give lamb)")
     dtype = getattr(torch, a.dtype)
     name = "Adam" if a.alg == "adam" else "LAMB"
     one = run(a.alg, a.lr, dtype, baseline=False, refresh=a.refresh, bound=a.bound, seed=a.seed,
-              log_every=25, ratio=a.ratio, ratios=a.ratios)
+              log_every=25, ratio=a.ratio, layers=a.layers)
     base = run(a.alg, a.lr, dtype, baseline=True, seed=a.seed, log_every=25)
-    if a.ratios:
+    if a.layers and a.alg == "lamb":
         print("step layer     r  LAMB ||x||/||u||  max frozen/fresh  |u| there / max |u|  "
               "u^2 share fresh<frozen  weighted ratio")
-        for step, layers in one.ratios:
+        for step, layers in one.layers:
             for k, d in layers.items():
                 print(f"{step:4d} {k:4s} {d['r']:6.2f} {d['lamb']:16.3g} {d['q_max']:17.3g} {d['u_at_max']:20.2g} "
                       f"{d['mass_fresh_below']:23.2f} {d['weighted']:15.2f}")
+    elif a.layers:
+        print("step layer  coords Adam's denom > 2x  < 1/2x  update norm / Adam's (same momentum)")
+        for step, layers in one.layers:
+            for k, d in layers.items():
+                print(f"{step:4d} {k:4s} {d['adam_above']:23d} {d['adam_below']:7d} {d['norm_ratio']:38.2f}")
     print(f"step  1-bit {name}: loss, max |m_hat|/denom, coords > 3.16   |   {name}: the same")
     for (s, l1, r1, c1), (_, l2, r2, c2) in zip(one.log, base.log):
         print(f"{s:4d}  {l1:10.4g} {r1:10.3g} {c1:5d}   |   {l2:10.4g} {r2:8.3g} {c2:5d}")
     print(f"final loss: 1-bit {name} {one.final:.4g}, {name} {base.final:.4g} ({one.final / base.final:.2f}x); "
           f"mean of the last {TAIL} steps: {one.tail:.4g}, {base.tail:.4g} ({one.tail / base.tail:.2f}x)")
+    print(f"last 10 steps: 1-bit {name} " + " ".join(f"{x:.3g}" for x in one.last)
+          + f" | {name} " + " ".join(f"{x:.3g}" for x in base.last))
 
 
 if __name__ == "__main__":

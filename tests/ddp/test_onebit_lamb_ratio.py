@@ -1,5 +1,5 @@
 """Why 1-bit LAMB falls behind LAMB on the frozen-variance case (issue 35), measured with
-``scripts/onebit_frozen_variance.py lamb 0.1 float32 --refresh 16 --bound adam --ratios``
+``scripts/onebit_frozen_variance.py lamb 0.1 float32 --refresh 16 --bound adam --layers``
 (standardised digits, exact averaging, both variance options on, data order 5):
 
 * LAMB's own coefficient ``||x|| / ||u||`` is below its clip 0.3 only in the first 13-17
@@ -51,7 +51,7 @@ def runs():
     finally:
         OneBitLamb._warmup_step = warmup_step
     return {"base": base, "unclipped": unclipped,
-            "max": mod.run("lamb", 0.1, torch.float32, baseline=False, ratios=True, **both),
+            "max": mod.run("lamb", 0.1, torch.float32, baseline=False, layers=True, **both),
             "norm": mod.run("lamb", 0.1, torch.float32, baseline=False, ratio="norm", **both)}
 
 
@@ -63,7 +63,7 @@ def test_lambs_coefficient_is_clipped_after_the_first_steps(runs):
 
 
 def test_the_largest_element_raises_the_step_where_lamb_would_lower_it(runs):
-    history = dict(runs["max"].ratios)
+    history = dict(runs["max"].layers)
     assert sorted(history) == [125, 150, 175, 200, 225, 250, 275, 300]
     for layer in ("W1", "W2"):
         at = history[200][layer]
