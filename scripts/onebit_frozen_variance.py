@@ -80,9 +80,9 @@ class Outcome(NamedTuple):
 
 class NormRatioLamb(OneBitLamb):
     """1-bit LAMB whose scaling ratio is the update-weighted ratio ``||m / fresh|| /
-    ||m / frozen||`` (the norm of the update with the fresh variance over the one with the
-    frozen variance: the factor by which LAMB's trust ratio ``||x|| / ||u||`` would move)
-    instead of Alg. 1's largest element; clipped the same way. A diagnostic."""
+    ||m / frozen||`` (the layer's update norm with the fresh variance over the one with the
+    frozen variance: the same per-element ratio, weighted by where the update is) instead
+    of Alg. 1's largest element; clipped the same way. A diagnostic."""
 
     @staticmethod
     def _scaling_ratio(m, denom, fresh):
@@ -155,7 +155,8 @@ def run(alg: str, lr: float, dtype, *, baseline: bool, refresh: int = 0, bound: 
             return Outcome(float("inf"), log, float("inf"), history, tail[-10:])
         if layers and alg == "adam":
             for v, p in zip(adam_v, m.parameters()):
-                v.mul_(0.999).addcmul_(p.grad.float(), p.grad.float(), value=0.001)
+                b2 = opt.param_groups[0]["betas"][1]
+                v.mul_(b2).addcmul_(p.grad.float(), p.grad.float(), value=1 - b2)
         if step > STEPS - TAIL or log_every and step % log_every == 0:
             with torch.no_grad():
                 loss = float(torch.nn.functional.cross_entropy(m(x_all.to(dtype)).float(), y_all))
