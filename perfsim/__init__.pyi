@@ -39,6 +39,7 @@ def predict(
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -114,6 +115,8 @@ def predict(
             host time per GPU operator (framework, autograd, launch), replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager PyTorch on an H200 host (docs/gpu.md); needs gpu
         comm_slowdown (float | None):
             compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
+        nic_affinity (str, default 'gpu'):
+            gpu: one GPU's flows (a pipeline message, a ring with one rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of them (one of perfsim.fabrics.NIC_AFFINITIES)
         nic_sharing (bool, default True):
             share NICs fairly between concurrent flows; false gives every flow the full link (a lower bound)
         link_burst (str | int, default '0B'):
@@ -210,6 +213,7 @@ def sweep(
     link_model: str | list | None = None,
     host_overhead: str | float | list | None = None,
     comm_slowdown: float | list | None = None,
+    nic_affinity: str | list | None = None,
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
@@ -303,6 +307,7 @@ def memory_report(
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
 from perfsim.errors import ConfigError
-from perfsim.fabrics import NIC_KINDS
+from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
 from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
@@ -242,6 +242,9 @@ class System:
     nic_kind: str = "ideal"
     #: NICs per node (``bandwidth_bps`` is their total; reported, shared by the node's GPUs)
     nics_per_node: int = 1
+    #: ``gpu``: one GPU's flows use only its nearest NICs, ``1 / min(nics, gpus_per_node)`` of
+    #: the node's (perfsim.fabrics.gpu_nic_share); ``node``: every flow may use all of them
+    nic_affinity: str = "gpu"
     #: ``auto``: the profile's measured link at this rate when it has one, else nominal;
     #: ``calibrated``: require it; ``nominal``: ``bandwidth_bps`` x the NIC kind's efficiency
     link_model: str = "auto"
@@ -272,6 +275,8 @@ class System:
         if self.nic_kind not in NIC_KINDS:
             raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")
         _pos_int(self, "nics_per_node")
+        if self.nic_affinity not in NIC_AFFINITIES:
+            raise ConfigError(f"nic_affinity={self.nic_affinity!r}: choose from {', '.join(NIC_AFFINITIES)}")
         if self.link_model not in LINK_MODELS:
             raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
         if self.collective_algo not in COLLECTIVE_ALGORITHMS:

@@ -73,6 +73,26 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
 )}
 
 
+#: which of a node's NICs one GPU's flows may use (``System.nic_affinity``)
+NIC_AFFINITIES = ("gpu", "node")
+
+
+def gpu_nic_share(nics: int, gpus_per_node: int, affinity: str = "gpu") -> float:
+    """Share of a node's NIC capacity that the flows of ONE GPU can use.
+
+    ``gpu``: each GPU sends through the NICs nearest to it on PCIe, ``1 / min(nics, g)`` of
+    the node's total -- one NIC per GPU on a DGX A100 / H100 with 8 compute HCAs ("rail
+    optimised": NVIDIA DGX A100 User Guide, network ports; NCCL binds each GPU's channels to
+    its closest NIC, NCCL's topology search in ``src/graph/search.cc``), the whole NIC when
+    the node has one. A collective whose ring holds several GPUs of a node still reaches
+    every NIC: NCCL builds one ring per NIC (``src/graph/rings.cc``), so this applies to a
+    p2p message and to collectives with one rank per node. ``node``: any flow may use all
+    of the node's NICs (the earlier model; optimistic for a lone pipeline message)."""
+    if affinity == "node":
+        return 1.0
+    return 1.0 / max(1, min(nics, gpus_per_node))
+
+
 @dataclass(frozen=True)
 class Nic:
     """A node's NICs: ``count`` of ``rate_bps`` each, of transport ``kind``."""

@@ -87,7 +87,8 @@ class CollectivePricing:
             counts[self.node(d)] = counts.get(self.node(d), 0) + 1
         sysm = self.system
         n = len(members)
-        inter = [self._path(members[i], members[(i + 1) % n], link) for i in range(n)
+        one_gpu = max(counts.values(), default=1) == 1  # else NCCL runs a ring per NIC: all of them
+        inter = [self._path(members[i], members[(i + 1) % n], link, one_gpu) for i in range(n)
                  if self.node(members[i]) != self.node(members[(i + 1) % n])]
         inter_bps = min((p.bandwidth_bps for p in inter), default=link.rate_bps)
         inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
