@@ -66,6 +66,7 @@ def predict(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -169,6 +170,8 @@ def predict(
             where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
         tied_embedding (str | None):
             a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.job.TIED_EMBEDDINGS)
+        tp_send (str | None):
+            how the TP ranks of a stage send a pipeline boundary: full (each sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; sequence parallelism sends 1/tp either way (one of perfsim.job.TP_SENDS)
         micro_batch (int, default 1):
             samples per micro-batch
         macro_batch (int | None):
@@ -240,6 +243,7 @@ def sweep(
     overlap: bool | list | None = None,
     grad_buffer: str | list | None = None,
     tied_embedding: str | list | None = None,
+    tp_send: str | list | None = None,
     micro_batch: int | list | None = None,
     macro_batch: int | list | None = None,
     global_batch: int | list | None = None,
@@ -334,6 +338,7 @@ def memory_report(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -373,6 +378,7 @@ def run(
     partition: str | Sequence[int] | None = None,
     tied_embedding: str | None = 'untied',
     zero: int = 0,
+    tp_send: str | None = 'full',
     steps: int | None = None,
     epochs: float | None = None,
     seed: int = 0,

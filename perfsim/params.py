@@ -224,6 +224,10 @@ PARAMS: tuple[Param, ...] = (
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
           "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
+    Param("tp_send", "choice", None, "how the TP ranks of a stage send a pipeline boundary: full (each "
+          "sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, "
+          "all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; "
+          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "

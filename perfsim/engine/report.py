@@ -145,7 +145,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
         "events": out.events + (warm.events if warm is not None else 0), "engine": out.engine,
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
-        "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
+        "sequence_parallel": strategy.sequence_parallel, "tp_send": strategy.tp_send, "precision": strategy.precision,
         "recompute": strategy.recompute, "attention": strategy.attention, "zero": strategy.zero,
         "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,
