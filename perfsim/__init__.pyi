@@ -40,6 +40,8 @@ def predict(
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
     nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -118,6 +120,10 @@ def predict(
             compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
         nic_affinity (str, default 'gpu'):
             gpu: one GPU's flows (a pipeline message, a ring with one rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of them (one of perfsim.fabrics.NIC_AFFINITIES)
+        straggler_cv (float, default 0.0):
+            spread (std / mean) of the GPUs' speeds, e.g. 0.01; every iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off
+        jitter_cv (float, default 0.0):
+            spread (std / mean) of one micro-batch's compute, independent between micro-batches (averages over accumulation); 0 = off
         nic_sharing (bool, default True):
             share NICs fairly between concurrent flows; false gives every flow the full link (a lower bound)
         link_burst (str | int, default '0B'):
@@ -217,6 +223,8 @@ def sweep(
     host_overhead: str | float | list | None = None,
     comm_slowdown: float | list | None = None,
     nic_affinity: str | list | None = None,
+    straggler_cv: float | list | None = None,
+    jitter_cv: float | list | None = None,
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
@@ -312,6 +320,8 @@ def memory_report(
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
     nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',

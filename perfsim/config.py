@@ -257,6 +257,12 @@ class System:
     #: host time per GPU operator (framework, autograd, launch) replacing the GPU
     #: curve's ``kernel_s``; None = the curve's (perfsim.hardware.curve_for)
     host_overhead_s: float | None = None
+    #: relative spread (standard deviation / mean) of the GPUs' speeds, persistent per GPU;
+    #: the iteration waits for the slowest (perfsim.engine.sync_wait); 0 = off
+    straggler_cv: float = 0.0
+    #: relative spread of one micro-batch's compute on one GPU, independent between
+    #: micro-batches (averages over gradient accumulation; perfsim.engine.sync_wait); 0 = off
+    jitter_cv: float = 0.0
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -284,6 +290,10 @@ class System:
                               f"{', '.join(COLLECTIVE_ALGORITHMS)}")
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        for name in ("straggler_cv", "jitter_cv"):
+            _pos_float(self, name, allow_zero=True)
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: a relative spread, must be < 1 (0.02 = 2 %)")
         if self.host_overhead_s is not None and self.gpu is None:
             raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
                               "times carry their own host")

@@ -145,6 +145,11 @@ PARAMS: tuple[Param, ...] = (
     Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
           "rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of "
           "them", "system", "system.nic_affinity", choices="perfsim.fabrics:NIC_AFFINITIES"),
+    Param("straggler_cv", "float", 0.0, "spread (std / mean) of the GPUs' speeds, e.g. 0.01; every "
+          "iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off",
+          "system", "system.straggler_cv"),
+    Param("jitter_cv", "float", 0.0, "spread (std / mean) of one micro-batch's compute, independent "
+          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
           "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
     Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
