@@ -36,6 +36,7 @@ def predict(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
@@ -112,6 +113,8 @@ def predict(
             NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
         collective_algo (str, default 'auto'):
             allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
+        collective_model (str, default 'nominal'):
+            nominal: a collective's steps cost the link latency, every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve) (one of perfsim.collectives.COLLECTIVE_MODELS)
         link_model (str, default 'auto'):
             auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
         host_overhead (str | float | None):
@@ -219,6 +222,7 @@ def sweep(
     intra_node_fabric: str | list | None = None,
     nic: str | Nic | list | None = None,
     collective_algo: str | list | None = None,
+    collective_model: str | list | None = None,
     link_model: str | list | None = None,
     host_overhead: str | float | list | None = None,
     comm_slowdown: float | list | None = None,
@@ -316,6 +320,7 @@ def memory_report(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,

@@ -211,7 +211,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     if p["intra_node_fabric"]:
         fabric = get_fabric(p["intra_node_fabric"])
-        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
+        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,
+                  intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
 

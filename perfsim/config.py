@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from perfsim.collectives import COLLECTIVE_MODELS
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
 from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
@@ -251,6 +252,12 @@ class System:
     #: collective algorithm (perfsim.collectives): ``auto`` (least modelled time, as
     #: NCCL's tuner), ``ring``, ``tree`` or ``hierarchical``
     collective_algo: str = "auto"
+    #: ``nominal``: each collective step costs the link's latency, every size the full rate;
+    #: ``nccl``: NCCL's protocols LL / LL128 / Simple, the cheapest per size (perfsim.collectives)
+    collective_model: str = "nominal"
+    #: the intra-node fabric is PCIe (NCCL's PCI step latencies, no LL128); set from
+    #: ``--intra-node-fabric pcie*``
+    intra_node_pcie: bool = False
     #: compute slowdown while communication overlaps it on the same device (0.1 = 10 %
     #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
     comm_slowdown: float | None = None
@@ -288,6 +295,8 @@ class System:
         if self.collective_algo not in COLLECTIVE_ALGORITHMS:
             raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
                               f"{', '.join(COLLECTIVE_ALGORITHMS)}")
+        if self.collective_model not in COLLECTIVE_MODELS:
+            raise ConfigError(f"collective_model={self.collective_model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
         for name in ("straggler_cv", "jitter_cv"):

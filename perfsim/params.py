@@ -134,6 +134,10 @@ PARAMS: tuple[Param, ...] = (
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
           "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",
           "system.collective_algo", choices="perfsim.collectives:ALGORITHMS"),
+    Param("collective_model", "choice", "nominal", "nominal: a collective's steps cost the link latency, "
+          "every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their "
+          "latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve)", "system",
+          "system.collective_model", choices="perfsim.collectives:COLLECTIVE_MODELS"),
     Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),

@@ -93,7 +93,8 @@ class CollectivePricing:
         inter_bps = min((p.bandwidth_bps for p in inter), default=link.rate_bps)
         inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
         return GroupShape(len(members), len(counts), max(counts.values(), default=1),
-                          sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat)
+                          sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat,
+                          sysm.collective_model, sysm.intra_node_pcie)
 
     def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None,
                    lockstep: bool = False, call: str | None = None) -> Collective:
