@@ -110,7 +110,7 @@ def predict(
         intra_node_fabric (str | None):
             intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
         nic (str | Nic | None):
-            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
+            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
         collective_algo (str, default 'auto'):
             allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
         collective_model (str, default 'nominal'):

@@ -129,7 +129,7 @@ PARAMS: tuple[Param, ...] = (
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
     Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
-          "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
+          "total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the "
           "transport efficiency of an uncalibrated link", "system"),
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
           "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",

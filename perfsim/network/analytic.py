@@ -56,7 +56,7 @@ class Network(CollectivePricing):
             raise ConfigError(f"{self.topology.source}: has {self.topology.nodes} nodes, "
                               f"the job needs {self.num_nodes} ({self.num_devices} devices, "
                               f"{gpn} per node)")
-        common = dict(model=system.link_model, efficiency=NIC_KINDS[system.nic_kind].efficiency,
+        common = dict(model=system.link_model, efficiency=NIC_KINDS[system.nic_kind].efficiency_at(system.bandwidth_bps),
                       burst_bytes=system.link_burst_bytes, protocol=system.p2p_protocol,
                       control_latency_s=system.p2p_control_latency_s)
         self.link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s, op="p2p", **common)

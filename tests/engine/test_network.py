@@ -181,3 +181,18 @@ def test_pipeline_message_across_nodes_is_one_nics_worth():
     extra = msg * 8 / 100e9 - msg * 8 / 200e9  # one message's extra time on one NIC
     slower = one.summary["iteration_s"] - both.summary["iteration_s"]
     assert 2 * extra * 0.99 <= slower <= 2 * 8 * extra * 1.01  # the 16 crossing messages: between once and all on the critical path
+
+
+def test_nccl_socket_transport_is_host_bound():
+    """NCCL's socket transport (TCP, no RDMA): TCP framing on slow links, a 5 GB/s per-node
+    ceiling of the proxy threads' copies on fast ones (NVIDIA/nccl#450: 4-6 GB/s on 100 Gb/s)."""
+    from perfsim.fabrics import NIC_KINDS, parse_nic
+
+    sock = NIC_KINDS["socket"]
+    assert sock.efficiency_at(10e9) == pytest.approx(1448 / 1538)
+    assert sock.efficiency_at(100e9) == pytest.approx(0.4)
+    assert NIC_KINDS["ethernet"].efficiency_at(100e9) == pytest.approx(1448 / 1538)
+    assert parse_nic("2x100Gbps:socket").kind == "socket"
+    net = Network(System(bandwidth_bps=100e9, gpus_per_node=8, nic_kind="socket"), 16)
+    assert net.collective_link.rate_bps == pytest.approx(40e9)
+    assert Network(System(bandwidth_bps=40e9, nic_kind="socket"), 2).link.rate_bps == pytest.approx(40e9 * 1448 / 1538)
