@@ -74,7 +74,8 @@ def evaluate(doc: dict, rows: list[dict], micro_batch: int = 1, schedule: str = 
         out.append(dict(row, predicted_s=pred, measured_s=meas, error=(pred - meas) / meas,
                         predicted_tflops=model_flops(row, w["vocab"], w["seq_len"]) / (pred * row["gpus"]) / 1e12,
                         fits=s["fits"], peak_gib=s["peak_memory_gib"], pipeline_s=s.get("pipeline_s"),
-                        dp_sync_s=s["dp_sync_s"], tp_comm_s=s.get("tp_comm_s", 0.0)))
+                        compute_s=s["compute_s"], idle_s=s["idle_s"], dp_sync_s=s["dp_sync_s"],
+                        tp_comm_s=s.get("tp_comm_s", 0.0)))
     return out
 
 
@@ -113,13 +114,15 @@ def main(argv=None) -> int:
     for mb in mbs:
         res = evaluate(doc, rows, mb, args.schedule, **extra)
         print(f"\nmicro-batch {mb}, {args.schedule}" + (f", {extra}" if extra else ""))
-        print("| params (B) | t | p | d | measured s | predicted s | TFLOP/s meas / pred | error | fits |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        print("| params (B) | t | p | d | measured s | predicted s | TFLOP/s meas / pred | error | fits | "
+              "predicted compute / TP / DP sync / idle s |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
         for r in res:
             print(f"| {r['params_b']} | {r['tp']} | {r['pp']} | {r['gpus'] // (r['tp'] * r['pp'])} | "
                   f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {r['tflops_per_gpu']} / "
                   f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | "
-                  f"{'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) |")
+                  f"{'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | {r['compute_s']:.2f} / "
+                  f"{r['tp_comm_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
         m, s = summary(res)
         print(f"micro-batch {mb}: MAPE {m:.1f} %, mean signed error {s:+.1f} % "
               f"({sum(r['error'] < 0 for r in res)} of {len(res)} rows too fast)")
