@@ -448,3 +448,41 @@ def test_fp8_and_zero_with_a_mixture_of_experts():
     assert w["fp8"] - w["bf16"] == pytest.approx(copies + state, rel=1e-9)
     with pytest.raises(ConfigError, match="ep=2"):
         predict(**dict(base, pp=1, dp=2), ep=2, zero=3)
+
+
+def test_zero3_on_a_cpu_profile_blocks_the_training_thread():
+    """With a profile calibrated on a CPU (gloo, no GPU preset) FSDP2's collectives block the
+    training thread: the iteration is compute + every unit's gathers and reduce-scatters +
+    the step, nothing overlapped; each collective is priced as the profile timed the torch
+    call FSDP2 issues, plus FSDP2's copies at the profile's copy cost. A GPU preset beside
+    the same profile keeps the overlapped model."""
+    from perfsim.analysis.validate import link_params
+    from perfsim.api import build_configs
+    from perfsim.engine import plan_with_memory
+    from perfsim.engine.plan import copy_time
+    from perfsim.engine.sharding import FSDP_CALLS
+    from perfsim.profile import load_profile
+
+    path = str(Path(__file__).parents[2] / "traces" / "cpu-2core.json")
+    link = link_params(load_profile(path), None, 0.0, "profile", True)[0]  # loopback, as perfsim validate
+    kw = dict(model="digits-mlp", pp=1, dp=2, zero=3, micro_batch=8, macro_batch=16, profile=path,
+              overlap=False, **link)
+    w, s, sy, p = build_configs(**kw)
+    net, plan, _ = plan_with_memory(w, s, sy, p, True)
+    assert plan.shard_host_driven
+    m, units = plan.num_microbatches, plan.stages[0].units
+    serial = 0.0
+    for u in units:
+        whole, shard = 4 * u.params, 2 * u.params
+        assert u.gather_host_s == copy_time(p, shard) + copy_time(p, whole) == u.rs_host_s
+        ag = net.collective("allgather", u.gather_bytes, [0, 1], lockstep=True, call=FSDP_CALLS["allgather"]).time()
+        rs = sum(net.collective(st.kind, st.nbytes, [0, 1], lockstep=True, call=FSDP_CALLS[st.kind]).time()
+                 for st in u.rs_steps)
+        assert ag != net.collective("allgather", u.gather_bytes, [0, 1]).time()  # the measured call, not the ring
+        serial += 2 * m * (u.gather_host_s + ag) + m * (u.rs_host_s + rs)
+    r = predict(**kw).summary
+    assert r["dp_sync_s"] == pytest.approx(serial, rel=1e-9)
+    assert r["iteration_s"] == pytest.approx(r["compute_s"] + r["dp_sync_s"] + r["optimizer_s"], rel=1e-6)
+    assert r["dp_bytes"] == predict(**dict(kw, profile=None)).summary["dp_bytes"]  # bytes do not depend on it
+    on_gpu = build_configs(**dict(kw, gpu="h100"))
+    assert not plan_with_memory(*on_gpu, True)[1].shard_host_driven
