@@ -123,6 +123,8 @@ class Plan:
     #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
     zero: int = 0
     reshard_after_forward: bool = True
+    #: ZeRO-2/3's collectives block the training thread (a CPU profile: perfsim.engine.sharding.host_driven)
+    shard_host_driven: bool = False
     #: 1-bit optimizer's variance refreshes (``onebit-adam:refresh=K``, 0: none): the
     #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
     #: (perfsim.compression.refresh.uncompressed_steps)
@@ -401,7 +403,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
         elif dp > 1 and strategy.zero >= 2:
-            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile)
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile, gpu)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
@@ -411,18 +413,23 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
+    from perfsim.engine.sharding import host_driven
+
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, (strategy.grad_compress.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu),
+                (strategy.grad_compress.refresh or 0) if warm_steps else 0)
 
 
-def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile) -> None:
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
+             gpu=None) -> None:
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
-    weights after the last backward, one bucket of the stage."""
-    from perfsim.engine.sharding import param_gather_steps, shard_units
+    weights after the last backward, one bucket of the stage. Host-driven collectives (a
+    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)."""
+    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
@@ -432,6 +439,8 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     fwd = list(workload.fwd_s[a:st.last_layer])
     scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions
     st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
+    if host_driven(profile, gpu):
+        add_host_copies(st.units, wb, dp, lambda nbytes: copy_time(profile, nbytes))
     if strategy.zero == 2:
         st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 

@@ -66,9 +66,11 @@ class NetworkBackend(Protocol):
     def capacity(self, resource: Any) -> float:
         """Rate (bits/s) of a shared resource named by a :class:`Path_`."""
 
-    def collective(self, kind: str, nbytes: float, members: Sequence[int]) -> Collective:
+    def collective(self, kind: str, nbytes: float, members: Sequence[int], call: str | None = None) -> Collective:
         """The plan of a collective ``kind`` of per-rank buffer ``nbytes`` on ``members``
-        (algorithm, phases, bytes each rank puts on the wire)."""
+        (algorithm, phases, bytes each rank puts on the wire). ``call``: the torch.distributed
+        call that issues it, every rank in step, where the engine knows it (a backend may price
+        it as the profile measured that call; the engine passes it only when it is set)."""
 
     def post_receive(self, key: Hashable, dst: int, src: int) -> None:
         """Device ``dst`` posts its receive of message ``key`` from ``src`` now."""
