@@ -177,6 +177,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
+    st["kernels"] = p["kernels"] or defaults.kernels
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
@@ -191,7 +192,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
                                            vocab_multiple=defaults.vocab_multiple,
-                                           attention=strategy.attention,
+                                           attention=strategy.attention, kernels=strategy.kernels,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
                                            routing=Routing.of(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,

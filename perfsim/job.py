@@ -46,6 +46,11 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
+#: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
+#: ``eager`` -- plain PyTorch, one kernel per aten operator, autocast's casts and an fp32
+#: residual stream (a Hugging Face model, nanoGPT; what ``perfsim run`` trains)
+KERNELS = ("fused", "eager")
 
 
 @dataclass(frozen=True)
@@ -68,19 +73,22 @@ class Preset:
     partition: str | None
     #: vocabulary padded to a multiple of this (times tp)
     vocab_multiple: int
+    #: ``fused`` or ``eager`` kernels (KERNELS)
+    kernels: str
 
 
 #: perfsim's own defaults (those of ``perfsim predict`` without a GPU preset)
 PERFSIM = Preset("perfsim", schedule="gpipe", grad_buffer="bucketed", tied_embedding="untied", overlap=True,
-                 placement="tp,pp,dp", partition=None, vocab_multiple=1)
+                 placement="tp,pp,dp", partition=None, vocab_multiple=1, kernels="eager")
 #: Megatron-LM's defaults (Shoeybi et al., arXiv:1909.08053; Narayanan et al., arXiv:2104.04473):
 #: 1F1B, one contiguous fp32 gradient buffer reduced after the backward (unless
 #: ``--overlap-grad-reduce``), the tied embedding's gradient all-reduced between the first and
 #: last stages, ranks ordered tp, dp, pp, a uniform split of the blocks, and the vocabulary
 #: padded to a multiple of 128 x tp (``--make-vocab-size-divisible-by``,
-#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE)
+#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE), and its fused kernels
 MEGATRON = Preset("megatron", schedule="1f1b", grad_buffer="contiguous", tied_embedding="sync", overlap=False,
-                  placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+                  placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE,
+                  kernels="fused")
 PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
 
 
@@ -165,6 +173,9 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: ``eager`` (plain PyTorch: one kernel per operator) or ``fused`` (Megatron-LM's kernels):
+    #: KERNELS; a GPU preset's prediction defaults to Megatron's (:data:`MEGATRON`)
+    kernels: str = "eager"
 
     def __post_init__(self):
         self.check()
@@ -187,6 +198,8 @@ class Job(PipelineShape):
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels={self.kernels!r}: choose from {', '.join(KERNELS)}")
         from perfsim.schedules import SCHEDULES
 
         if self.schedule not in SCHEDULES:

@@ -169,6 +169,9 @@ class RunConfig(Job):
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
+        if self.kernels != "eager":
+            raise ConfigError(f"kernels={self.kernels!r}: perfsim run trains plain PyTorch modules (eager); "
+                              "Megatron-LM's fused kernels are modelled by perfsim predict only")
         from perfsim.models.tensor_parallel import check_tp
         from perfsim.models.transformer import TransformerSpec
 

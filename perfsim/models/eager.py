@@ -1,0 +1,219 @@
+"""The kernels eager PyTorch launches for a transformer block (``kernels="eager"``).
+
+:func:`perfsim.models.ops.block_ops` lists a block as Megatron-LM runs it: fused kernels
+(LayerNorm, bias-dropout-add, the scale-mask-softmax, bias-GELU), norms as one pass over the
+activations. A plain PyTorch training step (a Hugging Face model, nanoGPT, ``torch.autocast`` and
+``scaled_dot_product_attention``) launches one kernel per aten operator instead, and under
+autocast keeps the residual stream and the norms in fp32 and casts every weight and every
+linear layer's input to the compute dtype on each forward (PyTorch "Automatic Mixed
+Precision", torch.amp docs: ``linear``/``matmul``/SDPA run in the lower precision, ``pow``,
+``rsqrt``, ``layer_norm`` in fp32, other ops at the widest input type). :func:`eager_block_ops`
+lists those kernels, forward and backward (autograd's kernels as backward-only :class:`Op`
+values), with the bytes each reads and writes:
+
+* ``rmsnorm`` (Llama, Mistral, Qwen2 ...): ``LlamaRMSNorm`` in transformers' modeling_llama.py --
+  upcast, ``pow``, ``mean``, ``+ eps``, ``rsqrt``, ``mul``, the weight ``mul``: 6 kernels
+  forward, 13 backward, every one a pass over fp32 activations;
+* rotary embeddings (``apply_rotary_pos_emb`` with ``rotate_half``): per q and per k two ``mul``
+  by the fp32 ``cos``/``sin`` (the result fp32), a ``neg`` and a ``cat`` of the halves, an
+  ``add``; 9 kernels each backward under autocast;
+* grouped-query attention: ``repeat_kv`` (expand, then reshape: a copy) of k and v when the
+  query heads outnumber the key/value heads; under autocast SDPA casts q and k (fp32 after the
+  rotary ``mul``) back to the compute dtype;
+* the MLP's ``silu`` and ``gate * up`` (SwiGLU) or ``gelu``; the residual ``add``; a GPT block's
+  ``native_layer_norm``, ``native_dropout`` (output and a bool mask), bias gradients as ``sum``;
+* autograd's accumulation of a tensor's gradients (an ``add`` per extra use) and the casts of
+  every gradient back through autocast's casts.
+
+The list was derived from the real thing and is held to it: ``tests/models/test_eager_ops.py``
+runs a Llama decoder layer written as transformers writes it, and the GPT block
+``scripts/gpu_step_bench.py`` timed on the H100/H200, under ``torch.profiler`` on the CPU and
+checks the number of memory-bound kernels and the bytes they move, forward and backward, against
+this list (``python scripts/eager_kernels.py`` prints the table). Bytes count each input as it is
+viewed (an expanded ``repeat_kv`` input once per repeat) and each output.
+"""
+
+from __future__ import annotations
+
+from perfsim.models.ops import Op
+
+#: bytes of the residual stream and of the norms in eager PyTorch: fp32, with fp32 weights
+#: under autocast (the embedding's output is fp32, ``LlamaRMSNorm`` upcasts) and in fp32 training
+STREAM = 4
+
+
+def _k(name: str, fwd: float = 0.0, bwd: float = 0.0, core: bool = False) -> Op:
+    """One forward kernel moving ``fwd`` bytes, or (``fwd`` 0) one backward kernel moving ``bwd``."""
+    return Op(name, bytes=fwd, bwd_bytes=bwd, attention_core=core) if fwd else Op(name, bwd_bytes=bwd)
+
+
+def rms_norm_ops(name: str, tok: int, h: int) -> list[Op]:
+    """``LlamaRMSNorm`` over ``tok x h`` fp32 values: 6 forward kernels, 13 backward (autograd's
+    formulas of ``weight * x``, ``x * rsqrt(v)``, ``rsqrt``, ``mean``, ``pow``)."""
+    n, a = tok * h, STREAM
+    return [_k(f"{name}_pow", 2 * a * n), _k(f"{name}_mean", a * n + a * tok), _k(f"{name}_add_eps", 2 * a * tok),
+            _k(f"{name}_rsqrt", 2 * a * tok), _k(f"{name}_scale", 2 * a * n + a * tok),
+            _k(f"{name}_weight", 2 * a * n + a * h),
+            *(_k(f"{name}_bwd_{i}", bwd=b) for i, b in enumerate((
+                2 * a * n + a * h, 3 * a * n, a * n + a * h,           # d(weight * y): grad y, grad weight, its sum
+                3 * a * n, 2 * a * n + a * tok, a * n + a * tok,     # d(x * r): grad x, grad r, its sum
+                2 * a * tok, 2 * a * tok, 3 * a * tok,               # d rsqrt: r^3, x -0.5, x grad
+                2 * a * n,                                           # d mean: expand / h
+                2 * a * n, 2 * a * n, 3 * a * n)))]                  # d pow: x^1, x 2, x grad
+
+
+def layer_norm_ops(name: str, tok: int, h: int) -> list[Op]:
+    """``nn.LayerNorm`` (``native_layer_norm``: one kernel each way; fp32 in and out, its mean and
+    rstd kept)."""
+    a = STREAM
+    return [_k(name, 2 * a * tok * h + 2 * a * h + 2 * a * tok),
+            _k(f"{name}_bwd", bwd=3 * a * tok * h + 2 * a * tok + 4 * a * h)]
+
+
+def _linear(name: str, tok: int, n: int, k: int, c: int, mixed: bool, cast_input: bool, bias: bool,
+            lm_head: bool = False) -> list[Op]:
+    """``nn.Linear`` (``tok x k`` by ``k x n``): under autocast its weight (and bias) cast to the
+    compute dtype each forward and the weight gradient cast back (``ToCopyBackward``), its fp32
+    input cast (``cast_input``) and that gradient cast back; the bias gradient a ``sum``."""
+    ops = [Op(name, m=tok, n=n, k=k, lm_head=lm_head)]
+    if bias:
+        ops.append(_k(f"{name}_bias_grad", bwd=c * tok * n + c * n))
+    if mixed:
+        ops += [_k(f"{name}_weight_cast", (STREAM + c) * n * k), _k(f"{name}_weight_grad_cast", bwd=(STREAM + c) * n * k)]
+        if bias:
+            ops += [_k(f"{name}_bias_cast", (STREAM + c) * n), _k(f"{name}_bias_grad_cast", bwd=(STREAM + c) * n)]
+        if cast_input:
+            ops += [_k(f"{name}_input_cast", (STREAM + c) * tok * k), _k(f"{name}_input_grad_cast", bwd=(STREAM + c) * tok * k)]
+    return ops
+
+
+def _rope_ops(name: str, tok: int, width: int, seq: int, dh: int, c: int, mixed: bool) -> list[Op]:
+    """``q * cos + rotate_half(q) * sin`` on ``tok x width`` values of dtype ``c`` (fp32 ``cos``/
+    ``sin`` of ``seq x dh``: the products are fp32)."""
+    a, n, cs = STREAM, tok * width, STREAM * seq * dh
+    ops = [_k(f"{name}_mul_cos", c * n + cs + a * n), _k(f"{name}_neg", c * n), _k(f"{name}_cat", 2 * c * n),
+           _k(f"{name}_mul_sin", c * n + cs + a * n), _k(f"{name}_add", 3 * a * n),
+           _k(f"{name}_bwd_mul_sin", bwd=2 * a * n + cs), _k(f"{name}_bwd_neg", bwd=c * n),
+           _k(f"{name}_bwd_slice1", bwd=1.5 * c * n), _k(f"{name}_bwd_slice2", bwd=1.5 * c * n),
+           _k(f"{name}_bwd_add_halves", bwd=3 * c * n), _k(f"{name}_bwd_mul_cos", bwd=2 * a * n + cs),
+           _k(f"{name}_bwd_accumulate", bwd=3 * c * n)]
+    if mixed:  # the fp32 products' gradients cast back to the projection's dtype
+        ops += [_k(f"{name}_bwd_cast_sin", bwd=(a + c) * n), _k(f"{name}_bwd_cast_cos", bwd=(a + c) * n)]
+    return ops
+
+
+def _accumulate(name: str, n: int) -> Op:
+    """autograd adding a second gradient of a tensor used twice (fp32)."""
+    return _k(name, bwd=3 * STREAM * n)
+
+
+def eager_block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "flash") -> list[Op]:
+    """The kernels of one block on one tensor-parallel rank as eager PyTorch runs it (module
+    docstring): a Llama-style block (``norm == "rmsnorm"``: RMSNorm, rotary, grouped-query SDPA,
+    SwiGLU or a plain MLP, no dropout: transformers' ``LlamaDecoderLayer``) or a GPT-style one
+    (LayerNorm, learned positions, dropouts: ``scripts/gpu_step_bench.py``'s block).
+    ``bpv < 4``: under autocast (fp32 weights and residual stream, compute in ``bpv`` bytes).
+    ``attention="megatron"``: the attention core as separate kernels (copies of q, k, v into
+    ``(b x heads, s, d)``, the causal mask, ``masked_fill_``, ``softmax``, dropout, ``bmm``) in
+    the compute dtype."""
+    s, h, c, mixed = spec.seq_len, spec.hidden, bpv, bpv < STREAM
+    tok = mb * s
+    tok_sp = tok // tp if sp else tok
+    heads = max(1, spec.heads // tp)
+    dh = spec.head_dim
+    q = heads * dh
+    kv = max(1, spec.kv_heads // tp) * dh
+    f = spec.ffn // tp
+    llama = spec.norm == "rmsnorm"
+    a = STREAM
+    ops: list[Op] = []
+    norm = rms_norm_ops if llama else layer_norm_ops
+    ops += norm("norm1", tok_sp, h)
+    if llama:
+        for name, width in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            ops += _linear(name, tok, width, h, c, mixed, True, bool(spec.qkv_bias if spec.qkv_bias is not None
+                                                                     else spec.bias))
+            if name != "v_proj" or kv < q:  # a (b, heads, s, d) gradient viewed back as (b, s, width): a copy;
+                # SDPA returns v's gradient in v's own layout already (unless repeat_kv's sum made it)
+                ops.append(_k(f"{name}_grad_layout", bwd=2 * c * tok * width))
+        ops += [_accumulate("norm1_out_grad_k", tok * h), _accumulate("norm1_out_grad_q", tok * h)]
+        ops += _rope_ops("rope_q", tok, q, s, dh, c, mixed) + _rope_ops("rope_k", tok, kv, s, dh, c, mixed)
+        k_width = kv
+        if kv < q:  # repeat_kv: expand + reshape copies k (fp32 after the rotary mul) and v
+            ops += [_k("repeat_k", 2 * a * tok * q, a * tok * q + a * tok * kv),
+                    _k("repeat_v", 2 * c * tok * q, c * tok * q + c * tok * kv)]
+            k_width = q
+        if mixed:  # SDPA's autocast casts the fp32 q and k
+            ops += [_k("sdpa_cast_q", (a + c) * tok * q, (a + c) * tok * q),
+                    _k("sdpa_cast_k", (a + c) * tok * k_width, (a + c) * tok * k_width)]
+    else:
+        ops += _linear("qkv", tok, 3 * q, h, c, mixed, True, spec.bias)
+        ops.append(_k("qkv_grad_cat", bwd=2 * c * tok * 3 * q))  # chunk's backward
+    ops += _attention_ops(spec, mb, heads, s, dh, q, tok, c, attention)
+    ops += _linear("proj", tok, h, q, c, mixed, False, bool(spec.out_bias if spec.out_bias is not None else spec.bias))
+    if mixed:  # the residual add's gradient of the compute-dtype branch
+        ops.append(_k("residual1_grad_cast", bwd=(a + c) * tok * h))
+    if not llama:
+        ops.append(_k("dropout1", (2 * c + 1) * tok * h, (2 * c + 1) * tok * h))
+    ops += [_k("residual1", (2 * a + c) * tok * h), _accumulate("residual1_grad", tok * h)]
+    if llama:
+        ops.append(_accumulate("norm1_in_grad", tok * h))
+    ops += norm("norm2", tok_sp, h)
+    mlp_bias = bool(spec.mlp_bias if spec.mlp_bias is not None else spec.bias)
+    if spec.gated:
+        ops += _linear("gate_proj", tok, f, h, c, mixed, True, mlp_bias)
+        ops += _linear("up_proj", tok, f, h, c, mixed, True, mlp_bias)
+        ops += [_k("silu", 2 * c * tok * f, 3 * c * tok * f), _k("gate_mul_up", 3 * c * tok * f),
+                _k("gate_mul_up_bwd_gate", bwd=3 * c * tok * f), _k("gate_mul_up_bwd_up", bwd=3 * c * tok * f),
+                _accumulate("norm2_out_grad", tok * h)]
+    else:
+        ops += _linear("fc", tok, f, h, c, mixed, True, mlp_bias)
+        ops.append(_k("gelu", 2 * c * tok * f, 3 * c * tok * f))
+    ops += _linear("down_proj" if spec.gated else "fc_proj", tok, h, f, c, mixed, False, mlp_bias)
+    if mixed:
+        ops.append(_k("residual2_grad_cast", bwd=(a + c) * tok * h))
+    if not llama:
+        ops.append(_k("dropout2", (2 * c + 1) * tok * h, (2 * c + 1) * tok * h))
+    ops += [_k("residual2", (2 * a + c) * tok * h), _accumulate("residual2_grad", tok * h)]
+    if llama:
+        ops.append(_accumulate("norm2_in_grad", tok * h))
+    return ops
+
+
+def _attention_ops(spec, mb: int, heads: int, s: int, dh: int, q: int, tok: int, c: int, attention: str
+                   ) -> list[Op]:
+    """The attention core: SDPA (``flash``: one kernel each way) or ``megatron``'s separate kernels
+    (scripts/gpu_step_bench.py ``megatron_block``)."""
+    causal = not spec.encoder
+    if attention == "flash":
+        return [Op("flash_attention", m=s, n=s, k=dh, batch=mb * heads, attention_core=True, flash=True,
+                   causal=causal)]
+    n = mb * heads * s * s
+    layout = 2 * c * tok * q  # a copy of tok x q values of the compute dtype
+    return [_k("q_copy", layout, core=True), _k("k_copy", layout, core=True), _k("v_copy", layout, core=True),
+            _k("mask_ones", s * s, core=True), _k("mask_triu", 2 * s * s, core=True),
+            Op("scores", m=s, n=s, k=dh, batch=mb * heads, attention_core=True),
+            _k("masked_fill", 2 * c * n + s * s, 2 * c * n + s * s, core=True),
+            _k("softmax", 2 * c * n, 3 * c * n, core=True),
+            _k("attn_dropout", (2 * c + 1) * n, (2 * c + 1) * n, core=True),
+            Op("attn_v", m=s, n=dh, k=s, batch=mb * heads, attention_core=True),
+            _k("y_copy", layout, layout, core=True),
+            _k("scores_grad_scale_q", bwd=layout), _k("scores_grad_scale_k", bwd=layout),
+            _k("q_grad_copy", bwd=layout), _k("k_grad_copy", bwd=layout)]
+
+
+def check_eager(spec, precision: str) -> None:
+    """ConfigError unless :func:`eager_block_ops` lists this block: a dense decoder block of two
+    norms, either Llama-style (RMSNorm, rotary) or GPT-style (LayerNorm, learned positions), in a
+    precision plain PyTorch trains in (fp8 is Transformer Engine's, whose kernels are fused)."""
+    from perfsim.errors import ConfigError
+
+    llama = spec.norm == "rmsnorm" and not spec.learned_positions
+    gpt = spec.norm == "layernorm" and spec.learned_positions
+    if spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2 or not (llama or gpt):
+        raise ConfigError(f"kernels=eager: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
+                          "decoder, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm and learned "
+                          "positions); use kernels=fused")
+    if precision == "fp8":
+        raise ConfigError("kernels=eager with precision=fp8: fp8 training runs Transformer Engine's fused "
+                          "kernels; use kernels=fused")
