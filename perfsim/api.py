@@ -274,15 +274,32 @@ def predict(**params) -> Result:
 
 
 def _warn_memory(summary: dict[str, Any], profile=None) -> None:
-    """Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
+    """With a GPU preset: the peak's share of its capacity (``memory_pressure``) and, above
+    :data:`perfsim.memory.ALLOCATOR_PRESSURE` of it, a ``memory_warning`` (allocator pressure:
+    cudaFree/cudaMalloc and fragmentation, a slowdown the model does not price).
+    Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
     the memory of the GPU the profile was measured on (its ``device`` names a preset, as
     the default's V100 16 GB does), else above every preset's memory, is said in the
     summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
     prints it on stderr; the API does not log it, as the planner and sweeps call
     :func:`predict` for hundreds of configurations."""
     from perfsim.hardware import GPUS, profile_gpu
+    from perfsim.memory import ALLOCATOR_PRESSURE
 
     peak = summary.get("peak_memory_gib")
+    cap = summary.get("memory_capacity_gib")
+    if summary.get("gpu") and peak and cap:  # a GPU preset: the allocator near its capacity
+        share = peak / cap
+        summary["memory_pressure"] = share
+        if share > ALLOCATOR_PRESSURE:
+            summary["memory_warning"] = (
+                f"peak memory {peak:.1f} GiB per GPU is {100 * share:.0f} % of the {summary['gpu']}'s "
+                f"{cap:.0f} GiB ({'beyond its capacity' if share > 1 else f'over {100 * ALLOCATOR_PRESSURE:.0f} %'}): "
+                "PyTorch's caching allocator may free "
+                "and re-allocate (cudaFree/cudaMalloc after a device synchronisation) and fragment, which is "
+                "not priced (perfsim.memory.ALLOCATOR_PRESSURE); measure it, or lower the peak (--recompute, "
+                "--zero, --tp, --pp, a smaller --micro-batch)")
+        return
     if summary.get("gpu") or not peak:
         return
     gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
