@@ -177,7 +177,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
-    st["kernels"] = p["kernels"] or defaults.kernels
+    st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
@@ -214,6 +214,18 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _default_kernels(defaults, model, precision: str) -> str:
+    """The preset's kernels (Megatron-LM's fused with a GPU preset; perfsim's eager: plain PyTorch,
+    what a Hugging Face config.json is trained with and what ``perfsim run`` and ``perfsim calibrate``
+    run), fused for a model whose eager kernels are not listed (:func:`perfsim.models.eager.eager_listed`:
+    encoders, mixtures of experts, parallel blocks; fp8)."""
+    from perfsim.models.eager import eager_listed
+
+    if defaults.kernels == "eager" and (model.arch is None or not eager_listed(model.arch, precision)):
+        return "fused"
+    return defaults.kernels
 
 
 def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:

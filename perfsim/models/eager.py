@@ -202,18 +202,24 @@ def _attention_ops(spec, mb: int, heads: int, s: int, dh: int, q: int, tok: int,
             _k("q_grad_copy", bwd=layout), _k("k_grad_copy", bwd=layout)]
 
 
-def check_eager(spec, precision: str) -> None:
-    """ConfigError unless :func:`eager_block_ops` lists this block: a dense decoder block of two
-    norms, either Llama-style (RMSNorm, rotary) or GPT-style (LayerNorm, learned positions), in a
+def eager_listed(spec, precision: str) -> bool:
+    """Whether :func:`eager_block_ops` lists this block: a dense decoder block of two norms,
+    either Llama-style (RMSNorm, rotary) or GPT-style (LayerNorm, learned positions), in a
     precision plain PyTorch trains in (fp8 is Transformer Engine's, whose kernels are fused)."""
-    from perfsim.errors import ConfigError
-
     llama = spec.norm == "rmsnorm" and not spec.learned_positions
     gpt = spec.norm == "layernorm" and spec.learned_positions
-    if spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2 or not (llama or gpt):
-        raise ConfigError(f"kernels=eager: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
-                          "decoder, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm and learned "
-                          "positions); use kernels=fused")
+    dense = not (spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2)
+    return dense and (llama or gpt) and precision != "fp8"
+
+
+def check_eager(spec, precision: str) -> None:
+    """ConfigError unless :func:`eager_listed`."""
+    from perfsim.errors import ConfigError
+
     if precision == "fp8":
         raise ConfigError("kernels=eager with precision=fp8: fp8 training runs Transformer Engine's fused "
                           "kernels; use kernels=fused")
+    if not eager_listed(spec, precision):
+        raise ConfigError(f"kernels=eager: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
+                          "decoder, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm and learned "
+                          "positions); use kernels=fused")
