@@ -151,13 +151,7 @@ def eager_block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str =
         ops.append(_k("qkv_grad_cat", bwd=2 * c * tok * 3 * q))  # chunk's backward
     ops += _attention_ops(spec, mb, heads, s, dh, q, tok, c, attention)
     ops += _linear("proj", tok, h, q, c, mixed, False, bool(spec.out_bias if spec.out_bias is not None else spec.bias))
-    if mixed:  # the residual add's gradient of the compute-dtype branch
-        ops.append(_k("residual1_grad_cast", bwd=(a + c) * tok * h))
-    if not llama:
-        ops.append(_k("dropout1", (2 * c + 1) * tok * h, (2 * c + 1) * tok * h))
-    ops += [_k("residual1", (2 * a + c) * tok * h), _accumulate("residual1_grad", tok * h)]
-    if llama:
-        ops.append(_accumulate("norm1_in_grad", tok * h))
+    ops += _residual_ops(1, tok * h, c, mixed, llama)
     ops += norm("norm2", tok_sp, h)
     mlp_bias = bool(spec.mlp_bias if spec.mlp_bias is not None else spec.bias)
     if spec.gated:
@@ -170,14 +164,19 @@ def eager_block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str =
         ops += _linear("fc", tok, f, h, c, mixed, True, mlp_bias)
         ops.append(_k("gelu", 2 * c * tok * f, 3 * c * tok * f))
     ops += _linear("down_proj" if spec.gated else "fc_proj", tok, h, f, c, mixed, False, mlp_bias)
-    if mixed:
-        ops.append(_k("residual2_grad_cast", bwd=(a + c) * tok * h))
+    return ops + _residual_ops(2, tok * h, c, mixed, llama)
+
+
+def _residual_ops(i: int, n: int, c: int, mixed: bool, llama: bool) -> list[Op]:
+    """Residual add ``i`` of a block on ``n`` values: the compute-dtype branch's gradient cast
+    back under autocast, a GPT block's dropout (``native_dropout``: output and a bool mask), the
+    fp32 ``add``; autograd adding the gradients of the norm's input (the residual's and the
+    norm's; a Llama norm uses its input twice, ``pow`` and ``mul``: one more)."""
+    ops = [_k(f"residual{i}_grad_cast", bwd=(STREAM + c) * n)] if mixed else []
     if not llama:
-        ops.append(_k("dropout2", (2 * c + 1) * tok * h, (2 * c + 1) * tok * h))
-    ops += [_k("residual2", (2 * a + c) * tok * h), _accumulate("residual2_grad", tok * h)]
-    if llama:
-        ops.append(_accumulate("norm2_in_grad", tok * h))
-    return ops
+        ops.append(_k(f"dropout{i}", (2 * c + 1) * n, (2 * c + 1) * n))
+    ops += [_k(f"residual{i}", (2 * STREAM + c) * n), _accumulate(f"residual{i}_grad", n)]
+    return ops + ([_accumulate(f"norm{i}_in_grad", n)] if llama else [])
 
 
 def _attention_ops(spec, mb: int, heads: int, s: int, dh: int, q: int, tok: int, c: int, attention: str
