@@ -48,9 +48,12 @@ TIED_EMBEDDINGS = ("untied", "sync")
 ZERO_STAGES = (0, 1, 2, 3)
 #: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
 #: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
-#: ``eager`` -- plain PyTorch, one kernel per aten operator, autocast's casts and an fp32
-#: residual stream (a Hugging Face model, nanoGPT; what ``perfsim run`` trains)
-KERNELS = ("fused", "eager")
+#: ``eager`` -- plain PyTorch under ``torch.autocast``, one kernel per aten operator, fp32 weights
+#: and residual stream, autocast's casts (a Hugging Face model, nanoGPT; what ``perfsim run``
+#: trains); ``eager-pure`` -- plain PyTorch with the weights themselves in the training precision
+#: (``model.to(torch.bfloat16)``, FSDP2's ``param_dtype``): no autocast casts, a half-precision
+#: residual stream (``scripts/gpu_step_bench.py``'s steps); the same as ``eager`` in fp32
+KERNELS = ("fused", "eager", "eager-pure")
 
 
 @dataclass(frozen=True)
@@ -173,8 +176,9 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
-    #: ``eager`` (plain PyTorch: one kernel per operator) or ``fused`` (Megatron-LM's kernels):
-    #: KERNELS; a GPU preset's prediction defaults to Megatron's (:data:`MEGATRON`)
+    #: ``eager`` (plain PyTorch under autocast: one kernel per operator), ``eager-pure`` (the same,
+    #: weights in the training precision) or ``fused`` (Megatron-LM's kernels): KERNELS; a GPU
+    #: preset's prediction defaults to Megatron's (:data:`MEGATRON`)
     kernels: str = "eager"
 
     def __post_init__(self):

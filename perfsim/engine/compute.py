@@ -204,12 +204,14 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
-    blocks each their own ops (:func:`block_ops`); ``kernels="eager"``: each block as the
-    kernels eager PyTorch launches (:func:`perfsim.models.eager.eager_block_ops`, each at least
-    ``kernel_s``: the host issues every one)."""
+    blocks each their own ops (:func:`block_ops`); ``kernels="eager"`` / ``"eager-pure"``: each
+    block as the kernels eager PyTorch launches under autocast / with half-precision weights
+    (:func:`perfsim.models.eager.eager_block_ops`, each at least ``kernel_s``: the host issues
+    every one)."""
     bpv = BYTES_PER_VALUE[precision]
-    if kernels == "eager":
-        check_eager(spec, precision)
+    eager = kernels.startswith("eager")
+    if eager:
+        check_eager(spec, precision, kernels)
 
     def fwd_bwd(ops, recomputable: bool):
         t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
@@ -226,7 +228,7 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    kinds = {m: fwd_bwd(eager_block_ops(spec, mb, tp, sp, bpv, attention) if kernels == "eager" else
+    kinds = {m: fwd_bwd(eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
                         block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
              for m in {spec.is_moe_block(i) for i in range(spec.n_layer)}}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]

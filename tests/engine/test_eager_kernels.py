@@ -46,3 +46,13 @@ def test_memory_pressure_is_said_never_silent():
     assert near["memory_pressure"] > 0.8 and "caching allocator" in near["memory_warning"]
     low = perfsim.predict(model=LLAMA, **ONE_GPU).summary
     assert low["memory_pressure"] < 0.8 and "memory_warning" not in low
+
+
+def test_eager_pure_drops_autocasts_traffic_and_equals_eager_in_fp32():
+    kw = dict(ONE_GPU, model=LLAMA)
+    eager, pure = (perfsim.predict(kernels=k, **kw).summary["compute_s"] for k in ("eager", "eager-pure"))
+    fused = perfsim.predict(kernels="fused", **kw).summary["compute_s"]
+    assert fused < pure < eager
+    fp32 = dict(kw, precision="fp32", attention="megatron")
+    assert perfsim.predict(kernels="eager", **fp32).summary["compute_s"] == \
+        perfsim.predict(kernels="eager-pure", **fp32).summary["compute_s"]

@@ -173,20 +173,30 @@ def rope(seq: int, head_dim: int, base: float = 10000.0):
     return emb.cos(), emb.sin()
 
 
-def _autocast(mixed: bool):
-    return torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
+#: how a step runs: fp32 weights under bf16 autocast, fp32 throughout, or the weights themselves
+#: in bf16 (``model.to(torch.bfloat16)``) without autocast
+MODES = ("autocast", "fp32", "bf16")
 
 
-def llama_kernels(b: int, s: int, hidden: int, heads: int, kv_heads: int, ffn: int, mixed: bool):
-    """Kernels of one Llama layer's forward and backward (fp32 weights; ``mixed``: under bf16 autocast)."""
+def _autocast(mode: str):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if mode == "autocast" else contextlib.nullcontext()
+
+
+def _dtype(mode: str):
+    return torch.bfloat16 if mode == "bf16" else torch.float32
+
+
+def llama_kernels(b: int, s: int, hidden: int, heads: int, kv_heads: int, ffn: int, mode: str):
+    """Kernels of one Llama layer's forward and backward in ``mode`` (:data:`MODES`)."""
     torch.manual_seed(0)
-    layer = LlamaLayer(hidden, heads, kv_heads, ffn)
-    x = torch.randn(b, s, hidden, requires_grad=True)
-    grad = torch.randn(b, s, hidden)
-    cos, sin = rope(s, hidden // heads)
+    dtype = _dtype(mode)
+    layer = LlamaLayer(hidden, heads, kv_heads, ffn).to(dtype)
+    x = torch.randn(b, s, hidden, dtype=dtype, requires_grad=True)
+    grad = torch.randn(b, s, hidden, dtype=dtype)
+    cos, sin = (t.to(dtype) for t in rope(s, hidden // heads))  # LlamaRotaryEmbedding: x.dtype
 
     def step():
-        with _autocast(mixed):
+        with _autocast(mode):
             out = layer(x, cos, sin)
         out.backward(grad)
 
@@ -204,10 +214,10 @@ class _GpuDropout:
         return torch.native_dropout(x, p, training)[0]
 
 
-def gpt_kernels(b: int, s: int, hidden: int, heads: int, mixed: bool, flash: bool):
+def gpt_kernels(b: int, s: int, hidden: int, heads: int, mode: str, flash: bool):
     """Kernels of one block of ``scripts/gpu_step_bench.py`` (execute mode's GPT block with
     Megatron-LM's dropouts; ``flash``: SDPA as its attention core, else scores, mask, softmax,
-    dropout, weighted sum), fp32 weights, ``mixed``: under bf16 autocast."""
+    dropout, weighted sum) in ``mode`` (:data:`MODES`; the bench's steps ran ``bf16``)."""
     import importlib.util
     from pathlib import Path
 
@@ -223,12 +233,13 @@ def gpt_kernels(b: int, s: int, hidden: int, heads: int, mixed: bool, flash: boo
     bench.F = _GpuDropout()
     torch.manual_seed(0)
     spec = arch_spec("gpt", "probe", n_layer=1, hidden=hidden, heads=heads, seq_len=s, vocab=64)
-    block = bench.megatron_block(spec, 0.1, flash)
-    x = torch.randn(b, s, hidden, requires_grad=True)
-    grad = torch.randn(b, s, hidden)
+    dtype = _dtype(mode)
+    block = bench.megatron_block(spec, 0.1, flash).to(dtype)
+    x = torch.randn(b, s, hidden, dtype=dtype, requires_grad=True)
+    grad = torch.randn(b, s, hidden, dtype=dtype)
 
     def step():
-        with _autocast(mixed):
+        with _autocast(mode):
             out = block(x)
         out.backward(grad)
 
