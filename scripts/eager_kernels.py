@@ -4,6 +4,11 @@ one (:func:`perfsim.models.ops.block_ops`): memory-bound kernels and the bytes t
 and backward (docs/model.md, "Eager PyTorch").
 
     python scripts/eager_kernels.py            # b 2, s 16, hidden 64, 4 heads (2 kv), ffn 96
+    python scripts/eager_kernels.py --steps traces/gpu/h100-steps-2026-11-26.csv --gpu h100-sxm5-80gb
+
+``--steps``: the measured whole steps of ``scripts/gpu_step_bench.py`` (its Megatron-attention
+and ``megatron-flash`` rows: execute mode's GPT block with Megatron's dropouts, pure bf16) against
+``perfsim predict`` with each ``--kernels``, signed errors.
 """
 
 from __future__ import annotations
@@ -29,7 +34,11 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
     ap.add_argument("--ffn", type=int, default=96)
+    ap.add_argument("--steps", help="a gpu_step_bench.py CSV: predict its rows with each --kernels")
+    ap.add_argument("--gpu", default="h100-sxm5-80gb", help="the GPU preset of --steps")
     a = ap.parse_args(argv)
+    if a.steps:
+        return steps(a.steps, a.gpu)
     b, s, h = a.batch, a.seq, a.hidden
     print("| block | precision | way | fwd kernels | fwd bytes | bwd kernels | bwd bytes |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
@@ -52,6 +61,32 @@ def main(argv=None) -> int:
                 rows[way] = [(len(f), sum(o.bytes for o in f)), (len(bw), sum(bw))]
             for way, ((fk, fb), (bk, bb)) in rows.items():
                 print(f"| {name} | {prec} | {way} | {fk} | {fb:,.0f} | {bk} | {bb:,.0f} |")
+    return 0
+
+
+def steps(path: str, gpu: str) -> int:
+    import csv
+
+    import perfsim
+
+    ways = ("fused", "eager", "eager-pure")
+    print("| attention | hidden | micro-batch | measured | " + " | ".join(f"--kernels {w}" for w in ways) + " |")
+    print("| --- | ---: | ---: | ---: | " + " | ".join("---:" for _ in ways) + " |")
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            if r["attention"] not in ("megatron", "megatron-flash"):
+                continue  # the "flash"/"math" rows ran execute mode's block without dropouts
+            h, mb, measured = int(r["hidden"]), int(r["micro_batch"]), float(r["step_s"])
+            cells = []
+            for way in ways:
+                t = perfsim.predict(model=f"gpt:layers={r['layers']},hidden={h},heads={r['heads']},seq={r['seq']},"
+                                          f"vocab={r['vocab']}", gpu=gpu, tp=1, pp=1, dp=1, micro_batch=mb,
+                                    global_batch=mb, precision="bf16", recompute="none", kernels=way,
+                                    attention="flash" if r["attention"] == "megatron-flash" else "megatron",
+                                    allow_oom=True).summary["iteration_s"]
+                cells.append(f"{t * 1e3:.1f} ms ({100 * (t / measured - 1):+.1f} %)")
+            name = "flash" if r["attention"] == "megatron-flash" else "Megatron"
+            print(f"| {name} | {h} | {mb} | {measured * 1e3:.1f} ms | " + " | ".join(cells) + " |")
     return 0
 
 
