@@ -168,7 +168,7 @@ def eager_block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str =
         ops.append(_k("qkv_grad_cat", bwd=2 * c * tok * 3 * q))  # chunk's backward
     ops += _attention_ops(spec, mb, heads, s, dh, q, tok, c, attention)
     ops += _linear("proj", tok, h, q, c, mixed, False, bool(spec.out_bias if spec.out_bias is not None else spec.bias))
-    ops += _residual_ops(1, tok * h, c, mixed, llama, a)
+    ops += _residual_ops(1, tok_sp * h, c, mixed, llama, a)  # sequence parallel: a slice of the tokens
     ops += norm("norm2", tok_sp, h, a)
     mlp_bias = bool(spec.mlp_bias if spec.mlp_bias is not None else spec.bias)
     if spec.gated:
@@ -181,7 +181,7 @@ def eager_block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str =
         ops += _linear("fc", tok, f, h, c, mixed, True, mlp_bias)
         ops.append(_k("gelu", 2 * c * tok * f, 3 * c * tok * f))
     ops += _linear("down_proj" if spec.gated else "fc_proj", tok, h, f, c, mixed, False, mlp_bias)
-    return ops + _residual_ops(2, tok * h, c, mixed, llama, a)
+    return ops + _residual_ops(2, tok_sp * h, c, mixed, llama, a)
 
 
 def _residual_ops(i: int, n: int, c: int, mixed: bool, llama: bool, a: int) -> list[Op]:

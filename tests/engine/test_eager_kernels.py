@@ -56,3 +56,15 @@ def test_eager_pure_drops_autocasts_traffic_and_equals_eager_in_fp32():
     fp32 = dict(kw, precision="fp32", attention="megatron")
     assert perfsim.predict(kernels="eager", **fp32).summary["compute_s"] == \
         perfsim.predict(kernels="eager-pure", **fp32).summary["compute_s"]
+
+
+def test_eager_sequence_parallel_splits_the_norms_and_residuals_not_the_gemms():
+    from perfsim.models.eager import eager_block_ops
+    from perfsim.models.registry import get_spec
+
+    spec = get_spec("llama2-7b")
+    full, sp = (eager_block_ops(spec, 1, 4, s, 2) for s in (False, True))
+    by = lambda ops: {o.name: o for o in ops}  # noqa: E731
+    full, sp = by(full), by(sp)
+    assert sp["residual1"].bytes == full["residual1"].bytes / 4 and sp["norm1_pow"].bytes == full["norm1_pow"].bytes / 4
+    assert sp["q_proj"] == full["q_proj"] and sp["q_proj_input_cast"] == full["q_proj_input_cast"]
