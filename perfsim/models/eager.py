@@ -195,6 +195,31 @@ def _residual_ops(i: int, n: int, c: int, mixed: bool, llama: bool, a: int) -> l
     return ops + [_k(f"residual{i}", (2 * a + c) * n), _accumulate(f"residual{i}_grad", n, a)]
 
 
+def eager_head_ops(spec, mb: int, tp: int, sp: bool, bpv: int, autocast: bool = True) -> list[Op]:
+    """The final norm, the LM head and the loss as eager PyTorch runs them (transformers'
+    ``ForCausalLMLoss``: the bf16 logits cast to fp32, the labels shifted by ``pad`` and a copy,
+    ``cross_entropy`` as ``log_softmax`` then ``nll_loss``; backward ``nll_loss_backward`` (a
+    zero-filled fp32 gradient of the logits), ``log_softmax``'s, the cast back); a tied head's
+    gradient added into the embedding's (fp32, as :func:`perfsim.models.ops.head_ops`)."""
+    s, h, c = spec.seq_len, spec.hidden, bpv
+    mixed = autocast and c < FP32
+    a = FP32 if autocast else c
+    tok = mb * s
+    v = -(-spec.vocab // tp)
+    n = tok * v
+    norm = rms_norm_ops if spec.norm == "rmsnorm" else layer_norm_ops
+    ops = norm("final_norm", tok // tp if sp else tok, h, a)
+    ops += _linear("lm_head", tok, v, h, c, mixed, True, False, lm_head=True)
+    if c < FP32:
+        ops.append(_k("logits_to_fp32", (c + FP32) * n, (FP32 + c) * n))
+    ops += [_k("labels_pad", 16 * tok + 8 * mb), _k("labels_shift", 16 * tok),  # int64 labels
+            _k("log_softmax", 2 * FP32 * n, 3 * FP32 * n),
+            _k("nll_loss", FP32 * n + 8 * tok + 8, 2 * FP32 * n + 8 * tok)]
+    if spec.tied:
+        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=(c + 8) * v * h))
+    return ops
+
+
 def _attention_ops(spec, mb: int, heads: int, s: int, dh: int, q: int, tok: int, c: int, attention: str
                    ) -> list[Op]:
     """The attention core: SDPA (``flash``: one kernel each way) or ``megatron``'s separate kernels

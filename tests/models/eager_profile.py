@@ -34,7 +34,8 @@ NOT_KERNELS = frozenset({
     "aten::resolve_conj", "aten::resolve_neg", "aten::result_type", "aten::detach", "aten::contiguous",
     "aten::chunk", "aten::split", "aten::split_with_sizes", "aten::flatten", "aten::permute", "aten::select",
     "aten::alias", "aten::dropout", "aten::scaled_dot_product_attention", "aten::expand_as", "aten::view_as",
-    "aten::_reshape_alias", "aten::lift_fresh", "aten::type_as", "aten::softmax", "aten::gelu_"})
+    "aten::_reshape_alias", "aten::lift_fresh", "aten::type_as", "aten::softmax", "aten::gelu_",
+    "aten::cross_entropy_loss", "aten::nll_loss_nd", "aten::nll_loss", "aten::log_softmax"})
 #: GEMMs and the fused attention kernel: priced by FLOPs, not counted among the memory-bound kernels
 GEMMS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
                    "aten::_scaled_dot_product_flash_attention_for_cpu",
@@ -242,5 +243,27 @@ def gpt_kernels(b: int, s: int, hidden: int, heads: int, mode: str, flash: bool)
         with _autocast(mode):
             out = block(x)
         out.backward(grad)
+
+    return profile_kernels(step)
+
+
+def head_kernels(b: int, s: int, hidden: int, vocab: int, rms: bool, mode: str):
+    """Kernels of a causal LM's head in ``mode``: the final norm (``LlamaRMSNorm`` or
+    ``nn.LayerNorm``), the LM head (no bias) and transformers' ``ForCausalLMLoss`` (logits cast
+    to fp32, labels shifted with ``pad``, ``cross_entropy``)."""
+    torch.manual_seed(0)
+    dtype = _dtype(mode)
+    norm = (LlamaRMSNorm(hidden) if rms else nn.LayerNorm(hidden)).to(dtype)
+    head = nn.Linear(hidden, vocab, bias=False).to(dtype)
+    x = torch.randn(b, s, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (b, s))
+    seed = torch.ones(())
+
+    def step():
+        with _autocast(mode):
+            logits = head(norm(x))
+        logits = logits.float()
+        shifted = F.pad(labels, (0, 1), value=-100)[..., 1:].contiguous()
+        F.cross_entropy(logits.view(-1, vocab), shifted.view(-1), ignore_index=-100).backward(seed)
 
     return profile_kernels(step)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from eager_profile import gpt_kernels, llama_kernels
+from eager_profile import gpt_kernels, head_kernels, llama_kernels
 from perfsim.errors import ConfigError
-from perfsim.models.eager import check_eager, eager_block_ops
+from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
 from perfsim.models.transformer import arch_spec
 
 
@@ -37,11 +37,11 @@ SHAPES = [dict(b=2, s=16, hidden=64, heads=4), dict(b=3, s=8, hidden=96, heads=6
 ARGS = {"autocast": (2, True), "fp32": (4, True), "bf16": (2, False)}
 
 
-def _check(ours, profiled, layer_norm_tokens: int = 0):
-    """Equal counts and bytes; ``layer_norm_tokens``: a bf16 GPT block's two LayerNorms keep their
-    mean and rstd (one value per token each) in bf16 on the CPU, in fp32 on CUDA (its accumulate
-    type, as listed): 2 bytes x 2 x tokens per norm more on the GPU, each way."""
-    gpu_more = 2 * (2 * 2 * layer_norm_tokens)
+def _check(ours, profiled, bf16_layer_norm_rows: int = 0):
+    """Equal counts and bytes; ``bf16_layer_norm_rows``: the tokens a bf16 LayerNorm normalises (x
+    norms), whose mean and rstd the CPU keeps in bf16 and CUDA in fp32 (its accumulate type, as
+    listed): 2 bytes x 2 values more per row on the GPU, each way."""
+    gpu_more = 2 * 2 * bf16_layer_norm_rows
     assert ours == {phase: (k, b + gpu_more, g) for phase, (k, b, g) in profiled.items()}
 
 
@@ -67,7 +67,20 @@ def test_gpt_block_eager_kernels_match_the_profiler(shape, mode, attention):
     spec = arch_spec("gpt", "probe", n_layer=1, hidden=h, heads=heads, seq_len=s, vocab=64)
     bpv, autocast = ARGS[mode]
     ours = _ours(eager_block_ops(spec, b, 1, False, bpv, attention, autocast))
-    _check(ours, _profiled(gpt_kernels(b, s, h, heads, mode, attention == "flash")), b * s if mode == "bf16" else 0)
+    _check(ours, _profiled(gpt_kernels(b, s, h, heads, mode, attention == "flash")),
+           2 * b * s if mode == "bf16" else 0)  # two LayerNorms
+
+
+@pytest.mark.parametrize("mode", ["autocast", "fp32", "bf16"])
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_head_and_loss_eager_kernels_match_the_profiler(arch, mode):
+    b, s, h, vocab = 2, 16, 64, 96
+    kw = dict(kv_heads=2, ffn=96) if arch == "llama" else {}
+    spec = arch_spec(arch, "probe", n_layer=1, hidden=h, heads=4, seq_len=s, vocab=vocab, tied=False, **kw)
+    bpv, autocast = ARGS[mode]
+    ours = _ours(eager_head_ops(spec, b, 1, False, bpv, autocast))
+    _check(ours, _profiled(head_kernels(b, s, h, vocab, arch == "llama", mode)),
+           b * s if mode == "bf16" and arch == "gpt" else 0)  # one LayerNorm
 
 
 def test_eager_moves_more_than_fused_and_launches_more_kernels():
