@@ -36,9 +36,13 @@ def predict(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -66,6 +70,7 @@ def predict(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -106,15 +111,23 @@ def predict(
         intra_node_fabric (str | None):
             intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
         nic (str | Nic | None):
-            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
+            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
         collective_algo (str, default 'auto'):
             allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
+        collective_model (str, default 'nominal'):
+            nominal: a collective's steps cost the link latency, every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve) (one of perfsim.collectives.COLLECTIVE_MODELS)
         link_model (str, default 'auto'):
             auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
         host_overhead (str | float | None):
             host time per GPU operator (framework, autograd, launch), replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager PyTorch on an H200 host (docs/gpu.md); needs gpu
         comm_slowdown (float | None):
             compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
+        nic_affinity (str, default 'gpu'):
+            gpu: one GPU's flows (a pipeline message, a ring with one rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of them (one of perfsim.fabrics.NIC_AFFINITIES)
+        straggler_cv (float, default 0.0):
+            spread (std / mean) of the GPUs' speeds, e.g. 0.01; every iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off
+        jitter_cv (float, default 0.0):
+            spread (std / mean) of one micro-batch's compute, independent between micro-batches (averages over accumulation); 0 = off
         nic_sharing (bool, default True):
             share NICs fairly between concurrent flows; false gives every flow the full link (a lower bound)
         link_burst (str | int, default '0B'):
@@ -169,6 +182,8 @@ def predict(
             where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
         tied_embedding (str | None):
             a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.job.TIED_EMBEDDINGS)
+        tp_send (str | None):
+            how the TP ranks of a stage send a pipeline boundary: full (each sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; sequence parallelism sends 1/tp either way (one of perfsim.job.TP_SENDS)
         micro_batch (int, default 1):
             samples per micro-batch
         macro_batch (int | None):
@@ -210,9 +225,13 @@ def sweep(
     intra_node_fabric: str | list | None = None,
     nic: str | Nic | list | None = None,
     collective_algo: str | list | None = None,
+    collective_model: str | list | None = None,
     link_model: str | list | None = None,
     host_overhead: str | float | list | None = None,
     comm_slowdown: float | list | None = None,
+    nic_affinity: str | list | None = None,
+    straggler_cv: float | list | None = None,
+    jitter_cv: float | list | None = None,
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
@@ -240,6 +259,7 @@ def sweep(
     overlap: bool | list | None = None,
     grad_buffer: str | list | None = None,
     tied_embedding: str | list | None = None,
+    tp_send: str | list | None = None,
     micro_batch: int | list | None = None,
     macro_batch: int | list | None = None,
     global_batch: int | list | None = None,
@@ -304,9 +324,13 @@ def memory_report(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -334,6 +358,7 @@ def memory_report(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -373,6 +398,7 @@ def run(
     partition: str | Sequence[int] | None = None,
     tied_embedding: str | None = 'untied',
     zero: int = 0,
+    tp_send: str | None = 'full',
     kernels: str | None = 'eager',
     steps: int | None = None,
     epochs: float | None = None,

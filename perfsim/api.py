@@ -178,6 +178,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
     st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
+    st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
@@ -211,7 +212,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     if p["intra_node_fabric"]:
         fabric = get_fabric(p["intra_node_fabric"])
-        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
+        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,
+                  intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
 

@@ -14,8 +14,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from perfsim.collectives import COLLECTIVE_MODELS
 from perfsim.errors import ConfigError
-from perfsim.fabrics import NIC_KINDS
+from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
 from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
@@ -242,18 +243,33 @@ class System:
     nic_kind: str = "ideal"
     #: NICs per node (``bandwidth_bps`` is their total; reported, shared by the node's GPUs)
     nics_per_node: int = 1
+    #: ``gpu``: one GPU's flows use only its nearest NICs, ``1 / min(nics, gpus_per_node)`` of
+    #: the node's (perfsim.fabrics.gpu_nic_share); ``node``: every flow may use all of them
+    nic_affinity: str = "gpu"
     #: ``auto``: the profile's measured link at this rate when it has one, else nominal;
     #: ``calibrated``: require it; ``nominal``: ``bandwidth_bps`` x the NIC kind's efficiency
     link_model: str = "auto"
     #: collective algorithm (perfsim.collectives): ``auto`` (least modelled time, as
     #: NCCL's tuner), ``ring``, ``tree`` or ``hierarchical``
     collective_algo: str = "auto"
+    #: ``nominal``: each collective step costs the link's latency, every size the full rate;
+    #: ``nccl``: NCCL's protocols LL / LL128 / Simple, the cheapest per size (perfsim.collectives)
+    collective_model: str = "nominal"
+    #: the intra-node fabric is PCIe (NCCL's PCI step latencies, no LL128); set from
+    #: ``--intra-node-fabric pcie*``
+    intra_node_pcie: bool = False
     #: compute slowdown while communication overlaps it on the same device (0.1 = 10 %
     #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
     comm_slowdown: float | None = None
     #: host time per GPU operator (framework, autograd, launch) replacing the GPU
     #: curve's ``kernel_s``; None = the curve's (perfsim.hardware.curve_for)
     host_overhead_s: float | None = None
+    #: relative spread (standard deviation / mean) of the GPUs' speeds, persistent per GPU;
+    #: the iteration waits for the slowest (perfsim.engine.sync_wait); 0 = off
+    straggler_cv: float = 0.0
+    #: relative spread of one micro-batch's compute on one GPU, independent between
+    #: micro-batches (averages over gradient accumulation; perfsim.engine.sync_wait); 0 = off
+    jitter_cv: float = 0.0
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -272,13 +288,21 @@ class System:
         if self.nic_kind not in NIC_KINDS:
             raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")
         _pos_int(self, "nics_per_node")
+        if self.nic_affinity not in NIC_AFFINITIES:
+            raise ConfigError(f"nic_affinity={self.nic_affinity!r}: choose from {', '.join(NIC_AFFINITIES)}")
         if self.link_model not in LINK_MODELS:
             raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
         if self.collective_algo not in COLLECTIVE_ALGORITHMS:
             raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
                               f"{', '.join(COLLECTIVE_ALGORITHMS)}")
+        if self.collective_model not in COLLECTIVE_MODELS:
+            raise ConfigError(f"collective_model={self.collective_model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        for name in ("straggler_cv", "jitter_cv"):
+            _pos_float(self, name, allow_zero=True)
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: a relative spread, must be < 1 (0.02 = 2 %)")
         if self.host_overhead_s is not None and self.gpu is None:
             raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
                               "times carry their own host")

@@ -31,6 +31,7 @@ from typing import Any
 from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
 from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
+from perfsim.models.tensor_parallel import TP_SENDS
 from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
 from perfsim.schedules import PipelineShape
 
@@ -78,20 +79,24 @@ class Preset:
     vocab_multiple: int
     #: ``fused`` or ``eager`` kernels (KERNELS)
     kernels: str
+    #: how TP ranks send a pipeline boundary (perfsim.models.tensor_parallel.TP_SENDS)
+    tp_send: str = "full"
 
 
 #: perfsim's own defaults (those of ``perfsim predict`` without a GPU preset)
 PERFSIM = Preset("perfsim", schedule="gpipe", grad_buffer="bucketed", tied_embedding="untied", overlap=True,
-                 placement="tp,pp,dp", partition=None, vocab_multiple=1, kernels="eager")
+                 placement="tp,pp,dp", partition=None, vocab_multiple=1, kernels="eager", tp_send="full")
 #: Megatron-LM's defaults (Shoeybi et al., arXiv:1909.08053; Narayanan et al., arXiv:2104.04473):
 #: 1F1B, one contiguous fp32 gradient buffer reduced after the backward (unless
 #: ``--overlap-grad-reduce``), the tied embedding's gradient all-reduced between the first and
 #: last stages, ranks ordered tp, dp, pp, a uniform split of the blocks, and the vocabulary
 #: padded to a multiple of 128 x tp (``--make-vocab-size-divisible-by``,
-#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE), and its fused kernels
+#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE), pipeline messages scattered over the TP
+#: ranks and gathered on arrival (``--scatter-gather-tensors-in-pipeline``, arXiv:2104.04473 Sec. 4.1),
+#: and its fused kernels
 MEGATRON = Preset("megatron", schedule="1f1b", grad_buffer="contiguous", tied_embedding="sync", overlap=False,
                   placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE,
-                  kernels="fused")
+                  kernels="fused", tp_send="scatter-gather")
 PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
 
 
@@ -176,6 +181,9 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: how the TP ranks of a stage send a pipeline boundary: ``full`` or ``scatter-gather``
+    #: (perfsim.models.tensor_parallel.TP_SENDS)
+    tp_send: str = "full"
     #: ``eager`` (plain PyTorch under autocast: one kernel per operator), ``eager-pure`` (the same,
     #: weights in the training precision) or ``fused`` (Megatron-LM's kernels): KERNELS; a GPU
     #: preset's prediction defaults to Megatron's (:data:`MEGATRON`)
@@ -199,6 +207,8 @@ class Job(PipelineShape):
             raise ConfigError("sequence_parallel: needs tp > 1")
         if self.tied_embedding not in TIED_EMBEDDINGS:
             raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
+        if self.tp_send not in TP_SENDS:
+            raise ConfigError(f"tp_send={self.tp_send!r}: choose from {', '.join(TP_SENDS)}")
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")

@@ -129,11 +129,15 @@ PARAMS: tuple[Param, ...] = (
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
     Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
-          "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
+          "total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the "
           "transport efficiency of an uncalibrated link", "system"),
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
           "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",
           "system.collective_algo", choices="perfsim.collectives:ALGORITHMS"),
+    Param("collective_model", "choice", "nominal", "nominal: a collective's steps cost the link latency, "
+          "every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their "
+          "latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve)", "system",
+          "system.collective_model", choices="perfsim.collectives:COLLECTIVE_MODELS"),
     Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
@@ -142,6 +146,14 @@ PARAMS: tuple[Param, ...] = (
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
+    Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
+          "rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of "
+          "them", "system", "system.nic_affinity", choices="perfsim.fabrics:NIC_AFFINITIES"),
+    Param("straggler_cv", "float", 0.0, "spread (std / mean) of the GPUs' speeds, e.g. 0.01; every "
+          "iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off",
+          "system", "system.straggler_cv"),
+    Param("jitter_cv", "float", 0.0, "spread (std / mean) of one micro-batch's compute, independent "
+          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
           "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
     Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
@@ -228,6 +240,10 @@ PARAMS: tuple[Param, ...] = (
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
           "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
+    Param("tp_send", "choice", None, "how the TP ranks of a stage send a pipeline boundary: full (each "
+          "sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, "
+          "all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; "
+          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "

@@ -15,8 +15,10 @@ time adds its layers' Megatron collectives
 network on the group's own GPUs (:meth:`perfsim.network.Network.collective_time`,
 the links the group uses), serial with compute as in Megatron-LM. Parameters,
 gradients and boundary activations are per GPU: weights split ``t`` ways, the
-activation sent between stages ``1/t`` of it (Megatron's scatter/gather of
-pipeline messages, Narayanan et al. 2021, arXiv:2104.04473, Sec. 4.1).
+activation sent between stages whole by every TP rank or ``1/t`` of it by each
+(``Strategy.tp_send``: Megatron's scatter/gather of pipeline messages, Narayanan et
+al. 2021, arXiv:2104.04473, Sec. 4.1, whose receivers then all-gather the slices:
+charged before the receiving stage's compute; or sequence parallelism).
 
 Precision: with 16-bit training the plain pipeline (``fp32``) and gradient
 (``none``) specs send the training dtype itself (no codec call), as Megatron /
@@ -34,6 +36,7 @@ from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommS
 from perfsim.compression.spec import Spec
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -306,10 +309,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
         out_shape = (mb, *layers[-1].out_shape)
-        wire_shape = out_shape
-        if tp > 1:  # each TP rank sends its 1/t slice of the boundary activation
-            last = out_shape[-1]
-            wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
+        # what each TP rank sends (perfsim.models.tensor_parallel.pipeline_send): the whole
+        # activation, or its 1/t slice (sequence parallelism; scatter/gather, then gathered)
+        part, gather = pipeline_send(numel_of(out_shape), out_shape[-1], tp, strategy.sequence_parallel,
+                                     strategy.tp_send)
+        wire_shape = out_shape if part is None else (*out_shape[:-1], out_shape[-1] // tp) \
+            if out_shape[-1] % tp == 0 else part
         # whole-stage records (of this tp degree): no recomputation, on the profile's own device
         measured = profile if gpu is None and strategy.recompute == "none" else None
         fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
@@ -365,6 +370,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
                 st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
                 st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
+            if gather and network is not None:  # the receivers all-gather the slices over their fabric
+                members = [strategy.device(t, 0, where_dev[s]) for t in range(tp)]
+                g = network.collective_time("allgather", numel_of(wire_shape) * BYTES_PER_VALUE[strategy.precision],
+                                            members, lockstep=True)
+                st.fw_decode_s += max(g, curve.collective_s if curve else 0.0)
+                st.bw_decode_s += max(g, curve.collective_s if curve else 0.0)
             if curve is not None:  # the host side of each message on a GPU (its curve), serial with the codec
                 host = curve.p2p_s
                 st.fw_encode_s += host

@@ -169,6 +169,7 @@ class RunConfig(Job):
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
+        self.check_tp_send()
         if self.kernels != "eager":
             raise ConfigError(f"kernels={self.kernels!r}: perfsim run trains plain PyTorch modules (eager); "
                               "Megatron-LM's fused kernels are modelled by perfsim predict only")
@@ -222,6 +223,12 @@ class RunConfig(Job):
         if self.tied_embedding == "sync" and self.tp > 1:
             raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "
                               "tensor-parallel rank (Megatron splits it by vocabulary); use tp=1 or untied")
+
+    def check_tp_send(self) -> None:
+        """Execute mode sends the whole activation from every TP rank (no scatter/gather)."""
+        if self.tp_send != "full" and self.tp > 1 and self.pp > 1 and not self.sequence_parallel:
+            raise ConfigError(f"tp_send={self.tp_send!r}: execute mode sends the full activation from every "
+                              f"tensor-parallel rank (tp_send=full), or 1/tp with sequence_parallel")
 
     def check_zero(self) -> None:
         """Execute mode runs ZeRO-3 as FSDP2 on one pipeline stage without TP (refused otherwise)."""

@@ -28,7 +28,10 @@ for 1-bit LAMB):
   * scales the learning rate of layer l by ``r = max((sqrt(v_frozen)+eps) /
     (sqrt(v_fresh)+eps))`` clipped to ``[r_min, r_max]`` and to within
     ``r_threshold`` of the previous ratio (lines 17-20; defaults 0.5, 4.0, 0.1
-    from Fig. 3), so ``c_t = c_avg * r``;
+    from Fig. 3), so ``c_t = c_avg * r`` (measured, docs/ddp.md: with exact averaging the
+    largest element is set by coordinates that went quiet, and raises the step where
+    LAMB's would shrink; under the 1-bit compressor the reconstructed gradient is
+    compression residue, and the ratio stays at 1 or its floor);
   * multiplies each layer's momentum by a fixed scale coefficient before the
     compressed allreduce and divides after (Sec. 4.3: ``united_scale /
     (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
@@ -554,7 +557,7 @@ class OneBitLamb(_OneBitBase):
             if self.bound == "adam":
                 denom = self._lift(st, denom, g, t)
             fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
-            ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
+            ratio = self._scaling_ratio(st["exp_avg"], denom, fresh)     # line 17
             ratio = min(max(ratio, r_min), r_max)                        # line 18
             last = float(st["last_ratio"])
             ratio = min(max(ratio, last * (1 - thr)), last * (1 + thr))   # line 19
@@ -564,6 +567,13 @@ class OneBitLamb(_OneBitBase):
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
+
+    @staticmethod
+    def _scaling_ratio(m: torch.Tensor, denom: torch.Tensor, fresh: torch.Tensor) -> float:
+        """Alg. 1 line 17: the largest element of ``denom / fresh`` (frozen over fresh
+        preconditioner, ``sqrt(v) + eps`` each); ``m`` (the new momentum) is unused here
+        (``scripts/onebit_frozen_variance.py --ratio norm`` weighs the ratio by it)."""
+        return float((denom / fresh).max()) if m.numel() else 1.0
 
 
 def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.999), eps: float = 1e-8,

@@ -194,6 +194,9 @@ def test_tp_with_dp_equals_dp_alone(tmp_path):
     (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=3), "tp=3"),
     (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=1, sequence_parallel=True),
      "sequence_parallel"),
+    # execute mode sends the whole activation from every TP rank (predict's tp_send=full)
+    (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=2, tp_send="scatter-gather"),
+     "tp_send='scatter-gather'"),
 ])
 def test_bad_tp_is_a_config_error(kw, culprit):
     from perfsim.runtime import make_config
