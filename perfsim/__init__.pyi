@@ -56,6 +56,7 @@ def predict(
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
+    kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
@@ -153,6 +154,8 @@ def predict(
             activation recomputation (one of perfsim.config.RECOMPUTE)
         attention (str, default 'megatron'):
             attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored) (one of perfsim.config.ATTENTION)
+        kernels (str | None):
+            how the GPU compute model runs a block's memory-bound operators: fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face model under torch.autocast: one kernel per operator, fp32 norms and residual stream, autocast's casts) or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default fused with a gpu preset (Megatron-LM's), eager otherwise (one of perfsim.job.KERNELS)
         moe_capacity_factor (float | None):
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
@@ -242,6 +245,7 @@ def sweep(
     precision: str | list | None = None,
     recompute: str | list | None = None,
     attention: str | list | None = None,
+    kernels: str | list | None = None,
     moe_capacity_factor: float | list | None = None,
     ep: int | list | None = None,
     moe_imbalance: float | list | None = None,
@@ -340,6 +344,7 @@ def memory_report(
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
+    kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
@@ -394,6 +399,7 @@ def run(
     tied_embedding: str | None = 'untied',
     zero: int = 0,
     tp_send: str | None = 'full',
+    kernels: str | None = 'eager',
     steps: int | None = None,
     epochs: float | None = None,
     seed: int = 0,

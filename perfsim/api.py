@@ -177,6 +177,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
+    st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
     st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
@@ -192,7 +193,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
                                            vocab_multiple=defaults.vocab_multiple,
-                                           attention=strategy.attention,
+                                           attention=strategy.attention, kernels=strategy.kernels,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
                                            routing=Routing.of(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
@@ -215,6 +216,18 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                   intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _default_kernels(defaults, model, precision: str) -> str:
+    """The preset's kernels (Megatron-LM's fused with a GPU preset; perfsim's eager: plain PyTorch,
+    what a Hugging Face config.json is trained with and what ``perfsim run`` and ``perfsim calibrate``
+    run), fused for a model whose eager kernels are not listed (:func:`perfsim.models.eager.eager_listed`:
+    encoders, mixtures of experts, parallel blocks; fp8)."""
+    from perfsim.models.eager import eager_listed
+
+    if defaults.kernels == "eager" and (model.arch is None or not eager_listed(model.arch, precision)):
+        return "fused"
+    return defaults.kernels
 
 
 def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
@@ -275,15 +288,32 @@ def predict(**params) -> Result:
 
 
 def _warn_memory(summary: dict[str, Any], profile=None) -> None:
-    """Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
+    """With a GPU preset: the peak's share of its capacity (``memory_pressure``) and, above
+    :data:`perfsim.memory.ALLOCATOR_PRESSURE` of it, a ``memory_warning`` (allocator pressure:
+    cudaFree/cudaMalloc and fragmentation, a slowdown the model does not price).
+    Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
     the memory of the GPU the profile was measured on (its ``device`` names a preset, as
     the default's V100 16 GB does), else above every preset's memory, is said in the
     summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
     prints it on stderr; the API does not log it, as the planner and sweeps call
     :func:`predict` for hundreds of configurations."""
     from perfsim.hardware import GPUS, profile_gpu
+    from perfsim.memory import ALLOCATOR_PRESSURE
 
     peak = summary.get("peak_memory_gib")
+    cap = summary.get("memory_capacity_gib")
+    if summary.get("gpu") and peak and cap:  # a GPU preset: the allocator near its capacity
+        share = peak / cap
+        summary["memory_pressure"] = share
+        if share > ALLOCATOR_PRESSURE:
+            summary["memory_warning"] = (
+                f"peak memory {peak:.1f} GiB per GPU is {100 * share:.0f} % of the {summary['gpu']}'s "
+                f"{cap:.0f} GiB ({'beyond its capacity' if share > 1 else f'over {100 * ALLOCATOR_PRESSURE:.0f} %'}): "
+                "PyTorch's caching allocator may free "
+                "and re-allocate (cudaFree/cudaMalloc after a device synchronisation) and fragment, which is "
+                "not priced (perfsim.memory.ALLOCATOR_PRESSURE); measure it, or lower the peak (--recompute, "
+                "--zero, --tp, --pp, a smaller --micro-batch)")
+        return
     if summary.get("gpu") or not peak:
         return
     gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)

@@ -47,6 +47,14 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
+#: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
+#: ``eager`` -- plain PyTorch under ``torch.autocast``, one kernel per aten operator, fp32 weights
+#: and residual stream, autocast's casts (a Hugging Face model, nanoGPT; what ``perfsim run``
+#: trains); ``eager-pure`` -- plain PyTorch with the weights themselves in the training precision
+#: (``model.to(torch.bfloat16)``, FSDP2's ``param_dtype``): no autocast casts, a half-precision
+#: residual stream (``scripts/gpu_step_bench.py``'s steps); the same as ``eager`` in fp32
+KERNELS = ("fused", "eager", "eager-pure")
 
 
 @dataclass(frozen=True)
@@ -69,23 +77,26 @@ class Preset:
     partition: str | None
     #: vocabulary padded to a multiple of this (times tp)
     vocab_multiple: int
+    #: ``fused`` or ``eager`` kernels (KERNELS)
+    kernels: str
     #: how TP ranks send a pipeline boundary (perfsim.models.tensor_parallel.TP_SENDS)
     tp_send: str = "full"
 
 
 #: perfsim's own defaults (those of ``perfsim predict`` without a GPU preset)
 PERFSIM = Preset("perfsim", schedule="gpipe", grad_buffer="bucketed", tied_embedding="untied", overlap=True,
-                 placement="tp,pp,dp", partition=None, vocab_multiple=1, tp_send="full")
+                 placement="tp,pp,dp", partition=None, vocab_multiple=1, kernels="eager", tp_send="full")
 #: Megatron-LM's defaults (Shoeybi et al., arXiv:1909.08053; Narayanan et al., arXiv:2104.04473):
 #: 1F1B, one contiguous fp32 gradient buffer reduced after the backward (unless
 #: ``--overlap-grad-reduce``), the tied embedding's gradient all-reduced between the first and
 #: last stages, ranks ordered tp, dp, pp, a uniform split of the blocks, and the vocabulary
 #: padded to a multiple of 128 x tp (``--make-vocab-size-divisible-by``,
 #: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE), pipeline messages scattered over the TP
-#: ranks and gathered on arrival (``--scatter-gather-tensors-in-pipeline``, arXiv:2104.04473 Sec. 4.1)
+#: ranks and gathered on arrival (``--scatter-gather-tensors-in-pipeline``, arXiv:2104.04473 Sec. 4.1),
+#: and its fused kernels
 MEGATRON = Preset("megatron", schedule="1f1b", grad_buffer="contiguous", tied_embedding="sync", overlap=False,
                   placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE,
-                  tp_send="scatter-gather")
+                  kernels="fused", tp_send="scatter-gather")
 PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
 
 
@@ -173,6 +184,10 @@ class Job(PipelineShape):
     #: how the TP ranks of a stage send a pipeline boundary: ``full`` or ``scatter-gather``
     #: (perfsim.models.tensor_parallel.TP_SENDS)
     tp_send: str = "full"
+    #: ``eager`` (plain PyTorch under autocast: one kernel per operator), ``eager-pure`` (the same,
+    #: weights in the training precision) or ``fused`` (Megatron-LM's kernels): KERNELS; a GPU
+    #: preset's prediction defaults to Megatron's (:data:`MEGATRON`)
+    kernels: str = "eager"
 
     def __post_init__(self):
         self.check()
@@ -197,6 +212,8 @@ class Job(PipelineShape):
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels={self.kernels!r}: choose from {', '.join(KERNELS)}")
         from perfsim.schedules import SCHEDULES
 
         if self.schedule not in SCHEDULES:

@@ -62,6 +62,19 @@ if TYPE_CHECKING:
     from perfsim.models.transformer import TransformerSpec
 
 GIB = 2**30
+#: share of a GPU's memory above which a predicted peak is said to be under allocator pressure
+#: (``perfsim predict``'s ``memory_warning``; no slowdown is priced: none measured here). PyTorch's
+#: CUDA caching allocator keeps freed blocks cached; when a request cannot be served from them it
+#: frees every cached block (``release_cached_blocks``: it waits for all in-flight work, then
+#: ``cudaFree``) and calls ``cudaMalloc`` again, and freed blocks split by size fragment the
+#: pool, so a run near capacity stalls or runs out of memory before the sum of its tensors does
+#: (PyTorch docs, "CUDA semantics / Memory management", ``PYTORCH_CUDA_ALLOC_CONF``). 0.8 is the
+#: threshold PyTorch's docs give as the example of ``garbage_collection_threshold`` ("e.g., 0.8":
+#: above it the allocator starts reclaiming cached blocks; pytorch/pytorch#74261, which added it
+#: because "release_cached_blocks ... is very expensive as it will likely stall all the GPU
+#: operations"); fairseq empties the cache periodically "to mitigate memory fragmentation ...
+#: that can cause OOMs on models approaching GPU memory limit" (facebookresearch/fairseq 315c463)
+ALLOCATOR_PRESSURE = 0.8
 
 
 @dataclass(frozen=True)

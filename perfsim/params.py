@@ -189,6 +189,13 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION", search="perfsim.search_space:on_gpu"),
+    Param("kernels", "choice", None, "how the GPU compute model runs a block's memory-bound operators: "
+          "fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face "
+          "model under torch.autocast: one kernel per operator, fp32 norms and residual stream, autocast's casts) "
+          "or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or "
+          "FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default "
+          "fused with a gpu preset (Megatron-LM's), eager otherwise",
+          "strategy", choices="perfsim.job:KERNELS"),
     Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
