@@ -134,7 +134,11 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
         views = [pend["views"].pop(id(p)) for p in group]
         flat = torch.cat([v.to(torch.float32) for v in views])
         pend["done"].add(gi)
-        out = _gs.reduce_bucket(state, gi, len(groups), group, flat, len(pend["done"]) == len(groups))
+        try:
+            out = _gs.reduce_bucket(state, gi, len(groups), group, flat, len(pend["done"]) == len(groups))
+        except ConfigError:  # a refused bucket (NaN/Inf, on every rank alike): the step is over
+            state.__dict__.pop("_pending", None)
+            raise
         at = 0
         for v in views:
             v.copy_(out[at:at + v.numel()])
@@ -151,6 +155,7 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
             raise ConfigError("perfsim.ddp.hook: DDP handed gradients of parameters outside the model's "
                               "canonical buckets")
         pend["done"] = set()
+        state.steps += 1
     return fut
 
 
