@@ -62,8 +62,9 @@ Two options, both off by default (the papers' algorithms): ``refresh=K`` (0/1 Ad
 variance refreshes, arXiv:2202.06009) and ``bound=adam`` (Adam's own step bound); spec
 ``onebit-adam:refresh=16:bound=adam``; :mod:`perfsim.runtime.onebit_variance` has them.
 
-A diverging or NaN step stops with one ConfigError naming the step, the parameter group
-and the parameter, on every rank, before any state or error buffer changes.
+A diverging or NaN step stops with one ConfigError naming the step, the parameter group,
+the parameter and the rank, the same on every rank (:mod:`perfsim.runtime.nonfinite`),
+before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep

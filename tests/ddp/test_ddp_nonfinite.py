@@ -27,7 +27,8 @@ VALUES = {NAN: float("nan"), INF: float("inf"), HUGE: 3e38}
 CASES = [("qsgd-maxnorm:4", "2.weight", NAN), ("qsgd-maxnorm:2", "0.weight", INF),
          ("qsgd-maxnorm-multiscale:4", "2.weight", NAN), ("randk-maxnorm:0.25:4", "2.weight", NAN),
          ("ecq:4", "2.weight", INF), ("ecq:4", "2.weight", HUGE), ("qsgd:4", "2.weight", NAN),
-         ("onebit", "2.weight", NAN), ("powersgd:2:start=2", "2.weight", NAN),
+         ("onebit", "2.weight", NAN), ("directq:4", "2.weight", NAN), ("topk:0.2:8", "2.weight", INF),
+         ("powersgd:2:start=2", "2.weight", NAN),
          ("powersgd:2:start=9", "2.weight", NAN)]
 
 
