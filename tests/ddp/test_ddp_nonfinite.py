@@ -16,7 +16,7 @@ import torch
 
 from perfsim.errors import ConfigError
 
-from _helpers import gloo_group, run_ranks, save_rank
+from _helpers import gloo_group, run_ranks, same_state, save_rank
 
 WORLD = 2
 GOOD_STEPS = 3          # the refused step is step GOOD_STEPS + 1
@@ -49,16 +49,6 @@ def _copy(obj):
     torch.save(obj, buf)
     buf.seek(0)
     return torch.load(buf, weights_only=True)
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return a.shape == b.shape and torch.equal(a, b)
-    return a == b
 
 
 def _poison(model, name: str, value: float, rank: int):
@@ -102,7 +92,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
                 msg = str(exc)
             handle.remove()
             finite = all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
-            res[(spec, name, value)] = (msg, _same(before, _copy(state.state_dict())), finite)
+            res[(spec, name, value)] = (msg, same_state(before, _copy(state.state_dict())), finite)
         # the pipeline-stage path (CompressionState.sync, no DDP): the same bucket code
         model = _mlp()
         state = pddp.CompressionState("qsgd-maxnorm:4")

@@ -23,7 +23,7 @@ import torch
 
 from perfsim.errors import ConfigError
 
-from _helpers import gloo_group, run_ranks, save_rank
+from _helpers import gloo_group, run_ranks, same_state, save_rank
 
 WORLD, STEPS, WARMUP, LR, WD = 2, 14, 4, 0.02, 0.01
 B1, B2, EPS = 0.9, 0.999, 1e-8
@@ -244,7 +244,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             except ConfigError as exc:
                 msg = str(exc)
             after = _roundtrip(opt.state_dict())
-            unchanged = _same(before, after) and all(
+            unchanged = same_state(before, after) and all(
                 torch.equal(p, q) for p, q in zip(params_before, model.parameters()))
             res[("nan", stage_steps)] = (msg, unchanged)
         save_rank(out_dir, rank, res)
@@ -258,16 +258,6 @@ def _errs(opt):
 def _errs_saved(sd):
     c = sd["onebit"]["compressor"]
     return [c["worker_err"][k] for k in sorted(c["worker_err"])] + [c["server_err"][k] for k in sorted(c["server_err"])]
-
-
-def _same(a, b) -> bool:
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    if isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
 
 
 @pytest.fixture(scope="module")
