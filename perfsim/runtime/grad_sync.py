@@ -437,13 +437,10 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
             state.refuse(index, params, flat, exc.local)
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
-    from perfsim.runtime.nonfinite import OK, local_code
+    from perfsim.runtime.nonfinite import local_code
 
     ps = state.powersgd
     _install_powersgd(state, index, key)
-    # torch's hook overwrites the input: name this rank's NaN/Inf first (a sum: one cheap pass)
-    code = OK if not flat.numel() or bool(torch.isfinite(flat.sum())) else \
-        local_code(list(torch.split(flat, [p.numel() for p in params])))
     saved = _powersgd_snapshot(ps, index)
     bucket = _FlatBucket(index, count, flat, [p.shape for p in params], list(params))
     bucket.is_last = lambda: is_last  # torch advances its iteration counter on the last bucket
@@ -454,7 +451,9 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
     state.stats["time_s"] += time.perf_counter() - t0
     if out.numel() and not bool(torch.isfinite(out.sum())):  # the same on every rank (allreduced)
         _powersgd_restore(ps, saved)  # NaN would poison the error feedback and the P/Q memories
-        state.refuse(index, params, out, code=code)
+        # torch's hook overwrote ``flat``; the callers' gradients (``.grad``, DDP's bucket) are intact
+        grads = [p.grad if p.grad is not None else p.new_zeros(0) for p in params]
+        state.refuse(index, params, out, code=local_code(grads))
     numel = (ps.total_numel_after_compression - before) if compressing else out.numel()
     state._count(numel * out.element_size())
     return out
