@@ -23,6 +23,11 @@ not a re-implementation -- and ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmu
 for which gradients are *not* averaged here: the 1-bit optimizers
 (:mod:`perfsim.runtime.onebit_optim`, built by :func:`perfsim.ddp.onebit_optimizer`)
 exchange compressed momentum themselves behind a no-op DDP hook (:func:`noop_hook`).
+
+A NaN/Inf gradient on any rank makes every rank raise the same ConfigError naming the
+step (:attr:`GradSync.steps` + 1), the bucket, the parameter and the rank
+(:meth:`GradSync.refuse`, :mod:`perfsim.runtime.nonfinite`), the bucket's state unchanged;
+the casts (``fp32``/``fp16``/``bf16``) pass NaN/Inf through, as DDP's allreduce does.
 """
 
 from __future__ import annotations
