@@ -62,8 +62,9 @@ Two options, both off by default (the papers' algorithms): ``refresh=K`` (0/1 Ad
 variance refreshes, arXiv:2202.06009) and ``bound=adam`` (Adam's own step bound); spec
 ``onebit-adam:refresh=16:bound=adam``; :mod:`perfsim.runtime.onebit_variance` has them.
 
-A diverging or NaN step stops with one ConfigError naming the step, the parameter group
-and the parameter, on every rank, before any state or error buffer changes.
+A diverging or NaN step stops with one ConfigError naming the step, the parameter group,
+the parameter and the rank, the same on every rank (:mod:`perfsim.runtime.nonfinite`),
+before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
@@ -96,7 +97,8 @@ import torch
 from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
 from perfsim.runtime.onebit_variance import VarianceOptions
 from perfsim.compression.spec import DEFAULT_WARMUP, check_warmup
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
+from perfsim.runtime.nonfinite import culprits, describe, local_code
 
 STATE_KEY = "onebit"
 from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)
@@ -220,14 +222,12 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         if world > 1:
             # a NaN/Inf on one rank travels as a NaN scale (onebit) or through the sum
             # (fp32), so every rank stops here together, with no error buffer changed
+            # (perfsim.runtime.nonfinite)
             t0 = time.perf_counter()
             try:
                 flat = self.compressor.allreduce_mean(flat, self.group)
-            except ConfigError:  # the same refusal on every rank; say whose data it was
-                self._check_finite(flat, "gradient or momentum", tensors)
-                if not bool(torch.isfinite(torch.linalg.vector_norm(flat))):
-                    self._diverged("momentum", "on this rank", "values too large for a float32 norm")
-                self._diverged("gradient or momentum", "on another rank", "NaN/Inf or too large")
+            except NonFiniteError as exc:  # raised on every rank alike: name the culprit, the same everywhere
+                self._refuse("gradient or momentum", tensors, exc.local, flat.device)
             self.stats["time_s"] += time.perf_counter() - t0
             self._count(sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world)))
         self._check_finite(flat, "gradient or momentum", tensors)
@@ -253,25 +253,32 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
                               "perfsim.ddp.onebit_optimizer(ddp_model, ...) so it installs its no-op hook")
 
     def _check_finite(self, flat: torch.Tensor, what: str, parts: list[torch.Tensor]) -> None:
-        """Stop with one clear message, naming the step and the parameter group (and
-        parameter) of the first NaN/Inf in ``parts`` (this rank's tensors, in
-        :meth:`_params` order), when ``flat`` (their fused, maybe averaged, form) is
-        not finite. Called before any state is written."""
-        if not flat.numel() or bool(torch.isfinite(flat).all()):
-            return
-        items = self._params()
-        for (p, g), part in zip(items, parts):
-            if not bool(torch.isfinite(part).all()):
-                gi = next(i for i, grp in enumerate(self.param_groups) if grp is g)
-                name = self.param_names.get(id(p)) or f"#{[q for q in g['params']].index(p)}"
-                self._diverged(what, f"in parameter group {gi}, parameter {name} {tuple(p.shape)}")
-        self._diverged(what, "on another rank")
+        """Stop when ``flat`` (the fused form of ``parts``, this rank's tensors in
+        :meth:`_params` order; after an allreduce, the same on every rank) is not finite:
+        :meth:`_refuse`. Called before any state is written."""
+        if flat.numel() and not bool(torch.isfinite(flat).all()):
+            self._refuse(what, parts, False, flat.device)
 
-    def _diverged(self, what: str, where: str, problem: str = "NaN/Inf") -> None:
+    def _refuse(self, what: str, parts: list[torch.Tensor], refused_here: bool, device) -> None:
+        """Raise one ConfigError naming the step, the parameter group and parameter and the
+        rank of the first NaN/Inf, identical on every rank: every rank calls this at the
+        same point (the exchange told all of them), and one error-path all-gather of an
+        int64 per rank (:func:`perfsim.runtime.nonfinite.culprits`) says whose it was."""
+        codes = culprits(local_code(parts, refused_here), self.group, device)
+        items = self._params()
+
+        def name_of(i: int) -> str:
+            p, g = items[i]
+            gi = next(k for k, grp in enumerate(self.param_groups) if grp is g)
+            name = self.param_names.get(id(p)) or f"#{[q for q in g['params']].index(p)}"
+            return f"parameter group {gi}, parameter {name} {tuple(p.shape)}"
+        self._diverged(what, describe(codes, name_of))
+
+    def _diverged(self, what: str, where: str) -> None:
         t = self.global_state["step"]
         stage = "warm-up" if t <= self.warmup else "compression stage"
         raise ConfigError(
-            f"{self.algorithm}: {what} {problem} at step {t} {where} ({stage}, warmup={self.warmup}); "
+            f"{self.algorithm}: {what}: {where} at step {t} ({stage}, warmup={self.warmup}); "
             "nothing was updated -- NaN/Inf gradients, or training diverged (a longer warm-up or "
             "a smaller lr)")
 
