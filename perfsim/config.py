@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
+from perfsim.hardware import PRECISIONS, get_gpu, value_precision
 from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
@@ -149,8 +150,6 @@ class Strategy(Job):
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples", "bucket_bytes"):
             _pos_int(self, name)
-        from perfsim.hardware import PRECISIONS
-
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
         if self.attention not in ATTENTION:
@@ -185,8 +184,6 @@ class Strategy(Job):
         ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
         distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
         parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
-        from perfsim.hardware import value_precision
-
         if self.precision in ("bf16", "fp8") and self.grad_buffer == "contiguous":
             return "fp32"
         return value_precision(self.precision)  # fp8: bf16 gradients (Transformer Engine)
@@ -201,7 +198,6 @@ class Strategy(Job):
             dev += idx[dim] * stride
             stride *= size[dim]
         return dev if self.device_order is None else self.device_order[dev]
-
 
 
 @dataclass(frozen=True)
@@ -266,8 +262,6 @@ class System:
         _pos_float(self, "intra_node_bandwidth_bps")
         _pos_float(self, "intra_node_latency_s", allow_zero=True)
         if self.gpu is not None:
-            from perfsim.hardware import get_gpu
-
             get_gpu(self.gpu)
         if self.nic_kind not in NIC_KINDS:
             raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")

@@ -15,6 +15,7 @@ import shlex
 from typing import Any, Iterable
 
 from perfsim.errors import ConfigError
+from perfsim.models.registry import runtime_names
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: what ``--emit`` writes
@@ -24,8 +25,6 @@ EMIT_KINDS = ("perfsim", "megatron", "torchrun")
 def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = None) -> str | None:
     """The ``perfsim run`` command that trains this configuration for real, or None
     when the runtime has no implementation of the model."""
-    from perfsim.models.registry import runtime_names
-
     runtime = set(model_runtime) if model_runtime is not None else set(runtime_names())
     if params["model"] not in runtime:
         return None
@@ -55,7 +54,7 @@ def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
     places each position of the runtime's rank order on (TP innermost, then DP, then
     PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`), so that under torchrun
     every stage runs on the host the plan chose. None when that is the identity."""
-    from perfsim.api import build_configs
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     st = build_configs(**params)[1]
     order = tuple(st.device(t, r, s) for s in range(st.pp) for r in range(st.dp) for t in range(st.tp))
@@ -65,7 +64,7 @@ def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
 def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str], list[str]]:
     """Megatron-LM's flags for a configuration, and comment lines for what they cannot
     express."""
-    from perfsim.api import build_configs
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     workload, strategy, _, _ = build_configs(**params)
     args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]
@@ -111,15 +110,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
 
 
 def _schedule(params: dict[str, Any]) -> str:
-    from perfsim.api import build_configs
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     return build_configs(**params)[1].schedule
 
 
 def check_emit(model: str) -> None:
     """Refuse ``--emit perfsim`` before a search when the runtime cannot train ``model``."""
-    from perfsim.models.registry import runtime_names
-
     if str(model).lower() not in runtime_names():
         raise ConfigError(f"--emit perfsim: {model} has no perfsim run implementation "
                           f"(runtime models: {', '.join(sorted(runtime_names()))})")

@@ -28,11 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.boundaries import BoundarySpecs, check_boundaries, parse_boundary_compress
 from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
-from perfsim.schedules import PipelineShape
+from perfsim.schedules import PipelineShape, SCHEDULES, VIRTUAL_STAGE_SCHEDULES, stage_count
 
 #: a tied LM head whose embedding lives on another pipeline stage: ``untied`` -- the
 #: last stage trains a head of its own (perfsim's runtime keeps stages independent);
@@ -96,16 +96,12 @@ def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
     own (zb-v 2, the rest 1) and take None, so one ``--virtual-stages`` applies to the
     interleaved rows of a grid of schedules. (A Job built directly with a count its schedule
     cannot run is refused by the schedule table.)"""
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-
     return virtual_stages if schedule in VIRTUAL_STAGE_SCHEDULES else None
 
 
 def check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
     """Each of the pp x chunks-per-device pipeline stages needs one of the model's ``layers``:
     the error names the values the user gave (``virtual_stages=100``), not their product."""
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
-
     per_device = stage_count(schedule, virtual_stages)
     if pp * per_device <= layers:
         return
@@ -187,8 +183,6 @@ class Job(PipelineShape):
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
-        from perfsim.schedules import SCHEDULES
-
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
@@ -203,8 +197,6 @@ class Job(PipelineShape):
         object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
         object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
         self.table()  # the schedule must fit pp and the micro-batches
-        from perfsim.boundaries import check_boundaries
-
         check_boundaries(self.boundary_compress, self.num_stages)
         if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
             raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "

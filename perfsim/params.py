@@ -29,8 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from perfsim.boundaries import parse_boundary_compress
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
-from perfsim.job import JOB_FIELDS
+from perfsim.job import JOB_FIELDS, Job, chosen_chunks
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -287,7 +289,7 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
 
 
 def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
-    from perfsim.partition import parse_counts
+    from perfsim.partition import parse_counts  # lazy: import perfsim does not load perfsim.partition
 
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return "uniform"
@@ -339,14 +341,10 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "partition":
         return _parse_partition(value, p)
     if kind == "boundaries":  # a BoundarySpecs value; prints (and is stored) as canonical text
-        from perfsim.boundaries import parse_boundary_compress
-
         return parse_boundary_compress(value)
     if kind == "order":
         return parse_device_order(value, who)
     if kind == "spec" and not isinstance(value, str):  # parsed already: kept, never parsed again
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
@@ -356,8 +354,6 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         _bad_string(value, who)
     text = value.strip()
     if kind == "spec":  # parsed once into THE value (perfsim.compression.spec.Spec); prints as canonical text
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(text, p.role)
     if kind == "choice":
         text = text.lower()
@@ -501,8 +497,6 @@ def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
     """The job parameters of ``values`` (None: not given) normalised as predict normalises
     them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
     :func:`perfsim.run` hand to RunConfig."""
-    from perfsim.job import Job, chosen_chunks
-
     job = {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
            for name in RUN_JOB_PARAMS if values.get(name) is not None}
     if "virtual_stages" in job:  # as predict takes it: the interleaved schedule's chunk count

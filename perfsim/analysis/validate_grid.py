@@ -17,6 +17,9 @@ import os
 from typing import Any, Sequence
 
 from perfsim.errors import ConfigError
+from perfsim.job import chosen_chunks
+from perfsim.models.registry import get_model_spec
+from perfsim.models.transformer import TransformerSpec
 from perfsim.runtime.config import RunConfig
 from perfsim.units import split_list
 
@@ -40,6 +43,7 @@ def _degrees(value: str | int | Sequence[Any]) -> tuple[int, ...]:
 def _bandwidths(value) -> tuple[float | None, ...]:
     """A comma string (:func:`~perfsim.analysis.validate.parse_bandwidths`) or a sequence
     of rates (bits/s or ``"100Mbps"``; None = loopback)."""
+    # lazy: import perfsim does not load perfsim.analysis.validate
     from perfsim.analysis.validate import parse_bandwidths
 
     if isinstance(value, str):
@@ -94,12 +98,10 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     and ``png`` (None without a plot).
     Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
     """
-    from perfsim.analysis import validate as v
-    from perfsim.models.registry import get_model_spec
-    from perfsim.job import chosen_chunks
+    from perfsim.analysis import validate as v  # lazy: import perfsim does not load perfsim.analysis.validate
+    # lazy: import perfsim does not load perfsim.models.tensor_parallel
     from perfsim.models.tensor_parallel import check_tp
-    from perfsim.models.transformer import TransformerSpec
-    from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
+    from perfsim.outputs import check_dir_target, locked_dir  # lazy: import perfsim does not load perfsim.outputs
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
@@ -110,7 +112,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         raise ConfigError(f"--macro-batch {macro_batch}: not a multiple of --micro-batch {micro_batch}")
     if profile is None:
         raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
-    from perfsim.profile import load_profile
+    from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
     load_profile(profile)  # a bad file fails before any run starts
     schedules = tuple(s.lower() for s in _names(schedule))
@@ -144,7 +146,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         seed=seed, repeats=repeats, reuse_measured=reuse_measured)
     v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
-        from perfsim.netem import check_privileges
+        from perfsim.netem import check_privileges  # lazy: import perfsim does not load perfsim.netem
 
         check_privileges()
     if not 0 <= seed < 2**32:
@@ -158,8 +160,9 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
 
 def _profile_drift(plan) -> tuple[dict, str] | None:
     """({group: new / old}, a sentence) of the drift check after the runs, or None."""
+    # lazy: import perfsim does not load perfsim.calibrate.compare
     from perfsim.calibrate.compare import comparison_text, drift_check
-    from perfsim.profile import load_profile
+    from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
     if not plan.profile or not os.path.exists(plan.profile):
         return None
@@ -173,11 +176,11 @@ def _profile_drift(plan) -> tuple[dict, str] | None:
 
 def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check: bool = True):
     """Run every row of ``plan`` with a progress bar, then write the grid's files."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
-    from perfsim import outputs  # as in validate(): not at `import perfsim`
-    from perfsim.analysis import validate as v
-    from perfsim.progress import Progress
+    from perfsim import outputs  # lazy: import perfsim does not load perfsim.outputs
+    from perfsim.analysis import validate as v  # lazy: import perfsim does not load perfsim.analysis.validate
+    from perfsim.progress import Progress  # lazy: import perfsim does not load perfsim.progress
 
     out = plan.out
     total = len(plan.rows())

@@ -272,7 +272,7 @@ class Compressor(ABC):
         Default (allgather): every worker compresses, payload tensors are
         allgathered, each is decompressed and the results are averaged.
         """
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         world = dist.get_world_size(group)
         payload = self.compress(x)

@@ -113,7 +113,7 @@ class ECQ(_SeededCompressor):
 
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
         """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._set_rank_salt(group)
         world = dist.get_world_size(group)

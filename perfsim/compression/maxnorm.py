@@ -444,7 +444,7 @@ class MaxNormQuantizer(_SeededCompressor):
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
         """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         check_float(x)
         world = dist.get_world_size(group)

@@ -318,7 +318,7 @@ class _SeededCompressor(Compressor):
         return key
 
     def _set_rank_salt(self, group) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._salt = int(dist.get_rank(group)) + 1
 

@@ -28,12 +28,14 @@ exchange compressed momentum themselves behind a no-op DDP hook (:func:`noop_hoo
 from __future__ import annotations
 
 import copy
+import gc
 import time
 import zlib
 from typing import Any, Iterable, Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression import Compressor, check_spec, make_compressor
 from perfsim.errors import ConfigError
 
 STATE_FORMAT = "perfsim-gradsync"
@@ -107,7 +109,7 @@ class _FlatBucket:
 
 # ----------------------------------------------------------------- state
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -125,15 +127,11 @@ class GradSync:
 
     def __init__(self, spec, process_group=None, *, seed: int = 0,
                  bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
-        from perfsim.compression import Compressor
-
         self._prototype = None
         if isinstance(spec, Compressor):  # the edge: a built compressor's canonical spec, read once
             self._prototype = spec
             self.spec = parse_spec(spec.spec or spec.name, "grad")
         else:
-            from perfsim.compression import check_spec
-
             self.spec = check_spec(parse_spec(spec, "grad"))  # a Spec passes through unparsed
         if bucket_cap_bytes <= 0:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
@@ -150,6 +148,7 @@ class GradSync:
         self._ps_key: dict[int, str] = {}       # PowerSGD bucket index -> bucket key
         self._ps_pending: dict[str, dict] = {}  # loaded PowerSGD buffers not yet installed
         if self.spec.family == "hook":
+            # lazy: torch is heavy, needed only here
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
             self.powersgd = PowerSGDState(process_group, matrix_approximation_rank=self.spec.rank,
@@ -212,8 +211,6 @@ class GradSync:
             if self._prototype is not None:
                 comp = copy.deepcopy(self._prototype)
             else:
-                from perfsim.compression import make_compressor
-
                 comp = make_compressor(self.spec.compressor,
                                        seed=(self.seed * 1_000_003 + zlib.crc32(key.encode())) % 2**31)
             self.compressors[key] = comp
@@ -310,7 +307,7 @@ def _powersgd_state(ps, index_key: dict[int, str], pending: dict[str, dict]) -> 
 def _load_powersgd_state(ps, st: dict[str, Any]) -> dict[str, dict]:
     """Restore through ``PowerSGDState.__setstate__``; returns the per-bucket
     memories, installed by the hook when it meets each bucket (by name)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     group = ps.process_group
     full = ps.__getstate__()
@@ -343,9 +340,7 @@ def _install_powersgd(state: "GradSync", index: int, key: str) -> None:
 
 def owning_ddp(params: Sequence[torch.Tensor]):
     """The live ``DistributedDataParallel`` whose module holds ``params`` (None if none)."""
-    import gc
-
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     want = {id(p) for p in params}
     for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups on proxies
@@ -382,6 +377,7 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
     key = state.key_for(index, params, flat.numel())
     if state.spec.family != "hook":
         return state.allreduce_mean(key, flat)
+    # lazy: torch is heavy, needed only here
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
     ps = state.powersgd

@@ -45,6 +45,7 @@ import torch
 
 from perfsim.collectives import TENSOR_CALLS
 from perfsim.errors import ConfigError
+from perfsim.runtime.models import Block, Embed, Head
 
 #: a compute trace event of the runtime: ``<stage><F|B|I|W><micro-batch>``
 COMPUTE_EVENT = re.compile(r"^\d+([FBIW])(\d+)$")
@@ -113,7 +114,8 @@ def megatron_qkv_order(d_model: int, tp: int) -> torch.Tensor:
 
 def block_plan(sequence_parallel: bool) -> dict:
     """``parallelize_module`` plan of one :class:`perfsim.runtime.models.Block`."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # lazy: torch is heavy, needed only here
+    # lazy: torch is heavy, needed only here
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     if not sequence_parallel:
@@ -128,11 +130,10 @@ def block_plan(sequence_parallel: bool) -> dict:
 def parallelize_stage(stage, mesh, sequence_parallel: bool = False):
     """Shard the blocks of a :class:`perfsim.runtime.models.Stage` over the 1-D TP
     ``mesh`` in place (module docstring); returns the stage."""
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard  # lazy: torch is heavy, needed only here
+    # lazy: torch is heavy, needed only here
     from torch.distributed.tensor.parallel import (PrepareModuleInput, PrepareModuleOutput,
                                                    parallelize_module)
-
-    from perfsim.runtime.models import Block, Embed, Head
 
     tp = mesh.size()
     for layer in stage.layers:
@@ -155,7 +156,7 @@ def finish_gradients(module) -> None:
     """Reduce the gradients DTensor left partial (sequence-parallel LayerNorms, the
     row-parallel biases): each TP rank saw only its slice of the sequence. Megatron
     allreduces these after the backward pass too."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     for p in module.parameters():
         g = p.grad
@@ -168,7 +169,7 @@ def local_leaves(module) -> list[tuple[str, torch.Tensor]]:
     tensor sharing its storage (other parameters as they are). The optimizer and the
     data-parallel gradient sync work on these (plain tensors, this rank's shard);
     :func:`bind_gradients` points their ``.grad`` at the DTensor gradients' shards."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     return [(name, p.to_local().detach().requires_grad_(p.requires_grad) if isinstance(p, DTensor) else p)
             for name, p in module.named_parameters()]
@@ -177,7 +178,7 @@ def local_leaves(module) -> list[tuple[str, torch.Tensor]]:
 def bind_gradients(module, leaves) -> None:
     """Each leaf of :func:`local_leaves` gets its parameter's local gradient
     (sharing storage: an in-place average writes the DTensor's gradient)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     for (_, leaf), p in zip(leaves, module.parameters()):
         if leaf is not p:
@@ -283,7 +284,7 @@ class TensorParallel:
     """
 
     def __init__(self, layout: RankLayout, rank: int, device_type: str, sequence_parallel: bool = False):
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: torch is heavy, needed only here
 
         self.layout, self.rank = layout, rank
         self.sequence_parallel = sequence_parallel
