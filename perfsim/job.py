@@ -11,7 +11,7 @@ read ``strategy.pp`` / ``cfg.micro_batch`` in hundreds of places, a frozen datac
 keeps that flat access and the ``dataclasses.replace`` / ``fields`` behaviour every caller
 relies on, and :class:`perfsim.schedules.PipelineShape` (what a schedule table follows from)
 is already a mixin of the same fields. Each subclass adds only its own fields (the simulator's
-precision, buckets, placement...; the runtime's model, steps, seed, emulated link...) and the
+precision, buckets...; the runtime's model, steps, seed, emulated link...) and the
 checks of what it can do (execute mode trains ZeRO 0 or 3 only, TP on GPT models only);
 ``__post_init__`` runs :meth:`Job.check` first.
 
@@ -46,6 +46,34 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: the dimensions of a rank order (:attr:`Job.placement`), innermost first, in perfsim's
+#: default order: tensor, pipeline, data (replica-major: device = replica * pp + stage, the
+#: numbering topology files use)
+PLACEMENT_DIMS = ("tp", "pp", "dp")
+#: Megatron-LM's rank order: tensor, data, pipeline (a TP group is the fastest-connected set
+#: of consecutive ranks; Narayanan et al. 2021, arXiv:2104.04473 Sec. 3)
+MEGATRON_PLACEMENT = ("tp", "dp", "pp")
+
+
+def place(placement: tuple[str, ...], sizes: dict[str, int], coords: dict[str, int]) -> int:
+    """Position of ``coords`` (``{"tp": t, "dp": r, "pp": s}``) in the rank order
+    ``placement`` (innermost first) of a job of ``sizes``: the one definition of rank
+    placement, read by the simulator (:meth:`Job.device`) and the runtime
+    (:class:`perfsim.runtime.tensor_parallel.RankLayout`)."""
+    pos, stride = 0, 1
+    for dim in placement:
+        pos += coords[dim] * stride
+        stride *= sizes[dim]
+    return pos
+
+
+def unplace(placement: tuple[str, ...], sizes: dict[str, int], pos: int) -> dict[str, int]:
+    """The coordinates (``{"tp", "dp", "pp"}``) at position ``pos`` of ``placement``
+    (the inverse of :func:`place`)."""
+    out = {}
+    for dim in placement:
+        pos, out[dim] = divmod(pos, sizes[dim])
+    return out
 
 
 @dataclass(frozen=True)
@@ -154,6 +182,10 @@ class Job(PipelineShape):
     #: GPU (rank) that runs each position of the placement order (a permutation; None:
     #: the identity): places stages on the nodes of a heterogeneous topology
     device_order: tuple[int, ...] | None = None
+    #: rank order, innermost first (PLACEMENT_DIMS: ``tp,pp,dp``, a replica's stages
+    #: adjacent; Megatron-LM's ``tp,dp,pp``): the simulator's devices and the runtime's
+    #: ranks are both numbered along it (:meth:`device`); TP innermost keeps a TP group in a node
+    placement: tuple[str, ...] = PLACEMENT_DIMS
     #: layer counts per stage (pp x virtual stages of them), or None for the balanced partition
     partition: tuple[int, ...] | None = None
     #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
@@ -167,9 +199,13 @@ class Job(PipelineShape):
 
     def check(self) -> None:
         """The job's one validation (ConfigError naming the field)."""
-        for name in ("device_order", "partition"):  # a JSON list (a rank's config) -> the tuple
+        for name in ("device_order", "partition", "placement"):  # a JSON list (a rank's config) -> the tuple
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+        if isinstance(self.placement, str):  # the flag's text, ``tp,dp,pp``
+            object.__setattr__(self, "placement", tuple(x.strip().lower() for x in self.placement.split(",")))
+        if not isinstance(self.placement, tuple) or sorted(self.placement) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"placement={','.join(map(str, self.placement))!r}: an order of tp, dp, pp")
         for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             check_int(self, name)
         if self.virtual_stages is not None:
@@ -217,6 +253,21 @@ class Job(PipelineShape):
     def global_batch(self) -> int:
         """Samples per optimizer step over all replicas."""
         return self.macro_batch * self.dp
+
+    def _sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
+    def device(self, t: int, r: int, s: int) -> int:
+        """GPU (rank) of tensor rank ``t`` of replica ``r``, stage ``s``: numbered along
+        ``placement``, innermost first (:func:`place`), then through ``device_order``."""
+        pos = place(self.placement, self._sizes(), {"tp": t, "dp": r, "pp": s})
+        return pos if self.device_order is None else self.device_order[pos]
+
+    def coords(self, device: int) -> tuple[int, int, int]:
+        """``(t, r, s)`` of GPU (rank) ``device``: the inverse of :meth:`device`."""
+        pos = device if self.device_order is None else self.device_order.index(device)
+        c = unplace(self.placement, self._sizes(), pos)
+        return c["tp"], c["dp"], c["pp"]
 
     def job(self) -> "Job":
         """The :class:`Job` part alone (what ``perfsim run`` and ``perfsim predict`` must agree on)."""

@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from perfsim.boundaries import parse_boundary_compress
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
-from perfsim.job import JOB_FIELDS, Job, chosen_chunks
+from perfsim.job import JOB_FIELDS, PLACEMENT_DIMS, Job, chosen_chunks
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -40,10 +40,10 @@ KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
     "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
     "size": "str | int", "partition": "str | Sequence[int]", "boundaries": "str | Mapping[int, str]",
-    "order": "str | Sequence[int]",
+    "order": "str | Sequence[int]", "placement": "str | Sequence[str]",
 }
 #: kinds whose comma list is ONE value (alternatives go in a Python list)
-ONE_VALUE = ("partition", "boundaries", "order")
+ONE_VALUE = ("partition", "boundaries", "order", "placement")
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ PARAMS: tuple[Param, ...] = (
     Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
-    Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
+    Param("placement", "placement", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
@@ -344,6 +344,12 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return parse_boundary_compress(value)
     if kind == "order":
         return parse_device_order(value, who)
+    if kind == "placement":  # one rank order, its comma list one value: canonical text ``tp,dp,pp``
+        dims = [str(x).strip().lower() for x in (value.split(",") if isinstance(value, str) else value)] \
+            if isinstance(value, (str, list, tuple)) else None
+        if dims is None or sorted(dims) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"{who}={value!r}: an order of tp, dp, pp (innermost first)")
+        return ",".join(dims)
     if kind == "spec" and not isinstance(value, str):  # parsed already: kept, never parsed again
         return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):

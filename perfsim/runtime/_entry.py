@@ -142,6 +142,8 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
         if k == "boundary_compress" and params.get(k) is not None:  # stored as its canonical text
             params = {**params, k: params[k].text}
+        if k == "placement" and isinstance(params.get(k), str):  # the flag's text
+            params = {**params, k: tuple(x.strip().lower() for x in params[k].split(","))}
         if k in params and _json_value(params[k]) != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "

@@ -15,7 +15,7 @@ from typing import Any
 
 from perfsim.boundaries import check_boundaries
 from perfsim.errors import ConfigError
-from perfsim.job import Job, check_chunks
+from perfsim.job import MEGATRON_PLACEMENT, Job, check_chunks
 from perfsim.models.registry import get_model_spec
 from perfsim.models.transformer import TransformerSpec
 
@@ -196,7 +196,7 @@ class RunConfig(Job):
         # lazy: perfsim.runtime.tensor_parallel loads torch
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        return RankLayout(self.tp, self.dp, self.pp, self.device_order)
+        return RankLayout(self.tp, self.dp, self.pp, self.device_order, self.placement)
 
     def spec(self):
         return get_model_spec(self.model)
@@ -253,6 +253,6 @@ class RunConfig(Job):
     #: fields that must match between a checkpoint and the run resuming it
     RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule",
                    "virtual_stages", "compress", "boundary_compress", "device_order", "grad_compress", "micro_batch",
-                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")
+                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition", "placement")
     #: what a checkpoint written before a resume key existed had
-    RESUME_DEFAULTS = {"tied_embedding": "untied"}
+    RESUME_DEFAULTS = {"tied_embedding": "untied", "placement": list(MEGATRON_PLACEMENT)}  # runs ordered tp, dp, pp

@@ -24,8 +24,9 @@ byte-level presets; Megatron shards the vocabulary). Without sequence
 parallelism every TP rank of a stage sends the full activation to the same TP
 rank of the next stage (no scatter/gather optimisation).
 
-Rank order (Megatron's): TP innermost, then DP, then PP --
-``rank = t + T * (d + D * s)`` for TP rank ``t``, replica ``d``, stage ``s``.
+Rank order: the job's ``placement`` (:attr:`perfsim.job.Job.placement`, the simulator's
+too), innermost first -- by default TP, then PP, then DP (``rank = t + T * (s + P * d)`` for
+TP rank ``t``, stage ``s``, replica ``d``); Megatron's TP, DP, PP with ``--placement tp,dp,pp``.
 
 What TP really sends is counted by :class:`CollectiveMeter`, which wraps the
 functional collectives (``torch.ops._c10d_functional``) every DTensor
@@ -45,6 +46,7 @@ import torch
 
 from perfsim.collectives import TENSOR_CALLS
 from perfsim.errors import ConfigError
+from perfsim.job import PLACEMENT_DIMS, place, unplace
 from perfsim.runtime.models import Block, Embed, Head
 
 #: a compute trace event of the runtime: ``<stage><F|B|I|W><micro-batch>``
@@ -56,16 +58,19 @@ KINDS = TENSOR_CALLS
 # ----------------------------------------------------------------------------- rank layout
 @dataclass(frozen=True)
 class RankLayout:
-    """Ranks of a TP x DP x PP job, TP innermost, then DP, then PP (Megatron-LM's
-    order: the TP group is the fastest-connected set of consecutive ranks)."""
+    """Ranks of a TP x DP x PP job numbered along the job's ``placement``, innermost
+    first (:attr:`perfsim.job.Job.placement`, :func:`perfsim.job.place`: the simulator's
+    devices are numbered the same way), then through ``order``."""
 
     tp: int = 1
     dp: int = 1
     pp: int = 1
-    #: the rank that runs each position of the order above (a permutation; None: the
+    #: the rank that runs each position of the placement (a permutation; None: the
     #: identity). Under torchrun a rank's number fixes its host, so this places stages
     #: on nodes (``perfsim run --device-order``)
     order: tuple[int, ...] | None = None
+    #: rank order, innermost first (perfsim.job.PLACEMENT_DIMS; Megatron-LM's tp, dp, pp)
+    placement: tuple[str, ...] = PLACEMENT_DIMS
 
     def __post_init__(self):
         for name in ("tp", "dp", "pp"):
@@ -83,15 +88,23 @@ class RankLayout:
     def world_size(self) -> int:
         return self.tp * self.dp * self.pp
 
+    def _sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(stage, replica, tp_rank)`` of a global rank."""
-        if self.order is not None:
-            rank = self.order.index(rank)
-        return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
+        c = unplace(self.placement, self._sizes(), rank if self.order is None else self.order.index(rank))
+        return c["pp"], c["dp"], c["tp"]
 
     def rank(self, stage: int, replica: int, tp_rank: int = 0) -> int:
-        position = tp_rank + self.tp * (replica + self.dp * stage)
+        position = place(self.placement, self._sizes(), {"tp": tp_rank, "dp": replica, "pp": stage})
         return position if self.order is None else self.order[position]
+
+    def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Shape and dimension names of the device mesh whose row-major rank numbering
+        is this layout's (outermost placement dimension first; no ``order``, as TP requires)."""
+        names = tuple(reversed(self.placement))
+        return tuple(self._sizes()[d] for d in names), names
 
     def describe(self, rank: int) -> str:
         s, d, t = self.coords(rank)
@@ -288,8 +301,8 @@ class TensorParallel:
 
         self.layout, self.rank = layout, rank
         self.sequence_parallel = sequence_parallel
-        self.mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp),
-                                     mesh_dim_names=("pp", "dp", "tp"))
+        shape, names = layout.mesh_dims()  # the ranks numbered as the layout numbers them
+        self.mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         self.tp_mesh = self.mesh["tp"]
         self.meter = CollectiveMeter(self.tp_mesh.get_group().group_name)
 

@@ -5,7 +5,7 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``torchrun``), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
-Rank layout (Megatron's): TP innermost, then DP, then PP
+Rank layout: the job's placement, as the simulator numbers its devices
 (:class:`perfsim.runtime.tensor_parallel.RankLayout`); a rank holds the stages
 (model chunks) the schedule table puts on its pipeline device, and with
 ``tp > 1`` each chunk's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
