@@ -48,7 +48,7 @@ from perfsim.api import build_configs, predict
 from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic
-from perfsim.job import chosen_chunks
+from perfsim.job import Job, chosen_chunks
 from perfsim.link import Link
 from perfsim.models.registry import get_model_spec
 from perfsim.shaping import check_rate
@@ -93,8 +93,8 @@ class ValidationPlan:
 
     base: dict[str, Any]
     bandwidths: tuple[float | None, ...] = (None,)
-    compresses: tuple[str, ...] = ("fp32",)
-    grad_compresses: tuple[str, ...] = ("none",)
+    compresses: tuple[str, ...] = (str(Job.compress),)
+    grad_compresses: tuple[str, ...] = (str(Job.grad_compress),)
     schedules: tuple[str, ...] = ()
     tps: tuple[int, ...] = (1,)
     sequence_parallel: bool = False

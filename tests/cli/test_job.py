@@ -215,3 +215,19 @@ def test_predict_and_run_put_the_same_ranks_in_the_same_groups(placement, tmp_pa
         assert groups(lambda t, r, s: layout.rank(s, r, t), dim) == simulated, dim
         assert mesh_groups(dim) == simulated, dim
     assert {tuple(sorted(g)) for g in layout.dp_group_ranks()} == groups(predicted.device, "dp")
+
+
+def test_validate_grid_defaults_are_the_jobs_but_named_changes():
+    """perfsim validate's job defaults come from the Job (predict's and run's); what a grid
+    changes is named once (validate_grid.GRID_JOB), never a second literal beside the Job's."""
+    import inspect
+
+    from perfsim.analysis.validate_grid import GRID_JOB, validate
+    from perfsim.commands.validate import JOB as VALIDATE_JOB
+
+    defaults = {k: p.default for k, p in inspect.signature(validate).parameters.items()}
+    assert set(GRID_JOB) <= set(VALIDATE_JOB) and set(VALIDATE_JOB) - {"model"} <= set(JOB_FIELDS)
+    for name in VALIDATE_JOB:
+        given = defaults[name][0] if isinstance(defaults[name], tuple) else defaults[name]
+        assert given == GRID_JOB.get(name, getattr(Job, name, None)), name
+    assert [name for name in VALIDATE_JOB if name not in GRID_JOB and name != "model"]  # the rest: the Job's
