@@ -52,7 +52,7 @@ def predict(
     virtual_stages: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
-    placement: str | None = None,
+    placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
@@ -146,7 +146,7 @@ def predict(
             tensor-parallel degree (Megatron-LM)
         sequence_parallel (bool, default False):
             Megatron sequence parallelism (reduce-scatter / all-gather instead of all-reduce; needs tp > 1)
-        placement (str | None):
+        placement (str | Sequence[str] | None):
             rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp (default with a gpu preset)
         precision (str, default 'fp32'):
             training precision (mixed precision for bf16/fp16; fp8: Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only) (one of perfsim.hardware.PRECISIONS)
@@ -241,7 +241,7 @@ def sweep(
     virtual_stages: int | list | None = None,
     tp: int | list | None = None,
     sequence_parallel: bool | list | None = None,
-    placement: str | list | None = None,
+    placement: str | Sequence[str] | list | None = None,
     precision: str | list | None = None,
     recompute: str | list | None = None,
     attention: str | list | None = None,
@@ -340,7 +340,7 @@ def memory_report(
     virtual_stages: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
-    placement: str | None = None,
+    placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
@@ -395,6 +395,7 @@ def run(
     grad_compress: str = 'none',
     boundary_compress: str | Mapping[int, str] | None = ...,
     device_order: str | Sequence[int] | None = None,
+    placement: str | Sequence[str] | None = ('tp', 'pp', 'dp'),
     partition: str | Sequence[int] | None = None,
     tied_embedding: str | None = 'untied',
     zero: int = 0,

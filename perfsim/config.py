@@ -17,7 +17,8 @@ from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
 from perfsim.collectives import COLLECTIVE_MODELS
 from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
-from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
+from perfsim.hardware import PRECISIONS, get_gpu, value_precision
+from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
@@ -94,18 +95,13 @@ GRAD_BUFFERS = ("bucketed", "contiguous")
 #: ``s b v`` size: 12 bytes per bf16 logit, measured on an H100); ``chunked`` -- a fused linear cross entropy that never holds the
 #: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
 CROSS_ENTROPY = ("fused", "pytorch", "chunked")
-#: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
-#: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
-#: the numbering topology files use)
-MEGATRON_PLACEMENT = ("tp", "dp", "pp")
-PLACEMENT_DIMS = ("tp", "pp", "dp")
 
 
 @dataclass(frozen=True)
 class Strategy(Job):
     """How the training is parallelised and compressed: the job (:class:`perfsim.job.Job`:
     pp, dp, tp, batch, schedule, compression, partition, device order, tied head, ZeRO) and
-    what only the simulator models (precision, buckets, placement, MoE routing...)."""
+    what only the simulator models (precision, buckets, MoE routing...)."""
 
     #: gradient bucket size in bytes of fp32 gradients (PyTorch DDP default 25 MiB)
     bucket_bytes: int = 25 * 2**20
@@ -132,9 +128,6 @@ class Strategy(Job):
     reshard_after_forward: bool = True
     #: the loss's activation memory (CROSS_ENTROPY)
     cross_entropy: str = "fused"
-    #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
-    #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
-    placement: tuple[str, ...] = PLACEMENT_DIMS
     #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
     #: padded capacity); None: dropless experts
     moe_capacity_factor: float | None = None
@@ -150,8 +143,6 @@ class Strategy(Job):
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples", "bucket_bytes"):
             _pos_int(self, name)
-        from perfsim.hardware import PRECISIONS
-
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
         if self.attention not in ATTENTION:
@@ -162,8 +153,6 @@ class Strategy(Job):
             raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise ConfigError(f"cross_entropy={self.cross_entropy!r}: choose from {', '.join(CROSS_ENTROPY)}")
-        if sorted(self.placement) != sorted(PLACEMENT_DIMS):
-            raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
         if not isinstance(self.optimizer, str) or not self.optimizer.strip():
             raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
@@ -186,23 +175,9 @@ class Strategy(Job):
         ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
         distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
         parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
-        from perfsim.hardware import value_precision
-
         if self.precision in ("bf16", "fp8") and self.grad_buffer == "contiguous":
             return "fp32"
         return value_precision(self.precision)  # fp8: bf16 gradients (Transformer Engine)
-
-    def device(self, t: int, r: int, s: int) -> int:
-        """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered
-        along ``placement``, innermost first (Megatron-LM: tensor, data, pipeline,
-        so a TP group shares a node, Narayanan et al. 2021, arXiv:2104.04473 Sec. 3)."""
-        idx, size = {"tp": t, "dp": r, "pp": s}, {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-        dev, stride = 0, 1
-        for dim in self.placement:
-            dev += idx[dim] * stride
-            stride *= size[dim]
-        return dev if self.device_order is None else self.device_order[dev]
-
 
 
 @dataclass(frozen=True)
@@ -282,8 +257,6 @@ class System:
         _pos_float(self, "intra_node_bandwidth_bps")
         _pos_float(self, "intra_node_latency_s", allow_zero=True)
         if self.gpu is not None:
-            from perfsim.hardware import get_gpu
-
             get_gpu(self.gpu)
         if self.nic_kind not in NIC_KINDS:
             raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")

@@ -168,7 +168,7 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
 def attach(model, spec: str, process_group=None, *, seed: int = 0) -> CompressionState:
     """Create a :class:`CompressionState` for ``spec``, bind it to ``model`` (a
     ``DistributedDataParallel``) and register :func:`hook`; returns the state."""
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     if not isinstance(model, DistributedDataParallel):
         raise ConfigError(f"attach: expected a DistributedDataParallel model, got {type(model).__name__}")
@@ -212,7 +212,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
     :class:`perfsim.runtime.onebit_optim.OneBitLamb` (clipping bounds).
     The optimizer's ``wire_bytes`` counts the bytes it has sent.
     """
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
     if gspec.family != "optimizer":

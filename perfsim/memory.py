@@ -52,6 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.models.moe import Routing, moe_activation_values
@@ -247,8 +248,6 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
 
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
-    from perfsim.compression import make_pipeline_pair
-
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
     routing = Routing.of(strategy)
     prec = strategy.precision

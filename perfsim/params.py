@@ -29,8 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from perfsim.boundaries import parse_boundary_compress
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
-from perfsim.job import JOB_FIELDS
+from perfsim.job import JOB_FIELDS, PLACEMENT_DIMS, Job, chosen_chunks
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -38,10 +40,10 @@ KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
     "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
     "size": "str | int", "partition": "str | Sequence[int]", "boundaries": "str | Mapping[int, str]",
-    "order": "str | Sequence[int]",
+    "order": "str | Sequence[int]", "placement": "str | Sequence[str]",
 }
 #: kinds whose comma list is ONE value (alternatives go in a Python list)
-ONE_VALUE = ("partition", "boundaries", "order")
+ONE_VALUE = ("partition", "boundaries", "order", "placement")
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,7 @@ PARAMS: tuple[Param, ...] = (
     Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
-    Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
+    Param("placement", "placement", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
@@ -310,7 +312,7 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
 
 
 def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
-    from perfsim.partition import parse_counts
+    from perfsim.partition import parse_counts  # lazy: import perfsim does not load perfsim.partition
 
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return "uniform"
@@ -362,14 +364,16 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "partition":
         return _parse_partition(value, p)
     if kind == "boundaries":  # a BoundarySpecs value; prints (and is stored) as canonical text
-        from perfsim.boundaries import parse_boundary_compress
-
         return parse_boundary_compress(value)
     if kind == "order":
         return parse_device_order(value, who)
+    if kind == "placement":  # one rank order, its comma list one value: canonical text ``tp,dp,pp``
+        dims = [str(x).strip().lower() for x in (value.split(",") if isinstance(value, str) else value)] \
+            if isinstance(value, (str, list, tuple)) else None
+        if dims is None or sorted(dims) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"{who}={value!r}: an order of tp, dp, pp (innermost first)")
+        return ",".join(dims)
     if kind == "spec" and not isinstance(value, str):  # parsed already: kept, never parsed again
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
@@ -379,8 +383,6 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         _bad_string(value, who)
     text = value.strip()
     if kind == "spec":  # parsed once into THE value (perfsim.compression.spec.Spec); prints as canonical text
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(text, p.role)
     if kind == "choice":
         text = text.lower()
@@ -524,8 +526,6 @@ def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
     """The job parameters of ``values`` (None: not given) normalised as predict normalises
     them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
     :func:`perfsim.run` hand to RunConfig."""
-    from perfsim.job import Job, chosen_chunks
-
     job = {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
            for name in RUN_JOB_PARAMS if values.get(name) is not None}
     if "virtual_stages" in job:  # as predict takes it: the interleaved schedule's chunk count

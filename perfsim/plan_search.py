@@ -66,10 +66,10 @@ def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[floa
 def engine_plan(params: dict[str, Any]):
     """The configs, the engine's plan (every per-stage cost, as :func:`perfsim.engine.simulate`
     resolves it: tensor-parallel collectives and host overhead included) and the network."""
-    from perfsim.api import build_configs
-    from perfsim.engine.plan import build_plan
-    from perfsim.hardware import get_gpu
-    from perfsim.network import Network
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
+    from perfsim.network import Network  # lazy: import perfsim does not load perfsim.network
 
     workload, strategy, system, profile = build_configs(**params)
     net = Network(system, strategy.devices, profile)
@@ -184,7 +184,7 @@ def nic_bound(pl, strategy, system) -> float:
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
-    from perfsim.api import predict
+    from perfsim.api import predict  # lazy: import perfsim does not load perfsim.api
 
     try:
         res = predict(**params)
@@ -201,7 +201,7 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
     fit in memory, why (then no member does)."""
-    from perfsim.engine import check_memory
+    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
 
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
@@ -305,6 +305,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     n_invalid = 0
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
+    # lazy: import perfsim does not load perfsim.batch
     from perfsim.batch import BatchRunner  # `import perfsim` loads this module: the pool's module on use
 
     workers = BatchRunner(jobs, backend, dask_scheduler)

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg, complete, format_spec, format_syntax, parse_args
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 
 # -- collective kinds a dp_plan may contain ---------------------------------
 P2P = "p2p"
@@ -278,9 +278,7 @@ class Compressor(ABC):
         whose input is NaN/Inf sends +Inf in :attr:`refusal_lane` (where set): every
         worker raises :class:`perfsim.errors.NonFiniteError`, its state unchanged.
         """
-        import torch.distributed as dist
-
-        from perfsim.errors import NonFiniteError
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         world = dist.get_world_size(group)
         lane = self.refusal_lane

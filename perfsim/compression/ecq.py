@@ -128,7 +128,7 @@ class ECQ(_SeededCompressor):
         """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged.
         A NaN/Inf input is sent as Inf norms (:meth:`BucketQuantizer.refusal`): every
         rank raises :class:`perfsim.errors.NonFiniteError`, ``h`` and the step unchanged."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._set_rank_salt(group)
         world = dist.get_world_size(group)

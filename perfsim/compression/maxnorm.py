@@ -448,7 +448,7 @@ class MaxNormQuantizer(_SeededCompressor):
         A rank whose input is NaN/Inf (or whose norm overflows) sends +Inf norms, which
         the max-allreduce hands to every rank: all raise :class:`perfsim.errors.NonFiniteError`
         there, before the codes (and the random counter) move (:mod:`perfsim.runtime.nonfinite`)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         check_float(x)
         world = dist.get_world_size(group)

@@ -216,7 +216,7 @@ class OneBit(Compressor):
         return decode_chunks(gathered, chunk).reshape(-1)[:n]
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         check_float(x)
         world = dist.get_world_size(group)

@@ -295,7 +295,7 @@ class BucketQuantizer:
         the exchange of ``qsgd`` and ``ecq``. A rank's non-finite norms are its refusal
         (:meth:`refusal`): then every rank raises :class:`perfsim.errors.NonFiniteError`
         here, with nothing decoded (``refused``: this rank's own input was refused)."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         world = dist.get_world_size(group)
         gathered: dict[str, list[torch.Tensor]] = {}
@@ -343,7 +343,7 @@ class _SeededCompressor(Compressor):
         return key
 
     def _set_rank_salt(self, group) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._salt = int(dist.get_rank(group)) + 1
 
@@ -413,7 +413,7 @@ class QSGD(_SeededCompressor):
         """Allgather of the payloads (norms differ per worker), then M decodes. A rank
         whose input is NaN/Inf sends :meth:`BucketQuantizer.refusal` (Inf norms): every
         rank raises :class:`perfsim.errors.NonFiniteError`, the step counter unchanged."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._set_rank_salt(group)
         check_float(x)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from perfsim.engine import compute
 from perfsim.errors import ConfigError
 from perfsim.hardware import check_precision, curve_for, profile_gpu
+from perfsim.models.tensor_parallel import check_tp
+from perfsim.models.transformer import padded_vocab
 from perfsim.workload import Model
 
 
@@ -55,8 +57,6 @@ def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool,
     the LM head as measured, replicated on every TP rank as ``perfsim run --tp``
     keeps them (:mod:`perfsim.runtime.tensor_parallel`). None when the profile
     lacks a record of some layer (the caller then needs a GPU preset)."""
-    from perfsim.models.tensor_parallel import check_tp
-
     times = [(_measured(profile, model, layer.name, micro_batch, "fwd", "fp32"),
               _measured(profile, model, layer.name, micro_batch, "bwd", "fp32")) for layer in model.layers]
     if any(f is None for f, _ in times) or model.layers[0].name != "embed":
@@ -130,11 +130,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
                       f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
                       f"from the curve ({source})")
         if model.arch is not None:
-            from perfsim.models.tensor_parallel import check_tp
-
             check_tp(model.arch, tp)
-            from perfsim.models.transformer import padded_vocab
-
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,
                                                  sequence_parallel, recompute, curve, rates, attention,

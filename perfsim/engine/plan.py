@@ -27,16 +27,21 @@ DeepSpeed do with fp16/bf16 tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from perfsim.collectives import tensor_call
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.compression.spec import Spec
+from perfsim.engine.compute import optimizer_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE
-from perfsim.models.tensor_parallel import pipeline_send
+from perfsim.hardware import BYTES_PER_VALUE, curve_for, value_precision
+from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
+from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -183,8 +188,6 @@ def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    from perfsim.hardware import value_precision
-
     values = value_precision(strategy.precision)  # fp8 training sends bf16 values
     half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
@@ -210,10 +213,6 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it)."""
-    from perfsim.collectives import tensor_call
-    from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
-    from perfsim.network import collective_cost
-
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -253,9 +252,6 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
     all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
     group's; with full recomputation the forward's run again in the backward."""
-    from perfsim.models.moe import Routing, ep_alltoall_bytes
-    from perfsim.network import collective_cost
-
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
@@ -280,16 +276,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
     when the profile has none for this precision; ``host_overhead_s``: the host time
     per operator that replaces the GPU curve's (``System.host_overhead_s``)."""
-    from dataclasses import replace
-
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
-    from perfsim.hardware import value_precision
-
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
@@ -304,8 +296,6 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     stages: list[StagePlan] = []
     curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
-        from perfsim.hardware import curve_for
-
         curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
     for s, (a, b) in enumerate(bounds):
@@ -330,8 +320,6 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
-            from perfsim.models.moe import expert_params_per_rank
-
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -413,7 +401,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
-    from perfsim.engine.sharding import host_driven
+    from perfsim.engine.sharding import host_driven  # lazy: simpy stays out of perfsim memory
 
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
@@ -429,7 +417,7 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage. Host-driven collectives (a
     CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)."""
-    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units
+    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units  # lazy: simpy stays out of perfsim memory
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
@@ -477,8 +465,6 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
     if opt is None and gpu is not None:
-        from perfsim.engine.compute import optimizer_time
-
         opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
     return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
@@ -608,8 +594,6 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     "codec" (a copy into a fresh buffer), else read + write at
     :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
     if gpu is not None:
-        from perfsim.hardware import curve_for
-
         return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
     return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
@@ -633,8 +617,6 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
     (``perfsim calibrate --emulate-ops ...,interference``) win: those of the rate nearest
     ``link_bps`` in log scale; else the loopback pair (before, a profile with both used
     whichever came last)."""
-    import math
-
     if profile is None:
         return 0.0
     pairs: dict[float | None, dict[str, float]] = {}

@@ -40,6 +40,7 @@ viewed (an expanded ``repeat_kv`` input once per repeat) and each output.
 
 from __future__ import annotations
 
+from perfsim.errors import ConfigError
 from perfsim.models.ops import Op
 
 #: bytes of an fp32 value: the residual stream and the norms under autocast, whose weights are
@@ -254,8 +255,6 @@ def eager_listed(spec, precision: str) -> bool:
 
 def check_eager(spec, precision: str, kernels: str = "eager") -> None:
     """ConfigError (naming ``kernels``) unless :func:`eager_listed`."""
-    from perfsim.errors import ConfigError
-
     if precision == "fp8":
         raise ConfigError(f"kernels={kernels} with precision=fp8: fp8 training runs Transformer Engine's fused "
                           "kernels; use kernels=fused")

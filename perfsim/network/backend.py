@@ -30,6 +30,8 @@ import contextlib
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Generator, Hashable, Iterator, Protocol, Sequence
 
+from perfsim.errors import ConfigError
+
 if TYPE_CHECKING:
     import simpy
 
@@ -105,8 +107,6 @@ def use_backend(factory: BackendFactory) -> Iterator[BackendFactory]:
     """Simulate with backends built by ``factory(env, network)`` inside the block
     (this thread or task only; nested blocks restore the outer choice)."""
     if not callable(factory):
-        from perfsim.errors import ConfigError
-
         raise ConfigError(f"network backend {factory!r}: must be callable as factory(env, network)")
     token = _current.set(factory)
     try:

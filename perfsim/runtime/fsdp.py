@@ -20,6 +20,8 @@ import time
 
 import torch.distributed as dist
 
+from perfsim.network import collective_cost
+
 #: the torch.distributed functions FSDP2 issues its collectives through (newer names first)
 _FUNCTIONS = {"allgather": ("all_gather_single", "all_gather_into_tensor"),
               "reduce_scatter": ("reduce_scatter_single", "reduce_scatter_tensor")}
@@ -29,8 +31,8 @@ def shard_stage(module, layers, group, device_type: str) -> None:
     """``fully_shard`` each of ``layers`` (modules of ``module``), then ``module`` as the
     root, over the process ``group``; each backward prefetches the previous unit's
     all-gather within its own micro-batch only (:func:`prefetch_within_micro_batch`)."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.device_mesh import DeviceMesh  # lazy: torch is heavy, needed only here
+    from torch.distributed.fsdp import fully_shard  # lazy: torch is heavy, needed only here
 
     mesh = DeviceMesh.from_group(group, device_type)
     for layer in layers:
@@ -70,8 +72,6 @@ class CollectiveMeter:
         self._saved: dict[str, object] = {}
 
     def _wrap(self, fn, kind: str):
-        from perfsim.network import collective_cost
-
         def call(*args, **kw):
             inp = kw.get("input", kw.get("input_tensor", args[1] if len(args) > 1 else None))
             self.bytes += collective_cost(kind, inp.numel() * inp.element_size(), self.world_size)[0]

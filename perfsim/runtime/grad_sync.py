@@ -33,13 +33,16 @@ the casts (``fp32``/``fp16``/``bf16``) pass NaN/Inf through, as DDP's allreduce 
 from __future__ import annotations
 
 import copy
+import gc
 import time
 import zlib
 from typing import Any, Iterable, Sequence
 
 from perfsim._lazy import torch
 
+from perfsim.compression import Compressor, check_spec, make_compressor
 from perfsim.errors import ConfigError, NonFiniteError
+from perfsim.runtime.nonfinite import culprits, describe, local_code
 
 STATE_FORMAT = "perfsim-gradsync"
 STATE_VERSION = 1
@@ -112,7 +115,7 @@ class _FlatBucket:
 
 # ----------------------------------------------------------------- state
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -130,15 +133,11 @@ class GradSync:
 
     def __init__(self, spec, process_group=None, *, seed: int = 0,
                  bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
-        from perfsim.compression import Compressor
-
         self._prototype = None
         if isinstance(spec, Compressor):  # the edge: a built compressor's canonical spec, read once
             self._prototype = spec
             self.spec = parse_spec(spec.spec or spec.name, "grad")
         else:
-            from perfsim.compression import check_spec
-
             self.spec = check_spec(parse_spec(spec, "grad"))  # a Spec passes through unparsed
         if bucket_cap_bytes <= 0:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
@@ -156,6 +155,7 @@ class GradSync:
         self._ps_key: dict[int, str] = {}       # PowerSGD bucket index -> bucket key
         self._ps_pending: dict[str, dict] = {}  # loaded PowerSGD buffers not yet installed
         if self.spec.family == "hook":
+            # lazy: torch is heavy, needed only here
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
             self.powersgd = PowerSGDState(process_group, matrix_approximation_rank=self.spec.rank,
@@ -218,8 +218,6 @@ class GradSync:
             if self._prototype is not None:
                 comp = copy.deepcopy(self._prototype)
             else:
-                from perfsim.compression import make_compressor
-
                 comp = make_compressor(self.spec.compressor,
                                        seed=(self.seed * 1_000_003 + zlib.crc32(key.encode())) % 2**31)
             self.compressors[key] = comp
@@ -246,8 +244,6 @@ class GradSync:
         them (:mod:`perfsim.runtime.nonfinite`) -- and one error-path all-gather of an
         int64 per rank names the culprit. ``code``: this rank's
         :func:`~perfsim.runtime.nonfinite.local_code`, when ``flat`` no longer holds the input."""
-        from perfsim.runtime.nonfinite import culprits, describe, local_code
-
         if code is None:
             views = list(torch.split(flat.reshape(-1), [p.numel() for p in params])) if params else []
             code = local_code(views, refused_here)
@@ -342,7 +338,7 @@ def _powersgd_state(ps, index_key: dict[int, str], pending: dict[str, dict]) -> 
 def _load_powersgd_state(ps, st: dict[str, Any]) -> dict[str, dict]:
     """Restore through ``PowerSGDState.__setstate__``; returns the per-bucket
     memories, installed by the hook when it meets each bucket (by name)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     group = ps.process_group
     full = ps.__getstate__()
@@ -398,9 +394,7 @@ def _powersgd_restore(ps, saved: dict[str, Any]) -> None:
 
 def owning_ddp(params: Sequence[torch.Tensor]):
     """The live ``DistributedDataParallel`` whose module holds ``params`` (None if none)."""
-    import gc
-
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     want = {id(p) for p in params}
     for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups on proxies
@@ -440,9 +434,8 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
             return state.allreduce_mean(key, flat)
         except NonFiniteError as exc:  # raised on every rank alike, the compressor unchanged
             state.refuse(index, params, flat, exc.local)
+    # lazy: torch is heavy, needed only here
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
-
-    from perfsim.runtime.nonfinite import local_code
 
     ps = state.powersgd
     _install_powersgd(state, index, key)

@@ -35,7 +35,7 @@ TOO_LARGE = -2
 
 
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -58,7 +58,7 @@ def culprits(code: int, group=None, device=None) -> list[int]:
     world = _world(group)
     if world == 1:
         return [int(code)]
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     mine = torch.tensor([int(code)], dtype=torch.int64, device=device)
     every = [torch.empty_like(mine) for _ in range(world)]

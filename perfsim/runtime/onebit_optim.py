@@ -94,7 +94,9 @@ from typing import Any
 
 import torch
 
+from perfsim.compression import make_compressor
 from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
+from perfsim.runtime.grad_sync import owning_ddp
 from perfsim.runtime.onebit_variance import VarianceOptions
 from perfsim.compression.spec import DEFAULT_WARMUP, check_warmup
 from perfsim.errors import ConfigError, NonFiniteError
@@ -109,7 +111,7 @@ DEFAULT_EXCHANGE = "preconditioned"
 
 
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -167,8 +169,6 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         self.refresh = check_refresh(refresh, self.algorithm)  # the one rule (perfsim.compression.refresh)
         _check(bound in BOUNDS, f"{self.algorithm}: bound={bound!r} (choose from {', '.join(BOUNDS)})")
         self.bound = bound
-        from perfsim.compression import make_compressor
-
         self.group = group
         self.warmup = warmup
         self.compressor = make_compressor(compressor, seed=seed)
@@ -204,7 +204,7 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
             if grads:
                 self._check_finite(torch.cat([g.reshape(-1) for g in grads]), "gradient", grads)
             return grads
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         t0 = time.perf_counter()
@@ -244,8 +244,6 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         self._checked = True
         if self.link is not None or _world(self.group) == 1 or not items:
             return
-        from perfsim.runtime.grad_sync import owning_ddp
-
         ddp = owning_ddp([p for p, _ in items[:1]])
         if ddp is not None:
             raise ConfigError(f"{self.algorithm}: these parameters belong to a DistributedDataParallel "

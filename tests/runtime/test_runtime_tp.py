@@ -117,10 +117,14 @@ def test_qkv_order_gives_each_rank_its_heads():
     assert sorted(order) == list(range(3 * d))
 
 
-def test_rank_layout_is_megatrons():
-    lay = RankLayout(tp=2, dp=2, pp=2)
+def test_rank_layout_follows_the_placement():
+    lay = RankLayout(tp=2, dp=2, pp=2, placement=("tp", "dp", "pp"))  # Megatron's
     assert [lay.coords(r) for r in range(4)] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
     assert lay.rank(1, 0, 1) == 5 and lay.dp_group_ranks()[0] == [0, 2]
+    assert all(lay.rank(*lay.coords(r)) == r for r in range(8))
+    lay = RankLayout(tp=2, dp=2, pp=2)  # perfsim's default, tp, pp, dp: a replica's stages adjacent
+    assert [lay.coords(r) for r in range(4)] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert lay.rank(0, 1, 0) == 4 and lay.dp_group_ranks()[0] == [0, 4]
     assert all(lay.rank(*lay.coords(r)) == r for r in range(8))
 
 
