@@ -20,12 +20,15 @@ Read the code in the order given in README.md ("Read the code in this order").
 
 from __future__ import annotations
 
+import dataclasses
 import inspect as _inspect
 import logging as _logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from perfsim import params as _params
 from perfsim.errors import ConfigError
+from perfsim.params import BY_NAME, RUN_JOB_PARAMS
+from perfsim.runtime.config import RUN_OPTIONS, RunConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from perfsim.analysis.sweep import SweepTable
@@ -39,7 +42,7 @@ _logging.getLogger("perfsim").addHandler(_logging.NullHandler())
 
 
 def predict(**params: Any) -> "Result":
-    from perfsim.api import predict as _predict
+    from perfsim.api import predict as _predict  # lazy: import perfsim does not load perfsim.api
 
     return _predict(**params)
 
@@ -63,7 +66,7 @@ such as ``"100Mbps"``, ``"5ms"``, ``"25MiB"`` are parsed):
 def sweep(*, out: str | None = None, jobs: int | None = None, skip_invalid: bool = False,
           resume: bool = True, progress: bool | None = None,
           predict: Callable[..., Any] | None = None, **grid: Any) -> "SweepTable":
-    from perfsim.analysis.sweep import run_sweep
+    from perfsim.analysis.sweep import run_sweep  # lazy: import perfsim does not load perfsim.analysis.sweep
 
     return run_sweep(grid, out, jobs=jobs, skip_invalid=skip_invalid, resume=resume,
                      progress=progress, predict=predict)
@@ -96,7 +99,7 @@ Grid parameters:
 
 
 def run(**params: Any) -> "Result | None":
-    from perfsim.runtime import run as _run
+    from perfsim.runtime import run as _run  # lazy: import perfsim does not load perfsim.runtime._entry
 
     return _run(**params)
 
@@ -105,11 +108,6 @@ def _run_signature() -> _inspect.Signature:
     """``perfsim run``'s keywords from the tables its flags come from: the job's parameters
     (:data:`perfsim.params.RUN_JOB_PARAMS` of :data:`perfsim.params.PARAMS`, defaults
     RunConfig's, i.e. the job's) and run's own options (:data:`perfsim.runtime.config.RUN_OPTIONS`)."""
-    import dataclasses
-
-    from perfsim.params import BY_NAME, RUN_JOB_PARAMS
-    from perfsim.runtime.config import RUN_OPTIONS, RunConfig
-
     fields = {f.name: f.default for f in dataclasses.fields(RunConfig) if f.default is not dataclasses.MISSING}
     kw = _inspect.Parameter.KEYWORD_ONLY
     out = [_inspect.Parameter(name, kw, default=fields[name], annotation=BY_NAME[name].annotation)
@@ -195,7 +193,7 @@ plan.__doc__ = (_plan_module.plan.__doc__ or "") + """
 
 def load_profile(spec: "str | Profile | None" = None) -> "Profile":
     """A calibration profile from a file, a shipped name (``default-v100``) or None (the default)."""
-    from perfsim.api import _load_profile
+    from perfsim.api import _load_profile  # lazy: import perfsim does not load perfsim.api
 
     return _load_profile(spec)
 
@@ -203,8 +201,9 @@ def load_profile(spec: "str | Profile | None" = None) -> "Profile":
 def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):
     """Every accepted compressor spec with its wire bytes for ``shape`` (a DataFrame;
     columns as ``perfsim compressors --format csv``)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
+    # lazy: import perfsim does not load perfsim.compression.catalog
     from perfsim.compression.catalog import COLUMNS, rows
 
     return pd.DataFrame(rows(tuple(shape)), columns=list(COLUMNS))
@@ -214,7 +213,7 @@ def memory_report(**params: Any):
     """Does a job fit: the peak memory per GPU of the job (``perfsim predict``'s keywords)
     and of each single change that lowers it, with a combination that fits where no single
     one does (:class:`perfsim.analysis.memory_fit.MemoryReport`; ``perfsim memory``)."""
-    from perfsim.analysis import memory_fit
+    from perfsim.analysis import memory_fit  # lazy: import perfsim does not load perfsim.analysis.memory_fit
 
     return memory_fit.memory_report(**params)
 

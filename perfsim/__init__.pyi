@@ -36,9 +36,13 @@ def predict(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -48,10 +52,11 @@ def predict(
     virtual_stages: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
-    placement: str | None = None,
+    placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
+    kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
@@ -65,6 +70,7 @@ def predict(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -105,15 +111,23 @@ def predict(
         intra_node_fabric (str | None):
             intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
         nic (str | Nic | None):
-            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
+            NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
         collective_algo (str, default 'auto'):
             allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
+        collective_model (str, default 'nominal'):
+            nominal: a collective's steps cost the link latency, every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve) (one of perfsim.collectives.COLLECTIVE_MODELS)
         link_model (str, default 'auto'):
             auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
         host_overhead (str | float | None):
             host time per GPU operator (framework, autograd, launch), replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager PyTorch on an H200 host (docs/gpu.md); needs gpu
         comm_slowdown (float | None):
             compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
+        nic_affinity (str, default 'gpu'):
+            gpu: one GPU's flows (a pipeline message, a ring with one rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of them (one of perfsim.fabrics.NIC_AFFINITIES)
+        straggler_cv (float, default 0.0):
+            spread (std / mean) of the GPUs' speeds, e.g. 0.01; every iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off
+        jitter_cv (float, default 0.0):
+            spread (std / mean) of one micro-batch's compute, independent between micro-batches (averages over accumulation); 0 = off
         nic_sharing (bool, default True):
             share NICs fairly between concurrent flows; false gives every flow the full link (a lower bound)
         link_burst (str | int, default '0B'):
@@ -132,7 +146,7 @@ def predict(
             tensor-parallel degree (Megatron-LM)
         sequence_parallel (bool, default False):
             Megatron sequence parallelism (reduce-scatter / all-gather instead of all-reduce; needs tp > 1)
-        placement (str | None):
+        placement (str | Sequence[str] | None):
             rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp (default with a gpu preset)
         precision (str, default 'fp32'):
             training precision (mixed precision for bf16/fp16; fp8: Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only) (one of perfsim.hardware.PRECISIONS)
@@ -140,6 +154,8 @@ def predict(
             activation recomputation (one of perfsim.config.RECOMPUTE)
         attention (str, default 'megatron'):
             attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored) (one of perfsim.config.ATTENTION)
+        kernels (str | None):
+            how the GPU compute model runs a block's memory-bound operators: fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face model under torch.autocast: one kernel per operator, fp32 norms and residual stream, autocast's casts) or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default fused with a gpu preset (Megatron-LM's), eager otherwise (one of perfsim.job.KERNELS)
         moe_capacity_factor (float | None):
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
@@ -166,6 +182,8 @@ def predict(
             where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
         tied_embedding (str | None):
             a tied LM head on another pipeline stage than the embedding: untied (the last stage trains its own head, perfsim run's default) or sync (Megatron-LM: all-reduce the copy's gradient with the first stage after the data-parallel sync); default untied, sync with a gpu preset (one of perfsim.job.TIED_EMBEDDINGS)
+        tp_send (str | None):
+            how the TP ranks of a stage send a pipeline boundary: full (each sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; sequence parallelism sends 1/tp either way (one of perfsim.job.TP_SENDS)
         micro_batch (int, default 1):
             samples per micro-batch
         macro_batch (int | None):
@@ -207,9 +225,13 @@ def sweep(
     intra_node_fabric: str | list | None = None,
     nic: str | Nic | list | None = None,
     collective_algo: str | list | None = None,
+    collective_model: str | list | None = None,
     link_model: str | list | None = None,
     host_overhead: str | float | list | None = None,
     comm_slowdown: float | list | None = None,
+    nic_affinity: str | list | None = None,
+    straggler_cv: float | list | None = None,
+    jitter_cv: float | list | None = None,
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
@@ -219,10 +241,11 @@ def sweep(
     virtual_stages: int | list | None = None,
     tp: int | list | None = None,
     sequence_parallel: bool | list | None = None,
-    placement: str | list | None = None,
+    placement: str | Sequence[str] | list | None = None,
     precision: str | list | None = None,
     recompute: str | list | None = None,
     attention: str | list | None = None,
+    kernels: str | list | None = None,
     moe_capacity_factor: float | list | None = None,
     ep: int | list | None = None,
     moe_imbalance: float | list | None = None,
@@ -236,6 +259,7 @@ def sweep(
     overlap: bool | list | None = None,
     grad_buffer: str | list | None = None,
     tied_embedding: str | list | None = None,
+    tp_send: str | list | None = None,
     micro_batch: int | list | None = None,
     macro_batch: int | list | None = None,
     global_batch: int | list | None = None,
@@ -300,9 +324,13 @@ def memory_report(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
+    collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     comm_slowdown: float | None = None,
+    nic_affinity: str = 'gpu',
+    straggler_cv: float = 0.0,
+    jitter_cv: float = 0.0,
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
@@ -312,10 +340,11 @@ def memory_report(
     virtual_stages: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
-    placement: str | None = None,
+    placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str = 'none',
     attention: str = 'megatron',
+    kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
@@ -329,6 +358,7 @@ def memory_report(
     overlap: bool | None = None,
     grad_buffer: str | None = None,
     tied_embedding: str | None = None,
+    tp_send: str | None = None,
     micro_batch: int = 1,
     macro_batch: int | None = None,
     global_batch: int | None = None,
@@ -365,9 +395,12 @@ def run(
     grad_compress: str = 'none',
     boundary_compress: str | Mapping[int, str] | None = ...,
     device_order: str | Sequence[int] | None = None,
+    placement: str | Sequence[str] | None = ('tp', 'pp', 'dp'),
     partition: str | Sequence[int] | None = None,
     tied_embedding: str | None = 'untied',
     zero: int = 0,
+    tp_send: str | None = 'full',
+    kernels: str | None = 'eager',
     steps: int | None = None,
     epochs: float | None = None,
     seed: int = 0,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import traceback
 import types
 
 
@@ -28,8 +29,6 @@ class LazyModule(types.ModuleType):
     def _load(self) -> types.ModuleType:
         name = self.__dict__["_lazy_name"]
         if name not in sys.modules and os.environ.get("PERFSIM_TRACE_LAZY"):
-            import traceback
-
             print(f"perfsim: importing {name} for:", file=sys.stderr)
             traceback.print_stack(limit=8)
         return importlib.import_module(name)

@@ -23,16 +23,30 @@ loaded once).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
+from perfsim.engine import simulate
+from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
+from perfsim.fabrics import Nic, get_fabric, parse_nic
+from perfsim.hardware import GPUS, get_gpu, profile_gpu
+from perfsim.memory import ALLOCATOR_PRESSURE
+from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
+from perfsim.models.hf_config import DEFAULT_SEQ_LEN
+from perfsim.models.moe import Routing, check_routing
+from perfsim.models.tensor_parallel import shard_block_params
+from perfsim.network import load_topology
+from perfsim.partition import uniform_counts
+from perfsim.profile import Profile, load_profile, profile_path
 from perfsim.result import Result
 from perfsim.schedules import stage_count
+from perfsim.workload import get_model, load_workload_file
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -48,20 +62,16 @@ def _file_key(path) -> tuple[str, float]:
 
 @functools.lru_cache(maxsize=32)
 def _profile(key: tuple[str, float] | None):
-    from perfsim.profile import load_profile
-
     return load_profile(None if key is None else key[0])
 
 
 def _load_profile(spec):
-    from perfsim.profile import Profile, load_profile
-
     if spec is None or spec in ("", "default"):
         return _profile(None)
     if isinstance(spec, Profile):
         return spec
     if not Path(spec).exists():
-        from perfsim.packaged import NAMES, resolve
+        from perfsim.packaged import NAMES, resolve  # lazy: perfsim predict does not load perfsim.packaged
 
         if str(spec) in NAMES["profile"]:  # a shipped name: cached like a file
             return _profile(_file_key(resolve("profile", spec)))
@@ -77,8 +87,6 @@ DEFAULT_MACRO_BATCH = 32
 def _model(model: str | None, workload_key: tuple[str, float] | float | None, seq_len: int | None = None):
     """A model by name, or a workload file; ``workload_key`` a float: the modification time
     of the config.json ``model`` (so an edited file is read again)."""
-    from perfsim.workload import get_model, load_workload_file
-
     if isinstance(workload_key, float):
         return get_model(model, seq_len)
     if workload_key:
@@ -90,13 +98,11 @@ def _model(model: str | None, workload_key: tuple[str, float] | float | None, se
 
 @functools.lru_cache(maxsize=32)
 def _topology(key: tuple[str, float]):
-    from perfsim.network import load_topology
-
     return load_topology(key[0])
 
 
 def _load_file(kind: str, value) -> tuple[str, float]:
-    from perfsim.packaged import resolve
+    from perfsim.packaged import resolve  # lazy: perfsim predict does not load perfsim.packaged
 
     return _file_key(resolve(kind, value))
 
@@ -108,8 +114,7 @@ def input_files(**params) -> dict[str, Any]:
     Profile given as an object. A name that resolves to no file keeps its text
     (predict names that error). What :mod:`perfsim.provenance` hashes into the key
     of a stored prediction."""
-    from perfsim.packaged import resolve
-    from perfsim.profile import profile_path
+    from perfsim.packaged import resolve  # lazy: perfsim predict does not load perfsim.packaged
 
     get = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}.get
     files: dict[str, Any] = {}
@@ -141,9 +146,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     partition, placement tp,dp,pp, contiguous gradient buffer, gradients reduced after the
     backward, tied head synced, vocabulary padded -- else ``perfsim``'s)."""
     p = params_mod.resolved(params)
-    from perfsim.models.moe import Routing, check_routing
-    from perfsim.engine.layer_times import resolve_layer_times
-
     profile = _load_profile(p["profile"])
     seq_len = p["seq_len"]
     if p["workload"]:
@@ -165,8 +167,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         if param.target is not None and p[param.name] is not None:
             where, field_name = param.target.split(".")
             fields[where][field_name] = p[param.name]
-    from perfsim.hardware import get_gpu
-
     gpu = get_gpu(p["gpu"]) if p["gpu"] else None
     if p["precision"] == "fp8" and gpu is None:
         raise ConfigError("precision=fp8: needs a GPU preset with fp8 (--gpu h100, h100-pcie or h200): "
@@ -177,6 +177,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
+    st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
+    st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
     # the partition covers every model chunk: pp x stages per device
@@ -191,7 +193,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
                                            vocab_multiple=defaults.vocab_multiple,
-                                           attention=strategy.attention,
+                                           attention=strategy.attention, kernels=strategy.kernels,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
                                            routing=Routing.of(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
@@ -202,17 +204,26 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         raise ConfigError(f"topology {str(p['topology'])!r}: its links replace {' and '.join(given)}; "
                           f"give one or the other")
     topology = _topology(_load_file("topology", p["topology"])) if p["topology"] else None
-    from perfsim.fabrics import Nic, get_fabric, parse_nic
-
     sy = fields["system"]
     nic = parse_nic(p["nic"]) if p["nic"] else Nic(1, p["bandwidth"])  # bandwidth: one NIC, bit/s
     sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     if p["intra_node_fabric"]:
         fabric = get_fabric(p["intra_node_fabric"])
-        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s)
+        sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,
+                  intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _default_kernels(defaults, model, precision: str) -> str:
+    """The preset's kernels (Megatron-LM's fused with a GPU preset; perfsim's eager: plain PyTorch,
+    what a Hugging Face config.json is trained with and what ``perfsim run`` and ``perfsim calibrate``
+    run), fused for a model whose eager kernels are not listed (:func:`perfsim.models.eager.eager_listed`:
+    encoders, mixtures of experts, parallel blocks; fp8)."""
+    if defaults.kernels == "eager" and (model.arch is None or not eager_listed(model.arch, precision)):
+        return "fused"
+    return defaults.kernels
 
 
 def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
@@ -220,8 +231,6 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     expert parallelism ``ep`` a MoE block's experts split ``ep`` ways too."""
     if model.arch is None or (tp == 1 and ep == 1):
         return None
-    from perfsim.models.tensor_parallel import shard_block_params
-
     arch = model.arch
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
@@ -237,8 +246,6 @@ def _partition(raw, model, pp: int):
     preset for a transformer."""
     if raw != "uniform":
         return raw
-    from perfsim.partition import uniform_counts
-
     return uniform_counts([layer.name for layer in model.layers], pp)
 
 
@@ -258,8 +265,6 @@ def _batch(p: dict[str, Any]) -> int:
 
 def predict(**params) -> Result:
     """Simulate one configuration (see the module docstring for parameters)."""
-    from perfsim.engine import simulate
-
     trace = bool(params.pop("trace", False))
     allow_oom = params_mod.normalize("allow_oom", params.get("allow_oom") or False)
     workload, strategy, system, profile = build_configs(**params)
@@ -273,15 +278,29 @@ def predict(**params) -> Result:
 
 
 def _warn_memory(summary: dict[str, Any], profile=None) -> None:
-    """Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
+    """With a GPU preset: the peak's share of its capacity (``memory_pressure``) and, above
+    :data:`perfsim.memory.ALLOCATOR_PRESSURE` of it, a ``memory_warning`` (allocator pressure:
+    cudaFree/cudaMalloc and fragmentation, a slowdown the model does not price).
+    Without a GPU preset nothing refuses a peak memory over a capacity, so a peak above
     the memory of the GPU the profile was measured on (its ``device`` names a preset, as
     the default's V100 16 GB does), else above every preset's memory, is said in the
     summary's ``memory_warning`` (one line naming the way to check it). ``perfsim predict``
     prints it on stderr; the API does not log it, as the planner and sweeps call
     :func:`predict` for hundreds of configurations."""
-    from perfsim.hardware import GPUS, profile_gpu
-
     peak = summary.get("peak_memory_gib")
+    cap = summary.get("memory_capacity_gib")
+    if summary.get("gpu") and peak and cap:  # a GPU preset: the allocator near its capacity
+        share = peak / cap
+        summary["memory_pressure"] = share
+        if share > ALLOCATOR_PRESSURE:
+            summary["memory_warning"] = (
+                f"peak memory {peak:.1f} GiB per GPU is {100 * share:.0f} % of the {summary['gpu']}'s "
+                f"{cap:.0f} GiB ({'beyond its capacity' if share > 1 else f'over {100 * ALLOCATOR_PRESSURE:.0f} %'}): "
+                "PyTorch's caching allocator may free "
+                "and re-allocate (cudaFree/cudaMalloc after a device synchronisation) and fragment, which is "
+                "not priced (perfsim.memory.ALLOCATOR_PRESSURE); measure it, or lower the peak (--recompute, "
+                "--zero, --tp, --pp, a smaller --micro-batch)")
+        return
     if summary.get("gpu") or not peak:
         return
     gpu = max(GPUS.values(), key=lambda g: g.memory_bytes)
@@ -315,8 +334,6 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                                                   strategy.moe_imbalance != 1 else "balanced routing assumed"))
                      + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
                         "all-to-all dispatch and combine" if strategy.ep > 1 else "") + ")")
-    from perfsim.models.hf_config import DEFAULT_SEQ_LEN
-
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
                      f"max_position_embeddings {arch.max_positions} and {DEFAULT_SEQ_LEN}); --seq-len sets it")
@@ -327,8 +344,6 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
 def _check_finite(result: Result) -> None:
     """An overflowing prediction (inf/NaN time or rate) is an error, never a
     printed NaN: it comes from input magnitudes the model cannot represent."""
-    import math
-
     bad = [k for k, v in result.summary.items()
            if isinstance(v, float) and not math.isfinite(v) and k not in ("bandwidth_bps",)]
     if bad:

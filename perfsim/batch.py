@@ -46,7 +46,7 @@ POOL_DIR_PREFIX = "perfsim-pool-"
 
 def fork_context():
     """The ``fork`` context, or None where forking is unsafe (torch loaded) or missing."""
-    import multiprocessing  # ~10 ms with its helpers: loaded when a pool may start, not at CLI start-up
+    import multiprocessing  # lazy: ~10 ms with its helpers: when a pool may start, not at CLI start-up
 
     if "torch" in sys.modules or "fork" not in multiprocessing.get_all_start_methods():
         return None
@@ -87,7 +87,7 @@ class BatchRunner:
                 raise ConfigError("backend=dask: dask is not installed (pip install 'perfsim[dask]')")
             if dask_scheduler:
                 try:
-                    from distributed import Client  # optional extra
+                    from distributed import Client  # lazy: optional extra (perfsim[dask])
                 except ImportError:
                     raise ConfigError("dask_scheduler: needs dask.distributed (pip install 'perfsim[dask]')") from None
                 try:
@@ -110,8 +110,8 @@ class BatchRunner:
         return self._context is not None
 
     def _start_pool(self) -> ProcessPoolExecutor:
-        import multiprocessing.util  # as in fork_context: not at CLI start-up
-        from concurrent.futures import ProcessPoolExecutor
+        import multiprocessing.util  # lazy: as in fork_context, not at CLI start-up
+        from concurrent.futures import ProcessPoolExecutor  # lazy: as multiprocessing
 
         if self.pool is None:
             remove_stale_pool_dirs()
@@ -133,7 +133,7 @@ class BatchRunner:
             return self.client.gather(self.client.map(fn, batches, *([a] * len(batches) for a in args),
                                                       pure=False))
         if self.backend == "dask" and self.jobs > 1:
-            import dask  # optional extra
+            import dask  # optional extra  # lazy: dask is heavy, needed only here
 
             tasks = [dask.delayed(fn)(b, *args) for b in batches]
             return list(dask.compute(*tasks, scheduler="processes", num_workers=self.jobs))
@@ -152,7 +152,7 @@ class BatchRunner:
                 for b in batches:
                     yield fn(b, *args)
             return
-        from concurrent.futures import FIRST_COMPLETED, wait  # loaded by _start_pool already
+        from concurrent.futures import FIRST_COMPLETED, wait  # lazy: loaded by _start_pool already
 
         pool = self._start_pool()
         pending = {pool.submit(fn, b, *args) for b in batches}

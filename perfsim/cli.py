@@ -28,6 +28,7 @@ import sys
 
 from perfsim import __version__
 from perfsim.errors import ConfigError, OutputError
+from perfsim.outputs import detach_stdout
 
 #: Subcommands in the order ``perfsim --help`` lists them.
 COMMANDS = ("predict", "plan", "memory", "run", "calibrate", "validate", "sweep", "plot", "compressors")
@@ -84,7 +85,7 @@ def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
 
 def _completion(parser: argparse.ArgumentParser, shell: str) -> int:
     try:
-        import shtab
+        import shtab  # lazy: optional extra (perfsim[completion])
     except ModuleNotFoundError:
         raise ConfigError("completion needs shtab (pip install 'perfsim[completion]')") from None
     print(shtab.complete(parser, shell=shell))
@@ -144,8 +145,6 @@ def _settle_stdout() -> None:
         if sys.stdout is not None:
             sys.stdout.flush()
     except (OSError, ValueError):
-        from perfsim.outputs import detach_stdout
-
         detach_stdout()
 
 
@@ -176,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"perfsim {args.command}: interrupted" + (f" ({exc})" if str(exc) else ""), file=sys.stderr)
         return 130
     except BrokenPipeError:  # `perfsim ... | head`
-        from perfsim.outputs import detach_stdout
-
         detach_stdout()
         return 0
     except OSError as exc:  # full disk, closed stdout, read-only filesystem

@@ -43,6 +43,20 @@ alltoall (pairwise exchange): a node's NICs carry ``g S (N-g)/N`` while each
 rank moves ``(g-1)/N S`` inside the node, ``N-1`` steps; broadcast (pipelined
 chain) ``V = S``, ``N-1`` steps; p2p ``V = S``, 1 step.
 
+Protocols: the message-size curve (``GroupShape.model == "nccl"``)
+-----------------------------------------------------------------
+nccl-tests' bus bandwidth rises with the message size because NCCL picks, per size, one
+of three protocols, each a latency / bandwidth trade (NCCL's tuning model,
+``src/graph/tuning.cc``, ``ncclTopoTuneModel``: ``baseLat``, ``hwLat`` and the bandwidth
+refinements, transcribed in :data:`PROTOCOLS`): LL (8-byte stores with a flag: a quarter of
+the ring's bandwidth, a third of the tree's; sub-microsecond steps), LL128 (120 of every 128
+bytes; NVLink only, as NCCL enables it) and Simple (full bandwidth, ~6 us per step, 8.4 us
+base). A collective of the ``nccl`` model costs, per protocol ``p``,
+``base_p + sum over phases (V / (B f_p) + steps_in hw_p(intra) + steps_out hw_p(net)) + the
+links' own latencies``, and the cheapest protocol is taken (NCCL's tuner). ``nominal``
+(default) keeps the plain phases: each step costs the link's latency only, every size moves
+at the full rate.
+
 Measured kinds
 --------------
 A backend need not implement a kind as the ring above: gloo's
@@ -72,6 +86,35 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 #: ncclTopoTuneModel: ``if (a == NCCL_ALGO_TREE && coll == ncclFuncAllReduce) busBw *= .92``)
 TREE_EFFICIENCY = 0.92
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "p2p")
+#: collective cost models (``System.collective_model``; module docstring, "Protocols")
+COLLECTIVE_MODELS = ("nominal", "nccl")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol (NCCL ``src/graph/tuning.cc``, ``ncclTopoTuneModel``; latencies in
+    seconds): ``ring_bw`` / ``tree_bw`` share of the bus bandwidth it reaches, ``base_*`` its
+    fixed latency, ``hw_*`` its latency per step on NVLink, PCI and the network."""
+
+    name: str
+    ring_bw: float
+    tree_bw: float
+    base_ring_s: float
+    base_tree_s: float
+    hw_ring_s: tuple[float, float, float]
+    hw_tree_s: tuple[float, float, float]
+    nvlink_only: bool = False
+
+
+#: NCCL's protocols: ``baseLat`` (ring 3.6 / 3.6 / 8.4 us, tree 4.4 / 4.4 / 0), ``hwLat``
+#: (NVLink, PCI, NET) and ``busBw *= 1/4`` (ring LL), ``120/128`` (ring LL128), ``1/3`` and
+#: ``7/9`` (tree LL, LL128); LL128 enabled on NVLink only
+PROTOCOLS: tuple[Protocol, ...] = (
+    Protocol("LL", 1 / 4, 1 / 3, 3.6e-6, 4.4e-6, (0.4e-6, 1.0e-6, 0.9e-6), (0.5e-6, 1.0e-6, 5.0e-6)),
+    Protocol("LL128", 120 / 128, 7 / 9, 3.6e-6, 4.4e-6, (2.5e-6, 2.5e-6, 2.5e-6), (1.9e-6, 1.9e-6, 7.5e-6),
+             nvlink_only=True),
+    Protocol("Simple", 1.0, 1.0, 8.4e-6, 0.0, (5.7e-6, 5.7e-6, 6.6e-6), (28e-6, 28e-6, 50e-6)),
+)
 #: the functional collectives DTensor issues (``torch.ops._c10d_functional``, what
 #: tensor parallelism calls in execute mode) -> the kind each is
 TENSOR_CALLS = {"all_reduce": "allreduce", "all_gather_into_tensor": "allgather",
@@ -98,6 +141,9 @@ class Phase:
     rate_bps: float
     inter_node: bool
     latency_s: float
+    #: latency-bound steps over intra-node / inter-node hops (the protocol model's ``hw`` cost)
+    steps_in: int = 0
+    steps_out: int = 0
 
 
 @dataclass(frozen=True)
@@ -128,13 +174,18 @@ class GroupShape:
     intra_latency_s: float
     inter_bps: float
     inter_latency_s: float
+    #: ``nominal`` or ``nccl`` (COLLECTIVE_MODELS: module docstring, "Protocols")
+    model: str = "nominal"
+    #: the intra-node fabric is PCIe (NCCL's PCI latencies, no LL128), else NVLink
+    intra_pcie: bool = False
 
 
 def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring") -> Collective:
     multi = g.nodes > 1
     rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
     lat = g.inter_latency_s if multi else g.intra_latency_s
-    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat),),), volume)
+    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat, 0 if multi else steps,
+                                          steps if multi else 0),),), volume)
 
 
 def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collective:
@@ -152,23 +203,49 @@ def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collect
         options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1)),
                    "tree": lambda: _tree(S, g),
                    "hierarchical": lambda: _hierarchical(S, g)}
-        if algo != "auto":
-            return options[algo]()
-        return min((f() for f in options.values()), key=Collective.time)
-    if kind == "allgather":
-        return _flat(kind, S, g, (n - 1) * S, n - 1)
-    if kind == "reduce_scatter":
-        return _flat(kind, S, g, (n - 1) / n * S, n - 1)
-    if kind == "broadcast":
-        return _flat(kind, S, g, S, n - 1)
-    return _alltoall(S, g)
+        chosen = [options[algo]()] if algo != "auto" else [f() for f in options.values()]
+    elif kind == "allgather":
+        chosen = [_flat(kind, S, g, (n - 1) * S, n - 1)]
+    elif kind == "reduce_scatter":
+        chosen = [_flat(kind, S, g, (n - 1) / n * S, n - 1)]
+    elif kind == "broadcast":
+        chosen = [_flat(kind, S, g, S, n - 1)]
+    else:
+        chosen = [_alltoall(S, g)]
+    if g.model == "nccl":  # each algorithm at its cheapest protocol (NCCL's tuner)
+        chosen = [with_protocol(c, g, p) for c in chosen for p in PROTOCOLS if g.intra_pcie is False
+                  or not p.nvlink_only]
+    return min(chosen, key=Collective.time)
+
+
+def with_protocol(c: Collective, g: GroupShape, p: Protocol) -> Collective:
+    """``c`` carried by NCCL protocol ``p`` (module docstring, "Protocols"): every phase's
+    rate times the protocol's share, its steps charged the protocol's per-step latency on
+    their hop (intra: NVLink or PCI; inter: NET) on top of the links' own, the protocol's
+    base latency once; ``algo`` names both (``ring/LL``)."""
+    tree = c.algo == "tree"
+    share = p.tree_bw if tree else p.ring_bw
+    hw = p.hw_tree_s if tree else p.hw_ring_s
+    intra = hw[1] if g.intra_pcie else hw[0]
+    base = p.base_tree_s if tree else p.base_ring_s
+    phases, first = [], True
+    for group in c.phases:
+        out = []
+        for ph in group:
+            lat = ph.latency_s + ph.steps_in * intra + ph.steps_out * hw[2] + (base if first else 0.0)
+            out.append(Phase(ph.volume_bytes, ph.rate_bps * share, ph.inter_node, lat, ph.steps_in, ph.steps_out))
+        first = False
+        phases.append(tuple(out))
+    return Collective(c.kind, f"{c.algo}/{p.name}", tuple(phases), c.wire_bytes)
 
 
 def _tree(S: float, g: GroupShape) -> Collective:
     lat = 2.0 * (math.floor(math.log2(g.nodes)) * g.inter_latency_s + (g.per_node - 1) * g.intra_latency_s)
     multi = g.nodes > 1
     rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
-    return Collective("allreduce", "tree", ((Phase(2.0 * S, rate * TREE_EFFICIENCY, multi, lat),),), 2.0 * S)
+    steps_in, steps_out = 2 * (g.per_node - 1), 2 * math.floor(math.log2(g.nodes))
+    return Collective("allreduce", "tree", ((Phase(2.0 * S, rate * TREE_EFFICIENCY, multi, lat, steps_in, steps_out),),),
+                      2.0 * S)
 
 
 def _hierarchical(S: float, g: GroupShape) -> Collective:
@@ -176,8 +253,8 @@ def _hierarchical(S: float, g: GroupShape) -> Collective:
     if m == 1 or k == 1:  # one level only: the plain ring
         c = _flat("allreduce", S, g, 2.0 * (g.n - 1) / g.n * S, 2 * (g.n - 1))
         return Collective("allreduce", "hierarchical", c.phases, c.wire_bytes)
-    local = Phase((k - 1) / k * S, g.intra_bps, False, (k - 1) * g.intra_latency_s)
-    inter = Phase(2.0 * (m - 1) / m * S, g.inter_bps, True, 2 * (m - 1) * g.inter_latency_s)
+    local = Phase((k - 1) / k * S, g.intra_bps, False, (k - 1) * g.intra_latency_s, k - 1, 0)
+    inter = Phase(2.0 * (m - 1) / m * S, g.inter_bps, True, 2 * (m - 1) * g.inter_latency_s, 0, 2 * (m - 1))
     wire = 2.0 * (k - 1) / k * S + 2.0 * (m - 1) / m * S / k
     return Collective("allreduce", "hierarchical", ((local,), (inter,), (local,)), wire)
 
@@ -187,9 +264,10 @@ def _alltoall(S: float, g: GroupShape) -> Collective:
     lat = (n - 1) * (g.inter_latency_s if g.nodes > 1 else g.intra_latency_s)
     phases = []
     if g.nodes > 1:  # the node's k ranks each send (n-k)/n of their buffer through its NICs
-        phases.append(Phase(k * S * (n - k) / n, g.inter_bps, True, lat))
+        phases.append(Phase(k * S * (n - k) / n, g.inter_bps, True, lat, 0, n - 1))
     if k > 1:
-        phases.append(Phase((k - 1) / n * S, g.intra_bps, False, 0.0 if g.nodes > 1 else lat))
+        phases.append(Phase((k - 1) / n * S, g.intra_bps, False, 0.0 if g.nodes > 1 else lat,
+                            0 if g.nodes > 1 else n - 1, 0))
     return Collective("alltoall", "pairwise", (tuple(phases),), (n - 1) / n * S)
 
 

@@ -14,9 +14,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
+from perfsim.collectives import COLLECTIVE_MODELS
 from perfsim.errors import ConfigError
-from perfsim.fabrics import NIC_KINDS
-from perfsim.job import TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
+from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
+from perfsim.hardware import PRECISIONS, get_gpu, value_precision
+from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
@@ -93,18 +95,13 @@ GRAD_BUFFERS = ("bucketed", "contiguous")
 #: ``s b v`` size: 12 bytes per bf16 logit, measured on an H100); ``chunked`` -- a fused linear cross entropy that never holds the
 #: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
 CROSS_ENTROPY = ("fused", "pytorch", "chunked")
-#: rank order of the placement, innermost first: Megatron-LM's (tp, dp, pp), and
-#: perfsim's historic replica-major order (tp, pp, dp: device = replica * pp + stage,
-#: the numbering topology files use)
-MEGATRON_PLACEMENT = ("tp", "dp", "pp")
-PLACEMENT_DIMS = ("tp", "pp", "dp")
 
 
 @dataclass(frozen=True)
 class Strategy(Job):
     """How the training is parallelised and compressed: the job (:class:`perfsim.job.Job`:
     pp, dp, tp, batch, schedule, compression, partition, device order, tied head, ZeRO) and
-    what only the simulator models (precision, buckets, placement, MoE routing...)."""
+    what only the simulator models (precision, buckets, MoE routing...)."""
 
     #: gradient bucket size in bytes of fp32 gradients (PyTorch DDP default 25 MiB)
     bucket_bytes: int = 25 * 2**20
@@ -131,9 +128,6 @@ class Strategy(Job):
     reshard_after_forward: bool = True
     #: the loss's activation memory (CROSS_ENTROPY)
     cross_entropy: str = "fused"
-    #: rank order of the placement, innermost first (``tp,pp,dp``: a replica's stages
-    #: adjacent; Megatron-LM's ``tp,dp,pp``); TP innermost keeps a TP group in a node
-    placement: tuple[str, ...] = PLACEMENT_DIMS
     #: a MoE model's expert capacity factor (perfsim.models.moe: GShard / Switch Transformer
     #: padded capacity); None: dropless experts
     moe_capacity_factor: float | None = None
@@ -149,8 +143,6 @@ class Strategy(Job):
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples", "bucket_bytes"):
             _pos_int(self, name)
-        from perfsim.hardware import PRECISIONS
-
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
         if self.attention not in ATTENTION:
@@ -161,8 +153,6 @@ class Strategy(Job):
             raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
         if self.cross_entropy not in CROSS_ENTROPY:
             raise ConfigError(f"cross_entropy={self.cross_entropy!r}: choose from {', '.join(CROSS_ENTROPY)}")
-        if sorted(self.placement) != sorted(PLACEMENT_DIMS):
-            raise ConfigError(f"placement={','.join(self.placement)!r}: an order of tp, dp, pp")
         if not isinstance(self.optimizer, str) or not self.optimizer.strip():
             raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
@@ -185,23 +175,9 @@ class Strategy(Job):
         ``megatron/arguments.py`` forces ``accumulate_allreduce_grads_in_fp32``; its
         distributed-optimizer table counts bf16 params with fp32 grads, 18 bytes per
         parameter). fp16 keeps fp16 gradients (the A100 data's all-reduce is fp16)."""
-        from perfsim.hardware import value_precision
-
         if self.precision in ("bf16", "fp8") and self.grad_buffer == "contiguous":
             return "fp32"
         return value_precision(self.precision)  # fp8: bf16 gradients (Transformer Engine)
-
-    def device(self, t: int, r: int, s: int) -> int:
-        """GPU index of tensor rank ``t`` of replica ``r``, stage ``s``: ranks numbered
-        along ``placement``, innermost first (Megatron-LM: tensor, data, pipeline,
-        so a TP group shares a node, Narayanan et al. 2021, arXiv:2104.04473 Sec. 3)."""
-        idx, size = {"tp": t, "dp": r, "pp": s}, {"tp": self.tp, "dp": self.dp, "pp": self.pp}
-        dev, stride = 0, 1
-        for dim in self.placement:
-            dev += idx[dim] * stride
-            stride *= size[dim]
-        return dev if self.device_order is None else self.device_order[dev]
-
 
 
 @dataclass(frozen=True)
@@ -242,18 +218,33 @@ class System:
     nic_kind: str = "ideal"
     #: NICs per node (``bandwidth_bps`` is their total; reported, shared by the node's GPUs)
     nics_per_node: int = 1
+    #: ``gpu``: one GPU's flows use only its nearest NICs, ``1 / min(nics, gpus_per_node)`` of
+    #: the node's (perfsim.fabrics.gpu_nic_share); ``node``: every flow may use all of them
+    nic_affinity: str = "gpu"
     #: ``auto``: the profile's measured link at this rate when it has one, else nominal;
     #: ``calibrated``: require it; ``nominal``: ``bandwidth_bps`` x the NIC kind's efficiency
     link_model: str = "auto"
     #: collective algorithm (perfsim.collectives): ``auto`` (least modelled time, as
     #: NCCL's tuner), ``ring``, ``tree`` or ``hierarchical``
     collective_algo: str = "auto"
+    #: ``nominal``: each collective step costs the link's latency, every size the full rate;
+    #: ``nccl``: NCCL's protocols LL / LL128 / Simple, the cheapest per size (perfsim.collectives)
+    collective_model: str = "nominal"
+    #: the intra-node fabric is PCIe (NCCL's PCI step latencies, no LL128); set from
+    #: ``--intra-node-fabric pcie*``
+    intra_node_pcie: bool = False
     #: compute slowdown while communication overlaps it on the same device (0.1 = 10 %
     #: slower); None = measured by ``perfsim calibrate`` (op ``interference``), else 0
     comm_slowdown: float | None = None
     #: host time per GPU operator (framework, autograd, launch) replacing the GPU
     #: curve's ``kernel_s``; None = the curve's (perfsim.hardware.curve_for)
     host_overhead_s: float | None = None
+    #: relative spread (standard deviation / mean) of the GPUs' speeds, persistent per GPU;
+    #: the iteration waits for the slowest (perfsim.engine.sync_wait); 0 = off
+    straggler_cv: float = 0.0
+    #: relative spread of one micro-batch's compute on one GPU, independent between
+    #: micro-batches (averages over gradient accumulation; perfsim.engine.sync_wait); 0 = off
+    jitter_cv: float = 0.0
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -266,19 +257,25 @@ class System:
         _pos_float(self, "intra_node_bandwidth_bps")
         _pos_float(self, "intra_node_latency_s", allow_zero=True)
         if self.gpu is not None:
-            from perfsim.hardware import get_gpu
-
             get_gpu(self.gpu)
         if self.nic_kind not in NIC_KINDS:
             raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")
         _pos_int(self, "nics_per_node")
+        if self.nic_affinity not in NIC_AFFINITIES:
+            raise ConfigError(f"nic_affinity={self.nic_affinity!r}: choose from {', '.join(NIC_AFFINITIES)}")
         if self.link_model not in LINK_MODELS:
             raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
         if self.collective_algo not in COLLECTIVE_ALGORITHMS:
             raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
                               f"{', '.join(COLLECTIVE_ALGORITHMS)}")
+        if self.collective_model not in COLLECTIVE_MODELS:
+            raise ConfigError(f"collective_model={self.collective_model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        for name in ("straggler_cv", "jitter_cv"):
+            _pos_float(self, name, allow_zero=True)
+            if getattr(self, name) >= 1:
+                raise ConfigError(f"{name}={getattr(self, name)!r}: a relative spread, must be < 1 (0.02 = 2 %)")
         if self.host_overhead_s is not None and self.gpu is None:
             raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
                               "times carry their own host")

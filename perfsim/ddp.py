@@ -40,6 +40,12 @@ Guarantees (each tested with real gloo processes, ``tests/ddp/test_ddp.py``):
   gradient compressor (or the reverse), a 1-bit optimizer whose parameters
   live in a DDP model that still allreduces gradients, a checkpoint saved with
   another world size (error-feedback buffers are per rank: refused).
+* **NaN/Inf is one error.** A NaN/Inf gradient on any rank makes every rank raise the
+  same one-line ConfigError (out of ``backward()``) naming the step, the bucket and its
+  parameter names, the parameter and the rank, with the bucket's state unchanged and no
+  extra byte in a normal step (:mod:`perfsim.runtime.nonfinite`; ``tests/ddp/
+  test_ddp_nonfinite.py``). Casts (``fp32``/``fp16``/``bf16``) pass NaN/Inf through as
+  DDP's allreduce does, so ``torch.amp.GradScaler`` can skip the step (docs/ddp.md).
 * Works with ``find_unused_parameters=True``, bf16/fp16 parameters, ``no_sync``
   gradient accumulation and several DDP models per process (one state each).
 """
@@ -134,7 +140,11 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
         views = [pend["views"].pop(id(p)) for p in group]
         flat = torch.cat([v.to(torch.float32) for v in views])
         pend["done"].add(gi)
-        out = _gs.reduce_bucket(state, gi, len(groups), group, flat, len(pend["done"]) == len(groups))
+        try:
+            out = _gs.reduce_bucket(state, gi, len(groups), group, flat, len(pend["done"]) == len(groups))
+        except ConfigError:  # a refused bucket (NaN/Inf, on every rank alike): the step is over
+            state.__dict__.pop("_pending", None)
+            raise
         at = 0
         for v in views:
             v.copy_(out[at:at + v.numel()])
@@ -151,13 +161,14 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
             raise ConfigError("perfsim.ddp.hook: DDP handed gradients of parameters outside the model's "
                               "canonical buckets")
         pend["done"] = set()
+        state.steps += 1
     return fut
 
 
 def attach(model, spec: str, process_group=None, *, seed: int = 0) -> CompressionState:
     """Create a :class:`CompressionState` for ``spec``, bind it to ``model`` (a
     ``DistributedDataParallel``) and register :func:`hook`; returns the state."""
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     if not isinstance(model, DistributedDataParallel):
         raise ConfigError(f"attach: expected a DistributedDataParallel model, got {type(model).__name__}")
@@ -201,7 +212,7 @@ def onebit_optimizer(model, spec: str, lr: float, *, warmup: int | None = None,
     :class:`perfsim.runtime.onebit_optim.OneBitLamb` (clipping bounds).
     The optimizer's ``wire_bytes`` counts the bytes it has sent.
     """
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     gspec = parse_spec(spec, "grad")  # the public edge: text parsed once, a Spec kept
     if gspec.family != "optimizer":

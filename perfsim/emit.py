@@ -15,6 +15,8 @@ import shlex
 from typing import Any, Iterable
 
 from perfsim.errors import ConfigError
+from perfsim.job import PLACEMENT_DIMS
+from perfsim.models.registry import runtime_names
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: what ``--emit`` writes
@@ -24,8 +26,6 @@ EMIT_KINDS = ("perfsim", "megatron", "torchrun")
 def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = None) -> str | None:
     """The ``perfsim run`` command that trains this configuration for real, or None
     when the runtime has no implementation of the model."""
-    from perfsim.models.registry import runtime_names
-
     runtime = set(model_runtime) if model_runtime is not None else set(runtime_names())
     if params["model"] not in runtime:
         return None
@@ -38,6 +38,11 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     if params.get("boundary_compress"):
         flags.insert(flags.index(f"--compress {params['compress']}") + 1,
                      f"--boundary-compress {params['boundary_compress']}")
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
+
+    placement = tuple(build_configs(**params)[1].placement)  # the job's rank order, as predicted
+    if placement != PLACEMENT_DIMS:
+        flags.append(f"--placement {','.join(placement)}")
     order = runtime_device_order(params)
     note = ""
     if order is not None and params.get("tp", 1) == 1:
@@ -51,21 +56,20 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
 
 
 def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
-    """``perfsim run --device-order`` of a configuration: the GPU (rank) the simulator
-    places each position of the runtime's rank order on (TP innermost, then DP, then
-    PP: :class:`perfsim.runtime.tensor_parallel.RankLayout`), so that under torchrun
-    every stage runs on the host the plan chose. None when that is the identity."""
-    from perfsim.api import build_configs
+    """``perfsim run --device-order`` of a configuration: the simulator's own (both engines
+    number the ranks along the job's ``placement`` and then through ``device_order``:
+    :meth:`perfsim.job.Job.device`), so that under torchrun every stage runs on the host
+    the plan chose. None when that is the identity."""
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
-    st = build_configs(**params)[1]
-    order = tuple(st.device(t, r, s) for s in range(st.pp) for r in range(st.dp) for t in range(st.tp))
-    return None if order == tuple(range(len(order))) else order
+    order = build_configs(**params)[1].device_order
+    return None if order is None or tuple(order) == tuple(range(len(order))) else tuple(order)
 
 
 def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str], list[str]]:
     """Megatron-LM's flags for a configuration, and comment lines for what they cannot
     express."""
-    from perfsim.api import build_configs
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     workload, strategy, _, _ = build_configs(**params)
     args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]
@@ -111,15 +115,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
 
 
 def _schedule(params: dict[str, Any]) -> str:
-    from perfsim.api import build_configs
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     return build_configs(**params)[1].schedule
 
 
 def check_emit(model: str) -> None:
     """Refuse ``--emit perfsim`` before a search when the runtime cannot train ``model``."""
-    from perfsim.models.registry import runtime_names
-
     if str(model).lower() not in runtime_names():
         raise ConfigError(f"--emit perfsim: {model} has no perfsim run implementation "
                           f"(runtime models: {', '.join(sorted(runtime_names()))})")

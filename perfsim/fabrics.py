@@ -54,11 +54,21 @@ FABRICS: dict[str, Fabric] = {f.name: f for f in (
 
 @dataclass(frozen=True)
 class NicKind:
-    """Payload share of the nominal rate a transport achieves on large transfers."""
+    """Payload share of the nominal rate a transport achieves on large transfers, and the
+    most a node moves through it whatever the line rate (``ceiling_bps``: a host-bound
+    transport, bits/s; None: none)."""
 
     name: str
     efficiency: float
     source: str
+    ceiling_bps: float | None = None
+
+    def efficiency_at(self, nominal_bps: float) -> float:
+        """The achieved share of ``nominal_bps`` (a node's NICs together): the efficiency, lower
+        where the transport's ceiling binds."""
+        if self.ceiling_bps is None or nominal_bps <= 0:
+            return self.efficiency
+        return min(self.efficiency, self.ceiling_bps / nominal_bps)
 
 
 NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
@@ -69,8 +79,34 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
     NicKind("infiniband", 0.8,
             "DGX-1, 4 x EDR InfiniBand (4 x 12.5 GB/s): ~40 GB/s NCCL all-reduce busbw "
             "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29)"),
+    NicKind("socket", 1448 / 1538,
+            "NCCL's socket transport over TCP (NCCL_IB_DISABLE=1, no RDMA): TCP/IPv4 framing as ethernet, and "
+            "the proxy threads' host copies bound a node at 4-6 GB/s whatever the line rate: 4 x 8 V100 over "
+            "100 Gb/s TCP, all_reduce_perf busbw 4-6 GB/s of 12.5 with tuned NCCL_SOCKET_NTHREADS / "
+            "NCCL_NSOCKS_PERTHREAD (NVIDIA/nccl#450); ceiling 5 GB/s, the middle of that range",
+            ceiling_bps=8 * 5e9),
     NicKind("ideal", 1.0, "the nominal rate itself (no transport overhead)"),
 )}
+
+
+#: which of a node's NICs one GPU's flows may use (``System.nic_affinity``)
+NIC_AFFINITIES = ("gpu", "node")
+
+
+def gpu_nic_share(nics: int, gpus_per_node: int, affinity: str = "gpu") -> float:
+    """Share of a node's NIC capacity that the flows of ONE GPU can use.
+
+    ``gpu``: each GPU sends through the NICs nearest to it on PCIe, ``1 / min(nics, g)`` of
+    the node's total -- one NIC per GPU on a DGX A100 / H100 with 8 compute HCAs ("rail
+    optimised": NVIDIA DGX A100 User Guide, network ports; NCCL binds each GPU's channels to
+    its closest NIC, NCCL's topology search in ``src/graph/search.cc``), the whole NIC when
+    the node has one. A collective whose ring holds several GPUs of a node still reaches
+    every NIC: NCCL builds one ring per NIC (``src/graph/rings.cc``), so this applies to a
+    p2p message and to collectives with one rank per node. ``node``: any flow may use all
+    of the node's NICs (the earlier model; optimistic for a lone pipeline message)."""
+    if affinity == "node":
+        return 1.0
+    return 1.0 / max(1, min(nics, gpus_per_node))
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ read ``strategy.pp`` / ``cfg.micro_batch`` in hundreds of places, a frozen datac
 keeps that flat access and the ``dataclasses.replace`` / ``fields`` behaviour every caller
 relies on, and :class:`perfsim.schedules.PipelineShape` (what a schedule table follows from)
 is already a mixin of the same fields. Each subclass adds only its own fields (the simulator's
-precision, buckets, placement...; the runtime's model, steps, seed, emulated link...) and the
+precision, buckets...; the runtime's model, steps, seed, emulated link...) and the
 checks of what it can do (execute mode trains ZeRO 0 or 3 only, TP on GPT models only);
 ``__post_init__`` runs :meth:`Job.check` first.
 
@@ -28,11 +28,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.boundaries import BoundarySpecs, check_boundaries, parse_boundary_compress
 from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
+from perfsim.models.tensor_parallel import TP_SENDS
 from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
-from perfsim.schedules import PipelineShape
+from perfsim.schedules import PipelineShape, SCHEDULES, VIRTUAL_STAGE_SCHEDULES, stage_count
 
 #: a tied LM head whose embedding lives on another pipeline stage: ``untied`` -- the
 #: last stage trains a head of its own (perfsim's runtime keeps stages independent);
@@ -46,6 +47,42 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
+#: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
+#: ``eager`` -- plain PyTorch under ``torch.autocast``, one kernel per aten operator, fp32 weights
+#: and residual stream, autocast's casts (a Hugging Face model, nanoGPT; what ``perfsim run``
+#: trains); ``eager-pure`` -- plain PyTorch with the weights themselves in the training precision
+#: (``model.to(torch.bfloat16)``, FSDP2's ``param_dtype``): no autocast casts, a half-precision
+#: residual stream (``scripts/gpu_step_bench.py``'s steps); the same as ``eager`` in fp32
+KERNELS = ("fused", "eager", "eager-pure")
+#: the dimensions of a rank order (:attr:`Job.placement`), innermost first, in perfsim's
+#: default order: tensor, pipeline, data (replica-major: device = replica * pp + stage, the
+#: numbering topology files use)
+PLACEMENT_DIMS = ("tp", "pp", "dp")
+#: Megatron-LM's rank order: tensor, data, pipeline (a TP group is the fastest-connected set
+#: of consecutive ranks; Narayanan et al. 2021, arXiv:2104.04473 Sec. 3)
+MEGATRON_PLACEMENT = ("tp", "dp", "pp")
+
+
+def place(placement: tuple[str, ...], sizes: dict[str, int], coords: dict[str, int]) -> int:
+    """Position of ``coords`` (``{"tp": t, "dp": r, "pp": s}``) in the rank order
+    ``placement`` (innermost first) of a job of ``sizes``: the one definition of rank
+    placement, read by the simulator (:meth:`Job.device`) and the runtime
+    (:class:`perfsim.runtime.tensor_parallel.RankLayout`)."""
+    pos, stride = 0, 1
+    for dim in placement:
+        pos += coords[dim] * stride
+        stride *= sizes[dim]
+    return pos
+
+
+def unplace(placement: tuple[str, ...], sizes: dict[str, int], pos: int) -> dict[str, int]:
+    """The coordinates (``{"tp", "dp", "pp"}``) at position ``pos`` of ``placement``
+    (the inverse of :func:`place`)."""
+    out = {}
+    for dim in placement:
+        pos, out[dim] = divmod(pos, sizes[dim])
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,19 +105,26 @@ class Preset:
     partition: str | None
     #: vocabulary padded to a multiple of this (times tp)
     vocab_multiple: int
+    #: ``fused`` or ``eager`` kernels (KERNELS)
+    kernels: str
+    #: how TP ranks send a pipeline boundary (perfsim.models.tensor_parallel.TP_SENDS)
+    tp_send: str = "full"
 
 
 #: perfsim's own defaults (those of ``perfsim predict`` without a GPU preset)
 PERFSIM = Preset("perfsim", schedule="gpipe", grad_buffer="bucketed", tied_embedding="untied", overlap=True,
-                 placement="tp,pp,dp", partition=None, vocab_multiple=1)
+                 placement="tp,pp,dp", partition=None, vocab_multiple=1, kernels="eager", tp_send="full")
 #: Megatron-LM's defaults (Shoeybi et al., arXiv:1909.08053; Narayanan et al., arXiv:2104.04473):
 #: 1F1B, one contiguous fp32 gradient buffer reduced after the backward (unless
 #: ``--overlap-grad-reduce``), the tied embedding's gradient all-reduced between the first and
 #: last stages, ranks ordered tp, dp, pp, a uniform split of the blocks, and the vocabulary
 #: padded to a multiple of 128 x tp (``--make-vocab-size-divisible-by``,
-#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE)
+#: perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE), pipeline messages scattered over the TP
+#: ranks and gathered on arrival (``--scatter-gather-tensors-in-pipeline``, arXiv:2104.04473 Sec. 4.1),
+#: and its fused kernels
 MEGATRON = Preset("megatron", schedule="1f1b", grad_buffer="contiguous", tied_embedding="sync", overlap=False,
-                  placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE)
+                  placement="tp,dp,pp", partition="uniform", vocab_multiple=MEGATRON_VOCAB_MULTIPLE,
+                  kernels="fused", tp_send="scatter-gather")
 PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
 
 
@@ -96,16 +140,12 @@ def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
     own (zb-v 2, the rest 1) and take None, so one ``--virtual-stages`` applies to the
     interleaved rows of a grid of schedules. (A Job built directly with a count its schedule
     cannot run is refused by the schedule table.)"""
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
-
     return virtual_stages if schedule in VIRTUAL_STAGE_SCHEDULES else None
 
 
 def check_chunks(pp: int, schedule: str, virtual_stages: int | None, layers: int) -> None:
     """Each of the pp x chunks-per-device pipeline stages needs one of the model's ``layers``:
     the error names the values the user gave (``virtual_stages=100``), not their product."""
-    from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES, stage_count
-
     per_device = stage_count(schedule, virtual_stages)
     if pp * per_device <= layers:
         return
@@ -158,6 +198,10 @@ class Job(PipelineShape):
     #: GPU (rank) that runs each position of the placement order (a permutation; None:
     #: the identity): places stages on the nodes of a heterogeneous topology
     device_order: tuple[int, ...] | None = None
+    #: rank order, innermost first (PLACEMENT_DIMS: ``tp,pp,dp``, a replica's stages
+    #: adjacent; Megatron-LM's ``tp,dp,pp``): the simulator's devices and the runtime's
+    #: ranks are both numbered along it (:meth:`device`); TP innermost keeps a TP group in a node
+    placement: tuple[str, ...] = PLACEMENT_DIMS
     #: layer counts per stage (pp x virtual stages of them), or None for the balanced partition
     partition: tuple[int, ...] | None = None
     #: ``untied`` or ``sync`` (TIED_EMBEDDINGS)
@@ -165,15 +209,26 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: how the TP ranks of a stage send a pipeline boundary: ``full`` or ``scatter-gather``
+    #: (perfsim.models.tensor_parallel.TP_SENDS)
+    tp_send: str = "full"
+    #: ``eager`` (plain PyTorch under autocast: one kernel per operator), ``eager-pure`` (the same,
+    #: weights in the training precision) or ``fused`` (Megatron-LM's kernels): KERNELS; a GPU
+    #: preset's prediction defaults to Megatron's (:data:`MEGATRON`)
+    kernels: str = "eager"
 
     def __post_init__(self):
         self.check()
 
     def check(self) -> None:
         """The job's one validation (ConfigError naming the field)."""
-        for name in ("device_order", "partition"):  # a JSON list (a rank's config) -> the tuple
+        for name in ("device_order", "partition", "placement"):  # a JSON list (a rank's config) -> the tuple
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))
+        if isinstance(self.placement, str):  # the flag's text, ``tp,dp,pp``
+            object.__setattr__(self, "placement", tuple(x.strip().lower() for x in self.placement.split(",")))
+        if not isinstance(self.placement, tuple) or sorted(self.placement) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"placement={','.join(map(str, self.placement))!r}: an order of tp, dp, pp")
         for name in ("pp", "dp", "tp", "micro_batch", "macro_batch"):
             check_int(self, name)
         if self.virtual_stages is not None:
@@ -184,11 +239,13 @@ class Job(PipelineShape):
             raise ConfigError("sequence_parallel: needs tp > 1")
         if self.tied_embedding not in TIED_EMBEDDINGS:
             raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
+        if self.tp_send not in TP_SENDS:
+            raise ConfigError(f"tp_send={self.tp_send!r}: choose from {', '.join(TP_SENDS)}")
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
-        from perfsim.schedules import SCHEDULES
-
+        if self.kernels not in KERNELS:
+            raise ConfigError(f"kernels={self.kernels!r}: choose from {', '.join(KERNELS)}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
@@ -203,8 +260,6 @@ class Job(PipelineShape):
         object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
         object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
         self.table()  # the schedule must fit pp and the micro-batches
-        from perfsim.boundaries import check_boundaries
-
         check_boundaries(self.boundary_compress, self.num_stages)
         if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):
             raise ConfigError(f"device_order={','.join(map(str, self.device_order))!r}: must be a permutation "
@@ -225,6 +280,21 @@ class Job(PipelineShape):
     def global_batch(self) -> int:
         """Samples per optimizer step over all replicas."""
         return self.macro_batch * self.dp
+
+    def _sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
+    def device(self, t: int, r: int, s: int) -> int:
+        """GPU (rank) of tensor rank ``t`` of replica ``r``, stage ``s``: numbered along
+        ``placement``, innermost first (:func:`place`), then through ``device_order``."""
+        pos = place(self.placement, self._sizes(), {"tp": t, "dp": r, "pp": s})
+        return pos if self.device_order is None else self.device_order[pos]
+
+    def coords(self, device: int) -> tuple[int, int, int]:
+        """``(t, r, s)`` of GPU (rank) ``device``: the inverse of :meth:`device`."""
+        pos = device if self.device_order is None else self.device_order.index(device)
+        c = unplace(self.placement, self._sizes(), pos)
+        return c["tp"], c["dp"], c["pp"]
 
     def job(self) -> "Job":
         """The :class:`Job` part alone (what ``perfsim run`` and ``perfsim predict`` must agree on)."""

@@ -102,6 +102,7 @@ class Link:
         emulation configured (:func:`perfsim.shaping.tbf_burst_bytes`), in payload
         bytes, else the fitted one.
         """
+        # lazy: perfsim --help does not load perfsim.calibrate.profile_io
         from perfsim.calibrate.profile_io import comm_name
 
         backend = profile.metadata.get("backend", "gloo")
@@ -129,6 +130,7 @@ class Link:
             # paid its bytes at the rate and the burst absorbed them
             burst = float(fit.burst_bytes) if fit is not None and nominal_bps else 0.0
             if pooled is not None:
+                # lazy: perfsim --help does not load perfsim.shaping
                 from perfsim.shaping import tbf_burst_bytes
 
                 # tbf counts frame bytes; achieved / nominal is the payload share of a frame

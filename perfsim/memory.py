@@ -32,8 +32,10 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
   same per-tensor accounting (``24 s b h`` = Q, K, V, projection input ``8``, MLP
   ``4 s b f`` = 16 for f = 4h); fp32 activations double the 2-byte terms.
   The first stage adds the embedding dropout mask ``s b h``; the last stage the
-  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3):
-  Megatron's fused vocab-parallel cross entropy; :func:`loss_bytes` for the others.
+  output norm, logits and cross entropy ``4 s b h (1 + v/h) / t`` (Korthikanti et al., Sec. 4.3;
+  fp32 training ``(8 s b h + 4 s b v) / t``: its softmax is fp32 in both):
+  Megatron's fused vocab-parallel cross entropy; :func:`loss_bytes` for the others; every
+  micro-batch in flight on the last stage keeps its own (GPipe: all ``m``).
   With full recomputation one layer's activations are rebuilt during the backward:
   the stage also holds one layer's ``none`` activations.
 * micro-batches held: the schedule table's peak in flight on that stage
@@ -50,6 +52,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.models.moe import Routing, moe_activation_values
@@ -60,6 +63,19 @@ if TYPE_CHECKING:
     from perfsim.models.transformer import TransformerSpec
 
 GIB = 2**30
+#: share of a GPU's memory above which a predicted peak is said to be under allocator pressure
+#: (``perfsim predict``'s ``memory_warning``; no slowdown is priced: none measured here). PyTorch's
+#: CUDA caching allocator keeps freed blocks cached; when a request cannot be served from them it
+#: frees every cached block (``release_cached_blocks``: it waits for all in-flight work, then
+#: ``cudaFree``) and calls ``cudaMalloc`` again, and freed blocks split by size fragment the
+#: pool, so a run near capacity stalls or runs out of memory before the sum of its tensors does
+#: (PyTorch docs, "CUDA semantics / Memory management", ``PYTORCH_CUDA_ALLOC_CONF``). 0.8 is the
+#: threshold PyTorch's docs give as the example of ``garbage_collection_threshold`` ("e.g., 0.8":
+#: above it the allocator starts reclaiming cached blocks; pytorch/pytorch#74261, which added it
+#: because "release_cached_blocks ... is very expensive as it will likely stall all the GPU
+#: operations"); fairseq empties the cache periodically "to mitigate memory fragmentation ...
+#: that can cause OOMs on models approaching GPU memory limit" (facebookresearch/fairseq 315c463)
+ALLOCATOR_PRESSURE = 0.8
 
 
 @dataclass(frozen=True)
@@ -163,14 +179,19 @@ def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 
-def loss_bytes(spec: TransformerSpec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused") -> float:
-    """Peak bytes of the last stage's output norm, LM head and cross entropy for one
-    micro-batch (``s b`` tokens, vocabulary ``v`` split ``t`` ways):
+def loss_bytes(spec: TransformerSpec, mb: int, tp: int, bpv: int, cross_entropy: str = "fused",
+               in_flight: int = 1) -> float:
+    """Peak bytes of the last stage's output norm, LM head and cross entropy with
+    ``in_flight`` micro-batches waiting for their backward (``s b`` tokens each, vocabulary
+    ``v`` split ``t`` ways): what each micro-batch keeps from its forward to its backward,
+    ``in_flight`` times (GPipe's last stage holds all ``m``, 1F1B's one), plus what only the
+    backward running at the peak holds, once:
 
     * ``fused`` (Megatron-LM's vocab-parallel cross entropy; Korthikanti et al. 2022,
       arXiv:2205.05198, Sec. 4.3): ``4 s b h (1 + v/h) / t`` for 16-bit values -- the
       inputs of the norm and the projection (``4 s b h``) and the fp32 softmax
-      (``4 s b v``), whose gradient the backward computes in place;
+      (``4 s b v``), whose gradient the backward computes in place; fp32 training doubles
+      the inputs only (``8 s b h``: the softmax is fp32 either way);
     * ``pytorch`` (``F.cross_entropy`` on the LM head's logits under autocast, PyTorch's
       ``log_softmax`` + ``nll_loss`` in fp32), as measured on an H100 (torch 2.11,
       traces/gpu/h100-memory-fp8-2026-11-27.json; docs/model.md): after the forward
@@ -187,13 +208,15 @@ def loss_bytes(spec: TransformerSpec, mb: int, tp: int, bpv: int, cross_entropy:
       (``bpv s b h``) and the fp32 weight gradient (``4 v h``) it computes in the forward.
     """
     s, h, v = spec.seq_len, spec.hidden, spec.vocab
-    if cross_entropy == "fused":
-        return 4 * s * mb * h * (1 + v / h) / tp * (bpv / 2)
+    n = max(1, in_flight)
+    if cross_entropy == "fused":  # all kept: the softmax's gradient is computed in place
+        return n * (2 * bpv * s * mb * h + 4 * s * mb * v) / tp
     head_inputs = 2 * bpv * s * mb * h / tp  # the norm's and the projection's inputs
-    if cross_entropy == "pytorch":
-        return head_inputs + (2 * bpv + 8) * s * mb * v / tp
+    if cross_entropy == "pytorch":  # kept: inputs, logits, log-softmax, the extra buffer; the backward's fp32 gradient
+        return n * (head_inputs + (2 * bpv + 4) * s * mb * v / tp) + 4 * s * mb * v / tp
+    # chunked: kept, the inputs and the input gradient; one chunk's logits at a time, one weight gradient
     chunk = 1 << max(0, math.ceil(s * mb / math.ceil(v / h)) - 1).bit_length()
-    return head_inputs + bpv * min(chunk, s * mb) * v / tp + bpv * s * mb * h / tp + 4 * v * h / tp
+    return n * (head_inputs + bpv * s * mb * h / tp) + bpv * min(chunk, s * mb) * v / tp + 4 * v * h / tp
 
 
 def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
@@ -225,8 +248,6 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
 
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
-    from perfsim.compression import make_pipeline_pair
-
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
     routing = Routing.of(strategy)
     prec = strategy.precision
@@ -253,7 +274,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.first_layer == 0:
                 act += s * mb * h * inflight  # embedding dropout mask
             if st.last_layer == len(workload.layers) and not spec.encoder:
-                act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy)
+                act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, inflight)
             if prec == "fp8" and blocks:
                 ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
                        if workload.layers[i].name.startswith("block")]

@@ -89,7 +89,7 @@ def output_format(path: str | os.PathLike | None, fmt: str | None = None,
 def require_parquet(what: str) -> None:
     """Refuse Parquet output up front when pyarrow is missing."""
     try:
-        import pyarrow  # noqa: F401
+        import pyarrow  # noqa: F401  # lazy: optional extra (perfsim[parquet]), probed
     except ImportError:
         raise ConfigError(f"{what}: Parquet needs pyarrow (pip install 'perfsim[parquet]'), "
                           "or write .csv") from None
@@ -250,7 +250,7 @@ def jsonl_text(records: Sequence[Any], default: Callable[[Any], Any] | None = No
 def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) -> str:
     """Rows of dicts as CSV text: ``columns`` first, then every other key in first-seen
     order; a missing key or None is an empty cell (no pandas: predict's CSV stays light)."""
-    import csv  # the command modules import this one at CLI start-up (perfsim --help): csv on use
+    import csv  # lazy: perfsim --help does not load csv
 
     cols = list(columns)
     for row in rows:
@@ -310,7 +310,7 @@ def locked_dir(path: str | os.PathLike, flag: str = "--out", file: bool = False)
     holder dies, so a stale lock file of a dead process never blocks; the file
     records the holder's pid for the refusal message. ``file=True``: ``path``
     is an output file (a sweep table)."""
-    import fcntl  # as csv in records_csv: on use
+    import fcntl  # lazy: perfsim --help does not load fcntl
 
     path = Path(path)
     if file:

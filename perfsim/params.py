@@ -29,8 +29,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from perfsim.boundaries import parse_boundary_compress
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
-from perfsim.job import JOB_FIELDS
+from perfsim.job import JOB_FIELDS, PLACEMENT_DIMS, Job, chosen_chunks
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -38,10 +40,10 @@ KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
     "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
     "size": "str | int", "partition": "str | Sequence[int]", "boundaries": "str | Mapping[int, str]",
-    "order": "str | Sequence[int]",
+    "order": "str | Sequence[int]", "placement": "str | Sequence[str]",
 }
 #: kinds whose comma list is ONE value (alternatives go in a Python list)
-ONE_VALUE = ("partition", "boundaries", "order")
+ONE_VALUE = ("partition", "boundaries", "order", "placement")
 
 
 @dataclass(frozen=True)
@@ -129,11 +131,15 @@ PARAMS: tuple[Param, ...] = (
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
     Param("nic", "nic", None, "NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their "
-          "total replaces bandwidth, KIND (ethernet, infiniband, ideal; default ethernet) gives the "
+          "total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the "
           "transport efficiency of an uncalibrated link", "system"),
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
           "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",
           "system.collective_algo", choices="perfsim.collectives:ALGORITHMS"),
+    Param("collective_model", "choice", "nominal", "nominal: a collective's steps cost the link latency, "
+          "every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their "
+          "latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve)", "system",
+          "system.collective_model", choices="perfsim.collectives:COLLECTIVE_MODELS"),
     Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",
           "system", "system.link_model", choices="perfsim.link:LINK_MODELS"),
@@ -142,6 +148,14 @@ PARAMS: tuple[Param, ...] = (
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
+    Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
+          "rank per node) use its nearest NICs, 1/min(NICs, GPUs per node) of the node's; node: all of "
+          "them", "system", "system.nic_affinity", choices="perfsim.fabrics:NIC_AFFINITIES"),
+    Param("straggler_cv", "float", 0.0, "spread (std / mean) of the GPUs' speeds, e.g. 0.01; every "
+          "iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off",
+          "system", "system.straggler_cv"),
+    Param("jitter_cv", "float", 0.0, "spread (std / mean) of one micro-batch's compute, independent "
+          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv"),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
           "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
     Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
@@ -165,7 +179,7 @@ PARAMS: tuple[Param, ...] = (
     Param("sequence_parallel", "bool", False, "Megatron sequence parallelism (reduce-scatter / "
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
-    Param("placement", "str", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
+    Param("placement", "placement", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
           "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
@@ -177,6 +191,13 @@ PARAMS: tuple[Param, ...] = (
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
           "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION", search="perfsim.search_space:on_gpu"),
+    Param("kernels", "choice", None, "how the GPU compute model runs a block's memory-bound operators: "
+          "fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face "
+          "model under torch.autocast: one kernel per operator, fp32 norms and residual stream, autocast's casts) "
+          "or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or "
+          "FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default "
+          "fused with a gpu preset (Megatron-LM's), eager otherwise",
+          "strategy", choices="perfsim.job:KERNELS"),
     Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
@@ -221,6 +242,10 @@ PARAMS: tuple[Param, ...] = (
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
           "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
+    Param("tp_send", "choice", None, "how the TP ranks of a stage send a pipeline boundary: full (each "
+          "sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, "
+          "all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; "
+          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS"),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
@@ -287,7 +312,7 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
 
 
 def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
-    from perfsim.partition import parse_counts
+    from perfsim.partition import parse_counts  # lazy: import perfsim does not load perfsim.partition
 
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return "uniform"
@@ -339,14 +364,16 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if kind == "partition":
         return _parse_partition(value, p)
     if kind == "boundaries":  # a BoundarySpecs value; prints (and is stored) as canonical text
-        from perfsim.boundaries import parse_boundary_compress
-
         return parse_boundary_compress(value)
     if kind == "order":
         return parse_device_order(value, who)
+    if kind == "placement":  # one rank order, its comma list one value: canonical text ``tp,dp,pp``
+        dims = [str(x).strip().lower() for x in (value.split(",") if isinstance(value, str) else value)] \
+            if isinstance(value, (str, list, tuple)) else None
+        if dims is None or sorted(dims) != sorted(PLACEMENT_DIMS):
+            raise ConfigError(f"{who}={value!r}: an order of tp, dp, pp (innermost first)")
+        return ",".join(dims)
     if kind == "spec" and not isinstance(value, str):  # parsed already: kept, never parsed again
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
@@ -356,8 +383,6 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         _bad_string(value, who)
     text = value.strip()
     if kind == "spec":  # parsed once into THE value (perfsim.compression.spec.Spec); prints as canonical text
-        from perfsim.compression.spec import parse_spec
-
         return parse_spec(text, p.role)
     if kind == "choice":
         text = text.lower()
@@ -501,8 +526,6 @@ def run_job(values: Mapping[str, Any], cli: bool = False) -> dict[str, Any]:
     """The job parameters of ``values`` (None: not given) normalised as predict normalises
     them (:func:`normalize`; ``cli``: errors name the flag): what ``perfsim run`` and
     :func:`perfsim.run` hand to RunConfig."""
-    from perfsim.job import Job, chosen_chunks
-
     job = {name: values[name] if name in _KEPT else normalize(name, values[name], cli)
            for name in RUN_JOB_PARAMS if values.get(name) is not None}
     if "virtual_stages" in job:  # as predict takes it: the interleaved schedule's chunk count

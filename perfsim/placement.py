@@ -33,6 +33,10 @@ import functools
 import math
 from typing import Iterable, Sequence
 
+from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
+from perfsim.compression import make_pipeline_pair
+from perfsim.config import Strategy
+
 #: starting nodes tried by chain_order (nearest neighbour is O(n^2) per start)
 MAX_STARTS = 64
 
@@ -80,8 +84,6 @@ def placements(topology, nodes: int, gpus_per_node: int) -> list[tuple[str, tupl
 def strategy_of(pp: int, dp: int, tp: int, schedule: str, microbatches: int, placement: str,
               order: tuple[int, ...] | None):
     """A (cached) :class:`perfsim.config.Strategy` of this shape: its devices and table."""
-    from perfsim.config import Strategy
-
     return Strategy(pp=pp, dp=dp, tp=tp, schedule=schedule, micro_batch=1, macro_batch=microbatches,
                     placement=tuple(placement.split(",")), device_order=order)
 
@@ -117,8 +119,6 @@ def wire_fraction(spec: str) -> float:
 
 @functools.lru_cache(maxsize=256)
 def _wire_fraction(spec: str) -> float:
-    from perfsim.compression import make_pipeline_pair
-
     fw, bw = make_pipeline_pair(spec)
     shape = (8, 128, 128)
     return (fw.wire_bytes(shape) + bw.wire_bytes(shape)) / (2 * 4 * 8 * 128 * 128)
@@ -130,8 +130,6 @@ def per_link_compression(rates: Sequence[float | None], specs: Iterable[str]
     each searched spec alone, and -- when the boundaries' links differ -- every pair
     of a spec on the fastest boundaries and a strictly more aggressive one (fewer
     wire bytes) on the slower ones."""
-    from perfsim.boundaries import BoundarySpecs, parse_boundary_compress
-
     specs = list(dict.fromkeys(specs))
     out = [(s, BoundarySpecs()) for s in specs]
     crossing = [r for r in rates if r is not None]

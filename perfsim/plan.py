@@ -29,11 +29,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from perfsim import params as params_mod
 from perfsim.errors import ConfigError
+from perfsim.params import BY_NAME, DEFAULTS, normalize
 from perfsim.plan_search import (Group, family_bound, family_key, group_bound,  # noqa: F401
                                  group_key, iteration_bound, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
-                                  Context, SearchSpace, dimensions, enumerate_candidates)
+                                  Context, SearchSpace, dimensions, enumerate_candidates, is_dimension)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
 
 #: relative error band of a prediction: whole training steps are predicted within
@@ -104,7 +106,7 @@ class PlanResult:
         return out
 
     def to_frame(self):
-        import pandas as pd
+        import pandas as pd  # lazy: pandas is heavy, needed only here
 
         return pd.DataFrame(self.rows())
 
@@ -121,6 +123,7 @@ def placement_variants(params: Sequence[dict[str, Any]], compress: Sequence[str]
     :func:`perfsim.placement.placements` (which GPU runs which stage), a pipeline's
     compression also per link (:func:`perfsim.placement.per_link_compression`: fewer
     bits on the slower boundaries)."""
+    # lazy: import perfsim does not load perfsim.placement
     from perfsim.placement import boundary_rates, per_link_compression, placements
 
     fixed = any("placement" in p or "device_order" in p for p in params[:1])
@@ -154,7 +157,7 @@ def placement_variants(params: Sequence[dict[str, Any]], compress: Sequence[str]
 
 def device_map(p: dict[str, Any], placement: str | None, order) -> tuple[int, ...]:
     """The GPU of every (tensor rank, replica, pipeline device) of a candidate."""
-    from perfsim.placement import strategy_of
+    from perfsim.placement import strategy_of  # lazy: import perfsim does not load perfsim.placement
 
     st = strategy_of(p["pp"], p["dp"], p.get("tp", 1), "gpipe", 1, placement or "tp,pp,dp", order)
     return tuple(st.device(t, r, d) for t in range(st.tp) for r in range(st.dp) for d in range(st.pp))
@@ -175,8 +178,6 @@ def mixed_steps_ratio(curves, p: dict[str, Any], target: float | None) -> float 
     """Steps ratio of a candidate: with per-boundary compression that of its most
     step-costly spec (the curves measure one spec on every boundary; a mix is
     assumed to converge no worse than its most lossy part)."""
-    from perfsim.params import normalize
-
     specs = {normalize("compress", p["compress"]),
              *(normalize("boundary_compress", p.get("boundary_compress")) or {}).values()}
     ratios = [curves.steps_ratio(c, p["grad_compress"], target) for c in sorted(specs, key=str)]
@@ -214,16 +215,12 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
             f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
-    from perfsim.params import BY_NAME
-
     chosen = [f"{d.name}={p[d.name]}" for d in dimensions()
               if d.search != "split" and d.name in p and d.name not in ("schedule", "compress", "grad_compress")
               and p[d.name] != BY_NAME[d.name].default]
     if chosen:
         text += f" It also sets {', '.join(chosen)}."
     if p.get("boundary_compress") or p.get("device_order") is not None:
-        from perfsim.params import normalize
-
         overrides = normalize("boundary_compress", p.get("boundary_compress")) or {}
         per = [str(overrides.get(k, p["compress"])) for k in range(p["pp"] - 1)]
         text += (f" Placement: rank order {p.get('placement') or 'tp,pp,dp'}"
@@ -251,8 +248,6 @@ _OWN = ("global_batch", "macro_batch")
 
 def _lossless(c: Candidate) -> bool:
     """No compression beyond the training precision (predict's defaults: the plain specs)."""
-    from perfsim.params import DEFAULTS, normalize
-
     p = c.params
     return all(normalize(k, p.get(k, DEFAULTS[k])).plain for k in ("compress", "grad_compress")) \
         and not p.get("boundary_compress")
@@ -261,9 +256,6 @@ def _lossless(c: Candidate) -> bool:
 def _setup(model, gpus_per_node, space, system, cli):
     """The base parameters (one value each, validated) and the search space with the
     dimensions given in ``system`` merged in."""
-    from perfsim import params as params_mod
-    from perfsim.search_space import is_dimension
-
     unknown = sorted(k for k in system if k.replace("-", "_") not in params_mod.BY_NAME)
     if unknown:
         raise ConfigError(f"unknown parameter(s) {unknown} (known: {', '.join(params_mod.NAMES)})")
@@ -296,9 +288,9 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                **system: Any) -> tuple[list[Candidate], list[str]]:
     """Every configuration :func:`plan` searches (validated; bounds not yet computed),
     and the notes on what was left out -- the space an exhaustive check runs through."""
-    from perfsim.api import build_configs
-    from perfsim.convergence import load_convergence
-    from perfsim.hardware import get_gpu
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
+    from perfsim.convergence import load_convergence  # lazy: import perfsim does not load perfsim.convergence
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
 
     base, space = _setup(model, gpus_per_node, space, system, cli)
     gpus = nodes * gpus_per_node
@@ -321,8 +313,6 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs "
                           "(with the given tp/pp/dp/micro_batch) divides it")
-    from perfsim.params import BY_NAME, normalize
-
     for name, values in space.values.items():  # a given value no configuration can use
         d = BY_NAME[name]
         default = normalize(name, d.default)  # a Spec for the compression dimensions
@@ -396,7 +386,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
                     ("top", top), ("jobs", jobs)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ConfigError(f"{name}={v!r}: must be an integer >= 1")
-    from perfsim.batch import BACKENDS  # `import perfsim` loads this module: the pool's module on use
+    from perfsim.batch import BACKENDS  # lazy: `import perfsim` loads this module, the pool's on use
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import math
 from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from perfsim.compression.base import REDUCE_SCATTER
@@ -75,10 +75,10 @@ def engine_plan(params: dict[str, Any], compute_only: bool = False):
     resolves it: tensor-parallel collectives and host overhead included; ``compute_only``:
     only each stage's compute and parameters, :func:`perfsim.engine.plan.build_plan`) and
     the network."""
-    from perfsim.api import build_configs
-    from perfsim.engine.plan import build_plan
-    from perfsim.hardware import get_gpu
-    from perfsim.network import Network
+    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
+    from perfsim.network import Network  # lazy: import perfsim does not load perfsim.network
 
     workload, strategy, system, profile = build_configs(**params)
     net = Network(system, strategy.devices, profile)
@@ -100,10 +100,8 @@ def member_plan(params: dict[str, Any]):
     strategy is that job's with its specs, its plan built over the same compute
     (:func:`perfsim.engine.plan.build_plan`'s ``compute``). A placement, device order or
     per-boundary compression changes more than the specs: built in full."""
-    from dataclasses import replace
-
-    from perfsim.engine.plan import build_plan
-    from perfsim.hardware import get_gpu
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
 
     if any(k in params for k in ("placement", "device_order", "boundary_compress")):
         return engine_plan(params)
@@ -232,7 +230,7 @@ def plan_bound(params: dict[str, Any]) -> float:
 
     where = pl.table.stage_device
     gpn = system.gpus_per_node
-    from perfsim.engine.plan import device_map
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     dev = device_map(strategy)
     node = lambda r, s: dev(0, r, where[s]) // gpn  # noqa: E731
@@ -313,7 +311,7 @@ def device_bound(pl, strategy, net) -> float:
     system = net.system
     # the fastest a node's NICs move bytes: nominal, or a calibrated rate above it
     rate = max(system.bandwidth_bps, net.link.rate_bps, net.collective_link.rate_bps)
-    from perfsim.engine.plan import device_map
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     dev = device_map(strategy)
     bound = 0.0
@@ -362,7 +360,7 @@ def nic_bound(pl, strategy, system) -> float:
     if not system.bandwidth_bps:
         return 0.0
 
-    from perfsim.engine.plan import device_map
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
     dev = device_map(strategy)
@@ -401,7 +399,7 @@ def nic_bound(pl, strategy, system) -> float:
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:
-    from perfsim.api import predict
+    from perfsim.api import predict  # lazy: import perfsim does not load perfsim.api
 
     try:
         res = predict(**params)
@@ -418,7 +416,7 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
     fit in memory, why (then no member does)."""
-    from perfsim.engine import check_memory
+    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
 
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
@@ -527,6 +525,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
     n_invalid = 0
     best: list[float] = []  # scores of the feasible candidates, ascending
     rejected = 0
+    # lazy: import perfsim does not load perfsim.batch
     from perfsim.batch import BatchRunner  # `import perfsim` loads this module: the pool's module on use
 
     workers = BatchRunner(jobs, backend, dask_scheduler)

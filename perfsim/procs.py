@@ -10,6 +10,7 @@ never touches a live run's files.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import sys
@@ -21,8 +22,6 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     (``expected_parent``) is already gone. No-op outside Linux."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-
     PR_SET_PDEATHSIG = 1
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     if expected_parent is not None and os.getppid() != expected_parent:

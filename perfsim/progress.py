@@ -52,7 +52,7 @@ class Progress:
         self._stage: tuple[str, float, int] | None = None  # (name, start, points done at start)
         isatty = getattr(self.stream, "isatty", None)
         if enabled and isatty is not None and isatty():
-            from tqdm import tqdm
+            from tqdm import tqdm  # lazy: tqdm is heavy, needed only here
 
             self.bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=self.stream)
 

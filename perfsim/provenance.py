@@ -23,6 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import perfsim  # perfsim.__version__ read on use (a test or an edited install may change it)
+
 #: hex digits kept of each SHA-256 (64 bits: an accidental match is ~1 in 1.8e19)
 DIGEST_CHARS = 16
 #: the key's entry for the version of perfsim that computed the row
@@ -77,9 +79,7 @@ def input_key(files: Mapping[str, Any] = {}, values: Mapping[str, Any] = {}, cod
     its source (:func:`code_digest`), the content digest of each input file by role
     (``files``: a path, or an already-loaded object hashed by :func:`value_digest`; None:
     no such input) and of each value in ``values``."""
-    from perfsim import __version__
-
-    parts = [f"{VERSION_KEY}={__version__}" + (f"+{code_digest()}" if code else "")]
+    parts = [f"{VERSION_KEY}={perfsim.__version__}" + (f"+{code_digest()}" if code else "")]
     for role in sorted(files):
         f = files[role]
         if f is None:

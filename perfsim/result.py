@@ -20,6 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 from perfsim.errors import ConfigError
+from perfsim.outputs import write_bytes, write_text
 
 #: configuration columns, in order (CSV contract of `perfsim predict`)
 CONFIG_COLUMNS = [
@@ -61,7 +62,7 @@ class Result:
     def to_frame(self, table: str = "summary"):
         """A pandas DataFrame of one table: ``summary`` (one row, :meth:`row`),
         ``stages``, ``microbatches`` or ``links`` (columns as in the module docstring)."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas is heavy, needed only here
 
         tables = {"summary": ([self.row()], SUMMARY_COLUMNS), "stages": (self.stages, STAGE_COLUMNS),
                   "microbatches": (self.microbatches, MICROBATCH_COLUMNS),
@@ -103,13 +104,9 @@ class Result:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` atomically (:func:`perfsim.outputs.write_text`, the one writer)."""
-    from perfsim.outputs import write_text  # not at CLI start-up: a Result is built without writing
-
     write_text(path, text)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Binary twin of :func:`atomic_write_text`."""
-    from perfsim.outputs import write_bytes  # as above
-
     write_bytes(path, data)

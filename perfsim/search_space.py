@@ -74,7 +74,7 @@ def gpu_precision(ctx: Context, p) -> tuple:
 def node_fabric(ctx: Context, p) -> tuple:
     """The fabric a node of the GPU ships with (:data:`perfsim.hardware.NODE_FABRIC`),
     unless the user gave the intra-node rate."""
-    from perfsim.hardware import NODE_FABRIC
+    from perfsim.hardware import NODE_FABRIC  # lazy: import perfsim does not load perfsim.hardware
 
     if ctx.gpu is None or ctx.gpus_per_node == 1 or "intra_node_bandwidth" in ctx.pinned:
         return (None,)
@@ -134,6 +134,7 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
     with: a compressor that cannot be built, a ZeRO stage or precision not modelled."""
     p = params_mod.BY_NAME[name]
     if p.kind == "spec" and value is not None:
+        # lazy: import perfsim does not load perfsim.compression.registry
         from perfsim.compression.registry import check_spec
 
         try:
@@ -145,7 +146,7 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
     if name == "ep" and ctx is not None and value > 1 and not ctx.experts:
         raise ConfigError(f"{who}={value!r}: the model has no experts to split")
     if name == "precision" and ctx is not None and ctx.gpu is not None:
-        from perfsim.hardware import check_precision
+        from perfsim.hardware import check_precision  # lazy: import perfsim does not load perfsim.hardware
 
         check_precision(ctx.gpu, value)
 

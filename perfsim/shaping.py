@@ -15,6 +15,7 @@ imports the emulation (issue 38):
 from __future__ import annotations
 
 from perfsim.errors import ConfigError
+from perfsim.units import format_bandwidth
 
 #: the range of rates tc's tbf shapes exactly with perfsim's bucket and queue
 MIN_RATE_BPS = 10e3
@@ -30,8 +31,6 @@ def tbf_burst_bytes(bandwidth_bps: float) -> int:
 
 def check_rate(bandwidth_bps: float, flag: str = "--emulate-bandwidth") -> None:
     """Refuse a rate tc's tbf cannot represent (module docstring), up front."""
-    from perfsim.units import format_bandwidth
-
     if not MIN_RATE_BPS <= bandwidth_bps <= MAX_RATE_BPS:
         raise ConfigError(f"{flag} {format_bandwidth(bandwidth_bps)}: tc shapes "
                           f"{format_bandwidth(MIN_RATE_BPS)} to {format_bandwidth(MAX_RATE_BPS)}")

@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from perfsim.documents import read_document
 from perfsim.errors import ConfigError
 from perfsim.models.registry import get_spec
 from perfsim.models.size_only import SizeSpec
@@ -100,8 +101,6 @@ _LAYER_KEYS = {"name", "count", "params", "out_shape", "flops", "fwd_s", "bwd_s"
 
 def load_workload_file(path: str | Path) -> Model:
     """Read a TOML or JSON workload file (format in the module docstring)."""
-    from perfsim.documents import read_document
-
     p = Path(path)
     where = f"workload {str(p)!r}"
     data = read_document(p, "workload", kind="json" if p.suffix.lower() == ".json" else "toml")

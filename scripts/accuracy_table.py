@@ -1,6 +1,7 @@
 """Print README's accuracy table from stored measurements, re-predicted by the code as it is.
 
-Rows: the A100 single-node data (held-out configurations, scripts/calibrate_a100.py) and every
+Rows: the A100 single-node data (held-out configurations, scripts/calibrate_a100.py), the
+Megatron-LM paper's multi-node weak-scaling table (scripts/megatron_open_data.py) and every
 CPU validation grid of traces/validation/ that scripts/repredict_validation.py can re-predict
 (each against the profile it was measured with). Errors are signed: (predicted - measured) /
 measured of the iteration time; negative = too fast. The date is the day the grid's
@@ -67,6 +68,11 @@ def table() -> str:
         lines.append(_row("GPT, Megatron-DeepSpeed, one 8 x A100 node (`--gpu a100`)",
                           "vTrain's public single-node runs; held-out configurations", cal.errors(held),
                           "vTrain, MICRO 2024"))
+    mg = _script("megatron_open_data")
+    doc, rows = mg.load()
+    lines.append(_row("GPT 1.7B-1T, Megatron-LM, 32-3072 A100s on 8 x 200 Gb/s InfiniBand (`--gpu a100`)",
+                      "the paper's weak-scaling table (arXiv:2104.04473 Table 1; micro-batch 1 assumed); every row",
+                      [r["error"] for r in mg.evaluate(doc, rows)], "Narayanan et al., SC 2021"))
     rp = _script("repredict_validation")
     with tempfile.TemporaryDirectory() as tmp:
         for n, (grid, what) in enumerate(GRIDS):

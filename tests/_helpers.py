@@ -127,6 +127,17 @@ def gloo_group(rank: int, world: int, port: int):
         dist.destroy_process_group()
 
 
+def same_state(a, b) -> bool:
+    """Whether two (nested dict / list / tensor) states are equal, tensors bit for bit."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
 # ------------------------------------------------------------------ compressors
 def assert_payload_is_wire_size(spec: str, shape: tuple[int, ...]) -> None:
     """Compress a random ``shape`` tensor with ``spec``: the payload's bytes must be what

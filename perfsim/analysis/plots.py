@@ -66,7 +66,7 @@ def _column(df, name: str) -> str:
 def apply_filters(df, filters: Sequence[str] = ()):
     """Keep rows matching every ``column=value[,value...]`` filter. ``bandwidth`` and
     ``latency`` take units (``bandwidth=100Mbps``)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     for f in filters or ():
         if "=" not in f:
@@ -147,7 +147,7 @@ def _order(col: str, value):
 
 
 def _figure(n: int, width: float = 5.2, height: float = 3.8, ncols: int | None = None):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib is heavy, needed only here
 
     ncols = ncols or min(n, 3)
     nrows = math.ceil(n / ncols)
@@ -264,7 +264,7 @@ def plot_breakdown(df, stages, title: str | None = None):
     cats = [c for c in BREAKDOWN if stages[c[0]].gt(0).any()]
     net = [c for c in NETWORK if stages[c[0]].gt(0).any()]
     varying = [c for c in PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib is heavy, needed only here
 
     if len(varying) == 2:
         df = df.sort_values(varying, key=lambda col: col.map(_sort_value))
@@ -338,14 +338,14 @@ def plot_bubble(df, title: str | None = None):
     GPipe vs 1F1B, with GPipe's closed form (p - 1) / (m + p - 1); and, when the
     table has it, the peak number of in-flight micro-batches per stage (memory)."""
     _require(df, ["schedule", "pp", "macro_batch", "micro_batch", "bubble_fraction"], "bubble")
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     df = df.copy()
     df["m"] = df["macro_batch"] / df["micro_batch"]
     has_mem = "peak_inflight" in df.columns and df["peak_inflight"].notna().any()
     panels = _panels(df, ["schedule", "micro_batch", "macro_batch"])
     ncols = 2 if has_mem else 1
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib is heavy, needed only here
 
     fig = Figure(figsize=(5.2 * ncols, 3.8 * len(panels) + 0.6), layout="constrained")
     grid = fig.subplots(len(panels), ncols, squeeze=False)
@@ -389,7 +389,7 @@ def validation_pairs(df, metric: str = "throughput_samples_per_s"):
     ``<metric>_measured``, or long (a ``source`` column, predicted and measured rows
     of the same configuration). Returns a DataFrame with ``predicted``, ``measured``
     and the configuration columns."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     if df is None or len(df) == 0:
         raise ConfigError("validation: the table is empty")
@@ -416,9 +416,9 @@ def plot_validation(df, metric: str = "throughput_samples_per_s", title: str | N
     """Predicted vs measured: a scatter with the y = x line and a +-10 % band (colour
     per method, marker per bandwidth) and, when the table has bandwidths, the signed
     error of each configuration vs bandwidth. The title gives the MAPE and worst row."""
-    import numpy as np
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
+    import numpy as np  # lazy: numpy is heavy, needed only here
+    from matplotlib.lines import Line2D  # lazy: matplotlib is heavy, needed only here
+    from matplotlib.patches import Patch  # lazy: matplotlib is heavy, needed only here
 
     pairs = add_method_column(validation_pairs(df, metric))
     pairs["error"] = 100 * (pairs["predicted"] - pairs["measured"]) / pairs["measured"]
@@ -561,7 +561,7 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
     written by ``perfsim predict --format json`` / ``perfsim run`` (``{"summary", "stages"}``,
     or a list of them); ``-``: either, read from standard input. Returns ``(summary,
     stages or None)``."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     data = _stdin_table() if is_stdio(path) else None
     path = Path(path)
@@ -592,7 +592,7 @@ def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None
 
 def _stdin_table():
     """The table on standard input: a Result JSON (parsed) or a CSV table (a DataFrame)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     text = sys.stdin.read() if sys.stdin is not None else ""
     if not text.strip():

@@ -158,6 +158,7 @@ def method_sort_key(m: str):
 def bandwidth_axis(ax, values) -> None:
     """Log bandwidth axis labelled in readable units ("100 Mbps"); the sweep's own
     bandwidths are the ticks when there are few, slanted when two are close."""
+    # lazy: matplotlib is heavy, needed only here
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     ax.set_xscale("log")
@@ -178,6 +179,7 @@ def bandwidth_axis(ax, values) -> None:
 
 def log_axis(ax, axis: str = "y") -> None:
     """Log axis with plain numbers (1, 2, 5, 10, ...) instead of powers of ten."""
+    # lazy: matplotlib is heavy, needed only here
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     getattr(ax, f"set_{axis}scale")("log")

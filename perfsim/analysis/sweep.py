@@ -54,11 +54,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from perfsim import outputs, params
-from perfsim.api import input_files
+from perfsim.params import plain  # specs stored as their canonical text
+from perfsim.api import input_files, predict as api_predict
 from perfsim.batch import BatchRunner, fork_context
 from perfsim.documents import read_document
 from perfsim.errors import ConfigError
-from perfsim.provenance import stale_notes, stale_reasons
+from perfsim.provenance import input_key as key, stale_notes, stale_reasons
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
 from perfsim.units import format_bandwidth
 
@@ -154,8 +155,6 @@ def _json_default(obj):
 def _resolve_predict(predict: Callable | None) -> Callable:
     if predict is not None:
         return predict
-    from perfsim.api import predict as api_predict
-
     return api_predict
 
 
@@ -316,7 +315,7 @@ class _PartWriter:
 
 def read_table(path: str | os.PathLike, allow_empty: bool = False):
     """Read a CSV or Parquet table into a DataFrame (ConfigError if missing or empty)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     path = Path(path)
     if path.suffix.lower() not in TABLE_SUFFIXES:
@@ -370,9 +369,7 @@ class SweepTable:
 
 
 def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> SweepTable:
-    import pandas as pd
-
-    from perfsim import params as params_mod  # specs stored as their canonical text
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     rows, stage_rows, errors = [], [], []
     for cid, params in configs:
@@ -380,7 +377,7 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
         if rec is None:
             continue
         if "error" in rec:
-            errors.append({"config_id": cid, **params_mod.plain(params), "error": rec["error"]})
+            errors.append({"config_id": cid, **plain(params), "error": rec["error"]})
             continue
         rows.append({**rec["summary"], "config_id": cid})
         stage_rows.extend({"config_id": cid, **s} for s in rec.get("stages") or [])
@@ -398,8 +395,6 @@ def input_key(params: Mapping[str, Any]) -> str:
     """The key a finished configuration is stored under beside its ``config_id``:
     perfsim's version and the content of every file a prediction of ``params``
     reads (:func:`perfsim.api.input_files`, :func:`perfsim.provenance.input_key`)."""
-    from perfsim.provenance import input_key as key
-
     return key(input_files(**params))
 
 
@@ -497,9 +492,10 @@ def _run_sweep(spec, out, jobs, pool, predict, skip_invalid, resume, progress, r
     writer = _PartWriter(part, list(records.values())) if part is not None else None
     show = sys.stderr.isatty() if progress is None else bool(progress)
     if show:
+        # lazy: tqdm is heavy, needed only here
         from tqdm.auto import tqdm  # a widget in notebooks, text on terminals
     else:
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: tqdm is heavy, needed only here
     bar = tqdm(total=len(configs), initial=len(configs) - len(todo), unit="config",
                desc="sweep", disable=not show, file=sys.stderr, dynamic_ncols=True)
     try:

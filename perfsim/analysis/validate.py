@@ -44,16 +44,16 @@ from typing import Any, Callable
 from perfsim import outputs
 from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
 from perfsim.analysis.plots import plot_validation, save_figure
-from perfsim.api import build_configs
+from perfsim.api import build_configs, predict
 from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic
-from perfsim.job import chosen_chunks
+from perfsim.job import Job, chosen_chunks
 from perfsim.link import Link
 from perfsim.models.registry import get_model_spec
 from perfsim.shaping import check_rate
 from perfsim.profile import load_profile
-from perfsim.runtime import make_config
+from perfsim.runtime import make_config, run
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
 
 #: figures compared per row (predicted_<m>, measured_<m>, error_<m>_pct)
@@ -93,8 +93,8 @@ class ValidationPlan:
 
     base: dict[str, Any]
     bandwidths: tuple[float | None, ...] = (None,)
-    compresses: tuple[str, ...] = ("fp32",)
-    grad_compresses: tuple[str, ...] = ("none",)
+    compresses: tuple[str, ...] = (str(Job.compress),)
+    grad_compresses: tuple[str, ...] = (str(Job.grad_compress),)
     schedules: tuple[str, ...] = ()
     tps: tuple[int, ...] = (1,)
     sequence_parallel: bool = False
@@ -186,7 +186,7 @@ def runtime_workload(model: str, folder) -> Path:
     has its own V*d weight (untied, or a synced copy: ``tied_values``), which changes
     the gradient bytes a data-parallel step exchanges.
     """
-    from perfsim.runtime.models import build_layer
+    from perfsim.runtime.models import build_layer  # lazy: perfsim.runtime.models loads torch
 
     spec = get_model_spec(model)
     layers = []
@@ -218,10 +218,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
             runner: Callable[..., Any] | None = None, predictor: Callable[..., Any] | None = None
             ) -> dict[str, Any]:
     """Measure and predict one row; returns the comparison row."""
-    if runner is None:
-        from perfsim.runtime import run as runner
-    if predictor is None:
-        from perfsim.api import predict as predictor
+    runner = run if runner is None else runner
+    predictor = predict if predictor is None else predictor
 
     bw = row["bandwidth"]
     base = dict(plan.base)
@@ -326,7 +324,7 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
     """Every row of the plan -> a pandas DataFrame (also written as CSV by the caller).
     ``progress(label)`` is called before each row, ``on_row(rows)`` after it with the
     comparison rows so far."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     profile = load_profile(plan.profile)
     rows = []
@@ -343,7 +341,7 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
 def summarize(df, metric: str = "throughput_samples_per_s") -> dict[str, float]:
     """MAPE, worst absolute error and rows over 10 % for ``metric``, over the rows that
     were predicted (``rows``; ``rows_measured_only`` were not, see :func:`_predict`)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
     err = pd.to_numeric(df[f"error_{metric}_pct"], errors="coerce").abs().dropna()
     out = {"rows": int(len(err)), "mape_pct": float(err.mean()) if len(err) else math.nan,
@@ -431,7 +429,7 @@ def markdown_table(df) -> str:
 
 def plot(df, path, title: str | None = None) -> Path:
     """Predicted-vs-measured figure (PNG or SVG by suffix), drawn by perfsim.analysis.plots."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy, needed only here
 
     matplotlib.use("Agg")
     path = Path(path)

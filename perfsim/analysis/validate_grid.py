@@ -17,8 +17,22 @@ import os
 from typing import Any, Sequence
 
 from perfsim.errors import ConfigError
+from perfsim.job import Job, chosen_chunks
+from perfsim.models.registry import get_model_spec
+from perfsim.models.transformer import TransformerSpec
 from perfsim.runtime.config import RunConfig
 from perfsim.units import split_list
+
+
+#: what a validation grid changes from the job's defaults (:class:`perfsim.job.Job`, those of
+#: ``perfsim predict`` and ``perfsim run``): a model that trains in seconds on a CPU, two
+#: pipeline stages of 8-sample micro-batches under 1F1B; every other job default is the Job's
+GRID_JOB = {"model": "digits-mlp", "pp": 2, "micro_batch": 8, "schedule": "1f1b"}
+
+
+def _job_default(name: str) -> Any:
+    """The default of job parameter ``name`` in a validation grid: :data:`GRID_JOB`'s, else the Job's."""
+    return GRID_JOB[name] if name in GRID_JOB else getattr(Job, name)
 
 
 def _names(value: str | Sequence[Any]) -> tuple[str, ...]:
@@ -40,6 +54,7 @@ def _degrees(value: str | int | Sequence[Any]) -> tuple[int, ...]:
 def _bandwidths(value) -> tuple[float | None, ...]:
     """A comma string (:func:`~perfsim.analysis.validate.parse_bandwidths`) or a sequence
     of rates (bits/s or ``"100Mbps"``; None = loopback)."""
+    # lazy: import perfsim does not load perfsim.analysis.validate
     from perfsim.analysis.validate import parse_bandwidths
 
     if isinstance(value, str):
@@ -59,12 +74,16 @@ def default_out(model: str, pp: int, dp: int, tps: Sequence[int], sequence_paral
     return f"traces/validation/{model}-pp{pp}-dp{dp}{tp_tag}{tied}"
 
 
-def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp: int = 1,
-             tp: str | int | Sequence[int] = (1,), sequence_parallel: bool = False,
-             tied_embedding: str = "untied", schedule: str | Sequence[str] = ("1f1b",),
-             virtual_stages: int | None = None, zero: int = 0,
-             micro_batch: int = 8, macro_batch: int = 32, compress: str | Sequence[str] = ("fp32",),
-             grad_compress: str | Sequence[str] = ("none",), bandwidths: str | Sequence[Any] = (None,),
+def validate(*, profile: str | None, model: str = _job_default("model"), pp: int = _job_default("pp"),
+             dp: int = _job_default("dp"), tp: str | int | Sequence[int] = (_job_default("tp"),),
+             sequence_parallel: bool = _job_default("sequence_parallel"),
+             tied_embedding: str = _job_default("tied_embedding"),
+             schedule: str | Sequence[str] = (_job_default("schedule"),),
+             virtual_stages: int | None = _job_default("virtual_stages"), zero: int = _job_default("zero"),
+             micro_batch: int = _job_default("micro_batch"), macro_batch: int = _job_default("macro_batch"),
+             compress: str | Sequence[str] = (str(_job_default("compress")),),
+             grad_compress: str | Sequence[str] = (str(_job_default("grad_compress")),),
+             bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
              dataset_limit: int | None = None, seed: int = 0, repeats: int = 1, reuse_measured: bool = False,
              out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True):
@@ -72,7 +91,8 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
     model, pp, dp, micro_batch, macro_batch, virtual_stages, sequence_parallel,
-      tied_embedding, zero: ``perfsim run``'s flags, shared by every row.
+      tied_embedding, zero: ``perfsim run``'s flags, shared by every row (defaults: the
+      job's, :class:`perfsim.job.Job`, with :data:`GRID_JOB`'s changes).
     tp, schedule, compress, grad_compress, bandwidths: the grid's axes (a sequence
       or a comma string; bandwidths in bits/s or ``"100Mbps"``, None or ``none`` =
       loopback, no emulation: emulated rates need root).
@@ -94,12 +114,10 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
     and ``png`` (None without a plot).
     Raises :class:`ConfigError` naming the flag on bad input, before anything runs.
     """
-    from perfsim.analysis import validate as v
-    from perfsim.models.registry import get_model_spec
-    from perfsim.job import chosen_chunks
+    from perfsim.analysis import validate as v  # lazy: import perfsim does not load perfsim.analysis.validate
+    # lazy: import perfsim does not load perfsim.models.tensor_parallel
     from perfsim.models.tensor_parallel import check_tp
-    from perfsim.models.transformer import TransformerSpec
-    from perfsim.outputs import check_dir_target, locked_dir  # `import perfsim` loads this module: not then
+    from perfsim.outputs import check_dir_target, locked_dir  # lazy: import perfsim does not load perfsim.outputs
 
     spec = get_model_spec(model)
     for name, value in (("pp", pp), ("dp", dp), ("micro_batch", micro_batch), ("macro_batch", macro_batch),
@@ -110,7 +128,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         raise ConfigError(f"--macro-batch {macro_batch}: not a multiple of --micro-batch {micro_batch}")
     if profile is None:
         raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
-    from perfsim.profile import load_profile
+    from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
     load_profile(profile)  # a bad file fails before any run starts
     schedules = tuple(s.lower() for s in _names(schedule))
@@ -144,7 +162,7 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
         seed=seed, repeats=repeats, reuse_measured=reuse_measured)
     v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
-        from perfsim.netem import check_privileges
+        from perfsim.netem import check_privileges  # lazy: import perfsim does not load perfsim.netem
 
         check_privileges()
     if not 0 <= seed < 2**32:
@@ -158,8 +176,9 @@ def validate(*, profile: str | None, model: str = "digits-mlp", pp: int = 2, dp:
 
 def _profile_drift(plan) -> tuple[dict, str] | None:
     """({group: new / old}, a sentence) of the drift check after the runs, or None."""
+    # lazy: import perfsim does not load perfsim.calibrate.compare
     from perfsim.calibrate.compare import comparison_text, drift_check
-    from perfsim.profile import load_profile
+    from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
     if not plan.profile or not os.path.exists(plan.profile):
         return None
@@ -173,11 +192,11 @@ def _profile_drift(plan) -> tuple[dict, str] | None:
 
 def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check: bool = True):
     """Run every row of ``plan`` with a progress bar, then write the grid's files."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas is heavy, needed only here
 
-    from perfsim import outputs  # as in validate(): not at `import perfsim`
-    from perfsim.analysis import validate as v
-    from perfsim.progress import Progress
+    from perfsim import outputs  # lazy: import perfsim does not load perfsim.outputs
+    from perfsim.analysis import validate as v  # lazy: import perfsim does not load perfsim.analysis.validate
+    from perfsim.progress import Progress  # lazy: import perfsim does not load perfsim.progress
 
     out = plan.out
     total = len(plan.rows())

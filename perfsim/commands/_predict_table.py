@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 from collections import defaultdict
 
+from rich.console import Console
+from rich.table import Table
+
 from perfsim.hardware import value_precision
 from perfsim.units import format_bandwidth, format_bytes, format_time
 from perfsim.memory import breakdown_text
@@ -33,9 +36,6 @@ def _interval(s: dict) -> str:
 
 def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
     """Print to ``file`` (a rich console) or, with ``file=None``, return plain text."""
-    from rich.console import Console
-    from rich.table import Table
-
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
 

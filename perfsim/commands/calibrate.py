@@ -79,7 +79,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     old = None
     if args.compare:  # read it first: a bad path fails before minutes of measuring
-        from perfsim.profile import load_profile
+        from perfsim.profile import load_profile  # lazy: perfsim --help does not load perfsim.profile
 
         old = load_profile(args.compare)
     started = time.perf_counter()
@@ -92,6 +92,7 @@ def run(args) -> int:
     print(f"wrote {'stdout' if is_stdio(args.out) else args.out}: {len(profile.records)} records ({n_fit} fits) "
           f"in {time.perf_counter() - started:.1f} s on {meta['device_name']} ({meta['cores']} cores)", file=notes)
     if old is not None:
+        # lazy: perfsim --help does not load perfsim.calibrate.compare
         from perfsim.calibrate.compare import compare_profiles, comparison_text
 
         print(comparison_text(compare_profiles(profile, old), args.compare), file=notes)

@@ -67,7 +67,8 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 
 def run(args) -> int:
-    from perfsim.compression.catalog import rows  # compression/spec.py: ~10 ms, not at CLI start-up
+    # lazy: perfsim --help does not load perfsim.compression.catalog
+    from perfsim.compression.catalog import rows
 
     fmt = outputs.output_format(args.out, args.format, allowed=FORMATS, flag="--out")  # before any work
     out = None if outputs.is_stdio(args.out) else args.out  # -o -: standard output
@@ -82,7 +83,8 @@ def run(args) -> int:
 def render(table: list[dict], shape, world_size: int, fmt: str, to_file: bool = False) -> str:
     """The rows of :func:`perfsim.compression.catalog.rows` as ``fmt`` text (``table``: a rich
     table, plain on a file)."""
-    from perfsim.compression.catalog import COLUMNS  # as in run: not at CLI start-up
+    # lazy: perfsim --help does not load perfsim.compression.catalog
+    from perfsim.compression.catalog import COLUMNS
 
     if fmt == "json":
         return outputs.json_text(table)
@@ -90,8 +92,8 @@ def render(table: list[dict], shape, world_size: int, fmt: str, to_file: bool = 
         return outputs.records_csv([{c: f"{r[c]:.6g}" if c.endswith("ratio") and r[c] is not None else r[c]
                                      for c in COLUMNS} for r in table], COLUMNS)
     buf = io.StringIO()
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # lazy: perfsim --help does not load rich.console
+    from rich.table import Table  # lazy: perfsim --help does not load rich.table
 
     t = Table(title=f"compression specs for shape {'x'.join(map(str, shape))} "
                     f"(fp32 = {4 * math.prod(shape):,} bytes; pipeline rows: forward direction)")

@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from perfsim.analysis.memory_fit import memory_report, render  # the simulator: only when run
+    # lazy: perfsim --help does not load perfsim.analysis.memory_fit
+    from perfsim.analysis.memory_fit import memory_report, render
 
     out = None if outputs.is_stdio(args.out) else args.out
     if out:

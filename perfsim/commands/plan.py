@@ -21,7 +21,7 @@ import sys
 
 from perfsim import outputs, params
 from perfsim.emit import EMIT_KINDS, check_emit, emit
-from perfsim.plan import pareto_front
+from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
 
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
@@ -71,6 +71,7 @@ def _check_outputs(args) -> None:
     if args.output:
         outputs.check_file_target(args.output, "--out")
     if args.plot:
+        # lazy: perfsim --help does not load perfsim.analysis.plots
         from perfsim.analysis.plots import check_figure_target
 
         check_figure_target(args.plot, "--plot")
@@ -103,11 +104,12 @@ def _table(result) -> str:
 
 
 def _plot(result, path: str) -> None:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib is heavy, needed only here
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: matplotlib is heavy, needed only here
 
+    # lazy: perfsim --help does not load perfsim.analysis.plots
     from perfsim.analysis.plots import save_figure
 
     pts, labels = [], []
@@ -134,8 +136,7 @@ def _plot(result, path: str) -> None:
 
 
 def run(args) -> int:
-    from perfsim.plan import plan  # the simulator: loaded only when the command runs
-    from perfsim.progress import Progress, every_s  # not at CLI start-up (perfsim --help)
+    from perfsim.progress import Progress, every_s  # lazy: perfsim --help does not load perfsim.progress
 
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
         args.output = None

@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: perfsim --help does not load perfsim.analysis.plots
     from perfsim.analysis.plots import load_tables, make_figure, save_figure
 
     if args.kind not in KINDS:

@@ -53,7 +53,7 @@ def _json(results) -> str:
 
 
 def run(args) -> int:
-    from perfsim.api import predict  # the simulator: loaded only when a command runs
+    from perfsim.api import predict  # lazy: perfsim --help does not load perfsim.api
 
     fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
@@ -78,10 +78,11 @@ def run(args) -> int:
     elif fmt == "json":
         data = _json(results).encode()
     elif fmt == "parquet":
-        import pandas as pd  # heavy: only for Parquet
+        import pandas as pd  # lazy: pandas is heavy, only for Parquet
 
         data = outputs.frame_bytes(pd.DataFrame([r.row() for r in results]), "parquet")
     else:
+        # lazy: perfsim --help does not load perfsim.commands._predict_table
         from perfsim.commands._predict_table import render
 
         if not args.output:

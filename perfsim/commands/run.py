@@ -5,6 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from perfsim import params
+from perfsim.commands import add_no_progress, add_out, positive_int
+from perfsim.compression.spec import parse_spec
+from perfsim.params import run_job
+from perfsim.runtime.config import RUN_OPTIONS, RunConfig
+
 HELP = "train for real (torch.distributed pipeline x data x tensor parallel) and measure what predict predicts"
 EXAMPLES = """examples:
   perfsim run --model digits-mlp --pp 2 --steps 20 --out runs/digits
@@ -25,10 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     run's own options (:data:`perfsim.runtime.config.RUN_OPTIONS`). A flag not given is
     None, so that ``--resume`` can take it from the checkpoint; the help states the default
     (RunConfig's, applied by :func:`perfsim.runtime.make_config`)."""
-    from perfsim import params
-    from perfsim.commands import add_no_progress, add_out, positive_int
-    from perfsim.runtime.config import RUN_OPTIONS, RunConfig
-
     params.add_arguments(p, lists=False, only=params.RUN_JOB_PARAMS, shown={"model": RunConfig.model},
                          helps={"model": MODEL_HELP})
     own = p.add_argument_group("run")
@@ -47,24 +49,20 @@ def run_params(args: argparse.Namespace) -> dict:
     """The keywords of :func:`perfsim.runtime.run` that the parsed flags ``args`` give: the
     job's parsed as ``perfsim predict`` parses them (an error names the flag), run's own as
     given, and the output folder (``perfsim-run`` unless ``--resume`` names one)."""
-    from perfsim import params as params_mod
-    from perfsim.runtime.config import RUN_OPTIONS
-
-    params = params_mod.run_job(vars(args), cli=True)
+    params = run_job(vars(args), cli=True)
     params.update({o.name: getattr(args, o.name) for o in RUN_OPTIONS})
     params["out"] = args.out or (None if args.resume else "perfsim-run")
     return params
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: perfsim.runtime.run pulls in torch
     from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
 
     params = run_params(args)
-    from perfsim.compression.spec import parse_spec
-
     grad, out = args.grad_compress, params["out"]
     if args.resume:  # the resumed job's, from its checkpoint; the run folder that owns it
-        from perfsim.runtime import checkpoint
+        from perfsim.runtime import checkpoint  # lazy: perfsim.runtime.checkpoint loads torch
 
         root, meta = checkpoint.find(args.resume)
         grad = grad or meta.get("config", {}).get("grad_compress")
@@ -77,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     bar = None
     progress = None
     if not args.no_progress and not under_torchrun() and sys.stderr.isatty():
-        from tqdm import tqdm
+        from tqdm import tqdm  # lazy: tqdm is heavy, needed only here
 
         bar = tqdm(total=None, unit="step", desc="perfsim run", file=sys.stderr)
 

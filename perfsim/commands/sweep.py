@@ -47,6 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # lazy: perfsim --help does not load perfsim.analysis.sweep
     from perfsim.analysis.sweep import SweepSpec, load_sweep_file, run_sweep, sibling_path
 
     spec = load_sweep_file(args.sweep_file) if args.sweep_file else SweepSpec({})

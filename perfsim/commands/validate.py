@@ -13,6 +13,13 @@ OUT/validation.csv and OUT/validation.png (predicted vs measured). The work is
 
 from __future__ import annotations
 
+import inspect
+
+from perfsim import params
+from perfsim.analysis.validate_grid import validate
+from perfsim.commands import add_no_progress, add_out
+from perfsim.commands.run import MODEL_HELP
+
 HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
 EXAMPLES = """examples:
   perfsim validate --model digits-mlp --pp 2 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \\
@@ -29,13 +36,6 @@ LISTS = ("tp", "schedule", "compress", "grad_compress")
 
 
 def add_arguments(p) -> None:
-    import inspect
-
-    from perfsim import params
-    from perfsim.analysis.validate_grid import validate
-    from perfsim.commands import add_no_progress, add_out
-    from perfsim.commands.run import MODEL_HELP
-
     defaults = {k: v.default for k, v in inspect.signature(validate).parameters.items()}
     shown = {k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in defaults.items() if k in JOB}
     params.add_arguments(p, lists=LISTS, only=JOB, shown=shown, helps={"model": MODEL_HELP})
@@ -65,9 +65,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from perfsim import params
-    from perfsim.analysis import validate as v
-    from perfsim.analysis.validate_grid import validate
+    from perfsim.analysis import validate as v  # lazy: perfsim --help does not load perfsim.analysis.validate
 
     job = {name: getattr(args, name) if name in LISTS else params.normalize(name, getattr(args, name), cli=True)
            for name in JOB if getattr(args, name) is not None}  # not given: validate's default

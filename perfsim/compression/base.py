@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg, complete, format_spec, format_syntax, parse_args
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 
 # -- collective kinds a dp_plan may contain ---------------------------------
 P2P = "p2p"
@@ -174,6 +174,10 @@ class Compressor(ABC):
                                             "they cannot be summed chunk by chunk (it all-gathers them)")
     stateful: ClassVar[bool] = False
     spec_args: ClassVar[tuple[SpecArg, ...]] = ()
+    #: the float32 payload tensor (per-bucket scales) through which the default
+    #: :meth:`allreduce_mean` tells every rank that one rank's input was NaN/Inf (+Inf
+    #: scales); None: that rank raises alone
+    refusal_lane: ClassVar[str | None] = None
 
     #: the canonical spec this instance was built from (``directq:4``)
     spec: str = ""
@@ -270,18 +274,36 @@ class Compressor(ABC):
         performing exactly :meth:`dp_plan`'s collectives with torch.distributed.
 
         Default (allgather): every worker compresses, payload tensors are
-        allgathered, each is decompressed and the results are averaged.
+        allgathered, each is decompressed and the results are averaged. A worker
+        whose input is NaN/Inf sends +Inf in :attr:`refusal_lane` (where set): every
+        worker raises :class:`perfsim.errors.NonFiniteError`, its state unchanged.
         """
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         world = dist.get_world_size(group)
-        payload = self.compress(x)
+        lane = self.refusal_lane
+        saved = self.state_dict() if lane else None
+        refused = False
+        try:
+            payload = self.compress(x)
+        except ConfigError:
+            if not lane or not x.numel() or bool(torch.isfinite(x).all()):
+                raise
+            # NaN/Inf here: send a payload of the exact sizes with +Inf scales, so every rank
+            # refuses after the same all-gathers (perfsim.runtime.nonfinite)
+            payload = self.compress(torch.zeros_like(x))
+            payload.tensors[lane] = torch.full_like(payload.tensors[lane], float("inf"))
+            refused = True
         gathered: list[dict[str, torch.Tensor]] = [dict() for _ in range(world)]
         for key, t in payload.tensors.items():
-            parts = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(parts, t.contiguous(), group=group)
+            raw = t.contiguous().reshape(-1).view(torch.uint8)  # as bytes: gloo has no int16 (top-k indices)
+            parts = [torch.empty_like(raw) for _ in range(world)]
+            dist.all_gather(parts, raw, group=group)
             for rank, part in enumerate(parts):
-                gathered[rank][key] = part
+                gathered[rank][key] = part.view(t.dtype).view(t.shape)
+        if lane and (refused or not all(bool(torch.isfinite(g[lane]).all()) for g in gathered)):
+            self.load_state_dict(saved)  # the random counters as before the call
+            raise NonFiniteError(f"{self.spec}: NaN/Inf values on a rank; nothing exchanged", local=refused)
         total = torch.zeros(payload.shape, dtype=x.dtype, device=x.device)
         for tensors in gathered:
             total += self.decompress(Payload(tensors, payload.shape, payload.dtype, dict(payload.meta)))

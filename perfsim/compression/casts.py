@@ -42,7 +42,7 @@ class _Cast(Compressor):
         return payload.tensors["values"].to(payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         buf = x.detach().to(self.wire_dtype).contiguous()
         dist.all_reduce(buf, group=group)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 
-from perfsim.compression import spec as _spec
+from perfsim.compression import compressor_classes, make_compressor, make_pipeline_pair, spec as _spec
 from perfsim.compression.refresh import BOUNDS
 from perfsim.compression.spec import EXCHANGES, OPTIMIZERS, PIPELINE_ONLY, parse_spec
 from perfsim.errors import ConfigError
@@ -51,8 +51,6 @@ def _candidate_specs(cls) -> list[str]:
 
 def build_example(cls):
     """A compressor instance of ``cls`` from its representative spec (None if none builds)."""
-    from perfsim.compression import make_compressor  # the registry: loads the built-ins (torch lazily)
-
     for text in _candidate_specs(cls):
         try:
             comp = make_compressor(text)
@@ -91,8 +89,6 @@ def _pipeline_syntax(cls) -> str:
 
 def rows(shape: tuple[int, ...], world_size: int = 2) -> list[dict]:
     """One dict per accepted spec, columns :data:`COLUMNS`: gradient rows first."""
-    from perfsim.compression import compressor_classes, make_compressor, make_pipeline_pair
-
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ConfigError(f"--world-size {world_size!r}: must be an integer >= 1")
     fp32 = 4 * math.prod(shape)

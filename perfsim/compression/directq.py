@@ -59,6 +59,7 @@ class DirectQ(SeedStepState, Compressor):
     name = "directq"
     example_spec = "directq:4"
     allreduce_compatible = False  # per-worker scales: sums need a shared scale
+    refusal_lane = "scales"  # a NaN/Inf input is sent as +Inf scales (Compressor.allreduce_mean)
 
     spec_args = (
         SpecArg("bits", choices=QUANT_BITS),

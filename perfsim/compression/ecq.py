@@ -41,7 +41,7 @@ from perfsim.compression.qsgd import (BITS_ARG, BucketQuantizer, _SeededCompress
                                       levels_for_bits, to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 
 
 @register
@@ -82,13 +82,24 @@ class ECQ(_SeededCompressor):
         Passes: ``g + alpha h`` (scratch), the quantizer's (norms, scaling,
         rounding, packing), the decode of ``g~`` into scratch, ``g - g~`` and the
         update of ``h``; no temporaries of the tensor's size are allocated."""
+        tensors, commit = self._encode(x, name)
+        commit()
+        return Payload(tensors, tuple(x.shape), x.dtype, {"name": name})
+
+    def _check_h(self, x: torch.Tensor, name: str) -> None:
+        h = self.h.get(name)
+        if h is not None and h.numel() != x.numel():
+            raise ConfigError(f"{self.spec}: error buffer {name!r} has {h.numel()} elements, got a tensor of "
+                              f"{x.numel()}; pass a distinct name= per gradient tensor")
+
+    def _encode(self, x: torch.Tensor, name: str):
+        """(payload tensors, the update of ``h`` as a callable, eq. 6): :meth:`compress`
+        runs it at once, :meth:`allreduce_mean` once the exchange succeeded."""
         check_float(x)
+        self._check_h(x, name)
         g = flat_f32(x)
         n = g.numel()
         h = self.h.get(name)
-        if h is not None and h.numel() != n:
-            raise ConfigError(f"{self.spec}: error buffer {name!r} has {h.numel()} elements, got a tensor of "
-                              f"{n}; pass a distinct name= per gradient tensor")
         buf = workspace("ecq_t", n, torch.float32, g.device)  # the one float scratch
         t = g
         if h is not None and self.alpha != 0.0:
@@ -97,13 +108,15 @@ class ECQ(_SeededCompressor):
         tensors = self.q.pack(norms, codes)
         diff = self.q.decode(codes, norms, buf)  # g~
         torch.sub(g, diff, out=diff)  # g - g~
-        if h is None:
-            self.h[name] = diff.clone()  # h_1 = beta * 0 + (g - g~)
-        else:
-            if self.beta != 1.0:
-                h.mul_(self.beta)
-            h.add_(diff)
-        return Payload(tensors, tuple(x.shape), x.dtype, {"name": name})
+
+        def commit():
+            if h is None:
+                self.h[name] = diff.clone()  # h_1 = beta * 0 + (g - g~)
+            else:
+                if self.beta != 1.0:
+                    h.mul_(self.beta)
+                h.add_(diff)
+        return tensors, commit
 
     def decompress(self, payload: Payload, *, key=None) -> torch.Tensor:
         n = numel_of(payload.shape)
@@ -112,20 +125,30 @@ class ECQ(_SeededCompressor):
                                    payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
-        """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged."""
-        import torch.distributed as dist
+        """Alg. 1: every worker's quantized gradient to every worker (allgather), averaged.
+        A NaN/Inf input is sent as Inf norms (:meth:`BucketQuantizer.refusal`): every
+        rank raises :class:`perfsim.errors.NonFiniteError`, ``h`` and the step unchanged."""
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._set_rank_salt(group)
         world = dist.get_world_size(group)
-        payload = self.compress(x, name=name)
-        total = torch.zeros(payload.shape, dtype=torch.float32, device=x.device)
-        for key, t in payload.tensors.items():
-            parts = [torch.empty_like(t) for _ in range(world)]
-            dist.all_gather(parts, t.contiguous(), group=group)
-            payload.tensors[key] = parts  # type: ignore[assignment]
-        for rank in range(world):
-            tensors = {k: v[rank] for k, v in payload.tensors.items()}
-            total += self.decompress(Payload(tensors, payload.shape, torch.float32))
+        check_float(x)
+        self._check_h(x, name)
+        step = self._step
+        shape = tuple(x.shape)
+        try:
+            tensors, commit = self._encode(x, name)
+        except ConfigError:  # NaN/Inf or a norm beyond float32: Inf norms tell every rank
+            tensors, commit = self.q.refusal(x.numel(), x.device), None
+        try:
+            every = self.q.allgather(tensors, group, self.spec, refused=commit is None)
+        except NonFiniteError:  # h and the step counter stay as they were
+            self._step = step
+            raise
+        commit()  # eq. 6, once every rank's payload is in
+        total = torch.zeros(shape, dtype=torch.float32, device=x.device)
+        for tensors in every:
+            total += self.decompress(Payload(tensors, shape, torch.float32))
         return to_dtype_saturating(total / world, x.dtype)
 
     def state_dict(self) -> dict[str, Any]:

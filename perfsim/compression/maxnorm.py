@@ -68,7 +68,7 @@ from perfsim.compression.qsgd import (BITS_ARG, _SeededCompressor, check_finite_
                                       safe_norms, scale_into, stochastic_codes_, to_dtype_saturating,
                                       unpack_codes)
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.lanes import lane_bits, pack_lanes, packed_words, unpack_lanes
@@ -443,8 +443,12 @@ class MaxNormQuantizer(_SeededCompressor):
         return bits.sum(dim=1, dtype=torch.int32).to(torch.uint8)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
-        """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives."""
-        import torch.distributed as dist
+        """Alg. 1 / Alg. 2 with torch.distributed, exactly :meth:`dp_plan`'s collectives.
+
+        A rank whose input is NaN/Inf (or whose norm overflows) sends +Inf norms, which
+        the max-allreduce hands to every rank: all raise :class:`perfsim.errors.NonFiniteError`
+        there, before the codes (and the random counter) move (:mod:`perfsim.runtime.nonfinite`)."""
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         check_float(x)
         world = dist.get_world_size(group)
@@ -452,9 +456,17 @@ class MaxNormQuantizer(_SeededCompressor):
         flat = flat_f32(x)
         if flat.numel() == 0:
             return x.detach().clone()
-        w = self.local_norm(flat)
-        check_finite_norms(w, flat, self.spec)
+        try:
+            w = self.local_norm(flat)
+            check_finite_norms(w, flat, self.spec)
+            refused = False
+        except ConfigError:  # NaN/Inf or a norm beyond float32: a +Inf norm tells every rank
+            w = torch.full((self.nnorms(flat.numel()),), float("inf"), dtype=torch.float32, device=flat.device)
+            refused = True
         dist.all_reduce(w, op=dist.ReduceOp.MAX, group=group)  # MaxAllReduce norm
+        if refused or not bool(torch.isfinite(w).all()):  # every rank alike, before any state moves
+            raise NonFiniteError(f"{self.spec}: NaN/Inf or too large values on a rank; nothing exchanged",
+                                 local=refused)
         index = None
         if self.multiscale:  # scale sharing: the minimum index over workers (Alg. 2 line 7)
             if dist.get_backend(group) == "nccl":  # no bitwise reductions in NCCL

@@ -47,7 +47,7 @@ from perfsim._lazy import torch
 from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, check_float, numel_of
 from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 from perfsim.kernels.packing import packed_nbytes
 from perfsim.kernels.finite import check_deferred
 from perfsim.kernels.signpack import ef_sign_compress, sign_unpack
@@ -183,7 +183,7 @@ class OneBit(Compressor):
                 check_deferred()
             except ConfigError:
                 pass
-            raise ConfigError(f"{self.spec}: NaN/Inf data on rank(s) {bad}; nothing exchanged")
+            raise NonFiniteError(f"{self.spec}: NaN/Inf data on rank(s) {bad}; nothing exchanged")
         avg = decode_chunks(recv, chunk).sum(dim=0) / world
         key = f"ar{n}w{world}"
         err = self._err(self.server_err, key, chunk, recv.device).clone()
@@ -216,7 +216,7 @@ class OneBit(Compressor):
         return decode_chunks(gathered, chunk).reshape(-1)[:n]
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         check_float(x)
         world = dist.get_world_size(group)
@@ -227,7 +227,11 @@ class OneBit(Compressor):
         send, chunk = self._phase1(x, world, pending)
         recv = torch.empty_like(send)
         dist.all_to_all_single(recv.view(-1), send.view(-1), group=group)
-        mine = self._phase2(recv, n, world, chunk, pending)  # raises on every rank alike
+        try:
+            mine = self._phase2(recv, n, world, chunk, pending)  # raises on every rank alike
+        except NonFiniteError as exc:
+            exc.local = not any(side == "worker" for side, _ in pending)  # phase 1 refused this input
+            raise
         parts = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(parts, mine, group=group)
         out = self._phase3(torch.stack(parts), n, chunk)

@@ -127,6 +127,7 @@ class PowerSGD(Compressor):
 
     def make_state(self, process_group=None):
         """torch's ``PowerSGDState`` for this spec (error feedback and warm start on)."""
+        # lazy: torch is heavy, needed only here
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
         return ps.PowerSGDState(process_group=process_group, matrix_approximation_rank=self.rank,
@@ -135,6 +136,7 @@ class PowerSGD(Compressor):
 
     def register_ddp_hook(self, ddp_model, process_group=None):
         """Register torch's ``powerSGD_hook`` on a ``DistributedDataParallel`` model; returns the state."""
+        # lazy: torch is heavy, needed only here
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
         state = self.make_state(process_group)
@@ -147,6 +149,7 @@ class PowerSGD(Compressor):
         Each distinct ``name`` (default: the shape) gets its own bucket index, so
         its error-feedback and warm-start buffers persist across calls. The hook's
         iteration counter advances once per call (it counts buckets marked last)."""
+        # lazy: torch is heavy, needed only here
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as ps
 
         check_input(x)

@@ -55,7 +55,7 @@ from perfsim._lazy import torch
 from perfsim.compression.args import SpecArg, complete
 from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 from perfsim.kernels import pack_bits, unpack_bits
 from perfsim.kernels._workspace import workspace
 from perfsim.kernels.bitpack import unpack_bits_torch
@@ -283,6 +283,31 @@ class BucketQuantizer:
     def pack(self, norms: torch.Tensor, codes: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"norms": norms, "codes": pack_bits(codes, self.bits)}
 
+    def refusal(self, n: int, device=None) -> dict[str, torch.Tensor]:
+        """The payload a rank sends instead of its own when its input is NaN/Inf (or a norm
+        overflows): the payload's exact tensors and sizes, every norm +Inf, the codes zero."""
+        return {"norms": torch.full((self.nbuckets(n),), float("inf"), dtype=torch.float32, device=device),
+                "codes": pack_bits(torch.zeros(n, dtype=torch.uint8, device=device), self.bits)}
+
+    def allgather(self, tensors: dict[str, torch.Tensor], group, who: str,
+                  refused: bool = False) -> list[dict[str, torch.Tensor]]:
+        """Every rank's payload (norms, codes), in rank order: one all-gather per tensor,
+        the exchange of ``qsgd`` and ``ecq``. A rank's non-finite norms are its refusal
+        (:meth:`refusal`): then every rank raises :class:`perfsim.errors.NonFiniteError`
+        here, with nothing decoded (``refused``: this rank's own input was refused)."""
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
+
+        world = dist.get_world_size(group)
+        gathered: dict[str, list[torch.Tensor]] = {}
+        for key, t in tensors.items():
+            parts = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            gathered[key] = parts
+        if refused or not all(bool(torch.isfinite(norms).all()) for norms in gathered["norms"]):
+            raise NonFiniteError(f"{who}: NaN/Inf or too large values on a rank; nothing exchanged",
+                                 local=refused)
+        return [{k: v[r] for k, v in gathered.items()} for r in range(world)]
+
     def unpack(self, tensors: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(norms, codes); the codes may be a scratch buffer (see :func:`unpack_codes`)."""
         for k in ("norms", "codes"):
@@ -318,7 +343,7 @@ class _SeededCompressor(Compressor):
         return key
 
     def _set_rank_salt(self, group) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         self._salt = int(dist.get_rank(group)) + 1
 
@@ -385,6 +410,28 @@ class QSGD(_SeededCompressor):
         return to_dtype_saturating(out.reshape(payload.shape), payload.dtype)
 
     def allreduce_mean(self, x: torch.Tensor, group=None) -> torch.Tensor:
-        """Allgather of the payloads (norms differ per worker), then M decodes."""
+        """Allgather of the payloads (norms differ per worker), then M decodes. A rank
+        whose input is NaN/Inf sends :meth:`BucketQuantizer.refusal` (Inf norms): every
+        rank raises :class:`perfsim.errors.NonFiniteError`, the step counter unchanged."""
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
+
         self._set_rank_salt(group)
-        return super().allreduce_mean(x, group)
+        check_float(x)
+        if x.numel() == 0:
+            return super().allreduce_mean(x, group)
+        world = dist.get_world_size(group)
+        step = self._step
+        flat = flat_f32(x)
+        try:
+            tensors, refused = self.q.pack(*self.q.encode(flat, self._next_key(), self.spec)), False
+        except ConfigError:  # NaN/Inf or a norm beyond float32: the Inf norms tell every rank
+            tensors, refused = self.q.refusal(flat.numel(), flat.device), True
+        try:
+            every = self.q.allgather(tensors, group, self.spec, refused)
+        except NonFiniteError:
+            self._step = step
+            raise
+        total = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        for tensors in every:
+            total += self.decompress(Payload(tensors, tuple(x.shape), x.dtype))
+        return total / world

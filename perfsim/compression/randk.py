@@ -70,11 +70,11 @@ from typing import Any, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg, complete
-from perfsim.compression.base import Compressor, Payload, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
 from perfsim.compression.maxnorm import SCALE_BITS_ARG, MaxNormQuantizer
 from perfsim.compression.qsgd import BITS_ARG, default_chunk, generator
 from perfsim.compression.registry import register
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
 
 _INDEX_SALT = 0x52414E444B  # "RANDK": keeps index draws apart from rounding draws
 #: ECQ-SGD's compensation coefficient alpha for the memory of unsent coordinates
@@ -185,10 +185,12 @@ class _GlobalRandK(Compressor):
     def dp_plan(self, shape, world_size, *, backend: str = "gloo"):
         return self.inner.dp_plan((self.k_of(numel_of(shape)),), world_size, backend=backend)
 
-    def _select(self, x: torch.Tensor, name: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _select(self, x: torch.Tensor, name: str | None,
+                commit: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared indices of this call and the values to quantize; advances the
         step and, with error feedback and a ``name`` (None: no memory), the memory
-        of ``name`` (``x`` is checked by the caller)."""
+        of ``name`` (``x`` is checked by the caller). With a ``commit`` list the memory
+        update is appended to it as a callable instead (run once the exchange succeeded)."""
         flat = x.detach().reshape(-1).to(torch.float32)
         n = flat.numel()
         remember = self.error_feedback and name is not None
@@ -201,12 +203,19 @@ class _GlobalRandK(Compressor):
         if remember and n:
             sub = torch.index_select(flat, 0, idx)  # 3x faster than flat[idx] on a CPU
             if mem is None:  # h_0 = 0: a_0 = g_0, h_1 = g_0 off the selection
-                self.memory[name] = flat.clone().index_fill_(0, idx, 0.0)
-                return idx, sub
-            mem = mem.to(flat.device)
-            sub.add_(torch.index_select(mem, 0, idx), alpha=self.alpha)  # a_t[S] = (g + alpha h)[S]
-            mem.add_(flat).index_add_(0, idx, sub, alpha=-1.0)           # h + g - a_t[S]
-            self.memory[name] = mem
+                def update():
+                    self.memory[name] = flat.clone().index_fill_(0, idx, 0.0)
+            else:
+                mem = mem.to(flat.device)
+                sub.add_(torch.index_select(mem, 0, idx), alpha=self.alpha)  # a_t[S] = (g + alpha h)[S]
+
+                def update():
+                    mem.add_(flat).index_add_(0, idx, sub, alpha=-1.0)       # h + g - a_t[S]
+                    self.memory[name] = mem
+            if commit is None:
+                update()
+            else:
+                commit.append(update)
             return idx, sub
         sub = torch.index_select(flat, 0, idx)  # 3x faster than flat[idx] on a CPU
         if self.scaled and idx.numel():
@@ -238,10 +247,23 @@ class _GlobalRandK(Compressor):
     def allreduce_mean(self, x: torch.Tensor, group=None, *, name: str = "") -> torch.Tensor:
         """Average ``x`` over ``group``: the selected coordinates (with this worker's
         memory of tensor ``name``) through the inner quantizer's allreduce, zeros elsewhere."""
-        check_input(x)
+        check_float(x)
         step = self._step
-        _, sub = self._select(x, name)
-        mean_sub = self.inner.allreduce_mean(sub, group)
+        try:
+            check_input(x)
+        except ConfigError:  # NaN/Inf here: the inner exchange tells every rank (a +Inf norm)
+            sub = torch.full((self.k_of(x.numel()),), float("nan"), dtype=torch.float32, device=x.device)
+            self.inner.allreduce_mean(sub, group)  # raises NonFiniteError on every rank
+            raise  # (an empty selection exchanges nothing: this rank's own error)
+        commit: list = []
+        _, sub = self._select(x, name, commit)
+        try:
+            mean_sub = self.inner.allreduce_mean(sub, group)
+        except NonFiniteError:  # another rank's NaN/Inf: nothing of this call is kept
+            self._step = step
+            raise
+        for update in commit:  # the memory moves only once the exchange succeeded
+            update()
         return self._scatter(mean_sub, x.shape, step, x.dtype)
 
     def dp_codec(self, x: torch.Tensor, world_size: int):

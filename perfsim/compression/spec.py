@@ -168,6 +168,7 @@ class Spec:
     def _powersgd(self) -> tuple[int, int, float]:
         if self.family != "hook":
             raise ConfigError(f"{self.text!r}: not a PowerSGD spec")
+        # lazy: a cycle (perfsim.compression imports this module); loads every compressor
         from perfsim.compression import make_compressor
 
         ps = make_compressor(self)  # its arguments checked; ConfigError naming the spec
@@ -299,6 +300,7 @@ def optimizer_options(spec: Spec) -> tuple[int | None, str | None, int | None, s
     None where not given), each checked (:func:`check_warmup`, :data:`EXCHANGES`,
     :mod:`perfsim.compression.refresh`): the parser stores them on the :class:`Spec`
     (:attr:`Spec.warmup`, :attr:`Spec.exchange`, :attr:`Spec.refresh`, :attr:`Spec.bound`)."""
+    # lazy: import perfsim does not load perfsim.compression.refresh
     from perfsim.compression.refresh import BOUNDS, check_refresh
 
     who = f"grad compression {spec.text!r}"

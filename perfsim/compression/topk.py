@@ -53,6 +53,7 @@ class TopK(SeedStepState, Compressor):
     name = "topk"
     example_spec = "topk:0.2:8"
     allreduce_compatible = False
+    refusal_lane = "scales"  # a NaN/Inf input is sent as +Inf scales (Compressor.allreduce_mean)
 
     spec_args = (
         SpecArg("fraction", float, low=0, high=1, low_open=True),

@@ -10,6 +10,7 @@ closed form when no flows compete), :mod:`.report` (the Result tables).
 from __future__ import annotations
 
 from perfsim.engine.plan import Plan, build_plan
+from perfsim.engine.report import build_result
 from perfsim.errors import ConfigError
 from perfsim.hardware import get_gpu
 from perfsim.memory import GIB, stage_memory
@@ -99,9 +100,8 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     only, or another whose factory says ``replayable``; False always runs the event
     loop (the reference for tests). The network backend is the flow model unless
     :func:`perfsim.network.use_backend` chose another."""
-    from perfsim.engine.replay import replay as closed_form
-    from perfsim.engine.report import build_result
-    from perfsim.engine.sim import Simulation
+    from perfsim.engine.replay import replay as closed_form  # lazy: perfsim.engine.replay loads simpy
+    from perfsim.engine.sim import Simulation  # lazy: perfsim.engine.sim loads simpy
 
     network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
     dp = strategy.dp

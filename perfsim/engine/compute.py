@@ -53,6 +53,7 @@ import math
 import re
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
+from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
 from perfsim.models.ops import FP8_GEMMS, Op, block_ops, embed_ops, head_ops
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
@@ -199,12 +200,19 @@ def misaligned(op: Op, bpv: int) -> bool:
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
                       curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
-                      routing=None) -> tuple[list[float], list[float]]:
+                      routing=None, kernels: str = "fused") -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
-    blocks each their own ops (:func:`block_ops`)."""
+    blocks each their own ops (:func:`block_ops`); ``kernels="eager"`` / ``"eager-pure"``: each
+    block and the head (final norm, LM head, loss; the embedding stays :func:`embed_ops`) as the
+    kernels eager PyTorch launches under autocast / with half-precision weights
+    (:func:`perfsim.models.eager.eager_block_ops`, ``eager_head_ops``; each at least ``kernel_s``:
+    the host issues every one)."""
     bpv = BYTES_PER_VALUE[precision]
+    eager = kernels.startswith("eager")
+    if eager:
+        check_eager(spec, precision, kernels)
 
     def fwd_bwd(ops, recomputable: bool):
         t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
@@ -221,10 +229,12 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    kinds = {m: fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
+    kinds = {m: fwd_bwd(eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
+                        block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
              for m in {spec.is_moe_block(i) for i in range(spec.n_layer)}}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]
-    hd = fwd_bwd(head_ops(spec, mb, tp, sp, bpv), False)
+    hd = fwd_bwd(eager_head_ops(spec, mb, tp, sp, bpv, kernels == "eager") if eager else
+                 head_ops(spec, mb, tp, sp, bpv), False)
     fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
     bwd = [e[1]] + [x[1] for x in blk] + [hd[1]]
     return fwd, bwd

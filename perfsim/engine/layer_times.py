@@ -14,6 +14,8 @@ from __future__ import annotations
 from perfsim.engine import compute
 from perfsim.errors import ConfigError
 from perfsim.hardware import check_precision, curve_for, profile_gpu
+from perfsim.models.tensor_parallel import check_tp
+from perfsim.models.transformer import padded_vocab
 from perfsim.workload import Model
 
 
@@ -55,8 +57,6 @@ def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool,
     the LM head as measured, replicated on every TP rank as ``perfsim run --tp``
     keeps them (:mod:`perfsim.runtime.tensor_parallel`). None when the profile
     lacks a record of some layer (the caller then needs a GPU preset)."""
-    from perfsim.models.tensor_parallel import check_tp
-
     times = [(_measured(profile, model, layer.name, micro_batch, "fwd", "fp32"),
               _measured(profile, model, layer.name, micro_batch, "bwd", "fp32")) for layer in model.layers]
     if any(f is None for f, _ in times) or model.layers[0].name != "embed":
@@ -90,7 +90,7 @@ def layer_times(model: Model, profile, micro_batch: int, **kw) -> tuple[list[flo
 def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, precision: str = "fp32",
                         tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
                         vocab_multiple: int = 1, attention: str = "megatron",
-                        host_overhead_s: float | None = None, routing=None
+                        host_overhead_s: float | None = None, routing=None, kernels: str = "fused"
                         ) -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
@@ -106,7 +106,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     ``vocab_multiple``: the operator model pads the vocabulary to a multiple of this
     times ``tp``, as Megatron-LM does (:data:`perfsim.models.transformer.MEGATRON_VOCAB_MULTIPLE`);
     the parameter count stays the model's. ``attention``: the operator model's attention
-    kernels (``megatron`` or ``flash``). ``routing``: a MoE model's
+    kernels (``megatron`` or ``flash``); ``kernels``: ``fused`` (Megatron-LM's) or ``eager`` (plain
+    PyTorch, :mod:`perfsim.models.eager`) memory-bound operators. ``routing``: a MoE model's
     :class:`perfsim.models.moe.Routing` (capacity factor, expert parallelism, imbalance)."""
     if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
         split = _tp_from_profile(model, profile, micro_batch, tp, sequence_parallel, recompute)
@@ -129,15 +130,11 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
                       f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
                       f"from the curve ({source})")
         if model.arch is not None:
-            from perfsim.models.tensor_parallel import check_tp
-
             check_tp(model.arch, tp)
-            from perfsim.models.transformer import padded_vocab
-
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,
                                                  sequence_parallel, recompute, curve, rates, attention,
-                                                 routing)
+                                                 routing, kernels)
         else:
             if tp > 1:
                 raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")

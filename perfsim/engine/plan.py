@@ -15,8 +15,10 @@ time adds its layers' Megatron collectives
 network on the group's own GPUs (:meth:`perfsim.network.Network.collective_time`,
 the links the group uses), serial with compute as in Megatron-LM. Parameters,
 gradients and boundary activations are per GPU: weights split ``t`` ways, the
-activation sent between stages ``1/t`` of it (Megatron's scatter/gather of
-pipeline messages, Narayanan et al. 2021, arXiv:2104.04473, Sec. 4.1).
+activation sent between stages whole by every TP rank or ``1/t`` of it by each
+(``Strategy.tp_send``: Megatron's scatter/gather of pipeline messages, Narayanan et
+al. 2021, arXiv:2104.04473, Sec. 4.1, whose receivers then all-gather the slices:
+charged before the receiving stage's compute; or sequence parallelism).
 
 Precision: with 16-bit training the plain pipeline (``fp32``) and gradient
 (``none``) specs send the training dtype itself (no codec call), as Megatron /
@@ -25,15 +27,21 @@ DeepSpeed do with fp16/bf16 tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from perfsim.collectives import tensor_call
 from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.compression.spec import Spec
+from perfsim.engine.compute import optimizer_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.hardware import BYTES_PER_VALUE, curve_for, value_precision
+from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
+from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
@@ -120,6 +128,8 @@ class Plan:
     #: ZeRO stage and FSDP2's reshard_after_forward (perfsim.engine.sharding)
     zero: int = 0
     reshard_after_forward: bool = True
+    #: ZeRO-2/3's collectives block the training thread (a CPU profile: perfsim.engine.sharding.host_driven)
+    shard_host_driven: bool = False
     #: 1-bit optimizer's variance refreshes (``onebit-adam:refresh=K``, 0: none): the
     #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
     #: (perfsim.compression.refresh.uncompressed_steps)
@@ -178,8 +188,6 @@ def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
     specs become the training dtype under 16-bit precision (no codec cost); the
     gradients' dtype is :attr:`perfsim.config.Strategy.grad_dtype` (fp32 in Megatron's
     bf16 buffer)."""
-    from perfsim.hardware import value_precision
-
     values = value_precision(strategy.precision)  # fp8 training sends bf16 values
     half = values if values in ("fp16", "bf16") else None
     grad_half = strategy.grad_dtype if strategy.grad_dtype in ("fp16", "bf16") else None
@@ -206,10 +214,6 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
     network's :func:`uniform_network` (None: asked here)."""
-    from perfsim.collectives import tensor_call
-    from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
-    from perfsim.network import collective_cost
-
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -303,9 +307,6 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
     all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
     group's; with full recomputation the forward's run again in the backward."""
-    from perfsim.models.moe import Routing, ep_alltoall_bytes
-    from perfsim.network import collective_cost
-
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
@@ -342,16 +343,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     ``compute``: a plan of the same job but for its compression (which changes no
     stage's compute), whose per-stage compute and collectives are taken as they are
     (the planner prices a group's compressions from one resolution)."""
-    from dataclasses import replace
-
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
     bounds = partition(costs, nst, strategy.partition)
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
-    from perfsim.hardware import value_precision
-
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
     default_fw, default_bw = make_pipeline_pair(fw_spec_in)
@@ -366,18 +363,18 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     stages: list[StagePlan] = []
     curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
-        from perfsim.hardware import curve_for
-
         curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
     uniform = uniform_network(network) if network is not None and tp * strategy.ep > 1 else None
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
         out_shape = (mb, *layers[-1].out_shape)
-        wire_shape = out_shape
-        if tp > 1:  # each TP rank sends its 1/t slice of the boundary activation
-            last = out_shape[-1]
-            wire_shape = (*out_shape[:-1], last // tp) if last % tp == 0 else (-(-numel_of(out_shape) // tp),)
+        # what each TP rank sends (perfsim.models.tensor_parallel.pipeline_send): the whole
+        # activation, or its 1/t slice (sequence parallelism; scatter/gather, then gathered)
+        part, gather = pipeline_send(numel_of(out_shape), out_shape[-1], tp, strategy.sequence_parallel,
+                                     strategy.tp_send)
+        wire_shape = out_shape if part is None else (*out_shape[:-1], out_shape[-1] // tp) \
+            if out_shape[-1] % tp == 0 else part
         # whole-stage records (of this tp degree): no recomputation, on the profile's own device
         measured = profile if gpu is None and strategy.recompute == "none" else None
         if compute is not None:  # the same job's compute, resolved before
@@ -395,8 +392,6 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
-            from perfsim.models.moe import expert_params_per_rank
-
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -446,6 +441,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
                 st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
                 st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
+            if gather and network is not None:  # the receivers all-gather the slices over their fabric
+                members = [strategy.device(t, 0, where_dev[s]) for t in range(tp)]
+                g = network.collective_time("allgather", numel_of(wire_shape) * BYTES_PER_VALUE[strategy.precision],
+                                            members, lockstep=True)
+                st.fw_decode_s += max(g, curve.collective_s if curve else 0.0)
+                st.bw_decode_s += max(g, curve.collective_s if curve else 0.0)
             if curve is not None:  # the host side of each message on a GPU (its curve), serial with the codec
                 host = curve.p2p_s
                 st.fw_encode_s += host
@@ -471,7 +472,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
                                          profile, gpu=gpu))
         elif dp > 1 and strategy.zero >= 2:
-            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile)
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile, gpu)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
@@ -481,18 +482,23 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
+    from perfsim.engine.sharding import host_driven  # lazy: simpy stays out of perfsim memory
+
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, (strategy.grad_compress.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu),
+                (strategy.grad_compress.refresh or 0) if warm_steps else 0)
 
 
-def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile) -> None:
+def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
+             gpu=None) -> None:
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
-    weights after the last backward, one bucket of the stage."""
-    from perfsim.engine.sharding import param_gather_steps, shard_units
+    weights after the last backward, one bucket of the stage. Host-driven collectives (a
+    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)."""
+    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units  # lazy: simpy stays out of perfsim memory
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
@@ -502,6 +508,8 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     fwd = list(workload.fwd_s[a:st.last_layer])
     scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions
     st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
+    if host_driven(profile, gpu):
+        add_host_copies(st.units, wb, dp, lambda nbytes: copy_time(profile, nbytes))
     if strategy.zero == 2:
         st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 
@@ -538,8 +546,6 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
     if opt is None and gpu is not None:
-        from perfsim.engine.compute import optimizer_time
-
         opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
     return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
 
@@ -669,8 +675,6 @@ def copy_time(profile, nbytes: float, gpu=None) -> float:
     "codec" (a copy into a fresh buffer), else read + write at
     :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
     if gpu is not None:
-        from perfsim.hardware import curve_for
-
         return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
     measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
     return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
@@ -694,8 +698,6 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
     (``perfsim calibrate --emulate-ops ...,interference``) win: those of the rate nearest
     ``link_bps`` in log scale; else the loopback pair (before, a profile with both used
     whichever came last)."""
-    import math
-
     if profile is None:
         return 0.0
     pairs: dict[float | None, dict[str, float]] = {}

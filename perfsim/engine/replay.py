@@ -102,7 +102,7 @@ def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
     """Merge touching consecutive flows of a stream into intervals. Rows: flows in
     stream order; columns: independent streams. Returns (start, end, rate, column)
     per interval; an interval takes the largest rate of its flows."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     m = start.shape[0]
     head = np.ones(start.shape, bool)
@@ -120,7 +120,7 @@ def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
     :data:`CAPACITY_MARGIN`), except ``k`` flows of one rate ``f`` that fill it
     exactly (``capacity / k >= f`` in floating point, as max-min divides): then
     max-min gave every flow its own rate."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     values = np.unique(np.concatenate([np.fromiter(flows.rates, float), res_cap]))
     if values.size > 1 and np.any(values[1:] <= values[:-1] * (1 + RATE_GAP)):
@@ -180,6 +180,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
     place = plan.device or (lambda t, r, s: r * pp + s)
     buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
+    # lazy: numpy is heavy, needed only here
     import numpy as np  # here: predictions that never replay do not import numpy
 
     mx = np.maximum
@@ -398,7 +399,7 @@ def _phases(coll, now: float, lanes: int, nics: tuple, flows: _Flows, mine: list
 def _grads_synced(table, d: int, pipe_end, sync_done):
     """When device ``d`` has run its schedule row and synced every bucket of its stages
     (per replica): where the event loop's device waits before the optimizer step."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     x = pipe_end[d]
     syncs = [sync_done[k] for k in table.stages_of(d) if k in sync_done]
@@ -412,7 +413,7 @@ def _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo
     it starts when both have synced their buckets and runs uncontended at its
     members' link and NIC rates. Returns ``devices``, and per replica its ``end`` and
     ``duration``; its NIC flows join ``stream_flows`` for the premise check."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     table, lanes, last = plan.table, plan.tp, len(plan.stages) - 1
     devices = (table.stage_device[0], table.stage_device[last])
@@ -440,7 +441,7 @@ def _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo
 
 def _col(x, nrep: int) -> np.ndarray:
     """A per-replica quantity (a float when one replica is replayed) as an array."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     return np.broadcast_to(np.asarray(x, float), (nrep,))
 
@@ -448,7 +449,7 @@ def _col(x, nrep: int) -> np.ndarray:
 def _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec, sent_bytes,
             cells, sent, conns, dp_log, algo_log, dp_links, events, tied=None) -> SimOutput:
     """Assemble a SimOutput with the event loop's sums in the event loop's order."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     table, pp, nrep = plan.table, plan.pp, len(reps)
     ends = []

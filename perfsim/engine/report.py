@@ -2,7 +2,9 @@
 
 Definitions (per iteration of one macro-batch per replica):
 
-* ``iteration_s``: from the first forward to the last optimizer step ends;
+* ``iteration_s``: from the first forward to the last optimizer step ends, plus
+  ``sync_wait_s``, the expected wait for the slowest GPU (:mod:`perfsim.engine.sync_wait`;
+  0 unless ``straggler_cv`` / ``jitter_cv`` are given);
 * throughput: ``macro_batch * dp / iteration_s`` samples/s (x tokens/sample);
 * ``bubble_fraction``: ``1 - sum_s busy_s / (p * T_pipe)`` with ``busy`` the
   compute + encode/decode (+ tensor-parallel collective) time of stage ``s`` and ``T_pipe`` the time until the
@@ -42,6 +44,7 @@ import math
 
 from perfsim.compression.refresh import uncompressed_steps
 from perfsim.network import collective_cost
+from perfsim.engine.sync_wait import sync_wait_s
 from perfsim.engine.uncertainty import interval
 from perfsim.memory import GIB
 from perfsim.result import Result
@@ -63,9 +66,12 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     p, dp = plan.pp, plan.dp
     table = plan.table
     inflight = [max_in_flight(row) for row in table]
-    T = out.iteration_s
     # each simulated replica stands for a class of identical ones
     weights = weights or {r: 1 for r in out.replicas}
+    # the slowest of the job's GPUs (perfsim.engine.sync_wait; 0 unless a spread is given)
+    wait = sync_wait_s(max((d.compute_s + d.tp_comm_s for d in out.devices.values()), default=0.0),
+                       plan.tp * p * dp, plan.num_microbatches, system.straggler_cv, system.jitter_cv)
+    T = out.iteration_s + wait
 
     mem, cap = memory if memory is not None else (None, None)
     # a device holds all its stages (chunks): its memory is their sum
@@ -111,7 +117,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
              for (src, dst, kind), (b, busy_s) in sorted(out.links.items())]
     samples = strategy.macro_batch * dp
     iters = math.ceil(strategy.dataset_samples / samples)
-    warm_T = warm.iteration_s if warm is not None else T
+    warm_T = warm.iteration_s + wait if warm is not None else T
     epoch_s = iters * T
     # warm-up iterations: AQ-SGD's first epoch, a 1-bit optimizer's uncompressed steps
     # (its warm-up and its variance refreshes; both at once: the longer of the two,
@@ -132,7 +138,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,
         "throughput_samples_per_s": samples / T, "throughput_tokens_per_s": samples * workload.tokens_per_sample / T,
-        "iteration_s": T, "bubble_fraction": bubble,
+        "iteration_s": T, "sync_wait_s": wait, "bubble_fraction": bubble,
         "compute_s": mean("compute_s"), "comm_s": mean("comm_s"), "encode_s": mean("encode_s"),
         "idle_s": mean("idle_s"), "dp_sync_s": mean("dp_sync_s"), "optimizer_s": mean("optimizer_s"),
         "pipeline_bytes": sum(sp.fw_bytes + sp.bw_bytes for sp in plan.stages) * plan.num_microbatches * dp,
@@ -145,8 +151,9 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "topology": (topo.source if topo is not None else ""), "replicas_simulated": len(out.replicas),
         "events": out.events + (warm.events if warm is not None else 0), "engine": out.engine,
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
-        "sequence_parallel": strategy.sequence_parallel, "precision": strategy.precision,
-        "recompute": strategy.recompute, "attention": strategy.attention, "zero": strategy.zero,
+        "sequence_parallel": strategy.sequence_parallel, "tp_send": strategy.tp_send, "precision": strategy.precision,
+        "recompute": strategy.recompute, "attention": strategy.attention, "kernels": strategy.kernels,
+        "zero": strategy.zero,
         "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),

@@ -24,6 +24,17 @@ Per iteration and rank, a ring moves ``(N-1)/N`` of each collective's full buffe
 ``m (2 W + G) Psi (N-1)/N`` bytes (``m (W + G) Psi (N-1)/N`` without resharding) against
 DDP's ``2 G Psi (N-1)/N`` -- the paper's 1.5x at ``m = 1``, Sec. 7.2.2.
 
+On a CPU (a profile calibrated on one, gloo, no GPU preset; :func:`host_driven`) nothing
+overlaps: FSDP2 issues every all-gather and reduce-scatter with ``async_op=False`` and a
+CPU has no streams, so each blocks the training thread -- a prefetch only moves the
+blocking gather earlier. There each unit's gather (copy-in of the shard, the collective,
+copy-out of the whole unit) runs before the unit computes and each reduce-scatter (copy-in
+of the whole gradient, the collective, the shard's copy into the gradient) right after its
+backward; the collectives are priced as torch's calls that FSDP2 issues, which the profile
+timed (``all_gather_into_tensor``, ``reduce_scatter_tensor``: gloo's reduce-scatter is an
+allreduce of the whole buffer, :mod:`perfsim.collectives` "Measured kinds"), the copies at
+the profile's copy cost (:func:`perfsim.engine.plan.copy_time`).
+
 Gradient compression composes with the reduce-scatter only where the compressor's
 payloads can be summed chunk by chunk (:meth:`perfsim.compression.base.Compressor.
 reduce_scatter_plan`); otherwise the configuration is refused, naming the compressor.
@@ -36,7 +47,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from perfsim.compression.base import ALLGATHER, CommStep
+from perfsim.compression.base import ALLGATHER, REDUCE_SCATTER, CommStep
 from perfsim.errors import ConfigError
 
 
@@ -50,6 +61,35 @@ class ShardUnit:
     gather_bytes: int  # one rank's shard of the weights (0: no gather, ZeRO-2)
     rs_steps: list[CommStep] = field(default_factory=list)  # its gradient's reduce-scatter
     codec_s: float = 0.0  # encode + decode of a compressed reduce-scatter
+    gather_host_s: float = 0.0  # host copies around each all-gather (host-driven collectives only)
+    rs_host_s: float = 0.0  # host copies around each reduce-scatter (host-driven collectives only)
+
+
+#: the torch.distributed calls FSDP2 issues its collectives through (``all_gather_single`` /
+#: ``reduce_scatter_single`` in newer torch: the same c10d ops), by kind
+FSDP_CALLS = {ALLGATHER: "all_gather_into_tensor", REDUCE_SCATTER: "reduce_scatter_tensor"}
+
+
+def host_driven(profile, gpu) -> bool:
+    """Whether ZeRO-2/3's collectives run on the training thread, serial with compute: a
+    profile calibrated on a CPU (gloo) and no GPU preset (module docstring). With a GPU
+    (NCCL, its own streams) they overlap compute as FSDP2 and DeepSpeed overlap them."""
+    return gpu is None and profile is not None and profile.metadata.get("device") == "cpu"
+
+
+def add_host_copies(units: list[ShardUnit], weight_bytes: int, dp: int, copy_s) -> None:
+    """The copies FSDP2 makes around each collective of each unit, priced by ``copy_s(nbytes)``
+    (torch ``_fsdp_collectives``: ``foreach_all_gather`` copies the rank's shard into the
+    all-gather input and ``foreach_all_gather_copy_out`` the gathered buffer out into the
+    parameters; ``foreach_reduce`` copies the unsharded gradients into the reduce-scatter
+    input and the reduced shard into the sharded gradient). Gradients in the weights' dtype."""
+    for u in units:
+        whole = u.params * weight_bytes
+        shard = -(-whole // dp)
+        if u.gather_bytes:
+            u.gather_host_s = copy_s(shard) + copy_s(whole)
+        if u.rs_steps:
+            u.rs_host_s = copy_s(whole) + copy_s(shard)
 
 
 def shard_units(layers, layer_fwd, layer_bwd, comp, dp: int, zero: int, weight_bytes: int,
@@ -113,7 +153,8 @@ def _run(sim, d: int, kind: str, nbytes: int, label: str, done: simpy.Event):
     members = [sim.dev(r, d) for r in range(sim.plan.dp)]
     simulated = {sim.dev(r, d) for r in sim.replicas}
     start = sim.env.now
-    coll = yield from sim.run_collective(kind, nbytes, members, simulated, lanes=sim.lanes)
+    call = FSDP_CALLS.get(kind) if sim.plan.shard_host_driven else None
+    coll = yield from sim.run_collective(kind, nbytes, members, simulated, lanes=sim.lanes, call=call)
     sim.dp_bytes_per_rank[d] += coll.wire_bytes
     sim._span(f"{kind} d{d} {label} ({coll.algo})", "dp", sim.replicas[0], 2000 + d, start, sim.env.now,
               {"bytes": nbytes, "algo": coll.algo})
@@ -125,8 +166,8 @@ def _reduce_scatter(sim, key, r: int, d: int, unit: ShardUnit, after):
     (after ``after``, the previous one on that stream)."""
     if after is not None:
         yield after
-    if unit.codec_s > 0:
-        yield sim.env.timeout(unit.codec_s)
+    if unit.codec_s + unit.rs_host_s > 0:
+        yield sim.env.timeout(unit.codec_s + unit.rs_host_s)
     for i, step in enumerate(unit.rs_steps):
         yield _collective(sim, (*key, i), r, d, step.kind, step.nbytes, step.label or "grad reduce-scatter")
 
@@ -143,7 +184,11 @@ def after_reduce_scatters(sim, r: int, d: int, events):
 def sharded_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds: float):
     """One forward or backward of stage ``k`` (replica ``r``, pipeline device ``d``) unit
     by unit, with its ZeRO-3 all-gathers (one unit of prefetch) and, in the backward, each
-    unit's reduce-scatter queued on the reduce-scatter stream (module docstring)."""
+    unit's reduce-scatter queued on the reduce-scatter stream (module docstring); with
+    host-driven collectives (:func:`host_driven`) each in turn on the training thread."""
+    if sim.plan.shard_host_driven:
+        yield from _serial_compute(sim, r, d, k, mb, forward, seconds)
+        return
     env, plan = sim.env, sim.plan
     st, me = sim.stats[(r, d)], sim.dev(r, d)
     units = plan.stages[k].units if forward else plan.stages[k].units[::-1]
@@ -166,3 +211,28 @@ def sharded_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds
             prev = sim.rs_tail.get((r, d))
             sim.rs_tail[(r, d)] = ev = env.process(_reduce_scatter(sim, ("rs", k, mb, i), r, d, u, prev))
             sim.rs_all.setdefault((r, d), []).append(ev)
+
+
+def _serial_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds: float):
+    """:func:`sharded_compute` when the collectives block the training thread: per unit its
+    gather (copies and collective), its compute, then (backward) its reduce-scatter; every
+    collective's time is exposed (``dp_sync_s``)."""
+    env, plan = sim.env, sim.plan
+    st, me = sim.stats[(r, d)], sim.dev(r, d)
+    units = plan.stages[k].units if forward else plan.stages[k].units[::-1]
+    gathers = plan.zero >= 3 and (forward or plan.reshard_after_forward)
+    phase = "F" if forward else "B"
+    for i, u in enumerate(units):
+        if gathers:
+            t0 = env.now
+            if u.gather_host_s > 0:
+                yield env.timeout(u.gather_host_s)
+            yield _collective(sim, ("ag", k, phase, mb, i), r, d, ALLGATHER, u.gather_bytes, "zero3 params")
+            st.dp_sync_s += env.now - t0
+        yield from sim._work(st, me, seconds * (u.fwd_share if forward else u.bwd_share))
+        if not forward and u.rs_steps:
+            t0 = env.now
+            ev = env.process(_reduce_scatter(sim, ("rs", k, mb, i), r, d, u, None))
+            sim.rs_all.setdefault((r, d), []).append(ev)
+            yield ev
+            st.dp_sync_s += env.now - t0

@@ -344,7 +344,7 @@ class Simulation:
 
     # ------------------------------------------------------------ data parallel
     def run_collective(self, kind: str, nbytes: float, members: list[int], simulated: set[int],
-                       lanes: int = 1):
+                       lanes: int = 1, call: str | None = None):
         """Run one collective of ``kind`` (per-rank buffer ``nbytes``) over the devices
         ``members`` on the network backend; ``simulated``: the members this
         simulation runs (their nodes' NICs are loaded; the others are represented by
@@ -352,9 +352,10 @@ class Simulation:
         ``run_collective``; the one engine entry point for any group's collective (data-parallel
         gradients here; tensor-parallel groups call it the same way). ``lanes``: that many
         identical groups (the TP ranks' rings) run side by side, sharing the NICs while
-        each has its own intra-node link. Returns the plan."""
+        each has its own intra-node link. ``call``: the torch.distributed call that issues
+        it, every rank in step (priced as the profile timed that call, when it did). Returns the plan."""
         env = self.env
-        coll = self.net.collective(kind, nbytes, members)
+        coll = self.net.collective(kind, nbytes, members, call) if call else self.net.collective(kind, nbytes, members)
         self.algos[coll.algo] = None
         start = env.now
         self._comm(simulated, +1)

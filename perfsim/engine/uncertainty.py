@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from perfsim.hardware import curve_borrowed, curve_family, get_gpu
+
 #: the interval's nominal coverage
 COVERAGE = 0.80
 
@@ -67,8 +69,6 @@ def source_key(summary: dict) -> tuple[str, bool]:
     band is borrowed from another GPU than the prediction's."""
     if not str(summary.get("compute_model", "")).startswith("roofline") or not summary.get("gpu"):
         return "profile", False  # measured records priced (some of) the layers
-    from perfsim.hardware import curve_borrowed, curve_family, get_gpu
-
     gpu = get_gpu(summary["gpu"])
     return f"gpu:{curve_family(gpu)}", curve_borrowed(gpu)
 

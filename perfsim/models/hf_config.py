@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from perfsim.errors import ConfigError
+from perfsim.models.transformer import ARCHS, TransformerSpec
 
 #: tokens per sample when neither ``--seq-len`` nor a preset gives one (module docstring)
 DEFAULT_SEQ_LEN = 4096
@@ -153,8 +154,6 @@ def read_config(path: str | Path) -> tuple[dict, Path]:
 def from_hf_config(path: str | Path, seq_len: int | None = None):
     """A Hugging Face ``config.json`` (or a folder holding one) as a TransformerSpec
     (module docstring); ``seq_len`` overrides :data:`DEFAULT_SEQ_LEN`."""
-    from perfsim.models.transformer import ARCHS, TransformerSpec
-
     cfg, p = read_config(path)
     f = _Fields(cfg, f"model config {str(p)!r}")
     mtype = f.str("model_type", None)

@@ -109,7 +109,7 @@ def moe_ops(spec, tok: int, tp: int, bpv: int, routing: Routing | None = None) -
     ``tp`` ways as Megatron-Core's expert tensor parallelism), the combination, the shared
     expert. The all-to-all between expert-parallel ranks is communication
     (:func:`ep_alltoall_bytes`), not an op here."""
-    from perfsim.models.ops import Op
+    from perfsim.models.ops import Op  # lazy: import perfsim does not load perfsim.models.ops
 
     r = routing or Routing()
     h, k = spec.hidden, spec.top_k

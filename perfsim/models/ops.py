@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfsim.models.moe import moe_ops
+
 #: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
 #: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
 #: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
@@ -131,8 +133,6 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         *([Op("norm2", bytes=2 * act)] if spec.norms_per_block == 2 else []),
     ]
     if spec.moe if moe is None else moe:
-        from perfsim.models.moe import moe_ops
-
         ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
         ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),

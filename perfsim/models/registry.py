@@ -106,6 +106,7 @@ def get_spec(name, seq_len: int | None = None) -> ModelSpec:
     elif ":" in text and text.split(":", 1)[0].lower() in ARCHS:
         spec = parse_inline(text)
     elif key.endswith(".json") or Path(text).is_file() or Path(text).is_dir():
+        # lazy: import perfsim does not load perfsim.models.hf_config
         from perfsim.models.hf_config import from_hf_config
 
         return from_hf_config(text, seq_len)

@@ -29,6 +29,30 @@ from __future__ import annotations
 from perfsim.errors import ConfigError
 
 
+#: how the ``t`` ranks of a stage send a boundary activation to the next stage's ``t`` ranks
+#: (``Job.tp_send``): ``full`` -- every rank sends the whole ``(b, s, h)`` activation to its
+#: peer (Megatron-Core without sequence parallelism; perfsim's runtime); ``scatter-gather``
+#: -- each sends ``1/t`` of it and the receiving ranks all-gather the pieces over their node's
+#: fabric (Megatron-LM's ``--scatter-gather-tensors-in-pipeline``, on by default in 2021;
+#: Narayanan et al., arXiv:2104.04473, Sec. 4.1 and Fig. 9)
+TP_SENDS = ("full", "scatter-gather")
+
+
+def pipeline_send(numel: int, last_dim: int, tp: int, sequence_parallel: bool, mode: str
+                  ) -> tuple[tuple[int, ...] | None, bool]:
+    """What ONE tensor-parallel rank sends of a boundary activation of ``numel`` values (last
+    dimension ``last_dim``), and whether the receivers all-gather it (:data:`TP_SENDS`):
+    ``(shape of its slice or None for the whole tensor, gather)``. With sequence parallelism
+    each rank already holds its ``1/t`` of the sequence and sends it, nothing to gather
+    (Korthikanti et al., arXiv:2205.05198, Sec. 4.2.2)."""
+    if mode not in TP_SENDS:
+        raise ConfigError(f"tp_send={mode!r}: choose from {', '.join(TP_SENDS)}")
+    if tp == 1 or (mode == "full" and not sequence_parallel):
+        return None, False
+    part = numel // last_dim * (last_dim // tp) if last_dim % tp == 0 else -(-numel // tp)
+    return (part,), mode == "scatter-gather" and not sequence_parallel
+
+
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
                          bytes_per_value: int, parallel_block: bool = False) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,

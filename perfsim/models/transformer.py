@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import check_layer_count
+from perfsim.models.moe import check_moe, moe_mlp_params
+from perfsim.models.specs import LayerSpec, check_layer_count
 
 #: architecture conventions: (gated MLP, bias, norm, learned positions, tied head, encoder)
 ARCHS = {
@@ -146,8 +147,6 @@ class TransformerSpec:
         if self.head_dim < 1 or self.norms_per_block not in (1, 2):
             raise ConfigError(f"{self.name}: head_dim={self.head_dim} must be >= 1, norms_per_block="
                               f"{self.norms_per_block} 1 or 2")
-        from perfsim.models.moe import check_moe
-
         check_moe(self)
 
     # ------------------------------------------------------------ sizes
@@ -186,8 +185,6 @@ class TransformerSpec:
     def block_params(self, i: int | None = None) -> int:
         """Parameters of block ``i`` (default: the last block, a MoE block in a MoE model);
         a MoE block counts every expert (:func:`perfsim.models.moe.moe_mlp_params`)."""
-        from perfsim.models.moe import moe_mlp_params
-
         i = self.n_layer - 1 if i is None else i
         mlp = moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)
         return self.attention_params() + mlp + self.norms_per_block * self.norm_params()
@@ -195,8 +192,6 @@ class TransformerSpec:
     def active_block_params(self, i: int | None = None) -> int:
         """Parameters one token passes through in block ``i``: ``top_k`` routed experts,
         the shared expert and the router (Fedus et al. 2021, arXiv:2101.03961, Sec. 2)."""
-        from perfsim.models.moe import moe_mlp_params
-
         i = self.n_layer - 1 if i is None else i
         if not self.is_moe_block(i):
             return self.block_params(i)
@@ -255,8 +250,6 @@ class TransformerSpec:
         ``2 p`` per token; attention adds ``4 T d`` per token (scores and the
         weighted sum, Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021,
         arXiv:2104.04473, Sec. 5.1)."""
-        from perfsim.models.specs import LayerSpec
-
         d, T, V = self.hidden, self.seq_len, self.vocab
 
         def block_flops(i: int) -> float:

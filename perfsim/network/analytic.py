@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from perfsim.collectives import Collective, GroupShape
 from perfsim.errors import ConfigError
-from perfsim.fabrics import NIC_KINDS
+from perfsim.fabrics import NIC_KINDS, gpu_nic_share
 from perfsim.link import Link, resolve_link
 from perfsim.network.collectives import CollectivePricing, lockstep_link
 from perfsim.network.topology import Topology
@@ -56,7 +56,7 @@ class Network(CollectivePricing):
             raise ConfigError(f"{self.topology.source}: has {self.topology.nodes} nodes, "
                               f"the job needs {self.num_nodes} ({self.num_devices} devices, "
                               f"{gpn} per node)")
-        common = dict(model=system.link_model, efficiency=NIC_KINDS[system.nic_kind].efficiency,
+        common = dict(model=system.link_model, efficiency=NIC_KINDS[system.nic_kind].efficiency_at(system.bandwidth_bps),
                       burst_bytes=system.link_burst_bytes, protocol=system.p2p_protocol,
                       control_latency_s=system.p2p_control_latency_s)
         self.link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s, op="p2p", **common)
@@ -81,13 +81,16 @@ class Network(CollectivePricing):
             p = self._paths[key] = self._path(src, dst, self.link)
         return p
 
-    def _path(self, src: int, dst: int, link: Link) -> Path_:
+    def _path(self, src: int, dst: int, link: Link, one_gpu: bool = True) -> Path_:
+        """``one_gpu``: the flow is one GPU's, so it reaches only that GPU's NICs
+        (:func:`perfsim.fabrics.gpu_nic_share`; ``System.nic_affinity``)."""
         a, b = self.node(src), self.node(dst)
         sysm = self.system
         if a == b:
             return Path_(sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, ())
         if self.topology is None:
-            bw, lat = link.rate_bps, link.one_way_s
+            share = gpu_nic_share(sysm.nics_per_node, sysm.gpus_per_node, sysm.nic_affinity) if one_gpu else 1.0
+            bw, lat = link.rate_bps * share, link.one_way_s
         else:
             bw, lat = self.topology.link(a, b)
             bw, lat = bw * link.efficiency, lat + link.overhead_s

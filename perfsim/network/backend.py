@@ -30,6 +30,8 @@ import contextlib
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Callable, Generator, Hashable, Iterator, Protocol, Sequence
 
+from perfsim.errors import ConfigError
+
 if TYPE_CHECKING:
     import simpy
 
@@ -66,9 +68,11 @@ class NetworkBackend(Protocol):
     def capacity(self, resource: Any) -> float:
         """Rate (bits/s) of a shared resource named by a :class:`Path_`."""
 
-    def collective(self, kind: str, nbytes: float, members: Sequence[int]) -> Collective:
+    def collective(self, kind: str, nbytes: float, members: Sequence[int], call: str | None = None) -> Collective:
         """The plan of a collective ``kind`` of per-rank buffer ``nbytes`` on ``members``
-        (algorithm, phases, bytes each rank puts on the wire)."""
+        (algorithm, phases, bytes each rank puts on the wire). ``call``: the torch.distributed
+        call that issues it, every rank in step, where the engine knows it (a backend may price
+        it as the profile measured that call; the engine passes it only when it is set)."""
 
     def post_receive(self, key: Hashable, dst: int, src: int) -> None:
         """Device ``dst`` posts its receive of message ``key`` from ``src`` now."""
@@ -103,8 +107,6 @@ def use_backend(factory: BackendFactory) -> Iterator[BackendFactory]:
     """Simulate with backends built by ``factory(env, network)`` inside the block
     (this thread or task only; nested blocks restore the outer choice)."""
     if not callable(factory):
-        from perfsim.errors import ConfigError
-
         raise ConfigError(f"network backend {factory!r}: must be callable as factory(env, network)")
     token = _current.set(factory)
     try:

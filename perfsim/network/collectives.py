@@ -87,12 +87,14 @@ class CollectivePricing:
             counts[self.node(d)] = counts.get(self.node(d), 0) + 1
         sysm = self.system
         n = len(members)
-        inter = [self._path(members[i], members[(i + 1) % n], link) for i in range(n)
+        one_gpu = max(counts.values(), default=1) == 1  # else NCCL runs a ring per NIC: all of them
+        inter = [self._path(members[i], members[(i + 1) % n], link, one_gpu) for i in range(n)
                  if self.node(members[i]) != self.node(members[(i + 1) % n])]
         inter_bps = min((p.bandwidth_bps for p in inter), default=link.rate_bps)
         inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
         return GroupShape(len(members), len(counts), max(counts.values(), default=1),
-                          sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat)
+                          sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat,
+                          sysm.collective_model, sysm.intra_node_pcie)
 
     def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None,
                    lockstep: bool = False, call: str | None = None) -> Collective:

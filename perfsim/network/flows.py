@@ -272,8 +272,8 @@ class FlowBackend:
     def capacity(self, resource) -> float:
         return self.network.capacity(resource)
 
-    def collective(self, kind: str, nbytes: float, members) -> Collective:
-        return self.network.collective(kind, nbytes, members)
+    def collective(self, kind: str, nbytes: float, members, call: str | None = None) -> Collective:
+        return self.network.collective(kind, nbytes, members, lockstep=call is not None, call=call)
 
     # ------------------------------------------------------------ shaping
     def _shaped(self, src: int, dst: int, nbytes: float, rate_bps: float, burst: float | None = None) -> float:

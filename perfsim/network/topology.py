@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from perfsim.documents import document_kind, parse_document, read_document
 from perfsim.errors import ConfigError
 from perfsim.units import parse_bandwidth, parse_time
 
@@ -260,8 +261,6 @@ def _regional(data, where: str) -> Topology:
 
 def topology_from_csv(text: str, where: str = "topology") -> Topology:
     """A topology from CSV text (header ``src,dst,bandwidth,latency``)."""
-    from perfsim.documents import parse_document
-
     return topology_from_rows(parse_document(text, "csv", where), where)
 
 
@@ -296,8 +295,6 @@ def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> T
 
 def load_topology(path: str | Path) -> Topology:
     """Read a topology file (.json, .toml or .csv)."""
-    from perfsim.documents import document_kind, read_document
-
     p = Path(path)
     where = f"topology {str(p)!r}"
     data = read_document(p, "topology", default="json")

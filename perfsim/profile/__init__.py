@@ -43,7 +43,7 @@ def profile_path(spec: str | os.PathLike | None) -> Path:
     p = Path(spec)
     if not p.exists() and not p.suffix:
         # a bare name such as "default-v100-aqsgd": shipped names, traces/ and package data
-        from perfsim.packaged import DATA, NAMES
+        from perfsim.packaged import DATA, NAMES  # lazy: perfsim predict does not load perfsim.packaged
 
         if str(spec) in NAMES["profile"]:
             return DATA / NAMES["profile"][str(spec)]

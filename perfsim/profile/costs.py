@@ -325,7 +325,7 @@ class ProfileCosts:
                         and (r.get("call") or DEFAULT_CALLS[kind]) == call):
                     by_size.setdefault(float(r["size_bytes"]), []).append(float(r["time_s"]) / float(r["allreduce_s"]))
             if by_size:  # several sweeps: the mean ratio at each size; linear in log(size), ends held
-                import numpy as np
+                import numpy as np  # lazy: numpy is heavy, needed only here
 
                 sizes = sorted(by_size)
                 return float(np.interp(math.log(max(float(nbytes), 1.0)), [math.log(x) for x in sizes],
@@ -351,7 +351,7 @@ class ProfileCosts:
         sizes = sorted(by_size)
         if len(sizes) < 2 or not sizes[0] <= nbytes <= sizes[-1]:
             return None
-        import numpy as np
+        import numpy as np  # lazy: numpy is heavy, needed only here
 
         logt = [math.log(sum(by_size[x]) / len(by_size[x])) for x in sizes]
         return float(math.exp(np.interp(math.log(nbytes), [math.log(x) for x in sizes], logt)))

@@ -304,7 +304,7 @@ class ProfileFile:
 
     def dataframe(self):
         """The records as a pandas DataFrame (imports pandas lazily)."""
-        import pandas as pd
+        import pandas as pd  # lazy: pandas is heavy, needed only here
 
         return pd.DataFrame(self.records, columns=[c for c in RECORD_COLUMNS
                                                     if any(c in r for r in self.records)])

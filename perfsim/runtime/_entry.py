@@ -20,14 +20,25 @@ process *is* a rank: it trains in-process, and rank 0 returns the Result
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from perfsim.boundaries import parse_boundary_compress
 from perfsim.errors import ConfigError
+from perfsim.models.registry import get_model_spec
+from perfsim.outputs import check_dir_target, locked_dir
+from perfsim.params import parse_device_order, run_job
+from perfsim.partition import parse_counts, uniform_counts
 from perfsim.result import Result
+from perfsim.runtime.config import RunConfig
+from perfsim.runtime.launch import launch_local
+from perfsim.runtime.measure import OUTPUT_FILES, load_result
+from perfsim.schedules import stage_count
 from perfsim.units import parse_bandwidth, parse_time
 
 _ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "timeout": "timeout_s",
@@ -36,8 +47,6 @@ _ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "tim
 
 def make_config(**params: Any):
     """Build a validated :class:`~perfsim.runtime.config.RunConfig` from flag-style params."""
-    from perfsim.runtime.config import RunConfig
-
     params = {_ALIASES.get(k, k): v for k, v in params.items() if v is not None}
     params.pop("overwrite", None)  # what run() does with an earlier run's folder, not part of the job
     bw = params.pop("emulate_bandwidth", None)
@@ -49,11 +58,7 @@ def make_config(**params: Any):
         if bw is None and params["latency_s"] > 0:
             raise ConfigError("--emulate-latency needs --emulate-bandwidth")
     if "boundary_compress" in params:  # parsed once, a value (its text: as perfsim predict prints it)
-        from perfsim.boundaries import parse_boundary_compress
-
         params["boundary_compress"] = parse_boundary_compress(params["boundary_compress"]) or None
-    from perfsim.params import run_job
-
     params.update(run_job(params))  # the job, parsed as perfsim predict parses it (perfsim.params.PARAMS)
     if "timeout_s" in params:
         params["timeout_s"] = parse_time(params["timeout_s"], "--timeout", allow_zero=False)
@@ -61,7 +66,7 @@ def make_config(**params: Any):
         params["hang_timeout_s"] = parse_time(params["hang_timeout_s"], "--hang-timeout", allow_zero=False)
     if params.get("resume") is not None:
         params["resume"] = str(params["resume"])
-        from perfsim.runtime import checkpoint
+        from perfsim.runtime import checkpoint  # lazy: perfsim.runtime.checkpoint loads torch
 
         root, meta = checkpoint.find(params["resume"])  # a clear error before any rank starts
         meta = dict(meta, config=_stored_config(meta.get("config") or {}))
@@ -69,28 +74,22 @@ def make_config(**params: Any):
         if params.get("out") is None:  # the run folder that owns the checkpoint, never the step folder
             params["out"] = str(checkpoint.run_folder(root))
     if params.get("partition") == "uniform":  # Megatron-LM's split, as perfsim predict makes it
-        from perfsim.models.registry import get_model_spec
-        from perfsim.partition import uniform_counts
-        from perfsim.schedules import stage_count
-
         spec = get_model_spec(params.get("model", _default("model")))
         schedule = params.get("schedule", _default("schedule"))
         stages = params.get("pp", _default("pp")) * stage_count(schedule, params.get("virtual_stages"))
         params["partition"] = uniform_counts([layer.name for layer in spec.layers()], stages)
     if params.get("device") == "cuda":
-        import torch
+        import torch  # lazy: torch is heavy, needed only here
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA GPU is visible here (use --device cpu)")
     if params.get("out") is None:
         params["out"] = tempfile.mkdtemp(prefix="perfsim-run-")
     params["out"] = str(params["out"])
-    from perfsim.outputs import check_dir_target
-
     check_dir_target(params["out"], "--out")
     cfg = RunConfig.from_dict(params)
     if cfg.resume is not None:
-        from perfsim.runtime import checkpoint
+        from perfsim.runtime import checkpoint  # lazy: perfsim.runtime.checkpoint loads torch
 
         checkpoint.check_compatible(meta, json.loads(cfg.to_json()), RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
@@ -99,10 +98,6 @@ def make_config(**params: Any):
 
 def _default(name: str):
     """RunConfig's default of field ``name`` (the job's: perfsim.job.Job)."""
-    import dataclasses
-
-    from perfsim.runtime.config import RunConfig
-
     return {f.name: f.default for f in dataclasses.fields(RunConfig)}[name]
 
 
@@ -112,13 +107,9 @@ def _stored_config(stored: dict) -> dict:
     ``partition`` as text."""
     out = dict(stored)
     if isinstance(out.get("device_order"), str):
-        from perfsim.params import parse_device_order
-
         order = parse_device_order(out["device_order"], "device_order")
         out["device_order"] = list(order) if order else None
     if isinstance(out.get("partition"), str):
-        from perfsim.partition import parse_counts
-
         counts = parse_counts(out["partition"])
         out["partition"] = list(counts) if counts else None
     return out
@@ -141,10 +132,6 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
     from the checkpoint, and a job flag given again must agree (one line naming the flag,
     its stored and its given value); the :data:`RUN_KEYS` given now win, the others are
     the stored ones (``--steps`` or ``--epochs`` given now replaces both stored ones)."""
-    import dataclasses
-
-    from perfsim.runtime.config import RunConfig
-
     stored = dict(meta.get("config") or {})
     field_defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)
                       if f.default is not dataclasses.MISSING}
@@ -155,6 +142,8 @@ def _from_checkpoint(meta: dict, params: dict) -> dict:
         was = stored.get(k, RunConfig.RESUME_DEFAULTS.get(k))
         if k == "boundary_compress" and params.get(k) is not None:  # stored as its canonical text
             params = {**params, k: params[k].text}
+        if k == "placement" and isinstance(params.get(k), str):  # the flag's text
+            params = {**params, k: tuple(x.strip().lower() for x in params[k].split(","))}
         if k in params and _json_value(params[k]) != was:
             flag = "--" + k.replace("_", "-")
             raise ConfigError(f"{flag} {params[k]!r}: the checkpoint's run has {flag} {was!r} (--resume takes "
@@ -187,20 +176,15 @@ def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False,
     included, so two runs' checkpoints never mix). ``resume`` takes the job from the
     checkpoint (:func:`make_config`) and writes into the run folder that owns it.
     """
-    from perfsim.runtime.measure import load_result
-
     cfg = make_config(**params)
     if under_torchrun():
         if cfg.bandwidth_bps is not None:
             raise ConfigError("--emulate-bandwidth starts its own ranks; do not combine it with torchrun")
-        from perfsim.runtime.worker import init_and_train
+        from perfsim.runtime.worker import init_and_train  # lazy: perfsim.runtime.worker loads torch
 
         claim_out(cfg, overwrite)  # every rank, before the rendezvous: nothing is written yet
         init_and_train(cfg)
         return load_result(cfg.out) if int(os.environ["RANK"]) == 0 else None
-    from perfsim.outputs import locked_dir
-    from perfsim.runtime.launch import launch_local
-
     with locked_dir(cfg.out, "--out"):  # a second run on the same folder is refused
         claim_out(cfg, overwrite)
         launch_local(cfg, progress=progress)
@@ -210,8 +194,6 @@ def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False,
 def earlier_run(out: str | Path) -> list[str]:
     """What folder ``out`` holds of an earlier run (its result files, ``ckpt/``), in words;
     empty when nothing."""
-    from perfsim.runtime.measure import OUTPUT_FILES
-
     out = Path(out)
     files = [name for name in OUTPUT_FILES if (out / name).exists()]
     held = ["result.json" if "result.json" in files else files[0]] if files else []
@@ -227,10 +209,6 @@ def claim_out(cfg, overwrite: bool = False) -> None:
     """Refuse an ``out`` holding an earlier run (one line naming what it holds and the
     flags that continue or replace it), or, with ``overwrite``, remove that run's
     results and checkpoints first."""
-    import shutil
-
-    from perfsim.runtime.measure import OUTPUT_FILES
-
     out = Path(cfg.out)
     if overwrite and cfg.resume is not None:
         raise ConfigError("--overwrite with --resume: --resume continues the run in its folder, "
@@ -239,7 +217,7 @@ def claim_out(cfg, overwrite: bool = False) -> None:
     if not held:
         return
     if cfg.resume is not None:
-        from perfsim.runtime import checkpoint
+        from perfsim.runtime import checkpoint  # lazy: perfsim.runtime.checkpoint loads torch
 
         owner = checkpoint.run_folder(checkpoint.find(cfg.resume)[0])
         if owner.resolve() == out.resolve():

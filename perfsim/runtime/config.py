@@ -13,8 +13,12 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from perfsim.boundaries import check_boundaries
 from perfsim.errors import ConfigError
-from perfsim.job import Job
+from perfsim.job import MEGATRON_PLACEMENT, Job, check_chunks
+from perfsim.models.registry import get_model_spec
+from perfsim.models.tensor_parallel import check_tp
+from perfsim.models.transformer import TransformerSpec
 
 OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
@@ -134,8 +138,6 @@ class RunConfig(Job):
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job), validated once for predict and run
-        from perfsim.models.registry import get_model_spec
-
         get_model_spec(self.model)
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
@@ -161,7 +163,7 @@ class RunConfig(Job):
         if not self.timeout_s > 0:
             raise ConfigError(f"timeout={self.timeout_s}: must be > 0")
         if self.bandwidth_bps is not None:
-            from perfsim.shaping import check_rate
+            from perfsim.shaping import check_rate  # lazy: import perfsim does not load perfsim.shaping
 
             check_rate(self.bandwidth_bps)  # the range tc can shape, before anything is built
         if self.latency_s < 0:
@@ -169,15 +171,16 @@ class RunConfig(Job):
         if self.dataset_limit is not None and self.dataset_limit < 1:
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
-        from perfsim.models.tensor_parallel import check_tp
-        from perfsim.models.transformer import TransformerSpec
-
+        self.check_tp_send()
+        if self.kernels != "eager":
+            raise ConfigError(f"kernels={self.kernels!r}: perfsim run trains plain PyTorch modules (eager); "
+                              "Megatron-LM's fused kernels are modelled by perfsim predict only")
         spec = self.spec()
         check_tp(spec if isinstance(spec, TransformerSpec) else None, self.tp, self.sequence_parallel, self.model)
         self.check_tied()
         self.stage_ranges()  # the partition must fit
         # the compressors' own arguments must check (ConfigError names the spec)
-        from perfsim.boundaries import check_boundaries
+        # lazy: import perfsim does not load perfsim.compression.aqsgd
         from perfsim.compression import check_spec
 
         for spec in (self.compress, *check_boundaries(self.boundary_compress, self.num_stages).values()):
@@ -192,33 +195,34 @@ class RunConfig(Job):
 
     @property
     def layout(self):
+        # lazy: perfsim.runtime.tensor_parallel loads torch
         from perfsim.runtime.tensor_parallel import RankLayout
 
-        return RankLayout(self.tp, self.dp, self.pp, self.device_order)
+        return RankLayout(self.tp, self.dp, self.pp, self.device_order, self.placement)
 
     def spec(self):
-        from perfsim.models.registry import get_model_spec
-
         return get_model_spec(self.model)
 
     def stage_ranges(self) -> list[tuple[int, int]]:
         """``[start, end)`` layer range of every stage (model chunk)."""
-        from perfsim.partition import partition_model
-
-        from perfsim.job import check_chunks
+        from perfsim.partition import partition_model  # lazy: import perfsim does not load perfsim.partition
 
         spec = self.spec()
         check_chunks(self.pp, self.schedule, self.virtual_stages, len(spec.layers()))  # predict's check
         return partition_model(spec, self.num_stages, explicit=self.partition)
 
     def check_tied(self) -> None:
-        from perfsim.models.transformer import TransformerSpec
-
         if self.tied_embedding == "sync" and not isinstance(self.spec(), TransformerSpec):
             raise ConfigError(f"tied_embedding=sync: model {self.model!r} has no embedding to tie (GPT models only)")
         if self.tied_embedding == "sync" and self.tp > 1:
             raise ConfigError("tied_embedding=sync with tp > 1: execute mode replicates the embedding on every "
                               "tensor-parallel rank (Megatron splits it by vocabulary); use tp=1 or untied")
+
+    def check_tp_send(self) -> None:
+        """Execute mode sends the whole activation from every TP rank (no scatter/gather)."""
+        if self.tp_send != "full" and self.tp > 1 and self.pp > 1 and not self.sequence_parallel:
+            raise ConfigError(f"tp_send={self.tp_send!r}: execute mode sends the full activation from every "
+                              f"tensor-parallel rank (tp_send=full), or 1/tp with sequence_parallel")
 
     def check_zero(self) -> None:
         """Execute mode runs ZeRO-3 as FSDP2 on one pipeline stage without TP (refused otherwise)."""
@@ -257,6 +261,6 @@ class RunConfig(Job):
     #: fields that must match between a checkpoint and the run resuming it
     RESUME_KEYS = ("model", "pp", "dp", "tp", "sequence_parallel", "tied_embedding", "schedule",
                    "virtual_stages", "compress", "boundary_compress", "device_order", "grad_compress", "micro_batch",
-                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition")
+                   "macro_batch", "seed", "lr", "optimizer", "dataset_limit", "partition", "placement")
     #: what a checkpoint written before a resume key existed had
-    RESUME_DEFAULTS = {"tied_embedding": "untied"}
+    RESUME_DEFAULTS = {"tied_embedding": "untied", "placement": list(MEGATRON_PLACEMENT)}  # runs ordered tp, dp, pp

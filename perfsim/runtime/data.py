@@ -19,6 +19,8 @@ pure function of ``(seed, step)``, so resuming at a step reproduces it exactly.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -33,7 +35,7 @@ from perfsim.models.transformer import TransformerSpec
 @lru_cache(maxsize=1)
 def text_bytes() -> torch.Tensor:
     """The stdlib pydoc topics as one uint8 tensor."""
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # lazy: pydoc_data is heavy, needed only here
 
     text = "\n\n".join(topics[k] for k in sorted(topics))
     return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).clone()
@@ -48,23 +50,19 @@ def digits_arrays() -> tuple[torch.Tensor, torch.Tensor]:
     one ``load_digits`` parses: 64 pixel columns, then the label) without importing
     scikit-learn, whose import (scipy, pandas) costs every rank more CPU than a short
     digits-mlp run; ``load_digits`` itself where that file is not found."""
-    import importlib.util
-
     spec = importlib.util.find_spec("sklearn")
     if spec is None:
         raise ConfigError("the digits data (digits-mlp) needs scikit-learn: "
                           "pip install 'perfsim[digits]'")
     path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     if path.is_file():
-        import gzip
-
-        import numpy as np
+        import numpy as np  # lazy: numpy is heavy, needed only here
 
         with gzip.open(path, "rt", encoding="utf-8") as f:
             table = np.loadtxt(f, delimiter=",")
         data, target = table[:, :-1], table[:, -1].astype(int)
     else:
-        from sklearn.datasets import load_digits
+        from sklearn.datasets import load_digits  # lazy: sklearn is heavy, needed only here
 
         d = load_digits()
         data, target = d.data, d.target

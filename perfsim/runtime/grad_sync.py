@@ -23,18 +23,26 @@ not a re-implementation -- and ``onebit-adam[:warmup=N]`` / ``onebit-lamb[:warmu
 for which gradients are *not* averaged here: the 1-bit optimizers
 (:mod:`perfsim.runtime.onebit_optim`, built by :func:`perfsim.ddp.onebit_optimizer`)
 exchange compressed momentum themselves behind a no-op DDP hook (:func:`noop_hook`).
+
+A NaN/Inf gradient on any rank makes every rank raise the same ConfigError naming the
+step (:attr:`GradSync.steps` + 1), the bucket, the parameter and the rank
+(:meth:`GradSync.refuse`, :mod:`perfsim.runtime.nonfinite`), the bucket's state unchanged;
+the casts (``fp32``/``fp16``/``bf16``) pass NaN/Inf through, as DDP's allreduce does.
 """
 
 from __future__ import annotations
 
 import copy
+import gc
 import time
 import zlib
 from typing import Any, Iterable, Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.errors import ConfigError
+from perfsim.compression import Compressor, check_spec, make_compressor
+from perfsim.errors import ConfigError, NonFiniteError
+from perfsim.runtime.nonfinite import culprits, describe, local_code
 
 STATE_FORMAT = "perfsim-gradsync"
 STATE_VERSION = 1
@@ -107,7 +115,7 @@ class _FlatBucket:
 
 # ----------------------------------------------------------------- state
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -125,15 +133,11 @@ class GradSync:
 
     def __init__(self, spec, process_group=None, *, seed: int = 0,
                  bucket_cap_bytes: int = DEFAULT_BUCKET_CAP_BYTES):
-        from perfsim.compression import Compressor
-
         self._prototype = None
         if isinstance(spec, Compressor):  # the edge: a built compressor's canonical spec, read once
             self._prototype = spec
             self.spec = parse_spec(spec.spec or spec.name, "grad")
         else:
-            from perfsim.compression import check_spec
-
             self.spec = check_spec(parse_spec(spec, "grad"))  # a Spec passes through unparsed
         if bucket_cap_bytes <= 0:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
@@ -147,9 +151,11 @@ class GradSync:
         self._groups: list[list[torch.Tensor]] | None = None
         self.powersgd = None
         self.total_bytes = 0
+        self.steps = 0  # completed synchronisations (optimizer steps): named in NaN/Inf errors
         self._ps_key: dict[int, str] = {}       # PowerSGD bucket index -> bucket key
         self._ps_pending: dict[str, dict] = {}  # loaded PowerSGD buffers not yet installed
         if self.spec.family == "hook":
+            # lazy: torch is heavy, needed only here
             from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 
             self.powersgd = PowerSGDState(process_group, matrix_approximation_rank=self.spec.rank,
@@ -212,8 +218,6 @@ class GradSync:
             if self._prototype is not None:
                 comp = copy.deepcopy(self._prototype)
             else:
-                from perfsim.compression import make_compressor
-
                 comp = make_compressor(self.spec.compressor,
                                        seed=(self.seed * 1_000_003 + zlib.crc32(key.encode())) % 2**31)
             self.compressors[key] = comp
@@ -230,6 +234,29 @@ class GradSync:
         self.stats["time_s"] += time.perf_counter() - t0
         self._count(sum(s.nbytes for s in comp.dp_plan(tuple(flat.shape), world)))
         return out
+
+    def refuse(self, index: int, params: Sequence[torch.Tensor], flat: torch.Tensor,
+               refused_here: bool = False, code: int | None = None) -> None:
+        """Raise the one ConfigError of a refused exchange of canonical bucket ``index``
+        (``flat``: this rank's gradients of ``params``), the same on every rank: the
+        step, the bucket with its parameter names, the parameter and the rank of the first
+        NaN/Inf. Every rank calls it at the same point -- the exchange itself told all of
+        them (:mod:`perfsim.runtime.nonfinite`) -- and one error-path all-gather of an
+        int64 per rank names the culprit. ``code``: this rank's
+        :func:`~perfsim.runtime.nonfinite.local_code`, when ``flat`` no longer holds the input."""
+        if code is None:
+            views = list(torch.split(flat.reshape(-1), [p.numel() for p in params])) if params else []
+            code = local_code(views, refused_here)
+        codes = culprits(code, self.process_group, flat.device)
+        names = [self._names.get(id(p)) or f"#{self._pos.get(id(p), i)}" for i, p in enumerate(params)]
+        span = (names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}") if names else "empty"
+
+        def name_of(i: int) -> str:
+            return f"parameter {names[i]} {tuple(params[i].shape)}"
+        raise ConfigError(f"perfsim.ddp {self.spec.text}: gradient {describe(codes, name_of)} at step "
+                          f"{self.steps + 1}, bucket {index} ({span}); nothing of this bucket was averaged "
+                          "or remembered -- NaN/Inf gradients, or training diverged (a smaller lr, "
+                          "gradient clipping)")
 
     def _count(self, nbytes: int) -> None:
         self.stats["bytes"] += int(nbytes)
@@ -253,7 +280,7 @@ class GradSync:
         out: dict[str, Any] = {"format": STATE_FORMAT, "version": STATE_VERSION,
                                "spec": self.spec.text, "seed": self.seed,
                                "world_size": _world(self.process_group),
-                               "wire_bytes": int(self.total_bytes),
+                               "wire_bytes": int(self.total_bytes), "steps": int(self.steps),
                                "buckets": {k: c.state_dict() for k, c in self.compressors.items()}}
         if self.powersgd is not None:
             out["powersgd"] = _powersgd_state(self.powersgd, self._ps_key, self._ps_pending)
@@ -275,6 +302,7 @@ class GradSync:
                               "re-sharded -- resume with the same world size or start the state afresh")
         self.seed = int(state.get("seed", self.seed))
         self.total_bytes = int(state.get("wire_bytes", 0))
+        self.steps = int(state.get("steps", 0))
         self.compressors = {}
         for key, comp_state in state.get("buckets", {}).items():
             self.compressor(key).load_state_dict(comp_state)
@@ -310,7 +338,7 @@ def _powersgd_state(ps, index_key: dict[int, str], pending: dict[str, dict]) -> 
 def _load_powersgd_state(ps, st: dict[str, Any]) -> dict[str, dict]:
     """Restore through ``PowerSGDState.__setstate__``; returns the per-bucket
     memories, installed by the hook when it meets each bucket (by name)."""
-    import numpy as np
+    import numpy as np  # lazy: numpy is heavy, needed only here
 
     group = ps.process_group
     full = ps.__getstate__()
@@ -341,11 +369,32 @@ def _install_powersgd(state: "GradSync", index: int, key: str) -> None:
             getattr(ps, what)[index] = tensor.clone()
 
 
+def _powersgd_snapshot(ps, index: int) -> dict[str, Any]:
+    """What one call of torch's ``powerSGD_hook`` on bucket ``index`` may change: it
+    replaces the bucket's error tensor (a reference suffices), writes its P/Q memories in
+    place (cloned: ``rank x (rows + cols)`` values), draws from ``rng`` and counts."""
+    out: dict[str, Any] = {"slots": {k: getattr(ps, k) for k in (
+        "iter", "total_numel_before_compression", "total_numel_after_compression", "next_stats_report")},
+        "rng": ps.rng.get_state()}
+    for what in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        table = dict(getattr(ps, what))
+        if what != "error_dict" and index in table:
+            table[index] = table[index].clone()
+        out[what] = table
+    return out
+
+
+def _powersgd_restore(ps, saved: dict[str, Any]) -> None:
+    for k, v in saved["slots"].items():
+        setattr(ps, k, v)
+    ps.rng.set_state(saved["rng"])
+    for what in ("error_dict", "p_memory_dict", "q_memory_dict"):
+        setattr(ps, what, saved[what])
+
+
 def owning_ddp(params: Sequence[torch.Tensor]):
     """The live ``DistributedDataParallel`` whose module holds ``params`` (None if none)."""
-    import gc
-
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: torch is heavy, needed only here
 
     want = {id(p) for p in params}
     for obj in gc.get_objects():  # type(), not isinstance(): no __class__ lookups on proxies
@@ -381,11 +430,16 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
     """
     key = state.key_for(index, params, flat.numel())
     if state.spec.family != "hook":
-        return state.allreduce_mean(key, flat)
+        try:
+            return state.allreduce_mean(key, flat)
+        except NonFiniteError as exc:  # raised on every rank alike, the compressor unchanged
+            state.refuse(index, params, flat, exc.local)
+    # lazy: torch is heavy, needed only here
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
 
     ps = state.powersgd
     _install_powersgd(state, index, key)
+    saved = _powersgd_snapshot(ps, index)
     bucket = _FlatBucket(index, count, flat, [p.shape for p in params], list(params))
     bucket.is_last = lambda: is_last  # torch advances its iteration counter on the last bucket
     compressing = ps.iter >= ps.start_powerSGD_iter
@@ -393,6 +447,11 @@ def reduce_bucket(state: GradSync, index: int, count: int, params: Sequence[torc
     t0 = time.perf_counter()
     out = powerSGD_hook(ps, bucket).wait()
     state.stats["time_s"] += time.perf_counter() - t0
+    if out.numel() and not bool(torch.isfinite(out.sum())):  # the same on every rank (allreduced)
+        _powersgd_restore(ps, saved)  # NaN would poison the error feedback and the P/Q memories
+        # torch's hook overwrote ``flat``; the callers' gradients (``.grad``, DDP's bucket) are intact
+        grads = [p.grad if p.grad is not None else p.new_zeros(0) for p in params]
+        state.refuse(index, params, out, code=local_code(grads))
     numel = (ps.total_numel_after_compression - before) if compressing else out.numel()
     state._count(numel * out.element_size())
     return out
@@ -437,4 +496,5 @@ def sync_gradients(params, state: GradSync, group=None) -> dict[str, float]:
             else:
                 p.grad.copy_(chunk)
             offset += n
+    state.steps += 1
     return state.pop_stats()

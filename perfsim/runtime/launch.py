@@ -34,11 +34,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from perfsim.errors import ConfigError
+from perfsim.netem import EmulatedNetwork
 from perfsim.result import atomic_write_text
 
 
@@ -79,8 +81,6 @@ def _forward_signals(procs: list[subprocess.Popen]):
     """While the ranks run, TERM/INT/HUP to the launcher go to their process
     group too, then unwind here as KeyboardInterrupt (so they are stopped and
     the namespaces removed)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -135,8 +135,6 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
     heartbeat.write_bytes(bytes(8 * world))
 
     if cfg.bandwidth_bps is not None:
-        from perfsim.netem import EmulatedNetwork
-
         net_ctx = EmulatedNetwork(world, cfg.bandwidth_bps, cfg.latency_s)
     else:
         net_ctx = contextlib.nullcontext(None)

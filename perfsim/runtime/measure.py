@@ -45,12 +45,14 @@ The definitions are the simulator's (``perfsim/engine/report.py``), so rows comp
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 from perfsim import outputs
-from perfsim.result import LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result
+from perfsim.compression import make_pipeline_pair
+from perfsim.result import LINK_COLUMNS, MICROBATCH_COLUMNS, STAGE_COLUMNS, Result, SUMMARY_COLUMNS
 
 
 def _onebit_warmup(grad_compress) -> int | None:
@@ -60,8 +62,6 @@ def _onebit_warmup(grad_compress) -> int | None:
 
 
 def _has_warmup(cfg) -> bool:
-    from perfsim.compression import make_pipeline_pair
-
     shape = (cfg.micro_batch, 8)
     for spec in {cfg.compress, *cfg.boundary_compress.values()}:
         fw, _ = make_pipeline_pair(spec)
@@ -86,8 +86,6 @@ def measured_steps(cfg, gathered: list[dict]) -> list[int]:
 
 
 def _loadavg() -> float | None:
-    import os
-
     try:
         return os.getloadavg()[0]
     except OSError:
@@ -276,8 +274,6 @@ def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None =
     Every file is rendered before the first is written, then each is written atomically
     (:func:`perfsim.outputs.write_text`), ``result.json`` last: a failure while rendering
     leaves the folder as it was, and ``result.json`` never describes files not yet written."""
-    from perfsim.result import SUMMARY_COLUMNS
-
     out = Path(out)
     losses = result.losses
     data = result.to_json_dict()

@@ -28,7 +28,10 @@ for 1-bit LAMB):
   * scales the learning rate of layer l by ``r = max((sqrt(v_frozen)+eps) /
     (sqrt(v_fresh)+eps))`` clipped to ``[r_min, r_max]`` and to within
     ``r_threshold`` of the previous ratio (lines 17-20; defaults 0.5, 4.0, 0.1
-    from Fig. 3), so ``c_t = c_avg * r``;
+    from Fig. 3), so ``c_t = c_avg * r`` (measured, docs/ddp.md: with exact averaging the
+    largest element is set by coordinates that went quiet, and raises the step where
+    LAMB's would shrink; under the 1-bit compressor the reconstructed gradient is
+    compression residue, and the ratio stays at 1 or its floor);
   * multiplies each layer's momentum by a fixed scale coefficient before the
     compressed allreduce and divides after (Sec. 4.3: ``united_scale /
     (||m_l|| / sqrt(numel_l))`` computed at the end of warm-up), so all layers
@@ -59,8 +62,9 @@ Two options, both off by default (the papers' algorithms): ``refresh=K`` (0/1 Ad
 variance refreshes, arXiv:2202.06009) and ``bound=adam`` (Adam's own step bound); spec
 ``onebit-adam:refresh=16:bound=adam``; :mod:`perfsim.runtime.onebit_variance` has them.
 
-A diverging or NaN step stops with one ConfigError naming the step, the parameter group
-and the parameter, on every rank, before any state or error buffer changes.
+A diverging or NaN step stops with one ConfigError naming the step, the parameter group,
+the parameter and the rank, the same on every rank (:mod:`perfsim.runtime.nonfinite`),
+before any state or error buffer changes.
 
 Choices where the paper leaves details open (documented, not tuned): the
 warm-up uses Adam's bias corrections, and the frozen variance / momentum keep
@@ -90,10 +94,13 @@ from typing import Any
 
 import torch
 
+from perfsim.compression import make_compressor
 from perfsim.compression.refresh import BOUNDS, DEFAULT_BOUND, check_refresh, is_refresh
+from perfsim.runtime.grad_sync import owning_ddp
 from perfsim.runtime.onebit_variance import VarianceOptions
 from perfsim.compression.spec import DEFAULT_WARMUP, check_warmup
-from perfsim.errors import ConfigError
+from perfsim.errors import ConfigError, NonFiniteError
+from perfsim.runtime.nonfinite import culprits, describe, local_code
 
 STATE_KEY = "onebit"
 from perfsim.compression.spec import EXCHANGES  # noqa: E402  (one list, beside the spec parser)
@@ -104,7 +111,7 @@ DEFAULT_EXCHANGE = "preconditioned"
 
 
 def _world(group) -> int:
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
     if not dist.is_available() or not dist.is_initialized():
         return 1
@@ -162,8 +169,6 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         self.refresh = check_refresh(refresh, self.algorithm)  # the one rule (perfsim.compression.refresh)
         _check(bound in BOUNDS, f"{self.algorithm}: bound={bound!r} (choose from {', '.join(BOUNDS)})")
         self.bound = bound
-        from perfsim.compression import make_compressor
-
         self.group = group
         self.warmup = warmup
         self.compressor = make_compressor(compressor, seed=seed)
@@ -199,7 +204,7 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
             if grads:
                 self._check_finite(torch.cat([g.reshape(-1) for g in grads]), "gradient", grads)
             return grads
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
         flat = torch.cat([g.reshape(-1).float() for g in grads])
         t0 = time.perf_counter()
@@ -217,14 +222,12 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         if world > 1:
             # a NaN/Inf on one rank travels as a NaN scale (onebit) or through the sum
             # (fp32), so every rank stops here together, with no error buffer changed
+            # (perfsim.runtime.nonfinite)
             t0 = time.perf_counter()
             try:
                 flat = self.compressor.allreduce_mean(flat, self.group)
-            except ConfigError:  # the same refusal on every rank; say whose data it was
-                self._check_finite(flat, "gradient or momentum", tensors)
-                if not bool(torch.isfinite(torch.linalg.vector_norm(flat))):
-                    self._diverged("momentum", "on this rank", "values too large for a float32 norm")
-                self._diverged("gradient or momentum", "on another rank", "NaN/Inf or too large")
+            except NonFiniteError as exc:  # raised on every rank alike: name the culprit, the same everywhere
+                self._refuse("gradient or momentum", tensors, exc.local, flat.device)
             self.stats["time_s"] += time.perf_counter() - t0
             self._count(sum(s.nbytes for s in self.compressor.dp_plan((flat.numel(),), world)))
         self._check_finite(flat, "gradient or momentum", tensors)
@@ -241,8 +244,6 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
         self._checked = True
         if self.link is not None or _world(self.group) == 1 or not items:
             return
-        from perfsim.runtime.grad_sync import owning_ddp
-
         ddp = owning_ddp([p for p, _ in items[:1]])
         if ddp is not None:
             raise ConfigError(f"{self.algorithm}: these parameters belong to a DistributedDataParallel "
@@ -250,25 +251,32 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
                               "perfsim.ddp.onebit_optimizer(ddp_model, ...) so it installs its no-op hook")
 
     def _check_finite(self, flat: torch.Tensor, what: str, parts: list[torch.Tensor]) -> None:
-        """Stop with one clear message, naming the step and the parameter group (and
-        parameter) of the first NaN/Inf in ``parts`` (this rank's tensors, in
-        :meth:`_params` order), when ``flat`` (their fused, maybe averaged, form) is
-        not finite. Called before any state is written."""
-        if not flat.numel() or bool(torch.isfinite(flat).all()):
-            return
-        items = self._params()
-        for (p, g), part in zip(items, parts):
-            if not bool(torch.isfinite(part).all()):
-                gi = next(i for i, grp in enumerate(self.param_groups) if grp is g)
-                name = self.param_names.get(id(p)) or f"#{[q for q in g['params']].index(p)}"
-                self._diverged(what, f"in parameter group {gi}, parameter {name} {tuple(p.shape)}")
-        self._diverged(what, "on another rank")
+        """Stop when ``flat`` (the fused form of ``parts``, this rank's tensors in
+        :meth:`_params` order; after an allreduce, the same on every rank) is not finite:
+        :meth:`_refuse`. Called before any state is written."""
+        if flat.numel() and not bool(torch.isfinite(flat).all()):
+            self._refuse(what, parts, False, flat.device)
 
-    def _diverged(self, what: str, where: str, problem: str = "NaN/Inf") -> None:
+    def _refuse(self, what: str, parts: list[torch.Tensor], refused_here: bool, device) -> None:
+        """Raise one ConfigError naming the step, the parameter group and parameter and the
+        rank of the first NaN/Inf, identical on every rank: every rank calls this at the
+        same point (the exchange told all of them), and one error-path all-gather of an
+        int64 per rank (:func:`perfsim.runtime.nonfinite.culprits`) says whose it was."""
+        codes = culprits(local_code(parts, refused_here), self.group, device)
+        items = self._params()
+
+        def name_of(i: int) -> str:
+            p, g = items[i]
+            gi = next(k for k, grp in enumerate(self.param_groups) if grp is g)
+            name = self.param_names.get(id(p)) or f"#{[q for q in g['params']].index(p)}"
+            return f"parameter group {gi}, parameter {name} {tuple(p.shape)}"
+        self._diverged(what, describe(codes, name_of))
+
+    def _diverged(self, what: str, where: str) -> None:
         t = self.global_state["step"]
         stage = "warm-up" if t <= self.warmup else "compression stage"
         raise ConfigError(
-            f"{self.algorithm}: {what} {problem} at step {t} {where} ({stage}, warmup={self.warmup}); "
+            f"{self.algorithm}: {what}: {where} at step {t} ({stage}, warmup={self.warmup}); "
             "nothing was updated -- NaN/Inf gradients, or training diverged (a longer warm-up or "
             "a smaller lr)")
 
@@ -554,7 +562,7 @@ class OneBitLamb(_OneBitBase):
             if self.bound == "adam":
                 denom = self._lift(st, denom, g, t)
             fresh = (st["exp_avg_sq"] / (1 - b2 ** t)).sqrt_().add_(g["eps"])
-            ratio = float((denom / fresh).max()) if p.numel() else 1.0   # line 17
+            ratio = self._scaling_ratio(st["exp_avg"], denom, fresh)     # line 17
             ratio = min(max(ratio, r_min), r_max)                        # line 18
             last = float(st["last_ratio"])
             ratio = min(max(ratio, last * (1 - thr)), last * (1 + thr))   # line 19
@@ -564,6 +572,13 @@ class OneBitLamb(_OneBitBase):
             if g["weight_decay"]:
                 update.add_(p, alpha=g["weight_decay"])
             p.add_(update, alpha=-g["lr"] * coeff)                        # line 21
+
+    @staticmethod
+    def _scaling_ratio(m: torch.Tensor, denom: torch.Tensor, fresh: torch.Tensor) -> float:
+        """Alg. 1 line 17: the largest element of ``denom / fresh`` (frozen over fresh
+        preconditioner, ``sqrt(v) + eps`` each); ``m`` (the new momentum) is unused here
+        (``scripts/onebit_frozen_variance.py --ratio norm`` weighs the ratio by it)."""
+        return float((denom / fresh).max()) if m.numel() else 1.0
 
 
 def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.999), eps: float = 1e-8,

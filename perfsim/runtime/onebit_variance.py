@@ -51,11 +51,11 @@ class VarianceOptions:
         for (w, g), grad in zip(items, grads):
             self._st(w)[self.variance_key].mul_(g["betas"][1]).addcmul_(grad, grad, value=1 - g["betas"][1])
         self.global_state["refreshes"] += 1
-        from perfsim.runtime.onebit_optim import _world  # (the one definition; imported late: a cycle)
+        from perfsim.runtime.onebit_optim import _world  # lazy: a cycle (onebit_optim imports this module)
 
         world = _world(self.group)
         if old is not None and world > 1 and hasattr(self.compressor, "rescale_errors"):
-            import torch.distributed as dist
+            import torch.distributed as dist  # lazy: torch is heavy, needed only here
 
             factor = torch.cat([(o / n).reshape(-1) for o, n in zip(old, self._denoms(items))])
             self.compressor.rescale_errors(factor, dist.get_rank(self.group), world)

@@ -500,6 +500,7 @@ class StageRunner:
 
     # -- backward: B, I, W
     def _backward(self, k: int, mb: int, kind: str, rec: StepRecord) -> None:
+        # lazy: torch is heavy, needed only here
         from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
         saved = self._live[(k, mb)]

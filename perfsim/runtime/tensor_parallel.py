@@ -24,8 +24,9 @@ byte-level presets; Megatron shards the vocabulary). Without sequence
 parallelism every TP rank of a stage sends the full activation to the same TP
 rank of the next stage (no scatter/gather optimisation).
 
-Rank order (Megatron's): TP innermost, then DP, then PP --
-``rank = t + T * (d + D * s)`` for TP rank ``t``, replica ``d``, stage ``s``.
+Rank order: the job's ``placement`` (:attr:`perfsim.job.Job.placement`, the simulator's
+too), innermost first -- by default TP, then PP, then DP (``rank = t + T * (s + P * d)`` for
+TP rank ``t``, stage ``s``, replica ``d``); Megatron's TP, DP, PP with ``--placement tp,dp,pp``.
 
 What TP really sends is counted by :class:`CollectiveMeter`, which wraps the
 functional collectives (``torch.ops._c10d_functional``) every DTensor
@@ -45,6 +46,8 @@ import torch
 
 from perfsim.collectives import TENSOR_CALLS
 from perfsim.errors import ConfigError
+from perfsim.job import PLACEMENT_DIMS, place, unplace
+from perfsim.runtime.models import Block, Embed, Head
 
 #: a compute trace event of the runtime: ``<stage><F|B|I|W><micro-batch>``
 COMPUTE_EVENT = re.compile(r"^\d+([FBIW])(\d+)$")
@@ -55,16 +58,19 @@ KINDS = TENSOR_CALLS
 # ----------------------------------------------------------------------------- rank layout
 @dataclass(frozen=True)
 class RankLayout:
-    """Ranks of a TP x DP x PP job, TP innermost, then DP, then PP (Megatron-LM's
-    order: the TP group is the fastest-connected set of consecutive ranks)."""
+    """Ranks of a TP x DP x PP job numbered along the job's ``placement``, innermost
+    first (:attr:`perfsim.job.Job.placement`, :func:`perfsim.job.place`: the simulator's
+    devices are numbered the same way), then through ``order``."""
 
     tp: int = 1
     dp: int = 1
     pp: int = 1
-    #: the rank that runs each position of the order above (a permutation; None: the
+    #: the rank that runs each position of the placement (a permutation; None: the
     #: identity). Under torchrun a rank's number fixes its host, so this places stages
     #: on nodes (``perfsim run --device-order``)
     order: tuple[int, ...] | None = None
+    #: rank order, innermost first (perfsim.job.PLACEMENT_DIMS; Megatron-LM's tp, dp, pp)
+    placement: tuple[str, ...] = PLACEMENT_DIMS
 
     def __post_init__(self):
         for name in ("tp", "dp", "pp"):
@@ -82,15 +88,23 @@ class RankLayout:
     def world_size(self) -> int:
         return self.tp * self.dp * self.pp
 
+    def _sizes(self) -> dict[str, int]:
+        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+
     def coords(self, rank: int) -> tuple[int, int, int]:
         """``(stage, replica, tp_rank)`` of a global rank."""
-        if self.order is not None:
-            rank = self.order.index(rank)
-        return rank // (self.tp * self.dp), (rank // self.tp) % self.dp, rank % self.tp
+        c = unplace(self.placement, self._sizes(), rank if self.order is None else self.order.index(rank))
+        return c["pp"], c["dp"], c["tp"]
 
     def rank(self, stage: int, replica: int, tp_rank: int = 0) -> int:
-        position = tp_rank + self.tp * (replica + self.dp * stage)
+        position = place(self.placement, self._sizes(), {"tp": tp_rank, "dp": replica, "pp": stage})
         return position if self.order is None else self.order[position]
+
+    def mesh_dims(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """Shape and dimension names of the device mesh whose row-major rank numbering
+        is this layout's (outermost placement dimension first; no ``order``, as TP requires)."""
+        names = tuple(reversed(self.placement))
+        return tuple(self._sizes()[d] for d in names), names
 
     def describe(self, rank: int) -> str:
         s, d, t = self.coords(rank)
@@ -113,7 +127,8 @@ def megatron_qkv_order(d_model: int, tp: int) -> torch.Tensor:
 
 def block_plan(sequence_parallel: bool) -> dict:
     """``parallelize_module`` plan of one :class:`perfsim.runtime.models.Block`."""
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # lazy: torch is heavy, needed only here
+    # lazy: torch is heavy, needed only here
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
     if not sequence_parallel:
@@ -128,11 +143,10 @@ def block_plan(sequence_parallel: bool) -> dict:
 def parallelize_stage(stage, mesh, sequence_parallel: bool = False):
     """Shard the blocks of a :class:`perfsim.runtime.models.Stage` over the 1-D TP
     ``mesh`` in place (module docstring); returns the stage."""
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import Replicate, Shard  # lazy: torch is heavy, needed only here
+    # lazy: torch is heavy, needed only here
     from torch.distributed.tensor.parallel import (PrepareModuleInput, PrepareModuleOutput,
                                                    parallelize_module)
-
-    from perfsim.runtime.models import Block, Embed, Head
 
     tp = mesh.size()
     for layer in stage.layers:
@@ -155,7 +169,7 @@ def finish_gradients(module) -> None:
     """Reduce the gradients DTensor left partial (sequence-parallel LayerNorms, the
     row-parallel biases): each TP rank saw only its slice of the sequence. Megatron
     allreduces these after the backward pass too."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     for p in module.parameters():
         g = p.grad
@@ -168,7 +182,7 @@ def local_leaves(module) -> list[tuple[str, torch.Tensor]]:
     tensor sharing its storage (other parameters as they are). The optimizer and the
     data-parallel gradient sync work on these (plain tensors, this rank's shard);
     :func:`bind_gradients` points their ``.grad`` at the DTensor gradients' shards."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     return [(name, p.to_local().detach().requires_grad_(p.requires_grad) if isinstance(p, DTensor) else p)
             for name, p in module.named_parameters()]
@@ -177,7 +191,7 @@ def local_leaves(module) -> list[tuple[str, torch.Tensor]]:
 def bind_gradients(module, leaves) -> None:
     """Each leaf of :func:`local_leaves` gets its parameter's local gradient
     (sharing storage: an in-place average writes the DTensor's gradient)."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor  # lazy: torch is heavy, needed only here
 
     for (_, leaf), p in zip(leaves, module.parameters()):
         if leaf is not p:
@@ -283,12 +297,12 @@ class TensorParallel:
     """
 
     def __init__(self, layout: RankLayout, rank: int, device_type: str, sequence_parallel: bool = False):
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # lazy: torch is heavy, needed only here
 
         self.layout, self.rank = layout, rank
         self.sequence_parallel = sequence_parallel
-        self.mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp),
-                                     mesh_dim_names=("pp", "dp", "tp"))
+        shape, names = layout.mesh_dims()  # the ranks numbered as the layout numbers them
+        self.mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
         self.tp_mesh = self.mesh["tp"]
         self.meter = CollectiveMeter(self.tp_mesh.get_group().group_name)
 

@@ -5,7 +5,7 @@ Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``torchrun``), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
-Rank layout (Megatron's): TP innermost, then DP, then PP
+Rank layout: the job's placement, as the simulator numbers its devices
 (:class:`perfsim.runtime.tensor_parallel.RankLayout`); a rank holds the stages
 (model chunks) the schedule table puts on its pipeline device, and with
 ``tp > 1`` each chunk's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -26,10 +28,23 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from perfsim import ddp as pddp
+from perfsim.compression import make_pipeline_pair
 from perfsim.errors import ConfigError
+from perfsim.models.registry import get_model_spec
+from perfsim.procs import die_with_parent
 from perfsim.result import atomic_write_text
 from perfsim.runtime import checkpoint
 from perfsim.runtime.config import RunConfig
+from perfsim.runtime.data import Order, dataset_for
+from perfsim.runtime.fsdp import CollectiveMeter, shard_stage
+from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
+from perfsim.runtime.measure import build_result, write_outputs
+from perfsim.runtime.models import Stage
+from perfsim.runtime.pipeline import StageRunner
+from perfsim.runtime.tensor_parallel import TensorParallel
+from perfsim.runtime.tied import TiedEmbedding
+from perfsim.schedules import max_in_flight
 
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
 
@@ -53,8 +68,6 @@ def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
     boundary that crosses ranks, with that boundary's spec (``cfg.boundary_compress``
     over ``cfg.compress``, :mod:`perfsim.boundaries`) (``table``'s stage-to-device map; None: one stage
     per rank)."""
-    from perfsim.compression import make_pipeline_pair
-
     out = {}
     n = table.num_stages if table is not None else cfg.pp
     where = table.stage_device if table is not None else range(n)
@@ -88,8 +101,6 @@ def make_optimizer(cfg: RunConfig, params, dp_group, stage: int, steps: int):
     """The optimizer of a stage's ``params`` (with TP: this rank's local shards): a 1-bit
     optimizer through the public :func:`perfsim.ddp.onebit_optimizer` for ``onebit-*``
     specs, else SGD / AdamW."""
-    from perfsim import ddp as pddp
-
     if cfg.grad_compress.family == "optimizer":  # they exchange compressed momentum
         target = params if isinstance(params, torch.nn.Module) else list(params)
         return pddp.onebit_optimizer(target, cfg.grad_compress, lr=cfg.lr, process_group=dp_group,
@@ -107,21 +118,12 @@ def _record_to_dict(rec) -> dict:
 
 def train(cfg: RunConfig, rank: int, world: int) -> None:
     """Body of one rank (process group already initialised)."""
-    from perfsim.models.registry import get_model_spec
-    from perfsim.runtime.data import Order, dataset_for
-    from perfsim import ddp as pddp
-    from perfsim.runtime.models import Stage
-    from perfsim.runtime.pipeline import StageRunner
-    from perfsim.schedules import max_in_flight
-
     pp, dp, layout = cfg.pp, cfg.dp, cfg.layout
     stage, replica, tp_rank = layout.coords(rank)  # stage: this rank's pipeline device
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
     tpar = None
     if cfg.tp > 1:
-        from perfsim.runtime.tensor_parallel import TensorParallel
-
         tpar = TensorParallel(layout, rank, device.type, cfg.sequence_parallel)
         dp_group = tpar.dp_group()
     else:  # every rank creates every data-parallel group, in the same order
@@ -137,8 +139,6 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     stages = {k: Stage(spec, *ranges[k], cfg.seed, tied=tied_sync).to(device) for k in mine}
     tied = None
     if tied_sync:  # every rank creates every replica's group, after the DP groups
-        from perfsim.runtime.tied import TiedEmbedding
-
         tied = TiedEmbedding(stages, table.num_stages, lambda r: layout.rank(table.stage_device[0], r),
                              lambda r: layout.rank(table.stage_device[-1], r), dp, replica)
     # one stage per rank: the Stage itself (checkpoints as before); several: one module of them
@@ -146,8 +146,6 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     # what the optimizer and the gradient sync see: with TP this rank's local shards
     meter = None
     if cfg.zero == 3:  # FSDP2 on every layer (perfsim.runtime.fsdp): it gathers and reduce-scatters itself
-        from perfsim.runtime.fsdp import CollectiveMeter, shard_stage
-
         shard_stage(module, list(module.layers), dp_group, device.type)
         meter = CollectiveMeter(dp)
     named = tpar.parallelize(module, [stages[k] for k in mine]) if tpar is not None \
@@ -276,8 +274,6 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     gathered = [None] * world if rank == 0 else None
     dist.gather_object(payload, gathered, dst=0)
     if rank == 0:
-        from perfsim.runtime.measure import build_result, write_outputs
-
         result = build_result(cfg, gathered, dataset_name=dataset.name)
         write_outputs(result, out, gathered)
     dist.barrier()
@@ -306,8 +302,6 @@ def die_with_launcher() -> None:
     """SIGKILL this rank when the launcher dies (:func:`perfsim.procs.die_with_parent`)."""
     launcher = os.environ.get("PERFSIM_LAUNCHER_PID")
     if launcher is not None:
-        from perfsim.procs import die_with_parent
-
         die_with_parent(int(launcher))
 
 
@@ -317,11 +311,6 @@ def start_heartbeat(rank: int) -> None:
     path = os.environ.get("PERFSIM_HEARTBEAT")
     if not path:
         return
-    import mmap
-    import threading
-
-    from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
-
     with open(path, "r+b") as f:
         slots = mmap.mmap(f.fileno(), 0)
 

@@ -16,9 +16,8 @@ from perfsim.runtime.config import RunConfig
 
 from _helpers import assert_user_error, run_cli_here
 
-#: flag sets a user gives both commands; device_order with dp 1 (run's ranks are always in
-#: Megatron's tp, dp, pp order, predict's default placement is tp, pp, dp: with dp 1 or pp 1
-#: the two orders are one)
+#: flag sets a user gives both commands (the placement and the device order are the job's:
+#: both engines number their ranks along them)
 FLAG_SETS = [
     ["--model", "gpt2-tiny", "--pp", "2"],
     ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2"],
@@ -36,6 +35,8 @@ FLAG_SETS = [
     ["--model", "gpt2-tiny", "--pp", "2", "--micro-batch", "4", "--macro-batch", "16", "--partition", "2,4"],
     ["--model", "gpt2-tiny", "--pp", "2", "--partition", "uniform"],
     ["--model", "gpt2-tiny", "--pp", "2", "--device-order", "1,0"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--device-order", "3,1,2,0"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--tp", "2", "--placement", "tp,dp,pp"],
     ["--model", "gpt2-tiny", "--pp", "2", "--tied-embedding", "sync"],
     ["--model", "gpt2-tiny", "--pp", "1", "--dp", "2", "--zero", "3"],
     ["--model", "gpt2-small-byte"],  # only the model: both commands' defaults
@@ -171,3 +172,62 @@ def test_gpu_selects_the_megatron_preset():
     assert MEGATRON.schedule == "1f1b" and MEGATRON.placement == "tp,dp,pp" and MEGATRON.overlap is False
     _, s, _, _ = build_configs(model="gpt2-tiny", pp=2, gpu="a100", schedule="gpipe", tied_embedding="untied")
     assert (s.schedule, s.tied_embedding) == ("gpipe", "untied")  # a flag given wins over the preset
+
+
+@pytest.mark.parametrize("placement", [None, "tp,dp,pp", "dp,tp,pp"])
+def test_predict_and_run_put_the_same_ranks_in_the_same_groups(placement, tmp_path):
+    """tp2 x pp2 x dp2: the simulator's GPUs and the runtime's ranks -- its data-parallel
+    process groups and its TP device mesh -- are numbered by one definition
+    (:func:`perfsim.job.place`, along the job's placement)."""
+    import itertools
+
+    import numpy as np
+
+    argv = ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--tp", "2",
+            *(["--placement", placement] if placement else [])]
+    ran, predicted = _run_job(argv, tmp_path), _predict_job(argv)
+    assert ran.placement == predicted.placement == tuple((placement or "tp,pp,dp").split(","))
+    layout = ran.layout
+    for t, r, s in itertools.product(range(2), repeat=3):
+        assert layout.rank(s, r, t) == predicted.device(t, r, s)  # (RunConfig.device: cpu or cuda)
+        assert layout.coords(layout.rank(s, r, t)) == (s, r, t)
+
+    def groups(device, dim):  # the rank sets along one dimension, the others fixed
+        axes = {"tp": 0, "dp": 1, "pp": 2}
+        out = set()
+        for fixed in itertools.product(range(2), repeat=2):
+            members = []
+            for i in range(2):
+                c = list(fixed)
+                c.insert(axes[dim], i)
+                members.append(device(*c))
+            out.add(tuple(sorted(members)))
+        return out
+
+    shape, names = layout.mesh_dims()
+    mesh = np.arange(8).reshape(shape)  # init_device_mesh numbers its ranks row-major
+
+    def mesh_groups(dim):
+        return {tuple(sorted(g)) for g in np.moveaxis(mesh, names.index(dim), -1).reshape(-1, 2).tolist()}
+
+    for dim in ("tp", "dp", "pp"):
+        simulated = groups(predicted.device, dim)
+        assert groups(lambda t, r, s: layout.rank(s, r, t), dim) == simulated, dim
+        assert mesh_groups(dim) == simulated, dim
+    assert {tuple(sorted(g)) for g in layout.dp_group_ranks()} == groups(predicted.device, "dp")
+
+
+def test_validate_grid_defaults_are_the_jobs_but_named_changes():
+    """perfsim validate's job defaults come from the Job (predict's and run's); what a grid
+    changes is named once (validate_grid.GRID_JOB), never a second literal beside the Job's."""
+    import inspect
+
+    from perfsim.analysis.validate_grid import GRID_JOB, validate
+    from perfsim.commands.validate import JOB as VALIDATE_JOB
+
+    defaults = {k: p.default for k, p in inspect.signature(validate).parameters.items()}
+    assert set(GRID_JOB) <= set(VALIDATE_JOB) and set(VALIDATE_JOB) - {"model"} <= set(JOB_FIELDS)
+    for name in VALIDATE_JOB:
+        given = defaults[name][0] if isinstance(defaults[name], tuple) else defaults[name]
+        assert given == GRID_JOB.get(name, getattr(Job, name, None)), name
+    assert [name for name in VALIDATE_JOB if name not in GRID_JOB and name != "model"]  # the rest: the Job's

@@ -225,7 +225,10 @@ def test_perfsim_run_onebit_warmup_is_a_setting(tmp_path):
     resumed = run(steps=6, resume=tmp_path / "part", out=tmp_path / "part2", **kw)
     assert full.summary["onebit_warmup"] == resumed.summary["onebit_warmup"] == 3
     assert resumed.losses == full.losses
-    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--pp", "1", "--dp", "2", "--steps", "1",
+    # the CLI's default warm-up (no warmup= in the spec), on the small job above (the
+    # default model, gpt2-small-byte, costs twice the CPU and says the same)
+    proc = subprocess.run([sys.executable, "-m", "perfsim", "run", "--model", "digits-mlp", "--micro-batch", "4",
+                           "--macro-batch", "16", "--pp", "1", "--dp", "2", "--steps", "1",
                            "--grad-compress", "onebit-lamb", "--out", str(tmp_path / "cli"), "--no-progress"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -78,17 +78,20 @@ def test_frozen_variance_case_diverges_off_and_trains_on(dtype):
     """scripts/onebit_frozen_variance.py adam 0.02 {float32,bfloat16} [--refresh 16 --bound adam]."""
     torch.set_num_threads(1)
     mod = _script()
-    base, base_log = mod.run("adam", 0.02, dtype, baseline=True, log_every=50)
-    off, off_log = mod.run("adam", 0.02, dtype, baseline=False, log_every=50)
-    on, on_log = mod.run("adam", 0.02, dtype, baseline=False, refresh=16, bound="adam", log_every=50)
+    base, base_log, base_tail = mod.run("adam", 0.02, dtype, baseline=True, log_every=50)[:3]
+    off, off_log = mod.run("adam", 0.02, dtype, baseline=False, log_every=50)[:2]
+    on, on_log, on_tail = mod.run("adam", 0.02, dtype, baseline=False, refresh=16, bound="adam", log_every=50)[:3]
     bound = step_bound(0.9, 0.999)
     # the mechanism: Adam never steps beyond its bound; the frozen variance does, by far
     assert max(r for _, _, r, _ in base_log) <= bound * (1 + 1e-6)
     assert max(r for _, _, r, _ in off_log) > 100 * bound
     assert not off < 100 * base  # the old behaviour diverges (or stops with its one-line error)
     assert max(r for _, _, r, _ in on_log) <= bound * (1 + 1e-6)
-    # measured (docs/ddp.md): bf16 1.15x, fp32 3.58x of Adam's final loss (both below 0.05)
+    # measured (docs/ddp.md): bf16 1.15x, fp32 3.58x of Adam's final loss (both below 0.05);
+    # the fp32 run ends inside a loss spike (0.107 at step 297): over its last 50 steps it
+    # is within 2x of Adam (fp32 1.88x, bf16 0.80x)
     assert on <= (2.0 if dtype == torch.bfloat16 else 4.0) * base, (on, base)
+    assert on_tail <= 2.0 * base_tail, (on_tail, base_tail)
 
 
 # ------------------------------------------------------------------ 2 ranks: replicas and bytes

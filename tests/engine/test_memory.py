@@ -156,3 +156,31 @@ def test_zero1_schedule_and_aqsgd_buffers():
     assert aq.stages[-1]["buffers_gib"] * GIB == pytest.approx(1000 * 1024 * 1600)
     disk = predict(**base, compress="aqsgd:fw3bw6:m8:disk=/tmp/x", dataset_samples=1000)
     assert disk.stages[1]["buffers_gib"] == 0
+
+
+def test_every_micro_batch_in_flight_keeps_its_loss():
+    """The last stage's norm and head inputs and its fp32 softmax are kept by every micro-batch
+    waiting for its backward: GPipe's last stage holds all 32 of the AQ-SGD setup (the default
+    predict: GPT2-XL, pp 8, micro-batch 1 x 1024 tokens, fp32), 1F1B's one. fp32 training
+    doubles the 2-byte inputs, not the softmax, which is fp32 in both (Korthikanti et al.
+    Sec. 4.3: 4 s b h (1 + v/h) for 16-bit values)."""
+    from perfsim.api import build_configs
+    from perfsim.memory import loss_bytes
+
+    workload = build_configs()[0]
+    spec = workload.arch
+    s, h, v = spec.seq_len, spec.hidden, spec.vocab
+    assert loss_bytes(spec, 1, 1, 4, "fused", 32) == 32 * (8 * s * h + 4 * s * v)
+    assert loss_bytes(spec, 1, 1, 2, "fused") == pytest.approx(4 * s * h * (1 + v / h))
+    # pytorch: the backward's fp32 logit gradient once; chunked: one chunk and one weight gradient
+    one, many = (loss_bytes(spec, 1, 1, 2, "pytorch", n) for n in (1, 5))
+    assert many - one == pytest.approx(4 * (2 * 2 * s * h + 8 * s * v))
+    one, many = (loss_bytes(spec, 1, 1, 2, "chunked", n) for n in (1, 5))
+    assert many - one == pytest.approx(4 * (2 * 2 * s * h + 2 * s * h))
+    per_block = layer_activation_bytes(spec, 1, 1, False, "none", 4)
+    for schedule, held in (("gpipe", 32), ("1f1b", 1)):
+        st = predict(schedule=schedule).stages[-1]
+        first, last = (int(x) for x in st["layers"].split("-"))
+        blocks = sum(1 for layer in workload.layers[first:last + 1] if layer.name.startswith("block"))
+        assert (blocks, st["peak_inflight"]) == (6, held)
+        assert st["activations_gib"] * GIB == pytest.approx(blocks * held * per_block + held * (8 * s * h + 4 * s * v))

@@ -144,3 +144,55 @@ def test_topology_nic_default_matches_bandwidth(write_file):
         by_flag = predict(bandwidth="100Mbps", schedule=schedule, **common).summary["iteration_s"]
         by_file = predict(topology=str(f), schedule=schedule, **common).summary["iteration_s"]
         assert by_file == pytest.approx(by_flag, rel=1e-9)
+
+
+def test_one_gpus_flows_use_its_own_nics():
+    """8 GPUs and 8 x 200 Gb/s NICs per node (DGX A100): a lone pipeline message and a ring
+    with one rank per node get one NIC (nic_affinity gpu), a ring with 8 ranks per node all
+    eight (a ring per NIC); ``node`` gives every flow the node's 1.6 Tb/s (the earlier model)."""
+    kw = dict(bandwidth_bps=8 * 200e9, gpus_per_node=8, nics_per_node=8)
+    net, old = Network(System(**kw), 16), Network(System(**kw, nic_affinity="node"), 16)
+    assert net.path(0, 8).bandwidth_bps == pytest.approx(200e9)
+    assert old.path(0, 8).bandwidth_bps == pytest.approx(1.6e12)
+    assert net.path(0, 1) == old.path(0, 1)  # inside the node: the fabric
+    assert net.capacity(("tx", 0)) == pytest.approx(1.6e12)  # the node's NICs, shared max-min
+    assert net.group_shape([0, 8]).inter_bps == pytest.approx(200e9)
+    assert net.group_shape(list(range(16))).inter_bps == pytest.approx(1.6e12)
+    assert old.group_shape([0, 8]).inter_bps == pytest.approx(1.6e12)
+    # 2 NICs for 8 GPUs: a GPU reaches one of them; 1 NIC: all of it; 8 NICs for 4 GPUs: 2 each
+    assert Network(System(bandwidth_bps=2e11, gpus_per_node=8, nics_per_node=2), 16).path(0, 8).bandwidth_bps == 1e11
+    assert Network(System(bandwidth_bps=2e11, gpus_per_node=8), 16).path(0, 8).bandwidth_bps == 2e11
+    assert Network(System(bandwidth_bps=8e11, gpus_per_node=4, nics_per_node=8), 8).path(0, 4).bandwidth_bps == 2e11
+    with pytest.raises(ConfigError, match="nic_affinity='rail'"):
+        System(nic_affinity="rail")
+
+
+def test_pipeline_message_across_nodes_is_one_nics_worth():
+    """pp 4 on two nodes of 2 GPUs and 2 NICs (stages 1 -> 2 cross): each activation crosses
+    at one NIC's rate, not at both NICs' together; the bytes do not change."""
+    from perfsim.api import predict
+
+    kw = dict(model="gpt2", gpu="a100", pp=4, dp=1, gpus_per_node=2, nic="2x100Gbps:ideal",
+              micro_batch=4, global_batch=32)
+    one, both = predict(**kw), predict(**kw, nic_affinity="node")
+    assert one.summary["pipeline_bytes"] == both.summary["pipeline_bytes"]
+    msg = one.summary["pipeline_bytes"] / (3 * 2 * 8)  # 3 boundaries, fwd + bwd, 8 micro-batches
+    assert msg == 4 * 1024 * 768 * 4  # micro-batch x seq x hidden, fp32
+    extra = msg * 8 / 100e9 - msg * 8 / 200e9  # one message's extra time on one NIC
+    slower = one.summary["iteration_s"] - both.summary["iteration_s"]
+    assert 2 * extra * 0.99 <= slower <= 2 * 8 * extra * 1.01  # the 16 crossing messages: between once and all on the critical path
+
+
+def test_nccl_socket_transport_is_host_bound():
+    """NCCL's socket transport (TCP, no RDMA): TCP framing on slow links, a 5 GB/s per-node
+    ceiling of the proxy threads' copies on fast ones (NVIDIA/nccl#450: 4-6 GB/s on 100 Gb/s)."""
+    from perfsim.fabrics import NIC_KINDS, parse_nic
+
+    sock = NIC_KINDS["socket"]
+    assert sock.efficiency_at(10e9) == pytest.approx(1448 / 1538)
+    assert sock.efficiency_at(100e9) == pytest.approx(0.4)
+    assert NIC_KINDS["ethernet"].efficiency_at(100e9) == pytest.approx(1448 / 1538)
+    assert parse_nic("2x100Gbps:socket").kind == "socket"
+    net = Network(System(bandwidth_bps=100e9, gpus_per_node=8, nic_kind="socket"), 16)
+    assert net.collective_link.rate_bps == pytest.approx(40e9)
+    assert Network(System(bandwidth_bps=40e9, nic_kind="socket"), 2).link.rate_bps == pytest.approx(40e9 * 1448 / 1538)

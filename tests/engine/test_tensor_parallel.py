@@ -100,9 +100,42 @@ def test_engine_charges_tp_collectives_on_the_group_links(monkeypatch):
 
 
 def test_pipeline_activation_divided_by_tp():
+    """Megatron-LM's scatter/gather (the gpu preset's tp_send): each TP rank sends 1/t."""
     one, four = _run(tp=1), _run(tp=4)
     assert one.stages[0]["fw_bytes_per_mb"] == 1024 * 1024 * 2  # bf16 on the wire, no codec
     assert four.stages[0]["fw_bytes_per_mb"] == one.stages[0]["fw_bytes_per_mb"] // 4
+
+
+def test_who_sends_what_across_a_pipeline_boundary():
+    """tp_send: ``full`` -- every TP rank sends the whole activation (perfsim run, Megatron-Core);
+    ``scatter-gather`` -- 1/t each, then the receivers all-gather it over NVLink before the
+    next stage computes, once per message (arXiv:2104.04473 Sec. 4.1); sequence parallelism
+    sends 1/t and gathers nothing."""
+    from perfsim.models.tensor_parallel import pipeline_send
+
+    assert pipeline_send(8 * 1024, 1024, 4, False, "full") == (None, False)
+    assert pipeline_send(8 * 1024, 1024, 4, False, "scatter-gather") == ((2048,), True)
+    assert pipeline_send(8 * 1024, 1024, 4, True, "full") == ((2048,), False)
+    assert pipeline_send(8 * 1024, 1024, 1, False, "scatter-gather") == (None, False)
+    with pytest.raises(ConfigError, match="tp_send='both'"):
+        pipeline_send(8, 8, 2, False, "both")
+    kw = dict(tp=8, dp=1, global_batch=4)  # 4 micro-batches, stage 1 -> 2 crosses the 2 nodes
+    full, sg, sp = _run(**kw, tp_send="full"), _run(**kw), _run(**kw, sequence_parallel=True)
+    assert sg.summary["tp_send"] == "scatter-gather" and full.summary["tp_send"] == "full"
+    msg = 1024 * 1024 * 2
+    assert full.stages[0]["fw_bytes_per_mb"] == msg
+    assert sg.stages[0]["fw_bytes_per_mb"] == sp.stages[0]["fw_bytes_per_mb"] == msg // 8
+    # the gather: one all-gather of the 1/8 slices in the node per received message (fwd on
+    # stage 1, bwd on stage 0), at least the curve's host time of a collective
+    from perfsim.hardware import curve_for, get_gpu
+    from perfsim.network import Network
+
+    system = build_configs(model=GPT, gpu="a100-sxm4-80gb", tp=8, pp=2, dp=1, gpus_per_node=8)[2]
+    ag = max(Network(system, 16).collective_time("allgather", msg // 8, list(range(8)), lockstep=True),
+             curve_for(get_gpu("a100-sxm4-80gb"))[0].collective_s)
+    extra = sum(r["encode_s"] for r in sg.stages) - sum(r["encode_s"] for r in sp.stages)
+    assert extra == pytest.approx(2 * 4 * ag, rel=1e-6)
+    assert sg.summary["iteration_s"] < full.summary["iteration_s"]  # 8x less through the NICs
 
 
 def test_tp_lanes_share_a_nic():

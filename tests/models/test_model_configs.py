@@ -230,7 +230,8 @@ def test_peak_above_every_gpu_preset_is_a_warning_without_gpu(caplog):
     assert [r.getMessage() for r in caplog.records if "exceeds" in r.getMessage()] == \
         ["warning: " + s["memory_warning"]]
     checked = predict(model=path, pp=2, gpu="h100-sxm5-80gb", precision="bf16", allow_oom=True).summary
-    assert "memory_warning" not in checked
+    # with a GPU preset its capacity is checked: the warning is the allocator's (issue 37), not this one
+    assert "every GPU preset" not in checked["memory_warning"] and "caching allocator" in checked["memory_warning"]
 
 
 def test_neox_attention_bias_off_keeps_the_mlp_biases(tmp_path):

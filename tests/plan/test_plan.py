@@ -126,11 +126,13 @@ def test_convergence_files_are_validated(tmp_path):
 def test_emit_run_and_pareto_front():
     p = {"model": "gpt2-tiny", "pp": 2, "dp": 2, "schedule": "1f1b", "compress": "aqsgd:fw3bw6",
          "grad_compress": "none", "micro_batch": 8, "macro_batch": 16, "bandwidth": "100Mbps"}
+    # both engines number the ranks along the job's placement: the default needs no flag
     assert run_command(p) == ("perfsim run --model gpt2-tiny --pp 2 --dp 2 --schedule 1f1b --compress "
                               "aqsgd:fw3bw6 --grad-compress none --micro-batch 8 --macro-batch 16 "
-                              # the simulator's replica-major GPUs in the runtime's TP, DP, PP rank order
-                              "--device-order 0,2,1,3 --emulate-bandwidth 100Mbps")
-    assert "--device-order" not in run_command({**p, "placement": "tp,dp,pp"})
+                              "--emulate-bandwidth 100Mbps")
+    megatron = run_command({**p, "placement": "tp,dp,pp"})
+    assert "--placement tp,dp,pp" in megatron and "--device-order" not in megatron
+    assert "--device-order 3,2,1,0" in run_command({**p, "device_order": "3,2,1,0"})
     assert run_command({**p, "model": "bert-large"}) is None
     assert pareto_front([(1, 1), (2, 3), (3, 2), (0.5, 0.5), (4, 4)]) == [3, 0, 1, 4]
 

@@ -1,8 +1,7 @@
 """Real tensor parallelism in execute mode: 2 gloo ranks per TP group (gpt2-tiny)."""
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,7 +40,10 @@ def simulator_layer_collectives(**kw):
 
 
 # ----------------------------------------------------------------------------- one layer
-def _layer_worker(rank, port, sequence_parallel, out_path):
+def _layer_worker(rank, port, out_path):
+    """One block, sharded both ways (plain TP, then TP + sequence parallelism) in one
+    process group: what each rank's collectives were and how far its output is from
+    the unsharded block's."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
@@ -52,39 +54,48 @@ def _layer_worker(rank, port, sequence_parallel, out_path):
     with gloo_group(rank, 2, port):
         spec = get_model_spec("gpt2-tiny")
         mb = 2
-        full = Stage(spec, 1, 2, seed=3)  # one transformer block
-        tp_block = Stage(spec, 1, 2, seed=3)
         mesh = init_device_mesh("cpu", (2,))
-        parallelize_stage(tp_block, mesh, sequence_parallel)
-        x = torch.randn(mb, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(7))
-        ref = full(x)
-        xin = x.chunk(2, dim=1)[rank] if sequence_parallel else x
-        xin = xin.clone().requires_grad_(True)
-        comm = CommDebugMode()
-        meter = CollectiveMeter(mesh.get_group().group_name)
-        with comm, meter:
-            y = tp_block(xin)
-            fwd = meter.pop()
-            y.sum().backward()
-            bwd = meter.pop()
-        want = ref.chunk(2, dim=1)[rank] if sequence_parallel else ref
-        counts = {str(k): v for k, v in comm.get_comm_counts().items()}
+        seen = {}
+        for sequence_parallel in (False, True):
+            full = Stage(spec, 1, 2, seed=3)  # one transformer block
+            tp_block = Stage(spec, 1, 2, seed=3)
+            parallelize_stage(tp_block, mesh, sequence_parallel)
+            x = torch.randn(mb, spec.seq_len, spec.hidden, generator=torch.Generator().manual_seed(7))
+            ref = full(x)
+            xin = x.chunk(2, dim=1)[rank] if sequence_parallel else x
+            xin = xin.clone().requires_grad_(True)
+            comm = CommDebugMode()
+            meter = CollectiveMeter(mesh.get_group().group_name)
+            with comm, meter:
+                y = tp_block(xin)
+                fwd = meter.pop()
+                y.sum().backward()
+                bwd = meter.pop()
+            want = ref.chunk(2, dim=1)[rank] if sequence_parallel else ref
+            counts = {str(k): v for k, v in comm.get_comm_counts().items()}
+            seen[str(sequence_parallel)] = {"fwd": [e[:2] for e in fwd], "bwd": [e[:2] for e in bwd],
+                                            "counts": counts, "max_err": float((y - want).abs().max())}
         with open(f"{out_path}.{rank}", "w") as f:
-            json.dump({"fwd": [e[:2] for e in fwd], "bwd": [e[:2] for e in bwd], "counts": counts,
-                       "max_err": float((y - want).abs().max())}, f)
+            json.dump(seen, f)
+
+
+@pytest.fixture(scope="module")
+def layer_collectives(tmp_path_factory):
+    """Each rank's record of :func:`_layer_worker` (both shardings: one spawn of 2 ranks)."""
+    out = tmp_path_factory.mktemp("layer") / "layer"
+    spawn_ranks(_layer_worker, str(out))
+    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in (0, 1)]
 
 
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
-def test_layer_collectives_equal_the_simulators(tmp_path, sequence_parallel):
+def test_layer_collectives_equal_the_simulators(layer_collectives, sequence_parallel):
     """What torch's TP really sends for one block (kind and bytes, forward and backward)
     is what the simulator charges per layer; CommDebugMode sees no other collective,
     and the sharded block computes the unsharded block's output."""
-    out = tmp_path / "layer"
-    spawn_ranks(_layer_worker, sequence_parallel, str(out))
     want = simulator_layer_collectives(micro_batch=2, tp=2, sequence_parallel=sequence_parallel,
                                        bytes_per_value=4, **SPEC)
     for rank in (0, 1):
-        got = json.loads((tmp_path / f"layer.{rank}").read_text())
+        got = layer_collectives[rank][str(sequence_parallel)]
         assert got["max_err"] < 1e-5
         for phase in ("fwd", "bwd"):
             expect = sorted((k, float(b)) for p, k, b in want if p == phase)
@@ -106,10 +117,14 @@ def test_qkv_order_gives_each_rank_its_heads():
     assert sorted(order) == list(range(3 * d))
 
 
-def test_rank_layout_is_megatrons():
-    lay = RankLayout(tp=2, dp=2, pp=2)
+def test_rank_layout_follows_the_placement():
+    lay = RankLayout(tp=2, dp=2, pp=2, placement=("tp", "dp", "pp"))  # Megatron's
     assert [lay.coords(r) for r in range(4)] == [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
     assert lay.rank(1, 0, 1) == 5 and lay.dp_group_ranks()[0] == [0, 2]
+    assert all(lay.rank(*lay.coords(r)) == r for r in range(8))
+    lay = RankLayout(tp=2, dp=2, pp=2)  # perfsim's default, tp, pp, dp: a replica's stages adjacent
+    assert [lay.coords(r) for r in range(4)] == [(0, 0, 0), (0, 0, 1), (1, 0, 0), (1, 0, 1)]
+    assert lay.rank(0, 1, 0) == 4 and lay.dp_group_ranks()[0] == [0, 4]
     assert all(lay.rank(*lay.coords(r)) == r for r in range(8))
 
 
@@ -119,14 +134,27 @@ def tp1_losses(tmp_path_factory):
     return run(pp=1, tp=1, out=tmp_path_factory.mktemp("tp1"), **TINY).losses
 
 
-def _tp2(shared_run, sp: bool):
-    """pp=1 x tp=2 (checkpoints at steps 2 and 3: the resume test starts from step 2)."""
-    return shared_run(pp=1, tp=2, sequence_parallel=sp, checkpoint_every=2, **TINY)
+@pytest.fixture(scope="module")
+def tp2_runs(tmp_path_factory):
+    """``tp2_runs(sp) -> (Result, out folder)``: pp=1 x tp=2 with or without sequence
+    parallelism, each run once for the tests that read it (checkpoints at steps 2 and 3:
+    the resume test starts from step 2). Module-scoped, not the conftest's
+    ``shared_run``: no other file runs these jobs, and ``shared_run`` would tie this
+    file's runs to every other file's on one xdist worker."""
+    done = {}
+
+    def get(sp: bool):
+        if sp not in done:
+            out = tmp_path_factory.mktemp("tp2")
+            done[sp] = run(pp=1, tp=2, sequence_parallel=sp, checkpoint_every=2, out=out, **TINY), out
+        return done[sp]
+
+    return get
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2+sp"])
-def test_tp2_trains_like_tp1_and_is_measured(tp1_losses, shared_run, sp):
-    r, _ = _tp2(shared_run, sp)
+def test_tp2_trains_like_tp1_and_is_measured(tp1_losses, tp2_runs, sp):
+    r, _ = tp2_runs(sp)
     assert list(r.losses) == list(tp1_losses) == [0, 1, 2]
     for s in tp1_losses:
         assert r.losses[s] == pytest.approx(tp1_losses[s], rel=1e-5)
@@ -194,6 +222,9 @@ def test_tp_with_dp_equals_dp_alone(tmp_path):
     (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=3), "tp=3"),
     (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=1, sequence_parallel=True),
      "sequence_parallel"),
+    # execute mode sends the whole activation from every TP rank (predict's tp_send=full)
+    (dict(model="gpt2-tiny", pp=2, micro_batch=8, schedule="1f1b", tp=2, tp_send="scatter-gather"),
+     "tp_send='scatter-gather'"),
 ])
 def test_bad_tp_is_a_config_error(kw, culprit):
     from perfsim.runtime import make_config
@@ -207,9 +238,9 @@ def test_cli_tp_bad_input_one_line(tmp_path):
     assert_user_error(proc.returncode, proc.stderr, "tp=2")
 
 
-def test_tp_resume_continues_the_same_training(tp1_losses, shared_run, tmp_path):
+def test_tp_resume_continues_the_same_training(tp1_losses, tp2_runs, tmp_path):
     """Checkpoints of sharded stages (DTensor weights, local optimizer state) resume."""
-    _, part = _tp2(shared_run, False)
+    _, part = tp2_runs(False)
     r = run(pp=1, tp=2, resume=part / "ckpt" / "step00000002", out=tmp_path / "rest", **TINY)
     assert r.summary["start_step"] == 2 and list(r.losses) == [0, 1, 2]
     for s in tp1_losses:

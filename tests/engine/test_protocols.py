@@ -1,0 +1,58 @@
+"""The nccl collective model: NCCL's protocols (LL, LL128, Simple) give the nccl-tests
+bus-bandwidth curve -- latency-bound small messages, the full rate only for large ones."""
+
+import pytest
+
+from perfsim.api import predict
+from perfsim.collectives import PROTOCOLS, GroupShape, plan, with_protocol
+from perfsim.config import System
+from perfsim.errors import ConfigError
+
+NODE = dict(n=8, nodes=1, per_node=8, intra_bps=8 * 200e9, intra_latency_s=0.0, inter_bps=8 * 200e9,
+            inter_latency_s=0.0)
+
+
+def busbw(c, S, n=8):
+    return 2 * (n - 1) / n * S / c.time()
+
+
+def test_bus_bandwidth_rises_with_size_to_the_fabric_rate():
+    g = GroupShape(**NODE, model="nccl")
+    sizes = [2 ** k for k in range(10, 31, 2)]
+    curve = [busbw(plan("allreduce", S, g), S) for S in sizes]
+    assert curve == sorted(curve)  # monotone in the size, as nccl-tests print it
+    assert curve[0] < 0.01 * 200e9 and 0.95 * 200e9 < curve[-1] <= 200e9
+    # the nominal model moves every size at the full rate with zero-latency links
+    nominal = GroupShape(**NODE)
+    assert busbw(plan("allreduce", 1024, nominal), 1024) == pytest.approx(200e9)
+    # the cheapest protocol per size: LL for tiny buffers, Simple for large ones
+    assert plan("allreduce", 1024, g).algo.endswith("/LL")
+    assert plan("allreduce", 2 ** 30, g).algo == "ring/Simple"
+
+
+def test_protocol_costs_follow_ncclS_tuning_model():
+    g = GroupShape(**NODE, model="nccl")
+    ring = plan("allreduce", 1e6, GroupShape(**NODE), "ring")
+    ll, ll128, simple = (with_protocol(ring, g, p) for p in PROTOCOLS)
+    steps = 2 * 7
+    assert ll.time() == pytest.approx(3.6e-6 + steps * 0.4e-6 + 2 * 7 / 8 * 1e6 * 8 / (8 * 200e9 / 4))
+    assert simple.time() == pytest.approx(8.4e-6 + steps * 5.7e-6 + 2 * 7 / 8 * 1e6 * 8 / (8 * 200e9))
+    assert ll128.phases[0][0].rate_bps == pytest.approx(8 * 200e9 * 120 / 128)
+    # across nodes the steps pay the network's per-step latency (NCCL's NET hwLat)
+    two = GroupShape(16, 2, 8, 8 * 200e9, 0.0, 8 * 200e9, 0.0, model="nccl")
+    r2 = plan("allreduce", 1e6, GroupShape(16, 2, 8, 8 * 200e9, 0.0, 8 * 200e9, 0.0), "ring")
+    assert with_protocol(r2, two, PROTOCOLS[2]).time() - r2.time() == pytest.approx(8.4e-6 + 30 * 6.6e-6)
+    # PCIe: NCCL's PCI step latency, no LL128
+    pcie = GroupShape(**dict(NODE, intra_bps=8 * 10e9), model="nccl", intra_pcie=True)
+    assert not any(plan("allreduce", S, pcie).algo.endswith("LL128") for S in (1e5, 1e6, 1e7, 1e8))
+
+
+def test_switch_and_effect_on_a_prediction():
+    kw = dict(model="gpt2", gpu="a100", tp=4, pp=2, dp=2, gpus_per_node=8, micro_batch=1, global_batch=16,
+              nic="8x200Gbps:infiniband", intra_node_fabric="nvlink3")
+    nominal, nccl = predict(**kw), predict(**kw, collective_model="nccl")
+    # GPT-2's TP all-reduces (1 x 1024 x 768 bf16 = 1.5 MB) are far from the fabric's peak
+    assert nccl.stages[0]["tp_comm_s"] > 1.2 * nominal.stages[0]["tp_comm_s"]
+    assert nccl.summary["iteration_s"] > nominal.summary["iteration_s"]
+    with pytest.raises(ConfigError, match="collective_model='mpi'"):
+        System(collective_model="mpi")
