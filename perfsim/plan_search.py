@@ -20,18 +20,21 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections import Counter
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
+from perfsim.compression.base import REDUCE_SCATTER
 from perfsim.errors import ConfigError
-from perfsim.schedules import PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES
+from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD,
+                               PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES)
 
 
 def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[float], m: int,
                     link_bps: float | None, sync_bytes: Sequence[float] = (),
                     boundary_bps: Sequence[float] | None = None,
-                    boundary_latency_s: Sequence[float] = (), stage_device: Sequence[int] = ()) -> float:
+                    boundary_latency_s: Sequence[float] = (), stage_device: Sequence[int] = (),
+                    pass_s: Sequence[float] | None = None) -> float:
     """Lower bound of one iteration, whatever the schedule or network contention:
 
     * the busiest stage computes all ``m`` micro-batches: ``m x max_s W_s``;
@@ -46,9 +49,13 @@ def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[floa
       pass crosses every boundary forward and back: ``sum_s W_s + 2 sum_k lat_k`` with
       ``boundary_latency_s[k]`` the least one-way latency of boundary ``k``;
     * a device that runs several stages (``stage_device[s]``, interleaved schedules)
-      computes all of them for every micro-batch: ``m x max_d sum_{s on d} W_s``.
+      computes all of them for every micro-batch: ``m x max_d sum_{s on d} W_s``;
+    * ``pass_s[s]``: what of stage ``s`` one micro-batch's pass waits for, when not all
+      of ``W_s`` (a zero-bubble schedule's weight gradients are off the pass:
+      :func:`pass_work`).
     """
-    bound = max(m * max(stage_work_s), sum(stage_work_s) + 2 * sum(boundary_latency_s))
+    chain = stage_work_s if pass_s is None else pass_s
+    bound = max(m * max(stage_work_s), sum(chain) + 2 * sum(boundary_latency_s))
     if stage_device:
         per: dict[int, float] = {}
         for w, d in zip(stage_work_s, stage_device):
@@ -63,9 +70,11 @@ def iteration_bound(stage_work_s: Sequence[float], boundary_bytes: Sequence[floa
     return bound
 
 
-def engine_plan(params: dict[str, Any]):
+def engine_plan(params: dict[str, Any], compute_only: bool = False):
     """The configs, the engine's plan (every per-stage cost, as :func:`perfsim.engine.simulate`
-    resolves it: tensor-parallel collectives and host overhead included) and the network."""
+    resolves it: tensor-parallel collectives and host overhead included; ``compute_only``:
+    only each stage's compute and parameters, :func:`perfsim.engine.plan.build_plan`) and
+    the network."""
     from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
     from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
     from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
@@ -74,51 +83,157 @@ def engine_plan(params: dict[str, Any]):
     workload, strategy, system, profile = build_configs(**params)
     net = Network(system, strategy.devices, profile)
     gpu = get_gpu(system.gpu) if system.gpu else None
-    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s)
+    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute_only)
     return workload, strategy, system, profile, pl, net
 
 
-def compute_bound(pl, schedule: str) -> float:
+#: the lossless jobs whose compute :func:`plan_bound` reuses, most recent last
+_JOBS: "OrderedDict[tuple, tuple]" = OrderedDict()
+#: how many :data:`_JOBS` are kept (a group's members are bounded together)
+JOBS_KEPT = 32
+
+
+def member_plan(params: dict[str, Any]):
+    """:func:`engine_plan` of a configuration, resolving each stage's compute once per
+    group (:func:`group_key`: what only the compression tells apart): the group's lossless
+    job is built once (configs, network, compute-only plan) and each compression's
+    strategy is that job's with its specs, its plan built over the same compute
+    (:func:`perfsim.engine.plan.build_plan`'s ``compute``). A placement, device order or
+    per-boundary compression changes more than the specs: built in full."""
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
+
+    if any(k in params for k in ("placement", "device_order", "boundary_compress")):
+        return engine_plan(params)
+    key = group_key(params)
+    job = _JOBS.get(key)
+    if job is None:
+        job = engine_plan({k: v for k, v in params.items() if k not in COMPRESSION_KEYS}, compute_only=True)
+        _JOBS[key] = job
+        while len(_JOBS) > JOBS_KEPT:
+            _JOBS.popitem(last=False)
+    else:
+        _JOBS.move_to_end(key)
+    workload, strategy, system, profile, compute, net = job
+    specs = {k: params[k] for k in ("compress", "grad_compress") if k in params}
+    if specs:
+        strategy = replace(strategy, **specs)
+    gpu = get_gpu(system.gpu) if system.gpu else None
+    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute=compute)
+    return workload, strategy, system, profile, pl, net
+
+
+def pass_work(pl, split: bool | None = None) -> list[float]:
+    """Per stage, the work one micro-batch's forward and backward pass waits for: the
+    forward and the backward with their tensor-parallel collectives, less the
+    weight-gradient part where the schedule splits it off (``I`` / ``W``: Qi et al.,
+    "Zero Bubble Pipeline Parallelism", arXiv:2401.10241; ``split`` None: read from the
+    schedule table; True: whatever the schedule, a bound for every schedule)."""
+    if split is None:
+        split = any(a.kind == BACKWARD_INPUT for row in pl.table.rows for a in row)
+    return [st.fwd_s + st.fwd_tp_s + st.bwd_s + st.bwd_tp_s - (st.wgrad_s if split else 0.0) for st in pl.stages]
+
+
+def compute_bound(pl, schedule: str, hops: Sequence[tuple[float, float]] | None = None,
+                  codec: dict[int, float] | None = None) -> float:
     """Lower bound of an iteration from compute alone: :func:`iteration_bound`'s compute
     terms with each stage's work including its tensor-parallel collectives (serial with
     compute); for every schedule the pipeline fill before each device's work; and for
     GPipe and 1F1B (one whole stage per device; its first action is
     micro-batch 0's forward and its last micro-batch m-1's backward) the pipeline fill
     and drain around the busiest stage: ``max_s sum_{k<s} F_k + m W_s + sum_{k<s} B_k``
-    (GPipe: Huang et al. arXiv:1811.06965; 1F1B: Narayanan et al. arXiv:2104.04473)."""
+    (GPipe: Huang et al. arXiv:1811.06965; 1F1B: Narayanan et al. arXiv:2104.04473);
+    for ZB-H1 the same with the input-gradient pass ``I`` for ``B`` and one
+    weight-gradient pass ``W_0`` after stage 0's last ``I`` (Qi et al., "Zero Bubble
+    Pipeline Parallelism", arXiv:2401.10241).
+    ``hops[k]``: the least seconds one micro-batch's (forward, backward) message over
+    boundary ``k`` adds to the fill and the drain, with the decode and the encode of
+    them that stage ``k+1``'s device runs (:func:`boundary_hops`); ``codec[d]``:
+    the encode and decode seconds device ``d`` runs per iteration (both None: compute
+    only)."""
     fwd = [st.fwd_s + st.fwd_tp_s for st in pl.stages]
     bwd = [st.bwd_s + st.bwd_tp_s for st in pl.stages]
     work = [f + b for f, b in zip(fwd, bwd)]
     m = pl.num_microbatches
     where = pl.table.stage_device
-    bound = iteration_bound(work, [], m, None, stage_device=where)
+    hops = hops or [(0.0, 0.0, 0.0, 0.0)] * (len(work) - 1)
+    codec = codec or {}
+    bound = iteration_bound(work, [], m, None, stage_device=where, pass_s=pass_work(pl))
     # any schedule: a device's first action is a forward of its first stage, which waits
-    # for that micro-batch's forwards on every stage before it; then it computes all
-    # its stages for every micro-batch
+    # for that micro-batch's forwards on every stage before it (and their messages); then
+    # it computes all its stages for every micro-batch
     first: dict[int, int] = {}
     busy: dict[int, float] = {}
     for s, d in enumerate(where):
         first.setdefault(d, s)
         busy[d] = busy.get(d, 0.0) + m * work[s]
-    bound = max(bound, max(sum(fwd[:first[d]]) + busy[d] for d in busy))
-    if schedule in PLAIN_SCHEDULES and len(set(where)) == len(pl.stages):
-        before = 0.0
-        for s, w in enumerate(work):
-            bound = max(bound, before + m * w)
-            before += w
+    # (the last hop's decode on device d is in codec[d]: counted once)
+    bound = max(bound, max(sum(fwd[:f]) + sum(h[0] for h in hops[:f]) - (hops[f - 1][2] if f else 0.0)
+                           + busy[d] + codec.get(d, 0.0) for d, f in first.items()))
+    split = schedule == "zb-h1"
+    if (schedule in PLAIN_SCHEDULES or split) and len(set(where)) == len(pl.stages):
+        # the last backward (ZB-H1: input-gradient I) of stage s follows all its forwards
+        # and backwards; its gradient then runs back through every earlier stage, and
+        # stage 0's last I is followed by at least one weight-gradient W
+        wgrad = [st.wgrad_s for st in pl.stages] if split else [0.0] * len(work)
+        back = [b - w for b, w in zip(bwd, wgrad)]
+        fill = drain = 0.0
+        for s in range(len(work)):
+            own = hops[s - 1][2] + hops[s - 1][3] if s else 0.0  # stage s's own codec: in codec[where[s]]
+            bound = max(bound, fill + m * (fwd[s] + back[s]) + codec.get(where[s], 0.0) - own + drain + wgrad[0])
+            if s < len(hops):
+                fill += fwd[s] + hops[s][0]
+                drain += back[s] + hops[s][1]
     return bound
+
+
+def boundary_hops(pl, strategy, net) -> list[tuple[float, float, float, float]]:
+    """Per pipeline boundary ``k``, the least seconds one micro-batch's forward message
+    and its gradient's add on the critical path of replica 0: encode, the path's latency
+    and its bytes (beyond a token bucket's burst, :class:`perfsim.link.Link`) at the
+    path's rate, decode; then the forward's decode and the gradient's encode alone (the
+    part stage ``k+1``'s device runs); nothing for a hand-off inside one device."""
+    where = pl.table.stage_device
+    burst = getattr(getattr(net, "link", None), "burst_bytes", 0.0) or 0.0
+    out = []
+    for k, st in enumerate(pl.stages[:-1]):
+        if where[k] == where[k + 1]:
+            out.append((0.0, 0.0, 0.0, 0.0))
+            continue
+        a, b = strategy.device(0, 0, where[k]), strategy.device(0, 0, where[k + 1])
+        fw, bw = net.path(a, b), net.path(b, a)
+        out.append((st.fw_encode_s + fw.latency_s + max(0.0, st.fw_bytes - burst) * 8 / fw.bandwidth_bps
+                    + st.fw_decode_s,
+                    st.bw_encode_s + bw.latency_s + max(0.0, st.bw_bytes - burst) * 8 / bw.bandwidth_bps
+                    + st.bw_decode_s, st.fw_decode_s, st.bw_encode_s))
+    return out
+
+
+def device_codec(pl) -> dict[int, float]:
+    """Encode and decode seconds each pipeline device runs per iteration: for every
+    micro-batch, the boundaries it sends over and receives from."""
+    m, where = pl.num_microbatches, pl.table.stage_device
+    codec: dict[int, float] = {}
+    for k, st in enumerate(pl.stages[:-1]):
+        if where[k + 1] != where[k]:
+            codec[where[k]] = codec.get(where[k], 0.0) + m * (st.fw_encode_s + st.bw_decode_s)
+            codec[where[k + 1]] = codec.get(where[k + 1], 0.0) + m * (st.fw_decode_s + st.bw_encode_s)
+    return codec
 
 
 def plan_bound(params: dict[str, Any]) -> float:
     """:func:`iteration_bound` of a configuration, from the engine's own plan (stage
     compute, exact boundary wire bytes) -- no simulation."""
-    _, strategy, system, profile, pl, net = engine_plan(params)
+    _, strategy, system, profile, pl, net = member_plan(params)
     work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
     boundary = [max(st.fw_bytes, st.bw_bytes) for st in pl.stages[:-1]]
 
     where = pl.table.stage_device
     gpn = system.gpus_per_node
-    node = lambda r, s: strategy.device(0, r, where[s]) // gpn  # noqa: E731
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
+    dev = device_map(strategy)
+    node = lambda r, s: dev(0, r, where[s]) // gpn  # noqa: E731
     link, rates, lats = None, None, ()
     sync = []
     if system.topology is None:
@@ -128,15 +243,101 @@ def plan_bound(params: dict[str, Any]) -> float:
         rates = [inter if any(node(r, k) != node(r, k + 1) for r in range(pl.dp)) else intra
                  for k in range(len(pl.stages) - 1)]
     if system.topology is not None:  # each boundary over the slowest link it crosses
-        paths = [[net.path(strategy.device(0, r, where[k]), strategy.device(0, r, where[k + 1]))
+        paths = [[net.path(dev(0, r, where[k]), dev(0, r, where[k + 1]))
                   for r in range(pl.dp)] if where[k] != where[k + 1] else []
                  for k in range(len(pl.stages) - 1)]
         rates = [min((p.bandwidth_bps for p in ps), default=math.inf) for ps in paths]
         lats = [min((p.latency_s for p in ps), default=0.0) for ps in paths]
     nic = nic_bound(pl, strategy, system) if system.topology is None else 0.0
     return max(iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
-                               stage_device=pl.table.stage_device),
-               compute_bound(pl, strategy.schedule), nic)
+                               stage_device=pl.table.stage_device, pass_s=pass_work(pl)),
+               compute_bound(pl, strategy.schedule, boundary_hops(pl, strategy, net), device_codec(pl)), nic,
+               device_bound(pl, strategy, net))
+
+
+def _action_s(st, kind: str) -> float:
+    """Seconds a compute action of stage plan ``st`` keeps its device busy (as the engine
+    runs it: compute and its tensor-parallel collectives, serial)."""
+    if kind == FORWARD:
+        return st.fwd_s + st.fwd_tp_s
+    if kind == BACKWARD:
+        return st.bwd_s + st.bwd_tp_s
+    if kind == BACKWARD_INPUT:
+        return st.bwd_s - st.wgrad_s + st.bwd_tp_s
+    return st.wgrad_s
+
+
+def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
+    """Bytes that must leave or enter the busiest node for one bucket's collectives
+    among the replicas of a pipeline device (tensor rank 0; ``nodes``: how many on
+    each node), as :func:`nic_bound`
+    counts them: per all-reduce of ``S`` bytes over ``N`` nodes ``2 (N-1)/N S`` out of
+    each node, per reduce-scatter ``(n - k)/n S`` out of and per all-gather ``(n - k) S``
+    into a node holding ``k`` of the ``n`` members; other kinds, and a topology, count
+    nothing."""
+    if system.topology is not None or not system.bandwidth_bps:
+        return 0.0
+    n = strategy.dp
+    N = len(nodes)
+    if N < 2:
+        return 0.0
+    out = into = 0.0
+    for step in bucket.steps:
+        if step.kind == "allreduce":
+            out += 2.0 * (N - 1) / N * step.nbytes
+        elif step.kind == REDUCE_SCATTER:  # the other members' parts of the sum leave the node
+            out += (n - min(nodes.values())) / n * step.nbytes
+        elif step.kind == "allgather":
+            into += (n - min(nodes.values())) * step.nbytes
+    return max(out, into)
+
+
+def device_bound(pl, strategy, net) -> float:
+    """Lower bound of an iteration from what each device does in turn, as the engine
+    (:mod:`perfsim.engine.sim`) runs it: every action of its schedule row (compute,
+    tensor-parallel collectives, and for each micro-batch the encode and decode of the
+    boundaries it sends and receives), then, once its stages' gradients are synced, its
+    optimizer steps. A stage's gradient buckets are synced in order on one stream, each
+    once ready: bucket ``j`` is ready ``f_j`` (``Bucket.ready_fraction``; 1 without
+    overlap) into the stage's last weight-gradient action, which starts only after every
+    action before it in the device's row; it then takes at least its copies, codec and
+    the bytes its collectives must move through a node's NICs (:func:`_sync_bytes`) at
+    their fastest rate. So
+    the device ends no earlier than ``max_j (ready_j + sum_{i >= j} sync_i) + optimizer``.
+    ZeRO-2/3 stages (per-unit collectives) count their compute only."""
+    where = pl.table.stage_device
+    n = len(pl.stages)
+    codec = device_codec(pl)
+    system = net.system
+    # the fastest a node's NICs move bytes: nominal, or a calibrated rate above it
+    rate = max(system.bandwidth_bps, net.link.rate_bps, net.collective_link.rate_bps)
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
+    dev = device_map(strategy)
+    bound = 0.0
+    for d in range(pl.pp):
+        row = pl.table[d]
+        mine = [k for k in range(n) if where[k] == d]
+        opt = sum(pl.stages[k].optimizer_s for k in mine)
+        busy = sum(_action_s(pl.stages[a.stage], a.kind) for a in row if a.kind in COMPUTE_KINDS)
+        end = busy + codec.get(d, 0.0)
+        last = {a.stage: i for i, a in enumerate(row) if a.kind in (BACKWARD, BACKWARD_WEIGHT)}
+        for k in mine:
+            st = pl.stages[k]
+            if not st.buckets or st.units or k not in last or pl.dp == 1:
+                continue
+            before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
+            length = _action_s(st, row[last[k]].kind)
+            nodes = Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp))
+            times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, nodes) * 8 / rate
+                     for b in st.buckets]
+            after = 0.0
+            for b, t in zip(reversed(st.buckets), reversed(times)):
+                after += t
+                frac = b.ready_fraction if pl.overlap else 1.0
+                end = max(end, before + frac * length + after)
+        bound = max(bound, end + opt)
+    return bound
 
 
 def nic_bound(pl, strategy, system) -> float:
@@ -150,20 +351,27 @@ def nic_bound(pl, strategy, system) -> float:
       volume, the hierarchical all-reduce's inter-node phase; the tree moves ``2 S``:
       Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
       workstations", JPDC 2009), and receives per all-gather ``(n - k) S`` (the other
-      members' parts; ``k`` of its ``n`` members on the node); other kinds nothing.
+      members' parts; ``k`` of its ``n`` members on the node) -- under ZeRO-3 also per
+      micro-batch each unit's shards (twice when resharded after the forward,
+      :mod:`perfsim.engine.sharding`), and sends per reduce-scatter of ``S`` bytes per
+      member (ZeRO-2/3: each unit's gradient, every micro-batch) the other members'
+      ``(n - k)/n S`` (so does a bucket's reduce-scatter, ZeRO-1's); other kinds nothing.
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
     if not system.bandwidth_bps:
         return 0.0
 
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
     gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
+    dev = device_map(strategy)
     out: dict[int, float] = {}
     into: dict[int, float] = {}
     for t in range(strategy.tp):
         for k, st in enumerate(pl.stages):
             if k + 1 < len(pl.stages):
                 for r in range(n):
-                    a = strategy.device(t, r, where[k]) // gpn
-                    b = strategy.device(t, r, where[k + 1]) // gpn
+                    a = dev(t, r, where[k]) // gpn
+                    b = dev(t, r, where[k + 1]) // gpn
                     if a != b:
                         out[a] = out.get(a, 0.0) + m * st.fw_bytes / strategy.tp
                         into[b] = into.get(b, 0.0) + m * st.fw_bytes / strategy.tp
@@ -171,14 +379,21 @@ def nic_bound(pl, strategy, system) -> float:
                         into[a] = into.get(a, 0.0) + m * st.bw_bytes / strategy.tp
             if n == 1:
                 continue
-            nodes = Counter(strategy.device(t, r, where[k]) // gpn for r in range(n))
+            nodes = Counter(dev(t, r, where[k]) // gpn for r in range(n))
             N = len(nodes)
             if N < 2:
                 continue
             reduce = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allreduce")
             gather = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allgather")
+            # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
+            # again before its backward when resharded), :mod:`perfsim.engine.sharding`
+            shards = sum(u.gather_bytes for u in st.units)
+            gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
+            # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
+            scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
+            scatter += sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == REDUCE_SCATTER)
             for node, on in nodes.items():
-                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (n - on) / n * scatter
                 into[node] = into.get(node, 0.0) + (n - on) * gather
     return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
 
@@ -205,7 +420,7 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
 
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
-        workload, strategy, system, _, pl, _ = engine_plan(q)
+        workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
         if system.gpu:
             check_memory(workload, strategy, system, pl)
     except ConfigError as exc:
@@ -221,22 +436,27 @@ def family_bound(params: dict[str, Any]) -> float:
     sharding work), so it holds for every stage a family holds."""
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS and k != "zero"}
     try:
-        _, strategy, _, _, pl, _ = engine_plan(q)
+        _, strategy, _, _, pl, _ = engine_plan(q, compute_only=True)
     except ConfigError:
         return 0.0
     work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
-    return iteration_bound(work, [], pl.num_microbatches, None, stage_device=pl.table.stage_device)
+    # the groups may differ in schedule: the pass without weight gradients holds for all
+    return iteration_bound(work, [], pl.num_microbatches, None, stage_device=pl.table.stage_device,
+                           pass_s=pass_work(pl, split=True))
 
 
 #: what a group's members differ in (a compression, and where it applies)
 COMPRESSION_KEYS = ("compress", "grad_compress", "boundary_compress", "placement", "device_order")
+_COMPRESSION = frozenset(COMPRESSION_KEYS)
 #: what a family's groups may differ in besides: neither changes any stage's work
 #: (ZeRO-1 shards optimizer state; these schedules order the same whole-stage actions)
 FAMILY_KEYS = ("zero", "schedule")
 
 
 def group_key(params: dict[str, Any]) -> tuple:
-    return tuple(sorted((k, v) for k, v in params.items() if k not in COMPRESSION_KEYS))
+    """What a group's members share: every parameter but the compression ones, in the
+    parameters' order (the candidates list them in one order, :mod:`perfsim.search_space`)."""
+    return tuple(kv for kv in params.items() if kv[0] not in _COMPRESSION)
 
 
 def family_key(params: dict[str, Any]) -> tuple:

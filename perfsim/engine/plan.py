@@ -204,15 +204,16 @@ def _cast(dtype: str, role: str) -> Spec:
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
-                   head: bool = False, measured_kinds: bool = True, host_s: float = 0.0
-                   ) -> tuple[float, float, float]:
+                   head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
+                   uniform: bool | None = None) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
     on the slowest of the stage's TP groups. ``measured_kinds``: the profile's backend
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
-    GPU curve's ``collective_s``, the host's time to issue it)."""
+    GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
+    network's :func:`uniform_network` (None: asked here)."""
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -221,10 +222,13 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
     parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
              (tp_edge_collectives(*shape, embed, head), 1)]
-    groups = [[strategy.device(t, r, s) for t in range(tp)] for r in range(strategy.dp)]
+    reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
     seen = {}
-    for members in groups:
-        key = tuple(network.node(m) for m in members)
+    for r in reps:
+        members = [strategy.device(t, r, s) for t in range(tp)]
+        # a collective's time depends on its group only through the group's shape (nodes,
+        # ranks per node, slowest hop: Network.collective): replicas alike are priced once
+        key = _shape_key(network, members)
         if key in seen:
             continue
         # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
@@ -243,8 +247,59 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     return fwd, bwd, nbytes
 
 
-def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0
-                   ) -> tuple[float, float, float]:
+def uniform_network(network) -> bool:
+    """Every path between two nodes alike (no topology, or a uniform one,
+    :meth:`perfsim.network.topology.Topology.is_uniform`)."""
+    topo = getattr(network, "topology", None)
+    return topo is None or topo.is_uniform()
+
+
+def device_map(strategy):
+    """``(t, r, s) -> GPU``, :meth:`perfsim.config.Strategy.device` itself, or without a
+    ``device_order`` its linear form (the rank strides of its ``placement``, read from
+    it) for loops over many replicas."""
+    if strategy.device_order is not None:
+        return strategy.device
+    o = strategy.device(0, 0, 0)
+    a = strategy.device(1, 0, 0) - o if strategy.tp > 1 else 0
+    b = strategy.device(0, 1, 0) - o if strategy.dp > 1 else 0
+    c = strategy.device(0, 0, 1) - o if strategy.pp > 1 else 0
+    return lambda t, r, s: o + t * a + r * b + s * c
+
+
+def _alike(strategy, network, first, n: int, uniform: bool | None) -> list[int]:
+    """Indices of the groups worth pricing among ``n`` groups whose ``i``-th starts on
+    GPU ``first(i)`` and whose members follow at fixed strides (a TP group's tensor
+    ranks, an EP group's replicas: :meth:`perfsim.config.Strategy.device` is linear
+    without a ``device_order``, so ``first(i)`` is too). On a uniform network two such
+    groups whose first GPUs sit at the same place in their nodes (``first mod
+    gpus_per_node``) span the nodes alike, so have one shape: one of each is kept --
+    and as ``first(i) mod gpus_per_node`` repeats with a period dividing
+    ``gpus_per_node``, the first ``gpus_per_node`` groups hold every place. Otherwise
+    every group."""
+    if uniform is None:
+        uniform = uniform_network(network)
+    if not uniform or strategy.device_order is not None:
+        return list(range(n))
+    gpn = network.system.gpus_per_node
+    kept: dict[int, int] = {}
+    for i in range(min(n, gpn)):
+        kept.setdefault(first(i) % gpn, i)
+    return list(kept.values())
+
+
+def _shape_key(network, members) -> tuple:
+    """What a lockstep collective's time on ``members`` depends on: the group's shape
+    (:meth:`perfsim.network.Network.group_shape`), else (a network without one) the
+    members' nodes."""
+    shape = getattr(network, "group_shape", None)
+    if shape is not None:
+        return (shape(members, lockstep=True),)
+    return tuple(network.node(m) for m in members)
+
+
+def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
+                   uniform: bool | None = None) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
     MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
     combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
@@ -259,9 +314,14 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     size = ep_alltoall_bytes(spec, strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision],
                              routing)
     one = 0.0
+    seen = set()
     for t in range(strategy.tp):
-        for g in range(strategy.dp // ep):
+        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
             members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            key = _shape_key(network, members)
+            if key in seen:  # priced through its shape only: once per shape
+                continue
+            seen.add(key)
             one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
     fwd = bwd = 2 * moe_blocks * one
     sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
@@ -271,11 +331,18 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     return fwd, bwd, 2 * sent
 
 
-def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None) -> Plan:
+def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None,
+               compute_only: bool = False, compute: Plan | None = None) -> Plan:
     """Resolve every per-stage cost (see module docstring). ``network`` times the
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
     when the profile has none for this precision; ``host_overhead_s``: the host time
-    per operator that replaces the GPU curve's (``System.host_overhead_s``)."""
+    per operator that replaces the GPU curve's (``System.host_overhead_s``).
+    ``compute_only``: each stage's compute, tensor- and expert-parallel collectives and
+    parameters only (what the planner's bounds and the memory check read), without
+    the boundaries' wire bytes, the gradient buckets and the optimizer step.
+    ``compute``: a plan of the same job but for its compression (which changes no
+    stage's compute), whose per-stage compute and collectives are taken as they are
+    (the planner prices a group's compressions from one resolution)."""
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
@@ -298,6 +365,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     if gpu is not None:
         curve = curve_for(gpu, host_overhead_s)[0]
     has_warmup = False
+    uniform = uniform_network(network) if network is not None and tp * strategy.ep > 1 else None
     for s, (a, b) in enumerate(bounds):
         layers = rank_layers[a:b]
         out_shape = (mb, *layers[-1].out_shape)
@@ -309,8 +377,12 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             if out_shape[-1] % tp == 0 else part
         # whole-stage records (of this tp degree): no recomputation, on the profile's own device
         measured = profile if gpu is None and strategy.recompute == "none" else None
-        fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
-                                                        strategy.sequence_parallel, strategy.schedule)
+        if compute is not None:  # the same job's compute, resolved before
+            c = compute.stages[s]
+            fwd_s, bwd_s, layer_bwd, whole = c.fwd_s, c.bwd_s, list(c.layer_bwd), c.whole_stage_measured
+        else:
+            fwd_s, bwd_s, layer_bwd, whole = _stage_compute(workload, measured, s, a, b, nst, mb, tp,
+                                                            strategy.sequence_parallel, strategy.schedule)
         params = sum(layer.params for layer in layers)
         synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
@@ -327,19 +399,28 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                        whole_stage_measured=whole, unit_params=[layer.params for layer in synced])
         tokens = workload.tokens_per_sample
         st.wgrad_s = sum(t * weight_grad_share(layer, tokens) for t, layer in zip(layer_bwd, layers))
-        if network is not None:
+        if compute is not None:
+            c = compute.stages[s]
+            st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes, st.ep_s, st.ep_bytes = (c.fwd_tp_s, c.bwd_tp_s, c.tp_bytes,
+                                                                           c.ep_s, c.ep_bytes)
+        elif network is not None:
             blocks = sum(1 for layer in layers if layer.name.startswith("block"))
             names = {layer.name for layer in layers}
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
-                                                                   host_s=curve.collective_s if curve else 0.0)
+                                                                   host_s=curve.collective_s if curve else 0.0,
+                                                                   uniform=uniform)
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
                 moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
                                  and arch.is_moe_block(int(layer.name[5:])))
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
-                                                     host_s=curve.collective_s if curve else 0.0)
+                                                     host_s=curve.collective_s if curve else 0.0,
+                                                     uniform=uniform)
                 st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
+        if compute_only:
+            stages.append(st)
+            continue
         # a boundary inside one device is a local hand-off: no message, no codec
         if s < nst - 1 and where_dev[s + 1] != where_dev[s]:
             nbytes_fp32 = 4 * numel_of(wire_shape)

@@ -1,0 +1,51 @@
+"""The planner's cheap paths give the engine's own figures: tensor-parallel groups priced
+once per shape, the compute-only plan the bounds read, the bounds themselves."""
+
+from perfsim.api import build_configs
+from perfsim.engine.plan import build_plan, tp_stage_times
+from perfsim.network import Network
+
+
+def _job(**kw):
+    workload, strategy, system, profile = build_configs(model="gpt2-tiny", **kw)
+    return workload, strategy, system, profile, Network(system, strategy.devices, profile)
+
+
+def test_tp_groups_priced_once_per_shape_match_every_group():
+    # 3 GPUs per node, TP 2 x DP 3: groups (0,1) and (4,5) stay in a node, (2,3) spans two
+    # nodes; the representatives must price the spanning one as every group does
+    for placement in ("tp,dp,pp", "dp,tp,pp"):
+        workload, strategy, system, _, net = _job(tp=2, dp=3, pp=1, gpus_per_node=3, global_batch=6,
+                                                  bandwidth="1Gbps", placement=placement)
+        fast = tp_stage_times(workload, strategy, net, 0, 2, uniform=True)
+        every = tp_stage_times(workload, strategy, net, 0, 2, uniform=False)
+        assert fast == every and fast[0] > 0
+    # the spanning group is the slowest: a node-local group alone is faster
+    workload, strategy, system, _, net = _job(tp=2, dp=1, pp=1, gpus_per_node=3, global_batch=2, bandwidth="1Gbps")
+    assert tp_stage_times(workload, strategy, net, 0, 2)[0] < fast[0]
+
+
+def test_compute_only_plan_has_the_full_plans_compute_and_parameters():
+    workload, strategy, system, profile, net = _job(tp=2, dp=2, pp=2, gpus_per_node=4, global_batch=8,
+                                                    bandwidth="1Gbps", grad_compress="qsgd-maxnorm:4")
+    full = build_plan(workload, strategy, profile, net)
+    cheap = build_plan(workload, strategy, profile, net, compute_only=True)
+    for a, b in zip(full.stages, cheap.stages, strict=True):
+        assert (a.fwd_s, a.bwd_s, a.fwd_tp_s, a.bwd_tp_s, a.params, a.unit_params) == \
+            (b.fwd_s, b.bwd_s, b.fwd_tp_s, b.bwd_tp_s, b.params, b.unit_params)
+    assert full.stages[0].fw_bytes > 0 and full.stages[0].buckets
+    assert cheap.stages[0].fw_bytes == 0 and not cheap.stages[0].buckets
+
+
+def test_zero_bubble_pass_leaves_weight_gradients_out():
+    """ZB-H1 takes W off the pass: one micro-batch's F+B through all 16 stages (11.52 s,
+    the old bound) is longer than the whole simulated iteration; the bound is not."""
+    from perfsim.api import predict
+    from perfsim.plan_search import engine_plan, plan_bound
+
+    p = dict(model="gpt2-xl", pp=16, dp=1, gpus_per_node=4, bandwidth="1Gbps", schedule="zb-h1",
+             micro_batch=8, macro_batch=16)
+    it = predict(**p).summary["iteration_s"]
+    pl = engine_plan(p)[4]
+    assert sum(s.fwd_s + s.bwd_s + s.fwd_tp_s + s.bwd_tp_s for s in pl.stages) > it  # F+B pass: no bound
+    assert 0.9 * it < plan_bound(p) <= it
