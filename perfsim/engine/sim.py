@@ -301,21 +301,11 @@ class Simulation:
                     box = inbox[key] = env.event()
                 yield box
                 if decode > 0:
-                    t0 = env.now
-                    yield timeout(decode)
-                    st.codec_s += decode
-                    cell["encode_s"] += decode
-                    if tracing:
-                        self._span(f"{what} {k} mb{mb}", "codec", r, d, t0, env.now)
+                    yield from self._codec(st, cell, r, d, decode, what, k, mb)
             elif kind == SEND_F or kind == SEND_B:
                 _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
                 if encode > 0:
-                    t0 = env.now
-                    yield timeout(encode)
-                    st.codec_s += encode
-                    cell["encode_s"] += encode
-                    if tracing:
-                        self._span(f"{what} {k} mb{mb}", "codec", r, d, t0, env.now)
+                    yield from self._codec(st, cell, r, d, encode, what, k, mb)
                 # handed to the network; delivered into inbox[key] (the ``message_*``
                 # methods are the backend's handler, called with this message)
                 key, dst = (r, k2, tag, mb), devs[(r, peer)]
