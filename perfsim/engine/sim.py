@@ -43,7 +43,8 @@ link while lanes through a NIC share it.
 
 Replica classes: replicas whose pipelines see identical links behave
 identically, so only one representative per class is simulated
-(:func:`perfsim.engine.replica_classes`; a uniform network has one class). A
+(:func:`perfsim.engine.replica_classes`; a uniform network has one class; replicas
+that share nodes' NICs are simulated together, one group of each kind). A
 collective still spans the full ring of all ``dp`` members: its rate is the
 slowest ring link's, its per-step delay the largest latency, and it loads the
 NICs of the simulated representatives (each stands for its class) -- so a
