@@ -9,12 +9,14 @@ iteration; PP 16 x DP 512 (8192 devices); 3D parallelism on 512 A100s (GPT-3
 same sizes with heterogeneous topologies: 4 regions and a few degraded hops (one
 replica per class of identical pipelines is simulated), every replica distinct
 (one region each; and at 8192 GPUs, 4 regions with every pipeline hop its own
-measured link: every replica simulated, target < 10 s); and a linearity check
+measured link: every replica simulated, target < 10 s); the 131,072-GPU job of
+issue 33 (GPT-3 175B, TP 8 x PP 16 x DP 1024, H100 nodes of 8 GPUs; target < 10 s),
+on a uniform network and with every replica distinct; and a linearity check
 (wall time per event as the number of micro-batches grows).
 
 ``events``: SimPy events the event loop processed, or the steps the closed-form
 replay evaluated (``engine``, :mod:`perfsim.engine.replay`). Wall times depend
-on the machine's load, printed beside them (with the process's CPU time).
+on the machine's load, printed beside them, with the process's CPU time per case.
 """
 
 from __future__ import annotations
@@ -32,9 +34,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from perfsim.api import predict  # noqa: E402
 
 
+#: CPU seconds of the last :func:`timed` call (on a loaded machine, the closer figure)
+LAST_CPU = [0.0]
+
+
 def timed(fn):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     out = fn()
+    LAST_CPU[0] = time.process_time() - c
     return out, time.perf_counter() - t
 
 
@@ -69,13 +76,15 @@ def hetero_topology(nodes: int, pp: int, seed: int = 0) -> str:
                    "region_latency": lat, "links": links})
 
 
-def geo_distinct_topology(replicas: int, pp: int, seed: int = 2) -> str:
+def geo_distinct_topology(replicas: int, pp: int, seed: int = 2, node=None) -> str:
     """Every replica different on a geo-distributed system: the regions of
     :func:`_regions`, and each pipeline hop of every replica its own measured
-    link (0.5-5 Gbps, 0.2-5 ms), so no two replicas see the same links."""
+    link (0.5-5 Gbps, 0.2-5 ms), so no two replicas see the same links.
+    ``node(r, s)``: the node of stage ``s`` of replica ``r`` (default ``r * pp + s``)."""
     rng = random.Random(seed)
     bw, lat = _regions(rng)
-    links = [{"src": r * pp + s, "dst": r * pp + s + 1, "bandwidth": rng.choice(["500Mbps", "1Gbps", "2Gbps", "5Gbps"]),
+    node = node or (lambda r, s: r * pp + s)
+    links = [{"src": node(r, s), "dst": node(r, s + 1), "bandwidth": rng.choice(["500Mbps", "1Gbps", "2Gbps", "5Gbps"]),
               "latency": f"{rng.uniform(0.2, 5):.4f}ms"} for r in range(replicas) for s in range(pp - 1)]
     return _write({"nodes": replicas * pp, "regions": {"size": replicas * pp // 4}, "region_bandwidth": bw,
                    "region_latency": lat, "links": links})
@@ -93,7 +102,7 @@ def distinct_topology(replicas: int, pp: int, seed: int = 1) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="skip the 8192-device geo-distributed cases")
+    ap.add_argument("--quick", action="store_true", help="skip the geo-distributed cases of 8192 and 131,072 GPUs")
     args = ap.parse_args(argv)
     predict()  # warm imports and caches
     rows = []
@@ -104,7 +113,7 @@ def main(argv=None) -> int:
         engines = ",".join(sorted({r.summary["engine"] for r in results}))
         rows.append((name, len(results), events, wall))
         print(f"{name:<44} configs={len(results):>3} events={events:>9,} wall={wall:7.3f}s "
-              f"events/s={events / wall:>10,.0f} ({engines})", flush=True)
+              f"cpu={LAST_CPU[0]:7.3f}s events/s={events / wall:>10,.0f} ({engines})", flush=True)
 
     r, w = min((timed(lambda: predict()) for _ in range(5)), key=lambda x: x[1])
     report("default (GPT2-1.5B, pp8, m32, 10Gbps)", r, w)
@@ -154,6 +163,24 @@ def main(argv=None) -> int:
               f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
         r, w = timed(lambda: predict(pp=16, dp=512, topology=topo, grad_compress="qsgd-maxnorm:4", schedule="1f1b"))
         report("  the same with 1F1B", r, w)
+        os.unlink(topo)
+    # the issue's 131,072-GPU job: GPT-3 175B, TP 8 x PP 16 x DP 1024 on H100 nodes of 8 GPUs
+    big = dict(model="gpt3-175b", gpu="h100", tp=8, pp=16, dp=1024, micro_batch=1, global_batch=16384,
+               gpus_per_node=8, precision="bf16", recompute="full")
+    r, w = timed(lambda: predict(**big, bandwidth="400Gbps"))
+    cpu = LAST_CPU[0]
+    report(f"131,072 GPUs TP8 x PP16 x DP1024 GPT-3 175B ({r.summary['replicas_simulated']} class)", r, w)
+    print(f"  target 131,072 GPUs every replica < 10 s: {'met' if w < 10 else 'NOT met'} (the 1024 replicas "
+          f"see identical links: one class stands for all; CPU {cpu:.2f} s, load {os.getloadavg()[0]:.1f})")
+    if not args.quick:
+        # every replica distinct: each pipeline hop its own measured link, regions between
+        topo = geo_distinct_topology(1024, 16, node=lambda r, s: r + 1024 * s)  # node of (replica, stage)
+        r, w = timed(lambda: predict(**big, topology=topo))
+        cpu = LAST_CPU[0]
+        report(f"131,072 GPUs geo, every replica ({r.summary['replicas_simulated']} simulated)", r, w)
+        print(f"  target 131,072 GPUs, 1024 distinct replicas < 10 s: {'met' if w < 10 else 'NOT met'} "
+              f"(CPU {cpu:.2f} s, load {os.getloadavg()[0]:.1f}; TP lanes and both pipeline directions "
+              f"share each node's NIC, so the flows compete and the event loop runs)")
         os.unlink(topo)
     print("linearity (default model, 100Mbps, aqsgd:fw3bw6):")
     for m in (32, 64, 128, 256):

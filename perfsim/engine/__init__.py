@@ -23,8 +23,9 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
     every hop, both directions, and the NIC rates of their nodes); one
     representative per group is simulated. Without a topology, or with a
     uniform one, there is one group -- unless replicas share a node and a pipeline hop
-    leaves it (their messages share the node's NICs): then, as on a non-uniform topology
-    whose replicas share nodes, every replica is its own group.
+    leaves it (their messages share the node's NICs): then the replicas sharing nodes are
+    simulated together, one such group of each kind (:func:`node_group_classes`). On a
+    non-uniform topology whose replicas share nodes, every replica is its own group.
     ``device(r, s)``: GPU index of stage ``s`` of replica ``r`` (default ``r * pp + s``).
     ``hops``: the (device, next device) pairs the schedule sends over (default
     ``d -> d+1``; an interleaved table also goes from the last device to the first)."""
@@ -39,9 +40,10 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
         for s in range(pp):
             shared |= owner.setdefault(network.node(dev(r, s)), r) != r
     # replicas that share a node share its NICs: when a pipeline hop leaves the node, one
-    # representative would load the NIC with its own messages alone and miss the others'
+    # representative would load the NIC with its own messages alone and miss the others';
+    # the replicas sharing nodes are then simulated together, one such group per class
     if shared and any(network.node(dev(r, a)) != network.node(dev(r, b)) for r in range(dp) for a, b in pairs):
-        return [[q] for q in range(dp)]
+        return node_group_classes(network, pp, dp, dev, pairs)
     if topo is None or topo.is_uniform():
         return [list(range(dp))]
     if shared:
@@ -58,6 +60,59 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
             key.append(tuple(topo.nic_bps[network.node(dev(r, s))] for s in range(pp)))
         groups.setdefault(tuple(key), []).append(r)
     return list(groups.values())
+
+
+def node_group_classes(network: Network, pp: int, dp: int, device, hops: list[tuple[int, int]]) -> list[list[int]]:
+    """Replica classes when replicas share nodes: the replicas joined by shared nodes
+    form a *group* (they share NICs, so they are simulated together), and groups that
+    are the same up to renaming their nodes -- the same layout of (replica, stage) on
+    nodes, the same links on every pipeline hop and between the first and the last stage,
+    the same NIC rates, and the same data-parallel ring edges entering and leaving them
+    (the ring over all ``dp`` replicas, member ``r`` sends to ``r + 1``) -- load their
+    NICs alike at every instant; one group of each kind is simulated. Class ``i`` of a
+    kind holds the ``i``-th replica of each of its groups (its first is simulated).
+    ``device(r, s)`` and ``hops`` as in :func:`replica_classes`."""
+    node = lambda r, s: network.node(device(r, s))  # noqa: E731
+    parent = list(range(dp))
+
+    def root(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    owner: dict[int, int] = {}
+    for r in range(dp):
+        for s in range(pp):
+            q = owner.setdefault(node(r, s), r)
+            a, b = root(q), root(r)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    groups: dict[int, list[int]] = {}
+    for r in range(dp):
+        groups.setdefault(root(r), []).append(r)
+    pairs = list(hops) + ([(0, pp - 1)] if pp > 1 else [])
+    kinds: dict[tuple, list[list[int]]] = {}
+    for group in groups.values():
+        label: dict[int, int] = {}
+        for r in group:
+            for s in range(pp):
+                label.setdefault(node(r, s), len(label))
+        key: list = [len(group), tuple(label[node(r, s)] for r in group for s in range(pp))]
+        for r in group:
+            for a, b in pairs:
+                fw, bw = network.path(device(r, a), device(r, b)), network.path(device(r, b), device(r, a))
+                key.append((fw.bandwidth_bps, fw.latency_s, fw.resources and tuple(label[x[1]] for x in fw.resources),
+                            bw.bandwidth_bps, bw.latency_s, bw.resources and tuple(label[x[1]] for x in bw.resources)))
+            for s in range(pp):  # the ring edges into and out of this member: NICs they load
+                nxt, prv = node((r + 1) % dp, s), node((r - 1) % dp, s)
+                key.append((nxt != node(r, s), prv != node(r, s)))
+        key.append(tuple((network.capacity(("tx", n)), network.capacity(("rx", n))) for n in label))
+        kinds.setdefault(tuple(key), []).append(group)
+    classes = []
+    for same in kinds.values():
+        classes += [[g[i] for g in same] for i in range(len(same[0]))]
+    return sorted(classes)
 
 
 def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
@@ -129,4 +184,4 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
                         network=network)
 
 
-__all__ = ["Plan", "build_plan", "plan_with_memory", "replica_classes", "simulate"]
+__all__ = ["Plan", "build_plan", "node_group_classes", "plan_with_memory", "replica_classes", "simulate"]

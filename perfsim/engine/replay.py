@@ -170,12 +170,12 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         return None
     if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
         return None
+    reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
+    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
+        return None
     table = plan.table
     order = _order(plan.comm_rows)
     if order is None:
-        return None
-    reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
-    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
         return None
     nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
     place = plan.device or (lambda t, r, s: r * pp + s)

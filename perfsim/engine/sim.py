@@ -43,7 +43,8 @@ link while lanes through a NIC share it.
 
 Replica classes: replicas whose pipelines see identical links behave
 identically, so only one representative per class is simulated
-(:func:`perfsim.engine.replica_classes`; a uniform network has one class). A
+(:func:`perfsim.engine.replica_classes`; a uniform network has one class; replicas
+that share nodes' NICs are simulated together, one group of each kind). A
 collective still spans the full ring of all ``dp`` members: its rate is the
 slowest ring link's, its per-step delay the largest latency, and it loads the
 NICs of the simulated representatives (each stands for its class) -- so a
@@ -151,6 +152,7 @@ class Simulation:
         # ZeRO-2/3 (perfsim.engine.sharding): collectives waiting for replicas to join,
         # and per (replica, device) the last reduce-scatter queued and all of them
         self.shard_rdv: dict[tuple, list] = {}
+        self._programs: dict[int, list[tuple]] = {}  # device -> its resolved row (_program)
         self.rs_tail: dict[tuple[int, int], simpy.Event] = {}
         self.rs_all: dict[tuple[int, int], list] = {}
 
@@ -207,17 +209,7 @@ class Simulation:
                 break
         st.interference_s += max(0.0, env.now - t_start - seconds)
 
-    def _post(self, key, r: int, s: int, peer_stage: int) -> None:
-        """The receiver (r, s) posts its receive for ``key`` now (the backend's rendezvous)."""
-        self.net.post_receive(key, self.dev(r, s), self.dev(r, peer_stage))
-
-    # ------------------------------------------------------------ p2p
-    def send(self, r: int, src_stage: int, dst_stage: int, key, nbytes: int, mb: int, kind: str):
-        """Hand a message to the network; it is delivered into inbox[key] (the
-        ``message_*`` methods are the backend's handler, called with this message)."""
-        src, dst = self.dev(r, src_stage), self.dev(r, dst_stage)
-        self.net.send(src, dst, nbytes, key, self.lanes, self, (key, nbytes, mb, kind, r, src_stage, src, dst))
-
+    # ------------------------------------------------------------ p2p (the backend's handler)
     def message_started(self, msg) -> None:
         """Its bytes start moving: both ends communicate (interference)."""
         if self.slowdown:
@@ -247,57 +239,101 @@ class Simulation:
         self._box(key).succeed()
 
     # ------------------------------------------------------------ devices
-    def device(self, r: int, d: int):
-        env, plan, where = self.env, self.plan, self.where
-        st, me = self.stats[(r, d)], self.dev(r, d)
+    def _program(self, d: int) -> list[tuple]:
+        """Device ``d``'s row with every cost resolved once (the same for every
+        replica): per action ``(kind, action, stage, micro-batch, ...)`` -- a receive adds
+        the sending stage's device, the inbox tag, the decode seconds and its trace label; a
+        send the receiving stage's device, its stage, the tag, the encode seconds, the bytes,
+        the message kind and its label; a compute step its seconds, its tensor-parallel
+        collectives' seconds, whether it runs unit by unit (ZeRO-2/3) and whether it
+        completes the stage's weight gradients."""
+        prog = self._programs.get(d)
+        if prog is not None:
+            return prog
+        plan, where = self.plan, self.where
         last_grad = {}  # stage -> its last action that completes weight gradients
         for a in self.table[d]:
             if a.kind in (BACKWARD, BACKWARD_WEIGHT):
                 last_grad[a.stage] = a
+        prog = []
         for a in self.rows[d]:
             k, mb, kind = a.stage, a.microbatch, a.kind
             sp = plan.stages[k]
-            cell = self.micro[(r, d, mb)] if r == self.replicas[0] else self._scratch
             if kind == RECV_F:
-                self._post((r, k, "F", mb), r, d, where[k - 1])
-                yield self._box((r, k, "F", mb))
-                yield from self._codec(st, cell, r, d, plan.stages[k - 1].fw_decode_s, "decode act", k, mb)
+                op = (kind, a, k, mb, where[k - 1], "F", plan.stages[k - 1].fw_decode_s, "decode act")
             elif kind == RECV_B:
-                self._post((r, k, "B", mb), r, d, where[k + 1])
-                yield self._box((r, k, "B", mb))
-                yield from self._codec(st, cell, r, d, sp.bw_decode_s, "decode grad", k, mb)
+                op = (kind, a, k, mb, where[k + 1], "B", sp.bw_decode_s, "decode grad")
             elif kind == SEND_F:
-                yield from self._codec(st, cell, r, d, sp.fw_encode_s, "encode act", k, mb)
                 nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
-                self.send(r, d, where[k + 1], (r, k + 1, "F", mb), nbytes, mb, FORWARD)
+                op = (kind, a, k, mb, where[k + 1], k + 1, "F", sp.fw_encode_s, nbytes, FORWARD, "encode act")
             elif kind == SEND_B:  # the gradient of boundary (k-1, k) is described by stage k-1's plan
                 prev = plan.stages[k - 1]
-                yield from self._codec(st, cell, r, d, prev.bw_encode_s, "encode grad", k, mb)
-                self.send(r, d, where[k - 1], (r, k - 1, "B", mb), prev.bw_bytes, mb, BACKWARD)
+                op = (kind, a, k, mb, where[k - 1], k - 1, "B", prev.bw_encode_s, prev.bw_bytes, BACKWARD,
+                      "encode grad")
             else:
                 seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
                            BACKWARD_WEIGHT: sp.wgrad_s}[kind]
                 # tensor-parallel collectives, serial with the compute (the backward's
                 # reduce the input gradient: they go with B or I, not W)
                 tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
+                sharded = bool(sp.units) and kind in (FORWARD, BACKWARD)  # ZeRO-2/3: collectives per unit
+                last = a is last_grad.get(k) and bool(self.buckets[k])
+                op = (kind, a, k, mb, seconds, tp_s, sharded, last,
+                      "fwd_compute_s" if kind == FORWARD else "bwd_compute_s")
+            prog.append(op)
+        self._programs[d] = prog
+        return prog
+
+    def device(self, r: int, d: int):
+        env, plan, net = self.env, self.plan, self.net
+        timeout, inbox, devs = env.timeout, self.inbox, self._dev
+        st, me = self.stats[(r, d)], devs[(r, d)]
+        cells = self.micro if r == self.replicas[0] else None
+        scratch, slow, tracing, lanes = self._scratch, self.slowdown, self.want_trace, self.lanes
+        for op in self._program(d):
+            kind, a, k, mb = op[0], op[1], op[2], op[3]
+            cell = cells[(r, d, mb)] if cells is not None else scratch
+            if kind == RECV_F or kind == RECV_B:
+                _, _, _, _, peer, tag, decode, what = op
+                key = (r, k, tag, mb)
+                net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
+                box = inbox.get(key)
+                if box is None:
+                    box = inbox[key] = env.event()
+                yield box
+                if decode > 0:
+                    yield from self._codec(st, cell, r, d, decode, what, k, mb)
+            elif kind == SEND_F or kind == SEND_B:
+                _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
+                if encode > 0:
+                    yield from self._codec(st, cell, r, d, encode, what, k, mb)
+                # handed to the network; delivered into inbox[key] (the ``message_*``
+                # methods are the backend's handler, called with this message)
+                key, dst = (r, k2, tag, mb), devs[(r, peer)]
+                net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst))
+            else:
+                _, _, _, _, seconds, tp_s, sharded, last, column = op
                 t0 = env.now
-                if sp.units and kind in (FORWARD, BACKWARD):  # ZeRO-2/3: collectives per unit
+                if sharded:
                     yield from sharded_compute(self, r, d, k, mb, kind == FORWARD, seconds)
                     if tp_s > 0:
-                        yield env.timeout(tp_s)
-                    if a is last_grad.get(k) and self.buckets[k]:
+                        yield timeout(tp_s)
+                    if last:
                         env.process(after_reduce_scatters(self, r, d, [
                             self.bucket_ready[(r, k, i)] for i in range(len(self.buckets[k]))]))
-                elif a is last_grad.get(k) and self.buckets[k]:
+                elif last:
                     yield from self._last_backward(r, d, k, seconds + tp_s)
                 else:
-                    yield from self._work(st, me, seconds)
+                    if slow:
+                        yield from self._work(st, me, seconds)
+                    elif seconds > 0:
+                        yield timeout(seconds)
                     if tp_s > 0:
-                        yield env.timeout(tp_s)
+                        yield timeout(tp_s)
                 st.compute_s += seconds
                 st.tp_comm_s += tp_s
-                cell["fwd_compute_s" if kind == FORWARD else "bwd_compute_s"] += seconds
-                if self.want_trace:
+                cell[column] += seconds
+                if tracing:
                     self._span(str(a), "compute", r, d, t0, env.now)
         st.last_backward_end = env.now
         mine = self.table.stages_of(d)
@@ -427,9 +463,10 @@ class Simulation:
         was_enabled = gc.isenabled()
         gc.disable()
         done, env, events = simpy.AllOf(self.env, procs), self.env, 0
+        step = env.step
         try:
-            while not done.processed:
-                env.step()
+            while done.callbacks is not None:  # (not done.processed)
+                step()
                 events += 1
         except simpy.core.EmptySchedule:
             raise RuntimeError(f"schedule {self.table.name!r}: the devices wait for each other "

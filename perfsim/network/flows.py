@@ -53,7 +53,7 @@ from perfsim.network.backend import MessageHandler
 
 class _Flow:
     __slots__ = ("volume", "left", "resources", "cap", "rate", "last", "version", "event", "start",
-                 "stats", "active")
+                 "stats", "active", "timer")
 
     def __init__(self, volume, resources, cap, event, start, stats):
         self.volume = volume
@@ -62,11 +62,12 @@ class _Flow:
         self.cap = cap  # bytes/s
         self.rate = 0.0
         self.last = start
-        self.version = 0
+        self.version = 0  # rate settings so far
         self.event = event
         self.start = start
         self.stats = stats
         self.active = True
+        self.timer = None  # the completion timer armed at the current rate (None: none)
 
 
 class FlowScheduler:
@@ -101,24 +102,35 @@ class FlowScheduler:
                 stats(self.env.now, self.env.now)
             return ev
         f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
+        users, alone = self.users, True
         for r in f.resources:
-            self.users.setdefault(r, {})[f] = None
-        self._rebalance(self._component([f]))
+            on = users.get(r)
+            if on is None:
+                users[r] = {f: None}
+            else:
+                if on:
+                    alone = False
+                on[f] = None
+        # a flow that shares no resource is a component of its own
+        self._rebalance([f] if alone else self._component([f]))
         return ev
 
     # -------------------------------------------------------------- internals
     def _component(self, seeds: Iterable[_Flow]) -> list[_Flow]:
+        """The active flows that share a resource with ``seeds``, transitively, in the
+        order of a depth-first search from the last seed (the order the rates are then
+        set in, and so the order of their completion timers)."""
+        users = self.users
         seen: dict[_Flow, None] = {}
         stack = [f for f in seeds if f.active]
+        pop, extend = stack.pop, stack.extend
         while stack:
-            f = stack.pop()
+            f = pop()
             if f in seen:
                 continue
             seen[f] = None
             for r in f.resources:
-                for g in self.users[r]:
-                    if g not in seen:
-                        stack.append(g)
+                extend([g for g in users[r] if g not in seen])
         return list(seen)
 
     def _rebalance(self, flows: list[_Flow]) -> None:
@@ -129,7 +141,8 @@ class FlowScheduler:
             rates = [min([f.cap] + [self._cap(r) for r in f.resources])]
         else:
             rates = self._max_min(flows)
-        now = self.env.now
+        env = self.env
+        now = env.now
         for f, rate in zip(flows, rates):
             if rate == f.rate and f.version:
                 continue
@@ -138,43 +151,69 @@ class FlowScheduler:
             f.rate = rate
             f.version += 1
             if rate > 0:
-                timer = self.env.timeout(max(f.left, 0.0) / rate)
+                # the timer of the previous rate, if any, fires but is ignored (_on_timer)
+                timer = f.timer = env.timeout(max(f.left, 0.0) / rate)
                 timer.callbacks.append(lambda _ev, f=f, v=f.version: self._on_timer(f, v))
+            else:
+                f.timer = None
 
     def _max_min(self, flows: list[_Flow]) -> list[float]:
-        """Progressive filling (Bertsekas & Gallager Sec. 6.5.2) inside one component."""
+        """Progressive filling (Bertsekas & Gallager Sec. 6.5.2) inside one component.
+
+        Each round raises every unfixed flow to the lowest of the resources' fair shares
+        (remaining capacity / unfixed flows) and the unfixed flows' caps, and fixes the
+        flows of the resources at that level and the flows capped at it (both within a
+        relative 1e-12). A round's flows all get the same rate, so the order they are
+        fixed in never changes a result; rounds visit only the tight resources' flows."""
+        cap_of = self._cap
         remaining: dict[Any, float] = {}
-        count: dict[Any, int] = {}
-        for f in flows:
+        count: dict[Any, int] = {}  # unfixed flows per resource
+        on: dict[Any, list[int]] = {}  # resource -> its flows (indices)
+        for i, f in enumerate(flows):
             for r in f.resources:
-                if r not in remaining:
-                    remaining[r] = self._cap(r)
-                    count[r] = 0
-                count[r] += 1
-        rate = [-1.0] * len(flows)
-        left = list(range(len(flows)))
-        while left:
-            level = min((remaining[r] / n for r, n in count.items() if n), default=math.inf)
-            level = min([level] + [flows[i].cap for i in left])
-            if not math.isfinite(level):
-                for i in left:
-                    rate[i] = flows[i].cap
-                break
-            tight = {r for r, n in count.items() if n and remaining[r] / n <= level * (1 + 1e-12)}
-            keep = []
-            for i in left:
-                f = flows[i]
-                if f.cap <= level * (1 + 1e-12) or any(r in tight for r in f.resources):
-                    rate[i] = max(level, 0.0)
-                    for r in f.resources:
-                        remaining[r] -= rate[i]
-                        count[r] -= 1
+                c = count.get(r)
+                if c is None:
+                    remaining[r] = cap_of(r)
+                    count[r] = 1
+                    on[r] = [i]
                 else:
-                    keep.append(i)
-            left = keep
+                    count[r] = c + 1
+                    on[r].append(i)
+        n = len(flows)
+        rate = [-1.0] * n
+        by_cap = sorted(range(n), key=lambda i: flows[i].cap)
+        low = 0  # by_cap[:low] are fixed
+        unfixed = n
+        while unfixed:
+            while rate[by_cap[low]] >= 0.0:
+                low += 1
+            level = min((remaining[r] / c for r, c in count.items() if c), default=math.inf)
+            level = min(level, flows[by_cap[low]].cap)
+            if not math.isfinite(level):
+                for i in range(n):
+                    if rate[i] < 0.0:
+                        rate[i] = flows[i].cap
+                break
+            bound = level * (1 + 1e-12)
+            fixed: list[int] = []
+            for r, c in count.items():
+                if c and remaining[r] / c <= bound:
+                    fixed += on[r]
+            k = low
+            while k < n and flows[by_cap[k]].cap <= bound:
+                fixed.append(by_cap[k])
+                k += 1
+            value = max(level, 0.0)
+            for i in fixed:
+                if rate[i] < 0.0:
+                    rate[i] = value
+                    unfixed -= 1
+                    for r in flows[i].resources:
+                        remaining[r] -= value
+                        count[r] -= 1
         return rate
 
-    def _on_timer(self, f: _Flow, version: int) -> None:
+    def _on_timer(self, f, version) -> None:
         if version != f.version or not f.active:
             return  # re-armed after a rate change
         f.active = False
@@ -190,7 +229,8 @@ class FlowScheduler:
             f.stats(f.start, self.env.now)
         if f.event is not None:
             f.event.succeed()
-        self._rebalance(self._component(neighbours))
+        if neighbours:
+            self._rebalance(self._component(neighbours))
 
 
 # ---------------------------------------------------------------- the backend

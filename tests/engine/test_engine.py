@@ -175,6 +175,38 @@ def test_replica_classes_match_full_simulation():
         assert grouped.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
 
 
+def test_replicas_sharing_nodes_are_simulated_one_group_per_class():
+    """Megatron's placement (tp, dp, pp innermost first) puts 4 replicas' stage 0 on one
+    node and their stage 1 on another, so they share NICs; the 4 groups of 4 replicas
+    are alike, so one group is simulated and stands for the others -- the answer equals
+    simulating all 16 replicas (p2p flows sharing each NIC, the gradient ring crossing
+    every node)."""
+    from perfsim.engine import node_group_classes, plan_with_memory
+
+    wl = toy(2, 1e-3, 2e-3, params=50_000, shape=(200_000,))
+    st = Strategy(pp=2, dp=16, macro_batch=8, schedule="1f1b", placement=("tp", "dp", "pp"))
+    sy = System(bandwidth_bps=1e9, gpus_per_node=4)
+    network, _, _ = plan_with_memory(wl, st, sy, EMPTY)
+    classes = node_group_classes(network, 2, 16, lambda r, s: st.device(0, r, s), [(0, 1)])
+    assert classes == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14], [3, 7, 11, 15]]
+    grouped = simulate(wl, st, sy, EMPTY)
+    full = simulate(wl, st, sy, EMPTY, symmetric=False)
+    assert grouped.summary["replicas_simulated"] == 4 and full.summary["replicas_simulated"] == 16
+    assert grouped.summary["engine"] == full.summary["engine"] == "event loop"  # the NICs are contended
+    for key in ("iteration_s", "bubble_fraction", "dp_bytes", "pipeline_bytes", "comm_s", "idle_s", "dp_sync_s"):
+        assert grouped.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
+    # one slower NIC makes its group a kind of its own: two groups simulated
+    bw = [[1e9] * 8 for _ in range(8)]
+    topo = Topology(tuple(map(tuple, bw)), tuple(tuple(1e-4 for _ in range(8)) for _ in range(8)),
+                    nic_bps=(5e8,) + (None,) * 7)
+    sy2 = System(topology=topo, gpus_per_node=4)
+    grouped = simulate(wl, st, sy2, EMPTY)
+    full = simulate(wl, st, sy2, EMPTY, symmetric=False)
+    assert grouped.summary["replicas_simulated"] == 8
+    for key in ("iteration_s", "dp_sync_s", "comm_s"):
+        assert grouped.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
+
+
 from hypothesis import given, settings, strategies as hst  # noqa: E402
 
 
