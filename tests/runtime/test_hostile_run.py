@@ -160,7 +160,7 @@ def test_memory_over_the_profiles_gpu_is_a_one_line_warning(tmp_path):
     proc = run_cli_here("predict", "--format", "csv")
     assert proc.returncode == 0, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if "memory" in ln]
-    assert len(lines) == 1 and lines[0].startswith("warning: peak memory 65.9 GiB per GPU exceeds the "
+    assert len(lines) == 1 and lines[0].startswith("warning: peak memory 72.0 GiB per GPU exceeds the "
                                                    "profile's GPU (v100-sxm2-16gb, 16 GiB)"), proc.stderr
     r = perfsim.predict()
     assert "warning: " + r.summary["memory_warning"] == lines[0]
