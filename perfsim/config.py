@@ -19,6 +19,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
 from perfsim.hardware import PRECISIONS, get_gpu, value_precision
 from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
+from perfsim.job import check_choice
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
@@ -143,16 +144,11 @@ class Strategy(Job):
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples", "bucket_bytes"):
             _pos_int(self, name)
-        if self.recompute not in RECOMPUTE:
-            raise ConfigError(f"recompute={self.recompute!r}: choose from {', '.join(RECOMPUTE)}")
-        if self.attention not in ATTENTION:
-            raise ConfigError(f"attention={self.attention!r}: choose from {', '.join(ATTENTION)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"precision={self.precision!r}: choose from {', '.join(PRECISIONS)}")
-        if self.grad_buffer not in GRAD_BUFFERS:
-            raise ConfigError(f"grad_buffer={self.grad_buffer!r}: choose from {', '.join(GRAD_BUFFERS)}")
-        if self.cross_entropy not in CROSS_ENTROPY:
-            raise ConfigError(f"cross_entropy={self.cross_entropy!r}: choose from {', '.join(CROSS_ENTROPY)}")
+        check_choice(self, "recompute", RECOMPUTE)
+        check_choice(self, "attention", ATTENTION)
+        check_choice(self, "precision", PRECISIONS)
+        check_choice(self, "grad_buffer", GRAD_BUFFERS)
+        check_choice(self, "cross_entropy", CROSS_ENTROPY)
         if not isinstance(self.optimizer, str) or not self.optimizer.strip():
             raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
@@ -250,26 +246,19 @@ class System:
         _pos_float(self, "bandwidth_bps")
         _pos_float(self, "link_burst_bytes", allow_zero=True)
         _pos_float(self, "p2p_control_latency_s", allow_zero=True, allow_none=True)
-        if self.p2p_protocol not in P2P_PROTOCOLS:
-            raise ConfigError(f"p2p_protocol={self.p2p_protocol!r}: choose from {', '.join(P2P_PROTOCOLS)}")
+        check_choice(self, "p2p_protocol", P2P_PROTOCOLS)
         _pos_float(self, "latency_s", allow_zero=True)
         _pos_int(self, "gpus_per_node")
         _pos_float(self, "intra_node_bandwidth_bps")
         _pos_float(self, "intra_node_latency_s", allow_zero=True)
         if self.gpu is not None:
             get_gpu(self.gpu)
-        if self.nic_kind not in NIC_KINDS:
-            raise ConfigError(f"nic_kind={self.nic_kind!r}: choose from {', '.join(NIC_KINDS)}")
+        check_choice(self, "nic_kind", NIC_KINDS)
         _pos_int(self, "nics_per_node")
-        if self.nic_affinity not in NIC_AFFINITIES:
-            raise ConfigError(f"nic_affinity={self.nic_affinity!r}: choose from {', '.join(NIC_AFFINITIES)}")
-        if self.link_model not in LINK_MODELS:
-            raise ConfigError(f"link_model={self.link_model!r}: choose from {', '.join(LINK_MODELS)}")
-        if self.collective_algo not in COLLECTIVE_ALGORITHMS:
-            raise ConfigError(f"collective_algo={self.collective_algo!r}: choose from "
-                              f"{', '.join(COLLECTIVE_ALGORITHMS)}")
-        if self.collective_model not in COLLECTIVE_MODELS:
-            raise ConfigError(f"collective_model={self.collective_model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
+        check_choice(self, "nic_affinity", NIC_AFFINITIES)
+        check_choice(self, "link_model", LINK_MODELS)
+        check_choice(self, "collective_algo", COLLECTIVE_ALGORITHMS)
+        check_choice(self, "collective_model", COLLECTIVE_MODELS)
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
         for name in ("straggler_cv", "jitter_cv"):

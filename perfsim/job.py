@@ -165,6 +165,13 @@ def check_int(obj, name: str, minimum: int = 1) -> None:
         raise ConfigError(f"{name}={v!r}: must be an integer >= {minimum}")
 
 
+def check_choice(obj, name: str, choices) -> None:
+    """ConfigError naming field ``name`` of ``obj`` unless its value is one of ``choices``."""
+    v = getattr(obj, name)
+    if v not in choices:
+        raise ConfigError(f"{name}={v!r}: choose from {', '.join(choices)}")
+
+
 @dataclass(frozen=True)
 class Job(PipelineShape):
     """The job both engines run: parallelism, batch, schedule, compression (module docstring)."""
@@ -237,15 +244,12 @@ class Job(PipelineShape):
             raise ConfigError(f"macro_batch={self.macro_batch}: not divisible by micro_batch={self.micro_batch}")
         if self.sequence_parallel and self.tp == 1:
             raise ConfigError("sequence_parallel: needs tp > 1")
-        if self.tied_embedding not in TIED_EMBEDDINGS:
-            raise ConfigError(f"tied_embedding={self.tied_embedding!r}: choose from {', '.join(TIED_EMBEDDINGS)}")
-        if self.tp_send not in TP_SENDS:
-            raise ConfigError(f"tp_send={self.tp_send!r}: choose from {', '.join(TP_SENDS)}")
+        check_choice(self, "tied_embedding", TIED_EMBEDDINGS)
+        check_choice(self, "tp_send", TP_SENDS)
         if self.zero not in ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
-        if self.kernels not in KERNELS:
-            raise ConfigError(f"kernels={self.kernels!r}: choose from {', '.join(KERNELS)}")
+        check_choice(self, "kernels", KERNELS)
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):

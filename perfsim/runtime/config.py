@@ -15,7 +15,7 @@ from typing import Any
 
 from perfsim.boundaries import check_boundaries
 from perfsim.errors import ConfigError
-from perfsim.job import MEGATRON_PLACEMENT, Job, check_chunks
+from perfsim.job import MEGATRON_PLACEMENT, Job, check_choice, check_chunks
 from perfsim.models.registry import get_model_spec
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import TransformerSpec
@@ -150,10 +150,8 @@ class RunConfig(Job):
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"optimizer={self.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
-        if self.device not in DEVICES:
-            raise ConfigError(f"device={self.device!r}: choose from {', '.join(DEVICES)}")
+        check_choice(self, "optimizer", OPTIMIZERS)
+        check_choice(self, "device", DEVICES)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
         if not 0 < self.hang_timeout_s < math.inf:
