@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 from perfsim import params as params_mod
 from perfsim.errors import ConfigError
 from perfsim.params import BY_NAME, DEFAULTS, normalize
-from perfsim.plan_search import (Group, family_bound, family_key, group_bound,  # noqa: F401
+from perfsim.plan_search import (Group, family_bound, family_key, forget_jobs, group_bound,  # noqa: F401
                                  group_key, iteration_bound, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
                                   Context, SearchSpace, dimensions, enumerate_candidates, is_dimension)
@@ -392,6 +392,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
         raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
     if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):
         raise ConfigError(f"tie_band={tie_band!r}: a fraction in [0, 1)")
+    forget_jobs()
     cands, notes = candidates(model=model, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
                               target_loss=target_loss, convergence=convergence, space=space, cli=cli, **system)
     grouped: dict[tuple, list[Candidate]] = {}

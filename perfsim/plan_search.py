@@ -93,6 +93,13 @@ _JOBS: "OrderedDict[tuple, tuple]" = OrderedDict()
 JOBS_KEPT = 32
 
 
+def forget_jobs() -> None:
+    """Empty :data:`_JOBS`: its keys are parameters (a model's or profile's path, not the
+    file's content), so it lives for one search only (:func:`perfsim.plan.plan` calls this
+    first); a file changed between two plans is read again."""
+    _JOBS.clear()
+
+
 def member_plan(params: dict[str, Any]):
     """:func:`engine_plan` of a configuration, resolving each stage's compute once per
     group (:func:`group_key`: what only the compression tells apart): the group's lossless

@@ -1,6 +1,8 @@
 """The planner's cheap paths give the engine's own figures: tensor-parallel groups priced
 once per shape, the compute-only plan the bounds read, the bounds themselves."""
 
+from pathlib import Path
+
 from perfsim.api import build_configs
 from perfsim.engine.plan import build_plan, tp_stage_times
 from perfsim.network import Network
@@ -49,3 +51,24 @@ def test_zero_bubble_pass_leaves_weight_gradients_out():
     pl = engine_plan(p)[4]
     assert sum(s.fwd_s + s.bwd_s + s.fwd_tp_s + s.bwd_tp_s for s in pl.stages) > it  # F+B pass: no bound
     assert 0.9 * it < plan_bound(p) <= it
+
+
+def test_a_new_plan_reads_a_model_file_changed_since_the_last(tmp_path):
+    """The bounds' job cache is keyed on parameters (the config's path, not its content):
+    each plan() starts it empty, so an edited config.json is read again."""
+    import json
+
+    from perfsim.plan import candidates, plan
+    from perfsim.plan_search import member_plan
+
+    cfg = json.loads((Path(__file__).resolve().parents[1] / "data" / "configs" / "llama3-8b.json").read_text())
+    cfg.update(num_hidden_layers=2, hidden_size=256, intermediate_size=512, num_attention_heads=4,
+               num_key_value_heads=2, vocab_size=1000)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    params = candidates(model=str(path), nodes=1, gpus_per_node=2, global_batch=8, gpu="h100", seq_len=128)[0][0].params
+    before = member_plan(params)[4].stages[0].params
+    path.write_text(json.dumps(dict(cfg, num_hidden_layers=4)))
+    assert member_plan(params)[4].stages[0].params == before  # within one search: the cached job
+    plan(model="gpt2-tiny", nodes=1, gpus_per_node=2, global_batch=8, bandwidth="1Gbps")
+    assert member_plan(params)[4].stages[0].params > before  # a new search read the file again
