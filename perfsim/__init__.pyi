@@ -62,6 +62,7 @@ def predict(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
     cross_entropy: str = 'fused',
     pp: int = 8,
     dp: int = 1,
@@ -166,6 +167,8 @@ def predict(
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
             ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
+        optimizer (str, default 'adamw'):
+            optimizer: adamw (two fp32 moments; mixed precision adds an fp32 master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run trains it (one of perfsim.job.OPTIMIZERS)
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
         pp (int, default 8):
@@ -251,6 +254,7 @@ def sweep(
     moe_imbalance: float | list | None = None,
     zero: int | list | None = None,
     reshard_after_forward: bool | list | None = None,
+    optimizer: str | list | None = None,
     cross_entropy: str | list | None = None,
     pp: int | list | None = None,
     dp: int | list | None = None,
@@ -350,6 +354,7 @@ def memory_report(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
     cross_entropy: str = 'fused',
     pp: int = 8,
     dp: int = 1,
@@ -401,11 +406,11 @@ def run(
     zero: int = 0,
     tp_send: str | None = 'full',
     kernels: str | None = 'eager',
+    optimizer: str = 'adamw',
     steps: int | None = None,
     epochs: float | None = None,
     seed: int = 0,
     lr: float = 0.001,
-    optimizer: str = 'adamw',
     dataset_limit: int | None = None,
     out: str | None = None,
     resume: str | None = None,

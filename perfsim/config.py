@@ -110,8 +110,6 @@ class Strategy(Job):
     overlap_grad_sync: bool = True
     #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
     grad_buffer: str = "bucketed"
-    #: optimizer whose step time the profile gives (``adam``)
-    optimizer: str = "adam"
     #: number of epochs for the end-to-end time
     epochs: int = 1
     #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
@@ -149,8 +147,6 @@ class Strategy(Job):
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
-        if not isinstance(self.optimizer, str) or not self.optimizer.strip():
-            raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
         _pos_int(self, "ep")
         if self.dp % self.ep:

@@ -218,6 +218,10 @@ PARAMS: tuple[Param, ...] = (
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
           "strategy.reshard_after_forward"),
+    Param("optimizer", "choice", "adamw", "optimizer: adamw (two fp32 moments; mixed precision adds an fp32 "
+          "master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 "
+          "bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run "
+          "trains it", "strategy", "strategy.optimizer", choices="perfsim.job:OPTIMIZERS"),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "

@@ -20,7 +20,6 @@ from perfsim.models.registry import get_model_spec
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import TransformerSpec
 
-OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
 MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
@@ -54,7 +53,6 @@ RUN_OPTIONS: tuple[RunOption, ...] = (
               "train this many epochs instead of --steps (not with --steps)"),
     RunOption("seed", "seed", "int", "int", "random seed, 0..4294967295 (default 0)"),
     RunOption("lr", "lr", "float", "float", "learning rate (default 0.001)"),
-    RunOption("optimizer", "optimizer", "text", "str", "adamw or sgd (momentum 0.9; default adamw)"),
     RunOption("dataset_limit", "dataset_limit", "count", "int | None",
               "use only the first N samples (shorter epochs)"),
     RunOption("out", "out", "text", "str | None",
@@ -86,7 +84,7 @@ class RunConfig(Job):
 
     The job -- pp, dp, tp, sequence_parallel, micro_batch, macro_batch, schedule,
     virtual_stages, compress, grad_compress, boundary_compress, device_order, partition,
-    tied_embedding, zero -- is :class:`perfsim.job.Job`'s, with its defaults and its one
+    tied_embedding, zero, optimizer -- is :class:`perfsim.job.Job`'s, with its defaults and its one
     validation (those of ``perfsim predict``); this class adds the model, how long and
     where to train, and what execute mode can do: TP and a synced tied head need a GPT
     model (:func:`perfsim.models.tensor_parallel.check_tp`; the tied head ``tp = 1``: the
@@ -99,7 +97,7 @@ class RunConfig(Job):
       job's 8 pipeline stages (a model with fewer layers needs a smaller ``pp``).
     steps: optimizer steps in total (a resumed run continues up to it);
       ``epochs`` sets it instead (give one of the two).
-    seed, lr, optimizer: training.
+    seed, lr: training.
     dataset_limit: keep the first N samples (shorter epochs; AQ-SGD's
       uncompressed first epoch ends sooner).
     out: output folder. resume: checkpoint folder to continue from.
@@ -121,7 +119,6 @@ class RunConfig(Job):
     epochs: float | None = None
     seed: int = 0
     lr: float = 1e-3
-    optimizer: str = "adamw"
     dataset_limit: int | None = None
     out: str = "perfsim-run"
     resume: str | None = None
@@ -150,7 +147,6 @@ class RunConfig(Job):
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
-        check_choice(self, "optimizer", OPTIMIZERS)
         check_choice(self, "device", DEVICES)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")

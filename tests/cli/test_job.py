@@ -39,6 +39,7 @@ FLAG_SETS = [
     ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--tp", "2", "--placement", "tp,dp,pp"],
     ["--model", "gpt2-tiny", "--pp", "2", "--tied-embedding", "sync"],
     ["--model", "gpt2-tiny", "--pp", "1", "--dp", "2", "--zero", "3"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--optimizer", "sgd"],
     ["--model", "gpt2-small-byte"],  # only the model: both commands' defaults
 ]
 
@@ -124,6 +125,8 @@ def test_no_job_field_is_declared_twice():
     (dict(device_order=(0, 0)), "device_order='0,0'"),
     (dict(pp=2, partition=(3,)), "partition=(3,)"),
     (dict(pp=2, boundary_compress="5=fp16"), "boundary 5"),
+    (dict(optimizer="lamb"), "optimizer='lamb': choose from adamw, sgd"),
+    (dict(optimizer="sgd", grad_compress="onebit-adam"), "optimizer='sgd' with grad_compress='onebit-adam'"),
 ])
 def test_one_validation_for_both(kw, culprit):
     """The job's checks are one: Strategy and RunConfig refuse the same values with the same line."""
@@ -231,3 +234,30 @@ def test_validate_grid_defaults_are_the_jobs_but_named_changes():
         given = defaults[name][0] if isinstance(defaults[name], tuple) else defaults[name]
         assert given == GRID_JOB.get(name, getattr(Job, name, None)), name
     assert [name for name in VALIDATE_JOB if name not in GRID_JOB and name != "model"]  # the rest: the Job's
+
+
+@pytest.mark.parametrize("command", ["predict", "run", "memory", "plan"])
+def test_an_unknown_optimizer_is_one_line_exit_2(command, tmp_path):
+    """--optimizer is one parameter (perfsim.params.PARAMS) of every command that takes the job."""
+    extra = ["--out", str(tmp_path / "r")] if command == "run" else []
+    r = run_cli_here(command, "--model", "gpt2-tiny", "--pp", "2", "--optimizer", "lamb", *extra)
+    assert_user_error(r.returncode, r.stderr, "optimizer='lamb': choose from adamw, sgd")
+
+
+def test_plan_pins_the_optimizer_and_emits_it():
+    """perfsim plan takes --optimizer as one pinned value (a comma list is refused: the
+    convergence curves it ranks by are the default optimizer's) and its winner's run and
+    Megatron-LM commands carry it."""
+    from perfsim.emit import megatron_args, run_command
+
+    from perfsim.plan import plan
+
+    res = plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=32, optimizer="sgd",
+               profile="traces/cpu-2core.json", compress="fp32", grad_compress="none", schedule="gpipe")
+    assert {row["optimizer"] for row in res.rows()} == {"sgd"}
+    best = res.ranked[0].params
+    assert "--optimizer sgd" in run_command(best)
+    assert megatron_args(best, 32)[0][-4:] == ["--optimizer", "sgd", "--sgd-momentum", "0.9"]
+    assert "--optimizer" not in run_command({**best, "optimizer": "adamw"})
+    with pytest.raises(ConfigError, match="takes one value"):
+        plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=32, optimizer="adamw,sgd")
