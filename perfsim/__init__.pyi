@@ -47,7 +47,7 @@ def predict(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -137,8 +137,8 @@ def predict(
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
-        dataset_samples (int, default 2359):
-            training samples per epoch
+        dataset_samples (int | None):
+            training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
         schedule (str | None):
             pipeline schedule; default gpipe, 1f1b with a gpu preset (one of perfsim.schedules.SCHEDULES)
         virtual_stages (int | None):
@@ -194,7 +194,7 @@ def predict(
         global_batch (int | None):
             samples per optimizer step over all replicas (= dp x micro_batch x accumulation steps; sets macro_batch)
         epochs (int, default 1):
-            epochs for the end-to-end time
+            epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer steps each (the last batch completed from the epoch's first samples), the steps perfsim run --epochs trains (perfsim.job.training_steps)
         latency (str | float, default '0s'):
             one-way inter-node latency (seconds, or 5ms)
         grad_compress (str, default 'none'):
@@ -339,7 +339,7 @@ def memory_report(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -408,7 +408,7 @@ def run(
     kernels: str | None = 'eager',
     optimizer: str = 'adamw',
     steps: int | None = None,
-    epochs: float | None = None,
+    epochs: int | None = None,
     seed: int = 0,
     lr: float = 0.001,
     dataset_limit: int | None = None,

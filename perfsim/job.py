@@ -171,6 +171,22 @@ def preset(gpu: Any) -> Preset:
     return MEGATRON if gpu else PERFSIM
 
 
+def steps_per_epoch(samples: int, global_batch: int) -> int:
+    """Optimizer steps of one epoch over ``samples`` at ``global_batch`` samples a step:
+    ``ceil(samples / global_batch)``, the last batch completed from the epoch's first samples
+    (``torch.utils.data.DistributedSampler``'s padding). The one definition ``perfsim predict``
+    (its ``iterations_per_epoch``) and ``perfsim run`` (:class:`perfsim.runtime.data.Order`) count."""
+    return -(-samples // global_batch)
+
+
+def training_steps(epochs: int, samples: int, global_batch: int) -> int:
+    """Optimizer steps of ``epochs`` epochs (:func:`steps_per_epoch` each): what ``--epochs``
+    means to ``perfsim predict`` (its end-to-end time) and to ``perfsim run`` (how long it trains).
+    The data set's ``samples`` are the model's own where perfsim knows its data set
+    (:func:`perfsim.models.datasets.dataset_samples`), else predict's ``--dataset-samples``."""
+    return epochs * steps_per_epoch(samples, global_batch)
+
+
 def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
     """What ``--virtual-stages`` means for ``schedule``, in ``perfsim predict`` and ``perfsim run``
     alike: the model chunks per device of a schedule that lets the user choose them

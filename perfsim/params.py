@@ -167,8 +167,10 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
           "system.p2p_control_latency_s"),
-    Param("dataset_samples", "int", 2359, "training samples per epoch", "strategy",
-          "strategy.dataset_samples"),
+    Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
+          "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
+          "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
+          "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
           search_when="pp>1"),
@@ -256,7 +258,9 @@ PARAMS: tuple[Param, ...] = (
           "default 32, or global_batch / dp", "strategy"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
           "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
-    Param("epochs", "int", 1, "epochs for the end-to-end time", "strategy", "strategy.epochs"),
+    Param("epochs", "int", 1, "epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer "
+          "steps each (the last batch completed from the epoch's first samples), the steps perfsim run "
+          "--epochs trains (perfsim.job.training_steps)", "strategy", "strategy.epochs"),
     Param("latency", "time", "0s", "one-way inter-node latency (seconds, or 5ms)", "system",
           "system.latency_s"),
     Param("grad_compress", "spec", "none", "data-parallel gradient compression "
