@@ -324,3 +324,13 @@ def test_a_one_bit_optimizer_with_sgd_is_one_line_exit_2(command, tmp_path):
                      "--grad-compress", "onebit-adam", *extra)
     assert_user_error(r.returncode, r.stderr, "optimizer='sgd' with grad_compress='onebit-adam'")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_checkpoint_of_a_float_epochs_run_resumes():
+    """``--epochs`` was a float before it meant whole epochs in both commands: a checkpoint's
+    stored ``2.0`` is read as 2 (a fractional one is refused by RunConfig in one line)."""
+    from perfsim.runtime._entry import _stored_config
+
+    assert _stored_config({"epochs": 2.0, "steps": None}) == {"epochs": 2, "steps": None}
+    assert isinstance(_stored_config({"epochs": 2.0})["epochs"], int)
+    assert _stored_config({"epochs": 0.5}) == {"epochs": 0.5}
