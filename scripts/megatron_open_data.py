@@ -96,7 +96,7 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p bandwidth: half the NIC rate", dict(nic="8x100Gbps:infiniband"),
      "each hop at half of HDR's 200 Gb/s (a lower bound on what a GPU's own HCA moves)"),
     ("interleaved schedule (extra p2p)", dict(schedule="interleaved-1f1b"),
-     "the paper's Sec. 5.1 runs use the interleaved schedule: v x the p2p messages, a smaller bubble"),
+     "PTD-P as the paper describes it (interleaved 1F1B): v x the p2p messages, a smaller bubble"),
     ("stage balance: partition by compute", dict(partition="balanced"),
      "the uniform split charges the head on the last stage; balanced moves blocks off it"),
     ("host time per operator at its bound", dict(host_overhead="80us"),
