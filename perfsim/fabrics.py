@@ -92,8 +92,8 @@ class HostPath:
 HOST_PATHS: dict[str, HostPath] = {
     "pcie3-shm": HostPath(3, 16, 2, 4, 6 * 21.33e9, 2 * 20.8e9,
                           "8-GPU dual-socket PCIe 3.0 server (V100/P100/T4 PCIe era): 4 GPUs per Xeon Scalable "
-                          "socket, which has 48 lanes, so behind 48-lane switches (Broadcom PEX 8747: one x16 "
-                          "uplink, two x16 GPU ports), 2 GPUs per uplink; 6 x DDR4-2666 per socket (128 GB/s); "
+                          "socket, more than its 48 lanes carry, so behind PCI switches; assumed 48-lane ones "
+                          "(e.g. Broadcom PEX 8747: one x16 uplink, two x16 GPU ports), 2 GPUs per uplink; 6 x DDR4-2666 per socket (128 GB/s); "
                           "2 UPI links x 20.8 GB/s (10.4 GT/s x 2 bytes) between the sockets (Intel Xeon "
                           "Scalable platform brief)"),
     "pcie4-shm": HostPath(4, 16, 1, 4, 8 * 25.6e9, None,
