@@ -66,8 +66,18 @@ def predict_row(row: dict, doc: dict, micro_batch: int = 1, schedule: str = "1f1
               global_batch=row["global_batch"], gpus_per_node=sy["gpus_per_node"], nic=sy["nic"],
               intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule=schedule,
               overlap=False, grad_buffer="contiguous", allow_oom=True)
+    if schedule.startswith("interleaved") and "virtual_stages" not in extra:
+        kw["virtual_stages"] = megatron_chunks(row["layers"] // p)
     kw.update(extra)
     return predict(**kw).summary
+
+
+def megatron_chunks(layers_per_device: int) -> int:
+    """Model chunks per device of Megatron-LM's interleaved schedule: each chunk holds a whole number
+    of layers (``--num-layers-per-virtual-pipeline-stage`` must divide the layers of a pipeline
+    stage; Megatron-LM README, "interleaved pipelining schedule"), so the fewest chunks above one
+    that divide ``layers_per_device`` (3 for the 529.6B row's 3 layers, where 2 would split a layer)."""
+    return next((v for v in range(2, layers_per_device + 1) if layers_per_device % v == 0), 1)
 
 
 def evaluate(doc: dict, rows: list[dict], micro_batch: int = 1, schedule: str = "1f1b", **extra) -> list[dict]:

@@ -69,3 +69,8 @@ def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the
     k = mod.compute_factor(stated)
     assert stated["predicted_s"] + (k - 1) * (stated["compute_s"] + stated["idle_s"]) == \
         pytest.approx(stated["measured_s"])
+
+
+def test_interleaved_rows_get_the_chunk_counts_megatron_accepts():
+    # each chunk a whole number of layers: the 529.6B row's 3 layers per device -> 3, 1T's 2 -> 2
+    assert [mod.megatron_chunks(n) for n in (10, 6, 3, 2, 15, 1)] == [2, 2, 3, 2, 3, 1]
