@@ -15,6 +15,8 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
       ZeRO-1: (W + G + K/N_d) Psi    ZeRO-3: (W + G + K) Psi / N_d
 
   These are the shards; :func:`sharding_buffers` adds the working buffers of ZeRO-2/3.
+  CPU offload (``--offload optimizer``, ZeRO-Offload, Ren et al., arXiv:2101.06840): ``K = 0``
+  and ``G = W`` on the GPU, :func:`offloaded_state_bytes` in host memory.
 * fp8 (``precision="fp8"``, NVIDIA Transformer Engine's recipe; Micikevicius et al.,
   "FP8 Formats for Deep Learning", arXiv:2209.05433): bf16 weights and values outside
   the GEMMs (counted as bf16), plus :func:`fp8_bytes` (fp8 weight copies, scaling state).
@@ -91,6 +93,8 @@ class StageMemory:
     inflight: int
     #: ZeRO-2/3 working buffers (:func:`sharding_buffers`)
     sharding: float = 0.0
+    #: host memory of an offloaded optimizer (:func:`offloaded_state_bytes`; not in ``total``)
+    host: float = 0.0
 
     @property
     def total(self) -> float:
@@ -98,8 +102,9 @@ class StageMemory:
 
     def breakdown(self) -> str:
         """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
-        return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
+        text = breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
                               self.activations / GIB, self.buffers / GIB, self.sharding / GIB)
+        return text + (f"; optimizer state in host memory {self.host / GIB:.1f}" if self.host else "")
 
 
 def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float,
@@ -120,6 +125,21 @@ def model_state_bytes(psi: float, weight_bytes: int, grad_bytes: int, optimizer_
     grads = grad_bytes * psi / (dp if zero >= 2 else 1)
     optimizer = optimizer_bytes * psi / (dp if zero >= 1 else 1)
     return weights, grads, optimizer
+
+
+#: bytes per parameter an offloaded optimizer keeps in host memory: fp32 master weights,
+#: momentum and variance, and the fp32 gradient CPU-Adam reads (ZeRO-Offload, arXiv:2101.06840,
+#: Sec. 4; DeepSpeed's ZeRO-1/2 offload holds its fp32 partition and that partition's gradient
+#: on the host)
+OFFLOADED_BYTES_PER_PARAM = 16
+
+
+def offloaded_state_bytes(psi: float, dp: int, zero: int) -> float:
+    """Host bytes per GPU of an offloaded optimizer (``--offload optimizer``) over ``psi``
+    parameters: :data:`OFFLOADED_BYTES_PER_PARAM` each, of the shard ZeRO gives the rank
+    (``psi / dp`` from stage 1 on). The GPU keeps the 16-bit weights and gradients (their
+    ZeRO shards) and no optimizer state."""
+    return OFFLOADED_BYTES_PER_PARAM * psi / (dp if zero >= 1 else 1)
 
 
 def sharding_buffers(unit_params, weight_bytes: int, grad_bytes: int, dp: int, zero: int,
@@ -258,7 +278,12 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     for st in plan.stages:
         psi = st.params
         wb, gb = (2 if mixed else 4), BYTES_PER_VALUE[strategy.grad_dtype]
-        weights, grads, optimizer = model_state_bytes(psi, wb, gb, 12 if mixed else 8, dp, strategy.zero)
+        offload = strategy.offload == "optimizer"
+        if offload:  # ZeRO-Offload: gradients in the weights' dtype, copied down; no state on the GPU
+            gb = wb
+        weights, grads, optimizer = model_state_bytes(psi, wb, gb, 0 if offload else 12 if mixed else 8, dp,
+                                                      strategy.zero)
+        host = offloaded_state_bytes(psi, dp, strategy.zero) if offload else 0.0
         sharding = sharding_buffers(st.unit_params or [psi], wb, gb, dp, strategy.zero,
                                     strategy.reshard_after_forward)
         # the stage's own peak on its device (a device with several stages sums them: an upper bound)
@@ -297,5 +322,5 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.index > 0:
                 per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
             buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
-        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding))
+        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding, host))
     return out

@@ -146,6 +146,9 @@ PARAMS: tuple[Param, ...] = (
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
+    Param("cpu_adam_rate", "float", None, "with offload optimizer: parameters per second a node's CPUs "
+          "update with Adam, shared by its GPUs (default 4e9: ZeRO-Offload's CPU-Adam, 3.9e9-4.5e9 on a "
+          "DGX-2 host)", "system", "system.cpu_adam_params_per_s"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
@@ -218,6 +221,10 @@ PARAMS: tuple[Param, ...] = (
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
           "strategy.reshard_after_forward"),
+    Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840: "
+          "the optimizer state, the shard ZeRO gives each rank, in host memory and its Adam step on the "
+          "CPUs; the GPU keeps 16-bit weights and gradients, copied over its PCIe link); needs gpu",
+          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD"),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
