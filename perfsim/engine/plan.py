@@ -40,7 +40,7 @@ from perfsim.engine.compute import optimizer_time
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
-from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
@@ -318,7 +318,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     seen = set()
     for t in range(strategy.tp):
         for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
-            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
             key = _shape_key(network, members)
             if key in seen:  # priced through its shape only: once per shape
                 continue

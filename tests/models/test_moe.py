@@ -223,3 +223,24 @@ def test_plan_searches_expert_parallelism():
     # with variants of one of them)
     seen = [c.params for c in res.all_evaluated if c.summary is not None]
     assert any(p.get("ep", 1) > 1 for p in seen) and any(p.get("ep", 1) == 1 for p in seen)
+
+
+def test_expert_parallel_and_expert_data_parallel_groups():
+    """Megatron-Core's layout, dp 8, ep 2: EP groups of consecutive replicas {0,1} {2,3} ...,
+    expert-data-parallel groups of the replicas holding the same experts {0,2,4,6} {1,3,5,7};
+    each replica in one of each, an EP group and an expert-DP group meet in one replica; with
+    ep = dp (what the engine models) every expert-DP group is one replica."""
+    from perfsim.config import Strategy
+    from perfsim.models.moe import ep_replicas, expert_dp_replicas
+
+    dp, ep = 8, 2
+    groups = [list(ep_replicas(ep, g)) for g in range(dp // ep)]
+    assert groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    edp = {tuple(expert_dp_replicas(dp, ep, r)) for r in range(dp)}
+    assert edp == {(0, 2, 4, 6), (1, 3, 5, 7)}
+    assert all(len(set(g) & set(e)) == 1 for g in groups for e in edp)
+    assert all(list(expert_dp_replicas(8, 8, r)) == [r] for r in range(8))
+    # ranks under Megatron's placement (tp, dp, pp), tp 2: an EP group's tensor rank 0s are 2 apart
+    st = Strategy(pp=2, dp=dp, tp=2, placement=("tp", "dp", "pp"), macro_batch=2, micro_batch=1)
+    assert [st.device(0, r, 0) for r in ep_replicas(ep, 1)] == [4, 6]
+    assert [st.device(1, r, 1) for r in expert_dp_replicas(dp, ep, 1)] == [19, 23, 27, 31]
