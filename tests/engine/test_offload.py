@@ -85,3 +85,9 @@ def test_refusals_are_one_line():
     assert r.returncode == 2 and "offload" in r.stderr and "optimizer" in r.stderr
     r = run_cli_here("run", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--offload", "optimizer")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "predict only" in r.stderr
+
+
+def test_offload_with_a_one_bit_optimizer_is_refused():
+    r = run_cli_here("predict", "--model", "gpt2", "--gpu", "h100", "--pp", "1", "--dp", "2", "--offload",
+                     "optimizer", "--grad-compress", "onebit-adam")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "onebit-adam" in r.stderr
