@@ -8,7 +8,8 @@ The set: the README's ``perfsim predict`` examples (their comma lists expanded),
 case per dimension ``predict`` models (GPU presets, ZeRO stages, mixture-of-experts
 with expert parallelism, fp8, recomputation, attention, sequence parallelism,
 schedules, topology file, gradient and pipeline compressors, CPU offload) and the
-ranked rows of two ``perfsim plan`` searches, one ``perfsim memory`` report, and every row of the
+ranked rows of two ``perfsim plan`` searches, two ``perfsim memory`` reports (one with
+expert parallelism smaller than data parallelism, which predict refuses), and every row of the
 stored validation grids re-predicted with the shipped CPU profile
 (``scripts/repredict_validation.py``'s replay of ``perfsim validate --reuse-measured``).
 
@@ -113,6 +114,13 @@ def predictions() -> dict[str, dict]:
         out["memory-70b"] = _values(dataclasses.asdict(perfsim.memory_report(**GPU70B)))
     except Exception as exc:  # noqa: BLE001
         out["memory-70b"] = {"error": f"{type(exc).__name__}: {exc}"}
+    # expert parallelism smaller than data parallelism: memory only (predict refuses it)
+    mixtral = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=8, ep=2, gpus_per_node=8, precision="bf16",
+                   recompute="full", global_batch=64)
+    try:
+        out["memory-mixtral-ep2-dp8"] = _values(dataclasses.asdict(perfsim.memory_report(**mixtral)))
+    except Exception as exc:  # noqa: BLE001
+        out["memory-mixtral-ep2-dp8"] = {"error": f"{type(exc).__name__}: {exc}"}
     from repredict_validation import GRIDS, STORED, repredict_frame
 
     profile = str(ROOT / "traces" / "cpu-2core.json")

@@ -6,9 +6,10 @@ gradients, optimizer state by ZeRO stage -- Rajbhandari et al., "ZeRO: Memory Op
 Toward Training Trillion Parameter Models", arXiv:1910.02054 --, activations by schedule and
 recomputation, the loss's logits, buffers): the peak per GPU of each pipeline stage, and the
 same peak under each single change that can lower it (a ZeRO stage, recomputation, more
-tensor or pipeline parallelism on the same GPUs, a smaller micro-batch, a chunked loss, fp8),
-so the user sees which knob buys what. Nothing is simulated: only the plan that prices the
-stages is built.
+tensor, pipeline or expert parallelism on the same GPUs, a smaller micro-batch, a chunked loss,
+fp8; CPU offload where it makes the job fit), so the user sees which knob buys what. Nothing is
+simulated: only the plan that prices the stages is built (so expert parallelism smaller than data
+parallelism, which the simulator refuses, is answered here).
 """
 
 from __future__ import annotations
@@ -94,6 +95,9 @@ def _changes(p: dict[str, Any], offload: bool = False) -> list[tuple[str, dict[s
     if dp % 2 == 0:  # the same GPUs: more model parallelism, fewer replicas
         out.append((f"--tp {2 * tp} --dp {dp // 2}", {"tp": 2 * tp, "dp": dp // 2}))
         out.append((f"--pp {2 * pp} --dp {dp // 2}", {"pp": 2 * pp, "dp": dp // 2}))
+    ep = p.get("ep") or 1
+    if dp % (2 * ep) == 0:  # a mixture of experts: its experts over more replicas (a dense model refuses it)
+        out.append((f"--ep {2 * ep}", {"ep": 2 * ep}))
     mb = p.get("micro_batch") or 1
     if mb > 1:
         out.append((f"--micro-batch {mb // 2}", {"micro_batch": mb // 2}))

@@ -392,7 +392,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
-        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: not simulated)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]

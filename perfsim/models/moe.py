@@ -202,11 +202,18 @@ def check_routing(spec, name: str, strategy) -> None:
         return
     if spec.experts % strategy.ep:
         raise ConfigError(f"ep={strategy.ep}: does not divide the {spec.experts} experts of {name!r}")
-    if strategy.ep != strategy.dp:
-        # the expert gradients are all-reduced over dp / ep replicas, the rest over dp:
-        # a second data-parallel group the engine does not have yet
-        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
-                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not modelled; give --ep equal to --dp")
     if strategy.zero:
         raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
                           "optimizer state over the expert-data-parallel group is not modelled")
+
+
+def check_simulated(strategy) -> None:
+    """What the memory model answers but the simulator cannot run yet (ConfigError): expert
+    parallelism smaller than data parallelism, whose expert gradients are all-reduced over
+    their expert-data-parallel group (:func:`expert_dp_replicas`, ``dp / ep`` replicas) while
+    the dense ones go over all ``dp`` -- a second gradient group the event loop's
+    ``stage_sync`` does not have (every bucket spans all replicas)."""
+    if 1 < strategy.ep != strategy.dp:
+        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
+                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not simulated; give --ep equal to --dp "
+                          "(perfsim memory answers for this job)")
