@@ -171,7 +171,7 @@ def predict(
         reshard_after_forward (bool, default True):
             ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
         offload (str, default 'none'):
-            CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840: the optimizer state, the shard ZeRO gives each rank, in host memory and its Adam step on the CPUs; the GPU keeps 16-bit weights and gradients, copied over its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
+            CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
         pp (int, default 8):

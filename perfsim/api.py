@@ -190,9 +190,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                  p["pp"] * stage_count(st["schedule"], st.get("virtual_stages")))
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or defaults.placement).split(","))
     strategy = Strategy(**st)
-    if strategy.offload != "none" and strategy.grad_compress.family == "optimizer":
-        raise ConfigError(f"offload={strategy.offload!r} with grad_compress={strategy.grad_compress.text!r}: a 1-bit "
-                          "optimizer's compressed momentum exchange on the host is not modelled")
     check_routing(model.arch, model.name, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,

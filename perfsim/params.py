@@ -221,9 +221,9 @@ PARAMS: tuple[Param, ...] = (
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
           "strategy.reshard_after_forward"),
-    Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840: "
-          "the optimizer state, the shard ZeRO gives each rank, in host memory and its Adam step on the "
-          "CPUs; the GPU keeps 16-bit weights and gradients, copied over its PCIe link); needs gpu",
+    Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with "
+          "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
+          "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
           "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD"),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "

@@ -78,13 +78,13 @@ def _changes(p: dict[str, Any], offload: bool = False) -> list[tuple[str, dict[s
     apply to this job (already set, no data parallelism to shard over) are left out.
     ``offload``: also CPU offload of the optimizer (ZeRO-Offload, arXiv:2101.06840; it slows
     the step, :mod:`perfsim.engine.offload`, so it is offered only to a job that does not fit),
-    with ZeRO-2 under data parallelism as the paper runs it."""
+    on ZeRO-2 as the paper builds it."""
     given, p = p, resolved(p)
     out = []
     if offload and given.get("gpu") and p.get("offload", "none") == "none":
-        out.append(("--offload optimizer", {"offload": "optimizer"}))
-        if p["dp"] > 1 and (p.get("zero") or 0) < 2:
-            out.append(("--zero 2 --offload optimizer", {"zero": 2, "offload": "optimizer"}))
+        zero = p.get("zero") or 0
+        out.append(("--offload optimizer", {"offload": "optimizer"}) if zero >= 2 else
+                   ("--zero 2 --offload optimizer", {"zero": 2, "offload": "optimizer"}))
     dp, tp, pp = p["dp"], p["tp"], p["pp"]
     zero = p.get("zero") or 0
     if dp > 1:
@@ -173,7 +173,8 @@ def render(report: MemoryReport) -> str:
                    f"{(report.peak_bytes - cap) / GIB:.1f} GiB")
     lines = [head, verdict]
     if report.host_bytes:
-        lines.append(f"optimizer state in host memory: {report.host_bytes / GIB:.1f} GiB per GPU (--offload optimizer)")
+        lines.append(f"gradients and optimizer state in host memory: {report.host_bytes / GIB:.1f} GiB per GPU "
+                     "(--offload optimizer)")
     if report.options:
         lines.append("single changes that lower the peak:")
         width = max(len(c) for c, _, _ in report.options)

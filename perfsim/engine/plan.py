@@ -545,9 +545,9 @@ def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
                           "cross its PCIe link, and a CPU profile has no device memory to offload from")
     system = network.system if network is not None else None
     sharing = min(system.gpus_per_node, strategy.devices) if system is not None else 1
-    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, strategy.zero,
-                             st.bwd_s, host_link_Bps(gpu), system.cpu_adam_params_per_s if system else None,
-                             sharing)
+    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, st.bwd_s,
+                             strategy.num_microbatches, host_link_Bps(gpu),
+                             system.cpu_adam_params_per_s if system else None, sharing)
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
