@@ -171,9 +171,6 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if p["precision"] == "fp8" and gpu is None:
         raise ConfigError("precision=fp8: needs a GPU preset with fp8 (--gpu h100, h100-pcie or h200): "
                           "its fp8 GEMMs are modelled from the datasheet rate")
-    if p["offload"] != "none" and gpu is None:
-        raise ConfigError(f"offload={p['offload']!r}: needs a GPU preset (--gpu): the host copies cross its "
-                          "PCIe link, and a profile's CPU ranks have no device memory to offload from")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
     defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)

@@ -95,7 +95,8 @@ class StageMemory:
     inflight: int
     #: ZeRO-2/3 working buffers (:func:`sharding_buffers`)
     sharding: float = 0.0
-    #: host memory of an offloaded optimizer (:func:`offloaded_state_bytes`; not in ``total``)
+    #: host memory of an offloaded optimizer, its gradients and state (:func:`offloaded_state_bytes`;
+    #: not in ``total``)
     host: float = 0.0
 
     @property
@@ -106,7 +107,7 @@ class StageMemory:
         """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
         text = breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
                               self.activations / GIB, self.buffers / GIB, self.sharding / GIB)
-        return text + (f"; optimizer state in host memory {self.host / GIB:.1f}" if self.host else "")
+        return text + (f"; gradients and optimizer state in host memory {self.host / GIB:.1f}" if self.host else "")
 
 
 def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float,
