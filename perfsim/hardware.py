@@ -218,6 +218,27 @@ NODE_FABRIC = {"v100-sxm2-16gb": "nvlink2", "v100-sxm2-32gb": "nvlink2", "v100-p
                "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "h100-sxm5-80gb": "nvlink4",
                "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "nvlink4", "l4": "pcie4", "rtx-4090": "pcie4-shm"}
 
+#: the PCIe link between each GPU and its host (SXM parts too: an SXM module reaches the
+#: CPU through a PCIe switch): V100 Gen3, A100/L4/RTX 4090 Gen4, H100/H200/MI300X Gen5 x16
+#: (the vendors' datasheets); what CPU offload's host copies cross (:func:`host_link_Bps`)
+HOST_LINK = {"v100-sxm2-16gb": "pcie3", "v100-sxm2-32gb": "pcie3", "v100-pcie-16gb": "pcie3",
+             "v100-pcie-32gb": "pcie3", "a100-sxm4-40gb": "pcie4", "a100-sxm4-80gb": "pcie4",
+             "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "h100-sxm5-80gb": "pcie5",
+             "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "pcie5", "l4": "pcie4", "rtx-4090": "pcie4",
+             "mi300x": "pcie5"}
+#: PCIe x16 line rate per direction, bytes/s (PCI-SIG: 8, 16, 32 GT/s per lane, 128b/130b encoding)
+PCIE_LINE_BPS = {"pcie3": 15.75e9, "pcie4": 31.5e9, "pcie5": 63.0e9}
+#: share of the line rate a pinned host-device copy achieves (the TLP headers and flow control of
+#: PCIe; NVIDIA's ``bandwidthTest`` reports ~12-13 GB/s pinned on Gen3 x16, i.e. 0.76-0.83): a
+#: stated assumption in that range
+PCIE_COPY_EFFICIENCY = 0.8
+
+
+def host_link_Bps(gpu: GPU) -> float:
+    """Bytes/s of one host-device copy of ``gpu`` (:data:`HOST_LINK` x :data:`PCIE_COPY_EFFICIENCY`)."""
+    return PCIE_LINE_BPS[HOST_LINK[gpu.name]] * PCIE_COPY_EFFICIENCY
+
+
 #: short names users type
 ALIASES = {"v100": "v100-sxm2-32gb", "v100-16gb": "v100-sxm2-16gb", "v100-32gb": "v100-sxm2-32gb",
            "a100": "a100-sxm4-80gb", "a100-40gb": "a100-sxm4-40gb", "a100-80gb": "a100-sxm4-80gb",
