@@ -207,6 +207,9 @@ class System:
     p2p_control_latency_s: float | None = None
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None
+    #: parameters per second a node's CPUs update with Adam for CPU offload (``Strategy.offload``;
+    #: shared by the node's GPUs); None: :data:`perfsim.engine.offload.CPU_ADAM_PARAMS_PER_S`
+    cpu_adam_params_per_s: float | None = None
     #: transport of the inter-node NICs (perfsim.fabrics.NIC_KINDS): the payload share
     #: of ``bandwidth_bps`` a long transfer achieves when the link is not calibrated
     nic_kind: str = "ideal"
@@ -259,6 +262,7 @@ class System:
         check_choice(self, "collective_model", COLLECTIVE_MODELS)
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        _pos_float(self, "cpu_adam_params_per_s", allow_none=True)
         for name in ("straggler_cv", "jitter_cv"):
             _pos_float(self, name, allow_zero=True)
             if getattr(self, name) >= 1:

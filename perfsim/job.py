@@ -48,6 +48,10 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: CPU offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training",
+#: arXiv:2101.06840): ``none``, or ``optimizer`` -- the optimizer state, the gradients and the
+#: step on the host, the GPU keeping its 16-bit weights (ZeRO-2/3; perfsim.engine.offload)
+OFFLOAD = ("none", "optimizer")
 #: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
 #: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
 #: ``eager`` -- plain PyTorch under ``torch.autocast``, one kernel per aten operator, fp32 weights
@@ -270,6 +274,9 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: CPU offload (OFFLOAD): ``optimizer`` keeps the optimizer state and the gradients (the
+    #: shard ZeRO-2/3 gives this rank) in host memory and steps them there (ZeRO-Offload)
+    offload: str = "none"
     #: how the TP ranks of a stage send a pipeline boundary: ``full`` or ``scatter-gather``
     #: (perfsim.models.tensor_parallel.TP_SENDS)
     tp_send: str = "full"
@@ -308,6 +315,13 @@ class Job(PipelineShape):
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
         check_choice(self, "kernels", KERNELS)
         check_choice(self, "optimizer", OPTIMIZERS)
+        check_choice(self, "offload", OFFLOAD)
+        if self.offload != "none" and self.zero < 2:
+            raise ConfigError(f"offload={self.offload!r}: needs zero 2 or 3 (ZeRO-Offload streams each rank's "
+                              f"reduced gradient shard to the host, arXiv:2101.06840 Sec. 4); zero={self.zero}")
+        if self.offload != "none" and self.optimizer != "adamw":
+            raise ConfigError(f"offload={self.offload!r} with optimizer={self.optimizer!r}: ZeRO-Offload's host "
+                              f"step is CPU-Adam's (arXiv:2101.06840 Sec. 4); use optimizer=adamw")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):

@@ -37,10 +37,11 @@ from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.compression.spec import Spec
 from perfsim.engine.compute import optimizer_time
+from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, curve_for, value_precision
+from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
@@ -319,7 +320,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     seen = set()
     for t in range(strategy.tp):
         for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
-            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
             key = _shape_key(network, members)
             if key in seen:  # priced through its shape only: once per shape
                 continue
@@ -393,7 +394,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
-        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: not simulated)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -479,7 +480,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
-        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
+        if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
+            st.optimizer_s = _offloaded(strategy, network, gpu, st)
+        else:
+            st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
@@ -532,6 +536,20 @@ def tied_sync_bytes(workload, strategy, table) -> int:
             or table.stage_device[0] == table.stage_device[table.num_stages - 1]):
         return 0
     return values * BYTES_PER_VALUE[strategy.grad_dtype]
+
+
+def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
+    """The offloaded optimizer step of one GPU of stage ``st``
+    (:func:`perfsim.engine.offload.offload_step_time`): its host link is the GPU preset's PCIe,
+    the host's Adam rate the system's, shared by the job's GPUs on one node."""
+    if gpu is None:
+        raise ConfigError(f"offload={strategy.offload!r}: needs a GPU preset (--gpu): the host copies "
+                          "cross its PCIe link, and a CPU profile has no device memory to offload from")
+    system = network.system if network is not None else None
+    sharing = min(system.gpus_per_node, strategy.devices) if system is not None else 1
+    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, st.bwd_s,
+                             strategy.num_microbatches, host_link_Bps(gpu),
+                             system.cpu_adam_params_per_s if system else None, sharing)
 
 
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:

@@ -171,6 +171,9 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
+        # CPU offload (perfsim.engine.offload): the optimizer state each GPU keeps in host memory
+        "offload": strategy.offload,
+        "host_memory_gib": max(sum(mem[k].host for k in table.stages_of(d)) for d in range(p)) / GIB if mem else None,
         "compute_model": ("profile: each tensor-parallel rank's compute as perfsim calibrate --tp measured it "
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)

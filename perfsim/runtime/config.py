@@ -169,6 +169,9 @@ class RunConfig(Job):
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
         self.check_tp_send()
+        if self.offload != "none":
+            raise ConfigError(f"offload={self.offload!r}: perfsim run trains on CPU ranks, which have no device "
+                              "memory to offload from; CPU offload is modelled by perfsim predict only")
         if self.kernels != "eager":
             raise ConfigError(f"kernels={self.kernels!r}: perfsim run trains plain PyTorch modules (eager); "
                               "Megatron-LM's fused kernels are modelled by perfsim predict only")

@@ -127,6 +127,7 @@ def test_no_job_field_is_declared_twice():
     (dict(pp=2, boundary_compress="5=fp16"), "boundary 5"),
     (dict(optimizer="lamb"), "optimizer='lamb': choose from adamw, sgd"),
     (dict(optimizer="sgd", grad_compress="onebit-adam"), "optimizer='sgd' with grad_compress='onebit-adam'"),
+    (dict(pp=1, dp=2, zero=2, offload="optimizer", optimizer="sgd"), "offload='optimizer' with optimizer='sgd'"),
 ])
 def test_one_validation_for_both(kw, culprit):
     """The job's checks are one: Strategy and RunConfig refuse the same values with the same line."""
