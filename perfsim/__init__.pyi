@@ -48,7 +48,7 @@ def predict(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -63,6 +63,7 @@ def predict(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
     pp: int = 8,
@@ -140,8 +141,8 @@ def predict(
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
-        dataset_samples (int, default 2359):
-            training samples per epoch
+        dataset_samples (int | None):
+            training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
         schedule (str | None):
             pipeline schedule; default gpipe, 1f1b with a gpu preset (one of perfsim.schedules.SCHEDULES)
         virtual_stages (int | None):
@@ -170,6 +171,8 @@ def predict(
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
             ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
+        optimizer (str, default 'adamw'):
+            optimizer: adamw (two fp32 moments; mixed precision adds an fp32 master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run trains it (one of perfsim.job.OPTIMIZERS)
         offload (str, default 'none'):
             CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
         cross_entropy (str, default 'fused'):
@@ -197,7 +200,7 @@ def predict(
         global_batch (int | None):
             samples per optimizer step over all replicas (= dp x micro_batch x accumulation steps; sets macro_batch)
         epochs (int, default 1):
-            epochs for the end-to-end time
+            epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer steps each (the last batch completed from the epoch's first samples), the steps perfsim run --epochs trains (perfsim.job.training_steps)
         latency (str | float, default '0s'):
             one-way inter-node latency (seconds, or 5ms)
         grad_compress (str, default 'none'):
@@ -258,6 +261,7 @@ def sweep(
     moe_imbalance: float | list | None = None,
     zero: int | list | None = None,
     reshard_after_forward: bool | list | None = None,
+    optimizer: str | list | None = None,
     offload: str | list | None = None,
     cross_entropy: str | list | None = None,
     pp: int | list | None = None,
@@ -344,7 +348,7 @@ def memory_report(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -359,6 +363,7 @@ def memory_report(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
     pp: int = 8,
@@ -412,11 +417,11 @@ def run(
     offload: str = 'none',
     tp_send: str | None = 'full',
     kernels: str | None = 'eager',
+    optimizer: str = 'adamw',
     steps: int | None = None,
-    epochs: float | None = None,
+    epochs: int | None = None,
     seed: int = 0,
     lr: float = 0.001,
-    optimizer: str = 'adamw',
     dataset_limit: int | None = None,
     out: str | None = None,
     resume: str | None = None,

@@ -36,6 +36,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
 from perfsim.hardware import GPUS, NODE_FABRIC, get_gpu, profile_gpu
 from perfsim.memory import ALLOCATOR_PRESSURE
+from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
@@ -173,6 +174,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                           "its fp8 GEMMs are modelled from the datasheet rate")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
+    if p["dataset_samples"] is None:  # the model's own data set where perfsim run has one
+        samples = dataset_samples(model.spec)
+        if samples is not None:
+            st["dataset_samples"] = samples  # (else Strategy's default)
     defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer

@@ -110,11 +110,11 @@ class Strategy(Job):
     overlap_grad_sync: bool = True
     #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
     grad_buffer: str = "bucketed"
-    #: optimizer whose step time the profile gives (``adam``)
-    optimizer: str = "adam"
-    #: number of epochs for the end-to-end time
+    #: number of epochs for the end-to-end time (perfsim.job.training_steps: the steps
+    #: ``perfsim run --epochs`` trains)
     epochs: int = 1
-    #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
+    #: training samples in one epoch (predict takes the model's own data set where perfsim
+    #: knows it, perfsim.models.datasets; this default ~ WikiText-2 train at 1024 tokens:
     #: 2.4M GPT-2 tokens / 1024)
     dataset_samples: int = 2359
     #: activation recomputation: ``none``, ``selective`` (attention core) or ``full``
@@ -149,8 +149,6 @@ class Strategy(Job):
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
-        if not isinstance(self.optimizer, str) or not self.optimizer.strip():
-            raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
         _pos_int(self, "ep")
         if self.dp % self.ep:

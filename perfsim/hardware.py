@@ -18,6 +18,9 @@ from dataclasses import dataclass, replace
 from perfsim.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+#: precisions trained as mixed precision: half-precision (or fp8) weights and gradients beside
+#: fp32 master weights (Micikevicius et al., "Mixed Precision Training", arXiv:1710.03740)
+MIXED_PRECISIONS = ("bf16", "fp16", "fp8")
 #: bytes of one value per training precision; ``fp8`` is NVIDIA Transformer Engine's
 #: recipe (Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433): fp8
 #: GEMMs, bf16 everywhere else -- weights, activations, messages are bf16 values

@@ -5,7 +5,8 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 * model states (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1):
   mixed precision (fp16/bf16) keeps 16-bit weights and gradients (``2 Psi + 2 Psi``)
   and fp32 master weights, Adam momentum and variance (``12 Psi``); fp32 training
-  ``4 Psi + 4 Psi + 8 Psi``. Gradients take :attr:`perfsim.config.Strategy.grad_dtype`:
+  ``4 Psi + 4 Psi + 8 Psi``. SGD with momentum (``--optimizer sgd``) keeps one fp32 buffer:
+  ``K = 8`` mixed, 4 in fp32 (:meth:`perfsim.job.Optimizer.state_bytes`). Gradients take :attr:`perfsim.config.Strategy.grad_dtype`:
   Megatron's bf16 buffer is fp32 (``4 Psi``; 18 bytes per parameter, Megatron-LM README,
   distributed optimizer table). With ``W`` bytes of weights, ``G`` of gradients and
   ``K`` of optimizer state per parameter and ``N_d = dp`` (ZeRO Sec. 5 and Fig. 1:
@@ -58,7 +59,8 @@ from typing import TYPE_CHECKING
 
 from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd import AQSGD
-from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.hardware import BYTES_PER_VALUE, MIXED_PRECISIONS
+from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import Routing, moe_activation_values
 from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
 from perfsim.schedules import max_in_flight
@@ -275,7 +277,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]
-    mixed = prec in ("fp16", "bf16", "fp8")
+    mixed = prec in MIXED_PRECISIONS
+    k = OPTIMIZERS[strategy.optimizer].state_bytes(prec)  # ZeRO's K: Adam 12 mixed, 8 fp32; SGD 8, 4
     fw_comp, _ = make_pipeline_pair(strategy.compress)
     out = []
     for st in plan.stages:
@@ -284,8 +287,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
         offload = strategy.offload == "optimizer"
         if offload:  # ZeRO-Offload: 16-bit gradients streamed to the host; no shard, no state on the GPU
             gb = wb
-        weights, grads, optimizer = model_state_bytes(psi, wb, 0 if offload else gb,
-                                                      0 if offload else 12 if mixed else 8, dp, strategy.zero)
+        weights, grads, optimizer = model_state_bytes(psi, wb, 0 if offload else gb, 0 if offload else k,
+                                                      dp, strategy.zero)
         host = offloaded_state_bytes(psi, dp, strategy.zero) if offload else 0.0
         sharding = sharding_buffers(st.unit_params or [psi], wb, gb, dp, strategy.zero,
                                     strategy.reshard_after_forward, offload)

@@ -170,8 +170,10 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
           "system.p2p_control_latency_s"),
-    Param("dataset_samples", "int", 2359, "training samples per epoch", "strategy",
-          "strategy.dataset_samples"),
+    Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
+          "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
+          "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
+          "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
           search_when="pp>1"),
@@ -221,6 +223,10 @@ PARAMS: tuple[Param, ...] = (
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
           "strategy.reshard_after_forward"),
+    Param("optimizer", "choice", "adamw", "optimizer: adamw (two fp32 moments; mixed precision adds an fp32 "
+          "master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 "
+          "bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run "
+          "trains it", "strategy", "strategy.optimizer", choices="perfsim.job:OPTIMIZERS"),
     Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with "
           "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
           "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
@@ -259,7 +265,9 @@ PARAMS: tuple[Param, ...] = (
           "default 32, or global_batch / dp", "strategy"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
           "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
-    Param("epochs", "int", 1, "epochs for the end-to-end time", "strategy", "strategy.epochs"),
+    Param("epochs", "int", 1, "epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer "
+          "steps each (the last batch completed from the epoch's first samples), the steps perfsim run "
+          "--epochs trains (perfsim.job.training_steps)", "strategy", "strategy.epochs"),
     Param("latency", "time", "0s", "one-way inter-node latency (seconds, or 5ms)", "system",
           "system.latency_s"),
     Param("grad_compress", "spec", "none", "data-parallel gradient compression "

@@ -7,7 +7,7 @@ every figure of a fixed set of predictions, and checks a tree against a stored c
 The set: the README's ``perfsim predict`` examples (their comma lists expanded), one
 case per dimension ``predict`` models (GPU presets, ZeRO stages, mixture-of-experts
 with expert parallelism, fp8, recomputation, attention, sequence parallelism,
-schedules, topology file, gradient and pipeline compressors, CPU offload) and the
+schedules, topology file, gradient and pipeline compressors, CPU offload, the optimizer) and the
 ranked rows of two ``perfsim plan`` searches, two ``perfsim memory`` reports (one with
 expert parallelism smaller than data parallelism, which predict refuses), and every row of the
 stored validation grids re-predicted with the shipped CPU profile
@@ -64,6 +64,9 @@ def cases() -> dict[str, dict]:
         out["mixtral-ep4"] = dict(model=MIXTRAL, gpu="h100", tp=2, pp=4, dp=4, ep=4, micro_batch=1,
                                   global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
                                   recompute="full", allow_oom=True)
+    out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
+    out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
+                                  optimizer="sgd", bandwidth="100Mbps")
     # CPU offload of the optimizer (ZeRO-Offload) on ZeRO-2, 8 H100s of one node
     out["llama2-7b-zero2-offload"] = dict(model="llama2-7b", gpu="h100", tp=1, pp=1, dp=8, micro_batch=1,
                                           global_batch=64, gpus_per_node=8, bandwidth="400Gbps", precision="bf16",

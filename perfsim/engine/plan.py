@@ -40,14 +40,16 @@ from perfsim.engine.compute import optimizer_time
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
+from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
-#: fallback optimizer / copy cost when the profile has none: Adam moves 28 bytes per
-#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth (bytes/s;
+#: fallback optimizer / copy cost when the profile has none: the optimizer's fp32 step
+#: traffic (Adam 28 bytes per parameter: read p, g, m, v; write p, m, v;
+#: :meth:`perfsim.job.Optimizer.step_bytes`) at this memory bandwidth (bytes/s;
 #: V100 HBM2, NVIDIA V100 datasheet)
 FALLBACK_MEMORY_BPS = 900e9
 
@@ -553,9 +555,14 @@ def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
     """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
-    memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
+    memory-bandwidth fallback; ``curve``: the GPU's (None without one). The job's
+    optimizer (``strategy.optimizer``) is priced by the bytes its step moves
+    (:meth:`perfsim.job.Optimizer.step_bytes`): a measurement of another optimizer (the
+    profile's :meth:`~perfsim.profile.Profile.timed_optimizer`) is scaled by the ratio of
+    their fp32 traffic (the step is memory-bound: SGD with momentum 20 / Adam's 28)."""
     opt = None
     shard = params / (strategy.dp if strategy.zero >= 1 else 1)
+    moved = OPTIMIZERS[strategy.optimizer].step_bytes("fp32")
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,
@@ -563,9 +570,11 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
                if strategy.tp == 1 else None)
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
+        if opt is not None:
+            opt *= moved / OPTIMIZERS[profile.timed_optimizer()].step_bytes("fp32")
     if opt is None and gpu is not None:
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
-    return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve, strategy.optimizer)
+    return opt if opt is not None else moved * shard / FALLBACK_MEMORY_BPS
 
 
 def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, tp: int = 1,
