@@ -74,3 +74,24 @@ def test_fsdp_is_a_comm_op_of_the_default_calibration():
     assert plan.comm[0].ops == ("fsdp",)
     with pytest.raises(ConfigError, match="fsdpp"):
         plan_calibration(model="digits-mlp", codecs="none", comm="fsdpp", device="cpu", quick=True)
+
+
+def test_the_comm_sweep_turns_each_ranks_items_into_one_record_per_name():
+    """``perfsim.calibrate.comm`` summarises the op's raw items of every rank (between
+    other ops' items) into ``fsdp_host`` records, no fit, and the drift check compares them."""
+    from perfsim.calibrate.comm import CommConfig, _summarize
+    from perfsim.calibrate.compare import compare_profiles
+    from perfsim.calibrate.fsdp_host import NAMES
+
+    cfg = CommConfig(ops=("allreduce", "fsdp"), sizes=(1024,), threads=1)
+    ar = {"op": "allreduce", "size_bytes": 1024, "samples": [1e-4, 2e-4, 3e-4]}
+    per_rank = {r: [ar] + [{"op": "fsdp", "name": n, "size_bytes": 4224, "samples": [(r + 1) * 1e-3] * 3}
+                           for n in NAMES] for r in (0, 1)}
+    recs = [r for r in _summarize(per_rank, cfg, "gloo") if r["op"] == "fsdp_host"]
+    assert [r["name"] for r in recs] == list(NAMES)
+    assert all(r["time_s"] == pytest.approx(1.5e-3) and r["world_size"] == 2 for r in recs)
+    old = Profile.from_dict({"format": "perfsim-profile", "version": 2, "metadata": {}, "records": recs})
+    new = Profile.from_dict({"format": "perfsim-profile", "version": 2, "metadata": {},
+                             "records": [{**r, "time_s": 2 * r["time_s"]} for r in recs]})
+    ratio, pairs, _ = compare_profiles(new, old)["communication"]
+    assert (ratio, pairs) == (pytest.approx(2.0), 4)
