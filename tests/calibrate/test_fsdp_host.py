@@ -27,8 +27,12 @@ def test_fsdp_host_measures_more_cpu_time_under_fully_shard_and_writes_valid_rec
     query returns them."""
     from perfsim.calibrate.fsdp_host import NAMES, WIDTH, measure, record
 
-    with gloo_group(0, 1, _port()):
-        items = measure(0, torch.device("cpu"), 1, repeats=3)
+    threads = torch.get_num_threads()  # gloo_group sets 1: leave this process's other tests theirs
+    try:
+        with gloo_group(0, 1, _port()):
+            items = measure(0, torch.device("cpu"), 1, repeats=3)
+    finally:
+        torch.set_num_threads(threads)
     assert [it["name"] for it in items] == list(NAMES)
     by = {it["name"]: it for it in items}
     assert all(len(it["samples"]) == 3 and it["size_bytes"] == WIDTH * (WIDTH + 1) * 4 for it in items)
