@@ -488,7 +488,7 @@ def test_zero3_on_a_cpu_profile_blocks_the_training_thread():
     assert not plan_with_memory(*on_gpu, True)[1].shard_host_driven
 
 
-def test_zero3_on_a_cpu_profile_adds_fsdp2s_own_host_time_per_unit_and_pass():
+def test_zero3_on_a_cpu_profile_adds_fsdp2s_own_host_time_per_unit_and_pass(capsys):
     """A CPU profile with ``fsdp_host`` records (perfsim calibrate --comm fsdp): each unit's
     forward and backward add its per-pass host time on the training thread, the root's once
     per stage pass, all in ``dp_sync_s``; the iteration grows by exactly that, bytes do not
@@ -516,3 +516,7 @@ def test_zero3_on_a_cpu_profile_adds_fsdp2s_own_host_time_per_unit_and_pass():
     zero0 = predict(**dict(kw, zero=0), profile=hooked).summary  # DDP: no FSDP2, no note
     assert "shard_host_note" not in zero0
     assert predict(**dict(kw, zero=0), profile=bare).summary["iteration_s"] == zero0["iteration_s"]
+    assert main(["predict", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--zero", "3", "--micro-batch",
+                 "8", "--macro-batch", "16", "--profile", path]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table may wrap a long line
+    assert "sharding: FSDP2's host time (hooks, unshard / reshard) not in the profile: priced as 0" in out
