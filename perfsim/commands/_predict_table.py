@@ -145,6 +145,8 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             console.print(f"model: {s['model']}: {s['model_note']}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
+        if s.get("shard_host_note"):  # a CPU profile's ZeRO-3 (perfsim.engine.sharding.fsdp_host_note)
+            console.print(f"sharding: {s['shard_host_note']}")
         if s.get("interval_note"):
             console.print(f"uncertainty: {s['interval_note']}")
     if file is None:

@@ -137,6 +137,8 @@ class Plan:
     #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
     #: (perfsim.compression.refresh.uncompressed_steps)
     onebit_refresh: int = 0
+    #: what a host-driven ZeRO-3 plan priced for FSDP2's own host time (perfsim.engine.sharding.fsdp_host_note)
+    shard_host_note: str = ""
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -488,14 +490,16 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
-    from perfsim.engine.sharding import host_driven  # lazy: simpy stays out of perfsim memory
+    from perfsim.engine.sharding import fsdp_host_note, host_driven  # lazy: simpy stays out of perfsim memory
 
+    hosted = dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu),
-                (strategy.grad_compress.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, hosted,
+                (strategy.grad_compress.refresh or 0) if warm_steps else 0,
+                fsdp_host_note(profile) if hosted and strategy.zero >= 3 else "")
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
@@ -503,8 +507,10 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage. Host-driven collectives (a
-    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)."""
-    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units  # lazy: simpy stays out of perfsim memory
+    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)
+    and, under ZeRO-3, its own host time (:func:`~perfsim.engine.sharding.add_fsdp_host`)."""
+    from perfsim.engine.sharding import (add_fsdp_host, add_host_copies, host_driven, param_gather_steps,  # lazy: simpy
+                                         shard_units)  # stays out of perfsim memory
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
@@ -516,6 +522,8 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
     if host_driven(profile, gpu):
         add_host_copies(st.units, wb, dp, lambda nbytes: copy_time(profile, nbytes))
+        if strategy.zero >= 3:  # FSDP2's own hooks and bookkeeping per unit
+            add_fsdp_host(st.units, profile)
     if strategy.zero == 2:
         st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 

@@ -179,6 +179,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
     }
+    if plan.shard_host_note:  # a CPU profile's ZeRO-3: what FSDP2's host time was priced from
+        summary["shard_host_note"] = plan.shard_host_note
     summary.update(interval(summary))
     if network is not None:
         link, coll = network.link, network.collective_link

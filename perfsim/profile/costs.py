@@ -293,6 +293,17 @@ class ProfileCosts:
         fit = self.fit(f"frame_{side}", None)
         return fit(wire_bytes) if fit and wire_bytes > 0 else 0.0
 
+    def fsdp_host_time(self, name: str) -> float | None:
+        """FSDP2's own host seconds (hooks, DTensor bookkeeping, unshard / reshard; not its
+        collectives nor its copies) per pass of one sharding unit or of the root:
+        ``name`` is ``unit_forward``, ``unit_backward``, ``root_forward`` or
+        ``root_backward`` (``fsdp_host`` records, :mod:`perfsim.calibrate.fsdp_host`; the
+        mean where several were measured), or None when the profile has none."""
+        if name not in ("unit_forward", "unit_backward", "root_forward", "root_backward"):
+            raise ValueError(f"fsdp host time {name!r}: unit_forward, unit_backward, root_forward or root_backward")
+        recs = self.select("fsdp_host", name=name)
+        return sum(r["time_s"] for r in recs) / len(recs) if recs else None
+
     def collective_fit(self, op: str, name: str | None = None) -> Fit | None:
         """Alpha-beta fit of a measured collective (``p2p``, ``allreduce`` ...),
         or None when the profile measured none."""
