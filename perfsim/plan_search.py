@@ -392,16 +392,16 @@ def nic_bound(pl, strategy, system) -> float:
             N = len(nodes)
             if N < 2:
                 continue
-            reduce = sum(step.nbytes for b in st.buckets if b.stride == 1 for step in b.steps if step.kind == "allreduce")
-            gather = sum(step.nbytes for b in st.buckets if b.stride == 1 for step in b.steps if step.kind == "allgather")
+            dense = [step for b in st.buckets if b.stride == 1 for step in b.steps]  # (expert groups: below)
+            reduce = sum(step.nbytes for step in dense if step.kind == "allreduce")
+            gather = sum(step.nbytes for step in dense if step.kind == "allgather")
             # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
             # again before its backward when resharded), :mod:`perfsim.engine.sharding`
             shards = sum(u.gather_bytes for u in st.units)
             gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
             # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
             scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
-            scatter += sum(step.nbytes for b in st.buckets if b.stride == 1 for step in b.steps
-                           if step.kind == REDUCE_SCATTER)
+            scatter += sum(step.nbytes for step in dense if step.kind == REDUCE_SCATTER)
             for node, on in nodes.items():
                 out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (n - on) / n * scatter
                 into[node] = into.get(node, 0.0) + (n - on) * gather

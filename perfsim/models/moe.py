@@ -229,4 +229,5 @@ def check_simulated(strategy) -> None:
         raise ConfigError(f"grad_compress {strategy.grad_compress.text!r} with ep={strategy.ep} < dp={strategy.dp}: "
                           f"the experts' gradient sync over dp/ep = {strategy.dp // strategy.ep} replicas is not "
                           "simulated with a " + ("per-matrix hook" if family == "hook" else "1-bit optimizer")
-                          + "; give --ep equal to --dp or another --grad-compress (perfsim memory answers for this job)")
+                          + "; give --ep equal to --dp or another --grad-compress (perfsim memory answers "
+                          "for this job)")
