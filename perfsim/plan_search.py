@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from perfsim.compression.base import REDUCE_SCATTER
 from perfsim.errors import ConfigError
+from perfsim.models.moe import expert_dp_replicas
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD,
                                PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES)
 
@@ -276,7 +277,7 @@ def _action_s(st, kind: str) -> float:
 
 def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     """Bytes that must leave or enter the busiest node for one bucket's collectives
-    among the replicas of a pipeline device (tensor rank 0; ``nodes``: how many on
+    among the replicas of a pipeline device that sync it (tensor rank 0; ``nodes``: how many on
     each node), as :func:`nic_bound`
     counts them: per all-reduce of ``S`` bytes over ``N`` nodes ``2 (N-1)/N S`` out of
     each node, per reduce-scatter ``(n - k)/n S`` out of and per all-gather ``(n - k) S``
@@ -284,7 +285,7 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     nothing."""
     if system.topology is not None or not system.bandwidth_bps:
         return 0.0
-    n = strategy.dp
+    n = sum(nodes.values())
     N = len(nodes)
     if N < 2:
         return 0.0
@@ -335,8 +336,9 @@ def device_bound(pl, strategy, net) -> float:
                 continue
             before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
             length = _action_s(st, row[last[k]].kind)
-            nodes = Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp))
-            times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, nodes) * 8 / rate
+            groups = {j: Counter(dev(0, r, d) // system.gpus_per_node for r in expert_dp_replicas(pl.dp, j, 0))
+                      for j in {b.stride for b in st.buckets}}  # all replicas; an expert group (stride ep)
+            times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, groups[b.stride]) * 8 / rate
                      for b in st.buckets]
             after = 0.0
             for b, t in zip(reversed(st.buckets), reversed(times)):
@@ -390,19 +392,40 @@ def nic_bound(pl, strategy, system) -> float:
             N = len(nodes)
             if N < 2:
                 continue
-            reduce = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allreduce")
-            gather = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allgather")
+            dense = [step for b in st.buckets if b.stride == 1 for step in b.steps]  # (expert groups: below)
+            reduce = sum(step.nbytes for step in dense if step.kind == "allreduce")
+            gather = sum(step.nbytes for step in dense if step.kind == "allgather")
             # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
             # again before its backward when resharded), :mod:`perfsim.engine.sharding`
             shards = sum(u.gather_bytes for u in st.units)
             gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
             # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
             scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
-            scatter += sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == REDUCE_SCATTER)
+            scatter += sum(step.nbytes for step in dense if step.kind == REDUCE_SCATTER)
             for node, on in nodes.items():
                 out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (n - on) / n * scatter
                 into[node] = into.get(node, 0.0) + (n - on) * gather
+            for stride in {b.stride for b in st.buckets} - {1}:  # expert-data-parallel groups, each its own ring
+                _expert_nic_bytes(st, stride, [[dev(t, r, where[k]) // gpn for r in expert_dp_replicas(n, stride, j)]
+                                               for j in range(stride)], out, into)
     return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
+
+
+def _expert_nic_bytes(st, stride: int, groups: list[list[int]], out: dict, into: dict) -> None:
+    """Add to ``out`` / ``into`` (bytes per node) what stage ``st``'s buckets synced within
+    groups of replicas ``stride`` apart move through the NICs, as :func:`nic_bound` counts a
+    group (``groups``: each group's members' nodes; the routed experts' expert-data-parallel
+    groups, :func:`perfsim.engine.plan.expert_buckets`)."""
+    reduce = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allreduce")
+    gather = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allgather")
+    for members in groups:
+        nodes = Counter(members)
+        N = len(nodes)
+        if N < 2:
+            continue
+        for node, on in nodes.items():
+            out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+            into[node] = into.get(node, 0.0) + (len(members) - on) * gather
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:

@@ -64,6 +64,10 @@ def cases() -> dict[str, dict]:
         out["mixtral-ep4"] = dict(model=MIXTRAL, gpu="h100", tp=2, pp=4, dp=4, ep=4, micro_batch=1,
                                   global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
                                   recompute="full", allow_oom=True)
+        # expert parallelism smaller than data parallelism: the experts' sync over dp/ep = 2 replicas
+        out["mixtral-ep8-dp16"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=16, ep=8, micro_batch=1,
+                                       global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
+                                       recompute="full", allow_oom=True)
     out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
     out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
                                   optimizer="sgd", bandwidth="100Mbps")

@@ -159,7 +159,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     from perfsim.engine.replay import replay as closed_form  # lazy: perfsim.engine.replay loads simpy
     from perfsim.engine.sim import Simulation  # lazy: perfsim.engine.sim loads simpy
 
-    check_simulated(strategy)  # EP < DP: memory only (perfsim.models.moe)
+    check_simulated(strategy)  # EP < DP with a per-matrix hook or a 1-bit optimizer: memory only
     network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731

@@ -41,7 +41,7 @@ from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_params_per_rank
+from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_layers, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
@@ -64,6 +64,10 @@ class Bucket:
     encode_s: float  # every encode the runtime performs for this bucket
     decode_s: float  # every decode (codec_passes)
     copy_s: float = 0.0  # flatten the gradients into the bucket and copy the result back
+    #: the replicas that sync it: each with every ``stride``-th other (1: all ``dp`` replicas;
+    #: ``ep``: the routed experts' expert-data-parallel group of ``dp / ep`` replicas,
+    #: :func:`perfsim.models.moe.expert_dp_replicas`)
+    stride: int = 1
 
 
 @dataclass
@@ -396,7 +400,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
-        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: not simulated)
+        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: expert_buckets)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -482,6 +486,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
+            if 1 < strategy.ep < dp:  # the routed experts' gradients over their expert-data-parallel group
+                st.buckets = expert_buckets(st.buckets, layers, st.layer_bwd, arch, strategy, grad_comp, profile,
+                                            grad_native, gpu)
         if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
             st.optimizer_s = _offloaded(strategy, network, gpu, st)
         else:
@@ -649,6 +656,23 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                                       enc_s, dec_s, 2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
             current = []
     return buckets
+
+
+def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp, profile, native: bool,
+                   gpu=None) -> list[Bucket]:
+    """A stage's buckets when expert parallelism is smaller than data parallelism: the
+    dense ones (all ``dp`` replicas) and the routed experts' gradients, bucketed alike but
+    all-reduced over their expert-data-parallel group only -- the ``dp / ep`` replicas
+    holding the same experts (:func:`perfsim.models.moe.expert_dp_replicas`; Megatron-Core's
+    expert data parallel group; DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596,
+    Sec. 5), ``experts / ep`` experts' parameters per rank
+    (:func:`perfsim.models.moe.expert_params_per_rank`). Both on the stage's one sync stream,
+    in the order they become ready (a tie: the dense one first)."""
+    group = strategy.dp // strategy.ep
+    moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
+    experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
+                       copies=strategy.grad_buffer == "bucketed")
+    return sorted(dense + [replace(b, stride=strategy.ep) for b in experts], key=lambda b: b.ready_fraction)
 
 
 def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, reduce_scatter: bool

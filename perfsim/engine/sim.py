@@ -62,6 +62,7 @@ import simpy
 from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
+from perfsim.models.moe import expert_dp_replicas
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
@@ -419,8 +420,11 @@ class Simulation:
                 yield env.timeout(host)
             for step in bucket.steps:
                 start = env.now
-                coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
-                                                      lanes=self.lanes)
+                if bucket.stride == 1:
+                    coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
+                                                          lanes=self.lanes)
+                else:  # the routed experts' groups, side by side (perfsim.engine.plan.expert_buckets)
+                    coll = yield from self.group_collectives(step, d, bucket.stride)
                 self.dp_bytes_per_rank[d] += coll.wire_bytes
                 self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
                            2000 + d, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
@@ -431,6 +435,21 @@ class Simulation:
                 self.stats[(r, d)].dp_sync_s += env.now - t0
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
+
+    def group_collectives(self, step, d: int, stride: int):
+        """One collective step of a bucket synced within groups of replicas ``stride`` apart
+        (:attr:`perfsim.engine.plan.Bucket.stride`: the expert-data-parallel groups,
+        :func:`perfsim.models.moe.expert_dp_replicas`), all at once: one per group holding a
+        simulated replica, each standing for ``stride / groups run`` groups as lanes beside its
+        tensor ranks' (as a simulated replica stands for its class). Returns one group's plan."""
+        firsts = sorted({r % stride for r in self.replicas})
+        lanes = self.lanes * max(1, round(stride / len(firsts)))
+        runs = [self.env.process(self.run_collective(
+                    step.kind, step.nbytes, [self.dev(r, d) for r in expert_dp_replicas(self.plan.dp, stride, j)],
+                    {self.dev(r, d) for r in self.replicas if r % stride == j}, lanes=lanes))
+                for j in firsts]
+        yield simpy.AllOf(self.env, runs)
+        return runs[0].value
 
     def tied_sync(self, r: int):
         """Replica ``r``'s all-reduce of the tied embedding's gradient between the

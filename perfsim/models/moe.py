@@ -207,13 +207,27 @@ def check_routing(spec, name: str, strategy) -> None:
                           "optimizer state over the expert-data-parallel group is not modelled")
 
 
+def expert_layers(spec, layers, tp: int, ep: int) -> list:
+    """``layers`` (``LayerSpec`` of one rank, model order) holding only their routed experts'
+    parameters (:func:`expert_params_per_rank`; 0 for a dense block and every other layer):
+    the gradients an expert-data-parallel group all-reduces when ``ep`` is smaller than
+    ``dp`` (:func:`expert_dp_replicas`)."""
+    from dataclasses import replace
+
+    return [replace(layer, tensors=(), params=expert_params_per_rank(spec, tp, ep, int(layer.name[5:]))
+                    if layer.name.startswith("block") else 0) for layer in layers]
+
+
 def check_simulated(strategy) -> None:
-    """What the memory model answers but the simulator cannot run yet (ConfigError): expert
-    parallelism smaller than data parallelism, whose expert gradients are all-reduced over
-    their expert-data-parallel group (:func:`expert_dp_replicas`, ``dp / ep`` replicas) while
-    the dense ones go over all ``dp`` -- a second gradient group the event loop's
-    ``stage_sync`` does not have (every bucket spans all replicas)."""
-    if 1 < strategy.ep != strategy.dp:
-        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
-                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not simulated; give --ep equal to --dp "
-                          "(perfsim memory answers for this job)")
+    """What the memory model answers but the simulator cannot run yet (ConfigError). Expert
+    parallelism smaller than data parallelism is simulated with plain or element-wise
+    gradient compressors (the experts' buckets over their expert-data-parallel group,
+    :func:`expert_dp_replicas`); not with PowerSGD's per-matrix hook (the experts' matrices
+    are not listed) nor with a 1-bit optimizer (one fused buffer over all replicas)."""
+    family = strategy.grad_compress.family
+    if 1 < strategy.ep < strategy.dp and family in ("hook", "optimizer"):
+        raise ConfigError(f"grad_compress {strategy.grad_compress.text!r} with ep={strategy.ep} < dp={strategy.dp}: "
+                          f"the experts' gradient sync over dp/ep = {strategy.dp // strategy.ep} replicas is not "
+                          "simulated with a " + ("per-matrix hook" if family == "hook" else "1-bit optimizer")
+                          + "; give --ep equal to --dp or another --grad-compress (perfsim memory answers "
+                          "for this job)")
