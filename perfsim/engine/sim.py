@@ -62,6 +62,7 @@ import simpy
 from simpy.events import NORMAL
 
 from perfsim.compression.base import ALLREDUCE
+from perfsim.engine.lanes import independent, run_lanes
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
 from perfsim.network import Network, current_backend
@@ -157,6 +158,10 @@ class Simulation:
         self._programs: dict[int, list[tuple]] = {}  # device -> its resolved row (_program)
         self.rs_tail: dict[tuple[int, int], simpy.Event] = {}
         self.rs_all: dict[tuple[int, int], list] = {}
+        # replica lanes (perfsim.engine.lanes): stage -> replica -> when its bucket 0 was
+        # ready, and the replicas with any; None when the replicas run in one time order
+        self.lane_ready: dict[int, dict[int, float]] | None = None
+        self.lane_fired: set[int] = set()
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
@@ -441,6 +446,9 @@ class Simulation:
                 yield from self._work(st, me, target - done)
                 done = target
             self.bucket_ready[(r, s, k)].succeed()
+            if k == 0 and self.lane_ready is not None:
+                self.lane_ready[s][r] = self.env.now
+                self.lane_fired.add(r)
         if total > done:
             yield from self._work(st, me, total - done)
 
@@ -516,8 +524,17 @@ class Simulation:
 
     # ------------------------------------------------------------ run
     def run(self) -> SimOutput:
-        plan = self.plan
-        procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
+        plan, env = self.plan, self.env
+        heaps: dict[int, list] = {}
+        if independent(self):  # each replica's processes start in its own lane
+            self.lane_ready = {s: {} for s in range(len(plan.stages)) if self.buckets[s]}
+            queue, procs = env._queue, []
+            for r in self.replicas:
+                env._queue = heaps[r] = []
+                procs += [env.process(self.device(r, s)) for s in range(plan.pp)]
+            env._queue = queue
+        else:
+            procs = [env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
         for s in range(len(plan.stages)):
             if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
@@ -528,9 +545,11 @@ class Simulation:
         # frees them, and the collector runs once afterwards.
         was_enabled = gc.isenabled()
         gc.disable()
-        done, env, events = simpy.AllOf(self.env, procs), self.env, 0
+        done, events = simpy.AllOf(env, procs), 0
         step = env.step
         try:
+            if heaps:
+                events += run_lanes(self, heaps)
             while done.callbacks is not None:  # (not done.processed)
                 step()
                 events += 1
