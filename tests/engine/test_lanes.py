@@ -68,6 +68,18 @@ def test_lanes_equal_one_time_order(monkeypatch, schedule, grad):
     assert ran > fast.summary["events"] / 2
 
 
+@pytest.mark.parametrize("system", [dict(comm_slowdown=0.3), dict(link_burst_bytes=20_000.0),
+                                    dict(p2p_protocol="rendezvous")])
+def test_lanes_with_interference_token_buckets_and_rendezvous(monkeypatch, system):
+    """Compute slowed by communication, token-bucket egress, receiver-driven messages:
+    their state is per device or per node, so lanes still give the same answer."""
+    wl = toy(4)
+    st = Strategy(pp=4, dp=2, macro_batch=4, schedule="1f1b", grad_compress="qsgd-maxnorm:4", bucket_bytes=60_000)
+    fast, ref, ran = both(monkeypatch, wl, st, System(topology=distinct(8, seed=11), **system))
+    same(fast, ref)
+    assert ran > 0
+
+
 def test_without_gradient_sync_lanes_run_everything(monkeypatch):
     """No parameters, no sync: nothing couples the replicas, every event runs in a lane."""
     wl = toy(4, params=0)
