@@ -83,8 +83,8 @@ def node_fabric(ctx: Context, p) -> tuple:
 
 def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     """A mixture-of-experts model: no expert parallelism, and experts over all ``dp``
-    replicas where ``dp`` divides the experts (a dense model: not searched) (perfsim.models.moe.check_routing: ep must
-    equal dp for now); per candidate, since it depends on its ``dp``."""
+    replicas where ``dp`` divides the experts (a dense model: not searched) (perfsim.models.moe.check_simulated:
+    the simulator runs ep = dp only); per candidate, since it depends on its ``dp``."""
     def values(q: Mapping[str, Any]) -> tuple:
         dp = q["dp"]
         if not ctx.experts:

@@ -37,16 +37,19 @@ from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.compression.spec import Spec
 from perfsim.engine.compute import optimizer_time
+from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, curve_for, value_precision
-from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
+from perfsim.job import OPTIMIZERS
+from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
-#: fallback optimizer / copy cost when the profile has none: Adam moves 28 bytes per
-#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth (bytes/s;
+#: fallback optimizer / copy cost when the profile has none: the optimizer's fp32 step
+#: traffic (Adam 28 bytes per parameter: read p, g, m, v; write p, m, v;
+#: :meth:`perfsim.job.Optimizer.step_bytes`) at this memory bandwidth (bytes/s;
 #: V100 HBM2, NVIDIA V100 datasheet)
 FALLBACK_MEMORY_BPS = 900e9
 
@@ -317,7 +320,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     seen = set()
     for t in range(strategy.tp):
         for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
-            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
             key = _shape_key(network, members)
             if key in seen:  # priced through its shape only: once per shape
                 continue
@@ -391,7 +394,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
-        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: not simulated)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -477,7 +480,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
-        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
+        if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
+            st.optimizer_s = _offloaded(strategy, network, gpu, st)
+        else:
+            st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
@@ -532,12 +538,31 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     return values * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
+def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
+    """The offloaded optimizer step of one GPU of stage ``st``
+    (:func:`perfsim.engine.offload.offload_step_time`): its host link is the GPU preset's PCIe,
+    the host's Adam rate the system's, shared by the job's GPUs on one node."""
+    if gpu is None:
+        raise ConfigError(f"offload={strategy.offload!r}: needs a GPU preset (--gpu): the host copies "
+                          "cross its PCIe link, and a CPU profile has no device memory to offload from")
+    system = network.system if network is not None else None
+    sharing = min(system.gpus_per_node, strategy.devices) if system is not None else 1
+    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, st.bwd_s,
+                             strategy.num_microbatches, host_link_Bps(gpu),
+                             system.cpu_adam_params_per_s if system else None, sharing)
+
+
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
     """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
-    memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
+    memory-bandwidth fallback; ``curve``: the GPU's (None without one). The job's
+    optimizer (``strategy.optimizer``) is priced by the bytes its step moves
+    (:meth:`perfsim.job.Optimizer.step_bytes`): a measurement of another optimizer (the
+    profile's :meth:`~perfsim.profile.Profile.timed_optimizer`) is scaled by the ratio of
+    their fp32 traffic (the step is memory-bound: SGD with momentum 20 / Adam's 28)."""
     opt = None
     shard = params / (strategy.dp if strategy.zero >= 1 else 1)
+    moved = OPTIMIZERS[strategy.optimizer].step_bytes("fp32")
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,
@@ -545,9 +570,11 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
                if strategy.tp == 1 else None)
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
+        if opt is not None:
+            opt *= moved / OPTIMIZERS[profile.timed_optimizer()].step_bytes("fp32")
     if opt is None and gpu is not None:
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
-    return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve, strategy.optimizer)
+    return opt if opt is not None else moved * shard / FALLBACK_MEMORY_BPS
 
 
 def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, tp: int = 1,

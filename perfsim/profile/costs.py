@@ -19,6 +19,7 @@ from perfsim.calibrate.profile_io import comm_name
 from perfsim.collectives import DEFAULT_CALLS
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
+from perfsim.job import TIMED_OPTIMIZER
 from perfsim.profile.format import COMM_OPS
 from perfsim.schedules import PLAIN_SCHEDULES
 
@@ -357,9 +358,20 @@ class ProfileCosts:
         return float(math.exp(np.interp(math.log(nbytes), [math.log(x) for x in sizes], logt)))
 
     def optimizer_time(self, param_bytes: float) -> float | None:
-        """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
+        """Optimizer step time for ``param_bytes`` of fp32 parameters, or None (the optimizer
+        :meth:`timed_optimizer` names)."""
         fit = self.fit("optimizer", None)
         return fit(param_bytes) if fit else None
+
+    def timed_optimizer(self) -> str:
+        """The optimizer (:data:`perfsim.job.OPTIMIZERS`) whose steps the profile's ``optimizer``
+        and ``stage_optimizer`` records timed (their ``optimizer`` fact: ``perfsim calibrate``
+        times adamw, adam or sgd); adamw where no record says (the paper-derived default
+        profile's Adam)."""
+        for r in self.records:
+            if r["op"] in ("optimizer", "stage_optimizer", "fit_optimizer") and r.get("optimizer"):
+                return TIMED_OPTIMIZER.get(str(r["optimizer"]).lower(), "adamw")
+        return "adamw"
 
 
 def _fb(op: str) -> str:

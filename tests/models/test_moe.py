@@ -223,3 +223,50 @@ def test_plan_searches_expert_parallelism():
     # with variants of one of them)
     seen = [c.params for c in res.all_evaluated if c.summary is not None]
     assert any(p.get("ep", 1) > 1 for p in seen) and any(p.get("ep", 1) == 1 for p in seen)
+
+
+def test_expert_parallel_and_expert_data_parallel_groups():
+    """Megatron-Core's layout, dp 8, ep 2: EP groups of consecutive replicas {0,1} {2,3} ...,
+    expert-data-parallel groups of the replicas holding the same experts {0,2,4,6} {1,3,5,7};
+    each replica in one of each, an EP group and an expert-DP group meet in one replica; with
+    ep = dp (what the engine models) every expert-DP group is one replica."""
+    from perfsim.config import Strategy
+    from perfsim.models.moe import ep_replicas, expert_dp_replicas
+
+    dp, ep = 8, 2
+    groups = [list(ep_replicas(ep, g)) for g in range(dp // ep)]
+    assert groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    edp = {tuple(expert_dp_replicas(dp, ep, r)) for r in range(dp)}
+    assert edp == {(0, 2, 4, 6), (1, 3, 5, 7)}
+    assert all(len(set(g) & set(e)) == 1 for g in groups for e in edp)
+    assert all(list(expert_dp_replicas(8, 8, r)) == [r] for r in range(8))
+    # ranks under Megatron's placement (tp, dp, pp), tp 2: an EP group's tensor rank 0s are 2 apart
+    st = Strategy(pp=2, dp=dp, tp=2, placement=("tp", "dp", "pp"), macro_batch=2, micro_batch=1)
+    assert [st.device(0, r, 0) for r in ep_replicas(ep, 1)] == [4, 6]
+    assert [st.device(1, r, 1) for r in expert_dp_replicas(dp, ep, 1)] == [19, 23, 27, 31]
+
+
+def test_memory_answers_expert_parallelism_smaller_than_data_parallelism():
+    """dp 8, ep 2 (the simulator refuses it, the memory model does not): each rank holds
+    experts / ep = 4 of Mixtral's 8 experts per block, the rest replicated. By hand against ep 8
+    (one expert per rank, what predict also simulates): the weights differ by the routed
+    experts' parameters x (1/2 - 1/8) x 2 bytes (bf16), the optimizer state by x 12 bytes, the
+    activations not at all (each rank computes its tokens' top-k copies either way)."""
+    from perfsim.analysis.memory_fit import memory_report
+    from perfsim.api import predict
+
+    job = dict(model=MIXTRAL, gpu=H100, tp=1, pp=1, dp=8, gpus_per_node=8, precision="bf16",
+               recompute="full", global_batch=64, grad_buffer="bucketed")
+    spec = from_hf_config(MIXTRAL)
+    experts = sum(spec.experts * spec.mlp_params(spec.expert_ffn) for i in range(spec.n_layer)
+                  if spec.is_moe_block(i))
+    two, eight = memory_report(**job, ep=2), memory_report(**job, ep=8)
+    extra = experts * (1 / 2 - 1 / 8)
+    assert two.breakdown["weights"] - eight.breakdown["weights"] == pytest.approx(2 * extra, rel=1e-9)
+    assert two.breakdown["optimizer state"] - eight.breakdown["optimizer state"] == pytest.approx(12 * extra,
+                                                                                                  rel=1e-9)
+    assert two.breakdown["activations"] == eight.breakdown["activations"]
+    assert eight.peak_bytes / GIB == pytest.approx(predict(**job, ep=8, allow_oom=True).summary["peak_memory_gib"])
+    assert "--ep 4" in two.options_by_flags()
+    with pytest.raises(ConfigError, match="not simulated; give --ep equal to --dp"):
+        predict(**job, ep=2, allow_oom=True)
