@@ -140,7 +140,7 @@ class Strategy(Job):
     #: stated assumption, perfsim.models.moe.Routing)
     moe_imbalance: float = 1.0
     #: codec of the expert-parallel dispatch all-to-alls (perfsim.models.moe.parse_a2a_compress):
-    #: ``none``, ``fp8`` (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.2) or ``directq:BITS``
+    #: ``none``, ``fp8`` (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3) or ``directq:BITS``
     a2a_compress: str = "none"
 
     def __post_init__(self):

@@ -218,7 +218,7 @@ PARAMS: tuple[Param, ...] = (
           "strategy.moe_imbalance"),
     Param("a2a_compress", "str", "none", "codec of the expert-parallel dispatch all-to-alls (the forward "
           "dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay "
-          "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3.2): none, fp8 (1 byte a value "
+          "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value "
           "+ an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); "
           "needs ep > 1", "strategy", "strategy.a2a_compress"),
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "

@@ -321,7 +321,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     ``strategy.a2a_compress`` (``fp8`` / ``directq:B``) sends the dispatch-direction pair
     (forward dispatch, backward gradient into the expert outputs) at the codec's wire size
     (:func:`perfsim.models.moe.a2a_wire_bytes`) plus an encode and a decode each, the combine
-    pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.2)."""
+    pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0

@@ -235,7 +235,7 @@ def check_simulated(strategy) -> None:
 
 #: values per fp32 scale of an fp8 dispatch: DeepSeek-V3's fine-grained quantization of the
 #: activations, "on a 1x128 tile basis (i.e., per token per 128 channels)" (DeepSeek-AI 2024,
-#: arXiv:2412.19437, Sec. 3.3.2); the scale is taken as one fp32 (4 bytes)
+#: arXiv:2412.19437, Sec. 3.3, "Fine-Grained Quantization"); the scale is taken as one fp32 (4 bytes)
 FP8_BLOCK = 128
 #: what ``--a2a-compress`` accepts (``directq:BITS[:det][:bucket=N]``: any DirectQ spec)
 A2A_COMPRESS = ("none", "fp8", "directq:BITS")
@@ -243,7 +243,7 @@ A2A_COMPRESS = ("none", "fp8", "directq:BITS")
 
 def parse_a2a_compress(text) -> str:
     """The canonical ``--a2a-compress`` value (ConfigError naming it otherwise): ``none``,
-    ``fp8`` (DeepSeek-V3's fp8 dispatch, arXiv:2412.19437 Sec. 3.3.2) or a DirectQ spec
+    ``fp8`` (DeepSeek-V3's fp8 dispatch, arXiv:2412.19437 Sec. 3.3) or a DirectQ spec
     (direct quantization of activations, the baseline of AQ-SGD, arXiv:2206.01299 Sec. 4.1).
     AQ-SGD is refused (it compresses each sample's change against the previous message it
     sent to the same receiver, and a token's copies go to other experts, hence other ranks,
@@ -278,7 +278,7 @@ def a2a_wire_bytes(codec: str, spec, tok: int, bpv: int, routing: Routing) -> fl
     or the backward's gradient into the expert outputs), :func:`ep_alltoall_bytes`'s
     ``tok x top_k`` rows of ``hidden`` values sent at ``codec``'s wire size: ``fp8`` one byte a
     value plus one fp32 scale per :data:`FP8_BLOCK` values of a row (arXiv:2412.19437
-    Sec. 3.3.2); ``directq:...`` its compressor's own ``wire_bytes`` (codes and scales,
+    Sec. 3.3, "Fine-Grained Quantization"); ``directq:...`` its compressor's own ``wire_bytes`` (codes and scales,
     :class:`perfsim.compression.directq.DirectQ`); ``none`` the training precision's."""
     if codec == "none":
         return ep_alltoall_bytes(spec, tok, bpv, routing)

@@ -1,6 +1,6 @@
 """Compression of the MoE token all-to-all (``--a2a-compress``): the dispatch-direction pair
 (forward dispatch, backward gradient into the expert outputs) at the codec's wire size, the
-combine pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3.2)."""
+combine pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
 
 from pathlib import Path
 
