@@ -169,7 +169,7 @@ def predict(
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         a2a_compress (str, default 'none'):
-            codec of the expert-parallel dispatch all-to-alls (the forward dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value + an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); needs ep > 1
+            codec of the expert-parallel dispatch all-to-alls (the forward dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value + an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); unused with ep 1 (no all-to-all)
         zero (int, default 0):
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):

@@ -343,7 +343,10 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                      + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
                         "all-to-all dispatch and combine" if strategy.ep > 1 else "")
                      + (f", dispatch pair sent as {strategy.a2a_compress} (the combine pair at "
-                        f"{value_precision(strategy.precision)})" if strategy.a2a_compress != "none" else "") + ")")
+                        f"{value_precision(strategy.precision)})" if strategy.a2a_compress != "none" and
+                        strategy.ep > 1 else "") + ")")
+    if strategy.a2a_compress != "none" and strategy.ep == 1:
+        notes.append(f"a2a_compress {strategy.a2a_compress} unused: no expert-parallel all-to-all with ep 1")
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
                      f"max_position_embeddings {arch.max_positions} and {DEFAULT_SEQ_LEN}); --seq-len sets it")

@@ -73,7 +73,6 @@ def test_predict_fp8_dispatch_sends_fewer_all_to_all_bytes_and_says_so():
     (dict(a2a="qsgd:4"), "gradient compressors do not apply"),
     (dict(a2a="powersgd:2"), "gradient compressors do not apply"),
     (dict(a2a="directq:5"), "bits=5"),
-    (dict(a2a="fp8", ep=1), "needs ep > 1"),
     (dict(a2a="fp8", gpu="a100-sxm4-80gb"), "a100-sxm4-80gb has no fp8"),
 ])
 def test_refusals(changes, match):
@@ -81,6 +80,16 @@ def test_refusals(changes, match):
 
     with pytest.raises(ConfigError, match=match):
         perfsim.predict(**_job(**changes))
+
+
+def test_ep_1_has_no_all_to_all_and_says_the_codec_is_unused():
+    """Not refused (perfsim plan searches ep with the user's codec), priced as without it, noted."""
+    import perfsim
+
+    base, fp8 = perfsim.predict(**_job(ep=1)).summary, perfsim.predict(**_job("fp8", ep=1)).summary
+    assert fp8["iteration_s"] == base["iteration_s"] and fp8["ep_bytes"] == base["ep_bytes"] == 0
+    assert "a2a_compress fp8 unused: no expert-parallel all-to-all with ep 1" in fp8["model_note"]
+    assert "unused" not in base["model_note"] and "dispatch pair" not in fp8["model_note"]
 
 
 def test_fp8_without_a_gpu_preset_is_refused():
