@@ -36,6 +36,7 @@ import time
 import traceback
 
 import torch  # noqa: F401 -- the point: loaded once here, inherited by every child
+import torch._dynamo  # noqa: F401 -- torch.optim imports it when a rank builds its optimizer (~1.2 CPU-s)
 import torch.distributed  # noqa: F401
 
 from perfsim.procs import die_with_parent, exit_rank
@@ -67,8 +68,8 @@ def _become_rank(req: dict, zygote: int, private_fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(req["env"], PERFSIM_LAUNCHER_PID=str(zygote))
         sys.argv = [worker.__file__, *req["argv"]]
-        print(f"perfsim: rank started by fork from the rank zygote (pid {zygote}), torch already imported",
-              flush=True)
+        print(f"perfsim: rank pid {os.getpid()} (process group {os.getpgrp()}) forked from the rank zygote "
+              f"(pid {zygote}): torch was already imported", flush=True)
         code = worker.main(list(req["argv"]))
     except BaseException:  # what an uncaught exception does to a fresh interpreter
         traceback.print_exc()
