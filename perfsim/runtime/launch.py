@@ -124,6 +124,7 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
                  python: str = sys.executable) -> None:
     """Run ``cfg`` with one process per rank on this machine; returns when all
     ranks finished successfully, raises :class:`RankFailure` otherwise."""
+    method = rank_start.start_method(python, emulated=cfg.bandwidth_bps is not None)  # checked first
     out = Path(cfg.out)
     ranks_dir = out / ".ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
@@ -142,7 +143,6 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
         net_ctx = EmulatedNetwork(world, cfg.bandwidth_bps, cfg.latency_s)
     else:
         net_ctx = contextlib.nullcontext(None)
-    method = rank_start.start_method(python, emulated=cfg.bandwidth_bps is not None)
     with net_ctx as net:
         base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
         base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
