@@ -32,8 +32,9 @@ from perfsim.errors import ConfigError
 
 START_ENV = "PERFSIM_RANK_START"
 METHODS = ("fork", "spawn")
-# set per test by pytest, read by nothing at import: a change does not need a new zygote
-VOLATILE_ENV = ("PYTEST_CURRENT_TEST",)
+# read by nothing at import (pytest sets its variable per test; this module reads START_ENV):
+# a change does not need a new zygote
+VOLATILE_ENV = ("PYTEST_CURRENT_TEST", START_ENV)
 
 
 class ZygoteError(RuntimeError):
