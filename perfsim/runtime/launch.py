@@ -6,6 +6,9 @@ torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), optionally each inside its own network namespace
 (:mod:`perfsim.netem`). Across machines the same worker code runs under
 ``torchrun``, which provides that environment; nothing here is needed then.
+Ranks in this machine's own network namespace are forked from a zygote that
+imported torch once (:mod:`perfsim.runtime.rank_start`; ``PERFSIM_RANK_START=spawn``
+starts a new interpreter per rank instead); both kinds are watched alike.
 
 Failure handling: the parent polls its children. When one exits abnormally
 (non-zero status or a signal), the others get ``grace_s`` seconds to notice
@@ -42,6 +45,7 @@ from typing import Callable
 from perfsim.errors import ConfigError
 from perfsim.netem import EmulatedNetwork
 from perfsim.result import atomic_write_text
+from perfsim.runtime import rank_start
 
 
 class RankFailure(RuntimeError):
@@ -120,6 +124,7 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
                  python: str = sys.executable) -> None:
     """Run ``cfg`` with one process per rank on this machine; returns when all
     ranks finished successfully, raises :class:`RankFailure` otherwise."""
+    method = rank_start.start_method(python, emulated=cfg.bandwidth_bps is not None)  # checked first
     out = Path(cfg.out)
     ranks_dir = out / ".ranks"
     ranks_dir.mkdir(parents=True, exist_ok=True)
@@ -139,33 +144,45 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
     else:
         net_ctx = contextlib.nullcontext(None)
     with net_ctx as net:
-        base_env = dict(os.environ)
+        base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
         base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         base_env["PYTHONUNBUFFERED"] = "1"
-        base_env["PERFSIM_LAUNCHER_PID"] = str(os.getpid())
-        base_env["PERFSIM_HEARTBEAT"] = str(heartbeat)
+        run_env = dict(base_env, PERFSIM_LAUNCHER_PID=str(os.getpid()), PERFSIM_HEARTBEAT=str(heartbeat))
         master_addr = net.address(0) if net else "127.0.0.1"
         master_port = 29500 if net else free_port()
-        procs: list[subprocess.Popen] = []
+        procs: list = []  # subprocess.Popen, or rank_start.ForkedRank (the same interface)
         logs = []
+        zygote, own = None, False
         try:
             with _forward_signals(procs):
-                _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port, net,
-                                 python, cfg_path, ranks_dir, progress, grace_s)
+                if method == "fork":
+                    zygote, own = rank_start.zygote_for(base_env)
+                _start_and_watch(procs, logs, cfg, world, run_env, master_addr, master_port, net,
+                                 python, cfg_path, ranks_dir, progress, grace_s, zygote)
+        except rank_start.ZygoteError as exc:
+            _stop(procs, 0.0)
+            raise RankFailure(f"{exc}; all {len(procs)} ranks started were stopped (logs: {ranks_dir})") from None
         except BaseException:
             _stop(procs, 0.0)
             raise
         finally:
             for log in logs:
                 log.close()
+            if own:
+                zygote.close()
 
 
 def _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port, net, python,
-                     cfg_path, ranks_dir, progress, grace_s) -> None:
+                     cfg_path, ranks_dir, progress, grace_s, zygote=None) -> None:
     for r in range(world):
         env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
                    MASTER_PORT=str(master_port))
+        if zygote is not None:  # forked: the same rank, the same group, without the torch import
+            log = ranks_dir / f"rank{r}.log"
+            log.write_bytes(b"")
+            procs.append(zygote.start([str(cfg_path)], env, log, procs[0].pid if procs else 0))
+            continue
         cmd = [python, "-m", "perfsim.runtime.worker", str(cfg_path)]
         if net:
             env["GLOO_SOCKET_IFNAME"] = net.ifname

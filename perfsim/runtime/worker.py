@@ -24,6 +24,7 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -284,8 +285,10 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         c.release()
 
 
-def init_and_train(cfg: RunConfig) -> None:
-    """Entry used by a worker process and by ``perfsim run`` under torchrun."""
+def init_and_train(cfg: RunConfig, report: Callable[[BaseException], None] | None = None) -> None:
+    """Entry used by a worker process and by ``perfsim run`` under torchrun. ``report``
+    is called with a failure before the process group is torn down: a peer learns of this
+    rank's end only after its report exists, so the launcher can tell who failed first."""
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     if world != cfg.world_size:
@@ -297,6 +300,10 @@ def init_and_train(cfg: RunConfig) -> None:
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
         train(cfg, rank, world)
+    except BaseException as exc:
+        if report is not None:
+            report(exc)
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -334,14 +341,25 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     err_path = Path(cfg.out) / ".ranks" / f"rank{rank}.error"
     start_heartbeat(rank)
-    try:
-        init_and_train(cfg)
-    except BaseException as exc:  # report one line for the launcher, then fail
+    reported = []
+
+    def report(exc: BaseException) -> None:
+        """One line for the launcher (then the traceback), its mtime the moment of the
+        failure to the nanosecond (the launcher names the rank that failed first)."""
+        at = time.time_ns()
         line = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         try:
             atomic_write_text(err_path, line + "\n\n" + traceback.format_exc())
+            os.utime(err_path, ns=(at, at))
         except OSError:
             pass
+        reported.append(exc)
+
+    try:
+        init_and_train(cfg, report)
+    except BaseException as exc:  # report one line for the launcher, then fail
+        if exc not in reported:
+            report(exc)
         traceback.print_exc()
         return 2 if isinstance(exc, ConfigError) else 1
     return 0

@@ -33,16 +33,17 @@ def _alive(pid: int) -> bool:
 
 
 def _workers_of(out: Path) -> list[int]:
-    """pids of `perfsim.runtime.worker` processes of the run writing to ``out``."""
-    cfg = str(out / ".ranks" / "config.json")
+    """pids of the ranks of the run writing to ``out``: the processes whose stdout is one
+    of its rank logs (so forked ranks, whose command line is their zygote's, count too)."""
+    logs = {str(p.resolve()) for p in (out / ".ranks").glob("rank*.log")}
     pids = []
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                cmd = (d / "cmdline").read_bytes().split(b"\0")
+                stdout = os.readlink(d / "fd" / "1")
             except OSError:
                 continue
-            if cfg.encode() in cmd and b"perfsim.runtime.worker" in cmd:
+            if stdout in logs:
                 pids.append(int(d.name))
     return pids
 
