@@ -28,8 +28,10 @@ Qwen-MoE add always-active *shared* experts (here one MLP of their summed width
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from perfsim.compression import make_compressor
+from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
 
 
@@ -212,8 +214,6 @@ def expert_layers(spec, layers, tp: int, ep: int) -> list:
     parameters (:func:`expert_params_per_rank`; 0 for a dense block and every other layer):
     the gradients an expert-data-parallel group all-reduces when ``ep`` is smaller than
     ``dp`` (:func:`expert_dp_replicas`)."""
-    from dataclasses import replace
-
     return [replace(layer, tensors=(), params=expert_params_per_rank(spec, tp, ep, int(layer.name[5:]))
                     if layer.name.startswith("block") else 0) for layer in layers]
 
@@ -248,7 +248,6 @@ def parse_a2a_compress(text) -> str:
     AQ-SGD is refused (it compresses each sample's change against the previous message it
     sent to the same receiver, and a token's copies go to other experts, hence other ranks,
     every step); gradient compressors are refused (they compress gradients, not activations)."""
-    from perfsim.compression.spec import parse_spec
 
     s = str(text).strip().lower()
     if s in ("none", "fp8"):
@@ -260,7 +259,6 @@ def parse_a2a_compress(text) -> str:
     if spec.name != "directq":
         raise ConfigError(f"a2a_compress={text!r}: the all-to-all carries activations; choose none, fp8 or "
                           "directq:BITS (gradient compressors do not apply)")
-    from perfsim.compression import make_compressor
 
     return make_compressor(spec).spec  # checks its arguments; canonical text
 
@@ -286,7 +284,6 @@ def a2a_wire_bytes(codec: str, spec, tok: int, bpv: int, routing: Routing) -> fl
     if codec == "fp8":
         wire = rows * (h + 4 * math.ceil(h / FP8_BLOCK))
     else:
-        from perfsim.compression import make_compressor
 
         wire = make_compressor(codec).wire_bytes((rows, h))
     return float(wire * routing.load)
