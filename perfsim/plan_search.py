@@ -422,14 +422,23 @@ def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list
 def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
-    fit in memory, why (then no member does)."""
+    fit in memory, why (then no member does: compression only adds memory). Memory is
+    checked per stage (:func:`perfsim.engine.check_memory`) and per device, whose stages
+    (an interleaved schedule's chunks) add up (:func:`perfsim.memory.device_memory`,
+    what predict's ``fits`` reads: otherwise found out only by simulating)."""
     from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
+    from perfsim.memory import GIB, device_memory  # lazy: import perfsim does not load perfsim.memory
 
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
         workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
         if system.gpu:
-            check_memory(workload, strategy, system, pl)
+            mem, cap = check_memory(workload, strategy, system, pl)
+            need = device_memory(mem, pl.table)
+            d = max(range(len(need)), key=need.__getitem__)
+            if need[d] > cap:
+                return math.inf, (f"memory: device {d} holds stages {pl.table.stages_of(d)}, "
+                                  f"{need[d] / GIB:.1f} GiB per GPU; {system.gpu} has {cap / GIB:.1f} GiB")
     except ConfigError as exc:
         return math.inf, str(exc)
     return compute_bound(pl, strategy.schedule), None

@@ -72,3 +72,23 @@ def test_a_new_plan_reads_a_model_file_changed_since_the_last(tmp_path):
     assert member_plan(params)[4].stages[0].params == before  # within one search: the cached job
     plan(model="gpt2-tiny", nodes=1, gpus_per_node=2, global_batch=8, bandwidth="1Gbps")
     assert member_plan(params)[4].stages[0].params > before  # a new search read the file again
+
+
+def test_a_device_whose_chunks_overflow_it_is_rejected_before_simulating():
+    """Interleaved 1F1B puts 4 chunks of Llama-3-8B on each of 2 devices: each chunk fits an
+    H100, their sum does not. predict says so (``fits`` False) after simulating; the plan
+    rejects the group before, naming the device and its total."""
+    import math
+
+    from perfsim.api import predict
+    from perfsim.plan_search import group_bound
+
+    p = dict(model=str(Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json"), seq_len=8192,
+             gpu="h100", gpus_per_node=8, bandwidth="100Gbps", tp=1, pp=2, dp=8, micro_batch=2, macro_batch=8,
+             schedule="interleaved-1f1b", virtual_stages=4, precision="bf16", attention="flash")
+    s = predict(**p).summary
+    assert s["fits"] is False and s["peak_memory_gib"] > s["memory_capacity_gib"]
+    bound, why = group_bound(p)
+    assert bound == math.inf
+    assert why == (f"memory: device 0 holds stages [0, 2, 4, 6], {s['peak_memory_gib']:.1f} GiB per GPU; "
+                   f"{s['gpu']} has {s['memory_capacity_gib']:.1f} GiB")
