@@ -105,8 +105,9 @@ def member_plan(params: dict[str, Any]):
     group (:func:`group_key`: what only the compression tells apart): the group's lossless
     job is built once (configs, network, compute-only plan) and each compression's
     strategy is that job's with its specs, its plan built over the same compute
-    (:func:`perfsim.engine.plan.build_plan`'s ``compute``). A placement, device order or
-    per-boundary compression changes more than the specs: built in full."""
+    (:func:`perfsim.engine.plan.build_plan`'s ``compute``), its gradient sync taken from
+    the group's first member with the same gradient compression (``sync``). A placement,
+    device order or per-boundary compression changes more than the specs: built in full."""
     from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
     from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
 
@@ -115,18 +116,21 @@ def member_plan(params: dict[str, Any]):
     key = group_key(params)
     job = _JOBS.get(key)
     if job is None:
-        job = engine_plan({k: v for k, v in params.items() if k not in COMPRESSION_KEYS}, compute_only=True)
+        job = (*engine_plan({k: v for k, v in params.items() if k not in COMPRESSION_KEYS}, compute_only=True), {})
         _JOBS[key] = job
         while len(_JOBS) > JOBS_KEPT:
             _JOBS.popitem(last=False)
     else:
         _JOBS.move_to_end(key)
-    workload, strategy, system, profile, compute, net = job
+    workload, strategy, system, profile, compute, net, syncs = job
     specs = {k: params[k] for k in ("compress", "grad_compress") if k in params}
     if specs:
         strategy = replace(strategy, **specs)
     gpu = get_gpu(system.gpu) if system.gpu else None
-    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute=compute)
+    sync = syncs.get(strategy.grad_compress)
+    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute=compute, sync=sync)
+    if sync is None:
+        syncs[strategy.grad_compress] = pl
     return workload, strategy, system, profile, pl, net
 
 

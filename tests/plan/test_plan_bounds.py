@@ -92,3 +92,24 @@ def test_a_device_whose_chunks_overflow_it_is_rejected_before_simulating():
     assert bound == math.inf
     assert why == (f"memory: device 0 holds stages [0, 2, 4, 6], {s['peak_memory_gib']:.1f} GiB per GPU; "
                    f"{s['gpu']} has {s['memory_capacity_gib']:.1f} GiB")
+
+
+def test_member_plans_built_from_a_groups_shared_parts_equal_full_plans():
+    """member_plan reuses the group's compute and partition (``compute``) and, per gradient
+    compression, the first member's buckets, ZeRO units and optimizer steps (``sync``):
+    every member's plan equals the one built from scratch, field by field."""
+    from perfsim.plan_search import engine_plan, forget_jobs, member_plan
+
+    for extra in (dict(zero=0), dict(zero=1), dict(zero=2)):
+        forget_jobs()
+        base = dict(model="gpt2-tiny", pp=2, dp=2, gpus_per_node=2, bandwidth="1Gbps", global_batch=8,
+                    micro_batch=2, **extra)
+        grads = ("none", "qsgd-maxnorm:4", "powersgd:2", "onebit-adam") if extra["zero"] < 2 else ("none", "fp16")
+        for grad in grads:
+            for comp in ("fp32", "aqsgd:fw3bw6", "directq:fw4bw8"):
+                p = dict(base, compress=comp, grad_compress=grad)
+                fast, full = member_plan(p)[4], engine_plan(p)[4]
+                assert fast.stages == full.stages, p
+                assert (fast.warmup_buckets, fast.has_warmup, fast.onebit_warmup_steps, fast.overlap, fast.fw_spec,
+                        fast.bw_spec) == (full.warmup_buckets, full.has_warmup, full.onebit_warmup_steps,
+                                          full.overlap, full.fw_spec, full.bw_spec), p
