@@ -470,26 +470,44 @@ def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list
 def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
-    fit in memory, why (then no member does: compression only adds memory). Memory is
-    checked per stage (:func:`perfsim.engine.check_memory`) and per device, whose stages
-    (an interleaved schedule's chunks) add up (:func:`perfsim.memory.device_memory`,
-    what predict's ``fits`` reads: otherwise found out only by simulating)."""
-    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
-    from perfsim.memory import GIB, device_memory  # lazy: import perfsim does not load perfsim.memory
-
+    fit in memory (:func:`check_fits`: per stage and per device), why (then no member
+    does: compression only adds memory)."""
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
         workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
-        if system.gpu:
-            mem, cap = check_memory(workload, strategy, system, pl)
-            need = device_memory(mem, pl.table)
-            d = max(range(len(need)), key=need.__getitem__)
-            if need[d] > cap:
-                return math.inf, (f"memory: device {d} holds stages {pl.table.stages_of(d)}, "
-                                  f"{need[d] / GIB:.1f} GiB per GPU; {system.gpu} has {cap / GIB:.1f} GiB")
+        check_fits(workload, strategy, system, pl)
     except ConfigError as exc:
         return math.inf, str(exc)
     return compute_bound(pl, strategy.schedule), None
+
+
+def check_fits(workload, strategy, system, pl) -> None:
+    """With a GPU preset, raise the ConfigError of a job that does not fit: a stage over the
+    GPU's memory (:func:`perfsim.engine.check_memory`, as predict raises it) or a device
+    whose stages (an interleaved schedule's chunks) add up over it
+    (:func:`perfsim.memory.device_memory`: predict's ``fits`` False, which the search
+    rejects after simulating)."""
+    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
+    from perfsim.memory import GIB, device_memory  # lazy: import perfsim does not load perfsim.memory
+
+    if not system.gpu:
+        return
+    mem, cap = check_memory(workload, strategy, system, pl)
+    need = device_memory(mem, pl.table)
+    d = max(range(len(need)), key=need.__getitem__)
+    if need[d] > cap:
+        raise ConfigError(f"memory: device {d} holds stages {pl.table.stages_of(d)}, "
+                          f"{need[d] / GIB:.1f} GiB per GPU; {system.gpu} has {cap / GIB:.1f} GiB")
+
+
+def member_bound(params: dict[str, Any]) -> float:
+    """:func:`plan_bound` of a candidate that fits in memory (:func:`check_fits` on its own
+    plan: a compression can add memory, AQ-SGD's message buffers, so the group's check
+    does not clear every member); one that does not raises the ConfigError that
+    predict, or the search after simulating it, would."""
+    workload, strategy, system, _, pl, _ = member_plan(params)
+    check_fits(workload, strategy, system, pl)
+    return plan_bound(params)
 
 
 def family_bound(params: dict[str, Any]) -> float:
@@ -575,7 +593,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
            progress: Callable[[int], None] | None = None, backend: str = "process",
            dask_scheduler: str | None = None, band: float = 0.0,
            lossless: Callable[[Any], bool] = lambda c: False,
-           bound: Callable[[dict], float] = plan_bound) -> tuple[list, int, int, list]:
+           bound: Callable[[dict], float] = member_bound) -> tuple[list, int, int, list]:
     """Branch and bound over ``groups`` (module docstring). Returns (simulated candidates,
     number pruned, number rejected (by the simulator, the memory check or an invalid
     combination), one rejected candidate per invalid group or candidate, with its

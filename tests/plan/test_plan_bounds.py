@@ -113,3 +113,25 @@ def test_member_plans_built_from_a_groups_shared_parts_equal_full_plans():
                 assert (fast.warmup_buckets, fast.has_warmup, fast.onebit_warmup_steps, fast.overlap, fast.fw_spec,
                         fast.bw_spec) == (full.warmup_buckets, full.has_warmup, full.onebit_warmup_steps,
                                           full.overlap, full.fw_spec, full.bw_spec), p
+
+
+def test_a_member_whose_compression_overflows_memory_is_rejected_by_its_bound():
+    """AQ-SGD keeps every sample's boundary messages: TP 4 x PP 2 x DP 2 of Llama-3-8B fits an
+    H100 uncompressed (its group passes) but not with aqsgd:fw2bw4. The search's bound refuses
+    that member with predict's own error instead of handing it to predict."""
+    import pytest
+
+    from perfsim.api import predict
+    from perfsim.errors import ConfigError
+    from perfsim.plan_search import group_bound, member_bound, plan_bound
+
+    p = dict(model=str(Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json"), seq_len=8192,
+             gpu="h100", gpus_per_node=8, bandwidth="100Gbps", precision="bf16", attention="flash", zero=1,
+             micro_batch=1, tp=4, pp=2, dp=2, macro_batch=32)
+    assert group_bound(p)[1] is None and member_bound(p) == plan_bound(p)
+    q = dict(p, compress="aqsgd:fw2bw4")
+    with pytest.raises(ConfigError) as predicted:
+        predict(**q)
+    with pytest.raises(ConfigError) as bounded:
+        member_bound(q)
+    assert str(bounded.value) == str(predicted.value) and "AQ-SGD buffers" in str(bounded.value)
