@@ -11,7 +11,9 @@ replica per class of identical pipelines is simulated), every replica distinct
 (one region each; and at 8192 GPUs, 4 regions with every pipeline hop its own
 measured link: every replica simulated, target < 10 s); the 131,072-GPU job of
 issue 33 (GPT-3 175B, TP 8 x PP 16 x DP 1024, H100 nodes of 8 GPUs; target < 10 s),
-on a uniform network and with every replica distinct; and a linearity check
+on a uniform network and with every replica distinct (the event loop runs: each
+replica in its own lane until the first gradient sync starts, :mod:`perfsim.engine.lanes`,
+then all in one time order); and a linearity check
 (wall time per event as the number of micro-batches grows).
 
 ``events``: SimPy events the event loop processed, or the steps the closed-form

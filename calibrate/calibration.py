@@ -40,8 +40,10 @@ DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
 #: communication ops timed by default (messenger: execute mode's message path; late: its
 #: receive posted after the data arrived; framing: its host time per message;
 #: interference: compute alone vs under concurrent allreduces; reduce_scatter,
-#: allgather_tensor: the calls tensor parallelism issues)
-DEFAULT_COMM = "p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference"
+#: allgather_tensor: the calls tensor parallelism issues; fsdp: FSDP2's own host time
+#: per unit, perfsim.calibrate.fsdp_host)
+DEFAULT_COMM = ("p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,"
+                "interference,fsdp")
 #: communication ops timed over each emulated link by default (a kind's cost relative
 #: to the allreduce depends on the link: host copies weigh less on a slow one; the
 #: compute slowdown under traffic too: a paced slow link wakes the host per packet)

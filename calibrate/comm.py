@@ -43,6 +43,9 @@ this machine -- gloo over TCP loopback on the CPU, NCCL on GPUs -- and time:
   may pass inside the burst or not, and near the burst size single calls
   scatter by 2x between sweeps.
 
+* ``fsdp``: FSDP2's own host time per ``fully_shard`` unit and pass, in this
+  process group (:mod:`perfsim.calibrate.fsdp_host`; records ``fsdp_host``).
+
 ``size_bytes`` is each rank's input buffer (fp32), as in
 :class:`perfsim.compression.base.CommStep`. Sizes run from 1 KB to 256 MB by
 factors of 4 (``--quick``: to 1 MB). Each size is repeated until ``repeats``
@@ -75,7 +78,7 @@ from perfsim.calibrate.profile_io import comm_name
 from perfsim.errors import ConfigError
 
 OPS = ("p2p", "allreduce", "allgather", "alltoall", "reduce_scatter", "allgather_tensor", "messenger", "late",
-       "framing", "interference")
+       "framing", "interference", "fsdp")
 #: ops measured unless asked otherwise
 DEFAULT_OPS = OPS
 #: ops timing a torch call other than their kind's default: op -> (record op = kind, call)
@@ -226,6 +229,11 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
             from perfsim.calibrate.interference import measure
 
             out.extend(measure(rank, device, world, backend, cfg.emulate_bandwidth))
+            continue
+        if op == "fsdp":  # FSDP2's own host time per unit (perfsim.calibrate.fsdp_host)
+            from perfsim.calibrate import fsdp_host
+
+            out.extend(fsdp_host.measure(rank, device, world, repeats=cfg.repeats))
             continue
         for size in cfg.sizes_to_run():
             n = size // 4
@@ -413,6 +421,11 @@ def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -
                 rec["emulated_latency_s"] = cfg.emulate_latency
             records.append(rec)
             continue
+        if item["op"] == "fsdp":  # FSDP2's host time per unit and root, forward and backward
+            from perfsim.calibrate.fsdp_host import record
+
+            records.append(record([per_rank[r][i] for r in sorted(per_rank)], cfg.world_size, cfg.threads))
+            continue
         if item["op"] == "framing":  # host time: rank 0 sends, rank 1 receives
             for side, r in (("send", 0), ("recv", 1)):
                 t = summarize(per_rank[r][i]["samples"])
@@ -520,7 +533,7 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
             namespaces.__exit__(None, None, None)
     records = _summarize(per_rank, cfg, backend)
     raw = [r for r in records if "skipped" not in r]
-    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": [],
+    kinds = {"messenger": ["p2p"], "late": ["p2p"], "framing": ["frame_send", "frame_recv"], "interference": [], "fsdp": [],
              **{o: [kind] for o, (kind, _) in CALL_OPS.items()}}
     for op in sorted({k for o in cfg.ops for k in kinds.get(o, [o])}):
         # one fit per backend/link and torch call (an allgather of tensors is not a list's)

@@ -20,7 +20,7 @@ MEASURED = frozenset({"time_s", "spread_s", "repeats", "mean_s", "allreduce_s", 
 #: groups of ops reported together
 GROUPS = {"compute": COMPUTE_OPS + ("optimizer", "stage_optimizer"),
           "codecs": CODEC_OPS,
-          "communication": COMM_OPS + ("frame_send", "frame_recv")}
+          "communication": COMM_OPS + ("frame_send", "frame_recv", "fsdp_host")}
 
 
 def _key(rec: dict) -> tuple:

@@ -39,6 +39,7 @@ def predict(
     collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
+    cpu_adam_rate: float | None = None,
     comm_slowdown: float | None = None,
     nic_affinity: str = 'gpu',
     straggler_cv: float = 0.0,
@@ -47,7 +48,7 @@ def predict(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -62,6 +63,8 @@ def predict(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
+    offload: str = 'none',
     cross_entropy: str = 'fused',
     pp: int = 8,
     dp: int = 1,
@@ -120,6 +123,8 @@ def predict(
             auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
         host_overhead (str | float | None):
             host time per GPU operator (framework, autograd, launch), replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager PyTorch on an H200 host (docs/gpu.md); needs gpu
+        cpu_adam_rate (float | None):
+            with offload optimizer: parameters per second a node's CPUs update with Adam, shared by its GPUs (default 4e9: ZeRO-Offload's CPU-Adam, 3.9e9-4.5e9 on a DGX-2 host)
         comm_slowdown (float | None):
             compute slowdown while communication overlaps it, e.g. 0.1 (default: the profile's measured interference, else 0)
         nic_affinity (str, default 'gpu'):
@@ -136,8 +141,8 @@ def predict(
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
-        dataset_samples (int, default 2359):
-            training samples per epoch
+        dataset_samples (int | None):
+            training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
         schedule (str | None):
             pipeline schedule; default gpipe, 1f1b with a gpu preset (one of perfsim.schedules.SCHEDULES)
         virtual_stages (int | None):
@@ -159,13 +164,17 @@ def predict(
         moe_capacity_factor (float | None):
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
-            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and, for now, equal dp
+            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; predict simulates ep = dp only (perfsim memory answers any)
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         zero (int, default 0):
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
             ZeRO-3 / FSDP2: free each layer's gathered parameters after its forward and gather them again for the backward; false keeps them (no backward all-gather, the stage's full weights held)
+        optimizer (str, default 'adamw'):
+            optimizer: adamw (two fp32 moments; mixed precision adds an fp32 master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run trains it (one of perfsim.job.OPTIMIZERS)
+        offload (str, default 'none'):
+            CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
         pp (int, default 8):
@@ -191,7 +200,7 @@ def predict(
         global_batch (int | None):
             samples per optimizer step over all replicas (= dp x micro_batch x accumulation steps; sets macro_batch)
         epochs (int, default 1):
-            epochs for the end-to-end time
+            epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer steps each (the last batch completed from the epoch's first samples), the steps perfsim run --epochs trains (perfsim.job.training_steps)
         latency (str | float, default '0s'):
             one-way inter-node latency (seconds, or 5ms)
         grad_compress (str, default 'none'):
@@ -228,6 +237,7 @@ def sweep(
     collective_model: str | list | None = None,
     link_model: str | list | None = None,
     host_overhead: str | float | list | None = None,
+    cpu_adam_rate: float | list | None = None,
     comm_slowdown: float | list | None = None,
     nic_affinity: str | list | None = None,
     straggler_cv: float | list | None = None,
@@ -251,6 +261,8 @@ def sweep(
     moe_imbalance: float | list | None = None,
     zero: int | list | None = None,
     reshard_after_forward: bool | list | None = None,
+    optimizer: str | list | None = None,
+    offload: str | list | None = None,
     cross_entropy: str | list | None = None,
     pp: int | list | None = None,
     dp: int | list | None = None,
@@ -327,6 +339,7 @@ def memory_report(
     collective_model: str = 'nominal',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
+    cpu_adam_rate: float | None = None,
     comm_slowdown: float | None = None,
     nic_affinity: str = 'gpu',
     straggler_cv: float = 0.0,
@@ -335,7 +348,7 @@ def memory_report(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
-    dataset_samples: int = 2359,
+    dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
     tp: int = 1,
@@ -350,6 +363,8 @@ def memory_report(
     moe_imbalance: float = 1.0,
     zero: int = 0,
     reshard_after_forward: bool = True,
+    optimizer: str = 'adamw',
+    offload: str = 'none',
     cross_entropy: str = 'fused',
     pp: int = 8,
     dp: int = 1,
@@ -399,13 +414,14 @@ def run(
     partition: str | Sequence[int] | None = None,
     tied_embedding: str | None = 'untied',
     zero: int = 0,
+    offload: str = 'none',
     tp_send: str | None = 'full',
     kernels: str | None = 'eager',
+    optimizer: str = 'adamw',
     steps: int | None = None,
-    epochs: float | None = None,
+    epochs: int | None = None,
     seed: int = 0,
     lr: float = 0.001,
-    optimizer: str = 'adamw',
     dataset_limit: int | None = None,
     out: str | None = None,
     resume: str | None = None,

@@ -34,8 +34,9 @@ from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import GPUS, get_gpu, profile_gpu
+from perfsim.hardware import GPUS, NODE_FABRIC, get_gpu, profile_gpu
 from perfsim.memory import ALLOCATOR_PRESSURE
+from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
@@ -173,6 +174,10 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                           "its fp8 GEMMs are modelled from the datasheet rate")
     st = fields["strategy"]
     st["macro_batch"] = _batch(p)
+    if p["dataset_samples"] is None:  # the model's own data set where perfsim run has one
+        samples = dataset_samples(model.spec)
+        if samples is not None:
+            st["dataset_samples"] = samples  # (else Strategy's default)
     defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)
     st["schedule"] = p["schedule"] or defaults.schedule
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
@@ -208,8 +213,11 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     nic = parse_nic(p["nic"]) if p["nic"] else Nic(1, p["bandwidth"])  # bandwidth: one NIC, bit/s
     sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
-    if p["intra_node_fabric"]:
-        fabric = get_fabric(p["intra_node_fabric"])
+    fabric_name = p["intra_node_fabric"]
+    if fabric_name is None and gpu is not None and not gpu.p2p and params.get("intra_node_bandwidth") is None:
+        fabric_name = NODE_FABRIC[gpu.name]  # no peer-to-peer: through host memory (perfsim.fabrics.HostPath)
+    if fabric_name:
+        fabric = get_fabric(fabric_name)
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,
                   intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])

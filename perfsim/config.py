@@ -110,11 +110,11 @@ class Strategy(Job):
     overlap_grad_sync: bool = True
     #: ``bucketed`` (copy into and out of each bucket) or ``contiguous`` (GRAD_BUFFERS)
     grad_buffer: str = "bucketed"
-    #: optimizer whose step time the profile gives (``adam``)
-    optimizer: str = "adam"
-    #: number of epochs for the end-to-end time
+    #: number of epochs for the end-to-end time (perfsim.job.training_steps: the steps
+    #: ``perfsim run --epochs`` trains)
     epochs: int = 1
-    #: training samples in one epoch (default ~ WikiText-2 train at 1024 tokens:
+    #: training samples in one epoch (predict takes the model's own data set where perfsim
+    #: knows it, perfsim.models.datasets; this default ~ WikiText-2 train at 1024 tokens:
     #: 2.4M GPT-2 tokens / 1024)
     dataset_samples: int = 2359
     #: activation recomputation: ``none``, ``selective`` (attention core) or ``full``
@@ -149,8 +149,6 @@ class Strategy(Job):
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
-        if not isinstance(self.optimizer, str) or not self.optimizer.strip():
-            raise ConfigError(f"optimizer={self.optimizer!r}: must be a non-empty string")
         _pos_float(self, "moe_capacity_factor", allow_none=True)
         _pos_int(self, "ep")
         if self.dp % self.ep:
@@ -209,6 +207,9 @@ class System:
     p2p_control_latency_s: float | None = None
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None
+    #: parameters per second a node's CPUs update with Adam for CPU offload (``Strategy.offload``;
+    #: shared by the node's GPUs); None: :data:`perfsim.engine.offload.CPU_ADAM_PARAMS_PER_S`
+    cpu_adam_params_per_s: float | None = None
     #: transport of the inter-node NICs (perfsim.fabrics.NIC_KINDS): the payload share
     #: of ``bandwidth_bps`` a long transfer achieves when the link is not calibrated
     nic_kind: str = "ideal"
@@ -261,6 +262,7 @@ class System:
         check_choice(self, "collective_model", COLLECTIVE_MODELS)
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
+        _pos_float(self, "cpu_adam_params_per_s", allow_none=True)
         for name in ("straggler_cv", "jitter_cv"):
             _pos_float(self, name, allow_zero=True)
             if getattr(self, name) >= 1:

@@ -15,7 +15,7 @@ import shlex
 from typing import Any, Iterable
 
 from perfsim.errors import ConfigError
-from perfsim.job import PLACEMENT_DIMS
+from perfsim.job import PLACEMENT_DIMS, Job
 from perfsim.models.registry import runtime_names
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
@@ -40,9 +40,12 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
                      f"--boundary-compress {params['boundary_compress']}")
     from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
-    placement = tuple(build_configs(**params)[1].placement)  # the job's rank order, as predicted
+    strategy = build_configs(**params)[1]
+    placement = tuple(strategy.placement)  # the job's rank order, as predicted
     if placement != PLACEMENT_DIMS:
         flags.append(f"--placement {','.join(placement)}")
+    if strategy.optimizer != Job.optimizer:
+        flags.append(f"--optimizer {strategy.optimizer}")
     order = runtime_device_order(params)
     note = ""
     if order is not None and params.get("tp", 1) == 1:
@@ -106,6 +109,8 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
         args.append("--use-torch-fsdp2")
     if strategy.precision in ("bf16", "fp16"):
         args.append("--" + strategy.precision)
+    if strategy.optimizer == "sgd":  # Megatron-LM's default is Adam (its --optimizer adam)
+        args += ["--optimizer", "sgd", "--sgd-momentum", "0.9"]
     if strategy.attention == "flash":
         args.append("--use-flash-attn")
     for what, spec in (("pipeline", strategy.compress), ("gradient", strategy.grad_compress)):

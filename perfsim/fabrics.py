@@ -4,7 +4,8 @@ Every figure is an *achieved* rate (what NCCL moves, its ``busbw``), not a line
 rate, because that is what a collective's time follows; each carries its source.
 
 ``--intra-node-fabric NAME`` sets the rate between the GPUs of one node
-(:data:`FABRICS`); ``--nic [COUNTx]RATE[:KIND]`` the NICs of a node, e.g.
+(:data:`FABRICS`; ``pcie3-shm`` / ``pcie4-shm``: GPUs without peer-to-peer, through host
+memory, derived from their parts in :class:`HostPath`); ``--nic [COUNTx]RATE[:KIND]`` the NICs of a node, e.g.
 ``4x200Gbps:infiniband`` -- their total rate is the node's inter-node capacity,
 shared by all its GPUs (:mod:`perfsim.network`), and ``KIND`` the transport
 efficiency applied when the profile has no measured link (:data:`NIC_KINDS`).
@@ -29,6 +30,78 @@ class Fabric:
     source: str
 
 
+#: PCIe rate per lane and direction, bytes/s: 8 / 16 / 32 GT/s with 128b/130b encoding (PCI-SIG,
+#: PCI Express Base Specification 3.0, 4.0, 5.0); x16 gives 15.75 / 31.5 / 63 GB/s
+PCIE_LANE_BPS = {3: 8e9 * 128 / 130 / 8, 4: 16e9 * 128 / 130 / 8, 5: 32e9 * 128 / 130 / 8}
+#: share of a GPU's PCIe link (per direction) that NCCL's SHM transport moves through host memory
+#: when its GPU has the link to itself: x16 PCIe 3.0, 9 GB/s of 15.75 (S. Jeaugey, NVIDIA/nccl#406:
+#: SHM between sockets "9 or 6" GB/s where a PCI switch keeps 12); x16 PCIe 4.0, 4 x RTX 4090 on one
+#: CPU without a PCI switch, all_reduce_perf busbw 18 GB/s of 31.5 through SHM (NVIDIA/nccl#1603)
+SHM_PCIE_SHARE = 0.57
+#: share of a socket's peak DRAM bandwidth that streaming copies reach (STREAM on server DDR4:
+#: 75-85 %, J. McCalpin, "STREAM: Sustainable Memory Bandwidth in High Performance Computers")
+HOST_MEMORY_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class HostPath:
+    """GPUs that cannot reach each other's memory (no peer-to-peer over PCIe: GeForce cards,
+    many dual-root PCIe servers, VMs; ``NCCL_P2P_DISABLE=1``): NCCL's SHM transport, "used between
+    devices when peer-to-peer cannot happen, therefore, host memory is used" (NCCL documentation,
+    Environment Variables, ``NCCL_SHM_DISABLE``; ``NCCL_P2P_DISABLE``). Each byte leaves its GPU up
+    its PCIe link into host memory and comes down the peer's link: it crosses the root complex twice
+    and host memory once written, once read. A ring all-reduce's bus bandwidth per GPU is the least of
+
+    * ``SHM_PCIE_SHARE x lanes x PCIE_LANE_BPS[gen] / gpus_per_uplink``: the busiest PCIe segment.
+      Behind a PCI switch every GPU's bytes go up and come back down its one uplink -- "a 2x increase in
+      load on the PCI link to the CPU" for two GPUs on one switch (S. Jeaugey, NVIDIA/nccl#1309) --
+      where peer-to-peer would have stayed inside the switch;
+    * ``HOST_MEMORY_SHARE x memory_Bps / (2 x gpus_per_socket)``: a socket's DRAM, each byte written
+      and read once;
+    * ``socket_link_Bps``: the CPU-to-CPU link (QPI/UPI, Infinity Fabric) per direction, which the
+      ring crosses once each way when the node's GPUs sit on two sockets (None: one socket)."""
+
+    gen: int
+    lanes: int
+    gpus_per_uplink: int
+    gpus_per_socket: int
+    memory_Bps: float
+    socket_link_Bps: float | None
+    layout: str
+
+    def busbw_Bps(self) -> float:
+        """The achieved all-reduce bus bandwidth per GPU, bytes/s (class docstring)."""
+        bounds = [SHM_PCIE_SHARE * self.lanes * PCIE_LANE_BPS[self.gen] / self.gpus_per_uplink,
+                  HOST_MEMORY_SHARE * self.memory_Bps / (2 * self.gpus_per_socket)]
+        if self.socket_link_Bps is not None:
+            bounds.append(self.socket_link_Bps)
+        return min(bounds)
+
+    def fabric(self, name: str) -> Fabric:
+        bw = self.busbw_Bps()
+        return Fabric(name, 8 * bw, 10e-6,
+                      f"no peer-to-peer: NCCL's SHM transport through host memory (NCCL documentation, "
+                      f"NCCL_P2P_DISABLE / NCCL_SHM_DISABLE), {bw / 1e9:.1f} GB/s busbw derived in "
+                      f"perfsim.fabrics.HostPath from PCIe {self.gen}.0 x{self.lanes} (PCI-SIG), "
+                      f"{self.gpus_per_uplink} GPU(s) per uplink, {self.gpus_per_socket} per socket: {self.layout}")
+
+
+#: the node layouts of the no-P2P fabrics (``pcieN-shm``); each number's source is in ``layout``.
+#: No ``pcie5-shm``: the one PCIe 5.0 figure (``pcie5``) was measured on GeForce cards, which
+#: NVIDIA ships without peer-to-peer, and no layout of its node is stated
+HOST_PATHS: dict[str, HostPath] = {
+    "pcie3-shm": HostPath(3, 16, 2, 4, 6 * 21.33e9, 2 * 20.8e9,
+                          "8-GPU dual-socket PCIe 3.0 server (V100/P100/T4 PCIe era): 4 GPUs per Xeon Scalable "
+                          "socket, more than its 48 lanes carry, so behind PCI switches; assumed 48-lane ones "
+                          "(e.g. Broadcom PEX 8747: one x16 uplink, two x16 GPU ports), 2 GPUs per uplink; 6 x DDR4-2666 per socket (128 GB/s); "
+                          "2 UPI links x 20.8 GB/s (10.4 GT/s x 2 bytes) between the sockets (Intel Xeon "
+                          "Scalable platform brief)"),
+    "pcie4-shm": HostPath(4, 16, 1, 4, 8 * 25.6e9, None,
+                          "GPUs on their own CPU root ports (no PCI switch, as in NVIDIA/nccl#1603's 4 x RTX "
+                          "4090), 4 per socket; 8 x DDR4-3200 per socket (204.8 GB/s, AMD EPYC 7002/7003); "
+                          "the CPU-to-CPU link not binding at this rate"),
+}
+
 #: achieved all-reduce bus bandwidth per GPU (nccl-tests ``busbw``, GB/s x 8 bits)
 FABRICS: dict[str, Fabric] = {f.name: f for f in (
     Fabric("pcie3", 8 * 10e9, 10e-6,
@@ -49,6 +122,7 @@ FABRICS: dict[str, Fabric] = {f.name: f for f in (
     Fabric("nvlink4", 8 * 370e9, 5e-6,
            "8 x H100 SXM on NVSwitch: 450 GB/s line rate, ~370 GB/s busbw with NCCL_ALGO=RING "
            "(S. Jeaugey, NVIDIA/nccl-tests#212)"),
+    *(path.fabric(name) for name, path in HOST_PATHS.items()),
 )}
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass, replace
 from perfsim.errors import ConfigError
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+#: precisions trained as mixed precision: half-precision (or fp8) weights and gradients beside
+#: fp32 master weights (Micikevicius et al., "Mixed Precision Training", arXiv:1710.03740)
+MIXED_PRECISIONS = ("bf16", "fp16", "fp8")
 #: bytes of one value per training precision; ``fp8`` is NVIDIA Transformer Engine's
 #: recipe (Micikevicius et al., "FP8 Formats for Deep Learning", arXiv:2209.05433): fp8
 #: GEMMs, bf16 everywhere else -- weights, activations, messages are bf16 values
@@ -161,6 +164,10 @@ class GPU:
     #: the achieved-efficiency curve it is priced with: its own fit, else the nearest
     #: calibrated GPU's (default: the A100's)
     curve: Curve = A100_CURVE
+    #: whether two of its cards in one node reach each other's memory over PCIe (CUDA peer-to-peer,
+    #: NCCL's P2P transport); GeForce cards have none -- "GeForce cards don't support GPU Direct P2P"
+    #: (S. Jeaugey, NVIDIA/nccl#1309) -- so NCCL goes through host memory (SHM, perfsim.fabrics.HostPath)
+    p2p: bool = True
 
     def __post_init__(self):
         if not self.peak_flops or any(p not in PRECISIONS or v <= 0 for p, v in self.peak_flops.items()):
@@ -176,10 +183,10 @@ class GPU:
         return self.peak_flops[precision]
 
 
-def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None, curve=A100_CURVE):
+def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None, curve=A100_CURVE, p2p=True):
     rates = {k: v for k, v in (("fp32", fp32), ("tf32", tf32), ("bf16", bf16), ("fp16", fp16), ("fp8", fp8))
              if v}
-    return GPU(name, rates, bw, mem, src, family, curve)
+    return GPU(name, rates, bw, mem, src, family, curve, p2p)
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -199,7 +206,7 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("h200-sxm-141gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 4800 * G, 141 * G, _H200, "hopper",
          fp8=1978.9 * T, curve=H200_CURVE),
     _gpu("l4", 30.3 * T, 60 * T, 121 * T, 121 * T, 300 * G, 24 * 2**30, _L4, "ada"),
-    _gpu("rtx-4090", 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 1008 * G, 24 * 2**30, _ADA, "ada"),
+    _gpu("rtx-4090", 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 1008 * G, 24 * 2**30, _ADA, "ada", p2p=False),
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),
 )}
 
@@ -207,11 +214,33 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 #: (nearest by architecture); the H100 PCIe the H200's
 
 #: the intra-node fabric a node of each GPU ships with (perfsim.fabrics): NVSwitch/NVLink on
-#: SXM parts, the PCIe generation of the card otherwise; absent where no preset fits (MI300X)
+#: SXM parts, the PCIe generation of the card otherwise -- through host memory (``pcieN-shm``)
+#: for a card without peer-to-peer (``GPU.p2p``); absent where no preset fits (MI300X)
 NODE_FABRIC = {"v100-sxm2-16gb": "nvlink2", "v100-sxm2-32gb": "nvlink2", "v100-pcie-16gb": "pcie3",
                "v100-pcie-32gb": "pcie3", "a100-sxm4-40gb": "nvlink3", "a100-sxm4-80gb": "nvlink3",
                "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "h100-sxm5-80gb": "nvlink4",
-               "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "nvlink4", "l4": "pcie4", "rtx-4090": "pcie4"}
+               "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "nvlink4", "l4": "pcie4", "rtx-4090": "pcie4-shm"}
+
+#: the PCIe link between each GPU and its host (SXM parts too: an SXM module reaches the
+#: CPU through a PCIe switch): V100 Gen3, A100/L4/RTX 4090 Gen4, H100/H200/MI300X Gen5 x16
+#: (the vendors' datasheets); what CPU offload's host copies cross (:func:`host_link_Bps`)
+HOST_LINK = {"v100-sxm2-16gb": "pcie3", "v100-sxm2-32gb": "pcie3", "v100-pcie-16gb": "pcie3",
+             "v100-pcie-32gb": "pcie3", "a100-sxm4-40gb": "pcie4", "a100-sxm4-80gb": "pcie4",
+             "a100-pcie-40gb": "pcie4", "a100-pcie-80gb": "pcie4", "h100-sxm5-80gb": "pcie5",
+             "h100-pcie-80gb": "pcie5", "h200-sxm-141gb": "pcie5", "l4": "pcie4", "rtx-4090": "pcie4",
+             "mi300x": "pcie5"}
+#: PCIe x16 line rate per direction, bytes/s (PCI-SIG: 8, 16, 32 GT/s per lane, 128b/130b encoding)
+PCIE_LINE_BPS = {"pcie3": 15.75e9, "pcie4": 31.5e9, "pcie5": 63.0e9}
+#: share of the line rate a pinned host-device copy achieves (the TLP headers and flow control of
+#: PCIe; NVIDIA's ``bandwidthTest`` reports ~12-13 GB/s pinned on Gen3 x16, i.e. 0.76-0.83): a
+#: stated assumption in that range
+PCIE_COPY_EFFICIENCY = 0.8
+
+
+def host_link_Bps(gpu: GPU) -> float:
+    """Bytes/s of one host-device copy of ``gpu`` (:data:`HOST_LINK` x :data:`PCIE_COPY_EFFICIENCY`)."""
+    return PCIE_LINE_BPS[HOST_LINK[gpu.name]] * PCIE_COPY_EFFICIENCY
+
 
 #: short names users type
 ALIASES = {"v100": "v100-sxm2-32gb", "v100-16gb": "v100-sxm2-16gb", "v100-32gb": "v100-sxm2-32gb",

@@ -31,6 +31,7 @@ from typing import Any
 from perfsim.boundaries import BoundarySpecs, check_boundaries, parse_boundary_compress
 from perfsim.compression.spec import Spec, parse_spec
 from perfsim.errors import ConfigError
+from perfsim.hardware import MIXED_PRECISIONS
 from perfsim.models.tensor_parallel import TP_SENDS
 from perfsim.models.transformer import MEGATRON_VOCAB_MULTIPLE
 from perfsim.schedules import PipelineShape, SCHEDULES, VIRTUAL_STAGE_SCHEDULES, stage_count
@@ -47,6 +48,10 @@ TIED_EMBEDDINGS = ("untied", "sync")
 #: 3 + parameters sharded over data parallelism. PyTorch FSDP2's ``fully_shard`` is stage 3
 #: (Zhao et al., "PyTorch FSDP", arXiv:2304.11277), ``reshard_after_forward`` its option
 ZERO_STAGES = (0, 1, 2, 3)
+#: CPU offload (Ren et al., "ZeRO-Offload: Democratizing Billion-Scale Model Training",
+#: arXiv:2101.06840): ``none``, or ``optimizer`` -- the optimizer state, the gradients and the
+#: step on the host, the GPU keeping its 16-bit weights (ZeRO-2/3; perfsim.engine.offload)
+OFFLOAD = ("none", "optimizer")
 #: how the block's memory-bound operators run (perfsim.models.eager): ``fused`` -- Megatron-LM's
 #: fused kernels (LayerNorm, bias-dropout-add, scale-mask-softmax, bias-GELU; one pass per norm);
 #: ``eager`` -- plain PyTorch under ``torch.autocast``, one kernel per aten operator, fp32 weights
@@ -55,6 +60,43 @@ ZERO_STAGES = (0, 1, 2, 3)
 #: (``model.to(torch.bfloat16)``, FSDP2's ``param_dtype``): no autocast casts, a half-precision
 #: residual stream (``scripts/gpu_step_bench.py``'s steps); the same as ``eager`` in fp32
 KERNELS = ("fused", "eager", "eager-pure")
+@dataclass(frozen=True)
+class Optimizer:
+    """What an optimizer keeps and moves per parameter (its state for :mod:`perfsim.memory`,
+    its step's memory traffic for the engine's step time); :data:`OPTIMIZERS` by name."""
+
+    #: name (``--optimizer``)
+    name: str
+    #: fp32 state buffers per parameter: Adam(W)'s momentum and variance (2), SGD's momentum (1)
+    states: int
+
+    def state_bytes(self, precision: str) -> int:
+        """``K`` of ZeRO (Rajbhandari et al., arXiv:1910.02054, Sec. 3.1): optimizer-state bytes
+        per parameter -- its fp32 buffers, plus the fp32 master weights under mixed precision
+        (:data:`perfsim.hardware.MIXED_PRECISIONS`; Adam: ``K = 12`` mixed, 8 in fp32; SGD with
+        momentum: 8 and 4)."""
+        return 4 * self.states + (4 if precision in MIXED_PRECISIONS else 0)
+
+    def step_bytes(self, precision: str) -> int:
+        """Bytes one step moves per parameter, memory-bound: read the fp32 gradient, read and
+        write the weight and every state buffer (Adam 4 (1 + 2 x 3) = 28; SGD with momentum
+        4 (1 + 2 x 2) = 20); mixed precision adds the half-precision gradient read, the weight
+        copy written and the unscale / gradient-norm passes, 8 (Micikevicius et al., "Mixed
+        Precision Training", arXiv:1710.03740)."""
+        return 4 * (1 + 2 * (1 + self.states)) + (8 if precision in MIXED_PRECISIONS else 0)
+
+
+#: the optimizers ``perfsim run`` trains and ``perfsim predict`` prices: AdamW (weight decay
+#: 0; the same traffic and state as Adam, Loshchilov & Hutter, arXiv:1711.05101) and SGD with
+#: momentum 0.9 (``torch.optim.SGD``). A 1-bit optimizer (``--grad-compress onebit-adam`` /
+#: ``onebit-lamb``) replaces AdamW and keeps its two moments (Tang et al., arXiv:2102.02888;
+#: Li et al., arXiv:2104.06069): it needs ``optimizer=adamw`` (:meth:`Job.check`)
+OPTIMIZERS: dict[str, Optimizer] = {o.name: o for o in (Optimizer("adamw", 2), Optimizer("sgd", 1))}
+#: what a profile's ``optimizer`` record names -> the optimizer whose traffic it timed
+#: (``perfsim calibrate`` times adamw, adam or sgd; Adam moves what AdamW does)
+TIMED_OPTIMIZER = {"adamw": "adamw", "adam": "adamw", "sgd": "sgd"}
+
+
 #: the dimensions of a rank order (:attr:`Job.placement`), innermost first, in perfsim's
 #: default order: tensor, pipeline, data (replica-major: device = replica * pp + stage, the
 #: numbering topology files use)
@@ -131,6 +173,22 @@ PRESETS = {p.name: p for p in (PERFSIM, MEGATRON)}
 def preset(gpu: Any) -> Preset:
     """The defaults a prediction takes: :data:`MEGATRON` with a GPU preset, else :data:`PERFSIM`."""
     return MEGATRON if gpu else PERFSIM
+
+
+def steps_per_epoch(samples: int, global_batch: int) -> int:
+    """Optimizer steps of one epoch over ``samples`` at ``global_batch`` samples a step:
+    ``ceil(samples / global_batch)``, the last batch completed from the epoch's first samples
+    (``torch.utils.data.DistributedSampler``'s padding). The one definition ``perfsim predict``
+    (its ``iterations_per_epoch``) and ``perfsim run`` (:class:`perfsim.runtime.data.Order`) count."""
+    return -(-samples // global_batch)
+
+
+def training_steps(epochs: int, samples: int, global_batch: int) -> int:
+    """Optimizer steps of ``epochs`` epochs (:func:`steps_per_epoch` each): what ``--epochs``
+    means to ``perfsim predict`` (its end-to-end time) and to ``perfsim run`` (how long it trains).
+    The data set's ``samples`` are the model's own where perfsim knows its data set
+    (:func:`perfsim.models.datasets.dataset_samples`), else predict's ``--dataset-samples``."""
+    return epochs * steps_per_epoch(samples, global_batch)
 
 
 def chosen_chunks(schedule: str, virtual_stages: int | None) -> int | None:
@@ -216,6 +274,9 @@ class Job(PipelineShape):
     #: ZeRO stage (ZERO_STAGES): 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
     #: sharded over data parallelism (3 = FSDP2 ``fully_shard``)
     zero: int = 0
+    #: CPU offload (OFFLOAD): ``optimizer`` keeps the optimizer state and the gradients (the
+    #: shard ZeRO-2/3 gives this rank) in host memory and steps them there (ZeRO-Offload)
+    offload: str = "none"
     #: how the TP ranks of a stage send a pipeline boundary: ``full`` or ``scatter-gather``
     #: (perfsim.models.tensor_parallel.TP_SENDS)
     tp_send: str = "full"
@@ -223,6 +284,9 @@ class Job(PipelineShape):
     #: weights in the training precision) or ``fused`` (Megatron-LM's kernels): KERNELS; a GPU
     #: preset's prediction defaults to Megatron's (:data:`MEGATRON`)
     kernels: str = "eager"
+    #: optimizer (OPTIMIZERS): ``adamw`` or ``sgd`` (momentum 0.9); ``perfsim run`` trains it,
+    #: ``perfsim predict`` prices its step and its state (memory, ZeRO's sharded ``K``)
+    optimizer: str = "adamw"
 
     def __post_init__(self):
         self.check()
@@ -250,6 +314,14 @@ class Job(PipelineShape):
             raise ConfigError(f"zero={self.zero!r}: choose from {', '.join(map(str, ZERO_STAGES))} "
                               f"(1 optimizer state, 2 + gradients, 3 + parameters sharded)")
         check_choice(self, "kernels", KERNELS)
+        check_choice(self, "optimizer", OPTIMIZERS)
+        check_choice(self, "offload", OFFLOAD)
+        if self.offload != "none" and self.zero < 2:
+            raise ConfigError(f"offload={self.offload!r}: needs zero 2 or 3 (ZeRO-Offload streams each rank's "
+                              f"reduced gradient shard to the host, arXiv:2101.06840 Sec. 4); zero={self.zero}")
+        if self.offload != "none" and self.optimizer != "adamw":
+            raise ConfigError(f"offload={self.offload!r} with optimizer={self.optimizer!r}: ZeRO-Offload's host "
+                              f"step is CPU-Adam's (arXiv:2101.06840 Sec. 4); use optimizer=adamw")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"schedule={self.schedule!r}: unknown (choose from {', '.join(SCHEDULES)})")
         if self.zero >= 2 and self.schedule in ("zb-h1", "zb-v"):
@@ -263,6 +335,9 @@ class Job(PipelineShape):
         object.__setattr__(self, "compress", parse_spec(self.compress, "pipeline"))
         object.__setattr__(self, "grad_compress", parse_spec(self.grad_compress, "grad"))
         object.__setattr__(self, "boundary_compress", parse_boundary_compress(self.boundary_compress))
+        if self.grad_compress.family == "optimizer" and self.optimizer != "adamw":
+            raise ConfigError(f"optimizer={self.optimizer!r} with grad_compress={self.grad_compress.text!r}: "
+                              f"a 1-bit optimizer is an Adam (or LAMB) itself; use optimizer=adamw")
         self.table()  # the schedule must fit pp and the micro-batches
         check_boundaries(self.boundary_compress, self.num_stages)
         if self.device_order is not None and sorted(self.device_order) != list(range(self.devices)):

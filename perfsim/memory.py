@@ -5,7 +5,8 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
 * model states (ZeRO, Rajbhandari et al. 2020, arXiv:1910.02054, Sec. 3.1):
   mixed precision (fp16/bf16) keeps 16-bit weights and gradients (``2 Psi + 2 Psi``)
   and fp32 master weights, Adam momentum and variance (``12 Psi``); fp32 training
-  ``4 Psi + 4 Psi + 8 Psi``. Gradients take :attr:`perfsim.config.Strategy.grad_dtype`:
+  ``4 Psi + 4 Psi + 8 Psi``. SGD with momentum (``--optimizer sgd``) keeps one fp32 buffer:
+  ``K = 8`` mixed, 4 in fp32 (:meth:`perfsim.job.Optimizer.state_bytes`). Gradients take :attr:`perfsim.config.Strategy.grad_dtype`:
   Megatron's bf16 buffer is fp32 (``4 Psi``; 18 bytes per parameter, Megatron-LM README,
   distributed optimizer table). With ``W`` bytes of weights, ``G`` of gradients and
   ``K`` of optimizer state per parameter and ``N_d = dp`` (ZeRO Sec. 5 and Fig. 1:
@@ -15,6 +16,10 @@ Per GPU of stage ``s`` (``Psi`` = parameters one tensor-parallel rank holds):
       ZeRO-1: (W + G + K/N_d) Psi    ZeRO-3: (W + G + K) Psi / N_d
 
   These are the shards; :func:`sharding_buffers` adds the working buffers of ZeRO-2/3.
+  CPU offload (``--offload optimizer`` on ZeRO-2/3; ZeRO-Offload, Ren et al., arXiv:2101.06840,
+  Sec. 4): ``G = K = 0`` on the GPU (each reduced gradient shard is copied to the host as it is
+  produced; one unit's 16-bit gradient stays, :func:`sharding_buffers`), and
+  :func:`offloaded_state_bytes` in host memory.
 * fp8 (``precision="fp8"``, NVIDIA Transformer Engine's recipe; Micikevicius et al.,
   "FP8 Formats for Deep Learning", arXiv:2209.05433): bf16 weights and values outside
   the GEMMs (counted as bf16), plus :func:`fp8_bytes` (fp8 weight copies, scaling state).
@@ -54,7 +59,8 @@ from typing import TYPE_CHECKING
 
 from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd import AQSGD
-from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.hardware import BYTES_PER_VALUE, MIXED_PRECISIONS
+from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import Routing, moe_activation_values
 from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
 from perfsim.schedules import max_in_flight
@@ -91,6 +97,9 @@ class StageMemory:
     inflight: int
     #: ZeRO-2/3 working buffers (:func:`sharding_buffers`)
     sharding: float = 0.0
+    #: host memory of an offloaded optimizer, its gradients and state (:func:`offloaded_state_bytes`;
+    #: not in ``total``)
+    host: float = 0.0
 
     @property
     def total(self) -> float:
@@ -98,8 +107,9 @@ class StageMemory:
 
     def breakdown(self) -> str:
         """``weights 0.8, grads 0.8, optimizer 1.6, activations 71.8[, AQ-SGD buffers 28.8]`` (GiB)."""
-        return breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
+        text = breakdown_text(self.weights / GIB, self.grads / GIB, self.optimizer / GIB,
                               self.activations / GIB, self.buffers / GIB, self.sharding / GIB)
+        return text + (f"; gradients and optimizer state in host memory {self.host / GIB:.1f}" if self.host else "")
 
 
 def breakdown_text(weights: float, grads: float, optimizer: float, activations: float, buffers: float,
@@ -122,8 +132,23 @@ def model_state_bytes(psi: float, weight_bytes: int, grad_bytes: int, optimizer_
     return weights, grads, optimizer
 
 
+#: bytes per parameter an offloaded optimizer keeps in host memory: fp32 master weights,
+#: momentum and variance, and the fp32 gradient CPU-Adam reads (ZeRO-Offload, arXiv:2101.06840,
+#: Sec. 4: the gradients, the optimizer state and its step on the CPU; DeepSpeed's ZeRO-2 offload
+#: holds its fp32 partition and that partition's fp32 gradient on the host)
+OFFLOADED_BYTES_PER_PARAM = 16
+
+
+def offloaded_state_bytes(psi: float, dp: int, zero: int) -> float:
+    """Host bytes per GPU of an offloaded optimizer (``--offload optimizer``) over ``psi``
+    parameters: :data:`OFFLOADED_BYTES_PER_PARAM` each, of the shard ZeRO gives the rank
+    (``psi / dp`` from stage 1 on). The GPU keeps its 16-bit weights (their ZeRO-3 shard), no
+    gradient shard and no optimizer state."""
+    return OFFLOADED_BYTES_PER_PARAM * psi / (dp if zero >= 1 else 1)
+
+
 def sharding_buffers(unit_params, weight_bytes: int, grad_bytes: int, dp: int, zero: int,
-                     reshard_after_forward: bool = True) -> float:
+                     reshard_after_forward: bool = True, offload: bool = False) -> float:
     """Working buffers of ZeRO-2/3 on top of the shards, per GPU (0 for ZeRO-0/1 or dp 1).
 
     ``unit_params``: the parameters of each sharding unit of the stage in order (a layer:
@@ -139,10 +164,10 @@ def sharding_buffers(unit_params, weight_bytes: int, grad_bytes: int, dp: int, z
       from its forward to its backward: the whole stage's.
     """
     units = [p for p in unit_params if p > 0]
-    if zero < 2 or dp == 1 or not units:
+    if zero < 2 or (dp == 1 and not offload) or not units:
         return 0.0
-    out = grad_bytes * max(units)
-    if zero >= 3:
+    out = grad_bytes * max(units)  # offloaded on one GPU too: the unit's gradient before its copy down
+    if zero >= 3 and dp > 1:
         if reshard_after_forward:
             pair = max((a + b for a, b in zip(units, units[1:])), default=units[0])
             out += weight_bytes * pair
@@ -258,15 +283,21 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]
-    mixed = prec in ("fp16", "bf16", "fp8")
+    mixed = prec in MIXED_PRECISIONS
+    k = OPTIMIZERS[strategy.optimizer].state_bytes(prec)  # ZeRO's K: Adam 12 mixed, 8 fp32; SGD 8, 4
     fw_comp, _ = make_pipeline_pair(strategy.compress)
     out = []
     for st in plan.stages:
         psi = st.params
         wb, gb = (2 if mixed else 4), BYTES_PER_VALUE[strategy.grad_dtype]
-        weights, grads, optimizer = model_state_bytes(psi, wb, gb, 12 if mixed else 8, dp, strategy.zero)
+        offload = strategy.offload == "optimizer"
+        if offload:  # ZeRO-Offload: 16-bit gradients streamed to the host; no shard, no state on the GPU
+            gb = wb
+        weights, grads, optimizer = model_state_bytes(psi, wb, 0 if offload else gb, 0 if offload else k,
+                                                      dp, strategy.zero)
+        host = offloaded_state_bytes(psi, dp, strategy.zero) if offload else 0.0
         sharding = sharding_buffers(st.unit_params or [psi], wb, gb, dp, strategy.zero,
-                                    strategy.reshard_after_forward)
+                                    strategy.reshard_after_forward, offload)
         # the stage's own peak on its device (a device with several stages sums them: an upper bound)
         inflight = max_in_flight([a for a in table[table.stage_device[st.index]] if a.stage == st.index])
         act = 0.0
@@ -303,5 +334,5 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.index > 0:
                 per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
             buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
-        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding))
+        out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding, host))
     return out

@@ -146,6 +146,9 @@ PARAMS: tuple[Param, ...] = (
     Param("host_overhead", "time", None, "host time per GPU operator (framework, autograd, launch), "
           "replacing the GPU curve's (Megatron-LM's on the A100 runs' hosts); e.g. 25us for eager "
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
+    Param("cpu_adam_rate", "float", None, "with offload optimizer: parameters per second a node's CPUs "
+          "update with Adam, shared by its GPUs (default 4e9: ZeRO-Offload's CPU-Adam, 3.9e9-4.5e9 on a "
+          "DGX-2 host)", "system", "system.cpu_adam_params_per_s"),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
@@ -167,8 +170,10 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
           "system.p2p_control_latency_s"),
-    Param("dataset_samples", "int", 2359, "training samples per epoch", "strategy",
-          "strategy.dataset_samples"),
+    Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
+          "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
+          "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
+          "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
           search_when="pp>1"),
@@ -205,7 +210,8 @@ PARAMS: tuple[Param, ...] = (
           "strategy.moe_capacity_factor"),
     Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
           "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
-          "must divide the experts and, for now, equal dp", "strategy", "strategy.ep",
+          "must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over "
+          "their dp/ep replicas (Megatron-Core's expert data parallel group)", "strategy", "strategy.ep",
           search="perfsim.search_space:expert_parallel"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
@@ -218,6 +224,14 @@ PARAMS: tuple[Param, ...] = (
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
           "strategy.reshard_after_forward"),
+    Param("optimizer", "choice", "adamw", "optimizer: adamw (two fp32 moments; mixed precision adds an fp32 "
+          "master copy: 12 bytes of state per parameter, 8 in fp32) or sgd (momentum 0.9: one buffer, 8 and 4 "
+          "bytes); predict prices its state (sharded by zero) and its step's memory traffic, perfsim run "
+          "trains it", "strategy", "strategy.optimizer", choices="perfsim.job:OPTIMIZERS"),
+    Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with "
+          "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
+          "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
+          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD"),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
@@ -252,7 +266,9 @@ PARAMS: tuple[Param, ...] = (
           "default 32, or global_batch / dp", "strategy"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
           "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
-    Param("epochs", "int", 1, "epochs for the end-to-end time", "strategy", "strategy.epochs"),
+    Param("epochs", "int", 1, "epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer "
+          "steps each (the last batch completed from the epoch's first samples), the steps perfsim run "
+          "--epochs trains (perfsim.job.training_steps)", "strategy", "strategy.epochs"),
     Param("latency", "time", "0s", "one-way inter-node latency (seconds, or 5ms)", "system",
           "system.latency_s"),
     Param("grad_compress", "spec", "none", "data-parallel gradient compression "

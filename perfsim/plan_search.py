@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from perfsim.compression.base import REDUCE_SCATTER
 from perfsim.errors import ConfigError
+from perfsim.models.moe import expert_dp_replicas
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, COMPUTE_KINDS, FORWARD,
                                PLAIN_SCHEDULES, VIRTUAL_STAGE_SCHEDULES)
 
@@ -296,7 +297,7 @@ def _action_s(st, kind: str) -> float:
 
 def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     """Bytes that must leave or enter the busiest node for one bucket's collectives
-    among the replicas of a pipeline device (tensor rank 0; ``nodes``: how many on
+    among the replicas of a pipeline device that sync it (tensor rank 0; ``nodes``: how many on
     each node), as :func:`nic_bound`
     counts them: per all-reduce of ``S`` bytes over ``N`` nodes ``2 (N-1)/N S`` out of
     each node, per reduce-scatter ``(n - k)/n S`` out of and per all-gather ``(n - k) S``
@@ -304,7 +305,7 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     nothing."""
     if system.topology is not None or not system.bandwidth_bps:
         return 0.0
-    n = strategy.dp
+    n = sum(nodes.values())
     N = len(nodes)
     if N < 2:
         return 0.0
@@ -341,6 +342,8 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
     the device ends no earlier than ``max_j (ready_j + sum_{i >= j} sync_i) + optimizer``.
     ZeRO-2/3 stages (per-unit collectives) count their compute only. ``nodes``:
     :func:`replica_nodes` (None: counted here)."""
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
     where = pl.table.stage_device
     n = len(pl.stages)
     codec = device_codec(pl)
@@ -362,7 +365,11 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
                 continue
             before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
             length = _action_s(st, row[last[k]].kind)
-            times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, nodes[d]) * 8 / rate
+            groups = {j: nodes[d] if j == 1 else  # all replicas; an expert group (stride ep)
+                      Counter(device_map(strategy)(0, r, d) // system.gpus_per_node
+                              for r in expert_dp_replicas(pl.dp, j, 0))
+                      for j in {b.stride for b in st.buckets}}
+            times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, groups[b.stride]) * 8 / rate
                      for b in st.buckets]
             after = 0.0
             for b, t in zip(reversed(st.buckets), reversed(times)):
@@ -391,10 +398,13 @@ def nic_bound(pl, strategy, system, layout=None) -> float:
       ``(n - k)/n S`` (so does a bucket's reduce-scatter, ZeRO-1's); other kinds nothing.
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'.
     ``layout``: :func:`nic_layout` (None: read here)."""
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
     if not system.bandwidth_bps:
         return 0.0
-    cross, spans = layout or nic_layout(pl, strategy, system)
+    cross, spans, spanning = layout or nic_layout(pl, strategy, system)
     n, m, tp = pl.dp, pl.num_microbatches, strategy.tp
+    gpn, where = system.gpus_per_node, pl.table.stage_device
     out: dict[int, float] = {}
     into: dict[int, float] = {}
     for k, st in enumerate(pl.stages):
@@ -406,33 +416,41 @@ def nic_bound(pl, strategy, system, layout=None) -> float:
             into[a] = into.get(a, 0.0) + c * bw
         if not spans[k]:
             continue
-        reduce = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allreduce")
-        gather = sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == "allgather")
+        dense = [step for b in st.buckets if b.stride == 1 for step in b.steps]  # (expert groups: below)
+        reduce = sum(step.nbytes for step in dense if step.kind == "allreduce")
+        gather = sum(step.nbytes for step in dense if step.kind == "allgather")
         # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
         # again before its backward when resharded), :mod:`perfsim.engine.sharding`
         shards = sum(u.gather_bytes for u in st.units)
         gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
         # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
         scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
-        scatter += sum(step.nbytes for b in st.buckets for step in b.steps if step.kind == REDUCE_SCATTER)
+        scatter += sum(step.nbytes for step in dense if step.kind == REDUCE_SCATTER)
         for node, (ring, outside) in spans[k].items():
             out[node] = out.get(node, 0.0) + ring * reduce + outside / n * scatter
             into[node] = into.get(node, 0.0) + outside * gather
+        for stride in {b.stride for b in st.buckets} - {1}:  # expert-data-parallel groups, each its own ring
+            dev = device_map(strategy)
+            for t in spanning[k]:
+                _expert_nic_bytes(st, stride, [[dev(t, r, where[k]) // gpn for r in expert_dp_replicas(n, stride, j)]
+                                               for j in range(stride)], out, into)
     return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
 
 
-def nic_layout(pl, strategy, system) -> tuple[list[Counter], list[dict]]:
+def nic_layout(pl, strategy, system) -> tuple[list[Counter], list[dict], list[list[int]]]:
     """What :func:`nic_bound` reads from where the ranks sit (the same for every
     compression of a job): per stage ``k``, how many tensor ranks' messages over
-    boundary ``k`` go from node ``a`` to node ``b`` (every replica's), and per node the
+    boundary ``k`` go from node ``a`` to node ``b`` (every replica's); per node the
     sums over the tensor ranks whose sync group spans ``N >= 2`` nodes of ``2 (N-1)/N``
-    and of ``n - on`` (``on`` of the group's ``n`` members on the node)."""
+    and of ``n - on`` (``on`` of the group's ``n`` members on the node); and those
+    tensor ranks."""
     from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     gpn, where, n = system.gpus_per_node, pl.table.stage_device, pl.dp
     dev = device_map(strategy)
     cross: list[Counter] = [Counter() for _ in pl.stages]
     spans: list[dict] = [{} for _ in pl.stages]
+    spanning: list[list[int]] = [[] for _ in pl.stages]
     for t in range(strategy.tp):
         for k in range(len(pl.stages)):
             if k + 1 < len(pl.stages):
@@ -447,10 +465,28 @@ def nic_layout(pl, strategy, system) -> tuple[list[Counter], list[dict]]:
             N = len(nodes)
             if N < 2:
                 continue
+            spanning[k].append(t)
             for node, on in nodes.items():
                 ring, outside = spans[k].get(node, (0.0, 0))
                 spans[k][node] = (ring + 2.0 * (N - 1) / N, outside + n - on)
-    return cross, spans
+    return cross, spans, spanning
+
+
+def _expert_nic_bytes(st, stride: int, groups: list[list[int]], out: dict, into: dict) -> None:
+    """Add to ``out`` / ``into`` (bytes per node) what stage ``st``'s buckets synced within
+    groups of replicas ``stride`` apart move through the NICs, as :func:`nic_bound` counts a
+    group (``groups``: each group's members' nodes; the routed experts' expert-data-parallel
+    groups, :func:`perfsim.engine.plan.expert_buckets`)."""
+    reduce = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allreduce")
+    gather = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allgather")
+    for members in groups:
+        nodes = Counter(members)
+        N = len(nodes)
+        if N < 2:
+            continue
+        for node, on in nodes.items():
+            out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+            into[node] = into.get(node, 0.0) + (len(members) - on) * gather
 
 
 def _simulate(params: dict[str, Any]) -> tuple[dict | None, list, str | None]:

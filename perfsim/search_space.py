@@ -82,14 +82,16 @@ def node_fabric(ctx: Context, p) -> tuple:
 
 
 def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
-    """A mixture-of-experts model: no expert parallelism, and experts over all ``dp``
-    replicas where ``dp`` divides the experts (a dense model: not searched) (perfsim.models.moe.check_routing: ep must
-    equal dp for now); per candidate, since it depends on its ``dp``."""
+    """A mixture-of-experts model: no expert parallelism, and every ``ep > 1`` dividing both
+    the candidate's ``dp`` and the experts (Megatron-Core's expert-parallel group inside the
+    data-parallel one; with ``ep < dp`` the experts' gradients sync over their
+    expert-data-parallel group, :func:`perfsim.engine.plan.expert_buckets`) (a dense model:
+    not searched); per candidate, since it depends on its ``dp``."""
     def values(q: Mapping[str, Any]) -> tuple:
         dp = q["dp"]
         if not ctx.experts:
             return (None,)  # a dense model: left to predict's default
-        return (1, dp) if dp > 1 and ctx.experts % dp == 0 else (1,)
+        return (1, *(e for e in range(2, dp + 1) if dp % e == 0 and ctx.experts % e == 0))
 
     return values
 

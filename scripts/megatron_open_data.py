@@ -12,6 +12,13 @@ gives achieved teraFLOP/s per GPU with FLOPs counted by the paper's eq. (3),
     python scripts/megatron_open_data.py --micro-batch 1,2,4      # sensitivity to the micro-batch
     python scripts/megatron_open_data.py --schedule interleaved-1f1b
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
+    python scripts/megatron_open_data.py --candidates             # each pipeline-depth candidate, switched on
+
+``--candidates`` switches on, one at a time, each mechanism proposed for the rows with >= 8
+pipeline stages being too fast (:data:`CANDIDATES`: every value from its cited source, none
+fitted to these rows) and prints MAPE and mean signed error over all rows and over the deep
+rows, and each row's *compute factor* (:func:`compute_factor`): how much slower its compute and
+the idle time that scales with it would have to run for the prediction to meet the measurement.
 """
 
 from __future__ import annotations
@@ -59,8 +66,18 @@ def predict_row(row: dict, doc: dict, micro_batch: int = 1, schedule: str = "1f1
               global_batch=row["global_batch"], gpus_per_node=sy["gpus_per_node"], nic=sy["nic"],
               intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule=schedule,
               overlap=False, grad_buffer="contiguous", allow_oom=True)
+    if schedule.startswith("interleaved") and "virtual_stages" not in extra:
+        kw["virtual_stages"] = megatron_chunks(row["layers"] // p)
     kw.update(extra)
     return predict(**kw).summary
+
+
+def megatron_chunks(layers_per_device: int) -> int:
+    """Model chunks per device of Megatron-LM's interleaved schedule: each chunk holds a whole number
+    of layers (``--num-layers-per-virtual-pipeline-stage`` must divide the layers of a pipeline
+    stage; Megatron-LM README, "interleaved pipelining schedule"), so the fewest chunks above one
+    that divide ``layers_per_device`` (3 for the 529.6B row's 3 layers, where 2 would split a layer)."""
+    return next((v for v in range(2, layers_per_device + 1) if layers_per_device % v == 0), 1)
 
 
 def evaluate(doc: dict, rows: list[dict], micro_batch: int = 1, schedule: str = "1f1b", **extra) -> list[dict]:
@@ -76,6 +93,46 @@ def evaluate(doc: dict, rows: list[dict], micro_batch: int = 1, schedule: str = 
                         fits=s["fits"], peak_gib=s["peak_memory_gib"], pipeline_s=s.get("pipeline_s"),
                         compute_s=s["compute_s"], idle_s=s["idle_s"], dp_sync_s=s["dp_sync_s"],
                         tp_comm_s=s.get("tp_comm_s", 0.0)))
+    return out
+
+
+#: the mechanisms proposed for the deep rows' optimism, each switched on alone at a value with a
+#: source (label, predict keywords, why this value); docs/model.md, "Open multi-node data"
+CANDIDATES: tuple[tuple[str, dict, str], ...] = (
+    ("p2p latency per hop", dict(latency="6.6us"),
+     "NCCL's per-step network latency, Simple protocol (src/graph/tuning.cc hwLat; perfsim.collectives.PROTOCOLS)"),
+    ("p2p bytes: whole activation per TP rank", dict(tp_send="full"),
+     "no scatter/gather: t copies of each boundary activation cross the NICs (an upper bound on bytes per hop)"),
+    ("p2p bandwidth: half the NIC rate", dict(nic="8x100Gbps:infiniband"),
+     "each hop at half of HDR's 200 Gb/s (a lower bound on what a GPU's own HCA moves)"),
+    ("interleaved schedule (extra p2p)", dict(schedule="interleaved-1f1b"),
+     "PTD-P as the paper describes it (interleaved 1F1B): v x the p2p messages, a smaller bubble"),
+    ("stage balance: partition by compute", dict(partition="balanced"),
+     "the uniform split charges the head on the last stage; balanced moves blocks off it"),
+    ("host time per operator at its bound", dict(host_overhead="80us"),
+     "the top of kernel_s's range (perfsim.engine.curve_bounds): per-micro-batch launch cost"),
+    ("synchronisation wait", dict(straggler_cv=0.01),
+     "1 % speed spread between GPUs (Sinha et al., arXiv:2208.11035, report up to 8 % ranges)"),
+    ("NCCL protocols", dict(collective_model="nccl"),
+     "the message-size curve of NCCL's tuner (src/graph/tuning.cc)"),
+)
+
+
+def compute_factor(r: dict) -> float:
+    """How much slower a row's compute (and the idle time that scales with it: the bubble) would
+    have to run for the prediction to meet the measurement: ``1 + (measured - predicted) /
+    (compute + idle)`` (> 1: the model's compute is too fast). A mechanism that scales with the
+    pipeline depth (the bubble, per-hop messages) cannot give one factor to rows whose bubble
+    differs."""
+    return 1.0 + (r["measured_s"] - r["predicted_s"]) / (r["compute_s"] + r["idle_s"])
+
+
+def candidates(doc: dict, rows: list[dict], micro_batch: int = 1) -> list[tuple[str, str, list[dict]]]:
+    """(label, source, rows evaluated) for the stated assumptions, then for each of :data:`CANDIDATES`."""
+    out = [("as stated", "", evaluate(doc, rows, micro_batch))]
+    for label, kw, why in CANDIDATES:
+        kw = dict(kw)
+        out.append((label, why, evaluate(doc, rows, micro_batch, kw.pop("schedule", "1f1b"), **kw)))
     return out
 
 
@@ -101,6 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="an extra predict keyword (repeatable), e.g. nic_sharing=false")
+    ap.add_argument("--candidates", action="store_true",
+                    help="switch on each candidate mechanism for the deep pipelines alone (CANDIDATES)")
     args = ap.parse_args(argv)
     try:
         mbs = [int(x) for x in args.micro_batch.split(",")]
@@ -109,6 +168,8 @@ def main(argv=None) -> int:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
     doc, rows = load()
+    if args.candidates:
+        return _print_candidates(doc, rows, mbs[0])
     print(f"{doc['name']} -- {doc['source'].split(',')[0]}, {len(rows)} rows; error = (predicted - measured) / "
           "measured iteration time, negative = too fast")
     for mb in mbs:
@@ -126,6 +187,27 @@ def main(argv=None) -> int:
         m, s = summary(res)
         print(f"micro-batch {mb}: MAPE {m:.1f} %, mean signed error {s:+.1f} % "
               f"({sum(r['error'] < 0 for r in res)} of {len(res)} rows too fast)")
+    return 0
+
+
+def _print_candidates(doc: dict, rows: list[dict], micro_batch: int) -> int:
+    deep = [i for i, r in enumerate(rows) if r["pp"] >= 8]
+    print(f"micro-batch {micro_batch}, 1F1B unless the variant says; signed error per row (rows in the file's "
+          f"order), deep = the {len(deep)} rows with >= 8 pipeline stages")
+    print("| variant | MAPE | mean signed | mean signed, deep | per row | why this value |")
+    print("| --- | ---: | ---: | ---: | --- | --- |")
+    for label, why, res in candidates(doc, rows, micro_batch):
+        m, s = summary(res)
+        _, sd = summary([res[i] for i in deep])
+        per_row = " ".join(f"{100 * r['error']:+.1f}" for r in res)
+        print(f"| {label} | {m:.1f} % | {s:+.1f} % | {sd:+.1f} % | {per_row} | {why} |")
+        if label == "as stated":
+            stated = res
+    print("\ncompute factor per row (1 + (measured - predicted) / (compute + idle)), as stated:")
+    for r in stated:
+        print(f"  {r['params_b']}B  t={r['tp']} p={r['pp']}  bubble (p-1)/m "
+              f"{(r['pp'] - 1) / (r['global_batch'] // (r['gpus'] // (r['tp'] * r['pp'])) // micro_batch):.3f}  "
+              f"factor {compute_factor(r):.3f}")
     return 0
 
 

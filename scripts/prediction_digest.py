@@ -7,8 +7,9 @@ every figure of a fixed set of predictions, and checks a tree against a stored c
 The set: the README's ``perfsim predict`` examples (their comma lists expanded), one
 case per dimension ``predict`` models (GPU presets, ZeRO stages, mixture-of-experts
 with expert parallelism, fp8, recomputation, attention, sequence parallelism,
-schedules, topology file, gradient and pipeline compressors) and the ranked rows of two ``perfsim plan``
-searches, one ``perfsim memory`` report, and every row of the
+schedules, topology file, gradient and pipeline compressors, CPU offload, the optimizer) and the
+ranked rows of two ``perfsim plan`` searches, two ``perfsim memory`` reports (one with
+expert parallelism smaller than data parallelism, which predict refuses), and every row of the
 stored validation grids re-predicted with the shipped CPU profile
 (``scripts/repredict_validation.py``'s replay of ``perfsim validate --reuse-measured``).
 
@@ -63,6 +64,17 @@ def cases() -> dict[str, dict]:
         out["mixtral-ep4"] = dict(model=MIXTRAL, gpu="h100", tp=2, pp=4, dp=4, ep=4, micro_batch=1,
                                   global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
                                   recompute="full", allow_oom=True)
+        # expert parallelism smaller than data parallelism: the experts' sync over dp/ep = 2 replicas
+        out["mixtral-ep8-dp16"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=16, ep=8, micro_batch=1,
+                                       global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
+                                       recompute="full", allow_oom=True)
+    out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
+    out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
+                                  optimizer="sgd", bandwidth="100Mbps")
+    # CPU offload of the optimizer (ZeRO-Offload) on ZeRO-2, 8 H100s of one node
+    out["llama2-7b-zero2-offload"] = dict(model="llama2-7b", gpu="h100", tp=1, pp=1, dp=8, micro_batch=1,
+                                          global_batch=64, gpus_per_node=8, bandwidth="400Gbps", precision="bf16",
+                                          zero=2, recompute="full", offload="optimizer")
     out["geo-topology"] = dict(model="gpt2-tiny", pp=3, topology=GEO, compress="fp16")
     out["a100-fp16-megatron"] = dict(model="gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200",
                                      gpu="a100-sxm4-80gb", tp=2, pp=2, dp=2, micro_batch=4, global_batch=64,
@@ -109,6 +121,13 @@ def predictions() -> dict[str, dict]:
         out["memory-70b"] = _values(dataclasses.asdict(perfsim.memory_report(**GPU70B)))
     except Exception as exc:  # noqa: BLE001
         out["memory-70b"] = {"error": f"{type(exc).__name__}: {exc}"}
+    # expert parallelism smaller than data parallelism: memory only (predict refuses it)
+    mixtral = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=8, ep=2, gpus_per_node=8, precision="bf16",
+                   recompute="full", global_batch=64)
+    try:
+        out["memory-mixtral-ep2-dp8"] = _values(dataclasses.asdict(perfsim.memory_report(**mixtral)))
+    except Exception as exc:  # noqa: BLE001
+        out["memory-mixtral-ep2-dp8"] = {"error": f"{type(exc).__name__}: {exc}"}
     from repredict_validation import GRIDS, STORED, repredict_frame
 
     profile = str(ROOT / "traces" / "cpu-2core.json")

@@ -6,9 +6,10 @@ gradients, optimizer state by ZeRO stage -- Rajbhandari et al., "ZeRO: Memory Op
 Toward Training Trillion Parameter Models", arXiv:1910.02054 --, activations by schedule and
 recomputation, the loss's logits, buffers): the peak per GPU of each pipeline stage, and the
 same peak under each single change that can lower it (a ZeRO stage, recomputation, more
-tensor or pipeline parallelism on the same GPUs, a smaller micro-batch, a chunked loss, fp8),
-so the user sees which knob buys what. Nothing is simulated: only the plan that prices the
-stages is built.
+tensor, pipeline or expert parallelism on the same GPUs, a smaller micro-batch, a chunked loss,
+fp8; CPU offload where it makes the job fit), so the user sees which knob buys what. Nothing is
+simulated: only the plan that prices the stages is built (so expert parallelism smaller than data
+parallelism, which the simulator refuses, is answered here).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ class MemoryReport:
     #: where no single change fits: changes taken one after another, each the one that
     #: lowers the peak most, as (flags so far, peak bytes) -- the last fits, or nothing more helps
     combination: list[tuple[str, float]] = field(default_factory=list)
+    #: host memory per GPU of an offloaded optimizer on that stage (``--offload optimizer``), bytes
+    host_bytes: float = 0.0
 
     @property
     def fits(self) -> bool | None:
@@ -60,7 +63,8 @@ class MemoryReport:
                 "capacity_gib": None if self.capacity_bytes is None else self.capacity_bytes / GIB,
                 "fits": self.fits, "stage_gib": [b / GIB for b in self.stage_bytes],
                 "options": [{"change": c, "peak_gib": b / GIB, "fits": f} for c, b, f in self.options],
-                "combination": [{"flags": c, "peak_gib": b / GIB} for c, b in self.combination]}
+                "combination": [{"flags": c, "peak_gib": b / GIB} for c, b in self.combination],
+                "host_gib": self.host_bytes / GIB}
 
 
 def _peaks(params: dict[str, Any]):
@@ -69,11 +73,18 @@ def _peaks(params: dict[str, Any]):
     return memory
 
 
-def _changes(p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _changes(p: dict[str, Any], offload: bool = False) -> list[tuple[str, dict[str, Any]]]:
     """Single changes that can lower the peak, as (flags, new parameters); those that do not
-    apply to this job (already set, no data parallelism to shard over) are left out."""
+    apply to this job (already set, no data parallelism to shard over) are left out.
+    ``offload``: also CPU offload of the optimizer (ZeRO-Offload, arXiv:2101.06840; it slows
+    the step, :mod:`perfsim.engine.offload`, so it is offered only to a job that does not fit),
+    on ZeRO-2 as the paper builds it."""
     given, p = p, resolved(p)
     out = []
+    if offload and given.get("gpu") and p.get("offload", "none") == "none":
+        zero = p.get("zero") or 0
+        out.append(("--offload optimizer", {"offload": "optimizer"}) if zero >= 2 else
+                   ("--zero 2 --offload optimizer", {"zero": 2, "offload": "optimizer"}))
     dp, tp, pp = p["dp"], p["tp"], p["pp"]
     zero = p.get("zero") or 0
     if dp > 1:
@@ -84,6 +95,9 @@ def _changes(p: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     if dp % 2 == 0:  # the same GPUs: more model parallelism, fewer replicas
         out.append((f"--tp {2 * tp} --dp {dp // 2}", {"tp": 2 * tp, "dp": dp // 2}))
         out.append((f"--pp {2 * pp} --dp {dp // 2}", {"pp": 2 * pp, "dp": dp // 2}))
+    ep = p.get("ep") or 1
+    if dp % (2 * ep) == 0:  # a mixture of experts: its experts over more replicas (a dense model refuses it)
+        out.append((f"--ep {2 * ep}", {"ep": 2 * ep}))
     mb = p.get("micro_batch") or 1
     if mb > 1:
         out.append((f"--micro-batch {mb // 2}", {"micro_batch": mb // 2}))
@@ -104,13 +118,15 @@ def memory_report(**params: Any) -> MemoryReport:
     worst = max(mem, key=lambda m: m.total)
     parts = {"weights": worst.weights, "gradients": worst.grads, "optimizer state": worst.optimizer,
              "activations": worst.activations, "buffers": worst.buffers + worst.sharding}
+    short = cap is not None and worst.total > cap
     options = [(flags, peak, None if cap is None else peak <= cap)
-               for flags, _, peak in _lower(params, worst.total)]
+               for flags, _, peak in _lower(params, worst.total, offload=short)
+               if "--offload" not in flags or peak <= cap]  # offload: only where it makes the job fit
     combination = []
     if cap is not None and worst.total > cap and not any(f for _, _, f in options):
         job, peak, taken = params, worst.total, []
         for _ in range(MAX_COMBINED):
-            better = _lower(job, peak)
+            better = _lower(job, peak, offload=True)
             if not better:
                 break
             flags, change, peak = better[0]
@@ -120,18 +136,19 @@ def memory_report(**params: Any) -> MemoryReport:
                 break
     return MemoryReport(params=params, peak_bytes=worst.total, worst_stage=worst.stage, breakdown=parts,
                         capacity_bytes=cap, stage_bytes=[m.total for m in mem], options=options,
-                        combination=combination)
+                        combination=combination, host_bytes=worst.host)
 
 
 #: how many changes a combination takes at most
 MAX_COMBINED = 6
 
 
-def _lower(params: dict[str, Any], peak: float) -> list[tuple[str, dict[str, Any], float]]:
+def _lower(params: dict[str, Any], peak: float, offload: bool = False
+           ) -> list[tuple[str, dict[str, Any], float]]:
     """The single changes of ``params`` whose peak is below ``peak``, lowest first; a change
-    the job refuses (e.g. more stages than layers) is left out."""
+    the job refuses (e.g. more stages than layers) is left out. ``offload``: :func:`_changes`'."""
     out = []
-    for flags, change in _changes(params):
+    for flags, change in _changes(params, offload):
         try:
             m, _ = _peaks({**params, **change})
         except ConfigError:
@@ -155,6 +172,9 @@ def render(report: MemoryReport) -> str:
                    if report.fits else f"does NOT fit in {cap / GIB:.0f} GiB ({gpu}): short by "
                    f"{(report.peak_bytes - cap) / GIB:.1f} GiB")
     lines = [head, verdict]
+    if report.host_bytes:
+        lines.append(f"gradients and optimizer state in host memory: {report.host_bytes / GIB:.1f} GiB per GPU "
+                     "(--offload optimizer)")
     if report.options:
         lines.append("single changes that lower the peak:")
         width = max(len(c) for c, _, _ in report.options)

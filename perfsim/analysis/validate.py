@@ -50,6 +50,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic
 from perfsim.job import Job, chosen_chunks
 from perfsim.link import Link
+from perfsim.models.datasets import dataset_samples
 from perfsim.models.registry import get_model_spec
 from perfsim.shaping import check_rate
 from perfsim.profile import load_profile
@@ -271,8 +272,11 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     if plan.runtime_model and tp == 1:
         pred_params.pop("model", None)
         pred_params["workload"] = str(runtime_workload(base["model"], plan.out))
-    if plan.dataset_limit:
-        pred_params["dataset_samples"] = plan.dataset_limit
+    # the measured runs' epoch: the model's data set (the workload file above has none),
+    # shortened by --dataset-limit
+    samples = dataset_samples(get_model_spec(base["model"]), plan.dataset_limit) or plan.dataset_limit
+    if samples:
+        pred_params["dataset_samples"] = samples
     predicted, note = _predict(predictor, pred_params, tp)
     out = {"model": base.get("model"), "bandwidth_bps": bw, "latency_s": plan.latency_s,
            "compress": row["compress"], "grad_compress": row["grad_compress"],

@@ -139,10 +139,14 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
                                    worst.get("sharding_buffers_gib") or 0.0)
             console.print(f"memory: peak {s['peak_memory_gib']:.1f} GiB per GPU on stage {worst['stage']} "
                           f"({parts}){fits}")
+            if s.get("host_memory_gib"):
+                console.print(f"offload: gradients and optimizer state in host memory, {s['host_memory_gib']:.1f} GiB per GPU")
         if s.get("model_note"):
             console.print(f"model: {s['model']}: {s['model_note']}")
         if s.get("compute_model"):
             console.print(f"compute: {s['compute_model']}")
+        if s.get("shard_host_note"):  # a CPU profile's ZeRO-3 (perfsim.engine.sharding.fsdp_host_note)
+            console.print(f"sharding: {s['shard_host_note']}")
         if s.get("interval_note"):
             console.print(f"uncertainty: {s['interval_note']}")
     if file is None:

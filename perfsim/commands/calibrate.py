@@ -43,7 +43,8 @@ HELPS = {
             "path, late = its receive posted after the data arrived, framing = its host "
             "time per message, interference = compute alone vs under concurrent allreduces, "
             "reduce_scatter / allgather_tensor = the reduce_scatter_tensor / all_gather_into_tensor "
-            "calls tensor parallelism issues), or 'none'",
+            "calls tensor parallelism issues, fsdp = FSDP2's own host time per fully_shard unit: "
+            "hooks, unshard / reshard, CPU time of the training thread), or 'none'",
     "emulate_bandwidth": "also measure comm over emulated links of these rates (comma list, e.g. "
                          "1Gbps,100Mbps; needs root for network namespaces)",
     "emulate_latency": "one-way delay of the emulated links (default {default})",

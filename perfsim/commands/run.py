@@ -57,7 +57,7 @@ def run_params(args: argparse.Namespace) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     # lazy: perfsim.runtime.run pulls in torch
-    from perfsim.runtime import RankFailure, TrainingDiverged, run as api_run, under_torchrun
+    from perfsim.runtime import RankFailure, TrainingDiverged, make_config, run as api_run, under_torchrun
 
     params = run_params(args)
     grad, out = args.grad_compress, params["out"]
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     gspec = parse_spec(grad or "none", "grad")  # for the header: the command line's edge
     warm = gspec.warmup_steps()
     if warm is not None and not under_torchrun():  # the run header: what the first steps do
+        make_config(**params)  # a bad job is refused in one line, before the header
         print(f"perfsim run: {gspec.name} warm-up {warm} steps (fp32 allreduce, "
               "variance frozen after), then 1-bit momentum", file=sys.stderr)
     bar = None

@@ -14,6 +14,7 @@ from perfsim.engine.report import build_result
 from perfsim.errors import ConfigError
 from perfsim.hardware import get_gpu
 from perfsim.memory import GIB, stage_memory
+from perfsim.models.moe import check_simulated
 from perfsim.network import Network, current_backend
 
 
@@ -158,6 +159,7 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     from perfsim.engine.replay import replay as closed_form  # lazy: perfsim.engine.replay loads simpy
     from perfsim.engine.sim import Simulation  # lazy: perfsim.engine.sim loads simpy
 
+    check_simulated(strategy)  # EP < DP with a per-matrix hook or a 1-bit optimizer: memory only
     network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
     dp = strategy.dp
     device = lambda r, s: strategy.device(0, r, s)  # noqa: E731

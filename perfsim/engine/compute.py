@@ -53,6 +53,7 @@ import math
 import re
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
+from perfsim.job import OPTIMIZERS
 from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
 from perfsim.models.ops import FP8_GEMMS, Op, block_ops, embed_ops, head_ops
 
@@ -263,15 +264,12 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
     return fwd, [2 * t for t in fwd]
 
 
-#: bytes an Adam step moves per parameter: fp32 (read p, g, m, v; write p, m, v) = 28;
-#: mixed precision adds the half-precision gradient read and weight copy written
-#: and the unscale / gradient-norm passes (Micikevicius et al. 2018, arXiv:1710.03740)
-ADAM_BYTES = {"fp32": 28, "tf32": 28, "bf16": 36, "fp16": 36, "fp8": 36}
-
-
-def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve) -> float:
-    """Adam step of ``params`` parameters, memory-bound."""
-    return ADAM_BYTES[precision] * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
+def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve, optimizer: str = "adamw") -> float:
+    """Step of ``optimizer`` (:data:`perfsim.job.OPTIMIZERS`) over ``params`` parameters,
+    memory-bound: its bytes per parameter (:meth:`perfsim.job.Optimizer.step_bytes`: Adam 28 in
+    fp32, 36 mixed; SGD with momentum 20 and 28) at the GPU's achieved memory bandwidth."""
+    moved = OPTIMIZERS[optimizer].step_bytes(precision)
+    return moved * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
 
 
 def tp_measured_split(spec, mb: int, tp: int, sp: bool, embed_fwd_s: float, block_fwd_s: float

@@ -37,16 +37,19 @@ from perfsim.compression import make_compressor, make_pipeline_pair
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
 from perfsim.compression.spec import Spec
 from perfsim.engine.compute import optimizer_time
+from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
-from perfsim.hardware import BYTES_PER_VALUE, curve_for, value_precision
-from perfsim.models.moe import Routing, ep_alltoall_bytes, expert_params_per_rank
+from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
+from perfsim.job import OPTIMIZERS
+from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_layers, expert_params_per_rank
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
 
-#: fallback optimizer / copy cost when the profile has none: Adam moves 28 bytes per
-#: fp32 parameter (read p, g, m, v; write p, m, v) at this memory bandwidth (bytes/s;
+#: fallback optimizer / copy cost when the profile has none: the optimizer's fp32 step
+#: traffic (Adam 28 bytes per parameter: read p, g, m, v; write p, m, v;
+#: :meth:`perfsim.job.Optimizer.step_bytes`) at this memory bandwidth (bytes/s;
 #: V100 HBM2, NVIDIA V100 datasheet)
 FALLBACK_MEMORY_BPS = 900e9
 
@@ -61,6 +64,10 @@ class Bucket:
     encode_s: float  # every encode the runtime performs for this bucket
     decode_s: float  # every decode (codec_passes)
     copy_s: float = 0.0  # flatten the gradients into the bucket and copy the result back
+    #: the replicas that sync it: each with every ``stride``-th other (1: all ``dp`` replicas;
+    #: ``ep``: the routed experts' expert-data-parallel group of ``dp / ep`` replicas,
+    #: :func:`perfsim.models.moe.expert_dp_replicas`)
+    stride: int = 1
 
 
 @dataclass
@@ -134,6 +141,8 @@ class Plan:
     #: steps of 0/1 Adam's schedule after the warm-up, each priced as a warm-up step
     #: (perfsim.compression.refresh.uncompressed_steps)
     onebit_refresh: int = 0
+    #: what a host-driven ZeRO-3 plan priced for FSDP2's own host time (perfsim.engine.sharding.fsdp_host_note)
+    shard_host_note: str = ""
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -317,7 +326,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     seen = set()
     for t in range(strategy.tp):
         for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
-            members = [strategy.device(t, r, s) for r in range(g * ep, (g + 1) * ep)]
+            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
             key = _shape_key(network, members)
             if key in seen:  # priced through its shape only: once per shape
                 continue
@@ -395,7 +404,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
-        if strategy.ep > 1:  # ep == dp: each replica alone holds its experts, nothing to all-reduce
+        if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: expert_buckets)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
                                                                                   int(layer.name[5:])))
                       if layer.name.startswith("block") else layer for layer in synced]
@@ -486,21 +495,29 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
                                   zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
-        st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
+            if 1 < strategy.ep < dp:  # the routed experts' gradients over their expert-data-parallel group
+                st.buckets = expert_buckets(st.buckets, layers, st.layer_bwd, arch, strategy, grad_comp, profile,
+                                            grad_native, gpu)
+        if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
+            st.optimizer_s = _offloaded(strategy, network, gpu, st)
+        else:
+            st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
     if sync is not None:
         warm_buckets = sync.warmup_buckets or []
-    from perfsim.engine.sharding import host_driven  # lazy: simpy stays out of perfsim memory
+    from perfsim.engine.sharding import fsdp_host_note, host_driven  # lazy: simpy stays out of perfsim memory
 
+    hosted = dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu)
     return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
-                strategy.zero, strategy.reshard_after_forward, dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu),
-                (strategy.grad_compress.refresh or 0) if warm_steps else 0)
+                strategy.zero, strategy.reshard_after_forward, hosted,
+                (strategy.grad_compress.refresh or 0) if warm_steps else 0,
+                fsdp_host_note(profile) if hosted and strategy.zero >= 3 else "")
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
@@ -508,8 +525,10 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage. Host-driven collectives (a
-    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)."""
-    from perfsim.engine.sharding import add_host_copies, host_driven, param_gather_steps, shard_units  # lazy: simpy stays out of perfsim memory
+    CPU profile) add FSDP2's copies around each (:func:`~perfsim.engine.sharding.add_host_copies`)
+    and, under ZeRO-3, its own host time (:func:`~perfsim.engine.sharding.add_fsdp_host`)."""
+    from perfsim.engine.sharding import (add_fsdp_host, add_host_copies, host_driven, param_gather_steps,  # lazy: simpy
+                                         shard_units)  # stays out of perfsim memory
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
@@ -521,6 +540,8 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     st.units = shard_units(layers, [f * scale for f in fwd], st.layer_bwd, comp, dp, strategy.zero, wb, codec)
     if host_driven(profile, gpu):
         add_host_copies(st.units, wb, dp, lambda nbytes: copy_time(profile, nbytes))
+        if strategy.zero >= 3:  # FSDP2's own hooks and bookkeeping per unit
+            add_fsdp_host(st.units, profile)
     if strategy.zero == 2:
         st.buckets = [Bucket(st.params, 1.0, param_gather_steps(st.params, wb, dp), 0.0, 0.0)]
 
@@ -543,12 +564,31 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     return values * BYTES_PER_VALUE[strategy.grad_dtype]
 
 
+def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
+    """The offloaded optimizer step of one GPU of stage ``st``
+    (:func:`perfsim.engine.offload.offload_step_time`): its host link is the GPU preset's PCIe,
+    the host's Adam rate the system's, shared by the job's GPUs on one node."""
+    if gpu is None:
+        raise ConfigError(f"offload={strategy.offload!r}: needs a GPU preset (--gpu): the host copies "
+                          "cross its PCIe link, and a CPU profile has no device memory to offload from")
+    system = network.system if network is not None else None
+    sharing = min(system.gpus_per_node, strategy.devices) if system is not None else 1
+    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, st.bwd_s,
+                             strategy.num_microbatches, host_link_Bps(gpu),
+                             system.cpu_adam_params_per_s if system else None, sharing)
+
+
 def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
     """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
-    memory-bandwidth fallback; ``curve``: the GPU's (None without one)."""
+    memory-bandwidth fallback; ``curve``: the GPU's (None without one). The job's
+    optimizer (``strategy.optimizer``) is priced by the bytes its step moves
+    (:meth:`perfsim.job.Optimizer.step_bytes`): a measurement of another optimizer (the
+    profile's :meth:`~perfsim.profile.Profile.timed_optimizer`) is scaled by the ratio of
+    their fp32 traffic (the step is memory-bound: SGD with momentum 20 / Adam's 28)."""
     opt = None
     shard = params / (strategy.dp if strategy.zero >= 1 else 1)
+    moved = OPTIMIZERS[strategy.optimizer].step_bytes("fp32")
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit
         opt = (profile.stage_optimizer_measured(workload.model, s, a, b - 1, strategy.num_stages,
@@ -556,9 +596,11 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
                if strategy.tp == 1 else None)
         if opt is None:
             opt = profile.optimizer_time(4 * shard)
+        if opt is not None:
+            opt *= moved / OPTIMIZERS[profile.timed_optimizer()].step_bytes("fp32")
     if opt is None and gpu is not None:
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve)
-    return opt if opt is not None else 28 * shard / FALLBACK_MEMORY_BPS
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve, strategy.optimizer)
+    return opt if opt is not None else moved * shard / FALLBACK_MEMORY_BPS
 
 
 def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, tp: int = 1,
@@ -625,6 +667,23 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                                       enc_s, dec_s, 2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
             current = []
     return buckets
+
+
+def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp, profile, native: bool,
+                   gpu=None) -> list[Bucket]:
+    """A stage's buckets when expert parallelism is smaller than data parallelism: the
+    dense ones (all ``dp`` replicas) and the routed experts' gradients, bucketed alike but
+    all-reduced over their expert-data-parallel group only -- the ``dp / ep`` replicas
+    holding the same experts (:func:`perfsim.models.moe.expert_dp_replicas`; Megatron-Core's
+    expert data parallel group; DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596,
+    Sec. 5), ``experts / ep`` experts' parameters per rank
+    (:func:`perfsim.models.moe.expert_params_per_rank`). Both on the stage's one sync stream,
+    in the order they become ready (a tie: the dense one first)."""
+    group = strategy.dp // strategy.ep
+    moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
+    experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
+                       copies=strategy.grad_buffer == "bucketed")
+    return sorted(dense + [replace(b, stride=strategy.ep) for b in experts], key=lambda b: b.ready_fraction)
 
 
 def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, reduce_scatter: bool

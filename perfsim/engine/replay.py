@@ -170,6 +170,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         return None
     if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
         return None
+    if any(b.stride > 1 for sp in plan.stages for b in sp.buckets):  # expert-data-parallel groups: the event loop
+        return None
     reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
     if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
         return None

@@ -18,7 +18,9 @@ Definitions (per iteration of one macro-batch per replica):
 * summary ``compute_s``/``comm_s``/``encode_s``/``idle_s``/``dp_sync_s``/
   ``optimizer_s``: means over the stages;
 * ``epoch_s``: steady-state epoch (``ceil(dataset / (macro_batch * dp))``
-  iterations); ``warmup_s``: the warm-up iterations -- AQ-SGD's first epoch (full
+  iterations, :func:`perfsim.job.steps_per_epoch`; ``dataset_samples``: the model's own
+  data set where perfsim knows it, :mod:`perfsim.models.datasets`); ``optimizer_steps``:
+  the steps of ``epochs`` epochs, what ``perfsim run --epochs`` trains; ``warmup_s``: the warm-up iterations -- AQ-SGD's first epoch (full
   activations on a sample's first visit; Wang et al., "Fine-tuning Language Models
   over Slow Networks using Activation Compression with Guarantees",
   arXiv:2206.01299, Sec. 3 / Alg. 1), a 1-bit optimizer's uncompressed steps (Li et
@@ -40,12 +42,12 @@ Definitions (per iteration of one macro-batch per replica):
 
 from __future__ import annotations
 
-import math
 
 from perfsim.compression.refresh import uncompressed_steps
 from perfsim.network import collective_cost
 from perfsim.engine.sync_wait import sync_wait_s
 from perfsim.engine.uncertainty import interval
+from perfsim.job import steps_per_epoch, training_steps
 from perfsim.memory import GIB, device_memory
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
@@ -115,13 +117,13 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     links = [dict(src=src, dst=dst, bytes=b, busy_s=busy_s, kind=kind)
              for (src, dst, kind), (b, busy_s) in sorted(out.links.items())]
     samples = strategy.macro_batch * dp
-    iters = math.ceil(strategy.dataset_samples / samples)
+    iters = steps_per_epoch(strategy.dataset_samples, samples)  # perfsim run's count (perfsim.job)
     warm_T = warm.iteration_s + wait if warm is not None else T
     epoch_s = iters * T
     # warm-up iterations: AQ-SGD's first epoch, a 1-bit optimizer's uncompressed steps
     # (its warm-up and its variance refreshes; both at once: the longer of the two,
     # simulated with both effects)
-    total_iters = iters * strategy.epochs
+    total_iters = training_steps(strategy.epochs, strategy.dataset_samples, samples)
     onebit_iters = uncompressed_steps(total_iters, plan.onebit_warmup_steps, plan.onebit_refresh)
     warm_iters = min(total_iters, max(iters if plan.has_warmup else 0, onebit_iters))
     warmup_s = warm_iters * warm_T
@@ -144,6 +146,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "dp_bytes": sum(out.dp_bytes_per_rank.values()) * dp,
         "peak_inflight": max(inflight), "epoch_s": epoch_s, "source": "predicted",
         "total_s": total_s, "epochs": strategy.epochs, "iterations_per_epoch": iters,
+        "dataset_samples": strategy.dataset_samples, "optimizer_steps": total_iters,
         "warmup_iteration_s": warm_T, "warmup_iterations": warm_iters, "warmup_s": warmup_s,
         "interference_s": mean("interference_s"), "pipeline_s": out.pipeline_s,
         "virtual_stages": table.virtual_stages,
@@ -152,7 +155,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "tp_send": strategy.tp_send, "precision": strategy.precision,
         "recompute": strategy.recompute, "attention": strategy.attention, "kernels": strategy.kernels,
-        "zero": strategy.zero,
+        "zero": strategy.zero, "optimizer": strategy.optimizer,
         "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,
         "gpus": strategy.devices, "gpu": system.gpu or "", "tp_comm_s": mean("tp_comm_s"),
@@ -167,11 +170,16 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "peak_memory_gib": max(dev_mem) / GIB if mem else None,
         "memory_capacity_gib": cap / GIB if cap else None,
         "fits": (max(dev_mem) <= cap) if mem and cap else None,
+        # CPU offload (perfsim.engine.offload): the optimizer state each GPU keeps in host memory
+        "offload": strategy.offload,
+        "host_memory_gib": max(sum(mem[k].host for k in table.stages_of(d)) for d in range(p)) / GIB if mem else None,
         "compute_model": ("profile: each tensor-parallel rank's compute as perfsim calibrate --tp measured it "
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
     }
+    if plan.shard_host_note:  # a CPU profile's ZeRO-3: what FSDP2's host time was priced from
+        summary["shard_host_note"] = plan.shard_host_note
     summary.update(interval(summary))
     if network is not None:
         link, coll = network.link, network.collective_link

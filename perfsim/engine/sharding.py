@@ -33,7 +33,12 @@ of the whole gradient, the collective, the shard's copy into the gradient) right
 backward; the collectives are priced as torch's calls that FSDP2 issues, which the profile
 timed (``all_gather_into_tensor``, ``reduce_scatter_tensor``: gloo's reduce-scatter is an
 allreduce of the whole buffer, :mod:`perfsim.collectives` "Measured kinds"), the copies at
-the profile's copy cost (:func:`perfsim.engine.plan.copy_time`).
+the profile's copy cost (:func:`perfsim.engine.plan.copy_time`). Under ZeRO-3, FSDP2's own
+host work per unit and pass (its hooks, DTensor bookkeeping, unshard / reshard: the
+profile's ``fsdp_host`` records, :mod:`perfsim.calibrate.fsdp_host`) runs on that thread
+too, before each unit's forward and backward, and the root's once per stage pass
+(:func:`add_fsdp_host`); a profile without those records prices it as 0 and the plan says
+so (:func:`fsdp_host_note`).
 
 Gradient compression composes with the reduce-scatter only where the compressor's
 payloads can be summed chunk by chunk (:meth:`perfsim.compression.base.Compressor.
@@ -63,6 +68,8 @@ class ShardUnit:
     codec_s: float = 0.0  # encode + decode of a compressed reduce-scatter
     gather_host_s: float = 0.0  # host copies around each all-gather (host-driven collectives only)
     rs_host_s: float = 0.0  # host copies around each reduce-scatter (host-driven collectives only)
+    fwd_hook_s: float = 0.0  # FSDP2's own host time per forward (host-driven ZeRO-3 only)
+    bwd_hook_s: float = 0.0  # and per backward
 
 
 #: the torch.distributed calls FSDP2 issues its collectives through (``all_gather_single`` /
@@ -90,6 +97,35 @@ def add_host_copies(units: list[ShardUnit], weight_bytes: int, dp: int, copy_s) 
             u.gather_host_s = copy_s(shard) + copy_s(whole)
         if u.rs_steps:
             u.rs_host_s = copy_s(whole) + copy_s(shard)
+
+
+#: the ``fsdp_host`` record names, per unit and for the root, by pass
+FSDP_HOST = {"unit": ("unit_forward", "unit_backward"), "root": ("root_forward", "root_backward")}
+
+
+def add_fsdp_host(units: list[ShardUnit], profile) -> None:
+    """FSDP2's own host time on the training thread (ZeRO-3 with host-driven collectives):
+    each unit's per forward and per backward, and the root's (the stage module, once per
+    stage pass: its lazy-init checks, pre-forward, end-of-backward callback) on the first
+    unit, whose forward runs first and whose backward last; 0 where the profile has no
+    ``fsdp_host`` records (:meth:`perfsim.profile.costs.ProfileCosts.fsdp_host_time`).
+    Measured with ``reshard_after_forward`` on; without it FSDP2's backward skips the
+    unshard, priced the same (an upper bound)."""
+    (uf, ub), (rf, rb) = ([profile.fsdp_host_time(n) or 0.0 for n in FSDP_HOST[k]] for k in ("unit", "root"))
+    for i, u in enumerate(units):
+        u.fwd_hook_s = uf + (rf if i == 0 else 0.0)
+        u.bwd_hook_s = ub + (rb if i == 0 else 0.0)
+
+
+def fsdp_host_note(profile) -> str:
+    """What a host-driven ZeRO-3 prediction priced for FSDP2's own host time."""
+    t = {n: profile.fsdp_host_time(n) for k in ("unit", "root") for n in FSDP_HOST[k]}
+    if all(v is None for v in t.values()):
+        return ("FSDP2's host time (hooks, unshard / reshard) not in the profile: priced as 0 "
+                "(perfsim calibrate --comm fsdp measures it)")
+    us = {n: 1e6 * (v or 0.0) for n, v in t.items()}
+    return (f"FSDP2's host time from the profile: {us['unit_forward']:.0f} + {us['unit_backward']:.0f} us "
+            f"per unit forward + backward, {us['root_forward']:.0f} + {us['root_backward']:.0f} us per stage pass")
 
 
 def shard_units(layers, layer_fwd, layer_bwd, comp, dp: int, zero: int, weight_bytes: int,
@@ -214,15 +250,21 @@ def sharded_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds
 
 
 def _serial_compute(sim, r: int, d: int, k: int, mb: int, forward: bool, seconds: float):
-    """:func:`sharded_compute` when the collectives block the training thread: per unit its
-    gather (copies and collective), its compute, then (backward) its reduce-scatter; every
-    collective's time is exposed (``dp_sync_s``)."""
+    """:func:`sharded_compute` when the collectives block the training thread: per unit
+    FSDP2's own host time (:func:`add_fsdp_host`), its gather (copies and collective), its
+    compute, then (backward) its reduce-scatter; all of it but the compute is exposed
+    sharding time (``dp_sync_s``)."""
     env, plan = sim.env, sim.plan
     st, me = sim.stats[(r, d)], sim.dev(r, d)
     units = plan.stages[k].units if forward else plan.stages[k].units[::-1]
     gathers = plan.zero >= 3 and (forward or plan.reshard_after_forward)
     phase = "F" if forward else "B"
     for i, u in enumerate(units):
+        hook = u.fwd_hook_s if forward else u.bwd_hook_s
+        if hook > 0:  # FSDP2's pre/post hooks of this unit and pass (add_fsdp_host)
+            t0 = env.now
+            yield env.timeout(hook)
+            st.dp_sync_s += env.now - t0
         if gathers:
             t0 = env.now
             if u.gather_host_s > 0:

@@ -56,12 +56,16 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
+from heapq import heappush
 
 import simpy
+from simpy.events import NORMAL
 
 from perfsim.compression.base import ALLREDUCE
+from perfsim.engine.lanes import independent, run_lanes
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
+from perfsim.models.moe import expert_dp_replicas
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
@@ -155,11 +159,40 @@ class Simulation:
         self._programs: dict[int, list[tuple]] = {}  # device -> its resolved row (_program)
         self.rs_tail: dict[tuple[int, int], simpy.Event] = {}
         self.rs_all: dict[tuple[int, int], list] = {}
+        # replica lanes (perfsim.engine.lanes): stage -> replica -> when its bucket 0 was
+        # ready, and the replicas with any; None when the replicas run in one time order
+        self.lane_ready: dict[int, dict[int, float]] | None = None
+        self.lane_fired: set[int] = set()
 
     # ------------------------------------------------------------ helpers
     def dev(self, r: int, s: int) -> int:
         """GPU index of (replica, stage) (its tensor rank 0)."""
         return self._dev[(r, s)]
+
+    def _at(self, t: float) -> simpy.Event:
+        """An event processed at the absolute time ``t`` (>= now): the end of a chain of
+        local steps a device ran without waiting between them (:meth:`device`). Its time is
+        the one the chain of timeouts reached (``((now + a) + b) + c``, each step added as
+        SimPy adds a delay), not ``now + (t - now)``, which may round differently; it sits
+        in SimPy 4's queue as a Timeout does: ``(time, priority, event id, event)``."""
+        env = self.env
+        ev = simpy.Event(env)
+        ev._ok, ev._value = True, None
+        heappush(env._queue, (t, NORMAL, next(env._eid), ev))
+        return ev
+
+    def _fire(self, ev: simpy.Event) -> None:
+        """Trigger ``ev`` and run its callbacks now, as SimPy's ``step`` does when it pops
+        a triggered event: a delivered message wakes its receiver in the delivery's own
+        step instead of one more step at the same instant. Inside a running process (a
+        backend that delivers from one) it is scheduled as usual."""
+        if self.env.active_process is not None:
+            ev.succeed()
+            return
+        ev._ok, ev._value = True, None
+        callbacks, ev.callbacks = ev.callbacks, None
+        for callback in callbacks:
+            callback(ev)
 
     def _box(self, key) -> simpy.Event:
         ev = self.inbox.get(key)
@@ -236,7 +269,7 @@ class Simulation:
         if self.want_trace:
             self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                        1000 + s, started, now, {"src": src, "dst": dst})
-        self._box(key).succeed()
+        self._fire(self._box(key))
 
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
@@ -285,34 +318,71 @@ class Simulation:
         return prog
 
     def device(self, r: int, d: int):
+        """Device ``d`` of replica ``r`` walks its row. Without interference or a trace,
+        the local steps between two waits (a decode, the compute, its tensor-parallel
+        collectives, an encode) are one chain: their end ``t`` is accumulated as the
+        timeouts would have reached it and the device waits once, at ``t``
+        (:meth:`_at`), before it hands a message to the network or waits for one --
+        the only moments another process can see; the same times, fewer events."""
         env, plan, net = self.env, self.plan, self.net
         timeout, inbox, devs = env.timeout, self.inbox, self._dev
         st, me = self.stats[(r, d)], devs[(r, d)]
         cells = self.micro if r == self.replicas[0] else None
         scratch, slow, tracing, lanes = self._scratch, self.slowdown, self.want_trace, self.lanes
+        chain = not slow and not tracing
+        t = None  # chain: when the local steps run since the last wait end (None: nothing pending)
         for op in self._program(d):
             kind, a, k, mb = op[0], op[1], op[2], op[3]
             cell = cells[(r, d, mb)] if cells is not None else scratch
             if kind == RECV_F or kind == RECV_B:
                 _, _, _, _, peer, tag, decode, what = op
+                if t is not None:
+                    yield self._at(t)
+                    t = None
                 key = (r, k, tag, mb)
                 net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
                 box = inbox.get(key)
                 if box is None:
                     box = inbox[key] = env.event()
                 yield box
+                del inbox[key]  # delivered and received: each key is used once
                 if decode > 0:
-                    yield from self._codec(st, cell, r, d, decode, what, k, mb)
+                    if chain:
+                        t = env.now + decode
+                        st.codec_s += decode
+                        cell["encode_s"] += decode
+                    else:
+                        yield from self._codec(st, cell, r, d, decode, what, k, mb)
             elif kind == SEND_F or kind == SEND_B:
                 _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
                 if encode > 0:
-                    yield from self._codec(st, cell, r, d, encode, what, k, mb)
+                    if chain:
+                        t = (env.now if t is None else t) + encode
+                        st.codec_s += encode
+                        cell["encode_s"] += encode
+                    else:
+                        yield from self._codec(st, cell, r, d, encode, what, k, mb)
+                if t is not None:
+                    yield self._at(t)
+                    t = None
                 # handed to the network; delivered into inbox[key] (the ``message_*``
                 # methods are the backend's handler, called with this message)
                 key, dst = (r, k2, tag, mb), devs[(r, peer)]
                 net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst))
             else:
                 _, _, _, _, seconds, tp_s, sharded, last, column = op
+                if chain and not sharded and not last:
+                    if seconds > 0:
+                        t = (env.now if t is None else t) + seconds
+                    if tp_s > 0:
+                        t = (env.now if t is None else t) + tp_s
+                    st.compute_s += seconds
+                    st.tp_comm_s += tp_s
+                    cell[column] += seconds
+                    continue
+                if t is not None:
+                    yield self._at(t)
+                    t = None
                 t0 = env.now
                 if sharded:
                     yield from sharded_compute(self, r, d, k, mb, kind == FORWARD, seconds)
@@ -335,6 +405,8 @@ class Simulation:
                 cell[column] += seconds
                 if tracing:
                     self._span(str(a), "compute", r, d, t0, env.now)
+        if t is not None:
+            yield self._at(t)
         st.last_backward_end = env.now
         mine = self.table.stages_of(d)
         syncs = [self.sync_done[(r, k)] for k in mine if self.buckets[k]]
@@ -375,6 +447,9 @@ class Simulation:
                 yield from self._work(st, me, target - done)
                 done = target
             self.bucket_ready[(r, s, k)].succeed()
+            if k == 0 and self.lane_ready is not None:
+                self.lane_ready[s][r] = self.env.now
+                self.lane_fired.add(r)
         if total > done:
             yield from self._work(st, me, total - done)
 
@@ -419,8 +494,11 @@ class Simulation:
                 yield env.timeout(host)
             for step in bucket.steps:
                 start = env.now
-                coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
-                                                      lanes=self.lanes)
+                if bucket.stride == 1:
+                    coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
+                                                          lanes=self.lanes)
+                else:  # the routed experts' groups, side by side (perfsim.engine.plan.expert_buckets)
+                    coll = yield from self.group_collectives(step, d, bucket.stride)
                 self.dp_bytes_per_rank[d] += coll.wire_bytes
                 self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
                            2000 + d, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
@@ -431,6 +509,21 @@ class Simulation:
                 self.stats[(r, d)].dp_sync_s += env.now - t0
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
+
+    def group_collectives(self, step, d: int, stride: int):
+        """One collective step of a bucket synced within groups of replicas ``stride`` apart
+        (:attr:`perfsim.engine.plan.Bucket.stride`: the expert-data-parallel groups,
+        :func:`perfsim.models.moe.expert_dp_replicas`), all at once: one per group holding a
+        simulated replica, each standing for ``stride / groups run`` groups as lanes beside its
+        tensor ranks' (as a simulated replica stands for its class). Returns one group's plan."""
+        firsts = sorted({r % stride for r in self.replicas})
+        lanes = self.lanes * max(1, round(stride / len(firsts)))
+        runs = [self.env.process(self.run_collective(
+                    step.kind, step.nbytes, [self.dev(r, d) for r in expert_dp_replicas(self.plan.dp, stride, j)],
+                    {self.dev(r, d) for r in self.replicas if r % stride == j}, lanes=lanes))
+                for j in firsts]
+        yield simpy.AllOf(self.env, runs)
+        return runs[0].value
 
     def tied_sync(self, r: int):
         """Replica ``r``'s all-reduce of the tied embedding's gradient between the
@@ -450,8 +543,17 @@ class Simulation:
 
     # ------------------------------------------------------------ run
     def run(self) -> SimOutput:
-        plan = self.plan
-        procs = [self.env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
+        plan, env = self.plan, self.env
+        heaps: dict[int, list] = {}
+        if independent(self):  # each replica's processes start in its own lane
+            self.lane_ready = {s: {} for s in range(len(plan.stages)) if self.buckets[s]}
+            queue, procs = env._queue, []
+            for r in self.replicas:
+                env._queue = heaps[r] = []
+                procs += [env.process(self.device(r, s)) for s in range(plan.pp)]
+            env._queue = queue
+        else:
+            procs = [env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
         for s in range(len(plan.stages)):
             if self.buckets[s]:
                 self.env.process(self.stage_sync(s))
@@ -462,9 +564,11 @@ class Simulation:
         # frees them, and the collector runs once afterwards.
         was_enabled = gc.isenabled()
         gc.disable()
-        done, env, events = simpy.AllOf(self.env, procs), self.env, 0
+        done, events = simpy.AllOf(env, procs), 0
         step = env.step
         try:
+            if heaps:
+                events += run_lanes(self, heaps)
             while done.callbacks is not None:  # (not done.processed)
                 step()
                 events += 1

@@ -150,6 +150,23 @@ def ep_alltoall_bytes(spec, tok: int, bpv: int, routing: Routing) -> float:
     return float(tok * spec.top_k * spec.hidden * bpv * routing.load)
 
 
+def ep_replicas(ep: int, g: int) -> range:
+    """Data-parallel replicas of expert-parallel group ``g``: ``ep`` consecutive ones, which
+    split the experts between them (Megatron-Core lays the expert-parallel group inside the
+    data-parallel one, ranks ordered tensor, expert / data, pipeline); the ranks are
+    :meth:`perfsim.job.Job.device` of these replicas."""
+    return range(g * ep, (g + 1) * ep)
+
+
+def expert_dp_replicas(dp: int, ep: int, r: int) -> range:
+    """Replicas holding the same experts as replica ``r``: its expert-data-parallel group, the
+    ``dp / ep`` replicas ``{r mod ep, r mod ep + ep, ...}`` (Megatron-Core's expert data
+    parallel group; DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596, Sec. 5), over
+    which the experts' gradients would be all-reduced -- one replica each with ``ep = dp``,
+    the only case the engine models today (``check_routing``)."""
+    return range(r % ep, dp, ep)
+
+
 def expert_params_per_rank(spec, tp: int, ep: int, i: int) -> int:
     """Parameters of block ``i``'s routed experts one rank holds (``experts / ep`` experts,
     each split ``tp`` ways); 0 for a dense block."""
@@ -185,11 +202,32 @@ def check_routing(spec, name: str, strategy) -> None:
         return
     if spec.experts % strategy.ep:
         raise ConfigError(f"ep={strategy.ep}: does not divide the {spec.experts} experts of {name!r}")
-    if strategy.ep != strategy.dp:
-        # the expert gradients are all-reduced over dp / ep replicas, the rest over dp:
-        # a second data-parallel group the engine does not have yet
-        raise ConfigError(f"ep={strategy.ep}: with dp={strategy.dp} the expert gradients' all-reduce over "
-                          f"dp/ep = {strategy.dp // strategy.ep} replicas is not modelled; give --ep equal to --dp")
     if strategy.zero:
         raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
                           "optimizer state over the expert-data-parallel group is not modelled")
+
+
+def expert_layers(spec, layers, tp: int, ep: int) -> list:
+    """``layers`` (``LayerSpec`` of one rank, model order) holding only their routed experts'
+    parameters (:func:`expert_params_per_rank`; 0 for a dense block and every other layer):
+    the gradients an expert-data-parallel group all-reduces when ``ep`` is smaller than
+    ``dp`` (:func:`expert_dp_replicas`)."""
+    from dataclasses import replace
+
+    return [replace(layer, tensors=(), params=expert_params_per_rank(spec, tp, ep, int(layer.name[5:]))
+                    if layer.name.startswith("block") else 0) for layer in layers]
+
+
+def check_simulated(strategy) -> None:
+    """What the memory model answers but the simulator cannot run yet (ConfigError). Expert
+    parallelism smaller than data parallelism is simulated with plain or element-wise
+    gradient compressors (the experts' buckets over their expert-data-parallel group,
+    :func:`expert_dp_replicas`); not with PowerSGD's per-matrix hook (the experts' matrices
+    are not listed) nor with a 1-bit optimizer (one fused buffer over all replicas)."""
+    family = strategy.grad_compress.family
+    if 1 < strategy.ep < strategy.dp and family in ("hook", "optimizer"):
+        raise ConfigError(f"grad_compress {strategy.grad_compress.text!r} with ep={strategy.ep} < dp={strategy.dp}: "
+                          f"the experts' gradient sync over dp/ep = {strategy.dp // strategy.ep} replicas is not "
+                          "simulated with a " + ("per-matrix hook" if family == "hook" else "1-bit optimizer")
+                          + "; give --ep equal to --dp or another --grad-compress (perfsim memory answers "
+                          "for this job)")

@@ -13,7 +13,7 @@ to first order. A ring collective is one flow that uses every ring link's resour
 and moves at its slowest link's rate (the ring advances in lock step). Rates are
 recomputed only inside the *component* of flows that share a resource (transitively)
 with the flow that started or ended, and each flow keeps its own completion timer
-(re-armed only when its rate changes; stale timers are ignored by a version counter).
+(re-armed only when its rate changes; a stale timer is ignored: it is not its flow's current one).
 Independent pipeline replicas on a heterogeneous network therefore never pay for each
 other's flows.
 
@@ -153,7 +153,8 @@ class FlowScheduler:
             if rate > 0:
                 # the timer of the previous rate, if any, fires but is ignored (_on_timer)
                 timer = f.timer = env.timeout(max(f.left, 0.0) / rate)
-                timer.callbacks.append(lambda _ev, f=f, v=f.version: self._on_timer(f, v))
+                timer.flow = f
+                timer.callbacks.append(self._on_timer)
             else:
                 f.timer = None
 
@@ -213,8 +214,9 @@ class FlowScheduler:
                         count[r] -= 1
         return rate
 
-    def _on_timer(self, f, version) -> None:
-        if version != f.version or not f.active:
+    def _on_timer(self, timer) -> None:
+        f = timer.flow
+        if timer is not f.timer or not f.active:
             return  # re-armed after a rate change
         f.active = False
         f.left = 0.0
@@ -392,7 +394,10 @@ class FlowBackend:
             deliver.callbacks.append(lambda _e: handler.message_delivered(msg, start))
             self._next(src, dst, conn)  # the connection is free once the last byte left
 
-        shaped = self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
+        # without a bucket or rendezvous the egress only counts (its drain time is read
+        # by post_receive alone): every byte goes through the flow
+        shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
+                  if self.burst > 0 or self.rendezvous else nbytes * lanes)
         self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished, event=False)
 
     # ------------------------------------------------------------ collectives

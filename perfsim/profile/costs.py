@@ -19,6 +19,7 @@ from perfsim.calibrate.profile_io import comm_name
 from perfsim.collectives import DEFAULT_CALLS
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
+from perfsim.job import TIMED_OPTIMIZER
 from perfsim.profile.format import COMM_OPS
 from perfsim.schedules import PLAIN_SCHEDULES
 
@@ -292,6 +293,17 @@ class ProfileCosts:
         fit = self.fit(f"frame_{side}", None)
         return fit(wire_bytes) if fit and wire_bytes > 0 else 0.0
 
+    def fsdp_host_time(self, name: str) -> float | None:
+        """FSDP2's own host seconds (hooks, DTensor bookkeeping, unshard / reshard; not its
+        collectives nor its copies) per pass of one sharding unit or of the root:
+        ``name`` is ``unit_forward``, ``unit_backward``, ``root_forward`` or
+        ``root_backward`` (``fsdp_host`` records, :mod:`perfsim.calibrate.fsdp_host`; the
+        mean where several were measured), or None when the profile has none."""
+        if name not in ("unit_forward", "unit_backward", "root_forward", "root_backward"):
+            raise ValueError(f"fsdp host time {name!r}: unit_forward, unit_backward, root_forward or root_backward")
+        recs = self.select("fsdp_host", name=name)
+        return sum(r["time_s"] for r in recs) / len(recs) if recs else None
+
     def collective_fit(self, op: str, name: str | None = None) -> Fit | None:
         """Alpha-beta fit of a measured collective (``p2p``, ``allreduce`` ...),
         or None when the profile measured none."""
@@ -357,9 +369,20 @@ class ProfileCosts:
         return float(math.exp(np.interp(math.log(nbytes), [math.log(x) for x in sizes], logt)))
 
     def optimizer_time(self, param_bytes: float) -> float | None:
-        """Optimizer step time for ``param_bytes`` of fp32 parameters, or None."""
+        """Optimizer step time for ``param_bytes`` of fp32 parameters, or None (the optimizer
+        :meth:`timed_optimizer` names)."""
         fit = self.fit("optimizer", None)
         return fit(param_bytes) if fit else None
+
+    def timed_optimizer(self) -> str:
+        """The optimizer (:data:`perfsim.job.OPTIMIZERS`) whose steps the profile's ``optimizer``
+        and ``stage_optimizer`` records timed (their ``optimizer`` fact: ``perfsim calibrate``
+        times adamw, adam or sgd); adamw where no record says (the paper-derived default
+        profile's Adam)."""
+        for r in self.records:
+            if r["op"] in ("optimizer", "stage_optimizer", "fit_optimizer") and r.get("optimizer"):
+                return TIMED_OPTIMIZER.get(str(r["optimizer"]).lower(), "adamw")
+        return "adamw"
 
 
 def _fb(op: str) -> str:

@@ -52,7 +52,9 @@ COMPUTE_OPS = ("layer_fwd", "layer_bwd", "stage_fwd", "stage_bwd")
 #: of one data-parallel exchange (``Compressor.dp_codec``), where it is not encode / decode
 CODEC_OPS = ("encode", "decode", "dp_encode", "dp_decode")
 COMM_OPS = ("p2p", "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast")
-OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv", "interference")
+#: ``fsdp_host``: FSDP2's own host time per unit / root and pass (perfsim.calibrate.fsdp_host;
+#: optional: a profile without it prices that time as 0, with a note)
+OTHER_OPS = ("optimizer", "stage_optimizer", "frame_send", "frame_recv", "interference", "fsdp_host")
 #: achieved rates of operator classes (perfsim.calibrate.efficiency): ``flops`` and
 #: ``size_bytes`` say what the operator computes and must move at least
 EFFICIENCY_OPS = ("gemm", "attention", "elementwise", "norm", "adamw")

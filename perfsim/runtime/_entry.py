@@ -104,7 +104,7 @@ def _default(name: str):
 def _stored_config(stored: dict) -> dict:
     """A checkpoint's stored config in the value forms of today's RunConfig JSON: a run
     written before the job's values were parsed once stored ``device_order`` /
-    ``partition`` as text."""
+    ``partition`` as text, one before ``--epochs`` counted whole epochs a float."""
     out = dict(stored)
     if isinstance(out.get("device_order"), str):
         order = parse_device_order(out["device_order"], "device_order")
@@ -112,6 +112,8 @@ def _stored_config(stored: dict) -> dict:
     if isinstance(out.get("partition"), str):
         counts = parse_counts(out["partition"])
         out["partition"] = list(counts) if counts else None
+    if isinstance(out.get("epochs"), float) and out["epochs"].is_integer():  # --epochs was a float until issue 38
+        out["epochs"] = int(out["epochs"])
     return out
 
 

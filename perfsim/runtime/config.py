@@ -15,12 +15,11 @@ from typing import Any
 
 from perfsim.boundaries import check_boundaries
 from perfsim.errors import ConfigError
-from perfsim.job import MEGATRON_PLACEMENT, Job, check_choice, check_chunks
+from perfsim.job import MEGATRON_PLACEMENT, Job, check_choice, check_chunks, check_int
 from perfsim.models.registry import get_model_spec
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import TransformerSpec
 
-OPTIMIZERS = ("adamw", "sgd")
 #: seeds feed torch and numpy generators; numpy's take 32 bits
 MAX_SEED = 2**32 - 1
 DEVICES = ("cpu", "cuda")
@@ -50,11 +49,12 @@ class RunOption:
 RUN_OPTIONS: tuple[RunOption, ...] = (
     RunOption("steps", "steps", "count", "int | None",
               "optimizer steps in total (default 20; give --steps or --epochs, not both)"),
-    RunOption("epochs", "epochs", "float", "float | None",
-              "train this many epochs instead of --steps (not with --steps)"),
+    RunOption("epochs", "epochs", "count", "int | None",
+              "train this many epochs instead of --steps (not with --steps): ceil(samples / global batch) "
+              "optimizer steps each over the model's data set (--dataset-limit shortens it), the steps "
+              "perfsim predict --epochs counts (perfsim.job.training_steps)"),
     RunOption("seed", "seed", "int", "int", "random seed, 0..4294967295 (default 0)"),
     RunOption("lr", "lr", "float", "float", "learning rate (default 0.001)"),
-    RunOption("optimizer", "optimizer", "text", "str", "adamw or sgd (momentum 0.9; default adamw)"),
     RunOption("dataset_limit", "dataset_limit", "count", "int | None",
               "use only the first N samples (shorter epochs)"),
     RunOption("out", "out", "text", "str | None",
@@ -86,7 +86,7 @@ class RunConfig(Job):
 
     The job -- pp, dp, tp, sequence_parallel, micro_batch, macro_batch, schedule,
     virtual_stages, compress, grad_compress, boundary_compress, device_order, partition,
-    tied_embedding, zero -- is :class:`perfsim.job.Job`'s, with its defaults and its one
+    tied_embedding, zero, optimizer -- is :class:`perfsim.job.Job`'s, with its defaults and its one
     validation (those of ``perfsim predict``); this class adds the model, how long and
     where to train, and what execute mode can do: TP and a synced tied head need a GPT
     model (:func:`perfsim.models.tensor_parallel.check_tp`; the tied head ``tp = 1``: the
@@ -98,8 +98,9 @@ class RunConfig(Job):
       default ``gpt2-small-byte``, the smallest preset with a layer for each of the default
       job's 8 pipeline stages (a model with fewer layers needs a smaller ``pp``).
     steps: optimizer steps in total (a resumed run continues up to it);
-      ``epochs`` sets it instead (give one of the two).
-    seed, lr, optimizer: training.
+      ``epochs`` sets it instead (give one of the two): :func:`perfsim.job.training_steps`
+      over the model's data set, the count ``perfsim predict --epochs`` prices.
+    seed, lr: training.
     dataset_limit: keep the first N samples (shorter epochs; AQ-SGD's
       uncompressed first epoch ends sooner).
     out: output folder. resume: checkpoint folder to continue from.
@@ -118,10 +119,9 @@ class RunConfig(Job):
     #: default pipeline (pp 8, a stage per layer at least) can train on a CPU
     model: str = "gpt2-small-byte"
     steps: int | None = None
-    epochs: float | None = None
+    epochs: int | None = None
     seed: int = 0
     lr: float = 1e-3
-    optimizer: str = "adamw"
     dataset_limit: int | None = None
     out: str = "perfsim-run"
     resume: str | None = None
@@ -141,16 +141,15 @@ class RunConfig(Job):
         get_model_spec(self.model)
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
             raise ConfigError(f"steps={self.steps!r}: must be an integer >= 1")
-        if self.epochs is not None and not (0 < self.epochs < math.inf):
-            raise ConfigError(f"epochs={self.epochs!r}: must be a finite number > 0")
+        if self.epochs is not None:
+            check_int(self, "epochs")  # as predict's (perfsim.config.Strategy)
         if self.steps is not None and self.epochs is not None:
-            raise ConfigError(f"steps={self.steps} and epochs={self.epochs:g}: give one (--steps counts "
+            raise ConfigError(f"steps={self.steps} and epochs={self.epochs}: give one (--steps counts "
                               "optimizer steps, --epochs sets them from the data set's size)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
         if not self.lr > 0:
             raise ConfigError(f"lr={self.lr!r}: must be > 0")
-        check_choice(self, "optimizer", OPTIMIZERS)
         check_choice(self, "device", DEVICES)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")
@@ -170,6 +169,9 @@ class RunConfig(Job):
             raise ConfigError(f"dataset_limit={self.dataset_limit}: must be >= 1")
         self.check_zero()
         self.check_tp_send()
+        if self.offload != "none":
+            raise ConfigError(f"offload={self.offload!r}: perfsim run trains on CPU ranks, which have no device "
+                              "memory to offload from; CPU offload is modelled by perfsim predict only")
         if self.kernels != "eager":
             raise ConfigError(f"kernels={self.kernels!r}: perfsim run trains plain PyTorch modules (eager); "
                               "Megatron-LM's fused kernels are modelled by perfsim predict only")

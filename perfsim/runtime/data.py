@@ -1,5 +1,8 @@
 """Real training data that ships with installed software -- nothing is downloaded.
 
+Which data set a model trains on, and its size, is :mod:`perfsim.models.datasets`'s (the
+simulator counts an epoch from it without torch); this module loads the samples:
+
 * Text (GPT presets): the English help texts of Python's own documentation,
   ``pydoc_data.topics.topics`` (stdlib, ~0.7 MB), concatenated in sorted-key
   order and read as bytes (byte-level vocabulary of 256). Sample ``i`` is the
@@ -13,7 +16,11 @@ by them (Alg. 1 of AQ-SGD, "Fine-tuning Language Models over Slow Networks using
 
 Order: epoch ``e`` visits the samples in ``randperm(n)`` drawn from a generator
 seeded by ``(seed, e)``; step ``k`` of the run takes the next ``global_batch``
-ids of that order (the incomplete tail of an epoch is dropped). The order is a
+ids of that order. An epoch is ``ceil(n / global_batch)`` steps
+(:func:`perfsim.job.steps_per_epoch`, what ``perfsim predict`` counts): its last batch is
+completed with the first ids of the same order, as ``torch.utils.data.DistributedSampler``
+pads (``drop_last=False``: "add extra samples to make it evenly divisible"), so every
+sample is visited each epoch and every step trains a full global batch. The order is a
 pure function of ``(seed, step)``, so resuming at a step reproduces it exactly.
 """
 
@@ -28,17 +35,15 @@ from pathlib import Path
 import torch
 
 from perfsim.errors import ConfigError
-from perfsim.models.specs import MLPSpec, ModelSpec
-from perfsim.models.transformer import TransformerSpec
+from perfsim.job import steps_per_epoch
+from perfsim.models.datasets import DIGITS, TEXT, corpus_bytes, dataset_name, text_samples, why_not
+from perfsim.models.specs import ModelSpec
 
 
 @lru_cache(maxsize=1)
 def text_bytes() -> torch.Tensor:
-    """The stdlib pydoc topics as one uint8 tensor."""
-    from pydoc_data.topics import topics  # lazy: pydoc_data is heavy, needed only here
-
-    text = "\n\n".join(topics[k] for k in sorted(topics))
-    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).clone()
+    """The stdlib pydoc topics (:func:`perfsim.models.datasets.corpus_bytes`) as one uint8 tensor."""
+    return torch.frombuffer(bytearray(corpus_bytes()), dtype=torch.uint8).clone()
 
 
 @lru_cache(maxsize=1)
@@ -86,12 +91,12 @@ class Dataset:
 class TextDataset(Dataset):
     """Byte-level next-token windows of length ``seq_len`` over the pydoc text."""
 
-    name = "pydoc-topics"
+    name = TEXT
 
     def __init__(self, seq_len: int, limit: int | None = None):
         self.data = text_bytes().to(torch.int64)
         self.seq_len = seq_len
-        n = (len(self.data) - 1) // seq_len
+        n = text_samples(seq_len)
         self.n = min(n, limit) if limit else n
         if self.n < 1:
             raise ConfigError(f"seq_len={seq_len}: longer than the text corpus")
@@ -106,7 +111,7 @@ class TextDataset(Dataset):
 
 
 class DigitsDataset(Dataset):
-    name = "sklearn-digits"
+    name = DIGITS
 
     def __init__(self, limit: int | None = None):
         self.x, self.y = digits_arrays()
@@ -125,16 +130,10 @@ def dataset_for(spec: ModelSpec, limit: int | None = None) -> Dataset:
     e.g. to make AQ-SGD's uncompressed first epoch short in a benchmark)."""
     if limit is not None and limit < 1:
         raise ConfigError(f"dataset limit={limit}: must be >= 1")
-    if isinstance(spec, TransformerSpec):
-        if spec.vocab != 256:
-            raise ConfigError(f"model {spec.name!r}: the runtime's text data is byte-level "
-                              f"(vocab 256), the preset has vocab {spec.vocab}")
-        return TextDataset(spec.seq_len, limit)
-    if isinstance(spec, MLPSpec):
-        if spec.sizes[0] != 64 or spec.sizes[-1] != 10:
-            raise ConfigError(f"model {spec.name!r}: digits need 64 inputs and 10 classes")
-        return DigitsDataset(limit)
-    raise ConfigError(f"model {getattr(spec, 'name', spec)!r}: no runtime dataset")
+    name = dataset_name(spec)
+    if name is None:
+        raise ConfigError(why_not(spec))
+    return TextDataset(spec.seq_len, limit) if name == TEXT else DigitsDataset(limit)
 
 
 @dataclass(frozen=True)
@@ -158,7 +157,8 @@ class Order:
 
     @property
     def steps_per_epoch(self) -> int:
-        return self.num_samples // self.global_batch
+        """``ceil(num_samples / global_batch)`` (:func:`perfsim.job.steps_per_epoch`)."""
+        return steps_per_epoch(self.num_samples, self.global_batch)
 
     def epoch_of(self, step: int) -> int:
         return step // self.steps_per_epoch
@@ -168,9 +168,14 @@ class Order:
         return torch.randperm(self.num_samples, generator=gen)
 
     def batch(self, step: int) -> torch.Tensor:
-        """Sample ids of ``step`` (global batch, int64)."""
+        """Sample ids of ``step`` (global batch, int64): the epoch's last batch completed
+        with the epoch's first ids (distinct within the batch: ``global_batch <= num_samples``)."""
         epoch, k = divmod(int(step), self.steps_per_epoch)
-        return self._perm(epoch)[k * self.global_batch:(k + 1) * self.global_batch].clone()
+        perm = self._perm(epoch)
+        ids = perm[k * self.global_batch:(k + 1) * self.global_batch]
+        if len(ids) < self.global_batch:
+            ids = torch.cat([ids, perm[:self.global_batch - len(ids)]])
+        return ids.clone()
 
     def replica_batch(self, step: int, replica: int, dp: int) -> torch.Tensor:
         """The slice of ``step``'s batch that data-parallel replica ``replica`` trains on."""

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from perfsim import ddp as pddp
 from perfsim.compression import make_pipeline_pair
 from perfsim.errors import ConfigError
+from perfsim.job import training_steps
 from perfsim.models.registry import get_model_spec
 from perfsim.procs import die_with_parent
 from perfsim.result import atomic_write_text
@@ -85,11 +86,13 @@ def make_stage_compressors(cfg: RunConfig, stage: int, table=None) -> dict:
     return out
 
 
-def total_steps(cfg: RunConfig, steps_per_epoch: int) -> int:
+def total_steps(cfg: RunConfig, num_samples: int) -> int:
+    """``--steps``, else the steps of ``--epochs`` over the data set's ``num_samples``
+    (:func:`perfsim.job.training_steps`: predict's count), else 20."""
     if cfg.steps is not None:
         return cfg.steps
     if cfg.epochs is not None:
-        return max(1, math.ceil(cfg.epochs * steps_per_epoch))
+        return training_steps(cfg.epochs, num_samples, cfg.global_batch)
     return 20
 
 
@@ -152,7 +155,7 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         else list(module.named_parameters())
     dataset = dataset_for(spec, cfg.dataset_limit)
     order = Order(len(dataset), cfg.macro_batch * dp, cfg.seed)
-    steps = total_steps(cfg, order.steps_per_epoch)
+    steps = total_steps(cfg, order.num_samples)
     optimizer = make_optimizer(cfg, [p for _, p in named], dp_group, stage, steps)
     per_stage = {k: make_stage_compressors(cfg, k, table) for k in mine}
     # one flat dict of every compressor (checkpointed); slot names alone with one stage per rank

@@ -51,3 +51,26 @@ def test_rows_are_predicted_with_signed_errors(table):
 def test_cli_prints_mape_and_signed_error(capsys):
     assert mod.main(["--micro-batch", "x"]) == 2
     assert "bad --micro-batch" in capsys.readouterr().err
+
+
+def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the_row(table):
+    from perfsim.params import PARAMS
+
+    names = {p.name for p in PARAMS}
+    for label, kw, why in mod.CANDIDATES:
+        assert set(kw) <= names and why, label
+    doc, rows = table
+    out = dict((label, res[0]) for label, _, res in mod.candidates(doc, [rows[4]]))  # tp 8 x pp 2 across nodes
+    assert list(out) == ["as stated"] + [c[0] for c in mod.CANDIDATES]
+    stated = out["as stated"]
+    assert out["p2p bandwidth: half the NIC rate"]["predicted_s"] > stated["predicted_s"]
+    assert out["p2p latency per hop"]["predicted_s"] > stated["predicted_s"]
+    # the factor that would make the row's compute (and its bubble) meet the measurement
+    k = mod.compute_factor(stated)
+    assert stated["predicted_s"] + (k - 1) * (stated["compute_s"] + stated["idle_s"]) == \
+        pytest.approx(stated["measured_s"])
+
+
+def test_interleaved_rows_get_the_chunk_counts_megatron_accepts():
+    # each chunk a whole number of layers: the 529.6B row's 3 layers per device -> 3, 1T's 2 -> 2
+    assert [mod.megatron_chunks(n) for n in (10, 6, 3, 2, 15, 1)] == [2, 2, 3, 2, 3, 1]

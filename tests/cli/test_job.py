@@ -39,6 +39,7 @@ FLAG_SETS = [
     ["--model", "gpt2-tiny", "--pp", "2", "--dp", "2", "--tp", "2", "--placement", "tp,dp,pp"],
     ["--model", "gpt2-tiny", "--pp", "2", "--tied-embedding", "sync"],
     ["--model", "gpt2-tiny", "--pp", "1", "--dp", "2", "--zero", "3"],
+    ["--model", "gpt2-tiny", "--pp", "2", "--optimizer", "sgd"],
     ["--model", "gpt2-small-byte"],  # only the model: both commands' defaults
 ]
 
@@ -124,6 +125,9 @@ def test_no_job_field_is_declared_twice():
     (dict(device_order=(0, 0)), "device_order='0,0'"),
     (dict(pp=2, partition=(3,)), "partition=(3,)"),
     (dict(pp=2, boundary_compress="5=fp16"), "boundary 5"),
+    (dict(optimizer="lamb"), "optimizer='lamb': choose from adamw, sgd"),
+    (dict(optimizer="sgd", grad_compress="onebit-adam"), "optimizer='sgd' with grad_compress='onebit-adam'"),
+    (dict(pp=1, dp=2, zero=2, offload="optimizer", optimizer="sgd"), "offload='optimizer' with optimizer='sgd'"),
 ])
 def test_one_validation_for_both(kw, culprit):
     """The job's checks are one: Strategy and RunConfig refuse the same values with the same line."""
@@ -231,3 +235,103 @@ def test_validate_grid_defaults_are_the_jobs_but_named_changes():
         given = defaults[name][0] if isinstance(defaults[name], tuple) else defaults[name]
         assert given == GRID_JOB.get(name, getattr(Job, name, None)), name
     assert [name for name in VALIDATE_JOB if name not in GRID_JOB and name != "model"]  # the rest: the Job's
+
+
+@pytest.mark.parametrize("command", ["predict", "run", "memory", "plan"])
+def test_an_unknown_optimizer_is_one_line_exit_2(command, tmp_path):
+    """--optimizer is one parameter (perfsim.params.PARAMS) of every command that takes the job."""
+    extra = ["--out", str(tmp_path / "r")] if command == "run" else []
+    r = run_cli_here(command, "--model", "gpt2-tiny", "--pp", "2", "--optimizer", "lamb", *extra)
+    assert_user_error(r.returncode, r.stderr, "optimizer='lamb': choose from adamw, sgd")
+
+
+def test_plan_pins_the_optimizer_and_emits_it():
+    """perfsim plan takes --optimizer as one pinned value (a comma list is refused: the
+    convergence curves it ranks by are the default optimizer's) and its winner's run and
+    Megatron-LM commands carry it."""
+    from perfsim.emit import megatron_args, run_command
+
+    from perfsim.plan import plan
+
+    res = plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=32, optimizer="sgd",
+               profile="traces/cpu-2core.json", compress="fp32", grad_compress="none", schedule="gpipe")
+    assert {row["optimizer"] for row in res.rows()} == {"sgd"}
+    best = res.ranked[0].params
+    assert "--optimizer sgd" in run_command(best)
+    assert megatron_args(best, 32)[0][-4:] == ["--optimizer", "sgd", "--sgd-momentum", "0.9"]
+    assert "--optimizer" not in run_command({**best, "optimizer": "adamw"})
+    with pytest.raises(ConfigError, match="takes one value"):
+        plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=32, optimizer="adamw,sgd")
+
+
+#: (model and job flags, run's own data flags, predict's): one --epochs meaning in both commands
+EPOCH_CASES = [
+    (["--model", "gpt2-tiny", "--pp", "2"], [], []),  # the pydoc corpus: 7285 windows of 128 bytes
+    (["--model", "digits-mlp", "--pp", "2", "--dp", "2"], [], []),  # 1797 digits, global batch 64
+    (["--model", "digits-mlp", "--pp", "1", "--macro-batch", "48"], ["--dataset-limit", "100"],
+     ["--dataset-samples", "100"]),  # a shortened epoch: 100 samples, the last batch padded
+]
+
+
+@pytest.mark.parametrize("job, run_only, predict_only", EPOCH_CASES, ids=[" ".join(c[0][1:]) for c in EPOCH_CASES])
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_run_and_predict_epochs_are_the_same_optimizer_steps(job, run_only, predict_only, epochs, tmp_path):
+    """``perfsim run --epochs E`` trains the steps ``perfsim predict --epochs E`` prices: the data
+    set's size is the model's own in both (perfsim.models.datasets), an epoch is
+    ceil(samples / global batch) steps in both (perfsim.job.training_steps). The run's count is
+    the worker's own (its data set, its sample order, its total_steps)."""
+    from perfsim import params, predict
+    from perfsim.models.registry import get_model_spec
+    from perfsim.runtime.data import Order, dataset_for
+    from perfsim.runtime.worker import total_steps
+
+    cfg = _run_job([*job, *run_only, "--epochs", str(epochs)], tmp_path)
+    order = Order(len(dataset_for(get_model_spec(cfg.model), cfg.dataset_limit)), cfg.global_batch, cfg.seed)
+    ran = total_steps(cfg, order.num_samples)
+    assert ran == epochs * order.steps_per_epoch
+    row, = params.expand(params.grid(params.from_args(
+        _subparser("predict").parse_args([*job, *predict_only, "--epochs", str(epochs)])), cli=True))
+    s = predict(**row).summary
+    assert (s["optimizer_steps"], s["iterations_per_epoch"], s["dataset_samples"]) == \
+        (ran, order.steps_per_epoch, order.num_samples)
+
+
+def test_dataset_samples_default_is_the_models_data_set_else_2359():
+    from perfsim import predict
+
+    assert predict(model="digits-mlp", pp=2).summary["dataset_samples"] == 1797
+    assert predict(model="gpt2-tiny", pp=2, dataset_samples=500).summary["dataset_samples"] == 500  # given: wins
+    assert predict().summary["dataset_samples"] == Strategy.dataset_samples == 2359  # gpt2-xl: no data set known
+
+
+@pytest.mark.parametrize("command, value", [("predict", "0"), ("predict", "1.5"), ("run", "0"), ("run", "-1"),
+                                            ("run", "inf")])
+def test_epochs_must_be_a_positive_integer_in_both(command, value, tmp_path):
+    extra = ["--out", str(tmp_path / "r")] if command == "run" else []
+    r = run_cli_here(command, "--model", "digits-mlp", "--pp", "2", "--epochs", value, *extra)
+    assert_user_error(r.returncode, r.stderr, "epochs")
+    with pytest.raises(ConfigError, match=re.escape("epochs=0: must be an integer >= 1")):
+        RunConfig(model="digits-mlp", pp=2, epochs=0)
+    with pytest.raises(ConfigError, match=re.escape("epochs=0.5: must be an integer >= 1")):
+        Strategy(epochs=0.5)
+
+
+@pytest.mark.parametrize("command", ["predict", "run"])
+def test_a_one_bit_optimizer_with_sgd_is_one_line_exit_2(command, tmp_path):
+    """A 1-bit optimizer is an Adam (or LAMB) itself: --optimizer sgd beside it is refused before
+    anything runs (run's 1-bit header is not printed first)."""
+    extra = ["--out", str(tmp_path / "r")] if command == "run" else []
+    r = run_cli_here(command, "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--optimizer", "sgd",
+                     "--grad-compress", "onebit-adam", *extra)
+    assert_user_error(r.returncode, r.stderr, "optimizer='sgd' with grad_compress='onebit-adam'")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_checkpoint_of_a_float_epochs_run_resumes():
+    """``--epochs`` was a float before it meant whole epochs in both commands: a checkpoint's
+    stored ``2.0`` is read as 2 (a fractional one is refused by RunConfig in one line)."""
+    from perfsim.runtime._entry import _stored_config
+
+    assert _stored_config({"epochs": 2.0, "steps": None}) == {"epochs": 2, "steps": None}
+    assert isinstance(_stored_config({"epochs": 2.0})["epochs"], int)
+    assert _stored_config({"epochs": 0.5}) == {"epochs": 0.5}

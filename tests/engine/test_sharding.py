@@ -486,3 +486,37 @@ def test_zero3_on_a_cpu_profile_blocks_the_training_thread():
     assert r["dp_bytes"] == predict(**dict(kw, profile=None)).summary["dp_bytes"]  # bytes do not depend on it
     on_gpu = build_configs(**dict(kw, gpu="h100"))
     assert not plan_with_memory(*on_gpu, True)[1].shard_host_driven
+
+
+def test_zero3_on_a_cpu_profile_adds_fsdp2s_own_host_time_per_unit_and_pass(capsys):
+    """A CPU profile with ``fsdp_host`` records (perfsim calibrate --comm fsdp): each unit's
+    forward and backward add its per-pass host time on the training thread, the root's once
+    per stage pass, all in ``dp_sync_s``; the iteration grows by exactly that, bytes do not
+    move, and the summary says what was priced. Without the records: 0, and a note saying so."""
+    from perfsim.analysis.validate import link_params
+    from perfsim.profile import load_profile
+
+    path = str(Path(__file__).parents[2] / "traces" / "cpu-2core.json")
+    link = link_params(load_profile(path), None, 0.0, "profile", True)[0]
+    kw = dict(model="digits-mlp", pp=1, dp=2, zero=3, micro_batch=8, macro_batch=16, overlap=False, **link)
+    bare = load_profile(path)
+    hooked = load_profile(path)
+    hook = {"unit_forward": 5e-4, "unit_backward": 7e-4, "root_forward": 1e-4, "root_backward": 2e-4}
+    for name, t in hook.items():
+        hooked.add(op="fsdp_host", name=name, size_bytes=4224, world_size=2, time_s=t)
+    before, after = predict(**kw, profile=bare).summary, predict(**kw, profile=hooked).summary
+    n_units, m = 4, 2  # digits-mlp: fc0..fc3, each a unit; 16 / 8 micro-batches
+    added = m * (n_units * (hook["unit_forward"] + hook["unit_backward"]) + hook["root_forward"]
+                 + hook["root_backward"])
+    assert after["dp_sync_s"] - before["dp_sync_s"] == pytest.approx(added, rel=1e-9)
+    assert after["iteration_s"] - before["iteration_s"] == pytest.approx(added, rel=1e-9)
+    assert after["compute_s"] == before["compute_s"] and after["dp_bytes"] == before["dp_bytes"]
+    assert "priced as 0" in before["shard_host_note"] and "--comm fsdp" in before["shard_host_note"]
+    assert after["shard_host_note"].startswith("FSDP2's host time from the profile: 500 + 700 us")
+    zero0 = predict(**dict(kw, zero=0), profile=hooked).summary  # DDP: no FSDP2, no note
+    assert "shard_host_note" not in zero0
+    assert predict(**dict(kw, zero=0), profile=bare).summary["iteration_s"] == zero0["iteration_s"]
+    assert main(["predict", "--model", "digits-mlp", "--pp", "1", "--dp", "2", "--zero", "3", "--micro-batch",
+                 "8", "--macro-batch", "16", "--profile", path]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the table may wrap a long line
+    assert "sharding: FSDP2's host time (hooks, unshard / reshard) not in the profile: priced as 0" in out

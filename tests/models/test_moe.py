@@ -182,7 +182,8 @@ def test_expert_all_to_all_across_nodes_uses_the_nics_and_imbalance_slows_it():
 @pytest.mark.parametrize("changes,match", [
     (dict(dp=3, ep=3, global_batch=3), "ep=3: does not divide the 8 experts"),
     (dict(ep=3), "ep=3: must divide dp=8"),
-    (dict(ep=4), "give --ep equal to --dp"),
+    (dict(ep=4, grad_compress="powersgd:4"), "ep=4 < dp=8: .* per-matrix hook; give --ep equal to --dp"),
+    (dict(ep=4, grad_compress="onebit-adam"), "ep=4 < dp=8: .* 1-bit optimizer"),
     (dict(model="llama2-7b"), "ep=8: model 'llama2-7b' has no experts"),
     (dict(zero=1), "zero=1 with ep=8"),
     (dict(ep=1, moe_imbalance=1.2), "moe_imbalance=1.2: only with ep > 1"),
@@ -213,9 +214,10 @@ def test_plan_searches_expert_parallelism():
     known = {"model", "tp", "ep", "recompute"}
     cands = enumerate_candidates(n_layers=4, gpus=8, gpus_per_node=8, global_batch=16, space=space,
                                  base={}, known=known, experts=6)
-    # ep = dp where dp divides the 6 experts (dp 2), never where it does not (dp 4, 8)
-    assert {(c["dp"], c.get("ep", 1)) for c in cands} >= {(2, 2), (2, 1), (4, 1), (8, 1)}
-    assert all(c.get("ep", 1) in (1, c["dp"]) and 6 % c.get("ep", 1) == 0 for c in cands)
+    # every ep dividing both dp and the 6 experts (2 of dp 2, 4, 8; never 4 or 8)
+    assert {(c["dp"], c.get("ep", 1)) for c in cands} >= {(2, 2), (2, 1), (4, 1), (4, 2), (8, 1), (8, 2)}
+    assert all(c["dp"] % c.get("ep", 1) == 0 and 6 % c.get("ep", 1) == 0 for c in cands)
+    assert not any(c.get("ep", 1) in (3, 4, 6, 8) for c in cands)
     assert not any("ep" in c for c in enumerate_candidates(n_layers=4, gpus=8, gpus_per_node=8, global_batch=16,
                                                            space=space, base={}, known=known))
     res = plan(model=SMALL_MOE, gpus_per_node=4, global_batch=16, gpu=H100, precision="bf16", space=space)
@@ -223,3 +225,50 @@ def test_plan_searches_expert_parallelism():
     # with variants of one of them)
     seen = [c.params for c in res.all_evaluated if c.summary is not None]
     assert any(p.get("ep", 1) > 1 for p in seen) and any(p.get("ep", 1) == 1 for p in seen)
+
+
+def test_expert_parallel_and_expert_data_parallel_groups():
+    """Megatron-Core's layout, dp 8, ep 2: EP groups of consecutive replicas {0,1} {2,3} ...,
+    expert-data-parallel groups of the replicas holding the same experts {0,2,4,6} {1,3,5,7};
+    each replica in one of each, an EP group and an expert-DP group meet in one replica; with
+    ep = dp every expert-DP group is one replica."""
+    from perfsim.config import Strategy
+    from perfsim.models.moe import ep_replicas, expert_dp_replicas
+
+    dp, ep = 8, 2
+    groups = [list(ep_replicas(ep, g)) for g in range(dp // ep)]
+    assert groups == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    edp = {tuple(expert_dp_replicas(dp, ep, r)) for r in range(dp)}
+    assert edp == {(0, 2, 4, 6), (1, 3, 5, 7)}
+    assert all(len(set(g) & set(e)) == 1 for g in groups for e in edp)
+    assert all(list(expert_dp_replicas(8, 8, r)) == [r] for r in range(8))
+    # ranks under Megatron's placement (tp, dp, pp), tp 2: an EP group's tensor rank 0s are 2 apart
+    st = Strategy(pp=2, dp=dp, tp=2, placement=("tp", "dp", "pp"), macro_batch=2, micro_batch=1)
+    assert [st.device(0, r, 0) for r in ep_replicas(ep, 1)] == [4, 6]
+    assert [st.device(1, r, 1) for r in expert_dp_replicas(dp, ep, 1)] == [19, 23, 27, 31]
+
+
+def test_memory_answers_expert_parallelism_smaller_than_data_parallelism():
+    """dp 8, ep 2: each rank holds
+    experts / ep = 4 of Mixtral's 8 experts per block, the rest replicated. By hand against ep 8
+    (one expert per rank, what predict also simulates): the weights differ by the routed
+    experts' parameters x (1/2 - 1/8) x 2 bytes (bf16), the optimizer state by x 12 bytes, the
+    activations not at all (each rank computes its tokens' top-k copies either way)."""
+    from perfsim.analysis.memory_fit import memory_report
+    from perfsim.api import predict
+
+    job = dict(model=MIXTRAL, gpu=H100, tp=1, pp=1, dp=8, gpus_per_node=8, precision="bf16",
+               recompute="full", global_batch=64, grad_buffer="bucketed")
+    spec = from_hf_config(MIXTRAL)
+    experts = sum(spec.experts * spec.mlp_params(spec.expert_ffn) for i in range(spec.n_layer)
+                  if spec.is_moe_block(i))
+    two, eight = memory_report(**job, ep=2), memory_report(**job, ep=8)
+    extra = experts * (1 / 2 - 1 / 8)
+    assert two.breakdown["weights"] - eight.breakdown["weights"] == pytest.approx(2 * extra, rel=1e-9)
+    assert two.breakdown["optimizer state"] - eight.breakdown["optimizer state"] == pytest.approx(12 * extra,
+                                                                                                  rel=1e-9)
+    assert two.breakdown["activations"] == eight.breakdown["activations"]
+    assert eight.peak_bytes / GIB == pytest.approx(predict(**job, ep=8, allow_oom=True).summary["peak_memory_gib"])
+    assert "--ep 4" in two.options_by_flags()
+    # and predict simulates it with the same memory (the experts' sync: tests/engine/test_expert_dp_sync.py)
+    assert two.peak_bytes / GIB == pytest.approx(predict(**job, ep=2, allow_oom=True).summary["peak_memory_gib"])

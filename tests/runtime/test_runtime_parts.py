@@ -65,12 +65,22 @@ def test_data_is_real_and_order_resumable():
     digits = dataset_for(get_model_spec("digits-mlp"))
     assert len(digits) == 1797
     order = Order(len(digits), 32, seed=3)
-    assert order.steps_per_epoch == 56
+    assert order.steps_per_epoch == 57  # ceil(1797 / 32): perfsim.job.steps_per_epoch, predict's count
     a = order.batch(60)
     assert torch.equal(a, Order(len(digits), 32, seed=3).batch(60))
     assert not torch.equal(a, order.batch(61))
-    epoch0 = torch.cat([order.batch(s) for s in range(56)])
-    assert len(set(epoch0.tolist())) == 56 * 32  # no repeats within an epoch
+    epoch0 = [order.batch(s) for s in range(57)]
+    assert len(set(torch.cat(epoch0[:56]).tolist())) == 56 * 32  # no repeats before the last batch
+    assert set(torch.cat(epoch0).tolist()) == set(range(1797))  # every sample visited each epoch
+    last = epoch0[-1]  # the 5 left over, completed with the epoch's first 27 (DistributedSampler's padding)
+    assert len(last) == 32 and len(set(last.tolist())) == 32
+    assert torch.equal(last[5:], epoch0[0][:27])
+    # the data sets' sizes are perfsim.models.datasets' (what predict counts an epoch over)
+    from perfsim.models.datasets import dataset_samples
+
+    for name, ds in (("gpt2-tiny", text), ("digits-mlp", digits)):
+        assert dataset_samples(get_model_spec(name)) == len(ds)
+        assert dataset_samples(get_model_spec(name), 100) == len(dataset_for(get_model_spec(name), 100)) == 100
     r0, r1 = order.replica_batch(5, 0, 2), order.replica_batch(5, 1, 2)
     assert torch.equal(torch.cat([r0, r1]), order.batch(5))
 
