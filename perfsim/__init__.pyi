@@ -61,6 +61,7 @@ def predict(
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
+    a2a_compress: str = 'none',
     zero: int = 0,
     reshard_after_forward: bool = True,
     optimizer: str = 'adamw',
@@ -164,9 +165,11 @@ def predict(
         moe_capacity_factor (float | None):
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
-            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; predict simulates ep = dp only (perfsim memory answers any)
+            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over their dp/ep replicas (Megatron-Core's expert data parallel group)
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
+        a2a_compress (str, default 'none'):
+            codec of the expert-parallel dispatch all-to-alls (the forward dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value + an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); unused with ep 1 (no all-to-all)
         zero (int, default 0):
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
@@ -259,6 +262,7 @@ def sweep(
     moe_capacity_factor: float | list | None = None,
     ep: int | list | None = None,
     moe_imbalance: float | list | None = None,
+    a2a_compress: str | list | None = None,
     zero: int | list | None = None,
     reshard_after_forward: bool | list | None = None,
     optimizer: str | list | None = None,
@@ -361,6 +365,7 @@ def memory_report(
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     moe_imbalance: float = 1.0,
+    a2a_compress: str = 'none',
     zero: int = 0,
     reshard_after_forward: bool = True,
     optimizer: str = 'adamw',
@@ -490,7 +495,7 @@ def calibrate(
     stage_schedule: str = '1f1b',
     small_repeats: int = 60,
     codecs: str | Sequence[str] = 'all',
-    comm: str | Sequence[str] = 'p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference',
+    comm: str | Sequence[str] = 'p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference,fsdp',
     emulate_bandwidth: str | Sequence[Any] = '',
     emulate_latency: str | float = '0ms',
     emulate_ops: str | Sequence[str] = 'p2p,messenger,allreduce,reduce_scatter,allgather_tensor,interference',

@@ -34,7 +34,7 @@ from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import GPUS, NODE_FABRIC, get_gpu, profile_gpu
+from perfsim.hardware import GPUS, NODE_FABRIC, get_gpu, profile_gpu, value_precision
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
@@ -341,7 +341,12 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                                                   "the balanced load" if strategy.ep > 1 and
                                                   strategy.moe_imbalance != 1 else "balanced routing assumed"))
                      + (f"; expert parallel {strategy.ep}: {arch.experts // strategy.ep} expert(s) per GPU, "
-                        "all-to-all dispatch and combine" if strategy.ep > 1 else "") + ")")
+                        "all-to-all dispatch and combine" if strategy.ep > 1 else "")
+                     + (f", dispatch pair sent as {strategy.a2a_compress} (the combine pair at "
+                        f"{value_precision(strategy.precision)})" if strategy.a2a_compress != "none" and
+                        strategy.ep > 1 else "") + ")")
+    if strategy.a2a_compress != "none" and strategy.ep == 1:
+        notes.append(f"a2a_compress {strategy.a2a_compress} unused: no expert-parallel all-to-all with ep 1")
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
                      f"max_position_embeddings {arch.max_positions} and {DEFAULT_SEQ_LEN}); --seq-len sets it")

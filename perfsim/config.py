@@ -139,6 +139,9 @@ class Strategy(Job):
     #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
     #: stated assumption, perfsim.models.moe.Routing)
     moe_imbalance: float = 1.0
+    #: codec of the expert-parallel dispatch all-to-alls (perfsim.models.moe.parse_a2a_compress):
+    #: ``none``, ``fp8`` (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3) or ``directq:BITS``
+    a2a_compress: str = "none"
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job)
@@ -160,6 +163,11 @@ class Strategy(Job):
         _pos_float(self, "moe_imbalance")
         if self.moe_imbalance < 1:
             raise ConfigError(f"moe_imbalance={self.moe_imbalance!r}: must be >= 1 (1 = balanced)")
+        from perfsim.models.moe import parse_a2a_compress  # lazy: config imports no model code eagerly
+
+        # with ep 1 there is no all-to-all to compress: unused (the model note says so), not refused, so
+        # that perfsim plan can search ep with a given codec
+        object.__setattr__(self, "a2a_compress", parse_a2a_compress(self.a2a_compress))
 
     @property
     def grad_dtype(self) -> str:

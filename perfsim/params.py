@@ -216,6 +216,11 @@ PARAMS: tuple[Param, ...] = (
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
           "strategy.moe_imbalance"),
+    Param("a2a_compress", "str", "none", "codec of the expert-parallel dispatch all-to-alls (the forward "
+          "dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay "
+          "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value "
+          "+ an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); "
+          "unused with ep 1 (no all-to-all)", "strategy", "strategy.a2a_compress"),
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
           "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,

@@ -41,7 +41,8 @@ from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import Routing, ep_alltoall_bytes, ep_replicas, expert_layers, expert_params_per_rank
+from perfsim.models.moe import (Routing, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas, expert_layers,
+                                expert_params_per_rank)
 from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 from perfsim.schedules import with_comms
@@ -308,20 +309,53 @@ def _shape_key(network, members) -> tuple:
 
 
 def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
-                   uniform: bool | None = None) -> tuple[float, float, float]:
+                   uniform: bool | None = None, profile=None, gpu=None) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
     MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
     combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
     over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
     (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
     all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
-    group's; with full recomputation the forward's run again in the backward."""
+    group's; with full recomputation the forward's run again in the backward.
+
+    ``strategy.a2a_compress`` (``fp8`` / ``directq:B``) sends the dispatch-direction pair
+    (forward dispatch, backward gradient into the expert outputs) at the codec's wire size
+    (:func:`perfsim.models.moe.a2a_wire_bytes`) plus an encode and a decode each, the combine
+    pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
     routing = Routing.of(strategy)
-    size = ep_alltoall_bytes(spec, strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision],
-                             routing)
+    tok, bpv = strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision]
+    size = ep_alltoall_bytes(spec, tok, bpv, routing)
+    codec = getattr(strategy, "a2a_compress", "none")
+    if codec == "none":
+        one = _ep_alltoall_time(strategy, network, s, size, host_s, uniform)
+        fwd = bwd = 2 * moe_blocks * one
+        sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
+    else:
+        check_a2a_gpu(codec, gpu)
+        wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
+        if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
+            enc = dec = copy_time(profile, (size + wire) / 2, gpu)
+        else:  # the codec cost model of the pipeline's activations (Profile.encode_time / decode_time)
+            fp32 = 4 * size / bpv
+            enc = profile.encode_time(codec, fp32) if profile is not None else 0.0
+            dec = profile.decode_time(codec, fp32) if profile is not None else 0.0
+        one = (_ep_alltoall_time(strategy, network, s, size, host_s, uniform)
+               + _ep_alltoall_time(strategy, network, s, wire, host_s, uniform) + enc + dec)
+        fwd = bwd = moe_blocks * one
+        sent = moe_blocks * (collective_cost("alltoall", size, ep)[0] + collective_cost("alltoall", wire, ep)[0])
+    if strategy.recompute == "full":
+        bwd += fwd
+        sent *= 1.5
+    return fwd, bwd, 2 * sent
+
+
+def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uniform) -> float:
+    """One token all-to-all of ``size`` bytes per rank on pipeline device ``s``: the slowest
+    expert-parallel group's (:func:`ep_stage_times`)."""
+    ep = strategy.ep
     one = 0.0
     seen = set()
     for t in range(strategy.tp):
@@ -332,12 +366,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
                 continue
             seen.add(key)
             one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
-    fwd = bwd = 2 * moe_blocks * one
-    sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
-    if strategy.recompute == "full":
-        bwd += fwd
-        sent *= 1.5
-    return fwd, bwd, 2 * sent
+    return one
 
 
 def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None,
@@ -355,6 +384,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     ``sync``: a plan of the same job and gradient compression (its pipeline compression
     may differ: that changes no gradient), whose gradient buckets, ZeRO units, 1-bit
     warm-up buckets and optimizer steps are taken as they are."""
+    check_a2a_gpu(getattr(strategy, "a2a_compress", "none"), gpu)
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
@@ -429,7 +459,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                  and arch.is_moe_block(int(layer.name[5:])))
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
                                                      host_s=curve.collective_s if curve else 0.0,
-                                                     uniform=uniform)
+                                                     uniform=uniform, profile=profile, gpu=gpu)
                 st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
         if compute_only:
             stages.append(st)

@@ -231,3 +231,62 @@ def check_simulated(strategy) -> None:
                           "simulated with a " + ("per-matrix hook" if family == "hook" else "1-bit optimizer")
                           + "; give --ep equal to --dp or another --grad-compress (perfsim memory answers "
                           "for this job)")
+
+
+#: values per fp32 scale of an fp8 dispatch: DeepSeek-V3's fine-grained quantization of the
+#: activations, "on a 1x128 tile basis (i.e., per token per 128 channels)" (DeepSeek-AI 2024,
+#: arXiv:2412.19437, Sec. 3.3, "Fine-Grained Quantization"); the scale is taken as one fp32 (4 bytes)
+FP8_BLOCK = 128
+#: what ``--a2a-compress`` accepts (``directq:BITS[:det][:bucket=N]``: any DirectQ spec)
+A2A_COMPRESS = ("none", "fp8", "directq:BITS")
+
+
+def parse_a2a_compress(text) -> str:
+    """The canonical ``--a2a-compress`` value (ConfigError naming it otherwise): ``none``,
+    ``fp8`` (DeepSeek-V3's fp8 dispatch, arXiv:2412.19437 Sec. 3.3) or a DirectQ spec
+    (direct quantization of activations, the baseline of AQ-SGD, arXiv:2206.01299 Sec. 4.1).
+    AQ-SGD is refused (it compresses each sample's change against the previous message it
+    sent to the same receiver, and a token's copies go to other experts, hence other ranks,
+    every step); gradient compressors are refused (they compress gradients, not activations)."""
+    from perfsim.compression.spec import parse_spec
+
+    s = str(text).strip().lower()
+    if s in ("none", "fp8"):
+        return s
+    if s.split(":", 1)[0] == "aqsgd":
+        raise ConfigError(f"a2a_compress={text!r}: AQ-SGD needs each sample's previous message to the same "
+                          "receiver, and tokens route to different experts (ranks) every step; use directq or fp8")
+    spec = parse_spec(s, "grad")
+    if spec.name != "directq":
+        raise ConfigError(f"a2a_compress={text!r}: the all-to-all carries activations; choose none, fp8 or "
+                          "directq:BITS (gradient compressors do not apply)")
+    from perfsim.compression import make_compressor
+
+    return make_compressor(spec).spec  # checks its arguments; canonical text
+
+
+def check_a2a_gpu(codec: str, gpu) -> None:
+    """An ``fp8`` dispatch needs fp8 hardware: a GPU preset (``--gpu``) with an fp8 rate
+    (Hopper or newer, :mod:`perfsim.hardware`); ConfigError otherwise."""
+    if codec == "fp8" and (gpu is None or "fp8" not in gpu.peak_flops):
+        raise ConfigError(f"a2a_compress='fp8': needs a GPU preset with fp8 (--gpu, Hopper or newer); "
+                          f"{'no --gpu given' if gpu is None else gpu.name + ' has no fp8'}")
+
+
+def a2a_wire_bytes(codec: str, spec, tok: int, bpv: int, routing: Routing) -> float:
+    """Per-rank buffer of ONE compressed dispatch-direction all-to-all (the forward dispatch,
+    or the backward's gradient into the expert outputs), :func:`ep_alltoall_bytes`'s
+    ``tok x top_k`` rows of ``hidden`` values sent at ``codec``'s wire size: ``fp8`` one byte a
+    value plus one fp32 scale per :data:`FP8_BLOCK` values of a row (arXiv:2412.19437
+    Sec. 3.3, "Fine-Grained Quantization"); ``directq:...`` its compressor's own ``wire_bytes`` (codes and scales,
+    :class:`perfsim.compression.directq.DirectQ`); ``none`` the training precision's."""
+    if codec == "none":
+        return ep_alltoall_bytes(spec, tok, bpv, routing)
+    rows, h = tok * spec.top_k, spec.hidden
+    if codec == "fp8":
+        wire = rows * (h + 4 * math.ceil(h / FP8_BLOCK))
+    else:
+        from perfsim.compression import make_compressor
+
+        wire = make_compressor(codec).wire_bytes((rows, h))
+    return float(wire * routing.load)

@@ -151,12 +151,24 @@ def test_codecs_at_pipeline_boundaries_are_timed_in_situ():
         CodecConfig(boundaries=(("gpt2-tiny", 2, 1, 8),))  # the last stage ends no boundary
 
 
-def test_comm_loopback_two_ranks():
+LOOPBACK_OPS = {"p2p": ("p2p",), "allreduce": ("allreduce",), "messenger": ("p2p",), "late": ("p2p",),
+                "framing": ("frame_send", "frame_recv")}  # op asked -> the records it writes
+
+
+@pytest.fixture(scope="module")
+def loopback_records():
+    """:func:`measure_comm` of every loopback op that the two tests below read, in one
+    spawn of 2 gloo ranks (each op is timed on its own, one after the other)."""
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
-    recs = measure_comm(CommConfig(ops=("p2p", "allreduce", "messenger", "late"), sizes=(1024, 262144),
-                                   warmup=1, repeats=3, max_seconds=0.5, timeout_s=120,
-                                   small_repeats=6, small_bytes=4096))
+    return measure_comm(CommConfig(ops=tuple(LOOPBACK_OPS), sizes=(1024, 262144), warmup=1, repeats=3,
+                                   max_seconds=0.5, timeout_s=120, small_repeats=6, small_bytes=4096))
+
+
+def test_comm_loopback_two_ranks(loopback_records):
+    from perfsim.calibrate.comm import CommConfig
+
+    recs = loopback_records
     raw = [r for r in recs if r["op"] in ("p2p", "allreduce")]
     # small messages get more repeats; every point carries its mean (expected cost)
     assert {r["repeats"] for r in raw if r["size_bytes"] == 1024} == {6}
@@ -168,9 +180,12 @@ def test_comm_loopback_two_ranks():
         (o, n, s) for o, n in (("p2p", "gloo"), ("allreduce", "gloo"), ("p2p", "messenger"),
                                ("p2p", "messenger-late")) for s in (1024, 262144)}
     assert all(r["time_s"] > 0 for r in raw)
+    # one fit per op and link, nothing else (framing's two: the test below)
     assert {(r["op"], r["name"]) for r in recs if r["op"].startswith("fit_")} == {
         ("fit_p2p", "gloo"), ("fit_p2p", "messenger"), ("fit_p2p", "messenger-late"),
-        ("fit_allreduce", "gloo")}
+        ("fit_allreduce", "gloo"), ("fit_frame_send", "messenger"), ("fit_frame_recv", "messenger")}
+    assert {r["op"] for r in recs} == {o for ops in LOOPBACK_OPS.values() for o in ops} | {
+        f"fit_{o}" for ops in LOOPBACK_OPS.values() for o in ops}
 
 
 def test_profile_record_folding_round_trip(tmp_path):
@@ -243,16 +258,15 @@ def test_cli_bad_input_one_line(tmp_path, args, culprit):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_comm_framing_is_each_side_host_time():
+def test_comm_framing_is_each_side_host_time(loopback_records):
     """framing: rank 0's send call and rank 1's post + unpack, both per wire byte;
     the profile hands them to the plan as part of each message's encode/decode."""
-    from perfsim.calibrate.comm import CommConfig, measure_comm
     from perfsim.calibrate.profile_io import build_profile
 
-    recs = measure_comm(CommConfig(ops=("framing",), sizes=(1024, 4194304), warmup=1, repeats=5,
-                                   max_seconds=0.5, timeout_s=120))
+    recs = [r for r in loopback_records if r["op"] in ("frame_send", "frame_recv", "fit_frame_send",
+                                                       "fit_frame_recv")]
     raw = {(r["op"], r["size_bytes"]): r for r in recs if r["op"] in ("frame_send", "frame_recv")}
-    assert set(raw) == {(o, s) for o in ("frame_send", "frame_recv") for s in (1024, 4194304)}
+    assert set(raw) == {(o, s) for o in ("frame_send", "frame_recv") for s in (1024, 262144)}
     # (how long framing takes, beside a link's transfer time: benchmarks/bench_messenger.py)
     assert all(r["time_s"] > 0 and r["repeats"] >= 3 for r in raw.values())
     assert {r["op"] for r in recs if r["op"].startswith("fit_")} == {"fit_frame_send", "fit_frame_recv"}

@@ -5,7 +5,8 @@
 MODE: ``first`` (for every method: 2N steps straight, then N steps + checkpoint),
 ``resume`` (fresh processes: load each checkpoint, N more steps), ``features``
 (find_unused_parameters, bf16/fp16 parameters, no_sync, two DDP models),
-``errors`` (wrong use), ``world1`` (loads a 2-rank checkpoint in a 1-rank job).
+``errors`` (wrong use), ``world1`` (loads the 2-rank checkpoints into states of a
+1-rank data-parallel group).
 Several modes run one after the other in the same processes (one job start for all).
 Every rank writes ``OUT_DIR/<mode>-rank<r>.pt``; the test compares them.
 """
@@ -183,14 +184,14 @@ def mode_errors(out: Path, rank: int) -> dict:
 
 
 def mode_world1(out: Path, rank: int) -> dict:
+    """Each rank's 2-rank checkpoint loaded by a state whose data-parallel group is that rank
+    alone (as in a job with one replica): refused where the state is per rank."""
+    groups = [dist.new_group([r]) for r in range(dist.get_world_size())]  # every rank makes every group
     res = {}
-    for method in ("ecq:4", "powersgd:2"):
-        ckpt = torch.load(out / f"ckpt-{method.replace(':', '_')}-0.pt", weights_only=True)
-        _, _, state = build(method, mlp())
+    for method in ("ecq:4", "powersgd:2", "fp16"):  # fp16: a cast has no per-rank state
+        ckpt = torch.load(out / f"ckpt-{method.replace(':', '_')}-{rank}.pt", weights_only=True)
+        state = pddp.CompressionState(method, groups[rank], seed=3)
         res[method] = _error(lambda: state.load_state_dict(ckpt["comm"]))
-    ckpt = torch.load(out / "ckpt-fp16-0.pt", weights_only=True)
-    _, _, state = build("fp16", mlp())
-    res["fp16"] = _error(lambda: state.load_state_dict(ckpt["comm"]))  # stateless: fine
     return res
 
 

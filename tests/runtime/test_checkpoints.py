@@ -1,5 +1,5 @@
-"""Checkpoints: a corrupt file is one line and the previous one resumes;
-no shared filesystem needed."""
+"""Checkpoints: a stopped run resumes to the uninterrupted run's losses; a corrupt file is one
+line and the previous one resumes; no shared filesystem needed."""
 
 import os
 import shutil
@@ -16,22 +16,46 @@ from perfsim.runtime.launch import free_port
 
 from _helpers import PIPE_JOB
 
-FAST = dict(PIPE_JOB, pp=2, schedule="1f1b")  # 6 steps
+#: 6 steps of 2 stages; AQ-SGD compresses from step 2 (its state is part of every checkpoint)
+AQ = dict(PIPE_JOB, pp=2, schedule="1f1b", compress="aqsgd:fw3bw6")
 
 
-def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(shared_run, tmp_path):
-    out = tmp_path / "c"
-    full = shared_run(**FAST)[0].losses
+@pytest.fixture(scope="module")
+def stopped(tmp_path_factory):
+    """``(losses of the 6 steps in one go, folder of the same job stopped after 4 steps with
+    checkpoints at steps 2 and 4)``: both tests below resume that one stopped run (one run
+    fewer than a stopped run each; neither test changes the folder)."""
+    full = run(**AQ, out=tmp_path_factory.mktemp("full") / "run").losses
+    part = tmp_path_factory.mktemp("stopped") / "part"
+    run(**dict(AQ, steps=4), checkpoint_every=2, out=part)
+    return full, part
+
+
+def test_resume_equals_uninterrupted(stopped, tmp_path):
+    """Stop after 4 steps, resume to 6: the same losses as 6 steps in one go
+    (model, optimizer, compressor state and data order restored; --steps grows on resume)."""
+    full, part = stopped
     assert list(full) == [0, 1, 2, 3, 4, 5]
-    run(**dict(FAST, steps=4), checkpoint_every=2, out=out)
+    result = run(**AQ, resume=part, out=tmp_path / "part2")
+    assert result.summary["start_step"] == 4
+    resumed = result.losses  # history from the checkpoint + the resumed steps
+    assert list(resumed) == list(full)
+    for s in resumed:
+        assert resumed[s] == full[s], (s, resumed[s], full[s])
+
+
+def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(stopped, tmp_path):
+    full, part = stopped
+    out = tmp_path / "c"
+    shutil.copytree(part, out)  # the stopped run stays intact for the other test
     root, meta = checkpoint.find(out)
     assert meta["step"] == 4 and sorted(p.name for p in root.glob("step*")) == ["step00000002", "step00000004"]
     bad = root / "step00000004" / "rank1.pt"
     bad.write_bytes(bad.read_bytes()[:100])  # truncated, as by a full disk or a crash
     with pytest.raises(ConfigError, match=r"step00000004/rank1.pt: corrupt or unreadable.*"
                                           r"--resume .*step00000002"):
-        run(resume=out, out=tmp_path / "r1", **FAST)
-    result = run(resume=root / "step00000002", out=tmp_path / "r2", **FAST)
+        run(resume=out, out=tmp_path / "r1", **AQ)
+    result = run(resume=root / "step00000002", out=tmp_path / "r2", **AQ)
     assert result.summary["start_step"] == 2
     assert result.losses == full
 
