@@ -271,6 +271,12 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     return (repl / tp if sp else repl) + sharded + core
 
 
+def device_memory(mem: list[StageMemory], table) -> list[float]:
+    """Peak bytes per GPU of each pipeline device of schedule ``table``: a device holds all
+    its stages (an interleaved schedule's model chunks), so their sum (an upper bound)."""
+    return [sum(mem[k].total for k in table.stages_of(d)) for d in range(table.num_devices)]
+
+
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch

@@ -106,29 +106,39 @@ def member_plan(params: dict[str, Any]):
     group (:func:`group_key`: what only the compression tells apart): the group's lossless
     job is built once (configs, network, compute-only plan) and each compression's
     strategy is that job's with its specs, its plan built over the same compute
-    (:func:`perfsim.engine.plan.build_plan`'s ``compute``). A placement, device order or
-    per-boundary compression changes more than the specs: built in full."""
+    (:func:`perfsim.engine.plan.build_plan`'s ``compute``), its gradient sync taken from
+    the group's first member with the same gradient compression (``sync``). A placement,
+    device order or per-boundary compression changes more than the specs: built in full."""
+    return _member(params)[:6]
+
+
+def _member(params: dict[str, Any]):
+    """:func:`member_plan` and the group's memo (a dict: what the bounds read from where the
+    group's ranks sit, which no compression changes; a fresh one outside the cache)."""
     from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
     from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
 
     if any(k in params for k in ("placement", "device_order", "boundary_compress")):
-        return engine_plan(params)
+        return (*engine_plan(params), {})
     key = group_key(params)
     job = _JOBS.get(key)
     if job is None:
-        job = engine_plan({k: v for k, v in params.items() if k not in COMPRESSION_KEYS}, compute_only=True)
+        job = (*engine_plan({k: v for k, v in params.items() if k not in COMPRESSION_KEYS}, compute_only=True), {})
         _JOBS[key] = job
         while len(_JOBS) > JOBS_KEPT:
             _JOBS.popitem(last=False)
     else:
         _JOBS.move_to_end(key)
-    workload, strategy, system, profile, compute, net = job
+    workload, strategy, system, profile, compute, net, memo = job
     specs = {k: params[k] for k in ("compress", "grad_compress") if k in params}
     if specs:
         strategy = replace(strategy, **specs)
     gpu = get_gpu(system.gpu) if system.gpu else None
-    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute=compute)
-    return workload, strategy, system, profile, pl, net
+    sync = memo.get(("sync", strategy.grad_compress))
+    pl = build_plan(workload, strategy, profile, net, gpu, system.host_overhead_s, compute=compute, sync=sync)
+    if sync is None:
+        memo[("sync", strategy.grad_compress)] = pl
+    return workload, strategy, system, profile, pl, net, memo
 
 
 def pass_work(pl, split: bool | None = None) -> list[float]:
@@ -232,7 +242,7 @@ def device_codec(pl) -> dict[int, float]:
 def plan_bound(params: dict[str, Any]) -> float:
     """:func:`iteration_bound` of a configuration, from the engine's own plan (stage
     compute, exact boundary wire bytes) -- no simulation."""
-    _, strategy, system, profile, pl, net = member_plan(params)
+    _, strategy, system, profile, pl, net, memo = _member(params)
     work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
     boundary = [max(st.fw_bytes, st.bw_bytes) for st in pl.stages[:-1]]
 
@@ -242,25 +252,35 @@ def plan_bound(params: dict[str, Any]) -> float:
 
     dev = device_map(strategy)
     node = lambda r, s: dev(0, r, where[s]) // gpn  # noqa: E731
-    link, rates, lats = None, None, ()
+    link = None
     sync = []
-    if system.topology is None:
+    if "links" in memo:  # where the group's ranks sit: the same for every compression
+        rates, lats = memo["links"]
+    elif system.topology is None:
         # a boundary that leaves a node for some replica goes through that node's NICs
         # (their total rate, shared by its GPUs); the others at the intra-node rate
         inter, intra = system.bandwidth_bps, max(system.bandwidth_bps, system.intra_node_bandwidth_bps)
         rates = [inter if any(node(r, k) != node(r, k + 1) for r in range(pl.dp)) else intra
                  for k in range(len(pl.stages) - 1)]
-    if system.topology is not None:  # each boundary over the slowest link it crosses
+        lats = ()
+    else:  # each boundary over the slowest link it crosses
         paths = [[net.path(dev(0, r, where[k]), dev(0, r, where[k + 1]))
                   for r in range(pl.dp)] if where[k] != where[k + 1] else []
                  for k in range(len(pl.stages) - 1)]
         rates = [min((p.bandwidth_bps for p in ps), default=math.inf) for ps in paths]
         lats = [min((p.latency_s for p in ps), default=0.0) for ps in paths]
-    nic = nic_bound(pl, strategy, system) if system.topology is None else 0.0
+    memo["links"] = rates, lats
+    nic = 0.0
+    if system.topology is None:
+        if "nic" not in memo:
+            memo["nic"] = nic_layout(pl, strategy, system)
+        nic = nic_bound(pl, strategy, system, memo["nic"])
+    if "nodes" not in memo:
+        memo["nodes"] = replica_nodes(pl, strategy, system)
     return max(iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
                                stage_device=pl.table.stage_device, pass_s=pass_work(pl)),
                compute_bound(pl, strategy.schedule, boundary_hops(pl, strategy, net), device_codec(pl)), nic,
-               device_bound(pl, strategy, net))
+               device_bound(pl, strategy, net, memo["nodes"]))
 
 
 def _action_s(st, kind: str) -> float:
@@ -300,7 +320,15 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
     return max(out, into)
 
 
-def device_bound(pl, strategy, net) -> float:
+def replica_nodes(pl, strategy, system) -> list[Counter]:
+    """Per pipeline device ``d``: how many of its replicas (tensor rank 0) sit on each node."""
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
+    dev = device_map(strategy)
+    return [Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp)) for d in range(pl.pp)]
+
+
+def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float:
     """Lower bound of an iteration from what each device does in turn, as the engine
     (:mod:`perfsim.engine.sim`) runs it: every action of its schedule row (compute,
     tensor-parallel collectives, and for each micro-batch the encode and decode of the
@@ -312,16 +340,17 @@ def device_bound(pl, strategy, net) -> float:
     the bytes its collectives must move through a node's NICs (:func:`_sync_bytes`) at
     their fastest rate. So
     the device ends no earlier than ``max_j (ready_j + sum_{i >= j} sync_i) + optimizer``.
-    ZeRO-2/3 stages (per-unit collectives) count their compute only."""
+    ZeRO-2/3 stages (per-unit collectives) count their compute only. ``nodes``:
+    :func:`replica_nodes` (None: counted here)."""
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
     where = pl.table.stage_device
     n = len(pl.stages)
     codec = device_codec(pl)
     system = net.system
     # the fastest a node's NICs move bytes: nominal, or a calibrated rate above it
     rate = max(system.bandwidth_bps, net.link.rate_bps, net.collective_link.rate_bps)
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
-
-    dev = device_map(strategy)
+    nodes = nodes or replica_nodes(pl, strategy, system)
     bound = 0.0
     for d in range(pl.pp):
         row = pl.table[d]
@@ -336,8 +365,10 @@ def device_bound(pl, strategy, net) -> float:
                 continue
             before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
             length = _action_s(st, row[last[k]].kind)
-            groups = {j: Counter(dev(0, r, d) // system.gpus_per_node for r in expert_dp_replicas(pl.dp, j, 0))
-                      for j in {b.stride for b in st.buckets}}  # all replicas; an expert group (stride ep)
+            groups = {j: nodes[d] if j == 1 else  # all replicas; an expert group (stride ep)
+                      Counter(device_map(strategy)(0, r, d) // system.gpus_per_node
+                              for r in expert_dp_replicas(pl.dp, j, 0))
+                      for j in {b.stride for b in st.buckets}}
             times = [b.copy_s + b.encode_s + b.decode_s + _sync_bytes(b, strategy, system, groups[b.stride]) * 8 / rate
                      for b in st.buckets]
             after = 0.0
@@ -349,7 +380,7 @@ def device_bound(pl, strategy, net) -> float:
     return bound
 
 
-def nic_bound(pl, strategy, system) -> float:
+def nic_bound(pl, strategy, system, layout=None) -> float:
     """Time the busiest node's NICs (their total rate, each direction on its own) need
     for what must leave or enter the node in one iteration:
 
@@ -365,50 +396,80 @@ def nic_bound(pl, strategy, system) -> float:
       :mod:`perfsim.engine.sharding`), and sends per reduce-scatter of ``S`` bytes per
       member (ZeRO-2/3: each unit's gradient, every micro-batch) the other members'
       ``(n - k)/n S`` (so does a bucket's reduce-scatter, ZeRO-1's); other kinds nothing.
-    Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'."""
-    if not system.bandwidth_bps:
-        return 0.0
-
+    Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'.
+    ``layout``: :func:`nic_layout` (None: read here)."""
     from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
-    gpn, where, n, m = system.gpus_per_node, pl.table.stage_device, pl.dp, pl.num_microbatches
-    dev = device_map(strategy)
+    if not system.bandwidth_bps:
+        return 0.0
+    cross, spans, spanning = layout or nic_layout(pl, strategy, system)
+    n, m, tp = pl.dp, pl.num_microbatches, strategy.tp
+    gpn, where = system.gpus_per_node, pl.table.stage_device
     out: dict[int, float] = {}
     into: dict[int, float] = {}
+    for k, st in enumerate(pl.stages):
+        fw, bw = m * st.fw_bytes / tp, m * st.bw_bytes / tp
+        for (a, b), c in cross[k].items():
+            out[a] = out.get(a, 0.0) + c * fw
+            into[b] = into.get(b, 0.0) + c * fw
+            out[b] = out.get(b, 0.0) + c * bw
+            into[a] = into.get(a, 0.0) + c * bw
+        if not spans[k]:
+            continue
+        dense = [step for b in st.buckets if b.stride == 1 for step in b.steps]  # (expert groups: below)
+        reduce = sum(step.nbytes for step in dense if step.kind == "allreduce")
+        gather = sum(step.nbytes for step in dense if step.kind == "allgather")
+        # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
+        # again before its backward when resharded), :mod:`perfsim.engine.sharding`
+        shards = sum(u.gather_bytes for u in st.units)
+        gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
+        # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
+        scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
+        scatter += sum(step.nbytes for step in dense if step.kind == REDUCE_SCATTER)
+        for node, (ring, outside) in spans[k].items():
+            out[node] = out.get(node, 0.0) + ring * reduce + outside / n * scatter
+            into[node] = into.get(node, 0.0) + outside * gather
+        for stride in {b.stride for b in st.buckets} - {1}:  # expert-data-parallel groups, each its own ring
+            dev = device_map(strategy)
+            for t in spanning[k]:
+                _expert_nic_bytes(st, stride, [[dev(t, r, where[k]) // gpn for r in expert_dp_replicas(n, stride, j)]
+                                               for j in range(stride)], out, into)
+    return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
+
+
+def nic_layout(pl, strategy, system) -> tuple[list[Counter], list[dict], list[list[int]]]:
+    """What :func:`nic_bound` reads from where the ranks sit (the same for every
+    compression of a job): per stage ``k``, how many tensor ranks' messages over
+    boundary ``k`` go from node ``a`` to node ``b`` (every replica's); per node the
+    sums over the tensor ranks whose sync group spans ``N >= 2`` nodes of ``2 (N-1)/N``
+    and of ``n - on`` (``on`` of the group's ``n`` members on the node); and those
+    tensor ranks."""
+    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+
+    gpn, where, n = system.gpus_per_node, pl.table.stage_device, pl.dp
+    dev = device_map(strategy)
+    cross: list[Counter] = [Counter() for _ in pl.stages]
+    spans: list[dict] = [{} for _ in pl.stages]
+    spanning: list[list[int]] = [[] for _ in pl.stages]
     for t in range(strategy.tp):
-        for k, st in enumerate(pl.stages):
+        for k in range(len(pl.stages)):
             if k + 1 < len(pl.stages):
                 for r in range(n):
                     a = dev(t, r, where[k]) // gpn
                     b = dev(t, r, where[k + 1]) // gpn
                     if a != b:
-                        out[a] = out.get(a, 0.0) + m * st.fw_bytes / strategy.tp
-                        into[b] = into.get(b, 0.0) + m * st.fw_bytes / strategy.tp
-                        out[b] = out.get(b, 0.0) + m * st.bw_bytes / strategy.tp
-                        into[a] = into.get(a, 0.0) + m * st.bw_bytes / strategy.tp
+                        cross[k][a, b] += 1
             if n == 1:
                 continue
             nodes = Counter(dev(t, r, where[k]) // gpn for r in range(n))
             N = len(nodes)
             if N < 2:
                 continue
-            dense = [step for b in st.buckets if b.stride == 1 for step in b.steps]  # (expert groups: below)
-            reduce = sum(step.nbytes for step in dense if step.kind == "allreduce")
-            gather = sum(step.nbytes for step in dense if step.kind == "allgather")
-            # ZeRO-3: every micro-batch gathers each unit's shards before its forward (and
-            # again before its backward when resharded), :mod:`perfsim.engine.sharding`
-            shards = sum(u.gather_bytes for u in st.units)
-            gather += m * (2 if pl.reshard_after_forward else 1) * shards if shards else 0.0
-            # ZeRO-2/3: every micro-batch reduce-scatters each unit's gradient
-            scatter = m * sum(step.nbytes for u in st.units for step in u.rs_steps if step.kind == REDUCE_SCATTER)
-            scatter += sum(step.nbytes for step in dense if step.kind == REDUCE_SCATTER)
+            spanning[k].append(t)
             for node, on in nodes.items():
-                out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (n - on) / n * scatter
-                into[node] = into.get(node, 0.0) + (n - on) * gather
-            for stride in {b.stride for b in st.buckets} - {1}:  # expert-data-parallel groups, each its own ring
-                _expert_nic_bytes(st, stride, [[dev(t, r, where[k]) // gpn for r in expert_dp_replicas(n, stride, j)]
-                                               for j in range(stride)], out, into)
-    return max([*out.values(), *into.values()], default=0.0) * 8 / system.bandwidth_bps
+                ring, outside = spans[k].get(node, (0.0, 0))
+                spans[k][node] = (ring + 2.0 * (N - 1) / N, outside + n - on)
+    return cross, spans, spanning
 
 
 def _expert_nic_bytes(st, stride: int, groups: list[list[int]], out: dict, into: dict) -> None:
@@ -445,17 +506,44 @@ def _simulate_batch(batch: list[dict[str, Any]]) -> list[tuple[dict | None, list
 def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     """Compute-only lower bound shared by every compression of ``params`` (its lossless
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
-    fit in memory, why (then no member does)."""
-    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
-
+    fit in memory (:func:`check_fits`: per stage and per device), why (then no member
+    does: compression only adds memory)."""
     q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
         workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
-        if system.gpu:
-            check_memory(workload, strategy, system, pl)
+        check_fits(workload, strategy, system, pl)
     except ConfigError as exc:
         return math.inf, str(exc)
     return compute_bound(pl, strategy.schedule), None
+
+
+def check_fits(workload, strategy, system, pl) -> None:
+    """With a GPU preset, raise the ConfigError of a job that does not fit: a stage over the
+    GPU's memory (:func:`perfsim.engine.check_memory`, as predict raises it) or a device
+    whose stages (an interleaved schedule's chunks) add up over it
+    (:func:`perfsim.memory.device_memory`: predict's ``fits`` False, which the search
+    rejects after simulating)."""
+    from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
+    from perfsim.memory import GIB, device_memory  # lazy: import perfsim does not load perfsim.memory
+
+    if not system.gpu:
+        return
+    mem, cap = check_memory(workload, strategy, system, pl)
+    need = device_memory(mem, pl.table)
+    d = max(range(len(need)), key=need.__getitem__)
+    if need[d] > cap:
+        raise ConfigError(f"memory: device {d} holds stages {pl.table.stages_of(d)}, "
+                          f"{need[d] / GIB:.1f} GiB per GPU; {system.gpu} has {cap / GIB:.1f} GiB")
+
+
+def member_bound(params: dict[str, Any]) -> float:
+    """:func:`plan_bound` of a candidate that fits in memory (:func:`check_fits` on its own
+    plan: a compression can add memory, AQ-SGD's message buffers, so the group's check
+    does not clear every member); one that does not raises the ConfigError that
+    predict, or the search after simulating it, would."""
+    workload, strategy, system, _, pl, _ = member_plan(params)
+    check_fits(workload, strategy, system, pl)
+    return plan_bound(params)
 
 
 def family_bound(params: dict[str, Any]) -> float:
@@ -541,7 +629,7 @@ def search(groups: Sequence[Group], *, top: int = 5, jobs: int = 1, wave: int = 
            progress: Callable[[int], None] | None = None, backend: str = "process",
            dask_scheduler: str | None = None, band: float = 0.0,
            lossless: Callable[[Any], bool] = lambda c: False,
-           bound: Callable[[dict], float] = plan_bound) -> tuple[list, int, int, list]:
+           bound: Callable[[dict], float] = member_bound) -> tuple[list, int, int, list]:
     """Branch and bound over ``groups`` (module docstring). Returns (simulated candidates,
     number pruned, number rejected (by the simulator, the memory check or an invalid
     combination), one rejected candidate per invalid group or candidate, with its

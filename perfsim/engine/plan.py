@@ -370,7 +370,7 @@ def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uni
 
 
 def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None,
-               compute_only: bool = False, compute: Plan | None = None) -> Plan:
+               compute_only: bool = False, compute: Plan | None = None, sync: Plan | None = None) -> Plan:
     """Resolve every per-stage cost (see module docstring). ``network`` times the
     tensor-parallel collectives; ``gpu`` (a perfsim.hardware.GPU) the optimizer step
     when the profile has none for this precision; ``host_overhead_s``: the host time
@@ -380,13 +380,17 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     the boundaries' wire bytes, the gradient buckets and the optimizer step.
     ``compute``: a plan of the same job but for its compression (which changes no
     stage's compute), whose per-stage compute and collectives are taken as they are
-    (the planner prices a group's compressions from one resolution)."""
+    (the planner prices a group's compressions from one resolution), its partition too.
+    ``sync``: a plan of the same job and gradient compression (its pipeline compression
+    may differ: that changes no gradient), whose gradient buckets, ZeRO units, 1-bit
+    warm-up buckets and optimizer steps are taken as they are."""
     check_a2a_gpu(getattr(strategy, "a2a_compress", "none"), gpu)
     pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
-    bounds = partition(costs, nst, strategy.partition)
+    bounds = (partition(costs, nst, strategy.partition) if compute is None
+              else [(c.first_layer, c.last_layer) for c in compute.stages])
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
     fw_half = fw_half if fw_half in ("fp16", "bf16") else None
@@ -497,6 +501,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 st.fw_decode_s += profile.framing_time("recv", st.fw_bytes)
                 st.bw_encode_s += profile.framing_time("send", st.bw_bytes)
                 st.bw_decode_s += profile.framing_time("recv", st.bw_bytes)
+        if sync is not None:  # the same job's gradient sync, resolved before
+            c = sync.stages[s]
+            st.buckets, st.units, st.optimizer_s = c.buckets, c.units, c.optimizer_s
+            stages.append(st)
+            continue
         if dp > 1 and onebit and strategy.zero >= 2:
             raise ConfigError(f"grad_compress {strategy.grad_compress.text!r}: cannot reduce-scatter ZeRO-{strategy.zero} "
                               f"gradients: a 1-bit optimizer exchanges the whole momentum after the backward")
@@ -527,6 +536,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
         warm_steps = strategy.grad_compress.warmup_steps()
+    if sync is not None:
+        warm_buckets = sync.warmup_buckets or []
     from perfsim.engine.sharding import fsdp_host_note, host_driven  # lazy: simpy stays out of perfsim memory
 
     hosted = dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu)

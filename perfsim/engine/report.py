@@ -48,7 +48,7 @@ from perfsim.network import collective_cost
 from perfsim.engine.sync_wait import sync_wait_s
 from perfsim.engine.uncertainty import interval
 from perfsim.job import steps_per_epoch, training_steps
-from perfsim.memory import GIB
+from perfsim.memory import GIB, device_memory
 from perfsim.result import Result
 from perfsim.schedules import max_in_flight
 
@@ -76,8 +76,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     T = out.iteration_s + wait
 
     mem, cap = memory if memory is not None else (None, None)
-    # a device holds all its stages (chunks): its memory is their sum
-    dev_mem = [sum(mem[k].total for k in table.stages_of(d)) for d in range(p)] if mem else []
+    dev_mem = device_memory(mem, table) if mem else []
     static = []  # per pipeline device: what its stages (chunks) are, the same in every replica
     for s in range(p):
         chunks = [plan.stages[k] for k in table.stages_of(s)]

@@ -72,3 +72,66 @@ def test_a_new_plan_reads_a_model_file_changed_since_the_last(tmp_path):
     assert member_plan(params)[4].stages[0].params == before  # within one search: the cached job
     plan(model="gpt2-tiny", nodes=1, gpus_per_node=2, global_batch=8, bandwidth="1Gbps")
     assert member_plan(params)[4].stages[0].params > before  # a new search read the file again
+
+
+def test_a_device_whose_chunks_overflow_it_is_rejected_before_simulating():
+    """Interleaved 1F1B puts 4 chunks of Llama-3-8B on each of 2 devices: each chunk fits an
+    H100, their sum does not. predict says so (``fits`` False) after simulating; the plan
+    rejects the group before, naming the device and its total."""
+    import math
+
+    from perfsim.api import predict
+    from perfsim.plan_search import group_bound
+
+    p = dict(model=str(Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json"), seq_len=8192,
+             gpu="h100", gpus_per_node=8, bandwidth="100Gbps", tp=1, pp=2, dp=8, micro_batch=2, macro_batch=8,
+             schedule="interleaved-1f1b", virtual_stages=4, precision="bf16", attention="flash")
+    s = predict(**p).summary
+    assert s["fits"] is False and s["peak_memory_gib"] > s["memory_capacity_gib"]
+    bound, why = group_bound(p)
+    assert bound == math.inf
+    assert why == (f"memory: device 0 holds stages [0, 2, 4, 6], {s['peak_memory_gib']:.1f} GiB per GPU; "
+                   f"{s['gpu']} has {s['memory_capacity_gib']:.1f} GiB")
+
+
+def test_member_plans_built_from_a_groups_shared_parts_equal_full_plans():
+    """member_plan reuses the group's compute and partition (``compute``) and, per gradient
+    compression, the first member's buckets, ZeRO units and optimizer steps (``sync``):
+    every member's plan equals the one built from scratch, field by field."""
+    from perfsim.plan_search import engine_plan, forget_jobs, member_plan
+
+    for extra in (dict(zero=0), dict(zero=1), dict(zero=2)):
+        forget_jobs()
+        base = dict(model="gpt2-tiny", pp=2, dp=2, gpus_per_node=2, bandwidth="1Gbps", global_batch=8,
+                    micro_batch=2, **extra)
+        grads = ("none", "qsgd-maxnorm:4", "powersgd:2", "onebit-adam") if extra["zero"] < 2 else ("none", "fp16")
+        for grad in grads:
+            for comp in ("fp32", "aqsgd:fw3bw6", "directq:fw4bw8"):
+                p = dict(base, compress=comp, grad_compress=grad)
+                fast, full = member_plan(p)[4], engine_plan(p)[4]
+                assert fast.stages == full.stages, p
+                assert (fast.warmup_buckets, fast.has_warmup, fast.onebit_warmup_steps, fast.overlap, fast.fw_spec,
+                        fast.bw_spec) == (full.warmup_buckets, full.has_warmup, full.onebit_warmup_steps,
+                                          full.overlap, full.fw_spec, full.bw_spec), p
+
+
+def test_a_member_whose_compression_overflows_memory_is_rejected_by_its_bound():
+    """AQ-SGD keeps every sample's boundary messages: TP 4 x PP 2 x DP 2 of Llama-3-8B fits an
+    H100 uncompressed (its group passes) but not with aqsgd:fw2bw4. The search's bound refuses
+    that member with predict's own error instead of handing it to predict."""
+    import pytest
+
+    from perfsim.api import predict
+    from perfsim.errors import ConfigError
+    from perfsim.plan_search import group_bound, member_bound, plan_bound
+
+    p = dict(model=str(Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json"), seq_len=8192,
+             gpu="h100", gpus_per_node=8, bandwidth="100Gbps", precision="bf16", attention="flash", zero=1,
+             micro_batch=1, tp=4, pp=2, dp=2, macro_batch=32)
+    assert group_bound(p)[1] is None and member_bound(p) == plan_bound(p)
+    q = dict(p, compress="aqsgd:fw2bw4")
+    with pytest.raises(ConfigError) as predicted:
+        predict(**q)
+    with pytest.raises(ConfigError) as bounded:
+        member_bound(q)
+    assert str(bounded.value) == str(predicted.value) and "AQ-SGD buffers" in str(bounded.value)
