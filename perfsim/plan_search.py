@@ -97,8 +97,12 @@ JOBS_KEPT = 32
 def forget_jobs() -> None:
     """Empty :data:`_JOBS`: its keys are parameters (a model's or profile's path, not the
     file's content), so it lives for one search only (:func:`perfsim.plan.plan` calls this
-    first); a file changed between two plans is read again."""
+    first); a file changed between two plans is read again. Empties the engine's replica
+    classes too (:func:`perfsim.engine.forget_classes`)."""
+    from perfsim.engine import forget_classes  # lazy: import perfsim does not load perfsim.engine
+
     _JOBS.clear()
+    forget_classes()
 
 
 def member_plan(params: dict[str, Any]):
