@@ -116,14 +116,11 @@ def member_plan(params: dict[str, Any]):
     return _member(params)[:6]
 
 
-def _member(params: dict[str, Any]):
-    """:func:`member_plan` and the group's memo (a dict: what the bounds read from where the
-    group's ranks sit, which no compression changes; a fresh one outside the cache)."""
-    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
-    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
-
-    if any(k in params for k in ("placement", "device_order", "boundary_compress")):
-        return (*engine_plan(params), {})
+def lossless_job(params: dict[str, Any]):
+    """The group's lossless job (:func:`engine_plan` of ``params`` without the compression
+    keys, compute only) and its memo, built once per group (:data:`_JOBS`): the group's
+    bound (:func:`group_bound`), its members' plans (:func:`member_plan`) and a family's
+    bound (:func:`family_bound`) read the same one. Raises its ConfigError."""
     key = group_key(params)
     job = _JOBS.get(key)
     if job is None:
@@ -133,7 +130,18 @@ def _member(params: dict[str, Any]):
             _JOBS.popitem(last=False)
     else:
         _JOBS.move_to_end(key)
-    workload, strategy, system, profile, compute, net, memo = job
+    return job
+
+
+def _member(params: dict[str, Any]):
+    """:func:`member_plan` and the group's memo (a dict: what the bounds read from where the
+    group's ranks sit, which no compression changes; a fresh one outside the cache)."""
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
+
+    if any(k in params for k in ("placement", "device_order", "boundary_compress")):
+        return (*engine_plan(params), {})
+    workload, strategy, system, profile, compute, net, memo = lossless_job(params)
     specs = {k: params[k] for k in ("compress", "grad_compress") if k in params}
     if specs:
         strategy = replace(strategy, **specs)
@@ -281,7 +289,8 @@ def plan_bound(params: dict[str, Any]) -> float:
         nic = nic_bound(pl, strategy, system, memo["nic"])
     if "nodes" not in memo:
         memo["nodes"] = replica_nodes(pl, strategy, system)
-    return max(iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
+    placed = any(k in params for k in ("placement", "device_order", "boundary_compress"))
+    return max(table_bound(pl) if placed else lossless_table_bound(params), iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
                                stage_device=pl.table.stage_device, pass_s=pass_work(pl)),
                compute_bound(pl, strategy.schedule, boundary_hops(pl, strategy, net), device_codec(pl)), nic,
                device_bound(pl, strategy, net, memo["nodes"]))
@@ -297,6 +306,65 @@ def _action_s(st, kind: str) -> float:
     if kind == BACKWARD_INPUT:
         return st.bwd_s - st.wgrad_s + st.bwd_tp_s
     return st.wgrad_s
+
+
+def table_bound(pl) -> float:
+    """Lower bound of an iteration from the schedule table's order alone: each device runs
+    its row's compute actions in turn (:func:`_action_s`), and a micro-batch's forward on
+    stage ``s`` starts only once its forward on stage ``s-1`` has ended, its backward (or
+    input-gradient pass) on stage ``s`` once that on stage ``s+1`` and its own forward
+    have -- the dependencies the engine (:mod:`perfsim.engine.sim`) waits for, with every
+    message taking no time. The end of the last action: the critical path of the table's
+    DAG with compute weights (for a schedule with few micro-batches per round, e.g.
+    interleaved 1F1B, Narayanan et al. arXiv:2104.04473, far above ``m x`` the busiest
+    device). Compression adds encode time and bytes, never less compute: it bounds every
+    compression of a job."""
+    rows = pl.table.rows
+    fwd: dict[tuple[int, int], float] = {}
+    bwd: dict[tuple[int, int], float] = {}
+    last = len(pl.stages) - 1
+    free = [0.0] * len(rows)
+    at = [0] * len(rows)
+    left = sum(len(r) for r in rows)
+    while left:
+        moved = False
+        for d, row in enumerate(rows):
+            while at[d] < len(row):
+                a = row[at[d]]
+                s, mb = a.stage, a.microbatch
+                if a.kind == FORWARD:
+                    ready = fwd.get((s - 1, mb)) if s else 0.0
+                elif a.kind in (BACKWARD, BACKWARD_INPUT):
+                    up = bwd.get((s + 1, mb)) if s < last else 0.0
+                    own = fwd.get((s, mb))
+                    ready = None if up is None or own is None else max(up, own)
+                elif a.kind == BACKWARD_WEIGHT:
+                    ready = bwd.get((s, mb))
+                else:  # a communication action: its wait is not counted
+                    ready = 0.0
+                if ready is None:
+                    break
+                end = max(free[d], ready) + (_action_s(pl.stages[s], a.kind) if a.kind in COMPUTE_KINDS else 0.0)
+                free[d] = end
+                if a.kind == FORWARD:
+                    fwd[s, mb] = end
+                elif a.kind in (BACKWARD, BACKWARD_INPUT):
+                    bwd[s, mb] = end
+                at[d] += 1
+                left -= 1
+                moved = True
+        if not moved:  # a table whose order cannot run: no bound from it
+            return 0.0
+    return max(free)
+
+
+def lossless_table_bound(params: dict[str, Any]) -> float:
+    """:func:`table_bound` of the group's lossless job (:func:`lossless_job`), once per
+    group (its memo): a bound for every compression of the job."""
+    _, _, _, _, pl, _, memo = lossless_job(params)
+    if "table" not in memo:
+        memo["table"] = table_bound(pl)
+    return memo["table"]
 
 
 def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
@@ -512,13 +580,12 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
     fit in memory (:func:`check_fits`: per stage and per device), why (then no member
     does: compression only adds memory)."""
-    q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
-        workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
+        workload, strategy, system, _, pl, _, _ = lossless_job(params)
         check_fits(workload, strategy, system, pl)
     except ConfigError as exc:
         return math.inf, str(exc)
-    return compute_bound(pl, strategy.schedule), None
+    return max(compute_bound(pl, strategy.schedule), lossless_table_bound(params)), None
 
 
 def check_fits(workload, strategy, system, pl) -> None:
