@@ -290,10 +290,11 @@ def plan_bound(params: dict[str, Any]) -> float:
     if "nodes" not in memo:
         memo["nodes"] = replica_nodes(pl, strategy, system)
     placed = any(k in params for k in ("placement", "device_order", "boundary_compress"))
-    return max(table_bound(pl) if placed else lossless_table_bound(params), iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
+    table = table_bound(pl) if placed else lossless_table_bound(params)  # (fills memo["starts"])
+    return max(table, iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
                                stage_device=pl.table.stage_device, pass_s=pass_work(pl)),
                compute_bound(pl, strategy.schedule, boundary_hops(pl, strategy, net), device_codec(pl)), nic,
-               device_bound(pl, strategy, net, memo["nodes"]))
+               device_bound(pl, strategy, net, memo["nodes"], memo.get("starts")))
 
 
 def _action_s(st, kind: str) -> float:
@@ -308,7 +309,7 @@ def _action_s(st, kind: str) -> float:
     return st.wgrad_s
 
 
-def table_bound(pl) -> float:
+def table_bound(pl, starts: dict | None = None) -> float:
     """Lower bound of an iteration from the schedule table's order alone: each device runs
     its row's compute actions in turn (:func:`_action_s`), and a micro-batch's forward on
     stage ``s`` starts only once its forward on stage ``s-1`` has ended, its backward (or
@@ -318,7 +319,8 @@ def table_bound(pl) -> float:
     DAG with compute weights (for a schedule with few micro-batches per round, e.g.
     interleaved 1F1B, Narayanan et al. arXiv:2104.04473, far above ``m x`` the busiest
     device). Compression adds encode time and bytes, never less compute: it bounds every
-    compression of a job."""
+    compression of a job. ``starts``: filled with each action's earliest start, keyed
+    (device, index in its row)."""
     rows = pl.table.rows
     fwd: dict[tuple[int, int], float] = {}
     bwd: dict[tuple[int, int], float] = {}
@@ -344,7 +346,10 @@ def table_bound(pl) -> float:
                     ready = 0.0
                 if ready is None:
                     break
-                end = max(free[d], ready) + (_action_s(pl.stages[s], a.kind) if a.kind in COMPUTE_KINDS else 0.0)
+                start = max(free[d], ready)
+                if starts is not None:
+                    starts[d, at[d]] = start
+                end = start + (_action_s(pl.stages[s], a.kind) if a.kind in COMPUTE_KINDS else 0.0)
                 free[d] = end
                 if a.kind == FORWARD:
                     fwd[s, mb] = end
@@ -363,7 +368,8 @@ def lossless_table_bound(params: dict[str, Any]) -> float:
     group (its memo): a bound for every compression of the job."""
     _, _, _, _, pl, _, memo = lossless_job(params)
     if "table" not in memo:
-        memo["table"] = table_bound(pl)
+        memo["starts"] = {}
+        memo["table"] = table_bound(pl, memo["starts"])
     return memo["table"]
 
 
@@ -400,7 +406,7 @@ def replica_nodes(pl, strategy, system) -> list[Counter]:
     return [Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp)) for d in range(pl.pp)]
 
 
-def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float:
+def device_bound(pl, strategy, net, nodes: list[Counter] | None = None, starts: dict | None = None) -> float:
     """Lower bound of an iteration from what each device does in turn, as the engine
     (:mod:`perfsim.engine.sim`) runs it: every action of its schedule row (compute,
     tensor-parallel collectives, and for each micro-batch the encode and decode of the
@@ -413,7 +419,10 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
     their fastest rate. So
     the device ends no earlier than ``max_j (ready_j + sum_{i >= j} sync_i) + optimizer``.
     ZeRO-2/3 stages (per-unit collectives) count their compute only. ``nodes``:
-    :func:`replica_nodes` (None: counted here)."""
+    :func:`replica_nodes` (None: counted here). ``starts``: the earliest start of each
+    action (:func:`table_bound`'s, of this plan or of one with no more compute per
+    action: the group's lossless job), which the last weight-gradient action starts no
+    earlier than (rather than after the sum of the actions before it)."""
     from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     where = pl.table.stage_device
@@ -436,6 +445,8 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
             if not st.buckets or st.units or k not in last or pl.dp == 1:
                 continue
             before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
+            if starts:
+                before = max(before, starts.get((d, last[k]), 0.0))
             length = _action_s(st, row[last[k]].kind)
             groups = {j: nodes[d] if j == 1 else  # all replicas; an expert group (stride ep)
                       Counter(device_map(strategy)(0, r, d) // system.gpus_per_node

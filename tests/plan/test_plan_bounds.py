@@ -143,12 +143,15 @@ def test_table_bound_never_exceeds_the_simulated_iteration():
     and 3 chunks, few and many micro-batches, TP, compressed, NICs shared by replicas)
     it is at most the simulated iteration, and the group's (lossless) one is too; with
     few micro-batches per round it is above what the other compute bounds give, and
-    within 5 % of the simulation (compute-bound interleaved jobs at 100 Gbps)."""
+    within 5 % of the simulation (compute-bound interleaved jobs at 100 Gbps). Its start
+    times tighten :func:`~perfsim.plan_search.device_bound` (the gradient sync after the
+    last weight-gradient action), and the member's whole bound stays under the simulation."""
     from perfsim.api import predict
-    from perfsim.plan_search import compute_bound, engine_plan, forget_jobs, lossless_table_bound, table_bound
+    from perfsim.plan_search import (_member, compute_bound, device_bound, engine_plan, forget_jobs,
+                                     lossless_table_bound, plan_bound, table_bound)
 
     forget_jobs()
-    above = 0
+    above = later = 0
     base = dict(model="gpt2-tiny", gpus_per_node=4, bandwidth="100Gbps")
     tight = 0.0
     cases = [dict(pp=2, dp=4, schedule=s, micro_batch=mb, macro_batch=8) for s in ("gpipe", "1f1b", "zb-h1")
@@ -167,6 +170,11 @@ def test_table_bound_never_exceeds_the_simulated_iteration():
         tight = max(tight, tb / it)
         if "placement" not in p:
             assert lossless_table_bound(p) <= it, case
+            # the sync tail after the last weight-gradient action's earliest start (the table's)
+            assert plan_bound(p) <= it, case
+            _, st, _, _, member, net, memo = _member(p)
+            later += device_bound(member, st, net, starts=memo["starts"]) > device_bound(member, st, net) * 1.01
         above += tb > compute_bound(pl, p["schedule"]) * 1.01
     assert above >= 4  # it tightens the interleaved ones
     assert tight > 0.95  # and is within 5 % of the simulation there (an inflated bound fails above)
+    assert later >= 2  # the table's starts tighten the device bound
