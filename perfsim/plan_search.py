@@ -5,11 +5,13 @@ programming problems", Econometrica 1960), exact: nothing pruned can beat what i
 Candidates come in **groups** that differ only in compression (pipeline and gradient
 specs, per-boundary mixes, placements): a group's lower bound is the compute of its
 lossless member (:func:`group_bound`: compression changes the bytes on the wire and adds
-encode time, never less compute), and its memory check holds for all of them
+encode time, never less compute; with the critical path of its schedule table,
+:func:`table_bound`, computed once per group), and its memory check holds for all of them
 (compression only adds memory: AQ-SGD's message buffers). Groups and candidates wait
 in one priority queue ordered by their bound x steps ratio; a group is expanded into
 its members (each with :func:`plan_bound`: busiest stage or device, one pass through
-the pipeline, bytes over the busiest boundary) only when its bound could still enter
+the pipeline, bytes over the busiest boundary and NICs, each device's gradient sync after
+its last weight-gradient action's earliest start) only when its bound could still enter
 the top ``top``; members are simulated in bound order, and the search stops when the
 next bound cannot beat the ``top``-th best score nor, for the lossless choice, the
 best score widened by the model's error band (ties go to the lossless choice).
