@@ -5,11 +5,13 @@ programming problems", Econometrica 1960), exact: nothing pruned can beat what i
 Candidates come in **groups** that differ only in compression (pipeline and gradient
 specs, per-boundary mixes, placements): a group's lower bound is the compute of its
 lossless member (:func:`group_bound`: compression changes the bytes on the wire and adds
-encode time, never less compute), and its memory check holds for all of them
+encode time, never less compute; with the critical path of its schedule table,
+:func:`table_bound`, computed once per group), and its memory check holds for all of them
 (compression only adds memory: AQ-SGD's message buffers). Groups and candidates wait
 in one priority queue ordered by their bound x steps ratio; a group is expanded into
 its members (each with :func:`plan_bound`: busiest stage or device, one pass through
-the pipeline, bytes over the busiest boundary) only when its bound could still enter
+the pipeline, bytes over the busiest boundary and NICs, each device's gradient sync after
+its last weight-gradient action's earliest start) only when its bound could still enter
 the top ``top``; members are simulated in bound order, and the search stops when the
 next bound cannot beat the ``top``-th best score nor, for the lossless choice, the
 best score widened by the model's error band (ties go to the lossless choice).
@@ -97,8 +99,12 @@ JOBS_KEPT = 32
 def forget_jobs() -> None:
     """Empty :data:`_JOBS`: its keys are parameters (a model's or profile's path, not the
     file's content), so it lives for one search only (:func:`perfsim.plan.plan` calls this
-    first); a file changed between two plans is read again."""
+    first); a file changed between two plans is read again. Empties the engine's replica
+    classes too (:func:`perfsim.engine.forget_classes`)."""
+    from perfsim.engine import forget_classes  # lazy: import perfsim does not load perfsim.engine
+
     _JOBS.clear()
+    forget_classes()
 
 
 def member_plan(params: dict[str, Any]):
@@ -112,14 +118,11 @@ def member_plan(params: dict[str, Any]):
     return _member(params)[:6]
 
 
-def _member(params: dict[str, Any]):
-    """:func:`member_plan` and the group's memo (a dict: what the bounds read from where the
-    group's ranks sit, which no compression changes; a fresh one outside the cache)."""
-    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
-    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
-
-    if any(k in params for k in ("placement", "device_order", "boundary_compress")):
-        return (*engine_plan(params), {})
+def lossless_job(params: dict[str, Any]):
+    """The group's lossless job (:func:`engine_plan` of ``params`` without the compression
+    keys, compute only) and its memo, built once per group (:data:`_JOBS`): the group's
+    bound (:func:`group_bound`), its members' plans (:func:`member_plan`) and a family's
+    bound (:func:`family_bound`) read the same one. Raises its ConfigError."""
     key = group_key(params)
     job = _JOBS.get(key)
     if job is None:
@@ -129,7 +132,18 @@ def _member(params: dict[str, Any]):
             _JOBS.popitem(last=False)
     else:
         _JOBS.move_to_end(key)
-    workload, strategy, system, profile, compute, net, memo = job
+    return job
+
+
+def _member(params: dict[str, Any]):
+    """:func:`member_plan` and the group's memo (a dict: what the bounds read from where the
+    group's ranks sit, which no compression changes; a fresh one outside the cache)."""
+    from perfsim.engine.plan import build_plan  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
+
+    if any(k in params for k in ("placement", "device_order", "boundary_compress")):
+        return (*engine_plan(params), {})
+    workload, strategy, system, profile, compute, net, memo = lossless_job(params)
     specs = {k: params[k] for k in ("compress", "grad_compress") if k in params}
     if specs:
         strategy = replace(strategy, **specs)
@@ -277,10 +291,12 @@ def plan_bound(params: dict[str, Any]) -> float:
         nic = nic_bound(pl, strategy, system, memo["nic"])
     if "nodes" not in memo:
         memo["nodes"] = replica_nodes(pl, strategy, system)
-    return max(iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
+    placed = any(k in params for k in ("placement", "device_order", "boundary_compress"))
+    table = table_bound(pl) if placed else lossless_table_bound(params)  # (fills memo["starts"])
+    return max(table, iteration_bound(work, boundary, pl.num_microbatches, link, sync, rates, lats,
                                stage_device=pl.table.stage_device, pass_s=pass_work(pl)),
                compute_bound(pl, strategy.schedule, boundary_hops(pl, strategy, net), device_codec(pl)), nic,
-               device_bound(pl, strategy, net, memo["nodes"]))
+               device_bound(pl, strategy, net, memo["nodes"], memo.get("starts")))
 
 
 def _action_s(st, kind: str) -> float:
@@ -293,6 +309,70 @@ def _action_s(st, kind: str) -> float:
     if kind == BACKWARD_INPUT:
         return st.bwd_s - st.wgrad_s + st.bwd_tp_s
     return st.wgrad_s
+
+
+def table_bound(pl, starts: dict | None = None) -> float:
+    """Lower bound of an iteration from the schedule table's order alone: each device runs
+    its row's compute actions in turn (:func:`_action_s`), and a micro-batch's forward on
+    stage ``s`` starts only once its forward on stage ``s-1`` has ended, its backward (or
+    input-gradient pass) on stage ``s`` once that on stage ``s+1`` and its own forward
+    have -- the dependencies the engine (:mod:`perfsim.engine.sim`) waits for, with every
+    message taking no time. The end of the last action: the critical path of the table's
+    DAG with compute weights (for a schedule with few micro-batches per round, e.g.
+    interleaved 1F1B, Narayanan et al. arXiv:2104.04473, far above ``m x`` the busiest
+    device). Compression adds encode time and bytes, never less compute: it bounds every
+    compression of a job. ``starts``: filled with each action's earliest start, keyed
+    (device, index in its row)."""
+    rows = pl.table.rows
+    fwd: dict[tuple[int, int], float] = {}
+    bwd: dict[tuple[int, int], float] = {}
+    last = len(pl.stages) - 1
+    free = [0.0] * len(rows)
+    at = [0] * len(rows)
+    left = sum(len(r) for r in rows)
+    while left:
+        moved = False
+        for d, row in enumerate(rows):
+            while at[d] < len(row):
+                a = row[at[d]]
+                s, mb = a.stage, a.microbatch
+                if a.kind == FORWARD:
+                    ready = fwd.get((s - 1, mb)) if s else 0.0
+                elif a.kind in (BACKWARD, BACKWARD_INPUT):
+                    up = bwd.get((s + 1, mb)) if s < last else 0.0
+                    own = fwd.get((s, mb))
+                    ready = None if up is None or own is None else max(up, own)
+                elif a.kind == BACKWARD_WEIGHT:
+                    ready = bwd.get((s, mb))
+                else:  # a communication action: its wait is not counted
+                    ready = 0.0
+                if ready is None:
+                    break
+                start = max(free[d], ready)
+                if starts is not None:
+                    starts[d, at[d]] = start
+                end = start + (_action_s(pl.stages[s], a.kind) if a.kind in COMPUTE_KINDS else 0.0)
+                free[d] = end
+                if a.kind == FORWARD:
+                    fwd[s, mb] = end
+                elif a.kind in (BACKWARD, BACKWARD_INPUT):
+                    bwd[s, mb] = end
+                at[d] += 1
+                left -= 1
+                moved = True
+        if not moved:  # a table whose order cannot run: no bound from it
+            return 0.0
+    return max(free)
+
+
+def lossless_table_bound(params: dict[str, Any]) -> float:
+    """:func:`table_bound` of the group's lossless job (:func:`lossless_job`), once per
+    group (its memo): a bound for every compression of the job."""
+    _, _, _, _, pl, _, memo = lossless_job(params)
+    if "table" not in memo:
+        memo["starts"] = {}
+        memo["table"] = table_bound(pl, memo["starts"])
+    return memo["table"]
 
 
 def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
@@ -328,7 +408,7 @@ def replica_nodes(pl, strategy, system) -> list[Counter]:
     return [Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp)) for d in range(pl.pp)]
 
 
-def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float:
+def device_bound(pl, strategy, net, nodes: list[Counter] | None = None, starts: dict | None = None) -> float:
     """Lower bound of an iteration from what each device does in turn, as the engine
     (:mod:`perfsim.engine.sim`) runs it: every action of its schedule row (compute,
     tensor-parallel collectives, and for each micro-batch the encode and decode of the
@@ -341,7 +421,10 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
     their fastest rate. So
     the device ends no earlier than ``max_j (ready_j + sum_{i >= j} sync_i) + optimizer``.
     ZeRO-2/3 stages (per-unit collectives) count their compute only. ``nodes``:
-    :func:`replica_nodes` (None: counted here)."""
+    :func:`replica_nodes` (None: counted here). ``starts``: the earliest start of each
+    action (:func:`table_bound`'s, of this plan or of one with no more compute per
+    action: the group's lossless job), which the last weight-gradient action starts no
+    earlier than (rather than after the sum of the actions before it)."""
     from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
 
     where = pl.table.stage_device
@@ -364,6 +447,8 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None) -> float
             if not st.buckets or st.units or k not in last or pl.dp == 1:
                 continue
             before = sum(_action_s(pl.stages[a.stage], a.kind) for a in row[:last[k]] if a.kind in COMPUTE_KINDS)
+            if starts:
+                before = max(before, starts.get((d, last[k]), 0.0))
             length = _action_s(st, row[last[k]].kind)
             groups = {j: nodes[d] if j == 1 else  # all replicas; an expert group (stride ep)
                       Counter(device_map(strategy)(0, r, d) // system.gpus_per_node
@@ -508,13 +593,12 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     member's :func:`compute_bound`) and, when the lossless member is invalid or does not
     fit in memory (:func:`check_fits`: per stage and per device), why (then no member
     does: compression only adds memory)."""
-    q = {k: v for k, v in params.items() if k not in COMPRESSION_KEYS}
     try:
-        workload, strategy, system, _, pl, _ = engine_plan(q, compute_only=True)
+        workload, strategy, system, _, pl, _, _ = lossless_job(params)
         check_fits(workload, strategy, system, pl)
     except ConfigError as exc:
         return math.inf, str(exc)
-    return compute_bound(pl, strategy.schedule), None
+    return max(compute_bound(pl, strategy.schedule), lossless_table_bound(params)), None
 
 
 def check_fits(workload, strategy, system, pl) -> None:

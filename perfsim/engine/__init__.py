@@ -9,6 +9,8 @@ closed form when no flows compete), :mod:`.report` (the Result tables).
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from perfsim.engine.plan import Plan, build_plan
 from perfsim.engine.report import build_result
 from perfsim.errors import ConfigError
@@ -61,6 +63,38 @@ def replica_classes(network: Network, pp: int, dp: int, device=None,
             key.append(tuple(topo.nic_bps[network.node(dev(r, s))] for s in range(pp)))
         groups.setdefault(tuple(key), []).append(r)
     return list(groups.values())
+
+
+#: replica classes already grouped (:func:`strategy_classes`), most recent last; keyed by
+#: value on everything they are read from, so never stale; :func:`perfsim.plan.plan`
+#: empties it first (:func:`forget_classes`)
+_CLASSES: "OrderedDict[tuple, list[list[int]]]" = OrderedDict()
+#: how many :data:`_CLASSES` are kept
+CLASSES_KEPT = 64
+
+
+def forget_classes() -> None:
+    """Empty :data:`_CLASSES` (one search's memo)."""
+    _CLASSES.clear()
+
+
+def strategy_classes(network: Network, strategy, hops: list[tuple[int, int]]) -> list[list[int]]:
+    """:func:`replica_classes` of ``strategy``'s replicas (tensor rank 0, ``hops`` as
+    there), memoised on what they depend on: the system and the links the network
+    resolved (rates, latencies, NICs, topology), the placement, device order and the
+    TP x PP x DP sizes (which give every replica's devices), and the hops. A planner's
+    search asks the same grouping for every compression of a job."""
+    key = (network.system, network.link, network.collective_link, strategy.placement, strategy.device_order,
+           strategy.tp, strategy.pp, strategy.dp, tuple(hops))
+    classes = _CLASSES.get(key)
+    if classes is None:
+        classes = replica_classes(network, strategy.pp, strategy.dp, lambda r, s: strategy.device(0, r, s), hops)
+        _CLASSES[key] = classes
+        while len(_CLASSES) > CLASSES_KEPT:
+            _CLASSES.popitem(last=False)
+    else:
+        _CLASSES.move_to_end(key)
+    return [list(c) for c in classes]
 
 
 def node_group_classes(network: Network, pp: int, dp: int, device, hops: list[tuple[int, int]]) -> list[list[int]]:
@@ -162,11 +196,10 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
     check_simulated(strategy)  # EP < DP with a per-matrix hook or a 1-bit optimizer: memory only
     network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
     dp = strategy.dp
-    device = lambda r, s: strategy.device(0, r, s)  # noqa: E731
     if symmetric is None:
         where = plan.table.stage_device
         hops = sorted({(where[k], where[k + 1]) for k in range(len(where) - 1) if where[k] != where[k + 1]})
-        classes = replica_classes(network, strategy.pp, dp, device, hops)
+        classes = strategy_classes(network, strategy, hops)
     else:
         classes = [list(range(dp))] if symmetric else [[r] for r in range(dp)]
     reps = [c[0] for c in classes]
@@ -186,4 +219,4 @@ def simulate(workload, strategy, system, profile, *, trace: bool = False, symmet
                         network=network)
 
 
-__all__ = ["Plan", "build_plan", "node_group_classes", "plan_with_memory", "replica_classes", "simulate"]
+__all__ = ["Plan", "build_plan", "forget_classes", "node_group_classes", "plan_with_memory", "replica_classes", "simulate", "strategy_classes"]

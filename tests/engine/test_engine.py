@@ -207,6 +207,31 @@ def test_replicas_sharing_nodes_are_simulated_one_group_per_class():
         assert grouped.summary[key] == pytest.approx(full.summary[key], rel=1e-9), key
 
 
+def test_strategy_classes_memo_is_keyed_on_what_classes_depend_on():
+    """The memo of replica classes a search reuses (:func:`perfsim.engine.strategy_classes`)
+    answers what :func:`replica_classes` works out for each job, never a stale entry: the
+    same replicas under another placement, or the same placement over another topology (one
+    slower NIC), get their own classes, the cache filled in between."""
+    from perfsim.engine import _CLASSES, forget_classes, plan_with_memory, replica_classes, strategy_classes
+
+    wl = toy(2, 1e-3, 2e-3, params=50_000, shape=(200_000,))
+    topo = Topology(tuple(tuple(1e9 for _ in range(8)) for _ in range(8)),
+                    tuple(tuple(1e-4 for _ in range(8)) for _ in range(8)), nic_bps=(5e8,) + (None,) * 7)
+    forget_classes()
+    seen = []
+    for placement in (("tp", "dp", "pp"), ("tp", "pp", "dp")):
+        for sy in (System(bandwidth_bps=1e9, gpus_per_node=4), System(topology=topo, gpus_per_node=4)):
+            st = Strategy(pp=2, dp=16, macro_batch=8, schedule="1f1b", placement=placement)
+            network, _, _ = plan_with_memory(wl, st, sy, EMPTY)
+            want = replica_classes(network, 2, 16, lambda r, s, st=st: st.device(0, r, s), [(0, 1)])
+            assert strategy_classes(network, st, [(0, 1)]) == want
+            assert strategy_classes(network, st, [(0, 1)]) == want  # from the memo
+            seen.append(want)
+    assert len(_CLASSES) == 4 and len({repr(c) for c in seen}) >= 3  # the keys tell the jobs apart
+    forget_classes()
+    assert not _CLASSES
+
+
 from hypothesis import given, settings, strategies as hst  # noqa: E402
 
 
