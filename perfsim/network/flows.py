@@ -218,6 +218,7 @@ class FlowScheduler:
         f = timer.flow
         if timer is not f.timer or not f.active:
             return  # re-armed after a rate change
+        f.timer = None  # (flow <-> timer is a reference cycle: left to the cyclic GC, whole runs' worth)
         f.active = False
         f.left = 0.0
         neighbours: dict[_Flow, None] = {}

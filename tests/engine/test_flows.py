@@ -83,3 +83,30 @@ def test_flows_sharing_a_nic_split_it_and_finish_in_turn():
     env.run()
     assert ends == [3.0, 5.0, 6.0]
     assert sched.flows_done == 3 and not any(sched.users.values())
+
+
+def test_finished_flows_leave_no_reference_cycles():
+    """A finished flow drops its timer (flow <-> timer was a cycle per message, left to
+    the cyclic GC: ~2.5 CPU-s of collection after a 131,072-GPU run): the cyclic garbage
+    a run leaves does not grow with its flows."""
+    import gc
+
+    def garbage(n: int) -> int:
+        def run():
+            env = simpy.Environment()
+            fs = FlowScheduler(env, lambda r: 8e9)
+            for i in range(n):  # sharing one NIC: every start and end re-arms the others' timers
+                fs.transfer(1e6 * (i + 1), ["nic"], 8e9)
+            env.run()
+
+        gc.collect()
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            run()
+            return gc.collect()
+        finally:
+            if was:
+                gc.enable()
+
+    assert garbage(3) == garbage(30) == garbage(0)
