@@ -53,7 +53,7 @@ from perfsim.network.backend import MessageHandler
 
 class _Flow:
     __slots__ = ("volume", "left", "resources", "cap", "rate", "last", "version", "event", "start",
-                 "stats", "active", "timer")
+                 "stats", "active", "timer", "alone")
 
     def __init__(self, volume, resources, cap, event, start, stats):
         self.volume = volume
@@ -68,6 +68,7 @@ class _Flow:
         self.stats = stats
         self.active = True
         self.timer = None  # the completion timer armed at the current rate (None: none)
+        self.alone = 0.0  # its rate when it shares no resource (FlowScheduler.transfer sets it)
 
 
 class FlowScheduler:
@@ -102,6 +103,8 @@ class FlowScheduler:
                 stats(self.env.now, self.env.now)
             return ev
         f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
+        cap = self._cap
+        f.alone = min([f.cap] + [cap(r) for r in f.resources])
         users, alone = self.users, True
         for r in f.resources:
             on = users.get(r)
@@ -137,8 +140,7 @@ class FlowScheduler:
         if not flows:
             return
         if len(flows) == 1:
-            f = flows[0]
-            rates = [min([f.cap] + [self._cap(r) for r in f.resources])]
+            rates = [flows[0].alone]
         else:
             rates = self._max_min(flows)
         env = self.env
@@ -152,8 +154,8 @@ class FlowScheduler:
             f.version += 1
             if rate > 0:
                 # the timer of the previous rate, if any, fires but is ignored (_on_timer)
-                timer = f.timer = env.timeout(max(f.left, 0.0) / rate)
-                timer.flow = f
+                # (its value is the flow: no attribute, so no per-timer __dict__)
+                timer = f.timer = env.timeout(max(f.left, 0.0) / rate, f)
                 timer.callbacks.append(self._on_timer)
             else:
                 f.timer = None
@@ -215,7 +217,7 @@ class FlowScheduler:
         return rate
 
     def _on_timer(self, timer) -> None:
-        f = timer.flow
+        f = timer._value
         if timer is not f.timer or not f.active:
             return  # re-armed after a rate change
         f.timer = None  # (flow <-> timer is a reference cycle: left to the cyclic GC, whole runs' worth)
