@@ -71,6 +71,12 @@ class _Flow:
         self.alone = 0.0  # its rate when it shares no resource (FlowScheduler.transfer sets it)
 
 
+#: components of at most this many flows, each on at most SHAPE_RESOURCES resources,
+#: have their rates remembered by shape (:meth:`FlowScheduler._shared_rates`)
+SHAPE_FLOWS = 8
+SHAPE_RESOURCES = 4
+
+
 class FlowScheduler:
     """Max-min fair sharing of resource capacities among active flows.
 
@@ -82,6 +88,7 @@ class FlowScheduler:
         self._capacity = capacity
         self._cap_cache: dict[Any, float] = {}
         self.users: dict[Any, dict[_Flow, None]] = {}  # resource -> flows (ordered set)
+        self._shapes: dict[tuple, list[float]] = {}  # small components' rates (_shared_rates)
         self.flows_done = 0
 
     def _cap(self, res) -> float:
@@ -142,7 +149,7 @@ class FlowScheduler:
         if len(flows) == 1:
             rates = [flows[0].alone]
         else:
-            rates = self._max_min(flows)
+            rates = self._shared_rates(flows)
         env = self.env
         now = env.now
         for f, rate in zip(flows, rates):
@@ -159,6 +166,31 @@ class FlowScheduler:
                 timer.callbacks.append(self._on_timer)
             else:
                 f.timer = None
+
+    def _shared_rates(self, flows: list[_Flow]) -> list[float]:
+        """:meth:`_max_min` of ``flows``, remembered by the component's *shape* when it is
+        small: the flows' caps and their resources numbered in order of first appearance,
+        and those resources' capacities. That is all :meth:`_max_min` reads, and it visits
+        resources in that same order, so one shape gives the same rates to the last bit;
+        the pipeline's fwd/bwd flows meeting on a NIC repeat a few shapes over and over
+        (the 131,072-GPU case: ~170,000 components, 1.35 s of max-min)."""
+        if len(flows) > SHAPE_FLOWS:
+            return self._max_min(flows)
+        number: dict[Any, int] = {}
+        shape: list = []
+        for f in flows:
+            res = f.resources
+            if len(res) > SHAPE_RESOURCES:
+                return self._max_min(flows)
+            shape.append(f.cap)
+            shape.append(tuple([number.setdefault(r, len(number)) for r in res]))
+        cap = self._cap
+        shape.append(tuple([cap(r) for r in number]))
+        key = tuple(shape)
+        rates = self._shapes.get(key)
+        if rates is None:
+            rates = self._shapes[key] = self._max_min(flows)
+        return rates
 
     def _max_min(self, flows: list[_Flow]) -> list[float]:
         """Progressive filling (Bertsekas & Gallager Sec. 6.5.2) inside one component.
