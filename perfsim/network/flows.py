@@ -68,7 +68,7 @@ class _Flow:
         self.stats = stats
         self.active = True
         self.timer = None  # the completion timer armed at the current rate (None: none)
-        self.alone = 0.0  # its rate when it shares no resource (FlowScheduler.transfer sets it)
+        self.alone = None  # its rate when it shares no resource (FlowScheduler._rebalance, once)
 
 
 #: components of at most this many flows, each on at most SHAPE_RESOURCES resources,
@@ -110,8 +110,6 @@ class FlowScheduler:
                 stats(self.env.now, self.env.now)
             return ev
         f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
-        cap = self._cap
-        f.alone = min([f.cap] + [cap(r) for r in f.resources])
         users, alone = self.users, True
         for r in f.resources:
             on = users.get(r)
@@ -139,15 +137,18 @@ class FlowScheduler:
             if f in seen:
                 continue
             seen[f] = None
-            for r in f.resources:
-                extend([g for g in users[r] if g not in seen])
+            for r in f.resources:  # (flows seen already are skipped when popped: the same order)
+                extend(users[r])
         return list(seen)
 
     def _rebalance(self, flows: list[_Flow]) -> None:
         if not flows:
             return
         if len(flows) == 1:
-            rates = [flows[0].alone]
+            f = flows[0]
+            if f.alone is None:
+                f.alone = min([f.cap] + [self._cap(r) for r in f.resources])
+            rates = [f.alone]
         else:
             rates = self._shared_rates(flows)
         env = self.env
