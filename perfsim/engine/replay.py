@@ -128,7 +128,8 @@ def uncontended(flows: _Flows, res_cap: np.ndarray) -> bool:
     exactly (``capacity / k >= f`` in floating point, as max-min divides): then
     max-min gave every flow its own rate. The premise holds or fails per resource, so
     with many flows it is first checked on every :data:`SAMPLE_EVERY`'th resource
-    alone: a contended timeline is told (False) at a fraction of the cost."""
+    alone: a contended timeline is told (False) at a fraction of the cost. (False only
+    sends the iteration to the event loop, the reference, so the answer stays exact.)"""
     import numpy as np  # lazy: numpy is heavy, needed only here
 
     values = np.unique(np.concatenate([np.fromiter(flows.rates, float), res_cap]))
