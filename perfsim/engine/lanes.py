@@ -81,17 +81,23 @@ def run_lanes(sim: Simulation, heaps: dict[int, list]) -> int:
         events += 1
     clock = {r: env._now for r in heaps}
 
+    pop = heapq.heappop
+
     def advance(r: int, until: float, first: bool) -> int:
+        # SimPy's Environment.step, inlined (the lanes' ~1.6 million events of the
+        # 131,072-GPU case: one call less each); a failed event is left to SimPy's step
         env._queue, env._now = heaps[r], clock[r]
         heap, n = heaps[r], 0
-        if first:  # round 0: up to this lane's first bucket 0 ready
-            while heap and r not in fired:
+        while heap and (r not in fired if first else heap[0][0] < until):  # round 0: up to its first bucket 0
+            if not heap[0][3]._ok:
                 step()
                 n += 1
-        else:
-            while heap and heap[0][0] < until:
-                step()
-                n += 1
+                continue
+            env._now, _, _, event = pop(heap)
+            callbacks, event.callbacks = event.callbacks, None
+            for callback in callbacks:
+                callback(event)
+            n += 1
         clock[r] = env._now
         return n
 

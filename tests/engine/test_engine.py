@@ -584,6 +584,35 @@ def test_uncontended_intervals():
     assert r.tolist() == [2.0, 1.0, 2.0] and col.tolist() == [0, 1, 1]
 
 
+
+def test_uncontended_sampled_first(monkeypatch):
+    """Many flows: the check runs on every SAMPLE_EVERY'th resource first, and finds
+    contention there or on the others alike; a timeline with none passes both."""
+    import numpy as np
+
+    import perfsim.engine.replay as replay
+
+    monkeypatch.setattr(replay, "SAMPLE_ABOVE", 10)
+    n = 64  # resources, two flows on each: [0, 2] and [1, 3] at rate 1
+    calls = []
+    within = replay._within
+    monkeypatch.setattr(replay, "_within", lambda res, *a: calls.append(res.size) or within(res, *a))
+
+    def check(cap):
+        flows = replay._Flows(None)
+        flows.rates.update([1.0])
+        res = np.repeat(np.arange(n), 2)
+        flows.add(res, np.tile([0.0, 1.0], n), np.tile([2.0, 3.0], n), np.ones(2 * n))
+        calls.clear()
+        return replay.uncontended(flows, np.array(cap, float))
+
+    assert check([2.5] * n) and calls == [2 * n // replay.SAMPLE_EVERY, 2 * n]
+    assert not check([1.5] * n) and calls == [2 * n // replay.SAMPLE_EVERY]  # told by the sample
+    cap = [2.5] * n
+    cap[5] = 1.5  # contention on a resource the sample leaves out
+    assert not check(cap) and calls == [2 * n // replay.SAMPLE_EVERY, 2 * n]
+
+
 from hypothesis import HealthCheck  # noqa: E402
 
 
