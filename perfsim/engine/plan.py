@@ -234,8 +234,15 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
              (tp_edge_collectives(*shape, embed, head), 1)]
     reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
     seen = {}
+    # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
+    # ranks follow its first at one stride
+    stride = strategy.device(1, 0, s) - strategy.device(0, 0, s) if strategy.device_order is None else 0
     for r in reps:
-        members = [strategy.device(t, r, s) for t in range(tp)]
+        if stride:
+            first = strategy.device(0, r, s)
+            members = list(range(first, first + tp * stride, stride))
+        else:
+            members = [strategy.device(t, r, s) for t in range(tp)]
         # a collective's time depends on its group only through the group's shape (nodes,
         # ranks per node, slowest hop: Network.collective): replicas alike are priced once
         key = _shape_key(network, members)

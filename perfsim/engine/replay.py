@@ -80,6 +80,7 @@ class _Flows:
     def __init__(self, network: Network):
         self.net = network
         self._cap8: dict = {}
+        self._least: dict = {}
         self.res, self.start, self.end, self.rate = [], [], [], []  # numpy chunks
         self.rates: set[float] = set()
 
@@ -88,6 +89,13 @@ class _Flows:
         c = self._cap8.get(res)
         if c is None:
             c = self._cap8[res] = self.net.capacity(res) / 8.0
+        return c
+
+    def least(self, res: tuple) -> float:
+        """The least capacity (bytes/s) of resources ``res`` (a stage's NICs: one per phase)."""
+        c = self._least.get(res)
+        if c is None:
+            c = self._least[res] = min(self.cap8(x) for x in res)
         return c
 
     def add(self, res_ids: np.ndarray, start: np.ndarray, end: np.ndarray, rate: np.ndarray) -> None:
@@ -383,8 +391,10 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
             flows.add(ids[used], cs[used], ce[used], cr[used])
     for nic_ids, mine in stream_flows:
         cs, ce, cr, _ = _chains(*(np.array([[f[i]] for f in mine]) for i in range(3)))
-        for i in nic_ids:
-            flows.add(np.full(cs.size, i), cs, ce, cr)
+        if nic_ids:  # every NIC carries the stream's intervals, NIC after NIC
+            k = len(nic_ids)
+            flows.add(np.repeat(np.array(nic_ids, np.int64), cs.size), np.tile(cs, k), np.tile(ce, k),
+                      np.tile(cr, k))
     res_cap = np.array([flows.cap8(x) for x in res_index]) if res_index else np.zeros(0)
     if not uncontended(flows, res_cap):
         return None
@@ -405,7 +415,7 @@ def _phases(coll, now: float, lanes: int, nics: tuple, flows: _Flows, mine: list
         for ph in group:
             volume, cap = ph.volume_bytes * lanes, ph.rate_bps * lanes / 8.0
             inter = ph.inter_node and nics
-            rate = min([cap] + [flows.cap8(x) for x in nics]) if inter else cap
+            rate = min(cap, flows.least(nics)) if inter else cap
             end = now + float(volume) / rate if volume > 0 else now
             if inter and volume > 0:
                 flows.rates.update((cap, rate))

@@ -82,14 +82,26 @@ class CollectivePricing:
         return shape
 
     def _group_shape(self, members: Sequence[int], link: Link) -> GroupShape:
+        nodes = [self.node(d) for d in members]
+        n = len(members)
+        if n and nodes.count(nodes[0]) == n:
+            # one node: no inter-node hop is read, so every such group of n ranks has one shape
+            key = ("one node", n, link)
+            shape = self._shapes.get(key)
+            if shape is None:
+                shape = self._shapes[key] = self._shape_of(members, nodes, link)
+            return shape
+        return self._shape_of(members, nodes, link)
+
+    def _shape_of(self, members: Sequence[int], nodes: list[int], link: Link) -> GroupShape:
         counts: dict[int, int] = {}
-        for d in members:
-            counts[self.node(d)] = counts.get(self.node(d), 0) + 1
+        for a in nodes:
+            counts[a] = counts.get(a, 0) + 1
         sysm = self.system
         n = len(members)
         one_gpu = max(counts.values(), default=1) == 1  # else NCCL runs a ring per NIC: all of them
         inter = [self._path(members[i], members[(i + 1) % n], link, one_gpu) for i in range(n)
-                 if self.node(members[i]) != self.node(members[(i + 1) % n])]
+                 if nodes[i] != nodes[(i + 1) % n]]
         inter_bps = min((p.bandwidth_bps for p in inter), default=link.rate_bps)
         inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
         return GroupShape(len(members), len(counts), max(counts.values(), default=1),
