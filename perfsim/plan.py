@@ -33,7 +33,7 @@ from perfsim import params as params_mod
 from perfsim.errors import ConfigError
 from perfsim.params import BY_NAME, DEFAULTS, normalize
 from perfsim.plan_search import (Group, family_bound, family_key, forget_jobs, group_bound,  # noqa: F401
-                                 group_key, iteration_bound, plan_bound, search)
+                                 group_key, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
                                   Context, SearchSpace, dimensions, enumerate_candidates, is_dimension)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401

@@ -22,18 +22,15 @@ its compressor family in :data:`METHOD_COLORS`; variants of a family (bit
 widths) differ by line style and marker. Other varying configuration columns
 become panels; ``filters`` (``"bandwidth=100Mbps"``, ``"compress=fp32,aqsgd:fw3bw6"``)
 select rows first. Figures are built on :class:`matplotlib.figure.Figure`
-(no pyplot global state) and saved atomically by :func:`save_figure`.
+(no pyplot global state) and saved atomically by
+:func:`perfsim.analysis.plot_files.save_figure`, which also reads the tables
+(:func:`~perfsim.analysis.plot_files.load_tables`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import math
-import os
-import sys
 import textwrap
-from pathlib import Path
 from typing import Iterable, Sequence
 
 from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of plots
@@ -41,11 +38,7 @@ from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of pl
     SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family, grad_name,
     is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
-from perfsim.analysis.sweep import config_id, read_table, sibling_path
-from perfsim.documents import read_document
 from perfsim.errors import ConfigError
-from perfsim.outputs import check_file_target, is_stdio
-from perfsim.result import atomic_write_bytes
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
 
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
@@ -529,83 +522,3 @@ def make_figure(kind: str, df, stages=None, *, metric: str = "throughput_samples
     if kind == "bubble":
         return plot_bubble(df, title=title)
     return plot_validation(df, metric=metric, title=title)
-
-
-#: figure formats by suffix
-FIGURE_FORMATS = ("png", "svg", "pdf")
-
-
-def check_figure_target(path: str | os.PathLike, what: str = "figure") -> str:
-    """The format of a figure file (its suffix), refused with one line before any work
-    when unknown or when the path cannot be written."""
-    fmt = Path(path).suffix.lower().lstrip(".")
-    if fmt not in FIGURE_FORMATS:
-        raise ConfigError(f"{what} {str(path)!r}: unknown format (use .png, .svg or .pdf)")
-    check_file_target(path, what)
-    return fmt
-
-
-def save_figure(fig, path: str | os.PathLike, dpi: int = 150) -> Path:
-    """Save as PNG, SVG or PDF (by suffix), atomically."""
-    path = Path(path)
-    fmt = "png" if is_stdio(path) else check_figure_target(path)  # -: a PNG on stdout
-    buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, dpi=dpi)
-    atomic_write_bytes(path, buf.getvalue())
-    return path
-
-
-def load_tables(path: str | os.PathLike, stages: str | os.PathLike | None = None):
-    """Read a plot input: a sweep/validate table (``.csv`` / ``.parquet``; its per-stage
-    sibling ``<stem>.stages.<ext>`` is picked up when present) or a Result JSON
-    written by ``perfsim predict --format json`` / ``perfsim run`` (``{"summary", "stages"}``,
-    or a list of them); ``-``: either, read from standard input. Returns ``(summary,
-    stages or None)``."""
-    import pandas as pd  # lazy: pandas is heavy, needed only here
-
-    data = _stdin_table() if is_stdio(path) else None
-    path = Path(path)
-    if isinstance(data, pd.DataFrame):
-        summary = data
-        stage_df = read_table(stages, allow_empty=True) if stages else None
-    elif data is not None or path.suffix.lower() == ".json":
-        data = data if data is not None else read_document(path, "table", kind="json")
-        results = data if isinstance(data, list) else [data]
-        if not results or not all(isinstance(r, dict) and isinstance(r.get("summary"), dict)
-                                  for r in results):
-            raise ConfigError(f"table {str(path)!r}: expected a Result JSON "
-                              "({\"summary\": ..., \"stages\": ...}) or a list of them")
-        rows, stage_rows = [], []
-        for r in results:
-            cid = r["summary"].get("config_id") or config_id(r["summary"])
-            rows.append({**r["summary"], "config_id": cid})
-            stage_rows += [{"config_id": cid, **s} for s in r.get("stages") or []]
-        summary, stage_df = pd.DataFrame(rows), pd.DataFrame(stage_rows)
-    else:
-        summary = read_table(path)
-        candidate = Path(stages) if stages else sibling_path(path, "stages")
-        if stages and not candidate.exists():
-            raise ConfigError(f"stages table {str(candidate)!r}: not found")
-        stage_df = read_table(candidate, allow_empty=True) if candidate.exists() else None
-    return summary, (stage_df if stage_df is not None and len(stage_df) else None)
-
-
-def _stdin_table():
-    """The table on standard input: a Result JSON (parsed) or a CSV table (a DataFrame)."""
-    import pandas as pd  # lazy: pandas is heavy, needed only here
-
-    text = sys.stdin.read() if sys.stdin is not None else ""
-    if not text.strip():
-        raise ConfigError("table '-': standard input is empty")
-    if text.lstrip()[:1] in "{[":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"table '-': malformed JSON ({exc})") from None
-    try:
-        df = pd.read_csv(io.StringIO(text))
-    except Exception as exc:  # the parser's own errors: the input is the culprit
-        raise ConfigError(f"table '-': unreadable CSV ({exc})") from None
-    if df.empty:
-        raise ConfigError("table '-': no rows")
-    return df

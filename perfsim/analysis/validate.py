@@ -43,7 +43,8 @@ from typing import Any, Callable
 
 from perfsim import outputs
 from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
-from perfsim.analysis.plots import plot_validation, save_figure
+from perfsim.analysis.plot_files import save_figure
+from perfsim.analysis.plots import plot_validation
 from perfsim.api import build_configs, predict
 from perfsim.engine.plan import build_plan
 from perfsim.errors import ConfigError

@@ -71,8 +71,8 @@ def _check_outputs(args) -> None:
     if args.output:
         outputs.check_file_target(args.output, "--out")
     if args.plot:
-        # lazy: perfsim --help does not load perfsim.analysis.plots
-        from perfsim.analysis.plots import check_figure_target
+        # lazy: perfsim --help does not load perfsim.analysis.plot_files
+        from perfsim.analysis.plot_files import check_figure_target
 
         check_figure_target(args.plot, "--plot")
 
@@ -109,8 +109,8 @@ def _plot(result, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # lazy: matplotlib is heavy, needed only here
 
-    # lazy: perfsim --help does not load perfsim.analysis.plots
-    from perfsim.analysis.plots import save_figure
+    # lazy: perfsim --help does not load perfsim.analysis.plot_files
+    from perfsim.analysis.plot_files import save_figure
 
     pts, labels = [], []
     for c in result.all_evaluated:

@@ -46,8 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # lazy: perfsim --help does not load perfsim.analysis.plots
-    from perfsim.analysis.plots import load_tables, make_figure, save_figure
+    # lazy: perfsim --help does not load perfsim.analysis.plot_files
+    from perfsim.analysis.plot_files import load_tables, save_figure
+    from perfsim.analysis.plots import make_figure  # lazy: perfsim --help does not load perfsim.analysis.plots
 
     if args.kind not in KINDS:
         raise ConfigError(f"--kind {args.kind!r}: unknown (choose from {', '.join(KINDS)})")

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfsim.analysis import plots
+from perfsim.analysis import plot_files, plots
 from perfsim.analysis.sweep import config_id, sibling_path
 from perfsim.errors import ConfigError
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
@@ -88,7 +88,7 @@ def test_throughput_figure(tmp_path):
     fp32 = df[df.compress == "fp32"].sort_values("bandwidth_bps")
     np.testing.assert_allclose(lines["FP32"].get_ydata(), fp32.throughput_samples_per_s)
     for suffix in ("png", "svg"):
-        path = plots.save_figure(fig, tmp_path / f"t.{suffix}")
+        path = plot_files.save_figure(fig, tmp_path / f"t.{suffix}")
         head = path.read_bytes()[:64]
         assert head.startswith(b"\x89PNG") if suffix == "png" else b"<svg" in path.read_bytes()[:1000]
 
@@ -242,7 +242,7 @@ def test_cli(tmp_path, monkeypatch):
         results.append({"summary": {k: (None if v != v else v) for k, v in summary.items()},
                         "stages": stages.to_dict("records"), "microbatches": [], "links": []})
     (tmp_path / "r.json").write_text(json.dumps(results))
-    summary, stages = plots.load_tables(tmp_path / "r.json")
+    summary, stages = plot_files.load_tables(tmp_path / "r.json")
     assert len(summary) == 3 and summary.config_id.is_unique and len(stages) == 3 * 4
     proc = run_cli_here("plot", "r.json", "--kind", "breakdown")
     assert proc.returncode == 0 and (tmp_path / "r.breakdown.png").exists(), proc.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsim.analysis.plots import load_tables
+from perfsim.analysis.plot_files import load_tables
 from perfsim.analysis.sweep import load_sweep_file
 from perfsim.documents import parse_document, read_document
 from perfsim.errors import ConfigError

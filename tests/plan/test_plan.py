@@ -8,8 +8,8 @@ import pytest
 
 from perfsim.convergence import load_convergence, parse_convergence, steps_to
 from perfsim.errors import ConfigError
-from perfsim.plan import (SearchSpace, enumerate_candidates, iteration_bound, pareto_front, plan,
-                          run_command)
+from perfsim.plan import SearchSpace, enumerate_candidates, pareto_front, plan, run_command
+from perfsim.plan_bounds import iteration_bound
 
 CPU = "traces/cpu-2core.json"
 

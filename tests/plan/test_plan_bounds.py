@@ -138,17 +138,17 @@ def test_a_member_whose_compression_overflows_memory_is_rejected_by_its_bound():
 
 
 def test_table_bound_never_exceeds_the_simulated_iteration():
-    """The schedule table's critical path (:func:`perfsim.plan_search.table_bound`) is a
+    """The schedule table's critical path (:func:`perfsim.plan_bounds.table_bound`) is a
     lower bound: on a sample of candidates (every default schedule, interleaved with 2
     and 3 chunks, few and many micro-batches, TP, compressed, NICs shared by replicas)
     it is at most the simulated iteration, and the group's (lossless) one is too; with
     few micro-batches per round it is above what the other compute bounds give, and
     within 5 % of the simulation (compute-bound interleaved jobs at 100 Gbps). Its start
-    times tighten :func:`~perfsim.plan_search.device_bound` (the gradient sync after the
+    times tighten :func:`~perfsim.plan_bounds.device_bound` (the gradient sync after the
     last weight-gradient action), and the member's whole bound stays under the simulation."""
     from perfsim.api import predict
-    from perfsim.plan_search import (_member, compute_bound, device_bound, engine_plan, forget_jobs,
-                                     lossless_table_bound, plan_bound, table_bound)
+    from perfsim.plan_bounds import compute_bound, device_bound, table_bound
+    from perfsim.plan_search import _member, engine_plan, forget_jobs, lossless_table_bound, plan_bound
 
     forget_jobs()
     above = later = 0
