@@ -151,12 +151,12 @@ def parse_tcp_window(value: Any, what: str = "tcp_window") -> str | int:
         if not math.isfinite(value) or value <= 0:
             raise ConfigError(f"{what}={value!r}: a window must be > 0 bytes (or auto, off)")
         return int(round(value))
-    text = str(value).strip().lower()
-    if text in TCP_WINDOW_MODES:
-        return text
+    text = str(value).strip()
+    if text.lower() in TCP_WINDOW_MODES:
+        return text.lower()
     if not text or not (text[0].isdigit() or text[0] in ".-+"):
         raise ConfigError(f"{what}={value!r}: auto, off or a window in bytes (e.g. 3MiB)")
-    size = parse_size(text, what)
+    size = parse_size(text, what) if not text.startswith("-") else 0
     if size <= 0:
         raise ConfigError(f"{what}={value!r}: a window must be > 0 bytes (or auto, off)")
     return size
