@@ -16,7 +16,7 @@ from perfsim.network.analytic import Network
 from perfsim.plan import SearchSpace, plan
 from perfsim.tcp import LINUX_DEFAULTS, TcpHost, parse_tcp_window, read_host, resolve
 
-from _helpers import run_cli
+from _helpers import run_cli, run_cli_here
 
 ROOT = Path(__file__).resolve().parents[2]
 MIB = 2**20
@@ -104,7 +104,9 @@ def test_bad_values_are_one_line_config_errors(kw, culprit):
                                           (["--tcp-window=-3MiB"], "--tcp-window"),
                                           (["--tcp-connections", "0"], "--tcp-connections")])
 def test_cli_bad_values_exit_2(args, culprit):
-    r = run_cli("predict", "--latency", "40ms", *args)
+    # the first row in a fresh interpreter, the others through perfsim.cli.main in this one
+    r = (run_cli if args[0] == "--tcp-window" and args[1] == "sometimes" else run_cli_here)(
+        "predict", "--latency", "40ms", *args)
     assert r.returncode == 2 and culprit in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -164,3 +166,14 @@ def test_plan_and_sweep_see_the_window():
     table = sweep(bandwidth="1Gbps", latency="40ms", tcp_window=["auto", "off", "16MiB"], pp=2, dp=2).summary
     its = table["iteration_s"].tolist()
     assert its[0] > its[1] == its[2]  # 16 MiB / 80 ms = 1.68 Gbit/s: above the link, as off
+
+
+def test_predict_table_says_when_the_window_binds():
+    on = run_cli_here("predict", "--bandwidth", "1Gbps", "--latency", "40ms", "--pp", "2")
+    assert on.returncode == 0, on.stderr
+    text = " ".join(on.stdout.split())  # the console wraps long lines
+    assert "tcp window: 3 MiB x 1 connection" in text
+    assert "at most 314.573Mbps per message over the 80 ms round trip" in text
+    for args in (["--bandwidth", "100Mbps"], ["--bandwidth", "1Gbps", "--tcp-window", "off"]):
+        r = run_cli_here("predict", *args, "--latency", "40ms", "--pp", "2")
+        assert r.returncode == 0 and "tcp window" not in r.stdout
