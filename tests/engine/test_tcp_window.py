@@ -177,3 +177,14 @@ def test_predict_table_says_when_the_window_binds():
     for args in (["--bandwidth", "100Mbps"], ["--bandwidth", "1Gbps", "--tcp-window", "off"]):
         r = run_cli_here("predict", *args, "--latency", "40ms", "--pp", "2")
         assert r.returncode == 0 and "tcp window" not in r.stdout
+
+
+def test_topology_pairs_use_their_own_round_trip(tmp_path):
+    """On a topology each pair's latency gives its round trip: a 40 ms pair is capped, a 1 ms one not."""
+    topo = tmp_path / "topo.json"
+    topo.write_text(json.dumps({"nodes": 3, "bandwidth": "10Gbps", "latency": "40ms",
+                                "links": [{"src": 0, "dst": 1, "bandwidth": "10Gbps", "latency": "1ms"}]}))
+    _, _, system, profile = build_configs(model="gpt2-tiny", pp=3, topology=str(topo))
+    net = Network(system, 3, profile)
+    assert net.path(0, 2).bandwidth_bps == pytest.approx(W * 8 / 0.080)
+    assert net.path(0, 1).bandwidth_bps == pytest.approx(10e9 * net.link.efficiency)
