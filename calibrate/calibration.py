@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from perfsim.errors import ConfigError
+from perfsim.tcp import PROFILE_KEY as TCP_KEY
+from perfsim.tcp import read_host as read_tcp_host
 
 #: model presets timed by default
 DEFAULT_MODELS = "digits-mlp,gpt2-tiny"
@@ -499,6 +501,10 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
         **plan.settings, "wall_s": round(time.perf_counter() - started, 2),
         "stage_wall_s": {k: round(v, 2) for k, v in stage_s.items()}, "estimated_s": round(est, 1),
         "command": command or "perfsim.calibrate()"}
+    if plan.comm:  # the host's TCP sysctls bound a connection's window: predict reads them (perfsim.tcp)
+        tcp = read_tcp_host()
+        if tcp is not None:
+            meta[TCP_KEY] = tcp
     profile = build_profile(records, meta)
     profile.save(out)
     return profile

@@ -48,6 +48,8 @@ def predict(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
+    tcp_window: str | int = 'auto',
+    tcp_connections: int | None = None,
     dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
@@ -142,6 +144,10 @@ def predict(
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
+        tcp_window (str | int, default 'auto'):
+            window of each TCP connection of an ethernet or socket NIC: auto (the profile's host sysctls tcp_rmem/tcp_wmem/tcp_adv_win_scale, else Linux's defaults: 3 MiB), off, or bytes (e.g. 16MiB); a message's rate is at most connections x window / RTT, RTT = 2 x latency (perfsim.tcp)
+        tcp_connections (int | None):
+            TCP connections carrying one message over a TCP NIC (default: the NIC kind's, 1: gloo's one pair per peer; NCCL's socket transport NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, 1 x 1 unless set)
         dataset_samples (int | None):
             training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
         schedule (str | None):
@@ -249,6 +255,8 @@ def sweep(
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
     p2p_control_latency: str | float | list | None = None,
+    tcp_window: str | int | list | None = None,
+    tcp_connections: int | list | None = None,
     dataset_samples: int | list | None = None,
     schedule: str | list | None = None,
     virtual_stages: int | list | None = None,
@@ -352,6 +360,8 @@ def memory_report(
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
     p2p_control_latency: str | float | None = None,
+    tcp_window: str | int = 'auto',
+    tcp_connections: int | None = None,
     dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,

@@ -23,6 +23,7 @@ from perfsim.job import check_choice
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.specs import LayerSpec
+from perfsim.tcp import parse_tcp_window
 
 
 def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
@@ -250,6 +251,13 @@ class System:
     #: relative spread of one micro-batch's compute on one GPU, independent between
     #: micro-batches (averages over gradient accumulation; perfsim.engine.sync_wait); 0 = off
     jitter_cv: float = 0.0
+    #: window of each TCP connection of the inter-node links (perfsim.tcp): ``auto`` (the
+    #: profile's host sysctls, else Linux's defaults), ``off`` (no window ceiling), or bytes;
+    #: bounds a TCP transport's rate (NIC kinds ethernet, socket) at connections x W / RTT
+    tcp_window: str | int = "auto"
+    #: TCP connections that carry one message; None = the NIC kind's (gloo and NCCL's
+    #: socket transport by default: 1)
+    tcp_connections: int | None = None
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -275,6 +283,9 @@ class System:
             _pos_float(self, name, allow_zero=True)
             if getattr(self, name) >= 1:
                 raise ConfigError(f"{name}={getattr(self, name)!r}: a relative spread, must be < 1 (0.02 = 2 %)")
+        object.__setattr__(self, "tcp_window", parse_tcp_window(self.tcp_window))
+        if self.tcp_connections is not None:
+            _pos_int(self, "tcp_connections")
         if self.host_overhead_s is not None and self.gpu is None:
             raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
                               "times carry their own host")

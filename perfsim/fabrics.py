@@ -130,12 +130,15 @@ FABRICS: dict[str, Fabric] = {f.name: f for f in (
 class NicKind:
     """Payload share of the nominal rate a transport achieves on large transfers, and the
     most a node moves through it whatever the line rate (``ceiling_bps``: a host-bound
-    transport, bits/s; None: none)."""
+    transport, bits/s; None: none). ``tcp_connections``: a TCP transport's connections that
+    carry one message (their window bounds its rate over a long link, :mod:`perfsim.tcp`);
+    None: not TCP."""
 
     name: str
     efficiency: float
     source: str
     ceiling_bps: float | None = None
+    tcp_connections: int | None = None
 
     def efficiency_at(self, nominal_bps: float) -> float:
         """The achieved share of ``nominal_bps`` (a node's NICs together): the efficiency, lower
@@ -149,7 +152,8 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
     NicKind("ethernet", 1448 / 1538,
             "TCP/IPv4 over Ethernet, MTU 1500: 1448 payload bytes (RFC 7323 timestamps) per 1538 bytes "
             "on the wire (IEEE 802.3 header, FCS, preamble and inter-frame gap); this machine's tc-shaped "
-            "links measured 0.94-0.96 (traces/cpu-2core.json, metadata.network)"),
+            "links measured 0.94-0.96 (traces/cpu-2core.json, metadata.network); one TCP connection "
+            "per peer (gloo's pair)", tcp_connections=1),
     NicKind("infiniband", 0.8,
             "DGX-1, 4 x EDR InfiniBand (4 x 12.5 GB/s): ~40 GB/s NCCL all-reduce busbw "
             "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29)"),
@@ -157,8 +161,10 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
             "NCCL's socket transport over TCP (NCCL_IB_DISABLE=1, no RDMA): TCP/IPv4 framing as ethernet, and "
             "the proxy threads' host copies bound a node at 4-6 GB/s whatever the line rate: 4 x 8 V100 over "
             "100 Gb/s TCP, all_reduce_perf busbw 4-6 GB/s of 12.5 with tuned NCCL_SOCKET_NTHREADS / "
-            "NCCL_NSOCKS_PERTHREAD (NVIDIA/nccl#450); ceiling 5 GB/s, the middle of that range",
-            ceiling_bps=8 * 5e9),
+            "NCCL_NSOCKS_PERTHREAD (NVIDIA/nccl#450); ceiling 5 GB/s, the middle of that range; "
+            "NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = 1 x 1 connections per peer and channel by "
+            "default (NCCL documentation, Environment Variables; src/transport/net_socket.cc)",
+            ceiling_bps=8 * 5e9, tcp_connections=1),
     NicKind("ideal", 1.0, "the nominal rate itself (no transport overhead)"),
 )}
 

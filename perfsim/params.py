@@ -33,6 +33,7 @@ from perfsim.boundaries import parse_boundary_compress
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
 from perfsim.job import JOB_FIELDS, PLACEMENT_DIMS, Job, chosen_chunks
+from perfsim.tcp import parse_tcp_window
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
@@ -40,7 +41,7 @@ KINDS = {
     "model": "str", "str": "str", "path": "str | os.PathLike", "spec": "str", "choice": "str",
     "profile": "str | os.PathLike | Profile", "nic": "str | Nic", "int": "int", "float": "float", "bool": "bool", "bandwidth": "str | float", "time": "str | float",
     "size": "str | int", "partition": "str | Sequence[int]", "boundaries": "str | Mapping[int, str]",
-    "order": "str | Sequence[int]", "placement": "str | Sequence[str]",
+    "order": "str | Sequence[int]", "placement": "str | Sequence[str]", "window": "str | int",
 }
 #: kinds whose comma list is ONE value (alternatives go in a Python list)
 ONE_VALUE = ("partition", "boundaries", "order", "placement")
@@ -170,6 +171,13 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
           "system.p2p_control_latency_s"),
+    Param("tcp_window", "window", "auto", "window of each TCP connection of an ethernet or socket NIC: auto "
+          "(the profile's host sysctls tcp_rmem/tcp_wmem/tcp_adv_win_scale, else Linux's defaults: 3 MiB), "
+          "off, or bytes (e.g. 16MiB); a message's rate is at most connections x window / RTT, RTT = 2 x "
+          "latency (perfsim.tcp)", "system", "system.tcp_window"),
+    Param("tcp_connections", "int", None, "TCP connections carrying one message over a TCP NIC (default: "
+          "the NIC kind's, 1: gloo's one pair per peer; NCCL's socket transport NCCL_SOCKET_NTHREADS x "
+          "NCCL_NSOCKS_PERTHREAD, 1 x 1 unless set)", "system", "system.tcp_connections"),
     Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
           "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
           "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
@@ -370,6 +378,8 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
         return parse_size(value, who)
+    if kind == "window":  # auto, off or bytes (perfsim.tcp)
+        return parse_tcp_window(value, who)
     if kind == "int":
         return _parse_int(value, p, who)
     if kind == "float":  # a finite number >= 0

@@ -97,7 +97,9 @@ def _table_measurement(out: str, row: dict[str, Any]):
             continue
         summary = {}
         for key, value in rec.items():
-            if key.startswith("measured_") and key not in ("measured_throughput_all", "measured_repeats"):
+            if key == "measured_latency_in":  # text: who made the emulated latency (validate's TCP window)
+                summary["latency_in"] = value or ""
+            elif key.startswith("measured_") and key not in ("measured_throughput_all", "measured_repeats"):
                 try:
                     summary[key[len("measured_"):]] = float(value)
                 except ValueError:

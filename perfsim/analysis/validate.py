@@ -268,6 +268,12 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     link, loopback_source = link_params(profile, bw, plan.latency_s, plan.link_model, dp_only)
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"], profile=profile,
                        **link, **plan.extra_predict)
+    latency_made = measured.summary.get("latency_in")
+    if bw is not None and plan.latency_s and latency_made != "kernel":
+        # the kernel never saw this latency (the messenger added it: perfsim.netem), so no TCP
+        # window bounds the run's connections (perfsim.tcp); an older run that does not say is
+        # taken as this machine's emulation, which has no sch_netem
+        pred_params.setdefault("tcp_window", "off")
     # a TP row keeps the preset: the workload file has no architecture, and the TP split of
     # the measured layer times needs it (perfsim.engine.compute.tp_measured_split)
     if plan.runtime_model and tp == 1:
@@ -289,6 +295,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            "micro_batch": base.get("micro_batch"), "macro_batch": base.get("macro_batch"),
            **_link_columns(predicted.summary if predicted is not None else {}, dp_only, loopback_source),
            "measured_steps": measured.summary.get("measured_steps"),
+           # who made the emulated latency (perfsim.runtime.measure.latency_in): decides the TCP window
+           "measured_latency_in": latency_made if isinstance(latency_made, str) else "",
            "measured_repeats": len(tputs),
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),
            "run_wall_s": round(wall, 2), "run_dir": str(run_dir), "measured_key": stored_key}

@@ -147,6 +147,11 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
             console.print(f"compute: {s['compute_model']}")
         if s.get("shard_host_note"):  # a CPU profile's ZeRO-3 (perfsim.engine.sharding.fsdp_host_note)
             console.print(f"sharding: {s['shard_host_note']}")
+        cap, link = s.get("tcp_rate_cap_bps"), s.get("link_rate_bps")
+        if cap and link and cap < link:  # the TCP window binds (perfsim.tcp)
+            console.print(f"tcp window: {s['tcp_window']}; at most {format_bandwidth(cap)} per message over the "
+                          f"{2e3 * s['latency_s']:g} ms round trip, below the link's {format_bandwidth(link)} "
+                          f"(--tcp-window, --tcp-connections)")
         if s.get("interval_note"):
             console.print(f"uncertainty: {s['interval_note']}")
     if file is None:

@@ -192,6 +192,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                         "collective_link_rate_bps": coll.rate_bps, "collective_link_one_way_s": coll.one_way_s,
                         "collective_link_burst_bytes": coll.burst_bytes, "collective_link_source": coll.source,
                         "collective_algo": system.collective_algo if not algos else ",".join(algos)})
+        # the TCP window ceiling (perfsim.tcp): at the link's round trip, per pair on a topology
+        summary.update(network.tcp.facts(None if topo is not None else 2.0 * link.latency_s))
     if extra:
         summary.update(extra)
     trace = []

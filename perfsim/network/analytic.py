@@ -5,7 +5,9 @@ full-duplex NICs (separate send and receive capacity per node), each pair of nod
 link of its own rate and latency (:class:`perfsim.link.Link`, over the
 :class:`~perfsim.network.topology.Topology` when one is given), devices of one node
 connected by a faster intra-node fabric; its collectives are priced by
-:class:`~perfsim.network.collectives.CollectivePricing`.
+:class:`~perfsim.network.collectives.CollectivePricing`. Over a TCP transport a flow's
+rate is at most its connections' windows per round trip (:mod:`perfsim.tcp`), applied
+here, in :meth:`Network._path`, the one place every p2p path and collective hop is made.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from perfsim.fabrics import NIC_KINDS, gpu_nic_share
 from perfsim.link import Link, resolve_link
 from perfsim.network.collectives import CollectivePricing, lockstep_link
 from perfsim.network.topology import Topology
+from perfsim.tcp import TcpWindow
+from perfsim.tcp import resolve as resolve_tcp_window
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,10 @@ class Network(CollectivePricing):
         self.collective_link: Link = resolve_link(profile, system.bandwidth_bps, system.latency_s,
                                                   op="allreduce", **common)
         self._profile = profile
+        #: the window of each inter-node TCP connection (perfsim.tcp; ``off`` for other transports)
+        self.tcp: TcpWindow = resolve_tcp_window(
+            system.tcp_window, system.tcp_connections, NIC_KINDS[system.nic_kind].tcp_connections,
+            getattr(profile, "metadata", None), f"profile {getattr(profile, 'path', '') or ''}".strip())
 
     @functools.cached_property
     def lockstep_link(self) -> Link:
@@ -90,10 +98,13 @@ class Network(CollectivePricing):
             return Path_(sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, ())
         if self.topology is None:
             share = gpu_nic_share(sysm.nics_per_node, sysm.gpus_per_node, sysm.nic_affinity) if one_gpu else 1.0
-            bw, lat = link.rate_bps * share, link.one_way_s
+            bw, lat, rtt = link.rate_bps * share, link.one_way_s, 2.0 * link.latency_s
         else:
             bw, lat = self.topology.link(a, b)
-            bw, lat = bw * link.efficiency, lat + link.overhead_s
+            bw, lat, rtt = bw * link.efficiency, lat + link.overhead_s, 2.0 * lat
+        cap = self.tcp.rate_cap_bps(rtt)  # the connections' windows per round trip (perfsim.tcp)
+        if cap < bw:
+            bw = cap
         res = (("tx", a), ("rx", b)) if sysm.nic_sharing else ()
         return Path_(bw, lat, res)
 

@@ -85,6 +85,17 @@ def measured_steps(cfg, gathered: list[dict]) -> list[int]:
     return compressed or chosen
 
 
+def latency_in(cfg) -> str:
+    """Who made an emulated run's one-way latency: ``kernel`` (tc netem: TCP saw the round trip,
+    so its window bounds a connection as on a real long link, perfsim.tcp), ``application``
+    (a kernel without sch_netem: the launcher told the messenger to delay deliveries,
+    ``PERFSIM_APP_LATENCY_S``, perfsim.netem; the kernel's round trip stayed ~0, no window
+    binds), or ``""`` (no emulated latency)."""
+    if cfg.bandwidth_bps is None or not cfg.latency_s:
+        return ""
+    return "application" if float(os.environ.get("PERFSIM_APP_LATENCY_S", "0") or 0) else "kernel"
+
+
 def _loadavg() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -227,7 +238,7 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
         "virtual_stages": cfg.table().virtual_stages,
         "overhead_bytes": overhead, "seed": cfg.seed, "lr": cfg.lr, "optimizer": cfg.optimizer,
         "dataset_limit": cfg.dataset_limit,
-        "device": cfg.device, "emulated": cfg.bandwidth_bps is not None,
+        "device": cfg.device, "emulated": cfg.bandwidth_bps is not None, "latency_in": latency_in(cfg),
         "load_average_1m": _loadavg(),  # the machine may be shared: keep its load with the figures
         # tensor parallelism: per step, bytes all ranks hand to TP collectives
         # (perfsim.runtime.tensor_parallel), their time per stage row (taken out of compute_s)

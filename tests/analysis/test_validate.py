@@ -390,3 +390,37 @@ def test_tp_row_measured_for_real(tmp_path):
     assert row["measured_tp_bytes"] == 2 * 4 * 2 * 4 * (2 * 64 * 128 * 4)  # ranks, layers, mb, allreduces
     assert row["measured_tp_comm_s"] > 0 and row["measured_throughput_samples_per_s"] > 0
     assert row["error_iteration_s_pct"] == row["error_iteration_s_pct"]  # predicted: a number
+
+
+@pytest.mark.parametrize("made,window", [("application", "off"), ("", "off"), ("kernel", None)])
+def test_tcp_window_follows_who_made_the_latency(tmp_path, made, window):
+    """An emulated latency the kernel never saw (the messenger delays deliveries: no sch_netem)
+    gives TCP no round trip, so the prediction takes no window ceiling (perfsim.tcp); a run
+    that does not say is taken as such. tc netem's latency is a real round trip: the window
+    stays predict's own (auto)."""
+    calls = {}
+
+    def runner(**kw):
+        res = _result(0.02, "measured")
+        if made:
+            res.summary["latency_in"] = made
+        return res
+
+    def predictor(**kw):
+        calls["predict"] = kw
+        return _result(0.02, "predicted")
+
+    plan = v.ValidationPlan(base={"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8,
+                                  "macro_batch": 32, "schedule": "1f1b"},
+                            bandwidths=(1e8,), compresses=("fp32",), profile="x", steps=5,
+                            latency_s=0.04, out=str(tmp_path))
+    row = v.run_row(plan, plan.rows()[0], _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7)), 0, runner, predictor)
+    assert calls["predict"].get("tcp_window") == window
+    assert row["measured_latency_in"] == made
+    # stored, the column reaches a re-prediction from the grid's table (--reuse-measured)
+    v._TABLES.clear()
+    pd.DataFrame([row]).to_csv(tmp_path / "validation.csv", index=False)
+    plan2 = v.ValidationPlan(**{**plan.__dict__, "reuse_measured": True})
+    v.run_row(plan2, plan2.rows()[0], _profile([]), 0, lambda **kw: pytest.fail("must not run"), predictor)
+    assert calls["predict"].get("tcp_window") == window
+    v._TABLES.clear()

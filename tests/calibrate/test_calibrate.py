@@ -12,6 +12,7 @@ from perfsim.calibrate.profile_io import build_profile, to_profile_record
 from perfsim.calibrate.timing import summarize, time_op
 from perfsim.errors import ConfigError
 from perfsim.profile import Profile
+from perfsim.tcp import read_host as read_tcp_host
 
 from _helpers import run_cli, run_cli_here
 
@@ -234,6 +235,10 @@ def test_cli_quick_writes_a_profile(tmp_path):
     for key in ("device_name", "cores", "torch", "date", "perfsim", "git_commit", "calibration"):
         assert key in meta
     assert set(meta["calibration"]["stage_wall_s"]) == {"compute digits-mlp", "codecs", "comm loopback (p2p)"}
+    # --comm records the host's TCP sysctls (/proc/sys/net/ipv4), which predict's window reads
+    host = read_tcp_host()
+    if host is not None:
+        assert meta["tcp"] == host and len(meta["tcp"]["tcp_rmem"]) == 3
     assert prof.compute_time("digits-mlp", "fc0", 2, "fwd") > 0
     assert prof.collective_fit("p2p", "gloo").alpha_s >= 0
     assert prof.encode_time("qsgd-maxnorm:4", 65536) > 0

@@ -1,11 +1,14 @@
 """Execute mode, pieces that need no process group: partition, stage modules,
 data order, wire protocol header, measurement."""
 
+from types import SimpleNamespace
+
 import torch
 
 from perfsim.models.registry import get_model_spec
 from perfsim.partition import partition, partition_model, partition_weights
 from perfsim.runtime.data import Order, dataset_for
+from perfsim.runtime.measure import latency_in
 from perfsim.runtime.models import build_stage, build_stages
 
 
@@ -165,3 +168,15 @@ def test_digits_are_scikit_learns_load_digits():
     assert torch.equal(x, torch.tensor(d.data, dtype=torch.float32) / 16.0)
     assert torch.equal(y, torch.tensor(d.target, dtype=torch.int64))
     assert x.shape == (1797, 64) and float(x.max()) == 1.0 and sorted(set(y.tolist())) == list(range(10))
+
+
+def test_a_run_records_who_made_its_emulated_latency(monkeypatch):
+    """perfsim.runtime.measure.latency_in: the launcher tells the ranks to delay deliveries
+    themselves only where the kernel has no sch_netem (perfsim.netem); validate reads it to
+    decide the TCP window (perfsim.tcp)."""
+    monkeypatch.delenv("PERFSIM_APP_LATENCY_S", raising=False)
+    assert latency_in(SimpleNamespace(bandwidth_bps=None, latency_s=0.0)) == ""
+    assert latency_in(SimpleNamespace(bandwidth_bps=1e8, latency_s=0.0)) == ""
+    assert latency_in(SimpleNamespace(bandwidth_bps=1e8, latency_s=0.04)) == "kernel"
+    monkeypatch.setenv("PERFSIM_APP_LATENCY_S", "0.04")
+    assert latency_in(SimpleNamespace(bandwidth_bps=1e8, latency_s=0.04)) == "application"
