@@ -139,7 +139,7 @@ def evaluate(doc: dict, rows: list[dict], micro_batch: int | None = None, schedu
                         predicted_tflops=model_flops(row, w["vocab"], w["seq_len"]) / (pred * row["gpus"]) / 1e12,
                         fits=s["fits"], peak_gib=s["peak_memory_gib"], pipeline_s=s.get("pipeline_s"),
                         compute_s=s["compute_s"], idle_s=s["idle_s"], dp_sync_s=s["dp_sync_s"],
-                        tp_comm_s=s.get("tp_comm_s", 0.0), low_s=low, high_s=high,
+                        tp_comm_s=s.get("tp_comm_s", 0.0), p2p_s=s["comm_s"], low_s=low, high_s=high,
                         in_interval=None if low is None else low <= meas <= high))
     return out
 
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))
         print("| params (B) | t | p | d | mb | v | DDP | measured s | predicted s | TFLOP/s meas / pred | error | "
-              "80 % interval s | fits | predicted compute / TP / DP sync / idle s |")
+              "80 % interval s | fits | predicted compute / TP / p2p / DP sync / idle s |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
         for r in res:
             band = "-" if r["low_s"] is None else \
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
                   f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {r['tflops_per_gpu']} / "
                   f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | {band} | "
                   f"{'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | {r['compute_s']:.2f} / "
-                  f"{r['tp_comm_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
+                  f"{r['tp_comm_s']:.2f} / {r['p2p_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
         m, s = summary(res)
         w = worst(res)
         held = [r["in_interval"] for r in res if r["in_interval"] is not None]
