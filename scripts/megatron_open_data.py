@@ -19,6 +19,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --schedule 1f1b --ddp local   # override one stated dimension
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
+    python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -30,6 +31,8 @@ idle time that scales with it would have to run for the prediction to meet the m
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -208,6 +211,37 @@ def bubble(r: dict) -> float:
     return (r["pp"] - 1) / (m * r["run_virtual_stages"])
 
 
+def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
+    """Does a mechanism switched on for this table worsen the single-node A100 data? Per split of
+    ``scripts/calibrate_a100.py`` (calibration and validation; never the held-out one): (split,
+    rows, MAPE % as that script predicts them, MAPE % with the predict keywords ``extra`` added).
+    The rows are predicted by that script's own ``predict_row`` (one description of how they ran),
+    its ``perfsim.api.predict`` given ``extra`` for the second pass; ``every``: every Nth row of
+    each split only. Empty without the data."""
+    import perfsim.api as api
+
+    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    path = cal.data_path()
+    if path is None:
+        return []
+    rows = cal.load_rows(path)
+    out = []
+    for split in ("calibration", "validation"):
+        part = [r for r in rows if r["split"] == split][::every]
+        base = cal.errors(part)
+        plain = api.predict
+        api.predict = functools.partial(plain, **extra)  # predict_row imports it when called
+        try:
+            switched = cal.errors(part)
+        finally:
+            api.predict = plain
+        out.append((split, len(part), 100 * sum(map(abs, base)) / len(base),
+                    100 * sum(map(abs, switched)) / len(switched)))
+    return out
+
+
 def _value(text: str):
     low = text.lower()
     if low in ("true", "false"):
@@ -233,6 +267,9 @@ def main(argv=None) -> int:
                     help="an extra predict keyword (repeatable), e.g. nic_sharing=false")
     ap.add_argument("--candidates", action="store_true",
                     help="switch on each candidate mechanism alone (CANDIDATES)")
+    ap.add_argument("--single-node", action="store_true",
+                    help="instead: MAPE of the single-node A100 calibration and validation splits "
+                         "(scripts/calibrate_a100.py) without and with the --set keywords")
     args = ap.parse_args(argv)
     try:
         mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
@@ -240,6 +277,15 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
+    if args.single_node:
+        res = single_node_effect(extra)
+        if not res:
+            print("megatron_open_data: no single-node A100 data (scripts/calibrate_a100.py: data_path)", file=sys.stderr)
+            return 2
+        for split, n, before, after in res:
+            print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
+                  f"{after:.2f} % with {extra}")
+        return 0
     doc, rows = load()
     if args.candidates:
         return _print_candidates(doc, rows, mbs[0], args.assumed)

@@ -133,3 +133,17 @@ def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the
 def test_interleaved_rows_get_the_chunk_counts_megatron_accepts():
     # each chunk a whole number of layers: the 529.6B row's 3 layers per device -> 3, 1T's 2 -> 2
     assert [mod.megatron_chunks(n) for n in (10, 6, 3, 2, 15, 1)] == [2, 2, 3, 2, 3, 1]
+
+
+def test_single_node_effect_predicts_the_calibration_rows_as_that_script_does():
+    import perfsim.api as api
+
+    plain = api.predict
+    res = mod.single_node_effect({}, every=60)
+    if not res:
+        pytest.skip("no single-node A100 data (../shared/data/a100-single-node)")
+    assert [r[0] for r in res] == ["calibration", "validation"]
+    for _, n, before, after in res:
+        assert n > 0 and before == after  # nothing switched on: the same rows, the same predictions
+    switched = mod.single_node_effect({"p2p_protocol": "rendezvous"}, every=60)
+    assert [r[1] for r in switched] == [r[1] for r in res] and api.predict is plain
