@@ -20,6 +20,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
     python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
+    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -31,6 +32,7 @@ idle time that scales with it would have to run for the prediction to meet the m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import importlib.util
 import json
@@ -211,6 +213,58 @@ def bubble(r: dict) -> float:
     return (r["pp"] - 1) / (m * r["run_virtual_stages"])
 
 
+def batched_rows(rows: list[list]) -> list[list]:
+    """Communication rows (:func:`perfsim.schedules.with_comms`) in the order of Megatron-LM's 2021
+    interleaved steady state: each step runs one forward and one backward, then a single
+    ``send_forward_backward_recv_forward_backward`` (``forward_backward_pipelining_with_interleaving``):
+    the forward's output leaves only after the step's backward, and the next step's input and
+    gradient are received before its forward. Each F directly followed by a B becomes ``RECV_F
+    RECV_B F B SEND_F SEND_B``; warm-up and cool-down keep their order."""
+    from perfsim.schedules import BACKWARD, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F
+
+    out = []
+    for row in rows:
+        items, pre = [], []  # (receives before, compute action, sends after)
+        for a in row:
+            if a.kind in (RECV_F, RECV_B):
+                pre.append(a)
+            elif a.kind in (SEND_F, SEND_B):
+                items[-1][2].append(a)
+            else:
+                items.append((pre, a, []))
+                pre = []
+        new, i = [], 0
+        while i < len(items):
+            (p1, a1, s1), nxt = items[i], items[i + 1] if i + 1 < len(items) else None
+            if a1.kind == FORWARD and nxt is not None and nxt[1].kind == BACKWARD:
+                new += p1 + nxt[0] + [a1, nxt[1]] + s1 + nxt[2]
+                i += 2
+            else:
+                new += p1 + [a1] + s1
+                i += 1
+        out.append(new)
+    return out
+
+
+@contextlib.contextmanager
+def batched_exchange():
+    """Predictions inside run interleaved tables with :func:`batched_rows` (an experiment of this
+    script: the engine's plan reads ``perfsim.engine.plan.with_comms``, swapped here and restored)."""
+    import perfsim.engine.plan as eplan
+
+    plain = eplan.with_comms
+
+    def rows(table):
+        out = plain(table)
+        return batched_rows(out) if table.name == "interleaved-1f1b" else out
+
+    eplan.with_comms = rows
+    try:
+        yield
+    finally:
+        eplan.with_comms = plain
+
+
 def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
     """Does a mechanism switched on for this table worsen the single-node A100 data? Per split of
     ``scripts/calibrate_a100.py`` (calibration and validation; never the held-out one): (split,
@@ -267,6 +321,8 @@ def main(argv=None) -> int:
                     help="an extra predict keyword (repeatable), e.g. nic_sharing=false")
     ap.add_argument("--candidates", action="store_true",
                     help="switch on each candidate mechanism alone (CANDIDATES)")
+    ap.add_argument("--batched-exchange", action="store_true",
+                    help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
     ap.add_argument("--single-node", action="store_true",
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
@@ -287,6 +343,11 @@ def main(argv=None) -> int:
                   f"{after:.2f} % with {extra}")
         return 0
     doc, rows = load()
+    with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
+        return _report(doc, rows, mbs, args, extra)
+
+
+def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
     if args.candidates:
         return _print_candidates(doc, rows, mbs[0], args.assumed)
     print(f"{doc['name']} -- {doc['source'].split(',')[0]}, {len(rows)} rows; error = (predicted - measured) / "
@@ -294,7 +355,8 @@ def main(argv=None) -> int:
     for mb in mbs:
         res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
-                "as stated (examples/sc21/run_table_1.sh)") + "".join(
+                "as stated (examples/sc21/run_table_1.sh)") + \
+            (", interleaved p2p batched once per step" if args.batched_exchange else "") + "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))
