@@ -3,27 +3,38 @@ report the error, signed: (predicted - measured) / measured iteration time, nega
 
 Data: ``traces/open/megatron-weak-scaling-2104.04473.json`` (Narayanan et al., "Efficient
 Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", arXiv:2104.04473,
-Table 1; source, system and the assumptions this script makes are in the file). The table
-gives achieved teraFLOP/s per GPU with FLOPs counted by the paper's eq. (3),
-``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``; the measured iteration time is
-``F / (TFLOP/s x GPUs)``. Nothing is fitted to these rows.
+Table 1; source, system, each row's configuration as Megatron-LM's ``examples/sc21/run_table_1.sh``
+states it, and what is still assumed are in the file). The table gives achieved teraFLOP/s per
+GPU with FLOPs counted by the paper's eq. (3), ``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))``;
+the measured iteration time is ``F / (TFLOP/s x GPUs)``. Nothing is fitted to these rows.
 
-    python scripts/megatron_open_data.py                          # the stated assumptions
-    python scripts/megatron_open_data.py --micro-batch 1,2,4      # sensitivity to the micro-batch
-    python scripts/megatron_open_data.py --schedule interleaved-1f1b
+Each row is predicted with its stated configuration: micro-batch, interleaved 1F1B with the
+stated model chunks per device where there are several (non-interleaved 1F1B otherwise), and
+the data-parallel implementation (:data:`DDP_IMPL`: ``torch`` overlaps a bucketed all-reduce
+with the last backward, ``local`` reduces Megatron's contiguous buffer after it).
+
+    python scripts/megatron_open_data.py                          # each row as stated
+    python scripts/megatron_open_data.py --assumed                # micro-batch 1, 1F1B, local DDP (before 2026-11-27)
+    python scripts/megatron_open_data.py --micro-batch 1,2,4      # every row at these micro-batches
+    python scripts/megatron_open_data.py --schedule 1f1b --ddp local   # override one stated dimension
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
-    python scripts/megatron_open_data.py --candidates             # each pipeline-depth candidate, switched on
+    python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
+    python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
+    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
 
-``--candidates`` switches on, one at a time, each mechanism proposed for the rows with >= 8
-pipeline stages being too fast (:data:`CANDIDATES`: every value from its cited source, none
-fitted to these rows) and prints MAPE and mean signed error over all rows and over the deep
-rows, and each row's *compute factor* (:func:`compute_factor`): how much slower its compute and
-the idle time that scales with it would have to run for the prediction to meet the measurement.
+``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
+fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
+prints MAPE and mean signed error over all rows and over the deep rows (>= 8 pipeline stages),
+and each row's *compute factor* (:func:`compute_factor`): how much slower its compute and the
+idle time that scales with it would have to run for the prediction to meet the measurement.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -54,20 +65,56 @@ def measured_time(row: dict, vocab: int, seq: int) -> float:
     return model_flops(row, vocab, seq) / (row["tflops_per_gpu"] * 1e12 * row["gpus"])
 
 
-def predict_row(row: dict, doc: dict, micro_batch: int = 1, schedule: str = "1f1b", **extra) -> dict:
-    """perfsim's prediction of one row under the file's assumptions (``extra``: more predict keywords)."""
+#: predict keywords of each ``--DDP-impl`` of Megatron-LM (why: the data file's
+#: ``configuration.ddp_impl``). torch: PyTorch DDP -- every micro-batch but the last under
+#: ``no_sync()``, then buckets of 25 MiB of fp16 gradients (perfsim counts a bucket in fp32
+#: bytes: 50 MiB) all-reduced while the last backward runs, copied into and out of each bucket
+#: (Li et al., "PyTorch Distributed", arXiv:2006.15704, Sec. 3.2.3). local: Megatron-LM's own,
+#: one contiguous buffer all-reduced in place after the whole backward.
+DDP_IMPL: dict[str, dict] = {
+    "torch": dict(overlap=True, grad_buffer="bucketed", bucket_size="50MiB"),
+    "local": dict(overlap=False, grad_buffer="contiguous"),
+}
+#: every row's configuration before the stated one was stored (``--assumed``)
+ASSUMED = dict(micro_batch=1, schedule="1f1b", ddp_impl="local")
+
+
+def row_config(row: dict, micro_batch: int | None = None, schedule: str | None = None,
+               ddp_impl: str | None = None, assumed: bool = False) -> tuple[int, str, int, str]:
+    """(micro-batch, schedule, model chunks per device, DDP implementation) of ``row``: as the
+    file states it (``assumed``: :data:`ASSUMED`), each overridden where given. An interleaved
+    schedule runs the stated chunks where the row states several, else :func:`megatron_chunks`."""
+    base = ASSUMED if assumed else dict(micro_batch=row["micro_batch"], ddp_impl=row["ddp_impl"],
+                                        schedule="interleaved-1f1b" if row["virtual_stages"] > 1 else "1f1b")
+    mb = base["micro_batch"] if micro_batch is None else micro_batch
+    sched = base["schedule"] if schedule is None else schedule
+    ddp = base["ddp_impl"] if ddp_impl is None else ddp_impl
+    if ddp not in DDP_IMPL:
+        raise ValueError(f"ddp_impl {ddp!r}: expected one of {', '.join(DDP_IMPL)}")
+    v = 1
+    if sched.startswith("interleaved"):
+        stated = 1 if assumed else row["virtual_stages"]
+        v = stated if stated > 1 else megatron_chunks(row["layers"] // row["pp"])
+    return mb, sched, v, ddp
+
+
+def predict_row(row: dict, doc: dict, micro_batch: int | None = None, schedule: str | None = None,
+                ddp_impl: str | None = None, assumed: bool = False, **extra) -> dict:
+    """perfsim's prediction of one row in its configuration (:func:`row_config`; ``extra``: more
+    predict keywords, which win)."""
     from perfsim.api import predict
 
     w, sy = doc["workload"], doc["system"]
     t, p, n = row["tp"], row["pp"], row["gpus"]
+    mb, sched, v, ddp = row_config(row, micro_batch, schedule, ddp_impl, assumed)
     kw = dict(model=f"gpt:layers={row['layers']},hidden={row['hidden']},heads={row['heads']},"
                     f"seq={w['seq_len']},vocab={w['vocab']}",
-              gpu=sy["gpu"], tp=t, pp=p, dp=n // (t * p), micro_batch=micro_batch,
+              gpu=sy["gpu"], tp=t, pp=p, dp=n // (t * p), micro_batch=mb,
               global_batch=row["global_batch"], gpus_per_node=sy["gpus_per_node"], nic=sy["nic"],
-              intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule=schedule,
-              overlap=False, grad_buffer="contiguous", allow_oom=True)
-    if schedule.startswith("interleaved") and "virtual_stages" not in extra:
-        kw["virtual_stages"] = megatron_chunks(row["layers"] // p)
+              intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule=sched,
+              allow_oom=True, **DDP_IMPL[ddp])
+    if v > 1:
+        kw["virtual_stages"] = v
     kw.update(extra)
     return predict(**kw).summary
 
@@ -80,24 +127,30 @@ def megatron_chunks(layers_per_device: int) -> int:
     return next((v for v in range(2, layers_per_device + 1) if layers_per_device % v == 0), 1)
 
 
-def evaluate(doc: dict, rows: list[dict], micro_batch: int = 1, schedule: str = "1f1b", **extra) -> list[dict]:
-    """Per row: predicted and measured iteration time and TFLOP/s, signed error, fits."""
+def evaluate(doc: dict, rows: list[dict], micro_batch: int | None = None, schedule: str | None = None,
+             ddp_impl: str | None = None, assumed: bool = False, **extra) -> list[dict]:
+    """Per row: its configuration, predicted and measured iteration time and TFLOP/s, signed
+    error, fits, the 80 % interval and whether it holds the measurement."""
     w = doc["workload"]
     out = []
     for row in rows:
-        s = predict_row(row, doc, micro_batch, schedule, **extra)
+        mb, sched, v, ddp = row_config(row, micro_batch, schedule, ddp_impl, assumed)
+        s = predict_row(row, doc, micro_batch, schedule, ddp_impl, assumed, **extra)
         meas = measured_time(row, w["vocab"], w["seq_len"])
         pred = s["iteration_s"]
-        out.append(dict(row, predicted_s=pred, measured_s=meas, error=(pred - meas) / meas,
+        low, high = s.get("iteration_s_low"), s.get("iteration_s_high")
+        out.append(dict(row, run_micro_batch=mb, run_schedule=sched, run_virtual_stages=v, run_ddp=ddp,
+                        predicted_s=pred, measured_s=meas, error=(pred - meas) / meas,
                         predicted_tflops=model_flops(row, w["vocab"], w["seq_len"]) / (pred * row["gpus"]) / 1e12,
                         fits=s["fits"], peak_gib=s["peak_memory_gib"], pipeline_s=s.get("pipeline_s"),
                         compute_s=s["compute_s"], idle_s=s["idle_s"], dp_sync_s=s["dp_sync_s"],
-                        tp_comm_s=s.get("tp_comm_s", 0.0)))
+                        tp_comm_s=s.get("tp_comm_s", 0.0), p2p_s=s["comm_s"], low_s=low, high_s=high,
+                        in_interval=None if low is None else low <= meas <= high))
     return out
 
 
-#: the mechanisms proposed for the deep rows' optimism, each switched on alone at a value with a
-#: source (label, predict keywords, why this value); docs/model.md, "Open multi-node data"
+#: the mechanisms proposed for the rows' optimism, each switched on alone at a value with a source
+#: (label, predict keywords, why this value); docs/model.md, "Open multi-node data"
 CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p latency per hop", dict(latency="6.6us"),
      "NCCL's per-step network latency, Simple protocol (src/graph/tuning.cc hwLat; perfsim.collectives.PROTOCOLS)"),
@@ -106,7 +159,11 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p bandwidth: half the NIC rate", dict(nic="8x100Gbps:infiniband"),
      "each hop at half of HDR's 200 Gb/s (a lower bound on what a GPU's own HCA moves)"),
     ("interleaved schedule (extra p2p)", dict(schedule="interleaved-1f1b"),
-     "PTD-P as the paper describes it (interleaved 1F1B): v x the p2p messages, a smaller bubble"),
+     "PTD-P as the paper describes it (interleaved 1F1B): v x the p2p messages, a smaller bubble; rows "
+     "stated without chunks get the fewest Megatron-LM accepts (megatron_chunks)"),
+    ("p2p rendezvous", dict(p2p_protocol="rendezvous"),
+     "Megatron-LM's 2021 p2p waits on its batch_isend_irecv requests, then torch.cuda.synchronize(): "
+     "a boundary moves once the receiver has posted its receive (NCCL p2p runs a kernel on both ends)"),
     ("stage balance: partition by compute", dict(partition="balanced"),
      "the uniform split charges the head on the last stage; balanced moves blocks off it"),
     ("host time per operator at its bound", dict(host_overhead="80us"),
@@ -127,12 +184,14 @@ def compute_factor(r: dict) -> float:
     return 1.0 + (r["measured_s"] - r["predicted_s"]) / (r["compute_s"] + r["idle_s"])
 
 
-def candidates(doc: dict, rows: list[dict], micro_batch: int = 1) -> list[tuple[str, str, list[dict]]]:
-    """(label, source, rows evaluated) for the stated assumptions, then for each of :data:`CANDIDATES`."""
-    out = [("as stated", "", evaluate(doc, rows, micro_batch))]
+def candidates(doc: dict, rows: list[dict], micro_batch: int | None = None, assumed: bool = False,
+               ) -> list[tuple[str, str, list[dict]]]:
+    """(label, source, rows evaluated) for the rows' configuration (stated, or ``assumed``), then
+    for each of :data:`CANDIDATES` switched on alone."""
+    out = [("as stated", "", evaluate(doc, rows, micro_batch, assumed=assumed))]
     for label, kw, why in CANDIDATES:
         kw = dict(kw)
-        out.append((label, why, evaluate(doc, rows, micro_batch, kw.pop("schedule", "1f1b"), **kw)))
+        out.append((label, why, evaluate(doc, rows, micro_batch, kw.pop("schedule", None), assumed=assumed, **kw)))
     return out
 
 
@@ -140,6 +199,101 @@ def summary(res: list[dict]) -> tuple[float, float]:
     """(MAPE %, mean signed error %) of ``res``."""
     e = [r["error"] for r in res]
     return 100 * sum(map(abs, e)) / len(e), 100 * sum(e) / len(e)
+
+
+def worst(res: list[dict]) -> dict:
+    """The row with the largest absolute error."""
+    return max(res, key=lambda r: abs(r["error"]))
+
+
+def bubble(r: dict) -> float:
+    """The 1F1B bubble over the compute, ``(p - 1) / (m v)`` (Narayanan et al., arXiv:2104.04473,
+    Sec. 2.2: m micro-batches per replica, v model chunks per device)."""
+    m = r["global_batch"] // (r["gpus"] // (r["tp"] * r["pp"])) // r["run_micro_batch"]
+    return (r["pp"] - 1) / (m * r["run_virtual_stages"])
+
+
+def batched_rows(rows: list[list]) -> list[list]:
+    """Communication rows (:func:`perfsim.schedules.with_comms`) in the order of Megatron-LM's 2021
+    interleaved steady state: each step runs one forward and one backward, then a single
+    ``send_forward_backward_recv_forward_backward`` (``forward_backward_pipelining_with_interleaving``):
+    the forward's output leaves only after the step's backward, and the next step's input and
+    gradient are received before its forward. Each F directly followed by a B becomes ``RECV_F
+    RECV_B F B SEND_F SEND_B``; warm-up and cool-down keep their order."""
+    from perfsim.schedules import BACKWARD, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F
+
+    out = []
+    for row in rows:
+        items, pre = [], []  # (receives before, compute action, sends after)
+        for a in row:
+            if a.kind in (RECV_F, RECV_B):
+                pre.append(a)
+            elif a.kind in (SEND_F, SEND_B):
+                items[-1][2].append(a)
+            else:
+                items.append((pre, a, []))
+                pre = []
+        new, i = [], 0
+        while i < len(items):
+            (p1, a1, s1), nxt = items[i], items[i + 1] if i + 1 < len(items) else None
+            if a1.kind == FORWARD and nxt is not None and nxt[1].kind == BACKWARD:
+                new += p1 + nxt[0] + [a1, nxt[1]] + s1 + nxt[2]
+                i += 2
+            else:
+                new += p1 + [a1] + s1
+                i += 1
+        out.append(new)
+    return out
+
+
+@contextlib.contextmanager
+def batched_exchange():
+    """Predictions inside run interleaved tables with :func:`batched_rows` (an experiment of this
+    script: the engine's plan reads ``perfsim.engine.plan.with_comms``, swapped here and restored)."""
+    import perfsim.engine.plan as eplan
+
+    plain = eplan.with_comms
+
+    def rows(table):
+        out = plain(table)
+        return batched_rows(out) if table.name == "interleaved-1f1b" else out
+
+    eplan.with_comms = rows
+    try:
+        yield
+    finally:
+        eplan.with_comms = plain
+
+
+def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
+    """Does a mechanism switched on for this table worsen the single-node A100 data? Per split of
+    ``scripts/calibrate_a100.py`` (calibration and validation; never the held-out one): (split,
+    rows, MAPE % as that script predicts them, MAPE % with the predict keywords ``extra`` added).
+    The rows are predicted by that script's own ``predict_row`` (one description of how they ran),
+    its ``perfsim.api.predict`` given ``extra`` for the second pass; ``every``: every Nth row of
+    each split only. Empty without the data."""
+    import perfsim.api as api
+
+    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    path = cal.data_path()
+    if path is None:
+        return []
+    rows = cal.load_rows(path)
+    out = []
+    for split in ("calibration", "validation"):
+        part = [r for r in rows if r["split"] == split][::every]
+        base = cal.errors(part)
+        plain = api.predict
+        api.predict = functools.partial(plain, **extra)  # predict_row imports it when called
+        try:
+            switched = cal.errors(part)
+        finally:
+            api.predict = plain
+        out.append((split, len(part), 100 * sum(map(abs, base)) / len(base),
+                    100 * sum(map(abs, switched)) / len(switched)))
+    return out
 
 
 def _value(text: str):
@@ -154,49 +308,87 @@ def _value(text: str):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    ap.add_argument("--micro-batch", default="1", help="comma list (default 1, the stated assumption)")
-    ap.add_argument("--schedule", default="1f1b")
+    ap.add_argument("--micro-batch", default=None,
+                    help="comma list: every row at these micro-batches (default: each row's stated one)")
+    ap.add_argument("--schedule", default=None,
+                    help="every row with this schedule (default: interleaved 1F1B where the row states "
+                         "model chunks, 1F1B otherwise)")
+    ap.add_argument("--ddp", default=None, choices=sorted(DDP_IMPL),
+                    help="every row with this --DDP-impl (default: each row's stated one; DDP_IMPL)")
+    ap.add_argument("--assumed", action="store_true",
+                    help="the configuration assumed before it was stored: micro-batch 1, 1F1B, local DDP")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="an extra predict keyword (repeatable), e.g. nic_sharing=false")
     ap.add_argument("--candidates", action="store_true",
-                    help="switch on each candidate mechanism for the deep pipelines alone (CANDIDATES)")
+                    help="switch on each candidate mechanism alone (CANDIDATES)")
+    ap.add_argument("--batched-exchange", action="store_true",
+                    help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
+    ap.add_argument("--single-node", action="store_true",
+                    help="instead: MAPE of the single-node A100 calibration and validation splits "
+                         "(scripts/calibrate_a100.py) without and with the --set keywords")
     args = ap.parse_args(argv)
     try:
-        mbs = [int(x) for x in args.micro_batch.split(",")]
+        mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
         extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
+    if args.single_node:
+        res = single_node_effect(extra)
+        if not res:
+            print("megatron_open_data: no single-node A100 data (scripts/calibrate_a100.py: data_path)", file=sys.stderr)
+            return 2
+        for split, n, before, after in res:
+            print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
+                  f"{after:.2f} % with {extra}")
+        return 0
     doc, rows = load()
+    with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
+        return _report(doc, rows, mbs, args, extra)
+
+
+def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
     if args.candidates:
-        return _print_candidates(doc, rows, mbs[0])
+        return _print_candidates(doc, rows, mbs[0], args.assumed)
     print(f"{doc['name']} -- {doc['source'].split(',')[0]}, {len(rows)} rows; error = (predicted - measured) / "
           "measured iteration time, negative = too fast")
     for mb in mbs:
-        res = evaluate(doc, rows, mb, args.schedule, **extra)
-        print(f"\nmicro-batch {mb}, {args.schedule}" + (f", {extra}" if extra else ""))
-        print("| params (B) | t | p | d | measured s | predicted s | TFLOP/s meas / pred | error | fits | "
-              "predicted compute / TP / DP sync / idle s |")
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |")
+        res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
+        what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
+                "as stated (examples/sc21/run_table_1.sh)") + \
+            (", interleaved p2p batched once per step" if args.batched_exchange else "") + "".join(
+            f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
+                                                    ("DDP", args.ddp)) if v is not None)
+        print(f"\n{what}" + (f", {extra}" if extra else ""))
+        print("| params (B) | t | p | d | mb | v | DDP | measured s | predicted s | TFLOP/s meas / pred | error | "
+              "80 % interval s | fits | predicted compute / TP / p2p / DP sync / idle s |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
         for r in res:
+            band = "-" if r["low_s"] is None else \
+                f"{r['low_s']:.2f}-{r['high_s']:.2f} ({'holds' if r['in_interval'] else 'misses'})"
             print(f"| {r['params_b']} | {r['tp']} | {r['pp']} | {r['gpus'] // (r['tp'] * r['pp'])} | "
+                  f"{r['run_micro_batch']} | {r['run_virtual_stages']} | {r['run_ddp']} | "
                   f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {r['tflops_per_gpu']} / "
-                  f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | "
+                  f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | {band} | "
                   f"{'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | {r['compute_s']:.2f} / "
-                  f"{r['tp_comm_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
+                  f"{r['tp_comm_s']:.2f} / {r['p2p_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
         m, s = summary(res)
-        print(f"micro-batch {mb}: MAPE {m:.1f} %, mean signed error {s:+.1f} % "
-              f"({sum(r['error'] < 0 for r in res)} of {len(res)} rows too fast)")
+        w = worst(res)
+        held = [r["in_interval"] for r in res if r["in_interval"] is not None]
+        print(f"MAPE {m:.1f} %, mean signed error {s:+.1f} % ({sum(r['error'] < 0 for r in res)} of {len(res)} "
+              f"rows too fast); worst row {w['params_b']}B {100 * w['error']:+.1f} %; the 80 % interval holds "
+              f"{sum(held)} of {len(held)} measurements")
     return 0
 
 
-def _print_candidates(doc: dict, rows: list[dict], micro_batch: int) -> int:
+def _print_candidates(doc: dict, rows: list[dict], micro_batch: int | None, assumed: bool) -> int:
     deep = [i for i, r in enumerate(rows) if r["pp"] >= 8]
-    print(f"micro-batch {micro_batch}, 1F1B unless the variant says; signed error per row (rows in the file's "
-          f"order), deep = the {len(deep)} rows with >= 8 pipeline stages")
+    base = "assumed (micro-batch 1, 1F1B, local DDP)" if assumed else "as stated (examples/sc21/run_table_1.sh)"
+    print(f"{base}{'' if micro_batch is None else f', micro-batch {micro_batch}'} unless the variant says; "
+          f"signed error per row (rows in the file's order), deep = the {len(deep)} rows with >= 8 pipeline stages")
     print("| variant | MAPE | mean signed | mean signed, deep | per row | why this value |")
     print("| --- | ---: | ---: | ---: | --- | --- |")
-    for label, why, res in candidates(doc, rows, micro_batch):
+    for label, why, res in candidates(doc, rows, micro_batch, assumed):
         m, s = summary(res)
         _, sd = summary([res[i] for i in deep])
         per_row = " ".join(f"{100 * r['error']:+.1f}" for r in res)
@@ -205,9 +397,8 @@ def _print_candidates(doc: dict, rows: list[dict], micro_batch: int) -> int:
             stated = res
     print("\ncompute factor per row (1 + (measured - predicted) / (compute + idle)), as stated:")
     for r in stated:
-        print(f"  {r['params_b']}B  t={r['tp']} p={r['pp']}  bubble (p-1)/m "
-              f"{(r['pp'] - 1) / (r['global_batch'] // (r['gpus'] // (r['tp'] * r['pp'])) // micro_batch):.3f}  "
-              f"factor {compute_factor(r):.3f}")
+        print(f"  {r['params_b']}B  t={r['tp']} p={r['pp']} mb={r['run_micro_batch']} v={r['run_virtual_stages']}  "
+              f"bubble (p-1)/(m v) {bubble(r):.3f}  factor {compute_factor(r):.3f}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Megatron-LM's weak-scaling table (arXiv:2104.04473, Table 1) as open multi-node data:
-the stored transcription is self-consistent, and scripts/megatron_open_data.py predicts its
-rows and reports the signed error (nothing fitted to them)."""
+the stored transcription is self-consistent, each row carries the configuration Megatron-LM's
+examples/sc21/run_table_1.sh states, and scripts/megatron_open_data.py predicts every row in
+it and reports the signed error (nothing fitted to them)."""
 
 import importlib.util
 from pathlib import Path
@@ -34,10 +35,48 @@ def test_transcription_is_consistent_with_the_papers_own_formulas(table):
     assert mod.measured_time(rows[-1], V, s) == pytest.approx(102.6, abs=0.1)
 
 
+def test_each_row_states_the_configuration_it_ran_with(table):
+    doc, rows = table
+    src = doc["configuration"]["source"]
+    assert "examples/sc21/run_table_1.sh" in src and "79a3bb6bf2c85b748c46749dd0695e23310d4e16" in src
+    for r in rows:
+        d = r["gpus"] // (r["tp"] * r["pp"])
+        # whole micro-batches per replica; Megatron's interleaved schedule also needs m % p == 0
+        assert (r["global_batch"] // d) % r["micro_batch"] == 0, r
+        lpv = r["layers_per_virtual_stage"]
+        assert r["virtual_stages"] == (r["layers"] // r["pp"] // lpv if lpv else 1), r
+        if r["virtual_stages"] > 1:
+            assert (r["layers"] // r["pp"]) % lpv == 0 and (r["global_batch"] // d // r["micro_batch"]) % r["pp"] == 0
+        assert r["ddp_impl"] in mod.DDP_IMPL
+    assert [r["virtual_stages"] for r in rows] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    # what is still assumed is said, with the evidence for it
+    assert {"recompute", "pipeline_messages"} <= set(doc["assumptions"])
+
+
+def test_row_config_is_the_stated_one_unless_overridden(table):
+    _, rows = table
+    r76, r1t, r17 = rows[5], rows[-1], rows[0]
+    assert mod.row_config(r76) == (2, "interleaved-1f1b", 3, "local")
+    assert mod.row_config(r17) == (16, "1f1b", 1, "torch")
+    assert mod.row_config(r1t) == (1, "1f1b", 1, "local")
+    assert mod.row_config(r76, assumed=True) == (1, "1f1b", 1, "local")
+    # an interleaved override keeps stated chunks, else the fewest Megatron accepts
+    assert mod.row_config(r1t, schedule="interleaved-1f1b") == (1, "interleaved-1f1b", 2, "local")
+    assert mod.row_config(r76, schedule="interleaved-1f1b", assumed=True)[2] == 3  # 15 layers: 3
+    assert mod.row_config(r76, micro_batch=4, ddp_impl="torch") == (4, "interleaved-1f1b", 3, "torch")
+    with pytest.raises(ValueError, match="ddp_impl"):
+        mod.row_config(r76, ddp_impl="apex")
+    # each DDP implementation is a set of predict keywords
+    from perfsim.params import BY_NAME
+    for kw in mod.DDP_IMPL.values():
+        assert set(kw) <= set(BY_NAME)
+
+
 def test_rows_are_predicted_with_signed_errors(table):
     doc, rows = table
     V, s = doc["workload"]["vocab"], doc["workload"]["seq_len"]
     res = mod.evaluate(doc, [rows[0], rows[2], rows[4]])  # dp only, tp 4, tp 8 x pp 2 across nodes
+    assert [(r["run_micro_batch"], r["run_ddp"]) for r in res] == [(16, "torch"), (16, "torch"), (4, "local")]
     for r in res:
         assert r["predicted_tflops"] * 1e12 * r["predicted_s"] * r["gpus"] == pytest.approx(mod.model_flops(r, V, s))
         assert r["error"] == pytest.approx((r["predicted_s"] - r["measured_s"]) / r["measured_s"])
@@ -46,11 +85,31 @@ def test_rows_are_predicted_with_signed_errors(table):
     assert res[2]["dp_sync_s"] > 0 and res[2]["tp_comm_s"] > 0
     m, signed = mod.summary(res)
     assert m >= abs(signed)
+    assert mod.worst(res)["error"] == max((r["error"] for r in res), key=abs)
+    # the stated micro-batch 16 with full recomputation fits in 80 GB; without it, it would not
+    assert res[0]["peak_gib"] < 80
+    (none,) = mod.evaluate(doc, [rows[0]], recompute="none")
+    assert not none["fits"]
+    # the torch DDP row overlaps its all-reduce with the backward: local reduces after it
+    (local,) = mod.evaluate(doc, [rows[0]], ddp_impl="local")
+    assert local["predicted_s"] > res[0]["predicted_s"]
+
+
+def test_the_stated_interleaving_reaches_the_prediction(table):
+    doc, rows = table
+    (inter,) = mod.evaluate(doc, [rows[5]])  # 76.1B: 15 layers per stage, 5 per chunk
+    (flat,) = mod.evaluate(doc, [rows[5]], schedule="1f1b")
+    assert inter["run_virtual_stages"] == 3 and flat["run_virtual_stages"] == 1
+    assert inter["idle_s"] < flat["idle_s"]  # the bubble shrinks with v
+    assert mod.bubble(inter) == pytest.approx(mod.bubble(flat) / 3)
 
 
 def test_cli_prints_mape_and_signed_error(capsys):
     assert mod.main(["--micro-batch", "x"]) == 2
     assert "bad --micro-batch" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        mod.main(["--ddp", "apex"])
+    assert exc.value.code == 2
 
 
 def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the_row(table):
@@ -74,3 +133,39 @@ def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the
 def test_interleaved_rows_get_the_chunk_counts_megatron_accepts():
     # each chunk a whole number of layers: the 529.6B row's 3 layers per device -> 3, 1T's 2 -> 2
     assert [mod.megatron_chunks(n) for n in (10, 6, 3, 2, 15, 1)] == [2, 2, 3, 2, 3, 1]
+
+
+def test_single_node_effect_predicts_the_calibration_rows_as_that_script_does():
+    import perfsim.api as api
+
+    plain = api.predict
+    res = mod.single_node_effect({}, every=60)
+    if not res:
+        pytest.skip("no single-node A100 data (../shared/data/a100-single-node)")
+    assert [r[0] for r in res] == ["calibration", "validation"]
+    for _, n, before, after in res:
+        assert n > 0 and before == after  # nothing switched on: the same rows, the same predictions
+    switched = mod.single_node_effect({"p2p_protocol": "rendezvous"}, every=60)
+    assert [r[1] for r in switched] == [r[1] for r in res] and api.predict is plain
+
+
+def test_batched_exchange_reorders_only_the_interleaved_steady_state(table):
+    from perfsim.schedules import build_table, with_comms
+
+    t = build_table("interleaved-1f1b", 2, 4, 2)
+    plain, batched = with_comms(t), mod.batched_rows(with_comms(t))
+    for a, b in zip(plain, batched):
+        assert sorted(map(str, a)) == sorted(map(str, b)) and a != b  # a permutation, reordered
+    # each steady step: both receives, F, B, then both sends (Megatron-LM 2021's one exchange)
+    step = ["RECV_F", "RECV_B", "F", "B", "SEND_F", "SEND_B"]
+
+    def has_step(row):
+        kinds = [x.kind for x in row]
+        return any(kinds[i:i + 6] == step for i in range(len(kinds)))
+    assert has_step(batched[1]) and not has_step(plain[1])  # device 1: 1RECV_F2 1RECV_B0 1F2 1B0 ...
+    doc, rows = table
+    (before,) = mod.evaluate(doc, [rows[5]])
+    with mod.batched_exchange():
+        (inside,) = mod.evaluate(doc, [rows[5]])
+    (after,) = mod.evaluate(doc, [rows[5]])
+    assert inside["predicted_s"] > before["predicted_s"] == after["predicted_s"]  # restored, nothing cached
