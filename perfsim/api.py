@@ -132,9 +132,20 @@ def input_files(**params) -> dict[str, Any]:
             except ConfigError:
                 files[role] = str(get(role))
     model = get("model")
-    if not get("workload") and isinstance(model, str) and model.lower().endswith(".json"):
-        files["model"] = model
+    if not get("workload") and isinstance(model, str):
+        config = _config_json(model)
+        if config is not None:
+            files["model"] = config
     return files
+
+
+def _config_json(name: str) -> str | None:
+    """The config.json that model ``name`` reads -- a path ending in ``.json``, or the
+    ``config.json`` of a Hub-style folder -- else None (a preset or an inline spec):
+    the one rule :func:`build_configs` reads by and :func:`input_files` keys by."""
+    if os.path.isdir(name):
+        return os.path.join(name, "config.json")
+    return name if name.lower().endswith(".json") else None
 
 
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
@@ -152,11 +163,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if p["workload"]:
         model = _model(None, _load_file("workload", p["workload"]), seq_len)
     else:
-        name = p["model"]
-        if os.path.isdir(name):  # a Hub-style folder holding config.json
-            name = os.path.join(name, "config.json")
-            if not os.path.isfile(name):
-                raise ConfigError(f"model {p['model']!r}: a folder without config.json")
+        name = _config_json(p["model"]) or p["model"]
+        if os.path.isdir(p["model"]) and not os.path.isfile(name):  # a Hub-style folder holding config.json
+            raise ConfigError(f"model {p['model']!r}: a folder without config.json")
         if name.lower().endswith(".json"):
             if not os.path.exists(name):
                 raise ConfigError(f"model {name!r}: no such config.json")

@@ -148,6 +148,29 @@ def test_sweep_key_covers_workload_topology_and_version(tmp_path, caplog, monkey
     assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0+0000" in text
 
 
+def test_sweep_key_covers_a_model_folders_config_json(tmp_path, caplog):
+    """qa1: `--model FOLDER` (a Hub-style folder holding config.json) was not in the sweep's
+    key: after config.json lost half its layers a re-run said "2 of 2 already done" and kept
+    the old rows (the probe, llama-3-8b cut from 16 to 8 layers: 4,540,469,248 parameters
+    kept where predict gives 2,795,573,248)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = json.loads((Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen2-0.5b.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))
+    grid = dict(model=str(folder), gpu="h100", pp="1,2", out=str(tmp_path / "s.csv"), progress=False)
+    first = perfsim.sweep(**grid).to_frame()
+    assert first["input_key"].str.contains("model=").all()
+    config["num_hidden_layers"] //= 2
+    (folder / "config.json").write_text(json.dumps(config))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="perfsim"):
+        table = perfsim.sweep(**grid).to_frame()
+    assert f"model {folder} changed since the stored rows: recomputing 2 rows" in caplog.text
+    assert (table.params < first.params).all()
+    assert list(table.params) == [perfsim.predict(model=str(folder), gpu="h100", pp=pp).summary["params"]
+                                  for pp in (1, 2)]
+
+
 def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):
     """A table written before rows carried their inputs' key is not trusted."""
     out = tmp_path / "s.csv"
