@@ -202,6 +202,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or defaults.placement).split(","))
     strategy = Strategy(**st)
     check_routing(model.arch, model.name, strategy)
+    check_transformer_only(model, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
@@ -231,6 +232,20 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                   intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def check_transformer_only(model, strategy: Strategy) -> None:
+    """Refuse a setting that only a transformer's blocks use on a model without them, rather
+    than predict as if it were not given: recomputation re-runs the forward of the ``block``
+    layers (:mod:`perfsim.engine.layer_times`, :mod:`perfsim.memory`), the attention kernel
+    prices a block's attention (:mod:`perfsim.engine.compute`); an MLP, a CNN or a workload
+    file's layers have neither (as ``seq_len`` and ``tp`` are refused there)."""
+    if strategy.recompute != "none" and not any(layer.name.startswith("block") for layer in model.layers):
+        raise ConfigError(f"recompute={strategy.recompute!r}: model {model.name!r} has no transformer "
+                          f"blocks to recompute (its time and memory would not change)")
+    if strategy.attention != "megatron" and model.arch is None:
+        raise ConfigError(f"attention={strategy.attention!r}: model {model.name!r} is not a transformer "
+                          f"(no attention to run)")
 
 
 def _default_kernels(defaults, model, precision: str) -> str:

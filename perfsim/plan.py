@@ -303,7 +303,7 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
         notes.append(f"steps to loss from {curves.describe()}")
     w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
     ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
-                  experts=getattr(w.arch, "experts", 0) or 0)
+                  experts=getattr(w.arch, "experts", 0) or 0, transformer=w.arch is not None)
     dims = space.resolve(ctx)
     topo = w_system.topology
     if topo is not None and topo.nodes < nodes:

@@ -51,12 +51,20 @@ class Context:
     pinned: frozenset = frozenset()
     #: routed experts of a mixture-of-experts model (0: dense)
     experts: int = 0
+    #: the model is a transformer (recomputation and the attention kernel apply to it)
+    transformer: bool = True
+
+
+#: dimensions of a transformer's blocks alone (predict refuses them on other models:
+#: perfsim.api.check_transformer_only)
+TRANSFORMER_ONLY = ("recompute", "attention")
 
 
 def on_gpu(ctx: Context, p) -> tuple:
     """Every allowed value where a GPU preset models kernels and checks memory (these
-    dimensions trade memory for time); the parameter's default elsewhere."""
-    if ctx.gpu is None:
+    dimensions trade memory for time); the parameter's default elsewhere, and on a model
+    that is not a transformer for :data:`TRANSFORMER_ONLY`."""
+    if ctx.gpu is None or (p.name in TRANSFORMER_ONLY and not ctx.transformer):
         return (p.default,)
     return (False, True) if p.kind == "bool" else tuple(p.allowed)
 

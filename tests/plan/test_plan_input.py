@@ -96,3 +96,20 @@ def test_pinned_and_widened_dimensions_are_searched_as_given():
     seen = {(c.params["pp"], c.params["schedule"], str(c.params["compress"]), c.params["micro_batch"])
             for c in res.all_evaluated}
     assert seen == {(2, s, c, m) for s in ("1f1b", "gpipe") for c in ("fp32", "fp16") for m in (2, 4)}
+
+
+def test_recompute_and_attention_are_refused_where_nothing_would_change():
+    """qa1: `predict --model digits-mlp --recompute full` (or selective, or --attention flash)
+    gave the time and memory of `--recompute none` to the digit: the setting applies to a
+    transformer's blocks alone. Now predict refuses it naming the setting, and the plan
+    (which searched them on a GPU: five top rows that differed only there, 14,880 candidates
+    for 1 x 4 A100s) leaves them at their defaults on such a model."""
+    for kw in (dict(recompute="full"), dict(recompute="selective", gpu="a100"), dict(attention="flash")):
+        with pytest.raises(ConfigError, match=f"{next(iter(kw))}='{next(iter(kw.values()))}': model 'digits-mlp'"):
+            perfsim.predict(model="digits-mlp", pp=2, **kw)
+    tiny = perfsim.predict(model="gpt2-tiny", pp=2, recompute="full").summary["iteration_s"]
+    assert tiny > perfsim.predict(model="gpt2-tiny", pp=2).summary["iteration_s"]  # a transformer: it applies
+    result = perfsim.plan(model="digits-mlp", gpu="a100", nodes=1, gpus_per_node=2, bandwidth="1Gbps",
+                          global_batch=16, top=5)
+    assert {(c.params.get("recompute", "none"), c.params.get("attention", "megatron"))
+            for c in result.ranked} == {("none", "megatron")}
