@@ -390,6 +390,9 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
+    if target_loss is not None and (isinstance(target_loss, bool) or not isinstance(target_loss, (int, float))
+                                    or not math.isfinite(target_loss)):
+        raise ConfigError(f"target_loss={target_loss!r}: must be a finite number (a loss the runs reach)")
     if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):
         raise ConfigError(f"tie_band={tie_band!r}: a fraction in [0, 1)")
     forget_jobs()

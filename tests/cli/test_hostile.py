@@ -534,3 +534,29 @@ def test_an_empty_value_in_a_list_is_refused():
     """A sweep file's `bandwidth = ["10Gbps", ""]` dropped the empty value like the comma list."""
     with pytest.raises(ConfigError, match="element 2 of 2 is empty"):
         perfsim.sweep(bandwidth=["10Gbps", ""])
+
+
+@pytest.mark.parametrize("func,kwargs,culprit", [
+    ("predict", dict(profile=5), "profile=5"),
+    ("memory_report", dict(model="gpt2-tiny", pp=2, profile=[1]), "profile=[1]"),
+    ("predict", dict(partition=5), "partition 5"),
+    ("predict", dict(device_order=5), "device_order=5"),
+    ("plan", dict(convergence=5), "convergence=5"),
+    ("plan", dict(target_loss="x"), "target_loss='x'"),
+    ("plan", dict(target_loss=float("inf")), "target_loss=inf"),
+])
+def test_the_api_answers_a_wrong_type_with_a_config_error(func, kwargs, culprit):
+    """qa1: these raised TypeError / AttributeError from deep inside (`expected str, bytes or
+    os.PathLike object, not int`, `'int' object is not iterable`); a target loss of inf was
+    accepted (every method "reaches" it at once, the ranking by iteration time alone)."""
+    if func == "plan":
+        kwargs = dict(model="gpt2-tiny", nodes=2, bandwidth="1Gbps", global_batch=16, **kwargs)
+    with pytest.raises(ConfigError, match=re.escape(culprit)):
+        getattr(perfsim, func)(**kwargs)
+
+
+def test_the_plan_reads_convergence_curves_from_a_path_object():
+    """qa1: `perfsim.plan(convergence=Path(...))` raised AttributeError ('PosixPath' ... 'split')."""
+    curves = Path(perfsim.__file__).parent / "data" / "convergence" / "gpt2-tiny.json"
+    r = perfsim.plan(model="gpt2-tiny", nodes=2, bandwidth="1Gbps", global_batch=16, top=1, convergence=curves)
+    assert str(curves) in " ".join(r.notes)
