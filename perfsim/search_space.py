@@ -21,6 +21,8 @@ any search: one line naming the flag and the value.
 from __future__ import annotations
 
 import importlib
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -224,6 +226,11 @@ def splits(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
         for v in vals or ():
             if gpus % v:
                 raise ConfigError(f"{name}={v}: does not divide the cluster's {gpus} GPUs")
+    pinned = {name: given[name] for name in ("tp", "pp", "dp") if given.get(name)}
+    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (len(pinned) < 3 or math.prod(c) == gpus)
+                                   for c in itertools.product(*pinned.values())):
+        what = " x ".join(f"{name}={','.join(map(str, vals))}" for name, vals in pinned.items())
+        raise ConfigError(f"{what}: tp x pp x dp must be the cluster's {gpus} GPUs (nodes x gpus_per_node)")
     for v in given.get("pp") or ():
         if v > n_layers:
             raise ConfigError(f"pp={v}: more stages than the model's {n_layers} layers")

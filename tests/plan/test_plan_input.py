@@ -34,6 +34,9 @@ BAD_INPUT = [
     (["--attention", "fast"], "--attention='fast'"),
     (["--schedule", "1f1b,nope"], "--schedule='nope'"),
     (["--tp", "3"], "tp=3: does not divide"),
+    # qa1: 8 GPUs asked of a 2-GPU cluster was blamed on "global_batch=8: no TP x PP x DP split"
+    (["--tp", "2", "--pp", "2", "--dp", "2"], "tp=2 x pp=2 x dp=2: tp x pp x dp must be the cluster's 2 GPUs"),
+    (["--pp", "2", "--dp", "2"], "pp=2 x dp=2: tp x pp x dp must be the cluster's 2 GPUs"),
     (["--pp", "0"], "--pp='0'"),
     (["--micro-batch", "16"], "micro_batch=16: does not divide global_batch=8"),
     (["--seq-len", "64,128"], "takes one value"),
