@@ -468,7 +468,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
         return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
         outputs.check_file_target(out, "--out")
-        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
+        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out", has_format_flag=False)
         if Path(out).suffix.lower() not in TABLE_SUFFIXES:
             raise ConfigError(f"--out {str(out)!r}: needs a .csv or .parquet suffix")
         with outputs.locked_dir(out, "--out", file=True):  # one sweep per output at a time

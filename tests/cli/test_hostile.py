@@ -415,6 +415,16 @@ def test_no_hint_where_none_can_work():
     assert found is None and "positive" in line
 
 
+def test_a_suffix_hint_names_only_flags_the_command_has(tmp_path):
+    """qa1: `sweep -o x.json` said "(use .csv, .parquet, .pq, or --format)"; sweep has no
+    --format (following the hint: "unrecognized arguments: --format")."""
+    r = run_cli_here("sweep", "--pp", "2", "--macro-batch", "4", "-o", str(tmp_path / "x.json"), "--no-progress")
+    assert r.returncode == 2 and "unknown suffix '.json' (use .csv, .parquet, .pq)" in r.stderr, r.stderr
+    assert "--format" not in r.stderr
+    r = run_cli_here("predict", "--pp", "2", "--macro-batch", "4", "-o", str(tmp_path / "x.xyz"))
+    assert r.returncode == 2 and "or --format)" in r.stderr  # predict has it
+
+
 @pytest.mark.parametrize("flag", ["--hang-timeout", "--timeout"])
 def test_timeout_hint_is_seconds(flag, tmp_path):
     """`run --hang-timeout 30` said "e.g. 30ms": following it kills a healthy run as hung.
