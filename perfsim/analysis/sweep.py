@@ -275,6 +275,9 @@ def _records_from_table(out: Path) -> list[dict]:
         return []
     summary = read_table(out, allow_empty=True)
     if "config_id" not in summary.columns:
+        if len(summary.columns):  # someone's table, not a sweep's: never overwritten silently
+            raise ConfigError(f"--out {str(out)!r}: holds a table that is not a perfsim sweep's (no config_id "
+                              f"column); give another --out, or --overwrite (resume=False) to replace it")
         return []
     stages_file = sibling_path(out, "stages")
     stages = read_table(stages_file, allow_empty=True) if stages_file.exists() else None
