@@ -237,15 +237,21 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
 def check_transformer_only(model, strategy: Strategy) -> None:
     """Refuse a setting that only a transformer's blocks use on a model without them, rather
     than predict as if it were not given: recomputation re-runs the forward of the ``block``
-    layers (:mod:`perfsim.engine.layer_times`, :mod:`perfsim.memory`), the attention kernel
-    prices a block's attention (:mod:`perfsim.engine.compute`); an MLP, a CNN or a workload
-    file's layers have neither (as ``seq_len`` and ``tp`` are refused there)."""
-    if strategy.recompute != "none" and not any(layer.name.startswith("block") for layer in model.layers):
+    layers (:mod:`perfsim.engine.layer_times`, :mod:`perfsim.memory`; a workload file's
+    ``block*`` layers too), the attention kernel prices a transformer's attention
+    (:mod:`perfsim.engine.compute`); an MLP or a CNN has neither (as ``seq_len`` and ``tp``
+    are refused there)."""
+    if strategy.recompute != "none" and not has_blocks(model):
         raise ConfigError(f"recompute={strategy.recompute!r}: model {model.name!r} has no transformer "
                           f"blocks to recompute (its time and memory would not change)")
     if strategy.attention != "megatron" and model.arch is None:
         raise ConfigError(f"attention={strategy.attention!r}: model {model.name!r} is not a transformer "
                           f"(no attention to run)")
+
+
+def has_blocks(model) -> bool:
+    """The model has layers that recomputation re-runs (``block*``, a transformer's blocks)."""
+    return any(layer.name.startswith("block") for layer in model.layers)
 
 
 def _default_kernels(defaults, model, precision: str) -> str:

@@ -53,7 +53,8 @@ class Context:
     pinned: frozenset = frozenset()
     #: routed experts of a mixture-of-experts model (0: dense)
     experts: int = 0
-    #: the model is a transformer (recomputation and the attention kernel apply to it)
+    #: the model has transformer blocks (recomputation and the attention kernel apply to
+    #: them alone: perfsim.api.check_transformer_only)
     transformer: bool = True
 
 
@@ -157,6 +158,8 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
         raise ConfigError(f"{who}={value!r}: choose from {', '.join(map(str, p.allowed))}")
     if name == "ep" and ctx is not None and value > 1 and not ctx.experts:
         raise ConfigError(f"{who}={value!r}: the model has no experts to split")
+    if name in TRANSFORMER_ONLY and ctx is not None and not ctx.transformer and value != p.default:
+        raise ConfigError(f"{who}={value!r}: the model is not a transformer (predict refuses it there)")
     if name == "precision" and ctx is not None and ctx.gpu is not None:
         from perfsim.hardware import check_precision  # lazy: import perfsim does not load perfsim.hardware
 

@@ -112,6 +112,11 @@ def test_recompute_and_attention_are_refused_where_nothing_would_change():
             perfsim.predict(model="digits-mlp", pp=2, **kw)
     tiny = perfsim.predict(model="gpt2-tiny", pp=2, recompute="full").summary["iteration_s"]
     assert tiny > perfsim.predict(model="gpt2-tiny", pp=2).summary["iteration_s"]  # a transformer: it applies
+    wl = dict(workload="example-workload", gpu="a100")  # a workload file's block layers: it applies too
+    assert perfsim.predict(**wl, recompute="full").summary["iteration_s"] > \
+        perfsim.predict(**wl).summary["iteration_s"]
+    with pytest.raises(ConfigError, match="recompute='full': the model is not a transformer"):
+        perfsim.plan(model="digits-mlp", nodes=2, bandwidth="1Gbps", global_batch=16, recompute="full")
     result = perfsim.plan(model="digits-mlp", gpu="a100", nodes=1, gpus_per_node=2, bandwidth="1Gbps",
                           global_batch=16, top=5)
     assert {(c.params.get("recompute", "none"), c.params.get("attention", "megatron"))
