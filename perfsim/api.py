@@ -132,9 +132,20 @@ def input_files(**params) -> dict[str, Any]:
             except ConfigError:
                 files[role] = str(get(role))
     model = get("model")
-    if not get("workload") and isinstance(model, str) and model.lower().endswith(".json"):
-        files["model"] = model
+    if not get("workload") and isinstance(model, str):
+        config = _config_json(model)
+        if config is not None:
+            files["model"] = config
     return files
+
+
+def _config_json(name: str) -> str | None:
+    """The config.json that model ``name`` reads -- a path ending in ``.json``, or the
+    ``config.json`` of a Hub-style folder -- else None (a preset or an inline spec):
+    the one rule :func:`build_configs` reads by and :func:`input_files` keys by."""
+    if os.path.isdir(name):
+        return os.path.join(name, "config.json")
+    return name if name.lower().endswith(".json") else None
 
 
 def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
@@ -152,11 +163,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     if p["workload"]:
         model = _model(None, _load_file("workload", p["workload"]), seq_len)
     else:
-        name = p["model"]
-        if os.path.isdir(name):  # a Hub-style folder holding config.json
-            name = os.path.join(name, "config.json")
-            if not os.path.isfile(name):
-                raise ConfigError(f"model {p['model']!r}: a folder without config.json")
+        name = _config_json(p["model"]) or p["model"]
+        if os.path.isdir(p["model"]) and not os.path.isfile(name):  # a Hub-style folder holding config.json
+            raise ConfigError(f"model {p['model']!r}: a folder without config.json")
         if name.lower().endswith(".json"):
             if not os.path.exists(name):
                 raise ConfigError(f"model {name!r}: no such config.json")
@@ -193,6 +202,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["placement"] = tuple(x.strip().lower() for x in (p["placement"] or defaults.placement).split(","))
     strategy = Strategy(**st)
     check_routing(model.arch, model.name, strategy)
+    check_transformer_only(model, strategy)
     fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
@@ -222,6 +232,26 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                   intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def check_transformer_only(model, strategy: Strategy) -> None:
+    """Refuse a setting that only a transformer's blocks use on a model without them, rather
+    than predict as if it were not given: recomputation re-runs the forward of the ``block``
+    layers (:mod:`perfsim.engine.layer_times`, :mod:`perfsim.memory`; a workload file's
+    ``block*`` layers too), the attention kernel prices a transformer's attention
+    (:mod:`perfsim.engine.compute`); an MLP or a CNN has neither (as ``seq_len`` and ``tp``
+    are refused there)."""
+    if strategy.recompute != "none" and not has_blocks(model):
+        raise ConfigError(f"recompute={strategy.recompute!r}: model {model.name!r} has no transformer "
+                          f"blocks to recompute (its time and memory would not change)")
+    if strategy.attention != "megatron" and model.arch is None:
+        raise ConfigError(f"attention={strategy.attention!r}: model {model.name!r} is not a transformer "
+                          f"(no attention to run)")
+
+
+def has_blocks(model) -> bool:
+    """The model has layers that recomputation re-runs (``block*``, a transformer's blocks)."""
+    return any(layer.name.startswith("block") for layer in model.layers)
 
 
 def _default_kernels(defaults, model, precision: str) -> str:

@@ -148,11 +148,22 @@ def _settle_stdout() -> None:
         detach_stdout()
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser:
+    """The parser of subcommand ``command`` (the top parser when there is none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return action.choices[command]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     if sys.stdout is None:
         sys.stdout = _ClosedStdout()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # argparse's top parser would say "perfsim: error:"; the command's own names it
+        command = _command_parser(parser, getattr(args, "command", None))
+        command.error(f"unrecognized arguments: {' '.join(extra)} ({command.prog} --help lists the flags)")
     if args._run is None:
         parser.print_help()
         return 0

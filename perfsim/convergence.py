@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
@@ -271,6 +272,10 @@ def convergence_from_runs(folders: Sequence[str | Path], smoothing: int = 10) ->
 def load_convergence(name: str | None, model: str) -> Convergence | None:
     """Curves from a file path, ``perfsim run`` folders, a bundled model name, or
     (``name=None``) the bundled curves of ``model`` if any."""
+    if name is not None:
+        if not isinstance(name, (str, os.PathLike)):
+            raise ConfigError(f"convergence={name!r}: a bundled model name, a JSON file or perfsim run folders")
+        name = os.fspath(name)
     if name is not None and (folders := _run_folders(name)) is not None:
         return convergence_from_runs(folders)
     if name is None:

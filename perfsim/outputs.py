@@ -58,9 +58,10 @@ def is_stdio(path: str | os.PathLike | None) -> bool:
 # ------------------------------------------------------------------ formats
 def output_format(path: str | os.PathLike | None, fmt: str | None = None,
                   allowed: tuple[str, ...] = FORMATS, default: str = "table",
-                  flag: str = "--output") -> str:
+                  flag: str = "--output", has_format_flag: bool = True) -> str:
     """The format to write ``path`` in: ``fmt`` when given, else from the
-    suffix, else ``default``. Unknown or unsupported suffixes are refused."""
+    suffix, else ``default``. Unknown or unsupported suffixes are refused (the hint
+    names ``--format`` only for a command that has it: ``has_format_flag``)."""
     if fmt is not None:
         if fmt not in allowed:
             raise ConfigError(f"--format {fmt!r}: choose from {', '.join(allowed)}")
@@ -77,8 +78,8 @@ def output_format(path: str | os.PathLike | None, fmt: str | None = None,
             chosen = default
         elif suffix not in SUFFIXES or SUFFIXES[suffix] not in allowed:
             known = ", ".join(s for s, f in SUFFIXES.items() if f in allowed)
-            raise ConfigError(f"{flag} {str(path)!r}: unknown suffix {suffix!r} (use {known}, "
-                              "or --format)")
+            raise ConfigError(f"{flag} {str(path)!r}: unknown suffix {suffix!r} (use {known}"
+                              + (", or --format)" if has_format_flag else ")"))
         else:
             chosen = SUFFIXES[suffix]
     if chosen == "parquet":

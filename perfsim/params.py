@@ -352,10 +352,10 @@ def _parse_partition(value: Any, p: Param) -> tuple[int, ...] | str | None:
 
 
 def parse_device_order(value: Any, who: str) -> tuple[int, ...] | None:
-    items = str(value).split(",") if isinstance(value, str) else list(value)
     try:
+        items = str(value).split(",") if isinstance(value, str) else list(value)
         order = tuple(int(str(x).strip()) for x in items if str(x).strip())
-    except ValueError:
+    except (TypeError, ValueError):
         raise ConfigError(f"{who}={value!r}: expected comma-separated GPU indices") from None
     if sorted(order) != list(range(len(order))):
         raise ConfigError(f"{who}={value!r}: must be a permutation of 0..{len(order) - 1}")
@@ -408,6 +408,11 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
         return parse_spec(value, p.role) if hasattr(value, "role") else _bad_string(value, who)
     if hasattr(value, "__fspath__"):
         value = str(value)
+    if kind == "profile" and not isinstance(value, str):
+        from perfsim.profile import Profile  # lazy: import perfsim does not load perfsim.profile
+
+        if not isinstance(value, Profile):
+            raise ConfigError(f"{who}={value!r}: a profile file, a profile name or a loaded Profile")
     if kind in ("profile", "nic") and not isinstance(value, str):
         return value  # a loaded perfsim.profile.Profile, a perfsim.fabrics.Nic
     if not isinstance(value, str) or not value.strip():

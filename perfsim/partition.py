@@ -32,10 +32,10 @@ def parse_counts(text: str | Sequence[int] | None) -> tuple[int, ...] | None:
     (the balanced partition)."""
     if text is None or str(text).strip() in ("", "balanced"):
         return None
-    items = str(text).split(",") if isinstance(text, str) else list(text)
     try:
+        items = str(text).split(",") if isinstance(text, str) else list(text)
         return tuple(int(str(x).strip()) for x in items)
-    except ValueError:
+    except (TypeError, ValueError):  # 5, [1.5], ["a"]: not a list of counts
         raise ConfigError(f"partition {text!r}: expected comma-separated layer counts") from None
 
 

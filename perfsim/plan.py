@@ -288,7 +288,7 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                **system: Any) -> tuple[list[Candidate], list[str]]:
     """Every configuration :func:`plan` searches (validated; bounds not yet computed),
     and the notes on what was left out -- the space an exhaustive check runs through."""
-    from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
+    from perfsim.api import build_configs, has_blocks  # lazy: import perfsim does not load perfsim.api
     from perfsim.convergence import load_convergence  # lazy: import perfsim does not load perfsim.convergence
     from perfsim.hardware import get_gpu  # lazy: import perfsim does not load perfsim.hardware
 
@@ -303,7 +303,7 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
         notes.append(f"steps to loss from {curves.describe()}")
     w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
     ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
-                  experts=getattr(w.arch, "experts", 0) or 0)
+                  experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
     topo = w_system.topology
     if topo is not None and topo.nodes < nodes:
@@ -390,6 +390,9 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend={backend!r}: choose from {', '.join(BACKENDS)}")
+    if target_loss is not None and (isinstance(target_loss, bool) or not isinstance(target_loss, (int, float))
+                                    or not math.isfinite(target_loss)):
+        raise ConfigError(f"target_loss={target_loss!r}: must be a finite number (a loss the runs reach)")
     if not (isinstance(tie_band, (int, float)) and 0 <= tie_band < 1):
         raise ConfigError(f"tie_band={tie_band!r}: a fraction in [0, 1)")
     forget_jobs()

@@ -21,6 +21,8 @@ any search: one line naming the flag and the value.
 from __future__ import annotations
 
 import importlib
+import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -51,12 +53,21 @@ class Context:
     pinned: frozenset = frozenset()
     #: routed experts of a mixture-of-experts model (0: dense)
     experts: int = 0
+    #: the model has transformer blocks (recomputation and the attention kernel apply to
+    #: them alone: perfsim.api.check_transformer_only)
+    transformer: bool = True
+
+
+#: dimensions of a transformer's blocks alone (predict refuses them on other models:
+#: perfsim.api.check_transformer_only)
+TRANSFORMER_ONLY = ("recompute", "attention")
 
 
 def on_gpu(ctx: Context, p) -> tuple:
     """Every allowed value where a GPU preset models kernels and checks memory (these
-    dimensions trade memory for time); the parameter's default elsewhere."""
-    if ctx.gpu is None:
+    dimensions trade memory for time); the parameter's default elsewhere, and on a model
+    that is not a transformer for :data:`TRANSFORMER_ONLY`."""
+    if ctx.gpu is None or (p.name in TRANSFORMER_ONLY and not ctx.transformer):
         return (p.default,)
     return (False, True) if p.kind == "bool" else tuple(p.allowed)
 
@@ -147,6 +158,8 @@ def check_value(name: str, value: Any, who: str, ctx: Context | None = None) -> 
         raise ConfigError(f"{who}={value!r}: choose from {', '.join(map(str, p.allowed))}")
     if name == "ep" and ctx is not None and value > 1 and not ctx.experts:
         raise ConfigError(f"{who}={value!r}: the model has no experts to split")
+    if name in TRANSFORMER_ONLY and ctx is not None and not ctx.transformer and value != p.default:
+        raise ConfigError(f"{who}={value!r}: the model is not a transformer (predict refuses it there)")
     if name == "precision" and ctx is not None and ctx.gpu is not None:
         from perfsim.hardware import check_precision  # lazy: import perfsim does not load perfsim.hardware
 
@@ -216,6 +229,11 @@ def splits(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
         for v in vals or ():
             if gpus % v:
                 raise ConfigError(f"{name}={v}: does not divide the cluster's {gpus} GPUs")
+    pinned = {name: given[name] for name in ("tp", "pp", "dp") if given.get(name)}
+    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (len(pinned) < 3 or math.prod(c) == gpus)
+                                   for c in itertools.product(*pinned.values())):
+        what = " x ".join(f"{name}={','.join(map(str, vals))}" for name, vals in pinned.items())
+        raise ConfigError(f"{what}: tp x pp x dp must be the cluster's {gpus} GPUs (nodes x gpus_per_node)")
     for v in given.get("pp") or ():
         if v > n_layers:
             raise ConfigError(f"pp={v}: more stages than the model's {n_layers} layers")

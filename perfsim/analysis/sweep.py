@@ -275,6 +275,9 @@ def _records_from_table(out: Path) -> list[dict]:
         return []
     summary = read_table(out, allow_empty=True)
     if "config_id" not in summary.columns:
+        if len(summary.columns):  # someone's table, not a sweep's: never overwritten silently
+            raise ConfigError(f"--out {str(out)!r}: holds a table that is not a perfsim sweep's (no config_id "
+                              f"column); give another --out, or --overwrite (resume=False) to replace it")
         return []
     stages_file = sibling_path(out, "stages")
     stages = read_table(stages_file, allow_empty=True) if stages_file.exists() else None
@@ -468,7 +471,7 @@ def run_sweep(spec: SweepSpec | Mapping[str, Any], out: str | os.PathLike | None
         return table
     if out is not None:  # before any work: a bad path, a missing pyarrow
         outputs.check_file_target(out, "--out")
-        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out")
+        outputs.output_format(out, allowed=("csv", "parquet"), default="", flag="--out", has_format_flag=False)
         if Path(out).suffix.lower() not in TABLE_SUFFIXES:
             raise ConfigError(f"--out {str(out)!r}: needs a .csv or .parquet suffix")
         with outputs.locked_dir(out, "--out", file=True):  # one sweep per output at a time

@@ -160,6 +160,7 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         latency_s=latency if isinstance(latency, (int, float)) else v.parse_latency(latency),
         steps=steps, dataset_limit=limit, profile=str(profile), link_model=link_model, out=str(out),
         seed=seed, repeats=repeats, reuse_measured=reuse_measured)
+    check_dir_target(plan.out, "--out")  # before the specs: their run config checks the folder too
     v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
         from perfsim.netem import check_privileges  # lazy: import perfsim does not load perfsim.netem
@@ -167,7 +168,6 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         check_privileges()
     if not 0 <= seed < 2**32:
         raise ConfigError(f"--seed {seed}: must be in 0..{2**32 - 1}")
-    check_dir_target(plan.out, "--out")
     with locked_dir(plan.out, "--out"):  # a second validate on the same folder is refused
         return _run_and_write(plan, plot=plot, progress=progress,
                               title=f"{model} pp={pp} dp={dp} tp={','.join(map(str, tps))}",

@@ -16,20 +16,26 @@ EXAMPLES = """examples:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     params.add_arguments(p, lists=False)
-    p.add_argument("--format", choices=("text", "json"), default="text", help="output format (default text)")
-    add_out(p, None, "write to FILE (atomically) instead of stdout (- is stdout)", metavar="FILE")
+    p.add_argument("--format", choices=("text", "json"), default=None,
+                   help="output format (default: from the --out suffix, .txt or .json, else text)")
+    add_out(p, None, "write to FILE (atomically; its suffix picks the format) instead of stdout (- is stdout)",
+            metavar="FILE")
 
 
 def run(args) -> int:
     # lazy: perfsim --help does not load perfsim.analysis.memory_fit
     from perfsim.analysis.memory_fit import memory_report, render
 
+    # the format from --format or the suffix (JSON in m.json, never the text), before any work;
+    # the text report is outputs' ``table`` (.txt)
+    fmt = outputs.output_format(args.out, {"text": "table"}.get(args.format, args.format),
+                                allowed=("table", "json"), flag="--out")
     out = None if outputs.is_stdio(args.out) else args.out
     if out:
         outputs.check_file_target(out, "--out")
     values = params.from_args(args)
     values.pop("allow_oom", None)
     report = memory_report(**values)
-    text = outputs.json_text(report.to_dict()) if args.format == "json" else render(report) + "\n"
+    text = outputs.json_text(report.to_dict()) if fmt == "json" else render(report) + "\n"
     outputs.emit(out, text)
     return 0

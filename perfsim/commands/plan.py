@@ -28,6 +28,8 @@ HELP = "search parallelism, schedule and compression for a model on a cluster; r
 
 #: predict parameters the plan derives itself (from --global-batch and the split)
 _OWN = ("global_batch", "macro_batch")
+#: output formats (``-o x.json`` writes JSON: the suffix picks the format, perfsim.outputs)
+FORMATS = ("table", "json", "csv")
 #: seconds between two progress lines when stderr is not a terminal
 PROGRESS_EVERY_S = 5.0
 
@@ -54,8 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="address of a dask.distributed scheduler (tcp://host:8786) to spread a large search "
                         "over its workers (with --backend dask)")
     g = p.add_argument_group("output")
-    g.add_argument("--format", choices=("table", "json", "csv"), default="table")
-    g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically) instead of stdout (- is stdout)")
+    g.add_argument("--format", choices=FORMATS, default=None,
+                   help="output format (default: from the --out suffix, .txt, .csv or .json, else table)")
+    g.add_argument("--out", "-o", "--output", dest="output",
+                   help="write to FILE (atomically; its suffix picks the format) instead of stdout (- is stdout)")
     g.add_argument("--emit", choices=EMIT_KINDS, default=None,
                    help="also print the winner as a command: megatron (Megatron-LM's flags), torchrun (a "
                         "torchrun command line around them) or perfsim (perfsim run)")
@@ -67,7 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _check_outputs(args) -> None:
-    """Refuse an output that cannot be written before the search (one line, exit 2)."""
+    """Refuse an output that cannot be written before the search (one line, exit 2); the
+    format from ``--format`` or the output's suffix (a disagreeing pair refused)."""
+    args.format = outputs.output_format(args.output, args.format, allowed=FORMATS, flag="--out")
     if args.output:
         outputs.check_file_target(args.output, "--out")
     if args.plot:

@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="output format (default: from --out's suffix .txt/.csv/.json/.parquet, else table)")
     g.add_argument("--out", "-o", "--output", dest="output", help="write to FILE (atomically; a FIFO or "
                    "device in place) instead of stdout (- is stdout); a --format must agree with its suffix")
-    g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json)")
+    g.add_argument("--trace", help="write a Chrome/Perfetto trace of the timeline (FILE.json); a grid of N "
+                   "configurations writes FILE-0.json ... FILE-<N-1>.json, in the order of the output's rows")
 
 
 def _grid(args) -> list[dict]:
@@ -43,6 +44,16 @@ def _trace_path(base: str, i: int, n: int) -> str:
         return base
     stem, dot, ext = base.rpartition(".")
     return f"{stem}-{i}.{ext}" if dot else f"{base}-{i}"
+
+
+def _label(grid: list[dict], i: int) -> str:
+    """The values that tell configuration ``i`` of ``grid`` from the others (``bandwidth=1Gbps,
+    compress=fp16``): what its trace file stands for."""
+    from perfsim.units import format_bandwidth, format_time  # lazy: only for a grid with --trace
+
+    shown = {"bandwidth": format_bandwidth, "latency": format_time}
+    varying = [k for k in grid[0] if len({str(row.get(k)) for row in grid}) > 1]
+    return ", ".join(f"{k}={shown.get(k, str)(grid[i][k])}" for k in varying)
 
 
 def _json(results) -> str:
@@ -72,6 +83,8 @@ def run(args) -> int:
         if args.trace:
             res.write_trace(_trace_path(args.trace, i, len(grid)))
             res.trace_events = []
+            if len(grid) > 1:  # not the FILE named: say which file holds which configuration
+                log.info("wrote trace %s (%s)", _trace_path(args.trace, i, len(grid)), _label(grid, i))
         results.append(res)
     if fmt == "csv":
         data = outputs.records_csv([r.row() for r in results]).encode()

@@ -214,6 +214,22 @@ def test_run_errors(tmp_path):
         run_sweep(GRID, None, jobs=0, predict=fake_predict)
 
 
+def test_a_table_that_is_not_a_sweeps_is_never_overwritten(tmp_path):
+    """qa1: `perfsim sweep -o mine.csv` replaced a user's own CSV (no config_id column) without
+    a word; a sweep table of another grid was already refused. Now both are, and --overwrite
+    (resume=False) replaces it on purpose; an empty file is no one's table."""
+    out = tmp_path / "mine.csv"
+    out.write_text("a,b\n1,2\n")
+    with pytest.raises(ConfigError, match="not a perfsim sweep's"):
+        run_sweep(GRID, out, predict=fake_predict)
+    assert out.read_text() == "a,b\n1,2\n" and not part_path(out).exists()
+    table = run_sweep(GRID, out, predict=fake_predict, resume=False)
+    assert len(pd.read_csv(out)) == len(table.summary) > 0
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    assert len(run_sweep(GRID, empty, predict=fake_predict).summary) == len(table.summary)
+
+
 def test_pool_only_when_it_pays():
     from perfsim.analysis.sweep import POOL_STARTUP_S, use_pool
 

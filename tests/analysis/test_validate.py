@@ -164,6 +164,16 @@ def test_cli_bad_input(small_profile, tmp_path, args, culprit):
     assert len(lines) == 1 and culprit in lines[0]
 
 
+def test_cli_out_that_is_a_file_is_named_as_such(small_profile, tmp_path):
+    """qa1: `validate --out FILE` said "the runtime rejects compress=fp32 grad_compress=none:
+    --out ...: is a file, not a folder" -- blaming the compressors for the folder."""
+    f = tmp_path / "results.json"
+    f.write_text("{}")
+    r = run_cli_here("validate", "--no-progress", "--profile", str(small_profile), "--out", str(f))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"perfsim validate: error: --out '{f}': {f} is a file, not a folder"]
+
+
 def _shaped(name, alpha, rate_bps, burst, sizes=(1024, 4096, 16384, 262144, 1048576, 4194304)):
     return [{"op": "p2p", "name": name, "size_bytes": s, "world_size": 2,
              "time_s": alpha + max(0, s - burst) * 8 / rate_bps} for s in sizes]

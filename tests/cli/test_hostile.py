@@ -148,6 +148,29 @@ def test_sweep_key_covers_workload_topology_and_version(tmp_path, caplog, monkey
     assert "since the stored rows: recomputing 2 rows" in text and "-> 99.0+0000" in text
 
 
+def test_sweep_key_covers_a_model_folders_config_json(tmp_path, caplog):
+    """qa1: `--model FOLDER` (a Hub-style folder holding config.json) was not in the sweep's
+    key: after config.json lost half its layers a re-run said "2 of 2 already done" and kept
+    the old rows (the probe, llama-3-8b cut from 16 to 8 layers: 4,540,469,248 parameters
+    kept where predict gives 2,795,573,248)."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    config = json.loads((Path(__file__).resolve().parents[1] / "data" / "configs" / "qwen2-0.5b.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config))
+    grid = dict(model=str(folder), gpu="h100", pp="1,2", out=str(tmp_path / "s.csv"), progress=False)
+    first = perfsim.sweep(**grid).to_frame()
+    assert first["input_key"].str.contains("model=").all()
+    config["num_hidden_layers"] //= 2
+    (folder / "config.json").write_text(json.dumps(config))
+    caplog.clear()
+    with caplog.at_level("INFO", logger="perfsim"):
+        table = perfsim.sweep(**grid).to_frame()
+    assert f"model {folder} changed since the stored rows: recomputing 2 rows" in caplog.text
+    assert (table.params < first.params).all()
+    assert list(table.params) == [perfsim.predict(model=str(folder), gpu="h100", pp=pp).summary["params"]
+                                  for pp in (1, 2)]
+
+
 def test_sweep_rows_without_a_key_are_recomputed(tmp_path, caplog):
     """A table written before rows carried their inputs' key is not trusted."""
     out = tmp_path / "s.csv"
@@ -392,6 +415,16 @@ def test_no_hint_where_none_can_work():
     assert found is None and "positive" in line
 
 
+def test_a_suffix_hint_names_only_flags_the_command_has(tmp_path):
+    """qa1: `sweep -o x.json` said "(use .csv, .parquet, .pq, or --format)"; sweep has no
+    --format (following the hint: "unrecognized arguments: --format")."""
+    r = run_cli_here("sweep", "--pp", "2", "--macro-batch", "4", "-o", str(tmp_path / "x.json"), "--no-progress")
+    assert r.returncode == 2 and "unknown suffix '.json' (use .csv, .parquet, .pq)" in r.stderr, r.stderr
+    assert "--format" not in r.stderr
+    r = run_cli_here("predict", "--pp", "2", "--macro-batch", "4", "-o", str(tmp_path / "x.xyz"))
+    assert r.returncode == 2 and "or --format)" in r.stderr  # predict has it
+
+
 @pytest.mark.parametrize("flag", ["--hang-timeout", "--timeout"])
 def test_timeout_hint_is_seconds(flag, tmp_path):
     """`run --hang-timeout 30` said "e.g. 30ms": following it kills a healthy run as hung.
@@ -511,3 +544,29 @@ def test_an_empty_value_in_a_list_is_refused():
     """A sweep file's `bandwidth = ["10Gbps", ""]` dropped the empty value like the comma list."""
     with pytest.raises(ConfigError, match="element 2 of 2 is empty"):
         perfsim.sweep(bandwidth=["10Gbps", ""])
+
+
+@pytest.mark.parametrize("func,kwargs,culprit", [
+    ("predict", dict(profile=5), "profile=5"),
+    ("memory_report", dict(model="gpt2-tiny", pp=2, profile=[1]), "profile=[1]"),
+    ("predict", dict(partition=5), "partition 5"),
+    ("predict", dict(device_order=5), "device_order=5"),
+    ("plan", dict(convergence=5), "convergence=5"),
+    ("plan", dict(target_loss="x"), "target_loss='x'"),
+    ("plan", dict(target_loss=float("inf")), "target_loss=inf"),
+])
+def test_the_api_answers_a_wrong_type_with_a_config_error(func, kwargs, culprit):
+    """qa1: these raised TypeError / AttributeError from deep inside (`expected str, bytes or
+    os.PathLike object, not int`, `'int' object is not iterable`); a target loss of inf was
+    accepted (every method "reaches" it at once, the ranking by iteration time alone)."""
+    if func == "plan":
+        kwargs = dict(model="gpt2-tiny", nodes=2, bandwidth="1Gbps", global_batch=16, **kwargs)
+    with pytest.raises(ConfigError, match=re.escape(culprit)):
+        getattr(perfsim, func)(**kwargs)
+
+
+def test_the_plan_reads_convergence_curves_from_a_path_object():
+    """qa1: `perfsim.plan(convergence=Path(...))` raised AttributeError ('PosixPath' ... 'split')."""
+    curves = Path(perfsim.__file__).parent / "data" / "convergence" / "gpt2-tiny.json"
+    r = perfsim.plan(model="gpt2-tiny", nodes=2, bandwidth="1Gbps", global_batch=16, top=1, convergence=curves)
+    assert str(curves) in " ".join(r.notes)

@@ -260,3 +260,35 @@ def test_dash_is_stdout_for_memory_and_plan(tmp_path):
     assert r.returncode == 0, r.stderr
     table = pd.read_csv(io.StringIO(r.stdout))  # the emitted command went to stderr, not into the CSV
     assert list(table["rank"]) == [1, 2] and "perfsim run" in r.stderr and not (tmp_path / "-").exists()
+
+
+def test_plan_and_memory_write_the_format_their_out_suffix_names(tmp_path, capsys):
+    """qa1: `plan -o p.json` and `memory -o m.json` wrote the text table into the .json file
+    (exit 0), where predict and compressors pick the format from the suffix. Now the suffix
+    chooses, and a suffix the command cannot write, or one that disagrees with --format, is
+    refused before any work (exit 2)."""
+    import json
+
+    import pandas as pd
+
+    mem = ["memory", "--model", "gpt2-tiny", "--pp", "2"]
+    assert main([*mem, "-o", str(tmp_path / "m.json")]) == 0
+    assert json.loads((tmp_path / "m.json").read_text())["worst_stage"] == 1
+    assert main([*mem, "-o", str(tmp_path / "m.txt")]) == 0
+    assert (tmp_path / "m.txt").read_text().startswith("peak ")
+    for bad in (["-o", str(tmp_path / "m.csv")], ["-o", str(tmp_path / "m.txt"), "--format", "json"]):
+        assert main([*mem, *bad]) == 2
+        assert not (tmp_path / "m.csv").exists()
+    cpu = os.path.join(os.path.dirname(__file__), "..", "..", "traces", "cpu-2core.json")
+    plan = ["plan", "--model", "gpt2-tiny", "--profile", cpu, "--nodes", "2", "--bandwidth", "100Mbps",
+            "--global-batch", "16", "--schedule", "1f1b", "--compress", "fp32", "--grad-compress", "none",
+            "--top", "2", "--no-progress"]
+    assert main([*plan, "-o", str(tmp_path / "p.json")]) == 0
+    assert [r["rank"] for r in json.loads((tmp_path / "p.json").read_text())] == [1, 2]
+    assert main([*plan, "-o", str(tmp_path / "p.csv")]) == 0
+    assert list(pd.read_csv(tmp_path / "p.csv")["rank"]) == [1, 2]
+    capsys.readouterr()
+    for bad in (["-o", str(tmp_path / "p.png")], ["-o", str(tmp_path / "q.csv"), "--format", "json"]):
+        assert main([*plan, *bad]) == 2
+        assert "--out" in capsys.readouterr().err
+    assert not (tmp_path / "p.png").exists() and not (tmp_path / "q.csv").exists()

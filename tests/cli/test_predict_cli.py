@@ -53,6 +53,22 @@ def test_json_output_file_and_trace(capsys, tmp_path):
     assert not list(tmp_path.glob(".*"))  # no temp files left behind
 
 
+def test_a_grids_traces_are_named_on_stderr(capsys, tmp_path):
+    """qa1: `--bandwidth 1Gbps,10Mbps --trace t.json` wrote t-0.json and t-1.json and said
+    nothing: no t.json (or an old one, stale), and no word of which file holds which row."""
+    trace = tmp_path / "t.json"
+    code, out, err = run(capsys, "--macro-batch", "4", "--bandwidth", "1Gbps,10Mbps", "--compress", "fp32,fp16",
+                         "--format", "csv", "--trace", str(trace))
+    assert code == 0, err
+    rows = list(csv.DictReader(io.StringIO(out)))
+    for i, (bw, c) in enumerate([("1Gbps", "fp32"), ("10Mbps", "fp32"), ("1Gbps", "fp16"), ("10Mbps", "fp16")]):
+        path = tmp_path / f"t-{i}.json"
+        assert f"wrote trace {path} (compress={c}, bandwidth={bw})" in err
+        assert rows[i]["compress"] == c and float(rows[i]["bandwidth_bps"]) == {"1Gbps": 1e9, "10Mbps": 1e7}[bw]
+        assert json.loads(path.read_text())["traceEvents"]
+    assert not trace.exists()
+
+
 @pytest.mark.parametrize("argv,culprit", [
     ("--bandwidth 100furlongs", "100furlongs"),
     ("--bandwidth=-5Mbps", "-5Mbps"),

@@ -34,6 +34,9 @@ BAD_INPUT = [
     (["--attention", "fast"], "--attention='fast'"),
     (["--schedule", "1f1b,nope"], "--schedule='nope'"),
     (["--tp", "3"], "tp=3: does not divide"),
+    # qa1: 8 GPUs asked of a 2-GPU cluster was blamed on "global_batch=8: no TP x PP x DP split"
+    (["--tp", "2", "--pp", "2", "--dp", "2"], "tp=2 x pp=2 x dp=2: tp x pp x dp must be the cluster's 2 GPUs"),
+    (["--pp", "2", "--dp", "2"], "pp=2 x dp=2: tp x pp x dp must be the cluster's 2 GPUs"),
     (["--pp", "0"], "--pp='0'"),
     (["--micro-batch", "16"], "micro_batch=16: does not divide global_batch=8"),
     (["--seq-len", "64,128"], "takes one value"),
@@ -96,3 +99,25 @@ def test_pinned_and_widened_dimensions_are_searched_as_given():
     seen = {(c.params["pp"], c.params["schedule"], str(c.params["compress"]), c.params["micro_batch"])
             for c in res.all_evaluated}
     assert seen == {(2, s, c, m) for s in ("1f1b", "gpipe") for c in ("fp32", "fp16") for m in (2, 4)}
+
+
+def test_recompute_and_attention_are_refused_where_nothing_would_change():
+    """qa1: `predict --model digits-mlp --recompute full` (or selective, or --attention flash)
+    gave the time and memory of `--recompute none` to the digit: the setting applies to a
+    transformer's blocks alone. Now predict refuses it naming the setting, and the plan
+    (which searched them on a GPU: five top rows that differed only there, 14,880 candidates
+    for 1 x 4 A100s) leaves them at their defaults on such a model."""
+    for kw in (dict(recompute="full"), dict(recompute="selective", gpu="a100"), dict(attention="flash")):
+        with pytest.raises(ConfigError, match=f"{next(iter(kw))}='{next(iter(kw.values()))}': model 'digits-mlp'"):
+            perfsim.predict(model="digits-mlp", pp=2, **kw)
+    tiny = perfsim.predict(model="gpt2-tiny", pp=2, recompute="full").summary["iteration_s"]
+    assert tiny > perfsim.predict(model="gpt2-tiny", pp=2).summary["iteration_s"]  # a transformer: it applies
+    wl = dict(workload="example-workload", gpu="a100")  # a workload file's block layers: it applies too
+    assert perfsim.predict(**wl, recompute="full").summary["iteration_s"] > \
+        perfsim.predict(**wl).summary["iteration_s"]
+    with pytest.raises(ConfigError, match="recompute='full': the model is not a transformer"):
+        perfsim.plan(model="digits-mlp", nodes=2, bandwidth="1Gbps", global_batch=16, recompute="full")
+    result = perfsim.plan(model="digits-mlp", gpu="a100", nodes=1, gpus_per_node=2, bandwidth="1Gbps",
+                          global_batch=16, top=5)
+    assert {(c.params.get("recompute", "none"), c.params.get("attention", "megatron"))
+            for c in result.ranked} == {("none", "megatron")}
