@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from heapq import heappush
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, Event
 
 from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.lanes import independent, run_lanes
@@ -109,6 +109,11 @@ class SimOutput:
     trace: list[dict] = field(default_factory=list)
     collective_algos: tuple[str, ...] = ()
     engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
+
+
+#: an Event without its constructor (``_new_event(Event)``, then its fields): the events
+#: made once per message (:meth:`Simulation._at`, a receive's inbox event)
+_new_event = object.__new__
 
 
 class _Events(dict):
@@ -188,8 +193,8 @@ class Simulation:
         SimPy adds a delay), not ``now + (t - now)``, which may round differently; it sits
         in SimPy 4's queue as a Timeout does: ``(time, priority, event id, event)``."""
         env = self.env
-        ev = simpy.Event(env)
-        ev._ok, ev._value = True, None
+        ev = _new_event(Event)  # Event.__init__'s two fields, set here
+        ev.env, ev.callbacks, ev._ok, ev._value = env, [], True, None
         heappush(env._queue, (t, NORMAL, next(env._eid), ev))
         return ev
 
@@ -198,7 +203,7 @@ class Simulation:
         a triggered event: a delivered message wakes its receiver in the delivery's own
         step instead of one more step at the same instant. Inside a running process (a
         backend that delivers from one) it is scheduled as usual."""
-        if self.env.active_process is not None:
+        if self.env._active_proc is not None:
             ev.succeed()
             return
         ev._ok, ev._value = True, None
@@ -273,7 +278,7 @@ class Simulation:
     def message_delivered(self, msg, started: float) -> None:
         """It arrived: the receiver's inbox fires."""
         key, _, mb, kind, r, s, src, dst = msg
-        now = self.env.now
+        now = self.env._now
         dur = now - started
         self.stats[(r, s)].comm_s += dur
         if r == self.replicas[0]:  # the breakdown table reports the first replica
@@ -281,7 +286,10 @@ class Simulation:
         if self.want_trace:
             self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                        1000 + s, started, now, {"src": src, "dst": dst})
-        self._fire(self._box(key))
+        box = self.inbox.get(key)  # (_box, inlined: once per message)
+        if box is None:
+            box = self.inbox[key] = self.env.event()
+        self._fire(box)
 
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
@@ -342,6 +350,8 @@ class Simulation:
         cells = self.micro if r == self.replicas[0] else None
         scratch, slow, tracing, lanes = self._scratch, self.slowdown, self.want_trace, self.lanes
         chain = not slow and not tracing
+        posts = getattr(net, "receives_posted", True)  # False: post_receive would do nothing
+        eid = env._eid  # (the events of _at, made inline: one per message sent; env._queue is a lane's own queue)
         t = None  # chain: when the local steps run since the last wait end (None: nothing pending)
         for op in self._program(d):
             kind, a, k, mb = op[0], op[1], op[2], op[3]
@@ -352,15 +362,17 @@ class Simulation:
                     yield self._at(t)
                     t = None
                 key = (r, k, tag, mb)
-                net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
+                if posts:
+                    net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
                 box = inbox.get(key)
                 if box is None:
-                    box = inbox[key] = env.event()
+                    box = inbox[key] = _new_event(Event)  # env.event(), without its two calls
+                    box.env, box.callbacks = env, []
                 yield box
                 del inbox[key]  # delivered and received: each key is used once
                 if decode > 0:
                     if chain:
-                        t = env.now + decode
+                        t = env._now + decode
                         st.codec_s += decode
                         cell["encode_s"] += decode
                     else:
@@ -369,13 +381,16 @@ class Simulation:
                 _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
                 if encode > 0:
                     if chain:
-                        t = (env.now if t is None else t) + encode
+                        t = (env._now if t is None else t) + encode
                         st.codec_s += encode
                         cell["encode_s"] += encode
                     else:
                         yield from self._codec(st, cell, r, d, encode, what, k, mb)
                 if t is not None:
-                    yield self._at(t)
+                    ev = _new_event(Event)  # self._at(t), inlined
+                    ev.env, ev.callbacks, ev._ok, ev._value = env, [], True, None
+                    heappush(env._queue, (t, NORMAL, next(eid), ev))
+                    yield ev
                     t = None
                 # handed to the network; delivered into inbox[key] (the ``message_*``
                 # methods are the backend's handler, called with this message)
@@ -385,9 +400,9 @@ class Simulation:
                 _, _, _, _, seconds, tp_s, sharded, last, column = op
                 if chain and not sharded and not last:
                     if seconds > 0:
-                        t = (env.now if t is None else t) + seconds
+                        t = (env._now if t is None else t) + seconds
                     if tp_s > 0:
-                        t = (env.now if t is None else t) + tp_s
+                        t = (env._now if t is None else t) + tp_s
                     st.compute_s += seconds
                     st.tp_comm_s += tp_s
                     cell[column] += seconds
