@@ -53,6 +53,7 @@ topology with unequal links keeps every distinct path.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -114,6 +115,23 @@ class SimOutput:
 #: an Event without its constructor (``_new_event(Event)``, then its fields): the events
 #: made once per message (:meth:`Simulation._at`, a receive's inbox event)
 _new_event = object.__new__
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic GC off inside (as it was outside afterwards). It would rescan the many
+    live generators and events of a run again and again (docs/validation.md,
+    "Measurement notes"); reference counting still frees them. A caller that lets go
+    of its :class:`Simulation` inside it (``with paused_gc(): out = Simulation(...).run()``)
+    has the simulation freed before the collector looks at the objects made meanwhile
+    (the 131,072-GPU case: a 0.2 s first collection over its still-live events otherwise)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Events(dict):
@@ -499,10 +517,11 @@ class Simulation:
         self._comm(simulated, +1)
         edges = yield from self.net.run_collective(coll, members, simulated, lanes)
         self._comm(simulated, -1)
+        links, wire, busy = self.links, coll.wire_bytes, env.now - start  # (one value for every edge)
         for src, dst in edges:
-            link = self.links[(src, dst, kind)]
-            link[0] += coll.wire_bytes
-            link[1] += env.now - start
+            link = links[(src, dst, kind)]
+            link[0] += wire
+            link[1] += busy
         return coll
 
     def stage_sync(self, s: int):
@@ -532,8 +551,9 @@ class Simulation:
             host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
             if host > 0:
                 yield env.timeout(host)
+            sync, stats = env.now - t0, self.stats  # (one value for every replica)
             for r in self.replicas:
-                self.stats[(r, d)].dp_sync_s += env.now - t0
+                stats[(r, d)].dp_sync_s += sync
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
 
@@ -586,25 +606,18 @@ class Simulation:
                 self.env.process(self.stage_sync(s))
         for r in self.tied_done:
             self.env.process(self.tied_sync(r))
-        # The cyclic GC would rescan the many live generators and events again and
-        # again (docs/validation.md, "Measurement notes"); reference counting still
-        # frees them, and the collector runs once afterwards.
-        was_enabled = gc.isenabled()
-        gc.disable()
         done, events = simpy.AllOf(env, procs), 0
         step = env.step
         try:
-            if heaps:
-                events += run_lanes(self, heaps)
-            while done.callbacks is not None:  # (not done.processed)
-                step()
-                events += 1
+            with paused_gc():
+                if heaps:
+                    events += run_lanes(self, heaps)
+                while done.callbacks is not None:  # (not done.processed)
+                    step()
+                    events += 1
         except simpy.core.EmptySchedule:
             raise RuntimeError(f"schedule {self.table.name!r}: the devices wait for each other "
                                f"(no event left at t = {env.now:g} s)") from None
-        finally:
-            if was_enabled:
-                gc.enable()
         devs = self.stats
         return SimOutput(
             iteration_s=max(d.end for d in devs.values()),

@@ -310,19 +310,16 @@ class FlowScheduler:
 
 
 class Connection:
-    """In-order delivery of messages between two devices: the queue, whether a message
-    is moving, and that message's ``(handler, msg)``; ``path`` and ``finished`` (the
-    stats callback of its flows) are set once, by :meth:`FlowBackend.send`."""
+    """In-order delivery of messages between two devices (``src -> dst``, over ``path``):
+    the queue and whether a message is moving. (It refers to nothing that refers back
+    to it: no reference cycle keeps a finished simulation alive for the cyclic GC.)"""
 
-    __slots__ = ("queue", "busy", "src", "dst", "path", "current", "finished")
+    __slots__ = ("queue", "busy", "src", "dst", "path")
 
-    def __init__(self, src: int = -1, dst: int = -1):
+    def __init__(self, src: int, dst: int, path: Path_):
         self.queue: deque = deque()
         self.busy = False
-        self.src, self.dst = src, dst
-        self.path: Path_ | None = None
-        self.current: tuple | None = None
-        self.finished: Callable[[float, float], None] | None = None
+        self.src, self.dst, self.path = src, dst, path
 
 
 class Egress:
@@ -439,9 +436,7 @@ class FlowBackend:
         of ``msg`` when its bytes start, when the last left and when it arrives."""
         conn = self.conns.get((src, dst))
         if conn is None:
-            conn = self.conns[(src, dst)] = Connection(src, dst)
-            conn.path = self.network.path(src, dst)
-            conn.finished = functools.partial(self._finished, conn)
+            conn = self.conns[(src, dst)] = Connection(src, dst, self.network.path(src, dst))
         conn.queue.append((key, nbytes, lanes, handler, msg))
         if not conn.busy:
             self._next(src, dst, conn)
@@ -468,19 +463,18 @@ class FlowBackend:
     def _start(self, src: int, dst: int, conn: Connection):
         _, nbytes, lanes, handler, msg = conn.queue.popleft()
         path = conn.path
-        conn.current = (handler, msg)
         handler.message_started(msg)
         # without a bucket or rendezvous the egress only counts (its drain time is read
         # by post_receive alone): every byte goes through the flow
         shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
                   if self.burst > 0 or self.rendezvous else nbytes * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, conn.finished, False)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
+                            functools.partial(self._finished, conn, handler, msg), False)
 
-    def _finished(self, conn: Connection, start: float, end: float) -> None:
-        """The last byte of ``conn``'s current message left at ``end`` (its flow's stats
-        callback): the handler hears of it, the message arrives ``latency`` later, and the
-        connection moves on to its next message."""
-        handler, msg = conn.current
+    def _finished(self, conn: Connection, handler: MessageHandler, msg: Any, start: float, end: float) -> None:
+        """The last byte of ``msg`` on ``conn`` left at ``end`` (its flow's stats callback):
+        the handler hears of it, the message arrives ``latency`` later, and the connection
+        moves on to its next message."""
         handler.message_sent(msg, start, end)
         _timer(self.env, conn.path.latency_s, (handler, msg, start), _delivered)
         self._next(conn.src, conn.dst, conn)  # the connection is free once the last byte left
