@@ -216,25 +216,6 @@ class Simulation:
         heappush(env._queue, (t, NORMAL, next(env._eid), ev))
         return ev
 
-    def _fire(self, ev: simpy.Event) -> None:
-        """Trigger ``ev`` and run its callbacks now, as SimPy's ``step`` does when it pops
-        a triggered event: a delivered message wakes its receiver in the delivery's own
-        step instead of one more step at the same instant. Inside a running process (a
-        backend that delivers from one) it is scheduled as usual."""
-        if self.env._active_proc is not None:
-            ev.succeed()
-            return
-        ev._ok, ev._value = True, None
-        callbacks, ev.callbacks = ev.callbacks, None
-        for callback in callbacks:
-            callback(ev)
-
-    def _box(self, key) -> simpy.Event:
-        ev = self.inbox.get(key)
-        if ev is None:
-            ev = self.inbox[key] = self.env.event()
-        return ev
-
     def _span(self, name, cat, pid, tid, start, end, args=None):
         if self.want_trace and end > start:
             ev = {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
@@ -291,23 +272,33 @@ class Simulation:
         link = self.links[(src, dst, "p2p")]
         link[0] += nbytes
         link[1] += end - start
-        self.stats[(msg[4], msg[5])].bytes_sent += nbytes
+        msg[8].bytes_sent += nbytes
 
     def message_delivered(self, msg, started: float) -> None:
-        """It arrived: the receiver's inbox fires."""
-        key, _, mb, kind, r, s, src, dst = msg
-        now = self.env._now
+        """It arrived: the receiver's inbox fires -- triggered, its callbacks run now, as
+        SimPy's ``step`` does when it pops a triggered event: a delivered message wakes its
+        receiver in the delivery's own step instead of one more step at the same instant
+        (inside a running process, a backend that delivers from one, it is scheduled as usual)."""
+        key, _, mb, kind, r, s, src, dst, st = msg
+        env = self.env
+        now = env._now
         dur = now - started
-        self.stats[(r, s)].comm_s += dur
+        st.comm_s += dur
         if r == self.replicas[0]:  # the breakdown table reports the first replica
             self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
         if self.want_trace:
             self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                        1000 + s, started, now, {"src": src, "dst": dst})
-        box = self.inbox.get(key)  # (_box, inlined: once per message)
+        box = self.inbox.get(key)
         if box is None:
-            box = self.inbox[key] = self.env.event()
-        self._fire(box)
+            box = self.inbox[key] = env.event()
+        if env._active_proc is not None:
+            box.succeed()
+            return
+        box._ok, box._value = True, None
+        callbacks, box.callbacks = box.callbacks, None
+        for callback in callbacks:
+            callback(box)
 
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
@@ -413,7 +404,7 @@ class Simulation:
                 # handed to the network; delivered into inbox[key] (the ``message_*``
                 # methods are the backend's handler, called with this message)
                 key, dst = (r, k2, tag, mb), devs[(r, peer)]
-                net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst))
+                net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
             else:
                 _, _, _, _, seconds, tp_s, sharded, last, column = op
                 if chain and not sharded and not last:

@@ -220,8 +220,8 @@ class FlowScheduler:
                 return self._max_min(flows)
             shape.append(f.cap)
             shape.append(tuple([number.setdefault(r, len(number)) for r in res]))
-        cap = self._cap
-        shape.append(tuple([cap(r) for r in number]))
+        cached, cap = self._cap_cache, self._cap  # (a capacity is cached once asked: _cap)
+        shape.append(tuple([cached.get(r) or cap(r) for r in number]))
         key = tuple(shape)
         rates = self._shapes.get(key)
         if rates is None:
