@@ -292,11 +292,12 @@ class FlowScheduler:
         f.active = False
         f.left = 0.0
         neighbours: dict[_Flow, None] = {}
+        users = self.users
         for r in f.resources:
-            users = self.users[r]
-            del users[f]
-            for g in users:
-                neighbours[g] = None
+            on = users[r]
+            del on[f]
+            if on:
+                neighbours.update(on)  # each of its flows, in order (values None)
         self.flows_done += 1
         if f.stats:
             f.stats(f.start, self.env._now)
@@ -439,7 +440,11 @@ class FlowBackend:
             conn = self.conns[(src, dst)] = Connection(src, dst, self.network.path(src, dst))
         conn.queue.append((key, nbytes, lanes, handler, msg))
         if not conn.busy:
-            self._next(src, dst, conn)
+            if self.rendezvous:
+                self._next(src, dst, conn)
+            else:  # (_next, without the receiver's ready notice to wait for)
+                conn.busy = True
+                self._start(src, dst, conn)
 
     def _next(self, src: int, dst: int, conn: Connection):
         if not conn.queue:
@@ -477,7 +482,10 @@ class FlowBackend:
         moves on to its next message."""
         handler.message_sent(msg, start, end)
         _timer(self.env, conn.path.latency_s, (handler, msg, start), _delivered)
-        self._next(conn.src, conn.dst, conn)  # the connection is free once the last byte left
+        if conn.queue:  # the connection is free once the last byte left
+            self._next(conn.src, conn.dst, conn)
+        else:
+            conn.busy = False
 
     # ------------------------------------------------------------ collectives
     def run_collective(self, coll: Collective, members, simulated, lanes: int = 1
