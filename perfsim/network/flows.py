@@ -157,7 +157,7 @@ class FlowScheduler:
         set in, and so the order of their completion timers)."""
         users = self.users
         seen: dict[_Flow, None] = {}
-        stack = [f for f in seeds if f.active]
+        stack = list(seeds)  # (every flow on a resource is active: a finished one leaves it)
         pop, extend = stack.pop, stack.extend
         while stack:
             f = pop()
@@ -213,16 +213,23 @@ class FlowScheduler:
         if len(flows) > SHAPE_FLOWS:
             return self._max_min(flows)
         number: dict[Any, int] = {}
-        shape: list = []
-        for f in flows:
+        shape: list = []  # per flow its cap, its resources' numbers and -1 (neither a cap nor a number)
+        for f in flows:  # (plain loops: a comprehension is one more call, four per message)
             res = f.resources
             if len(res) > SHAPE_RESOURCES:
                 return self._max_min(flows)
             shape.append(f.cap)
-            shape.append(tuple([number.setdefault(r, len(number)) for r in res]))
-        cached, cap = self._cap_cache, self._cap  # (a capacity is cached once asked: _cap)
-        shape.append(tuple([cached.get(r) or cap(r) for r in number]))
-        key = tuple(shape)
+            for r in res:
+                i = number.get(r)
+                if i is None:
+                    i = number[r] = len(number)
+                shape.append(i)
+            shape.append(-1)
+        cached, caps = self._cap_cache, []  # (a capacity is cached once asked: _cap)
+        for r in number:
+            c = cached.get(r)
+            caps.append(self._cap(r) if c is None else c)
+        key = (tuple(shape), tuple(caps))
         rates = self._shapes.get(key)
         if rates is None:
             rates = self._shapes[key] = self._max_min(flows)
