@@ -362,11 +362,13 @@ class Simulation:
         posts = getattr(net, "receives_posted", True)  # False: post_receive would do nothing
         eid = env._eid  # (the events of _at, made inline: one per message sent; env._queue is a lane's own queue)
         t = None  # chain: when the local steps run since the last wait end (None: nothing pending)
+        cell = scratch  # the other replicas' cells: a sink (the breakdown reports the first replica)
         for op in self._program(d):
-            kind, a, k, mb = op[0], op[1], op[2], op[3]
-            cell = cells[(r, d, mb)] if cells is not None else scratch
+            kind = op[0]
             if kind == RECV_F or kind == RECV_B:
-                _, _, _, _, peer, tag, decode, what = op
+                _, a, k, mb, peer, tag, decode, what = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if t is not None:
                     yield self._at(t)
                     t = None
@@ -387,7 +389,9 @@ class Simulation:
                     else:
                         yield from self._codec(st, cell, r, d, decode, what, k, mb)
             elif kind == SEND_F or kind == SEND_B:
-                _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
+                _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if encode > 0:
                     if chain:
                         t = (env._now if t is None else t) + encode
@@ -406,7 +410,9 @@ class Simulation:
                 key, dst = (r, k2, tag, mb), devs[(r, peer)]
                 net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
             else:
-                _, _, _, _, seconds, tp_s, sharded, last, column = op
+                _, a, k, mb, seconds, tp_s, sharded, last, column = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if chain and not sharded and not last:
                     if seconds > 0:
                         t = (env._now if t is None else t) + seconds
