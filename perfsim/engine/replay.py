@@ -16,7 +16,9 @@ event loop -- and the premise is then checked on its result
 loop produces: by induction over time, the same flows are active at each
 instant, so max-min gives them the same rates.
 
-:func:`replay` returns None when the premise fails, when the event loop
+With many replicas (:data:`PROBE_FROM`) the first replica's pipeline is replayed and
+checked alone first: messages that already compete there send the iteration to the
+event loop at once. :func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, compute slowed
 by communication, a trace), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
