@@ -129,9 +129,12 @@ def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
 #: pipeline alone and checks the premise on its messages: each replica's pipeline values
 #: are its own (:func:`_pipeline`), and a premise that fails on some of the flows fails
 #: on all of them (the flows active on a resource at an instant only grow, and so do the
-#: rates compared), so contention is told for 1/n of the cost (the 131,072-GPU case of
-#: issue 33: 0.6 s of a replay that would decline after all)
-PROBE_FROM = 8
+#: rates compared), so contention is told for a fraction of the cost (the 131,072-GPU case
+#: of issue 33: 0.03 s instead of 0.6 s of a replay that would decline after all). The probe
+#: costs what a replay's numpy steps cost, per step whatever the replicas (13 ms for PP 16,
+#: 16 micro-batches; the replay of 512 replicas: 90 ms), so below this many it would cost a
+#: replay that goes through more than it could save
+PROBE_FROM = 64
 
 #: :func:`uncontended` first checks every this many'th resource when there are more
 #: flows than :data:`SAMPLE_ABOVE` (each resource's check is its own: contention found
