@@ -16,7 +16,9 @@ event loop -- and the premise is then checked on its result
 loop produces: by induction over time, the same flows are active at each
 instant, so max-min gives them the same rates.
 
-:func:`replay` returns None when the premise fails, when the event loop
+With many replicas (:data:`PROBE_FROM`) the first replica's pipeline is replayed and
+checked alone first: messages that already compete there send the iteration to the
+event loop at once. :func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, compute slowed
 by communication, a trace), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
@@ -25,6 +27,7 @@ one replica stay free of numpy); the caller then runs the event loop.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from perfsim.compression.base import ALLREDUCE
@@ -122,6 +125,17 @@ def _chains(start: np.ndarray, end: np.ndarray, rate: np.ndarray):
             np.maximum.reduceat(rate.T.ravel(), first), first // m)
 
 
+#: from this many simulated replicas on, :func:`replay` first replays the first replica's
+#: pipeline alone and checks the premise on its messages: each replica's pipeline values
+#: are its own (:func:`_pipeline`), and a premise that fails on some of the flows fails
+#: on all of them (the flows active on a resource at an instant only grow, and so do the
+#: rates compared), so contention is told for a fraction of the cost (the 131,072-GPU case
+#: of issue 33: 0.03 s instead of 0.6 s of a replay that would decline after all). The probe
+#: costs what a replay's numpy steps cost, per step whatever the replicas (13 ms for PP 16,
+#: 16 micro-batches; the replay of 512 replicas: 90 ms), so below this many it would cost a
+#: replay that goes through more than it could save
+PROBE_FROM = 64
+
 #: :func:`uncontended` first checks every this many'th resource when there are more
 #: flows than :data:`SAMPLE_ABOVE` (each resource's check is its own: contention found
 #: on a few resources is contention, found for a tenth of the cost)
@@ -190,40 +204,31 @@ def _within(res, start, end, rate, res_cap) -> bool:
     return True
 
 
-def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list[int] | None = None,
-           profile=None) -> SimOutput | None:
-    """One iteration as :class:`perfsim.engine.sim.Simulation` would simulate it
-    (same arguments), or None when the replay does not apply (module docstring)."""
-    link, coll_link, sysm = network.link, network.collective_link, network.system
-    slowdown = system_slowdown(sysm, profile)
-    if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
-        return None
-    if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
-        return None
-    if any(b.stride > 1 for sp in plan.stages for b in sp.buckets):  # expert-data-parallel groups: the event loop
-        return None
-    reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
-    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
-        return None
-    table = plan.table
-    order = _order(plan.comm_rows)
-    if order is None:
-        return None
-    nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
-    place = plan.device or (lambda t, r, s: r * pp + s)
-    buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
-    # lazy: numpy is heavy, needed only here
-    import numpy as np  # here: predictions that never replay do not import numpy
-
-    mx = np.maximum
-    flows = _Flows(network)
-    res_index: dict = {}
+def _numbering():
+    """A dict numbering resources in order of first use, and the function that numbers one."""
+    index: dict = {}
 
     def rid(res) -> int:
-        i = res_index.get(res)
+        i = index.get(res)
         if i is None:
-            i = res_index[res] = len(res_index)
+            i = index[res] = len(index)
         return i
+
+    return index, rid
+
+
+def _pipeline(plan: Plan, network: Network, reps: list[int], order, buckets, warmup: bool, flows: _Flows,
+              rid) -> SimpleNamespace:
+    """The schedule tables of replicas ``reps`` replayed up to the data-parallel sync, one
+    numpy array over the replicas per quantity (each replica's values do not depend on
+    the others'): per device its end ``t``, per (stage, bucket) when it is ``ready``, the
+    connections ``conns`` with their messages, and the sums the output reports. ``flows``
+    learns the links' rates; ``rid`` numbers the resources."""
+    import numpy as np  # lazy: numpy is heavy, needed only here
+
+    nrep, pp, lanes, table = len(reps), plan.pp, plan.tp, plan.table
+    where, place = table.stage_device, plan.device or (lambda t, r, s: r * plan.pp + s)
+    mx = np.maximum
 
     # ---------------------------------------------------------------- connections
     conns: dict[tuple[int, int], dict] = {}
@@ -326,8 +331,64 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
             tp_comm[d] += tp_s
             key = "fwd_compute_s" if kind == FORWARD else "bwd_compute_s"
             cell[key] = cell.get(key, 0.0) + seconds
+    return SimpleNamespace(t=t, ready=ready, conns=conns, compute=compute, tp_comm=tp_comm, codec=codec,
+                           sent_bytes=sent_bytes, cells=cells, sent=sent, events=events * nrep)
+
+
+def _conn_flows(conns: dict, flows: _Flows, lanes: int, nrep: int) -> None:
+    """Add the connections' messages to ``flows`` for the premise check: per connection
+    its touching messages merged into intervals (:func:`_chains`), on its sending and
+    its receiving NIC."""
+    import numpy as np  # lazy: numpy is heavy, needed only here
+
+    for c in conns.values():
+        moved = [m for m in c["msgs"] if m[2] * lanes > 0]
+        if not moved or not c["res"].size:
+            continue
+        st, en = (np.array([m[i] for m in moved], float).reshape(len(moved), nrep) for i in (0, 1))
+        cs, ce, cr, col = _chains(st, en, np.broadcast_to(c["rate"], st.shape))
+        for ids in c["res"].T:  # the sending NIC, the receiving NIC
+            ids = ids[col]
+            used = ids >= 0
+            flows.add(ids[used], cs[used], ce[used], cr[used])
+
+
+def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list[int] | None = None,
+           profile=None) -> SimOutput | None:
+    """One iteration as :class:`perfsim.engine.sim.Simulation` would simulate it
+    (same arguments), or None when the replay does not apply (module docstring)."""
+    link, coll_link, sysm = network.link, network.collective_link, network.system
+    slowdown = system_slowdown(sysm, profile)
+    if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
+        return None
+    if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
+        return None
+    if any(b.stride > 1 for sp in plan.stages for b in sp.buckets):  # expert-data-parallel groups: the event loop
+        return None
+    reps = sorted(replicas) if replicas is not None else list(range(plan.dp))
+    if len(reps) < 2:  # one replica: the event loop, so that such predictions never import numpy
+        return None
+    table = plan.table
+    order = _order(plan.comm_rows)
+    if order is None:
+        return None
+    nrep, pp, lanes, where = len(reps), plan.pp, plan.tp, table.stage_device
+    place = plan.device or (lambda t, r, s: r * pp + s)
+    buckets = plan.warmup_buckets if warmup and plan.warmup_buckets else [sp.buckets for sp in plan.stages]
+    # lazy: numpy is heavy, needed only here
+    import numpy as np  # here: predictions that never replay do not import numpy
+
+    if nrep >= PROBE_FROM:  # the first replica's messages alone compete: so do all replicas' (PROBE_FROM)
+        probe, (probe_index, probe_rid) = _Flows(network), _numbering()
+        _conn_flows(_pipeline(plan, network, reps[:1], order, buckets, warmup, probe, probe_rid).conns, probe,
+                    lanes, 1)
+        if not uncontended(probe, np.array([probe.cap8(x) for x in probe_index]) if probe_index else np.zeros(0)):
+            return None
+    flows = _Flows(network)
+    res_index, rid = _numbering()
+    pipe = _pipeline(plan, network, reps, order, buckets, warmup, flows, rid)
+    t, ready, conns, events = pipe.t, pipe.ready, pipe.conns, pipe.events
     pipe_end = t
-    events *= nrep  # each step above ran for every replica
 
     # ---------------------------------------------------------------- data parallel
     sync_done: dict[int, float] = {}
@@ -379,16 +440,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
                       stream_flows) if plan.tied_sync_bytes else None
 
     # ---------------------------------------------------------------- premise
-    for c in conns.values():
-        moved = [m for m in c["msgs"] if m[2] * lanes > 0]
-        if not moved or not c["res"].size:
-            continue
-        st, en = (np.array([m[i] for m in moved], float).reshape(len(moved), nrep) for i in (0, 1))
-        cs, ce, cr, col = _chains(st, en, np.broadcast_to(c["rate"], st.shape))
-        for ids in c["res"].T:  # the sending NIC, the receiving NIC
-            ids = ids[col]
-            used = ids >= 0
-            flows.add(ids[used], cs[used], ce[used], cr[used])
+    _conn_flows(conns, flows, lanes, nrep)
     for nic_ids, mine in stream_flows:
         cs, ce, cr, _ = _chains(*(np.array([[f[i]] for f in mine]) for i in range(3)))
         if nic_ids:  # every NIC carries the stream's intervals, NIC after NIC
@@ -400,8 +452,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
         return None
 
     # ---------------------------------------------------------------- outputs
-    return _output(plan, network, reps, place, t, pipe_end, sync_done, compute, tp_comm, codec,
-                   sent_bytes, cells, sent, conns, dp_log, algo_log, dp_links, events, tied)
+    return _output(plan, network, reps, place, t, pipe_end, sync_done, pipe.compute, pipe.tp_comm, pipe.codec,
+                   pipe.sent_bytes, pipe.cells, pipe.sent, conns, dp_log, algo_log, dp_links, events, tied)
 
 
 def _phases(coll, now: float, lanes: int, nics: tuple, flows: _Flows, mine: list) -> tuple[float, int]:

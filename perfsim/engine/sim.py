@@ -53,13 +53,14 @@ topology with unequal links keeps every distinct path.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from collections import defaultdict
 from dataclasses import dataclass, field
 from heapq import heappush
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, Event
 
 from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.lanes import independent, run_lanes
@@ -109,6 +110,28 @@ class SimOutput:
     trace: list[dict] = field(default_factory=list)
     collective_algos: tuple[str, ...] = ()
     engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
+
+
+#: an Event without its constructor (``_new_event(Event)``, then its fields): the events
+#: made once per message (:meth:`Simulation._at`, a receive's inbox event)
+_new_event = object.__new__
+
+
+@contextlib.contextmanager
+def paused_gc():
+    """The cyclic GC off inside (as it was outside afterwards). It would rescan the many
+    live generators and events of a run again and again (docs/validation.md,
+    "Measurement notes"); reference counting still frees them. A caller that lets go of
+    what it made inside it (:func:`perfsim.engine.simulate`: the network, the plan, the
+    simulation and its output) has them freed before the collector looks at the objects
+    made meanwhile (the 131,072-GPU case: 0.3-0.6 s of collections that free nothing)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class _Events(dict):
@@ -188,28 +211,9 @@ class Simulation:
         SimPy adds a delay), not ``now + (t - now)``, which may round differently; it sits
         in SimPy 4's queue as a Timeout does: ``(time, priority, event id, event)``."""
         env = self.env
-        ev = simpy.Event(env)
-        ev._ok, ev._value = True, None
+        ev = _new_event(Event)  # Event.__init__'s two fields, set here
+        ev.env, ev.callbacks, ev._ok, ev._value = env, [], True, None
         heappush(env._queue, (t, NORMAL, next(env._eid), ev))
-        return ev
-
-    def _fire(self, ev: simpy.Event) -> None:
-        """Trigger ``ev`` and run its callbacks now, as SimPy's ``step`` does when it pops
-        a triggered event: a delivered message wakes its receiver in the delivery's own
-        step instead of one more step at the same instant. Inside a running process (a
-        backend that delivers from one) it is scheduled as usual."""
-        if self.env.active_process is not None:
-            ev.succeed()
-            return
-        ev._ok, ev._value = True, None
-        callbacks, ev.callbacks = ev.callbacks, None
-        for callback in callbacks:
-            callback(ev)
-
-    def _box(self, key) -> simpy.Event:
-        ev = self.inbox.get(key)
-        if ev is None:
-            ev = self.inbox[key] = self.env.event()
         return ev
 
     def _span(self, name, cat, pid, tid, start, end, args=None):
@@ -268,20 +272,33 @@ class Simulation:
         link = self.links[(src, dst, "p2p")]
         link[0] += nbytes
         link[1] += end - start
-        self.stats[(msg[4], msg[5])].bytes_sent += nbytes
+        msg[8].bytes_sent += nbytes
 
     def message_delivered(self, msg, started: float) -> None:
-        """It arrived: the receiver's inbox fires."""
-        key, _, mb, kind, r, s, src, dst = msg
-        now = self.env.now
+        """It arrived: the receiver's inbox fires -- triggered, its callbacks run now, as
+        SimPy's ``step`` does when it pops a triggered event: a delivered message wakes its
+        receiver in the delivery's own step instead of one more step at the same instant
+        (inside a running process, a backend that delivers from one, it is scheduled as usual)."""
+        key, _, mb, kind, r, s, src, dst, st = msg
+        env = self.env
+        now = env._now
         dur = now - started
-        self.stats[(r, s)].comm_s += dur
+        st.comm_s += dur
         if r == self.replicas[0]:  # the breakdown table reports the first replica
             self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
         if self.want_trace:
             self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                        1000 + s, started, now, {"src": src, "dst": dst})
-        self._fire(self._box(key))
+        box = self.inbox.get(key)
+        if box is None:
+            box = self.inbox[key] = env.event()
+        if env._active_proc is not None:
+            box.succeed()
+            return
+        box._ok, box._value = True, None
+        callbacks, box.callbacks = box.callbacks, None
+        for callback in callbacks:
+            callback(box)
 
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
@@ -342,52 +359,65 @@ class Simulation:
         cells = self.micro if r == self.replicas[0] else None
         scratch, slow, tracing, lanes = self._scratch, self.slowdown, self.want_trace, self.lanes
         chain = not slow and not tracing
+        posts = getattr(net, "receives_posted", True)  # False: post_receive would do nothing
+        eid = env._eid  # (the events of _at, made inline: one per message sent; env._queue is a lane's own queue)
         t = None  # chain: when the local steps run since the last wait end (None: nothing pending)
+        cell = scratch  # the other replicas' cells: a sink (the breakdown reports the first replica)
         for op in self._program(d):
-            kind, a, k, mb = op[0], op[1], op[2], op[3]
-            cell = cells[(r, d, mb)] if cells is not None else scratch
+            kind = op[0]
             if kind == RECV_F or kind == RECV_B:
-                _, _, _, _, peer, tag, decode, what = op
+                _, a, k, mb, peer, tag, decode, what = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if t is not None:
                     yield self._at(t)
                     t = None
                 key = (r, k, tag, mb)
-                net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
+                if posts:
+                    net.post_receive(key, me, devs[(r, peer)])  # the backend's rendezvous
                 box = inbox.get(key)
                 if box is None:
-                    box = inbox[key] = env.event()
+                    box = inbox[key] = _new_event(Event)  # env.event(), without its two calls
+                    box.env, box.callbacks = env, []
                 yield box
                 del inbox[key]  # delivered and received: each key is used once
                 if decode > 0:
                     if chain:
-                        t = env.now + decode
+                        t = env._now + decode
                         st.codec_s += decode
                         cell["encode_s"] += decode
                     else:
                         yield from self._codec(st, cell, r, d, decode, what, k, mb)
             elif kind == SEND_F or kind == SEND_B:
-                _, _, _, _, peer, k2, tag, encode, nbytes, mkind, what = op
+                _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if encode > 0:
                     if chain:
-                        t = (env.now if t is None else t) + encode
+                        t = (env._now if t is None else t) + encode
                         st.codec_s += encode
                         cell["encode_s"] += encode
                     else:
                         yield from self._codec(st, cell, r, d, encode, what, k, mb)
                 if t is not None:
-                    yield self._at(t)
+                    ev = _new_event(Event)  # self._at(t), inlined
+                    ev.env, ev.callbacks, ev._ok, ev._value = env, [], True, None
+                    heappush(env._queue, (t, NORMAL, next(eid), ev))
+                    yield ev
                     t = None
                 # handed to the network; delivered into inbox[key] (the ``message_*``
                 # methods are the backend's handler, called with this message)
                 key, dst = (r, k2, tag, mb), devs[(r, peer)]
-                net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst))
+                net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
             else:
-                _, _, _, _, seconds, tp_s, sharded, last, column = op
+                _, a, k, mb, seconds, tp_s, sharded, last, column = op
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if chain and not sharded and not last:
                     if seconds > 0:
-                        t = (env.now if t is None else t) + seconds
+                        t = (env._now if t is None else t) + seconds
                     if tp_s > 0:
-                        t = (env.now if t is None else t) + tp_s
+                        t = (env._now if t is None else t) + tp_s
                     st.compute_s += seconds
                     st.tp_comm_s += tp_s
                     cell[column] += seconds
@@ -484,10 +514,11 @@ class Simulation:
         self._comm(simulated, +1)
         edges = yield from self.net.run_collective(coll, members, simulated, lanes)
         self._comm(simulated, -1)
+        links, wire, busy = self.links, coll.wire_bytes, env.now - start  # (one value for every edge)
         for src, dst in edges:
-            link = self.links[(src, dst, kind)]
-            link[0] += coll.wire_bytes
-            link[1] += env.now - start
+            link = links[(src, dst, kind)]
+            link[0] += wire
+            link[1] += busy
         return coll
 
     def stage_sync(self, s: int):
@@ -517,8 +548,9 @@ class Simulation:
             host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
             if host > 0:
                 yield env.timeout(host)
+            sync, stats = env.now - t0, self.stats  # (one value for every replica)
             for r in self.replicas:
-                self.stats[(r, d)].dp_sync_s += env.now - t0
+                stats[(r, d)].dp_sync_s += sync
         for r in self.replicas:
             self.sync_done[(r, s)].succeed()
 
@@ -571,25 +603,18 @@ class Simulation:
                 self.env.process(self.stage_sync(s))
         for r in self.tied_done:
             self.env.process(self.tied_sync(r))
-        # The cyclic GC would rescan the many live generators and events again and
-        # again (docs/validation.md, "Measurement notes"); reference counting still
-        # frees them, and the collector runs once afterwards.
-        was_enabled = gc.isenabled()
-        gc.disable()
         done, events = simpy.AllOf(env, procs), 0
         step = env.step
         try:
-            if heaps:
-                events += run_lanes(self, heaps)
-            while done.callbacks is not None:  # (not done.processed)
-                step()
-                events += 1
+            with paused_gc():
+                if heaps:
+                    events += run_lanes(self, heaps)
+                while done.callbacks is not None:  # (not done.processed)
+                    step()
+                    events += 1
         except simpy.core.EmptySchedule:
             raise RuntimeError(f"schedule {self.table.name!r}: the devices wait for each other "
                                f"(no event left at t = {env.now:g} s)") from None
-        finally:
-            if was_enabled:
-                gc.enable()
         devs = self.stats
         return SimOutput(
             iteration_s=max(d.end for d in devs.values()),

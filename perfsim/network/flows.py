@@ -40,15 +40,39 @@ behind them in the shaper's FIFO), plus the control latency (docs/validation.md,
 
 from __future__ import annotations
 
+import functools
 import math
-from collections import defaultdict, deque
+from collections import deque
+from heapq import heappush
 from typing import Any, Callable, Generator, Hashable, Iterable
 
 import simpy
+from simpy.events import NORMAL, Timeout
 
 from perfsim.collectives import Collective
 from perfsim.network.analytic import Network, Path_
 from perfsim.network.backend import MessageHandler
+
+
+def _timer(env: simpy.Environment, delay: float, value, callback) -> Timeout:
+    """``env.timeout(delay, value)`` with ``callback`` as its one callback, made without
+    the two calls of SimPy's constructor (the flows' ~1.1 million completion and delivery
+    timers of the 131,072-GPU case): the same fields, and the same place in the queue,
+    ``(now + delay, NORMAL, next id, event)`` as ``Environment.schedule`` pushes it.
+    ``delay`` >= 0 (the constructor's check)."""
+    ev = _new_timeout(Timeout)
+    ev.env, ev.callbacks, ev._value, ev._delay, ev._ok = env, [callback], value, delay, True
+    heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), ev))
+    return ev
+
+
+_new_timeout = object.__new__
+
+
+def _delivered(timer: Timeout) -> None:
+    """A message's delivery timer fired: its handler hears that it arrived."""
+    handler, msg, start = timer._value
+    handler.message_delivered(msg, start)
 
 
 class _Flow:
@@ -112,7 +136,7 @@ class FlowScheduler:
             if stats:
                 stats(self.env.now, self.env.now)
             return ev
-        f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env.now, stats)
+        f = _Flow(float(nbytes), tuple(resources), cap_bps / 8.0, ev, self.env._now, stats)
         users, alone = self.users, True
         for r in f.resources:
             on = users.get(r)
@@ -133,7 +157,7 @@ class FlowScheduler:
         set in, and so the order of their completion timers)."""
         users = self.users
         seen: dict[_Flow, None] = {}
-        stack = [f for f in seeds if f.active]
+        stack = list(seeds)  # (every flow on a resource is active: a finished one leaves it)
         pop, extend = stack.pop, stack.extend
         while stack:
             f = pop()
@@ -160,7 +184,7 @@ class FlowScheduler:
         else:
             rates = self._shared_rates(flows)
         env = self.env
-        now = env.now
+        now, on_timer, queue, eid = env._now, self._on_timer, env._queue, env._eid
         for f, rate in zip(flows, rates):
             if rate == f.rate and f.version:
                 continue
@@ -170,9 +194,12 @@ class FlowScheduler:
             f.version += 1
             if rate > 0:
                 # the timer of the previous rate, if any, fires but is ignored (_on_timer)
-                # (its value is the flow: no attribute, so no per-timer __dict__)
-                timer = f.timer = env.timeout(max(f.left, 0.0) / rate, f)
-                timer.callbacks.append(self._on_timer)
+                # (its value is the flow: no attribute, so no per-timer __dict__);
+                # _timer(env, delay, f, on_timer), inlined
+                delay = max(f.left, 0.0) / rate
+                timer = f.timer = _new_timeout(Timeout)
+                timer.env, timer.callbacks, timer._value, timer._delay, timer._ok = env, [on_timer], f, delay, True
+                heappush(queue, (now + delay, NORMAL, next(eid), timer))
             else:
                 f.timer = None
 
@@ -186,16 +213,23 @@ class FlowScheduler:
         if len(flows) > SHAPE_FLOWS:
             return self._max_min(flows)
         number: dict[Any, int] = {}
-        shape: list = []
-        for f in flows:
+        shape: list = []  # per flow its cap, its resources' numbers and -1 (neither a cap nor a number)
+        for f in flows:  # (plain loops: a comprehension is one more call, four per message)
             res = f.resources
             if len(res) > SHAPE_RESOURCES:
                 return self._max_min(flows)
             shape.append(f.cap)
-            shape.append(tuple([number.setdefault(r, len(number)) for r in res]))
-        cap = self._cap
-        shape.append(tuple([cap(r) for r in number]))
-        key = tuple(shape)
+            for r in res:
+                i = number.get(r)
+                if i is None:
+                    i = number[r] = len(number)
+                shape.append(i)
+            shape.append(-1)
+        cached, caps = self._cap_cache, []  # (a capacity is cached once asked: _cap)
+        for r in number:
+            c = cached.get(r)
+            caps.append(self._cap(r) if c is None else c)
+        key = (tuple(shape), tuple(caps))
         rates = self._shapes.get(key)
         if rates is None:
             rates = self._shapes[key] = self._max_min(flows)
@@ -265,14 +299,15 @@ class FlowScheduler:
         f.active = False
         f.left = 0.0
         neighbours: dict[_Flow, None] = {}
+        users = self.users
         for r in f.resources:
-            users = self.users[r]
-            del users[f]
-            for g in users:
-                neighbours[g] = None
+            on = users[r]
+            del on[f]
+            if on:
+                neighbours.update(on)  # each of its flows, in order (values None)
         self.flows_done += 1
         if f.stats:
-            f.stats(f.start, self.env.now)
+            f.stats(f.start, self.env._now)
         if f.event is not None:
             f.event.succeed()
         if neighbours:
@@ -283,13 +318,16 @@ class FlowScheduler:
 
 
 class Connection:
-    """In-order delivery of messages between two devices."""
+    """In-order delivery of messages between two devices (``src -> dst``, over ``path``):
+    the queue and whether a message is moving. (It refers to nothing that refers back
+    to it: no reference cycle keeps a finished simulation alive for the cyclic GC.)"""
 
-    __slots__ = ("queue", "busy")
+    __slots__ = ("queue", "busy", "src", "dst", "path")
 
-    def __init__(self):
+    def __init__(self, src: int, dst: int, path: Path_):
         self.queue: deque = deque()
         self.busy = False
+        self.src, self.dst, self.path = src, dst, path
 
 
 class Egress:
@@ -338,10 +376,12 @@ class FlowBackend:
     def __init__(self, env: simpy.Environment, network: Network):
         self.env, self.network = env, network
         self.flows = FlowScheduler(env, network.capacity)
-        self.conns: dict[tuple[int, int], Connection] = defaultdict(Connection)
+        self.conns: dict[tuple[int, int], Connection] = {}
         link, coll = network.link, network.collective_link
         self.burst, self.coll_burst = link.burst_bytes, coll.burst_bytes
         self.rendezvous = link.protocol == "rendezvous"
+        #: whether :meth:`post_receive` does anything (the engine skips the calls when not)
+        self.receives_posted = self.rendezvous
         self.control_latency = link.control_latency_s
         self.egress: dict[int, Egress] = {}
         self.ready_at: dict[Hashable, float] = {}  # rendezvous: key -> ready notice at sender
@@ -402,10 +442,16 @@ class FlowBackend:
         """Queue ``nbytes`` (times ``lanes``: side-by-side tensor-parallel lanes at up to
         ``lanes`` times the pair rate) on the connection ``src -> dst``; ``handler`` hears
         of ``msg`` when its bytes start, when the last left and when it arrives."""
-        conn = self.conns[(src, dst)]
+        conn = self.conns.get((src, dst))
+        if conn is None:
+            conn = self.conns[(src, dst)] = Connection(src, dst, self.network.path(src, dst))
         conn.queue.append((key, nbytes, lanes, handler, msg))
         if not conn.busy:
-            self._next(src, dst, conn)
+            if self.rendezvous:
+                self._next(src, dst, conn)
+            else:  # (_next, without the receiver's ready notice to wait for)
+                conn.busy = True
+                self._start(src, dst, conn)
 
     def _next(self, src: int, dst: int, conn: Connection):
         if not conn.queue:
@@ -427,22 +473,26 @@ class FlowBackend:
         self._start(src, dst, conn)
 
     def _start(self, src: int, dst: int, conn: Connection):
-        key, nbytes, lanes, handler, msg = conn.queue.popleft()
-        path = self.network.path(src, dst)
-        env = self.env
+        _, nbytes, lanes, handler, msg = conn.queue.popleft()
+        path = conn.path
         handler.message_started(msg)
-
-        def finished(start, end):
-            handler.message_sent(msg, start, end)
-            deliver = env.timeout(path.latency_s)
-            deliver.callbacks.append(lambda _e: handler.message_delivered(msg, start))
-            self._next(src, dst, conn)  # the connection is free once the last byte left
-
         # without a bucket or rendezvous the egress only counts (its drain time is read
         # by post_receive alone): every byte goes through the flow
         shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
                   if self.burst > 0 or self.rendezvous else nbytes * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes, stats=finished, event=False)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
+                            functools.partial(self._finished, conn, handler, msg), False)
+
+    def _finished(self, conn: Connection, handler: MessageHandler, msg: Any, start: float, end: float) -> None:
+        """The last byte of ``msg`` on ``conn`` left at ``end`` (its flow's stats callback):
+        the handler hears of it, the message arrives ``latency`` later, and the connection
+        moves on to its next message."""
+        handler.message_sent(msg, start, end)
+        _timer(self.env, conn.path.latency_s, (handler, msg, start), _delivered)
+        if conn.queue:  # the connection is free once the last byte left
+            self._next(conn.src, conn.dst, conn)
+        else:
+            conn.busy = False
 
     # ------------------------------------------------------------ collectives
     def run_collective(self, coll: Collective, members, simulated, lanes: int = 1

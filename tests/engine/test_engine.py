@@ -557,6 +557,30 @@ def test_replay_declines_when_flows_compete(monkeypatch):
     assert forced.summary["iteration_s"] < ref.summary["iteration_s"] * (1 - 1e-3)
 
 
+
+def test_replay_probes_the_first_replica(monkeypatch):
+    """From PROBE_FROM replicas on, the first replica's pipeline is replayed alone first:
+    its competing flows decline the replay before the other replicas are replayed, and
+    when it passes, the whole replay still gives the event loop's answer."""
+    import perfsim.engine.replay as replay
+
+    calls = []
+    pipeline = replay._pipeline
+    monkeypatch.setattr(replay, "_pipeline", lambda plan, net, reps, *a: calls.append(len(reps))
+                        or pipeline(plan, net, reps, *a))
+    n = replay.PROBE_FROM
+    wl = toy(4, 1e-3, 2e-3, shape=(5_000,))
+    st = Strategy(pp=4, dp=n, macro_batch=8, schedule="1f1b")
+    out = simulate(wl, st, System(bandwidth_bps=1e7), EMPTY, symmetric=False)
+    assert out.summary["engine"] == "event loop" and calls == [1]  # told by the first replica alone
+    calls.clear()
+    wl = toy(8, 1e-3, 2e-3, params=20_000, shape=(5_000,))
+    st = Strategy(pp=4, dp=n, macro_batch=6, schedule="1f1b", grad_compress="qsgd-maxnorm:4", bucket_bytes=100_000)
+    sy = System(topology=_distinct(4 * n, seed=3, nic=1e10))
+    ref, fast = simulate(wl, st, sy, EMPTY, replay=False), simulate(wl, st, sy, EMPTY)
+    assert fast.summary["engine"] == "replay" and fast.summary["replicas_simulated"] == n and calls == [1, n]
+    _same(ref, fast)
+
 def test_uncontended_intervals():
     """Two flows on one NIC: fine while their rates fit its capacity or they do not
     overlap; touching flows of one stream are one interval."""

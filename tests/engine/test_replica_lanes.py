@@ -120,3 +120,30 @@ def test_lanes_agree_on_random_topologies(seed, schedule, dp, m, overlap, grad):
     with pytest.MonkeyPatch.context() as mp:
         fast, ref, _ = both(mp, wl, st, sy)
     same(fast, ref)
+
+
+def test_a_finished_simulation_is_freed_without_the_cyclic_gc(monkeypatch):
+    """No reference cycle keeps a run alive: with the cyclic GC off, the simulation and its
+    network backend are freed as soon as simulate() lets go of them (a cycle per
+    connection once left the 131,072-GPU case's 348k objects to a 0.6 s collection,
+    sim.paused_gc). (SimPy's Environment is a cycle of its own: its bound constructors.)"""
+    import gc
+    import weakref
+
+    made = []
+    real = sim.Simulation.run
+
+    def run(self):
+        made.extend(weakref.ref(x) for x in (self, self.net))
+        return real(self)
+
+    monkeypatch.setattr(sim.Simulation, "run", run)
+    wl, st = toy(), Strategy(pp=4, dp=2, macro_batch=8, schedule="1f1b")
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        simulate(wl, st, System(topology=distinct(8, seed=5)), EMPTY, replay=False, symmetric=False)
+        assert len(made) == 2 and [ref() for ref in made] == [None] * 2
+    finally:
+        if was:
+            gc.enable()
