@@ -540,7 +540,7 @@ class Simulation:
                 if bucket.stride == 1:
                     coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
                                                           lanes=self.lanes)
-                else:  # the routed experts' groups, side by side (perfsim.engine.plan.expert_buckets)
+                else:  # the routed experts' groups, side by side (perfsim.engine.buckets.expert_buckets)
                     coll = yield from self.group_collectives(step, d, bucket.stride)
                 self.dp_bytes_per_rank[d] += coll.wire_bytes
                 self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
@@ -556,7 +556,7 @@ class Simulation:
 
     def group_collectives(self, step, d: int, stride: int):
         """One collective step of a bucket synced within groups of replicas ``stride`` apart
-        (:attr:`perfsim.engine.plan.Bucket.stride`: the expert-data-parallel groups,
+        (:attr:`perfsim.engine.buckets.Bucket.stride`: the expert-data-parallel groups,
         :func:`perfsim.models.moe.expert_dp_replicas`), all at once: one per group holding a
         simulated replica, each standing for ``stride / groups run`` groups as lanes beside its
         tensor ranks' (as a simulated replica stands for its class). Returns one group's plan."""

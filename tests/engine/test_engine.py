@@ -58,7 +58,7 @@ def test_communication_bound_runs_at_slowest_link():
 def test_ring_allreduce_closed_form(n, symmetric):
     """One fp32 bucket: 2(N-1)/N * S/B + 2(N-1) * latency, plus the bucket's two
     copies (flatten in, copy back) at the fallback memory bandwidth."""
-    from perfsim.engine.plan import FALLBACK_MEMORY_BPS
+    from perfsim.engine.buckets import FALLBACK_MEMORY_BPS
 
     params, bw, lat = 250_000, 1e9, 1e-3
     wl = toy(1, 0.0, 1e-9, params=params)
