@@ -261,7 +261,7 @@ def _sync_bytes(bucket, strategy, system, nodes: Counter) -> float:
 
 def replica_nodes(pl, strategy, system) -> list[Counter]:
     """Per pipeline device ``d``: how many of its replicas (tensor rank 0) sit on each node."""
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.engine.group_times import device_map  # lazy: import perfsim does not load perfsim.engine
 
     dev = device_map(strategy)
     return [Counter(dev(0, r, d) // system.gpus_per_node for r in range(pl.dp)) for d in range(pl.pp)]
@@ -284,7 +284,7 @@ def device_bound(pl, strategy, net, nodes: list[Counter] | None = None, starts: 
     action (:func:`table_bound`'s, of this plan or of one with no more compute per
     action: the group's lossless job), which the last weight-gradient action starts no
     earlier than (rather than after the sum of the actions before it)."""
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.engine.group_times import device_map  # lazy: import perfsim does not load perfsim.engine
 
     where = pl.table.stage_device
     n = len(pl.stages)
@@ -342,7 +342,7 @@ def nic_bound(pl, strategy, system, layout=None) -> float:
       ``(n - k)/n S`` (so does a bucket's reduce-scatter, ZeRO-1's); other kinds nothing.
     Every tensor rank and model chunk syncs its own group; a node adds up its GPUs'.
     ``layout``: :func:`nic_layout` (None: read here)."""
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.engine.group_times import device_map  # lazy: import perfsim does not load perfsim.engine
 
     if not system.bandwidth_bps:
         return 0.0
@@ -388,7 +388,7 @@ def nic_layout(pl, strategy, system) -> tuple[list[Counter], list[dict], list[li
     sums over the tensor ranks whose sync group spans ``N >= 2`` nodes of ``2 (N-1)/N``
     and of ``n - on`` (``on`` of the group's ``n`` members on the node); and those
     tensor ranks."""
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.engine.group_times import device_map  # lazy: import perfsim does not load perfsim.engine
 
     gpn, where, n = system.gpus_per_node, pl.table.stage_device, pl.dp
     dev = device_map(strategy)
@@ -420,7 +420,7 @@ def _expert_nic_bytes(st, stride: int, groups: list[list[int]], out: dict, into:
     """Add to ``out`` / ``into`` (bytes per node) what stage ``st``'s buckets synced within
     groups of replicas ``stride`` apart move through the NICs, as :func:`nic_bound` counts a
     group (``groups``: each group's members' nodes; the routed experts' expert-data-parallel
-    groups, :func:`perfsim.engine.plan.expert_buckets`)."""
+    groups, :func:`perfsim.engine.buckets.expert_buckets`)."""
     reduce = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allreduce")
     gather = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allgather")
     for members in groups:

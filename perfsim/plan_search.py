@@ -129,7 +129,7 @@ def plan_bound(params: dict[str, Any]) -> float:
 
     where = pl.table.stage_device
     gpn = system.gpus_per_node
-    from perfsim.engine.plan import device_map  # lazy: import perfsim does not load perfsim.engine.plan
+    from perfsim.engine.group_times import device_map  # lazy: import perfsim does not load perfsim.engine
 
     dev = device_map(strategy)
     node = lambda r, s: dev(0, r, where[s]) // gpn  # noqa: E731

@@ -96,7 +96,7 @@ def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     """A mixture-of-experts model: no expert parallelism, and every ``ep > 1`` dividing both
     the candidate's ``dp`` and the experts (Megatron-Core's expert-parallel group inside the
     data-parallel one; with ``ep < dp`` the experts' gradients sync over their
-    expert-data-parallel group, :func:`perfsim.engine.plan.expert_buckets`) (a dense model:
+    expert-data-parallel group, :func:`perfsim.engine.buckets.expert_buckets`) (a dense model:
     not searched); per candidate, since it depends on its ``dp``."""
     def values(q: Mapping[str, Any]) -> tuple:
         dp = q["dp"]

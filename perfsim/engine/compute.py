@@ -23,7 +23,7 @@ the A100 data worse: 7.7 % against 7.1 % held-out MAPE.) ``p2p_s`` is the host's
 for one pipeline send or receive (Megatron synchronises the device after each exchange);
 the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.plan.build_plan`);
 ``collective_s`` is the floor of one tensor-parallel collective on a GPU, as ``kernel_s`` is an
-operator's (:func:`perfsim.engine.plan.tp_stage_times`).
+operator's (:func:`perfsim.engine.group_times.tp_stage_times`).
 
 ``lm_head_eff``: the LM head's GEMMs (``Op.lm_head``) run at that share of the rate the
 curve gives a GEMM of their shape (why the A100 fit's is below 1:

@@ -6,14 +6,15 @@ bytes of each boundary payload (asked from the compressor objects, never
 re-derived here), encode/decode times (profile fits, plus the
 host framing of each message, ``frame_send`` / ``frame_recv``, when calibrated), the
 gradient buckets with their data-parallel collectives (the grad compressor's
-``dp_plan``), and the optimizer step time.
+``dp_plan``; filled by :mod:`perfsim.engine.buckets`), and the optimizer step time.
 
 Tensor parallelism (``Strategy.tp``): each stage is a group of ``tp`` GPUs
 (placed by :meth:`perfsim.config.Strategy.device`); a stage's per-micro-batch
 time adds its layers' Megatron collectives
 (:func:`perfsim.models.tensor_parallel.tp_layer_collectives`), timed by the
 network on the group's own GPUs (:meth:`perfsim.network.Network.collective_time`,
-the links the group uses), serial with compute as in Megatron-LM. Parameters,
+the links the group uses), serial with compute as in Megatron-LM
+(:mod:`perfsim.engine.group_times`, with the expert-parallel all-to-alls). Parameters,
 gradients and boundary activations are per GPU: weights split ``t`` ways, the
 activation sent between stages whole by every TP rank or ``1/t`` of it by each
 (``Strategy.tp_send``: Megatron's scatter/gather of pipeline messages, Narayanan et
@@ -32,43 +33,21 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from perfsim.collectives import tensor_call
 from perfsim.compression import make_compressor, make_pipeline_pair
-from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep, numel_of
+from perfsim.compression.base import numel_of
 from perfsim.compression.spec import Spec
+from perfsim.engine.buckets import (FALLBACK_MEMORY_BPS, Bucket, _buckets, bucket_codec_times, copy_time,
+                                    expert_buckets)
 from perfsim.engine.compute import optimizer_time
+from perfsim.engine.group_times import ep_stage_times, tp_stage_times, uniform_network
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import (Routing, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas, expert_layers,
-                                expert_params_per_rank)
-from perfsim.models.tensor_parallel import pipeline_send, tp_edge_collectives, tp_layer_collectives
-from perfsim.network import collective_cost
+from perfsim.models.moe import check_a2a_gpu, expert_params_per_rank
+from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
-
-#: fallback optimizer / copy cost when the profile has none: the optimizer's fp32 step
-#: traffic (Adam 28 bytes per parameter: read p, g, m, v; write p, m, v;
-#: :meth:`perfsim.job.Optimizer.step_bytes`) at this memory bandwidth (bytes/s;
-#: V100 HBM2, NVIDIA V100 datasheet)
-FALLBACK_MEMORY_BPS = 900e9
-
-
-@dataclass
-class Bucket:
-    """One gradient bucket of a stage (layers in reverse order, as DDP fills them)."""
-
-    numel: int
-    ready_fraction: float  # share of the last backward done when it is ready
-    steps: list[CommStep]
-    encode_s: float  # every encode the runtime performs for this bucket
-    decode_s: float  # every decode (codec_passes)
-    copy_s: float = 0.0  # flatten the gradients into the bucket and copy the result back
-    #: the replicas that sync it: each with every ``stride``-th other (1: all ``dp`` replicas;
-    #: ``ep``: the routed experts' expert-data-parallel group of ``dp / ep`` replicas,
-    #: :func:`perfsim.models.moe.expert_dp_replicas`)
-    stride: int = 1
 
 
 @dataclass
@@ -165,34 +144,6 @@ def weight_grad_share(layer, tokens: int) -> float:
     return min(1.0, layer.params * tokens / layer.flops_fwd)
 
 
-def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
-    """The collectives of one bucket. Compressors that work per matrix (PowerSGD's
-    ``matrix_plan``) see each parameter tensor of a layer where the model lists them
-    (``LayerSpec.tensors``: an MLP's weight matrix and bias vector), else the layer's
-    gradient as one (hidden, rest) matrix -- the last boundary dimension as rows, an
-    approximation of its weight matrices. As torch's ``powerSGD_hook`` does, the
-    tensors it leaves uncompressed (vectors, too small to pay) go in one fp32
-    allreduce first, then all P's in one allreduce, then all Q's.
-    Others see the flattened bucket, as DDP hands it to a comm hook."""
-    if not hasattr(comp, "matrix_plan"):
-        return list(comp.dp_plan((sum(layer.params for layer in layers),), dp))
-    first: list[CommStep] = []  # the uncompressed allreduce
-    merged: list[CommStep] = []  # P's, Q's
-    for layer in layers:
-        rows = layer.out_shape[-1]
-        shapes = layer.tensors or [
-            (rows, layer.params // rows) if layer.params % rows == 0 and layer.params >= rows else (layer.params,)]
-        for shape in shapes:
-            steps = comp.dp_plan(shape, dp)
-            into = first if len(steps) == 1 else merged
-            for i, st in enumerate(steps):
-                if i < len(into) and into[i].kind == st.kind and into[i].reduce == st.reduce:
-                    into[i] = CommStep(st.kind, into[i].nbytes + st.nbytes, st.reduce, st.label)
-                else:
-                    into.append(st)
-    return first + merged
-
-
 def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
     """(pipeline spec, gradient spec, pipeline native, gradients native): the plain
     specs become the training dtype under 16-bit precision (no codec cost); the
@@ -211,169 +162,6 @@ def native_specs(strategy) -> tuple[Spec, Spec, bool, bool]:
 def _cast(dtype: str, role: str) -> Spec:
     """The plain cast to the training dtype (``fp16`` / ``bf16``) as a spec value."""
     return Spec(dtype, "pipeline" if role == "pipeline" else "compressor", (), role)
-
-
-def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
-                   head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
-                   uniform: bool | None = None) -> tuple[float, float, float]:
-    """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
-    stage ``s`` (and of its embedding / LM head under sequence parallelism,
-    :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
-    on the slowest of the stage's TP groups. ``measured_kinds``: the profile's backend
-    is the run's, so its measured collective kinds price them (not with a GPU preset
-    beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
-    GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
-    network's :func:`uniform_network` (None: asked here)."""
-    tp, spec = strategy.tp, workload.arch
-    if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
-        return 0.0, 0.0, 0.0
-    shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
-             BYTES_PER_VALUE[strategy.precision])
-    # (collectives, times issued per micro-batch): every block's, then the stage's edges
-    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
-             (tp_edge_collectives(*shape, embed, head), 1)]
-    reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
-    seen = {}
-    # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
-    # ranks follow its first at one stride
-    stride = strategy.device(1, 0, s) - strategy.device(0, 0, s) if strategy.device_order is None else 0
-    for r in reps:
-        if stride:
-            first = strategy.device(0, r, s)
-            members = list(range(first, first + tp * stride, stride))
-        else:
-            members = [strategy.device(t, r, s) for t in range(tp)]
-        # a collective's time depends on its group only through the group's shape (nodes,
-        # ranks per node, slowest hop: Network.collective): replicas alike are priced once
-        key = _shape_key(network, members)
-        if key in seen:
-            continue
-        # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
-        # as the functional call DTensor issues (its measured cost when profiled)
-        seen[key] = tuple(sum(times * max(host_s, network.collective_time(
-                                  k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
-                              for coll, times in parts for ph, k, n in coll if ph == phase)
-                          for phase in ("fwd", "bwd"))
-    fwd = max(v[0] for v in seen.values())
-    bwd = max(v[1] for v in seen.values())
-    nbytes = sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for _, k, n in coll)
-    if strategy.recompute == "full":  # the recomputed forward runs its collectives again
-        bwd += fwd
-        nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for ph, k, n in coll
-                      if ph == "fwd")
-    return fwd, bwd, nbytes
-
-
-def uniform_network(network) -> bool:
-    """Every path between two nodes alike (no topology, or a uniform one,
-    :meth:`perfsim.network.topology.Topology.is_uniform`)."""
-    topo = getattr(network, "topology", None)
-    return topo is None or topo.is_uniform()
-
-
-def device_map(strategy):
-    """``(t, r, s) -> GPU``, :meth:`perfsim.config.Strategy.device` itself, or without a
-    ``device_order`` its linear form (the rank strides of its ``placement``, read from
-    it) for loops over many replicas."""
-    if strategy.device_order is not None:
-        return strategy.device
-    o = strategy.device(0, 0, 0)
-    a = strategy.device(1, 0, 0) - o if strategy.tp > 1 else 0
-    b = strategy.device(0, 1, 0) - o if strategy.dp > 1 else 0
-    c = strategy.device(0, 0, 1) - o if strategy.pp > 1 else 0
-    return lambda t, r, s: o + t * a + r * b + s * c
-
-
-def _alike(strategy, network, first, n: int, uniform: bool | None) -> list[int]:
-    """Indices of the groups worth pricing among ``n`` groups whose ``i``-th starts on
-    GPU ``first(i)`` and whose members follow at fixed strides (a TP group's tensor
-    ranks, an EP group's replicas: :meth:`perfsim.config.Strategy.device` is linear
-    without a ``device_order``, so ``first(i)`` is too). On a uniform network two such
-    groups whose first GPUs sit at the same place in their nodes (``first mod
-    gpus_per_node``) span the nodes alike, so have one shape: one of each is kept --
-    and as ``first(i) mod gpus_per_node`` repeats with a period dividing
-    ``gpus_per_node``, the first ``gpus_per_node`` groups hold every place. Otherwise
-    every group."""
-    if uniform is None:
-        uniform = uniform_network(network)
-    if not uniform or strategy.device_order is not None:
-        return list(range(n))
-    gpn = network.system.gpus_per_node
-    kept: dict[int, int] = {}
-    for i in range(min(n, gpn)):
-        kept.setdefault(first(i) % gpn, i)
-    return list(kept.values())
-
-
-def _shape_key(network, members) -> tuple:
-    """What a lockstep collective's time on ``members`` depends on: the group's shape
-    (:meth:`perfsim.network.Network.group_shape`), else (a network without one) the
-    members' nodes."""
-    shape = getattr(network, "group_shape", None)
-    if shape is not None:
-        return (shape(members, lockstep=True),)
-    return tuple(network.node(m) for m in members)
-
-
-def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
-                   uniform: bool | None = None, profile=None, gpu=None) -> tuple[float, float, float]:
-    """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
-    MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
-    combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
-    over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
-    (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
-    all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
-    group's; with full recomputation the forward's run again in the backward.
-
-    ``strategy.a2a_compress`` (``fp8`` / ``directq:B``) sends the dispatch-direction pair
-    (forward dispatch, backward gradient into the expert outputs) at the codec's wire size
-    (:func:`perfsim.models.moe.a2a_wire_bytes`) plus an encode and a decode each, the combine
-    pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
-    ep, spec = strategy.ep, workload.arch
-    if ep == 1 or spec is None or not moe_blocks:
-        return 0.0, 0.0, 0.0
-    routing = Routing.of(strategy)
-    tok, bpv = strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision]
-    size = ep_alltoall_bytes(spec, tok, bpv, routing)
-    codec = getattr(strategy, "a2a_compress", "none")
-    if codec == "none":
-        one = _ep_alltoall_time(strategy, network, s, size, host_s, uniform)
-        fwd = bwd = 2 * moe_blocks * one
-        sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
-    else:
-        check_a2a_gpu(codec, gpu)
-        wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
-        if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
-            enc = dec = copy_time(profile, (size + wire) / 2, gpu)
-        else:  # the codec cost model of the pipeline's activations (Profile.encode_time / decode_time)
-            fp32 = 4 * size / bpv
-            enc = profile.encode_time(codec, fp32) if profile is not None else 0.0
-            dec = profile.decode_time(codec, fp32) if profile is not None else 0.0
-        one = (_ep_alltoall_time(strategy, network, s, size, host_s, uniform)
-               + _ep_alltoall_time(strategy, network, s, wire, host_s, uniform) + enc + dec)
-        fwd = bwd = moe_blocks * one
-        sent = moe_blocks * (collective_cost("alltoall", size, ep)[0] + collective_cost("alltoall", wire, ep)[0])
-    if strategy.recompute == "full":
-        bwd += fwd
-        sent *= 1.5
-    return fwd, bwd, 2 * sent
-
-
-def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uniform) -> float:
-    """One token all-to-all of ``size`` bytes per rank on pipeline device ``s``: the slowest
-    expert-parallel group's (:func:`ep_stage_times`)."""
-    ep = strategy.ep
-    one = 0.0
-    seen = set()
-    for t in range(strategy.tp):
-        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
-            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
-            key = _shape_key(network, members)
-            if key in seen:  # priced through its shape only: once per shape
-                continue
-            seen.add(key)
-            one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
-    return one
 
 
 def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhead_s: float | None = None,
@@ -670,121 +458,6 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, 
         return fwd, bwd, layer_bwd, f is not None or g is not None
     return fwd, bwd, layer_bwd, False
 
-
-def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False, gpu=None,
-             copies: bool = True, zero_param_bytes: int = 0) -> list[Bucket]:
-    """Fill buckets from the last layer backwards (backward produces gradients in
-    that order; PyTorch DDP's ``bucket_cap_mb``, Li et al., "PyTorch Distributed: Experiences on
-    Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3). ``copies``:
-    each bucket is copied in and out (:func:`copy_time`); not for a contiguous
-    gradient buffer (``Strategy.grad_buffer``). ``zero_param_bytes``: bytes per
-    parameter of the weights under ZeRO-1 (0: off), :func:`zero1_steps`."""
-    total_bwd = sum(layer_bwd) or 1.0
-    order = list(range(len(layers)))[::-1]
-    buckets, current, done_bwd = [], [], 0.0
-    spec = comp.spec or comp.name
-    for i in order:
-        current.append(layers[i])
-        done_bwd += layer_bwd[i]
-        size = 4 * sum(layer.params for layer in current)
-        if size >= bucket_bytes or i == order[-1]:
-            numel = size // 4
-            if numel:
-                try:
-                    steps = _grad_steps(comp, current, dp)
-                except (ValueError, TypeError, RuntimeError) as exc:  # cannot plan this shape
-                    raise ConfigError(f"grad_compress {spec!r}: cannot plan a bucket of {numel} "
-                                      f"elements ({exc})") from exc
-                # uncompressed gradients go to the collective as they are (no codec call)
-                plain = spec in ("fp32", "none") or native
-                enc_s, dec_s = (0.0, 0.0) if plain else bucket_codec_times(profile, spec, steps, dp, 4 * numel)
-                if zero_param_bytes:
-                    steps = zero1_steps(steps, numel, zero_param_bytes, dp, reduce_scatter=plain and not copies)
-                buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
-                                      enc_s, dec_s, 2 * copy_time(profile, 4 * numel, gpu) if copies else 0.0))
-            current = []
-    return buckets
-
-
-def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp, profile, native: bool,
-                   gpu=None) -> list[Bucket]:
-    """A stage's buckets when expert parallelism is smaller than data parallelism: the
-    dense ones (all ``dp`` replicas) and the routed experts' gradients, bucketed alike but
-    all-reduced over their expert-data-parallel group only -- the ``dp / ep`` replicas
-    holding the same experts (:func:`perfsim.models.moe.expert_dp_replicas`; Megatron-Core's
-    expert data parallel group; DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596,
-    Sec. 5), ``experts / ep`` experts' parameters per rank
-    (:func:`perfsim.models.moe.expert_params_per_rank`). Both on the stage's one sync stream,
-    in the order they become ready (a tie: the dense one first)."""
-    group = strategy.dp // strategy.ep
-    moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
-    experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
-                       copies=strategy.grad_buffer == "bucketed")
-    return sorted(dense + [replace(b, stride=strategy.ep) for b in experts], key=lambda b: b.ready_fraction)
-
-
-def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, reduce_scatter: bool
-                ) -> list[CommStep]:
-    """A bucket's collectives under ZeRO-1 (Rajbhandari et al. 2020, arXiv:1910.02054,
-    Sec. 5.1: each rank updates its ``1/dp`` of the parameters, then they are gathered):
-    the gradient exchange, then an all-gather of the updated ``param_bytes``-per-value
-    weights (each rank contributes its shard). ``reduce_scatter``: the plain
-    all-reduce becomes a reduce-scatter, as in Megatron-LM's distributed optimizer
-    over its contiguous buffer (``--use-distributed-optimizer``; PyTorch's
-    ``ZeroRedundancyOptimizer`` beside DDP keeps the all-reduce). The gather is
-    charged with the sync, before the step: the same total when not overlapped."""
-    if reduce_scatter:
-        steps = [CommStep(REDUCE_SCATTER, st.nbytes, st.reduce, st.label) if st.kind == ALLREDUCE else st
-                 for st in steps]
-    return [*steps, CommStep(ALLGATHER, -(-numel * param_bytes // dp), label="zero1 params")]
-
-
-def bucket_codec_times(profile, spec: str, steps, dp: int, nbytes: float) -> tuple[float, float]:
-    """(encode, decode) seconds of one bucket's exchange of ``nbytes`` of fp32 gradients:
-    the compressor's own data-parallel path where the profile timed it
-    (:meth:`perfsim.profile.Profile.dp_codec_time`: what ``allreduce_mean`` runs around
-    its collectives, in concurrent processes), else :func:`codec_passes` full-bucket
-    compress / decompress calls."""
-    enc, dec = profile.dp_codec_time("encode", spec, nbytes), profile.dp_codec_time("decode", spec, nbytes)
-    if enc is not None and dec is not None:
-        return enc, dec
-    passes = codec_passes(steps, dp)
-    return passes[0] * profile.encode_time(spec, nbytes), passes[1] * profile.decode_time(spec, nbytes)
-
-
-def codec_passes(steps, dp: int) -> tuple[float, float]:
-    """(encodes, decodes) of a whole bucket that the runtime performs per sync,
-    counted in full-bucket passes (measured: tests/engine/test_fidelity.py counts the
-    runtime's codec calls and the elements they touch).
-
-    * 1-bit 3-phase allreduce (an alltoall then an allgather;
-      :meth:`perfsim.compression.onebit.OneBit.allreduce_mean`): encode the bucket,
-      decode the ``dp`` received chunks (one bucket), re-encode this rank's chunk
-      (``1/dp`` of a bucket), decode the ``dp`` gathered chunks (one bucket): 1 + 1/dp
-      encodes, 2 decodes;
-    * an allgather of payloads (the compressor base class, QSGD, ECQ-SGD, DirectQ):
-      one encode, one decode per gathered payload, this rank's included: ``dp``;
-    * otherwise (allreduce of codes, MaxNorm family): one of each.
-    """
-    kinds = {st.kind for st in steps}
-    if "alltoall" in kinds and "allgather" in kinds:
-        return 1.0 + 1.0 / dp, 2.0
-    if "allgather" in kinds:
-        return 1.0, float(dp)
-    return 1.0, 1.0
-
-
-def copy_time(profile, nbytes: float, gpu=None) -> float:
-    """One copy of ``nbytes`` (gradient bucketing: flatten into the bucket, copy the
-    averaged bucket back; PyTorch DDP, arXiv:2006.15704 Sec. 3.2.3): with a GPU
-    preset, read + write at its achieved memory bandwidth (its compute curve; a
-    profile measured elsewhere does not apply); else the profile's measured fp32
-    "codec" (a copy into a fresh buffer), else read + write at
-    :data:`FALLBACK_MEMORY_BPS` (V100 HBM2, NVIDIA V100 datasheet: 900 GB/s)."""
-    if gpu is not None:
-        return 2.0 * nbytes / (gpu.memory_bandwidth_Bps * curve_for(gpu)[0].mem_eff)
-    measured = profile.encode_time("fp32", nbytes) if profile is not None else 0.0
-    return measured if measured > 0 else 2.0 * nbytes / FALLBACK_MEMORY_BPS
 
 
 def system_slowdown(system, profile) -> float:

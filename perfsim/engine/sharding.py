@@ -9,7 +9,7 @@ of a stage (an FSDP2 ``fully_shard`` module: a transformer block, the embedding,
   soon as the unit's backward has produced it (DeepSpeed stage 2 and FSDP reduce at
   every micro-batch: the gradients are kept sharded), on a communication stream of its
   own; after the last backward the updated parameters are all-gathered (as ZeRO-1:
-  :func:`perfsim.engine.plan.zero1_steps`, one bucket of the whole stage).
+  :func:`perfsim.engine.buckets.zero1_steps`, one bucket of the whole stage).
 * ZeRO-3 / FSDP2 full-shard (``zero == 3``): each forward all-gathers every unit's
   parameters before the unit computes, and each backward again (unless
   ``reshard_after_forward`` is off), in execution order, with one unit of prefetch: the
@@ -33,7 +33,7 @@ of the whole gradient, the collective, the shard's copy into the gradient) right
 backward; the collectives are priced as torch's calls that FSDP2 issues, which the profile
 timed (``all_gather_into_tensor``, ``reduce_scatter_tensor``: gloo's reduce-scatter is an
 allreduce of the whole buffer, :mod:`perfsim.collectives` "Measured kinds"), the copies at
-the profile's copy cost (:func:`perfsim.engine.plan.copy_time`). Under ZeRO-3, FSDP2's own
+the profile's copy cost (:func:`perfsim.engine.buckets.copy_time`). Under ZeRO-3, FSDP2's own
 host work per unit and pass (its hooks, DTensor bookkeeping, unshard / reshard: the
 profile's ``fsdp_host`` records, :mod:`perfsim.calibrate.fsdp_host`) runs on that thread
 too, before each unit's forward and backward, and the root's once per stage pass

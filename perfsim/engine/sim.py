@@ -56,7 +56,6 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections import defaultdict
-from dataclasses import dataclass, field
 from heapq import heappush
 
 import simpy
@@ -66,50 +65,13 @@ from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.lanes import independent, run_lanes
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
+from perfsim.engine.sim_output import DeviceStats, SimOutput
 from perfsim.models.moe import expert_dp_replicas
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
-
-
-@dataclass
-class DeviceStats:
-    """What one pipeline device of one replica did in the iteration (seconds, bytes)."""
-
-    #: forward and backward compute, without tensor-parallel collectives
-    compute_s: float = 0.0
-    #: encode and decode of pipeline messages (and their host framing)
-    codec_s: float = 0.0
-    optimizer_s: float = 0.0
-    #: from a bucket's readiness to the end of its collectives, summed over buckets
-    dp_sync_s: float = 0.0
-    #: pipeline bytes sent (data-parallel bytes: SimOutput.dp_bytes_per_rank)
-    bytes_sent: float = 0.0
-    #: from the start of each message sent to its delivery, summed
-    comm_s: float = 0.0
-    tp_comm_s: float = 0.0
-    #: when the device finished its schedule row, and its optimizer step
-    last_backward_end: float = 0.0
-    end: float = 0.0
-    #: compute stretched by overlapping communication
-    interference_s: float = 0.0
-
-
-@dataclass
-class SimOutput:
-    iteration_s: float
-    pipeline_s: float
-    devices: dict[tuple[int, int], DeviceStats]
-    micro: dict[tuple[int, int, int], dict[str, float]]  # (replica, stage, mb) -> columns
-    links: dict[tuple[int, int, str], list[float]]  # (src, dst, kind) -> [bytes, busy_s]
-    replicas: list[int]
-    dp_bytes_per_rank: dict[int, float]
-    events: int
-    trace: list[dict] = field(default_factory=list)
-    collective_algos: tuple[str, ...] = ()
-    engine: str = "event loop"  # or "replay" (perfsim.engine.replay)
 
 
 #: an Event without its constructor (``_new_event(Event)``, then its fields): the events
@@ -540,7 +502,7 @@ class Simulation:
                 if bucket.stride == 1:
                     coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
                                                           lanes=self.lanes)
-                else:  # the routed experts' groups, side by side (perfsim.engine.plan.expert_buckets)
+                else:  # the routed experts' groups, side by side (perfsim.engine.buckets.expert_buckets)
                     coll = yield from self.group_collectives(step, d, bucket.stride)
                 self.dp_bytes_per_rank[d] += coll.wire_bytes
                 self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
@@ -556,7 +518,7 @@ class Simulation:
 
     def group_collectives(self, step, d: int, stride: int):
         """One collective step of a bucket synced within groups of replicas ``stride`` apart
-        (:attr:`perfsim.engine.plan.Bucket.stride`: the expert-data-parallel groups,
+        (:attr:`perfsim.engine.buckets.Bucket.stride`: the expert-data-parallel groups,
         :func:`perfsim.models.moe.expert_dp_replicas`), all at once: one per group holding a
         simulated replica, each standing for ``stride / groups run`` groups as lanes beside its
         tensor ranks' (as a simulated replica stands for its class). Returns one group's plan."""

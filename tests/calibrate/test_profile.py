@@ -440,7 +440,7 @@ def test_gradient_buckets_prefer_the_measured_data_parallel_path():
     """A bucket's codec cost is the compressor's own DP path where calibrate timed it
     (dp_encode / dp_decode), else compress / decompress times their passes."""
     from perfsim.compression import make_compressor
-    from perfsim.engine.plan import bucket_codec_times
+    from perfsim.engine.buckets import bucket_codec_times
 
     spec, sizes, n = "qsgd-maxnorm:4", [4096, 1 << 20, 1 << 22], 834_304
 

@@ -82,11 +82,11 @@ def _canonical_buckets():
 @pytest.mark.parametrize("method", [m for m in script.GRAD_METHODS if not m.startswith("powersgd")])
 def test_wire_bytes_are_the_dp_plan_the_simulator_charges(runs, method):
     """state.wire_bytes == steps x the compressor's dp_plan over the canonical buckets --
-    the function the simulator's plan calls (engine/plan.py) and `perfsim compressors`
+    the function the simulator's plan calls (engine/buckets.py) and `perfsim compressors`
     prints as dp_bytes."""
     from perfsim.compression.catalog import rows
     from perfsim.compression import make_compressor
-    from perfsim.engine.plan import _grad_steps
+    from perfsim.engine.buckets import _grad_steps
 
     class Layer:  # what the simulator's planner sees of one bucket
         def __init__(self, n):

@@ -29,7 +29,7 @@ def _job(a2a="none", **kw):
 
 def _stage_times(a2a, gpu=H100, **kw):
     from perfsim.api import build_configs
-    from perfsim.engine.plan import ep_stage_times
+    from perfsim.engine.group_times import ep_stage_times
     from perfsim.hardware import get_gpu
     from perfsim.network import Network
 

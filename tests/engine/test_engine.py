@@ -58,7 +58,7 @@ def test_communication_bound_runs_at_slowest_link():
 def test_ring_allreduce_closed_form(n, symmetric):
     """One fp32 bucket: 2(N-1)/N * S/B + 2(N-1) * latency, plus the bucket's two
     copies (flatten in, copy back) at the fallback memory bandwidth."""
-    from perfsim.engine.plan import FALLBACK_MEMORY_BPS
+    from perfsim.engine.buckets import FALLBACK_MEMORY_BPS
 
     params, bw, lat = 250_000, 1e9, 1e-3
     wl = toy(1, 0.0, 1e-9, params=params)
@@ -586,7 +586,7 @@ def test_uncontended_intervals():
     overlap; touching flows of one stream are one interval."""
     import numpy as np
 
-    from perfsim.engine.replay import _chains, _Flows, uncontended
+    from perfsim.engine.contention import _chains, _Flows, uncontended
 
     def check(starts, ends, rates, cap):
         flows = _Flows(None)
@@ -614,27 +614,27 @@ def test_uncontended_sampled_first(monkeypatch):
     contention there or on the others alike; a timeline with none passes both."""
     import numpy as np
 
-    import perfsim.engine.replay as replay
+    import perfsim.engine.contention as contention
 
-    monkeypatch.setattr(replay, "SAMPLE_ABOVE", 10)
+    monkeypatch.setattr(contention, "SAMPLE_ABOVE", 10)
     n = 64  # resources, two flows on each: [0, 2] and [1, 3] at rate 1
     calls = []
-    within = replay._within
-    monkeypatch.setattr(replay, "_within", lambda res, *a: calls.append(res.size) or within(res, *a))
+    within = contention._within
+    monkeypatch.setattr(contention, "_within", lambda res, *a: calls.append(res.size) or within(res, *a))
 
     def check(cap):
-        flows = replay._Flows(None)
+        flows = contention._Flows(None)
         flows.rates.update([1.0])
         res = np.repeat(np.arange(n), 2)
         flows.add(res, np.tile([0.0, 1.0], n), np.tile([2.0, 3.0], n), np.ones(2 * n))
         calls.clear()
-        return replay.uncontended(flows, np.array(cap, float))
+        return contention.uncontended(flows, np.array(cap, float))
 
-    assert check([2.5] * n) and calls == [2 * n // replay.SAMPLE_EVERY, 2 * n]
-    assert not check([1.5] * n) and calls == [2 * n // replay.SAMPLE_EVERY]  # told by the sample
+    assert check([2.5] * n) and calls == [2 * n // contention.SAMPLE_EVERY, 2 * n]
+    assert not check([1.5] * n) and calls == [2 * n // contention.SAMPLE_EVERY]  # told by the sample
     cap = [2.5] * n
     cap[5] = 1.5  # contention on a resource the sample leaves out
-    assert not check(cap) and calls == [2 * n // replay.SAMPLE_EVERY, 2 * n]
+    assert not check(cap) and calls == [2 * n // contention.SAMPLE_EVERY, 2 * n]
 
 
 from hypothesis import HealthCheck  # noqa: E402

@@ -84,7 +84,7 @@ def test_all_to_all_runs_over_the_ep_group_of_consecutive_replicas():
     """dp 8, ep 2, tp 1: the token all-to-all's members are each EP group's two consecutive
     replicas ({0,1}, {2,3}, ...), never the expert-data-parallel group."""
     from perfsim.api import build_configs
-    from perfsim.engine.plan import ep_stage_times
+    from perfsim.engine.group_times import ep_stage_times
     from perfsim.network import Network
 
     w, s, sy, p = build_configs(**_job(gpus_per_node=4))

@@ -9,7 +9,8 @@ from perfsim.api import predict
 from perfsim.collectives import GroupShape, plan
 from perfsim.config import Strategy, System, Workload
 from perfsim.engine import simulate
-from perfsim.engine.plan import FALLBACK_MEMORY_BPS, codec_passes, comm_slowdown
+from perfsim.engine.buckets import FALLBACK_MEMORY_BPS, codec_passes
+from perfsim.engine.plan import comm_slowdown
 from perfsim.errors import ConfigError
 from perfsim.fabrics import FABRICS, NIC_KINDS, parse_nic
 from perfsim.link import Link, resolve_link

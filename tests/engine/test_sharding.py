@@ -459,7 +459,7 @@ def test_zero3_on_a_cpu_profile_blocks_the_training_thread():
     from perfsim.analysis.validate import link_params
     from perfsim.api import build_configs
     from perfsim.engine import plan_with_memory
-    from perfsim.engine.plan import copy_time
+    from perfsim.engine.buckets import copy_time
     from perfsim.engine.sharding import FSDP_CALLS
     from perfsim.profile import load_profile
 

@@ -4,7 +4,8 @@ once per shape, the compute-only plan the bounds read, the bounds themselves."""
 from pathlib import Path
 
 from perfsim.api import build_configs
-from perfsim.engine.plan import build_plan, tp_stage_times
+from perfsim.engine.group_times import tp_stage_times
+from perfsim.engine.plan import build_plan
 from perfsim.network import Network
 
 

@@ -1,0 +1,191 @@
+"""The tensor- and expert-parallel collectives of a stage, timed on its groups' GPUs.
+
+Tensor parallelism (``Strategy.tp``): each stage is a group of ``tp`` GPUs (placed by
+:meth:`perfsim.config.Strategy.device`); a stage's per-micro-batch time adds its layers'
+Megatron collectives (:func:`perfsim.models.tensor_parallel.tp_layer_collectives`; under
+sequence parallelism its embedding's and LM head's,
+:func:`perfsim.models.tensor_parallel.tp_edge_collectives`; Narayanan et al. 2021,
+arXiv:2104.04473), timed by the network on the group's own GPUs
+(:meth:`perfsim.network.Network.collective_time`, the links the group uses), serial with
+compute as in Megatron-LM: :func:`tp_stage_times`.
+
+Expert parallelism (``Strategy.ep``): the token all-to-alls of a stage's MoE blocks
+(:func:`perfsim.models.moe.ep_alltoall_bytes`), optionally compressed (DeepSeek-V3,
+arXiv:2412.19437 Sec. 3.3): :func:`ep_stage_times`.
+
+Groups of one shape cost the same, so each shape is priced once (:func:`_alike`,
+:func:`_shape_key`); :func:`device_map` is the placement's linear form for loops over
+many replicas. :func:`perfsim.engine.plan.build_plan` calls these once per stage.
+"""
+
+from __future__ import annotations
+
+from perfsim.collectives import tensor_call
+from perfsim.engine.buckets import copy_time
+from perfsim.hardware import BYTES_PER_VALUE
+from perfsim.models.moe import Routing, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas
+from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
+from perfsim.network import collective_cost
+
+
+def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
+                   head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
+                   uniform: bool | None = None) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
+    stage ``s`` (and of its embedding / LM head under sequence parallelism,
+    :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
+    on the slowest of the stage's TP groups. ``measured_kinds``: the profile's backend
+    is the run's, so its measured collective kinds price them (not with a GPU preset
+    beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
+    GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
+    network's :func:`uniform_network` (None: asked here)."""
+    tp, spec = strategy.tp, workload.arch
+    if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
+        return 0.0, 0.0, 0.0
+    shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
+             BYTES_PER_VALUE[strategy.precision])
+    # (collectives, times issued per micro-batch): every block's, then the stage's edges
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
+             (tp_edge_collectives(*shape, embed, head), 1)]
+    reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
+    seen = {}
+    # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
+    # ranks follow its first at one stride
+    stride = strategy.device(1, 0, s) - strategy.device(0, 0, s) if strategy.device_order is None else 0
+    for r in reps:
+        if stride:
+            first = strategy.device(0, r, s)
+            members = list(range(first, first + tp * stride, stride))
+        else:
+            members = [strategy.device(t, r, s) for t in range(tp)]
+        # a collective's time depends on its group only through the group's shape (nodes,
+        # ranks per node, slowest hop: Network.collective): replicas alike are priced once
+        key = _shape_key(network, members)
+        if key in seen:
+            continue
+        # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
+        # as the functional call DTensor issues (its measured cost when profiled)
+        seen[key] = tuple(sum(times * max(host_s, network.collective_time(
+                                  k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
+                              for coll, times in parts for ph, k, n in coll if ph == phase)
+                          for phase in ("fwd", "bwd"))
+    fwd = max(v[0] for v in seen.values())
+    bwd = max(v[1] for v in seen.values())
+    nbytes = sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for _, k, n in coll)
+    if strategy.recompute == "full":  # the recomputed forward runs its collectives again
+        bwd += fwd
+        nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for ph, k, n in coll
+                      if ph == "fwd")
+    return fwd, bwd, nbytes
+
+
+def uniform_network(network) -> bool:
+    """Every path between two nodes alike (no topology, or a uniform one,
+    :meth:`perfsim.network.topology.Topology.is_uniform`)."""
+    topo = getattr(network, "topology", None)
+    return topo is None or topo.is_uniform()
+
+
+def device_map(strategy):
+    """``(t, r, s) -> GPU``, :meth:`perfsim.config.Strategy.device` itself, or without a
+    ``device_order`` its linear form (the rank strides of its ``placement``, read from
+    it) for loops over many replicas."""
+    if strategy.device_order is not None:
+        return strategy.device
+    o = strategy.device(0, 0, 0)
+    a = strategy.device(1, 0, 0) - o if strategy.tp > 1 else 0
+    b = strategy.device(0, 1, 0) - o if strategy.dp > 1 else 0
+    c = strategy.device(0, 0, 1) - o if strategy.pp > 1 else 0
+    return lambda t, r, s: o + t * a + r * b + s * c
+
+
+def _alike(strategy, network, first, n: int, uniform: bool | None) -> list[int]:
+    """Indices of the groups worth pricing among ``n`` groups whose ``i``-th starts on
+    GPU ``first(i)`` and whose members follow at fixed strides (a TP group's tensor
+    ranks, an EP group's replicas: :meth:`perfsim.config.Strategy.device` is linear
+    without a ``device_order``, so ``first(i)`` is too). On a uniform network two such
+    groups whose first GPUs sit at the same place in their nodes (``first mod
+    gpus_per_node``) span the nodes alike, so have one shape: one of each is kept --
+    and as ``first(i) mod gpus_per_node`` repeats with a period dividing
+    ``gpus_per_node``, the first ``gpus_per_node`` groups hold every place. Otherwise
+    every group."""
+    if uniform is None:
+        uniform = uniform_network(network)
+    if not uniform or strategy.device_order is not None:
+        return list(range(n))
+    gpn = network.system.gpus_per_node
+    kept: dict[int, int] = {}
+    for i in range(min(n, gpn)):
+        kept.setdefault(first(i) % gpn, i)
+    return list(kept.values())
+
+
+def _shape_key(network, members) -> tuple:
+    """What a lockstep collective's time on ``members`` depends on: the group's shape
+    (:meth:`perfsim.network.Network.group_shape`), else (a network without one) the
+    members' nodes."""
+    shape = getattr(network, "group_shape", None)
+    if shape is not None:
+        return (shape(members, lockstep=True),)
+    return tuple(network.node(m) for m in members)
+
+
+def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
+                   uniform: bool | None = None, profile=None, gpu=None) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
+    MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
+    combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
+    over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
+    (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
+    all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
+    group's; with full recomputation the forward's run again in the backward.
+
+    ``strategy.a2a_compress`` (``fp8`` / ``directq:B``) sends the dispatch-direction pair
+    (forward dispatch, backward gradient into the expert outputs) at the codec's wire size
+    (:func:`perfsim.models.moe.a2a_wire_bytes`) plus an encode and a decode each, the combine
+    pair at the training precision (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
+    ep, spec = strategy.ep, workload.arch
+    if ep == 1 or spec is None or not moe_blocks:
+        return 0.0, 0.0, 0.0
+    routing = Routing.of(strategy)
+    tok, bpv = strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision]
+    size = ep_alltoall_bytes(spec, tok, bpv, routing)
+    codec = getattr(strategy, "a2a_compress", "none")
+    if codec == "none":
+        one = _ep_alltoall_time(strategy, network, s, size, host_s, uniform)
+        fwd = bwd = 2 * moe_blocks * one
+        sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
+    else:
+        check_a2a_gpu(codec, gpu)
+        wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
+        if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
+            enc = dec = copy_time(profile, (size + wire) / 2, gpu)
+        else:  # the codec cost model of the pipeline's activations (Profile.encode_time / decode_time)
+            fp32 = 4 * size / bpv
+            enc = profile.encode_time(codec, fp32) if profile is not None else 0.0
+            dec = profile.decode_time(codec, fp32) if profile is not None else 0.0
+        one = (_ep_alltoall_time(strategy, network, s, size, host_s, uniform)
+               + _ep_alltoall_time(strategy, network, s, wire, host_s, uniform) + enc + dec)
+        fwd = bwd = moe_blocks * one
+        sent = moe_blocks * (collective_cost("alltoall", size, ep)[0] + collective_cost("alltoall", wire, ep)[0])
+    if strategy.recompute == "full":
+        bwd += fwd
+        sent *= 1.5
+    return fwd, bwd, 2 * sent
+
+
+def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uniform) -> float:
+    """One token all-to-all of ``size`` bytes per rank on pipeline device ``s``: the slowest
+    expert-parallel group's (:func:`ep_stage_times`)."""
+    ep = strategy.ep
+    one = 0.0
+    seen = set()
+    for t in range(strategy.tp):
+        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
+            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
+            key = _shape_key(network, members)
+            if key in seen:  # priced through its shape only: once per shape
+                continue
+            seen.add(key)
+            one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
+    return one
