@@ -44,7 +44,7 @@ _logging.getLogger("perfsim").addHandler(_logging.NullHandler())
 def predict(**params: Any) -> "Result":
     from perfsim.api import predict as _predict  # lazy: import perfsim does not load perfsim.api
 
-    return _predict(**params)
+    return _predict(**params, note_unused=True)  # the caller's own settings: say which are unused
 
 
 predict.__signature__ = _params.signature(extra=(  # type: ignore[attr-defined]

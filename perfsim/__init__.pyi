@@ -480,6 +480,7 @@ def validate(
     seed: int = 0,
     repeats: int = 1,
     reuse_measured: bool = False,
+    overwrite: bool = False,
     out: str | None = None,
     plot: bool = True,
     progress: bool = True,

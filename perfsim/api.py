@@ -47,6 +47,7 @@ from perfsim.partition import uniform_counts
 from perfsim.profile import Profile, load_profile, profile_path
 from perfsim.result import Result
 from perfsim.schedules import stage_count
+from perfsim.units import format_bandwidth
 from perfsim.workload import get_model, load_workload_file
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
@@ -302,14 +303,21 @@ def _batch(p: dict[str, Any]) -> int:
 
 
 def predict(**params) -> Result:
-    """Simulate one configuration (see the module docstring for parameters)."""
+    """Simulate one configuration (see the module docstring for parameters).
+
+    ``note_unused``: also say in ``model_note`` which settings the caller gave that this
+    configuration does not use (:func:`unused_settings`; ``perfsim.predict`` and ``perfsim
+    predict`` set it; the planner's and a sweep's configurations, which pass one setting
+    to every candidate, do not)."""
     trace = bool(params.pop("trace", False))
+    note_unused = bool(params.pop("note_unused", False))
     allow_oom = params_mod.normalize("allow_oom", params.get("allow_oom") or False)
     workload, strategy, system, profile = build_configs(**params)
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
-    result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None))
+    unused = unused_settings(params, strategy, result.summary, note_unused)
+    result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))
     _warn_memory(result.summary, profile)
     _check_finite(result)
     return result
@@ -352,12 +360,65 @@ def _warn_memory(summary: dict[str, Any], profile=None) -> None:
         summary["memory_warning"] = text
 
 
-def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
+#: what marks a note of ``model_note`` as a setting given but not used (:func:`unused_notes`)
+UNUSED = " unused: "
+
+
+def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[str, Any],
+                    explicit: bool = True) -> list[str]:
+    """Settings given in ``params`` (not None) that this configuration does not use, each
+    ``NAME VALUE unused: why`` (as ``a2a_compress`` with ep 1, :func:`model_facts`): a
+    ``bandwidth`` beside a ``nic`` (the NICs give each node's links), an
+    ``intra_node_bandwidth`` beside an ``intra_node_fabric`` (the preset's rate); with
+    ``explicit`` (the caller set them itself, not a planner's candidate) also
+    ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
+    without ZeRO-3, data-parallel gradient settings with dp 1, and ``tied_embedding sync``
+    where no tied LM head is synced (the engine's ``tied_bytes`` 0)."""
+    given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
+
+    def value(name: str) -> Any:  # as given, normalised (only for a note: predict's hot path)
+        return params_mod.normalize(name, given[name])
+
+    notes = []
+    if "nic" in given and "bandwidth" in given:
+        nic = parse_nic(value("nic"))
+        notes.append(f"bandwidth {format_bandwidth(value('bandwidth'))}{UNUSED}nic {nic.count}x"
+                     f"{format_bandwidth(nic.rate_bps)} gives each node's links")
+    if "intra_node_fabric" in given and "intra_node_bandwidth" in given:
+        notes.append(f"intra_node_bandwidth {format_bandwidth(value('intra_node_bandwidth'))}{UNUSED}"
+                     f"intra_node_fabric {value('intra_node_fabric')} gives the intra-node links")
+    if not explicit:
+        return notes
+    if "virtual_stages" in given and strategy.virtual_stages is None:
+        notes.append(f"virtual_stages {value('virtual_stages')}{UNUSED}schedule {strategy.schedule} is not "
+                     "interleaved (its model chunks per device are fixed)")
+    if "reshard_after_forward" in given and strategy.zero != 3:
+        notes.append(f"reshard_after_forward {value('reshard_after_forward')}{UNUSED}zero {strategy.zero} "
+                     "gathers no parameters (ZeRO-3 does)")
+    if strategy.dp == 1:
+        for name in ("grad_compress", "bucket_size", "overlap"):
+            if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):
+                shown = strategy.grad_compress.text if name == "grad_compress" else value(name)
+                notes.append(f"{name} {shown}{UNUSED}dp 1 has no data-parallel gradient sync")
+    if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
+        notes.append(f"tied_embedding sync{UNUSED}no tied LM head on another device than its embedding "
+                     "(tied_bytes 0)")
+    return notes
+
+
+def unused_notes(summary: dict[str, Any]) -> list[str]:
+    """The notes of ``summary["model_note"]`` that name a setting given but not used
+    (:func:`unused_settings`, ``a2a_compress`` with ep 1): what the commands say on stderr."""
+    return [n for n in str(summary.get("model_note") or "").split("; ") if UNUSED in n]
+
+
+def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] = ()) -> dict[str, Any]:
     """Summary entries that state what the model is: active parameters of a mixture of
     experts (with the routing assumption), and where the sequence length of a config.json
-    model comes from (``model_note``, printed by ``perfsim predict``)."""
+    model comes from (``model_note``, printed by ``perfsim predict``), with the settings
+    given that this configuration does not use (``unused``, :func:`unused_settings`)."""
     if arch is None:
-        return {}
+        return {"model_note": "; ".join(unused)} if unused else {}
     notes = []
     facts: dict[str, Any] = {"active_params": arch.active_params}
     if arch.moe:
@@ -376,7 +437,8 @@ def model_facts(arch, strategy: Strategy, seq_default: bool) -> dict[str, Any]:
                         f"{value_precision(strategy.precision)})" if strategy.a2a_compress != "none" and
                         strategy.ep > 1 else "") + ")")
     if strategy.a2a_compress != "none" and strategy.ep == 1:
-        notes.append(f"a2a_compress {strategy.a2a_compress} unused: no expert-parallel all-to-all with ep 1")
+        notes.append(f"a2a_compress {strategy.a2a_compress}{UNUSED}no expert-parallel all-to-all with ep 1")
+    notes += unused
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "
                      f"max_position_embeddings {arch.max_positions} and {DEFAULT_SEQ_LEN}); --seq-len sets it")

@@ -75,6 +75,53 @@ def _stored_measurements(run_dir: Path, repeats: int):
 _TABLES: dict[str, list[dict[str, str]]] = {}
 
 
+#: the columns that make a file a validation table (:func:`check_table`)
+ROW_COLUMNS = ("bandwidth_bps", "compress", "grad_compress", "measured_throughput_samples_per_s")
+
+
+def same_row(rec: dict[str, str], row: dict[str, Any], base: dict[str, Any] | None = None) -> bool:
+    """Whether stored table row ``rec`` (text, as read from ``validation.csv``) is grid row
+    ``row`` (bandwidth, compressors, and its schedule and tp where the table records
+    them); with ``base``, of the same model, pipeline, replicas and batch too."""
+    try:
+        rec_bw = float(rec["bandwidth_bps"]) if rec.get("bandwidth_bps") else None
+        if (rec_bw != row["bandwidth"] or rec["compress"] != row["compress"]
+                or rec["grad_compress"] != row["grad_compress"]
+                or (rec.get("schedule") and row.get("schedule") and rec["schedule"] != row["schedule"])
+                or (rec.get("tp") and float(rec["tp"]) != float(row.get("tp", 1)))):
+            return False
+        for k in ("model", "pp", "dp", "micro_batch", "macro_batch"):
+            if base and rec.get(k) and k in base and \
+                    (rec[k] != base[k] if k == "model" else float(rec[k]) != float(base[k])):
+                return False
+        return True
+    except (KeyError, ValueError):
+        return False
+
+
+def check_table(plan: ValidationPlan) -> None:
+    """Refuse to replace ``plan.out``'s ``validation.csv`` unless ``plan.overwrite``: a file
+    that is not a validation table, or one holding rows of another grid (a grid re-run
+    resumes: its rows measured under the same key are kept, :func:`reused`). ConfigError
+    naming the file and ``--overwrite``, before any run."""
+    path = Path(plan.out) / "validation.csv"
+    if plan.overwrite or not path.exists():
+        return
+    try:
+        with path.open(newline="") as fh:
+            recs = list(csv.DictReader(fh))
+    except (OSError, UnicodeDecodeError, csv.Error):
+        recs = None
+    if recs is None or not recs or any(c not in recs[0] for c in ROW_COLUMNS):
+        raise ConfigError(f"--out {plan.out!r}: {path} is not a perfsim validation table; give another "
+                          f"--out, or --overwrite to replace it")
+    rows = plan.rows()
+    other = sum(not any(same_row(rec, row, plan.base) for row in rows) for rec in recs)
+    if other:
+        raise ConfigError(f"--out {plan.out!r}: {path} holds {other} row(s) of another grid that this "
+                          f"validation would discard; give another --out, or --overwrite to replace them")
+
+
 def _table_measurement(out: str, row: dict[str, Any]):
     """The measured figures of ``row`` (its schedule and tp degree included, where
     the table records them) from the grid's stored ``validation.csv`` (the run folders
@@ -87,13 +134,8 @@ def _table_measurement(out: str, row: dict[str, Any]):
             return None
         with path.open() as fh:
             _TABLES[str(path)] = list(csv.DictReader(fh))
-    bw = row["bandwidth"]
     for rec in _TABLES[str(path)]:
-        rec_bw = float(rec["bandwidth_bps"]) if rec.get("bandwidth_bps") else None
-        if (rec_bw != bw or rec["compress"] != row["compress"]
-                or rec["grad_compress"] != row["grad_compress"]
-                or (rec.get("schedule") and row.get("schedule") and rec["schedule"] != row["schedule"])
-                or (rec.get("tp") and float(rec["tp"]) != float(row.get("tp", 1)))):
+        if not same_row(rec, row):
             continue
         summary = {}
         for key, value in rec.items():
@@ -111,12 +153,13 @@ def _table_measurement(out: str, row: dict[str, Any]):
 
 
 def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
-            key_params: dict[str, Any]):
+            key_params: dict[str, Any], unchecked: bool = True):
     """``(figures, throughputs, key)`` of the stored measurement of ``row`` that
-    ``--reuse-measured`` may use, or ``(None, [], None)``: none is stored, or it was
-    taken with other run parameters or another perfsim (a warning says which, and the
-    row is measured again). A measurement stored before perfsim keyed them is reused
-    with a warning that it could not be checked."""
+    ``--reuse-measured`` (or a grid re-run, which resumes) may use, or ``(None, [], None)``:
+    none is stored, or it was taken with other run parameters or another perfsim (a
+    warning says which, and the row is measured again). A measurement stored before
+    perfsim keyed them is reused with a warning that it could not be checked
+    (``unchecked``: ``--reuse-measured``), else measured again, saying so."""
     measured, tputs, doc = _stored_measurements(run_dir, plan.repeats)
     where = str(run_dir)
     if measured is None:
@@ -126,6 +169,11 @@ def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
         return None, [], None
     stored = (doc or {}).get("key")
     why = stale_reasons(stored, key)
+    if why == [NO_KEY] and not unchecked:
+        log.warning("validate: the stored measurement %s carries no input key (measured before perfsim "
+                    "keyed measurements on their run parameters): measuring it again (--reuse-measured "
+                    "reuses it unchecked)", where)
+        return None, [], None
     if why == [NO_KEY]:
         log.warning("validate: the stored measurement %s carries no input key (measured before perfsim "
                     "keyed measurements on their run parameters): reused unchecked; drop "

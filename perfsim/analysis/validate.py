@@ -23,6 +23,12 @@ Execute mode posts each stage's receives a step ahead
 receive posted: pipeline rows are eager. The results, grid by grid, are in
 ``docs/validation.md``.
 
+Re-running a grid on the same ``out`` resumes it, like ``perfsim sweep``: a row whose
+measurement is stored under the same key (below) is kept and predicted again, the others
+are measured; a ``validation.csv`` that is not a validation table, or that holds rows of
+another grid, is refused (:func:`perfsim.analysis.measured.check_table`) unless
+``overwrite``, which measures every row again.
+
 ``reuse_measured``: re-predict against the measured results already stored in
 the row's run folders (``runs/<row>/result.json`` and its repeats), else in the
 grid's ``validation.csv`` (its measured columns), instead of running again -- for
@@ -42,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfsim import outputs
-from perfsim.analysis.measured import _TABLES, measure_key, reused, write_key  # noqa: F401 (_TABLES: tests)
+from perfsim.analysis.measured import _TABLES, check_table, measure_key, reused, write_key  # noqa: F401 (tests)
 from perfsim.analysis.plot_files import save_figure
 from perfsim.analysis.plots import plot_validation
 from perfsim.api import build_configs, predict
@@ -87,6 +93,10 @@ class ValidationPlan:
     out: folder for the per-run outputs and the comparison table.
     runtime_model: describe the model to the simulator with execute mode's
       own parameter counts (:func:`runtime_workload`), not the preset's.
+    reuse_measured: reuse the measurements stored in ``out`` (see the module's docstring);
+      otherwise a grid re-run resumes: a row measured earlier under the same key (every run
+      parameter and perfsim's version) is kept, the others are measured; ``overwrite``:
+      every row is measured again.
     repeats: measured runs per row; the fastest counts: interference from other
       jobs only ever slows a run down, so the fastest repeat is the best estimate
       of the undisturbed machine the profile was calibrated on (all repeats are
@@ -107,6 +117,7 @@ class ValidationPlan:
     link_model: str = "profile"
     out: str = "traces/validation/run"
     reuse_measured: bool = False
+    overwrite: bool = False
     seed: int = 0
     repeats: int = 1
     runtime_model: bool = True
@@ -135,6 +146,9 @@ class ValidationPlan:
             raise ConfigError(f"latency {self.latency_s}: must be >= 0")
         if self.profile is None:
             raise ConfigError("validation needs --profile (a profile calibrated on this machine)")
+        if self.overwrite and self.reuse_measured:
+            raise ConfigError("--overwrite measures every row again, --reuse-measured reuses the stored "
+                              "measurements: give one or the other")
 
     def rows(self) -> list[dict[str, Any]]:
         """Every ([schedule,] bandwidth, compress, grad_compress[, tp]) combination, in order
@@ -252,8 +266,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     t0 = time.perf_counter()
     key, key_params = measure_key(run_params)
     measured, tputs, stored_key = None, [], None
-    if plan.reuse_measured:
-        measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params)
+    if not plan.overwrite:  # --reuse-measured, or a re-run resuming (only what its key still holds)
+        measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params, unchecked=plan.reuse_measured)
+    kept = measured is not None
     for k in range(0 if measured is not None else plan.repeats):
         # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
         params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""), overwrite=True)
@@ -298,6 +313,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            # who made the emulated latency (perfsim.runtime.measure.latency_in): decides the TCP window
            "measured_latency_in": latency_made if isinstance(latency_made, str) else "",
            "measured_repeats": len(tputs),
+           # measured by an earlier run of the grid (resumed, --reuse-measured), not by this one
+           "measured_reused": kept,
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),
            "run_wall_s": round(wall, 2), "run_dir": str(run_dir), "measured_key": stored_key}
     out.update(_summary_figures(predicted, "predicted") if predicted is not None else
@@ -340,6 +357,7 @@ def run_validation(plan: ValidationPlan, progress: Callable[[str], None] | None 
     import pandas as pd  # lazy: pandas is heavy, needed only here
 
     profile = load_profile(plan.profile)
+    _TABLES.pop(str(Path(plan.out) / "validation.csv"), None)  # the table as stored now, not an earlier read
     rows = []
     for i, row in enumerate(plan.rows()):
         if progress:

@@ -13,6 +13,7 @@ survive an interruption), ``summary.json``, ``validation.md`` and the plot.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any, Sequence
 
@@ -22,6 +23,8 @@ from perfsim.models.registry import get_model_spec
 from perfsim.models.transformer import TransformerSpec
 from perfsim.runtime.config import RunConfig
 from perfsim.units import split_list
+
+log = logging.getLogger(__name__)
 
 
 #: what a validation grid changes from the job's defaults (:class:`perfsim.job.Job`, those of
@@ -86,7 +89,7 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
              bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
              dataset_limit: int | None = None, seed: int = 0, repeats: int = 1, reuse_measured: bool = False,
-             out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True):
+             overwrite: bool = False, out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True):
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
@@ -102,7 +105,10 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
       worth, so AQ-SGD's uncompressed first epoch ends early), reuse_measured
       (re-predict the measurements stored in ``out``): see
       :class:`perfsim.analysis.validate.ValidationPlan`.
-    out: folder of the runs and the tables (default :func:`default_out`).
+    out: folder of the runs and the tables (default :func:`default_out`). A grid run again
+      on the same folder resumes: rows measured earlier under the same run parameters and
+      perfsim version are kept; a ``validation.csv`` of another grid (or not a validation
+      table) is refused. ``overwrite``: measure every row again, replacing the table.
     plot: also draw ``validation.png``; progress: a bar or stage lines on stderr.
     drift_check: after runs made now, time the model's layers again as the profile's
       calibration did and compare (:func:`perfsim.calibrate.compare.drift_check`; the
@@ -159,7 +165,7 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         tps=tps, sequence_parallel=sequence_parallel,
         latency_s=latency if isinstance(latency, (int, float)) else v.parse_latency(latency),
         steps=steps, dataset_limit=limit, profile=str(profile), link_model=link_model, out=str(out),
-        seed=seed, repeats=repeats, reuse_measured=reuse_measured)
+        seed=seed, repeats=repeats, reuse_measured=reuse_measured, overwrite=overwrite)
     check_dir_target(plan.out, "--out")  # before the specs: their run config checks the folder too
     v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
@@ -169,6 +175,7 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
     if not 0 <= seed < 2**32:
         raise ConfigError(f"--seed {seed}: must be in 0..{2**32 - 1}")
     with locked_dir(plan.out, "--out"):  # a second validate on the same folder is refused
+        v.check_table(plan)  # an earlier table of another grid is never replaced without --overwrite
         return _run_and_write(plan, plot=plot, progress=progress,
                               title=f"{model} pp={pp} dp={dp} tp={','.join(map(str, tps))}",
                               drift_check=drift_check)
@@ -216,14 +223,19 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
     finally:
         bar.close()
     v.write_csv(df, f"{out}/validation.csv")
+    kept = int(df["measured_reused"].sum())
+    if kept and not plan.reuse_measured:
+        log.info("validate: resumed: %d of %d rows kept as measured earlier in %s (same run parameters and "
+                 "perfsim version); --overwrite measures them again", kept, len(df), out)
     summary = {**v.summarize(df), "iteration": v.summarize(df, "iteration_s"),
                "profile": plan.profile, "link_model": plan.link_model, "base": plan.base,
                "steps": plan.steps, "dataset_limit": plan.dataset_limit,
-               "load_average": os.getloadavg(), "reuse_measured": plan.reuse_measured}
-    drift = _profile_drift(plan) if drift_check and not plan.reuse_measured else None
+               "load_average": os.getloadavg(), "reuse_measured": plan.reuse_measured, "rows_reused": kept}
+    fresh = kept < len(df)  # some row measured now
+    drift = _profile_drift(plan) if drift_check and fresh and not plan.reuse_measured else None
     if drift is not None:
         summary["profile_drift"] = drift[0]
-    if plan.reuse_measured:  # the measurements are older: keep the load they were taken under
+    if plan.reuse_measured or not fresh:  # the measurements are older: keep the load they were taken under
         try:
             with open(os.path.join(out, "summary.json")) as f:
                 old = json.load(f)

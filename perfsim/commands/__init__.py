@@ -10,8 +10,19 @@ from __future__ import annotations
 
 import argparse
 import inspect
-from typing import Any, Callable
+import logging
+from typing import Any, Callable, Iterable
 
+log = logging.getLogger(__name__)
+
+
+def note_unused(summaries: Iterable[dict[str, Any]]) -> None:
+    """Each distinct setting given but not used by the configurations of ``summaries``
+    (:func:`perfsim.api.unused_notes`) once on stderr: predict's, sweep's and plan's note."""
+    from perfsim.api import unused_notes  # lazy: perfsim --help does not load perfsim.api
+
+    for note in dict.fromkeys(n for s in summaries for n in unused_notes(s)):
+        log.warning("note: %s", note)
 
 
 def positive_int(text: str) -> int:

@@ -20,6 +20,7 @@ import argparse
 import sys
 
 from perfsim import outputs, params
+from perfsim.commands import note_unused
 from perfsim.emit import EMIT_KINDS, check_emit, emit
 from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
@@ -170,6 +171,7 @@ def run(args) -> int:
     else:
         text = _table(result)
     outputs.emit(args.output, text)
+    note_unused([result.ranked[0].summary])  # the winner's: e.g. a --bandwidth beside --nic
     if args.plot:
         _plot(result, args.plot)
     if kind:

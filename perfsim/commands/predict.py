@@ -11,6 +11,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
+from perfsim.commands import note_unused
 from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def run(args) -> int:
     results = []
     for i, params in enumerate(grid):
         log.debug("predict %s", params)
-        res = predict(**params, trace=bool(args.trace))
+        res = predict(**params, trace=bool(args.trace), note_unused=True)
         if args.trace:
             res.write_trace(_trace_path(args.trace, i, len(grid)))
             res.trace_events = []
@@ -112,7 +113,9 @@ def run(args) -> int:
 
 def _warn_memory(results) -> None:
     """Each distinct ``memory_warning`` of the results (a peak over the profile's GPU or every
-    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written."""
+    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written;
+    then each setting given but not used (:func:`perfsim.api.unused_notes`) once."""
     for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
         if note:
             log.warning("warning: %s", note)
+    note_unused([r.summary for r in results])

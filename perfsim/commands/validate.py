@@ -57,6 +57,10 @@ def add_arguments(p) -> None:
     p.add_argument("--reuse-measured", action="store_true",
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
                         "rows without a stored result are run)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="measure every row again, replacing OUT/validation.csv (without it a re-run on the "
+                        "same --out resumes: rows measured with the same run parameters and perfsim "
+                        "version are kept; a table of another grid is refused)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--no-drift-check", action="store_true",
                    help="skip timing the model's layers again after the runs to compare with the profile "
@@ -72,7 +76,7 @@ def run(args) -> int:
     df = validate(profile=args.profile, **job,
                   bandwidths=args.emulate_bandwidth, latency=args.emulate_latency, link_model=args.link_model,
                   steps=args.steps, dataset_limit=args.dataset_limit, seed=args.seed, repeats=args.repeats,
-                  reuse_measured=args.reuse_measured, out=args.out, plot=not args.no_plot,
+                  reuse_measured=args.reuse_measured, overwrite=args.overwrite, out=args.out, plot=not args.no_plot,
                   progress=not args.no_progress, drift_check=not args.no_drift_check)
     print(v.format_table(df))
     if df.attrs.get("drift"):

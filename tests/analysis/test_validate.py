@@ -144,6 +144,71 @@ def test_cli_end_to_end_loopback(small_profile, tmp_path):
     assert "drift check after the runs: compare with" in r.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["profile_drift"]["compute"] > 0 and (tmp_path / "drift-check.json").exists()
+    # the same command again resumes: the row measured under the same key is kept (qa2, F12)
+    again = run_cli_here("validate", "--model", "digits-mlp", "--pp", "2", "--compress", "fp32", "--steps", "3",
+                         "--profile", str(small_profile), "--out", str(tmp_path), "--no-progress", "--no-plot")
+    assert again.returncode == 0, again.stderr
+    assert "resumed: 1 of 1 rows kept" in again.stderr and "--overwrite" in again.stderr
+    df2 = pd.read_csv(tmp_path / "validation.csv")
+    assert df2["measured_throughput_samples_per_s"].iloc[0] == df["measured_throughput_samples_per_s"].iloc[0]
+    assert bool(df2["measured_reused"].iloc[0]) and not bool(df["measured_reused"].iloc[0])
+
+
+def test_cli_never_replaces_a_table_of_another_grid_without_overwrite(small_profile, tmp_path):
+    """qa1 F12: `validate --out DIR` replaced DIR/validation.csv (a user's file, or another
+    grid's table) without a word, where run and sweep refuse: one line naming the file and
+    --overwrite, the file untouched, nothing run."""
+    table = tmp_path / "validation.csv"
+    table.write_text("my notes\nkeep me\n")
+    r = run_cli_here("validate", "--no-progress", "--profile", str(small_profile), "--out", str(tmp_path))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"perfsim validate: error: --out '{tmp_path}': {table} is not a perfsim validation table; "
+        "give another --out, or --overwrite to replace it"]
+    assert table.read_text() == "my notes\nkeep me\n" and not (tmp_path / "runs").exists()
+    pd.DataFrame([{"model": "digits-mlp", "pp": 2, "dp": 1, "bandwidth_bps": None, "compress": c,
+                   "grad_compress": "none", "measured_throughput_samples_per_s": 100.0}
+                  for c in ("fp32", "directq:fw4bw8")]).to_csv(table, index=False)
+    r = run_cli_here("validate", "--no-progress", "--profile", str(small_profile), "--out", str(tmp_path))
+    assert r.returncode == 2 and "holds 1 row(s) of another grid" in r.stderr and "--overwrite" in r.stderr
+    r = run_cli_here("validate", "--no-progress", "--profile", str(small_profile), "--out", str(tmp_path),
+                     "--overwrite", "--reuse-measured")
+    assert r.returncode == 2 and "give one or the other" in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_grid_run_again_resumes_rows_measured_under_the_same_key(tmp_path, caplog, monkeypatch):
+    """A re-run keeps each row measured earlier with the same run parameters (from the run
+    folders or the table), measures the rest, and measures a row of other parameters again."""
+    monkeypatch.setattr(v, "load_profile", lambda path: _profile([]))
+    runs = []
+
+    def runner(**kw):
+        runs.append(kw["compress"])
+        return _result(0.01 * kw["steps"], "measured")
+
+    def predictor(**kw):
+        return _result(0.02, "predicted")
+
+    base = {"model": "digits-mlp", "pp": 2, "dp": 1, "micro_batch": 8, "macro_batch": 32, "schedule": "1f1b"}
+    grid = dict(base=base, bandwidths=(1e8,), profile="x", steps=5, out=str(tmp_path), runtime_model=False,
+                link_model="nominal")
+    first = v.run_validation(v.ValidationPlan(compresses=("fp32",), **grid), runner=runner, predictor=predictor)
+    v.write_csv(first, tmp_path / "validation.csv")  # interrupted after row 0: its table
+    plan = v.ValidationPlan(compresses=("fp32", "directq:fw4bw8"), **grid)
+    v.check_table(plan)  # the same grid: no refusal
+    df = v.run_validation(plan, runner=runner, predictor=predictor)
+    assert runs == ["fp32", "directq:fw4bw8"] and df["measured_reused"].tolist() == [True, False]
+    assert df["measured_iteration_s"].tolist() == pytest.approx([0.05, 0.05])
+    v.write_csv(df, tmp_path / "validation.csv")
+    with caplog.at_level("WARNING", logger="perfsim"):  # other run parameters: measured again
+        again = v.run_validation(v.ValidationPlan(**{**plan.__dict__, "steps": 6}), runner=runner,
+                                 predictor=predictor)
+    assert runs[2:] == ["fp32", "directq:fw4bw8"] and not again["measured_reused"].any()
+    assert caplog.text.count("taken with other inputs (its run parameters): measuring it again") == 2
+    with pytest.raises(ConfigError, match="1 row.s. of another grid"):
+        v.check_table(v.ValidationPlan(compresses=("directq:fw4bw8",), **grid))
+    v.check_table(v.ValidationPlan(compresses=("directq:fw4bw8",), overwrite=True, **grid))
+    v._TABLES.clear()
 
 
 BAD_INPUT = [

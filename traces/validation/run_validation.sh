@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Reproduce traces/cpu-2core.json and the validation tables in traces/validation/
-# (issue 5). Needs root (network namespaces + tc). About 15-20 minutes on an idle
+# (issue 5; --overwrite: each grid measured again, replacing its table). Needs root (network namespaces + tc). About 15-20 minutes on an idle
 # 2-core machine; run it when nothing else loads the machine, and say so when not.
 #
 #   bash traces/validation/run_validation.sh            # calibrate + validate
@@ -40,30 +40,30 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
 fi
 
 for MODEL in $MODELS; do
-  perfsim validate --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+  perfsim validate --overwrite --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
       --out "$OUT_ROOT/$MODEL-pp2"
-  perfsim validate --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
+  perfsim validate --overwrite --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
       --out "$OUT_ROOT/$MODEL-dp2"
 done
 # the GPipe schedule on the same pipeline (gpt2-tiny): the other schedule the engine replays
-perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
     --out "$OUT_ROOT/gpt2-tiny-pp2-gpipe"
 # interleaved 1F1B (2 chunks per rank) and ZB-H1 beside 1F1B, one rate (issue 20)
-perfsim validate --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
+perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
     --repeats 2 --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
 # a tied LM head kept equal Megatron's way (the embedding-gradient all-reduce between the stages)
-perfsim validate --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
+perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
     --out "$OUT_ROOT/gpt2-tiny-pp2-tied"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
-perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
+perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
     --out "$OUT_ROOT/gpt2-tiny-tp2"
-perfsim validate --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
+perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
     --out "$OUT_ROOT/gpt2-tiny-tp2-sp"

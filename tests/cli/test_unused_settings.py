@@ -1,0 +1,94 @@
+"""Settings given but not used by the configuration: accepted (the planner, grids and the
+blind checks' interface pass them), and said -- in ``model_note`` (as ``a2a_compress`` with
+ep 1 is) and once on stderr -- only when the caller set them (qa1 F11 and "flags accepted
+but with no effect")."""
+
+import perfsim
+from perfsim.api import predict as api_predict, unused_notes
+
+from _helpers import run_cli_here
+
+#: figures a setting with no effect leaves unchanged
+FIGURES = ("iteration_s", "peak_memory_gib", "dp_bytes", "pipeline_bytes", "tied_bytes", "comm_s", "optimizer_s")
+MLP = {"model": "digits-mlp", "pp": 2}
+
+
+def _figures(summary):
+    return {k: summary.get(k) for k in FIGURES}
+
+
+def test_a_bandwidth_beside_nics_is_said_unused():
+    """qa1 F11: --nic 2x1Gbps --bandwidth 100Mbps predicted at 2 Gbps, the 100 Mbps ignored
+    without a word. Now the summary and stderr say so; the prediction is --nic's."""
+    both = perfsim.predict(nic="2x1Gbps", bandwidth="100Mbps", **MLP, dp=2).summary
+    nic = perfsim.predict(nic="2x1Gbps", **MLP, dp=2).summary
+    assert _figures(both) == _figures(nic)
+    assert unused_notes(both) == ["bandwidth 100Mbps unused: nic 2x1Gbps gives each node's links"]
+    assert "model_note" not in nic
+    # the planner's and a sweep's configurations carry it too: the user gave both
+    assert unused_notes(api_predict(nic="2x1Gbps", bandwidth="100Mbps", **MLP).summary) == unused_notes(both)
+    fabric = dict(model="gpt2-tiny", gpu="h100", pp=1, dp=2, gpus_per_node=2, intra_node_fabric="nvlink4")
+    s = perfsim.predict(**fabric, intra_node_bandwidth="1GB/s").summary
+    assert _figures(s) == _figures(perfsim.predict(**fabric).summary)
+    assert "intra_node_bandwidth 8Gbps unused: intra_node_fabric nvlink4 gives the intra-node links" \
+        in unused_notes(s)
+
+
+def test_predict_sweep_and_plan_say_it_once_on_stderr(tmp_path):
+    note = "note: bandwidth 100Mbps unused: nic 2x1Gbps gives each node's links"
+    r = run_cli_here("predict", "--model", "digits-mlp", "--pp", "2", "--nic", "2x1Gbps", "--bandwidth", "100Mbps",
+                     "--compress", "fp32,fp16", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines().count(note) == 1 and "bandwidth 100Mbps unused" in r.stdout
+    r = run_cli_here("sweep", "--model", "digits-mlp", "--pp", "2", "--nic", "2x1Gbps", "--bandwidth", "100Mbps",
+                     "--compress", "fp32,fp16", "-o", str(tmp_path / "s.csv"), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines().count(note) == 1
+    r = run_cli_here("plan", "--model", "digits-mlp", "--nodes", "2", "--nic", "2x1Gbps", "--bandwidth", "100Mbps",
+                     "--global-batch", "32", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines().count(note) == 1
+
+
+#: (setting, the notes' text): each accepted, with no effect on this configuration
+NO_EFFECT = [
+    ({"virtual_stages": 2}, "virtual_stages 2 unused: schedule gpipe is not interleaved"),
+    ({"schedule": "1f1b", "virtual_stages": 2}, "virtual_stages 2 unused: schedule 1f1b is not interleaved"),
+    ({"reshard_after_forward": False}, "reshard_after_forward False unused: zero 0 gathers no parameters"),
+    ({"grad_compress": "qsgd-maxnorm:4"}, "grad_compress qsgd-maxnorm:4 unused: dp 1 has no data-parallel"),
+    ({"bucket_size": "1MiB"}, "bucket_size 1048576 unused: dp 1 has no data-parallel"),
+    ({"overlap": True}, "overlap True unused: dp 1 has no data-parallel"),
+    ({"tied_embedding": "sync"}, "tied_embedding sync unused: no tied LM head on another device"),
+]
+
+
+def test_settings_with_no_effect_are_said_only_when_the_caller_gave_them():
+    base = perfsim.predict(**MLP).summary
+    assert "model_note" not in base
+    for setting, text in NO_EFFECT:
+        s = perfsim.predict(**MLP, **setting).summary
+        assert _figures(s) == _figures(perfsim.predict(**MLP, **{k: v for k, v in setting.items()
+                                                                 if k == "schedule"}).summary), setting
+        assert [n for n in unused_notes(s) if n.startswith(text)], (setting, s.get("model_note"))
+        # the planner's candidates (perfsim.api.predict): the same setting passed to every one, silent
+        assert "model_note" not in api_predict(**MLP, **setting).summary, setting
+    # where they apply, nothing is said
+    used = [dict(schedule="interleaved-1f1b", virtual_stages=2, pp=2), dict(zero=3, pp=1, dp=2, reshard_after_forward=False),
+            dict(pp=1, dp=2, grad_compress="qsgd-maxnorm:4", bucket_size="1MiB", overlap=True)]
+    for setting in used:
+        assert not unused_notes(perfsim.predict(model="digits-mlp", **setting).summary), setting
+    assert not unused_notes(perfsim.predict(model="gpt2-tiny", pp=2, tied_embedding="sync").summary)
+
+
+def test_predict_says_each_once_on_stderr():
+    r = run_cli_here("predict", "--model", "digits-mlp", "--pp", "2", "--virtual-stages", "2",
+                     "--no-reshard-after-forward", "--schedule", "gpipe,1f1b")
+    assert r.returncode == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: virtual_stages 2 unused: schedule gpipe is not interleaved (its model chunks per "
+                     "device are fixed)",
+                     "note: reshard_after_forward False unused: zero 0 gathers no parameters (ZeRO-3 does)",
+                     "note: virtual_stages 2 unused: schedule 1f1b is not interleaved (its model chunks per "
+                     "device are fixed)"]
+    r = run_cli_here("predict", "--model", "digits-mlp", "--pp", "2")
+    assert r.returncode == 0 and "note:" not in r.stderr and "unused" not in r.stdout
