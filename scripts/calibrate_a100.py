@@ -31,6 +31,11 @@ padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``)
     python scripts/calibrate_a100.py --check         # evaluate the curve in the code
     python scripts/calibrate_a100.py --check --table # ... and per tp / pp bucket
     python scripts/calibrate_a100.py --check --held-out   # ... and the held-out split (once)
+    python scripts/calibrate_a100.py --straggler-cv 0.02 --every 2   # fit and evaluate with a GPU speed spread
+
+``--straggler-cv X`` predicts every row with ``straggler_cv = X`` (params.PARAMS; the
+expected slowest of the row's GPUs, perfsim.engine.sync_wait), in the fit and in the
+evaluation; the validation error is also printed by GPU count (2 / 4 / 8).
 """
 
 from __future__ import annotations
@@ -85,6 +90,10 @@ def padded_vocab(tp: int, vocab: int = 50257, multiple: int = 128) -> int:
     return -(-vocab // m) * m
 
 
+#: ``straggler_cv`` every row is predicted with (``--straggler-cv``; params.PARAMS's default: 0)
+STRAGGLER_CV = 0.0
+
+
 def predict_row(row: dict) -> float:
     from perfsim.api import predict
 
@@ -93,7 +102,7 @@ def predict_row(row: dict) -> float:
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
-                overlap=False, grad_buffer="contiguous", allow_oom=True)
+                overlap=False, grad_buffer="contiguous", allow_oom=True, straggler_cv=STRAGGLER_CV)
     return r.summary["iteration_s"]
 
 
@@ -114,6 +123,16 @@ def summary(rows: list[dict]) -> str:
     return (f"MAPE {100 * sum(map(abs, e)) / n:.2f} %, mean signed {100 * sum(e) / n:+.2f} %, "
             f"worst {100 * max(map(abs, e)):.1f} %, {100 * sum(x < 0 for x in e) / n:.0f} % of rows too fast "
             f"({n} rows, {len({r['config'] for r in rows})} configurations)")
+
+
+def by_gpus(rows: list[dict]) -> str:
+    """MAPE and mean signed error of ``rows`` for each GPU count."""
+    parts = []
+    for g in sorted({r["gpus"] for r in rows}):
+        e = errors([r for r in rows if r["gpus"] == g])
+        parts.append(f"{g} GPUs: MAPE {100 * sum(map(abs, e)) / len(e):.2f} %, "
+                     f"mean signed {100 * sum(e) / len(e):+.2f} % ({len(e)} rows)")
+    return "; ".join(parts)
 
 
 def bucket_table(calib: list[dict], held: list[dict]) -> str:
@@ -164,9 +183,15 @@ def main(argv=None) -> int:
                     help="also report the held-out configurations (once, after every variant was chosen)")
     ap.add_argument("--iters", type=int, default=300, help="Nelder-Mead iterations")
     ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
+    ap.add_argument("--straggler-cv", type=float, default=0.0, metavar="X",
+                    help="predict (fit and evaluate) every row with straggler_cv X (default 0: off)")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
                                     "(default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
+    from perfsim.errors import ConfigError
+
+    global STRAGGLER_CV
+    STRAGGLER_CV = args.straggler_cv
     path = data_path()
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
@@ -175,6 +200,11 @@ def main(argv=None) -> int:
     from perfsim.hardware import GPUS
 
     rows = load_rows(path)
+    try:
+        predict_row(rows[0])  # System checks straggler_cv's range
+    except ConfigError as exc:
+        print(f"--straggler-cv: {exc}", file=sys.stderr)
+        return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
     print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
           + ", ".join(f"{len(v)} {k}" for k, v in by.items()) + f" ({path})")
@@ -212,6 +242,7 @@ def main(argv=None) -> int:
           f"held out {mape(legacy_held)[0]:.2f} %")
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
+    print(f"validation by GPU count (straggler_cv {STRAGGLER_CV:g}): {by_gpus(by['validation'])}")
     if args.held_out:
         print(f"held-out configurations:    {summary(by['held-out'])}")
     if args.table:

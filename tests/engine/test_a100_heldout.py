@@ -53,3 +53,19 @@ def test_validation_configurations():
     # docs/validation.md: the whole validation split with the curve in the code; a broken
     # compute model or placement lands far above
     assert mape < 0.08, f"validation MAPE {100 * mape:.1f} % on {len(rows)} rows"
+
+
+def test_straggler_cv_flag_reaches_every_prediction(monkeypatch):
+    # --straggler-cv X: each row waits for the expected slowest of its GPUs (perfsim.engine.sync_wait)
+    rows = cal.load_rows(DATA)
+    row = {g: next(r for r in rows if r["gpus"] == g) for g in (2, 8)}
+    base = {g: cal.predict_row(r) for g, r in row.items()}
+    monkeypatch.setattr(cal, "STRAGGLER_CV", 0.02)
+    slow = {g: cal.predict_row(r) / base[g] - 1 for g, r in row.items()}
+    assert 0 < slow[2] < slow[8] < 0.02 * 1.5  # grows with the GPU count; at most 1.43 x X of the compute
+
+
+def test_bad_straggler_cv_is_refused(capsys):
+    assert cal.main(["--check", "--straggler-cv", "-0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "straggler_cv" in err
