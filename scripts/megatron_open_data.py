@@ -342,9 +342,15 @@ def main(argv=None) -> int:
             print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
                   f"{after:.2f} % with {extra}")
         return 0
+    from perfsim.errors import ConfigError
+
     doc, rows = load()
-    with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
-        return _report(doc, rows, mbs, args, extra)
+    try:
+        with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
+            return _report(doc, rows, mbs, args, extra)
+    except ConfigError as exc:
+        print(f"megatron_open_data: {exc}", file=sys.stderr)
+        return 2
 
 
 def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:

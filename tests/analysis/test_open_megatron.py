@@ -110,6 +110,10 @@ def test_cli_prints_mape_and_signed_error(capsys):
     with pytest.raises(SystemExit) as exc:
         mod.main(["--ddp", "apex"])
     assert exc.value.code == 2
+    capsys.readouterr()
+    assert mod.main(["--set", "bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "bogus" in err
 
 
 def test_each_pipeline_candidate_is_a_predict_switch_with_a_reason_and_moves_the_row(table):
