@@ -21,6 +21,9 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
     python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
     python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
+    python scripts/megatron_open_data.py --exact-kernels          # every kernel of a layer, bytes as its code moves them
+    python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
+    python scripts/megatron_open_data.py --exact-kernels --refit  # refit the A100 curve with them first (~5-10 min)
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -265,18 +268,51 @@ def batched_exchange():
         eplan.with_comms = plain
 
 
-def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
+@contextlib.contextmanager
+def exact_kernels():
+    """Predictions inside price each transformer block with every kernel Megatron-LM's layer
+    launches and the bytes each really moves (:func:`perfsim.models.ops.block_ops` ``exact``: the
+    QKV bias add, the context copy, bias gradients, residual-gradient sums, one-pass dropout
+    backwards, the causal softmax's triangle, LayerNorm's five-pass backward). An experiment of
+    this script: the engine reads ``perfsim.engine.compute.block_ops``, swapped here and restored."""
+    import perfsim.engine.compute as compute
+
+    plain = compute.block_ops
+    compute.block_ops = functools.partial(plain, exact=True)
+    try:
+        yield
+    finally:
+        compute.block_ops = plain
+
+
+def calibrate_module():
+    """``scripts/calibrate_a100.py`` as a module (its rows, splits, predictions and fit)."""
+    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    return cal
+
+
+def refit(exact: bool = False, every: int = 2, iters: int = 150) -> int:
+    """Refit the A100 curve as ``python scripts/calibrate_a100.py --every 2 --iters 150`` does (bounded
+    Nelder-Mead on the calibration configurations, from the curve in the code; its validation
+    split printed, never the held-out one), every block priced by :func:`exact_kernels` where
+    ``exact``. The fitted curve stays on the ``a100-sxm4-80gb`` preset for this process (that
+    script's ``set_curve``), so what is predicted next uses it. Its exit status."""
+    with exact_kernels() if exact else contextlib.nullcontext():
+        return calibrate_module().main(["--every", str(every), "--iters", str(iters)])
+
+
+def single_node_effect(extra: dict, every: int = 1, exact: bool = False) -> list[tuple[str, int, float, float]]:
     """Does a mechanism switched on for this table worsen the single-node A100 data? Per split of
     ``scripts/calibrate_a100.py`` (calibration and validation; never the held-out one): (split,
     rows, MAPE % as that script predicts them, MAPE % with the predict keywords ``extra`` added).
     The rows are predicted by that script's own ``predict_row`` (one description of how they ran),
-    its ``perfsim.api.predict`` given ``extra`` for the second pass; ``every``: every Nth row of
-    each split only. Empty without the data."""
+    its ``perfsim.api.predict`` given ``extra`` for the second pass (``exact``: also inside
+    :func:`exact_kernels`); ``every``: every Nth row of each split only. Empty without the data."""
     import perfsim.api as api
 
-    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
-    cal = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cal)
+    cal = calibrate_module()
     path = cal.data_path()
     if path is None:
         return []
@@ -288,7 +324,8 @@ def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, floa
         plain = api.predict
         api.predict = functools.partial(plain, **extra)  # predict_row imports it when called
         try:
-            switched = cal.errors(part)
+            with exact_kernels() if exact else contextlib.nullcontext():
+                switched = cal.errors(part)
         finally:
             api.predict = plain
         out.append((split, len(part), 100 * sum(map(abs, base)) / len(base),
@@ -323,6 +360,11 @@ def main(argv=None) -> int:
                     help="switch on each candidate mechanism alone (CANDIDATES)")
     ap.add_argument("--batched-exchange", action="store_true",
                     help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
+    ap.add_argument("--exact-kernels", action="store_true",
+                    help="every kernel of a block with the bytes it really moves (exact_kernels)")
+    ap.add_argument("--refit", action="store_true",
+                    help="first refit the A100 curve on the single-node calibration configurations with the "
+                         "same kernels (refit: calibrate_a100.py --every 2 --iters 150), then predict with it")
     ap.add_argument("--single-node", action="store_true",
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
@@ -334,19 +376,24 @@ def main(argv=None) -> int:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
     if args.single_node:
-        res = single_node_effect(extra)
+        res = single_node_effect(extra, exact=args.exact_kernels)
         if not res:
             print("megatron_open_data: no single-node A100 data (scripts/calibrate_a100.py: data_path)", file=sys.stderr)
             return 2
         for split, n, before, after in res:
             print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
-                  f"{after:.2f} % with {extra}")
+                  f"{after:.2f} % with {extra}" + (" and exact kernels" if args.exact_kernels else ""))
         return 0
     from perfsim.errors import ConfigError
 
+    if args.refit:
+        status = refit(args.exact_kernels)
+        if status:
+            return status
     doc, rows = load()
     try:
-        with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
+        with batched_exchange() if args.batched_exchange else contextlib.nullcontext(), \
+                exact_kernels() if args.exact_kernels else contextlib.nullcontext():
             return _report(doc, rows, mbs, args, extra)
     except ConfigError as exc:
         print(f"megatron_open_data: {exc}", file=sys.stderr)
@@ -362,7 +409,9 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
                 "as stated (examples/sc21/run_table_1.sh)") + \
-            (", interleaved p2p batched once per step" if args.batched_exchange else "") + "".join(
+            (", interleaved p2p batched once per step" if args.batched_exchange else "") + \
+            (", every kernel with its exact bytes" if args.exact_kernels else "") + \
+            (", the A100 curve refitted with them" if args.refit else "") + "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))

@@ -173,3 +173,43 @@ def test_batched_exchange_reorders_only_the_interleaved_steady_state(table):
         (inside,) = mod.evaluate(doc, [rows[5]])
     (after,) = mod.evaluate(doc, [rows[5]])
     assert inside["predicted_s"] > before["predicted_s"] == after["predicted_s"]  # restored, nothing cached
+
+
+def test_exact_kernels_prices_every_kernel_and_restores_the_default(table):
+    """``--exact-kernels`` (block_ops exact): on the 1.7B row (attention core ~44 % of a layer at
+    sequence 2048) the exact bytes are fewer -- the causal softmax's triangle, one-pass dropout
+    backwards -- than the kernels it adds cost, so the row is predicted faster; the default is back
+    afterwards, and the single-node check runs its second pass with it."""
+    import perfsim.engine.compute as compute
+
+    plain = compute.block_ops
+    doc, rows = table
+    (before,) = mod.evaluate(doc, [rows[0]])
+    with mod.exact_kernels():
+        assert compute.block_ops is not plain
+        (inside,) = mod.evaluate(doc, [rows[0]])
+    (after,) = mod.evaluate(doc, [rows[0]])
+    assert compute.block_ops is plain
+    assert inside["predicted_s"] < before["predicted_s"] == after["predicted_s"]
+    res = mod.single_node_effect({}, every=60, exact=True)
+    if res:
+        assert all(before != after for _, _, before, after in res) and compute.block_ops is plain
+
+
+def test_refit_runs_calibrate_a100_with_the_same_kernels(monkeypatch):
+    """``--refit``: calibrate_a100.py's own fit (``--every 2 --iters 150``), inside exact_kernels
+    when asked; its exit status stops the script (the fit itself takes minutes: not run here)."""
+    import types
+
+    import perfsim.engine.compute as compute
+
+    plain, seen = compute.block_ops, []
+
+    def main(argv):
+        seen.append((argv, compute.block_ops is not plain))
+        return 1
+
+    monkeypatch.setattr(mod, "calibrate_module", lambda: types.SimpleNamespace(main=main))
+    assert mod.refit(exact=True) == 1 and mod.refit() == 1
+    assert seen == [(["--every", "2", "--iters", "150"], True), (["--every", "2", "--iters", "150"], False)]
+    assert mod.main(["--refit", "--exact-kernels"]) == 1 and compute.block_ops is plain
