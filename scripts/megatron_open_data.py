@@ -175,6 +175,9 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
      "1 % speed spread between GPUs (Sinha et al., arXiv:2208.11035, report up to 8 % ranges)"),
     ("NCCL protocols", dict(collective_model="nccl"),
      "the message-size curve of NCCL's tuner (src/graph/tuning.cc)"),
+    ("TP all-reduce at 200 GB/s busbw", dict(intra_node_bandwidth="200GB/s"),
+     "nccl-tests all_reduce_perf on other A100 NVLink nodes: ~200 GB/s on an 8 x A100-SXM4-80GB HGX "
+     "(NVIDIA/nccl-tests#149), 208 GB/s on an NV12 pair (#178); the single-node data's node: 229"),
 )
 
 
