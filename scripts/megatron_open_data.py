@@ -24,6 +24,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --exact-kernels          # every kernel of a layer, bytes as its code moves them
     python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
     python scripts/megatron_open_data.py --exact-kernels --refit  # refit the A100 curve with them first (~5-10 min)
+    python scripts/megatron_open_data.py --exact-items            # each exact item alone, on the p = 1 rows
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -288,6 +289,39 @@ def exact_kernels():
         compute.block_ops = plain
 
 
+#: the items of :func:`perfsim.models.ops.block_ops` ``exact``, each by the kernels it adds or restates
+EXACT_ITEMS: tuple[tuple[str, frozenset], ...] = tuple((label, frozenset(names)) for label, names in (
+    ("QKV bias add", ("qkv_bias",)),
+    ("context copy", ("context_copy",)),
+    ("row-parallel bias gradients", ("proj_bias_grad", "mlp_down_bias_grad")),
+    ("residual-gradient sums", ("norm1_input_grad_accumulate", "norm2_input_grad_accumulate")),
+    ("LayerNorm five-pass backward", ("norm1", "norm2")),
+    ("bias-dropout-add one-pass backward", ("dropout_residual1", "dropout_residual2")),
+    ("attention dropout one-pass backward", ("attn_dropout",)),
+    ("causal softmax's triangle", ("softmax",)),
+))
+
+
+@contextlib.contextmanager
+def exact_item(names: frozenset):
+    """Like :func:`exact_kernels`, for one item only: the default block with the exact list's kernels
+    named ``names`` substituted (restated) or added."""
+    import perfsim.engine.compute as compute
+
+    plain = compute.block_ops
+
+    def block(*a, **k):
+        exact = {op.name: op for op in plain(*a, **k, exact=True)}
+        ops = [exact[op.name] if op.name in names else op for op in plain(*a, **k)]
+        return ops + [exact[n] for n in sorted(names) if n in exact and n not in {op.name for op in ops}]
+
+    compute.block_ops = block
+    try:
+        yield
+    finally:
+        compute.block_ops = plain
+
+
 def calibrate_module():
     """``scripts/calibrate_a100.py`` as a module (its rows, splits, predictions and fit)."""
     spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
@@ -365,6 +399,8 @@ def main(argv=None) -> int:
                     help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
     ap.add_argument("--exact-kernels", action="store_true",
                     help="every kernel of a block with the bytes it really moves (exact_kernels)")
+    ap.add_argument("--exact-items", action="store_true",
+                    help="instead: each item of --exact-kernels alone, its effect on the p = 1 rows (EXACT_ITEMS)")
     ap.add_argument("--refit", action="store_true",
                     help="first refit the A100 curve on the single-node calibration configurations with the "
                          "same kernels (refit: calibrate_a100.py --every 2 --iters 150), then predict with it")
@@ -404,6 +440,8 @@ def main(argv=None) -> int:
 
 
 def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
+    if args.exact_items:
+        return _print_exact_items(doc, [r for r in rows if r["pp"] == 1])
     if args.candidates:
         return _print_candidates(doc, rows, mbs[0], args.assumed)
     print(f"{doc['name']} -- {doc['source'].split(',')[0]}, {len(rows)} rows; error = (predicted - measured) / "
@@ -436,6 +474,20 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         print(f"MAPE {m:.1f} %, mean signed error {s:+.1f} % ({sum(r['error'] < 0 for r in res)} of {len(res)} "
               f"rows too fast); worst row {w['params_b']}B {100 * w['error']:+.1f} %; the 80 % interval holds "
               f"{sum(held)} of {len(held)} measurements")
+    return 0
+
+
+def _print_exact_items(doc: dict, rows: list[dict]) -> int:
+    base = evaluate(doc, rows)
+    print("each item of block_ops(exact=True) alone (the rest as the default lists it): points of signed "
+          "error it adds, per row")
+    print("| item | " + " | ".join(f"{r['params_b']}B t={r['tp']}" for r in base) + " |")
+    print("| --- |" + " ---: |" * len(base))
+    print("| default (signed error) | " + " | ".join(f"{100 * r['error']:+.2f} %" for r in base) + " |")
+    for label, names in EXACT_ITEMS:
+        with exact_item(names):
+            res = evaluate(doc, rows)
+        print(f"| {label} | " + " | ".join(f"{100 * (r['error'] - b['error']):+.2f}" for r, b in zip(res, base)) + " |")
     return 0
 
 

@@ -213,3 +213,29 @@ def test_refit_runs_calibrate_a100_with_the_same_kernels(monkeypatch):
     assert mod.refit(exact=True) == 1 and mod.refit() == 1
     assert seen == [(["--every", "2", "--iters", "150"], True), (["--every", "2", "--iters", "150"], False)]
     assert mod.main(["--refit", "--exact-kernels"]) == 1 and compute.block_ops is plain
+
+
+def test_exact_items_each_switch_one_part_of_the_exact_list(table):
+    """``--exact-items``: each item substitutes (restates) or adds only its own kernels; an added kernel
+    makes the 1.7B row slower, a restated backward that moves fewer bytes faster; all items together
+    are the exact list."""
+    import perfsim.engine.compute as compute
+    from perfsim.models.ops import block_ops
+    from perfsim.models.registry import get_spec
+
+    plain = compute.block_ops
+    names = set().union(*(n for _, n in mod.EXACT_ITEMS))
+    spec = get_spec("gpt:layers=2,hidden=2304,heads=24,seq=2048,vocab=51200", None)
+    with mod.exact_item(frozenset(names)):
+        assert sorted(map(repr, compute.block_ops(spec, 16, 2, False, 2))) == \
+            sorted(map(repr, block_ops(spec, 16, 2, False, 2, exact=True)))
+    doc, rows = table
+    (base,) = mod.evaluate(doc, [rows[0]])
+    moved = {}
+    for label, item in mod.EXACT_ITEMS:
+        with mod.exact_item(item):
+            (r,) = mod.evaluate(doc, [rows[0]])
+        moved[label] = r["predicted_s"] - base["predicted_s"]
+    assert compute.block_ops is plain
+    assert moved["QKV bias add"] > 0 and moved["residual-gradient sums"] > 0
+    assert moved["causal softmax's triangle"] < 0 and moved["attention dropout one-pass backward"] < 0
