@@ -355,14 +355,8 @@ class Simulation:
                 _, recvs, sends = op
                 for _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what in sends:
                     if encode > 0:  # each send's encode (and host cost) before the batch starts
-                        if cells is not None:
-                            cell = cells[(r, d, mb)]
-                        if chain:
-                            t = (env._now if t is None else t) + encode
-                            st.codec_s += encode
-                            cell["encode_s"] += encode
-                        else:
-                            yield from self._codec(st, cell, r, d, encode, what, k, mb)
+                        cell = scratch if cells is None else cells[(r, d, mb)]
+                        t = yield from self._host_step(chain, t, st, cell, r, d, encode, what, k, mb)
                 if t is not None:
                     yield self._at(t)
                     t = None
@@ -384,14 +378,8 @@ class Simulation:
                 for _, a, k, mb, peer, tag, decode, what in recvs:
                     del inbox[(r, k, tag, mb)]
                     if decode > 0:  # each receive's decode (the TP all-gather, host cost) after it
-                        if cells is not None:
-                            cell = cells[(r, d, mb)]
-                        if chain:
-                            t = (env._now if t is None else t) + decode
-                            st.codec_s += decode
-                            cell["encode_s"] += decode
-                        else:
-                            yield from self._codec(st, cell, r, d, decode, what, k, mb)
+                        cell = scratch if cells is None else cells[(r, d, mb)]
+                        t = yield from self._host_step(chain, t, st, cell, r, d, decode, what, k, mb)
                 continue
             if kind == RECV_F or kind == RECV_B:
                 _, a, k, mb, peer, tag, decode, what = op
@@ -495,6 +483,16 @@ class Simulation:
         st.optimizer_s += opt
         self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
+
+    def _host_step(self, chain: bool, t, st, cell, r, d, seconds, what, k, mb):
+        """An encode or decode of ``seconds`` (with its message's host cost) in a blocking exchange:
+        added to the chain's pending end ``t`` (:meth:`device`), or run now; returns the new ``t``."""
+        if chain:
+            st.codec_s += seconds
+            cell["encode_s"] += seconds
+            return (self.env._now if t is None else t) + seconds
+        yield from self._codec(st, cell, r, d, seconds, what, k, mb)
+        return t
 
     def _codec(self, st, cell, r, s, seconds, what, k, mb):
         """``seconds`` of encode/decode on device ``s`` (``what`` of stage ``k``'s micro-batch ``mb``)."""

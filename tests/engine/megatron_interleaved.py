@@ -57,29 +57,22 @@ def program(p: int, m: int, v: int, rank: int) -> list:
         c = (k % (p * v)) // p
         return c if forward else v - 1 - c
 
-    nf = [0] * v  # forwards run per chunk (the next micro-batch of its data iterator)
-    nb = [0] * v
+    runs = {"F": [0] * v, "B": [0] * v}  # steps run per chunk (the next micro-batch of its queue)
 
-    def fwd(k: int) -> tuple:
-        c = chunk(k, True)
-        mb = nf[c]
-        nf[c] += 1
-        out.append(("F", c))
-        return ("F", c * p + rank, mb)
-
-    def bwd(k: int) -> tuple:
-        c = chunk(k, False)
-        mb = nb[c]
-        nb[c] += 1
-        out.append(("B", c))
-        return ("B", c * p + rank, mb)
+    def step(k: int, kind: str) -> tuple:
+        """Run the ``k``-th forward or backward; the id of the tensor it produces."""
+        c = chunk(k, kind == "F")
+        mb = runs[kind][c]
+        runs[kind][c] += 1
+        out.append((kind, c))
+        return (kind, c * p + rank, mb)
 
     out: list = []
     # recv_forward before the warm-up (chunk 0): nothing on the first stage
     if not first:
         out.append(Exchange(recv_prev=True, prev_chunk=0))
     for k in range(warmup):
-        y = fwd(k)
+        y = step(k, "F")
         nxt = chunk(k + 1, True)
         recv_prev = not (first and nxt == 0) and k != total - 1
         send = None if y[1] == S - 1 else y
@@ -90,8 +83,8 @@ def program(p: int, m: int, v: int, rank: int) -> list:
             out.append(Exchange(send_next=send, recv_prev=recv_prev, prev_chunk=nxt))
     for k in range(remaining):
         fk = k + warmup
-        y = fwd(fk)
-        g = bwd(k)
+        y = step(fk, "F")
+        g = step(k, "B")
         send_next = None if y[1] == S - 1 else y
         send_prev = None if g[1] == 0 else g
         recv_prev = True
@@ -115,7 +108,7 @@ def program(p: int, m: int, v: int, rank: int) -> list:
     if all_warmup and not last:
         out.append(Exchange(recv_next=True, next_chunk=v - 1))
     for k in range(remaining, total):
-        g = bwd(k)
+        g = step(k, "B")
         nbc = chunk(k + 1, False)
         recv_next = not (last and nbc == v - 1) and k != total - 1
         out.append(Exchange(send_prev=None if g[1] == 0 else g, recv_next=recv_next, next_chunk=nbc))
@@ -216,11 +209,12 @@ def check_deliveries(progs: list[list], p: int, v: int) -> None:
 def blocking_times(progs: list[list], p: int, fwd_s, bwd_s, xfer_s: float) -> tuple[float, list[float], list[float]]:
     """(iteration end, each rank's end, each rank's compute) when every exchange blocks: it
     completes at the latest of its own start and its partners' starts, plus ``xfer_s``.
-    ``fwd_s(stage)``, ``bwd_s(stage)``: seconds."""
+    ``fwd_s(stage, mb)``, ``bwd_s(stage, mb)``: seconds."""
     ptr = [0] * p
     t = [0.0] * p
     busy = [0.0] * p
     posted: dict[tuple, float] = {}
+    runs: list[dict] = [{} for _ in range(p)]  # (kind, chunk) -> how many ran: the micro-batch
     while any(ptr[r] < len(progs[r]) for r in range(p)):
         moved = False
         for r in range(p):
@@ -228,7 +222,9 @@ def blocking_times(progs: list[list], p: int, fwd_s, bwd_s, xfer_s: float) -> tu
                 s = progs[r][ptr[r]]
                 if isinstance(s, tuple):
                     kind, c = s
-                    dt = fwd_s(c * p + r) if kind == "F" else bwd_s(c * p + r)
+                    mb = runs[r].get(s, 0)
+                    runs[r][s] = mb + 1
+                    dt = (fwd_s if kind == "F" else bwd_s)(c * p + r, mb)
                     t[r] += dt
                     busy[r] += dt
                 else:
@@ -244,8 +240,8 @@ def blocking_times(progs: list[list], p: int, fwd_s, bwd_s, xfer_s: float) -> tu
 
 
 def free_running_times(progs: list[list], p: int, fwd_s, bwd_s, xfer_s: float) -> tuple[float, list[float], list[float]]:
-    """The same compute order with asynchronous sends: a forward starts once its input has
-    arrived (``xfer_s`` after its producer ended), a backward once its own forward ran and its
+    """The same compute order with asynchronous sends (costs as :func:`blocking_times`): a forward
+    starts once its input has arrived (``xfer_s`` after its producer ended), a backward once its own forward ran and its
     output gradient has arrived; nothing else waits."""
     order = compute_order(progs, p)
     nst = 1 + max(int(a.split("F")[0]) for row in order for a in row if "F" in a)
@@ -261,7 +257,7 @@ def free_running_times(progs: list[list], p: int, fwd_s, bwd_s, xfer_s: float) -
                         (stage + 1, "B", mb) if kind == "B" and stage < nst - 1 else None)
                 if (need is not None and need not in done) or (kind == "B" and (stage, "F", mb) not in done):
                     break
-                dt = fwd_s(stage) if kind == "F" else bwd_s(stage)
+                dt = (fwd_s if kind == "F" else bwd_s)(stage, mb)
                 t[r] = (t[r] if need is None else max(t[r], done[need] + xfer_s)) + dt
                 busy[r] += dt
                 done[(stage, kind, mb)] = t[r]

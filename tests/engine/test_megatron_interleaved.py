@@ -115,11 +115,15 @@ def test_engine_times_equal_the_reference(p, m, v, seed):
     st = Strategy(pp=p, micro_batch=1, macro_batch=m, schedule="interleaved-1f1b", virtual_stages=v)
     common = dict(bandwidth_bps=bw, latency_s=0.0, nic_sharing=False, p2p_control_latency_s=0.0)
     free = simulate(wl, st, System(**common), Profile(), replay=False).summary
-    blocking = simulate(wl, st, System(**common, p2p_protocol="rendezvous", p2p_exchange="blocking"),
-                        Profile()).summary
+    system = System(**common, p2p_protocol="rendezvous", p2p_exchange="blocking")
+    blocking = simulate(wl, st, system, Profile()).summary
+    traced = simulate(wl, st, system, Profile(), trace=True)  # step by step, not chained: the same times
+    assert traced.summary["iteration_s"] == blocking["iteration_s"]
+    assert sum(e.get("cat") == "compute" and e["name"] != "optimizer" for e in traced.trace_events) == 2 * m * p * v
     progs = meg.programs(p, m, v)
-    ref_free = meg.free_running_times(progs, p, tf.__getitem__, tb.__getitem__, x)
-    ref_block = meg.blocking_times(progs, p, tf.__getitem__, tb.__getitem__, x)
+    fwd, bwd = (lambda k, mb: tf[k]), (lambda k, mb: tb[k])
+    ref_free = meg.free_running_times(progs, p, fwd, bwd, x)
+    ref_block = meg.blocking_times(progs, p, fwd, bwd, x)
     assert free["iteration_s"] == pytest.approx(ref_free[0], rel=1e-12)
     assert blocking["iteration_s"] == pytest.approx(ref_block[0], rel=1e-12)
     assert blocking["engine"] == "event loop" and blocking["iteration_s"] > free["iteration_s"]
