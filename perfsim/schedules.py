@@ -485,10 +485,11 @@ def exchange_rows(table: Table) -> list[list]:
     commit 1c3a1e6a09e198bd25dced268583ba538ad0f13a) and ``megatron/p2p_communication.py``
     (``_communicate``; 46c74b4ca06a7794db1e2615544095535cdf12c2). Each interleaved exchange
     holds exactly what Megatron's ``recv_prev`` / ``recv_next`` rules move in it (checked against
-    an independent implementation of those rules, ``tests/engine/megatron_interleaved.py``). The
-    non-interleaved 1F1B steady state is Megatron's too (``send_forward_recv_backward`` after a
-    forward, ``send_backward_recv_forward`` after a backward); its warm-up and cool-down send
-    and receive in separate calls, here one exchange."""
+    an independent implementation of those rules, ``tests/engine/megatron_interleaved.py``). Without
+    interleaving, as Megatron's 1F1B: ``send_forward_recv_backward`` after a forward that a
+    backward follows in its steady state, ``send_backward_recv_forward`` after a backward that a
+    forward follows, and otherwise (warm-up, cool-down, a device with no steady state when
+    ``m < p - d``) the send and the receive are two calls (``send_forward`` then ``recv_forward``)."""
     pair = table.name == "interleaved-1f1b"
     out = []
     for d, row in enumerate(with_comms(table)):
@@ -512,12 +513,19 @@ def exchange_rows(table: Table) -> list[list]:
                 steps.append([a])
         new: list = []
         sends: list[Action] = []
+        before = None  # the previous step's kind
+        steady = table.num_microbatches > table.num_devices - 1 - d  # 1F1B: more than its warm-up
         for step in steps:
-            ex = tuple(sends + [r for a in step for r in recv_of[a]])
-            if ex:
-                new.append(ex)
+            recvs = [r for a in step for r in recv_of[a]]
+            # Megatron's 1F1B: send_forward, then recv_forward (likewise backward); a forward and
+            # the backward after it share one call only in its steady state
+            if not pair and (before == step[0].kind or (before == FORWARD and not steady)):
+                new.extend(ex for ex in (tuple(sends), tuple(recvs)) if ex)
+            elif sends or recvs:
+                new.append(tuple(sends + recvs))
             new.extend(step)
             sends = [x for a in step for x in send_of[a]]
+            before = step[-1].kind
         if sends:
             new.append(tuple(sends))
         out.append(new)

@@ -11,8 +11,9 @@ on a worked example (p = 4, v = 3, m = 8; each chunk's forward 1 s, backward 2 s
 0.1 s) and on the 76.1B row of Megatron-LM's Table 1 (arXiv:2104.04473; the row as
 ``scripts/megatron_open_data.py`` predicts it; the reference given perfsim's per-chunk compute
 and one message time, its bytes over one 200 Gb/s HDR port plus its host and gather costs) --
-there also with independent Gaussian noise on each chunk's compute (:data:`JITTER`; an
-experiment: with blocking exchanges every step is a meeting of neighbouring ranks).
+there also with independent Gaussian noise on each forward's and backward's compute
+(:data:`JITTER`; an experiment: with blocking exchanges every step is a meeting of neighbouring
+ranks), and the same row without interleaving.
 
     python scripts/megatron_interleaved_check.py        # ~10 s
 """
@@ -58,8 +59,9 @@ def worked_example(p: int = 4, v: int = 3, m: int = 8, f: float = 1.0, b: float 
     return out
 
 
-def row_76b() -> list[str]:
-    """The 76.1B row: perfsim's prediction both ways, and the reference on its per-chunk costs."""
+def row_76b(schedule: str | None = None) -> list[str]:
+    """The 76.1B row (``schedule``: instead of its stated interleaved one): perfsim's prediction
+    both ways, the reference on its per-chunk costs both ways, and with compute noise."""
     import perfsim.api as api
     import megatron_open_data as mod
 
@@ -76,7 +78,7 @@ def row_76b() -> list[str]:
 
     plain, api.predict = api.predict, capture
     try:
-        mod.predict_row(row, doc)
+        mod.predict_row(row, doc, schedule=schedule)
     except _Got:
         pass
     finally:
@@ -97,17 +99,18 @@ def row_76b() -> list[str]:
     for label, ref in (("async", meg.free_running_times), ("blocking", meg.blocking_times)):
         end, ends, busy = ref(progs, p, lambda k, mb: fwd[k], lambda k, mb: bwd[k], x)
         out.append(_line(f"reference, {label} (message {1e3 * x:.2f} ms)", end, [end - c for c in busy]))
-    for cv in JITTER:  # each chunk's compute times independent Gaussian noise, the same draw both ways
+    for cv in JITTER:  # each step's compute times independent Gaussian noise, the same draw both ways
         rng = random.Random(0)
         noise = {(kind, k, mb): max(0.0, rng.gauss(1.0, cv)) for kind in "FB" for k in range(p * v) for mb in range(m)}
         ends = [ref(progs, p, lambda k, mb: fwd[k] * noise["F", k, mb], lambda k, mb: bwd[k] * noise["B", k, mb], x)[0]
                 for ref in (meg.free_running_times, meg.blocking_times)]
-        out.append(f"| reference, compute noise {100 * cv:.0f} % per chunk: free-running / blocking | "
+        out.append(f"| reference, compute noise {100 * cv:.0f} % per step: free-running / blocking | "
                    f"{ends[0]:.4f} / {ends[1]:.4f} | blocking {100 * (ends[1] / ends[0] - 1):+.2f} % |")
     return out
 
 
-#: per-chunk compute noise (std / mean) of the jitter experiment (no source gives Selene's)
+#: compute noise (std / mean) of one forward or backward of one chunk, the jitter experiment (no
+#: source gives Selene's)
 JITTER = (0.02, 0.05)
 
 
@@ -118,6 +121,9 @@ def main() -> int:
     print("\n76.1B row of Table 1 (t 8, p 4, v 3, m 28): pipeline s (up to the last backward), idle per rank")
     print("| replay | pipeline s | idle s per rank 0 / 1 / 2 / 3 |\n| --- | ---: | --- |")
     print("\n".join(row_76b()))
+    print("\nthe same row without interleaving (1F1B, v 1: Megatron's forward_backward_pipelining_without_interleaving)")
+    print("| replay | pipeline s | idle s per rank 0 / 1 / 2 / 3 |\n| --- | ---: | --- |")
+    print("\n".join(row_76b("1f1b")))
     return 0
 
 

@@ -117,9 +117,53 @@ def program(p: int, m: int, v: int, rank: int) -> list:
             or s.send_next or s.send_prev or s.recv_prev or s.recv_next]
 
 
+def program_1f1b(p: int, m: int, rank: int) -> list:
+    """Rank ``rank``'s steps in Megatron's non-interleaved 1F1B
+    (``forward_backward_pipelining_without_interleaving``): ``p - rank - 1`` warm-up forwards, each
+    ``recv_forward``, forward, ``send_forward``; then forward, ``send_forward_recv_backward``,
+    backward, ``send_backward_recv_forward`` (the last one ``send_backward``); then the cool-down's
+    ``recv_backward``, backward, ``send_backward``. One chunk: ``("F", 0)`` / ``("B", 0)``."""
+    first, last = rank == 0, rank == p - 1
+    warmup = min(p - rank - 1, m)
+    remaining = m - warmup
+    out: list = []
+    nf = nb = 0
+
+    def fwd() -> tuple | None:
+        nonlocal nf
+        out.append(("F", 0))
+        nf += 1
+        return None if last else ("F", rank, nf - 1)
+
+    def bwd() -> tuple | None:
+        nonlocal nb
+        out.append(("B", 0))
+        nb += 1
+        return None if first else ("B", rank, nb - 1)
+
+    for _ in range(warmup):
+        out.append(Exchange(recv_prev=not first, prev_chunk=0))
+        out.append(Exchange(send_next=fwd()))
+    if remaining:
+        out.append(Exchange(recv_prev=not first, prev_chunk=0))
+    for i in range(remaining):
+        out.append(Exchange(send_next=fwd(), recv_next=not last, next_chunk=0))
+        g = bwd()
+        if i == remaining - 1:
+            out.append(Exchange(send_prev=g))
+        else:
+            out.append(Exchange(send_prev=g, recv_prev=not first, prev_chunk=0))
+    for _ in range(warmup):
+        out.append(Exchange(recv_next=not last, next_chunk=0))
+        out.append(Exchange(send_prev=bwd()))
+    return [s for s in out if not isinstance(s, Exchange)
+            or s.send_next or s.send_prev or s.recv_prev or s.recv_next]
+
+
 def programs(p: int, m: int, v: int) -> list[list]:
-    """Every rank's :func:`program`, its tensors matched (:func:`match`)."""
-    progs = [program(p, m, v, r) for r in range(p)]
+    """Every rank's :func:`program` (``v == 1``: :func:`program_1f1b`), its tensors matched
+    (:func:`match`)."""
+    progs = [program_1f1b(p, m, r) if v == 1 else program(p, m, v, r) for r in range(p)]
     match(progs)
     return progs
 

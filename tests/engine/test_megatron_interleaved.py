@@ -40,20 +40,26 @@ def _tensors(progs, r):
     return out
 
 
-@pytest.mark.parametrize("p,m,v", SHAPES)
-def test_same_order_and_exchanges_as_megatron(p, m, v):
+def _same_as_megatron(table, p, m, v):
     """Megatron's rules deliver every tensor to its consumer (the reference is right), every rank
-    computes in perfsim's order, and each of perfsim's blocking exchanges moves exactly the tensors
-    of Megatron's ``_communicate`` call at that point, in the same sequence."""
+    computes in ``table``'s order, and each blocking exchange of ``exchange_rows(table)`` moves
+    exactly the tensors of Megatron's call at that point, in the same sequence."""
     progs = meg.programs(p, m, v)
     meg.check_deliveries(progs, p, v)
-    table = interleaved_1f1b(p, m, v)
     assert meg.compute_order(progs, p) == [[str(a) for a in row] for row in table]
     rows = exchange_rows(table)
     for r in range(p):
         ours = [frozenset((a.kind, a.stage, a.microbatch) for a in x) if isinstance(x, tuple) else "compute"
                 for x in rows[r]]
         assert ours == _tensors(progs, r), f"rank {r}"
+
+
+@pytest.mark.parametrize("p,m,v", SHAPES)
+def test_same_order_and_exchanges_as_megatron(p, m, v):
+    """Megatron's rules deliver every tensor to its consumer (the reference is right), every rank
+    computes in perfsim's order, and each of perfsim's blocking exchanges moves exactly the tensors
+    of Megatron's ``_communicate`` call at that point, in the same sequence."""
+    _same_as_megatron(interleaved_1f1b(p, m, v), p, m, v)
 
 
 def test_warmup_counts_and_chunks_worked_example():
@@ -83,16 +89,17 @@ def test_m_equal_p_runs_torchs_order_not_megatrons():
         meg.program(4, 6, 2, 0)
 
 
-def test_1f1b_exchanges_are_megatrons_steady_state():
-    """Non-interleaved 1F1B: after a forward its send with the next backward's receive
-    (``send_forward_recv_backward``), after a backward its send with the next forward's receive
-    (``send_backward_recv_forward``)."""
-    rows = exchange_rows(one_f_one_b(3, 4))
-    text = [" ".join("(" + " ".join(map(str, x)) + ")" if isinstance(x, tuple) else str(x) for x in row)
-            for row in rows]
-    assert text[1] == ("(1RECV_F0) 1F0 (1SEND_F0 1RECV_F1) 1F1 (1SEND_F1 1RECV_B0) 1B0 (1SEND_B0 1RECV_F2) "
-                       "1F2 (1SEND_F2 1RECV_B1) 1B1 (1SEND_B1 1RECV_F3) 1F3 (1SEND_F3 1RECV_B2) 1B2 "
-                       "(1SEND_B2 1RECV_B3) 1B3 (1SEND_B3)")
+@pytest.mark.parametrize("p,m", [(4, 8), (3, 6), (2, 4), (4, 2), (35, 35)])
+def test_1f1b_order_and_exchanges_as_megatron(p, m):
+    """Non-interleaved 1F1B (``forward_backward_pipelining_without_interleaving``): the same order,
+    and the same blocking calls -- ``send_forward_recv_backward`` / ``send_backward_recv_forward`` in
+    the steady state, a separate send and receive between two forwards or two backwards."""
+    _same_as_megatron(one_f_one_b(p, m), p, m, 1)
+    text = " ".join("(" + " ".join(map(str, x)) + ")" if isinstance(x, tuple) else str(x)
+                    for x in exchange_rows(one_f_one_b(3, 4))[1])
+    assert text == ("(1RECV_F0) 1F0 (1SEND_F0) (1RECV_F1) 1F1 (1SEND_F1 1RECV_B0) 1B0 (1SEND_B0 1RECV_F2) "
+                    "1F2 (1SEND_F2 1RECV_B1) 1B1 (1SEND_B1 1RECV_F3) 1F3 (1SEND_F3 1RECV_B2) 1B2 "
+                    "(1SEND_B2) (1RECV_B3) 1B3 (1SEND_B3)")
 
 
 def _toy(costs_f, costs_b, numel):
