@@ -147,3 +147,24 @@ def test_blocking_1f1b_runs_and_bad_value_is_named():
         assert b >= a - 1e-12, name
     with pytest.raises(ConfigError, match="p2p_exchange='later'"):
         System(p2p_exchange="later")
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-1f1b", "1f1b"])
+def test_blocking_replicas_in_lanes_step_by_step_and_all_agree(schedule):
+    """Three replicas over uneven links with gradient buckets: run as lanes (the default), step by
+    step (a trace) and every replica simulated, blocking exchanges give one iteration time."""
+    from perfsim.network import Topology
+
+    rng = random.Random(5)
+    n = 12
+    bw = tuple(tuple(0.0 if i == j else rng.choice((1e8, 3e8, 1e9)) for j in range(n)) for i in range(n))
+    lat = tuple(tuple(0.0 if i == j else rng.uniform(1e-4, 1e-3) for j in range(n)) for i in range(n))
+    layers = tuple(LayerSpec(f"l{i}", 20_000, (5_000,), 0.0) for i in range(8))
+    wl = Workload("toy", layers, tuple(rng.uniform(1e-3, 2e-3) for _ in range(8)),
+                  tuple(rng.uniform(2e-3, 4e-3) for _ in range(8)), 1)
+    st = Strategy(pp=4, dp=3, macro_batch=8, schedule=schedule, bucket_bytes=100_000)
+    sy = System(topology=Topology(bw, lat, (1e10,) * n), p2p_exchange="blocking", p2p_protocol="rendezvous")
+    times = {simulate(wl, st, sy, Profile(), **kw).summary["iteration_s"]
+             for kw in ({}, {"trace": True}, {"symmetric": False})}
+    assert len(times) == 1
+    assert times.pop() > simulate(wl, st, System(topology=Topology(bw, lat, (1e10,) * n)), Profile()).summary["iteration_s"]
