@@ -11,7 +11,7 @@ from perfsim.engine import simulate
 from perfsim.errors import ConfigError
 from perfsim.models.specs import LayerSpec
 from perfsim.profile import Profile
-from perfsim.schedules import exchange_rows, interleaved_1f1b, one_f_one_b
+from perfsim.schedules import exchange_rows, held_work, interleaved_1f1b, one_f_one_b
 
 import megatron_interleaved as meg
 
@@ -87,6 +87,13 @@ def test_m_equal_p_runs_torchs_order_not_megatrons():
     assert all(row.index(next(a for a in row if "B" in a)) == 8 for row in theirs)
     with pytest.raises(ValueError, match="not divisible"):
         meg.program(4, 6, 2, 0)
+    # the same step with even chunks (forward 1 s, backward 2 s, free messages): 33 s both ways;
+    # Megatron's ranks hold all m v = 8 chunk activations at once, perfsim's fewer
+    wl = _toy([1.0] * 8, [2.0] * 8, 1000)
+    st = Strategy(pp=4, micro_batch=1, macro_batch=4, schedule="interleaved-1f1b", virtual_stages=2)
+    ours_s = simulate(wl, st, System(bandwidth_bps=1e15, latency_s=0.0), Profile()).summary["iteration_s"]
+    assert ours_s == pytest.approx(33.0) == meg.free_running_times(progs, 4, lambda k, mb: 1.0, lambda k, mb: 2.0, 0.0)[0]
+    assert [h.activations for h in held_work(interleaved_1f1b(4, 4, 2))] == [8, 8, 7, 5]
 
 
 @pytest.mark.parametrize("p,m", [(4, 8), (3, 6), (2, 4), (4, 2), (35, 35)])
