@@ -1,8 +1,9 @@
 """An independent reference for the tests: Megatron-LM's interleaved 1F1B as its 2021 code runs it.
 
 NVIDIA/Megatron-LM ``megatron/schedules.py``, ``forward_backward_pipelining_with_interleaving``
-(stored commit 1c3a1e6a09e198bd25dced268583ba538ad0f13a; its schedule and exchange rules are those
-of the 2021 releases), and ``megatron/p2p_communication.py`` ``_communicate`` (stored commit
+(commit 1c3a1e6a09e198bd25dced268583ba538ad0f13a, the one version stored, later than 2021; its rules taken as
+2021's, as arXiv:2104.04473 Sec. 2.2.2 describes them), and ``megatron/p2p_communication.py``
+``_communicate`` (commit
 46c74b4ca06a7794db1e2615544095535cdf12c2): every exchange is one ``batch_isend_irecv`` of up to four
 operations, waited on, then ``torch.cuda.synchronize()``.
 
