@@ -250,6 +250,12 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
+    Param("grad_accumulation", "choice", "fused", "how the GPU compute model accumulates each micro-batch's "
+          "weight gradients: fused (gradient accumulation fusion: each weight-gradient GEMM adds into the fp32 "
+          "main_grad in place), main-grad (Megatron's local DDP without fusion: every parameter's half gradient "
+          "added into the main_grad buffer every micro-batch) or autograd (param.grad += grad every micro-batch "
+          "after the first: PyTorch DDP, DeepSpeed, Megatron-LM 2021); perfsim.models.ops.GradAccumulation",
+          "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
