@@ -105,11 +105,14 @@ def predict_row(row: dict) -> float:
 
     model = (f"gpt:layers={row['layers']},hidden={row['hidden']},heads={row['heads']},"
              f"seq={row['seq']},vocab={padded_vocab(row['tp'])}")
+    # only the switches given: a caller's functools.partial of predict (megatron_open_data.py
+    # --single-node --set ...) sets the others
+    switched = {k: v for k, v, default in (("straggler_cv", STRAGGLER_CV, 0.0),
+                                           ("grad_accumulation", GRAD_ACCUMULATION, "fused")) if v != default}
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
-                overlap=False, grad_buffer="contiguous", allow_oom=True, straggler_cv=STRAGGLER_CV,
-                grad_accumulation=GRAD_ACCUMULATION)
+                overlap=False, grad_buffer="contiguous", allow_oom=True, **switched)
     return r.summary["iteration_s"]
 
 
