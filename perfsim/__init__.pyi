@@ -188,7 +188,7 @@ def predict(
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
         grad_accumulation (str, default 'fused'):
-            how the GPU compute model accumulates each micro-batch's weight gradients: fused (gradient accumulation fusion: each weight-gradient GEMM adds into the fp32 main_grad in place), main-grad (Megatron's local DDP without fusion: every parameter's half gradient added into the main_grad buffer every micro-batch) or autograd (param.grad += grad every micro-batch after the first: PyTorch DDP, DeepSpeed, Megatron-LM 2021); perfsim.models.ops.GradAccumulation (one of perfsim.models.ops.GRAD_ACCUMULATION)
+            weight-gradient accumulation per micro-batch: fused (in the GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops (one of perfsim.models.ops.GRAD_ACCUMULATION)
         pp (int, default 8):
             pipeline-parallel degree (stages)
         dp (int, default 1):

@@ -250,11 +250,8 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
-    Param("grad_accumulation", "choice", "fused", "how the GPU compute model accumulates each micro-batch's "
-          "weight gradients: fused (gradient accumulation fusion: each weight-gradient GEMM adds into the fp32 "
-          "main_grad in place), main-grad (Megatron's local DDP without fusion: every parameter's half gradient "
-          "added into the main_grad buffer every micro-batch) or autograd (param.grad += grad every micro-batch "
-          "after the first: PyTorch DDP, DeepSpeed, Megatron-LM 2021); perfsim.models.ops.GradAccumulation",
+    Param("grad_accumulation", "choice", "fused", "weight-gradient accumulation per micro-batch: fused (in the "
+          "GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops",
           "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
