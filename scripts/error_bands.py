@@ -6,7 +6,8 @@ coverage from the HELD-OUT part:
 
 * ``gpu:ampere``: ../shared/data/a100-single-node (1440 Megatron-DeepSpeed runs on one
   8 x A100 node), split as scripts/calibrate_a100.py splits it (calibration configurations fit
-  the curve; validation -> band; held-out -> coverage).
+  the curve; validation -> band; held-out -> coverage, only with ``--held-out``: read once, at
+  the end).
 * ``gpu:hopper``: whole single-GPU training steps on an H200 and an H100 measured by
   scripts/gpu_step_bench.py (traces/gpu/*-steps-*.csv; eager PyTorch, so predicted with its host
   time per operator, 25 us -- docs/gpu.md), each priced by its own GPU's curve.
@@ -17,9 +18,18 @@ Rows of the last two are split by the SHA-256 of their configuration (the grid a
 configuration columns): even first byte -> validation, odd -> held out.
 * ``transfer``: the largest change of a row's error when an H100 step is priced with the H200's
   curve instead of the H100's own: how much a borrowed curve adds.
+* ``extrapolation``: how a band widens for a job larger than any its curve was fitted to. The
+  A100 curve refitted on the 2-GPU and on the 2-4-GPU calibration configurations only
+  (:data:`SMALL_FITS`, ``--refit``) prices the validation configurations; candidates (E: the
+  refits' band growth per doubling; S: the code curve's band growth with GPU count; P: a 4 % GPU
+  speed spread, Sinha et al., arXiv:2208.11035; 0: none) are scored by their coverage of 8-GPU
+  validation rows and the rule of docs/validation.md ("An error bar beyond the data's largest
+  job", written before any figure) picks one (:func:`extrapolation`).
 
-    python scripts/error_bands.py           # write the file, print bands and coverage
-    python scripts/error_bands.py --check   # print only; exit 1 if the stored file differs
+    python scripts/error_bands.py              # write the file, print bands and validation figures (~20 s)
+    python scripts/error_bands.py --check      # print only; exit 1 if the stored file differs
+    python scripts/error_bands.py --held-out   # ... and the held-out coverages (once, at the end)
+    python scripts/error_bands.py --refit      # recompute SMALL_FITS (~8 minutes)
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import json
 import math
 import sys
 import tempfile
+from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +75,8 @@ def coverage(errors: list[float], q10: float, q90: float) -> float:
     return sum(q10 <= e <= q90 for e in errors) / len(errors)
 
 
-def a100(split: str, fields: tuple[float, ...] | None = None) -> list[tuple[int, float]]:
+@lru_cache(maxsize=None)
+def a100(split: str, fields: tuple[float, ...] | None = None) -> tuple[tuple[int, float], ...]:
     """(GPU count, signed error) of every A100 row of configuration ``split``, priced by the code's
     curve, or by the curve with ``fields`` (calibrate_a100.FIELDS order, fit units) if given."""
     from perfsim.hardware import GPUS
@@ -74,7 +87,7 @@ def a100(split: str, fields: tuple[float, ...] | None = None) -> list[tuple[int,
     try:
         if fields is not None:
             cal.set_curve(fields)
-        return list(zip((r["gpus"] for r in rows), cal.errors(rows)))
+        return tuple(zip((r["gpus"] for r in rows), cal.errors(rows)))
     finally:
         GPUS[cal.A100] = saved
 
@@ -164,7 +177,7 @@ def per_doubling(inside: list[float], outside: list[float], d: float) -> tuple[f
     return max(0.0, (lo_in - lo_out) / d), max(0.0, (hi_out - hi_in) / d)
 
 
-def _where(errs: list[tuple[int, float]], gpus) -> list[float]:
+def _where(errs: Sequence[tuple[int, float]], gpus) -> list[float]:
     return [e for g, e in errs if g in gpus]
 
 
@@ -172,8 +185,8 @@ def _mean(pairs: list[tuple[float, float]]) -> tuple[float, float]:
     return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
 
 
-def extrapolation(code: list[tuple[int, float]], fit_a: list[tuple[int, float]],
-                  fit_b: list[tuple[int, float]]) -> tuple[dict, list[str]]:
+def extrapolation(code: Sequence[tuple[int, float]], fit_a: Sequence[tuple[int, float]],
+                  fit_b: Sequence[tuple[int, float]]) -> tuple[dict, list[str]]:
     """The widening beyond a band's largest job, by the rule of docs/validation.md ("An error bar
     beyond the data's largest job", written before any figure): candidates E, S, P and 0 scored
     on check sets C1, C2 of the A100 validation configurations; the chosen one's production rule.
@@ -219,6 +232,23 @@ def extrapolation(code: list[tuple[int, float]], fit_a: list[tuple[int, float]],
     rule = {k: round(v, 4) if isinstance(v, float) else v for k, v in rule.items()}
     report.append(f"extrapolation: chose {chosen}: {_describe(rule)}")
     return {**rule, "variant": chosen, "basis": basis + " (docs/validation.md)"}, report
+
+
+def extrapolation_coverage(rule: dict, split: str) -> list[str]:
+    """The coverage of the widened interval on the 8-GPU rows of configuration ``split``, for each
+    refit: its band from its in-range VALIDATION rows, widened by ``rule`` for 8 GPUs. With
+    ``split="held-out"`` (``--held-out``, once, at the end) these rows took no part in the choice."""
+    from perfsim.engine.uncertainty import extrapolation_widening, widened
+
+    lines = []
+    for n_max, inside in ((4, {2, 4}), (2, {2})):
+        band_rows = _where(a100("validation", SMALL_FITS[n_max]), inside)
+        out = _where(a100(split, SMALL_FITS[n_max]), {8})
+        q10, q90 = widened(*conformal_bounds(band_rows), *extrapolation_widening(8, n_max, rule))
+        lines.append(f"extrapolated coverage, curve fitted on {n_max} GPUs at most, 8-GPU {split} rows: "
+                     f"{100 * coverage(out, q10, q90):.0f} % of {len(out)} (band q10 {100 * q10:+.1f} / "
+                     f"q90 {100 * q90:+.1f} %)")
+    return lines
 
 
 def _describe(rule: dict) -> str:
@@ -267,6 +297,8 @@ def build(held_out: bool = False) -> tuple[dict, list[str]]:
         "(traces/validation)", 2)
     rule, lines = extrapolation(code, a100("validation", SMALL_FITS[2]), a100("validation", SMALL_FITS[4]))
     report += lines
+    if held_out:
+        report += extrapolation_coverage(rule, "held-out")
     data = {"coverage": 0.8, "sources": sources, "extrapolation": rule,
             "transfer": {"error": round(widen, 4),
                          "basis": "H100 steps priced with the H200 curve instead of the H100's own"},
@@ -278,7 +310,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="print only; exit 1 if the stored file differs")
     ap.add_argument("--held-out", action="store_true",
-                    help="also measure the A100 band's coverage on the held-out configurations (once, at the end)")
+                    help="also measure the A100 band's and the extrapolation's coverage on the held-out "
+                         "configurations (once, at the end)")
     ap.add_argument("--refit", action="store_true",
                     help="refit the A100 curve on the 2- and on the 2-4-GPU calibration configurations "
                          "and print SMALL_FITS (minutes)")

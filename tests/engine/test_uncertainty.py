@@ -153,3 +153,5 @@ def test_the_stored_extrapolation_rule_is_what_the_validation_configurations_giv
     assert (stored["variant"], stored["kind"], stored["basis"]) == (rule["variant"], rule["kind"], rule["basis"])
     for k in ("lo", "hi", "sigma"):
         assert stored.get(k, 0) == pytest.approx(rule.get(k, 0), abs=0.005), "run python scripts/error_bands.py"
+    lines = bands_script.extrapolation_coverage(stored, "validation")  # --held-out's path, on validation rows
+    assert len(lines) == 2 and all("8-GPU validation rows: " in line and "of 153" in line for line in lines)
