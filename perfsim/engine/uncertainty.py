@@ -129,10 +129,11 @@ def interval(summary: dict) -> dict:
     gpus = int(summary.get("gpus") or 0)
     if b.max_gpus and gpus > b.max_gpus:
         rule = bands()["extrapolation"]
-        w_lo, w_hi = extrapolation_widening(gpus, b.max_gpus, rule)
-        q10, q90 = widened(q10, q90, w_lo, w_hi)
+        new10, new90 = widened(q10, q90, *extrapolation_widening(gpus, b.max_gpus, rule))
+        capped = " (capped)" if new10 == Q10_FLOOR or new90 == Q90_CEIL else ""
         notes.append(f"extrapolated: {gpus} GPUs, {math.log2(gpus / b.max_gpus):.1f} doublings beyond the "
-                     f"data's largest job ({b.max_gpus}): error quantiles moved by -{100 * w_lo:.1f} / "
-                     f"+{100 * w_hi:.1f} points ({rule['basis']})")
+                     f"data's largest job ({b.max_gpus}): error quantiles moved by -{100 * (q10 - new10):.1f} / "
+                     f"+{100 * (new90 - q90):.1f} points{capped} ({rule['basis']})")
+        q10, q90 = new10, new90
     return {"iteration_s_low": T / (1 + q90), "iteration_s_high": T / (1 + q10) if q10 > -1 else None,
             "interval_note": "; ".join(notes)}

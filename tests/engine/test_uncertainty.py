@@ -155,3 +155,12 @@ def test_the_stored_extrapolation_rule_is_what_the_validation_configurations_giv
         assert stored.get(k, 0) == pytest.approx(rule.get(k, 0), abs=0.005), "run python scripts/error_bands.py"
     lines = bands_script.extrapolation_coverage(stored, "validation")  # --held-out's path, on validation rows
     assert len(lines) == 2 and all("8-GPU validation rows: " in line and "of 153" in line for line in lines)
+
+
+def test_a_capped_extrapolation_says_so_and_reports_the_move_it_made():
+    s = _gpu("a100", tp=8, pp=8, dp=2048, micro_batch=1, global_batch=2048)  # 131,072 GPUs: 14 doublings
+    b, rule = uncertainty.band("gpu:ampere"), uncertainty.bands()["extrapolation"]
+    q10, q90 = uncertainty.widened(b.q10, b.q90, *uncertainty.extrapolation_widening(s["gpus"], 8, rule))
+    assert q90 == uncertainty.Q90_CEIL and "(capped)" in s["interval_note"]
+    assert f"+{100 * (q90 - b.q90):.1f} points" in s["interval_note"]
+    assert s["iteration_s_low"] == pytest.approx(s["iteration_s"] / 2)
