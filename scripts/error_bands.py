@@ -210,8 +210,8 @@ def extrapolation(code: Sequence[tuple[int, float]], fit_a: Sequence[tuple[int, 
             lo, hi = conformal_bounds(x)
             parts.append(f"{'-'.join(map(str, sorted(gpus)))}: {100 * lo:+.1f} / {100 * hi:+.1f} "
                          f"(mean {100 * sum(x) / len(x):+.2f}, {len(x)})")
-        report.append(f"A100 validation band q10 / q90 % (mean signed, rows) by GPU count, {label}: " + "; ".join(parts)
-                      + f"; all rows MAPE {100 * sum(abs(e) for _, e in errs) / len(errs):.2f} %")
+        report.append(f"A100 validation band q10 / q90 % (mean signed, rows) by GPU count, {label}: "
+                      + "; ".join(parts) + f"; all rows MAPE {100 * sum(abs(e) for _, e in errs) / len(errs):.2f} %")
     for label, rate in (("A 2 -> 4", e_rate), ("A 2 -> 8", per_doubling(_where(fit_a, {2}), _where(fit_a, {8}), 2)),
                         ("B 2-4 -> 8", per_doubling(_where(fit_b, {2, 4}), _where(fit_b, {8}), 1)),
                         ("code 2 -> 4", s_rate), ("code 4 -> 8", per_doubling(_where(code, {4}), _where(code, {8}), 1))):
