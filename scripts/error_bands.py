@@ -214,7 +214,8 @@ def extrapolation(code: Sequence[tuple[int, float]], fit_a: Sequence[tuple[int, 
                       + "; ".join(parts) + f"; all rows MAPE {100 * sum(abs(e) for _, e in errs) / len(errs):.2f} %")
     for label, rate in (("A 2 -> 4", e_rate), ("A 2 -> 8", per_doubling(_where(fit_a, {2}), _where(fit_a, {8}), 2)),
                         ("B 2-4 -> 8", per_doubling(_where(fit_b, {2, 4}), _where(fit_b, {8}), 1)),
-                        ("code 2 -> 4", s_rate), ("code 4 -> 8", per_doubling(_where(code, {4}), _where(code, {8}), 1))):
+                        ("code 2 -> 4", s_rate),
+                        ("code 4 -> 8", per_doubling(_where(code, {4}), _where(code, {8}), 1))):
         report.append(f"per doubling, {label}: q10 -{100 * rate[0]:.2f} / q90 +{100 * rate[1]:.2f} points")
     for name, rule in variants.items():
         covs, widths = [], []
