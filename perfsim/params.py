@@ -255,6 +255,9 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
+    Param("grad_accumulation", "choice", "fused", "weight-gradient accumulation per micro-batch: fused (in the "
+          "GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops",
+          "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "

@@ -175,6 +175,9 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
      "1 % speed spread between GPUs (Sinha et al., arXiv:2208.11035, report up to 8 % ranges)"),
     ("NCCL protocols", dict(collective_model="nccl"),
      "the message-size curve of NCCL's tuner (src/graph/tuning.cc)"),
+    ("no gradient accumulation fusion (2021)", dict(grad_accumulation="autograd"),
+     "each micro-batch's fp16 weight gradients added into param.grad, 6 bytes per parameter after the first "
+     "micro-batch: the data file's configuration.grad_accumulation (fusion came to Megatron-LM in 2022)"),
 )
 
 

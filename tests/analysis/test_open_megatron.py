@@ -165,3 +165,19 @@ def test_batched_exchange_is_the_blocking_exchange_option(table, capsys, monkeyp
     flag = capsys.readouterr().out
     assert mod.main(["--set", "p2p_exchange=blocking"]) == 0
     assert capsys.readouterr().out == flag and f"{blocking['predicted_s']:.2f}" in flag
+
+
+def test_the_2021_gradient_accumulation_is_recorded_with_its_source_and_is_a_candidate(table):
+    """No gradient accumulation fusion in 2021 (docs/model.md, "Gradient accumulation per
+    micro-batch"): the data file says so with its sources, and the candidate switches exactly that
+    on: slower on a row of many micro-batches (39.1B: 12 per replica)."""
+    doc, rows = table
+    said = doc["configuration"]["grad_accumulation"]
+    assert "grad_accumulation=autograd" in said and "02bb1f5c86fc8c36d4a96a2b7ebcf63d53219369" in said
+    assert "060fb402252cd1104f6c5de30a69e5b19c2180f3" in said and "Inferred" in said
+    [kw] = [kw for label, kw, _ in mod.CANDIDATES if "accumulation" in label]
+    assert kw == {"grad_accumulation": "autograd"}
+    many = rows[4]  # 1536 / 32 replicas / micro-batch 4 = 12 micro-batches
+    stated = mod.evaluate(doc, [many])[0]
+    switched = mod.evaluate(doc, [many], **kw)[0]
+    assert switched["predicted_s"] > stated["predicted_s"] and switched["compute_s"] > stated["compute_s"]
