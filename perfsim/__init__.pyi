@@ -47,6 +47,7 @@ def predict(
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
+    p2p_exchange: str = 'async',
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,
@@ -143,6 +144,8 @@ def predict(
             token-bucket depth of each link in bytes: bytes that leave at once after idling (Linux tbf burst), e.g. 50KB; 0 = fixed-rate link
         p2p_protocol (str, default 'eager'):
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
+        p2p_exchange (str, default 'async'):
+            async: a pipeline send leaves without waiting, a receive waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's exchanges, after each compute step one batch of its sends and the next step's receives, waited on to the end (combine with p2p_protocol=rendezvous for NCCL's large messages) (one of perfsim.schedules.P2P_EXCHANGES)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
         tcp_window (str | int, default 'auto'):
@@ -257,6 +260,7 @@ def sweep(
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
+    p2p_exchange: str | list | None = None,
     p2p_control_latency: str | float | list | None = None,
     tcp_window: str | int | list | None = None,
     tcp_connections: int | list | None = None,
@@ -363,6 +367,7 @@ def memory_report(
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
+    p2p_exchange: str = 'async',
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,

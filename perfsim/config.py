@@ -24,6 +24,7 @@ from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.ops import GRAD_ACCUMULATION
 from perfsim.models.specs import LayerSpec
+from perfsim.schedules import P2P_EXCHANGES
 from perfsim.tcp import parse_tcp_window
 
 
@@ -221,6 +222,11 @@ class System:
     p2p_protocol: str = "eager"
     #: one-way latency of the rendezvous "ready" notice (s); None = the link latency
     p2p_control_latency_s: float | None = None
+    #: how a device waits on its pipeline messages (perfsim.schedules.P2P_EXCHANGES): ``async``
+    #: -- a send leaves without waiting, a receive waits before the compute that needs it;
+    #: ``blocking`` -- Megatron-LM's exchanges: after each compute step one batch of that step's
+    #: sends and the next step's receives, waited on to the end (perfsim.schedules.exchange_rows)
+    p2p_exchange: str = "async"
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None
     #: parameters per second a node's CPUs update with Adam for CPU offload (``Strategy.offload``;
@@ -271,6 +277,7 @@ class System:
         _pos_float(self, "link_burst_bytes", allow_zero=True)
         _pos_float(self, "p2p_control_latency_s", allow_zero=True, allow_none=True)
         check_choice(self, "p2p_protocol", P2P_PROTOCOLS)
+        check_choice(self, "p2p_exchange", P2P_EXCHANGES)
         _pos_float(self, "latency_s", allow_zero=True)
         _pos_int(self, "gpus_per_node")
         _pos_float(self, "intra_node_bandwidth_bps")

@@ -20,7 +20,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
     python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
-    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
+    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM's blocking p2p exchanges
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -32,7 +32,6 @@ idle time that scales with it would have to run for the prediction to meet the m
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import importlib.util
 import json
@@ -164,6 +163,10 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p rendezvous", dict(p2p_protocol="rendezvous"),
      "Megatron-LM's 2021 p2p waits on its batch_isend_irecv requests, then torch.cuda.synchronize(): "
      "a boundary moves once the receiver has posted its receive (NCCL p2p runs a kernel on both ends)"),
+    ("blocking p2p exchanges", dict(p2p_exchange="blocking", p2p_protocol="rendezvous"),
+     "Megatron-LM 2021 runs each compute step, then one batch_isend_irecv of its sends and the next step's "
+     "receives, waited on, then torch.cuda.synchronize() (perfsim.schedules.exchange_rows); messages of "
+     "more than NCCL's buffer move once the receiver is in its own exchange"),
     ("stage balance: partition by compute", dict(partition="balanced"),
      "the uniform split charges the head on the last stage; balanced moves blocks off it"),
     ("host time per operator at its bound", dict(host_overhead="80us"),
@@ -214,58 +217,6 @@ def bubble(r: dict) -> float:
     Sec. 2.2: m micro-batches per replica, v model chunks per device)."""
     m = r["global_batch"] // (r["gpus"] // (r["tp"] * r["pp"])) // r["run_micro_batch"]
     return (r["pp"] - 1) / (m * r["run_virtual_stages"])
-
-
-def batched_rows(rows: list[list]) -> list[list]:
-    """Communication rows (:func:`perfsim.schedules.with_comms`) in the order of Megatron-LM's 2021
-    interleaved steady state: each step runs one forward and one backward, then a single
-    ``send_forward_backward_recv_forward_backward`` (``forward_backward_pipelining_with_interleaving``):
-    the forward's output leaves only after the step's backward, and the next step's input and
-    gradient are received before its forward. Each F directly followed by a B becomes ``RECV_F
-    RECV_B F B SEND_F SEND_B``; warm-up and cool-down keep their order."""
-    from perfsim.schedules import BACKWARD, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F
-
-    out = []
-    for row in rows:
-        items, pre = [], []  # (receives before, compute action, sends after)
-        for a in row:
-            if a.kind in (RECV_F, RECV_B):
-                pre.append(a)
-            elif a.kind in (SEND_F, SEND_B):
-                items[-1][2].append(a)
-            else:
-                items.append((pre, a, []))
-                pre = []
-        new, i = [], 0
-        while i < len(items):
-            (p1, a1, s1), nxt = items[i], items[i + 1] if i + 1 < len(items) else None
-            if a1.kind == FORWARD and nxt is not None and nxt[1].kind == BACKWARD:
-                new += p1 + nxt[0] + [a1, nxt[1]] + s1 + nxt[2]
-                i += 2
-            else:
-                new += p1 + [a1] + s1
-                i += 1
-        out.append(new)
-    return out
-
-
-@contextlib.contextmanager
-def batched_exchange():
-    """Predictions inside run interleaved tables with :func:`batched_rows` (an experiment of this
-    script: the engine's plan reads ``perfsim.engine.plan.with_comms``, swapped here and restored)."""
-    import perfsim.engine.plan as eplan
-
-    plain = eplan.with_comms
-
-    def rows(table):
-        out = plain(table)
-        return batched_rows(out) if table.name == "interleaved-1f1b" else out
-
-    eplan.with_comms = rows
-    try:
-        yield
-    finally:
-        eplan.with_comms = plain
 
 
 def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
@@ -325,7 +276,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", action="store_true",
                     help="switch on each candidate mechanism alone (CANDIDATES)")
     ap.add_argument("--batched-exchange", action="store_true",
-                    help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
+                    help="Megatron-LM's blocking p2p exchanges, one batch per compute step (the same as "
+                         "--set p2p_exchange=blocking; perfsim.schedules.exchange_rows)")
     ap.add_argument("--single-node", action="store_true",
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
@@ -333,6 +285,8 @@ def main(argv=None) -> int:
     try:
         mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
         extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
+        if args.batched_exchange:
+            extra.setdefault("p2p_exchange", "blocking")
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
@@ -349,8 +303,7 @@ def main(argv=None) -> int:
 
     doc, rows = load()
     try:
-        with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
-            return _report(doc, rows, mbs, args, extra)
+        return _report(doc, rows, mbs, args, extra)
     except ConfigError as exc:
         print(f"megatron_open_data: {exc}", file=sys.stderr)
         return 2
@@ -365,7 +318,7 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
                 "as stated (examples/sc21/run_table_1.sh)") + \
-            (", interleaved p2p batched once per step" if args.batched_exchange else "") + "".join(
+            "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))
