@@ -20,7 +20,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
     python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
-    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
+    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM's blocking p2p exchanges
     python scripts/megatron_open_data.py --exact-kernels          # every kernel of a layer, bytes as its code moves them
     python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
     python scripts/megatron_open_data.py --exact-kernels --refit  # refit the A100 curve with them first (~5-10 min)
@@ -168,6 +168,10 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p rendezvous", dict(p2p_protocol="rendezvous"),
      "Megatron-LM's 2021 p2p waits on its batch_isend_irecv requests, then torch.cuda.synchronize(): "
      "a boundary moves once the receiver has posted its receive (NCCL p2p runs a kernel on both ends)"),
+    ("blocking p2p exchanges", dict(p2p_exchange="blocking", p2p_protocol="rendezvous"),
+     "Megatron-LM 2021 runs each compute step, then one batch_isend_irecv of its sends and the next step's "
+     "receives, waited on, then torch.cuda.synchronize() (perfsim.schedules.exchange_rows); messages of "
+     "more than NCCL's buffer move once the receiver is in its own exchange"),
     ("stage balance: partition by compute", dict(partition="balanced"),
      "the uniform split charges the head on the last stage; balanced moves blocks off it"),
     ("host time per operator at its bound", dict(host_overhead="80us"),
@@ -176,6 +180,9 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
      "1 % speed spread between GPUs (Sinha et al., arXiv:2208.11035, report up to 8 % ranges)"),
     ("NCCL protocols", dict(collective_model="nccl"),
      "the message-size curve of NCCL's tuner (src/graph/tuning.cc)"),
+    ("no gradient accumulation fusion (2021)", dict(grad_accumulation="autograd"),
+     "each micro-batch's fp16 weight gradients added into param.grad, 6 bytes per parameter after the first "
+     "micro-batch: the data file's configuration.grad_accumulation (fusion came to Megatron-LM in 2022)"),
     ("TP all-reduce at 200 GB/s busbw", dict(intra_node_bandwidth="200GB/s"),
      "nccl-tests all_reduce_perf on other A100 NVLink nodes: ~200 GB/s on an 8 x A100-SXM4-80GB HGX "
      "(NVIDIA/nccl-tests#149), 208 GB/s on an NV12 pair (#178); the single-node data's node: 229"),
@@ -218,58 +225,6 @@ def bubble(r: dict) -> float:
     Sec. 2.2: m micro-batches per replica, v model chunks per device)."""
     m = r["global_batch"] // (r["gpus"] // (r["tp"] * r["pp"])) // r["run_micro_batch"]
     return (r["pp"] - 1) / (m * r["run_virtual_stages"])
-
-
-def batched_rows(rows: list[list]) -> list[list]:
-    """Communication rows (:func:`perfsim.schedules.with_comms`) in the order of Megatron-LM's 2021
-    interleaved steady state: each step runs one forward and one backward, then a single
-    ``send_forward_backward_recv_forward_backward`` (``forward_backward_pipelining_with_interleaving``):
-    the forward's output leaves only after the step's backward, and the next step's input and
-    gradient are received before its forward. Each F directly followed by a B becomes ``RECV_F
-    RECV_B F B SEND_F SEND_B``; warm-up and cool-down keep their order."""
-    from perfsim.schedules import BACKWARD, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F
-
-    out = []
-    for row in rows:
-        items, pre = [], []  # (receives before, compute action, sends after)
-        for a in row:
-            if a.kind in (RECV_F, RECV_B):
-                pre.append(a)
-            elif a.kind in (SEND_F, SEND_B):
-                items[-1][2].append(a)
-            else:
-                items.append((pre, a, []))
-                pre = []
-        new, i = [], 0
-        while i < len(items):
-            (p1, a1, s1), nxt = items[i], items[i + 1] if i + 1 < len(items) else None
-            if a1.kind == FORWARD and nxt is not None and nxt[1].kind == BACKWARD:
-                new += p1 + nxt[0] + [a1, nxt[1]] + s1 + nxt[2]
-                i += 2
-            else:
-                new += p1 + [a1] + s1
-                i += 1
-        out.append(new)
-    return out
-
-
-@contextlib.contextmanager
-def batched_exchange():
-    """Predictions inside run interleaved tables with :func:`batched_rows` (an experiment of this
-    script: the engine's plan reads ``perfsim.engine.plan.with_comms``, swapped here and restored)."""
-    import perfsim.engine.plan as eplan
-
-    plain = eplan.with_comms
-
-    def rows(table):
-        out = plain(table)
-        return batched_rows(out) if table.name == "interleaved-1f1b" else out
-
-    eplan.with_comms = rows
-    try:
-        yield
-    finally:
-        eplan.with_comms = plain
 
 
 @contextlib.contextmanager
@@ -396,7 +351,8 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", action="store_true",
                     help="switch on each candidate mechanism alone (CANDIDATES)")
     ap.add_argument("--batched-exchange", action="store_true",
-                    help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
+                    help="Megatron-LM's blocking p2p exchanges, one batch per compute step (the same as "
+                         "--set p2p_exchange=blocking; perfsim.schedules.exchange_rows)")
     ap.add_argument("--exact-kernels", action="store_true",
                     help="every kernel of a block with the bytes it really moves (exact_kernels)")
     ap.add_argument("--exact-items", action="store_true",
@@ -411,6 +367,8 @@ def main(argv=None) -> int:
     try:
         mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
         extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
+        if args.batched_exchange:
+            extra.setdefault("p2p_exchange", "blocking")
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
@@ -431,8 +389,7 @@ def main(argv=None) -> int:
             return status
     doc, rows = load()
     try:
-        with batched_exchange() if args.batched_exchange else contextlib.nullcontext(), \
-                exact_kernels() if args.exact_kernels else contextlib.nullcontext():
+        with exact_kernels() if args.exact_kernels else contextlib.nullcontext():
             return _report(doc, rows, mbs, args, extra)
     except ConfigError as exc:
         print(f"megatron_open_data: {exc}", file=sys.stderr)
@@ -450,7 +407,6 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
                 "as stated (examples/sc21/run_table_1.sh)") + \
-            (", interleaved p2p batched once per step" if args.batched_exchange else "") + \
             (", every kernel with its exact bytes" if args.exact_kernels else "") + \
             (", the A100 curve refitted with them" if args.refit else "") + "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),

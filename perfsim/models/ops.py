@@ -17,7 +17,9 @@ the loss (Megatron's vocab-parallel cross entropy in fp32, pass by pass:
 :func:`cross_entropy_ops`) are ops too, so every layer costs something; so is the
 per-micro-batch accumulation of the dense ``vocab/t x hidden`` embedding gradient (and of
 the tied LM head's) into the fp32 main gradient (:func:`embedding_grad_ops`), which the
-transformer GEMMs avoid. ``attention="flash"``: the attention core is FlashAttention-2's
+transformer GEMMs avoid under gradient accumulation fusion (the default; without it,
+:class:`GradAccumulation`: every parameter's gradient is added once more per micro-batch,
+:func:`block_grad_ops`). ``attention="flash"``: the attention core is FlashAttention-2's
 one kernel (Dao 2023, arXiv:2307.08691). A mixture-of-experts block's MLP is
 :func:`perfsim.models.moe.moe_ops`.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsim.models.moe import moe_ops
+from perfsim.models.tensor_parallel import shard_block_params
 
 #: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
 #: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
@@ -191,23 +194,92 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     return ops + [dropout_add("dropout_residual2")]
 
 
-def embedding_grad_ops(spec, tp: int, bpv: int) -> list[Op]:
+#: how a step's micro-batches accumulate their weight gradients (:class:`GradAccumulation`):
+#: ``fused`` -- gradient accumulation fusion: each weight-gradient GEMM accumulates into the
+#: fp32 ``main_grad`` in place (Megatron-LM ``--gradient-accumulation-fusion``, apex
+#: ``fused_weight_gradient_mlp_cuda``), only the embedding's dense gradient is added;
+#: ``main-grad`` -- Megatron-LM's local DDP without fusion: every parameter's half-precision
+#: gradient is added into the ``main_grad`` buffer after every micro-batch
+#: (megatron/model/distributed.py ``_make_param_hook``: ``param.main_grad.add_(param.grad.data)``);
+#: ``autograd`` -- plain autograd (PyTorch DDP under ``no_sync``, DeepSpeed's engine, Megatron-LM's
+#: local DDP of 2021 without its contiguous buffer): PyTorch's ``AccumulateGrad`` adds each
+#: micro-batch's gradient into ``param.grad`` in place, every micro-batch after the first
+GRAD_ACCUMULATION = ("fused", "main-grad", "autograd")
+
+
+@dataclass(frozen=True)
+class GradAccumulation:
+    """How one replica's micro-batches accumulate their weight gradients, priced as
+    backward-only memory-bound bytes per parameter per micro-batch (:meth:`per_param`)."""
+
+    #: one of :data:`GRAD_ACCUMULATION`
+    method: str = "fused"
+    #: micro-batches per optimizer step on one replica (``m``)
+    microbatches: int = 1
+    #: bytes per value of Megatron's ``main_grad`` buffer (``main-grad``): fp32 under bf16
+    #: (forced) or ``--accumulate-allreduce-grads-in-fp32``, else the parameters' own
+    #: (:attr:`perfsim.config.Strategy.grad_dtype`)
+    grad_bytes: int = 4
+    #: bytes per value of ``param.grad`` (``autograd``: the weights' dtype; None: the
+    #: activations' ``bpv``, half-precision weights as Megatron-LM and DeepSpeed keep them)
+    weight_bytes: int | None = None
+
+    def per_param(self, bpv: int, fusable: bool) -> float:
+        """Bytes one micro-batch's backward moves per parameter to accumulate its gradient,
+        beyond the kernel that computes it (which writes it: priced with that kernel):
+
+        * ``fused``: 0 for a GEMM weight (``fusable``: accumulated in place by its
+          weight-gradient GEMM); else Megatron's ``main_grad.add_`` on fp32: read the
+          ``bpv``-byte gradient, read and write 4 bytes -- ``bpv + 8`` (the embedding's);
+        * ``main-grad``: the same add for every parameter, on the buffer's
+          ``grad_bytes``: ``bpv + 2 grad_bytes`` (fp16 buffer 6, fp32 buffer 10), every
+          micro-batch (the buffer is zeroed once per step);
+        * ``autograd``: ``param.grad += grad`` in the weights' dtype ``w``: read both, write
+          one, ``3 w`` -- but not on the first micro-batch, whose gradient autograd keeps as
+          it is (grads set to None by ``zero_grad``): ``3 w (m - 1) / m`` averaged over the
+          step's ``m`` micro-batches (0 with one micro-batch)."""
+        if self.method == "fused":
+            return 0.0 if fusable else bpv + 8.0
+        if self.method == "main-grad":
+            return bpv + 2.0 * self.grad_bytes
+        w = self.weight_bytes or bpv
+        return 3.0 * w * (self.microbatches - 1) / self.microbatches
+
+
+def block_grad_ops(spec, tp: int, bpv: int, acc: GradAccumulation | None, i: int | None = None,
+                   ep: int = 1) -> list[Op]:
+    """Backward-only: accumulating the gradients of block ``i``'s parameters on this rank
+    (:func:`perfsim.models.tensor_parallel.shard_block_params`) -- nothing under ``fused``
+    (its GEMMs accumulate in place; the biases' and norms' adds are left out there, as
+    before: docs/validation.md, session 9), else :meth:`GradAccumulation.per_param` bytes
+    each, as one memory-bound op (the adds are issued back to back by autograd's engine
+    while the backward runs; one host floor, not one per tensor)."""
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=True)
+    if not per:
+        return []
+    return [Op("block_grad_accumulate", bwd_bytes=per * shard_block_params(spec, tp, i, ep))]
+
+
+def embedding_grad_ops(spec, tp: int, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
     """Backward-only: the word embedding's gradient is a dense ``vocab/t x h`` tensor
     (PyTorch's embedding backward zero-fills it, then scatters the tokens' rows) that
     Megatron's data-parallel wrapper adds into the fp32 ``main_grad`` after every
     micro-batch (Megatron-LM megatron/model/distributed.py, ``param.main_grad.add_``;
     the transformer GEMMs accumulate in place, gradient accumulation fusion):
-    write ``bpv``, then read it and read and write 4 bytes per element."""
+    write ``bpv``, then read it and read and write 4 bytes per element; without fusion,
+    the add of ``acc`` (:meth:`GradAccumulation.per_param`)."""
     n = -(-spec.vocab // tp) * spec.hidden
-    return [Op("embed_grad_zero", bwd_bytes=bpv * n), Op("embed_grad_accumulate", bwd_bytes=(bpv + 8) * n)]
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=False)
+    return [Op("embed_grad_zero", bwd_bytes=bpv * n)] + ([Op("embed_grad_accumulate", bwd_bytes=per * n)]
+                                                         if per else [])
 
 
-def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
     tok = mb * spec.seq_len
     # vocab-parallel gather (each rank its rows) + position add, writes (b, s, h)
     return [Op("embed_gather", bytes=2 * bpv * tok * spec.hidden),
             Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden),
-            *embedding_grad_ops(spec, tp, bpv)]
+            *embedding_grad_ops(spec, tp, bpv, acc)]
 
 
 def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
@@ -227,7 +299,10 @@ def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
             Op("loss_softmax", bytes=8 * n, bwd_bytes=8 * n)]
 
 
-def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
+    """The final norm, the LM head and the loss; the head weight's gradient accumulation: a
+    tied head's is the (last stage's copy of the) embedding's, added as the embedding's is
+    (:func:`embedding_grad_ops`), an untied one's a GEMM weight's (nothing under ``fused``)."""
     tok, h = mb * spec.seq_len, spec.hidden
     if spec.encoder:  # pooler on the first token
         return [Op("final_norm", bytes=2 * bpv * tok * h), Op("pooler", m=mb, n=h, k=h)]
@@ -235,6 +310,7 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     ops = [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
            Op("lm_head", m=tok, n=v, k=h, lm_head=True),
            *cross_entropy_ops(tok, v, bpv)]
-    if spec.tied:  # the LM head's weight gradient is the (last stage's copy of the) embedding's
-        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=(bpv + 8) * v * h))
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=not spec.tied)
+    if per:
+        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=per * v * h))
     return ops
