@@ -90,13 +90,24 @@ def fused_softmax_available(b: int, heads: int, sq: int, sk: int, half: bool, ca
     return (n if causal else sq) % batch_per_block(sk) == 0
 
 
-def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True) -> list[Op]:
+def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True, exact: bool = False
+                ) -> list[Op]:
     """The attention softmax on ``n`` scores: Megatron's fused kernel (read and write
     the scores) where it is available, else its PyTorch path
     (``forward_torch_softmax``: cast to fp32, scale, masked fill, softmax, cast back),
-    five kernels instead of one for half-precision input; then dropout (+1 byte mask)."""
+    five kernels instead of one for half-precision input; then dropout (+1 byte mask).
+
+    ``exact``: the bytes these kernels really move (:func:`block_ops`): the fused causal
+    kernel reads only the lower triangle of each row and writes the whole row (zeros above the
+    diagonal), forward ``1.5 bpv n``; its backward reads the incoming gradient and the kept
+    probabilities on the triangle and writes the whole row, ``2 bpv n`` (Megatron-LM
+    megatron/fused_kernels/scaled_upper_triang_masked_softmax.h, both kernels load only
+    ``element_index < local_seq = blockIdx.x + 1``; the 2021 version and today's alike). The
+    dropout's backward is one ``masked_scale`` pass (PyTorch 1.8 aten/src/ATen/native/cuda/Dropout.cu:
+    read the gradient and the uint8 mask, write the result), ``(2 bpv + 1) n``, not twice the forward."""
     if fused_softmax_available(b, heads, s, s, bpv == 2, causal):
-        ops = [Op("softmax", bytes=2 * bpv * n, attention_core=True)]
+        ops = [Op("softmax", bytes=(1.5 if exact and causal else 2) * bpv * n, attention_core=True,
+                  bwd_bytes=(2 if causal else 3) * bpv * n if exact else None)]
     else:
         ops = [Op("softmax_scale", bytes=8 * n, attention_core=True),
                Op("softmax_mask", bytes=9 * n, attention_core=True),
@@ -104,16 +115,43 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
         if bpv == 2:  # softmax_in_fp32 (Megatron's default)
             ops = ([Op("softmax_to_fp32", bytes=6 * n, attention_core=True)] + ops
                    + [Op("softmax_to_half", bytes=6 * n, attention_core=True)])
-    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
+    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True,
+                     bwd_bytes=(2 * bpv + 1) * n if exact else None)]
 
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
-              moe: bool | None = None, routing=None) -> list[Op]:
+              moe: bool | None = None, routing=None, exact: bool = False) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
     model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
-    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm."""
+    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm.
+
+    ``exact`` (an experiment, off by default: ``scripts/megatron_open_data.py --exact-kernels``;
+    docs/validation.md, "Megatron-LM 2021's kernels at sequence 2048"): every kernel Megatron-LM's
+    GPT layer launches, with the bytes each moves, as its code reads (Megatron-LM 2021
+    megatron/model/transformer.py ``ParallelSelfAttention``, megatron/mpu/layers.py; PyTorch 1.8):
+
+    * ``qkv_bias``: ``ColumnParallelLinear`` calls ``F.linear(input, weight, bias)`` on a 3-D
+      ``[s, b, h]`` input, which PyTorch 1.8's ``at::linear`` runs as ``matmul`` then ``add_(bias)``
+      (only a 2-D input takes the fused ``addmm``; later Megatron-LM's
+      ``LinearWithGradAccumulationAndAsyncCommunication`` adds it out of place, the same bytes):
+      read and write the ``tok x 3h/t`` output; backward the bias gradient, a sum over tokens;
+    * ``context_copy``: ``context_layer.permute(2, 0, 1, 3).contiguous()`` after the weighted sum,
+      a copy of ``tok x h/t`` (backward: none -- the permuted gradient is a strided batch for ``bmm``);
+    * ``proj_bias_grad``, ``mlp_down_bias_grad``: the row-parallel layers' biases (``skip_bias_add``,
+      added in ``bias_dropout_add``) are whole on every rank; their gradients are sums of the
+      ``tok x h`` output gradient, one read each, not split by tensor parallelism;
+    * ``dropout_residual*`` backward: TorchScript's autodiff of dropout (symbolic_script.cpp:
+      ``grad_output * mask * (1 / (1 - p))``), one pass: read the gradient and the 1-byte mask,
+      write the result;
+    * ``norm*`` backward: the fused LayerNorm's ``cuComputePartGradGammaBeta`` (reads the gradient
+      and the input), ``cuComputeGradGammaBeta`` (small) and ``cuComputeGradInput`` (reads both
+      again, writes the input gradient): five passes, not four (megatron/fused_kernels/
+      layer_norm_cuda_kernel.cu, ``HostLayerNormGradient``);
+    * ``norm*_input_grad_accumulate``: the norm's input is also the residual branch's, so autograd
+      adds the two gradients (read two, write one: ``torch/csrc/autograd/input_buffer.cpp``);
+    * the softmax and the attention dropout as :func:`softmax_ops` ``exact``."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
@@ -123,25 +161,37 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     dh = spec.head_dim
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
+
+    def norm(name):  # exact: autograd adds the residual branch's gradient to the norm's input gradient
+        return [Op(name, bytes=2 * act, bwd_bytes=5 * act if exact else None),
+                *([Op(f"{name}_input_grad_accumulate", bwd_bytes=3 * act)] if exact else [])]
+
+    def dropout_add(name):
+        return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
+
     ops = [
-        Op("norm1", bytes=2 * act),
+        *norm("norm1"),
         Op("qkv", m=tok, n=qkv, k=h),
+        *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
               causal=not spec.encoder)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
-           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
-           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True)]),
+           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
+           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
+           *([Op("context_copy", bytes=2 * bpv * tok * q // tp, bwd_bytes=0.0)] if exact else [])]),
         Op("proj", m=tok, n=h, k=q // tp),
-        Op("dropout_residual1", bytes=3 * act + tok_sp * h),
-        *([Op("norm2", bytes=2 * act)] if spec.norms_per_block == 2 else []),
+        *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
+        dropout_add("dropout_residual1"),
+        *(norm("norm2") if spec.norms_per_block == 2 else []),
     ]
     if spec.moe if moe is None else moe:
         ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
         ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
                 Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
-                Op("mlp_down", m=tok, n=h, k=f // tp)]
-    return ops + [Op("dropout_residual2", bytes=3 * act + tok_sp * h)]
+                Op("mlp_down", m=tok, n=h, k=f // tp),
+                *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
+    return ops + [dropout_add("dropout_residual2")]
 
 
 #: how a step's micro-batches accumulate their weight gradients (:class:`GradAccumulation`):

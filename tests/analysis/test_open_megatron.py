@@ -181,3 +181,69 @@ def test_the_2021_gradient_accumulation_is_recorded_with_its_source_and_is_a_can
     stated = mod.evaluate(doc, [many])[0]
     switched = mod.evaluate(doc, [many], **kw)[0]
     assert switched["predicted_s"] > stated["predicted_s"] and switched["compute_s"] > stated["compute_s"]
+
+
+def test_exact_kernels_prices_every_kernel_and_restores_the_default(table):
+    """``--exact-kernels`` (block_ops exact): on the 1.7B row (attention core ~44 % of a layer at
+    sequence 2048) the exact bytes are fewer -- the causal softmax's triangle, one-pass dropout
+    backwards -- than the kernels it adds cost, so the row is predicted faster; the default is back
+    afterwards, and the single-node check runs its second pass with it."""
+    import perfsim.engine.compute as compute
+
+    plain = compute.block_ops
+    doc, rows = table
+    (before,) = mod.evaluate(doc, [rows[0]])
+    with mod.exact_kernels():
+        assert compute.block_ops is not plain
+        (inside,) = mod.evaluate(doc, [rows[0]])
+    (after,) = mod.evaluate(doc, [rows[0]])
+    assert compute.block_ops is plain
+    assert inside["predicted_s"] < before["predicted_s"] == after["predicted_s"]
+    res = mod.single_node_effect({}, every=60, exact=True)
+    if res:
+        assert all(before != after for _, _, before, after in res) and compute.block_ops is plain
+
+
+def test_refit_runs_calibrate_a100_with_the_same_kernels(monkeypatch):
+    """``--refit``: calibrate_a100.py's own fit (``--every 2 --iters 150``), inside exact_kernels
+    when asked; its exit status stops the script (the fit itself takes minutes: not run here)."""
+    import types
+
+    import perfsim.engine.compute as compute
+
+    plain, seen = compute.block_ops, []
+
+    def main(argv):
+        seen.append((argv, compute.block_ops is not plain))
+        return 1
+
+    monkeypatch.setattr(mod, "calibrate_module", lambda: types.SimpleNamespace(main=main))
+    assert mod.refit(exact=True) == 1 and mod.refit() == 1
+    assert seen == [(["--every", "2", "--iters", "150"], True), (["--every", "2", "--iters", "150"], False)]
+    assert mod.main(["--refit", "--exact-kernels"]) == 1 and compute.block_ops is plain
+
+
+def test_exact_items_each_switch_one_part_of_the_exact_list(table):
+    """``--exact-items``: each item substitutes (restates) or adds only its own kernels; an added kernel
+    makes the 1.7B row slower, a restated backward that moves fewer bytes faster; all items together
+    are the exact list."""
+    import perfsim.engine.compute as compute
+    from perfsim.models.ops import block_ops
+    from perfsim.models.registry import get_spec
+
+    plain = compute.block_ops
+    names = set().union(*(n for _, n in mod.EXACT_ITEMS))
+    spec = get_spec("gpt:layers=2,hidden=2304,heads=24,seq=2048,vocab=51200", None)
+    with mod.exact_item(frozenset(names)):
+        assert sorted(map(repr, compute.block_ops(spec, 16, 2, False, 2))) == \
+            sorted(map(repr, block_ops(spec, 16, 2, False, 2, exact=True)))
+    doc, rows = table
+    (base,) = mod.evaluate(doc, [rows[0]])
+    moved = {}
+    for label, item in mod.EXACT_ITEMS:
+        with mod.exact_item(item):
+            (r,) = mod.evaluate(doc, [rows[0]])
+        moved[label] = r["predicted_s"] - base["predicted_s"]
+    assert compute.block_ops is plain
+    assert moved["QKV bias add"] > 0 and moved["residual-gradient sums"] > 0
+    assert moved["causal softmax's triangle"] < 0 and moved["attention dropout one-pass backward"] < 0
