@@ -36,8 +36,12 @@ data sockets per peer and channel and splits each message over them (NCCL docume
 Environment Variables: both default 1 on generic Ethernet, 2 and 8 on AWS; NCCL
 ``src/transport/net_socket.cc``, ``ncclSocketGetNsockNthread``), so 1 unless set.
 
+Slow start after idle (:class:`SlowStart`, below): a connection idle for longer than its RTO
+restarts from a smaller window (Linux ``tcp_cwnd_restart``, RFC 2861), priced per pipeline
+message by the flow backend from each connection's last send and window.
+
 Not modelled: loss and the congestion-control dynamics it drives (Mathis et al.'s
-``MSS / (RTT sqrt(p))`` regime), slow start after idle (RFC 5681 Sec. 4.1, RFC 2861), BBR's
+``MSS / (RTT sqrt(p))`` regime), the slow start of a connection's first message, BBR's
 pacing, the autotuning ramp of a new connection's buffers, and buffers a program sets itself
 (``SO_RCVBUF``/``SO_SNDBUF`` switch autotuning off, bounded by ``net.core.rmem_max``).
 """
