@@ -300,6 +300,7 @@ def slow_start_delay(nbytes: float, rate_bps: float, rtt_s: float, cwnd: float,
     :func:`full_cwnd`, else the full window."""
     if not (nbytes > 0 and rate_bps > 0 and rtt_s > 0 and math.isfinite(rate_bps)):
         return 0.0, cwnd
+    cwnd = max(float(cwnd), 1.0)  # (a window holds at least one segment)
     full = full_cwnd(rate_bps, rtt_s, mss)
     if cwnd >= full:
         return 0.0, cwnd
@@ -332,12 +333,13 @@ class SlowStart:
     source: str = ""
 
     def delay(self, nbytes: float, rate_bps: float, rtt_s: float, cwnd: float | None,
-              idle_s: float | None) -> tuple[float, float]:
+              idle_s: float | None) -> tuple[float, float | None]:
         """``(extra seconds, window after)`` of one message of ``nbytes`` on a connection that
         held window ``cwnd`` (None: no history, a full window) and was idle ``idle_s``
-        seconds: each of its ``connections`` sockets carries ``nbytes / c`` at ``rate / c``."""
+        seconds: each of its ``connections`` sockets carries ``nbytes / c`` at ``rate / c``.
+        A message without bytes, or a path without a round trip, leaves the window as it was."""
         if not self.on or not rtt_s > 0 or nbytes <= 0:
-            return 0.0, cwnd if cwnd is not None else 0.0
+            return 0.0, cwnd
         c = self.connections
         rate, size = rate_bps / c, nbytes / c
         full = full_cwnd(rate, rtt_s, self.mss)
@@ -390,4 +392,4 @@ def resolve_slow_start(setting: Any, connections: int | None, default_connection
         if cc.lower().startswith("bbr"):
             return SlowStart(False, n, source=f"the calibrated host runs {cc} (no restart after idle)")
         return SlowStart(True, n, source=f"the calibrated host's tcp_slow_start_after_idle=1, {cc}")
-    return SlowStart(False, n, source="auto: no host sysctls recorded (on: Linux's defaults)")
+    return SlowStart(False, n, source="auto, no host sysctls recorded (on prices Linux's defaults)")

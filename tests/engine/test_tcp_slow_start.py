@@ -13,8 +13,8 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_KINDS
 from perfsim.network.analytic import Network
 from perfsim.network.flows import FlowBackend
-from perfsim.tcp import (INIT_CWND_SEGMENTS, MSS_BYTES, PROFILE_KEY, RTO_MIN_S, full_cwnd, pipe_segments,
-                         resolve_slow_start, restart_cwnd, rto_s, slow_start_delay)
+from perfsim.tcp import (INIT_CWND_SEGMENTS, MSS_BYTES, PROFILE_KEY, RTO_MIN_S, SlowStart, full_cwnd,
+                         pipe_segments, resolve_slow_start, restart_cwnd, rto_s, slow_start_delay)
 
 from _helpers import run_cli_here
 
@@ -87,7 +87,10 @@ def test_linux_restart_window_halves_per_rto():
 
 
 class _Handler:
-    def __init__(self):
+    """The engine's side of the backend: when each message arrived."""
+
+    def __init__(self, env):
+        self.env = env
         self.arrived = {}
 
     def message_started(self, msg):
@@ -97,10 +100,7 @@ class _Handler:
         pass
 
     def message_delivered(self, msg, start):
-        self.arrived[msg] = (start, self_env[0].now)
-
-
-self_env = [None]
+        self.arrived[msg] = (start, self.env.now)
 
 
 def _two_messages(idle_s: float, setting: str = "on", nbytes: float = 2e6):
@@ -109,8 +109,7 @@ def _two_messages(idle_s: float, setting: str = "on", nbytes: float = 2e6):
     net = Network(System(nic_kind="ethernet", bandwidth_bps=100e6, latency_s=0.02, gpus_per_node=1,
                          tcp_slow_start_after_idle=setting), 2)
     env = simpy.Environment()
-    self_env[0] = env
-    fb, h = FlowBackend(env, net), _Handler()
+    fb, h = FlowBackend(env, net), _Handler(env)
     fb.send(0, 1, nbytes, "a", 1, h, "a")
     env.run()
     t2 = fb.conns[(0, 1)].last + idle_s
@@ -159,7 +158,7 @@ def test_switch_and_steady_state_across_iterations():
                      ({}, dict(tcp_slow_start_after_idle="off"), dict(tcp_slow_start_after_idle="on")))
     for k in ("iteration_s", "comm_s", "engine", "dp_sync_s"):
         assert auto[k] == off[k]
-    assert "auto: no host" in auto["tcp_slow_start_after_idle"] and on["tcp_slow_start_after_idle"].startswith("on")
+    assert "auto, no host" in auto["tcp_slow_start_after_idle"] and on["tcp_slow_start_after_idle"].startswith("on")
     # collectives are not charged: the gradient sync lasts what it did, give or take its overlap
     assert on["dp_sync_s"] == pytest.approx(off["dp_sync_s"], rel=1e-3)
     one = dict(kw, dp=1)
@@ -202,11 +201,13 @@ def test_auto_follows_the_recorded_host():
 
 def test_connections_split_the_message_and_the_rate():
     """c connections each carry S / c at rate / c from their own initial window."""
-    from perfsim.tcp import SlowStart
     one, four = SlowStart(True, 1), SlowStart(True, 4)
     assert four.delay(8e6, 400e6, 0.04, 10, 10.0)[0] == pytest.approx(
         slow_start_delay(2e6, 100e6, 0.04, 10)[0])
     assert one.delay(8e6, 400e6, 0.04, None, None)[0] == 0.0  # no history: a full window
+    # a message without bytes leaves the window as it was (no history stays no history)
+    assert one.delay(0, 400e6, 0.04, None, 10.0) == (0.0, None)
+    assert slow_start_delay(1e6, 100e6, 0.04, 0)[0] == slow_start_delay(1e6, 100e6, 0.04, 1)[0]
 
 
 def test_bad_values_are_one_line_errors():
