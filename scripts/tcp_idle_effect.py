@@ -5,7 +5,7 @@ AQ-SGD paper's V100 times, 32 micro-batches), uncompressed (fp32) and compressed
 validation: no run here had a kernel round trip (docs/model.md, "Slow start after idle").
 
     python scripts/tcp_idle_effect.py            # the table of docs/validation.md (~5 s)
-    python scripts/tcp_idle_effect.py --rtt 40ms --bandwidth 100Mbps
+    python scripts/tcp_idle_effect.py --rtt 40ms --bandwidth 100Mbps --schedule 1f1b
 
 Per row: the iteration with the mechanism off (today's default) and on, the change, the
 messages that restarted (their window below the pipe's after an idle spell past the RTO) and
@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bandwidth", default="10Mbps,100Mbps,400Mbps", help="comma list")
     ap.add_argument("--rtt", default="20ms,50ms", help="round trips, comma list (latency = RTT / 2)")
+    ap.add_argument("--schedule", default="gpipe", help="pipeline schedule (the README's: gpipe)")
     args = ap.parse_args(argv)
     try:
         bws = [parse_bandwidth(b, "--bandwidth") for b in args.bandwidth.split(",")]
@@ -63,20 +64,29 @@ def main(argv=None) -> int:
     except perfsim.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        table(bws, rtts, args.schedule)
+    except perfsim.ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def table(bws: list[float], rtts: list[float], schedule: str) -> None:
+    """Print the rows (module docstring)."""
     print(f"{'link':>9} {'RTT':>6} {'compress':>13} {'off s':>9} {'on s':>9} {'change':>8} "
           f"{'restarts':>8} {'added s':>8}")
     for bw in bws:
         for rtt in rtts:
             change = {}
             for c in COMPRESS:
-                kw = dict(bandwidth=bw, latency=rtt / 2, compress=c)
+                kw = dict(bandwidth=bw, latency=rtt / 2, compress=c, schedule=schedule)
                 off = perfsim.predict(**kw).summary["iteration_s"]
                 on, n, added = _counted(kw)
                 change[c] = 100 * (on / off - 1)
                 print(f"{bw / 1e6:>5.0f}Mbps {rtt * 1e3:>4.0f}ms {c:>13} {off:>9.3f} {on:>9.3f} "
                       f"{change[c]:>+7.2f}% {n:>8d} {added:>8.3f}")
             print(f"{'':>9} {'':>6} gap fp32 - aqsgd: {change['fp32'] - change['aqsgd:fw3bw6']:+.2f} points")
-    return 0
 
 
 if __name__ == "__main__":
