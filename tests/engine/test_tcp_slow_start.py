@@ -2,7 +2,9 @@
 sender, Linux's restart window, the flow backend's per-connection history, the steady state
 across iterations, the switch, the host's sysctls and bad values."""
 
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 import simpy
@@ -219,3 +221,21 @@ def test_bad_values_are_one_line_errors():
     r = run_cli_here("predict", "--latency", "40ms", "--tcp-slow-start-after-idle", "maybe")
     assert r.returncode == 2 and "--tcp-slow-start-after-idle" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_effect_script_counts_one_restart_per_gpipe_hop_and_direction(capsys):
+    """scripts/tcp_idle_effect.py (docs/validation.md's table): on the README's 8-stage GPipe
+    pipeline each of the 7 forward and 7 backward connections restarts once per iteration, and
+    the seconds those restarts add are the iteration's growth (they sit on the fill's critical path)."""
+    path = Path(__file__).resolve().parents[2] / "scripts" / "tcp_idle_effect.py"
+    spec = importlib.util.spec_from_file_location("tcp_idle_effect", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--bandwidth", "100Mbps", "--rtt", "50ms"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  100Mbps")]
+    assert [r[2] for r in rows] == ["fp32", "aqsgd:fw3bw6"]
+    for r in rows:
+        off, on, restarts, added = float(r[3]), float(r[4]), int(r[6]), float(r[7])
+        assert restarts == 14 and on - off == pytest.approx(added, rel=0.05)
+    assert mod.main(["--schedule", "bogus"]) == 2
+    assert "schedule" in capsys.readouterr().err
