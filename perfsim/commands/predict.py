@@ -11,7 +11,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import note_unused
+from perfsim.commands import input_paths, note_unused
 from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,17 +70,21 @@ def run(args) -> int:
     fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
         args.output = None
+    inputs = input_paths(params.from_args(args))  # no output replaces an input file
     if args.output:
         outputs.check_file_target(args.output, "--out")
+        outputs.check_not_input(args.output, inputs, "--out")
     elif fmt == "parquet":
         raise ConfigError("--format parquet: needs --out FILE (Parquet is binary)")
     if args.trace:
         outputs.check_file_target(args.trace, "--trace")
     grid = _grid(args)
+    for i in range(len(grid) if args.trace else 0):
+        outputs.check_not_input(_trace_path(args.trace, i, len(grid)), [*inputs, ("--out", args.output)], "--trace")
     results = []
-    for i, params in enumerate(grid):
-        log.debug("predict %s", params)
-        res = predict(**params, trace=bool(args.trace), note_unused=True)
+    for i, config in enumerate(grid):
+        log.debug("predict %s", config)
+        res = predict(**config, trace=bool(args.trace), note_unused=True)
         if args.trace:
             res.write_trace(_trace_path(args.trace, i, len(grid)))
             res.trace_events = []
