@@ -111,6 +111,25 @@ def test_spec_rejects_bad_values(values, match):
         SweepSpec(values)
 
 
+@pytest.mark.parametrize("line,culprit", [
+    ("bandwidth = [100, 1000]", "bandwidth = 100"),   # ran at 100 bit/s: 178,210 s an iteration, exit 0
+    ("latency = 5", "latency = 5"),                   # 5 s (meant 5 ms?)
+    ("bucket-size = 25", "bucket_size = 25"),
+    ("intra-node-bandwidth = 300.0", "intra_node_bandwidth = 300.0"),
+    ("tcp-window = [4]", "tcp_window = 4"),
+])
+def test_a_sweep_file_number_needs_a_unit_as_its_flag_does(tmp_path, write_file, line, culprit):
+    """qa3: a sweep file mirrors the flags, but `bandwidth = [100, 1000]` ran at 100 and 1000
+    bit/s and `latency = 5` at 5 s, exit 0, where `--bandwidth 100` is refused. Zero is
+    unambiguous (a zero latency, burst); text with a unit is read as the flag reads it."""
+    f = write_file("s.toml", f'model = "gpt2-tiny"\npp = 2\n{line}\n')
+    r = run_cli_here("sweep", str(f), "-o", str(tmp_path / "s.csv"), "--no-progress")
+    assert r.returncode == 2 and culprit in r.stderr and "has no unit" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.csv").exists()
+    f.write_text('model = "gpt2-tiny"\nlatency = [0, "5ms"]\nlink-burst = 0\nbandwidth = "1Gbps"\n')
+    assert load_sweep_file(f).values["latency"] == [0.0, 0.005]
+
+
 def test_sweep_file(tmp_path, write_file):
     f = write_file("s.toml", 'model = "gpt2-xl"\nbandwidth = ["10Gbps", "100Mbps"]\n'
                              'grad-compress = "none,qsgd-maxnorm:4"\npp = 8\n')
