@@ -10,8 +10,10 @@ shared with ``perfsim plan``) when the grid is long enough for the pool to pay
 (:func:`use_pool`) -- and writes
 
 * ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
-  (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after, then
-  ``config_id``), rows in grid order;
+  (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after -- among them each
+  parameter given that the summary does not show, e.g. ``seq_len``,
+  ``bucket_size_bytes``: :func:`perfsim.params.shown_columns` --, then ``config_id``),
+  rows in grid order;
 * ``OUT`` with suffix ``.stages.csv`` / ``.stages.parquet``: the per-stage
   tables (:data:`perfsim.result.STAGE_COLUMNS`) keyed by ``config_id``, which the
   breakdown plot reads;
@@ -394,14 +396,14 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
     import pandas as pd  # lazy: pandas is heavy, needed only here
 
     rows, stage_rows, errors = [], [], []
-    for cid, params in configs:
+    for cid, config in configs:
         rec = records.get(cid)
         if rec is None:
             continue
         if "error" in rec:
-            errors.append({"config_id": cid, **plain(params), "error": rec["error"]})
+            errors.append({"config_id": cid, **plain(config), "error": rec["error"]})
             continue
-        rows.append({**rec["summary"], "config_id": cid})
+        rows.append({**rec["summary"], **params.shown_columns(config, rec["summary"]), "config_id": cid})
         stage_rows.extend({"config_id": cid, **s} for s in rec.get("stages") or [])
     summary = pd.DataFrame(rows)
     extra = [c for c in summary.columns if c not in SUMMARY_COLUMNS and c != "config_id"]

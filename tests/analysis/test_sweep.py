@@ -7,6 +7,7 @@ runs the real simulator when it is there.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -375,3 +376,25 @@ def test_cli_real_simulator(tmp_path):
                    "--out", str(tmp_path / "bad.csv"), "--no-progress", cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "partition" in lines[0], proc.stderr
+
+
+def test_every_parameter_of_a_sweep_is_a_column_of_its_table(tmp_path):
+    """qa3: `perfsim sweep --seq-len 32,64 --bucket-size 1MiB,25MiB` wrote 4 rows that no
+    column told apart (the summary has neither seq_len nor the bucket size): only the
+    config_id hash did. A parameter the summary does not show is a column of its own, its
+    unit in its name; one the summary shows (bandwidth_bps, dp) is not repeated."""
+    out = tmp_path / "s.csv"
+    run_sweep({"model": "gpt2-tiny", "pp": 2, "dp": 2, "bandwidth": "1Gbps", "seq_len": "32,64",
+               "bucket_size": "1MiB,25MiB"}, out, jobs=1, progress=False)
+    df = pd.read_csv(out)
+    assert list(df["seq_len"]) == [32, 32, 64, 64]
+    assert list(df["bucket_size_bytes"]) == [2**20, 25 * 2**20] * 2
+    assert "bandwidth" not in df.columns and "dp_bytes" in df.columns and df.columns[-1] == "config_id"
+    r = run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "2", "--seq-len", "32,64", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert list(pd.read_csv(io.StringIO(r.stdout))["seq_len"]) == [32, 64]
+    text = run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "2", "--seq-len", "32,64", "--gpu", "a100,h100",
+                        "--host-overhead", "10us,20us").stdout
+    head, rows = text.splitlines()[2], text.splitlines()[4:12]  # the table's header names what differs
+    assert all(name in head for name in ("seq_len", "gpu", "host_overhead")), text
+    assert len(set(tuple(r.split("│")[1:5]) for r in rows)) == 8, text  # every row told apart
