@@ -460,8 +460,8 @@ def shown_columns(values: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str
             continue
         if isinstance(value, (list, tuple)):
             value = ",".join(map(str, value))
-        elif not isinstance(value, (str, int, float, bool)):
-            value = str(value)
+        elif not isinstance(value, (str, int, float, bool)):  # a loaded Profile: its file, else its kind
+            value = str(getattr(value, "path", None) or f"<{type(value).__name__}>")
         out[column(name)] = value
     return out
 
