@@ -432,6 +432,14 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
     stored row whose inputs changed is recomputed, with one warning per reason. Rows
     of another grid are never dropped silently: ConfigError (give another --out, or
     --overwrite to replace them)."""
+    for what in ("stages", "errors"):  # the files written beside the table: someone else's are kept
+        sibling = sibling_path(out, what)
+        sibling = sibling.with_suffix(".csv") if what == "errors" else sibling
+        if sibling.exists() and len(columns := read_table(sibling, allow_empty=True).columns) \
+                and "config_id" not in columns:
+            raise ConfigError(f"--out {str(out)!r}: {str(sibling)!r} holds a table that is not a perfsim "
+                              f"sweep's (no config_id column), which this sweep would replace; give another "
+                              f"--out, or --overwrite (resume=False) to replace it")
     stored: dict[str, dict] = {}
     for source, recs in (("its table", _records_from_table(out)),
                          (f"its interrupted sweep ({part.name})", _read_part(part))):

@@ -250,6 +250,21 @@ def test_a_table_that_is_not_a_sweeps_is_never_overwritten(tmp_path):
     assert len(run_sweep(GRID, empty, predict=fake_predict).summary) == len(table.summary)
 
 
+@pytest.mark.parametrize("what", ["stages", "errors"])
+def test_a_sibling_that_is_not_a_sweeps_is_never_overwritten(tmp_path, what):
+    """qa3: `perfsim sweep -o r.csv` replaced the user's own r.stages.csv with the per-stage
+    rows, and deleted the user's r.errors.csv (a stale errors table of an earlier grid is
+    removed), exit 0. A sibling without config_id is someone else's: refused, as the table is."""
+    out = tmp_path / "r.csv"
+    sibling = tmp_path / f"r.{what}.csv"
+    sibling.write_text("my,notes\n1,2\n")
+    with pytest.raises(ConfigError, match=f"r.{what}.csv.*not a perfsim sweep's"):
+        run_sweep(GRID, out, predict=fake_predict)
+    assert sibling.read_text() == "my,notes\n1,2\n" and not out.exists()
+    run_sweep(GRID, out, predict=fake_predict, resume=False)  # --overwrite: on purpose
+    assert not sibling.exists() or "config_id" in sibling.read_text()
+
+
 def test_pool_only_when_it_pays():
     from perfsim.analysis.sweep import POOL_STARTUP_S, use_pool
 
