@@ -79,6 +79,9 @@ def run(args) -> int:
     if args.trace:
         outputs.check_file_target(args.trace, "--trace")
     grid = _grid(args)
+    if outputs.is_stdio(args.trace) and (not args.output or len(grid) > 1):  # stdout holds one document
+        raise ConfigError("--trace '-': standard output " + ("is the result's (give --out FILE for it)"
+                          if not args.output else f"holds one trace, not the {len(grid)} of a grid (give --trace FILE)"))
     for i in range(len(grid) if args.trace else 0):
         outputs.check_not_input(_trace_path(args.trace, i, len(grid)), [*inputs, ("--out", args.output)], "--trace")
     results = []

@@ -1,5 +1,6 @@
 """One output writer and outputs that never clobber."""
 
+import json
 import os
 import shutil
 import stat
@@ -332,3 +333,20 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, argv, flag, culprit):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"perfsim {argv[0]}: error: {flag} ") and culprit in proc.stderr, proc.stderr
     assert {f: f.read_bytes() for f in tmp_path.iterdir()} == before  # every input as it was, nothing written
+
+
+def test_a_trace_on_standard_output_never_shares_it(tmp_path, monkeypatch):
+    """qa3: `predict --trace - --format json` wrote the trace and the result into one stdout
+    (two JSON documents back to back: jq fails), and a grid's `--trace -` wrote files named
+    `--0`, `--1`. `--trace -` is stdout only where nothing else goes there: one configuration
+    with `--out FILE`."""
+    monkeypatch.chdir(tmp_path)
+    base = ["predict", "--model", "gpt2-tiny", "--pp", "2"]
+    for extra in (["--format", "json"], [], ["-o", "-"], ["--bandwidth", "1Gbps,10Gbps", "-o", "r.json"]):
+        r = run_cli_here(*base, "--trace", "-", *extra)
+        assert r.returncode == 2 and r.stdout == "", (extra, r.stderr)
+        assert r.stderr.startswith("perfsim predict: error: --trace '-': ") and len(r.stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    r = run_cli_here(*base, "--trace", "-", "-o", "r.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["traceEvents"] and json.loads((tmp_path / "r.json").read_text())["summary"]
