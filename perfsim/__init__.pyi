@@ -47,6 +47,7 @@ def predict(
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
+    p2p_exchange: str = 'async',
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,
@@ -69,6 +70,7 @@ def predict(
     optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
+    grad_accumulation: str = 'fused',
     pp: int = 8,
     dp: int = 1,
     partition: str | Sequence[int] | None = None,
@@ -142,6 +144,8 @@ def predict(
             token-bucket depth of each link in bytes: bytes that leave at once after idling (Linux tbf burst), e.g. 50KB; 0 = fixed-rate link
         p2p_protocol (str, default 'eager'):
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
+        p2p_exchange (str, default 'async'):
+            async: a pipeline send leaves without waiting, a receive waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's exchanges, after each compute step one batch of its sends and the next step's receives, waited on to the end (combine with p2p_protocol=rendezvous for NCCL's large messages) (one of perfsim.schedules.P2P_EXCHANGES)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
         tcp_window (str | int, default 'auto'):
@@ -186,6 +190,8 @@ def predict(
             CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
+        grad_accumulation (str, default 'fused'):
+            weight-gradient accumulation per micro-batch: fused (in the GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops (one of perfsim.models.ops.GRAD_ACCUMULATION)
         pp (int, default 8):
             pipeline-parallel degree (stages)
         dp (int, default 1):
@@ -254,6 +260,7 @@ def sweep(
     nic_sharing: bool | list | None = None,
     link_burst: str | int | list | None = None,
     p2p_protocol: str | list | None = None,
+    p2p_exchange: str | list | None = None,
     p2p_control_latency: str | float | list | None = None,
     tcp_window: str | int | list | None = None,
     tcp_connections: int | list | None = None,
@@ -276,6 +283,7 @@ def sweep(
     optimizer: str | list | None = None,
     offload: str | list | None = None,
     cross_entropy: str | list | None = None,
+    grad_accumulation: str | list | None = None,
     pp: int | list | None = None,
     dp: int | list | None = None,
     partition: str | Sequence[int] | list | None = None,
@@ -359,6 +367,7 @@ def memory_report(
     nic_sharing: bool = True,
     link_burst: str | int = '0B',
     p2p_protocol: str = 'eager',
+    p2p_exchange: str = 'async',
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,
@@ -381,6 +390,7 @@ def memory_report(
     optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
+    grad_accumulation: str = 'fused',
     pp: int = 8,
     dp: int = 1,
     partition: str | Sequence[int] | None = None,

@@ -34,13 +34,14 @@ from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import GPUS, NODE_FABRIC, get_gpu, profile_gpu, value_precision
+from perfsim.hardware import BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_gpu, value_precision
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
 from perfsim.models.moe import Routing, check_routing
+from perfsim.models.ops import GradAccumulation
 from perfsim.models.tensor_parallel import shard_block_params
 from perfsim.network import load_topology
 from perfsim.partition import uniform_counts
@@ -211,7 +212,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            vocab_multiple=defaults.vocab_multiple,
                                            attention=strategy.attention, kernels=strategy.kernels,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
-                                           routing=Routing.of(strategy))
+                                           routing=Routing.of(strategy), grad_acc=_grad_accumulation(strategy))
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
                         arch=model.arch, rank_params=_rank_params(model, strategy.tp, strategy.ep), compute_source=source,
                         tied_values=model.tied_values)
@@ -233,6 +234,16 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                   intra_node_pcie=fabric.name.startswith("pcie"))
     system = System(topology=topology, gpu=gpu.name if gpu else None, **fields["system"])
     return workload, strategy, system, profile
+
+
+def _grad_accumulation(strategy: Strategy) -> GradAccumulation:
+    """How the strategy's micro-batches accumulate their weight gradients
+    (:class:`perfsim.models.ops.GradAccumulation`): its method, the replica's micro-batches, the
+    ``main_grad`` buffer's value size (the strategy's gradient precision) and ``param.grad``'s
+    (fp32 weights under autocast, ``kernels="eager"``; else the training precision's)."""
+    return GradAccumulation(strategy.grad_accumulation, strategy.num_microbatches,
+                            grad_bytes=BYTES_PER_VALUE[strategy.grad_dtype],
+                            weight_bytes=4 if strategy.kernels == "eager" else None)
 
 
 def check_transformer_only(model, strategy: Strategy) -> None:
@@ -316,7 +327,8 @@ def predict(**params) -> Result:
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
-    unused = unused_settings(params, strategy, result.summary, note_unused)
+    unused = unused_settings(params, strategy, result.summary, note_unused,
+                             operator_model=bool(system.gpu) and workload.arch is not None)
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))
     _warn_memory(result.summary, profile)
     _check_finite(result)
@@ -365,7 +377,7 @@ UNUSED = " unused: "
 
 
 def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[str, Any],
-                    explicit: bool = True) -> list[str]:
+                    explicit: bool = True, operator_model: bool = True) -> list[str]:
     """Settings given in ``params`` (not None) that this configuration does not use, each
     ``NAME VALUE unused: why`` (as ``a2a_compress`` with ep 1, :func:`model_facts`): a
     ``bandwidth`` beside a ``nic`` (the NICs give each node's links), an
@@ -373,8 +385,9 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     ``explicit`` (the caller set them itself, not a planner's candidate) also
     ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
     without ZeRO-3, data-parallel gradient settings with dp 1, pipeline compression with pp 1,
-    and ``tied_embedding sync``
-    where no tied LM head is synced (the engine's ``tied_bytes`` 0)."""
+    ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
+    ``grad_accumulation`` where no GPU operator model prices the compute (``operator_model`` False:
+    no GPU preset or not a transformer; its layer times come from a profile or FLOPs)."""
     given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
 
     def value(name: str) -> Any:  # as given, normalised (only for a note: predict's hot path)
@@ -406,6 +419,9 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
         notes.append(f"tied_embedding sync{UNUSED}no tied LM head on another device than its embedding "
                      "(tied_bytes 0)")
+    if "grad_accumulation" in given and not operator_model:
+        notes.append(f"grad_accumulation {value('grad_accumulation')}{UNUSED}no GPU operator model prices "
+                     "this compute (a transformer with --gpu does)")
     return notes
 
 

@@ -22,7 +22,9 @@ from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZER
 from perfsim.job import check_choice
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
+from perfsim.models.ops import GRAD_ACCUMULATION
 from perfsim.models.specs import LayerSpec
+from perfsim.schedules import P2P_EXCHANGES
 from perfsim.tcp import parse_tcp_window
 
 
@@ -143,6 +145,11 @@ class Strategy(Job):
     #: codec of the expert-parallel dispatch all-to-alls (perfsim.models.moe.parse_a2a_compress):
     #: ``none``, ``fp8`` (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3) or ``directq:BITS``
     a2a_compress: str = "none"
+    #: how the micro-batches accumulate their weight gradients in the GPU compute model
+    #: (perfsim.models.ops.GRAD_ACCUMULATION): ``fused`` (gradient accumulation fusion),
+    #: ``main-grad`` (Megatron's local DDP hook, every parameter every micro-batch) or
+    #: ``autograd`` (``param.grad +=``, every micro-batch after the first)
+    grad_accumulation: str = "fused"
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job)
@@ -153,6 +160,7 @@ class Strategy(Job):
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
+        check_choice(self, "grad_accumulation", GRAD_ACCUMULATION)
         _pos_float(self, "moe_capacity_factor", allow_none=True)
         _pos_int(self, "ep")
         if self.dp % self.ep:
@@ -214,6 +222,11 @@ class System:
     p2p_protocol: str = "eager"
     #: one-way latency of the rendezvous "ready" notice (s); None = the link latency
     p2p_control_latency_s: float | None = None
+    #: how a device waits on its pipeline messages (perfsim.schedules.P2P_EXCHANGES): ``async``
+    #: -- a send leaves without waiting, a receive waits before the compute that needs it;
+    #: ``blocking`` -- Megatron-LM's exchanges: after each compute step one batch of that step's
+    #: sends and the next step's receives, waited on to the end (perfsim.schedules.exchange_rows)
+    p2p_exchange: str = "async"
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None
     #: parameters per second a node's CPUs update with Adam for CPU offload (``Strategy.offload``;
@@ -264,6 +277,7 @@ class System:
         _pos_float(self, "link_burst_bytes", allow_zero=True)
         _pos_float(self, "p2p_control_latency_s", allow_zero=True, allow_none=True)
         check_choice(self, "p2p_protocol", P2P_PROTOCOLS)
+        check_choice(self, "p2p_exchange", P2P_EXCHANGES)
         _pos_float(self, "latency_s", allow_zero=True)
         _pos_int(self, "gpus_per_node")
         _pos_float(self, "intra_node_bandwidth_bps")

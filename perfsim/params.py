@@ -168,6 +168,11 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_protocol", "choice", "eager", "eager: a send starts at once (NCCL-like); "
           "rendezvous: once the receiver posted its receive (gloo over TCP)", "system",
           "system.p2p_protocol", choices="perfsim.link:P2P_PROTOCOLS"),
+    Param("p2p_exchange", "choice", "async", "async: a pipeline send leaves without waiting, a receive "
+          "waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's "
+          "exchanges, after each compute step one batch of its sends and the next step's receives, "
+          "waited on to the end (combine with p2p_protocol=rendezvous for NCCL's large messages)",
+          "system", "system.p2p_exchange", choices="perfsim.schedules:P2P_EXCHANGES"),
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
           "system.p2p_control_latency_s"),
@@ -250,6 +255,9 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
+    Param("grad_accumulation", "choice", "fused", "weight-gradient accumulation per micro-batch: fused (in the "
+          "GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops",
+          "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "

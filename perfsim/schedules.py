@@ -463,6 +463,75 @@ def with_comms(table: Table) -> list[list[Action]]:
     return rows
 
 
+#: how a device waits on its pipeline messages (``System.p2p_exchange``): ``async`` -- each
+#: send leaves without waiting and each receive waits right before the compute that needs it
+#: (isend/irecv: torch.distributed.pipelining, ``perfsim run``; :func:`with_comms`);
+#: ``blocking`` -- Megatron-LM's exchanges between compute steps (:func:`exchange_rows`)
+P2P_EXCHANGES = ("async", "blocking")
+
+
+def exchange_rows(table: Table) -> list[list]:
+    """Per device, its compute actions with Megatron-LM's blocking exchanges between them: each
+    exchange is a tuple of the communication actions of :func:`with_comms` that one
+    ``_communicate`` call moves -- the sends of the step before it and the receives of the step
+    after it -- and the device waits until all of them completed (one ``batch_isend_irecv``,
+    each request waited on, then ``torch.cuda.synchronize()``). A step is one compute action;
+    in an interleaved table, a forward directly followed by a backward is one step (Megatron's
+    steady state runs both, then ``send_forward_backward_recv_forward_backward``). Empty
+    exchanges are left out.
+
+    Source: NVIDIA/Megatron-LM ``megatron/schedules.py``
+    (``forward_backward_pipelining_with_interleaving``, ``..._without_interleaving``; stored
+    commit 1c3a1e6a09e198bd25dced268583ba538ad0f13a) and ``megatron/p2p_communication.py``
+    (``_communicate``; 46c74b4ca06a7794db1e2615544095535cdf12c2). Each interleaved exchange
+    holds exactly what Megatron's ``recv_prev`` / ``recv_next`` rules move in it (checked against
+    an independent implementation of those rules, ``tests/engine/megatron_interleaved.py``). Without
+    interleaving, as Megatron's 1F1B: ``send_forward_recv_backward`` after a forward that a
+    backward follows in its steady state, ``send_backward_recv_forward`` after a backward that a
+    forward follows, and otherwise (warm-up, cool-down, a device with no steady state when
+    ``m < p - d``) the send and the receive are two calls (``send_forward`` then ``recv_forward``)."""
+    pair = table.name == "interleaved-1f1b"
+    out = []
+    for d, row in enumerate(with_comms(table)):
+        recv_of: dict[Action, list[Action]] = {}
+        send_of: dict[Action, list[Action]] = {}
+        pending: list[Action] = []
+        last = None
+        for a in row:
+            if a.kind in (RECV_F, RECV_B):
+                pending.append(a)
+            elif a.kind in (SEND_F, SEND_B):
+                send_of[last].append(a)
+            else:
+                recv_of[a], send_of[a], pending, last = pending, [], [], a
+        steps: list[list[Action]] = []
+        for a in table.rows[d]:
+            if (pair and a.kind == BACKWARD and steps and len(steps[-1]) == 1
+                    and steps[-1][0].kind == FORWARD):
+                steps[-1].append(a)
+            else:
+                steps.append([a])
+        new: list = []
+        sends: list[Action] = []
+        before = None  # the previous step's kind
+        steady = table.num_microbatches > table.num_devices - 1 - d  # 1F1B: more than its warm-up
+        for step in steps:
+            recvs = [r for a in step for r in recv_of[a]]
+            # Megatron's 1F1B: send_forward, then recv_forward (likewise backward); a forward and
+            # the backward after it share one call only in its steady state
+            if not pair and (before == step[0].kind or (before == FORWARD and not steady)):
+                new.extend(ex for ex in (tuple(sends), tuple(recvs)) if ex)
+            elif sends or recvs:
+                new.append(tuple(sends + recvs))
+            new.extend(step)
+            sends = [x for a in step for x in send_of[a]]
+            before = step[-1].kind
+        if sends:
+            new.append(tuple(sends))
+        out.append(new)
+    return out
+
+
 def comm_channel(a: Action) -> tuple[int, str]:
     """The directed boundary a communication action uses: ``(boundary, "F"|"B")`` where
     boundary ``k`` lies between stages ``k`` and ``k+1``."""

@@ -36,6 +36,10 @@ padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``)
 ``--straggler-cv X`` predicts every row with ``straggler_cv = X`` (params.PARAMS; the
 expected slowest of the row's GPUs, perfsim.engine.sync_wait), in the fit and in the
 evaluation; the validation error is also printed by GPU count (2 / 4 / 8).
+``--grad-accumulation M`` predicts every row with ``grad_accumulation = M`` (params.PARAMS;
+perfsim.models.ops.GradAccumulation: ``fused``, the default, ``main-grad`` or ``autograd`` --
+how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation per
+micro-batch"), in the fit and in the evaluation.
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ def padded_vocab(tp: int, vocab: int = 50257, multiple: int = 128) -> int:
 
 #: ``straggler_cv`` every row is predicted with (``--straggler-cv``; params.PARAMS's default: 0)
 STRAGGLER_CV = 0.0
+#: ``grad_accumulation`` every row is predicted with (``--grad-accumulation``; params.PARAMS's default)
+GRAD_ACCUMULATION = "fused"
 
 
 def predict_row(row: dict) -> float:
@@ -99,10 +105,14 @@ def predict_row(row: dict) -> float:
 
     model = (f"gpt:layers={row['layers']},hidden={row['hidden']},heads={row['heads']},"
              f"seq={row['seq']},vocab={padded_vocab(row['tp'])}")
+    # only the switches given: a caller's functools.partial of predict (megatron_open_data.py
+    # --single-node --set ...) sets the others
+    switched = {k: v for k, v, default in (("straggler_cv", STRAGGLER_CV, 0.0),
+                                           ("grad_accumulation", GRAD_ACCUMULATION, "fused")) if v != default}
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
-                overlap=False, grad_buffer="contiguous", allow_oom=True, straggler_cv=STRAGGLER_CV)
+                overlap=False, grad_buffer="contiguous", allow_oom=True, **switched)
     return r.summary["iteration_s"]
 
 
@@ -185,13 +195,17 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
     ap.add_argument("--straggler-cv", type=float, default=0.0, metavar="X",
                     help="predict (fit and evaluate) every row with straggler_cv X (default 0: off)")
+    ap.add_argument("--grad-accumulation", default="fused", metavar="M",
+                    help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
+                         "main-grad or autograd")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
                                     "(default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
     from perfsim.errors import ConfigError
 
-    global STRAGGLER_CV
+    global STRAGGLER_CV, GRAD_ACCUMULATION
     STRAGGLER_CV = args.straggler_cv
+    GRAD_ACCUMULATION = args.grad_accumulation
     path = data_path()
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
@@ -201,9 +215,9 @@ def main(argv=None) -> int:
 
     rows = load_rows(path)
     try:
-        predict_row(rows[0])  # System checks straggler_cv's range
+        predict_row(rows[0])  # System checks straggler_cv's range, Strategy grad_accumulation's choices
     except ConfigError as exc:
-        print(f"--straggler-cv: {exc}", file=sys.stderr)
+        print(f"--straggler-cv / --grad-accumulation: {exc}", file=sys.stderr)
         return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
     print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
@@ -242,7 +256,8 @@ def main(argv=None) -> int:
           f"held out {mape(legacy_held)[0]:.2f} %")
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
-    print(f"validation by GPU count (straggler_cv {STRAGGLER_CV:g}): {by_gpus(by['validation'])}")
+    print(f"validation by GPU count (straggler_cv {STRAGGLER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}): "
+          f"{by_gpus(by['validation'])}")
     if args.held_out:
         print(f"held-out configurations:    {summary(by['held-out'])}")
     if args.table:

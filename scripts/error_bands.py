@@ -6,7 +6,8 @@ coverage from the HELD-OUT part:
 
 * ``gpu:ampere``: ../shared/data/a100-single-node (1440 Megatron-DeepSpeed runs on one
   8 x A100 node), split as scripts/calibrate_a100.py splits it (calibration configurations fit
-  the curve; validation -> band; held-out -> coverage).
+  the curve; validation -> band; held-out -> coverage, only with ``--held-out``: read once, at
+  the end).
 * ``gpu:hopper``: whole single-GPU training steps on an H200 and an H100 measured by
   scripts/gpu_step_bench.py (traces/gpu/*-steps-*.csv; eager PyTorch, so predicted with its host
   time per operator, 25 us -- docs/gpu.md), each priced by its own GPU's curve.
@@ -17,9 +18,18 @@ Rows of the last two are split by the SHA-256 of their configuration (the grid a
 configuration columns): even first byte -> validation, odd -> held out.
 * ``transfer``: the largest change of a row's error when an H100 step is priced with the H200's
   curve instead of the H100's own: how much a borrowed curve adds.
+* ``extrapolation``: how a band widens for a job larger than any its curve was fitted to. The
+  A100 curve refitted on the 2-GPU and on the 2-4-GPU calibration configurations only
+  (:data:`SMALL_FITS`, ``--refit``) prices the validation configurations; candidates (E: the
+  refits' band growth per doubling; S: the code curve's band growth with GPU count; P: a 4 % GPU
+  speed spread, Sinha et al., arXiv:2208.11035; 0: none) are scored by their coverage of 8-GPU
+  validation rows and the rule of docs/validation.md ("An error bar beyond the data's largest
+  job", written before any figure) picks one (:func:`extrapolation`).
 
-    python scripts/error_bands.py           # write the file, print bands and coverage
-    python scripts/error_bands.py --check   # print only; exit 1 if the stored file differs
+    python scripts/error_bands.py              # write the file, print bands and validation figures (~20 s)
+    python scripts/error_bands.py --check      # print only; exit 1 if the stored file differs
+    python scripts/error_bands.py --held-out   # ... and the held-out coverages (once, at the end)
+    python scripts/error_bands.py --refit      # recompute SMALL_FITS (~8 minutes)
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import json
 import math
 import sys
 import tempfile
+from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,11 +75,52 @@ def coverage(errors: list[float], q10: float, q90: float) -> float:
     return sum(q10 <= e <= q90 for e in errors) / len(errors)
 
 
-def a100() -> tuple[list[float], list[float]]:
+@lru_cache(maxsize=None)
+def a100(split: str, fields: tuple[float, ...] | None = None) -> tuple[tuple[int, float], ...]:
+    """(GPU count, signed error) of every A100 row of configuration ``split``, priced by the code's
+    curve, or by the curve with ``fields`` (calibrate_a100.FIELDS order, fit units) if given."""
+    from perfsim.hardware import GPUS
+
     cal = _script("calibrate_a100")
-    rows = cal.load_rows(cal.data_path())
-    return (cal.errors([r for r in rows if r["split"] == "validation"]),
-            cal.errors([r for r in rows if r["split"] == "held-out"]))
+    rows = [r for r in cal.load_rows(cal.data_path()) if r["split"] == split]
+    saved = GPUS[cal.A100]
+    try:
+        if fields is not None:
+            cal.set_curve(fields)
+        return tuple(zip((r["gpus"] for r in rows), cal.errors(rows)))
+    finally:
+        GPUS[cal.A100] = saved
+
+
+#: the neutral start of the refits below (docs/validation.md, gpuvar: not the code's curve,
+#: which has seen 8-GPU jobs), in calibrate_a100.FIELDS order and fit units
+NEUTRAL_START = (0.80, 100, 0.70, 10, 20, 20, 0.85)
+#: the A100 curve refitted on the calibration configurations of at most N GPUs
+#: (``python scripts/error_bands.py --refit`` recomputes and prints them; FIELDS order, fit units)
+SMALL_FITS = {
+    2: (0.897394, 0.00843, 0.785626, 61.73852, 41.399371, 3.667081, 0.832362),
+    4: (0.88666, 0.0, 0.758642, 61.72701, 99.702567, 0.0, 0.750003),
+}
+
+
+def refit(max_gpus: int, iters: int = 300) -> tuple[float, ...]:
+    """The A100 curve fitted as scripts/calibrate_a100.py fits it (bounded Nelder-Mead on the
+    calibration MAPE), on the calibration configurations of at most ``max_gpus`` GPUs only,
+    from :data:`NEUTRAL_START`."""
+    from scipy.optimize import minimize
+
+    cal = _script("calibrate_a100")
+    rows = [r for r in cal.load_rows(cal.data_path()) if r["split"] == "calibration" and r["gpus"] <= max_gpus]
+    bounds = cal.fit_bounds()
+    x0 = [min(hi, max(lo, v)) for v, (lo, hi) in zip(NEUTRAL_START, bounds)]
+
+    def loss(x):
+        cal.set_curve(x)
+        return cal.mape(rows)[0]
+
+    res = minimize(loss, x0, method="Nelder-Mead", bounds=bounds,
+                   options=dict(maxiter=iters, xatol=1e-3, fatol=1e-3))
+    return tuple(round(float(v), 6) for v in res.x)
 
 
 def steps(files: list[str], gpu: str) -> list[tuple[str, float]]:
@@ -116,7 +169,111 @@ def band(errors: list[float], basis: str, max_gpus: int) -> dict:
             "rows": len(errors), "basis": basis, "max_gpus": max_gpus}
 
 
-def build() -> tuple[dict, list[str]]:
+def per_doubling(inside: list[float], outside: list[float], d: float) -> tuple[float, float]:
+    """How far the band of ``outside`` (rows ``d`` doublings beyond the fit's largest job) lies
+    beyond the band of ``inside``, per doubling: (q10 shift down, q90 shift up), each >= 0."""
+    lo_in, hi_in = conformal_bounds(inside)
+    lo_out, hi_out = conformal_bounds(outside)
+    return max(0.0, (lo_in - lo_out) / d), max(0.0, (hi_out - hi_in) / d)
+
+
+def _where(errs: Sequence[tuple[int, float]], gpus) -> list[float]:
+    return [e for g, e in errs if g in gpus]
+
+
+def _mean(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    return sum(p[0] for p in pairs) / len(pairs), sum(p[1] for p in pairs) / len(pairs)
+
+
+def extrapolation(code: Sequence[tuple[int, float]], fit_a: Sequence[tuple[int, float]],
+                  fit_b: Sequence[tuple[int, float]]) -> tuple[dict, list[str]]:
+    """The widening beyond a band's largest job, by the rule of docs/validation.md ("An error bar
+    beyond the data's largest job", written before any figure): candidates E, S, P and 0 scored
+    on check sets C1, C2 of the A100 validation configurations; the chosen one's production rule.
+    ``code``, ``fit_a``, ``fit_b``: (GPU count, error) of the validation rows priced by the code's
+    curve, by the curve fitted on 2-GPU and on 2-4-GPU calibration configurations."""
+    from perfsim.engine.uncertainty import COVERAGE, extrapolation_widening, widened
+
+    e_rate = per_doubling(_where(fit_a, {2}), _where(fit_a, {4}), 1)
+    s_rate = per_doubling(_where(code, {2}), _where(code, {4}), 1)
+    variants = {"E": {"kind": "per-doubling", "lo": e_rate[0], "hi": e_rate[1]},
+                "S": {"kind": "per-doubling", "lo": s_rate[0], "hi": s_rate[1]},
+                "P": {"kind": "speed-spread", "sigma": 0.04},
+                "0": {"kind": "none"}}
+    checks = {"C1": (_where(fit_b, {2, 4}), _where(fit_b, {8}), 4),
+              "C2": (_where(fit_a, {2}), _where(fit_a, {8}), 2)}
+    report, scored = [], {}
+    for label, errs in (("code's curve", code), ("fit on 2 GPUs (A)", fit_a), ("fit on 2-4 GPUs (B)", fit_b)):
+        parts = []
+        for gpus in ({2}, {4}, {8}, {2, 4}):
+            x = _where(errs, gpus)
+            lo, hi = conformal_bounds(x)
+            parts.append(f"{'-'.join(map(str, sorted(gpus)))}: {100 * lo:+.1f} / {100 * hi:+.1f} "
+                         f"(mean {100 * sum(x) / len(x):+.2f}, {len(x)})")
+        report.append(f"A100 validation band q10 / q90 % (mean signed, rows) by GPU count, {label}: "
+                      + "; ".join(parts) + f"; all rows MAPE {100 * sum(abs(e) for _, e in errs) / len(errs):.2f} %")
+    for label, rate in (("A 2 -> 4", e_rate), ("A 2 -> 8", per_doubling(_where(fit_a, {2}), _where(fit_a, {8}), 2)),
+                        ("B 2-4 -> 8", per_doubling(_where(fit_b, {2, 4}), _where(fit_b, {8}), 1)),
+                        ("code 2 -> 4", s_rate),
+                        ("code 4 -> 8", per_doubling(_where(code, {4}), _where(code, {8}), 1))):
+        report.append(f"per doubling, {label}: q10 -{100 * rate[0]:.2f} / q90 +{100 * rate[1]:.2f} points")
+    for name, rule in variants.items():
+        covs, widths = [], []
+        for inside, outside, n_max in checks.values():
+            q10, q90 = widened(*conformal_bounds(inside), *extrapolation_widening(8, n_max, rule))
+            covs.append(coverage(outside, q10, q90))
+            widths.append(1 / (1 + q10) - 1 / (1 + q90))
+        score = sum(abs(c - COVERAGE) for c in covs) / len(covs)
+        scored[name] = (score, sum(widths) / len(widths))
+        report.append(f"extrapolation variant {name} ({_describe(rule)}): coverage C1 {100 * covs[0]:.0f} %, "
+                      f"C2 {100 * covs[1]:.0f} % of {len(checks['C1'][1])} / {len(checks['C2'][1])} rows; "
+                      f"score {100 * score:.1f} points; mean width {100 * scored[name][1]:.1f} % of T")
+    best = min(s for s, _ in scored.values())
+    chosen = min((n for n, (s, _) in scored.items() if s <= best + 0.02), key=lambda n: scored[n][1])
+    if chosen == "E":
+        lo, hi = _mean([e_rate, per_doubling(_where(fit_a, {2}), _where(fit_a, {8}), 2),
+                        per_doubling(_where(fit_b, {2, 4}), _where(fit_b, {8}), 1)])
+        rule = {"kind": "per-doubling", "lo": lo, "hi": hi}
+        basis = "the A100 band's growth per doubling beyond the largest job of curves refitted without the larger jobs"
+    elif chosen == "S":
+        lo, hi = _mean([s_rate, per_doubling(_where(code, {4}), _where(code, {8}), 1)])
+        rule = {"kind": "per-doubling", "lo": lo, "hi": hi}
+        basis = "the A100 band's growth from 2- to 4- and 4- to 8-GPU validation jobs, per doubling"
+    elif chosen == "P":
+        rule, basis = dict(variants["P"]), "a 4 % GPU speed spread (Sinha et al., arXiv:2208.11035)"
+    else:
+        rule, basis = {"kind": "none"}, "no widening measured"
+    rule = {k: round(v, 4) if isinstance(v, float) else v for k, v in rule.items()}
+    report.append(f"extrapolation: chose {chosen}: {_describe(rule)}")
+    return {**rule, "variant": chosen, "basis": basis + " (docs/validation.md)"}, report
+
+
+def extrapolation_coverage(rule: dict, split: str) -> list[str]:
+    """The coverage of the widened interval on the 8-GPU rows of configuration ``split``, for each
+    refit: its band from its in-range VALIDATION rows, widened by ``rule`` for 8 GPUs. With
+    ``split="held-out"`` (``--held-out``, once, at the end) these rows took no part in the choice."""
+    from perfsim.engine.uncertainty import extrapolation_widening, widened
+
+    lines = []
+    for n_max, inside in ((4, {2, 4}), (2, {2})):
+        band_rows = _where(a100("validation", SMALL_FITS[n_max]), inside)
+        out = _where(a100(split, SMALL_FITS[n_max]), {8})
+        q10, q90 = widened(*conformal_bounds(band_rows), *extrapolation_widening(8, n_max, rule))
+        lines.append(f"extrapolated coverage, curve fitted on {n_max} GPUs at most, 8-GPU {split} rows: "
+                     f"{100 * coverage(out, q10, q90):.0f} % of {len(out)} (band q10 {100 * q10:+.1f} / "
+                     f"q90 {100 * q90:+.1f} %)")
+    return lines
+
+
+def _describe(rule: dict) -> str:
+    if rule["kind"] == "per-doubling":
+        return f"q10 -{100 * rule['lo']:.2f} / q90 +{100 * rule['hi']:.2f} points per doubling"
+    if rule["kind"] == "speed-spread":
+        return f"speed spread sigma {rule['sigma']:.0%}"
+    return "none"
+
+
+def build(held_out: bool = False) -> tuple[dict, list[str]]:
     from dataclasses import replace
 
     from perfsim.hardware import GPUS
@@ -127,12 +284,14 @@ def build() -> tuple[dict, list[str]]:
     def add(key, val, held, basis, max_gpus):
         sources[key] = band(val, basis, max_gpus)
         b = sources[key]
-        cov = coverage(held, b["q10"], b["q90"]) if held else float("nan")
+        cov = (f"held-out coverage {100 * coverage(held, b['q10'], b['q90']):.0f} % of {len(held)} rows"
+               if held else "held-out not evaluated: --held-out")
         report.append(f"{key:22s} q10 {100 * b['q10']:+6.1f} %  q90 {100 * b['q90']:+6.1f} %  "
-                      f"({b['rows']} validation rows; held-out coverage {100 * cov:.0f} % of {len(held)} rows)")
+                      f"({b['rows']} validation rows; {cov})")
 
-    v, h = a100()
-    add("gpu:ampere", v, h, "Megatron-DeepSpeed GPT on one 8 x A100 node, validation configurations "
+    code = a100("validation")
+    h = [e for _, e in a100("held-out")] if held_out else []
+    add("gpu:ampere", [e for _, e in code], h, "Megatron-DeepSpeed GPT on one 8 x A100 node, validation configurations "
         "(scripts/calibrate_a100.py)", 8)
     h200 = steps(["h200-steps-megatron-2026-11-26.csv", "h200-steps-flash-2026-11-26.csv"], "h200")
     h100 = steps(["h100-steps-2026-11-26.csv"], "h100")
@@ -150,7 +309,11 @@ def build() -> tuple[dict, list[str]]:
     v, h = cpu_grids()
     add("profile", v, h, "perfsim run on CPU (gloo) against its calibrated profile, validation grids "
         "(traces/validation)", 2)
-    data = {"coverage": 0.8, "sources": sources,
+    rule, lines = extrapolation(code, a100("validation", SMALL_FITS[2]), a100("validation", SMALL_FITS[4]))
+    report += lines
+    if held_out:
+        report += extrapolation_coverage(rule, "held-out")
+    data = {"coverage": 0.8, "sources": sources, "extrapolation": rule,
             "transfer": {"error": round(widen, 4),
                          "basis": "H100 steps priced with the H200 curve instead of the H100's own"},
             "made_by": "python scripts/error_bands.py"}
@@ -160,8 +323,18 @@ def build() -> tuple[dict, list[str]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="print only; exit 1 if the stored file differs")
+    ap.add_argument("--held-out", action="store_true",
+                    help="also measure the A100 band's and the extrapolation's coverage on the held-out "
+                         "configurations (once, at the end)")
+    ap.add_argument("--refit", action="store_true",
+                    help="refit the A100 curve on the 2- and on the 2-4-GPU calibration configurations "
+                         "and print SMALL_FITS (minutes)")
     args = ap.parse_args(argv)
-    data, report = build()
+    if args.refit:
+        for n in sorted(SMALL_FITS):
+            print(f"    {n}: {refit(n)},", flush=True)
+        return 0
+    data, report = build(args.held_out)
     print("\n".join(report))
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     if args.check:

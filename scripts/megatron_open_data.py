@@ -20,7 +20,11 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
     python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
-    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM 2021's interleaved p2p order
+    python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM's blocking p2p exchanges
+    python scripts/megatron_open_data.py --exact-kernels          # every kernel of a layer, bytes as its code moves them
+    python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
+    python scripts/megatron_open_data.py --exact-kernels --refit  # refit the A100 curve with them first (~5-10 min)
+    python scripts/megatron_open_data.py --exact-items            # each exact item alone, on the p = 1 rows
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -164,6 +168,10 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
     ("p2p rendezvous", dict(p2p_protocol="rendezvous"),
      "Megatron-LM's 2021 p2p waits on its batch_isend_irecv requests, then torch.cuda.synchronize(): "
      "a boundary moves once the receiver has posted its receive (NCCL p2p runs a kernel on both ends)"),
+    ("blocking p2p exchanges", dict(p2p_exchange="blocking", p2p_protocol="rendezvous"),
+     "Megatron-LM 2021 runs each compute step, then one batch_isend_irecv of its sends and the next step's "
+     "receives, waited on, then torch.cuda.synchronize() (perfsim.schedules.exchange_rows); messages of "
+     "more than NCCL's buffer move once the receiver is in its own exchange"),
     ("stage balance: partition by compute", dict(partition="balanced"),
      "the uniform split charges the head on the last stage; balanced moves blocks off it"),
     ("host time per operator at its bound", dict(host_overhead="80us"),
@@ -172,6 +180,12 @@ CANDIDATES: tuple[tuple[str, dict, str], ...] = (
      "1 % speed spread between GPUs (Sinha et al., arXiv:2208.11035, report up to 8 % ranges)"),
     ("NCCL protocols", dict(collective_model="nccl"),
      "the message-size curve of NCCL's tuner (src/graph/tuning.cc)"),
+    ("no gradient accumulation fusion (2021)", dict(grad_accumulation="autograd"),
+     "each micro-batch's fp16 weight gradients added into param.grad, 6 bytes per parameter after the first "
+     "micro-batch: the data file's configuration.grad_accumulation (fusion came to Megatron-LM in 2022)"),
+    ("TP all-reduce at 200 GB/s busbw", dict(intra_node_bandwidth="200GB/s"),
+     "nccl-tests all_reduce_perf on other A100 NVLink nodes: ~200 GB/s on an 8 x A100-SXM4-80GB HGX "
+     "(NVIDIA/nccl-tests#149), 208 GB/s on an NV12 pair (#178); the single-node data's node: 229"),
 )
 
 
@@ -213,70 +227,84 @@ def bubble(r: dict) -> float:
     return (r["pp"] - 1) / (m * r["run_virtual_stages"])
 
 
-def batched_rows(rows: list[list]) -> list[list]:
-    """Communication rows (:func:`perfsim.schedules.with_comms`) in the order of Megatron-LM's 2021
-    interleaved steady state: each step runs one forward and one backward, then a single
-    ``send_forward_backward_recv_forward_backward`` (``forward_backward_pipelining_with_interleaving``):
-    the forward's output leaves only after the step's backward, and the next step's input and
-    gradient are received before its forward. Each F directly followed by a B becomes ``RECV_F
-    RECV_B F B SEND_F SEND_B``; warm-up and cool-down keep their order."""
-    from perfsim.schedules import BACKWARD, FORWARD, RECV_B, RECV_F, SEND_B, SEND_F
-
-    out = []
-    for row in rows:
-        items, pre = [], []  # (receives before, compute action, sends after)
-        for a in row:
-            if a.kind in (RECV_F, RECV_B):
-                pre.append(a)
-            elif a.kind in (SEND_F, SEND_B):
-                items[-1][2].append(a)
-            else:
-                items.append((pre, a, []))
-                pre = []
-        new, i = [], 0
-        while i < len(items):
-            (p1, a1, s1), nxt = items[i], items[i + 1] if i + 1 < len(items) else None
-            if a1.kind == FORWARD and nxt is not None and nxt[1].kind == BACKWARD:
-                new += p1 + nxt[0] + [a1, nxt[1]] + s1 + nxt[2]
-                i += 2
-            else:
-                new += p1 + [a1] + s1
-                i += 1
-        out.append(new)
-    return out
-
-
 @contextlib.contextmanager
-def batched_exchange():
-    """Predictions inside run interleaved tables with :func:`batched_rows` (an experiment of this
-    script: the engine's plan reads ``perfsim.engine.plan.with_comms``, swapped here and restored)."""
-    import perfsim.engine.plan as eplan
+def exact_kernels():
+    """Predictions inside price each transformer block with every kernel Megatron-LM's layer
+    launches and the bytes each really moves (:func:`perfsim.models.ops.block_ops` ``exact``: the
+    QKV bias add, the context copy, bias gradients, residual-gradient sums, one-pass dropout
+    backwards, the causal softmax's triangle, LayerNorm's five-pass backward). An experiment of
+    this script: the engine reads ``perfsim.engine.compute.block_ops``, swapped here and restored."""
+    import perfsim.engine.compute as compute
 
-    plain = eplan.with_comms
-
-    def rows(table):
-        out = plain(table)
-        return batched_rows(out) if table.name == "interleaved-1f1b" else out
-
-    eplan.with_comms = rows
+    plain = compute.block_ops
+    compute.block_ops = functools.partial(plain, exact=True)
     try:
         yield
     finally:
-        eplan.with_comms = plain
+        compute.block_ops = plain
 
 
-def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, float, float]]:
+#: the items of :func:`perfsim.models.ops.block_ops` ``exact``, each by the kernels it adds or restates
+EXACT_ITEMS: tuple[tuple[str, frozenset], ...] = tuple((label, frozenset(names)) for label, names in (
+    ("QKV bias add", ("qkv_bias",)),
+    ("context copy", ("context_copy",)),
+    ("row-parallel bias gradients", ("proj_bias_grad", "mlp_down_bias_grad")),
+    ("residual-gradient sums", ("norm1_input_grad_accumulate", "norm2_input_grad_accumulate")),
+    ("LayerNorm five-pass backward", ("norm1", "norm2")),
+    ("bias-dropout-add one-pass backward", ("dropout_residual1", "dropout_residual2")),
+    ("attention dropout one-pass backward", ("attn_dropout",)),
+    ("causal softmax's triangle", ("softmax",)),
+))
+
+
+@contextlib.contextmanager
+def exact_item(names: frozenset):
+    """Like :func:`exact_kernels`, for one item only: the default block with the exact list's kernels
+    named ``names`` substituted (restated) or added."""
+    import perfsim.engine.compute as compute
+
+    plain = compute.block_ops
+
+    def block(*a, **k):
+        exact = {op.name: op for op in plain(*a, **k, exact=True)}
+        ops = [exact[op.name] if op.name in names else op for op in plain(*a, **k)]
+        return ops + [exact[n] for n in sorted(names) if n in exact and n not in {op.name for op in ops}]
+
+    compute.block_ops = block
+    try:
+        yield
+    finally:
+        compute.block_ops = plain
+
+
+def calibrate_module():
+    """``scripts/calibrate_a100.py`` as a module (its rows, splits, predictions and fit)."""
+    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
+    cal = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cal)
+    return cal
+
+
+def refit(exact: bool = False, every: int = 2, iters: int = 150) -> int:
+    """Refit the A100 curve as ``python scripts/calibrate_a100.py --every 2 --iters 150`` does (bounded
+    Nelder-Mead on the calibration configurations, from the curve in the code; its validation
+    split printed, never the held-out one), every block priced by :func:`exact_kernels` where
+    ``exact``. The fitted curve stays on the ``a100-sxm4-80gb`` preset for this process (that
+    script's ``set_curve``), so what is predicted next uses it. Its exit status."""
+    with exact_kernels() if exact else contextlib.nullcontext():
+        return calibrate_module().main(["--every", str(every), "--iters", str(iters)])
+
+
+def single_node_effect(extra: dict, every: int = 1, exact: bool = False) -> list[tuple[str, int, float, float]]:
     """Does a mechanism switched on for this table worsen the single-node A100 data? Per split of
     ``scripts/calibrate_a100.py`` (calibration and validation; never the held-out one): (split,
     rows, MAPE % as that script predicts them, MAPE % with the predict keywords ``extra`` added).
     The rows are predicted by that script's own ``predict_row`` (one description of how they ran),
-    its ``perfsim.api.predict`` given ``extra`` for the second pass; ``every``: every Nth row of
-    each split only. Empty without the data."""
+    its ``perfsim.api.predict`` given ``extra`` for the second pass (``exact``: also inside
+    :func:`exact_kernels`); ``every``: every Nth row of each split only. Empty without the data."""
     import perfsim.api as api
 
-    spec = importlib.util.spec_from_file_location("calibrate_a100", ROOT / "scripts" / "calibrate_a100.py")
-    cal = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cal)
+    cal = calibrate_module()
     path = cal.data_path()
     if path is None:
         return []
@@ -288,7 +316,8 @@ def single_node_effect(extra: dict, every: int = 1) -> list[tuple[str, int, floa
         plain = api.predict
         api.predict = functools.partial(plain, **extra)  # predict_row imports it when called
         try:
-            switched = cal.errors(part)
+            with exact_kernels() if exact else contextlib.nullcontext():
+                switched = cal.errors(part)
         finally:
             api.predict = plain
         out.append((split, len(part), 100 * sum(map(abs, base)) / len(base),
@@ -322,7 +351,15 @@ def main(argv=None) -> int:
     ap.add_argument("--candidates", action="store_true",
                     help="switch on each candidate mechanism alone (CANDIDATES)")
     ap.add_argument("--batched-exchange", action="store_true",
-                    help="interleaved rows exchange their p2p once per step, as Megatron-LM 2021 (batched_rows)")
+                    help="Megatron-LM's blocking p2p exchanges, one batch per compute step (the same as "
+                         "--set p2p_exchange=blocking; perfsim.schedules.exchange_rows)")
+    ap.add_argument("--exact-kernels", action="store_true",
+                    help="every kernel of a block with the bytes it really moves (exact_kernels)")
+    ap.add_argument("--exact-items", action="store_true",
+                    help="instead: each item of --exact-kernels alone, its effect on the p = 1 rows (EXACT_ITEMS)")
+    ap.add_argument("--refit", action="store_true",
+                    help="first refit the A100 curve on the single-node calibration configurations with the "
+                         "same kernels (refit: calibrate_a100.py --every 2 --iters 150), then predict with it")
     ap.add_argument("--single-node", action="store_true",
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
@@ -330,23 +367,29 @@ def main(argv=None) -> int:
     try:
         mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
         extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
+        if args.batched_exchange:
+            extra.setdefault("p2p_exchange", "blocking")
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
     if args.single_node:
-        res = single_node_effect(extra)
+        res = single_node_effect(extra, exact=args.exact_kernels)
         if not res:
             print("megatron_open_data: no single-node A100 data (scripts/calibrate_a100.py: data_path)", file=sys.stderr)
             return 2
         for split, n, before, after in res:
             print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
-                  f"{after:.2f} % with {extra}")
+                  f"{after:.2f} % with {extra}" + (" and exact kernels" if args.exact_kernels else ""))
         return 0
     from perfsim.errors import ConfigError
 
+    if args.refit:
+        status = refit(args.exact_kernels)
+        if status:
+            return status
     doc, rows = load()
     try:
-        with batched_exchange() if args.batched_exchange else contextlib.nullcontext():
+        with exact_kernels() if args.exact_kernels else contextlib.nullcontext():
             return _report(doc, rows, mbs, args, extra)
     except ConfigError as exc:
         print(f"megatron_open_data: {exc}", file=sys.stderr)
@@ -354,6 +397,8 @@ def main(argv=None) -> int:
 
 
 def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
+    if args.exact_items:
+        return _print_exact_items(doc, [r for r in rows if r["pp"] == 1])
     if args.candidates:
         return _print_candidates(doc, rows, mbs[0], args.assumed)
     print(f"{doc['name']} -- {doc['source'].split(',')[0]}, {len(rows)} rows; error = (predicted - measured) / "
@@ -362,7 +407,8 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         res = evaluate(doc, rows, mb, args.schedule, args.ddp, args.assumed, **extra)
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
                 "as stated (examples/sc21/run_table_1.sh)") + \
-            (", interleaved p2p batched once per step" if args.batched_exchange else "") + "".join(
+            (", every kernel with its exact bytes" if args.exact_kernels else "") + \
+            (", the A100 curve refitted with them" if args.refit else "") + "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))
@@ -384,6 +430,20 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         print(f"MAPE {m:.1f} %, mean signed error {s:+.1f} % ({sum(r['error'] < 0 for r in res)} of {len(res)} "
               f"rows too fast); worst row {w['params_b']}B {100 * w['error']:+.1f} %; the 80 % interval holds "
               f"{sum(held)} of {len(held)} measurements")
+    return 0
+
+
+def _print_exact_items(doc: dict, rows: list[dict]) -> int:
+    base = evaluate(doc, rows)
+    print("each item of block_ops(exact=True) alone (the rest as the default lists it): points of signed "
+          "error it adds, per row")
+    print("| item | " + " | ".join(f"{r['params_b']}B t={r['tp']}" for r in base) + " |")
+    print("| --- |" + " ---: |" * len(base))
+    print("| default (signed error) | " + " | ".join(f"{100 * r['error']:+.2f} %" for r in base) + " |")
+    for label, names in EXACT_ITEMS:
+        with exact_item(names):
+            res = evaluate(doc, rows)
+        print(f"| {label} | " + " | ".join(f"{100 * (r['error'] - b['error']):+.2f}" for r, b in zip(res, base)) + " |")
     return 0
 
 

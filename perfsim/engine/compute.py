@@ -55,7 +55,7 @@ from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
 from perfsim.job import OPTIMIZERS
 from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
-from perfsim.models.ops import FP8_GEMMS, Op, block_ops, embed_ops, head_ops
+from perfsim.models.ops import FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
 PROFILE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -201,7 +201,8 @@ def misaligned(op: Op, bpv: int) -> bool:
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
                       curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
-                      routing=None, kernels: str = "fused") -> tuple[list[float], list[float]]:
+                      routing=None, kernels: str = "fused", grad_acc: GradAccumulation | None = None
+                      ) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
@@ -209,7 +210,10 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     block and the head (final norm, LM head, loss; the embedding stays :func:`embed_ops`) as the
     kernels eager PyTorch launches under autocast / with half-precision weights
     (:func:`perfsim.models.eager.eager_block_ops`, ``eager_head_ops``; each at least ``kernel_s``:
-    the host issues every one)."""
+    the host issues every one). ``grad_acc``: how the micro-batches accumulate their weight
+    gradients (:class:`perfsim.models.ops.GradAccumulation`; None: gradient accumulation fusion),
+    backward-only bytes of every layer (:func:`perfsim.models.ops.block_grad_ops`,
+    ``embed_ops``, ``head_ops``)."""
     bpv = BYTES_PER_VALUE[precision]
     eager = kernels.startswith("eager")
     if eager:
@@ -229,13 +233,18 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
             bwd += sum(x for op, x in zip(ops, t) if op.attention_core)
         return fwd, bwd
 
-    e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv), False)
-    kinds = {m: fwd_bwd(eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
-                        block_ops(spec, mb, tp, sp, bpv, attention, m, routing), True)
-             for m in {spec.is_moe_block(i) for i in range(spec.n_layer)}}
+    e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv, grad_acc), False)
+    first = {}  # a block of each kind (dense, MoE): its parameters on this rank
+    for i in range(spec.n_layer):
+        first.setdefault(spec.is_moe_block(i), i)
+    ep = routing.ep if routing is not None else 1
+    kinds = {m: fwd_bwd((eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
+                         block_ops(spec, mb, tp, sp, bpv, attention, m, routing))
+                        + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
+             for m, i in first.items()}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]
     hd = fwd_bwd(eager_head_ops(spec, mb, tp, sp, bpv, kernels == "eager") if eager else
-                 head_ops(spec, mb, tp, sp, bpv), False)
+                 head_ops(spec, mb, tp, sp, bpv, grad_acc), False)
     fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
     bwd = [e[1]] + [x[1] for x in blk] + [hd[1]]
     return fwd, bwd

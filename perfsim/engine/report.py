@@ -155,6 +155,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "params": sum(layer.params for layer in workload.layers), "tp": strategy.tp,
         "sequence_parallel": strategy.sequence_parallel, "tp_send": strategy.tp_send, "precision": strategy.precision,
         "recompute": strategy.recompute, "attention": strategy.attention, "kernels": strategy.kernels,
+        "grad_accumulation": strategy.grad_accumulation,
         "zero": strategy.zero, "optimizer": strategy.optimizer,
         "reshard_after_forward": strategy.reshard_after_forward, "cross_entropy": strategy.cross_entropy,
         "global_batch": strategy.global_batch,

@@ -71,7 +71,10 @@ from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
-                               SEND_B, SEND_F)
+                               SEND_B, SEND_F, exchange_rows)
+
+#: a program step of :meth:`Simulation._program`: one blocking exchange (``System.p2p_exchange``)
+EXCHANGE = "EXCHANGE"
 
 
 #: an Event without its constructor (``_new_event(Event)``, then its fields): the events
@@ -116,7 +119,11 @@ class Simulation:
         if schedule.lower() != plan.table.name:
             raise ValueError(f"schedule {schedule!r}: the plan was built for {plan.table.name!r}")
         self.table = plan.table
-        self.rows = plan.comm_rows
+        #: Megatron-LM's blocking exchanges (perfsim.schedules.exchange_rows), else each message on its own
+        self.blocking = getattr(network.system, "p2p_exchange", "async") == "blocking"
+        self.rows = exchange_rows(plan.table) if self.blocking else plan.comm_rows
+        #: blocking exchanges: inbox key -> the event its sender waits on until delivery
+        self.acks: dict[tuple, simpy.Event] = {}
         self.where = self.table.stage_device
         self.warmup = warmup
         self.replicas = sorted(replicas) if replicas is not None else list(range(plan.dp))
@@ -251,6 +258,9 @@ class Simulation:
         if self.want_trace:
             self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
                        1000 + s, started, now, {"src": src, "dst": dst})
+        ack = self.acks.pop(key, None) if self.acks else None
+        if ack is not None:  # a blocking exchange's send completes with its delivery
+            ack.succeed()
         box = self.inbox.get(key)
         if box is None:
             box = self.inbox[key] = env.event()
@@ -265,12 +275,11 @@ class Simulation:
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
         """Device ``d``'s row with every cost resolved once (the same for every
-        replica): per action ``(kind, action, stage, micro-batch, ...)`` -- a receive adds
-        the sending stage's device, the inbox tag, the decode seconds and its trace label; a
-        send the receiving stage's device, its stage, the tag, the encode seconds, the bytes,
-        the message kind and its label; a compute step its seconds, its tensor-parallel
+        replica): per action ``(kind, action, stage, micro-batch, ...)`` -- a receive or a
+        send as :meth:`_comm_op` gives it; a compute step its seconds, its tensor-parallel
         collectives' seconds, whether it runs unit by unit (ZeRO-2/3) and whether it
-        completes the stage's weight gradients."""
+        completes the stage's weight gradients; a blocking exchange ``(EXCHANGE, receives,
+        sends)``."""
         prog = self._programs.get(d)
         if prog is not None:
             return prog
@@ -281,19 +290,15 @@ class Simulation:
                 last_grad[a.stage] = a
         prog = []
         for a in self.rows[d]:
+            if isinstance(a, tuple):  # a blocking exchange: its receives and its sends
+                ops = [self._comm_op(x) for x in a]
+                prog.append((EXCHANGE, [o for o in ops if o[0] in (RECV_F, RECV_B)],
+                             [o for o in ops if o[0] in (SEND_F, SEND_B)]))
+                continue
             k, mb, kind = a.stage, a.microbatch, a.kind
             sp = plan.stages[k]
-            if kind == RECV_F:
-                op = (kind, a, k, mb, where[k - 1], "F", plan.stages[k - 1].fw_decode_s, "decode act")
-            elif kind == RECV_B:
-                op = (kind, a, k, mb, where[k + 1], "B", sp.bw_decode_s, "decode grad")
-            elif kind == SEND_F:
-                nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
-                op = (kind, a, k, mb, where[k + 1], k + 1, "F", sp.fw_encode_s, nbytes, FORWARD, "encode act")
-            elif kind == SEND_B:  # the gradient of boundary (k-1, k) is described by stage k-1's plan
-                prev = plan.stages[k - 1]
-                op = (kind, a, k, mb, where[k - 1], k - 1, "B", prev.bw_encode_s, prev.bw_bytes, BACKWARD,
-                      "encode grad")
+            if kind in (RECV_F, RECV_B, SEND_F, SEND_B):
+                op = self._comm_op(a)
             else:
                 seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
                            BACKWARD_WEIGHT: sp.wgrad_s}[kind]
@@ -307,6 +312,25 @@ class Simulation:
             prog.append(op)
         self._programs[d] = prog
         return prog
+
+    def _comm_op(self, a) -> tuple:
+        """A communication action's program step (:meth:`_program`): a receive adds the sending
+        stage's device, the inbox tag, the decode seconds and its trace label; a send the
+        receiving stage's device, its stage, the tag, the encode seconds, the bytes, the
+        message kind and its label."""
+        plan, where = self.plan, self.where
+        k, mb, kind = a.stage, a.microbatch, a.kind
+        sp = plan.stages[k]
+        if kind == RECV_F:
+            return (kind, a, k, mb, where[k - 1], "F", plan.stages[k - 1].fw_decode_s, "decode act")
+        if kind == RECV_B:
+            return (kind, a, k, mb, where[k + 1], "B", sp.bw_decode_s, "decode grad")
+        if kind == SEND_F:
+            nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
+            return (kind, a, k, mb, where[k + 1], k + 1, "F", sp.fw_encode_s, nbytes, FORWARD, "encode act")
+        # SEND_B: the gradient of boundary (k-1, k) is described by stage k-1's plan
+        prev = plan.stages[k - 1]
+        return (kind, a, k, mb, where[k - 1], k - 1, "B", prev.bw_encode_s, prev.bw_bytes, BACKWARD, "encode grad")
 
     def device(self, r: int, d: int):
         """Device ``d`` of replica ``r`` walks its row. Without interference or a trace,
@@ -327,6 +351,36 @@ class Simulation:
         cell = scratch  # the other replicas' cells: a sink (the breakdown reports the first replica)
         for op in self._program(d):
             kind = op[0]
+            if kind == EXCHANGE:  # Megatron's batch: post all, wait for all (System.p2p_exchange)
+                _, recvs, sends = op
+                for _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what in sends:
+                    if encode > 0:  # each send's encode (and host cost) before the batch starts
+                        cell = scratch if cells is None else cells[(r, d, mb)]
+                        t = yield from self._host_step(chain, t, st, cell, r, d, encode, what, k, mb)
+                if t is not None:
+                    yield self._at(t)
+                    t = None
+                waits = []
+                for _, a, k, mb, peer, tag, decode, what in recvs:
+                    key = (r, k, tag, mb)
+                    if posts:
+                        net.post_receive(key, me, devs[(r, peer)])
+                    box = inbox.get(key)
+                    if box is None:
+                        box = inbox[key] = env.event()
+                    waits.append(box)
+                for _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what in sends:
+                    key, dst = (r, k2, tag, mb), devs[(r, peer)]
+                    waits.append(self.acks.setdefault(key, env.event()))  # done once delivered
+                    net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
+                for ev in waits:
+                    yield ev
+                for _, a, k, mb, peer, tag, decode, what in recvs:
+                    del inbox[(r, k, tag, mb)]
+                    if decode > 0:  # each receive's decode (the TP all-gather, host cost) after it
+                        cell = scratch if cells is None else cells[(r, d, mb)]
+                        t = yield from self._host_step(chain, t, st, cell, r, d, decode, what, k, mb)
+                continue
             if kind == RECV_F or kind == RECV_B:
                 _, a, k, mb, peer, tag, decode, what = op
                 if cells is not None:
@@ -429,6 +483,16 @@ class Simulation:
         st.optimizer_s += opt
         self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
+
+    def _host_step(self, chain: bool, t, st, cell, r, d, seconds, what, k, mb):
+        """An encode or decode of ``seconds`` (with its message's host cost) in a blocking exchange:
+        added to the chain's pending end ``t`` (:meth:`device`), or run now; returns the new ``t``."""
+        if chain:
+            st.codec_s += seconds
+            cell["encode_s"] += seconds
+            return (self.env._now if t is None else t) + seconds
+        yield from self._codec(st, cell, r, d, seconds, what, k, mb)
+        return t
 
     def _codec(self, st, cell, r, s, seconds, what, k, mb):
         """``seconds`` of encode/decode on device ``s`` (``what`` of stage ``k``'s micro-batch ``mb``)."""

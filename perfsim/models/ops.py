@@ -17,7 +17,9 @@ the loss (Megatron's vocab-parallel cross entropy in fp32, pass by pass:
 :func:`cross_entropy_ops`) are ops too, so every layer costs something; so is the
 per-micro-batch accumulation of the dense ``vocab/t x hidden`` embedding gradient (and of
 the tied LM head's) into the fp32 main gradient (:func:`embedding_grad_ops`), which the
-transformer GEMMs avoid. ``attention="flash"``: the attention core is FlashAttention-2's
+transformer GEMMs avoid under gradient accumulation fusion (the default; without it,
+:class:`GradAccumulation`: every parameter's gradient is added once more per micro-batch,
+:func:`block_grad_ops`). ``attention="flash"``: the attention core is FlashAttention-2's
 one kernel (Dao 2023, arXiv:2307.08691). A mixture-of-experts block's MLP is
 :func:`perfsim.models.moe.moe_ops`.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsim.models.moe import moe_ops
+from perfsim.models.tensor_parallel import shard_block_params
 
 #: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
 #: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
@@ -87,13 +90,24 @@ def fused_softmax_available(b: int, heads: int, sq: int, sk: int, half: bool, ca
     return (n if causal else sq) % batch_per_block(sk) == 0
 
 
-def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True) -> list[Op]:
+def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = True, exact: bool = False
+                ) -> list[Op]:
     """The attention softmax on ``n`` scores: Megatron's fused kernel (read and write
     the scores) where it is available, else its PyTorch path
     (``forward_torch_softmax``: cast to fp32, scale, masked fill, softmax, cast back),
-    five kernels instead of one for half-precision input; then dropout (+1 byte mask)."""
+    five kernels instead of one for half-precision input; then dropout (+1 byte mask).
+
+    ``exact``: the bytes these kernels really move (:func:`block_ops`): the fused causal
+    kernel reads only the lower triangle of each row and writes the whole row (zeros above the
+    diagonal), forward ``1.5 bpv n``; its backward reads the incoming gradient and the kept
+    probabilities on the triangle and writes the whole row, ``2 bpv n`` (Megatron-LM
+    megatron/fused_kernels/scaled_upper_triang_masked_softmax.h, both kernels load only
+    ``element_index < local_seq = blockIdx.x + 1``; the 2021 version and today's alike). The
+    dropout's backward is one ``masked_scale`` pass (PyTorch 1.8 aten/src/ATen/native/cuda/Dropout.cu:
+    read the gradient and the uint8 mask, write the result), ``(2 bpv + 1) n``, not twice the forward."""
     if fused_softmax_available(b, heads, s, s, bpv == 2, causal):
-        ops = [Op("softmax", bytes=2 * bpv * n, attention_core=True)]
+        ops = [Op("softmax", bytes=(1.5 if exact and causal else 2) * bpv * n, attention_core=True,
+                  bwd_bytes=(2 if causal else 3) * bpv * n if exact else None)]
     else:
         ops = [Op("softmax_scale", bytes=8 * n, attention_core=True),
                Op("softmax_mask", bytes=9 * n, attention_core=True),
@@ -101,16 +115,43 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
         if bpv == 2:  # softmax_in_fp32 (Megatron's default)
             ops = ([Op("softmax_to_fp32", bytes=6 * n, attention_core=True)] + ops
                    + [Op("softmax_to_half", bytes=6 * n, attention_core=True)])
-    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True)]
+    return ops + [Op("attn_dropout", bytes=(2 * bpv + 1) * n, attention_core=True,
+                     bwd_bytes=(2 * bpv + 1) * n if exact else None)]
 
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
-              moe: bool | None = None, routing=None) -> list[Op]:
+              moe: bool | None = None, routing=None, exact: bool = False) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
     model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
-    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm."""
+    :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm.
+
+    ``exact`` (an experiment, off by default: ``scripts/megatron_open_data.py --exact-kernels``;
+    docs/validation.md, "Megatron-LM 2021's kernels at sequence 2048"): every kernel Megatron-LM's
+    GPT layer launches, with the bytes each moves, as its code reads (Megatron-LM 2021
+    megatron/model/transformer.py ``ParallelSelfAttention``, megatron/mpu/layers.py; PyTorch 1.8):
+
+    * ``qkv_bias``: ``ColumnParallelLinear`` calls ``F.linear(input, weight, bias)`` on a 3-D
+      ``[s, b, h]`` input, which PyTorch 1.8's ``at::linear`` runs as ``matmul`` then ``add_(bias)``
+      (only a 2-D input takes the fused ``addmm``; later Megatron-LM's
+      ``LinearWithGradAccumulationAndAsyncCommunication`` adds it out of place, the same bytes):
+      read and write the ``tok x 3h/t`` output; backward the bias gradient, a sum over tokens;
+    * ``context_copy``: ``context_layer.permute(2, 0, 1, 3).contiguous()`` after the weighted sum,
+      a copy of ``tok x h/t`` (backward: none -- the permuted gradient is a strided batch for ``bmm``);
+    * ``proj_bias_grad``, ``mlp_down_bias_grad``: the row-parallel layers' biases (``skip_bias_add``,
+      added in ``bias_dropout_add``) are whole on every rank; their gradients are sums of the
+      ``tok x h`` output gradient, one read each, not split by tensor parallelism;
+    * ``dropout_residual*`` backward: TorchScript's autodiff of dropout (symbolic_script.cpp:
+      ``grad_output * mask * (1 / (1 - p))``), one pass: read the gradient and the 1-byte mask,
+      write the result;
+    * ``norm*`` backward: the fused LayerNorm's ``cuComputePartGradGammaBeta`` (reads the gradient
+      and the input), ``cuComputeGradGammaBeta`` (small) and ``cuComputeGradInput`` (reads both
+      again, writes the input gradient): five passes, not four (megatron/fused_kernels/
+      layer_norm_cuda_kernel.cu, ``HostLayerNormGradient``);
+    * ``norm*_input_grad_accumulate``: the norm's input is also the residual branch's, so autograd
+      adds the two gradients (read two, write one: ``torch/csrc/autograd/input_buffer.cpp``);
+    * the softmax and the attention dropout as :func:`softmax_ops` ``exact``."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
@@ -120,44 +161,125 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     dh = spec.head_dim
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
+
+    def norm(name):  # exact: autograd adds the residual branch's gradient to the norm's input gradient
+        return [Op(name, bytes=2 * act, bwd_bytes=5 * act if exact else None),
+                *([Op(f"{name}_input_grad_accumulate", bwd_bytes=3 * act)] if exact else [])]
+
+    def dropout_add(name):
+        return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
+
     ops = [
-        Op("norm1", bytes=2 * act),
+        *norm("norm1"),
         Op("qkv", m=tok, n=qkv, k=h),
+        *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
               causal=not spec.encoder)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
-           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder),
-           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True)]),
+           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
+           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
+           *([Op("context_copy", bytes=2 * bpv * tok * q // tp, bwd_bytes=0.0)] if exact else [])]),
         Op("proj", m=tok, n=h, k=q // tp),
-        Op("dropout_residual1", bytes=3 * act + tok_sp * h),
-        *([Op("norm2", bytes=2 * act)] if spec.norms_per_block == 2 else []),
+        *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
+        dropout_add("dropout_residual1"),
+        *(norm("norm2") if spec.norms_per_block == 2 else []),
     ]
     if spec.moe if moe is None else moe:
         ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
         ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
                 Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
-                Op("mlp_down", m=tok, n=h, k=f // tp)]
-    return ops + [Op("dropout_residual2", bytes=3 * act + tok_sp * h)]
+                Op("mlp_down", m=tok, n=h, k=f // tp),
+                *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
+    return ops + [dropout_add("dropout_residual2")]
 
 
-def embedding_grad_ops(spec, tp: int, bpv: int) -> list[Op]:
+#: how a step's micro-batches accumulate their weight gradients (:class:`GradAccumulation`):
+#: ``fused`` -- gradient accumulation fusion: each weight-gradient GEMM accumulates into the
+#: fp32 ``main_grad`` in place (Megatron-LM ``--gradient-accumulation-fusion``, apex
+#: ``fused_weight_gradient_mlp_cuda``), only the embedding's dense gradient is added;
+#: ``main-grad`` -- Megatron-LM's local DDP without fusion: every parameter's half-precision
+#: gradient is added into the ``main_grad`` buffer after every micro-batch
+#: (megatron/model/distributed.py ``_make_param_hook``: ``param.main_grad.add_(param.grad.data)``);
+#: ``autograd`` -- plain autograd (PyTorch DDP under ``no_sync``, DeepSpeed's engine, Megatron-LM's
+#: local DDP of 2021 without its contiguous buffer): PyTorch's ``AccumulateGrad`` adds each
+#: micro-batch's gradient into ``param.grad`` in place, every micro-batch after the first
+GRAD_ACCUMULATION = ("fused", "main-grad", "autograd")
+
+
+@dataclass(frozen=True)
+class GradAccumulation:
+    """How one replica's micro-batches accumulate their weight gradients, priced as
+    backward-only memory-bound bytes per parameter per micro-batch (:meth:`per_param`)."""
+
+    #: one of :data:`GRAD_ACCUMULATION`
+    method: str = "fused"
+    #: micro-batches per optimizer step on one replica (``m``)
+    microbatches: int = 1
+    #: bytes per value of Megatron's ``main_grad`` buffer (``main-grad``): fp32 under bf16
+    #: (forced) or ``--accumulate-allreduce-grads-in-fp32``, else the parameters' own
+    #: (:attr:`perfsim.config.Strategy.grad_dtype`)
+    grad_bytes: int = 4
+    #: bytes per value of ``param.grad`` (``autograd``: the weights' dtype; None: the
+    #: activations' ``bpv``, half-precision weights as Megatron-LM and DeepSpeed keep them)
+    weight_bytes: int | None = None
+
+    def per_param(self, bpv: int, fusable: bool) -> float:
+        """Bytes one micro-batch's backward moves per parameter to accumulate its gradient,
+        beyond the kernel that computes it (which writes it: priced with that kernel):
+
+        * ``fused``: 0 for a GEMM weight (``fusable``: accumulated in place by its
+          weight-gradient GEMM); else Megatron's ``main_grad.add_`` on fp32: read the
+          ``bpv``-byte gradient, read and write 4 bytes -- ``bpv + 8`` (the embedding's);
+        * ``main-grad``: the same add for every parameter, on the buffer's
+          ``grad_bytes``: ``bpv + 2 grad_bytes`` (fp16 buffer 6, fp32 buffer 10), every
+          micro-batch (the buffer is zeroed once per step);
+        * ``autograd``: ``param.grad += grad`` in the weights' dtype ``w``: read both, write
+          one, ``3 w`` -- but not on the first micro-batch, whose gradient autograd keeps as
+          it is (grads set to None by ``zero_grad``): ``3 w (m - 1) / m`` averaged over the
+          step's ``m`` micro-batches (0 with one micro-batch)."""
+        if self.method == "fused":
+            return 0.0 if fusable else bpv + 8.0
+        if self.method == "main-grad":
+            return bpv + 2.0 * self.grad_bytes
+        w = self.weight_bytes or bpv
+        return 3.0 * w * (self.microbatches - 1) / self.microbatches
+
+
+def block_grad_ops(spec, tp: int, bpv: int, acc: GradAccumulation | None, i: int | None = None,
+                   ep: int = 1) -> list[Op]:
+    """Backward-only: accumulating the gradients of block ``i``'s parameters on this rank
+    (:func:`perfsim.models.tensor_parallel.shard_block_params`) -- nothing under ``fused``
+    (its GEMMs accumulate in place; the biases' and norms' adds are left out there, as
+    before: docs/validation.md, session 9), else :meth:`GradAccumulation.per_param` bytes
+    each, as one memory-bound op (the adds are issued back to back by autograd's engine
+    while the backward runs; one host floor, not one per tensor)."""
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=True)
+    if not per:
+        return []
+    return [Op("block_grad_accumulate", bwd_bytes=per * shard_block_params(spec, tp, i, ep))]
+
+
+def embedding_grad_ops(spec, tp: int, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
     """Backward-only: the word embedding's gradient is a dense ``vocab/t x h`` tensor
     (PyTorch's embedding backward zero-fills it, then scatters the tokens' rows) that
     Megatron's data-parallel wrapper adds into the fp32 ``main_grad`` after every
     micro-batch (Megatron-LM megatron/model/distributed.py, ``param.main_grad.add_``;
     the transformer GEMMs accumulate in place, gradient accumulation fusion):
-    write ``bpv``, then read it and read and write 4 bytes per element."""
+    write ``bpv``, then read it and read and write 4 bytes per element; without fusion,
+    the add of ``acc`` (:meth:`GradAccumulation.per_param`)."""
     n = -(-spec.vocab // tp) * spec.hidden
-    return [Op("embed_grad_zero", bwd_bytes=bpv * n), Op("embed_grad_accumulate", bwd_bytes=(bpv + 8) * n)]
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=False)
+    return [Op("embed_grad_zero", bwd_bytes=bpv * n)] + ([Op("embed_grad_accumulate", bwd_bytes=per * n)]
+                                                         if per else [])
 
 
-def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+def embed_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
     tok = mb * spec.seq_len
     # vocab-parallel gather (each rank its rows) + position add, writes (b, s, h)
     return [Op("embed_gather", bytes=2 * bpv * tok * spec.hidden),
             Op("embed_add_dropout", bytes=(3 * bpv + 1) * tok * spec.hidden),
-            *embedding_grad_ops(spec, tp, bpv)]
+            *embedding_grad_ops(spec, tp, bpv, acc)]
 
 
 def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
@@ -177,7 +299,10 @@ def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
             Op("loss_softmax", bytes=8 * n, bwd_bytes=8 * n)]
 
 
-def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
+def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
+    """The final norm, the LM head and the loss; the head weight's gradient accumulation: a
+    tied head's is the (last stage's copy of the) embedding's, added as the embedding's is
+    (:func:`embedding_grad_ops`), an untied one's a GEMM weight's (nothing under ``fused``)."""
     tok, h = mb * spec.seq_len, spec.hidden
     if spec.encoder:  # pooler on the first token
         return [Op("final_norm", bytes=2 * bpv * tok * h), Op("pooler", m=mb, n=h, k=h)]
@@ -185,6 +310,7 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int) -> list[Op]:
     ops = [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
            Op("lm_head", m=tok, n=v, k=h, lm_head=True),
            *cross_entropy_ops(tok, v, bpv)]
-    if spec.tied:  # the LM head's weight gradient is the (last stage's copy of the) embedding's
-        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=(bpv + 8) * v * h))
+    per = (acc or GradAccumulation()).per_param(bpv, fusable=not spec.tied)
+    if per:
+        ops.append(Op("lm_head_grad_accumulate", bwd_bytes=per * v * h))
     return ops

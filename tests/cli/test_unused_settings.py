@@ -59,6 +59,7 @@ NO_EFFECT = [
     ({"bucket_size": "1MiB"}, "bucket_size 1048576 unused: dp 1 has no data-parallel"),
     ({"overlap": True}, "overlap True unused: dp 1 has no data-parallel"),
     ({"tied_embedding": "sync"}, "tied_embedding sync unused: no tied LM head on another device"),
+    ({"grad_accumulation": "autograd"}, "grad_accumulation autograd unused: no GPU operator model"),
 ]
 
 
@@ -78,6 +79,7 @@ def test_settings_with_no_effect_are_said_only_when_the_caller_gave_them():
     for setting in used:
         assert not unused_notes(perfsim.predict(model="digits-mlp", **setting).summary), setting
     assert not unused_notes(perfsim.predict(model="gpt2-tiny", pp=2, tied_embedding="sync").summary)
+    assert not unused_notes(perfsim.predict(model="gpt2-tiny", gpu="h100", pp=2, grad_accumulation="autograd").summary)
 
 
 def test_predict_says_each_once_on_stderr():

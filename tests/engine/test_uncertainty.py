@@ -1,6 +1,7 @@
 """Every prediction's 80 % interval (perfsim.engine.uncertainty) and the file it rests on."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -68,3 +69,98 @@ def test_a100_band_covers_its_held_out_configurations():
     b = uncertainty.band("gpu:ampere")
     cov = bands_script.coverage(cal.errors(rows), b.q10, b.q90)
     assert 0.7 <= cov <= 0.9, f"coverage {cov:.0%} on {len(rows)} held-out rows"
+
+
+PER_DOUBLING = {"kind": "per-doubling", "lo": 0.02, "hi": 0.01}
+SPREAD = {"kind": "speed-spread", "sigma": 0.04}
+
+
+@pytest.mark.parametrize("rule", [PER_DOUBLING, SPREAD])
+def test_the_extrapolation_widening_is_zero_inside_the_data_and_grows_with_the_gpu_count(rule):
+    for n in (1, 2, 8):
+        assert uncertainty.extrapolation_widening(n, 8, rule) == (0.0, 0.0)
+    widths = [uncertainty.extrapolation_widening(n, 8, rule) for n in (9, 16, 64, 1024, 131072)]
+    for (lo_a, hi_a), (lo_b, hi_b) in zip(widths, widths[1:]):
+        assert lo_b > lo_a > 0 and hi_b >= hi_a >= 0
+    assert uncertainty.extrapolation_widening(32, 8, PER_DOUBLING) == pytest.approx((0.04, 0.02))  # 2 doublings
+    assert uncertainty.extrapolation_widening(4096, 8, {"kind": "none"}) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="kind"):
+        uncertainty.extrapolation_widening(16, 8, {"kind": "linear"})
+
+
+def test_the_widening_is_capped_and_never_narrows():
+    assert uncertainty.widened(-0.1, 0.1, 0.02, 0.03) == pytest.approx((-0.12, 0.13))
+    assert uncertainty.widened(-0.1, 0.1, 5.0, 5.0) == (uncertainty.Q10_FLOOR, uncertainty.Q90_CEIL)
+    assert uncertainty.widened(-0.7, 1.5, 1.0, 1.0) == (-0.7, 1.5)  # already past the caps: kept
+
+
+def test_an_extrapolated_interval_is_wider_by_the_stored_rule_and_says_so():
+    rule = uncertainty.bands()["extrapolation"]
+    inside, outside = _gpu("a100", dp=4, global_batch=32), _gpu("a100", dp=64, global_batch=512)
+    b = uncertainty.band("gpu:ampere")
+    w_lo, w_hi = uncertainty.extrapolation_widening(128, 8, rule)
+    q10, q90 = uncertainty.widened(b.q10, b.q90, w_lo, w_hi)
+    assert outside["iteration_s_low"] == pytest.approx(outside["iteration_s"] / (1 + q90))
+    assert outside["iteration_s_high"] == pytest.approx(outside["iteration_s"] / (1 + q10))
+    assert f"-{100 * w_lo:.1f} / +{100 * w_hi:.1f} points" in outside["interval_note"]
+    assert "4.0 doublings" in outside["interval_note"] and rule["basis"] in outside["interval_note"]
+    assert inside["iteration_s_high"] == pytest.approx(inside["iteration_s"] / (1 + b.q10))  # not widened
+
+
+def test_per_doubling_shift_is_the_band_moving_outwards_only():
+    inside = [i / 100 for i in range(-10, 11)]  # band -0.09 .. +0.09 (n = 21: k_lo 2, k_hi 20)
+    lo_in, hi_in = bands_script.conformal_bounds(inside)
+    assert bands_script.per_doubling(inside, [x - 0.04 for x in inside], 2) == pytest.approx((0.02, 0.0))
+    assert bands_script.per_doubling(inside, [2 * x for x in inside], 1) == pytest.approx((-lo_in, hi_in))
+    assert bands_script.per_doubling(inside, [x / 2 for x in inside], 1) == (0.0, 0.0)  # narrower: no widening
+
+
+def test_the_choice_between_widenings_is_deterministic_and_follows_the_rule():
+    """Synthetic residuals whose spread grows by 60 % of the in-range spread (sigma 5 points) per
+    doubling beyond the fit's largest job: the empirical variant E (linear per doubling) is
+    chosen, and its rate is the quantiles' growth, 1.28 x 3 points per doubling on each side."""
+    import random
+
+    rng = random.Random(7)
+
+    def rows(growth, n_max):
+        out = []
+        for g in (2, 4, 8):
+            d = max(0.0, math.log2(g / n_max))
+            out += [(g, rng.gauss(0, 0.05 * (1 + growth * d))) for _ in range(300)]
+        return out
+
+    code, fit_a, fit_b = rows(0.0, 8), rows(0.6, 2), rows(0.6, 4)
+    first = bands_script.extrapolation(code, fit_a, fit_b)
+    assert first == bands_script.extrapolation(code, fit_a, fit_b)
+    rule, report = first
+    assert rule["variant"] == "E" and rule["kind"] == "per-doubling"
+    assert rule["lo"] == pytest.approx(0.038, abs=0.012) and rule["hi"] == pytest.approx(0.038, abs=0.012)
+    assert any(line.startswith("extrapolation: chose E") for line in report)
+
+
+@pytest.mark.skipif(bands_script._script("calibrate_a100").data_path() is None,
+                    reason="../shared/data/a100-single-node not present")
+def test_the_stored_extrapolation_rule_is_what_the_validation_configurations_give():
+    """scripts/error_bands.py's choice, re-run on the A100 validation configurations (~3 s):
+    deterministic, and the stored rule is its output (within rounding of half a point per doubling:
+    if the model's A100 predictions moved, run ``python scripts/error_bands.py``)."""
+    code = bands_script.a100("validation")
+    fits = [bands_script.a100("validation", bands_script.SMALL_FITS[n]) for n in (2, 4)]
+    rule, _ = bands_script.extrapolation(code, *fits)
+    assert rule == bands_script.extrapolation(code, *fits)[0]
+    stored = uncertainty.bands()["extrapolation"]
+    assert (stored["variant"], stored["kind"], stored["basis"]) == (rule["variant"], rule["kind"], rule["basis"])
+    for k in ("lo", "hi", "sigma"):
+        assert stored.get(k, 0) == pytest.approx(rule.get(k, 0), abs=0.005), "run python scripts/error_bands.py"
+    lines = bands_script.extrapolation_coverage(stored, "validation")  # --held-out's path, on validation rows
+    assert len(lines) == 2 and all("8-GPU validation rows: " in line and "of 153" in line for line in lines)
+
+
+def test_a_capped_extrapolation_says_so_and_reports_the_move_it_made():
+    s = _gpu("a100", tp=8, pp=8, dp=2048, micro_batch=1, global_batch=2048)  # 131,072 GPUs: 14 doublings
+    b, rule = uncertainty.band("gpu:ampere"), uncertainty.bands()["extrapolation"]
+    q10, q90 = uncertainty.widened(b.q10, b.q90, *uncertainty.extrapolation_widening(s["gpus"], 8, rule))
+    assert q90 == uncertainty.Q90_CEIL and "(capped)" in s["interval_note"]
+    assert f"+{100 * (q90 - b.q90):.1f} points" in s["interval_note"]
+    assert s["iteration_s_low"] == pytest.approx(s["iteration_s"] / 2)
