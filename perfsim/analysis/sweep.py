@@ -135,10 +135,16 @@ def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
     data = read_document(path, "sweep file", kind="toml")
     if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
         data = data["sweep"]
+    seen: dict[str, str] = {}
     for key, value in data.items():
         if isinstance(value, dict):
             raise ConfigError(f"sweep file {str(path)!r}: [{key}] tables are not supported; "
                               "write keys at the top level")
+        name = str(key).replace("-", "_")
+        if name in seen:  # TOML sees two keys; the last one won silently
+            raise ConfigError(f"sweep file {str(path)!r}: {name} given twice ({seen[name]} and {key}); "
+                              "give it once")
+        seen[name] = key
         _unit_given(path, key, value)
     try:
         return SweepSpec(data)

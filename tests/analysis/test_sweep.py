@@ -131,6 +131,14 @@ def test_a_sweep_file_number_needs_a_unit_as_its_flag_does(tmp_path, write_file,
     assert load_sweep_file(f).values["latency"] == [0.0, 0.005]
 
 
+def test_a_sweep_file_key_given_twice_is_refused(write_file):
+    """qa3: `link-burst = "0B"` and `link_burst = "50KB"` in one sweep file (TOML sees two keys)
+    ran 50 KB alone, exit 0."""
+    f = write_file("s.toml", 'model = "gpt2-tiny"\nlink-burst = "0B"\nlink_burst = "50KB"\n')
+    with pytest.raises(ConfigError, match="link_burst given twice.*link-burst.*link_burst"):
+        load_sweep_file(f)
+
+
 def test_sweep_file(tmp_path, write_file):
     f = write_file("s.toml", 'model = "gpt2-xl"\nbandwidth = ["10Gbps", "100Mbps"]\n'
                              'grad-compress = "none,qsgd-maxnorm:4"\npp = 8\n')
