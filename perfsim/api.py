@@ -384,10 +384,10 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     ``intra_node_bandwidth`` beside an ``intra_node_fabric`` (the preset's rate); with
     ``explicit`` (the caller set them itself, not a planner's candidate) also
     ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
-    without ZeRO-3, data-parallel gradient settings with dp 1, ``tied_embedding sync``
-    where no tied LM head is synced (the engine's ``tied_bytes`` 0), and ``grad_accumulation``
-    where no GPU operator model prices the compute (``operator_model`` False: no GPU preset or
-    not a transformer; its layer times come from a profile or FLOPs)."""
+    without ZeRO-3, data-parallel gradient settings with dp 1, pipeline compression with pp 1,
+    ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
+    ``grad_accumulation`` where no GPU operator model prices the compute (``operator_model`` False:
+    no GPU preset or not a transformer; its layer times come from a profile or FLOPs)."""
     given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
 
     def value(name: str) -> Any:  # as given, normalised (only for a note: predict's hot path)
@@ -414,6 +414,8 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
             if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):
                 shown = strategy.grad_compress.text if name == "grad_compress" else value(name)
                 notes.append(f"{name} {shown}{UNUSED}dp 1 has no data-parallel gradient sync")
+    if "compress" in given and strategy.pp == 1 and strategy.compress.text != "fp32":
+        notes.append(f"compress {strategy.compress.text}{UNUSED}pp 1 has no pipeline boundary")
     if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
         notes.append(f"tied_embedding sync{UNUSED}no tied LM head on another device than its embedding "
                      "(tied_bytes 0)")

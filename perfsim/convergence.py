@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, NamedTuple, Sequence
 
+from perfsim.documents import load_json
 from perfsim.errors import ConfigError
 
 _BUNDLED = Path(__file__).resolve().parent / "data" / "convergence"
@@ -291,7 +292,7 @@ def load_convergence(name: str | None, model: str) -> Convergence | None:
                 raise ConfigError(f"convergence {name!r}: no such file or bundled model "
                                   f"(bundled: {', '.join(known) or 'none'})")
     try:
-        data = json.loads(path.read_text())
+        data = load_json(path.read_text(), f"convergence {str(path)!r}")
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"convergence {str(path)!r}: cannot read ({exc})") from None
     return parse_convergence(data, str(path))

@@ -43,12 +43,38 @@ def read_text(path: str | os.PathLike, what: str) -> str:
                           f"at byte {exc.start})") from None
 
 
+class _RepeatedKey(ValueError):
+    """A JSON object that gives one key twice."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` of :func:`json.loads` that refuses a key given twice in one object
+    (JSON itself keeps the last value silently; TOML refuses): which value was meant?"""
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _RepeatedKey(key)
+        obj[key] = value
+    return obj
+
+
+def load_json(text: str, where: str, **kw) -> Any:
+    """``text`` as JSON with :func:`unique_keys`; ConfigError ``<where>: key 'K' given twice``
+    for a repeated key (other errors propagate: the caller words them)."""
+    try:
+        return json.loads(text, object_pairs_hook=unique_keys, **kw)
+    except _RepeatedKey as exc:
+        raise ConfigError(f"{where}: key {exc.args[0]!r} given twice in one object (which value "
+                          "is meant? JSON keeps the last silently); give it once") from None
+
+
 def parse_document(text: str, kind: str, where: str) -> Any:
     """``text`` parsed as ``kind`` (``json``, ``toml``; ``csv``: a list of row dicts
-    keyed by the header); ConfigError ``<where>: malformed <KIND> (...)``."""
+    keyed by the header); ConfigError ``<where>: malformed <KIND> (...)``, or naming a
+    JSON key given twice (:func:`unique_keys`)."""
     try:
         if kind == "json":
-            return json.loads(text)
+            return load_json(text, where)
         if kind == "toml":
             return tomllib.loads(text)
         if kind == "csv":

@@ -304,6 +304,14 @@ def curve_borrowed(gpu: GPU) -> bool:
     return curve_family(gpu) != gpu.family
 
 
+def same_silicon(a: GPU | None, b: GPU | None) -> bool:
+    """Whether two presets compute alike: the same peak rates and memory bandwidth (the
+    V100 SXM2 16 GB and 32 GB; not the A100 40 GB and 80 GB, whose HBM rates differ), so a
+    measurement of one prices the other."""
+    return a is not None and b is not None and (a.peak_flops, a.memory_bandwidth_Bps) == \
+        (b.peak_flops, b.memory_bandwidth_Bps)
+
+
 def profile_gpu(profile) -> GPU | None:
     """The GPU preset a profile was measured on, if its ``device_name`` (``NVIDIA H200``;
     ``perfsim calibrate`` writes it) or ``device`` names one."""

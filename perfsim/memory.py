@@ -327,11 +327,13 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += 2 * bpv * n * mb * inflight / tp
         buffers = 0.0
         if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
-            # the sender keeps its own output's messages, the receiver the previous stage's
+            # the sender keeps its own output's messages, the receiver the previous stage's -- on
+            # a boundary between devices (one inside a device is a local hand-off, no codec)
+            i, dev = st.index, table.stage_device
             per_sample = 0
-            if st.index < plan.pp - 1:
+            if i < table.num_stages - 1 and dev[i + 1] != dev[i]:
                 per_sample += math.prod(workload.layers[st.last_layer - 1].out_shape)
-            if st.index > 0:
+            if i > 0 and dev[i - 1] != dev[i]:
                 per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
             buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
         out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding, host))

@@ -6,7 +6,8 @@
   up front too.
 * :func:`check_file_target` / :func:`check_dir_target` turn a directory given
   as a file, a file given as a folder or an unwritable folder into one line
-  (:class:`~perfsim.errors.ConfigError`, exit 2) before a run starts.
+  (:class:`~perfsim.errors.ConfigError`, exit 2) before a run starts;
+  :func:`check_not_input` an output that is one of the command's input files.
 * :func:`write_bytes` / :func:`write_text` write a regular file atomically
   (temp file in the same folder + rename) at the symlink's *real* target, so a
   link stays a link; special files (a FIFO, ``/dev/null``, a terminal) are
@@ -38,7 +39,7 @@ import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from perfsim.errors import ConfigError, OutputError
 
@@ -113,6 +114,28 @@ def check_file_target(path: str | os.PathLike, flag: str = "--output") -> None:
         raise ConfigError(f"{flag} {str(path)!r}: directory {parent} is not writable")
     if p.exists() and not os.access(p, os.W_OK):
         raise ConfigError(f"{flag} {str(path)!r}: not writable")
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a link or a second name of one file too
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_not_input(path: str | os.PathLike | None, inputs: Mapping[str, Any] | Iterable[tuple[str, Any]],
+                    flag: str = "--output") -> None:
+    """One line (exit 2) when output ``path`` is one of the files the command reads
+    (``inputs``: ``{flag: path}`` or ``(flag, path)`` pairs, e.g. ``{"--profile": "p.json"}``;
+    values that are not paths are skipped):
+    written, the output would replace that input -- a calibration profile, a model's
+    config.json, loss curves -- and the next run would read the output instead."""
+    if path is None or is_stdio(path):
+        return
+    for what, source in (inputs.items() if isinstance(inputs, Mapping) else inputs):
+        if isinstance(source, (str, os.PathLike)) and not is_stdio(source) and _same_file(path, source):
+            raise ConfigError(f"{flag} {str(path)!r}: the same file as {what} {str(source)!r} (the output "
+                              f"would replace it); give another {flag}")
 
 
 def check_dir_target(path: str | os.PathLike, flag: str = "--out") -> None:

@@ -446,6 +446,34 @@ def plain(params: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v.text if hasattr(v, "text") and not isinstance(v, str) else v for k, v in params.items()}
 
 
+#: a table column's unit suffix by parameter kind (CSV columns carry units in their names)
+_UNIT_SUFFIX = {"bandwidth": "_bps", "time": "_s", "size": "_bytes"}
+
+
+def column(name: str) -> str:
+    """The table column of parameter ``name``: its name with its unit (``bandwidth_bps``,
+    ``latency_s``, ``bucket_size_bytes``, ``seq_len``), as the predict summary names it."""
+    p = _param(name)
+    return p.name + _UNIT_SUFFIX.get(p.kind, "")
+
+
+def shown_columns(values: Mapping[str, Any], row: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters of ``values`` (one configuration) that the summary ``row`` of its result
+    does not show, each as ``{column: value}`` (:func:`column`; specs as their text, a sequence
+    as its comma list): without them the rows of a grid that differ only in ``seq_len`` or
+    ``bucket_size`` cannot be told apart."""
+    out = {}
+    for name, value in plain(values).items():
+        if name not in BY_NAME or value is None or name in row or column(name) in row:
+            continue
+        if isinstance(value, (list, tuple)):
+            value = ",".join(map(str, value))
+        elif not isinstance(value, (str, int, float, bool)):  # a loaded Profile: its file, else its kind
+            value = str(getattr(value, "path", None) or f"<{type(value).__name__}>")
+        out[column(name)] = value
+    return out
+
+
 def split_models(raw: str, what: str = "model") -> list[str]:
     """Comma list of models where an inline spec's own ``key=value`` items stay with it:
     ``gpt2-xl,gpt:layers=2,hidden=64`` -> two models (an empty element is refused,

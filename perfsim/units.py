@@ -9,11 +9,11 @@ The convention (docs/usage.md, "Units"):
     take the binary ``KiB``, ``MiB``, ``GiB``, ``TiB``.
   * A rate ends in ``ps`` or ``/s``, both accepted: ``100Mbps`` = ``100Mb/s`` =
     ``100Mbit/s`` = 1e8 bit/s; ``100MBps`` = ``100MB/s`` = 8e8 bit/s.
-  * Bandwidths and latencies written as text need a unit (a bare ``"200"`` is
-    refused with a suggestion; only ``"0"`` is accepted for a latency). Plain
-    numbers from Python are SI (bit/s, seconds).
-  * time: ``s``, ``ms``, ``us``/``µs``, ``ns``, ``min``. size: ``B`` (bare
-    numbers are bytes), ``KB``, ``MB``, ``GB``, ``TB`` and the binary forms.
+  * Bandwidths, latencies and sizes written as text need a unit (a bare ``"200"`` is
+    refused with a suggestion; only ``"0"`` is accepted for a latency or a size). Plain
+    numbers from Python are SI (bit/s, seconds, bytes).
+  * time: ``s``, ``ms``, ``us``/``µs``, ``ns``, ``min``. size: ``B``, ``KB``, ``MB``,
+    ``GB``, ``TB`` and the binary forms.
 """
 
 from __future__ import annotations
@@ -101,11 +101,16 @@ def parse_time(text: str | float, what: str = "time", allow_zero: bool = True,
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
-    """Parse a byte count such as ``"64MB"`` or ``"1GiB"`` into bytes (>= 0)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    """Parse a byte count such as ``"64MB"`` or ``"1GiB"`` into bytes (>= 0). Text needs a
+    unit (``"0"`` excepted: ``--bucket-size 25`` is not 25 bytes); a Python number is bytes."""
+    if _number(text):
+        value, unit = float(text), "B"
+        if not math.isfinite(value):
+            raise ConfigError(f"{what} {text!r}: not finite")
     else:
         value, unit = _split(text, what)
+    if unit == "" and value != 0:
+        raise ConfigError(f"{what} {text!r}: needs a unit, e.g. {value:g}MiB (B, KB, MB, GB, KiB, MiB, GiB)")
     if unit.endswith("b") or unit.endswith("bit"):
         stem = unit[:-3] if unit.endswith("bit") else unit[:-1]
         raise ConfigError(f"{what} {text!r}: {unit!r} is bits; a size is in bytes (B), "

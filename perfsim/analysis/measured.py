@@ -31,6 +31,8 @@ log = logging.getLogger("perfsim.analysis.validate")
 
 #: the file beside a measured run's result.json holding the key it was measured under
 KEY_FILE = "measure-key.json"
+#: the files validate writes beside validation.csv (validate_grid._run_and_write, _profile_drift)
+RESULT_FILES = ("summary.json", "validation.md", "validation.png", "drift-check.json")
 
 
 def measure_key(run_params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -101,11 +103,19 @@ def same_row(rec: dict[str, str], row: dict[str, Any], base: dict[str, Any] | No
 
 def check_table(plan: ValidationPlan) -> None:
     """Refuse to replace ``plan.out``'s ``validation.csv`` unless ``plan.overwrite``: a file
-    that is not a validation table, or one holding rows of another grid (a grid re-run
+    that is not a validation table, a folder without one that holds files by the names
+    validate writes (:data:`RESULT_FILES`), or a table holding rows of another grid (a grid re-run
     resumes: its rows measured under the same key are kept, :func:`reused`). ConfigError
     naming the file and ``--overwrite``, before any run."""
     path = Path(plan.out) / "validation.csv"
-    if plan.overwrite or not path.exists():
+    if plan.overwrite:
+        return
+    if not path.exists():  # no table: files by validate's names are someone else's, never written over
+        theirs = [name for name in RESULT_FILES if (Path(plan.out) / name).exists()]
+        if theirs:
+            raise ConfigError(f"--out {plan.out!r}: holds {', '.join(theirs)} but no validation.csv: not a "
+                              f"perfsim validation's folder, and validate writes those files; give another "
+                              f"--out, or --overwrite to replace them")
         return
     try:
         with path.open(newline="") as fh:

@@ -35,8 +35,8 @@ from typing import Iterable, Sequence
 
 from perfsim.analysis.style import (  # noqa: F401 - re-exported for users of plots
     BREAKDOWN, NETWORK, LINESTYLES, MARKERS, METHOD_COLORS, METHOD_NAMES, METRIC_LABELS, PANEL_COLUMNS,
-    SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, family, grad_name,
-    is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
+    SCHEDULE_COLORS, SCHEDULE_NAMES, add_method_column, bandwidth_axis, bandwidth_label, config_columns, family,
+    grad_name, is_none, log_axis, method_color, method_name, method_sort_key, method_styles, value_label,
 )
 from perfsim.errors import ConfigError
 from perfsim.units import format_bandwidth, parse_bandwidth, parse_time, split_list
@@ -114,8 +114,7 @@ def _filter_text(col: str, key) -> str:
 
 def _panels(df, used: Sequence[str]):
     """Group rows into panels by the configuration columns that vary (other than ``used``)."""
-    cols = [c for c in PANEL_COLUMNS if c in df.columns and c not in used
-            and df[c].astype(str).nunique() > 1]
+    cols = [c for c in config_columns(df) if c not in used and df[c].astype(str).nunique() > 1]
     if not cols:
         return [("", df)]
     groups = list(df.groupby(cols, sort=True, dropna=False))
@@ -256,7 +255,7 @@ def plot_breakdown(df, stages, title: str | None = None):
         stages["wait_s"] = stages["idle_s"]
     cats = [c for c in BREAKDOWN if stages[c[0]].gt(0).any()]
     net = [c for c in NETWORK if stages[c[0]].gt(0).any()]
-    varying = [c for c in PANEL_COLUMNS if c in df.columns and df[c].astype(str).nunique() > 1]
+    varying = [c for c in config_columns(df) if df[c].astype(str).nunique() > 1]
     from matplotlib.figure import Figure  # lazy: matplotlib is heavy, needed only here
 
     if len(varying) == 2:
@@ -395,7 +394,7 @@ def validation_pairs(df, metric: str = "throughput_samples_per_s"):
         if "source" not in df.columns or metric not in df.columns:
             raise ConfigError(f"validation: no predicted/measured {metric} columns and no "
                               "'source' column in the table")
-        keys = [c for c in PANEL_COLUMNS if c in df.columns]
+        keys = config_columns(df)
         pred = df[df["source"] == "predicted"].groupby(keys, dropna=False)[metric].mean()
         meas = df[df["source"] == "measured"].groupby(keys, dropna=False)[metric].mean()
         out = pd.concat({"predicted": pred, "measured": meas}, axis=1).dropna().reset_index()

@@ -11,6 +11,7 @@ import math
 import re
 from typing import Any, Iterable
 
+from perfsim import params
 from perfsim.compression.spec import DISPLAY, Spec, parse_spec
 from perfsim.errors import ConfigError
 from perfsim.units import format_bandwidth
@@ -44,9 +45,20 @@ NETWORK = (("comm_s", "communication (may overlap)", "#dd8452"),
            ("dp_sync_s", "DP gradient sync (may overlap)", "#55a868"))
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P")
-#: configuration columns that may become panels, in order
+#: configuration columns that may become panels, in order (then every other parameter's column:
+#: :func:`config_columns`)
 PANEL_COLUMNS = ("model", "schedule", "pp", "dp", "micro_batch", "macro_batch", "latency_s",
                  "grad_compress", "compress", "bandwidth_bps")
+
+
+def config_columns(df) -> list[str]:
+    """The columns of ``df`` that describe a configuration: :data:`PANEL_COLUMNS`, then every
+    other predict parameter's column (:func:`perfsim.params.column`: ``gpu``, ``precision``,
+    ``seq_len``, ``bucket_size_bytes`` ...). Rows that differ in one of them are different
+    configurations, never averaged into one point."""
+    cols = [c for c in PANEL_COLUMNS if c in df.columns]
+    return cols + [c for c in dict.fromkeys(params.column(n) for n in params.NAMES)
+                   if c in df.columns and c not in cols]
 
 
 # ---------------------------------------------------------------- labels and styles

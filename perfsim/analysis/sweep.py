@@ -10,8 +10,10 @@ shared with ``perfsim plan``) when the grid is long enough for the pool to pay
 (:func:`use_pool`) -- and writes
 
 * ``OUT`` (``.csv`` or ``.parquet``): the predict summary schema
-  (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after, then
-  ``config_id``), rows in grid order;
+  (:data:`perfsim.result.SUMMARY_COLUMNS`, extra columns after -- among them each
+  parameter given that the summary does not show, e.g. ``seq_len``,
+  ``bucket_size_bytes``: :func:`perfsim.params.shown_columns` --, then ``config_id``),
+  rows in grid order;
 * ``OUT`` with suffix ``.stages.csv`` / ``.stages.parquet``: the per-stage
   tables (:data:`perfsim.result.STAGE_COLUMNS`) keyed by ``config_id``, which the
   breakdown plot reads;
@@ -133,14 +135,39 @@ def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
     data = read_document(path, "sweep file", kind="toml")
     if "sweep" in data and isinstance(data["sweep"], dict) and len(data) == 1:
         data = data["sweep"]
+    seen: dict[str, str] = {}
     for key, value in data.items():
         if isinstance(value, dict):
             raise ConfigError(f"sweep file {str(path)!r}: [{key}] tables are not supported; "
                               "write keys at the top level")
+        name = str(key).replace("-", "_")
+        if name in seen:  # TOML sees two keys; the last one won silently
+            raise ConfigError(f"sweep file {str(path)!r}: {name} given twice ({seen[name]} and {key}); "
+                              "give it once")
+        seen[name] = key
+        _unit_given(path, key, value)
     try:
         return SweepSpec(data)
     except ConfigError as exc:
         raise ConfigError(f"sweep file {str(path)!r}: {exc}") from None
+
+
+#: example units of a number written without one in a sweep file, by parameter kind
+_UNITS = {"bandwidth": ("Mbps", "Gbps"), "time": ("ms", "s"), "size": ("KB", "MiB"), "window": ("KB", "MiB")}
+
+
+def _unit_given(path: Path, key: str, value: Any) -> None:
+    """A sweep file mirrors the flags: a number of a parameter with a unit (a rate, a time, a
+    size) needs its unit as the flag does (``bandwidth = 100`` is not 100 bit/s, ``latency = 5``
+    not 5 s); zero is unambiguous. ConfigError naming the key and the value."""
+    param = params.BY_NAME.get(str(key).replace("-", "_"))
+    if param is None or param.kind not in _UNITS:
+        return
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, (int, float)) and not isinstance(item, bool) and item != 0:
+            a, b = _UNITS[param.kind]
+            raise ConfigError(f"sweep file {str(path)!r}: {param.name} = {item!r} has no unit; write it as "
+                              f"text with one, e.g. \"{item:g}{a}\" or \"{item:g}{b}\" (as its flag {param.flag})")
 
 
 # ---------------------------------------------------------------- running one batch
@@ -375,14 +402,14 @@ def _assemble(configs: list[tuple[str, dict]], records: dict[str, dict]) -> Swee
     import pandas as pd  # lazy: pandas is heavy, needed only here
 
     rows, stage_rows, errors = [], [], []
-    for cid, params in configs:
+    for cid, config in configs:
         rec = records.get(cid)
         if rec is None:
             continue
         if "error" in rec:
-            errors.append({"config_id": cid, **plain(params), "error": rec["error"]})
+            errors.append({"config_id": cid, **plain(config), "error": rec["error"]})
             continue
-        rows.append({**rec["summary"], "config_id": cid})
+        rows.append({**rec["summary"], **params.shown_columns(config, rec["summary"]), "config_id": cid})
         stage_rows.extend({"config_id": cid, **s} for s in rec.get("stages") or [])
     summary = pd.DataFrame(rows)
     extra = [c for c in summary.columns if c not in SUMMARY_COLUMNS and c != "config_id"]
@@ -411,6 +438,14 @@ def _reusable(out: Path, part: Path, configs: list[tuple[str, dict]], keys: dict
     stored row whose inputs changed is recomputed, with one warning per reason. Rows
     of another grid are never dropped silently: ConfigError (give another --out, or
     --overwrite to replace them)."""
+    for what in ("stages", "errors"):  # the files written beside the table: someone else's are kept
+        sibling = sibling_path(out, what)
+        sibling = sibling.with_suffix(".csv") if what == "errors" else sibling
+        if sibling.exists() and len(columns := read_table(sibling, allow_empty=True).columns) \
+                and "config_id" not in columns:
+            raise ConfigError(f"--out {str(out)!r}: {str(sibling)!r} holds a table that is not a perfsim "
+                              f"sweep's (no config_id column), which this sweep would replace; give another "
+                              f"--out, or --overwrite (resume=False) to replace it")
     stored: dict[str, dict] = {}
     for source, recs in (("its table", _records_from_table(out)),
                          (f"its interrupted sweep ({part.name})", _read_part(part))):

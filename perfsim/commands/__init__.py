@@ -11,7 +11,10 @@ from __future__ import annotations
 import argparse
 import inspect
 import logging
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
+
+from perfsim import params
+from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,29 @@ def note_unused(summaries: Iterable[dict[str, Any]]) -> None:
 
     for note in dict.fromkeys(n for s in summaries for n in unused_notes(s)):
         log.warning("note: %s", note)
+
+
+#: the predict parameters that name files (the roles of :func:`perfsim.api.input_files`)
+FILE_PARAMS = ("profile", "model", "workload", "topology")
+
+
+def input_paths(values: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """``(flag, path)`` of each file the predict parameters ``values`` read (every value of a
+    comma list; the default profile when none is given), resolved as predict resolves them
+    (:func:`perfsim.api.input_files`): what no output may be (:func:`perfsim.outputs.check_not_input`).
+    A value that is not valid is left to the command's own error."""
+    from perfsim.api import input_files  # lazy: perfsim --help does not load perfsim.api
+
+    found = []
+    for name in FILE_PARAMS:
+        try:
+            given = params.values_of(name, values[name], True) if values.get(name) is not None else [None]
+        except ConfigError:
+            continue
+        for value in given:
+            if value is not None or name == "profile":
+                found.append((f"--{name}", input_files(**{name: value}).get(name)))
+    return found
 
 
 def positive_int(text: str) -> int:

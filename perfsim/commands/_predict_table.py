@@ -28,14 +28,27 @@ def _cell(s: dict, key: str, fmt) -> str:
     return fmt(s[key])
 
 
+def _label(column: str, value) -> str:
+    """A parameter's value in a grid's table, by its column's unit (``_bps``, ``_s``, ``_bytes``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        for suffix, fmt in (("_bps", format_bandwidth), ("_s", format_time), ("_bytes", format_bytes)):
+            if column.endswith(suffix):
+                return fmt(value)
+    return "" if value is None else str(value)
+
+
 def _interval(s: dict) -> str:
     """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), or a dash where none is stated."""
     lo, hi = s.get("iteration_s_low"), s.get("iteration_s_high")
     return f"{format_time(lo)}-{format_time(hi)}" if lo is not None and hi is not None else "-"
 
 
-def render(results, file=None, width: int | None = None, color: bool = True) -> str | None:
-    """Print to ``file`` (a rich console) or, with ``file=None``, return plain text."""
+def render(results, file=None, width: int | None = None, color: bool = True,
+           labels: list[dict] | None = None) -> str | None:
+    """Print to ``file`` (a rich console) or, with ``file=None``, return plain text.
+    ``labels``: per result, ``{column: value}`` of the parameters its grid varies
+    (:func:`perfsim.params.column`); a grid's table has a column for each one that its
+    standard columns do not show (``gpu``, ``seq_len`` ...)."""
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
 
@@ -58,14 +71,18 @@ def render(results, file=None, width: int | None = None, color: bool = True) -> 
         sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
                                  ("recompute", "recompute", str), ("attention", "attention", str)]
         varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
+        labels = labels or [{} for _ in results]
+        drawn = {key for _, key, _ in sweep_cols}
+        other = [k for k in dict.fromkeys(k for row in labels for k in row) if k not in drawn]
         t = Table(title=f"perfsim predict ({len(results)} configurations)", title_justify="left")
-        for name, _, _ in varying:
+        for name in [n for n, _, _ in varying] + other:
             t.add_column(name)
         for name, _ in fig_cols:
             t.add_column(name, justify="right")
-        for r in results:
+        for r, extra in zip(results, labels):
             s = r.summary
-            t.add_row(*[_cell(s, key, fmt) for _, key, fmt in varying], *[f(s) for _, f in fig_cols])
+            t.add_row(*[_cell(s, key, fmt) for _, key, fmt in varying], *[_label(k, extra.get(k)) for k in other],
+                      *[f(s) for _, f in fig_cols])
         console.print(t)
     else:
         s = results[0].summary

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from perfsim import outputs, params
-from perfsim.commands import add_out
+from perfsim.commands import add_out, input_paths
 
 HELP = "peak memory per GPU of a job, and what each single change (ZeRO, recomputation, TP/PP, ...) saves"
 EXAMPLES = """examples:
@@ -31,9 +31,10 @@ def run(args) -> int:
     fmt = outputs.output_format(args.out, {"text": "table"}.get(args.format, args.format),
                                 allowed=("table", "json"), flag="--out")
     out = None if outputs.is_stdio(args.out) else args.out
+    values = params.from_args(args)
     if out:
         outputs.check_file_target(out, "--out")
-    values = params.from_args(args)
+        outputs.check_not_input(out, input_paths(values), "--out")
     values.pop("allow_oom", None)
     report = memory_report(**values)
     text = outputs.json_text(report.to_dict()) if fmt == "json" else render(report) + "\n"

@@ -20,7 +20,7 @@ import argparse
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import note_unused
+from perfsim.commands import input_paths, note_unused
 from perfsim.emit import EMIT_KINDS, check_emit, emit
 from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
@@ -77,6 +77,8 @@ def _check_outputs(args) -> None:
     args.format = outputs.output_format(args.output, args.format, allowed=FORMATS, flag="--out")
     if args.output:
         outputs.check_file_target(args.output, "--out")
+        curves = [("--convergence", c.strip()) for c in (args.convergence or "").split(",")]
+        outputs.check_not_input(args.output, [*input_paths(params.from_args(args)), *curves], "--out")
     if args.plot:
         # lazy: perfsim --help does not load perfsim.analysis.plot_files
         from perfsim.analysis.plot_files import check_figure_target

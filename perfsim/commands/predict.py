@@ -11,7 +11,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import note_unused
+from perfsim.commands import input_paths, note_unused
 from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,40 +70,54 @@ def run(args) -> int:
     fmt = outputs.output_format(args.output, args.format, flag="--out")  # unknown suffix, no pyarrow: before any work
     if outputs.is_stdio(args.output):  # -o -: standard output, as without -o
         args.output = None
+    inputs = input_paths(params.from_args(args))  # no output replaces an input file
     if args.output:
         outputs.check_file_target(args.output, "--out")
+        outputs.check_not_input(args.output, inputs, "--out")
     elif fmt == "parquet":
         raise ConfigError("--format parquet: needs --out FILE (Parquet is binary)")
     if args.trace:
         outputs.check_file_target(args.trace, "--trace")
     grid = _grid(args)
+    if outputs.is_stdio(args.trace) and (not args.output or len(grid) > 1):  # stdout holds one document
+        raise ConfigError("--trace '-': standard output " + ("is the result's (give --out FILE for it)"
+                          if not args.output else f"holds one trace, not the {len(grid)} of a grid (give --trace FILE)"))
+    for i in range(len(grid) if args.trace else 0):
+        outputs.check_not_input(_trace_path(args.trace, i, len(grid)), [*inputs, ("--out", args.output)], "--trace")
     results = []
-    for i, params in enumerate(grid):
-        log.debug("predict %s", params)
-        res = predict(**params, trace=bool(args.trace), note_unused=True)
+    for i, config in enumerate(grid):
+        log.debug("predict %s", config)
+        res = predict(**config, trace=bool(args.trace), note_unused=True)
         if args.trace:
             res.write_trace(_trace_path(args.trace, i, len(grid)))
             res.trace_events = []
             if len(grid) > 1:  # not the FILE named: say which file holds which configuration
                 log.info("wrote trace %s (%s)", _trace_path(args.trace, i, len(grid)), _label(grid, i))
         results.append(res)
+    # each row with the parameters its summary does not show (seq_len, bucket_size ...): the rows
+    # of a grid told apart
+    shown = [params.shown_columns(config, r.summary) for r, config in zip(results, grid)]
+    rows = [{**r.row(), **extra} for r, extra in zip(results, shown)]
     if fmt == "csv":
-        data = outputs.records_csv([r.row() for r in results]).encode()
+        data = outputs.records_csv(rows).encode()
     elif fmt == "json":
         data = _json(results).encode()
     elif fmt == "parquet":
         import pandas as pd  # lazy: pandas is heavy, only for Parquet
 
-        data = outputs.frame_bytes(pd.DataFrame([r.row() for r in results]), "parquet")
+        data = outputs.frame_bytes(pd.DataFrame(rows), "parquet")
     else:
         # lazy: perfsim --help does not load perfsim.commands._predict_table
         from perfsim.commands._predict_table import render
 
+        # the table: a column for each parameter the grid varies (gpu, seq_len ...)
+        varying = [k for k in grid[0] if len({str(c.get(k)) for c in grid}) > 1]
+        labels = [{params.column(k): v for k, v in params.plain(c).items() if k in varying} for c in grid]
         if not args.output:
-            render(results, file=sys.stdout)
+            render(results, file=sys.stdout, labels=labels)
             _warn_memory(results)
             return 0
-        data = render(results, width=160, color=False).encode()
+        data = render(results, width=160, color=False, labels=labels).encode()
     outputs.emit(args.output, data.decode() if args.output is None else data)
     if args.output:
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from perfsim.engine import compute
 from perfsim.errors import ConfigError
-from perfsim.hardware import check_precision, curve_for, profile_gpu
+from perfsim.hardware import check_precision, curve_for, profile_gpu, same_silicon
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import padded_vocab
 from perfsim.workload import Model
@@ -96,7 +96,8 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     tensor-parallel rank, and a sentence saying where they come from.
 
     Order of preference per layer: the profile's record at this precision
-    (``tp == 1``, no ``gpu`` named other than the profile's); the workload file's
+    (``tp == 1``, no ``gpu`` named other than the profile's: :func:`perfsim.hardware.same_silicon`;
+    the same holds for its measured operator rates); the workload file's
     times; the operator compute model of ``gpu`` (:mod:`perfsim.engine.compute`; the
     profile's own GPU when it names a preset and the precision differs from its
     records); else the layer's FLOPs at the profile's effective FLOP rate plus its
@@ -115,7 +116,10 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
         split = _tp_from_profile(model, profile, micro_batch, tp, sequence_parallel, recompute)
         if split is not None:
             return split
-    use_profile = tp == 1
+    # the profile's measurements describe its own device: a GPU named other than it is priced
+    # by its own model, never by another device's records or rates
+    foreign = gpu is not None and profile is not None and not same_silicon(profile_gpu(profile), gpu)
+    use_profile = tp == 1 and not foreign
     if gpu is None and profile is not None and (precision != "fp32" or not use_profile):
         gpu = profile_gpu(profile)
         if gpu is None:
@@ -126,7 +130,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     if gpu is not None:
         check_precision(gpu, precision)
         curve, source = curve_for(gpu, host_overhead_s)
-        rates = compute.measured_rates(profile, precision)
+        rates = None if foreign else compute.measured_rates(profile, precision)
         if rates is not None:
             source = (f"operator rates measured in the profile ({len(rates.gemm)} GEMMs, "
                       f"{len(rates.memory)} memory-bound points, {precision}); host time per operator "
@@ -149,7 +153,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
         f = _measured(profile, model, layer.name, micro_batch, "fwd", precision) if use_profile else None
         b = _measured(profile, model, layer.name, micro_batch, "bwd", precision) if use_profile else None
         measured += f is not None
-        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and use_profile:
+        if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and tp == 1:
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
         if f is None and modelled is not None:
             f, b = modelled[0][i], modelled[1][i]

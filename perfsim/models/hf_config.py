@@ -27,6 +27,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from perfsim.documents import load_json
 from perfsim.errors import ConfigError
 from perfsim.models.transformer import ARCHS, TransformerSpec
 
@@ -141,7 +142,7 @@ def read_config(path: str | Path) -> tuple[dict, Path]:
         p = p / "config.json"
     where = f"model config {str(p)!r}"
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        cfg = load_json(p.read_text(encoding="utf-8"), where, parse_constant=_reject_constant)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read ({exc.strerror or exc})") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError

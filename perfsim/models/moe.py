@@ -204,6 +204,14 @@ def check_routing(spec, name: str, strategy) -> None:
         return
     if spec.experts % strategy.ep:
         raise ConfigError(f"ep={strategy.ep}: does not divide the {spec.experts} experts of {name!r}")
+    # a rank holding experts/ep experts receives each token's copies at most min(top_k, experts/ep)
+    # times, from every one of the ep ranks: ep x that / top_k times the balanced share
+    local = min(spec.top_k, spec.experts // strategy.ep)
+    most = strategy.ep * local / spec.top_k
+    if strategy.moe_imbalance > most * (1 + 1e-9):
+        raise ConfigError(f"moe_imbalance={strategy.moe_imbalance:g}: more than the busiest rank can receive "
+                          f"(at most {most:g} x the balanced share: every token's copies to its {local} "
+                          f"expert(s) on one rank, ep={strategy.ep}, top-{spec.top_k})")
     if strategy.zero:
         raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
                           "optimizer state over the expert-data-parallel group is not modelled")

@@ -194,13 +194,17 @@ def _links(data, n: int, where: str):
     links = data.get("links", [])
     if not isinstance(links, list):
         raise ConfigError(f"{where}: 'links' must be a list")
-    out = []
+    out, seen = [], {}
     for k, link in enumerate(links):
         if not isinstance(link, dict) or set(link) - {"src", "dst", "bandwidth", "latency", "symmetric"}:
             raise ConfigError(f"{where}: links[{k}] must have only src, dst, bandwidth, latency, symmetric")
         s, d = link.get("src"), link.get("dst")
         if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < n for x in (s, d)) or s == d:
             raise ConfigError(f"{where}: links[{k}] src/dst must be distinct node indices < {n}")
+        if (s, d) in seen:  # which one was meant? (the last one won, silently)
+            raise ConfigError(f"{where}: links[{k}]: the pair {s},{d} again (links[{seen[s, d]}] gave it); "
+                              "give each pair once")
+        seen[s, d] = k
         rate = _bw(link["bandwidth"], f"{where}: links[{k}].bandwidth") if "bandwidth" in link else None
         delay = _lat(link["latency"], f"{where}: links[{k}].latency") if "latency" in link else None
         out.append(((s, d), (rate, delay)))
@@ -269,7 +273,7 @@ def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> T
     row per pair, either direction)."""
     if not rows or set(rows[0]) != {"src", "dst", "bandwidth", "latency"}:
         raise ConfigError(f"{where}: CSV needs the header src,dst,bandwidth,latency and >= 1 row")
-    entries = {}
+    entries, seen = {}, {}
     for k, row in enumerate(rows):
         try:
             s, d = int(row["src"]), int(row["dst"])
@@ -277,6 +281,10 @@ def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> T
             raise ConfigError(f"{where}: row {k + 2}: src/dst must be integers") from None
         if s < 0 or d < 0 or s == d:
             raise ConfigError(f"{where}: row {k + 2}: src/dst must be distinct non-negative integers")
+        if (s, d) in seen:  # which one was meant? (the last row won, silently)
+            raise ConfigError(f"{where}: row {k + 2}: the pair {s},{d} again (row {seen[s, d]} gave it); "
+                              "give each pair once (a reverse row d,s is its other direction)")
+        seen[s, d] = k + 2
         entries[(s, d)] = (_bw(row["bandwidth"], f"{where}: row {k + 2} bandwidth"),
                            _lat(row["latency"], f"{where}: row {k + 2} latency"))
     n = 1 + max(max(p) for p in entries)

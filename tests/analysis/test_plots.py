@@ -118,6 +118,29 @@ def test_speedup_figure_and_panels():
     assert fig.axes[0].get_ylabel() == "speed-up over FP32 gradients (x)"
 
 
+def test_rows_of_other_configurations_are_never_averaged_into_one_line():
+    """qa3: a sweep over --gpu a100,h100 x --precision fp32,bf16 drew one FP32 line at the mean
+    of four configurations' throughput (panels came from a fixed list of columns that held
+    neither gpu nor precision nor seq_len). Every parameter column that varies is a panel."""
+    df, st = synthetic(pp=(4,))
+    df = pd.concat([df.assign(precision="fp32", seq_len=1024),
+                    df.assign(precision="bf16", seq_len=1024,
+                              throughput_samples_per_s=df["throughput_samples_per_s"] * 3)])
+    df["config_id"] = [config_id(r) for r in df.to_dict("records")]
+    fig = plots.make_figure("throughput", df)
+    assert sorted(a.get_title() for a in fig.axes) == ["precision=bf16", "precision=fp32"]
+    for ax in fig.axes:
+        mine = df[df.precision == ax.get_title().split("=")[1]]
+        want = mine[mine.compress == "fp32"].sort_values("bandwidth_bps")["throughput_samples_per_s"]
+        np.testing.assert_allclose(lines_by_label(ax)["FP32"].get_ydata(), want.to_numpy())
+    long = pd.concat([df.assign(source="predicted"), df.assign(source="measured")])
+    assert len(plots.validation_pairs(long)) == len(df)  # one pair per configuration, none averaged
+    fig = plots.make_figure("breakdown", df[(df.bandwidth_bps == 1e8) & (df.compress == "fp32")],
+                            pd.concat([st.assign(config_id=c) for c in df.config_id]))
+    assert sorted(a.get_title().split("\n")[0] for a in fig.axes if a.get_visible()) == \
+        ["precision=bf16", "precision=fp32"]
+
+
 def test_breakdown_figure():
     big, big_st = synthetic(pp=(2, 4))
     with pytest.raises(ConfigError, match="24 configurations; select at most 12"):

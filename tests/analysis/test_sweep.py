@@ -7,6 +7,7 @@ runs the real simulator when it is there.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -109,6 +110,33 @@ def test_spec_other_predict_params():
 def test_spec_rejects_bad_values(values, match):
     with pytest.raises(ConfigError, match=match):
         SweepSpec(values)
+
+
+@pytest.mark.parametrize("line,culprit", [
+    ("bandwidth = [100, 1000]", "bandwidth = 100"),   # ran at 100 bit/s: 178,210 s an iteration, exit 0
+    ("latency = 5", "latency = 5"),                   # 5 s (meant 5 ms?)
+    ("bucket-size = 25", "bucket_size = 25"),
+    ("intra-node-bandwidth = 300.0", "intra_node_bandwidth = 300.0"),
+    ("tcp-window = [4]", "tcp_window = 4"),
+])
+def test_a_sweep_file_number_needs_a_unit_as_its_flag_does(tmp_path, write_file, line, culprit):
+    """qa3: a sweep file mirrors the flags, but `bandwidth = [100, 1000]` ran at 100 and 1000
+    bit/s and `latency = 5` at 5 s, exit 0, where `--bandwidth 100` is refused. Zero is
+    unambiguous (a zero latency, burst); text with a unit is read as the flag reads it."""
+    f = write_file("s.toml", f'model = "gpt2-tiny"\npp = 2\n{line}\n')
+    r = run_cli_here("sweep", str(f), "-o", str(tmp_path / "s.csv"), "--no-progress")
+    assert r.returncode == 2 and culprit in r.stderr and "has no unit" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "s.csv").exists()
+    f.write_text('model = "gpt2-tiny"\nlatency = [0, "5ms"]\nlink-burst = 0\nbandwidth = "1Gbps"\n')
+    assert load_sweep_file(f).values["latency"] == [0.0, 0.005]
+
+
+def test_a_sweep_file_key_given_twice_is_refused(write_file):
+    """qa3: `link-burst = "0B"` and `link_burst = "50KB"` in one sweep file (TOML sees two keys)
+    ran 50 KB alone, exit 0."""
+    f = write_file("s.toml", 'model = "gpt2-tiny"\nlink-burst = "0B"\nlink_burst = "50KB"\n')
+    with pytest.raises(ConfigError, match="link_burst given twice.*link-burst.*link_burst"):
+        load_sweep_file(f)
 
 
 def test_sweep_file(tmp_path, write_file):
@@ -228,6 +256,21 @@ def test_a_table_that_is_not_a_sweeps_is_never_overwritten(tmp_path):
     empty = tmp_path / "empty.csv"
     empty.write_text("")
     assert len(run_sweep(GRID, empty, predict=fake_predict).summary) == len(table.summary)
+
+
+@pytest.mark.parametrize("what", ["stages", "errors"])
+def test_a_sibling_that_is_not_a_sweeps_is_never_overwritten(tmp_path, what):
+    """qa3: `perfsim sweep -o r.csv` replaced the user's own r.stages.csv with the per-stage
+    rows, and deleted the user's r.errors.csv (a stale errors table of an earlier grid is
+    removed), exit 0. A sibling without config_id is someone else's: refused, as the table is."""
+    out = tmp_path / "r.csv"
+    sibling = tmp_path / f"r.{what}.csv"
+    sibling.write_text("my,notes\n1,2\n")
+    with pytest.raises(ConfigError, match=f"r.{what}.csv.*not a perfsim sweep's"):
+        run_sweep(GRID, out, predict=fake_predict)
+    assert sibling.read_text() == "my,notes\n1,2\n" and not out.exists()
+    run_sweep(GRID, out, predict=fake_predict, resume=False)  # --overwrite: on purpose
+    assert not sibling.exists() or "config_id" in sibling.read_text()
 
 
 def test_pool_only_when_it_pays():
@@ -356,3 +399,25 @@ def test_cli_real_simulator(tmp_path):
                    "--out", str(tmp_path / "bad.csv"), "--no-progress", cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "partition" in lines[0], proc.stderr
+
+
+def test_every_parameter_of_a_sweep_is_a_column_of_its_table(tmp_path):
+    """qa3: `perfsim sweep --seq-len 32,64 --bucket-size 1MiB,25MiB` wrote 4 rows that no
+    column told apart (the summary has neither seq_len nor the bucket size): only the
+    config_id hash did. A parameter the summary does not show is a column of its own, its
+    unit in its name; one the summary shows (bandwidth_bps, dp) is not repeated."""
+    out = tmp_path / "s.csv"
+    run_sweep({"model": "gpt2-tiny", "pp": 2, "dp": 2, "bandwidth": "1Gbps", "seq_len": "32,64",
+               "bucket_size": "1MiB,25MiB"}, out, jobs=1, progress=False)
+    df = pd.read_csv(out)
+    assert list(df["seq_len"]) == [32, 32, 64, 64]
+    assert list(df["bucket_size_bytes"]) == [2**20, 25 * 2**20] * 2
+    assert "bandwidth" not in df.columns and "dp_bytes" in df.columns and df.columns[-1] == "config_id"
+    r = run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "2", "--seq-len", "32,64", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    assert list(pd.read_csv(io.StringIO(r.stdout))["seq_len"]) == [32, 64]
+    text = run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "2", "--seq-len", "32,64", "--gpu", "a100,h100",
+                        "--host-overhead", "10us,20us").stdout
+    head, rows = text.splitlines()[2], text.splitlines()[4:12]  # the table's header names what differs
+    assert all(name in head for name in ("seq_len", "gpu", "host_overhead")), text
+    assert len(set(tuple(r.split("│")[1:5]) for r in rows)) == 8, text  # every row told apart

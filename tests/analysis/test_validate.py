@@ -239,6 +239,22 @@ def test_cli_out_that_is_a_file_is_named_as_such(small_profile, tmp_path):
     assert r.stderr.strip().splitlines() == [f"perfsim validate: error: --out '{f}': {f} is a file, not a folder"]
 
 
+def test_a_folder_of_someone_elses_files_is_never_written_over(small_profile, tmp_path):
+    """qa3: `validate --out results` where results/ held the user's own summary.json and
+    validation.md (no validation.csv) replaced both, exit 0 (only a validation.csv was
+    checked). `perfsim run` refuses the same for its result files; so does validate now."""
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "summary.json").write_text('{"mine": 1}')
+    (out / "validation.md").write_text("my notes\n")
+    r = run_cli_here("validate", "--no-progress", "--no-plot", "--profile", str(small_profile), "--out", str(out))
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "summary.json, validation.md" in r.stderr, r.stderr
+    assert "--overwrite" in r.stderr
+    assert (out / "summary.json").read_text() == '{"mine": 1}' and (out / "validation.md").read_text() == "my notes\n"
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == ["summary.json", "validation.md"]
+
+
 def _shaped(name, alpha, rate_bps, burst, sizes=(1024, 4096, 16384, 262144, 1048576, 4194304)):
     return [{"op": "p2p", "name": name, "size_bytes": s, "world_size": 2,
              "time_s": alpha + max(0, s - burst) * 8 / rate_bps} for s in sizes]

@@ -357,6 +357,7 @@ HINT = re.compile(r"e\.g\. ([^\s,)]+)")
 #: (flag, bad value) of predict: units, specs, counts; each error's hint is fed back
 BAD_PREDICT = [
     ("--bandwidth", "200"), ("--latency", "5"), ("--bucket-size", "25Mb"), ("--link-burst", "50kb"),
+    ("--bucket-size", "25"), ("--link-burst", "50"), ("--tcp-window", "4"),
     ("--host-overhead", "25"), ("--p2p-control-latency", "50"), ("--nic", "4x"), ("--nic", "4x200"),
     ("--compress", "aqsgd"), ("--compress", "aqsgd:fw3bw6:m7"), ("--compress", "directq"),
     ("--compress", "directq:fw4bw8:x"), ("--compress", "aqsgd:fw3bw6:zz=1"),

@@ -1,5 +1,6 @@
 """One output writer and outputs that never clobber."""
 
+import json
 import os
 import shutil
 import stat
@@ -13,7 +14,7 @@ from perfsim.cli import main
 from perfsim.errors import ConfigError, OutputError
 from perfsim import outputs
 
-from _helpers import run_cli
+from _helpers import run_cli, run_cli_here
 
 ROOT = os.geteuid() == 0
 FAST = ["--pp", "2", "--macro-batch", "4"]
@@ -292,3 +293,60 @@ def test_plan_and_memory_write_the_format_their_out_suffix_names(tmp_path, capsy
         assert main([*plan, *bad]) == 2
         assert "--out" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists() and not (tmp_path / "q.csv").exists()
+
+
+# an input file given again as the output: the input (a calibration profile, a model's
+# config.json, loss curves) was replaced by the output, exit 0 (qa3 probe)
+_TINY_CFG = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 128, "n_positions": 32}
+
+
+@pytest.mark.parametrize("argv,flag,culprit", [
+    (["predict", "--profile", "{p}", "--pp", "2", "--model", "gpt2-tiny", "-o", "{p}"], "--out", "--profile"),
+    (["predict", "--profile", "{p}", "--pp", "2", "--model", "gpt2-tiny", "--trace", "{p}"], "--trace", "--profile"),
+    (["predict", "--pp", "2", "--model", "{c}", "-o", "{c}"], "--out", "--model"),
+    (["predict", "--pp", "2", "--model", "gpt2-tiny", "-o", "{d}/r.json", "--trace", "{d}/r.json"], "--trace", "--out"),
+    (["predict", "--pp", "2", "--model", "gpt2-tiny", "--bandwidth", "1Gbps,{p_bw}", "--profile", "{d}/t-1.json",
+      "--trace", "{d}/t.json"], "--trace", "--profile"),
+    (["memory", "--profile", "{p}", "--model", "gpt2-tiny", "--pp", "2", "-o", "{p}"], "--out", "--profile"),
+    (["memory", "--model", "{d}", "--pp", "2", "-o", "{c}"], "--out", "--model"),
+    (["plan", "--profile", "{p}", "--model", "gpt2-tiny", "--nodes", "2", "--bandwidth", "1Gbps",
+      "--global-batch", "8", "-o", "{p}"], "--out", "--profile"),
+    (["plan", "--model", "gpt2-tiny", "--nodes", "2", "--bandwidth", "1Gbps", "--global-batch", "8",
+      "--convergence", "{v}", "-o", "{v}"], "--out", "--convergence"),
+])
+def test_an_output_is_never_one_of_the_inputs(tmp_path, argv, flag, culprit):
+    import json
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    profile = tmp_path / "p.json"
+    shutil.copy(repo / "traces" / "cpu-2core.json", profile)
+    shutil.copy(repo / "traces" / "cpu-2core.json", tmp_path / "t-1.json")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_TINY_CFG))
+    curves = tmp_path / "curves.json"
+    shutil.copy(repo / "perfsim" / "data" / "convergence" / "gpt2-tiny.json", curves)
+    before = {f: f.read_bytes() for f in tmp_path.iterdir()}
+    fill = dict(p=profile, c=config, d=tmp_path, v=curves, p_bw="10Gbps")
+    proc = run_cli_here(*[a.format(**fill) for a in argv])
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"perfsim {argv[0]}: error: {flag} ") and culprit in proc.stderr, proc.stderr
+    assert {f: f.read_bytes() for f in tmp_path.iterdir()} == before  # every input as it was, nothing written
+
+
+def test_a_trace_on_standard_output_never_shares_it(tmp_path, monkeypatch):
+    """qa3: `predict --trace - --format json` wrote the trace and the result into one stdout
+    (two JSON documents back to back: jq fails), and a grid's `--trace -` wrote files named
+    `--0`, `--1`. `--trace -` is stdout only where nothing else goes there: one configuration
+    with `--out FILE`."""
+    monkeypatch.chdir(tmp_path)
+    base = ["predict", "--model", "gpt2-tiny", "--pp", "2"]
+    for extra in (["--format", "json"], [], ["-o", "-"], ["--bandwidth", "1Gbps,10Gbps", "-o", "r.json"]):
+        r = run_cli_here(*base, "--trace", "-", *extra)
+        assert r.returncode == 2 and r.stdout == "", (extra, r.stderr)
+        assert r.stderr.startswith("perfsim predict: error: --trace '-': ") and len(r.stderr.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    r = run_cli_here(*base, "--trace", "-", "-o", "r.json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["traceEvents"] and json.loads((tmp_path / "r.json").read_text())["summary"]

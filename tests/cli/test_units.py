@@ -5,7 +5,7 @@ import pytest
 from perfsim.errors import ConfigError
 from perfsim.units import parse_bandwidth, parse_size, parse_time
 
-from _helpers import assert_user_error, run_cli
+from _helpers import assert_user_error, run_cli, run_cli_here
 
 
 @pytest.mark.parametrize("text,bps", [
@@ -46,6 +46,18 @@ def test_unitless_values_rejected_on_the_command_line(tmp_path):
         proc = run_cli("predict", flag, value)
         assert_user_error(proc.returncode, proc.stderr, hint)
     assert parse_time("0") == 0.0  # a bare zero latency is unambiguous
+
+
+@pytest.mark.parametrize("flag,bare", [("--bucket-size", "25"), ("--tcp-window", "4"), ("--link-burst", "50")])
+def test_a_size_given_as_text_needs_a_unit(flag, bare):
+    """qa3: `--bucket-size 25` (PyTorch's bucket_cap_mb=25) ran 25-byte buckets, 53 % slower
+    (gpt2-tiny, dp 4, 1 Gbps); `--tcp-window 4` a 4-byte TCP window: 2503 s an iteration
+    instead of 0.051 s, exit 0. Now refused as --bandwidth 200 is; 0 and Python ints stay bytes."""
+    proc = run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "1", "--dp", "4", flag, bare)
+    assert_user_error(proc.returncode, proc.stderr, f"{flag} '{bare}': needs a unit, e.g. {bare}MiB")
+    assert parse_size("0") == 0 and parse_size(" 0B ") == 0 and parse_size(25) == 25 and parse_size(25.0) == 25
+    with pytest.raises(ConfigError, match="needs a unit"):
+        parse_size("1e3")
 
 
 def test_parse_time_and_size():

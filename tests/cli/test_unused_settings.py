@@ -94,3 +94,17 @@ def test_predict_says_each_once_on_stderr():
                      "device are fixed)"]
     r = run_cli_here("predict", "--model", "digits-mlp", "--pp", "2")
     assert r.returncode == 0 and "note:" not in r.stderr and "unused" not in r.stdout
+
+
+def test_pipeline_compression_with_one_stage_is_said_unused():
+    """qa3: `perfsim predict --pp 1 --compress aqsgd:fw3bw6,directq:fw4bw8,fp32` printed three
+    identical predictions without a word (one stage has no pipeline boundary), as the gradient
+    settings with dp 1 did before qa2."""
+    one = dict(model="gpt2-tiny", pp=1)
+    for extra in ({}, {"schedule": "interleaved-1f1b", "virtual_stages": 2}):
+        s = perfsim.predict(**one, **extra, compress="aqsgd:fw3bw6").summary
+        assert _figures(s) == _figures(perfsim.predict(**one, **extra).summary)
+        assert unused_notes(s) == ["compress aqsgd:fw3bw6 unused: pp 1 has no pipeline boundary"], s.get("model_note")
+        assert not unused_notes(api_predict(**one, **extra, compress="aqsgd:fw3bw6").summary)  # a planner's
+    assert not unused_notes(perfsim.predict(**one, compress="fp32").summary)  # the identity: nothing to say
+    assert not unused_notes(perfsim.predict(model="gpt2-tiny", pp=2, compress="aqsgd:fw3bw6").summary)

@@ -187,7 +187,7 @@ def test_recompute_on_measured_profile_times():
 
 def test_measured_operator_rates_win(tmp_path):
     """A profile with calibrate --efficiency records prices GEMMs and memory-bound ops
-    at the measured rates instead of the curve."""
+    at the measured rates instead of the curve (on its own GPU: the A100 named)."""
     from perfsim.profile import Profile
 
     prof = Profile.default()
@@ -197,6 +197,7 @@ def test_measured_operator_rates_win(tmp_path):
                   time_s=4 * n / 1e12) for n in (2**16, 2**20, 2**26)]
     data = prof.to_dict()
     data["records"] = data["records"] + recs
+    data["metadata"] = dict(data["metadata"], device_name="NVIDIA A100-SXM4-80GB")  # the A100's records
     p = tmp_path / "eff.json"
     Profile.from_dict(data).save(p)
     base = dict(model="gpt:layers=4,hidden=4096,heads=32,seq=2048,vocab=32000", gpu="a100", pp=1,
@@ -441,3 +442,26 @@ def test_host_overhead_of_eager_pytorch_fits_the_h200_steps():
 
     assert worst() > 0.5
     assert worst(host_overhead="25us") < 0.2
+
+
+def test_a_named_gpu_is_not_priced_with_another_devices_records():
+    """qa3: with the default profile (per-layer records of gpt2-xl timed on a V100),
+    `--gpu a100` and `--gpu h100` both priced compute from the V100's records (7.69 s an
+    iteration each, compute_model "profile's per-layer records"), as did a CPU profile's
+    records for `--gpu a100`. The records (and measured operator rates) describe the
+    profile's device: they price its own GPU (or one of the same silicon), never another."""
+    from pathlib import Path
+
+    kw = dict(model="gpt2-xl", pp=8, bandwidth="10Gbps", allow_oom=True)
+    a100, h100, v100 = (predict(**kw, gpu=g).summary for g in ("a100", "h100", "v100"))
+    assert v100["compute_model"] == "profile's per-layer records"  # the V100 profile's own GPU (32 GB twin)
+    for s, name in ((a100, "a100-sxm4-80gb"), (h100, "h100-sxm5-80gb")):
+        assert "per-layer records" not in s["compute_model"] and name in s["compute_model"], s["compute_model"]
+    assert h100["compute_s"] < a100["compute_s"] < v100["compute_s"]
+    cpu = predict(model="gpt2-tiny", pp=2, profile="cpu-2core", gpu="a100").summary
+    assert "per-layer records" not in cpu["compute_model"]
+    assert cpu["compute_s"] == pytest.approx(predict(model="gpt2-tiny", pp=2, gpu="a100").summary["compute_s"])
+    path = str(Path(__file__).resolve().parents[2] / "traces" / "gpu-h200.json")  # an H200's operator rates
+    other = predict(model="gpt2-xl", profile=path, gpu="a100", pp=1, micro_batch=4, global_batch=4,
+                    precision="bf16").summary["compute_model"]
+    assert "measured in the profile" not in other, other

@@ -184,3 +184,20 @@ def test_every_micro_batch_in_flight_keeps_its_loss():
         blocks = sum(1 for layer in workload.layers[first:last + 1] if layer.name.startswith("block"))
         assert (blocks, st["peak_inflight"]) == (6, held)
         assert st["activations_gib"] * GIB == pytest.approx(blocks * held * per_block + held * (8 * s * h + 4 * s * v))
+
+
+def test_aqsgd_buffers_are_those_of_the_boundaries_that_cross_devices():
+    """qa3: AQ-SGD's per-sample buffers were counted with the pipeline's device count as its
+    stage count: an interleaved pp 2 x 2 chunks charged 2 boundary buffers per device where it
+    sends over 3 (stage 1 -> 2 crosses too), an interleaved pp 1 charged one for its chunks'
+    local hand-off (no message, no codec: perfsim.schedules, the runtime's pipeline)."""
+    aq = dict(model="gpt2-tiny", compress="aqsgd:fw3bw6", dataset_samples=1000)
+    one = GIB * predict(**aq, pp=2, schedule="1f1b").stages[0]["buffers_gib"]  # one boundary's buffer
+
+    def buffers(**kw):
+        return [round(GIB * s["buffers_gib"] / one, 6) for s in predict(**aq, **kw).stages]
+
+    assert buffers(pp=2, schedule="interleaved-1f1b", virtual_stages=2) == [3, 3]
+    assert buffers(pp=1, schedule="interleaved-1f1b", virtual_stages=2) == [0]
+    assert buffers(pp=2, schedule="zb-v") == [2, 2]  # the V's turn (stages 1, 2 on device 1) is local
+    assert buffers(pp=3, schedule="1f1b") == [1, 2, 1]

@@ -60,6 +60,10 @@ def test_topology_formats_agree(tmp_path):
     ("a.json", '{"bandwidth_matrix": [[0, 1], [1]]}', "row 1"),
     ("a.csv", "src,dst,bandwidth,latency\n0,1,1Gbps,0\n0,2,1Gbps,0\n", "pair 1,2"),
     ("a.csv", "a,b\n1,2\n", "header"),
+    # qa3: a pair given twice took its last row silently (1 Gbps then 10 Mbps: ran at 10 Mbps)
+    ("a.csv", "src,dst,bandwidth,latency\n0,1,1Gbps,0\n0,1,10Mbps,0\n", "row 3: the pair 0,1 again.*row 2"),
+    ("a.toml", 'nodes = 2\nbandwidth = "1Gbps"\n[[links]]\nsrc = 0\ndst = 1\nbandwidth = "1Gbps"\n'
+               '[[links]]\nsrc = 0\ndst = 1\nbandwidth = "10Mbps"\n', r"links\[1\]: the pair 0,1 again.*links\[0\]"),
 ])
 def test_bad_topologies(tmp_path, name, text, msg):
     f = tmp_path / name

@@ -37,6 +37,28 @@ def test_every_reader_words_its_errors_alike(tmp_path, reader, what, kind):
         reader(bad)
 
 
+def test_a_json_key_given_twice_is_refused_naming_it(tmp_path):
+    """qa3: JSON keeps a repeated key's last value silently: a topology with "bandwidth" 1Gbps
+    then 10Mbps ran at 10 Mbps, a Llama-3-8B config.json with num_hidden_layers 32 then 16 was
+    priced as 16 layers, exit 0 (TOML refuses a repeated key itself)."""
+    from perfsim.models.hf_config import from_hf_config
+
+    topo = tmp_path / "t.json"
+    topo.write_text('{"nodes": 2, "bandwidth": "1Gbps", "latency": "1ms", "bandwidth": "10Mbps"}')
+    with pytest.raises(ConfigError, match=r"^topology '.*t\.json': key 'bandwidth' given twice"):
+        load_topology(topo)
+    cfg = tmp_path / "config.json"
+    text = (Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json").read_text()
+    cfg.write_text(text.replace('"num_hidden_layers": 32,', '"num_hidden_layers": 32, "num_hidden_layers": 16,'))
+    with pytest.raises(ConfigError, match="key 'num_hidden_layers' given twice"):
+        from_hf_config(cfg)
+    nested = tmp_path / "w.json"
+    nested.write_text('{"name": "m", "layers": [{"name": "a", "params": 1, "params": 2, "out_shape": [4]}]}')
+    with pytest.raises(ConfigError, match="key 'params' given twice"):
+        load_workload_file(nested)
+    assert parse_document('{"a": {"b": 1}, "c": {"b": 2}}', "json", "x") == {"a": {"b": 1}, "c": {"b": 2}}
+
+
 def test_kinds_by_suffix_and_csv_rows(tmp_path):
     f = tmp_path / "t.csv"
     f.write_text("src,dst\n0,1\n")
