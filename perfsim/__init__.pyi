@@ -51,6 +51,7 @@ def predict(
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,
+    tcp_slow_start_after_idle: str = 'auto',
     dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,
@@ -152,6 +153,8 @@ def predict(
             window of each TCP connection of an ethernet or socket NIC: auto (the profile's host sysctls tcp_rmem/tcp_wmem/tcp_adv_win_scale, else Linux's defaults: 3 MiB), off, or bytes (e.g. 16MiB); a message's rate is at most connections x window / RTT, RTT = 2 x latency (perfsim.tcp)
         tcp_connections (int | None):
             TCP connections carrying one message over a TCP NIC (default: the NIC kind's, 1: gloo's one pair per peer; NCCL's socket transport NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, 1 x 1 unless set)
+        tcp_slow_start_after_idle (str, default 'auto'):
+            whether a TCP connection idle for longer than its RTO (RTT + 200 ms) restarts slow start from 10 segments (Linux net.ipv4.tcp_slow_start_after_idle, RFC 2861): auto (on where the profile recorded a host with the sysctl 1 and a congestion control other than bbr, else off), on (Linux's defaults), off (perfsim.tcp) (one of perfsim.tcp.SLOW_START_MODES)
         dataset_samples (int | None):
             training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
         schedule (str | None):
@@ -264,6 +267,7 @@ def sweep(
     p2p_control_latency: str | float | list | None = None,
     tcp_window: str | int | list | None = None,
     tcp_connections: int | list | None = None,
+    tcp_slow_start_after_idle: str | list | None = None,
     dataset_samples: int | list | None = None,
     schedule: str | list | None = None,
     virtual_stages: int | list | None = None,
@@ -371,6 +375,7 @@ def memory_report(
     p2p_control_latency: str | float | None = None,
     tcp_window: str | int = 'auto',
     tcp_connections: int | None = None,
+    tcp_slow_start_after_idle: str = 'auto',
     dataset_samples: int | None = None,
     schedule: str | None = None,
     virtual_stages: int | None = None,

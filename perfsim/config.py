@@ -25,7 +25,7 @@ from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.ops import GRAD_ACCUMULATION
 from perfsim.models.specs import LayerSpec
 from perfsim.schedules import P2P_EXCHANGES
-from perfsim.tcp import parse_tcp_window
+from perfsim.tcp import parse_slow_start, parse_tcp_window
 
 
 def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
@@ -271,6 +271,11 @@ class System:
     #: TCP connections that carry one message; None = the NIC kind's (gloo and NCCL's
     #: socket transport by default: 1)
     tcp_connections: int | None = None
+    #: whether a TCP connection idle for longer than its RTO restarts slow start (Linux
+    #: ``net.ipv4.tcp_slow_start_after_idle``; perfsim.tcp): ``auto`` (on where the profile
+    #: recorded a host with the sysctl 1 and a congestion control other than bbr, else off),
+    #: ``on`` (Linux's defaults) or ``off``
+    tcp_slow_start_after_idle: str = "auto"
 
     def __post_init__(self):
         _pos_float(self, "bandwidth_bps")
@@ -300,6 +305,7 @@ class System:
         object.__setattr__(self, "tcp_window", parse_tcp_window(self.tcp_window))
         if self.tcp_connections is not None:
             _pos_int(self, "tcp_connections")
+        object.__setattr__(self, "tcp_slow_start_after_idle", parse_slow_start(self.tcp_slow_start_after_idle))
         if self.host_overhead_s is not None and self.gpu is None:
             raise ConfigError("host_overhead: only with a GPU preset (--gpu); a profile's measured "
                               "times carry their own host")

@@ -183,6 +183,11 @@ PARAMS: tuple[Param, ...] = (
     Param("tcp_connections", "int", None, "TCP connections carrying one message over a TCP NIC (default: "
           "the NIC kind's, 1: gloo's one pair per peer; NCCL's socket transport NCCL_SOCKET_NTHREADS x "
           "NCCL_NSOCKS_PERTHREAD, 1 x 1 unless set)", "system", "system.tcp_connections"),
+    Param("tcp_slow_start_after_idle", "choice", "auto", "whether a TCP connection idle for longer than "
+          "its RTO (RTT + 200 ms) restarts slow start from 10 segments (Linux net.ipv4.tcp_slow_start_after_idle, "
+          "RFC 2861): auto (on where the profile recorded a host with the sysctl 1 and a congestion control "
+          "other than bbr, else off), on (Linux's defaults), off (perfsim.tcp)", "system", "system.tcp_slow_start_after_idle",
+          choices="perfsim.tcp:SLOW_START_MODES"),
     Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
           "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
           "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "

@@ -36,8 +36,12 @@ data sockets per peer and channel and splits each message over them (NCCL docume
 Environment Variables: both default 1 on generic Ethernet, 2 and 8 on AWS; NCCL
 ``src/transport/net_socket.cc``, ``ncclSocketGetNsockNthread``), so 1 unless set.
 
+Slow start after idle (:class:`SlowStart`, below): a connection idle for longer than its RTO
+restarts from a smaller window (Linux ``tcp_cwnd_restart``, RFC 2861), priced per pipeline
+message by the flow backend from each connection's last send and window.
+
 Not modelled: loss and the congestion-control dynamics it drives (Mathis et al.'s
-``MSS / (RTT sqrt(p))`` regime), slow start after idle (RFC 5681 Sec. 4.1, RFC 2861), BBR's
+``MSS / (RTT sqrt(p))`` regime), the slow start of a connection's first message, BBR's
 pacing, the autotuning ramp of a new connection's buffers, and buffers a program sets itself
 (``SO_RCVBUF``/``SO_SNDBUF`` switch autotuning off, bounded by ``net.core.rmem_max``).
 """
@@ -220,3 +224,172 @@ def read_host(proc: str | Path = PROC_IPV4) -> dict[str, Any] | None:
             pass
     out["kernel"] = f"{platform.system()} {platform.release()}"
     return out
+
+
+# ---------------------------------------------------------------- slow start after idle
+
+#: the settings of ``System.tcp_slow_start_after_idle``
+SLOW_START_MODES = ("auto", "on", "off")
+#: RFC 6928's initial window, Linux ``TCP_INIT_CWND`` (include/net/tcp.h): the restart window
+INIT_CWND_SEGMENTS = 10
+#: Linux ``TCP_RTO_MIN`` (include/net/tcp.h: ``HZ / 5``), the floor of the RTO's variance term
+RTO_MIN_S = 0.2
+#: payload bytes of one segment over Ethernet MTU 1500 with RFC 7323 timestamps (the numerator of
+#: :data:`perfsim.fabrics.NIC_KINDS`' ``ethernet`` efficiency, 1448 / 1538)
+MSS_BYTES = 1448
+
+
+def rto_s(rtt_s: float) -> float:
+    """Linux's retransmission timeout on a path of steady round trip ``rtt_s``:
+    ``srtt + max(TCP_RTO_MIN, 4 mdev)`` (``__tcp_set_rto`` in include/net/tcp.h; ``tcp_rtt_estimator``
+    in net/ipv4/tcp_input.c keeps the variance term ``rttvar_us`` at least ``tcp_rto_min_us``), so
+    ``rtt + 200 ms`` when the round trip does not vary (RFC 6298 Sec. 2 with Linux's floor)."""
+    return rtt_s + RTO_MIN_S
+
+
+def restart_cwnd(cwnd: float, idle_s: float, rto: float, iw: int = INIT_CWND_SEGMENTS) -> float:
+    """The congestion window (segments) a connection that held ``cwnd`` sends with after ``idle_s``
+    of silence: Linux ``tcp_cwnd_restart`` (net/ipv4/tcp_output.c, RFC 2861 Sec. 3), applied when
+    the idle spell exceeds one RTO: the window is halved once for every further RTO of the
+    spell, never below the restart window ``min(iw, cwnd)``. Unchanged after a shorter spell."""
+    if not idle_s > rto:
+        return cwnd
+    floor = min(float(iw), cwnd)
+    c = int(cwnd)
+    left = idle_s - rto
+    while left > 0 and c > floor:
+        c >>= 1
+        left -= rto
+    return max(float(c), floor)
+
+
+def pipe_segments(rate_bps: float, rtt_s: float, mss: int = MSS_BYTES) -> float:
+    """Segments in flight that keep a path of ``rate_bps`` busy for one round trip: its
+    bandwidth-delay product ``b = rate x RTT / MSS``."""
+    return rate_bps / 8.0 * rtt_s / mss
+
+
+def full_cwnd(rate_bps: float, rtt_s: float, mss: int = MSS_BYTES) -> float:
+    """The window a connection holds after a message that filled its path: ``2 b`` -- Linux lets
+    slow start grow the window while it is below twice the segments in flight
+    (``tcp_is_cwnd_limited``, include/net/tcp.h; RFC 7661's validated window), and a path's
+    ``b`` segments are what it holds in flight at its rate (no queue, no loss: modelled)."""
+    return max(float(INIT_CWND_SEGMENTS), 2.0 * math.ceil(pipe_segments(rate_bps, rtt_s, mss)))
+
+
+def slow_start_delay(nbytes: float, rate_bps: float, rtt_s: float, cwnd: float,
+                     mss: int = MSS_BYTES) -> tuple[float, float]:
+    """``(extra seconds, window after)`` of a message of ``nbytes`` that starts with a window of
+    ``cwnd`` segments on a path of ``rate_bps`` and round trip ``rtt_s``, against the same
+    message at the full rate (``nbytes / rate``).
+
+    Slow start by rounds (N. Cardwell, S. Savage, T. Anderson, "Modeling TCP Latency",
+    IEEE INFOCOM 2000, Sec. II-B, without loss): round ``i`` sends ``w_i = cwnd 2^i`` segments
+    (Linux adds one segment per segment acknowledged, ``tcp_slow_start``, so the window doubles
+    per round trip with or without delayed ACKs) and the next round starts one RTT later, until
+    the window covers the pipe, ``w_i >= b = rate RTT / MSS``; from then on the message moves at
+    the rate. Round ``i`` leaves the link idle for ``RTT - w_i MSS / rate``, so with
+    ``N = ceil(nbytes / MSS)`` segments::
+
+        n* = min{n >= 0 : cwnd 2^n >= b}          rounds before the pipe is full
+        k  = min{k >= 1 : cwnd (2^k - 1) >= N}    rounds a window-bound message needs
+        j  = min(k - 1, n*)
+        extra = j RTT - cwnd (2^j - 1) MSS / rate
+
+    The window after: ``cwnd + N`` (one segment per segment acknowledged) while that is below
+    :func:`full_cwnd`, else the full window."""
+    if not (nbytes > 0 and rate_bps > 0 and rtt_s > 0 and math.isfinite(rate_bps)):
+        return 0.0, cwnd
+    cwnd = max(float(cwnd), 1.0)  # (a window holds at least one segment)
+    full = full_cwnd(rate_bps, rtt_s, mss)
+    if cwnd >= full:
+        return 0.0, cwnd
+    after = min(cwnd + math.ceil(nbytes / mss), full)
+    b = pipe_segments(rate_bps, rtt_s, mss)
+    if cwnd >= b:
+        return 0.0, after
+    segments = math.ceil(nbytes / mss)
+    n_star = 0
+    while cwnd * 2 ** n_star < b:
+        n_star += 1
+    k = 1
+    while cwnd * (2 ** k - 1) < segments:
+        k += 1
+    j = min(k - 1, n_star)
+    extra = j * rtt_s - cwnd * (2 ** j - 1) * mss * 8.0 / rate_bps
+    return max(extra, 0.0), after
+
+
+@dataclass(frozen=True)
+class SlowStart:
+    """Whether a TCP connection restarts slow start after an idle spell (``on``), with the
+    parameters it restarts with; the flow backend keeps each connection's last send and
+    window and charges :func:`slow_start_delay` (docs/model.md, "Slow start after idle")."""
+
+    on: bool
+    connections: int = 1
+    iw: int = INIT_CWND_SEGMENTS
+    mss: int = MSS_BYTES
+    source: str = ""
+
+    def delay(self, nbytes: float, rate_bps: float, rtt_s: float, cwnd: float | None,
+              idle_s: float | None) -> tuple[float, float | None]:
+        """``(extra seconds, window after)`` of one message of ``nbytes`` on a connection that
+        held window ``cwnd`` (None: no history, a full window) and was idle ``idle_s``
+        seconds: each of its ``connections`` sockets carries ``nbytes / c`` at ``rate / c``.
+        A message without bytes, or a path without a round trip, leaves the window as it was."""
+        if not self.on or not rtt_s > 0 or nbytes <= 0:
+            return 0.0, cwnd
+        c = self.connections
+        rate, size = rate_bps / c, nbytes / c
+        full = full_cwnd(rate, rtt_s, self.mss)
+        w = full if cwnd is None else cwnd
+        if idle_s is not None:
+            w = restart_cwnd(w, idle_s, rto_s(rtt_s), self.iw)
+        return slow_start_delay(size, rate, rtt_s, w, self.mss)
+
+    def facts(self) -> dict[str, Any]:
+        """What a prediction reports: ``tcp_slow_start_after_idle`` (on/off: why)."""
+        return {"tcp_slow_start_after_idle": f"{'on' if self.on else 'off'}: {self.source}"}
+
+
+def parse_slow_start(value: Any, what: str = "tcp_slow_start_after_idle") -> str:
+    """``auto`` / ``on`` / ``off`` (also 1 / 0, true / false, the sysctl's own values) -> the word;
+    ConfigError naming ``what`` otherwise."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    text = str(value).strip().lower()
+    words = {"1": "on", "0": "off", "true": "on", "false": "off", "yes": "on", "no": "off"}
+    text = words.get(text, text)
+    if text not in SLOW_START_MODES:
+        raise ConfigError(f"{what}={value!r}: auto, on or off (Linux net.ipv4.tcp_slow_start_after_idle)")
+    return text
+
+
+def resolve_slow_start(setting: Any, connections: int | None, default_connections: int | None,
+                       metadata: Mapping[str, Any] | None = None) -> SlowStart:
+    """Whether a job's inter-node TCP connections restart slow start after idle. ``auto``: on only
+    where the profile's host recorded it (``metadata["tcp"]``, :func:`read_host`:
+    ``tcp_slow_start_after_idle`` 1 and a congestion control without its own ``cong_control``
+    hook -- Linux's ``tcp_slow_start_after_idle_check`` returns early for BBR, which keeps its
+    bandwidth estimate over idle spells); a profile that recorded no host: off (not assumed: the
+    effect is large and no run here had a kernel round trip to check it; docs/model.md).
+    ``on`` prices Linux's defaults (sysctl 1, cubic); ``off``. Not a TCP transport
+    (``default_connections`` None): off."""
+    setting = parse_slow_start(setting)
+    if default_connections is None:
+        return SlowStart(False, source="not a TCP transport")
+    if setting == "off":
+        return SlowStart(False, source="off")
+    n = default_connections if connections is None else connections
+    if setting == "on":
+        return SlowStart(True, n, source="on")
+    rec = (metadata or {}).get(PROFILE_KEY)
+    if isinstance(rec, Mapping) and ("tcp_slow_start_after_idle" in rec or "tcp_congestion_control" in rec):
+        cc = str(rec.get("tcp_congestion_control") or "cubic")
+        if not int(rec.get("tcp_slow_start_after_idle", 1)):
+            return SlowStart(False, n, source="the calibrated host's tcp_slow_start_after_idle=0")
+        if cc.lower().startswith("bbr"):
+            return SlowStart(False, n, source=f"the calibrated host runs {cc} (no restart after idle)")
+        return SlowStart(True, n, source=f"the calibrated host's tcp_slow_start_after_idle=1, {cc}")
+    return SlowStart(False, n, source="auto, no host sysctls recorded (on prices Linux's defaults)")

@@ -289,6 +289,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         # window bounds the run's connections (perfsim.tcp); an older run that does not say is
         # taken as this machine's emulation, which has no sch_netem
         pred_params.setdefault("tcp_window", "off")
+        pred_params.setdefault("tcp_slow_start_after_idle", "off")  # nor a round trip to restart over
     # a TP row keeps the preset: the workload file has no architecture, and the TP split of
     # the measured layer times needs it (perfsim.engine.compute.tp_measured_split)
     if plan.runtime_model and tp == 1:

@@ -223,9 +223,22 @@ def _simulate(workload, strategy, system, profile, trace: bool, symmetric: bool 
     def run(warmup: bool, trace: bool = False):
         out = (closed_form(plan, network, warmup=warmup, replicas=reps, profile=profile)
                if replay and not trace else None)
-        return out if out is not None else Simulation(plan, network, strategy.schedule, warmup=warmup,
-                                                      replicas=reps, trace=trace, profile=profile,
-                                                      backend=backend).run()
+        if out is not None:
+            return out
+        sim = Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
+                         profile=profile, backend=backend)
+        out = sim.run()
+        # TCP slow start after idle (perfsim.tcp.SlowStart): a connection's first message of the
+        # iteration follows its last one of the iteration before; run again from that history
+        # (one step toward the steady state) when it finds a connection idle past its RTO
+        steady = getattr(sim.net, "steady_history", None) if network.prices_slow_start else None
+        seeds = steady(out.iteration_s) if steady is not None else None
+        if not seeds:
+            return out
+        sim = Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
+                         profile=profile, backend=backend)
+        sim.net.history = seeds
+        return sim.run()
 
     out = run(False, trace)
     warm = run(True) if plan.has_warmup or plan.onebit_warmup_steps else None

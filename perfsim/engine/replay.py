@@ -20,7 +20,7 @@ With many replicas (:data:`PROBE_FROM`) the first replica's pipeline is replayed
 checked alone first: messages that already compete there send the iteration to the
 event loop at once. :func:`replay` returns None when the premise fails, when the event loop
 models what the recurrence does not (token buckets, rendezvous, blocking exchanges,
-compute slowed by communication, a trace), or for a single simulated replica (predictions of
+compute slowed by communication, TCP slow start after idle, a trace), or for a single simulated replica (predictions of
 one replica stay free of numpy); the caller then runs the event loop.
 ``tests/engine/test_engine.py`` compares both on every schedule.
 """
@@ -239,6 +239,8 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
     if getattr(sysm, "p2p_exchange", "async") == "blocking":  # senders wait for delivery: the event loop
+        return None
+    if network.prices_slow_start:  # each connection's send history (perfsim.tcp.SlowStart): the event loop
         return None
     if any(sp.units for sp in plan.stages):  # ZeRO-2/3's per-unit collectives: the event loop
         return None

@@ -195,6 +195,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                         "collective_algo": system.collective_algo if not algos else ",".join(algos)})
         # the TCP window ceiling (perfsim.tcp): at the link's round trip, per pair on a topology
         summary.update(network.tcp.facts(None if topo is not None else 2.0 * link.latency_s))
+        summary.update(network.slow_start.facts())  # slow start after idle (perfsim.tcp)
     if extra:
         summary.update(extra)
     trace = []

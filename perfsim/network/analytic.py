@@ -22,7 +22,7 @@ from perfsim.fabrics import NIC_KINDS, gpu_nic_share
 from perfsim.link import Link, resolve_link
 from perfsim.network.collectives import CollectivePricing, lockstep_link
 from perfsim.network.topology import Topology
-from perfsim.tcp import TcpWindow
+from perfsim.tcp import SlowStart, TcpWindow, resolve_slow_start
 from perfsim.tcp import resolve as resolve_tcp_window
 
 
@@ -33,6 +33,9 @@ class Path_:
     bandwidth_bps: float
     latency_s: float
     resources: tuple[Any, ...]  # shared capacities, e.g. ("tx", node), ("rx", node)
+    #: round trip of an inter-node TCP path whose connections restart slow start after idle
+    #: (perfsim.tcp.SlowStart); 0 elsewhere
+    rtt_s: float = 0.0
 
 
 
@@ -71,12 +74,24 @@ class Network(CollectivePricing):
         self.tcp: TcpWindow = resolve_tcp_window(
             system.tcp_window, system.tcp_connections, NIC_KINDS[system.nic_kind].tcp_connections,
             getattr(profile, "metadata", None), f"profile {getattr(profile, 'path', '') or ''}".strip())
+        #: whether those connections restart slow start after an idle spell (perfsim.tcp)
+        self.slow_start: SlowStart = resolve_slow_start(
+            system.tcp_slow_start_after_idle, system.tcp_connections, NIC_KINDS[system.nic_kind].tcp_connections,
+            getattr(profile, "metadata", None))
 
     @functools.cached_property
     def lockstep_link(self) -> Link:
         """The link of collectives issued back to back (:func:`lockstep_link`); resolved
         on first use (only tensor-parallel groups ask)."""
         return lockstep_link(self.collective_link, self._profile)
+
+    @functools.cached_property
+    def prices_slow_start(self) -> bool:
+        """Whether some inter-node path has a round trip over which connections restart slow
+        start after idle (:attr:`slow_start`, :attr:`Path_.rtt_s`)."""
+        if not self.slow_start.on or self.num_nodes < 2:
+            return False
+        return self.topology is not None or self.link.latency_s > 0
 
     def node(self, device: int) -> int:
         return device // self.system.gpus_per_node
@@ -106,6 +121,8 @@ class Network(CollectivePricing):
         if cap < bw:
             bw = cap
         res = (("tx", a), ("rx", b)) if sysm.nic_sharing else ()
+        if self.slow_start.on and rtt > 0:
+            return Path_(bw, lat, res, rtt)
         return Path_(bw, lat, res)
 
     def capacity(self, resource) -> float:

@@ -52,6 +52,7 @@ from simpy.events import NORMAL, Timeout
 from perfsim.collectives import Collective
 from perfsim.network.analytic import Network, Path_
 from perfsim.network.backend import MessageHandler
+from perfsim.tcp import rto_s
 
 
 def _timer(env: simpy.Environment, delay: float, value, callback) -> Timeout:
@@ -319,15 +320,20 @@ class FlowScheduler:
 
 class Connection:
     """In-order delivery of messages between two devices (``src -> dst``, over ``path``):
-    the queue and whether a message is moving. (It refers to nothing that refers back
+    the queue and whether a message is moving; with slow start after idle, its TCP history:
+    when its last byte left (``last``), its window (``cwnd``, segments; None: full) and when
+    its first message of the run started (``first``). (It refers to nothing that refers back
     to it: no reference cycle keeps a finished simulation alive for the cyclic GC.)"""
 
-    __slots__ = ("queue", "busy", "src", "dst", "path")
+    __slots__ = ("queue", "busy", "src", "dst", "path", "last", "cwnd", "first")
 
     def __init__(self, src: int, dst: int, path: Path_):
         self.queue: deque = deque()
         self.busy = False
         self.src, self.dst, self.path = src, dst, path
+        self.last: float | None = None
+        self.cwnd: float | None = None
+        self.first: float | None = None
 
 
 class Egress:
@@ -387,6 +393,10 @@ class FlowBackend:
         self.ready_at: dict[Hashable, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[Hashable, simpy.Event] = {}
         self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
+        #: slow start after idle (perfsim.tcp.SlowStart), priced on paths with a round trip
+        self.slow_start = network.slow_start if network.slow_start.on else None
+        #: (src, dst) -> (when its last byte left, its window): a previous iteration's history
+        self.history: dict[tuple[int, int], tuple[float, float]] = {}
 
     # ------------------------------------------------------------ the description
     def node(self, device: int) -> int:
@@ -473,8 +483,11 @@ class FlowBackend:
         self._start(src, dst, conn)
 
     def _start(self, src: int, dst: int, conn: Connection):
-        _, nbytes, lanes, handler, msg = conn.queue.popleft()
         path = conn.path
+        if path.rtt_s > 0 and self.slow_start is not None:
+            self._restart(src, dst, conn)
+            return
+        _, nbytes, lanes, handler, msg = conn.queue.popleft()
         handler.message_started(msg)
         # without a bucket or rendezvous the egress only counts (its drain time is read
         # by post_receive alone): every byte goes through the flow
@@ -483,11 +496,57 @@ class FlowBackend:
         self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
                             functools.partial(self._finished, conn, handler, msg), False)
 
+    def _restart(self, src: int, dst: int, conn: Connection) -> None:
+        """:meth:`_start` on a TCP path with slow start after idle: the message's bytes start
+        once the rounds of a restarted window have passed (:meth:`perfsim.tcp.SlowStart.delay`,
+        from the connection's last send and window; the link carries the rest at its rate)."""
+        _, nbytes, lanes, handler, msg = conn.queue.popleft()
+        path, now = conn.path, self.env.now
+        handler.message_started(msg)
+        if conn.first is None:
+            conn.first = now
+            seed = self.history.get((src, dst))
+            if seed is not None:
+                conn.last, conn.cwnd = seed
+        idle = None if conn.last is None else now - conn.last
+        delay, conn.cwnd = self.slow_start.delay(nbytes, path.bandwidth_bps, path.rtt_s, conn.cwnd, idle)
+        if delay <= 0:
+            self._transfer(src, dst, conn, nbytes, lanes, handler, msg, now)
+        else:
+            self.env.timeout(delay).callbacks.append(
+                lambda _e: self._transfer(src, dst, conn, nbytes, lanes, handler, msg, now))
+
+    def _transfer(self, src, dst, conn: Connection, nbytes, lanes, handler, msg, began: float) -> None:
+        """The bytes of a message that began at ``began`` move (:meth:`_restart`)."""
+        path = conn.path
+        shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
+                  if self.burst > 0 or self.rendezvous else nbytes * lanes)
+        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
+                            lambda _start, end: self._finished(conn, handler, msg, began, end), False)
+
+    def tcp_history(self) -> dict[tuple[int, int], tuple[float, float, float]]:
+        """Per connection that priced slow start: (its first message's start, its last byte's
+        departure, its window after): what the next iteration inherits (:meth:`history`)."""
+        return {k: (c.first, c.last, c.cwnd) for k, c in self.conns.items()
+                if c.first is not None and c.last is not None and c.cwnd is not None}
+
+    def steady_history(self, period: float) -> dict[tuple[int, int], tuple[float, float]]:
+        """The history each connection inherits from the iteration before, in a steady state of
+        ``period`` seconds per iteration: its last send ``period`` earlier and its window then --
+        for the connections whose first message of the run would find them idle for longer
+        than their RTO (the only ones it changes); empty when none would."""
+        out = {}
+        for (src, dst), (first, last, cwnd) in self.tcp_history().items():
+            if first + period - last > rto_s(self.network.path(src, dst).rtt_s):
+                out[(src, dst)] = (last - period, cwnd)
+        return out
+
     def _finished(self, conn: Connection, handler: MessageHandler, msg: Any, start: float, end: float) -> None:
         """The last byte of ``msg`` on ``conn`` left at ``end`` (its flow's stats callback):
         the handler hears of it, the message arrives ``latency`` later, and the connection
         moves on to its next message."""
         handler.message_sent(msg, start, end)
+        conn.last = end
         _timer(self.env, conn.path.latency_s, (handler, msg, start), _delivered)
         if conn.queue:  # the connection is free once the last byte left
             self._next(conn.src, conn.dst, conn)

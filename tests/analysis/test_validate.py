@@ -507,6 +507,8 @@ def test_tcp_window_follows_who_made_the_latency(tmp_path, made, window):
                             latency_s=0.04, out=str(tmp_path))
     row = v.run_row(plan, plan.rows()[0], _profile(_p2p("gloo@100Mbps", 2e-4, 9.5e7)), 0, runner, predictor)
     assert calls["predict"].get("tcp_window") == window
+    # nor a round trip over which a connection would restart slow start after idle
+    assert calls["predict"].get("tcp_slow_start_after_idle") == window
     assert row["measured_latency_in"] == made
     # stored, the column reaches a re-prediction from the grid's table (--reuse-measured)
     v._TABLES.clear()
