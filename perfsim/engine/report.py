@@ -178,6 +178,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
+        "codec_model": plan.codec_model,  # encodes / decodes: the profile's records, or the GPU's model
     }
     if plan.shard_host_note:  # a CPU profile's ZeRO-3: what FSDP2's host time was priced from
         summary["shard_host_note"] = plan.shard_host_note
