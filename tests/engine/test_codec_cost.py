@@ -104,6 +104,11 @@ def test_codec_traffic_counts_the_kernels_bytes():
     assert [p.gemm for p in enc if p.gemm] == [(1024, 4, 512), (512, 4, 1024)]
     assert [p.gemm for p in dec if p.gemm] == [(1024, 512, 4)]
     assert make_compressor("powersgd:4").codec_traffic((3,)) == ((), ())  # too small to compress
+    rk = make_compressor("randk-maxnorm:0.1:4")  # the selection, then the inner quantizer on K values
+    enc, dec = rk.codec_traffic((n,))
+    k = rk.k_of(n)
+    assert enc[2:] == rk.inner.codec_traffic((k,))[0] and dec[:-2] == rk.inner.codec_traffic((k,))[1]
+    assert [p.nbytes for p in enc[:2]] == [4 * n, 12 * k]
 
 
 @pytest.mark.parametrize("grad", ["qsgd-maxnorm:4", "onebit-adam", "powersgd:2", "ecq:2"])
