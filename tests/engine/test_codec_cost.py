@@ -142,3 +142,21 @@ def test_sharded_reduce_scatter_prices_the_codec_on_the_gpu():
         nbytes = 4 * u.params
         assert u.codec_s == pytest.approx(e * model.encode_time("qsgd-maxnorm:4", nbytes)
                                           + d * model.decode_time("qsgd-maxnorm:4", nbytes))
+
+
+def test_codec_check_script_reports_both_sources(capsys, tmp_path):
+    """scripts/codec_check.py (docs/validation.md's ratios): both tables, their medians; a missing
+    input is one line, exit 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("codec_check", ROOT / "scripts" / "codec_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([]) == 0
+    out = capsys.readouterr().out
+    assert "median over families:" in out and "median from 256 MB, without host floor:" in out
+    gpu, rows = mod.kernel_ratios(str(ROOT / "traces" / "gpu" / "h100-kernels-2026-11-27.csv"))
+    big = sorted(r2 for _, size, _, r2 in rows if size >= 256e6)  # Triton at the copy bandwidth: 0.86
+    assert gpu == "h100-sxm5-80gb" and 0.75 < big[len(big) // 2] < 1.0
+    assert mod.main(["--kernels", str(tmp_path / "none.csv")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
