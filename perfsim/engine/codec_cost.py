@@ -31,6 +31,7 @@ class ModelledCodecs:
         self.gpu = gpu
         self.curve = curve_for(gpu, host_overhead_s)[0]
         self._comp: dict[str, object] = {}
+        self._memo: dict[tuple, float] = {}
 
     def passes_time(self, kernels) -> float:
         """Seconds of a sequence of :class:`~perfsim.compression.base.CodecPass` kernels on
@@ -44,10 +45,14 @@ class ModelledCodecs:
     def _time(self, side: int, spec: str, nbytes: float, shape=None) -> float:
         if spec == "none" or nbytes <= 0:
             return 0.0
-        comp = self._comp.get(spec)
-        if comp is None:
-            comp = self._comp[spec] = make_compressor(spec)
-        return self.passes_time(comp.codec_traffic(tuple(shape) if shape is not None else (int(nbytes) // 4,))[side])
+        shape = tuple(int(d) for d in shape) if shape is not None else (int(nbytes) // 4,)
+        key = (side, spec, shape)
+        if key not in self._memo:  # a planner prices the same few codecs many times
+            comp = self._comp.get(spec)
+            if comp is None:
+                comp = self._comp[spec] = make_compressor(spec)
+            self._memo[key] = self.passes_time(comp.codec_traffic(shape)[side])
+        return self._memo[key]
 
     def encode_time(self, spec: str, nbytes: float, shape=None, model: str | None = None) -> float:
         """One :meth:`~perfsim.compression.base.Compressor.compress` of an fp32 tensor of
@@ -71,5 +76,13 @@ def codec_costs(profile, gpu, host_overhead_s: float | None = None):
     if gpu is None or (profile is not None and same_silicon(profile_gpu(profile), gpu)):
         device = (profile.metadata.get("device_name") or profile.metadata.get("device")) if profile is not None else None
         return profile, f"codec: the profile's records ({device or 'its device'})"
-    return ModelledCodecs(gpu, host_overhead_s), (f"codec: modelled on {gpu.name} (kernel passes at its memory "
-                                                  "bandwidth, GEMMs on its curve: perfsim.engine.codec_cost)")
+    key = (id(gpu), host_overhead_s)
+    held = _MODELLED.get(key)
+    if held is None or held.gpu is not gpu:  # one per GPU object (kept alive here, so its id stays its own)
+        held = _MODELLED[key] = ModelledCodecs(gpu, host_overhead_s)
+    return held, (f"codec: modelled on {gpu.name} (kernel passes at its memory bandwidth, GEMMs on its "
+                  "curve: perfsim.engine.codec_cost)")
+
+
+#: the modelled codecs of each GPU preset object and host time, built once per process
+_MODELLED: dict[tuple, ModelledCodecs] = {}
