@@ -46,7 +46,7 @@ from perfsim._lazy import torch
 
 from perfsim.compression.aqsgd_store import MessageStore
 from perfsim.compression.args import SpecArg
-from perfsim.compression.base import Compressor, Payload, check_float, numel_of
+from perfsim.compression.base import Compressor, Payload, check_float, numel_of, passes
 from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -115,6 +115,22 @@ class AQSGD(Compressor):
             return self.wire_bytes(shape)
         new = sum(1 for i in torch.as_tensor(key).tolist() if int(i) not in self.slots)
         return self.payload_bytes(shape, new)
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """Steady state (every sample seen; Wang et al., arXiv:2206.01299, Alg. 1 lines
+        7-9): the sender's fused step (:func:`perfsim.kernels.aqsgd_step.aqsgd_step`)
+        reads ``a`` and ``m``, writes ``m`` and the payload (12 bytes a value + the
+        payload); the receiver's update (``aqsgd_receive``) reads the payload and ``m``
+        and writes ``m``, then copies ``m`` into its output (8 bytes a value). A quantized
+        ``m`` (``mZ``, App. H.5) is decoded before and encoded after each side's step."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        store = ()
+        if self.mbits is not None:
+            _, _, row = self._split(shape)
+            held = packed_nbytes(n, self.mbits) + 4 * (n // row)
+            store = (held + 4 * n, 4 * n + held)  # decode m, re-encode it
+        return (passes(*store[:1], 12 * n + wire, *store[1:]),
+                passes(*store[:1], wire + 8 * n, *store[1:], 8 * n))
 
     # ------------------------------------------------------------- helpers
     def _ids(self, x: torch.Tensor, key) -> list[int]:

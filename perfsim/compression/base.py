@@ -86,6 +86,21 @@ class Payload:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
+@dataclass(frozen=True)
+class CodecPass:
+    """One kernel of a compressor's encode or decode on a GPU, for the simulator to price
+    (:mod:`perfsim.engine.codec_cost`): a memory-bound pass moving ``nbytes`` (read +
+    written), or a GEMM ``(m, n, k)`` in fp32 (PowerSGD's factors)."""
+
+    nbytes: float = 0.0
+    gemm: tuple[int, int, int] | None = None
+
+
+def passes(*nbytes: float) -> tuple[CodecPass, ...]:
+    """Memory-bound passes of these byte counts, in order."""
+    return tuple(CodecPass(float(b)) for b in nbytes)
+
+
 def numel_of(shape: Sequence[int]) -> int:
     """Number of elements of a shape (validated)."""
     shape = tuple(int(d) for d in shape)
@@ -228,6 +243,17 @@ class Compressor(ABC):
         (execute mode pre-posts its pipeline receives). Default: ``wire_bytes``;
         compressors whose size depends on state (AQ-SGD's first visits) override it."""
         return self.wire_bytes(shape)
+
+    def codec_traffic(self, shape: Sequence[int]) -> tuple[tuple[CodecPass, ...], tuple[CodecPass, ...]]:
+        """(encode, decode) kernels of one :meth:`compress` / :meth:`decompress` of an fp32
+        tensor of ``shape`` on a GPU, each a :class:`CodecPass` (bytes read + written, or a
+        GEMM): what the simulator prices a codec with on a GPU no profile timed. Default:
+        one fused pass each way, as the Triton ``quantize_pack`` / ``unpack_dequantize``
+        (:mod:`perfsim.kernels.quant`) and a dtype cast run: read the fp32 tensor, write the
+        payload; read the payload, write fp32 (``benchmarks/bench_kernels.py`` counts the
+        same minimum bytes). Compressors with more passes override it."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        return passes(4 * n + wire), passes(wire + 4 * n)
 
     def ratio(self, shape: Sequence[int]) -> float:
         """Wire bytes relative to sending the tensor as fp32."""

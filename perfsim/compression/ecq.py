@@ -36,9 +36,9 @@ from typing import Any, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg
-from perfsim.compression.base import Payload, check_float, numel_of
-from perfsim.compression.qsgd import (BITS_ARG, BucketQuantizer, _SeededCompressor, chunk_for_bits, flat_f32,
-                                      levels_for_bits, to_dtype_saturating)
+from perfsim.compression.base import Payload, check_float, numel_of, passes
+from perfsim.compression.qsgd import (BITS_ARG, BucketQuantizer, _SeededCompressor, chunk_for_bits, decode_passes,
+                                      flat_f32, levels_for_bits, stochastic_passes, to_dtype_saturating)
 from perfsim.kernels._workspace import workspace
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError, NonFiniteError
@@ -70,6 +70,19 @@ class ECQ(_SeededCompressor):
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """ECQ-SGD (Wu et al., "Error Compensated Quantized SGD", arXiv:1806.08054, eqs. 6-7)
+        as :meth:`compress` runs it: ``g + alpha h`` (12 n), the QSGD encode's passes
+        (:func:`perfsim.compression.qsgd.stochastic_passes`, norms, packing), the decode of
+        ``g~`` into the scratch (:func:`~perfsim.compression.qsgd.decode_passes` without
+        the unpacking), ``g - g~`` (12 n), ``h <- beta h`` (8 n, when beta is not 1) and
+        ``h += g - g~`` (12 n); decode: as QSGD's."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        dec = decode_passes(n, wire)
+        enc = (12 * n, 4 * n, *stochastic_passes(n), n + wire, *dec[1:], 12 * n,
+               *((8 * n,) if self.beta != 1.0 else ()), 12 * n)
+        return passes(*enc), passes(*dec)
 
     def error(self, name: str = "") -> torch.Tensor | None:
         """A copy of the accumulated error ``h`` of tensor ``name`` (None before its first step)."""

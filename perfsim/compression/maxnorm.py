@@ -62,9 +62,9 @@ from perfsim._lazy import np
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg
-from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_float, numel_of
+from perfsim.compression.base import ALLREDUCE, CommStep, Payload, check_float, numel_of, passes
 from perfsim.compression.qsgd import (BITS_ARG, _SeededCompressor, check_finite_norms, chunk_for_bits,
-                                      coefficients, flat_f32, levels_for_bits, levels_from_codes,
+                                      coefficients, decode_passes, flat_f32, stochastic_passes, levels_for_bits, levels_from_codes,
                                       safe_norms, scale_into, stochastic_codes_, to_dtype_saturating,
                                       unpack_codes)
 from perfsim.compression.registry import register
@@ -400,6 +400,16 @@ class MaxNormQuantizer(_SeededCompressor):
         codes = self.encode_codes(flat, w, index, self._next_key())
         tensors["codes"] = pack_bits(codes, self.bits)
         return Payload(tensors, tuple(x.shape), x.dtype)
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """QSGD-MaxNorm (arXiv:2109.12497, Alg. 1; rounding as QSGD's, Alistarh et al.,
+        arXiv:1610.02132, for the rounding) as :meth:`compress` runs it: the local norm
+        (read 4 n; the multi-scale variant reads the tensor once more for its per-bucket
+        scale), :func:`perfsim.compression.qsgd.stochastic_passes`, the bit packing;
+        decode: :func:`~perfsim.compression.qsgd.decode_passes`."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        norms = (4 * n, 4 * n) if self.multiscale else (4 * n,)
+        return passes(*norms, *stochastic_passes(n), n + wire), passes(*decode_passes(n, wire))
 
     def _payload_index(self, payload: Payload, n: int) -> torch.Tensor | None:
         if not self.multiscale:

@@ -44,7 +44,7 @@ from typing import Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, check_float, numel_of
+from perfsim.compression.base import ALLGATHER, ALLTOALL, CommStep, Compressor, Payload, check_float, numel_of, passes
 from perfsim.compression.directq import check_payload_tensors
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError, NonFiniteError
@@ -145,6 +145,15 @@ class OneBit(Compressor):
             return torch.zeros(shape, dtype=payload.dtype, device=payload.tensors["signs"].device)
         scale = payload.tensors["scale"].reshape(())
         return sign_unpack(payload.tensors["signs"], n, scale).view(shape).to(payload.dtype)
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """Error-compensated sign compression (Tang et al., "1-bit Adam",
+        arXiv:2102.02888, Alg. 1) as :func:`perfsim.kernels.signpack.ef_sign_compress`
+        runs it: a pass reading ``x`` and ``e`` for the scale (the norm must be known before
+        any value is scaled), then one reading them again and writing ``e`` and the signs;
+        decode: read the signs, write fp32."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        return passes(8 * n, 12 * n + wire), passes(wire + 4 * n)
 
     # ------------------------------------------------------------- 3-phase allreduce
     def _phase1(self, x: torch.Tensor, world: int, pending: dict) -> tuple[torch.Tensor, int]:

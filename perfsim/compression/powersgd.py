@@ -27,11 +27,12 @@ tensor through the very same hook function (a one-tensor gradient bucket).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 from perfsim._lazy import torch
 
-from perfsim.compression.base import ALLREDUCE, CommStep, Compressor, Payload, check_input, numel_of
+from perfsim.compression.base import ALLREDUCE, CodecPass, CommStep, Compressor, Payload, check_input, numel_of
 from perfsim.compression.args import SpecArg
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -97,6 +98,27 @@ class PowerSGD(Compressor):
         r = min(n, m, self.rank)
         compress = (n + m) * r * self.min_rate < n * m  # torch's _should_compress
         return compress, n, m, r
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """One tensor through torch's ``powerSGD_hook`` (Vogels et al., "PowerSGD",
+        arXiv:1905.13727, Alg. 1, with error feedback): encode adds the error (12 bytes a
+        value), keeps a copy of the input (8), ``P = M Q`` (a GEMM), orthogonalises ``P``
+        (a pass over its ``n r`` values), ``Q = M^T P`` (a GEMM); decode is ``P Q^T`` written
+        into the tensor (a GEMM) and the new error (12). A tensor it leaves uncompressed:
+        nothing. A flat tensor (a gradient bucket seen whole) as the near-square matrix of
+        its values: the two GEMMs' work ``2 n m r`` is the same for any shape of ``n m``
+        values, their efficiency is not (an approximation)."""
+        shape = tuple(int(d) for d in shape)
+        if len(shape) == 1 and shape[0] > 1:
+            rows = max(1, math.isqrt(shape[0]))
+            shape = (rows, shape[0] // rows)
+        ok, n, m, r = self.matrix_plan(shape)
+        if not ok:
+            return (), ()
+        v = n * m
+        return ((CodecPass(12 * v), CodecPass(8 * v), CodecPass(gemm=(n, r, m)), CodecPass(8 * n * r),
+                 CodecPass(gemm=(m, r, n))),
+                (CodecPass(gemm=(n, m, r)), CodecPass(12 * v)))
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         ok, n, m, r = self.matrix_plan(shape)

@@ -53,7 +53,7 @@ from perfsim._lazy import np
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg, complete
-from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of, passes
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError, NonFiniteError
 from perfsim.kernels import pack_bits, unpack_bits
@@ -173,6 +173,21 @@ def stochastic_codes_(y: torch.Tensor, s: int, key: int) -> torch.Tensor:
     y.clamp_(0, 2 * s)
     ci = workspace("sr_codes_i32", n, torch.int32, y.device).copy_(y)  # y >= 0: truncation = floor
     return ci.to(torch.uint8)  # float -> int32 -> uint8 beats float -> uint8 on CPU
+
+
+def stochastic_passes(n: int) -> tuple[float, ...]:
+    """Bytes read + written by each float pass of ``y = x * s/norm`` (:func:`scale_into`)
+    and :func:`stochastic_codes_` over ``n`` values, as torch runs them on a GPU: the
+    scaling (8 n), the rounding constant (8 n), the int16 hash (2 n written), its
+    addition (10 n), the clamp (8 n), the int32 and uint8 conversions (8 n, 5 n)."""
+    return (8 * n, 8 * n, 2 * n, 10 * n, 8 * n, 8 * n, 5 * n)
+
+
+def decode_passes(n: int, wire: int) -> tuple[float, ...]:
+    """Bytes of each pass of a QSGD-family decode of ``n`` values from ``wire`` payload
+    bytes: unpack the codes (payload read, uint8 written), ``c - s`` as float32 (a
+    conversion, 5 n; a subtraction, 8 n), the scaling (8 n)."""
+    return (wire + n, 5 * n, 8 * n, 8 * n)
 
 
 def coefficients(levels, norms: torch.Tensor) -> torch.Tensor:
@@ -397,6 +412,13 @@ class QSGD(_SeededCompressor):
 
     def wire_bytes(self, shape: Sequence[int], *, warmup: bool = False) -> int:
         return self.q.wire_bytes(numel_of(shape))
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """QSGD (Alistarh et al., arXiv:1610.02132, Sec. 3.1) as :meth:`BucketQuantizer.encode`
+        runs it: the bucket norms (read 4 n), :func:`stochastic_passes`, the bit packing
+        (codes read, payload written); decode: :func:`decode_passes`."""
+        n, wire = numel_of(shape), self.wire_bytes(shape)
+        return passes(4 * n, *stochastic_passes(n), n + wire), passes(*decode_passes(n, wire))
 
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:
         check_float(x)

@@ -70,7 +70,7 @@ from typing import Any, Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg, complete
-from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, check_float, check_input, numel_of, passes
 from perfsim.compression.maxnorm import SCALE_BITS_ARG, MaxNormQuantizer
 from perfsim.compression.qsgd import BITS_ARG, default_chunk, generator
 from perfsim.compression.registry import register
@@ -221,6 +221,17 @@ class _GlobalRandK(Compressor):
         if self.scaled and idx.numel():
             sub = sub * (n / idx.numel())
         return idx, sub
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """The GPU's kernels of :meth:`compress` / :meth:`decompress`: the finiteness check
+        (read 4 n), the selection of the ``K`` shared coordinates (12 bytes a kept value),
+        the inner quantizer's over them; decode: the inner decode, the zeroed output (4 n),
+        the scatter (16 bytes a kept value). The coordinates themselves are drawn on the
+        host's CPU (:meth:`indices`): not a GPU kernel, not priced here."""
+        n = numel_of(shape)
+        k = self.k_of(n)
+        enc, dec = self.inner.codec_traffic((k,))
+        return passes(4 * n, 12 * k) + enc, dec + passes(4 * n, 16 * k)
 
     def compress(self, x: torch.Tensor, *, key=None, norm=None, scale_index=None) -> Payload:
         """Encode the selected coordinates of ``x`` (no memory, see the module

@@ -27,7 +27,7 @@ from typing import Sequence
 from perfsim._lazy import torch
 
 from perfsim.compression.args import SpecArg
-from perfsim.compression.base import Compressor, Payload, SeedStepState, check_input, numel_of
+from perfsim.compression.base import Compressor, Payload, SeedStepState, check_input, numel_of, passes
 from perfsim.compression.directq import check_payload_tensors, row_bucket
 from perfsim.compression.registry import register
 from perfsim.errors import ConfigError
@@ -80,6 +80,21 @@ class TopK(SeedStepState, Compressor):
         kept = rows * k
         isz = index_itemsize(cols)
         return kept * isz + packed_nbytes(kept, self.bits) + 4 * rows
+
+    def codec_traffic(self, shape: Sequence[int]):
+        """:meth:`compress`'s kernels: the finiteness check (read 4 n), ``|x|`` (8 n),
+        ``torch.topk`` (read 4 n, write ``k`` values and int64 indices: one pass, a lower
+        bound of its selection), the gather (12 bytes a kept value), the fused quantizer over
+        the kept values, the indices narrowed (int64 to int32, and to int16 for short rows);
+        decode: the fused dequantizer, the zeroed output (4 n), the indices widened and the
+        scatter."""
+        rows, cols, k = self.layout(shape)
+        n, kept = rows * cols, rows * k
+        isz = index_itemsize(cols)
+        payload = packed_nbytes(kept, self.bits) + 4 * rows
+        narrow = (12 * kept, 6 * kept) if isz == 2 else (12 * kept,)
+        return (passes(4 * n, 8 * n, 4 * n + 12 * kept, 12 * kept, 4 * kept + payload, *narrow),
+                passes(payload + 4 * kept, 4 * n, (isz + 8) * kept, 20 * kept))
 
     # ------------------------------------------------------------- data path
     def compress(self, x: torch.Tensor, *, key=None) -> Payload:

@@ -75,13 +75,16 @@ def _grad_steps(comp, layers, dp: int) -> list[CommStep]:
 
 
 def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = False, gpu=None,
-             copies: bool = True, zero_param_bytes: int = 0) -> list[Bucket]:
+             copies: bool = True, zero_param_bytes: int = 0, codecs=None) -> list[Bucket]:
     """Fill buckets from the last layer backwards (backward produces gradients in
     that order; PyTorch DDP's ``bucket_cap_mb``, Li et al., "PyTorch Distributed: Experiences on
     Accelerating Data Parallel Training", arXiv:2006.15704, Sec. 3.2.3). ``copies``:
     each bucket is copied in and out (:func:`copy_time`); not for a contiguous
     gradient buffer (``Strategy.grad_buffer``). ``zero_param_bytes``: bytes per
-    parameter of the weights under ZeRO-1 (0: off), :func:`zero1_steps`."""
+    parameter of the weights under ZeRO-1 (0: off), :func:`zero1_steps`. ``codecs``: what
+    prices the encodes and decodes (:func:`perfsim.engine.codec_cost.codec_costs`; None: the
+    profile)."""
+    codecs = profile if codecs is None else codecs
     total_bwd = sum(layer_bwd) or 1.0
     order = list(range(len(layers)))[::-1]
     buckets, current, done_bwd = [], [], 0.0
@@ -100,7 +103,7 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
                                       f"elements ({exc})") from exc
                 # uncompressed gradients go to the collective as they are (no codec call)
                 plain = spec in ("fp32", "none") or native
-                enc_s, dec_s = (0.0, 0.0) if plain else bucket_codec_times(profile, spec, steps, dp, 4 * numel)
+                enc_s, dec_s = (0.0, 0.0) if plain else bucket_codec_times(codecs, spec, steps, dp, 4 * numel)
                 if zero_param_bytes:
                     steps = zero1_steps(steps, numel, zero_param_bytes, dp, reduce_scatter=plain and not copies)
                 buckets.append(Bucket(numel, done_bwd / total_bwd if sum(layer_bwd) else 1.0, steps,
@@ -110,7 +113,7 @@ def _buckets(layers, layer_bwd, bucket_bytes, comp, dp, profile, native: bool = 
 
 
 def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp, profile, native: bool,
-                   gpu=None) -> list[Bucket]:
+                   gpu=None, codecs=None) -> list[Bucket]:
     """A stage's buckets when expert parallelism is smaller than data parallelism: the
     dense ones (all ``dp`` replicas) and the routed experts' gradients, bucketed alike but
     all-reduced over their expert-data-parallel group only -- the ``dp / ep`` replicas
@@ -122,7 +125,7 @@ def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp,
     group = strategy.dp // strategy.ep
     moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
     experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
-                       copies=strategy.grad_buffer == "bucketed")
+                       copies=strategy.grad_buffer == "bucketed", codecs=codecs)
     return sorted(dense + [replace(b, stride=strategy.ep) for b in experts], key=lambda b: b.ready_fraction)
 
 
@@ -143,7 +146,9 @@ def zero1_steps(steps: list[CommStep], numel: int, param_bytes: int, dp: int, re
 
 
 def bucket_codec_times(profile, spec: str, steps, dp: int, nbytes: float) -> tuple[float, float]:
-    """(encode, decode) seconds of one bucket's exchange of ``nbytes`` of fp32 gradients:
+    """(encode, decode) seconds of one bucket's exchange of ``nbytes`` of fp32 gradients
+    (``profile``: the profile, or what prices codecs in its place on another GPU,
+    :class:`perfsim.engine.codec_cost.ModelledCodecs`):
     the compressor's own data-parallel path where the profile timed it
     (:meth:`perfsim.profile.Profile.dp_codec_time`: what ``allreduce_mean`` runs around
     its collectives, in concurrent processes), else :func:`codec_passes` full-bucket

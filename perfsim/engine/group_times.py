@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from perfsim.collectives import tensor_call
 from perfsim.engine.buckets import copy_time
+from perfsim.engine.codec_cost import codec_costs
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.models.moe import Routing, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas
 from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
@@ -160,10 +161,11 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
         wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
         if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
             enc = dec = copy_time(profile, (size + wire) / 2, gpu)
-        else:  # the codec cost model of the pipeline's activations (Profile.encode_time / decode_time)
-            fp32 = 4 * size / bpv
-            enc = profile.encode_time(codec, fp32) if profile is not None else 0.0
-            dec = profile.decode_time(codec, fp32) if profile is not None else 0.0
+        else:  # the codec cost of the pipeline's activations: the profile's on its own device, else
+            fp32 = 4 * size / bpv  # modelled on the GPU's (perfsim.engine.codec_cost)
+            codecs = codec_costs(profile, gpu)[0]
+            enc = codecs.encode_time(codec, fp32) if codecs is not None else 0.0
+            dec = codecs.decode_time(codec, fp32) if codecs is not None else 0.0
         one = (_ep_alltoall_time(strategy, network, s, size, host_s, uniform)
                + _ep_alltoall_time(strategy, network, s, wire, host_s, uniform) + enc + dec)
         fwd = bwd = moe_blocks * one

@@ -38,6 +38,7 @@ from perfsim.compression.base import numel_of
 from perfsim.compression.spec import Spec
 from perfsim.engine.buckets import (FALLBACK_MEMORY_BPS, Bucket, _buckets, bucket_codec_times, copy_time,
                                     expert_buckets)
+from perfsim.engine.codec_cost import codec_costs
 from perfsim.engine.compute import optimizer_time
 from perfsim.engine.group_times import ep_stage_times, tp_stage_times, uniform_network
 from perfsim.engine.offload import offload_step_time
@@ -123,6 +124,8 @@ class Plan:
     onebit_refresh: int = 0
     #: what a host-driven ZeRO-3 plan priced for FSDP2's own host time (perfsim.engine.sharding.fsdp_host_note)
     shard_host_note: str = ""
+    #: what priced the encodes and decodes (perfsim.engine.codec_cost.codec_costs)
+    codec_model: str = ""
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -202,6 +205,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     curve = None  # a GPU's curve: host times per pipeline message and per TP collective
     if gpu is not None:
         curve = curve_for(gpu, host_overhead_s)[0]
+    # encode / decode: the profile's records on its own device, else modelled on the GPU's
+    codecs, codec_note = codec_costs(profile, gpu, host_overhead_s)
     has_warmup = False
     uniform = uniform_network(network) if network is not None and tp * strategy.ep > 1 else None
     for s, (a, b) in enumerate(bounds):
@@ -275,10 +280,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             fw_spec, bw_spec = fw_comp.spec or fw_comp.name, bw_comp.spec or bw_comp.name
             if not fw_native:
                 where = (wire_shape, workload.model)  # in-situ boundary points, when calibrated
-                st.fw_encode_s = profile.encode_time(fw_spec, nbytes_fp32, *where)
-                st.fw_decode_s = profile.decode_time(fw_spec, nbytes_fp32, *where)
-                st.bw_encode_s = profile.encode_time(bw_spec, nbytes_fp32, *where)
-                st.bw_decode_s = profile.decode_time(bw_spec, nbytes_fp32, *where)
+                st.fw_encode_s = codecs.encode_time(fw_spec, nbytes_fp32, *where)
+                st.fw_decode_s = codecs.decode_time(fw_spec, nbytes_fp32, *where)
+                st.bw_encode_s = codecs.encode_time(bw_spec, nbytes_fp32, *where)
+                st.bw_decode_s = codecs.decode_time(bw_spec, nbytes_fp32, *where)
             if gather and network is not None:  # the receivers all-gather the slices over their fabric
                 members = [strategy.device(t, 0, where_dev[s]) for t in range(tp)]
                 g = network.collective_time("allgather", numel_of(wire_shape) * BYTES_PER_VALUE[strategy.precision],
@@ -311,18 +316,20 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             # Efficient Large-Scale Large-Batch Training with LAMB's Convergence Speed",
             # arXiv:2104.06069, Sec. 4.2)
             fused = 4 * max(1, st.params)
-            st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu)
+            st.buckets = _buckets(synced, [0.0] * len(layers), fused, grad_comp, dp, profile, gpu=gpu,
+                                  codecs=codecs)
             warm_buckets.append(_buckets(synced, [0.0] * len(layers), fused, make_compressor("fp32"), dp,
-                                         profile, gpu=gpu))
+                                         profile, gpu=gpu, codecs=codecs))
         elif dp > 1 and strategy.zero >= 2:
-            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile, gpu)
+            _sharded(st, synced, workload, strategy, grad_comp, grad_spec, grad_native, profile, gpu, codecs)
         elif dp > 1:
             st.buckets = _buckets(synced, st.layer_bwd, strategy.bucket_bytes, grad_comp, dp, profile,
                                   native=grad_native, gpu=gpu, copies=strategy.grad_buffer == "bucketed",
-                                  zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
+                                  zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0,
+                                  codecs=codecs)
             if 1 < strategy.ep < dp:  # the routed experts' gradients over their expert-data-parallel group
                 st.buckets = expert_buckets(st.buckets, layers, st.layer_bwd, arch, strategy, grad_comp, profile,
-                                            grad_native, gpu)
+                                            grad_native, gpu, codecs)
         if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
             st.optimizer_s = _offloaded(strategy, network, gpu, st)
         else:
@@ -342,11 +349,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
                 strategy.zero, strategy.reshard_after_forward, hosted,
                 (strategy.grad_compress.refresh or 0) if warm_steps else 0,
-                fsdp_host_note(profile) if hosted and strategy.zero >= 3 else "")
+                fsdp_host_note(profile) if hosted and strategy.zero >= 3 else "", codec_note)
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
-             gpu=None) -> None:
+             gpu=None, codecs=None) -> None:
     """ZeRO-2/3 collectives of stage ``st`` (:mod:`perfsim.engine.sharding`): its units'
     per-micro-batch reduce-scatters (and ZeRO-3 all-gathers); ZeRO-2 gathers the updated
     weights after the last backward, one bucket of the stage. Host-driven collectives (a
@@ -357,8 +364,9 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
 
     dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
-    codec = None if plain or profile is None else (
-        lambda spec, steps, nbytes: sum(bucket_codec_times(profile, spec, steps, dp, nbytes)))
+    codecs = profile if codecs is None else codecs  # what prices the codec (perfsim.engine.codec_cost)
+    codec = None if plain or codecs is None else (
+        lambda spec, steps, nbytes: sum(bucket_codec_times(codecs, spec, steps, dp, nbytes)))
     a = st.first_layer
     fwd = list(workload.fwd_s[a:st.last_layer])
     scale = st.fwd_s / sum(fwd) if sum(fwd) > 0 else 1.0  # a whole-stage measurement keeps the proportions

@@ -32,7 +32,8 @@ Definitions (per iteration of one macro-batch per replica):
 * per-stage ``tp_comm_s``: the stage's tensor-parallel collectives (serial with
   compute, not in ``compute_s``); ``memory_gib`` and its parts per GPU
   (:mod:`perfsim.memory`); summary ``peak_memory_gib`` (largest stage), ``fits``
-  (None without a GPU preset), ``params`` (whole model), ``compute_model``; summary
+  (None without a GPU preset), ``params`` (whole model), ``compute_model``, ``codec_model``
+  (:func:`perfsim.engine.codec_cost.codec_costs`); summary
   ``tp_bytes``: bytes the TP collectives send per iteration, summed over all ranks
   (``perfsim run --tp`` meters the buffers handed to them instead: the same for an
   all-reduce at tp = 2, not for all-gather / reduce-scatter); ``tied_bytes``: bytes
@@ -178,6 +179,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                           "(execute mode, collectives taken out); collectives modelled"
                           if strategy.tp > 1 and any(sp.whole_stage_measured for sp in plan.stages)
                           else workload.compute_source),
+        "codec_model": plan.codec_model,  # encodes / decodes: the profile's records, or the GPU's model
     }
     if plan.shard_host_note:  # a CPU profile's ZeRO-3: what FSDP2's host time was priced from
         summary["shard_host_note"] = plan.shard_host_note
