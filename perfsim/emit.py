@@ -41,6 +41,7 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     strategy = build_configs(**params)[1]
+    flags += job_flags(strategy)
     placement = tuple(strategy.placement)  # the job's rank order, as predicted
     if placement != PLACEMENT_DIMS:
         flags.append(f"--placement {','.join(placement)}")
@@ -56,6 +57,34 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     if bw and not params.get("topology"):
         flags.append(f"--emulate-bandwidth {bw}")
     return "perfsim run " + " ".join(flags) + note
+
+
+#: the job fields :func:`run_command` states when they differ from :class:`perfsim.job.Job`'s
+#: default (beside the ones it always states); ``kernels`` is not one: perfsim run trains
+#: eager modules whatever kernels the prediction priced
+_JOB_FLAGS = ("sequence_parallel", "tied_embedding", "zero", "offload", "tp_send", "partition")
+
+
+def job_flags(strategy: Job) -> list[str]:
+    """``perfsim run`` flags of ``strategy``'s chunks per device (interleaved-1f1b: always
+    stated) and of each :data:`_JOB_FLAGS` field off its default, so the emitted command trains
+    the job that was predicted (a value execute mode cannot train, ZeRO-1 or an offload, is
+    then refused by perfsim run in one line rather than dropped)."""
+    flags = []
+    if strategy.schedule in VIRTUAL_STAGE_SCHEDULES:
+        flags.append(f"--virtual-stages {strategy.virtual_stages}")
+    for name in _JOB_FLAGS:
+        value = getattr(strategy, name)
+        if value == getattr(Job, name) or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif isinstance(value, (list, tuple)):
+            flags.append(f"{flag} {','.join(map(str, value))}")
+        else:
+            flags.append(f"{flag} {value}")
+    return flags
 
 
 def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
