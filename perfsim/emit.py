@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from perfsim.errors import ConfigError
 from perfsim.job import PLACEMENT_DIMS, Job
 from perfsim.models.registry import runtime_names
+from perfsim.partition import uniform_counts
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: what ``--emit`` writes
@@ -114,7 +115,9 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
                  "--padded-vocab-size", str(arch.vocab)]
         if arch.kv_heads and arch.kv_heads != arch.heads:
             args += ["--group-query-attention", "--num-query-groups", str(arch.kv_heads)]
-        if not arch.tied:
+        # perfsim's untied head on another stage (its default without a GPU preset) is Megatron-LM's
+        # untied output layer: the tied one all-reduces the copy's gradient (tied_embedding=sync)
+        if not arch.tied or (strategy.pp > 1 and strategy.tied_embedding == "untied"):
             args += ["--untie-embeddings-and-output-weights"]
     if strategy.schedule in VIRTUAL_STAGE_SCHEDULES:
         if arch is None or arch.n_layer % (strategy.pp * strategy.virtual_stages):
@@ -125,6 +128,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
     elif strategy.schedule not in ("1f1b",) and strategy.pp > 1:
         notes.append(f"schedule {strategy.schedule}: Megatron-LM runs 1F1B (or interleaved); this plan's "
                      f"figures assume {strategy.schedule}")
+    if strategy.pp > 1:  # Megatron-LM splits the blocks evenly (perfsim.partition.uniform_counts)
+        names = [layer.name for layer in workload.layers]
+        uniform = uniform_counts(names, strategy.num_stages) if arch is not None else None
+        if strategy.partition is None or tuple(strategy.partition) != uniform:
+            what = ",".join(map(str, strategy.partition)) if strategy.partition else "balanced by compute"
+            notes.append(f"partition {what}: Megatron-LM splits the blocks uniformly; this plan's figures assume "
+                         f"its own split (plan with --partition uniform for Megatron-LM's)")
     args += ["--micro-batch-size", str(strategy.micro_batch), "--global-batch-size", str(global_batch)]
     if strategy.sequence_parallel:
         args.append("--sequence-parallel")
