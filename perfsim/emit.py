@@ -57,6 +57,10 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     bw = params.get("bandwidth")
     if bw and not params.get("topology"):
         flags.append(f"--emulate-bandwidth {bw}")
+        per_node = params.get("gpus_per_node") or 1
+        if per_node > 1:  # perfsim run shapes each rank's own link, one rate for all (runtime/config.py)
+            note += (f"  # every rank's link shaped at {bw}, the plan's {per_node} GPUs per node included "
+                     "(their intra-node path was priced apart)")
     return "perfsim run " + " ".join(flags) + note
 
 

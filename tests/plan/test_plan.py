@@ -169,6 +169,19 @@ def test_emitted_run_command_trains_the_predicted_job(job, tmp_path):
             assert getattr(cfg, name) == getattr(predicted, name), (name, words)
 
 
+def test_emitted_run_command_says_its_one_rate_covers_the_intra_node_pairs():
+    """perfsim run shapes every rank's link at one rate; a plan of several GPUs per node priced
+    their intra-node path apart (gpt2-tiny pp 4 at 1 Gbps: 27.4 ms on 4 nodes, 1.1 ms on one
+    node of 4), so the command says so in its comment (before: nothing)."""
+    p = {"model": "gpt2-tiny", "pp": 4, "dp": 1, "schedule": "1f1b", "compress": "fp32", "grad_compress": "none",
+         "micro_batch": 8, "macro_batch": 32, "bandwidth": "1Gbps"}
+    assert "#" not in run_command(p)
+    cmd = run_command({**p, "gpus_per_node": 2})
+    assert cmd.endswith("  # every rank's link shaped at 1Gbps, the plan's 2 GPUs per node included "
+                        "(their intra-node path was priced apart)")
+    assert shlex.split(cmd, comments=True) == shlex.split(run_command(p))
+
+
 def test_plan_cli_json_and_errors(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "perfsim", "plan", "--model", "gpt2-tiny", "--profile", CPU, "--nodes", "2",
