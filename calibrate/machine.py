@@ -59,6 +59,19 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def other_cpu(metadata: dict[str, Any]) -> str | None:
+    """What differs between this machine's CPU and the one a CPU profile's ``metadata`` was
+    measured on (model name, usable cores), in words; None when they agree or the profile
+    was measured on a GPU (its CPU is not what it times)."""
+    if metadata.get("device", "cpu") != "cpu" or not metadata.get("cpu_model"):
+        return None
+    here, cores = _cpu_model(), usable_cores()
+    if metadata.get("cpu_model") == here and metadata.get("cores") in (None, cores):
+        return None
+    return (f"calibrated on {metadata['cpu_model']} ({metadata.get('cores', '?')} cores), "
+            f"this machine is {here} ({cores} cores)")
+
+
 def machine_metadata(device: str | None = None) -> dict[str, Any]:
     """Describe the machine and software that a profile is measured with.
 

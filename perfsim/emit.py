@@ -17,6 +17,7 @@ from typing import Any, Iterable
 from perfsim.errors import ConfigError
 from perfsim.job import PLACEMENT_DIMS, Job
 from perfsim.models.registry import runtime_names
+from perfsim.partition import uniform_counts
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
 
 #: what ``--emit`` writes
@@ -41,6 +42,7 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     from perfsim.api import build_configs  # lazy: import perfsim does not load perfsim.api
 
     strategy = build_configs(**params)[1]
+    flags += job_flags(strategy)
     placement = tuple(strategy.placement)  # the job's rank order, as predicted
     if placement != PLACEMENT_DIMS:
         flags.append(f"--placement {','.join(placement)}")
@@ -55,7 +57,39 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
     bw = params.get("bandwidth")
     if bw and not params.get("topology"):
         flags.append(f"--emulate-bandwidth {bw}")
+        per_node = params.get("gpus_per_node") or 1
+        if per_node > 1:  # perfsim run shapes each rank's own link, one rate for all (runtime/config.py)
+            note += (f"  # every rank's link shaped at {bw}, the plan's {per_node} GPUs per node included "
+                     "(their intra-node path was priced apart)")
     return "perfsim run " + " ".join(flags) + note
+
+
+#: the job fields :func:`run_command` states when they differ from :class:`perfsim.job.Job`'s
+#: default (beside the ones it always states); ``kernels`` is not one: perfsim run trains
+#: eager modules whatever kernels the prediction priced
+_JOB_FLAGS = ("sequence_parallel", "tied_embedding", "zero", "offload", "tp_send", "partition")
+
+
+def job_flags(strategy: Job) -> list[str]:
+    """``perfsim run`` flags of ``strategy``'s chunks per device (interleaved-1f1b: always
+    stated) and of each :data:`_JOB_FLAGS` field off its default, so the emitted command trains
+    the job that was predicted (a value execute mode cannot train, ZeRO-1 or an offload, is
+    then refused by perfsim run in one line rather than dropped)."""
+    flags = []
+    if strategy.schedule in VIRTUAL_STAGE_SCHEDULES:
+        flags.append(f"--virtual-stages {strategy.virtual_stages}")
+    for name in _JOB_FLAGS:
+        value = getattr(strategy, name)
+        if value == getattr(Job, name) or value is None:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif isinstance(value, (list, tuple)):
+            flags.append(f"{flag} {','.join(map(str, value))}")
+        else:
+            flags.append(f"{flag} {value}")
+    return flags
 
 
 def runtime_device_order(params: dict[str, Any]) -> tuple[int, ...] | None:
@@ -85,7 +119,9 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
                  "--padded-vocab-size", str(arch.vocab)]
         if arch.kv_heads and arch.kv_heads != arch.heads:
             args += ["--group-query-attention", "--num-query-groups", str(arch.kv_heads)]
-        if not arch.tied:
+        # perfsim's untied head on another stage (its default without a GPU preset) is Megatron-LM's
+        # untied output layer: the tied one all-reduces the copy's gradient (tied_embedding=sync)
+        if not arch.tied or (strategy.pp > 1 and strategy.tied_embedding == "untied"):
             args += ["--untie-embeddings-and-output-weights"]
     if strategy.schedule in VIRTUAL_STAGE_SCHEDULES:
         if arch is None or arch.n_layer % (strategy.pp * strategy.virtual_stages):
@@ -96,6 +132,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
     elif strategy.schedule not in ("1f1b",) and strategy.pp > 1:
         notes.append(f"schedule {strategy.schedule}: Megatron-LM runs 1F1B (or interleaved); this plan's "
                      f"figures assume {strategy.schedule}")
+    if strategy.pp > 1:  # Megatron-LM splits the blocks evenly (perfsim.partition.uniform_counts)
+        names = [layer.name for layer in workload.layers]
+        uniform = uniform_counts(names, strategy.num_stages) if arch is not None else None
+        if strategy.partition is None or tuple(strategy.partition) != uniform:
+            what = ",".join(map(str, strategy.partition)) if strategy.partition else "balanced by compute"
+            notes.append(f"partition {what}: Megatron-LM splits the blocks uniformly; this plan's figures assume "
+                         f"its own split (plan with --partition uniform for Megatron-LM's)")
     args += ["--micro-batch-size", str(strategy.micro_batch), "--global-batch-size", str(global_batch)]
     if strategy.sequence_parallel:
         args.append("--sequence-parallel")

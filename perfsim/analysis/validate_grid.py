@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any, Sequence
 
+from perfsim.calibrate.machine import other_cpu
 from perfsim.errors import ConfigError
 from perfsim.job import Job, chosen_chunks
 from perfsim.models.registry import get_model_spec
@@ -136,7 +137,10 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
     from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
-    load_profile(profile)  # a bad file fails before any run starts
+    other = other_cpu(load_profile(profile).metadata)  # a bad file fails before any run starts
+    if other:  # runs measured here against another machine's costs: the errors would be the machines'
+        log.warning("validate: profile %s was %s: its rows compare two machines (calibrate this one: "
+                    "perfsim calibrate)", profile, other)
     schedules = tuple(s.lower() for s in _names(schedule))
     for s in schedules:  # a schedule that does not fit fails before any run starts
         RunConfig(model=model, pp=pp, dp=dp, schedule=s, micro_batch=micro_batch, macro_batch=macro_batch,

@@ -15,13 +15,20 @@ RAM stores are torch tensors on the device of the first batch; disk stores are
 directory of their own, ``PATH/aqsgd-<tag>-<pid>-<n>/`` under the spec's
 ``disk=PATH``, for datasets whose buffers exceed memory (the paper's
 GPT2-XL example needs ~1 TB; its authors keep fp16 caches in memmap files).
-A checkpoint refers to these files; ``perfsim run`` removes them when the run
-completes (:meth:`MessageStore.remove`) and keeps them after a failure, for
-``--resume``.
+The live files change at every step, so a checkpoint cannot merely refer to them:
+taken inside :func:`snapshot_into` (``perfsim run`` does, with a folder of the
+checkpoint's own), :meth:`MessageStore.state_dict` copies them there and a restore
+copies that snapshot back over the live files, so a run resumed from any kept
+checkpoint -- after a crash one step or many past it, or after the run completed and
+removed its live files -- continues from the buffers *of that step*. Outside
+:func:`snapshot_into` the state names the live files only (valid until the next
+step). ``perfsim run`` removes the live files when the run completes
+(:meth:`MessageStore.remove`) and keeps them after a failure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -37,6 +44,19 @@ from perfsim.kernels.quant import (bucket_absmax, dequantize_codes_ref, encode_c
                                    quantize_codes_ref)
 
 _SERIAL = itertools.count()
+#: the folder a checkpoint being taken copies disk buffers into (:func:`snapshot_into`)
+_SNAPSHOT: list[Path] = []
+
+
+@contextlib.contextmanager
+def snapshot_into(folder: str | os.PathLike):
+    """While inside, :meth:`MessageStore.state_dict` of a disk store copies its files into
+    ``folder`` (a checkpoint's own) and records the copies, which a restore reads."""
+    _SNAPSHOT.append(Path(folder))
+    try:
+        yield
+    finally:
+        _SNAPSHOT.pop()
 
 
 class MessageStore:
@@ -184,8 +204,9 @@ class MessageStore:
                 arr.flush()
 
     def state_dict(self) -> dict:
-        """RAM: copies of the used slots. Disk: the file paths (the files are the
-        checkpoint of the buffers; copy them with the checkpoint)."""
+        """RAM: copies of the used slots. Disk: the file paths and, inside
+        :func:`snapshot_into`, copies of the files in its folder (the live files change
+        at the next step)."""
         st = {"count": self.count, "numel": self.numel, "row": self.row, "mbits": self.mbits}
         if self.disk is None:
             st["arrays"] = {k: v[: self.count].detach().cpu().clone() for k, v in self._arrays.items()}
@@ -193,6 +214,14 @@ class MessageStore:
             self.flush()
             st["files"] = dict(self._files)
             st["capacity"] = self.capacity
+            if _SNAPSHOT:
+                folder = _SNAPSHOT[-1]
+                folder.mkdir(parents=True, exist_ok=True)
+                st["snapshot"] = {}
+                for name, path in self._files.items():
+                    copy = folder / f"{Path(path).parent.name}-{name}.bin"
+                    shutil.copyfile(path, copy)
+                    st["snapshot"][name] = str(copy.resolve())
         return st
 
     def remove(self) -> None:
@@ -221,6 +250,13 @@ class MessageStore:
             files = st.get("files")
             if not files:
                 raise ConfigError("message store: checkpoint is in RAM, this buffer is disk-backed")
+            for name, copy in (st.get("snapshot") or {}).items():  # the buffers of the checkpoint's step
+                if not os.path.exists(copy):
+                    raise ConfigError(f"message store: checkpoint's buffer copy {copy} is missing")
+                live = Path(files[name])
+                live.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(copy, f"{live}.restore")
+                os.replace(f"{live}.restore", live)
             for path in files.values():
                 if not os.path.exists(path):
                     raise ConfigError(f"message store: buffer file {path} is missing (perfsim run "

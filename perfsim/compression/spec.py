@@ -240,7 +240,9 @@ def _parse(text: str, role: str) -> Spec:
         raise ValueError(f"role={role!r}: choose from {', '.join(ROLES)}")
     what = {"pipeline": "pipeline compression", "grad": "grad compression",
             "compressor": "compressor"}[role]
-    if not isinstance(text, str) or not text.strip():
+    if not isinstance(text, str):
+        raise ConfigError(f"{what} {text!r}: a spec is text such as 'qsgd:4', not {type(text).__name__}")
+    if not text.strip():
         raise ConfigError(f"{what} {text!r}: empty")
     name, *args = [part.strip() for part in text.strip().split(":")]
     if not name or any(not a for a in args):

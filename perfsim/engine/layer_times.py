@@ -14,9 +14,25 @@ from __future__ import annotations
 from perfsim.engine import compute
 from perfsim.errors import ConfigError
 from perfsim.hardware import check_precision, curve_for, profile_gpu, same_silicon
+from perfsim.models.registry import get_model_spec
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import padded_vocab
 from perfsim.workload import Model
+
+
+def measured_shape(profile, name: str, arch) -> bool:
+    """Whether ``profile``'s compute records of model ``name`` (per layer, per whole stage)
+    time a model of ``arch``'s sequence length. ``perfsim calibrate`` times a registry preset
+    at the preset's own ``seq_len`` (it has no flag for another), so a ``--seq-len`` that
+    differs makes another model for those records: it is priced as an unmeasured model is,
+    never by a measurement of other shapes."""
+    if profile is None or arch is None:
+        return True
+    try:
+        spec = get_model_spec(name)
+    except ConfigError:  # not a preset (a config.json, a workload): its records are its own
+        return True
+    return getattr(spec, "seq_len", arch.seq_len) == arch.seq_len
 
 
 def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, precision: str) -> float | None:
@@ -24,7 +40,7 @@ def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, prec
     not a measurement, unless it says ``folded`` (the layer's time is counted in its
     stage's other layers: the paper-derived default folds embed / head into its equal
     stages, ``traces/make_default_profile.py``), then it is 0 s."""
-    if profile is None:
+    if profile is None or not measured_shape(profile, model.name, model.arch):
         return None
     recs = profile.select(f"layer_{op}", model=model.name, name=layer)
     if not recs or any(compute.PROFILE_DTYPES.get(str(r.get("dtype") or "fp32"), r.get("dtype")) != precision for r in recs):
@@ -162,6 +178,10 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
         if f is None:
             if not layer.flops_fwd:
                 raise ConfigError(f"model {model.name!r}: layer {layer.name!r} has neither a time nor FLOPs")
+            if not rate and not measured_shape(profile, model.name, model.arch):
+                raise ConfigError(f"seq_len={model.arch.seq_len}: the profile times {model.name} at its own "
+                                  f"{get_model_spec(model.name).seq_len} tokens and has no FLOP rate to price "
+                                  "another length; leave --seq-len out, or give --gpu")
             if not rate:
                 raise ConfigError(f"model {model.name!r}: no compute time for layer {layer.name!r} "
                                   "(profile has neither a record nor an effective FLOP rate)")

@@ -41,6 +41,7 @@ from perfsim.engine.buckets import (FALLBACK_MEMORY_BPS, Bucket, _buckets, bucke
 from perfsim.engine.codec_cost import codec_costs
 from perfsim.engine.compute import optimizer_time
 from perfsim.engine.group_times import ep_stage_times, tp_stage_times, uniform_network
+from perfsim.engine.layer_times import measured_shape
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
@@ -455,7 +456,7 @@ def _stage_compute(workload, profile, s: int, a: int, b: int, pp: int, mb: int, 
     fwd = sum(workload.fwd_s[a:b])
     layer_bwd = list(workload.bwd_s[a:b])
     bwd = sum(layer_bwd)
-    if profile is not None:
+    if profile is not None and measured_shape(profile, workload.model, workload.arch):
         f = profile.stage_measured(workload.model, s, a, b - 1, mb, "fwd", pp, tp, sequence_parallel, schedule)
         g = profile.stage_measured(workload.model, s, a, b - 1, mb, "bwd", pp, tp, sequence_parallel, schedule)
         if f is not None:

@@ -16,8 +16,8 @@ its own older files), so when the newest is damaged the previous one resumes:
 ``--resume OUT/ckpt/stepN``; a corrupt file is reported in one line naming it.
 
 A rank's state: model and optimizer ``state_dict``, the four stage-boundary
-compressors' ``state_dict`` (AQ-SGD message buffers on both sides, error
-feedback, random counters), the gradient-sync state (per-bucket error
+compressors' ``state_dict`` (AQ-SGD message buffers on both sides -- ``disk=``
+buffers copied into ``stepN/rankR-buffers/`` --, error feedback, random counters), the gradient-sync state (per-bucket error
 feedback), torch's RNG state, the next step and the loss history. The data
 order is a pure function of ``(seed, step)`` (:class:`perfsim.runtime.data.Order`),
 so the step number restores it.
@@ -44,6 +44,13 @@ _STEP_DIR = re.compile(r"step(\d{8})")
 
 def step_dir(root: str | Path, step: int) -> Path:
     return Path(root) / f"step{int(step):08d}"
+
+
+def buffers_dir(root: str | Path, step: int, rank: int) -> Path:
+    """Where one rank's checkpoint keeps copies of files its state refers to (AQ-SGD's
+    ``disk=`` buffers, :func:`perfsim.compression.aqsgd_store.snapshot_into`); pruned with
+    the rank's file."""
+    return step_dir(root, step) / f"rank{rank}-buffers"
 
 
 def save_rank(root: str | Path, step: int, rank: int, state: dict[str, Any]) -> Path:
@@ -73,6 +80,7 @@ def commit(root: str | Path, step: int, world_size: int, config: dict[str, Any],
     for d in root.iterdir():
         if d.is_dir() and _STEP_DIR.fullmatch(d.name) and d.name not in keep:
             (d / f"rank{rank}.pt").unlink(missing_ok=True)
+            shutil.rmtree(buffers_dir(root, int(d.name[4:]), rank), ignore_errors=True)
             if not any(d.glob("rank*.pt")):  # the last rank out removes the folder
                 shutil.rmtree(d, ignore_errors=True)
 

@@ -148,8 +148,8 @@ class RunConfig(Job):
                               "optimizer steps, --epochs sets them from the data set's size)")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed={self.seed!r}: must be an integer in 0..{MAX_SEED}")
-        if not self.lr > 0:
-            raise ConfigError(f"lr={self.lr!r}: must be > 0")
+        if not 0 < self.lr < math.inf:
+            raise ConfigError(f"lr={self.lr!r}: must be a finite number > 0")
         check_choice(self, "device", DEVICES)
         if self.checkpoint_every < 0:
             raise ConfigError(f"checkpoint_every={self.checkpoint_every}: must be >= 0")

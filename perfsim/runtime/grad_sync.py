@@ -141,6 +141,8 @@ class GradSync:
             self.spec = check_spec(parse_spec(spec, "grad"))  # a Spec passes through unparsed
         if bucket_cap_bytes <= 0:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed={seed!r}: must be an integer (identical on every rank)")
         self.process_group = process_group
         self.seed = int(seed)
         self.bucket_cap_bytes = int(bucket_cap_bytes)

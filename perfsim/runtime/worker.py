@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from perfsim import ddp as pddp
 from perfsim.compression import make_pipeline_pair
+from perfsim.compression.aqsgd_store import snapshot_into
 from perfsim.errors import ConfigError
 from perfsim.job import training_steps
 from perfsim.models.registry import get_model_spec
@@ -191,9 +192,12 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     def save(step_done: int) -> None:
         error, previous = None, checkpoint.latest(ckpt_root)
         try:
+            # AQ-SGD's disk= buffers change at every step: the checkpoint keeps a copy of its own
+            with snapshot_into(checkpoint.buffers_dir(ckpt_root, step_done, rank)):
+                compressors = {k: c.state_dict() for k, c in comps.items()}
             checkpoint.save_rank(ckpt_root, step_done, rank, {
                 "model": module.state_dict(), "optimizer": optimizer.state_dict(),
-                "compressors": {k: c.state_dict() for k, c in comps.items()},
+                "compressors": compressors,
                 "grad_sync": grad_state.state_dict() if grad_state is not None else {},
                 "rng": torch.get_rng_state(),
                 "step": step_done, "loss_history": loss_history,

@@ -517,3 +517,27 @@ def test_tcp_window_follows_who_made_the_latency(tmp_path, made, window):
     v.run_row(plan2, plan2.rows()[0], _profile([]), 0, lambda **kw: pytest.fail("must not run"), predictor)
     assert calls["predict"].get("tcp_window") == window
     v._TABLES.clear()
+
+
+def test_a_profile_of_another_cpu_is_named_before_any_run(caplog, tmp_path):
+    """validate measures runs here against the profile's costs: a profile calibrated on another
+    CPU (model or cores) is one warning naming both (before: nothing; the rows' errors were the
+    two machines' difference). Refused input after it: no run starts."""
+    import logging
+    from pathlib import Path
+
+    from perfsim.analysis.validate_grid import validate
+    from perfsim.calibrate.machine import other_cpu
+    from perfsim.profile import load_profile
+
+    root = Path(__file__).resolve().parents[2] / "traces"
+    here = load_profile(root / "cpu-2core.json").metadata
+    assert other_cpu({**here, "cpu_model": "Some Other CPU"}).startswith("calibrated on Some Other CPU (")
+    assert other_cpu({**here, "cpu_model": "Some Other CPU", "device": "cuda"}) is None  # a GPU's profile
+    other = json.loads((root / "cpu-2core.json").read_text())
+    other["metadata"]["cpu_model"] = "Some Other CPU"
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps(other))
+    with caplog.at_level(logging.WARNING), pytest.raises(ConfigError, match="--sequence-parallel"):
+        validate(profile=str(path), model="digits-mlp", pp=2, sequence_parallel=True, out=str(tmp_path / "v"))
+    assert [r for r in caplog.records if "calibrated on Some Other CPU" in r.getMessage()]

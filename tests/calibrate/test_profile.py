@@ -455,3 +455,24 @@ def test_gradient_buckets_prefer_the_measured_data_parallel_path():
     assert bucket_codec_times(Profile(records=measured), spec, steps, 2, 4 * n) == pytest.approx(
         (2e-4 + 8e-9 * n, 1e-4 + 4e-9 * n), rel=1e-9)
     assert Profile(records=measured).dp_codec_time("encode", "directq:4", 4 * n) is None
+
+
+def test_records_of_another_sequence_length_are_not_this_models_measurement():
+    """calibrate times a preset at its own sequence length: with --seq-len another, the layer
+    and stage records are not measurements of the model asked for. The default profile (GPT2-XL
+    at 1024 tokens) prices 2048 tokens from its FLOP rate (more than twice the compute), not
+    as its 1024-token records (before: the same 5.76 s in each of its 8 stages, 2x the tokens/s); a profile
+    without a FLOP rate refuses in one line naming seq_len (before: gpt2-tiny at 1024 tokens
+    priced as measured at 64)."""
+    import perfsim
+
+    base = perfsim.predict()
+    longer = perfsim.predict(seq_len=2048)
+    assert perfsim.predict(seq_len=1024).stages == base.stages  # its own length: the records
+    # (the split follows the new layer times: compare the pipeline's total compute)
+    assert sum(s["compute_s"] for s in longer.stages) > 2 * sum(s["compute_s"] for s in base.stages)
+    cpu = Path(__file__).resolve().parents[2] / "traces" / "cpu-2core.json"
+    with pytest.raises(ConfigError, match=r"^seq_len=1024: the profile times gpt2-tiny at its own 64 tokens"):
+        perfsim.predict(model="gpt2-tiny", pp=2, profile=str(cpu), seq_len=1024)
+    assert perfsim.predict(model="gpt2-tiny", pp=2, profile=str(cpu), seq_len=64).summary["iteration_s"] == \
+        perfsim.predict(model="gpt2-tiny", pp=2, profile=str(cpu)).summary["iteration_s"]

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from _helpers import free_port
+from perfsim import ddp as pddp
+from perfsim.errors import ConfigError
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 sys.path.insert(0, str(SCRIPT.parent))
@@ -232,3 +234,16 @@ def test_perfsim_run_onebit_warmup_is_a_setting(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "onebit-lamb warm-up 100 steps" in proc.stderr and "1-bit warm-up 100 steps" in proc.stdout
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda: pddp.CompressionState(5), r"^grad compression 5: a spec is text such as 'qsgd:4', not int$"),
+    (lambda: pddp.CompressionState(None), r"^grad compression None: a spec is text"),
+    (lambda: pddp.CompressionState("qsgd:4", seed="x"), r"^seed='x': must be an integer"),
+    (lambda: pddp.CompressionState("qsgd:4", seed=1.5), r"^seed=1.5: must be an integer"),
+])
+def test_a_wrong_type_is_a_config_error_naming_it(make, needle):
+    """(Before: ``CompressionState(5)`` said "5: empty"; ``seed="x"`` raised an untyped
+    ValueError from int(), ``seed=1.5`` was truncated silently.)"""
+    with pytest.raises(ConfigError, match=needle):
+        make()

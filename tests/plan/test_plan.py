@@ -1,6 +1,7 @@
 """perfsim plan: enumeration, branch-and-bound pruning, ranking by time to loss, CLI."""
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -135,6 +136,50 @@ def test_emit_run_and_pareto_front():
     assert "--device-order 3,2,1,0" in run_command({**p, "device_order": "3,2,1,0"})
     assert run_command({**p, "model": "bert-large"}) is None
     assert pareto_front([(1, 1), (2, 3), (3, 2), (0.5, 0.5), (4, 4)]) == [3, 0, 1, 4]
+
+
+@pytest.mark.parametrize("job", [
+    dict(pp=2, dp=2, schedule="interleaved-1f1b", virtual_stages=3),
+    dict(pp=2, dp=1, tp=2, schedule="1f1b", sequence_parallel=True),
+    dict(pp=2, dp=2, schedule="1f1b", tied_embedding="sync"),
+    dict(pp=1, dp=4, schedule="1f1b", zero=3, grad_compress="none", compress="fp32"),
+    dict(pp=2, dp=2, schedule="1f1b", partition="2,4"),
+])
+def test_emitted_run_command_trains_the_predicted_job(job, tmp_path):
+    """``plan --emit perfsim``: the command, parsed by perfsim run, is the job predicted, field
+    by field. (Before: --virtual-stages, --sequence-parallel, --tied-embedding, --zero and
+    --partition were left out, so the command silently trained run's defaults: 2 chunks, no
+    sequence parallelism, an untied head, no ZeRO, a balanced split.)"""
+    import argparse
+
+    from perfsim.api import build_configs
+    from perfsim.commands import run as run_cmd
+    from perfsim.params import JOB_FIELDS
+    from perfsim.runtime import make_config
+
+    p = {"model": "gpt2-tiny", "compress": "aqsgd:fw3bw6", "grad_compress": "none", "micro_batch": 2,
+         "macro_batch": 8, "bandwidth": "100Mbps", **job}
+    words = shlex.split(run_command(p))
+    ap = argparse.ArgumentParser()
+    run_cmd.add_arguments(ap)
+    cfg = make_config(**run_cmd.run_params(ap.parse_args([*words[2:], "--out", str(tmp_path / "r")])))
+    predicted = build_configs(**p)[1]
+    for name in JOB_FIELDS:
+        if name != "kernels":  # perfsim run trains eager modules whatever the prediction priced
+            assert getattr(cfg, name) == getattr(predicted, name), (name, words)
+
+
+def test_emitted_run_command_says_its_one_rate_covers_the_intra_node_pairs():
+    """perfsim run shapes every rank's link at one rate; a plan of several GPUs per node priced
+    their intra-node path apart (gpt2-tiny pp 4 at 1 Gbps: 27.4 ms on 4 nodes, 1.1 ms on one
+    node of 4), so the command says so in its comment (before: nothing)."""
+    p = {"model": "gpt2-tiny", "pp": 4, "dp": 1, "schedule": "1f1b", "compress": "fp32", "grad_compress": "none",
+         "micro_batch": 8, "macro_batch": 32, "bandwidth": "1Gbps"}
+    assert "#" not in run_command(p)
+    cmd = run_command({**p, "gpus_per_node": 2})
+    assert cmd.endswith("  # every rank's link shaped at 1Gbps, the plan's 2 GPUs per node included "
+                        "(their intra-node path was priced apart)")
+    assert shlex.split(cmd, comments=True) == shlex.split(run_command(p))
 
 
 def test_plan_cli_json_and_errors(tmp_path):

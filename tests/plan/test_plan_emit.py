@@ -108,3 +108,21 @@ def test_plan_cli_emits_a_torchrun_line_that_is_the_winner(tmp_path):
     assert ns.bf16 and ns.use_flash_attn == (row["attention"] == "flash")
     assert (ns.recompute_granularity or "none") == row["recompute"]
     assert ns.use_distributed_optimizer == (row["zero"] in (1, 2)) and ns.use_torch_fsdp2 == (row["zero"] == 3)
+
+
+def test_megatron_flags_say_what_the_prediction_assumed_of_the_head_and_the_split():
+    """Without a GPU preset a prediction trains an untied head on the last stage and splits the
+    layers by compute (perfsim's defaults): the Megatron-LM flags untie the output layer (a
+    tied one all-reduces its gradient every step, which the prediction did not price) and a
+    comment says the split differs. With the preset (Megatron-LM's defaults): neither.
+    (Before: a tied head and no word on the split.)"""
+    p = dict(model="gpt2-xl", pp=4, dp=1, schedule="1f1b", macro_batch=8)
+    args, notes = megatron_args(p, 8)
+    assert "--untie-embeddings-and-output-weights" in args
+    assert [n for n in notes if n.startswith("partition balanced by compute")]
+    args, notes = megatron_args({**p, "gpu": "a100"}, 8)
+    assert "--untie-embeddings-and-output-weights" not in args and notes == []
+    args, notes = megatron_args({**p, "partition": "uniform", "tied_embedding": "sync"}, 8)
+    assert "--untie-embeddings-and-output-weights" not in args and notes == []
+    args, notes = megatron_args({**p, "pp": 1}, 8)  # one stage: the head is the embedding
+    assert "--untie-embeddings-and-output-weights" not in args and notes == []

@@ -10,7 +10,7 @@ import pytest
 
 from perfsim.errors import ConfigError
 from perfsim.runtime import checkpoint
-from perfsim.runtime import run
+from perfsim.runtime import RankFailure, run
 from perfsim.runtime.config import RunConfig
 from perfsim.runtime.launch import free_port
 
@@ -58,6 +58,26 @@ def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(stopped, tmp_pa
     result = run(resume=root / "step00000002", out=tmp_path / "r2", **AQ)
     assert result.summary["start_step"] == 2
     assert result.losses == full
+
+
+def test_disk_buffers_resume_as_they_were_at_the_checkpoint(stopped, tmp_path):
+    """AQ-SGD's ``disk=`` buffers change in place at every step: a run killed one step after
+    its step-2 checkpoint resumes from that step's buffers (the checkpoint's own copy), so its
+    losses are the uninterrupted run's; and the completed run, whose live buffer files are
+    removed, still extends from its last checkpoint. (Before: the buffers of step 3 were read
+    back, loss of step 3 2.2745 instead of 2.2621, silently.)"""
+    full, _ = stopped
+    job = dict(AQ, compress=f"aqsgd:fw3bw6:disk={tmp_path / 'buffers'}")
+    out = tmp_path / "killed"
+    with pytest.raises(RankFailure):
+        run(**job, checkpoint_every=2, fail_rank=1, fail_step=3, out=out)
+    assert checkpoint.find(out)[1]["step"] == 2
+    result = run(**job, resume=out)
+    assert result.summary["start_step"] == 2
+    assert result.losses == full
+    assert not list((tmp_path / "buffers").iterdir())  # the completed run removed its live files
+    longer = run(**dict(job, steps=7), resume=out)
+    assert longer.summary["start_step"] == 6 and list(longer.losses) == list(range(7))
 
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,

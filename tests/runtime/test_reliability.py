@@ -135,6 +135,8 @@ BAD_VALUES = [
     (["--epochs", "inf"], "epochs"),
     (["--seed", str(2**70)], "seed"),
     (["--hang-timeout", "0s"], "hang"),
+    (["--lr", "inf"], "lr=inf"),  # (before: trained, then "training diverged at step 1")
+    (["--lr", "nan"], "lr=nan"),
 ]
 
 
