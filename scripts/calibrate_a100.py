@@ -32,10 +32,14 @@ padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``)
     python scripts/calibrate_a100.py --check --table # ... and per tp / pp bucket
     python scripts/calibrate_a100.py --check --held-out   # ... and the held-out split (once)
     python scripts/calibrate_a100.py --straggler-cv 0.02 --every 2   # fit and evaluate with a GPU speed spread
+    python scripts/calibrate_a100.py --jitter-cv 0.05 --every 2      # ... with a per-micro-batch jitter
 
 ``--straggler-cv X`` predicts every row with ``straggler_cv = X`` (params.PARAMS; the
 expected slowest of the row's GPUs, perfsim.engine.sync_wait), in the fit and in the
 evaluation; the validation error is also printed by GPU count (2 / 4 / 8).
+``--jitter-cv X`` likewise predicts every row with ``jitter_cv = X`` (the per-micro-batch
+jitter, averaged over the row's ``m`` micro-batches: ``X / sqrt(m)``, perfsim.engine.sync_wait);
+the validation error is also printed by micro-batch count ``m`` (global batch / (micro-batch x dp)).
 ``--grad-accumulation M`` predicts every row with ``grad_accumulation = M`` (params.PARAMS;
 perfsim.models.ops.GradAccumulation: ``fused``, the default, ``main-grad`` or ``autograd`` --
 how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation per
@@ -96,6 +100,8 @@ def padded_vocab(tp: int, vocab: int = 50257, multiple: int = 128) -> int:
 
 #: ``straggler_cv`` every row is predicted with (``--straggler-cv``; params.PARAMS's default: 0)
 STRAGGLER_CV = 0.0
+#: ``jitter_cv`` every row is predicted with (``--jitter-cv``; params.PARAMS's default: 0)
+JITTER_CV = 0.0
 #: ``grad_accumulation`` every row is predicted with (``--grad-accumulation``; params.PARAMS's default)
 GRAD_ACCUMULATION = "fused"
 
@@ -108,6 +114,7 @@ def predict_row(row: dict) -> float:
     # only the switches given: a caller's functools.partial of predict (megatron_open_data.py
     # --single-node --set ...) sets the others
     switched = {k: v for k, v, default in (("straggler_cv", STRAGGLER_CV, 0.0),
+                                           ("jitter_cv", JITTER_CV, 0.0),
                                            ("grad_accumulation", GRAD_ACCUMULATION, "fused")) if v != default}
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
@@ -135,14 +142,29 @@ def summary(rows: list[dict]) -> str:
             f"({n} rows, {len({r['config'] for r in rows})} configurations)")
 
 
-def by_gpus(rows: list[dict]) -> str:
-    """MAPE and mean signed error of ``rows`` for each GPU count."""
+def microbatches(row: dict) -> int:
+    """Micro-batches per iteration of ``row`` (each data-parallel rank's gradient accumulation)."""
+    return row["global_batch"] // (row["micro_batch"] * row["dp"])
+
+
+def by_group(rows: list[dict], key, label: str) -> str:
+    """MAPE and mean signed error of ``rows`` for each value of ``key(row)``, e.g. the GPU count."""
     parts = []
-    for g in sorted({r["gpus"] for r in rows}):
-        e = errors([r for r in rows if r["gpus"] == g])
-        parts.append(f"{g} GPUs: MAPE {100 * sum(map(abs, e)) / len(e):.2f} %, "
+    for g in sorted({key(r) for r in rows}):
+        e = errors([r for r in rows if key(r) == g])
+        parts.append(f"{label.format(g)}: MAPE {100 * sum(map(abs, e)) / len(e):.2f} %, "
                      f"mean signed {100 * sum(e) / len(e):+.2f} % ({len(e)} rows)")
     return "; ".join(parts)
+
+
+def by_gpus(rows: list[dict]) -> str:
+    """MAPE and mean signed error of ``rows`` for each GPU count."""
+    return by_group(rows, lambda r: r["gpus"], "{} GPUs")
+
+
+def by_microbatches(rows: list[dict]) -> str:
+    """MAPE and mean signed error of ``rows`` for each micro-batch count ``m``."""
+    return by_group(rows, microbatches, "m {}")
 
 
 def bucket_table(calib: list[dict], held: list[dict]) -> str:
@@ -195,6 +217,9 @@ def main(argv=None) -> int:
     ap.add_argument("--every", type=int, default=1, help="fit on every Nth calibration row (default all)")
     ap.add_argument("--straggler-cv", type=float, default=0.0, metavar="X",
                     help="predict (fit and evaluate) every row with straggler_cv X (default 0: off)")
+    ap.add_argument("--jitter-cv", type=float, default=0.0, metavar="X",
+                    help="predict (fit and evaluate) every row with jitter_cv X, a per-micro-batch "
+                         "compute jitter (default 0: off)")
     ap.add_argument("--grad-accumulation", default="fused", metavar="M",
                     help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
                          "main-grad or autograd")
@@ -203,8 +228,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from perfsim.errors import ConfigError
 
-    global STRAGGLER_CV, GRAD_ACCUMULATION
+    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION
     STRAGGLER_CV = args.straggler_cv
+    JITTER_CV = args.jitter_cv
     GRAD_ACCUMULATION = args.grad_accumulation
     path = data_path()
     if path is None:
@@ -215,9 +241,9 @@ def main(argv=None) -> int:
 
     rows = load_rows(path)
     try:
-        predict_row(rows[0])  # System checks straggler_cv's range, Strategy grad_accumulation's choices
+        predict_row(rows[0])  # System checks straggler_cv's and jitter_cv's ranges, Strategy grad_accumulation's
     except ConfigError as exc:
-        print(f"--straggler-cv / --grad-accumulation: {exc}", file=sys.stderr)
+        print(f"--straggler-cv / --jitter-cv / --grad-accumulation: {exc}", file=sys.stderr)
         return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
     print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
@@ -256,8 +282,9 @@ def main(argv=None) -> int:
           f"held out {mape(legacy_held)[0]:.2f} %")
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
-    print(f"validation by GPU count (straggler_cv {STRAGGLER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}): "
-          f"{by_gpus(by['validation'])}")
+    switches = f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}"
+    print(f"validation by GPU count ({switches}): {by_gpus(by['validation'])}")
+    print(f"validation by micro-batch count ({switches}): {by_microbatches(by['validation'])}")
     if args.held_out:
         print(f"held-out configurations:    {summary(by['held-out'])}")
     if args.table:

@@ -6,6 +6,7 @@ The split (scripts/calibrate_a100.py) is by configuration: every row of one conf
 validation (choosing variants and the error band) or held out."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import pytest
@@ -65,7 +66,41 @@ def test_straggler_cv_flag_reaches_every_prediction(monkeypatch):
     assert 0 < slow[2] < slow[8] < 0.02 * 1.5  # grows with the GPU count; at most 1.43 x X of the compute
 
 
-def test_bad_straggler_cv_is_refused(capsys):
+def _keep_switches(monkeypatch):
+    # main() sets the module's switches from its flags: restore them after the test
+    for name in ("STRAGGLER_CV", "JITTER_CV", "GRAD_ACCUMULATION"):
+        monkeypatch.setattr(cal, name, getattr(cal, name))
+
+
+def test_bad_straggler_cv_is_refused(capsys, monkeypatch):
+    _keep_switches(monkeypatch)
     assert cal.main(["--check", "--straggler-cv", "-0.1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "straggler_cv" in err
+
+
+def test_jitter_cv_flag_reaches_every_prediction(monkeypatch):
+    # --jitter-cv X: a per-micro-batch jitter, averaged over the row's m micro-batches
+    # (perfsim.engine.sync_wait): the same configuration waits less with more micro-batches
+    rows = cal.load_rows(DATA)
+    config = next(c for c in sorted({r["config"] for r in rows if r["gpus"] == 8 and r["pp"] == 1})
+                  if {2, 16} <= {cal.microbatches(r) for r in rows if r["config"] == c})
+    few, many = (next(r for r in rows if r["config"] == config and cal.microbatches(r) == m) for m in (2, 16))
+    base = {m: cal.predict_row(r) for m, r in ((2, few), (16, many))}
+    monkeypatch.setattr(cal, "JITTER_CV", 0.05)
+    slow = {m: cal.predict_row(r) / base[m] - 1 for m, r in ((2, few), (16, many))}
+    # E[Z_(8)] = 1.42: at most 1.42 x 0.05 / sqrt(m) of the iteration
+    assert 0 < slow[16] < slow[2] < 1.43 * 0.05 / math.sqrt(2)
+    assert slow[16] < 1.43 * 0.05 / 4
+
+
+def test_bad_jitter_cv_is_refused(capsys, monkeypatch):
+    _keep_switches(monkeypatch)
+    assert cal.main(["--check", "--jitter-cv", "-0.1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "jitter_cv" in err
+
+
+def test_microbatch_count_grouping():
+    rows = [dict(gpus=2, global_batch=64, micro_batch=4, dp=2), dict(gpus=8, global_batch=64, micro_batch=2, dp=2)]
+    assert [cal.microbatches(r) for r in rows] == [8, 16]
