@@ -168,6 +168,28 @@ def _schedule(params: dict[str, Any]) -> str:
     return build_configs(**params)[1].schedule
 
 
+def run_refusal(command: str) -> str | None:
+    """The one line in which ``perfsim run`` refuses ``command`` (a :func:`run_command` line),
+    None when run trains it: :func:`perfsim.runtime.make_config`'s own checks (e.g. ``--zero 1``,
+    ``--offload``, ``--tp-send scatter-gather`` with tp and pp > 1 without sequence parallelism),
+    so the emitter never keeps a second list of what execute mode cannot train."""
+    from perfsim.runtime import make_config  # lazy: the run config's checks load torch
+
+    words = shlex.split(command, comments=True)[2:]  # after "perfsim run"
+    flags: dict[str, Any] = {"out": "perfsim-run"}  # checked, never created
+    while words:  # run_command writes "--flag VALUE" or a bare switch "--flag" / "--no-flag"
+        name = words.pop(0)[2:].replace("-", "_")
+        if words and not words[0].startswith("--"):
+            flags[name] = words.pop(0)
+        else:
+            flags[name[3:] if name.startswith("no_") else name] = not name.startswith("no_")
+    try:
+        make_config(**flags)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def check_emit(model: str) -> None:
     """Refuse ``--emit perfsim`` before a search when the runtime cannot train ``model``."""
     if str(model).lower() not in runtime_names():
@@ -182,7 +204,12 @@ def emit(params: dict[str, Any], kind: str, *, nodes: int, global_batch: int,
         raise ConfigError(f"--emit {kind!r}: choose from {', '.join(EMIT_KINDS)}")
     if kind == "perfsim":
         check_emit(params["model"])
-        return run_command(params)
+        command = run_command(params)
+        refused = run_refusal(command)
+        if refused:  # said up front: the command is the prediction's, not one run trains
+            return (f"# perfsim run cannot train {refused.split(':', 1)[0]}; this command states the "
+                    f"prediction's settings (perfsim run: {refused})\n{command}")
+        return command
     args, notes = megatron_args(params, global_batch)
     lines = [f"# {n}" for n in notes]
     if kind == "megatron":

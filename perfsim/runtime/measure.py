@@ -300,6 +300,20 @@ def write_outputs(result: Result, out: str | Path, gathered: list[dict] | None =
         outputs.write_text(out / name, texts[name])
 
 
+def results_written(out: str | Path, steps: int) -> bool:
+    """Whether run folder ``out`` holds every file :func:`write_outputs` writes, of a run that
+    ended at step ``steps`` (``result.json``, written last, says so): a run killed after its
+    final checkpoint but before or while writing them has not (nor has a folder holding an
+    earlier, shorter session's results)."""
+    out = Path(out)
+    if not all((out / name).is_file() for name in OUTPUT_FILES):
+        return False
+    try:
+        return int(json.loads((out / "result.json").read_text())["summary"]["steps"]) == int(steps)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def load_result(out: str | Path) -> Result:
     """Read back what :func:`write_outputs` wrote."""
     out = Path(out)

@@ -42,7 +42,7 @@ from perfsim.runtime.config import RunConfig
 from perfsim.runtime.data import Order, dataset_for
 from perfsim.runtime.fsdp import CollectiveMeter, shard_stage
 from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
-from perfsim.runtime.measure import build_result, write_outputs
+from perfsim.runtime.measure import build_result, results_written, write_outputs
 from perfsim.runtime.models import Stage
 from perfsim.runtime.pipeline import StageRunner
 from perfsim.runtime.tensor_parallel import TensorParallel
@@ -171,14 +171,27 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
     out = Path(cfg.out)
     ckpt_root = out / "ckpt"
     start, loss_history = 0, {}
+    finished = None  # resumed from the final checkpoint to write the results: its session's records
     cfg_dict = json.loads(cfg.to_json())
     if cfg.resume:
         root, meta = checkpoint.find(cfg.resume)
         checkpoint.check_compatible(meta, cfg_dict, RunConfig.RESUME_KEYS,
                                     RunConfig.RESUME_DEFAULTS)
         if int(meta["step"]) >= steps:  # every rank says so, before any file is read
-            raise ConfigError(f"resume: checkpoint is at step {meta['step']}, nothing left to do for --steps {steps}")
+            # killed after its final checkpoint, before its results were written: rank 0's
+            # folder decides for all (no shared filesystem needed)
+            missing = [int(meta["step"]) == steps and rank == 0 and not results_written(out, steps)]
+            dist.broadcast_object_list(missing, src=0)
+            if not missing[0]:
+                raise ConfigError(f"resume: checkpoint is at step {meta['step']}, nothing left to do for "
+                                  f"--steps {steps}")
         state = checkpoint.load_rank(root, meta["step"], rank)
+        if int(meta["step"]) >= steps:
+            if "session" not in state:
+                raise ConfigError(f"resume: checkpoint {checkpoint.step_dir(root, meta['step'])} is at the final "
+                                  f"step {steps} but predates the records that write its results: rerun with "
+                                  "--overwrite")
+            finished = state["session"]
         module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         for slot, st in state["compressors"].items():
@@ -201,6 +214,10 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
                 "grad_sync": grad_state.state_dict() if grad_state is not None else {},
                 "rng": torch.get_rng_state(),
                 "step": step_done, "loss_history": loss_history,
+                # the final checkpoint keeps this session's records: a run killed before writing its
+                # results resumes to write them, as they would have been (no step trained again)
+                **({"session": {"start_step": start, "records": [_record_to_dict(r) for r in records]}}
+                   if step_done == steps else {}),
             })
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
@@ -272,8 +289,12 @@ def train(cfg: RunConfig, rank: int, world: int) -> None:
         if meter is None and (done == steps or (cfg.checkpoint_every and done % cfg.checkpoint_every == 0)):
             save(done)
 
+    if finished is not None:
+        start, saved = finished["start_step"], finished["records"]
+    else:
+        saved = [_record_to_dict(r) for r in records]
     payload = {"rank": rank, "stage": stage, "replica": replica, "tp_rank": tp_rank,
-               "records": [_record_to_dict(r) for r in records], "loss_history": loss_history,
+               "records": saved, "loss_history": loss_history,
                "peak_inflight": max_in_flight(table[stage]), "steps_per_epoch": order.steps_per_epoch,
                "start_step": start, "steps": steps,
                "params": sum(p.numel() for _, p in named),

@@ -126,3 +126,34 @@ def test_megatron_flags_say_what_the_prediction_assumed_of_the_head_and_the_spli
     assert "--untie-embeddings-and-output-weights" not in args and notes == []
     args, notes = megatron_args({**p, "pp": 1}, 8)  # one stage: the head is the embedding
     assert "--untie-embeddings-and-output-weights" not in args and notes == []
+
+
+@pytest.mark.parametrize("job,setting", [
+    (dict(pp=2, dp=2, zero=1), "zero=1"),
+    (dict(pp=1, dp=4, zero=2, offload="optimizer"), "zero=2"),
+    (dict(pp=2, dp=1, tp=2, tp_send="scatter-gather"), "tp_send='scatter-gather'"),
+])
+def test_emitted_run_command_says_up_front_what_run_cannot_train(job, setting, tmp_path):
+    """``plan --emit perfsim`` of a GPU plan whose job perfsim run refuses (ZeRO-1/2, an
+    offload, scatter-gather sends with tp and pp > 1 without sequence parallelism): a first
+    ``#`` line names the setting and says the command states the prediction's settings, with
+    run's own refusal, which parsing the command with run's flags gives word for word. (Before:
+    the bare command, refused only when launched.)"""
+    from perfsim.commands import run as run_cmd
+    from perfsim.runtime import make_config
+
+    p = dict(model="gpt2-tiny", gpu="a100", gpus_per_node=4, bandwidth="100Gbps", schedule="1f1b",
+             compress="fp32", grad_compress="none", micro_batch=2, macro_batch=8, **job)
+    text = emit(p, "perfsim", nodes=1, global_batch=8 * p["dp"])
+    note, command = text.split("\n")
+    assert note.startswith(f"# perfsim run cannot train {setting}; this command states the prediction's settings")
+    assert command.startswith("perfsim run --model gpt2-tiny") and not command.startswith("#")
+    ap = argparse.ArgumentParser()
+    run_cmd.add_arguments(ap)
+    args = ap.parse_args([*shlex.split(command, comments=True)[2:], "--out", str(tmp_path / "r")])
+    with pytest.raises(ConfigError) as refused:
+        make_config(**run_cmd.run_params(args))
+    assert note.endswith(f"(perfsim run: {refused.value})")
+    # a job run trains: the bare command, no comment line
+    plain = emit({**p, **dict(pp=2, dp=2, tp=1, zero=0, offload="none")}, "perfsim", nodes=1, global_batch=16)
+    assert not plain.startswith("#") and "\n" not in plain

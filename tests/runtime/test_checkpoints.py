@@ -1,6 +1,7 @@
 """Checkpoints: a stopped run resumes to the uninterrupted run's losses; a corrupt file is one
 line and the previous one resumes; no shared filesystem needed."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -58,6 +59,35 @@ def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(stopped, tmp_pa
     result = run(resume=root / "step00000002", out=tmp_path / "r2", **AQ)
     assert result.summary["start_step"] == 2
     assert result.losses == full
+
+
+def test_killed_before_its_results_resume_writes_them(stopped, tmp_path):
+    """A run killed after its final checkpoint but while writing its results (``result.json``,
+    written last, and others missing): ``--resume`` restores that checkpoint and writes the
+    uninterrupted run's results, training no step; a second ``--resume`` has nothing left to do.
+    (Before: "nothing left to do" on the first, and only ``--overwrite`` and a new run helped.)"""
+    _, part = stopped
+    out = tmp_path / "killed"
+    shutil.copytree(part, out)  # the stopped run stays intact for the other tests
+    whole = json.loads((out / "result.json").read_text())
+    for name in ("result.json", "losses.csv", "trace.json"):  # summary.csv ... were written
+        (out / name).unlink()
+    ckpt = {p.relative_to(out): p.read_bytes() for p in (out / "ckpt").rglob("*") if p.is_file()}
+    result = run(resume=out)
+    again = json.loads((out / "result.json").read_text())
+    assert again["losses"] == whole["losses"] and len(again["losses"]) == 4
+    for key in ("stages", "microbatches", "links"):
+        assert again[key] == whole[key], key
+    loadavg = "load_average_1m"  # the machine's load when the results are written
+    assert {k: v for k, v in again["summary"].items() if k != loadavg} == \
+        {k: v for k, v in whole["summary"].items() if k != loadavg}
+    assert result.summary["start_step"] == 0 and result.summary["pipeline_bytes"] > 0
+    assert (out / "losses.csv").read_text() == (part / "losses.csv").read_text()
+    assert (out / "trace.json").read_text() == (part / "trace.json").read_text()
+    # no step trained: no checkpoint written or pruned
+    assert {p.relative_to(out): p.read_bytes() for p in (out / "ckpt").rglob("*") if p.is_file()} == ckpt
+    with pytest.raises(ConfigError, match="checkpoint is at step 4, nothing left to do"):
+        run(resume=out)
 
 
 def test_disk_buffers_resume_as_they_were_at_the_checkpoint(stopped, tmp_path):
