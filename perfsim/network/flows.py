@@ -489,12 +489,7 @@ class FlowBackend:
             return
         _, nbytes, lanes, handler, msg = conn.queue.popleft()
         handler.message_started(msg)
-        # without a bucket or rendezvous the egress only counts (its drain time is read
-        # by post_receive alone): every byte goes through the flow
-        shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
-                  if self.burst > 0 or self.rendezvous else nbytes * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
-                            functools.partial(self._finished, conn, handler, msg), False)
+        self._transfer(src, dst, conn, nbytes * lanes, lanes, functools.partial(self._finished, conn, handler, msg))
 
     def _restart(self, src: int, dst: int, conn: Connection) -> None:
         """:meth:`_start` on a TCP path with slow start after idle: the message's bytes start
@@ -510,19 +505,20 @@ class FlowBackend:
                 conn.last, conn.cwnd = seed
         idle = None if conn.last is None else now - conn.last
         delay, conn.cwnd = self.slow_start.delay(nbytes, path.bandwidth_bps, path.rtt_s, conn.cwnd, idle)
+        done = lambda _start, end: self._finished(conn, handler, msg, now, end)  # noqa: E731
         if delay <= 0:
-            self._transfer(src, dst, conn, nbytes, lanes, handler, msg, now)
+            self._transfer(src, dst, conn, nbytes * lanes, lanes, done)
         else:
             self.env.timeout(delay).callbacks.append(
-                lambda _e: self._transfer(src, dst, conn, nbytes, lanes, handler, msg, now))
+                lambda _e: self._transfer(src, dst, conn, nbytes * lanes, lanes, done))
 
-    def _transfer(self, src, dst, conn: Connection, nbytes, lanes, handler, msg, began: float) -> None:
-        """The bytes of a message that began at ``began`` move (:meth:`_restart`)."""
-        path = conn.path
-        shaped = (self._shaped(src, dst, nbytes * lanes, path.bandwidth_bps * lanes)
-                  if self.burst > 0 or self.rendezvous else nbytes * lanes)
-        self.flows.transfer(shaped, path.resources, path.bandwidth_bps * lanes,
-                            lambda _start, end: self._finished(conn, handler, msg, began, end), False)
+    def _transfer(self, src: int, dst: int, conn: Connection, nbytes: float, lanes: int, done) -> None:
+        """``nbytes`` (all lanes) of a message move on ``conn``'s path; ``done(start, end)`` hears
+        when its last byte left. Without a bucket or rendezvous the egress only counts (its
+        drain time is read by post_receive alone): every byte goes through the flow."""
+        rate = conn.path.bandwidth_bps * lanes
+        shaped = self._shaped(src, dst, nbytes, rate) if self.burst > 0 or self.rendezvous else nbytes
+        self.flows.transfer(shaped, conn.path.resources, rate, done, False)
 
     def tcp_history(self) -> dict[tuple[int, int], tuple[float, float, float]]:
         """Per connection that priced slow start: (its first message's start, its last byte's
