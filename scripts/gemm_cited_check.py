@@ -24,6 +24,7 @@ measurements bound the curve's large-GEMM rate?").
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -32,11 +33,11 @@ from perfsim.engine.compute import op_time
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, get_gpu
 from perfsim.models.ops import Op, block_ops
 from perfsim.models.registry import get_spec
+from perfsim.errors import OutputError
 from perfsim.outputs import write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 OPEN = ROOT / "traces" / "open"
-TABLE1 = OPEN / "megatron-weak-scaling-2104.04473.json"
 #: a stated TFLOP/s more than this far from ``2 m n k / time`` is flagged (the sources round to ~3 digits)
 STATED_TOLERANCE = 0.01
 #: smallest GEMM dimension at which a size class starts (largest first)
@@ -110,18 +111,25 @@ def groups(results: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
     return out
 
 
+def _megatron_open_data():
+    """scripts/megatron_open_data.py, the one reader of Table 1's data file."""
+    spec = importlib.util.spec_from_file_location("megatron_open_data", ROOT / "scripts" / "megatron_open_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def table1_gemms(gpu_name: str = "a100-sxm4-80gb") -> list[dict]:
     """Per Table 1 row: the linear GEMMs of one block on one tensor-parallel rank
     (:func:`block_ops`: QKV, projection, MLP up and down; fp16, the row's micro-batch and TP) and
     the curve's rate over them (their FLOPs over their summed device times)."""
-    doc = json.loads(TABLE1.read_text())
+    doc, rows = _megatron_open_data().load()
     w = doc["workload"]
     gpu = get_gpu(gpu_name)
     curve, _ = curve_for(gpu, host_overhead_s=0.0)
     bpv = BYTES_PER_VALUE["fp16"]
     out = []
-    for values in doc["rows"]:
-        row = dict(zip(doc["columns"], values))
+    for row in rows:
         spec = get_spec(f"gpt:layers={row['layers']},hidden={row['hidden']},heads={row['heads']},"
                         f"seq={w['seq_len']},vocab={w['vocab']}")
         ops = [o for o in block_ops(spec, row["micro_batch"], row["tp"], False, bpv)
@@ -169,10 +177,11 @@ def main(argv=None) -> int:
     table1 = table1_gemms()
     if args.json:
         data = (json.dumps({"measurements": results, "table1": table1}, indent=1) + "\n").encode()
-        if args.json == "-":
-            sys.stdout.write(data.decode())
-        else:
-            write_bytes(args.json, data)
+        try:
+            write_bytes(args.json, data)  # atomic; - is standard output
+        except OutputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return 0
     _print(results, table1)
     return 0
