@@ -37,6 +37,13 @@ import json
 import sys
 from pathlib import Path
 
+from perfsim.api import build_configs
+from perfsim.errors import ConfigError
+from perfsim.fabrics import NIC_KINDS
+from perfsim.network.analytic import Network
+from perfsim.network.collectives import collective_cost
+from perfsim.outputs import json_text, write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "traces" / "open" / "nccl-tests-multinode.json"
 #: nccl-tests' collective names -> perfsim's kinds (perfsim.collectives.KINDS)
@@ -69,16 +76,11 @@ def per_rank_bytes(kind: str, size: float, n: int) -> float:
 def busbw(kind: str, size: float, n: int, time_s: float) -> float:
     """nccl-tests' bus bandwidth, bytes/s: the bytes each rank of a flat ring puts on the wire
     (:func:`perfsim.network.collectives.collective_cost`) over the time."""
-    from perfsim.network.collectives import collective_cost  # lazy: the file's checks need no perfsim
-
     return collective_cost(kind, per_rank_bytes(kind, size, n), n)[0] / time_s
 
 
 def network(s: dict, extra: dict | None = None):
     """(the Network predict builds for set ``s``'s stated hardware, its device count)."""
-    from perfsim.api import build_configs  # lazy: perfsim's import is the slow part
-    from perfsim.network.analytic import Network
-
     n = s["nodes"] * s["gpus_per_node"]
     kw = dict(model="gpt2-xl", pp=1, dp=n, micro_batch=1, global_batch=n, gpus_per_node=s["gpus_per_node"],
               nic=s["nic"], intra_node_fabric=s["intra_node_fabric"], collective_algo=ALGOS[s["nccl_algo"]])
@@ -168,8 +170,6 @@ def nic_efficiency(kind: str, efficiency: float | None):
     """Predictions inside price NIC kind ``kind`` (:data:`perfsim.fabrics.NIC_KINDS`) at payload share
     ``efficiency`` (None: unchanged). An experiment of this script: the network reads the kind from
     that table, swapped here and restored; perfsim's own figure is not changed."""
-    from perfsim.fabrics import NIC_KINDS
-
     plain = NIC_KINDS[kind]
     if efficiency is not None:
         NIC_KINDS[kind] = dataclasses.replace(plain, efficiency=efficiency)
@@ -212,7 +212,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, metavar="SET", help="only this set (its id in the file)")
     ap.add_argument("--ib-efficiency", type=float, default=None, metavar="SHARE",
                     help="price the infiniband NIC kind at this payload share (perfsim's: 0.8; nic_efficiency)")
-    ap.add_argument("--check", action="store_true", help="compare with the file's 'reported' figures; exit 1 if they differ")
+    ap.add_argument("--check", action="store_true",
+                    help="compare with the file's 'reported' figures; exit 1 if they differ")
     ap.add_argument("--update", action="store_true", help="store the figures as the file's 'reported' block")
     args = ap.parse_args(argv)
     try:
@@ -224,9 +225,6 @@ def main(argv=None) -> int:
         print("nccl_open_data: --check and --update take the defaults (no --set, --only, --ib-efficiency)",
               file=sys.stderr)
         return 2
-    from perfsim.errors import ConfigError
-    from perfsim.outputs import json_text, write_text
-
     doc = load()
     if args.only is not None:
         if args.only not in [s["id"] for s in doc["sets"]]:

@@ -65,7 +65,8 @@ def test_the_script_reports_the_figures_the_file_stores(doc, evaluated):
     rows, sets = evaluated
     assert mod.check(doc, rows, sets) == []
     # the measured side is the file's, row for row
-    measured = [(r["size_bytes"], r["time_us"], r["busbw_GBps"]) for s in doc["sets"] for r in mod.rows_of(s, doc["columns"])]
+    measured = [(r["size_bytes"], r["time_us"], r["busbw_GBps"])
+                for s in doc["sets"] for r in mod.rows_of(s, doc["columns"])]
     assert [(r["size_bytes"], r["measured_us"], r["measured_busbw"]) for r in rows] == measured
     assert sets["all"]["rows"] == len(measured) == 23
     # a stored figure that no longer matches is reported, not passed
@@ -101,7 +102,8 @@ def test_infiniband_share_experiment_is_restored(doc):
     assert rows[0]["predicted_busbw"] == pytest.approx(4 * 200 / 8 * 0.96)
     # per NIC: the NICs' achieved rate, or at 8 x 400 Gb/s x 0.96 = 384 GB/s the H100 node's NVSwitch
     # busbw (nvlink4, 370 GB/s) over its 8 NICs
-    assert [round(p["predicted"], 2) for p in peaks] == [12.0, 24.0, 24.0, round(FABRICS["nvlink4"].bandwidth_bps / 8e9 / 8, 2)]
+    nvswitch = FABRICS["nvlink4"].bandwidth_bps / 8e9 / 8
+    assert [round(p["predicted"], 2) for p in peaks] == [12.0, 24.0, 24.0, round(nvswitch, 2)]
     with pytest.raises(RuntimeError), mod.nic_efficiency("infiniband", 0.5):
         raise RuntimeError
     assert NIC_KINDS["infiniband"] is plain
