@@ -179,16 +179,6 @@ def nic_efficiency(kind: str, efficiency: float | None):
         NIC_KINDS[kind] = plain
 
 
-def _value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return float(text) if any(c in text for c in ".e") else int(text)
-    except ValueError:
-        return text
-
-
 def _print(doc: dict, rows: list[dict], sets: dict[str, dict], peaks: list[dict], extra: dict) -> None:
     print(f"nccl-tests on multi-node clusters ({DATA.relative_to(ROOT)}), perfsim's collective model"
           + (f" with {extra}" if extra else "") + "; error = (predicted - measured) / measured time")
@@ -217,7 +207,8 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="store the figures as the file's 'reported' block")
     args = ap.parse_args(argv)
     try:
-        extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
+        # values as text: predict's own parser reads them (perfsim.params.normalize)
+        extra = {k.strip(): v.strip() for k, v in (s.split("=", 1) for s in args.set)}
     except ValueError:
         print(f"nccl_open_data: bad --set {args.set!r} (NAME=VALUE)", file=sys.stderr)
         return 2

@@ -12,9 +12,8 @@ import pytest
 from perfsim.collectives import TREE_EFFICIENCY
 from perfsim.fabrics import FABRICS, NIC_KINDS, parse_nic
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("nccl_open_data", ROOT / "scripts" / "nccl_open_data.py")
-mod = importlib.util.module_from_spec(spec)
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "nccl_open_data.py"
+mod = importlib.util.module_from_spec(spec := importlib.util.spec_from_file_location(SCRIPT.stem, SCRIPT))
 spec.loader.exec_module(mod)
 
 
