@@ -80,7 +80,10 @@ def busbw(kind: str, size: float, n: int, time_s: float) -> float:
 
 
 def network(s: dict, extra: dict | None = None):
-    """(the Network predict builds for set ``s``'s stated hardware, its device count)."""
+    """(the Network predict builds for set ``s``'s stated hardware, its device count). The model and
+    batch only complete predict's description of a job (one data-parallel replica per GPU); the
+    network reads none of them. The profile is predict's default: it measured no link at these
+    rates, so the links are nominal x the NIC kind's share (``--link-model auto``)."""
     n = s["nodes"] * s["gpus_per_node"]
     kw = dict(model="gpt2-xl", pp=1, dp=n, micro_batch=1, global_batch=n, gpus_per_node=s["gpus_per_node"],
               nic=s["nic"], intra_node_fabric=s["intra_node_fabric"], collective_algo=ALGOS[s["nccl_algo"]])
@@ -111,7 +114,8 @@ def summary(res: list[dict]) -> dict:
 
 def stated_peaks(doc: dict, extra: dict | None = None) -> list[dict]:
     """Per stated peak: perfsim's busbw per NIC of an 8 GiB ring all-reduce on 2 nodes of 8 GPUs with
-    8 NICs of the stated rate (``infiniband``), beside the stated figure."""
+    8 NICs of the stated rate (``infiniband``) on NVSwitch H100 nodes (``nvlink4``, 370 GB/s: it binds
+    only where the 8 NICs achieve more), beside the stated figure."""
     out = []
     extra = {k: v for k, v in (extra or {}).items() if k not in PEAK_HARDWARE}
     for p in doc["stated_peaks"]["peaks"]:
