@@ -19,6 +19,11 @@ measurements bound the curve's large-GEMM rate?").
 
     python scripts/gemm_cited_check.py            # ~1 s
     python scripts/gemm_cited_check.py --json -   # the rows as JSON
+    python scripts/gemm_cited_check.py --gemm-quantization waves   # with GEMM tile and wave quantization
+
+``--gemm-quantization waves`` prices every shape with the curve's ``gemm_quantization = waves``
+(:mod:`perfsim.engine.gemm_waves`: output tiles in waves over the GPU's SMs); :data:`CURVE_FIELDS`
+holds every field so replaced on each preset's curve (a refitted curve's, set by a caller).
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ import argparse
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from perfsim.engine.compute import op_time
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, get_gpu
 from perfsim.models.ops import Op, block_ops
 from perfsim.models.registry import get_spec
-from perfsim.errors import OutputError
+from perfsim.errors import ConfigError, OutputError
 from perfsim.outputs import write_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +48,15 @@ OPEN = ROOT / "traces" / "open"
 STATED_TOLERANCE = 0.01
 #: smallest GEMM dimension at which a size class starts (largest first)
 SIZE_CLASSES = (("large", 2048), ("medium", 512), ("small", 0))
+#: curve fields replaced on every preset's curve before pricing (``--gemm-quantization``; a refit's)
+CURVE_FIELDS: dict = {}
+
+
+def priced_curve(gpu, host_floor: bool = False):
+    """The curve ``gpu`` is priced with (:func:`curve_for`; host floor ``kernel_s`` 0 unless
+    ``host_floor``), with :data:`CURVE_FIELDS` replaced."""
+    curve, _ = curve_for(gpu, host_overhead_s=None if host_floor else 0.0)
+    return replace(curve, **CURVE_FIELDS)
 
 
 def load(paths=None) -> list[dict]:
@@ -84,7 +99,7 @@ def predicted_tflops(m: int, n: int, k: int, gpu_name: str, dtype: str, host_flo
     :func:`op_time` over the preset's curve with no host floor (device time), or ``host_floor``:
     with the curve's ``kernel_s`` as predict applies it."""
     gpu = get_gpu(gpu_name)
-    curve, _ = curve_for(gpu, host_overhead_s=None if host_floor else 0.0)
+    curve = priced_curve(gpu, host_floor)
     op = Op("gemm", m, n, k)
     return op.flops / op_time(op, gpu, dtype, curve, BYTES_PER_VALUE[dtype]) / 1e12
 
@@ -126,7 +141,7 @@ def table1_gemms(gpu_name: str = "a100-sxm4-80gb") -> list[dict]:
     doc, rows = _megatron_open_data().load()
     w = doc["workload"]
     gpu = get_gpu(gpu_name)
-    curve, _ = curve_for(gpu, host_overhead_s=0.0)
+    curve = priced_curve(gpu)
     bpv = BYTES_PER_VALUE["fp16"]
     out = []
     for row in rows:
@@ -145,7 +160,7 @@ def table1_gemms(gpu_name: str = "a100-sxm4-80gb") -> list[dict]:
 def _print(results: list[dict], table1: list[dict]) -> None:
     print("Cited A100 GEMMs against perfsim's A100 GEMM pricing (pred: op_time, host floor 0; "
           "error = (pred - cited) / cited;\nfloor: op_time with the curve's host floor kernel_s, as predict "
-          "prices one operator)\n")
+          "prices one operator)" + (f"; curve fields replaced: {CURVE_FIELDS}" if CURVE_FIELDS else "") + "\n")
     print(f"{'source':<40} {'gpu':<15} {'dtype':<5} {'m x n x k':<20} {'provider':<24} {'software':<30} "
           f"{'cited':>7} {'pred':>7} {'error':>8} {'floor':>7}")
     for r in results:
@@ -172,7 +187,26 @@ def _print(results: list[dict], table1: list[dict]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (- for stdout)")
+    ap.add_argument("--gemm-quantization", default=None, metavar="Q",
+                    help="price with every curve's gemm_quantization Q: off or waves (default: the curve's)")
     args = ap.parse_args(argv)
+    if args.gemm_quantization is None:
+        return _run(args)
+    try:
+        replace(get_gpu("a100").curve, gemm_quantization=args.gemm_quantization)  # Curve checks it
+    except ConfigError as exc:
+        print(f"error: --gemm-quantization: {exc}", file=sys.stderr)
+        return 2
+    before = dict(CURVE_FIELDS)
+    CURVE_FIELDS["gemm_quantization"] = args.gemm_quantization
+    try:
+        return _run(args)
+    finally:
+        CURVE_FIELDS.clear()
+        CURVE_FIELDS.update(before)
+
+
+def _run(args) -> int:
     results = evaluate(load())
     table1 = table1_gemms()
     if args.json:

@@ -115,3 +115,30 @@ def test_script_runs_and_writes_json(tmp_path, capsys):
     assert mod.main(["--json", str(path)]) == 0
     data = json.loads(path.read_text())
     assert len(data["measurements"]) == sum(len(json.loads(f.read_text())["measurements"]) for f in FILES)
+
+
+def test_gemm_quantization_flag_prices_with_waves_and_restores(capsys):
+    """``--gemm-quantization waves``: every shape priced with the curve's ``gemm_quantization``
+    (perfsim.engine.gemm_waves); 3072x2048x768 (cutlass#430) two waves of 256x128 tiles: 0.714 of
+    peak where the flat curve gives 0.856 (docs/validation.md, "GEMM tile and wave quantization")."""
+    from perfsim.engine.gemm_waves import quantized_seconds
+
+    assert mod.main(["--gemm-quantization", "waves"]) == 0 and mod.CURVE_FIELDS == {}
+    out = capsys.readouterr().out
+    assert "gemm_quantization': 'waves'" in out
+    gpu = GPUS["a100-sxm4-80gb"]
+    mod.CURVE_FIELDS["gemm_quantization"] = "waves"
+    try:
+        waves = mod.predicted_tflops(3072, 2048, 768, "a100-sxm4-80gb", "fp16")
+    finally:
+        mod.CURVE_FIELDS.clear()
+    rate = gpu.peak("fp16") * A100_CURVE.eff_max
+    knee = A100_CURVE.knee
+    g = (3072 / (3072 + knee)) * (2048 / (2048 + knee)) * (768 / (768 + knee))
+    secs = quantized_seconds(3072, 2048, 768, 1, gpu, rate, 2) / g
+    assert waves == pytest.approx(2 * 3072 * 2048 * 768 / secs / 1e12)
+    assert waves / 312 == pytest.approx(0.714, abs=5e-4)
+    assert mod.predicted_tflops(3072, 2048, 768, "a100-sxm4-80gb", "fp16") / 312 == pytest.approx(0.856, abs=5e-4)
+    assert mod.main(["--gemm-quantization", "tiles"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gemm_quantization" in err
