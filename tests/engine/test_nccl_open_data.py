@@ -76,7 +76,8 @@ def test_the_script_reports_the_figures_the_file_stores(doc, evaluated):
 def test_rows_are_priced_from_the_stated_hardware(evaluated):
     """The prediction is perfsim's collective model on the stated NICs: a ring over 3 nodes' four
     200 Gb/s NICs at the infiniband kind's share, a forced tree over two nodes' four 400 Gb/s NICs at
-    NCCL's tree factor (the nominal model: no step latency)."""
+    NCCL's tree factor, each node sending and receiving S (the double binary tree on two nodes;
+    the nominal model: no step latency)."""
     rows, _ = evaluated
     eff = NIC_KINDS["infiniband"].efficiency
     a100 = [r for r in rows if r["set"] == "a100-hdr-3x8"]
@@ -88,7 +89,7 @@ def test_rows_are_priced_from_the_stated_hardware(evaluated):
     h100 = [r for r in rows if r["set"] == "h100-roce-2x1-tree"]
     assert {r["algo"] for r in h100} == {"tree"}
     for r in h100:
-        assert r["predicted_us"] == pytest.approx(1e6 * 2 * r["size_bytes"] * 8 / (TREE_EFFICIENCY * 4 * 400e9 * eff),
+        assert r["predicted_us"] == pytest.approx(1e6 * r["size_bytes"] * 8 / (TREE_EFFICIENCY * 4 * 400e9 * eff),
                                                   rel=1e-9)
 
 
