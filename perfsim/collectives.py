@@ -72,9 +72,16 @@ the ring's bandwidth, a third of the tree's; sub-microsecond steps), LL128 (120 
 bytes; NVLink only, as NCCL enables it) and Simple (full bandwidth, ~6 us per step, 8.4 us
 base). A collective of the ``nccl`` model costs, per protocol ``p``,
 ``base_p + sum over phases (V / (B f_p) + steps_in hw_p(intra) + steps_out hw_p(net)) + the
-links' own latencies``, and the cheapest protocol is taken (NCCL's tuner). ``nominal``
-(default) keeps the plain phases: each step costs the link's latency only, every size moves
-at the full rate.
+links' own latencies``, and the cheapest protocol is taken (NCCL's tuner). Of a ring's steps
+across nodes only those whose hop leaves a node pay the network's: ``2 (M-1)`` of an
+allreduce's ``2 (N-1)``, ``M-1`` of an allgather's or reduce-scatter's ``N-1``, the others
+the intra-node (NVLink or PCI) latency -- ``ncclTopoTuneModel``'s ``nInterSteps``
+(tuning.cc at 01afd20, ``(nsteps - nInterSteps) intraLat + nInterSteps interLat``; PyTorch's
+transcription, ``torch/_inductor/comm_analysis.py``, the same; NCCL 2.19 on counts
+``2 M``); a broadcast's steps and a p2p pay the network's, as there. The per-step figures
+are those of the earlier ``ncclSetThresholds`` (tuning.cc, copyright 2016-2019), which
+charged every step of a multi-node ring the network's. ``nominal`` (default) keeps the
+plain phases: each step costs the link's latency only, every size moves at the full rate.
 
 Measured kinds
 --------------
@@ -200,19 +207,22 @@ class GroupShape:
     intra_pcie: bool = False
 
 
-def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring") -> Collective:
+def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring",
+          inter_steps: int | None = None) -> Collective:
+    """``inter_steps``: of the ``steps``, those whose hop crosses nodes (the rest stay inside a
+    node; module docstring, "Protocols"); None: all of them when the group spans nodes."""
     multi = g.nodes > 1
     rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
     lat = g.inter_latency_s if multi else g.intra_latency_s
-    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat, 0 if multi else steps,
-                                          steps if multi else 0),),), volume)
+    out = (steps if inter_steps is None else inter_steps) if multi else 0
+    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat, steps - out, out),),), volume)
 
 
 def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collective:
     """The collective ``kind`` of per-rank buffer ``nbytes`` on ``g`` (module docstring)."""
     if algo not in ALGORITHMS:
         raise ConfigError(f"collective_algo={algo!r}: choose from {', '.join(ALGORITHMS)}")
-    n, S = g.n, float(nbytes)
+    n, m, S = g.n, g.nodes, float(nbytes)
     if kind == "p2p":
         return _flat(kind, S, g, S, 1)
     if kind not in KINDS:
@@ -220,14 +230,14 @@ def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collect
     if n <= 1:
         return Collective(kind, "ring", (), 0.0)
     if kind == "allreduce":
-        options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1)),
+        options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1), inter_steps=2 * (m - 1)),
                    "tree": lambda: _tree(S, g),
                    "hierarchical": lambda: _hierarchical(S, g)}
         chosen = [options[algo]()] if algo != "auto" else [f() for f in options.values()]
     elif kind == "allgather":
-        chosen = [_flat(kind, S, g, (n - 1) * S, n - 1)]
+        chosen = [_flat(kind, S, g, (n - 1) * S, n - 1, inter_steps=m - 1)]
     elif kind == "reduce_scatter":
-        chosen = [_flat(kind, S, g, (n - 1) / n * S, n - 1)]
+        chosen = [_flat(kind, S, g, (n - 1) / n * S, n - 1, inter_steps=m - 1)]
     elif kind == "broadcast":
         chosen = [_flat(kind, S, g, S, n - 1)]
     else:
