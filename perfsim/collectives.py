@@ -77,7 +77,7 @@ across nodes only those whose hop leaves a node pay the network's: ``2 (M-1)`` o
 allreduce's ``2 (N-1)``, ``M-1`` of an allgather's or reduce-scatter's ``N-1``, the others
 the intra-node (NVLink or PCI) latency -- ``ncclTopoTuneModel``'s ``nInterSteps``
 (tuning.cc at 01afd20, ``(nsteps - nInterSteps) intraLat + nInterSteps interLat``; PyTorch's
-transcription, ``torch/_inductor/comm_analysis.py``, the same; NCCL 2.19 on counts
+transcription, ``torch/_inductor/comm_analysis.py``, the same; a later tuning.cc, at b647562, counts
 ``2 M``); a broadcast's steps and a p2p pay the network's, as there. The per-step figures
 are those of the earlier ``ncclSetThresholds`` (tuning.cc, copyright 2016-2019), which
 charged every step of a multi-node ring the network's. ``nominal`` (default) keeps the
