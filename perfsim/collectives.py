@@ -19,11 +19,24 @@ allreduce
     for full bandwidth broadcast, reduction and scan", Parallel Computing 35(12),
     2009; NCCL 2.4, Jeaugey, NVIDIA blog "Massively Scale Your Deep Learning
     Training with NCCL 2.4", 2019): a chain inside each node, two complementary
-    binary trees across nodes, each carrying half the data: every node sends and
-    receives ``2 S`` (reduce up, broadcast down, pipelined), ``V = 2 S`` at
-    ``0.92 min(B_in, B_out)``, ``2 (floor(log2 M) a_out + (g-1) a_in)`` latency --
-    the bandwidth factor and latency of NCCL's own tuning model
-    (src/graph/tuning.cc, ncclTopoTuneModel);
+    binary trees across nodes (:func:`double_binary_tree`). NCCL's kernel
+    (``src/device/all_reduce.h`` at 0e35f5d, ``runTreeSplit``) runs each channel's share
+    of the buffer up its tree (receive from the children, reduce, send to the parent) and
+    back down (receive from the parent, send to the children), and half the channels use
+    each tree (``src/graph/connect.cc`` at 0f900e1: ``ncclTopoPreset`` duplicates the
+    channels, ``connectTrees`` puts channel ``c`` on the first tree and ``c + nChannels``
+    on the second): a node sends and receives ``S/2`` per tree neighbour (parent or child)
+    of each tree, ``V_out = d S / 2`` through its NICs with ``d`` the most tree
+    neighbours a node has over both trees -- 2 on two nodes (each the other's root
+    and leaf: ``S`` each way), 3 on three, 4 from four nodes on (interior in one
+    tree, a leaf in the other: ``2 S``, the ring's ``2(N-1)/N S``). Inside a node each
+    GPU of the chain relays ``S/2`` up and ``S/2`` down per tree: ``V_in = 2 S`` with
+    three or more GPUs, ``S`` with two. ``T = max(V_out / B_out, V_in / B_in) / 0.92``
+    plus ``2 (floor(log2 M) a_out + (g-1) a_in)`` -- the bandwidth factor and latency of
+    NCCL's own tuning model (src/graph/tuning.cc, ncclTopoTuneModel). Two nodes are
+    the case NCCL's maintainers describe: the tree's bus bandwidth "can go up to ~2x
+    the network speed" there and not on 3+ nodes (S. Jeaugey, NVIDIA/nccl#209,
+    NVIDIA/nccl#946);
   * hierarchical (Jia et al., "Highly Scalable Deep Learning Training System with
     Mixed-Precision", arXiv:1807.11205; Horovod's hierarchical allreduce):
     intra-node reduce-scatter ``(g-1)/g S`` at ``B_in``, ``g-1`` steps; ``g``
@@ -34,7 +47,13 @@ allreduce
 ``auto`` picks the least modelled time, as NCCL's tuner does (it predicts each
 algorithm's time from latency and bandwidth per node count and fabric and takes
 the fastest, NCCL_ALGO's default; NVIDIA/nccl#790): trees win small messages on
-many nodes, rings large ones. ``--collective-algo`` forces one (as NCCL_ALGO).
+many nodes, rings large ones, and on two nodes trees win large ones too. The tuner's
+own model prices a tree across more than two nodes at ``2 S`` per node (tuning.cc,
+``ncclTopoTuneModel``: the inter-node bandwidth beyond two nodes, algorithm bandwidth
+half the bus bandwidth), where three nodes' trees move ``1.5 S``: the choice among
+algorithms is made with that ``2 S``, so that three-node rings stay rings as NCCL
+runs them, and the algorithm chosen is then priced with its own bytes.
+``--collective-algo`` forces one (as NCCL_ALGO).
 
 Other kinds (ring or pairwise only; a forced tree/hierarchical applies to allreduce):
 allgather (``S`` = each rank's contribution) ``V = (N-1) S``, ``N-1`` steps;
@@ -53,9 +72,16 @@ the ring's bandwidth, a third of the tree's; sub-microsecond steps), LL128 (120 
 bytes; NVLink only, as NCCL enables it) and Simple (full bandwidth, ~6 us per step, 8.4 us
 base). A collective of the ``nccl`` model costs, per protocol ``p``,
 ``base_p + sum over phases (V / (B f_p) + steps_in hw_p(intra) + steps_out hw_p(net)) + the
-links' own latencies``, and the cheapest protocol is taken (NCCL's tuner). ``nominal``
-(default) keeps the plain phases: each step costs the link's latency only, every size moves
-at the full rate.
+links' own latencies``, and the cheapest protocol is taken (NCCL's tuner). Of a ring's steps
+across nodes only those whose hop leaves a node pay the network's: ``2 (M-1)`` of an
+allreduce's ``2 (N-1)``, ``M-1`` of an allgather's or reduce-scatter's ``N-1``, the others
+the intra-node (NVLink or PCI) latency -- ``ncclTopoTuneModel``'s ``nInterSteps``
+(tuning.cc at 01afd20, ``(nsteps - nInterSteps) intraLat + nInterSteps interLat``; PyTorch's
+transcription, ``torch/_inductor/comm_analysis.py``, the same; a later tuning.cc, at b647562, counts
+``2 M``); a broadcast's steps and a p2p pay the network's, as there. The per-step figures
+are those of the earlier ``ncclSetThresholds`` (tuning.cc, copyright 2016-2019), which
+charged every step of a multi-node ring the network's. ``nominal`` (default) keeps the
+plain phases: each step costs the link's latency only, every size moves at the full rate.
 
 Measured kinds
 --------------
@@ -76,6 +102,7 @@ does not ask for it with a GPU preset beside a CPU profile).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -180,19 +207,22 @@ class GroupShape:
     intra_pcie: bool = False
 
 
-def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring") -> Collective:
+def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring",
+          inter_steps: int | None = None) -> Collective:
+    """``inter_steps``: of the ``steps``, those whose hop crosses nodes (the rest stay inside a
+    node; module docstring, "Protocols"); None: all of them when the group spans nodes."""
     multi = g.nodes > 1
     rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
     lat = g.inter_latency_s if multi else g.intra_latency_s
-    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat, 0 if multi else steps,
-                                          steps if multi else 0),),), volume)
+    out = (steps if inter_steps is None else inter_steps) if multi else 0
+    return Collective(kind, algo, ((Phase(volume, rate, multi, steps * lat, steps - out, out),),), volume)
 
 
 def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collective:
     """The collective ``kind`` of per-rank buffer ``nbytes`` on ``g`` (module docstring)."""
     if algo not in ALGORITHMS:
         raise ConfigError(f"collective_algo={algo!r}: choose from {', '.join(ALGORITHMS)}")
-    n, S = g.n, float(nbytes)
+    n, m, S = g.n, g.nodes, float(nbytes)
     if kind == "p2p":
         return _flat(kind, S, g, S, 1)
     if kind not in KINDS:
@@ -200,22 +230,24 @@ def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collect
     if n <= 1:
         return Collective(kind, "ring", (), 0.0)
     if kind == "allreduce":
-        options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1)),
+        options = {"ring": lambda: _flat(kind, S, g, 2.0 * (n - 1) / n * S, 2 * (n - 1), inter_steps=2 * (m - 1)),
                    "tree": lambda: _tree(S, g),
                    "hierarchical": lambda: _hierarchical(S, g)}
         chosen = [options[algo]()] if algo != "auto" else [f() for f in options.values()]
     elif kind == "allgather":
-        chosen = [_flat(kind, S, g, (n - 1) * S, n - 1)]
+        chosen = [_flat(kind, S, g, (n - 1) * S, n - 1, inter_steps=m - 1)]
     elif kind == "reduce_scatter":
-        chosen = [_flat(kind, S, g, (n - 1) / n * S, n - 1)]
+        chosen = [_flat(kind, S, g, (n - 1) / n * S, n - 1, inter_steps=m - 1)]
     elif kind == "broadcast":
         chosen = [_flat(kind, S, g, S, n - 1)]
     else:
         chosen = [_alltoall(S, g)]
+    # each candidate beside what NCCL's tuner believes it costs (module docstring, "auto")
+    pairs = [(c, _tree(S, g, tuner=True) if c.algo == "tree" and algo == "auto" else c) for c in chosen]
     if g.model == "nccl":  # each algorithm at its cheapest protocol (NCCL's tuner)
-        chosen = [with_protocol(c, g, p) for c in chosen for p in PROTOCOLS if g.intra_pcie is False
-                  or not p.nvlink_only]
-    return min(chosen, key=Collective.time)
+        pairs = [(with_protocol(c, g, p), with_protocol(k, g, p)) for c, k in pairs for p in PROTOCOLS
+                 if g.intra_pcie is False or not p.nvlink_only]
+    return min(pairs, key=lambda ck: ck[1].time())[0]
 
 
 def with_protocol(c: Collective, g: GroupShape, p: Protocol) -> Collective:
@@ -239,13 +271,54 @@ def with_protocol(c: Collective, g: GroupShape, p: Protocol) -> Collective:
     return Collective(c.kind, f"{c.algo}/{p.name}", tuple(phases), c.wire_bytes)
 
 
-def _tree(S: float, g: GroupShape) -> Collective:
+@functools.lru_cache(maxsize=256)
+def double_binary_tree(n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The parent of each of ``n`` ranks (-1: the root) in NCCL's two trees (``src/graph/trees.cc`` at
+    18a07ee, ``ncclGetBtree`` / ``ncclGetDtree``; Sanders, Speck & Traeff 2009). The first is a binary tree
+    rooted at 0 that alternates leaves and interior ranks: rank ``r``'s parent clears its lowest
+    set bit ``b`` and sets the next one, ``(r ^ b) | 2b``, or only clears it where that falls past
+    ``n - 1``. The second mirrors it (``r -> n - 1 - r``) when ``n`` is even and shifts it by one
+    rank when ``n`` is odd, so that a rank interior in one tree is a leaf in the other."""
+    first = [-1] * n
+    for r in range(1, n):
+        b = r & -r
+        up = (r ^ b) | (b << 1)
+        first[r] = up if up < n else r ^ b
+    if n % 2 == 0:
+        second = [-1 if first[n - 1 - r] < 0 else n - 1 - first[n - 1 - r] for r in range(n)]
+    else:
+        second = [-1 if first[(r - 1) % n] < 0 else (first[(r - 1) % n] + 1) % n for r in range(n)]
+    return tuple(first), tuple(second)
+
+
+@functools.lru_cache(maxsize=256)
+def tree_neighbours(n: int) -> int:
+    """The most tree neighbours (parent and children, both trees together) a rank of
+    :func:`double_binary_tree` has on ``n`` ranks: 2 for two ranks, 3 for three, 4 from four on."""
+    count = [0] * n
+    for parents in double_binary_tree(n):
+        for r, up in enumerate(parents):
+            if up >= 0:
+                count[r] += 1
+                count[up] += 1
+    return max(count)
+
+
+def _tree(S: float, g: GroupShape, tuner: bool = False) -> Collective:
+    """``tuner``: the tree as NCCL's tuner prices it, ``2 S`` through the NICs on more than two
+    nodes (module docstring, "auto")."""
     lat = 2.0 * (math.floor(math.log2(g.nodes)) * g.inter_latency_s + (g.per_node - 1) * g.intra_latency_s)
     multi = g.nodes > 1
-    rate = min(g.inter_bps, g.intra_bps) if multi and g.per_node > 1 else (g.inter_bps if multi else g.intra_bps)
+    # module docstring: bytes through a node's NICs, and through one GPU of a node's chain
+    v_in = 0.0 if g.per_node < 2 else (S if g.per_node == 2 else 2.0 * S)
+    v_out = (2.0 * S if tuner and g.nodes > 2 else tree_neighbours(g.nodes) * S / 2.0) if multi else 0.0
+    if not multi:
+        volume, rate = v_in, g.intra_bps
+    else:  # the NICs' volume, at the rate the busier of NICs and chain lets it move
+        volume, rate = v_out, (g.inter_bps if v_in == 0 else min(g.inter_bps, g.intra_bps * v_out / v_in))
     steps_in, steps_out = 2 * (g.per_node - 1), 2 * math.floor(math.log2(g.nodes))
-    return Collective("allreduce", "tree", ((Phase(2.0 * S, rate * TREE_EFFICIENCY, multi, lat, steps_in, steps_out),),),
-                      2.0 * S)
+    return Collective("allreduce", "tree", ((Phase(volume, rate * TREE_EFFICIENCY, multi, lat, steps_in, steps_out),),),
+                      max(v_in, v_out))
 
 
 def _hierarchical(S: float, g: GroupShape) -> Collective:

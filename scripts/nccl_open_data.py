@@ -8,7 +8,8 @@ these rows.
 
 Each set is priced the way ``perfsim predict`` prices a data-parallel or tensor-parallel collective:
 its stated hardware through predict's own keywords (``gpus_per_node``, ``nic`` = count x rate : kind,
-``intra_node_fabric``, a forced ``NCCL_ALGO`` as ``collective_algo``), parsed by
+``intra_node_fabric``, a forced ``NCCL_ALGO`` as ``collective_algo``; a node's GPUs and NICs as stated
+even where the run used fewer GPUs, ``ranks_per_node``, its ranks then the first GPUs of each node), parsed by
 :func:`perfsim.api.build_configs` into the ``System`` predict builds, the network of
 :class:`perfsim.network.analytic.Network`, and :meth:`~perfsim.network.collectives.CollectivePricing.collective`
 -- the one entry point of every collective perfsim prices. Its time is the uncontended one (one
@@ -19,7 +20,7 @@ collective at a time, as nccl-tests runs them). Bus bandwidth is nccl-tests' (it
     python scripts/nccl_open_data.py                                # every row, each set's MAPE and signed error
     python scripts/nccl_open_data.py --set collective_model=nccl    # any predict keyword, to switch a mechanism
     python scripts/nccl_open_data.py --ib-efficiency 0.96           # the infiniband kind at another payload share
-    python scripts/nccl_open_data.py --only h100-roce-2x1-tree --set nic=1x400Gbps:infiniband   # one set
+    python scripts/nccl_open_data.py --only h100-roce-2x1-tree --set nic_affinity=node   # one set, a lone GPU on every NIC
     python scripts/nccl_open_data.py --check                        # the figures stored in the file (``reported``)
     python scripts/nccl_open_data.py --update                       # rewrite ``reported`` after a deliberate change
 
@@ -79,27 +80,42 @@ def busbw(kind: str, size: float, n: int, time_s: float) -> float:
     return collective_cost(kind, per_rank_bytes(kind, size, n), n)[0] / time_s
 
 
+def ranks_per_node(s: dict) -> int:
+    """The GPUs of each node set ``s``'s run used (``ranks_per_node``; default: all of the node's
+    ``gpus_per_node``)."""
+    return s.get("ranks_per_node", s["gpus_per_node"])
+
+
+def members(s: dict) -> list[int]:
+    """The run's ranks among the devices of its nodes: the first ``ranks_per_node`` GPUs of each node."""
+    return [node * s["gpus_per_node"] + i for node in range(s["nodes"]) for i in range(ranks_per_node(s))]
+
+
 def network(s: dict, extra: dict | None = None):
-    """(the Network predict builds for set ``s``'s stated hardware, its device count). The model and
-    batch only complete predict's description of a job (one data-parallel replica per GPU); the
-    network reads none of them. The profile is predict's default: it measured no link at these
-    rates, so the links are nominal x the NIC kind's share (``--link-model auto``)."""
+    """(the Network predict builds for set ``s``'s stated hardware, the run's ranks on it). A node is
+    its stated GPUs and NICs (``gpus_per_node``, ``nic``) whether the run used every GPU or not, so
+    that the NICs one GPU reaches are the node's share of them (``nic_affinity`` gpu,
+    :func:`perfsim.fabrics.gpu_nic_share`). The model and batch only complete predict's description
+    of a job (one data-parallel replica per GPU); the network reads none of them. The profile is
+    predict's default: it measured no link at these rates, so the links are nominal x the NIC kind's
+    share (``--link-model auto``)."""
     n = s["nodes"] * s["gpus_per_node"]
     kw = dict(model="gpt2-xl", pp=1, dp=n, micro_batch=1, global_batch=n, gpus_per_node=s["gpus_per_node"],
               nic=s["nic"], intra_node_fabric=s["intra_node_fabric"], collective_algo=ALGOS[s["nccl_algo"]])
     kw.update(extra or {})
     _, _, system, profile = build_configs(**kw)
-    return Network(system, n, profile), n
+    return Network(system, n, profile), members(s)
 
 
 def predict_set(s: dict, columns: list[str], extra: dict | None = None) -> list[dict]:
     """Per row: measured and predicted time (us) and busbw (GB/s), the algorithm perfsim picked,
     the signed error of the time (%)."""
-    net, n = network(s, extra)
+    net, ranks = network(s, extra)
+    n = len(ranks)
     kind = KINDS[s["collective"]]
     out = []
     for r in rows_of(s, columns):
-        c = net.collective(kind, per_rank_bytes(kind, r["size_bytes"], n), list(range(n)))
+        c = net.collective(kind, per_rank_bytes(kind, r["size_bytes"], n), ranks)
         t = c.time()
         out.append(dict(set=s["id"], size_bytes=r["size_bytes"], measured_us=r["time_us"], predicted_us=1e6 * t,
                         measured_busbw=r["busbw_GBps"], predicted_busbw=busbw(kind, r["size_bytes"], n, t) / 1e9,
@@ -121,8 +137,9 @@ def stated_peaks(doc: dict, extra: dict | None = None) -> list[dict]:
     for p in doc["stated_peaks"]["peaks"]:
         s = dict(id="peak", nodes=2, gpus_per_node=8, nic=f"8x{p['nic_gbps']}Gbps:infiniband",
                  intra_node_fabric="nvlink4", nccl_algo="Ring")
-        net, n = network(s, extra)
-        t = net.collective("allreduce", PEAK_BYTES, list(range(n))).time()
+        net, ranks = network(s, extra)
+        n = len(ranks)
+        t = net.collective("allreduce", PEAK_BYTES, ranks).time()
         out.append(dict(nic_gbps=p["nic_gbps"], stated=p["busbw_GBps"],
                         predicted=busbw("allreduce", PEAK_BYTES, n, t) / 8 / 1e9))
     return out

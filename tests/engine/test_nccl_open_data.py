@@ -33,7 +33,7 @@ def test_rows_are_consistent_with_nccl_tests_own_definitions(doc):
     half its last printed digit, 0.1 us; the bandwidths to 0.005 GB/s)."""
     assert doc["columns"] == ["size_bytes", "time_us", "algbw_GBps", "busbw_GBps"]
     for s in doc["sets"]:
-        n = s["nodes"] * s["gpus_per_node"]
+        n = len(mod.members(s))
         assert s["nodes"] >= 2, s["id"]  # rule (2): multi-node only
         for r in mod.rows_of(s, doc["columns"]):
             assert r["size_bytes"] >= 2**20, (s["id"], r)  # rule (4): rows of 1 MiB and more
@@ -76,7 +76,8 @@ def test_the_script_reports_the_figures_the_file_stores(doc, evaluated):
 def test_rows_are_priced_from_the_stated_hardware(evaluated):
     """The prediction is perfsim's collective model on the stated NICs: a ring over 3 nodes' four
     200 Gb/s NICs at the infiniband kind's share, a forced tree over two nodes' four 400 Gb/s NICs at
-    NCCL's tree factor (the nominal model: no step latency)."""
+    NCCL's tree factor, each node sending and receiving S (the double binary tree on two nodes;
+    the nominal model: no step latency)."""
     rows, _ = evaluated
     eff = NIC_KINDS["infiniband"].efficiency
     a100 = [r for r in rows if r["set"] == "a100-hdr-3x8"]
@@ -87,9 +88,30 @@ def test_rows_are_priced_from_the_stated_hardware(evaluated):
         assert r["predicted_busbw"] == pytest.approx(4 * 200 / 8 * eff, rel=1e-9)  # GB/s: the NICs' achieved rate
     h100 = [r for r in rows if r["set"] == "h100-roce-2x1-tree"]
     assert {r["algo"] for r in h100} == {"tree"}
-    for r in h100:
-        assert r["predicted_us"] == pytest.approx(1e6 * 2 * r["size_bytes"] * 8 / (TREE_EFFICIENCY * 4 * 400e9 * eff),
+    for r in h100:  # the lone GPU's one NIC (next test)
+        assert r["predicted_us"] == pytest.approx(1e6 * r["size_bytes"] * 8 / (TREE_EFFICIENCY * 400e9 * eff),
                                                   rel=1e-9)
+
+
+def test_a_lone_gpu_of_a_node_reaches_its_share_of_the_nodes_nics(doc):
+    """The H100 set: one GPU of each 8-GPU node, whose topology puts one of the node's 4 NICs on its
+    PCIe switch. Stated as the node (8 GPUs, 4 NICs) with the run's ranks on GPU 0 of each, the
+    nic_affinity gpu share gives the lone GPU one NIC -- what predict's own keywords say as
+    gpus_per_node=1 with that one NIC; a node stated as the run's one GPU with all 4 NICs gives it 4."""
+    s = next(x for x in doc["sets"] if x["id"] == "h100-roce-2x1-tree")
+    assert (s["gpus_per_node"], mod.ranks_per_node(s), s["nic"]) == (8, 1, "4x400Gbps:infiniband")
+    assert mod.members(s) == [0, 8]
+    net, ranks = mod.network(s)
+    assert net.group_shape(ranks).inter_bps == pytest.approx(400e9 * NIC_KINDS["infiniband"].efficiency)
+    lone = dict(s, gpus_per_node=1, ranks_per_node=1, nic="1x400Gbps:infiniband")
+    S = 32 * 2**20
+    t = net.collective("allreduce", S, ranks).time()
+    assert mod.network(lone)[0].collective("allreduce", S, [0, 1]).time() == pytest.approx(t, rel=1e-12)
+    four = dict(s, gpus_per_node=1, ranks_per_node=1)
+    assert mod.network(four)[0].collective("allreduce", S, [0, 1]).time() == pytest.approx(t / 4, rel=1e-12)
+    # node affinity: any flow may use every NIC of the node
+    assert mod.network(s, dict(nic_affinity="node"))[0].collective("allreduce", S, ranks).time() == \
+        pytest.approx(t / 4, rel=1e-12)
 
 
 def test_infiniband_share_experiment_is_restored(doc):

@@ -38,10 +38,13 @@ def test_protocol_costs_follow_ncclS_tuning_model():
     assert ll.time() == pytest.approx(3.6e-6 + steps * 0.4e-6 + 2 * 7 / 8 * 1e6 * 8 / (8 * 200e9 / 4))
     assert simple.time() == pytest.approx(8.4e-6 + steps * 5.7e-6 + 2 * 7 / 8 * 1e6 * 8 / (8 * 200e9))
     assert ll128.phases[0][0].rate_bps == pytest.approx(8 * 200e9 * 120 / 128)
-    # across nodes the steps pay the network's per-step latency (NCCL's NET hwLat)
+    # across nodes only the steps whose hop leaves a node pay the network's per-step latency (NCCL's
+    # NET hwLat), 2 (nodes - 1) of an allreduce's 2 (ranks - 1), the rest NVLink's (ncclTopoTuneModel's
+    # nInterSteps)
     two = GroupShape(16, 2, 8, 8 * 200e9, 0.0, 8 * 200e9, 0.0, model="nccl")
     r2 = plan("allreduce", 1e6, GroupShape(16, 2, 8, 8 * 200e9, 0.0, 8 * 200e9, 0.0), "ring")
-    assert with_protocol(r2, two, PROTOCOLS[2]).time() - r2.time() == pytest.approx(8.4e-6 + 30 * 6.6e-6)
+    assert with_protocol(r2, two, PROTOCOLS[2]).time() - r2.time() == pytest.approx(8.4e-6 + 28 * 5.7e-6
+                                                                                    + 2 * 6.6e-6)
     # PCIe: NCCL's PCI step latency, no LL128
     pcie = GroupShape(**dict(NODE, intra_bps=8 * 10e9), model="nccl", intra_pcie=True)
     assert not any(plan("allreduce", S, pcie).algo.endswith("LL128") for S in (1e5, 1e6, 1e7, 1e8))
@@ -56,3 +59,28 @@ def test_switch_and_effect_on_a_prediction():
     assert nccl.summary["iteration_s"] > nominal.summary["iteration_s"]
     with pytest.raises(ConfigError, match="collective_model='mpi'"):
         System(collective_model="mpi")
+
+
+def test_ring_steps_across_nodes_pay_the_network_latency_and_the_others_the_nvlink_one():
+    """NCCL's tuning model (tuning.cc, ncclTopoTuneModel; torch/_inductor/comm_analysis.py):
+    ``(nsteps - nInterSteps) intraLat + nInterSteps interLat`` with ``nInterSteps`` 2 (nodes - 1)
+    for an allreduce and nodes - 1 for an allgather or reduce-scatter; a broadcast's steps and a
+    p2p pay the network's; one GPU per node: every step crosses nodes."""
+    shape = dict(intra_bps=8 * 200e9, intra_latency_s=0.0, inter_bps=4 * 200e9, inter_latency_s=0.0)
+    g = GroupShape(24, 3, 8, **shape, model="nccl")
+    (nvl, net), simple = (5.7e-6, 6.6e-6), PROTOCOLS[2]
+    for kind, steps, inter in (("allreduce", 46, 4), ("allgather", 23, 2), ("reduce_scatter", 23, 2),
+                               ("broadcast", 23, 23), ("p2p", 1, 1)):
+        c = plan(kind, 64e6, GroupShape(24, 3, 8, **shape), "ring")
+        (ph,), = c.phases
+        assert (ph.steps_in, ph.steps_out) == (steps - inter, inter), kind
+        assert with_protocol(c, g, simple).time() - c.time() == pytest.approx(
+            simple.base_ring_s + (steps - inter) * nvl + inter * net), kind
+    # PCIe inside the node: its steps pay NCCL's PCI latency
+    pci = GroupShape(24, 3, 8, **shape, model="nccl", intra_pcie=True)
+    c = plan("allreduce", 64e6, GroupShape(24, 3, 8, **shape), "ring")
+    assert with_protocol(c, pci, PROTOCOLS[0]).time() - 4 * c.time() == pytest.approx(3.6e-6 + 42 * 1.0e-6
+                                                                                      + 4 * 0.9e-6)
+    # one GPU per node: every step crosses nodes
+    lone = plan("allreduce", 64e6, GroupShape(3, 3, 1, **shape), "ring")
+    assert (lone.phases[0][0].steps_in, lone.phases[0][0].steps_out) == (0, 4)
