@@ -156,7 +156,11 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
             "per peer (gloo's pair)", tcp_connections=1),
     NicKind("infiniband", 0.8,
             "DGX-1, 4 x EDR InfiniBand (4 x 12.5 GB/s): ~40 GB/s NCCL all-reduce busbw "
-            "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29)"),
+            "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29). Below the 0.92-0.98 per NIC that today's "
+            "NCCL reaches on its largest transfers (nccl-tests#29, #119, #290; NVIDIA/nccl#307, #812); kept "
+            "because published multi-node all-reduces of 72-127 MiB reach 0.86-0.97 (nccl-tests#119) and "
+            "perfsim has no message-size falloff below the peak (docs/validation.md, 'Table 1 after "
+            "session 19')"),
     NicKind("socket", 1448 / 1538,
             "NCCL's socket transport over TCP (NCCL_IB_DISABLE=1, no RDMA): TCP/IPv4 framing as ethernet, and "
             "the proxy threads' host copies bound a node at 4-6 GB/s whatever the line rate: 4 x 8 V100 over "
