@@ -28,6 +28,9 @@ PIPE_JOB = dict(model="digits-mlp", micro_batch=4, macro_batch=16, steps=6, data
 #: 1, GPipe, and for run the model gpt2-small-byte); a test that relied on them pins them
 PINNED_JOB = dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b")
 PINNED_FLAGS = ["--model", "digits-mlp", "--pp", "2", "--micro-batch", "8", "--schedule", "1f1b"]
+#: alternating windows of the conftest's ``interference_records`` measurement (calibrate takes
+#: perfsim.calibrate.interference.ROUNDS = 12; what the tests check needs no more than a few)
+INTERFERENCE_ROUNDS = 3
 
 
 def free_port() -> int:
