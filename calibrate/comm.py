@@ -115,6 +115,8 @@ class CommConfig:
       (docs/validation.md, "Each schedule timed in situ").
     framing_cold: flush the caches before each timed ``framing`` call (as after a
       training step); False times it hot (``benchmarks/bench_messenger.py``).
+    interference_rounds: alternating (alone, busy) windows of the ``interference`` op
+      (None: :data:`perfsim.calibrate.interference.ROUNDS`; the tests take fewer).
     """
 
     ops: tuple[str, ...] = DEFAULT_OPS
@@ -132,6 +134,7 @@ class CommConfig:
     framing_cold: bool = True
     small_repeats: int = 0
     small_bytes: int = 65536
+    interference_rounds: int | None = None
 
     def __post_init__(self):
         bad = [o for o in self.ops if o not in OPS]
@@ -151,6 +154,8 @@ class CommConfig:
             raise ConfigError(f"emulate_latency={self.emulate_latency}: must be >= 0")
         if self.repeats < 1 or self.warmup < 0 or self.threads < 1:
             raise ConfigError("comm repeats >= 1, warmup >= 0, threads >= 1 required")
+        if self.interference_rounds is not None and self.interference_rounds < 1:
+            raise ConfigError(f"interference_rounds={self.interference_rounds}: must be >= 1")
 
     def resolved_backend(self) -> str:
         if self.backend:
@@ -228,7 +233,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
         if op == "interference":  # compute alone vs under allreduces (perfsim.calibrate.interference)
             from perfsim.calibrate.interference import measure
 
-            out.extend(measure(rank, device, world, backend, cfg.emulate_bandwidth))
+            out.extend(measure(rank, device, world, backend, cfg.emulate_bandwidth, cfg.interference_rounds))
             continue
         if op == "fsdp":  # FSDP2's own host time per unit (perfsim.calibrate.fsdp_host)
             from perfsim.calibrate import fsdp_host

@@ -43,9 +43,11 @@ def calls_per_window(link_bps: float | None, world: int) -> int:
     return max(2, min(400, math.ceil(BUSY_S / per_call)))
 
 
-def measure(rank: int, device, world: int, backend: str, link_bps: float | None = None) -> list[dict]:
+def measure(rank: int, device, world: int, backend: str, link_bps: float | None = None,
+            rounds: int | None = None) -> list[dict]:
     """Run on every rank (inside an initialised process group); returns raw items
-    ``{"op": "interference", "name": ..., "samples": [...]}`` for both conditions."""
+    ``{"op": "interference", "name": ..., "samples": [...]}`` for both conditions, one
+    sample per window of ``rounds`` (None: :data:`ROUNDS`)."""
     import torch
     import torch.distributed as dist
 
@@ -76,7 +78,7 @@ def measure(rank: int, device, world: int, backend: str, link_bps: float | None 
     for _ in range(3):
         kernel()
     alone, busy = [], []  # one median per window
-    for _ in range(ROUNDS):
+    for _ in range(ROUNDS if rounds is None else rounds):
         dist.barrier()  # every rank done with the last window's traffic: "alone" is alone
         alone.append(statistics.median(kernel() for _ in range(ALONE_SAMPLES)))
         dist.barrier()

@@ -28,6 +28,9 @@ PIPE_JOB = dict(model="digits-mlp", micro_batch=4, macro_batch=16, steps=6, data
 #: 1, GPipe, and for run the model gpt2-small-byte); a test that relied on them pins them
 PINNED_JOB = dict(model="digits-mlp", pp=2, micro_batch=8, schedule="1f1b")
 PINNED_FLAGS = ["--model", "digits-mlp", "--pp", "2", "--micro-batch", "8", "--schedule", "1f1b"]
+#: alternating windows of the conftest's ``interference_records`` measurement (calibrate takes
+#: perfsim.calibrate.interference.ROUNDS = 12; what the tests check needs no more than a few)
+INTERFERENCE_ROUNDS = 3
 
 
 def free_port() -> int:
@@ -85,11 +88,25 @@ def run_then_exit(rank: int, fn, *args) -> None:
     exit_rank(0)
 
 
-def spawn_ranks(fn, *args, world: int = 2, start_method: str = "spawn") -> None:
+#: what the forkserver of :func:`spawn_ranks` imports once, so that a rank need not (torch and
+#: torch._dynamo, which torch.optim imports, cost a new interpreter ~2.5 CPU-s; as the runtime's
+#: rank zygote, perfsim/runtime/zygote.py, the server runs no torch operation before it forks)
+RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.parallel", "_helpers", "perfsim.ddp"]
+
+
+def spawn_ranks(fn, *args, world: int = 2, start_method: str = "forkserver") -> None:
     """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is a free one for
-    :func:`gloo_group`. Returns when all have finished; a rank's exception fails the call."""
+    :func:`gloo_group`. Returns when all have finished; a rank's exception fails the call.
+
+    ``forkserver`` (the default): each rank is forked from one server per test process
+    that imported :data:`RANK_PRELOAD` when it started -- a fresh interpreter's state, not
+    the test process's (its threads, its torch pools), and the test's working directory and
+    ``sys.path``, but the environment of the server's start: a worker must not read
+    variables a test sets (use ``spawn`` for that)."""
     import torch.multiprocessing as mp
 
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)  # read when it starts
     mp.start_processes(run_then_exit, args=(fn, free_port(), *args), nprocs=world, join=True,
                        start_method=start_method)
 
@@ -104,7 +121,7 @@ def load_ranks(out_dir, world: int) -> list:
     return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def run_ranks(fn, out_dir, *args, world: int = 2, start_method: str = "spawn") -> list:
+def run_ranks(fn, out_dir, *args, world: int = 2, start_method: str = "forkserver") -> list:
     """:func:`spawn_ranks` of ``fn(rank, port, *args, out_dir)``; returns what each rank
     saved there with :func:`save_rank`, in rank order."""
     spawn_ranks(fn, *args, str(out_dir), world=world, start_method=start_method)

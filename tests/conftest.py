@@ -49,12 +49,16 @@ def shared_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def interference_records():
     """:func:`perfsim.calibrate.comm.measure_comm` of the ``interference`` op on two real
-    gloo ranks (compute alone, then under allreduces, in alternating windows), measured
-    once per session: test_calibrate and test_fidelity read the same records (the
-    measurement takes no repeats or warm-up setting; only reading tests may use it)."""
+    gloo ranks (compute alone, then under allreduces, in ``_helpers.INTERFERENCE_ROUNDS``
+    alternating windows), measured once per session: test_calibrate and test_fidelity
+    read the same records (the tests check the records' shape and sign, not the
+    statistic, so 3 windows instead of calibrate's 12; only reading tests may use it)."""
+    from _helpers import INTERFERENCE_ROUNDS
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
-    return measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120))
+    return measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120,
+                                   interference_rounds=INTERFERENCE_ROUNDS))
+
 
 # ------------------------------------------------------------------ pytest-xdist
 # `make test` runs the suite on 2 workers (``-n 2 --dist loadgroup``). A spawned run shared

@@ -121,10 +121,12 @@ def test_rows_errors_table_csv_and_plot(tmp_path):
 
 @pytest.fixture(scope="module")
 def small_profile(tmp_path_factory):
+    """``perfsim calibrate --quick --model digits-mlp --micro-batch 8 --stages '' --codecs fp32
+    --comm p2p`` through run_cli_here: the validate tests read the profile; the calibrate CLI
+    in a process of its own is tests/calibrate/test_calibrate.py's."""
     out = tmp_path_factory.mktemp("prof") / "p.json"
-    r = subprocess.run([sys.executable, "-m", "perfsim", "calibrate", "--quick", "--model", "digits-mlp",
-                        "--micro-batch", "8", "--stages", "", "--codecs", "fp32", "--comm", "p2p",
-                        "--no-progress", "--output", str(out)], capture_output=True, text=True, timeout=240)
+    r = run_cli_here("calibrate", "--quick", "--model", "digits-mlp", "--micro-batch", "8", "--stages", "",
+                     "--codecs", "fp32", "--comm", "p2p", "--no-progress", "--output", str(out))
     assert r.returncode == 0, r.stderr
     return out
 

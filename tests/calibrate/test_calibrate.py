@@ -283,20 +283,24 @@ def test_comm_framing_is_each_side_host_time(loopback_records):
 def test_interference_alternates_windows_on_every_rank(interference_records):
     """Compute alone and under allreduces, in alternating windows on both ranks: each
     record holds one median per window and rank, its time the mean of the ranks'."""
-    from perfsim.calibrate import interference
+    from _helpers import INTERFERENCE_ROUNDS
     from perfsim.engine.plan import comm_slowdown
 
     recs = interference_records
     got = {r["name"]: r for r in recs if r["op"] == "interference"}
     assert set(got) == {"gloo alone", "gloo allreduce"}
-    assert got["gloo alone"]["repeats"] == 2 * interference.ROUNDS
+    assert got["gloo alone"]["repeats"] == 2 * INTERFERENCE_ROUNDS
     assert 0 < got["gloo alone"]["time_s"] < 1 and got["gloo allreduce"]["time_s"] > 0
     assert comm_slowdown(build_profile(recs, {})) >= 0
 
 
 def test_interference_traffic_scales_with_the_link():
     """A busy window carries about BUSY_S of allreduces at the link's rate."""
+    from perfsim.calibrate.comm import CommConfig
     from perfsim.calibrate.interference import BUSY_S, COMM_BYTES, calls_per_window
+
+    with pytest.raises(ConfigError, match="^interference_rounds=0: must be >= 1$"):
+        CommConfig(ops=("interference",), interference_rounds=0)
 
     assert calls_per_window(1e8, 2) == math.ceil(BUSY_S / (COMM_BYTES * 8 / 1e8))
     assert calls_per_window(1e9, 2) == math.ceil(BUSY_S / (COMM_BYTES * 8 / 1e9))

@@ -15,7 +15,7 @@ from perfsim.compression.base import sum_dtype_for
 from perfsim.kernels.lanes import pack_lanes, pack_lanes_ref, packed_words, unpack_lanes
 from perfsim.errors import ConfigError
 
-from _helpers import assert_payload_is_wire_size, assert_resumes_from_state, run_then_exit
+from _helpers import assert_payload_is_wire_size, assert_resumes_from_state, spawn_ranks
 
 SPECS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4",
          "qsgd-maxnorm-multiscale:2:6,8", "qsgd-maxnorm-multiscale:3:8:bucket=5"]
@@ -209,7 +209,7 @@ DIST_SPECS = ["qsgd-maxnorm:4", "qsgd-maxnorm:8", "qsgd-maxnorm-multiscale:4:8",
               "randk-maxnorm:0.3:8", "randk-maxnorm-multiscale:0.5:4:8", "qsgd:6", "ecq:6"]
 
 
-def _dist_worker(rank, world, init_file, out_dir):
+def _dist_worker(rank, _port, world, init_file, out_dir):  # rendezvous: a file
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -239,11 +239,8 @@ def _dist_worker(rank, world, init_file, out_dir):
 
 
 def test_gloo_allreduce_mean(tmp_path):
-    import torch.multiprocessing as mp
-
     world = 3
-    mp.spawn(run_then_exit, args=(_dist_worker, world, str(tmp_path / "rdv"), str(tmp_path)), nprocs=world,
-             join=True)
+    spawn_ranks(_dist_worker, world, str(tmp_path / "rdv"), str(tmp_path), world=world)
     outs = [torch.load(tmp_path / f"{r}.pt") for r in range(world)]
     xs = [o["x"] for o in outs]
     mean = torch.stack(xs).mean(0)

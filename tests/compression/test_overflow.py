@@ -9,7 +9,7 @@ from perfsim.compression.registry import make_compressor
 from perfsim.errors import ConfigError
 from perfsim.kernels.quant import MAX_ABS
 
-from _helpers import run_cli
+from _helpers import run_cli, run_cli_here
 
 HUGE = torch.tensor([[3e38, -3e38, 1.0, 2.0]])  # finite fp32 values above MAX_ABS
 LARGE = torch.tensor([[8e37, -8e37, 1.0, 2.0]])  # just below it
@@ -39,10 +39,11 @@ def test_aqsgd_never_stores_inf():
 
 @pytest.mark.parametrize("compress", ["directq:fw8bw8", "fp32"])
 def test_diverging_run_says_so_and_exits_1(tmp_path, compress):
-    proc = run_cli("run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "30", "--lr", "1e6",
+    cli = run_cli if compress == "directq:fw8bw8" else run_cli_here  # the first in a real process
+    proc = cli("run", "--model", "digits-mlp", "--pp", "2", "--schedule", "1f1b", "--steps", "30", "--lr", "1e6",
                    "--optimizer", "sgd",
                    "--compress", compress, "--micro-batch", "4", "--macro-batch", "16", "--out", str(tmp_path / "d"),
-                   "--no-progress", timeout=180)
+                   "--no-progress", **({"timeout": 180} if cli is run_cli else {}))
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert "training diverged at step" in proc.stderr and ", stage " in proc.stderr

@@ -1,8 +1,12 @@
 """The perfsim.ddp convergence matrix: every method x {fp32 model, bf16 model, resumed
-halfway, an unused parameter, momentum SGD} x 2 seeds trains to within 2x of its own
-uncompressed baseline's loss, and the two replicas end bit-identical.
+halfway, an unused parameter, momentum SGD} trains to within 2x of its own uncompressed
+baseline's loss, and the two replicas end bit-identical. The fp32 cells run 2 seeds (the
+convergence claim must not rest on one lucky draw); the other conditions run seed 0: a
+second seed takes exactly the code path of the first (only the weights, the data and the
+compressor's random stream differ), and test_ddp_convergence.py holds every method to 2x
+over 150 steps of digits with Adam and with momentum SGD as well.
 
-One 2-rank gloo job runs the whole matrix (about 120 small trainings of a 16-32-4 MLP on
+One 2-rank gloo job runs the whole matrix (about 55 small trainings of a 16-32-4 MLP on
 a synthetic 4-class task) and returns every cell's figures; a module-scoped fixture
 caches them and one parametrized test per cell asserts. Baselines: DDP's own fp32
 allreduce with the same optimizer (Adam, or SGD with momentum 0.9), model dtype and
@@ -27,14 +31,14 @@ GRAD_METHODS = ["qsgd-maxnorm:2", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4",
                 "randk-maxnorm:0.25:4", "powersgd:2"]
 OPT_METHODS = ["onebit-adam", "onebit-lamb"]
 CONDITIONS = ["fp32", "bf16", "resumed", "unused", "sgd"]
-SEEDS = (0, 1)
+SEEDS = (0, 1)  # of the fp32 cells; the other conditions take SEEDS[0]
 LR = {"adam": 1e-2, "sgd": 0.05, "onebit-adam": 1e-2, "onebit-lamb": 0.1}
 
 
 def cells() -> list[tuple[str, str, int]]:
     """(method, condition, seed) of every cell (momentum SGD: gradient compressors only)."""
-    return [(m, c, s) for m in GRAD_METHODS + OPT_METHODS for c in CONDITIONS for s in SEEDS
-            if not (c == "sgd" and m in OPT_METHODS)]
+    return [(m, c, s) for m in GRAD_METHODS + OPT_METHODS for c in CONDITIONS
+            for s in (SEEDS if c == "fp32" else SEEDS[:1]) if not (c == "sgd" and m in OPT_METHODS)]
 
 
 def _baseline_of(method: str, condition: str) -> str:
@@ -148,9 +152,8 @@ def _baseline_run(name: str, seed: int, rank: int) -> dict:
 def _worker(rank: int, port: int, out_dir: str) -> None:
     res: dict = {}
     with gloo_group(rank, WORLD, port):
-        for base in sorted({_baseline_of(m, c) for m, c, _ in cells()}):
-            for seed in SEEDS:
-                res[("baseline", base, seed)] = _baseline_run(base, seed, rank)
+        for base, seed in sorted({(_baseline_of(m, c), s) for m, c, s in cells()}):
+            res[("baseline", base, seed)] = _baseline_run(base, seed, rank)
         for method, condition, seed in cells():
             res[(method, condition, seed)] = _run(method, condition, seed, rank)
     if rank == 0:

@@ -18,7 +18,7 @@ from perfsim.models.specs import LayerSpec
 from perfsim.network import Network
 from perfsim.profile import Profile
 
-from _helpers import assert_user_error, free_port, run_cli
+from _helpers import assert_user_error, gloo_group, run_cli, run_ranks, save_rank
 
 EMPTY = Profile()
 
@@ -215,16 +215,10 @@ def test_new_flags_reject_bad_input(flags, culprit):
 CODEC_SPECS = ["qsgd:4", "onebit", "qsgd-maxnorm:4"]
 
 
-def _count_codec_work(rank, world, specs, numel, queue):  # runs in a subprocess
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    counts = {spec: _count_one_allreduce(spec, numel) for spec in specs}  # one after the other
-    dist.destroy_process_group()
-    queue.put((rank, counts))
+def _count_codec_work(rank, port, world, specs, numel, out_dir):  # runs in a subprocess
+    with gloo_group(rank, world, port):
+        counts = {spec: _count_one_allreduce(spec, numel) for spec in specs}  # one after the other
+    save_rank(out_dir, rank, counts)
 
 
 def _count_one_allreduce(spec, numel):
@@ -285,25 +279,13 @@ def _count_one_allreduce(spec, numel):
 
 
 @pytest.fixture(scope="module")
-def codec_work():
+def codec_work(tmp_path_factory):
     """``{spec: [(rank, encoded, decoded) per input value]}`` of every spec of
-    :data:`CODEC_SPECS`: one spawn of 3 real gloo ranks runs each spec's allreduce_mean."""
-    import os
-
-    import torch.multiprocessing as mp
-
+    :data:`CODEC_SPECS`: one job of 3 real gloo ranks runs each spec's allreduce_mean."""
     world, numel = 3, 3 * 8 * 1000
-    os.environ["MASTER_PORT"] = str(free_port())
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=_count_codec_work, args=(r, world, CODEC_SPECS, numel, queue))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    got = [queue.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    return world, numel, {spec: [(rank, *counts[spec]) for rank, counts in got] for spec in CODEC_SPECS}
+    got = run_ranks(_count_codec_work, tmp_path_factory.mktemp("codec_work"), world, CODEC_SPECS, numel,
+                    world=world)
+    return world, numel, {spec: [(rank, *counts[spec]) for rank, counts in enumerate(got)] for spec in CODEC_SPECS}
 
 
 @pytest.mark.parametrize("spec", CODEC_SPECS)

@@ -19,8 +19,10 @@ FAST = dict(model="digits-mlp", micro_batch=4, macro_batch=16, timeout="30s", sc
 
 
 def test_cli_writes_predict_schema(tmp_path):
+    """(In this process: `perfsim run` in one of its own is test_under_torchrun's, the first bad
+    argument's and test_reliability's.)"""
     out = tmp_path / "run"
-    proc = run_cli("run", *PINNED_FLAGS, "--steps", "5", "--out", str(out), "--no-progress")
+    proc = run_cli_here("run", *PINNED_FLAGS, "--steps", "5", "--out", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
     data = json.loads((out / "result.json").read_text())
     assert list(data["summary"])[:len(SUMMARY_COLUMNS)] == SUMMARY_COLUMNS
