@@ -1,0 +1,58 @@
+"""A new user's audit (qa6): each test failed before the fix it guards (/work/wt/qa6-findings.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from _helpers import assert_user_error, run_cli_here
+
+# a small, quick prediction (a two-stage tiny transformer on the default profile's V100)
+TINY = ["--model", "gpt:layers=2,hidden=64,heads=2,seq=32,vocab=128", "--pp", "2"]
+
+
+# ---------------------------------------------------------------- a flag given twice
+
+@pytest.mark.parametrize("argv, culprit", [
+    (["predict", "--bandwidth", "1Gbps", "--bandwidth", "10Gbps"], "--bandwidth"),
+    (["predict", "--pp", "2", "--pp", "4"], "--pp"),
+    (["predict", "-o", "a.csv", "--out", "b.csv"], "--out"),                 # one flag, two spellings
+    (["predict", "--overlap", "--no-overlap"], "--no-overlap"),            # contradictory switches
+    (["sweep", "--compress", "fp32", "--compress", "fp16"], "--compress"),
+    (["plan", "--nodes", "2", "--nodes", "4"], "--nodes"),
+    (["memory", "--gpu", "a100", "--gpu", "h100"], "--gpu"),
+    (["run", "--steps", "3", "--steps", "30"], "--steps"),
+    (["validate", "--profile", "a.json", "--profile", "b.json"], "--profile"),
+    (["calibrate", "--output", "a.json", "--output", "b.json"], "--output"),
+    (["plot", "t.csv", "--kind", "speedup", "--kind", "bubble"], "--kind"),
+    (["compressors", "--shape", "1,4", "--shape", "1,8"], "--shape"),
+])
+def test_a_value_flag_given_twice_is_refused(argv, culprit):
+    """`perfsim predict --bandwidth 1Gbps --bandwidth 10Gbps` priced 10 Gbps and said nothing:
+    one of the two values the user wrote was dropped. Every command refuses it, naming the flag
+    and both values (exit 2, one line), before any work."""
+    r = run_cli_here(*argv, *(TINY if argv[0] == "predict" else []))
+    assert_user_error(r.returncode, r.stderr, culprit)
+    assert ("both given" if argv[1] == "--overlap" else "twice") in r.stderr
+    values = [a for a in argv[1:] if not a.startswith("-")][-2:]
+    if argv[1] != "--overlap" and argv[0] != "plot":
+        assert all(v in r.stderr for v in values), r.stderr
+
+
+def test_a_switch_or_a_counted_flag_repeated_is_harmless():
+    """The same switch twice says one thing; -v -v is more detail (argparse's count)."""
+    r = run_cli_here("predict", *TINY, "--allow-oom", "--allow-oom", "-q", "-q", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+    r = run_cli_here("predict", *TINY, "--overlap", "--overlap", "--format", "csv")
+    assert r.returncode == 0, r.stderr
+
+
+def test_plot_filter_on_one_column_twice_is_refused(tmp_path):
+    """`--filter pp=2 --filter pp=4` intersected to nothing, `--filter bandwidth=1Gbps --filter
+    bandwidth=1Gbps,10Gbps` silently kept one value: one column, one filter (a comma list)."""
+    table = tmp_path / "t.csv"
+    r = run_cli_here("sweep", *TINY, "--bandwidth", "1Gbps,10Gbps", "-o", str(table))
+    assert r.returncode == 0, r.stderr
+    r = run_cli_here("plot", str(table), "--filter", "bandwidth=1Gbps", "-f", "bandwidth=1Gbps,10Gbps",
+                     "-o", str(tmp_path / "x.png"))
+    assert_user_error(r.returncode, r.stderr, "bandwidth")
+    assert "twice" in r.stderr and not (tmp_path / "x.png").exists()
