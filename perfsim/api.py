@@ -34,7 +34,8 @@ from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_gpu, value_precision
+from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
+                               value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
@@ -327,6 +328,7 @@ def predict(**params) -> Result:
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
+    result.summary["profile_device"] = profile_device(profile)  # what measured the profile's times
     unused = unused_settings(params, strategy, result.summary, note_unused,
                              operator_model=bool(system.gpu) and workload.arch is not None)
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))

@@ -110,8 +110,11 @@ def run(args) -> int:
         # lazy: perfsim --help does not load perfsim.commands._predict_table
         from perfsim.commands._predict_table import render
 
-        # the table: a column for each parameter the grid varies (gpu, seq_len ...)
+        # the table: a column for each parameter the grid varies (gpu, seq_len ...); one
+        # configuration's: a row for each parameter given
         varying = [k for k in grid[0] if len({str(c.get(k)) for c in grid}) > 1]
+        if len(grid) == 1:  # one configuration: what the user gave, so two tables tell apart
+            varying = [k for k, v in params.from_args(args).items() if v is not None]
         labels = [{params.column(k): v for k, v in params.plain(c).items() if k in varying} for c in grid]
         if not args.output:
             render(results, file=sys.stdout, labels=labels)

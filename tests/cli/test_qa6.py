@@ -56,3 +56,47 @@ def test_plot_filter_on_one_column_twice_is_refused(tmp_path):
                      "-o", str(tmp_path / "x.png"))
     assert_user_error(r.returncode, r.stderr, "bandwidth")
     assert "twice" in r.stderr and not (tmp_path / "x.png").exists()
+
+
+# ---------------------------------------------------------------- a single table says what it priced
+
+def _cells(stdout: str) -> dict[str, str]:
+    """The single-configuration table's ``name │ value`` pairs (its configuration column)."""
+    out = {}
+    for line in stdout.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if len(cells) == 4 and cells[0]:
+            out[cells[0]] = cells[1]
+    return out
+
+
+def test_a_single_tables_configuration_names_gpu_precision_tp_and_what_was_given():
+    """Two tables of `--gpu h100 --tp 2 --precision bf16` and `--gpu a100 --tp 4` printed the
+    same configuration column (model, bandwidth, ... MB): the GPU, the precision and the TP
+    degree they priced were nowhere in the table. Now they are, and so is every other
+    setting the user gave that the table's standard rows do not show (--zero, --seq-len,
+    --profile ...)."""
+    gpt = "gpt:layers=4,hidden=256,heads=8,seq=128,vocab=1024"
+    a = run_cli_here("predict", "--model", gpt, "--gpu", "h100", "--tp", "2", "--precision", "bf16",
+                     "--pp", "2", "--zero", "1", "--dp", "2", "--seq-len", "64")
+    b = run_cli_here("predict", "--model", gpt, "--gpu", "a100", "--tp", "4", "--pp", "2", "--dp", "2")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    ca, cb = _cells(a.stdout), _cells(b.stdout)
+    assert (ca["gpu"], ca["precision"], ca["tp"]) == ("h100-sxm5-80gb", "bf16", "2"), ca
+    assert (cb["gpu"], cb["precision"], cb["tp"]) == ("a100-sxm4-80gb", "fp32", "4"), cb
+    assert ca["zero"] == "1" and ca["seq_len"] == "64", ca
+
+
+def test_a_profiles_table_names_the_device_it_was_measured_on():
+    """Without --gpu the profile prices the compute: its device is the table's gpu row (the
+    default's V100; a CPU profile's CPU), and a --profile given is shown, so the tables of two
+    profiles differ."""
+    base = ("predict", "--model", "gpt2-tiny", "--pp", "2")
+    d = _cells(run_cli_here(*base).stdout)
+    c = _cells(run_cli_here(*base, "--profile", "traces/cpu-2core.json").stdout)
+    assert "V100" in d["gpu"] and "profile" in d["gpu"], d
+    assert "cpu" in c["gpu"].lower() and "EPYC" in c["gpu"], c
+    assert c["profile"].endswith("cpu-2core.json"), c
+    import perfsim
+    s = perfsim.predict(model="gpt2-tiny", pp=2, profile="traces/cpu-2core.json").summary
+    assert s["gpu"] == "" and "EPYC" in s["profile_device"]   # the JSON says it too
