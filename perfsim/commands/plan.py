@@ -22,6 +22,7 @@ import sys
 from perfsim import outputs, params
 from perfsim.commands import input_paths, note_unused
 from perfsim.emit import EMIT_KINDS, check_emit, emit
+from perfsim.errors import ConfigError
 from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
 
@@ -152,6 +153,8 @@ def run(args) -> int:
     _check_outputs(args)
     given = {k: v for k, v in params.from_args(args).items() if v is not None and k not in _OWN}
     model = given.pop("model", "gpt2-xl")
+    if args.emit_run and args.emit not in (None, "perfsim"):  # one winner's command: which one?
+        raise ConfigError(f"--emit-run (= --emit perfsim) contradicts --emit {args.emit}; give one")
     kind = args.emit or ("perfsim" if args.emit_run else None)
     if kind == "perfsim":
         check_emit(model)
