@@ -386,7 +386,9 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     ``intra_node_bandwidth`` beside an ``intra_node_fabric`` (the preset's rate); with
     ``explicit`` (the caller set them itself, not a planner's candidate) also
     ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
-    without ZeRO-3, data-parallel gradient settings with dp 1, pipeline compression with pp 1,
+    without ZeRO-3, data-parallel gradient settings and ZeRO with dp 1, pipeline compression with pp 1,
+    ``attention`` and ``kernels`` where the profile's layer times price the compute (no operator
+    model runs kernels: ``compute_model`` "profile..."),
     ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
     ``grad_accumulation`` where no GPU operator model prices the compute (``operator_model`` False:
     no GPU preset or not a transformer; its layer times come from a profile or FLOPs)."""
@@ -416,6 +418,14 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
             if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):
                 shown = strategy.grad_compress.text if name == "grad_compress" else value(name)
                 notes.append(f"{name} {shown}{UNUSED}dp 1 has no data-parallel gradient sync")
+        if "zero" in given and strategy.zero and strategy.offload == "none":  # ZeRO-Offload needs its stage
+            notes.append(f"zero {strategy.zero}{UNUSED}dp 1 has no replicas to shard over")
+    if str(summary.get("compute_model", "")).startswith("profile"):  # no operator model ran any kernel
+        for name in ("attention", "kernels"):
+            if name in given:
+                notes.append(f"{name} {value(name)}{UNUSED}the profile's measured layer times price the compute"
+                             + (" (the activation memory follows it)" if name == "attention" else "")
+                             + "; --gpu prices it with a GPU's operator model")
     if "compress" in given and strategy.pp == 1 and strategy.compress.text != "fp32":
         notes.append(f"compress {strategy.compress.text}{UNUSED}pp 1 has no pipeline boundary")
     if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
