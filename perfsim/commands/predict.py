@@ -135,4 +135,19 @@ def _warn_memory(results) -> None:
     for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
         if note:
             log.warning("warning: %s", note)
+    for note in dict.fromkeys(_tp_across_nodes(r.summary) for r in results):
+        if note:
+            log.warning("note: %s", note)
     note_unused([r.summary for r in results])
+
+
+def _tp_across_nodes(s: dict) -> str | None:
+    """A tensor-parallel group wider than a node (``--gpu h100 --tp 8`` with the default
+    ``--gpus-per-node 1``): its collectives cross the inter-node network, as predicted -- said,
+    since Megatron-LM keeps TP inside a node (arXiv:2104.04473 Sec. 3.3)."""
+    tp, per_node = int(s.get("tp") or 1), int(s.get("gpus_per_node") or 1)
+    if tp <= per_node:
+        return None
+    return (f"tp {tp} spans {-(-tp // per_node)} nodes of {per_node} GPU{'s' * (per_node > 1)} (--gpus-per-node "
+            f"{per_node}): every tensor-parallel collective crosses the inter-node network; GPUs of one "
+            f"node: --gpus-per-node {tp}")
