@@ -117,3 +117,16 @@ def test_a_tp_group_wider_than_a_node_is_said():
     assert "inter-node network" in notes[0]
     r = run_cli_here(*base, "--gpus-per-node", "8", "--format", "csv")
     assert r.returncode == 0 and "tp 8" not in r.stderr, r.stderr
+
+
+def test_a_gpu_profile_without_records_names_its_gpu():
+    """`perfsim predict --profile traces/gpu-h200.json` (an H200's operator rates, no layer
+    records): "no compute time for layer 'embed' (profile has neither a record nor an effective
+    FLOP rate)" -- true, and no way forward. The error now names the profile's GPU flag, and
+    that hint predicts."""
+    r = run_cli_here("predict", "--profile", "traces/gpu-h200.json", "--format", "csv")
+    assert_user_error(r.returncode, r.stderr, "--gpu h200-sxm-141gb")
+    hint = r.stderr.split("give ")[-1].split(" (")[0].split()
+    assert hint[0] == "--gpu", r.stderr
+    r = run_cli_here("predict", "--profile", "traces/gpu-h200.json", *hint, "--format", "csv")
+    assert r.returncode == 0, r.stderr
