@@ -17,6 +17,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from perfsim import outputs, params
@@ -25,6 +26,8 @@ from perfsim.emit import EMIT_KINDS, check_emit, emit
 from perfsim.errors import ConfigError
 from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
+
+log = logging.getLogger(__name__)
 
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
 
@@ -176,6 +179,8 @@ def run(args) -> int:
     else:
         text = _table(result)
     outputs.emit(args.output, text)
+    if args.output:
+        log.info("wrote %s (%d configuration%s)", args.output, len(result.ranked), "s" * (len(result.ranked) != 1))
     note_unused([result.ranked[0].summary])  # the winner's: e.g. a --bandwidth beside --nic
     if args.plot:
         _plot(result, args.plot)

@@ -130,3 +130,17 @@ def test_a_gpu_profile_without_records_names_its_gpu():
     assert hint[0] == "--gpu", r.stderr
     r = run_cli_here("predict", "--profile", "traces/gpu-h200.json", *hint, "--format", "csv")
     assert r.returncode == 0, r.stderr
+
+
+def test_memory_and_plan_say_where_they_wrote(tmp_path):
+    """`perfsim memory ... -o m.txt` and `perfsim plan ... -o p.csv` exited 0 printing nothing,
+    where predict and sweep say "wrote FILE": a user could not tell a written file from a
+    silent no-op (or a typo'd path). Both say it on stderr now (-q silences it)."""
+    m, p = tmp_path / "m.txt", tmp_path / "p.csv"
+    r = run_cli_here("memory", "--model", "gpt2-tiny", "--pp", "2", "-o", str(m))
+    assert r.returncode == 0 and f"wrote {m}" in r.stderr and m.exists(), r.stderr
+    r = run_cli_here("plan", "--model", "gpt2-tiny", "--profile", "traces/cpu-2core.json", "--no-progress",
+                     "-o", str(p))
+    assert r.returncode == 0 and f"wrote {p}" in r.stderr and p.exists(), r.stderr
+    r = run_cli_here("memory", "--model", "gpt2-tiny", "--pp", "2", "-o", str(m), "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
