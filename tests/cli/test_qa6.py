@@ -144,3 +144,18 @@ def test_memory_and_plan_say_where_they_wrote(tmp_path):
     assert r.returncode == 0 and f"wrote {p}" in r.stderr and p.exists(), r.stderr
     r = run_cli_here("memory", "--model", "gpt2-tiny", "--pp", "2", "-o", str(m), "-q")
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_network_flags_of_a_job_inside_one_node_are_said_unused():
+    """`perfsim predict --gpus-per-node 8 --bandwidth 100Mbps` (the 8 stages in one node) priced
+    7.03 s whatever the bandwidth, without a word: nothing crosses the network. Said on stderr
+    as the other settings without effect are; nothing is said where traffic leaves the node."""
+    for argv in (["--gpus-per-node", "8", "--bandwidth", "100Mbps", "--latency", "5ms"],
+                 ["--model", "gpt2-tiny", "--pp", "1", "--bandwidth", "100Mbps"]):
+        r = run_cli_here("predict", *argv, "--format", "csv")
+        assert r.returncode == 0, r.stderr
+        notes = [n for n in r.stderr.splitlines() if n.startswith("note: bandwidth 100Mbps unused")]
+        assert len(notes) == 1 and "one node" in notes[0], r.stderr
+        assert ("note: latency 5ms unused" in r.stderr) == ("--latency" in argv), r.stderr
+    r = run_cli_here("predict", "--gpus-per-node", "4", "--bandwidth", "100Mbps", "--format", "csv")
+    assert r.returncode == 0 and "unused" not in r.stderr, r.stderr
