@@ -23,6 +23,7 @@ import errno
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -91,12 +92,26 @@ class _OneLineParser(argparse.ArgumentParser):
         self.register("action", argparse.BooleanOptionalAction, _SwitchOnce)
 
     def parse_known_args(self, args=None, namespace=None):  # noqa: D102 - argparse API
+        self._arg_strings = list(sys.argv[1:] if args is None else args)  # for error()'s hint
         namespace, extra = super().parse_known_args(args, namespace)
         vars(namespace).pop(_GIVEN, None)  # bookkeeping, not a flag
         return namespace, extra
 
     def error(self, message: str):  # noqa: D102 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_hint(message)}\n")
+
+    def _dash_hint(self, message: str) -> str:
+        """argparse reads a value that starts with '-' (``--latency -1ms``) as a flag and says
+        "expected one argument": the way to give it, ``--latency=-1ms``."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        given = getattr(self, "_arg_strings", [])
+        for option in m.group(1).split("/") if m else ():
+            at = [i for i, a in enumerate(given[:-1]) if a == option and given[i + 1].startswith("-")
+                  and given[i + 1].split("=")[0] not in self._option_string_actions]  # not a flag of ours
+            if at:
+                value = given[at[0] + 1]
+                return f" ({value!r} starts with '-', read as a flag: write {option}={value})"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -159,3 +159,21 @@ def test_network_flags_of_a_job_inside_one_node_are_said_unused():
         assert ("note: latency 5ms unused" in r.stderr) == ("--latency" in argv), r.stderr
     r = run_cli_here("predict", "--gpus-per-node", "4", "--bandwidth", "100Mbps", "--format", "csv")
     assert r.returncode == 0 and "unused" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["predict", "--latency", "-1ms"], "--latency"),
+    (["predict", "--host-overhead", "-1us"], "--host-overhead"),
+    (["compressors", "--shape", "-1,4"], "--shape"),
+])
+def test_a_value_that_starts_with_a_dash_gets_the_way_to_write_it(argv, flag):
+    """`--latency -1ms` answered "argument --latency: expected one argument" (argparse reads
+    -1ms as a flag): the user gave one. The error now says how to give it, and that form
+    reaches the value's own check."""
+    r = run_cli_here(*argv)
+    assert_user_error(r.returncode, r.stderr, flag)
+    hint = f"{flag}={argv[-1]}"
+    assert hint in r.stderr, r.stderr
+    r = run_cli_here(argv[0], hint)
+    assert_user_error(r.returncode, r.stderr, flag)
+    assert "expected one argument" not in r.stderr
