@@ -97,9 +97,11 @@ def render(results, file=None, width: int | None = None, color: bool = True,
         # setting given that no row shows (labels: --zero, --seq-len, --profile ...)
         single_cols = cfg_cols + [("gpu", "gpu", lambda g: g or f"{s.get('profile_device') or 'unknown'} (profile)"),
                                   ("precision", "precision", str), ("tp", "tp", str)]
-        drawn = {key for _, key, _ in single_cols}
+        drawn = {key for _, key, _ in single_cols} | {"topology"}  # the topology: in the bandwidth row
         given = [(k, _label(k, v)) for k, v in (labels or [{}])[0].items() if k not in drawn]
-        cfg = [(n, "topology " + s["topology"] if key == "bandwidth_bps" and s.get("topology") else _cell(s, key, fmt))
+        topology = {"bandwidth_bps": f"topology {s.get('topology')}",  # its links, not one rate and latency:
+                    "latency_s": f"topology's, up to {format_time(s['latency_s'])}"}  # the summary's are its extremes
+        cfg = [(n, topology[key] if key in topology and s.get("topology") else _cell(s, key, fmt))
                for n, key, fmt in single_cols] + given
         figs = [(n, f(s)) for n, f in fig_cols]
         for (a, b), (c, d) in zip(cfg, figs + [("", "")] * (len(cfg) - len(figs))):
