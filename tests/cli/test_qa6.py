@@ -186,3 +186,23 @@ def test_a_topologys_table_does_not_state_its_largest_latency_as_the_jobs():
     c = _cells(run_cli_here("predict", "--model", "gpt2-tiny", "--pp", "3", "--topology", "example-geo").stdout)
     assert c["bandwidth"] == "topology example-geo" and c["latency"] == "topology's, up to 40ms", c
     assert "topology" not in c, c
+
+
+def test_every_file_a_help_example_names_is_shipped():
+    """`perfsim plot --help` showed `perfsim plot traces/validation/cpu.csv --kind validation`:
+    no such file (the grids' tables are traces/validation/<grid>/validation.csv), so a newcomer's
+    first copy of the example failed. Every repository path in every command's examples exists."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    from perfsim.cli import COMMANDS
+
+    root = Path(__file__).resolve().parents[2]
+    for name in COMMANDS:
+        module = importlib.import_module(f"perfsim.commands.{name}")
+        text = (getattr(module, "EXAMPLES", None) or "") + (module.__doc__ or "")
+        # an output (after -o / --out / --output) and the profile the calibrate example writes are the user's
+        outputs = set(re.findall(r"(?:-o|--out|--output) (\S+)", text)) | {"traces/mybox.json"}
+        for path in re.findall(r"(?<![\w/])((?:traces|tests|perfsim/data)/[\w./-]+\.\w+)", text):
+            assert path in outputs or (root / path).exists(), f"perfsim {name}: example names {path}, not shipped"
