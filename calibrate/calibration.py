@@ -202,11 +202,12 @@ def probe_flops(device: str = "cpu", n: int = 768) -> float:
 
 
 def _items(value: str | Sequence[Any] | None) -> list[Any]:
-    """A comma string or a sequence as a list, ``none`` entries dropped."""
+    """A comma string or a sequence as a list, ``none`` entries dropped, a repeated entry kept
+    once (``--model gpt2-tiny,gpt2-tiny`` measured it twice), as predict's comma lists run it."""
     from perfsim.units import split_list
 
     parts = split_list(value) if isinstance(value, str) else list(value or ())
-    return [p for p in parts if str(p).lower() != "none"]
+    return list(dict.fromkeys(p for p in parts if str(p).lower() != "none"))
 
 
 def _names(value: str | Sequence[Any] | None) -> list[str]:

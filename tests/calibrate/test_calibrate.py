@@ -527,3 +527,15 @@ def test_an_existing_profile_is_not_replaced_without_overwrite(tmp_path):
     r = run_cli_here("calibrate", "--output", str(out), "--overwrite", *nothing)
     assert r.returncode == 0, r.stderr
     assert Profile.load(out).metadata["calibration"]["command"].startswith("perfsim calibrate")
+
+
+def test_a_value_repeated_in_a_list_is_measured_once():
+    """`perfsim calibrate --model gpt2-tiny,gpt2-tiny --micro-batch 4,4` measured the model twice
+    (2 x 54 points at mb 4, 4: duplicate records, twice the minutes); predict's comma lists run
+    a repeated value once, and so does calibrate now."""
+    from perfsim.calibrate.calibration import plan_calibration
+
+    twice = plan_calibration(model="gpt2-tiny,gpt2-tiny", micro_batch="4,4", stages="1,1", quick=True)
+    once = plan_calibration(model="gpt2-tiny", micro_batch="4", stages="1", quick=True)
+    assert [c.model for c in twice.compute] == ["gpt2-tiny"]
+    assert twice.compute[0].micro_batches == (4,) and twice.stages() == once.stages()
