@@ -27,6 +27,12 @@ MIXED_PRECISIONS = ("bf16", "fp16", "fp8")
 BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 
 
+#: how a GEMM's tiles fill the GPU (``Curve.gemm_quantization``): ``off`` -- the curve's smooth
+#: size factor only; ``waves`` -- also tile and wave quantization over the GPU's SMs
+#: (:mod:`perfsim.engine.gemm_waves`)
+GEMM_QUANTIZATION = ("off", "waves")
+
+
 def value_precision(precision: str) -> str:
     """The precision of the values outside the GEMMs: ``bf16`` under ``fp8`` (Transformer
     Engine keeps norms, softmax, attention, the LM head and all tensors between
@@ -80,6 +86,10 @@ class Curve:
     flash_bwd_knee_d: float = 0.0
     #: the GPU preset whose measurements fitted the device side ("": none of the presets)
     fitted_on: str = ""
+    #: :data:`GEMM_QUANTIZATION`: ``waves`` prices every GEMM as output tiles run in waves over
+    #: the GPU's SMs (``GPU.sms``, ``GPU.l2_Bps``; :func:`perfsim.engine.gemm_waves.quantized_seconds`)
+    #: on top of the smooth factor ``g``; ``off`` (every fitted curve): ``g`` only
+    gemm_quantization: str = "off"
 
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
@@ -89,6 +99,9 @@ class Curve:
                 and min(self.flash_knee_s, self.flash_knee_d, self.flash_bwd_knee_s, self.flash_bwd_knee_d) >= 0):
             raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff, lm_head_eff in (0, 1], "
                               f"flash efficiencies in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
+        if self.gemm_quantization not in GEMM_QUANTIZATION:
+            raise ConfigError(f"curve gemm_quantization={self.gemm_quantization!r}: choose from "
+                              f"{', '.join(GEMM_QUANTIZATION)}")
 
 
 
@@ -139,6 +152,10 @@ _H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023), https://resources.nvidia.
 _H200 = "NVIDIA H200 Tensor Core GPU datasheet (2024), https://nvdam.widen.net/s/nb5zzzsjdf/hpc-datasheet-sc23-h200-datasheet-3002446"
 _L4 = "NVIDIA L4 Tensor Core GPU datasheet (2023), https://resources.nvidia.com/en-us-data-center-overview/l4-gpu-datasheet"
 _ADA = "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A, Table 9 (GeForce RTX 4090; FP32 accumulate), https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf"
+#: SM count and L2 bandwidth of the GA100 as the A100 ships it (all four A100 presets: the same chip,
+#: 1410 MHz boost): "108 SMs", "L2 cache read bandwidth ... 5120 Bytes/clk" (NVIDIA A100 Tensor Core
+#: GPU Architecture whitepaper v1.0, 2020, Table 1 and "A100 L2 Cache"): 5120 B x 1.41 GHz
+_GA100_SMS = dict(sms=108, l2_Bps=5120 * 1.41e9)
 _MI300X = "AMD Instinct MI300X accelerator datasheet (2023), https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
 
 T, G = 1e12, 1e9
@@ -168,8 +185,16 @@ class GPU:
     #: NCCL's P2P transport); GeForce cards have none -- "GeForce cards don't support GPU Direct P2P"
     #: (S. Jeaugey, NVIDIA/nccl#1309) -- so NCCL goes through host memory (SHM, perfsim.fabrics.HostPath)
     p2p: bool = True
+    #: streaming multiprocessors a GEMM's output tiles are spread over (0: not given; then
+    #: ``gemm_quantization="waves"`` is refused for it)
+    sms: int = 0
+    #: L2 cache read bandwidth, bytes/s: what feeds the SMs' tiles their operands
+    #: (:mod:`perfsim.engine.gemm_waves`; 0: not given)
+    l2_Bps: float = 0.0
 
     def __post_init__(self):
+        if self.sms < 0 or self.l2_Bps < 0:
+            raise ConfigError(f"{self.name}: sms and l2_Bps must be >= 0")
         if not self.peak_flops or any(p not in PRECISIONS or v <= 0 for p, v in self.peak_flops.items()):
             raise ConfigError(f"{self.name}.peak_flops: positive rates for {', '.join(PRECISIONS)} only")
         if self.memory_bandwidth_Bps <= 0 or self.memory_bytes <= 0:
@@ -183,10 +208,11 @@ class GPU:
         return self.peak_flops[precision]
 
 
-def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None, curve=A100_CURVE, p2p=True):
+def _gpu(name, fp32, tf32, bf16, fp16, bw, mem, src, family, fp8=None, curve=A100_CURVE, p2p=True, sms=0,
+         l2_Bps=0.0):
     rates = {k: v for k, v in (("fp32", fp32), ("tf32", tf32), ("bf16", bf16), ("fp16", fp16), ("fp8", fp8))
              if v}
-    return GPU(name, rates, bw, mem, src, family, curve, p2p)
+    return GPU(name, rates, bw, mem, src, family, curve, p2p, sms, l2_Bps)
 
 
 GPUS: dict[str, GPU] = {g.name: g for g in (
@@ -194,10 +220,10 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("v100-sxm2-32gb", 15.7 * T, None, None, 125 * T, 900 * G, 32 * 2**30, _V100, "volta"),
     _gpu("v100-pcie-16gb", 14 * T, None, None, 112 * T, 900 * G, 16 * 2**30, _V100, "volta"),
     _gpu("v100-pcie-32gb", 14 * T, None, None, 112 * T, 900 * G, 32 * 2**30, _V100, "volta"),
-    _gpu("a100-sxm4-40gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1555 * G, 40 * 2**30, _A100, "ampere"),
-    _gpu("a100-sxm4-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 2039 * G, 80 * 2**30, _A100, "ampere"),
-    _gpu("a100-pcie-40gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1555 * G, 40 * 2**30, _A100, "ampere"),
-    _gpu("a100-pcie-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1935 * G, 80 * 2**30, _A100, "ampere"),
+    _gpu("a100-sxm4-40gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1555 * G, 40 * 2**30, _A100, "ampere", **_GA100_SMS),
+    _gpu("a100-sxm4-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 2039 * G, 80 * 2**30, _A100, "ampere", **_GA100_SMS),
+    _gpu("a100-pcie-40gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1555 * G, 40 * 2**30, _A100, "ampere", **_GA100_SMS),
+    _gpu("a100-pcie-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1935 * G, 80 * 2**30, _A100, "ampere", **_GA100_SMS),
     # fp8: the datasheets' "FP8 Tensor Core" figures are with sparsity (3,958 / 3,026 TFLOPS): halved
     _gpu("h100-sxm5-80gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 3350 * G, 80 * 2**30, _H100, "hopper",
          fp8=1978.9 * T, curve=H100_CURVE),
@@ -286,6 +312,8 @@ def curve_for(gpu: GPU, host_overhead_s: float | None = None) -> tuple[Curve, st
     else:
         source = (f"roofline x efficiency curve of {on} (nearest calibrated GPU) "
                   f"applied to {gpu.name}'s datasheet peaks (assumption: not calibrated on {gpu.name})")
+    if curve.gemm_quantization != "off":
+        source += f"; GEMM tile and wave quantization over {gpu.sms} SMs (gemm_quantization={curve.gemm_quantization})"
     if host_overhead_s is None:
         return curve, source
     return (replace(curve, kernel_s=host_overhead_s),

@@ -44,6 +44,9 @@ the validation error is also printed by micro-batch count ``m`` (global batch / 
 perfsim.models.ops.GradAccumulation: ``fused``, the default, ``main-grad`` or ``autograd`` --
 how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation per
 micro-batch"), in the fit and in the evaluation.
+``--gemm-quantization waves`` prices every GEMM with the A100 curve's ``gemm_quantization =
+waves`` (GEMM tile and wave quantization over the A100's 108 SMs, perfsim.engine.gemm_waves), in
+the fit and in the evaluation.
 """
 
 from __future__ import annotations
@@ -104,6 +107,9 @@ STRAGGLER_CV = 0.0
 JITTER_CV = 0.0
 #: ``grad_accumulation`` every row is predicted with (``--grad-accumulation``; params.PARAMS's default)
 GRAD_ACCUMULATION = "fused"
+#: the A100 curve's ``gemm_quantization`` in the fit and the evaluation (``--gemm-quantization``;
+#: the code's curve's when None)
+GEMM_QUANTIZATION: str | None = None
 
 
 def predict_row(row: dict) -> float:
@@ -197,8 +203,24 @@ def set_curve(x) -> None:
     from perfsim.hardware import GPUS
 
     values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIELDS, x)}
+    if GEMM_QUANTIZATION is not None:
+        values["gemm_quantization"] = GEMM_QUANTIZATION
     gpu = GPUS[A100]
     GPUS[A100] = replace(gpu, curve=replace(gpu.curve, **values, source="fitting"))
+
+
+def set_gemm_quantization(mode: str) -> None:
+    """Make the a100-sxm4-80gb preset's curve price GEMMs with ``gemm_quantization = mode``
+    (perfsim.hardware.GEMM_QUANTIZATION), its fitted fields unchanged; every later
+    :func:`set_curve` keeps it."""
+    from dataclasses import replace
+
+    from perfsim.hardware import GPUS
+
+    global GEMM_QUANTIZATION
+    gpu = GPUS[A100]
+    GPUS[A100] = replace(gpu, curve=replace(gpu.curve, gemm_quantization=mode))  # Curve checks mode
+    GEMM_QUANTIZATION = mode
 
 
 def fit_bounds() -> list[tuple[float, float]]:
@@ -223,6 +245,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grad-accumulation", default="fused", metavar="M",
                     help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
                          "main-grad or autograd")
+    ap.add_argument("--gemm-quantization", default=None, metavar="Q",
+                    help="price every GEMM with the A100 curve's gemm_quantization Q (fit and evaluation): "
+                         "off or waves (default: the code's curve's)")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
                                     "(default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
@@ -241,9 +266,11 @@ def main(argv=None) -> int:
 
     rows = load_rows(path)
     try:
+        if args.gemm_quantization is not None:
+            set_gemm_quantization(args.gemm_quantization)
         predict_row(rows[0])  # System checks straggler_cv's and jitter_cv's ranges, Strategy grad_accumulation's
     except ConfigError as exc:
-        print(f"--straggler-cv / --jitter-cv / --grad-accumulation: {exc}", file=sys.stderr)
+        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --gemm-quantization: {exc}", file=sys.stderr)
         return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
     print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
@@ -282,7 +309,8 @@ def main(argv=None) -> int:
           f"held out {mape(legacy_held)[0]:.2f} %")
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
-    switches = f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}"
+    switches = (f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}, "
+                f"gemm_quantization {GPUS[A100].curve.gemm_quantization}")
     print(f"validation by GPU count ({switches}): {by_gpus(by['validation'])}")
     print(f"validation by micro-batch count ({switches}): {by_microbatches(by['validation'])}")
     if args.held_out:

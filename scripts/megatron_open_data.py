@@ -25,6 +25,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
     python scripts/megatron_open_data.py --exact-kernels --refit  # refit the A100 curve with them first (~5-10 min)
     python scripts/megatron_open_data.py --exact-items            # each exact item alone, on the p = 1 rows
+    python scripts/megatron_open_data.py --gemm-quantization waves   # GEMM tile and wave quantization on
 
 ``--candidates`` switches on, one at a time, each mechanism proposed for the rows being too
 fast (:data:`CANDIDATES`: every value from its cited source, none fitted to these rows) and
@@ -285,14 +286,16 @@ def calibrate_module():
     return cal
 
 
-def refit(exact: bool = False, every: int = 2, iters: int = 150) -> int:
+def refit(exact: bool = False, every: int = 2, iters: int = 150, gemm_quantization: str | None = None) -> int:
     """Refit the A100 curve as ``python scripts/calibrate_a100.py --every 2 --iters 150`` does (bounded
     Nelder-Mead on the calibration configurations, from the curve in the code; its validation
     split printed, never the held-out one), every block priced by :func:`exact_kernels` where
     ``exact``. The fitted curve stays on the ``a100-sxm4-80gb`` preset for this process (that
-    script's ``set_curve``), so what is predicted next uses it. Its exit status."""
+    script's ``set_curve``), so what is predicted next uses it; ``gemm_quantization``: fitted with
+    that script's ``--gemm-quantization``. Its exit status."""
+    flags = [] if gemm_quantization is None else ["--gemm-quantization", gemm_quantization]
     with exact_kernels() if exact else contextlib.nullcontext():
-        return calibrate_module().main(["--every", str(every), "--iters", str(iters)])
+        return calibrate_module().main(["--every", str(every), "--iters", str(iters), *flags])
 
 
 def single_node_effect(extra: dict, every: int = 1, exact: bool = False) -> list[tuple[str, int, float, float]]:
@@ -360,6 +363,9 @@ def main(argv=None) -> int:
     ap.add_argument("--refit", action="store_true",
                     help="first refit the A100 curve on the single-node calibration configurations with the "
                          "same kernels (refit: calibrate_a100.py --every 2 --iters 150), then predict with it")
+    ap.add_argument("--gemm-quantization", default=None, metavar="Q",
+                    help="price the A100's GEMMs with its curve's gemm_quantization Q: off or waves (GEMM tile "
+                         "and wave quantization, perfsim.engine.gemm_waves; with --refit: fitted with it too)")
     ap.add_argument("--single-node", action="store_true",
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
@@ -372,6 +378,10 @@ def main(argv=None) -> int:
     except ValueError:
         print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
         return 2
+    if args.single_node and args.gemm_quantization is not None:
+        print("megatron_open_data: --single-node with --gemm-quantization: use scripts/calibrate_a100.py --check "
+              "--gemm-quantization Q", file=sys.stderr)
+        return 2
     if args.single_node:
         res = single_node_effect(extra, exact=args.exact_kernels)
         if not res:
@@ -383,8 +393,14 @@ def main(argv=None) -> int:
         return 0
     from perfsim.errors import ConfigError
 
+    if args.gemm_quantization is not None:
+        try:
+            calibrate_module().set_gemm_quantization(args.gemm_quantization)  # the data's a100-sxm4-80gb
+        except ConfigError as exc:
+            print(f"megatron_open_data: --gemm-quantization: {exc}", file=sys.stderr)
+            return 2
     if args.refit:
-        status = refit(args.exact_kernels)
+        status = refit(args.exact_kernels, gemm_quantization=args.gemm_quantization)
         if status:
             return status
     doc, rows = load()
@@ -408,7 +424,8 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
         what = ("assumed: micro-batch 1, 1f1b, local DDP" if args.assumed else
                 "as stated (examples/sc21/run_table_1.sh)") + \
             (", every kernel with its exact bytes" if args.exact_kernels else "") + \
-            (", the A100 curve refitted with them" if args.refit else "") + "".join(
+            (", the A100 curve refitted with them" if args.refit else "") + \
+            (f", gemm_quantization {args.gemm_quantization}" if args.gemm_quantization else "") + "".join(
             f", {k} {v} for every row" for k, v in (("micro-batch", mb), ("schedule", args.schedule),
                                                     ("DDP", args.ddp)) if v is not None)
         print(f"\n{what}" + (f", {extra}" if extra else ""))

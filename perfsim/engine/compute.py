@@ -14,6 +14,11 @@ Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates)
   output or output gradient in all three of its GEMMs) is not a multiple of 16 bytes
   (NVIDIA Deep Learning Performance Guide, "Matrix Multiplication Background":
   tensor cores want 16-byte-aligned leading dimensions; e.g. an unpadded vocabulary);
+  With the curve's ``gemm_quantization="waves"`` the compute term is the GEMM's output tiles
+  run in waves over the GPU's SMs (:func:`perfsim.engine.gemm_waves.quantized_seconds`: tile and
+  wave quantization, the k loop's prologue and epilogue, the least-time tile of cuBLAS's set;
+  same guide) divided by ``g`` and the two shares, and a backward prices its two GEMMs'
+  own shapes (:func:`gemm_backward_time`);
 * memory-bound op: ``max(bytes / (bw * mem_eff), kernel_s)``.
 
 ``kernel_s`` is the host's time to issue one operator (framework, autograd,
@@ -35,7 +40,7 @@ dimension (:func:`flash_time`), fitted on an H200's fused-attention kernel times
 
 Backward: each GEMM becomes two (input gradient and weight gradient) of the same
 dimensions permuted, so twice the forward time under this curve (``g`` is
-symmetric in m, n, k); memory-bound ops move twice their bytes, unless an op
+symmetric in m, n, k; under ``waves`` each priced as it tiles); memory-bound ops move twice their bytes, unless an op
 states its backward (``Op.bwd_bytes``: the loss's passes, the gradient accumulations). Recomputation adds
 the forward (``full``) or the attention core (``selective``, Korthikanti et al. Sec. 5)
 to the backward.
@@ -51,6 +56,7 @@ from __future__ import annotations
 
 import math
 import re
+from perfsim.engine.gemm_waves import quantized_seconds
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
 from perfsim.job import OPTIMIZERS
@@ -147,14 +153,33 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
         return max(op.bytes / rates.memory_rate(op.bytes), curve.kernel_s)
     bw = gpu.memory_bandwidth_Bps * curve.mem_eff
     if op.m:
-        g = (curve.misaligned_eff if misaligned(op, bpv) else 1.0) * (curve.lm_head_eff if op.lm_head else 1.0)
-        for x in (op.m * op.batch, op.n, op.k):
-            g *= x / (x + curve.knee)
-        gemm = precision if op.name in FP8_GEMMS else value_precision(precision)
-        compute = op.flops / (gpu.peak(gemm) * curve.eff_max * g)
-        moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
-        return max(compute, moved / bw, curve.kernel_s)
+        return _gemm_time(op, (op.m, op.n, op.k), gpu, precision, curve, bpv)
     return max(op.bytes / bw, curve.kernel_s)
+
+
+def _gemm_time(op: Op, dims: tuple[int, int, int], gpu: GPU, precision: str, curve: Curve, bpv: int) -> float:
+    """Seconds of GEMM ``op`` run as ``dims`` (its own ``(m, n, k)``, or a backward GEMM's
+    permutation: :func:`gemm_backward_time`); the smooth factor ``g``, the alignment and the
+    LM head's share are the op's, whichever GEMM of its three runs."""
+    g = (curve.misaligned_eff if misaligned(op, bpv) else 1.0) * (curve.lm_head_eff if op.lm_head else 1.0)
+    for x in (op.m * op.batch, op.n, op.k):
+        g *= x / (x + curve.knee)
+    gemm = precision if op.name in FP8_GEMMS else value_precision(precision)
+    rate = gpu.peak(gemm) * curve.eff_max
+    if curve.gemm_quantization == "waves":
+        compute = quantized_seconds(*dims, op.batch, gpu, rate, bpv) / g
+    else:
+        compute = op.flops / (rate * g)
+    moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
+    return max(compute, moved / (gpu.memory_bandwidth_Bps * curve.mem_eff), curve.kernel_s)
+
+
+def gemm_backward_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int) -> float:
+    """Seconds of a GEMM op's backward, its two GEMMs: for ``C[m, n] = A[m, k] B[k, n]`` the
+    input gradient ``dA = dC B^T`` (``m x k``, inner ``n``) and the weight gradient ``dB = A^T dC``
+    (``k x n``, inner ``m``). Under ``gemm_quantization="off"`` both cost the forward's time
+    (``g`` is symmetric); under ``waves`` each has its own tiles and waves."""
+    return sum(_gemm_time(op, dims, gpu, precision, curve, bpv) for dims in ((op.m, op.k, op.n), (op.k, op.n, op.m)))
 
 
 def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRates | None = None,
@@ -219,12 +244,16 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     if eager:
         check_eager(spec, precision, kernels)
 
+    # tiles and waves are not symmetric in (m, n, k): the backward's GEMMs priced as they run
+    permuted = curve.gemm_quantization == "waves" and rates is None
+
     def fwd_bwd(ops, recomputable: bool):
         t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
         fwd = sum(t)
         # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
         bwd = sum(flash_time(op, gpu, precision, curve, rates, backward=True) if op.flash else
-                  2 * x if op.bwd_bytes is None else
+                  gemm_backward_time(op, gpu, precision, curve, bpv) if permuted and op.m and op.bwd_bytes is None
+                  else 2 * x if op.bwd_bytes is None else
                   op_time(Op(op.name, bytes=op.bwd_bytes), gpu, precision, curve, bpv, rates)
                   if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
         if recomputable and recompute == "full":

@@ -376,7 +376,7 @@ def _grads_synced(table, d: int, pipe_end, sync_done):
 def _tied_sync(plan, network, reps, place, pipe_end, sync_done, flows, rid, algo_log, dp_links,
                stream_flows) -> dict:
     """Each replica's all-reduce of the tied embedding's gradient between the devices
-    of the first and the last stage (:meth:`perfsim.engine.sim.Simulation.tied_sync`):
+    of the first and the last stage (:func:`perfsim.engine.gradient_sync.tied_sync`):
     it starts when both have synced their buckets and runs uncontended at its
     members' link and NIC rates. Returns ``devices``, and per replica its ``end`` and
     ``duration``; its NIC flows join ``stream_flows`` for the premise check."""

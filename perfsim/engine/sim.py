@@ -5,7 +5,8 @@ parallelism a group of ``tp`` GPUs, represented by its tensor rank 0, whose GPU
 index the plan's placement gives) is one SimPy process that walks its row of the
 schedule table with explicit communication (:func:`perfsim.schedules.with_comms`,
 never re-derived; a device may run several stages, model chunks, and a zero-bubble
-backward is ``I`` then a later ``W``, :attr:`StagePlan.wgrad_s`). ``kRECV_Fmb``
+backward is ``I`` then a later ``W``, :attr:`StagePlan.wgrad_s`), every cost resolved
+once into its program (:mod:`perfsim.engine.programs`). ``kRECV_Fmb``
 posts and waits for stage ``k``'s input activation, ``kSEND_Fmb`` sends stage
 ``k``'s output; ``RECV_B``/``SEND_B`` likewise for gradients:
 
@@ -19,16 +20,16 @@ The network is a :class:`perfsim.network.backend.NetworkBackend` (the flow model
 another): the engine hands it each message (``send``; the receiver's ``post_receive``
 when it reaches the action that waits for it) and each collective (``collective``
 prices it, ``run_collective`` runs it), and is told when bytes start, leave and arrive;
-how they share NICs, token buckets and rendezvous are the backend's.
+how they share NICs, token buckets and rendezvous are the backend's. The engine's side
+of a message (the backend's handler; Megatron-LM's blocking exchanges) is
+:mod:`perfsim.engine.messages`.
 
 Data parallelism: during the stage's last backward (when its gradients are
 complete), buckets become ready layer by layer from the back; each bucket's
 collectives (the grad compressor's ``dp_plan``) run in order on one
-communication stream, overlapping the rest of the backward; each collective's
-algorithm and phases come from the backend's ``collective``. The
-optimizer step follows the last bucket -- and, with a tied LM head synced Megatron's
-way (``Plan.tied_sync_bytes``), the all-reduce of the embedding gradient between
-the devices of the first and the last stage, once both have synced their buckets.
+communication stream, overlapping the rest of the backward
+(:mod:`perfsim.engine.gradient_sync`, with the tied embedding's all-reduce); every
+collective runs through :meth:`Simulation.run_collective`.
 
 Interference: while a device has a transfer running, its compute advances at
 ``1 / (1 + slowdown)`` (``System.comm_slowdown`` or the profile's measured
@@ -61,20 +62,17 @@ from heapq import heappush
 import simpy
 from simpy.events import NORMAL, Event
 
-from perfsim.compression.base import ALLREDUCE
+from perfsim.engine.gradient_sync import stage_sync, tied_sync
 from perfsim.engine.lanes import independent, run_lanes
+from perfsim.engine.messages import PipelineMessages
 from perfsim.engine.plan import Plan, system_slowdown
+from perfsim.engine.programs import EXCHANGE, device_program
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
 from perfsim.engine.sim_output import DeviceStats, SimOutput
-from perfsim.models.moe import expert_dp_replicas
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
-from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
-                               SEND_B, SEND_F, exchange_rows)
-
-#: a program step of :meth:`Simulation._program`: one blocking exchange (``System.p2p_exchange``)
-EXCHANGE = "EXCHANGE"
+from perfsim.schedules import FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, exchange_rows
 
 
 #: an Event without its constructor (``_new_event(Event)``, then its fields): the events
@@ -111,7 +109,10 @@ class _Events(dict):
         return ev
 
 
-class Simulation:
+class Simulation(PipelineMessages):
+    """One iteration of a job on the event loop (module docstring); its pipeline messages'
+    side, the network backend's handler, is :class:`perfsim.engine.messages.PipelineMessages`."""
+
     def __init__(self, plan: Plan, network: Network, schedule: str, *, warmup: bool = False,
                  replicas: list[int] | None = None, trace: bool = False, profile=None,
                  backend: BackendFactory | None = None):
@@ -227,110 +228,13 @@ class Simulation:
                 break
         st.interference_s += max(0.0, env.now - t_start - seconds)
 
-    # ------------------------------------------------------------ p2p (the backend's handler)
-    def message_started(self, msg) -> None:
-        """Its bytes start moving: both ends communicate (interference)."""
-        if self.slowdown:
-            self._comm((msg[6], msg[7]), +1)
-
-    def message_sent(self, msg, start: float, end: float) -> None:
-        """Its last byte left at ``end``: the link was busy since ``start``."""
-        nbytes, src, dst = msg[1], msg[6], msg[7]
-        if self.slowdown:
-            self._comm((src, dst), -1)
-        link = self.links[(src, dst, "p2p")]
-        link[0] += nbytes
-        link[1] += end - start
-        msg[8].bytes_sent += nbytes
-
-    def message_delivered(self, msg, started: float) -> None:
-        """It arrived: the receiver's inbox fires -- triggered, its callbacks run now, as
-        SimPy's ``step`` does when it pops a triggered event: a delivered message wakes its
-        receiver in the delivery's own step instead of one more step at the same instant
-        (inside a running process, a backend that delivers from one, it is scheduled as usual)."""
-        key, _, mb, kind, r, s, src, dst, st = msg
-        env = self.env
-        now = env._now
-        dur = now - started
-        st.comm_s += dur
-        if r == self.replicas[0]:  # the breakdown table reports the first replica
-            self.micro[(r, s, mb)]["fwd_comm_s" if kind == FORWARD else "bwd_comm_s"] += dur
-        if self.want_trace:
-            self._span(f"{'act' if kind == FORWARD else 'grad'} mb{mb} {s}->{key[1]}", "comm", r,
-                       1000 + s, started, now, {"src": src, "dst": dst})
-        ack = self.acks.pop(key, None) if self.acks else None
-        if ack is not None:  # a blocking exchange's send completes with its delivery
-            ack.succeed()
-        box = self.inbox.get(key)
-        if box is None:
-            box = self.inbox[key] = env.event()
-        if env._active_proc is not None:
-            box.succeed()
-            return
-        box._ok, box._value = True, None
-        callbacks, box.callbacks = box.callbacks, None
-        for callback in callbacks:
-            callback(box)
-
     # ------------------------------------------------------------ devices
     def _program(self, d: int) -> list[tuple]:
-        """Device ``d``'s row with every cost resolved once (the same for every
-        replica): per action ``(kind, action, stage, micro-batch, ...)`` -- a receive or a
-        send as :meth:`_comm_op` gives it; a compute step its seconds, its tensor-parallel
-        collectives' seconds, whether it runs unit by unit (ZeRO-2/3) and whether it
-        completes the stage's weight gradients; a blocking exchange ``(EXCHANGE, receives,
-        sends)``."""
+        """Device ``d``'s program (:func:`perfsim.engine.programs.device_program`), made once."""
         prog = self._programs.get(d)
-        if prog is not None:
-            return prog
-        plan, where = self.plan, self.where
-        last_grad = {}  # stage -> its last action that completes weight gradients
-        for a in self.table[d]:
-            if a.kind in (BACKWARD, BACKWARD_WEIGHT):
-                last_grad[a.stage] = a
-        prog = []
-        for a in self.rows[d]:
-            if isinstance(a, tuple):  # a blocking exchange: its receives and its sends
-                ops = [self._comm_op(x) for x in a]
-                prog.append((EXCHANGE, [o for o in ops if o[0] in (RECV_F, RECV_B)],
-                             [o for o in ops if o[0] in (SEND_F, SEND_B)]))
-                continue
-            k, mb, kind = a.stage, a.microbatch, a.kind
-            sp = plan.stages[k]
-            if kind in (RECV_F, RECV_B, SEND_F, SEND_B):
-                op = self._comm_op(a)
-            else:
-                seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
-                           BACKWARD_WEIGHT: sp.wgrad_s}[kind]
-                # tensor-parallel collectives, serial with the compute (the backward's
-                # reduce the input gradient: they go with B or I, not W)
-                tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
-                sharded = bool(sp.units) and kind in (FORWARD, BACKWARD)  # ZeRO-2/3: collectives per unit
-                last = a is last_grad.get(k) and bool(self.buckets[k])
-                op = (kind, a, k, mb, seconds, tp_s, sharded, last,
-                      "fwd_compute_s" if kind == FORWARD else "bwd_compute_s")
-            prog.append(op)
-        self._programs[d] = prog
+        if prog is None:
+            prog = self._programs[d] = device_program(self.plan, d, self.rows[d], self.buckets, self.warmup)
         return prog
-
-    def _comm_op(self, a) -> tuple:
-        """A communication action's program step (:meth:`_program`): a receive adds the sending
-        stage's device, the inbox tag, the decode seconds and its trace label; a send the
-        receiving stage's device, its stage, the tag, the encode seconds, the bytes, the
-        message kind and its label."""
-        plan, where = self.plan, self.where
-        k, mb, kind = a.stage, a.microbatch, a.kind
-        sp = plan.stages[k]
-        if kind == RECV_F:
-            return (kind, a, k, mb, where[k - 1], "F", plan.stages[k - 1].fw_decode_s, "decode act")
-        if kind == RECV_B:
-            return (kind, a, k, mb, where[k + 1], "B", sp.bw_decode_s, "decode grad")
-        if kind == SEND_F:
-            nbytes = sp.fw_bytes_warmup if self.warmup else sp.fw_bytes
-            return (kind, a, k, mb, where[k + 1], k + 1, "F", sp.fw_encode_s, nbytes, FORWARD, "encode act")
-        # SEND_B: the gradient of boundary (k-1, k) is described by stage k-1's plan
-        prev = plan.stages[k - 1]
-        return (kind, a, k, mb, where[k - 1], k - 1, "B", prev.bw_encode_s, prev.bw_bytes, BACKWARD, "encode grad")
 
     def device(self, r: int, d: int):
         """Device ``d`` of replica ``r`` walks its row. Without interference or a trace,
@@ -352,34 +256,7 @@ class Simulation:
         for op in self._program(d):
             kind = op[0]
             if kind == EXCHANGE:  # Megatron's batch: post all, wait for all (System.p2p_exchange)
-                _, recvs, sends = op
-                for _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what in sends:
-                    if encode > 0:  # each send's encode (and host cost) before the batch starts
-                        cell = scratch if cells is None else cells[(r, d, mb)]
-                        t = yield from self._host_step(chain, t, st, cell, r, d, encode, what, k, mb)
-                if t is not None:
-                    yield self._at(t)
-                    t = None
-                waits = []
-                for _, a, k, mb, peer, tag, decode, what in recvs:
-                    key = (r, k, tag, mb)
-                    if posts:
-                        net.post_receive(key, me, devs[(r, peer)])
-                    box = inbox.get(key)
-                    if box is None:
-                        box = inbox[key] = env.event()
-                    waits.append(box)
-                for _, a, k, mb, peer, k2, tag, encode, nbytes, mkind, what in sends:
-                    key, dst = (r, k2, tag, mb), devs[(r, peer)]
-                    waits.append(self.acks.setdefault(key, env.event()))  # done once delivered
-                    net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
-                for ev in waits:
-                    yield ev
-                for _, a, k, mb, peer, tag, decode, what in recvs:
-                    del inbox[(r, k, tag, mb)]
-                    if decode > 0:  # each receive's decode (the TP all-gather, host cost) after it
-                        cell = scratch if cells is None else cells[(r, d, mb)]
-                        t = yield from self._host_step(chain, t, st, cell, r, d, decode, what, k, mb)
+                t = yield from self._exchange(op, r, d, st, cells, chain, t)
                 continue
             if kind == RECV_F or kind == RECV_B:
                 _, a, k, mb, peer, tag, decode, what = op
@@ -484,16 +361,6 @@ class Simulation:
         self._span("optimizer", "compute", r, d, t0, env.now)
         st.end = env.now
 
-    def _host_step(self, chain: bool, t, st, cell, r, d, seconds, what, k, mb):
-        """An encode or decode of ``seconds`` (with its message's host cost) in a blocking exchange:
-        added to the chain's pending end ``t`` (:meth:`device`), or run now; returns the new ``t``."""
-        if chain:
-            st.codec_s += seconds
-            cell["encode_s"] += seconds
-            return (self.env._now if t is None else t) + seconds
-        yield from self._codec(st, cell, r, d, seconds, what, k, mb)
-        return t
-
     def _codec(self, st, cell, r, s, seconds, what, k, mb):
         """``seconds`` of encode/decode on device ``s`` (``what`` of stage ``k``'s micro-batch ``mb``)."""
         if seconds > 0:
@@ -521,7 +388,7 @@ class Simulation:
         if total > done:
             yield from self._work(st, me, total - done)
 
-    # ------------------------------------------------------------ data parallel
+    # ------------------------------------------------------------ collectives
     def run_collective(self, kind: str, nbytes: float, members: list[int], simulated: set[int],
                        lanes: int = 1, call: str | None = None):
         """Run one collective of ``kind`` (per-rank buffer ``nbytes``) over the devices
@@ -529,7 +396,8 @@ class Simulation:
         simulation runs (their nodes' NICs are loaded; the others are represented by
         them). Planned by the backend's ``collective`` (algorithm, phases), run by its
         ``run_collective``; the one engine entry point for any group's collective (data-parallel
-        gradients here; tensor-parallel groups call it the same way). ``lanes``: that many
+        gradients, :mod:`perfsim.engine.gradient_sync`; ZeRO-2/3's per unit,
+        :mod:`perfsim.engine.sharding`; tensor-parallel groups call it the same way). ``lanes``: that many
         identical groups (the TP ranks' rings) run side by side, sharing the NICs while
         each has its own intra-node link. ``call``: the torch.distributed call that issues
         it, every rank in step (priced as the profile timed that call, when it did). Returns the plan."""
@@ -547,70 +415,6 @@ class Simulation:
             link[1] += busy
         return coll
 
-    def stage_sync(self, s: int):
-        """Gradient sync of stage ``s`` across replicas: buckets in order, each bucket's
-        collectives in ``dp_plan`` order, one communication stream
-        (:meth:`run_collective`); the replicas' copies of stage ``s`` live on device ``d``."""
-        env, plan = self.env, self.plan
-        d = self.where[s]
-        members = [self.dev(r, d) for r in range(plan.dp)]
-        simulated = {self.dev(r, d) for r in self.replicas}
-        for k, bucket in enumerate(self.buckets[s]):
-            yield simpy.AllOf(env, [self.bucket_ready[(r, s, k)] for r in self.replicas])
-            t0 = env.now
-            host = bucket.copy_s / 2 + bucket.encode_s  # flatten into the bucket, encode
-            if host > 0:
-                yield env.timeout(host)
-            for step in bucket.steps:
-                start = env.now
-                if bucket.stride == 1:
-                    coll = yield from self.run_collective(step.kind, step.nbytes, members, simulated,
-                                                          lanes=self.lanes)
-                else:  # the routed experts' groups, side by side (perfsim.engine.buckets.expert_buckets)
-                    coll = yield from self.group_collectives(step, d, bucket.stride)
-                self.dp_bytes_per_rank[d] += coll.wire_bytes
-                self._span(f"{step.kind} s{s} b{k} {step.label} ({coll.algo})", "dp", self.replicas[0],
-                           2000 + d, start, env.now, {"bytes": step.nbytes, "algo": coll.algo})
-            host = bucket.decode_s + bucket.copy_s / 2  # decode, copy back into the gradients
-            if host > 0:
-                yield env.timeout(host)
-            sync, stats = env.now - t0, self.stats  # (one value for every replica)
-            for r in self.replicas:
-                stats[(r, d)].dp_sync_s += sync
-        for r in self.replicas:
-            self.sync_done[(r, s)].succeed()
-
-    def group_collectives(self, step, d: int, stride: int):
-        """One collective step of a bucket synced within groups of replicas ``stride`` apart
-        (:attr:`perfsim.engine.buckets.Bucket.stride`: the expert-data-parallel groups,
-        :func:`perfsim.models.moe.expert_dp_replicas`), all at once: one per group holding a
-        simulated replica, each standing for ``stride / groups run`` groups as lanes beside its
-        tensor ranks' (as a simulated replica stands for its class). Returns one group's plan."""
-        firsts = sorted({r % stride for r in self.replicas})
-        lanes = self.lanes * max(1, round(stride / len(firsts)))
-        runs = [self.env.process(self.run_collective(
-                    step.kind, step.nbytes, [self.dev(r, d) for r in expert_dp_replicas(self.plan.dp, stride, j)],
-                    {self.dev(r, d) for r in self.replicas if r % stride == j}, lanes=lanes))
-                for j in firsts]
-        yield simpy.AllOf(self.env, runs)
-        return runs[0].value
-
-    def tied_sync(self, r: int):
-        """Replica ``r``'s all-reduce of the tied embedding's gradient between the
-        first and the last stage (Megatron-LM ``_allreduce_embedding_grads``: after
-        the data-parallel sync, before the optimizer step), counted as gradient sync."""
-        env = self.env
-        yield simpy.AllOf(env, [self.grads_synced[(r, d)] for d in self.tied_devices])
-        t0 = env.now
-        members = [self.dev(r, d) for d in self.tied_devices]
-        coll = yield from self.run_collective(ALLREDUCE, self.plan.tied_sync_bytes, members, set(members),
-                                              lanes=self.lanes)
-        self._span(f"allreduce tied embedding ({coll.algo})", "dp", r, 2000 + self.tied_devices[0], t0, env.now,
-                   {"bytes": self.plan.tied_sync_bytes, "algo": coll.algo})
-        for d in self.tied_devices:
-            self.stats[(r, d)].dp_sync_s += env.now - t0
-        self.tied_done[r].succeed()
-
     # ------------------------------------------------------------ run
     def run(self) -> SimOutput:
         plan, env = self.plan, self.env
@@ -626,9 +430,9 @@ class Simulation:
             procs = [env.process(self.device(r, s)) for r in self.replicas for s in range(plan.pp)]
         for s in range(len(plan.stages)):
             if self.buckets[s]:
-                self.env.process(self.stage_sync(s))
+                self.env.process(stage_sync(self, s))
         for r in self.tied_done:
-            self.env.process(self.tied_sync(r))
+            self.env.process(tied_sync(self, r))
         done, events = simpy.AllOf(env, procs), 0
         step = env.step
         try:

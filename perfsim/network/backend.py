@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 
 
 class MessageHandler(Protocol):
-    """Who a backend tells about a message's progress (the engine), with the ``msg`` it
-    was handed in :meth:`NetworkBackend.send`; times on the SimPy clock."""
+    """Who a backend tells about a message's progress (the engine:
+    :class:`perfsim.engine.messages.PipelineMessages`), with the ``msg`` it was handed in
+    :meth:`NetworkBackend.send`; times on the SimPy clock."""
 
     def message_started(self, msg: Any) -> None:
         """Its bytes start moving."""

@@ -247,3 +247,28 @@ def test_exact_items_each_switch_one_part_of_the_exact_list(table):
     assert compute.block_ops is plain
     assert moved["QKV bias add"] > 0 and moved["residual-gradient sums"] > 0
     assert moved["causal softmax's triangle"] < 0 and moved["attention dropout one-pass backward"] < 0
+
+
+def test_gemm_quantization_flag(monkeypatch, capsys):
+    """``--gemm-quantization Q``: the data's a100-sxm4-80gb preset priced with its curve's
+    ``gemm_quantization`` Q (calibrate_a100.py's ``set_gemm_quantization``), passed to ``--refit``;
+    a bad value or ``--single-node`` with it is one line, exit 2."""
+    import types
+
+    from perfsim import hardware
+
+    monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", hardware.GPUS["a100-sxm4-80gb"])  # restored
+    seen = []
+    cal = types.SimpleNamespace(set_gemm_quantization=lambda q: seen.append(("set", q)),
+                                main=lambda argv: seen.append(("fit", argv)) or 1)
+    monkeypatch.setattr(mod, "calibrate_module", lambda: cal)
+    assert mod.main(["--gemm-quantization", "waves", "--refit"]) == 1
+    assert seen == [("set", "waves"), ("fit", ["--every", "2", "--iters", "150", "--gemm-quantization", "waves"])]
+    monkeypatch.undo()
+    monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", hardware.GPUS["a100-sxm4-80gb"])
+    assert mod.main(["--gemm-quantization", "tiles"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "gemm_quantization" in err
+    assert mod.main(["--gemm-quantization", "waves", "--single-node"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert hardware.GPUS["a100-sxm4-80gb"].curve.gemm_quantization == "off"
