@@ -386,7 +386,8 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     ``intra_node_bandwidth`` beside an ``intra_node_fabric`` (the preset's rate); with
     ``explicit`` (the caller set them itself, not a planner's candidate) also
     ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
-    without ZeRO-3, data-parallel gradient settings and ZeRO with dp 1, pipeline compression with pp 1,
+    without ZeRO-3, data-parallel gradient settings and ZeRO with dp 1, pipeline compression with pp 1
+    or with a ``boundary_compress`` spec for every boundary,
     ``attention`` and ``kernels`` where the profile's layer times price the compute (no operator
     model runs kernels: ``compute_model`` "profile..."),
     ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
@@ -428,6 +429,10 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
                              + "; --gpu prices it with a GPU's operator model")
     if "compress" in given and strategy.pp == 1 and strategy.compress.text != "fp32":
         notes.append(f"compress {strategy.compress.text}{UNUSED}pp 1 has no pipeline boundary")
+    boundaries = strategy.pp * stage_count(strategy.schedule, strategy.virtual_stages) - 1
+    if "compress" in given and strategy.pp > 1 and len(strategy.boundary_compress) >= boundaries:
+        notes.append(f"compress {strategy.compress.text}{UNUSED}boundary_compress {strategy.boundary_compress} "
+                     "gives every pipeline boundary its own spec")
     if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
         notes.append(f"tied_embedding sync{UNUSED}no tied LM head on another device than its embedding "
                      "(tied_bytes 0)")
