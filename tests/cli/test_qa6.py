@@ -206,3 +206,34 @@ def test_every_file_a_help_example_names_is_shipped():
         outputs = set(re.findall(r"(?:-o|--out|--output) (\S+)", text)) | {"traces/mybox.json"}
         for path in re.findall(r"(?<![\w/])((?:traces|tests|perfsim/data)/[\w./-]+\.\w+)", text):
             assert path in outputs or (root / path).exists(), f"perfsim {name}: example names {path}, not shipped"
+
+
+# ---------------------------------------------------------------- --set NAME=VALUE with a name twice
+
+def test_set_assignments_refuse_a_name_twice():
+    """The scripts' `--set NAME=VALUE` (megatron_open_data.py, nccl_open_data.py) kept the last of
+    `--set nic_sharing=false --set nic_sharing=true` silently, as argparse kept the last of a
+    flag given twice (F1); one parser of the assignments now refuses it, naming the key, and a
+    malformed entry."""
+    from perfsim.errors import ConfigError
+    from perfsim.param_values import assignments
+
+    assert assignments(["nic_sharing=false", " p2p-exchange = blocking "]) == {"nic_sharing": "false",
+                                                                             "p2p_exchange": "blocking"}
+    with pytest.raises(ConfigError, match="--set nic_sharing given twice"):
+        assignments(["nic_sharing=false", "nic-sharing=true"])
+    with pytest.raises(ConfigError, match="--set 'nic_sharing': not NAME=VALUE"):
+        assignments(["nic_sharing"])
+
+
+@pytest.mark.parametrize("script", ["megatron_open_data", "nccl_open_data"])
+def test_the_open_data_scripts_refuse_a_set_name_twice(script, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{script}.py"
+    mod = importlib.util.module_from_spec(spec := importlib.util.spec_from_file_location(f"qa6_{script}", path))
+    spec.loader.exec_module(mod)
+    assert mod.main(["--set", "nic_sharing=false", "--set", "nic_sharing=true"]) == 2
+    err = capsys.readouterr().err
+    assert "nic_sharing given twice" in err and len(err.strip().splitlines()) == 1, err
