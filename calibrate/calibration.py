@@ -28,6 +28,7 @@ plan and writes the profile atomically (:mod:`perfsim.profile` format).
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -201,11 +202,12 @@ def probe_flops(device: str = "cpu", n: int = 768) -> float:
 
 
 def _items(value: str | Sequence[Any] | None) -> list[Any]:
-    """A comma string or a sequence as a list, ``none`` entries dropped."""
+    """A comma string or a sequence as a list, ``none`` entries dropped, a repeated entry kept
+    once (``--model gpt2-tiny,gpt2-tiny`` measured it twice), as predict's comma lists run it."""
     from perfsim.units import split_list
 
     parts = split_list(value) if isinstance(value, str) else list(value or ())
-    return [p for p in parts if str(p).lower() != "none"]
+    return list(dict.fromkeys(p for p in parts if str(p).lower() != "none"))
 
 
 def _names(value: str | Sequence[Any] | None) -> list[str]:
@@ -436,9 +438,12 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
                            statistic=statistic, settings=settings)
 
 
-def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, command: str | None = None):
+def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, command: str | None = None,
+                    overwrite: bool = False):
     """Measure every stage of ``plan`` and write the profile to ``out`` (atomically);
-    returns the :class:`~perfsim.profile.Profile`.
+    returns the :class:`~perfsim.profile.Profile`. A file already at ``out`` (an earlier
+    profile: minutes or GPU-hours of measurements) is refused before anything is measured
+    unless ``overwrite``.
 
     On stderr: first the estimate of how long the calibration takes, then a bar on a
     terminal or one line per stage in a log (``progress=False``: neither), and a line
@@ -453,10 +458,13 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     from perfsim.calibrate.run_stages import measure_run_stages
     from perfsim.calibrate.tensor_parallel import measure_tp_stage
     from perfsim.calibrate.timing import set_statistic
-    from perfsim.outputs import check_file_target
+    from perfsim.outputs import check_file_target, is_stdio
     from perfsim.progress import Progress
 
     check_file_target(out, "--out")
+    if not overwrite and not is_stdio(out) and os.path.lexists(out):
+        raise ConfigError(f"--out {str(out)!r}: a file is there (an earlier profile?); --overwrite replaces it, "
+                          "or give another --out")
     set_statistic(plan.statistic)
     stages = plan.stages()
     total = sum(n for _, n in stages)
@@ -511,10 +519,10 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
 
 
 def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, command: str | None = None,
-              **params: Any):
+              overwrite: bool = False, **params: Any):
     """Measure this machine and write a profile for :func:`perfsim.predict` (``perfsim calibrate``).
 
-    ``out``: the profile file to write. The other keywords are ``perfsim calibrate``'s
+    ``out``: the profile file to write (a file there is refused unless ``overwrite``). The other keywords are ``perfsim calibrate``'s
     flags (:func:`plan_calibration`; lists as comma strings or sequences): ``model``,
     ``micro_batch``, ``dtype``, ``stages``, ``stage_microbatches``, ``stage_schedule``,
     ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
@@ -524,4 +532,4 @@ def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, com
     written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
     flag on bad input, before anything is measured."""
     plan = plan_calibration(**params)
-    return run_calibration(plan, out, progress=progress, command=command)
+    return run_calibration(plan, out, progress=progress, command=command, overwrite=overwrite)

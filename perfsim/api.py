@@ -34,7 +34,8 @@ from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_gpu, value_precision
+from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
+                               value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples
 from perfsim.models.eager import eager_listed
@@ -327,6 +328,7 @@ def predict(**params) -> Result:
     result = simulate(workload, strategy, system, profile, trace=trace, allow_oom=allow_oom)
     if params.get("topology"):
         result.summary["topology"] = str(params["topology"])
+    result.summary["profile_device"] = profile_device(profile)  # what measured the profile's times
     unused = unused_settings(params, strategy, result.summary, note_unused,
                              operator_model=bool(system.gpu) and workload.arch is not None)
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))
@@ -384,7 +386,10 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     ``intra_node_bandwidth`` beside an ``intra_node_fabric`` (the preset's rate); with
     ``explicit`` (the caller set them itself, not a planner's candidate) also
     ``virtual_stages`` with a schedule that is not interleaved, ``reshard_after_forward``
-    without ZeRO-3, data-parallel gradient settings with dp 1, pipeline compression with pp 1,
+    without ZeRO-3, data-parallel gradient settings and ZeRO with dp 1, pipeline compression with pp 1
+    or with a ``boundary_compress`` spec for every boundary,
+    ``attention`` and ``kernels`` where the profile's layer times price the compute (no operator
+    model runs kernels: ``compute_model`` "profile..."),
     ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
     ``grad_accumulation`` where no GPU operator model prices the compute (``operator_model`` False:
     no GPU preset or not a transformer; its layer times come from a profile or FLOPs)."""
@@ -414,8 +419,20 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
             if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):
                 shown = strategy.grad_compress.text if name == "grad_compress" else value(name)
                 notes.append(f"{name} {shown}{UNUSED}dp 1 has no data-parallel gradient sync")
+        if "zero" in given and strategy.zero and strategy.offload == "none":  # ZeRO-Offload needs its stage
+            notes.append(f"zero {strategy.zero}{UNUSED}dp 1 has no replicas to shard over")
+    if str(summary.get("compute_model", "")).startswith("profile"):  # no operator model ran any kernel
+        for name in ("attention", "kernels"):
+            if name in given:
+                notes.append(f"{name} {value(name)}{UNUSED}the profile's measured layer times price the compute"
+                             + (" (the activation memory follows it)" if name == "attention" else "")
+                             + "; --gpu prices it with a GPU's operator model")
     if "compress" in given and strategy.pp == 1 and strategy.compress.text != "fp32":
         notes.append(f"compress {strategy.compress.text}{UNUSED}pp 1 has no pipeline boundary")
+    boundaries = strategy.pp * stage_count(strategy.schedule, strategy.virtual_stages) - 1
+    if "compress" in given and strategy.pp > 1 and len(strategy.boundary_compress) >= boundaries:
+        notes.append(f"compress {strategy.compress.text}{UNUSED}boundary_compress {strategy.boundary_compress} "
+                     "gives every pipeline boundary its own spec")
     if "tied_embedding" in given and value("tied_embedding") == "sync" and not summary.get("tied_bytes"):
         notes.append(f"tied_embedding sync{UNUSED}no tied LM head on another device than its embedding "
                      "(tied_bytes 0)")

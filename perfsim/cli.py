@@ -23,6 +23,7 @@ import errno
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
 
@@ -34,17 +35,83 @@ from perfsim.outputs import detach_stdout
 COMMANDS = ("predict", "plan", "memory", "run", "calibrate", "validate", "sweep", "plot", "compressors")
 
 
+#: the attribute of a namespace that records, per destination, the flag and value given
+_GIVEN = "_perfsim_given"
+
+
+def _given_once(parser: argparse.ArgumentParser, namespace: argparse.Namespace, action: argparse.Action,
+                option: str, value) -> None:
+    """Refuse a second value for ``action`` (the same flag again, another spelling of it, or a
+    switch's ``--no-`` form): argparse keeps the last one silently, so one of the two values
+    the user wrote would be dropped from an answer they act on."""
+    given = vars(namespace).setdefault(_GIVEN, {})
+    if action.dest in given:
+        first, before = given[action.dest]
+        if isinstance(action, argparse.BooleanOptionalAction):
+            parser.error(f"{first} and {option} both given; give one")
+        lists = isinstance(value, str) and action.metavar == "LIST"
+        parser.error(f"{action.option_strings[0]} given twice ({first} {before}, then {option} {value}); "
+                     "give it once" + ("; a comma list runs every value" if lists else ""))
+    given[action.dest] = (option, value)
+
+
+class _StoreOnce(argparse._StoreAction):
+    """A value flag (argparse's default ``store``) that may be given once."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if option_string is not None:
+            _given_once(parser, namespace, self, option_string, values)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _SwitchOnce(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``: the same switch twice says one thing; both forms contradict."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        value = not option_string.startswith("--no-")
+        given = vars(namespace).get(_GIVEN, {}).get(self.dest)
+        if given is None or given[1] != value:
+            _given_once(parser, namespace, self, option_string, value)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints usage + error; perfsim prints one line naming the culprit.
     Options are never abbreviated (``allow_abbrev=False``): ``--ep`` is refused, not
-    taken for ``--epochs``, so a flag a user expects can never land on another."""
+    taken for ``--epochs``, so a flag a user expects can never land on another. A value
+    flag given twice (``--bandwidth 1Gbps --bandwidth 10Gbps``, ``-o a --out b``) or a
+    switch given both ways (``--overlap --no-overlap``) is refused, naming it: argparse
+    would keep the last silently. Every command's flags go through here (its argument
+    groups share the parser's action registry)."""
 
     def __init__(self, *args, **kwargs):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
+        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _StoreOnce)
+        self.register("action", argparse.BooleanOptionalAction, _SwitchOnce)
+
+    def parse_known_args(self, args=None, namespace=None):  # noqa: D102 - argparse API
+        self._arg_strings = list(sys.argv[1:] if args is None else args)  # for error()'s hint
+        namespace, extra = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_GIVEN, None)  # bookkeeping, not a flag
+        return namespace, extra
 
     def error(self, message: str):  # noqa: D102 - argparse API
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {message}{self._dash_hint(message)}\n")
+
+    def _dash_hint(self, message: str) -> str:
+        """argparse reads a value that starts with '-' (``--latency -1ms``) as a flag and says
+        "expected one argument": the way to give it, ``--latency=-1ms``."""
+        m = re.fullmatch(r"argument (\S+): expected one argument", message)
+        given = getattr(self, "_arg_strings", [])
+        for option in m.group(1).split("/") if m else ():
+            at = [i for i, a in enumerate(given[:-1]) if a == option and given[i + 1].startswith("-")
+                  and given[i + 1].split("=")[0] not in self._option_string_actions]  # not a flag of ours
+            if at:
+                value = given[at[0] + 1]
+                return f" ({value!r} starts with '-', read as a flag: write {option}={value})"
+        return ""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,13 +28,15 @@ from perfsim.schedules import P2P_EXCHANGES
 from perfsim.tcp import parse_slow_start, parse_tcp_window
 
 
-def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False, shown: str | None = None) -> None:
+    """ConfigError naming ``shown`` (the parameter a user gives, where its field's name differs),
+    else the field ``name``."""
     v = getattr(obj, name)
     if v is None and allow_none:
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(f"{name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
+        raise ConfigError(f"{shown or name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,10 @@ class Strategy(Job):
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job)
-        for name in ("epochs", "dataset_samples", "bucket_bytes"):
+        for name in ("epochs", "dataset_samples"):
             _pos_int(self, name)
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
+            raise ConfigError(f"bucket_size={self.bucket_bytes!r} bytes: must be >= 1 byte")  # the parameter's name
         check_choice(self, "recompute", RECOMPUTE)
         check_choice(self, "attention", ATTENTION)
         check_choice(self, "precision", PRECISIONS)
@@ -297,7 +301,7 @@ class System:
         check_choice(self, "collective_model", COLLECTIVE_MODELS)
         _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
-        _pos_float(self, "cpu_adam_params_per_s", allow_none=True)
+        _pos_float(self, "cpu_adam_params_per_s", allow_none=True, shown="cpu_adam_rate")  # the parameter's name
         for name in ("straggler_cv", "jitter_cv"):
             _pos_float(self, name, allow_zero=True)
             if getattr(self, name) >= 1:

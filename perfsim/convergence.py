@@ -65,6 +65,16 @@ def _smooth(curve: Sequence[Sequence[float]], window: int) -> list[tuple[int, fl
     return out
 
 
+def _never_reached(target: float, base: list[list[tuple[int, float]]]) -> None:
+    """ConfigError: the uncompressed run (``base``, one smoothed curve per seed) never reaches
+    ``target``, so no candidate has a time to loss; names the loss it does reach."""
+    lowest = max(min(loss for _, loss in curve) for curve in base)  # every seed reaches this
+    text = next(t for t in (f"{lowest:.{d}g}" for d in range(4, 18)) if float(t) >= lowest)  # a hint that works
+    raise ConfigError(f"target loss {target}: the uncompressed run never reaches it (its lowest smoothed "
+                      f"loss {text} in {max(step for step, _ in base[0])} measured steps); give a "
+                      f"target >= {text}")
+
+
 def steps_to(curve: list[tuple[int, float]], target: float) -> int | None:
     """First step whose smoothed loss is <= ``target`` (None if never)."""
     for step, loss in curve:
@@ -139,7 +149,7 @@ class Convergence:
         for ref_curve, curve in zip(base, curves[spec]):  # seed i with seed i
             s_ref, s = steps_to(ref_curve, target), steps_to(curve, target)
             if s_ref is None:
-                raise ConfigError(f"target loss {target}: the uncompressed run never reaches it")
+                _never_reached(target, base)
             ratios.append(float("inf") if s is None else max(s, 1) / max(s_ref, 1))
         return interval(ratios)
 
@@ -152,8 +162,8 @@ class Convergence:
             return None
         target = self._target(base, target)
         steps = [steps_to(c, target) for c in base]
-        if any(s is None for s in steps):
-            return None
+        if any(s is None for s in steps):  # time to loss unknown for every candidate
+            _never_reached(target, base)
         return round(sum(steps) / len(steps))
 
     def ratios(self, compress: str, grad_compress: str, target: float | None = None) -> tuple | None:

@@ -340,6 +340,17 @@ def same_silicon(a: GPU | None, b: GPU | None) -> bool:
         (b.peak_flops, b.memory_bandwidth_Bps)
 
 
+def profile_device(profile) -> str:
+    """The device a profile was measured on, as its metadata names it (``NVIDIA H200``;
+    ``cpu (AMD EPYC)``; ``NVIDIA Tesla V100-SXM2-16GB``, the default's), ``unknown`` where it
+    names none: what prices a prediction without ``--gpu`` (the summary's ``profile_device``)."""
+    meta = getattr(profile, "metadata", None) or {}
+    kind, name = str(meta.get("device") or ""), str(meta.get("device_name") or "")
+    if kind.lower() == "cpu":
+        return f"cpu ({name})" if name and name.lower() != "cpu" else "cpu"
+    return name or kind or "unknown"
+
+
 def profile_gpu(profile) -> GPU | None:
     """The GPU preset a profile was measured on, if its ``device_name`` (``NVIDIA H200``;
     ``perfsim calibrate`` writes it) or ``device`` names one."""

@@ -285,7 +285,10 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     bpv = BYTES_PER_VALUE[prec]
     mixed = prec in MIXED_PRECISIONS
     k = OPTIMIZERS[strategy.optimizer].state_bytes(prec)  # ZeRO's K: Adam 12 mixed, 8 fp32; SGD 8, 4
-    fw_comp, _ = make_pipeline_pair(strategy.compress)
+    # each boundary's own forward compressor (boundary k: after stage k; perfsim.boundaries)
+    specs = {k: strategy.boundary_compress.get(k, strategy.compress) for k in range(table.num_stages - 1)}
+    built = {spec: make_pipeline_pair(spec)[0] for spec in set(specs.values())}  # one per distinct spec
+    fw_comps = {k: built[spec] for k, spec in specs.items()}
     out = []
     for st in plan.stages:
         psi = st.params
@@ -325,16 +328,16 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 for d in workload.layers[i].out_shape:
                     n *= d
                 act += 2 * bpv * n * mb * inflight / tp
-        buffers = 0.0
-        if isinstance(fw_comp, AQSGD) and not fw_comp.disk:
-            # the sender keeps its own output's messages, the receiver the previous stage's -- on
-            # a boundary between devices (one inside a device is a local hand-off, no codec)
-            i, dev = st.index, table.stage_device
-            per_sample = 0
-            if i < table.num_stages - 1 and dev[i + 1] != dev[i]:
-                per_sample += math.prod(workload.layers[st.last_layer - 1].out_shape)
-            if i > 0 and dev[i - 1] != dev[i]:
-                per_sample += math.prod(workload.layers[st.first_layer - 1].out_shape)
-            buffers = per_sample * (fw_comp.mbits or 32) / 8 * strategy.dataset_samples / tp
+        # AQ-SGD: the sender keeps its own output's messages, the receiver the previous stage's -- on
+        # a boundary between devices (one inside a device is a local hand-off, no codec), each
+        # boundary by its own spec
+        i, dev = st.index, table.stage_device
+        sides = []
+        if i < table.num_stages - 1 and dev[i + 1] != dev[i]:
+            sides.append((fw_comps[i], workload.layers[st.last_layer - 1].out_shape))
+        if i > 0 and dev[i - 1] != dev[i]:
+            sides.append((fw_comps[i - 1], workload.layers[st.first_layer - 1].out_shape))
+        buffers = sum(math.prod(shape) * (comp.mbits or 32) / 8 * strategy.dataset_samples / tp
+                      for comp, shape in sides if isinstance(comp, AQSGD) and not comp.disk)
         out.append(StageMemory(st.index, weights, grads, optimizer, act, buffers, inflight, sharding, host))
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from perfsim.boundaries import parse_boundary_compress
 from perfsim.compression.spec import parse_spec
@@ -146,6 +146,24 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
 
 def _bad_string(value: Any, who: str):
     raise ConfigError(f"{who}={value!r}: must be a non-empty string")
+
+
+def assignments(items: Sequence[str], flag: str = "--set") -> dict[str, str]:
+    """``NAME=VALUE`` texts (a script's repeated ``--set``) as ``{name: value}``, names with
+    underscores, values as text for :func:`normalize`. A name given twice is refused (which value
+    was meant? the last one won silently), as the command line refuses a flag given twice; so is
+    an entry without ``=`` or a name. ConfigError naming ``flag`` and the entry."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = str(item).partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or not name:
+            raise ConfigError(f"{flag} {str(item)!r}: not NAME=VALUE")
+        if name in out:
+            raise ConfigError(f"{flag} {name} given twice ({name}={out[name]}, then {name}={value.strip()}); "
+                              "give it once")
+        out[name] = value.strip()
+    return out
 
 
 def plain(params: Mapping[str, Any]) -> dict[str, Any]:

@@ -124,6 +124,21 @@ def parse_size(text: str | int, what: str = "size") -> int:
     return int(round(n))
 
 
+#: example units of a number written without one in a file, by kind of value
+EXAMPLE_UNITS = {"bandwidth": ("Mbps", "Gbps"), "time": ("ms", "s"), "size": ("KB", "MiB"), "window": ("KB", "MiB")}
+
+
+def refuse_bare_number(value, what: str, kind: str, flag: str | None = None) -> None:
+    """A file (a sweep file, a topology) mirrors the flags: a rate, time or size written as a
+    non-zero number, without its unit, is refused (``bandwidth = 100`` is not 100 bit/s,
+    ``latency = 5`` not 5 s); zero is unambiguous. ConfigError naming ``what`` = the value and
+    two ways to write it (``flag``: the flag that takes it)."""
+    if _number(value) and value != 0:
+        a, b = EXAMPLE_UNITS[kind]
+        raise ConfigError(f"{what} = {value!r} has no unit; write it as text with one, e.g. \"{value:g}{a}\" "
+                          f"or \"{value:g}{b}\"" + (f" (as its flag {flag})" if flag else ""))
+
+
 def split_list(text: str, what: str = "list") -> list[str]:
     """Split a comma list from a flag (``"1Gbps,100Mbps"``); blank text is no item.
     An empty element (``"10Gbps,,1Gbps"``, a trailing comma) is refused, naming it:

@@ -18,7 +18,8 @@ A workload comes from
       out_shape = [512, 1024]          # boundary activation, one sample
       flops = 1.3e10                   # forward FLOPs, one sample } at least one
       fwd_s = 0.004                    # forward seconds, one sample } of the two
-      bwd_s = 0.008                    # optional (default 2 x fwd_s)
+      bwd_s = "8ms"                    # optional (default 2 x fwd_s); times take units
+                                       # as text ("8ms", perfsim.units), a number is seconds
 
 Per-layer compute time per micro-batch (:mod:`perfsim.engine.layer_times`), in order
 of preference: a profile record for the model and layer
@@ -49,6 +50,7 @@ from perfsim.models.registry import get_spec
 from perfsim.models.size_only import SizeSpec
 from perfsim.models.specs import LayerSpec, ModelSpec, check_layer_count
 from perfsim.models.transformer import TransformerSpec
+from perfsim.units import parse_time
 
 # --------------------------------------------------------------------- model
 
@@ -134,7 +136,10 @@ def load_workload_file(path: str | Path) -> Model:
         if (not isinstance(shape, list) or not shape
                 or any(not isinstance(d, int) or d < 1 for d in shape)):
             raise ConfigError(f"{where}: layers[{i}].out_shape={shape!r} must be a list of positive integers")
-        for k in ("params", "flops", "fwd_s", "bwd_s"):
+        for k in ("fwd_s", "bwd_s"):  # a time: a number is seconds, text takes units ("5ms")
+            if e.get(k) is not None:
+                e = {**e, k: parse_time(e[k], f"{where}: layers[{i}].{k}", hint_unit="s")}
+        for k in ("params", "flops"):
             v = e.get(k, 0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ConfigError(f"{where}: layers[{i}].{k}={v!r} must be a number >= 0")

@@ -370,13 +370,19 @@ def main(argv=None) -> int:
                     help="instead: MAPE of the single-node A100 calibration and validation splits "
                          "(scripts/calibrate_a100.py) without and with the --set keywords")
     args = ap.parse_args(argv)
+    from perfsim.errors import ConfigError  # lazy: as the script's other perfsim imports
+    from perfsim.param_values import assignments
+
     try:
         mbs = [None] if args.micro_batch is None else [int(x) for x in args.micro_batch.split(",")]
-        extra = {k.strip(): _value(v.strip()) for k, v in (s.split("=", 1) for s in args.set)}
+        extra = {k: _value(v) for k, v in assignments(args.set).items()}  # a name twice: refused
         if args.batched_exchange:
             extra.setdefault("p2p_exchange", "blocking")
+    except ConfigError as exc:  # (a ValueError: first)
+        print(f"megatron_open_data: {exc}", file=sys.stderr)
+        return 2
     except ValueError:
-        print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r} or --set {args.set!r}", file=sys.stderr)
+        print(f"megatron_open_data: bad --micro-batch {args.micro_batch!r}", file=sys.stderr)
         return 2
     if args.single_node and args.gemm_quantization is not None:
         print("megatron_open_data: --single-node with --gemm-quantization: use scripts/calibrate_a100.py --check "
@@ -391,8 +397,6 @@ def main(argv=None) -> int:
             print(f"{split}: {n} rows, MAPE {before:.2f} % as calibrate_a100.py predicts them, "
                   f"{after:.2f} % with {extra}" + (" and exact kernels" if args.exact_kernels else ""))
         return 0
-    from perfsim.errors import ConfigError
-
     if args.gemm_quantization is not None:
         try:
             calibrate_module().set_gemm_quantization(args.gemm_quantization)  # the data's a100-sxm4-80gb

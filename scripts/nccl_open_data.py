@@ -44,6 +44,7 @@ from perfsim.fabrics import NIC_KINDS
 from perfsim.network.analytic import Network
 from perfsim.network.collectives import collective_cost
 from perfsim.outputs import json_text, write_text
+from perfsim.param_values import assignments
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "traces" / "open" / "nccl-tests-multinode.json"
@@ -228,10 +229,10 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="store the figures as the file's 'reported' block")
     args = ap.parse_args(argv)
     try:
-        # values as text: predict's own parser reads them (perfsim.params.normalize)
-        extra = {k.strip(): v.strip() for k, v in (s.split("=", 1) for s in args.set)}
-    except ValueError:
-        print(f"nccl_open_data: bad --set {args.set!r} (NAME=VALUE)", file=sys.stderr)
+        # values as text: predict's own parser reads them (perfsim.params.normalize); a name twice: refused
+        extra = assignments(args.set)
+    except ConfigError as exc:
+        print(f"nccl_open_data: {exc}", file=sys.stderr)
         return 2
     if (extra or args.only or args.ib_efficiency is not None) and (args.check or args.update):
         print("nccl_open_data: --check and --update take the defaults (no --set, --only, --ib-efficiency)",

@@ -20,7 +20,7 @@ from typing import Any
 from perfsim.api import build_configs
 from perfsim.engine import plan_with_memory
 from perfsim.errors import ConfigError
-from perfsim.hardware import get_gpu
+from perfsim.hardware import get_gpu, profile_gpu
 from perfsim.params import resolved
 
 GIB = 2 ** 30
@@ -48,6 +48,9 @@ class MemoryReport:
     combination: list[tuple[str, float]] = field(default_factory=list)
     #: host memory per GPU of an offloaded optimizer on that stage (``--offload optimizer``), bytes
     host_bytes: float = 0.0
+    #: whose memory ``capacity_bytes`` is: the ``--gpu`` preset, else the GPU the profile was
+    #: measured on (``v100-sxm2-16gb, the profile's GPU``), as predict's memory warning compares
+    capacity_of: str = ""
 
     @property
     def fits(self) -> bool | None:
@@ -64,7 +67,7 @@ class MemoryReport:
                 "fits": self.fits, "stage_gib": [b / GIB for b in self.stage_bytes],
                 "options": [{"change": c, "peak_gib": b / GIB, "fits": f} for c, b, f in self.options],
                 "combination": [{"flags": c, "peak_gib": b / GIB} for c, b in self.combination],
-                "host_gib": self.host_bytes / GIB}
+                "host_gib": self.host_bytes / GIB, "capacity_of": self.capacity_of}
 
 
 def _peaks(params: dict[str, Any]):
@@ -115,6 +118,11 @@ def memory_report(**params: Any) -> MemoryReport:
     (e.g. more stages than layers) is left out. Raises ConfigError on bad input, like predict."""
     params = {k: v for k, v in params.items() if v is not None}
     mem, cap = _peaks(params)
+    capacity_of = str(params.get("gpu") or "")
+    if cap is None:  # no --gpu: the GPU the profile was measured on (perfsim.api._warn_memory's)
+        measured_on = profile_gpu(build_configs(**params)[3])
+        if measured_on is not None:
+            cap, capacity_of = measured_on.memory_bytes, f"{measured_on.name}, the profile's GPU"
     worst = max(mem, key=lambda m: m.total)
     parts = {"weights": worst.weights, "gradients": worst.grads, "optimizer state": worst.optimizer,
              "activations": worst.activations, "buffers": worst.buffers + worst.sharding}
@@ -136,7 +144,7 @@ def memory_report(**params: Any) -> MemoryReport:
                 break
     return MemoryReport(params=params, peak_bytes=worst.total, worst_stage=worst.stage, breakdown=parts,
                         capacity_bytes=cap, stage_bytes=[m.total for m in mem], options=options,
-                        combination=combination, host_bytes=worst.host)
+                        combination=combination, host_bytes=worst.host, capacity_of=capacity_of)
 
 
 #: how many changes a combination takes at most
@@ -167,7 +175,7 @@ def render(report: MemoryReport) -> str:
     if cap is None:
         verdict = "no --gpu given: no capacity to compare with"
     else:
-        gpu = report.params.get("gpu")
+        gpu = report.capacity_of or report.params.get("gpu")
         verdict = (f"fits in {cap / GIB:.0f} GiB ({gpu}), {(cap - report.peak_bytes) / GIB:.1f} GiB to spare"
                    if report.fits else f"does NOT fit in {cap / GIB:.0f} GiB ({gpu}): short by "
                    f"{(report.peak_bytes - cap) / GIB:.1f} GiB")

@@ -58,14 +58,20 @@ def _column(df, name: str) -> str:
 
 def apply_filters(df, filters: Sequence[str] = ()):
     """Keep rows matching every ``column=value[,value...]`` filter. ``bandwidth`` and
-    ``latency`` take units (``bandwidth=100Mbps``)."""
+    ``latency`` take units (``bandwidth=100Mbps``). A column filtered twice is refused:
+    the two would intersect (``pp=2`` then ``pp=4``: nothing), one value list says it."""
     import numpy as np  # lazy: numpy is heavy, needed only here
 
+    seen: dict[str, str] = {}
     for f in filters or ():
         if "=" not in f:
             raise ConfigError(f"filter {f!r}: expected COLUMN=VALUE[,VALUE...]")
         name, _, raw = f.partition("=")
         col = _column(df, name.strip())
+        if col in seen:
+            raise ConfigError(f"filter {f!r}: {name.strip()} filtered twice ({seen[col]!r} before); give "
+                              "one filter per column, its values as a comma list")
+        seen[col] = f
         values = split_list(raw, f"filter {f!r}")
         if not values:
             raise ConfigError(f"filter {f!r}: no value")

@@ -63,7 +63,7 @@ from perfsim.documents import read_document
 from perfsim.errors import ConfigError
 from perfsim.provenance import input_key as key, stale_notes, stale_reasons
 from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
-from perfsim.units import format_bandwidth
+from perfsim.units import EXAMPLE_UNITS, format_bandwidth, refuse_bare_number
 
 log = logging.getLogger(__name__)
 
@@ -152,22 +152,16 @@ def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
         raise ConfigError(f"sweep file {str(path)!r}: {exc}") from None
 
 
-#: example units of a number written without one in a sweep file, by parameter kind
-_UNITS = {"bandwidth": ("Mbps", "Gbps"), "time": ("ms", "s"), "size": ("KB", "MiB"), "window": ("KB", "MiB")}
-
-
 def _unit_given(path: Path, key: str, value: Any) -> None:
     """A sweep file mirrors the flags: a number of a parameter with a unit (a rate, a time, a
     size) needs its unit as the flag does (``bandwidth = 100`` is not 100 bit/s, ``latency = 5``
-    not 5 s); zero is unambiguous. ConfigError naming the key and the value."""
+    not 5 s); zero is unambiguous. ConfigError naming the key and the value
+    (:func:`perfsim.units.refuse_bare_number`)."""
     param = params.BY_NAME.get(str(key).replace("-", "_"))
-    if param is None or param.kind not in _UNITS:
+    if param is None or param.kind not in EXAMPLE_UNITS:
         return
     for item in value if isinstance(value, list) else [value]:
-        if isinstance(item, (int, float)) and not isinstance(item, bool) and item != 0:
-            a, b = _UNITS[param.kind]
-            raise ConfigError(f"sweep file {str(path)!r}: {param.name} = {item!r} has no unit; write it as "
-                              f"text with one, e.g. \"{item:g}{a}\" or \"{item:g}{b}\" (as its flag {param.flag})")
+        refuse_bare_number(item, f"sweep file {str(path)!r}: {param.name}", param.kind, param.flag)
 
 
 # ---------------------------------------------------------------- running one batch

@@ -48,7 +48,9 @@ def render(results, file=None, width: int | None = None, color: bool = True,
     """Print to ``file`` (a rich console) or, with ``file=None``, return plain text.
     ``labels``: per result, ``{column: value}`` of the parameters its grid varies
     (:func:`perfsim.params.column`); a grid's table has a column for each one that its
-    standard columns do not show (``gpu``, ``seq_len`` ...)."""
+    standard columns do not show (``gpu``, ``seq_len`` ...). One configuration's table names
+    the GPU (else the profile's device), precision and TP degree it priced, and a row for
+    each label (there: the parameters given) that its standard rows do not show."""
     if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
         width = 140
 
@@ -91,8 +93,16 @@ def render(results, file=None, width: int | None = None, color: bool = True,
         t.add_column("value")
         t.add_column("figure")
         t.add_column("value", justify="right")
-        cfg = [(n, "topology " + s["topology"] if key == "bandwidth_bps" and s.get("topology") else _cell(s, key, fmt))
-               for n, key, fmt in cfg_cols]
+        # what was priced: the GPU (or the profile's device), precision and TP degree, then each
+        # setting given that no row shows (labels: --zero, --seq-len, --profile ...)
+        single_cols = cfg_cols + [("gpu", "gpu", lambda g: g or f"{s.get('profile_device') or 'unknown'} (profile)"),
+                                  ("precision", "precision", str), ("tp", "tp", str)]
+        drawn = {key for _, key, _ in single_cols} | {"topology"}  # the topology: in the bandwidth row
+        given = [(k, _label(k, v)) for k, v in (labels or [{}])[0].items() if k not in drawn]
+        topology = {"bandwidth_bps": f"topology {s.get('topology')}",  # its links, not one rate and latency:
+                    "latency_s": f"topology's, up to {format_time(s['latency_s'])}"}  # the summary's are its extremes
+        cfg = [(n, topology[key] if key in topology and s.get("topology") else _cell(s, key, fmt))
+               for n, key, fmt in single_cols] + given
         figs = [(n, f(s)) for n, f in fig_cols]
         for (a, b), (c, d) in zip(cfg, figs + [("", "")] * (len(cfg) - len(figs))):
             t.add_row(a, b, c, d)

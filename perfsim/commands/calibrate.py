@@ -71,7 +71,9 @@ HELPS = {
 def add_arguments(p) -> None:
     add_keywords(p, plan_calibration, HELPS, choices={"device": DEVICES, "statistic": STATISTICS,
                                                       "stage_timing": STAGE_TIMINGS})
-    add_out(p, "traces/calibrated.json", "profile file to write (- is stdout)")
+    add_out(p, "traces/calibrated.json", "profile file to write (- is stdout); a file there is refused "
+                                          "unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace a file at --out (an earlier profile)")
     p.add_argument("--compare", metavar="PROFILE", help="then compare the measurements with this profile's "
                    "(median ratio per group: compute, codecs, communication): has the machine drifted?")
     add_no_progress(p)
@@ -84,7 +86,7 @@ def run(args) -> int:
 
         old = load_profile(args.compare)
     started = time.perf_counter()
-    profile = calibrate(args.out, progress=not args.no_progress,
+    profile = calibrate(args.out, progress=not args.no_progress, overwrite=args.overwrite,
                         command=" ".join(["perfsim calibrate", *sys.argv[2:]]),
                         **{k: getattr(args, k) for k in HELPS})
     meta = profile.metadata

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 from perfsim import outputs, params
 from perfsim.commands import add_out, input_paths
+
+log = logging.getLogger(__name__)
 
 HELP = "peak memory per GPU of a job, and what each single change (ZeRO, recomputation, TP/PP, ...) saves"
 EXAMPLES = """examples:
@@ -39,4 +42,6 @@ def run(args) -> int:
     report = memory_report(**values)
     text = outputs.json_text(report.to_dict()) if fmt == "json" else render(report) + "\n"
     outputs.emit(out, text)
+    if out:
+        log.info("wrote %s", out)
     return 0

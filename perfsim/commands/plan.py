@@ -17,13 +17,17 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from perfsim import outputs, params
 from perfsim.commands import input_paths, note_unused
 from perfsim.emit import EMIT_KINDS, check_emit, emit
+from perfsim.errors import ConfigError
 from perfsim.plan import pareto_front, plan
 from perfsim.units import format_time
+
+log = logging.getLogger(__name__)
 
 HELP = "search parallelism, schedule and compression for a model on a cluster; rank by time to loss"
 
@@ -152,6 +156,8 @@ def run(args) -> int:
     _check_outputs(args)
     given = {k: v for k, v in params.from_args(args).items() if v is not None and k not in _OWN}
     model = given.pop("model", "gpt2-xl")
+    if args.emit_run and args.emit not in (None, "perfsim"):  # one winner's command: which one?
+        raise ConfigError(f"--emit-run (= --emit perfsim) contradicts --emit {args.emit}; give one")
     kind = args.emit or ("perfsim" if args.emit_run else None)
     if kind == "perfsim":
         check_emit(model)
@@ -173,6 +179,8 @@ def run(args) -> int:
     else:
         text = _table(result)
     outputs.emit(args.output, text)
+    if args.output:
+        log.info("wrote %s (%d configuration%s)", args.output, len(result.ranked), "s" * (len(result.ranked) != 1))
     note_unused([result.ranked[0].summary])  # the winner's: e.g. a --bandwidth beside --nic
     if args.plot:
         _plot(result, args.plot)

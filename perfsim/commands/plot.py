@@ -2,7 +2,7 @@
 
     perfsim plot runs/speedup.csv --kind speedup --out speedup.svg
     perfsim plot runs/speedup.csv --kind breakdown --filter bandwidth=100Mbps
-    perfsim plot traces/validation/cpu.csv --kind validation
+    perfsim plot traces/validation/gpt2-tiny-pp2/validation.csv --kind validation
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ HELP = "draw throughput / speed-up / breakdown / bubble / validation figures fro
 EXAMPLES = """examples:
   perfsim plot runs/speedup.csv --kind speedup --out speedup.svg
   perfsim plot runs/speedup.csv --kind breakdown --filter bandwidth=100Mbps
-  perfsim plot traces/validation/cpu.csv --kind validation
+  perfsim plot traces/validation/gpt2-tiny-pp2/validation.csv --kind validation
 """
 KINDS = ("throughput", "speedup", "breakdown", "bubble", "validation")
 

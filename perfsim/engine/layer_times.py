@@ -183,8 +183,12 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
                                   f"{get_model_spec(model.name).seq_len} tokens and has no FLOP rate to price "
                                   "another length; leave --seq-len out, or give --gpu")
             if not rate:
+                own = profile_gpu(profile) if profile is not None else None
                 raise ConfigError(f"model {model.name!r}: no compute time for layer {layer.name!r} "
-                                  "(profile has neither a record nor an effective FLOP rate)")
+                                  "(profile has neither a record nor an effective FLOP rate); give "
+                                  + (f"--gpu {own.name} (the profile's GPU: its operator model, with the "
+                                     "profile's measured rates)" if own is not None else
+                                     "--gpu, or a profile that times it (perfsim calibrate)"))
             if model.arch is not None:
                 moved = compute.layer_bytes(model.arch, layer.name, micro_batch, 4)
             else:

@@ -15,7 +15,7 @@ JSON or TOML::
                                     # the node's fastest link, shared by its GPUs as under
                                     # --bandwidth (the same cluster gives the same answer)
     bandwidth_matrix = [["0", "100Mbps", ...], ...]   # optional, n x n
-    latency_matrix = [[0, 0.05, ...], ...]            # optional, n x n (seconds or "50ms")
+    latency_matrix = [[0, "50ms", ...], ...]          # optional, n x n
     # large (geo-distributed) systems: nodes in regions, an R x R matrix
     # between regions (the diagonal is the rate inside a region)
     regions = [0, 0, 1, 1]           # region of each node (or {"size": 256}: 256 nodes per region)
@@ -30,7 +30,8 @@ JSON or TOML::
 
 CSV: a header ``src,dst,bandwidth,latency`` and one row per pair (both
 directions unless the reverse row is given); every pair of nodes must appear.
-Diagonal entries are ignored. Values take the units of :mod:`perfsim.units`.
+Diagonal entries are ignored. Values take the units of :mod:`perfsim.units`; in a file a rate
+or a latency written as a number without its unit is refused (0 excepted), as in a sweep file.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from typing import Any
 
 from perfsim.documents import document_kind, parse_document, read_document
 from perfsim.errors import ConfigError
-from perfsim.units import parse_bandwidth, parse_time
+from perfsim.units import parse_bandwidth, parse_time, refuse_bare_number
 
 
 @dataclass(frozen=True)
@@ -302,11 +303,40 @@ def topology_from_rows(rows: list[dict[str, str]], where: str = "topology") -> T
 
 
 def load_topology(path: str | Path) -> Topology:
-    """Read a topology file (.json, .toml or .csv)."""
+    """Read a topology file (.json, .toml or .csv). A file mirrors the flags: its rates and
+    latencies take units (:func:`units_given`; CSV cells are text, parsed so)."""
     p = Path(path)
     where = f"topology {str(p)!r}"
     data = read_document(p, "topology", default="json")
     if document_kind(p, "json") == "csv":
         return topology_from_rows(data, where)
-    return topology_from_dict(data, where)
+    topology = topology_from_dict(data, where)
+    units_given(data, where)
+    return topology
+
+
+def units_given(data: dict, where: str) -> None:
+    """A rate or a latency of a topology document (valid: :func:`topology_from_dict` read it)
+    written as a non-zero number without its unit is refused (:func:`perfsim.units.refuse_bare_number`):
+    ``bandwidth = 100`` ran at 100 bit/s and ``latency = 5`` with 5 s, silently. A Python dict
+    given to :func:`topology_from_dict` keeps SI numbers."""
+    kinds = {"bandwidth": "bandwidth", "latency": "time", "nic_bandwidth": "bandwidth",
+             "bandwidth_matrix": "bandwidth", "latency_matrix": "time",
+             "region_bandwidth": "bandwidth", "region_latency": "time"}
+    for key, kind in kinds.items():
+        value = data.get(key)
+        if isinstance(value, list) and value and isinstance(value[0], list):  # a matrix (the node diagonal is ignored)
+            for i, row in enumerate(value):
+                for j, v in enumerate(row):
+                    if i != j or key.startswith("region"):
+                        refuse_bare_number(v, f"{where}: {key}[{i}][{j}]", kind)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                refuse_bare_number(v, f"{where}: {key}[{i}]", kind)
+        elif value is not None:
+            refuse_bare_number(value, f"{where}: {key}", kind)
+    for k, link in enumerate(data.get("links", [])):
+        for key, kind in (("bandwidth", "bandwidth"), ("latency", "time")):
+            if key in link:
+                refuse_bare_number(link[key], f"{where}: links[{k}].{key}", kind)
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import perfsim
-from perfsim.analysis.memory_fit import GIB, memory_report
+from perfsim.analysis.memory_fit import GIB, memory_report, render
 from _helpers import run_cli
 
 JOB = dict(model="llama2-7b", gpu="h100", tp=1, pp=1, dp=8, micro_batch=4, precision="bf16")
@@ -42,3 +42,18 @@ def test_cli_text_json_and_bad_input(tmp_path):
     assert json.loads(out.read_text())["fits"] is False
     bad = run_cli("memory", "--model", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "nope" in bad.stderr
+
+
+def test_without_gpu_the_profiles_gpu_is_the_capacity():
+    """qa6: `perfsim memory` on the default profile said "no --gpu given: no capacity to compare
+    with" while `perfsim predict` of the same job warned that its 72 GiB exceed the profile's
+    V100 (16 GiB): the command whose question is "does it fit?" had the answer and gave none.
+    It now compares with the GPU the profile was measured on, and says so; a CPU profile names
+    no GPU, and keeps the old line."""
+    rep = memory_report(model="gpt2-xl")
+    assert rep.capacity_bytes == 16 * GIB and rep.fits is False
+    text = render(rep)
+    assert "does NOT fit in 16 GiB (v100-sxm2-16gb, the profile's GPU)" in text, text
+    assert any(f for _, _, f in rep.options) or rep.combination, text  # what makes it fit
+    cpu = memory_report(model="gpt2-tiny", pp=2, profile="traces/cpu-2core.json")
+    assert cpu.capacity_bytes is None and "no --gpu given" in render(cpu)

@@ -510,3 +510,36 @@ def test_compare_with_a_missing_profile_fails_before_measuring():
                 "--no-progress")
     assert_user_error(r.returncode, r.stderr, "/nonexistent/p.json")
     assert "wrote" not in r.stdout
+
+
+def test_an_existing_profile_is_not_replaced_without_overwrite(tmp_path):
+    """`perfsim calibrate --output traces/cpu-2core.json --quick` replaced the shipped profile (the
+    one the validation grids re-predict) after 66 s of measuring, without a word; so did a second
+    `perfsim calibrate` on its default traces/calibrated.json. A file there is refused before any
+    measurement unless --overwrite (perfsim.calibrate(..., overwrite=True))."""
+    import perfsim
+
+    out = tmp_path / "mine.json"
+    out.write_text("measured yesterday")
+    nothing = ["--model", "", "--stages", "", "--comm", "none", "--codecs", "none", "--no-progress"]
+    r = run_cli_here("calibrate", "--output", str(out), *nothing)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--overwrite" in r.stderr and str(out) in r.stderr and "points, about" not in r.stderr  # nothing measured
+    assert out.read_text() == "measured yesterday"
+    with pytest.raises(ConfigError, match="overwrite"):
+        perfsim.calibrate(str(out), model="", stages="", comm="none", codecs="none", progress=False)
+    r = run_cli_here("calibrate", "--output", str(out), "--overwrite", *nothing)
+    assert r.returncode == 0, r.stderr
+    assert Profile.load(out).metadata["calibration"]["command"].startswith("perfsim calibrate")
+
+
+def test_a_value_repeated_in_a_list_is_measured_once():
+    """`perfsim calibrate --model gpt2-tiny,gpt2-tiny --micro-batch 4,4` measured the model twice
+    (2 x 54 points at mb 4, 4: duplicate records, twice the minutes); predict's comma lists run
+    a repeated value once, and so does calibrate now."""
+    from perfsim.calibrate.calibration import plan_calibration
+
+    twice = plan_calibration(model="gpt2-tiny,gpt2-tiny", micro_batch="4,4", stages="1,1", quick=True)
+    once = plan_calibration(model="gpt2-tiny", micro_batch="4", stages="1", quick=True)
+    assert [c.model for c in twice.compute] == ["gpt2-tiny"]
+    assert twice.compute[0].micro_batches == (4,) and twice.stages() == once.stages()

@@ -71,8 +71,10 @@ def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
 def test_bad_input_one_line(capsys, extra, msg):
     extra = extra.split()
     args = [a for a in ARGS]
-    i = args.index("--global-batch")
-    del args[i:i + 2]
+    for flag in [a for a in extra if a.startswith("--")] + ["--global-batch"]:  # extra's value replaces ARGS's
+        if flag in args:                                                        # (a flag given twice is refused)
+            i = args.index(flag)
+            del args[i:i + 2]
     if "--global-batch" not in extra:
         args += ["--global-batch", "16"]
     code = main(args + extra)

@@ -36,8 +36,8 @@ def test_importing_runtime_config_stays_torch_free():
 
 def test_calibrate_flags_are_the_keywords_of_the_library():
     """`perfsim calibrate`'s flags and defaults come from plan_calibration's keywords (besides
-    where the profile goes, progress, and --compare, whose library side is
-    perfsim.calibrate.compare.compare_profiles)."""
+    where the profile goes and whether it may replace a file there, progress, and --compare, whose
+    library side is perfsim.calibrate.compare.compare_profiles)."""
     from perfsim.calibrate.calibration import plan_calibration
     from perfsim.commands import calibrate as command
 
@@ -45,9 +45,10 @@ def test_calibrate_flags_are_the_keywords_of_the_library():
     command.add_arguments(parser)
     defaults = vars(parser.parse_args([]))
     params = inspect.signature(plan_calibration).parameters
-    assert set(params) == set(defaults) - {"out", "no_progress", "compare"}
+    assert set(params) == set(defaults) - {"out", "overwrite", "no_progress", "compare"}
     assert all(defaults[k] == p.default for k, p in params.items())
-    assert set(inspect.signature(perfsim.calibrate).parameters) == {"out", "progress", "command", *params}
+    assert set(inspect.signature(perfsim.calibrate).parameters) == {"out", "progress", "command", "overwrite",
+                                                                     *params}
 
 
 def test_plan_calibration_takes_sequences_and_names_the_flag():

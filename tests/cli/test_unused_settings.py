@@ -108,3 +108,41 @@ def test_pipeline_compression_with_one_stage_is_said_unused():
         assert not unused_notes(api_predict(**one, **extra, compress="aqsgd:fw3bw6").summary)  # a planner's
     assert not unused_notes(perfsim.predict(**one, compress="fp32").summary)  # the identity: nothing to say
     assert not unused_notes(perfsim.predict(model="gpt2-tiny", pp=2, compress="aqsgd:fw3bw6").summary)
+
+
+def test_zero_with_one_replica_and_kernels_a_profile_prices_are_said_unused():
+    """qa6: `--zero 3` with dp 1 (nothing to shard over), and `--attention flash` / `--kernels`
+    where the profile's measured layer times price the compute (no GPU operator model runs
+    kernels), left the iteration as it was without a word: a user asking "how much does
+    FlashAttention buy?" of the default profile read 0 %. Said now; silent where they apply."""
+    tiny = dict(model="gpt2-tiny", pp=2, profile="traces/cpu-2core.json")
+    base = perfsim.predict(**tiny).summary
+    for setting, text, same in (
+            ({"zero": 3}, "zero 3 unused: dp 1 has no replicas to shard over", FIGURES),
+            ({"attention": "flash"}, "attention flash unused: the profile's measured layer times price the "
+                                     "compute", ("iteration_s",)),      # its memory follows --attention
+            ({"kernels": "fused"}, "kernels fused unused: the profile's measured layer times price the compute",
+             FIGURES)):
+        s = perfsim.predict(**tiny, **setting).summary
+        assert {k: s.get(k) for k in same} == {k: base.get(k) for k in same}, setting
+        assert [n for n in unused_notes(s) if n.startswith(text)], (setting, s.get("model_note"))
+        assert not unused_notes(api_predict(**tiny, **setting).summary)  # a planner's candidate: silent
+    gpu = dict(model="gpt2-tiny", gpu="h100")
+    assert not unused_notes(perfsim.predict(**gpu, pp=2, attention="flash", kernels="eager").summary)
+    assert not unused_notes(perfsim.predict(**gpu, pp=1, dp=2, zero=1).summary)
+    offload = perfsim.predict(model="gpt2-tiny", gpu="h100", pp=1, zero=2, offload="optimizer").summary
+    assert not unused_notes(offload)  # ZeRO-Offload on one GPU: zero 2 is what offloads
+
+
+def test_compress_under_a_per_boundary_spec_for_every_boundary_is_said_unused():
+    """qa6: `--compress aqsgd:fw3bw6 --boundary-compress 0=fp16` on 2 stages (one boundary, given
+    its own spec) priced fp16 (89.3 ms at 100 Mbps, as without --compress) while the row's
+    compress column read aqsgd:fw3bw6, without a word. Said now; silent where a boundary uses it."""
+    two = dict(model="gpt2-tiny", pp=2, bandwidth="100Mbps", boundary_compress="0=fp16")
+    s = perfsim.predict(**two, compress="aqsgd:fw3bw6").summary
+    assert _figures(s) == _figures(perfsim.predict(**two).summary)
+    assert unused_notes(s) == ["compress aqsgd:fw3bw6 unused: boundary_compress 0=fp16 gives every "
+                               "pipeline boundary its own spec"], s.get("model_note")
+    assert not unused_notes(api_predict(**two, compress="aqsgd:fw3bw6").summary)  # a planner's: silent
+    three = dict(two, pp=3, model="gpt2-tiny")
+    assert not unused_notes(perfsim.predict(**three, compress="aqsgd:fw3bw6").summary)  # boundary 1 uses it

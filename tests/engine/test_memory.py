@@ -201,3 +201,22 @@ def test_aqsgd_buffers_are_those_of_the_boundaries_that_cross_devices():
     assert buffers(pp=1, schedule="interleaved-1f1b", virtual_stages=2) == [0]
     assert buffers(pp=2, schedule="zb-v") == [2, 2]  # the V's turn (stages 1, 2 on device 1) is local
     assert buffers(pp=3, schedule="1f1b") == [1, 2, 1]
+
+
+def test_aqsgd_buffers_follow_the_per_boundary_specs():
+    """qa6: the memory model charged AQ-SGD's buffers by --compress alone: AQ-SGD on the only
+    boundary through --boundary-compress 0=aqsgd:fw3bw6 (the same 311,296 pipeline bytes as
+    --compress aqsgd:fw3bw6) had no buffers (peak 0.051 GiB against 0.274), and --compress
+    aqsgd:fw3bw6 with every boundary overridden by fp16 kept them. Each boundary's own spec now
+    decides its sender's and its receiver's buffers."""
+    aq = dict(model="gpt2-tiny", dataset_samples=1000, schedule="1f1b")
+    one = GIB * predict(**aq, pp=2, compress="aqsgd:fw3bw6").stages[0]["buffers_gib"]  # one boundary's buffer
+    assert one > 0
+
+    def buffers(**kw):
+        return [round(GIB * s["buffers_gib"] / one, 6) for s in predict(**aq, **kw).stages]
+
+    assert buffers(pp=2, boundary_compress="0=aqsgd:fw3bw6") == [1, 1]
+    assert buffers(pp=2, compress="aqsgd:fw3bw6", boundary_compress="0=fp16") == [0, 0]
+    assert buffers(pp=3, compress="aqsgd:fw3bw6", boundary_compress="1=fp16") == [1, 1, 0]
+    assert buffers(pp=3, boundary_compress="1=aqsgd:fw3bw6") == [0, 1, 1]

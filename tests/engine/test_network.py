@@ -200,3 +200,29 @@ def test_nccl_socket_transport_is_host_bound():
     net = Network(System(bandwidth_bps=100e9, gpus_per_node=8, nic_kind="socket"), 16)
     assert net.collective_link.rate_bps == pytest.approx(40e9)
     assert Network(System(bandwidth_bps=40e9, nic_kind="socket"), 2).link.rate_bps == pytest.approx(40e9 * 1448 / 1538)
+
+
+@pytest.mark.parametrize("text, culprit", [
+    ('nodes = 2\nbandwidth = 100\n', "bandwidth"),                                   # ran at 100 bit/s
+    ('nodes = 2\nbandwidth = "1Gbps"\nlatency = 5\n', "latency"),                     # ran with 5 s
+    ('bandwidth_matrix = [[0, "1Gbps"], ["1Gbps", 0]]\nlatency_matrix = [[0, 0.05], [0.05, 0]]\n',
+     r"latency_matrix\[0\]\[1\]"),
+    ('nodes = 2\nbandwidth = "1Gbps"\nnic_bandwidth = 10\n', "nic_bandwidth"),
+    ('nodes = 2\nbandwidth = "1Gbps"\n[[links]]\nsrc = 0\ndst = 1\nbandwidth = 100\n', r"links\[0\]\.bandwidth"),
+    ('regions = [0, 1]\nregion_bandwidth = [["1Gbps", 200], [200, "1Gbps"]]\n', r"region_bandwidth\[0\]\[1\]"),
+])
+def test_a_topology_files_numbers_need_units(tmp_path, text, culprit):
+    """A topology file's `bandwidth = 100` was 100 bit/s and `latency = 5` 5 s, silently (an
+    iteration of 49 hours): a file mirrors the flags as a sweep file does, so a rate or a time
+    written as a number without its unit is refused, naming the key and a way to write it.
+    Zero (a latency, the ignored diagonal) needs none; Python dicts keep SI numbers."""
+    f = tmp_path / "t.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=culprit) as err:
+        load_topology(f)
+    assert "no unit" in str(err.value) and "\n" not in str(err.value)
+    from perfsim.network import topology_from_dict
+
+    f.write_text('nodes = 2\nbandwidth = "1Gbps"\nlatency = 0\nlatency_matrix = [[0, "5ms"], ["5ms", 0]]\n')
+    assert load_topology(f).latency[0][1] == pytest.approx(0.005)
+    assert topology_from_dict({"nodes": 2, "bandwidth": 1e9, "latency": 0.005}).bandwidth[0][1] == 1e9

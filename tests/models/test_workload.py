@@ -119,3 +119,27 @@ def test_layer_without_times_or_flops_is_an_error(write_file):
         load_workload_file(f)
     f.write_text('[[layers]]\nname = "free"\nparams = 1\nout_shape = [1]\nflops = 0\n')
     assert load_workload_file(f).layers[0].flops_fwd == 0.0  # free on purpose
+
+
+def test_workload_times_take_units(write_file):
+    """`fwd_s = "5ms"` was refused ("must be a number >= 0") although every time flag takes
+    units: a time written as text goes through the one units parser (a TOML/JSON number is
+    seconds, as the key says); text without a unit, a bad unit or a negative time is refused
+    naming the field."""
+    layer = '[[layers]]\nname = "a"\nparams = 1\nout_shape = [1]\n'
+    f = write_file("w.toml", layer + 'fwd_s = "5ms"\nbwd_s = "12000us"\n')
+    m = load_workload_file(f)
+    assert m.fwd_s == pytest.approx((0.005,)) and m.bwd_s == pytest.approx((0.012,))
+    f = write_file("w.toml", layer + 'fwd_s = "5ms"\n')
+    assert load_workload_file(f).bwd_s == pytest.approx((0.010,))  # 2 x fwd_s, as for a number
+    j = write_file("w.json", '{"layers": [{"params": 1, "out_shape": [1], "fwd_s": "0.5 s"}]}')
+    assert load_workload_file(j).fwd_s == pytest.approx((0.5,))
+    for bad, msg in (('"5"', "needs a unit"), ('"5 furlongs"', "unknown unit"), ('"-5ms"', ">= 0"),
+                     ("true", "number")):
+        f = write_file("w.toml", layer + f"fwd_s = {bad}\n")
+        with pytest.raises(ConfigError, match=r"layers\[0\]\.fwd_s") as err:
+            load_workload_file(f)
+        assert msg in str(err.value)
+    f = write_file("w.toml", layer + 'fwd_s = 0.001\nflops = "5ms"\n')
+    with pytest.raises(ConfigError, match=r"layers\[0\]\.flops"):  # not a time: numbers only
+        load_workload_file(f)

@@ -121,3 +121,28 @@ def test_recompute_and_attention_are_refused_where_nothing_would_change():
                           global_batch=16, top=5)
     assert {(c.params.get("recompute", "none"), c.params.get("attention", "megatron"))
             for c in result.ranked} == {("none", "megatron")}
+
+
+@pytest.mark.parametrize("target", [0.5, -1.0])
+def test_a_target_loss_the_uncompressed_run_never_reaches_is_refused(target):
+    """On one node (no pipeline, no replicas: fp32 only) a target below every measured loss
+    ranked by iteration time with an empty "to loss" column and "0.0% slower to the target",
+    without a word; with compressed candidates the same target was refused. Both refuse it,
+    naming the lowest loss the uncompressed run reaches."""
+    with pytest.raises(ConfigError, match=rf"target loss {target}: the uncompressed run never reaches it "
+                                          r"\(its lowest smoothed loss [0-9.]+"):
+        perfsim.plan(model="gpt2-tiny", nodes=1, global_batch=8, profile=CPU, bandwidth="100Mbps",
+                     target_loss=target)
+    proc = run_cli_here("plan", "--model", "gpt2-tiny", "--global-batch", "8", "--profile", CPU,
+                        f"--target-loss={target}")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "never reaches" in proc.stderr
+
+
+def test_emit_and_emit_run_together_are_refused():
+    """`--emit megatron --emit-run` printed Megatron flags and dropped --emit-run (perfsim run's
+    command) silently: contradictory, refused before the search."""
+    proc = run_cli_here("plan", *SMALL, "--emit", "megatron", "--emit-run")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--emit-run" in proc.stderr and "--emit megatron" in proc.stderr
+    assert run_cli_here("plan", *SMALL, "--emit", "perfsim", "--emit-run", "--top", "1").returncode == 0

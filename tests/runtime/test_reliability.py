@@ -58,7 +58,7 @@ def _wait(cond, timeout: float) -> bool:
 
 
 def _start_long_run(out: Path, *extra) -> subprocess.Popen:
-    proc = subprocess.Popen([*RUN, "--pp", "2", "--steps", "100000", "--out", str(out), *extra],
+    proc = subprocess.Popen([*RUN, "--steps", "100000", "--out", str(out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert _wait(lambda: (out / ".ranks" / "progress.json").exists() or proc.poll() is not None, 120)
     assert proc.poll() is None, proc.communicate()
@@ -78,7 +78,7 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path):
     out = tmp_path / "shared"
     first = _start_long_run(out)
     try:
-        second = subprocess.run([*RUN, "--pp", "2", "--steps", "2", "--out", str(out)],
+        second = subprocess.run([*RUN, "--steps", "2", "--out", str(out)],
                                 capture_output=True, text=True, timeout=120)
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert f"pid {first.pid}" in second.stderr and len(second.stderr.strip().splitlines()) == 1

@@ -36,7 +36,7 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
       --statistic "${STATISTIC:-median}" --concurrent \
       --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference \
       --emulate-bandwidth "$RATES" \
-      --output "$PROFILE"
+      --overwrite --output "$PROFILE"    # refreshes the profile in place (a file there is refused otherwise)
 fi
 
 for MODEL in $MODELS; do
