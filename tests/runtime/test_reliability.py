@@ -77,9 +77,8 @@ def test_second_run_on_the_same_folder_is_refused(tmp_path):
     """Two runs sharing --out interleaved; now the second is refused naming the pid."""
     out = tmp_path / "shared"
     first = _start_long_run(out)
-    try:
-        second = subprocess.run([*RUN, "--steps", "2", "--out", str(out)],
-                                capture_output=True, text=True, timeout=120)
+    try:  # the second in this process: the lock names another process's pid either way
+        second = run_cli_here(*RUN[3:], "--steps", "2", "--out", str(out))
         assert second.returncode == 2 and "Traceback" not in second.stderr
         assert f"pid {first.pid}" in second.stderr and len(second.stderr.strip().splitlines()) == 1
     finally:
