@@ -140,6 +140,13 @@ def convergence_table(out_dir, steps: int, only: list[str] | None, onebit: bool)
         return {r["config"]: r for r in csv.DictReader(f)}
 
 
+def above_2x(table: dict[str, dict]) -> dict[str, float]:
+    """The configs of a :func:`convergence_table` whose final loss is above twice their
+    baseline's (NaN counts), ratio rounded: what the convergence tests require empty."""
+    ratios = {k: float(r["ratio"]) for k, r in table.items()}
+    return {k: round(v, 2) for k, v in ratios.items() if not v <= 2.0}
+
+
 def _convergence_rank(rank: int, port: int, steps: int, only, onebit: bool, out_dir: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import ddp_convergence as conv
