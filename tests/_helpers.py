@@ -128,6 +128,36 @@ def run_ranks(fn, out_dir, *args, world: int = 2, start_method: str = "forkserve
     return load_ranks(out_dir, world)
 
 
+def convergence_table(out_dir, steps: int, only: list[str] | None, onebit: bool) -> dict[str, dict]:
+    """scripts/ddp_convergence.py's table (config -> CSV row) of the configs ``only`` (and
+    their baselines; all when None), with or without the 1-bit optimizers: the script's own
+    ``configs``, ``train_all`` and ``write`` in two forkserver ranks (:func:`spawn_ranks`)
+    instead of a torchrun job of three new interpreters."""
+    import csv
+
+    spawn_ranks(_convergence_rank, steps, only, onebit, str(out_dir))
+    with open(Path(out_dir) / "ddp_convergence.csv") as f:
+        return {r["config"]: r for r in csv.DictReader(f)}
+
+
+def above_2x(table: dict[str, dict]) -> dict[str, float]:
+    """The configs of a :func:`convergence_table` whose final loss is above twice their
+    baseline's (NaN counts), ratio rounded: what the convergence tests require empty."""
+    ratios = {k: float(r["ratio"]) for k, r in table.items()}
+    return {k: round(v, 2) for k, v in ratios.items() if not v <= 2.0}
+
+
+def _convergence_rank(rank: int, port: int, steps: int, only, onebit: bool, out_dir: str) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import ddp_convergence as conv
+
+    cfgs = conv.configs(steps, onebit=onebit)
+    with gloo_group(rank, 2, port):
+        curves, sent = conv.train_all(steps, only, cfgs)
+    if rank == 0:
+        conv.write(Path(out_dir), curves, sent, cfgs, plot=False)
+
+
 @contextlib.contextmanager
 def gloo_group(rank: int, world: int, port: int):
     """A gloo process group over tcp://127.0.0.1:port for the body (one thread per rank).

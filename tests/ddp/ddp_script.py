@@ -195,6 +195,25 @@ def mode_world1(out: Path, rank: int) -> dict:
     return res
 
 
+def run_modes(modes: str, out: Path) -> None:
+    """The comma-separated ``modes``, one after the other, in this rank (group initialised)."""
+    rank = dist.get_rank()
+    table = {"first": mode_first, "resume": mode_resume, "features": mode_features,
+             "errors": mode_errors, "world1": mode_world1}
+    for mode in modes.split(","):
+        torch.save(table[mode](out, rank), out / f"{mode}-rank{rank}.pt")
+        dist.barrier()  # every rank done with this mode's collectives before the next mode
+
+
+def forked_rank(rank: int, port: int, modes: str, out: str) -> None:
+    """:func:`run_modes` in a rank of ``_helpers.spawn_ranks`` (a fresh process forked from
+    the tests' preloaded forkserver) instead of a torchrun job."""
+    from _helpers import gloo_group
+
+    with gloo_group(rank, 2, port):
+        run_modes(modes, Path(out))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("modes", help="comma-separated")
@@ -202,13 +221,7 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    out = Path(args.out)
-    modes = {"first": mode_first, "resume": mode_resume, "features": mode_features,
-             "errors": mode_errors, "world1": mode_world1}
-    for mode in args.modes.split(","):
-        torch.save(modes[mode](out, rank), out / f"{mode}-rank{rank}.pt")
-        dist.barrier()  # every rank done with this mode's collectives before the next mode
+    run_modes(args.modes, Path(args.out))
     dist.destroy_process_group()
     return 0
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers import free_port
+from _helpers import free_port, spawn_ranks
 from perfsim import ddp as pddp
 from perfsim.errors import ConfigError
 
@@ -39,12 +39,15 @@ def torchrun(modes: str, out: Path, nproc: int = 2) -> dict[str, list]:
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    """Two torchrun jobs: the first writes checkpoints (and runs the features and
-    wrong-use modes in the same processes), the second is fresh processes loading them,
-    then loading them again into states of a 1-rank data-parallel group."""
+    """Two jobs: the first, under torchrun as a user runs it, writes checkpoints (and runs
+    the features and wrong-use modes in the same processes); the second is fresh processes
+    (forked from the tests' preloaded forkserver: no torchrun launcher, no torch import)
+    loading them, then loading them again into states of a 1-rank data-parallel group."""
     out = tmp_path_factory.mktemp("ddp")
     res = torchrun("first,features,errors", out)
-    res.update(torchrun("resume,world1", out))  # fresh processes, loading first's checkpoints
+    spawn_ranks(script.forked_rank, "resume,world1", str(out))  # loading first's checkpoints
+    res.update({m: [torch.load(out / f"{m}-rank{r}.pt", weights_only=False) for r in range(2)]
+                for m in ("resume", "world1")})
     return res
 
 
