@@ -58,6 +58,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _user_error(ranks_dir: Path, world: int) -> str | None:
+    """The first user mistake (``ConfigError``) any rank reported, read after every rank has
+    stopped: it is the cause, whichever rank exited first. A rank that refuses a corrupt
+    checkpoint may still be exiting when its peer, mid-exchange, dies of the closed connection;
+    that peer's gloo error is the consequence and must not be what the user reads."""
+    reports = []
+    for r in range(world):
+        f = ranks_dir / f"rank{r}.error"
+        try:
+            text = f.read_text()
+            when = f.stat().st_mtime
+        except OSError:
+            continue
+        if text.startswith("ConfigError: "):
+            reports.append((when, r, text.splitlines()[0][len("ConfigError: "):]))
+    return min(reports)[2] if reports else None
+
+
 def _describe(rank: int, layout, code: int, err_file: Path) -> str:
     where = layout.describe(rank)
     if code < 0:
@@ -242,9 +260,9 @@ def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
             diverged = _diverged(ranks_dir, len(procs))
             if diverged:
                 raise RankFailure(diverged)
-            err = ranks_dir / f"rank{first_rank}.error"
-            if first_code == 2 and err.exists() and err.read_text().startswith("ConfigError: "):
-                raise ConfigError(err.read_text().splitlines()[0][len("ConfigError: "):])
+            user_error = _user_error(ranks_dir, len(procs))
+            if user_error:
+                raise ConfigError(user_error)
             msg = _describe(first_rank, cfg.layout, first_code, ranks_dir / f"rank{first_rank}.error")
             raise RankFailure(f"{msg}; all {len(procs)} ranks stopped (logs: {ranks_dir})")
         if progress and progress_file.exists():
