@@ -22,7 +22,7 @@ import time
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("extra", nargs="*", help="more calibrate flags (after --)")
     args = ap.parse_args()

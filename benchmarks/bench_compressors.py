@@ -115,7 +115,7 @@ def bench_one(spec: str, x: torch.Tensor, repeats: int, device: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="few repeats (a smoke run)")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1: the target)")
     ap.add_argument("--shape", default="1,1024,1600", help="tensor shape (default one GPT2-1.5B boundary)")

@@ -177,7 +177,7 @@ def write_csv(path: str, rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--sizes", default=SIZES, help=f"fp32 input sizes (default {SIZES})")
     ap.add_argument("--ways", default=",".join(WAYS), help=f"which ways to time (default {','.join(WAYS)})")

@@ -27,7 +27,7 @@ from perfsim.calibrate import comm  # noqa: E402
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="3 sizes, fewer repeats")
     args = ap.parse_args()
     sizes = (4096, 262144, 4194304) if args.quick else (1024, 8192, 65536, 262144, 1048576, 4194304, 16777216)

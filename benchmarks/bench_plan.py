@@ -36,7 +36,7 @@ CASES = {
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--only", choices=tuple(CASES), action="append")
     ap.add_argument("--top", type=int, default=5)
     args = ap.parse_args()

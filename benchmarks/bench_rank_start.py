@@ -79,7 +79,7 @@ def forked_start_cpu(folder: str) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--runs", type=int, default=3, help="runs in one process (default 3)")
     ap.add_argument("--repeats", type=int, default=1, help="medians of this many repeats (default 1)")
     args = ap.parse_args()

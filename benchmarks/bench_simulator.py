@@ -103,7 +103,7 @@ def distinct_topology(replicas: int, pp: int, seed: int = 1) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--quick", action="store_true", help="skip the geo-distributed cases of 8192 and 131,072 GPUs")
     args = ap.parse_args(argv)
     predict()  # warm imports and caches

@@ -29,7 +29,7 @@ PROFILE = os.path.join(os.path.dirname(__file__), "..", "traces", "cpu-2core.jso
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--bandwidth", default="100Mbps")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--csv", default=None)

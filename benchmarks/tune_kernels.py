@@ -38,7 +38,7 @@ def ms(fn) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--sizes", default="16MB,64MB,256MB")
     ap.add_argument("--bits", type=int, default=4)
     ap.add_argument("--csv", default=None)

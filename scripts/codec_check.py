@@ -94,7 +94,7 @@ def kernel_ratios(path: str) -> tuple[str, list[tuple[str, int, float, float]]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--profile", default=os.path.join(ROOT, "traces", "gpu-h200.json"))
     ap.add_argument("--kernels", default=os.path.join(ROOT, "traces", "gpu", "h100-kernels-2026-11-27.csv"))
     a = ap.parse_args(argv)

@@ -35,7 +35,7 @@ def curve(run_dir: str) -> list[list[float]]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--model", default="gpt2-tiny")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", default="1e-3")

@@ -159,7 +159,7 @@ def write(out: Path, curves: dict, sent: dict, cfgs: list[dict], plot: bool) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default="docs/ddp")
     ap.add_argument("--only", default="", help="comma list of configs (and their baselines)")

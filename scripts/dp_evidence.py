@@ -60,7 +60,7 @@ SUMMARY_KEYS = ("iteration_s", "compute_s", "dp_sync_s", "optimizer_s", "dp_byte
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--model", default="gpt2-tiny")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup-frac", type=float, default=0.2,

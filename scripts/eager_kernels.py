@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from perfsim.models.ops import block_ops
     from perfsim.models.transformer import arch_spec
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--hidden", type=int, default=64)

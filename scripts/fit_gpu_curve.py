@@ -46,7 +46,7 @@ def class_errors(profile, gpu, precision: str, curve, min_time_s: float) -> dict
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("profile")
     ap.add_argument("--gpu", required=True, help="the GPU preset the profile was measured on")
     ap.add_argument("--precision", default="bf16")

@@ -185,7 +185,7 @@ def _print(results: list[dict], table1: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON (- for stdout)")
     ap.add_argument("--gemm-quantization", default=None, metavar="Q",
                     help="price with every curve's gemm_quantization Q: off or waves (default: the curve's)")

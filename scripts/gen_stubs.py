@@ -127,7 +127,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="exit 1 when the stub is not current")
     args = ap.parse_args(argv)
     text = render()

@@ -159,7 +159,7 @@ def gemm_rates(shapes) -> list[dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", default=None)
     ap.add_argument("--small", action="store_true")
     args = ap.parse_args()

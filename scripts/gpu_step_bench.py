@@ -104,7 +104,7 @@ def step_time(model, opt, mb: int, seq: int, vocab: int, device: str, attention:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--hidden", default="1024,2048", help="comma list")
     ap.add_argument("--heads", type=int, default=16)

@@ -66,7 +66,7 @@ def _bench_module():
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--tree", action="append", required=True, help="LABEL=DIR (repeatable, in order)")
     ap.add_argument("--sizes", default="16MB,256MB")
     ap.add_argument("--ways", default="triton")

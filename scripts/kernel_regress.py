@@ -58,7 +58,7 @@ def compare(old_rows: list[dict], new_rows: list[dict], tolerance: float, ways) 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("new", help="CSV of the fresh run")
     ap.add_argument("--baseline", help="CSV of the last accepted run (default: newest in traces/gpu)")
     ap.add_argument("--tolerance", type=float, default=5.0, help="points of pct_copy (default 5)")

@@ -128,7 +128,7 @@ def update(text: str, block: str, name: str, path: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("csv", help="the stored run (traces/gpu/<device>-kernels-<date>.csv)")
     ap.add_argument("--check", action="store_true", help="rewrite nothing; exit 1 when a table is stale")
     ap.add_argument("--bisect", help="also the bisect table of docs/gpu.md, from this kernel_bisect CSV")

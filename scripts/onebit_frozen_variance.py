@@ -251,7 +251,7 @@ def fresh_noise() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("alg", nargs="?", choices=["adam", "lamb"])
     ap.add_argument("lr", nargs="?", type=float)
     ap.add_argument("dtype", nargs="?", choices=["float32", "bfloat16"])

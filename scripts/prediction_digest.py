@@ -159,7 +159,7 @@ def compare(new: dict[str, dict], ref: dict[str, dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("-o", "--out", help="write the digest here (JSON)")
     g.add_argument("--check", metavar="REF", help="compare with a stored digest; exit 1 on any difference")

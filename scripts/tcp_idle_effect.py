@@ -53,7 +53,7 @@ def _counted(kw: dict) -> tuple[float, int, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--bandwidth", default="10Mbps,100Mbps,400Mbps", help="comma list")
     ap.add_argument("--rtt", default="20ms,50ms", help="round trips, comma list (latency = RTT / 2)")
     ap.add_argument("--schedule", default="gpipe", help="pipeline schedule (the README's: gpipe)")
