@@ -96,8 +96,8 @@ def distinct_topology(replicas: int, pp: int, seed: int = 1) -> str:
     """Worst case: one region per replica, each with its own random rate and
     latency (every replica is a class of its own), random rates between regions."""
     rng = random.Random(seed)
-    bw = [[rng.choice([1e8, 2e8, 5e8, 1e9, 1e10]) for _ in range(replicas)] for _ in range(replicas)]
-    lat = [[rng.uniform(1e-4, 5e-2) for _ in range(replicas)] for _ in range(replicas)]
+    bw = [[f"{rng.choice([1e8, 2e8, 5e8, 1e9, 1e10]):g}bps" for _ in range(replicas)] for _ in range(replicas)]
+    lat = [[f"{rng.uniform(1e-4, 5e-2)!r}s" for _ in range(replicas)] for _ in range(replicas)]
     return _write({"nodes": replicas * pp, "regions": {"size": pp}, "region_bandwidth": bw,
                    "region_latency": lat})
 

@@ -124,8 +124,8 @@ def parse_size(text: str | int, what: str = "size") -> int:
     return int(round(n))
 
 
-#: example units of a number written without one in a file, by kind of value
-EXAMPLE_UNITS = {"bandwidth": ("Mbps", "Gbps"), "time": ("ms", "s"), "size": ("KB", "MiB"), "window": ("KB", "MiB")}
+#: the base unit of a kind of value (what a bare number used to mean) and a common larger one
+EXAMPLE_UNITS = {"bandwidth": ("bps", "Mbps"), "time": ("s", "ms"), "size": ("B", "MiB"), "window": ("B", "MiB")}
 
 
 def refuse_bare_number(value, what: str, kind: str, flag: str | None = None) -> None:
@@ -134,9 +134,9 @@ def refuse_bare_number(value, what: str, kind: str, flag: str | None = None) -> 
     ``latency = 5`` not 5 s); zero is unambiguous. ConfigError naming ``what`` = the value and
     two ways to write it (``flag``: the flag that takes it)."""
     if _number(value) and value != 0:
-        a, b = EXAMPLE_UNITS[kind]
-        raise ConfigError(f"{what} = {value!r} has no unit; write it as text with one, e.g. \"{value:g}{a}\" "
-                          f"or \"{value:g}{b}\"" + (f" (as its flag {flag})" if flag else ""))
+        base, other = EXAMPLE_UNITS[kind]
+        raise ConfigError(f"{what} = {value!r} has no unit; write it as text with one: \"{value:g}{base}\" "
+                          f"keeps its value, a unit such as {other} scales it" + (f" (as its flag {flag})" if flag else ""))
 
 
 def split_list(text: str, what: str = "list") -> list[str]:
