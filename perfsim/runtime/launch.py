@@ -58,21 +58,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _user_error(ranks_dir: Path, world: int) -> str | None:
-    """The first user mistake (``ConfigError``) any rank reported, read after every rank has
-    stopped: it is the cause, whichever rank exited first. A rank that refuses a corrupt
-    checkpoint may still be exiting when its peer, mid-exchange, dies of the closed connection;
-    that peer's gloo error is the consequence and must not be what the user reads."""
+def _first_report(ranks_dir: Path, world: int, kind: str) -> str | None:
+    """The earliest ``kind: ...`` report (an error type written first in ``rank<r>.error``) of
+    any of the ``world`` ranks, without its prefix; None if no rank made one."""
     reports = []
     for r in range(world):
         f = ranks_dir / f"rank{r}.error"
         try:
-            text = f.read_text()
-            when = f.stat().st_mtime
+            line, when = f.read_text().partition("\n")[0], f.stat().st_mtime
         except OSError:
             continue
-        if text.startswith("ConfigError: "):
-            reports.append((when, r, text.splitlines()[0][len("ConfigError: "):]))
+        if line.startswith(f"{kind}: "):
+            reports.append((when, r, line[len(kind) + 2:]))
     return min(reports)[2] if reports else None
 
 
@@ -216,18 +213,6 @@ def _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port
     _watch(procs, cfg, ranks_dir, progress, grace_s)
 
 
-def _diverged(ranks_dir: Path, world: int) -> str | None:
-    """The first rank's "training diverged ..." report, if any rank made one."""
-    reports = []
-    for r in range(world):
-        f = ranks_dir / f"rank{r}.error"
-        if f.exists():
-            line = f.read_text().splitlines()[0]
-            if line.startswith("TrainingDiverged: "):
-                reports.append((f.stat().st_mtime, line[len("TrainingDiverged: "):]))
-    return min(reports)[1] if reports else None
-
-
 def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
     progress_file = ranks_dir / "progress.json"
     last_seen = None
@@ -257,10 +242,13 @@ def _watch(procs, cfg, ranks_dir: Path, progress, grace_s: float) -> None:
 
             first_rank, first_code = min(failed, key=when)
             _stop(procs, grace_s)
-            diverged = _diverged(ranks_dir, len(procs))
+            diverged = _first_report(ranks_dir, len(procs), "TrainingDiverged")
             if diverged:
                 raise RankFailure(diverged)
-            user_error = _user_error(ranks_dir, len(procs))
+            # a user's mistake (a ConfigError), read once every rank has stopped, is the cause
+            # whichever rank exited first: a rank refusing a corrupt checkpoint may still be
+            # exiting when its peer, mid-exchange, dies of the closed connection
+            user_error = _first_report(ranks_dir, len(procs), "ConfigError")
             if user_error:
                 raise ConfigError(user_error)
             msg = _describe(first_rank, cfg.layout, first_code, ranks_dir / f"rank{first_rank}.error")
