@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import statistics
 import time
 import traceback
@@ -171,12 +170,6 @@ class CommConfig:
             return sizes
         keep = [s for s in sizes if 8 * s / self.emulate_bandwidth <= self.max_call_s]
         return keep or sizes[:1]
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _n_repeats(dist, first_call_s: float, cfg: CommConfig, device, size: int = 0) -> int:
@@ -378,8 +371,12 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
     return out
 
 
-def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, port: int, queue,
+def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
             netns: str | None) -> None:  # pragma: no cover - runs in a subprocess
+    """One rank. Rank 0 serves the rendezvous store on a port the kernel picks as it binds
+    (port 0) and hands it to the others through ``ports``: a port found free and released
+    before the store binds it could be taken in between (another job's connection), and the
+    ranks would then meet a stranger ("Connection reset by peer", then a timeout)."""
     try:
         import datetime
 
@@ -393,9 +390,14 @@ def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, port: int, queu
         torch.set_num_threads(cfg.threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", rank=rank,
-                                world_size=cfg.world_size,
-                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+        timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        if rank == 0:
+            store = dist.TCPStore(addr, 0, cfg.world_size, True, timeout=timeout, wait_for_workers=False)
+            for _ in range(cfg.world_size - 1):
+                ports.put(store.port)
+        else:
+            store = dist.TCPStore(addr, ports.get(timeout=cfg.timeout_s), cfg.world_size, False, timeout=timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size, timeout=timeout)
         try:
             queue.put((rank, _run_ops(rank, cfg, backend), None))
         finally:
@@ -494,12 +496,12 @@ def measure_comm(cfg: CommConfig, progress: Callable[[str], None] | None = None)
         if namespaces is not None:
             nsnames, addrs = namespaces.__enter__()
             addr = addrs[0]
-        port = _free_port("127.0.0.1")
+        ports = ctx.Queue()
         what = f"{backend} x{cfg.world_size}" + (
             f" @ {cfg.emulate_bandwidth / 1e6:g} Mbps" if cfg.emulate_bandwidth else " loopback")
         if progress:
             progress(f"comm {', '.join(cfg.ops)} {what}")
-        procs = [ctx.Process(target=_worker, args=(r, cfg, backend, addr, port, queue, nsnames[r]),
+        procs = [ctx.Process(target=_worker, args=(r, cfg, backend, addr, ports, queue, nsnames[r]),
                              daemon=True) for r in range(cfg.world_size)]
         for p in procs:
             p.start()
