@@ -374,7 +374,7 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
 def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
             netns: str | None) -> None:  # pragma: no cover - runs in a subprocess
     """One rank. Rank 0 serves the rendezvous store on a port the kernel picks as it binds
-    and hands it to the others through ``ports`` (:func:`perfsim.rendezvous.handoff`: a port
+    and hands it to the others through ``ports`` (:func:`perfsim.rank_store.handoff`: a port
     found free and released before the store binds it could be taken in between, and the
     ranks would then meet a stranger: "Connection reset by peer", then a timeout).
 
@@ -388,7 +388,7 @@ def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
         import torch
         import torch.distributed as dist
 
-        from perfsim import rendezvous
+        from perfsim import rank_store  # lazy: a spawned rank imports what it needs
 
         if netns:
             from perfsim.calibrate.netlink import enter_namespace
@@ -397,8 +397,8 @@ def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
         torch.set_num_threads(cfg.threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        store = rendezvous.handoff(rank, cfg.world_size, cfg.timeout_s, addr, ports)
-        rendezvous.init_group(backend, rank, cfg.world_size, cfg.timeout_s, store)
+        store = rank_store.handoff(rank, cfg.world_size, cfg.timeout_s, addr, ports)
+        rank_store.init_group(backend, rank, cfg.world_size, cfg.timeout_s, store)
         try:
             records = _run_ops(rank, cfg, backend)
             dist.barrier()
@@ -409,7 +409,7 @@ def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
     except BaseException:  # noqa: BLE001 - report to the parent, never hang it
         queue.put((rank, None, traceback.format_exc()))
     finally:
-        from perfsim.procs import exit_rank
+        from perfsim.procs import exit_rank  # lazy: as the imports above
 
         exit_rank(code)
 

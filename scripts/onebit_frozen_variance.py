@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import torch
 
-from perfsim import rendezvous
+from perfsim import rank_store
 from perfsim.compression.refresh import step_bound
 from perfsim.runtime.data import digits_arrays
 from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb
@@ -200,7 +200,7 @@ def _noise_rank(rank: int, port: int) -> None:
     from perfsim import ddp as pddp
 
     torch.set_num_threads(1)
-    rendezvous.init_group("gloo", rank, 2, 600.0, rendezvous.join("127.0.0.1", port, 2, 600.0))
+    rank_store.init_group("gloo", rank, 2, 600.0, rank_store.join("127.0.0.1", port, 2, 600.0))
     x_all, y_all = digits_arrays()
     for comp in ("onebit", "fp32"):
         torch.manual_seed(0)
@@ -244,7 +244,7 @@ def fresh_noise() -> None:
     update-weighted ratio."""
     import torch.multiprocessing as mp
 
-    with rendezvous.hosted(2, 600.0) as host:  # the ranks' store, bound as its port is picked
+    with rank_store.hosted(2, 600.0) as host:  # the ranks' store, bound as its port is picked
         mp.spawn(_noise_rank, args=(host.port,), nprocs=2)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from perfsim import rendezvous
+from perfsim import rank_store
 from perfsim.compression import make_compressor
 
 
@@ -92,7 +92,7 @@ RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.paralle
 def spawn_ranks(fn, *args, world: int = 2, start_method: str = "forkserver") -> None:
     """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is that of the
     rendezvous store this process serves for them while they run
-    (:func:`perfsim.rendezvous.hosted`, bound as created: no window in which another process
+    (:func:`perfsim.rank_store.hosted`, bound as created: no window in which another process
     could take it), which :func:`gloo_group` joins. Returns when all have finished; a rank's
     exception fails the call.
 
@@ -105,7 +105,7 @@ def spawn_ranks(fn, *args, world: int = 2, start_method: str = "forkserver") -> 
 
     if start_method == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)  # read when it starts
-    with rendezvous.hosted(world, RANK_TIMEOUT_S) as host:
+    with rank_store.hosted(world, RANK_TIMEOUT_S) as host:
         mp.start_processes(run_then_exit, args=(fn, host.port, *args), nprocs=world, join=True,
                            start_method=start_method)
 
@@ -170,10 +170,10 @@ def gloo_group(rank: int, world: int, port: int | None = None):
     if port is None:
         if world != 1:
             raise ValueError(f"gloo_group: world {world} needs the port of spawn_ranks' store")
-        store = rendezvous.serve("127.0.0.1", 1, RANK_TIMEOUT_S)
+        store = rank_store.serve("127.0.0.1", 1, RANK_TIMEOUT_S)
     else:
-        store = rendezvous.join("127.0.0.1", port, world, RANK_TIMEOUT_S)
-    rendezvous.init_group("gloo", rank, world, RANK_TIMEOUT_S, store)
+        store = rank_store.join("127.0.0.1", port, world, RANK_TIMEOUT_S)
+    rank_store.init_group("gloo", rank, world, RANK_TIMEOUT_S, store)
     try:
         yield
         dist.barrier()

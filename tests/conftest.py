@@ -1,6 +1,6 @@
 """Fixtures shared by the test files.
 
-Plain helper functions (free ports, running the CLI, spawning gloo ranks, the checks every
+Plain helper functions (running the CLI, spawning gloo ranks and their store, the checks every
 compressor must pass) live in ``tests/_helpers.py``: worker functions that run in spawned
 processes need them importable by name, which a conftest is not meant to be.
 """

@@ -7,7 +7,7 @@ torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 (:mod:`perfsim.netem`). Across machines the same worker code runs under
 ``torchrun``, which provides that environment; nothing here is needed then.
 The launcher serves the ranks' rendezvous store itself, bound on a port the kernel
-picks as it binds (:func:`perfsim.rendezvous.hosted`; a port found free, released and
+picks as it binds (:func:`perfsim.rank_store.hosted`; a port found free, released and
 bound later by rank 0 could be taken in between); ranks in emulated networks meet
 at port 29500 of rank 0's own namespace, which no other process shares.
 Ranks in this machine's own network namespace are forked from a zygote that
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from perfsim import rendezvous
+from perfsim import rank_store
 from perfsim.errors import ConfigError
 from perfsim.netem import EmulatedNetwork
 from perfsim.result import atomic_write_text
@@ -158,7 +158,7 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
         net_ctx = contextlib.nullcontext(None)
     # emulated: rank 0 serves the store at a fixed port of its own namespace (env://); else this
     # process serves it, bound at a port the kernel picks as it binds (no window to lose it in)
-    with net_ctx as net, (contextlib.nullcontext() if net else rendezvous.hosted(world, cfg.timeout_s)) as host:
+    with net_ctx as net, (contextlib.nullcontext() if net else rank_store.hosted(world, cfg.timeout_s)) as host:
         base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
         base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         base_env["PYTHONUNBUFFERED"] = "1"

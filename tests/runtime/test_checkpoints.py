@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from perfsim import rendezvous
+from perfsim import rank_store
 from perfsim.errors import ConfigError
 from perfsim.runtime import checkpoint
 from perfsim.runtime import RankFailure, run
@@ -132,7 +132,7 @@ def _launch_private_disks(cfg: RunConfig, out, disks) -> list[subprocess.Complet
     cfg_path.write_text(cfg.to_json())
     (out / "ckpt").mkdir(exist_ok=True)
     procs, done = [], []
-    with rendezvous.hosted(cfg.world_size, cfg.timeout_s) as host:  # the ranks join this process's store
+    with rank_store.hosted(cfg.world_size, cfg.timeout_s) as host:  # the ranks join this process's store
         for r in range(cfg.world_size):
             env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(cfg.world_size), LOCAL_RANK="0",
                        PERFSIM_THREADS="1", **host.env())

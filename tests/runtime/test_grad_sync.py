@@ -18,7 +18,7 @@ from perfsim.compression.spec import parse_spec
 from perfsim.runtime.grad_sync import GradSync, make_buckets, sync_gradients
 
 from _helpers import RANK_TIMEOUT_S, run_ranks
-from perfsim import rendezvous
+from perfsim import rank_store
 
 WORLD = 2
 CANDIDATES = ["fp32", "fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4",
@@ -60,8 +60,8 @@ def available_specs() -> list[str]:
 
 def _init(rank: int, port: int) -> None:
     torch.set_num_threads(1)
-    rendezvous.init_group("gloo", rank, WORLD, RANK_TIMEOUT_S,
-                          rendezvous.join("127.0.0.1", port, WORLD, RANK_TIMEOUT_S))
+    rank_store.init_group("gloo", rank, WORLD, RANK_TIMEOUT_S,
+                          rank_store.join("127.0.0.1", port, WORLD, RANK_TIMEOUT_S))
 
 
 def _mlp() -> torch.nn.Module:

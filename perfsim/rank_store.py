@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass, field
 
 #: set in a rank's environment when its launcher serves the store at ``MASTER_ADDR:MASTER_PORT``
-HOSTED_ENV = "PERFSIM_RENDEZVOUS"
+HOSTED_ENV = "PERFSIM_RANK_STORE"
 HOSTED_VALUE = "hosted"
 
 
@@ -41,14 +41,14 @@ def _timeout(seconds: float) -> datetime.timedelta:
 def serve(addr: str, world: int, timeout_s: float):
     """A TCPStore server on ``addr`` at a port the kernel picks as it binds (port 0);
     its ``port`` is the one to hand to the ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: loads torch; the launcher imports this module without it
 
     return dist.TCPStore(addr, 0, world, True, timeout=_timeout(timeout_s), wait_for_workers=False)
 
 
 def join(addr: str, port: int, world: int, timeout_s: float):
     """A client of the store served at ``addr:port`` (waits up to ``timeout_s`` for it)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: loads torch; the launcher imports this module without it
 
     return dist.TCPStore(addr, int(port), world, False, timeout=_timeout(timeout_s))
 
@@ -93,9 +93,9 @@ def handoff(rank: int, world: int, timeout_s: float, addr: str, ports):
 
 def init_group(backend: str, rank: int, world: int, timeout_s: float, store=None) -> None:
     """``dist.init_process_group`` over ``store``; without one, over the store the launcher
-    serves (:func:`hosted`: ``MASTER_ADDR:MASTER_PORT`` with ``PERFSIM_RENDEZVOUS=hosted``
+    serves (:func:`hosted`: ``MASTER_ADDR:MASTER_PORT`` with ``PERFSIM_RANK_STORE=hosted``
     in the environment), else torch's ``env://`` rendezvous (torchrun, a private namespace)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: loads torch; the launcher imports this module without it
 
     if store is None and os.environ.get(HOSTED_ENV) == HOSTED_VALUE:
         store = join(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, timeout_s)

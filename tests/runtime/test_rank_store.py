@@ -1,4 +1,4 @@
-"""How ranks meet (perfsim.rendezvous): the store is bound on a port the kernel picks as it
+"""How ranks meet (perfsim.rank_store): the store is bound on a port the kernel picks as it
 binds, so no other process can take the port between the pick and the bind; every launcher
 of real ranks uses it, and none picks a port first."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from perfsim import rendezvous
+from perfsim import rank_store
 from perfsim.runtime import run
 
 from _helpers import PIPE_JOB
@@ -21,15 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_hosted_store_holds_its_port_from_the_start_and_releases_it_at_the_end():
-    """While :func:`rendezvous.hosted` runs nothing else can bind its port (it is bound, not
+    """While :func:`rank_store.hosted` runs nothing else can bind its port (it is bound, not
     just found free), a rank joins it there; once it is left, the port is free again."""
-    with rendezvous.hosted(2, 10.0) as host:
+    with rank_store.hosted(2, 10.0) as host:
         port = host.port
         assert port > 0 and host.env() == {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                           rendezvous.HOSTED_ENV: rendezvous.HOSTED_VALUE}
+                                           rank_store.HOSTED_ENV: rank_store.HOSTED_VALUE}
         with socket.socket() as s, pytest.raises(OSError):
             s.bind(("127.0.0.1", port))
-        client = rendezvous.join("127.0.0.1", port, 2, 10.0)
+        client = rank_store.join("127.0.0.1", port, 2, 10.0)
         client.set("k", "v")
         assert host.store.get("k") == b"v"
         del client
@@ -41,7 +41,7 @@ def test_handoff_rank_0_serves_and_the_others_take_its_port_from_the_queue():
     ports, stores = queue.Queue(), {}
 
     def rank(r):
-        stores[r] = rendezvous.handoff(r, 3, 10.0, "127.0.0.1", ports)
+        stores[r] = rank_store.handoff(r, 3, 10.0, "127.0.0.1", ports)
 
     threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]  # peers wait first
     for t in threads:
