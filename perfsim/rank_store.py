@@ -32,6 +32,13 @@ from dataclasses import dataclass, field
 #: set in a rank's environment when its launcher serves the store at ``MASTER_ADDR:MASTER_PORT``
 HOSTED_ENV = "PERFSIM_RANK_STORE"
 HOSTED_VALUE = "hosted"
+_joined: list[str] = []  # the backends of the groups this process joined (init_group)
+
+
+def joined() -> bool:
+    """Whether this process joined a process group through :func:`init_group`: a rank,
+    which should leave with :func:`perfsim.procs.exit_rank` once it is done."""
+    return bool(_joined)
 
 
 def _timeout(seconds: float) -> datetime.timedelta:
@@ -103,3 +110,4 @@ def init_group(backend: str, rank: int, world: int, timeout_s: float, store=None
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=_timeout(timeout_s))
     else:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=_timeout(timeout_s))
+    _joined.append(backend)
