@@ -374,14 +374,21 @@ def _run_ops(rank: int, cfg: CommConfig, backend: str) -> list[dict]:
 def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
             netns: str | None) -> None:  # pragma: no cover - runs in a subprocess
     """One rank. Rank 0 serves the rendezvous store on a port the kernel picks as it binds
-    (port 0) and hands it to the others through ``ports``: a port found free and released
-    before the store binds it could be taken in between (another job's connection), and the
-    ranks would then meet a stranger ("Connection reset by peer", then a timeout)."""
-    try:
-        import datetime
+    and hands it to the others through ``ports`` (:func:`perfsim.rank_store.handoff`: a port
+    found free and released before the store binds it could be taken in between, and the
+    ranks would then meet a stranger: "Connection reset by peer", then a timeout).
 
+    Puts exactly one message on ``queue`` -- its records, or its traceback -- once its process
+    group is torn down (on success after a barrier: no rank tears gloo down while a peer is
+    still in the last collective), then leaves without interpreter finalization
+    (:func:`perfsim.procs.exit_rank`; gloo's threads can otherwise abort a finished rank with
+    "terminate called without an active exception")."""
+    code = 1
+    try:
         import torch
         import torch.distributed as dist
+
+        from perfsim import rank_store  # lazy: a spawned rank imports what it needs
 
         if netns:
             from perfsim.calibrate.netlink import enter_namespace
@@ -390,20 +397,21 @@ def _worker(rank: int, cfg: CommConfig, backend: str, addr: str, ports, queue,
         torch.set_num_threads(cfg.threads)
         if backend == "nccl":
             torch.cuda.set_device(rank)
-        timeout = datetime.timedelta(seconds=cfg.timeout_s)
-        if rank == 0:
-            store = dist.TCPStore(addr, 0, cfg.world_size, True, timeout=timeout, wait_for_workers=False)
-            for _ in range(cfg.world_size - 1):
-                ports.put(store.port)
-        else:
-            store = dist.TCPStore(addr, ports.get(timeout=cfg.timeout_s), cfg.world_size, False, timeout=timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=cfg.world_size, timeout=timeout)
+        store = rank_store.handoff(rank, cfg.world_size, cfg.timeout_s, addr, ports)
+        rank_store.init_group(backend, rank, cfg.world_size, cfg.timeout_s, store)
         try:
-            queue.put((rank, _run_ops(rank, cfg, backend), None))
+            records = _run_ops(rank, cfg, backend)
+            dist.barrier()
         finally:
             dist.destroy_process_group()
+        queue.put((rank, records, None))
+        code = 0
     except BaseException:  # noqa: BLE001 - report to the parent, never hang it
         queue.put((rank, None, traceback.format_exc()))
+    finally:
+        from perfsim.procs import exit_rank  # lazy: as the imports above
+
+        exit_rank(code)
 
 
 def _summarize(per_rank: dict[int, list[dict]], cfg: CommConfig, backend: str) -> list[dict]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -174,10 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     cfgs = configs(args.steps, args.methods.split() or None, not args.no_onebit,
                    tuple(args.onebit_options.split()))
     if "RANK" not in os.environ:  # start the 2-rank job: this script under torchrun
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+        # --standalone: torchrun serves the store on localhost:0, bound as it is picked
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                __file__, *(argv if argv is not None else sys.argv[1:])]
         return subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1")).returncode
     import torch

@@ -55,12 +55,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import socket
 import statistics
 from typing import NamedTuple
 
 import torch
 
+from perfsim import rank_store
 from perfsim.compression.refresh import step_bound
 from perfsim.runtime.data import digits_arrays
 from perfsim.runtime.onebit_optim import OneBitAdam, OneBitLamb
@@ -200,7 +200,7 @@ def _noise_rank(rank: int, port: int) -> None:
     from perfsim import ddp as pddp
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    rank_store.init_group("gloo", rank, 2, 600.0, rank_store.join("127.0.0.1", port, 2, 600.0))
     x_all, y_all = digits_arrays()
     for comp in ("onebit", "fp32"):
         torch.manual_seed(0)
@@ -244,10 +244,8 @@ def fresh_noise() -> None:
     update-weighted ratio."""
     import torch.multiprocessing as mp
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(_noise_rank, args=(port,), nprocs=2)
+    with rank_store.hosted(2, 600.0) as host:  # the ranks' store, bound as its port is picked
+        mp.spawn(_noise_rank, args=(host.port,), nprocs=2)
 
 
 def main() -> None:

@@ -8,13 +8,13 @@ worker by importing its test module, and that module imports these by name
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
 
+from perfsim import rank_store
 from perfsim.compression import make_compressor
 
 
@@ -31,13 +31,8 @@ PINNED_FLAGS = ["--model", "digits-mlp", "--pp", "2", "--micro-batch", "8", "--s
 #: alternating windows of the conftest's ``interference_records`` measurement (calibrate takes
 #: perfsim.calibrate.interference.ROUNDS = 12; what the tests check needs no more than a few)
 INTERFERENCE_ROUNDS = 3
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+#: seconds a spawned rank waits for its peers (the store, a collective) before it fails
+RANK_TIMEOUT_S = 600.0
 
 
 def run_cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
@@ -95,8 +90,11 @@ RANK_PRELOAD = ["torch", "torch._dynamo", "torch.distributed", "torch.nn.paralle
 
 
 def spawn_ranks(fn, *args, world: int = 2, start_method: str = "forkserver") -> None:
-    """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is a free one for
-    :func:`gloo_group`. Returns when all have finished; a rank's exception fails the call.
+    """Run ``fn(rank, port, *args)`` in ``world`` new processes; ``port`` is that of the
+    rendezvous store this process serves for them while they run
+    (:func:`perfsim.rank_store.hosted`, bound as created: no window in which another process
+    could take it), which :func:`gloo_group` joins. Returns when all have finished; a rank's
+    exception fails the call.
 
     ``forkserver`` (the default): each rank is forked from one server per test process
     that imported :data:`RANK_PRELOAD` when it started -- a fresh interpreter's state, not
@@ -107,8 +105,9 @@ def spawn_ranks(fn, *args, world: int = 2, start_method: str = "forkserver") -> 
 
     if start_method == "forkserver":
         mp.get_context("forkserver").set_forkserver_preload(RANK_PRELOAD)  # read when it starts
-    mp.start_processes(run_then_exit, args=(fn, free_port(), *args), nprocs=world, join=True,
-                       start_method=start_method)
+    with rank_store.hosted(world, RANK_TIMEOUT_S) as host:
+        mp.start_processes(run_then_exit, args=(fn, host.port, *args), nprocs=world, join=True,
+                           start_method=start_method)
 
 
 def save_rank(out_dir, rank: int, obj) -> None:
@@ -159,14 +158,22 @@ def _convergence_rank(rank: int, port: int, steps: int, only, onebit: bool, out_
 
 
 @contextlib.contextmanager
-def gloo_group(rank: int, world: int, port: int):
-    """A gloo process group over tcp://127.0.0.1:port for the body (one thread per rank).
-    On success the ranks meet at a barrier first, so none tears gloo down while its peer
-    is mid-collective; on an exception the group is torn down at once."""
+def gloo_group(rank: int, world: int, port: int | None = None):
+    """A gloo process group for the body (one thread per rank), over the store at
+    127.0.0.1:``port`` (:func:`spawn_ranks`'s); ``port`` None: a one-rank group in this
+    process, over a store of its own. On success the ranks meet at a barrier first, so none
+    tears gloo down while its peer is mid-collective; on an exception the group is torn
+    down at once."""
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if port is None:
+        if world != 1:
+            raise ValueError(f"gloo_group: world {world} needs the port of spawn_ranks' store")
+        store = rank_store.serve("127.0.0.1", 1, RANK_TIMEOUT_S)
+    else:
+        store = rank_store.join("127.0.0.1", port, world, RANK_TIMEOUT_S)
+    rank_store.init_group("gloo", rank, world, RANK_TIMEOUT_S, store)
     try:
         yield
         dist.barrier()

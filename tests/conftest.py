@@ -1,6 +1,6 @@
 """Fixtures shared by the test files.
 
-Plain helper functions (free ports, running the CLI, spawning gloo ranks, the checks every
+Plain helper functions (running the CLI, spawning gloo ranks and their store, the checks every
 compressor must pass) live in ``tests/_helpers.py``: worker functions that run in spawned
 processes need them importable by name, which a conftest is not meant to be.
 """
@@ -47,17 +47,36 @@ def shared_run(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def interference_records():
-    """:func:`perfsim.calibrate.comm.measure_comm` of the ``interference`` op on two real
-    gloo ranks (compute alone, then under allreduces, in ``_helpers.INTERFERENCE_ROUNDS``
-    alternating windows), measured once per session: test_calibrate and test_fidelity
-    read the same records (the tests check the records' shape and sign, not the
-    statistic, so 3 windows instead of calibrate's 12; only reading tests may use it)."""
+def interference_run(tmp_path_factory):
+    """``(records, stderr)``: :func:`perfsim.calibrate.comm.measure_comm` of the
+    ``interference`` op on two real gloo ranks (compute alone, then under allreduces, in
+    ``_helpers.INTERFERENCE_ROUNDS`` alternating windows), measured once per session, and
+    what its ranks wrote on stderr (their file descriptor 2 is a file while they run):
+    test_calibrate and test_fidelity read the same records (the tests check the records'
+    shape and sign, not the statistic, so 3 windows instead of calibrate's 12; only reading
+    tests may use it)."""
+    import os
+
     from _helpers import INTERFERENCE_ROUNDS
     from perfsim.calibrate.comm import CommConfig, measure_comm
 
-    return measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120,
-                                   interference_rounds=INTERFERENCE_ROUNDS))
+    err = tmp_path_factory.mktemp("interference") / "ranks.stderr"
+    saved = os.dup(2)
+    try:
+        with open(err, "wb") as f:
+            os.dup2(f.fileno(), 2)  # the spawned ranks inherit it
+        records = measure_comm(CommConfig(ops=("interference",), sizes=(1024,), timeout_s=120,
+                                          interference_rounds=INTERFERENCE_ROUNDS))
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return records, err.read_text(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def interference_records(interference_run):
+    """The records of :func:`interference_run`."""
+    return interference_run[0]
 
 
 # ------------------------------------------------------------------ pytest-xdist

@@ -6,6 +6,10 @@ torch.distributed environment (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``), optionally each inside its own network namespace
 (:mod:`perfsim.netem`). Across machines the same worker code runs under
 ``torchrun``, which provides that environment; nothing here is needed then.
+The launcher serves the ranks' rendezvous store itself, bound on a port the kernel
+picks as it binds (:func:`perfsim.rank_store.hosted`; a port found free, released and
+bound later by rank 0 could be taken in between); ranks in emulated networks meet
+at port 29500 of rank 0's own namespace, which no other process shares.
 Ranks in this machine's own network namespace are forked from a zygote that
 imported torch once (:mod:`perfsim.runtime.rank_start`; ``PERFSIM_RANK_START=spawn``
 starts a new interpreter per rank instead); both kinds are watched alike.
@@ -34,7 +38,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +45,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from perfsim import rank_store
 from perfsim.errors import ConfigError
 from perfsim.netem import EmulatedNetwork
 from perfsim.result import atomic_write_text
@@ -50,12 +54,6 @@ from perfsim.runtime import rank_start
 
 class RankFailure(RuntimeError):
     """A rank died or failed; the message names it."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_report(ranks_dir: Path, world: int, kind: str) -> str | None:
@@ -158,13 +156,14 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
         net_ctx = EmulatedNetwork(world, cfg.bandwidth_bps, cfg.latency_s)
     else:
         net_ctx = contextlib.nullcontext(None)
-    with net_ctx as net:
+    # emulated: rank 0 serves the store at a fixed port of its own namespace (env://); else this
+    # process serves it, bound at a port the kernel picks as it binds (no window to lose it in)
+    with net_ctx as net, (contextlib.nullcontext() if net else rank_store.hosted(world, cfg.timeout_s)) as host:
         base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
         base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
         base_env["PYTHONUNBUFFERED"] = "1"
         run_env = dict(base_env, PERFSIM_LAUNCHER_PID=str(os.getpid()), PERFSIM_HEARTBEAT=str(heartbeat))
-        master_addr = net.address(0) if net else "127.0.0.1"
-        master_port = 29500 if net else free_port()
+        rdzv_env = host.env() if host else {"MASTER_ADDR": net.address(0), "MASTER_PORT": "29500"}
         procs: list = []  # subprocess.Popen, or rank_start.ForkedRank (the same interface)
         logs = []
         zygote, own = None, False
@@ -172,7 +171,7 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
             with _forward_signals(procs):
                 if method == "fork":
                     zygote, own = rank_start.zygote_for(base_env)
-                _start_and_watch(procs, logs, cfg, world, run_env, master_addr, master_port, net,
+                _start_and_watch(procs, logs, cfg, world, run_env, rdzv_env, net,
                                  python, cfg_path, ranks_dir, progress, grace_s, zygote)
         except rank_start.ZygoteError as exc:
             _stop(procs, 0.0)
@@ -187,12 +186,11 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
                 zygote.close()
 
 
-def _start_and_watch(procs, logs, cfg, world, base_env, master_addr, master_port, net, python,
+def _start_and_watch(procs, logs, cfg, world, base_env, rdzv_env, net, python,
                      cfg_path, ranks_dir, progress, grace_s, zygote=None) -> None:
     for r in range(world):
         env = dict(base_env, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
-                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR=master_addr,
-                   MASTER_PORT=str(master_port))
+                   LOCAL_WORLD_SIZE=str(world), **rdzv_env)
         if zygote is not None:  # forked: the same rank, the same group, without the torch import
             log = ranks_dir / f"rank{r}.log"
             log.write_bytes(b"")

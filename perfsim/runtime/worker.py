@@ -2,7 +2,8 @@
 
 Reads the standard torch.distributed environment (``RANK``, ``WORLD_SIZE``,
 ``MASTER_ADDR``, ``MASTER_PORT``; set by :mod:`perfsim.runtime.launch` or by
-``torchrun``), builds its stage, trains, checkpoints, and sends its records to
+``torchrun``; :func:`perfsim.rank_store.init_group` joins the store the launcher
+serves), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
 Rank layout: the job's placement, as the simulator numbers its devices
@@ -22,7 +23,6 @@ import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from perfsim import ddp as pddp
+from perfsim import rank_store
 from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd_store import snapshot_into
 from perfsim.errors import ConfigError
@@ -321,8 +322,7 @@ def init_and_train(cfg: RunConfig, report: Callable[[BaseException], None] | Non
     threads = int(os.environ.get("PERFSIM_THREADS", "0")) or max(1, (os.cpu_count() or 1) // world)
     torch.set_num_threads(threads)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=cfg.timeout_s))
+    rank_store.init_group(backend, rank, world, cfg.timeout_s)  # the launcher's store, or env://
     try:
         train(cfg, rank, world)
     except BaseException as exc:

@@ -294,6 +294,15 @@ def test_interference_alternates_windows_on_every_rank(interference_records):
     assert comm_slowdown(build_profile(recs, {})) >= 0
 
 
+def test_comm_ranks_leave_without_aborting(interference_run):
+    """The comm ranks tear their group down after a barrier and leave without interpreter
+    finalization (perfsim.procs.exit_rank): nothing on their stderr of a C++ thread destroyed
+    while joinable ("terminate called without an active exception", gloo's at a rank's exit),
+    nor of a failure."""
+    records, err = interference_run
+    assert records and "terminate called" not in err and "Traceback" not in err, err[-3000:]
+
+
 def test_interference_traffic_scales_with_the_link():
     """A busy window carries about BUSY_S of allreduces at the link's rate."""
     from perfsim.calibrate.comm import CommConfig

@@ -1,7 +1,6 @@
 """FSDP2's own host time per unit (perfsim.calibrate.fsdp_host): the measurement, its
 profile records, and the query the engine prices it with."""
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,6 @@ from _helpers import gloo_group
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_fsdp_host_measures_more_cpu_time_under_fully_shard_and_writes_valid_records():
     """On a one-rank gloo group (in this process: cheap) the sharded stack costs the
     training thread more CPU time per unit than the plain one in both passes (FSDP2's
@@ -29,7 +22,7 @@ def test_fsdp_host_measures_more_cpu_time_under_fully_shard_and_writes_valid_rec
 
     threads = torch.get_num_threads()  # gloo_group sets 1: leave this process's other tests theirs
     try:
-        with gloo_group(0, 1, _port()):
+        with gloo_group(0, 1):
             items = measure(0, torch.device("cpu"), 1, repeats=3)
     finally:
         torch.set_num_threads(threads)

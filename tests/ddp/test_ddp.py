@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _helpers import free_port, spawn_ranks
+from _helpers import spawn_ranks
 from perfsim import ddp as pddp
 from perfsim.errors import ConfigError
 
@@ -28,8 +28,10 @@ import ddp_script as script  # noqa: E402
 def torchrun(modes: str, out: Path, nproc: int = 2) -> dict[str, list]:
     """Run the script's ``modes`` (comma-separated, in one job) under torchrun; returns
     every rank's saved results per mode."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-           f"--master_port={free_port()}", str(SCRIPT), modes, str(out)]
+    # --standalone: torchrun's agent serves the store on localhost:0, bound as created (a
+    # --master_port found free beforehand could be taken before rank 0 binds it)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           str(SCRIPT), modes, str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=out)
     assert proc.returncode == 0, f"torchrun {modes} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -9,16 +9,24 @@ import sys
 
 import pytest
 
+from perfsim import rank_store
 from perfsim.errors import ConfigError
 from perfsim.runtime import checkpoint
 from perfsim.runtime import RankFailure, run
 from perfsim.runtime.config import RunConfig
-from perfsim.runtime.launch import free_port
 
 from _helpers import PIPE_JOB
 
 #: 6 steps of 2 stages; AQ-SGD compresses from step 2 (its state is part of every checkpoint)
 AQ = dict(PIPE_JOB, pp=2, schedule="1f1b", compress="aqsgd:fw3bw6")
+
+
+def assert_no_abort(out) -> None:
+    """No rank log of the run in ``out`` tells of a C++ thread destroyed while joinable
+    ("terminate called without an active exception": a rank leaving with gloo's threads
+    alive, perfsim.procs.exit_rank)."""
+    logs = {p.name: p.read_text(errors="replace") for p in (out / ".ranks").glob("rank*.log")}
+    assert logs and not any("terminate called" in t for t in logs.values()), logs
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +64,7 @@ def test_corrupt_checkpoint_is_one_line_and_the_previous_resumes(stopped, tmp_pa
     with pytest.raises(ConfigError, match=r"step00000004/rank1.pt: corrupt or unreadable.*"
                                           r"--resume .*step00000002"):
         run(resume=out, out=tmp_path / "r1", **AQ)
+    assert_no_abort(tmp_path / "r1")  # a ConfigError inside a rank: both leave cleanly
     result = run(resume=root / "step00000002", out=tmp_path / "r2", **AQ)
     assert result.summary["start_step"] == 2
     assert result.losses == full
@@ -101,6 +110,7 @@ def test_disk_buffers_resume_as_they_were_at_the_checkpoint(stopped, tmp_path):
     out = tmp_path / "killed"
     with pytest.raises(RankFailure):
         run(**job, checkpoint_every=2, fail_rank=1, fail_step=3, out=out)
+    assert_no_abort(out)  # rank 1 killed: rank 0 fails on the closed connection and leaves cleanly
     assert checkpoint.find(out)[1]["step"] == 2
     result = run(**job, resume=out)
     assert result.summary["start_step"] == 2
@@ -121,25 +131,24 @@ def _launch_private_disks(cfg: RunConfig, out, disks) -> list[subprocess.Complet
     cfg_path = out / "config.json"
     cfg_path.write_text(cfg.to_json())
     (out / "ckpt").mkdir(exist_ok=True)
-    port = free_port()
-    procs = []
-    for r in range(cfg.world_size):
-        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(cfg.world_size), LOCAL_RANK="0",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PERFSIM_THREADS="1")
-        script = (f"mount --bind {disks[r]} {out / 'ckpt'} && "
-                  f"exec {sys.executable} -m perfsim.runtime.worker {cfg_path}")
-        procs.append(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    done = []
-    try:
-        for p in procs:
-            stdout, _ = p.communicate(timeout=180)
-            done.append((p.returncode, stdout))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    procs, done = [], []
+    with rank_store.hosted(cfg.world_size, cfg.timeout_s) as host:  # the ranks join this process's store
+        for r in range(cfg.world_size):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(cfg.world_size), LOCAL_RANK="0",
+                       PERFSIM_THREADS="1", **host.env())
+            script = (f"mount --bind {disks[r]} {out / 'ckpt'} && "
+                      f"exec {sys.executable} -m perfsim.runtime.worker {cfg_path}")
+            procs.append(subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        try:
+            for p in procs:
+                stdout, _ = p.communicate(timeout=180)
+                done.append((p.returncode, stdout))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
     return done
 
 

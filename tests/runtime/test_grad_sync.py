@@ -1,6 +1,6 @@
 """Data-parallel gradient sync: DDP hooks and pipeline-stage sync over real gloo.
 
-Two ranks are spawned (tcp on 127.0.0.1, a free port). Every rank saves what
+Two ranks are spawned (gloo over 127.0.0.1; the store is the test process's). Every rank saves what
 it saw; the checks run in the parent, so a failure names the spec and step.
 """
 
@@ -17,7 +17,8 @@ from perfsim.compression import check_spec
 from perfsim.compression.spec import parse_spec
 from perfsim.runtime.grad_sync import GradSync, make_buckets, sync_gradients
 
-from _helpers import run_ranks
+from _helpers import RANK_TIMEOUT_S, run_ranks
+from perfsim import rank_store
 
 WORLD = 2
 CANDIDATES = ["fp32", "fp16", "bf16", "qsgd-maxnorm:4", "qsgd-maxnorm-multiscale:4",
@@ -58,11 +59,9 @@ def available_specs() -> list[str]:
 
 
 def _init(rank: int, port: int) -> None:
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD)
+    rank_store.init_group("gloo", rank, WORLD, RANK_TIMEOUT_S,
+                          rank_store.join("127.0.0.1", port, WORLD, RANK_TIMEOUT_S))
 
 
 def _mlp() -> torch.nn.Module:

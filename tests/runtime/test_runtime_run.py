@@ -128,5 +128,6 @@ def test_under_torchrun(tmp_path):
                            "--macro-batch", "16", "--out", str(out)],
                           capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "terminate called" not in proc.stderr, proc.stderr[-2000:]  # the ranks left without aborting
     s = json.loads((out / "result.json").read_text())["summary"]
     assert s["source"] == "measured" and s["pp"] == 2 and s["steps"] == 3
