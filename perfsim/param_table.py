@@ -13,8 +13,11 @@ to :data:`PARAMS` (and the field it fills).
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from perfsim.errors import ConfigError
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
 KINDS = {
@@ -47,8 +50,13 @@ class Param:
     #: allowed values of a ``choice``, or ``"module:NAME"`` of the mapping/tuple
     #: that lists them where they are defined (e.g. the schedules)
     choices: tuple[str, ...] | str = ()
-    #: smallest allowed ``int``
-    minimum: int = 1
+    #: lower bound of a number (``int``, ``float``, ``size``, ``time``, ``bandwidth``): its
+    #: smallest value, or with ``above`` the value it must exceed; None: an int's 1, else 0
+    minimum: float | None = None
+    #: a number must exceed ``minimum`` (``> 0``), not only reach it
+    above: bool = False
+    #: a number's upper bound, which it must stay below (None: none)
+    below: float | None = None
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
     #: how ``perfsim plan`` searches it (:mod:`perfsim.search_space`): None (not a
@@ -79,6 +87,19 @@ class Param:
         return self.choices
 
     @property
+    def lower(self) -> float:
+        """A number's lower bound (:attr:`minimum`, else the kind's: an int's 1, else 0)."""
+        return self.minimum if self.minimum is not None else (1 if self.kind == "int" else 0)
+
+    @property
+    def bound(self) -> str:
+        """The bound a number keeps as every refusal of it states it (``>= 1``, ``> 0``, ``>= 0
+        and < 1``): one fact, checked by :func:`check_bound` where the value is parsed
+        (:func:`perfsim.param_values.normalize`) and where its config field is validated."""
+        text = f"{'>' if self.above else '>='} {self.lower:g}"
+        return text + (f" and < {self.below:g}" if self.below is not None else "")
+
+    @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
@@ -86,6 +107,21 @@ class Param:
     def annotation(self) -> str:
         t = KINDS[self.kind]
         return f"{t} | None" if self.default is None else t
+
+
+#: the kinds whose values are numbers with a :attr:`Param.bound`
+NUMBER_KINDS = ("int", "float", "size", "time", "bandwidth")
+
+
+def check_bound(p: Param, value: Any, who: str | None = None, given: Any = None) -> None:
+    """ConfigError naming ``who`` (default: the parameter's name) and the value as ``given``
+    (default ``value``) unless ``value`` is a finite number that keeps ``p``'s
+    :attr:`~Param.bound`, which the message states."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (value > p.lower if p.above else value >= p.lower) and (p.below is None or value < p.below)
+    if not ok:
+        what = {"int": "an integer ", "float": "a finite number "}.get(p.kind, "")
+        raise ConfigError(f"{who or p.name}={value if given is None else given!r}: must be {what}{p.bound}")
 
 
 #: every predict parameter, in the order a grid varies them (the last fastest)
@@ -109,7 +145,7 @@ PARAMS: tuple[Param, ...] = (
           "compute from its operator model, memory checked against its capacity; switches the "
           "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
     Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
-          "units such as 300GB/s)", "system"),
+          "units such as 300GB/s)", "system", above=True),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
@@ -131,7 +167,7 @@ PARAMS: tuple[Param, ...] = (
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("cpu_adam_rate", "float", None, "with offload optimizer: parameters per second a node's CPUs "
           "update with Adam, shared by its GPUs (default 4e9: ZeRO-Offload's CPU-Adam, 3.9e9-4.5e9 on a "
-          "DGX-2 host)", "system", "system.cpu_adam_params_per_s"),
+          "DGX-2 host)", "system", "system.cpu_adam_params_per_s", above=True),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
@@ -139,9 +175,9 @@ PARAMS: tuple[Param, ...] = (
           "them", "system", "system.nic_affinity", choices="perfsim.fabrics:NIC_AFFINITIES"),
     Param("straggler_cv", "float", 0.0, "spread (std / mean) of the GPUs' speeds, e.g. 0.01; every "
           "iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off",
-          "system", "system.straggler_cv"),
+          "system", "system.straggler_cv", below=1),
     Param("jitter_cv", "float", 0.0, "spread (std / mean) of one micro-batch's compute, independent "
-          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv"),
+          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv", below=1),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
           "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
     Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
@@ -208,7 +244,7 @@ PARAMS: tuple[Param, ...] = (
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
           "default: dropless experts (MegaBlocks, Megatron-Core's default)", "strategy",
-          "strategy.moe_capacity_factor"),
+          "strategy.moe_capacity_factor", above=True),
     Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
           "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
           "must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over "
@@ -216,7 +252,7 @@ PARAMS: tuple[Param, ...] = (
           search="perfsim.search_space:expert_parallel"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
-          "strategy.moe_imbalance"),
+          "strategy.moe_imbalance", minimum=1),
     Param("a2a_compress", "str", "none", "codec of the expert-parallel dispatch all-to-alls (the forward "
           "dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay "
           "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value "
@@ -252,7 +288,7 @@ PARAMS: tuple[Param, ...] = (
           "(by compute) or uniform (Megatron: equal blocks, embedding first, head last); default "
           "balanced, uniform with a gpu preset", "strategy"),
     Param("bucket_size", "size", "25MiB", "gradient bucket size in bytes of fp32 gradients "
-          "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes"),
+          "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes", minimum=1),
     Param("overlap", "bool", None, "start each bucket's gradient sync during the backward pass; "
           "default on, off with a gpu preset (Megatron-LM reduces gradients after the backward "
           "unless given --overlap-grad-reduce)", "strategy"),
@@ -296,7 +332,7 @@ PARAMS: tuple[Param, ...] = (
           "(default: the identity)", "strategy", "strategy.device_order"),
     Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
     Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
-          "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system"),
+          "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system", above=True),
 )
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

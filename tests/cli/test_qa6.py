@@ -240,8 +240,8 @@ def test_the_open_data_scripts_refuse_a_set_name_twice(script, capsys):
 
 
 @pytest.mark.parametrize("argv, culprit", [
-    (["--pp", "1", "--dp", "2", "--bucket-size", "0"], "bucket_size"),       # said "bucket_bytes=0"
-    (["--pp", "2", "--cpu-adam-rate", "0"], "cpu_adam_rate"),                           # said "cpu_adam_params_per_s=0.0"
+    (["--pp", "1", "--dp", "2", "--bucket-size", "0"], "--bucket-size"),     # said "bucket_bytes=0"
+    (["--pp", "2", "--cpu-adam-rate", "0"], "--cpu-adam-rate"),                         # said "cpu_adam_params_per_s=0.0"
 ])
 def test_a_bad_value_is_named_by_its_flag_not_an_internal_field(argv, culprit):
     r = run_cli_here("predict", "--model", "gpt2-tiny", *argv)
