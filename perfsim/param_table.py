@@ -68,6 +68,10 @@ class Param:
     #: where the dimension applies, a predicate of :data:`perfsim.search_space.APPLIES`
     #: (``"pp>1"`` ...); elsewhere the parameter keeps its default
     search_when: str = ""
+    #: help line of the flag where ``perfsim run`` (and ``perfsim validate``'s measured runs) train
+    #: the job on this machine's devices and :attr:`help` (predict's) does not hold there (a GPU
+    #: preset's defaults, what execute mode refuses); "": the same text
+    run_help: str = ""
     #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
     #: 25us); default ms (perfsim.units.parse_time)
     hint_unit: str | None = None
@@ -129,7 +133,9 @@ PARAMS: tuple[Param, ...] = (
     # what is trained (the workload)
     Param("model", "model", "gpt2-xl", "model: a preset (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), "
           "an inline transformer gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"
-          "[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json", "workload"),
+          "[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json", "workload",
+          run_help=("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
+                    "(perfsim.models.registry)")),
     Param("seq_len", "int", None, "sequence length of a transformer model (default: the preset's)",
           "workload"),
     Param("workload", "path", None, "workload file (TOML/JSON, docs/formats.md) instead of a "
@@ -213,7 +219,8 @@ PARAMS: tuple[Param, ...] = (
           "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
-          search_when="pp>1"),
+          search_when="pp>1",
+          run_help="pipeline schedule"),
     Param("virtual_stages", "int", None, "model chunks per device of interleaved-1f1b (default 2; the "
           "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages",
           search=(2, 4), search_when="interleaved"),
@@ -222,7 +229,9 @@ PARAMS: tuple[Param, ...] = (
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
     Param("placement", "placement", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
-          "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
+          "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy",
+          run_help=("rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp; "
+                    "a rank's place in it picks its stage, replica and tensor shard")),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS",
@@ -239,7 +248,9 @@ PARAMS: tuple[Param, ...] = (
           "or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or "
           "FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default "
           "fused with a gpu preset (Megatron-LM's), eager otherwise",
-          "strategy", choices="perfsim.job:KERNELS"),
+          "strategy", choices="perfsim.job:KERNELS",
+          run_help=("eager only: perfsim run trains plain PyTorch modules; fused and eager-pure "
+                    "are priced by perfsim predict only")),
     Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
@@ -261,7 +272,10 @@ PARAMS: tuple[Param, ...] = (
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
           "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,
-          choices="perfsim.job:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
+          choices="perfsim.job:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1",
+          run_help=("ZeRO stage: 0 none (DDP-style) or 3 (PyTorch FSDP2 fully_shard, with pp 1, tp 1, no "
+                    "gradient compression, an untied head, no checkpoints); 1 and 2 are priced by perfsim "
+                    "predict only")),
     Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
@@ -273,7 +287,9 @@ PARAMS: tuple[Param, ...] = (
     Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with "
           "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
           "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
-          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD"),
+          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD",
+          run_help=("none only: perfsim run does not offload (ZeRO-Offload's optimizer on the CPUs is priced "
+                    "by perfsim predict only)")),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
@@ -286,7 +302,9 @@ PARAMS: tuple[Param, ...] = (
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
           "(by compute) or uniform (Megatron: equal blocks, embedding first, head last); default "
-          "balanced, uniform with a gpu preset", "strategy"),
+          "balanced, uniform with a gpu preset", "strategy",
+          run_help=("layer counts per stage, e.g. 2,2,2,2, or uniform (Megatron: equal blocks, embedding "
+                    "first, head last); default balanced by parameters")),
     Param("bucket_size", "size", "25MiB", "gradient bucket size in bytes of fp32 gradients "
           "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes", minimum=1),
     Param("overlap", "bool", None, "start each bucket's gradient sync during the backward pass; "
@@ -300,15 +318,22 @@ PARAMS: tuple[Param, ...] = (
           "embedding: untied (the last stage trains its own head, perfsim run's default) or sync "
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
-          "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
+          "strategy", choices="perfsim.job:TIED_EMBEDDINGS",
+          run_help=("a tied LM head on another pipeline stage than the embedding: untied (the last "
+                    "stage trains its own head) or sync (Megatron-LM: all-reduce the copy's "
+                    "gradient with the first stage after the data-parallel sync; GPT models, tp 1)")),
     Param("tp_send", "choice", None, "how the TP ranks of a stage send a pipeline boundary: full (each "
           "sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, "
           "all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; "
-          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS"),
+          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS",
+          run_help=("how the TP ranks of a stage send a pipeline boundary: full only (each sends the whole "
+                    "activation; sequence parallelism sends 1/tp); scatter-gather is priced "
+                    "by perfsim predict only")),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
-          "default 32, or global_batch / dp", "strategy"),
+          "default 32, or global_batch / dp", "strategy",
+          run_help="samples per macro-batch (one optimizer step of one replica)"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
           "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
     Param("epochs", "int", 1, "epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer "
@@ -329,7 +354,9 @@ PARAMS: tuple[Param, ...] = (
           "strategy.boundary_compress"),
     Param("device_order", "order", None, "GPU that runs each logical GPU index along the placement "
           "order, a permutation such as 0,2,1,3: which node runs which stage on a topology "
-          "(default: the identity)", "strategy", "strategy.device_order"),
+          "(default: the identity)", "strategy", "strategy.device_order",
+          run_help=("rank that runs each position of the placement order, a permutation such as "
+                    "0,2,1,3 (tp 1 only; default: the identity)")),
     Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
     Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
           "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system", above=True),

@@ -317,3 +317,44 @@ def test_plan_keeps_tp_in_a_node_and_a_pinned_wider_tp_carries_the_note():
                        "--global-batch", "8", "--no-progress")
     assert cli.returncode == 0, cli.stderr
     assert len([n for n in cli.stderr.splitlines() if n.startswith("note: tp 2 spans 2 nodes")]) == 1, cli.stderr
+
+
+# ---------------------------------------------------------------- run --help says what run does
+
+def _flag_helps(command: str) -> dict[str, str]:
+    import argparse
+
+    from perfsim.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: " ".join((a.help or "").split()) for a in sub.choices[command]._actions}
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_run_help_texts_are_true_for_a_run(command):
+    """`perfsim run --help` showed predict's texts: "default gpipe, 1f1b with a gpu preset",
+    "needs gpu", "default 32, or global_batch / dp" -- run has no --gpu nor --global-batch, and
+    refuses fused kernels, offload, ZeRO-1/2 and scatter-gather sends. Each job flag now has
+    run's text where predict's does not hold (Param.run_help, one table), and the defaults it
+    states are the trained job's (RunConfig's; validate's its own)."""
+    import inspect
+    import re
+
+    from perfsim import params
+    from perfsim.analysis.validate_grid import validate
+    from perfsim.runtime.config import RunConfig
+
+    helps = _flag_helps(command)
+    defaults = {k: v.default for k, v in inspect.signature(validate).parameters.items()} if command == "validate" \
+        else {n: getattr(RunConfig, n) for n in params.RUN_JOB_PARAMS}
+    checked = [n for n in params.RUN_JOB_PARAMS if n in helps]
+    assert {"schedule", "kernels", "offload", "zero", "macro_batch"} & set(checked)
+    for name in checked:
+        text = helps[name]
+        assert not re.search(r"gpu preset|needs gpu|global_batch", text, re.I), (name, text)
+        if name in params.RUN_HELPS:  # run's own text, not predict's
+            assert text.startswith(" ".join(params.RUN_HELPS[name].split())[:40]), (name, text)
+        stated = re.findall(r"\(default ([^)]*)\)", text)
+        want = defaults.get(name)
+        if stated and want is not None and not isinstance(want, tuple):
+            assert stated[-1] == (str(want).lower() if isinstance(want, bool) else str(want)), (name, stated, want)
