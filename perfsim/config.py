@@ -29,15 +29,16 @@ from perfsim.schedules import P2P_EXCHANGES
 from perfsim.tcp import parse_slow_start, parse_tcp_window
 
 
-def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False, shown: str | None = None) -> None:
-    """ConfigError naming ``shown`` (the parameter a user gives, where its field's name differs),
-    else the field ``name``."""
+def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+    """ConfigError naming the field ``name`` unless it is a finite number > 0 (>= 0 with
+    ``allow_zero``; None with ``allow_none``). A field a predict parameter fills with a bound
+    of its own is checked by :func:`_param_bound`."""
     v = getattr(obj, name)
     if v is None and allow_none:
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(f"{shown or name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
+        raise ConfigError(f"{name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
 
 
 def _param_bound(obj, name: str, param: str | None = None) -> None:
