@@ -49,7 +49,7 @@ from perfsim.partition import uniform_counts
 from perfsim.profile import Profile, load_profile, profile_path
 from perfsim.result import Result
 from perfsim.schedules import stage_count
-from perfsim.units import format_bandwidth
+from perfsim.units import format_bandwidth, format_time
 from perfsim.workload import get_model, load_workload_file
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
@@ -320,7 +320,8 @@ def predict(**params) -> Result:
     ``note_unused``: also say in ``model_note`` which settings the caller gave that this
     configuration does not use (:func:`unused_settings`; ``perfsim.predict`` and ``perfsim
     predict`` set it; the planner's and a sweep's configurations, which pass one setting
-    to every candidate, do not)."""
+    to every candidate, do not). The summary's ``notes`` list what a reader is told, one line
+    each (:func:`prediction_notes`)."""
     trace = bool(params.pop("trace", False))
     note_unused = bool(params.pop("note_unused", False))
     allow_oom = params_mod.normalize("allow_oom", params.get("allow_oom") or False)
@@ -332,6 +333,7 @@ def predict(**params) -> Result:
     unused = unused_settings(params, strategy, result.summary, note_unused,
                              operator_model=bool(system.gpu) and workload.arch is not None)
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))
+    result.summary["notes"] = prediction_notes(params, strategy, system, result.summary)
     _warn_memory(result.summary, profile)
     _check_finite(result)
     return result
@@ -446,6 +448,61 @@ def unused_notes(summary: dict[str, Any]) -> list[str]:
     """The notes of ``summary["model_note"]`` that name a setting given but not used
     (:func:`unused_settings`, ``a2a_compress`` with ep 1): what the commands say on stderr."""
     return [n for n in str(summary.get("model_note") or "").split("; ") if UNUSED in n]
+
+
+def prediction_notes(params: dict[str, Any], strategy: Strategy, system: System,
+                     summary: dict[str, Any]) -> list[str]:
+    """The summary's ``notes``: what a reader of this prediction is told, one line each and
+    decided here once (``perfsim predict``, ``sweep`` and ``plan`` print them on stderr; the
+    API result and every output carry them): a tensor-parallel group wider than a node
+    (:func:`_tp_across_nodes`), the network settings of ``params`` that a job inside one node
+    does not use (:func:`_network_unused`), a topology's extremes standing in ``bandwidth_bps``
+    and ``latency_s`` (:func:`_topology_extremes`), and the settings given but not used
+    (:func:`unused_notes`, also in ``model_note``). No note holds :data:`perfsim.outputs.LIST_SEP`,
+    which joins them in a CSV cell."""
+    given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
+    notes = [_tp_across_nodes(strategy.tp, system.gpus_per_node)]
+    notes += _network_unused(given, strategy.devices, system)
+    notes += [_topology_extremes(summary) if system.topology is not None else None]
+    notes += unused_notes(summary)
+    return [n for n in dict.fromkeys(notes) if n]
+
+
+def _tp_across_nodes(tp: int, per_node: int) -> str | None:
+    """A tensor-parallel group wider than a node (``--gpu h100 --tp 8`` with the default
+    ``--gpus-per-node 1``): its collectives cross the inter-node network, as predicted -- said,
+    since Megatron-LM keeps TP inside a node (arXiv:2104.04473 Sec. 3.3)."""
+    if tp <= per_node:
+        return None
+    return (f"tp {tp} spans {-(-tp // per_node)} nodes of {per_node} GPU{'s' * (per_node > 1)} (--gpus-per-node "
+            f"{per_node}): every tensor-parallel collective crosses the inter-node network, as predicted "
+            f"(GPUs of one node: --gpus-per-node {tp})")
+
+
+def _network_unused(given: dict[str, Any], gpus: int, system: System) -> list[str]:
+    """``bandwidth`` / ``latency`` / ``nic`` given for a job whose GPUs all sit in one node
+    (``--gpus-per-node 8`` with 8 GPUs, or one GPU) and no topology: nothing crosses the
+    network, so they leave the prediction as it is -- said (:data:`UNUSED`'s wording)."""
+    per_node = system.gpus_per_node
+    if gpus > per_node or system.topology is not None:
+        return []
+    nic = given.get("nic")
+    shown = {"bandwidth": lambda: format_bandwidth(params_mod.normalize("bandwidth", given["bandwidth"])),
+             "latency": lambda: format_time(params_mod.normalize("latency", given["latency"])),
+             "nic": lambda: nic if isinstance(nic, str) else f"{nic.count}x{format_bandwidth(nic.rate_bps)}"}
+    where = (f"all {gpus} GPUs sit in one node (--gpus-per-node {per_node})" if gpus > 1 else "one GPU, one node")
+    return [f"{name} {shown[name]()}{UNUSED}{where}, nothing crosses the network (--intra-node-bandwidth "
+            "or --intra-node-fabric prices the links inside a node)" for name in shown if name in given]
+
+
+def _topology_extremes(summary: dict[str, Any]) -> str:
+    """With a topology the summary's ``bandwidth_bps`` and ``latency_s`` are its slowest
+    inter-node rate and its largest latency (:func:`perfsim.engine.report._topology_links`),
+    which a job need not cross (``--topology example-geo --pp 3``: 40 ms, a job inside one
+    region never waits it) -- said, as the table's latency row says "up to"."""
+    return (f"topology {summary.get('topology')}: bandwidth_bps {format_bandwidth(summary['bandwidth_bps'])} and "
+            f"latency_s {format_time(summary['latency_s'])} are its slowest link and its largest latency, "
+            "not necessarily this job's (the links rows hold the links it used)")
 
 
 def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] = ()) -> dict[str, Any]:

@@ -24,19 +24,29 @@ from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.ops import GRAD_ACCUMULATION
 from perfsim.models.specs import LayerSpec
+from perfsim.param_table import BY_NAME as PARAMS_BY_NAME, check_bound
 from perfsim.schedules import P2P_EXCHANGES
 from perfsim.tcp import parse_slow_start, parse_tcp_window
 
 
-def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False, shown: str | None = None) -> None:
-    """ConfigError naming ``shown`` (the parameter a user gives, where its field's name differs),
-    else the field ``name``."""
+def _pos_float(obj, name: str, allow_zero: bool = False, allow_none: bool = False) -> None:
+    """ConfigError naming the field ``name`` unless it is a finite number > 0 (>= 0 with
+    ``allow_zero``; None with ``allow_none``). A field a predict parameter fills with a bound
+    of its own is checked by :func:`_param_bound`."""
     v = getattr(obj, name)
     if v is None and allow_none:
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
             or v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(f"{shown or name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
+        raise ConfigError(f"{name}={v!r}: must be a finite number {'>=' if allow_zero else '>'} 0")
+
+
+def _param_bound(obj, name: str, param: str | None = None) -> None:
+    """Field ``name`` of ``obj`` (None: not set) within the bound of the predict parameter that
+    fills it (``param``, default the same name; :attr:`perfsim.param_table.Param.bound`): the one
+    statement of that bound, which the parsed value kept already (ConfigError naming the parameter)."""
+    if getattr(obj, name) is not None:
+        check_bound(PARAMS_BY_NAME[param or name], getattr(obj, name))
 
 
 @dataclass(frozen=True)
@@ -157,15 +167,16 @@ class Strategy(Job):
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples"):
             _pos_int(self, name)
-        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int) or self.bucket_bytes < 1:
-            raise ConfigError(f"bucket_size={self.bucket_bytes!r} bytes: must be >= 1 byte")  # the parameter's name
+        if isinstance(self.bucket_bytes, bool) or not isinstance(self.bucket_bytes, int):
+            raise ConfigError(f"bucket_size={self.bucket_bytes!r}: whole bytes")  # the parameter's name
+        _param_bound(self, "bucket_bytes", "bucket_size")
         check_choice(self, "recompute", RECOMPUTE)
         check_choice(self, "attention", ATTENTION)
         check_choice(self, "precision", PRECISIONS)
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
         check_choice(self, "grad_accumulation", GRAD_ACCUMULATION)
-        _pos_float(self, "moe_capacity_factor", allow_none=True)
+        _param_bound(self, "moe_capacity_factor")
         _pos_int(self, "ep")
         if self.dp % self.ep:
             raise ConfigError(f"ep={self.ep}: must divide dp={self.dp} (the expert-parallel group is "
@@ -173,9 +184,7 @@ class Strategy(Job):
         if self.zero >= 2 and self.ep > 1:
             raise ConfigError(f"zero={self.zero} with ep={self.ep}: not modelled (the experts are not "
                               f"replicated over the data-parallel group that ZeRO-2/3 shards over)")
-        _pos_float(self, "moe_imbalance")
-        if self.moe_imbalance < 1:
-            raise ConfigError(f"moe_imbalance={self.moe_imbalance!r}: must be >= 1 (1 = balanced)")
+        _param_bound(self, "moe_imbalance")  # >= 1 (1 = balanced)
         from perfsim.models.moe import parse_a2a_compress  # lazy: config imports no model code eagerly
 
         # with ep 1 there is no all-to-all to compress: unused (the model note says so), not refused, so
@@ -299,13 +308,11 @@ class System:
         check_choice(self, "link_model", LINK_MODELS)
         check_choice(self, "collective_algo", COLLECTIVE_ALGORITHMS)
         check_choice(self, "collective_model", COLLECTIVE_MODELS)
-        _pos_float(self, "comm_slowdown", allow_zero=True, allow_none=True)
+        _param_bound(self, "comm_slowdown")
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
-        _pos_float(self, "cpu_adam_params_per_s", allow_none=True, shown="cpu_adam_rate")  # the parameter's name
-        for name in ("straggler_cv", "jitter_cv"):
-            _pos_float(self, name, allow_zero=True)
-            if getattr(self, name) >= 1:
-                raise ConfigError(f"{name}={getattr(self, name)!r}: a relative spread, must be < 1 (0.02 = 2 %)")
+        _param_bound(self, "cpu_adam_params_per_s", "cpu_adam_rate")  # the parameter's name
+        for name in ("straggler_cv", "jitter_cv"):  # a relative spread: >= 0 and < 1 (0.02 = 2 %)
+            _param_bound(self, name)
         object.__setattr__(self, "tcp_window", parse_tcp_window(self.tcp_window))
         if self.tcp_connections is not None:
             _pos_int(self, "tcp_connections")

@@ -271,9 +271,20 @@ def jsonl_text(records: Sequence[Any], default: Callable[[Any], Any] | None = No
     return "".join(json.dumps(r, default=default) + "\n" for r in records)
 
 
+#: what joins the items of a list cell (a summary's ``notes``) in a CSV cell
+LIST_SEP = "; "
+
+
+def csv_cell(value: Any) -> Any:
+    """A value as a CSV cell holds it: a list (a summary's ``notes``) as its items joined by
+    :data:`LIST_SEP` (an empty list: an empty cell); anything else as it is."""
+    return LIST_SEP.join(map(str, value)) if isinstance(value, list) else value
+
+
 def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) -> str:
     """Rows of dicts as CSV text: ``columns`` first, then every other key in first-seen
-    order; a missing key or None is an empty cell (no pandas: predict's CSV stays light)."""
+    order; a missing key or None is an empty cell, a list one cell (:func:`csv_cell`; no
+    pandas: predict's CSV stays light)."""
     import csv  # lazy: perfsim --help does not load csv
 
     cols = list(columns)
@@ -282,7 +293,7 @@ def records_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] = ()) 
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
-    w.writerows(rows)
+    w.writerows({k: csv_cell(v) for k, v in row.items()} for row in rows)
     return buf.getvalue()
 
 
@@ -291,9 +302,12 @@ FRAME_FORMATS = ("csv", "parquet", "jsonl")
 
 
 def frame_bytes(df, fmt: str, default: Callable[[Any], Any] | None = None) -> bytes:
-    """A pandas DataFrame as ``csv`` (no index), ``parquet`` (pyarrow) or ``jsonl``
+    """A pandas DataFrame as ``csv`` (no index; a list cell joined, :func:`csv_cell`), ``parquet`` (pyarrow) or ``jsonl``
     (one JSON object per row; ``default`` turns other values into JSON)."""
     if fmt == "csv":
+        lists = [c for c in df.columns if df[c].dtype == object and df[c].map(lambda v: isinstance(v, list)).any()]
+        if lists:  # a list cell (a summary's notes): one CSV cell (csv_cell)
+            df = df.assign(**{c: df[c].map(csv_cell) for c in lists})
         return df.to_csv(index=False).encode()
     if fmt == "parquet":
         buf = io.BytesIO()

@@ -13,8 +13,11 @@ to :data:`PARAMS` (and the field it fills).
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from perfsim.errors import ConfigError
 
 #: value kinds: how a value is parsed (and the Python type the API accepts)
 KINDS = {
@@ -47,8 +50,13 @@ class Param:
     #: allowed values of a ``choice``, or ``"module:NAME"`` of the mapping/tuple
     #: that lists them where they are defined (e.g. the schedules)
     choices: tuple[str, ...] | str = ()
-    #: smallest allowed ``int``
-    minimum: int = 1
+    #: lower bound of a number (``int``, ``float``, ``size``, ``time``, ``bandwidth``): its
+    #: smallest value, or with ``above`` the value it must exceed; None: an int's 1, else 0
+    minimum: float | None = None
+    #: a number must exceed ``minimum`` (``> 0``), not only reach it
+    above: bool = False
+    #: a number's upper bound, which it must stay below (None: none)
+    below: float | None = None
     #: role of a ``spec`` (perfsim.compression.spec): ``pipeline`` or ``grad``
     role: str = ""
     #: how ``perfsim plan`` searches it (:mod:`perfsim.search_space`): None (not a
@@ -60,6 +68,10 @@ class Param:
     #: where the dimension applies, a predicate of :data:`perfsim.search_space.APPLIES`
     #: (``"pp>1"`` ...); elsewhere the parameter keeps its default
     search_when: str = ""
+    #: help line of the flag where ``perfsim run`` (and ``perfsim validate``'s measured runs) train
+    #: the job on this machine's devices and :attr:`help` (predict's) does not hold there (a GPU
+    #: preset's defaults, what execute mode refuses); "": the same text
+    run_help: str = ""
     #: unit a bare number of a ``time`` is suggested in (``--host-overhead 25``: e.g.
     #: 25us); default ms (perfsim.units.parse_time)
     hint_unit: str | None = None
@@ -79,6 +91,19 @@ class Param:
         return self.choices
 
     @property
+    def lower(self) -> float:
+        """A number's lower bound (:attr:`minimum`, else the kind's: an int's 1, else 0)."""
+        return self.minimum if self.minimum is not None else (1 if self.kind == "int" else 0)
+
+    @property
+    def bound(self) -> str:
+        """The bound a number keeps as every refusal of it states it (``>= 1``, ``> 0``, ``>= 0
+        and < 1``): one fact, checked by :func:`check_bound` where the value is parsed
+        (:func:`perfsim.param_values.normalize`) and where its config field is validated."""
+        text = f"{'>' if self.above else '>='} {self.lower:g}"
+        return text + (f" and < {self.below:g}" if self.below is not None else "")
+
+    @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
@@ -88,12 +113,29 @@ class Param:
         return f"{t} | None" if self.default is None else t
 
 
+#: the kinds whose values are numbers with a :attr:`Param.bound`
+NUMBER_KINDS = ("int", "float", "size", "time", "bandwidth")
+
+
+def check_bound(p: Param, value: Any, who: str | None = None, given: Any = None) -> None:
+    """ConfigError naming ``who`` (default: the parameter's name) and the value as ``given``
+    (default ``value``) unless ``value`` is a finite number that keeps ``p``'s
+    :attr:`~Param.bound`, which the message states."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value) \
+        and (value > p.lower if p.above else value >= p.lower) and (p.below is None or value < p.below)
+    if not ok:
+        what = {"int": "an integer ", "float": "a finite number "}.get(p.kind, "")
+        raise ConfigError(f"{who or p.name}={value if given is None else given!r}: must be {what}{p.bound}")
+
+
 #: every predict parameter, in the order a grid varies them (the last fastest)
 PARAMS: tuple[Param, ...] = (
     # what is trained (the workload)
     Param("model", "model", "gpt2-xl", "model: a preset (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), "
           "an inline transformer gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"
-          "[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json", "workload"),
+          "[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json", "workload",
+          run_help=("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
+                    "(perfsim.models.registry)")),
     Param("seq_len", "int", None, "sequence length of a transformer model (default: the preset's)",
           "workload"),
     Param("workload", "path", None, "workload file (TOML/JSON, docs/formats.md) instead of a "
@@ -109,7 +151,7 @@ PARAMS: tuple[Param, ...] = (
           "compute from its operator model, memory checked against its capacity; switches the "
           "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
     Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
-          "units such as 300GB/s)", "system"),
+          "units such as 300GB/s)", "system", above=True),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
@@ -131,7 +173,7 @@ PARAMS: tuple[Param, ...] = (
           "PyTorch on an H200 host (docs/gpu.md); needs gpu", "system", "system.host_overhead_s", hint_unit="us"),
     Param("cpu_adam_rate", "float", None, "with offload optimizer: parameters per second a node's CPUs "
           "update with Adam, shared by its GPUs (default 4e9: ZeRO-Offload's CPU-Adam, 3.9e9-4.5e9 on a "
-          "DGX-2 host)", "system", "system.cpu_adam_params_per_s"),
+          "DGX-2 host)", "system", "system.cpu_adam_params_per_s", above=True),
     Param("comm_slowdown", "float", None, "compute slowdown while communication overlaps it, e.g. 0.1 "
           "(default: the profile's measured interference, else 0)", "system", "system.comm_slowdown"),
     Param("nic_affinity", "choice", "gpu", "gpu: one GPU's flows (a pipeline message, a ring with one "
@@ -139,9 +181,9 @@ PARAMS: tuple[Param, ...] = (
           "them", "system", "system.nic_affinity", choices="perfsim.fabrics:NIC_AFFINITIES"),
     Param("straggler_cv", "float", 0.0, "spread (std / mean) of the GPUs' speeds, e.g. 0.01; every "
           "iteration waits for the slowest of the job's GPUs (perfsim.engine.sync_wait); 0 = off",
-          "system", "system.straggler_cv"),
+          "system", "system.straggler_cv", below=1),
     Param("jitter_cv", "float", 0.0, "spread (std / mean) of one micro-batch's compute, independent "
-          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv"),
+          "between micro-batches (averages over accumulation); 0 = off", "system", "system.jitter_cv", below=1),
     Param("nic_sharing", "bool", True, "share NICs fairly between concurrent flows; false gives "
           "every flow the full link (a lower bound)", "system", "system.nic_sharing"),
     Param("link_burst", "size", "0B", "token-bucket depth of each link in bytes: bytes that leave "
@@ -177,7 +219,8 @@ PARAMS: tuple[Param, ...] = (
           "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
-          search_when="pp>1"),
+          search_when="pp>1",
+          run_help="pipeline schedule"),
     Param("virtual_stages", "int", None, "model chunks per device of interleaved-1f1b (default 2; the "
           "other schedules run their own: zb-v 2, the rest 1)", "strategy", "strategy.virtual_stages",
           search=(2, 4), search_when="interleaved"),
@@ -186,7 +229,9 @@ PARAMS: tuple[Param, ...] = (
           "all-gather instead of all-reduce; needs tp > 1)", "strategy", "strategy.sequence_parallel",
           search="perfsim.search_space:on_gpu", search_when="tp>1"),
     Param("placement", "placement", None, "rank order, innermost first: tp,pp,dp (replica-major, default) "
-          "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy"),
+          "or Megatron's tp,dp,pp (default with a gpu preset)", "strategy",
+          run_help=("rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp; "
+                    "a rank's place in it picks its stage, replica and tensor shard")),
     Param("precision", "choice", "fp32", "training precision (mixed precision for bf16/fp16; fp8: "
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS",
@@ -203,12 +248,14 @@ PARAMS: tuple[Param, ...] = (
           "or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or "
           "FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default "
           "fused with a gpu preset (Megatron-LM's), eager otherwise",
-          "strategy", choices="perfsim.job:KERNELS"),
+          "strategy", choices="perfsim.job:KERNELS",
+          run_help=("eager only: perfsim run trains plain PyTorch modules; fused and eager-pure "
+                    "are priced by perfsim predict only")),
     Param("moe_capacity_factor", "float", None, "expert capacity factor of a mixture-of-experts model: "
           "each expert computes capacity x its balanced share of the routed tokens, padded, the rest "
           "dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; "
           "default: dropless experts (MegaBlocks, Megatron-Core's default)", "strategy",
-          "strategy.moe_capacity_factor"),
+          "strategy.moe_capacity_factor", above=True),
     Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
           "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
           "must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over "
@@ -216,7 +263,7 @@ PARAMS: tuple[Param, ...] = (
           search="perfsim.search_space:expert_parallel"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
-          "strategy.moe_imbalance"),
+          "strategy.moe_imbalance", minimum=1),
     Param("a2a_compress", "str", "none", "codec of the expert-parallel dispatch all-to-alls (the forward "
           "dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay "
           "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value "
@@ -225,7 +272,10 @@ PARAMS: tuple[Param, ...] = (
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
           "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,
-          choices="perfsim.job:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1"),
+          choices="perfsim.job:ZERO_STAGES", search="perfsim.search_space:on_gpu", search_when="dp>1",
+          run_help=("ZeRO stage: 0 none (DDP-style) or 3 (PyTorch FSDP2 fully_shard, with pp 1, tp 1, no "
+                    "gradient compression, an untied head, no checkpoints); 1 and 2 are priced by perfsim "
+                    "predict only")),
     Param("reshard_after_forward", "bool", True, "ZeRO-3 / FSDP2: free each layer's gathered "
           "parameters after its forward and gather them again for the backward; false keeps them "
           "(no backward all-gather, the stage's full weights held)", "strategy",
@@ -237,7 +287,9 @@ PARAMS: tuple[Param, ...] = (
     Param("offload", "choice", "none", "CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with "
           "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
           "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
-          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD"),
+          "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD",
+          run_help=("none only: perfsim run does not offload (ZeRO-Offload's optimizer on the CPUs is priced "
+                    "by perfsim predict only)")),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "
           "cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits "
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
@@ -250,9 +302,11 @@ PARAMS: tuple[Param, ...] = (
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "
           "(by compute) or uniform (Megatron: equal blocks, embedding first, head last); default "
-          "balanced, uniform with a gpu preset", "strategy"),
+          "balanced, uniform with a gpu preset", "strategy",
+          run_help=("layer counts per stage, e.g. 2,2,2,2, or uniform (Megatron: equal blocks, embedding "
+                    "first, head last); default balanced by parameters")),
     Param("bucket_size", "size", "25MiB", "gradient bucket size in bytes of fp32 gradients "
-          "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes"),
+          "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes", minimum=1),
     Param("overlap", "bool", None, "start each bucket's gradient sync during the backward pass; "
           "default on, off with a gpu preset (Megatron-LM reduces gradients after the backward "
           "unless given --overlap-grad-reduce)", "strategy"),
@@ -264,15 +318,22 @@ PARAMS: tuple[Param, ...] = (
           "embedding: untied (the last stage trains its own head, perfsim run's default) or sync "
           "(Megatron-LM: all-reduce the copy's gradient with the first stage after the "
           "data-parallel sync); default untied, sync with a gpu preset",
-          "strategy", choices="perfsim.job:TIED_EMBEDDINGS"),
+          "strategy", choices="perfsim.job:TIED_EMBEDDINGS",
+          run_help=("a tied LM head on another pipeline stage than the embedding: untied (the last "
+                    "stage trains its own head) or sync (Megatron-LM: all-reduce the copy's "
+                    "gradient with the first stage after the data-parallel sync; GPT models, tp 1)")),
     Param("tp_send", "choice", None, "how the TP ranks of a stage send a pipeline boundary: full (each "
           "sends the whole activation; perfsim run, Megatron-Core) or scatter-gather (each 1/tp, "
           "all-gathered on arrival; Megatron-LM 2021); default full, scatter-gather with a gpu preset; "
-          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS"),
+          "sequence parallelism sends 1/tp either way", "strategy", choices="perfsim.job:TP_SENDS",
+          run_help=("how the TP ranks of a stage send a pipeline boundary: full only (each sends the whole "
+                    "activation; sequence parallelism sends 1/tp); scatter-gather is priced "
+                    "by perfsim predict only")),
     Param("micro_batch", "int", 1, "samples per micro-batch", "strategy", "strategy.micro_batch",
           search="split"),
     Param("macro_batch", "int", None, "samples per macro-batch (one optimizer step of one replica); "
-          "default 32, or global_batch / dp", "strategy"),
+          "default 32, or global_batch / dp", "strategy",
+          run_help="samples per macro-batch (one optimizer step of one replica)"),
     Param("global_batch", "int", None, "samples per optimizer step over all replicas "
           "(= dp x micro_batch x accumulation steps; sets macro_batch)", "strategy"),
     Param("epochs", "int", 1, "epochs for the end-to-end time: ceil(dataset_samples / global_batch) optimizer "
@@ -293,10 +354,12 @@ PARAMS: tuple[Param, ...] = (
           "strategy.boundary_compress"),
     Param("device_order", "order", None, "GPU that runs each logical GPU index along the placement "
           "order, a permutation such as 0,2,1,3: which node runs which stage on a topology "
-          "(default: the identity)", "strategy", "strategy.device_order"),
+          "(default: the identity)", "strategy", "strategy.device_order",
+          run_help=("rank that runs each position of the placement order, a permutation such as "
+                    "0,2,1,3 (tp 1 only; default: the identity)")),
     Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
     Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
-          "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system"),
+          "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system", above=True),
 )
 BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)

@@ -19,7 +19,7 @@ from perfsim.boundaries import parse_boundary_compress
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
 from perfsim.job import PLACEMENT_DIMS
-from perfsim.param_table import BY_NAME, NAMES, ONE_VALUE, PARAMS, Param
+from perfsim.param_table import BY_NAME, NAMES, ONE_VALUE, PARAMS, Param, check_bound
 from perfsim.tcp import parse_tcp_window
 from perfsim.units import parse_bandwidth, parse_size, parse_time, split_list
 
@@ -52,8 +52,7 @@ def _parse_int(value: Any, p: Param, who: str) -> int:
         raise ConfigError(f"{who}={value!r}: must be an integer") from None
     if not number.is_integer():
         raise ConfigError(f"{who}={value!r}: must be an integer")
-    if number < p.minimum:
-        raise ConfigError(f"{who}={value!r}: must be an integer >= {p.minimum}")
+    check_bound(p, int(number), who, value)  # the table's bound (Param.bound), as the config field's check
     return int(number)
 
 
@@ -89,23 +88,24 @@ def normalize(name: str, value: Any, cli: bool = False) -> Any:
     if value is None:
         return None
     kind, who = p.kind, p.flag if cli else p.name
-    if kind == "bandwidth":
+    if kind == "bandwidth":  # a positive rate, as the table's bound (> 0)
         return parse_bandwidth(value, who)
-    if kind == "time":
+    if kind == "time":  # >= 0, as the table's bound
         return parse_time(value, who, hint_unit=p.hint_unit)
     if kind == "size":
-        return parse_size(value, who)
+        size = parse_size(value, who, minimum=int(p.lower))
+        check_bound(p, size, who)
+        return size
     if kind == "window":  # auto, off or bytes (perfsim.tcp)
         return parse_tcp_window(value, who)
     if kind == "int":
         return _parse_int(value, p, who)
-    if kind == "float":  # a finite number >= 0
+    if kind == "float":  # a finite number within the table's bound (Param.bound)
         try:
             number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{who}={value!r}: must be a number") from None
-        if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-            raise ConfigError(f"{who}={value!r}: must be a finite number >= 0")
+        check_bound(p, value if isinstance(value, bool) else number, who, value)
         return number
     if kind == "bool":
         return parse_bool(value, who)

@@ -41,7 +41,7 @@ __all__ = [
     "column", "expand", "grid", "normalize", "parse_bool", "parse_device_order", "plain", "resolved",
     "shown_columns", "split_models", "values_of",
     # the command line and the Python API (here)
-    "RUN_JOB_PARAMS", "add_arguments", "doc_table", "from_args", "run_job", "signature",
+    "RUN_HELPS", "RUN_JOB_PARAMS", "add_arguments", "doc_table", "from_args", "run_job", "signature",
 ]
 
 
@@ -91,6 +91,10 @@ def from_args(args: argparse.Namespace) -> dict[str, Any]:
     return {p.name: getattr(args, p.name, None) for p in PARAMS}
 
 
+#: ``perfsim run``'s help text of each job parameter whose predict text does not hold for a
+#: job trained on this machine's devices (:attr:`perfsim.param_table.Param.run_help`): what
+#: ``run`` and ``validate`` pass as ``helps`` to :func:`add_arguments`
+RUN_HELPS: dict[str, str] = {p.name: p.run_help for p in PARAMS if p.run_help}
 #: the parameters that describe the job ``perfsim run`` trains: the model and the fields of
 #: :class:`perfsim.job.Job` (run's flags and :func:`perfsim.run`'s keywords are these)
 RUN_JOB_PARAMS: tuple[str, ...] = ("model", *JOB_FIELDS)

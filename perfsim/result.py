@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 from perfsim.errors import ConfigError
-from perfsim.outputs import write_bytes, write_text
+from perfsim.outputs import LIST_SEP, write_bytes, write_text
 
 #: configuration columns, in order (CSV contract of `perfsim predict`)
 CONFIG_COLUMNS = [
@@ -100,6 +100,18 @@ class Result:
     def trace_text(self) -> str:
         """The timeline as Chrome/Perfetto trace JSON (what :meth:`write_trace` writes)."""
         return json.dumps({"traceEvents": self.trace_events, "displayTimeUnit": "ms"})
+
+
+def notes_of(cell: Any) -> list[str]:
+    """A summary's ``notes`` as the list :func:`perfsim.api.prediction_notes` made, from
+    wherever it was read: a list (a Result, JSON), an array (a Parquet table), the text a CSV
+    cell holds (the notes joined by :data:`perfsim.outputs.LIST_SEP`), or nothing (None,
+    NaN, an empty cell: no note)."""
+    if cell is None or (isinstance(cell, float) and cell != cell):
+        return []
+    if isinstance(cell, str):
+        return [n for n in cell.split(LIST_SEP) if n]
+    return [str(n) for n in cell]
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -151,8 +151,8 @@ def parse_tcp_window(value: Any, what: str = "tcp_window") -> str | int:
     ConfigError naming ``what`` otherwise."""
     if isinstance(value, bool):
         raise ConfigError(f"{what}={value!r}: auto, off or a window in bytes (e.g. 3MiB)")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value <= 0:
+    if isinstance(value, (int, float)):  # whole bytes: 0.4 is no window, as 0 is
+        if not math.isfinite(value) or round(value) <= 0:
             raise ConfigError(f"{what}={value!r}: a window must be > 0 bytes (or auto, off)")
         return int(round(value))
     text = str(value).strip()

@@ -100,9 +100,10 @@ def parse_time(text: str | float, what: str = "time", allow_zero: bool = True,
     return seconds
 
 
-def parse_size(text: str | int, what: str = "size") -> int:
-    """Parse a byte count such as ``"64MB"`` or ``"1GiB"`` into bytes (>= 0). Text needs a
-    unit (``"0"`` excepted: ``--bucket-size 25`` is not 25 bytes); a Python number is bytes."""
+def parse_size(text: str | int, what: str = "size", minimum: int = 0) -> int:
+    """Parse a byte count such as ``"64MB"`` or ``"1GiB"`` into bytes (>= ``minimum``, whole
+    bytes). Text needs a unit (``"0"`` excepted: ``--bucket-size 25`` is not 25 bytes); a
+    Python number is bytes."""
     if _number(text):
         value, unit = float(text), "B"
         if not math.isfinite(value):
@@ -118,10 +119,10 @@ def parse_size(text: str | int, what: str = "size") -> int:
     scale = _SIZE.get(unit.upper())
     if scale is None:
         raise ConfigError(f"{what} {text!r}: unknown unit {unit!r} (use B, KB, MB, GB, KiB, MiB, GiB)")
-    n = value * scale
-    if n < 0:
-        raise ConfigError(f"{what} {text!r}: must be >= 0")
-    return int(round(n))
+    n = int(round(value * scale)) if value * scale >= 0 else value * scale
+    if n < minimum:
+        raise ConfigError(f"{what} {text!r}: must be >= {minimum}")
+    return n
 
 
 #: the base unit of a kind of value (what a bare number used to mean) and a common larger one

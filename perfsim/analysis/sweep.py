@@ -62,7 +62,7 @@ from perfsim.batch import BatchRunner, fork_context
 from perfsim.documents import read_document
 from perfsim.errors import ConfigError
 from perfsim.provenance import input_key as key, stale_notes, stale_reasons
-from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS
+from perfsim.result import STAGE_COLUMNS, SUMMARY_COLUMNS, notes_of
 from perfsim.units import EXAMPLE_UNITS, format_bandwidth, refuse_bare_number
 
 log = logging.getLogger(__name__)
@@ -309,6 +309,8 @@ def _records_from_table(out: Path) -> list[dict]:
     recs = []
     for row in summary.to_dict("records"):
         cid = row.pop("config_id")
+        if "notes" in row:  # a list again, as predict made it (a CSV cell's text, a Parquet array)
+            row["notes"] = notes_of(row["notes"])
         recs.append({"config_id": cid, "summary": row, "stages": by_id.get(cid, [])})
     return recs
 

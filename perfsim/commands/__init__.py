@@ -19,12 +19,13 @@ from perfsim.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def note_unused(summaries: Iterable[dict[str, Any]]) -> None:
-    """Each distinct setting given but not used by the configurations of ``summaries``
-    (:func:`perfsim.api.unused_notes`) once on stderr: predict's, sweep's and plan's note."""
-    from perfsim.api import unused_notes  # lazy: perfsim --help does not load perfsim.api
+def print_notes(summaries: Iterable[dict[str, Any]]) -> None:
+    """Each distinct note of the ``notes`` of ``summaries`` once on stderr: predict's, sweep's
+    and plan's notes, decided where the prediction is made (:func:`perfsim.api.prediction_notes`);
+    a summary read back from a table holds them as :func:`perfsim.result.notes_of` reads."""
+    from perfsim.result import notes_of  # lazy: perfsim --help does not load perfsim.result
 
-    for note in dict.fromkeys(n for s in summaries for n in unused_notes(s)):
+    for note in dict.fromkeys(n for s in summaries for n in notes_of(s.get("notes"))):
         log.warning("note: %s", note)
 
 

@@ -21,7 +21,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import input_paths, note_unused
+from perfsim.commands import input_paths, print_notes
 from perfsim.emit import EMIT_KINDS, check_emit, emit
 from perfsim.errors import ConfigError
 from perfsim.plan import pareto_front, plan
@@ -181,7 +181,7 @@ def run(args) -> int:
     outputs.emit(args.output, text)
     if args.output:
         log.info("wrote %s (%d configuration%s)", args.output, len(result.ranked), "s" * (len(result.ranked) != 1))
-    note_unused([result.ranked[0].summary])  # the winner's: e.g. a --bandwidth beside --nic
+    print_notes([result.ranked[0].summary])  # the winner's: e.g. a --bandwidth beside --nic
     if args.plot:
         _plot(result, args.plot)
     if kind:

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import input_paths, note_unused
+from perfsim.commands import input_paths, print_notes
 from perfsim.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -118,56 +118,23 @@ def run(args) -> int:
         labels = [{params.column(k): v for k, v in params.plain(c).items() if k in varying} for c in grid]
         if not args.output:
             render(results, file=sys.stdout, labels=labels)
-            _warn_memory(results, params.from_args(args))
+            _warn_memory(results)
             return 0
         data = render(results, width=160, color=False, labels=labels).encode()
     outputs.emit(args.output, data.decode() if args.output is None else data)
     if args.output:
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))
-    _warn_memory(results, params.from_args(args))
+    _warn_memory(results)
     return 0
 
 
-def _warn_memory(results, given: dict) -> None:
+def _warn_memory(results) -> None:
     """Each distinct ``memory_warning`` of the results (a peak over the profile's GPU or every
-    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written;
-    then a TP group wider than a node, the network flags of ``given`` (the command line's
-    parameters) a job inside one node does not use, and each setting given but not used
-    (:func:`perfsim.api.unused_notes`) once."""
+    preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written; then
+    each distinct note of their ``notes`` once (:func:`perfsim.api.prediction_notes` decides
+    them: a TP group wider than a node, network settings a job inside one node does not use, a
+    topology's extremes, settings given but not used)."""
     for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
         if note:
             log.warning("warning: %s", note)
-    notes = [_tp_across_nodes(r.summary) for r in results]
-    notes += [n for r in results for n in _network_unused(r.summary, given)]
-    for note in dict.fromkeys(notes):
-        if note:
-            log.warning("note: %s", note)
-    note_unused([r.summary for r in results])
-
-
-def _network_unused(s: dict, given: dict) -> list[str]:
-    """``--bandwidth`` / ``--latency`` / ``--nic`` given for a job whose GPUs all sit in one node
-    (``--gpus-per-node 8`` with 8 GPUs, or one GPU): nothing crosses the network, so they leave
-    the prediction as it is -- said (:data:`perfsim.api.UNUSED`'s wording)."""
-    from perfsim.units import format_bandwidth, format_time  # lazy: only for the notes
-
-    gpus, per_node = int(s.get("gpus") or 1), int(s.get("gpus_per_node") or 1)
-    if gpus > per_node or s.get("topology"):
-        return []
-    shown = {"bandwidth": lambda: format_bandwidth(s["bandwidth_bps"]), "latency": lambda: format_time(s["latency_s"]),
-             "nic": lambda: given["nic"]}
-    where = (f"all {gpus} GPUs sit in one node (--gpus-per-node {per_node})" if gpus > 1 else "one GPU, one node")
-    return [f"{name} {shown[name]()} unused: {where}, nothing crosses the network (--intra-node-bandwidth "
-            "or --intra-node-fabric prices the links inside a node)" for name in shown if given.get(name)]
-
-
-def _tp_across_nodes(s: dict) -> str | None:
-    """A tensor-parallel group wider than a node (``--gpu h100 --tp 8`` with the default
-    ``--gpus-per-node 1``): its collectives cross the inter-node network, as predicted -- said,
-    since Megatron-LM keeps TP inside a node (arXiv:2104.04473 Sec. 3.3)."""
-    tp, per_node = int(s.get("tp") or 1), int(s.get("gpus_per_node") or 1)
-    if tp <= per_node:
-        return None
-    return (f"tp {tp} spans {-(-tp // per_node)} nodes of {per_node} GPU{'s' * (per_node > 1)} (--gpus-per-node "
-            f"{per_node}): every tensor-parallel collective crosses the inter-node network; GPUs of one "
-            f"node: --gpus-per-node {tp}")
+    print_notes(r.summary for r in results)

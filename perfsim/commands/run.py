@@ -20,19 +20,17 @@ EXAMPLES = """examples:
 """
 
 
-#: run's help text of the model flag: the presets execute mode trains (perfsim.models.registry)
-MODEL_HELP = ("model preset that execute mode trains: digits-mlp, gpt2-tiny, gpt2-small-byte, gpt2 ... "
-              "(perfsim.models.registry)")
-
-
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The job's flags from :data:`perfsim.params.PARAMS` (the names of
     :data:`perfsim.params.RUN_JOB_PARAMS`, parsed as ``perfsim predict`` parses them), then
     run's own options (:data:`perfsim.runtime.config.RUN_OPTIONS`). A flag not given is
     None, so that ``--resume`` can take it from the checkpoint; the help states the default
     (RunConfig's, applied by :func:`perfsim.runtime.make_config`)."""
-    params.add_arguments(p, lists=False, only=params.RUN_JOB_PARAMS, shown={"model": RunConfig.model},
-                         helps={"model": MODEL_HELP})
+    # the defaults stated: RunConfig's where predict's depend on a GPU preset (schedule, macro_batch ...)
+    shown = {name: v for name in params.RUN_JOB_PARAMS if params.BY_NAME[name].default is None
+             and isinstance(v := getattr(RunConfig, name, None), (str, int)) and not isinstance(v, bool)}
+    params.add_arguments(p, lists=False, only=params.RUN_JOB_PARAMS, shown={**shown, "model": RunConfig.model},
+                         helps=params.RUN_HELPS)  # run's texts where predict's do not hold (Param.run_help)
     own = p.add_argument_group("run")
     types = {"int": int, "count": positive_int, "float": float, "text": str}
     for o in RUN_OPTIONS:

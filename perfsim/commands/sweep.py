@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from perfsim import params
-from perfsim.commands import add_no_progress, add_out, note_unused
+from perfsim.commands import add_no_progress, add_out, print_notes
 from perfsim.outputs import is_stdio
 
 HELP = "run a grid of predict configurations into a CSV/Parquet table (resumable)"
@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
     spec = spec.merged(params.grid(params.from_args(args), cli=True))
     table = run_sweep(spec, args.out, jobs=args.jobs, skip_invalid=args.skip_invalid,
                       resume=not args.fresh, progress=False if args.no_progress else None)
-    if "model_note" in table.summary:
-        note_unused({"model_note": n} for n in table.summary["model_note"].dropna().unique())
+    if "notes" in table.summary:  # every row's (a TP group wider than a node, a setting unused ...)
+        print_notes({"notes": n} for n in table.summary["notes"])
     n = len(table.summary)
     msg = f"wrote {n} configuration{'s' if n != 1 else ''} to {args.out}"
     if is_stdio(args.out):  # the table is on stdout: the note goes to stderr

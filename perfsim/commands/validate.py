@@ -18,7 +18,6 @@ import inspect
 from perfsim import params
 from perfsim.analysis.validate_grid import validate
 from perfsim.commands import add_no_progress, add_out
-from perfsim.commands.run import MODEL_HELP
 
 HELP = "run configurations for real and in the simulator; compare throughput (MAPE) into CSV + plot"
 EXAMPLES = """examples:
@@ -38,7 +37,7 @@ LISTS = ("tp", "schedule", "compress", "grad_compress")
 def add_arguments(p) -> None:
     defaults = {k: v.default for k, v in inspect.signature(validate).parameters.items()}
     shown = {k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in defaults.items() if k in JOB}
-    params.add_arguments(p, lists=LISTS, only=JOB, shown=shown, helps={"model": MODEL_HELP})
+    params.add_arguments(p, lists=LISTS, only=JOB, shown=shown, helps=params.RUN_HELPS)  # its rows run for real
     p.add_argument("--emulate-bandwidth", default="none",
                    help="comma list of emulated link rates (needs root); 'none' = loopback, no emulation")
     p.add_argument("--emulate-latency", default="0ms", help="one-way latency of the emulated links")

@@ -240,9 +240,121 @@ def test_the_open_data_scripts_refuse_a_set_name_twice(script, capsys):
 
 
 @pytest.mark.parametrize("argv, culprit", [
-    (["--pp", "1", "--dp", "2", "--bucket-size", "0"], "bucket_size"),       # said "bucket_bytes=0"
-    (["--pp", "2", "--cpu-adam-rate", "0"], "cpu_adam_rate"),                           # said "cpu_adam_params_per_s=0.0"
+    (["--pp", "1", "--dp", "2", "--bucket-size", "0"], "--bucket-size"),     # said "bucket_bytes=0"
+    (["--pp", "2", "--cpu-adam-rate", "0"], "--cpu-adam-rate"),                         # said "cpu_adam_params_per_s=0.0"
 ])
 def test_a_bad_value_is_named_by_its_flag_not_an_internal_field(argv, culprit):
     r = run_cli_here("predict", "--model", "gpt2-tiny", *argv)
     assert_user_error(r.returncode, r.stderr, culprit)
+
+
+# ---------------------------------------------------------------- the notes: decided with the prediction
+
+#: a tensor-parallel group of 2 GPUs over nodes of 1 (a quick GPU prediction)
+TP_WIDE = dict(model="gpt2-tiny", gpu="h100", pp=1, tp=2)
+
+
+def test_the_notes_are_the_predictions_not_the_command_lines():
+    """qa6's notes (F8, F13, F15) were decided in `perfsim predict`'s command module: a user of
+    `perfsim.predict` or of `--format json` / `-o out.json` never saw them. The prediction now
+    carries them (`summary["notes"]`, one line each), and the JSON says what stderr says."""
+    import json
+
+    import perfsim
+
+    s = perfsim.predict(**TP_WIDE).summary
+    assert [n for n in s["notes"] if n.startswith("tp 2 spans 2 nodes")] and "--gpus-per-node 2" in s["notes"][0]
+    assert perfsim.predict(**TP_WIDE, gpus_per_node=2).summary["notes"] == []
+    one_node = perfsim.predict(model="gpt2-tiny", pp=2, gpus_per_node=2, bandwidth="100Mbps", latency="5ms").summary
+    assert [n.split(" unused: ")[0] for n in one_node["notes"]] == ["bandwidth 100Mbps", "latency 5ms"], one_node
+    geo = perfsim.predict(model="gpt2-tiny", pp=3, topology="example-geo").summary
+    assert geo["notes"] == ["topology example-geo: bandwidth_bps 200Mbps and latency_s 40ms are its slowest link "
+                            "and its largest latency, not necessarily this job's (the links rows hold the links it used)"]
+    from perfsim.outputs import LIST_SEP
+    assert not any(LIST_SEP in n for n in s["notes"] + one_node["notes"] + geo["notes"])  # a CSV cell splits back
+    r = run_cli_here("predict", *[f"--{k.replace('_', '-')}={v}" for k, v in TP_WIDE.items()], "--format", "json")
+    assert r.returncode == 0, r.stderr
+    notes = json.loads(r.stdout)["summary"]["notes"]
+    assert notes == s["notes"] and r.stderr.splitlines().count(f"note: {notes[0]}") == 1, r.stderr
+
+
+def test_a_csv_cell_holds_the_notes_and_reads_back():
+    from perfsim.outputs import records_csv
+    from perfsim.result import notes_of
+
+    text = records_csv([{"a": 1, "notes": ["x unused: y", "tp 2 spans"]}, {"a": 2, "notes": []}])
+    assert text.splitlines() == ["a,notes", "1,x unused: y; tp 2 spans", "2,"]
+    assert notes_of("x unused: y; tp 2 spans") == ["x unused: y", "tp 2 spans"]
+    assert notes_of(float("nan")) == notes_of("") == notes_of(None) == []
+
+
+def test_a_sweep_row_with_tp_wider_than_its_node_carries_the_note(tmp_path):
+    """The sweep's rows carry each row's notes (its CSV and Parquet tables; a resumed row
+    keeps them) and the command says each once."""
+    out = tmp_path / "s.csv"
+    argv = ["sweep", "--model", "gpt2-tiny", "--gpu", "h100", "--pp", "1", "--tp", "2", "--gpus-per-node", "1,2",
+            "-o", str(out), "--no-progress"]
+    for _ in range(2):  # the second: every row resumed from the table
+        r = run_cli_here(*argv)
+        assert r.returncode == 0, r.stderr
+        assert len([n for n in r.stderr.splitlines() if n.startswith("note: tp 2 spans 2 nodes")]) == 1, r.stderr
+    import csv
+    rows = {row["gpus_per_node"]: row["notes"] for row in csv.DictReader(out.open())}
+    assert rows["1"].startswith("tp 2 spans 2 nodes of 1 GPU") and rows["2"] == "", rows
+
+
+def test_plan_keeps_tp_in_a_node_and_a_pinned_wider_tp_carries_the_note():
+    """perfsim plan searches TP among the divisors of a node's GPUs: no candidate's TP group
+    crosses a node. A TP pinned wider than a node is planned as given, each candidate saying so."""
+    import perfsim
+
+    r = perfsim.plan(model="gpt2-tiny", gpu="h100", nodes=2, gpus_per_node=1, global_batch=8)
+    assert {c.params.get("tp", 1) for c in r.all_evaluated} == {1}
+    assert not any(c.summary["notes"] for c in r.all_evaluated if c.summary is not None)
+    r = perfsim.plan(model="gpt2-tiny", gpu="h100", nodes=2, gpus_per_node=1, tp=2, global_batch=8)
+    assert all(row["notes"][0].startswith("tp 2 spans 2 nodes") for row in r.rows())
+    cli = run_cli_here("plan", "--model", "gpt2-tiny", "--gpu", "h100", "--nodes", "2", "--tp", "2",
+                       "--global-batch", "8", "--no-progress")
+    assert cli.returncode == 0, cli.stderr
+    assert len([n for n in cli.stderr.splitlines() if n.startswith("note: tp 2 spans 2 nodes")]) == 1, cli.stderr
+
+
+# ---------------------------------------------------------------- run --help says what run does
+
+def _flag_helps(command: str) -> dict[str, str]:
+    import argparse
+
+    from perfsim.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: " ".join((a.help or "").split()) for a in sub.choices[command]._actions}
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_run_help_texts_are_true_for_a_run(command):
+    """`perfsim run --help` showed predict's texts: "default gpipe, 1f1b with a gpu preset",
+    "needs gpu", "default 32, or global_batch / dp" -- run has no --gpu nor --global-batch, and
+    refuses fused kernels, offload, ZeRO-1/2 and scatter-gather sends. Each job flag now has
+    run's text where predict's does not hold (Param.run_help, one table), and the defaults it
+    states are the trained job's (RunConfig's; validate's its own)."""
+    import inspect
+    import re
+
+    from perfsim import params
+    from perfsim.analysis.validate_grid import validate
+    from perfsim.runtime.config import RunConfig
+
+    helps = _flag_helps(command)
+    defaults = {k: v.default for k, v in inspect.signature(validate).parameters.items()} if command == "validate" \
+        else {n: getattr(RunConfig, n) for n in params.RUN_JOB_PARAMS}
+    checked = [n for n in params.RUN_JOB_PARAMS if n in helps]
+    assert {"schedule", "kernels", "offload", "zero", "macro_batch"} & set(checked)
+    for name in checked:
+        text = helps[name]
+        assert not re.search(r"gpu preset|needs gpu|global_batch", text, re.I), (name, text)
+        if name in params.RUN_HELPS:  # run's own text, not predict's
+            assert text.startswith(" ".join(params.RUN_HELPS[name].split())[:40]), (name, text)
+        stated = re.findall(r"\(default ([^)]*)\)", text)
+        want = defaults.get(name)
+        if stated and want is not None and not isinstance(want, tuple):
+            assert stated[-1] == (str(want).lower() if isinstance(want, bool) else str(want)), (name, stated, want)
