@@ -339,16 +339,18 @@ class Connection:
 class Egress:
     """One node's shaped egress: token bucket (tbf) and the time its queue drains."""
 
-    __slots__ = ("tokens", "t_tokens", "drain_end")
+    __slots__ = ("tokens", "t_tokens", "drain_end", "rate_Bps")
 
     def __init__(self, burst: float):
         self.tokens = burst  # full after idling
         self.t_tokens = 0.0  # tokens counted up to here (>= now while shaped bytes drain)
         self.drain_end = 0.0  # when bytes already handed to the shaper have left (estimate)
+        self.rate_Bps = 0.0  # the rate it refills at (its last message's)
 
     def take(self, now: float, nbytes: float, burst: float, rate_Bps: float) -> float:
         """Send ``nbytes`` at ``now``; returns the bytes that must go through the rate
         limit (the rest pass at once on the bucket's tokens)."""
+        self.rate_Bps = rate_Bps
         if burst > 0:
             if now >= self.t_tokens:
                 self.tokens = min(burst, self.tokens + (now - self.t_tokens) * rate_Bps)
@@ -390,6 +392,9 @@ class FlowBackend:
         self.receives_posted = self.rendezvous
         self.control_latency = link.control_latency_s
         self.egress: dict[int, Egress] = {}
+        #: node -> the tokens its bucket holds as the iteration starts (a steady state's,
+        #: :meth:`bucket_after`); a node not in it starts full, as after a long idle spell
+        self.bucket_start: dict[int, float] = {}
         self.ready_at: dict[Hashable, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[Hashable, simpy.Event] = {}
         self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
@@ -421,7 +426,7 @@ class FlowBackend:
         burst = self.burst if burst is None else burst
         eg = self.egress.get(a)
         if eg is None:
-            eg = self.egress[a] = Egress(burst)
+            eg = self.egress[a] = Egress(self.bucket_start.get(a, burst))
         return eg.take(self.env.now, nbytes, burst, rate_bps / 8.0)
 
     # ------------------------------------------------------------ p2p
@@ -536,6 +541,17 @@ class FlowBackend:
             if first + period - last > rto_s(self.network.path(src, dst).rtt_s):
                 out[(src, dst)] = (last - period, cwnd)
         return out
+
+    def bucket_after(self, period: float) -> dict[int, float]:
+        """The tokens each node's bucket holds ``period`` seconds after the iteration began
+        (as the next iteration starts): its tokens when its egress last drained, refilled at
+        the link rate from then on, up to its depth. Empty without a bucket. The engine looks
+        for the steady state with it (:func:`perfsim.engine.simulate`)."""
+        burst = max(self.burst, self.coll_burst)
+        if not burst > 0:
+            return {}
+        return {a: min(burst, eg.tokens + max(0.0, period - eg.t_tokens) * eg.rate_Bps)
+                for a, eg in self.egress.items()}
 
     def _finished(self, conn: Connection, handler: MessageHandler, msg: Any, start: float, end: float) -> None:
         """The last byte of ``msg`` on ``conn`` left at ``end`` (its flow's stats callback):
