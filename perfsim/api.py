@@ -72,7 +72,8 @@ def _profile(key: tuple[str, float] | None):
 def _load_profile(spec):
     if spec is None or spec in ("", "default"):
         return _profile(None)
-    if isinstance(spec, Profile):
+    if isinstance(spec, Profile):  # the caller's own value, maybe edited since: priced afresh
+        spec.forget()
         return spec
     if not Path(spec).exists():
         from perfsim.packaged import NAMES, resolve  # lazy: perfsim predict does not load perfsim.packaged
