@@ -21,6 +21,17 @@ def _iteration(profile) -> float:
     return perfsim.predict(profile=profile, **JOB).row()["iteration_s"]
 
 
+def test_editing_a_loaded_profile_leaves_its_files_predictions_alone():
+    before = _iteration(PATH)
+    mine = perfsim.load_profile(PATH)
+    for r in mine.records:
+        if r["op"] in ("layer_fwd", "layer_bwd"):
+            r["time_s"] *= 10
+    assert _iteration(mine) > 3 * before  # the edit is priced where it is given
+    assert _iteration(PATH) == before  # and nowhere else
+    assert perfsim.load_profile(PATH).to_dict() != mine.to_dict()
+
+
 def test_a_profile_edited_in_place_is_priced_afresh():
     mine = Profile.load(PATH)
     before = _iteration(mine)
