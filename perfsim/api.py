@@ -233,8 +233,11 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     fabric_name = p["intra_node_fabric"]
-    if fabric_name is None and gpu is not None and not gpu.p2p and params.get("intra_node_bandwidth") is None:
-        fabric_name = NODE_FABRIC[gpu.name]  # no peer-to-peer: through host memory (perfsim.fabrics.HostPath)
+    if fabric_name is None and gpu is not None and params.get("intra_node_bandwidth") is None \
+            and (not gpu.p2p or NODE_FABRIC.get(gpu.name, "").startswith("pcie")):
+        # no peer-to-peer: through host memory (perfsim.fabrics.HostPath); a PCIe card: its PCIe
+        # fabric, as plan prices it (the 300 GB/s default is NVLink-class, qa7)
+        fabric_name = NODE_FABRIC[gpu.name]
     if fabric_name:
         fabric = get_fabric(fabric_name)
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,

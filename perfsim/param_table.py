@@ -109,7 +109,8 @@ PARAMS: tuple[Param, ...] = (
           "compute from its operator model, memory checked against its capacity; switches the "
           "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
     Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
-          "units such as 300GB/s)", "system"),
+          "units such as 300GB/s; a PCIe GPU preset, or one without peer-to-peer: its node's fabric, "
+          "perfsim.hardware.NODE_FABRIC)", "system"),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
