@@ -582,7 +582,10 @@ class FlowBackend:
             nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
             n = len(members)
             edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
-            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+            # every edge that leaves a simulated node draws on its bucket, a sender this run does
+            # not simulate (a replica it stands for) too: the bucket is the node's (qa7)
+            pairs = [(members[i], members[(i + 1) % n]) for i in range(n)]
+            shaped = [(a, b) for a, b in pairs if net.node(a) in sim_nodes and net.node(a) != net.node(b)]
             geo = self._groups[key] = (nics, edges, shaped)
         nics, edges, shaped_edges = geo
         shaping = self.coll_burst > 0 or self.rendezvous
