@@ -325,11 +325,13 @@ class Connection:
     its first message of the run started (``first``). (It refers to nothing that refers back
     to it: no reference cycle keeps a finished simulation alive for the cyclic GC.)"""
 
-    __slots__ = ("queue", "busy", "src", "dst", "path", "last", "cwnd", "first")
+    __slots__ = ("queue", "busy", "waiting", "src", "dst", "path", "last", "cwnd", "first")
 
     def __init__(self, src: int, dst: int, path: Path_):
         self.queue: deque = deque()
         self.busy = False
+        #: rendezvous: the wait for any queued message's receive (a fresh object each wait; None: none)
+        self.waiting: object | None = None
         self.src, self.dst, self.path = src, dst, path
         self.last: float | None = None
         self.cwnd: float | None = None
@@ -467,20 +469,50 @@ class FlowBackend:
             else:  # (_next, without the receiver's ready notice to wait for)
                 conn.busy = True
                 self._start(src, dst, conn)
+        elif conn.waiting is not None:  # no queued receive posted yet: this one may be
+            self._wake_on(key, src, dst, conn, conn.waiting)
+
+    def _posted(self, key: Hashable) -> simpy.Event:
+        ev = self.posted.get(key)
+        if ev is None:
+            ev = self.posted[key] = self.env.event()
+        return ev
+
+    def _wake_on(self, key: Hashable, src: int, dst: int, conn: Connection, token: object) -> None:
+        """Rendezvous: run :meth:`_next` of ``conn`` once ``key``'s receive is posted, if the
+        connection still waits (``token``) then."""
+        def wake(_e):
+            if conn.waiting is token:
+                conn.waiting = None
+                self._next(src, dst, conn)
+
+        ev = self._posted(key)
+        if ev.callbacks is None:  # posted and processed already
+            wake(ev)
+        else:
+            ev.callbacks.append(wake)
 
     def _next(self, src: int, dst: int, conn: Connection):
         if not conn.queue:
             conn.busy = False
             return
         conn.busy = True
-        key = conn.queue[0][0]
         if self.rendezvous:
-            ev = self.posted.get(key)
-            if ev is None:
-                ev = self.posted[key] = self.env.event()
-            if not ev.triggered:
-                ev.callbacks.append(lambda _e: self._next(src, dst, conn))
+            # gloo's pairs are receiver-driven per receive: the first queued message whose
+            # receive is posted goes, not only the oldest one (qa7: ZB-V receives B0 before F2
+            # where its peer sends F2 first; a FIFO pair stopped every device)
+            queue = conn.queue
+            first = next((i for i, item in enumerate(queue) if self._posted(item[0]).triggered), None)
+            if first is None:
+                conn.waiting = token = object()
+                for item in queue:
+                    self._wake_on(item[0], src, dst, conn, token)
                 return
+            if first:
+                item = queue[first]
+                del queue[first]
+                queue.appendleft(item)
+            key = queue[0][0]
             wait = self.ready_at[key] - self.env.now
             if wait > 0:
                 self.env.timeout(wait).callbacks.append(lambda _e: self._start(src, dst, conn))
