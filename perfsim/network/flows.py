@@ -28,7 +28,9 @@ queue. A message of n bytes leaving with k tokens passes min(n, k) bytes at once
 only the rest through the rate-limited flow: after an idle spell a message <= b
 arrives in ``latency`` alone, a long stream runs at the rate (measured by ``perfsim
 calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps draw on the buckets
-of the ranks that send.
+of the ranks that send (a rank the run stands for too: the bucket is its node's). An iteration
+starts with the buckets the one before left, the steady state (:meth:`FlowBackend.bucket_after`,
+:func:`perfsim.engine.steady_buckets`), not full.
 
 Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
 receiver-driven): a message's bytes start at max(send time, ready time), where the
