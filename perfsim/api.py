@@ -38,7 +38,7 @@ from perfsim.fabrics import Nic, get_fabric, parse_nic
 from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
                                value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
-from perfsim.models.datasets import dataset_samples
+from perfsim.models.datasets import dataset_samples, wikitext2_samples
 from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
@@ -194,6 +194,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["macro_batch"] = _batch(p)
     if p["dataset_samples"] is None:  # the model's own data set where perfsim run has one
         samples = dataset_samples(model.spec)
+        if samples is None and model.tokens_per_sample > 1:  # a language model: WikiText-2, one pass
+            samples = wikitext2_samples(model.tokens_per_sample)
         if samples is not None:
             st["dataset_samples"] = samples  # (else Strategy's default)
     defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)

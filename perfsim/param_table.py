@@ -175,7 +175,8 @@ PARAMS: tuple[Param, ...] = (
     Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
           "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
           "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
-          "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
+          "WikiText-2's training split in samples of the model's sequence length (2359 of 1024 tokens, "
+          "590 of 4096), 2359 for a model without tokens", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
           search_when="pp>1"),
