@@ -192,10 +192,19 @@ plan.__doc__ = (_plan_module.plan.__doc__ or "") + """
 
 
 def load_profile(spec: "str | Profile | None" = None) -> "Profile":
-    """A calibration profile from a file, a shipped name (``default-v100``) or None (the default)."""
+    """A calibration profile from a file, a shipped name (``default-v100``) or None (the default):
+    the caller's own copy (editing it changes no prediction given the file's name)."""
+    import copy  # lazy: only here
+
     from perfsim.api import _load_profile  # lazy: import perfsim does not load perfsim.api
 
-    return _load_profile(spec)
+    profile = _load_profile(spec)
+    if profile is spec:
+        return profile
+    # a copy: the API caches the file's Profile, which an edit of the caller's would change
+    mine = copy.deepcopy(profile)
+    mine.forget()
+    return mine
 
 
 def compressors(shape: tuple[int, ...] = (1, 1024, 1600)):

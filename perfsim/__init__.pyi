@@ -116,7 +116,7 @@ def predict(
         gpu (str | None):
             GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): compute from its operator model, memory checked against its capacity; switches the defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)
         intra_node_bandwidth (str | float, default '300GB/s'):
-            intra-node link rate (bits/s, or units such as 300GB/s)
+            intra-node link rate (bits/s, or units such as 300GB/s; a PCIe GPU preset, or one without peer-to-peer: its node's fabric, perfsim.hardware.NODE_FABRIC)
         intra_node_fabric (str | None):
             intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
         nic (str | Nic | None):
@@ -156,7 +156,7 @@ def predict(
         tcp_slow_start_after_idle (str, default 'auto'):
             whether a TCP connection idle for longer than its RTO (RTT + 200 ms) restarts slow start from 10 segments (Linux net.ipv4.tcp_slow_start_after_idle, RFC 2861): auto (on where the profile recorded a host with the sysctl 1 and a congestion control other than bbr, else off), on (Linux's defaults), off (perfsim.tcp) (one of perfsim.tcp.SLOW_START_MODES)
         dataset_samples (int | None):
-            training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else 2359 (WikiText-2's training split in 1024-token samples)
+            training samples per epoch; default: the model's own data set where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else WikiText-2's training split in samples of the model's sequence length (2359 of 1024 tokens, 590 of 4096), 2359 for a model without tokens
         schedule (str | None):
             pipeline schedule; default gpipe, 1f1b with a gpu preset (one of perfsim.schedules.SCHEDULES)
         virtual_stages (int | None):
@@ -546,7 +546,8 @@ def calibrate(
 def load_profile(
     spec: str | Profile | None = None,
 ) -> Profile:
-    """A calibration profile from a file, a shipped name (``default-v100``) or None (the default).
+    """A calibration profile from a file, a shipped name (``default-v100``) or None (the default):
+    the caller's own copy (editing it changes no prediction given the file's name).
 
     The whole text: ``help(perfsim.load_profile)``.
     """

@@ -32,12 +32,13 @@ from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.engine import simulate
 from perfsim.engine.layer_times import resolve_layer_times
+from perfsim.documents import file_stamp
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
 from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
                                value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
-from perfsim.models.datasets import dataset_samples
+from perfsim.models.datasets import dataset_samples, wikitext2_samples
 from perfsim.models.eager import eager_listed
 from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
@@ -56,23 +57,28 @@ from perfsim.workload import get_model, load_workload_file
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
 
 
-def _file_key(path) -> tuple[str, float]:
+def _file_key(path) -> tuple[str, tuple]:
+    """``(path, stamp)``: the file's path and :func:`perfsim.documents.file_stamp` (size,
+    times, inode; the content of a file just written), the key of the caches below, so a
+    file changed in any way is read again (qa7: the modification time alone missed a copy
+    that restores it)."""
     p = Path(path)
     try:
-        return str(p.resolve()), p.stat().st_mtime
+        return str(p.resolve()), file_stamp(p)
     except OSError:
-        return str(p), 0.0
+        return str(p), ()
 
 
 @functools.lru_cache(maxsize=32)
-def _profile(key: tuple[str, float] | None):
+def _profile(key: tuple[str, tuple] | None):
     return load_profile(None if key is None else key[0])
 
 
 def _load_profile(spec):
     if spec is None or spec in ("", "default"):
         return _profile(None)
-    if isinstance(spec, Profile):
+    if isinstance(spec, Profile):  # the caller's own value, maybe edited since: priced afresh
+        spec.forget()
         return spec
     if not Path(spec).exists():
         from perfsim.packaged import NAMES, resolve  # lazy: perfsim predict does not load perfsim.packaged
@@ -88,11 +94,10 @@ DEFAULT_MACRO_BATCH = 32
 
 
 @functools.lru_cache(maxsize=32)
-def _model(model: str | None, workload_key: tuple[str, float] | float | None, seq_len: int | None = None):
-    """A model by name, or a workload file; ``workload_key`` a float: the modification time
-    of the config.json ``model`` (so an edited file is read again)."""
-    if isinstance(workload_key, float):
-        return get_model(model, seq_len)
+def _model(model: str | None, workload_key: tuple[str, tuple] | None, seq_len: int | None = None,
+           stamp: tuple | None = None):
+    """A model by name, or a workload file (``workload_key``: :func:`_file_key`); ``stamp``: the
+    config.json ``model``'s :func:`perfsim.documents.file_stamp` (so an edited file is read again)."""
     if workload_key:
         if seq_len:
             raise ConfigError("seq_len: not for a workload file (its layers fix the shapes)")
@@ -101,11 +106,11 @@ def _model(model: str | None, workload_key: tuple[str, float] | float | None, se
 
 
 @functools.lru_cache(maxsize=32)
-def _topology(key: tuple[str, float]):
+def _topology(key: tuple[str, tuple]):
     return load_topology(key[0])
 
 
-def _load_file(kind: str, value) -> tuple[str, float]:
+def _load_file(kind: str, value) -> tuple[str, tuple]:
     from perfsim.packaged import resolve  # lazy: perfsim predict does not load perfsim.packaged
 
     return _file_key(resolve(kind, value))
@@ -172,7 +177,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
         if name.lower().endswith(".json"):
             if not os.path.exists(name):
                 raise ConfigError(f"model {name!r}: no such config.json")
-            model = _model(str(_file_key(name)[0]), _file_key(name)[1], seq_len)
+            path, stamp = _file_key(name)
+            model = _model(path, None, seq_len, stamp)
         else:
             model = _model(name if ":" in name else name.lower(), None, seq_len)
     fields: dict[str, dict[str, Any]] = {"strategy": {}, "system": {}}
@@ -188,6 +194,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["macro_batch"] = _batch(p)
     if p["dataset_samples"] is None:  # the model's own data set where perfsim run has one
         samples = dataset_samples(model.spec)
+        if samples is None and model.tokens_per_sample > 1:  # a language model: WikiText-2, one pass
+            samples = wikitext2_samples(model.tokens_per_sample)
         if samples is not None:
             st["dataset_samples"] = samples  # (else Strategy's default)
     defaults = preset(gpu)  # a GPU preset switches to Megatron-LM's (perfsim.job.MEGATRON)
@@ -227,8 +235,11 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     sy.update(bandwidth_bps=nic.total_bps, nic_kind=nic.kind, nics_per_node=nic.count,
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     fabric_name = p["intra_node_fabric"]
-    if fabric_name is None and gpu is not None and not gpu.p2p and params.get("intra_node_bandwidth") is None:
-        fabric_name = NODE_FABRIC[gpu.name]  # no peer-to-peer: through host memory (perfsim.fabrics.HostPath)
+    if fabric_name is None and gpu is not None and params.get("intra_node_bandwidth") is None \
+            and (not gpu.p2p or NODE_FABRIC.get(gpu.name, "").startswith("pcie")):
+        # no peer-to-peer: through host memory (perfsim.fabrics.HostPath); a PCIe card: its PCIe
+        # fabric, as plan prices it (the 300 GB/s default is NVLink-class, qa7)
+        fabric_name = NODE_FABRIC[gpu.name]
     if fabric_name:
         fabric = get_fabric(fabric_name)
         sy.update(intra_node_bandwidth_bps=fabric.bandwidth_bps, intra_node_latency_s=fabric.latency_s,

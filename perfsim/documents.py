@@ -14,9 +14,11 @@ one line on stderr and exits with code 2.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -99,3 +101,31 @@ def read_document(path: str | os.PathLike, what: str, *, kind: str | None = None
     ConfigError naming ``what`` and the file when it cannot be read or parsed."""
     text = read_text(path, what)
     return parse_document(text, kind or document_kind(path, default), f"{what} {str(Path(path))!r}")
+
+
+#: a file modified this recently (seconds) may be written again within its file system's
+#: timestamp granularity (a few ms on ext4), leaving its stamp unchanged: its content is read
+RACY_S = 2.0
+
+
+def file_stamp(path: str | os.PathLike) -> tuple:
+    """What tells one version of a file from another without reading it: its resolved path,
+    size, modification and change times (ns) and inode -- the change time moves when a copy
+    restores an old modification time (``cp -p``, ``rsync -t``, ``os.utime``), a rename
+    moves the inode -- and, for a file modified in the last :data:`RACY_S` seconds, its
+    content's digest (git's "racy" files). Raises OSError for a file that cannot be read."""
+    p = Path(path)
+    st = p.stat()
+    stamp: tuple = (str(p.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    if time.time() - max(st.st_mtime, st.st_ctime) < RACY_S:
+        stamp += (file_sha256(p),)
+    return stamp
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 (FIPS 180-4) of a file's bytes, in hex."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -151,7 +151,8 @@ PARAMS: tuple[Param, ...] = (
           "compute from its operator model, memory checked against its capacity; switches the "
           "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
     Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
-          "units such as 300GB/s)", "system", above=True),
+          "units such as 300GB/s; a PCIe GPU preset, or one without peer-to-peer: its node's fabric, "
+          "perfsim.hardware.NODE_FABRIC)", "system", above=True),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",
           choices="perfsim.fabrics:FABRICS", search="perfsim.search_space:node_fabric"),
@@ -216,7 +217,8 @@ PARAMS: tuple[Param, ...] = (
     Param("dataset_samples", "int", None, "training samples per epoch; default: the model's own data set "
           "where perfsim run trains it (perfsim.models.datasets: the pydoc corpus's windows of seq_len bytes "
           "for a byte-level GPT preset such as gpt2-tiny, scikit-learn's 1797 digits for digits-mlp), else "
-          "2359 (WikiText-2's training split in 1024-token samples)", "strategy", "strategy.dataset_samples"),
+          "WikiText-2's training split in samples of the model's sequence length (2359 of 1024 tokens, "
+          "590 of 4096), 2359 for a model without tokens", "strategy", "strategy.dataset_samples"),
     Param("schedule", "choice", None, "pipeline schedule; default gpipe, 1f1b with a gpu preset",
           "strategy", choices="perfsim.schedules:SCHEDULES", search="perfsim.search_space:SCHEDULES",
           search_when="pp>1",

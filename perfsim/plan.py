@@ -7,7 +7,8 @@ precision, the node's fabric, pipeline and gradient compression: the search spac
 comes from predict's parameter table (:mod:`perfsim.search_space`) --, simulates them
 with the same engine as ``perfsim predict`` and ranks them by **time to a target
 loss**, not raw throughput: compression changes how many steps a run needs.
-``time_to_loss = iteration_s x steps_ratio x reference_steps`` where ``steps_ratio``
+``time_to_loss = iteration_s x steps_ratio x reference_steps`` (the run's warm-up iterations among
+those steps at the warm-up's pace, :meth:`Candidate.run_time`) where ``steps_ratio``
 is how many more (or fewer) optimizer steps a compressor needs than uncompressed
 training to reach the same loss, read from measured ``perfsim run`` curves
 (:mod:`perfsim.convergence`). Without a curve for a method the plan ranks by
@@ -66,15 +67,29 @@ class Candidate:
 
     @property
     def time_to_loss_s(self) -> float | None:
-        """Wall time to the target loss: iteration x steps ratio x the steps uncompressed
-        training needs (its measured curve)."""
+        """Wall time to the target loss: the steps it needs (steps ratio x the steps uncompressed
+        training needs, its measured curve), the run's warm-up iterations among them at the
+        warm-up's pace (:meth:`run_time`)."""
         if self.summary is None or self.steps_ratio is None or not self.reference_steps:
             return None
-        return self.summary["iteration_s"] * self.steps_ratio * self.reference_steps
+        return self.run_time(self.steps_ratio * self.reference_steps)
+
+    def run_time(self, steps: float) -> float:
+        """Wall time of a run's first ``steps`` optimizer steps: its warm-up iterations first
+        (AQ-SGD's uncompressed first epoch, a 1-bit optimizer's uncompressed steps: the summary's
+        ``warmup_iterations`` at ``warmup_iteration_s``; a 1-bit optimizer's later refreshes
+        counted as if they came first), the rest at the steady ``iteration_s`` (qa7: the steady
+        state alone ranked AQ-SGD first for a loss it reaches inside its uncompressed epoch)."""
+        s = self.summary
+        warm = min(steps, s.get("warmup_iterations") or 0)
+        return warm * s.get("warmup_iteration_s", s["iteration_s"]) + (steps - warm) * s["iteration_s"]
 
     def score(self) -> float:
-        """What the plan minimises: iteration time x steps ratio (time per unit of
-        progress), or the iteration time alone when no convergence data exists."""
+        """What the plan minimises: the time to the target loss per step uncompressed training
+        needs (iteration time x steps ratio without a warm-up), or the iteration time alone
+        when no convergence data exists."""
+        if self.steps_ratio is not None and self.reference_steps:
+            return self.run_time(self.steps_ratio * self.reference_steps) / self.reference_steps
         return self.summary["iteration_s"] * (self.steps_ratio or 1.0)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import perfsim  # perfsim.__version__ read on use (a test or an edited install may change it)
+from perfsim.documents import file_sha256, file_stamp
 
 #: hex digits kept of each SHA-256 (64 bits: an accidental match is ~1 in 1.8e19)
 DIGEST_CHARS = 16
@@ -31,24 +32,18 @@ DIGEST_CHARS = 16
 VERSION_KEY = "perfsim"
 NO_KEY = "no input key"
 
-_DIGESTS: dict[tuple[str, int, int], str] = {}
+_DIGESTS: dict[tuple, str] = {}
 
 
 def file_digest(path: str | os.PathLike) -> str:
     """The SHA-256 of a file's bytes (:data:`DIGEST_CHARS` hex digits); ``missing``
     when it cannot be read (the command that reads it names the error). Cached per
-    process by (path, size, modification time)."""
-    p = Path(path)
+    process by :func:`file_stamp`."""
     try:
-        st = p.stat()
-        cache = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-        if cache not in _DIGESTS:
-            h = hashlib.sha256()
-            with p.open("rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
-            _DIGESTS[cache] = h.hexdigest()[:DIGEST_CHARS]
-        return _DIGESTS[cache]
+        stamp = file_stamp(path)
+        if stamp not in _DIGESTS:
+            _DIGESTS[stamp] = (stamp[5] if len(stamp) > 5 else file_sha256(path))[:DIGEST_CHARS]
+        return _DIGESTS[stamp]
     except OSError:
         return "missing"
 

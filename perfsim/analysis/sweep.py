@@ -146,10 +146,32 @@ def load_sweep_file(path: str | os.PathLike) -> SweepSpec:
                               "give it once")
         seen[name] = key
         _unit_given(path, key, value)
+        if name in FILE_PARAMS:
+            data[key] = _beside(path, value)
     try:
         return SweepSpec(data)
     except ConfigError as exc:
         raise ConfigError(f"sweep file {str(path)!r}: {exc}") from None
+
+
+#: the parameters whose value may name a file (a profile, topology, workload file or config.json)
+FILE_PARAMS = ("profile", "topology", "workload", "model")
+
+
+def _beside(path: Path, value: Any) -> Any:
+    """``value`` (or each of a list) with a relative path that names a file beside the sweep
+    file ``path`` made to name that file from here (``sub/prof.json`` for ``prof.json`` in
+    ``sub/sweep.toml``): a sweep file's paths are its own, wherever perfsim runs (qa7: they
+    were read from the working folder, where another file of that name was priced). A name
+    (a preset, a shipped example) or a path that is not beside the file stays as it is."""
+    if isinstance(value, list):
+        return [_beside(path, v) for v in value]
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return value
+    there = path.parent / value
+    if there.exists() and there.resolve() != Path(value).resolve():
+        return str(there)
+    return value
 
 
 def _unit_given(path: Path, key: str, value: Any) -> None:

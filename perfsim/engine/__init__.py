@@ -225,25 +225,62 @@ def _simulate(workload, strategy, system, profile, trace: bool, symmetric: bool 
                if replay and not trace else None)
         if out is not None:
             return out
-        sim = Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
-                         profile=profile, backend=backend)
-        out = sim.run()
+
+        def sim_run(history=None, buckets=None):
+            sim = Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
+                             profile=profile, backend=backend)
+            if history:
+                sim.net.history = history
+            if buckets:
+                sim.net.bucket_start = buckets
+            return sim, sim.run()
+
+        sim, out = sim_run()
         # TCP slow start after idle (perfsim.tcp.SlowStart): a connection's first message of the
         # iteration follows its last one of the iteration before; run again from that history
         # (one step toward the steady state) when it finds a connection idle past its RTO
         steady = getattr(sim.net, "steady_history", None) if network.prices_slow_start else None
         seeds = steady(out.iteration_s) if steady is not None else None
-        if not seeds:
-            return out
-        sim = Simulation(plan, network, strategy.schedule, warmup=warmup, replicas=reps, trace=trace,
-                         profile=profile, backend=backend)
-        sim.net.history = seeds
-        return sim.run()
+        # a token bucket (tc tbf) starts each iteration as the one before left it, not full
+        start = steady_buckets(sim, out, lambda b: sim_run(seeds, b))
+        if start is not None:
+            return sim_run(seeds, start)[1]
+        return sim_run(seeds)[1] if seeds else out
 
     out = run(False, trace)
     warm = run(True) if plan.has_warmup or plan.onebit_warmup_steps else None
     return build_result(out, warm, plan, workload, strategy, system, weights=weights, memory=memory,
                         network=network)
+
+
+def steady_buckets(sim, out, run, tol: float = 1e-6) -> dict[int, float] | None:
+    """The tokens each node's bucket holds as an iteration starts in the steady state, or
+    None when it is full (``sim``'s run, ``out``, started full and its buckets refill by
+    the next iteration: the answer stands) or the backend has no bucket.
+
+    ``f(T)``, the tokens a run started with ``T`` leaves for the next iteration
+    (``bucket_after`` of its period), never falls as ``T`` grows and never grows faster
+    than ``T`` (a token spent is one less to keep): the steady state ``T = f(T)`` is
+    found by bisection on each node's ``[0, depth]`` to ``tol`` of the depth, one run
+    (``run(buckets) -> (sim, out)``) a step. Without it every iteration started full and
+    a bucket deeper than a node's bytes per iteration let them leave faster than the link
+    rate (qa7)."""
+    after = getattr(sim.net, "bucket_after", None)
+    full = after(out.iteration_s) if after is not None else {}
+    depth = max(sim.net.burst, sim.net.coll_burst) if full else 0.0
+    if not full or all(t >= depth * (1 - tol) for t in full.values()):
+        return None
+    lo, hi = dict.fromkeys(full, 0.0), dict.fromkeys(full, depth)
+    while max(hi[a] - lo[a] for a in full) > tol * depth:
+        mid = {a: (lo[a] + hi[a]) / 2 for a in full}
+        sim, out = run(mid)
+        nxt = sim.net.bucket_after(out.iteration_s)
+        for a in full:
+            if nxt.get(a, depth) >= mid[a]:
+                lo[a] = mid[a]
+            else:
+                hi[a] = mid[a]
+    return {a: (lo[a] + hi[a]) / 2 for a in full}
 
 
 __all__ = ["Plan", "build_plan", "forget_classes", "node_group_classes", "plan_with_memory", "replica_classes", "simulate", "strategy_classes"]

@@ -69,6 +69,7 @@ from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.programs import EXCHANGE, device_program
 from perfsim.engine.sharding import after_reduce_scatters, sharded_compute
 from perfsim.engine.sim_output import DeviceStats, SimOutput
+from perfsim.errors import ConfigError
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
@@ -443,8 +444,13 @@ class Simulation(PipelineMessages):
                     step()
                     events += 1
         except simpy.core.EmptySchedule:
-            raise RuntimeError(f"schedule {self.table.name!r}: the devices wait for each other "
-                               f"(no event left at t = {env.now:g} s)") from None
+            why = (f"schedule {self.table.name!r}: the devices wait for each other "
+                   f"(no event left at t = {env.now:g} s)")
+            if self.blocking and getattr(self.net, "rendezvous", False):  # the job's, not the engine's
+                raise ConfigError(f"{why}: with p2p_exchange blocking each exchange waits for its sends' "
+                                  f"receives (p2p_protocol rendezvous), which a peer posts only in a later "
+                                  f"exchange of its own; use p2p_exchange async or p2p_protocol eager") from None
+            raise RuntimeError(why) from None
         devs = self.stats
         return SimOutput(
             iteration_s=max(d.end for d in devs.values()),

@@ -15,7 +15,9 @@ a model trains on and how many samples it holds:
   set; scikit-learn's ``load_digits`` documentation, "Samples total: 1797").
 
 Any other model (a Hugging Face config, a vocabulary of GPT-2 tokens, a workload file) has
-no data set perfsim knows: None, and predict takes ``--dataset-samples``.
+no data set perfsim knows: None, and predict takes ``--dataset-samples``, by default one pass
+over WikiText-2's training split (:data:`WIKITEXT2_TOKENS`) in samples of the model's length
+(:func:`wikitext2_samples`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from functools import lru_cache
 from perfsim.errors import ConfigError
 from perfsim.models.specs import MLPSpec, ModelSpec
 from perfsim.models.transformer import TransformerSpec
+
+#: tokens of WikiText-2's training split (GPT-2's tokenizer): the 2359 samples of 1024 tokens of
+#: the AQ-SGD paper's GPT2-1.5B fine-tuning (arXiv:2206.01299), the default epoch of a model
+#: perfsim has no data set for
+WIKITEXT2_TOKENS = 2359 * 1024
 
 #: the text corpus of the byte-level GPT presets
 TEXT = "pydoc-topics"
@@ -78,3 +85,10 @@ def dataset_samples(spec: ModelSpec, limit: int | None = None) -> int | None:
         return None
     n = text_samples(spec.seq_len) if name == TEXT else DIGITS_SAMPLES
     return min(n, limit) if limit else n
+
+
+def wikitext2_samples(tokens_per_sample: int) -> int:
+    """Samples of ``tokens_per_sample`` tokens in one pass over WikiText-2's training split
+    (:data:`WIKITEXT2_TOKENS`, the last one completed): 2359 of 1024 tokens, 590 of 4096 (qa7:
+    2359 whatever the length made an epoch of 4096-token samples four passes)."""
+    return -(-WIKITEXT2_TOKENS // max(1, tokens_per_sample))

@@ -28,7 +28,9 @@ queue. A message of n bytes leaving with k tokens passes min(n, k) bytes at once
 only the rest through the rate-limited flow: after an idle spell a message <= b
 arrives in ``latency`` alone, a long stream runs at the rate (measured by ``perfsim
 calibrate``: t(s) = alpha + max(0, s - b) / rate). Collective steps draw on the buckets
-of the ranks that send.
+of the ranks that send (a rank the run stands for too: the bucket is its node's). An iteration
+starts with the buckets the one before left, the steady state (:meth:`FlowBackend.bucket_after`,
+:func:`perfsim.engine.steady_buckets`), not full.
 
 Rendezvous p2p (``Link.protocol = "rendezvous"``; gloo's TCP pairs are
 receiver-driven): a message's bytes start at max(send time, ready time), where the
@@ -325,11 +327,13 @@ class Connection:
     its first message of the run started (``first``). (It refers to nothing that refers back
     to it: no reference cycle keeps a finished simulation alive for the cyclic GC.)"""
 
-    __slots__ = ("queue", "busy", "src", "dst", "path", "last", "cwnd", "first")
+    __slots__ = ("queue", "busy", "waiting", "src", "dst", "path", "last", "cwnd", "first")
 
     def __init__(self, src: int, dst: int, path: Path_):
         self.queue: deque = deque()
         self.busy = False
+        #: rendezvous: the wait for any queued message's receive (a fresh object each wait; None: none)
+        self.waiting: object | None = None
         self.src, self.dst, self.path = src, dst, path
         self.last: float | None = None
         self.cwnd: float | None = None
@@ -339,16 +343,18 @@ class Connection:
 class Egress:
     """One node's shaped egress: token bucket (tbf) and the time its queue drains."""
 
-    __slots__ = ("tokens", "t_tokens", "drain_end")
+    __slots__ = ("tokens", "t_tokens", "drain_end", "rate_Bps")
 
     def __init__(self, burst: float):
         self.tokens = burst  # full after idling
         self.t_tokens = 0.0  # tokens counted up to here (>= now while shaped bytes drain)
         self.drain_end = 0.0  # when bytes already handed to the shaper have left (estimate)
+        self.rate_Bps = 0.0  # the rate it refills at (its last message's)
 
     def take(self, now: float, nbytes: float, burst: float, rate_Bps: float) -> float:
         """Send ``nbytes`` at ``now``; returns the bytes that must go through the rate
         limit (the rest pass at once on the bucket's tokens)."""
+        self.rate_Bps = rate_Bps
         if burst > 0:
             if now >= self.t_tokens:
                 self.tokens = min(burst, self.tokens + (now - self.t_tokens) * rate_Bps)
@@ -390,6 +396,9 @@ class FlowBackend:
         self.receives_posted = self.rendezvous
         self.control_latency = link.control_latency_s
         self.egress: dict[int, Egress] = {}
+        #: node -> the tokens its bucket holds as the iteration starts (a steady state's,
+        #: :meth:`bucket_after`); a node not in it starts full, as after a long idle spell
+        self.bucket_start: dict[int, float] = {}
         self.ready_at: dict[Hashable, float] = {}  # rendezvous: key -> ready notice at sender
         self.posted: dict[Hashable, simpy.Event] = {}
         self._groups: dict[tuple, tuple] = {}  # members -> (NICs, ring edges, shaped edges)
@@ -421,7 +430,7 @@ class FlowBackend:
         burst = self.burst if burst is None else burst
         eg = self.egress.get(a)
         if eg is None:
-            eg = self.egress[a] = Egress(burst)
+            eg = self.egress[a] = Egress(self.bucket_start.get(a, burst))
         return eg.take(self.env.now, nbytes, burst, rate_bps / 8.0)
 
     # ------------------------------------------------------------ p2p
@@ -462,20 +471,50 @@ class FlowBackend:
             else:  # (_next, without the receiver's ready notice to wait for)
                 conn.busy = True
                 self._start(src, dst, conn)
+        elif conn.waiting is not None:  # no queued receive posted yet: this one may be
+            self._wake_on(key, src, dst, conn, conn.waiting)
+
+    def _posted(self, key: Hashable) -> simpy.Event:
+        ev = self.posted.get(key)
+        if ev is None:
+            ev = self.posted[key] = self.env.event()
+        return ev
+
+    def _wake_on(self, key: Hashable, src: int, dst: int, conn: Connection, token: object) -> None:
+        """Rendezvous: run :meth:`_next` of ``conn`` once ``key``'s receive is posted, if the
+        connection still waits (``token``) then."""
+        def wake(_e):
+            if conn.waiting is token:
+                conn.waiting = None
+                self._next(src, dst, conn)
+
+        ev = self._posted(key)
+        if ev.callbacks is None:  # posted and processed already
+            wake(ev)
+        else:
+            ev.callbacks.append(wake)
 
     def _next(self, src: int, dst: int, conn: Connection):
         if not conn.queue:
             conn.busy = False
             return
         conn.busy = True
-        key = conn.queue[0][0]
         if self.rendezvous:
-            ev = self.posted.get(key)
-            if ev is None:
-                ev = self.posted[key] = self.env.event()
-            if not ev.triggered:
-                ev.callbacks.append(lambda _e: self._next(src, dst, conn))
+            # gloo's pairs are receiver-driven per receive: the first queued message whose
+            # receive is posted goes, not only the oldest one (qa7: ZB-V receives B0 before F2
+            # where its peer sends F2 first; a FIFO pair stopped every device)
+            queue = conn.queue
+            first = next((i for i, item in enumerate(queue) if self._posted(item[0]).triggered), None)
+            if first is None:
+                conn.waiting = token = object()
+                for item in queue:
+                    self._wake_on(item[0], src, dst, conn, token)
                 return
+            if first:
+                item = queue[first]
+                del queue[first]
+                queue.appendleft(item)
+            key = queue[0][0]
             wait = self.ready_at[key] - self.env.now
             if wait > 0:
                 self.env.timeout(wait).callbacks.append(lambda _e: self._start(src, dst, conn))
@@ -537,6 +576,17 @@ class FlowBackend:
                 out[(src, dst)] = (last - period, cwnd)
         return out
 
+    def bucket_after(self, period: float) -> dict[int, float]:
+        """The tokens each node's bucket holds ``period`` seconds after the iteration began
+        (as the next iteration starts): its tokens when its egress last drained, refilled at
+        the link rate from then on, up to its depth. Empty without a bucket. The engine looks
+        for the steady state with it (:func:`perfsim.engine.simulate`)."""
+        burst = max(self.burst, self.coll_burst)
+        if not burst > 0:
+            return {}
+        return {a: min(burst, eg.tokens + max(0.0, period - eg.t_tokens) * eg.rate_Bps)
+                for a, eg in self.egress.items()}
+
     def _finished(self, conn: Connection, handler: MessageHandler, msg: Any, start: float, end: float) -> None:
         """The last byte of ``msg`` on ``conn`` left at ``end`` (its flow's stats callback):
         the handler hears of it, the message arrives ``latency`` later, and the connection
@@ -566,7 +616,10 @@ class FlowBackend:
             nics = tuple(dict.fromkeys(res for pth in ring for res in pth.resources if res[1] in sim_nodes))
             n = len(members)
             edges = [(members[i], members[(i + 1) % n]) for i in range(n) if members[i] in simulated]
-            shaped = [(a, b) for a, b in edges if net.node(a) != net.node(b)]
+            # every edge that leaves a simulated node draws on its bucket, a sender this run does
+            # not simulate (a replica it stands for) too: the bucket is the node's (qa7)
+            pairs = [(members[i], members[(i + 1) % n]) for i in range(n)]
+            shaped = [(a, b) for a, b in pairs if net.node(a) in sim_nodes and net.node(a) != net.node(b)]
             geo = self._groups[key] = (nics, edges, shaped)
         nics, edges, shaped_edges = geo
         shaping = self.coll_burst > 0 or self.rendezvous

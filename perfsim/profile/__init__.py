@@ -27,6 +27,17 @@ class Profile(ProfileFile, ProfileCosts):
     """A loaded, validated profile (:class:`ProfileFile`) and its cost queries
     (:class:`ProfileCosts`)."""
 
+    #: hashed by identity (the dataclass's value equality left it unhashable): a planner's
+    #: candidates key their groups on their parameters, a Profile given to ``perfsim.plan`` among them
+    __hash__ = object.__hash__
+
+    def forget(self) -> None:
+        """Drop what the queries memoised (the record index of :meth:`select`, the fits of
+        :meth:`fit`): both are keyed on the record count, so records edited or replaced in
+        place would be priced as before (qa7). The API calls it on a Profile it is given."""
+        self.__dict__.pop("_by_op", None)
+        self.__dict__.pop("_fit_cache", None)
+
 
 def load_profile(spec: str | os.PathLike | Profile | None) -> Profile:
     """A Profile from a path, an already-loaded Profile, or None (the default)."""

@@ -258,12 +258,20 @@ def _two_stage(system, m=1, n=1000, tf=1e-3, tb=2e-3, schedule="gpipe"):
 
 def test_token_bucket_burst_closed_form():
     """tc tbf: after idling, a message <= burst arrives in latency alone; a long
-    stream runs at the rate, the burst saving b / rate once per direction."""
-    tf, tb, lat, bw, n = 1e-3, 2e-3, 1e-3, 1e6, 1000  # 4000-byte messages, 32 ms each
+    stream runs at the rate, the burst saving b / rate once per direction. In the
+    steady state a bucket refills only while its egress idles: an iteration too short
+    to refill it runs at the rate (qa7: each iteration used to start full)."""
+    tf, tb, lat, bw, n = 20e-3, 40e-3, 1e-3, 1e6, 1000  # 4000-byte messages, 32 ms each
     plain = _two_stage(System(bandwidth_bps=bw, latency_s=lat), n=n, tf=tf, tb=tb)
     assert plain.summary["iteration_s"] == pytest.approx(2 * (tf + tb) + 2 * (4000 * 8 / bw + lat), rel=1e-9)
     burst = _two_stage(System(bandwidth_bps=bw, latency_s=lat, link_burst_bytes=4000), n=n, tf=tf, tb=tb)
+    # 122 ms an iteration refills 15 kB: each message finds a full bucket
     assert burst.summary["iteration_s"] == pytest.approx(2 * (tf + tb) + 2 * lat, rel=1e-9)
+    # 8 ms of compute refills 1 kB of the 4 kB each egress sends an iteration: in the steady
+    # state the iteration is the 32 ms the link needs for them, not 8 ms from a full bucket
+    tf, tb = 1e-3, 2e-3
+    short = _two_stage(System(bandwidth_bps=bw, latency_s=lat, link_burst_bytes=4000), n=n, tf=tf, tb=tb)
+    assert short.summary["iteration_s"] == pytest.approx(4000 * 8 / bw, rel=1e-4)
     # 64 back-to-back messages per direction (GPipe, tiny compute): only the first
     # b bytes of each direction skip the rate
     b, m = 10_000, 64

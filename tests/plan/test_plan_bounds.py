@@ -128,7 +128,8 @@ def test_a_member_whose_compression_overflows_memory_is_rejected_by_its_bound():
 
     p = dict(model=str(Path(__file__).resolve().parents[1] / "data" / "llama-3-8b-config.json"), seq_len=8192,
              gpu="h100", gpus_per_node=8, bandwidth="100Gbps", precision="bf16", attention="flash", zero=1,
-             micro_batch=1, tp=4, pp=2, dp=2, macro_batch=32)
+             micro_batch=1, tp=4, pp=2, dp=2, macro_batch=32,
+             dataset_samples=2359)  # 19.3 M tokens (the default epoch is 2.4 M since qa7 F11: buffers fit)
     assert group_bound(p)[1] is None and member_bound(p) == plan_bound(p)
     q = dict(p, compress="aqsgd:fw2bw4")
     with pytest.raises(ConfigError) as predicted:

@@ -62,6 +62,10 @@ def _exhaustive(kw):
             continue
         feasible += 1
         score = it * (c.steps_ratio or 1.0)
+        if c.steps_ratio is not None and c.reference_steps:  # the run's warm-up steps at their pace (qa7)
+            steps = c.steps_ratio * c.reference_steps
+            warm = min(steps, r.summary["warmup_iterations"])
+            score = (warm * r.summary["warmup_iteration_s"] + (steps - warm) * it) / c.reference_steps
         if best is None or score < best[0]:
             best = (score, c)
     return best, len(cands), feasible
