@@ -147,13 +147,9 @@ def _print(name: str, res: list[dict]) -> None:
           "fits | predicted compute / TP / p2p / DP sync / idle s |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | --- | --- |")
     for r in res:
-        band = "-" if r["low_s"] is None else \
-            f"{r['low_s']:.2f}-{r['high_s']:.2f} ({'holds' if r['in_interval'] else 'misses'})"
         print(f"| {r['params_b']} | {r['tp']} | {r['pp']} | {r['gpus'] // (r['tp'] * r['pp'])} | {r['micro_batch']} | "
               f"{r['virtual_stages']} | {r['variant']} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
-              f"{100 * r['error']:+.1f} % | {band} | {'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | "
-              f"{r['compute_s']:.2f} / {r['tp_comm_s']:.2f} / {r['p2p_s']:.2f} / {r['dp_sync_s']:.2f} / "
-              f"{r['idle_s']:.2f} |")
+              f"{100 * r['error']:+.1f} % | {MOD.outcome_cells(r)} |")
     f = figures(res)
     print(f"MAPE {f['mape_pct']:.1f} %, mean signed error {f['mean_signed_pct']:+.1f} % "
           f"({sum(r['error'] < 0 for r in res)} of {len(res)} rows too fast)")

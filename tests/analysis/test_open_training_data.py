@@ -4,15 +4,11 @@ file states its selection rule, and scripts/open_training_data.py's figures are 
 stores (a check of the figures, not an accuracy threshold)."""
 
 import copy
-import importlib.util
-from pathlib import Path
 
 import pytest
+from _helpers import load_script
 
-ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("open_training_data", ROOT / "scripts" / "open_training_data.py")
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
+mod = load_script("open_training_data")
 
 
 @pytest.fixture(scope="module")
