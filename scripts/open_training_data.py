@@ -150,9 +150,15 @@ def _print(name: str, res: list[dict]) -> None:
         print(f"| {r['params_b']} | {r['tp']} | {r['pp']} | {r['gpus'] // (r['tp'] * r['pp'])} | {r['micro_batch']} | "
               f"{r['virtual_stages']} | {r['variant']} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
               f"{100 * r['error']:+.1f} % | {MOD.outcome_cells(r)} |")
-    f = figures(res)
-    print(f"MAPE {f['mape_pct']:.1f} %, mean signed error {f['mean_signed_pct']:+.1f} % "
-          f"({sum(r['error'] < 0 for r in res)} of {len(res)} rows too fast)")
+    print(f"MAPE {verdict(res)}")
+
+
+def verdict(res: list[dict]) -> str:
+    """MAPE, mean signed error, how many rows are too fast, and how many the 80 % interval holds."""
+    f, held = figures(res), [r["in_interval"] for r in res if r["in_interval"] is not None]
+    return (f"{f['mape_pct']:.1f} %, mean signed error {f['mean_signed_pct']:+.1f} % "
+            f"({sum(r['error'] < 0 for r in res)} "
+            f"of {len(res)} rows too fast); the 80 % interval holds {sum(held)} of {len(held)} measurements")
 
 
 def main(argv=None) -> int:
@@ -177,7 +183,8 @@ def main(argv=None) -> int:
             every += res
             _print(f"{doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
             if args.check:
-                bad += [f"{path.name}: {b}" for b in transcription_problems(doc, rows) + check(doc.get("reported"), res)]
+                problems = transcription_problems(doc, rows) + check(doc.get("reported"), res)
+                bad += [f"{path.name}: {b}" for b in problems]
             if args.update:
                 raw = json.loads(path.read_text())
                 raw["reported"] = reported(res)
@@ -185,9 +192,7 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"open_training_data: {exc}", file=sys.stderr)
         return 2
-    f = figures(every)
-    print(f"\nall sets: {f['rows']} rows, MAPE {f['mape_pct']:.1f} %, mean signed error {f['mean_signed_pct']:+.1f} % "
-          f"({sum(r['error'] < 0 for r in every)} of {len(every)} rows too fast)")
+    print(f"\nall sets: {len(every)} rows, MAPE {verdict(every)}")
     if args.check:
         print(f"check: {len(bad)} differ" + "".join(f"\n  {b}" for b in bad))
         return 1 if bad else 0
