@@ -437,14 +437,10 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
               "80 % interval s | fits | predicted compute / TP / p2p / DP sync / idle s |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- | --- | --- |")
         for r in res:
-            band = "-" if r["low_s"] is None else \
-                f"{r['low_s']:.2f}-{r['high_s']:.2f} ({'holds' if r['in_interval'] else 'misses'})"
             print(f"| {r['params_b']} | {r['tp']} | {r['pp']} | {r['gpus'] // (r['tp'] * r['pp'])} | "
                   f"{r['run_micro_batch']} | {r['run_virtual_stages']} | {r['run_ddp']} | "
                   f"{r['measured_s']:.2f} | {r['predicted_s']:.2f} | {r['tflops_per_gpu']} / "
-                  f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | {band} | "
-                  f"{'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | {r['compute_s']:.2f} / "
-                  f"{r['tp_comm_s']:.2f} / {r['p2p_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f} |")
+                  f"{r['predicted_tflops']:.1f} | {100 * r['error']:+.1f} % | {outcome_cells(r)} |")
         m, s = summary(res)
         w = worst(res)
         held = [r["in_interval"] for r in res if r["in_interval"] is not None]
@@ -452,6 +448,15 @@ def _report(doc: dict, rows: list[dict], mbs: list, args, extra: dict) -> int:
               f"rows too fast); worst row {w['params_b']}B {100 * w['error']:+.1f} %; the 80 % interval holds "
               f"{sum(held)} of {len(held)} measurements")
     return 0
+
+
+def outcome_cells(r: dict) -> str:
+    """A predicted row's last table cells: its 80 % interval (and whether it holds the measurement),
+    whether it fits (peak GiB), and the predicted compute / TP / p2p / DP sync / idle seconds."""
+    band = "-" if r["low_s"] is None else \
+        f"{r['low_s']:.2f}-{r['high_s']:.2f} ({'holds' if r['in_interval'] else 'misses'})"
+    return (f"{band} | {'yes' if r['fits'] else 'NO'} ({r['peak_gib']:.0f} GiB) | {r['compute_s']:.2f} / "
+            f"{r['tp_comm_s']:.2f} / {r['p2p_s']:.2f} / {r['dp_sync_s']:.2f} / {r['idle_s']:.2f}")
 
 
 def _print_exact_items(doc: dict, rows: list[dict]) -> int:

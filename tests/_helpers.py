@@ -8,6 +8,7 @@ worker by importing its test module, and that module imports these by name
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,14 @@ import torch
 
 from perfsim import rank_store
 from perfsim.compression import make_compressor
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` of this checkout as a module (the scripts are not a package)."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 # ------------------------------------------------------------------ processes

@@ -1,0 +1,69 @@
+"""Open multi-node training data other than Megatron-LM's Table 1 (Korthikanti et al. arXiv:2205.05198
+Tables 3/5; BLOOM-176B on Jean Zay): the transcriptions agree with their sources' own figures, each
+file states its selection rule, and scripts/open_training_data.py's figures are the ones each file
+stores (a check of the figures, not an accuracy threshold)."""
+
+import copy
+
+import pytest
+from _helpers import load_script
+
+mod = load_script("open_training_data")
+
+
+@pytest.fixture(scope="module")
+def sets():
+    return mod.load_sets()
+
+
+def test_transcriptions_agree_with_the_sources_own_figures(sets):
+    assert [p.name for p, _, _ in sets] == ["megatron-selective-recompute-2205.05198.json", "bloom-176b-jean-zay.json"]
+    for path, doc, rows in sets:
+        assert mod.transcription_problems(doc, rows) == [], path.name
+        assert "before any row was predicted" in doc["selection_rule"] and ">= 2 nodes" in doc["selection_rule"]
+        assert all(r["gpus"] >= 2 * doc["system"]["gpus_per_node"] for r in rows)  # multi-node only
+        assert doc["quotes"] and doc["assumptions"] and doc["source"]
+    (_, k, krows), (_, b, brows) = sets
+    # Table 5's 530B row: 56.0 % MFU at 37.83 s on 280 GPUs (model FLOPs, eq. 7)
+    r = krows[3]
+    mfu = mod.model_flops(r, 51200, 2048, 3) / (r["iteration_s"] * 280 * mod.A100_PEAK)
+    assert mfu == pytest.approx(0.560, abs=0.001)
+    # BLOOM's log line: 149.77 TFLOP/s at 104.70 s, counted with the recomputed forward (4 passes)
+    assert mod.model_flops(brows[0], 250880, 2048, 4) / (104.70 * 384) / 1e12 == pytest.approx(149.77, abs=0.05)
+    bad = dict(krows[1], mfu=0.60)
+    assert "MFU" in mod.transcription_problems(k, [bad])[0]
+
+
+def test_each_row_becomes_predict_keywords(sets):
+    from perfsim.params import BY_NAME
+
+    for _, doc, rows in sets:
+        for r in rows:
+            kw = mod.row_keywords(doc, r)
+            assert set(kw) <= set(BY_NAME), kw
+    (_, k, krows), (_, b, brows) = sets
+    full = mod.row_keywords(k, krows[0])
+    assert full["recompute"] == "full" and not full["sequence_parallel"]
+    assert mod.row_keywords(k, krows[1]) == dict(intra_node_bandwidth="229GB/s", recompute="selective",
+                                                 sequence_parallel=True)
+    kw = mod.row_keywords(b, brows[0])
+    assert kw["zero"] == 1 and kw["precision"] == "bf16" and kw["partition"] == ",".join(["6"] * 12)
+    assert mod.MOD.row_config(brows[0]) == (2, "1f1b", 1, "local")
+    assert mod.MOD.row_config(krows[2]) == (1, "interleaved-1f1b", 3, "local")
+
+
+def test_the_scripts_figures_are_the_stored_ones(sets, capsys):
+    assert mod.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "check: 0 differ" in out and "all sets: 7 rows" in out
+    # a stored figure that is not what the script computes is reported
+    _, doc, rows = sets[1]
+    res = [dict(r, predicted_s=doc["reported"]["predicted_s"][i]) for i, r in enumerate(rows)]
+    res = [dict(r, error=(r["predicted_s"] - r["iteration_s"]) / r["iteration_s"]) for r in res]
+    assert mod.check(doc["reported"], res) == []
+    want = copy.deepcopy(doc["reported"])
+    want["predicted_s"][0] += 1.0
+    want["mean_signed_pct"] += 1.0
+    assert len(mod.check(want, res)) == 2
+    assert mod.check(None, res) == ["no 'reported' block (run --update)"]
+    assert mod.main(["--check", "--update"]) == 2
