@@ -100,6 +100,11 @@ f)`` per step on the wire; step ``k`` needs ``max(d, h_k)`` (its data, or its ha
 chosen with the tuner's additive costs (``nccl``), as NCCL chooses it; the chosen one is then priced
 with its steps overlapped. The links' own latencies stay additive, as in ``nccl``.
 
+``auto`` (the default, :func:`resolve_model`): ``pipelined`` where NCCL carries the collective --
+a GPU preset's ranks over links no profile measured --, ``nominal`` elsewhere (gloo on CPUs, or a
+link whose measured cost already holds its backend's per-step costs). Adopted on the published
+nccl-tests rows (docs/validation.md, "NCCL's steps overlapped").
+
 Measured kinds
 --------------
 A backend need not implement a kind as the ring above: gloo's
@@ -131,7 +136,7 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 TREE_EFFICIENCY = 0.92
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "p2p")
 #: collective cost models (``System.collective_model``; module docstring, "Protocols")
-COLLECTIVE_MODELS = ("nominal", "nccl", "pipelined")
+COLLECTIVE_MODELS = ("auto", "nominal", "nccl", "pipelined")
 
 
 @dataclass(frozen=True)
@@ -218,10 +223,20 @@ class GroupShape:
     intra_latency_s: float
     inter_bps: float
     inter_latency_s: float
-    #: ``nominal``, ``nccl`` or ``pipelined`` (COLLECTIVE_MODELS: module docstring, "Protocols")
+    #: ``nominal``, ``nccl`` or ``pipelined`` (COLLECTIVE_MODELS less ``auto``, which
+    #: :func:`resolve_model` settles: module docstring, "Protocols")
     model: str = "nominal"
     #: the intra-node fabric is PCIe (NCCL's PCI latencies, no LL128), else NVLink
     intra_pcie: bool = False
+
+
+def resolve_model(model: str, nccl: bool) -> str:
+    """The collective model a group is priced with: ``model``, or for ``auto`` ``pipelined`` when
+    ``nccl`` (NCCL carries it, over links no profile measured) and ``nominal`` otherwise (module
+    docstring, ``auto``)."""
+    if model not in COLLECTIVE_MODELS:
+        raise ConfigError(f"collective_model={model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
+    return ("pipelined" if nccl else "nominal") if model == "auto" else model
 
 
 def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring",
@@ -261,7 +276,7 @@ def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collect
         chosen = [_alltoall(S, g)]
     # each candidate beside what NCCL's tuner believes it costs (module docstring, "auto")
     pairs = [(c, _tree(S, g, tuner=True) if c.algo == "tree" and algo == "auto" else c) for c in chosen]
-    if g.model != "nominal":  # each algorithm at the protocol NCCL's tuner finds cheapest (its additive costs)
+    if g.model in ("nccl", "pipelined"):  # each algorithm at the protocol NCCL's tuner finds cheapest (additive)
         pipelined = g.model == "pipelined"
         pairs = [(with_protocol(c, g, p, pipelined), with_protocol(k, g, p)) for c, k in pairs for p in PROTOCOLS
                  if g.intra_pcie is False or not p.nvlink_only]

@@ -9,7 +9,8 @@ the selection rule (written before any row was predicted) and every source looke
 with the reason. Nothing is fitted to these rows.
 
 Each set is priced the way ``perfsim predict`` prices a data-parallel or tensor-parallel collective:
-its stated hardware through predict's own keywords (``gpus_per_node``, ``nic`` = count x rate : kind,
+its stated hardware through predict's own keywords (``gpu`` = the set's ``gpu_preset``, so that its
+collectives are NCCL's as predict prices a GPU job's, ``gpus_per_node``, ``nic`` = count x rate : kind,
 ``intra_node_fabric``, a forced ``NCCL_ALGO`` as ``collective_algo``; a node's GPUs and NICs as stated
 even where the run used fewer GPUs, ``ranks_per_node``, its ranks then the first GPUs of each node), parsed by
 :func:`perfsim.api.build_configs` into the ``System`` predict builds, the network of
@@ -63,8 +64,10 @@ KINDS = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "
 ALGOS = {None: "auto", "Ring": "ring", "Tree": "tree"}
 #: the size of a large message for the stated per-NIC peaks (8 GiB: the bandwidth term dominates)
 PEAK_BYTES = 8 * 2**30
+#: the GPU preset of the stated peaks' nodes (H100 SXM nodes, as ``nvlink4``)
+PEAK_GPU = "h100-sxm5-80gb"
 #: the keywords that state a peak's hardware: a --set of one of them applies to the sets only
-PEAK_HARDWARE = ("nic", "gpus_per_node", "intra_node_fabric", "collective_algo")
+PEAK_HARDWARE = ("nic", "gpus_per_node", "intra_node_fabric", "collective_algo", "gpu")
 #: how close --check wants a recomputed figure to the stored one (rounding of the stored figures)
 TOLERANCE = {"pct": 0.01, "us": 0.05}
 
@@ -110,7 +113,8 @@ def network(s: dict, extra: dict | None = None):
     predict's default: it measured no link at these rates, so the links are nominal x the NIC kind's
     share (``--link-model auto``)."""
     n = s["nodes"] * s["gpus_per_node"]
-    kw = dict(model="gpt2-xl", pp=1, dp=n, micro_batch=1, global_batch=n, gpus_per_node=s["gpus_per_node"],
+    kw = dict(model="gpt2-xl", gpu=s["gpu_preset"], pp=1, dp=n, micro_batch=1, global_batch=n,
+              gpus_per_node=s["gpus_per_node"],
               nic=s["nic"], intra_node_fabric=s["intra_node_fabric"], collective_algo=ALGOS[s["nccl_algo"]])
     kw.update(extra or {})
     _, _, system, profile = build_configs(**kw)
@@ -149,7 +153,7 @@ def stated_peaks(doc: dict, extra: dict | None = None) -> list[dict]:
     extra = {k: v for k, v in (extra or {}).items() if k not in PEAK_HARDWARE}
     for p in doc["stated_peaks"]["peaks"]:
         s = dict(id="peak", nodes=2, gpus_per_node=8, nic=f"8x{p['nic_gbps']}Gbps:infiniband",
-                 intra_node_fabric="nvlink4", nccl_algo="Ring")
+                 intra_node_fabric="nvlink4", nccl_algo="Ring", gpu_preset=PEAK_GPU)
         net, ranks = network(s, extra)
         n = len(ranks)
         t = net.collective("allreduce", PEAK_BYTES, ranks).time()
