@@ -36,7 +36,7 @@ def predict(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
-    collective_model: str = 'nominal',
+    collective_model: str = 'auto',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     cpu_adam_rate: float | None = None,
@@ -123,8 +123,8 @@ def predict(
             NICs of a node, [COUNTx]RATE[:KIND], e.g. 4x200Gbps:infiniband; their total replaces bandwidth, KIND (ethernet, socket, infiniband, ideal; default ethernet) gives the transport efficiency of an uncalibrated link
         collective_algo (str, default 'auto'):
             allreduce algorithm: auto (least modelled time, as NCCL's tuner), ring, tree (double binary tree) or hierarchical (one of perfsim.collectives.ALGORITHMS)
-        collective_model (str, default 'nominal'):
-            nominal: a collective's steps cost the link latency, every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve) (one of perfsim.collectives.COLLECTIVE_MODELS)
+        collective_model (str, default 'auto'):
+            nominal: a collective's steps cost the link latency, every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve); pipelined: those protocols with each step's latency overlapped by the data before it; auto: pipelined for a GPU preset's NCCL collectives, else nominal (one of perfsim.collectives.COLLECTIVE_MODELS)
         link_model (str, default 'auto'):
             auto: the profile's measured link at this rate if any, else nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it (one of perfsim.link.LINK_MODELS)
         host_overhead (str | float | None):
@@ -360,7 +360,7 @@ def memory_report(
     intra_node_fabric: str | None = None,
     nic: str | Nic | None = None,
     collective_algo: str = 'auto',
-    collective_model: str = 'nominal',
+    collective_model: str = 'auto',
     link_model: str = 'auto',
     host_overhead: str | float | None = None,
     cpu_adam_rate: float | None = None,

@@ -83,6 +83,28 @@ are those of the earlier ``ncclSetThresholds`` (tuning.cc, copyright 2016-2019),
 charged every step of a multi-node ring the network's. ``nominal`` (default) keeps the
 plain phases: each step costs the link's latency only, every size moves at the full rate.
 
+``pipelined`` (the ``nccl`` model's protocols and choice, its steps overlapped): NCCL's steps
+are not paid one after the other. A sender may run ``NCCL_STEPS`` (8) buffer slots ahead of its
+receiver (``src/device/prims_simple.h``, ``waitPeer``: a send waits only while ``connStepCache +
+NCCL_STEPS < step + StepPerSlice``), so while one step's data is on the wire the next step's
+handshake is already under way, and the tuner's own comment says what its Simple per-step latency
+is: "the latency a 256kB chunk, which is ~ base lat + 256k/12GB/s (+ 256k/12GB/s for the network)"
+(tuning.cc at 01afd20, above ``hwLat``) -- a chunk's transfer, which overlaps the transfer of the
+data itself. A phase of ``n`` steps moving ``V`` at the protocol's rate ``B f`` spends ``d = V / (n B
+f)`` per step on the wire; step ``k`` needs ``max(d, h_k)`` (its data, or its handshake latency
+``h_k`` -- :data:`PROTOCOLS`' ``hw`` on its hop -- whichever is longer) and the last one ``d + h``
+(its data then its arrival): ``T = base + sum_{k<n} max(d, h_k) + d + max_k h_k``. Large messages
+(``d >> h``) cost ``V / (B f) + base + h``: the latency of one step, not of every step; small ones
+(``d << h``) cost every step's latency as ``nccl`` charges them. Each parameter is NCCL's own
+(``baseLat``, ``hwLat``, the protocol's bandwidth share); nothing is fitted. The protocol is still
+chosen with the tuner's additive costs (``nccl``), as NCCL chooses it; the chosen one is then priced
+with its steps overlapped. The links' own latencies stay additive, as in ``nccl``.
+
+``auto`` (the default, :func:`resolve_model`): ``pipelined`` where NCCL carries the collective --
+a GPU preset's ranks over links no profile measured --, ``nominal`` elsewhere (gloo on CPUs, or a
+link whose measured cost already holds its backend's per-step costs). Adopted on the published
+nccl-tests rows (docs/validation.md, "NCCL's steps overlapped").
+
 Measured kinds
 --------------
 A backend need not implement a kind as the ring above: gloo's
@@ -114,7 +136,7 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 TREE_EFFICIENCY = 0.92
 KINDS = ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "p2p")
 #: collective cost models (``System.collective_model``; module docstring, "Protocols")
-COLLECTIVE_MODELS = ("nominal", "nccl")
+COLLECTIVE_MODELS = ("auto", "nominal", "nccl", "pipelined")
 
 
 @dataclass(frozen=True)
@@ -201,10 +223,20 @@ class GroupShape:
     intra_latency_s: float
     inter_bps: float
     inter_latency_s: float
-    #: ``nominal`` or ``nccl`` (COLLECTIVE_MODELS: module docstring, "Protocols")
+    #: ``nominal``, ``nccl`` or ``pipelined`` (COLLECTIVE_MODELS less ``auto``, which
+    #: :func:`resolve_model` settles: module docstring, "Protocols")
     model: str = "nominal"
     #: the intra-node fabric is PCIe (NCCL's PCI latencies, no LL128), else NVLink
     intra_pcie: bool = False
+
+
+def resolve_model(model: str, nccl: bool) -> str:
+    """The collective model a group is priced with: ``model``, or for ``auto`` ``pipelined`` when
+    ``nccl`` (NCCL carries it, over links no profile measured) and ``nominal`` otherwise (module
+    docstring, ``auto``)."""
+    if model not in COLLECTIVE_MODELS:
+        raise ConfigError(f"collective_model={model!r}: choose from {', '.join(COLLECTIVE_MODELS)}")
+    return ("pipelined" if nccl else "nominal") if model == "auto" else model
 
 
 def _flat(kind: str, S: float, g: GroupShape, volume: float, steps: int, algo: str = "ring",
@@ -244,17 +276,19 @@ def plan(kind: str, nbytes: float, g: GroupShape, algo: str = "auto") -> Collect
         chosen = [_alltoall(S, g)]
     # each candidate beside what NCCL's tuner believes it costs (module docstring, "auto")
     pairs = [(c, _tree(S, g, tuner=True) if c.algo == "tree" and algo == "auto" else c) for c in chosen]
-    if g.model == "nccl":  # each algorithm at its cheapest protocol (NCCL's tuner)
-        pairs = [(with_protocol(c, g, p), with_protocol(k, g, p)) for c, k in pairs for p in PROTOCOLS
+    if g.model in ("nccl", "pipelined"):  # each algorithm at the protocol NCCL's tuner finds cheapest (additive)
+        pipelined = g.model == "pipelined"
+        pairs = [(with_protocol(c, g, p, pipelined), with_protocol(k, g, p)) for c, k in pairs for p in PROTOCOLS
                  if g.intra_pcie is False or not p.nvlink_only]
     return min(pairs, key=lambda ck: ck[1].time())[0]
 
 
-def with_protocol(c: Collective, g: GroupShape, p: Protocol) -> Collective:
+def with_protocol(c: Collective, g: GroupShape, p: Protocol, pipelined: bool = False) -> Collective:
     """``c`` carried by NCCL protocol ``p`` (module docstring, "Protocols"): every phase's
     rate times the protocol's share, its steps charged the protocol's per-step latency on
     their hop (intra: NVLink or PCI; inter: NET) on top of the links' own, the protocol's
-    base latency once; ``algo`` names both (``ring/LL``)."""
+    base latency once; ``algo`` names both (``ring/LL``). ``pipelined``: each phase's steps
+    overlap its data (:func:`overlapped_steps_s`)."""
     tree = c.algo == "tree"
     share = p.tree_bw if tree else p.ring_bw
     hw = p.hw_tree_s if tree else p.hw_ring_s
@@ -264,11 +298,28 @@ def with_protocol(c: Collective, g: GroupShape, p: Protocol) -> Collective:
     for group in c.phases:
         out = []
         for ph in group:
-            lat = ph.latency_s + ph.steps_in * intra + ph.steps_out * hw[2] + (base if first else 0.0)
-            out.append(Phase(ph.volume_bytes, ph.rate_bps * share, ph.inter_node, lat, ph.steps_in, ph.steps_out))
+            rate = ph.rate_bps * share
+            steps = (ph.steps_in * intra + ph.steps_out * hw[2] if not pipelined else
+                     overlapped_steps_s(ph.volume_bytes * 8.0 / rate, ph.steps_in, intra, ph.steps_out, hw[2]))
+            lat = ph.latency_s + steps + (base if first else 0.0)
+            out.append(Phase(ph.volume_bytes, rate, ph.inter_node, lat, ph.steps_in, ph.steps_out))
         first = False
         phases.append(tuple(out))
     return Collective(c.kind, f"{c.algo}/{p.name}", tuple(phases), c.wire_bytes)
+
+
+def overlapped_steps_s(transfer_s: float, steps_in: int, h_in: float, steps_out: int, h_out: float) -> float:
+    """What ``steps_in`` steps of latency ``h_in`` and ``steps_out`` of ``h_out`` add to a phase whose
+    data takes ``transfer_s`` on the wire when each step overlaps the data of the one before (module
+    docstring, ``pipelined``): ``sum_{k<n} max(d, h_k) + d + max_k h_k - transfer_s`` with ``d =
+    transfer_s / n``; the last step is a network one where the phase has any."""
+    n = steps_in + steps_out
+    if n == 0:
+        return 0.0
+    d = transfer_s / n
+    last = h_out if steps_out else h_in
+    rest_in, rest_out = (steps_in, steps_out - 1) if steps_out else (steps_in - 1, 0)
+    return rest_in * max(d, h_in) + rest_out * max(d, h_out) + d + last - transfer_s
 
 
 @functools.lru_cache(maxsize=256)

@@ -260,8 +260,10 @@ class System:
     #: NCCL's tuner), ``ring``, ``tree`` or ``hierarchical``
     collective_algo: str = "auto"
     #: ``nominal``: each collective step costs the link's latency, every size the full rate;
-    #: ``nccl``: NCCL's protocols LL / LL128 / Simple, the cheapest per size (perfsim.collectives)
-    collective_model: str = "nominal"
+    #: ``nccl``: NCCL's protocols LL / LL128 / Simple, the cheapest per size (perfsim.collectives);
+    #: ``pipelined``: those protocols with each step's latency overlapped by the data before it;
+    #: ``auto``: ``pipelined`` for a GPU preset's NCCL collectives, else ``nominal``
+    collective_model: str = "auto"
     #: the intra-node fabric is PCIe (NCCL's PCI step latencies, no LL128); set from
     #: ``--intra-node-fabric pcie*``
     intra_node_pcie: bool = False

@@ -154,13 +154,14 @@ NIC_KINDS: dict[str, NicKind] = {k.name: k for k in (
             "on the wire (IEEE 802.3 header, FCS, preamble and inter-frame gap); this machine's tc-shaped "
             "links measured 0.94-0.96 (traces/cpu-2core.json, metadata.network); one TCP connection "
             "per peer (gloo's pair)", tcp_connections=1),
-    NicKind("infiniband", 0.8,
-            "DGX-1, 4 x EDR InfiniBand (4 x 12.5 GB/s): ~40 GB/s NCCL all-reduce busbw "
-            "(GTC 2017 S7155, quoted in NVIDIA/nccl-tests#29). Below the 0.92-0.98 per NIC that today's "
-            "NCCL reaches on its largest transfers (nccl-tests#29, #119, #290; NVIDIA/nccl#307, #812); kept "
-            "because published multi-node all-reduces of 72-127 MiB reach 0.86-0.97 (nccl-tests#119) and "
-            "perfsim has no message-size falloff below the peak (docs/validation.md, 'Table 1 after "
-            "session 19')"),
+    NicKind("infiniband", 0.96,
+            "InfiniBand or RoCE through NCCL's IB transport, the per-NIC share NCCL's maintainers state for "
+            "its largest transfers: 24 GB/s per 200 Gb/s NIC (S. Jeaugey, NVIDIA/nccl-tests#119), 192 GB/s "
+            "over a DGX A100's eight (NVIDIA/nccl#812); 12.2 per 100 Gb/s (nccl-tests#29) and 46-48 per "
+            "400 Gb/s (nccl-tests#290) bracket it (0.92-0.98). Smaller messages lose what NCCL's protocols "
+            "and steps cost (perfsim.collectives, collective_model auto/pipelined). Was 0.8 (DGX-1, "
+            "4 x EDR, ~40 GB/s with NCCL 2.0, GTC 2017 S7155) until the size curve was modelled "
+            "(docs/validation.md, 'NCCL's steps overlapped')"),
     NicKind("socket", 1448 / 1538,
             "NCCL's socket transport over TCP (NCCL_IB_DISABLE=1, no RDMA): TCP/IPv4 framing as ethernet, and "
             "the proxy threads' host copies bound a node at 4-6 GB/s whatever the line rate: 4 x 8 V100 over "

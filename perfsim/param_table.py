@@ -162,9 +162,11 @@ PARAMS: tuple[Param, ...] = (
     Param("collective_algo", "choice", "auto", "allreduce algorithm: auto (least modelled time, as "
           "NCCL's tuner), ring, tree (double binary tree) or hierarchical", "system",
           "system.collective_algo", choices="perfsim.collectives:ALGORITHMS"),
-    Param("collective_model", "choice", "nominal", "nominal: a collective's steps cost the link latency, "
+    Param("collective_model", "choice", "auto", "nominal: a collective's steps cost the link latency, "
           "every size moves at the full rate; nccl: NCCL's protocols (LL, LL128, Simple) with their "
-          "latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve)", "system",
+          "latencies and bandwidth shares, the cheapest per size (the nccl-tests busbw curve); pipelined: "
+          "those protocols with each step's latency overlapped by the data before it; auto: pipelined "
+          "for a GPU preset's NCCL collectives, else nominal", "system",
           "system.collective_model", choices="perfsim.collectives:COLLECTIVE_MODELS"),
     Param("link_model", "choice", "auto", "auto: the profile's measured link at this rate if any, else "
           "nominal x NIC efficiency; calibrated: require the measurement; nominal: ignore it",

@@ -17,6 +17,7 @@ from typing import Sequence
 from perfsim.collectives import Collective, GroupShape
 from perfsim.collectives import measured as measured_collective
 from perfsim.collectives import plan as plan_collective
+from perfsim.collectives import resolve_model
 from perfsim.errors import ConfigError
 from perfsim.link import Link
 
@@ -106,7 +107,9 @@ class CollectivePricing:
         inter_lat = max((p.latency_s for p in inter), default=link.one_way_s)
         return GroupShape(len(members), len(counts), max(counts.values(), default=1),
                           sysm.intra_node_bandwidth_bps, sysm.intra_node_latency_s, inter_bps, inter_lat,
-                          sysm.collective_model, sysm.intra_node_pcie)
+                          resolve_model(sysm.collective_model, sysm.gpu is not None
+                                        and not link.source.startswith("profile")),
+                          sysm.intra_node_pcie)
 
     def collective(self, kind: str, nbytes: float, members: Sequence[int], algo: str | None = None,
                    lockstep: bool = False, call: str | None = None) -> Collective:

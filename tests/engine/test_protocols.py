@@ -53,7 +53,7 @@ def test_protocol_costs_follow_ncclS_tuning_model():
 def test_switch_and_effect_on_a_prediction():
     kw = dict(model="gpt2", gpu="a100", tp=4, pp=2, dp=2, gpus_per_node=8, micro_batch=1, global_batch=16,
               nic="8x200Gbps:infiniband", intra_node_fabric="nvlink3")
-    nominal, nccl = predict(**kw), predict(**kw, collective_model="nccl")
+    nominal, nccl = predict(**kw, collective_model="nominal"), predict(**kw, collective_model="nccl")
     # GPT-2's TP all-reduces (1 x 1024 x 768 bf16 = 1.5 MB) are far from the fabric's peak
     assert nccl.stages[0]["tp_comm_s"] > 1.2 * nominal.stages[0]["tp_comm_s"]
     assert nccl.summary["iteration_s"] > nominal.summary["iteration_s"]
@@ -84,3 +84,53 @@ def test_ring_steps_across_nodes_pay_the_network_latency_and_the_others_the_nvli
     # one GPU per node: every step crosses nodes
     lone = plan("allreduce", 64e6, GroupShape(3, 3, 1, **shape), "ring")
     assert (lone.phases[0][0].steps_in, lone.phases[0][0].steps_out) == (0, 4)
+
+
+def test_pipelined_steps_overlap_their_data():
+    """collective_model pipelined: NCCL's protocols and choice, each step's latency overlapped by the
+    data before it (NCCL_STEPS slots, prims_simple.h waitPeer): T = base + sum_{k<n} max(d, h_k) + d +
+    h_last with d the step's share of the transfer. Large messages pay one step's latency, small ones
+    every step's (as the additive nccl model) plus one step's data."""
+    from perfsim.collectives import overlapped_steps_s
+
+    shape = dict(intra_bps=8 * 200e9, intra_latency_s=0.0, inter_bps=4 * 200e9, inter_latency_s=0.0)
+    nominal = GroupShape(24, 3, 8, **shape)
+    simple = PROTOCOLS[2]
+    (nvl, net) = (5.7e-6, 6.6e-6)
+    for S in (64e6, 4e3):
+        ring = plan("allreduce", S, nominal, "ring")
+        (ph,), = ring.phases
+        additive = with_protocol(ring, GroupShape(24, 3, 8, **shape, model="nccl"), simple)
+        piped = with_protocol(ring, GroupShape(24, 3, 8, **shape, model="pipelined"), simple, pipelined=True)
+        transfer = ph.volume_bytes * 8 / ph.rate_bps
+        d = transfer / 46
+        assert piped.time() == pytest.approx(simple.base_ring_s + transfer + overlapped_steps_s(transfer, 42, nvl, 4, net))
+        if d > net:  # 64 MB: every step's data outlasts its latency -- one network step's latency is left
+            assert piped.time() == pytest.approx(simple.base_ring_s + transfer + net)
+        else:  # 4 kB: latency-bound, the tuner's sum of latencies plus one step's data
+            assert d < nvl and piped.time() == pytest.approx(simple.base_ring_s + 42 * nvl + 4 * net + d)
+        assert piped.time() <= additive.time()
+    assert overlapped_steps_s(1.0, 0, 1e-6, 0, 1e-6) == 0.0
+    # the protocol is the one NCCL's tuner picks (the additive model's cheapest), then priced pipelined
+    for S in (1e3, 1e5, 1e7, 1e9):
+        tuner = plan("allreduce", S, GroupShape(24, 3, 8, **shape, model="nccl"))
+        piped = plan("allreduce", S, GroupShape(24, 3, 8, **shape, model="pipelined"))
+        assert piped.algo == tuner.algo and piped.time() <= tuner.time()
+
+
+def test_auto_prices_a_gpu_presets_collectives_as_nccl_and_the_rest_nominal():
+    from perfsim.collectives import resolve_model
+
+    assert System().collective_model == "auto"
+    assert [resolve_model("auto", nccl) for nccl in (True, False)] == ["pipelined", "nominal"]
+    assert resolve_model("nccl", False) == "nccl"
+    with pytest.raises(ConfigError, match="collective_model='mpi'"):
+        resolve_model("mpi", True)
+    kw = dict(model="gpt2", gpu="a100", tp=4, pp=2, dp=2, gpus_per_node=8, micro_batch=1, global_batch=16,
+              nic="8x200Gbps:infiniband", intra_node_fabric="nvlink3")
+    auto, piped = predict(**kw), predict(**kw, collective_model="pipelined")
+    assert auto.summary["iteration_s"] == piped.summary["iteration_s"]
+    assert "/" in auto.summary["collective_algo"]  # ring/Simple, ...: a protocol was chosen
+    # no GPU preset (the profile's CPUs, gloo): nominal
+    cpu = dict(model="gpt2", pp=2, dp=2, micro_batch=1, global_batch=8, bandwidth="1Gbps")
+    assert predict(**cpu).summary["iteration_s"] == predict(**cpu, collective_model="nominal").summary["iteration_s"]
