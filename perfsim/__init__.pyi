@@ -116,7 +116,7 @@ def predict(
         gpu (str | None):
             GPU preset (a100-sxm4-80gb, h100-sxm5-80gb, ...; perfsim.hardware): compute from its operator model, memory checked against its capacity; switches the defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)
         intra_node_bandwidth (str | float, default '300GB/s'):
-            intra-node link rate (bits/s, or units such as 300GB/s; a PCIe GPU preset, or one without peer-to-peer: its node's fabric, perfsim.hardware.NODE_FABRIC)
+            intra-node link rate (bits/s, or units such as 300GB/s; default with a GPU preset: the fabric its node ships with, perfsim.hardware.NODE_FABRIC)
         intra_node_fabric (str | None):
             intra-node fabric preset with its achieved bus bandwidth (perfsim.fabrics; replaces intra_node_bandwidth) (one of perfsim.fabrics.FABRICS)
         nic (str | Nic | None):

@@ -236,9 +236,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
               intra_node_bandwidth_bps=p["intra_node_bandwidth"])
     fabric_name = p["intra_node_fabric"]
     if fabric_name is None and gpu is not None and params.get("intra_node_bandwidth") is None \
-            and (not gpu.p2p or NODE_FABRIC.get(gpu.name, "").startswith("pcie")):
-        # no peer-to-peer: through host memory (perfsim.fabrics.HostPath); a PCIe card: its PCIe
-        # fabric, as plan prices it (the 300 GB/s default is NVLink-class, qa7)
+            and gpu.name in NODE_FABRIC:
+        # the fabric a node of this GPU ships with, as plan prices it (perfsim.search_space.node_fabric):
+        # NVLink generation, PCIe, or host memory without peer-to-peer (perfsim.fabrics.HostPath)
         fabric_name = NODE_FABRIC[gpu.name]
     if fabric_name:
         fabric = get_fabric(fabric_name)

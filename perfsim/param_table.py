@@ -151,7 +151,7 @@ PARAMS: tuple[Param, ...] = (
           "compute from its operator model, memory checked against its capacity; switches the "
           "defaults to Megatron-LM's (1f1b, uniform partition, placement tp,dp,pp)", "system"),
     Param("intra_node_bandwidth", "bandwidth", "300GB/s", "intra-node link rate (bits/s, or "
-          "units such as 300GB/s; a PCIe GPU preset, or one without peer-to-peer: its node's fabric, "
+          "units such as 300GB/s; default with a GPU preset: the fabric its node ships with, "
           "perfsim.hardware.NODE_FABRIC)", "system", above=True),
     Param("intra_node_fabric", "choice", None, "intra-node fabric preset with its achieved bus "
           "bandwidth (perfsim.fabrics; replaces intra_node_bandwidth)", "system",

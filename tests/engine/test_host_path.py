@@ -59,9 +59,9 @@ def test_predict_defaults_a_gpu_without_p2p_to_its_host_path_and_a_given_rate_wi
     assert dflt["intra_node_bandwidth_bps"] == FABRICS["pcie4-shm"].bandwidth_bps
     assert given["intra_node_bandwidth_bps"] == 8 * 300e9
     assert dflt["dp_sync_s"] > p2p["dp_sync_s"] > given["dp_sync_s"]
-    # a GPU with P2P keeps predict's default intra-node rate
+    # a GPU with P2P: its node's NVLink fabric, as plan prices it
     a100 = predict(**dict(base, gpu="a100-sxm4-80gb")).summary
-    assert a100["intra_node_bandwidth_bps"] == 8 * 300e9
+    assert a100["intra_node_bandwidth_bps"] == FABRICS["nvlink3"].bandwidth_bps
 
 
 def test_v100_pcie_allreduce_of_340m_fp32_with_and_without_p2p():

@@ -57,9 +57,10 @@ def test_placement_tp_innermost_and_configurable():
 
 def _run(**kw):
     # the nominal collective model: these tests check the phases' bytes and links against the plain
-    # ring formulas (the default, auto, adds NCCL's protocol costs for a GPU preset: test_protocols.py)
+    # ring formulas (the default, auto, adds NCCL's protocol costs for a GPU preset: test_protocols.py),
+    # at a stated intra-node rate (a GPU preset's default is its node's fabric: NODE_FABRIC)
     base = dict(model=GPT, gpu="a100-sxm4-80gb", pp=2, dp=2, micro_batch=1, global_batch=8, gpus_per_node=8,
-                precision="bf16", bandwidth="100Gbps", collective_model="nominal")
+                precision="bf16", bandwidth="100Gbps", collective_model="nominal", intra_node_bandwidth="300GB/s")
     return predict(**{**base, **kw})
 
 
