@@ -21,6 +21,7 @@ from perfsim.api import build_configs
 from perfsim.engine import plan_with_memory
 from perfsim.errors import ConfigError
 from perfsim.hardware import get_gpu, profile_gpu
+from perfsim.param_table import PARAMS
 from perfsim.params import resolved
 
 GIB = 2 ** 30
@@ -51,6 +52,9 @@ class MemoryReport:
     #: whose memory ``capacity_bytes`` is: the ``--gpu`` preset, else the GPU the profile was
     #: measured on (``v100-sxm2-16gb, the profile's GPU``), as predict's memory warning compares
     capacity_of: str = ""
+    #: one line each: what the caller gave that does not change this job's memory
+    #: (:func:`memory_free_settings`), printed as predict's notes are
+    notes: list[str] = field(default_factory=list)
 
     @property
     def fits(self) -> bool | None:
@@ -67,7 +71,7 @@ class MemoryReport:
                 "fits": self.fits, "stage_gib": [b / GIB for b in self.stage_bytes],
                 "options": [{"change": c, "peak_gib": b / GIB, "fits": f} for c, b, f in self.options],
                 "combination": [{"flags": c, "peak_gib": b / GIB} for c, b in self.combination],
-                "host_gib": self.host_bytes / GIB, "capacity_of": self.capacity_of}
+                "host_gib": self.host_bytes / GIB, "capacity_of": self.capacity_of, "notes": self.notes}
 
 
 def _peaks(params: dict[str, Any]):
@@ -144,7 +148,32 @@ def memory_report(**params: Any) -> MemoryReport:
                 break
     return MemoryReport(params=params, peak_bytes=worst.total, worst_stage=worst.stage, breakdown=parts,
                         capacity_bytes=cap, stage_bytes=[m.total for m in mem], options=options,
-                        combination=combination, host_bytes=worst.host, capacity_of=capacity_of)
+                        combination=combination, host_bytes=worst.host, capacity_of=capacity_of,
+                        notes=memory_free_settings(params, [m.total for m in mem]))
+
+
+#: the system parameters memory is always priced with (the GPU's capacity; --allow-oom is predict's)
+_MEMORY_SYSTEM = ("gpu", "allow_oom")
+_SYSTEM = frozenset(p.name for p in PARAMS if p.group == "system") - set(_MEMORY_SYSTEM)
+
+
+def memory_free_settings(params: dict[str, Any], stage_bytes: list[float]) -> list[str]:
+    """A note naming the system settings given (network, links, collectives, timing: the
+    ``system`` group of :data:`perfsim.param_table.PARAMS`) that do not change this job's
+    memory: each is dropped in turn and the stages' peaks priced again; those whose peaks stay
+    ``stage_bytes`` are named, so a user does not read them as taken into account."""
+    free = []
+    for name in sorted(k for k in params if k in _SYSTEM):
+        try:
+            alone, _ = _peaks({k: v for k, v in params.items() if k != name})
+        except ConfigError:  # the job needs it (e.g. a topology holding its nodes): it is used
+            continue
+        if [m.total for m in alone] == stage_bytes:
+            free.append("--" + name.replace("_", "-"))
+    if not free:
+        return []
+    return [f"{', '.join(free)}: given, but {'it does' if len(free) == 1 else 'they do'} not change this "
+            f"job's memory (perfsim predict prices time)"]
 
 
 #: how many changes a combination takes at most

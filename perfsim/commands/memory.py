@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from perfsim import outputs, params
-from perfsim.commands import add_out, input_paths
+from perfsim.commands import add_out, input_paths, print_notes
 
 log = logging.getLogger(__name__)
 
@@ -44,4 +44,5 @@ def run(args) -> int:
     outputs.emit(out, text)
     if out:
         log.info("wrote %s", out)
+    print_notes([{"notes": report.notes}])
     return 0
