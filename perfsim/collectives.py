@@ -80,7 +80,7 @@ the intra-node (NVLink or PCI) latency -- ``ncclTopoTuneModel``'s ``nInterSteps`
 transcription, ``torch/_inductor/comm_analysis.py``, the same; a later tuning.cc, at b647562, counts
 ``2 M``); a broadcast's steps and a p2p pay the network's, as there. The per-step figures
 are those of the earlier ``ncclSetThresholds`` (tuning.cc, copyright 2016-2019), which
-charged every step of a multi-node ring the network's. ``nominal`` (default) keeps the
+charged every step of a multi-node ring the network's. ``nominal`` keeps the
 plain phases: each step costs the link's latency only, every size moves at the full rate.
 
 ``pipelined`` (the ``nccl`` model's protocols and choice, its steps overlapped): NCCL's steps
