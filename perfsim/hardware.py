@@ -31,6 +31,11 @@ BYTES_PER_VALUE = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 #: size factor only; ``waves`` -- also tile and wave quantization over the GPU's SMs
 #: (:mod:`perfsim.engine.gemm_waves`)
 GEMM_QUANTIZATION = ("off", "waves")
+#: how the host's time to issue operators meets the GPU's time to run them (``Curve.host_issue``):
+#: ``per-op`` -- every operator costs at least the host's ``kernel_s``; ``queue`` -- the host
+#: enqueues a layer's kernels ahead of the GPU (CUDA launches are asynchronous), so a layer costs
+#: its GPU time or its host time, whichever is longer (:func:`perfsim.engine.compute.queued`)
+HOST_ISSUE = ("per-op", "queue")
 
 
 def value_precision(precision: str) -> str:
@@ -90,6 +95,9 @@ class Curve:
     #: the GPU's SMs (``GPU.sms``, ``GPU.l2_Bps``; :func:`perfsim.engine.gemm_waves.quantized_seconds`)
     #: on top of the smooth factor ``g``; ``off`` (every fitted curve): ``g`` only
     gemm_quantization: str = "off"
+    #: :data:`HOST_ISSUE`: ``queue`` lets the host run ahead of the GPU within a layer
+    #: (:func:`perfsim.engine.compute.queued`); ``per-op``: each operator at least ``kernel_s``
+    host_issue: str = "per-op"
 
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
@@ -99,6 +107,8 @@ class Curve:
                 and min(self.flash_knee_s, self.flash_knee_d, self.flash_bwd_knee_s, self.flash_bwd_knee_d) >= 0):
             raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff, lm_head_eff in (0, 1], "
                               f"flash efficiencies in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
+        if self.host_issue not in HOST_ISSUE:
+            raise ConfigError(f"curve host_issue={self.host_issue!r}: choose from {', '.join(HOST_ISSUE)}")
         if self.gemm_quantization not in GEMM_QUANTIZATION:
             raise ConfigError(f"curve gemm_quantization={self.gemm_quantization!r}: choose from "
                               f"{', '.join(GEMM_QUANTIZATION)}")

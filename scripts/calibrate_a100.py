@@ -110,6 +110,9 @@ GRAD_ACCUMULATION = "fused"
 #: the A100 curve's ``gemm_quantization`` in the fit and the evaluation (``--gemm-quantization``;
 #: the code's curve's when None)
 GEMM_QUANTIZATION: str | None = None
+#: the A100 curve's ``host_issue`` in the fit and the evaluation (``--host-issue``; the code's
+#: curve's when None)
+HOST_ISSUE: str | None = None
 
 
 def predict_row(row: dict) -> float:
@@ -205,6 +208,8 @@ def set_curve(x) -> None:
     values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIELDS, x)}
     if GEMM_QUANTIZATION is not None:
         values["gemm_quantization"] = GEMM_QUANTIZATION
+    if HOST_ISSUE is not None:
+        values["host_issue"] = HOST_ISSUE
     gpu = GPUS[A100]
     GPUS[A100] = replace(gpu, curve=replace(gpu.curve, **values, source="fitting"))
 
@@ -221,6 +226,20 @@ def set_gemm_quantization(mode: str) -> None:
     gpu = GPUS[A100]
     GPUS[A100] = replace(gpu, curve=replace(gpu.curve, gemm_quantization=mode))  # Curve checks mode
     GEMM_QUANTIZATION = mode
+
+
+def set_host_issue(mode: str) -> None:
+    """Make the a100-sxm4-80gb preset's curve meet host and GPU time with ``host_issue = mode``
+    (perfsim.hardware.HOST_ISSUE), its fitted fields unchanged; every later :func:`set_curve`
+    keeps it."""
+    from dataclasses import replace
+
+    from perfsim.hardware import GPUS
+
+    global HOST_ISSUE
+    gpu = GPUS[A100]
+    GPUS[A100] = replace(gpu, curve=replace(gpu.curve, host_issue=mode))  # Curve checks mode
+    HOST_ISSUE = mode
 
 
 def fit_bounds() -> list[tuple[float, float]]:
@@ -248,6 +267,9 @@ def main(argv=None) -> int:
     ap.add_argument("--gemm-quantization", default=None, metavar="Q",
                     help="price every GEMM with the A100 curve's gemm_quantization Q (fit and evaluation): "
                          "off or waves (default: the code's curve's)")
+    ap.add_argument("--host-issue", default=None, metavar="H",
+                    help="meet the host's and the GPU's time with the A100 curve's host_issue H (fit and "
+                         "evaluation): per-op or queue (default: the code's curve's)")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
                                     "(default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
@@ -268,9 +290,12 @@ def main(argv=None) -> int:
     try:
         if args.gemm_quantization is not None:
             set_gemm_quantization(args.gemm_quantization)
+        if args.host_issue is not None:
+            set_host_issue(args.host_issue)
         predict_row(rows[0])  # System checks straggler_cv's and jitter_cv's ranges, Strategy grad_accumulation's
     except ConfigError as exc:
-        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --gemm-quantization: {exc}", file=sys.stderr)
+        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --gemm-quantization / --host-issue: {exc}",
+              file=sys.stderr)
         return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
     print(f"{len(rows)} rows in {len({r['config'] for r in rows})} configurations: "
@@ -310,7 +335,7 @@ def main(argv=None) -> int:
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
     switches = (f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}, "
-                f"gemm_quantization {GPUS[A100].curve.gemm_quantization}")
+                f"gemm_quantization {GPUS[A100].curve.gemm_quantization}, host_issue {GPUS[A100].curve.host_issue}")
     print(f"validation by GPU count ({switches}): {by_gpus(by['validation'])}")
     print(f"validation by micro-batch count ({switches}): {by_microbatches(by['validation'])}")
     if args.held_out:

@@ -55,6 +55,7 @@ without a fitted curve uses the nearest calibrated one's fractions on its own pe
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import re
 from perfsim.engine.gemm_waves import quantized_seconds
 from perfsim.errors import ConfigError
@@ -247,7 +248,18 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     # tiles and waves are not symmetric in (m, n, k): the backward's GEMMs priced as they run
     permuted = curve.gemm_quantization == "waves" and rates is None
 
+    queue = curve.host_issue == "queue"
+    # under the launch queue each op's GPU time alone; the host's share is the layer's (queued)
+    priced = replace(curve, kernel_s=0.0) if queue else curve
+
     def fwd_bwd(ops, recomputable: bool):
+        f, b = _fwd_bwd(ops, recomputable, priced)
+        if not queue:
+            return f, b
+        nf, nb = kernel_counts(ops, recompute if recomputable else "none")
+        return queued(f, nf, curve.kernel_s), queued(b, nb, curve.kernel_s)
+
+    def _fwd_bwd(ops, recomputable: bool, curve: Curve):
         t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
         fwd = sum(t)
         # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
@@ -277,6 +289,33 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
     bwd = [e[1]] + [x[1] for x in blk] + [hd[1]]
     return fwd, bwd
+
+
+def kernel_counts(ops, recompute: str = "none") -> tuple[int, int]:
+    """(forward, backward) kernels the host issues for ``ops``: one per forward op with work; its
+    backward two (a GEMM's input and weight gradients; a memory-bound op's two passes, as
+    :func:`transformer_times` prices them), one where the op states its backward bytes or is
+    FlashAttention's, none for stated zero bytes; the recomputed forward's again under
+    ``recompute``."""
+    live = [op for op in ops if op.m or op.bytes]
+    fwd = len(live)
+    bwd = sum(1 if op.flash or op.bwd_bytes else 0 if op.bwd_bytes is not None else 2 for op in live)
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective":
+        bwd += sum(1 for op in live if op.attention_core)
+    return fwd, bwd
+
+
+def queued(gpu_s: float, kernels: int, kernel_s: float) -> float:
+    """Seconds of a layer whose ``kernels`` the host issues ``kernel_s`` apart while the GPU runs
+    them (``gpu_s`` in all): CUDA kernel launches are asynchronous, so the host runs ahead of the
+    GPU and a layer costs the longer of the two, ``max(gpu_s, kernels x kernel_s)`` -- the launch
+    queue's steady state over a stage's identical layers (a layer's own first-kernel fill, at most
+    one ``kernel_s`` or one kernel, is not charged). NVIDIA CUDA C++ Programming Guide,
+    "Asynchronous Concurrent Execution": kernel launches return to the host before the device
+    completes the task."""
+    return max(gpu_s, kernels * kernel_s)
 
 
 def layer_bytes(spec, name: str, mb: int, bpv: int) -> float:
