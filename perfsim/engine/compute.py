@@ -23,8 +23,9 @@ Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates)
 
 ``kernel_s`` is the host's time to issue one operator (framework, autograd,
 launch): an operator costs at least that, a large GEMM only its own time. (Letting
-the host run ahead across a whole layer, ``max(sum GPU, ops x kernel_s)``, fitted
-the A100 data worse: 7.7 % against 7.1 % held-out MAPE.) ``p2p_s`` is the host's time
+the host run ahead across a whole layer, ``max(sum GPU, ops x kernel_s)``: the curve's
+``host_issue="queue"``, :func:`queued`; refitted, it fits the A100 validation configurations
+worse, 6.32 against 5.21 % MAPE, docs/validation.md.) ``p2p_s`` is the host's time
 for one pipeline send or receive (Megatron synchronises the device after each exchange);
 the engine adds it to every boundary message on a GPU (:func:`perfsim.engine.plan.build_plan`);
 ``collective_s`` is the floor of one tensor-parallel collective on a GPU, as ``kernel_s`` is an
@@ -55,8 +56,8 @@ without a fitted curve uses the nearest calibrated one's fractions on its own pe
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 import re
+from dataclasses import replace
 from perfsim.engine.gemm_waves import quantized_seconds
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
