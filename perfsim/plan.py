@@ -36,7 +36,8 @@ from perfsim.params import BY_NAME, DEFAULTS, normalize
 from perfsim.plan_search import (Group, family_bound, family_key, forget_jobs, group_bound,  # noqa: F401
                                  group_key, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
-                                  Context, SearchSpace, dimensions, enumerate_candidates, is_dimension)
+                                  Context, SearchSpace, dimensions, enumerate_candidates, is_dimension,
+                                  without_ep_only)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
 
 #: relative error band of a prediction: whole training steps are predicted within
@@ -316,7 +317,7 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                      "(time to loss unknown)")
     else:
         notes.append(f"steps to loss from {curves.describe()}")
-    w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
+    w, _, w_system, _ = build_configs(**without_ep_only({**base, "pp": 1, "dp": 1}))
     ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)

@@ -107,6 +107,19 @@ def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     return values
 
 
+#: stated assumptions of a mixture of experts that apply only where the experts are split
+#: (``ep > 1``: how unevenly the router loads the expert-parallel ranks); left out of a
+#: candidate with ``ep 1``, where predict refuses them (the experts' work does not depend on them)
+EXPERT_PARALLEL_ONLY = ("moe_imbalance",)
+
+
+def without_ep_only(q: Mapping[str, Any]) -> dict[str, Any]:
+    """``q`` without :data:`EXPERT_PARALLEL_ONLY` when it splits no experts (``ep`` 1 or absent)."""
+    if (q.get("ep") or 1) > 1:
+        return dict(q)
+    return {k: v for k, v in q.items() if k not in EXPERT_PARALLEL_ONLY}
+
+
 def _interleaved(q: Mapping[str, Any]) -> bool:
     return q.get("schedule") in VIRTUAL_STAGE_SCHEDULES
 
@@ -269,7 +282,7 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
 
     def walk(q: dict[str, Any], i: int) -> None:
         if i == len(order):
-            out.append(q)
+            out.append(without_ep_only(q))
             return
         p = order[i]
         vals = dims[p.name]
