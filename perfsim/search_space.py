@@ -107,6 +107,31 @@ def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     return values
 
 
+def cpu_offload(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
+    """ZeRO-Offload (``offload``, arXiv:2101.06840) where a GPU preset gives a memory to trade
+    against: both values on a candidate with ZeRO-2/3, or with one replica (where ZeRO shards
+    nothing and the stage is how the offload is configured: :func:`offload_stage`); else none
+    (predict refuses it below ZeRO-2). A model too large for the GPUs' memory otherwise is
+    then found, as predict finds it (qa8: plan said "no configuration fits" for llama2-7b on
+    one H100, which predict --zero 2 --offload optimizer fits in 17.5 GiB)."""
+    def values(q: Mapping[str, Any]) -> tuple:
+        if ctx.gpu is None:
+            return (p.default,)
+        if (q.get("zero") or 0) >= 2 or q["dp"] == 1:
+            return tuple(p.allowed)
+        return (p.default,)
+
+    return values
+
+
+def offload_stage(q: Mapping[str, Any]) -> dict[str, Any]:
+    """A candidate offloading its optimizer with one replica runs ZeRO-2 (DeepSpeed's
+    ``offload_optimizer`` needs stage 2 or 3; sharding over one replica changes nothing else)."""
+    if q.get("offload") == "optimizer" and (q.get("zero") or 0) < 2 and q["dp"] == 1:
+        return {**q, "zero": 2}
+    return dict(q)
+
+
 #: stated assumptions of a mixture of experts that apply only where the experts are split
 #: (``ep > 1``: how unevenly the router loads the expert-parallel ranks); left out of a
 #: candidate with ``ep 1``, where predict refuses them (the experts' work does not depend on them)
@@ -282,7 +307,7 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
 
     def walk(q: dict[str, Any], i: int) -> None:
         if i == len(order):
-            out.append(without_ep_only(q))
+            out.append(offload_stage(without_ep_only(q)))
             return
         p = order[i]
         vals = dims[p.name]
