@@ -320,7 +320,8 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     else:
         notes.append(f"steps to loss from {curves.describe()}")
     w, _, w_system, _ = build_configs(**without_ep_only({**base, "pp": 1, "dp": 1}))
-    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
+    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node,
+                  frozenset(system) | frozenset(space.values),
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
     topo = w_system.topology

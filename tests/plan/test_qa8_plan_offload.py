@@ -47,3 +47,16 @@ def test_pinned_offload_plans_and_megatron_emit_says_it_is_not_emitted():
     assert rows and all(r["offload"] == "optimizer" and r["zero"] >= 2 for r in rows)
     text = emit(result.ranked[0].params, "megatron", nodes=1, global_batch=8)
     assert "no Megatron-LM flag is emitted" in text
+
+
+def test_a_pinned_zero_stage_is_kept_on_one_replica():
+    """One replica offloads at ZeRO-2 unless the user pinned stages below 2: then no offload there."""
+    from perfsim.plan import SearchSpace, candidates
+
+    cands, _ = candidates(model="gpt2", gpu="h100", nodes=1, gpus_per_node=2, global_batch=8,
+                          space=SearchSpace(zero=1))
+    assert {c.params["dp"] for c in cands} == {1, 2}
+    assert all(c.params.get("zero", 0) < 2 and c.params.get("offload", "none") == "none" for c in cands)
+    cands, _ = candidates(model="gpt2", gpu="h100", nodes=1, gpus_per_node=2, global_batch=8)  # unpinned
+    assert any(c.params["dp"] == 1 and c.params.get("offload") == "optimizer" and c.params["zero"] == 2
+               for c in cands)
