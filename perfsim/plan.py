@@ -221,7 +221,7 @@ def explain(ranked: Sequence[Candidate]) -> str:
     s = w.summary
     it = s["iteration_s"]
     parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s",
-                                                "optimizer_s")}
+                                                "optimizer_s", "tp_comm_s")}
     busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
     p = w.params
     ep = f" (expert parallel {p['ep']})" if p.get("ep", 1) > 1 else ""
@@ -230,7 +230,10 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
             f"({s.get('throughput_samples_per_s', 0):.3g} samples/s{_interval_text(s)}). Per stage and iteration, compute takes "
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
-            f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms, "
+            f"encoding {parts['encode_s'] * 1e3:.1f} ms, "
+            + (f"tensor- and expert-parallel communication {parts['tp_comm_s'] * 1e3:.1f} ms, "
+               if parts["tp_comm_s"] else "")
+            + f"gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms, "
             f"optimizer step {parts['optimizer_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
     chosen = [f"{d.name}={p[d.name]}" for d in dimensions()
