@@ -150,6 +150,9 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
         args.append("--use-distributed-optimizer")
     elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
         args.append("--use-torch-fsdp2")
+    if strategy.offload == "optimizer":
+        notes.append("offload optimizer: this plan's figures assume ZeRO-Offload's CPU Adam (DeepSpeed's "
+                     "offload_optimizer, arXiv:2101.06840); no Megatron-LM flag is emitted for it")
     if strategy.precision in ("bf16", "fp16"):
         args.append("--" + strategy.precision)
     if strategy.optimizer == "sgd":  # Megatron-LM's default is Adam (its --optimizer adam)

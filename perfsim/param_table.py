@@ -292,6 +292,7 @@ PARAMS: tuple[Param, ...] = (
           "zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on "
           "the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu",
           "strategy", "strategy.offload", choices="perfsim.job:OFFLOAD",
+          search="perfsim.search_space:cpu_offload",
           run_help=("none only: perfsim run does not offload (ZeRO-Offload's optimizer on the CPUs is priced "
                     "by perfsim predict only)")),
     Param("cross_entropy", "choice", "fused", "the loss's memory: fused (Megatron-LM's vocab-parallel "

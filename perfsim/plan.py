@@ -36,7 +36,8 @@ from perfsim.params import BY_NAME, DEFAULTS, normalize
 from perfsim.plan_search import (Group, family_bound, family_key, forget_jobs, group_bound,  # noqa: F401
                                  group_key, plan_bound, search)
 from perfsim.search_space import (GRADIENT_COMPRESSION, PIPELINE_COMPRESSION, SCHEDULES,  # noqa: F401
-                                  Context, SearchSpace, dimensions, enumerate_candidates, is_dimension)
+                                  Context, SearchSpace, dimensions, enumerate_candidates, is_dimension,
+                                  without_ep_only)
 from perfsim.emit import emit, run_command, runtime_device_order  # noqa: F401
 
 #: relative error band of a prediction: whole training steps are predicted within
@@ -219,7 +220,8 @@ def explain(ranked: Sequence[Candidate]) -> str:
     w = ranked[0]
     s = w.summary
     it = s["iteration_s"]
-    parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s")}
+    parts = {k: s.get(k, 0.0) or 0.0 for k in ("compute_s", "comm_s", "encode_s", "idle_s", "dp_sync_s",
+                                                "optimizer_s", "tp_comm_s")}
     busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
     p = w.params
     ep = f" (expert parallel {p['ep']})" if p.get("ep", 1) > 1 else ""
@@ -228,7 +230,11 @@ def explain(ranked: Sequence[Candidate]) -> str:
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
             f"({s.get('throughput_samples_per_s', 0):.3g} samples/s{_interval_text(s)}). Per stage and iteration, compute takes "
             f"{parts['compute_s'] * 1e3:.1f} ms, pipeline communication {parts['comm_s'] * 1e3:.1f} ms, "
-            f"encoding {parts['encode_s'] * 1e3:.1f} ms, gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms and "
+            f"encoding {parts['encode_s'] * 1e3:.1f} ms, "
+            + (f"tensor- and expert-parallel communication {parts['tp_comm_s'] * 1e3:.1f} ms, "
+               if parts["tp_comm_s"] else "")
+            + f"gradient sync {parts['dp_sync_s'] * 1e3:.1f} ms, "
+            f"optimizer step {parts['optimizer_s'] * 1e3:.1f} ms and "
             f"idle time (bubble and waiting) {parts['idle_s'] * 1e3:.1f} ms.")
     chosen = [f"{d.name}={p[d.name]}" for d in dimensions()
               if d.search != "split" and d.name in p and d.name not in ("schedule", "compress", "grad_compress")
@@ -316,8 +322,9 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                      "(time to loss unknown)")
     else:
         notes.append(f"steps to loss from {curves.describe()}")
-    w, _, w_system, _ = build_configs(**{**base, "pp": 1, "dp": 1})
-    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node, frozenset(system),
+    w, _, w_system, _ = build_configs(**without_ep_only({**base, "pp": 1, "dp": 1}))
+    ctx = Context(get_gpu(base["gpu"]) if base.get("gpu") else None, gpus_per_node,
+                  frozenset(system) | frozenset(space.values),
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
     topo = w_system.topology

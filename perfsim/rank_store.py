@@ -107,7 +107,12 @@ def init_group(backend: str, rank: int, world: int, timeout_s: float, store=None
     if store is None and os.environ.get(HOSTED_ENV) == HOSTED_VALUE:
         store = join(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, timeout_s)
     if store is None:
-        dist.init_process_group(backend, rank=rank, world_size=world, timeout=_timeout(timeout_s))
-    else:
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=_timeout(timeout_s))
+        # torch's env:// store (torchrun's agent store) outlives the group, and torch restarts
+        # its group names when the default group is destroyed: a second group over it would
+        # read the first one's gloo addresses under the same keys (a second perfsim.runtime.run
+        # in one torchrun script: "Connection reset by peer", or a hang). Each group this
+        # process joins meets under a prefix of its own (every rank joins as many, in order).
+        store, rank, world = next(dist.rendezvous("env://", rank, world, timeout=_timeout(timeout_s)))
+        store = dist.PrefixStore(f"perfsim-group{len(_joined)}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=_timeout(timeout_s))
     _joined.append(backend)

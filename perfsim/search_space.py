@@ -107,6 +107,47 @@ def expert_parallel(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
     return values
 
 
+def cpu_offload(ctx: Context, p) -> Callable[[Mapping[str, Any]], tuple]:
+    """ZeRO-Offload (``offload``, arXiv:2101.06840) where a GPU preset gives a memory to trade
+    against: both values on a candidate with ZeRO-2/3, or with one replica unless the user pinned
+    the ZeRO stage (where ZeRO shards nothing and the stage is how the offload is configured:
+    :func:`offload_stage`); else none
+    (predict refuses it below ZeRO-2). A model too large for the GPUs' memory otherwise is
+    then found, as predict finds it (qa8: plan said "no configuration fits" for llama2-7b on
+    one H100, which predict --zero 2 --offload optimizer fits in 17.5 GiB)."""
+    def values(q: Mapping[str, Any]) -> tuple:
+        if ctx.gpu is None:
+            return (p.default,)
+        if (q.get("zero") or 0) >= 2 or (q["dp"] == 1 and "zero" not in ctx.pinned):
+            return tuple(p.allowed)
+        return (p.default,)
+
+    return values
+
+
+def offload_stage(q: Mapping[str, Any], zeros: Any = (2,)) -> dict[str, Any]:
+    """A candidate offloading its optimizer with one replica runs ZeRO-2 (DeepSpeed's
+    ``offload_optimizer`` needs stage 2 or 3; sharding over one replica changes nothing else),
+    unless the ZeRO stages searched (``zeros``: the user's pin) hold none from 2 up."""
+    if q.get("offload") == "optimizer" and (q.get("zero") or 0) < 2 and q["dp"] == 1 \
+            and any((z or 0) >= 2 for z in zeros):
+        return {**q, "zero": 2}
+    return dict(q)
+
+
+#: stated assumptions of a mixture of experts that apply only where the experts are split
+#: (``ep > 1``: how unevenly the router loads the expert-parallel ranks); left out of a
+#: candidate with ``ep 1``, where predict refuses them (the experts' work does not depend on them)
+EXPERT_PARALLEL_ONLY = ("moe_imbalance",)
+
+
+def without_ep_only(q: Mapping[str, Any]) -> dict[str, Any]:
+    """``q`` without :data:`EXPERT_PARALLEL_ONLY` when it splits no experts (``ep`` 1 or absent)."""
+    if (q.get("ep") or 1) > 1:
+        return dict(q)
+    return {k: v for k, v in q.items() if k not in EXPERT_PARALLEL_ONLY}
+
+
 def _interleaved(q: Mapping[str, Any]) -> bool:
     return q.get("schedule") in VIRTUAL_STAGE_SCHEDULES
 
@@ -269,7 +310,8 @@ def expand(split: dict[str, Any], dims: Mapping[str, tuple], base: Mapping[str, 
 
     def walk(q: dict[str, Any], i: int) -> None:
         if i == len(order):
-            out.append(q)
+            zeros = dims["zero"] if not callable(dims["zero"]) else (2,)
+            out.append(offload_stage(without_ep_only(q), zeros))
             return
         p = order[i]
         vals = dims[p.name]

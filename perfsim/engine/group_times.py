@@ -24,14 +24,15 @@ from perfsim.collectives import tensor_call
 from perfsim.engine.buckets import copy_time
 from perfsim.engine.codec_cost import codec_costs
 from perfsim.hardware import BYTES_PER_VALUE
-from perfsim.models.moe import Routing, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas
+from perfsim.models.moe import (Routing, a2a_tokens, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas,
+                                tp_moe_rows)
 from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
 from perfsim.network import collective_cost
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
                    head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
-                   uniform: bool | None = None) -> tuple[float, float, float]:
+                   uniform: bool | None = None, moe_blocks: int = 0) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
@@ -39,15 +40,19 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     is the run's, so its measured collective kinds price them (not with a GPU preset
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
-    network's :func:`uniform_network` (None: asked here)."""
+    network's :func:`uniform_network` (None: asked here). ``moe_blocks`` of the ``blocks``
+    gather and scatter their MLP's :func:`perfsim.models.moe.tp_moe_rows` rows a token."""
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
     shape = (spec.hidden, spec.seq_len, strategy.micro_batch, tp, strategy.sequence_parallel,
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
-    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks),
+    rows = tp_moe_rows(spec, strategy) if moe_blocks else 1.0
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks - (moe_blocks if rows != 1.0 else 0)),
              (tp_edge_collectives(*shape, embed, head), 1)]
+    if rows != 1.0:  # MoE blocks whose dispatched copies the TP group gathers (Megatron-Core)
+        parts.append((tp_layer_collectives(*shape, spec.parallel_block, mlp_rows=rows), moe_blocks))
     reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
     seen = {}
     # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
@@ -149,7 +154,7 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
     routing = Routing.of(strategy)
-    tok, bpv = strategy.micro_batch * spec.seq_len, BYTES_PER_VALUE[strategy.precision]
+    tok, bpv = a2a_tokens(strategy, spec.seq_len), BYTES_PER_VALUE[strategy.precision]
     size = ep_alltoall_bytes(spec, tok, bpv, routing)
     codec = getattr(strategy, "a2a_compress", "none")
     if codec == "none":

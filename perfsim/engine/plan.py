@@ -250,14 +250,14 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         elif network is not None:
             blocks = sum(1 for layer in layers if layer.name.startswith("block"))
             names = {layer.name for layer in layers}
+            moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
+                             and arch.is_moe_block(int(layer.name[5:]))) if strategy.ep > 1 else 0
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
                                                                    host_s=curve.collective_s if curve else 0.0,
-                                                                   uniform=uniform)
+                                                                   uniform=uniform, moe_blocks=moe_blocks)
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
-                moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
-                                 and arch.is_moe_block(int(layer.name[5:])))
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
                                                      host_s=curve.collective_s if curve else 0.0,
                                                      uniform=uniform, profile=profile, gpu=gpu)

@@ -142,6 +142,27 @@ def moe_ops(spec, tok: int, tp: int, bpv: int, routing: Routing | None = None) -
     return ops
 
 
+def a2a_tokens(strategy, seq_len: int) -> int:
+    """Tokens one rank dispatches per micro-batch: its ``micro_batch x seq_len``, of which a
+    tensor-parallel rank under sequence parallelism holds ``1 / tp`` (Megatron-Core's
+    ``MoEAlltoAllTokenDispatcher``, "num_local_tokens: S/TP*B": each rank sends its own
+    sequence shard's copies over the expert-parallel group, and the tensor-parallel group
+    all-gathers what arrives, :func:`tp_moe_rows`). Without sequence parallelism every
+    tensor-parallel rank holds and sends them all."""
+    tok = strategy.micro_batch * seq_len
+    return tok // strategy.tp if strategy.sequence_parallel and strategy.tp > 1 else tok  # SP: tp divides seq
+
+
+def tp_moe_rows(spec, strategy) -> float:
+    """Rows per token of a MoE block's tensor-parallel all-gather and reduce-scatter under
+    sequence parallelism with ``ep > 1`` (:func:`a2a_tokens`): the ``top_k`` routed copies
+    (times :attr:`Routing.load`, the busiest rank's) where a dense MLP gathers each token
+    once; 1 otherwise (the dense pattern, as without expert parallelism)."""
+    if strategy.ep > 1 and strategy.sequence_parallel and strategy.tp > 1:
+        return spec.top_k * Routing.of(strategy).load
+    return 1.0
+
+
 def ep_alltoall_bytes(spec, tok: int, bpv: int, routing: Routing) -> float:
     """Per-rank buffer of ONE token all-to-all between expert-parallel ranks (dispatch or
     combine; GShard Sec. 2.2, Lepikhin et al. 2020, arXiv:2006.16668; Megatron-Core's

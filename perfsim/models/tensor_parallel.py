@@ -54,7 +54,8 @@ def pipeline_send(numel: int, last_dim: int, tp: int, sequence_parallel: bool, m
 
 
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                         bytes_per_value: int, parallel_block: bool = False) -> tuple[tuple[str, str, float], ...]:
+                         bytes_per_value: int, parallel_block: bool = False,
+                         mlp_rows: float = 1.0) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
     per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
     in execution order; empty for ``tp == 1``. ``parallel_block`` (attention and MLP on
@@ -62,7 +63,11 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     outputs are summed before ONE forward all-reduce (GPT-NeoX's ``gpt_j_residual``
     defers both reductions, Black et al. 2022, arXiv:2204.06745; PaLM Sec. 2,
     arXiv:2204.02311); the backward keeps one per sub-block (each column-parallel
-    input's gradient), and sequence parallelism keeps its pairs."""
+    input's gradient), and sequence parallelism keeps its pairs. ``mlp_rows``: the MLP
+    sub-block's rows per token under sequence parallelism -- a MoE block whose experts are
+    reached by all-to-all gathers and scatters the ``top_k`` routed copies of its tokens
+    (Megatron-Core's ``MoEAlltoAllTokenDispatcher``: the all-to-all over the expert-parallel
+    group, then an all-gather over the tensor-parallel group; :func:`perfsim.models.moe.tp_moe_rows`)."""
     for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
                     ("bytes_per_value", bytes_per_value)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -84,7 +89,11 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     # gradient)
     sub_fwd = (("fwd", "allgather", shard), ("fwd", "reduce_scatter", full))
     sub_bwd = (("bwd", "allgather", shard), ("bwd", "reduce_scatter", full))
-    return sub_fwd * 2 + sub_bwd * 2
+    if mlp_rows == 1.0:
+        return sub_fwd * 2 + sub_bwd * 2
+    mlp_fwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_fwd)
+    mlp_bwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_bwd)
+    return sub_fwd + mlp_fwd + mlp_bwd + sub_bwd  # backward: the MLP's first, then attention's
 
 
 def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,

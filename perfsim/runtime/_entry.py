@@ -182,8 +182,14 @@ def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False,
     if under_torchrun():
         if cfg.bandwidth_bps is not None:
             raise ConfigError("--emulate-bandwidth starts its own ranks; do not combine it with torchrun")
+        import torch.distributed as dist  # lazy: loads torch
+
         from perfsim.runtime.worker import init_and_train  # lazy: perfsim.runtime.worker loads torch
 
+        if dist.is_available() and dist.is_initialized():
+            raise ConfigError("perfsim.runtime.run under torchrun joins a process group of its own, and this "
+                              "process already holds one: call run() before dist.init_process_group(), or "
+                              "after dist.destroy_process_group()")
         claim_out(cfg, overwrite)  # every rank, before the rendezvous: nothing is written yet
         init_and_train(cfg)
         return load_result(cfg.out) if int(os.environ["RANK"]) == 0 else None
