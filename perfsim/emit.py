@@ -150,6 +150,8 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
         args.append("--use-distributed-optimizer")
     elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
         args.append("--use-torch-fsdp2")
+    if strategy.overlap_grad_sync and strategy.dp > 1:  # Megatron-LM arguments.py: "overlap DDP grad reduce"
+        args.append("--overlap-grad-reduce")
     if strategy.offload == "optimizer":
         notes.append("offload optimizer: this plan's figures assume ZeRO-Offload's CPU Adam (DeepSpeed's "
                      "offload_optimizer, arXiv:2101.06840); no Megatron-LM flag is emitted for it")

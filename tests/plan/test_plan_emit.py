@@ -30,7 +30,7 @@ def _megatron_parser() -> argparse.ArgumentParser:
     ap.add_argument("--recompute-granularity", choices=("full", "selective"))
     ap.add_argument("--recompute-method", choices=("uniform", "block"))
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16", "--use-flash-attn",
-                 "--group-query-attention", "--untie-embeddings-and-output-weights"):
+                 "--group-query-attention", "--untie-embeddings-and-output-weights", "--overlap-grad-reduce"):
         ap.add_argument(flag, action="store_true")
     return ap
 
@@ -108,6 +108,7 @@ def test_plan_cli_emits_a_torchrun_line_that_is_the_winner(tmp_path):
     assert ns.bf16 and ns.use_flash_attn == (row["attention"] == "flash")
     assert (ns.recompute_granularity or "none") == row["recompute"]
     assert ns.use_distributed_optimizer == (row["zero"] in (1, 2)) and ns.use_torch_fsdp2 == (row["zero"] == 3)
+    assert ns.overlap_grad_reduce == bool(row["overlap"] and row["dp"] > 1)
 
 
 def test_megatron_flags_say_what_the_prediction_assumed_of_the_head_and_the_split():
