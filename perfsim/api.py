@@ -542,6 +542,11 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                         strategy.ep > 1 else "") + ")")
     if strategy.a2a_compress != "none" and strategy.ep == 1:
         notes.append(f"a2a_compress {strategy.a2a_compress}{UNUSED}no expert-parallel all-to-all with ep 1")
+    if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):
+        notes.append(f"moe_imbalance {strategy.moe_imbalance:g}{UNUSED}"
+                     + ("one rank holds every expert (ep 1): its grouped GEMMs do the same work however the "
+                        "tokens are spread" if strategy.ep == 1 else
+                        "experts padded to capacity compute their full buffers whatever the routing"))
     notes += unused
     if seq_default and arch.from_config:
         notes.append(f"sequence {arch.seq_len} tokens: perfsim's training default (min of "

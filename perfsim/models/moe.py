@@ -218,9 +218,8 @@ def check_routing(spec, name: str, strategy) -> None:
                        ("ep", strategy.ep > 1), ("moe_imbalance", strategy.moe_imbalance != 1.0)):
         if set_ and not moe:
             raise ConfigError(f"{what}={getattr(strategy, what):g}: model {name!r} has no experts")
-    if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):
-        raise ConfigError(f"moe_imbalance={strategy.moe_imbalance:g}: only with ep > 1 and dropless experts "
-                          "(on one rank, or padded to capacity, the experts' work does not depend on it)")
+    # moe_imbalance with ep 1 or padded capacity changes nothing (Routing.load): accepted and said
+    # unused (perfsim.api.model_facts), as a2a_compress with ep 1, so a grid over ep keeps its ep-1 point
     if strategy.ep == 1:
         return
     if spec.experts % strategy.ep:
