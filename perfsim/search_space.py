@@ -137,7 +137,7 @@ def offload_stage(q: Mapping[str, Any], zeros: Any = (2,)) -> dict[str, Any]:
 
 #: stated assumptions of a mixture of experts that apply only where the experts are split
 #: (``ep > 1``: how unevenly the router loads the expert-parallel ranks); left out of a
-#: candidate with ``ep 1``, where predict refuses them (the experts' work does not depend on them)
+#: candidate with ``ep 1``, where they change nothing (predict notes them unused)
 EXPERT_PARALLEL_ONLY = ("moe_imbalance",)
 
 
