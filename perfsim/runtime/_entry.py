@@ -45,8 +45,16 @@ _ALIASES = {"bandwidth": "emulate_bandwidth", "latency": "emulate_latency", "tim
             "hang_timeout": "hang_timeout_s"}
 
 
-def make_config(**params: Any):
-    """Build a validated :class:`~perfsim.runtime.config.RunConfig` from flag-style params."""
+#: the output folder a config built only to be checked names when none is given: never created
+#: (:func:`make_config`); :func:`run` makes a fresh temporary folder instead
+UNSET_OUT = os.path.join(tempfile.gettempdir(), "perfsim-run-unset")
+
+
+def make_config(create_out: bool = False, **params: Any):
+    """Build a validated :class:`~perfsim.runtime.config.RunConfig` from flag-style params.
+    Without ``out``: a fresh temporary folder when ``create_out`` (what :func:`run` trains into),
+    else :data:`UNSET_OUT`, never created -- checking a job leaves nothing behind (it left an
+    empty ``perfsim-run-*`` folder in the temporary directory on every call)."""
     params = {_ALIASES.get(k, k): v for k, v in params.items() if v is not None}
     params.pop("overwrite", None)  # what run() does with an earlier run's folder, not part of the job
     bw = params.pop("emulate_bandwidth", None)
@@ -84,7 +92,7 @@ def make_config(**params: Any):
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA GPU is visible here (use --device cpu)")
     if params.get("out") is None:
-        params["out"] = tempfile.mkdtemp(prefix="perfsim-run-")
+        params["out"] = tempfile.mkdtemp(prefix="perfsim-run-") if create_out else UNSET_OUT
     params["out"] = str(params["out"])
     check_dir_target(params["out"], "--out")
     cfg = RunConfig.from_dict(params)
@@ -178,7 +186,7 @@ def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False,
     included, so two runs' checkpoints never mix). ``resume`` takes the job from the
     checkpoint (:func:`make_config`) and writes into the run folder that owns it.
     """
-    cfg = make_config(**params)
+    cfg = make_config(create_out=True, **params)
     if under_torchrun():
         if cfg.bandwidth_bps is not None:
             raise ConfigError("--emulate-bandwidth starts its own ranks; do not combine it with torchrun")
