@@ -119,6 +119,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
                  "--padded-vocab-size", str(arch.vocab)]
         if arch.kv_heads and arch.kv_heads != arch.heads:
             args += ["--group-query-attention", "--num-query-groups", str(arch.kv_heads)]
+        block_args, block_notes = architecture_args(arch)
+        args += block_args
+        notes += block_notes
+        if arch.experts:
+            moe_args, moe_notes = moe_args_of(arch, strategy)
+            args += moe_args
+            notes += moe_notes
         # perfsim's untied head on another stage (its default without a GPU preset) is Megatron-LM's
         # untied output layer: the tied one all-reduces the copy's gradient (tied_embedding=sync)
         if not arch.tied or (strategy.pp > 1 and strategy.tied_embedding == "untied"):
@@ -164,6 +171,64 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
     for what, spec in (("pipeline", strategy.compress), ("gradient", strategy.grad_compress)):
         if not spec.plain:
             notes.append(f"{what} compression {spec}: no Megatron-LM flag (perfsim run implements it)")
+    return args, notes
+
+
+def architecture_args(arch) -> tuple[list[str], list[str]]:
+    """Megatron-LM's flags for the block a :class:`~perfsim.models.transformer.TransformerSpec`
+    describes, where it differs from Megatron-LM's defaults (a GPT-2 block: LayerNorm, GELU MLP,
+    biases everywhere, learned absolute positions), and comments for what no flag says. Without
+    them a Llama-style model would train as a GPT-2 block of the same widths: another model
+    (two MLP matrices instead of SwiGLU's three), not the one predicted."""
+    args, notes = [], []
+    if arch.encoder:
+        notes.append(f"{arch.name} is an encoder (BERT-style): Megatron-LM trains it with pretrain_bert.py, "
+                     "whose flags differ from these")
+    if arch.gated:
+        args.append("--swiglu")
+    if arch.norm == "rmsnorm":
+        args += ["--normalization", "RMSNorm"]
+    if not arch.learned_positions:
+        args += ["--position-embedding-type", "rope"]
+    if not (arch.bias or arch.out_bias or arch.mlp_bias):
+        args.append("--disable-bias-linear")
+        if arch.qkv_bias:
+            args.append("--add-qkv-bias")
+    elif not (arch.qkv_bias and arch.out_bias and arch.mlp_bias):
+        notes.append(f"biases: qkv {arch.qkv_bias}, output {arch.out_bias}, MLP {arch.mlp_bias}: Megatron-LM "
+                     "adds all or (with --disable-bias-linear) none of the output and MLP biases")
+    if arch.head_dim * arch.heads != arch.hidden:
+        args += ["--kv-channels", str(arch.head_dim)]
+    if arch.parallel_block or arch.norms_per_block != 2:
+        notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "
+                     "this plan's figures assume the parallel block")
+    return args, notes
+
+
+def moe_args_of(arch, strategy) -> tuple[list[str], list[str]]:
+    """Megatron-Core's MoE flags (megatron/training/arguments.py: ``--num-experts``,
+    ``--moe-router-topk``, ``--expert-model-parallel-size`` ...) of a MoE model and job. Megatron-LM
+    refuses MoE with tensor parallelism but without sequence parallelism ("When using MoE and
+    tensor parallelism, sequence parallelism must be used"): said in a comment, since the plan's
+    figures priced that job."""
+    args = ["--num-experts", str(arch.experts), "--moe-router-topk", str(arch.top_k),
+            "--moe-ffn-hidden-size", str(arch.expert_ffn or arch.ffn), "--moe-grouped-gemm"]
+    notes = []
+    if arch.shared_ffn:
+        args += ["--moe-shared-expert-intermediate-size", str(arch.shared_ffn)]
+        if arch.shared_gate:
+            args.append("--moe-shared-expert-gate")
+    if arch.dense_layers:
+        freq = ",".join("0" if i in arch.dense_layers else "1" for i in range(arch.n_layer))
+        args += ["--moe-layer-freq", f"[{freq}]"]
+    if strategy.ep > 1:
+        args += ["--expert-model-parallel-size", str(strategy.ep), "--moe-token-dispatcher-type", "alltoall"]
+    if strategy.moe_capacity_factor is not None:
+        args += ["--moe-expert-capacity-factor", str(strategy.moe_capacity_factor),
+                 "--moe-pad-expert-input-to-capacity"]
+    if strategy.tp > 1 and not strategy.sequence_parallel:
+        notes.append(f"MoE with tensor parallelism {strategy.tp} and no sequence parallelism: Megatron-LM "
+                     "refuses it (add --sequence-parallel, and plan with --sequence-parallel on for its figures)")
     return args, notes
 
 

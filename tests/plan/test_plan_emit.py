@@ -25,12 +25,20 @@ def _megatron_parser() -> argparse.ArgumentParser:
                  "--num-layers-per-virtual-pipeline-stage", "--micro-batch-size", "--global-batch-size",
                  "--num-layers", "--hidden-size", "--num-attention-heads", "--ffn-hidden-size", "--seq-length",
                  "--max-position-embeddings", "--padded-vocab-size", "--num-query-groups",
-                 "--recompute-num-layers"):
+                 "--recompute-num-layers", "--kv-channels", "--num-experts", "--moe-router-topk",
+                 "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--expert-model-parallel-size"):
         ap.add_argument(flag, type=int)
+    ap.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"))
+    ap.add_argument("--position-embedding-type", choices=("learned_absolute", "rope", "none"))
+    ap.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"))
+    ap.add_argument("--moe-expert-capacity-factor", type=float)
+    ap.add_argument("--moe-layer-freq")
     ap.add_argument("--recompute-granularity", choices=("full", "selective"))
     ap.add_argument("--recompute-method", choices=("uniform", "block"))
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16", "--use-flash-attn",
-                 "--group-query-attention", "--untie-embeddings-and-output-weights", "--overlap-grad-reduce"):
+                 "--group-query-attention", "--untie-embeddings-and-output-weights", "--overlap-grad-reduce",
+                 "--swiglu", "--disable-bias-linear", "--add-qkv-bias", "--moe-grouped-gemm",
+                 "--moe-pad-expert-input-to-capacity", "--moe-shared-expert-gate"):
         ap.add_argument(flag, action="store_true")
     return ap
 
@@ -53,6 +61,9 @@ def _check_megatron(ns, p, global_batch):
         assert ns.num_layers_per_virtual_pipeline_stage is None
     assert (ns.num_layers, ns.hidden_size, ns.num_attention_heads, ns.num_query_groups) == (32, 4096, 32, 8)
     assert ns.ffn_hidden_size == 14336 and ns.seq_length == 8192 and ns.untie_embeddings_and_output_weights
+    # Llama's block, not Megatron-LM's GPT-2 default (before: LayerNorm, GELU, learned positions, biases)
+    assert ns.swiglu and ns.normalization == "RMSNorm" and ns.position_embedding_type == "rope"
+    assert ns.disable_bias_linear and not ns.add_qkv_bias and ns.num_experts is None
 
 
 @pytest.mark.parametrize("strategy", [
@@ -158,3 +169,38 @@ def test_emitted_run_command_says_up_front_what_run_cannot_train(job, setting, t
     # a job run trains: the bare command, no comment line
     plain = emit({**p, **dict(pp=2, dp=2, tp=1, zero=0, offload="none")}, "perfsim", nodes=1, global_batch=16)
     assert not plain.startswith("#") and "\n" not in plain
+
+
+def test_megatron_flags_train_the_predicted_moe_model():
+    """A MoE plan's command trains the MoE model (before: a dense model of the same widths,
+    no expert flag); Megatron-LM's refusal of MoE with TP and no sequence parallelism is said."""
+    p = dict(model="mixtral-8x7b", gpu="h100", gpus_per_node=8, tp=2, pp=4, dp=8, ep=8, micro_batch=1,
+             macro_batch=8, sequence_parallel=True, moe_capacity_factor=1.25)
+    args, notes = megatron_args(p, 64)
+    ns = _megatron_parser().parse_args(args)
+    assert (ns.num_experts, ns.moe_router_topk, ns.moe_ffn_hidden_size) == (8, 2, 14336)
+    assert ns.expert_model_parallel_size == 8 and ns.moe_token_dispatcher_type == "alltoall"
+    assert ns.moe_expert_capacity_factor == 1.25 and ns.moe_pad_expert_input_to_capacity
+    assert ns.swiglu and ns.normalization == "RMSNorm" and notes == []
+    _, notes = megatron_args({**p, "sequence_parallel": False}, 64)
+    assert len(notes) == 1 and "refuses" in notes[0] and "--sequence-parallel" in notes[0]
+
+
+def test_megatron_flags_of_dense_layers_shared_experts_and_qkv_biases():
+    """DeepSeekMoE-style dense first blocks and a gated shared expert; Qwen2's qkv-only biases."""
+    from perfsim.emit import architecture_args, moe_args_of
+    from perfsim.config import Strategy
+    from perfsim.models.transformer import TransformerSpec
+
+    moe = TransformerSpec("m", n_layer=4, hidden=256, heads=4, seq_len=128, vocab=1000, arch="llama", gated=True,
+                          bias=False, norm="rmsnorm", learned_positions=False, tied=False, experts=8, top_k=2,
+                          expert_ffn=128, shared_ffn=256, shared_gate=True, dense_layers=(0,))
+    args, notes = moe_args_of(moe, Strategy(dp=2, ep=2))
+    ns = _megatron_parser().parse_args(args)
+    assert ns.moe_layer_freq == "[0,1,1,1]" and ns.moe_shared_expert_intermediate_size == 256
+    assert ns.moe_shared_expert_gate and ns.expert_model_parallel_size == 2 and notes == []
+    qwen = TransformerSpec("q", n_layer=2, hidden=256, heads=4, seq_len=128, vocab=1000, bias=False, qkv_bias=True,
+                           head_dim=128)
+    args, notes = architecture_args(qwen)
+    ns = _megatron_parser().parse_args(args)
+    assert ns.disable_bias_linear and ns.add_qkv_bias and ns.kv_channels == 128 and notes == []
