@@ -89,6 +89,7 @@ def predict(
     compress: str = 'fp32',
     boundary_compress: str | Mapping[int, str] | None = None,
     device_order: str | Sequence[int] | None = None,
+    host_memory: str | int | None = None,
     allow_oom: bool = False,
     bandwidth: str | float = '10Gbps',
     trace: bool = False,
@@ -229,6 +230,8 @@ def predict(
             pipeline compression of single boundaries, BOUNDARY=SPEC,... (boundary k follows stage k; the others use compress), e.g. 1=aqsgd:fw2bw4 for fewer bits on a slow hop (perfsim.boundaries)
         device_order (str | Sequence[int] | None):
             GPU that runs each logical GPU index along the placement order, a permutation such as 0,2,1,3: which node runs which stage on a topology (default: the identity)
+        host_memory (str | int | None):
+            host memory (RAM) of one node, e.g. 2TB (DGX H100) or 1TB (DGX A100 40GB): an offloaded optimizer's state (--offload optimizer) of the node's GPUs must fit in it; unset: not checked
         allow_oom (bool, default False):
             predict a configuration that does not fit in memory
         bandwidth (str | float, default '10Gbps'):
@@ -305,6 +308,7 @@ def sweep(
     compress: str | list | None = None,
     boundary_compress: str | Mapping[int, str] | list | None = None,
     device_order: str | Sequence[int] | list | None = None,
+    host_memory: str | int | list | None = None,
     allow_oom: bool | list | None = None,
     bandwidth: str | float | list | None = None,
     out: str | None = None,
@@ -413,6 +417,7 @@ def memory_report(
     compress: str = 'fp32',
     boundary_compress: str | Mapping[int, str] | None = None,
     device_order: str | Sequence[int] | None = None,
+    host_memory: str | int | None = None,
     allow_oom: bool = False,
     bandwidth: str | float = '10Gbps',
 ) -> MemoryReport:

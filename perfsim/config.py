@@ -214,6 +214,9 @@ class System:
     latency_s: float = 0.0
     #: devices (GPUs) per node; devices of one node talk over the intra-node fabric
     gpus_per_node: int = 1
+    #: host memory (RAM) of one node in bytes, which holds its GPUs' offloaded optimizer state
+    #: (ZeRO-Offload); None: not checked
+    host_memory_bytes: float | None = None
     #: intra-node link rate in bits/s (NVLink-class default, 300 GB/s)
     intra_node_bandwidth_bps: float = 2.4e12
     #: intra-node latency in seconds
@@ -311,6 +314,7 @@ class System:
         check_choice(self, "collective_algo", COLLECTIVE_ALGORITHMS)
         check_choice(self, "collective_model", COLLECTIVE_MODELS)
         _param_bound(self, "comm_slowdown")
+        _param_bound(self, "host_memory_bytes", "host_memory")
         _pos_float(self, "host_overhead_s", allow_zero=True, allow_none=True)
         _param_bound(self, "cpu_adam_params_per_s", "cpu_adam_rate")  # the parameter's name
         for name in ("straggler_cv", "jitter_cv"):  # a relative spread: >= 0 and < 1 (0.02 = 2 %)

@@ -277,6 +277,21 @@ def device_memory(mem: list[StageMemory], table) -> list[float]:
     return [sum(mem[k].total for k in table.stages_of(d)) for d in range(table.num_devices)]
 
 
+def host_memory_per_node(mem: list[StageMemory], table, strategy, gpus_per_node: int) -> list[float]:
+    """Host bytes each node holds for its GPUs' offloaded optimizers (:attr:`StageMemory.host`,
+    ZeRO-Offload's state per GPU; 0 without offload): the sum over the node's GPUs of their
+    pipeline device's stages, GPUs numbered as the engines place them (:meth:`perfsim.job.Job.device`)."""
+    per_device = [sum(mem[k].host for k in table.stages_of(d)) for d in range(table.num_devices)]
+    nodes = [0.0] * -(-strategy.devices // gpus_per_node)
+    if not any(per_device):
+        return nodes
+    for t in range(strategy.tp):
+        for r in range(strategy.dp):
+            for d in range(strategy.pp):
+                nodes[strategy.device(t, r, d) // gpus_per_node] += per_device[d]
+    return nodes
+
+
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
     spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch

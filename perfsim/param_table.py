@@ -363,6 +363,9 @@ PARAMS: tuple[Param, ...] = (
           "(default: the identity)", "strategy", "strategy.device_order",
           run_help=("rank that runs each position of the placement order, a permutation such as "
                     "0,2,1,3 (tp 1 only; default: the identity)")),
+    Param("host_memory", "size", None, "host memory (RAM) of one node, e.g. 2TB (DGX H100) or 1TB (DGX A100 40GB): "
+          "an offloaded optimizer's state (--offload optimizer) of the node's GPUs must fit in it; "
+          "unset: not checked", "system", "system.host_memory_bytes", minimum=1),
     Param("allow_oom", "bool", False, "predict a configuration that does not fit in memory", "system"),
     Param("bandwidth", "bandwidth", "10Gbps", "inter-node link rate: each node's NIC has this rate, shared by its "
           "GPUs (bits/s, or with a unit: 10Gbps, 100Mbps, 12.5MB/s; b = bit, B = byte)", "system", above=True),

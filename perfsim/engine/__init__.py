@@ -15,7 +15,7 @@ from perfsim.engine.plan import Plan, build_plan
 from perfsim.engine.report import build_result
 from perfsim.errors import ConfigError
 from perfsim.hardware import get_gpu
-from perfsim.memory import GIB, stage_memory
+from perfsim.memory import GIB, host_memory_per_node, stage_memory
 from perfsim.models.moe import check_simulated
 from perfsim.network import Network, current_backend
 
@@ -163,6 +163,14 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
                 f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
                 f"({worst.breakdown()}), {system.gpu} has "
                 f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
+    if system.host_memory_bytes and not allow_oom:
+        nodes = host_memory_per_node(mem, plan.table, strategy, system.gpus_per_node)
+        n = max(range(len(nodes)), key=nodes.__getitem__)
+        if nodes[n] > system.host_memory_bytes:
+            raise ConfigError(
+                f"host memory: node {n} needs {nodes[n] / GIB:.1f} GiB for its GPUs' offloaded optimizer state, "
+                f"host_memory is {system.host_memory_bytes / GIB:.1f} GiB: short by "
+                f"{(nodes[n] - system.host_memory_bytes) / GIB:.1f} GiB (--allow-oom predicts anyway)")
     return mem, cap
 
 
