@@ -186,6 +186,10 @@ def run(progress: Callable[[dict], None] | None = None, overwrite: bool = False,
     included, so two runs' checkpoints never mix). ``resume`` takes the job from the
     checkpoint (:func:`make_config`) and writes into the run folder that owns it.
     """
+    if under_torchrun() and params.get("out") is None and params.get("resume") is None:
+        raise ConfigError("perfsim run under torchrun needs --out: one folder name for every rank (each writes "
+                          "its checkpoint there; without it each rank would make a temporary folder of its own "
+                          "and --resume would find one rank's)")
     cfg = make_config(create_out=True, **params)
     if under_torchrun():
         if cfg.bandwidth_bps is not None:
