@@ -205,7 +205,7 @@ def predict(
         bucket_size (str | int, default '25MiB'):
             gradient bucket size in bytes of fp32 gradients (e.g. 25MiB)
         overlap (bool | None):
-            start each bucket's gradient sync during the backward pass; default on, off with a gpu preset (Megatron-LM reduces gradients after the backward unless given --overlap-grad-reduce)
+            start each bucket's gradient sync during the backward pass; default on, off with a gpu preset (Megatron-LM reduces gradients after the backward unless given --overlap-grad-reduce; ZeRO-2/3 sync each unit's gradient as the backward produces it, whatever this says)
         grad_buffer (str | None):
             where gradients live for the data-parallel sync: bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset (one of perfsim.config.GRAD_BUFFERS)
         tied_embedding (str | None):

@@ -427,6 +427,9 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     if "reshard_after_forward" in given and strategy.zero != 3:
         notes.append(f"reshard_after_forward {value('reshard_after_forward')}{UNUSED}zero {strategy.zero} "
                      "gathers no parameters (ZeRO-3 does)")
+    if "overlap" in given and strategy.dp > 1 and strategy.zero >= 2:
+        notes.append(f"overlap {value('overlap')}{UNUSED}zero {strategy.zero} syncs each unit's gradient as the "
+                     "backward produces it")
     if strategy.dp == 1:
         for name in ("grad_compress", "bucket_size", "overlap"):
             if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):

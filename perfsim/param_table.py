@@ -314,8 +314,9 @@ PARAMS: tuple[Param, ...] = (
           "(e.g. 25MiB)", "strategy", "strategy.bucket_bytes", minimum=1),
     Param("overlap", "bool", None, "start each bucket's gradient sync during the backward pass; "
           "default on, off with a gpu preset (Megatron-LM reduces gradients after the backward "
-          "unless given --overlap-grad-reduce)", "strategy",
-          search="perfsim.search_space:on_gpu", search_when="dp>1"),
+          "unless given --overlap-grad-reduce; ZeRO-2/3 sync each unit's gradient as the backward "
+          "produces it, whatever this says)", "strategy",
+          search="perfsim.search_space:on_gpu", search_when="dp>1,zero<2"),
     Param("grad_buffer", "choice", None, "where gradients live for the data-parallel sync: "
           "bucketed (PyTorch DDP: copied into and out of each bucket) or contiguous (Megatron-LM: "
           "one flat buffer reduced in place, no copies); default bucketed, contiguous with a gpu preset",

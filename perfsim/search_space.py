@@ -156,6 +156,9 @@ def _interleaved(q: Mapping[str, Any]) -> bool:
 APPLIES: dict[str, Callable[[Mapping[str, Any]], bool]] = {
     "pp>1": lambda q: q["pp"] > 1,
     "dp>1": lambda q: q["dp"] > 1,
+    # bucketed gradient sync (overlap): ZeRO-2/3 reduce-scatter each unit's gradient as the backward
+    # produces it (perfsim.engine.sharding), so overlap changes nothing there
+    "dp>1,zero<2": lambda q: q["dp"] > 1 and (q.get("zero") or 0) < 2,
     "tp>1": lambda q: q.get("tp", 1) > 1,
     "interleaved": _interleaved,
 }
