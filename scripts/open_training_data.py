@@ -9,13 +9,16 @@ quotes and what is assumed are in the file):
   530B, 1T on 64-512 A100 80GB; full recomputation, and sequence parallelism with selective
   recomputation);
 - ``traces/open/bloom-176b-jean-zay.json``: BLOOM-176B on 384 A100 80GB of Jean Zay (BigScience
-  tr11, Megatron-DeepSpeed, bf16, ZeRO-1).
+  tr11, Megatron-DeepSpeed, bf16, ZeRO-1);
+- ``traces/open/nemo-h100-performance.json``: NeMo 24.07's performance table on DGX-H100 (fp8), the
+  multi-node rows whose recipe perfsim can express (GPT3-5B on 64 H100s; the file's ``candidates``
+  say why each other row is out).
 
 Each row is predicted with its stated configuration and perfsim's defaults for the rest, by
 ``scripts/megatron_open_data.py``'s :func:`predict_row` (one description of how a Megatron-style row
 is handed to ``perfsim.api.predict``), given the set's ``system.predict`` and
-``configuration.predict`` keywords and the row's own ``recompute`` / ``sequence_parallel``. Nothing
-is fitted to these rows.
+``configuration.predict`` keywords and the row's own ``recompute`` / ``sequence_parallel`` (a keyword
+given as null is left to perfsim's default: the H100 set's node fabric). Nothing is fitted to these rows.
 
     python scripts/open_training_data.py            # every row, per set and over all rows (~5 s)
     python scripts/open_training_data.py --check    # the transcription checks and the stored figures
@@ -32,11 +35,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = (ROOT / "traces" / "open" / "megatron-selective-recompute-2205.05198.json",
-        ROOT / "traces" / "open" / "bloom-176b-jean-zay.json")
+        ROOT / "traces" / "open" / "bloom-176b-jean-zay.json",
+        ROOT / "traces" / "open" / "nemo-h100-performance.json")
 #: the row columns that are predict keywords of their own
 ROW_KEYWORDS = ("recompute", "sequence_parallel")
 #: how far a stored figure may be from the recomputed one (the stored ones are rounded as printed)
 TOLERANCE = dict(s=0.005, pct=0.005)
+#: how far a source's whole-number model TFLOP/s per GPU (NeMo's tables) may be from the one recomputed
+#: from its iteration time with 3 passes: the rounding, and NeMo's count being ~0.1 % above eq. 7's
+MODEL_TFLOPS_TOLERANCE = 1.0
 #: A100 dense fp16/bf16 peak the sources divide by (Korthikanti et al.: 'A100 peak = 312 TFLOPS/sec')
 A100_PEAK = 312e12
 
@@ -94,7 +101,9 @@ def transcription_problems(doc: dict, rows: list[dict]) -> list[str]:
     """Where a row disagrees with itself or with the source's own figures: GPUs = tp x pp x dp, whole
     micro-batches per replica (and per pipeline stage's round with interleaving), and the stated MFU
     (Korthikanti: model FLOPs, 3 passes) or TFLOP/s (BLOOM: 4 passes) recomputed from the iteration
-    time to the rounding of the quote."""
+    time to the rounding of the quote; where the source gives tokens/s per GPU (NeMo), the iteration
+    time is ``global batch x sequence / (tokens/s/GPU x GPUs)`` to the rounding of the stored time
+    and its model TFLOP/s per GPU (3 passes) within :data:`MODEL_TFLOPS_TOLERANCE`."""
     w, bad = doc["workload"], []
     for i, r in enumerate(rows):
         mp = r["tp"] * r["pp"]
@@ -112,6 +121,15 @@ def transcription_problems(doc: dict, rows: list[dict]) -> list[str]:
             got = model_flops(r, w["vocab"], w["seq_len"], 4) / (r["iteration_s"] * r["gpus"]) / 1e12
             if abs(got - r["tflops_per_gpu"]) > 0.05:
                 bad.append(f"row {i}: {got:.2f} TFLOP/s from its time, the source says {r['tflops_per_gpu']}")
+        if r.get("tokens_per_s_per_gpu") is not None:
+            got = r["global_batch"] * w["seq_len"] / (r["tokens_per_s_per_gpu"] * r["gpus"])
+            if abs(got - r["iteration_s"]) > 0.00005:
+                bad.append(f"row {i}: {got:.4f} s from its tokens/s per GPU, the file says {r['iteration_s']}")
+        if r.get("model_tflops_per_gpu") is not None:
+            got = model_flops(r, w["vocab"], w["seq_len"], 3) / (r["iteration_s"] * r["gpus"]) / 1e12
+            if abs(got - r["model_tflops_per_gpu"]) > MODEL_TFLOPS_TOLERANCE:
+                bad.append(f"row {i}: {got:.1f} model TFLOP/s from its time, the source says "
+                           f"{r['model_tflops_per_gpu']}")
     return bad
 
 
