@@ -18,6 +18,9 @@ Rows of the last two are split by the SHA-256 of their configuration (the grid a
 configuration columns): even first byte -> validation, odd -> held out.
 * ``transfer``: the largest change of a row's error when an H100 step is priced with the H200's
   curve instead of the H100's own: how much a borrowed curve adds.
+* ``fp8``: how much more optimistic the fp8 GEMM rate is than the bf16 one on the H100 GEMMs timed
+  in both (traces/gpu/h100-memory-fp8-2026-11-27.json; :func:`fp8_widening`): fp8 predictions rest on
+  the bf16 steps' band with their GEMMs priced at an fp8 rate no whole step has checked.
 * ``extrapolation``: how a band widens for a job larger than any its curve was fitted to. The
   A100 curve refitted on the 2-GPU and on the 2-4-GPU calibration configurations only
   (:data:`SMALL_FITS`, ``--refit``) prices the validation configurations; candidates (E: the
@@ -291,6 +294,31 @@ def _describe(rule: dict) -> str:
     return "none"
 
 
+#: the H100 GEMMs timed in bf16 and in fp8 (torch._scaled_mm, e4m3; docs/model.md "fp8 on Hopper")
+FP8_GEMMS_FILE = ROOT / "traces" / "gpu" / "h100-memory-fp8-2026-11-27.json"
+
+
+def fp8_widening() -> tuple[float, list[str]]:
+    """The largest extra optimism of perfsim's fp8 GEMM time over its bf16 one on the same shape:
+    ``max(e_bf16 - e_fp8)`` over the timed GEMMs, ``e = model time / measured time - 1``, skipping
+    the vocabulary projection (perfsim runs the LM head in bf16 under fp8). >= 0."""
+    from perfsim.engine.compute import op_time
+    from perfsim.hardware import curve_for, get_gpu
+    from perfsim.models.ops import Op
+
+    gpu = get_gpu("h100-sxm5-80gb")
+    curve = curve_for(gpu)[0]
+    worst, lines = 0.0, []
+    for r in json.loads(FP8_GEMMS_FILE.read_text())["gemms"]:
+        if r["n"] > 32768:  # the LM head's vocabulary: bf16 under fp8 (models.ops.FP8_GEMMS)
+            continue
+        op, flops = Op("qkv", m=r["m"], n=r["n"], k=r["k"]), 2.0 * r["m"] * r["n"] * r["k"]
+        err = {p: op_time(op, gpu, p, curve, 2) / (flops / (r[f"{p}_tflops"] * 1e12)) - 1 for p in ("bf16", "fp8")}
+        worst = max(worst, err["bf16"] - err["fp8"])
+        lines.append(f"  {r['m']}x{r['n']}x{r['k']}: bf16 {100 * err['bf16']:+.1f} %, fp8 {100 * err['fp8']:+.1f} %")
+    return worst, lines
+
+
 def build(held_out: bool = False) -> tuple[dict, list[str]]:
     from dataclasses import replace
 
@@ -324,6 +352,10 @@ def build(held_out: bool = False) -> tuple[dict, list[str]]:
         GPUS[own.name] = own
     widen = max(abs(b - o) for (_, b), (_, o) in zip(borrowed, h100))
     report.append(f"transfer: an H100 step priced with the H200's curve moves by up to {100 * widen:.1f} points")
+    fp8, lines = fp8_widening()
+    report.append(f"fp8: the fp8 GEMM time is up to {100 * fp8:.1f} points more optimistic than the bf16 one "
+                  "on the H100 GEMMs timed in both")
+    report += lines
     v, h = cpu_grids()
     add("profile", v, h, "perfsim run on CPU (gloo) against its calibrated profile, validation grids "
         "(traces/validation)", 2)
@@ -334,6 +366,9 @@ def build(held_out: bool = False) -> tuple[dict, list[str]]:
     data = {"coverage": 0.8, "sources": sources, "extrapolation": rule,
             "transfer": {"error": round(widen, 4),
                          "basis": "H100 steps priced with the H200 curve instead of the H100's own"},
+            "fp8": {"error": round(fp8, 4),
+                    "basis": "H100 GEMMs timed in bf16 and fp8: the fp8 rate's largest extra optimism "
+                             "(traces/gpu/h100-memory-fp8-2026-11-27.json)"},
             "made_by": "python scripts/error_bands.py"}
     return data, report
 

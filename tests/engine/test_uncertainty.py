@@ -38,6 +38,19 @@ def test_a_borrowed_curve_widens_by_the_measured_transfer_error():
     assert rel(borrowed) > rel(own)
 
 
+def test_fp8_widens_the_slow_side_by_the_measured_fp8_gemm_optimism():
+    """The Hopper band's steps ran bf16; fp8 GEMMs timed beside bf16 ones on an H100 show the fp8
+    rate more optimistic by up to the stored amount, so an fp8 prediction's slow end moves by it
+    (the fast end stays: none of those GEMMs ran faster in fp8 than the model says relative to bf16)."""
+    bf16, fp8 = (_gpu("h100", pp=1, global_batch=4, precision=p) for p in ("bf16", "fp8"))  # one GPU: inside the data
+    b, w = uncertainty.band("gpu:hopper"), uncertainty.bands()["fp8"]["error"]
+    assert w == pytest.approx(bands_script.fp8_widening()[0], abs=1e-4) and 0 < w < 1
+    assert fp8["iteration_s_high"] == pytest.approx(fp8["iteration_s"] / (1 + b.q10 - w))
+    assert fp8["iteration_s_low"] == pytest.approx(fp8["iteration_s"] / (1 + b.q90))
+    assert bf16["iteration_s_high"] == pytest.approx(bf16["iteration_s"] / (1 + b.q10))
+    assert "fp8" in fp8["interval_note"] and "fp8" not in bf16["interval_note"]
+
+
 def test_more_gpus_than_the_data_is_flagged_as_extrapolated():
     s = _gpu("a100", dp=8, global_batch=64)
     assert s["gpus"] == 16 and "extrapolated" in s["interval_note"]
