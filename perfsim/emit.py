@@ -164,6 +164,9 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
                      "offload_optimizer, arXiv:2101.06840); no Megatron-LM flag is emitted for it")
     if strategy.precision in ("bf16", "fp16"):
         args.append("--" + strategy.precision)
+    elif strategy.precision == "fp8":  # Transformer Engine's delayed scaling, bf16 outside the GEMMs (hardware.py)
+        args += ["--bf16", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024",
+                 "--fp8-amax-compute-algo", "max"]
     if strategy.optimizer == "sgd":  # Megatron-LM's default is Adam (its --optimizer adam)
         args += ["--optimizer", "sgd", "--sgd-momentum", "0.9"]
     if strategy.attention == "flash":

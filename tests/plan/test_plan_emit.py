@@ -33,6 +33,9 @@ def _megatron_parser() -> argparse.ArgumentParser:
     ap.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"))
     ap.add_argument("--moe-expert-capacity-factor", type=float)
     ap.add_argument("--moe-layer-freq")
+    ap.add_argument("--fp8-format", choices=("e4m3", "hybrid"))
+    ap.add_argument("--fp8-amax-history-len", type=int)
+    ap.add_argument("--fp8-amax-compute-algo", choices=("most_recent", "max"))
     ap.add_argument("--recompute-granularity", choices=("full", "selective"))
     ap.add_argument("--recompute-method", choices=("uniform", "block"))
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--bf16", "--fp16", "--use-flash-attn",
@@ -53,7 +56,8 @@ def _check_megatron(ns, p, global_batch):
     assert ns.sequence_parallel == st.sequence_parallel
     assert (ns.recompute_granularity or "none") == st.recompute
     assert ns.use_distributed_optimizer == (st.zero in (1, 2)) and ns.use_torch_fsdp2 == (st.zero == 3)
-    assert ns.bf16 == (st.precision == "bf16") and ns.fp16 == (st.precision == "fp16")
+    assert ns.bf16 == (st.precision in ("bf16", "fp8")) and ns.fp16 == (st.precision == "fp16")
+    assert (ns.fp8_format == "hybrid") == (st.precision == "fp8")
     assert ns.use_flash_attn == (st.attention == "flash")
     if st.schedule == "interleaved-1f1b":
         assert ns.num_layers_per_virtual_pipeline_stage * st.pp * st.virtual_stages == ns.num_layers
@@ -71,6 +75,9 @@ def _check_megatron(ns, p, global_batch):
     dict(tp=4, pp=2, dp=2, micro_batch=2, schedule="interleaved-1f1b", virtual_stages=4, sequence_parallel=True,
          recompute="selective", zero=1, precision="bf16", attention="flash"),
     dict(tp=2, pp=4, dp=2, micro_batch=1, schedule="1f1b", recompute="full", zero=1, precision="fp16"),
+    # fp8 (before: no precision flag at all, so Megatron-LM trained fp32)
+    dict(tp=4, pp=2, dp=2, micro_batch=1, schedule="1f1b", sequence_parallel=True, zero=1, precision="fp8",
+         attention="flash", recompute="none"),
 ])
 def test_megatron_flags_parse_back_to_the_configuration(strategy):
     p = {**BASE, **strategy, "macro_batch": 64 // strategy["dp"]}
