@@ -155,6 +155,10 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
             args += ["--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if strategy.zero in (1, 2):  # optimizer state sharded, gradients reduce-scattered
         args.append("--use-distributed-optimizer")
+        if strategy.zero == 2 and strategy.dp > 1:
+            notes.append("zero 2: Megatron-LM's distributed optimizer reduce-scatters the gradients once a step "
+                         "(ZeRO-1's sync); this plan's figures assume ZeRO-2's reduce-scatter of every unit's "
+                         "gradient each micro-batch (DeepSpeed stage 2)")
     elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
         args.append("--use-torch-fsdp2")
     if strategy.overlap_grad_sync and strategy.dp > 1:  # Megatron-LM arguments.py: "overlap DDP grad reduce"

@@ -211,3 +211,10 @@ def test_megatron_flags_of_dense_layers_shared_experts_and_qkv_biases():
     args, notes = architecture_args(qwen)
     ns = _megatron_parser().parse_args(args)
     assert ns.disable_bias_linear and ns.add_qkv_bias and ns.kv_channels == 128 and notes == []
+
+
+def test_zero_2_says_megatron_syncs_once_a_step():
+    p = {**BASE, "tp": 8, "pp": 1, "dp": 2, "micro_batch": 1, "macro_batch": 32, "zero": 2, "precision": "bf16"}
+    args, notes = megatron_args(p, 64)
+    assert "--use-distributed-optimizer" in args and any(n.startswith("zero 2:") for n in notes)
+    assert not megatron_args({**p, "zero": 1}, 64)[1]
