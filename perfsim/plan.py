@@ -95,7 +95,8 @@ class Candidate:
         if self.steps_ratio is not None and self.reference_steps:
             return self.run_time(self.steps_ratio * self.reference_steps) / self.reference_steps
         steps = self.summary.get("optimizer_steps") or 0
-        mean = self.run_time(steps) / steps if steps else self.summary["iteration_s"]
+        warm = steps and self.summary.get("warmup_iterations")  # none: exactly the steady pace
+        mean = self.run_time(steps) / steps if warm else self.summary["iteration_s"]
         return mean * (self.steps_ratio or 1.0)
 
 
