@@ -173,7 +173,7 @@ def attach(model, spec: str, process_group=None, *, seed: int = 0) -> Compressio
     if not isinstance(model, DistributedDataParallel):
         raise ConfigError(f"attach: expected a DistributedDataParallel model, got {type(model).__name__}")
     state = CompressionState(spec, process_group or getattr(model, "process_group", None), seed=seed)
-    state.bind(model.module.named_parameters())
+    state.bind(model)  # its parameters and its bucket cap, as the hook binds itself
     _register(model, state, hook)
     return state
 

@@ -170,8 +170,13 @@ class GradSync:
     def bind(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> "GradSync":
         """Learn parameter names and order so buckets get stable keys and one
         canonical layout (done by :func:`attach` and :func:`sync_gradients`, and
-        by the hook itself on its first call, see :meth:`bind_from_bucket`)."""
+        by the hook itself on its first call, see :meth:`bind_from_bucket`). A
+        DistributedDataParallel model also gives its bucket cap (``bucket_cap_mb``):
+        the canonical buckets are then the ones its DDP forms, however the state was bound."""
         if hasattr(named_parameters, "named_parameters"):  # a module (DDP: its wrapped module)
+            cap = getattr(named_parameters, "bucket_bytes_cap", None)
+            if cap:
+                self.bucket_cap_bytes = int(cap)
             named_parameters = getattr(named_parameters, "module", named_parameters).named_parameters()
         named = list(named_parameters)
         self._named = named
@@ -189,8 +194,7 @@ class GradSync:
         if ddp is None:
             raise ConfigError("perfsim.ddp hook: cannot find the DistributedDataParallel model of this "
                               "gradient bucket; use perfsim.ddp.attach(model, spec) or state.bind(model)")
-        self.bind(ddp.module.named_parameters())
-        self.bucket_cap_bytes = int(getattr(ddp, "bucket_bytes_cap", self.bucket_cap_bytes))
+        self.bind(ddp)  # its parameters and its bucket cap
         if self.process_group is None:
             self.process_group = getattr(ddp, "process_group", None)
             if self.powersgd is not None and self.process_group is not None:

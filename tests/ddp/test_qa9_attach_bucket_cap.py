@@ -1,0 +1,42 @@
+"""``perfsim.ddp.attach`` takes the DDP model's bucket cap, as the hook registered the torch
+way does (qa9).
+
+docs/ddp.md gives ``model.register_comm_hook(state, pddp.hook)`` and ``pddp.attach(model, spec)``
+as equivalent; attach kept the 25 MiB default whatever ``bucket_cap_mb`` the model had, so
+its canonical buckets (compressed layout, norms, bytes, how long the hook holds gradients
+back) were not the DDP model's, nor what ``perfsim predict --bucket-size`` prices."""
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from perfsim import ddp as pddp
+
+from _helpers import gloo_group
+
+CAP_MB = 0.002  # 2097 bytes: (b2, W2) and (b1, W1) of a 64-64-10 MLP, two buckets
+
+
+def _mlp(**kw):
+    torch.manual_seed(0)
+    return DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)), **kw)
+
+
+def _layout(state):
+    names = {id(p): n for n, p in state._named}
+    return state.bucket_cap_bytes, [[names[id(p)] for p in g] for g in state.groups()]
+
+
+def test_attach_bind_and_the_hook_share_the_models_buckets():
+    with gloo_group(0, 1):
+        hooked = _mlp(bucket_cap_mb=CAP_MB)
+        state = pddp.CompressionState("qsgd-maxnorm:4")
+        hooked.register_comm_hook(state, pddp.hook)
+        hooked(torch.rand(4, 64)).sum().backward()  # the hook binds itself on its first call
+        expected = (hooked.bucket_bytes_cap, [["2.bias", "2.weight"], ["0.bias", "0.weight"]])
+        assert _layout(state) == expected
+        attached = pddp.attach(_mlp(bucket_cap_mb=CAP_MB), "qsgd-maxnorm:4")
+        assert _layout(attached) == expected
+        bound = pddp.CompressionState("ecq:4").bind(_mlp(bucket_cap_mb=CAP_MB))
+        assert _layout(bound) == expected
+        default = pddp.attach(_mlp(), "ecq:4")  # DDP's default 25 MiB: one bucket
+        assert _layout(default) == (25 * 2**20, [["2.bias", "2.weight", "0.bias", "0.weight"]])
