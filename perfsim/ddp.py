@@ -123,6 +123,13 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
     params = list(bucket.parameters())
     if not state._names and params:
         state.bind_from_bucket(params)
+    stranger = next((p for p in params if id(p) not in state._names), None)
+    if stranger is not None:  # its bucket would wait forever for canonical buckets it is not in: a hang
+        state.__dict__.pop("_pending", None)
+        bound = ", ".join(n for _, n in zip(range(3), state._names.values()))
+        raise ConfigError(f"perfsim.ddp.hook: this CompressionState is bound to another model (parameters "
+                          f"{bound}, ...) than this bucket's (a {tuple(stranger.shape)} parameter); "
+                          "create one CompressionState per DDP model")
     fut: torch.futures.Future = torch.futures.Future()
     if _gs._world(state.process_group) == 1:
         fut.set_result(buf)

@@ -40,3 +40,24 @@ def test_attach_bind_and_the_hook_share_the_models_buckets():
         assert _layout(bound) == expected
         default = pddp.attach(_mlp(), "ecq:4")  # DDP's default 25 MiB: one bucket
         assert _layout(default) == (25 * 2**20, [["2.bias", "2.weight", "0.bias", "0.weight"]])
+
+
+def test_one_state_on_two_models_is_one_error_not_a_hang():
+    """The second model's buckets waited for canonical buckets of the first: DDP never got their
+    futures and two gloo ranks hung in backward() (qa9); now every rank raises the same line."""
+    import pytest
+
+    from perfsim.errors import ConfigError
+
+    with gloo_group(0, 1):
+        torch.manual_seed(0)
+        a, b = DDP(torch.nn.Linear(16, 4)), DDP(torch.nn.Linear(16, 3))
+        state = pddp.attach(a, "qsgd-maxnorm:4")
+        b.register_comm_hook(state, pddp.hook)
+        x = torch.rand(8, 16)
+        a(x).sum().backward()  # its own model: fine
+        with pytest.raises(ConfigError, match=r"bound to another model \(parameters weight, bias, \.\.\.\) than "
+                                              r"this bucket's \(a \(3(, 16)?\) parameter\); create one "
+                                              "CompressionState per DDP model") as e:
+            b(x).sum().backward()
+        assert "\n" not in str(e.value)
