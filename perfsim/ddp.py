@@ -39,7 +39,9 @@ Guarantees (each tested with real gloo processes, ``tests/ddp/test_ddp.py``):
 * **Wrong use is an error**: an unknown spec, an optimizer spec given as a
   gradient compressor (or the reverse), a 1-bit optimizer whose parameters
   live in a DDP model that still allreduces gradients, a checkpoint saved with
-  another world size (error-feedback buffers are per rank: refused).
+  another world size (error-feedback buffers are per rank: refused) or for other
+  buckets (renamed parameters, another ``bucket_cap_mb``: its error feedback would be
+  dropped), one state registered on two DDP models.
 * **NaN/Inf is one error.** A NaN/Inf gradient on any rank makes every rank raise the
   same one-line ConfigError (out of ``backward()``) naming the step, the bucket and its
   parameter names, the parameter and the rank, with the bucket's state unchanged and no
@@ -130,6 +132,8 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
         raise ConfigError(f"perfsim.ddp.hook: this CompressionState is bound to another model (parameters "
                           f"{bound}, ...) than this bucket's (a {tuple(stranger.shape)} parameter); "
                           "create one CompressionState per DDP model")
+    if getattr(state, "_loaded", None):  # the first step after load_state_dict: the same buckets?
+        state.expect_buckets(state.key_for(i, g, sum(p.numel() for p in g)) for i, g in enumerate(state.groups()))
     fut: torch.futures.Future = torch.futures.Future()
     if _gs._world(state.process_group) == 1:
         fut.set_result(buf)

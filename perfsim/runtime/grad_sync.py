@@ -315,6 +315,24 @@ class GradSync:
         if self.powersgd is not None and "powersgd" in state:
             self._ps_key = {}
             self._ps_pending = _load_powersgd_state(self.powersgd, state["powersgd"])
+        self._loaded = set(self.compressors) | set(self._ps_pending)  # checked by expect_buckets
+
+    def expect_buckets(self, keys: Iterable[str]) -> None:
+        """Refuse, before any exchange, a loaded state whose buckets are not this model's
+        (``keys``: the bucket keys of the first step after :meth:`load_state_dict`): their
+        error feedback would sit unused and the resumed run start afresh without a word --
+        parameters renamed (``torch.compile`` prefixes ``_orig_mod.``), another bucket cap,
+        another model. Checked once; the same on every rank (keys come from names and sizes)."""
+        keys = sorted(set(keys))
+        loaded, self._loaded = getattr(self, "_loaded", None), None
+        lost = sorted((loaded or set()) - set(keys))
+        if lost:
+            ours = ", ".join(map(repr, keys[:2])) + (", ..." if len(keys) > 2 else "")
+            raise ConfigError(f"grad-sync state: the checkpoint's bucket {lost[0]!r} is not one of this "
+                              f"model's ({ours}): parameter names (torch.compile "
+                              "adds '_orig_mod.'), the bucket cap or the model changed since it was saved, "
+                              "and its error feedback would be dropped -- resume with the same model and "
+                              "bucket_cap_mb, or start the state afresh")
 
     def _world_bound(self) -> bool:
         """Whether this method's state depends on the world size: error feedback
@@ -488,6 +506,9 @@ def sync_gradients(params, state: GradSync, group=None) -> dict[str, float]:
         state.bind(named)
     plist = [p for _, p in named]
     buckets = make_buckets([(n, p.numel(), p.element_size()) for n, p in named], state.bucket_cap_bytes)
+    if getattr(state, "_loaded", None):
+        state.expect_buckets(state.key_for(i, [plist[j] for j in idxs], sum(plist[j].numel() for j in idxs))
+                             for i, idxs in enumerate(buckets))
     for b_index, idxs in enumerate(buckets):
         ps = [plist[i] for i in idxs]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]
