@@ -1,5 +1,6 @@
-"""``perfsim.ddp.attach`` takes the DDP model's bucket cap, as the hook registered the torch
-way does (qa9).
+"""How a CompressionState binds to its DDP model (qa9): ``perfsim.ddp.attach`` takes the model's
+bucket cap, as the hook registered the torch way does; one state serves one model; a loaded
+state must be for this model's buckets.
 
 docs/ddp.md gives ``model.register_comm_hook(state, pddp.hook)`` and ``pddp.attach(model, spec)``
 as equivalent; attach kept the 25 MiB default whatever ``bucket_cap_mb`` the model had, so
