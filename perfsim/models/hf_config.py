@@ -206,14 +206,16 @@ def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
 
 
 def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> None:
-    """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``). An explicit
+    """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``, and only in blocks
+    ``max_window_layers`` and later: none when it is >= ``num_hidden_layers``). An explicit
     ``"sliding_window": null`` (Mistral-7B v0.2/v0.3) means full attention: the class default
     applies only when the field is absent. ``layer_types`` (written by transformers >= 4.53)
     lists each block's attention; all ``full_attention`` means no window."""
     active = f.bool(switch, False) if switch else True
     w = f.int("sliding_window", default if "sliding_window" not in f.cfg else None, limit="positions")
-    if switch:
-        f.int("max_window_layers", None, limit="layers", minimum=0)
+    if switch:  # transformers' modeling_qwen2.py: blocks from max_window_layers on use the window
+        full = f.int("max_window_layers", None, limit="layers", minimum=0)
+        active = active and (full is None or full < kw["n_layer"])
     types = f.cfg.get("layer_types")
     f.read.add("layer_types")
     if types is not None:

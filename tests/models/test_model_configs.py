@@ -189,9 +189,13 @@ def test_unmodelled_architecture_features_are_refused_by_name(tmp_path):
     assert from_hf_config(mistral, seq_len=1024).seq_len == 1024  # inside the window: plain attention
     qwen = json.loads((CONFIGS / "qwen2-7b.json").read_text())
     p = tmp_path / "qwen.json"
-    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048)))
-    with pytest.raises(ConfigError, match="sliding_window=2048"):
+    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=14)))
+    with pytest.raises(ConfigError, match="sliding_window=2048"):  # blocks 14..27 use the window
         from_hf_config(p)
+    # max_window_layers=28 of 28 blocks (Qwen2-7B's own): every block attends in full (transformers'
+    # modeling_qwen2.py: the window from block max_window_layers on), nothing to refuse
+    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=28)))
+    assert from_hf_config(p).seq_len == DEFAULT_SEQ_LEN
     falcon = json.loads((CONFIGS / "falcon-7b.json").read_text())
     p.write_text(json.dumps(dict(falcon, alibi=True)))
     with pytest.raises(ConfigError, match="alibi=true: ALiBi"):
