@@ -39,7 +39,9 @@ Guarantees (each tested with real gloo processes, ``tests/ddp/test_ddp.py``):
 * **Wrong use is an error**: an unknown spec, an optimizer spec given as a
   gradient compressor (or the reverse), a 1-bit optimizer whose parameters
   live in a DDP model that still allreduces gradients, a checkpoint saved with
-  another world size (error-feedback buffers are per rank: refused).
+  another world size (error-feedback buffers are per rank: refused) or for other
+  buckets (renamed parameters, another ``bucket_cap_mb``: its error feedback would be
+  dropped), one state registered on two DDP models.
 * **NaN/Inf is one error.** A NaN/Inf gradient on any rank makes every rank raise the
   same one-line ConfigError (out of ``backward()``) naming the step, the bucket and its
   parameter names, the parameter and the rank, with the bucket's state unchanged and no
@@ -123,6 +125,15 @@ def hook(state: CompressionState, bucket):  # no return annotation: DDP checks i
     params = list(bucket.parameters())
     if not state._names and params:
         state.bind_from_bucket(params)
+    stranger = next((p for p in params if id(p) not in state._names), None)
+    if stranger is not None:  # its bucket would wait forever for canonical buckets it is not in: a hang
+        state.__dict__.pop("_pending", None)
+        bound = ", ".join(n for _, n in zip(range(3), state._names.values()))
+        raise ConfigError(f"perfsim.ddp.hook: this CompressionState is bound to another model (parameters "
+                          f"{bound}, ...) than this bucket's (a {tuple(stranger.shape)} parameter); "
+                          "create one CompressionState per DDP model")
+    if getattr(state, "_loaded", None):  # the first step after load_state_dict: the same buckets?
+        state.expect_buckets(state.key_for(i, g, sum(p.numel() for p in g)) for i, g in enumerate(state.groups()))
     fut: torch.futures.Future = torch.futures.Future()
     if _gs._world(state.process_group) == 1:
         fut.set_result(buf)
@@ -173,7 +184,7 @@ def attach(model, spec: str, process_group=None, *, seed: int = 0) -> Compressio
     if not isinstance(model, DistributedDataParallel):
         raise ConfigError(f"attach: expected a DistributedDataParallel model, got {type(model).__name__}")
     state = CompressionState(spec, process_group or getattr(model, "process_group", None), seed=seed)
-    state.bind(model.module.named_parameters())
+    state.bind(model)  # its parameters and its bucket cap, as the hook binds itself
     _register(model, state, hook)
     return state
 

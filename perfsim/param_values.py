@@ -214,6 +214,24 @@ def split_models(raw: str, what: str = "model") -> list[str]:
     return out
 
 
+def split_specs(raw: str, what: str = "spec") -> list[str]:
+    """Comma list of compression specs where a spec's own comma list stays with it: the
+    other scales of ``qsgd-maxnorm-multiscale:BITS:SCALES`` (its canonical text, as a CSV
+    row or ``perfsim compressors`` writes it) -- ``none,qsgd-maxnorm-multiscale:4:6,8`` ->
+    two specs. No compressor's name begins with a digit, so an element that does continues
+    the spec before it (an empty element is refused, :func:`perfsim.units.split_list`)."""
+    out: list[str] = []
+    for item in split_list(raw, what):
+        if out and item[:1].isdigit():
+            out[-1] += "," + item
+        else:
+            out.append(item)
+    return out
+
+
+_SPLITTERS = {"model": split_models, "spec": split_specs}
+
+
 def values_of(name: str, raw: Any, cli: bool = False) -> list:
     """A scalar, a comma-list string or a list -> de-duplicated normalised values
     (a partition string is one value; alternatives go in a list)."""
@@ -229,8 +247,7 @@ def values_of(name: str, raw: Any, cli: bool = False) -> list:
         splittable = isinstance(item, str) and p.kind not in ONE_VALUE
         if splittable and not item.strip() and len(items) > 1:  # ["10Gbps", ""]: never dropped
             raise ConfigError(f"{who} {raw!r}: element {i + 1} of {len(items)} is empty")
-        flat.extend((split_models(item, who) if p.kind == "model" else split_list(item, who))
-                    if splittable else [item])
+        flat.extend(_SPLITTERS.get(p.kind, split_list)(item, who) if splittable else [item])
     if not flat:
         raise ConfigError(f"{p.flag if cli else p.name}: empty list of values")
     out: list = []

@@ -54,7 +54,7 @@ use_return_dict output_attentions output_hidden_states gradient_checkpointing
 scale_attn_weights scale_attn_by_inverse_layer_idx reorder_and_upcast_attn n_ctx
 apply_residual_connection_post_layernorm tokenizer_class id2label label2id problem_type
 finetuning_task bos_token eos_token attn_implementation _attn_implementation
-use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder
+use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_mrope
 """.split())
 
 #: transformers' default of ``tie_word_embeddings`` per model_type
@@ -206,11 +206,24 @@ def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
 
 
 def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> None:
-    """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``)."""
+    """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``, and only in blocks
+    ``max_window_layers`` and later: none when it is >= ``num_hidden_layers``). An explicit
+    ``"sliding_window": null`` (Mistral-7B v0.2/v0.3) means full attention: the class default
+    applies only when the field is absent. ``layer_types`` (written by transformers >= 4.53)
+    lists each block's attention; all ``full_attention`` means no window."""
     active = f.bool(switch, False) if switch else True
-    w = f.int("sliding_window", default, limit="positions")
-    if switch:
-        f.int("max_window_layers", None, limit="layers", minimum=0)
+    w = f.int("sliding_window", default if "sliding_window" not in f.cfg else None, limit="positions")
+    if switch:  # transformers' modeling_qwen2.py: blocks from max_window_layers on use the window
+        full = f.int("max_window_layers", None, limit="layers", minimum=0)
+        active = active and (full is None or full < kw["n_layer"])
+    types = f.cfg.get("layer_types")
+    f.read.add("layer_types")
+    if types is not None:
+        kinds = ("full_attention", "sliding_attention")
+        if not isinstance(types, list) or len(types) != kw["n_layer"] or any(t not in kinds for t in types):
+            raise f.fail(f"layer_types={_show(types)} must be a list of {kw['n_layer']} "
+                         f"(num_hidden_layers) of {' / '.join(kinds)}")
+        active = "sliding_attention" in types
     if active and w is not None:
         kw["_window"] = w
 

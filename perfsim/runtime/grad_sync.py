@@ -170,8 +170,13 @@ class GradSync:
     def bind(self, named_parameters: Iterable[tuple[str, torch.Tensor]]) -> "GradSync":
         """Learn parameter names and order so buckets get stable keys and one
         canonical layout (done by :func:`attach` and :func:`sync_gradients`, and
-        by the hook itself on its first call, see :meth:`bind_from_bucket`)."""
+        by the hook itself on its first call, see :meth:`bind_from_bucket`). A
+        DistributedDataParallel model also gives its bucket cap (``bucket_cap_mb``):
+        the canonical buckets are then the ones its DDP forms, however the state was bound."""
         if hasattr(named_parameters, "named_parameters"):  # a module (DDP: its wrapped module)
+            cap = getattr(named_parameters, "bucket_bytes_cap", None)
+            if cap:
+                self.bucket_cap_bytes = int(cap)
             named_parameters = getattr(named_parameters, "module", named_parameters).named_parameters()
         named = list(named_parameters)
         self._named = named
@@ -189,8 +194,7 @@ class GradSync:
         if ddp is None:
             raise ConfigError("perfsim.ddp hook: cannot find the DistributedDataParallel model of this "
                               "gradient bucket; use perfsim.ddp.attach(model, spec) or state.bind(model)")
-        self.bind(ddp.module.named_parameters())
-        self.bucket_cap_bytes = int(getattr(ddp, "bucket_bytes_cap", self.bucket_cap_bytes))
+        self.bind(ddp)  # its parameters and its bucket cap
         if self.process_group is None:
             self.process_group = getattr(ddp, "process_group", None)
             if self.powersgd is not None and self.process_group is not None:
@@ -311,6 +315,24 @@ class GradSync:
         if self.powersgd is not None and "powersgd" in state:
             self._ps_key = {}
             self._ps_pending = _load_powersgd_state(self.powersgd, state["powersgd"])
+        self._loaded = set(self.compressors) | set(self._ps_pending)  # checked by expect_buckets
+
+    def expect_buckets(self, keys: Iterable[str]) -> None:
+        """Refuse, before any exchange, a loaded state whose buckets are not this model's
+        (``keys``: the bucket keys of the first step after :meth:`load_state_dict`): their
+        error feedback would sit unused and the resumed run start afresh without a word --
+        parameters renamed (``torch.compile`` prefixes ``_orig_mod.``), another bucket cap,
+        another model. Checked once; the same on every rank (keys come from names and sizes)."""
+        keys = sorted(set(keys))
+        loaded, self._loaded = getattr(self, "_loaded", None), None
+        lost = sorted((loaded or set()) - set(keys))
+        if lost:
+            ours = ", ".join(map(repr, keys[:2])) + (", ..." if len(keys) > 2 else "")
+            raise ConfigError(f"grad-sync state: the checkpoint's bucket {lost[0]!r} is not one of this "
+                              f"model's ({ours}): parameter names (torch.compile "
+                              "adds '_orig_mod.'), the bucket cap or the model changed since it was saved, "
+                              "and its error feedback would be dropped -- resume with the same model and "
+                              "bucket_cap_mb, or start the state afresh")
 
     def _world_bound(self) -> bool:
         """Whether this method's state depends on the world size: error feedback
@@ -484,6 +506,9 @@ def sync_gradients(params, state: GradSync, group=None) -> dict[str, float]:
         state.bind(named)
     plist = [p for _, p in named]
     buckets = make_buckets([(n, p.numel(), p.element_size()) for n, p in named], state.bucket_cap_bytes)
+    if getattr(state, "_loaded", None):
+        state.expect_buckets(state.key_for(i, [plist[j] for j in idxs], sum(plist[j].numel() for j in idxs))
+                             for i, idxs in enumerate(buckets))
     for b_index, idxs in enumerate(buckets):
         ps = [plist[i] for i in idxs]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in ps]

@@ -89,6 +89,7 @@ from __future__ import annotations
 
 import copy
 import math
+import numbers
 import time
 from typing import Any
 
@@ -121,6 +122,17 @@ def _world(group) -> int:
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ConfigError(msg)
+
+
+def _numbers(who: str, **values: Any) -> None:
+    """Refuse, naming it, a hyper-parameter that is not a real number (``lr="1e-3"`` from a
+    command line would otherwise fail inside a comparison with a TypeError naming nothing);
+    a pair (``betas``, bounds) must be two numbers."""
+    for name, v in values.items():
+        pair = isinstance(v, (tuple, list))
+        items = v if pair else (v,)
+        if (pair and len(v) != 2) or any(isinstance(x, bool) or not isinstance(x, numbers.Real) for x in items):
+            raise ConfigError(f"{who}: {name}={v!r} must be {'two numbers' if pair else 'a number'}")
 
 
 def _mask_dead(momentum: torch.Tensor, frozen_var: torch.Tensor) -> torch.Tensor:
@@ -156,6 +168,7 @@ class _OneBitBase(VarianceOptions, torch.optim.Optimizer):
                  weight_decay: float, warmup: int, group=None, compressor: str = "onebit",
                  seed: int = 0, exchange: str = DEFAULT_EXCHANGE, refresh: int = 0,
                  bound: str = DEFAULT_BOUND):
+        _numbers(self.algorithm, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         _check(lr > 0 and math.isfinite(lr), f"{self.algorithm}: lr={lr} must be > 0")
         _check(len(betas) == 2 and all(0.0 <= b < 1.0 for b in betas),
                f"{self.algorithm}: betas={betas} must lie in [0, 1)")
@@ -488,6 +501,8 @@ class OneBitLamb(_OneBitBase):
                  compressor: str = "onebit", seed: int = 0, exchange: str = DEFAULT_EXCHANGE,
                  coeff_beta: float = 0.9, coeff_bounds=(0.01, 0.3), ratio_bounds=(0.5, 4.0),
                  ratio_threshold: float = 0.1, refresh: int = 0, bound: str = DEFAULT_BOUND):
+        _numbers("onebit-lamb", coeff_beta=coeff_beta, coeff_bounds=coeff_bounds, ratio_bounds=ratio_bounds,
+                 ratio_threshold=ratio_threshold)
         _check(0.0 <= coeff_beta < 1.0, f"onebit-lamb: coeff_beta={coeff_beta} must lie in [0, 1)")
         _check(0 < coeff_bounds[0] <= coeff_bounds[1], f"onebit-lamb: coeff_bounds={coeff_bounds}")
         _check(0 < ratio_bounds[0] <= ratio_bounds[1], f"onebit-lamb: ratio_bounds={ratio_bounds}")
@@ -586,13 +601,17 @@ def build(gspec, params, lr: float, group=None, *, warmup: int, betas=(0.9, 0.99
           **kwargs) -> "_OneBitBase":
     """The 1-bit optimizer of a parsed ``onebit-adam`` / ``onebit-lamb`` spec
     (public entry: :func:`perfsim.ddp.onebit_optimizer`)."""
+    _numbers(gspec.optimizer, lr=lr)
     if not lr > 0:
         raise ConfigError(f"lr={lr}: must be > 0")
     cls = OneBitAdam if gspec.optimizer == "onebit-adam" else OneBitLamb
     refresh = kwargs.pop("refresh", gspec.refresh or 0)  # an explicit argument wins over the spec
     bound = kwargs.pop("bound", gspec.bound or DEFAULT_BOUND)
-    if kwargs and cls is OneBitAdam:
-        raise ConfigError(f"onebit-adam: unknown options {sorted(kwargs)}")
+    known = () if cls is OneBitAdam else ("coeff_beta", "coeff_bounds", "ratio_bounds", "ratio_threshold")
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise ConfigError(f"{gspec.optimizer}: unknown options {unknown}"
+                          + (f" (it takes {', '.join(known)})" if known else ""))
     return cls(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, warmup=warmup,
                group=group, compressor=compressor, seed=seed,
                exchange=gspec.exchange or DEFAULT_EXCHANGE, refresh=refresh, bound=bound, **kwargs)

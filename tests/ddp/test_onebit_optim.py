@@ -68,6 +68,23 @@ def test_onebit_optimizer_specs():
         OneBitLamb(model.parameters(), betas=(0.9, 1.0))
 
 
+@pytest.mark.parametrize("spec,kwargs,culprit", [
+    ("onebit-adam", dict(lr="1e-3"), r"onebit-adam: lr='1e-3' must be a number"),  # argparse text
+    ("onebit-adam", dict(lr=1e-3, eps="1e-8"), r"eps='1e-8' must be a number"),
+    ("onebit-lamb", dict(lr=1e-3, betas=("0.9", "0.999")), r"betas=\('0.9', '0.999'\) must be two numbers"),
+    ("onebit-lamb", dict(lr=1e-3, betas=(0.9,)), r"betas=\(0.9,\) must be two numbers"),
+    ("onebit-lamb", dict(lr=1e-3, weight_decay=None), r"weight_decay=None must be a number"),
+    ("onebit-lamb", dict(lr=1e-3, ratio_threshold="0.1"), r"ratio_threshold='0.1' must be a number"),
+    ("onebit-lamb", dict(lr=1e-3, coef_beta=0.9), r"onebit-lamb: unknown options \['coef_beta'\] \(it takes coeff_beta"),
+    ("onebit-adam", dict(lr=1e-3, coeff_beta=0.9), r"onebit-adam: unknown options \['coeff_beta'\]"),
+])
+def test_bad_hyper_parameters_are_one_line_errors_naming_them(spec, kwargs, culprit):
+    """Not a TypeError out of a comparison, naming nothing (qa9)."""
+    with pytest.raises(ConfigError, match=culprit) as e:
+        onebit_optimizer(_mlp(8), spec, **kwargs)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("cls", [OneBitAdam, OneBitLamb])
 def test_warmup_is_this_runs_setting_not_the_checkpoints(cls):
     """Resuming with another warm-up uses the new one; a warm-up that is

@@ -27,6 +27,8 @@ PUBLISHED = {
     "llama3.1-70b": (70_553_706_496, None, 0, "meta-llama/Llama-3.1-70B: 70.6 B"),
     "mixtral-8x7b": (46.70e9, 12.9e9, 0.001, "Mixtral paper arXiv:2401.04088: 47 B, 13 B active; card 46.7 B"),
     "qwen2-7b": (7_615_616_512, None, 0, "Qwen/Qwen2-7B: 7.62 B (7.6 B, Qwen2 report arXiv:2407.10671)"),
+    "qwen2.5-7b": (7_615_616_512, None, 0, "Qwen/Qwen2.5-7B: 7.61 B (Qwen2.5 report arXiv:2412.15115)"),
+    "mistral-7b-v0.3": (7_248_023_552, None, 0, "mistralai/Mistral-7B-v0.3: 7.25 B (safetensors)"),
     "qwen2-0.5b": (494_032_768, None, 0, "Qwen/Qwen2-0.5B: 0.49 B, tied embeddings"),
     "gemma-7b": (8_537_680_896, None, 0, "google/gemma-7b: 8.54 B (Gemma report arXiv:2403.08295)"),
     "gemma-2b": (2_506_172_416, None, 0, "google/gemma-2b: 2.51 B"),
@@ -187,9 +189,13 @@ def test_unmodelled_architecture_features_are_refused_by_name(tmp_path):
     assert from_hf_config(mistral, seq_len=1024).seq_len == 1024  # inside the window: plain attention
     qwen = json.loads((CONFIGS / "qwen2-7b.json").read_text())
     p = tmp_path / "qwen.json"
-    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048)))
-    with pytest.raises(ConfigError, match="sliding_window=2048"):
+    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=14)))
+    with pytest.raises(ConfigError, match="sliding_window=2048"):  # blocks 14..27 use the window
         from_hf_config(p)
+    # max_window_layers=28 of 28 blocks (Qwen2-7B's own): every block attends in full (transformers'
+    # modeling_qwen2.py: the window from block max_window_layers on), nothing to refuse
+    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=28)))
+    assert from_hf_config(p).seq_len == DEFAULT_SEQ_LEN
     falcon = json.loads((CONFIGS / "falcon-7b.json").read_text())
     p.write_text(json.dumps(dict(falcon, alibi=True)))
     with pytest.raises(ConfigError, match="alibi=true: ALiBi"):
@@ -240,3 +246,27 @@ def test_neox_attention_bias_off_keeps_the_mlp_biases(tmp_path):
     p.write_text(json.dumps(dict(cfg, attention_bias=False)))
     # 16 layers lose the q, k, v (3 x 2048) and output (2048) biases: 1,011,650,560 (transformers' count)
     assert from_hf_config(p).params == 1_011_781_632 - 16 * 4 * 2048 == 1_011_650_560
+
+
+def test_mistral_null_sliding_window_is_full_attention(tmp_path):
+    # Mistral-7B v0.2/v0.3 publish "sliding_window": null: no window, not the class default 4096
+    assert from_hf_config(CONFIGS / "mistral-7b-v0.3.json", seq_len=8192).seq_len == 8192
+    cfg = json.loads((CONFIGS / "mistral-7b-v0.3.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({k: v for k, v in cfg.items() if k != "sliding_window"}))  # absent: 4096
+    with pytest.raises(ConfigError, match="sliding_window=4096 is shorter than the sequence"):
+        from_hf_config(p, seq_len=8192)
+
+
+def test_layer_types_of_recent_transformers(tmp_path):
+    # transformers >= 4.53 saves layer_types in a fine-tuned Qwen2 checkpoint's config.json
+    cfg = json.loads((CONFIGS / "qwen2.5-7b.json").read_text())
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(cfg, layer_types=["full_attention"] * 28)))
+    assert from_hf_config(p, seq_len=8192).params == 7_615_616_512
+    p.write_text(json.dumps(dict(cfg, sliding_window=4096, layer_types=["sliding_attention"] * 28)))
+    with pytest.raises(ConfigError, match="sliding_window=4096 is shorter"):
+        from_hf_config(p, seq_len=8192)
+    p.write_text(json.dumps(dict(cfg, layer_types=["full_attention"] * 27)))
+    with pytest.raises(ConfigError, match=r"layer_types=.* must be a list of 28"):
+        from_hf_config(p)
