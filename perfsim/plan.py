@@ -12,8 +12,8 @@ those steps at the warm-up's pace, :meth:`Candidate.run_time`) where ``steps_rat
 is how many more (or fewer) optimizer steps a compressor needs than uncompressed
 training to reach the same loss, read from measured ``perfsim run`` curves
 (:mod:`perfsim.convergence`). Without a curve for a method the plan ranks by the mean
-iteration time of the run (``--epochs``, warm-up iterations at their pace) and says so. Scores within the model's error band (:data:`TIE_BAND`) of
-the best go to the lossless choice.
+iteration time of the run (``--epochs``, warm-up iterations at their pace) and says so.
+Scores within the model's error band (:data:`TIE_BAND`) of the best go to the lossless choice.
 
 The search is an exact branch and bound (:mod:`perfsim.plan_search`). Configurations
 that do not fit in memory (with a GPU preset) are rejected.
@@ -89,9 +89,8 @@ class Candidate:
         """What the plan minimises: the time to the target loss per step uncompressed training
         needs (:meth:`run_time`: warm-up iterations at their pace), or, without convergence
         data, the mean iteration time of the run asked for (its ``optimizer_steps``, warm-up
-        iterations included: ``total_s / optimizer_steps``). qa9: the steady ``iteration_s``
-        alone ranked AQ-SGD first for a 1-epoch run that is all uncompressed warm-up (gpt2,
-        pp 4 at 10 Mbps: 8005 s against DirectQ's 2549 s)."""
+        iterations included: ``total_s / optimizer_steps``): a short run that is all
+        uncompressed warm-up (AQ-SGD's first epoch) scores at that pace, not its steady one."""
         if self.steps_ratio is not None and self.reference_steps:
             return self.run_time(self.steps_ratio * self.reference_steps) / self.reference_steps
         steps = self.summary.get("optimizer_steps") or 0
