@@ -143,6 +143,9 @@ class GradSync:
             raise ConfigError(f"bucket_cap_bytes={bucket_cap_bytes}: must be > 0")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed={seed!r}: must be an integer (identical on every rank)")
+        if process_group is not None and not isinstance(process_group, torch.distributed.ProcessGroup):
+            raise ConfigError(f"process_group={process_group!r}: expected a torch.distributed ProcessGroup "
+                              "or None (the DDP model's own group)")
         self.process_group = process_group
         self.seed = int(seed)
         self.bucket_cap_bytes = int(bucket_cap_bytes)
