@@ -65,6 +65,15 @@ def test_mixtral_is_a_mixture_not_a_dense_7b():
     assert s.active_block_params(0) == attn + 2 * expert + 4096 * 8 + 2 * 4096
 
 
+def test_more_experts_per_token_than_experts_names_the_configs_field(tmp_path):
+    """(Before: the error named perfsim's own ``top_k``, which the config does not have.)"""
+    cfg = json.loads((CONFIGS / "mixtral-8x7b.json").read_text())
+    cfg["num_experts_per_tok"] = 10
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"config\.json'?: num_experts_per_tok=10: more than the 8 routed experts$"):
+        from_hf_config(tmp_path / "config.json")
+
+
 def test_family_fields_are_modelled():
     qwen = from_hf_config(CONFIGS / "qwen2-7b.json")
     assert qwen.qkv_bias and not qwen.out_bias and not qwen.mlp_bias
