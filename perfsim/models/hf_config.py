@@ -167,6 +167,9 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
         raise f.fail(f"model_type {mtype!r} not supported (supported: {', '.join(SUPPORTED)})")
     read = _READERS.get(mtype, _read_llama)
     arch, kw = read(f, mtype)
+    if cfg.get("gradient_checkpointing") is True:  # a training switch that changes the cost: said, not ignored
+        raise f.fail("gradient_checkpointing=true: perfsim prices recomputation from the job, not the model; "
+                     "give --recompute full and remove the field")
     if kw.get("experts") and kw.get("top_k", 1) > kw["experts"]:  # named as the config names it
         raise f.fail(f"num_experts_per_tok={kw['top_k']}: more than the {kw['experts']} routed experts")
     positions = f.int("max_position_embeddings", kw.pop("_positions", 2048), limit="positions")

@@ -74,6 +74,18 @@ def test_more_experts_per_token_than_experts_names_the_configs_field(tmp_path):
         from_hf_config(tmp_path / "config.json")
 
 
+def test_gradient_checkpointing_in_the_config_is_sent_to_recompute(tmp_path):
+    """transformers recomputes from ``gradient_checkpointing: true``; perfsim priced it as cost-free."""
+    cfg = json.loads((CONFIGS / "mixtral-8x7b.json").read_text())
+    for value, refused in ((True, True), (False, False)):
+        (tmp_path / "config.json").write_text(json.dumps({**cfg, "gradient_checkpointing": value}))
+        if refused:
+            with pytest.raises(ConfigError, match="gradient_checkpointing=true: .* give --recompute full"):
+                from_hf_config(tmp_path / "config.json")
+        else:
+            assert from_hf_config(tmp_path / "config.json").experts == 8
+
+
 def test_family_fields_are_modelled():
     qwen = from_hf_config(CONFIGS / "qwen2-7b.json")
     assert qwen.qkv_bias and not qwen.out_bias and not qwen.mlp_bias
