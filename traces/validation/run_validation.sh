@@ -12,6 +12,8 @@ cd "$(dirname "$0")/../.."
 PROFILE=${PROFILE:-traces/cpu-2core.json}
 RATES=${RATES:-1Gbps,300Mbps,100Mbps}
 STEPS=${STEPS:-20}
+DIGITS_STEPS=${DIGITS_STEPS:-$STEPS}   # digits-mlp steps last 2-6 ms: more of them (docs/validation.md, session 22)
+REPEATS=${REPEATS:-2}
 MODELS=${MODELS:-digits-mlp gpt2-tiny}
 OUT_ROOT=${OUT_ROOT:-traces/validation}
 
@@ -40,30 +42,33 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
 fi
 
 for MODEL in $MODELS; do
+  MODEL_STEPS=$STEPS; [ "$MODEL" = digits-mlp ] && MODEL_STEPS=$DIGITS_STEPS
   perfsim validate --overwrite --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
-      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$MODEL_STEPS" --repeats "$REPEATS" \
       --out "$OUT_ROOT/$MODEL-pp2"
   perfsim validate --overwrite --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
-      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+      --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$MODEL_STEPS" --repeats "$REPEATS" \
       --out "$OUT_ROOT/$MODEL-dp2"
 done
 # the GPipe schedule on the same pipeline (gpt2-tiny): the other schedule the engine replays
 perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
-    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-pp2-gpipe"
+# BAND_ONLY=1: stop here -- the five grids above are the CPU profile band's rows (scripts/error_bands.py cpu_grids)
+[ -n "${BAND_ONLY:-}" ] && exit 0
 # interleaved 1F1B (2 chunks per rank) and ZB-H1 beside 1F1B, one rate (issue 20)
 perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
-    --repeats 2 --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
+    --repeats "$REPEATS" --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
 # a tied LM head kept equal Megatron's way (the embedding-gradient all-reduce between the stages)
 perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
-    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-pp2-tied"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
 perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
-    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-tp2"
 perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
-    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats 2 \
+    --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-tp2-sp"
