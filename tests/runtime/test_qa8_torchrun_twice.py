@@ -20,14 +20,16 @@ SCRIPT = textwrap.dedent("""
     for i in range(2):
         r = run(model="digits-mlp", pp=1, dp=2, grad_compress="qsgd-maxnorm:4", steps=2,
                 out=f"{sys.argv[1]}/run{i}")
-        print("rank", os.environ["RANK"], "run", i, "done", flush=True)
+        # one write per line: both ranks share torchrun's stdout pipe, and print() writes its
+        # arguments one by one, so two ranks' words could interleave ("rankrank 0 ...")
+        sys.stdout.write(f"rank {os.environ['RANK']} run {i} done\\n"); sys.stdout.flush()
     import torch.distributed as dist
     from perfsim.errors import ConfigError
     dist.init_process_group("gloo")  # the script's own group: run() cannot join another
     try:
         run(model="digits-mlp", pp=1, dp=2, steps=2, out=f"{sys.argv[1]}/run2")
     except ConfigError as exc:
-        print("refused:", exc, flush=True)
+        sys.stdout.write(f"refused: {exc}\\n"); sys.stdout.flush()
     dist.destroy_process_group()
 """)
 
