@@ -261,8 +261,15 @@ def explain(ranked: Sequence[Candidate]) -> str:
         r = ranked[1]
         diff = [k for k in dict.fromkeys([*p, *r.params]) if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
-        how = (f"is {gain:.1%} slower to the target" if gain >= 0 else
-               f"is {-gain:.1%} faster, a tie within the model's error band that goes to the lossless choice")
+        # what the score measures: time to the target loss, or (no curves) the run's mean iteration
+        measure = "to the target" if w.time_to_loss_s is not None else "per iteration over the run"
+        if gain < 0:
+            how = f"is {-gain:.1%} faster, a tie within the model's error band that goes to the lossless choice"
+        elif gain < TIE_BAND:
+            how = (f"is {gain:.1%} slower {measure}: within the model's error band ({TIE_BAND:.0%}), "
+                   "so the data do not separate the two")
+        else:
+            how = f"is {gain:.1%} slower {measure}"
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
                  f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and {how}.")
     return text

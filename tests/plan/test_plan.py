@@ -9,7 +9,7 @@ import pytest
 
 from perfsim.convergence import load_convergence, parse_convergence, steps_to
 from perfsim.errors import ConfigError
-from perfsim.plan import SearchSpace, enumerate_candidates, pareto_front, plan, run_command
+from perfsim.plan import TIE_BAND, SearchSpace, enumerate_candidates, pareto_front, plan, run_command
 from perfsim.plan_bounds import iteration_bound
 
 CPU = "traces/cpu-2core.json"
@@ -348,3 +348,15 @@ def test_topology_bounds_prune_and_keep_the_exhaustive_winner(tmp_path):
     assert pruned.ranked[0].params == exhaustive.ranked[0].params
     # each boundary charged at its slowest link and latency: still a lower bound everywhere
     assert all(c.bound_s <= c.summary["iteration_s"] * (1 + 1e-9) for c in exhaustive.all_evaluated if c.summary)
+
+
+def test_explanation_says_what_the_runner_up_is_slower_in_and_when_it_is_a_tie():
+    """Without loss curves the plan ranks by the run's mean iteration, yet its explanation said
+    the runner-up was "0.0% slower to the target" (there is no target). It now names what was
+    compared, and a runner-up within the model's error band (TIE_BAND) is called a tie the
+    data do not separate."""
+    res = plan(model="gpt2-xl", nodes=2, gpus_per_node=2, bandwidth="1Gbps", global_batch=16, top=3)
+    assert res.ranked[0].time_to_loss_s is None and "to the target" not in res.explanation
+    gain = res.ranked[1].score() / res.ranked[0].score() - 1
+    assert "per iteration over the run" in res.explanation
+    assert ("do not separate the two" in res.explanation) == (0 <= gain < TIE_BAND)
