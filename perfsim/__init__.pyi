@@ -71,6 +71,7 @@ def predict(
     optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
+    fp8_casts: str = 'te',
     grad_accumulation: str = 'fused',
     pp: int = 8,
     dp: int = 1,
@@ -194,6 +195,8 @@ def predict(
             CPU offload: none, or optimizer (ZeRO-Offload arXiv:2101.06840, with zero 2 or 3: each rank's gradient shard and optimizer state in host memory and its Adam step on the CPUs; the GPU keeps its 16-bit weights, the copies cross its PCIe link); needs gpu (one of perfsim.job.OFFLOAD)
         cross_entropy (str, default 'fused'):
             the loss's memory: fused (Megatron-LM's vocab-parallel cross entropy, fp32 softmax kept, gradient in place), pytorch (F.cross_entropy on the logits under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear cross entropy, Liger-Kernel: never the whole logits) (one of perfsim.config.CROSS_ENTROPY)
+        fp8_casts (str, default 'te'):
+            under --precision fp8: te prices Transformer Engine's quantisation kernels around the fp8 GEMMs (inputs cast, output gradients cast and transposed, fp8 inputs transposed for the weight gradients: perfsim.models.ops.fp8_cast_ops); none leaves them out (one of perfsim.models.ops.FP8_CASTS)
         grad_accumulation (str, default 'fused'):
             weight-gradient accumulation per micro-batch: fused (in the GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops (one of perfsim.models.ops.GRAD_ACCUMULATION)
         pp (int, default 8):
@@ -290,6 +293,7 @@ def sweep(
     optimizer: str | list | None = None,
     offload: str | list | None = None,
     cross_entropy: str | list | None = None,
+    fp8_casts: str | list | None = None,
     grad_accumulation: str | list | None = None,
     pp: int | list | None = None,
     dp: int | list | None = None,
@@ -399,6 +403,7 @@ def memory_report(
     optimizer: str = 'adamw',
     offload: str = 'none',
     cross_entropy: str = 'fused',
+    fp8_casts: str = 'te',
     grad_accumulation: str = 'fused',
     pp: int = 8,
     dp: int = 1,

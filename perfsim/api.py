@@ -221,7 +221,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
                                            vocab_multiple=defaults.vocab_multiple,
                                            attention=strategy.attention, kernels=strategy.kernels,
                                            host_overhead_s=fields["system"].get("host_overhead_s"),
-                                           routing=Routing.of(strategy), grad_acc=_grad_accumulation(strategy))
+                                           routing=Routing.of(strategy), grad_acc=_grad_accumulation(strategy),
+                                           fp8_casts=strategy.fp8_casts)
     workload = Workload(model.name, model.layers, tuple(fwd), tuple(bwd), model.tokens_per_sample,
                         arch=model.arch, rank_params=_rank_params(model, strategy.tp, strategy.ep), compute_source=source,
                         tied_values=model.tied_values)

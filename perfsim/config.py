@@ -22,7 +22,7 @@ from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZER
 from perfsim.job import check_choice
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
-from perfsim.models.ops import GRAD_ACCUMULATION
+from perfsim.models.ops import FP8_CASTS, GRAD_ACCUMULATION
 from perfsim.models.specs import LayerSpec
 from perfsim.param_table import BY_NAME as PARAMS_BY_NAME, check_bound
 from perfsim.schedules import P2P_EXCHANGES
@@ -162,6 +162,9 @@ class Strategy(Job):
     #: ``main-grad`` (Megatron's local DDP hook, every parameter every micro-batch) or
     #: ``autograd`` (``param.grad +=``, every micro-batch after the first)
     grad_accumulation: str = "fused"
+    #: Transformer Engine's quantisation kernels under ``precision="fp8"``
+    #: (perfsim.models.ops.FP8_CASTS): ``te`` priced, ``none`` left out
+    fp8_casts: str = "te"
 
     def __post_init__(self):
         self.check()  # the job's fields (perfsim.job.Job)
@@ -176,6 +179,7 @@ class Strategy(Job):
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
         check_choice(self, "grad_accumulation", GRAD_ACCUMULATION)
+        check_choice(self, "fp8_casts", FP8_CASTS)
         _param_bound(self, "moe_capacity_factor")
         _pos_int(self, "ep")
         if self.dp % self.ep:

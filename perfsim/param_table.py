@@ -300,6 +300,10 @@ PARAMS: tuple[Param, ...] = (
           "under autocast: + the logits and an fp32 gradient of them) or chunked (a fused linear "
           "cross entropy, Liger-Kernel: never the whole logits)", "strategy", "strategy.cross_entropy",
           choices="perfsim.config:CROSS_ENTROPY"),
+    Param("fp8_casts", "choice", "te", "under --precision fp8: te prices Transformer Engine's quantisation "
+          "kernels around the fp8 GEMMs (inputs cast, output gradients cast and transposed, fp8 inputs "
+          "transposed for the weight gradients: perfsim.models.ops.fp8_cast_ops); none leaves them out",
+          "strategy", "strategy.fp8_casts", choices="perfsim.models.ops:FP8_CASTS"),
     Param("grad_accumulation", "choice", "fused", "weight-gradient accumulation per micro-batch: fused (in the "
           "GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops",
           "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),

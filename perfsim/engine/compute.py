@@ -63,7 +63,7 @@ from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
 from perfsim.job import OPTIMIZERS
 from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
-from perfsim.models.ops import FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops
+from perfsim.models.ops import FP8_CASTS, FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
 PROFILE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -228,8 +228,8 @@ def misaligned(op: Op, bpv: int) -> bool:
 
 def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str,
                       curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
-                      routing=None, kernels: str = "fused", grad_acc: GradAccumulation | None = None
-                      ) -> tuple[list[float], list[float]]:
+                      routing=None, kernels: str = "fused", grad_acc: GradAccumulation | None = None,
+                      fp8_casts: str = "te") -> tuple[list[float], list[float]]:
     """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
@@ -240,7 +240,11 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     the host issues every one). ``grad_acc``: how the micro-batches accumulate their weight
     gradients (:class:`perfsim.models.ops.GradAccumulation`; None: gradient accumulation fusion),
     backward-only bytes of every layer (:func:`perfsim.models.ops.block_grad_ops`,
-    ``embed_ops``, ``head_ops``)."""
+    ``embed_ops``, ``head_ops``). ``fp8_casts`` (:data:`FP8_CASTS`), under ``precision="fp8"``:
+    ``te`` prices Transformer Engine's quantisation kernels around the fp8 GEMMs
+    (:func:`perfsim.models.ops.fp8_cast_ops`), ``none`` leaves them out."""
+    if fp8_casts not in FP8_CASTS:
+        raise ConfigError(f"fp8_casts={fp8_casts!r}: choose from {', '.join(FP8_CASTS)}")
     bpv = BYTES_PER_VALUE[precision]
     eager = kernels.startswith("eager")
     if eager:
@@ -281,7 +285,8 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         first.setdefault(spec.is_moe_block(i), i)
     ep = routing.ep if routing is not None else 1
     kinds = {m: fwd_bwd((eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
-                         block_ops(spec, mb, tp, sp, bpv, attention, m, routing))
+                         block_ops(spec, mb, tp, sp, bpv, attention, m, routing,
+                                   fp8_casts=precision == "fp8" and fp8_casts == "te"))
                         + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
              for m, i in first.items()}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]

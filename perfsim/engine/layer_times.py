@@ -107,7 +107,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
                         tp: int = 1, sequence_parallel: bool = False, recompute: str = "none",
                         vocab_multiple: int = 1, attention: str = "megatron",
                         host_overhead_s: float | None = None, routing=None, kernels: str = "fused",
-                        grad_acc=None) -> tuple[list[float], list[float], str]:
+                        grad_acc=None, fp8_casts: str = "te") -> tuple[list[float], list[float], str]:
     """Forward and backward seconds of every layer for one micro-batch on one
     tensor-parallel rank, and a sentence saying where they come from.
 
@@ -127,7 +127,9 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     PyTorch, :mod:`perfsim.models.eager`) memory-bound operators. ``routing``: a MoE model's
     :class:`perfsim.models.moe.Routing` (capacity factor, expert parallelism, imbalance);
     ``grad_acc``: the operator model's gradient accumulation per micro-batch
-    (:class:`perfsim.models.ops.GradAccumulation`; None: fused, nothing beyond the embedding's)."""
+    (:class:`perfsim.models.ops.GradAccumulation`; None: fused, nothing beyond the embedding's);
+    ``fp8_casts``: Transformer Engine's quantisation kernels under fp8
+    (:func:`perfsim.engine.compute.transformer_times`)."""
     if tp > 1 and gpu is None and precision == "fp32" and model.arch is not None:
         split = _tp_from_profile(model, profile, micro_batch, tp, sequence_parallel, recompute)
         if split is not None:
@@ -156,7 +158,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             modelled = compute.transformer_times(padded_vocab(model.arch, vocab_multiple * tp), gpu, precision,
                                                  micro_batch, tp,
                                                  sequence_parallel, recompute, curve, rates, attention,
-                                                 routing, kernels, grad_acc)
+                                                 routing, kernels, grad_acc, fp8_casts)
         else:
             if tp > 1:
                 raise ConfigError(f"tp={tp}: model {model.name!r} is not a transformer")

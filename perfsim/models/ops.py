@@ -36,6 +36,9 @@ from perfsim.models.tensor_parallel import shard_block_params
 #: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
 #: router and the LM head stay bf16
 FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down")
+#: Transformer Engine's quantisation kernels around the fp8 GEMMs (:func:`fp8_cast_ops`): ``te``
+#: priced as TE 1.x launches them, ``none`` left out (the fp8 model before session 23)
+FP8_CASTS = ("te", "none")
 
 
 @dataclass(frozen=True)
@@ -120,7 +123,7 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
 
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
-              moe: bool | None = None, routing=None, exact: bool = False) -> list[Op]:
+              moe: bool | None = None, routing=None, exact: bool = False, fp8_casts: bool = False) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
@@ -151,7 +154,10 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
       layer_norm_cuda_kernel.cu, ``HostLayerNormGradient``);
     * ``norm*_input_grad_accumulate``: the norm's input is also the residual branch's, so autograd
       adds the two gradients (read two, write one: ``torch/csrc/autograd/input_buffer.cpp``);
-    * the softmax and the attention dropout as :func:`softmax_ops` ``exact``."""
+    * the softmax and the attention dropout as :func:`softmax_ops` ``exact``.
+
+    ``fp8_casts``: the block GEMMs run in fp8 (``precision="fp8"``), and Transformer Engine's
+    quantisation kernels are priced as it launches them (:func:`fp8_cast_ops`)."""
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
@@ -162,15 +168,19 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
 
-    def norm(name):  # exact: autograd adds the residual branch's gradient to the norm's input gradient
+    def norm(name, fp8_out: bool = False):  # exact: autograd adds the residual branch's gradient
+        if fp8_out:  # TE's LayerNormLinear / LayerNormMLP: the norm writes its output in fp8
+            return [Op(name, bytes=act + tok_sp * h, bwd_bytes=(5 if exact else 4) * act),
+                    *([Op(f"{name}_input_grad_accumulate", bwd_bytes=3 * act)] if exact else [])]
         return [Op(name, bytes=2 * act, bwd_bytes=5 * act if exact else None),
                 *([Op(f"{name}_input_grad_accumulate", bwd_bytes=3 * act)] if exact else [])]
 
     def dropout_add(name):
         return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
 
+    is_moe = spec.moe if moe is None else moe
     ops = [
-        *norm("norm1"),
+        *norm("norm1", fp8_casts),
         Op("qkv", m=tok, n=qkv, k=h),
         *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
@@ -182,16 +192,61 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         Op("proj", m=tok, n=h, k=q // tp),
         *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
         dropout_add("dropout_residual1"),
-        *(norm("norm2") if spec.norms_per_block == 2 else []),
+        *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block == 2 else []),
     ]
-    if spec.moe if moe is None else moe:
+    if is_moe:
         ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
+        act_bytes = bpv * tok * f // tp * (3 if spec.gated else 2)
         ops += [Op("mlp_up", m=tok, n=(2 if spec.gated else 1) * f // tp, k=h),
-                Op("activation", bytes=bpv * tok * f // tp * (3 if spec.gated else 2)),
+                # under fp8 the activation writes its output in fp8 (TE's fused fp8 GELU / SwiGLU);
+                # its backward, the fused dgelu-cast-transpose, moves what the bf16 one does
+                Op("activation", bytes=act_bytes - (bpv - 1) * tok * f // tp, bwd_bytes=2 * act_bytes)
+                if fp8_casts else Op("activation", bytes=act_bytes),
                 Op("mlp_down", m=tok, n=h, k=f // tp),
                 *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
+    if fp8_casts:
+        ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe)
     return ops + [dropout_add("dropout_residual2")]
+
+
+def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> list[Op]:
+    """Transformer Engine's quantisation kernels around a block's fp8 GEMMs, one micro-batch on one
+    tensor-parallel rank (TE 1.x, delayed scaling, the amax taken inside each kernel;
+    transformer_engine/pytorch/module/linear.py, layernorm_linear.py, layernorm_mlp.py and
+    base.py ``grad_output_preprocess``). An fp8 GEMM reads fp8 operands, so every bf16 input is
+    cast first, and the weight-gradient GEMM needs both operands transposed in fp8:
+
+    * the attention projection's input (a plain ``Linear``): ``fp8_cast_transpose_fused`` in the
+      forward -- read ``bpv``, write the fp8 copy and its transpose: ``bpv + 2`` bytes a value;
+    * each GEMM's output gradient in the backward: cast and transposed the same way
+      (``fp8_cast_transpose[_bgrad]_fused``, ``bpv + 2``) -- QKV's, the projection's and the
+      second MLP GEMM's; the first MLP GEMM's comes out of the fused dgelu-cast-transpose
+      (``fp8_cast_transpose_bgrad_dgelu_fused``), which moves what the bf16 dgelu does;
+    * the fp8 inputs the norms and the activation wrote, transposed for the weight gradients in
+      the backward (``tex.fp8_transpose``: read 1, write 1): QKV's and the first MLP GEMM's
+      normalised input, the second MLP GEMM's activation.
+
+    Not priced: the weights' fp8 copies, cast once per optimizer step (TE caches them over a step's
+    micro-batches: ``is_first_microbatch``), about ``(bpv + 2)`` bytes per GEMM weight per step;
+    the amax-history update, a few KB. ``dense_mlp`` False (a mixture-of-experts block): only the
+    attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced."""
+    h, f = spec.hidden, spec.ffn // tp
+    q = spec.q_dim // tp
+    qkv = (spec.q_dim + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q + 2 * spec.head_dim
+    cast_t = bpv + 2  # read bpv, write the fp8 copy and the fp8 transpose
+    ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * q, bwd_bytes=0.0),
+           Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * qkv),
+           Op("fp8_norm1_out_transpose", bwd_bytes=2.0 * tok * h),
+           Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h)]
+    if dense_mlp:
+        ops += [Op("fp8_mlp_down_grad_cast_transpose", bwd_bytes=cast_t * tok * h),
+                Op("fp8_activation_out_transpose", bwd_bytes=2.0 * tok * f),
+                # the second norm writes the first MLP GEMM's input in fp8 (LayerNormMLP); a block
+                # of one norm casts that input as a plain Linear does
+                Op("fp8_norm2_out_transpose", bwd_bytes=2.0 * tok * h) if spec.norms_per_block == 2 else
+                Op("fp8_mlp_input_cast_transpose", bytes=cast_t * tok * h, bwd_bytes=0.0)]
+    return ops
 
 
 #: how a step's micro-batches accumulate their weight gradients (:class:`GradAccumulation`):
