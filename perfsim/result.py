@@ -39,6 +39,16 @@ STAGE_COLUMNS = ["replica", "stage", "compute_s", "comm_s", "encode_s", "idle_s"
 MICROBATCH_COLUMNS = ["stage", "microbatch", "fwd_compute_s", "fwd_comm_s", "bwd_compute_s",
                       "bwd_comm_s", "encode_s"]
 LINK_COLUMNS = ["src", "dst", "bytes", "busy_s"]
+#: every kind of bytes a summary counts as sent per iteration, all ranks (:mod:`perfsim.engine.report`):
+#: pipeline activations and gradients, the data-parallel sync, the tensor- and expert-parallel
+#: collectives, the tied-embedding all-reduce
+SENT_BYTES_COLUMNS = ("pipeline_bytes", "dp_bytes", "tp_bytes", "ep_bytes", "tied_bytes")
+
+
+def bytes_sent(summary: dict[str, Any]) -> float:
+    """All bytes one iteration sends, every rank and kind (:data:`SENT_BYTES_COLUMNS`; a missing
+    or None column counts 0, as in a measured summary without tensor parallelism)."""
+    return float(sum(summary.get(k) or 0 for k in SENT_BYTES_COLUMNS))
 
 
 @dataclass

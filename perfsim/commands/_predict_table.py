@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections import defaultdict
+from itertools import zip_longest
 
 from rich.console import Console
 from rich.table import Table
@@ -71,6 +72,11 @@ def render(results, file=None, width: int | None = None, color: bool = True,
                 ("run", lambda s: format_time(s["total_s"])),
                 ("pipe bytes", lambda s: format_bytes(s["pipeline_bytes"])),
                 ("dp bytes", lambda s: format_bytes(s["dp_bytes"]))]
+    # the other bytes sent, where any configuration sends them: a tied-embedding all-reduce is timed in the
+    # dp sync, and a table whose dp bytes said 0 B read as no data-parallel traffic at all
+    for name, key in (("tp bytes", "tp_bytes"), ("ep bytes", "ep_bytes"), ("tied bytes", "tied_bytes")):
+        if any(r.summary.get(key) for r in results):
+            fig_cols.append((name, lambda s, key=key: format_bytes(s.get(key) or 0)))
     if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
         sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
                                  ("recompute", "recompute", str), ("attention", "attention", str)]
@@ -106,7 +112,7 @@ def render(results, file=None, width: int | None = None, color: bool = True,
         cfg = [(n, topology[key] if key in topology and s.get("topology") else _cell(s, key, fmt))
                for n, key, fmt in single_cols] + given
         figs = [(n, f(s)) for n, f in fig_cols]
-        for (a, b), (c, d) in zip(cfg, figs + [("", "")] * (len(cfg) - len(figs))):
+        for (a, b), (c, d) in zip_longest(cfg, figs, fillvalue=("", "")):
             t.add_row(a, b, c, d)
         console.print(t)
     if not many:

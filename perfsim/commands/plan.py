@@ -125,14 +125,14 @@ def _plot(result, path: str) -> None:
 
     # lazy: perfsim --help does not load perfsim.analysis.plot_files
     from perfsim.analysis.plot_files import save_figure
+    from perfsim.result import bytes_sent
 
     pts, labels = [], []
     for c in result.all_evaluated:
         if c.summary is None:
             continue
         s = c.summary
-        wire = (s.get("pipeline_bytes") or 0) + (s.get("dp_bytes") or 0)
-        pts.append((wire, s["throughput_samples_per_s"]))
+        pts.append((bytes_sent(s), s["throughput_samples_per_s"]))
         labels.append(f"{c.params['compress']}+{c.params['grad_compress']}")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, alpha=0.5, label="simulated")
@@ -141,7 +141,7 @@ def _plot(result, path: str) -> None:
     for i in front[:8]:
         ax.annotate(labels[i], pts[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("symlog")
-    ax.set_xlabel("bytes on the wire per iteration (less = more aggressive compression)")
+    ax.set_xlabel("bytes sent per iteration, every kind (less = more aggressive compression)")
     ax.set_ylabel("samples/s")
     ax.legend()
     fig.tight_layout()
