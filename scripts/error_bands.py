@@ -171,12 +171,19 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
     return val, held
 
 
-def cpu_grids() -> tuple[list[float], list[float]]:
+#: the CPU profile band's rows: a profile and the validation grids measured against it (folder, grid names);
+#: docs/validation.md, "The CPU band's basis"
+CPU_BAND = {"profile": "traces/cpu-2core.json", "folder": "traces/validation",
+            "grids": ("gpt2-tiny-dp2", "gpt2-tiny-pp2", "gpt2-tiny-pp2-gpipe", "digits-mlp-dp2", "digits-mlp-pp2")}
+
+
+def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:
+    """(validation, held-out) iteration-time errors of ``source``'s grids, re-predicted with its profile."""
     rp = _script("repredict_validation")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n, g in enumerate(rp.GRIDS):
-            df = rp.repredict_frame(rp.STORED / g, str(ROOT / "traces" / "cpu-2core.json"), Path(tmp) / str(n))
+        for n, g in enumerate(source["grids"]):
+            df = rp.repredict_frame(ROOT / source["folder"] / g, str(ROOT / source["profile"]), Path(tmp) / str(n))
             for _, r in df.iterrows():
                 key = ",".join(str(r[c]) for c in ("model", "bandwidth_bps", "compress", "grad_compress", "schedule",
                                                    "pp", "dp", "micro_batch"))

@@ -45,14 +45,21 @@ def repredict_frame(grid: Path, profile_path: str, work: Path) -> pd.DataFrame:
         shutil.copy(f, work / f.name)
     bws = tuple(dict.fromkeys(None if isinstance(b, float) and math.isnan(b) else float(b)
                               for b in df.bandwidth_bps))
+    # a schedule grid's and a TP grid's own axes (validate writes them as columns, not into ``base``)
+    schedules = tuple(dict.fromkeys(df.schedule)) if "schedule" in df and df.schedule.nunique() > 1 else ()
+    tps = tuple(int(t) for t in dict.fromkeys(df.tp)) if "tp" in df else (1,)
+    sp = bool("sequence_parallel" in df and df.sequence_parallel.astype(bool).any())
     plan = v.ValidationPlan(base=stored["base"], bandwidths=bws, compresses=tuple(dict.fromkeys(df.compress)),
-                            grad_compresses=tuple(dict.fromkeys(df.grad_compress)), steps=stored["steps"],
+                            grad_compresses=tuple(dict.fromkeys(df.grad_compress)), schedules=schedules,
+                            tps=tps, sequence_parallel=sp, steps=stored["steps"],
                             dataset_limit=stored.get("dataset_limit"), profile=profile_path,
                             link_model=stored.get("link_model", "profile"), out=str(work))
     profile = load_profile(profile_path)
     rows = []
     for i, (row, (_, rec)) in enumerate(zip(plan.rows(), df.iterrows())):
         assert (row["compress"], row["grad_compress"]) == (rec.compress, rec.grad_compress), (grid, i)
+        assert row.get("schedule", rec.get("schedule")) == rec.get("schedule"), (grid, i)
+        assert int(row.get("tp", 1)) == int(rec.get("tp", 1)), (grid, i)
         measured = {k[len("measured_"):]: rec[k] for k in df.columns if k.startswith("measured_")}
         measured["measured_steps"] = rec.measured_steps
 

@@ -15,6 +15,7 @@ STEPS=${STEPS:-20}
 DIGITS_STEPS=${DIGITS_STEPS:-$STEPS}   # digits-mlp steps last 2-6 ms: more of them (docs/validation.md, session 22)
 REPEATS=${REPEATS:-2}
 MODELS=${MODELS:-digits-mlp gpt2-tiny}
+CAL_MODELS=${CAL_MODELS:-digits-mlp,gpt2-tiny}   # the models calibrated (MODELS=gpt2-tiny: CAL_MODELS=gpt2-tiny)
 OUT_ROOT=${OUT_ROOT:-traces/validation}
 
 if [ -z "${SKIP_CALIBRATE:-}" ]; then
@@ -32,7 +33,7 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
   # (their default emulated ops), priced relative to the allreduce (perfsim.collectives.measured).
   # --stage-schedule: each schedule the grids below run gets an in-situ run of its own
   # (interleaved 1F1B's chunks, ZB-H1's split backward).
-  perfsim calibrate --model digits-mlp,gpt2-tiny --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
+  perfsim calibrate --model "$CAL_MODELS" --micro-batch 8 --stages 1,2 --stage-microbatches 4 \
       --stage-schedule 1f1b,interleaved-1f1b,zb-h1 \
       --small-repeats 60 --tp 2 \
       --statistic "${STATISTIC:-median}" --concurrent \
