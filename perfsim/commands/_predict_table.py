@@ -79,7 +79,8 @@ def render(results, file=None, width: int | None = None, color: bool = True,
             fig_cols.append((name, lambda s, key=key: format_bytes(s.get(key) or 0)))
     if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
         sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
-                                 ("recompute", "recompute", str), ("attention", "attention", str)]
+                                 ("recompute", "recompute", str), ("attention", "attention", str),
+                                 ("tied", "tied_embedding", str)]
         varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
         labels = labels or [{} for _ in results]
         drawn = {key for _, key, _ in sweep_cols}

@@ -125,7 +125,7 @@ def _plot(result, path: str) -> None:
 
     # lazy: perfsim --help does not load perfsim.analysis.plot_files
     from perfsim.analysis.plot_files import save_figure
-    from perfsim.result import bytes_sent
+    from perfsim.result import bytes_sent  # lazy: with the plot's other imports, only when one is drawn
 
     pts, labels = [], []
     for c in result.all_evaluated:
