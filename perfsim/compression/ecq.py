@@ -55,13 +55,16 @@ class ECQ(_SeededCompressor):
 
     spec_args = (
         BITS_ARG,
-        SpecArg("alpha", float, key=True, default=0.01, low=0, note="eq. 7", metavar="A"),
+        SpecArg("alpha", float, key=True, default=0.01, low=0, high=2, note="eq. 7; at most 1 + beta", metavar="A"),
         SpecArg("beta", float, key=True, default=1.0, low=0, high=1, note="eq. 5", metavar="B"),
         SpecArg("bucket", key=True, default=chunk_for_bits, low=0, note="0 = whole tensor", metavar="D"),
     )
 
     def __init__(self, bits: int, alpha: float, beta: float, bucket: int, seed: int = 0):
         self.bits, self.alpha, self.beta, self.bucket = int(bits), float(alpha), float(beta), int(bucket)
+        if self.alpha > 1 + self.beta:  # Q unbiased (eq. 8-9): E[h_t+1] = (beta - alpha) h_t by eq. 6-7
+            raise ConfigError(f"ecq: alpha={alpha:g} with beta={beta:g}: alpha must be <= 1 + beta (the expected "
+                              f"error h grows by |beta - alpha| = {abs(self.beta - self.alpha):g} per step beyond it)")
         self.s = levels_for_bits(self.bits)
         self.q = BucketQuantizer(self.s, self.bits, self.bucket)
         self.seed, self._step, self._salt = int(seed), 0, 0

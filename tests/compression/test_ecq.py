@@ -24,6 +24,16 @@ def test_spec_defaults_from_paper():
     assert not c.allreduce_compatible and c.dp_plan((100,), 4)[0].kind == "allgather"
 
 
+def test_alpha_beyond_one_plus_beta_is_refused_with_both_named():
+    """Eq. 6-7 with an unbiased Q: E[h_t+1] = (beta - alpha) h_t, so the error grows from alpha > 1 + beta."""
+    assert make_compressor("ecq:4:alpha=1.5:beta=0.5").alpha == 1.5  # the edge: |beta - alpha| = 1
+    for spec, words in (("ecq:4:alpha=1.2:beta=0.1", ("alpha=1.2", "beta=0.1", "1 + beta")),
+                        ("ecq:4:alpha=3", ("alpha=3", "must be in [0, 2]"))):
+        with pytest.raises(ConfigError) as e:
+            make_compressor(spec)
+        assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
+
+
 @pytest.mark.parametrize("bad", ["ecq", "ecq:5", "ecq:4:alpha=-1", "ecq:4:beta=1.5", "ecq:4:alpha=nan",
                                  "ecq:4:gamma=1", "ecq:4:alpha=x", "ecq:4:bucket=-2", "ecq:4:4"])
 def test_bad_spec(bad):
