@@ -52,7 +52,10 @@ def render(results, file=None, width: int | None = None, color: bool = True,
     standard columns do not show (``gpu``, ``seq_len`` ...). One configuration's table names
     the GPU (else the profile's device), precision and TP degree it priced, and a row for
     each label (there: the parameters given) that its standard rows do not show."""
-    if width is None and file is not None and not getattr(file, "isatty", lambda: False)():
+    # no terminal to fit (a pipe, a file, returned text): text wraps at 140 columns (or ``width``), a
+    # grid's table keeps its own width, so no cell is cut short
+    piped = file is None or not getattr(file, "isatty", lambda: False)()
+    if piped and width is None and file is not None:
         width = 140
 
     console = Console(file=file if file is not None else io.StringIO(), width=width, no_color=not color,
@@ -94,7 +97,11 @@ def render(results, file=None, width: int | None = None, color: bool = True,
             s = r.summary
             t.add_row(*[_cell(s, key, fmt) for _, key, fmt in varying], *[_label(k, extra.get(k)) for k in other],
                       *[f(s) for _, f in fig_cols])
+        text_width = console.width
+        if piped:  # rich caps a print's width at the console's
+            console.width = max(text_width, console.measure(t, options=console.options.update(max_width=1000)).maximum)
         console.print(t)
+        console.width = text_width
     else:
         s = results[0].summary
         t = Table(title="perfsim predict", title_justify="left", show_header=False)

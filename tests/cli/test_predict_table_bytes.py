@@ -36,3 +36,18 @@ def test_bytes_sent_counts_every_kind_once():
     tp = perfsim.predict(model="gpt2-tiny", pp=2, tp=2, bandwidth="1Gbps").summary
     assert tp["tp_bytes"] > 0 and bytes_sent(tp) == tp["pipeline_bytes"] + tp["dp_bytes"] + tp["tp_bytes"] \
         + tp["ep_bytes"] + tp["tied_bytes"]
+
+
+def test_a_piped_grid_table_keeps_every_cell_whole():
+    """With the tied-bytes column an 8-row grid needs ~150 columns; piped, rich cut cells to fit 140 ("host_ove…",
+    "36.1ms-…": the interval's upper end lost). Without a terminal to fit, the table keeps its own width."""
+    import io
+
+    results = [perfsim.predict(**dict(TIED, micro_batch=2), gpu=g, host_overhead=h)
+               for g in ("a100", "h100") for h in ("10us", "20us")]
+    labels = [{"gpu": g, "host_overhead": h} for g in ("a100", "h100") for h in ("10us", "20us")]
+    out = io.StringIO()  # not a tty: a pipe or a file
+    render(results, file=out, labels=labels)
+    table = out.getvalue()
+    assert "…" not in table and "host_overhead" in table, table
+    assert max(map(len, table.splitlines())) > 140  # wider than the text's 140, not cut to it
