@@ -46,12 +46,29 @@ def write_key(run_dir: str, key: str, params: dict[str, Any]) -> None:
     outputs.write_text(Path(run_dir) / KEY_FILE, outputs.json_text({"key": key, "params": params}))
 
 
-def _stored_measurements(run_dir: Path, repeats: int):
-    """The fastest stored measured run of a row (``result.json`` of ``run_dir`` and its
-    ``-r<k>`` repeats, all that are stored), or (None, [], None) when none is stored;
+def repeat_choice(profile) -> str:
+    """Which of a row's measured runs counts: the statistic the profile's calibration kept of its
+    own repeats (``metadata["calibration"]["statistic"]``, :data:`perfsim.calibrate.calibration.STATISTICS`):
+    ``min`` (the fastest run) or ``median`` (the middle run; a profile that does not say: median,
+    calibrate's default). The fastest run against median layer times makes every prediction look
+    too slow by the spread between runs, 10-25 % on a shared VM (docs/validation.md, session 24)."""
+    cal = (getattr(profile, "metadata", None) or {}).get("calibration") or {}
+    return "min" if cal.get("statistic") == "min" else "median"
+
+
+def chosen_repeat(runs: list, choice: str):
+    """The run that counts among ``runs`` (Results): ``min`` -> the highest throughput; ``median`` ->
+    the lower median of the run times (the middle run of 3, the faster of 2)."""
+    ranked = sorted(runs, key=lambda m: -(m.summary.get("throughput_samples_per_s") or 0.0))
+    return ranked[0] if choice == "min" else ranked[(len(ranked) - 1) // 2]
+
+
+def _stored_measurements(run_dir: Path, repeats: int, choice: str = "min"):
+    """The stored measured run of a row that counts (:func:`chosen_repeat` of ``result.json`` of
+    ``run_dir`` and its ``-r<k>`` repeats, all that are stored), or (None, [], None) when none is stored;
     the third item is the stored :data:`KEY_FILE` document of the runs (None when one
     of them has none: measured before perfsim keyed measurements, or keys that differ)."""
-    best, tputs, keys = None, [], []
+    runs, tputs, keys = [], [], []
     k = 0
     while True:
         folder = Path(str(run_dir) + (f"-r{k}" if k else ""))
@@ -67,10 +84,9 @@ def _stored_measurements(run_dir: Path, repeats: int):
         except (OSError, ValueError, KeyError) as e:
             raise ConfigError(f"{path}: unreadable stored measurement ({e})") from None
         tputs.append(summary.get("throughput_samples_per_s") or 0.0)
-        if best is None or tputs[-1] > (best.summary.get("throughput_samples_per_s") or 0.0):
-            best = SimpleNamespace(summary=summary)
+        runs.append(SimpleNamespace(summary=summary))
     same = keys and all(isinstance(d, dict) and d == keys[0] for d in keys)
-    return best, tputs, keys[0] if same else None
+    return (chosen_repeat(runs, choice) if runs else None), tputs, keys[0] if same else None
 
 
 #: stored tables read by --reuse-measured, by path (before this process rewrites them)
@@ -135,7 +151,7 @@ def check_table(plan: ValidationPlan) -> None:
 def _table_measurement(out: str, row: dict[str, Any]):
     """The measured figures of ``row`` (its schedule and tp degree included, where
     the table records them) from the grid's stored ``validation.csv`` (the run folders
-    are kept locally, not in git; the table keeps each row's fastest measured run):
+    are kept locally, not in git; the table keeps the run of each row that counted):
     ``(figures, throughputs, {"key": measured_key})``, or None when the table has no
     such row."""
     path = Path(out) / "validation.csv"
@@ -163,14 +179,14 @@ def _table_measurement(out: str, row: dict[str, Any]):
 
 
 def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
-            key_params: dict[str, Any], unchecked: bool = True):
+            key_params: dict[str, Any], unchecked: bool = True, choice: str = "min"):
     """``(figures, throughputs, key)`` of the stored measurement of ``row`` that
     ``--reuse-measured`` (or a grid re-run, which resumes) may use, or ``(None, [], None)``:
     none is stored, or it was taken with other run parameters or another perfsim (a
     warning says which, and the row is measured again). A measurement stored before
     perfsim keyed them is reused with a warning that it could not be checked
     (``unchecked``: ``--reuse-measured``), else measured again, saying so."""
-    measured, tputs, doc = _stored_measurements(run_dir, plan.repeats)
+    measured, tputs, doc = _stored_measurements(run_dir, plan.repeats, choice)
     where = str(run_dir)
     if measured is None:
         measured, tputs, doc = _table_measurement(plan.out, row) or (None, [], None)

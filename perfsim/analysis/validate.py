@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfsim import outputs
-from perfsim.analysis.measured import _TABLES, check_table, measure_key, reused, write_key  # noqa: F401 (tests)
+from perfsim.analysis.measured import (_TABLES, check_table, chosen_repeat, measure_key, repeat_choice,  # noqa: F401 (tests)
+                                      reused, write_key)
 from perfsim.analysis.plot_files import save_figure
 from perfsim.analysis.plots import plot_validation
 from perfsim.api import build_configs, predict
@@ -97,9 +98,9 @@ class ValidationPlan:
       otherwise a grid re-run resumes: a row measured earlier under the same key (every run
       parameter and perfsim's version) is kept, the others are measured; ``overwrite``:
       every row is measured again.
-    repeats: measured runs per row; the fastest counts: interference from other
-      jobs only ever slows a run down, so the fastest repeat is the best estimate
-      of the undisturbed machine the profile was calibrated on (all repeats are
+    repeats: measured runs per row, reduced to one as the profile's calibration reduced
+      its own repeats (:func:`repeat_choice`: ``min`` -> the fastest run, ``median`` -> the
+      middle one), so both sides of a row's error are the same statistic (all repeats are
       kept in ``measured_throughput_all``).
     """
 
@@ -266,9 +267,12 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     t0 = time.perf_counter()
     key, key_params = measure_key(run_params)
     measured, tputs, stored_key = None, [], None
+    choice = repeat_choice(profile)
     if not plan.overwrite:  # --reuse-measured, or a re-run resuming (only what its key still holds)
-        measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params, unchecked=plan.reuse_measured)
+        measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params, unchecked=plan.reuse_measured,
+                                             choice=choice)
     kept = measured is not None
+    runs = []
     for k in range(0 if measured is not None else plan.repeats):
         # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
         params = dict(run_params, out=str(run_dir) + (f"-r{k}" if k else ""), overwrite=True)
@@ -277,8 +281,9 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         write_key(params["out"], key, key_params)
         stored_key = key
         tputs.append(m.summary.get("throughput_samples_per_s") or 0.0)
-        if measured is None or tputs[-1] > (measured.summary.get("throughput_samples_per_s") or 0.0):
-            measured = m
+        runs.append(m)
+    if runs:
+        measured = chosen_repeat(runs, choice)
     wall = time.perf_counter() - t0
     link, loopback_source = link_params(profile, bw, plan.latency_s, plan.link_model, dp_only)
     pred_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"], profile=profile,
@@ -314,6 +319,8 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
            # who made the emulated latency (perfsim.runtime.measure.latency_in): decides the TCP window
            "measured_latency_in": latency_made if isinstance(latency_made, str) else "",
            "measured_repeats": len(tputs),
+           # which repeat counts: the profile's own statistic (repeat_choice); a reused row keeps its earlier one
+           "measured_repeat_choice": "" if kept else choice,
            # measured by an earlier run of the grid (resumed, --reuse-measured), not by this one
            "measured_reused": kept,
            "measured_throughput_all": ";".join(f"{t:.2f}" for t in tputs),

@@ -102,7 +102,8 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
       loopback, no emulation: emulated rates need root).
     latency: one-way latency of the emulated links (seconds or ``"5ms"``).
     link_model: ``profile`` (the link calibrated at that rate) or ``nominal``.
-    steps, seed, repeats (the fastest counts), dataset_limit (default: 4 steps'
+    steps, seed, repeats (the run that counts: as the profile chose among its repeats,
+      :func:`perfsim.analysis.measured.repeat_choice`), dataset_limit (default: 4 steps'
       worth, so AQ-SGD's uncompressed first epoch ends early), reuse_measured
       (re-predict the measurements stored in ``out``): see
       :class:`perfsim.analysis.validate.ValidationPlan`.

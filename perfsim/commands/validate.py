@@ -51,7 +51,7 @@ def add_arguments(p) -> None:
                         "uncompressed first epoch ends early)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
-                   help="measured runs per row, the fastest counts (a shared machine only slows runs down)")
+                   help="measured runs per row; the one that counts is chosen as the profile's calibration chose its repeats (min: the fastest; median: the middle one)")
     add_out(p, None, "output folder (default traces/validation/<model>-pp<P>-dp<D>)")
     p.add_argument("--reuse-measured", action="store_true",
                    help="re-predict against the measured results stored in OUT/runs (no new runs; "
