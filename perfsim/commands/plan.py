@@ -90,10 +90,16 @@ def _check_outputs(args) -> None:
         check_figure_target(args.plot, "--plot")
 
 
+def _interval(row: dict) -> str:
+    """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), as predict's table shows it."""
+    lo, hi = row.get("iteration_s_low"), row.get("iteration_s_high")
+    return "-" if lo is None or hi is None else f"{format_time(lo)}-{format_time(hi)}"
+
+
 def _table(result) -> str:
     lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>16} {'mb':>3} {'zero':>6} {'recomp':>9} "
              f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
-             f"{'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
+             f"{'80 % interval':>17} {'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
     for row, c in zip(result.rows(), result.ranked):
         p = c.params
         ttl, ratio = row["time_to_loss_s"], row["steps_ratio"]
@@ -106,7 +112,8 @@ def _table(result) -> str:
                      f"{row['micro_batch']:>3} {zero:>6} {p.get('recompute', 'none'):>9} "
                      f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "
                      f"{p.get('precision', 'fp32'):>4} {row['compress']:>14} {row['grad_compress']:>14} "
-                     f"{format_time(row['iteration_s']):>10} {row['throughput_samples_per_s']:>10.4g} "
+                     f"{format_time(row['iteration_s']):>10} {_interval(row):>17} "
+                     f"{row['throughput_samples_per_s']:>10.4g} "
                      f"{ratio_text:>18} "
                      f"{'' if ttl is None else format_time(ttl):>10}")
     lines.append("")
