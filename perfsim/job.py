@@ -110,7 +110,7 @@ def place(placement: tuple[str, ...], sizes: dict[str, int], coords: dict[str, i
     """Position of ``coords`` (``{"tp": t, "dp": r, "pp": s}``) in the rank order
     ``placement`` (innermost first) of a job of ``sizes``: the one definition of rank
     placement, read by the simulator (:meth:`Job.device`) and the runtime
-    (:class:`perfsim.runtime.tensor_parallel.RankLayout`)."""
+    (:class:`perfsim.runtime.layout.RankLayout`)."""
     pos, stride = 0, 1
     for dim in placement:
         pos += coords[dim] * stride

@@ -27,14 +27,14 @@ _HOMES = {
     "run": "_entry", "make_config": "_entry", "under_torchrun": "_entry",
     "RunConfig": "config",
     "RankFailure": "launch",
-    "TrainingDiverged": "worker",
+    "TrainingDiverged": "launch",
     "load_result": "measure",
     "Messenger": "pipeline", "header_capacity": "pipeline", "StageRunner": "pipeline",
     "build_stage": "models", "build_stages": "models", "build_layer": "models", "boundary_shape": "models",
     "GradSync": "grad_sync",
     "make_buckets": "grad_sync", "sync_gradients": "grad_sync",
     "OneBitAdam": "onebit_optim", "OneBitLamb": "onebit_optim",
-    "RankLayout": "tensor_parallel",
+    "RankLayout": "layout",
 }
 
 __all__ = sorted(_HOMES)

@@ -19,6 +19,7 @@ from perfsim.job import MEGATRON_PLACEMENT, Job, check_choice, check_chunks, che
 from perfsim.models.registry import get_model_spec
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import TransformerSpec
+from perfsim.runtime.layout import RankLayout
 
 #: seeds feed torch and numpy generators; numpy's take 32 bits
 MAX_SEED = 2**32 - 1
@@ -195,9 +196,6 @@ class RunConfig(Job):
 
     @property
     def layout(self):
-        # lazy: perfsim.runtime.tensor_parallel loads torch
-        from perfsim.runtime.tensor_parallel import RankLayout
-
         return RankLayout(self.tp, self.dp, self.pp, self.device_order, self.placement)
 
     def spec(self):

@@ -56,6 +56,16 @@ class RankFailure(RuntimeError):
     """A rank died or failed; the message names it."""
 
 
+class TrainingDiverged(RuntimeError):
+    """Activations, gradients or the loss became NaN/Inf (or too large to
+    compress): not a usage error; the launcher reports the message as is. Defined here,
+    beside :class:`RankFailure`, so that ``perfsim run``'s launcher, which catches both,
+    does not import the worker (and torch: ~2.5 s) before its ranks start."""
+
+    def __init__(self, step: int, stage: int):
+        super().__init__(f"training diverged at step {step}, stage {stage}; try a lower learning rate")
+
+
 def _first_report(ranks_dir: Path, world: int, kind: str) -> str | None:
     """The earliest ``kind: ...`` report (an error type written first in ``rank<r>.error``) of
     any of the ``world`` ranks, without its prefix; None if no rank made one."""
@@ -156,34 +166,33 @@ def launch_local(cfg, *, progress: Callable[[dict], None] | None = None, grace_s
         net_ctx = EmulatedNetwork(world, cfg.bandwidth_bps, cfg.latency_s)
     else:
         net_ctx = contextlib.nullcontext(None)
-    # emulated: rank 0 serves the store at a fixed port of its own namespace (env://); else this
-    # process serves it, bound at a port the kernel picks as it binds (no window to lose it in)
-    with net_ctx as net, (contextlib.nullcontext() if net else rank_store.hosted(world, cfg.timeout_s)) as host:
-        base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
-        base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-        base_env["PYTHONUNBUFFERED"] = "1"
-        run_env = dict(base_env, PERFSIM_LAUNCHER_PID=str(os.getpid()), PERFSIM_HEARTBEAT=str(heartbeat))
-        rdzv_env = host.env() if host else {"MASTER_ADDR": net.address(0), "MASTER_PORT": "29500"}
-        procs: list = []  # subprocess.Popen, or rank_start.ForkedRank (the same interface)
-        logs = []
-        zygote, own = None, False
-        try:
+    base_env = dict(os.environ)  # what every run's ranks share (a zygote's environment)
+    base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    base_env["PYTHONUNBUFFERED"] = "1"
+    # the zygote first: it imports torch in its own process while this one serves the store
+    zygote, own = rank_start.zygote_for(base_env) if method == "fork" else (None, False)
+    procs: list = []  # subprocess.Popen, or rank_start.ForkedRank (the same interface)
+    logs = []
+    try:
+        # emulated: rank 0 serves the store at a fixed port of its own namespace (env://); else this
+        # process serves it, bound at a port the kernel picks as it binds (no window to lose it in)
+        with net_ctx as net, (contextlib.nullcontext() if net else rank_store.hosted(world, cfg.timeout_s)) as host:
+            run_env = dict(base_env, PERFSIM_LAUNCHER_PID=str(os.getpid()), PERFSIM_HEARTBEAT=str(heartbeat))
+            rdzv_env = host.env() if host else {"MASTER_ADDR": net.address(0), "MASTER_PORT": "29500"}
             with _forward_signals(procs):
-                if method == "fork":
-                    zygote, own = rank_start.zygote_for(base_env)
                 _start_and_watch(procs, logs, cfg, world, run_env, rdzv_env, net,
                                  python, cfg_path, ranks_dir, progress, grace_s, zygote)
-        except rank_start.ZygoteError as exc:
-            _stop(procs, 0.0)
-            raise RankFailure(f"{exc}; all {len(procs)} ranks started were stopped (logs: {ranks_dir})") from None
-        except BaseException:
-            _stop(procs, 0.0)
-            raise
-        finally:
-            for log in logs:
-                log.close()
-            if own:
-                zygote.close()
+    except rank_start.ZygoteError as exc:
+        _stop(procs, 0.0)
+        raise RankFailure(f"{exc}; all {len(procs)} ranks started were stopped (logs: {ranks_dir})") from None
+    except BaseException:
+        _stop(procs, 0.0)
+        raise
+    finally:
+        for log in logs:
+            log.close()
+        if own:
+            zygote.close()
 
 
 def _start_and_watch(procs, logs, cfg, world, base_env, rdzv_env, net, python,

@@ -96,6 +96,13 @@ class Zygote:
         self.owner = os.getpid()
         self._buf, self._exits, self._eof = b"", {}, False
         self._lock = threading.Lock()
+        # its torch import (~2.5 s) runs while the launcher goes on (its rendezvous store imports
+        # torch too: on 2 cores the two overlap); the first start() waits for "ready"
+        self.pid, self.startup_cpu_s = None, None
+
+    def _wait_ready(self) -> None:
+        if self.pid is not None:
+            return
         try:
             first = self._reply(None)
         except BaseException:  # interrupted while it imports: leave nothing behind
@@ -115,6 +122,7 @@ class Zygote:
         appended to ``log``, in process group ``pgid`` (0: a new group it leads)."""
         req = {"argv": argv, "env": env, "log": str(log), "pgid": pgid, "cwd": os.getcwd()}
         with self._lock:
+            self._wait_ready()
             try:
                 self.proc.stdin.write((json.dumps(req) + "\n").encode())
                 self.proc.stdin.flush()

@@ -7,7 +7,7 @@ serves), builds its stage, trains, checkpoints, and sends its records to
 rank 0, which writes the measured :class:`perfsim.result.Result`.
 
 Rank layout: the job's placement, as the simulator numbers its devices
-(:class:`perfsim.runtime.tensor_parallel.RankLayout`); a rank holds the stages
+(:class:`perfsim.runtime.layout.RankLayout`); a rank holds the stages
 (model chunks) the schedule table puts on its pipeline device, and with
 ``tp > 1`` each chunk's blocks are sharded by :mod:`perfsim.runtime.tensor_parallel`.
 """
@@ -42,7 +42,7 @@ from perfsim.runtime import checkpoint
 from perfsim.runtime.config import RunConfig
 from perfsim.runtime.data import Order, dataset_for
 from perfsim.runtime.fsdp import CollectiveMeter, shard_stage
-from perfsim.runtime.launch import HEARTBEAT_PERIOD_S
+from perfsim.runtime.launch import HEARTBEAT_PERIOD_S, TrainingDiverged
 from perfsim.runtime.measure import build_result, results_written, write_outputs
 from perfsim.runtime.models import Stage
 from perfsim.runtime.pipeline import StageRunner
@@ -51,14 +51,6 @@ from perfsim.runtime.tied import TiedEmbedding
 from perfsim.schedules import max_in_flight
 
 COMPRESSOR_SLOTS = ("fw_send", "fw_recv", "bw_send", "bw_recv")
-
-
-class TrainingDiverged(RuntimeError):
-    """Activations, gradients or the loss became NaN/Inf (or too large to
-    compress): not a usage error; the launcher reports the message as is."""
-
-    def __init__(self, step: int, stage: int):
-        super().__init__(f"training diverged at step {step}, stage {stage}; try a lower learning rate")
 
 
 def boundary_seed(seed: int, boundary: int, direction: int) -> int:

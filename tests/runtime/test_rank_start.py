@@ -76,3 +76,36 @@ def test_which_ranks_are_forked(monkeypatch):
     monkeypatch.setenv(rank_start.START_ENV, "forkserver")
     with pytest.raises(ConfigError, match=r"^PERFSIM_RANK_START='forkserver': expected one of fork, spawn$"):
         rank_start.start_method(sys.executable, emulated=False)
+
+
+def test_the_launcher_starts_the_zygote_before_it_imports_torch():
+    """perfsim run's launcher checked its job (RunConfig, the rank layout) and caught its errors
+    through modules that import torch (~2.5 s), and only then started the zygote, whose own torch
+    import followed. Now the job's checks are torch-free and the zygote is started first, so the
+    launcher's one torch import (the rendezvous store's) overlaps the zygote's."""
+    import subprocess
+
+    probe = (
+        "import sys\n"
+        "from perfsim.runtime import RankFailure, TrainingDiverged, make_config, run, under_torchrun\n"
+        "from perfsim.runtime import launch, rank_start\n"
+        "cfg = make_config(model='digits-mlp', pp=2, dp=2, out=sys.argv[1])\n"
+        "assert cfg.layout.describe(3) == 'rank 3 (stage 1, replica 1)', cfg.layout.describe(3)\n"
+        "calls = []\n"
+        "class Stop(Exception):\n"
+        "    pass\n"
+        "def zygote_for(env, *a):\n"
+        "    calls.append(('zygote', 'torch' in sys.modules))\n"
+        "    raise Stop\n"
+        "rank_start.zygote_for = zygote_for\n"
+        "try:\n"
+        "    launch.launch_local(cfg)\n"
+        "except Stop:\n"
+        "    pass\n"
+        "print(calls)\n")
+    out = subprocess.run([sys.executable, "-c", probe, os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                                                                    f"perfsim-zygote-probe-{os.getpid()}")],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PERFSIM_RANK_START="fork"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[('zygote', False)]", out.stdout + out.stderr[-2000:]
