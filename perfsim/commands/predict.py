@@ -47,6 +47,10 @@ def _trace_path(base: str, i: int, n: int) -> str:
     return f"{stem}-{i}.{ext}" if dot else f"{base}-{i}"
 
 
+#: a grid's warning names at most this many of its configurations
+MAX_NAMED = 4
+
+
 def _label(grid: list[dict], i: int) -> str:
     """The values that tell configuration ``i`` of ``grid`` from the others (``bandwidth=1Gbps,
     compress=fp16``): what its trace file stands for."""
@@ -118,23 +122,31 @@ def run(args) -> int:
         labels = [{params.column(k): v for k, v in params.plain(c).items() if k in varying} for c in grid]
         if not args.output:
             render(results, file=sys.stdout, labels=labels)
-            _warn_memory(results)
+            _warn_memory(results, grid)
             return 0
         data = render(results, width=160, color=False, labels=labels).encode()
     outputs.emit(args.output, data.decode() if args.output is None else data)
     if args.output:
         log.info("wrote %s (%d configuration%s)", args.output, len(results), "s" * (len(results) != 1))
-    _warn_memory(results)
+    _warn_memory(results, grid)
     return 0
 
 
-def _warn_memory(results) -> None:
+def _warn_memory(results, grid: list[dict] | None = None) -> None:
     """Each distinct ``memory_warning`` of the results (a peak over the profile's GPU or every
     preset, :func:`perfsim.api._warn_memory`) once on stderr, after the output is written; then
     each distinct note of their ``notes`` once (:func:`perfsim.api.prediction_notes` decides
     them: a TP group wider than a node, network settings a job inside one node does not use, a
-    topology's extremes, settings given but not used)."""
-    for note in dict.fromkeys(r.summary.get("memory_warning") for r in results):
-        if note:
-            log.warning("warning: %s", note)
+    topology's extremes, settings given but not used). In a grid (``grid``: its configurations) a
+    warning names the configurations it is about (:func:`_label`), at most :data:`MAX_NAMED`."""
+    which: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        if r.summary.get("memory_warning"):
+            which.setdefault(r.summary["memory_warning"], []).append(i)
+    for note, rows in which.items():
+        if grid is not None and len(grid) > 1:  # a grid: which of its configurations (they read alike)
+            named = [_label(grid, i) for i in rows[:MAX_NAMED]]
+            more = f" and {len(rows) - MAX_NAMED} more" if len(rows) > MAX_NAMED else ""
+            note += " (every configuration)" if len(rows) == len(grid) else f" ({'; '.join(named)}{more})"
+        log.warning("warning: %s", note)
     print_notes(r.summary for r in results)

@@ -32,3 +32,21 @@ def test_the_cli_prints_the_note_and_json_holds_it(capsys):
     out, err = capsys.readouterr()
     assert "--latency" in json.loads(out)["notes"][0]
     assert err.count("note: --latency") == 1
+
+
+def test_a_grids_memory_warning_names_the_configurations_it_is_about():
+    """In a grid, `warning: peak memory ... exceeds` was printed once per distinct peak without saying
+    which rows: with --recompute none,full the reader could not tell that full recomputation fits."""
+    from _helpers import run_cli_here
+
+    r = run_cli_here("predict", "--model", "gpt2-medium", "--pp", "4", "--recompute", "none,full",
+                     "--bandwidth", "1Gbps")
+    assert r.returncode == 0, r.stderr
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning: peak memory")]
+    assert len(warnings) == 1 and warnings[0].endswith("(recompute=none)"), r.stderr
+    both = run_cli_here("predict", "--model", "gpt2-medium", "--pp", "4", "--compress", "fp32,fp16",
+                        "--bandwidth", "1Gbps").stderr
+    assert [line for line in both.splitlines() if line.startswith("warning: peak memory")][0].endswith(
+        "(every configuration)"), both  # one peak shared by both rows
+    one = run_cli_here("predict", "--model", "gpt2-medium", "--pp", "4", "--bandwidth", "1Gbps").stderr
+    assert "warning: peak memory" in one and "configuration" not in one and "(compress=" not in one, one
