@@ -217,9 +217,40 @@ def _interval_text(summary: dict) -> str:
     return f"; 80 % interval {lo * 1e3:.1f}-{hi * 1e3:.1f} ms{extra}"
 
 
-def explain(ranked: Sequence[Candidate]) -> str:
-    """One paragraph: where the winner's time goes, which link binds, and how it
-    differs from the runner-up."""
+def _shape(c: Candidate) -> str:
+    p = c.params
+    return (f"TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}, {c.summary.get('schedule') or p.get('schedule')}, "
+            f"micro-batch {p['micro_batch']}, {p['compress']} + {p['grad_compress']}")
+
+
+def compression_verdict(winner: Candidate, simulated: Sequence[Candidate], measure: str,
+                        band: float = TIE_BAND) -> str:
+    """Whether compression pays for this job, against the best configuration of the other kind
+    (lossless vs compressed, :func:`_lossless`) that the search simulated. The search simulates a
+    lossless candidate while its lower bound is within ``band`` of the best score (ties go to the
+    lossless choice), so a lossless candidate it did not simulate is more than ``band`` slower."""
+    others = [c for c in simulated if c.summary is not None and _lossless(c) != _lossless(winner)]
+    other = min(others, key=Candidate.score, default=None)
+    if not _lossless(winner):
+        if other is None:
+            return (f"Compression pays: every lossless configuration is more than {band:.0%} slower {measure} "
+                    "(each one's lower bound already is, so none was simulated).")
+        gain = other.score() / winner.score() - 1
+        return f"Compression pays: the best lossless configuration simulated ({_shape(other)}) is {gain:.1%} slower {measure}."
+    if other is None:
+        return ("Compression does not pay here: every compressed configuration's lower bound is above the "
+                "ranked configurations' times, so none was simulated.")
+    gain = other.score() / winner.score() - 1
+    if gain < 0:
+        return (f"Compression would gain only {-gain:.1%} {measure} ({_shape(other)}), within the model's "
+                f"error band: it does not pay here.")
+    return f"Compression does not pay here: the fastest compressed configuration ({_shape(other)}) is {gain:.1%} slower {measure}."
+
+
+def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) -> str:
+    """One paragraph: where the winner's time goes, which link binds, how it differs from
+    the runner-up and, from every candidate ``simulated``, whether compression pays
+    (:func:`compression_verdict`; said unless the runner-up already is that comparison)."""
     if not ranked:
         return "No configuration could be simulated."
     w = ranked[0]
@@ -272,6 +303,11 @@ def explain(ranked: Sequence[Candidate]) -> str:
             how = f"is {gain:.1%} slower {measure}"
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
                  f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and {how}.")
+    measure = "to the target" if w.time_to_loss_s is not None else "per iteration over the run"
+    others = [c for c in simulated if c.summary is not None and _lossless(c) != _lossless(w)]
+    best_other = min(others, key=Candidate.score, default=None)
+    if simulated and not (len(ranked) > 1 and best_other is ranked[1]):
+        text += " " + compression_verdict(w, simulated, measure)
     return text
 
 
@@ -465,7 +501,7 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
     result = PlanResult(ranked=feasible[:top], evaluated=len(done), pruned=pruned,
                         rejected=rejected, total=n_cands, notes=notes,
                         all_evaluated=done + invalid)
-    result.explanation = explain(result.ranked)
+    result.explanation = explain(result.ranked, done)
     return result
 
 

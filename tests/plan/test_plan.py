@@ -9,7 +9,7 @@ import pytest
 
 from perfsim.convergence import load_convergence, parse_convergence, steps_to
 from perfsim.errors import ConfigError
-from perfsim.plan import TIE_BAND, SearchSpace, enumerate_candidates, pareto_front, plan, run_command
+from perfsim.plan import TIE_BAND, SearchSpace, _lossless, enumerate_candidates, pareto_front, plan, run_command
 from perfsim.plan_bounds import iteration_bound
 
 CPU = "traces/cpu-2core.json"
@@ -128,6 +128,31 @@ def test_the_plan_table_shows_each_rows_80_percent_interval():
         s = c.summary
         assert f"{format_time(s['iteration_s_low'])}-{format_time(s['iteration_s_high'])}" in line, line
         assert s["iteration_s_low"] < s["iteration_s"] < s["iteration_s_high"]
+
+
+def test_the_explanation_says_whether_compression_pays():
+    """perfsim plan says why the winner wins: compressed or not, against the best configuration of the
+    other kind it simulated (a lossless one it did not simulate is more than the error band slower)."""
+    from perfsim.plan import compression_verdict
+
+    kw = dict(model="gpt2-tiny", profile=CPU, nodes=2, global_batch=32, top=3)
+    slow = plan(bandwidth="10Mbps", **kw)
+    assert not _lossless(slow.ranked[0]) and "Compression pays:" in slow.explanation, slow.explanation
+    for rate in ("10Gbps", "1Gbps"):
+        fast = plan(bandwidth=rate, space=SearchSpace(compress=("fp32", "directq:fw4bw8"), grad_compress=("none",)),
+                    **kw)
+        w = fast.ranked[0]
+        verdict = compression_verdict(w, fast.all_evaluated, "per iteration")
+        lossy = [c for c in fast.all_evaluated if c.summary is not None and not _lossless(c)]
+        if not _lossless(w):
+            assert verdict.startswith("Compression pays"), (rate, verdict)
+        elif not lossy:
+            assert "none was simulated" in verdict and "does not pay" in verdict, (rate, verdict)
+        else:
+            best = min(lossy, key=lambda c: c.score())
+            gap = best.score() / w.score() - 1
+            assert (f"is {gap:.1%} slower" if gap > 0 else "within the model's error band") in verdict, verdict
+            assert str(best.params["compress"]) in verdict and "does not pay here" in verdict, verdict
 
 
 def test_convergence_files_are_validated(tmp_path):
