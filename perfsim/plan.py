@@ -223,14 +223,19 @@ def _shape(c: Candidate) -> str:
             f"micro-batch {p['micro_batch']}, {p['compress']} + {p['grad_compress']}")
 
 
+def _best_of_other_kind(winner: Candidate, simulated: Sequence[Candidate]) -> Candidate | None:
+    """The best-scoring simulated candidate that is lossless where ``winner`` compresses, or the reverse."""
+    others = [c for c in simulated if c.summary is not None and _lossless(c) != _lossless(winner)]
+    return min(others, key=Candidate.score, default=None)
+
+
 def compression_verdict(winner: Candidate, simulated: Sequence[Candidate], measure: str,
                         band: float = TIE_BAND) -> str:
     """Whether compression pays for this job, against the best configuration of the other kind
     (lossless vs compressed, :func:`_lossless`) that the search simulated. The search simulates a
     lossless candidate while its lower bound is within ``band`` of the best score (ties go to the
     lossless choice), so a lossless candidate it did not simulate is more than ``band`` slower."""
-    others = [c for c in simulated if c.summary is not None and _lossless(c) != _lossless(winner)]
-    other = min(others, key=Candidate.score, default=None)
+    other = _best_of_other_kind(winner, simulated)
     if not _lossless(winner):
         if other is None:
             return (f"Compression pays: every lossless configuration is more than {band:.0%} slower {measure} "
@@ -288,12 +293,12 @@ def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) ->
                  f"{busiest['busy_s'] / it:.0%} of the iteration.")
     if w.steps_ratio is not None and w.steps_ratio != 1.0:
         text += f" Its compression needs {w.steps_ratio:.2f}x the steps of uncompressed training."
+    # what the score measures: time to the target loss, or (no curves) the run's mean iteration
+    measure = "to the target" if w.time_to_loss_s is not None else "per iteration over the run"
     if len(ranked) > 1:
         r = ranked[1]
         diff = [k for k in dict.fromkeys([*p, *r.params]) if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
-        # what the score measures: time to the target loss, or (no curves) the run's mean iteration
-        measure = "to the target" if w.time_to_loss_s is not None else "per iteration over the run"
         if gain < 0:
             how = f"is {-gain:.1%} faster, a tie within the model's error band that goes to the lossless choice"
         elif gain < TIE_BAND:
@@ -303,10 +308,7 @@ def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) ->
             how = f"is {gain:.1%} slower {measure}"
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
                  f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and {how}.")
-    measure = "to the target" if w.time_to_loss_s is not None else "per iteration over the run"
-    others = [c for c in simulated if c.summary is not None and _lossless(c) != _lossless(w)]
-    best_other = min(others, key=Candidate.score, default=None)
-    if simulated and not (len(ranked) > 1 and best_other is ranked[1]):
+    if simulated and not (len(ranked) > 1 and _best_of_other_kind(w, simulated) is ranked[1]):
         text += " " + compression_verdict(w, simulated, measure)
     return text
 

@@ -171,19 +171,20 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
     return val, held
 
 
-#: the CPU profile band's rows: a profile and the validation grids measured against it (folder, grid names);
-#: docs/validation.md, "The CPU band's basis"
-CPU_BAND = {"profile": "traces/cpu-2core.json", "folder": "traces/validation",
-            "grids": ("gpt2-tiny-dp2", "gpt2-tiny-pp2", "gpt2-tiny-pp2-gpipe", "digits-mlp-dp2", "digits-mlp-pp2")}
+#: the CPU profile band's rows: a profile and the validation grids measured against it (``folder`` and
+#: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS); docs/validation.md,
+#: "The CPU band's basis"
+CPU_BAND = {"profile": "traces/cpu-2core.json"}
 
 
 def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:
     """(validation, held-out) iteration-time errors of ``source``'s grids, re-predicted with its profile."""
     rp = _script("repredict_validation")
+    folder = ROOT / source["folder"] if "folder" in source else rp.STORED
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n, g in enumerate(source["grids"]):
-            df = rp.repredict_frame(ROOT / source["folder"] / g, str(ROOT / source["profile"]), Path(tmp) / str(n))
+        for n, g in enumerate(source.get("grids", rp.GRIDS)):
+            df = rp.repredict_frame(folder / g, str(ROOT / source["profile"]), Path(tmp) / str(n))
             for _, r in df.iterrows():
                 key = ",".join(str(r[c]) for c in ("model", "bandwidth_bps", "compress", "grad_compress", "schedule",
                                                    "pp", "dp", "micro_batch"))

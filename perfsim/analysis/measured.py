@@ -63,7 +63,7 @@ def chosen_repeat(runs: list, choice: str):
     return ranked[0] if choice == "min" else ranked[(len(ranked) - 1) // 2]
 
 
-def _stored_measurements(run_dir: Path, repeats: int, choice: str = "min"):
+def _stored_measurements(run_dir: Path, repeats: int, choice: str):
     """The stored measured run of a row that counts (:func:`chosen_repeat` of ``result.json`` of
     ``run_dir`` and its ``-r<k>`` repeats, all that are stored), or (None, [], None) when none is stored;
     the third item is the stored :data:`KEY_FILE` document of the runs (None when one
@@ -179,7 +179,7 @@ def _table_measurement(out: str, row: dict[str, Any]):
 
 
 def reused(plan: ValidationPlan, row: dict[str, Any], run_dir: Path, key: str,
-            key_params: dict[str, Any], unchecked: bool = True, choice: str = "min"):
+            key_params: dict[str, Any], choice: str, unchecked: bool = True):
     """``(figures, throughputs, key)`` of the stored measurement of ``row`` that
     ``--reuse-measured`` (or a grid re-run, which resumes) may use, or ``(None, [], None)``:
     none is stored, or it was taken with other run parameters or another perfsim (a

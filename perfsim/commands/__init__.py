@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from perfsim import params
 from perfsim.errors import ConfigError
+from perfsim.units import format_time
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,13 @@ def print_notes(summaries: Iterable[dict[str, Any]]) -> None:
 
 #: the predict parameters that name files (the roles of :func:`perfsim.api.input_files`)
 FILE_PARAMS = ("profile", "model", "workload", "topology")
+
+
+def interval_text(summary: Mapping[str, Any]) -> str:
+    """A prediction's 80 % interval of the iteration time, ``3.1s-3.9s`` (:mod:`perfsim.engine.uncertainty`),
+    or a dash where none is stated: the cell predict's and plan's tables show."""
+    lo, hi = summary.get("iteration_s_low"), summary.get("iteration_s_high")
+    return "-" if lo is None or hi is None else f"{format_time(lo)}-{format_time(hi)}"
 
 
 def input_paths(values: Mapping[str, Any]) -> list[tuple[str, Any]]:

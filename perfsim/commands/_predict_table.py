@@ -9,6 +9,7 @@ from itertools import zip_longest
 from rich.console import Console
 from rich.table import Table
 
+from perfsim.commands import interval_text
 from perfsim.hardware import value_precision
 from perfsim.units import format_bandwidth, format_bytes, format_time
 from perfsim.memory import breakdown_text
@@ -38,12 +39,6 @@ def _label(column: str, value) -> str:
     return "" if value is None else str(value)
 
 
-def _interval(s: dict) -> str:
-    """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), or a dash where none is stated."""
-    lo, hi = s.get("iteration_s_low"), s.get("iteration_s_high")
-    return f"{format_time(lo)}-{format_time(hi)}" if lo is not None and hi is not None else "-"
-
-
 def render(results, file=None, width: int | None = None, color: bool = True,
            labels: list[dict] | None = None) -> str | None:
     """Print to ``file`` (a rich console) or, with ``file=None``, return plain text.
@@ -68,7 +63,7 @@ def render(results, file=None, width: int | None = None, color: bool = True,
     fig_cols = [("samples/s", lambda s: f"{s['throughput_samples_per_s']:.3g}"),
                 ("tokens/s", lambda s: f"{s['throughput_tokens_per_s']:.4g}"),
                 ("iteration", lambda s: format_time(s["iteration_s"])),
-                ("80 % interval", _interval),
+                ("80 % interval", interval_text),
                 ("bubble", lambda s: f"{s['bubble_fraction']:.1%}"),
                 # the run asked for (--epochs), warm-up included: a steady epoch alone showed AQ-SGD's
                 # compressed pace for a 1-epoch run that is all uncompressed warm-up

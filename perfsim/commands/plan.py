@@ -21,7 +21,7 @@ import logging
 import sys
 
 from perfsim import outputs, params
-from perfsim.commands import input_paths, print_notes
+from perfsim.commands import input_paths, interval_text, print_notes
 from perfsim.emit import EMIT_KINDS, check_emit, emit
 from perfsim.errors import ConfigError
 from perfsim.plan import pareto_front, plan
@@ -90,12 +90,6 @@ def _check_outputs(args) -> None:
         check_figure_target(args.plot, "--plot")
 
 
-def _interval(row: dict) -> str:
-    """The iteration's 80 % interval (:mod:`perfsim.engine.uncertainty`), as predict's table shows it."""
-    lo, hi = row.get("iteration_s_low"), row.get("iteration_s_high")
-    return "-" if lo is None or hi is None else f"{format_time(lo)}-{format_time(hi)}"
-
-
 def _table(result) -> str:
     lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>16} {'mb':>3} {'zero':>6} {'recomp':>9} "
              f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
@@ -112,7 +106,7 @@ def _table(result) -> str:
                      f"{row['micro_batch']:>3} {zero:>6} {p.get('recompute', 'none'):>9} "
                      f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "
                      f"{p.get('precision', 'fp32'):>4} {row['compress']:>14} {row['grad_compress']:>14} "
-                     f"{format_time(row['iteration_s']):>10} {_interval(row):>17} "
+                     f"{format_time(row['iteration_s']):>10} {interval_text(row):>17} "
                      f"{row['throughput_samples_per_s']:>10.4g} "
                      f"{ratio_text:>18} "
                      f"{'' if ttl is None else format_time(ttl):>10}")
