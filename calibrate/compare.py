@@ -76,15 +76,17 @@ def comparison_text(result: dict[str, tuple], old_name: str, tolerance: float = 
 
 
 def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
-                schedule: str | None = None) -> dict[str, tuple] | None:
+                schedule: str | None = None, tp: int = 1) -> dict[str, tuple] | None:
     """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
     calibration timed them (its ranks, concurrency and statistic, from
     ``metadata["calibration"]``; the new profile is written to ``out``), and compare
     (:func:`compare_profiles`); also its whole ``pp``-stage records, as the profile timed
     them (micro-batches per step, schedule, harness or run), which a ``pp``-stage
-    prediction reads first: those of ``schedule`` when the profile has them. None when
-    the profile holds no layer records of that model and micro-batch, or was measured on
-    another kind of device."""
+    prediction reads first: those of ``schedule`` when the profile has them; and, with
+    ``tp`` > 1, its TP ranks' records of that degree (``calibrate --tp``), which a TP
+    prediction reads instead of splitting the layers. None when the profile holds no
+    layer records of that model and micro-batch, or was measured on another kind of
+    device."""
     meta = profile.metadata or {}
     device = meta.get("device", "cpu")
     if not str(device).startswith("cpu"):
@@ -102,8 +104,24 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
     staging = dict(stages=str(pp), stage_microbatches=int(stage.get("microbatches", 4)),
                    stage_schedule=str(stage["schedule"]),  # timed as they were (before the flag: harness)
                    stage_timing=str(cal.get("stage_timing", "harness"))) if stage else dict(stages="")
+    timed_tp = tp > 1 and any(r.get("op") == "stage_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
+                              and int(r.get("tp", 1)) == tp for r in profile.records)
     now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), **staging, codecs="none",
                     comm="none", ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
-                    statistic=str(cal.get("statistic", "median")), device="cpu",
+                    statistic=str(cal.get("statistic", "median")), device="cpu", tp=str(tp) if timed_tp else "",
                     command=f"validate's drift check of {model} at micro-batch {micro_batch}")
     return compare_profiles(now, profile)
+
+
+def refreshed(profile, now):
+    """``profile`` with the measurements of ``now`` wherever ``now`` measured the same thing
+    (the pairs :func:`compare_profiles` matches: every field but the measured ones); the rest
+    of ``profile`` (links, codecs, what ``now`` did not time) as it was. A drift check's
+    profile (:func:`drift_check`) refreshes the calibration it re-timed: the layer and stage
+    times of the moment it ran, with the calibration's communication costs."""
+    from perfsim.profile import Profile
+
+    new = {_key(r): r for r in now.records if r.get("time_s", 0) > 0}
+    records = [{**r, **{k: v for k, v in new[_key(r)].items() if k in MEASURED}} if _key(r) in new else dict(r)
+               for r in profile.records]
+    return Profile(records=records, metadata={**profile.metadata, "refreshed_by": now.metadata.get("command", "")})

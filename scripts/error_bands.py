@@ -172,7 +172,8 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
 
 
 #: the CPU profile band's rows: a profile and the validation grids measured against it (``folder`` and
-#: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS); docs/validation.md,
+#: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS; ``drift_checked``:
+#: each grid priced with the compute its drift check timed right after it); docs/validation.md,
 #: "The CPU band's basis"
 CPU_BAND = {"profile": "traces/cpu-2core.json"}
 
@@ -184,7 +185,8 @@ def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, g in enumerate(source.get("grids", rp.GRIDS)):
-            df = rp.repredict_frame(folder / g, str(ROOT / source["profile"]), Path(tmp) / str(n))
+            df = rp.repredict_frame(folder / g, str(ROOT / source["profile"]), Path(tmp) / str(n),
+                                    drift_checked=bool(source.get("drift_checked")))
             for _, r in df.iterrows():
                 key = ",".join(str(r[c]) for c in ("model", "bandwidth_bps", "compress", "grad_compress", "schedule",
                                                    "pp", "dp", "micro_batch"))

@@ -25,6 +25,7 @@ from pathlib import Path
 import pandas as pd
 
 from perfsim.analysis import validate as v
+from perfsim.calibrate.compare import refreshed
 from perfsim.profile import load_profile
 
 GRIDS = ("gpt2-tiny-dp2", "gpt2-tiny-pp2", "gpt2-tiny-pp2-gpipe", "digits-mlp-dp2", "digits-mlp-pp2")
@@ -36,11 +37,17 @@ def repredict(grid: Path, profile_path: str, work: Path) -> tuple[dict, dict]:
     return v.summarize(repredict_frame(grid, profile_path, work)), v.summarize(pd.read_csv(grid / "validation.csv"))
 
 
-def repredict_frame(grid: Path, profile_path: str, work: Path) -> pd.DataFrame:
-    """The grid's rows re-predicted with ``profile_path`` beside their stored measurements."""
+def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bool = False) -> pd.DataFrame:
+    """The grid's rows re-predicted with ``profile_path`` beside their stored measurements;
+    ``drift_checked``: with that profile's compute as the grid's drift check timed it right
+    after the runs (``drift-check.json`` beside the table; :func:`perfsim.calibrate.compare.refreshed`)."""
     stored = json.loads((grid / "summary.json").read_text())
     df = pd.read_csv(grid / "validation.csv")
     work.mkdir(parents=True)
+    if drift_checked:
+        fresh = refreshed(load_profile(profile_path), load_profile(str(grid / "drift-check.json")))
+        profile_path = str(work / "profile.json")
+        fresh.save(profile_path)
     for f in grid.glob("workload-*.json"):  # the runtime model's workload, as measured
         shutil.copy(f, work / f.name)
     bws = tuple(dict.fromkeys(None if isinstance(b, float) and math.isnan(b) else float(b)

@@ -196,7 +196,7 @@ def _profile_drift(plan) -> tuple[dict, str] | None:
         return None
     result = drift_check(load_profile(plan.profile), plan.base["model"], plan.base["micro_batch"],
                          os.path.join(plan.out, "drift-check.json"), int(plan.base.get("pp", 1)),
-                         plan.base.get("schedule"))
+                         plan.base.get("schedule"), tp=max(plan.tps))
     if result is None:
         return None
     return {g: r[0] for g, r in result.items()}, "drift check after the runs: " + comparison_text(result, plan.profile)

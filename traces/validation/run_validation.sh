@@ -7,6 +7,7 @@
 #   SKIP_CALIBRATE=1 bash traces/validation/run_validation.sh
 #   PROFILE=traces/cpu-2core-xeon-idle.json OUT_ROOT=traces/validation/xeon MODELS=gpt2-tiny \
 #       bash traces/validation/run_validation.sh    # another machine: its own profile and tables
+#   DRIFT_BEFORE=1 ...                              # and a drift check right before the first grid
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PROFILE=${PROFILE:-traces/cpu-2core.json}
@@ -40,6 +41,16 @@ if [ -z "${SKIP_CALIBRATE:-}" ]; then
       --comm p2p,allreduce,allgather,alltoall,reduce_scatter,allgather_tensor,messenger,late,framing,interference \
       --emulate-bandwidth "$RATES" \
       --overwrite --output "$PROFILE"    # refreshes the profile in place (a file there is refused otherwise)
+fi
+if [ -n "${DRIFT_BEFORE:-}" ]; then
+  # the machine's speed right before the first grid, as that grid's own drift check times it after
+  # its runs (docs/validation.md, "The CPU band priced with each grid's own drift check")
+  mkdir -p "$OUT_ROOT"
+  python3 -c "import sys; from perfsim.calibrate.compare import comparison_text, drift_check; \
+from perfsim.profile import load_profile; \
+print('drift check before the first grid: ' + comparison_text(drift_check(load_profile(sys.argv[1]), \
+sys.argv[2], 8, sys.argv[3], pp=2, schedule='1f1b'), sys.argv[1]))" \
+      "$PROFILE" "${MODELS%% *}" "$OUT_ROOT/drift-check-before.json"
 fi
 
 for MODEL in $MODELS; do
