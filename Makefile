@@ -23,8 +23,10 @@ setup: $(STAMP)
 predict: $(STAMP)
 	$(PY) -m perfsim predict
 
+# Tests start ~hundreds of Python processes (ranks, CLI runs): let them cache bytecode even where
+# the environment sets PYTHONDONTWRITEBYTECODE (docs/validation.md, "Session 26: bytecode").
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_compressors.py --quick
