@@ -268,27 +268,91 @@ def steady_buckets(sim, out, run, tol: float = 1e-6) -> dict[int, float] | None:
 
     ``f(T)``, the tokens a run started with ``T`` leaves for the next iteration
     (``bucket_after`` of its period), never falls as ``T`` grows and never grows faster
-    than ``T`` (a token spent is one less to keep): the steady state ``T = f(T)`` is
-    found by bisection on each node's ``[0, depth]`` to ``tol`` of the depth, one run
-    (``run(buckets) -> (sim, out)``) a step. Without it every iteration started full and
-    a bucket deeper than a node's bytes per iteration let them leave faster than the link
-    rate (qa7)."""
+    than ``T`` (a token spent is one less to keep), so ``g(T) = f(T) - T`` is continuous and
+    never rises: the steady state ``g(T) = 0`` is bracketed on each node's ``[0, depth]``
+    and found by :class:`_Bracket` (a fixed-point step from above, then regula falsi
+    with the Illinois modification, bisection when a bracket stops halving; Dahlquist &
+    Bjoerck, *Numerical Methods*, Sec. 6.2), one run (``run(buckets) -> (sim, out)``) a
+    trial. It stops at a trial where every node's ``|g|`` is within ``tol`` of the depth
+    (the answer is that trial) or every bracket is narrower than that (its midpoint).
+    Without it every iteration started full and a bucket deeper than a node's bytes per
+    iteration let them leave faster than the link rate (qa7)."""
     after = getattr(sim.net, "bucket_after", None)
     full = after(out.iteration_s) if after is not None else {}
     depth = max(sim.net.burst, sim.net.coll_burst) if full else 0.0
     if not full or all(t >= depth * (1 - tol) for t in full.values()):
         return None
-    lo, hi = dict.fromkeys(full, 0.0), dict.fromkeys(full, depth)
-    while max(hi[a] - lo[a] for a in full) > tol * depth:
-        mid = {a: (lo[a] + hi[a]) / 2 for a in full}
-        sim, out = run(mid)
+    eps = tol * depth
+    brackets = {a: _Bracket(depth, full[a] - depth if full[a] < depth - eps else 0.0) for a in full}
+    for _ in range(_MAX_TRIALS):
+        x = {a: b.next_trial() for a, b in brackets.items()}
+        sim, out = run(x)
         nxt = sim.net.bucket_after(out.iteration_s)
-        for a in full:
-            if nxt.get(a, depth) >= mid[a]:
-                lo[a] = mid[a]
-            else:
-                hi[a] = mid[a]
-    return {a: (lo[a] + hi[a]) / 2 for a in full}
+        g = {a: nxt.get(a, depth) - x[a] for a in full}
+        if all(abs(v) <= eps for v in g.values()):
+            return x
+        for a, b in brackets.items():
+            b.update(x[a], g[a])
+        if all(b.hi - b.lo <= eps for b in brackets.values()):
+            break
+    return {a: (b.lo + b.hi) / 2 for a, b in brackets.items()}
+
+
+#: a bound on :func:`steady_buckets`' runs (bisection alone needs 20 at tol 1e-6); nodes whose
+#: buckets depend on each other could keep a bracket from closing
+_MAX_TRIALS = 60
+
+
+class _Bracket:
+    """One node's bracket ``lo <= T* <= hi`` of the steady state of a non-rising continuous
+    ``g`` (:func:`steady_buckets`): ``g(lo) >= 0 > g(hi)``, with ``g``'s values where known."""
+
+    __slots__ = ("lo", "g_lo", "hi", "g_hi", "prev", "side", "widths", "from_above")
+
+    #: secant trials from above (no point below yet) before one at the lower end
+    FROM_ABOVE = 3
+
+    def __init__(self, depth: float, g_depth: float):
+        self.lo, self.g_lo = 0.0, None  # g(0) = f(0) >= 0, its value not yet run
+        self.hi, self.g_hi = depth, g_depth
+        if g_depth >= 0:  # full in the steady state: f(depth) = depth
+            self.lo = depth
+        self.prev = None  # the upper end before this one, (T, g)
+        self.side = 0  # which end the last update moved (Illinois: the same twice halves the other's g)
+        self.widths = [depth, depth]  # the bracket's width before each of the last two updates
+        self.from_above = 0
+
+    def next_trial(self) -> float:
+        if self.g_hi >= 0:  # full
+            return self.hi
+        if self.g_lo is None:  # no point below yet
+            if self.prev is None:  # a fixed-point step: f(hi) = hi + g(hi) >= f(T*) = T*, still above
+                x = self.hi + self.g_hi
+            elif self.g_hi > self.prev[1] and self.from_above < self.FROM_ABOVE:  # the secant through the upper points
+                t0, g0 = self.prev
+                x = self.hi - self.g_hi * (self.hi - t0) / (self.g_hi - g0)
+            else:  # g flat above (a bucket that never empties loses the same each period), or no
+                x = self.lo  # progress: the bracket's lower end, where g >= 0
+        elif self.hi - self.lo > 0.5 * self.widths[0] or self.g_lo == self.g_hi:  # two updates without halving: bisect
+            x = (self.lo + self.hi) / 2
+        else:  # regula falsi between the ends
+            x = self.hi - self.g_hi * (self.hi - self.lo) / (self.g_hi - self.g_lo)
+        return min(max(x, self.lo), self.hi)
+
+    def update(self, x: float, g: float) -> None:
+        if self.g_hi >= 0:
+            return
+        self.widths = [self.widths[1], self.hi - self.lo]
+        if g >= 0:
+            if self.side == -1 and self.g_lo is not None:
+                self.g_hi /= 2  # the lower end moved twice in a row: Illinois
+            self.lo, self.g_lo, self.side = x, g, -1
+        else:
+            if self.side == 1 and self.g_lo is not None:
+                self.g_lo /= 2
+            self.prev = (self.hi, self.g_hi)
+            self.hi, self.g_hi, self.side = x, g, 1
+            self.from_above += self.g_lo is None
 
 
 __all__ = ["Plan", "build_plan", "forget_classes", "node_group_classes", "plan_with_memory", "replica_classes", "simulate", "strategy_classes"]
