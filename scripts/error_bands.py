@@ -175,9 +175,7 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
 #: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS; ``drift_checked``:
 #: each grid priced with the compute its drift check timed right after it); docs/validation.md,
 #: "The CPU band's basis"
-CPU_BAND = {"profile": "traces/cpu-2core-s25.json", "folder": "traces/validation/s25", "drift_checked": True,
-            "grids": ("gpt2-tiny-pp2", "gpt2-tiny-pp2-gpipe", "gpt2-tiny-pp2-schedules", "gpt2-tiny-pp2-tied",
-                      "gpt2-tiny-tp2")}
+CPU_BAND = {"profile": "traces/cpu-2core.json"}
 
 
 def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:

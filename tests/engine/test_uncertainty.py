@@ -63,6 +63,25 @@ def test_a_profile_priced_prediction_takes_the_profile_band():
     assert s["iteration_s_low"] < s["iteration_s"] < s["iteration_s_high"]
 
 
+def test_every_file_the_cpu_band_reads_is_in_the_checkout():
+    """``scripts/error_bands.py --check`` reproduces the CPU band from a clone: the profile, each
+    grid's table and, when drift-checked, its ``drift-check.json`` (session 25's were git-ignored
+    and lost with its machine), none of them ignored by git."""
+    import shutil
+    import subprocess
+
+    src = bands_script.CPU_BAND
+    rp = bands_script._script("repredict_validation")
+    folder = ROOT / src["folder"] if "folder" in src else rp.STORED
+    names = ["summary.json", "validation.csv"] + (["drift-check.json"] if src.get("drift_checked") else [])
+    need = [ROOT / src["profile"]] + [folder / g / n for g in src.get("grids", rp.GRIDS) for n in names]
+    assert [str(p.relative_to(ROOT)) for p in need if not p.is_file()] == []
+    if (ROOT / ".git").exists() and shutil.which("git"):
+        ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *map(str, need)],
+                                 capture_output=True, text=True).stdout.split()
+        assert ignored == []
+
+
 def test_conformal_bounds_are_the_order_statistics_the_guarantee_needs():
     xs = [i / 100 for i in range(100)]  # 0.00 .. 0.99
     lo, hi = bands_script.conformal_bounds(xs, 0.8)
