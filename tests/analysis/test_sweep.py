@@ -343,7 +343,9 @@ def test_cli_bad_input_one_line_exit_2(tmp_path, monkeypatch, args, culprit):
 
 
 def test_cli_interrupted_by_sigint_resumes(tmp_path):
-    """Ctrl-C in the middle of a real sweep, then the same command again."""
+    """Ctrl-C in the middle of a real sweep, then the same command again. The sweep starts with
+    SIGINT at its default, as from a terminal: a suite started as a background job (``make test &``)
+    passes SIGINT ignored down to every process it starts, and Python then leaves it ignored."""
     pytest.importorskip("perfsim.api")
     import signal
     import time
@@ -352,7 +354,8 @@ def test_cli_interrupted_by_sigint_resumes(tmp_path):
     args = [sys.executable, "-m", "perfsim", "sweep", "--model", "gpt2-tiny", "--pp", "2",
             "--macro-batch", "4", "--bandwidth", ",".join(f"{b}Mbps" for b in range(10, 410, 10)),
             "--compress", "fp32,fp16", "--jobs", "1", "--out", str(out), "--no-progress"]
-    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     part = part_path(out)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
