@@ -23,7 +23,7 @@ setup: $(STAMP)
 predict: $(STAMP)
 	$(PY) -m perfsim predict
 
-# Tests start ~hundreds of Python processes (ranks, CLI runs): let them cache bytecode even where
+# Tests start hundreds of Python processes (ranks, CLI runs): let them cache bytecode even where
 # the environment sets PYTHONDONTWRITEBYTECODE (docs/validation.md, "Session 26 (2026-11-29): bytecode, ...").
 test: $(STAMP)
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup
