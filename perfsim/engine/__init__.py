@@ -271,8 +271,9 @@ def steady_buckets(sim, out, run, tol: float = 1e-6) -> dict[int, float] | None:
     than ``T`` (a token spent is one less to keep), so ``g(T) = f(T) - T`` is continuous and
     never rises: the steady state ``g(T) = 0`` is bracketed on each node's ``[0, depth]``
     and found by :class:`_Bracket` (a fixed-point step from above, then regula falsi
-    with the Illinois modification, bisection when a bracket stops halving; Dahlquist &
-    Bjoerck, *Numerical Methods*, Sec. 6.2), one run (``run(buckets) -> (sim, out)``) a
+    with the Illinois modification -- Dowell & Jarratt, "A modified regula falsi method for
+    computing the root of an equation", BIT 11 (1971) -- and bisection when a bracket stops
+    halving), one run (``run(buckets) -> (sim, out)``) a
     trial. It stops at a trial where every node's ``|g|`` is within ``tol`` of the depth
     (the answer is that trial) or every bracket is narrower than that (its midpoint).
     Without it every iteration started full and a bucket deeper than a node's bytes per
