@@ -59,7 +59,7 @@ def predict(
     sequence_parallel: bool = False,
     placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
-    recompute: str = 'none',
+    recompute: str | None = None,
     attention: str = 'megatron',
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,
@@ -171,8 +171,8 @@ def predict(
             rank order, innermost first: tp,pp,dp (replica-major, default) or Megatron's tp,dp,pp (default with a gpu preset)
         precision (str, default 'fp32'):
             training precision (mixed precision for bf16/fp16; fp8: Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only) (one of perfsim.hardware.PRECISIONS)
-        recompute (str, default 'none'):
-            activation recomputation (one of perfsim.config.RECOMPUTE)
+        recompute (str | None):
+            activation recomputation (default: as the profile's measured backward ran, for a model it times on its own device -- the embedded default's is full, as the AQ-SGD paper's code checkpoints every block -- else none) (one of perfsim.config.RECOMPUTE)
         attention (str, default 'megatron'):
             attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored) (one of perfsim.config.ATTENTION)
         kernels (str | None):
@@ -391,7 +391,7 @@ def memory_report(
     sequence_parallel: bool = False,
     placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
-    recompute: str = 'none',
+    recompute: str | None = None,
     attention: str = 'megatron',
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,

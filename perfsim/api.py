@@ -31,12 +31,12 @@ from typing import Any, Iterable
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.engine import simulate
-from perfsim.engine.layer_times import resolve_layer_times
+from perfsim.engine.layer_times import resolve_layer_times, timed_recompute
 from perfsim.documents import file_stamp
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
 from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
-                               value_precision)
+                               same_silicon, value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples, wikitext2_samples
 from perfsim.models.eager import eager_listed
@@ -203,6 +203,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
     st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
+    st["recompute"] = p["recompute"] or _default_recompute(profile, model, gpu)
     st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap
     st["virtual_stages"] = chosen_chunks(st["schedule"], st.get("virtual_stages"))
@@ -277,6 +278,19 @@ def check_transformer_only(model, strategy: Strategy) -> None:
 def has_blocks(model) -> bool:
     """The model has layers that recomputation re-runs (``block*``, a transformer's blocks)."""
     return any(layer.name.startswith("block") for layer in model.layers)
+
+
+def _default_recompute(profile, model, gpu) -> str:
+    """The recomputation the profile's block backward records were timed with
+    (:func:`perfsim.engine.layer_times.timed_recompute`) when they price this model -- the
+    profile times it and no other GPU than the profile's is named -- else ``none``: a
+    prediction without ``--recompute`` describes the job as it was measured (the embedded
+    default: the AQ-SGD paper's fine-tuning, every block checkpointed, as its code runs it)."""
+    if profile is None or not has_blocks(model) or (gpu is not None and not same_silicon(profile_gpu(profile), gpu)):
+        return "none"
+    kinds = {timed_recompute(profile, model, layer.name) for layer in model.layers
+             if layer.name.startswith("block") and profile.select("layer_bwd", model=model.name, name=layer.name)}
+    return kinds.pop() if len(kinds) == 1 else "none"
 
 
 def _default_kernels(defaults, model, precision: str) -> str:

@@ -240,7 +240,9 @@ PARAMS: tuple[Param, ...] = (
           "Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only)",
           "strategy", "strategy.precision", choices="perfsim.hardware:PRECISIONS",
           search="perfsim.search_space:gpu_precision"),
-    Param("recompute", "choice", "none", "activation recomputation", "strategy", "strategy.recompute",
+    Param("recompute", "choice", None, "activation recomputation (default: as the profile's measured "
+          "backward ran, for a model it times on its own device -- the embedded default's is full, "
+          "as the AQ-SGD paper's code checkpoints every block -- else none)", "strategy", "strategy.recompute",
           choices="perfsim.config:RECOMPUTE", search="perfsim.search_space:on_gpu"),
     Param("attention", "choice", "megatron", "attention kernels of the GPU compute model: megatron "
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "

@@ -65,6 +65,34 @@ def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
     return 0.0
 
 
+def timed_recompute(profile, model: Model, layer: str) -> str:
+    """The recomputation a layer's measured backward already contains: its ``layer_bwd``
+    records' ``recompute`` fact (absent: ``none``). The default profile's blocks say
+    ``full``: the AQ-SGD paper's code checkpoints every block, and its measured backward
+    is 3x its forward (``traces/make_default_profile.py``). Records that disagree are refused."""
+    kinds = {r.get("recompute") or "none" for r in profile.select("layer_bwd", model=model.name, name=layer)}
+    if len(kinds) > 1:
+        raise ConfigError(f"profile: the layer_bwd records of {model.name} {layer} were timed with different "
+                          f"recomputation ({', '.join(sorted(kinds))}); keep one")
+    return kinds.pop() if kinds else "none"
+
+
+def _with_recompute(model: Model, profile, layer, f: float, b: float | None, recompute: str) -> float:
+    """A block's backward under ``recompute`` from its measured forward ``f`` and backward
+    ``b`` (None: 2 x ``f``): the recomputation the measurement contains
+    (:func:`timed_recompute`) taken out, the wanted one added."""
+    timed = timed_recompute(profile, model, layer.name) if b is not None else "none"
+    if b is None:
+        b = 2.0 * f
+    if timed == recompute:
+        return b
+    bare = b - _recomputed(model, layer, f, timed)
+    if bare <= 0:
+        raise ConfigError(f"profile: {model.name} {layer.name}'s backward ({b:.4g} s) is not longer than the "
+                          f"{timed} recomputation its record says it contains ({b - bare:.4g} s)")
+    return bare + _recomputed(model, layer, f, recompute)
+
+
 def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool, recompute: str
                      ) -> tuple[list[float], list[float], str] | None:
     """One tensor-parallel rank's layer times from a profile's single-rank fp32
@@ -83,10 +111,11 @@ def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool,
     factor, mem_rate, gemm_rate = compute.tp_measured_split(model.arch, micro_batch, tp, sp, times[0][0], block_fwd)
     fwd, bwd = [], []
     for i, (layer, (f, b)) in enumerate(zip(model.layers, times)):
-        b = b if b is not None else 2.0 * f
         if i in blocks:
+            b = _with_recompute(model, profile, layer, f, b, recompute)
             f, b = f * factor, b * factor
-            b += _recomputed(model, layer, f, recompute)
+        else:
+            b = b if b is not None else 2.0 * f
         fwd.append(float(f))
         bwd.append(float(b))
     source = (f"profile's single-rank records split for tp={tp}{' with sequence parallelism' if sp else ''}: "
@@ -167,14 +196,20 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     mem_bw = (profile.metadata.get("memory_bandwidth_Bps") if profile is not None else None) or 900e9
     fwd, bwd = [], []
     measured = 0
+    timed: set[str] = set()  # the recomputation the measured block backwards contain
     for i, layer in enumerate(model.layers):
         f = _measured(profile, model, layer.name, micro_batch, "fwd", precision) if use_profile else None
         b = _measured(profile, model, layer.name, micro_batch, "bwd", precision) if use_profile else None
         measured += f is not None
+        from_profile = f is not None
         if f is None and model.fwd_s is not None and model.fwd_s[i] is not None and tp == 1:
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
         if f is None and modelled is not None:
             f, b = modelled[0][i], modelled[1][i]
+        elif from_profile and layer.name.startswith("block"):
+            if b is not None:
+                timed.add(timed_recompute(profile, model, layer.name))
+            b = _with_recompute(model, profile, layer, f, b, recompute)
         elif f is not None and recompute != "none" and layer.name.startswith("block"):
             b = (b if b is not None else 2.0 * f) + _recomputed(model, layer, f, recompute)
         if f is None:
@@ -207,4 +242,9 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
     if measured and modelled is not None:  # measured times win where the profile has them
         source = ("profile's per-layer records" if measured == len(model.layers) else
                   f"profile's per-layer records ({measured} of {len(model.layers)} layers), the rest: {source}")
+    timed.discard("none")
+    if timed:
+        kinds = "/".join(sorted(timed))
+        source += (f" (its block backwards were timed with {kinds} recomputation" +
+                   (")" if timed == {recompute} else f": taken out, recompute {recompute} priced)"))
     return fwd, bwd, source

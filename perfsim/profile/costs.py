@@ -171,6 +171,8 @@ class ProfileCosts:
                 continue
             if (r.get("tp") or 1) != tp or bool(r.get("sequence_parallel")) != bool(sequence_parallel and tp > 1):
                 continue
+            if (r.get("recompute") or "none") != "none":  # the engine prices recomputation per layer
+                continue
             if r.get("layers") == want:
                 found.append(r)
         if not found:

@@ -100,6 +100,9 @@ FACTS: dict[str, str] = {
     "folded": _INT,            # 1: a layer's 0 s record is a measurement -- its time is
                                # counted in its stage's other layers (the default profile's
                                # embed / head, folded into the paper's equal stages)
+    "recompute": _STR,         # a backward record timed with activation recomputation
+                               # inside it (perfsim.config.RECOMPUTE; absent: none): the
+                               # default profile's, whose paper checkpointed every block
 }
 #: version-1 ``source`` facts that only restated a record's own columns
 #: (``1 / beta_s_per_byte``, ``flops / time_s``, ``size_bytes / time_s``): dropped
@@ -191,6 +194,11 @@ def check_record(i: int, rec: Any, where: str) -> dict:
             except ValueError as exc:
                 raise ConfigError(f"{where}: records[{i}].{f}={out[f]!r}: {exc} "
                                   f"(expected {FACTS[f]})") from None
+    if "recompute" in out:
+        from perfsim.config import RECOMPUTE  # lazy: the profile format sits below the job's options
+        if out["recompute"] not in RECOMPUTE:
+            raise ConfigError(f"{where}: records[{i}].recompute={out['recompute']!r} unknown "
+                              f"(one of {', '.join(RECOMPUTE)})")
     return out
 
 

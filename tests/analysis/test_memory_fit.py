@@ -50,7 +50,7 @@ def test_without_gpu_the_profiles_gpu_is_the_capacity():
     V100 (16 GiB): the command whose question is "does it fit?" had the answer and gave none.
     It now compares with the GPU the profile was measured on, and says so; a CPU profile names
     no GPU, and keeps the old line."""
-    rep = memory_report(model="gpt2-xl")
+    rep = memory_report(model="gpt2-xl", recompute="none")  # the paper's job without its recomputation
     assert rep.capacity_bytes == 16 * GIB and rep.fits is False
     text = render(rep)
     assert "does NOT fit in 16 GiB (v100-sxm2-16gb, the profile's GPU)" in text, text
