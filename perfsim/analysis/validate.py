@@ -102,6 +102,11 @@ class ValidationPlan:
       its own repeats (:func:`repeat_choice`: ``min`` -> the fastest run, ``median`` -> the
       middle one), so both sides of a row's error are the same statistic (all repeats are
       kept in ``measured_throughput_all``).
+    row_drift: before each row measured now, a drift check (:func:`row_drift_file`); the row is
+      predicted a second time with the profile's compute as that check timed it
+      (``predicted_drifted_*`` and ``error_drifted_*`` columns, ``row_compute_drift``: the check's
+      median compute ratio): on a shared machine whose speed moves between rows, the error of the
+      model apart from the machine's drift.
     """
 
     base: dict[str, Any]
@@ -121,6 +126,9 @@ class ValidationPlan:
     overwrite: bool = False
     seed: int = 0
     repeats: int = 1
+    #: before each row measured now, time the model's compute again as the profile's calibration
+    #: did (:func:`row_drift_file`): the row is also predicted with the machine's speed of that moment
+    row_drift: bool = False
     runtime_model: bool = True
     extra_run: dict[str, Any] = field(default_factory=dict)
     #: strategy facts of execute mode the simulator must be told: the runtime
@@ -256,6 +264,7 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
             base["sequence_parallel"] = True
         tag += f"-tp{tp}" + ("sp" if plan.sequence_parallel else "")
     run_dir = Path(plan.out) / "runs" / tag.replace(":", "_")
+    drift_file = row_drift_file(plan, tag)
     run_params = dict(base, compress=row["compress"], grad_compress=row["grad_compress"],
                       steps=plan.steps, seed=plan.seed, out=str(run_dir), **plan.extra_run)
     if plan.dataset_limit:
@@ -272,6 +281,10 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
         measured, tputs, stored_key = reused(plan, row, run_dir, key, key_params, unchecked=plan.reuse_measured,
                                              choice=choice)
     kept = measured is not None
+    if plan.row_drift and not kept:  # the machine's compute speed right before this row's runs
+        _time_row_drift(plan, base, tp, profile, drift_file)
+    elif not kept:  # an earlier run's check does not describe the runs made now
+        drift_file.unlink(missing_ok=True)
     runs = []
     for k in range(0 if measured is not None else plan.repeats):
         # a re-measurement replaces the row's earlier run (perfsim run refuses that otherwise)
@@ -331,7 +344,57 @@ def run_row(plan: ValidationPlan, row: dict[str, Any], profile, index: int,
     for m in METRICS:
         p, q = out[f"predicted_{m}"], out[f"measured_{m}"]
         out[f"error_{m}_pct"] = 100.0 * (p - q) / q if p is not None and q else math.nan
+    if plan.row_drift:
+        out.update(_drifted_columns(plan, profile, pred_params, tp, drift_file, out))
     return out
+
+
+def row_drift_file(plan: ValidationPlan, tag: str) -> Path:
+    """Where a row's drift check goes (``<out>/row-drift/<row>.json``): a profile of the model's
+    compute timed right before the row's runs; kept with the table (what re-predicts the row
+    at the machine's speed of that moment reads it)."""
+    return Path(plan.out) / "row-drift" / (tag.replace(":", "_") + ".json")
+
+
+def _time_row_drift(plan: ValidationPlan, base: dict[str, Any], tp: int, profile, path: Path) -> None:
+    """Time the row's model as the profile's calibration did, into ``path``
+    (:func:`perfsim.calibrate.compare.drift_check`); a profile it cannot re-time (no layer
+    records of the model at this micro-batch, or not a CPU profile) is refused before the runs."""
+    from perfsim.calibrate.compare import drift_check  # lazy: the calibration harness is heavy
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    result = drift_check(profile, base["model"], int(base["micro_batch"]), str(path), int(base.get("pp", 1)),
+                         schedule=base.get("schedule"), tp=tp)
+    if result is None:
+        raise ConfigError(f"--row-drift: profile {plan.profile} has no CPU layer records of {base['model']} at "
+                          f"micro-batch {base['micro_batch']} to time again")
+
+
+def _drifted_columns(plan: ValidationPlan, profile, pred_params: dict[str, Any], tp: int, path: Path,
+                     row: dict[str, Any]) -> dict[str, Any]:
+    """The row predicted with the profile's compute as its drift check timed it
+    (:func:`perfsim.calibrate.compare.refreshed`), beside the check's median compute ratio; NaN
+    where the row has no check (measured before, without ``row_drift``)."""
+    from perfsim.calibrate.compare import compare_profiles, refreshed  # lazy: as above
+    from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
+
+    cols = {"row_compute_drift": math.nan, "row_drift_file": ""}
+    cols.update({f"predicted_drifted_{m}": math.nan for m in METRICS})
+    cols.update({f"error_drifted_{m}_pct": math.nan for m in METRICS})
+    if not path.is_file():
+        return cols
+    now = load_profile(str(path))
+    ratios = compare_profiles(now, profile)
+    predicted, _ = _predict(predict, dict(pred_params, profile=refreshed(profile, now)), tp)
+    cols["row_compute_drift"] = ratios["compute"][0] if "compute" in ratios else math.nan
+    cols["row_drift_file"] = str(path)
+    if predicted is not None:
+        for m in METRICS:
+            cols[f"predicted_drifted_{m}"] = predicted.summary.get(m)
+        for m in METRICS:
+            p, q = cols[f"predicted_drifted_{m}"], row[f"measured_{m}"]
+            cols[f"error_drifted_{m}_pct"] = 100.0 * (p - q) / q if p is not None and q else math.nan
+    return cols
 
 
 def _link_columns(summary: dict[str, Any], dp_only: bool, source: str | None = None) -> dict[str, Any]:
@@ -389,6 +452,22 @@ def summarize(df, metric: str = "throughput_samples_per_s") -> dict[str, float]:
     if len(err) < len(df):
         out["rows_measured_only"] = int(len(df) - len(err))
     return out
+
+
+def summarize_drifted(df) -> dict[str, float] | None:
+    """Iteration-time MAPE and mean signed error of the rows predicted at their own drift
+    check's compute speed (``error_drifted_iteration_s_pct``), and the range of those checks'
+    compute ratios; None when no row has one."""
+    import pandas as pd  # lazy: as above
+
+    if "error_drifted_iteration_s_pct" not in df:
+        return None
+    err = pd.to_numeric(df["error_drifted_iteration_s_pct"], errors="coerce").dropna()
+    if not len(err):
+        return None
+    drift = pd.to_numeric(df["row_compute_drift"], errors="coerce").dropna()
+    return {"rows": int(len(err)), "mape_pct": float(err.abs().mean()), "mean_signed_pct": float(err.mean()),
+            "drift_min": float(drift.min()), "drift_max": float(drift.max())}
 
 
 def _f(x) -> float:

@@ -90,7 +90,8 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
              bandwidths: str | Sequence[Any] = (None,),
              latency: str | float | None = 0.0, link_model: str = "profile", steps: int = 20,
              dataset_limit: int | None = None, seed: int = 0, repeats: int = 1, reuse_measured: bool = False,
-             overwrite: bool = False, out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True):
+             overwrite: bool = False, out: str | None = None, plot: bool = True, progress: bool = True, drift_check: bool = True,
+             row_drift: bool = False):
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 
     profile: a profile calibrated on this machine (``perfsim calibrate``).
@@ -116,6 +117,10 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
       calibration did and compare (:func:`perfsim.calibrate.compare.drift_check`; the
       ratios go to ``summary["profile_drift"]``, a sentence to ``attrs["drift"]``): a
       shared machine drifts, and a profile that no longer describes it explains errors.
+    row_drift: the same check before each row measured now (``<out>/row-drift/``, a few seconds
+      a row); each row is also predicted with the compute that check timed (``predicted_drifted_*``,
+      ``error_drifted_*``, ``row_compute_drift`` columns; ``summary["drifted"]``): the model's error
+      apart from the machine's speed moving between the calibration and the row.
 
     Returns the comparison (a DataFrame: predicted, measured and error columns);
     its ``attrs`` hold ``summary`` (what ``summary.json`` holds), the paths ``csv``
@@ -170,7 +175,7 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         tps=tps, sequence_parallel=sequence_parallel,
         latency_s=latency if isinstance(latency, (int, float)) else v.parse_latency(latency),
         steps=steps, dataset_limit=limit, profile=str(profile), link_model=link_model, out=str(out),
-        seed=seed, repeats=repeats, reuse_measured=reuse_measured, overwrite=overwrite)
+        seed=seed, repeats=repeats, reuse_measured=reuse_measured, overwrite=overwrite, row_drift=row_drift)
     check_dir_target(plan.out, "--out")  # before the specs: their run config checks the folder too
     v.check_specs(plan)  # every spec, against the simulator and the runtime, before the first run
     if any(b is not None for b in plan.bandwidths):  # emulation needs root: say so before any run
@@ -232,7 +237,9 @@ def _run_and_write(plan, *, plot: bool, progress: bool, title: str, drift_check:
     if kept and not plan.reuse_measured:
         log.info("validate: resumed: %d of %d rows kept as measured earlier in %s (same run parameters and "
                  "perfsim version); --overwrite measures them again", kept, len(df), out)
+    drifted = v.summarize_drifted(df) if plan.row_drift else None
     summary = {**v.summarize(df), "iteration": v.summarize(df, "iteration_s"),
+               **({"drifted": drifted} if drifted else {}),
                "profile": plan.profile, "link_model": plan.link_model, "base": plan.base,
                "steps": plan.steps, "dataset_limit": plan.dataset_limit,
                "load_average": os.getloadavg(), "reuse_measured": plan.reuse_measured, "rows_reused": kept}

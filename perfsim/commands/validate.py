@@ -64,6 +64,10 @@ def add_arguments(p) -> None:
     p.add_argument("--no-drift-check", action="store_true",
                    help="skip timing the model's layers again after the runs to compare with the profile "
                         "(a few seconds; tells whether the profile still describes this machine)")
+    p.add_argument("--row-drift", action="store_true",
+                   help="also time the model's layers before each row (a few seconds a row, into "
+                        "OUT/row-drift/) and predict the row again at that speed: the error apart from "
+                        "the machine's drift between rows")
     add_no_progress(p)
 
 
@@ -76,10 +80,15 @@ def run(args) -> int:
                   bandwidths=args.emulate_bandwidth, latency=args.emulate_latency, link_model=args.link_model,
                   steps=args.steps, dataset_limit=args.dataset_limit, seed=args.seed, repeats=args.repeats,
                   reuse_measured=args.reuse_measured, overwrite=args.overwrite, out=args.out, plot=not args.no_plot,
-                  progress=not args.no_progress, drift_check=not args.no_drift_check)
+                  progress=not args.no_progress, drift_check=not args.no_drift_check, row_drift=args.row_drift)
     print(v.format_table(df))
     if df.attrs.get("drift"):
         print(df.attrs["drift"])
+    drifted = df.attrs["summary"].get("drifted")
+    if drifted:
+        print(f"at each row's own compute speed (--row-drift, {drifted['rows']} rows): iteration MAPE "
+              f"{drifted['mape_pct']:.1f} %, mean signed {drifted['mean_signed_pct']:+.1f} %; the machine's "
+              f"compute moved {drifted['drift_min']:.2f}x-{drifted['drift_max']:.2f}x of the profile's")
     print(f"wrote {df.attrs['csv']}", end="")
     if df.attrs["png"]:
         print(f" and {df.attrs['png']}", end="")

@@ -157,6 +157,37 @@ def test_cli_end_to_end_loopback(small_profile, tmp_path):
     assert bool(df2["measured_reused"].iloc[0]) and not bool(df["measured_reused"].iloc[0])
 
 
+def test_row_drift_times_the_compute_before_each_row_and_predicts_at_that_speed(small_profile, tmp_path):
+    """--row-drift: a drift check before each row measured now (OUT/row-drift/<row>.json), and the row
+    predicted again with the profile's compute as that check timed it (the model's error apart from
+    the machine's speed moving between calibration and row); measured again without it, the row's
+    old check is removed, never read as if it described the new runs."""
+    from perfsim.calibrate.compare import compare_profiles
+    from perfsim.profile import load_profile
+
+    grid = ("validate", "--model", "digits-mlp", "--pp", "2", "--compress", "fp32", "--steps", "3",
+            "--profile", str(small_profile), "--out", str(tmp_path), "--no-progress", "--no-plot", "--no-drift-check")
+    r = run_cli_here(*grid, "--row-drift")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_csv(tmp_path / "validation.csv")
+    check = Path(df["row_drift_file"].iloc[0])
+    assert check.parent == tmp_path / "row-drift" and check.is_file()
+    prof, now = load_profile(str(small_profile)), load_profile(str(check))
+    assert df["row_compute_drift"].iloc[0] == pytest.approx(compare_profiles(now, prof)["compute"][0])
+    # slower compute now (ratio > 1) predicts a longer iteration, faster a shorter one
+    ratio, plain, drifted = (float(df[c].iloc[0]) for c in
+                             ("row_compute_drift", "predicted_iteration_s", "predicted_drifted_iteration_s"))
+    assert (drifted - plain) * (ratio - 1) >= 0 and drifted != plain
+    measured = df["measured_iteration_s"].iloc[0]
+    assert df["error_drifted_iteration_s_pct"].iloc[0] == pytest.approx(
+        100 * (df["predicted_drifted_iteration_s"].iloc[0] - measured) / measured)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["drifted"]["rows"] == 1 and "at each row's own compute speed (--row-drift, 1 rows)" in r.stdout
+    again = run_cli_here(*grid, "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert not check.exists() and "row_compute_drift" not in pd.read_csv(tmp_path / "validation.csv")
+
+
 def test_cli_never_replaces_a_table_of_another_grid_without_overwrite(small_profile, tmp_path):
     """qa1 F12: `validate --out DIR` replaced DIR/validation.csv (a user's file, or another
     grid's table) without a word, where run and sweep refuse: one line naming the file and

@@ -8,6 +8,7 @@
 #   PROFILE=traces/cpu-2core-xeon-idle.json OUT_ROOT=traces/validation/xeon MODELS=gpt2-tiny \
 #       bash traces/validation/run_validation.sh    # another machine: its own profile and tables
 #   DRIFT_BEFORE=1 ...                              # and a drift check right before the first grid
+#   ROW_DRIFT=1 ...                                 # and one before every row (perfsim validate --row-drift)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PROFILE=${PROFILE:-traces/cpu-2core.json}
@@ -55,32 +56,32 @@ fi
 
 for MODEL in $MODELS; do
   MODEL_STEPS=$STEPS; [ "$MODEL" = digits-mlp ] && MODEL_STEPS=$DIGITS_STEPS
-  perfsim validate --overwrite --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+  perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model "$MODEL" --pp 2 --dp 1 --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$MODEL_STEPS" --repeats "$REPEATS" \
       --out "$OUT_ROOT/$MODEL-pp2"
-  perfsim validate --overwrite --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
+  perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model "$MODEL" --pp 1 --dp 2 --grad-compress none,qsgd-maxnorm:4 \
       --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$MODEL_STEPS" --repeats "$REPEATS" \
       --out "$OUT_ROOT/$MODEL-dp2"
 done
 # the GPipe schedule on the same pipeline (gpt2-tiny): the other schedule the engine replays
-perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
+perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model gpt2-tiny --pp 2 --dp 1 --schedule gpipe --compress fp32,directq:fw4bw8,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-pp2-gpipe"
 # BAND_ONLY=1: stop here -- the five grids above are the CPU profile band's rows (scripts/error_bands.py cpu_grids)
 [ -n "${BAND_ONLY:-}" ] && exit 0
 # interleaved 1F1B (2 chunks per rank) and ZB-H1 beside 1F1B, one rate (issue 20)
-perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
+perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model gpt2-tiny --pp 2 --dp 1 --schedule 1f1b,interleaved-1f1b,zb-h1 \
     --compress fp32,aqsgd:fw3bw6 --emulate-bandwidth 300Mbps --profile "$PROFILE" --steps "$STEPS" \
     --repeats "$REPEATS" --out "$OUT_ROOT/gpt2-tiny-pp2-schedules"
 # a tied LM head kept equal Megatron's way (the embedding-gradient all-reduce between the stages)
-perfsim validate --overwrite --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
+perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model gpt2-tiny --pp 2 --dp 1 --tied-embedding sync --compress fp32,aqsgd:fw3bw6 \
     --emulate-bandwidth "$RATES" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-pp2-tied"
 # tensor parallelism (execute mode: torch.distributed.tensor.parallel on gloo), Megatron layout,
 # with and without sequence parallelism (TP rows are predicted once the simulator has tp)
-perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
+perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model gpt2-tiny --pp 1 --dp 1 --tp 2 \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-tp2"
-perfsim validate --overwrite --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
+perfsim validate --overwrite ${ROW_DRIFT:+--row-drift} --model gpt2-tiny --pp 1 --dp 1 --tp 2 --sequence-parallel \
     --emulate-bandwidth "${TP_RATES:-1Gbps,100Mbps}" --profile "$PROFILE" --steps "$STEPS" --repeats "$REPEATS" \
     --out "$OUT_ROOT/gpt2-tiny-tp2-sp"
