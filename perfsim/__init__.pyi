@@ -510,6 +510,7 @@ def validate(
     plot: bool = True,
     progress: bool = True,
     drift_check: bool = True,
+    row_drift: bool = False,
 ) -> DataFrame:
     """Measure and predict a grid, one row per configuration (``perfsim validate``).
 

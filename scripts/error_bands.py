@@ -173,8 +173,9 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
 
 #: the CPU profile band's rows: a profile and the validation grids measured against it (``folder`` and
 #: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS; ``drift_checked``:
-#: each grid priced with the compute its drift check timed right after it); docs/validation.md,
-#: "The CPU band's basis"
+#: each grid priced with the compute its drift check timed right after it; ``row_drift_checked``: each
+#: row with the compute its own check timed right before it, only the rows that held still);
+#: docs/validation.md, "The CPU band's basis" and "The CPU band priced with each row's own drift check"
 CPU_BAND = {"profile": "traces/cpu-2core.json"}
 
 
@@ -186,12 +187,24 @@ def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:
     with tempfile.TemporaryDirectory() as tmp:
         for n, g in enumerate(source.get("grids", rp.GRIDS)):
             df = rp.repredict_frame(folder / g, str(ROOT / source["profile"]), Path(tmp) / str(n),
-                                    drift_checked=bool(source.get("drift_checked")))
+                                    drift_checked=bool(source.get("drift_checked")),
+                                    row_drift_checked=bool(source.get("row_drift_checked")))
+            if source.get("row_drift_checked"):
+                df = df[df.row_held_still.astype(bool)]  # the rule's premise, row by row
             for _, r in df.iterrows():
                 key = ",".join(str(r[c]) for c in ("model", "bandwidth_bps", "compress", "grad_compress", "schedule",
                                                    "pp", "dp", "micro_batch"))
                 rows.append((f"{g},{key}", r.predicted_iteration_s / r.measured_iteration_s - 1))
     return by_config(rows)
+
+
+def cpu_basis(source: dict = CPU_BAND) -> str:
+    """What the CPU band's rows are, in the words a prediction's interval note quotes."""
+    folder = source.get("folder", "traces/validation")
+    if source.get("row_drift_checked"):
+        return ("perfsim run on CPU (gloo) against its calibrated profile, each row's compute as timed right "
+                f"before it (the machine's drift between calibration and run left out), validation grids ({folder})")
+    return f"perfsim run on CPU (gloo) against its calibrated profile, validation grids ({folder})"
 
 
 def band(errors: list[float], basis: str, max_gpus: int) -> dict:
@@ -367,8 +380,7 @@ def build(held_out: bool = False) -> tuple[dict, list[str]]:
                   "on the H100 GEMMs timed in both")
     report += lines
     v, h = cpu_grids()
-    add("profile", v, h, "perfsim run on CPU (gloo) against its calibrated profile, validation grids "
-        "(traces/validation)", 2)
+    add("profile", v, h, cpu_basis(), 2)
     rule, lines = extrapolation(code, a100("validation", SMALL_FITS[2]), a100("validation", SMALL_FITS[4]))
     report += lines
     if held_out:

@@ -2,6 +2,7 @@
 measurements -- no new runs.
 
     python scripts/repredict_validation.py PROFILE [PROFILE ...]
+    python scripts/repredict_validation.py --row-drift PROFILE FOLDER   # grids measured with --row-drift
 
 For each grid of traces/validation/ (gpt2-tiny dp2 / pp2 1F1B / pp2 GPipe, digits-mlp
 dp2 / pp2) every row goes through :func:`perfsim.analysis.validate.run_row`, the
@@ -37,10 +38,17 @@ def repredict(grid: Path, profile_path: str, work: Path) -> tuple[dict, dict]:
     return v.summarize(repredict_frame(grid, profile_path, work)), v.summarize(pd.read_csv(grid / "validation.csv"))
 
 
-def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bool = False) -> pd.DataFrame:
+def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bool = False,
+                    row_drift_checked: bool = False, hold: float = 0.10) -> pd.DataFrame:
     """The grid's rows re-predicted with ``profile_path`` beside their stored measurements;
     ``drift_checked``: with that profile's compute as the grid's drift check timed it right
-    after the runs (``drift-check.json`` beside the table; :func:`perfsim.calibrate.compare.refreshed`)."""
+    after the runs (``drift-check.json`` beside the table; :func:`perfsim.calibrate.compare.refreshed`);
+    ``row_drift_checked``: each row with the compute its own check timed right before its runs
+    (``perfsim validate --row-drift``: ``row-drift/<row>.json``), and two more columns:
+    ``row_drift`` (that check's median compute ratio to the profile, ``c_i``) and ``row_held_still``
+    (``c_i' / c_i`` within ``hold`` of 1, ``c_i'`` the next check's: the next row's, or the grid's
+    check after its runs for the last row) -- docs/validation.md, "The CPU band priced with each
+    row's own drift check"."""
     stored = json.loads((grid / "summary.json").read_text())
     df = pd.read_csv(grid / "validation.csv")
     work.mkdir(parents=True)
@@ -62,6 +70,7 @@ def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bo
                             dataset_limit=stored.get("dataset_limit"), profile=profile_path,
                             link_model=stored.get("link_model", "profile"), out=str(work))
     profile = load_profile(profile_path)
+    checks = _row_checks(grid, df, profile) if row_drift_checked else None
     rows = []
     for i, (row, (_, rec)) in enumerate(zip(plan.rows(), df.iterrows())):
         assert (row["compress"], row["grad_compress"]) == (rec.compress, rec.grad_compress), (grid, i)
@@ -73,11 +82,57 @@ def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bo
         def stored_run(_measured=measured, **_):
             return types.SimpleNamespace(summary=_measured)
 
-        rows.append(v.run_row(plan, row, profile, i, runner=stored_run))
+        if checks is None:
+            rows.append(v.run_row(plan, row, profile, i, runner=stored_run))
+            continue
+        now, c_i, c_next = checks[i]
+        out = v.run_row(plan, row, refreshed(profile, now), i, runner=stored_run)
+        out.update(row_drift=c_i, row_held_still=abs(c_next / c_i - 1) <= hold)
+        rows.append(out)
     return pd.DataFrame(rows)
 
 
+def _row_checks(grid: Path, df: pd.DataFrame, profile) -> list[tuple]:
+    """Per row: (its drift check's profile, its compute ratio ``c_i``, the next check's ``c_i'``)."""
+    from perfsim.calibrate.compare import compare_profiles
+
+    def ratio(check) -> float:
+        return compare_profiles(check, profile)["compute"][0]
+
+    nows = []
+    for i, rec in df.iterrows():
+        name = rec.get("row_drift_file")
+        if not isinstance(name, str) or not name:
+            raise SystemExit(f"{grid}: row {i} has no drift check of its own (measured without --row-drift)")
+        nows.append(load_profile(str(grid / "row-drift" / Path(name).name)))
+    ratios = [ratio(n) for n in nows]
+    after = ratio(load_profile(str(grid / "drift-check.json")))
+    return [(n, c, ratios[i + 1] if i + 1 < len(ratios) else after) for i, (n, c) in enumerate(zip(nows, ratios))]
+
+
+def row_drift_report(profile_path: str, folder: Path) -> int:
+    """Every grid of ``folder`` measured with ``perfsim validate --row-drift``, re-predicted at each
+    row's own compute speed: per row its check's ratio ``c_i``, whether it held still and its error,
+    then how many rows held still (docs/validation.md, "The CPU band priced with each row's own
+    drift check")."""
+    grids = sorted(p.name for p in folder.iterdir() if (p / "validation.csv").is_file())
+    total = held = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, g in enumerate(grids):
+            df = repredict_frame(folder / g, profile_path, Path(tmp) / str(n), row_drift_checked=True)
+            for _, r in df.iterrows():
+                err = 100 * (r.predicted_iteration_s / r.measured_iteration_s - 1)
+                print(f"{g:26s} {r.compress:15s} {r.grad_compress:15s} {str(r.schedule):17s} "
+                      f"c_i {r.row_drift:.3f}  held still {'yes' if r.row_held_still else 'no ':3s}  error {err:+6.1f} %")
+            print(f"{g}: {int(df.row_held_still.sum())} of {len(df)} rows held still")
+            total, held = total + len(df), held + int(df.row_held_still.sum())
+    print(f"all grids: {held} of {total} rows held still ({held / total:.0%})")
+    return 0
+
+
 def main(profiles: list[str]) -> int:
+    if profiles[:1] == ["--row-drift"] and len(profiles) == 3:
+        return row_drift_report(profiles[1], Path(profiles[2]))
     if not profiles:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

@@ -66,15 +66,22 @@ def test_a_profile_priced_prediction_takes_the_profile_band():
 def test_every_file_the_cpu_band_reads_is_in_the_checkout():
     """``scripts/error_bands.py --check`` reproduces the CPU band from a clone: the profile, each
     grid's table and, when drift-checked, its ``drift-check.json`` (session 25's were git-ignored
-    and lost with its machine), none of them ignored by git."""
+    and lost with its machine) and each row's own check, none of them ignored by git."""
     import shutil
     import subprocess
 
     src = bands_script.CPU_BAND
     rp = bands_script._script("repredict_validation")
     folder = ROOT / src["folder"] if "folder" in src else rp.STORED
-    names = ["summary.json", "validation.csv"] + (["drift-check.json"] if src.get("drift_checked") else [])
+    checked = src.get("drift_checked") or src.get("row_drift_checked")
+    names = ["summary.json", "validation.csv"] + (["drift-check.json"] if checked else [])
     need = [ROOT / src["profile"]] + [folder / g / n for g in src.get("grids", rp.GRIDS) for n in names]
+    if src.get("row_drift_checked"):  # and every row's own check (perfsim validate --row-drift)
+        import csv
+
+        for g in src.get("grids", rp.GRIDS):
+            with (folder / g / "validation.csv").open() as f:
+                need += [folder / g / "row-drift" / Path(r["row_drift_file"]).name for r in csv.DictReader(f)]
     assert [str(p.relative_to(ROOT)) for p in need if not p.is_file()] == []
     if (ROOT / ".git").exists() and shutil.which("git"):
         ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *map(str, need)],
@@ -196,3 +203,24 @@ def test_a_capped_extrapolation_says_so_and_reports_the_move_it_made():
     assert q90 == uncertainty.Q90_CEIL and "(capped)" in s["interval_note"]
     assert f"+{100 * (q90 - b.q90):.1f} points" in s["interval_note"]
     assert s["iteration_s_low"] == pytest.approx(s["iteration_s"] / 2)
+
+
+def test_a_grid_measured_with_row_drift_is_repriced_as_validate_priced_it():
+    """Session 27's sitting (docs/validation.md, "The CPU band priced with each row's own drift check"):
+    scripts/repredict_validation.py re-prices each stored row with its own check exactly as
+    `perfsim validate --row-drift` did during the run, and finds the rule's premise as recorded (the
+    tp2 grid held still on both rows, tp2 sp on neither)."""
+    import tempfile
+
+    import pandas as pd
+
+    rp = bands_script._script("repredict_validation")
+    folder = ROOT / "traces" / "validation" / "s27"
+    with tempfile.TemporaryDirectory() as tmp:
+        for n, (grid, held) in enumerate((("gpt2-tiny-tp2", [True, True]), ("gpt2-tiny-tp2-sp", [False, False]))):
+            df = rp.repredict_frame(folder / grid, str(ROOT / "traces" / "cpu-2core-s27.json"), Path(tmp) / str(n),
+                                    row_drift_checked=True)
+            stored = pd.read_csv(folder / grid / "validation.csv")
+            assert list(df.predicted_iteration_s) == pytest.approx(list(stored.predicted_drifted_iteration_s), rel=1e-9)
+            assert list(df.row_drift) == pytest.approx(list(stored.row_compute_drift), rel=1e-9)
+            assert [bool(h) for h in df.row_held_still] == held
