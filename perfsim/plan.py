@@ -16,7 +16,8 @@ iteration time of the run (``--epochs``, warm-up iterations at their pace) and s
 Scores within the model's error band (:data:`TIE_BAND`) of the best go to the lossless choice.
 
 The search is an exact branch and bound (:mod:`perfsim.plan_search`). Configurations
-that do not fit in memory (with a GPU preset) are rejected.
+that do not fit in memory are rejected: the GPU preset's, else the GPU the profile was
+measured on where it names one (the default's V100 16 GB; :func:`perfsim.plan_search.check_fits`).
 
 On a heterogeneous topology the search also covers placement (which GPU runs which
 stage) and per-boundary compression (:mod:`perfsim.placement`,
@@ -300,7 +301,7 @@ def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) ->
         diff = [k for k in dict.fromkeys([*p, *r.params]) if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
         if gain < 0:
-            how = f"is {-gain:.1%} faster, a tie within the model's error band that goes to the lossless choice"
+            how = f"is {-gain:.1%} faster {measure}, a tie within the model's error band that goes to the lossless choice"
         elif gain < TIE_BAND:
             how = (f"is {gain:.1%} slower {measure}: within the model's error band ({TIE_BAND:.0%}), "
                    "so the data do not separate the two")

@@ -196,30 +196,39 @@ def group_bound(params: dict[str, Any]) -> tuple[float, str | None]:
     fit in memory (:func:`check_fits`: per stage and per device), why (then no member
     does: compression only adds memory)."""
     try:
-        workload, strategy, system, _, pl, _, _ = lossless_job(params)
-        check_fits(workload, strategy, system, pl)
+        workload, strategy, system, profile, pl, _, _ = lossless_job(params)
+        check_fits(workload, strategy, system, pl, profile)
     except ConfigError as exc:
         return math.inf, str(exc)
     return max(compute_bound(pl, strategy.schedule), lossless_table_bound(params)), None
 
 
-def check_fits(workload, strategy, system, pl) -> None:
+def check_fits(workload, strategy, system, pl, profile=None) -> None:
     """With a GPU preset, raise the ConfigError of a job that does not fit: a stage over the
     GPU's memory (:func:`perfsim.engine.check_memory`, as predict raises it) or a device
     whose stages (an interleaved schedule's chunks) add up over it
     (:func:`perfsim.memory.device_memory`: predict's ``fits`` False, which the search
-    rejects after simulating)."""
+    rejects after simulating). Without one, the GPU the profile was measured on, where it
+    names a preset (the default's V100 16 GB: what predict warns about and ``perfsim memory``
+    compares with): a plan never recommends a job its own profile's GPU cannot hold."""
     from perfsim.engine import check_memory  # lazy: import perfsim does not load perfsim.engine
+    from perfsim.hardware import profile_gpu  # lazy: import perfsim does not load perfsim.hardware
     from perfsim.memory import GIB, device_memory  # lazy: import perfsim does not load perfsim.memory
 
-    if not system.gpu:
-        return
-    mem, cap = check_memory(workload, strategy, system, pl)
+    if system.gpu:
+        mem, cap = check_memory(workload, strategy, system, pl)
+        name = system.gpu
+    else:
+        measured_on = profile_gpu(profile) if profile is not None else None
+        if measured_on is None:
+            return
+        mem, _ = check_memory(workload, strategy, system, pl, allow_oom=True)
+        cap, name = measured_on.memory_bytes, f"{measured_on.name} (the profile's GPU)"
     need = device_memory(mem, pl.table)
     d = max(range(len(need)), key=need.__getitem__)
     if need[d] > cap:
         raise ConfigError(f"memory: device {d} holds stages {pl.table.stages_of(d)}, "
-                          f"{need[d] / GIB:.1f} GiB per GPU; {system.gpu} has {cap / GIB:.1f} GiB")
+                          f"{need[d] / GIB:.1f} GiB per GPU; {name} has {cap / GIB:.1f} GiB")
 
 
 def member_bound(params: dict[str, Any]) -> float:
@@ -227,8 +236,8 @@ def member_bound(params: dict[str, Any]) -> float:
     plan: a compression can add memory, AQ-SGD's message buffers, so the group's check
     does not clear every member); one that does not raises the ConfigError that
     predict, or the search after simulating it, would."""
-    workload, strategy, system, _, pl, _ = member_plan(params)
-    check_fits(workload, strategy, system, pl)
+    workload, strategy, system, profile, pl, _ = member_plan(params)
+    check_fits(workload, strategy, system, pl, profile)
     return plan_bound(params)
 
 

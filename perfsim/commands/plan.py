@@ -103,7 +103,7 @@ def _table(result) -> str:
         sched = row["schedule"] + (f"/{p['virtual_stages']}" if p.get("virtual_stages") else "")
         zero = f"{p.get('zero', 0)}" + ("+cpu" if p.get("offload") == "optimizer" else "")  # ZeRO-Offload
         lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {sched:>16} "
-                     f"{row['micro_batch']:>3} {zero:>6} {p.get('recompute', 'none'):>9} "
+                     f"{row['micro_batch']:>3} {zero:>6} {row.get('recompute') or p.get('recompute', 'none'):>9} "
                      f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "
                      f"{p.get('precision', 'fp32'):>4} {row['compress']:>14} {row['grad_compress']:>14} "
                      f"{format_time(row['iteration_s']):>10} {interval_text(row):>17} "

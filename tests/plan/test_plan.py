@@ -401,3 +401,19 @@ def test_explanation_says_what_the_runner_up_is_slower_in_and_when_it_is_a_tie()
     gain = res.ranked[1].score() / res.ranked[0].score() - 1
     assert "per iteration over the run" in res.explanation
     assert ("do not separate the two" in res.explanation) == (0 <= gain < TIE_BAND)
+
+
+def test_without_a_gpu_preset_the_profiles_gpu_bounds_the_memory():
+    """The default profile was measured on a V100 16 GB: predict warns above it and `perfsim memory`
+    compares with it, yet the planner (no --gpu) recommended gpt2-xl on one GPU per replica at 25.8 GiB.
+    It now rejects what the profile's GPU cannot hold, and shows the recomputation each candidate ran
+    (the profile's measured full, not the flag's absence)."""
+    from perfsim.commands.plan import _table
+
+    res = plan(model="gpt2-xl", nodes=2, gpus_per_node=2, bandwidth="1Gbps", global_batch=16, top=3)
+    assert res.rejected > 0 and res.ranked
+    assert all(c.summary["peak_memory_gib"] <= 16 for c in res.ranked)
+    assert {r["recompute"] for r in res.rows()} == {"full"}
+    assert all(" full " in line for line in _table(res).splitlines()[1:1 + len(res.ranked)])
+    cpu = plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=16, profile=CPU, top=1)
+    assert cpu.ranked  # a CPU profile names no GPU: nothing to bound it by
