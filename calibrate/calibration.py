@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from perfsim.calibrate.compare import stage_layer_ratios, stage_layer_warnings
 from perfsim.errors import ConfigError
 from perfsim.tcp import PROFILE_KEY as TCP_KEY
 from perfsim.tcp import read_host as read_tcp_host
@@ -106,15 +107,18 @@ class CalibrationPlan:
         from perfsim.calibrate import codecs as cc
         from perfsim.calibrate.compute import count_records
 
+        # the model's compute first, all of it together (layers, TP ranks, whole stages): a shared
+        # machine's speed moves within minutes, and the engine reads a stage's record beside its
+        # layers' (docs/validation.md, session 27: stages timed 11 minutes after their layers)
         out = [(f"compute {c.model}", count_records(c)) for c in self.compute]
+        out += [(f"tp {c.model} mb {c.micro_batch} tp={c.tp}{' sp' if c.sequence_parallel else ''}", 1)
+                for c in self.tensor_parallel]
+        out += [(f"stages {c.model} mb {c.micro_batch} pp={c.pp} (run)", 1) for c in self.run_stages]
         if self.codecs:
             out.append((f"codecs ({len(self.codecs.resolved_specs())} specs)", cc.count_points(self.codecs)))
         out += [(f"comm {_describe_comm(c)}", 1) for c in self.comm]
         if self.efficiency:
             out.append((f"efficiency ({','.join(self.efficiency.dtypes)})", 1))
-        out += [(f"tp {c.model} mb {c.micro_batch} tp={c.tp}{' sp' if c.sequence_parallel else ''}", 1)
-                for c in self.tensor_parallel]
-        out += [(f"stages {c.model} mb {c.micro_batch} pp={c.pp} (run)", 1) for c in self.run_stages]
         return out
 
     def estimate_seconds(self, quick: bool | None = None, flops_per_s: float | None = None) -> float:
@@ -477,17 +481,17 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     bar = Progress(total, "pt", enabled=progress, prefix="calibrate: ")
     measurements = [(f"compute {cfg.model}",
                      lambda cfg=cfg: (measure_compute_concurrent if plan.concurrent else measure_compute)(cfg, bar))
-                    for cfg in plan.compute]
+                    for cfg in plan.compute]  # in the order of plan.stages()
+    measurements += [(f"tp {cfg.model} tp={cfg.tp}{' sp' if cfg.sequence_parallel else ''}",
+                      lambda cfg=cfg: measure_tp_stage(cfg)) for cfg in plan.tensor_parallel]
+    measurements += [(f"stages {cfg.model} pp={cfg.pp}", lambda cfg=cfg: measure_run_stages(cfg))
+                     for cfg in plan.run_stages]
     if plan.codecs:
         measurements.append(("codecs", lambda: cc.measure_codecs(plan.codecs, bar)))
     measurements += [(f"comm {_describe_comm(cfg)}", lambda cfg=cfg: cm.measure_comm(cfg, bar))
                      for cfg in plan.comm]
     if plan.efficiency:
         measurements.append(("efficiency", lambda: measure_efficiency(plan.efficiency)))
-    measurements += [(f"tp {cfg.model} tp={cfg.tp}{' sp' if cfg.sequence_parallel else ''}",
-                      lambda cfg=cfg: measure_tp_stage(cfg)) for cfg in plan.tensor_parallel]
-    measurements += [(f"stages {cfg.model} pp={cfg.pp}", lambda cfg=cfg: measure_run_stages(cfg))
-                     for cfg in plan.run_stages]
     records: list[dict] = []
     stage_s: dict[str, float] = {}
     try:
@@ -514,6 +518,11 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
         if tcp is not None:
             meta[TCP_KEY] = tcp
     profile = build_profile(records, meta)
+    ratios = stage_layer_ratios(profile)
+    if ratios:  # a whole stage against its own layers, timed minutes apart: did the machine hold still?
+        profile.metadata["calibration"]["stage_layer_ratio"] = {k: round(v, 3) for k, v in ratios.items()}
+        for line in stage_layer_warnings(ratios):
+            print(line, file=sys.stderr, flush=True)
     profile.save(out)
     return profile
 

@@ -13,6 +13,7 @@ import math
 import statistics
 
 from perfsim.profile.format import CODEC_OPS, COMM_OPS, COMPUTE_OPS
+from perfsim.schedules import PLAIN_SCHEDULES
 
 #: record fields that are measurements (or their bookkeeping), not what was measured
 MEASURED = frozenset({"time_s", "spread_s", "repeats", "mean_s", "allreduce_s", "source", "samples",
@@ -125,3 +126,55 @@ def refreshed(profile, now):
     records = [{**r, **{k: v for k, v in new[_key(r)].items() if k in MEASURED}} if _key(r) in new else dict(r)
                for r in profile.records]
     return Profile(records=records, metadata={**profile.metadata, "refreshed_by": now.metadata.get("command", "")})
+
+
+#: a CPU stage's record over the sum of its own layers' on a machine that held still: per-call
+#: and autograd-graph overheads make it 1.01-1.12 (traces/cpu-2core.json, 2026-11-22); the band a
+#: calibration's ratio must stay in before it is taken for the same machine (session 27: 1.14-1.82,
+#: the stages timed 11 minutes after the layers; session 26: 0.73-0.83)
+STEADY_STAGE_LAYER = (0.85, 1.35)
+#: compared only where the stage's layers take at least this on average: digits-mlp's take 10-30 us,
+#: where a stage call's own overhead is 1-4x its layers' sum on any machine
+MIN_LAYER_S = 1e-3
+
+
+def stage_layer_ratios(profile) -> dict[str, float]:
+    """``{"<model> stage<k> <fwd|bwd> mb <m> pp <p> [<schedule>]": stage time / sum of its layers'}`` for
+    every single-rank whole-stage record of a plain schedule (1F1B, GPipe) in a CPU profile (``perfsim calibrate --stages``) whose
+    layers the profile also timed at the same micro-batch, each :data:`MIN_LAYER_S` or more on
+    average: the two are measured apart, so their ratio says whether the machine's speed held in
+    between (:data:`STEADY_STAGE_LAYER`)."""
+    from perfsim.models.registry import get_model_spec  # lazy: the model registry is heavy
+
+    if not str((profile.metadata or {}).get("device", "cpu")).startswith("cpu"):
+        return {}
+    layer = {(r.get("model"), r.get("name"), r["op"], r.get("micro_batch")): float(r["time_s"])
+             for r in profile.records if r["op"] in ("layer_fwd", "layer_bwd")}
+    out = {}
+    for r in profile.records:
+        if r["op"] not in ("stage_fwd", "stage_bwd") or (r.get("tp") or 1) != 1 or not r.get("layers"):
+            continue
+        if str(r.get("schedule") or "1f1b").lower() not in PLAIN_SCHEDULES:
+            continue  # interleaved chunks and ZB-H1's split backward cost more per call by design
+        try:
+            names = [layer_spec.name for layer_spec in get_model_spec(r["model"]).layers()]
+        except Exception:  # noqa: BLE001 -- a model this perfsim no longer knows: nothing to compare
+            continue
+        first, last = r["layers"]
+        op = "layer_" + r["op"][len("stage_"):]
+        times = [layer.get((r["model"], n, op, r.get("micro_batch"))) for n in names[first:last + 1]]
+        if not times or any(t is None for t in times) or sum(times) < MIN_LAYER_S * len(times):
+            continue  # (layers of microseconds: the per-call overhead is the stage's time, not a drift)
+        label = (f"{r['model']} {r['name']} {r['op'][len('stage_'):]} mb {r.get('micro_batch')} "
+                 f"pp {r.get('pp', r.get('world_size'))}" + (f" {r['schedule']}" if r.get("schedule") else ""))
+        out[label] = float(r["time_s"]) / sum(times)
+    return out
+
+
+def stage_layer_warnings(ratios: dict[str, float]) -> list[str]:
+    """One stderr line per ratio of :func:`stage_layer_ratios` outside :data:`STEADY_STAGE_LAYER`."""
+    lo, hi = STEADY_STAGE_LAYER
+    return [f"calibrate: warning: {label} took {ratio:.2f}x the sum of its layers' ({lo}-{hi} on a machine "
+            "that holds still): this machine's speed moved while it was timed; calibrate again when it is "
+            "quiet, or check a prediction with perfsim validate --row-drift"
+            for label, ratio in ratios.items() if not lo <= ratio <= hi]
