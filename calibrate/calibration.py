@@ -443,7 +443,7 @@ def plan_calibration(*, model: str | Sequence[str] = DEFAULT_MODELS, micro_batch
 
 
 def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, command: str | None = None,
-                    overwrite: bool = False):
+                    overwrite: bool = False, warn: bool = True):
     """Measure every stage of ``plan`` and write the profile to ``out`` (atomically);
     returns the :class:`~perfsim.profile.Profile`. A file already at ``out`` (an earlier
     profile: minutes or GPU-hours of measurements) is refused before anything is measured
@@ -452,7 +452,8 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     On stderr: first the estimate of how long the calibration takes, then a bar on a
     terminal or one line per stage in a log (``progress=False``: neither), and a line
     per skipped measurement. ``command`` is recorded in the profile's metadata (the
-    command line that asked for it)."""
+    command line that asked for it). ``warn``: say on stderr which whole stages disagree with
+    their own layers (:func:`perfsim.calibrate.compare.stage_layer_warnings`; recorded either way)."""
     from perfsim.calibrate import codecs as cc
     from perfsim.calibrate import comm as cm
     from perfsim.calibrate.compute import measure_compute, measure_compute_concurrent
@@ -521,14 +522,14 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
     ratios = stage_layer_ratios(profile)
     if ratios:  # a whole stage against its own layers, timed minutes apart: did the machine hold still?
         profile.metadata["calibration"]["stage_layer_ratio"] = {k: round(v, 3) for k, v in ratios.items()}
-        for line in stage_layer_warnings(ratios):
+        for line in stage_layer_warnings(ratios) if warn else ():
             print(line, file=sys.stderr, flush=True)
     profile.save(out)
     return profile
 
 
 def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, command: str | None = None,
-              overwrite: bool = False, **params: Any):
+              overwrite: bool = False, warn: bool = True, **params: Any):
     """Measure this machine and write a profile for :func:`perfsim.predict` (``perfsim calibrate``).
 
     ``out``: the profile file to write (a file there is refused unless ``overwrite``). The other keywords are ``perfsim calibrate``'s
@@ -537,8 +538,9 @@ def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, com
     ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
     ``emulate_bandwidth`` (needs root), ``emulate_latency``, ``emulate_ops``, ``ranks``,
     ``concurrent``, ``device``, ``repeats``, ``quick``, ``statistic`` (``median`` or
-    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr. Returns the
+    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr;
+    ``warn``: a line per whole stage that disagrees with its own layers (:func:`run_calibration`). Returns the
     written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
     flag on bad input, before anything is measured."""
     plan = plan_calibration(**params)
-    return run_calibration(plan, out, progress=progress, command=command, overwrite=overwrite)
+    return run_calibration(plan, out, progress=progress, command=command, overwrite=overwrite, warn=warn)

@@ -106,3 +106,7 @@ def test_calibrate_records_each_stages_ratio_and_warns_outside_the_steady_band(m
     assert ratios == {"gpt2-tiny stage0 fwd mb 8 pp 2 1f1b": 1.8, "gpt2-tiny stage1 fwd mb 8 pp 2 1f1b": 1.05}
     err = capsys.readouterr().err
     assert "warning: gpt2-tiny stage0 fwd mb 8 pp 2 1f1b took 1.80x" in err and "stage1 fwd" not in err
+    # validate's drift checks (calibrate(warn=False)) compare with the profile: the ratios, no lines
+    quiet = calibrate(str(tmp_path / "q.json"), progress=False, model="gpt2-tiny", micro_batch="8", stages="",
+                      codecs="none", comm="none", device="cpu", warn=False)
+    assert quiet.metadata["calibration"]["stage_layer_ratio"] == ratios and "warning" not in capsys.readouterr().err
