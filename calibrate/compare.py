@@ -76,6 +76,15 @@ def comparison_text(result: dict[str, tuple], old_name: str, tolerance: float = 
     return f"compare with {old_name} (new / old, median of matched records): {', '.join(parts)} -- {verdict}"
 
 
+def can_drift_check(profile, model: str, micro_batch: int) -> bool:
+    """Whether :func:`drift_check` can time ``model`` again as ``profile`` timed it: a CPU profile
+    holding layer records of that model at that micro-batch."""
+    if not str((profile.metadata or {}).get("device", "cpu")).startswith("cpu"):
+        return False
+    return any(r.get("op") == "layer_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
+               for r in profile.records)
+
+
 def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
                 schedule: str | None = None, tp: int = 1) -> dict[str, tuple] | None:
     """Time ``model``'s layers at ``micro_batch`` on this machine now, as ``profile``'s
@@ -88,16 +97,11 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
     prediction reads instead of splitting the layers. None when the profile holds no
     layer records of that model and micro-batch, or was measured on another kind of
     device."""
-    meta = profile.metadata or {}
-    device = meta.get("device", "cpu")
-    if not str(device).startswith("cpu"):
-        return None
-    if not any(r.get("op") == "layer_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
-               for r in profile.records):
+    if not can_drift_check(profile, model, micro_batch):
         return None
     from perfsim.calibrate.calibration import calibrate
 
-    cal = meta.get("calibration", {})
+    cal = (profile.metadata or {}).get("calibration", {})
     stages = [r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
               and r.get("micro_batch") == micro_batch and r.get("pp", r.get("world_size")) == pp
               and r.get("schedule")]

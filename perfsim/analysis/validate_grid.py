@@ -143,7 +143,15 @@ def validate(*, profile: str | None, model: str = _job_default("model"), pp: int
         raise ConfigError("--profile: required (a profile calibrated on this machine, see perfsim calibrate)")
     from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
-    other = other_cpu(load_profile(profile).metadata)  # a bad file fails before any run starts
+    loaded = load_profile(profile)
+    other = other_cpu(loaded.metadata)  # a bad file fails before any run starts
+    if row_drift:
+        from perfsim.calibrate.compare import can_drift_check  # lazy: the calibration side is heavy
+
+        if not can_drift_check(loaded, model, micro_batch):
+            raise ConfigError(f"--row-drift: profile {profile} has no CPU layer records of {model} at micro-batch "
+                              f"{micro_batch} to time again (perfsim calibrate --model {model} --micro-batch "
+                              f"{micro_batch} on this machine)")
     if other:  # runs measured here against another machine's costs: the errors would be the machines'
         log.warning("validate: profile %s was %s: its rows compare two machines (calibrate this one: "
                     "perfsim calibrate)", profile, other)

@@ -14,7 +14,7 @@ from perfsim.link import POOL_MAX_BYTES, Link, _expected_s, pooled_small_message
 from perfsim.profile import Profile
 from perfsim.result import Result
 
-from _helpers import run_cli, run_cli_here
+from _helpers import assert_user_error, run_cli, run_cli_here
 
 
 def _profile(records, backend="gloo", version=2):
@@ -186,6 +186,16 @@ def test_row_drift_times_the_compute_before_each_row_and_predicts_at_that_speed(
     again = run_cli_here(*grid, "--overwrite")
     assert again.returncode == 0, again.stderr
     assert not check.exists() and "row_compute_drift" not in pd.read_csv(tmp_path / "validation.csv")
+
+
+def test_row_drift_without_layer_records_to_time_again_is_refused_before_any_run(small_profile, tmp_path):
+    """--row-drift needs the profile's CPU layer records of the grid's model at its micro-batch; without
+    them the grid is refused in one line before anything runs or is written."""
+    out = tmp_path / "grid"
+    r = run_cli_here("validate", "--model", "digits-mlp", "--pp", "2", "--micro-batch", "4", "--steps", "3",
+                     "--profile", str(small_profile), "--out", str(out), "--no-progress", "--no-plot", "--row-drift")
+    assert_user_error(r.returncode, r.stderr, "--row-drift: profile")
+    assert "micro-batch 4" in r.stderr and not out.exists()
 
 
 def test_cli_never_replaces_a_table_of_another_grid_without_overwrite(small_profile, tmp_path):
