@@ -529,7 +529,7 @@ def run_calibration(plan: CalibrationPlan, out: str, *, progress: bool = True, c
 
 
 def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, command: str | None = None,
-              overwrite: bool = False, warn: bool = True, **params: Any):
+              overwrite: bool = False, **params: Any):
     """Measure this machine and write a profile for :func:`perfsim.predict` (``perfsim calibrate``).
 
     ``out``: the profile file to write (a file there is refused unless ``overwrite``). The other keywords are ``perfsim calibrate``'s
@@ -538,9 +538,8 @@ def calibrate(out: str = "traces/calibrated.json", *, progress: bool = True, com
     ``small_repeats``, ``codecs`` (``"all"``, ``"none"`` or specs), ``comm``,
     ``emulate_bandwidth`` (needs root), ``emulate_latency``, ``emulate_ops``, ``ranks``,
     ``concurrent``, ``device``, ``repeats``, ``quick``, ``statistic`` (``median`` or
-    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr;
-    ``warn``: a line per whole stage that disagrees with its own layers (:func:`run_calibration`). Returns the
+    ``min``), ``efficiency``, ``tp`` (TP degrees whose ranks' compute execute mode times). ``progress``: a bar or stage lines on stderr. Returns the
     written :class:`~perfsim.profile.Profile`; raises :class:`ConfigError` naming the
     flag on bad input, before anything is measured."""
     plan = plan_calibration(**params)
-    return run_calibration(plan, out, progress=progress, command=command, overwrite=overwrite, warn=warn)
+    return run_calibration(plan, out, progress=progress, command=command, overwrite=overwrite)

@@ -99,7 +99,7 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
     device."""
     if not can_drift_check(profile, model, micro_batch):
         return None
-    from perfsim.calibrate.calibration import calibrate
+    from perfsim.calibrate.calibration import plan_calibration, run_calibration
 
     cal = (profile.metadata or {}).get("calibration", {})
     stages = [r for r in profile.records if r.get("op") == "stage_fwd" and r.get("model") == model
@@ -111,11 +111,13 @@ def drift_check(profile, model: str, micro_batch: int, out: str, pp: int = 1,
                    stage_timing=str(cal.get("stage_timing", "harness"))) if stage else dict(stages="")
     timed_tp = tp > 1 and any(r.get("op") == "stage_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
                               and int(r.get("tp", 1)) == tp for r in profile.records)
-    now = calibrate(out, progress=False, model=model, micro_batch=str(micro_batch), **staging, codecs="none",
-                    comm="none", ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
-                    statistic=str(cal.get("statistic", "median")), device="cpu", tp=str(tp) if timed_tp else "",
-                    command=f"validate's drift check of {model} at micro-batch {micro_batch}",
-                    warn=False)  # a check compares with the profile; its own stage ratios stay in its metadata
+    plan = plan_calibration(model=model, micro_batch=str(micro_batch), **staging, codecs="none", comm="none",
+                            ranks=int(cal.get("ranks", 2)), concurrent=bool(cal.get("concurrent_compute")),
+                            statistic=str(cal.get("statistic", "median")), device="cpu",
+                            tp=str(tp) if timed_tp else "")
+    # a check compares with the profile: its own stage-versus-layer ratios stay in its metadata, unsaid
+    now = run_calibration(plan, out, progress=False, warn=False,
+                          command=f"validate's drift check of {model} at micro-batch {micro_batch}")
     return compare_profiles(now, profile)
 
 

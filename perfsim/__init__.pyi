@@ -525,7 +525,6 @@ def calibrate(
     progress: bool = True,
     command: str | None = None,
     overwrite: bool = False,
-    warn: bool = True,
     model: str | Sequence[str] = 'digits-mlp,gpt2-tiny',
     micro_batch: str | Sequence[int] = '1,4',
     dtype: str | Sequence[str] = 'float32',

@@ -19,16 +19,18 @@ def _tp_stage(t: float, sp: int) -> dict:
 
 
 def _calibration_asked(monkeypatch, records, **kw) -> dict:
-    """The keyword arguments drift_check hands calibrate for a profile holding ``records``."""
+    """The keyword arguments drift_check plans its calibration with for a profile holding ``records``."""
     from perfsim.calibrate import calibration
 
     asked = {}
 
-    def fake_calibrate(out, **kwargs):
+    def fake_plan(**kwargs):
         asked.update(kwargs)
-        return Profile(records=[_layer("h0", 2.0)], metadata={})
+        return "plan"
 
-    monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
+    monkeypatch.setattr(calibration, "plan_calibration", fake_plan)
+    monkeypatch.setattr(calibration, "run_calibration",
+                        lambda plan, out, **kw: Profile(records=[_layer("h0", 2.0)], metadata={}))
     prof = Profile(records=records, metadata={"device": "cpu", "calibration": {"ranks": 2}})
     compare.drift_check(prof, "gpt2-tiny", 8, "unused.json", **kw)
     return asked
@@ -106,7 +108,10 @@ def test_calibrate_records_each_stages_ratio_and_warns_outside_the_steady_band(m
     assert ratios == {"gpt2-tiny stage0 fwd mb 8 pp 2 1f1b": 1.8, "gpt2-tiny stage1 fwd mb 8 pp 2 1f1b": 1.05}
     err = capsys.readouterr().err
     assert "warning: gpt2-tiny stage0 fwd mb 8 pp 2 1f1b took 1.80x" in err and "stage1 fwd" not in err
-    # validate's drift checks (calibrate(warn=False)) compare with the profile: the ratios, no lines
-    quiet = calibrate(str(tmp_path / "q.json"), progress=False, model="gpt2-tiny", micro_batch="8", stages="",
-                      codecs="none", comm="none", device="cpu", warn=False)
+    # validate's drift checks (run_calibration(warn=False)) compare with the profile: the ratios, no lines
+    from perfsim.calibrate.calibration import plan_calibration, run_calibration
+
+    quiet = run_calibration(plan_calibration(model="gpt2-tiny", micro_batch="8", stages="", codecs="none",
+                                             comm="none", device="cpu"), str(tmp_path / "q.json"),
+                            progress=False, warn=False)
     assert quiet.metadata["calibration"]["stage_layer_ratio"] == ratios and "warning" not in capsys.readouterr().err
