@@ -76,10 +76,22 @@ def comparison_text(result: dict[str, tuple], old_name: str, tolerance: float = 
     return f"compare with {old_name} (new / old, median of matched records): {', '.join(parts)} -- {verdict}"
 
 
+def compute_drift(now, profile) -> float:
+    """A drift check's median compute ratio to the profile it re-timed (:func:`compare_profiles`'
+    ``compute`` group), NaN when they share no compute record."""
+    ratios = compare_profiles(now, profile)
+    return ratios["compute"][0] if "compute" in ratios else math.nan
+
+
+def _on_cpu(profile) -> bool:
+    """The profile was measured on a CPU (its ``device``; a profile that names none counts as one)."""
+    return str((profile.metadata or {}).get("device", "cpu")).startswith("cpu")
+
+
 def can_drift_check(profile, model: str, micro_batch: int) -> bool:
     """Whether :func:`drift_check` can time ``model`` again as ``profile`` timed it: a CPU profile
     holding layer records of that model at that micro-batch."""
-    if not str((profile.metadata or {}).get("device", "cpu")).startswith("cpu"):
+    if not _on_cpu(profile):
         return False
     return any(r.get("op") == "layer_fwd" and r.get("model") == model and r.get("micro_batch") == micro_batch
                for r in profile.records)
@@ -153,7 +165,7 @@ def stage_layer_ratios(profile) -> dict[str, float]:
     between (:data:`STEADY_STAGE_LAYER`)."""
     from perfsim.models.registry import get_model_spec  # lazy: the model registry is heavy
 
-    if not str((profile.metadata or {}).get("device", "cpu")).startswith("cpu"):
+    if not _on_cpu(profile):
         return {}
     layer = {(r.get("model"), r.get("name"), r["op"], r.get("micro_batch")): float(r["time_s"])
              for r in profile.records if r["op"] in ("layer_fwd", "layer_bwd")}

@@ -94,10 +94,7 @@ def repredict_frame(grid: Path, profile_path: str, work: Path, drift_checked: bo
 
 def _row_checks(grid: Path, df: pd.DataFrame, profile) -> list[tuple]:
     """Per row: (its drift check's profile, its compute ratio ``c_i``, the next check's ``c_i'``)."""
-    from perfsim.calibrate.compare import compare_profiles
-
-    def ratio(check) -> float:
-        return compare_profiles(check, profile)["compute"][0]
+    from perfsim.calibrate.compare import compute_drift
 
     nows = []
     for i, rec in df.iterrows():
@@ -105,8 +102,8 @@ def _row_checks(grid: Path, df: pd.DataFrame, profile) -> list[tuple]:
         if not isinstance(name, str) or not name:
             raise SystemExit(f"{grid}: row {i} has no drift check of its own (measured without --row-drift)")
         nows.append(load_profile(str(grid / "row-drift" / Path(name).name)))
-    ratios = [ratio(n) for n in nows]
-    after = ratio(load_profile(str(grid / "drift-check.json")))
+    ratios = [compute_drift(n, profile) for n in nows]
+    after = compute_drift(load_profile(str(grid / "drift-check.json")), profile)
     return [(n, c, ratios[i + 1] if i + 1 < len(ratios) else after) for i, (n, c) in enumerate(zip(nows, ratios))]
 
 

@@ -375,7 +375,7 @@ def _drifted_columns(plan: ValidationPlan, profile, pred_params: dict[str, Any],
     """The row predicted with the profile's compute as its drift check timed it
     (:func:`perfsim.calibrate.compare.refreshed`), beside the check's median compute ratio; NaN
     where the row has no check (measured before, without ``row_drift``)."""
-    from perfsim.calibrate.compare import compare_profiles, refreshed  # lazy: as above
+    from perfsim.calibrate.compare import compute_drift, refreshed  # lazy: as above
     from perfsim.profile import load_profile  # lazy: import perfsim does not load perfsim.profile
 
     cols = {"row_compute_drift": math.nan, "row_drift_file": ""}
@@ -384,15 +384,13 @@ def _drifted_columns(plan: ValidationPlan, profile, pred_params: dict[str, Any],
     if not path.is_file():
         return cols
     now = load_profile(str(path))
-    ratios = compare_profiles(now, profile)
     predicted, _ = _predict(predict, dict(pred_params, profile=refreshed(profile, now)), tp)
-    cols["row_compute_drift"] = ratios["compute"][0] if "compute" in ratios else math.nan
+    cols["row_compute_drift"] = compute_drift(now, profile)
     cols["row_drift_file"] = str(path)
     if predicted is not None:
         for m in METRICS:
-            cols[f"predicted_drifted_{m}"] = predicted.summary.get(m)
-        for m in METRICS:
-            p, q = cols[f"predicted_drifted_{m}"], row[f"measured_{m}"]
+            p, q = predicted.summary.get(m), row[f"measured_{m}"]
+            cols[f"predicted_drifted_{m}"] = p
             cols[f"error_drifted_{m}_pct"] = 100.0 * (p - q) / q if p is not None and q else math.nan
     return cols
 
