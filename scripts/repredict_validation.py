@@ -27,6 +27,7 @@ import pandas as pd
 
 from perfsim.analysis import validate as v
 from perfsim.calibrate.compare import refreshed
+from perfsim.errors import ConfigError
 from perfsim.profile import load_profile
 
 GRIDS = ("gpt2-tiny-dp2", "gpt2-tiny-pp2", "gpt2-tiny-pp2-gpipe", "digits-mlp-dp2", "digits-mlp-pp2")
@@ -100,7 +101,7 @@ def _row_checks(grid: Path, df: pd.DataFrame, profile) -> list[tuple]:
     for i, rec in df.iterrows():
         name = rec.get("row_drift_file")
         if not isinstance(name, str) or not name:
-            raise SystemExit(f"{grid}: row {i} has no drift check of its own (measured without --row-drift)")
+            raise ConfigError(f"{grid}: row {i} has no drift check of its own (measured without --row-drift)")
         nows.append(load_profile(str(grid / "row-drift" / Path(name).name)))
     ratios = [compute_drift(n, profile) for n in nows]
     after = compute_drift(load_profile(str(grid / "drift-check.json")), profile)
@@ -128,8 +129,18 @@ def row_drift_report(profile_path: str, folder: Path) -> int:
 
 
 def main(profiles: list[str]) -> int:
-    if profiles[:1] == ["--row-drift"] and len(profiles) == 3:
-        return row_drift_report(profiles[1], Path(profiles[2]))
+    if profiles[:1] == ["--row-drift"]:
+        folder = Path(profiles[2]) if len(profiles) == 3 else None
+        if folder is None or not folder.is_dir() or not any(folder.glob("*/validation.csv")):
+            print("usage: python scripts/repredict_validation.py --row-drift PROFILE FOLDER (FOLDER: grids "
+                  f"measured with perfsim validate --row-drift; got {' '.join(profiles[1:]) or 'nothing'})",
+                  file=sys.stderr)
+            return 2
+        try:
+            return row_drift_report(profiles[1], folder)
+        except ConfigError as exc:  # a profile that cannot be read, a grid measured without --row-drift
+            print(f"repredict_validation: {exc}", file=sys.stderr)
+            return 2
     if not profiles:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2

@@ -224,3 +224,17 @@ def test_a_grid_measured_with_row_drift_is_repriced_as_validate_priced_it():
             assert list(df.predicted_iteration_s) == pytest.approx(list(stored.predicted_drifted_iteration_s), rel=1e-9)
             assert list(df.row_drift) == pytest.approx(list(stored.row_compute_drift), rel=1e-9)
             assert [bool(h) for h in df.row_held_still] == held
+
+
+def test_the_row_drift_report_refuses_bad_input_in_one_line(capsys):
+    """scripts/repredict_validation.py --row-drift: a missing folder, a profile that cannot be read,
+    grids measured without --row-drift: one line on stderr and exit 2, no traceback."""
+    rp = bands_script._script("repredict_validation")
+    s27 = str(ROOT / "traces" / "validation" / "s27")
+    for args, culprit in ((["--row-drift", "traces/cpu-2core-s27.json"], "usage:"),
+                          (["--row-drift", "/nonexistent.json", s27], "/nonexistent.json"),
+                          (["--row-drift", str(ROOT / "traces" / "cpu-2core.json"), str(ROOT / "traces" / "validation")],
+                           "has no drift check of its own")):
+        assert rp.main(args) == 2
+        err = capsys.readouterr().err
+        assert culprit in err and len(err.strip().splitlines()) == 1, err
