@@ -175,8 +175,13 @@ def by_config(rows: list[tuple[str, float]]) -> tuple[list[float], list[float]]:
 #: ``grids`` when given; else scripts/repredict_validation.py's STORED and GRIDS; ``drift_checked``:
 #: each grid priced with the compute its drift check timed right after it; ``row_drift_checked``: each
 #: row with the compute its own check timed right before it, only the rows that held still);
-#: docs/validation.md, "The CPU band's basis" and "The CPU band priced with each row's own drift check"
-CPU_BAND = {"profile": "traces/cpu-2core.json"}
+#: docs/validation.md, "The CPU band's basis", "The CPU band priced with each row's own drift check" and
+#: "The CPU band as a user meets it" (session 28's sitting: rows priced as calibrated, the rule's premise the
+#: profile's own consistency)
+CPU_BAND = {"profile": "traces/cpu-2core-s28.json", "folder": "traces/validation/s28",
+            "grids": ("gpt2-tiny-pp2", "gpt2-tiny-dp2", "gpt2-tiny-pp2-gpipe", "gpt2-tiny-pp2-schedules",
+                      "gpt2-tiny-pp2-tied", "gpt2-tiny-tp2", "gpt2-tiny-tp2-sp"),
+            "minutes_after_calibrating": 38}
 
 
 def cpu_grids(source: dict = CPU_BAND) -> tuple[list[float], list[float]]:
@@ -204,6 +209,9 @@ def cpu_basis(source: dict = CPU_BAND) -> str:
     if source.get("row_drift_checked"):
         return ("perfsim run on CPU (gloo) against its calibrated profile, each row's compute as timed right "
                 f"before it (the machine's drift between calibration and run left out), validation grids ({folder})")
+    if source.get("minutes_after_calibrating"):
+        return (f"perfsim run on CPU (gloo) within {source['minutes_after_calibrating']} minutes of calibrating its "
+                f"profile, the machine's drift included, validation grids ({folder})")
     return f"perfsim run on CPU (gloo) against its calibrated profile, validation grids ({folder})"
 
 
