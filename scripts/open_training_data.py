@@ -14,6 +14,10 @@ quotes and what is assumed are in the file):
   multi-node rows whose recipe perfsim can express (GPT3-5B on 64 H100s; the file's ``candidates``
   say why each other row is out).
 
+Reported apart (``ONE_NODE_SETS``, not in the multi-node figures):
+``traces/open/megatron-22b-one-node-2205.05198.json``, the same paper's 22B model on one node of 8
+A100 80GB (TP 8): whether the multi-node sets' optimism is there on one node at their shapes.
+
 Each row is predicted with its stated configuration and perfsim's defaults for the rest, by
 ``scripts/megatron_open_data.py``'s :func:`predict_row` (one description of how a Megatron-style row
 is handed to ``perfsim.api.predict``), given the set's ``system.predict`` and
@@ -37,6 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SETS = (ROOT / "traces" / "open" / "megatron-selective-recompute-2205.05198.json",
         ROOT / "traces" / "open" / "bloom-176b-jean-zay.json",
         ROOT / "traces" / "open" / "nemo-h100-performance.json")
+#: open single-node rows at the multi-node sets' shapes, reported apart (not in the multi-node figures):
+#: whether their optimism is there on one node already (each file's ``selection_rule`` says why)
+ONE_NODE_SETS = (ROOT / "traces" / "open" / "megatron-22b-one-node-2205.05198.json",)
 #: the row columns that are predict keywords of their own
 ROW_KEYWORDS = ("recompute", "sequence_parallel")
 #: how far a stored figure may be from the recomputed one (the stored ones are rounded as printed)
@@ -115,7 +122,8 @@ def transcription_problems(doc: dict, rows: list[dict]) -> list[str]:
             bad.append(f"row {i}: interleaving needs micro-batches and layers per stage divisible")
         if r.get("mfu") is not None:
             got = model_flops(r, w["vocab"], w["seq_len"], 3) / (r["iteration_s"] * r["gpus"] * A100_PEAK)
-            if abs(got - r["mfu"]) > 0.0015:
+            # (the time is quoted to 0.01 s: a 1.10 s row's MFU is known to +-0.2 points from it)
+            if abs(got - r["mfu"]) > max(0.0015, got * 0.005 / r["iteration_s"] + 0.0005):
                 bad.append(f"row {i}: MFU {got:.4f} from its time, the source says {r['mfu']}")
         if r.get("tflops_per_gpu") is not None:
             got = model_flops(r, w["vocab"], w["seq_len"], 4) / (r["iteration_s"] * r["gpus"]) / 1e12
@@ -196,10 +204,15 @@ def main(argv=None) -> int:
           "error = (predicted - measured) / measured iteration time, negative = too fast")
     every, bad = [], []
     try:
-        for path, doc, rows in load_sets():
+        for path, doc, rows in load_sets(SETS + ONE_NODE_SETS):
             res = evaluate(doc, rows)
-            every += res
-            _print(f"{doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
+            if path in ONE_NODE_SETS:
+                if path == ONE_NODE_SETS[0]:  # (after every multi-node set)
+                    print(f"\nall multi-node sets: {len(every)} rows, MAPE {verdict(every)}")
+                _print(f"one node, reported apart: {doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
+            else:
+                every += res
+                _print(f"{doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
             if args.check:
                 problems = transcription_problems(doc, rows) + check(doc.get("reported"), res)
                 bad += [f"{path.name}: {b}" for b in problems]
@@ -210,7 +223,6 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"open_training_data: {exc}", file=sys.stderr)
         return 2
-    print(f"\nall sets: {len(every)} rows, MAPE {verdict(every)}")
     if args.check:
         print(f"check: {len(bad)} differ" + "".join(f"\n  {b}" for b in bad))
         return 1 if bad else 0

@@ -56,7 +56,7 @@ def test_each_row_becomes_predict_keywords(sets):
 def test_the_scripts_figures_are_the_stored_ones(sets, capsys):
     assert mod.main(["--check"]) == 0
     out = capsys.readouterr().out
-    assert "check: 0 differ" in out and "all sets: 8 rows" in out
+    assert "check: 0 differ" in out and "all multi-node sets: 8 rows" in out
     # a stored figure that is not what the script computes is reported
     _, doc, rows = sets[1]
     res = [dict(r, predicted_s=doc["reported"]["predicted_s"][i]) for i, r in enumerate(rows)]
@@ -101,3 +101,11 @@ def test_a_null_keyword_leaves_the_gpu_presets_node_fabric(sets, monkeypatch):
     _, k, krows = sets[0]
     mod.MOD.predict_row(krows[0], k)
     assert seen[-1]["intra_node_bandwidth"] == "229GB/s"  # the A100 sets keep their node's rate
+
+
+def test_the_one_node_set_agrees_with_its_source_and_stays_apart():
+    (_, doc, rows), = mod.load_sets(mod.ONE_NODE_SETS)
+    assert mod.transcription_problems(doc, rows) == []
+    assert {(r["gpus"], r["tp"], r["pp"]) for r in rows} == {(8, 8, 1)}  # one node
+    wrong = [dict(rows[1], mfu=0.425)]  # the source's 41.5 % misread: caught at the quote's rounding
+    assert mod.transcription_problems(doc, wrong) and not set(mod.ONE_NODE_SETS) & set(mod.SETS)
