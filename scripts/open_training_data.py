@@ -27,6 +27,7 @@ given as null is left to perfsim's default: the H100 set's node fabric). Nothing
     python scripts/open_training_data.py            # every row, per set and over all rows (~5 s)
     python scripts/open_training_data.py --check    # the transcription checks and the stored figures
     python scripts/open_training_data.py --update   # store the figures as each file's 'reported' block
+    python scripts/open_training_data.py --per-layer   # and one layer's time where a set reports it
 """
 
 from __future__ import annotations
@@ -187,12 +188,31 @@ def verdict(res: list[dict]) -> str:
             f"of {len(res)} rows too fast); the 80 % interval holds {sum(held)} of {len(held)} measurements")
 
 
+def per_layer(doc: dict, rows: list[dict]) -> list[dict]:
+    """A set's ``per_layer`` times (one transformer layer's forward + backward, as Korthikanti et al.'s
+    Table 4 reports them) against perfsim's: the difference between the set's first configuration
+    at its stated layers ``L`` and at 2 layers, less the optimizer step's difference, over ``L - 2``
+    (embedding, LM head and loss cancel; each variant with its own recomputation and sequence
+    parallelism)."""
+    block = doc["per_layer"]
+    base, out = rows[0], []
+    for v in (dict(zip(block["columns"], r)) for r in block["rows"]):
+        kw = dict(row_keywords(doc, base), recompute=v["recompute"], sequence_parallel=v["sequence_parallel"])
+        deep, shallow = (MOD.predict_row(dict(base, layers=n), doc, **kw) for n in (base["layers"], 2))
+        layer_s = ((deep["iteration_s"] - deep["optimizer_s"]) - (shallow["iteration_s"] - shallow["optimizer_s"])) \
+            / (base["layers"] - 2)
+        out.append(dict(v, predicted_ms=1e3 * layer_s, error=1e3 * layer_s / v["combined_ms"] - 1))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true",
                     help="check each file's transcription and compare with its 'reported' figures; exit 1 if "
                          "anything differs")
     ap.add_argument("--update", action="store_true", help="store the figures as each file's 'reported' block")
+    ap.add_argument("--per-layer", action="store_true",
+                    help="also one layer's forward + backward time where a set reports it (Korthikanti et al. Table 4)")
     args = ap.parse_args(argv)
     if args.check and args.update:
         print("open_training_data: --check or --update, not both", file=sys.stderr)
@@ -210,6 +230,12 @@ def main(argv=None) -> int:
                 if path == ONE_NODE_SETS[0]:  # (after every multi-node set)
                     print(f"\nall multi-node sets: {len(every)} rows, MAPE {verdict(every)}")
                 _print(f"one node, reported apart: {doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
+                if args.per_layer and "per_layer" in doc:
+                    print("one layer, forward + backward (the iteration less embedding, head, loss and optimizer):")
+                    print("| variant | measured ms | predicted ms | error |\n| --- | ---: | ---: | ---: |")
+                    for v in per_layer(doc, rows):
+                        print(f"| {v['variant']} | {v['combined_ms']:.1f} | {v['predicted_ms']:.1f} | "
+                              f"{100 * v['error']:+.1f} % |")
             else:
                 every += res
                 _print(f"{doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)

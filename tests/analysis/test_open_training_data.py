@@ -109,3 +109,12 @@ def test_the_one_node_set_agrees_with_its_source_and_stays_apart():
     assert {(r["gpus"], r["tp"], r["pp"]) for r in rows} == {(8, 8, 1)}  # one node
     wrong = [dict(rows[1], mfu=0.425)]  # the source's 41.5 % misread: caught at the quote's rounding
     assert mod.transcription_problems(doc, wrong) and not set(mod.ONE_NODE_SETS) & set(mod.SETS)
+
+
+def test_one_layers_time_is_the_deep_model_less_the_shallow_one():
+    (_, doc, rows), = mod.load_sets(mod.ONE_NODE_SETS)
+    got = {v["variant"]: v for v in mod.per_layer(doc, rows)}
+    assert len(got) == len(doc["per_layer"]["rows"])
+    none, full = got["baseline no recompute"]["predicted_ms"], got["baseline with recompute"]["predicted_ms"]
+    assert 0.25 < full / none - 1 < 0.45  # full recomputation adds one forward: about a third of fwd + bwd
+    assert all(abs(v["error"]) < 0.5 for v in got.values())  # a layer, not the iteration (~48x more)
