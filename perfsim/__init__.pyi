@@ -73,6 +73,7 @@ def predict(
     cross_entropy: str = 'fused',
     fp8_casts: str = 'te',
     grad_accumulation: str = 'fused',
+    optimizer_step: str = 'fused',
     pp: int = 8,
     dp: int = 1,
     partition: str | Sequence[int] | None = None,
@@ -199,6 +200,8 @@ def predict(
             under --precision fp8: te prices Transformer Engine's quantisation kernels around the fp8 GEMMs (inputs cast, output gradients cast and transposed, fp8 inputs transposed for the weight gradients: perfsim.models.ops.fp8_cast_ops); none leaves them out (one of perfsim.models.ops.FP8_CASTS)
         grad_accumulation (str, default 'fused'):
             weight-gradient accumulation per micro-batch: fused (in the GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops (one of perfsim.models.ops.GRAD_ACCUMULATION)
+        optimizer_step (str, default 'fused'):
+            how a GPU preset prices the optimizer step's memory traffic: fused (one mixed-precision pass: Adam 36 bytes per parameter) or megatron (Megatron-LM's separate passes: gradient copy, unscale, norm, weight copy back; Adam 52 in fp16, 38 in bf16): perfsim.job.Optimizer.step_bytes (one of perfsim.job.OPTIMIZER_STEPS)
         pp (int, default 8):
             pipeline-parallel degree (stages)
         dp (int, default 1):
@@ -295,6 +298,7 @@ def sweep(
     cross_entropy: str | list | None = None,
     fp8_casts: str | list | None = None,
     grad_accumulation: str | list | None = None,
+    optimizer_step: str | list | None = None,
     pp: int | list | None = None,
     dp: int | list | None = None,
     partition: str | Sequence[int] | list | None = None,
@@ -405,6 +409,7 @@ def memory_report(
     cross_entropy: str = 'fused',
     fp8_casts: str = 'te',
     grad_accumulation: str = 'fused',
+    optimizer_step: str = 'fused',
     pp: int = 8,
     dp: int = 1,
     partition: str | Sequence[int] | None = None,

@@ -357,7 +357,8 @@ def predict(**params) -> Result:
         result.summary["topology"] = str(params["topology"])
     result.summary["profile_device"] = profile_device(profile)  # what measured the profile's times
     unused = unused_settings(params, strategy, result.summary, note_unused,
-                             operator_model=bool(system.gpu) and workload.arch is not None)
+                             operator_model=bool(system.gpu) and workload.arch is not None,
+                             gpu=bool(system.gpu))
     result.summary.update(model_facts(workload.arch, strategy, params.get("seq_len") is None, unused))
     result.summary["notes"] = prediction_notes(params, strategy, system, result.summary)
     _warn_memory(result.summary, profile)
@@ -407,7 +408,7 @@ UNUSED = " unused: "
 
 
 def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[str, Any],
-                    explicit: bool = True, operator_model: bool = True) -> list[str]:
+                    explicit: bool = True, operator_model: bool = True, gpu: bool = True) -> list[str]:
     """Settings given in ``params`` (not None) that this configuration does not use, each
     ``NAME VALUE unused: why`` (as ``a2a_compress`` with ep 1, :func:`model_facts`): a
     ``bandwidth`` beside a ``nic`` (the NICs give each node's links), an
@@ -420,7 +421,8 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     model runs kernels: ``compute_model`` "profile..."),
     ``tied_embedding sync`` where no tied LM head is synced (the engine's ``tied_bytes`` 0), and
     ``grad_accumulation`` where no GPU operator model prices the compute (``operator_model`` False:
-    no GPU preset or not a transformer; its layer times come from a profile or FLOPs)."""
+    no GPU preset or not a transformer; its layer times come from a profile or FLOPs), and
+    ``optimizer_step`` without a GPU preset (``gpu`` False: the profile's optimizer record prices it)."""
     given = {str(k).replace("-", "_"): v for k, v in params.items() if v is not None}
 
     def value(name: str) -> Any:  # as given, normalised (only for a note: predict's hot path)
@@ -470,6 +472,9 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     if "grad_accumulation" in given and not operator_model:
         notes.append(f"grad_accumulation {value('grad_accumulation')}{UNUSED}no GPU operator model prices "
                      "this compute (a transformer with --gpu does)")
+    if "optimizer_step" in given and not gpu:
+        notes.append(f"optimizer_step {value('optimizer_step')}{UNUSED}the profile's measured optimizer step "
+                     "prices it (a GPU preset counts its bytes)")
     return notes
 
 

@@ -19,7 +19,7 @@ from perfsim.errors import ConfigError
 from perfsim.fabrics import NIC_AFFINITIES, NIC_KINDS
 from perfsim.hardware import PRECISIONS, get_gpu, value_precision
 from perfsim.job import MEGATRON_PLACEMENT, PLACEMENT_DIMS, TIED_EMBEDDINGS, ZERO_STAGES, Job  # noqa: F401  (re-exported)
-from perfsim.job import check_choice
+from perfsim.job import OPTIMIZER_STEPS, check_choice
 from perfsim.job import check_int as _pos_int
 from perfsim.link import LINK_MODELS, P2P_PROTOCOLS
 from perfsim.models.ops import FP8_CASTS, GRAD_ACCUMULATION
@@ -162,6 +162,9 @@ class Strategy(Job):
     #: ``main-grad`` (Megatron's local DDP hook, every parameter every micro-batch) or
     #: ``autograd`` (``param.grad +=``, every micro-batch after the first)
     grad_accumulation: str = "fused"
+    #: how a GPU preset counts the optimizer step's bytes (perfsim.job.OPTIMIZER_STEPS): ``fused``
+    #: (one pass) or ``megatron`` (Megatron-LM's optimizer's passes)
+    optimizer_step: str = "fused"
     #: Transformer Engine's quantisation kernels under ``precision="fp8"``
     #: (perfsim.models.ops.FP8_CASTS): ``te`` priced, ``none`` left out
     fp8_casts: str = "te"
@@ -179,6 +182,7 @@ class Strategy(Job):
         check_choice(self, "grad_buffer", GRAD_BUFFERS)
         check_choice(self, "cross_entropy", CROSS_ENTROPY)
         check_choice(self, "grad_accumulation", GRAD_ACCUMULATION)
+        check_choice(self, "optimizer_step", OPTIMIZER_STEPS)
         check_choice(self, "fp8_casts", FP8_CASTS)
         _param_bound(self, "moe_capacity_factor")
         _pos_int(self, "ep")

@@ -77,15 +77,32 @@ class Optimizer:
         momentum: 8 and 4)."""
         return 4 * self.states + (4 if precision in MIXED_PRECISIONS else 0)
 
-    def step_bytes(self, precision: str) -> int:
+    def step_bytes(self, precision: str, step: str = "fused") -> int:
         """Bytes one step moves per parameter, memory-bound: read the fp32 gradient, read and
         write the weight and every state buffer (Adam 4 (1 + 2 x 3) = 28; SGD with momentum
-        4 (1 + 2 x 2) = 20); mixed precision adds the half-precision gradient read, the weight
-        copy written and the unscale / gradient-norm passes, 8 (Micikevicius et al., "Mixed
-        Precision Training", arXiv:1710.03740)."""
-        return 4 * (1 + 2 * (1 + self.states)) + (8 if precision in MIXED_PRECISIONS else 0)
+        4 (1 + 2 x 2) = 20), then by ``step`` (:data:`OPTIMIZER_STEPS`):
+
+        * ``fused`` -- one fused mixed-precision pass: mixed precision adds the half-precision
+          gradient read, the weight copy written and the unscale / gradient-norm work, 8
+          (Micikevicius et al., "Mixed Precision Training", arXiv:1710.03740);
+        * ``megatron`` -- the passes Megatron-LM's optimizers make (``megatron/optimizer/optimizer.py``):
+          every precision reads the fp32 gradients once more for the clipping norm (4); fp16
+          (``Float16OptimizerWithFloat16Params`` with its loss scaler) first copies the fp16
+          gradients to fp32 (read 2, write 4) and unscales them with the inf check
+          (``torch._amp_foreach_non_finite_check_and_unscale_``: read and write 4 each), and
+          every mixed precision copies the fp32 weights back to the half-precision model
+          (read 4, write 2): Adam 52 bytes in fp16, 38 in bf16 / fp8 (fp32 main gradients, no
+          loss scaler), 32 in fp32 (``FP32Optimizer``)."""
+        core = 4 * (1 + 2 * (1 + self.states))
+        mixed = precision in MIXED_PRECISIONS
+        if step == "megatron":
+            return core + 4 + ((6 + 8) if precision == "fp16" else 0) + (6 if mixed else 0)
+        return core + (8 if mixed else 0)
 
 
+#: how an optimizer step's passes are counted (:meth:`Optimizer.step_bytes`): one fused pass, or
+#: Megatron-LM's optimizer's separate passes
+OPTIMIZER_STEPS = ("fused", "megatron")
 #: the optimizers ``perfsim run`` trains and ``perfsim predict`` prices: AdamW (weight decay
 #: 0; the same traffic and state as Adam, Loshchilov & Hutter, arXiv:1711.05101) and SGD with
 #: momentum 0.9 (``torch.optim.SGD``). A 1-bit optimizer (``--grad-compress onebit-adam`` /

@@ -309,6 +309,11 @@ PARAMS: tuple[Param, ...] = (
     Param("grad_accumulation", "choice", "fused", "weight-gradient accumulation per micro-batch: fused (in the "
           "GEMM), main-grad (Megatron's main_grad.add_ hook) or autograd (param.grad +=): perfsim.models.ops",
           "strategy", "strategy.grad_accumulation", choices="perfsim.models.ops:GRAD_ACCUMULATION"),
+    Param("optimizer_step", "choice", "fused", "how a GPU preset prices the optimizer step's memory "
+          "traffic: fused (one mixed-precision pass: Adam 36 bytes per parameter) or megatron (Megatron-LM's "
+          "separate passes: gradient copy, unscale, norm, weight copy back; Adam 52 in fp16, 38 in bf16): "
+          "perfsim.job.Optimizer.step_bytes", "strategy", "strategy.optimizer_step",
+          choices="perfsim.job:OPTIMIZER_STEPS"),
     Param("pp", "int", 8, "pipeline-parallel degree (stages)", "strategy", "strategy.pp", search="split"),
     Param("dp", "int", 1, "data-parallel degree (pipeline replicas)", "strategy", "strategy.dp", search="split"),
     Param("partition", "partition", None, "layer counts per stage, e.g. 7,6,6,6,6,6,6,7, balanced "

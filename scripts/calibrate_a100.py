@@ -44,6 +44,8 @@ the validation error is also printed by micro-batch count ``m`` (global batch / 
 perfsim.models.ops.GradAccumulation: ``fused``, the default, ``main-grad`` or ``autograd`` --
 how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation per
 micro-batch"), in the fit and in the evaluation.
+``--optimizer-step megatron`` counts every row's optimizer step as Megatron-LM's optimizer makes its
+passes (params.PARAMS ``optimizer_step``; perfsim.job.Optimizer.step_bytes), in the fit and in the evaluation.
 ``--gemm-quantization waves`` prices every GEMM with the A100 curve's ``gemm_quantization =
 waves`` (GEMM tile and wave quantization over the A100's 108 SMs, perfsim.engine.gemm_waves), in
 the fit and in the evaluation.
@@ -107,6 +109,8 @@ STRAGGLER_CV = 0.0
 JITTER_CV = 0.0
 #: ``grad_accumulation`` every row is predicted with (``--grad-accumulation``; params.PARAMS's default)
 GRAD_ACCUMULATION = "fused"
+#: ``optimizer_step`` every row is predicted with (``--optimizer-step``; params.PARAMS's default)
+OPTIMIZER_STEP = "fused"
 #: the A100 curve's ``gemm_quantization`` in the fit and the evaluation (``--gemm-quantization``;
 #: the code's curve's when None)
 GEMM_QUANTIZATION: str | None = None
@@ -124,7 +128,8 @@ def predict_row(row: dict) -> float:
     # --single-node --set ...) sets the others
     switched = {k: v for k, v, default in (("straggler_cv", STRAGGLER_CV, 0.0),
                                            ("jitter_cv", JITTER_CV, 0.0),
-                                           ("grad_accumulation", GRAD_ACCUMULATION, "fused")) if v != default}
+                                           ("grad_accumulation", GRAD_ACCUMULATION, "fused"),
+                                           ("optimizer_step", OPTIMIZER_STEP, "fused")) if v != default}
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
@@ -261,6 +266,8 @@ def main(argv=None) -> int:
     ap.add_argument("--jitter-cv", type=float, default=0.0, metavar="X",
                     help="predict (fit and evaluate) every row with jitter_cv X, a per-micro-batch "
                          "compute jitter (default 0: off)")
+    ap.add_argument("--optimizer-step", default="fused", metavar="S",
+                    help="predict (fit and evaluate) every row with optimizer_step S: fused (default) or megatron")
     ap.add_argument("--grad-accumulation", default="fused", metavar="M",
                     help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
                          "main-grad or autograd")
@@ -275,10 +282,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from perfsim.errors import ConfigError
 
-    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION
+    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION, OPTIMIZER_STEP
     STRAGGLER_CV = args.straggler_cv
     JITTER_CV = args.jitter_cv
     GRAD_ACCUMULATION = args.grad_accumulation
+    OPTIMIZER_STEP = args.optimizer_step
     path = data_path()
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
@@ -294,7 +302,8 @@ def main(argv=None) -> int:
             set_host_issue(args.host_issue)
         predict_row(rows[0])  # System checks straggler_cv's and jitter_cv's ranges, Strategy grad_accumulation's
     except ConfigError as exc:
-        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --gemm-quantization / --host-issue: {exc}",
+        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --optimizer-step / --gemm-quantization / "
+              f"--host-issue: {exc}",
               file=sys.stderr)
         return 2
     by = {name: [r for r in rows if r["split"] == name] for name in ("calibration", "validation", "held-out")}
@@ -335,6 +344,7 @@ def main(argv=None) -> int:
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
     switches = (f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}, "
+                f"optimizer_step {OPTIMIZER_STEP}, "
                 f"gemm_quantization {GPUS[A100].curve.gemm_quantization}, host_issue {GPUS[A100].curve.host_issue}")
     print(f"validation by GPU count ({switches}): {by_gpus(by['validation'])}")
     print(f"validation by micro-batch count ({switches}): {by_microbatches(by['validation'])}")

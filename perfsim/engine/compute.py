@@ -347,11 +347,13 @@ def generic_times(layers, gpu: GPU, precision: str, mb: int, curve: Curve) -> tu
     return fwd, [2 * t for t in fwd]
 
 
-def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve, optimizer: str = "adamw") -> float:
+def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve, optimizer: str = "adamw",
+                   step: str = "fused") -> float:
     """Step of ``optimizer`` (:data:`perfsim.job.OPTIMIZERS`) over ``params`` parameters,
-    memory-bound: its bytes per parameter (:meth:`perfsim.job.Optimizer.step_bytes`: Adam 28 in
-    fp32, 36 mixed; SGD with momentum 20 and 28) at the GPU's achieved memory bandwidth."""
-    moved = OPTIMIZERS[optimizer].step_bytes(precision)
+    memory-bound: its bytes per parameter (:meth:`perfsim.job.Optimizer.step_bytes`, counted as
+    ``step`` says: fused, Adam 28 in fp32 and 36 mixed, SGD with momentum 20 and 28; megatron,
+    Megatron-LM's passes) at the GPU's achieved memory bandwidth."""
+    moved = OPTIMIZERS[optimizer].step_bytes(precision, step)
     return moved * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
 
 

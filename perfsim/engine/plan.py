@@ -433,7 +433,8 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
         if opt is not None:
             opt *= moved / OPTIMIZERS[profile.timed_optimizer()].step_bytes("fp32")
     if opt is None and gpu is not None:
-        opt = optimizer_time(int(shard), gpu, strategy.precision, curve, strategy.optimizer)
+        opt = optimizer_time(int(shard), gpu, strategy.precision, curve, strategy.optimizer,
+                             strategy.optimizer_step)
     return opt if opt is not None else moved * shard / FALLBACK_MEMORY_BPS
 
 

@@ -25,6 +25,21 @@ def test_the_state_and_the_traffic_per_parameter():
     # read g, read and write p and each state; mixed precision + 8 (half gradient, weight copy, unscale)
     assert (adam.step_bytes("fp32"), adam.step_bytes("bf16"), sgd.step_bytes("fp32"), sgd.step_bytes("bf16")) \
         == (28, 36, 20, 28)
+    # Megatron-LM's passes: + norm read (4); fp16 + gradient copy (6) and unscale (8); mixed + weight copy (6)
+    assert [adam.step_bytes(p, "megatron") for p in ("fp32", "fp16", "bf16", "fp8")] == [32, 52, 38, 38]
+    assert [sgd.step_bytes(p, "megatron") for p in ("fp32", "fp16", "bf16")] == [24, 44, 30]
+
+
+def test_the_optimizer_step_is_priced_at_the_bytes_its_passes_move():
+    """A GPU preset's step time scales with :meth:`Optimizer.step_bytes` as ``optimizer_step`` counts it
+    (the step is memory-bound): 52 / 36 in fp16, 38 / 36 in bf16; nothing else moves."""
+    kw = dict(model="gpt2-xl", gpu="a100-sxm4-80gb", pp=1, dp=1, micro_batch=1, global_batch=1)
+    for precision, ratio in (("fp16", 52 / 36), ("bf16", 38 / 36)):
+        fused, megatron = (perfsim.predict(**kw, precision=precision, optimizer_step=s).summary
+                           for s in ("fused", "megatron"))
+        kernels = 4 * perfsim.hardware.GPUS["a100-sxm4-80gb"].curve.kernel_s
+        assert (megatron["optimizer_s"] - kernels) / (fused["optimizer_s"] - kernels) == pytest.approx(ratio)
+        assert megatron["compute_s"] == fused["compute_s"]
 
 
 @pytest.mark.parametrize("precision, zero", [("bf16", 0), ("bf16", 1), ("fp32", 0), ("fp32", 3)])
