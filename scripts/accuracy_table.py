@@ -22,13 +22,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-#: session 28's sitting: seven gpt2-tiny grids calibrated and measured in one 38-minute sitting (the CPU
-#: band's basis: docs/validation.md, "The CPU band as a user meets it")
-SITTING_S28 = tuple(f"s28/gpt2-tiny-{g}" for g in ("pp2", "pp2-gpipe", "pp2-schedules", "pp2-tied", "dp2",
-                                                    "tp2", "tp2-sp"))
-#: (grid under traces/validation, or several reported as one row; what it is)
+#: (grid under traces/validation -- None: the CPU band's grids as one row, scripts/error_bands.py
+#: CPU_BAND; what it is)
 GRIDS = (
-    (SITTING_S28, "gpt2-tiny: 2-stage pipelines (1F1B, GPipe, interleaved, ZB-H1, tied head), 2 replicas, "
+    (None, "gpt2-tiny: 2-stage pipelines (1F1B, GPipe, interleaved, ZB-H1, tied head), 2 replicas, "
                   "TP 2 with and without SP; AMD EPYC 2-core VM"),
     ("digits-mlp-pp2", "digits-mlp (2-6 ms steps), 2-stage pipeline, AMD EPYC"),
     ("digits-mlp-dp2", "digits-mlp, 2 replicas, AMD EPYC"),
@@ -77,11 +74,13 @@ def table() -> str:
                       "the paper's weak-scaling table (arXiv:2104.04473 Table 1), each row as Megatron-LM's `examples/sc21/run_table_1.sh` runs it; every row",
                       [r["error"] for r in mg.evaluate(doc, rows)], "Narayanan et al., SC 2021"))
     rp = _script("repredict_validation")
+    band = _script("error_bands").CPU_BAND  # the sitting the CPU band rests on, reported as one row
+    band_grids = [ROOT / band.get("folder", "traces/validation") / g for g in band.get("grids", rp.GRIDS)]
     with tempfile.TemporaryDirectory() as tmp:
-        for n, (grids, what) in enumerate(GRIDS):
+        for n, (grid, what) in enumerate(GRIDS):
             errors, profiles, dates = [], set(), set()
-            for k, grid in enumerate((grids,) if isinstance(grids, str) else grids):
-                folder = rp.STORED / grid
+            folders = band_grids if grid is None else [rp.STORED / grid]
+            for k, folder in enumerate(folders):
                 profile = json.loads((folder / "summary.json").read_text())["profile"]
                 df = rp.repredict_frame(folder, str(ROOT / profile), Path(tmp) / f"{n}-{k}")
                 errors += [p / m - 1 for p, m in zip(df.predicted_iteration_s, df.measured_iteration_s)]
