@@ -30,6 +30,7 @@ padded to a multiple of 128 x TP (Megatron's ``--make-vocab-size-divisible-by``)
     python scripts/calibrate_a100.py                 # fit (bounded), then the validation split
     python scripts/calibrate_a100.py --check         # evaluate the curve in the code
     python scripts/calibrate_a100.py --check --table # ... and per tp / pp bucket
+    python scripts/calibrate_a100.py --check --slopes  # ... and cost per iteration / per micro-batch
     python scripts/calibrate_a100.py --check --held-out   # ... and the held-out split (once)
     python scripts/calibrate_a100.py --straggler-cv 0.02 --every 2   # fit and evaluate with a GPU speed spread
     python scripts/calibrate_a100.py --jitter-cv 0.05 --every 2      # ... with a per-micro-batch jitter
@@ -181,6 +182,49 @@ def by_microbatches(rows: list[dict]) -> str:
     return by_group(rows, microbatches, "m {}")
 
 
+def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares intercept and slope of ``ys`` against ``xs`` (at least two distinct ``xs``)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
+
+
+def slopes(rows: list[dict]) -> list[dict]:
+    """Each configuration of ``rows`` with two or more micro-batch counts ``m``, split into a cost per
+    iteration and a cost per micro-batch: the intercept ``A`` and slope ``B`` of ``T = A + B m``
+    through its rows, measured (``a_meas``, ``b_meas``) and predicted (``a_pred``, ``b_pred``).
+    Rows differing only in global batch differ only in ``m``, so the slope is what one more
+    micro-batch costs (a pipeline's steady state, gradient accumulation's step) and the intercept
+    the rest (optimizer step, gradient sync, the pipeline's fill and drain)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r["config"], []).append(r)
+    out = []
+    for g in groups.values():
+        ms = [microbatches(r) for r in g]
+        if len(set(ms)) < 2:
+            continue
+        a_meas, b_meas = line_fit(ms, [r["time_s"] for r in g])
+        a_pred, b_pred = line_fit(ms, [predict_row(r) for r in g])
+        out.append(dict(g[0], a_meas=a_meas, b_meas=b_meas, a_pred=a_pred, b_pred=b_pred))
+    return out
+
+
+def slope_table(rows: list[dict]) -> str:
+    """Markdown table of :func:`slopes` by pipeline and tensor-parallel degree: the mean signed error
+    of the per-micro-batch slope and the mean intercepts, measured and predicted."""
+    fits = slopes(rows)
+    lines = ["| pp | tp | configurations | per-micro-batch slope: mean signed error | per-iteration intercept, "
+             "measured / predicted ms |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for pp, tp in sorted({(f["pp"], f["tp"]) for f in fits}):
+        cell = [f for f in fits if (f["pp"], f["tp"]) == (pp, tp)]
+        err = sum((f["b_pred"] - f["b_meas"]) / f["b_meas"] for f in cell) / len(cell)
+        a_meas = 1e3 * sum(f["a_meas"] for f in cell) / len(cell)
+        a_pred = 1e3 * sum(f["a_pred"] for f in cell) / len(cell)
+        lines.append(f"| {pp} | {tp} | {len(cell)} | {100 * err:+.1f} % | {a_meas:.1f} / {a_pred:.1f} |")
+    return "\n".join(lines)
+
+
 def bucket_table(calib: list[dict], held: list[dict]) -> str:
     """Markdown table of MAPE (calibration / held out) per tensor- and pipeline-parallel degree."""
     lines = ["| bucket | rows (cal / val) | MAPE cal | MAPE validation |", "| --- | ---: | ---: | ---: |"]
@@ -257,6 +301,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("--check", action="store_true", help="evaluate the curve in the code, no fit")
     ap.add_argument("--table", action="store_true", help="also print MAPE per tp and pp bucket")
+    ap.add_argument("--slopes", action="store_true",
+                    help="also split each calibration and validation configuration into a cost per iteration "
+                         "and per micro-batch (measured vs predicted, by pp and tp)")
     ap.add_argument("--held-out", action="store_true",
                     help="also report the held-out configurations (once, after every variant was chosen)")
     ap.add_argument("--iters", type=int, default=300, help="Nelder-Mead iterations")
@@ -352,6 +399,8 @@ def main(argv=None) -> int:
         print(f"held-out configurations:    {summary(by['held-out'])}")
     if args.table:
         print(bucket_table(by["calibration"], by["validation"]))
+    if args.slopes:
+        print(slope_table(by["calibration"] + by["validation"]))
     return 0 if not bad else 1
 
 

@@ -104,3 +104,16 @@ def test_bad_jitter_cv_is_refused(capsys, monkeypatch):
 def test_microbatch_count_grouping():
     rows = [dict(gpus=2, global_batch=64, micro_batch=4, dp=2), dict(gpus=8, global_batch=64, micro_batch=2, dp=2)]
     assert [cal.microbatches(r) for r in rows] == [8, 16]
+
+
+def test_slopes_split_a_configuration_into_intercept_and_slope(monkeypatch):
+    # two configurations: one with three micro-batch counts on an exact line, one with a single count
+    base = dict(config="c1", pp=2, tp=1, micro_batch=1, dp=1)
+    rows = [dict(base, global_batch=m, time_s=0.010 + 0.004 * m) for m in (2, 4, 8)]
+    rows.append(dict(base, config="c2", global_batch=4, time_s=1.0))
+    monkeypatch.setattr(cal, "predict_row", lambda r: 0.012 + 0.003 * cal.microbatches(r))
+    (fit,) = cal.slopes(rows)
+    assert fit["a_meas"] == pytest.approx(0.010) and fit["b_meas"] == pytest.approx(0.004)
+    assert fit["a_pred"] == pytest.approx(0.012) and fit["b_pred"] == pytest.approx(0.003)
+    table = cal.slope_table(rows)
+    assert "| 2 | 1 | 1 | -25.0 % | 10.0 / 12.0 |" in table
