@@ -75,6 +75,11 @@ class Curve:
     #: share of the aligned rate a GEMM with a feature dimension that is not a multiple
     #: of 16 bytes reaches (:func:`perfsim.engine.compute.misaligned`)
     misaligned_eff: float = 1.0
+    #: share of the datasheet memory bandwidth the optimizer step streams at
+    #: (:func:`perfsim.engine.compute.optimizer_time`): a fused optimizer walks every parameter,
+    #: gradient and state buffer once in long contiguous multi-tensor kernels, closer to a
+    #: device copy than the short element-wise kernels ``mem_eff`` stands for; 0: ``mem_eff``
+    optimizer_eff: float = 0.0
     #: share of the block GEMMs' rate the LM head's vocabulary GEMMs reach (``Op.lm_head``):
     #: 1 where kernel times were measured (an H200 runs the padded head GEMMs as fast as
     #: the blocks'); the A100 fit's is what its iteration times say (:data:`A100_CURVE`)
@@ -102,10 +107,10 @@ class Curve:
     def __post_init__(self):
         if not (0 < self.eff_max <= 1 and 0 < self.mem_eff <= 1 and self.knee >= 0 and self.kernel_s >= 0
                 and self.p2p_s >= 0 and self.collective_s >= 0 and 0 < self.misaligned_eff <= 1
-                and 0 < self.lm_head_eff <= 1
+                and 0 < self.lm_head_eff <= 1 and 0 <= self.optimizer_eff <= 1
                 and 0 <= self.flash_eff <= 1 and 0 <= self.flash_bwd_eff <= 1
                 and min(self.flash_knee_s, self.flash_knee_d, self.flash_bwd_knee_s, self.flash_bwd_knee_d) >= 0):
-            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff, lm_head_eff in (0, 1], "
+            raise ConfigError(f"curve {self}: eff_max, mem_eff, misaligned_eff, lm_head_eff in (0, 1], optimizer_eff in [0, 1], "
                               f"flash efficiencies in [0, 1], knee, kernel_s, p2p_s, collective_s, flash knees >= 0")
         if self.host_issue not in HOST_ISSUE:
             raise ConfigError(f"curve host_issue={self.host_issue!r}: choose from {', '.join(HOST_ISSUE)}")

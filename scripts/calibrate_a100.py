@@ -240,6 +240,8 @@ def bucket_table(calib: list[dict], held: list[dict]) -> str:
 A100 = "a100-sxm4-80gb"
 #: the fitted fields, in the order --start and the fit use; host times in microseconds there
 FIELDS = ("eff_max", "knee", "mem_eff", "kernel_s", "p2p_s", "collective_s", "lm_head_eff")
+#: the fields a fit and ``--start`` use: :data:`FIELDS`, and ``optimizer_eff`` with ``--optimizer-eff``
+FIT_FIELDS = FIELDS
 _MICRO = {"kernel_s", "p2p_s", "collective_s"}
 
 
@@ -248,13 +250,13 @@ def to_fit_units(name: str, value: float) -> float:
 
 
 def set_curve(x) -> None:
-    """Make the a100-sxm4-80gb preset's curve the one with fields ``x`` (in :data:`FIELDS`
-    order, fit units)."""
+    """Make the a100-sxm4-80gb preset's curve the one with fields ``x`` (in :data:`FIT_FIELDS`
+    order, fit units; :data:`FIELDS` alone leaves ``optimizer_eff`` as it is)."""
     from dataclasses import replace
 
     from perfsim.hardware import GPUS
 
-    values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIELDS, x)}
+    values = {n: (v * 1e-6 if n in _MICRO else v) for n, v in zip(FIT_FIELDS, x)}
     if GEMM_QUANTIZATION is not None:
         values["gemm_quantization"] = GEMM_QUANTIZATION
     if HOST_ISSUE is not None:
@@ -294,7 +296,7 @@ def set_host_issue(mode: str) -> None:
 def fit_bounds() -> list[tuple[float, float]]:
     from perfsim.engine.curve_bounds import CURVE_BOUNDS
 
-    return [(to_fit_units(n, CURVE_BOUNDS[n].low), to_fit_units(n, CURVE_BOUNDS[n].high)) for n in FIELDS]
+    return [(to_fit_units(n, CURVE_BOUNDS[n].low), to_fit_units(n, CURVE_BOUNDS[n].high)) for n in FIT_FIELDS]
 
 
 def main(argv=None) -> int:
@@ -324,12 +326,16 @@ def main(argv=None) -> int:
     ap.add_argument("--host-issue", default=None, metavar="H",
                     help="meet the host's and the GPU's time with the A100 curve's host_issue H (fit and "
                          "evaluation): per-op or queue (default: the code's curve's)")
+    ap.add_argument("--optimizer-eff", action="store_true",
+                    help="fit the optimizer step's own share of the memory bandwidth (Curve.optimizer_eff) as an "
+                         "eighth parameter, starting at mem_eff where the curve has none")
     ap.add_argument("--start", help="starting point eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff "
-                                    "(default: the code's, moved inside the bounds)")
+                                    "[,optimizer_eff with --optimizer-eff] (default: the code's, moved inside the bounds)")
     args = ap.parse_args(argv)
     from perfsim.errors import ConfigError
 
-    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION, OPTIMIZER_STEP
+    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION, OPTIMIZER_STEP, FIT_FIELDS
+    FIT_FIELDS = FIELDS + (("optimizer_eff",) if args.optimizer_eff else ())
     STRAGGLER_CV = args.straggler_cv
     JITTER_CV = args.jitter_cv
     GRAD_ACCUMULATION = args.grad_accumulation
@@ -363,12 +369,13 @@ def main(argv=None) -> int:
         bounds = fit_bounds()
         try:
             x0 = ([float(v) for v in args.start.split(",")] if args.start
-                  else [to_fit_units(n, getattr(c, n)) for n in FIELDS])
+                  else [to_fit_units(n, getattr(c, n) or (c.mem_eff if n == "optimizer_eff" else 0.0))
+                        for n in FIT_FIELDS])
         except ValueError:
             x0 = []
-        if len(x0) != len(FIELDS):
-            print(f"--start {args.start!r}: give the seven values "
-                  "eff_max,knee,mem_eff,kernel_us,p2p_us,collective_us,lm_head_eff", file=sys.stderr)
+        if len(x0) != len(FIT_FIELDS):
+            print(f"--start {args.start!r}: give the {len(FIT_FIELDS)} values {','.join(FIT_FIELDS)} "
+                  "(host times in us)", file=sys.stderr)
             return 2
         x0 = [min(hi, max(lo, v)) for v, (lo, hi) in zip(x0, bounds)]
         fit_rows = by["calibration"][::args.every]
@@ -380,7 +387,7 @@ def main(argv=None) -> int:
         res = minimize(loss, x0, method="Nelder-Mead", bounds=bounds,
                        options=dict(maxiter=args.iters, xatol=1e-3, fatol=1e-3))
         set_curve(res.x)
-        print("fitted: " + " ".join(f"{n}={v:.4g}{'e-6' if n in _MICRO else ''}" for n, v in zip(FIELDS, res.x))
+        print("fitted: " + " ".join(f"{n}={v:.4g}{'e-6' if n in _MICRO else ''}" for n, v in zip(FIT_FIELDS, res.x))
               + f" (calibration MAPE {res.fun:.2f} %, {res.nfev} evaluations)")
     bad = violations(GPUS[A100].curve)
     print("parameters: " + ("every one inside its bounds" if not bad else "OUTSIDE their bounds: " + "; ".join(bad)))

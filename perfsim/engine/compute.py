@@ -352,9 +352,10 @@ def optimizer_time(params: int, gpu: GPU, precision: str, curve: Curve, optimize
     """Step of ``optimizer`` (:data:`perfsim.job.OPTIMIZERS`) over ``params`` parameters,
     memory-bound: its bytes per parameter (:meth:`perfsim.job.Optimizer.step_bytes`, counted as
     ``step`` says: fused, Adam 28 in fp32 and 36 mixed, SGD with momentum 20 and 28; megatron,
-    Megatron-LM's passes) at the GPU's achieved memory bandwidth."""
+    Megatron-LM's passes) at the rate the curve's optimizer streams (``Curve.optimizer_eff``,
+    else its ``mem_eff``)."""
     moved = OPTIMIZERS[optimizer].step_bytes(precision, step)
-    return moved * params / (gpu.memory_bandwidth_Bps * curve.mem_eff) + 4 * curve.kernel_s
+    return moved * params / (gpu.memory_bandwidth_Bps * (curve.optimizer_eff or curve.mem_eff)) + 4 * curve.kernel_s
 
 
 def tp_measured_split(spec, mb: int, tp: int, sp: bool, embed_fwd_s: float, block_fwd_s: float
