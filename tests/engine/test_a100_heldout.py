@@ -68,7 +68,7 @@ def test_straggler_cv_flag_reaches_every_prediction(monkeypatch):
 
 def _keep_switches(monkeypatch):
     # main() sets the module's switches from its flags: restore them after the test
-    for name in ("STRAGGLER_CV", "JITTER_CV", "GRAD_ACCUMULATION"):
+    for name in ("STRAGGLER_CV", "JITTER_CV", "GRAD_ACCUMULATION", "OPTIMIZER_STEP", "FIT_FIELDS"):
         monkeypatch.setattr(cal, name, getattr(cal, name))
 
 
@@ -117,3 +117,12 @@ def test_slopes_split_a_configuration_into_intercept_and_slope(monkeypatch):
     assert fit["a_pred"] == pytest.approx(0.012) and fit["b_pred"] == pytest.approx(0.003)
     table = cal.slope_table(rows)
     assert "| 2 | 1 | 1 | -25.0 % | 10.0 / 12.0 |" in table
+
+
+def test_optimizer_eff_flag_fits_an_eighth_field(capsys, monkeypatch):
+    # --optimizer-eff adds Curve.optimizer_eff to the fitted fields: --start then takes eight values
+    _keep_switches(monkeypatch)
+    assert cal.main(["--optimizer-eff", "--start", "0.85,0.007,0.77,58,100,58,0.77"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "8 values" in err and err.rstrip().endswith("(host times in us)")
+    assert "optimizer_eff" in err

@@ -465,3 +465,25 @@ def test_a_named_gpu_is_not_priced_with_another_devices_records():
     other = predict(model="gpt2-xl", profile=path, gpu="a100", pp=1, micro_batch=4, global_batch=4,
                     precision="bf16").summary["compute_model"]
     assert "measured in the profile" not in other, other
+
+
+def test_optimizer_streams_at_its_own_rate_when_the_curve_has_one():
+    gpu = get_gpu("a100")
+    plain = dataclasses.replace(gpu.curve, optimizer_eff=0.0)
+    own = dataclasses.replace(gpu.curve, optimizer_eff=2 * plain.mem_eff if plain.mem_eff <= 0.5 else 0.9)
+    params = 10**9
+    at_mem = compute.optimizer_time(params, gpu, "bf16", plain) - 4 * plain.kernel_s
+    at_own = compute.optimizer_time(params, gpu, "bf16", own) - 4 * own.kernel_s
+    # 36 bytes per parameter of mixed-precision Adam, at mem_eff when unset, else at optimizer_eff
+    assert at_mem == pytest.approx(36 * params / (gpu.memory_bandwidth_Bps * plain.mem_eff))
+    assert at_own == pytest.approx(at_mem * plain.mem_eff / own.optimizer_eff)
+
+
+def test_an_unset_optimizer_rate_is_not_a_bound_violation_but_a_bad_one_is():
+    from perfsim.engine.curve_bounds import violations
+
+    curve = hardware.A100_CURVE
+    assert not any("optimizer_eff" in v for v in violations(dataclasses.replace(curve, optimizer_eff=0.0)))
+    assert any("optimizer_eff" in v for v in violations(dataclasses.replace(curve, optimizer_eff=0.99)))
+    with pytest.raises(ConfigError):
+        dataclasses.replace(curve, optimizer_eff=1.5)
