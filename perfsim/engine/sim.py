@@ -305,8 +305,6 @@ class Simulation(PipelineMessages):
                 net.send(me, dst, nbytes, key, lanes, self, (key, nbytes, mb, mkind, r, d, me, dst, st))
             else:
                 _, a, k, mb, seconds, tp_s, sharded, last, column = op
-                if cells is not None:
-                    cell = cells[(r, d, mb)]
                 if chain and not sharded and not last:
                     if seconds > 0:
                         t = (env._now if t is None else t) + seconds
@@ -314,8 +312,11 @@ class Simulation(PipelineMessages):
                         t = (env._now if t is None else t) + tp_s
                     st.compute_s += seconds
                     st.tp_comm_s += tp_s
-                    cell[column] += seconds
+                    if cells is not None:  # (the other replicas' cells are a sink: not written)
+                        cells[(r, d, mb)][column] += seconds
                     continue
+                if cells is not None:
+                    cell = cells[(r, d, mb)]
                 if t is not None:
                     yield self._at(t)
                     t = None

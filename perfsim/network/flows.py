@@ -95,7 +95,7 @@ class _Flow:
         self.stats = stats
         self.active = True
         self.timer = None  # the completion timer armed at the current rate (None: none)
-        self.alone = None  # its rate when it shares no resource (FlowScheduler._rebalance, once)
+        self.alone = None  # its rate when it shares no resource (FlowScheduler._alone_rate, once)
 
 
 #: components of at most this many flows, each on at most SHAPE_RESOURCES resources,
@@ -149,17 +149,51 @@ class FlowScheduler:
                 if on:
                     alone = False
                 on[f] = None
-        # a flow that shares no resource is a component of its own
-        self._rebalance([f] if alone else self._component([f]))
+        if alone:  # a flow that shares no resource is a component of its own
+            self._start_alone(f)
+        else:
+            self._rebalance(*self._component([f]))
         return ev
 
+    def _start_alone(self, f: _Flow) -> None:
+        """:meth:`_rebalance` of ``[f]``, a new flow that shares no resource (most of a
+        pipeline's messages: ~380,000 of the 131,072-GPU case's 490,000), without its lists:
+        its first rate is its alone rate; nothing has moved yet, so its bytes left are its
+        volume, and its completion timer is armed as :meth:`_rebalance` arms it."""
+        rate = f.rate = self._alone_rate(f)
+        f.version = 1
+        if rate > 0:
+            env = self.env
+            delay = max(f.left, 0.0) / rate
+            timer = f.timer = _new_timeout(Timeout)
+            timer.env, timer.callbacks, timer._value, timer._delay, timer._ok = env, [self._on_timer], f, delay, True
+            heappush(env._queue, (env._now + delay, NORMAL, next(env._eid), timer))
+
+    def _alone_rate(self, f: _Flow) -> float:
+        """``f``'s rate when it shares no resource: its cap or its least capacity (made once per flow)."""
+        if f.alone is None:
+            res = f.resources
+            least = self._least.get(id(res))
+            if least is None or least[0] is not res:
+                cap = self._cap
+                least = self._least[id(res)] = (res, min([cap(r) for r in res], default=math.inf))
+            f.alone = min(f.cap, least[1])  # min([f.cap] + capacities): the same value
+        return f.alone
+
     # -------------------------------------------------------------- internals
-    def _component(self, seeds: Iterable[_Flow]) -> list[_Flow]:
+    def _component(self, seeds: Iterable[_Flow]) -> tuple[list[_Flow], tuple | None]:
         """The active flows that share a resource with ``seeds``, transitively, in the
         order of a depth-first search from the last seed (the order the rates are then
-        set in, and so the order of their completion timers)."""
-        users = self.users
+        set in, and so the order of their completion timers), and the component's shape
+        key (:meth:`_shape_key`; None when it is too large to be remembered), built in the
+        same pass: the search meets the flows, and each flow's resources, in the order the
+        key numbers them (one walk over ~220,000 components of the 131,072-GPU case, not two)."""
+        users, cached = self.users, self._cap_cache
         seen: dict[_Flow, None] = {}
+        number: dict[Any, int] = {}
+        shape: list = []
+        caps: list[float] = []
+        small = True
         stack = list(seeds)  # (every flow on a resource is active: a finished one leaves it)
         pop, extend = stack.pop, stack.extend
         while stack:
@@ -167,25 +201,33 @@ class FlowScheduler:
             if f in seen:
                 continue
             seen[f] = None
-            for r in f.resources:  # (flows seen already are skipped when popped: the same order)
-                extend(users[r])
-        return list(seen)
+            res = f.resources
+            if small and len(res) <= SHAPE_RESOURCES and len(seen) <= SHAPE_FLOWS:
+                shape.append(f.cap)  # (the key's entries as _shape_key makes them)
+                for r in res:
+                    i = number.get(r)
+                    if i is None:
+                        i = number[r] = len(number)
+                        c = cached.get(r)
+                        caps.append(self._cap(r) if c is None else c)
+                    shape.append(i)
+                    extend(users[r])  # (flows seen already are skipped when popped: the same order)
+                shape.append(-1)
+            else:
+                small = False
+                for r in res:
+                    extend(users[r])
+        return list(seen), ((tuple(shape), tuple(caps)) if small else None)
 
-    def _rebalance(self, flows: list[_Flow]) -> None:
+    def _rebalance(self, flows: list[_Flow], key: tuple | None) -> None:
+        """Set the rates of the component ``flows`` (shape ``key``, :meth:`_component`),
+        re-arming the completion timer of each flow whose rate changed."""
         if not flows:
             return
         if len(flows) == 1:
-            f = flows[0]
-            if f.alone is None:
-                res = f.resources
-                least = self._least.get(id(res))
-                if least is None or least[0] is not res:
-                    cap = self._cap
-                    least = self._least[id(res)] = (res, min([cap(r) for r in res], default=math.inf))
-                f.alone = min(f.cap, least[1])  # min([f.cap] + capacities): the same value
-            rates = [f.alone]
+            rates = [self._alone_rate(flows[0])]
         else:
-            rates = self._shared_rates(flows)
+            rates = self._rates_by_shape(flows, key)
         env = self.env
         now, on_timer, queue, eid = env._now, self._on_timer, env._queue, env._eid
         for f, rate in zip(flows, rates):
@@ -208,19 +250,25 @@ class FlowScheduler:
 
     def _shared_rates(self, flows: list[_Flow]) -> list[float]:
         """:meth:`_max_min` of ``flows``, remembered by the component's *shape* when it is
-        small: the flows' caps and their resources numbered in order of first appearance,
-        and those resources' capacities. That is all :meth:`_max_min` reads, and it visits
-        resources in that same order, so one shape gives the same rates to the last bit;
-        the pipeline's fwd/bwd flows meeting on a NIC repeat a few shapes over and over
-        (the 131,072-GPU case: ~170,000 components, 1.35 s of max-min)."""
+        small (:meth:`_shape_key`, :meth:`_rates_by_shape`)."""
+        return self._rates_by_shape(flows, self._shape_key(flows))
+
+    def _shape_key(self, flows: list[_Flow]) -> tuple | None:
+        """The *shape* of the component ``flows``: the flows' caps and their resources
+        numbered in order of first appearance, and those resources' capacities; None when
+        it has more than SHAPE_FLOWS flows or a flow more than SHAPE_RESOURCES resources.
+        That is all :meth:`_max_min` reads, and it visits resources in that same order, so
+        one shape gives the same rates to the last bit; the pipeline's fwd/bwd flows meeting
+        on a NIC repeat a few shapes over and over (the 131,072-GPU case: ~170,000
+        components, 1.35 s of max-min). :meth:`_component` makes the same key as it searches."""
         if len(flows) > SHAPE_FLOWS:
-            return self._max_min(flows)
+            return None
         number: dict[Any, int] = {}
         shape: list = []  # per flow its cap, its resources' numbers and -1 (neither a cap nor a number)
         for f in flows:  # (plain loops: a comprehension is one more call, four per message)
             res = f.resources
             if len(res) > SHAPE_RESOURCES:
-                return self._max_min(flows)
+                return None
             shape.append(f.cap)
             for r in res:
                 i = number.get(r)
@@ -232,7 +280,12 @@ class FlowScheduler:
         for r in number:
             c = cached.get(r)
             caps.append(self._cap(r) if c is None else c)
-        key = (tuple(shape), tuple(caps))
+        return tuple(shape), tuple(caps)
+
+    def _rates_by_shape(self, flows: list[_Flow], key: tuple | None) -> list[float]:
+        """:meth:`_max_min` of ``flows``, remembered by their shape ``key`` (None: not remembered)."""
+        if key is None:
+            return self._max_min(flows)
         rates = self._shapes.get(key)
         if rates is None:
             rates = self._shapes[key] = self._max_min(flows)
@@ -301,20 +354,23 @@ class FlowScheduler:
         f.timer = None  # (flow <-> timer is a reference cycle: left to the cyclic GC, whole runs' worth)
         f.active = False
         f.left = 0.0
-        neighbours: dict[_Flow, None] = {}
+        neighbours: dict[_Flow, None] | None = None  # (made only when it has any: most flows run alone)
         users = self.users
         for r in f.resources:
             on = users[r]
             del on[f]
-            if on:
-                neighbours.update(on)  # each of its flows, in order (values None)
+            if on:  # each of its flows, in order (values None)
+                if neighbours is None:
+                    neighbours = dict(on)
+                else:
+                    neighbours.update(on)
         self.flows_done += 1
         if f.stats:
             f.stats(f.start, self.env._now)
         if f.event is not None:
             f.event.succeed()
         if neighbours:
-            self._rebalance(self._component(neighbours))
+            self._rebalance(*self._component(neighbours))
 
 
 # ---------------------------------------------------------------- the backend
@@ -464,13 +520,15 @@ class FlowBackend:
         conn = self.conns.get((src, dst))
         if conn is None:
             conn = self.conns[(src, dst)] = Connection(src, dst, self.network.path(src, dst))
+        if not conn.busy and not self.rendezvous:
+            # an idle eager connection has nothing queued: the message starts now, as
+            # _next would start it, without passing through the queue
+            conn.busy = True
+            self._begin(src, dst, conn, nbytes, lanes, handler, msg)
+            return
         conn.queue.append((key, nbytes, lanes, handler, msg))
-        if not conn.busy:
-            if self.rendezvous:
-                self._next(src, dst, conn)
-            else:  # (_next, without the receiver's ready notice to wait for)
-                conn.busy = True
-                self._start(src, dst, conn)
+        if not conn.busy:  # (rendezvous: once its receive is posted)
+            self._next(src, dst, conn)
         elif conn.waiting is not None:  # no queued receive posted yet: this one may be
             self._wake_on(key, src, dst, conn, conn.waiting)
 
@@ -522,19 +580,25 @@ class FlowBackend:
         self._start(src, dst, conn)
 
     def _start(self, src: int, dst: int, conn: Connection):
-        path = conn.path
-        if path.rtt_s > 0 and self.slow_start is not None:
-            self._restart(src, dst, conn)
-            return
+        """The first message queued on ``conn`` starts."""
         _, nbytes, lanes, handler, msg = conn.queue.popleft()
+        self._begin(src, dst, conn, nbytes, lanes, handler, msg)
+
+    def _begin(self, src: int, dst: int, conn: Connection, nbytes: float, lanes: int, handler: MessageHandler,
+               msg: Any) -> None:
+        """The message ``msg`` (``nbytes`` per lane) starts on ``conn``: its bytes move now, or
+        after slow start's rounds (:meth:`_restart`)."""
+        if conn.path.rtt_s > 0 and self.slow_start is not None:
+            self._restart(src, dst, conn, nbytes, lanes, handler, msg)
+            return
         handler.message_started(msg)
         self._transfer(src, dst, conn, nbytes * lanes, lanes, functools.partial(self._finished, conn, handler, msg))
 
-    def _restart(self, src: int, dst: int, conn: Connection) -> None:
-        """:meth:`_start` on a TCP path with slow start after idle: the message's bytes start
+    def _restart(self, src: int, dst: int, conn: Connection, nbytes: float, lanes: int, handler: MessageHandler,
+                 msg: Any) -> None:
+        """:meth:`_begin` on a TCP path with slow start after idle: the message's bytes start
         once the rounds of a restarted window have passed (:meth:`perfsim.tcp.SlowStart.delay`,
         from the connection's last send and window; the link carries the rest at its rate)."""
-        _, nbytes, lanes, handler, msg = conn.queue.popleft()
         path, now = conn.path, self.env.now
         handler.message_started(msg)
         if conn.first is None:
