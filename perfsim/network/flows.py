@@ -321,7 +321,18 @@ class FlowScheduler:
         while unfixed:
             while rate[by_cap[low]] >= 0.0:
                 low += 1
-            level = min((remaining[r] / c for r, c in count.items() if c), default=math.inf)
+            # each resource's fair share, once a round (the level: the first least of them,
+            # as min() takes it; then the tight resources, in the same order)
+            shares: list[tuple[float, Any]] = []
+            level = None
+            for r, c in count.items():
+                if c:
+                    share = remaining[r] / c
+                    shares.append((share, r))
+                    if level is None or share < level:
+                        level = share
+            if level is None:
+                level = math.inf
             level = min(level, flows[by_cap[low]].cap)
             if not math.isfinite(level):
                 for i in range(n):
@@ -330,8 +341,8 @@ class FlowScheduler:
                 break
             bound = level * (1 + 1e-12)
             fixed: list[int] = []
-            for r, c in count.items():
-                if c and remaining[r] / c <= bound:
+            for share, r in shares:
+                if share <= bound:
                     fixed += on[r]
             k = low
             while k < n and flows[by_cap[k]].cap <= bound:
