@@ -105,8 +105,8 @@ SECOND_START = "bounds midpoint"
 #: the A100 curve refitted on the calibration configurations of at most N GPUs
 #: (``python scripts/error_bands.py --refit`` recomputes and prints them; FIELDS order, fit units)
 SMALL_FITS = {
-    2: (0.92, 0.00528, 0.722773, 59.228655, 40.217335, 50.589942, 0.990504),
-    4: (0.84887, 0.0, 0.760135, 59.273642, 27.407953, 52.461081, 0.812531),
+    2: (0.898196, 0.959208, 0.784319, 58.843533, 79.920851, 51.347976, 0.750282),
+    4: (0.889398, 4.640686, 0.738408, 57.976064, 100.0, 57.693756, 0.759141),
 }
 
 

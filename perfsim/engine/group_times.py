@@ -32,7 +32,8 @@ from perfsim.network import collective_cost
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
                    head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
-                   uniform: bool | None = None, moe_blocks: int = 0) -> tuple[float, float, float]:
+                   uniform: bool | None = None, moe_blocks: int = 0,
+                   vocab_parallel: bool = False) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
@@ -41,7 +42,10 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     beside a profile measured elsewhere). ``host_s``: the least one collective costs (a
     GPU curve's ``collective_s``, the host's time to issue it). ``uniform``: the
     network's :func:`uniform_network` (None: asked here). ``moe_blocks`` of the ``blocks``
-    gather and scatter their MLP's :func:`perfsim.models.moe.tp_moe_rows` rows a token."""
+    gather and scatter their MLP's :func:`perfsim.models.moe.tp_moe_rows` rows a token.
+    ``vocab_parallel``: the embedding, head and loss are Megatron-LM's vocabulary-parallel
+    ones, with their collectives (:func:`perfsim.models.tensor_parallel.tp_edge_collectives`).
+    A full recomputation runs the layers' forward collectives again, not the edges'."""
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
         return 0.0, 0.0, 0.0
@@ -49,10 +53,12 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
     rows = tp_moe_rows(spec, strategy) if moe_blocks else 1.0
-    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks - (moe_blocks if rows != 1.0 else 0)),
-             (tp_edge_collectives(*shape, embed, head), 1)]
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks - (moe_blocks if rows != 1.0 else 0))]
     if rows != 1.0:  # MoE blocks whose dispatched copies the TP group gathers (Megatron-Core)
         parts.append((tp_layer_collectives(*shape, spec.parallel_block, mlp_rows=rows), moe_blocks))
+    layer_parts = len(parts)  # what a full recomputation runs again
+    parts.append((tp_edge_collectives(*shape, embed, head, vocab_parallel=vocab_parallel,
+                                      learned_positions=spec.learned_positions), 1))
     reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
     seen = {}
     # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
@@ -71,17 +77,20 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
             continue
         # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
         # as the functional call DTensor issues (its measured cost when profiled)
-        seen[key] = tuple(sum(times * max(host_s, network.collective_time(
-                                  k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
-                              for coll, times in parts for ph, k, n in coll if ph == phase)
-                          for phase in ("fwd", "bwd"))
+        def phase_s(phase: str, of: list) -> float:
+            return sum(times * max(host_s, network.collective_time(
+                           k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
+                       for coll, times in of for ph, k, n in coll if ph == phase)
+
+        # (fwd, bwd, the layers' fwd: what a full recomputation runs again)
+        seen[key] = (phase_s("fwd", parts), phase_s("bwd", parts), phase_s("fwd", parts[:layer_parts]))
     fwd = max(v[0] for v in seen.values())
     bwd = max(v[1] for v in seen.values())
     nbytes = sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for _, k, n in coll)
-    if strategy.recompute == "full":  # the recomputed forward runs its collectives again
-        bwd += fwd
-        nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for ph, k, n in coll
-                      if ph == "fwd")
+    if strategy.recompute == "full":  # the recomputed forward runs its layers' collectives again
+        bwd += max(v[2] for v in seen.values())
+        nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts[:layer_parts]
+                      for ph, k, n in coll if ph == "fwd")
     return fwd, bwd, nbytes
 
 

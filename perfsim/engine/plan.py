@@ -256,7 +256,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
                                                                    host_s=curve.collective_s if curve else 0.0,
-                                                                   uniform=uniform, moe_blocks=moe_blocks)
+                                                                   uniform=uniform, moe_blocks=moe_blocks,
+                                                                   vocab_parallel=gpu is not None)
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
                                                      host_s=curve.collective_s if curve else 0.0,

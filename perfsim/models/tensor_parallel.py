@@ -13,9 +13,10 @@ volume, but norms and dropouts work on ``s / t`` tokens.
 
 The sequence also enters and leaves the parallel region once per micro-batch
 (:func:`tp_edge_collectives`): the embedding's output is split along the
-sequence (no communication forward; its gradient is all-gathered backward) and
-the LM head, replicated on every TP rank as execute mode keeps it, all-gathers
-its input forward (its input gradient is split again locally).
+sequence (its gradient is all-gathered backward) and the LM head all-gathers its
+input forward. Megatron-LM's vocabulary-parallel embedding, head and cross
+entropy add their own collectives (``vocab_parallel``: the GPU presets' layout);
+execute mode keeps the embedding and head replicated on every TP rank, without them.
 
 Buffer sizes follow the tensors each rank hands to the collective (as
 ``torch.distributed``): all-reduce its full ``(b, s, h)`` buffer; all-gather
@@ -97,16 +98,42 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
 
 
 def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                        bytes_per_value: int, embed: bool, head: bool) -> tuple[tuple[str, str, float], ...]:
+                        bytes_per_value: int, embed: bool, head: bool, vocab_parallel: bool = False,
+                        learned_positions: bool = True) -> tuple[tuple[str, str, float], ...]:
     """(phase, kind, per-rank buffer bytes) of the collectives a stage holding the
-    embedding (``embed``) and / or the LM head (``head``) adds per micro-batch under
-    sequence parallelism (module docstring): a backward all-gather of the embedding's
-    ``(b, s/t, h)`` output gradient, a forward all-gather of the head's input shard.
-    Empty without sequence parallelism (the replicated embedding and head need none)."""
-    if tp == 1 or not sequence_parallel:
+    embedding (``embed``) and / or the LM head (``head``) adds per micro-batch (none for
+    ``tp == 1``).
+
+    Under sequence parallelism (module docstring): a backward all-gather of the
+    embedding's ``(b, s/t, h)`` output gradient, a forward all-gather of the head's
+    input shard. ``vocab_parallel`` (Megatron-LM's layout, which the GPU compute model
+    prices: the head's GEMM at ``vocab / t``; perfsim's runtime keeps both replicated)
+    adds what its vocabulary-parallel edges launch (NVIDIA/Megatron-LM
+    ``megatron/mpu/layers.py``, ``cross_entropy.py``; microsoft/Megatron-DeepSpeed alike):
+    ``VocabParallelEmbedding.forward`` sums the ranks' partial lookups, an all-reduce of
+    ``(b, s, h)`` forward -- a reduce-scatter under sequence parallelism when there are
+    no learned positions to add first (Megatron-Core's ``reduce_scatter_embeddings``);
+    the head's input enters through ``copy_to_tensor_model_parallel_region``, so its
+    gradient is all-reduced backward (under sequence parallelism the all-gather's
+    backward, a reduce-scatter); and the vocabulary-parallel cross entropy all-reduces
+    three fp32 values per token forward (the logits' maximum, the target logit, the sum
+    of exponentials). Full recomputation runs none of these again: Megatron checkpoints
+    the transformer layers only."""
+    if tp == 1:
         return ()
-    shard = float(micro_batch * seq * hidden * bytes_per_value) / tp
-    return ((("fwd", "allgather", shard),) if head else ()) + ((("bwd", "allgather", shard),) if embed else ())
+    full = float(micro_batch * seq * hidden * bytes_per_value)
+    shard = full / tp
+    out: list[tuple[str, str, float]] = []
+    if head and sequence_parallel:
+        out.append(("fwd", "allgather", shard))
+    if embed and sequence_parallel:
+        out.append(("bwd", "allgather", shard))
+    if embed and vocab_parallel:
+        out.append(("fwd", "reduce_scatter" if sequence_parallel and not learned_positions else "allreduce", full))
+    if head and vocab_parallel:
+        out += [("fwd", "allreduce", 4.0 * micro_batch * seq)] * 3
+        out.append(("bwd", "reduce_scatter" if sequence_parallel else "allreduce", full))
+    return tuple(out)
 
 
 def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:

@@ -72,31 +72,35 @@ def test_engine_charges_tp_collectives_on_the_group_links(monkeypatch):
     r = _run(tp=4)
     s = r.summary
     st0 = r.stages[0]
-    # 4 all-reduces of b s h x 2 bytes per block, ring on 4 GPUs of one node (300 GB/s, 5 us)
+    # 4 all-reduces of b s h x 2 bytes per block, ring on 4 GPUs of one node (300 GB/s, 5 us),
+    # and the vocabulary-parallel embedding's forward all-reduce of the same size (a GPU preset:
+    # Megatron's layout, tensor_parallel.tp_edge_collectives)
     first, last = map(int, st0["layers"].split("-"))
     blocks = last - first  # layer 0 is the embedding
+    calls = blocks * 4 + 1
     nbytes = 1024 * 1024 * 2
     per_ar = 2 * 3 / 4 * nbytes * 8 / 2.4e12 + 6 * 5e-6
     # ... but a call costs at least the host's time to issue it (the GPU curve's collective_s)
     host = hardware.A100_CURVE.collective_s
     assert 0 < per_ar < host
-    assert st0["tp_bytes_per_mb"] == pytest.approx(blocks * 4 * 2 * 3 / 4 * nbytes)
+    assert st0["tp_bytes_per_mb"] == pytest.approx(calls * 2 * 3 / 4 * nbytes)
     m = s["macro_batch"] // s["micro_batch"]
-    assert st0["tp_comm_s"] == pytest.approx(m * blocks * 4 * host, rel=1e-9)
+    assert st0["tp_comm_s"] == pytest.approx(m * calls * host, rel=1e-9)
     no_floor = dataclasses.replace(hardware.A100_CURVE, collective_s=0.0)
     monkeypatch.setitem(hardware.GPUS, "a100-sxm4-80gb", dataclasses.replace(hardware.GPUS["a100-sxm4-80gb"], curve=no_floor))
-    assert _run(tp=4).stages[0]["tp_comm_s"] == pytest.approx(m * blocks * 4 * per_ar, rel=1e-9)
+    assert _run(tp=4).stages[0]["tp_comm_s"] == pytest.approx(m * calls * per_ar, rel=1e-9)
     monkeypatch.undo()
-    # full recomputation runs the forward's two again in the backward
+    # full recomputation runs the layers' two forward all-reduces again in the backward, not the
+    # embedding's (Megatron checkpoints the transformer layers only)
     rec = _run(tp=4, recompute="full").stages[0]
-    assert rec["tp_bytes_per_mb"] == pytest.approx(blocks * 6 * 2 * 3 / 4 * nbytes)
+    assert rec["tp_bytes_per_mb"] == pytest.approx((blocks * 6 + 1) * 2 * 3 / 4 * nbytes)
     # TP across nodes (2 GPUs per node), flat ring: its slowest hop is the inter-node link
     # (100 Gbps at the NIC's payload efficiency, 0 latency)
     slow = _run(tp=4, gpus_per_node=2, collective_algo="ring")
     rate = slow.summary["collective_link_rate_bps"]
     assert rate < 100e9
     per_ar_slow = 2 * 3 / 4 * nbytes * 8 / rate
-    assert slow.stages[0]["tp_comm_s"] == pytest.approx(m * blocks * 4 * per_ar_slow, rel=1e-9)
+    assert slow.stages[0]["tp_comm_s"] == pytest.approx(m * calls * per_ar_slow, rel=1e-9)
     assert slow.summary["iteration_s"] > s["iteration_s"]
     # NCCL-like selection never picks an algorithm slower than the ring
     assert _run(tp=4, gpus_per_node=2).stages[0]["tp_comm_s"] <= slow.stages[0]["tp_comm_s"]
@@ -165,7 +169,8 @@ def test_tp_splits_compute_and_memory():
 def test_sequence_parallel_edges_gather_the_sequence_once_each_way():
     """Under SP the stage with the embedding all-gathers its output gradient backward,
     the stage with the LM head its input forward (the runtime's layout: both replicated),
-    one sequence shard each per micro-batch; nothing without SP."""
+    one sequence shard each per micro-batch; nothing without SP. (The GPU presets' vocabulary-
+    parallel edges add their own collectives: test_vocab_parallel_edges_launch_megatrons_collectives.)"""
     from perfsim.models.tensor_parallel import tp_edge_collectives
 
     shard = 2 * 1024 * 1024 * 2 / 4
@@ -179,6 +184,34 @@ def test_sequence_parallel_edges_gather_the_sequence_once_each_way():
     sp_stages, plain_stages = ([row for row in r.stages if row["replica"] == 0] for r in (sp, plain))
     first, last = sp_stages[0], sp_stages[-1]
     assert first["tp_bytes_per_mb"] - plain_stages[0]["tp_bytes_per_mb"] == pytest.approx(ag)
-    assert last["tp_bytes_per_mb"] - plain_stages[-1]["tp_bytes_per_mb"] == pytest.approx(ag)
+    # the GPU preset's head is vocabulary-parallel: without SP its input gradient is all-reduced
+    # backward; with SP an all-gather forward and a reduce-scatter backward move the same bytes
+    assert last["tp_bytes_per_mb"] == pytest.approx(plain_stages[-1]["tp_bytes_per_mb"])
     for mid, ref in zip(sp_stages[1:-1], plain_stages[1:-1]):
         assert mid["tp_bytes_per_mb"] == pytest.approx(ref["tp_bytes_per_mb"])
+
+
+def test_vocab_parallel_edges_launch_megatrons_collectives():
+    """Megatron-LM's vocabulary-parallel embedding all-reduces its output forward, its head's input
+    gradient is all-reduced backward, the cross entropy all-reduces three fp32 values a token;
+    under sequence parallelism the head's backward is a reduce-scatter, and the embedding's forward
+    one too when no learned positions are added first (Megatron-Core's reduce_scatter_embeddings)."""
+    from perfsim.models.tensor_parallel import tp_edge_collectives
+
+    full, loss = 2 * 1024 * 1024 * 2, 4.0 * 2 * 1024
+    edges = tp_edge_collectives(1024, 1024, 2, 4, False, 2, embed=True, head=True, vocab_parallel=True)
+    assert sorted(edges) == sorted([("fwd", "allreduce", full)] + [("fwd", "allreduce", loss)] * 3
+                                   + [("bwd", "allreduce", full)])
+    sp = tp_edge_collectives(1024, 1024, 2, 4, True, 2, embed=True, head=False, vocab_parallel=True)
+    assert sorted(sp) == sorted([("fwd", "allreduce", full), ("bwd", "allgather", full / 4)])
+    rope = tp_edge_collectives(1024, 1024, 2, 4, True, 2, embed=True, head=True, vocab_parallel=True,
+                               learned_positions=False)
+    assert ("fwd", "reduce_scatter", full) in rope and ("bwd", "reduce_scatter", full) in rope
+    assert tp_edge_collectives(1024, 1024, 2, 1, False, 2, embed=True, head=True, vocab_parallel=True) == ()
+    # in the engine, with a GPU preset: the last stage (its blocks and the head) adds the head's
+    # backward all-reduce and the loss's three, each rank's ring bytes 2 (t - 1) / t of the buffer
+    last = _run(tp=4).stages[-1]
+    first_layer, last_layer = map(int, last["layers"].split("-"))
+    blocks = last_layer - first_layer  # the last layer is the head
+    ring = 2 * 3 / 4
+    assert last["tp_bytes_per_mb"] == pytest.approx(ring * ((blocks * 4 + 1) * 1024 * 1024 * 2 + 3 * 4 * 1024))
