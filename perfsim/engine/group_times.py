@@ -77,9 +77,13 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
             continue
         # back to back, the whole group in step (perfsim.network.lockstep_link), each kind
         # as the functional call DTensor issues (its measured cost when profiled)
+        # each collective timed once: (its part's index, phase, seconds), in execution order
+        timed = [(i, ph, times * max(host_s, network.collective_time(
+                      k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None)))
+                 for i, (coll, times) in enumerate(parts) for ph, k, n in coll]
         # (fwd, bwd, the layers' fwd: what a full recomputation runs again)
-        seen[key] = tuple(_phase_s(network, members, of, phase, host_s, measured_kinds)
-                          for of, phase in ((parts, "fwd"), (parts, "bwd"), (parts[:layer_parts], "fwd")))
+        seen[key] = (sum(t for _, ph, t in timed if ph == "fwd"), sum(t for _, ph, t in timed if ph == "bwd"),
+                     sum(t for i, ph, t in timed if ph == "fwd" and i < layer_parts))
     fwd = max(v[0] for v in seen.values())
     bwd = max(v[1] for v in seen.values())
     nbytes = sum(times * collective_cost(k, n, tp)[0] for coll, times in parts for _, k, n in coll)
@@ -88,14 +92,6 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
         nbytes += sum(times * collective_cost(k, n, tp)[0] for coll, times in parts[:layer_parts]
                       for ph, k, n in coll if ph == "fwd")
     return fwd, bwd, nbytes
-
-
-def _phase_s(network, members: list[int], parts: list, phase: str, host_s: float, measured_kinds: bool) -> float:
-    """Seconds of the collectives of ``parts`` ((collectives, times issued) pairs) in ``phase``,
-    back to back on the group ``members``, each at least ``host_s`` (:func:`tp_stage_times`)."""
-    return sum(times * max(host_s, network.collective_time(
-                   k, n, members, lockstep=True, call=tensor_call(k) if measured_kinds else None))
-               for coll, times in parts for ph, k, n in coll if ph == phase)
 
 
 def uniform_network(network) -> bool:
