@@ -369,7 +369,7 @@ def main(argv=None) -> int:
         bounds = fit_bounds()
         try:
             x0 = ([float(v) for v in args.start.split(",")] if args.start
-                  else [to_fit_units(n, getattr(c, n) or (c.mem_eff if n == "optimizer_eff" else 0.0))
+                  else [to_fit_units(n, c.mem_eff if n == "optimizer_eff" and not c.optimizer_eff else getattr(c, n))
                         for n in FIT_FIELDS])
         except ValueError:
             x0 = []
