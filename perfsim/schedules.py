@@ -466,8 +466,10 @@ def with_comms(table: Table) -> list[list[Action]]:
 #: how a device waits on its pipeline messages (``System.p2p_exchange``): ``async`` -- each
 #: send leaves without waiting and each receive waits right before the compute that needs it
 #: (isend/irecv: torch.distributed.pipelining, ``perfsim run``; :func:`with_comms`);
-#: ``blocking`` -- Megatron-LM's exchanges between compute steps (:func:`exchange_rows`)
-P2P_EXCHANGES = ("async", "blocking")
+#: ``blocking`` -- Megatron-LM's exchanges between compute steps (:func:`exchange_rows`);
+#: ``deepspeed`` -- DeepSpeed's pipeline engine, each message its own blocking call in its
+#: instruction order (:func:`deepspeed_rows`)
+P2P_EXCHANGES = ("async", "blocking", "deepspeed")
 
 
 def exchange_rows(table: Table) -> list[list]:
@@ -528,6 +530,64 @@ def exchange_rows(table: Table) -> list[list]:
             before = step[-1].kind
         if sends:
             new.append(tuple(sends))
+        out.append(new)
+    return out
+
+
+def _deepspeed_step(step: int, stage: int, stages: int) -> tuple[int, bool]:
+    """The micro-batch of DeepSpeed's ``TrainSchedule`` step ``step`` on ``stage`` (invalid
+    ones lie outside ``0..m-1``) and whether that step is a forward: even stages run forwards
+    on even steps, odd stages on odd steps (``_step_to_micro_batch``)."""
+    half = step // 2 if step % 2 == 0 else (step - 1) // 2
+    if (step % 2 == 0) == (stage % 2 == 0):
+        return half - stage // 2, True
+    if step % 2 == 0:  # an odd stage's backward
+        return half - stages + (stage + 1) // 2, False
+    return half - stages + 1 + stage // 2, False  # an even stage's backward
+
+
+def deepspeed_rows(table: Table) -> list[list]:
+    """Per device, the order in which DeepSpeed's pipeline engine issues its instructions, each
+    pipeline message one blocking call: a one-action exchange (:func:`exchange_rows`'s tuples),
+    waited on to its end (a send until its delivery).
+
+    ``TrainSchedule`` runs ``2 (m + p - 1)`` steps on every stage, a forward step and a
+    backward step in turn (some of them empty). A forward step first receives its activation
+    (``RecvActivation``), then sends the input gradient of the step before (``SendGrad``), then
+    computes; a backward step first sends the activation of the step before
+    (``SendActivation``), then receives its output gradient (``RecvGrad``), then computes. So a
+    message leaves one step after the compute that made it, behind a blocking receive, and
+    every message costs its transfer on both ends. The compute order is 1F1B's (checked).
+
+    Source: microsoft/DeepSpeed ``deepspeed/runtime/pipe/schedule.py`` (``TrainSchedule.steps``,
+    ``_step_to_micro_batch``; stored commit 077e6740178eba4ccff1b3ea9a7981578d3d42e4), whose
+    ``SendActivation`` / ``RecvActivation`` / ``SendGrad`` / ``RecvGrad`` are documented as
+    blocking and paired; the engine that Megatron-DeepSpeed's pipeline runs on."""
+    if table.name != "1f1b":
+        raise ConfigError(f"p2p_exchange deepspeed: DeepSpeed's pipeline engine runs schedule 1f1b "
+                          f"(its TrainSchedule), not {table.name!r}")
+    p, m = table.num_devices, table.num_microbatches
+    out = []
+    for d, row in enumerate(table.rows):
+        compute = {(a.kind, a.microbatch): a for a in row}
+        new: list = []
+        order: list[Action] = []
+        prev = -1
+        for step in range(2 * (m + p - 1)):
+            mb, forward = _deepspeed_step(step, d, p)
+            now, before = 0 <= mb < m, 0 <= prev < m
+            if forward and d > 0:
+                new += [(Action(d, RECV_F, mb),)] if now else []
+                new += [(Action(d, SEND_B, prev),)] if before else []
+            elif not forward and d < p - 1:
+                new += [(Action(d, SEND_F, prev),)] if before else []
+                new += [(Action(d, RECV_B, mb),)] if now else []
+            if now:
+                order.append(compute[(FORWARD if forward else BACKWARD, mb)])
+                new.append(order[-1])
+            prev = mb
+        if order != list(row):  # DeepSpeed's steps visit 1F1B's compute order
+            raise AssertionError(f"device {d}: DeepSpeed's order {order} is not the table's {list(row)}")
         out.append(new)
     return out
 

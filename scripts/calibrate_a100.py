@@ -47,6 +47,9 @@ how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation
 micro-batch"), in the fit and in the evaluation.
 ``--optimizer-step megatron`` counts every row's optimizer step as Megatron-LM's optimizer makes its
 passes (params.PARAMS ``optimizer_step``; perfsim.job.Optimizer.step_bytes), in the fit and in the evaluation.
+``--p2p-exchange deepspeed`` (with ``--p2p-protocol rendezvous``) orders every pipeline row's messages as
+the runs' DeepSpeed pipeline engine issues them, each a blocking call (params.PARAMS ``p2p_exchange``,
+``p2p_protocol``; perfsim.schedules.deepspeed_rows), in the fit and in the evaluation.
 ``--gemm-quantization waves`` prices every GEMM with the A100 curve's ``gemm_quantization =
 waves`` (GEMM tile and wave quantization over the A100's 108 SMs, perfsim.engine.gemm_waves), in
 the fit and in the evaluation.
@@ -112,6 +115,9 @@ JITTER_CV = 0.0
 GRAD_ACCUMULATION = "fused"
 #: ``optimizer_step`` every row is predicted with (``--optimizer-step``; params.PARAMS's default)
 OPTIMIZER_STEP = "fused"
+#: ``p2p_exchange`` and ``p2p_protocol`` every row is predicted with (``--p2p-exchange``, ``--p2p-protocol``)
+P2P_EXCHANGE = "async"
+P2P_PROTOCOL = "eager"
 #: the A100 curve's ``gemm_quantization`` in the fit and the evaluation (``--gemm-quantization``;
 #: the code's curve's when None)
 GEMM_QUANTIZATION: str | None = None
@@ -130,7 +136,9 @@ def predict_row(row: dict) -> float:
     switched = {k: v for k, v, default in (("straggler_cv", STRAGGLER_CV, 0.0),
                                            ("jitter_cv", JITTER_CV, 0.0),
                                            ("grad_accumulation", GRAD_ACCUMULATION, "fused"),
-                                           ("optimizer_step", OPTIMIZER_STEP, "fused")) if v != default}
+                                           ("optimizer_step", OPTIMIZER_STEP, "fused"),
+                                           ("p2p_exchange", P2P_EXCHANGE, "async"),
+                                           ("p2p_protocol", P2P_PROTOCOL, "eager")) if v != default}
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
@@ -317,6 +325,11 @@ def main(argv=None) -> int:
                          "compute jitter (default 0: off)")
     ap.add_argument("--optimizer-step", default="fused", metavar="S",
                     help="predict (fit and evaluate) every row with optimizer_step S: fused (default) or megatron")
+    ap.add_argument("--p2p-exchange", default="async", metavar="E",
+                    help="predict (fit and evaluate) every row with p2p_exchange E: async (default), blocking "
+                         "(Megatron-LM's) or deepspeed (DeepSpeed's pipeline engine, the runs' stack)")
+    ap.add_argument("--p2p-protocol", default="eager", metavar="P",
+                    help="predict (fit and evaluate) every row with p2p_protocol P: eager (default) or rendezvous")
     ap.add_argument("--grad-accumulation", default="fused", metavar="M",
                     help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
                          "main-grad or autograd")
@@ -334,12 +347,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from perfsim.errors import ConfigError
 
-    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION, OPTIMIZER_STEP, FIT_FIELDS
+    global STRAGGLER_CV, JITTER_CV, GRAD_ACCUMULATION, OPTIMIZER_STEP, P2P_EXCHANGE, P2P_PROTOCOL, FIT_FIELDS
     FIT_FIELDS = FIELDS + (("optimizer_eff",) if args.optimizer_eff else ())
     STRAGGLER_CV = args.straggler_cv
     JITTER_CV = args.jitter_cv
     GRAD_ACCUMULATION = args.grad_accumulation
     OPTIMIZER_STEP = args.optimizer_step
+    P2P_EXCHANGE, P2P_PROTOCOL = args.p2p_exchange, args.p2p_protocol
     path = data_path()
     if path is None:
         print("a100-single-node data not found (looked in ../shared and /work/shared)", file=sys.stderr)
@@ -355,7 +369,8 @@ def main(argv=None) -> int:
             set_host_issue(args.host_issue)
         predict_row(rows[0])  # System checks straggler_cv's and jitter_cv's ranges, Strategy grad_accumulation's
     except ConfigError as exc:
-        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --optimizer-step / --gemm-quantization / "
+        print(f"--straggler-cv / --jitter-cv / --grad-accumulation / --optimizer-step / --p2p-exchange / "
+              f"--p2p-protocol / --gemm-quantization / "
               f"--host-issue: {exc}",
               file=sys.stderr)
         return 2
@@ -398,7 +413,7 @@ def main(argv=None) -> int:
     print(f"calibration configurations: {summary(by['calibration'])}")
     print(f"validation configurations:  {summary(by['validation'])}")
     switches = (f"straggler_cv {STRAGGLER_CV:g}, jitter_cv {JITTER_CV:g}, grad_accumulation {GRAD_ACCUMULATION}, "
-                f"optimizer_step {OPTIMIZER_STEP}, "
+                f"optimizer_step {OPTIMIZER_STEP}, p2p_exchange {P2P_EXCHANGE}, p2p_protocol {P2P_PROTOCOL}, "
                 f"gemm_quantization {GPUS[A100].curve.gemm_quantization}, host_issue {GPUS[A100].curve.host_issue}")
     print(f"validation by GPU count ({switches}): {by_gpus(by['validation'])}")
     print(f"validation by micro-batch count ({switches}): {by_microbatches(by['validation'])}")

@@ -238,7 +238,7 @@ def replay(plan: Plan, network: Network, *, warmup: bool = False, replicas: list
     slowdown = system_slowdown(sysm, profile)
     if slowdown or link.burst_bytes > 0 or coll_link.burst_bytes > 0 or link.protocol == "rendezvous":
         return None
-    if getattr(sysm, "p2p_exchange", "async") == "blocking":  # senders wait for delivery: the event loop
+    if getattr(sysm, "p2p_exchange", "async") != "async":  # senders wait for delivery: the event loop
         return None
     if network.prices_slow_start:  # each connection's send history (perfsim.tcp.SlowStart): the event loop
         return None

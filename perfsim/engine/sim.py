@@ -73,7 +73,7 @@ from perfsim.errors import ConfigError
 from perfsim.network import Network, current_backend
 from perfsim.network.backend import BackendFactory
 from perfsim.network.flows import FlowBackend
-from perfsim.schedules import FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, exchange_rows
+from perfsim.schedules import FORWARD, RECV_B, RECV_F, SEND_B, SEND_F, deepspeed_rows, exchange_rows
 
 
 #: an Event without its constructor (``_new_event(Event)``, then its fields): the events
@@ -121,9 +121,16 @@ class Simulation(PipelineMessages):
         if schedule.lower() != plan.table.name:
             raise ValueError(f"schedule {schedule!r}: the plan was built for {plan.table.name!r}")
         self.table = plan.table
-        #: Megatron-LM's blocking exchanges (perfsim.schedules.exchange_rows), else each message on its own
-        self.blocking = getattr(network.system, "p2p_exchange", "async") == "blocking"
-        self.rows = exchange_rows(plan.table) if self.blocking else plan.comm_rows
+        #: blocking exchanges, Megatron-LM's (perfsim.schedules.exchange_rows) or DeepSpeed's
+        #: (deepspeed_rows), else each message on its own
+        self.exchange = getattr(network.system, "p2p_exchange", "async")
+        self.blocking = self.exchange != "async"
+        if self.exchange == "blocking":
+            self.rows = exchange_rows(plan.table)
+        elif self.exchange == "deepspeed":
+            self.rows = deepspeed_rows(plan.table)
+        else:
+            self.rows = plan.comm_rows
         #: blocking exchanges: inbox key -> the event its sender waits on until delivery
         self.acks: dict[tuple, simpy.Event] = {}
         self.where = self.table.stage_device
@@ -256,7 +263,7 @@ class Simulation(PipelineMessages):
         cell = scratch  # the other replicas' cells: a sink (the breakdown reports the first replica)
         for op in self._program(d):
             kind = op[0]
-            if kind == EXCHANGE:  # Megatron's batch: post all, wait for all (System.p2p_exchange)
+            if kind == EXCHANGE:  # a blocking batch: post all, wait for all (System.p2p_exchange)
                 t = yield from self._exchange(op, r, d, st, cells, chain, t)
                 continue
             if kind == RECV_F or kind == RECV_B:
@@ -448,7 +455,7 @@ class Simulation(PipelineMessages):
             why = (f"schedule {self.table.name!r}: the devices wait for each other "
                    f"(no event left at t = {env.now:g} s)")
             if self.blocking and getattr(self.net, "rendezvous", False):  # the job's, not the engine's
-                raise ConfigError(f"{why}: with p2p_exchange blocking each exchange waits for its sends' "
+                raise ConfigError(f"{why}: with p2p_exchange {self.exchange} each exchange waits for its sends' "
                                   f"receives (p2p_protocol rendezvous), which a peer posts only in a later "
                                   f"exchange of its own; use p2p_exchange async or p2p_protocol eager") from None
             raise RuntimeError(why) from None
