@@ -149,7 +149,7 @@ def predict(
         p2p_protocol (str, default 'eager'):
             eager: a send starts at once (NCCL-like); rendezvous: once the receiver posted its receive (gloo over TCP) (one of perfsim.link.P2P_PROTOCOLS)
         p2p_exchange (str, default 'async'):
-            async: a pipeline send leaves without waiting, a receive waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's exchanges, after each compute step one batch of its sends and the next step's receives, waited on to the end (combine with p2p_protocol=rendezvous for NCCL's large messages) (one of perfsim.schedules.P2P_EXCHANGES)
+            async: a pipeline send leaves without waiting, a receive waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's exchanges, after each compute step one batch of its sends and the next step's receives, waited on to the end; deepspeed: DeepSpeed's pipeline engine (1f1b only), each message its own blocking call, sent one step after the compute that made it (combine either with p2p_protocol=rendezvous for NCCL's large messages) (one of perfsim.schedules.P2P_EXCHANGES)
         p2p_control_latency (str | float | None):
             one-way latency of the rendezvous ready notice (seconds, or 50us); default: the link latency
         tcp_window (str | int, default 'auto'):

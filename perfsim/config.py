@@ -249,7 +249,9 @@ class System:
     #: how a device waits on its pipeline messages (perfsim.schedules.P2P_EXCHANGES): ``async``
     #: -- a send leaves without waiting, a receive waits before the compute that needs it;
     #: ``blocking`` -- Megatron-LM's exchanges: after each compute step one batch of that step's
-    #: sends and the next step's receives, waited on to the end (perfsim.schedules.exchange_rows)
+    #: sends and the next step's receives, waited on to the end (perfsim.schedules.exchange_rows);
+    #: ``deepspeed`` -- DeepSpeed's pipeline engine, each message a blocking call of its own
+    #: (perfsim.schedules.deepspeed_rows)
     p2p_exchange: str = "async"
     #: GPU preset (perfsim.hardware.GPUS) or None: compute from the profile alone
     gpu: str | None = None

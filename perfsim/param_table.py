@@ -198,7 +198,9 @@ PARAMS: tuple[Param, ...] = (
     Param("p2p_exchange", "choice", "async", "async: a pipeline send leaves without waiting, a receive "
           "waits before the compute that needs it (isend/irecv; perfsim run); blocking: Megatron-LM's "
           "exchanges, after each compute step one batch of its sends and the next step's receives, "
-          "waited on to the end (combine with p2p_protocol=rendezvous for NCCL's large messages)",
+          "waited on to the end; deepspeed: DeepSpeed's pipeline engine (1f1b only), each message its own "
+          "blocking call, sent one step after the compute that made it (combine either with "
+          "p2p_protocol=rendezvous for NCCL's large messages)",
           "system", "system.p2p_exchange", choices="perfsim.schedules:P2P_EXCHANGES"),
     Param("p2p_control_latency", "time", None, "one-way latency of the rendezvous ready notice "
           "(seconds, or 50us); default: the link latency", "system",
