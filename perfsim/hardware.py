@@ -125,14 +125,14 @@ FLASH_REF = (4096, 128)
 
 #: the A100 fit's host side (per operator, per pipeline message, per TP collective): the
 #: framework's costs, not the GPU's, so the curves fitted on kernel times share them
-_A100_HOST = dict(kernel_s=58.39e-6, p2p_s=99.9e-6, collective_s=58.8e-6)
+_A100_HOST = dict(kernel_s=58.37e-6, p2p_s=99.96e-6, collective_s=58.66e-6)
 #: FlashAttention-2 (PyTorch's fused SDPA, bf16) fitted on the H200's attention records
 _H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, flash_bwd_eff=0.4195,
                    flash_bwd_knee_s=1408.0, flash_bwd_knee_d=52.0)
 #: fitted on A100 iteration times; ``scripts/calibrate_a100.py`` reproduces the fit (bounded
 #: Nelder-Mead on the calibration configurations, each parameter inside its range,
-#: :mod:`perfsim.engine.curve_bounds`; last refitted with the vocabulary-parallel edges'
-#: collectives: docs/validation.md, session 29; errors there too). The data barely
+#: :mod:`perfsim.engine.curve_bounds`; last refitted with the runs' pipeline messages in
+#: DeepSpeed's order: docs/validation.md, session 30; errors there too). The data barely
 #: constrain the knee: at these sizes the host floor hides small GEMMs; p2p_s and lm_head_eff
 #: end on their bounds -- a mechanism of Megatron-DeepSpeed's last stage is still missing
 #: (docs/validation.md). ``lm_head_eff``: measured kernel times put it at 1 (an H200 runs the
@@ -141,7 +141,7 @@ _H200_FLASH = dict(flash_eff=0.5426, flash_knee_s=544.0, flash_knee_d=104.0, fla
 #: as if the head ran at about a third of the blocks' rate (TP 1: 8.2 ms per 1024 tokens at
 #: hidden 2048, 4.1 at 1024), so the A100 fit has a share of its own (docs/validation.md, "the
 #: LM head"); which kernel is slow there no trace has shown.
-A100_CURVE = Curve(eff_max=0.8827, knee=0.008144, mem_eff=0.752, lm_head_eff=0.75,
+A100_CURVE = Curve(eff_max=0.8842, knee=0.01011, mem_eff=0.7506, lm_head_eff=0.751,
                    source="fitted on A100 (../shared/data/a100-single-node, calibration configurations, "
                           "inside perfsim.engine.curve_bounds)", **_A100_HOST,
                    # not measured on an A100 (its data pad the vocabulary, its runs use

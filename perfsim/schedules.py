@@ -538,7 +538,7 @@ def _deepspeed_step(step: int, stage: int, stages: int) -> tuple[int, bool]:
     """The micro-batch of DeepSpeed's ``TrainSchedule`` step ``step`` on ``stage`` (invalid
     ones lie outside ``0..m-1``) and whether that step is a forward: even stages run forwards
     on even steps, odd stages on odd steps (``_step_to_micro_batch``)."""
-    half = step // 2 if step % 2 == 0 else (step - 1) // 2
+    half = step // 2  # DeepSpeed's step // 2 on even steps, (step - 1) // 2 on odd ones
     if (step % 2 == 0) == (stage % 2 == 0):
         return half - stage // 2, True
     if step % 2 == 0:  # an odd stage's backward

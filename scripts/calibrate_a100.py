@@ -47,9 +47,11 @@ how the runs' DeepSpeed engine accumulated, docs/model.md "Gradient accumulation
 micro-batch"), in the fit and in the evaluation.
 ``--optimizer-step megatron`` counts every row's optimizer step as Megatron-LM's optimizer makes its
 passes (params.PARAMS ``optimizer_step``; perfsim.job.Optimizer.step_bytes), in the fit and in the evaluation.
-``--p2p-exchange deepspeed`` (with ``--p2p-protocol rendezvous``) orders every pipeline row's messages as
-the runs' DeepSpeed pipeline engine issues them, each a blocking call (params.PARAMS ``p2p_exchange``,
-``p2p_protocol``; perfsim.schedules.deepspeed_rows), in the fit and in the evaluation.
+Every pipeline row's messages go in the order the runs' DeepSpeed pipeline engine issues them, each a
+blocking call that NCCL's kernels pair up (``p2p_exchange = deepspeed``, ``p2p_protocol = rendezvous``:
+the runs' stack, perfsim.schedules.deepspeed_rows; adopted by the rule of docs/validation.md, "DeepSpeed's
+pipeline engine: its message order"); ``--p2p-exchange`` and ``--p2p-protocol`` predict every row
+otherwise (``async`` / ``eager``: perfsim's defaults), in the fit and in the evaluation.
 ``--gemm-quantization waves`` prices every GEMM with the A100 curve's ``gemm_quantization =
 waves`` (GEMM tile and wave quantization over the A100's 108 SMs, perfsim.engine.gemm_waves), in
 the fit and in the evaluation.
@@ -115,9 +117,10 @@ JITTER_CV = 0.0
 GRAD_ACCUMULATION = "fused"
 #: ``optimizer_step`` every row is predicted with (``--optimizer-step``; params.PARAMS's default)
 OPTIMIZER_STEP = "fused"
-#: ``p2p_exchange`` and ``p2p_protocol`` every row is predicted with (``--p2p-exchange``, ``--p2p-protocol``)
-P2P_EXCHANGE = "async"
-P2P_PROTOCOL = "eager"
+#: ``p2p_exchange`` and ``p2p_protocol`` every row is predicted with (``--p2p-exchange``, ``--p2p-protocol``;
+#: the runs' DeepSpeed pipeline engine)
+P2P_EXCHANGE = "deepspeed"
+P2P_PROTOCOL = "rendezvous"
 #: the A100 curve's ``gemm_quantization`` in the fit and the evaluation (``--gemm-quantization``;
 #: the code's curve's when None)
 GEMM_QUANTIZATION: str | None = None
@@ -325,11 +328,12 @@ def main(argv=None) -> int:
                          "compute jitter (default 0: off)")
     ap.add_argument("--optimizer-step", default="fused", metavar="S",
                     help="predict (fit and evaluate) every row with optimizer_step S: fused (default) or megatron")
-    ap.add_argument("--p2p-exchange", default="async", metavar="E",
-                    help="predict (fit and evaluate) every row with p2p_exchange E: async (default), blocking "
-                         "(Megatron-LM's) or deepspeed (DeepSpeed's pipeline engine, the runs' stack)")
-    ap.add_argument("--p2p-protocol", default="eager", metavar="P",
-                    help="predict (fit and evaluate) every row with p2p_protocol P: eager (default) or rendezvous")
+    ap.add_argument("--p2p-exchange", default="deepspeed", metavar="E",
+                    help="predict (fit and evaluate) every row with p2p_exchange E: deepspeed (default: the runs' "
+                         "DeepSpeed pipeline engine), async or blocking (Megatron-LM's)")
+    ap.add_argument("--p2p-protocol", default="rendezvous", metavar="P",
+                    help="predict (fit and evaluate) every row with p2p_protocol P: rendezvous (default: NCCL's "
+                         "paired kernels) or eager")
     ap.add_argument("--grad-accumulation", default="fused", metavar="M",
                     help="predict (fit and evaluate) every row with grad_accumulation M: fused (default), "
                          "main-grad or autograd")

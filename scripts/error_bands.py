@@ -105,8 +105,8 @@ SECOND_START = "bounds midpoint"
 #: the A100 curve refitted on the calibration configurations of at most N GPUs
 #: (``python scripts/error_bands.py --refit`` recomputes and prints them; FIELDS order, fit units)
 SMALL_FITS = {
-    2: (0.898196, 0.959208, 0.784319, 58.843533, 79.920851, 51.347976, 0.750282),
-    4: (0.889398, 4.640686, 0.738408, 57.976064, 100.0, 57.693756, 0.759141),
+    2: (0.92, 0.0, 0.740064, 59.590678, 43.942014, 44.682413, 0.904025),
+    4: (0.897783, 15.79643, 0.762025, 59.36563, 100.0, 48.393818, 0.75),
 }
 
 

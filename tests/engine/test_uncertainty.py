@@ -196,9 +196,14 @@ def test_the_stored_extrapolation_rule_is_what_the_validation_configurations_giv
     assert len(lines) == 2 and all("8-GPU validation rows: " in line and "of 153" in line for line in lines)
 
 
-def test_a_capped_extrapolation_says_so_and_reports_the_move_it_made():
-    b, rule = uncertainty.band("gpu:ampere"), uncertainty.bands()["extrapolation"]
-    # enough doublings beyond the data's 8 GPUs for the stored rule's slow side to reach the cap
+def test_a_capped_extrapolation_says_so_and_reports_the_move_it_made(monkeypatch):
+    """A per-doubling rule (variants E and S; the stored rule may be another) widens the slow side
+    until the cap: the note says so and states the move it made."""
+    stored = uncertainty.bands()
+    rule = {"kind": "per-doubling", "lo": 0.022, "hi": 0.056, "variant": "S", "basis": "a per-doubling rule"}
+    monkeypatch.setattr(uncertainty, "bands", lambda: {**stored, "extrapolation": rule})
+    b = uncertainty.band("gpu:ampere")
+    # enough doublings beyond the data's 8 GPUs for the rule's slow side to reach the cap
     per_doubling = uncertainty.extrapolation_widening(16, 8, rule)[1]
     assert per_doubling > 0
     doublings = math.ceil((uncertainty.Q90_CEIL - b.q90) / per_doubling) + 1
