@@ -2,8 +2,6 @@
 perfsim.schedules.deepspeed_rows): the instructions of DeepSpeed's ``TrainSchedule`` step by step,
 each pipeline message a blocking call, and its timing against a closed form."""
 
-import random
-
 import pytest
 
 import perfsim
@@ -110,27 +108,6 @@ def test_two_stages_closed_form(m):
     assert ds["iteration_s"] == pytest.approx((m + 1) * (f + b) + 2 * m * x, rel=1e-9)
     assert free["iteration_s"] <= ds["iteration_s"] * (1 + 1e-12)
     assert ds["engine"] == "event loop" and ds["compute_s"] == pytest.approx(free["compute_s"])
-
-
-def test_replicas_in_lanes_step_by_step_and_all_agree():
-    """Three replicas over uneven links with gradient buckets: lanes, a trace and every replica
-    simulated give one iteration time, slower than asynchronous sends."""
-    from perfsim.network import Topology
-
-    rng = random.Random(7)
-    n = 12
-    bw = tuple(tuple(0.0 if i == j else rng.choice((1e8, 3e8, 1e9)) for j in range(n)) for i in range(n))
-    lat = tuple(tuple(0.0 if i == j else rng.uniform(1e-4, 1e-3) for j in range(n)) for i in range(n))
-    layers = tuple(LayerSpec(f"l{i}", 20_000, (5_000,), 0.0) for i in range(8))
-    wl = Workload("toy", layers, tuple(rng.uniform(1e-3, 2e-3) for _ in range(8)),
-                  tuple(rng.uniform(2e-3, 4e-3) for _ in range(8)), 1)
-    st = Strategy(pp=4, dp=3, macro_batch=8, schedule="1f1b", bucket_bytes=100_000)
-    sy = System(topology=Topology(bw, lat, (1e10,) * n), p2p_exchange="deepspeed", p2p_protocol="rendezvous")
-    times = {simulate(wl, st, sy, Profile(), **kw).summary["iteration_s"]
-             for kw in ({}, {"trace": True}, {"symmetric": False})}
-    assert len(times) == 1
-    free = simulate(wl, st, System(topology=Topology(bw, lat, (1e10,) * n)), Profile()).summary["iteration_s"]
-    assert times.pop() > free
 
 
 def test_other_schedules_are_refused_in_one_line(capsys):
