@@ -19,7 +19,7 @@ with the last backward, ``local`` reduces Megatron's contiguous buffer after it)
     python scripts/megatron_open_data.py --schedule 1f1b --ddp local   # override one stated dimension
     python scripts/megatron_open_data.py --set nic_sharing=false  # any predict keyword, to switch a mechanism
     python scripts/megatron_open_data.py --candidates             # each candidate mechanism, switched on
-    python scripts/megatron_open_data.py --single-node --set p2p_protocol=rendezvous   # its effect on one node
+    python scripts/megatron_open_data.py --single-node --set p2p_exchange=blocking   # its effect on one node
     python scripts/megatron_open_data.py --batched-exchange       # Megatron-LM's blocking p2p exchanges
     python scripts/megatron_open_data.py --exact-kernels          # every kernel of a layer, bytes as its code moves them
     python scripts/megatron_open_data.py --single-node --exact-kernels   # the same on the single-node A100 data
@@ -318,7 +318,8 @@ def single_node_effect(extra: dict, every: int = 1, exact: bool = False) -> list
         part = [r for r in rows if r["split"] == split][::every]
         base = cal.errors(part)
         plain = api.predict
-        api.predict = functools.partial(plain, **extra)  # predict_row imports it when called
+        # predict_row imports it when called; ``extra`` wins over the keywords predict_row gives
+        api.predict = lambda *args, **kw: plain(*args, **{**kw, **extra})
         try:
             with exact_kernels() if exact else contextlib.nullcontext():
                 switched = cal.errors(part)
