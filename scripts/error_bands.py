@@ -109,8 +109,8 @@ THIRD_START = "stored fit"
 #: the A100 curve refitted on the calibration configurations of at most N GPUs
 #: (``python scripts/error_bands.py --refit`` recomputes and prints them; FIELDS order, fit units)
 SMALL_FITS = {
-    2: (0.92, 0.0, 0.740064, 59.590678, 43.942014, 44.682413, 0.904025),
-    4: (0.897783, 15.79643, 0.762025, 59.36563, 100.0, 48.393818, 0.75),
+    2: (0.899552, 0.087887, 0.781799, 58.724991, 99.932533, 52.247659, 0.750003),
+    4: (0.897145, 0.109467, 0.732225, 58.373228, 98.331475, 56.203402, 0.750024),
 }
 
 
