@@ -28,6 +28,7 @@ given as null is left to perfsim's default: the H100 set's node fabric). Nothing
     python scripts/open_training_data.py --check    # the transcription checks and the stored figures
     python scripts/open_training_data.py --update   # store the figures as each file's 'reported' block
     python scripts/open_training_data.py --per-layer   # and one layer's time where a set reports it
+    python scripts/open_training_data.py --only bloom --set p2p_exchange=deepspeed   # a second look, one set
 """
 
 from __future__ import annotations
@@ -81,11 +82,12 @@ def row_keywords(doc: dict, row: dict) -> dict:
     return kw
 
 
-def evaluate(doc: dict, rows: list[dict]) -> list[dict]:
-    """Per row: predicted and measured iteration time, signed error, the 80 % interval, fits."""
+def evaluate(doc: dict, rows: list[dict], extra: dict | None = None) -> list[dict]:
+    """Per row: predicted and measured iteration time, signed error, the 80 % interval, fits;
+    ``extra``: predict keywords that win over the row's (a mechanism switched on: a second look)."""
     out = []
     for row in rows:
-        s = MOD.predict_row(row, doc, **row_keywords(doc, row))
+        s = MOD.predict_row(row, doc, **{**row_keywords(doc, row), **(extra or {})})
         meas, pred = row["iteration_s"], s["iteration_s"]
         low, high = s.get("iteration_s_low"), s.get("iteration_s_high")
         out.append(dict(row, predicted_s=pred, measured_s=meas, error=(pred - meas) / meas,
@@ -213,21 +215,41 @@ def main(argv=None) -> int:
     ap.add_argument("--update", action="store_true", help="store the figures as each file's 'reported' block")
     ap.add_argument("--per-layer", action="store_true",
                     help="also one layer's forward + backward time where a set reports it (Korthikanti et al. Table 4)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="an extra predict keyword for every row (repeatable), e.g. p2p_exchange=deepspeed: a "
+                         "second look with a mechanism switched on, not the rows' prediction")
+    ap.add_argument("--only", metavar="TEXT", help="only the sets whose file name contains TEXT, e.g. bloom")
     args = ap.parse_args(argv)
     if args.check and args.update:
         print("open_training_data: --check or --update, not both", file=sys.stderr)
         return 2
+    if (args.set or args.only) and (args.check or args.update):
+        print("open_training_data: --set or --only with --check or --update: the stored figures are every "
+              "row's own prediction", file=sys.stderr)
+        return 2
     from perfsim.errors import ConfigError  # lazy: as megatron_open_data's perfsim imports
+    from perfsim.param_values import assignments
     from perfsim.result import atomic_write_text
+
+    try:
+        extra = {k: MOD._value(v) for k, v in assignments(args.set).items()}  # a name twice: refused
+    except ConfigError as exc:
+        print(f"open_training_data: {exc}", file=sys.stderr)
+        return 2
 
     print("open multi-node training data other than Megatron-LM's Table 1, each row predicted once as stated; "
           "error = (predicted - measured) / measured iteration time, negative = too fast")
     every, bad = [], []
     try:
-        for path, doc, rows in load_sets(SETS + ONE_NODE_SETS):
-            res = evaluate(doc, rows)
+        sets = [p for p in SETS + ONE_NODE_SETS if args.only is None or args.only in p.name]
+        if not sets:
+            print(f"open_training_data: --only {args.only!r}: no set's file name contains it "
+                  f"({', '.join(p.name for p in SETS + ONE_NODE_SETS)})", file=sys.stderr)
+            return 2
+        for path, doc, rows in load_sets(sets):
+            res = evaluate(doc, rows, extra)
             if path in ONE_NODE_SETS:
-                if path == ONE_NODE_SETS[0]:  # (after every multi-node set)
+                if path == ONE_NODE_SETS[0] and every:  # (after every multi-node set)
                     print(f"\nall multi-node sets: {len(every)} rows, MAPE {verdict(every)}")
                 _print(f"one node, reported apart: {doc['name']} ({path.relative_to(ROOT)}), {len(rows)} rows", res)
                 if args.per_layer and "per_layer" in doc:

@@ -118,3 +118,21 @@ def test_one_layers_time_is_the_deep_model_less_the_shallow_one():
     none, full = got["baseline no recompute"]["predicted_ms"], got["baseline with recompute"]["predicted_ms"]
     assert 0.25 < full / none - 1 < 0.45  # full recomputation adds one forward: about a third of fwd + bwd
     assert all(abs(v["error"]) < 0.5 for v in got.values())  # a layer, not the iteration (~48x more)
+
+
+def test_a_second_look_switches_a_mechanism_on_one_set_and_never_stores_it(capsys):
+    """``--only bloom --set p2p_exchange=deepspeed``: BLOOM's row predicted with DeepSpeed's message
+    order (the engine it trained on) is slower than as stated; ``--set`` or ``--only`` with
+    ``--check``/``--update``, an unknown set or a schedule DeepSpeed's engine does not run: exit 2."""
+    def bloom_s(argv):
+        assert mod.main(argv) == 0
+        row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 176 ")]
+        assert len(row) == 1
+        return float(row[0].split("|")[9])
+
+    assert bloom_s(["--only", "bloom", "--set", "p2p_exchange=deepspeed"]) > bloom_s(["--only", "bloom"])
+    for argv in (["--only", "bloom", "--check"], ["--set", "p2p_exchange=deepspeed", "--update"],
+                 ["--only", "no-such-set"], ["--set", "p2p_exchange=deepspeed"]):  # Selene rows: interleaved
+        assert mod.main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("open_training_data: "), err
