@@ -1,8 +1,8 @@
 """One registry of model presets: every name ``--model`` takes, for predict, plan, memory and run.
 
 A preset is a :class:`perfsim.models.specs.ModelSpec`: a transformer
-(:class:`~perfsim.models.transformer.TransformerSpec`: the GPT-2 family, GPT-3, LLaMA 2,
-BERT, the mixtures of experts Mixtral, DeepSeekMoE and Qwen1.5-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
+(:class:`~perfsim.models.transformer.TransformerSpec`: the GPT-2 family, GPT-3, LLaMA 2 and 3,
+Mistral, Qwen2.5, BERT, the mixtures of experts Mixtral, DeepSeekMoE and Qwen1.5-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
 model known only by its layers' sizes (:class:`~perfsim.models.size_only.SizeSpec`).
 :data:`RUNTIME_PRESETS` are the ones ``perfsim run`` also trains (its torch modules are
 built from the same spec, :mod:`perfsim.runtime.models`); the simulator prices them all.
@@ -50,6 +50,25 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     arch_spec("llama", "llama2-13b", n_layer=40, hidden=5120, heads=40, seq_len=4096, vocab=32000, ffn=13824),
     arch_spec("llama", "llama2-70b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096,
               vocab=32000, ffn=28672),
+    # Llama 3 (Grattafiori et al. 2024, "The Llama 3 Herd of Models", arXiv:2407.21783, Table 3;
+    # config.json of meta-llama/Meta-Llama-3-*, Llama-3.1-405B): SwiGLU, 8 key/value heads,
+    # vocabulary 128256 (128K + 256 special tokens), untied; pre-trained on 8192-token sequences
+    arch_spec("llama", "llama3-8b", n_layer=32, hidden=4096, heads=32, kv_heads=8, seq_len=8192,
+              max_positions=8192, vocab=128256, ffn=14336),
+    arch_spec("llama", "llama3-70b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=8192,
+              max_positions=8192, vocab=128256, ffn=28672),
+    arch_spec("llama", "llama3.1-405b", n_layer=126, hidden=16384, heads=128, kv_heads=8, seq_len=8192,
+              max_positions=131072, vocab=128256, ffn=53248),
+    # Mistral 7B v0.3 (Jiang et al. 2023, arXiv:2310.06825, Table 1; mistralai/Mistral-7B-v0.3
+    # config.json: vocabulary 32768, full attention: "sliding_window": null)
+    arch_spec("llama", "mistral-7b", n_layer=32, hidden=4096, heads=32, kv_heads=8, seq_len=4096,
+              max_positions=32768, vocab=32768, ffn=14336),
+    # Qwen2.5 (Qwen team 2024, arXiv:2412.15115, Table 1; Qwen/Qwen2.5-* config.json): q/k/v
+    # biases, untied at 7B and 72B; 4096-token sequences in its first pre-training stage
+    arch_spec("llama", "qwen2.5-7b", n_layer=28, hidden=3584, heads=28, kv_heads=4, seq_len=4096,
+              max_positions=131072, vocab=152064, ffn=18944, qkv_bias=True),
+    arch_spec("llama", "qwen2.5-72b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096,
+              max_positions=131072, vocab=152064, ffn=29568, qkv_bias=True),
     # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
     arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
               max_positions=512, token_types=2),
@@ -76,8 +95,9 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
 
 #: every preset by name, in the order the error message lists them
 PRESETS: dict[str, ModelSpec] = {s.name: s for s in RUNTIME_PRESETS + SIMULATOR_PRESETS}
-#: other names of a preset (the paper's GPT2-1.5B is GPT-2 XL)
-ALIASES = {"gpt2-1.5b": "gpt2-xl"}
+#: other names of a preset (the paper's GPT2-1.5B is GPT-2 XL; the checkpoints' own spellings)
+ALIASES = {"gpt2-1.5b": "gpt2-xl", "llama-3-8b": "llama3-8b", "llama-3-70b": "llama3-70b",
+           "llama-3.1-405b": "llama3.1-405b", "mistral-7b-v0.3": "mistral-7b"}
 
 
 def preset_names() -> list[str]:

@@ -88,6 +88,34 @@ def test_each_moe_preset_is_its_config_json(name, params, active):
     assert (preset.params, preset.active_params) == (read.params, read.active_params) == (params, active)
 
 
+@pytest.mark.parametrize("name, config", [
+    ("llama3-8b", "llama3-8b"),
+    ("llama3-70b", "llama3.1-70b"),  # Llama 3.1 70B: the same layers, 128K positions (RoPE scaling)
+    ("mistral-7b", "mistral-7b-v0.3"),
+    ("qwen2.5-7b", "qwen2.5-7b")])
+def test_each_dense_preset_is_its_config_json(name, config):
+    """A dense preset and the published config.json describe the same layers; only the name,
+    the training sequence length (the preset's: Llama 3's 8192) and the position count may differ."""
+    preset = get_spec(name)
+    read = from_hf_config(CONFIGS / f"{config}.json")
+    same = dataclasses.replace(read, name=name, from_config=False, seq_len=preset.seq_len,
+                               max_positions=preset.max_positions)
+    assert same == preset and preset.params == read.params
+
+
+@pytest.mark.parametrize("name, published, rel", [
+    ("llama3.1-405b", 405e9, 0.005),  # arXiv:2407.21783: "405B parameters"
+    ("qwen2.5-72b", 72.7e9, 0.001)])  # Qwen/Qwen2.5-72B model card: 72.7 B
+def test_presets_without_a_config_fixture_have_their_published_size(name, published, rel):
+    assert get_spec(name).params == pytest.approx(published, rel=rel)
+
+
+def test_the_checkpoints_spellings_are_aliases():
+    for alias, name in (("llama-3-8b", "llama3-8b"), ("Llama-3.1-405B", "llama3.1-405b"),
+                        ("mistral-7b-v0.3", "mistral-7b")):
+        assert get_spec(alias) is PRESETS[name]
+
+
 @pytest.mark.parametrize("command", [("predict",), ("memory",), ("plan", "--nodes", "1")])
 def test_every_command_refuses_an_unknown_model_the_same_way(command):
     r = run_cli(*command, "--model", "gpt5")
