@@ -60,7 +60,7 @@ def predict(
     placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str | None = None,
-    attention: str = 'megatron',
+    attention: str | None = None,
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
@@ -174,8 +174,8 @@ def predict(
             training precision (mixed precision for bf16/fp16; fp8: Transformer Engine's recipe, fp8 block GEMMs and bf16 elsewhere, on H100/H200 only) (one of perfsim.hardware.PRECISIONS)
         recompute (str | None):
             activation recomputation (default: as the profile's measured backward ran, for a model it times on its own device -- the embedded default's is full, as the AQ-SGD paper's code checkpoints every block -- else none) (one of perfsim.config.RECOMPUTE)
-        attention (str, default 'megatron'):
-            attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored) (one of perfsim.config.ATTENTION)
+        attention (str | None):
+            attention kernels of the GPU compute model: megatron (scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or flash (FlashAttention-2, one fused kernel; nothing s x s stored); default: flash on a GPU it runs on (Ampere, Ada, Hopper, MI300X) in 16-bit or fp8 precision, else megatron (one of perfsim.config.ATTENTION)
         kernels (str | None):
             how the GPU compute model runs a block's memory-bound operators: fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face model under torch.autocast: one kernel per operator, fp32 norms and residual stream, autocast's casts) or eager-pure (plain PyTorch with the weights in the training precision, model.to(torch.bfloat16) or FSDP2's param_dtype: no casts, a half-precision residual stream); perfsim.models.eager; default fused with a gpu preset (Megatron-LM's), eager otherwise (one of perfsim.job.KERNELS)
         moe_capacity_factor (float | None):
@@ -396,7 +396,7 @@ def memory_report(
     placement: str | Sequence[str] | None = None,
     precision: str = 'fp32',
     recompute: str | None = None,
-    attention: str = 'megatron',
+    attention: str | None = None,
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,

@@ -35,8 +35,8 @@ from perfsim.engine.layer_times import resolve_layer_times, timed_recompute
 from perfsim.documents import file_stamp
 from perfsim.errors import ConfigError
 from perfsim.fabrics import Nic, get_fabric, parse_nic
-from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, get_gpu, profile_device, profile_gpu,
-                               same_silicon, value_precision)
+from perfsim.hardware import (BYTES_PER_VALUE, GPUS, NODE_FABRIC, default_attention, get_gpu, profile_device,
+                               profile_gpu, same_silicon, value_precision)
 from perfsim.memory import ALLOCATOR_PRESSURE
 from perfsim.models.datasets import dataset_samples, wikitext2_samples
 from perfsim.models.eager import eager_listed
@@ -203,6 +203,8 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["grad_buffer"] = p["grad_buffer"] or defaults.grad_buffer
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
     st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
+    if model.arch is not None:  # a transformer's attention kernels: FlashAttention where it runs
+        st["attention"] = p["attention"] or default_attention(gpu, p["precision"])
     st["recompute"] = p["recompute"] or _default_recompute(profile, model, gpu)
     st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap

@@ -252,6 +252,24 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),
 )}
 
+#: architectures FlashAttention-2 runs on (Dao, "FlashAttention-2: Faster Attention with Better
+#: Parallelism and Work Partitioning", arXiv:2307.08691; Dao-AILab/flash-attention README: "Ampere,
+#: Ada, or Hopper GPUs", "Datatype fp16 and bf16", and its ROCm backend for MI200/MI300) -- the kernel
+#: PyTorch's scaled_dot_product_attention and Megatron-Core's Transformer Engine attention pick there
+#: in 16-bit precision; Volta and fp32 fall back to unfused attention
+FLASH_FAMILIES = ("ampere", "ada", "hopper", "cdna3")
+FLASH_PRECISIONS = ("fp16", "bf16", "fp8")
+
+
+def default_attention(gpu: "GPU | None", precision: str) -> str:
+    """The attention kernels a job runs unless told: ``flash`` where FlashAttention-2 runs
+    (:data:`FLASH_FAMILIES`, :data:`FLASH_PRECISIONS`), else ``megatron`` (scores, softmax,
+    dropout and weighted sum as separate kernels, the ``s x s`` scores stored)."""
+    if gpu is not None and gpu.family in FLASH_FAMILIES and precision in FLASH_PRECISIONS:
+        return "flash"
+    return "megatron"
+
+
 #: the GPUs without a curve of their own (Volta, Ada, CDNA3, the other A100s) borrow the A100's
 #: (nearest by architecture); the H100 PCIe the H200's
 

@@ -246,9 +246,11 @@ PARAMS: tuple[Param, ...] = (
           "backward ran, for a model it times on its own device -- the embedded default's is full, "
           "as the AQ-SGD paper's code checkpoints every block -- else none)", "strategy", "strategy.recompute",
           choices="perfsim.config:RECOMPUTE", search="perfsim.search_space:on_gpu"),
-    Param("attention", "choice", "megatron", "attention kernels of the GPU compute model: megatron "
+    Param("attention", "choice", None, "attention kernels of the GPU compute model: megatron "
           "(scores, softmax, dropout and weighted sum as separate kernels; the s x s scores stored) or "
-          "flash (FlashAttention-2, one fused kernel; nothing s x s stored)", "strategy", "strategy.attention",
+          "flash (FlashAttention-2, one fused kernel; nothing s x s stored); default: flash on a GPU it "
+          "runs on (Ampere, Ada, Hopper, MI300X) in 16-bit or fp8 precision, else megatron",
+          "strategy", "strategy.attention",
           choices="perfsim.config:ATTENTION", search="perfsim.search_space:on_gpu"),
     Param("kernels", "choice", None, "how the GPU compute model runs a block's memory-bound operators: "
           "fused (Megatron-LM's fused kernels, one pass per norm), eager (plain PyTorch, e.g. a Hugging Face "

@@ -145,7 +145,7 @@ def predict_row(row: dict) -> float:
     r = predict(model=model, gpu=A100, tp=row["tp"], pp=row["pp"], dp=row["dp"],
                 micro_batch=row["micro_batch"], global_batch=row["global_batch"], gpus_per_node=8,
                 intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule="1f1b",
-                overlap=False, grad_buffer="contiguous", allow_oom=True, **switched)
+                attention="megatron", overlap=False, grad_buffer="contiguous", allow_oom=True, **switched)
     return r.summary["iteration_s"]
 
 

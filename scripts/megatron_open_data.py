@@ -118,7 +118,7 @@ def predict_row(row: dict, doc: dict, micro_batch: int | None = None, schedule: 
               gpu=sy["gpu"], tp=t, pp=p, dp=n // (t * p), micro_batch=mb,
               global_batch=row["global_batch"], gpus_per_node=sy["gpus_per_node"], nic=sy["nic"],
               intra_node_bandwidth="229GB/s", precision="fp16", recompute="full", schedule=sched,
-              allow_oom=True, **DDP_IMPL[ddp])
+              attention="megatron", allow_oom=True, **DDP_IMPL[ddp])
     if v > 1:
         kw["virtual_stages"] = v
     kw.update(extra)

@@ -49,6 +49,7 @@ def cases() -> dict[str, dict]:
             out[f"schedule-{s}-{bw}"] = dict(schedule=s, virtual_stages=2, bandwidth=bw)
     out["gpu-70b"] = dict(GPU70B)
     out["gpu-70b-flash"] = dict(GPU70B, attention="flash")
+    out["gpu-70b-megatron-attention"] = dict(GPU70B, attention="megatron")  # unfused: the scores stored
     out["gpu-70b-sp-zero1"] = dict(GPU70B, sequence_parallel=True, zero=1, placement="tp,dp,pp")
     for z in (1, 2, 3):
         out[f"llama3-zero{z}"] = dict(model=LLAMA3, gpu="h100", tp=8, pp=1, dp=2, micro_batch=1, global_batch=64,

@@ -35,7 +35,7 @@ def test_tp8_one_sequence_pays_four_more_kernels_per_pass():
     """At micro-batch 1 every op is at the host floor (kernel_s): the unfused path adds
     4 kernels to the forward, 8 to the backward and 4 to the recomputed forward."""
     args = dict(model="gpt:layers=2,hidden=1024,heads=16,seq=1024,vocab=51200", gpu="a100-sxm4-80gb",
-                precision="fp16", micro_batch=1, global_batch=1, recompute="full", pp=1, dp=1)
+                precision="fp16", micro_batch=1, global_batch=1, recompute="full", pp=1, dp=1, attention="megatron")
     k = A100_CURVE.kernel_s
     w8, *_ = build_configs(**args, tp=8)
     spec = get_spec(args["model"], None)

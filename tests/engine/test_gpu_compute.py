@@ -349,7 +349,7 @@ def test_flash_attention_from_the_api_and_a_profile():
     from pathlib import Path
 
     kw = dict(model="llama2-7b", gpu="h100", tp=2, pp=2, micro_batch=1, global_batch=8, precision="bf16")
-    meg, fl = predict(**kw), predict(**kw, attention="flash")
+    meg, fl = predict(**kw, attention="megatron"), predict(**kw, attention="flash")
     assert (meg.summary["attention"], fl.summary["attention"]) == ("megatron", "flash")
     assert fl.summary["iteration_s"] < meg.summary["iteration_s"]
     assert fl.summary["peak_memory_gib"] < meg.summary["peak_memory_gib"]
@@ -360,6 +360,23 @@ def test_flash_attention_from_the_api_and_a_profile():
     r = predict(model="gpt2-xl", profile=path, gpu="h200", pp=1, micro_batch=4, global_batch=4,
                 precision="bf16", attention="flash")
     assert r.summary["compute_model"].startswith("operator rates measured in the profile")
+
+
+@pytest.mark.parametrize("gpu, precision, expected", [
+    ("h100", "bf16", "flash"), ("a100", "fp16", "flash"), ("h100", "fp8", "flash"), ("mi300x", "bf16", "flash"),
+    ("l4", "bf16", "flash"), ("v100", "fp16", "megatron"), ("a100", "fp32", "megatron"), ("h100", "tf32", "megatron"),
+    (None, "fp32", "megatron")])
+def test_attention_defaults_to_flash_where_flash_attention_runs(gpu, precision, expected):
+    """Unless told, a transformer's attention is FlashAttention-2 on the GPUs and precisions it runs
+    on (hardware.default_attention), and the default is the same job as asking for it by name."""
+    kw = dict(model="gpt:layers=2,hidden=256,heads=4,seq=2048,vocab=1000", pp=1, micro_batch=1, global_batch=1,
+              precision=precision, allow_oom=True)
+    if gpu:
+        kw["gpu"] = gpu
+    default = predict(**kw).summary
+    named = predict(**kw, attention=expected).summary
+    assert default["attention"] == expected
+    assert (default["iteration_s"], default["peak_memory_gib"]) == (named["iteration_s"], named["peak_memory_gib"])
 
 
 def test_lm_head_eff_slows_the_vocabulary_gemm_and_nothing_else():
@@ -436,7 +453,8 @@ def test_host_overhead_of_eager_pytorch_fits_the_h200_steps():
             mb = int(r["micro_batch"])
             p = predict(model=f"gpt:layers={r['layers']},hidden={r['hidden']},heads={r['heads']},"
                               f"seq={r['seq']},vocab={r['vocab']}", gpu="h200", pp=1, micro_batch=mb,
-                        global_batch=mb, precision="bf16", recompute="none", allow_oom=True, **extra)
+                        global_batch=mb, precision="bf16", recompute="none", attention="megatron", allow_oom=True,
+                        **extra)
             errs.append(abs(p.summary["iteration_s"] / float(r["step_s"]) - 1))
         return max(errs)
 

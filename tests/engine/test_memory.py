@@ -31,7 +31,7 @@ def test_hand_computed_stage_memory():
     full activations during recomputation."""
     r = predict(model="gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200", gpu="a100-sxm4-80gb",
                 tp=8, pp=8, dp=1, micro_batch=1, global_batch=64, gpus_per_node=8, precision="bf16",
-                recompute="full", partition="13,12,12,12,12,12,12,13")
+                recompute="full", partition="13,12,12,12,12,12,12,13", attention="megatron")
     st = r.stages[1]
     assert st["layers"] == "13-24"
     per_block = (12 * h * h) / 8 + (3 * h + 4 * h) / 8 + (4 * h + 2 * h)  # GEMMs + col. biases / 8, norms + row biases

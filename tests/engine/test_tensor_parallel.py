@@ -60,7 +60,8 @@ def _run(**kw):
     # ring formulas (the default, auto, adds NCCL's protocol costs for a GPU preset: test_protocols.py),
     # at a stated intra-node rate (a GPU preset's default is its node's fabric: NODE_FABRIC)
     base = dict(model=GPT, gpu="a100-sxm4-80gb", pp=2, dp=2, micro_batch=1, global_batch=8, gpus_per_node=8,
-                precision="bf16", bandwidth="100Gbps", collective_model="nominal", intra_node_bandwidth="300GB/s")
+                precision="bf16", bandwidth="100Gbps", collective_model="nominal", intra_node_bandwidth="300GB/s",
+                attention="megatron")  # the unfused kernels these tests' figures count
     return predict(**{**base, **kw})
 
 
