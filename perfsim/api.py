@@ -204,7 +204,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     st["tied_embedding"] = p["tied_embedding"] or defaults.tied_embedding
     st["kernels"] = p["kernels"] or _default_kernels(defaults, model, p["precision"])
     if model.arch is not None:  # a transformer's attention kernels: FlashAttention where it runs
-        st["attention"] = p["attention"] or default_attention(gpu, p["precision"])
+        st["attention"] = p["attention"] or default_attention(gpu, p["precision"], model.arch.head_dim)
     st["recompute"] = p["recompute"] or _default_recompute(profile, model, gpu)
     st["tp_send"] = p["tp_send"] or defaults.tp_send
     st["overlap_grad_sync"] = p["overlap"] if p["overlap"] is not None else defaults.overlap

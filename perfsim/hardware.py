@@ -256,16 +256,20 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
 #: Parallelism and Work Partitioning", arXiv:2307.08691; Dao-AILab/flash-attention README: "Ampere,
 #: Ada, or Hopper GPUs", "Datatype fp16 and bf16", and its ROCm backend for MI200/MI300) -- the kernel
 #: PyTorch's scaled_dot_product_attention and Megatron-Core's Transformer Engine attention pick there
-#: in 16-bit precision; Volta and fp32 fall back to unfused attention
+#: in 16-bit precision, for head dimensions up to 256 ("All head dimensions up to 256"); Volta, fp32
+#: and wider heads fall back to other kernels
 FLASH_FAMILIES = ("ampere", "ada", "hopper", "cdna3")
 FLASH_PRECISIONS = ("fp16", "bf16", "fp8")
+FLASH_MAX_HEAD_DIM = 256
 
 
-def default_attention(gpu: "GPU | None", precision: str) -> str:
+def default_attention(gpu: "GPU | None", precision: str, head_dim: int) -> str:
     """The attention kernels a job runs unless told: ``flash`` where FlashAttention-2 runs
-    (:data:`FLASH_FAMILIES`, :data:`FLASH_PRECISIONS`), else ``megatron`` (scores, softmax,
-    dropout and weighted sum as separate kernels, the ``s x s`` scores stored)."""
-    if gpu is not None and gpu.family in FLASH_FAMILIES and precision in FLASH_PRECISIONS:
+    (:data:`FLASH_FAMILIES`, :data:`FLASH_PRECISIONS`, :data:`FLASH_MAX_HEAD_DIM`), else
+    ``megatron`` (scores, softmax, dropout and weighted sum as separate kernels, the ``s x s``
+    scores stored)."""
+    if (gpu is not None and gpu.family in FLASH_FAMILIES and precision in FLASH_PRECISIONS
+            and head_dim <= FLASH_MAX_HEAD_DIM):
         return "flash"
     return "megatron"
 

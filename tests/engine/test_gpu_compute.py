@@ -379,6 +379,13 @@ def test_attention_defaults_to_flash_where_flash_attention_runs(gpu, precision, 
     assert (default["iteration_s"], default["peak_memory_gib"]) == (named["iteration_s"], named["peak_memory_gib"])
 
 
+def test_heads_wider_than_flash_attention_takes_default_to_the_unfused_kernels():
+    kw = dict(gpu="h100", pp=1, micro_batch=1, global_batch=1, precision="bf16", allow_oom=True)
+    at = {heads: predict(model=f"gpt:layers=2,hidden=2048,heads={heads},seq=1024,vocab=1000", **kw).summary["attention"]
+          for heads in (8, 4)}  # head dimensions 256 and 512
+    assert at == {8: "flash", 4: "megatron"}
+
+
 def test_lm_head_eff_slows_the_vocabulary_gemm_and_nothing_else():
     from perfsim.workload import get_model
 
