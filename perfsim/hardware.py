@@ -96,6 +96,9 @@ class Curve:
     flash_bwd_knee_d: float = 0.0
     #: the GPU preset whose measurements fitted the device side ("": none of the presets)
     fitted_on: str = ""
+    #: the GPU preset whose fused-attention kernel times fitted the flash fields, where that is
+    #: not ``fitted_on`` ("": the same)
+    flash_fitted_on: str = ""
     #: :data:`GEMM_QUANTIZATION`: ``waves`` prices every GEMM as output tiles run in waves over
     #: the GPU's SMs (``GPU.sms``, ``GPU.l2_Bps``; :func:`perfsim.engine.gemm_waves.quantized_seconds`)
     #: on top of the smooth factor ``g``; ``off`` (every fitted curve): ``g`` only
@@ -146,7 +149,8 @@ A100_CURVE = Curve(eff_max=0.8842, knee=0.01011, mem_eff=0.7506, lm_head_eff=0.7
                           "inside perfsim.engine.curve_bounds)", **_A100_HOST,
                    # not measured on an A100 (its data pad the vocabulary, its runs use
                    # Megatron's attention): the H200's
-                   misaligned_eff=0.1924, **_H200_FLASH, fitted_on="a100-sxm4-80gb")
+                   misaligned_eff=0.1924, **_H200_FLASH, fitted_on="a100-sxm4-80gb",
+                   flash_fitted_on="h200-sxm-141gb")
 #: device side fitted to one H200's kernel times (perfsim calibrate --efficiency, bf16;
 #: traces/gpu-h200.json, scripts/fit_gpu_curve.py); host side the A100 fit's
 H200_CURVE = Curve(eff_max=0.6891, knee=16.0, mem_eff=0.5497,
@@ -368,6 +372,13 @@ def curve_family(gpu: GPU) -> str:
 def curve_borrowed(gpu: GPU) -> bool:
     """Whether ``gpu``'s curve was fitted on a GPU of another architecture."""
     return curve_family(gpu) != gpu.family
+
+
+def flash_borrowed(gpu: GPU) -> bool:
+    """Whether ``gpu``'s FlashAttention rates were fitted on a GPU of another architecture (the
+    A100 curve's are the H200's: its data ran Megatron's unfused attention)."""
+    on = GPUS.get(gpu.curve.flash_fitted_on or gpu.curve.fitted_on)
+    return (on.family if on is not None else "ampere") != gpu.family
 
 
 def same_silicon(a: GPU | None, b: GPU | None) -> bool:

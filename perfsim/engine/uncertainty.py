@@ -14,7 +14,9 @@ with about 80 % probability, if the new configuration is like the validation one
 is not, the interval says so (``interval_note``) and widens only by what was measured:
 
 * a curve borrowed from another GPU: by the largest error measured when a curve was moved
-  from one GPU to another (``transfer`` in the bands file: the H200 curve on an H100);
+  from one GPU to another (``transfer`` in the bands file: the H200 curve on an H100); the same
+  for FlashAttention's rates alone, when a prediction runs ``attention="flash"`` on a curve whose
+  flash fit comes from another architecture (:func:`perfsim.hardware.flash_borrowed`: the A100's);
 * fp8 (``--precision fp8``): the band's rows ran bf16, and no whole fp8 step was timed; the fp8
   GEMM rate is an assumption that GEMMs timed in both precisions found optimistic, so the slow
   side (q10) moves by the largest extra optimism measured there (``fp8`` in the bands file);
@@ -38,7 +40,7 @@ from functools import lru_cache
 from importlib import resources
 
 from perfsim.engine.sync_wait import expected_max_normal
-from perfsim.hardware import curve_borrowed, curve_family, get_gpu
+from perfsim.hardware import curve_borrowed, curve_family, flash_borrowed, get_gpu
 
 #: the interval's nominal coverage
 COVERAGE = 0.80
@@ -77,11 +79,13 @@ def band(key: str) -> ErrorBand | None:
 
 def source_key(summary: dict) -> tuple[str, bool]:
     """Which stored band priced a prediction (``summary`` of a Result), and whether the
-    band is borrowed from another GPU than the prediction's."""
+    band is borrowed from another GPU than the prediction's (the whole curve, or the
+    FlashAttention rates a flash prediction runs on)."""
     if not str(summary.get("compute_model", "")).startswith("roofline") or not summary.get("gpu"):
         return "profile", False  # measured records priced (some of) the layers
     gpu = get_gpu(summary["gpu"])
-    return f"gpu:{curve_family(gpu)}", curve_borrowed(gpu)
+    flash = summary.get("attention") == "flash" and flash_borrowed(gpu)
+    return f"gpu:{curve_family(gpu)}", curve_borrowed(gpu) or flash
 
 
 def extrapolation_widening(gpus: int, max_gpus: int, rule: dict) -> tuple[float, float]:
@@ -127,7 +131,8 @@ def interval(summary: dict) -> dict:
     if borrowed:
         widen = bands()["transfer"]["error"]
         q10, q90 = q10 - widen, q90 + widen
-        notes.append(f"curve borrowed from another GPU: widened by {widen:.0%} "
+        what = "curve" if curve_borrowed(get_gpu(summary["gpu"])) else "FlashAttention rates"
+        notes.append(f"{what} borrowed from another GPU: widened by {widen:.0%} "
                      f"({bands()['transfer']['basis']})")
     fp8 = bands().get("fp8")
     if fp8 and summary.get("precision") == "fp8":

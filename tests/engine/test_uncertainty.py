@@ -18,7 +18,9 @@ GPT = "gpt:layers=12,hidden=2048,heads=16,seq=1024,vocab=50304"
 
 
 def _gpu(gpu, **kw):
-    kw = {**dict(model=GPT, gpu=gpu, tp=1, pp=2, dp=1, micro_batch=2, global_batch=16, precision="fp16"), **kw}
+    """A GPU-priced prediction, with the unfused attention the A100 band's rows ran unless told."""
+    kw = {**dict(model=GPT, gpu=gpu, tp=1, pp=2, dp=1, micro_batch=2, global_batch=16, precision="fp16",
+                 attention="megatron"), **kw}
     return predict(**kw).summary
 
 
@@ -36,6 +38,18 @@ def test_a_borrowed_curve_widens_by_the_measured_transfer_error():
     assert "borrowed" in borrowed["interval_note"]
     rel = lambda s: (s["iteration_s_high"] - s["iteration_s_low"]) / s["iteration_s"]  # noqa: E731
     assert rel(borrowed) > rel(own)
+
+
+def test_flash_attention_rates_fitted_on_another_architecture_widen_like_a_borrowed_curve():
+    """The A100 curve's FlashAttention rates are the H200's (its data ran unfused attention): a
+    flash prediction on it widens by the transfer error; the unfused one and an H100's own flash do not."""
+    unfused, flash = _gpu("a100", attention="megatron"), _gpu("a100", attention="flash")
+    w = uncertainty.bands()["transfer"]["error"]
+    b = uncertainty.band("gpu:ampere")
+    assert flash["iteration_s_low"] == pytest.approx(flash["iteration_s"] / (1 + b.q90 + w))
+    assert flash["iteration_s_high"] == pytest.approx(flash["iteration_s"] / (1 + b.q10 - w))
+    assert "FlashAttention rates borrowed" in flash["interval_note"] and "borrowed" not in unfused["interval_note"]
+    assert "borrowed" not in _gpu("h100", pp=1, global_batch=4, precision="bf16", attention="flash")["interval_note"]
 
 
 def test_fp8_widens_the_slow_side_by_the_measured_fp8_gemm_optimism():
