@@ -9,7 +9,7 @@ does to the cost. Defaults for absent fields are those of the ``transformers`` c
 class of each ``model_type`` (e.g. ``tie_word_embeddings``: False for Llama, Mistral,
 Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
-Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, gemma, falcon,
+Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, falcon,
 gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with standard attention,
 deepseek-moe-16b). DeepSeek-V2/V3's multi-head latent attention (``kv_lora_rank``)
 is refused by name.
@@ -59,6 +59,7 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 
 #: transformers' default of ``tie_word_embeddings`` per model_type
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
+                 "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False}
 SUPPORTED = tuple(_TIED_DEFAULT)
@@ -234,7 +235,9 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
 
 
 def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
-    """Llama, Mistral, Mixtral, Qwen2(-MoE), Gemma: SwiGLU/GeGLU, RMSNorm, rotary."""
+    """Llama, Mistral, Mixtral, Qwen2(-MoE), Qwen3(-MoE), Gemma: SwiGLU/GeGLU, RMSNorm, rotary;
+    Qwen3 adds an RMSNorm over each query and key head (transformers' modeling_qwen3.py
+    ``q_norm``/``k_norm``) and drops Qwen2's q/k/v biases."""
     kw = _core(f)
     kw["ffn"] = f.int("intermediate_size", required=True)
     _attention(f, kw, 256 if mtype == "gemma" else 0)
@@ -247,14 +250,22 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
         _window(f, kw, None)
         kw["experts"] = f.int("num_local_experts", 8, limit="experts")
         kw["top_k"] = f.int("num_experts_per_tok", 2, limit="experts")
-    elif mtype in ("qwen2", "qwen2_moe"):
+    elif mtype in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         _window(f, kw, None, switch="use_sliding_window")
+    kw["qk_norm"] = mtype in ("qwen3", "qwen3_moe")
     if mtype == "qwen2_moe":
         kw["experts"] = f.int("num_experts", 60, limit="experts")
         kw["top_k"] = f.int("num_experts_per_tok", 4, limit="experts")
         kw["expert_ffn"] = f.int("moe_intermediate_size", 1408)
         kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 5632, minimum=0)
         kw["shared_gate"] = kw["shared_ffn"] > 0
+        step = f.int("decoder_sparse_step", 1, limit="layers")
+        only = f.int_list("mlp_only_layers", kw["n_layer"])
+        kw["dense_layers"] = tuple(i for i in range(kw["n_layer"]) if i in only or (i + 1) % step)
+    if mtype == "qwen3_moe":  # Qwen3MoeConfig's defaults (Qwen3-30B-A3B's); no shared expert
+        kw["experts"] = f.int("num_experts", 128, limit="experts")
+        kw["top_k"] = f.int("num_experts_per_tok", 8, limit="experts")
+        kw["expert_ffn"] = f.int("moe_intermediate_size", 768)
         step = f.int("decoder_sparse_step", 1, limit="layers")
         only = f.int_list("mlp_only_layers", kw["n_layer"])
         kw["dense_layers"] = tuple(i for i in range(kw["n_layer"]) if i in only or (i + 1) % step)

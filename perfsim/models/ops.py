@@ -165,6 +165,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     q = spec.q_dim
     qkv = (q + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q // tp + 2 * spec.head_dim
     dh = spec.head_dim
+    v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # the values' share of qkv
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
 
@@ -183,6 +184,8 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         *norm("norm1", fp8_casts),
         Op("qkv", m=tok, n=qkv, k=h),
         *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
+        # the query and key heads' RMSNorm (Qwen3): read and write q and k, as a norm does
+        *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if spec.qk_norm else []),
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
               causal=not spec.encoder)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),

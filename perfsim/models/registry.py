@@ -2,7 +2,8 @@
 
 A preset is a :class:`perfsim.models.specs.ModelSpec`: a transformer
 (:class:`~perfsim.models.transformer.TransformerSpec`: the GPT-2 family, GPT-3, LLaMA 2 and 3,
-Mistral, Qwen2.5, BERT, the mixtures of experts Mixtral, DeepSeekMoE and Qwen1.5-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
+Mistral, Qwen2.5, Qwen3, BERT, the mixtures of experts Mixtral, DeepSeekMoE, Qwen1.5-MoE and
+Qwen3-MoE), an MLP (:class:`~perfsim.models.specs.MLPSpec`) or a
 model known only by its layers' sizes (:class:`~perfsim.models.size_only.SizeSpec`).
 :data:`RUNTIME_PRESETS` are the ones ``perfsim run`` also trains (its torch modules are
 built from the same spec, :mod:`perfsim.runtime.models`); the simulator prices them all.
@@ -69,6 +70,20 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
               max_positions=131072, vocab=152064, ffn=18944, qkv_bias=True),
     arch_spec("llama", "qwen2.5-72b", n_layer=80, hidden=8192, heads=64, kv_heads=8, seq_len=4096,
               max_positions=131072, vocab=152064, ffn=29568, qkv_bias=True),
+    # Qwen3 (Qwen team 2025, arXiv:2505.09388, Tables 1-2; Qwen/Qwen3-* config.json): no q/k/v
+    # biases, an RMSNorm over each query and key head, heads of 128, vocabulary 151936, untied
+    # from 8B up; 4096-token sequences in its first two pre-training stages (Sec. 3.2)
+    arch_spec("llama", "qwen3-8b", n_layer=36, hidden=4096, heads=32, kv_heads=8, head_dim=128, seq_len=4096,
+              max_positions=40960, vocab=151936, ffn=12288, qk_norm=True),
+    arch_spec("llama", "qwen3-32b", n_layer=64, hidden=5120, heads=64, kv_heads=8, head_dim=128, seq_len=4096,
+              max_positions=40960, vocab=151936, ffn=25600, qk_norm=True),
+    # Qwen3's mixtures of experts: 128 routed experts, top-8, no shared expert, every block MoE
+    arch_spec("llama", "qwen3-30b-a3b", n_layer=48, hidden=2048, heads=32, kv_heads=4, head_dim=128,
+              seq_len=4096, max_positions=40960, vocab=151936, ffn=6144, qk_norm=True, experts=128, top_k=8,
+              expert_ffn=768),
+    arch_spec("llama", "qwen3-235b-a22b", n_layer=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
+              seq_len=4096, max_positions=40960, vocab=151936, ffn=12288, qk_norm=True, experts=128, top_k=8,
+              expert_ffn=1536),
     # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
     arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
               max_positions=512, token_types=2),

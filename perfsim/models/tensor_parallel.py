@@ -168,7 +168,7 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
                                                          if spec.mlp_bias else 0)
     replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
-                  + (d * len(widths) if spec.mlp_bias else 0) + router)
+                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params())
     return -(-(gemm + col_bias) // tp) + replicated
 
 

@@ -9,7 +9,8 @@ BERT alike (the knobs that change the parameter count and the operators):
 * MLP: width ``ffn``; ``gated`` = SwiGLU with three matrices (LLaMA, Touvron et
   al. 2023, arXiv:2307.09288), else two (GELU);
 * ``bias``: linear layers carry biases (GPT-2, BERT, NeoX) or not (LLaMA); ``qkv_bias``,
-  ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only);
+  ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only); ``qk_norm``:
+  an RMSNorm over each query and key head (Qwen3);
   ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only), ``norms_per_block``
   of them (Falcon-7B's parallel block: 1);
 * mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
@@ -97,6 +98,9 @@ class TransformerSpec:
     mlp_bias: bool | None = None
     #: norms per block: 2 (pre-attention, pre-MLP) or 1 (Falcon-7B's parallel block shares one)
     norms_per_block: int = 2
+    #: an RMSNorm over every query and key head before the rotary embedding, ``head_dim``
+    #: weights each (Qwen3, arXiv:2505.09388 Sec. 2; Dehghani et al., arXiv:2302.05442)
+    qk_norm: bool = False
     #: attention and MLP read the same input and their outputs are summed (GPT-J, GPT-NeoX's
     #: parallel residual, Falcon, PaLM Sec. 2, Chowdhery et al. 2022, arXiv:2204.02311): one
     #: tensor-parallel reduction per pass instead of two
@@ -168,9 +172,15 @@ class TransformerSpec:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     def attention_params(self) -> int:
-        """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``) and their biases."""
+        """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``), their biases and the
+        query/key norms' weights."""
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
-        return d * (q + 2 * kv) + q * d + ((q + 2 * kv) if self.qkv_bias else 0) + (d if self.out_bias else 0)
+        return (d * (q + 2 * kv) + q * d + ((q + 2 * kv) if self.qkv_bias else 0) + (d if self.out_bias else 0)
+                + self.qk_norm_params())
+
+    def qk_norm_params(self) -> int:
+        """Weights of the query and key norms (:attr:`qk_norm`): ``head_dim`` each, shared by the heads."""
+        return 2 * self.head_dim if self.qk_norm else 0
 
     def mlp_params(self, width: int) -> int:
         """One MLP of ``width``: SwiGLU/GeGLU three matrices (gate, up, down), else two."""

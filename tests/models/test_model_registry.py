@@ -110,6 +110,39 @@ def test_presets_without_a_config_fixture_have_their_published_size(name, publis
     assert get_spec(name).params == pytest.approx(published, rel=rel)
 
 
+@pytest.mark.parametrize("name, total, active", [
+    ("qwen3-8b", 8.2e9, None), ("qwen3-32b", 32.8e9, None),  # Qwen/Qwen3-* model cards
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235e9, 22e9)])
+def test_qwen3_presets_have_their_published_sizes(name, total, active):
+    """The cards round totals to 0.1 B (1 B for 235B): the query/key norms' 2 x 128 weights per block
+    are below that, the head width (128 at every size, not hidden / heads) is not. Activated counts
+    within 2 % (3.35 B is the card's "3.3B", 22.2 B its "22B"), as test_model_configs checks them."""
+    spec = get_spec(name)
+    assert spec.qk_norm and spec.head_dim == 128 and not spec.qkv_bias
+    assert spec.params == pytest.approx(total, abs=0.05e9 if total < 100e9 else 0.5e9)
+    assert spec.active_params == pytest.approx(active or total, rel=0.02 if active else 0.01)
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "qwen3-30b-a3b"])
+def test_a_qwen3_config_json_reads_as_its_preset(name, tmp_path):
+    """A config.json with transformers' Qwen3Config / Qwen3MoeConfig field names, written from the
+    preset (no published file is stored here), reads back as the preset: the reader knows
+    model_type qwen3 and qwen3_moe, their query/key norms and their experts."""
+    p = get_spec(name)
+    cfg = {"model_type": "qwen3_moe" if p.moe else "qwen3", "hidden_size": p.hidden, "intermediate_size": p.ffn,
+           "num_hidden_layers": p.n_layer, "num_attention_heads": p.heads, "num_key_value_heads": p.kv_heads,
+           "head_dim": p.head_dim, "vocab_size": p.vocab, "max_position_embeddings": p.max_positions,
+           "tie_word_embeddings": False, "attention_bias": False, "use_sliding_window": False,
+           "sliding_window": None, "max_window_layers": p.n_layer, "rope_theta": 1e6, "rms_norm_eps": 1e-6}
+    if p.moe:
+        cfg.update(num_experts=p.experts, num_experts_per_tok=p.top_k, moe_intermediate_size=p.expert_ffn,
+                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    path = tmp_path / "config.json"
+    path.write_text(__import__("json").dumps(cfg))
+    read = from_hf_config(path)
+    assert dataclasses.replace(read, name=name, from_config=False) == p
+
+
 def test_the_checkpoints_spellings_are_aliases():
     for alias, name in (("llama-3-8b", "llama3-8b"), ("Llama-3.1-405B", "llama3.1-405b"),
                         ("mistral-7b-v0.3", "mistral-7b")):

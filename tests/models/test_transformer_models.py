@@ -88,3 +88,26 @@ def test_seq_len_for_every_transformer_preset():
     assert long.params > get_model("gpt2-xl").params  # GPT-2 learns one row per position
     with pytest.raises(ConfigError, match="not a transformer"):
         get_model("resnet50", seq_len=128)
+
+
+def test_query_key_norms_add_their_weights_kernels_and_kept_inputs():
+    """Qwen3's RMSNorm over each query and key head: 2 x head_dim weights per block (replicated
+    across tensor-parallel ranks), one norm kernel reading and writing q and k, and its input kept
+    for the backward; a model without them is unchanged."""
+    import dataclasses
+
+    from perfsim.memory import layer_activation_bytes
+    from perfsim.models.ops import block_ops
+    from perfsim.models.tensor_parallel import shard_block_params
+
+    base = parse_inline("llama:layers=2,hidden=256,heads=8,seq=64,vocab=100,ffn=512,kv_heads=2")
+    qk = dataclasses.replace(base, qk_norm=True)
+    assert qk.block_params(0) - base.block_params(0) == 2 * base.head_dim
+    assert qk.params - base.params == 2 * 2 * base.head_dim
+    for tp in (1, 2):
+        assert shard_block_params(qk, tp, 0) - shard_block_params(base, tp, 0) == 2 * base.head_dim
+        ops = {o.name: o for o in block_ops(qk, 2, tp, False, 2)}
+        assert ops["qk_norm"].bytes == 2 * 2 * (2 * 64) * (base.q_dim + base.kv_dim) // tp
+        assert "qk_norm" not in {o.name for o in block_ops(base, 2, tp, False, 2)}
+        kept = layer_activation_bytes(qk, 2, tp, False, "none", 2) - layer_activation_bytes(base, 2, tp, False, "none", 2)
+        assert kept == pytest.approx(2 * 64 * 2 * (base.q_dim + base.kv_dim) / tp)
