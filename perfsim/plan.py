@@ -487,7 +487,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
         fams.append(Group(family_bound(groups[0].first().params) * ratio, groups, ratio=ratio))
     done, pruned, rejected, invalid = search(fams, top=top, jobs=jobs, progress=progress, backend=backend,
                                              dask_scheduler=dask_scheduler, band=tie_band, lossless=_lossless)
-    feasible = sorted((c for c in done if c.summary is not None), key=Candidate.score)
+    # equal scores: the lossless configuration first (it trains the same model for the same time)
+    feasible = sorted((c for c in done if c.summary is not None), key=lambda c: (c.score(), not _lossless(c)))
     if not feasible:
         why = [c.rejected for c in done + invalid if c.rejected]
         raise ConfigError(f"no configuration of {model} on {nodes} x {gpus_per_node} GPUs fits"
@@ -496,8 +497,10 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
     lossless = next((c for c in feasible if _lossless(c)), None)
     if lossless is not None and lossless is not feasible[0] \
             and lossless.score() <= feasible[0].score() * (1 + tie_band):
+        gain = lossless.score() / feasible[0].score() - 1
+        shown = f"{gain:.1%}" if gain >= 5e-4 else f"{100 * gain:.2g}%"  # never "0.0% faster"
         notes.append(f"the fastest ({feasible[0].params['compress']} + {feasible[0].params['grad_compress']}) "
-                     f"is {lossless.score() / feasible[0].score() - 1:.1%} faster than the best lossless "
+                     f"is {shown} faster than the best lossless "
                      f"configuration, within the model's {tie_band:.0%} error band: the lossless one ranks first")
         feasible.remove(lossless)
         feasible.insert(0, lossless)

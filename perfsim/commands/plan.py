@@ -91,7 +91,9 @@ def _check_outputs(args) -> None:
 
 
 def _table(result) -> str:
-    lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} {'sched':>16} {'mb':>3} {'zero':>6} {'recomp':>9} "
+    ep = any(c.params.get("ep") for c in result.ranked)  # a mixture of experts: its expert parallelism searched
+    lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} " + (f"{'ep':>3} " if ep else "")
+             + f"{'sched':>16} {'mb':>3} {'zero':>6} {'recomp':>9} "
              f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
              f"{'80 % interval':>17} {'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
     for row, c in zip(result.rows(), result.ranked):
@@ -102,7 +104,8 @@ def _table(result) -> str:
             ratio_text += f" [{row['steps_ratio_lo']:.2f},{row['steps_ratio_hi']:.2f}]"
         sched = row["schedule"] + (f"/{p['virtual_stages']}" if p.get("virtual_stages") else "")
         zero = f"{p.get('zero', 0)}" + ("+cpu" if p.get("offload") == "optimizer" else "")  # ZeRO-Offload
-        lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} {sched:>16} "
+        lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} "
+                     + (f"{p.get('ep') or 1:>3} " if ep else "") + f"{sched:>16} "
                      f"{row['micro_batch']:>3} {zero:>6} {row.get('recompute') or p.get('recompute', 'none'):>9} "
                      f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "
                      f"{p.get('precision', 'fp32'):>4} {row['compress']:>14} {row['grad_compress']:>14} "

@@ -417,3 +417,22 @@ def test_without_a_gpu_preset_the_profiles_gpu_bounds_the_memory():
     assert all(" full " in line for line in _table(res).splitlines()[1:1 + len(res.ranked)])
     cpu = plan(model="gpt2-tiny", nodes=2, bandwidth="100Mbps", global_batch=16, profile=CPU, top=1)
     assert cpu.ranked  # a CPU profile names no GPU: nothing to bound it by
+
+
+def test_a_mixture_of_experts_plan_shows_its_expert_parallelism(capsys):
+    """The table of a MoE plan has an ``ep`` column (its expert parallelism is searched); a dense
+    model's table has none."""
+    from perfsim.cli import main
+
+    moe = "llama:layers=2,hidden=256,heads=4,seq=128,vocab=1000,experts=8,top_k=2,expert_ffn=256"
+    pinned = ["--gpu", "h100", "--nodes", "1", "--gpus-per-node", "4", "--global-batch", "16", "--tp", "1",
+              "--pp", "1", "--zero", "0", "--recompute", "none", "--micro-batch", "4", "--compress", "fp32",
+              "--precision", "bf16", "--attention", "flash", "--top", "8", "-q"]
+    for model, has_ep in ((moe, True), ("llama:layers=2,hidden=256,heads=4,seq=128,vocab=1000", False)):
+        assert main(["plan", "--model", model, *pinned]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        header = lines[0].split()
+        assert ("ep" in header) == has_ep
+        if has_ep:
+            eps = {row.split()[header.index("ep")] for row in lines[1:9] if row.strip()}
+            assert {"1", "4"} <= eps  # dp 4: ep 1, 2 and 4 searched
