@@ -81,7 +81,11 @@ def commit(root: str | Path, step: int, world_size: int, config: dict[str, Any],
         if d.is_dir() and _STEP_DIR.fullmatch(d.name) and d.name not in keep:
             (d / f"rank{rank}.pt").unlink(missing_ok=True)
             shutil.rmtree(buffers_dir(root, int(d.name[4:]), rank), ignore_errors=True)
-            if not any(d.glob("rank*.pt")):  # the last rank out removes the folder
+            try:
+                emptied = not any(d.glob("rank*.pt"))
+            except FileNotFoundError:  # on a shared disk another rank removed the folder first
+                continue
+            if emptied:  # the last rank out removes the folder
                 shutil.rmtree(d, ignore_errors=True)
 
 

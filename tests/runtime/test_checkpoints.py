@@ -173,3 +173,27 @@ def test_checkpoints_without_a_shared_filesystem(tmp_path):
     for d in disks:
         assert checkpoint.latest(d)["step"] == 6
         assert sorted(p.name for p in d.glob("step*")) == ["step00000004", "step00000006"]
+
+
+def test_pruning_survives_a_peer_removing_the_folder_first(tmp_path, monkeypatch):
+    """On a shared disk two ranks prune the same old checkpoint: when the other rank removes the
+    folder just as this rank looks for files left in it (it exists, then scandir fails), the
+    commit goes on. Before, the rank died of FileNotFoundError (a CI run of the disk-buffer
+    test above, 2026-11-29)."""
+    root = tmp_path / "ckpt"
+    old, kept, new = (checkpoint.step_dir(root, s) for s in (2, 4, 6))
+    for d in (old, kept):
+        d.mkdir(parents=True)
+        for r in (0, 1):
+            (d / f"rank{r}.pt").write_bytes(b"x")
+    new.mkdir(parents=True)
+    real_scandir = os.scandir
+
+    def peer_removes_it_now(path="."):
+        if not isinstance(path, int) and os.fspath(path) == os.fspath(old):  # rank 1 removes it now
+            shutil.rmtree(old)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", peer_removes_it_now)
+    checkpoint.commit(root, 6, 2, {}, rank=0, previous={"step": 4})
+    assert not old.exists() and (kept / "rank0.pt").exists() and checkpoint.latest(root)["step"] == 6
