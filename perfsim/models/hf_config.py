@@ -259,13 +259,11 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
         kw["expert_ffn"] = f.int("moe_intermediate_size", 1408)
         kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 5632, minimum=0)
         kw["shared_gate"] = kw["shared_ffn"] > 0
-        step = f.int("decoder_sparse_step", 1, limit="layers")
-        only = f.int_list("mlp_only_layers", kw["n_layer"])
-        kw["dense_layers"] = tuple(i for i in range(kw["n_layer"]) if i in only or (i + 1) % step)
     if mtype == "qwen3_moe":  # Qwen3MoeConfig's defaults (Qwen3-30B-A3B's); no shared expert
         kw["experts"] = f.int("num_experts", 128, limit="experts")
         kw["top_k"] = f.int("num_experts_per_tok", 8, limit="experts")
         kw["expert_ffn"] = f.int("moe_intermediate_size", 768)
+    if mtype in ("qwen2_moe", "qwen3_moe"):  # dense blocks: mlp_only_layers, or off decoder_sparse_step
         step = f.int("decoder_sparse_step", 1, limit="layers")
         only = f.int_list("mlp_only_layers", kw["n_layer"])
         kw["dense_layers"] = tuple(i for i in range(kw["n_layer"]) if i in only or (i + 1) % step)
