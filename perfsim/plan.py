@@ -230,6 +230,14 @@ def _best_of_other_kind(winner: Candidate, simulated: Sequence[Candidate]) -> Ca
     return min(others, key=Candidate.score, default=None)
 
 
+def percent(x: float) -> str:
+    """A relative difference for a sentence: one decimal, or its own digits below 0.05 % (never
+    "0.0%" for two configurations that differ), "0%" when equal."""
+    if x == 0:
+        return "0%"
+    return f"{x:.1%}" if abs(x) >= 5e-4 else f"{100 * x:.2g}%"
+
+
 def compression_verdict(winner: Candidate, simulated: Sequence[Candidate], measure: str,
                         band: float = TIE_BAND) -> str:
     """Whether compression pays for this job, against the best configuration of the other kind
@@ -242,15 +250,15 @@ def compression_verdict(winner: Candidate, simulated: Sequence[Candidate], measu
             return (f"Compression pays: every lossless configuration is more than {band:.0%} slower {measure} "
                     "(each one's lower bound already is, so none was simulated).")
         gain = other.score() / winner.score() - 1
-        return f"Compression pays: the best lossless configuration simulated ({_shape(other)}) is {gain:.1%} slower {measure}."
+        return f"Compression pays: the best lossless configuration simulated ({_shape(other)}) is {percent(gain)} slower {measure}."
     if other is None:
         return ("Compression does not pay here: every compressed configuration's lower bound is above the "
                 "ranked configurations' times, so none was simulated.")
     gain = other.score() / winner.score() - 1
     if gain < 0:
-        return (f"Compression would gain only {-gain:.1%} {measure} ({_shape(other)}), within the model's "
+        return (f"Compression would gain only {percent(-gain)} {measure} ({_shape(other)}), within the model's "
                 f"error band: it does not pay here.")
-    return f"Compression does not pay here: the fastest compressed configuration ({_shape(other)}) is {gain:.1%} slower {measure}."
+    return f"Compression does not pay here: the fastest compressed configuration ({_shape(other)}) is {percent(gain)} slower {measure}."
 
 
 def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) -> str:
@@ -301,12 +309,12 @@ def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) ->
         diff = [k for k in dict.fromkeys([*p, *r.params]) if p.get(k) != r.params.get(k)]
         gain = r.score() / w.score() - 1
         if gain < 0:
-            how = f"is {-gain:.1%} faster {measure}, a tie within the model's error band that goes to the lossless choice"
+            how = f"is {percent(-gain)} faster {measure}, a tie within the model's error band that goes to the lossless choice"
         elif gain < TIE_BAND:
-            how = (f"is {gain:.1%} slower {measure}: within the model's error band ({TIE_BAND:.0%}), "
+            how = (f"is {percent(gain)} slower {measure}: within the model's error band ({TIE_BAND:.0%}), "
                    "so the data do not separate the two")
         else:
-            how = f"is {gain:.1%} slower {measure}"
+            how = f"is {percent(gain)} slower {measure}"
         text += (f" The runner-up differs in {', '.join(diff) or 'nothing searched'} "
                  f"({', '.join(f'{k}={r.params.get(k)}' for k in diff)}) and {how}.")
     if simulated and not (len(ranked) > 1 and _best_of_other_kind(w, simulated) is ranked[1]):
@@ -498,9 +506,8 @@ def plan(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, glob
     if lossless is not None and lossless is not feasible[0] \
             and lossless.score() <= feasible[0].score() * (1 + tie_band):
         gain = lossless.score() / feasible[0].score() - 1
-        shown = f"{gain:.1%}" if gain >= 5e-4 else f"{100 * gain:.2g}%"  # never "0.0% faster"
         notes.append(f"the fastest ({feasible[0].params['compress']} + {feasible[0].params['grad_compress']}) "
-                     f"is {shown} faster than the best lossless "
+                     f"is {percent(gain)} faster than the best lossless "
                      f"configuration, within the model's {tie_band:.0%} error band: the lossless one ranks first")
         feasible.remove(lossless)
         feasible.insert(0, lossless)

@@ -436,3 +436,9 @@ def test_a_mixture_of_experts_plan_shows_its_expert_parallelism(capsys):
         if has_ep:
             eps = {row.split()[header.index("ep")] for row in lines[1:9] if row.strip()}
             assert {"1", "4"} <= eps  # dp 4: ep 1, 2 and 4 searched
+
+
+def test_a_plans_percentages_never_say_zero_for_a_difference():
+    from perfsim.plan import percent
+
+    assert [percent(x) for x in (0.0, 7.4e-5, -3e-6, 0.0123)] == ["0%", "0.0074%", "-0.0003%", "1.2%"]
