@@ -162,7 +162,8 @@ def check_memory(workload, strategy, system, plan, allow_oom: bool = False):
             raise ConfigError(
                 f"memory: stage {worst.stage} needs {worst.total / GIB:.1f} GiB per GPU "
                 f"({worst.breakdown()}), {system.gpu} has "
-                f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway)")
+                f"{cap / GIB:.1f} GiB: short by {(worst.total - cap) / GIB:.1f} GiB (--allow-oom predicts anyway; "
+                f"perfsim memory with the same flags lists what each single change saves)")
     if system.host_memory_bytes and not allow_oom:
         nodes = host_memory_per_node(mem, plan.table, strategy, system.gpus_per_node)
         n = max(range(len(nodes)), key=nodes.__getitem__)

@@ -53,7 +53,8 @@ def test_does_not_fit_exits_2_naming_stage_and_shortfall(capsys):
     assert main(big) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "memory" in err and "stage 0" in err and "short by" in err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "perfsim memory with the same flags" in err  # where to look next
+    assert main(["memory", *big[1:-2]]) == 0 and "single changes that lower the peak" in capsys.readouterr().out
     assert main(big + ["--allow-oom"]) == 0
     s = json.loads(capsys.readouterr().out)["summary"]
     assert s["fits"] is False and s["peak_memory_gib"] > 40
