@@ -362,11 +362,17 @@ def curve_for(gpu: GPU, host_overhead_s: float | None = None) -> tuple[Curve, st
             f"{source}; host time per operator {host_overhead_s * 1e6:g} us (given)")
 
 
+def _fitted_family(preset: str) -> str:
+    """The architecture of the preset a curve (or part of one) was fitted on; ``ampere`` for
+    none of the presets."""
+    on = GPUS.get(preset)
+    return on.family if on is not None else "ampere"
+
+
 def curve_family(gpu: GPU) -> str:
     """The architecture of the GPU ``gpu``'s curve was fitted on (``ampere`` for a curve
     fitted on none of the presets)."""
-    on = GPUS.get(gpu.curve.fitted_on)
-    return on.family if on is not None else "ampere"
+    return _fitted_family(gpu.curve.fitted_on)
 
 
 def curve_borrowed(gpu: GPU) -> bool:
@@ -377,8 +383,7 @@ def curve_borrowed(gpu: GPU) -> bool:
 def flash_borrowed(gpu: GPU) -> bool:
     """Whether ``gpu``'s FlashAttention rates were fitted on a GPU of another architecture (the
     A100 curve's are the H200's: its data ran Megatron's unfused attention)."""
-    on = GPUS.get(gpu.curve.flash_fitted_on or gpu.curve.fitted_on)
-    return (on.family if on is not None else "ampere") != gpu.family
+    return _fitted_family(gpu.curve.flash_fitted_on or gpu.curve.fitted_on) != gpu.family
 
 
 def same_silicon(a: GPU | None, b: GPU | None) -> bool:

@@ -163,9 +163,9 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
     heads = max(1, spec.heads // tp)
     q = spec.q_dim
-    qkv = (q + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q // tp + 2 * spec.head_dim
     dh = spec.head_dim
-    v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # the values' share of qkv
+    v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # one rank's keys (and values): split, or one head
+    qkv = q // tp + 2 * v_width
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
 
