@@ -204,7 +204,14 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
     elif not (arch.qkv_bias and arch.out_bias and arch.mlp_bias):
         notes.append(f"biases: qkv {arch.qkv_bias}, output {arch.out_bias}, MLP {arch.mlp_bias}: Megatron-LM "
                      "adds all or (with --disable-bias-linear) none of the output and MLP biases")
-    if arch.head_dim * arch.heads != arch.hidden:
+    if arch.mla:  # Megatron-Core's MLASelfAttention (megatron/training/arguments.py, its MLA flags)
+        args += ["--multi-latent-attention", "--kv-lora-rank", str(arch.kv_lora_rank),
+                 "--qk-head-dim", str(arch.head_dim - arch.rope_head_dim),
+                 "--qk-pos-emb-head-dim", str(arch.rope_head_dim), "--v-head-dim", str(arch.v_head_dim),
+                 "--qk-layernorm"]
+        if arch.q_lora_rank:
+            args += ["--q-lora-rank", str(arch.q_lora_rank)]
+    elif arch.head_dim * arch.heads != arch.hidden:
         args += ["--kv-channels", str(arch.head_dim)]
     if arch.parallel_block or arch.norms_per_block != 2:
         notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "

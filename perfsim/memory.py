@@ -62,7 +62,7 @@ from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE, MIXED_PRECISIONS
 from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import Routing, moe_activation_values
-from perfsim.models.tensor_parallel import block_gemm_params, block_mlp_widths
+from perfsim.models.tensor_parallel import block_mlp_widths, rank_gemm_params
 from perfsim.schedules import max_in_flight
 
 if TYPE_CHECKING:
@@ -190,17 +190,18 @@ def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0
     for Deep Learning", arXiv:2209.05433, Sec. 4: per-tensor scaling factors):
 
     * an fp8 copy of each GEMM weight and of its transpose (1 + 1 bytes per GEMM
-      parameter, :func:`perfsim.models.tensor_parallel.block_gemm_params`: this
-      expert-parallel rank's experts; TE caches them over a step's micro-batches), ``/ dp``
+      parameter, :func:`perfsim.models.tensor_parallel.rank_gemm_params`: this
+      expert-parallel rank's experts, MLA's replicated down projections whole; TE caches them over a step's micro-batches), ``/ dp``
       under ZeRO-3 (the shard's copies);
-    * per GEMM (QKV, projection, two per local MLP: :data:`perfsim.models.ops.FP8_GEMMS`),
+    * per GEMM (QKV -- MLA's attention GEMMs --, projection, two per local MLP:
+      :data:`perfsim.models.ops.FP8_GEMMS`),
       the scaling state of its 5 fp8 tensors: an fp32 amax history of
       :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
 
     The LM head and the attention core stay in bf16 (TE's ``DotProductAttention`` and
     Megatron's output layer are not fp8 by default)."""
-    copies = 2 * sum(-(-block_gemm_params(spec, i, ep) // tp) for i in blocks) / (dp if zero >= 3 else 1)
-    gemms = sum(2 + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
+    copies = 2 * sum(rank_gemm_params(spec, tp, i, ep) for i in blocks) / (dp if zero >= 3 else 1)
+    gemms = sum(1 + len(spec.attention_gemms()) + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 
@@ -255,13 +256,16 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     if recompute == "full":
         return 2 * v * sbh / (tp if sp else 1)
     # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
-    attn_sharded = 2 * (2 * s * b * spec.q_dim + 2 * s * b * spec.kv_dim)
+    attn_sharded = 2 * s * b * (spec.q_dim + spec.kv_dim + spec.v_dim + spec.out_dim)
     if getattr(spec, "qk_norm", False):  # the query and key norms keep their inputs (Qwen3)
         attn_sharded += 2 * s * b * (spec.q_dim + spec.kv_dim)
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
     repl = 8 * v * sbh + 2 * sbh
+    # MLA (replicated, or / t under sequence parallelism): each latent's norm input and the up
+    # projection's input after it (2-byte values)
+    repl += 2 * v * s * b * 2 * sum(spec.latent_norm_widths())
     sharded = v * (attn_sharded + mlp_sharded) / tp
     if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)

@@ -73,6 +73,14 @@ def cases() -> dict[str, dict]:
         out["mixtral-ep8-a2a-fp8"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=8, ep=8, micro_batch=1,
                                           global_batch=64, gpus_per_node=4, nic="4x400Gbps:infiniband",
                                           precision="bf16", recompute="full", allow_oom=True, a2a_compress="fp8")
+    # multi-head latent attention (DeepSeek-V2/V3): the latents exchanged by TP 8 under sequence
+    # parallelism, fp8 projections; and V2-Lite's direct query projection with unfused attention
+    out["deepseek-v3-tp8-sp-fp8"] = dict(model="deepseek-v3", gpu="h100", tp=8, pp=16, dp=8, ep=8, micro_batch=1,
+                                         global_batch=1024, gpus_per_node=8, nic="8x400Gbps:infiniband",
+                                         precision="fp8", sequence_parallel=True, recompute="selective")
+    out["deepseek-v2-lite-tp2-megatron"] = dict(model="deepseek-v2-lite", gpu="a100", tp=2, pp=2, dp=2, ep=2,
+                                                micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",
+                                                attention="megatron", recompute="full")
     out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
     out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
                                   optimizer="sgd", bandwidth="100Mbps")

@@ -191,16 +191,18 @@ def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRa
     the rate of a profile's nearest measured ``attention`` record (sequence length, head
     dimension) when ``rates`` has them, else at ``peak x eff x f(s) f(d) / f(FLASH_REF)``
     with ``f(x) = x / (x + knee)`` (longer sequences and wider heads keep the tensor cores
-    busier between the kernel's softmax steps); at least ``kernel_s``."""
+    busier between the kernel's softmax steps); at least ``kernel_s``. With MLA's narrower value
+    heads (``op.v_dim``) the head dimension the rate is read at is the mean of the two widths."""
     flops = op.flops * (2.5 if backward else 1.0)
+    d = (op.k + op.head_v) / 2
     if rates is not None and rates.attention:
-        return max(flops / rates.attention_rate(op.m, op.k, backward), curve.kernel_s)
+        return max(flops / rates.attention_rate(op.m, d, backward), curve.kernel_s)
     eff, ks, kd = ((curve.flash_bwd_eff, curve.flash_bwd_knee_s, curve.flash_bwd_knee_d) if backward
                    else (curve.flash_eff, curve.flash_knee_s, curve.flash_knee_d))
     if not eff:
         raise ConfigError(f"attention=flash: the efficiency curve ({curve.source}) has no flash-attention fit")
     s0, d0 = FLASH_REF
-    shape = (op.m / (op.m + ks)) * (op.k / (op.k + kd)) / ((s0 / (s0 + ks)) * (d0 / (d0 + kd)))
+    shape = (op.m / (op.m + ks)) * (d / (d + kd)) / ((s0 / (s0 + ks)) * (d0 / (d0 + kd)))
     return max(flops / (gpu.peak(value_precision(precision)) * eff * shape), curve.kernel_s)
 
 

@@ -53,9 +53,12 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
              BYTES_PER_VALUE[strategy.precision])
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
     rows = tp_moe_rows(spec, strategy) if moe_blocks else 1.0
-    parts = [(tp_layer_collectives(*shape, spec.parallel_block), blocks - (moe_blocks if rows != 1.0 else 0))]
+    widths = spec.attention_gather_widths()
+    parts = [(tp_layer_collectives(*shape, spec.parallel_block, attn_widths=widths),
+              blocks - (moe_blocks if rows != 1.0 else 0))]
     if rows != 1.0:  # MoE blocks whose dispatched copies the TP group gathers (Megatron-Core)
-        parts.append((tp_layer_collectives(*shape, spec.parallel_block, mlp_rows=rows), moe_blocks))
+        parts.append((tp_layer_collectives(*shape, spec.parallel_block, mlp_rows=rows, attn_widths=widths),
+                      moe_blocks))
     layer_parts = len(parts)  # what a full recomputation runs again
     parts.append((tp_edge_collectives(*shape, embed, head, vocab_parallel=vocab_parallel,
                                       learned_positions=spec.learned_positions), 1))

@@ -54,14 +54,15 @@ def _measured(profile, model: Model, layer: str, micro_batch: int, op: str, prec
 def _recomputed(model: Model, layer, fwd_s: float, recompute: str) -> float:
     """Backward seconds added by recomputing a block whose forward takes ``fwd_s``
     (measured, not modelled): all of it (``full``), or the attention core's FLOP share
-    ``4 T^2 d / flops_fwd`` (``selective``, Korthikanti et al. 2022, arXiv:2205.05198)."""
+    ``2 T^2 (q_dim + out_dim) / flops_fwd``, ``4 T^2 d`` without MLA (``selective``, Korthikanti
+    et al. 2022, arXiv:2205.05198)."""
     if recompute == "full":
         return fwd_s
     if recompute == "selective":
         if model.arch is None or not layer.flops_fwd:
             raise ConfigError(f"recompute=selective: model {model.name!r} is not a transformer")
         a = model.arch
-        return fwd_s * 4 * a.seq_len * a.seq_len * a.q_dim / layer.flops_fwd
+        return fwd_s * 2 * a.seq_len * a.seq_len * (a.q_dim + a.out_dim) / layer.flops_fwd
     return 0.0
 
 

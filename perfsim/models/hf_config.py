@@ -11,8 +11,9 @@ Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, falcon,
 gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with standard attention,
-deepseek-moe-16b). DeepSeek-V2/V3's multi-head latent attention (``kv_lora_rank``)
-is refused by name.
+deepseek-moe-16b), deepseek_v2 and deepseek_v3 (multi-head latent attention,
+:meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`; DeepSeek-V3's multi-token
+prediction module is refused by name).
 
 The sequence length is ``seq_len`` when given, else :data:`DEFAULT_SEQ_LEN` tokens capped
 at ``max_position_embeddings`` -- a training length, not the longest context the model
@@ -61,7 +62,7 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
-                 "roberta": True, "deepseek": False}
+                 "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False}
 SUPPORTED = tuple(_TIED_DEFAULT)
 
 
@@ -162,8 +163,6 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
     if mtype is None:
         raise f.fail("lacks 'model_type' (one of " + ", ".join(SUPPORTED) + ")")
     mtype = mtype.lower()
-    if mtype in ("deepseek_v2", "deepseek_v3") or "kv_lora_rank" in cfg:
-        f.refuse_if("kv_lora_rank", True, "multi-head latent attention (DeepSeek-V2, arXiv:2405.04434)")
     if mtype not in SUPPORTED:
         raise f.fail(f"model_type {mtype!r} not supported (supported: {', '.join(SUPPORTED)})")
     read = _READERS.get(mtype, _read_llama)
@@ -270,15 +269,35 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     return "llama", kw
 
 
+#: DeepSeek's expert selection (``topk_method``): ``greedy`` (the top-k of all experts),
+#: ``group_limited_greedy`` (DeepSeek-V2's device-limited routing, arXiv:2405.04434, Sec. 2.2.2)
+#: and ``noaux_tc`` (DeepSeek-V3's node-limited routing with bias-balanced, auxiliary-loss-free
+#: scores, arXiv:2412.19437, Sec. 2.1.2). The limits change which experts a token picks, not the
+#: ``top_k`` copies Megatron-Core's all-to-all dispatcher sends per token, so perfsim's balanced
+#: router prices the three alike (Megatron-Core ``--moe-router-num-groups``/``--moe-router-group-topk``)
+TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
 def _read_deepseek(f: _Fields, mtype: str) -> tuple[str, dict]:
-    """DeepSeekMoE (deepseek-moe-16b): routed + shared experts, the first blocks dense."""
+    """DeepSeekMoE (deepseek-moe-16b): routed + shared experts, the first blocks dense;
+    DeepSeek-V2/V3 (``deepseek_v2``, ``deepseek_v3``) add multi-head latent attention
+    (:func:`_latent_attention`) and group-limited routing (:data:`TOPK_METHODS`)."""
     arch, kw = _read_llama(f, mtype)
     routed = f.int("n_routed_experts", None, limit="experts")
     shared = f.int("n_shared_experts", None, limit="experts", minimum=0)
     width = f.int("moe_intermediate_size", None)
     first = f.int("first_k_dense_replace", 0, limit="layers", minimum=0)
     freq = f.int("moe_layer_freq", 1, limit="layers")
-    f.refuse_if("topk_method", f.str("topk_method", "greedy") != "greedy", "group-limited routing")
+    method = f.str("topk_method", "greedy")
+    f.refuse_if("topk_method", method not in TOPK_METHODS, f"routing {method!r}")
+    groups, picked = f.int("n_group", 1, limit="experts"), f.int("topk_group", 1, limit="experts")
+    if picked > groups or (routed and routed % groups):
+        raise f.fail(f"n_group={groups}, topk_group={picked}: the groups must split n_routed_experts={routed} "
+                     "evenly and topk_group be at most n_group")
+    for key in ("routed_scaling_factor", "ep_size"):  # a scale inside the combine; an inference hint
+        f.read.add(key)
+    if mtype in ("deepseek_v2", "deepseek_v3"):
+        _latent_attention(f, kw)
     if routed:
         if width is None:
             raise f.fail("lacks 'moe_intermediate_size' (needed with n_routed_experts)")
@@ -286,6 +305,28 @@ def _read_deepseek(f: _Fields, mtype: str) -> tuple[str, dict]:
                   expert_ffn=width, shared_ffn=(shared or 0) * width,
                   dense_layers=tuple(i for i in range(kw["n_layer"]) if i < first or i % freq))
     return arch, kw
+
+
+def _latent_attention(f: _Fields, kw: dict) -> None:
+    """DeepSeek-V2/V3's multi-head latent attention (arXiv:2405.04434, Sec. 2.1; transformers'
+    ``DeepseekV3Attention``): ``kv_lora_rank``, ``q_lora_rank`` (null: DeepSeek-V2-Lite's direct
+    query projection), query/key heads of ``qk_nope_head_dim + qk_rope_head_dim``, value heads of
+    ``v_head_dim``. The multi-token prediction modules of DeepSeek-V3 (Sec. 2.2) are refused by
+    name; the stored checkpoint's ``quantization_config`` (fp8 weights with block scales) says how
+    the released weights are kept, not how a job trains (its ``--precision``)."""
+    nope = f.int("qk_nope_head_dim", required=True)
+    kw["rope_head_dim"] = f.int("qk_rope_head_dim", required=True)
+    kw["head_dim"] = nope + kw["rope_head_dim"]
+    kw["v_head_dim"] = f.int("v_head_dim", required=True)
+    kw["kv_lora_rank"] = f.int("kv_lora_rank", required=True)
+    kw["q_lora_rank"] = f.int("q_lora_rank", 0)
+    f.refuse_if("num_nextn_predict_layers", f.int("num_nextn_predict_layers", 0, limit="layers", minimum=0) > 0,
+                "multi-token prediction (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2; set it to 0 to price the main "
+                "model)")
+    f.read.add("quantization_config")
+    if kw["kv_heads"] != kw["heads"]:
+        raise f.fail(f"num_key_value_heads={kw['kv_heads']} must equal num_attention_heads={kw['heads']} with "
+                     "multi-head latent attention")
 
 
 def _read_falcon(f: _Fields, mtype: str) -> tuple[str, dict]:
@@ -339,5 +380,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
     return "bert", kw
 
 
-_READERS = {"deepseek": _read_deepseek, "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
+_READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
+            "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

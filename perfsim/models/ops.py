@@ -33,9 +33,11 @@ from perfsim.models.tensor_parallel import shard_block_params
 
 #: the block GEMMs Transformer Engine runs in fp8 under ``precision="fp8"`` (its
 #: ``LayerNormLinear`` QKV, ``Linear`` projection, ``LayerNormMLP``'s two; a MoE block's
-#: experts through its ``GroupedLinear``, the shared expert's): the attention core, the
+#: experts through its ``GroupedLinear``, the shared expert's; MLA's projections, its
+#: ``Linear`` and ``LayerNormColumnParallelLinear`` modules): the attention core, the
 #: router and the LM head stay bf16
-FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down")
+FP8_GEMMS = ("qkv", "proj", "mlp_up", "mlp_down", "expert_up", "expert_down", "shared_up", "shared_down",
+             "q", "q_down", "q_up", "kv_down", "kv_up")
 #: Transformer Engine's quantisation kernels around the fp8 GEMMs (:func:`fp8_cast_ops`): ``te``
 #: priced as TE 1.x launches them, ``none`` left out (the fp8 model before session 23)
 FP8_CASTS = ("te", "none")
@@ -59,6 +61,8 @@ class Op:
     #: FlashAttention-2's fused kernel over ``batch`` (micro-batch x heads) sequences of
     #: ``m`` queries and ``n`` keys, head dimension ``k`` (:func:`perfsim.engine.compute.flash_time`)
     flash: bool = False
+    #: a flash kernel's value head width when it differs from ``k`` (MLA's; 0: ``k``)
+    v_dim: int = 0
     #: a causal mask: the kernel skips the upper half of the score matrix
     causal: bool = True
     #: the LM head's vocabulary projection (its rate: ``Curve.lm_head_eff``)
@@ -67,10 +71,16 @@ class Op:
     @property
     def flops(self) -> float:
         """GEMM FLOPs; flash attention: the forward's two GEMMs, as FlashAttention counts
-        them (``4 b h s^2 d``, halved by a causal mask)."""
+        them (``4 b h s^2 d``, halved by a causal mask; ``2 b h s^2 (d_qk + d_v)`` with
+        MLA's narrower values)."""
         if self.flash:
-            return 4.0 * self.m * self.n * self.k * self.batch * (0.5 if self.causal else 1.0)
+            return 2.0 * self.m * self.n * (self.k + self.head_v) * self.batch * (0.5 if self.causal else 1.0)
         return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def head_v(self) -> int:
+        """A flash kernel's value head width (:attr:`v_dim`, else ``k``)."""
+        return self.v_dim or self.k
 
 
 def batch_per_block(sk: int) -> int:
@@ -163,9 +173,8 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
     heads = max(1, spec.heads // tp)
     q = spec.q_dim
-    dh = spec.head_dim
-    v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # one rank's keys (and values): split, or one head
-    qkv = q // tp + 2 * v_width
+    dh, dv = spec.head_dim, spec.v_head_dim
+    out = spec.out_dim // tp  # one rank's attention output, the projection's input
     attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
 
@@ -180,19 +189,27 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
 
     is_moe = spec.moe if moe is None else moe
+    if spec.mla:
+        attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
+    else:
+        v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # one rank's keys (and values): split, or one head
+        qkv = q // tp + 2 * v_width
+        attn_in = [
+            Op("qkv", m=tok, n=qkv, k=h),
+            *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
+            # the query and key heads' RMSNorm (Qwen3): read and write q and k, as a norm does
+            *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if spec.qk_norm else [])]
     ops = [
-        *norm("norm1", fp8_casts),
-        Op("qkv", m=tok, n=qkv, k=h),
-        *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
-        # the query and key heads' RMSNorm (Qwen3): read and write q and k, as a norm does
-        *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if spec.qk_norm else []),
+        # MLA's down projections read norm1's output as a plain tensor (no fused fp8 write)
+        *norm("norm1", fp8_casts and not spec.mla),
+        *attn_in,
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
-              causal=not spec.encoder)] if attention == "flash" else
+              causal=not spec.encoder, v_dim=dv if dv != dh else 0)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
            *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
-           Op("attn_v", m=s, n=dh, k=s, batch=b * heads, attention_core=True),
-           *([Op("context_copy", bytes=2 * bpv * tok * q // tp, bwd_bytes=0.0)] if exact else [])]),
-        Op("proj", m=tok, n=h, k=q // tp),
+           Op("attn_v", m=s, n=dv, k=s, batch=b * heads, attention_core=True),
+           *([Op("context_copy", bytes=2 * bpv * tok * out, bwd_bytes=0.0)] if exact else [])]),
+        Op("proj", m=tok, n=h, k=out),
         *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
         dropout_add("dropout_residual1"),
         *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block == 2 else []),
@@ -213,6 +230,26 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     return ops + [dropout_add("dropout_residual2")]
 
 
+def latent_attention_ops(spec, tok: int, tok_sp: int, tp: int, bpv: int) -> list[Op]:
+    """Forward ops of multi-head latent attention's projections on one tensor-parallel rank, up
+    to the attention core (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2-2.1.3), as Megatron-Core's
+    ``MLASelfAttention`` launches them: each of
+    :meth:`perfsim.models.transformer.TransformerSpec.attention_gemms` -- the replicated down
+    projections on the rank's own tokens (``tok_sp``: its sequence shard under sequence
+    parallelism, then all-gathered), the column-parallel up projections on all ``tok`` for the
+    rank's heads -- each latent's RMSNorm (read and write the latent), and the concatenation of
+    each head's rotary and non-rotary parts into whole query and key heads (``torch.cat``: read and
+    write one rank's queries and keys)."""
+    ops: list[Op] = []
+    for g in spec.attention_gemms():
+        if g.name == "q_up":
+            ops.append(Op("q_latent_norm", bytes=2 * bpv * tok_sp * spec.q_lora_rank))
+        if g.name == "kv_up":
+            ops.append(Op("kv_latent_norm", bytes=2 * bpv * tok_sp * spec.kv_lora_rank))
+        ops.append(Op(g.name, m=tok if g.split else tok_sp, n=g.n // tp if g.split else g.n, k=g.k))
+    return ops + [Op("qk_rope_concat", bytes=2 * bpv * tok * 2 * spec.q_dim // tp)]
+
+
 def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> list[Op]:
     """Transformer Engine's quantisation kernels around a block's fp8 GEMMs, one micro-batch on one
     tensor-parallel rank (TE 1.x, delayed scaling, the amax taken inside each kernel;
@@ -228,7 +265,11 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
       (``fp8_cast_transpose_bgrad_dgelu_fused``), which moves what the bf16 dgelu does;
     * the fp8 inputs the norms and the activation wrote, transposed for the weight gradients in
       the backward (``tex.fp8_transpose``: read 1, write 1): QKV's and the first MLP GEMM's
-      normalised input, the second MLP GEMM's activation.
+      normalised input, the second MLP GEMM's activation;
+    * multi-head latent attention: every projection's output gradient cast and transposed; the
+      up projections' latents (their norms fused, ``LayerNormColumnParallelLinear``) transposed,
+      the inputs of the plain ``Linear`` ones (the down projections, a query projection without a
+      latent) cast and transposed in the forward.
 
     Not priced: the weights' fp8 copies, cast once per optimizer step (TE caches them over a step's
     micro-batches: ``is_first_microbatch``), about ``(bpv + 2)`` bytes per GEMM weight per step;
@@ -236,12 +277,18 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
     attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced."""
     h, f = spec.hidden, spec.ffn // tp
     q = spec.q_dim // tp
-    qkv = (spec.q_dim + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q + 2 * spec.head_dim
     cast_t = bpv + 2  # read bpv, write the fp8 copy and the fp8 transpose
-    ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * q, bwd_bytes=0.0),
-           Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * qkv),
-           Op("fp8_norm1_out_transpose", bwd_bytes=2.0 * tok * h),
-           Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h)]
+    ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * spec.out_dim // tp, bwd_bytes=0.0)]
+    if spec.mla:  # each projection's output gradient; its input transposed (a fused norm's) or cast
+        for g in spec.attention_gemms():
+            ops.append(Op(f"fp8_{g.name}_grad_cast_transpose", bwd_bytes=cast_t * tok * (g.n // tp if g.split else g.n)))
+            ops.append(Op(f"fp8_{g.name}_input_transpose", bwd_bytes=2.0 * tok * g.k) if g.fused_norm else
+                       Op(f"fp8_{g.name}_input_cast_transpose", bytes=cast_t * tok * g.k, bwd_bytes=0.0))
+    else:
+        qkv = (spec.q_dim + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q + 2 * spec.head_dim
+        ops += [Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * qkv),
+                Op("fp8_norm1_out_transpose", bwd_bytes=2.0 * tok * h)]
+    ops.append(Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h))
     if dense_mlp:
         ops += [Op("fp8_mlp_down_grad_cast_transpose", bwd_bytes=cast_t * tok * h),
                 Op("fp8_activation_out_transpose", bwd_bytes=2.0 * tok * f),

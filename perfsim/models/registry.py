@@ -99,6 +99,25 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     # all), the first block dense (width 10944), vocabulary 102400
     arch_spec("llama", "deepseek-moe-16b", n_layer=28, hidden=2048, heads=16, seq_len=4096, vocab=102400,
               ffn=10944, experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, dense_layers=(0,)),
+    # DeepSeek-V2 (DeepSeek-AI 2024, arXiv:2405.04434, Sec. 3.1.2 and Appendix B; deepseek-ai/
+    # DeepSeek-V2(-Lite) config.json): multi-head latent attention (128 heads, query/key heads of
+    # 128 + 64 rotary, values of 128, key/value latent 512, query latent 1536; Lite: 16 heads, no
+    # query latent), routed experts and 2 shared, the first block dense; 236 B (21 B active) and
+    # 15.7 B (2.4 B active); vocabulary 102400, untied; 4096-token pre-training sequences
+    arch_spec("llama", "deepseek-v2-lite", n_layer=27, hidden=2048, heads=16, head_dim=192, v_head_dim=128,
+              kv_lora_rank=512, rope_head_dim=64, seq_len=4096, max_positions=163840, vocab=102400,
+              ffn=10944, experts=64, top_k=6, expert_ffn=1408, shared_ffn=2816, dense_layers=(0,)),
+    arch_spec("llama", "deepseek-v2", n_layer=60, hidden=5120, heads=128, head_dim=192, v_head_dim=128,
+              kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=163840,
+              vocab=102400, ffn=12288, experts=160, top_k=6, expert_ffn=1536, shared_ffn=3072, dense_layers=(0,)),
+    # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2; deepseek-ai/DeepSeek-V3 config.json):
+    # 61 x 7168, the same latent attention as V2, 256 routed experts of 2048 (top-8) and one shared,
+    # the first 3 blocks dense (18432), vocabulary 129280; 671 B (37 B active) -- the main model: its
+    # multi-token prediction module (Sec. 2.2, 14 B more in the released weights) is not modelled
+    arch_spec("llama", "deepseek-v3", n_layer=61, hidden=7168, heads=128, head_dim=192, v_head_dim=128,
+              kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=163840,
+              vocab=129280, ffn=18432, experts=256, top_k=8, expert_ffn=2048, shared_ffn=2048,
+              dense_layers=(0, 1, 2)),
     # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
     # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
     # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632

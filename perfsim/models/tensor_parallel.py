@@ -56,7 +56,8 @@ def pipeline_send(numel: int, last_dim: int, tp: int, sequence_parallel: bool, m
 
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
                          bytes_per_value: int, parallel_block: bool = False,
-                         mlp_rows: float = 1.0) -> tuple[tuple[str, str, float], ...]:
+                         mlp_rows: float = 1.0, attn_widths: tuple[int, ...] = ()
+                         ) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
     per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
     in execution order; empty for ``tp == 1``. ``parallel_block`` (attention and MLP on
@@ -68,7 +69,10 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     sub-block's rows per token under sequence parallelism -- a MoE block whose experts are
     reached by all-to-all gathers and scatters the ``top_k`` routed copies of its tokens
     (Megatron-Core's ``MoEAlltoAllTokenDispatcher``: the all-to-all over the expert-parallel
-    group, then an all-gather over the tensor-parallel group; :func:`perfsim.models.moe.tp_moe_rows`)."""
+    group, then an all-gather over the tensor-parallel group; :func:`perfsim.models.moe.tp_moe_rows`).
+    ``attn_widths``: the widths the attention sub-block exchanges at its input, one collective each
+    (:meth:`perfsim.models.transformer.TransformerSpec.attention_gather_widths`: MLA's latents and
+    shared rotary key instead of the hidden state); empty: ``(hidden,)``."""
     for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
                     ("bytes_per_value", bytes_per_value)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -76,11 +80,12 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     if tp == 1:
         return ()
     full = float(micro_batch * seq * hidden * bytes_per_value)
+    attn_in = [float(micro_batch * seq * w * bytes_per_value) for w in (attn_widths or (hidden,))]
     if not sequence_parallel:
         # fwd: g after attention's row-parallel projection, g after the MLP's;
-        # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV
+        # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV (each input's)
         return ((("fwd", "allreduce", full),) * (1 if parallel_block else 2)
-                + (("bwd", "allreduce", full), ("bwd", "allreduce", full)))
+                + (("bwd", "allreduce", full),) + tuple(("bwd", "allreduce", n) for n in attn_in))
     if seq % tp:
         raise ConfigError(f"seq={seq}: sequence parallelism needs it divisible by tp={tp}")
     shard = full / tp
@@ -90,11 +95,11 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     # gradient)
     sub_fwd = (("fwd", "allgather", shard), ("fwd", "reduce_scatter", full))
     sub_bwd = (("bwd", "allgather", shard), ("bwd", "reduce_scatter", full))
-    if mlp_rows == 1.0:
-        return sub_fwd * 2 + sub_bwd * 2
+    attn_fwd = tuple(("fwd", "allgather", n / tp) for n in attn_in) + (("fwd", "reduce_scatter", full),)
+    attn_bwd = (("bwd", "allgather", shard),) + tuple(("bwd", "reduce_scatter", n) for n in attn_in)
     mlp_fwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_fwd)
     mlp_bwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_bwd)
-    return sub_fwd + mlp_fwd + mlp_bwd + sub_bwd  # backward: the MLP's first, then attention's
+    return attn_fwd + mlp_fwd + mlp_bwd + attn_bwd  # backward: the MLP's first, then attention's
 
 
 def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
@@ -146,11 +151,18 @@ def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:
 
 
 def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
-    """GEMM weights of block ``i`` (default the last) on one expert-parallel rank: QKV, the
-    attention projection and every local MLP's matrices."""
-    d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
+    """GEMM weights of block ``i`` (default the last) on one expert-parallel rank: the
+    attention's (:meth:`perfsim.models.transformer.TransformerSpec.attention_gemm_weights`)
+    and every local MLP's matrices."""
     mats = 3 if spec.gated else 2
-    return d * (q + 2 * kv) + q * d + sum(mats * d * w for w in block_mlp_widths(spec, i, ep))
+    return spec.attention_gemm_weights() + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep))
+
+
+def rank_gemm_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
+    """GEMM weights of block ``i`` one tensor-parallel rank holds: :func:`block_gemm_params`
+    split ``t`` ways, but MLA's down projections whole on every rank."""
+    whole = sum(g.k * g.n for g in spec.attention_gemms() if not g.split)
+    return -(-(block_gemm_params(spec, i, ep) - whole) // tp) + whole
 
 
 def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
@@ -158,17 +170,19 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     GEMM weights (and their column-parallel biases) split ``t`` ways -- every expert's
     too, as Megatron-Core's expert tensor parallelism; ``experts / ep`` of them with
     expert parallelism -- the norms, the row-parallel biases and a MoE router
-    replicated (Megatron-LM Sec. 3)."""
+    replicated (Megatron-LM Sec. 3), as are MLA's down projections and latent norms
+    (:meth:`perfsim.models.transformer.TransformerSpec.attention_replicated_weights`)."""
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
     widths = block_mlp_widths(spec, i, ep)
     router = d * spec.experts + (d if spec.shared_gate else 0) if spec.is_moe_block(i) else 0
-    gemm = block_gemm_params(spec, i, ep)
+    whole = spec.attention_replicated_weights()
+    gemm = block_gemm_params(spec, i, ep) - (whole - sum(spec.latent_norm_widths()))
     col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
                                                          if spec.mlp_bias else 0)
     replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
-                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params())
+                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params() + whole)
     return -(-(gemm + col_bias) // tp) + replicated
 
 

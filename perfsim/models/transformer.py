@@ -5,7 +5,8 @@ BERT alike (the knobs that change the parameter count and the operators):
 
 * attention: ``heads`` query heads of width ``head_dim`` (default ``hidden / heads``), ``kv_heads``
   key/value heads (grouped-query attention, Ainslie et al. 2023, arXiv:2305.13245;
-  ``kv_heads == heads`` is multi-head attention);
+  ``kv_heads == heads`` is multi-head attention); or multi-head latent attention
+  (``kv_lora_rank``, DeepSeek-V2/V3: :meth:`TransformerSpec.attention_gemms`);
 * MLP: width ``ffn``; ``gated`` = SwiGLU with three matrices (LLaMA, Touvron et
   al. 2023, arXiv:2307.09288), else two (GELU);
 * ``bias``: linear layers carry biases (GPT-2, BERT, NeoX) or not (LLaMA); ``qkv_bias``,
@@ -28,7 +29,8 @@ LLaMA-2 70B 68.98 B, GPT-3 175B 174.6 B, BERT-Large (with pooler) 335.1 M.
 Inline spec (``--model``): ``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200``
 with optional ``ffn=``, ``kv_heads=``; ``llama:``/``bert:``/``neox:`` select those
 architectures' conventions; ``head_dim=``, ``experts=``, ``top_k=``, ``expert_ffn=``
-describe wider heads and a mixture of experts (:mod:`perfsim.models.moe`). A Hugging
+describe wider heads and a mixture of experts (:mod:`perfsim.models.moe`); ``kv_lora_rank=``,
+``q_lora_rank=``, ``rope_head_dim=``, ``v_head_dim=`` multi-head latent attention. A Hugging
 Face ``config.json`` path (or a folder holding one) is read by
 :func:`perfsim.models.hf_config.from_hf_config`.
 """
@@ -48,6 +50,24 @@ ARCHS = {
     "llama": dict(gated=True, bias=False, norm="rmsnorm", learned_positions=False, tied=False, encoder=False),
     "bert": dict(gated=False, bias=True, norm="layernorm", learned_positions=True, tied=True, encoder=True),
 }
+
+
+@dataclass(frozen=True)
+class AttentionGemm:
+    """One GEMM taking a block's normalised input into its attention heads
+    (:meth:`TransformerSpec.attention_gemms`)."""
+
+    #: its operator's name (:class:`perfsim.models.ops.Op`)
+    name: str
+    #: input width
+    k: int
+    #: output width, all tensor-parallel ranks together
+    n: int
+    #: column-parallel (its output split over the ranks' heads), else replicated on every rank
+    split: bool
+    #: its input is written by the norm before it (Transformer Engine's ``LayerNormLinear``:
+    #: in fp8 the norm writes the fp8 copy), else it reads (and in fp8 casts) a plain tensor
+    fused_norm: bool
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,18 @@ class TransformerSpec:
     #: blocks (0-based) that keep a dense MLP of width ``ffn`` in a MoE model
     #: (DeepSeekMoE's ``first_k_dense_replace``, Qwen-MoE's ``mlp_only_layers``)
     dense_layers: tuple[int, ...] = ()
+    #: multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2): the keys and
+    #: values of every head are up-projected from one shared latent of this width (0: standard
+    #: attention); ``head_dim`` is then a query/key head's width, its rotary part included
+    kv_lora_rank: int = 0
+    #: MLA's query latent width (0: the queries are projected from the hidden state directly,
+    #: as in DeepSeek-V2-Lite)
+    q_lora_rank: int = 0
+    #: MLA's decoupled rotary part of each query/key head (DeepSeek-V2 Sec. 2.1.3): one key
+    #: part of this width shared by all heads, projected from the hidden state with the latent
+    rope_head_dim: int = 0
+    #: width of one value head (default ``head_dim``; only MLA's may differ)
+    v_head_dim: int = 0
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     kind: str = field(default="transformer", init=False)
@@ -140,6 +172,8 @@ class TransformerSpec:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.v_head_dim == 0:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
         if self.max_positions == 0:
             object.__setattr__(self, "max_positions", self.seq_len)
         if self.ffn < 1 or self.kv_heads < 1 or self.heads % self.kv_heads:
@@ -152,6 +186,28 @@ class TransformerSpec:
             raise ConfigError(f"{self.name}: head_dim={self.head_dim} must be >= 1, norms_per_block="
                               f"{self.norms_per_block} 1 or 2")
         check_moe(self)
+        self._check_latent_attention()
+
+    def _check_latent_attention(self) -> None:
+        """The MLA fields are consistent (ConfigError naming the field)."""
+        for f in ("kv_lora_rank", "q_lora_rank", "rope_head_dim", "v_head_dim"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{self.name}.{f}={v!r}: must be an integer >= 0")
+        if not self.mla:
+            if self.q_lora_rank or self.rope_head_dim or self.v_head_dim != self.head_dim:
+                raise ConfigError(f"{self.name}: q_lora_rank / rope_head_dim / a v_head_dim other than head_dim "
+                                  "need multi-head latent attention (kv_lora_rank >= 1)")
+            return
+        if self.kv_heads != self.heads:
+            raise ConfigError(f"{self.name}: kv_heads={self.kv_heads} must equal heads={self.heads} with "
+                              "multi-head latent attention (every head has its own up-projected key and value)")
+        if not 1 <= self.rope_head_dim < self.head_dim:
+            raise ConfigError(f"{self.name}: rope_head_dim={self.rope_head_dim} must be from 1 to head_dim - 1 "
+                              f"(head_dim={self.head_dim} is the query/key head's width, its rotary part included)")
+        if self.qkv_bias or self.qk_norm:
+            raise ConfigError(f"{self.name}: q/k/v biases and qk_norm are not modelled with multi-head latent "
+                              "attention (DeepSeek-V2/V3 have neither)")
 
     # ------------------------------------------------------------ sizes
     @property
@@ -161,7 +217,70 @@ class TransformerSpec:
 
     @property
     def kv_dim(self) -> int:
+        """Width of the keys: ``kv_heads x head_dim``."""
         return self.kv_heads * self.head_dim
+
+    @property
+    def v_dim(self) -> int:
+        """Width of the values: ``kv_heads x v_head_dim`` (``kv_dim`` but with MLA)."""
+        return self.kv_heads * self.v_head_dim
+
+    @property
+    def out_dim(self) -> int:
+        """Width of the attention output, the output projection's input: ``heads x v_head_dim``
+        (``q_dim`` but with MLA)."""
+        return self.heads * self.v_head_dim
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (:attr:`kv_lora_rank`)."""
+        return self.kv_lora_rank > 0
+
+    def attention_gemms(self) -> tuple[AttentionGemm, ...]:
+        """The GEMMs that take a block's normalised input into its attention heads (the output
+        projection, ``out_dim x hidden``, is not among them). Standard attention: one fused QKV
+        projection. Multi-head latent attention (DeepSeek-V2, arXiv:2405.04434, Sec. 2.1.2-2.1.3,
+        Eq. 9-19), as Megatron-Core's ``MLASelfAttention`` runs it: the down projections
+        ``hidden -> q_lora_rank`` and ``hidden -> kv_lora_rank + rope_head_dim`` (the latent and the
+        shared rotary key) are replicated on every tensor-parallel rank (Transformer Engine's
+        ``parallel_mode="duplicated"``), each latent's RMSNorm is fused into the column-parallel up
+        projection after it, ``q_lora_rank -> heads x head_dim`` and ``kv_lora_rank -> heads x
+        (head_dim - rope_head_dim + v_head_dim)`` (the keys' non-rotary part and the values); without
+        ``q_lora_rank`` the queries come from one column-parallel ``hidden -> heads x head_dim``."""
+        d = self.hidden
+        if not self.mla:
+            return (AttentionGemm("qkv", d, self.q_dim + 2 * self.kv_dim, split=True, fused_norm=True),)
+        nope = self.head_dim - self.rope_head_dim
+        q = ((AttentionGemm("q_down", d, self.q_lora_rank, split=False, fused_norm=False),
+              AttentionGemm("q_up", self.q_lora_rank, self.q_dim, split=True, fused_norm=True))
+             if self.q_lora_rank else (AttentionGemm("q", d, self.q_dim, split=True, fused_norm=False),))
+        return q + (AttentionGemm("kv_down", d, self.kv_lora_rank + self.rope_head_dim, split=False,
+                                  fused_norm=False),
+                    AttentionGemm("kv_up", self.kv_lora_rank, self.heads * (nope + self.v_head_dim), split=True,
+                                  fused_norm=True))
+
+    def latent_norm_widths(self) -> tuple[int, ...]:
+        """Widths of MLA's latent RMSNorms (the query latent's, the key/value latent's); none
+        without MLA."""
+        return tuple(w for w in (self.q_lora_rank, self.kv_lora_rank) if w)
+
+    def attention_gather_widths(self) -> tuple[int, ...]:
+        """Widths of the activations a tensor-parallel group exchanges at the attention's input:
+        the inputs of its column-parallel GEMMs (their gradients all-reduced backward; all-gathered
+        forward and reduce-scattered backward under sequence parallelism), and with MLA the shared
+        rotary key, which every rank's heads read (Megatron-Core gathers it from the sequence shards,
+        ``gather_from_sequence_parallel_region(k_pos_emb)``, whose backward sums the ranks' gradients).
+        Standard attention: the hidden state alone."""
+        widths = tuple(g.k for g in self.attention_gemms() if g.split)
+        return widths + ((self.rope_head_dim,) if self.mla else ())
+
+    def attention_gemm_weights(self) -> int:
+        """Weights of the attention's GEMMs: :meth:`attention_gemms` and the output projection."""
+        return sum(g.k * g.n for g in self.attention_gemms()) + self.out_dim * self.hidden
+
+    def attention_replicated_weights(self) -> int:
+        """Weights every tensor-parallel rank holds whole: MLA's down projections and latent norms."""
+        return sum(g.k * g.n for g in self.attention_gemms() if not g.split) + sum(self.latent_norm_widths())
 
     @property
     def moe(self) -> bool:
@@ -172,11 +291,12 @@ class TransformerSpec:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     def attention_params(self) -> int:
-        """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``), their biases and the
-        query/key norms' weights."""
+        """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``; MLA's:
+        :meth:`attention_gemms`), their biases, the query/key norms' and MLA's latent norms'
+        weights."""
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
-        return (d * (q + 2 * kv) + q * d + ((q + 2 * kv) if self.qkv_bias else 0) + (d if self.out_bias else 0)
-                + self.qk_norm_params())
+        return (self.attention_gemm_weights() + ((q + 2 * kv) if self.qkv_bias else 0)
+                + (d if self.out_bias else 0) + self.qk_norm_params() + sum(self.latent_norm_widths()))
 
     def qk_norm_params(self) -> int:
         """Weights of the query and key norms (:attr:`qk_norm`): ``head_dim`` each, shared by the heads."""
@@ -225,7 +345,7 @@ class TransformerSpec:
         """Weights of block ``i`` one token multiplies with (biases and norms left out):
         the attention projections and the dense MLP, or the router, ``top_k`` routed experts
         and the shared expert of a MoE block."""
-        d, q, kv = self.hidden, self.q_dim, self.kv_dim
+        d = self.hidden
         i = self.n_layer - 1 if i is None else i
         mats = 3 if self.gated else 2
         if self.is_moe_block(i):
@@ -233,7 +353,7 @@ class TransformerSpec:
                    + (d if self.shared_gate else 0))
         else:
             mlp = mats * d * self.ffn
-        return d * (q + 2 * kv) + q * d + mlp
+        return self.attention_gemm_weights() + mlp
 
     @property
     def params(self) -> int:
@@ -259,14 +379,15 @@ class TransformerSpec:
         head and loss). Forward FLOPs per sample: a GEMM of ``p`` weights costs
         ``2 p`` per token; attention adds ``4 T d`` per token (scores and the
         weighted sum, Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021,
-        arXiv:2104.04473, Sec. 5.1)."""
+        arXiv:2104.04473, Sec. 5.1): ``2 T q_dim`` for the scores, ``2 T out_dim`` for the
+        weighted sum (the two differ with MLA's narrower value heads)."""
         d, T, V = self.hidden, self.seq_len, self.vocab
 
         def block_flops(i: int) -> float:
             # every weight a token passes through (the active experts' and the router's in a
-            # MoE block), plus the scores and the weighted sum over q_dim-wide heads
+            # MoE block), plus the scores (q_dim wide) and the weighted sum (out_dim wide)
             gemm_w = self.gemm_weights(i)
-            return float(T * (2 * gemm_w + 4 * T * self.q_dim))
+            return float(T * (2 * gemm_w + 2 * T * (self.q_dim + self.out_dim)))
 
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table
         out = [LayerSpec("embed", self.embed_params(), (T, d), float(T * d * (1 + self.encoder)))]
@@ -298,12 +419,14 @@ def arch_spec(arch: str, name: str, **kw) -> TransformerSpec:
 
 _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq": "seq_len",
                 "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
-                "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn"}
+                "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn",
+                "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "rope_head_dim": "rope_head_dim",
+                "v_head_dim": "v_head_dim"}
 
 
 def parse_inline(text: str) -> TransformerSpec:
     """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..,head_dim=..,
-    experts=..,top_k=..,expert_ffn=..]``."""
+    experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..]``."""
     arch, _, rest = text.partition(":")
     arch = arch.strip().lower()
     if arch not in ARCHS:

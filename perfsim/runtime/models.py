@@ -40,7 +40,7 @@ def check_gpt(spec: TransformerSpec) -> None:
     GPT-2-style decoder (:data:`perfsim.models.transformer.ARCHS` ``gpt``), MLP width 4 d,
     multi-head attention of ``hidden / heads`` wide heads, a dense MLP."""
     if (spec.arch != "gpt" or spec.encoder or spec.moe or spec.ffn != 4 * spec.hidden
-            or spec.kv_heads != spec.heads or spec.head_dim * spec.heads != spec.hidden):
+            or spec.kv_heads != spec.heads or spec.head_dim * spec.heads != spec.hidden or spec.mla):
         raise ConfigError(f"model {spec.name!r}: the runtime builds GPT-2-style decoders only "
                           "(gpt arch, ffn 4 x hidden, multi-head attention, no experts)")
 
