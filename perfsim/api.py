@@ -565,6 +565,11 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + (f", dispatch pair sent as {strategy.a2a_compress} (the combine pair at "
                         f"{value_precision(strategy.precision)})" if strategy.a2a_compress != "none" and
                         strategy.ep > 1 else "") + ")")
+    if arch.mla:
+        notes.append(f"multi-head latent attention (key/value latent {arch.kv_lora_rank}"
+                     + (f", query latent {arch.q_lora_rank}" if arch.q_lora_rank else "")
+                     + f", heads {arch.head_dim}/{arch.v_head_dim} wide): priced from its projections' shapes; "
+                     "no MLA step was timed, so its interval is that of standard-attention rows")
     if strategy.a2a_compress != "none" and strategy.ep == 1:
         notes.append(f"a2a_compress {strategy.a2a_compress}{UNUSED}no expert-parallel all-to-all with ep 1")
     if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):

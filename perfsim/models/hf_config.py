@@ -312,8 +312,9 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
     ``DeepseekV3Attention``): ``kv_lora_rank``, ``q_lora_rank`` (null: DeepSeek-V2-Lite's direct
     query projection), query/key heads of ``qk_nope_head_dim + qk_rope_head_dim``, value heads of
     ``v_head_dim``. The multi-token prediction modules of DeepSeek-V3 (Sec. 2.2) are refused by
-    name; the stored checkpoint's ``quantization_config`` (fp8 weights with block scales) says how
-    the released weights are kept, not how a job trains (its ``--precision``)."""
+    name; the stored checkpoint's fp8 ``quantization_config`` (fp8 weights with 128 x 128 block
+    scales) says how the released weights are kept, not how a job trains (its ``--precision``); any
+    other quantization is refused, as for every model type."""
     nope = f.int("qk_nope_head_dim", required=True)
     kw["rope_head_dim"] = f.int("qk_rope_head_dim", required=True)
     kw["head_dim"] = nope + kw["rope_head_dim"]
@@ -323,7 +324,9 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
     f.refuse_if("num_nextn_predict_layers", f.int("num_nextn_predict_layers", 0, limit="layers", minimum=0) > 0,
                 "multi-token prediction (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2; set it to 0 to price the main "
                 "model)")
-    f.read.add("quantization_config")
+    quant = f.cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "fp8":  # any other is refused as unread
+        f.read.add("quantization_config")
     if kw["kv_heads"] != kw["heads"]:
         raise f.fail(f"num_key_value_heads={kw['kv_heads']} must equal num_attention_heads={kw['heads']} with "
                      "multi-head latent attention")

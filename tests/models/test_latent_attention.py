@@ -99,6 +99,7 @@ def test_v3_config_refuses_its_multi_token_prediction_module_by_name(tmp_path):
     ({"num_key_value_heads": 16}, "num_key_value_heads=16 must equal num_attention_heads=128"),
     ({"qk_rope_head_dim": None}, "lacks 'qk_rope_head_dim'"),
     ({"qk_rope_head_dim": 0}, "qk_rope_head_dim=0 must be an integer from 1"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "field 'quantization_config'=.* is not modelled"),
 ])
 def test_bad_latent_attention_configs_name_the_field(tmp_path, changes, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
@@ -191,7 +192,10 @@ def test_predict_memory_and_megatron_flags_end_to_end(tmp_path):
               "--gpus-per-node", "8")
     r = run_cli_here("predict", *common, "--format", "json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["summary"]["iteration_s"] > 0
+    summary = json.loads(r.stdout)["summary"]
+    assert summary["iteration_s"] > 0
+    assert "multi-head latent attention (key/value latent 512, heads 192/128 wide)" in summary["model_note"]
+    assert "no MLA step was timed" in summary["model_note"]
     r = run_cli_here("memory", *common)
     assert r.returncode == 0 and "peak" in r.stdout, r.stderr
     from perfsim.emit import architecture_args
