@@ -61,7 +61,7 @@ from perfsim.compression import make_pipeline_pair
 from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE, MIXED_PRECISIONS
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import Routing, moe_activation_values
+from perfsim.models.moe import Routing, moe_activation_values, optimizer_shard_params, stage_expert_params
 from perfsim.models.tensor_parallel import block_mlp_widths, rank_gemm_params
 from perfsim.schedules import max_in_flight
 
@@ -319,6 +319,11 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             gb = wb
         weights, grads, optimizer = model_state_bytes(psi, wb, 0 if offload else gb, 0 if offload else k,
                                                       dp, strategy.zero)
+        if strategy.zero and strategy.ep > 1 and not offload:  # the experts' state over their own group
+            ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
+                   if workload.layers[i].name.startswith("block")]
+            optimizer = k * optimizer_shard_params(psi, stage_expert_params(spec, tp, strategy.ep, ids), dp,
+                                                   strategy.ep, strategy.zero)
         host = offloaded_state_bytes(psi, dp, strategy.zero) if offload else 0.0
         sharding = sharding_buffers(st.unit_params or [psi], wb, gb, dp, strategy.zero,
                                     strategy.reshard_after_forward, offload)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from perfsim.compression.base import ALLGATHER, ALLREDUCE, REDUCE_SCATTER, CommStep
 from perfsim.errors import ConfigError
-from perfsim.hardware import curve_for
+from perfsim.hardware import BYTES_PER_VALUE, curve_for
 from perfsim.models.moe import expert_layers
 
 #: fallback optimizer / copy cost when the profile has none: the optimizer's fp32 step
@@ -121,11 +121,13 @@ def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp,
     expert data parallel group; DeepSpeed-MoE, Rajbhandari et al. 2022, arXiv:2201.05596,
     Sec. 5), ``experts / ep`` experts' parameters per rank
     (:func:`perfsim.models.moe.expert_params_per_rank`). Both on the stage's one sync stream,
-    in the order they become ready (a tie: the dense one first)."""
+    in the order they become ready (a tie: the dense one first). Under ZeRO-1 each group's
+    buckets shard its own optimizer state (:func:`zero1_steps` over the ``dp / ep`` replicas)."""
     group = strategy.dp // strategy.ep
     moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
     experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
-                       copies=strategy.grad_buffer == "bucketed", codecs=codecs)
+                       copies=strategy.grad_buffer == "bucketed", codecs=codecs,
+                       zero_param_bytes=BYTES_PER_VALUE[strategy.precision] if strategy.zero else 0)
     return sorted(dense + [replace(b, stride=strategy.ep) for b in experts], key=lambda b: b.ready_fraction)
 
 

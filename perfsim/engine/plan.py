@@ -46,7 +46,7 @@ from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import check_a2a_gpu, expert_params_per_rank
+from perfsim.models.moe import check_a2a_gpu, expert_params_per_rank, optimizer_shard_params
 from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
@@ -335,7 +335,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
             st.optimizer_s = _offloaded(strategy, network, gpu, st)
         else:
-            st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b, st.params, curve)
+            experts = params - sum(layer.params for layer in synced) if strategy.ep > 1 else 0
+            st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b,
+                                        optimizer_shard_params(params, experts, dp, strategy.ep, strategy.zero),
+                                        curve)
         stages.append(st)
     warm_steps = 0
     if onebit and dp > 1:  # the runtime's warm-up setting (spec's warmup=N, else perfsim.ddp's default)
@@ -413,8 +416,9 @@ def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
                              system.cpu_adam_params_per_s if system else None, sharing)
 
 
-def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> float:
-    """Optimizer step of one GPU of stage ``s``: the profile's measurement (fp32
+def _optimizer(workload, strategy, profile, gpu, s, a, b, shard, curve) -> float:
+    """Optimizer step of one GPU of stage ``s`` over the ``shard`` parameters it updates
+    (:func:`perfsim.models.moe.optimizer_shard_params`): the profile's measurement (fp32
     profile when no GPU preset is named), else the GPU's compute model, else the
     memory-bandwidth fallback; ``curve``: the GPU's (None without one). The job's
     optimizer (``strategy.optimizer``) is priced by the bytes its step moves
@@ -422,7 +426,6 @@ def _optimizer(workload, strategy, profile, gpu, s, a, b, params, curve) -> floa
     profile's :meth:`~perfsim.profile.Profile.timed_optimizer`) is scaled by the ratio of
     their fp32 traffic (the step is memory-bound: SGD with momentum 20 / Adam's 28)."""
     opt = None
-    shard = params / (strategy.dp if strategy.zero >= 1 else 1)
     moved = OPTIMIZERS[strategy.optimizer].step_bytes("fp32")
     if profile is not None and gpu is None:
         # the whole stage's step as a rank runs it, else the per-layer fit

@@ -198,6 +198,27 @@ def expert_params_per_rank(spec, tp: int, ep: int, i: int) -> int:
     return (spec.experts // ep) * -(-spec.mlp_params(spec.expert_ffn) // tp)
 
 
+def optimizer_shard_params(params: float, expert_params: float, dp: int, ep: int, zero: int) -> float:
+    """Parameters whose optimizer state (and step) one rank holds of ``params``, ``expert_params`` of
+    them routed experts': all without ZeRO; under ZeRO-1 and up the dense ones' ``1 / dp`` and the
+    experts' ``1 / (dp / ep)`` -- each shards over the replicas holding the same parameters, the
+    experts over their expert-data-parallel group (Megatron-Core's distributed optimizer keeps one
+    buffer per group: ``--use-distributed-optimizer`` with ``--expert-model-parallel-size``;
+    DeepSeek-V3 trains with ZeRO-1 and expert parallelism, arXiv:2412.19437, Sec. 3.2)."""
+    if not zero:
+        return params
+    return (params - expert_params) / dp + expert_params / (dp // ep)
+
+
+def stage_expert_params(spec, tp: int, ep: int, block_ids) -> int:
+    """Routed experts' parameters one rank holds of the blocks ``block_ids``
+    (:func:`expert_params_per_rank`); 0 without expert parallelism (its experts are then
+    replicated like any dense weight)."""
+    if ep == 1 or spec is None or not getattr(spec, "moe", False):
+        return 0
+    return sum(expert_params_per_rank(spec, tp, ep, i) for i in block_ids)
+
+
 def moe_activation_values(spec, tokens: int, tp: int, routing: Routing | None = None) -> float:
     """Values (of the activation dtype) one MoE block's MLP part keeps for the backward
     on the busiest rank when each rank routes ``tokens`` tokens: the token copies its
@@ -232,9 +253,6 @@ def check_routing(spec, name: str, strategy) -> None:
         raise ConfigError(f"moe_imbalance={strategy.moe_imbalance:g}: more than the busiest rank can receive "
                           f"(at most {most:g} x the balanced share: every token's copies to its {local} "
                           f"expert(s) on one rank, ep={strategy.ep}, top-{spec.top_k})")
-    if strategy.zero:
-        raise ConfigError(f"zero={strategy.zero} with ep={strategy.ep}: sharding the expert parameters' "
-                          "optimizer state over the expert-data-parallel group is not modelled")
 
 
 def expert_layers(spec, layers, tp: int, ep: int) -> list:

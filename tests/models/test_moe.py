@@ -185,7 +185,7 @@ def test_expert_all_to_all_across_nodes_uses_the_nics_and_imbalance_slows_it():
     (dict(ep=4, grad_compress="powersgd:4"), "ep=4 < dp=8: .* per-matrix hook; give --ep equal to --dp"),
     (dict(ep=4, grad_compress="onebit-adam"), "ep=4 < dp=8: .* 1-bit optimizer"),
     (dict(model="llama2-7b"), "ep=8: model 'llama2-7b' has no experts"),
-    (dict(zero=1), "zero=1 with ep=8"),
+    (dict(zero=2), "zero=2 with ep=8: not modelled"),
     (dict(moe_imbalance=0.5), "moe_imbalance=0.5: must be a finite number >= 1"),
     # qa3: 9 x the balanced share was priced (12 s an iteration); one rank of ep 8 holding one of
     # Mixtral's 8 experts receives at most every token once: 8 x 1 / top-2 = 4 x the balanced share
@@ -290,3 +290,25 @@ def test_memory_answers_expert_parallelism_smaller_than_data_parallelism():
     assert "--ep 4" in two.options_by_flags()
     # and predict simulates it with the same memory (the experts' sync: tests/engine/test_expert_dp_sync.py)
     assert two.peak_bytes / GIB == pytest.approx(predict(**job, ep=2, allow_oom=True).summary["peak_memory_gib"])
+
+
+@pytest.mark.parametrize("ep", [4, 8])
+def test_zero1_shards_the_experts_state_over_their_own_group(ep):
+    """ZeRO-1 with expert parallelism (Megatron-Core's distributed optimizer; DeepSeek-V3's
+    training): the dense parameters' Adam state over all 8 replicas, the experts' over the
+    dp / ep replicas holding the same experts -- none with ep == dp."""
+    from perfsim import memory_report, predict
+    from perfsim.models.moe import expert_params_per_rank
+
+    spec = from_hf_config(MIXTRAL)
+    job = {**EP, "ep": ep}
+    plain, sharded = memory_report(**job), memory_report(**job, zero=1)
+    weights = plain.breakdown["weights"] / 2  # bf16 weights: the rank's parameters
+    experts = sum(expert_params_per_rank(spec, 1, ep, i) for i in range(spec.n_layer))
+    assert plain.breakdown["optimizer state"] == pytest.approx(12 * weights)
+    assert sharded.breakdown["optimizer state"] == pytest.approx(12 * ((weights - experts) / 8 + experts / (8 // ep)))
+    a, b = predict(**job, allow_oom=True).summary, predict(**job, zero=1, allow_oom=True).summary
+    assert b["optimizer_s"] < a["optimizer_s"]
+    # Megatron's distributed optimizer: the fp32 gradients reduce-scattered, the bf16 weights gathered,
+    # 4 + 2 bytes where the all-reduce moved 2 x 4, in the dense and the experts' groups alike
+    assert b["dp_bytes"] == pytest.approx(0.75 * a["dp_bytes"], rel=1e-6)
