@@ -181,7 +181,7 @@ def predict(
         moe_capacity_factor (float | None):
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
-            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over their dp/ep replicas (Megatron-Core's expert data parallel group)
+            expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over their dp/ep replicas (Megatron-Core's expert data parallel group), and with zero 1 their optimizer state shards over them
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         a2a_compress (str, default 'none'):

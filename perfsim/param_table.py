@@ -269,7 +269,8 @@ PARAMS: tuple[Param, ...] = (
     Param("ep", "int", 1, "expert-parallel degree of a mixture-of-experts model: its experts split over "
           "ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; "
           "must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over "
-          "their dp/ep replicas (Megatron-Core's expert data parallel group)", "strategy", "strategy.ep",
+          "their dp/ep replicas (Megatron-Core's expert data parallel group), and with zero 1 their "
+          "optimizer state shards over them", "strategy", "strategy.ep",
           search="perfsim.search_space:expert_parallel"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",

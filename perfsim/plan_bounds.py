@@ -421,13 +421,15 @@ def _expert_nic_bytes(st, stride: int, groups: list[list[int]], out: dict, into:
     groups of replicas ``stride`` apart move through the NICs, as :func:`nic_bound` counts a
     group (``groups``: each group's members' nodes; the routed experts' expert-data-parallel
     groups, :func:`perfsim.engine.buckets.expert_buckets`)."""
-    reduce = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allreduce")
-    gather = sum(step.nbytes for b in st.buckets if b.stride == stride for step in b.steps if step.kind == "allgather")
+    steps = [step for b in st.buckets if b.stride == stride for step in b.steps]
+    reduce = sum(step.nbytes for step in steps if step.kind == "allreduce")
+    scatter = sum(step.nbytes for step in steps if step.kind == REDUCE_SCATTER)  # ZeRO-1's
+    gather = sum(step.nbytes for step in steps if step.kind == "allgather")
     for members in groups:
         nodes = Counter(members)
         N = len(nodes)
         if N < 2:
             continue
-        for node, on in nodes.items():
-            out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce
+        for node, on in nodes.items():  # each node's own members, as the dense buckets' bound counts them
+            out[node] = out.get(node, 0.0) + 2.0 * (N - 1) / N * reduce + (len(members) - on) / len(members) * scatter
             into[node] = into.get(node, 0.0) + (len(members) - on) * gather

@@ -180,3 +180,20 @@ def test_table_bound_never_exceeds_the_simulated_iteration():
     assert above >= 4  # it tightens the interleaved ones
     assert tight > 0.95  # and is within 5 % of the simulation there (an inflated bound fails above)
     assert later >= 2  # the table's starts tighten the device bound
+
+
+def test_moe_zero1_bounds_stay_under_the_simulation():
+    """ZeRO-1 with expert parallelism smaller than dp, the groups across NICs: the expert groups'
+    reduce-scatters and gathers enter the NIC bound (perfsim.plan_bounds._expert_nic_bytes), and
+    the candidate's bound stays a lower bound of its simulated iteration."""
+    from pathlib import Path
+
+    from perfsim.api import predict
+    from perfsim.plan_search import forget_jobs, plan_bound
+
+    forget_jobs()
+    mixtral = str(Path(__file__).resolve().parents[1] / "data" / "configs" / "mixtral-8x7b.json")
+    for zero in (0, 1):
+        p = dict(model=mixtral, gpu="h100", tp=1, pp=1, dp=8, ep=4, zero=zero, precision="bf16", gpus_per_node=4,
+                 nic="4x100Gbps:infiniband", micro_batch=1, global_batch=16, recompute="full", allow_oom=True)
+        assert 0 < plan_bound(p) <= predict(**p).summary["iteration_s"], zero
