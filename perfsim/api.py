@@ -314,8 +314,16 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
            else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-    return tuple(shard_block_params(arch, tp, int(layer.name[5:]), ep) if layer.name.startswith("block")
-                 else per[layer.name] for layer in model.layers)
+    kinds: dict[bool, int] = {}  # a block's share depends only on whether it holds experts
+
+    def block(i: int) -> int:
+        moe = arch.is_moe_block(i)
+        if moe not in kinds:
+            kinds[moe] = shard_block_params(arch, tp, i, ep)
+        return kinds[moe]
+
+    return tuple(block(int(layer.name[5:])) if layer.name.startswith("block") else per[layer.name]
+                 for layer in model.layers)
 
 
 def _partition(raw, model, pp: int):

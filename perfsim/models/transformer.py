@@ -38,6 +38,7 @@ Face ``config.json`` path (or a folder holding one) is read by
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from perfsim.errors import ConfigError
 from perfsim.models.moe import check_moe, moe_mlp_params
@@ -247,6 +248,11 @@ class TransformerSpec:
         projection after it, ``q_lora_rank -> heads x head_dim`` and ``kv_lora_rank -> heads x
         (head_dim - rope_head_dim + v_head_dim)`` (the keys' non-rotary part and the values); without
         ``q_lora_rank`` the queries come from one column-parallel ``hidden -> heads x head_dim``."""
+        return self._attention_gemms
+
+    @cached_property
+    def _attention_gemms(self) -> tuple[AttentionGemm, ...]:
+        """:meth:`attention_gemms`, built once per spec (the planner asks for it per candidate)."""
         d = self.hidden
         if not self.mla:
             return (AttentionGemm("qkv", d, self.q_dim + 2 * self.kv_dim, split=True, fused_norm=True),)
