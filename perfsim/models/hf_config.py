@@ -11,7 +11,7 @@ Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, falcon,
 gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with standard attention,
-deepseek-moe-16b), deepseek_v2 and deepseek_v3 (multi-head latent attention,
+deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent attention,
 :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`; DeepSeek-V3's multi-token
 prediction module is refused by name).
 
@@ -62,7 +62,7 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
-                 "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False}
+                 "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False}
 SUPPORTED = tuple(_TIED_DEFAULT)
 
 
@@ -296,7 +296,7 @@ def _read_deepseek(f: _Fields, mtype: str) -> tuple[str, dict]:
                      "evenly and topk_group be at most n_group")
     for key in ("routed_scaling_factor", "ep_size"):  # a scale inside the combine; an inference hint
         f.read.add(key)
-    if mtype in ("deepseek_v2", "deepseek_v3"):
+    if mtype in ("deepseek_v2", "deepseek_v3", "kimi_k2"):  # Kimi K2: DeepSeek-V3's architecture
         _latent_attention(f, kw)
     if routed:
         if width is None:
@@ -384,5 +384,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 
 
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
+            "kimi_k2": _read_deepseek,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

@@ -118,6 +118,13 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
               kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=163840,
               vocab=129280, ffn=18432, experts=256, top_k=8, expert_ffn=2048, shared_ffn=2048,
               dense_layers=(0, 1, 2)),
+    # Kimi K2 (Kimi Team 2025, arXiv:2507.20534; moonshotai/Kimi-K2-Base config.json, model_type
+    # kimi_k2): DeepSeek-V3's architecture with 64 heads, 384 routed experts (top-8) and one
+    # shared, only the first block dense, vocabulary 163840; "1 trillion total parameters, 32 billion
+    # activated"; pre-trained on 4096-token sequences
+    arch_spec("llama", "kimi-k2", n_layer=61, hidden=7168, heads=64, head_dim=192, v_head_dim=128,
+              kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=131072,
+              vocab=163840, ffn=18432, experts=384, top_k=8, expert_ffn=2048, shared_ffn=2048, dense_layers=(0,)),
     # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
     # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
     # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632
