@@ -66,6 +66,7 @@ def predict(
     ep: int = 1,
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
+    ep_overlap: bool = False,
     zero: int = 0,
     reshard_after_forward: bool = True,
     optimizer: str = 'adamw',
@@ -186,6 +187,8 @@ def predict(
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         a2a_compress (str, default 'none'):
             codec of the expert-parallel dispatch all-to-alls (the forward dispatch and, backward, the gradient into the expert outputs; the combine and its gradient stay at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value + an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); unused with ep 1 (no all-to-all)
+        ep_overlap (bool, default False):
+            with ep > 1: Megatron-Core's --overlap-moe-expert-parallel-comm (combined 1F1B): a forward and another micro-batch's backward run layer by layer as one unit, each one's token all-to-alls beside the other's compute, which loses 20 of 132 SMs to them while they run (DeepSeek-V3 arXiv:2412.19437 Sec. 3.2.2); with pp > 1 the interleaved schedule; default off: the all-to-alls serial with compute
         zero (int, default 0):
             ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients (reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch FSDP2 fully_shard, DeepSpeed stage 3) (one of perfsim.job.ZERO_STAGES)
         reshard_after_forward (bool, default True):
@@ -291,6 +294,7 @@ def sweep(
     ep: int | list | None = None,
     moe_imbalance: float | list | None = None,
     a2a_compress: str | list | None = None,
+    ep_overlap: bool | list | None = None,
     zero: int | list | None = None,
     reshard_after_forward: bool | list | None = None,
     optimizer: str | list | None = None,
@@ -402,6 +406,7 @@ def memory_report(
     ep: int = 1,
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
+    ep_overlap: bool = False,
     zero: int = 0,
     reshard_after_forward: bool = True,
     optimizer: str = 'adamw',

@@ -157,6 +157,10 @@ class Strategy(Job):
     #: codec of the expert-parallel dispatch all-to-alls (perfsim.models.moe.parse_a2a_compress):
     #: ``none``, ``fp8`` (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3) or ``directq:BITS``
     a2a_compress: str = "none"
+    #: Megatron-Core's ``--overlap-moe-expert-parallel-comm``: a forward and another micro-batch's
+    #: backward run as one unit, each one's all-to-alls beside the other's compute
+    #: (perfsim.engine.ep_overlap)
+    ep_overlap: bool = False
     #: how the micro-batches accumulate their weight gradients in the GPU compute model
     #: (perfsim.models.ops.GRAD_ACCUMULATION): ``fused`` (gradient accumulation fusion),
     #: ``main-grad`` (Megatron's local DDP hook, every parameter every micro-batch) or
@@ -198,6 +202,22 @@ class Strategy(Job):
         # with ep 1 there is no all-to-all to compress: unused (the model note says so), not refused, so
         # that perfsim plan can search ep with a given codec
         object.__setattr__(self, "a2a_compress", parse_a2a_compress(self.a2a_compress))
+        if self.ep_overlap:
+            self._check_ep_overlap()
+
+    def _check_ep_overlap(self) -> None:
+        """What Megatron-Core's combined 1F1B runs with, and what its model here covers (ConfigError)."""
+        if self.ep == 1:
+            raise ConfigError("ep_overlap: needs ep > 1 (there is no all-to-all to hide)")
+        if self.pp > 1 and self.schedule != "interleaved-1f1b":
+            raise ConfigError(f"ep_overlap with pp={self.pp}: Megatron-Core's combined 1F1B runs inside the "
+                              f"interleaved schedule (--schedule interleaved-1f1b), not {self.schedule!r}")
+        if self.recompute == "full":
+            raise ConfigError("ep_overlap with recompute=full: the recomputed forward's all-to-alls are not "
+                              "placed in the combined unit's phases (not modelled); use none or selective")
+        if self.a2a_compress != "none":
+            raise ConfigError(f"ep_overlap with a2a_compress={self.a2a_compress!r}: the codec's kernels beside "
+                              "the overlapped all-to-alls are not modelled")
 
     @property
     def grad_dtype(self) -> str:

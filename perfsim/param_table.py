@@ -280,6 +280,11 @@ PARAMS: tuple[Param, ...] = (
           "at the training precision, as DeepSeek-V3 arXiv:2412.19437 Sec. 3.3): none, fp8 (1 byte a value "
           "+ an fp32 scale per 128, a GPU preset with fp8 (Hopper)) or directq:BITS (arXiv:2206.01299); "
           "unused with ep 1 (no all-to-all)", "strategy", "strategy.a2a_compress"),
+    Param("ep_overlap", "bool", False, "with ep > 1: Megatron-Core's --overlap-moe-expert-parallel-comm "
+          "(combined 1F1B): a forward and another micro-batch's backward run layer by layer as one unit, each "
+          "one's token all-to-alls beside the other's compute, which loses 20 of 132 SMs to them while they "
+          "run (DeepSeek-V3 arXiv:2412.19437 Sec. 3.2.2); with pp > 1 the interleaved schedule; default off: "
+          "the all-to-alls serial with compute", "strategy", "strategy.ep_overlap"),
     Param("zero", "int", 0, "ZeRO stage sharded over dp: 0 none, 1 optimizer state, 2 + gradients "
           "(reduce-scatter), 3 + parameters (gathered per layer in forward and backward; PyTorch "
           "FSDP2 fully_shard, DeepSpeed stage 3)", "strategy", "strategy.zero", minimum=0,

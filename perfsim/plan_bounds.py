@@ -78,7 +78,7 @@ def pass_work(pl, split: bool | None = None) -> list[float]:
     schedule table; True: whatever the schedule, a bound for every schedule)."""
     if split is None:
         split = any(a.kind == BACKWARD_INPUT for row in pl.table.rows for a in row)
-    return [st.fwd_s + st.fwd_tp_s + st.bwd_s + st.bwd_tp_s - (st.wgrad_s if split else 0.0) for st in pl.stages]
+    return [st.fwd_s + st.fwd_tp_min + st.bwd_s + st.bwd_tp_min - (st.wgrad_s if split else 0.0) for st in pl.stages]
 
 
 def compute_bound(pl, schedule: str, hops: Sequence[tuple[float, float]] | None = None,
@@ -98,8 +98,8 @@ def compute_bound(pl, schedule: str, hops: Sequence[tuple[float, float]] | None 
     them that stage ``k+1``'s device runs (:func:`boundary_hops`); ``codec[d]``:
     the encode and decode seconds device ``d`` runs per iteration (both None: compute
     only)."""
-    fwd = [st.fwd_s + st.fwd_tp_s for st in pl.stages]
-    bwd = [st.bwd_s + st.bwd_tp_s for st in pl.stages]
+    fwd = [st.fwd_s + st.fwd_tp_min for st in pl.stages]
+    bwd = [st.bwd_s + st.bwd_tp_min for st in pl.stages]
     work = [f + b for f, b in zip(fwd, bwd)]
     m = pl.num_microbatches
     where = pl.table.stage_device
@@ -172,11 +172,11 @@ def _action_s(st, kind: str) -> float:
     """Seconds a compute action of stage plan ``st`` keeps its device busy (as the engine
     runs it: compute and its tensor-parallel collectives, serial)."""
     if kind == FORWARD:
-        return st.fwd_s + st.fwd_tp_s
+        return st.fwd_s + st.fwd_tp_min
     if kind == BACKWARD:
-        return st.bwd_s + st.bwd_tp_s
+        return st.bwd_s + st.bwd_tp_min
     if kind == BACKWARD_INPUT:
-        return st.bwd_s - st.wgrad_s + st.bwd_tp_s
+        return st.bwd_s - st.wgrad_s + st.bwd_tp_min
     return st.wgrad_s
 
 

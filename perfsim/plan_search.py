@@ -124,7 +124,7 @@ def plan_bound(params: dict[str, Any]) -> float:
     """:func:`~perfsim.plan_bounds.iteration_bound` of a configuration, from the engine's own plan (stage
     compute, exact boundary wire bytes) -- no simulation."""
     _, strategy, system, profile, pl, net, memo = _member(params)
-    work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
+    work = [st.fwd_s + st.bwd_s + st.fwd_tp_min + st.bwd_tp_min for st in pl.stages]
     boundary = [max(st.fw_bytes, st.bw_bytes) for st in pl.stages[:-1]]
 
     where = pl.table.stage_device
@@ -252,7 +252,7 @@ def family_bound(params: dict[str, Any]) -> float:
         _, strategy, _, _, pl, _ = engine_plan(q, compute_only=True)
     except ConfigError:
         return 0.0
-    work = [st.fwd_s + st.bwd_s + st.fwd_tp_s + st.bwd_tp_s for st in pl.stages]
+    work = [st.fwd_s + st.bwd_s + st.fwd_tp_min + st.bwd_tp_min for st in pl.stages]
     # the groups may differ in schedule: the pass without weight gradients holds for all
     return iteration_bound(work, [], pl.num_microbatches, None, stage_device=pl.table.stage_device,
                            pass_s=pass_work(pl, split=True))

@@ -69,6 +69,10 @@ def cases() -> dict[str, dict]:
         out["mixtral-ep8-dp16"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=16, ep=8, micro_batch=1,
                                        global_batch=64, seq_len=4096, gpus_per_node=8, bandwidth="400Gbps",
                                        recompute="full", allow_oom=True)
+        # Megatron-Core's combined 1F1B: the all-to-alls beside another micro-batch's compute
+        out["mixtral-ep8-overlap"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=8, ep=8, micro_batch=1,
+                                          global_batch=64, gpus_per_node=8, nic="8x400Gbps:infiniband",
+                                          precision="bf16", recompute="selective", allow_oom=True, ep_overlap=True)
         # the fp8 dispatch all-to-all (DeepSeek-V3), the expert-parallel group over two nodes of 4 GPUs
         out["mixtral-ep8-a2a-fp8"] = dict(model=MIXTRAL, gpu="h100", tp=1, pp=1, dp=8, ep=8, micro_batch=1,
                                           global_batch=64, gpus_per_node=4, nic="4x400Gbps:infiniband",

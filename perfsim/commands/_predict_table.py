@@ -154,8 +154,10 @@ def render(results, file=None, width: int | None = None, color: bool = True,
             console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
                           f"(serial with compute)")
         if s.get("ep", 1) > 1:
+            how = (f"{format_time(s['ep_hidden_s'])} of them hidden beside another micro-batch's compute, "
+                   "--ep-overlap" if s.get("ep_overlap") else "serial with compute")
             console.print(f"expert parallel {s['ep']}: {format_time(s['ep_comm_s'])} of token all-to-alls per "
-                          f"stage and iteration (dispatch and combine, serial with compute; in the stages' "
+                          f"stage and iteration (dispatch and combine, {how}; in the stages' "
                           f"layer collectives), {format_bytes(s['ep_bytes'])} sent per iteration")
         if s.get("tied_bytes"):
             console.print(f"tied embedding: the first and the last stage all-reduce its gradient after the "

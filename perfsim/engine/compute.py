@@ -63,6 +63,7 @@ from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_precision
 from perfsim.job import OPTIMIZERS
 from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
+from perfsim.models.moe import moe_ops
 from perfsim.models.ops import FP8_CASTS, FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
@@ -260,26 +261,11 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     priced = replace(curve, kernel_s=0.0) if queue else curve
 
     def fwd_bwd(ops, recomputable: bool):
-        f, b = _fwd_bwd(ops, recomputable, priced)
+        f, b = ops_fwd_bwd(ops, recompute if recomputable else "none", gpu, precision, priced, rates, permuted)
         if not queue:
             return f, b
         nf, nb = kernel_counts(ops, recompute if recomputable else "none")
         return queued(f, nf, curve.kernel_s), queued(b, nb, curve.kernel_s)
-
-    def _fwd_bwd(ops, recomputable: bool, curve: Curve):
-        t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
-        fwd = sum(t)
-        # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
-        bwd = sum(flash_time(op, gpu, precision, curve, rates, backward=True) if op.flash else
-                  gemm_backward_time(op, gpu, precision, curve, bpv) if permuted and op.m and op.bwd_bytes is None
-                  else 2 * x if op.bwd_bytes is None else
-                  op_time(Op(op.name, bytes=op.bwd_bytes), gpu, precision, curve, bpv, rates)
-                  if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
-        if recomputable and recompute == "full":
-            bwd += fwd
-        elif recomputable and recompute == "selective":
-            bwd += sum(x for op, x in zip(ops, t) if op.attention_core)
-        return fwd, bwd
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv, grad_acc), False)
     first = {}  # a block of each kind (dense, MoE): its parameters on this rank
@@ -297,6 +283,44 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
     fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
     bwd = [e[1]] + [x[1] for x in blk] + [hd[1]]
     return fwd, bwd
+
+
+def ops_fwd_bwd(ops, recompute: str, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRates | None = None,
+                permuted: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of ``ops`` on their GPU time alone: each op's :func:`op_time`;
+    its backward two GEMMs per GEMM (``permuted``: as they run, :func:`gemm_backward_time`),
+    FlashAttention's own, the bytes the op states, else twice the forward; the recomputed forward
+    under ``recompute`` (``full``: all of it, ``selective``: the attention core)."""
+    bpv = BYTES_PER_VALUE[precision]
+    t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
+    fwd = sum(t)
+    # two GEMMs per GEMM, twice the bytes, twice the operators -- unless the op says
+    bwd = sum(flash_time(op, gpu, precision, curve, rates, backward=True) if op.flash else
+              gemm_backward_time(op, gpu, precision, curve, bpv) if permuted and op.m and op.bwd_bytes is None
+              else 2 * x if op.bwd_bytes is None else
+              op_time(Op(op.name, bytes=op.bwd_bytes), gpu, precision, curve, bpv, rates)
+              if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective":
+        bwd += sum(x for op, x in zip(ops, t) if op.attention_core)
+    return fwd, bwd
+
+
+def moe_mlp_share(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str, curve: Curve,
+                  attention: str = "megatron", routing=None, fp8_casts: str = "te") -> tuple[float, float]:
+    """(forward, backward) share of a MoE block's GPU time that its MLP half takes -- the router,
+    the permutations, the experts and the shared expert (:func:`perfsim.models.moe.moe_ops`), the
+    rest being the attention half -- priced on ``curve`` as :func:`transformer_times` prices the
+    block (:mod:`perfsim.engine.ep_overlap` splits a block's time by it)."""
+    bpv = BYTES_PER_VALUE[precision]
+    permuted = curve.gemm_quantization == "waves"
+    block = block_ops(spec, mb, tp, sp, bpv, attention, True, routing,
+                      fp8_casts=precision == "fp8" and fp8_casts == "te")
+    mlp = moe_ops(spec, mb * spec.seq_len, tp, bpv, routing)
+    bf, bb = ops_fwd_bwd(block, recompute, gpu, precision, curve, None, permuted)
+    mf, mbwd = ops_fwd_bwd(mlp, recompute, gpu, precision, curve, None, permuted)
+    return (mf / bf if bf else 0.0), (mbwd / bb if bb else 0.0)
 
 
 def kernel_counts(ops, recompute: str = "none") -> tuple[int, int]:

@@ -39,14 +39,16 @@ from perfsim.compression.spec import Spec
 from perfsim.engine.buckets import (FALLBACK_MEMORY_BPS, Bucket, _buckets, bucket_codec_times, copy_time,
                                     expert_buckets)
 from perfsim.engine.codec_cost import codec_costs
-from perfsim.engine.compute import optimizer_time
+from perfsim.engine.compute import moe_mlp_share, optimizer_time
+from perfsim.engine.ep_overlap import MoELayerTimes
+from perfsim.engine.ep_overlap import savings as ep_savings
 from perfsim.engine.group_times import ep_stage_times, tp_stage_times, uniform_network
 from perfsim.engine.layer_times import measured_shape
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import check_a2a_gpu, expert_params_per_rank, optimizer_shard_params
+from perfsim.models.moe import Routing, check_a2a_gpu, expert_params_per_rank, optimizer_shard_params
 from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
@@ -87,6 +89,19 @@ class StagePlan:
     unit_params: list[int] = field(default_factory=list)  # parameters of each layer (sharding unit)
     #: ZeRO-2/3 units with their per-micro-batch collectives (perfsim.engine.sharding); empty otherwise
     units: list = field(default_factory=list)
+    #: ``--ep-overlap``: one MoE block's halves and all-to-alls (perfsim.engine.ep_overlap.MoELayerTimes)
+    moe_layer: Any = None
+
+    @property
+    def fwd_tp_min(self) -> float:
+        """:attr:`fwd_tp_s` less every all-to-all ``--ep-overlap`` may hide of it: what a lower
+        bound may charge (:mod:`perfsim.plan_bounds`)."""
+        return self.fwd_tp_s - (2 * self.moe_layer.blocks * self.moe_layer.a2a_fwd if self.moe_layer else 0.0)
+
+    @property
+    def bwd_tp_min(self) -> float:
+        """:attr:`bwd_tp_s` less every all-to-all ``--ep-overlap`` may hide of it."""
+        return self.bwd_tp_s - (2 * self.moe_layer.blocks * self.moe_layer.a2a_bwd if self.moe_layer else 0.0)
 
 
 @dataclass
@@ -127,6 +142,9 @@ class Plan:
     shard_host_note: str = ""
     #: what priced the encodes and decodes (perfsim.engine.codec_cost.codec_costs)
     codec_model: str = ""
+    #: ``--ep-overlap``: (stage, micro-batch, kind) -> seconds the action saves as the later of a
+    #: combined forward/backward pair (perfsim.engine.ep_overlap.savings); empty otherwise
+    ep_savings: dict = field(default_factory=dict)
 
     @cached_property
     def comm_rows(self) -> list[list]:
@@ -247,6 +265,7 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
             c = compute.stages[s]
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes, st.ep_s, st.ep_bytes = (c.fwd_tp_s, c.bwd_tp_s, c.tp_bytes,
                                                                            c.ep_s, c.ep_bytes)
+            st.moe_layer = c.moe_layer
         elif network is not None:
             blocks = sum(1 for layer in layers if layer.name.startswith("block"))
             names = {layer.name for layer in layers}
@@ -263,6 +282,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                      host_s=curve.collective_s if curve else 0.0,
                                                      uniform=uniform, profile=profile, gpu=gpu)
                 st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
+                if getattr(strategy, "ep_overlap", False) and moe_blocks:
+                    st.moe_layer = _moe_layer(workload, strategy, gpu, curve, a, b, ef, eb, moe_blocks)
         if compute_only:
             stages.append(st)
             continue
@@ -348,13 +369,34 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     from perfsim.engine.sharding import fsdp_host_note, host_driven  # lazy: simpy stays out of perfsim memory
 
     hosted = dp > 1 and strategy.zero >= 2 and host_driven(profile, gpu)
-    return Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
+    plan = Plan(stages, pp, dp, strategy.num_microbatches, mb, strategy.compress, grad_spec,
                 default_fw.spec or default_fw.name, default_bw.spec or default_bw.name, has_warmup,
                 strategy.overlap_grad_sync and not onebit, tp, strategy.device, warm_steps,
                 warm_buckets if warm_steps else None, table, tied_sync_bytes(workload, strategy, table),
                 strategy.zero, strategy.reshard_after_forward, hosted,
                 (strategy.grad_compress.refresh or 0) if warm_steps else 0,
                 fsdp_host_note(profile) if hosted and strategy.zero >= 3 else "", codec_note)
+    if getattr(strategy, "ep_overlap", False):
+        plan.ep_savings = ep_savings(table, [st.moe_layer for st in stages])
+    return plan
+
+
+def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, ef: float, eb: float, blocks: int) -> MoELayerTimes:
+    """One MoE block of the stage holding layers ``a:b`` for ``--ep-overlap``: its time split into
+    its attention and MLP halves (:func:`perfsim.engine.compute.moe_mlp_share`) and one all-to-all
+    each way (``ef`` / ``eb``: the stage's ``blocks`` dispatches and combines, forward / backward)."""
+    if gpu is None:
+        raise ConfigError("ep_overlap: needs a GPU preset (--gpu): the overlap splits a MoE block into its "
+                          "attention and MLP halves by the GPU's operator model")
+    arch = workload.arch
+    i = next(i for i in range(a, b) if workload.layers[i].name.startswith("block")
+             and arch.is_moe_block(int(workload.layers[i].name[5:])))
+    share_f, share_b = moe_mlp_share(arch, gpu, strategy.precision, strategy.micro_batch, strategy.tp,
+                                     strategy.sequence_parallel, strategy.recompute, curve, strategy.attention,
+                                     Routing.of(strategy), strategy.fp8_casts)
+    f, bw = workload.fwd_s[i], workload.bwd_s[i]
+    return MoELayerTimes(f * (1 - share_f), bw * (1 - share_b), f * share_f, bw * share_b,
+                         ef / (2 * blocks), eb / (2 * blocks), blocks)
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,

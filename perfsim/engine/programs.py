@@ -9,7 +9,8 @@ program steps, the same for every replica, so the walk only looks values up:
 * a compute step ``(kind, action, stage, micro-batch, seconds, tensor-parallel seconds,
   sharded, last, column)``: its seconds from the stage's plan (a zero-bubble backward is
   ``I`` then a later ``W``, :attr:`perfsim.engine.plan.StagePlan.wgrad_s`), its
-  tensor-parallel collectives' seconds, whether it runs unit by unit (ZeRO-2/3,
+  tensor-parallel collectives' seconds (both less what a combined forward/backward pair saves,
+  ``--ep-overlap``: :mod:`perfsim.engine.ep_overlap`), whether it runs unit by unit (ZeRO-2/3,
   :mod:`perfsim.engine.sharding`) and whether it completes the stage's weight gradients
   (its buckets' gradient sync starts inside it);
 * a receive or a send as :func:`comm_step` gives it;
@@ -18,6 +19,7 @@ program steps, the same for every replica, so the walk only looks values up:
 
 from __future__ import annotations
 
+from perfsim.engine.ep_overlap import shortened
 from perfsim.engine.plan import Plan
 from perfsim.schedules import (BACKWARD, BACKWARD_INPUT, BACKWARD_WEIGHT, FORWARD, RECV_B, RECV_F,
                                SEND_B, SEND_F)
@@ -51,6 +53,8 @@ def device_program(plan: Plan, d: int, row: list, buckets: list, warmup: bool) -
             # tensor-parallel collectives, serial with the compute (the backward's
             # reduce the input gradient: they go with B or I, not W)
             tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
+            # --ep-overlap: the later action of a combined forward/backward pair is shorter
+            seconds, tp_s = shortened(seconds, tp_s, plan.ep_savings.get((k, mb, kind), 0.0))
             sharded = bool(sp.units) and kind in (FORWARD, BACKWARD)  # ZeRO-2/3: collectives per unit
             last = a is last_grad.get(k) and bool(buckets[k])
             op = (kind, a, k, mb, seconds, tp_s, sharded, last,

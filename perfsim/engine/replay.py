@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from perfsim.compression.base import ALLREDUCE
 from perfsim.engine.contention import _chains, _Flows, uncontended
+from perfsim.engine.ep_overlap import shortened
 from perfsim.engine.plan import Plan, system_slowdown
 from perfsim.engine.sim_output import DeviceStats, SimOutput
 from perfsim.network import Network
@@ -185,6 +186,7 @@ def _pipeline(plan: Plan, network: Network, reps: list[int], order, buckets, war
             seconds = {FORWARD: sp.fwd_s, BACKWARD: sp.bwd_s, BACKWARD_INPUT: sp.bwd_s - sp.wgrad_s,
                        BACKWARD_WEIGHT: sp.wgrad_s}[kind]
             tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
+            seconds, tp_s = shortened(seconds, tp_s, plan.ep_savings.get((k, mb, kind), 0.0))  # --ep-overlap
             if a is last_grad[d].get(k) and buckets[k]:
                 total, done = seconds + tp_s, 0.0
                 for b, bucket in enumerate(buckets[k]):

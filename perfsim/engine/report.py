@@ -166,6 +166,8 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         # expert parallelism: its all-to-alls per stage and micro-batch (in tp_comm_s), bytes per iteration
         "ep": strategy.ep, "ep_comm_s": max((sp.ep_s for sp in plan.stages), default=0.0) * plan.num_microbatches,
         "ep_bytes": sum(sp.ep_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
+        # --ep-overlap: of ep_comm_s, the seconds hidden beside another micro-batch's compute (per stage)
+        "ep_overlap": strategy.ep_overlap, "ep_hidden_s": _hidden_per_stage(plan),
         # bytes sent by every rank of the tied-embedding all-reduces (first and last stage) per iteration
         "tied_embedding": strategy.tied_embedding,
         "tied_bytes": 2 * collective_cost("allreduce", plan.tied_sync_bytes, 2)[0] * dp * strategy.tp,
@@ -213,3 +215,12 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
                               "args": {"name": f"stage {s} grad sync"}})
         trace.extend(out.trace)
     return Result(summary, stages, micro, links, trace)
+
+
+def _hidden_per_stage(plan) -> float:
+    """The most all-to-all seconds one stage hides per iteration under ``--ep-overlap``
+    (:attr:`perfsim.engine.plan.Plan.ep_savings`; 0 without it)."""
+    per: dict[int, float] = {}
+    for (stage, _, _), seconds in plan.ep_savings.items():
+        per[stage] = per.get(stage, 0.0) + seconds
+    return max(per.values(), default=0.0)
