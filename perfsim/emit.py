@@ -237,6 +237,8 @@ def moe_args_of(arch, strategy) -> tuple[list[str], list[str]]:
         args += ["--moe-layer-freq", f"[{freq}]"]
     if strategy.ep > 1:
         args += ["--expert-model-parallel-size", str(strategy.ep), "--moe-token-dispatcher-type", "alltoall"]
+    if getattr(strategy, "ep_overlap", False):  # the combined 1F1B schedule (perfsim.engine.ep_overlap)
+        args.append("--overlap-moe-expert-parallel-comm")
     if strategy.moe_capacity_factor is not None:
         args += ["--moe-expert-capacity-factor", str(strategy.moe_capacity_factor),
                  "--moe-pad-expert-input-to-capacity"]

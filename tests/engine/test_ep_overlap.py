@@ -112,3 +112,13 @@ def test_the_planners_bound_stays_under_the_simulation():
     for job in (JOB, dict(JOB, pp=2, dp=4, ep=4, schedule="interleaved-1f1b", virtual_stages=2)):
         p = dict(job, ep_overlap=True)
         assert 0 < plan_bound(p) <= predict(**p).summary["iteration_s"]
+
+
+def test_megatron_flags_say_the_overlap():
+    from perfsim.api import build_configs
+    from perfsim.emit import moe_args_of
+
+    wl, st, _, _ = build_configs(**{k: v for k, v in JOB.items() if k != "allow_oom"}, ep_overlap=True)
+    assert "--overlap-moe-expert-parallel-comm" in moe_args_of(wl.arch, st)[0]
+    assert "--overlap-moe-expert-parallel-comm" not in moe_args_of(wl.arch, build_configs(
+        **{k: v for k, v in JOB.items() if k != "allow_oom"})[1])[0]
