@@ -142,7 +142,7 @@ class Plan:
     shard_host_note: str = ""
     #: what priced the encodes and decodes (perfsim.engine.codec_cost.codec_costs)
     codec_model: str = ""
-    #: ``--ep-overlap``: (stage, micro-batch, kind) -> seconds the action saves as the later of a
+    #: ``--ep-overlap``: (stage, micro-batch, kind) -> seconds of its all-to-alls the action hides in a
     #: combined forward/backward pair (perfsim.engine.ep_overlap.savings); empty otherwise
     ep_savings: dict = field(default_factory=dict)
 

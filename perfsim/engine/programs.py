@@ -53,7 +53,7 @@ def device_program(plan: Plan, d: int, row: list, buckets: list, warmup: bool) -
             # tensor-parallel collectives, serial with the compute (the backward's
             # reduce the input gradient: they go with B or I, not W)
             tp_s = sp.fwd_tp_s if kind == FORWARD else 0.0 if kind == BACKWARD_WEIGHT else sp.bwd_tp_s
-            # --ep-overlap: the later action of a combined forward/backward pair is shorter
+            # --ep-overlap: an action of a combined forward/backward pair hides some of its all-to-alls
             seconds, tp_s = shortened(seconds, tp_s, plan.ep_savings.get((k, mb, kind), 0.0))
             sharded = bool(sp.units) and kind in (FORWARD, BACKWARD)  # ZeRO-2/3: collectives per unit
             last = a is last_grad.get(k) and bool(buckets[k])
