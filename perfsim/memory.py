@@ -313,6 +313,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     out = []
     for st in plan.stages:
         psi = st.params
+        ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
+               if workload.layers[i].name.startswith("block")]  # the stage's transformer blocks
         wb, gb = (2 if mixed else 4), BYTES_PER_VALUE[strategy.grad_dtype]
         offload = strategy.offload == "optimizer"
         if offload:  # ZeRO-Offload: 16-bit gradients streamed to the host; no shard, no state on the GPU
@@ -320,8 +322,6 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
         weights, grads, optimizer = model_state_bytes(psi, wb, 0 if offload else gb, 0 if offload else k,
                                                       dp, strategy.zero)
         if strategy.zero and strategy.ep > 1 and not offload:  # the experts' state over their own group
-            ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
-                   if workload.layers[i].name.startswith("block")]
             optimizer = k * optimizer_shard_params(psi, stage_expert_params(spec, tp, strategy.ep, ids), dp,
                                                    strategy.ep, strategy.zero)
         host = offloaded_state_bytes(psi, dp, strategy.zero) if offload else 0.0
@@ -331,8 +331,7 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
         inflight = max_in_flight([a for a in table[table.stage_device[st.index]] if a.stage == st.index])
         act = 0.0
         if spec is not None:
-            blocks = sum(1 for i in range(st.first_layer, st.last_layer)
-                         if workload.layers[i].name.startswith("block"))
+            blocks = len(ids)
             per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
                                                strategy.recompute, bpv, strategy.attention, routing)
             act = blocks * per_layer * inflight
@@ -342,8 +341,6 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
             if st.last_layer == len(workload.layers) and not spec.encoder:
                 act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, inflight)
             if prec == "fp8" and blocks:
-                ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
-                       if workload.layers[i].name.startswith("block")]
                 weights += fp8_bytes(spec, ids, tp, dp, strategy.zero, strategy.ep)
             if strategy.recompute == "full" and blocks:
                 act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,

@@ -48,7 +48,8 @@ from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
-from perfsim.models.moe import Routing, check_a2a_gpu, expert_params_per_rank, optimizer_shard_params
+from perfsim.models.moe import (Routing, check_a2a_gpu, expert_params_per_rank, optimizer_shard_params,
+                                stage_expert_params)
 from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
 from perfsim.workload import partition
@@ -356,7 +357,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
             st.optimizer_s = _offloaded(strategy, network, gpu, st)
         else:
-            experts = params - sum(layer.params for layer in synced) if strategy.ep > 1 else 0
+            experts = stage_expert_params(arch, tp, strategy.ep, [int(layer.name[5:]) for layer in layers
+                                                                  if layer.name.startswith("block")])
             st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b,
                                         optimizer_shard_params(params, experts, dp, strategy.ep, strategy.zero),
                                         curve)
