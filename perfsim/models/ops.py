@@ -172,7 +172,6 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
     heads = max(1, spec.heads // tp)
-    q = spec.q_dim
     dh, dv = spec.head_dim, spec.v_head_dim
     out = spec.out_dim // tp  # one rank's attention output, the projection's input
     attn_scores = b * heads * s * s
@@ -192,8 +191,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     if spec.mla:
         attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
     else:
-        v_width = spec.kv_dim // tp if spec.kv_heads >= tp else dh  # one rank's keys (and values): split, or one head
-        qkv = q // tp + 2 * v_width
+        v_width, qkv = rank_kv_width(spec, tp), rank_qkv_width(spec, tp)
         attn_in = [
             Op("qkv", m=tok, n=qkv, k=h),
             *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
@@ -228,6 +226,17 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     if fp8_casts:
         ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe)
     return ops + [dropout_add("dropout_residual2")]
+
+
+def rank_kv_width(spec, tp: int) -> int:
+    """One tensor-parallel rank's keys (as wide as its values, standard attention): its share of the
+    key/value heads, or one whole head when there are fewer heads than ranks."""
+    return spec.kv_dim // tp if spec.kv_heads >= tp else spec.head_dim
+
+
+def rank_qkv_width(spec, tp: int) -> int:
+    """The output width of one rank's fused QKV projection: its queries, keys and values."""
+    return spec.q_dim // tp + 2 * rank_kv_width(spec, tp)
 
 
 def latent_attention_ops(spec, tok: int, tok_sp: int, tp: int, bpv: int) -> list[Op]:
@@ -276,7 +285,6 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
     the amax-history update, a few KB. ``dense_mlp`` False (a mixture-of-experts block): only the
     attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced."""
     h, f = spec.hidden, spec.ffn // tp
-    q = spec.q_dim // tp
     cast_t = bpv + 2  # read bpv, write the fp8 copy and the fp8 transpose
     ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * spec.out_dim // tp, bwd_bytes=0.0)]
     if spec.mla:  # each projection's output gradient; its input transposed (a fused norm's) or cast
@@ -285,8 +293,7 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
             ops.append(Op(f"fp8_{g.name}_input_transpose", bwd_bytes=2.0 * tok * g.k) if g.fused_norm else
                        Op(f"fp8_{g.name}_input_cast_transpose", bytes=cast_t * tok * g.k, bwd_bytes=0.0))
     else:
-        qkv = (spec.q_dim + 2 * spec.kv_dim) // tp if spec.kv_heads >= tp else q + 2 * spec.head_dim
-        ops += [Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * qkv),
+        ops += [Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * rank_qkv_width(spec, tp)),
                 Op("fp8_norm1_out_transpose", bwd_bytes=2.0 * tok * h)]
     ops.append(Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h))
     if dense_mlp:
