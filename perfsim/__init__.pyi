@@ -27,6 +27,7 @@ def predict(
     *,
     model: str = 'gpt2-xl',
     seq_len: int | None = None,
+    mtp_layers: int | None = None,
     workload: str | os.PathLike | None = None,
     profile: str | os.PathLike | Profile | None = None,
     topology: str | os.PathLike | None = None,
@@ -109,6 +110,8 @@ def predict(
             model: a preset (gpt2-xl, bert-large, llama2-70b, gpt3-175b ...), an inline transformer gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..] (also llama:/bert:/neox:), or a Hugging Face config.json
         seq_len (int | None):
             sequence length of a transformer model (default: the preset's)
+        mtp_layers (int | None):
+            multi-token prediction modules trained with a transformer (DeepSeek-V3 trains 1; Megatron-Core --mtp-num-layers): each a projection, one more block and one more LM-head pass on the last pipeline stage (default: the model's own, a config.json's num_nextn_predict_layers, else 0)
         workload (str | os.PathLike | None):
             workload file (TOML/JSON, docs/formats.md) instead of a preset, or a packaged example name (example-workload)
         profile (str | os.PathLike | Profile | None):
@@ -255,6 +258,7 @@ def sweep(
     *,
     model: str | list | None = None,
     seq_len: int | list | None = None,
+    mtp_layers: int | list | None = None,
     workload: str | os.PathLike | list | None = None,
     profile: str | os.PathLike | Profile | list | None = None,
     topology: str | os.PathLike | list | None = None,
@@ -367,6 +371,7 @@ def memory_report(
     *,
     model: str = 'gpt2-xl',
     seq_len: int | None = None,
+    mtp_layers: int | None = None,
     workload: str | os.PathLike | None = None,
     profile: str | os.PathLike | Profile | None = None,
     topology: str | os.PathLike | None = None,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -44,6 +45,7 @@ from perfsim.job import check_chunks, chosen_chunks, preset
 from perfsim.models.hf_config import DEFAULT_SEQ_LEN
 from perfsim.models.moe import Routing, check_routing
 from perfsim.models.ops import GradAccumulation
+from perfsim.models.specs import block_index, is_block
 from perfsim.models.tensor_parallel import shard_block_params
 from perfsim.network import load_topology
 from perfsim.partition import uniform_counts
@@ -51,7 +53,7 @@ from perfsim.profile import Profile, load_profile, profile_path
 from perfsim.result import Result
 from perfsim.schedules import stage_count
 from perfsim.units import format_bandwidth, format_time
-from perfsim.workload import get_model, load_workload_file
+from perfsim.workload import Model, get_model, load_workload_file
 
 #: the predict parameters' defaults (perfsim.params.DEFAULTS)
 DEFAULTS: dict[str, Any] = params_mod.DEFAULTS
@@ -103,6 +105,19 @@ def _model(model: str | None, workload_key: tuple[str, tuple] | None, seq_len: i
             raise ConfigError("seq_len: not for a workload file (its layers fix the shapes)")
         return load_workload_file(workload_key[0])
     return get_model(model, seq_len)
+
+
+@functools.lru_cache(maxsize=32)
+def _with_mtp(model, mtp_layers: int | None):
+    """``model`` trained with ``mtp_layers`` multi-token prediction modules (None: its own)."""
+    if mtp_layers is None:
+        return model
+    if model.arch is None or model.arch.encoder:
+        raise ConfigError(f"mtp_layers={mtp_layers}: model {model.name!r} is not a decoder transformer "
+                          "(multi-token prediction needs an LM head)")
+    if model.arch.mtp_layers == mtp_layers:
+        return model
+    return Model.of(replace(model.arch, mtp_layers=mtp_layers))
 
 
 @functools.lru_cache(maxsize=32)
@@ -181,6 +196,7 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
             model = _model(path, None, seq_len, stamp)
         else:
             model = _model(name if ":" in name else name.lower(), None, seq_len)
+    model = _with_mtp(model, p["mtp_layers"])
     fields: dict[str, dict[str, Any]] = {"strategy": {}, "system": {}}
     for param in params_mod.PARAMS:
         if param.target is not None and p[param.name] is not None:
@@ -278,8 +294,9 @@ def check_transformer_only(model, strategy: Strategy) -> None:
 
 
 def has_blocks(model) -> bool:
-    """The model has layers that recomputation re-runs (``block*``, a transformer's blocks)."""
-    return any(layer.name.startswith("block") for layer in model.layers)
+    """The model has layers that recomputation re-runs (a transformer's blocks,
+    :func:`perfsim.models.specs.is_block`)."""
+    return any(is_block(layer.name) for layer in model.layers)
 
 
 def _default_recompute(profile, model, gpu) -> str:
@@ -291,7 +308,7 @@ def _default_recompute(profile, model, gpu) -> str:
     if profile is None or not has_blocks(model) or (gpu is not None and not same_silicon(profile_gpu(profile), gpu)):
         return "none"
     kinds = {timed_recompute(profile, model, layer.name) for layer in model.layers
-             if layer.name.startswith("block") and profile.select("layer_bwd", model=model.name, name=layer.name)}
+             if is_block(layer.name) and profile.select("layer_bwd", model=model.name, name=layer.name)}
     return kinds.pop() if len(kinds) == 1 else "none"
 
 
@@ -314,15 +331,15 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
            else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-    kinds: dict[bool, int] = {}  # a block's share depends only on whether it holds experts
+    kinds: dict[tuple[bool, bool], int] = {}  # a block's share: whether it holds experts, is an MTP module's
 
     def block(i: int) -> int:
-        moe = arch.is_moe_block(i)
-        if moe not in kinds:
-            kinds[moe] = shard_block_params(arch, tp, i, ep)
-        return kinds[moe]
+        kind = (arch.is_moe_block(i), arch.is_mtp_block(i))
+        if kind not in kinds:
+            kinds[kind] = shard_block_params(arch, tp, i, ep)
+        return kinds[kind]
 
-    return tuple(block(int(layer.name[5:])) if layer.name.startswith("block") else per[layer.name]
+    return tuple(block(block_index(layer.name)) if is_block(layer.name) else per[layer.name]
                  for layer in model.layers)
 
 
@@ -578,6 +595,10 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + (f", query latent {arch.q_lora_rank}" if arch.q_lora_rank else "")
                      + f", heads {arch.head_dim}/{arch.v_head_dim} wide): priced from its projections' shapes; "
                      "no MLA step was timed, so its interval is that of standard-attention rows")
+    if arch.mtp_layers:
+        notes.append(f"{arch.mtp_layers} multi-token prediction module(s) (DeepSeek-V3 Sec. 2.2), each a block, a "
+                     "projection and one more LM-head pass, on the last pipeline stage with an embedding copy "
+                     "there when pp > 1: priced from their shapes; no MTP step was timed")
     if strategy.a2a_compress != "none" and strategy.ep == 1:
         notes.append(f"a2a_compress {strategy.a2a_compress}{UNUSED}no expert-parallel all-to-all with ep 1")
     if strategy.moe_imbalance != 1.0 and (strategy.ep == 1 or strategy.moe_capacity_factor is not None):

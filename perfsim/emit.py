@@ -216,6 +216,8 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
     if arch.parallel_block or arch.norms_per_block != 2:
         notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "
                      "this plan's figures assume the parallel block")
+    if arch.mtp_layers:  # Megatron-Core's MultiTokenPredictionBlock, on the last pipeline stage
+        args += ["--mtp-num-layers", str(arch.mtp_layers)]
     return args, notes
 
 

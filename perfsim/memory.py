@@ -62,6 +62,7 @@ from perfsim.compression.aqsgd import AQSGD
 from perfsim.hardware import BYTES_PER_VALUE, MIXED_PRECISIONS
 from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import Routing, moe_activation_values, optimizer_shard_params, stage_expert_params
+from perfsim.models.specs import block_index, is_block
 from perfsim.models.tensor_parallel import block_mlp_widths, rank_gemm_params
 from perfsim.schedules import max_in_flight
 
@@ -313,8 +314,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     out = []
     for st in plan.stages:
         psi = st.params
-        ids = [int(workload.layers[i].name[5:]) for i in range(st.first_layer, st.last_layer)
-               if workload.layers[i].name.startswith("block")]  # the stage's transformer blocks
+        ids = [block_index(workload.layers[i].name) for i in range(st.first_layer, st.last_layer)
+               if is_block(workload.layers[i].name)]  # the stage's transformer blocks
         wb, gb = (2 if mixed else 4), BYTES_PER_VALUE[strategy.grad_dtype]
         offload = strategy.offload == "optimizer"
         if offload:  # ZeRO-Offload: 16-bit gradients streamed to the host; no shard, no state on the GPU
@@ -340,6 +341,11 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += s * mb * h * inflight  # embedding dropout mask
             if st.last_layer == len(workload.layers) and not spec.encoder:
                 act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, inflight)
+            mtp = sum(1 for i in ids if spec.is_mtp_block(i))
+            if mtp:  # each module's norm inputs and concatenation (4 h a token), and what its head pass keeps
+                kept = (loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, 2)
+                        - loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, 1))
+                act += mtp * inflight * (4 * bpv * s * mb * h / (tp if strategy.sequence_parallel else 1) + kept)
             if prec == "fp8" and blocks:
                 weights += fp8_bytes(spec, ids, tp, dp, strategy.zero, strategy.ep)
             if strategy.recompute == "full" and blocks:

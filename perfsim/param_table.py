@@ -138,6 +138,10 @@ PARAMS: tuple[Param, ...] = (
                     "(perfsim.models.registry)")),
     Param("seq_len", "int", None, "sequence length of a transformer model (default: the preset's)",
           "workload"),
+    Param("mtp_layers", "int", None, "multi-token prediction modules trained with a transformer (DeepSeek-V3 "
+          "trains 1; Megatron-Core --mtp-num-layers): each a projection, one more block and one more LM-head "
+          "pass on the last pipeline stage (default: the model's own, a config.json's "
+          "num_nextn_predict_layers, else 0)", "workload", minimum=0),
     Param("workload", "path", None, "workload file (TOML/JSON, docs/formats.md) instead of a "
           "preset, or a packaged example name (example-workload)", "workload"),
     Param("profile", "profile", None, "calibration profile: a file, or a name: default-v100 (shipped), "

@@ -123,6 +123,26 @@ def partition_weights(costs: Sequence[float], num_stages: int,
     return best
 
 
+def partition_with_tail(costs: Sequence[float], num_stages: int, explicit: Sequence[int] | None,
+                        tail: int) -> list[tuple[int, int]]:
+    """:func:`partition_weights` with the last ``tail`` layers kept together on the last stage --
+    a transformer's multi-token prediction modules and the LM head after them, which
+    Megatron-Core builds on the post-process stage only (``GPTModel``'s ``mtp_process``) --
+    balanced as one layer of their summed cost; an explicit partition must give the last stage
+    at least ``tail`` layers."""
+    n = len(costs)
+    if tail <= 1 or tail > n:
+        return partition_weights(costs, num_stages, explicit)
+    if explicit is not None:
+        if len(explicit) == num_stages and explicit[-1] < tail:
+            raise ConfigError(f"partition {','.join(map(str, explicit))}: the last stage holds the multi-token "
+                              f"prediction modules and the LM head, {tail} layers; it has {explicit[-1]}")
+        return partition_weights(costs, num_stages, explicit)
+    merged = [*costs[:n - tail], sum(costs[n - tail:])]
+    bounds = partition_weights(merged, num_stages)
+    return [*bounds[:-1], (bounds[-1][0], n)]
+
+
 def partition(layers: Sequence, num_stages: int, by: str = "params") -> list[tuple[int, int]]:
     """Stage ranges ``[(start, end), ...]`` for a model's ``layers()`` list."""
     return partition_weights(layer_weights(layers, by), num_stages)

@@ -85,6 +85,10 @@ def cases() -> dict[str, dict]:
     out["deepseek-v2-lite-tp2-megatron"] = dict(model="deepseek-v2-lite", gpu="a100", tp=2, pp=2, dp=2, ep=2,
                                                 micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",
                                                 attention="megatron", recompute="full")
+    # DeepSeek-V3's multi-token prediction module on the last stage, sequence parallel, with ZeRO-1
+    out["deepseek-v2-lite-mtp-pp2"] = dict(model="deepseek-v2-lite", gpu="h100", tp=2, pp=2, dp=2, ep=2,
+                                           micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",
+                                           sequence_parallel=True, zero=1, mtp_layers=1)
     out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
     out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
                                   optimizer="sgd", bandwidth="100Mbps")

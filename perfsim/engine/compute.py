@@ -64,7 +64,8 @@ from perfsim.hardware import BYTES_PER_VALUE, FLASH_REF, GPU, Curve, value_preci
 from perfsim.job import OPTIMIZERS
 from perfsim.models.eager import check_eager, eager_block_ops, eager_head_ops
 from perfsim.models.moe import moe_ops
-from perfsim.models.ops import FP8_CASTS, FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops
+from perfsim.models.ops import (FP8_CASTS, FP8_GEMMS, GradAccumulation, Op, block_grad_ops, block_ops, embed_ops, head_ops,
+                                mtp_ops)
 
 #: profile dtype names (``perfsim calibrate --efficiency``) -> precision
 PROFILE_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "tf32": "tf32",
@@ -233,7 +234,7 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
                       curve: Curve, rates: MeasuredRates | None = None, attention: str = "megatron",
                       routing=None, kernels: str = "fused", grad_acc: GradAccumulation | None = None,
                       fp8_casts: str = "te") -> tuple[list[float], list[float]]:
-    """Forward and backward seconds of every layer (``embed``, blocks, ``head``)
+    """Forward and backward seconds of every layer (``embed``, blocks, multi-token prediction modules, ``head``)
     for one micro-batch on one tensor-parallel rank (collectives not included);
     ``attention``: ``megatron`` or ``flash`` kernels; a MoE model's dense and expert
     blocks each their own ops (:func:`block_ops`); ``kernels="eager"`` / ``"eager-pure"``: each
@@ -278,6 +279,13 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
                         + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
              for m, i in first.items()}
     blk = [kinds[spec.is_moe_block(i)] for i in range(spec.n_layer)]
+    if spec.mtp_layers:  # a multi-token prediction module: a block of its kind, its projection and head pass
+        i = spec.n_layer
+        own = fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, spec.is_moe_block(i), routing,
+                                fp8_casts=precision == "fp8" and fp8_casts == "te")
+                      + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
+        extra = fwd_bwd(mtp_ops(spec, mb, tp, sp, bpv, grad_acc), False)
+        blk += [(own[0] + extra[0], own[1] + extra[1])] * spec.mtp_layers
     hd = fwd_bwd(eager_head_ops(spec, mb, tp, sp, bpv, kernels == "eager") if eager else
                  head_ops(spec, mb, tp, sp, bpv, grad_acc), False)
     fwd = [e[0]] + [x[0] for x in blk] + [hd[0]]
@@ -354,6 +362,8 @@ def layer_bytes(spec, name: str, mb: int, bpv: int) -> float:
     """Bytes the forward of layer ``name`` (``embed``, ``block*``, ``head``) moves on one
     rank without tensor parallelism: memory-bound ops plus GEMM operands."""
     ops = (embed_ops if name == "embed" else head_ops if name == "head" else block_ops)(spec, mb, 1, False, bpv)
+    if name.startswith("mtp"):  # a multi-token prediction module: its block, projection and head pass
+        ops += mtp_ops(spec, mb, 1, False, bpv)
     return sum(op.bytes + (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv for op in ops)
 
 

@@ -26,14 +26,14 @@ from perfsim.engine.codec_cost import codec_costs
 from perfsim.hardware import BYTES_PER_VALUE
 from perfsim.models.moe import (Routing, a2a_tokens, a2a_wire_bytes, check_a2a_gpu, ep_alltoall_bytes, ep_replicas,
                                 tp_moe_rows)
-from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives
+from perfsim.models.tensor_parallel import tp_edge_collectives, tp_layer_collectives, tp_mtp_collectives
 from perfsim.network import collective_cost
 
 
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
                    head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
                    uniform: bool | None = None, moe_blocks: int = 0,
-                   vocab_parallel: bool = False) -> tuple[float, float, float]:
+                   vocab_parallel: bool = False, mtp: int = 0) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
@@ -45,6 +45,8 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     gather and scatter their MLP's :func:`perfsim.models.moe.tp_moe_rows` rows a token.
     ``vocab_parallel``: the embedding, head and loss are Megatron-LM's vocabulary-parallel
     ones, with their collectives (:func:`perfsim.models.tensor_parallel.tp_edge_collectives`).
+    ``mtp`` of the ``blocks`` are multi-token prediction modules, each with
+    :func:`perfsim.models.tensor_parallel.tp_mtp_collectives` beside its block's.
     A full recomputation runs the layers' forward collectives again, not the edges'."""
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
@@ -62,6 +64,9 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     layer_parts = len(parts)  # what a full recomputation runs again
     parts.append((tp_edge_collectives(*shape, embed, head, vocab_parallel=vocab_parallel,
                                       learned_positions=spec.learned_positions), 1))
+    if mtp:
+        parts.append((tp_mtp_collectives(*shape, vocab_parallel=vocab_parallel,
+                                         learned_positions=spec.learned_positions), mtp))
     reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
     seen = {}
     # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor

@@ -15,6 +15,7 @@ from perfsim.engine import compute
 from perfsim.errors import ConfigError
 from perfsim.hardware import check_precision, curve_for, profile_gpu, same_silicon
 from perfsim.models.registry import get_model_spec
+from perfsim.models.specs import is_block
 from perfsim.models.tensor_parallel import check_tp
 from perfsim.models.transformer import padded_vocab
 from perfsim.workload import Model
@@ -107,7 +108,7 @@ def _tp_from_profile(model: Model, profile, micro_batch: int, tp: int, sp: bool,
     if any(f is None for f, _ in times) or model.layers[0].name != "embed":
         return None
     check_tp(model.arch, tp)
-    blocks = [i for i, layer in enumerate(model.layers) if layer.name.startswith("block")]
+    blocks = [i for i, layer in enumerate(model.layers) if is_block(layer.name)]
     block_fwd = sum(times[i][0] for i in blocks) / len(blocks)
     factor, mem_rate, gemm_rate = compute.tp_measured_split(model.arch, micro_batch, tp, sp, times[0][0], block_fwd)
     fwd, bwd = [], []
@@ -207,11 +208,11 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             f, b = model.fwd_s[i] * micro_batch, model.bwd_s[i] * micro_batch
         if f is None and modelled is not None:
             f, b = modelled[0][i], modelled[1][i]
-        elif from_profile and layer.name.startswith("block"):
+        elif from_profile and is_block(layer.name):
             if b is not None:
                 timed.add(timed_recompute(profile, model, layer.name))
             b = _with_recompute(model, profile, layer, f, b, recompute)
-        elif f is not None and recompute != "none" and layer.name.startswith("block"):
+        elif f is not None and recompute != "none" and is_block(layer.name):
             b = (b if b is not None else 2.0 * f) + _recomputed(model, layer, f, recompute)
         if f is None:
             if not layer.flops_fwd:
@@ -237,7 +238,7 @@ def resolve_layer_times(model: Model, profile, micro_batch: int, *, gpu=None, pr
             f = layer.flops_fwd * micro_batch / rate + moved / mem_bw
             source = "profile (unmeasured layers from FLOPs and bytes at the profile's rates)"
         if b is None:
-            b = 2.0 * f + (_recomputed(model, layer, f, recompute) if layer.name.startswith("block") else 0.0)
+            b = 2.0 * f + (_recomputed(model, layer, f, recompute) if is_block(layer.name) else 0.0)
         fwd.append(float(f))
         bwd.append(float(b))
     if measured and modelled is not None:  # measured times win where the profile has them

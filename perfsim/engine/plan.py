@@ -50,9 +50,10 @@ from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_pr
 from perfsim.job import OPTIMIZERS
 from perfsim.models.moe import (Routing, check_a2a_gpu, expert_params_per_rank, optimizer_shard_params,
                                 stage_expert_params)
+from perfsim.models.specs import block_index, is_block
 from perfsim.models.tensor_parallel import pipeline_send
 from perfsim.schedules import with_comms
-from perfsim.workload import partition
+from perfsim.partition import partition_with_tail
 
 
 @dataclass
@@ -207,7 +208,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
-    bounds = (partition(costs, nst, strategy.partition) if compute is None
+    # a transformer's multi-token prediction modules stay with its head on the last stage
+    tail = workload.arch.mtp_layers + 1 if workload.arch is not None else 1
+    bounds = (partition_with_tail(costs, nst, strategy.partition, tail) if compute is None
               else [(c.first_layer, c.last_layer) for c in compute.stages])
     fw_spec_in, grad_spec, fw_native, grad_native = native_specs(strategy)
     fw_half = value_precision(strategy.precision)  # the dtype a plain boundary sends under 16-bit training
@@ -249,15 +252,17 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         params = sum(layer.params for layer in layers)
         synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
-        if arch is not None and pp > 1 and s == nst - 1 and arch.tied and not arch.encoder:
-            # Megatron keeps a copy of the tied embedding: stepped, stored and synced with the head
+        if arch is not None and pp > 1 and s == nst - 1 and (arch.tied or arch.mtp_layers) and not arch.encoder:
+            # Megatron keeps a copy of the embedding that the head is tied to or that the multi-token
+            # prediction modules read (Megatron-Core builds it where mtp_process): stepped, stored and
+            # synced with the head
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
         if strategy.ep > 1:  # the experts leave the dense sync (ep == dp: alone with them; ep < dp: expert_buckets)
             synced = [replace(layer, params=layer.params - expert_params_per_rank(arch, tp, strategy.ep,
-                                                                                  int(layer.name[5:])))
-                      if layer.name.startswith("block") else layer for layer in synced]
+                                                                                  block_index(layer.name)))
+                      if is_block(layer.name) else layer for layer in synced]
         st = StagePlan(s, a, b, fwd_s, bwd_s, params, out_shape, layer_bwd=layer_bwd, device=where_dev[s],
                        whole_stage_measured=whole, unit_params=[layer.params for layer in synced])
         tokens = workload.tokens_per_sample
@@ -268,16 +273,17 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                            c.ep_s, c.ep_bytes)
             st.moe_layer = c.moe_layer
         elif network is not None:
-            blocks = sum(1 for layer in layers if layer.name.startswith("block"))
+            blocks = sum(1 for layer in layers if is_block(layer.name))
             names = {layer.name for layer in layers}
-            moe_blocks = sum(1 for layer in layers if layer.name.startswith("block")
-                             and arch.is_moe_block(int(layer.name[5:]))) if strategy.ep > 1 else 0
+            moe_blocks = sum(1 for layer in layers if is_block(layer.name)
+                             and arch.is_moe_block(block_index(layer.name))) if strategy.ep > 1 else 0
             st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = tp_stage_times(workload, strategy, network, where_dev[s], blocks,
                                                                    "embed" in names, "head" in names,
                                                                    measured_kinds=gpu is None,
                                                                    host_s=curve.collective_s if curve else 0.0,
                                                                    uniform=uniform, moe_blocks=moe_blocks,
-                                                                   vocab_parallel=gpu is not None)
+                                                                   vocab_parallel=gpu is not None,
+                                                                   mtp=sum(1 for n in names if n.startswith("mtp")))
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
                                                      host_s=curve.collective_s if curve else 0.0,
@@ -357,8 +363,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         if strategy.offload == "optimizer":  # the step on the host (perfsim.engine.offload)
             st.optimizer_s = _offloaded(strategy, network, gpu, st)
         else:
-            experts = stage_expert_params(arch, tp, strategy.ep, [int(layer.name[5:]) for layer in layers
-                                                                  if layer.name.startswith("block")])
+            experts = stage_expert_params(arch, tp, strategy.ep, [block_index(layer.name) for layer in layers
+                                                                  if is_block(layer.name)])
             st.optimizer_s = _optimizer(workload, strategy, profile, gpu, s, a, b,
                                         optimizer_shard_params(params, experts, dp, strategy.ep, strategy.zero),
                                         curve)
@@ -391,8 +397,8 @@ def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, ef: float, eb: fl
         raise ConfigError("ep_overlap: needs a GPU preset (--gpu): the overlap splits a MoE block into its "
                           "attention and MLP halves by the GPU's operator model")
     arch = workload.arch
-    i = next(i for i in range(a, b) if workload.layers[i].name.startswith("block")
-             and arch.is_moe_block(int(workload.layers[i].name[5:])))
+    i = next(i for i in range(a, b) if is_block(workload.layers[i].name)
+             and arch.is_moe_block(block_index(workload.layers[i].name)))
     share_f, share_b = moe_mlp_share(arch, gpu, strategy.precision, strategy.micro_batch, strategy.tp,
                                      strategy.sequence_parallel, strategy.recompute, curve, strategy.attention,
                                      Routing.of(strategy), strategy.fp8_casts)
@@ -431,13 +437,14 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
 def tied_sync_bytes(workload, strategy, table) -> int:
     """Bytes per tensor rank of the embedding gradient that Megatron-LM all-reduces
     between the first and the last pipeline stage when the LM head is tied to the
-    embedding and they live on different devices (``Strategy.tied_embedding``
+    embedding or multi-token prediction modules read it (Megatron-Core) and they live on different devices (``Strategy.tied_embedding``
     ``sync``): ``vocab / tp x hidden`` values in the gradient dtype
     (``Strategy.grad_dtype``, the main gradient the all-reduce runs on); for a workload
     file, its ``tied_values`` (execute mode's head: ``perfsim.runtime.tied``)."""
     arch = workload.arch
     if arch is not None:
-        values = -(-arch.vocab * arch.hidden // strategy.tp) if arch.tied and not arch.encoder else 0
+        values = (-(-arch.vocab * arch.hidden // strategy.tp) if (arch.tied or arch.mtp_layers) and not arch.encoder
+                  else 0)
     else:
         values = workload.tied_values
     if (strategy.tied_embedding != "sync" or not values

@@ -311,8 +311,8 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
     """DeepSeek-V2/V3's multi-head latent attention (arXiv:2405.04434, Sec. 2.1; transformers'
     ``DeepseekV3Attention``): ``kv_lora_rank``, ``q_lora_rank`` (null: DeepSeek-V2-Lite's direct
     query projection), query/key heads of ``qk_nope_head_dim + qk_rope_head_dim``, value heads of
-    ``v_head_dim``. The multi-token prediction modules of DeepSeek-V3 (Sec. 2.2) are refused by
-    name; the stored checkpoint's fp8 ``quantization_config`` (fp8 weights with 128 x 128 block
+    ``v_head_dim``; ``num_nextn_predict_layers``: DeepSeek-V3's multi-token prediction modules
+    (arXiv:2412.19437, Sec. 2.2; ``TransformerSpec.mtp_layers``); the stored checkpoint's fp8 ``quantization_config`` (fp8 weights with 128 x 128 block
     scales) says how the released weights are kept, not how a job trains (its ``--precision``); any
     other quantization is refused, as for every model type."""
     nope = f.int("qk_nope_head_dim", required=True)
@@ -321,9 +321,8 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
     kw["v_head_dim"] = f.int("v_head_dim", required=True)
     kw["kv_lora_rank"] = f.int("kv_lora_rank", required=True)
     kw["q_lora_rank"] = f.int("q_lora_rank", 0)
-    f.refuse_if("num_nextn_predict_layers", f.int("num_nextn_predict_layers", 0, limit="layers", minimum=0) > 0,
-                "multi-token prediction (DeepSeek-V3, arXiv:2412.19437, Sec. 2.2; set it to 0 to price the main "
-                "model)")
+    # DeepSeek-V3's multi-token prediction modules (Sec. 2.2), trained with the model
+    kw["mtp_layers"] = f.int("num_nextn_predict_layers", 0, limit="layers", minimum=0)
     quant = f.cfg.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method") == "fp8":  # any other is refused as unread
         f.read.add("quantization_config")

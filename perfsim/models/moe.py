@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 from perfsim.compression import make_compressor
 from perfsim.compression.spec import parse_spec
 from perfsim.errors import ConfigError
+from perfsim.models.specs import block_index, is_block
 
 
 def check_moe(spec) -> None:
@@ -260,8 +261,8 @@ def expert_layers(spec, layers, tp: int, ep: int) -> list:
     parameters (:func:`expert_params_per_rank`; 0 for a dense block and every other layer):
     the gradients an expert-data-parallel group all-reduces when ``ep`` is smaller than
     ``dp`` (:func:`expert_dp_replicas`)."""
-    return [replace(layer, tensors=(), params=expert_params_per_rank(spec, tp, ep, int(layer.name[5:]))
-                    if layer.name.startswith("block") else 0) for layer in layers]
+    return [replace(layer, tensors=(), params=expert_params_per_rank(spec, tp, ep, block_index(layer.name))
+                    if is_block(layer.name) else 0) for layer in layers]
 
 
 def check_simulated(strategy) -> None:

@@ -411,6 +411,24 @@ def cross_entropy_ops(tok: int, v: int, bpv: int) -> list[Op]:
             Op("loss_softmax", bytes=8 * n, bwd_bytes=8 * n)]
 
 
+def mtp_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
+    """A multi-token prediction module's ops beside its transformer block (DeepSeek-V3,
+    arXiv:2412.19437, Sec. 2.2, Eq. 21-22; Megatron-Core's ``MultiTokenPredictionLayer``): the
+    shared embedding's rows of the tokens ``k`` ahead, ``enorm`` on them and ``hnorm`` on the
+    previous depth's hidden state, their concatenation, the column-parallel projection
+    ``eh_proj`` (``2 d -> d``), and the module's own pass through the final norm, the shared LM
+    head and the cross entropy (:func:`head_ops`). The embedding's second use has a dense
+    gradient of its own (:func:`embedding_grad_ops`)."""
+    tok, h = mb * spec.seq_len, spec.hidden
+    tok_sp = tok // tp if sp else tok
+    return [Op("mtp_embed_gather", bytes=2 * bpv * tok * h), *embedding_grad_ops(spec, tp, bpv, acc),
+            Op("mtp_enorm", bytes=2 * bpv * tok_sp * h),
+            Op("mtp_hnorm", bytes=2 * bpv * tok_sp * h),
+            Op("mtp_concat", bytes=4 * bpv * tok_sp * h),
+            Op("mtp_eh_proj", m=tok, n=-(-h // tp), k=2 * h),
+            *head_ops(spec, mb, tp, sp, bpv, acc)]
+
+
 def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation | None = None) -> list[Op]:
     """The final norm, the LM head and the loss; the head weight's gradient accumulation: a
     tied head's is the (last stage's copy of the) embedding's, added as the embedding's is

@@ -36,6 +36,24 @@ def check_layer_count(n: int, what: str) -> None:
                           "perfsim.models.specs.MAX_LAYERS)")
 
 
+def block_index(name: str) -> int | None:
+    """The transformer block index of layer ``name``: ``block3`` -> 3, and a multi-token
+    prediction module ``mtp61`` -> 61 (its transformer block follows the model's ``n_layer``
+    blocks, as a Hugging Face checkpoint numbers it: DeepSeek-V3's ``model.layers.61``); None for
+    any other layer."""
+    for prefix in ("block", "mtp"):
+        if name.startswith(prefix) and name[len(prefix):].isdigit():
+            return int(name[len(prefix):])
+    return None
+
+
+def is_block(name: str) -> bool:
+    """Layer ``name`` holds a transformer block (what recomputation re-runs, tensor parallelism
+    splits and a MoE block's experts live in): ``block*``, and a multi-token prediction module
+    (``mtp<i>``, :func:`block_index`)."""
+    return name.startswith("block") or (name.startswith("mtp") and name[3:].isdigit())
+
+
 @dataclass(frozen=True)
 class LayerSpec:
     """One partitionable layer.

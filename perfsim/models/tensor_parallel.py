@@ -141,6 +141,33 @@ def tp_edge_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequen
     return tuple(out)
 
 
+def tp_mtp_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                       bytes_per_value: int, vocab_parallel: bool = False,
+                       learned_positions: bool = True) -> tuple[tuple[str, str, float], ...]:
+    """(phase, kind, per-rank buffer bytes) of what a multi-token prediction module adds to
+    its transformer block's collectives (:func:`tp_layer_collectives`) per micro-batch
+    (Megatron-Core ``megatron/core/transformer/multi_token_prediction.py``): its projection
+    ``eh_proj`` is column-parallel without gathering its output, then
+    ``all_gather_last_dim_from_tensor_parallel_region`` gathers the ``(b, s, h)`` output
+    forward (its backward a split); the projection's ``2 h`` wide input enters as a
+    column-parallel input does (its gradient all-reduced backward; under sequence
+    parallelism all-gathered forward and reduce-scattered backward, and the gathered output
+    scattered back to the sequence shards, whose backward is an all-gather). Its use of the
+    embedding and its pass through the LM head and the loss add what those edges add
+    (:func:`tp_edge_collectives`)."""
+    if tp == 1:
+        return ()
+    full = float(micro_batch * seq * hidden * bytes_per_value)
+    shard = full / tp
+    if sequence_parallel:
+        proj = (("fwd", "allgather", 2 * shard), ("fwd", "allgather", shard), ("bwd", "allgather", shard),
+                ("bwd", "reduce_scatter", 2 * full))
+    else:
+        proj = (("fwd", "allgather", shard), ("bwd", "allreduce", 2 * full))
+    return proj + tp_edge_collectives(hidden, seq, micro_batch, tp, sequence_parallel, bytes_per_value, True,
+                                      True, vocab_parallel, learned_positions)
+
+
 def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:
     """The MLP widths of block ``i`` (default the last) on one expert-parallel rank: its
     ``ffn``, or ``experts / ep`` expert widths and the shared expert's."""
@@ -155,7 +182,9 @@ def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
     attention's (:meth:`perfsim.models.transformer.TransformerSpec.attention_gemm_weights`)
     and every local MLP's matrices."""
     mats = 3 if spec.gated else 2
-    return spec.attention_gemm_weights() + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep))
+    i = spec.n_layer - 1 if i is None else i
+    mtp = spec.mtp_projection_weights() if spec.is_mtp_block(i) else 0
+    return spec.attention_gemm_weights() + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep)) + mtp
 
 
 def rank_gemm_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
@@ -171,7 +200,8 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     too, as Megatron-Core's expert tensor parallelism; ``experts / ep`` of them with
     expert parallelism -- the norms, the row-parallel biases and a MoE router
     replicated (Megatron-LM Sec. 3), as are MLA's down projections and latent norms
-    (:meth:`perfsim.models.transformer.TransformerSpec.attention_replicated_weights`)."""
+    (:meth:`perfsim.models.transformer.TransformerSpec.attention_replicated_weights`); a
+    multi-token prediction module's projection split (column-parallel), its norms replicated."""
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
@@ -182,7 +212,8 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
                                                          if spec.mlp_bias else 0)
     replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
-                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params() + whole)
+                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params() + whole
+                  + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))
     return -(-(gemm + col_bias) // tp) + replicated
 
 

@@ -152,6 +152,12 @@ class TransformerSpec:
     rope_head_dim: int = 0
     #: width of one value head (default ``head_dim``; only MLA's may differ)
     v_head_dim: int = 0
+    #: multi-token prediction modules trained with the model (DeepSeek-V3, arXiv:2412.19437,
+    #: Sec. 2.2; Megatron-Core's ``--mtp-num-layers``): module ``k`` predicts the token ``k + 1``
+    #: ahead from the previous depth's hidden state and the embedding of the token ``k`` ahead,
+    #: through two RMSNorms, a ``2 d -> d`` projection, one transformer block (block ``n_layer + k``,
+    #: a MoE block in a MoE model) and the shared LM head; 0: none
+    mtp_layers: int = 0
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     kind: str = field(default="transformer", init=False)
@@ -188,6 +194,11 @@ class TransformerSpec:
                               f"{self.norms_per_block} 1 or 2")
         check_moe(self)
         self._check_latent_attention()
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
+            raise ConfigError(f"{self.name}.mtp_layers={self.mtp_layers!r}: must be an integer >= 0")
+        if self.mtp_layers and self.encoder:
+            raise ConfigError(f"{self.name}: mtp_layers={self.mtp_layers} needs an LM head (an encoder has none)")
+        check_layer_count(self.n_layer + self.mtp_layers, f"model {self.name!r}")
 
     def _check_latent_attention(self) -> None:
         """The MLA fields are consistent (ConfigError naming the field)."""
@@ -318,12 +329,29 @@ class TransformerSpec:
         """Whether block ``i`` has routed experts (else a dense MLP of width ``ffn``)."""
         return self.moe and i not in self.dense_layers
 
+    def is_mtp_block(self, i: int) -> bool:
+        """Block ``i`` is a multi-token prediction module's (``n_layer <= i < n_layer + mtp_layers``)."""
+        return self.n_layer <= i < self.n_layer + self.mtp_layers
+
+    def mtp_projection_weights(self) -> int:
+        """An MTP module's projection ``eh_proj`` (``2 d -> d``, no bias): the concatenated
+        normalised hidden state and embedding back to the hidden size (arXiv:2412.19437, Eq. 21)."""
+        return 2 * self.hidden * self.hidden
+
+    def mtp_norm_params(self) -> int:
+        """An MTP module's own norms: ``enorm`` on the embedding, ``hnorm`` on the hidden state and
+        the final norm before the shared LM head (Hugging Face's ``shared_head.norm``)."""
+        return 3 * self.norm_params()
+
     def block_params(self, i: int | None = None) -> int:
         """Parameters of block ``i`` (default: the last block, a MoE block in a MoE model);
-        a MoE block counts every expert (:func:`perfsim.models.moe.moe_mlp_params`)."""
+        a MoE block counts every expert (:func:`perfsim.models.moe.moe_mlp_params`); a
+        multi-token prediction module's (:meth:`is_mtp_block`) its projection and norms too
+        (the embedding and the LM head it shares are the model's)."""
         i = self.n_layer - 1 if i is None else i
         mlp = moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)
-        return self.attention_params() + mlp + self.norms_per_block * self.norm_params()
+        mtp = self.mtp_projection_weights() + self.mtp_norm_params() if self.is_mtp_block(i) else 0
+        return self.attention_params() + mlp + self.norms_per_block * self.norm_params() + mtp
 
     def active_block_params(self, i: int | None = None) -> int:
         """Parameters one token passes through in block ``i``: ``top_k`` routed experts,
@@ -350,7 +378,7 @@ class TransformerSpec:
     def gemm_weights(self, i: int | None = None) -> int:
         """Weights of block ``i`` one token multiplies with (biases and norms left out):
         the attention projections and the dense MLP, or the router, ``top_k`` routed experts
-        and the shared expert of a MoE block."""
+        and the shared expert of a MoE block; a multi-token prediction module's projection too."""
         d = self.hidden
         i = self.n_layer - 1 if i is None else i
         mats = 3 if self.gated else 2
@@ -359,16 +387,21 @@ class TransformerSpec:
                    + (d if self.shared_gate else 0))
         else:
             mlp = mats * d * self.ffn
-        return self.attention_gemm_weights() + mlp
+        return self.attention_gemm_weights() + mlp + (self.mtp_projection_weights() if self.is_mtp_block(i) else 0)
+
+    @property
+    def all_blocks(self) -> range:
+        """Every block's index: the model's ``n_layer``, then its multi-token prediction modules'."""
+        return range(self.n_layer + self.mtp_layers)
 
     @property
     def params(self) -> int:
-        return self.embed_params() + sum(self.block_params(i) for i in range(self.n_layer)) + self.head_params()
+        return self.embed_params() + sum(self.block_params(i) for i in self.all_blocks) + self.head_params()
 
     @property
     def active_params(self) -> int:
         """Parameters one token passes through (= ``params`` for a dense model)."""
-        return (self.embed_params() + sum(self.active_block_params(i) for i in range(self.n_layer))
+        return (self.embed_params() + sum(self.active_block_params(i) for i in self.all_blocks)
                 + self.head_params())
 
     @property
@@ -381,8 +414,9 @@ class TransformerSpec:
                        if self.learned_positions else self.max_positions)
 
     def layers(self):
-        """Partitionable layers: ``embed``, ``block0..``, ``head`` (final norm, LM
-        head and loss). Forward FLOPs per sample: a GEMM of ``p`` weights costs
+        """Partitionable layers: ``embed``, ``block0..``, a multi-token prediction module's
+        ``mtp<n_layer + k>`` (its block, projection and pass through the LM head), ``head``
+        (final norm, LM head and loss). Forward FLOPs per sample: a GEMM of ``p`` weights costs
         ``2 p`` per token; attention adds ``4 T d`` per token (scores and the
         weighted sum, Kaplan et al. 2020 Sec. 2.1; Narayanan et al. 2021,
         arXiv:2104.04473, Sec. 5.1): ``2 T q_dim`` for the scores, ``2 T out_dim`` for the
@@ -400,6 +434,10 @@ class TransformerSpec:
         out += [LayerSpec(f"block{i}", self.block_params(i), (T, d), block_flops(i))
                 for i in range(self.n_layer)]
         head_flops = 2 * T * d * (d if self.encoder else V)
+        # a multi-token prediction module: its projection and block, and its own pass through the
+        # shared LM head; it goes on the last pipeline stage with the head (Megatron-Core)
+        out += [LayerSpec(f"mtp{i}", self.block_params(i), (T, d), block_flops(i) + head_flops)
+                for i in self.all_blocks[self.n_layer:]]
         out.append(LayerSpec("head", self.head_params(), (T, d) if self.encoder else (T, V),
                              float(head_flops)))
         return out
@@ -427,12 +465,12 @@ _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq"
                 "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
                 "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn",
                 "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "rope_head_dim": "rope_head_dim",
-                "v_head_dim": "v_head_dim"}
+                "v_head_dim": "v_head_dim", "mtp": "mtp_layers"}
 
 
 def parse_inline(text: str) -> TransformerSpec:
     """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..,head_dim=..,
-    experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..]``."""
+    experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..,mtp=..]``."""
     arch, _, rest = text.partition(":")
     arch = arch.strip().lower()
     if arch not in ARCHS:

@@ -97,11 +97,10 @@ def test_kimi_k2_config_is_deepseek_v3s_architecture(tmp_path):
     assert dataclasses.replace(spec, name="kimi-k2", from_config=False) == get_spec("kimi-k2")
 
 
-def test_v3_config_refuses_its_multi_token_prediction_module_by_name(tmp_path):
-    with pytest.raises(ConfigError, match="num_nextn_predict_layers=1: multi-token prediction .* set it to 0"):
-        from_hf_config(_v3_config(tmp_path))
-    spec = from_hf_config(_v3_config(tmp_path, num_nextn_predict_layers=0))
-    assert dataclasses.replace(spec, name="deepseek-v3", from_config=False) == get_spec("deepseek-v3")
+def test_v3_config_is_the_preset_with_its_multi_token_prediction_module(tmp_path):
+    spec = from_hf_config(_v3_config(tmp_path))
+    assert spec.mtp_layers == 1  # num_nextn_predict_layers (tests/models/test_mtp.py prices it)
+    assert dataclasses.replace(spec, name="deepseek-v3", from_config=False, mtp_layers=0) == get_spec("deepseek-v3")
 
 
 @pytest.mark.parametrize("changes,needle", [
