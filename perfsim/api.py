@@ -595,6 +595,11 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + (f", query latent {arch.q_lora_rank}" if arch.q_lora_rank else "")
                      + f", heads {arch.head_dim}/{arch.v_head_dim} wide): priced from its projections' shapes; "
                      "no MLA step was timed, so its interval is that of standard-attention rows")
+    windowed = sum(1 for i in range(arch.n_layer) if arch.is_window_block(i))
+    if windowed:
+        notes.append(f"sliding-window attention ({arch.sliding_window} tokens) in {windowed} of {arch.n_layer} "
+                     + ("blocks: flash attention skips the keys outside it" if strategy.attention == "flash" else
+                        "blocks: attention=megatron computes every score and masks, priced as full attention"))
     if arch.mtp_layers:
         notes.append(f"{arch.mtp_layers} multi-token prediction module(s) (DeepSeek-V3 Sec. 2.2), each a block, a "
                      "projection and one more LM-head pass, on the last pipeline stage with an embedding copy "

@@ -218,6 +218,11 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
                      "this plan's figures assume the parallel block")
     if arch.mtp_layers:  # Megatron-Core's MultiTokenPredictionBlock, on the last pipeline stage
         args += ["--mtp-num-layers", str(arch.mtp_layers)]
+    if arch.sliding_window:  # Megatron-Core's window attention (Transformer Engine): (left, right) keys
+        args += ["--window-size", f"{arch.sliding_window - 1},0"]
+        if arch.full_attention_layers:  # 1: a windowed block, 0: full attention
+            pattern = ",".join("0" if i in arch.full_attention_layers else "1" for i in range(arch.n_layer))
+            args += ["--window-attn-skip-freq", f"[{pattern}]"]
     return args, notes
 
 

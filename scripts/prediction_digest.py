@@ -85,6 +85,10 @@ def cases() -> dict[str, dict]:
     out["deepseek-v2-lite-tp2-megatron"] = dict(model="deepseek-v2-lite", gpu="a100", tp=2, pp=2, dp=2, ep=2,
                                                 micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",
                                                 attention="megatron", recompute="full")
+    # sliding-window attention (Mistral's 4096) at 32k tokens in every block, flash attention, 2 stages
+    out["llama-window-32k-tp8"] = dict(model="llama:layers=8,hidden=4096,heads=32,kv_heads=8,ffn=14336,seq=32768,"
+                                       "vocab=32768,window=4096", gpu="h100", tp=8, pp=2, dp=1, micro_batch=1,
+                                       global_batch=8, gpus_per_node=8, precision="bf16", recompute="selective")
     # DeepSeek-V3's multi-token prediction module on the last stage, sequence parallel, with ZeRO-1
     out["deepseek-v2-lite-mtp-pp2"] = dict(model="deepseek-v2-lite", gpu="h100", tp=2, pp=2, dp=2, ep=2,
                                            micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",

@@ -178,10 +178,6 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
     if ARCHS[arch]["learned_positions"] and seq > positions:
         raise f.fail(f"seq_len={seq} exceeds the {positions} learned position embeddings "
                      f"({'n_positions' if mtype == 'gpt2' else 'max_position_embeddings'}); give --seq-len <= {positions}")
-    window = kw.pop("_window", None)
-    if window is not None and window < seq:
-        raise f.fail(f"sliding_window={window} is shorter than the sequence ({seq} tokens): "
-                     "sliding-window attention is not modelled (give --seq-len <= the window)")
     unknown = sorted(set(cfg) - f.read - NO_COST)
     if unknown:
         raise f.fail(f"field {unknown[0]!r}={_show(cfg[unknown[0]])} is not modelled "
@@ -212,15 +208,18 @@ def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
 
 def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> None:
     """``sliding_window`` (Mistral; Qwen2 only with ``use_sliding_window``, and only in blocks
-    ``max_window_layers`` and later: none when it is >= ``num_hidden_layers``). An explicit
+    ``max_window_layers`` and later: none when it is >= ``num_hidden_layers``) into
+    ``TransformerSpec.sliding_window`` and ``full_attention_layers``. An explicit
     ``"sliding_window": null`` (Mistral-7B v0.2/v0.3) means full attention: the class default
     applies only when the field is absent. ``layer_types`` (written by transformers >= 4.53)
     lists each block's attention; all ``full_attention`` means no window."""
     active = f.bool(switch, False) if switch else True
     w = f.int("sliding_window", default if "sliding_window" not in f.cfg else None, limit="positions")
+    full: tuple[int, ...] = ()
     if switch:  # transformers' modeling_qwen2.py: blocks from max_window_layers on use the window
-        full = f.int("max_window_layers", None, limit="layers", minimum=0)
-        active = active and (full is None or full < kw["n_layer"])
+        first = f.int("max_window_layers", None, limit="layers", minimum=0)
+        active = active and (first is None or first < kw["n_layer"])
+        full = tuple(range(min(first or 0, kw["n_layer"])))
     types = f.cfg.get("layer_types")
     f.read.add("layer_types")
     if types is not None:
@@ -229,8 +228,11 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
             raise f.fail(f"layer_types={_show(types)} must be a list of {kw['n_layer']} "
                          f"(num_hidden_layers) of {' / '.join(kinds)}")
         active = "sliding_attention" in types
+        full = tuple(i for i, t in enumerate(types) if t == "full_attention")
     if active and w is not None:
-        kw["_window"] = w
+        if w < 1:
+            raise f.fail(f"sliding_window={w} must be an integer >= 1 (null: full attention)")
+        kw["sliding_window"], kw["full_attention_layers"] = w, full
 
 
 def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:

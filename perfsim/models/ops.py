@@ -67,6 +67,9 @@ class Op:
     causal: bool = True
     #: the LM head's vocabulary projection (its rate: ``Curve.lm_head_eff``)
     lm_head: bool = False
+    #: a causal flash kernel's sliding window: each query attends to the last ``window`` keys
+    #: (FlashAttention-2's ``window_size``, whose kernel skips the key blocks outside it); 0: all
+    window: int = 0
 
     @property
     def flops(self) -> float:
@@ -74,8 +77,21 @@ class Op:
         them (``4 b h s^2 d``, halved by a causal mask; ``2 b h s^2 (d_qk + d_v)`` with
         MLA's narrower values)."""
         if self.flash:
-            return 2.0 * self.m * self.n * (self.k + self.head_v) * self.batch * (0.5 if self.causal else 1.0)
+            return 2.0 * (self.k + self.head_v) * self.batch * self.attended_pairs
         return 2.0 * self.m * self.n * self.k * self.batch
+
+    @property
+    def attended_pairs(self) -> float:
+        """(query, key) pairs a flash kernel computes: ``m n``; causal, half of them (``s^2 / 2``);
+        with a sliding window ``w < s``, the causal triangle less the part beyond the window,
+        ``s^2 / 2 - (s - w)^2 / 2 = w s - w^2 / 2`` (each query its last ``w`` keys)."""
+        if not self.causal:
+            return float(self.m * self.n)
+        pairs = 0.5 * self.m * self.n
+        w = self.window
+        if 0 < w < self.n:
+            pairs -= 0.5 * (self.n - w) ** 2 * self.m / self.n
+        return pairs
 
     @property
     def head_v(self) -> int:
@@ -133,12 +149,16 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
 
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
-              moe: bool | None = None, routing=None, exact: bool = False, fp8_casts: bool = False) -> list[Op]:
+              moe: bool | None = None, routing=None, exact: bool = False, fp8_casts: bool = False,
+              window: int = 0) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
     model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
     :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm.
+    ``window``: the flash kernel's sliding window (:meth:`perfsim.models.transformer.TransformerSpec.attention_window`;
+    FlashAttention-2's ``window_size``); the separate kernels of ``attention="megatron"`` compute
+    every score and mask those outside the window, as for the causal mask, so it leaves them unchanged.
 
     ``exact`` (an experiment, off by default: ``scripts/megatron_open_data.py --exact-kernels``;
     docs/validation.md, "Megatron-LM 2021's kernels at sequence 2048"): every kernel Megatron-LM's
@@ -202,7 +222,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         *norm("norm1", fp8_casts and not spec.mla),
         *attn_in,
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
-              causal=not spec.encoder, v_dim=dv if dv != dh else 0)] if attention == "flash" else
+              causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
            *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
            Op("attn_v", m=s, n=dv, k=s, batch=b * heads, attention_core=True),

@@ -158,6 +158,14 @@ class TransformerSpec:
     #: through two RMSNorms, a ``2 d -> d`` projection, one transformer block (block ``n_layer + k``,
     #: a MoE block in a MoE model) and the shared LM head; 0: none
     mtp_layers: int = 0
+    #: sliding-window attention: in a windowed block each query attends to itself and the
+    #: ``sliding_window - 1`` tokens before it (Mistral 7B, Jiang et al. 2023, arXiv:2310.06825,
+    #: Sec. 2; Longformer, Beltagy et al. 2020, arXiv:2004.05150); 0: every block attends to the
+    #: whole causal prefix
+    sliding_window: int = 0
+    #: blocks (0-based) that keep full attention when ``sliding_window`` is set (a config's
+    #: ``layer_types``; Qwen2's blocks before ``max_window_layers``); the others are windowed
+    full_attention_layers: tuple[int, ...] = ()
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     kind: str = field(default="transformer", init=False)
@@ -199,6 +207,21 @@ class TransformerSpec:
         if self.mtp_layers and self.encoder:
             raise ConfigError(f"{self.name}: mtp_layers={self.mtp_layers} needs an LM head (an encoder has none)")
         check_layer_count(self.n_layer + self.mtp_layers, f"model {self.name!r}")
+        self._check_window()
+
+    def _check_window(self) -> None:
+        """The sliding-window fields are consistent (ConfigError naming the field)."""
+        w = self.sliding_window
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ConfigError(f"{self.name}.sliding_window={w!r}: must be an integer >= 0")
+        bad = [i for i in self.full_attention_layers if not (isinstance(i, int) and 0 <= i < self.n_layer)]
+        if bad:
+            raise ConfigError(f"{self.name}.full_attention_layers: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
+        if self.full_attention_layers and not w:
+            raise ConfigError(f"{self.name}: full_attention_layers need a sliding_window")
+        if w and self.encoder:
+            raise ConfigError(f"{self.name}: sliding_window={w} with an encoder (a two-sided window, Longformer's) "
+                              "is not modelled")
 
     def _check_latent_attention(self) -> None:
         """The MLA fields are consistent (ConfigError naming the field)."""
@@ -329,6 +352,17 @@ class TransformerSpec:
         """Whether block ``i`` has routed experts (else a dense MLP of width ``ffn``)."""
         return self.moe and i not in self.dense_layers
 
+    def is_window_block(self, i: int) -> bool:
+        """Block ``i`` attends within a window shorter than the sequence (:attr:`sliding_window`);
+        a multi-token prediction module's block keeps full attention."""
+        return (0 < self.sliding_window < self.seq_len and i < self.n_layer
+                and i not in self.full_attention_layers)
+
+    def attention_window(self, i: int) -> int:
+        """The window block ``i``'s attention kernels run with: :attr:`sliding_window` in a
+        windowed block (:meth:`is_window_block`), else 0 (the whole causal prefix)."""
+        return self.sliding_window if self.is_window_block(i) else 0
+
     def is_mtp_block(self, i: int) -> bool:
         """Block ``i`` is a multi-token prediction module's (``n_layer <= i < n_layer + mtp_layers``)."""
         return self.n_layer <= i < self.n_layer + self.mtp_layers
@@ -425,9 +459,11 @@ class TransformerSpec:
 
         def block_flops(i: int) -> float:
             # every weight a token passes through (the active experts' and the router's in a
-            # MoE block), plus the scores (q_dim wide) and the weighted sum (out_dim wide)
+            # MoE block), plus the scores (q_dim wide) and the weighted sum (out_dim wide) over
+            # the keys a query sees (a windowed block's: its window)
             gemm_w = self.gemm_weights(i)
-            return float(T * (2 * gemm_w + 2 * T * (self.q_dim + self.out_dim)))
+            keys = min(T, self.attention_window(i) or T)
+            return float(T * (2 * gemm_w + 2 * keys * (self.q_dim + self.out_dim)))
 
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table
         out = [LayerSpec("embed", self.embed_params(), (T, d), float(T * d * (1 + self.encoder)))]
@@ -465,12 +501,13 @@ _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq"
                 "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
                 "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn",
                 "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "rope_head_dim": "rope_head_dim",
-                "v_head_dim": "v_head_dim", "mtp": "mtp_layers"}
+                "v_head_dim": "v_head_dim", "mtp": "mtp_layers", "window": "sliding_window"}
 
 
 def parse_inline(text: str) -> TransformerSpec:
     """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..,head_dim=..,
-    experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..,mtp=..]``."""
+    experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..,mtp=..,
+    window=..]`` (``window``: a sliding window in every block)."""
     arch, _, rest = text.partition(":")
     arch = arch.strip().lower()
     if arch not in ARCHS:

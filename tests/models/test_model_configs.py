@@ -207,19 +207,22 @@ def test_unmodelled_architecture_features_are_refused_by_name(tmp_path):
     p.write_text(json.dumps(dict(lite, num_nextn_predict_layers=-1)))
     with pytest.raises(ConfigError, match="num_nextn_predict_layers=-1"):
         from_hf_config(p)
-    mistral = _write(tmp_path, model_type="mistral", sliding_window=1024)
-    with pytest.raises(ConfigError, match="sliding_window=1024 is shorter than the sequence"):
-        from_hf_config(mistral)
-    assert from_hf_config(mistral, seq_len=1024).seq_len == 1024  # inside the window: plain attention
+    mistral = from_hf_config(_write(tmp_path, model_type="mistral", sliding_window=1024))
+    assert mistral.sliding_window == 1024 and all(mistral.is_window_block(i) for i in range(mistral.n_layer))
+    inside = from_hf_config(_write(tmp_path, model_type="mistral", sliding_window=1024), seq_len=1024)
+    assert not any(inside.is_window_block(i) for i in range(inside.n_layer))  # inside the window: plain attention
     qwen = json.loads((CONFIGS / "qwen2-7b.json").read_text())
     p = tmp_path / "qwen.json"
     p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=14)))
-    with pytest.raises(ConfigError, match="sliding_window=2048"):  # blocks 14..27 use the window
-        from_hf_config(p)
-    # max_window_layers=28 of 28 blocks (Qwen2-7B's own): every block attends in full (transformers'
-    # modeling_qwen2.py: the window from block max_window_layers on), nothing to refuse
+    spec = from_hf_config(p)  # blocks 14..27 use the window (transformers' modeling_qwen2.py)
+    assert [spec.is_window_block(i) for i in (0, 13, 14, 27)] == [False, False, True, True]
+    # max_window_layers=28 of 28 blocks (Qwen2-7B's own): every block attends in full
     p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=2048, max_window_layers=28)))
-    assert from_hf_config(p).seq_len == DEFAULT_SEQ_LEN
+    spec = from_hf_config(p)
+    assert spec.seq_len == DEFAULT_SEQ_LEN and spec.sliding_window == 0
+    p.write_text(json.dumps(dict(qwen, use_sliding_window=True, sliding_window=0, max_window_layers=14)))
+    with pytest.raises(ConfigError, match="sliding_window=0"):
+        from_hf_config(p)
     falcon = json.loads((CONFIGS / "falcon-7b.json").read_text())
     p.write_text(json.dumps(dict(falcon, alibi=True)))
     with pytest.raises(ConfigError, match="alibi=true: ALiBi"):
@@ -278,8 +281,8 @@ def test_mistral_null_sliding_window_is_full_attention(tmp_path):
     cfg = json.loads((CONFIGS / "mistral-7b-v0.3.json").read_text())
     p = tmp_path / "config.json"
     p.write_text(json.dumps({k: v for k, v in cfg.items() if k != "sliding_window"}))  # absent: 4096
-    with pytest.raises(ConfigError, match="sliding_window=4096 is shorter than the sequence"):
-        from_hf_config(p, seq_len=8192)
+    assert from_hf_config(p, seq_len=8192).sliding_window == 4096
+    assert from_hf_config(CONFIGS / "mistral-7b-v0.3.json", seq_len=8192).sliding_window == 0
 
 
 def test_layer_types_of_recent_transformers(tmp_path):
@@ -289,8 +292,10 @@ def test_layer_types_of_recent_transformers(tmp_path):
     p.write_text(json.dumps(dict(cfg, layer_types=["full_attention"] * 28)))
     assert from_hf_config(p, seq_len=8192).params == 7_615_616_512
     p.write_text(json.dumps(dict(cfg, sliding_window=4096, layer_types=["sliding_attention"] * 28)))
-    with pytest.raises(ConfigError, match="sliding_window=4096 is shorter"):
-        from_hf_config(p, seq_len=8192)
+    spec = from_hf_config(p, seq_len=8192)
+    assert spec.sliding_window == 4096 and spec.full_attention_layers == ()
+    p.write_text(json.dumps(dict(cfg, sliding_window=4096, layer_types=["sliding_attention", "full_attention"] * 14)))
+    assert from_hf_config(p, seq_len=8192).full_attention_layers == tuple(range(1, 28, 2))
     p.write_text(json.dumps(dict(cfg, layer_types=["full_attention"] * 27)))
     with pytest.raises(ConfigError, match=r"layer_types=.* must be a list of 28"):
         from_hf_config(p)
