@@ -595,6 +595,13 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + (f", query latent {arch.q_lora_rank}" if arch.q_lora_rank else "")
                      + f", heads {arch.head_dim}/{arch.v_head_dim} wide): priced from its projections' shapes; "
                      "no MLA step was timed, so its interval is that of standard-attention rows")
+    if arch.final_logit_softcap or arch.attn_logit_softcap:
+        notes.append("logit soft-capping (Gemma 2): "
+                     + ", ".join(([f"the LM head's logits at {arch.final_logit_softcap:g}, three passes over them"]
+                                  if arch.final_logit_softcap else [])
+                                 + ([f"the scores at {arch.attn_logit_softcap:g}, "
+                                     + ("inside the flash kernel, not priced" if strategy.attention == "flash"
+                                        else "three passes over them")] if arch.attn_logit_softcap else [])))
     windowed = sum(1 for i in range(arch.n_layer) if arch.is_window_block(i))
     if windowed:
         notes.append(f"sliding-window attention ({arch.sliding_window} tokens) in {windowed} of {arch.n_layer} "

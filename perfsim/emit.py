@@ -213,9 +213,12 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
             args += ["--q-lora-rank", str(arch.q_lora_rank)]
     elif arch.head_dim * arch.heads != arch.hidden:
         args += ["--kv-channels", str(arch.head_dim)]
-    if arch.parallel_block or arch.norms_per_block != 2:
+    if arch.parallel_block or arch.norms_per_block == 1:
         notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "
                      "this plan's figures assume the parallel block")
+    if arch.norms_per_block == 4 or arch.final_logit_softcap or arch.attn_logit_softcap:
+        notes.append("Gemma's norms after attention and the MLP and its logit soft-capping: Megatron-LM's GPT "
+                     "block has neither (no flag); this plan's figures assume them")
     if arch.mtp_layers:  # Megatron-Core's MultiTokenPredictionBlock, on the last pipeline stage
         args += ["--mtp-num-layers", str(arch.mtp_layers)]
     if arch.sliding_window:  # Megatron-Core's window attention (Transformer Engine): (left, right) keys

@@ -264,6 +264,8 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
     repl = 8 * v * sbh + 2 * sbh
+    if spec.norms_per_block == 4:  # Gemma's output norms keep their inputs too
+        repl += 4 * v * sbh
     # MLA (replicated, or / t under sequence parallelism): each latent's norm input and the up
     # projection's input after it (2-byte values)
     repl += 2 * v * s * b * 2 * sum(spec.latent_norm_widths())
@@ -271,6 +273,8 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
+    if spec.attn_logit_softcap:  # the soft-capped scores' tanh, kept for its backward
+        core += 2 * v * a * s * s * b / tp
     if attention == "flash":
         core = 4 * a * s * b / tp
     if recompute == "selective":
@@ -341,6 +345,8 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += s * mb * h * inflight  # embedding dropout mask
             if st.last_layer == len(workload.layers) and not spec.encoder:
                 act += loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, inflight)
+                if spec.final_logit_softcap:  # the soft-capped logits' tanh, kept for its backward
+                    act += inflight * bpv * s * mb * spec.vocab / tp
             mtp = sum(1 for i in ids if spec.is_mtp_block(i))
             if mtp:  # each module's norm inputs and concatenation (4 h a token), and what its head pass keeps
                 kept = (loss_bytes(spec, mb, tp, bpv, strategy.cross_entropy, 2)

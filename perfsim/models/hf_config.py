@@ -61,7 +61,7 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 #: transformers' default of ``tie_word_embeddings`` per model_type
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
                  "qwen3": False, "qwen3_moe": False,
-                 "gemma": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
+                 "gemma": True, "gemma2": True, "gemma3_text": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False}
 SUPPORTED = tuple(_TIED_DEFAULT)
 
@@ -111,6 +111,15 @@ class _Fields:
 
     def str(self, key: str, default: str | None) -> str | None:
         return self._typed(key, default, str, "a string")
+
+    def float(self, key: str, default: float) -> float:
+        """A finite number >= 0 (an int is taken as a float); absent or null: ``default``."""
+        v = self._get(key, default, False)
+        if v is _ABSENT:
+            return default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+            raise self.fail(f"{key}={_show(v)} must be a number >= 0")
+        return float(v)
 
     def int_list(self, key: str, limit: int) -> tuple[int, ...]:
         v = self._get(key, [], False)
@@ -235,13 +244,39 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
         kw["sliding_window"], kw["full_attention_layers"] = w, full
 
 
+def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
+    """Gemma 2 (Gemma Team, arXiv:2408.00118, Sec. 2) and Gemma 3's text model (arXiv:2503.19786,
+    Sec. 2), as transformers' ``modeling_gemma2.py`` / ``modeling_gemma3.py`` build them: a norm
+    before and after attention and after the MLP as well as before it (``norms_per_block`` 4);
+    local sliding-window blocks between global ones -- Gemma 2 alternates, the even blocks local
+    (``is_sliding = not layer_idx % 2``), Gemma 3 has one global block in ``sliding_window_pattern``
+    (``(layer_idx + 1) % pattern == 0``), or ``layer_types`` says; Gemma 2's logit soft-capping of the
+    scores and of the LM head's logits. ``query_pre_attn_scalar`` scales the queries (no cost)."""
+    kw["norms_per_block"] = 4
+    kw["final_logit_softcap"] = f.float("final_logit_softcapping", 0.0)
+    kw["attn_logit_softcap"] = f.float("attn_logit_softcapping", 0.0)
+    f.read.update(("query_pre_attn_scalar", "rope_local_base_freq", "cache_implementation"))
+    _window(f, kw, 4096)  # Gemma2Config's and Gemma3TextConfig's default window
+    legacy = f.int("sliding_window_size", None, limit="positions")  # gemma-2's config.json repeats the window
+    if legacy is not None and legacy != kw.get("sliding_window", legacy):
+        raise f.fail(f"sliding_window_size={legacy} differs from sliding_window={kw['sliding_window']}")
+    n = kw["n_layer"]
+    if mtype == "gemma2":
+        full = tuple(i for i in range(n) if i % 2)
+    else:
+        pattern = f.int("sliding_window_pattern", 6, limit="layers")
+        full = tuple(i for i in range(n) if (i + 1) % pattern == 0)
+    if "sliding_window" in kw and f.cfg.get("layer_types") is None:
+        kw["full_attention_layers"] = full
+
+
 def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     """Llama, Mistral, Mixtral, Qwen2(-MoE), Qwen3(-MoE), Gemma: SwiGLU/GeGLU, RMSNorm, rotary;
     Qwen3 adds an RMSNorm over each query and key head (transformers' modeling_qwen3.py
     ``q_norm``/``k_norm``) and drops Qwen2's q/k/v biases."""
     kw = _core(f)
     kw["ffn"] = f.int("intermediate_size", required=True)
-    _attention(f, kw, 256 if mtype == "gemma" else 0)
+    _attention(f, kw, 256 if mtype in ("gemma", "gemma2", "gemma3_text") else 0)
     bias = f.bool("attention_bias", False)
     kw["qkv_bias"], kw["out_bias"] = bias or mtype in ("qwen2", "qwen2_moe"), bias
     kw["mlp_bias"] = f.bool("mlp_bias", False)
@@ -253,7 +288,9 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
         kw["top_k"] = f.int("num_experts_per_tok", 2, limit="experts")
     elif mtype in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
         _window(f, kw, None, switch="use_sliding_window")
-    kw["qk_norm"] = mtype in ("qwen3", "qwen3_moe")
+    kw["qk_norm"] = mtype in ("qwen3", "qwen3_moe", "gemma3_text")
+    if mtype in ("gemma2", "gemma3_text"):
+        _gemma_blocks(f, kw, mtype)
     if mtype == "qwen2_moe":
         kw["experts"] = f.int("num_experts", 60, limit="experts")
         kw["top_k"] = f.int("num_experts_per_tok", 4, limit="experts")

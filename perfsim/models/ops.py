@@ -224,13 +224,18 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
               causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
+           # Gemma 2's soft-capping as eager PyTorch runs it: divide, tanh, multiply (three passes;
+           # backward: the three gradients, the tanh's reading its output too)
+           *([Op("scores_softcap", bytes=6 * bpv * attn_scores, bwd_bytes=7 * bpv * attn_scores,
+                 attention_core=True)] if spec.attn_logit_softcap else []),
            *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
            Op("attn_v", m=s, n=dv, k=s, batch=b * heads, attention_core=True),
            *([Op("context_copy", bytes=2 * bpv * tok * out, bwd_bytes=0.0)] if exact else [])]),
         Op("proj", m=tok, n=h, k=out),
         *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
+        *(norm("norm_post_attn") if spec.norms_per_block == 4 else []),  # Gemma: before the residual add
         dropout_add("dropout_residual1"),
-        *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block == 2 else []),
+        *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block >= 2 else []),
     ]
     if is_moe:
         ops += moe_ops(spec, tok, tp, bpv, routing)
@@ -245,6 +250,8 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                 *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
     if fp8_casts:
         ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe)
+    if spec.norms_per_block == 4:
+        ops += norm("norm_post_mlp")
     return ops + [dropout_add("dropout_residual2")]
 
 
@@ -321,7 +328,7 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
                 Op("fp8_activation_out_transpose", bwd_bytes=2.0 * tok * f),
                 # the second norm writes the first MLP GEMM's input in fp8 (LayerNormMLP); a block
                 # of one norm casts that input as a plain Linear does
-                Op("fp8_norm2_out_transpose", bwd_bytes=2.0 * tok * h) if spec.norms_per_block == 2 else
+                Op("fp8_norm2_out_transpose", bwd_bytes=2.0 * tok * h) if spec.norms_per_block >= 2 else
                 Op("fp8_mlp_input_cast_transpose", bytes=cast_t * tok * h, bwd_bytes=0.0)]
     return ops
 
@@ -459,6 +466,9 @@ def head_ops(spec, mb: int, tp: int, sp: bool, bpv: int, acc: GradAccumulation |
     v = -(-spec.vocab // tp)
     ops = [Op("final_norm", bytes=2 * bpv * tok * h // (tp if sp else 1)),
            Op("lm_head", m=tok, n=v, k=h, lm_head=True),
+           # Gemma 2's logit soft-capping: divide, tanh, multiply, each a pass over the logits
+           *([Op("logit_softcap", bytes=6 * bpv * tok * v, bwd_bytes=7 * bpv * tok * v)]
+             if spec.final_logit_softcap else []),
            *cross_entropy_ops(tok, v, bpv)]
     per = (acc or GradAccumulation()).per_param(bpv, fusable=not spec.tied)
     if per:

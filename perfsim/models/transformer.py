@@ -13,7 +13,7 @@ BERT alike (the knobs that change the parameter count and the operators):
   ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only); ``qk_norm``:
   an RMSNorm over each query and key head (Qwen3);
   ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only), ``norms_per_block``
-  of them (Falcon-7B's parallel block: 1);
+  of them (Falcon-7B's parallel block: 1; Gemma 2/3's norms before and after each sub-block: 4);
 * mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
   ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
@@ -117,8 +117,16 @@ class TransformerSpec:
     out_bias: bool | None = None
     #: biases of the MLP's (and every expert's) linear layers (None: ``bias``)
     mlp_bias: bool | None = None
-    #: norms per block: 2 (pre-attention, pre-MLP) or 1 (Falcon-7B's parallel block shares one)
+    #: norms per block: 2 (pre-attention, pre-MLP), 1 (Falcon-7B's parallel block shares one) or 4
+    #: (Gemma 2/3: a norm before and after attention and the MLP, the output norms applied before
+    #: the residual add; Gemma Team, "Gemma 2", arXiv:2408.00118, Sec. 2)
     norms_per_block: int = 2
+    #: the LM head's logits pass through ``cap x tanh(logits / cap)`` (Gemma 2's 30.0; arXiv:2408.00118,
+    #: Sec. 2, "Logit soft-capping"); 0: none
+    final_logit_softcap: float = 0.0
+    #: every attention score passes through ``cap x tanh(score / cap)`` before the softmax (Gemma 2's
+    #: 50.0); 0: none
+    attn_logit_softcap: float = 0.0
     #: an RMSNorm over every query and key head before the rotary embedding, ``head_dim``
     #: weights each (Qwen3, arXiv:2505.09388 Sec. 2; Dehghani et al., arXiv:2302.05442)
     qk_norm: bool = False
@@ -197,9 +205,16 @@ class TransformerSpec:
             raise ConfigError(f"{self.name}.norm={self.norm!r}: layernorm or rmsnorm")
         if self.arch not in ARCHS:
             raise ConfigError(f"{self.name}.arch={self.arch!r}: choose from {', '.join(ARCHS)}")
-        if self.head_dim < 1 or self.norms_per_block not in (1, 2):
+        if self.head_dim < 1 or self.norms_per_block not in (1, 2, 4):
             raise ConfigError(f"{self.name}: head_dim={self.head_dim} must be >= 1, norms_per_block="
-                              f"{self.norms_per_block} 1 or 2")
+                              f"{self.norms_per_block} 1, 2 or 4")
+        if self.norms_per_block == 4 and self.parallel_block:
+            raise ConfigError(f"{self.name}: norms_per_block=4 (Gemma's norms around each sub-block) with a "
+                              "parallel block is not modelled")
+        for f in ("final_logit_softcap", "attn_logit_softcap"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise ConfigError(f"{self.name}.{f}={v!r}: must be a number >= 0 (0: none)")
         check_moe(self)
         self._check_latent_attention()
         if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
