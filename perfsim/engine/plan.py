@@ -52,8 +52,8 @@ from perfsim.models.moe import (Routing, check_a2a_gpu, expert_params_per_rank, 
                                 stage_expert_params)
 from perfsim.models.specs import block_index, is_block
 from perfsim.models.tensor_parallel import pipeline_send
-from perfsim.schedules import with_comms
 from perfsim.partition import partition_with_tail
+from perfsim.schedules import with_comms
 
 
 @dataclass
@@ -437,8 +437,8 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
 def tied_sync_bytes(workload, strategy, table) -> int:
     """Bytes per tensor rank of the embedding gradient that Megatron-LM all-reduces
     between the first and the last pipeline stage when the LM head is tied to the
-    embedding or multi-token prediction modules read it (Megatron-Core) and they live on different devices (``Strategy.tied_embedding``
-    ``sync``): ``vocab / tp x hidden`` values in the gradient dtype
+    embedding or multi-token prediction modules read it (Megatron-Core) and they live on
+    different devices (``Strategy.tied_embedding`` ``sync``): ``vocab / tp x hidden`` values in the gradient dtype
     (``Strategy.grad_dtype``, the main gradient the all-reduce runs on); for a workload
     file, its ``tied_values`` (execute mode's head: ``perfsim.runtime.tied``)."""
     arch = workload.arch
