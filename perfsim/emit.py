@@ -216,6 +216,11 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
     if arch.parallel_block or arch.norms_per_block == 1:
         notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "
                      "this plan's figures assume the parallel block")
+    if arch.attention_sinks:  # Megatron-Core's learnable softmax offset, one a head
+        args += ["--softmax-type", "learnable"]
+    if arch.router_bias:
+        notes.append("a bias on the MoE router's linear layer (gpt-oss): no Megatron-LM flag; this plan's "
+                     "figures count its parameters")
     if arch.norms_per_block == 4 or arch.final_logit_softcap or arch.attn_logit_softcap:
         notes.append("Gemma's norms after attention and the MLP and its logit soft-capping: Megatron-LM's GPT "
                      "block has neither (no flag); this plan's figures assume them")

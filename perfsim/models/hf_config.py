@@ -61,7 +61,7 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 #: transformers' default of ``tie_word_embeddings`` per model_type
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
                  "qwen3": False, "qwen3_moe": False,
-                 "gemma": True, "gemma2": True, "gemma3_text": True, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
+                 "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False}
 SUPPORTED = tuple(_TIED_DEFAULT)
 
@@ -270,6 +270,28 @@ def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
         kw["full_attention_layers"] = full
 
 
+def _gpt_oss_blocks(f: _Fields, kw: dict) -> None:
+    """gpt-oss (OpenAI, "gpt-oss-120b & gpt-oss-20b Model Card", arXiv:2508.10925, Sec. 2; transformers'
+    ``modeling_gpt_oss.py``): every block a mixture of ``num_local_experts`` SwiGLU experts of width
+    ``intermediate_size`` with biases, top-``num_experts_per_tok``, behind a router with a bias;
+    attention with q/k/v/output biases and a learned sink logit per head; local blocks of a
+    ``sliding_window`` (128) between global ones (``layer_types``). ``swiglu_limit`` clamps the
+    activation (no cost); a ``quantization_config`` of ``mxfp4`` says how the released experts are
+    stored, not how a job trains (its ``--precision``)."""
+    kw["experts"] = f.int("num_local_experts", 128, limit="experts")
+    kw["top_k"] = f.int("num_experts_per_tok", 4, limit="experts")
+    if f.cfg.get("experts_per_token") not in (None, kw["top_k"]):
+        raise f.fail(f"experts_per_token={_show(f.cfg['experts_per_token'])} differs from "
+                     f"num_experts_per_tok={kw['top_k']}")
+    kw["expert_ffn"] = kw["ffn"]
+    kw["mlp_bias"] = kw["router_bias"] = kw["attention_sinks"] = True
+    f.read.update(("experts_per_token", "swiglu_limit", "initial_context_length"))
+    quant = f.cfg.get("quantization_config")
+    if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":  # any other is refused as unread
+        f.read.add("quantization_config")
+    _window(f, kw, 128)
+
+
 def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     """Llama, Mistral, Mixtral, Qwen2(-MoE), Qwen3(-MoE), Gemma: SwiGLU/GeGLU, RMSNorm, rotary;
     Qwen3 adds an RMSNorm over each query and key head (transformers' modeling_qwen3.py
@@ -280,7 +302,9 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     bias = f.bool("attention_bias", False)
     kw["qkv_bias"], kw["out_bias"] = bias or mtype in ("qwen2", "qwen2_moe"), bias
     kw["mlp_bias"] = f.bool("mlp_bias", False)
-    if mtype == "mistral":
+    if mtype == "gpt_oss":
+        _gpt_oss_blocks(f, kw)
+    elif mtype == "mistral":
         _window(f, kw, 4096)  # MistralConfig's default window
     elif mtype == "mixtral":
         _window(f, kw, None)

@@ -59,12 +59,13 @@ def check_moe(spec) -> None:
 
 
 def moe_mlp_params(spec, active: bool = False) -> int:
-    """Parameters of one MoE block's MLP part: the router (``hidden x experts``, no bias),
-    every routed expert (``active``: the ``top_k`` a token uses), the shared expert and
-    its gate."""
+    """Parameters of one MoE block's MLP part: the router (``hidden x experts``, its bias with
+    ``router_bias``), every routed expert (``active``: the ``top_k`` a token uses), the shared
+    expert and its gate."""
     n = spec.top_k if active else spec.experts
     shared = spec.mlp_params(spec.shared_ffn) if spec.shared_ffn else 0
-    return (spec.hidden * spec.experts + n * spec.mlp_params(spec.expert_ffn) + shared
+    router = (spec.hidden + (1 if spec.router_bias else 0)) * spec.experts
+    return (router + n * spec.mlp_params(spec.expert_ffn) + shared
             + (spec.hidden if spec.shared_gate else 0))
 
 

@@ -206,11 +206,13 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
     widths = block_mlp_widths(spec, i, ep)
-    router = d * spec.experts + (d if spec.shared_gate else 0) if spec.is_moe_block(i) else 0
+    router = ((d + (1 if spec.router_bias else 0)) * spec.experts + (d if spec.shared_gate else 0)
+              if spec.is_moe_block(i) else 0)
     whole = spec.attention_replicated_weights()
     gemm = block_gemm_params(spec, i, ep) - (whole - sum(spec.latent_norm_widths()))
-    col_bias = ((q + 2 * kv) if spec.qkv_bias else 0) + (sum((mats - 1) * w for w in widths)
-                                                         if spec.mlp_bias else 0)
+    # column-parallel (split by heads or MLP width): q/k/v biases, the attention sinks, the MLPs' first biases
+    col_bias = (((q + 2 * kv) if spec.qkv_bias else 0) + (spec.heads if spec.attention_sinks else 0)
+                + (sum((mats - 1) * w for w in widths) if spec.mlp_bias else 0))
     replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
                   + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params() + whole
                   + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))

@@ -127,6 +127,11 @@ class TransformerSpec:
     #: every attention score passes through ``cap x tanh(score / cap)`` before the softmax (Gemma 2's
     #: 50.0); 0: none
     attn_logit_softcap: float = 0.0
+    #: a learned logit per query head joins every softmax's denominator ("attention sinks": Xiao et
+    #: al., arXiv:2309.17453; gpt-oss, OpenAI, arXiv:2508.10925): ``heads`` weights a block
+    attention_sinks: bool = False
+    #: the MoE router's linear layer has a bias, ``experts`` weights a block (gpt-oss)
+    router_bias: bool = False
     #: an RMSNorm over every query and key head before the rotary embedding, ``head_dim``
     #: weights each (Qwen3, arXiv:2505.09388 Sec. 2; Dehghani et al., arXiv:2302.05442)
     qk_norm: bool = False
@@ -351,7 +356,8 @@ class TransformerSpec:
         weights."""
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
         return (self.attention_gemm_weights() + ((q + 2 * kv) if self.qkv_bias else 0)
-                + (d if self.out_bias else 0) + self.qk_norm_params() + sum(self.latent_norm_widths()))
+                + (d if self.out_bias else 0) + self.qk_norm_params() + sum(self.latent_norm_widths())
+                + (self.heads if self.attention_sinks else 0))
 
     def qk_norm_params(self) -> int:
         """Weights of the query and key norms (:attr:`qk_norm`): ``head_dim`` each, shared by the heads."""
