@@ -602,6 +602,8 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                                  + ([f"the scores at {arch.attn_logit_softcap:g}, "
                                      + ("inside the flash kernel, not priced" if strategy.attention == "flash"
                                         else "three passes over them")] if arch.attn_logit_softcap else [])))
+    if arch.left_out:
+        notes.append(arch.left_out)
     if arch.attention_sinks:
         notes.append("attention sinks (gpt-oss): one learned logit a head in every softmax, not priced")
     windowed = sum(1 for i in range(arch.n_layer) if arch.is_window_block(i))

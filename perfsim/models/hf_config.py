@@ -63,7 +63,14 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False}
-SUPPORTED = tuple(_TIED_DEFAULT)
+#: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
+#: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
+#: prediction's model note says so (``TransformerSpec.left_out``)
+TEXT_WRAPPERS = {"gemma3": "gemma3_text"}
+#: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower and image tokens
+_WRAPPER_FIELDS = frozenset("text_config vision_config mm_tokens_per_image boi_token_index eoi_token_index "
+                            "image_token_index".split())
+SUPPORTED = tuple(_TIED_DEFAULT) + tuple(TEXT_WRAPPERS)
 
 
 #: a field absent from the file (or null): its default applies
@@ -174,6 +181,10 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
     mtype = mtype.lower()
     if mtype not in SUPPORTED:
         raise f.fail(f"model_type {mtype!r} not supported (supported: {', '.join(SUPPORTED)})")
+    left_out = ""
+    if mtype in TEXT_WRAPPERS:
+        cfg, f, mtype = _text_model(cfg, f, mtype, p)
+        left_out = "the vision tower (vision_config) is not priced: a text-only job"
     read = _READERS.get(mtype, _read_llama)
     arch, kw = read(f, mtype)
     if cfg.get("gradient_checkpointing") is True:  # a training switch that changes the cost: said, not ignored
@@ -194,7 +205,27 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
                      + (f"; also {', '.join(unknown[1:4])}" if len(unknown) > 1 else ""))
     name = cfg.get("_name_or_path") or (p.parent.name if p.name == "config.json" else p.stem) or p.stem
     return TransformerSpec(name=str(name), arch=arch, **{**ARCHS[arch], **kw}, seq_len=int(seq),
-                           max_positions=positions, from_config=True)
+                           max_positions=positions, from_config=True, left_out=left_out)
+
+
+def _text_model(cfg: dict, f: _Fields, mtype: str, p: Path) -> tuple[dict, _Fields, str]:
+    """A multimodal wrapper's (:data:`TEXT_WRAPPERS`) language model: its ``text_config`` (whose own
+    ``model_type`` must be the text model's, or absent), read as a config of its own; the wrapper's
+    other fields must be its vision tower's and image tokens' (:data:`_WRAPPER_FIELDS`) or cost nothing."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise f.fail(f"model_type {mtype!r} without a 'text_config' object (its language model)")
+    unknown = sorted(set(cfg) - _WRAPPER_FIELDS - NO_COST - {"_name_or_path"})
+    if unknown:
+        raise f.fail(f"field {unknown[0]!r}={_show(cfg[unknown[0]])} is not modelled "
+                     "(perfsim does not know its cost; remove it if it changes nothing)")
+    want = TEXT_WRAPPERS[mtype]
+    if text.get("model_type", want) != want:
+        raise f.fail(f"text_config.model_type={_show(text.get('model_type'))}: {want!r} expected in a {mtype!r} config")
+    inner = dict(text, model_type=want)
+    if "_name_or_path" in cfg and "_name_or_path" not in text:
+        inner["_name_or_path"] = cfg["_name_or_path"]
+    return inner, _Fields(inner, f"model config {str(p)!r} (text_config)"), want
 
 
 def _core(f: _Fields, layers: str = "num_hidden_layers", hidden: str = "hidden_size",
@@ -253,6 +284,7 @@ def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
     (``(layer_idx + 1) % pattern == 0``), or ``layer_types`` says; Gemma 2's logit soft-capping of the
     scores and of the LM head's logits. ``query_pre_attn_scalar`` scales the queries (no cost)."""
     kw["norms_per_block"] = 4
+    kw["_positions"] = 131072 if mtype == "gemma3_text" else 8192  # the configs' defaults when absent
     kw["final_logit_softcap"] = f.float("final_logit_softcapping", 0.0)
     kw["attn_logit_softcap"] = f.float("attn_logit_softcapping", 0.0)
     f.read.update(("query_pre_attn_scalar", "rope_local_base_freq", "cache_implementation"))

@@ -181,6 +181,9 @@ class TransformerSpec:
     full_attention_layers: tuple[int, ...] = ()
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
+    #: what this description leaves out of the checkpoint it was read from (a multimodal wrapper's
+    #: vision tower), said in every prediction's model note; empty: nothing
+    left_out: str = ""
     kind: str = field(default="transformer", init=False)
 
     def __post_init__(self):

@@ -94,3 +94,32 @@ def test_predict_notes_emit_and_refusals(tmp_path):
         perfsim.predict(**dict(kw, kernels="eager"))
     with pytest.raises(ConfigError, match="norms_per_block=4 .* parallel block"):
         dataclasses.replace(from_hf_config(p), parallel_block=True)
+
+
+GEMMA3_27B_WRAPPER = dict(
+    architectures=["Gemma3ForConditionalGeneration"], boi_token_index=255999, eoi_token_index=256000,
+    image_token_index=262144, initializer_range=0.02, mm_tokens_per_image=256, model_type="gemma3",
+    text_config=dict(head_dim=128, hidden_size=5376, intermediate_size=21504, model_type="gemma3_text",
+                     num_attention_heads=32, num_hidden_layers=62, num_key_value_heads=16, query_pre_attn_scalar=168,
+                     rope_scaling={"factor": 8.0, "rope_type": "linear"}, sliding_window=1024, vocab_size=262208),
+    torch_dtype="bfloat16", vision_config=dict(hidden_size=1152, image_size=896, intermediate_size=4304,
+                                               model_type="siglip_vision_model", num_attention_heads=16,
+                                               num_hidden_layers=27, patch_size=14, vision_use_head=False))
+
+
+def test_the_multimodal_wrapper_prices_its_language_model(tmp_path):
+    """google/gemma-3-27b-it's config.json (model_type gemma3): its text_config, the defaults of
+    Gemma3TextConfig where it leaves a field out; Gemma 3 Table 1: 25,600 M non-embedding parameters."""
+    spec = from_hf_config(_config(tmp_path, GEMMA3_27B_WRAPPER))
+    assert round((spec.params - spec.vocab * spec.hidden) / 1e6) == 25600
+    assert spec.max_positions == 131072 and spec.full_attention_layers[:2] == (5, 11) and spec.qk_norm
+    assert spec.left_out == "the vision tower (vision_config) is not priced: a text-only job"
+    r = perfsim.predict(model=str(tmp_path / "config.json"), gpu="h100", gpus_per_node=8, tp=8, pp=1, dp=1,
+                        micro_batch=1, global_batch=8, seq_len=8192, precision="bf16", allow_oom=True)
+    assert r.summary["model_note"].startswith("the vision tower (vision_config) is not priced")
+    for changes, needle in (({"text_config": None}, "without a 'text_config' object"),
+                            ({"text_config": dict(GEMMA3_27B_WRAPPER["text_config"], model_type="llama")},
+                             "text_config.model_type=\"llama\": 'gemma3_text' expected"),
+                            ({"audio_config": {}}, "field 'audio_config'={} is not modelled")):
+        with pytest.raises(ConfigError, match=needle):
+            from_hf_config(_config(tmp_path, GEMMA3_27B_WRAPPER, **changes))
