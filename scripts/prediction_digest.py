@@ -89,6 +89,13 @@ def cases() -> dict[str, dict]:
     out["llama-window-32k-tp8"] = dict(model="llama:layers=8,hidden=4096,heads=32,kv_heads=8,ffn=14336,seq=32768,"
                                        "vocab=32768,window=4096", gpu="h100", tp=8, pp=2, dp=1, micro_batch=1,
                                        global_batch=8, gpus_per_node=8, precision="bf16", recompute="selective")
+    # gpt-oss-20b: biased experts and router, attention sinks, 128-token local blocks; expert parallel 4
+    out["gpt-oss-20b-ep4"] = dict(model="gpt-oss-20b", gpu="h100", tp=1, pp=1, dp=8, ep=4, micro_batch=1,
+                                  global_batch=32, seq_len=8192, gpus_per_node=8, precision="bf16", zero=1,
+                                  recompute="selective", allow_oom=True)
+    # Gemma 2 9B: four norms a block, soft-capped logits (the scores' inside the flash kernel), local blocks
+    out["gemma-2-9b-tp4-pp2"] = dict(model="gemma-2-9b", gpu="h100", tp=4, pp=2, dp=1, micro_batch=1,
+                                     global_batch=16, gpus_per_node=8, precision="bf16", recompute="selective")
     # DeepSeek-V3's multi-token prediction module on the last stage, sequence parallel, with ZeRO-1
     out["deepseek-v2-lite-mtp-pp2"] = dict(model="deepseek-v2-lite", gpu="h100", tp=2, pp=2, dp=2, ep=2,
                                            micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",

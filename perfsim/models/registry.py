@@ -113,7 +113,7 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     # DeepSeek-V3 (DeepSeek-AI 2024, arXiv:2412.19437, Sec. 4.2; deepseek-ai/DeepSeek-V3 config.json):
     # 61 x 7168, the same latent attention as V2, 256 routed experts of 2048 (top-8) and one shared,
     # the first 3 blocks dense (18432), vocabulary 129280; 671 B (37 B active) -- the main model: its
-    # multi-token prediction module (Sec. 2.2, 14 B more in the released weights) is not modelled
+    # multi-token prediction module (Sec. 2.2, 14 B more in the released weights) is --mtp-layers 1
     arch_spec("llama", "deepseek-v3", n_layer=61, hidden=7168, heads=128, head_dim=192, v_head_dim=128,
               kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=163840,
               vocab=129280, ffn=18432, experts=256, top_k=8, expert_ffn=2048, shared_ffn=2048,
@@ -125,6 +125,27 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     arch_spec("llama", "kimi-k2", n_layer=61, hidden=7168, heads=64, head_dim=192, v_head_dim=128,
               kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, seq_len=4096, max_positions=131072,
               vocab=163840, ffn=18432, experts=384, top_k=8, expert_ffn=2048, shared_ffn=2048, dense_layers=(0,)),
+    # gpt-oss (OpenAI 2025, arXiv:2508.10925; openai/gpt-oss-120b and -20b config.json, model_type gpt_oss):
+    # 36 / 24 x 2880, 64 query heads of 64 over 8 key/value heads, q/k/v/output biases and a sink logit a
+    # head, 128 / 32 SwiGLU experts of 2880 with biases (top-4) behind a router with a bias, the even
+    # blocks attending within 128 tokens, vocabulary 201088; 116.83 B (5.13 B active) and 20.91 B (3.61 B)
+    *(arch_spec("llama", name, n_layer=layers, hidden=2880, heads=64, kv_heads=8, head_dim=64, seq_len=4096,
+                max_positions=131072, vocab=201088, ffn=2880, experts=experts, top_k=4, expert_ffn=2880,
+                qkv_bias=True, out_bias=True, mlp_bias=True, router_bias=True, attention_sinks=True,
+                sliding_window=128, full_attention_layers=tuple(range(1, layers, 2)))
+      for name, layers, experts in (("gpt-oss-120b", 36, 128), ("gpt-oss-20b", 24, 32))),
+    # Gemma 2 9B (Gemma Team 2024, arXiv:2408.00118; google/gemma-2-9b config.json): 42 x 3584, 16 heads of
+    # 256 over 8, GeGLU 14336, four norms a block, the even blocks attending within 4096 tokens, logits
+    # soft-capped at 30 and scores at 50, tied vocabulary 256000; 8,324,201,984 parameters outside it
+    arch_spec("llama", "gemma-2-9b", n_layer=42, hidden=3584, heads=16, kv_heads=8, head_dim=256, seq_len=8192,
+              max_positions=8192, vocab=256000, ffn=14336, tied=True, norms_per_block=4, sliding_window=4096,
+              full_attention_layers=tuple(range(1, 42, 2)), final_logit_softcap=30.0, attn_logit_softcap=50.0),
+    # Gemma 3 27B's language model (Gemma Team 2025, arXiv:2503.19786; google/gemma-3-27b-it's text_config):
+    # 62 x 5376, 32 heads of 128 over 16 with query/key norms, GeGLU 21504, four norms a block, one
+    # global block in six, the others within 1024 tokens, tied vocabulary 262208; 25,600 M outside it
+    arch_spec("llama", "gemma-3-27b", n_layer=62, hidden=5376, heads=32, kv_heads=16, head_dim=128, seq_len=8192,
+              max_positions=131072, vocab=262208, ffn=21504, tied=True, norms_per_block=4, qk_norm=True,
+              sliding_window=1024, full_attention_layers=tuple(range(5, 62, 6))),
     # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
     # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
     # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632

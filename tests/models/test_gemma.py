@@ -123,3 +123,11 @@ def test_the_multimodal_wrapper_prices_its_language_model(tmp_path):
                             ({"audio_config": {}}, "field 'audio_config'={} is not modelled")):
         with pytest.raises(ConfigError, match=needle):
             from_hf_config(_config(tmp_path, GEMMA3_27B_WRAPPER, **changes))
+
+
+def test_the_presets_are_the_configs(tmp_path):
+    from perfsim.models.registry import get_spec
+
+    for base, preset in ((GEMMA2_9B, "gemma-2-9b"), (GEMMA3_27B_WRAPPER, "gemma-3-27b")):
+        spec = from_hf_config(_config(tmp_path, base), seq_len=get_spec(preset).seq_len)
+        assert dataclasses.replace(spec, name=preset, from_config=False, left_out="") == get_spec(preset)

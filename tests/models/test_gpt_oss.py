@@ -74,3 +74,13 @@ def test_predict_and_megatron_flags(tmp_path):
     args, notes = architecture_args(from_hf_config(p))
     assert args[args.index("--softmax-type") + 1] == "learnable" and args[args.index("--window-size") + 1] == "127,0"
     assert any("router's linear layer" in n for n in notes)
+
+
+def test_the_presets_are_the_configs(tmp_path):
+    from perfsim.models.registry import get_spec
+
+    for preset, changes in (("gpt-oss-120b", {}),
+                            ("gpt-oss-20b", dict(num_hidden_layers=24, num_local_experts=32,
+                                                 layer_types=["sliding_attention", "full_attention"] * 12))):
+        spec = from_hf_config(_config(tmp_path, **changes), seq_len=4096)
+        assert dataclasses.replace(spec, name=preset, from_config=False) == get_spec(preset)
