@@ -215,9 +215,6 @@ class Strategy(Job):
         if self.recompute == "full":
             raise ConfigError("ep_overlap with recompute=full: the recomputed forward's all-to-alls are not "
                               "placed in the combined unit's phases (not modelled); use none or selective")
-        if self.a2a_compress != "none":
-            raise ConfigError(f"ep_overlap with a2a_compress={self.a2a_compress!r}: the codec's kernels beside "
-                              "the overlapped all-to-alls are not modelled")
 
     @property
     def grad_dtype(self) -> str:

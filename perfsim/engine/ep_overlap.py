@@ -38,12 +38,37 @@ class MoELayerTimes:
     attn_bwd: float
     mlp_fwd: float
     mlp_bwd: float
-    #: one forward all-to-all (the dispatch, or the combine)
+    #: one forward all-to-all at the training precision: the combine (and the dispatch, uncompressed)
     a2a_fwd: float
-    #: one backward all-to-all (the gradient of a dispatch or of a combine)
+    #: one backward all-to-all at the training precision: the dispatch's gradient (and the combine's,
+    #: uncompressed)
     a2a_bwd: float
     #: the stage's MoE blocks
     blocks: int
+    #: ``--a2a-compress``: the compressed forward dispatch's all-to-all, its codec not included (the
+    #: codec's kernels run on the compute stream, serial either way); None: as ``a2a_fwd``
+    wire_fwd: float | None = None
+    #: ``--a2a-compress``: the compressed backward all-to-all, the gradient into the expert outputs
+    #: (the combine's gradient); None: as ``a2a_bwd``
+    wire_bwd: float | None = None
+
+    @property
+    def dispatch_fwd(self) -> float:
+        return self.a2a_fwd if self.wire_fwd is None else self.wire_fwd
+
+    @property
+    def combine_bwd(self) -> float:
+        return self.a2a_bwd if self.wire_bwd is None else self.wire_bwd
+
+    @property
+    def comm_fwd(self) -> float:
+        """A block's two forward all-to-alls: the dispatch and the combine."""
+        return self.dispatch_fwd + self.a2a_fwd
+
+    @property
+    def comm_bwd(self) -> float:
+        """A block's two backward all-to-alls: the combine's gradient and the dispatch's."""
+        return self.combine_bwd + self.a2a_bwd
 
 
 def beside(compute: float, comm: float, share: float = COMM_SM_SHARE) -> float:
@@ -56,9 +81,12 @@ def beside(compute: float, comm: float, share: float = COMM_SM_SHARE) -> float:
 def pair_saving(f: MoELayerTimes, b: MoELayerTimes) -> float:
     """Seconds a forward of stage ``f`` and a backward of stage ``b`` save run as one combined unit
     (module docstring) over running one after the other: per MoE layer pair, the serial sum less the
-    three phases; ``min`` of the two stages' MoE blocks pair up."""
-    serial = (f.attn_fwd + f.mlp_fwd + 2 * f.a2a_fwd) + (b.attn_bwd + b.mlp_bwd + 2 * b.a2a_bwd)
-    combined = (beside(f.attn_fwd, b.a2a_bwd) + beside(b.mlp_bwd + f.mlp_fwd, f.a2a_fwd + b.a2a_bwd)
+    three phases; ``min`` of the two stages' MoE blocks pair up. Under ``--a2a-compress`` the
+    compressed all-to-alls (the forward dispatch, the backward's gradient into the expert outputs)
+    are shorter; their codec kernels run on the compute stream, serial in both orders, so they save
+    nothing and are not counted here."""
+    serial = (f.attn_fwd + f.mlp_fwd + f.comm_fwd) + (b.attn_bwd + b.mlp_bwd + b.comm_bwd)
+    combined = (beside(f.attn_fwd, b.combine_bwd) + beside(b.mlp_bwd + f.mlp_fwd, f.dispatch_fwd + b.a2a_bwd)
                 + beside(b.attn_bwd, f.a2a_fwd))
     return min(f.blocks, b.blocks) * max(0.0, serial - combined)
 
@@ -80,7 +108,7 @@ def savings(table, layers: list[MoELayerTimes | None]) -> dict[tuple[int, int, s
                 lf, lb = layers[f.stage], layers[b.stage]
                 if lf is not None and lb is not None:
                     n = min(lf.blocks, lb.blocks)
-                    own_f, own_b = 2 * n * lf.a2a_fwd, 2 * n * lb.a2a_bwd
+                    own_f, own_b = n * lf.comm_fwd, n * lb.comm_bwd
                     if own_f + own_b > 0:
                         saved = pair_saving(lf, lb)
                         out[(f.stage, f.microbatch, f.kind)] = saved * own_f / (own_f + own_b)

@@ -153,15 +153,46 @@ def _shape_key(network, members) -> tuple:
     return tuple(network.node(m) for m in members)
 
 
+def ep_alltoall_parts(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
+                      uniform: bool | None = None, profile=None, gpu=None
+                      ) -> tuple[float, float | None, float, float]:
+    """``(full, wire, encode, decode)`` seconds of one MoE block's token all-to-alls on pipeline device ``s``
+    for one micro-batch, each way: one all-to-all at the training precision (``full``: the combine, and
+    uncompressed the dispatch too), the compressed one under ``strategy.a2a_compress`` (``wire``: the
+    dispatch-direction pair, the forward dispatch and the backward gradient into the expert outputs;
+    None without) and its codec's encode and decode (0 without) -- each priced over the
+    ``ep`` consecutive data-parallel replicas of each expert-parallel group (Megatron-Core's rank
+    order: tensor, expert / data, pipeline) by the network's all-to-all (a node's NICs shared by its
+    ranks, :mod:`perfsim.collectives`), the slowest group's (DeepSeek-V3, arXiv:2412.19437 Sec. 3.3)."""
+    spec = workload.arch
+    if strategy.ep == 1 or spec is None or not moe_blocks:
+        return 0.0, None, 0.0, 0.0
+    routing = Routing.of(strategy)
+    tok, bpv = a2a_tokens(strategy, spec.seq_len), BYTES_PER_VALUE[strategy.precision]
+    size = ep_alltoall_bytes(spec, tok, bpv, routing)
+    full = _ep_alltoall_time(strategy, network, s, size, host_s, uniform)
+    codec = getattr(strategy, "a2a_compress", "none")
+    if codec == "none":
+        return full, None, 0.0, 0.0
+    check_a2a_gpu(codec, gpu)
+    wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
+    if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
+        enc = dec = copy_time(profile, (size + wire) / 2, gpu)
+    else:  # the codec cost of the pipeline's activations: the profile's on its own device, else
+        fp32 = 4 * size / bpv  # modelled on the GPU's (perfsim.engine.codec_cost)
+        codecs = codec_costs(profile, gpu)[0]
+        enc = codecs.encode_time(codec, fp32) if codecs is not None else 0.0
+        dec = codecs.decode_time(codec, fp32) if codecs is not None else 0.0
+    return full, _ep_alltoall_time(strategy, network, s, wire, host_s, uniform), enc, dec
+
+
 def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s: float = 0.0,
-                   uniform: bool | None = None, profile=None, gpu=None) -> tuple[float, float, float]:
+                   uniform: bool | None = None, profile=None, gpu=None, parts=None) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes one GPU sends) of the expert-parallel all-to-alls of ``moe_blocks``
     MoE blocks of pipeline device ``s`` for one micro-batch: per block a dispatch and a
     combine forward and their gradients backward (:func:`perfsim.models.moe.ep_alltoall_bytes`),
-    over the ``ep`` consecutive data-parallel replicas of each expert-parallel group
-    (Megatron-Core's rank order: tensor, expert / data, pipeline), priced by the network's
-    all-to-all (a node's NICs shared by its ranks, :mod:`perfsim.collectives`), the slowest
-    group's; with full recomputation the forward's run again in the backward.
+    each as :func:`ep_alltoall_parts` prices it (``parts``: its answer, if already asked); with full
+    recomputation the forward's run again in the backward.
 
     ``strategy.a2a_compress`` (``fp8`` / ``directq:B``) sends the dispatch-direction pair
     (forward dispatch, backward gradient into the expert outputs) at the codec's wire size
@@ -170,28 +201,17 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
     ep, spec = strategy.ep, workload.arch
     if ep == 1 or spec is None or not moe_blocks:
         return 0.0, 0.0, 0.0
-    routing = Routing.of(strategy)
+    full, wire, enc, dec = parts if parts is not None else ep_alltoall_parts(
+        workload, strategy, network, s, moe_blocks, host_s, uniform, profile, gpu)
     tok, bpv = a2a_tokens(strategy, spec.seq_len), BYTES_PER_VALUE[strategy.precision]
-    size = ep_alltoall_bytes(spec, tok, bpv, routing)
-    codec = getattr(strategy, "a2a_compress", "none")
-    if codec == "none":
-        one = _ep_alltoall_time(strategy, network, s, size, host_s, uniform)
-        fwd = bwd = 2 * moe_blocks * one
+    size = ep_alltoall_bytes(spec, tok, bpv, Routing.of(strategy))
+    if wire is None:
+        fwd = bwd = 2 * moe_blocks * full
         sent = 2 * moe_blocks * collective_cost("alltoall", size, ep)[0]
     else:
-        check_a2a_gpu(codec, gpu)
-        wire = a2a_wire_bytes(codec, spec, tok, bpv, routing)
-        if codec == "fp8":  # a memory-bound cast: read the training dtype, write codes and scales (and back)
-            enc = dec = copy_time(profile, (size + wire) / 2, gpu)
-        else:  # the codec cost of the pipeline's activations: the profile's on its own device, else
-            fp32 = 4 * size / bpv  # modelled on the GPU's (perfsim.engine.codec_cost)
-            codecs = codec_costs(profile, gpu)[0]
-            enc = codecs.encode_time(codec, fp32) if codecs is not None else 0.0
-            dec = codecs.decode_time(codec, fp32) if codecs is not None else 0.0
-        one = (_ep_alltoall_time(strategy, network, s, size, host_s, uniform)
-               + _ep_alltoall_time(strategy, network, s, wire, host_s, uniform) + enc + dec)
-        fwd = bwd = moe_blocks * one
-        sent = moe_blocks * (collective_cost("alltoall", size, ep)[0] + collective_cost("alltoall", wire, ep)[0])
+        wire_bytes = a2a_wire_bytes(strategy.a2a_compress, spec, tok, bpv, Routing.of(strategy))
+        fwd = bwd = moe_blocks * (full + wire + enc + dec)
+        sent = moe_blocks * (collective_cost("alltoall", size, ep)[0] + collective_cost("alltoall", wire_bytes, ep)[0])
     if strategy.recompute == "full":
         bwd += fwd
         sent *= 1.5

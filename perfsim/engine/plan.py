@@ -42,7 +42,7 @@ from perfsim.engine.codec_cost import codec_costs
 from perfsim.engine.compute import moe_mlp_share, optimizer_time
 from perfsim.engine.ep_overlap import MoELayerTimes
 from perfsim.engine.ep_overlap import savings as ep_savings
-from perfsim.engine.group_times import ep_stage_times, tp_stage_times, uniform_network
+from perfsim.engine.group_times import ep_alltoall_parts, ep_stage_times, tp_stage_times, uniform_network
 from perfsim.engine.layer_times import measured_shape
 from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
@@ -98,12 +98,12 @@ class StagePlan:
     def fwd_tp_min(self) -> float:
         """:attr:`fwd_tp_s` less every all-to-all ``--ep-overlap`` may hide of it: what a lower
         bound may charge (:mod:`perfsim.plan_bounds`)."""
-        return self.fwd_tp_s - (2 * self.moe_layer.blocks * self.moe_layer.a2a_fwd if self.moe_layer else 0.0)
+        return self.fwd_tp_s - (self.moe_layer.blocks * self.moe_layer.comm_fwd if self.moe_layer else 0.0)
 
     @property
     def bwd_tp_min(self) -> float:
         """:attr:`bwd_tp_s` less every all-to-all ``--ep-overlap`` may hide of it."""
-        return self.bwd_tp_s - (2 * self.moe_layer.blocks * self.moe_layer.a2a_bwd if self.moe_layer else 0.0)
+        return self.bwd_tp_s - (self.moe_layer.blocks * self.moe_layer.comm_bwd if self.moe_layer else 0.0)
 
 
 @dataclass
@@ -285,12 +285,14 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    vocab_parallel=gpu is not None,
                                                                    mtp=sum(1 for n in names if n.startswith("mtp")))
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
+                parts = ep_alltoall_parts(workload, strategy, network, where_dev[s], moe_blocks,
+                                          host_s=curve.collective_s if curve else 0.0, uniform=uniform,
+                                          profile=profile, gpu=gpu)
                 ef, eb, st.ep_bytes = ep_stage_times(workload, strategy, network, where_dev[s], moe_blocks,
-                                                     host_s=curve.collective_s if curve else 0.0,
-                                                     uniform=uniform, profile=profile, gpu=gpu)
+                                                     parts=parts)
                 st.fwd_tp_s, st.bwd_tp_s, st.ep_s = st.fwd_tp_s + ef, st.bwd_tp_s + eb, ef + eb
                 if getattr(strategy, "ep_overlap", False) and moe_blocks:
-                    st.moe_layer = _moe_layer(workload, strategy, gpu, curve, a, b, ef, eb, moe_blocks)
+                    st.moe_layer = _moe_layer(workload, strategy, gpu, curve, a, b, parts, moe_blocks)
         if compute_only:
             stages.append(st)
             continue
@@ -389,10 +391,11 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     return plan
 
 
-def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, ef: float, eb: float, blocks: int) -> MoELayerTimes:
+def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, parts, blocks: int) -> MoELayerTimes:
     """One MoE block of the stage holding layers ``a:b`` for ``--ep-overlap``: its time split into
-    its attention and MLP halves (:func:`perfsim.engine.compute.moe_mlp_share`) and one all-to-all
-    each way (``ef`` / ``eb``: the stage's ``blocks`` dispatches and combines, forward / backward)."""
+    its attention and MLP halves (:func:`perfsim.engine.compute.moe_mlp_share`) and its all-to-alls
+    (``parts``: :func:`perfsim.engine.group_times.ep_alltoall_parts`, one at the training precision,
+    one compressed under ``--a2a-compress``)."""
     if gpu is None:
         raise ConfigError("ep_overlap: needs a GPU preset (--gpu): the overlap splits a MoE block into its "
                           "attention and MLP halves by the GPU's operator model")
@@ -403,8 +406,9 @@ def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, ef: float, eb: fl
                                      strategy.sequence_parallel, strategy.recompute, curve, strategy.attention,
                                      Routing.of(strategy), strategy.fp8_casts)
     f, bw = workload.fwd_s[i], workload.bwd_s[i]
-    return MoELayerTimes(f * (1 - share_f), bw * (1 - share_b), f * share_f, bw * share_b,
-                         ef / (2 * blocks), eb / (2 * blocks), blocks)
+    full, wire = parts[:2]
+    return MoELayerTimes(f * (1 - share_f), bw * (1 - share_b), f * share_f, bw * share_b, full, full, blocks,
+                         wire, wire)
 
 
 def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, native: bool, profile,
