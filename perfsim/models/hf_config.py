@@ -66,10 +66,11 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
-TEXT_WRAPPERS = {"gemma3": "gemma3_text"}
-#: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower and image tokens
+TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+#: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower, projector and image tokens
 _WRAPPER_FIELDS = frozenset("text_config vision_config mm_tokens_per_image boi_token_index eoi_token_index "
-                            "image_token_index".split())
+                            "image_token_index multimodal_projector_bias projector_hidden_act spatial_merge_size "
+                            "vision_feature_layer".split())
 SUPPORTED = tuple(_TIED_DEFAULT) + tuple(TEXT_WRAPPERS)
 
 

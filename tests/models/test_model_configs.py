@@ -299,3 +299,22 @@ def test_layer_types_of_recent_transformers(tmp_path):
     p.write_text(json.dumps(dict(cfg, layer_types=["full_attention"] * 27)))
     with pytest.raises(ConfigError, match=r"layer_types=.* must be a list of 28"):
         from_hf_config(p)
+
+
+def test_mistral_small_3_multimodal_config_is_read_for_its_language_model(tmp_path):
+    """mistralai/Mistral-Small-3.1-24B's config.json (model_type mistral3, its Pixtral vision tower beside
+    a Mistral text model): the text model by hand, 40 x (5120 -> 32 x 128 queries, 8 key/value heads of
+    128, SwiGLU 32768, two RMSNorms), untied 131072 x 5120 embedding and head, the final norm."""
+    text = dict(head_dim=128, hidden_act="silu", hidden_size=5120, intermediate_size=32768,
+                max_position_embeddings=131072, model_type="mistral", num_attention_heads=32, num_hidden_layers=40,
+                num_key_value_heads=8, rms_norm_eps=1e-5, rope_theta=1e9, sliding_window=None, vocab_size=131072)
+    cfg = dict(architectures=["Mistral3ForConditionalGeneration"], image_token_index=10, model_type="mistral3",
+               multimodal_projector_bias=False, projector_hidden_act="gelu", spatial_merge_size=2, text_config=text,
+               torch_dtype="bfloat16", vision_config=dict(hidden_size=1024, model_type="pixtral", num_hidden_layers=24),
+               vision_feature_layer=-1)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    spec = from_hf_config(p)
+    d, q, kv, f = 5120, 32 * 128, 8 * 128, 32768
+    assert spec.params == 40 * (d * q + 2 * d * kv + q * d + 3 * d * f + 2 * d) + 2 * 131072 * d + d
+    assert spec.sliding_window == 0 and not spec.tied and "vision tower" in spec.left_out
