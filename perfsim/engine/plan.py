@@ -252,10 +252,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
         params = sum(layer.params for layer in layers)
         synced = layers  # the layers whose gradients the data-parallel sync carries
         arch = workload.arch
-        if arch is not None and pp > 1 and s == nst - 1 and (arch.tied or arch.mtp_layers) and not arch.encoder:
-            # Megatron keeps a copy of the embedding that the head is tied to or that the multi-token
-            # prediction modules read (Megatron-Core builds it where mtp_process): stepped, stored and
-            # synced with the head
+        if arch is not None and pp > 1 and s == nst - 1 and arch.last_stage_embedding:
+            # Megatron keeps a copy of the embedding on the last stage: stepped, stored and synced with the head
             copy = -(-arch.vocab * arch.hidden // tp)
             params += copy
             synced = [*layers[:-1], replace(layers[-1], params=layers[-1].params + copy)]
@@ -447,8 +445,7 @@ def tied_sync_bytes(workload, strategy, table) -> int:
     file, its ``tied_values`` (execute mode's head: ``perfsim.runtime.tied``)."""
     arch = workload.arch
     if arch is not None:
-        values = (-(-arch.vocab * arch.hidden // strategy.tp) if (arch.tied or arch.mtp_layers) and not arch.encoder
-                  else 0)
+        values = -(-arch.vocab * arch.hidden // strategy.tp) if arch.last_stage_embedding else 0
     else:
         values = workload.tied_values
     if (strategy.tied_embedding != "sync" or not values

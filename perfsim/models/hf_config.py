@@ -270,9 +270,7 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
                          f"(num_hidden_layers) of {' / '.join(kinds)}")
         active = "sliding_attention" in types
         full = tuple(i for i, t in enumerate(types) if t == "full_attention")
-    if active and w is not None:
-        if w < 1:
-            raise f.fail(f"sliding_window={w} must be an integer >= 1 (null: full attention)")
+    if active and w is not None:  # f.int refuses a window below 1
         kw["sliding_window"], kw["full_attention_layers"] = w, full
 
 

@@ -387,6 +387,13 @@ class TransformerSpec:
         windowed block (:meth:`is_window_block`), else 0 (the whole causal prefix)."""
         return self.sliding_window if self.is_window_block(i) else 0
 
+    @property
+    def last_stage_embedding(self) -> bool:
+        """A pipeline's last stage keeps a copy of the token embedding (stepped, stored and its
+        gradient all-reduced with the first stage's): a head tied to it, or multi-token prediction
+        modules that read it (Megatron-Core builds it where ``mtp_process``)."""
+        return (self.tied or self.mtp_layers > 0) and not self.encoder
+
     def is_mtp_block(self, i: int) -> bool:
         """Block ``i`` is a multi-token prediction module's (``n_layer <= i < n_layer + mtp_layers``)."""
         return self.n_layer <= i < self.n_layer + self.mtp_layers
