@@ -611,6 +611,12 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
         notes.append(f"sliding-window attention ({arch.sliding_window} tokens) in {windowed} of {arch.n_layer} "
                      + ("blocks: flash attention skips the keys outside it" if strategy.attention == "flash" else
                         "blocks: attention=megatron computes every score and masks, priced as full attention"))
+    chunked = sum(1 for i in range(arch.n_layer) if arch.is_chunked_block(i))
+    if chunked:
+        notes.append(f"chunked attention ({arch.attention_chunk}-token chunks) in {chunked} of {arch.n_layer} "
+                     + ("blocks: flash attention skips the keys outside each query's chunk"
+                        if strategy.attention == "flash" else
+                        "blocks: attention=megatron computes every score and masks, priced as full attention"))
     if arch.mtp_layers:
         notes.append(f"{arch.mtp_layers} multi-token prediction module(s) (DeepSeek-V3 Sec. 2.2), each a block, a "
                      "projection and one more LM-head pass, on the last pipeline stage with an embedding copy "

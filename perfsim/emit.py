@@ -213,6 +213,13 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
             args += ["--q-lora-rank", str(arch.q_lora_rank)]
     elif arch.head_dim * arch.heads != arch.hidden:
         args += ["--kv-channels", str(arch.head_dim)]
+    if arch.qk_norm and not arch.mla:  # Megatron-Core's q/k norms, of --normalization's kind
+        args.append("--qk-layernorm")
+    if arch.qk_l2_norm:  # Megatron-Core's L2Norm over the queries and keys (its Llama 4 examples)
+        args.append("--qk-l2-norm")
+    if arch.nope_layers:  # 1: a block without rotary embedding (Megatron-LM arguments.py, --no-rope-freq)
+        pattern = ",".join("1" if i in arch.nope_layers else "0" for i in range(arch.n_layer))
+        args += ["--no-rope-freq", f"[{pattern}]"]
     if arch.parallel_block or arch.norms_per_block == 1:
         notes.append("parallel attention and MLP block: Megatron-LM's GPT block is sequential (no flag); "
                      "this plan's figures assume the parallel block")
@@ -226,6 +233,9 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
                      "block has neither (no flag); this plan's figures assume them")
     if arch.mtp_layers:  # Megatron-Core's MultiTokenPredictionBlock, on the last pipeline stage
         args += ["--mtp-num-layers", str(arch.mtp_layers)]
+    if arch.attention_chunk:
+        notes.append(f"chunked attention ({arch.attention_chunk}-token chunks, Llama 4): no Megatron-LM flag is "
+                     "emitted for it; this plan's figures assume it")
     if arch.sliding_window:  # Megatron-Core's window attention (Transformer Engine): (left, right) keys
         args += ["--window-size", f"{arch.sliding_window - 1},0"]
         if arch.full_attention_layers:  # 1: a windowed block, 0: full attention

@@ -258,7 +258,8 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
         return 2 * v * sbh / (tp if sp else 1)
     # sharded by t: Q, K, V and the projection input; the MLP's activation input(s) and fc2 input
     attn_sharded = 2 * s * b * (spec.q_dim + spec.kv_dim + spec.v_dim + spec.out_dim)
-    if getattr(spec, "qk_norm", False):  # the query and key norms keep their inputs (Qwen3)
+    # the query and key norms keep their inputs (Qwen3; Llama 4's, counted in every block: an upper bound)
+    if getattr(spec, "qk_norm", False) or getattr(spec, "qk_l2_norm", False):
         attn_sharded += 2 * s * b * (spec.q_dim + spec.kv_dim)
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP

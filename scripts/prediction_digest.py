@@ -100,6 +100,10 @@ def cases() -> dict[str, dict]:
     out["deepseek-v2-lite-mtp-pp2"] = dict(model="deepseek-v2-lite", gpu="h100", tp=2, pp=2, dp=2, ep=2,
                                            micro_batch=1, global_batch=16, gpus_per_node=8, precision="bf16",
                                            sequence_parallel=True, zero=1, mtp_layers=1)
+    # Llama 4 Scout at 32k tokens: chunked attention in the rotary blocks, L2 q/k norms, a shared expert
+    out["llama-4-scout-32k-ep4"] = dict(model="llama-4-scout", seq_len=32768, gpu="h100", gpus_per_node=8,
+                                        nic="8x400Gbps:infiniband", tp=8, pp=1, dp=4, ep=4, zero=1, micro_batch=1,
+                                        global_batch=32, precision="bf16", recompute="full", sequence_parallel=True)
     out["gpu-70b-sgd-zero1"] = dict(GPU70B, optimizer="sgd", zero=1)  # SGD-momentum's state and step
     out["cpu-profile-sgd"] = dict(model="gpt2-tiny", pp=2, profile=str(ROOT / "traces" / "cpu-2core.json"),
                                   optimizer="sgd", bandwidth="100Mbps")

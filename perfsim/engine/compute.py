@@ -195,11 +195,11 @@ def flash_time(op: Op, gpu: GPU, precision: str, curve: Curve, rates: MeasuredRa
     with ``f(x) = x / (x + knee)`` (longer sequences and wider heads keep the tensor cores
     busier between the kernel's softmax steps); at least ``kernel_s``. With MLA's narrower value
     heads (``op.v_dim``) the head dimension the rate is read at is the mean of the two widths; with a
-    sliding window (``op.window``) the sequence length it is read at is the window, the keys each
-    query's inner loop runs over."""
+    sliding window (``op.window``) or chunks (``op.chunk``) the sequence length it is read at is the
+    window or chunk, the keys each query's inner loop runs over at most."""
     flops = op.flops * (2.5 if backward else 1.0)
     d = (op.k + op.head_v) / 2
-    s = min(op.m, op.window) if op.window else op.m
+    s = min(op.m, op.window or op.chunk) if op.window or op.chunk else op.m
     if rates is not None and rates.attention:
         return max(flops / rates.attention_rate(s, d, backward), curve.kernel_s)
     eff, ks, kd = ((curve.flash_bwd_eff, curve.flash_bwd_knee_s, curve.flash_bwd_knee_d) if backward
@@ -272,23 +272,21 @@ def transformer_times(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool
         return queued(f, nf, curve.kernel_s), queued(b, nb, curve.kernel_s)
 
     e = fwd_bwd(embed_ops(spec, mb, tp, sp, bpv, grad_acc), False)
-    def kind(i: int) -> tuple[bool, int]:  # what a block's time depends on: its experts, its window
-        return spec.is_moe_block(i), spec.attention_window(i)
-
-    first = {}  # a block of each kind (dense or MoE, full or windowed attention): its parameters on this rank
+    kind = spec.block_kind  # what a block's time depends on: its experts, attention span and q/k norm
+    first = {}  # a block of each kind: its parameters on this rank
     for i in range(spec.n_layer):
         first.setdefault(kind(i), i)
     ep = routing.ep if routing is not None else 1
     kinds = {k: fwd_bwd((eager_block_ops(spec, mb, tp, sp, bpv, attention, kernels == "eager") if eager else
                          block_ops(spec, mb, tp, sp, bpv, attention, k[0], routing,
-                                   fp8_casts=precision == "fp8" and fp8_casts == "te", window=k[1]))
+                                   fp8_casts=precision == "fp8" and fp8_casts == "te", block=i))
                         + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
              for k, i in first.items()}
     blk = [kinds[kind(i)] for i in range(spec.n_layer)]
     if spec.mtp_layers:  # a multi-token prediction module: a block of its kind, its projection and head pass
         i = spec.n_layer
         own = fwd_bwd(block_ops(spec, mb, tp, sp, bpv, attention, spec.is_moe_block(i), routing,
-                                fp8_casts=precision == "fp8" and fp8_casts == "te")
+                                fp8_casts=precision == "fp8" and fp8_casts == "te", block=i)
                       + block_grad_ops(spec, tp, bpv, grad_acc, i, ep), True)
         extra = fwd_bwd(mtp_ops(spec, mb, tp, sp, bpv, grad_acc), False)
         blk += [(own[0] + extra[0], own[1] + extra[1])] * spec.mtp_layers

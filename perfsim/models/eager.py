@@ -245,13 +245,14 @@ def _attention_ops(spec, mb: int, heads: int, s: int, dh: int, q: int, tok: int,
 
 def eager_listed(spec, precision: str) -> bool:
     """Whether :func:`eager_block_ops` lists this block: a dense decoder block of two norms
-    (no query/key norms, no latent attention, no multi-token prediction, no window shorter than the
-    sequence), either Llama-style (RMSNorm, rotary) or GPT-style (LayerNorm, learned positions), in a
+    (no query/key norms, no latent attention, no multi-token prediction, every block rotary, no window
+    or chunk shorter than the sequence), either Llama-style (RMSNorm, rotary) or GPT-style (LayerNorm, learned positions), in a
     precision plain PyTorch trains in (fp8 is Transformer Engine's, whose kernels are fused)."""
     llama = spec.norm == "rmsnorm" and not spec.learned_positions
     gpt = spec.norm == "layernorm" and spec.learned_positions
     dense = not (spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2 or spec.qk_norm
-                or spec.mla or spec.mtp_layers or 0 < spec.sliding_window < spec.seq_len
+                or spec.qk_l2_norm or spec.nope_layers or spec.mla or spec.mtp_layers
+                or 0 < spec.sliding_window < spec.seq_len or 0 < spec.attention_chunk < spec.seq_len
                 or spec.final_logit_softcap or spec.attn_logit_softcap)
     return dense and (llama or gpt) and precision != "fp8"
 
@@ -263,5 +264,6 @@ def check_eager(spec, precision: str, kernels: str = "eager") -> None:
                           "kernels; use kernels=fused")
     if not eager_listed(spec, precision):
         raise ConfigError(f"kernels={kernels}: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
-                          "decoder without query/key norms, latent attention, multi-token prediction or a sliding window, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
+                          "decoder without query/key norms, latent attention, multi-token prediction, NoPE blocks, a sliding window "
+                          "or chunks, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
                           "and learned positions); use kernels=fused")

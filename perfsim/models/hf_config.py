@@ -9,11 +9,12 @@ does to the cost. Defaults for absent fields are those of the ``transformers`` c
 class of each ``model_type`` (e.g. ``tie_word_embeddings``: False for Llama, Mistral,
 Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
-Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, falcon,
-gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with standard attention,
-deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent attention,
-:meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`; DeepSeek-V3's multi-token
-prediction module is refused by name).
+Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2,
+gemma3_text, gpt_oss, llama4_text, falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
+standard attention, deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent
+attention, :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`, and DeepSeek-V3's
+multi-token prediction modules); and the multimodal gemma3, mistral3 and llama4, read for their
+language model's ``text_config`` (:data:`TEXT_WRAPPERS`).
 
 The sequence length is ``seq_len`` when given, else :data:`DEFAULT_SEQ_LEN` tokens capped
 at ``max_position_embeddings`` -- a training length, not the longest context the model
@@ -62,11 +63,12 @@ use_bfloat16 return_dict tie_encoder_decoder is_decoder is_encoder_decoder use_m
 _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": False, "qwen2_moe": False,
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
-                 "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False}
+                 "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False,
+                 "llama4_text": False}
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
-TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral"}
+TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
 #: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower, projector and image tokens
 _WRAPPER_FIELDS = frozenset("text_config vision_config mm_tokens_per_image boi_token_index eoi_token_index "
                             "image_token_index multimodal_projector_bias projector_hidden_act spatial_merge_size "
@@ -188,6 +190,7 @@ def from_hf_config(path: str | Path, seq_len: int | None = None):
         left_out = "the vision tower (vision_config) is not priced: a text-only job"
     read = _READERS.get(mtype, _read_llama)
     arch, kw = read(f, mtype)
+    left_out = "; ".join(filter(None, (left_out, kw.pop("_left_out", ""))))
     if cfg.get("gradient_checkpointing") is True:  # a training switch that changes the cost: said, not ignored
         raise f.fail("gradient_checkpointing=true: perfsim prices recomputation from the job, not the model; "
                      "give --recompute full and remove the field")
@@ -216,7 +219,7 @@ def _text_model(cfg: dict, f: _Fields, mtype: str, p: Path) -> tuple[dict, _Fiel
     text = cfg.get("text_config")
     if not isinstance(text, dict):
         raise f.fail(f"model_type {mtype!r} without a 'text_config' object (its language model)")
-    unknown = sorted(set(cfg) - _WRAPPER_FIELDS - NO_COST - {"_name_or_path"})
+    unknown = sorted(set(cfg) - _WRAPPER_FIELDS - NO_COST - {"_name_or_path", "tie_word_embeddings"})
     if unknown:
         raise f.fail(f"field {unknown[0]!r}={_show(cfg[unknown[0]])} is not modelled "
                      "(perfsim does not know its cost; remove it if it changes nothing)")
@@ -226,6 +229,12 @@ def _text_model(cfg: dict, f: _Fields, mtype: str, p: Path) -> tuple[dict, _Fiel
     inner = dict(text, model_type=want)
     if "_name_or_path" in cfg and "_name_or_path" not in text:
         inner["_name_or_path"] = cfg["_name_or_path"]
+    tied = cfg.get("tie_word_embeddings")  # the wrapper's word for its language model's head, where the text lacks one
+    if tied is not None and text.get("tie_word_embeddings", tied) != tied:
+        raise f.fail(f"tie_word_embeddings={_show(tied)} differs from text_config.tie_word_embeddings="
+                     f"{_show(text['tie_word_embeddings'])}")
+    if tied is not None:
+        inner["tie_word_embeddings"] = tied
     return inner, _Fields(inner, f"model config {str(p)!r} (text_config)"), want
 
 
@@ -237,8 +246,8 @@ def _core(f: _Fields, layers: str = "num_hidden_layers", hidden: str = "hidden_s
                                                                              limit="vocab"))
 
 
-def _attention(f: _Fields, kw: dict, head_dim_default: int = 0) -> None:
-    kw["kv_heads"] = f.int("num_key_value_heads", kw["heads"], limit="heads")
+def _attention(f: _Fields, kw: dict, head_dim_default: int = 0, kv_heads_default: int = 0) -> None:
+    kw["kv_heads"] = f.int("num_key_value_heads", kv_heads_default or kw["heads"], limit="heads")
     kw["head_dim"] = f.int("head_dim", head_dim_default or 0)
     if kw["head_dim"] == 0 and kw["hidden"] % kw["heads"]:
         raise f.fail(f"hidden_size={kw['hidden']} not divisible by num_attention_heads={kw['heads']} "
@@ -425,6 +434,58 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
                      "multi-head latent attention")
 
 
+def _read_llama4(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """Llama 4's language model (``llama4_text``; Meta AI, "The Llama 4 herd", 2025; transformers'
+    ``modeling_llama4.py``, whose ``Llama4TextConfig`` defaults -- Llama 4 Scout's -- apply to absent
+    fields): grouped-query attention with no biases (``attention_bias`` is forced off); MoE blocks
+    (``moe_layers``, else every ``interleave_moe_layer_step``-th) of ``num_local_experts`` SwiGLU experts
+    of width ``intermediate_size``, top-``num_experts_per_tok``, behind a sigmoid router without a
+    bias, plus one shared expert of that width; dense blocks of width ``intermediate_size_mlp``.
+    Attention interleaves rotary blocks with NoPE blocks (``no_rope_layers``: 1 rotates, 0 does not;
+    default one in ``no_rope_layer_interval``); rotary blocks attend in chunks of
+    ``attention_chunk_size`` and, with ``use_qk_norm``, L2-normalise their queries and keys, NoPE
+    blocks attend to the whole prefix (``layer_types`` may say so itself). The NoPE blocks' attention
+    temperature tuning (``attn_temperature_tuning``, ``floor_scale``, ``attn_scale``; arXiv:2501.19399)
+    scales their queries: not priced, said in the model note."""
+    kw = _core(f)
+    n = kw["n_layer"]
+    kw["ffn"] = f.int("intermediate_size_mlp", 16384)
+    kw["expert_ffn"] = kw["shared_ffn"] = f.int("intermediate_size", 8192)
+    kw["experts"] = f.int("num_local_experts", 16, limit="experts")
+    kw["top_k"] = f.int("num_experts_per_tok", 1, limit="experts")
+    _attention(f, kw, 128, 8)  # Llama4TextConfig's defaults: 128-wide heads, 8 key/value heads
+    f.read.add("attention_bias")  # Llama4TextConfig sets attention_bias = False whatever the file says
+    step = f.int("interleave_moe_layer_step", 1, limit="layers")
+    moe = f.int_list("moe_layers", n) if f.cfg.get("moe_layers") is not None else tuple(range(step - 1, n, step))
+    kw["dense_layers"] = tuple(i for i in range(n) if i not in moe)
+    interval = f.int("no_rope_layer_interval", 4, limit="layers")
+    rotary = f.cfg.get("no_rope_layers")
+    f.read.add("no_rope_layers")
+    if not rotary:  # absent, null or [] (transformers: the default pattern)
+        rotary = [int((i + 1) % interval != 0) for i in range(n)]
+    if not isinstance(rotary, list) or len(rotary) != n or any(x not in (0, 1) or isinstance(x, bool) for x in rotary):
+        raise f.fail(f"no_rope_layers={_show(rotary)} must be a list of {n} (num_hidden_layers) of 0 / 1")
+    kw["nope_layers"] = tuple(i for i, r in enumerate(rotary) if not r)
+    kw["qk_l2_norm"] = f.bool("use_qk_norm", True)
+    chunk = f.int("attention_chunk_size", 8192, limit="positions")
+    types = f.cfg.get("layer_types")
+    f.read.add("layer_types")
+    if types is None:
+        types = ["chunked_attention" if r else "full_attention" for r in rotary]
+    kinds = ("full_attention", "chunked_attention")
+    if not isinstance(types, list) or len(types) != n or any(t not in kinds for t in types):
+        raise f.fail(f"layer_types={_show(types)} must be a list of {n} (num_hidden_layers) of {' / '.join(kinds)}")
+    if "chunked_attention" in types:
+        kw["attention_chunk"] = chunk
+        kw["full_attention_layers"] = tuple(i for i, t in enumerate(types) if t == "full_attention")
+    f.read.update(("attn_temperature_tuning", "floor_scale", "attn_scale", "cache_implementation"))
+    if kw["nope_layers"] and f.cfg.get("attn_temperature_tuning", True):
+        kw["_left_out"] = ("attention temperature tuning (Llama 4's NoPE blocks scale their queries by position): "
+                           "not priced")
+    kw["_positions"] = 131072  # Llama4TextConfig's max_position_embeddings when absent
+    return "llama", kw
+
+
 def _read_falcon(f: _Fields, mtype: str) -> tuple[str, dict]:
     """Falcon: parallel attention/MLP, multi-query or grouped ``num_kv_heads``, GELU MLP,
     LayerNorm; ``bias`` on every linear layer or none."""
@@ -477,6 +538,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 
 
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
-            "kimi_k2": _read_deepseek,
+            "kimi_k2": _read_deepseek, "llama4_text": _read_llama4,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

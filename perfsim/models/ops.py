@@ -70,6 +70,10 @@ class Op:
     #: a causal flash kernel's sliding window: each query attends to the last ``window`` keys
     #: (FlashAttention-2's ``window_size``, whose kernel skips the key blocks outside it); 0: all
     window: int = 0
+    #: a causal flash kernel over chunks: each query attends to the keys of its own chunk of
+    #: ``chunk`` tokens (Llama 4's chunked attention; the kernel skips every key block outside the
+    #: query block's chunk); 0: none
+    chunk: int = 0
 
     @property
     def flops(self) -> float:
@@ -84,13 +88,17 @@ class Op:
     def attended_pairs(self) -> float:
         """(query, key) pairs a flash kernel computes: ``m n``; causal, half of them (``s^2 / 2``);
         with a sliding window ``w < s``, the causal triangle less the part beyond the window,
-        ``s^2 / 2 - (s - w)^2 / 2 = w s - w^2 / 2`` (each query its last ``w`` keys)."""
+        ``s^2 / 2 - (s - w)^2 / 2 = w s - w^2 / 2`` (each query its last ``w`` keys); in chunks
+        ``c < s``, a causal triangle per chunk, ``(s // c) c^2 / 2 + (s mod c)^2 / 2``."""
         if not self.causal:
             return float(self.m * self.n)
         pairs = 0.5 * self.m * self.n
-        w = self.window
+        w, c = self.window, self.chunk
         if 0 < w < self.n:
             pairs -= 0.5 * (self.n - w) ** 2 * self.m / self.n
+        elif 0 < c < self.n:
+            whole, rest = divmod(self.n, c)
+            pairs = 0.5 * (whole * c * c + rest * rest) * self.m / self.n
         return pairs
 
     @property
@@ -150,15 +158,17 @@ def softmax_ops(b: int, heads: int, s: int, bpv: int, n: int, causal: bool = Tru
 
 def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "megatron",
               moe: bool | None = None, routing=None, exact: bool = False, fp8_casts: bool = False,
-              window: int = 0) -> list[Op]:
+              block: int | None = None) -> list[Op]:
     """Forward ops of one transformer block on one tensor-parallel rank; ``attention="flash"``:
     the attention core (scores, softmax, dropout, weighted sum) is FlashAttention-2's one
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
     model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
     :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm.
-    ``window``: the flash kernel's sliding window (:meth:`perfsim.models.transformer.TransformerSpec.attention_window`;
-    FlashAttention-2's ``window_size``); the separate kernels of ``attention="megatron"`` compute
-    every score and mask those outside the window, as for the causal mask, so it leaves them unchanged.
+    ``block``: the block (index) whose attention span and query/key norm these are
+    (:meth:`perfsim.models.transformer.TransformerSpec.block_kind`; None: full attention, the model's
+    norm): a sliding window (FlashAttention-2's ``window_size``) or chunks narrow the flash kernel; the
+    separate kernels of ``attention="megatron"`` compute every score and mask those outside the
+    window or chunk, as for the causal mask, so they leave them unchanged.
 
     ``exact`` (an experiment, off by default: ``scripts/megatron_open_data.py --exact-kernels``;
     docs/validation.md, "Megatron-LM 2021's kernels at sequence 2048"): every kernel Megatron-LM's
@@ -208,6 +218,11 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
 
     is_moe = spec.moe if moe is None else moe
+    if block is None:
+        window = chunk = 0
+        qk_norm = spec.qk_norm or spec.qk_l2_norm
+    else:
+        _, window, chunk, qk_norm = spec.block_kind(block)
     if spec.mla:
         attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
     else:
@@ -215,14 +230,14 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         attn_in = [
             Op("qkv", m=tok, n=qkv, k=h),
             *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
-            # the query and key heads' RMSNorm (Qwen3): read and write q and k, as a norm does
-            *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if spec.qk_norm else [])]
+            # the query and key heads' RMSNorm (Qwen3) or L2 norm (Llama 4): read and write q and k
+            *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if qk_norm else [])]
     ops = [
         # MLA's down projections read norm1's output as a plain tensor (no fused fp8 write)
         *norm("norm1", fp8_casts and not spec.mla),
         *attn_in,
         *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
-              causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window)] if attention == "flash" else
+              causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window, chunk=chunk)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
            # Gemma 2's soft-capping as eager PyTorch runs it: divide, tanh, multiply (three passes;
            # backward: the three gradients, the tanh's reading its output too)

@@ -146,6 +146,19 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     arch_spec("llama", "gemma-3-27b", n_layer=62, hidden=5376, heads=32, kv_heads=16, head_dim=128, seq_len=8192,
               max_positions=131072, vocab=262208, ffn=21504, tied=True, norms_per_block=4, qk_norm=True,
               sliding_window=1024, full_attention_layers=tuple(range(5, 62, 6))),
+    # Llama 4 Scout and Maverick's language models (Meta AI 2025, "The Llama 4 herd"; the text_config of
+    # meta-llama/Llama-4-Scout-17B-16E and -Maverick-17B-128E, model_type llama4_text): 48 x 5120, 40 heads
+    # of 128 over 8, MoE blocks of 16 / 128 SwiGLU experts of 8192 (top-1) plus a shared one, Maverick's
+    # even blocks dense (16384); one block in four without rotary embedding attends to the whole prefix,
+    # the others in 8192-token chunks, Scout's with L2 query/key norms; vocabulary 202048; 107.77 B
+    # (17.17 B active) and 400.71 B (17.18 B), the vision tower left out; 8192-token sequences (the
+    # rotary embedding's original_max_position_embeddings), so no chunk is shorter than the sequence
+    *(arch_spec("llama", name, n_layer=48, hidden=5120, heads=40, kv_heads=8, head_dim=128, seq_len=8192,
+                max_positions=positions, vocab=202048, ffn=16384, experts=experts, top_k=1, expert_ffn=8192,
+                shared_ffn=8192, dense_layers=tuple(range(0, 48, 2)) if experts == 128 else (),
+                attention_chunk=8192, full_attention_layers=tuple(range(3, 48, 4)),
+                nope_layers=tuple(range(3, 48, 4)), qk_l2_norm=experts == 16)
+      for name, experts, positions in (("llama-4-scout", 16, 10485760), ("llama-4-maverick", 128, 1048576))),
     # Qwen1.5-MoE-A2.7B (Qwen team 2024, "Qwen1.5-MoE: Matching 7B Model Performance with 1/3
     # Activated Parameters"; Qwen/Qwen1.5-MoE-A2.7B config.json): 24 x 2048, 16 heads with q/k/v
     # biases, 60 experts of width 1408 (top-4), a gated shared expert of width 5632

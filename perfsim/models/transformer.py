@@ -11,9 +11,11 @@ BERT alike (the knobs that change the parameter count and the operators):
   al. 2023, arXiv:2307.09288), else two (GELU);
 * ``bias``: linear layers carry biases (GPT-2, BERT, NeoX) or not (LLaMA); ``qkv_bias``,
   ``out_bias``, ``mlp_bias`` override it per projection (Qwen2: q, k, v only); ``qk_norm``:
-  an RMSNorm over each query and key head (Qwen3);
+  an RMSNorm over each query and key head (Qwen3), ``qk_l2_norm`` a weightless L2 norm (Llama 4);
   ``norm``: ``layernorm`` (weight + bias) or ``rmsnorm`` (weight only), ``norms_per_block``
   of them (Falcon-7B's parallel block: 1; Gemma 2/3's norms before and after each sub-block: 4);
+* attention span: ``sliding_window`` (Mistral, Gemma 2/3, gpt-oss) or ``attention_chunk`` (Llama 4),
+  each but in ``full_attention_layers``;
 * mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
   ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
@@ -179,6 +181,19 @@ class TransformerSpec:
     #: blocks (0-based) that keep full attention when ``sliding_window`` is set (a config's
     #: ``layer_types``; Qwen2's blocks before ``max_window_layers``); the others are windowed
     full_attention_layers: tuple[int, ...] = ()
+    #: chunked attention: in a chunked block each query attends causally to the tokens of its own
+    #: chunk of ``attention_chunk`` (Llama 4's ``attention_chunk_size``, 8192: Meta AI, "The Llama 4
+    #: herd", 2025; transformers' ``create_chunked_causal_mask``); blocks in ``full_attention_layers``
+    #: attend to the whole causal prefix; 0: none. Not with ``sliding_window``
+    attention_chunk: int = 0
+    #: a weightless L2 norm over every query and key head, after the rotary embedding, in each block
+    #: with one (Llama 4's ``use_qk_norm``: transformers' modeling_llama4.py ``Llama4TextL2Norm``, only
+    #: where the block rotates; Megatron-Core's ``--qk-l2-norm``). Not with ``qk_norm``
+    qk_l2_norm: bool = False
+    #: blocks (0-based) without rotary position embedding ("NoPE", Kazemnejad et al. 2023,
+    #: arXiv:2305.19466; Llama 4 interleaves one in four): no GEMM or fused kernel changes, and such
+    #: a block has no L2 query/key norm (:meth:`TransformerSpec.has_qk_norm`)
+    nope_layers: tuple[int, ...] = ()
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     #: what this description leaves out of the checkpoint it was read from (a multimodal wrapper's
@@ -233,18 +248,26 @@ class TransformerSpec:
         self._check_window()
 
     def _check_window(self) -> None:
-        """The sliding-window fields are consistent (ConfigError naming the field)."""
-        w = self.sliding_window
-        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-            raise ConfigError(f"{self.name}.sliding_window={w!r}: must be an integer >= 0")
-        bad = [i for i in self.full_attention_layers if not (isinstance(i, int) and 0 <= i < self.n_layer)]
-        if bad:
-            raise ConfigError(f"{self.name}.full_attention_layers: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
-        if self.full_attention_layers and not w:
-            raise ConfigError(f"{self.name}: full_attention_layers need a sliding_window")
-        if w and self.encoder:
-            raise ConfigError(f"{self.name}: sliding_window={w} with an encoder (a two-sided window, Longformer's) "
-                              "is not modelled")
+        """The sliding-window, chunk, NoPE and L2 query/key norm fields are consistent (ConfigError
+        naming the field)."""
+        w, c = self.sliding_window, self.attention_chunk
+        for name, v in (("sliding_window", w), ("attention_chunk", c)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{self.name}.{name}={v!r}: must be an integer >= 0")
+        for name in ("full_attention_layers", "nope_layers"):
+            bad = [i for i in getattr(self, name) if not (isinstance(i, int) and 0 <= i < self.n_layer)]
+            if bad:
+                raise ConfigError(f"{self.name}.{name}: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
+        if w and c:
+            raise ConfigError(f"{self.name}: sliding_window={w} with attention_chunk={c}: one or the other")
+        if self.full_attention_layers and not (w or c):
+            raise ConfigError(f"{self.name}: full_attention_layers need a sliding_window or an attention_chunk")
+        if (w or c) and self.encoder:
+            raise ConfigError(f"{self.name}: {'sliding_window' if w else 'attention_chunk'}={w or c} with an encoder "
+                              "(a two-sided window, Longformer's) is not modelled")
+        if self.qk_l2_norm and (self.qk_norm or self.mla):
+            raise ConfigError(f"{self.name}: qk_l2_norm with {'qk_norm' if self.qk_norm else 'multi-head latent attention'}"
+                              ": one query/key norm or none")
 
     def _check_latent_attention(self) -> None:
         """The MLA fields are consistent (ConfigError naming the field)."""
@@ -387,6 +410,49 @@ class TransformerSpec:
         windowed block (:meth:`is_window_block`), else 0 (the whole causal prefix)."""
         return self.sliding_window if self.is_window_block(i) else 0
 
+    def is_chunked_block(self, i: int) -> bool:
+        """Block ``i`` attends within chunks shorter than the sequence (:attr:`attention_chunk`); a
+        multi-token prediction module's block keeps full attention."""
+        return (0 < self.attention_chunk < self.seq_len and i < self.n_layer
+                and i not in self.full_attention_layers)
+
+    def attention_chunk_of(self, i: int) -> int:
+        """The chunk block ``i``'s attention kernels run with: :attr:`attention_chunk` in a chunked
+        block (:meth:`is_chunked_block`), else 0."""
+        return self.attention_chunk if self.is_chunked_block(i) else 0
+
+    def has_qk_norm(self, i: int) -> bool:
+        """Block ``i`` normalises its query and key heads: an RMSNorm (:attr:`qk_norm`) or, outside
+        :attr:`nope_layers`, an L2 norm (:attr:`qk_l2_norm`)."""
+        return self.qk_norm or (self.qk_l2_norm and i not in self.nope_layers)
+
+    def block_kind(self, i: int) -> tuple[bool, int, int, bool]:
+        """What block ``i``'s kernels depend on besides the model's sizes: routed experts, its
+        attention window, its attention chunk and a query/key norm (blocks of one kind cost the same)."""
+        kinds = self._block_kinds
+        return kinds[i] if 0 <= i < len(kinds) else self._kind_of(i)
+
+    @cached_property
+    def _block_kinds(self) -> tuple[tuple[bool, int, int, bool], ...]:
+        """:meth:`block_kind` of every block, built once per spec (priced per candidate by a planner)."""
+        return tuple(self._kind_of(i) for i in self.all_blocks)
+
+    def _kind_of(self, i: int) -> tuple[bool, int, int, bool]:
+        return self.is_moe_block(i), self.attention_window(i), self.attention_chunk_of(i), self.has_qk_norm(i)
+
+    def keys_per_query(self, i: int) -> float:
+        """Keys a query of block ``i`` is counted against in its FLOPs (the causal mask not halved,
+        Narayanan et al. 2021's convention): the sequence, a window, or with chunks the mean over
+        the sequence's tokens of their chunk's length (a shorter last chunk counts its own)."""
+        T = self.seq_len
+        if self.attention_window(i):
+            return float(min(T, self.attention_window(i)))
+        c = self.attention_chunk_of(i)
+        if c:
+            whole, rest = divmod(T, c)
+            return (whole * c * c + rest * rest) / T
+        return float(T)
+
     @property
     def last_stage_embedding(self) -> bool:
         """A pipeline's last stage keeps a copy of the token embedding (stepped, stored and its
@@ -491,10 +557,9 @@ class TransformerSpec:
         def block_flops(i: int) -> float:
             # every weight a token passes through (the active experts' and the router's in a
             # MoE block), plus the scores (q_dim wide) and the weighted sum (out_dim wide) over
-            # the keys a query sees (a windowed block's: its window)
+            # the keys a query sees (a windowed or chunked block's: its window or chunk)
             gemm_w = self.gemm_weights(i)
-            keys = min(T, self.attention_window(i) or T)
-            return float(T * (2 * gemm_w + 2 * keys * (self.q_dim + self.out_dim)))
+            return float(T * (2 * gemm_w + 2 * self.keys_per_query(i) * (self.q_dim + self.out_dim)))
 
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table
         out = [LayerSpec("embed", self.embed_params(), (T, d), float(T * d * (1 + self.encoder)))]
@@ -532,13 +597,15 @@ _INLINE_KEYS = {"layers": "n_layer", "hidden": "hidden", "heads": "heads", "seq"
                 "vocab": "vocab", "ffn": "ffn", "kv_heads": "kv_heads", "head_dim": "head_dim",
                 "experts": "experts", "top_k": "top_k", "expert_ffn": "expert_ffn",
                 "kv_lora_rank": "kv_lora_rank", "q_lora_rank": "q_lora_rank", "rope_head_dim": "rope_head_dim",
-                "v_head_dim": "v_head_dim", "mtp": "mtp_layers", "window": "sliding_window"}
+                "v_head_dim": "v_head_dim", "mtp": "mtp_layers", "window": "sliding_window",
+                "chunk": "attention_chunk"}
 
 
 def parse_inline(text: str) -> TransformerSpec:
     """``gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200[,ffn=..,kv_heads=..,head_dim=..,
     experts=..,top_k=..,expert_ffn=..,kv_lora_rank=..,q_lora_rank=..,rope_head_dim=..,v_head_dim=..,mtp=..,
-    window=..]`` (``window``: a sliding window in every block)."""
+    window=..,chunk=..]`` (``window``: a sliding window in every block; ``chunk``: chunked attention in every
+    block)."""
     arch, _, rest = text.partition(":")
     arch = arch.strip().lower()
     if arch not in ARCHS:

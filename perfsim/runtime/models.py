@@ -38,11 +38,14 @@ from perfsim.partition import partition_model
 def check_gpt(spec: TransformerSpec) -> None:
     """ConfigError unless the runtime's GPT modules below build ``spec`` exactly: a
     GPT-2-style decoder (:data:`perfsim.models.transformer.ARCHS` ``gpt``), MLP width 4 d,
-    multi-head attention of ``hidden / heads`` wide heads, a dense MLP."""
+    multi-head attention of ``hidden / heads`` wide heads over the whole causal prefix, a dense
+    MLP, no multi-token prediction module."""
     if (spec.arch != "gpt" or spec.encoder or spec.moe or spec.ffn != 4 * spec.hidden
-            or spec.kv_heads != spec.heads or spec.head_dim * spec.heads != spec.hidden or spec.mla):
+            or spec.kv_heads != spec.heads or spec.head_dim * spec.heads != spec.hidden or spec.mla
+            or spec.sliding_window or spec.attention_chunk or spec.mtp_layers):
         raise ConfigError(f"model {spec.name!r}: the runtime builds GPT-2-style decoders only "
-                          "(gpt arch, ffn 4 x hidden, multi-head attention, no experts)")
+                          "(gpt arch, ffn 4 x hidden, multi-head attention over the whole prefix, no experts, "
+                          "no multi-token prediction)")
 
 
 class Embed(nn.Module):

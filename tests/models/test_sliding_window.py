@@ -67,7 +67,7 @@ def test_block_times_follow_the_window_only_with_flash():
     assert all(a < b for a, b in zip(wf[0][1:5], ff[0][1:5]))
     assert mf[0][1:5] == [wf[0][1], ff[0][2], wf[0][3], ff[0][4]]
     assert times(spec, "megatron") == times(full, "megatron")  # every score computed, then masked
-    ops = block_ops(spec, 1, 1, False, 2, "flash", window=1024)
+    ops = block_ops(spec, 1, 1, False, 2, "flash", block=0)
     assert [op.window for op in ops if op.flash] == [1024]
 
 
