@@ -100,8 +100,19 @@ class Link:
         bandwidth-bound sizes (:func:`fit_token_bucket`); fixed cost: the expected
         small-message time (:func:`pooled_small_message_s`); burst: the bucket the
         emulation configured (:func:`perfsim.shaping.tbf_burst_bytes`), in payload
-        bytes, else the fitted one.
+        bytes, else the fitted one. Memoised per profile, keyed also on its record count (as
+        :meth:`perfsim.profile.ProfileCosts.fit`; :meth:`perfsim.profile.Profile.forget` drops it):
+        a planner resolves the same few links for every candidate.
         """
+        memo = profile.__dict__.setdefault("_link_cache", {}) if hasattr(profile, "__dict__") else {}
+        key = (op, nominal_bps, latency_s, len(profile.records))
+        if key not in memo:
+            memo[key] = cls._calibrated(profile, nominal_bps, latency_s, op)
+        return memo[key]
+
+    @classmethod
+    def _calibrated(cls, profile, nominal_bps: float | None, latency_s: float, op: str) -> "Link | None":
+        """:meth:`calibrated`, computed."""
         # lazy: perfsim --help does not load perfsim.calibrate.profile_io
         from perfsim.calibrate.profile_io import comm_name
 
@@ -171,8 +182,15 @@ def resolve_link(profile, nominal_bps: float, latency_s: float, *, op: str, mode
 
 
 # ----------------------------------------------------------------- measurement helpers
+def records_of(profile, op: str) -> list[dict]:
+    """The profile's records of ``op``: its memoised index (:meth:`perfsim.profile.ProfileFile.select`)
+    where it has one -- a planner resolves the same links thousands of times -- else a scan."""
+    select = getattr(profile, "select", None)
+    return select(op) if select is not None else [r for r in profile.records if r["op"] == op]
+
+
 def _records(profile, op: str, name: str) -> list[dict]:
-    return [r for r in profile.records if r["op"] == op and r.get("name") == name]
+    return [r for r in records_of(profile, op) if r.get("name") == name]
 
 
 def _expected_s(rec: dict) -> float:
@@ -193,9 +211,9 @@ def pooled_small_message_s(profile, op: str, base: str) -> float | None:
     rate's 60 repeats gave 0.09-1.2 ms in two quiet calibrations). None when the
     profile has no such records with a recorded mean."""
     total = weight = 0.0
-    for r in profile.records:
+    for r in records_of(profile, op):
         name = str(r.get("name", ""))
-        if r["op"] != op or not name.startswith(f"{base}@") or r["size_bytes"] > POOL_MAX_BYTES:
+        if not name.startswith(f"{base}@") or r["size_bytes"] > POOL_MAX_BYTES:
             continue
         if "mean_s" not in r:
             continue

@@ -78,15 +78,34 @@ def parse_device_order(value: Any, who: str) -> tuple[int, ...] | None:
     return order or None
 
 
+#: the kinds whose canonical value is an immutable primitive or tuple: memoised by :func:`normalize`
+_MEMO_KINDS = frozenset(("bandwidth", "time", "size", "window", "int", "float", "bool", "partition", "choice", "str"))
+_normalized: dict[tuple, Any] = {}
+
+
 def normalize(name: str, value: Any, cli: bool = False) -> Any:
     """One value of parameter ``name`` in canonical form: SI floats for rates
     and times, int bytes for sizes, ints, bools, stripped strings (lower-case
     for choices), a tuple for a partition; None stays None (the default).
     ``"1Gbps"`` and ``1e9`` normalise to the same value. Raises ConfigError
-    naming the parameter (its flag with ``cli``)."""
+    naming the parameter (its flag with ``cli``). A primitive value of a kind whose canonical
+    form is immutable is memoised (keyed on its type too: ``1`` and ``True`` differ): a planner
+    resolves every parameter of every candidate."""
     p = _param(name)
     if value is None:
         return None
+    if p.kind in _MEMO_KINDS and type(value) in (str, int, float, bool):
+        key = (name, value, type(value), cli)
+        if key not in _normalized:
+            if len(_normalized) > 50_000:  # a long-lived process's many values: start afresh
+                _normalized.clear()
+            _normalized[key] = _normalize(p, value, cli)
+        return _normalized[key]
+    return _normalize(p, value, cli)
+
+
+def _normalize(p: Param, value: Any, cli: bool) -> Any:
+    """:func:`normalize` of a value that is not None."""
     kind, who = p.kind, p.flag if cli else p.name
     if kind == "bandwidth":  # a positive rate, as the table's bound (> 0)
         return parse_bandwidth(value, who)

@@ -18,10 +18,17 @@ _LAZY = {"CommStep": "base", "Compressor": "base", "Payload": "base",
          "make_pipeline_pair": "registry", "check_spec": "registry", "register": "registry"}
 
 
+_loaded = False
+
+
 def load_builtins() -> None:
-    """Import (and so register) every built-in compressor."""
-    for mod in BUILTINS:
-        importlib.import_module(f"perfsim.compression.{mod}")
+    """Import (and so register) every built-in compressor, once (a planner builds compressors for
+    every candidate)."""
+    global _loaded
+    if not _loaded:
+        for mod in BUILTINS:
+            importlib.import_module(f"perfsim.compression.{mod}")
+        _loaded = True
 
 
 def __getattr__(name: str):

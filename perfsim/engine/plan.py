@@ -48,6 +48,7 @@ from perfsim.engine.offload import offload_step_time
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for, host_link_Bps, value_precision
 from perfsim.job import OPTIMIZERS
+from perfsim.link import records_of
 from perfsim.models.moe import (Routing, check_a2a_gpu, expert_params_per_rank, optimizer_shard_params,
                                 stage_expert_params)
 from perfsim.models.specs import block_index, is_block
@@ -547,10 +548,9 @@ def comm_slowdown(profile, link_bps: float | None = None) -> float:
     if profile is None:
         return 0.0
     pairs: dict[float | None, dict[str, float]] = {}
-    for r in profile.records:
-        if r.get("op") == "interference":
-            rate = r.get("emulated_bandwidth_bps")
-            pairs.setdefault(float(rate) if rate else None, {})[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
+    for r in records_of(profile, "interference"):
+        rate = r.get("emulated_bandwidth_bps")
+        pairs.setdefault(float(rate) if rate else None, {})[str(r["name"]).rsplit(" ", 1)[-1]] = float(r["time_s"])
     rates = [k for k, v in pairs.items() if k is not None and v.get("alone", 0) > 0 and "allreduce" in v]
     key = None
     if rates:

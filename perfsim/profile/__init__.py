@@ -33,10 +33,11 @@ class Profile(ProfileFile, ProfileCosts):
 
     def forget(self) -> None:
         """Drop what the queries memoised (the record index of :meth:`select`, the fits of
-        :meth:`fit`): both are keyed on the record count, so records edited or replaced in
-        place would be priced as before (qa7). The API calls it on a Profile it is given."""
-        self.__dict__.pop("_by_op", None)
-        self.__dict__.pop("_fit_cache", None)
+        :meth:`fit`, the calibrated links of :meth:`perfsim.link.Link.calibrated`): all are keyed
+        on the record count, so records edited or replaced in place would be priced as before
+        (qa7). The API calls it on a Profile it is given."""
+        for memo in ("_by_op", "_fit_cache", "_link_cache"):
+            self.__dict__.pop(memo, None)
 
 
 def load_profile(spec: str | os.PathLike | Profile | None) -> Profile:

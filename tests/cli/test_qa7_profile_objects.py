@@ -47,3 +47,17 @@ def test_a_profile_edited_in_place_is_priced_afresh():
     i = next(i for i, r in enumerate(mine.records) if r["op"] == "layer_fwd" and r.get("model") == "gpt2-tiny")
     mine.records[i] = {**mine.records[i], "time_s": mine.records[i]["time_s"] * 50}
     assert _iteration(mine) == _iteration(Profile.from_dict(mine.to_dict())) > fresh
+
+
+def test_a_link_calibrated_from_edited_records_is_priced_afresh():
+    """The calibrated links (Link.calibrated) are memoised per profile like its fits: an edit in
+    place of the point-to-point records it fits is seen by the next prediction."""
+    mine = Profile.load(PATH)
+    before = _iteration(mine)
+    for r in mine.records:
+        if r["op"] == "p2p":
+            for k in ("time_s", "mean_s"):
+                if k in r:
+                    r[k] *= 10
+    after = _iteration(mine)
+    assert after == _iteration(Profile.from_dict(mine.to_dict())) > 1.5 * before
