@@ -65,6 +65,7 @@ def predict(
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
+    cp: int = 1,
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
     ep_overlap: bool = False,
@@ -186,6 +187,8 @@ def predict(
             expert capacity factor of a mixture-of-experts model: each expert computes capacity x its balanced share of the routed tokens, padded, the rest dropped (GShard arXiv:2006.16668, Switch Transformer arXiv:2101.03961), e.g. 1.25; default: dropless experts (MegaBlocks, Megatron-Core's default)
         ep (int, default 1):
             expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over their dp/ep replicas (Megatron-Core's expert data parallel group), and with zero 1 their optimizer state shards over them
+        cp (int, default 1):
+            context-parallel degree (Megatron-Core's --context-parallel-size): each sequence split over cp ranks in 2 x cp load-balanced chunks, every token-wise operator on a rank's seq_len / cp tokens, its attention over the whole sequence through a ring of key/value exchanges beside the attention, gradients reduced over dp x cp ranks; GPUs = tp x cp x pp x dp; needs --gpu and flash attention
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         a2a_compress (str, default 'none'):
@@ -296,6 +299,7 @@ def sweep(
     kernels: str | list | None = None,
     moe_capacity_factor: float | list | None = None,
     ep: int | list | None = None,
+    cp: int | list | None = None,
     moe_imbalance: float | list | None = None,
     a2a_compress: str | list | None = None,
     ep_overlap: bool | list | None = None,
@@ -409,6 +413,7 @@ def memory_report(
     kernels: str | None = None,
     moe_capacity_factor: float | None = None,
     ep: int = 1,
+    cp: int = 1,
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
     ep_overlap: bool = False,

@@ -32,6 +32,7 @@ from typing import Any, Iterable
 from perfsim import params as params_mod
 from perfsim.config import Strategy, System, Workload
 from perfsim.engine import simulate
+from perfsim.engine.context_parallel import check_context_parallel
 from perfsim.engine.layer_times import resolve_layer_times, timed_recompute
 from perfsim.documents import file_stamp
 from perfsim.errors import ConfigError
@@ -233,7 +234,9 @@ def build_configs(**params) -> tuple[Workload, Strategy, System, Any]:
     strategy = Strategy(**st)
     check_routing(model.arch, model.name, strategy)
     check_transformer_only(model, strategy)
-    fwd, bwd, source = resolve_layer_times(model, profile, strategy.micro_batch, gpu=gpu,
+    check_context_parallel(model.arch, strategy, gpu, model.name)
+    # a context-parallel rank computes its share of each sequence (perfsim.engine.context_parallel)
+    fwd, bwd, source = resolve_layer_times(model.context_rank(strategy.cp), profile, strategy.micro_batch, gpu=gpu,
                                            precision=strategy.precision, tp=strategy.tp,
                                            sequence_parallel=strategy.sequence_parallel,
                                            recompute=strategy.recompute,
@@ -471,10 +474,10 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     if "reshard_after_forward" in given and strategy.zero != 3:
         notes.append(f"reshard_after_forward {value('reshard_after_forward')}{UNUSED}zero {strategy.zero} "
                      "gathers no parameters (ZeRO-3 does)")
-    if "overlap" in given and strategy.dp > 1 and strategy.zero >= 2:
+    if "overlap" in given and strategy.replicas > 1 and strategy.zero >= 2:
         notes.append(f"overlap {value('overlap')}{UNUSED}zero {strategy.zero} syncs each unit's gradient as the "
                      "backward produces it")
-    if strategy.dp == 1:
+    if strategy.replicas == 1:
         for name in ("grad_compress", "bucket_size", "overlap"):
             if name in given and (name != "grad_compress" or strategy.grad_compress.text != "none"):
                 shown = strategy.grad_compress.text if name == "grad_compress" else value(name)
@@ -617,6 +620,11 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + ("blocks: flash attention skips the keys outside each query's chunk"
                         if strategy.attention == "flash" else
                         "blocks: attention=megatron computes every score and masks, priced as full attention"))
+    if strategy.cp > 1:
+        notes.append(f"context parallel {strategy.cp}: each rank computes {arch.seq_len // strategy.cp} of every "
+                     f"{arch.seq_len} tokens and their attention over the whole sequence, passing keys and values "
+                     "around a ring beside the attention (what it does not hide is in the layer collectives); "
+                     f"gradients reduced over dp x cp = {strategy.replicas} ranks; no context-parallel step was timed")
     if arch.mtp_layers:
         notes.append(f"{arch.mtp_layers} multi-token prediction module(s) (DeepSeek-V3 Sec. 2.2), each a block, a "
                      "projection and one more LM-head pass, on the last pipeline stage with an embedding copy "

@@ -10,7 +10,7 @@ strings such as ``"100Mbps"`` are converted by :mod:`perfsim.units` at the edge
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from perfsim.collectives import ALGORITHMS as COLLECTIVE_ALGORITHMS
@@ -90,6 +90,16 @@ class Workload:
         """Parameters of layer ``i`` on one tensor-parallel rank."""
         return self.rank_params[i] if self.rank_params is not None else self.layers[i].params
 
+    def context_rank(self, cp: int) -> "Workload":
+        """One context-parallel rank's view (``Strategy.cp``; :mod:`perfsim.engine.context_parallel`): its
+        layers, shape and tokens a sample the sequence shard's
+        (:meth:`perfsim.models.transformer.TransformerSpec.context_shard`), its compute times already the
+        rank's (priced from that shard); itself for ``cp == 1`` or a model that is not a transformer."""
+        if cp == 1 or self.arch is None:
+            return self
+        shard = self.arch.context_shard(cp)
+        return replace(self, layers=tuple(shard.layers()), tokens_per_sample=shard.seq_len, arch=shard)
+
 
 #: activation recomputation modes (Korthikanti et al. 2022, arXiv:2205.05198)
 RECOMPUTE = ("none", "selective", "full")
@@ -151,6 +161,12 @@ class Strategy(Job):
     #: data-parallel replicas (Megatron-Core lays the expert-parallel group inside the
     #: data-parallel one); 1: every replica holds every expert
     ep: int = 1
+    #: context-parallel degree: every sequence split over ``cp`` ranks that hold the same weights
+    #: (Megatron-Core's ``--context-parallel-size``; perfsim.engine.context_parallel): each rank
+    #: computes its tokens' share, its queries' attention over the whole sequence through a ring of
+    #: key/value exchanges, and reduces its gradients with the data-parallel replicas' (``dp x cp``
+    #: ranks, :attr:`replicas`); placed next to the tensor ranks (Megatron-Core's tp-cp-dp-pp order)
+    cp: int = 1
     #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
     #: stated assumption, perfsim.models.moe.Routing)
     moe_imbalance: float = 1.0
@@ -173,7 +189,14 @@ class Strategy(Job):
     #: (perfsim.models.ops.FP8_CASTS): ``te`` priced, ``none`` left out
     fp8_casts: str = "te"
 
+    @property
+    def replicas(self) -> int:
+        """Ranks of a (tensor rank, stage) position holding the same weights: ``dp x cp`` (a
+        context-parallel group's ranks are ``cp`` consecutive replicas; :meth:`perfsim.job.Job.replicas`)."""
+        return self.dp * self.cp
+
     def __post_init__(self):
+        _pos_int(self, "cp")  # before the job's checks, which count the devices
         self.check()  # the job's fields (perfsim.job.Job)
         for name in ("epochs", "dataset_samples"):
             _pos_int(self, name)
@@ -190,9 +213,10 @@ class Strategy(Job):
         check_choice(self, "fp8_casts", FP8_CASTS)
         _param_bound(self, "moe_capacity_factor")
         _pos_int(self, "ep")
-        if self.dp % self.ep:
-            raise ConfigError(f"ep={self.ep}: must divide dp={self.dp} (the expert-parallel group is "
-                              "carved out of the data-parallel replicas)")
+        if self.replicas % self.ep:
+            raise ConfigError(f"ep={self.ep}: must divide dp={self.dp}" + (f" x cp={self.cp}" if self.cp > 1 else "")
+                              + " (the expert-parallel group is carved out of the data-parallel replicas"
+                              + (", context-parallel ranks included: Megatron-Core)" if self.cp > 1 else ")"))
         if self.zero >= 2 and self.ep > 1:
             raise ConfigError(f"zero={self.zero} with ep={self.ep}: not modelled (the experts are not "
                               f"replicated over the data-parallel group that ZeRO-2/3 shards over)")

@@ -110,6 +110,8 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
 
     workload, strategy, _, _ = build_configs(**params)
     args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]
+    if strategy.cp > 1:  # Megatron-Core's ring of key/value exchanges (perfsim.engine.context_parallel)
+        args += ["--context-parallel-size", str(strategy.cp), "--cp-comm-type", "p2p"]
     notes = []
     arch = workload.arch
     if arch is not None:
@@ -155,13 +157,13 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
             args += ["--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if strategy.zero in (1, 2):  # optimizer state sharded, gradients reduce-scattered
         args.append("--use-distributed-optimizer")
-        if strategy.zero == 2 and strategy.dp > 1:
+        if strategy.zero == 2 and strategy.replicas > 1:
             notes.append("zero 2: Megatron-LM's distributed optimizer reduce-scatters the gradients once a step "
                          "(ZeRO-1's sync); this plan's figures assume ZeRO-2's reduce-scatter of every unit's "
                          "gradient each micro-batch (DeepSpeed stage 2)")
     elif strategy.zero == 3:  # parameters sharded too: Megatron-LM through PyTorch FSDP2
         args.append("--use-torch-fsdp2")
-    if strategy.overlap_grad_sync and strategy.dp > 1:  # Megatron-LM arguments.py: "overlap DDP grad reduce"
+    if strategy.overlap_grad_sync and strategy.replicas > 1:  # Megatron-LM arguments.py: "overlap DDP grad reduce"
         args.append("--overlap-grad-reduce")
     if strategy.offload == "optimizer":
         notes.append("offload optimizer: this plan's figures assume ZeRO-Offload's CPU Adam (DeepSpeed's "

@@ -369,8 +369,16 @@ class Job(PipelineShape):
 
     @property
     def devices(self) -> int:
-        """GPUs (ranks) of the job: tp x dp x pp."""
-        return self.tp * self.dp * self.pp
+        """GPUs (ranks) of the job: tp x replicas x pp."""
+        return self.tp * self.replicas * self.pp
+
+    @property
+    def replicas(self) -> int:
+        """Ranks of a (tensor rank, stage) position that hold the same weights and reduce their
+        gradients together: the data-parallel replicas (``dp``; x ``cp`` with the simulator's
+        context parallelism, :class:`perfsim.config.Strategy`). The devices' ``dp`` coordinate runs
+        over them."""
+        return self.dp
 
     @property
     def global_batch(self) -> int:
@@ -378,7 +386,7 @@ class Job(PipelineShape):
         return self.macro_batch * self.dp
 
     def _sizes(self) -> dict[str, int]:
-        return {"tp": self.tp, "dp": self.dp, "pp": self.pp}
+        return {"tp": self.tp, "dp": self.replicas, "pp": self.pp}
 
     def device(self, t: int, r: int, s: int) -> int:
         """GPU (rank) of tensor rank ``t`` of replica ``r``, stage ``s``: numbered along

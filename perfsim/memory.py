@@ -298,7 +298,7 @@ def host_memory_per_node(mem: list[StageMemory], table, strategy, gpus_per_node:
     if not any(per_device):
         return nodes
     for t in range(strategy.tp):
-        for r in range(strategy.dp):
+        for r in range(strategy.replicas):
             for d in range(strategy.pp):
                 nodes[strategy.device(t, r, d) // gpus_per_node] += per_device[d]
     return nodes
@@ -306,7 +306,8 @@ def host_memory_per_node(mem: list[StageMemory], table, strategy, gpus_per_node:
 
 def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
     """Peak bytes per GPU of every stage (module docstring); ``table`` the schedule."""
-    spec, tp, dp, mb = workload.arch, strategy.tp, strategy.dp, strategy.micro_batch
+    workload = workload.context_rank(getattr(strategy, "cp", 1))  # one context-parallel rank's tokens
+    spec, tp, dp, mb = workload.arch, strategy.tp, strategy.replicas, strategy.micro_batch
     routing = Routing.of(strategy)
     prec = strategy.precision
     bpv = BYTES_PER_VALUE[prec]

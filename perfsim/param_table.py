@@ -276,6 +276,11 @@ PARAMS: tuple[Param, ...] = (
           "their dp/ep replicas (Megatron-Core's expert data parallel group), and with zero 1 their "
           "optimizer state shards over them", "strategy", "strategy.ep",
           search="perfsim.search_space:expert_parallel"),
+    Param("cp", "int", 1, "context-parallel degree (Megatron-Core's --context-parallel-size): each sequence split "
+          "over cp ranks in 2 x cp load-balanced chunks, every token-wise operator on a rank's seq_len / cp tokens, "
+          "its attention over the whole sequence through a ring of key/value exchanges beside the attention, "
+          "gradients reduced over dp x cp ranks; GPUs = tp x cp x pp x dp; needs --gpu and flash attention",
+          "strategy", "strategy.cp", search="split"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
           "strategy.moe_imbalance", minimum=1),

@@ -169,7 +169,7 @@ def placement_variants(params: Sequence[dict[str, Any]], compress: Sequence[str]
             continue
         for pl, order in kept:
             q = _placed(p, pl, order, p["compress"], "")
-            rates = boundary_rates(topology, gpus_per_node, pp=p["pp"], dp=p["dp"], tp=p.get("tp", 1),
+            rates = boundary_rates(topology, gpus_per_node, pp=p["pp"], dp=p["dp"] * p.get("cp", 1), tp=p.get("tp", 1),
                                    schedule=p["schedule"], microbatches=p["macro_batch"] // p["micro_batch"],
                                    placement=q.get("placement") or "tp,pp,dp", order=q.get("device_order"))
             for comp, per in per_link_compression(rates, compress):
@@ -178,11 +178,12 @@ def placement_variants(params: Sequence[dict[str, Any]], compress: Sequence[str]
 
 
 def device_map(p: dict[str, Any], placement: str | None, order) -> tuple[int, ...]:
-    """The GPU of every (tensor rank, replica, pipeline device) of a candidate."""
+    """The GPU of every (tensor rank, replica, pipeline device) of a candidate (a context-parallel
+    group's ranks are consecutive replicas, :attr:`perfsim.config.Strategy.replicas`)."""
     from perfsim.placement import strategy_of  # lazy: import perfsim does not load perfsim.placement
 
-    st = strategy_of(p["pp"], p["dp"], p.get("tp", 1), "gpipe", 1, placement or "tp,pp,dp", order)
-    return tuple(st.device(t, r, d) for t in range(st.tp) for r in range(st.dp) for d in range(st.pp))
+    st = strategy_of(p["pp"], p["dp"] * p.get("cp", 1), p.get("tp", 1), "gpipe", 1, placement or "tp,pp,dp", order)
+    return tuple(st.device(t, r, d) for t in range(st.tp) for r in range(st.replicas) for d in range(st.pp))
 
 
 def _placed(p: dict[str, Any], placement: str | None, order, compress, per) -> dict[str, Any]:
@@ -220,7 +221,8 @@ def _interval_text(summary: dict) -> str:
 
 def _shape(c: Candidate) -> str:
     p = c.params
-    return (f"TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}, {c.summary.get('schedule') or p.get('schedule')}, "
+    cp = f" x CP {p['cp']}" if p.get("cp", 1) > 1 else ""
+    return (f"TP {p.get('tp', 1)}{cp} x PP {p['pp']} x DP {p['dp']}, {c.summary.get('schedule') or p.get('schedule')}, "
             f"micro-batch {p['micro_batch']}, {p['compress']} + {p['grad_compress']}")
 
 
@@ -275,7 +277,8 @@ def explain(ranked: Sequence[Candidate], simulated: Sequence[Candidate] = ()) ->
     busiest = max(w.links, key=lambda l: l.get("busy_s", 0.0), default=None)
     p = w.params
     ep = f" (expert parallel {p['ep']})" if p.get("ep", 1) > 1 else ""
-    text = (f"The best configuration runs TP {p.get('tp', 1)} x PP {p['pp']} x DP {p['dp']}{ep} with "
+    cp = f" x CP {p['cp']}" if p.get("cp", 1) > 1 else ""
+    text = (f"The best configuration runs TP {p.get('tp', 1)}{cp} x PP {p['pp']} x DP {p['dp']}{ep} with "
             f"{s.get('schedule') or p.get('schedule')}, micro-batch {p['micro_batch']}, pipeline compression {p['compress']} and "
             f"gradient compression {p['grad_compress']}: {it * 1e3:.1f} ms per iteration "
             f"({s.get('throughput_samples_per_s', 0):.3g} samples/s{_interval_text(s)}). Per stage and iteration, compute takes "

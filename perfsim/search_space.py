@@ -5,8 +5,9 @@ Every predict parameter declares whether ``perfsim plan`` searches it
 (:attr:`~perfsim.params.Param.search_when`); this module lists no parameter by
 hand. A new predict parameter becomes a search dimension with one line in PARAMS.
 
-* ``"split"`` (tp, pp, dp, micro_batch): the planner splits the cluster's GPUs into
-  TP x PP x DP and each replica's batch into micro-batches (:func:`splits`).
+* ``"split"`` (tp, cp, pp, dp, micro_batch): the planner splits the cluster's GPUs into
+  TP x CP x PP x DP (CP only where given: 1 else) and each replica's batch into micro-batches
+  (:func:`splits`).
 * a tuple, or ``"module:NAME"`` of a tuple or of a function ``(context, param) ->
   values``: the default values searched; the user pins or widens them with the same
   flags (or keywords) ``predict`` takes.
@@ -269,15 +270,18 @@ def splits(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
     refused, naming it."""
     tps = space.values.get("tp") or tuple(_divisors(gpus_per_node))
     given = space.values
-    for name, vals in (("tp", given.get("tp")), ("pp", given.get("pp")), ("dp", given.get("dp"))):
+    cps = given.get("cp") or (1,)  # context parallelism: searched where given (long sequences)
+    for name, vals in (("tp", given.get("tp")), ("pp", given.get("pp")), ("dp", given.get("dp")), ("cp", given.get("cp"))):
         for v in vals or ():
             if gpus % v:
                 raise ConfigError(f"{name}={v}: does not divide the cluster's {gpus} GPUs")
-    pinned = {name: given[name] for name in ("tp", "pp", "dp") if given.get(name)}
-    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (len(pinned) < 3 or math.prod(c) == gpus)
+    pinned = {name: given[name] for name in ("tp", "cp", "pp", "dp") if given.get(name)}
+    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (len(pinned) < 4 - ("cp" not in pinned)
+                                                                  or math.prod(c) == gpus)
                                    for c in itertools.product(*pinned.values())):
         what = " x ".join(f"{name}={','.join(map(str, vals))}" for name, vals in pinned.items())
-        raise ConfigError(f"{what}: tp x pp x dp must be the cluster's {gpus} GPUs (nodes x gpus_per_node)")
+        raise ConfigError(f"{what}: tp x {'cp x ' if 'cp' in pinned else ''}pp x dp must be the cluster's {gpus} GPUs "
+                          "(nodes x gpus_per_node)")
     for v in given.get("pp") or ():
         if v > n_layers:
             raise ConfigError(f"pp={v}: more stages than the model's {n_layers} layers")
@@ -288,19 +292,21 @@ def splits(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
         if global_batch % v:
             raise ConfigError(f"micro_batch={v}: does not divide global_batch={global_batch}")
     out = []
-    for tp in tps:
-        if gpus % tp:
+    for tp, cp in itertools.product(tps, cps):
+        if gpus % (tp * cp):
             continue
-        for pp in given.get("pp") or [d for d in _divisors(gpus // tp) if d <= n_layers]:
-            if (gpus // tp) % pp or pp > n_layers:
+        rest = gpus // tp // cp
+        for pp in given.get("pp") or [d for d in _divisors(rest) if d <= n_layers]:
+            if rest % pp or pp > n_layers:
                 continue
-            dp = gpus // tp // pp
+            dp = rest // pp
             if global_batch % dp or (given.get("dp") and dp not in given["dp"]):
                 continue
             per_replica = global_batch // dp
             for mb in given.get("micro_batch") or MICRO_BATCHES:
                 if per_replica % mb == 0:
-                    out.append({"tp": tp, "pp": pp, "dp": dp, "micro_batch": mb, "macro_batch": per_replica})
+                    out.append({"tp": tp, **({"cp": cp} if given.get("cp") else {}), "pp": pp, "dp": dp,
+                                "micro_batch": mb, "macro_batch": per_replica})
     return out
 
 

@@ -76,6 +76,14 @@ class Model:
     def name(self) -> str:
         return self.spec.name
 
+    def context_rank(self, cp: int) -> "Model":
+        """One context-parallel rank's model (``Strategy.cp``): the transformer's sequence shard
+        (:meth:`perfsim.models.transformer.TransformerSpec.context_shard`), whose compute is that rank's;
+        itself for ``cp == 1`` or a model that is not a transformer."""
+        if cp == 1 or self.arch is None:
+            return self
+        return Model.of(self.arch.context_shard(cp), tied_values=self.tied_values)
+
     @property
     def tokens_per_sample(self) -> int:
         return self.spec.tokens_per_sample

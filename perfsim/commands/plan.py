@@ -92,7 +92,8 @@ def _check_outputs(args) -> None:
 
 def _table(result) -> str:
     ep = any(c.params.get("ep") for c in result.ranked)  # a mixture of experts: its expert parallelism searched
-    lines = [f"{'#':>2} {'tp':>3} {'pp':>3} {'dp':>3} " + (f"{'ep':>3} " if ep else "")
+    cp = any(c.params.get("cp", 1) > 1 for c in result.ranked)  # context parallelism searched and ranked
+    lines = [f"{'#':>2} {'tp':>3} " + (f"{'cp':>3} " if cp else "") + f"{'pp':>3} {'dp':>3} " + (f"{'ep':>3} " if ep else "")
              + f"{'sched':>16} {'mb':>3} {'zero':>6} {'recomp':>9} "
              f"{'attn':>8} {'sp':>3} {'prec':>4} {'compress':>14} {'grad':>14} {'iteration':>10} "
              f"{'80 % interval':>17} {'samples/s':>10} {'steps x [95 %]':>18} {'to loss':>10}"]
@@ -104,7 +105,7 @@ def _table(result) -> str:
             ratio_text += f" [{row['steps_ratio_lo']:.2f},{row['steps_ratio_hi']:.2f}]"
         sched = row["schedule"] + (f"/{p['virtual_stages']}" if p.get("virtual_stages") else "")
         zero = f"{p.get('zero', 0)}" + ("+cpu" if p.get("offload") == "optimizer" else "")  # ZeRO-Offload
-        lines.append(f"{row['rank']:>2} {row['tp']:>3} {row['pp']:>3} {row['dp']:>3} "
+        lines.append(f"{row['rank']:>2} {row['tp']:>3} " + (f"{p.get('cp', 1):>3} " if cp else "") + f"{row['pp']:>3} {row['dp']:>3} "
                      + (f"{p.get('ep') or 1:>3} " if ep else "") + f"{sched:>16} "
                      f"{row['micro_batch']:>3} {zero:>6} {row.get('recompute') or p.get('recompute', 'none'):>9} "
                      f"{p.get('attention', 'megatron'):>8} {'yes' if p.get('sequence_parallel') else 'no':>3} "

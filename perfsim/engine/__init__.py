@@ -85,10 +85,10 @@ def strategy_classes(network: Network, strategy, hops: list[tuple[int, int]]) ->
     TP x PP x DP sizes (which give every replica's devices), and the hops. A planner's
     search asks the same grouping for every compression of a job."""
     key = (network.system, network.link, network.collective_link, strategy.placement, strategy.device_order,
-           strategy.tp, strategy.pp, strategy.dp, tuple(hops))
+           strategy.tp, strategy.pp, strategy.replicas, tuple(hops))
     classes = _CLASSES.get(key)
     if classes is None:
-        classes = replica_classes(network, strategy.pp, strategy.dp, lambda r, s: strategy.device(0, r, s), hops)
+        classes = replica_classes(network, strategy.pp, strategy.replicas, lambda r, s: strategy.device(0, r, s), hops)
         _CLASSES[key] = classes
         while len(_CLASSES) > CLASSES_KEPT:
             _CLASSES.popitem(last=False)
@@ -217,7 +217,7 @@ def _simulate(workload, strategy, system, profile, trace: bool, symmetric: bool 
 
     check_simulated(strategy)  # EP < DP with a per-matrix hook or a 1-bit optimizer: memory only
     network, plan, memory = plan_with_memory(workload, strategy, system, profile, allow_oom)
-    dp = strategy.dp
+    dp = strategy.replicas
     if symmetric is None:
         where = plan.table.stage_device
         hops = sorted({(where[k], where[k + 1]) for k in range(len(where) - 1) if where[k] != where[k + 1]})

@@ -123,7 +123,7 @@ def expert_buckets(dense: list[Bucket], layers, layer_bwd, arch, strategy, comp,
     (:func:`perfsim.models.moe.expert_params_per_rank`). Both on the stage's one sync stream,
     in the order they become ready (a tie: the dense one first). Under ZeRO-1 each group's
     buckets shard its own optimizer state (:func:`zero1_steps` over the ``dp / ep`` replicas)."""
-    group = strategy.dp // strategy.ep
+    group = strategy.replicas // strategy.ep
     moe = expert_layers(arch, layers, strategy.tp, strategy.ep)
     experts = _buckets(moe, layer_bwd, strategy.bucket_bytes, comp, group, profile, native=native, gpu=gpu,
                        copies=strategy.grad_buffer == "bucketed", codecs=codecs,

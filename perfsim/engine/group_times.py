@@ -67,7 +67,7 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     if mtp:
         parts.append((tp_mtp_collectives(*shape, vocab_parallel=vocab_parallel,
                                          learned_positions=spec.learned_positions), mtp))
-    reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.dp, uniform)
+    reps = _alike(strategy, network, lambda r: strategy.device(0, r, s), strategy.replicas, uniform)
     seen = {}
     # without a device_order, Strategy.device is linear (perfsim.job.place): a group's tensor
     # ranks follow its first at one stride
@@ -117,7 +117,7 @@ def device_map(strategy):
         return strategy.device
     o = strategy.device(0, 0, 0)
     a = strategy.device(1, 0, 0) - o if strategy.tp > 1 else 0
-    b = strategy.device(0, 1, 0) - o if strategy.dp > 1 else 0
+    b = strategy.device(0, 1, 0) - o if strategy.replicas > 1 else 0
     c = strategy.device(0, 0, 1) - o if strategy.pp > 1 else 0
     return lambda t, r, s: o + t * a + r * b + s * c
 
@@ -225,7 +225,7 @@ def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uni
     one = 0.0
     seen = set()
     for t in range(strategy.tp):
-        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.dp // ep, uniform):
+        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.replicas // ep, uniform):
             members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
             key = _shape_key(network, members)
             if key in seen:  # priced through its shape only: once per shape

@@ -40,6 +40,7 @@ from perfsim.engine.buckets import (FALLBACK_MEMORY_BPS, Bucket, _buckets, bucke
                                     expert_buckets)
 from perfsim.engine.codec_cost import codec_costs
 from perfsim.engine.compute import moe_mlp_share, optimizer_time
+from perfsim.engine.context_parallel import cp_stage_times
 from perfsim.engine.ep_overlap import MoELayerTimes
 from perfsim.engine.ep_overlap import savings as ep_savings
 from perfsim.engine.group_times import ep_alltoall_parts, ep_stage_times, tp_stage_times, uniform_network
@@ -205,7 +206,8 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
     may differ: that changes no gradient), whose gradient buckets, ZeRO units, 1-bit
     warm-up buckets and optimizer steps are taken as they are."""
     check_a2a_gpu(getattr(strategy, "a2a_compress", "none"), gpu)
-    pp, dp, mb, tp = strategy.pp, strategy.dp, strategy.micro_batch, strategy.tp
+    workload = workload.context_rank(strategy.cp)  # one context-parallel rank's tokens (cp 1: itself)
+    pp, dp, mb, tp = strategy.pp, strategy.replicas, strategy.micro_batch, strategy.tp
     table = strategy.table()
     nst, where_dev = table.num_stages, table.stage_device
     costs = [f + b for f, b in zip(workload.fwd_s, workload.bwd_s)]
@@ -283,6 +285,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    uniform=uniform, moe_blocks=moe_blocks,
                                                                    vocab_parallel=gpu is not None,
                                                                    mtp=sum(1 for n in names if n.startswith("mtp")))
+            if strategy.cp > 1:  # the context-parallel ring's exchanges the attention does not hide
+                cf, cb, cbytes = cp_stage_times(workload, strategy, network, where_dev[s], blocks, gpu,
+                                                host_s=curve.collective_s if curve else 0.0)
+                st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = st.fwd_tp_s + cf, st.bwd_tp_s + cb, st.tp_bytes + cbytes
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
                 parts = ep_alltoall_parts(workload, strategy, network, where_dev[s], moe_blocks,
                                           host_s=curve.collective_s if curve else 0.0, uniform=uniform,
@@ -420,7 +426,7 @@ def _sharded(st: StagePlan, layers, workload, strategy, comp, grad_spec: Spec, n
     from perfsim.engine.sharding import (add_fsdp_host, add_host_copies, host_driven, param_gather_steps,  # lazy: simpy
                                          shard_units)  # stays out of perfsim memory
 
-    dp, wb = strategy.dp, BYTES_PER_VALUE[strategy.precision]
+    dp, wb = strategy.replicas, BYTES_PER_VALUE[strategy.precision]
     plain = grad_spec.plain or native
     codecs = profile if codecs is None else codecs  # what prices the codec (perfsim.engine.codec_cost)
     codec = None if plain or codecs is None else (
@@ -464,7 +470,7 @@ def _offloaded(strategy, network, gpu, st: StagePlan) -> float:
                           "cross its PCIe link, and a CPU profile has no device memory to offload from")
     system = network.system if network is not None else None
     sharing = min(system.gpus_per_node, strategy.devices) if system is not None else 1
-    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.dp, st.bwd_s,
+    return offload_step_time(st.params, BYTES_PER_VALUE[strategy.precision], strategy.replicas, st.bwd_s,
                              strategy.num_microbatches, host_link_Bps(gpu),
                              system.cpu_adam_params_per_s if system else None, sharing)
 

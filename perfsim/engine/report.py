@@ -117,7 +117,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
              for (r, s, mb), c in sorted(out.micro.items()) if r == out.replicas[0]]
     links = [dict(src=src, dst=dst, bytes=b, busy_s=busy_s, kind=kind)
              for (src, dst, kind), (b, busy_s) in sorted(out.links.items())]
-    samples = strategy.macro_batch * dp
+    samples = strategy.global_batch  # macro_batch x dp: a context-parallel group's ranks share their samples
     iters = steps_per_epoch(strategy.dataset_samples, samples)  # perfsim run's count (perfsim.job)
     warm_T = warm.iteration_s + wait if warm is not None else T
     epoch_s = iters * T
@@ -137,7 +137,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         "compress": strategy.compress.text, "grad_compress": strategy.grad_compress.text,
         "boundary_compress": strategy.boundary_compress.text,
         "device_order": ",".join(map(str, strategy.device_order)) if strategy.device_order else "",
-        "schedule": strategy.schedule, "pp": p, "dp": dp, "micro_batch": strategy.micro_batch,
+        "schedule": strategy.schedule, "pp": p, "dp": strategy.dp, "micro_batch": strategy.micro_batch,
         "macro_batch": strategy.macro_batch,
         "throughput_samples_per_s": samples / T, "throughput_tokens_per_s": samples * workload.tokens_per_sample / T,
         "iteration_s": T, "sync_wait_s": wait, "bubble_fraction": bubble,
@@ -164,7 +164,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
         # bytes sent by every rank's TP collectives per iteration (ring volume; every model chunk)
         "tp_bytes": sum(sp.tp_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
         # expert parallelism: its all-to-alls per stage and micro-batch (in tp_comm_s), bytes per iteration
-        "ep": strategy.ep, "ep_comm_s": max((sp.ep_s for sp in plan.stages), default=0.0) * plan.num_microbatches,
+        "cp": getattr(strategy, "cp", 1), "ep": strategy.ep, "ep_comm_s": max((sp.ep_s for sp in plan.stages), default=0.0) * plan.num_microbatches,
         "ep_bytes": sum(sp.ep_bytes for sp in plan.stages) * plan.num_microbatches * dp * strategy.tp,
         # --ep-overlap: of ep_comm_s, the seconds hidden beside another micro-batch's compute (per stage)
         "ep_overlap": strategy.ep_overlap, "ep_hidden_s": _hidden_per_stage(plan),

@@ -273,7 +273,7 @@ def check_simulated(strategy) -> None:
     :func:`expert_dp_replicas`); not with PowerSGD's per-matrix hook (the experts' matrices
     are not listed) nor with a 1-bit optimizer (one fused buffer over all replicas)."""
     family = strategy.grad_compress.family
-    if 1 < strategy.ep < strategy.dp and family in ("hook", "optimizer"):
+    if 1 < strategy.ep < strategy.replicas and family in ("hook", "optimizer"):
         raise ConfigError(f"grad_compress {strategy.grad_compress.text!r} with ep={strategy.ep} < dp={strategy.dp}: "
                           f"the experts' gradient sync over dp/ep = {strategy.dp // strategy.ep} replicas is not "
                           "simulated with a " + ("per-matrix hook" if family == "hook" else "1-bit optimizer")

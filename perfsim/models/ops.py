@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perfsim.errors import ConfigError
 from perfsim.models.moe import moe_ops
 from perfsim.models.tensor_parallel import shard_block_params
 
@@ -218,6 +219,9 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         return Op(name, bytes=3 * act + tok_sp * h, bwd_bytes=2 * act + tok_sp * h if exact else None)
 
     is_moe = spec.moe if moe is None else moe
+    if spec.context_shards > 1 and attention != "flash":
+        raise ConfigError(f"context parallelism ({spec.context_shards} shards) with attention={attention}: "
+                          "Megatron-Core runs it through Transformer Engine's flash kernels; use attention=flash")
     if block is None:
         window = chunk = 0
         qk_norm = spec.qk_norm or spec.qk_l2_norm
@@ -236,7 +240,9 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         # MLA's down projections read norm1's output as a plain tensor (no fused fp8 write)
         *norm("norm1", fp8_casts and not spec.mla),
         *attn_in,
-        *([Op("flash_attention", m=s, n=s, k=dh, batch=b * heads, attention_core=True, flash=True,
+        # context parallelism: this rank's s queries against the whole sequence's keys, causal and
+        # load-balanced (s x cp keys, half the pairs); Megatron-Core runs it as TE's flash kernels only
+        *([Op("flash_attention", m=s, n=s * spec.context_shards, k=dh, batch=b * heads, attention_core=True, flash=True,
               causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window, chunk=chunk)] if attention == "flash" else
           [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
            # Gemma 2's soft-capping as eager PyTorch runs it: divide, tanh, multiply (three passes;

@@ -194,6 +194,12 @@ class TransformerSpec:
     #: arXiv:2305.19466; Llama 4 interleaves one in four): no GEMM or fused kernel changes, and such
     #: a block has no L2 query/key norm (:meth:`TransformerSpec.has_qk_norm`)
     nope_layers: tuple[int, ...] = ()
+    #: context parallelism's view of the model (set by the job, ``Strategy.cp``; never a config's):
+    #: ``seq_len`` is one rank's shard of a sequence of ``seq_len x context_shards`` tokens, whose
+    #: queries attend causally over the whole sequence's keys, the shards load-balanced so each holds
+    #: ``1 / context_shards`` of the (query, key) pairs (Megatron-Core's context parallelism: 2 x cp
+    #: chunks, rank ``i`` holding chunks ``i`` and ``2 cp - 1 - i``); 1: the whole sequence
+    context_shards: int = 1
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     #: what this description leaves out of the checkpoint it was read from (a multimodal wrapper's
@@ -265,6 +271,13 @@ class TransformerSpec:
         if (w or c) and self.encoder:
             raise ConfigError(f"{self.name}: {'sliding_window' if w else 'attention_chunk'}={w or c} with an encoder "
                               "(a two-sided window, Longformer's) is not modelled")
+        c = self.context_shards
+        if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+            raise ConfigError(f"{self.name}.context_shards={c!r}: must be an integer >= 1")
+        if c > 1 and (self.encoder or w or self.attention_chunk):
+            raise ConfigError(f"{self.name}: context_shards={c} (context parallelism) with "
+                              + ("an encoder" if self.encoder else "a sliding window" if w else "chunked attention")
+                              + " is not modelled (causal attention over the whole sequence only)")
         if self.qk_l2_norm and (self.qk_norm or self.mla):
             raise ConfigError(f"{self.name}: qk_l2_norm with {'qk_norm' if self.qk_norm else 'multi-head latent attention'}"
                               ": one query/key norm or none")
@@ -442,9 +455,10 @@ class TransformerSpec:
 
     def keys_per_query(self, i: int) -> float:
         """Keys a query of block ``i`` is counted against in its FLOPs (the causal mask not halved,
-        Narayanan et al. 2021's convention): the sequence, a window, or with chunks the mean over
-        the sequence's tokens of their chunk's length (a shorter last chunk counts its own)."""
-        T = self.seq_len
+        Narayanan et al. 2021's convention): the sequence (the whole one, of every context shard), a
+        window, or with chunks the mean over the sequence's tokens of their chunk's length (a shorter
+        last chunk counts its own)."""
+        T = self.seq_len * self.context_shards
         if self.attention_window(i):
             return float(min(T, self.attention_window(i)))
         c = self.attention_chunk_of(i)
@@ -459,6 +473,11 @@ class TransformerSpec:
         gradient all-reduced with the first stage's): a head tied to it, or multi-token prediction
         modules that read it (Megatron-Core builds it where ``mtp_process``)."""
         return (self.tied or self.mtp_layers > 0) and not self.encoder
+
+    def context_shard(self, cp: int) -> "TransformerSpec":
+        """One context-parallel rank's view of this model (:attr:`context_shards`): ``seq_len / cp`` tokens
+        whose queries attend over the whole sequence; itself for ``cp == 1``."""
+        return self if cp == 1 else replace(self, seq_len=self.seq_len // cp, context_shards=cp)
 
     def is_mtp_block(self, i: int) -> bool:
         """Block ``i`` is a multi-token prediction module's (``n_layer <= i < n_layer + mtp_layers``)."""

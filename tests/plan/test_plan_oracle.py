@@ -120,3 +120,13 @@ def test_heterogeneous_two_regions(tmp_path):
 
 def test_100mbps():
     _check(dict(model="gpt2-tiny", nodes=4, global_batch=16, profile=CPU, bandwidth="100Mbps"))
+
+
+def test_context_parallel_at_64k_tokens():
+    """Context parallelism searched beside pipelining at 65,536 tokens: the bounds hold for the
+    context-parallel candidates too, and nothing brute force finds beats the plan's winner."""
+    res, _ = _check(dict(model=LLAMA3_8B, seq_len=65536, gpu="h100", nodes=2, gpus_per_node=8,
+                         nic="8x400Gbps:infiniband", cp=[1, 2], tp=8, global_batch=16, precision="bf16",
+                         attention="flash", micro_batch=1, compress="fp32", grad_compress="none",
+                         recompute="none,full", zero="0,1"))
+    assert {c.params.get("cp", 1) for c in res.all_evaluated} == {1, 2}

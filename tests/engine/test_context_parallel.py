@@ -1,0 +1,87 @@
+"""Context parallelism (``--cp``; Megatron-Core's ring of key/value exchanges, perfsim.engine.context_parallel):
+what a rank computes, what its ring costs and hides, where its gradients go, its memory, its
+figures and refusals. Checked against the geometry of the load-balanced causal split; no
+context-parallel step was timed."""
+
+import dataclasses
+
+import pytest
+
+import perfsim
+from perfsim.api import build_configs
+from perfsim.engine import plan_with_memory
+from perfsim.engine.context_parallel import cp_stage_times
+from perfsim.errors import ConfigError
+from perfsim.models.ops import block_ops
+from perfsim.models.registry import get_spec
+
+JOB = dict(model="llama3-8b", gpu="h100", gpus_per_node=8, nic="8x400Gbps:infiniband", tp=8, pp=1, dp=1,
+           micro_batch=1, global_batch=8, precision="bf16", attention="flash", recompute="selective",
+           sequence_parallel=True, seq_len=32768, allow_oom=True)
+
+
+def test_a_rank_computes_its_tokens_and_a_cp_th_of_the_pairs():
+    spec = dataclasses.replace(get_spec("llama3-8b"), seq_len=32768)
+    for cp in (2, 4, 8):
+        shard = spec.context_shard(cp)
+        assert (shard.seq_len, shard.context_shards) == (32768 // cp, cp)
+        full_ops = {o.name: o for o in block_ops(spec, 1, 1, False, 2, "flash")}
+        ops = {o.name: o for o in block_ops(shard, 1, 1, False, 2, "flash")}
+        # its queries against every key, causal and load-balanced: 1/cp of the sequence's pairs
+        assert ops["flash_attention"].attended_pairs * cp == full_ops["flash_attention"].attended_pairs
+        assert (ops["flash_attention"].m, ops["flash_attention"].n) == (32768 // cp, 32768)
+        assert ops["qkv"].m * cp == full_ops["qkv"].m and ops["mlp_up"].m * cp == full_ops["mlp_up"].m
+        # the model FLOPs of a rank's shard are 1/cp of a sequence's
+        assert sum(layer.flops_fwd for layer in shard.layers()) * cp == pytest.approx(
+            sum(layer.flops_fwd for layer in spec.layers()))
+
+
+def test_the_ring_hides_behind_long_attention_and_not_behind_a_slow_link():
+    w, st, sy, pr = build_configs(**dict(JOB, cp=2))
+    net = plan_with_memory(w, st, sy, pr, allow_oom=True)[0]
+    gpu = perfsim.hardware.get_gpu("h100")
+    fwd, bwd, sent = cp_stage_times(w.context_rank(2), st, net, 0, 32, gpu)
+    assert fwd == bwd == 0.0 and sent > 0  # NVLink inside the node: every exchange hidden
+    # one GPU a node over 1 Gbit/s: the ring is the exposed part of the layer collectives
+    slow = dict(JOB, cp=2, tp=1, gpus_per_node=1, nic="1x1Gbps", sequence_parallel=False)
+    w, st, sy, pr = build_configs(**slow)
+    net, plan, _ = plan_with_memory(w, st, sy, pr, allow_oom=True)
+    fwd, bwd, sent = cp_stage_times(w.context_rank(2), st, net, 0, 32, gpu)
+    kv = 16384 * 8 * 128 * 2 * 2  # a shard's keys and values: 8 heads of 128, bf16
+    assert sent == pytest.approx(32 * (kv + 2 * kv))  # one shard forward; keys, values and gradients back
+    assert 0 < fwd < bwd and plan.stages[0].fwd_tp_s == pytest.approx(fwd)
+
+
+def test_gradients_are_reduced_over_dp_x_cp_and_the_figures_are_the_jobs():
+    one = perfsim.predict(**JOB).summary
+    two = perfsim.predict(**dict(JOB, cp=2)).summary
+    assert one["dp_bytes"] == 0 and two["dp_bytes"] > 0  # the two ranks of a context-parallel group sync
+    assert (two["dp"], two["cp"]) == (1, 2)
+    for s in (one, two):  # every sample's whole sequence, once
+        assert s["throughput_tokens_per_s"] == pytest.approx(8 * 32768 / s["iteration_s"])
+    assert two["iteration_s"] < one["iteration_s"] and two["peak_memory_gib"] < one["peak_memory_gib"]
+    dp2 = perfsim.predict(**dict(JOB, dp=2)).summary  # the same GPUs as replicas: no ring, longer rows
+    assert dp2["peak_memory_gib"] > two["peak_memory_gib"]
+    assert "context parallel 2: each rank computes 16384 of every 32768 tokens" in two["model_note"]
+
+
+def test_megatron_flags():
+    from perfsim.emit import megatron_args
+
+    args, _ = megatron_args(dict(JOB, cp=4), 8)
+    assert args[args.index("--context-parallel-size") + 1] == "4" and "p2p" in args
+    assert args[args.index("--seq-length") + 1] == "32768"  # the sequence, not a rank's shard
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(gpu=None, profile="cpu-2core", model="gpt2-tiny", attention=None, precision="fp32", tp=1,
+          sequence_parallel=False, seq_len=None, gpus_per_node=None, nic=None), "cp=2: context parallelism is priced from a GPU"),
+    (dict(attention="megatron"), "use --attention flash"),
+    (dict(seq_len=32766), "2 x cp = 4 equal chunks"),
+    (dict(model="gemma-2-9b"), "sliding window"),
+    (dict(cp=0), "cp=0"),
+])
+def test_refusals(change, needle):
+    kw = {k: v for k, v in {**JOB, "cp": 2, **change}.items() if v is not None}
+    with pytest.raises(ConfigError, match=needle):
+        perfsim.predict(**kw)
