@@ -6,7 +6,7 @@ gradients, optimizer state by ZeRO stage -- Rajbhandari et al., "ZeRO: Memory Op
 Toward Training Trillion Parameter Models", arXiv:1910.02054 --, activations by schedule and
 recomputation, the loss's logits, buffers): the peak per GPU of each pipeline stage, and the
 same peak under each single change that can lower it (a ZeRO stage, recomputation, more
-tensor, pipeline or expert parallelism on the same GPUs, a smaller micro-batch, a chunked loss,
+tensor, pipeline, context or expert parallelism on the same GPUs, a smaller micro-batch, a chunked loss,
 fp8; CPU offload where it makes the job fit), so the user sees which knob buys what. Nothing is
 simulated: only the plan that prices the stages is built (so expert parallelism smaller than data
 parallelism, which the simulator refuses, is answered here).
@@ -102,6 +102,8 @@ def _changes(p: dict[str, Any], offload: bool = False) -> list[tuple[str, dict[s
     if dp % 2 == 0:  # the same GPUs: more model parallelism, fewer replicas
         out.append((f"--tp {2 * tp} --dp {dp // 2}", {"tp": 2 * tp, "dp": dp // 2}))
         out.append((f"--pp {2 * pp} --dp {dp // 2}", {"pp": 2 * pp, "dp": dp // 2}))
+        cp = p.get("cp") or 1  # each replica's sequences split over twice the ranks (refused where not modelled)
+        out.append((f"--cp {2 * cp} --dp {dp // 2}", {"cp": 2 * cp, "dp": dp // 2}))
     ep = p.get("ep") or 1
     if dp % (2 * ep) == 0:  # a mixture of experts: its experts over more replicas (a dense model refuses it)
         out.append((f"--ep {2 * ep}", {"ep": 2 * ep}))

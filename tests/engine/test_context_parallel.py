@@ -85,3 +85,15 @@ def test_refusals(change, needle):
     kw = {k: v for k, v in {**JOB, "cp": 2, **change}.items() if v is not None}
     with pytest.raises(ConfigError, match=needle):
         perfsim.predict(**kw)
+
+
+def test_perfsim_memory_offers_context_parallelism_where_it_is_modelled():
+    from perfsim.analysis.memory_fit import memory_report
+
+    job = {k: v for k, v in dict(JOB, seq_len=131072, dp=2).items() if k != "allow_oom"}
+    report = memory_report(**job)
+    assert not report.fits
+    options = {flags: fits for flags, _, fits in report.options}
+    assert options["--cp 2 --dp 1"] and not options["--pp 2 --dp 1"]  # 57.1 GiB fits, 81.4 GiB does not
+    cpu = memory_report(model="gpt2-tiny", pp=2, dp=2, global_batch=8)  # no GPU preset: not offered
+    assert not any(flags.startswith("--cp") for flags, _, _ in cpu.options)
