@@ -66,6 +66,7 @@ def predict(
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     cp: int = 1,
+    cp_comm: str = 'p2p',
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
     ep_overlap: bool = False,
@@ -189,6 +190,8 @@ def predict(
             expert-parallel degree of a mixture-of-experts model: its experts split over ep of the dp replicas (Megatron-Core: EP inside DP), tokens sent to them by all-to-all; must divide the experts and dp; with ep < dp the experts' gradients are all-reduced over their dp/ep replicas (Megatron-Core's expert data parallel group), and with zero 1 their optimizer state shards over them
         cp (int, default 1):
             context-parallel degree (Megatron-Core's --context-parallel-size): each sequence split over cp ranks in 2 x cp load-balanced chunks, every token-wise operator on a rank's seq_len / cp tokens, its attention over the whole sequence through a ring of key/value exchanges beside the attention, gradients reduced over dp x cp ranks; GPUs = tp x cp x pp x dp; needs --gpu and flash attention
+        cp_comm (str, default 'p2p'):
+            with cp > 1, how the context-parallel group exchanges keys and values (Megatron-Core's --cp-comm-type): p2p (a ring beside the attention's steps, hidden but for what they outlast), allgather (gathered before the attention, exposed: Llama 3's) or a2a (DeepSpeed-Ulysses: sequence shards traded for head shards and back, exposed; the heads must split cp ways) (one of perfsim.config.CP_COMMS)
         moe_imbalance (float, default 1.0):
             with ep > 1 and dropless experts: the busiest expert-parallel rank's routed tokens over the balanced share (an assumption; e.g. 1.2)
         a2a_compress (str, default 'none'):
@@ -300,6 +303,7 @@ def sweep(
     moe_capacity_factor: float | list | None = None,
     ep: int | list | None = None,
     cp: int | list | None = None,
+    cp_comm: str | list | None = None,
     moe_imbalance: float | list | None = None,
     a2a_compress: str | list | None = None,
     ep_overlap: bool | list | None = None,
@@ -414,6 +418,7 @@ def memory_report(
     moe_capacity_factor: float | None = None,
     ep: int = 1,
     cp: int = 1,
+    cp_comm: str = 'p2p',
     moe_imbalance: float = 1.0,
     a2a_compress: str = 'none',
     ep_overlap: bool = False,

@@ -471,6 +471,8 @@ def unused_settings(params: dict[str, Any], strategy: Strategy, summary: dict[st
     if "virtual_stages" in given and strategy.virtual_stages is None:
         notes.append(f"virtual_stages {value('virtual_stages')}{UNUSED}schedule {strategy.schedule} is not "
                      "interleaved (its model chunks per device are fixed)")
+    if "cp_comm" in given and strategy.cp == 1:
+        notes.append(f"cp_comm {value('cp_comm')}{UNUSED}cp 1 has no context-parallel group")
     if "reshard_after_forward" in given and strategy.zero != 3:
         notes.append(f"reshard_after_forward {value('reshard_after_forward')}{UNUSED}zero {strategy.zero} "
                      "gathers no parameters (ZeRO-3 does)")
@@ -621,9 +623,14 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                         if strategy.attention == "flash" else
                         "blocks: attention=megatron computes every score and masks, priced as full attention"))
     if strategy.cp > 1:
+        how = {"p2p": "passing keys and values around a ring beside the attention (what it does not hide is in the "
+                      "layer collectives)",
+               "allgather": "gathering every rank's keys and values before the attention (exposed, in the layer "
+                            "collectives)",
+               "a2a": "trading sequence shards for head shards by all-to-all around the attention (DeepSpeed-Ulysses; "
+                      "exposed, in the layer collectives)"}[strategy.cp_comm]
         notes.append(f"context parallel {strategy.cp}: each rank computes {arch.seq_len // strategy.cp} of every "
-                     f"{arch.seq_len} tokens and their attention over the whole sequence, passing keys and values "
-                     "around a ring beside the attention (what it does not hide is in the layer collectives); "
+                     f"{arch.seq_len} tokens and their attention over the whole sequence, {how}; "
                      f"gradients reduced over dp x cp = {strategy.replicas} ranks; no context-parallel step was timed")
     if arch.mtp_layers:
         notes.append(f"{arch.mtp_layers} multi-token prediction module(s) (DeepSeek-V3 Sec. 2.2), each a block, a "

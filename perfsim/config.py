@@ -121,6 +121,11 @@ GRAD_BUFFERS = ("bucketed", "contiguous")
 #: ``s b v`` size: 12 bytes per bf16 logit, measured on an H100); ``chunked`` -- a fused linear cross entropy that never holds the
 #: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
 CROSS_ENTROPY = ("fused", "pytorch", "chunked")
+#: how a context-parallel group exchanges what its attention needs (Megatron-Core's ``--cp-comm-type``;
+#: :func:`perfsim.engine.context_parallel.cp_collectives`): ``p2p`` the ring beside the attention (the default), ``allgather`` every
+#: rank's keys and values gathered before it (Llama 3's), ``a2a`` the sequence traded for heads and back
+#: (DeepSpeed-Ulysses)
+CP_COMMS = ("p2p", "allgather", "a2a")
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,9 @@ class Strategy(Job):
     #: key/value exchanges, and reduces its gradients with the data-parallel replicas' (``dp x cp``
     #: ranks, :attr:`replicas`); placed next to the tensor ranks (Megatron-Core's tp-cp-dp-pp order)
     cp: int = 1
+    #: how a context-parallel group exchanges keys and values (perfsim.engine.context_parallel.CP_COMMS):
+    #: ``p2p`` (the ring), ``allgather`` or ``a2a`` (DeepSpeed-Ulysses)
+    cp_comm: str = "p2p"
     #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
     #: stated assumption, perfsim.models.moe.Routing)
     moe_imbalance: float = 1.0
@@ -221,6 +229,7 @@ class Strategy(Job):
             raise ConfigError(f"zero={self.zero} with ep={self.ep}: not modelled (the experts are not "
                               f"replicated over the data-parallel group that ZeRO-2/3 shards over)")
         _param_bound(self, "moe_imbalance")  # >= 1 (1 = balanced)
+        check_choice(self, "cp_comm", CP_COMMS)
         from perfsim.models.moe import parse_a2a_compress  # lazy: config imports no model code eagerly
 
         # with ep 1 there is no all-to-all to compress: unused (the model note says so), not refused, so

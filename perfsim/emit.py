@@ -111,7 +111,7 @@ def megatron_args(params: dict[str, Any], global_batch: int) -> tuple[list[str],
     workload, strategy, _, _ = build_configs(**params)
     args = ["--tensor-model-parallel-size", str(strategy.tp), "--pipeline-model-parallel-size", str(strategy.pp)]
     if strategy.cp > 1:  # Megatron-Core's ring of key/value exchanges (perfsim.engine.context_parallel)
-        args += ["--context-parallel-size", str(strategy.cp), "--cp-comm-type", "p2p"]
+        args += ["--context-parallel-size", str(strategy.cp), "--cp-comm-type", strategy.cp_comm]
     notes = []
     arch = workload.arch
     if arch is not None:

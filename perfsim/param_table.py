@@ -281,6 +281,11 @@ PARAMS: tuple[Param, ...] = (
           "its attention over the whole sequence through a ring of key/value exchanges beside the attention, "
           "gradients reduced over dp x cp ranks; GPUs = tp x cp x pp x dp; needs --gpu and flash attention",
           "strategy", "strategy.cp", search="split"),
+    Param("cp_comm", "choice", "p2p", "with cp > 1, how the context-parallel group exchanges keys and values "
+          "(Megatron-Core's --cp-comm-type): p2p (a ring beside the attention's steps, hidden but for what they "
+          "outlast), allgather (gathered before the attention, exposed: Llama 3's) or a2a (DeepSpeed-Ulysses: "
+          "sequence shards traded for head shards and back, exposed; the heads must split cp ways)",
+          "strategy", "strategy.cp_comm", choices="perfsim.config:CP_COMMS"),
     Param("moe_imbalance", "float", 1.0, "with ep > 1 and dropless experts: the busiest expert-parallel "
           "rank's routed tokens over the balanced share (an assumption; e.g. 1.2)", "strategy",
           "strategy.moe_imbalance", minimum=1),

@@ -61,26 +61,63 @@ def check_context_parallel(arch, strategy, gpu, name: str = "") -> None:
     if strategy.sequence_parallel and (arch.seq_len // cp) % strategy.tp:
         raise ConfigError(f"cp={cp}: a rank's {arch.seq_len // cp} tokens do not split over tp={strategy.tp} "
                           "under sequence parallelism")
+    comm = getattr(strategy, "cp_comm", "p2p")
+    if comm == "a2a":  # Ulysses trades sequence shards for head shards: the rank's heads must split cp ways
+        heads, kv_heads = arch.heads // strategy.tp, max(1, arch.kv_heads // strategy.tp)
+        if heads % cp or kv_heads % cp:
+            raise ConfigError(f"cp={cp} with cp_comm=a2a: a tensor rank's {heads} query and {kv_heads} key/value "
+                              f"heads must split {cp} ways (DeepSpeed-Ulysses); use cp_comm=p2p")
     arch.context_shard(cp)  # a window, chunks or an encoder: refused by the spec, naming them
+
+
+def cp_collectives(spec, strategy) -> list[tuple[str, str, float, bool]]:
+    """One block's context-parallel collectives for one micro-batch on one rank, as ``(phase, kind,
+    bytes, hidden)``: ``kind`` and ``bytes`` in :func:`perfsim.collectives.plan`'s terms (an all-gather's
+    bytes are each rank's contribution, a reduce-scatter's and an all-to-all's each rank's buffer),
+    ``hidden``: it runs beside the attention's steps (the ring). ``spec`` is the rank's shard.
+
+    * ``p2p`` (Transformer Engine's ``AttnFuncWithCPAndKVP2P``; Ring Attention, arXiv:2310.01889):
+      forward ``cp - 1`` steps of one shard's keys and values, an all-gather's bytes; backward the
+      keys and values again and their gradients (twice the bytes); each step beside an attention step;
+    * ``allgather`` (``AttnFuncWithCPAndKVAllGather``; Llama 3, arXiv:2407.21783 Sec. 3.3.2: "the
+      all-gather communication latency is exposed in the critical path"): forward an all-gather of the
+      keys and values before the attention; backward the same all-gather again and a reduce-scatter of
+      the whole sequence's key and value gradients, all exposed;
+    * ``a2a`` (``AttnFuncWithCPAndQKVOA2A``; Jacobs et al., "DeepSpeed Ulysses", arXiv:2309.14509,
+      Sec. 3): an all-to-all of the queries, keys and values (sequence shards for head shards) before
+      the attention and of its output after it; backward the same four of their gradients, exposed."""
+    cp, bpv = strategy.cp, BYTES_PER_VALUE[strategy.precision]
+    k_width = rank_kv_width(spec, strategy.tp)  # this tensor rank's keys; its values (MLA's narrower)
+    kv = float(strategy.micro_batch * spec.seq_len * (k_width + k_width * spec.v_head_dim // spec.head_dim) * bpv)
+    comm = getattr(strategy, "cp_comm", "p2p")
+    if comm == "p2p":
+        return [("fwd", "allgather", kv, True), ("bwd", "allgather", 2 * kv, True)]
+    if comm == "allgather":
+        return [("fwd", "allgather", kv, False), ("bwd", "allgather", kv, False),
+                ("bwd", "reduce_scatter", cp * kv, False)]
+    q = float(strategy.micro_batch * spec.seq_len * spec.q_dim // strategy.tp * bpv)
+    out = float(strategy.micro_batch * spec.seq_len * spec.out_dim // strategy.tp * bpv)
+    return [(ph, "alltoall", n, False) for ph in ("fwd", "bwd") for n in (q + kv, out)]
 
 
 def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s: float = 0.0
                    ) -> tuple[float, float, float]:
-    """(fwd s, bwd s, bytes one GPU sends) of the context-parallel ring of ``blocks`` blocks of pipeline
-    device ``s`` for one micro-batch (module docstring), on the slowest context-parallel group;
-    ``workload`` is the engine's per-rank one (:meth:`perfsim.config.Workload.context_rank`). With full recomputation the
-    forward's ring runs again in the backward."""
+    """(fwd s, bwd s, bytes one GPU sends) of the context-parallel exchanges of ``blocks`` blocks of
+    pipeline device ``s`` for one micro-batch (:func:`cp_collectives`), on the slowest context-parallel
+    group; ``workload`` is the engine's per-rank one (:meth:`perfsim.config.Workload.context_rank`). The
+    ring's exchanges hide behind the attention's steps but for ``max(0, t_ring - (cp - 1)/cp x
+    t_attention)``; the other flavours' are exposed. With full recomputation the forward's run again
+    in the backward."""
     cp, spec = strategy.cp, workload.arch
     if cp == 1 or spec is None or not blocks:
         return 0.0, 0.0, 0.0
-    bpv = BYTES_PER_VALUE[strategy.precision]
-    k_width = rank_kv_width(spec, strategy.tp)  # this tensor rank's keys; its values (MLA's narrower)
-    shard = float(strategy.micro_batch * spec.seq_len * (k_width + k_width * spec.v_head_dim // spec.head_dim) * bpv)
+    colls = cp_collectives(spec, strategy)
     curve = curve_for(gpu)[0]
-    attn = next(op for op in block_ops(spec, strategy.micro_batch, strategy.tp, strategy.sequence_parallel, bpv,
-                                       "flash", block=0) if op.flash)
-    steps = (cp - 1) / cp  # the attention steps an exchange can hide behind
-    ring_f = ring_b = 0.0
+    attn = next(op for op in block_ops(spec, strategy.micro_batch, strategy.tp, strategy.sequence_parallel,
+                                       BYTES_PER_VALUE[strategy.precision], "flash", block=0) if op.flash)
+    behind = {"fwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve),  # the ring's overlap
+              "bwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve, backward=True)}
+    worst = {"fwd": 0.0, "bwd": 0.0}
     seen = set()
     for t in range(strategy.tp):  # each tensor rank's group, among the data-parallel replicas alike
         for g in _alike(strategy, network, lambda q: strategy.device(t, q * cp, s), strategy.dp, None):
@@ -89,13 +126,15 @@ def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s
             if key in seen:
                 continue
             seen.add(key)
-            ring_f = max(ring_f, max(host_s, network.collective_time("allgather", shard, members, lockstep=True)))
-            ring_b = max(ring_b, max(host_s, network.collective_time("allgather", 2 * shard, members,
-                                                                     lockstep=True)))
-    fwd = blocks * max(0.0, ring_f - steps * flash_time(attn, gpu, strategy.precision, curve))
-    bwd = blocks * max(0.0, ring_b - steps * flash_time(attn, gpu, strategy.precision, curve, backward=True))
-    sent = blocks * (collective_cost("allgather", shard, cp)[0] + collective_cost("allgather", 2 * shard, cp)[0])
+            for phase in worst:
+                timed = [(max(host_s, network.collective_time(kind, n, members, lockstep=True)), hidden)
+                         for ph, kind, n, hidden in colls if ph == phase]
+                exposed = (max(0.0, sum(x for x, h in timed if h) - behind[phase])
+                           + sum(x for x, h in timed if not h))
+                worst[phase] = max(worst[phase], exposed)
+    fwd, bwd = blocks * worst["fwd"], blocks * worst["bwd"]
+    sent = blocks * sum(collective_cost(kind, n, cp)[0] for _, kind, n, _ in colls)
     if strategy.recompute == "full":
         bwd += fwd
-        sent += blocks * collective_cost("allgather", shard, cp)[0]
+        sent += blocks * sum(collective_cost(kind, n, cp)[0] for ph, kind, n, _ in colls if ph == "fwd")
     return fwd, bwd, sent

@@ -69,7 +69,7 @@ def test_megatron_flags():
     from perfsim.emit import megatron_args
 
     args, _ = megatron_args(dict(JOB, cp=4), 8)
-    assert args[args.index("--context-parallel-size") + 1] == "4" and "p2p" in args
+    assert args[args.index("--context-parallel-size") + 1] == "4" and args[args.index("--cp-comm-type") + 1] == "p2p"
     assert args[args.index("--seq-length") + 1] == "32768"  # the sequence, not a rank's shard
 
 
@@ -97,3 +97,27 @@ def test_perfsim_memory_offers_context_parallelism_where_it_is_modelled():
     assert options["--cp 2 --dp 1"] and not options["--pp 2 --dp 1"]  # 57.1 GiB fits, 81.4 GiB does not
     cpu = memory_report(model="gpt2-tiny", pp=2, dp=2, global_batch=8)  # no GPU preset: not offered
     assert not any(flags.startswith("--cp") for flags, _, _ in cpu.options)
+
+
+def test_the_three_exchanges():
+    """--cp-comm: the ring hides, the all-gather (Llama 3's) and Ulysses' all-to-alls do not; each
+    sends its own bytes."""
+    from perfsim.engine.context_parallel import cp_collectives
+
+    job = dict(JOB, cp=2, tp=4)
+    times = {c: perfsim.predict(cp_comm=c, **job).summary for c in ("p2p", "allgather", "a2a")}
+    assert times["p2p"]["tp_comm_s"] < times["allgather"]["tp_comm_s"]
+    assert times["p2p"]["tp_comm_s"] < times["a2a"]["tp_comm_s"]
+    w, st, _, _ = build_configs(**dict(job, cp_comm="a2a"))
+    shard = w.context_rank(2).arch
+    tok = 16384  # a rank's tokens
+    q, kv, out = tok * 4096 // 4 * 2, tok * 2 * 1024 // 4 * 2, tok * 4096 // 4 * 2
+    assert cp_collectives(shard, st) == [("fwd", "alltoall", q + kv, False), ("fwd", "alltoall", out, False),
+                                         ("bwd", "alltoall", q + kv, False), ("bwd", "alltoall", out, False)]
+    with pytest.raises(ConfigError, match="1 key/value heads must split 2 ways"):  # tp 8: one head a rank
+        perfsim.predict(**dict(JOB, cp=2, cp_comm="a2a"))
+    from perfsim.emit import megatron_args
+
+    args = megatron_args(dict(job, cp_comm="allgather"), 8)[0]
+    assert args[args.index("--cp-comm-type") + 1] == "allgather"
+    assert "cp_comm a2a unused: cp 1" in perfsim.predict(**dict(JOB, cp_comm="a2a")).summary["model_note"]
