@@ -76,7 +76,7 @@ def render(results, file=None, width: int | None = None, color: bool = True,
         if any(r.summary.get(key) for r in results):
             fig_cols.append((name, lambda s, key=key: format_bytes(s.get(key) or 0)))
     if many:  # one row per configuration; only the columns that vary (GPU-model axes too)
-        sweep_cols = cfg_cols + [("tp", "tp", str), ("ep", "ep", str), ("precision", "precision", str),
+        sweep_cols = cfg_cols + [("tp", "tp", str), ("cp", "cp", str), ("ep", "ep", str), ("precision", "precision", str),
                                  ("recompute", "recompute", str), ("attention", "attention", str),
                                  ("tied", "tied_embedding", str)]
         varying = [c for c in sweep_cols if len({str(r.summary.get(c[1])) for r in results}) > 1] or cfg_cols[:1]
@@ -150,9 +150,11 @@ def render(results, file=None, width: int | None = None, color: bool = True,
                       f"{s['throughput_tokens_per_s']:.0f} tokens/s, bubble {s['bubble_fraction']:.1%}; "
                       f"{s['epochs']} epoch(s) of {s['iterations_per_epoch']} iterations: "
                       f"{format_time(s['total_s'])} ({s['events']} events simulated, source={s['source']})")
-        if s.get("tp", 1) > 1:
-            console.print(f"tensor parallel {s['tp']}: {format_time(s['tp_comm_s'])} of collectives per stage "
-                          f"(serial with compute)")
+        if s.get("tp", 1) > 1 or s.get("cp", 1) > 1:
+            what = " and ".join(([f"tensor parallel {s['tp']}"] if s.get("tp", 1) > 1 else [])
+                                + ([f"context parallel {s['cp']} (the exchanges the attention does not hide)"]
+                                   if s.get("cp", 1) > 1 else []))
+            console.print(f"{what}: {format_time(s['tp_comm_s'])} of collectives per stage (serial with compute)")
         if s.get("ep", 1) > 1:
             how = (f"{format_time(s['ep_hidden_s'])} of them hidden beside another micro-batch's compute, "
                    "--ep-overlap" if s.get("ep_overlap") else "serial with compute")

@@ -111,6 +111,7 @@ def build_result(out, warm, plan, workload, strategy, system, extra: dict | None
     n = sum(st["represents"] for st in stages)
     busy = sum((d.compute_s + d.codec_s + d.tp_comm_s) * weights[r] for (r, _), d in out.devices.items())
     bubble = 1.0 - busy / (n * out.pipeline_s) if out.pipeline_s > 0 else 0.0
+    bubble = 0.0 if -1e-9 < bubble < 0.0 else bubble  # a sum's rounding, not idle time ("-0.0 %")
     micro = [dict(stage=s, microbatch=mb, fwd_compute_s=c.get("fwd_compute_s", 0.0),
                   fwd_comm_s=c.get("fwd_comm_s", 0.0), bwd_compute_s=c.get("bwd_compute_s", 0.0),
                   bwd_comm_s=c.get("bwd_comm_s", 0.0), encode_s=c.get("encode_s", 0.0))
