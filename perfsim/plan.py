@@ -365,6 +365,12 @@ def _setup(model, gpus_per_node, space, system, cli):
     return base, space
 
 
+#: tokens a sequence from which ``perfsim plan`` says that it searched no context parallelism unless
+#: asked to: Llama 3 turned it on for its long-context stage, beyond 8,192 tokens (arXiv:2407.21783,
+#: Sec. 3.3.2); the search itself is the user's choice (a ``--cp`` list), not a threshold's
+LONG_SEQUENCE = 16384
+
+
 def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
                target_loss: float | None = None, convergence: str | None = None,
                space: SearchSpace | None = None, cli: bool = False,
@@ -389,6 +395,10 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                   frozenset(system) | frozenset(space.values),
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
+    if ("cp" not in space.values and ctx.gpu is not None and w.arch is not None
+            and w.arch.seq_len >= LONG_SEQUENCE and gpus > gpus_per_node):
+        notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism was not searched "
+                     "(give --cp 1,2,4 to search it; docs/model.md, \"Context parallelism\")")
     topo = w_system.topology
     if topo is not None and topo.nodes < nodes:
         raise ConfigError(f"topology {system['topology']!r}: has {topo.nodes} nodes, the plan needs {nodes}")

@@ -121,3 +121,12 @@ def test_the_three_exchanges():
     args = megatron_args(dict(job, cp_comm="allgather"), 8)[0]
     assert args[args.index("--cp-comm-type") + 1] == "allgather"
     assert "cp_comm a2a unused: cp 1" in perfsim.predict(**dict(JOB, cp_comm="a2a")).summary["model_note"]
+
+
+def test_plan_says_when_it_did_not_search_context_parallelism():
+    kw = dict(model="llama3-8b", gpu="h100", nodes=2, gpus_per_node=8, tp=8, global_batch=8, precision="bf16",
+              attention="flash", recompute="none", zero=0, compress="fp32", grad_compress="none")
+    long = perfsim.plan(seq_len=32768, **kw)
+    assert any("context parallelism was not searched" in n for n in long.notes)
+    assert not any("context parallelism" in n for n in perfsim.plan(seq_len=32768, cp=[1, 2], **kw).notes)
+    assert not any("context parallelism" in n for n in perfsim.plan(seq_len=8192, **kw).notes)
