@@ -122,9 +122,9 @@ GRAD_BUFFERS = ("bucketed", "contiguous")
 #: whole logits (Liger-Kernel, Hsu et al. 2024, arXiv:2410.10989, Sec. 3.2)
 CROSS_ENTROPY = ("fused", "pytorch", "chunked")
 #: how a context-parallel group exchanges what its attention needs (Megatron-Core's ``--cp-comm-type``;
-#: :func:`perfsim.engine.context_parallel.cp_collectives`): ``p2p`` the ring beside the attention (the default), ``allgather`` every
-#: rank's keys and values gathered before it (Llama 3's), ``a2a`` the sequence traded for heads and back
-#: (DeepSpeed-Ulysses)
+#: :func:`perfsim.engine.context_parallel.cp_collectives`): ``p2p`` the ring beside the attention (the
+#: default), ``allgather`` every rank's keys and values gathered before it (Llama 3's), ``a2a`` the
+#: sequence traded for heads and back (DeepSpeed-Ulysses)
 CP_COMMS = ("p2p", "allgather", "a2a")
 
 
@@ -172,8 +172,8 @@ class Strategy(Job):
     #: key/value exchanges, and reduces its gradients with the data-parallel replicas' (``dp x cp``
     #: ranks, :attr:`replicas`); placed next to the tensor ranks (Megatron-Core's tp-cp-dp-pp order)
     cp: int = 1
-    #: how a context-parallel group exchanges keys and values (perfsim.engine.context_parallel.CP_COMMS):
-    #: ``p2p`` (the ring), ``allgather`` or ``a2a`` (DeepSpeed-Ulysses)
+    #: how a context-parallel group exchanges keys and values (CP_COMMS): ``p2p`` (the ring),
+    #: ``allgather`` or ``a2a`` (DeepSpeed-Ulysses)
     cp_comm: str = "p2p"
     #: the busiest expert-parallel rank's routed tokens over the balanced share (>= 1; a
     #: stated assumption, perfsim.models.moe.Routing)

@@ -61,7 +61,7 @@ def check_context_parallel(arch, strategy, gpu, name: str = "") -> None:
     if strategy.sequence_parallel and (arch.seq_len // cp) % strategy.tp:
         raise ConfigError(f"cp={cp}: a rank's {arch.seq_len // cp} tokens do not split over tp={strategy.tp} "
                           "under sequence parallelism")
-    comm = getattr(strategy, "cp_comm", "p2p")
+    comm = strategy.cp_comm
     if comm == "a2a":  # Ulysses trades sequence shards for head shards: the rank's heads must split cp ways
         heads, kv_heads = arch.heads // strategy.tp, max(1, arch.kv_heads // strategy.tp)
         if heads % cp or kv_heads % cp:
@@ -89,7 +89,7 @@ def cp_collectives(spec, strategy) -> list[tuple[str, str, float, bool]]:
     cp, bpv = strategy.cp, BYTES_PER_VALUE[strategy.precision]
     k_width = rank_kv_width(spec, strategy.tp)  # this tensor rank's keys; its values (MLA's narrower)
     kv = float(strategy.micro_batch * spec.seq_len * (k_width + k_width * spec.v_head_dim // spec.head_dim) * bpv)
-    comm = getattr(strategy, "cp_comm", "p2p")
+    comm = strategy.cp_comm
     if comm == "p2p":
         return [("fwd", "allgather", kv, True), ("bwd", "allgather", 2 * kv, True)]
     if comm == "allgather":
