@@ -36,6 +36,8 @@ def run_command(params: dict[str, Any], model_runtime: Iterable[str] | None = No
              f"--macro-batch {params['macro_batch']}"]
     if params.get("tp", 1) != 1:
         flags.insert(1, f"--tp {params['tp']}")
+    if (params.get("cp") or 1) != 1:  # stated, so that run's own checks refuse what it cannot train
+        flags.insert(1, f"--cp {params['cp']}")
     if params.get("boundary_compress"):
         flags.insert(flags.index(f"--compress {params['compress']}") + 1,
                      f"--boundary-compress {params['boundary_compress']}")

@@ -250,7 +250,7 @@ class RunConfig(Job):
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
-            raise ConfigError(f"run config: unknown keys {unknown}")
+            raise ConfigError(f"{unknown[0]}: not a perfsim run setting (run config: unknown keys {unknown})")
         return cls(**d)
 
     def replace(self, **kw) -> "RunConfig":

@@ -130,3 +130,21 @@ def test_plan_says_when_it_did_not_search_context_parallelism():
     assert any("context parallelism was not searched" in n for n in long.notes)
     assert not any("context parallelism" in n for n in perfsim.plan(seq_len=32768, cp=[1, 2], **kw).notes)
     assert not any("context parallelism" in n for n in perfsim.plan(seq_len=8192, **kw).notes)
+
+
+def test_emit_perfsim_states_cp_and_says_run_cannot_train_it():
+    from perfsim.emit import emit
+
+    p = dict(model="gpt2-tiny", gpu="h100", gpus_per_node=8, tp=1, cp=2, pp=1, dp=1, micro_batch=1, macro_batch=8,
+             precision="bf16", attention="flash", compress="fp32", grad_compress="none")
+    first, command = emit(p, "perfsim", nodes=1, global_batch=8).splitlines()
+    assert first.startswith("# perfsim run cannot train cp;") and "--cp 2" in command
+    assert "--cp" not in emit(dict(p, cp=1), "perfsim", nodes=1, global_batch=8)
+
+
+def test_pipeline_messages_are_the_shards():
+    """A rank sends its own tokens' activations across a pipeline boundary: half of them with cp 2, over
+    twice the ranks -- the same bytes in all."""
+    one = perfsim.predict(**dict(JOB, pp=2, tp=4)).summary
+    two = perfsim.predict(**dict(JOB, pp=2, tp=4, cp=2)).summary
+    assert one["pipeline_bytes"] > 0 and two["pipeline_bytes"] == pytest.approx(one["pipeline_bytes"])
