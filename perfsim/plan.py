@@ -365,10 +365,12 @@ def _setup(model, gpus_per_node, space, system, cli):
     return base, space
 
 
-#: tokens a sequence from which ``perfsim plan`` says that it searched no context parallelism unless
-#: asked to: Llama 3 turned it on for its long-context stage, beyond 8,192 tokens (arXiv:2407.21783,
-#: Sec. 3.3.2); the search itself is the user's choice (a ``--cp`` list), not a threshold's
+#: tokens a sequence from which ``perfsim plan`` searches context parallelism when no ``--cp`` is given
+#: (:data:`CP_SEARCHED`; a GPU preset's job): Llama 3 turned it on for its long-context stage, beyond
+#: its 8,192-token pre-training (arXiv:2407.21783, Sec. 3.3.2); shorter sequences keep cp 1 unless asked
 LONG_SEQUENCE = 16384
+#: the context-parallel degrees searched then (those that divide the GPUs and split the sequence)
+CP_SEARCHED = (1, 2, 4, 8)
 
 
 def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1, global_batch: int = 32,
@@ -395,15 +397,17 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                   frozenset(system) | frozenset(space.values),
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
-    if ("cp" not in space.values and ctx.gpu is not None and w.arch is not None
-            and w.arch.seq_len >= LONG_SEQUENCE and gpus > gpus_per_node):
-        notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism was not searched "
-                     "(give --cp 1,2,4 to search it; docs/model.md, \"Context parallelism\")")
+    searched = space  # with the context-parallel degrees of a long sequence, where none is given
+    if "cp" not in space.values and ctx.gpu is not None and w.arch is not None and w.arch.seq_len >= LONG_SEQUENCE:
+        cps = tuple(c for c in CP_SEARCHED if gpus % c == 0 and w.arch.seq_len % (2 * c) == 0)
+        searched = SearchSpace(cli=cli, **space.values, cp=list(cps))
+        notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism searched over cp "
+                     f"{', '.join(map(str, cps))} (--cp chooses; docs/model.md, \"Context parallelism\")")
     topo = w_system.topology
     if topo is not None and topo.nodes < nodes:
         raise ConfigError(f"topology {system['topology']!r}: has {topo.nodes} nodes, the plan needs {nodes}")
     params = enumerate_candidates(n_layers=len(w.layers), gpus=gpus, gpus_per_node=gpus_per_node,
-                                  global_batch=global_batch, space=space, base=base, ctx=ctx)
+                                  global_batch=global_batch, space=searched, base=base, ctx=ctx)
     if not params:
         raise ConfigError(f"global_batch={global_batch}: no TP x PP x DP split of {gpus} GPUs "
                           "(with the given tp/pp/dp/micro_batch) divides it")

@@ -123,13 +123,24 @@ def test_the_three_exchanges():
     assert "cp_comm a2a unused: cp 1" in perfsim.predict(**dict(JOB, cp_comm="a2a")).summary["model_note"]
 
 
-def test_plan_says_when_it_did_not_search_context_parallelism():
+def test_plan_searches_context_parallelism_for_long_sequences():
+    """From 16,384 tokens (perfsim.plan.LONG_SEQUENCE) a GPU job's plan searches cp 1, 2, 4, 8 unless --cp
+    says otherwise, and says so; shorter sequences keep cp 1."""
+    from perfsim.plan import candidates
+
     kw = dict(model="llama3-8b", gpu="h100", nodes=2, gpus_per_node=8, tp=8, global_batch=8, precision="bf16",
               attention="flash", recompute="none", zero=0, compress="fp32", grad_compress="none")
-    long = perfsim.plan(seq_len=32768, **kw)
-    assert any("context parallelism was not searched" in n for n in long.notes)
-    assert not any("context parallelism" in n for n in perfsim.plan(seq_len=32768, cp=[1, 2], **kw).notes)
-    assert not any("context parallelism" in n for n in perfsim.plan(seq_len=8192, **kw).notes)
+
+    def searched(**more):
+        cands, notes = candidates(**kw, **more)
+        return {c.params.get("cp", 1) for c in cands}, notes
+
+    cps, notes = searched(seq_len=32768)
+    assert cps == {1, 2} and any("context parallelism searched over cp 1, 2" in n for n in notes)  # tp 8 of 16
+    cps, notes = searched(seq_len=32768, cp=[1])
+    assert cps == {1} and not any("context parallelism" in n for n in notes)
+    assert searched(seq_len=8192)[0] == {1}
+    assert perfsim.plan(seq_len=32768, **kw).ranked  # the search runs with them
 
 
 def test_emit_perfsim_states_cp_and_says_run_cannot_train_it():
