@@ -6,8 +6,8 @@ Every predict parameter declares whether ``perfsim plan`` searches it
 hand. A new predict parameter becomes a search dimension with one line in PARAMS.
 
 * ``"split"`` (tp, cp, pp, dp, micro_batch): the planner splits the cluster's GPUs into
-  TP x CP x PP x DP (CP only where given: 1 else) and each replica's batch into micro-batches
-  (:func:`splits`).
+  TP x CP x PP x DP (CP over the values given -- ``perfsim.plan`` gives ``CP_SEARCHED`` for a long
+  sequence --, else 1) and each replica's batch into micro-batches (:func:`splits`).
 * a tuple, or ``"module:NAME"`` of a tuple or of a function ``(context, param) ->
   values``: the default values searched; the user pins or widens them with the same
   flags (or keywords) ``predict`` takes.
@@ -270,14 +270,14 @@ def splits(*, n_layers: int, gpus: int, gpus_per_node: int, global_batch: int,
     refused, naming it."""
     tps = space.values.get("tp") or tuple(_divisors(gpus_per_node))
     given = space.values
-    cps = given.get("cp") or (1,)  # context parallelism: searched where given (long sequences)
+    cps = given.get("cp") or (1,)  # context parallelism: over the values given (perfsim.plan's for long sequences)
     for name, vals in (("tp", given.get("tp")), ("pp", given.get("pp")), ("dp", given.get("dp")), ("cp", given.get("cp"))):
         for v in vals or ():
             if gpus % v:
                 raise ConfigError(f"{name}={v}: does not divide the cluster's {gpus} GPUs")
     pinned = {name: given[name] for name in ("tp", "cp", "pp", "dp") if given.get(name)}
-    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (len(pinned) < 4 - ("cp" not in pinned)
-                                                                  or math.prod(c) == gpus)
+    whole = {"tp", "pp", "dp"} <= set(pinned)  # every factor pinned (cp's too, where given): they make the GPUs
+    if len(pinned) > 1 and not any(gpus % math.prod(c) == 0 and (not whole or math.prod(c) == gpus)
                                    for c in itertools.product(*pinned.values())):
         what = " x ".join(f"{name}={','.join(map(str, vals))}" for name, vals in pinned.items())
         raise ConfigError(f"{what}: tp x {'cp x ' if 'cp' in pinned else ''}pp x dp must be the cluster's {gpus} GPUs "
