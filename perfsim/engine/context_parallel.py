@@ -35,7 +35,7 @@ ring (``2 x`` a shard's keys and values) are not added to the memory.
 from __future__ import annotations
 
 from perfsim.engine.compute import flash_time
-from perfsim.engine.group_times import _alike, _shape_key
+from perfsim.engine.group_times import replica_groups
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for
 from perfsim.models.ops import block_ops, rank_kv_width
@@ -118,20 +118,13 @@ def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s
     behind = {"fwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve),  # the ring's overlap
               "bwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve, backward=True)}
     worst = {"fwd": 0.0, "bwd": 0.0}
-    seen = set()
-    for t in range(strategy.tp):  # each tensor rank's group, among the data-parallel replicas alike
-        for g in _alike(strategy, network, lambda q: strategy.device(t, q * cp, s), strategy.dp, None):
-            members = [strategy.device(t, g * cp + c, s) for c in range(cp)]
-            key = _shape_key(network, members)
-            if key in seen:
-                continue
-            seen.add(key)
-            for phase in worst:
-                timed = [(max(host_s, network.collective_time(kind, n, members, lockstep=True)), hidden)
-                         for ph, kind, n, hidden in colls if ph == phase]
-                exposed = (max(0.0, sum(x for x, h in timed if h) - behind[phase])
-                           + sum(x for x, h in timed if not h))
-                worst[phase] = max(worst[phase], exposed)
+    for members in replica_groups(strategy, network, s, cp):  # each group of cp consecutive replicas
+        for phase in worst:
+            timed = [(max(host_s, network.collective_time(kind, n, members, lockstep=True)), hidden)
+                     for ph, kind, n, hidden in colls if ph == phase]
+            exposed = (max(0.0, sum(x for x, h in timed if h) - behind[phase])
+                       + sum(x for x, h in timed if not h))
+            worst[phase] = max(worst[phase], exposed)
     fwd, bwd = blocks * worst["fwd"], blocks * worst["bwd"]
     sent = blocks * sum(collective_cost(kind, n, cp)[0] for _, kind, n, _ in colls)
     if strategy.recompute == "full":

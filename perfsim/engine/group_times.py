@@ -221,15 +221,21 @@ def ep_stage_times(workload, strategy, network, s: int, moe_blocks: int, host_s:
 def _ep_alltoall_time(strategy, network, s: int, size: float, host_s: float, uniform) -> float:
     """One token all-to-all of ``size`` bytes per rank on pipeline device ``s``: the slowest
     expert-parallel group's (:func:`ep_stage_times`)."""
-    ep = strategy.ep
-    one = 0.0
+    return max((max(host_s, network.collective_time("alltoall", size, members, lockstep=True))
+                for members in replica_groups(strategy, network, s, strategy.ep, uniform)), default=0.0)
+
+
+def replica_groups(strategy, network, s: int, size: int, uniform: bool | None = None):
+    """The GPUs of each group of ``size`` consecutive replicas on pipeline device ``s``, one group
+    per shape (:func:`_shape_key`: its collectives cost the same), for every tensor rank: an
+    expert-parallel group (:func:`perfsim.models.moe.ep_replicas`) or a context-parallel one
+    (:mod:`perfsim.engine.context_parallel`), both consecutive in Megatron-Core's rank order."""
     seen = set()
     for t in range(strategy.tp):
-        for g in _alike(strategy, network, lambda q: strategy.device(t, q * ep, s), strategy.replicas // ep, uniform):
-            members = [strategy.device(t, r, s) for r in ep_replicas(ep, g)]
+        for g in _alike(strategy, network, lambda q: strategy.device(t, q * size, s), strategy.replicas // size,
+                        uniform):
+            members = [strategy.device(t, r, s) for r in ep_replicas(size, g)]
             key = _shape_key(network, members)
-            if key in seen:  # priced through its shape only: once per shape
-                continue
-            seen.add(key)
-            one = max(one, max(host_s, network.collective_time("alltoall", size, members, lockstep=True)))
-    return one
+            if key not in seen:  # priced through its shape only: once per shape
+                seen.add(key)
+                yield members
