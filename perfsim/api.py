@@ -622,6 +622,14 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                      + ("blocks: flash attention skips the keys outside each query's chunk"
                         if strategy.attention == "flash" else
                         "blocks: attention=megatron computes every score and masks, priced as full attention"))
+    if arch.linear_attention_layers:
+        net = arch.delta_net
+        notes.append(f"Gated DeltaNet in {len(arch.linear_attention_layers)} of {arch.n_layer} blocks ({net.key_heads} "
+                     f"query/key and {net.value_heads} value heads of {net.key_dim}/{net.value_dim}): the chunked delta "
+                     "rule priced from its kernels' FLOPs and bytes, its state pass by the SMs its thread blocks "
+                     "fill; no Gated DeltaNet kernel was timed")
+    if arch.attention_output_gate:
+        notes.append("gated attention: the query projection also computes a sigmoid gate on the attention output")
     if strategy.cp > 1:
         how = {"p2p": "passing keys and values around a ring beside the attention (what it does not hide is in the "
                       "layer collectives)",

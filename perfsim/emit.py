@@ -221,6 +221,15 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
         args.append("--qk-layernorm")
     if arch.qk_l2_norm:  # Megatron-Core's L2Norm over the queries and keys (its Llama 4 examples)
         args.append("--qk-l2-norm")
+    if arch.attention_output_gate:  # Megatron-Core's sigmoid gate on the attention output (Qwen3-Next)
+        args.append("--attention-output-gate")
+    if arch.linear_attention_layers:  # Megatron-Core's experimental Gated DeltaNet: 1 a GDN block, 0 attention
+        net = arch.delta_net
+        pattern = ",".join("1" if i in arch.linear_attention_layers else "0" for i in range(arch.n_layer))
+        args += ["--enable-experimental", "--experimental-attention-variant", "gated_delta_net",
+                 "--linear-attention-freq", f"[{pattern}]", "--linear-conv-kernel-dim", str(net.conv_kernel),
+                 "--linear-key-head-dim", str(net.key_dim), "--linear-value-head-dim", str(net.value_dim),
+                 "--linear-num-key-heads", str(net.key_heads), "--linear-num-value-heads", str(net.value_heads)]
     if arch.nope_layers:  # 1: a block without rotary embedding (Megatron-LM arguments.py, --no-rope-freq)
         pattern = ",".join("1" if i in arch.nope_layers else "0" for i in range(arch.n_layer))
         args += ["--no-rope-freq", f"[{pattern}]"]

@@ -176,6 +176,10 @@ _ADA = "NVIDIA Ada GPU Architecture whitepaper v2.1, Appendix A, Table 9 (GeForc
 #: 1410 MHz boost): "108 SMs", "L2 cache read bandwidth ... 5120 Bytes/clk" (NVIDIA A100 Tensor Core
 #: GPU Architecture whitepaper v1.0, 2020, Table 1 and "A100 L2 Cache"): 5120 B x 1.41 GHz
 _GA100_SMS = dict(sms=108, l2_Bps=5120 * 1.41e9)
+#: SM counts of the GH100 as the H100 ships it: "132 SMs" (SXM5), "114 SMs" (PCIe) (NVIDIA H100 Tensor
+#: Core GPU Architecture whitepaper v1.01, 2022, Table 3); the H200 is the SXM5 part's GH100 with more
+#: memory. No L2 bandwidth is given, so ``gemm_quantization="waves"`` stays refused on them
+_GH100_SXM_SMS, _GH100_PCIE_SMS = dict(sms=132), dict(sms=114)
 _MI300X = "AMD Instinct MI300X accelerator datasheet (2023), https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf"
 
 T, G = 1e12, 1e9
@@ -206,7 +210,8 @@ class GPU:
     #: (S. Jeaugey, NVIDIA/nccl#1309) -- so NCCL goes through host memory (SHM, perfsim.fabrics.HostPath)
     p2p: bool = True
     #: streaming multiprocessors a GEMM's output tiles are spread over (0: not given; then
-    #: ``gemm_quantization="waves"`` is refused for it)
+    #: ``gemm_quantization="waves"`` is refused for it, and a kernel of few thread blocks,
+    #: ``Op.ctas``, is priced as if it filled the GPU)
     sms: int = 0
     #: L2 cache read bandwidth, bytes/s: what feeds the SMs' tiles their operands
     #: (:mod:`perfsim.engine.gemm_waves`; 0: not given)
@@ -246,11 +251,11 @@ GPUS: dict[str, GPU] = {g.name: g for g in (
     _gpu("a100-pcie-80gb", 19.5 * T, 156 * T, 312 * T, 312 * T, 1935 * G, 80 * 2**30, _A100, "ampere", **_GA100_SMS),
     # fp8: the datasheets' "FP8 Tensor Core" figures are with sparsity (3,958 / 3,026 TFLOPS): halved
     _gpu("h100-sxm5-80gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 3350 * G, 80 * 2**30, _H100, "hopper",
-         fp8=1978.9 * T, curve=H100_CURVE),
+         fp8=1978.9 * T, curve=H100_CURVE, **_GH100_SXM_SMS),
     _gpu("h100-pcie-80gb", 51 * T, 378 * T, 756 * T, 756 * T, 2000 * G, 80 * 2**30, _H100, "hopper", fp8=1513 * T,
-         curve=H200_CURVE),
+         curve=H200_CURVE, **_GH100_PCIE_SMS),
     _gpu("h200-sxm-141gb", 67 * T, 494.7 * T, 989.4 * T, 989.4 * T, 4800 * G, 141 * G, _H200, "hopper",
-         fp8=1978.9 * T, curve=H200_CURVE),
+         fp8=1978.9 * T, curve=H200_CURVE, **_GH100_SXM_SMS),
     _gpu("l4", 30.3 * T, 60 * T, 121 * T, 121 * T, 300 * G, 24 * 2**30, _L4, "ada"),
     _gpu("rtx-4090", 82.6 * T, 82.6 * T, 165.2 * T, 165.2 * T, 1008 * G, 24 * 2**30, _ADA, "ada", p2p=False),
     _gpu("mi300x", 163.4 * T, 653.7 * T, 1307.4 * T, 1307.4 * T, 5300 * G, 192 * G, _MI300X, "cdna3"),

@@ -247,10 +247,13 @@ def loss_bytes(spec: TransformerSpec, mb: int, tp: int, bpv: int, cross_entropy:
 
 
 def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, recompute: str, bpv: int,
-                           attention: str = "megatron", routing=None) -> float:
+                           attention: str = "megatron", routing=None, block: int | None = None) -> float:
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
-    input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1)."""
+    input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1);
+    an attention output gate (Qwen3-Next) its sigmoid. ``block``: a Gated DeltaNet block
+    (:meth:`perfsim.models.transformer.TransformerSpec.is_linear_block`) keeps its mixer's tensors
+    (:meth:`perfsim.models.delta_net.GatedDeltaNet.activation_bytes`) instead of attention's."""
     s, b, h, a, f = spec.seq_len, mb, spec.hidden, spec.heads, spec.ffn
     sbh = s * b * h
     v = bpv / 2  # the formula counts 2-byte values
@@ -261,6 +264,7 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     # the query and key norms keep their inputs (Qwen3; Llama 4's, counted in every block: an upper bound)
     if getattr(spec, "qk_norm", False) or getattr(spec, "qk_l2_norm", False):
         attn_sharded += 2 * s * b * (spec.q_dim + spec.kv_dim)
+    attn_sharded += 2 * s * b * spec.gate_dim  # the output gate's sigmoid, kept for the product's backward
     mlp_sharded = 2 * s * b * f * (3 if spec.gated else 2)
     # replicated (or / t with sequence parallelism): 2 norm inputs, attention and MLP
     # inputs (2-byte values, 8 s b h) and 2 dropout masks (1 byte, 2 s b h)
@@ -271,8 +275,12 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     # projection's input after it (2-byte values)
     repl += 2 * v * s * b * 2 * sum(spec.latent_norm_widths())
     sharded = v * (attn_sharded + mlp_sharded) / tp
-    if getattr(spec, "moe", False):  # the experts' instead of a dense MLP's (perfsim.models.moe)
+    moe = getattr(spec, "moe", False) and (block is None or spec.is_moe_block(block))
+    if moe:  # the experts' instead of a dense MLP's (perfsim.models.moe)
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
+    if block is not None and spec.is_linear_block(block):  # a Gated DeltaNet's tensors instead of attention's
+        mlp = 2 * v * moe_activation_values(spec, s * b, tp, routing) if moe else v * mlp_sharded / tp
+        return (repl / tp if sp else repl) + spec.delta_net.activation_bytes(s * b, tp, bpv) + mlp
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if spec.attn_logit_softcap:  # the soft-capped scores' tanh, kept for its backward
         core += 2 * v * a * s * s * b / tp
@@ -339,9 +347,12 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
         act = 0.0
         if spec is not None:
             blocks = len(ids)
-            per_layer = layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel,
-                                               strategy.recompute, bpv, strategy.attention, routing)
-            act = blocks * per_layer * inflight
+            kinds = {}  # a block of each kind (blocks of one kind keep the same activations)
+            for i in ids:
+                kinds.setdefault(spec.block_kind(i), i)
+            per_kind = {k: layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, strategy.recompute, bpv,
+                                                  strategy.attention, routing, block=i) for k, i in kinds.items()}
+            act = sum(per_kind[spec.block_kind(i)] for i in ids) * inflight
             s, h = spec.seq_len, spec.hidden
             if st.first_layer == 0:
                 act += s * mb * h * inflight  # embedding dropout mask
@@ -356,9 +367,9 @@ def stage_memory(workload, strategy, plan, table) -> list[StageMemory]:
                 act += mtp * inflight * (4 * bpv * s * mb * h / (tp if strategy.sequence_parallel else 1) + kept)
             if prec == "fp8" and blocks:
                 weights += fp8_bytes(spec, ids, tp, dp, strategy.zero, strategy.ep)
-            if strategy.recompute == "full" and blocks:
-                act += layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
-                                              strategy.attention, routing)
+            if strategy.recompute == "full" and blocks:  # the largest of the stage's blocks, rebuilt
+                act += max(layer_activation_bytes(spec, mb, tp, strategy.sequence_parallel, "none", bpv,
+                                                  strategy.attention, routing, block=i) for i in kinds.values())
         else:  # known only by boundary shapes: every layer's output, 2x for the backward
             for i in range(st.first_layer, st.last_layer):
                 n = 1

@@ -19,7 +19,9 @@ Time of one op (roofline, Williams et al. 2009, CACM 52(4), with achieved rates)
   wave quantization, the k loop's prologue and epilogue, the least-time tile of cuBLAS's set;
   same guide) divided by ``g`` and the two shares, and a backward prices its two GEMMs'
   own shapes (:func:`gemm_backward_time`);
-* memory-bound op: ``max(bytes / (bw * mem_eff), kernel_s)``.
+* memory-bound op: ``max(bytes / (bw * mem_eff), kernel_s)``;
+* a GEMM-like kernel of too few thread blocks to fill the GPU (``Op.ctas``, a recurrence's: a Gated
+  DeltaNet's state pass) runs at ``min(1, ctas / SMs)`` of the rate (:func:`occupancy`).
 
 ``kernel_s`` is the host's time to issue one operator (framework, autograd,
 launch): an operator costs at least that, a large GEMM only its own time. (Letting
@@ -152,8 +154,8 @@ def op_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int, rates: Mea
         return flash_time(op, gpu, precision, curve, rates)
     if rates is not None:
         if op.m:
-            return max(op.flops / rates.gemm_rate(op.flops, misaligned(op, bpv), curve.misaligned_eff),
-                       curve.kernel_s)
+            return max(op.flops / rates.gemm_rate(op.flops, misaligned(op, bpv), curve.misaligned_eff)
+                       / occupancy(op, gpu), curve.kernel_s)
         return max(op.bytes / rates.memory_rate(op.bytes), curve.kernel_s)
     bw = gpu.memory_bandwidth_Bps * curve.mem_eff
     if op.m:
@@ -174,8 +176,18 @@ def _gemm_time(op: Op, dims: tuple[int, int, int], gpu: GPU, precision: str, cur
         compute = quantized_seconds(*dims, op.batch, gpu, rate, bpv) / g
     else:
         compute = op.flops / (rate * g)
+    compute /= occupancy(op, gpu)
     moved = (op.m * op.k + op.k * op.n + op.m * op.n) * op.batch * bpv
     return max(compute, moved / (gpu.memory_bandwidth_Bps * curve.mem_eff), curve.kernel_s)
+
+
+def occupancy(op: Op, gpu: GPU) -> float:
+    """The share of the GPU's SMs a kernel of ``op.ctas`` thread blocks keeps busy (at most one
+    block an SM: a recurrence's blocks each walk their chunks in order); 1 where the op does not
+    say, or the GPU preset gives no SM count."""
+    if not op.ctas or not gpu.sms:
+        return 1.0
+    return min(1.0, op.ctas / gpu.sms)
 
 
 def gemm_backward_time(op: Op, gpu: GPU, precision: str, curve: Curve, bpv: int) -> float:
@@ -302,7 +314,8 @@ def ops_fwd_bwd(ops, recompute: str, gpu: GPU, precision: str, curve: Curve, rat
     """(forward, backward) seconds of ``ops`` on their GPU time alone: each op's :func:`op_time`;
     its backward two GEMMs per GEMM (``permuted``: as they run, :func:`gemm_backward_time`),
     FlashAttention's own, the bytes the op states, else twice the forward; the recomputed forward
-    under ``recompute`` (``full``: all of it, ``selective``: the attention core)."""
+    under ``recompute`` (``full``: all of it, ``selective``: the attention core) and of every op that
+    recomputes itself (``Op.bwd_recompute``: a Gated DeltaNet's chunk kernels)."""
     bpv = BYTES_PER_VALUE[precision]
     t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
     fwd = sum(t)
@@ -314,8 +327,8 @@ def ops_fwd_bwd(ops, recompute: str, gpu: GPU, precision: str, curve: Curve, rat
               if op.bwd_bytes else 0.0 for op, x in zip(ops, t))
     if recompute == "full":
         bwd += fwd
-    elif recompute == "selective":
-        bwd += sum(x for op, x in zip(ops, t) if op.attention_core)
+    else:
+        bwd += sum(x for op, x in zip(ops, t) if op.bwd_recompute or (recompute == "selective" and op.attention_core))
     return fwd, bwd
 
 
@@ -340,14 +353,14 @@ def kernel_counts(ops, recompute: str = "none") -> tuple[int, int]:
     backward two (a GEMM's input and weight gradients; a memory-bound op's two passes, as
     :func:`transformer_times` prices them), one where the op states its backward bytes or is
     FlashAttention's, none for stated zero bytes; the recomputed forward's again under
-    ``recompute``."""
+    ``recompute``, and an op's that recomputes itself (``Op.bwd_recompute``)."""
     live = [op for op in ops if op.m or op.bytes]
     fwd = len(live)
     bwd = sum(1 if op.flash or op.bwd_bytes else 0 if op.bwd_bytes is not None else 2 for op in live)
     if recompute == "full":
         bwd += fwd
-    elif recompute == "selective":
-        bwd += sum(1 for op in live if op.attention_core)
+    else:
+        bwd += sum(1 for op in live if op.bwd_recompute or (recompute == "selective" and op.attention_core))
     return fwd, bwd
 
 

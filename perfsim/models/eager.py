@@ -252,6 +252,7 @@ def eager_listed(spec, precision: str) -> bool:
     gpt = spec.norm == "layernorm" and spec.learned_positions
     dense = not (spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2 or spec.qk_norm
                 or spec.qk_l2_norm or spec.nope_layers or spec.mla or spec.mtp_layers or spec.context_shards > 1
+                or spec.linear_attention_layers or spec.attention_output_gate
                 or 0 < spec.sliding_window < spec.seq_len or 0 < spec.attention_chunk < spec.seq_len
                 or spec.final_logit_softcap or spec.attn_logit_softcap)
     return dense and (llama or gpt) and precision != "fp8"
@@ -265,5 +266,5 @@ def check_eager(spec, precision: str, kernels: str = "eager") -> None:
     if not eager_listed(spec, precision):
         raise ConfigError(f"kernels={kernels}: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
                           "decoder without query/key norms, latent attention, multi-token prediction, NoPE blocks, a sliding window "
-                          "or chunks, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
+                          "or chunks, Gated DeltaNet blocks or gated attention, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
                           "and learned positions); use kernels=fused")

@@ -10,7 +10,8 @@ class of each ``model_type`` (e.g. ``tie_word_embeddings``: False for Llama, Mis
 Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2,
-gemma3_text, gpt_oss, llama4_text, falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
+gemma3_text, gpt_oss, llama4_text, qwen3_next (Gated DeltaNet blocks between gated-attention ones),
+falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
 standard attention, deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent
 attention, :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`, and DeepSeek-V3's
 multi-token prediction modules); and the multimodal gemma3, mistral3 and llama4, read for their
@@ -31,6 +32,7 @@ from typing import Any
 
 from perfsim.documents import load_json
 from perfsim.errors import ConfigError
+from perfsim.models.delta_net import GatedDeltaNet
 from perfsim.models.transformer import ARCHS, TransformerSpec
 
 #: tokens per sample when neither ``--seq-len`` nor a preset gives one (module docstring)
@@ -64,7 +66,7 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False,
-                 "llama4_text": False}
+                 "llama4_text": False, "qwen3_next": False}
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
@@ -434,6 +436,64 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
                      "multi-head latent attention")
 
 
+def _read_qwen3_next(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """Qwen3-Next (``qwen3_next``; Qwen Team, "Qwen3-Next", 2025; transformers'
+    ``modeling_qwen3_next.py``, whose ``Qwen3NextConfig`` defaults -- Qwen3-Next-80B-A3B's -- apply to
+    absent fields): Gated DeltaNet blocks (``layer_types`` ``linear_attention``, else all but every
+    ``full_attention_interval``-th; :mod:`perfsim.models.delta_net`, the ``linear_*`` fields) between
+    gated-attention blocks (queries twice as wide for the output gate, RMSNorm over each query and key
+    head); Qwen2-MoE's experts with a gated shared expert in every block but ``mlp_only_layers`` (or
+    off ``decoder_sparse_step``), whose dense MLP is ``intermediate_size`` wide;
+    ``mtp_num_hidden_layers`` (vLLM: ``num_nextn_predict_layers``; absent: none, transformers models
+    none) multi-token prediction modules sharing the embedding (a dedicated
+    embedding, ``mtp_use_dedicated_embeddings``, is refused). ``partial_rotary_factor`` rotates a
+    quarter of each head (no cost priced)."""
+    kw = _core(f)
+    n = kw["n_layer"]
+    kw["ffn"] = f.int("intermediate_size", 5632)
+    _attention(f, kw, 256, 2)
+    f.refuse_if("attention_bias", f.bool("attention_bias", False), "q/k/v/output biases in Qwen3-Next")
+    kw.update(qk_norm=True, attention_output_gate=True, qkv_bias=False, out_bias=False, mlp_bias=False)
+    types = f.cfg.get("layer_types")
+    f.read.add("layer_types")
+    interval = f.int("full_attention_interval", 4, limit="layers")
+    if types is None:
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    kinds = ("linear_attention", "full_attention")
+    if not isinstance(types, list) or len(types) != n or any(t not in kinds for t in types):
+        raise f.fail(f"layer_types={_show(types)} must be a list of {n} (num_hidden_layers) of {' / '.join(kinds)}")
+    linear = tuple(i for i, t in enumerate(types) if t == "linear_attention")
+    key_heads, value_heads = f.int("linear_num_key_heads", 16, limit="heads"), f.int("linear_num_value_heads", 32,
+                                                                                      limit="heads")
+    if value_heads % key_heads:
+        raise f.fail(f"linear_num_key_heads={key_heads} must divide linear_num_value_heads={value_heads}")
+    net = GatedDeltaNet(key_heads=key_heads, value_heads=value_heads, key_dim=f.int("linear_key_head_dim", 128),
+                        value_dim=f.int("linear_value_head_dim", 128),
+                        conv_kernel=f.int("linear_conv_kernel_dim", 4, limit="layers"))
+    if linear:  # read either way: all-attention blocks leave the linear_* fields without cost
+        kw["linear_attention_layers"], kw["delta_net"] = linear, net
+    kw["experts"] = f.int("num_experts", 512, limit="experts", minimum=0)
+    if kw["experts"]:
+        kw["top_k"] = f.int("num_experts_per_tok", 10, limit="experts")
+        kw["expert_ffn"] = f.int("moe_intermediate_size", 512)
+        kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 512, minimum=0)
+        kw["shared_gate"] = kw["shared_ffn"] > 0
+        step = f.int("decoder_sparse_step", 1, limit="layers")
+        only = f.int_list("mlp_only_layers", n)
+        kw["dense_layers"] = tuple(i for i in range(n) if i in only or (i + 1) % step)
+    else:
+        f.read.update(("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                       "decoder_sparse_step", "mlp_only_layers"))
+    mtp = f.int("mtp_num_hidden_layers", None, limit="layers", minimum=0)
+    nextn = f.int("num_nextn_predict_layers", None, limit="layers", minimum=0)  # vLLM's name for it
+    if None not in (mtp, nextn) and mtp != nextn:
+        raise f.fail(f"mtp_num_hidden_layers={mtp} differs from num_nextn_predict_layers={nextn}")
+    kw["mtp_layers"] = mtp if mtp is not None else nextn or 0
+    f.refuse_if("mtp_use_dedicated_embeddings", f.bool("mtp_use_dedicated_embeddings", False),
+                "a multi-token prediction module with an embedding of its own")
+    return "llama", kw
+
+
 def _read_llama4(f: _Fields, mtype: str) -> tuple[str, dict]:
     """Llama 4's language model (``llama4_text``; Meta AI, "The Llama 4 herd", 2025; transformers'
     ``modeling_llama4.py``, whose ``Llama4TextConfig`` defaults -- Llama 4 Scout's -- apply to absent
@@ -538,6 +598,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 
 
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
-            "kimi_k2": _read_deepseek, "llama4_text": _read_llama4,
+            "kimi_k2": _read_deepseek, "llama4_text": _read_llama4, "qwen3_next": _read_qwen3_next,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

@@ -75,6 +75,13 @@ class Op:
     #: ``chunk`` tokens (Llama 4's chunked attention; the kernel skips every key block outside the
     #: query block's chunk); 0: none
     chunk: int = 0
+    #: thread blocks a GEMM-like kernel runs as, where they are too few to fill the GPU (a
+    #: recurrence over chunks, one block per sequence, head and tile: a Gated DeltaNet's state pass);
+    #: fewer than the GPU's SMs leave the rest idle (:func:`perfsim.engine.compute.op_time`); 0: enough
+    ctas: int = 0
+    #: the backward runs this op's forward again before its gradients (flash-linear-attention's
+    #: chunk kernels recompute what they did not store), beyond any recomputation the job asks for
+    bwd_recompute: bool = False
 
     @property
     def flops(self) -> float:
@@ -202,10 +209,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     s, b, h, f = spec.seq_len, mb, spec.hidden, spec.ffn
     tok = b * s
     tok_sp = tok // tp if sp else tok  # norms/dropouts under sequence parallelism
-    heads = max(1, spec.heads // tp)
-    dh, dv = spec.head_dim, spec.v_head_dim
     out = spec.out_dim // tp  # one rank's attention output, the projection's input
-    attn_scores = b * heads * s * s
     act = bpv * tok_sp * h
 
     def norm(name, fp8_out: bool = False):  # exact: autograd adds the residual branch's gradient
@@ -224,10 +228,12 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                           "Megatron-Core runs it through Transformer Engine's flash kernels; use attention=flash")
     if block is None:
         window = chunk = 0
-        qk_norm = spec.qk_norm or spec.qk_l2_norm
+        qk_norm, linear = spec.qk_norm or spec.qk_l2_norm, False
     else:
-        _, window, chunk, qk_norm = spec.block_kind(block)
-    if spec.mla:
+        _, window, chunk, qk_norm, linear = spec.block_kind(block)
+    if linear:  # a Gated DeltaNet instead of attention: its projections and chunked delta rule
+        mixer = spec.delta_net.ops(b, s, h, tp, bpv)
+    elif spec.mla:
         attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
     else:
         v_width, qkv = rank_kv_width(spec, tp), rank_qkv_width(spec, tp)
@@ -235,25 +241,14 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
             Op("qkv", m=tok, n=qkv, k=h),
             *([Op("qkv_bias", bytes=2 * bpv * tok * qkv, bwd_bytes=bpv * tok * qkv)] if exact else []),
             # the query and key heads' RMSNorm (Qwen3) or L2 norm (Llama 4): read and write q and k
-            *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width))] if qk_norm else [])]
+            *([Op("qk_norm", bytes=2 * bpv * tok * (qkv - v_width - spec.gate_dim // tp))] if qk_norm else [])]
+    if not linear:
+        mixer = [*attn_in, *attention_core_ops(spec, b, s, tp, bpv, attention, window, chunk, exact),
+                 Op("proj", m=tok, n=h, k=out), *([Op("proj_bias_grad", bwd_bytes=act)] if exact else [])]
     ops = [
         # MLA's down projections read norm1's output as a plain tensor (no fused fp8 write)
-        *norm("norm1", fp8_casts and not spec.mla),
-        *attn_in,
-        # context parallelism: this rank's s queries against the whole sequence's keys, causal and
-        # load-balanced (s x cp keys, half the pairs); Megatron-Core runs it as TE's flash kernels only
-        *([Op("flash_attention", m=s, n=s * spec.context_shards, k=dh, batch=b * heads, attention_core=True, flash=True,
-              causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window, chunk=chunk)] if attention == "flash" else
-          [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
-           # Gemma 2's soft-capping as eager PyTorch runs it: divide, tanh, multiply (three passes;
-           # backward: the three gradients, the tanh's reading its output too)
-           *([Op("scores_softcap", bytes=6 * bpv * attn_scores, bwd_bytes=7 * bpv * attn_scores,
-                 attention_core=True)] if spec.attn_logit_softcap else []),
-           *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
-           Op("attn_v", m=s, n=dv, k=s, batch=b * heads, attention_core=True),
-           *([Op("context_copy", bytes=2 * bpv * tok * out, bwd_bytes=0.0)] if exact else [])]),
-        Op("proj", m=tok, n=h, k=out),
-        *([Op("proj_bias_grad", bwd_bytes=act)] if exact else []),
+        *norm("norm1", fp8_casts and not spec.mla and not linear),
+        *mixer,
         *(norm("norm_post_attn") if spec.norms_per_block == 4 else []),  # Gemma: before the residual add
         dropout_add("dropout_residual1"),
         *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block >= 2 else []),
@@ -270,10 +265,37 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                 Op("mlp_down", m=tok, n=h, k=f // tp),
                 *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
     if fp8_casts:
-        ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe)
+        ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe, attention=not linear)
     if spec.norms_per_block == 4:
         ops += norm("norm_post_mlp")
     return ops + [dropout_add("dropout_residual2")]
+
+
+def attention_core_ops(spec, b: int, s: int, tp: int, bpv: int, attention: str, window: int, chunk: int,
+                       exact: bool) -> list[Op]:
+    """The attention core of one block on one tensor-parallel rank, from the queries, keys and values
+    to the projection's input (:func:`block_ops`): FlashAttention-2's kernel or Megatron's separate
+    kernels, then the output gate (:attr:`perfsim.models.transformer.TransformerSpec.attention_output_gate`:
+    a sigmoid of the gate and the product with the attention output, two element-wise passes)."""
+    tok, heads = b * s, max(1, spec.heads // tp)
+    dh, dv, out = spec.head_dim, spec.v_head_dim, spec.out_dim // tp
+    attn_scores = b * heads * s * s
+    # context parallelism: this rank's s queries against the whole sequence's keys, causal and
+    # load-balanced (s x cp keys, half the pairs); Megatron-Core runs it as TE's flash kernels only
+    core = ([Op("flash_attention", m=s, n=s * spec.context_shards, k=dh, batch=b * heads, attention_core=True,
+                flash=True, causal=not spec.encoder, v_dim=dv if dv != dh else 0, window=window, chunk=chunk)]
+            if attention == "flash" else
+            [Op("scores", m=s, n=s, k=dh, batch=b * heads, attention_core=True),
+             # Gemma 2's soft-capping as eager PyTorch runs it: divide, tanh, multiply (three passes;
+             # backward: the three gradients, the tanh's reading its output too)
+             *([Op("scores_softcap", bytes=6 * bpv * attn_scores, bwd_bytes=7 * bpv * attn_scores,
+                   attention_core=True)] if spec.attn_logit_softcap else []),
+             *softmax_ops(b, heads, s, bpv, attn_scores, causal=not spec.encoder, exact=exact),
+             Op("attn_v", m=s, n=dv, k=s, batch=b * heads, attention_core=True),
+             *([Op("context_copy", bytes=2 * bpv * tok * out, bwd_bytes=0.0)] if exact else [])])
+    if spec.attention_output_gate:
+        core += [Op("attn_gate_sigmoid", bytes=2 * bpv * tok * out), Op("attn_gate_mul", bytes=3 * bpv * tok * out)]
+    return core
 
 
 def rank_kv_width(spec, tp: int) -> int:
@@ -283,8 +305,8 @@ def rank_kv_width(spec, tp: int) -> int:
 
 
 def rank_qkv_width(spec, tp: int) -> int:
-    """The output width of one rank's fused QKV projection: its queries, keys and values."""
-    return spec.q_dim // tp + 2 * rank_kv_width(spec, tp)
+    """The output width of one rank's fused QKV projection: its queries (and output gates), keys and values."""
+    return (spec.q_dim + spec.gate_dim) // tp + 2 * rank_kv_width(spec, tp)
 
 
 def latent_attention_ops(spec, tok: int, tok_sp: int, tp: int, bpv: int) -> list[Op]:
@@ -307,7 +329,7 @@ def latent_attention_ops(spec, tok: int, tok_sp: int, tp: int, bpv: int) -> list
     return ops + [Op("qk_rope_concat", bytes=2 * bpv * tok * 2 * spec.q_dim // tp)]
 
 
-def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> list[Op]:
+def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True, attention: bool = True) -> list[Op]:
     """Transformer Engine's quantisation kernels around a block's fp8 GEMMs, one micro-batch on one
     tensor-parallel rank (TE 1.x, delayed scaling, the amax taken inside each kernel;
     transformer_engine/pytorch/module/linear.py, layernorm_linear.py, layernorm_mlp.py and
@@ -331,11 +353,14 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
     Not priced: the weights' fp8 copies, cast once per optimizer step (TE caches them over a step's
     micro-batches: ``is_first_microbatch``), about ``(bpv + 2)`` bytes per GEMM weight per step;
     the amax-history update, a few KB. ``dense_mlp`` False (a mixture-of-experts block): only the
-    attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced."""
+    attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced. ``attention``
+    False (a Gated DeltaNet block, whose GEMMs are priced in bf16): only the MLP's."""
     h, f = spec.hidden, spec.ffn // tp
     cast_t = bpv + 2  # read bpv, write the fp8 copy and the fp8 transpose
     ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * spec.out_dim // tp, bwd_bytes=0.0)]
-    if spec.mla:  # each projection's output gradient; its input transposed (a fused norm's) or cast
+    if not attention:
+        ops = []
+    elif spec.mla:  # each projection's output gradient; its input transposed (a fused norm's) or cast
         for g in spec.attention_gemms():
             ops.append(Op(f"fp8_{g.name}_grad_cast_transpose", bwd_bytes=cast_t * tok * (g.n // tp if g.split else g.n)))
             ops.append(Op(f"fp8_{g.name}_input_transpose", bwd_bytes=2.0 * tok * g.k) if g.fused_norm else
@@ -343,7 +368,8 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True) -> l
     else:
         ops += [Op("fp8_qkv_grad_cast_transpose", bwd_bytes=cast_t * tok * rank_qkv_width(spec, tp)),
                 Op("fp8_norm1_out_transpose", bwd_bytes=2.0 * tok * h)]
-    ops.append(Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h))
+    if attention:
+        ops.append(Op("fp8_proj_grad_cast_transpose", bwd_bytes=cast_t * tok * h))
     if dense_mlp:
         ops += [Op("fp8_mlp_down_grad_cast_transpose", bwd_bytes=cast_t * tok * h),
                 Op("fp8_activation_out_transpose", bwd_bytes=2.0 * tok * f),

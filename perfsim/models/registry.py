@@ -21,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perfsim.errors import ConfigError
+from perfsim.models.delta_net import GatedDeltaNet
 from perfsim.models.size_only import SIZE_ONLY
 from perfsim.models.specs import MLPSpec, ModelSpec
 from perfsim.models.transformer import ARCHS, TransformerSpec, arch_spec, parse_inline
@@ -84,6 +85,16 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     arch_spec("llama", "qwen3-235b-a22b", n_layer=94, hidden=4096, heads=64, kv_heads=4, head_dim=128,
               seq_len=4096, max_positions=40960, vocab=151936, ffn=12288, qk_norm=True, experts=128, top_k=8,
               expert_ffn=1536),
+    # Qwen3-Next-80B-A3B (Qwen Team 2025, "Qwen3-Next"; transformers' Qwen3NextConfig defaults, which are
+    # its): 48 x 2048, three Gated DeltaNet blocks (16 query/key heads and 32 value heads of 128, a
+    # 4-tap convolution) to one gated-attention block (16 query heads of 256 with an output gate, 2
+    # key/value heads, query/key RMSNorms); every block 512 experts of width 512, top-10, and a gated
+    # shared expert of 512; one multi-token prediction module (the release's "native MTP"); 80 B
+    arch_spec("llama", "qwen3-next-80b-a3b", n_layer=48, hidden=2048, heads=16, kv_heads=2, head_dim=256,
+              seq_len=4096, max_positions=262144, vocab=151936, ffn=5632, qk_norm=True, attention_output_gate=True,
+              experts=512, top_k=10, expert_ffn=512, shared_ffn=512, shared_gate=True, mtp_layers=1,
+              linear_attention_layers=tuple(i for i in range(48) if (i + 1) % 4),
+              delta_net=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128)),
     # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
     arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
               max_positions=512, token_types=2),

@@ -184,13 +184,14 @@ def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
     mats = 3 if spec.gated else 2
     i = spec.n_layer - 1 if i is None else i
     mtp = spec.mtp_projection_weights() if spec.is_mtp_block(i) else 0
-    return spec.attention_gemm_weights() + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep)) + mtp
+    return spec.attention_gemm_weights(i) + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep)) + mtp
 
 
 def rank_gemm_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     """GEMM weights of block ``i`` one tensor-parallel rank holds: :func:`block_gemm_params`
     split ``t`` ways, but MLA's down projections whole on every rank."""
-    whole = sum(g.k * g.n for g in spec.attention_gemms() if not g.split)
+    i = spec.n_layer - 1 if i is None else i
+    whole = 0 if spec.is_linear_block(i) else sum(g.k * g.n for g in spec.attention_gemms() if not g.split)
     return -(-(block_gemm_params(spec, i, ep) - whole) // tp) + whole
 
 
@@ -201,21 +202,28 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     expert parallelism -- the norms, the row-parallel biases and a MoE router
     replicated (Megatron-LM Sec. 3), as are MLA's down projections and latent norms
     (:meth:`perfsim.models.transformer.TransformerSpec.attention_replicated_weights`); a
-    multi-token prediction module's projection split (column-parallel), its norms replicated."""
+    multi-token prediction module's projection split (column-parallel), its norms replicated; a
+    Gated DeltaNet block's mixer split by head (its GEMMs, convolution taps and decay parameters),
+    its gated norm's weight replicated."""
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
     widths = block_mlp_widths(spec, i, ep)
     router = ((d + (1 if spec.router_bias else 0)) * spec.experts + (d if spec.shared_gate else 0)
               if spec.is_moe_block(i) else 0)
+    mlp_col_bias = sum((mats - 1) * w for w in widths) if spec.mlp_bias else 0
+    replicated = (spec.norms_per_block * spec.norm_params() + (d * len(widths) if spec.mlp_bias else 0) + router
+                  + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))
+    if spec.is_linear_block(i):
+        net = spec.delta_net
+        split = block_gemm_params(spec, i, ep) + net.params(d) - net.gemm_weights(d) - net.replicated_params()
+        return -(-(split + mlp_col_bias) // tp) + replicated + net.replicated_params()
     whole = spec.attention_replicated_weights()
     gemm = block_gemm_params(spec, i, ep) - (whole - sum(spec.latent_norm_widths()))
     # column-parallel (split by heads or MLP width): q/k/v biases, the attention sinks, the MLPs' first biases
-    col_bias = (((q + 2 * kv) if spec.qkv_bias else 0) + (spec.heads if spec.attention_sinks else 0)
-                + (sum((mats - 1) * w for w in widths) if spec.mlp_bias else 0))
-    replicated = (spec.norms_per_block * spec.norm_params() + (d if spec.out_bias else 0)
-                  + (d * len(widths) if spec.mlp_bias else 0) + router + spec.qk_norm_params() + whole
-                  + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))
+    col_bias = (((q + spec.gate_dim + 2 * kv) if spec.qkv_bias else 0) + (spec.heads if spec.attention_sinks else 0)
+                + mlp_col_bias)
+    replicated += (d if spec.out_bias else 0) + spec.qk_norm_params() + whole
     return -(-(gemm + col_bias) // tp) + replicated
 
 
@@ -240,5 +248,7 @@ def check_tp(spec, tp: int, sequence_parallel: bool = False, model: str = "") ->
             raise ConfigError(f"tp={tp}: does not divide {spec.name} {what}={n}")
     if spec.kv_heads % tp and tp % spec.kv_heads:
         raise ConfigError(f"tp={tp}: kv_heads={spec.kv_heads} neither divisible by nor dividing tp")
+    if spec.delta_net is not None:
+        spec.delta_net.check_tp(tp)
     if sequence_parallel and spec.seq_len % tp:
         raise ConfigError(f"tp={tp}: sequence_parallel needs it to divide seq_len={spec.seq_len}")

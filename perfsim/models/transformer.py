@@ -16,6 +16,9 @@ BERT alike (the knobs that change the parameter count and the operators):
   of them (Falcon-7B's parallel block: 1; Gemma 2/3's norms before and after each sub-block: 4);
 * attention span: ``sliding_window`` (Mistral, Gemma 2/3, gpt-oss) or ``attention_chunk`` (Llama 4),
   each but in ``full_attention_layers``;
+* hybrid linear attention: ``linear_attention_layers`` mix tokens with a Gated DeltaNet
+  (``delta_net``, :mod:`perfsim.models.delta_net`) instead of softmax attention, whose output
+  may pass through a sigmoid gate (``attention_output_gate``; Qwen3-Next);
 * mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
   ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from perfsim.errors import ConfigError
+from perfsim.models.delta_net import GatedDeltaNet
 from perfsim.models.moe import check_moe, moe_mlp_params
 from perfsim.models.specs import LayerSpec, check_layer_count
 
@@ -200,6 +204,16 @@ class TransformerSpec:
     #: ``1 / context_shards`` of the (query, key) pairs (Megatron-Core's context parallelism: 2 x cp
     #: chunks, rank ``i`` holding chunks ``i`` and ``2 cp - 1 - i``); 1: the whole sequence
     context_shards: int = 1
+    #: blocks (0-based) whose token mixer is a Gated DeltaNet (:attr:`delta_net`) instead of softmax
+    #: attention (Qwen3-Next's three in four: a config's ``layer_types`` ``linear_attention``); their
+    #: MLP is the model's as in any block
+    linear_attention_layers: tuple[int, ...] = ()
+    #: the shape of the Gated DeltaNet of :attr:`linear_attention_layers` (Yang et al., arXiv:2412.06464)
+    delta_net: GatedDeltaNet | None = None
+    #: softmax attention's output is multiplied by ``sigmoid`` of a gate the query projection also
+    #: computes (its width doubled: Qiu et al., "Gated Attention for Large Language Models",
+    #: arXiv:2505.06708; Qwen3-Next's attention blocks)
+    attention_output_gate: bool = False
     #: read from a Hugging Face config.json (perfsim.models.hf_config)
     from_config: bool = False
     #: what this description leaves out of the checkpoint it was read from (a multimodal wrapper's
@@ -252,6 +266,26 @@ class TransformerSpec:
             raise ConfigError(f"{self.name}: mtp_layers={self.mtp_layers} needs an LM head (an encoder has none)")
         check_layer_count(self.n_layer + self.mtp_layers, f"model {self.name!r}")
         self._check_window()
+        self._check_linear_attention()
+
+    def _check_linear_attention(self) -> None:
+        """The hybrid linear-attention fields are consistent (ConfigError naming the field)."""
+        layers, net = self.linear_attention_layers, self.delta_net
+        bad = [i for i in layers if not (isinstance(i, int) and 0 <= i < self.n_layer)]
+        if bad:
+            raise ConfigError(f"{self.name}.linear_attention_layers: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
+        if net is not None and not isinstance(net, GatedDeltaNet):
+            raise ConfigError(f"{self.name}.delta_net={net!r}: a GatedDeltaNet")
+        if bool(layers) != (net is not None):
+            raise ConfigError(f"{self.name}: linear_attention_layers and delta_net go together (one without the other)")
+        if not layers:
+            return
+        other = ("an encoder" if self.encoder else "multi-head latent attention" if self.mla else
+                 "a sliding window" if self.sliding_window else "chunked attention" if self.attention_chunk else
+                 "a parallel block" if self.parallel_block else
+                 "context parallelism" if self.context_shards > 1 else "")
+        if other:
+            raise ConfigError(f"{self.name}: Gated DeltaNet blocks (linear_attention_layers) with {other} are not modelled")
 
     def _check_window(self) -> None:
         """The sliding-window, chunk, NoPE and L2 query/key norm fields are consistent (ConfigError
@@ -310,6 +344,12 @@ class TransformerSpec:
         return self.heads * self.head_dim
 
     @property
+    def gate_dim(self) -> int:
+        """Width of the attention output gate the query projection computes (:attr:`attention_output_gate`):
+        ``q_dim``, else 0."""
+        return self.q_dim if self.attention_output_gate else 0
+
+    @property
     def kv_dim(self) -> int:
         """Width of the keys: ``kv_heads x head_dim``."""
         return self.kv_heads * self.head_dim
@@ -348,7 +388,7 @@ class TransformerSpec:
         """:meth:`attention_gemms`, built once per spec (the planner asks for it per candidate)."""
         d = self.hidden
         if not self.mla:
-            return (AttentionGemm("qkv", d, self.q_dim + 2 * self.kv_dim, split=True, fused_norm=True),)
+            return (AttentionGemm("qkv", d, self.q_dim + self.gate_dim + 2 * self.kv_dim, split=True, fused_norm=True),)
         nope = self.head_dim - self.rope_head_dim
         q = ((AttentionGemm("q_down", d, self.q_lora_rank, split=False, fused_norm=False),
               AttentionGemm("q_up", self.q_lora_rank, self.q_dim, split=True, fused_norm=True))
@@ -373,8 +413,11 @@ class TransformerSpec:
         widths = tuple(g.k for g in self.attention_gemms() if g.split)
         return widths + ((self.rope_head_dim,) if self.mla else ())
 
-    def attention_gemm_weights(self) -> int:
-        """Weights of the attention's GEMMs: :meth:`attention_gemms` and the output projection."""
+    def attention_gemm_weights(self, i: int | None = None) -> int:
+        """Weights of block ``i``'s token-mixer GEMMs (default: a softmax-attention block's):
+        :meth:`attention_gemms` and the output projection, or a Gated DeltaNet's (:meth:`is_linear_block`)."""
+        if i is not None and self.is_linear_block(i):
+            return self.delta_net.gemm_weights(self.hidden)
         return sum(g.k * g.n for g in self.attention_gemms()) + self.out_dim * self.hidden
 
     def attention_replicated_weights(self) -> int:
@@ -389,12 +432,19 @@ class TransformerSpec:
     def norm_params(self) -> int:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
-    def attention_params(self) -> int:
+    def is_linear_block(self, i: int) -> bool:
+        """Block ``i`` mixes tokens with a Gated DeltaNet (:attr:`linear_attention_layers`)."""
+        return i in self.linear_attention_layers
+
+    def attention_params(self, i: int | None = None) -> int:
         """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``; MLA's:
         :meth:`attention_gemms`), their biases, the query/key norms' and MLA's latent norms'
-        weights."""
+        weights; a Gated DeltaNet block's (``i`` in :attr:`linear_attention_layers`) its mixer's
+        (:meth:`perfsim.models.delta_net.GatedDeltaNet.params`)."""
+        if i is not None and self.is_linear_block(i):
+            return self.delta_net.params(self.hidden)
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
-        return (self.attention_gemm_weights() + ((q + 2 * kv) if self.qkv_bias else 0)
+        return (self.attention_gemm_weights() + ((q + self.gate_dim + 2 * kv) if self.qkv_bias else 0)
                 + (d if self.out_bias else 0) + self.qk_norm_params() + sum(self.latent_norm_widths())
                 + (self.heads if self.attention_sinks else 0))
 
@@ -439,19 +489,22 @@ class TransformerSpec:
         :attr:`nope_layers`, an L2 norm (:attr:`qk_l2_norm`)."""
         return self.qk_norm or (self.qk_l2_norm and i not in self.nope_layers)
 
-    def block_kind(self, i: int) -> tuple[bool, int, int, bool]:
+    def block_kind(self, i: int) -> tuple[bool, int, int, bool, bool]:
         """What block ``i``'s kernels depend on besides the model's sizes: routed experts, its
-        attention window, its attention chunk and a query/key norm (blocks of one kind cost the same)."""
+        attention window, its attention chunk, a query/key norm and a Gated DeltaNet instead of
+        attention (blocks of one kind cost the same)."""
         kinds = self._block_kinds
         return kinds[i] if 0 <= i < len(kinds) else self._kind_of(i)
 
     @cached_property
-    def _block_kinds(self) -> tuple[tuple[bool, int, int, bool], ...]:
+    def _block_kinds(self) -> tuple[tuple[bool, int, int, bool, bool], ...]:
         """:meth:`block_kind` of every block, built once per spec (priced per candidate by a planner)."""
         return tuple(self._kind_of(i) for i in self.all_blocks)
 
-    def _kind_of(self, i: int) -> tuple[bool, int, int, bool]:
-        return self.is_moe_block(i), self.attention_window(i), self.attention_chunk_of(i), self.has_qk_norm(i)
+    def _kind_of(self, i: int) -> tuple[bool, int, int, bool, bool]:
+        linear = self.is_linear_block(i)
+        return (self.is_moe_block(i), self.attention_window(i), self.attention_chunk_of(i),
+                self.has_qk_norm(i) and not linear, linear)
 
     def keys_per_query(self, i: int) -> float:
         """Keys a query of block ``i`` is counted against in its FLOPs (the causal mask not halved,
@@ -501,7 +554,7 @@ class TransformerSpec:
         i = self.n_layer - 1 if i is None else i
         mlp = moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)
         mtp = self.mtp_projection_weights() + self.mtp_norm_params() if self.is_mtp_block(i) else 0
-        return self.attention_params() + mlp + self.norms_per_block * self.norm_params() + mtp
+        return self.attention_params(i) + mlp + self.norms_per_block * self.norm_params() + mtp
 
     def active_block_params(self, i: int | None = None) -> int:
         """Parameters one token passes through in block ``i``: ``top_k`` routed experts,
@@ -537,7 +590,7 @@ class TransformerSpec:
                    + (d if self.shared_gate else 0))
         else:
             mlp = mats * d * self.ffn
-        return self.attention_gemm_weights() + mlp + (self.mtp_projection_weights() if self.is_mtp_block(i) else 0)
+        return self.attention_gemm_weights(i) + mlp + (self.mtp_projection_weights() if self.is_mtp_block(i) else 0)
 
     @property
     def all_blocks(self) -> range:
@@ -576,8 +629,11 @@ class TransformerSpec:
         def block_flops(i: int) -> float:
             # every weight a token passes through (the active experts' and the router's in a
             # MoE block), plus the scores (q_dim wide) and the weighted sum (out_dim wide) over
-            # the keys a query sees (a windowed or chunked block's: its window or chunk)
+            # the keys a query sees (a windowed or chunked block's: its window or chunk), or a
+            # Gated DeltaNet's chunked delta rule
             gemm_w = self.gemm_weights(i)
+            if self.is_linear_block(i):
+                return float(2 * T * gemm_w + self.delta_net.core_flops(T))
             return float(T * (2 * gemm_w + 2 * self.keys_per_query(i) * (self.q_dim + self.out_dim)))
 
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table

@@ -1,0 +1,201 @@
+"""Qwen3-Next from config.json (Qwen Team 2025; transformers' ``modeling_qwen3_next.py``): Gated DeltaNet
+blocks (Yang et al., arXiv:2412.06464) between gated-attention blocks, 512 experts with a gated shared
+expert. The config is written here in transformers' field names (Qwen/Qwen3-Next-80B-A3B's shape, the
+``Qwen3NextConfig`` defaults). Sizes are checked against the parameters transformers 4.57.1 builds for
+the same config on the meta device (``Qwen3NextForCausalLM``, counted once, 2026-11-30): a Gated
+DeltaNet block 1,648,531,648, a gated-attention block 1,642,076,672, four blocks with the embedding
+and head 7,210,003,520. The chunked delta rule's cost mechanisms are checked against its algorithm;
+no Gated DeltaNet kernel was timed."""
+
+import dataclasses
+import json
+
+import pytest
+
+import perfsim
+from perfsim.engine.compute import op_time, ops_fwd_bwd
+from perfsim.errors import ConfigError
+from perfsim.hardware import curve_for, get_gpu
+from perfsim.memory import layer_activation_bytes
+from perfsim.models.delta_net import GatedDeltaNet
+from perfsim.models.hf_config import from_hf_config
+from perfsim.models.ops import block_ops
+from perfsim.models.registry import get_spec
+from perfsim.models.tensor_parallel import check_tp, shard_block_params
+from perfsim.models.transformer import parse_inline
+
+QWEN3_NEXT = dict(
+    architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", attention_bias=False, attention_dropout=0.0,
+    bos_token_id=151643, eos_token_id=151645, decoder_sparse_step=1, full_attention_interval=4, head_dim=256,
+    hidden_act="silu", hidden_size=2048, initializer_range=0.02, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+    linear_num_key_heads=16, linear_num_value_heads=32, linear_value_head_dim=128, max_position_embeddings=262144,
+    mlp_only_layers=[], moe_intermediate_size=512, norm_topk_prob=True, num_attention_heads=16, num_experts=512,
+    num_experts_per_tok=10, num_hidden_layers=48, num_key_value_heads=2, output_router_logits=False,
+    partial_rotary_factor=0.25, rms_norm_eps=1e-6, rope_scaling=None, rope_theta=10000000,
+    router_aux_loss_coef=0.001, shared_expert_intermediate_size=512, tie_word_embeddings=False,
+    torch_dtype="bfloat16", use_cache=True, vocab_size=151936)
+
+
+def _config(tmp_path, **changes):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({**QWEN3_NEXT, **changes}))
+    return p
+
+
+def _curve(gpu):
+    curve = curve_for(gpu)
+    return curve[0] if isinstance(curve, tuple) else curve
+
+
+def test_sizes_are_transformers(tmp_path):
+    spec = from_hf_config(_config(tmp_path))
+    assert spec.linear_attention_layers == tuple(i for i in range(48) if i % 4 != 3)
+    assert spec.delta_net == GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128, conv_kernel=4)
+    assert spec.attention_output_gate and spec.qk_norm and spec.shared_gate and spec.mtp_layers == 0
+    assert (spec.block_params(0), spec.block_params(3)) == (1_648_531_648, 1_642_076_672)
+    assert from_hf_config(_config(tmp_path, num_hidden_layers=4)).params == 7_210_003_520
+    assert spec.params == pytest.approx(80e9, rel=0.005)  # the release's "80B parameters in total"
+
+
+def test_the_preset_is_the_config_with_its_mtp_module(tmp_path):
+    spec = from_hf_config(_config(tmp_path, mtp_num_hidden_layers=1))
+    assert dataclasses.replace(spec, name="qwen3-next-80b-a3b", from_config=False) == get_spec("qwen3-next-80b-a3b")
+    assert from_hf_config(_config(tmp_path, num_nextn_predict_layers=1)).mtp_layers == 1  # vLLM's name for it
+    # the MTP module's block is gated attention (block 48 is not a Gated DeltaNet block)
+    assert not spec.is_linear_block(48) and spec.block_params(48) > spec.block_params(47)
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(layer_types=["linear_attention"] * 47), "layer_types="),
+    (dict(layer_types=["sliding_attention"] * 48), "layer_types="),
+    (dict(linear_num_key_heads=12), "linear_num_key_heads=12 must divide linear_num_value_heads=32"),
+    (dict(attention_bias=True), "attention_bias=true"),
+    (dict(mtp_use_dedicated_embeddings=True), "mtp_use_dedicated_embeddings=true"),
+    (dict(mtp_num_hidden_layers=1, num_nextn_predict_layers=2), "differs from num_nextn_predict_layers=2"),
+    (dict(linear_chunk_size=32), "'linear_chunk_size'"),
+])
+def test_refusals(tmp_path, changes, needle):
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        from_hf_config(_config(tmp_path, **changes))
+
+
+def test_layer_types_and_interval(tmp_path):
+    types = ["full_attention", "linear_attention"] * 24
+    assert from_hf_config(_config(tmp_path, layer_types=types)).linear_attention_layers == tuple(range(1, 48, 2))
+    assert from_hf_config(_config(tmp_path, full_attention_interval=2)).linear_attention_layers == tuple(range(0, 48, 2))
+    dense = from_hf_config(_config(tmp_path, layer_types=["full_attention"] * 48))
+    assert dense.delta_net is None and not dense.linear_attention_layers
+
+
+def test_spec_rules():
+    base = parse_inline("llama:layers=4,hidden=512,heads=8,seq=4096,vocab=1000")
+    net = GatedDeltaNet(key_heads=4, value_heads=8, key_dim=64, value_dim=64)
+    hybrid = dataclasses.replace(base, linear_attention_layers=(0, 1, 2), delta_net=net)
+    with pytest.raises(ConfigError, match="go together"):
+        dataclasses.replace(base, linear_attention_layers=(0,))
+    with pytest.raises(ConfigError, match="linear_attention_layers: 4 is not a block"):
+        dataclasses.replace(hybrid, linear_attention_layers=(4,))
+    with pytest.raises(ConfigError, match="with a sliding window are not modelled"):
+        dataclasses.replace(hybrid, sliding_window=256)
+    with pytest.raises(ConfigError, match="key_heads=3 must divide value_heads=8"):
+        GatedDeltaNet(key_heads=3, value_heads=8, key_dim=64, value_dim=64)
+    with pytest.raises(ConfigError, match="context parallelism are not modelled"):
+        hybrid.context_shard(2)
+    check_tp(hybrid, 4)
+    with pytest.raises(ConfigError, match="Gated DeltaNet's key_heads=4"):
+        check_tp(hybrid, 8)
+    # one rank holds 1 / t of the mixer, the gated norm's weight whole (and the block's norms)
+    whole = 2 * hybrid.norm_params() + net.replicated_params()
+    assert shard_block_params(hybrid, 4, 0) - whole == (hybrid.block_params(0) - whole) // 4
+    from perfsim.models.eager import check_eager
+
+    with pytest.raises(ConfigError, match="kernels=eager"):
+        check_eager(hybrid, "bf16")
+
+
+def test_the_ops_count_the_rules_flops():
+    """The chunk kernels' FLOPs are those of the algorithm (``GatedDeltaNet.core_flops``), the projections
+    the mixer's weights, and the model's FLOPs per block the same two."""
+    spec = get_spec("qwen3-next-80b-a3b")
+    s, net = spec.seq_len, spec.delta_net
+    ops = block_ops(spec, 1, 1, False, 2, "flash", moe=False, block=0)
+    core = sum(o.flops for o in ops if o.name.startswith("delta_chunk"))
+    proj = sum(o.flops for o in ops if o.name in ("delta_in_proj", "delta_gate_proj", "delta_out_proj"))
+    assert core == net.core_flops(s) and proj == 2 * s * net.gemm_weights(spec.hidden)
+    layer = next(layer for layer in spec.layers() if layer.name == "block0")
+    assert layer.flops_fwd == 2 * s * spec.gemm_weights(0) + net.core_flops(s)
+    assert "flash_attention" not in {o.name for o in ops}
+    gated = {o.name: o for o in block_ops(spec, 1, 1, False, 2, "flash", moe=False, block=3)}
+    assert gated["qkv"].n == 2 * spec.q_dim + 2 * spec.kv_dim  # the queries and their output gates
+    assert {"attn_gate_sigmoid", "attn_gate_mul", "qk_norm"} <= set(gated)
+
+
+def test_the_state_pass_is_sequential_and_recomputed():
+    """The state pass runs one thread block per (sequence, value head, 64-wide value tile): at micro-batch 1
+    its 64 blocks fill less than half of an H100's 132 SMs, and tensor parallelism, which splits the
+    heads, does not shorten it; the projections do shrink. The backward recomputes the chunk kernels."""
+    gpu = get_gpu("h100")
+    curve = _curve(gpu)
+    spec = get_spec("qwen3-next-80b-a3b")
+
+    def times(tp):
+        ops = {o.name: o for o in block_ops(spec, 1, tp, tp > 1, 2, "flash", moe=False, block=0)}
+        return {k: op_time(ops[k], gpu, "bf16", curve, 2) for k in ("delta_chunk_state", "delta_in_proj")}, ops
+
+    one, ops = times(1)
+    four, _ = times(4)
+    state = ops["delta_chunk_state"]
+    assert state.ctas == 64 and gpu.sms == 132
+    assert four["delta_chunk_state"] == pytest.approx(one["delta_chunk_state"], rel=0.05)
+    assert four["delta_in_proj"] < one["delta_in_proj"] / 2.5
+    no_sms = dataclasses.replace(gpu, sms=0)  # no SM count: priced as if the blocks filled the GPU
+    assert op_time(state, no_sms, "bf16", curve, 2) < one["delta_chunk_state"] * 0.6
+    fwd, bwd = ops_fwd_bwd([state], "none", gpu, "bf16", curve)
+    assert bwd == pytest.approx(3 * fwd)  # two GEMMs per GEMM and the recomputed forward
+    inter = ops["delta_chunk_inter"]  # the output kernel is not recomputed
+    f, b = ops_fwd_bwd([inter], "none", gpu, "bf16", curve)
+    assert b == pytest.approx(2 * f)
+
+
+def test_memory_has_no_quadratic_term_in_a_delta_net_block():
+    spec = get_spec("qwen3-next-80b-a3b")
+    long = spec.with_seq_len(4 * spec.seq_len)
+
+    def act(s, block):
+        return layer_activation_bytes(s, 1, 1, False, "none", 2, "megatron", block=block)
+
+    assert act(long, 0) == pytest.approx(4 * act(spec, 0))  # linear in the sequence
+    assert act(long, 3) > 8 * act(spec, 3)  # the attention block's stored scores: quadratic
+    assert act(spec, 0) != act(spec, 3)
+
+
+def test_predict_and_emit(tmp_path):
+    kw = dict(gpu="h100", gpus_per_node=8, tp=2, pp=1, dp=1, ep=1, micro_batch=1, global_batch=4, precision="bf16",
+              recompute="full", attention="flash", sequence_parallel=True, allow_oom=True)
+    hybrid = perfsim.predict(model=str(_config(tmp_path, num_hidden_layers=8)), **kw).summary
+    assert "Gated DeltaNet in 6 of 8 blocks" in hybrid["model_note"]
+    assert "gated attention" in hybrid["model_note"]
+    attention = perfsim.predict(model=str(_config(tmp_path, num_hidden_layers=8, layer_types=["full_attention"] * 8)),
+                                **kw).summary
+    assert hybrid["iteration_s"] != attention["iteration_s"]
+    with pytest.raises(ConfigError, match="Gated DeltaNet"):
+        perfsim.predict(model=str(_config(tmp_path, num_hidden_layers=8)), seq_len=32768, cp=2, **kw)
+    from perfsim.emit import architecture_args
+
+    args, _ = architecture_args(get_spec("qwen3-next-80b-a3b"))
+    assert args[args.index("--experimental-attention-variant") + 1] == "gated_delta_net"
+    assert args[args.index("--linear-attention-freq") + 1] == "[" + ",".join(
+        "0" if i % 4 == 3 else "1" for i in range(48)) + "]"
+    assert args[args.index("--linear-num-value-heads") + 1] == "32" and "--attention-output-gate" in args
+
+
+def test_sizes_match_transformers_meta_device(tmp_path):
+    """Where transformers is installed (not in ``make test``'s pins): the whole model it builds."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = {k: v for k, v in QWEN3_NEXT.items() if k not in ("architectures", "model_type")}
+    config = transformers.AutoConfig.for_model("qwen3_next", **{**cfg, "num_hidden_layers": 8})
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert from_hf_config(_config(tmp_path, num_hidden_layers=8)).params == sum(p.numel() for p in model.parameters())
