@@ -104,6 +104,10 @@ def cases() -> dict[str, dict]:
     out["llama-4-scout-32k-ep4"] = dict(model="llama-4-scout", seq_len=32768, gpu="h100", gpus_per_node=8,
                                         nic="8x400Gbps:infiniband", tp=8, pp=1, dp=4, ep=4, zero=1, micro_batch=1,
                                         global_batch=32, precision="bf16", recompute="full", sequence_parallel=True)
+    # Qwen3-Next: Gated DeltaNet blocks (the state pass by the SMs it fills), gated attention, 512 experts, MTP
+    out["qwen3-next-tp2-ep4"] = dict(model="qwen3-next-80b-a3b", gpu="h100", gpus_per_node=8, nic="8x400Gbps:infiniband",
+                                     tp=2, pp=2, dp=4, ep=4, zero=1, micro_batch=1, global_batch=32, precision="bf16",
+                                     recompute="full", attention="flash", sequence_parallel=True, allow_oom=True)
     # context parallelism at 128k tokens: a rank's shard, the ring across nodes, gradients over dp x cp
     out["llama3-8b-128k-cp8"] = dict(model="llama3-8b", seq_len=131072, gpu="h100", gpus_per_node=8,
                                      nic="8x400Gbps:infiniband", tp=8, cp=8, pp=1, dp=1, micro_batch=1, global_batch=8,
