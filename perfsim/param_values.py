@@ -12,7 +12,6 @@ stored in (:func:`column`, :func:`shown_columns`, :func:`plain`). Errors are
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, Mapping, Sequence
 
 from perfsim.boundaries import parse_boundary_compress

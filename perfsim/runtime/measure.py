@@ -114,7 +114,6 @@ def build_result(cfg, gathered: list[dict], dataset_name: str = "") -> Result:
     by_rank = {g["rank"]: g for g in gathered}
     layout = cfg.layout
     steps = measured_steps(cfg, gathered)
-    chosen = set(steps)
     n = max(1, len(steps))
     recs = {(g["rank"], r["step"]): r for g in gathered for r in g["records"]}
     ends: dict[int, float] = {}

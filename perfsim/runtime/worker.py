@@ -116,7 +116,7 @@ def _record_to_dict(rec) -> dict:
 
 def train(cfg: RunConfig, rank: int, world: int) -> None:
     """Body of one rank (process group already initialised)."""
-    pp, dp, layout = cfg.pp, cfg.dp, cfg.layout
+    dp, layout = cfg.dp, cfg.layout
     stage, replica, tp_rank = layout.coords(rank)  # stage: this rank's pipeline device
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % max(1, torch.cuda.device_count())) \
         if cfg.device == "cuda" else torch.device("cpu")
