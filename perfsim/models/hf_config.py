@@ -10,11 +10,11 @@ class of each ``model_type`` (e.g. ``tie_word_embeddings``: False for Llama, Mis
 Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2,
-gemma3_text, gpt_oss, llama4_text, qwen3_next (Gated DeltaNet blocks between gated-attention ones),
-falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
+gemma3_text, gpt_oss, llama4_text, qwen3_next, qwen3_5_text and qwen3_5_moe_text (Gated DeltaNet blocks
+between gated-attention ones), falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
 standard attention, deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent
 attention, :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`, and DeepSeek-V3's
-multi-token prediction modules); and the multimodal gemma3, mistral3 and llama4, read for their
+multi-token prediction modules); and the multimodal gemma3, mistral3, llama4, qwen3_5 and qwen3_5_moe, read for their
 language model's ``text_config`` (:data:`TEXT_WRAPPERS`).
 
 The sequence length is ``seq_len`` when given, else :data:`DEFAULT_SEQ_LEN` tokens capped
@@ -66,15 +66,17 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False,
-                 "llama4_text": False, "qwen3_next": False}
+                 "llama4_text": False, "qwen3_next": False, "qwen3_5_text": False, "qwen3_5_moe_text": False}
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
-TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text"}
+TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
+                 "qwen3_5_moe": "qwen3_5_moe_text"}
 #: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower, projector and image tokens
 _WRAPPER_FIELDS = frozenset("text_config vision_config mm_tokens_per_image boi_token_index eoi_token_index "
                             "image_token_index multimodal_projector_bias projector_hidden_act spatial_merge_size "
-                            "vision_feature_layer".split())
+                            "vision_feature_layer image_token_id video_token_id vision_start_token_id "
+                            "vision_end_token_id".split())
 SUPPORTED = tuple(_TIED_DEFAULT) + tuple(TEXT_WRAPPERS)
 
 
@@ -447,11 +449,20 @@ def _read_qwen3_next(f: _Fields, mtype: str) -> tuple[str, dict]:
     ``mtp_num_hidden_layers`` (vLLM: ``num_nextn_predict_layers``; absent: none, transformers models
     none) multi-token prediction modules sharing the embedding (a dedicated
     embedding, ``mtp_use_dedicated_embeddings``, is refused). ``partial_rotary_factor`` rotates a
-    quarter of each head (no cost priced)."""
+    quarter of each head (no cost priced).
+
+    Qwen3.5's language models (``qwen3_5_text``, ``qwen3_5_moe_text``, also read from the multimodal
+    ``qwen3_5`` / ``qwen3_5_moe`` wrappers; transformers 5.x ``modeling_qwen3_5*.py``) are the same
+    blocks, the Gated DeltaNet's input projections split four ways (the same weights): the dense models
+    with a SwiGLU MLP of ``intermediate_size`` in every block, the MoE models with experts and a gated
+    shared expert in every block (no ``mlp_only_layers``, no ``decoder_sparse_step``); their classes'
+    defaults apply to absent fields."""
     kw = _core(f)
     n = kw["n_layer"]
-    kw["ffn"] = f.int("intermediate_size", 5632)
-    _attention(f, kw, 256, 2)
+    kw["_positions"] = 32768  # the config classes' max_position_embeddings
+    if mtype == "qwen3_next":
+        kw["ffn"] = f.int("intermediate_size", 5632)
+    _attention(f, kw, 256, 4 if mtype == "qwen3_5_text" else 2)
     f.refuse_if("attention_bias", f.bool("attention_bias", False), "q/k/v/output biases in Qwen3-Next")
     kw.update(qk_norm=True, attention_output_gate=True, qkv_bias=False, out_bias=False, mlp_bias=False)
     types = f.cfg.get("layer_types")
@@ -472,16 +483,24 @@ def _read_qwen3_next(f: _Fields, mtype: str) -> tuple[str, dict]:
                         conv_kernel=f.int("linear_conv_kernel_dim", 4, limit="layers"))
     if linear:  # read either way: all-attention blocks leave the linear_* fields without cost
         kw["linear_attention_layers"], kw["delta_net"] = linear, net
-    kw["experts"] = f.int("num_experts", 512, limit="experts", minimum=0)
-    if kw["experts"]:
-        kw["top_k"] = f.int("num_experts_per_tok", 10, limit="experts")
+    if mtype == "qwen3_5_text":  # Qwen3.5's dense models: every block's MLP intermediate_size wide
+        kw["ffn"] = f.int("intermediate_size", 12288)
+        kw.pop("experts", None)
+    else:
+        experts, top_k = (256, 8) if mtype == "qwen3_5_moe_text" else (512, 10)
+        kw["experts"] = f.int("num_experts", experts, limit="experts", minimum=0 if mtype == "qwen3_next" else 1)
+    if kw.get("experts"):
+        kw["top_k"] = f.int("num_experts_per_tok", top_k, limit="experts")
         kw["expert_ffn"] = f.int("moe_intermediate_size", 512)
         kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 512, minimum=0)
         kw["shared_gate"] = kw["shared_ffn"] > 0
-        step = f.int("decoder_sparse_step", 1, limit="layers")
-        only = f.int_list("mlp_only_layers", n)
-        kw["dense_layers"] = tuple(i for i in range(n) if i in only or (i + 1) % step)
-    else:
+        if mtype == "qwen3_next":
+            step = f.int("decoder_sparse_step", 1, limit="layers")
+            only = f.int_list("mlp_only_layers", n)
+            kw["dense_layers"] = tuple(i for i in range(n) if i in only or (i + 1) % step)
+        else:  # Qwen3.5-MoE: every block, and no dense MLP width (its width is the experts')
+            kw["ffn"] = kw["expert_ffn"]
+    elif mtype == "qwen3_next":
         f.read.update(("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
                        "decoder_sparse_step", "mlp_only_layers"))
     mtp = f.int("mtp_num_hidden_layers", None, limit="layers", minimum=0)
@@ -599,5 +618,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
             "kimi_k2": _read_deepseek, "llama4_text": _read_llama4, "qwen3_next": _read_qwen3_next,
+            "qwen3_5_text": _read_qwen3_next, "qwen3_5_moe_text": _read_qwen3_next,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

@@ -95,6 +95,19 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
               experts=512, top_k=10, expert_ffn=512, shared_ffn=512, shared_gate=True, mtp_layers=1,
               linear_attention_layers=tuple(i for i in range(48) if (i + 1) % 4),
               delta_net=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128)),
+    # Qwen3.5's language models (transformers 5.x Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults, which
+    # their docstrings name the Qwen3.5-9B and Qwen3.5-35B-A3B shapes): Qwen3-Next's blocks, vocabulary
+    # 248320; 9B dense, 32 x 4096, 4 key/value heads, SwiGLU of 12288; 35B-A3B, 40 x 2048, 256 experts of
+    # 512 (top-8) and a gated shared expert of 512 in every block; one MTP module each (the checkpoints'
+    # mtp_num_hidden_layers); 9.20 B and 35.51 B (3.52 B active) with it
+    *(arch_spec("llama", name, n_layer=layers, hidden=hidden, heads=16, kv_heads=kv, head_dim=256, seq_len=4096,
+                max_positions=32768, vocab=248320, ffn=ffn, qk_norm=True, attention_output_gate=True, mtp_layers=1,
+                linear_attention_layers=tuple(i for i in range(layers) if (i + 1) % 4),
+                delta_net=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128), **moe)
+      for name, layers, hidden, kv, ffn, moe in (
+          ("qwen3.5-9b", 32, 4096, 4, 12288, {}),
+          ("qwen3.5-35b-a3b", 40, 2048, 2, 512, dict(experts=256, top_k=8, expert_ffn=512, shared_ffn=512,
+                                                      shared_gate=True)))),
     # BERT (Devlin et al. 2019, arXiv:1810.04805): Large 24 x 1024, Base 12 x 768; 512 positions
     arch_spec("bert", "bert-large", n_layer=24, hidden=1024, heads=16, seq_len=512, vocab=30522,
               max_positions=512, token_types=2),

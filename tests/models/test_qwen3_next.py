@@ -5,7 +5,8 @@ expert. The config is written here in transformers' field names (Qwen/Qwen3-Next
 the same config on the meta device (``Qwen3NextForCausalLM``, counted once, 2026-11-30): a Gated
 DeltaNet block 1,648,531,648, a gated-attention block 1,642,076,672, four blocks with the embedding
 and head 7,210,003,520. The chunked delta rule's cost mechanisms are checked against its algorithm;
-no Gated DeltaNet kernel was timed."""
+no Gated DeltaNet kernel was timed. Qwen3.5's language models (the same blocks) against transformers
+5.24.0's ``Qwen3_5ForCausalLM`` / ``Qwen3_5MoeForCausalLM`` on the meta device (counted once, 2026-11-30)."""
 
 import dataclasses
 import json
@@ -199,3 +200,43 @@ def test_sizes_match_transformers_meta_device(tmp_path):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert from_hf_config(_config(tmp_path, num_hidden_layers=8)).params == sum(p.numel() for p in model.parameters())
+
+
+#: small Qwen3.5 text configs and the parameters transformers 5.24.0 builds for them (module docstring)
+QWEN3_5 = {
+    "qwen3_5_text": (dict(hidden_size=1024, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                          intermediate_size=3072, vocab_size=248320, linear_num_value_heads=16,
+                          linear_num_key_heads=16), 662_014_912),
+    "qwen3_5_moe_text": (dict(hidden_size=2048, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=2,
+                              vocab_size=248320, num_experts=256, num_experts_per_tok=8), 7_745_818_752),
+}
+
+
+@pytest.mark.parametrize("mtype", sorted(QWEN3_5))
+def test_qwen3_5_text_models_are_transformers(tmp_path, mtype):
+    fields, params = QWEN3_5[mtype]
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(model_type=mtype, **fields)))
+    spec = from_hf_config(p)
+    assert spec.params == params and spec.linear_attention_layers == (0, 1, 2, 4, 5, 6)
+    assert spec.moe == (mtype == "qwen3_5_moe_text") and not spec.dense_layers
+    # the multimodal wrapper, as save_pretrained writes it: its language model, the vision tower left out
+    wrapper = dict(model_type=mtype.removesuffix("_text"), image_token_id=248056, video_token_id=248057,
+                   vision_start_token_id=248053, vision_end_token_id=248054, tie_word_embeddings=False,
+                   transformers_version="5.24.0", vision_config={"model_type": "qwen3_5", "depth": 27},
+                   text_config=dict(model_type=mtype, mtp_num_hidden_layers=1, mtp_use_dedicated_embeddings=False,
+                                    **fields))
+    p.write_text(json.dumps(wrapper))
+    read = from_hf_config(p)
+    assert read.mtp_layers == 1 and "vision tower" in read.left_out
+    assert read.params == params + read.block_params(8)  # and the MTP module (block, projection, norms)
+    with pytest.raises(ConfigError, match="'decoder_sparse_step'"):  # Qwen3.5 has no such field
+        p.write_text(json.dumps(dict(model_type=mtype, decoder_sparse_step=2, **fields)))
+        from_hf_config(p)
+
+
+def test_qwen3_5_presets():
+    dense, moe = get_spec("qwen3.5-9b"), get_spec("qwen3.5-35b-a3b")
+    assert dense.params == pytest.approx(9.2e9, rel=0.01) and not dense.moe  # "9B" with its MTP module
+    assert moe.params == pytest.approx(35.5e9, rel=0.01) and moe.active_params == pytest.approx(3.5e9, rel=0.01)
+    assert (moe.experts, moe.top_k, moe.vocab, dense.kv_heads) == (256, 8, 248320, 4)
