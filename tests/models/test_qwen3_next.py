@@ -240,3 +240,20 @@ def test_qwen3_5_presets():
     assert dense.params == pytest.approx(9.2e9, rel=0.01) and not dense.moe  # "9B" with its MTP module
     assert moe.params == pytest.approx(35.5e9, rel=0.01) and moe.active_params == pytest.approx(3.5e9, rel=0.01)
     assert (moe.experts, moe.top_k, moe.vocab, dense.kv_heads) == (256, 8, 248320, 4)
+
+
+def test_the_gpu_check_prices_the_rules_kernels(tmp_path, capsys):
+    """scripts/gpu_delta_net.py's perfsim side (its GPU side times fla's kernels where a GPU is lent):
+    one row a shape, the forward and forward + backward of the rule's own ops."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_delta_net.py"
+    spec = importlib.util.spec_from_file_location("gpu_delta_net", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--model-only", "--csv", str(tmp_path / "rows.csv")]) == 0
+    rows = (tmp_path / "rows.csv").read_text().splitlines()
+    assert len(rows) == 1 + len(script.SHAPES) and rows[0].startswith("micro_batch,seq,value_heads,model_fwd_ms")
+    fwd, total = script.modelled_ms("h100", 1, 4096, 32)
+    assert 0 < fwd < total and f"{fwd:8.3f}" in capsys.readouterr().out
