@@ -623,11 +623,8 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
                         if strategy.attention == "flash" else
                         "blocks: attention=megatron computes every score and masks, priced as full attention"))
     if arch.linear_attention_layers:
-        net = arch.delta_net
-        notes.append(f"Gated DeltaNet in {len(arch.linear_attention_layers)} of {arch.n_layer} blocks ({net.key_heads} "
-                     f"query/key and {net.value_heads} value heads of {net.key_dim}/{net.value_dim}): the chunked delta "
-                     "rule priced from its kernels' FLOPs and bytes, its state pass by the SMs its thread blocks "
-                     "fill; no Gated DeltaNet kernel was timed")
+        kind, _, how = arch.linear_mixer.describe().partition(" (")
+        notes.append(f"{kind} in {len(arch.linear_attention_layers)} of {arch.n_layer} blocks ({how}")
     if arch.attention_output_gate:
         notes.append("gated attention: the query projection also computes a sigmoid gate on the attention output")
     if strategy.cp > 1:

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from perfsim.errors import ConfigError
 from perfsim.job import PLACEMENT_DIMS, Job
+from perfsim.models.delta_net import GatedDeltaNet
 from perfsim.models.registry import runtime_names
 from perfsim.partition import uniform_counts
 from perfsim.schedules import VIRTUAL_STAGE_SCHEDULES
@@ -223,8 +224,11 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
         args.append("--qk-l2-norm")
     if arch.attention_output_gate:  # Megatron-Core's sigmoid gate on the attention output (Qwen3-Next)
         args.append("--attention-output-gate")
-    if arch.linear_attention_layers:  # Megatron-Core's experimental Gated DeltaNet: 1 a GDN block, 0 attention
-        net = arch.delta_net
+    if arch.linear_attention_layers and not isinstance(arch.linear_mixer, GatedDeltaNet):
+        notes.append("Mamba-2 blocks: Megatron-LM trains hybrid Mamba models through pretrain_mamba.py "
+                     "(--hybrid-override-pattern), not this GPT command; no flags are emitted for them")
+    elif arch.linear_attention_layers:  # Megatron-Core's experimental Gated DeltaNet: 1 a GDN block, 0 attention
+        net = arch.linear_mixer
         pattern = ",".join("1" if i in arch.linear_attention_layers else "0" for i in range(arch.n_layer))
         args += ["--enable-experimental", "--experimental-attention-variant", "gated_delta_net",
                  "--linear-attention-freq", f"[{pattern}]", "--linear-conv-kernel-dim", str(net.conv_kernel),

@@ -280,7 +280,7 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
     if block is not None and spec.is_linear_block(block):  # a Gated DeltaNet's tensors instead of attention's
         mlp = 2 * v * moe_activation_values(spec, s * b, tp, routing) if moe else v * mlp_sharded / tp
-        return (repl / tp if sp else repl) + spec.delta_net.activation_bytes(s * b, tp, bpv) + mlp
+        return (repl / tp if sp else repl) + spec.linear_mixer.activation_bytes(s * b, tp, bpv) + mlp
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if spec.attn_logit_softcap:  # the soft-capped scores' tanh, kept for its backward
         core += 2 * v * a * s * s * b / tp

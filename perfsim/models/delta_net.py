@@ -94,6 +94,16 @@ class GatedDeltaNet:
         width, shared by the heads)."""
         return self.value_dim
 
+    def row_bias(self, hidden: int) -> int:
+        """A row-parallel bias (whole on every rank): none, ``out_proj`` has no bias."""
+        return 0
+
+    def describe(self) -> str:
+        """The model note's words for this mixer."""
+        return (f"Gated DeltaNet ({self.key_heads} query/key and {self.value_heads} value heads of {self.key_dim}/"
+                f"{self.value_dim}): the chunked delta rule priced from its kernels' FLOPs and bytes, its state pass "
+                "by the SMs its thread blocks fill; no Gated DeltaNet kernel was timed")
+
     def params(self, hidden: int) -> int:
         """Every parameter of the mixer: the GEMMs, the convolution's taps (no bias), ``A_log`` and
         ``dt_bias`` per value head and the gated norm's weight."""

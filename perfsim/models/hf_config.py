@@ -11,7 +11,7 @@ Mixtral, Qwen2, GPT-NeoX and DeepSeek, True for GPT-2, BERT, Gemma and Falcon).
 
 Supported ``model_type``: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2,
 gemma3_text, gpt_oss, llama4_text, qwen3_next, qwen3_5_text and qwen3_5_moe_text (Gated DeltaNet blocks
-between gated-attention ones), falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
+between gated-attention ones), granitemoehybrid (Mamba-2 blocks), falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
 standard attention, deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent
 attention, :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`, and DeepSeek-V3's
 multi-token prediction modules); and the multimodal gemma3, mistral3, llama4, qwen3_5 and qwen3_5_moe, read for their
@@ -33,6 +33,7 @@ from typing import Any
 from perfsim.documents import load_json
 from perfsim.errors import ConfigError
 from perfsim.models.delta_net import GatedDeltaNet
+from perfsim.models.mamba2 import Mamba2
 from perfsim.models.transformer import ARCHS, TransformerSpec
 
 #: tokens per sample when neither ``--seq-len`` nor a preset gives one (module docstring)
@@ -66,7 +67,8 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "qwen3": False, "qwen3_moe": False,
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False,
-                 "llama4_text": False, "qwen3_next": False, "qwen3_5_text": False, "qwen3_5_moe_text": False}
+                 "llama4_text": False, "qwen3_next": False, "qwen3_5_text": False, "qwen3_5_moe_text": False,
+                 "granitemoehybrid": False}
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
@@ -482,7 +484,7 @@ def _read_qwen3_next(f: _Fields, mtype: str) -> tuple[str, dict]:
                         value_dim=f.int("linear_value_head_dim", 128),
                         conv_kernel=f.int("linear_conv_kernel_dim", 4, limit="layers"))
     if linear:  # read either way: all-attention blocks leave the linear_* fields without cost
-        kw["linear_attention_layers"], kw["delta_net"] = linear, net
+        kw["linear_attention_layers"], kw["linear_mixer"] = linear, net
     if mtype == "qwen3_5_text":  # Qwen3.5's dense models: every block's MLP intermediate_size wide
         kw["ffn"] = f.int("intermediate_size", 12288)
         kw.pop("experts", None)
@@ -510,6 +512,69 @@ def _read_qwen3_next(f: _Fields, mtype: str) -> tuple[str, dict]:
     kw["mtp_layers"] = mtp if mtp is not None else nextn or 0
     f.refuse_if("mtp_use_dedicated_embeddings", f.bool("mtp_use_dedicated_embeddings", False),
                 "a multi-token prediction module with an embedding of its own")
+    return "llama", kw
+
+
+#: Granite 4.0-H's names of its block kinds (``layer_types``, ``layers_block_type``): transformers 4.x
+#: configs say ``mamba`` / ``attention``, 5.x ``linear_attention`` / ``full_attention``
+_GRANITE_KINDS = {"mamba": True, "linear_attention": True, "attention": False, "full_attention": False}
+
+
+def _read_granite_hybrid(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """IBM Granite 4.0-H (``granitemoehybrid``; transformers' ``modeling_granitemoehybrid.py``, whose
+    ``GraniteMoeHybridConfig`` defaults apply to absent fields): Mamba-2 blocks (``layer_types`` or
+    ``layers_block_type`` ``mamba``; :mod:`perfsim.models.mamba2`, the ``mamba_*`` fields, ``mamba_d_head``
+    ``auto`` = ``mamba_expand x hidden_size / mamba_n_heads``) between grouped-query attention blocks; in
+    every block a SwiGLU MLP of ``shared_intermediate_size`` and, with ``num_local_experts`` > 0, beside
+    it experts of ``intermediate_size`` (top-``num_experts_per_tok``, a router without bias). The
+    multipliers (``embedding_multiplier``, ``residual_multiplier``, ``attention_multiplier``,
+    ``logits_scaling``) scale values in place (no cost priced); ``position_embedding_type`` rope or nope
+    changes no GEMM."""
+    kw = _core(f)
+    n = kw["n_layer"]
+    _attention(f, kw)
+    bias = f.bool("attention_bias", False)
+    kw.update(qkv_bias=bias, out_bias=bias, mlp_bias=False)
+    f.read.update(("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling",
+                   "time_step_limit", "time_step_min", "time_step_max", "time_step_floor"))
+    pos = f.str("position_embedding_type", None)
+    f.refuse_if("position_embedding_type", pos not in (None, "rope", "nope"), f"position embedding {pos!r}")
+    key = "layers_block_type" if "layers_block_type" in f.cfg else "layer_types"
+    types = f.cfg.get(key)
+    f.read.update(("layers_block_type", "layer_types"))
+    if types is None:
+        types = ["mamba"] * n  # the config class's default: every block Mamba-2
+    if not isinstance(types, list) or len(types) != n or any(t not in _GRANITE_KINDS for t in types):
+        raise f.fail(f"{key}={_show(types)} must be a list of {n} (num_hidden_layers) of "
+                     + " / ".join(_GRANITE_KINDS))
+    heads = f.int("mamba_n_heads", 128, limit="heads")
+    expand = f.int("mamba_expand", 2, limit="layers")
+    inner = expand * kw["hidden"]
+    head_dim = f.cfg.get("mamba_d_head", "auto")
+    f.read.add("mamba_d_head")
+    if head_dim == "auto":
+        head_dim = inner // heads if inner % heads == 0 else 0
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim * heads != inner:
+        raise f.fail(f"mamba_d_head={_show(f.cfg.get('mamba_d_head', 'auto'))}: mamba_n_heads={heads} heads of it "
+                     f"must make mamba_expand x hidden_size = {inner}")
+    groups = f.int("mamba_n_groups", 1, limit="heads")
+    if heads % groups:
+        raise f.fail(f"mamba_n_groups={groups} must divide mamba_n_heads={heads}")
+    mixer = Mamba2(heads=heads, head_dim=head_dim, state_dim=f.int("mamba_d_state", 256),
+                   groups=groups, conv_kernel=f.int("mamba_d_conv", 4, limit="layers"),
+                   chunk=f.int("mamba_chunk_size", 256, limit="positions"),
+                   conv_bias=f.bool("mamba_conv_bias", True), proj_bias=f.bool("mamba_proj_bias", False))
+    linear = tuple(i for i, t in enumerate(types) if _GRANITE_KINDS[t])
+    if linear:
+        kw["linear_attention_layers"], kw["linear_mixer"] = linear, mixer
+    shared = f.int("shared_intermediate_size", 1024)
+    experts = f.int("num_local_experts", 8, limit="experts", minimum=0)
+    width = f.int("intermediate_size", 11008)
+    top_k = f.int("num_experts_per_tok", 2, limit="experts")
+    if experts:
+        kw.update(experts=experts, top_k=top_k, expert_ffn=width, shared_ffn=shared, ffn=width)
+    else:  # a dense Granite 4.0-H: the shared MLP alone
+        kw["ffn"] = shared
     return "llama", kw
 
 
@@ -619,5 +684,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
             "kimi_k2": _read_deepseek, "llama4_text": _read_llama4, "qwen3_next": _read_qwen3_next,
             "qwen3_5_text": _read_qwen3_next, "qwen3_5_moe_text": _read_qwen3_next,
+            "granitemoehybrid": _read_granite_hybrid,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

@@ -232,7 +232,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     else:
         _, window, chunk, qk_norm, linear = spec.block_kind(block)
     if linear:  # a Gated DeltaNet instead of attention: its projections and chunked delta rule
-        mixer = spec.delta_net.ops(b, s, h, tp, bpv)
+        mixer = spec.linear_mixer.ops(b, s, h, tp, bpv)
     elif spec.mla:
         attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
     else:

@@ -94,7 +94,7 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
               seq_len=4096, max_positions=262144, vocab=151936, ffn=5632, qk_norm=True, attention_output_gate=True,
               experts=512, top_k=10, expert_ffn=512, shared_ffn=512, shared_gate=True, mtp_layers=1,
               linear_attention_layers=tuple(i for i in range(48) if (i + 1) % 4),
-              delta_net=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128)),
+              linear_mixer=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128)),
     # Qwen3.5's language models (transformers 5.x Qwen3_5TextConfig / Qwen3_5MoeTextConfig defaults, which
     # their docstrings name the Qwen3.5-9B and Qwen3.5-35B-A3B shapes): Qwen3-Next's blocks, vocabulary
     # 248320; 9B dense, 32 x 4096, 4 key/value heads, SwiGLU of 12288; 35B-A3B, 40 x 2048, 256 experts of
@@ -103,7 +103,7 @@ SIMULATOR_PRESETS: tuple[ModelSpec, ...] = (
     *(arch_spec("llama", name, n_layer=layers, hidden=hidden, heads=16, kv_heads=kv, head_dim=256, seq_len=4096,
                 max_positions=32768, vocab=248320, ffn=ffn, qk_norm=True, attention_output_gate=True, mtp_layers=1,
                 linear_attention_layers=tuple(i for i in range(layers) if (i + 1) % 4),
-                delta_net=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128), **moe)
+                linear_mixer=GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128), **moe)
       for name, layers, hidden, kv, ffn, moe in (
           ("qwen3.5-9b", 32, 4096, 4, 12288, {}),
           ("qwen3.5-35b-a3b", 40, 2048, 2, 512, dict(experts=256, top_k=8, expert_ffn=512, shared_ffn=512,

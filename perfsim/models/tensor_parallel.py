@@ -203,8 +203,9 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     replicated (Megatron-LM Sec. 3), as are MLA's down projections and latent norms
     (:meth:`perfsim.models.transformer.TransformerSpec.attention_replicated_weights`); a
     multi-token prediction module's projection split (column-parallel), its norms replicated; a
-    Gated DeltaNet block's mixer split by head (its GEMMs, convolution taps and decay parameters),
-    its gated norm's weight replicated."""
+    Gated DeltaNet or Mamba-2 block's mixer split by head (its GEMMs, convolution taps and decay
+    parameters), what it holds whole (a gated norm's weight shared by the heads, a row-parallel bias)
+    replicated."""
     d, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
     i = spec.n_layer - 1 if i is None else i
     mats = 3 if spec.gated else 2
@@ -215,9 +216,10 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     replicated = (spec.norms_per_block * spec.norm_params() + (d * len(widths) if spec.mlp_bias else 0) + router
                   + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))
     if spec.is_linear_block(i):
-        net = spec.delta_net
-        split = block_gemm_params(spec, i, ep) + net.params(d) - net.gemm_weights(d) - net.replicated_params()
-        return -(-(split + mlp_col_bias) // tp) + replicated + net.replicated_params()
+        net = spec.linear_mixer
+        whole = net.replicated_params() + net.row_bias(d)
+        split = block_gemm_params(spec, i, ep) + net.params(d) - net.gemm_weights(d) - whole
+        return -(-(split + mlp_col_bias) // tp) + replicated + whole
     whole = spec.attention_replicated_weights()
     gemm = block_gemm_params(spec, i, ep) - (whole - sum(spec.latent_norm_widths()))
     # column-parallel (split by heads or MLP width): q/k/v biases, the attention sinks, the MLPs' first biases
@@ -248,7 +250,7 @@ def check_tp(spec, tp: int, sequence_parallel: bool = False, model: str = "") ->
             raise ConfigError(f"tp={tp}: does not divide {spec.name} {what}={n}")
     if spec.kv_heads % tp and tp % spec.kv_heads:
         raise ConfigError(f"tp={tp}: kv_heads={spec.kv_heads} neither divisible by nor dividing tp")
-    if spec.delta_net is not None:
-        spec.delta_net.check_tp(tp)
+    if spec.linear_mixer is not None:
+        spec.linear_mixer.check_tp(tp)
     if sequence_parallel and spec.seq_len % tp:
         raise ConfigError(f"tp={tp}: sequence_parallel needs it to divide seq_len={spec.seq_len}")

@@ -16,9 +16,9 @@ BERT alike (the knobs that change the parameter count and the operators):
   of them (Falcon-7B's parallel block: 1; Gemma 2/3's norms before and after each sub-block: 4);
 * attention span: ``sliding_window`` (Mistral, Gemma 2/3, gpt-oss) or ``attention_chunk`` (Llama 4),
   each but in ``full_attention_layers``;
-* hybrid linear attention: ``linear_attention_layers`` mix tokens with a Gated DeltaNet
-  (``delta_net``, :mod:`perfsim.models.delta_net`) instead of softmax attention, whose output
-  may pass through a sigmoid gate (``attention_output_gate``; Qwen3-Next);
+* hybrid linear attention: ``linear_attention_layers`` mix tokens with a Gated DeltaNet or a Mamba-2
+  layer (``linear_mixer``, :mod:`perfsim.models.delta_net`, :mod:`perfsim.models.mamba2`) instead of
+  softmax attention, whose output may pass through a sigmoid gate (``attention_output_gate``; Qwen3-Next);
 * mixture of experts: ``experts``, ``top_k``, ``expert_ffn``, ``shared_ffn``,
   ``dense_layers`` (:mod:`perfsim.models.moe`);
 * embeddings: token table ``vocab x hidden``; ``positions`` learned position
@@ -47,6 +47,7 @@ from functools import cached_property
 
 from perfsim.errors import ConfigError
 from perfsim.models.delta_net import GatedDeltaNet
+from perfsim.models.mamba2 import Mamba2
 from perfsim.models.moe import check_moe, moe_mlp_params
 from perfsim.models.specs import LayerSpec, check_layer_count
 
@@ -204,12 +205,14 @@ class TransformerSpec:
     #: ``1 / context_shards`` of the (query, key) pairs (Megatron-Core's context parallelism: 2 x cp
     #: chunks, rank ``i`` holding chunks ``i`` and ``2 cp - 1 - i``); 1: the whole sequence
     context_shards: int = 1
-    #: blocks (0-based) whose token mixer is a Gated DeltaNet (:attr:`delta_net`) instead of softmax
-    #: attention (Qwen3-Next's three in four: a config's ``layer_types`` ``linear_attention``); their
-    #: MLP is the model's as in any block
+    #: blocks (0-based) whose token mixer is a linear-time recurrence (:attr:`linear_mixer`) instead of
+    #: softmax attention (Qwen3-Next's three in four, a config's ``layer_types`` ``linear_attention``;
+    #: Granite 4.0-H's ``mamba`` blocks); their MLP is the model's as in any block
     linear_attention_layers: tuple[int, ...] = ()
-    #: the shape of the Gated DeltaNet of :attr:`linear_attention_layers` (Yang et al., arXiv:2412.06464)
-    delta_net: GatedDeltaNet | None = None
+    #: the mixer of :attr:`linear_attention_layers`: a Gated DeltaNet (Yang et al., arXiv:2412.06464;
+    #: :mod:`perfsim.models.delta_net`) or a Mamba-2 layer (Dao and Gu, arXiv:2405.21060;
+    #: :mod:`perfsim.models.mamba2`)
+    linear_mixer: GatedDeltaNet | Mamba2 | None = None
     #: softmax attention's output is multiplied by ``sigmoid`` of a gate the query projection also
     #: computes (its width doubled: Qiu et al., "Gated Attention for Large Language Models",
     #: arXiv:2505.06708; Qwen3-Next's attention blocks)
@@ -270,14 +273,14 @@ class TransformerSpec:
 
     def _check_linear_attention(self) -> None:
         """The hybrid linear-attention fields are consistent (ConfigError naming the field)."""
-        layers, net = self.linear_attention_layers, self.delta_net
+        layers, net = self.linear_attention_layers, self.linear_mixer
         bad = [i for i in layers if not (isinstance(i, int) and 0 <= i < self.n_layer)]
         if bad:
             raise ConfigError(f"{self.name}.linear_attention_layers: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
-        if net is not None and not isinstance(net, GatedDeltaNet):
-            raise ConfigError(f"{self.name}.delta_net={net!r}: a GatedDeltaNet")
+        if net is not None and not isinstance(net, (GatedDeltaNet, Mamba2)):
+            raise ConfigError(f"{self.name}.linear_mixer={net!r}: a GatedDeltaNet or a Mamba2")
         if bool(layers) != (net is not None):
-            raise ConfigError(f"{self.name}: linear_attention_layers and delta_net go together (one without the other)")
+            raise ConfigError(f"{self.name}: linear_attention_layers and linear_mixer go together (one without the other)")
         if not layers:
             return
         other = ("an encoder" if self.encoder else "multi-head latent attention" if self.mla else
@@ -285,7 +288,8 @@ class TransformerSpec:
                  "a parallel block" if self.parallel_block else
                  "context parallelism" if self.context_shards > 1 else "")
         if other:
-            raise ConfigError(f"{self.name}: Gated DeltaNet blocks (linear_attention_layers) with {other} are not modelled")
+            raise ConfigError(f"{self.name}: linear-attention blocks ({type(net).__name__}, linear_attention_layers) "
+                              f"with {other} are not modelled")
 
     def _check_window(self) -> None:
         """The sliding-window, chunk, NoPE and L2 query/key norm fields are consistent (ConfigError
@@ -417,7 +421,7 @@ class TransformerSpec:
         """Weights of block ``i``'s token-mixer GEMMs (default: a softmax-attention block's):
         :meth:`attention_gemms` and the output projection, or a Gated DeltaNet's (:meth:`is_linear_block`)."""
         if i is not None and self.is_linear_block(i):
-            return self.delta_net.gemm_weights(self.hidden)
+            return self.linear_mixer.gemm_weights(self.hidden)
         return sum(g.k * g.n for g in self.attention_gemms()) + self.out_dim * self.hidden
 
     def attention_replicated_weights(self) -> int:
@@ -442,7 +446,7 @@ class TransformerSpec:
         weights; a Gated DeltaNet block's (``i`` in :attr:`linear_attention_layers`) its mixer's
         (:meth:`perfsim.models.delta_net.GatedDeltaNet.params`)."""
         if i is not None and self.is_linear_block(i):
-            return self.delta_net.params(self.hidden)
+            return self.linear_mixer.params(self.hidden)
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
         return (self.attention_gemm_weights() + ((q + self.gate_dim + 2 * kv) if self.qkv_bias else 0)
                 + (d if self.out_bias else 0) + self.qk_norm_params() + sum(self.latent_norm_widths())
@@ -633,7 +637,7 @@ class TransformerSpec:
             # Gated DeltaNet's chunked delta rule
             gemm_w = self.gemm_weights(i)
             if self.is_linear_block(i):
-                return float(2 * T * gemm_w + self.delta_net.core_flops(T))
+                return float(2 * T * gemm_w + self.linear_mixer.core_flops(T))
             return float(T * (2 * gemm_w + 2 * self.keys_per_query(i) * (self.q_dim + self.out_dim)))
 
         # the embedding's FLOPs: adding position (and token-type) rows, T d per table

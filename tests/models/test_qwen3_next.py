@@ -51,7 +51,7 @@ def _curve(gpu):
 def test_sizes_are_transformers(tmp_path):
     spec = from_hf_config(_config(tmp_path))
     assert spec.linear_attention_layers == tuple(i for i in range(48) if i % 4 != 3)
-    assert spec.delta_net == GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128, conv_kernel=4)
+    assert spec.linear_mixer == GatedDeltaNet(key_heads=16, value_heads=32, key_dim=128, value_dim=128, conv_kernel=4)
     assert spec.attention_output_gate and spec.qk_norm and spec.shared_gate and spec.mtp_layers == 0
     assert (spec.block_params(0), spec.block_params(3)) == (1_648_531_648, 1_642_076_672)
     assert from_hf_config(_config(tmp_path, num_hidden_layers=4)).params == 7_210_003_520
@@ -85,13 +85,13 @@ def test_layer_types_and_interval(tmp_path):
     assert from_hf_config(_config(tmp_path, layer_types=types)).linear_attention_layers == tuple(range(1, 48, 2))
     assert from_hf_config(_config(tmp_path, full_attention_interval=2)).linear_attention_layers == tuple(range(0, 48, 2))
     dense = from_hf_config(_config(tmp_path, layer_types=["full_attention"] * 48))
-    assert dense.delta_net is None and not dense.linear_attention_layers
+    assert dense.linear_mixer is None and not dense.linear_attention_layers
 
 
 def test_spec_rules():
     base = parse_inline("llama:layers=4,hidden=512,heads=8,seq=4096,vocab=1000")
     net = GatedDeltaNet(key_heads=4, value_heads=8, key_dim=64, value_dim=64)
-    hybrid = dataclasses.replace(base, linear_attention_layers=(0, 1, 2), delta_net=net)
+    hybrid = dataclasses.replace(base, linear_attention_layers=(0, 1, 2), linear_mixer=net)
     with pytest.raises(ConfigError, match="go together"):
         dataclasses.replace(base, linear_attention_layers=(0,))
     with pytest.raises(ConfigError, match="linear_attention_layers: 4 is not a block"):
@@ -118,7 +118,7 @@ def test_the_ops_count_the_rules_flops():
     """The chunk kernels' FLOPs are those of the algorithm (``GatedDeltaNet.core_flops``), the projections
     the mixer's weights, and the model's FLOPs per block the same two."""
     spec = get_spec("qwen3-next-80b-a3b")
-    s, net = spec.seq_len, spec.delta_net
+    s, net = spec.seq_len, spec.linear_mixer
     ops = block_ops(spec, 1, 1, False, 2, "flash", moe=False, block=0)
     core = sum(o.flops for o in ops if o.name.startswith("delta_chunk"))
     proj = sum(o.flops for o in ops if o.name in ("delta_in_proj", "delta_gate_proj", "delta_out_proj"))
@@ -179,7 +179,7 @@ def test_predict_and_emit(tmp_path):
     attention = perfsim.predict(model=str(_config(tmp_path, num_hidden_layers=8, layer_types=["full_attention"] * 8)),
                                 **kw).summary
     assert hybrid["iteration_s"] != attention["iteration_s"]
-    with pytest.raises(ConfigError, match="Gated DeltaNet"):
+    with pytest.raises(ConfigError, match=r"linear-attention blocks \(GatedDeltaNet"):
         perfsim.predict(model=str(_config(tmp_path, num_hidden_layers=8)), seq_len=32768, cp=2, **kw)
     from perfsim.emit import architecture_args
 
