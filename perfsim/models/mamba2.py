@@ -140,4 +140,5 @@ class Mamba2:
     def describe(self) -> str:
         """The model note's words for this mixer."""
         return (f"Mamba-2 ({self.heads} heads of {self.head_dim}, state {self.state_dim}, {self.groups} group(s)): "
-                "the chunked scan priced from its kernels' FLOPs and bytes; no Mamba kernel was timed")
+                "the chunked scan priced from its kernels' FLOPs and bytes; no Mamba kernel was timed, so its interval is "
+                "that of standard-attention rows")
