@@ -334,10 +334,10 @@ def _rank_params(model, tp: int, ep: int = 1) -> tuple[int, ...] | None:
     per = {"embed": arch.embed_params() - arch.vocab * arch.hidden + -(-arch.vocab * arch.hidden // tp),
            "head": arch.head_params() if arch.tied or arch.encoder
            else arch.norm_params() + -(-arch.vocab * arch.hidden // tp)}
-    kinds: dict[tuple[bool, bool], int] = {}  # a block's share: whether it holds experts, is an MTP module's
+    kinds: dict[tuple, int] = {}  # a block's share by its kind (experts, mixer ...) and whether it is an MTP module's
 
     def block(i: int) -> int:
-        kind = (arch.is_moe_block(i), arch.is_mtp_block(i))
+        kind = (arch.block_kind(i), arch.is_mtp_block(i))
         if kind not in kinds:
             kinds[kind] = shard_block_params(arch, tp, i, ep)
         return kinds[kind]

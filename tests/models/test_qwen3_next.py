@@ -257,3 +257,15 @@ def test_the_gpu_check_prices_the_rules_kernels(tmp_path, capsys):
     assert len(rows) == 1 + len(script.SHAPES) and rows[0].startswith("micro_batch,seq,value_heads,model_fwd_ms")
     fwd, total = script.modelled_ms("h100", 1, 4096, 32)
     assert 0 < fwd < total and f"{fwd:8.3f}" in capsys.readouterr().out
+
+
+def test_a_ranks_parameters_are_its_blocks_own():
+    """Each block's share of one tensor-parallel rank is its own kind's: a Gated DeltaNet block's differs from
+    a gated-attention block's (a share cached by experts alone gave every block the first one's)."""
+    from perfsim.api import _rank_params
+    from perfsim.workload import get_model
+
+    model = get_model("qwen3-next-80b-a3b")
+    spec = model.arch
+    shares = dict(zip((layer.name for layer in model.layers), _rank_params(model, 2, 4)))
+    assert shares["block0"] == shard_block_params(spec, 2, 0, 4) != shares["block3"] == shard_block_params(spec, 2, 3, 4)
