@@ -200,9 +200,15 @@ def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0
       :data:`FP8_AMAX_HISTORY` entries, a scale and an inverse scale.
 
     The LM head and the attention core stay in bf16 (TE's ``DotProductAttention`` and
-    Megatron's output layer are not fp8 by default)."""
-    copies = 2 * sum(rank_gemm_params(spec, tp, i, ep) for i in blocks) / (dp if zero >= 3 else 1)
-    gemms = sum(1 + len(spec.attention_gemms()) + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
+    Megatron's output layer are not fp8 by default), as do a Gated DeltaNet's or Mamba-2's GEMMs
+    (:func:`perfsim.models.ops.block_ops` prices them in bf16)."""
+    def fp8_weights(i: int) -> int:
+        linear = spec.is_linear_block(i)
+        return rank_gemm_params(spec, tp, i, ep) - (-(-spec.attention_gemm_weights(i) // tp) if linear else 0)
+
+    copies = 2 * sum(fp8_weights(i) for i in blocks) / (dp if zero >= 3 else 1)
+    gemms = sum((0 if spec.is_linear_block(i) else 1 + len(spec.attention_gemms())) + 2 * len(block_mlp_widths(spec, i, ep))
+                for i in blocks)
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 

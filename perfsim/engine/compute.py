@@ -333,17 +333,19 @@ def ops_fwd_bwd(ops, recompute: str, gpu: GPU, precision: str, curve: Curve, rat
 
 
 def moe_mlp_share(spec, gpu: GPU, precision: str, mb: int, tp: int, sp: bool, recompute: str, curve: Curve,
-                  attention: str = "megatron", routing=None, fp8_casts: str = "te") -> tuple[float, float]:
+                  attention: str = "megatron", routing=None, fp8_casts: str = "te", block: int | None = None
+                  ) -> tuple[float, float]:
     """(forward, backward) share of a MoE block's GPU time that its MLP half takes -- the router,
     the permutations, the experts and the shared expert (:func:`perfsim.models.moe.moe_ops`), the
     rest being the attention half -- priced on ``curve`` as :func:`transformer_times` prices the
-    block (:mod:`perfsim.engine.ep_overlap` splits a block's time by it)."""
+    block (:mod:`perfsim.engine.ep_overlap` splits a block's time by it); ``block``: the block whose
+    mixer it is (None: a full-attention block)."""
     bpv = BYTES_PER_VALUE[precision]
     permuted = curve.gemm_quantization == "waves"
-    block = block_ops(spec, mb, tp, sp, bpv, attention, True, routing,
-                      fp8_casts=precision == "fp8" and fp8_casts == "te")
+    ops = block_ops(spec, mb, tp, sp, bpv, attention, True, routing,
+                    fp8_casts=precision == "fp8" and fp8_casts == "te", block=block)
     mlp = moe_ops(spec, mb * spec.seq_len, tp, bpv, routing)
-    bf, bb = ops_fwd_bwd(block, recompute, gpu, precision, curve, None, permuted)
+    bf, bb = ops_fwd_bwd(ops, recompute, gpu, precision, curve, None, permuted)
     mf, mbwd = ops_fwd_bwd(mlp, recompute, gpu, precision, curve, None, permuted)
     return (mf / bf if bf else 0.0), (mbwd / bb if bb else 0.0)
 

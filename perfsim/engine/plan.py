@@ -409,7 +409,8 @@ def _moe_layer(workload, strategy, gpu, curve, a: int, b: int, parts, blocks: in
              and arch.is_moe_block(block_index(workload.layers[i].name)))
     share_f, share_b = moe_mlp_share(arch, gpu, strategy.precision, strategy.micro_batch, strategy.tp,
                                      strategy.sequence_parallel, strategy.recompute, curve, strategy.attention,
-                                     Routing.of(strategy), strategy.fp8_casts)
+                                     Routing.of(strategy), strategy.fp8_casts,
+                                     block=block_index(workload.layers[i].name))
     f, bw = workload.fwd_s[i], workload.bwd_s[i]
     full, wire = parts[:2]
     return MoELayerTimes(f * (1 - share_f), bw * (1 - share_b), f * share_f, bw * share_b, full, full, blocks,
