@@ -625,6 +625,10 @@ def model_facts(arch, strategy: Strategy, seq_default: bool, unused: list[str] =
     if arch.linear_attention_layers:
         kind, _, how = arch.linear_mixer.describe().partition(" (")
         notes.append(f"{kind} in {len(arch.linear_attention_layers)} of {arch.n_layer} blocks ({how}")
+    if arch.mixer_free_layers or arch.mlp_free_layers:
+        notes.append(f"blocks of one sub-block (Nemotron-H's layers): {len(arch.mlp_free_layers)} a token mixer alone, "
+                     f"{len(arch.mixer_free_layers)} an MLP alone, each with one norm, one residual add and its "
+                     "own tensor-parallel collectives")
     if arch.attention_output_gate:
         notes.append("gated attention: the query projection also computes a sigmoid gate on the attention output")
     if strategy.cp > 1:

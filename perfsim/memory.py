@@ -259,7 +259,9 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1);
     an attention output gate (Qwen3-Next) its sigmoid. ``block``: a Gated DeltaNet block
     (:meth:`perfsim.models.transformer.TransformerSpec.is_linear_block`) keeps its mixer's tensors
-    (:meth:`perfsim.models.delta_net.GatedDeltaNet.activation_bytes`) instead of attention's."""
+    (:meth:`perfsim.models.delta_net.GatedDeltaNet.activation_bytes`) instead of attention's; a block of a
+    mixer alone or an MLP alone (Nemotron-H's) keeps that half's tensors, one norm input, one sub-block
+    input and one dropout mask."""
     s, b, h, a, f = spec.seq_len, mb, spec.hidden, spec.heads, spec.ffn
     sbh = s * b * h
     v = bpv / 2  # the formula counts 2-byte values
@@ -284,8 +286,15 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     moe = getattr(spec, "moe", False) and (block is None or spec.is_moe_block(block))
     if moe:  # the experts' instead of a dense MLP's (perfsim.models.moe)
         sharded = v * attn_sharded / tp + 2 * v * moe_activation_values(spec, s * b, tp, routing)
-    if block is not None and spec.is_linear_block(block):  # a Gated DeltaNet's tensors instead of attention's
-        mlp = 2 * v * moe_activation_values(spec, s * b, tp, routing) if moe else v * mlp_sharded / tp
+    mixer = block is None or spec.has_mixer(block)
+    if block is not None and not (mixer and spec.has_mlp(block)):  # one sub-block: its norm, input and mask
+        repl -= 4 * v * sbh + sbh
+    mlp = 2 * v * moe_activation_values(spec, s * b, tp, routing) if moe else v * mlp_sharded / tp
+    if block is not None and not spec.has_mlp(block):
+        mlp, sharded = 0.0, v * attn_sharded / tp
+    if not mixer:  # an MLP alone
+        return (repl / tp if sp else repl) + mlp
+    if block is not None and spec.is_linear_block(block):  # a linear mixer's tensors instead of attention's
         return (repl / tp if sp else repl) + spec.linear_mixer.activation_bytes(s * b, tp, bpv) + mlp
     core = 5 * a * s * s * b / tp * (1 + (v - 1) * 4 / 5)  # softmax (2B) + dropout out (2B) + mask (1B)
     if spec.attn_logit_softcap:  # the soft-capped scores' tanh, kept for its backward

@@ -33,7 +33,8 @@ from perfsim.network import collective_cost
 def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool = False,
                    head: bool = False, measured_kinds: bool = True, host_s: float = 0.0,
                    uniform: bool | None = None, moe_blocks: int = 0,
-                   vocab_parallel: bool = False, mtp: int = 0) -> tuple[float, float, float]:
+                   vocab_parallel: bool = False, mtp: int = 0, block_ids: tuple[int, ...] = ()
+                   ) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes) of the tensor-parallel collectives of ``blocks`` layers of
     stage ``s`` (and of its embedding / LM head under sequence parallelism,
     :func:`perfsim.models.tensor_parallel.tp_edge_collectives`) for one micro-batch,
@@ -46,7 +47,9 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     ``vocab_parallel``: the embedding, head and loss are Megatron-LM's vocabulary-parallel
     ones, with their collectives (:func:`perfsim.models.tensor_parallel.tp_edge_collectives`).
     ``mtp`` of the ``blocks`` are multi-token prediction modules, each with
-    :func:`perfsim.models.tensor_parallel.tp_mtp_collectives` beside its block's.
+    :func:`perfsim.models.tensor_parallel.tp_mtp_collectives` beside its block's. ``block_ids``: the
+    blocks' indices, which a model of mixer-only and MLP-only blocks (Nemotron-H) needs to give each its
+    own sub-block's collectives.
     A full recomputation runs the layers' forward collectives again, not the edges'."""
     tp, spec = strategy.tp, workload.arch
     if tp == 1 or spec is None or (blocks == 0 and not embed and not head):
@@ -56,9 +59,20 @@ def tp_stage_times(workload, strategy, network, s: int, blocks: int, embed: bool
     # (collectives, times issued per micro-batch): every block's, then the stage's edges
     rows = tp_moe_rows(spec, strategy) if moe_blocks else 1.0
     widths = spec.attention_gather_widths()
-    parts = [(tp_layer_collectives(*shape, spec.parallel_block, attn_widths=widths),
-              blocks - (moe_blocks if rows != 1.0 else 0))]
-    if rows != 1.0:  # MoE blocks whose dispatched copies the TP group gathers (Megatron-Core)
+    if spec.mixer_free_layers or spec.mlp_free_layers:  # each block its one sub-block's collectives
+        if len(block_ids) != blocks:
+            raise ValueError(f"tp_stage_times: {blocks} blocks but {len(block_ids)} block ids")
+        kinds: dict[tuple[bool, bool, bool], int] = {}
+        for i in block_ids:
+            key = (spec.has_mixer(i), spec.has_mlp(i), rows != 1.0 and spec.is_moe_block(i))
+            kinds[key] = kinds.get(key, 0) + 1
+        parts = [(tp_layer_collectives(*shape, attn_widths=widths, mlp_rows=rows if moe else 1.0, mixer=mixer,
+                                       mlp=mlp), n) for (mixer, mlp, moe), n in kinds.items()]
+    else:
+        parts = [(tp_layer_collectives(*shape, spec.parallel_block, attn_widths=widths),
+                  blocks - (moe_blocks if rows != 1.0 else 0))]
+    if rows != 1.0 and not (spec.mixer_free_layers or spec.mlp_free_layers):
+        # MoE blocks whose dispatched copies the TP group gathers (Megatron-Core)
         parts.append((tp_layer_collectives(*shape, spec.parallel_block, mlp_rows=rows, attn_widths=widths),
                       moe_blocks))
     layer_parts = len(parts)  # what a full recomputation runs again

@@ -284,7 +284,10 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                    host_s=curve.collective_s if curve else 0.0,
                                                                    uniform=uniform, moe_blocks=moe_blocks,
                                                                    vocab_parallel=gpu is not None,
-                                                                   mtp=sum(1 for n in names if n.startswith("mtp")))
+                                                                   mtp=sum(1 for n in names if n.startswith("mtp")),
+                                                                   block_ids=tuple(block_index(layer.name)
+                                                                                   for layer in layers
+                                                                                   if is_block(layer.name)))
             if strategy.cp > 1:  # the context-parallel ring's exchanges the attention does not hide
                 cf, cb, cbytes = cp_stage_times(workload, strategy, network, where_dev[s], blocks, gpu,
                                                 host_s=curve.collective_s if curve else 0.0)

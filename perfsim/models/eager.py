@@ -252,7 +252,8 @@ def eager_listed(spec, precision: str) -> bool:
     gpt = spec.norm == "layernorm" and spec.learned_positions
     dense = not (spec.moe or spec.encoder or spec.parallel_block or spec.norms_per_block != 2 or spec.qk_norm
                 or spec.qk_l2_norm or spec.nope_layers or spec.mla or spec.mtp_layers or spec.context_shards > 1
-                or spec.linear_attention_layers or spec.attention_output_gate
+                or spec.linear_attention_layers or spec.attention_output_gate or spec.mixer_free_layers
+                or spec.mlp_free_layers
                 or 0 < spec.sliding_window < spec.seq_len or 0 < spec.attention_chunk < spec.seq_len
                 or spec.final_logit_softcap or spec.attn_logit_softcap)
     return dense and (llama or gpt) and precision != "fp8"

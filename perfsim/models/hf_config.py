@@ -68,7 +68,7 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
                  "gemma": True, "gemma2": True, "gemma3_text": True, "gpt_oss": False, "falcon": True, "gpt_neox": False, "gpt2": True, "bert": True,
                  "roberta": True, "deepseek": False, "deepseek_v2": False, "deepseek_v3": False, "kimi_k2": False,
                  "llama4_text": False, "qwen3_next": False, "qwen3_5_text": False, "qwen3_5_moe_text": False,
-                 "granitemoehybrid": False}
+                 "granitemoehybrid": False, "nemotron_h": False}
 #: multimodal checkpoints whose language model is priced from their ``text_config`` (the wrapper's
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
@@ -578,6 +578,92 @@ def _read_granite_hybrid(f: _Fields, mtype: str) -> tuple[str, dict]:
     return "llama", kw
 
 
+#: Nemotron-H's layer kinds: ``hybrid_override_pattern``'s characters and ``layers_block_type``'s names
+#: (transformers 5.x; the legacy ``mamba`` / ``attention``) -> (token mixer, MLP)
+_NEMOTRON_KINDS = {"M": ("mamba", None), "*": ("attention", None), "-": (None, "mlp"), "E": (None, "moe"),
+                   "linear_attention": ("mamba", None), "mamba": ("mamba", None), "full_attention": ("attention", None),
+                   "attention": ("attention", None), "mlp": (None, "mlp"), "moe": (None, "moe")}
+#: aliases of Nemotron-H's Mamba fields (transformers' ``NemotronHConfig`` takes either)
+_NEMOTRON_ALIASES = (("n_groups", "mamba_n_groups"), ("conv_kernel", "mamba_d_conv"), ("chunk_size", "mamba_chunk_size"),
+                     ("use_conv_bias", "mamba_conv_bias"))
+
+
+def _read_nemotron_h(f: _Fields, mtype: str) -> tuple[str, dict]:
+    """NVIDIA Nemotron-H (``nemotron_h``; "Nemotron-H: A Family of Accurate and Efficient Hybrid
+    Mamba-Transformer Models", arXiv:2504.03624; transformers' ``modeling_nemotron_h.py``, whose
+    ``NemotronHConfig`` defaults apply to absent fields): every layer is one pre-norm, one sub-block and a
+    residual add (``norms_per_block`` 1; ``TransformerSpec.mlp_free_layers``, ``mixer_free_layers``): a
+    Mamba-2 mixer (``M``), grouped-query attention without biases (``*``), a non-gated MLP of
+    ``intermediate_size`` (``-``, squared ReLU) or experts of ``moe_intermediate_size`` beside a shared
+    MLP of ``moe_shared_expert_intermediate_size`` (``E``), as ``hybrid_override_pattern`` or
+    ``layers_block_type`` lists them. Refused: multi-token prediction modules
+    (``num_nextn_predict_layers``), a latent MoE (``moe_latent_size``), a sliding window."""
+    d = f.int("hidden_size", 4096)
+    kw = dict(hidden=d, heads=f.int("num_attention_heads", 32, limit="heads"),
+              vocab=f.int("vocab_size", 131072, limit="vocab"))
+    pattern = f.cfg.get("hybrid_override_pattern")
+    key = "layers_block_type" if "layers_block_type" in f.cfg else "layer_types"
+    types = f.cfg.get(key)
+    f.read.update(("hybrid_override_pattern", "layers_block_type", "layer_types"))
+    if types is None and isinstance(pattern, str):
+        types, key = list(pattern), "hybrid_override_pattern"
+    if types is None:
+        types = ["linear_attention", "moe", "full_attention", "mlp"]  # the config class's default
+    if not isinstance(types, list) or not types or any(t not in _NEMOTRON_KINDS for t in types):
+        raise f.fail(f"{key}={_show(f.cfg.get(key))}: a list of linear_attention / full_attention / mlp / moe "
+                     "(or a pattern of M * - E)")
+    n = len(types)
+    given = f.int("num_hidden_layers", None, limit="layers")
+    if given is not None and given != n:
+        raise f.fail(f"num_hidden_layers={given} differs from the {n} layers of {key}")
+    kinds = [_NEMOTRON_KINDS[t] for t in types]
+    kw.update(n_layer=n, gated=False, norms_per_block=1, qkv_bias=False, out_bias=False,
+              mlp_free_layers=tuple(i for i, (mixer, _) in enumerate(kinds) if mixer),
+              mixer_free_layers=tuple(i for i, (_, mlp) in enumerate(kinds) if mlp))
+    _attention(f, kw, 128, 8)
+    f.read.add("attention_bias")  # transformers' NemotronHAttention builds its projections without biases
+    f.refuse_if("sliding_window", f.cfg.get("sliding_window") is not None, "a sliding window in Nemotron-H")
+    f.read.update(("sliding_window", "moe_latent_size"))
+    kw["ffn"] = f.int("intermediate_size", 21504)
+    kw["mlp_bias"] = f.bool("mlp_bias", False)
+    f.refuse_if("num_nextn_predict_layers", f.int("num_nextn_predict_layers", 0, limit="layers", minimum=0) > 0,
+                "Nemotron-H's multi-token prediction layers")
+    f.refuse_if("moe_latent_size", f.cfg.get("moe_latent_size") is not None, "a latent MoE projection")
+    values = {}
+    for name, alias in _NEMOTRON_ALIASES:
+        if name in f.cfg and alias in f.cfg:
+            raise f.fail(f"{name} and {alias} both given (one name for one field)")
+        values[name] = alias if alias in f.cfg else name
+    mixer = Mamba2(heads=f.int("mamba_num_heads", 128, limit="heads"), head_dim=f.int("mamba_head_dim", 64),
+                   state_dim=f.int("ssm_state_size", 128), groups=f.int(values["n_groups"], 8, limit="heads"),
+                   conv_kernel=f.int(values["conv_kernel"], 4, limit="layers"),
+                   chunk=f.int(values["chunk_size"], 128, limit="positions"),
+                   conv_bias=f.bool(values["use_conv_bias"], True), proj_bias=f.bool("use_bias", False))
+    if any(m == "mamba" for m, _ in kinds):
+        kw["linear_attention_layers"] = tuple(i for i, (m, _) in enumerate(kinds) if m == "mamba")
+        kw["linear_mixer"] = mixer
+    moe = tuple(i for i, (_, mlp) in enumerate(kinds) if mlp == "moe")
+    # transformers' routed experts have no biases where the dense and shared MLPs take mlp_bias's
+    f.refuse_if("mlp_bias", bool(moe) and kw["mlp_bias"], "MLP biases beside bias-free routed experts")
+    if moe:
+        kw.update(experts=f.int("n_routed_experts", 8, limit="experts"),
+                  top_k=f.int("num_experts_per_tok", 2, limit="experts"),
+                  expert_ffn=f.int("moe_intermediate_size", 7688),
+                  shared_ffn=f.int("moe_shared_expert_intermediate_size", 7688, minimum=0),
+                  dense_layers=tuple(i for i, (_, mlp) in enumerate(kinds) if mlp == "mlp"))
+    # no cost: the Mamba state's and residual's dtypes, initialisation, the routing rule's details, the
+    # deprecated expand (the mixer is mamba_num_heads x mamba_head_dim wide), Megatron's overlap switch
+    f.read.update(("mamba_hidden_act", "mlp_hidden_act", "use_mamba_kernels", "expand", "mamba_expand",
+                   "mamba_ssm_cache_dtype", "residual_in_fp32", "rescale_prenorm_residual", "num_logits_to_keep",
+                   "time_step_min", "time_step_max", "time_step_limit", "time_step_floor", "mamba_dt_min",
+                   "mamba_dt_max", "mamba_dt_limit", "mamba_dt_init_floor", "mamba_proj_bias",
+                   "n_shared_experts", "routed_scaling_factor", "n_group", "topk_group", "moe_shared_expert_overlap",
+                   "mtp_layers_block_type", "mtp_hybrid_override_pattern", "n_routed_experts",
+                   "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size"))
+    kw["_positions"] = 4096
+    return "llama", kw
+
+
 def _read_llama4(f: _Fields, mtype: str) -> tuple[str, dict]:
     """Llama 4's language model (``llama4_text``; Meta AI, "The Llama 4 herd", 2025; transformers'
     ``modeling_llama4.py``, whose ``Llama4TextConfig`` defaults -- Llama 4 Scout's -- apply to absent
@@ -684,6 +770,6 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
 _READERS = {"deepseek": _read_deepseek, "deepseek_v2": _read_deepseek, "deepseek_v3": _read_deepseek,
             "kimi_k2": _read_deepseek, "llama4_text": _read_llama4, "qwen3_next": _read_qwen3_next,
             "qwen3_5_text": _read_qwen3_next, "qwen3_5_moe_text": _read_qwen3_next,
-            "granitemoehybrid": _read_granite_hybrid,
+            "granitemoehybrid": _read_granite_hybrid, "nemotron_h": _read_nemotron_h,
             "falcon": _read_falcon, "gpt_neox": _read_neox, "gpt2": _read_gpt2,
             "bert": _read_bert, "roberta": _read_bert}

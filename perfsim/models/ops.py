@@ -172,7 +172,8 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
     kernel (priced by :func:`perfsim.engine.compute.flash_time`). ``moe``: a block with routed experts (default: whether the
     model has any), whose MLP is :func:`perfsim.models.moe.moe_ops` (``routing``: a
     :class:`perfsim.models.moe.Routing`); a block of one norm (``norms_per_block`` 1) has no second norm.
-    ``block``: the block (index) whose attention span and query/key norm these are
+    ``block``: the block (index) whose attention span, query/key norm, mixer and MLP these are (a block
+    of a mixer alone or an MLP alone, Nemotron-H's, has only its one half and one residual add)
     (:meth:`perfsim.models.transformer.TransformerSpec.block_kind`; None: full attention, the model's
     norm): a sliding window (FlashAttention-2's ``window_size``) or chunks narrow the flash kernel; the
     separate kernels of ``attention="megatron"`` compute every score and mask those outside the
@@ -228,9 +229,9 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                           "Megatron-Core runs it through Transformer Engine's flash kernels; use attention=flash")
     if block is None:
         window = chunk = 0
-        qk_norm, linear = spec.qk_norm or spec.qk_l2_norm, False
+        qk_norm, linear, has_mixer, has_mlp = spec.qk_norm or spec.qk_l2_norm, False, True, True
     else:
-        _, window, chunk, qk_norm, linear = spec.block_kind(block)
+        _, window, chunk, qk_norm, linear, has_mixer, has_mlp = spec.block_kind(block)
     if linear:  # a Gated DeltaNet instead of attention: its projections and chunked delta rule
         mixer = spec.linear_mixer.ops(b, s, h, tp, bpv)
     elif spec.mla:
@@ -247,12 +248,14 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                  Op("proj", m=tok, n=h, k=out), *([Op("proj_bias_grad", bwd_bytes=act)] if exact else [])]
     ops = [
         # MLA's down projections read norm1's output as a plain tensor (no fused fp8 write)
-        *norm("norm1", fp8_casts and not spec.mla and not linear),
-        *mixer,
-        *(norm("norm_post_attn") if spec.norms_per_block == 4 else []),  # Gemma: before the residual add
-        dropout_add("dropout_residual1"),
+        *norm("norm1", fp8_casts and not spec.mla and not linear and has_mixer),
+        *([*mixer,
+           *(norm("norm_post_attn") if spec.norms_per_block == 4 else []),  # Gemma: before the residual add
+           dropout_add("dropout_residual1")] if has_mixer else []),
         *(norm("norm2", fp8_casts and not is_moe) if spec.norms_per_block >= 2 else []),
     ]
+    if not has_mlp:  # a mixer alone (Nemotron-H's Mamba and attention layers)
+        return ops + (fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=False, attention=not linear) if fp8_casts else [])
     if is_moe:
         ops += moe_ops(spec, tok, tp, bpv, routing)
     else:
@@ -265,7 +268,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
                 Op("mlp_down", m=tok, n=h, k=f // tp),
                 *([Op("mlp_down_bias_grad", bwd_bytes=act)] if exact else [])]
     if fp8_casts:
-        ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe, attention=not linear)
+        ops += fp8_cast_ops(spec, tok, tp, bpv, dense_mlp=not is_moe, attention=not linear and has_mixer)
     if spec.norms_per_block == 4:
         ops += norm("norm_post_mlp")
     return ops + [dropout_add("dropout_residual2")]

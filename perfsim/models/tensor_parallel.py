@@ -56,8 +56,8 @@ def pipeline_send(numel: int, last_dim: int, tp: int, sequence_parallel: bool, m
 
 def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, sequence_parallel: bool,
                          bytes_per_value: int, parallel_block: bool = False,
-                         mlp_rows: float = 1.0, attn_widths: tuple[int, ...] = ()
-                         ) -> tuple[tuple[str, str, float], ...]:
+                         mlp_rows: float = 1.0, attn_widths: tuple[int, ...] = (), mixer: bool = True,
+                         mlp: bool = True) -> tuple[tuple[str, str, float], ...]:
     """(phase ``fwd``/``bwd``, kind ``allreduce``/``allgather``/``reduce_scatter``,
     per-rank buffer bytes) of one transformer layer's tensor-parallel collectives,
     in execution order; empty for ``tp == 1``. ``parallel_block`` (attention and MLP on
@@ -72,7 +72,8 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     group, then an all-gather over the tensor-parallel group; :func:`perfsim.models.moe.tp_moe_rows`).
     ``attn_widths``: the widths the attention sub-block exchanges at its input, one collective each
     (:meth:`perfsim.models.transformer.TransformerSpec.attention_gather_widths`: MLA's latents and
-    shared rotary key instead of the hidden state); empty: ``(hidden,)``."""
+    shared rotary key instead of the hidden state); empty: ``(hidden,)``. ``mixer`` / ``mlp`` False: a
+    block without that sub-block (Nemotron-H's layers of a mixer alone or an MLP alone) and its collectives."""
     for name, v in (("hidden", hidden), ("seq", seq), ("micro_batch", micro_batch), ("tp", tp),
                     ("bytes_per_value", bytes_per_value)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -84,6 +85,9 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     if not sequence_parallel:
         # fwd: g after attention's row-parallel projection, g after the MLP's;
         # bwd: f before the MLP's column-parallel GEMM, f before attention's QKV (each input's)
+        if not (mixer and mlp):
+            return ((("fwd", "allreduce", full),) + ((("bwd", "allreduce", full),) if mlp else
+                                                     tuple(("bwd", "allreduce", n) for n in attn_in)))
         return ((("fwd", "allreduce", full),) * (1 if parallel_block else 2)
                 + (("bwd", "allreduce", full),) + tuple(("bwd", "allreduce", n) for n in attn_in))
     if seq % tp:
@@ -97,8 +101,10 @@ def tp_layer_collectives(hidden: int, seq: int, micro_batch: int, tp: int, seque
     sub_bwd = (("bwd", "allgather", shard), ("bwd", "reduce_scatter", full))
     attn_fwd = tuple(("fwd", "allgather", n / tp) for n in attn_in) + (("fwd", "reduce_scatter", full),)
     attn_bwd = (("bwd", "allgather", shard),) + tuple(("bwd", "reduce_scatter", n) for n in attn_in)
-    mlp_fwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_fwd)
-    mlp_bwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_bwd)
+    mlp_fwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_fwd) if mlp else ()
+    mlp_bwd = tuple((ph, k, n * mlp_rows) for ph, k, n in sub_bwd) if mlp else ()
+    if not mixer:
+        attn_fwd = attn_bwd = ()
     return attn_fwd + mlp_fwd + mlp_bwd + attn_bwd  # backward: the MLP's first, then attention's
 
 
@@ -174,7 +180,7 @@ def block_mlp_widths(spec, i: int | None = None, ep: int = 1) -> list[int]:
     i = spec.n_layer - 1 if i is None else i
     if spec.is_moe_block(i):
         return [spec.expert_ffn] * (spec.experts // ep) + ([spec.shared_ffn] if spec.shared_ffn else [])
-    return [spec.ffn]
+    return [spec.ffn] if spec.has_mlp(i) else []
 
 
 def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
@@ -184,14 +190,16 @@ def block_gemm_params(spec, i: int | None = None, ep: int = 1) -> int:
     mats = 3 if spec.gated else 2
     i = spec.n_layer - 1 if i is None else i
     mtp = spec.mtp_projection_weights() if spec.is_mtp_block(i) else 0
-    return spec.attention_gemm_weights(i) + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep)) + mtp
+    mixer = spec.attention_gemm_weights(i) if spec.has_mixer(i) else 0
+    return mixer + sum(mats * spec.hidden * w for w in block_mlp_widths(spec, i, ep)) + mtp
 
 
 def rank_gemm_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     """GEMM weights of block ``i`` one tensor-parallel rank holds: :func:`block_gemm_params`
     split ``t`` ways, but MLA's down projections whole on every rank."""
     i = spec.n_layer - 1 if i is None else i
-    whole = 0 if spec.is_linear_block(i) else sum(g.k * g.n for g in spec.attention_gemms() if not g.split)
+    whole = (0 if spec.is_linear_block(i) or not spec.has_mixer(i) else
+             sum(g.k * g.n for g in spec.attention_gemms() if not g.split))
     return -(-(block_gemm_params(spec, i, ep) - whole) // tp) + whole
 
 
@@ -215,6 +223,8 @@ def shard_block_params(spec, tp: int, i: int | None = None, ep: int = 1) -> int:
     mlp_col_bias = sum((mats - 1) * w for w in widths) if spec.mlp_bias else 0
     replicated = (spec.norms_per_block * spec.norm_params() + (d * len(widths) if spec.mlp_bias else 0) + router
                   + (spec.mtp_norm_params() if spec.is_mtp_block(i) else 0))
+    if not spec.has_mixer(i):  # an MLP alone
+        return -(-(block_gemm_params(spec, i, ep) + mlp_col_bias) // tp) + replicated
     if spec.is_linear_block(i):
         net = spec.linear_mixer
         whole = net.replicated_params() + net.row_bias(d)

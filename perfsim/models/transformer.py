@@ -213,6 +213,12 @@ class TransformerSpec:
     #: :mod:`perfsim.models.delta_net`) or a Mamba-2 layer (Dao and Gu, arXiv:2405.21060;
     #: :mod:`perfsim.models.mamba2`)
     linear_mixer: GatedDeltaNet | Mamba2 | None = None
+    #: blocks (0-based) that are an MLP alone, without a token mixer (NVIDIA Nemotron-H's ``-`` and ``E``
+    #: layers: one pre-norm, the MLP or experts, the residual add); with :attr:`mlp_free_layers` they
+    #: must cover every block, each of one norm (``norms_per_block`` 1)
+    mixer_free_layers: tuple[int, ...] = ()
+    #: blocks (0-based) that are a token mixer alone, without an MLP (Nemotron-H's ``M`` and ``*`` layers)
+    mlp_free_layers: tuple[int, ...] = ()
     #: softmax attention's output is multiplied by ``sigmoid`` of a gate the query projection also
     #: computes (its width doubled: Qiu et al., "Gated Attention for Large Language Models",
     #: arXiv:2505.06708; Qwen3-Next's attention blocks)
@@ -270,6 +276,35 @@ class TransformerSpec:
         check_layer_count(self.n_layer + self.mtp_layers, f"model {self.name!r}")
         self._check_window()
         self._check_linear_attention()
+        self._check_single_sublayer()
+
+    def _check_single_sublayer(self) -> None:
+        """The mixer-only and MLP-only blocks are consistent (ConfigError naming the field)."""
+        free, alone = self.mixer_free_layers, self.mlp_free_layers
+        for name in ("mixer_free_layers", "mlp_free_layers"):
+            bad = [i for i in getattr(self, name) if not (isinstance(i, int) and 0 <= i < self.n_layer)]
+            if bad:
+                raise ConfigError(f"{self.name}.{name}: {bad[0]!r} is not a block (0..{self.n_layer - 1})")
+        if not (free or alone):
+            return
+        if set(free) & set(alone):
+            raise ConfigError(f"{self.name}: block {min(set(free) & set(alone))} in both mixer_free_layers and "
+                              "mlp_free_layers (a block holds a mixer or an MLP)")
+        if len(set(free) | set(alone)) != self.n_layer or self.norms_per_block != 1:
+            raise ConfigError(f"{self.name}: mixer-only and MLP-only blocks must make every block, of one norm each "
+                              f"(norms_per_block=1; got {self.norms_per_block})")
+        other = ("a parallel block" if self.parallel_block else "an encoder" if self.encoder else
+                 "multi-token prediction modules" if self.mtp_layers else "")
+        if other:
+            raise ConfigError(f"{self.name}: mixer-only and MLP-only blocks with {other} are not modelled")
+
+    def has_mixer(self, i: int) -> bool:
+        """Block ``i`` mixes tokens (attention or a linear mixer): all but :attr:`mixer_free_layers`."""
+        return i not in self.mixer_free_layers
+
+    def has_mlp(self, i: int) -> bool:
+        """Block ``i`` has an MLP (dense or experts): all but :attr:`mlp_free_layers`."""
+        return i not in self.mlp_free_layers
 
     def _check_linear_attention(self) -> None:
         """The hybrid linear-attention fields are consistent (ConfigError naming the field)."""
@@ -463,8 +498,9 @@ class TransformerSpec:
         return mats * d * width + (((mats - 1) * width + d) if self.mlp_bias else 0)
 
     def is_moe_block(self, i: int) -> bool:
-        """Whether block ``i`` has routed experts (else a dense MLP of width ``ffn``)."""
-        return self.moe and i not in self.dense_layers
+        """Whether block ``i`` has routed experts (else a dense MLP of width ``ffn``, or none:
+        :meth:`has_mlp`)."""
+        return self.moe and i not in self.dense_layers and i not in self.mlp_free_layers
 
     def is_window_block(self, i: int) -> bool:
         """Block ``i`` attends within a window shorter than the sequence (:attr:`sliding_window`);
@@ -493,22 +529,23 @@ class TransformerSpec:
         :attr:`nope_layers`, an L2 norm (:attr:`qk_l2_norm`)."""
         return self.qk_norm or (self.qk_l2_norm and i not in self.nope_layers)
 
-    def block_kind(self, i: int) -> tuple[bool, int, int, bool, bool]:
+    def block_kind(self, i: int) -> tuple[bool, int, int, bool, bool, bool, bool]:
         """What block ``i``'s kernels depend on besides the model's sizes: routed experts, its
-        attention window, its attention chunk, a query/key norm and a Gated DeltaNet instead of
-        attention (blocks of one kind cost the same)."""
+        attention window, its attention chunk, a query/key norm, a linear mixer instead of
+        attention, and whether it has a mixer and an MLP at all (blocks of one kind cost the same)."""
         kinds = self._block_kinds
         return kinds[i] if 0 <= i < len(kinds) else self._kind_of(i)
 
     @cached_property
-    def _block_kinds(self) -> tuple[tuple[bool, int, int, bool, bool], ...]:
+    def _block_kinds(self) -> tuple[tuple[bool, int, int, bool, bool, bool, bool], ...]:
         """:meth:`block_kind` of every block, built once per spec (priced per candidate by a planner)."""
         return tuple(self._kind_of(i) for i in self.all_blocks)
 
-    def _kind_of(self, i: int) -> tuple[bool, int, int, bool, bool]:
-        linear = self.is_linear_block(i)
-        return (self.is_moe_block(i), self.attention_window(i), self.attention_chunk_of(i),
-                self.has_qk_norm(i) and not linear, linear)
+    def _kind_of(self, i: int) -> tuple[bool, int, int, bool, bool, bool, bool]:
+        linear, mixer = self.is_linear_block(i), self.has_mixer(i)
+        return (self.is_moe_block(i), self.attention_window(i) if mixer else 0,
+                self.attention_chunk_of(i) if mixer else 0, self.has_qk_norm(i) and not linear and mixer, linear,
+                mixer, self.has_mlp(i))
 
     def keys_per_query(self, i: int) -> float:
         """Keys a query of block ``i`` is counted against in its FLOPs (the causal mask not halved,
@@ -556,9 +593,10 @@ class TransformerSpec:
         multi-token prediction module's (:meth:`is_mtp_block`) its projection and norms too
         (the embedding and the LM head it shares are the model's)."""
         i = self.n_layer - 1 if i is None else i
-        mlp = moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)
+        mlp = (moe_mlp_params(self) if self.is_moe_block(i) else self.mlp_params(self.ffn)) if self.has_mlp(i) else 0
         mtp = self.mtp_projection_weights() + self.mtp_norm_params() if self.is_mtp_block(i) else 0
-        return self.attention_params(i) + mlp + self.norms_per_block * self.norm_params() + mtp
+        mixer = self.attention_params(i) if self.has_mixer(i) else 0
+        return mixer + mlp + self.norms_per_block * self.norm_params() + mtp
 
     def active_block_params(self, i: int | None = None) -> int:
         """Parameters one token passes through in block ``i``: ``top_k`` routed experts,
@@ -593,8 +631,9 @@ class TransformerSpec:
             mlp = (self.experts * d + mats * d * (self.top_k * self.expert_ffn + self.shared_ffn)
                    + (d if self.shared_gate else 0))
         else:
-            mlp = mats * d * self.ffn
-        return self.attention_gemm_weights(i) + mlp + (self.mtp_projection_weights() if self.is_mtp_block(i) else 0)
+            mlp = mats * d * self.ffn if self.has_mlp(i) else 0
+        mixer = self.attention_gemm_weights(i) if self.has_mixer(i) else 0
+        return mixer + mlp + (self.mtp_projection_weights() if self.is_mtp_block(i) else 0)
 
     @property
     def all_blocks(self) -> range:
@@ -636,6 +675,8 @@ class TransformerSpec:
             # the keys a query sees (a windowed or chunked block's: its window or chunk), or a
             # Gated DeltaNet's chunked delta rule
             gemm_w = self.gemm_weights(i)
+            if not self.has_mixer(i):
+                return float(2 * T * gemm_w)
             if self.is_linear_block(i):
                 return float(2 * T * gemm_w + self.linear_mixer.core_flops(T))
             return float(T * (2 * gemm_w + 2 * self.keys_per_query(i) * (self.q_dim + self.out_dim)))

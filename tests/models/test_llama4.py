@@ -61,8 +61,8 @@ def test_blocks_chunks_and_norms(tmp_path):
     spec = from_hf_config(_config(tmp_path), seq_len=32768)
     nope = tuple(range(3, 48, 4))  # no_rope_layer_interval 4: every fourth block
     assert spec.nope_layers == nope and spec.full_attention_layers == nope and spec.attention_chunk == 8192
-    assert spec.block_kind(0) == (True, 0, 8192, True, False)  # rotary: chunks and the L2 norms
-    assert spec.block_kind(3) == (True, 0, 0, False, False)  # NoPE: the whole prefix, no norm
+    assert spec.block_kind(0) == (True, 0, 8192, True, False, True, True)  # rotary: chunks and the L2 norms
+    assert spec.block_kind(3) == (True, 0, 0, False, False, True, True)  # NoPE: the whole prefix, no norm
     assert spec.dense_layers == () and spec.shared_ffn == 8192 and spec.ffn == 16384
     assert spec.keys_per_query(0) == 8192 and spec.keys_per_query(3) == 32768
     short = from_hf_config(_config(tmp_path), seq_len=8192)  # one chunk: no chunking
