@@ -267,5 +267,5 @@ def check_eager(spec, precision: str, kernels: str = "eager") -> None:
     if not eager_listed(spec, precision):
         raise ConfigError(f"kernels={kernels}: model {spec.name!r} is not modelled as eager PyTorch runs it (a dense "
                           "decoder without query/key norms, latent attention, multi-token prediction, NoPE blocks, a sliding window "
-                          "or chunks, Gated DeltaNet blocks or gated attention, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
+                          "or chunks, Gated DeltaNet, Mamba-2 or one-sub-block layers, gated attention, Llama-style: RMSNorm and rotary, or GPT-style: LayerNorm "
                           "and learned positions); use kernels=fused")
