@@ -398,7 +398,11 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
                   experts=getattr(w.arch, "experts", 0) or 0, transformer=has_blocks(w))
     dims = space.resolve(ctx)
     searched = space  # with the context-parallel degrees of a long sequence, where none is given
-    if "cp" not in space.values and ctx.gpu is not None and w.arch is not None and w.arch.seq_len >= LONG_SEQUENCE:
+    long = "cp" not in space.values and ctx.gpu is not None and w.arch is not None and w.arch.seq_len >= LONG_SEQUENCE
+    if long and w.arch.linear_attention_layers:  # refused by the spec: not searched, and said
+        notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism not searched (not modelled with "
+                     f"{type(w.arch.linear_mixer).__name__} blocks)")
+    elif long:
         cps = tuple(c for c in CP_SEARCHED if gpus % c == 0 and w.arch.seq_len % (2 * c) == 0)
         searched = SearchSpace(cli=cli, **space.values, cp=list(cps))
         notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism searched over cp "

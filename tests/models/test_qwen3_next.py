@@ -269,3 +269,12 @@ def test_a_ranks_parameters_are_its_blocks_own():
     spec = model.arch
     shares = dict(zip((layer.name for layer in model.layers), _rank_params(model, 2, 4)))
     assert shares["block0"] == shard_block_params(spec, 2, 0, 4) != shares["block3"] == shard_block_params(spec, 2, 3, 4)
+
+
+def test_the_planner_does_not_search_context_parallelism_it_cannot_price():
+    """At 16,384 tokens the planner searches cp for attention models; for a Gated DeltaNet hybrid it says why
+    it does not (every such candidate would be refused)."""
+    res = perfsim.plan(model="qwen3.5-9b", seq_len=16384, gpu="h100", nodes=1, gpus_per_node=8, global_batch=16,
+                       tp=[1, 2], pp=1, micro_batch=1, zero=1, recompute="full")
+    assert any("context parallelism not searched (not modelled with GatedDeltaNet blocks)" in n for n in res.notes)
+    assert {c.params.get("cp", 1) for c in res.all_evaluated} == {1}
