@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 
 from perfsim import params as params_mod
 from perfsim.errors import ConfigError
+from perfsim.models.delta_net import GatedDeltaNet
 from perfsim.params import BY_NAME, DEFAULTS, normalize
 from perfsim.plan_search import (Group, family_bound, family_key, forget_jobs, group_bound,  # noqa: F401
                                  group_key, plan_bound, search)
@@ -399,7 +400,8 @@ def candidates(*, model: str = "gpt2-xl", nodes: int = 1, gpus_per_node: int = 1
     dims = space.resolve(ctx)
     searched = space  # with the context-parallel degrees of a long sequence, where none is given
     long = "cp" not in space.values and ctx.gpu is not None and w.arch is not None and w.arch.seq_len >= LONG_SEQUENCE
-    if long and w.arch.linear_attention_layers:  # refused by the spec: not searched, and said
+    if long and isinstance(w.arch.linear_mixer, GatedDeltaNet):
+        # a Gated DeltaNet's context parallelism: refused by the spec, so not searched, and said
         notes.append(f"sequences of {w.arch.seq_len} tokens: context parallelism not searched (not modelled with "
                      f"{type(w.arch.linear_mixer).__name__} blocks)")
     elif long:

@@ -25,6 +25,12 @@ Sec. 3.3.2):
   consecutive, next to the tensor ranks (Megatron-Core's tp-cp-dp-pp order); ZeRO shards and the
   expert-parallel group span them too.
 
+* **Mamba-2 blocks** (Granite 4.0-H, Nemotron-H; Megatron-Core's ``MambaContextParallel``): the rank
+  runs ``in_proj`` on its tokens, an all-to-all trades them for the whole sequence of ``1 / cp`` of its
+  heads (``z``, ``x``, ``B``, ``C``, ``dt``), the convolution and scan run there, and a second all-to-all
+  trades the output back before ``out_proj``; both exposed, and again for the gradients. The scan's
+  work is the same per rank (tokens x heads), priced as the shard's. Blocks of an MLP alone send nothing.
+
 Not modelled, and refused by name: sliding-window or chunked attention, an encoder, attention
 kernels other than flash (Megatron-Core runs context parallelism through Transformer Engine's),
 a profile's measured layer times (they are of the whole sequence), the all-gather flavour
@@ -38,6 +44,7 @@ from perfsim.engine.compute import flash_time
 from perfsim.engine.group_times import replica_groups
 from perfsim.errors import ConfigError
 from perfsim.hardware import BYTES_PER_VALUE, curve_for
+from perfsim.models.mamba2 import Mamba2
 from perfsim.models.ops import block_ops, rank_kv_width
 from perfsim.network import collective_cost
 
@@ -55,6 +62,8 @@ def check_context_parallel(arch, strategy, gpu, name: str = "") -> None:
     if strategy.attention != "flash":
         raise ConfigError(f"cp={cp} with attention={strategy.attention}: Megatron-Core runs context parallelism "
                           "through Transformer Engine's flash kernels; use --attention flash (16-bit: --precision bf16)")
+    if isinstance(arch.linear_mixer, Mamba2):  # its heads and groups split over the context-parallel ranks too
+        arch.linear_mixer.check_cp(strategy.tp, cp)
     if arch.seq_len % (2 * cp):
         raise ConfigError(f"cp={cp}: seq_len={arch.seq_len} must split into 2 x cp = {2 * cp} equal chunks "
                           "(the load-balanced causal split)")
@@ -100,23 +109,57 @@ def cp_collectives(spec, strategy) -> list[tuple[str, str, float, bool]]:
     return [(ph, "alltoall", n, False) for ph in ("fwd", "bwd") for n in (q + kv, out)]
 
 
-def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s: float = 0.0
-                   ) -> tuple[float, float, float]:
+def mamba_cp_collectives(spec, strategy) -> list[tuple[str, str, float, bool]]:
+    """One Mamba-2 block's context-parallel collectives for one micro-batch on one rank, in
+    :func:`cp_collectives`' terms: the two all-to-alls around the convolution and scan
+    (:meth:`perfsim.models.mamba2.Mamba2.cp_exchanges`), forward and backward, exposed."""
+    pre, post = spec.linear_mixer.cp_exchanges(strategy.micro_batch * spec.seq_len, strategy.tp,
+                                                BYTES_PER_VALUE[strategy.precision])
+    return [(ph, "alltoall", n, False) for ph in ("fwd", "bwd") for n in (pre, post)]
+
+
+def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s: float = 0.0,
+                   block_ids: tuple[int, ...] = ()) -> tuple[float, float, float]:
     """(fwd s, bwd s, bytes one GPU sends) of the context-parallel exchanges of ``blocks`` blocks of
     pipeline device ``s`` for one micro-batch (:func:`cp_collectives`), on the slowest context-parallel
     group; ``workload`` is the engine's per-rank one (:meth:`perfsim.config.Workload.context_rank`). The
     ring's exchanges hide behind the attention's steps but for ``max(0, t_ring - (cp - 1)/cp x
     t_attention)``; the other flavours' are exposed. With full recomputation the forward's run again
-    in the backward."""
+    in the backward. ``block_ids``: the blocks' indices, which a hybrid model needs (its Mamba-2 blocks
+    send :func:`mamba_cp_collectives`, its MLP-only blocks nothing)."""
     cp, spec = strategy.cp, workload.arch
     if cp == 1 or spec is None or not blocks:
         return 0.0, 0.0, 0.0
-    colls = cp_collectives(spec, strategy)
-    curve = curve_for(gpu)[0]
-    attn = next(op for op in block_ops(spec, strategy.micro_batch, strategy.tp, strategy.sequence_parallel,
-                                       BYTES_PER_VALUE[strategy.precision], "flash", block=0) if op.flash)
-    behind = {"fwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve),  # the ring's overlap
-              "bwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve, backward=True)}
+    counts = {"attention": blocks, "mamba": 0}
+    if spec.linear_attention_layers or spec.mixer_free_layers:
+        if len(block_ids) != blocks:
+            raise ValueError(f"cp_stage_times: {blocks} blocks but {len(block_ids)} block ids")
+        counts = {"attention": sum(1 for i in block_ids if spec.has_mixer(i) and not spec.is_linear_block(i)),
+                  "mamba": sum(1 for i in block_ids if spec.is_linear_block(i))}
+    fwd = bwd = sent = 0.0
+    for kind, n in counts.items():
+        if not n:
+            continue
+        if kind == "mamba":
+            colls, behind = mamba_cp_collectives(spec, strategy), {"fwd": 0.0, "bwd": 0.0}
+        else:
+            colls = cp_collectives(spec, strategy)
+            curve = curve_for(gpu)[0]
+            first = next(i for i in spec.all_blocks if spec.has_mixer(i) and not spec.is_linear_block(i))
+            attn = next(op for op in block_ops(spec, strategy.micro_batch, strategy.tp, strategy.sequence_parallel,
+                                               BYTES_PER_VALUE[strategy.precision], "flash", block=first) if op.flash)
+            behind = {"fwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve),  # the ring's overlap
+                      "bwd": (cp - 1) / cp * flash_time(attn, gpu, strategy.precision, curve, backward=True)}
+        f, b, nbytes = _exchanges(strategy, network, s, colls, behind, host_s)
+        fwd, bwd, sent = fwd + n * f, bwd + n * b, sent + n * nbytes
+    return fwd, bwd, sent
+
+
+def _exchanges(strategy, network, s: int, colls, behind: dict, host_s: float) -> tuple[float, float, float]:
+    """(fwd s, bwd s, bytes) of one block's context-parallel ``colls`` on the slowest group of device ``s``:
+    the hidden ones behind ``behind`` seconds of attention, the others exposed; with full recomputation the
+    forward's again in the backward."""
+    cp = strategy.cp
     worst = {"fwd": 0.0, "bwd": 0.0}
     for members in replica_groups(strategy, network, s, cp):  # each group of cp consecutive replicas
         for phase in worst:
@@ -125,9 +168,9 @@ def cp_stage_times(workload, strategy, network, s: int, blocks: int, gpu, host_s
             exposed = (max(0.0, sum(x for x, h in timed if h) - behind[phase])
                        + sum(x for x, h in timed if not h))
             worst[phase] = max(worst[phase], exposed)
-    fwd, bwd = blocks * worst["fwd"], blocks * worst["bwd"]
-    sent = blocks * sum(collective_cost(kind, n, cp)[0] for _, kind, n, _ in colls)
+    fwd, bwd = worst["fwd"], worst["bwd"]
+    sent = sum(collective_cost(kind, n, cp)[0] for _, kind, n, _ in colls)
     if strategy.recompute == "full":
         bwd += fwd
-        sent += blocks * sum(collective_cost(kind, n, cp)[0] for ph, kind, n, _ in colls if ph == "fwd")
+        sent += sum(collective_cost(kind, n, cp)[0] for ph, kind, n, _ in colls if ph == "fwd")
     return fwd, bwd, sent

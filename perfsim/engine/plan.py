@@ -290,7 +290,9 @@ def build_plan(workload, strategy, profile, network=None, gpu=None, host_overhea
                                                                                    if is_block(layer.name)))
             if strategy.cp > 1:  # the context-parallel ring's exchanges the attention does not hide
                 cf, cb, cbytes = cp_stage_times(workload, strategy, network, where_dev[s], blocks, gpu,
-                                                host_s=curve.collective_s if curve else 0.0)
+                                                host_s=curve.collective_s if curve else 0.0,
+                                                block_ids=tuple(block_index(layer.name) for layer in layers
+                                                                if is_block(layer.name)))
                 st.fwd_tp_s, st.bwd_tp_s, st.tp_bytes = st.fwd_tp_s + cf, st.bwd_tp_s + cb, st.tp_bytes + cbytes
             if strategy.ep > 1:  # the experts' token all-to-alls, serial with compute as the TP collectives
                 parts = ep_alltoall_parts(workload, strategy, network, where_dev[s], moe_blocks,

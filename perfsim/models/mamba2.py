@@ -107,6 +107,22 @@ class Mamba2:
             if n % tp:
                 raise ConfigError(f"tp={tp}: does not divide the Mamba-2 {what}={n} (Megatron-Core splits both)")
 
+    def check_cp(self, tp: int, cp: int) -> None:
+        """Context parallelism gives each of the ``cp`` ranks the whole sequence of ``1 / cp`` of a tensor
+        rank's heads and groups (Megatron-Core's ``MambaContextParallel``): both must split."""
+        for what, n in (("heads", self.heads), ("groups", self.groups)):
+            if n % (tp * cp):
+                raise ConfigError(f"cp={cp}: the Mamba-2 {what}={n} do not split over tp x cp = {tp * cp} ranks "
+                                  "(Megatron-Core gives each context-parallel rank its share of a tensor rank's)")
+
+    def cp_exchanges(self, tokens: int, tp: int, bpv: int) -> tuple[float, float]:
+        """Bytes of one rank's two all-to-alls around the convolution and scan under context parallelism
+        (Megatron-Core's ``MambaContextParallel``: ``pre_conv_ssm`` trades the rank's ``tokens`` of
+        ``in_proj``'s output -- ``z``, ``x``, ``B``, ``C``, ``dt`` -- for the whole sequence of its share of
+        the heads, ``post_conv_ssm`` trades the scan's output back), each rank's buffer."""
+        return (float(tokens * (self.inner + self.conv_width + self.heads) // tp * bpv),
+                float(tokens * self.inner // tp * bpv))
+
     def activation_bytes(self, tokens: int, tp: int, bpv: int) -> float:
         """Bytes one rank's mixer keeps for the backward over ``tokens``: the convolution's input and output
         (``I + 2 G N`` each), the gate ``z``, the scan's and the norm's outputs (``I`` each), and ``dt``

@@ -318,10 +318,12 @@ class TransformerSpec:
             raise ConfigError(f"{self.name}: linear_attention_layers and linear_mixer go together (one without the other)")
         if not layers:
             return
+        # Megatron-Core shards a Mamba-2 mixer's heads over the context-parallel ranks (MambaContextParallel);
+        # a Gated DeltaNet's context parallelism is not modelled
         other = ("an encoder" if self.encoder else "multi-head latent attention" if self.mla else
                  "a sliding window" if self.sliding_window else "chunked attention" if self.attention_chunk else
                  "a parallel block" if self.parallel_block else
-                 "context parallelism" if self.context_shards > 1 else "")
+                 "context parallelism" if self.context_shards > 1 and not isinstance(net, Mamba2) else "")
         if other:
             raise ConfigError(f"{self.name}: linear-attention blocks ({type(net).__name__}, linear_attention_layers) "
                               f"with {other} are not modelled")

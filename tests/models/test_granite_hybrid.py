@@ -107,8 +107,10 @@ def test_memory_and_predict(tmp_path):
 
     args, notes = architecture_args(spec)
     assert "--experimental-attention-variant" not in args and any("pretrain_mamba.py" in n for n in notes)
-    with pytest.raises(ConfigError, match=r"linear-attention blocks \(Mamba2"):
-        dataclasses.replace(spec, context_shards=2)
+    # Mamba-2 blocks take context parallelism (tests/models/test_nemotron_h.py); windows beside them do not
+    assert dataclasses.replace(spec, context_shards=2).context_shards == 2
+    with pytest.raises(ConfigError, match=r"linear-attention blocks \(Mamba2, linear_attention_layers\) with a sliding"):
+        dataclasses.replace(spec, sliding_window=256)
 
 
 def test_sizes_match_transformers_meta_device(tmp_path):

@@ -121,3 +121,34 @@ def test_sizes_match_transformers_meta_device(tmp_path):
     with torch.device("meta"):
         model = transformers.AutoModelForCausalLM.from_config(config)
     assert from_hf_config(_config(tmp_path, MOE)).params == sum(p.numel() for p in model.parameters())
+
+
+def test_context_parallelism_shards_the_mamba_heads(tmp_path):
+    """Megatron-Core's MambaContextParallel: a Mamba-2 block sends two all-to-alls each way (in_proj's output for
+    the whole sequence of its share of the heads, and the scan's output back), an attention block its ring, an
+    MLP-only block nothing; a mixer whose heads or groups do not split over tp x cp is refused."""
+    from perfsim.config import Strategy
+    from perfsim.engine.context_parallel import cp_collectives, mamba_cp_collectives
+
+    spec = from_hf_config(_config(tmp_path, DENSE), seq_len=8192).context_shard(2)
+    strategy = Strategy(tp=2, cp=2, micro_batch=1, precision="bf16", attention="flash")
+    net = spec.linear_mixer
+    pre = 4096 * (2 * net.inner + 2 * net.groups * net.state_dim + net.heads) // 2 * 2
+    assert mamba_cp_collectives(spec, strategy) == [("fwd", "alltoall", float(pre), False),
+                                                    ("fwd", "alltoall", float(4096 * net.inner // 2 * 2), False),
+                                                    ("bwd", "alltoall", float(pre), False),
+                                                    ("bwd", "alltoall", float(4096 * net.inner // 2 * 2), False)]
+    assert cp_collectives(spec, strategy)[0][3]  # the attention block's ring runs beside its steps
+    kw = dict(gpu="h100", gpus_per_node=8, nic="8x400Gbps:infiniband", tp=2, pp=1, micro_batch=1, global_batch=8,
+              precision="bf16", attention="flash", sequence_parallel=True, recompute="full", seq_len=16384)
+    one = perfsim.predict(model=str(_config(tmp_path, DENSE)), cp=1, dp=4, **kw).summary
+    two = perfsim.predict(model=str(_config(tmp_path, DENSE)), cp=2, dp=2, **kw).summary
+    assert two["tp_bytes"] > one["tp_bytes"] and two["peak_memory_gib"] < one["peak_memory_gib"]
+    with pytest.raises(ConfigError, match="Mamba-2 groups=8 do not split over tp x cp = 16"):
+        perfsim.predict(model=str(_config(tmp_path, DENSE)), cp=8, dp=1, **dict(kw, tp=2))
+    granite = dict(model_type="granitemoehybrid", hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
+                   vocab_size=1000, num_local_experts=0, mamba_n_heads=32, mamba_n_groups=1)
+    p = tmp_path / "granite.json"
+    p.write_text(json.dumps(granite))
+    with pytest.raises(ConfigError, match="Mamba-2 groups=1"):
+        perfsim.predict(model=str(p), cp=2, dp=1, **dict(kw, tp=1, sequence_parallel=False))
