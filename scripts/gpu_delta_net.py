@@ -17,7 +17,6 @@ kernels, not the projections), and the ratio measured / modelled. Needs a CUDA G
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 
 #: (micro-batch, sequence, value heads on the rank): Qwen3-Next's 32 heads at TP 1, 2, 8, and longer sequences
@@ -97,11 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         meas = (f"{row['meas_fwd_ms']:8.3f}", f"{row['meas_total_ms']:8.3f}", f"{row['ratio_fwd']:.2f} / "
                 f"{row['ratio_total']:.2f}") if not args.model_only else ("-", "-", "-")
         print(f"{mb:2d} {seq:5d} {heads:6d}  {meas[0]:>8} / {mf:8.3f}   {meas[1]:>8} / {mt:8.3f}   {meas[2]}")
-    if args.csv:
-        with open(args.csv, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    if args.csv:  # written whole or not at all
+        from perfsim.outputs import records_csv, write_text
+
+        write_text(args.csv, records_csv(rows))
     return 0
 
 

@@ -229,3 +229,18 @@ def assert_resumes_from_state(spec: str, x: torch.Tensor, seed: int) -> dict:
     assert all(torch.equal(nxt.tensors[k], again.tensors[k]) for k in nxt.tensors), spec
     assert torch.equal(a.decompress(nxt), b.decompress(again)), spec
     return state
+
+
+def transformers_param_count(model_type: str, fields: dict, min_major: int = 4) -> int:
+    """Parameters transformers builds for a config of ``model_type`` with ``fields`` on the meta device
+    (the model-size tests' independent count); skips where transformers (at least version ``min_major``)
+    is not installed -- it is not among ``make test``'s pins."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < min_major:
+        pytest.skip(f"transformers {transformers.__version__} predates {model_type}'s field names")
+    config = transformers.AutoConfig.for_model(model_type, **fields)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())

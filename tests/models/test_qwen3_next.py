@@ -25,6 +25,8 @@ from perfsim.models.registry import get_spec
 from perfsim.models.tensor_parallel import check_tp, shard_block_params
 from perfsim.models.transformer import parse_inline
 
+from _helpers import load_script, transformers_param_count
+
 QWEN3_NEXT = dict(
     architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", attention_bias=False, attention_dropout=0.0,
     bos_token_id=151643, eos_token_id=151645, decoder_sparse_step=1, full_attention_interval=4, head_dim=256,
@@ -191,15 +193,10 @@ def test_predict_and_emit(tmp_path):
 
 
 def test_sizes_match_transformers_meta_device(tmp_path):
-    """Where transformers is installed (not in ``make test``'s pins): the whole model it builds."""
-    transformers = pytest.importorskip("transformers")
-    import torch
-
-    cfg = {k: v for k, v in QWEN3_NEXT.items() if k not in ("architectures", "model_type")}
-    config = transformers.AutoConfig.for_model("qwen3_next", **{**cfg, "num_hidden_layers": 8})
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
-    assert from_hf_config(_config(tmp_path, num_hidden_layers=8)).params == sum(p.numel() for p in model.parameters())
+    """Where transformers is installed: the whole model it builds."""
+    fields = {k: v for k, v in QWEN3_NEXT.items() if k not in ("architectures", "model_type")}
+    assert (from_hf_config(_config(tmp_path, num_hidden_layers=8)).params
+            == transformers_param_count("qwen3_next", {**fields, "num_hidden_layers": 8}))
 
 
 #: small Qwen3.5 text configs and the parameters transformers 5.24.0 builds for them (module docstring)
@@ -245,13 +242,7 @@ def test_qwen3_5_presets():
 def test_the_gpu_check_prices_the_rules_kernels(tmp_path, capsys):
     """scripts/gpu_delta_net.py's perfsim side (its GPU side times fla's kernels where a GPU is lent):
     one row a shape, the forward and forward + backward of the rule's own ops."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "scripts" / "gpu_delta_net.py"
-    spec = importlib.util.spec_from_file_location("gpu_delta_net", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("gpu_delta_net")
     assert script.main(["--model-only", "--csv", str(tmp_path / "rows.csv")]) == 0
     rows = (tmp_path / "rows.csv").read_text().splitlines()
     assert len(rows) == 1 + len(script.SHAPES) and rows[0].startswith("micro_batch,seq,value_heads,model_fwd_ms")
