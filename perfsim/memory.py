@@ -257,7 +257,7 @@ def layer_activation_bytes(spec: TransformerSpec, mb: int, tp: int, sp: bool, re
     """Activation bytes one transformer layer keeps for one micro-batch (module docstring);
     flash attention keeps no ``s x s`` tensor, only the output (counted as the projection's
     input) and an fp32 log-sum-exp per query and head (Dao 2023, arXiv:2307.08691, Sec. 3.1.1);
-    an attention output gate (Qwen3-Next) its sigmoid. ``block``: a Gated DeltaNet block
+    an attention output gate (Qwen3-Next) its sigmoid. ``block``: a linear-attention block
     (:meth:`perfsim.models.transformer.TransformerSpec.is_linear_block`) keeps its mixer's tensors
     (:meth:`perfsim.models.delta_net.GatedDeltaNet.activation_bytes`) instead of attention's; a block of a
     mixer alone or an MLP alone (Nemotron-H's) keeps that half's tensors, one norm input, one sub-block

@@ -315,7 +315,7 @@ def ops_fwd_bwd(ops, recompute: str, gpu: GPU, precision: str, curve: Curve, rat
     its backward two GEMMs per GEMM (``permuted``: as they run, :func:`gemm_backward_time`),
     FlashAttention's own, the bytes the op states, else twice the forward; the recomputed forward
     under ``recompute`` (``full``: all of it, ``selective``: the attention core) and of every op that
-    recomputes itself (``Op.bwd_recompute``: a Gated DeltaNet's chunk kernels)."""
+    recomputes itself (``Op.bwd_recompute``: a Gated DeltaNet's or Mamba-2's chunk kernels)."""
     bpv = BYTES_PER_VALUE[precision]
     t = [op_time(op, gpu, precision, curve, bpv, rates) if op.m or op.bytes else 0.0 for op in ops]
     fwd = sum(t)

@@ -232,7 +232,7 @@ def block_ops(spec, mb: int, tp: int, sp: bool, bpv: int, attention: str = "mega
         qk_norm, linear, has_mixer, has_mlp = spec.qk_norm or spec.qk_l2_norm, False, True, True
     else:
         _, window, chunk, qk_norm, linear, has_mixer, has_mlp = spec.block_kind(block)
-    if linear:  # a Gated DeltaNet instead of attention: its projections and chunked delta rule
+    if linear:  # a Gated DeltaNet or Mamba-2 instead of attention: its projections and chunked kernels
         mixer = spec.linear_mixer.ops(b, s, h, tp, bpv)
     elif spec.mla:
         attn_in = latent_attention_ops(spec, tok, tok_sp, tp, bpv)
@@ -357,7 +357,7 @@ def fp8_cast_ops(spec, tok: int, tp: int, bpv: int, dense_mlp: bool = True, atte
     micro-batches: ``is_first_microbatch``), about ``(bpv + 2)`` bytes per GEMM weight per step;
     the amax-history update, a few KB. ``dense_mlp`` False (a mixture-of-experts block): only the
     attention half's kernels -- the experts' ``GroupedLinear`` casts are not priced. ``attention``
-    False (a Gated DeltaNet block, whose GEMMs are priced in bf16): only the MLP's."""
+    False (a linear-attention block, whose GEMMs are priced in bf16): only the MLP's."""
     h, f = spec.hidden, spec.ffn // tp
     cast_t = bpv + 2  # read bpv, write the fp8 copy and the fp8 transpose
     ops = [Op("fp8_proj_input_cast_transpose", bytes=cast_t * tok * spec.out_dim // tp, bwd_bytes=0.0)]

@@ -456,7 +456,7 @@ class TransformerSpec:
 
     def attention_gemm_weights(self, i: int | None = None) -> int:
         """Weights of block ``i``'s token-mixer GEMMs (default: a softmax-attention block's):
-        :meth:`attention_gemms` and the output projection, or a Gated DeltaNet's (:meth:`is_linear_block`)."""
+        :meth:`attention_gemms` and the output projection, or a linear mixer's (:meth:`is_linear_block`)."""
         if i is not None and self.is_linear_block(i):
             return self.linear_mixer.gemm_weights(self.hidden)
         return sum(g.k * g.n for g in self.attention_gemms()) + self.out_dim * self.hidden
@@ -474,14 +474,14 @@ class TransformerSpec:
         return self.hidden * (2 if self.norm == "layernorm" else 1)
 
     def is_linear_block(self, i: int) -> bool:
-        """Block ``i`` mixes tokens with a Gated DeltaNet (:attr:`linear_attention_layers`)."""
+        """Block ``i`` mixes tokens with the linear mixer (:attr:`linear_attention_layers`, :attr:`linear_mixer`)."""
         return i in self.linear_attention_layers
 
     def attention_params(self, i: int | None = None) -> int:
         """Q, K, V and output projections (``d x (q + 2 kv)``, ``q x d``; MLA's:
         :meth:`attention_gemms`), their biases, the query/key norms' and MLA's latent norms'
-        weights; a Gated DeltaNet block's (``i`` in :attr:`linear_attention_layers`) its mixer's
-        (:meth:`perfsim.models.delta_net.GatedDeltaNet.params`)."""
+        weights; a linear-attention block's (``i`` in :attr:`linear_attention_layers`) its mixer's
+        (``GatedDeltaNet.params``, ``Mamba2.params``)."""
         if i is not None and self.is_linear_block(i):
             return self.linear_mixer.params(self.hidden)
         d, q, kv = self.hidden, self.q_dim, self.kv_dim
