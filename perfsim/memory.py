@@ -207,8 +207,8 @@ def fp8_bytes(spec: TransformerSpec, blocks, tp: int, dp: int = 1, zero: int = 0
         return rank_gemm_params(spec, tp, i, ep) - (-(-spec.attention_gemm_weights(i) // tp) if linear else 0)
 
     copies = 2 * sum(fp8_weights(i) for i in blocks) / (dp if zero >= 3 else 1)
-    gemms = sum((0 if spec.is_linear_block(i) else 1 + len(spec.attention_gemms())) + 2 * len(block_mlp_widths(spec, i, ep))
-                for i in blocks)
+    gemms = sum((1 + len(spec.attention_gemms()) if spec.has_mixer(i) and not spec.is_linear_block(i) else 0)
+                + 2 * len(block_mlp_widths(spec, i, ep)) for i in blocks)
     return copies + gemms * FP8_TENSORS_PER_GEMM * (FP8_AMAX_HISTORY + 2) * 4
 
 

@@ -146,3 +146,13 @@ def test_context_parallelism_shards_the_mamba_heads(tmp_path):
     p.write_text(json.dumps(granite))
     with pytest.raises(ConfigError, match="Mamba-2 groups=1"):
         perfsim.predict(model=str(p), cp=2, dp=1, **dict(kw, tp=1, sequence_parallel=False))
+
+
+def test_fp8_state_follows_each_blocks_gemms():
+    """fp8's scaling state and weight copies count the GEMMs a block has: an attention-only and an MLP-only
+    block together hold what one whole block of the same sizes does."""
+    from perfsim.memory import fp8_bytes
+
+    whole = parse_inline("llama:layers=2,hidden=1024,heads=8,seq=2048,vocab=1000,kv_heads=2")
+    halves = dataclasses.replace(whole, norms_per_block=1, mlp_free_layers=(0,), mixer_free_layers=(1,))
+    assert fp8_bytes(halves, [0, 1], 2) == fp8_bytes(whole, [0], 2)
