@@ -14,7 +14,8 @@ gemma3_text, gpt_oss, llama4_text, qwen3_next, qwen3_5_text and qwen3_5_moe_text
 between gated-attention ones), granitemoehybrid (Mamba-2 blocks), falcon, gpt_neox, gpt2, bert, roberta, deepseek (DeepSeekMoE with
 standard attention, deepseek-moe-16b), deepseek_v2, deepseek_v3 and kimi_k2 (multi-head latent
 attention, :meth:`~perfsim.models.transformer.TransformerSpec.attention_gemms`, and DeepSeek-V3's
-multi-token prediction modules); and the multimodal gemma3, mistral3, llama4, qwen3_5 and qwen3_5_moe, read for their
+multi-token prediction modules); and the multimodal gemma3, mistral3, llama4, qwen3_5, qwen3_5_moe and kimi_k25
+(Kimi K2.5: DeepSeek-V3's architecture), read for their
 language model's ``text_config`` (:data:`TEXT_WRAPPERS`).
 
 The sequence length is ``seq_len`` when given, else :data:`DEFAULT_SEQ_LEN` tokens capped
@@ -73,12 +74,15 @@ _TIED_DEFAULT = {"llama": False, "mistral": False, "mixtral": False, "qwen2": Fa
 #: ``model_type`` -> the text model's): a text-only job, the vision tower left out -- every
 #: prediction's model note says so (``TransformerSpec.left_out``)
 TEXT_WRAPPERS = {"gemma3": "gemma3_text", "mistral3": "mistral", "llama4": "llama4_text", "qwen3_5": "qwen3_5_text",
-                 "qwen3_5_moe": "qwen3_5_moe_text"}
+                 "qwen3_5_moe": "qwen3_5_moe_text", "kimi_k25": "deepseek_v3"}
+#: a wrapper's language model that may also name itself otherwise (Kimi K2.5's ``kimi_k2``, DeepSeek-V3's
+#: architecture; transformers' ``Kimi_K25Config`` reads it as ``deepseek_v3``)
+_TEXT_ALIASES = {"kimi_k25": ("kimi_k2",)}
 #: a wrapper's own fields besides :data:`NO_COST`: its text model, vision tower, projector and image tokens
 _WRAPPER_FIELDS = frozenset("text_config vision_config mm_tokens_per_image boi_token_index eoi_token_index "
                             "image_token_index multimodal_projector_bias projector_hidden_act spatial_merge_size "
                             "vision_feature_layer image_token_id video_token_id vision_start_token_id "
-                            "vision_end_token_id".split())
+                            "vision_end_token_id projection_hidden_size projection_layer_norm_eps".split())
 SUPPORTED = tuple(_TIED_DEFAULT) + tuple(TEXT_WRAPPERS)
 
 
@@ -230,6 +234,8 @@ def _text_model(cfg: dict, f: _Fields, mtype: str, p: Path) -> tuple[dict, _Fiel
         raise f.fail(f"field {unknown[0]!r}={_show(cfg[unknown[0]])} is not modelled "
                      "(perfsim does not know its cost; remove it if it changes nothing)")
     want = TEXT_WRAPPERS[mtype]
+    if text.get("model_type") in _TEXT_ALIASES.get(mtype, ()):
+        want = text["model_type"]
     if text.get("model_type", want) != want:
         raise f.fail(f"text_config.model_type={_show(text.get('model_type'))}: {want!r} expected in a {mtype!r} config")
     inner = dict(text, model_type=want)
@@ -427,6 +433,11 @@ def _latent_attention(f: _Fields, kw: dict) -> None:
     nope = f.int("qk_nope_head_dim", required=True)
     kw["rope_head_dim"] = f.int("qk_rope_head_dim", required=True)
     kw["head_dim"] = nope + kw["rope_head_dim"]
+    # transformers 5.x writes the sum too, and how the rotary part is laid out (no cost)
+    whole = f.int("qk_head_dim", None)
+    if whole is not None and whole != kw["head_dim"]:
+        raise f.fail(f"qk_head_dim={whole} differs from qk_nope_head_dim + qk_rope_head_dim = {kw['head_dim']}")
+    f.read.add("rope_interleave")
     kw["v_head_dim"] = f.int("v_head_dim", required=True)
     kw["kv_lora_rank"] = f.int("kv_lora_rank", required=True)
     kw["q_lora_rank"] = f.int("q_lora_rank", 0)
