@@ -274,9 +274,14 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
     ``TransformerSpec.sliding_window`` and ``full_attention_layers``. An explicit
     ``"sliding_window": null`` (Mistral-7B v0.2/v0.3) means full attention: the class default
     applies only when the field is absent. ``layer_types`` (written by transformers >= 4.53)
-    lists each block's attention; all ``full_attention`` means no window."""
+    lists each block's attention; all ``full_attention`` means no window. Switched off (``use_sliding_window``
+    false), a window of 0 means none too (transformers 5.x writes Qwen2-MoE's so)."""
     active = f.bool(switch, False) if switch else True
-    w = f.int("sliding_window", default if "sliding_window" not in f.cfg else None, limit="positions")
+    if switch and not active and f.cfg.get("sliding_window") == 0:
+        f.read.add("sliding_window")
+        w = None
+    else:
+        w = f.int("sliding_window", default if "sliding_window" not in f.cfg else None, limit="positions")
     full: tuple[int, ...] = ()
     if switch:  # transformers' modeling_qwen2.py: blocks from max_window_layers on use the window
         first = f.int("max_window_layers", None, limit="layers", minimum=0)
@@ -295,6 +300,14 @@ def _window(f: _Fields, kw: dict, default: Any, switch: str | None = None) -> No
         kw["sliding_window"], kw["full_attention_layers"] = w, full
 
 
+def _causal_only(f: _Fields) -> None:
+    """``use_bidirectional_attention`` (transformers 5.x's Gemma configs): absent, null or false is the
+    causal decoder priced; true (every token attending both ways) is refused."""
+    f.refuse_if("use_bidirectional_attention", f.cfg.get("use_bidirectional_attention") is True,
+                "bidirectional attention in a decoder")
+    f.read.add("use_bidirectional_attention")
+
+
 def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
     """Gemma 2 (Gemma Team, arXiv:2408.00118, Sec. 2) and Gemma 3's text model (arXiv:2503.19786,
     Sec. 2), as transformers' ``modeling_gemma2.py`` / ``modeling_gemma3.py`` build them: a norm
@@ -305,6 +318,7 @@ def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
     scores and of the LM head's logits. ``query_pre_attn_scalar`` scales the queries (no cost)."""
     kw["norms_per_block"] = 4
     kw["_positions"] = 131072 if mtype == "gemma3_text" else 8192  # the configs' defaults when absent
+    _causal_only(f)
     kw["final_logit_softcap"] = f.float("final_logit_softcapping", 0.0)
     kw["attn_logit_softcap"] = f.float("attn_logit_softcapping", 0.0)
     f.read.update(("query_pre_attn_scalar", "rope_local_base_freq", "cache_implementation"))
@@ -317,6 +331,9 @@ def _gemma_blocks(f: _Fields, kw: dict, mtype: str) -> None:
         full = tuple(i for i in range(n) if i % 2)
     else:
         pattern = f.int("sliding_window_pattern", 6, limit="layers")
+        mirror = f.int("_sliding_window_pattern", None, limit="layers")  # transformers 5.x writes both
+        if mirror is not None and mirror != pattern:
+            raise f.fail(f"_sliding_window_pattern={mirror} differs from sliding_window_pattern={pattern}")
         full = tuple(i for i in range(n) if (i + 1) % pattern == 0)
     if "sliding_window" in kw and f.cfg.get("layer_types") is None:
         kw["full_attention_layers"] = full
@@ -337,11 +354,20 @@ def _gpt_oss_blocks(f: _Fields, kw: dict) -> None:
                      f"num_experts_per_tok={kw['top_k']}")
     kw["expert_ffn"] = kw["ffn"]
     kw["mlp_bias"] = kw["router_bias"] = kw["attention_sinks"] = True
-    f.read.update(("experts_per_token", "swiglu_limit", "initial_context_length"))
+    f.read.update(("experts_per_token", "swiglu_limit", "swiglu_alpha", "initial_context_length"))
     quant = f.cfg.get("quantization_config")
     if isinstance(quant, dict) and quant.get("quant_method") == "mxfp4":  # any other is refused as unread
         f.read.add("quantization_config")
     _window(f, kw, 128)
+
+
+def _experts(f: _Fields, default: int) -> int:
+    """Routed experts of a Qwen MoE config: ``num_experts``, or ``num_local_experts`` as transformers 5.x
+    writes it (both given: they must agree)."""
+    old, new = f.int("num_experts", None, limit="experts"), f.int("num_local_experts", None, limit="experts")
+    if None not in (old, new) and old != new:
+        raise f.fail(f"num_experts={old} differs from num_local_experts={new}")
+    return next((v for v in (old, new) if v is not None), default)
 
 
 def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
@@ -353,6 +379,8 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     _attention(f, kw, 256 if mtype in ("gemma", "gemma2", "gemma3_text") else 0)
     bias = f.bool("attention_bias", False)
     kw["qkv_bias"], kw["out_bias"] = bias or mtype in ("qwen2", "qwen2_moe"), bias
+    if mtype == "qwen2_moe":  # transformers 5.x's Qwen2MoeConfig states it (default true)
+        kw["qkv_bias"] = f.bool("qkv_bias", kw["qkv_bias"])
     kw["mlp_bias"] = f.bool("mlp_bias", False)
     if mtype == "gpt_oss":
         _gpt_oss_blocks(f, kw)
@@ -367,14 +395,16 @@ def _read_llama(f: _Fields, mtype: str) -> tuple[str, dict]:
     kw["qk_norm"] = mtype in ("qwen3", "qwen3_moe", "gemma3_text")
     if mtype in ("gemma2", "gemma3_text"):
         _gemma_blocks(f, kw, mtype)
+    elif mtype == "gemma":
+        _causal_only(f)
     if mtype == "qwen2_moe":
-        kw["experts"] = f.int("num_experts", 60, limit="experts")
+        kw["experts"] = _experts(f, 60)
         kw["top_k"] = f.int("num_experts_per_tok", 4, limit="experts")
         kw["expert_ffn"] = f.int("moe_intermediate_size", 1408)
         kw["shared_ffn"] = f.int("shared_expert_intermediate_size", 5632, minimum=0)
         kw["shared_gate"] = kw["shared_ffn"] > 0
     if mtype == "qwen3_moe":  # Qwen3MoeConfig's defaults (Qwen3-30B-A3B's); no shared expert
-        kw["experts"] = f.int("num_experts", 128, limit="experts")
+        kw["experts"] = _experts(f, 128)
         kw["top_k"] = f.int("num_experts_per_tok", 8, limit="experts")
         kw["expert_ffn"] = f.int("moe_intermediate_size", 768)
     if mtype in ("qwen2_moe", "qwen3_moe"):  # dense blocks: mlp_only_layers, or off decoder_sparse_step

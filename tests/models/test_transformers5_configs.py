@@ -1,0 +1,57 @@
+"""Configs as transformers 5.x writes them (``save_pretrained``, checked against transformers 5.24.0's
+output, 2026-11-30): new or renamed fields that change nothing, or mean what an older field meant, are read
+as such -- and the few that would change the model are refused by name."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perfsim.errors import ConfigError
+from perfsim.models.hf_config import from_hf_config
+
+CONFIGS = Path(__file__).parents[1] / "data" / "configs"
+
+
+def _read(tmp_path, name: str, **changes):
+    cfg = {**json.loads((CONFIGS / f"{name}.json").read_text()), **changes}
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps({k: v for k, v in cfg.items() if v is not ...}))
+    return from_hf_config(p)
+
+
+def test_qwen_moe_fields(tmp_path):
+    base = _read(tmp_path, "qwen1.5-moe-a2.7b")
+    # Qwen2-MoE: a window of 0 with use_sliding_window false; the q/k/v biases stated
+    assert _read(tmp_path, "qwen1.5-moe-a2.7b", sliding_window=0, use_sliding_window=False, qkv_bias=True) == base
+    assert _read(tmp_path, "qwen1.5-moe-a2.7b", num_experts=..., num_local_experts=60).params == base.params
+    with pytest.raises(ConfigError, match="num_experts=60 differs from num_local_experts=64"):
+        _read(tmp_path, "qwen1.5-moe-a2.7b", num_local_experts=64)
+    with pytest.raises(ConfigError, match="sliding_window=0"):  # a window switched on must be >= 1
+        _read(tmp_path, "qwen1.5-moe-a2.7b", sliding_window=0, use_sliding_window=True, max_window_layers=0)
+
+
+def test_gemma_fields(tmp_path):
+    base = _read(tmp_path, "gemma-7b")
+    assert _read(tmp_path, "gemma-7b", use_bidirectional_attention=None) == base
+    assert _read(tmp_path, "gemma-7b", use_bidirectional_attention=False) == base
+    with pytest.raises(ConfigError, match="use_bidirectional_attention=true"):
+        _read(tmp_path, "gemma-7b", use_bidirectional_attention=True)
+    gemma3 = dict(model_type="gemma3_text", hidden_size=256, num_hidden_layers=12, num_attention_heads=4,
+                  num_key_value_heads=4, intermediate_size=512, vocab_size=1000)
+    p = tmp_path / "g3.json"
+    p.write_text(json.dumps(dict(gemma3, sliding_window_pattern=6, _sliding_window_pattern=6)))
+    assert from_hf_config(p).full_attention_layers == (5, 11)
+    p.write_text(json.dumps(dict(gemma3, sliding_window_pattern=6, _sliding_window_pattern=4)))
+    with pytest.raises(ConfigError, match="_sliding_window_pattern=4 differs"):
+        from_hf_config(p)
+
+
+def test_gpt_oss_activation_constant(tmp_path):
+    cfg = dict(model_type="gpt_oss", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+               head_dim=64, intermediate_size=256, vocab_size=1000, num_local_experts=4, num_experts_per_tok=2)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    base = from_hf_config(p)
+    p.write_text(json.dumps(dict(cfg, swiglu_alpha=1.702)))  # the SwiGLU's constant: no cost
+    assert from_hf_config(p) == base
