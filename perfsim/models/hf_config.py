@@ -805,6 +805,8 @@ def _read_bert(f: _Fields, mtype: str) -> tuple[str, dict]:
     kw["_positions"] = 512
     pos = f.str("position_embedding_type", "absolute")
     f.refuse_if("position_embedding_type", pos != "absolute", "relative position embeddings")
+    # transformers 5.x writes it false; true adds a cross-attention layer to every block
+    f.refuse_if("add_cross_attention", f.bool("add_cross_attention", False), "cross-attention layers")
     return "bert", kw
 
 

@@ -55,3 +55,16 @@ def test_gpt_oss_activation_constant(tmp_path):
     base = from_hf_config(p)
     p.write_text(json.dumps(dict(cfg, swiglu_alpha=1.702)))  # the SwiGLU's constant: no cost
     assert from_hf_config(p) == base
+
+
+def test_bert_cross_attention_switch(tmp_path):
+    cfg = dict(model_type="bert", hidden_size=256, num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+               vocab_size=1000, is_decoder=False)
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(cfg))
+    base = from_hf_config(p)
+    p.write_text(json.dumps(dict(cfg, add_cross_attention=False)))
+    assert from_hf_config(p) == base
+    p.write_text(json.dumps(dict(cfg, add_cross_attention=True)))
+    with pytest.raises(ConfigError, match="add_cross_attention=true: cross-attention layers"):
+        from_hf_config(p)
