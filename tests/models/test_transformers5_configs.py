@@ -68,3 +68,39 @@ def test_bert_cross_attention_switch(tmp_path):
     p.write_text(json.dumps(dict(cfg, add_cross_attention=True)))
     with pytest.raises(ConfigError, match="add_cross_attention=true: cross-attention layers"):
         from_hf_config(p)
+
+
+#: small configs of every supported text model type transformers builds (module docstring's survey)
+SMALL = {
+    "llama": {}, "mistral": {}, "qwen2": {}, "qwen3": {}, "gemma": {}, "gemma2": {}, "qwen3_moe": {}, "qwen2_moe": {},
+    "mixtral": {}, "gpt_oss": dict(head_dim=64), "llama4_text": dict(head_dim=64, intermediate_size_mlp=512),
+    "gemma3_text": dict(num_hidden_layers=6), "qwen3_next": {}, "qwen3_5_text": {}, "qwen3_5_moe_text": {},
+    "deepseek_v3": dict(num_hidden_layers=3, moe_intermediate_size=128, n_routed_experts=8, num_experts_per_tok=2,
+                        first_k_dense_replace=1, n_group=1, topk_group=1, kv_lora_rank=64, q_lora_rank=128,
+                        qk_nope_head_dim=32, qk_rope_head_dim=16, v_head_dim=32, num_nextn_predict_layers=0),
+    "granitemoehybrid": dict(mamba_n_heads=16, num_local_experts=4, layer_types=["mamba", "attention"]),
+    "gpt_neox": {}, "falcon": {}, "bert": {}, "roberta": {},
+}
+
+
+@pytest.mark.parametrize("mtype", sorted(SMALL))
+def test_every_type_saved_by_transformers_reads_with_its_count(tmp_path, mtype):
+    """Where transformers >= 5 is installed (not among ``make test``'s pins): the config it saves reads back,
+    with the parameters its model has (MTP modules, which transformers does not build, left out above)."""
+    transformers = pytest.importorskip("transformers")
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("a transformers 5.x check")
+    import torch
+
+    fields = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                  intermediate_size=512, vocab_size=1000)
+    if mtype in ("qwen3_5_moe_text", "falcon"):
+        fields.pop("intermediate_size")
+    if mtype in ("falcon", "gpt_neox", "bert", "roberta"):
+        fields.pop("num_key_value_heads")
+    config = transformers.AutoConfig.for_model(mtype, **{**fields, **SMALL[mtype]})
+    config.save_pretrained(tmp_path)
+    build = transformers.AutoModel if mtype in ("bert", "roberta") else transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        model = build.from_config(config)
+    assert from_hf_config(tmp_path).params == sum(p.numel() for p in model.parameters())
