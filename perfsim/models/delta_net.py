@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsim.errors import ConfigError
+from perfsim.models.specs import check_positive_ints
 
 #: flash-linear-attention's value tile of the state kernels on Hopper (``BV = 64`` for compute
 #: capability >= 9; 32 on the A100): one thread block per tile, sequence and value head
@@ -56,10 +57,8 @@ class GatedDeltaNet:
     chunk: int = 64
 
     def __post_init__(self):
-        for f in ("key_heads", "value_heads", "key_dim", "value_dim", "conv_kernel", "chunk"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"Gated DeltaNet {f}={v!r}: must be an integer >= 1")
+        check_positive_ints("Gated DeltaNet", self, ("key_heads", "value_heads", "key_dim", "value_dim",
+                                                     "conv_kernel", "chunk"))
         if self.value_heads % self.key_heads:
             raise ConfigError(f"Gated DeltaNet: key_heads={self.key_heads} must divide value_heads={self.value_heads}")
 

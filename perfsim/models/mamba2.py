@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfsim.errors import ConfigError
+from perfsim.models.specs import check_positive_ints
 
 
 @dataclass(frozen=True)
@@ -50,10 +51,7 @@ class Mamba2:
     proj_bias: bool = False
 
     def __post_init__(self):
-        for f in ("heads", "head_dim", "state_dim", "groups", "conv_kernel", "chunk"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(f"Mamba-2 {f}={v!r}: must be an integer >= 1")
+        check_positive_ints("Mamba-2", self, ("heads", "head_dim", "state_dim", "groups", "conv_kernel", "chunk"))
         if self.heads % self.groups:
             raise ConfigError(f"Mamba-2: groups={self.groups} must divide heads={self.heads}")
 

@@ -36,6 +36,15 @@ def check_layer_count(n: int, what: str) -> None:
                           "perfsim.models.specs.MAX_LAYERS)")
 
 
+def check_positive_ints(owner: str, obj, names) -> None:
+    """ConfigError naming ``owner`` and the field unless each of ``obj``'s ``names`` is an integer >= 1
+    (a bool is not one)."""
+    for name in names:
+        v = getattr(obj, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{owner} {name}={v!r}: must be an integer >= 1")
+
+
 def block_index(name: str) -> int | None:
     """The transformer block index of layer ``name``: ``block3`` -> 3, and a multi-token
     prediction module ``mtp61`` -> 61 (its transformer block follows the model's ``n_layer``

@@ -102,6 +102,12 @@ def test_spec_rules():
         dataclasses.replace(hybrid, sliding_window=256)
     with pytest.raises(ConfigError, match="key_heads=3 must divide value_heads=8"):
         GatedDeltaNet(key_heads=3, value_heads=8, key_dim=64, value_dim=64)
+    with pytest.raises(ConfigError, match="Gated DeltaNet chunk=0: must be an integer >= 1"):
+        GatedDeltaNet(key_heads=4, value_heads=8, key_dim=64, value_dim=64, chunk=0)
+    from perfsim.models.mamba2 import Mamba2
+
+    with pytest.raises(ConfigError, match="Mamba-2 head_dim=True: must be an integer >= 1"):
+        Mamba2(heads=8, head_dim=True, state_dim=64)
     with pytest.raises(ConfigError, match="context parallelism are not modelled"):
         hybrid.context_shard(2)
     check_tp(hybrid, 4)
