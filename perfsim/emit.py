@@ -224,12 +224,10 @@ def architecture_args(arch) -> tuple[list[str], list[str]]:
         args.append("--qk-l2-norm")
     if arch.attention_output_gate:  # Megatron-Core's sigmoid gate on the attention output (Qwen3-Next)
         args.append("--attention-output-gate")
-    if (arch.mixer_free_layers or arch.mlp_free_layers) and not arch.linear_attention_layers:
-        notes.append("blocks of a mixer alone or an MLP alone: Megatron-LM builds them through pretrain_mamba.py "
-                     "(--hybrid-override-pattern), not this GPT command; no flags are emitted for them")
-    if arch.linear_attention_layers and not isinstance(arch.linear_mixer, GatedDeltaNet):
-        notes.append("Mamba-2 blocks: Megatron-LM trains hybrid Mamba models through pretrain_mamba.py "
-                     "(--hybrid-override-pattern), not this GPT command; no flags are emitted for them")
+    mamba = arch.linear_attention_layers and not isinstance(arch.linear_mixer, GatedDeltaNet)
+    if mamba or arch.mixer_free_layers or arch.mlp_free_layers:
+        notes.append("Mamba-2 blocks or blocks of one sub-block: Megatron-LM trains hybrid models through "
+                     "pretrain_mamba.py (--hybrid-override-pattern), not this GPT command; no flags are emitted for them")
     elif arch.linear_attention_layers:  # Megatron-Core's experimental Gated DeltaNet: 1 a GDN block, 0 attention
         net = arch.linear_mixer
         pattern = ",".join("1" if i in arch.linear_attention_layers else "0" for i in range(arch.n_layer))
